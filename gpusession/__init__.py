@@ -1,0 +1,21 @@
+"""gpusession: a GPU kernel for your local notebook, and it stops billing when nobody uses it.
+
+    %load_ext gpusession
+    %gpu start --type t4
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def load_ipython_extension(ip) -> None:
+    from .magics import load_ipython_extension as _load
+
+    _load(ip)
+
+
+def unload_ipython_extension(ip) -> None:
+    from .magics import unload_ipython_extension as _unload
+
+    _unload(ip)

@@ -1,0 +1,193 @@
+"""`python -m gpusession.agent run ...`: start the session kernel and keep it, detached from any
+SSH connection, until it exits, the agent decides the session is over, or SIGTERM arrives.
+
+Files in --state-dir:
+  kernel.json    jupyter connection file (ports on --kernel-ip, random HMAC key)
+  runtime.json   {"pid", "kernel_pid", "ready", "started_at", "agent_port"}; ready=true once the
+                 kernel's ports accept connections
+  activity.json  written by the kernel (gpusession.agent.activity)
+  stopped.json   why the runtime ended (reason, at), for whoever looks afterwards
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+KERNEL_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+def _free_port(ip: str) -> int:
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return s.getsockname()[1]
+
+
+def write_connection_file(path: str, ip: str, base_port: int) -> dict:
+    """Write (once) the kernel's connection file: 5 ports from base_port, or free ones when 0."""
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    ports = [base_port + i for i in range(5)] if base_port else [_free_port(ip) for _ in range(5)]
+    info = dict(zip(KERNEL_PORT_NAMES, ports))
+    info.update(
+        ip=ip, key=secrets.token_hex(32), transport="tcp", signature_scheme="hmac-sha256", kernel_name="python3"
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(info, f, indent=1)
+    return info
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def _port_open(ip: str, port: int) -> bool:
+    try:
+        with socket.create_connection((ip, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class Runtime:
+    """Owns the kernel process. `stop(reason)` ends it; the agent's watchdog calls it too."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.state_dir = os.path.abspath(args.state_dir)
+        os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+        self.connection_file = os.path.join(self.state_dir, "kernel.json")
+        self.kernel: subprocess.Popen | None = None
+        self.stop_reason: str | None = None
+        self._stopped = threading.Event()
+        self.started_at = time.time()
+
+    def start_kernel(self) -> dict:
+        info = write_connection_file(self.connection_file, self.args.kernel_ip, self.args.kernel_ports)
+        env = dict(os.environ, GPUSESSION_STATE_DIR=self.state_dir, GPUSESSION_SESSION_ID=self.args.session_id)
+        cmd = [
+            sys.executable,
+            "-m",
+            "ipykernel_launcher",
+            "-f",
+            self.connection_file,
+            "--IPKernelApp.extensions=['gpusession.agent.activity']",
+        ]
+        # own process group: an interrupt_request SIGINTs the kernel's group, not us
+        self.kernel = subprocess.Popen(cmd, env=env, start_new_session=True, cwd=self.args.cwd or None)
+        deadline = time.time() + self.args.ready_timeout
+        while time.time() < deadline:
+            if self.kernel.poll() is not None:
+                raise RuntimeError(f"kernel exited during start with code {self.kernel.returncode}")
+            if all(_port_open(info["ip"], info[p]) for p in ("shell_port", "control_port", "iopub_port")):
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"kernel did not listen within {self.args.ready_timeout}s")
+        self._write_runtime(ready=True)
+        print("GPUSESSION_READY", flush=True)
+        return info
+
+    def _write_runtime(self, **extra) -> None:
+        _write_json(
+            os.path.join(self.state_dir, "runtime.json"),
+            {
+                "pid": os.getpid(),
+                "kernel_pid": self.kernel.pid if self.kernel else None,
+                "started_at": self.started_at,
+                "agent_port": self.args.agent_port,
+                "session_id": self.args.session_id,
+                **extra,
+            },
+        )
+
+    def stop(self, reason: str) -> None:
+        """End the session: kernel first (SIGTERM, then SIGKILL), then this process's main loop."""
+        if self._stopped.is_set():
+            return
+        self.stop_reason = reason
+        _write_json(os.path.join(self.state_dir, "stopped.json"), {"reason": reason, "at": time.time()})
+        print(f"GPUSESSION_STOPPED {reason}", flush=True)
+        if self.kernel and self.kernel.poll() is None:
+            try:
+                os.killpg(self.kernel.pid, signal.SIGTERM)
+                self.kernel.wait(timeout=5)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.kernel.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self._stopped.set()
+
+    def wait(self) -> int:
+        while not self._stopped.is_set():
+            if self.kernel and self.kernel.poll() is not None:
+                if not self.stop_reason:
+                    self.stop_reason = f"kernel exited with code {self.kernel.returncode}"
+                    _write_json(
+                        os.path.join(self.state_dir, "stopped.json"), {"reason": self.stop_reason, "at": time.time()}
+                    )
+                break
+            self._stopped.wait(0.2)
+        return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gpusession.agent")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="start the session kernel and its agent; return when the session ends")
+    run.add_argument("--session-id", required=True)
+    run.add_argument("--state-dir", required=True)
+    run.add_argument("--kernel-ip", default="127.0.0.1")
+    run.add_argument("--kernel-ports", type=int, default=0, help="first of 5 consecutive ports; 0 = free ports")
+    run.add_argument("--agent-port", type=int, default=0, help="agent HTTP port on 127.0.0.1; 0 = none")
+    run.add_argument("--ready-timeout", type=float, default=60.0)
+    run.add_argument("--cwd", default="")
+    add_agent_arguments(run)
+    return p
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the agent (stats, idle watchdog); filled in by gpusession.agent.service."""
+    try:
+        from . import service
+    except ImportError:  # the service module is optional at this layer
+        return
+    service.add_arguments(parser)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rt = Runtime(args)
+
+    def on_signal(signum, frame):
+        threading.Thread(target=rt.stop, args=(f"signal {signum}",), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal must not kill the session
+    try:
+        rt.start_kernel()
+    except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
+        print(f"GPUSESSION_FAILED start kernel: {exc}", flush=True)
+        rt.stop(f"start failed: {exc}")
+        return 1
+    try:
+        from . import service
+    except ImportError:
+        service = None
+    if service is not None:
+        service.start(rt, args)
+    return rt.wait()

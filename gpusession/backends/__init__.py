@@ -1,0 +1,51 @@
+"""Backend discovery through the `gpusession.backends` entry-point group.
+
+`backend_classes()` is the one function tests (or a plugin host) replace to change what is
+found, like jupyter_client's provisioner factory.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+from ..errors import BadInput
+from .base import Backend, Link, RemoteResource
+
+GROUP = "gpusession.backends"
+
+# Built-in backends, so a source checkout that was never pip-installed still finds them.
+_BUILTIN = {
+    "local": "gpusession.backends.local:LocalBackend",
+    "docker": "gpusession.backends.docker:DockerBackend",
+    "aws": "gpusession.backends.aws:AwsBackend",
+}
+
+
+def backend_classes() -> dict[str, str]:
+    """name -> 'module:Class' for every installed backend."""
+    found = dict(_BUILTIN)
+    for ep in entry_points(group=GROUP):
+        found[ep.name] = ep.value
+    return found
+
+
+def backend_names() -> list[str]:
+    return sorted(backend_classes())
+
+
+def load_backend_class(name: str) -> type[Backend]:
+    classes = backend_classes()
+    target = classes.get(name.strip().lower())
+    if target is None:
+        raise BadInput(f"unknown backend {name!r}; valid backends: {', '.join(sorted(classes))}")
+    module_name, _, attr = target.partition(":")
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise BadInput(f"backend {name!r} is not available here: {exc}") from None
+    return getattr(module, attr)
+
+
+__all__ = ["Backend", "Link", "RemoteResource", "backend_classes", "backend_names", "load_backend_class", "GROUP"]

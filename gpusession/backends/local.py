@@ -1,0 +1,208 @@
+"""`local`: the session kernel is a separate process on this machine.
+
+The embedded default when no Docker engine answers. Its remote side is the same agent runtime a
+container runs (`python -m gpusession.agent run`), started in its own process session so it
+outlives the notebook kernel that started it, exactly like a container would. The label is the
+environment variable GPUSESSION_SESSION_ID in that process, which `list_resources` reads from
+/proc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..errors import StageError
+from ..models import KernelEndpoint, SessionRecord
+from ..progress import Progress
+from .base import Backend, Link, RemoteResource
+
+LABEL_ENV = "GPUSESSION_SESSION_ID"
+
+
+class LocalLink(Link):
+    def __init__(self, endpoint: KernelEndpoint, pid: int):
+        self.endpoint = endpoint
+        self.pid = pid
+
+    def close(self) -> None:
+        pass
+
+    def healthy(self) -> bool:
+        return _pid_alive(self.pid)
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _process_label(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return None
+    if b"gpusession.agent" not in cmdline:
+        return None
+    prefix = LABEL_ENV.encode() + b"="
+    for item in env:
+        if item.startswith(prefix):
+            return item[len(prefix):].decode()
+    return None
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def state_dir(self, record: SessionRecord) -> Path:
+        return self.config.data_path / "sessions" / record.id
+
+    def provision(self, record: SessionRecord, progress: Progress) -> None:
+        state_dir = self.state_dir(record)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "gpusession.agent",
+            "run",
+            "--session-id",
+            record.id,
+            "--state-dir",
+            str(state_dir),
+            "--kernel-ip",
+            "127.0.0.1",
+            "--kernel-ports",
+            "0",
+            "--cwd",
+            os.getcwd(),
+            *agent_args(record),
+        ]
+        env = dict(os.environ, **{LABEL_ENV: record.id})
+        env.pop("JPY_PARENT_PID", None)
+        progress.step("starting kernel process")
+        log = open(state_dir / "runtime.log", "ab")
+        try:
+            proc = subprocess.Popen(
+                cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        finally:
+            log.close()
+        self.store.update_resource(record.id, pid=proc.pid, state_dir=str(state_dir))
+        # reap it if we outlive it, so it never lingers as a zombie of ours
+        import threading
+
+        threading.Thread(target=proc.wait, daemon=True).start()
+
+    def connect(self, record: SessionRecord, progress: Progress) -> Link:
+        state_dir = Path(record.resource["state_dir"])
+        pid = record.resource.get("pid")
+        deadline = time.monotonic() + 60
+        progress.step("waiting for the kernel")
+        while True:
+            runtime = _read_json(state_dir / "runtime.json")
+            if runtime.get("ready"):
+                break
+            if not _pid_alive(pid):
+                raise StageError("connect", f"kernel process exited during start: {_tail(state_dir / 'runtime.log')}")
+            if time.monotonic() > deadline:
+                raise StageError("connect", "kernel did not become ready within 60s")
+            time.sleep(0.05)
+        info = _read_json(state_dir / "kernel.json")
+        agent_port = runtime.get("agent_port")
+        agent_url = f"http://127.0.0.1:{agent_port}" if agent_port else None
+        return LocalLink(KernelEndpoint(connection_info=info, agent_url=agent_url), pid)
+
+    def is_alive(self, record: SessionRecord) -> bool:
+        pid = record.resource.get("pid")
+        return _pid_alive(pid) and _process_label(pid) == record.id
+
+    def stop_reason(self, record: SessionRecord) -> str | None:
+        state_dir = record.resource.get("state_dir")
+        return _read_json(Path(state_dir) / "stopped.json").get("reason") if state_dir else None
+
+    def stop(self, record: SessionRecord) -> None:
+        pid = record.resource.get("pid")
+        if pid and _process_label(pid) == record.id:
+            _terminate(pid)
+
+    def list_resources(self) -> list[RemoteResource]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            pid = int(entry)
+            label = _process_label(pid)
+            if label and _pid_alive(pid):
+                found.append(
+                    RemoteResource(
+                        backend=self.name,
+                        session_id=label,
+                        resource_id=str(pid),
+                        description=f"local kernel process {pid}",
+                        running=True,
+                    )
+                )
+        return found
+
+    def remove_resource(self, resource: RemoteResource) -> None:
+        pid = int(resource.resource_id)
+        if _process_label(pid) == resource.session_id:
+            _terminate(pid)
+
+
+def agent_args(record: SessionRecord) -> list[str]:
+    """The agent's command-line options for this session's spec (shared by every backend)."""
+    try:
+        from ..agent import service
+    except ImportError:
+        return []
+    return service.args_for(record)
+
+
+def _terminate(pid: int, timeout: float = 10.0) -> None:
+    """SIGTERM the runtime (it shuts its kernel down), then SIGKILL its whole group."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _pid_alive(pid):
+        time.sleep(0.05)
+    if _pid_alive(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(Path(path).read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

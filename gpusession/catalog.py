@@ -1,0 +1,175 @@
+"""GPU types and prices, read from the data file shipped in the package (`data/catalog.json`).
+
+Names are case-insensitive and take a count, like SkyPilot's `--gpus A100:8`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from importlib import resources
+from typing import Any
+
+from .errors import BadInput
+
+
+@dataclasses.dataclass(frozen=True)
+class InstanceType:
+    """A cloud machine that carries `gpu_count` GPUs of one type."""
+
+    name: str  # EC2 instance type, e.g. "g4dn.xlarge"
+    gpu_count: int  # GPUs in one instance
+    vcpus: int  # virtual CPUs
+    on_demand: float  # dollars per hour, whole instance
+    spot: float | None  # typical spot dollars per hour, None when not offered
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuType:
+    """One GPU model in the catalog."""
+
+    name: str  # canonical lower-case name, e.g. "a100-80gb"
+    description: str  # human description
+    memory_gb: int  # memory of one GPU
+    instances: tuple[InstanceType, ...]  # ascending by gpu_count
+
+    def instance_for(self, count: int) -> InstanceType:
+        """Smallest instance with at least `count` GPUs."""
+        for inst in self.instances:
+            if inst.gpu_count >= count:
+                return inst
+        biggest = self.instances[-1].gpu_count
+        raise BadInput(
+            f"no instance carries {count} x {self.name}; the most is {biggest} "
+            f"(use --type {self.name}:{biggest} or fewer)"
+        )
+
+    @property
+    def per_gpu_on_demand(self) -> float:
+        inst = self.instances[0]
+        return inst.on_demand / inst.gpu_count
+
+    @property
+    def per_gpu_spot(self) -> float | None:
+        inst = self.instances[0]
+        return None if inst.spot is None else inst.spot / inst.gpu_count
+
+
+@dataclasses.dataclass(frozen=True)
+class Catalog:
+    snapshot_date: str  # date of the price snapshot
+    region: str  # region the prices are for
+    currency: str
+    source: str
+    types: tuple[GpuType, ...]
+    aliases: dict[str, str]
+
+    def names(self) -> list[str]:
+        return [t.name for t in self.types]
+
+    def get(self, name: str) -> GpuType:
+        key = name.strip().lower()
+        key = self.aliases.get(key, key)
+        for t in self.types:
+            if t.name == key:
+                return t
+        raise BadInput(f"unknown GPU type {name!r}; valid types: {', '.join(self.names())}")
+
+    def parse(self, text: str) -> tuple[GpuType, int]:
+        """'A100:8' -> (a100, 8). Raises BadInput naming the valid types."""
+        if not text or not text.strip():
+            raise BadInput(f"no GPU type given; valid types: {', '.join(self.names())}")
+        name, _, count_text = text.strip().partition(":")
+        gpu = self.get(name)
+        count = 1
+        if count_text:
+            try:
+                count = int(count_text)
+            except ValueError:
+                raise BadInput(
+                    f"bad GPU count {count_text!r} in {text!r}; write TYPE or TYPE:COUNT, e.g. a100:8"
+                ) from None
+            if count < 1:
+                raise BadInput(f"GPU count must be at least 1, got {count}")
+        gpu.instance_for(count)  # validates the count
+        return gpu, count
+
+    def price_per_hour(self, gpu: GpuType, count: int, *, spot: bool = False, whole_instance: bool = False) -> float:
+        """Dollars per hour: the whole instance for cloud backends, per-GPU times count otherwise."""
+        if whole_instance:
+            inst = gpu.instance_for(count)
+            if spot and inst.spot is not None:
+                return inst.spot
+            return inst.on_demand
+        per_gpu = gpu.per_gpu_spot if spot and gpu.per_gpu_spot is not None else gpu.per_gpu_on_demand
+        return round(per_gpu * count, 6)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "snapshot_date": self.snapshot_date,
+            "region": self.region,
+            "currency": self.currency,
+            "types": [
+                {
+                    "name": t.name,
+                    "description": t.description,
+                    "memory_gb": t.memory_gb,
+                    "on_demand_per_hour": round(t.per_gpu_on_demand, 4),
+                    "spot_per_hour": None if t.per_gpu_spot is None else round(t.per_gpu_spot, 4),
+                    "instance_types": [
+                        {
+                            "name": i.name,
+                            "gpu_count": i.gpu_count,
+                            "on_demand_per_hour": i.on_demand,
+                            "spot_per_hour": i.spot,
+                        }
+                        for i in t.instances
+                    ],
+                }
+                for t in self.types
+            ],
+        }
+
+    def table(self) -> str:
+        """The catalog as a plain-text table (what `%gpu types` and `gpusession types` print)."""
+        rows = [("TYPE", "MEMORY", "$/GPU-HOUR", "SPOT $/GPU-H", "AWS INSTANCES (GPUs, $/h)")]
+        for t in self.types:
+            spot = "-" if t.per_gpu_spot is None else f"{t.per_gpu_spot:.3f}"
+            inst = ", ".join(f"{i.name} ({i.gpu_count}, {i.on_demand:.2f})" for i in t.instances)
+            rows.append((t.name, f"{t.memory_gb} GB", f"{t.per_gpu_on_demand:.3f}", spot, inst))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
+        lines.append(f"Prices: {self.region}, snapshot {self.snapshot_date} ({self.currency}).")
+        return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=1)
+def load_catalog() -> Catalog:
+    raw = json.loads(resources.files("gpusession").joinpath("data/catalog.json").read_text())
+    types = []
+    for name, t in raw["types"].items():
+        insts = tuple(
+            sorted(
+                (
+                    InstanceType(
+                        name=i["name"],
+                        gpu_count=int(i["gpu_count"]),
+                        vcpus=int(i.get("vcpus", 0)),
+                        on_demand=float(i["on_demand"]),
+                        spot=None if i.get("spot") is None else float(i["spot"]),
+                    )
+                    for i in t["instances"]
+                ),
+                key=lambda i: i.gpu_count,
+            )
+        )
+        types.append(GpuType(name=name, description=t.get("description", ""), memory_gb=int(t["memory_gb"]), instances=insts))
+    return Catalog(
+        snapshot_date=raw["snapshot_date"],
+        region=raw["region"],
+        currency=raw.get("currency", "USD"),
+        source=raw.get("source", ""),
+        types=tuple(types),
+        aliases={k.lower(): v for k, v in raw.get("aliases", {}).items()},
+    )

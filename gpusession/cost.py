@@ -1,0 +1,45 @@
+"""Billed time and cost from a session's recorded transitions.
+
+Billing runs while the backend may hold a paid resource (provisioning .. stopping), per second
+with a 60-second minimum, like EC2's per-second billing.
+"""
+
+from __future__ import annotations
+
+from .models import BILLED_STATES, Event, SessionRecord, now
+
+MINIMUM_BILLED_S = 60.0
+
+
+def billed_seconds(events: list[Event], at: float | None = None) -> float:
+    """Seconds spent in billed states, from the event list, up to `at` (default: now)."""
+    at = now() if at is None else at
+    total, since = 0.0, None
+    for e in events:
+        if e.state in BILLED_STATES:
+            if since is None:
+                since = e.at
+        elif since is not None:
+            total += max(0.0, e.at - since)
+            since = None
+    if since is not None:
+        total += max(0.0, at - since)
+    return total
+
+
+def cost_of(record: SessionRecord, at: float | None = None) -> float:
+    """Dollars so far: price x billed time, at least one minute once billing started."""
+    seconds = billed_seconds(record.events, at)
+    if seconds <= 0:
+        return 0.0
+    return record.price_per_hour * max(seconds, MINIMUM_BILLED_S) / 3600.0
+
+
+def uptime_seconds(record: SessionRecord, at: float | None = None) -> float:
+    """Seconds since the session first ran, until it stopped (or now)."""
+    at = now() if at is None else at
+    started = next((e.at for e in record.events if e.state.value == "running"), None)
+    if started is None:
+        return 0.0
+    ended = next((e.at for e in record.events if not e.state.active and e.at >= started), None)
+    return max(0.0, (ended or at) - started)

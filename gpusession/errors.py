@@ -1,0 +1,57 @@
+"""The error tree. Every error a user can cause or meet says what was wrong and what to do.
+
+The faces (magics, CLI, REST) turn these into a `UsageError`, a one-line exit, or a 4xx body;
+they never show a traceback for anything below.
+"""
+
+from __future__ import annotations
+
+
+class GpuSessionError(Exception):
+    """Base of every error gpusession raises on purpose."""
+
+
+class BadInput(GpuSessionError, ValueError):
+    """The user asked for something invalid (unknown GPU type, bad duration, ...)."""
+
+
+class UnknownSession(GpuSessionError, LookupError):
+    """No session by that id or name in the store."""
+
+
+class NoSession(GpuSessionError):
+    """An operation needs a running session and there is none."""
+
+
+class BackendUnavailable(GpuSessionError):
+    """A backend's SDK, daemon or credentials are missing; the message says how to get them."""
+
+
+class StageError(GpuSessionError):
+    """A long operation failed; `stage` names the step that failed (provision, connect, ...)."""
+
+    def __init__(self, stage: str, message: str):
+        self.stage = stage
+        self.message = message
+        super().__init__(f"{stage}: {message}")
+
+
+class KernelDied(GpuSessionError):
+    """The session kernel stopped answering while it ran a cell."""
+
+
+class RemoteError(GpuSessionError):
+    """An exception raised by code running in the session kernel.
+
+    IPython shows `_render_traceback_` instead of a local traceback (the ipyparallel habit),
+    so the notebook displays the remote traceback, and the cell still counts as failed.
+    """
+
+    def __init__(self, ename: str, evalue: str, traceback: list[str]):
+        self.ename = ename
+        self.evalue = evalue
+        self.traceback = traceback
+        super().__init__(f"{ename}: {evalue}")
+
+    def _render_traceback_(self) -> list[str]:
+        return list(self.traceback) or [f"{self.ename}: {self.evalue}"]

@@ -1,0 +1,257 @@
+"""Talking to the session kernel with jupyter_client: execute with live output, interrupt,
+move variables, shut down.
+
+Output is re-published into the notebook as it arrives (stream text is written and flushed
+piece by piece, display data goes through IPython's display publisher), so a loop's prints show
+before the loop ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import queue
+import sys
+import time
+from typing import Any, Callable
+
+from jupyter_client.blocking.client import BlockingKernelClient
+
+from .errors import BadInput, KernelDied, RemoteError
+
+
+class OutputSink:
+    """Where remote output goes. The default writes into the current IPython display system."""
+
+    def stream(self, name: str, text: str) -> None:
+        target = sys.stderr if name == "stderr" else sys.stdout
+        target.write(text)
+        target.flush()
+
+    def display(self, data: dict, metadata: dict, transient: dict | None = None, update: bool = False) -> None:
+        from IPython.display import publish_display_data
+
+        kwargs: dict[str, Any] = {"data": data, "metadata": metadata}
+        if transient:
+            kwargs["transient"] = transient
+        if update:
+            kwargs["update"] = True
+        publish_display_data(**kwargs)
+
+    def clear(self, wait: bool) -> None:
+        from IPython.display import clear_output
+
+        clear_output(wait=wait)
+
+
+class KernelClient:
+    """One connection to one session kernel."""
+
+    def __init__(self, connection_info: dict, *, healthy: Callable[[], bool] | None = None):
+        self.client = BlockingKernelClient()
+        self.client.load_connection_info(connection_info)
+        self.client.start_channels(hb=False)
+        self._healthy = healthy or (lambda: True)
+
+    # -- life -----------------------------------------------------------------------------
+
+    def wait_ready(self, timeout: float = 60.0) -> dict:
+        """Until the kernel answers kernel_info (ZMQ reconnects by itself while ports come up)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg_id = self.client.kernel_info()
+            try:
+                reply = self._reply(self.client.get_shell_msg, msg_id, timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+                # drain iopub so later reads start clean
+                self._drain_iopub()
+                return reply["content"]
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"kernel did not answer within {timeout:.0f}s") from None
+                if not self._healthy():
+                    raise KernelDied("the session kernel exited while starting") from None
+
+    def _drain_iopub(self) -> None:
+        while True:
+            try:
+                self.client.get_iopub_msg(timeout=0.05)
+            except queue.Empty:
+                return
+
+    def _reply(self, getter, msg_id: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = getter(timeout=max(0.0, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg
+
+    def close(self) -> None:
+        self.client.stop_channels()
+
+    def shutdown(self, timeout: float = 5.0) -> bool:
+        """Ask the kernel to exit and wait for its reply (so it does not keep running)."""
+        msg = self.client.session.msg("shutdown_request", {"restart": False})
+        self.client.control_channel.send(msg)
+        try:
+            self._reply(self.client.get_control_msg, msg["header"]["msg_id"], timeout)
+            return True
+        except queue.Empty:
+            return False
+
+    def interrupt(self) -> None:
+        """interrupt_request on the control channel: the kernel SIGINTs its own process group.
+        Works the same through a tunnel, where no signal could reach the process."""
+        msg = self.client.session.msg("interrupt_request", {})
+        self.client.control_channel.send(msg)
+
+    # -- execution ------------------------------------------------------------------------
+
+    def execute(
+        self,
+        code: str,
+        *,
+        sink: OutputSink | None = None,
+        silent: bool = False,
+        user_expressions: dict | None = None,
+        store_history: bool = True,
+        interrupt_grace: float = 10.0,
+        health_every: float = 1.0,
+    ) -> dict:
+        """Run `code`, forwarding output as it comes. Returns the execute_reply content.
+
+        Raises RemoteError for an exception in the remote code (its traceback renders in the
+        notebook), KeyboardInterrupt after forwarding a local interrupt, KernelDied when the
+        kernel stops answering.
+        """
+        sink = sink or OutputSink()
+        msg_id = self.client.execute(
+            code,
+            silent=silent,
+            store_history=store_history and not silent,
+            user_expressions=user_expressions or {},
+            allow_stdin=False,
+        )
+        interrupted_at: float | None = None
+        error: dict | None = None
+        last_check = time.monotonic()
+        while True:
+            try:
+                msg = self.client.get_iopub_msg(timeout=0.1)
+            except queue.Empty:
+                now = time.monotonic()
+                if now - last_check >= health_every:
+                    last_check = now
+                    if not self._healthy():
+                        raise KernelDied("the session kernel died while running this cell") from None
+                if interrupted_at is not None and now - interrupted_at > interrupt_grace:
+                    raise KeyboardInterrupt("the remote cell did not stop within "
+                                            f"{interrupt_grace:.0f}s of the interrupt; it may still be running")
+                continue
+            except KeyboardInterrupt:
+                if interrupted_at is not None:
+                    raise
+                self.interrupt()
+                interrupted_at = time.monotonic()
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            try:
+                if kind == "stream":
+                    sink.stream(content["name"], content["text"])
+                elif kind in ("display_data", "execute_result"):
+                    sink.display(content["data"], content.get("metadata", {}), content.get("transient"))
+                elif kind == "update_display_data":
+                    sink.display(content["data"], content.get("metadata", {}), content.get("transient"), update=True)
+                elif kind == "clear_output":
+                    sink.clear(content.get("wait", False))
+                elif kind == "error":
+                    error = content
+                elif kind == "status" and content["execution_state"] == "idle":
+                    break
+            except KeyboardInterrupt:
+                if interrupted_at is None:
+                    self.interrupt()
+                    interrupted_at = time.monotonic()
+        try:
+            reply = self._reply(self.client.get_shell_msg, msg_id, timeout=10)["content"]
+        except queue.Empty:
+            raise KernelDied("the session kernel went idle but sent no reply") from None
+        if interrupted_at is not None:
+            raise KeyboardInterrupt("interrupted the remote cell")
+        if reply.get("status") == "error" or error:
+            err = error or reply
+            raise RemoteError(err.get("ename", "Error"), err.get("evalue", ""), err.get("traceback", []))
+        return reply
+
+    def evaluate(self, expression: str, setup: str = "") -> str:
+        """Run `setup` silently and return repr-text of `expression` (user_expressions)."""
+        reply = self.execute(setup or "pass", silent=True, user_expressions={"v": expression}, sink=_NullSink())
+        value = reply["user_expressions"]["v"]
+        if value.get("status") != "ok":
+            raise RemoteError(value.get("ename", "Error"), value.get("evalue", ""), value.get("traceback", []))
+        return value["data"]["text/plain"]
+
+    # -- variables ------------------------------------------------------------------------
+
+    def push(self, namespace: dict[str, Any]) -> None:
+        """Send local variables (pickled) into the session kernel's namespace."""
+        import pickle
+
+        payload = {}
+        for name, value in namespace.items():
+            try:
+                payload[name] = pickle.dumps(value, protocol=4)
+            except Exception as exc:  # noqa: BLE001 - pickle raises many kinds
+                raise BadInput(f"cannot push {name!r}: it cannot be pickled ({type(exc).__name__}: {exc})") from None
+        blob = base64.b64encode(pickle.dumps(payload, protocol=4)).decode()
+        self.execute(
+            "import pickle as _gs_p, base64 as _gs_b\n"
+            f"globals().update({{_k: _gs_p.loads(_v) for _k, _v in _gs_p.loads(_gs_b.b64decode('{blob}')).items()}})\n"
+            "del _gs_p, _gs_b",
+            silent=True,
+            sink=_NullSink(),
+        )
+
+    def pull(self, names: list[str]) -> dict[str, Any]:
+        """Fetch variables (pickled) from the session kernel's namespace."""
+        import ast
+        import pickle
+
+        setup = (
+            "def _gs_pull(names):\n"
+            "    import pickle, base64\n"
+            "    g = globals(); out = {}; bad = []\n"
+            "    for n in names:\n"
+            "        if n not in g:\n"
+            "            bad.append(n + ': not defined in the session kernel'); continue\n"
+            "        try:\n"
+            "            out[n] = pickle.dumps(g[n], protocol=4)\n"
+            "        except Exception as e:\n"
+            "            bad.append(f'{n}: cannot be pickled ({type(e).__name__}: {e})')\n"
+            "    return base64.b64encode(pickle.dumps((out, bad), protocol=4)).decode()\n"
+        )
+        text = self.evaluate(f"_gs_pull({names!r})", setup=setup)
+        out, bad = pickle.loads(base64.b64decode(ast.literal_eval(text)))
+        if bad:
+            raise BadInput("cannot pull " + "; ".join(bad))
+        result = {}
+        for name, data in out.items():
+            try:
+                result[name] = pickle.loads(data)
+            except Exception as exc:  # noqa: BLE001
+                raise BadInput(
+                    f"cannot pull {name!r}: it does not unpickle here ({type(exc).__name__}: {exc}); "
+                    "is its module installed in this kernel?"
+                ) from None
+        return result
+
+
+class _NullSink(OutputSink):
+    def stream(self, name: str, text: str) -> None:
+        pass
+
+    def display(self, data, metadata, transient=None, update=False) -> None:
+        pass
+
+    def clear(self, wait: bool) -> None:
+        pass

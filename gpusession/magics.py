@@ -1,0 +1,319 @@
+"""`%gpu` and `%%gpu`: the notebook face.
+
+One small function per subcommand behind a dict; user mistakes become `UsageError` (a message,
+not a traceback); exceptions raised by remote code show the remote traceback.
+
+Examples
+--------
+::
+
+    In [1]: %load_ext gpusession
+    In [2]: %gpu start --type t4 --idle 15m
+    In [3]: %%gpu
+       ...: import torch; print(torch.cuda.get_device_name())
+    In [4]: %gpu on          # every following cell runs in the session
+    In [5]: %gpu off
+    In [6]: %gpu push df model
+    In [7]: %gpu pull result
+    In [8]: %gpu stop
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Any, Callable
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .durations import format_duration, format_money
+from .errors import GpuSessionError, NoSession, RemoteError
+from .session import Session, SessionManager
+
+
+@magic_arguments()
+@argument("--type", "-t", dest="gpu_type", default=None, help="GPU type, optionally with a count: t4, a100:8 (see %%gpu types)")
+@argument("--backend", "-b", default=None, help="local, docker or aws (default: docker when an engine answers, else local)")
+@argument("--host", default=None, help="docker backend: a remote engine, ssh://user@host[:port]")
+@argument("--image", default=None, help="container image (docker/aws); default: built from Dockerfile.cuda")
+@argument("--idle", default="default", help="stop after this long idle: 90s, 15m, 1h, or off (default 30m)")
+@argument("--gpu-only", dest="gpu_only_idle", action="store_true", default=None,
+          help="count only GPU utilization as activity (stops a busy kernel whose GPU sits unused)")
+@argument("--max-runtime", default=None, help="hard stop after this long, e.g. 8h")
+@argument("--spot", action="store_true", default=None, help="aws: use spot capacity")
+@argument("--region", default=None, help="aws: region, e.g. us-east-1")
+@argument("--max-cost", default=None, help="stop when the session has cost this many dollars, e.g. 5")
+@argument("--name", "-n", default=None, help="session name (default: TYPE-N)")
+def _start_args(line: str) -> None:
+    """%gpu start [options]"""
+
+
+@magic_arguments()
+@argument("name", nargs="?", default=None, help="session name (default: the current session)")
+@argument("--all", action="store_true", help="stop every active session")
+def _stop_args(line: str) -> None:
+    """%gpu stop [NAME | --all]"""
+
+
+@magic_arguments()
+@argument("names", nargs="+", help="variable names")
+def _vars_args(line: str) -> None:
+    """%gpu push|pull NAME..."""
+
+
+@magic_arguments()
+@argument("name", help="session name")
+def _use_args(line: str) -> None:
+    """%gpu use NAME"""
+
+
+HELP = """%gpu SUBCOMMAND ...
+  start [--type T4] [--backend local|docker|aws] [--idle 15m] [--max-cost 5] [--name N] ...
+  stop [NAME | --all]     status     list     types
+  on | off                run every following cell in the session (or stop doing so)
+  push NAME...            send local variables to the session;  pull NAME...: fetch them back
+  use NAME                work with another running session (e.g. one started from the panel)
+  %%gpu                   (cell magic) run this cell in the session
+`%gpu start?` style help: `%gpu help start`."""
+
+
+@magics_class
+class GpuMagics(Magics):
+    def __init__(self, shell, manager: SessionManager | None = None):
+        super().__init__(shell)
+        self._manager = manager
+        self.current: Session | None = None
+        self.auto = False
+        self._subcommands: dict[str, Callable[[str], Any]] = {
+            "start": self._start,
+            "stop": self._stop,
+            "status": self._status,
+            "list": self._list,
+            "types": self._types,
+            "on": self._on,
+            "off": self._off,
+            "push": self._push,
+            "pull": self._pull,
+            "use": self._use,
+            "help": self._help,
+        }
+
+    @property
+    def manager(self) -> SessionManager:
+        if self._manager is None:
+            self._manager = SessionManager()
+        return self._manager
+
+    def add_subcommand(self, name: str, handler: Callable[[str], Any]) -> None:
+        """Later layers (stats, panel) register their subcommands here."""
+        self._subcommands[name] = handler
+
+    # -- entry points ------------------------------------------------------------------
+
+    @line_magic
+    def gpu(self, line: str = "") -> Any:
+        """Run a GPU session subcommand; `%gpu help` lists them."""
+        sub, _, rest = line.strip().partition(" ")
+        handler = self._subcommands.get(sub or "status")
+        if handler is None:
+            raise UsageError(f"unknown subcommand {sub!r}; valid: {', '.join(sorted(self._subcommands))}")
+        try:
+            return handler(rest.strip())
+        except GpuSessionError as exc:
+            if isinstance(exc, RemoteError):
+                raise
+            raise UsageError(str(exc)) from None
+
+    @cell_magic("gpu")
+    def gpu_cell(self, line: str, cell: str) -> None:
+        """%%gpu [NAME]: run the cell in the session kernel, output streamed back live."""
+        session = self._session(line.strip() or None)
+        try:
+            session.run(cell)
+        except RemoteError:
+            raise
+        except GpuSessionError as exc:
+            if session is self.current and not session.record.state.active:
+                self.current = None
+            raise UsageError(f"{exc}. Session {session.name} is no longer usable; `%gpu start` a new one.") from None
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _session(self, name: str | None = None) -> Session:
+        if name:
+            session = self.manager.connected(name)
+            return session or self.manager.attach(name, report=_print)
+        if self.current is None:
+            raise UsageError("no GPU session: run `%gpu start --type t4` first (or `%gpu use NAME`)")
+        return self.current
+
+    def _parse(self, spec_func, rest: str):
+        try:
+            return parse_argstring(spec_func, rest)
+        except UsageError:
+            raise
+        except SystemExit:  # argparse exits on --help
+            raise UsageError(spec_func.__doc__ or "bad arguments") from None
+
+    # -- subcommands -------------------------------------------------------------------
+
+    def _start(self, rest: str) -> Session:
+        args = self._parse(_start_args, rest)
+        spec = self.manager.make_spec(
+            args.gpu_type,
+            backend=args.backend,
+            idle=args.idle,
+            name=args.name,
+            image=args.image,
+            host=args.host,
+            spot=args.spot,
+            region=args.region,
+            gpu_only_idle=args.gpu_only_idle,
+            max_cost=args.max_cost,
+            max_runtime=args.max_runtime,
+        )
+        session = self.manager.start(spec, report=_print)
+        self.current = session
+        return None
+
+    def _stop(self, rest: str) -> None:
+        args = self._parse(_stop_args, rest)
+        if args.all:
+            stopped = self.manager.stop_all()
+            self.current = None
+            print(f"stopped {len(stopped)} session(s)" + "".join(f"\n  {r.name}: {self.manager.summary_line(r)}" for r in stopped))
+            return
+        if args.name:
+            record = self.manager.get(args.name)
+        elif self.current is not None:
+            record = self.current.record
+        else:
+            raise UsageError("no current session to stop; name one (`%gpu list`) or use --all")
+        record = self.manager.stop(record.id)
+        if self.current is not None and self.current.id == record.id:
+            self.current = None
+            self._off("quiet" if not self.auto else "")
+        print(f"stopped {record.name}: {self.manager.summary_line(record)}")
+
+    def _status(self, rest: str) -> None:
+        name = rest.strip() or None
+        if name is None and self.current is None:
+            print("no current GPU session. `%gpu start --type t4` starts one; `%gpu list` shows all.")
+            return
+        record = self.manager.get(name) if name else self.current.refresh()  # type: ignore[union-attr]
+        v = self.manager.view(record)
+        lines = [
+            f"{v['name']}: {v['gpu_count']} x {v['gpu_type']} on {v['backend']} - {v['state']}",
+            f"  up {format_duration(v['uptime_s'])}, {format_money(v['price_per_hour'])}/h, cost so far {format_money(v['cost_so_far'])}",
+            f"  idle timeout {format_duration(v['idle']['timeout_s'])}" + (f", max cost ${v['max_cost']:.2f}" if v["max_cost"] else ""),
+        ]
+        if record.error:
+            lines.append(f"  error: {record.error}")
+        if self.auto and self.current is not None and self.current.id == record.id:
+            lines.append("  %gpu on: every cell runs in this session")
+        print("\n".join(lines))
+
+    def _list(self, rest: str) -> None:
+        records = self.manager.list()
+        if not records:
+            print("no sessions yet. `%gpu start --type t4` starts one.")
+            return
+        print(render_session_table(self.manager, records, current=self.current.id if self.current else None))
+
+    def _types(self, rest: str) -> None:
+        print(self.manager.catalog.table())
+
+    def _on(self, rest: str) -> None:
+        self._session()  # must have one
+        self.auto = True
+        transformers = self.shell.input_transformers_cleanup
+        if self._auto_transform not in transformers:
+            transformers.append(self._auto_transform)
+        print(f"every cell now runs in {self.current.name} (`%gpu off` to stop)")  # type: ignore[union-attr]
+
+    def _off(self, rest: str) -> None:
+        was = self.auto
+        self.auto = False
+        transformers = self.shell.input_transformers_cleanup
+        if self._auto_transform in transformers:
+            transformers.remove(self._auto_transform)
+        if was and rest != "quiet":
+            print("cells run locally again")
+
+    def _auto_transform(self, lines: list[str]) -> list[str]:
+        """With `%gpu on`, make every cell a %%gpu cell, except %gpu lines themselves."""
+        if not self.auto or not lines:
+            return lines
+        first = next((l.strip() for l in lines if l.strip()), "")
+        if first.startswith(("%gpu", "%%gpu", "%load_ext", "%reload_ext", "%unload_ext")):
+            return lines
+        return ["%%gpu\n", *lines]
+
+    def _push(self, rest: str) -> None:
+        args = self._parse(_vars_args, rest)
+        session = self._session()
+        ns = self.shell.user_ns
+        missing = [n for n in args.names if n not in ns]
+        if missing:
+            raise UsageError(f"not defined here: {', '.join(missing)}")
+        session.push({n: ns[n] for n in args.names})
+        print(f"pushed {', '.join(args.names)} to {session.name}")
+
+    def _pull(self, rest: str) -> None:
+        args = self._parse(_vars_args, rest)
+        session = self._session()
+        values = session.pull(args.names)
+        self.shell.user_ns.update(values)
+        print(f"pulled {', '.join(args.names)} from {session.name}")
+
+    def _use(self, rest: str) -> None:
+        args = self._parse(_use_args, rest)
+        self.current = self.manager.connected(args.name) or self.manager.attach(args.name, report=_print)
+        print(f"using {self.current.name}")
+
+    def _help(self, rest: str) -> None:
+        sub = rest.strip()
+        funcs = {"start": _start_args, "stop": _stop_args, "push": _vars_args, "pull": _vars_args, "use": _use_args}
+        if sub in funcs:
+            print(funcs[sub].parser.format_help().replace("usage: ", "usage: %gpu " + sub + " ", 1))
+        else:
+            print(HELP)
+
+
+def render_session_table(manager: SessionManager, records, current: str | None = None) -> str:
+    rows = [("", "NAME", "TYPE", "BACKEND", "STATE", "UPTIME", "$/H", "COST")]
+    for r in records:
+        v = manager.view(r)
+        rows.append(
+            (
+                "*" if r.id == current else "",
+                r.name,
+                f"{v['gpu_count']}x{v['gpu_type']}",
+                v["backend"],
+                v["state"],
+                format_duration(v["uptime_s"]),
+                f"{v['price_per_hour']:.3f}",
+                format_money(v["cost_so_far"]),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+    sys.stdout.flush()
+
+
+def load_ipython_extension(ip) -> None:
+    magics = GpuMagics(ip)
+    ip.register_magics(magics)
+    ip._gpusession_magics = magics  # for later layers (widgets) and unload
+
+
+def unload_ipython_extension(ip) -> None:
+    magics = getattr(ip, "_gpusession_magics", None)
+    if magics is not None:
+        magics._off("quiet")

@@ -1,0 +1,237 @@
+"""The session registry: one sqlite file (WAL) shared by every local process.
+
+Two notebooks, the Jupyter server and the CLI read and write it at once; each write is one
+`BEGIN IMMEDIATE` transaction, so no record is lost or half-written. Every state change is an
+event row with its time: cost and the timeline are computed from those rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import socket
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import BadInput, UnknownSession
+from .models import Event, LaunchSpec, SessionRecord, State, now
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    owner TEXT NOT NULL,
+    price_per_hour REAL NOT NULL DEFAULT 0,
+    resource TEXT NOT NULL DEFAULT '{}',
+    error TEXT
+);
+CREATE UNIQUE INDEX IF NOT EXISTS sessions_active_name
+    ON sessions(name) WHERE state NOT IN ('stopped', 'failed');
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    state TEXT NOT NULL,
+    at REAL NOT NULL,
+    detail TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS events_session ON events(session_id, seq);
+"""
+
+_NAME_OK = set("abcdefghijklmnopqrstuvwxyz0123456789-_.")
+
+
+def owner_id() -> str:
+    """Who started a session: user@host:pid (a dead pid tells gc the owner is gone)."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no passwd entry in some containers
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}:{os.getpid()}"
+
+
+def validate_name(name: str) -> str:
+    n = name.strip()
+    if not n or len(n) > 63 or not set(n.lower()) <= _NAME_OK or not n[0].isalnum():
+        raise BadInput(
+            f"bad session name {name!r}: use up to 63 letters, digits, '-', '_' or '.', starting with a letter or digit"
+        )
+    return n
+
+
+class Store:
+    """Durable session records. Cheap to create; safe to share between threads and processes."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(_SCHEMA)
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            db.execute("PRAGMA busy_timeout=30000")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.row_factory = sqlite3.Row
+            yield db
+        finally:
+            db.close()
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            else:
+                db.execute("COMMIT")
+
+    # -- writes -------------------------------------------------------------------------
+
+    def create(self, spec: LaunchSpec, *, price_per_hour: float, owner: str | None = None) -> SessionRecord:
+        """Record a new session in state `requested`; picks a free name when spec.name is None."""
+        sid = uuid.uuid4().hex
+        t = now()
+        with self._write() as db:
+            if spec.name:
+                name = validate_name(spec.name)
+                row = db.execute(
+                    "SELECT id FROM sessions WHERE name=? AND state NOT IN ('stopped','failed')", (name,)
+                ).fetchone()
+                if row:
+                    raise BadInput(f"a session named {name!r} is already active; stop it or pick another --name")
+            else:
+                taken = {
+                    r[0]
+                    for r in db.execute("SELECT name FROM sessions WHERE state NOT IN ('stopped','failed')")
+                }
+                n = 1
+                while f"{spec.gpu_type}-{n}" in taken:
+                    n += 1
+                name = f"{spec.gpu_type}-{n}"
+            spec.name = name
+            db.execute(
+                "INSERT INTO sessions (id, name, state, spec, created_at, updated_at, owner, price_per_hour)"
+                " VALUES (?,?,?,?,?,?,?,?)",
+                (sid, name, State.REQUESTED.value, json.dumps(spec.to_dict()), t, t, owner or owner_id(), price_per_hour),
+            )
+            db.execute(
+                "INSERT INTO events (session_id, state, at, detail) VALUES (?,?,?,?)",
+                (sid, State.REQUESTED.value, t, f"{spec.backend} {spec.gpu_type}:{spec.gpu_count}"),
+            )
+        return self.get(sid)
+
+    def transition(
+        self,
+        session_id: str,
+        state: State,
+        detail: str = "",
+        *,
+        error: str | None = None,
+        at: float | None = None,
+    ) -> SessionRecord:
+        """Move a session to `state` and record the event. Terminal states stay terminal."""
+        t = now() if at is None else at
+        with self._write() as db:
+            row = db.execute("SELECT state FROM sessions WHERE id=?", (session_id,)).fetchone()
+            if row is None:
+                raise UnknownSession(f"no session with id {session_id}")
+            current = State(row["state"])
+            if not current.active and state != current:
+                # a stopped session cannot come back; record nothing (another process won the race)
+                pass
+            elif current != state or detail:
+                db.execute(
+                    "UPDATE sessions SET state=?, updated_at=?, error=COALESCE(?, error) WHERE id=?",
+                    (state.value, t, error, session_id),
+                )
+                db.execute(
+                    "INSERT INTO events (session_id, state, at, detail) VALUES (?,?,?,?)",
+                    (session_id, state.value, t, detail),
+                )
+        return self.get(session_id)
+
+    def update_resource(self, session_id: str, **values: Any) -> SessionRecord:
+        """Merge backend state (container id, ports, instance id...) into the record."""
+        with self._write() as db:
+            row = db.execute("SELECT resource FROM sessions WHERE id=?", (session_id,)).fetchone()
+            if row is None:
+                raise UnknownSession(f"no session with id {session_id}")
+            resource = json.loads(row["resource"])
+            resource.update(values)
+            db.execute(
+                "UPDATE sessions SET resource=?, updated_at=? WHERE id=?",
+                (json.dumps(resource), now(), session_id),
+            )
+        return self.get(session_id)
+
+    def note(self, session_id: str, detail: str) -> None:
+        """Record an event without changing state (a warning, a keepalive, a reconnect)."""
+        with self._write() as db:
+            row = db.execute("SELECT state FROM sessions WHERE id=?", (session_id,)).fetchone()
+            if row is None:
+                raise UnknownSession(f"no session with id {session_id}")
+            db.execute(
+                "INSERT INTO events (session_id, state, at, detail) VALUES (?,?,?,?)",
+                (session_id, row["state"], now(), detail),
+            )
+
+    # -- reads --------------------------------------------------------------------------
+
+    def _record(self, db: sqlite3.Connection, row: sqlite3.Row) -> SessionRecord:
+        events = [
+            Event(session_id=row["id"], state=State(e["state"]), at=e["at"], detail=e["detail"])
+            for e in db.execute("SELECT state, at, detail FROM events WHERE session_id=? ORDER BY seq", (row["id"],))
+        ]
+        return SessionRecord(
+            id=row["id"],
+            name=row["name"],
+            spec=LaunchSpec.from_dict(json.loads(row["spec"])),
+            state=State(row["state"]),
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            owner=row["owner"],
+            price_per_hour=row["price_per_hour"],
+            resource=json.loads(row["resource"]),
+            error=row["error"],
+            events=events,
+        )
+
+    def get(self, key: str) -> SessionRecord:
+        """By id, id prefix (8+ chars) or name (the active one first, else the newest)."""
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM sessions WHERE id=?", (key,)).fetchone()
+            if row is None:
+                row = db.execute(
+                    "SELECT * FROM sessions WHERE name=? ORDER BY (state IN ('stopped','failed')), created_at DESC LIMIT 1",
+                    (key,),
+                ).fetchone()
+            if row is None and len(key) >= 8:
+                rows = db.execute("SELECT * FROM sessions WHERE id LIKE ?", (key + "%",)).fetchall()
+                row = rows[0] if len(rows) == 1 else None
+            if row is None:
+                raise UnknownSession(f"no session named {key!r}; `%gpu list` shows the sessions")
+            return self._record(db, row)
+
+    def list(self, *, active_only: bool = False, limit: int | None = None) -> list[SessionRecord]:
+        q = "SELECT * FROM sessions"
+        if active_only:
+            q += " WHERE state NOT IN ('stopped','failed')"
+        q += " ORDER BY created_at DESC"
+        if limit:
+            q += f" LIMIT {int(limit)}"
+        with self._connect() as db:
+            return [self._record(db, r) for r in db.execute(q).fetchall()]

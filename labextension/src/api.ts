@@ -1,0 +1,141 @@
+/**
+ * Typed client of the gpusession REST API (see `types.ts` for the endpoints).
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import type {
+  CatalogReply,
+  ErrorReply,
+  KeepAliveRequest,
+  SessionListReply,
+  SessionView,
+  StartRequest,
+  StatsReply
+} from './types';
+
+/** Path of the API under the server's base URL. */
+export const API_PATH = 'gpusession/api';
+
+/** A failed API call, with a message fit to show the user. */
+export class ApiError extends Error {
+  /** HTTP status, or null when the server could not be reached. */
+  readonly status: number | null;
+
+  constructor(message: string, status: number | null) {
+    super(message);
+    this.name = 'ApiError';
+    this.status = status;
+  }
+}
+
+/** Turn anything thrown into one line for the panel. */
+export function errorMessage(error: unknown): string {
+  if (error instanceof Error) {
+    return error.message || error.name;
+  }
+  return String(error);
+}
+
+export class GpuSessionClient {
+  constructor(settings: ServerConnection.ISettings) {
+    this._settings = settings;
+  }
+
+  /** GET `sessions` */
+  async listSessions(): Promise<SessionView[]> {
+    const reply = await this._request<SessionListReply>('sessions');
+    return reply.sessions;
+  }
+
+  /** GET `sessions/<id>` */
+  getSession(id: string): Promise<SessionView> {
+    return this._request<SessionView>(sessionPath(id));
+  }
+
+  /** GET `sessions/<id>/stats?since=<unix seconds>` */
+  getStats(id: string, since: number): Promise<StatsReply> {
+    const query = URLExt.objectToQueryString({ since: String(since) });
+    return this._request<StatsReply>(`${sessionPath(id)}/stats${query}`);
+  }
+
+  /** POST `sessions`: the reply comes before the session is running. */
+  startSession(body: StartRequest): Promise<SessionView> {
+    return this._request<SessionView>('sessions', {
+      method: 'POST',
+      body: JSON.stringify(body)
+    });
+  }
+
+  /** DELETE `sessions/<id>` */
+  stopSession(id: string): Promise<SessionView> {
+    return this._request<SessionView>(sessionPath(id), { method: 'DELETE' });
+  }
+
+  /** POST `sessions/<id>/keepalive` */
+  keepAlive(id: string, duration: string): Promise<SessionView> {
+    const body: KeepAliveRequest = { duration };
+    return this._request<SessionView>(`${sessionPath(id)}/keepalive`, {
+      method: 'POST',
+      body: JSON.stringify(body)
+    });
+  }
+
+  /** GET `catalog` */
+  getCatalog(): Promise<CatalogReply> {
+    return this._request<CatalogReply>('catalog');
+  }
+
+  private async _request<T>(path: string, init: RequestInit = {}): Promise<T> {
+    const url = URLExt.join(this._settings.baseUrl, API_PATH, path);
+    let response: Response;
+    try {
+      response = await ServerConnection.makeRequest(url, init, this._settings);
+    } catch (error) {
+      throw new ApiError(
+        `Cannot reach the Jupyter server: ${errorMessage(error)}`,
+        null
+      );
+    }
+    const text = await response.text();
+    if (!response.ok) {
+      throw new ApiError(failureMessage(response, text), response.status);
+    }
+    try {
+      return JSON.parse(text) as T;
+    } catch {
+      throw new ApiError(
+        `Invalid JSON from ${API_PATH}/${path} (HTTP ${response.status})`,
+        response.status
+      );
+    }
+  }
+
+  private readonly _settings: ServerConnection.ISettings;
+}
+
+function sessionPath(id: string): string {
+  return `sessions/${encodeURIComponent(id)}`;
+}
+
+/** The message of a non-2xx reply: the server's own when it sent one. */
+function failureMessage(response: Response, text: string): string {
+  if (response.status === 404 && !text.trim().startsWith('{')) {
+    return (
+      'The gpusession server extension is not answering ' +
+      `(HTTP 404 at ${API_PATH}): is gpusession installed and enabled ` +
+      'in this Jupyter server?'
+    );
+  }
+  let serverMessage = '';
+  try {
+    const body = JSON.parse(text) as ErrorReply;
+    serverMessage = body.message || body.reason || '';
+  } catch {
+    serverMessage = text.trim().slice(0, 200);
+  }
+  const status = `HTTP ${response.status}${
+    response.statusText ? ' ' + response.statusText : ''
+  }`;
+  return serverMessage ? `${serverMessage} (${status})` : status;
+}

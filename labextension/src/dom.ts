@@ -1,0 +1,50 @@
+/**
+ * DOM helpers shared by the panel's parts. Every setter writes only when the
+ * value changed, so that polling every two seconds does not churn the DOM.
+ */
+
+/** A new element with a class. */
+export function element<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className: string
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  node.className = className;
+  return node;
+}
+
+/** A new element whose class doubles as its `data-testid`. */
+export function control<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className: string
+): HTMLElementTagNameMap[K] {
+  const node = element(tag, className);
+  node.dataset.testid = className;
+  return node;
+}
+
+export function setText(node: HTMLElement, text: string): void {
+  if (node.textContent !== text) {
+    node.textContent = text;
+  }
+}
+
+export function setData(node: HTMLElement, key: string, value: string): void {
+  if (node.dataset[key] !== value) {
+    node.dataset[key] = value;
+  }
+}
+
+export function setClass(node: Element, className: string): void {
+  if (node.getAttribute('class') !== className) {
+    node.setAttribute('class', className);
+  }
+}
+
+/** Show a message, or hide the node when there is none. */
+export function showText(node: HTMLElement, text: string | null): void {
+  setText(node, text ?? '');
+  if (node.hidden !== !text) {
+    node.hidden = !text;
+  }
+}

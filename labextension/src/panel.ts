@@ -1,0 +1,169 @@
+/**
+ * The left-sidebar panel: one card per session, the start form, and the
+ * API's errors (never a blank panel).
+ */
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { GpuSessionClient } from './api';
+import { SessionCard } from './card';
+import { control, element, setText, showText } from './dom';
+import { StartForm } from './form';
+import { gpuIcon } from './icon';
+import { SessionListModel } from './model';
+import type { SessionView } from './types';
+
+export const PANEL_ID = 'gpusession-panel';
+
+/** How long to wait before fetching a catalog that failed again, in ms. */
+const CATALOG_RETRY_MS = 30_000;
+
+export class GpuSessionPanel extends Widget {
+  constructor(client: GpuSessionClient) {
+    super();
+    this.id = PANEL_ID;
+    this.addClass('gpusession-panel');
+    this.node.dataset.testid = PANEL_ID;
+    this.title.icon = gpuIcon;
+    this.title.caption = 'GPU sessions';
+
+    this.model = new SessionListModel(client);
+    this.model.changed.connect(this._render, this);
+    this._form = new StartForm(client, view => this._onStarted(view));
+
+    const header = element('div', 'gpusession-header');
+    const title = element('h2', 'gpusession-title');
+    title.textContent = 'GPU sessions';
+    header.append(title, this._count);
+    this._loading.textContent = 'Loading sessions…';
+    this._empty.textContent = 'No GPU sessions';
+    this._empty.hidden = true;
+    showText(this._apiError, null);
+    this.node.append(
+      header,
+      this._apiError,
+      this._loading,
+      this._empty,
+      this._list,
+      this._form.node
+    );
+
+    // Stats are fetched only for cards on screen: this also turns them off
+    // while the sidebar is collapsed, since hidden nodes never intersect.
+    this._observer = new IntersectionObserver(entries => {
+      for (const entry of entries) {
+        const id = (entry.target as HTMLElement).dataset.sessionId ?? '';
+        const card = this._cards.get(id);
+        if (card) {
+          card.onScreen = entry.isIntersecting;
+        }
+      }
+    });
+  }
+
+  readonly model: SessionListModel;
+
+  override dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this._observer.disconnect();
+    for (const card of this._cards.values()) {
+      card.dispose();
+    }
+    this._cards.clear();
+    this.model.dispose();
+    super.dispose();
+  }
+
+  protected override onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    void this.model.start();
+  }
+
+  protected override onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this.model.active = true;
+    this._loadCatalog();
+  }
+
+  protected override onAfterHide(msg: Message): void {
+    super.onAfterHide(msg);
+    this.model.active = false;
+  }
+
+  private _loadCatalog(): void {
+    const now = Date.now();
+    if (this._form.hasCatalog || now < this._catalogRetryAt) {
+      return;
+    }
+    this._catalogRetryAt = now + CATALOG_RETRY_MS;
+    void this._form.loadCatalog();
+  }
+
+  private _onStarted(view: SessionView): void {
+    this.model.upsert(view);
+    void this.model.refresh();
+  }
+
+  private _render(model: SessionListModel): void {
+    const error = model.error;
+    showText(
+      this._apiError,
+      error
+        ? `Cannot load GPU sessions${model.loaded ? ' (showing the last list)' : ''}: ${error}`
+        : null
+    );
+    this._loading.hidden = model.loaded || error !== null;
+    this._empty.hidden = !model.loaded || model.sessions.length > 0;
+    setText(
+      this._count,
+      model.loaded ? String(model.sessions.filter(isLive).length) : ''
+    );
+    this._syncCards(model.sessions);
+    if (!error) {
+      this._loadCatalog();
+    }
+  }
+
+  /** Update cards in place; create, remove and reorder only what changed. */
+  private _syncCards(sessions: readonly SessionView[]): void {
+    const ids = new Set(sessions.map(s => s.id));
+    for (const [id, card] of this._cards) {
+      if (!ids.has(id)) {
+        this._observer.unobserve(card.node);
+        card.dispose();
+        this._cards.delete(id);
+      }
+    }
+    const sink = (view: SessionView) => this.model.upsert(view);
+    sessions.forEach((view, position) => {
+      let card = this._cards.get(view.id);
+      if (card) {
+        card.update(view);
+      } else {
+        card = new SessionCard(view, this.model.client, sink);
+        this._cards.set(view.id, card);
+        this._observer.observe(card.node);
+      }
+      // Move only cards that are out of place.
+      if (this._list.children[position] !== card.node) {
+        this._list.insertBefore(card.node, this._list.children[position] ?? null);
+      }
+    });
+  }
+
+  private readonly _form: StartForm;
+  private readonly _observer: IntersectionObserver;
+  private readonly _cards = new Map<string, SessionCard>();
+  private _catalogRetryAt = 0;
+  private readonly _count = control('span', 'gpusession-count');
+  private readonly _apiError = control('div', 'gpusession-api-error');
+  private readonly _loading = control('div', 'gpusession-loading');
+  private readonly _empty = control('div', 'gpusession-empty');
+  private readonly _list = control('div', 'gpusession-list');
+}
+
+function isLive(view: SessionView): boolean {
+  return view.state !== 'stopped' && view.state !== 'failed';
+}

@@ -1,0 +1,185 @@
+/**
+ * Wire types of the gpusession REST API.
+ *
+ * The Python server extension (`gpusession/server/`) serves every endpoint
+ * below under `<base_url>/gpusession/api/`, as JSON, behind Jupyter's
+ * authentication. Each type names the endpoint(s) that send or accept it; keep
+ * this file and the server's serializers in step.
+ */
+
+/** Lifecycle of a session: requested -> provisioning -> starting -> running
+ * -> stopping -> stopped, or `failed` (with `error`) from any earlier state. */
+export type SessionState =
+  | 'requested'
+  | 'provisioning'
+  | 'starting'
+  | 'running'
+  | 'stopping'
+  | 'stopped'
+  | 'failed';
+
+/** Idle watchdog of a session, as decided on the remote side. */
+export interface IdleView {
+  /** Idle time after which the session stops itself, in seconds; null: never. */
+  timeout_s: number | null;
+  /** Seconds left before the idle stop; null when there is no timeout. */
+  remaining_s: number | null;
+  /** A warning to show the user (e.g. "stopping in 5 min"), or null. */
+  warning: string | null;
+}
+
+/**
+ * One GPU session.
+ *
+ * Sent by: GET `sessions/<id>`, items of GET `sessions`, 202 reply of POST
+ * `sessions`, reply of DELETE `sessions/<id>` and of POST
+ * `sessions/<id>/keepalive`.
+ */
+export interface SessionView {
+  id: string;
+  name: string;
+  /** Where the GPUs come from: "local", "docker", "aws", ... */
+  backend: string;
+  /** GPU type name as in the catalog, e.g. "T4". */
+  gpu_type: string;
+  gpu_count: number;
+  state: SessionState;
+  /** Unix seconds. */
+  created_at: number;
+  /** Unix seconds; null until running. */
+  started_at: number | null;
+  /** Unix seconds; null until stopped. */
+  stopped_at: number | null;
+  /** Seconds the session has been running (billed time). */
+  uptime_s: number;
+  /** US dollars per hour. */
+  price_per_hour: number;
+  /** US dollars spent so far. */
+  cost_so_far: number;
+  spot: boolean;
+  /** Docker host or instance address; null for local sessions. */
+  host: string | null;
+  /** Why the session failed; null otherwise. */
+  error: string | null;
+  idle: IdleView;
+  /** Cost in US dollars at which the session stops itself; null: no cap. */
+  max_cost: number | null;
+}
+
+/** Reply of GET `sessions`. */
+export interface SessionListReply {
+  sessions: SessionView[];
+}
+
+/** A process using a GPU, item of `GpuSample.processes`. */
+export interface GpuProcess {
+  pid: number;
+  name: string;
+  /** Bytes. */
+  memory_used: number;
+}
+
+/** One GPU at one instant, item of `Sample.gpus` (GET `sessions/<id>/stats`). */
+export interface GpuSample {
+  index: number;
+  name: string;
+  uuid: string;
+  /** Percent, 0-100. */
+  utilization: number;
+  /** Bytes. */
+  memory_used: number;
+  /** Bytes. */
+  memory_total: number;
+  /** Degrees Celsius. */
+  temperature: number;
+  /** Watts. */
+  power_draw: number;
+  /** Watts. */
+  power_limit: number;
+  /** MHz. */
+  sm_clock: number;
+  processes: GpuProcess[];
+}
+
+/** One sample of a session's machine, item of GET `sessions/<id>/stats`. */
+export interface Sample {
+  /** Unix seconds. */
+  t: number;
+  gpus: GpuSample[];
+  /** Percent of all CPUs, or null when unknown. */
+  cpu_percent: number | null;
+  /** Bytes, or null when unknown. */
+  memory_used: number | null;
+  /** Bytes, or null when unknown. */
+  memory_total: number | null;
+  /** Whether the kernel was executing code. */
+  kernel_busy: boolean;
+}
+
+/** Reply of GET `sessions/<id>/stats?since=<unix seconds>`. */
+export interface StatsReply {
+  session_id: string;
+  /** False when the agent sees no GPU (then `message` says why). */
+  gpus_visible: boolean;
+  /** Why there are no GPU stats (e.g. "no NVIDIA GPU visible"), or null. */
+  message: string | null;
+  /** Samples newer than `since`, oldest first. */
+  samples: Sample[];
+}
+
+/** Body of POST `sessions` (reply: 202 `SessionView`). */
+export interface StartRequest {
+  /** GPU type name from the catalog. */
+  type: string;
+  backend?: string;
+  /** Docker host (e.g. "ssh://user@host") for the docker backend. */
+  host?: string;
+  spot?: boolean;
+  /** Idle timeout, e.g. "30m", "2h", "0" for none. */
+  idle?: string;
+  /** US dollars. */
+  max_cost?: number;
+  name?: string;
+}
+
+/** Body of POST `sessions/<id>/keepalive` (reply: `SessionView`). */
+export interface KeepAliveRequest {
+  /** How long to keep the session alive, e.g. "1h". */
+  duration: string;
+}
+
+/** An instance type offering a GPU type, item of `GpuTypeView.instance_types`. */
+export interface InstanceTypeView {
+  name: string;
+  gpu_count: number;
+  /** US dollars per hour. */
+  on_demand_per_hour: number;
+  /** US dollars per hour, or null where spot is not offered. */
+  spot_per_hour: number | null;
+}
+
+/** A GPU type, item of GET `catalog`. */
+export interface GpuTypeView {
+  name: string;
+  memory_gb: number;
+  /** US dollars per hour for the cheapest instance with one such GPU. */
+  on_demand_per_hour: number;
+  /** US dollars per hour, or null where spot is not offered. */
+  spot_per_hour: number | null;
+  instance_types: InstanceTypeView[];
+}
+
+/** Reply of GET `catalog`. */
+export interface CatalogReply {
+  types: GpuTypeView[];
+  /** Date of the price snapshot, e.g. "2024-05-01". */
+  snapshot_date: string;
+  /** Region the prices are for, e.g. "us-east-1". */
+  region: string;
+}
+
+/** Error body jupyter_server's APIHandler writes for any non-2xx reply. */
+export interface ErrorReply {
+  message?: string;
+  reason?: string | null;
+}
