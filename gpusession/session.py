@@ -271,7 +271,7 @@ class SessionManager:
         try:
             session.backend.stop(session.record)
         finally:
-            self.store.transition(session.id, State.FAILED, why, error=why)
+            session.record = self.store.transition(session.id, State.FAILED, why, error=why)
 
     def _reconcile(self, record: SessionRecord, backend: Backend) -> SessionRecord:
         """The remote side is gone: record it as stopped, with the reason it left."""
@@ -311,8 +311,10 @@ class SessionManager:
 
     # -- gc ------------------------------------------------------------------------------
 
-    def gc(self, *, dry_run: bool = False, backends: list[str] | None = None, orphans: bool = False) -> list[str]:
-        """Find and stop what crashed processes left behind. Returns one line per action.
+    def gc(self, *, dry_run: bool = False, backends: list[str] | None = None, orphans: bool = False,
+           skipped: list[str] | None = None) -> list[str]:
+        """Find and stop what crashed processes left behind. Returns one line per action;
+        backends that could not be asked (no engine, no credentials) go to `skipped`.
 
         - a labelled resource whose session is stopped, failed or unknown to the store: removed
         - an active record whose remote side is gone: recorded as stopped
@@ -330,7 +332,8 @@ class SessionManager:
                 backend = self.backend(name)
                 resources = backend.list_resources()
             except GpuSessionError as exc:
-                actions.append(f"{name}: skipped ({exc})")
+                if skipped is not None:
+                    skipped.append(f"{name}: not checked ({exc})")
                 continue
             for res in resources:
                 rec = records.get(res.session_id)

@@ -1,0 +1,354 @@
+"""Reading the GPUs through NVML, behind one seam.
+
+The seam is the handful of NVML functions we call (`NvmlApi`). In production it is the
+`pynvml` module of nvidia-ml-py, imported on first use; in tests it is `RecordedNvml`, which
+replays raw values recorded from a real driver (`python -m gpusession.agent nvml-record`
+writes them in that format). Everything above the seam - units, missing fields, a machine
+without a driver - is our code and runs the same in both cases.
+
+`nvmlInit` is never called at import time: only `NvmlReader.read()` starts NVML, and it
+reports "no NVIDIA GPU visible" instead of raising when there is no driver or no device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Protocol
+
+NO_GPU_MESSAGE = "no NVIDIA GPU visible"
+
+
+class NvmlApi(Protocol):
+    """The NVML calls we make, with pynvml's names and raw units (bytes, mW, MHz, percent)."""
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlSystemGetDriverVersion(self) -> str: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+    def nvmlDeviceGetName(self, handle: Any) -> str: ...
+    def nvmlDeviceGetUUID(self, handle: Any) -> str: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...  # .gpu, .memory (%)
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...  # .used, .total (bytes)
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...  # deg C
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...  # mW
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...  # mW
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock: int) -> int: ...  # MHz
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list: ...  # .pid, .usedGpuMemory
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list: ...
+    def nvmlSystemGetProcessName(self, pid: int) -> str: ...
+
+
+# pynvml's constants, repeated so that a recorded source needs no driver
+NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_SM = 1
+
+# NVML error names that mean "this machine has no usable NVIDIA GPU" (not a bug of ours)
+_NO_GPU_ERRORS = {
+    "NVMLError_LibraryNotFound",
+    "NVMLError_DriverNotLoaded",
+    "NVMLError_NoPermission",
+    "NVMLError_NotFound",
+    "NVMLError_Uninitialized",
+}
+
+
+def _pynvml() -> NvmlApi:
+    try:
+        import pynvml
+    except ImportError as exc:  # the agent runs without it, reporting no GPU
+        raise ImportError("nvidia-ml-py is not installed: pip install nvidia-ml-py") from exc
+    return pynvml  # type: ignore[return-value]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlReader:
+    """One reading of every GPU per `read()`; starts NVML on first use, once."""
+
+    def __init__(self, api: NvmlApi | Callable[[], NvmlApi] | None = None):
+        # a callable is called on first read (pynvml's import stays lazy)
+        self._api_factory = api if callable(api) and not hasattr(api, "nvmlInit") else None
+        self._api: NvmlApi | None = None if self._api_factory or api is None else api  # type: ignore[assignment]
+        if api is None:
+            self._api_factory = _pynvml
+        self._started = False
+        self._unavailable: str | None = None  # set once NVML said there is no GPU
+        self.driver_version: str | None = None
+
+    def _start(self) -> None:
+        if self._api is None:
+            try:
+                self._api = self._api_factory()  # type: ignore[misc]
+            except ImportError as exc:
+                self._unavailable = f"{NO_GPU_MESSAGE} ({exc})"
+                return
+        try:
+            self._api.nvmlInit()
+        except Exception as exc:  # noqa: BLE001 - an NVMLError subclass; classified below
+            self._unavailable = _describe_init_error(exc)
+            return
+        self._started = True
+        try:
+            self.driver_version = _text(self._api.nvmlSystemGetDriverVersion())
+        except Exception:  # noqa: BLE001 - the version is only informative
+            self.driver_version = None
+
+    def read(self) -> tuple[bool, str | None, list[dict]]:
+        """(gpus_visible, message, gpus). With no GPU: (False, "no NVIDIA GPU visible ...", [])."""
+        if not self._started and self._unavailable is None:
+            self._start()
+        if self._unavailable is not None:
+            return False, self._unavailable, []
+        api = self._api
+        assert api is not None
+        try:
+            count = api.nvmlDeviceGetCount()
+        except Exception as exc:  # noqa: BLE001 - NVML failing after init (driver unloaded...)
+            return False, f"{NO_GPU_MESSAGE} (NVML: {_error_name(exc)}: {exc})", []
+        if count == 0:
+            return False, f"{NO_GPU_MESSAGE} (the driver sees 0 devices)", []
+        return True, None, [self._device(api, i) for i in range(count)]
+
+    def _device(self, api: NvmlApi, index: int) -> dict:
+        gpu: dict[str, Any] = {"index": index}
+        try:
+            handle = api.nvmlDeviceGetHandleByIndex(index)
+        except Exception as exc:  # noqa: BLE001 - e.g. GpuIsLost: report, keep the others
+            gpu.update({k: None for k in _GPU_FIELDS}, processes=[], error=f"{_error_name(exc)}: {exc}")
+            return gpu
+
+        def field(call: Callable[[], Any]) -> Any:
+            try:
+                return call()
+            except Exception:  # noqa: BLE001 - NotSupported on this board: no invented number
+                return None
+
+        util = field(lambda: api.nvmlDeviceGetUtilizationRates(handle))
+        mem = field(lambda: api.nvmlDeviceGetMemoryInfo(handle))
+        power = field(lambda: api.nvmlDeviceGetPowerUsage(handle))
+        limit = field(lambda: api.nvmlDeviceGetEnforcedPowerLimit(handle))
+        gpu.update(
+            name=field(lambda: _text(api.nvmlDeviceGetName(handle))),
+            uuid=field(lambda: _text(api.nvmlDeviceGetUUID(handle))),
+            utilization=None if util is None else float(util.gpu),
+            memory_used=None if mem is None else int(mem.used),
+            memory_total=None if mem is None else int(mem.total),
+            temperature=field(lambda: float(api.nvmlDeviceGetTemperature(handle, NVML_TEMPERATURE_GPU))),
+            power_draw=None if power is None else round(power / 1000.0, 1),
+            power_limit=None if limit is None else round(limit / 1000.0, 1),
+            sm_clock=field(lambda: int(api.nvmlDeviceGetClockInfo(handle, NVML_CLOCK_SM))),
+            processes=self._processes(api, handle),
+        )
+        return gpu
+
+    def _processes(self, api: NvmlApi, handle: Any) -> list[dict]:
+        found: dict[int, dict] = {}
+        for call in (api.nvmlDeviceGetComputeRunningProcesses, api.nvmlDeviceGetGraphicsRunningProcesses):
+            try:
+                procs = call(handle)
+            except Exception:  # noqa: BLE001 - not supported (some vGPUs): list what we can
+                continue
+            for p in procs:
+                used = getattr(p, "usedGpuMemory", None)
+                entry = found.setdefault(int(p.pid), {"pid": int(p.pid), "name": None, "memory_used": None})
+                if used is not None:  # NVML says "not available" with None
+                    entry["memory_used"] = (entry["memory_used"] or 0) + int(used)
+        for entry in found.values():
+            entry["name"] = _process_name(api, entry["pid"])
+        return sorted(found.values(), key=lambda e: e["pid"])
+
+    def close(self) -> None:
+        if self._started and self._api is not None:
+            try:
+                self._api.nvmlShutdown()
+            except Exception:  # noqa: BLE001 - shutting down anyway
+                pass
+            self._started = False
+
+
+_GPU_FIELDS = (
+    "name", "uuid", "utilization", "memory_used", "memory_total", "temperature", "power_draw", "power_limit", "sm_clock"
+)
+
+
+def _process_name(api: NvmlApi, pid: int) -> str | None:
+    """/proc first (works for our own pid namespace); NVML's lookup as a fallback."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() or None
+    except OSError:
+        pass
+    try:
+        return _text(api.nvmlSystemGetProcessName(pid)) or None
+    except Exception:  # noqa: BLE001 - a pid of another namespace: no name
+        return None
+
+
+def _error_name(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
+def _describe_init_error(exc: BaseException) -> str:
+    name = _error_name(exc)
+    if name in _NO_GPU_ERRORS:
+        return f"{NO_GPU_MESSAGE} ({name.replace('NVMLError_', '')}: {exc})"
+    return f"{NO_GPU_MESSAGE} (nvmlInit failed: {name}: {exc})"
+
+
+# -- recorded values: the only fake ----------------------------------------------------------
+
+
+class _Obj:
+    def __init__(self, data: dict):
+        self.__dict__.update(data)
+
+
+class RecordedNvml:
+    """Replays raw NVML values from a JSON file (format: what `nvml-record` writes).
+
+        {"driver_version": "550.54", "init_error": null | "NVMLError_LibraryNotFound",
+         "frames": [{"devices": [{"name": ..., "uuid": ..., "utilization": {"gpu": 97, "memory": 40},
+                                  "memory": {"used": B, "total": B}, "temperature": C,
+                                  "power_usage": mW, "power_limit": mW, "sm_clock": MHz,
+                                  "compute_processes": [{"pid": 1, "usedGpuMemory": B}],
+                                  "graphics_processes": [], "process_names": {"1": "python"}}]}]}
+
+    A value may be {"error": "NVMLError_NotSupported"} to replay that error. Each
+    nvmlDeviceGetCount() moves to the next frame; the last frame repeats.
+    """
+
+    def __init__(self, data: dict):
+        self.data = data
+        self._frame = -1
+        self.init_calls = 0
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> "RecordedNvml":
+        with open(path) as f:
+            return cls(json.load(f))
+
+    def _raise(self, name: str):
+        import pynvml  # the real error classes, so our code sees what the driver would raise
+
+        cls = getattr(pynvml, name, None)
+        if isinstance(cls, type) and issubclass(cls, pynvml.NVMLError):
+            err = cls.__new__(cls)
+            err.value = getattr(pynvml, "NVML_ERROR_" + name.replace("NVMLError_", "").upper(), 999)
+            raise err
+        raise pynvml.NVMLError(999)
+
+    def _value(self, device: int | dict, key: str) -> Any:
+        dev = device if isinstance(device, dict) else self._devices()[device]
+        value = dev.get(key, {"error": "NVMLError_NotSupported"})
+        if isinstance(value, dict) and "error" in value:
+            self._raise(value["error"])
+        return value
+
+    def _devices(self) -> list[dict]:
+        frames = self.data.get("frames") or [{"devices": []}]
+        return frames[max(0, min(self._frame, len(frames) - 1))]["devices"]
+
+    def nvmlInit(self) -> None:
+        self.init_calls += 1
+        if self.data.get("init_error"):
+            self._raise(self.data["init_error"])
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.data.get("driver_version", "")
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._frame += 1
+        frame = self.data.get("frames", [{}])[max(0, min(self._frame, len(self.data.get("frames", [{}])) - 1))]
+        if "count_error" in frame:
+            self._raise(frame["count_error"])
+        return len(self._devices())
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> dict:
+        dev = self._devices()[index]
+        if "handle_error" in dev:
+            self._raise(dev["handle_error"])
+        return dev
+
+    def nvmlDeviceGetName(self, h: dict) -> str:
+        return self._value(h, "name")
+
+    def nvmlDeviceGetUUID(self, h: dict) -> str:
+        return self._value(h, "uuid")
+
+    def nvmlDeviceGetUtilizationRates(self, h: dict) -> _Obj:
+        return _Obj(self._value(h, "utilization"))
+
+    def nvmlDeviceGetMemoryInfo(self, h: dict) -> _Obj:
+        return _Obj(self._value(h, "memory"))
+
+    def nvmlDeviceGetTemperature(self, h: dict, sensor: int) -> int:
+        return self._value(h, "temperature")
+
+    def nvmlDeviceGetPowerUsage(self, h: dict) -> int:
+        return self._value(h, "power_usage")
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: dict) -> int:
+        return self._value(h, "power_limit")
+
+    def nvmlDeviceGetClockInfo(self, h: dict, clock: int) -> int:
+        return self._value(h, "sm_clock")
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: dict) -> list:
+        return [_Obj(p) for p in self._value(h, "compute_processes")]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: dict) -> list:
+        return [_Obj(p) for p in self._value(h, "graphics_processes")]
+
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        for dev in self._devices():
+            name = dev.get("process_names", {}).get(str(pid))
+            if name:
+                return name
+        self._raise("NVMLError_NotFound")
+
+
+def record_raw(api: NvmlApi | None = None) -> dict:
+    """One frame of raw NVML values from the real driver, in RecordedNvml's format."""
+    api = api or _pynvml()
+    out: dict[str, Any] = {"driver_version": None, "init_error": None, "frames": []}
+    try:
+        api.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - recorded as it is
+        out["init_error"] = _error_name(exc)
+        return out
+    out["driver_version"] = _text(api.nvmlSystemGetDriverVersion())
+    devices = []
+    for i in range(api.nvmlDeviceGetCount()):
+        h = api.nvmlDeviceGetHandleByIndex(i)
+        dev: dict[str, Any] = {}
+
+        def rec(key: str, call: Callable[[], Any], convert: Callable[[Any], Any] = lambda v: v) -> None:
+            try:
+                dev[key] = convert(call())
+            except Exception as exc:  # noqa: BLE001 - recorded as it is
+                dev[key] = {"error": _error_name(exc)}
+
+        rec("name", lambda: api.nvmlDeviceGetName(h), _text)
+        rec("uuid", lambda: api.nvmlDeviceGetUUID(h), _text)
+        rec("utilization", lambda: api.nvmlDeviceGetUtilizationRates(h), lambda u: {"gpu": u.gpu, "memory": u.memory})
+        rec("memory", lambda: api.nvmlDeviceGetMemoryInfo(h), lambda m: {"used": m.used, "total": m.total})
+        rec("temperature", lambda: api.nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU))
+        rec("power_usage", lambda: api.nvmlDeviceGetPowerUsage(h))
+        rec("power_limit", lambda: api.nvmlDeviceGetEnforcedPowerLimit(h))
+        rec("sm_clock", lambda: api.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM))
+        procs = lambda ps: [{"pid": p.pid, "usedGpuMemory": p.usedGpuMemory} for p in ps]  # noqa: E731
+        rec("compute_processes", lambda: api.nvmlDeviceGetComputeRunningProcesses(h), procs)
+        rec("graphics_processes", lambda: api.nvmlDeviceGetGraphicsRunningProcesses(h), procs)
+        pids = {p["pid"] for k in ("compute_processes", "graphics_processes") if isinstance(dev[k], list) for p in dev[k]}
+        dev["process_names"] = {str(pid): _process_name(api, pid) for pid in pids}
+        devices.append(dev)
+    out["frames"].append({"devices": devices})
+    api.nvmlShutdown()
+    return out

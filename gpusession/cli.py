@@ -1,0 +1,161 @@
+"""`gpusession`: the command-line face. Errors are one line on stderr and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Callable
+
+from .errors import GpuSessionError
+
+
+def _manager():
+    from .session import SessionManager
+
+    return SessionManager()
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from .magics import render_session_table
+
+    m = _manager()
+    records = m.list(active_only=not args.all)
+    if not records:
+        print("no active sessions" if not args.all else "no sessions recorded")
+        return 0
+    print(render_session_table(m, records))
+    return 0
+
+
+def cmd_types(args: argparse.Namespace) -> int:
+    from .catalog import load_catalog
+
+    print(load_catalog().table())
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    m = _manager()
+    if args.all:
+        stopped = m.stop_all()
+        print(f"stopped {len(stopped)} session(s)")
+        for r in stopped:
+            print(f"  {r.name}: {m.summary_line(r)}")
+        return 0
+    if not args.name:
+        raise GpuSessionError("name a session to stop (`gpusession list`), or pass --all")
+    r = m.stop(args.name)
+    print(f"stopped {r.name}: {m.summary_line(r)}")
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    m = _manager()
+    spec = m.make_spec(
+        args.type, backend=args.backend, idle=args.idle, name=args.name, host=args.host, image=args.image,
+        spot=args.spot or None, region=args.region, max_cost=args.max_cost,
+    )
+    session = m.start(spec, report=lambda line: print(line, flush=True))
+    print(f"{session.name} is running; `gpusession stop {session.name}` stops it")
+    session.kernel.close()
+    session.link.close()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    m = _manager()
+    r = m.get(args.name)
+    v = m.view(r)
+    print(f"{v['name']}: {v['gpu_count']} x {v['gpu_type']} on {v['backend']} - {v['state']}")
+    print(f"  id {r.id}, owner {r.owner}, ${v['price_per_hour']:.3f}/h, cost so far ${v['cost_so_far']:.4f}")
+    if r.error:
+        print(f"  error: {r.error}")
+    print("  timeline:")
+    print(format_timeline(r))
+    return 0
+
+
+def format_timeline(record) -> str:
+    t0 = record.events[0].at if record.events else 0.0
+    return "\n".join(
+        f"    +{e.at - t0:7.2f}s  {e.state.value:<12} {e.detail}".rstrip() for e in record.events
+    )
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    m = _manager()
+    skipped: list[str] = []
+    actions = m.gc(dry_run=args.dry_run, orphans=args.orphans, skipped=skipped)
+    for line in actions:
+        print(line)
+    if not actions:
+        print("nothing to clean up")
+    for line in skipped:
+        print(line)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(notebook=args.notebook, backend=args.backend, out=args.out)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "list": cmd_list,
+    "types": cmd_types,
+    "stop": cmd_stop,
+    "start": cmd_start,
+    "status": cmd_status,
+    "gc": cmd_gc,
+    "demo": cmd_demo,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpusession", description="GPU sessions for notebooks")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("list", help="list active sessions")
+    s.add_argument("--all", action="store_true", help="include stopped and failed sessions")
+    sub.add_parser("types", help="GPU types and prices")
+    s = sub.add_parser("stop", help="stop a session")
+    s.add_argument("name", nargs="?")
+    s.add_argument("--all", action="store_true", help="stop every active session")
+    s = sub.add_parser("start", help="start a session (it keeps running after this command returns)")
+    s.add_argument("--type", "-t", default=None)
+    s.add_argument("--backend", "-b", default=None)
+    s.add_argument("--idle", default="default")
+    s.add_argument("--name", "-n", default=None)
+    s.add_argument("--host", default=None)
+    s.add_argument("--image", default=None)
+    s.add_argument("--spot", action="store_true")
+    s.add_argument("--region", default=None)
+    s.add_argument("--max-cost", default=None)
+    s = sub.add_parser("status", help="one session's state, cost and timeline")
+    s.add_argument("name")
+    s = sub.add_parser("gc", help="find and stop what crashed processes left behind")
+    s.add_argument("--dry-run", action="store_true", help="only say what would be done")
+    s.add_argument("--orphans", action="store_true", help="also stop running sessions whose notebook process is gone")
+    s = sub.add_parser("demo", help="run notebooks/quickstart.ipynb headless and show what it did")
+    s.add_argument("--notebook", default=None, help="another notebook to run")
+    s.add_argument("--backend", default="local", help="backend for the demo (default: local)")
+    s.add_argument("--out", default=None, help="save the executed notebook here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except GpuSessionError as exc:
+        print(f"gpusession {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"gpusession {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""Shared fixtures. Every test gets its own session store (GPUSESSION_HOME in a tmp dir)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+@pytest.fixture
+def gs_home(tmp_path, monkeypatch) -> Path:
+    home = tmp_path / "gshome"
+    home.mkdir()
+    monkeypatch.setenv("GPUSESSION_HOME", str(home))
+    monkeypatch.delenv("GPUSESSION_BACKEND", raising=False)
+    return home
+
+
+@pytest.fixture
+def manager(gs_home):
+    from gpusession.session import SessionManager
+
+    m = SessionManager()
+    yield m
+    for r in m.list(active_only=True):
+        try:
+            m.stop(r.id)
+        except Exception:  # noqa: BLE001 - teardown must reach every session
+            pass
+
+
+@pytest.fixture
+def nb_env(gs_home) -> dict[str, str]:
+    env = dict(os.environ)
+    env["GPUSESSION_HOME"] = str(gs_home)
+    env.setdefault("GPUSESSION_BACKEND", "local")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture
+def notebook(nb_env, tmp_path):
+    """A real notebook kernel with gpusession loaded."""
+    from support.notebook_kernel import NotebookKernel
+
+    nk = NotebookKernel(nb_env, cwd=str(tmp_path))
+    r = nk.run("%load_ext gpusession")
+    assert r.status == "ok", r.text
+    yield nk
+    nk.close()

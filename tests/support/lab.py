@@ -1,0 +1,206 @@
+"""A real JupyterLab server for browser tests, and the Chromium settings that work here.
+
+    from support.lab import start_lab, stop_lab, lab_url, chromium_launch_kwargs
+
+    url, token, proc = start_lab(tmp_path, env={"GPUSESSION_HOME": str(home)})
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(**chromium_launch_kwargs())
+            page = browser.new_page()
+            page.goto(lab_url(url, token))
+            ...
+    finally:
+        stop_lab(proc)
+
+The server runs `python -m jupyterlab` of the running interpreter, so it sees the same
+installed packages (and labextensions) as the tests. Its output goes to a log file whose
+tail is put into the error when it fails to come up.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+#: Where Debian's chromium lives; GPUSESSION_CHROMIUM overrides it.
+DEFAULT_CHROMIUM = "/usr/bin/chromium"
+
+#: Flags Chromium needs here: root, no GPU, no /dev/shm to speak of, no network.
+CHROMIUM_ARGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+)
+
+
+class LabServer(NamedTuple):
+    """A started server; unpacks as ``url, token, process``."""
+
+    url: str  #: base URL with a trailing slash, e.g. "http://127.0.0.1:8123/"
+    token: str  #: the auth token (also accepted as ``?token=`` in URLs)
+    process: subprocess.Popen  #: the server process; stop it with stop_lab()
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (on 127.0.0.1)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_lab(
+    root_dir: str | os.PathLike[str],
+    *,
+    port: int | None = None,
+    token: str | None = None,
+    env: Mapping[str, str] | None = None,
+    extra_args: Iterable[str] = (),
+    timeout: float = 60.0,
+    log_path: str | os.PathLike[str] | None = None,
+) -> LabServer:
+    """Start ``jupyter lab`` serving ``root_dir`` and wait until its API answers.
+
+    root_dir: the notebook directory (``--ServerApp.root_dir``); created if missing.
+    port: the port to listen on (127.0.0.1); default: a free one.
+    token: the auth token; default: a random one.
+    env: variables set on top of this process's environment (which passes through).
+    extra_args: more command line arguments, e.g. ``["--ServerApp.jpserver_extensions=my_ext=True"]``.
+    timeout: seconds to wait for ``/api/status`` to answer 200 before giving up.
+    log_path: where the server's stdout and stderr go; default: a temporary file, named in
+        errors and kept (as ``process.log_path``) for a test to read.
+
+    Raises RuntimeError, with the end of the server log, when the server exits or does
+    not answer in time (the process is stopped first).
+    """
+    root = Path(root_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    token = token or secrets.token_hex(16)
+    if log_path is None:
+        fd, log_name = tempfile.mkstemp(prefix="jupyterlab-", suffix=".log")
+        os.close(fd)
+        log_path = log_name
+    log_path = Path(log_path)
+    state_dir = Path(tempfile.mkdtemp(prefix="jupyterlab-state-"))
+
+    args = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--allow-root",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--ServerApp.root_dir={root}",
+        f"--IdentityProvider.token={token}",
+        # Fresh layout per server, and no calls to the internet.
+        f"--LabApp.workspaces_dir={state_dir / 'workspaces'}",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        *extra_args,
+    ]
+    full_env = {**os.environ, **(env or {})}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(  # noqa: S603 - our own interpreter, our own arguments
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=str(root),
+            start_new_session=True,
+        )
+    process.log_path = log_path  # type: ignore[attr-defined]
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        _wait_until_up(process, url, token, timeout)
+    except BaseException:
+        stop_lab(process)
+        raise
+    return LabServer(url, token, process)
+
+
+def lab_url(url: str, token: str, path: str = "lab") -> str:
+    """The browser address of ``path`` on the server, logged in by token."""
+    return f"{url}{path.lstrip('/')}?token={token}"
+
+
+def stop_lab(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Stop the server (SIGTERM to its process group, SIGKILL if it lingers)."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout)
+
+
+def log_tail(process: subprocess.Popen, chars: int = 4000) -> str:
+    """The end of the server's log, for failure messages."""
+    path = getattr(process, "log_path", None)
+    if path is None or not Path(path).exists():
+        return ""
+    return Path(path).read_text(errors="replace")[-chars:]
+
+
+def chromium_launch_kwargs(headless: bool = True) -> dict:
+    """Keyword arguments for playwright's ``chromium.launch()`` with Debian's chromium.
+
+    Never run ``playwright install`` here: it downloads browsers and fails offline.
+    """
+    executable = os.environ.get("GPUSESSION_CHROMIUM") or DEFAULT_CHROMIUM
+    if not Path(executable).exists():
+        executable = shutil.which("chromium") or shutil.which("chromium-browser") or executable
+    args = [a for a in CHROMIUM_ARGS if headless or a != "--headless"]
+    return {"executable_path": executable, "headless": headless, "args": args}
+
+
+def _wait_until_up(process: subprocess.Popen, url: str, token: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    status_url = f"{url}api/status"
+    request = urllib.request.Request(status_url, headers={"Authorization": f"token {token}"})
+    last_error = "no answer yet"
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"jupyter lab exited with code {process.returncode} before answering "
+                f"at {url}; log {getattr(process, 'log_path', '?')}:\n{log_tail(process)}"
+            )
+        try:
+            with urllib.request.urlopen(request, timeout=2) as reply:  # noqa: S310 - http on localhost
+                if reply.status == 200:
+                    return
+                last_error = f"HTTP {reply.status}"
+        except urllib.error.HTTPError as error:
+            last_error = f"HTTP {error.code}"
+        except OSError as error:  # refused while starting, or a timeout
+            last_error = str(error)
+        time.sleep(0.2)
+    raise RuntimeError(
+        f"jupyter lab did not answer at {status_url} within {timeout:.0f} s ({last_error}); "
+        f"log {getattr(process, 'log_path', '?')}:\n{log_tail(process)}"
+    )

@@ -1,0 +1,97 @@
+"""A real notebook kernel driven like a notebook front end drives it, recording when each
+output arrives (to prove streaming) and offering the stop button (SIGINT)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import time
+
+from jupyter_client.manager import KernelManager
+
+
+@dataclasses.dataclass
+class CellRun:
+    reply: dict
+    outputs: list[tuple[float, str, dict]]  # (seconds since send, msg_type, content)
+    sent_at: float
+    replied_at: float
+
+    @property
+    def status(self) -> str:
+        return self.reply["status"]
+
+    @property
+    def text(self) -> str:
+        parts = []
+        for _, kind, content in self.outputs:
+            if kind == "stream":
+                parts.append(content["text"])
+            elif kind in ("display_data", "execute_result"):
+                parts.append(content["data"].get("text/plain", ""))
+            elif kind == "error":
+                parts.append(f"{content['ename']}: {content['evalue']}\n" + "\n".join(content["traceback"]))
+        return "".join(parts)
+
+    @property
+    def error(self) -> dict | None:
+        """The error a person sees: an error output, or (UsageError, shown as one stderr line)
+        the reply's ename/evalue."""
+        found = next((c for _, k, c in self.outputs if k == "error"), None)
+        if found is None and self.reply.get("status") == "error":
+            found = {k: self.reply.get(k) for k in ("ename", "evalue", "traceback")}
+            shown = "".join(c["text"] for _, k, c in self.outputs if k == "stream" and c["name"] == "stderr")
+            assert found["evalue"] in shown, "the message must be shown in the notebook"
+        return found
+
+    def stream_times(self, needle: str) -> list[float]:
+        return [t for t, k, c in self.outputs if k == "stream" and needle in c["text"]]
+
+
+class NotebookKernel:
+    def __init__(self, env: dict[str, str], cwd: str | None = None):
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(env=env, cwd=cwd or os.getcwd())
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    def run(self, code: str, timeout: float = 120, interrupt_after: float | None = None) -> CellRun:
+        msg_id = self.kc.execute(code)
+        sent = time.monotonic()
+        outputs: list[tuple[float, str, dict]] = []
+        interrupted = False
+        deadline = sent + timeout
+        while True:
+            if interrupt_after is not None and not interrupted and time.monotonic() - sent > interrupt_after:
+                self.km.interrupt_kernel()  # what the notebook's stop button does
+                interrupted = True
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.1)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"cell did not finish within {timeout}s: {code[:60]!r}")
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind = msg["msg_type"]
+            if kind == "execute_input":
+                continue
+            if kind == "status":
+                if msg["content"]["execution_state"] == "idle":
+                    break
+                continue
+            outputs.append((time.monotonic() - sent, kind, msg["content"]))
+        reply = self.kc.get_shell_msg(timeout=10)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = self.kc.get_shell_msg(timeout=10)
+        return CellRun(reply=reply["content"], outputs=outputs, sent_at=sent, replied_at=time.monotonic())
+
+    def close(self) -> None:
+        try:
+            self.run("%gpu stop --all", timeout=60)
+        except Exception:  # noqa: BLE001 - best effort before shutting the kernel
+            pass
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)

@@ -1,0 +1,138 @@
+"""The `gpusession` command line, run as a user runs it (subprocesses, real session kernels)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpusession.models import State
+from gpusession.store import Store
+
+
+def cli(env, *args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "gpusession", *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_dead(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_demo_runs_the_quickstart_and_prints_the_timeline(nb_env):
+    r = cli(nb_env, "demo", timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "computed remotely: 385" in out
+    assert "session t4-1 (local, 1 x t4): stopped" in out
+    for state in ("requested", "provisioning", "starting", "running", "stopping", "stopped"):
+        assert f" {state} " in out or out.count(state) > 0
+
+
+def test_types_list_start_status_stop(nb_env):
+    assert "h200" in cli(nb_env, "types").stdout
+    assert "no active sessions" in cli(nb_env, "list").stdout
+    r = cli(nb_env, "start", "--type", "l4", "--backend", "local", "--idle", "off", "--name", "bg")
+    assert r.returncode == 0, r.stderr
+    assert "bg is running" in r.stdout
+    listing = cli(nb_env, "list").stdout
+    assert "bg" in listing and "running" in listing and "1xl4" in listing
+    pid = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3").get("bg").resource["pid"]
+    assert _alive(pid), "the session outlives the command that started it"
+    status = cli(nb_env, "status", "bg").stdout
+    assert "running" in status and "timeline" in status
+    stop = cli(nb_env, "stop", "bg")
+    assert stop.returncode == 0 and "stopped bg" in stop.stdout
+    assert _wait_dead(pid)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("stop", "ghost"), "no session named 'ghost'"),
+    (("start", "--type", "t5", "--backend", "local"), "unknown GPU type 't5'"),
+    (("start", "--idle", "abc", "--backend", "local"), "bad idle timeout 'abc'"),
+    (("stop",), "name a session to stop"),
+])
+def test_bad_input_is_one_line_and_non_zero(nb_env, args, needle):
+    r = cli(nb_env, *args)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_gc_cleans_up_after_a_starter_killed_mid_start(nb_env, tmp_path):
+    # make the session kernel slow to come up, so the starter can be killed while it waits
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(
+        "import sys, time\nif 'ipykernel_launcher' in sys.argv[0] or any('ipykernel_launcher' in a for a in sys.argv):\n    time.sleep(4)\n"
+    )
+    env = dict(nb_env, PYTHONPATH=str(slow))
+    starter = subprocess.Popen(
+        [sys.executable, "-c", "from gpusession.session import SessionManager as M; m=M(); m.start(m.make_spec('t4', backend='local', idle='off', name='crashy'))"],
+        env=env,
+    )
+    store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if store.get("crashy").state == State.STARTING:
+                break
+        except Exception:  # noqa: BLE001 - not recorded yet
+            pass
+        time.sleep(0.02)
+    starter.send_signal(signal.SIGKILL)
+    starter.wait()
+    record = store.get("crashy")
+    assert record.state == State.STARTING
+    pid = record.resource["pid"]
+    assert _alive(pid), "the half-started session is still there, findable"
+
+    dry = cli(nb_env, "gc", "--dry-run")
+    assert "would stop crashy (left starting by a dead process)" in dry.stdout
+    assert _alive(pid)
+    r = cli(nb_env, "gc")
+    assert r.returncode == 0
+    assert "stopped crashy (left starting by a dead process)" in r.stdout
+    assert _wait_dead(pid)
+    assert store.get("crashy").state == State.FAILED
+    assert "nothing to clean up" in cli(nb_env, "gc").stdout
+
+
+def test_gc_removes_labelled_processes_unknown_to_the_store(nb_env):
+    r = cli(nb_env, "start", "--backend", "local", "--idle", "off", "--name", "lost")
+    assert r.returncode == 0, r.stderr
+    home = Path(nb_env["GPUSESSION_HOME"])
+    pid = Store(home / "sessions.sqlite3").get("lost").resource["pid"]
+    for f in home.glob("sessions.sqlite3*"):
+        f.unlink()  # the store is lost; the labelled process is not
+    r = cli(nb_env, "gc")
+    assert "unknown to the store" in r.stdout
+    assert _wait_dead(pid)
+
+
+def test_gc_records_sessions_whose_remote_side_ended(nb_env):
+    cli(nb_env, "start", "--backend", "local", "--idle", "off", "--name", "gone")
+    store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
+    pid = store.get("gone").resource["pid"]
+    os.kill(pid, signal.SIGTERM)
+    assert _wait_dead(pid)
+    r = cli(nb_env, "gc")
+    assert "recorded gone as stopped (remote side gone)" in r.stdout
+    rec = store.get("gone")
+    assert rec.state == State.STOPPED and "signal 15" in rec.events[-1].detail

@@ -1,0 +1,154 @@
+"""The %gpu magics in a real notebook kernel, with a real session kernel on the local backend."""
+
+import os
+import re
+import time
+
+import pytest
+
+from gpusession.models import State
+from gpusession.store import Store
+
+
+def _store(nb_env) -> Store:
+    return Store(os.path.join(nb_env["GPUSESSION_HOME"], "sessions.sqlite3"))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_cells_run_in_another_process_with_live_output(notebook, nb_env):
+    r = notebook.run("%gpu start --type t4 --idle off --name demo")
+    assert r.status == "ok", r.text
+    assert re.search(r"\[\s*\d+\.\ds\] provision", r.text), "start shows stages with elapsed time"
+    assert "running: session demo is ready" in r.text
+
+    local = notebook.run("import os; print('LOCAL', os.getpid())")
+    remote = notebook.run("%%gpu\nimport os\nprint('REMOTE', os.getpid())")
+    local_pid = int(local.text.split()[1])
+    remote_pid = int(remote.text.split()[1])
+    assert remote_pid != local_pid
+    record = _store(nb_env).get("demo")
+    assert record.state == State.RUNNING
+
+    # streaming: the first print arrives long before the loop ends
+    loop = notebook.run("%%gpu\nimport time\nfor i in range(5):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.6)")
+    assert loop.status == "ok"
+    first = loop.stream_times("tick 0")[0]
+    total = loop.replied_at - loop.sent_at
+    assert total > 2.5
+    assert first < total - 1.5, f"first output at {first:.2f}s of {total:.2f}s: not streamed"
+    assert [f"tick {i}" in loop.text for i in range(5)] == [True] * 5
+
+    # rich output comes back as display data
+    html = notebook.run("%%gpu\nfrom IPython.display import HTML, display\ndisplay(HTML('<i>hi</i>'))\n40 + 2")
+    kinds = [k for _, k, _ in html.outputs]
+    assert "display_data" in kinds
+    assert any(c["data"].get("text/html") == "<i>hi</i>" for _, k, c in html.outputs if k == "display_data")
+    assert "42" in html.text
+
+    stop = notebook.run("%gpu stop")
+    assert "stopped demo" in stop.text
+    record = _store(nb_env).get("demo")
+    assert record.state == State.STOPPED
+    assert not _pid_alive(remote_pid)
+
+
+def test_remote_exception_shows_the_remote_traceback(notebook):
+    notebook.run("%gpu start --idle off")
+    r = notebook.run("%%gpu\ndef inner():\n    raise ValueError('boom from the GPU side')\ninner()")
+    assert r.status == "error"
+    err = r.error
+    assert "boom from the GPU side" in err["evalue"]
+    tb = "\n".join(err["traceback"])
+    assert "inner()" in tb and "ValueError" in tb
+    assert "kernel.py" not in tb, "no local traceback of our own code"
+    # the session survives a user error
+    assert "ok" in notebook.run("%%gpu\nprint('ok')").text
+
+
+def test_push_and_pull_round_trip(notebook):
+    notebook.run("%gpu start --idle off")
+    r = notebook.run("import numbers\ndata = {'a': [1, 2, 3], 'b': 'text'}\n%gpu push data")
+    assert r.status == "ok", r.text
+    r = notebook.run("%%gpu\ndata['a'].append(4)\nresult = (sum(data['a']), data['b'].upper())")
+    assert r.status == "ok", r.text
+    r = notebook.run("%gpu pull result data\nprint(result, data)")
+    assert "(10, 'TEXT') {'a': [1, 2, 3, 4], 'b': 'text'}" in r.text
+
+    bad = notebook.run("f = lambda x: x\n%gpu push f")
+    assert bad.status == "error" and bad.error["ename"] == "UsageError"
+    assert "cannot be pickled" in bad.error["evalue"]
+    missing = notebook.run("%gpu pull nothing_here")
+    assert missing.error["ename"] == "UsageError" and "not defined in the session kernel" in missing.error["evalue"]
+    unpicklable = notebook.run("%%gpu\nimport threading\nlock = threading.Lock()")
+    assert unpicklable.status == "ok"
+    r = notebook.run("%gpu pull lock")
+    assert r.error["ename"] == "UsageError" and "lock: cannot be pickled" in r.error["evalue"]
+
+
+def test_stop_button_interrupts_the_remote_cell(notebook):
+    notebook.run("%gpu start --idle off")
+    notebook.run("%%gpu\nkept = 'still here'")
+    t0 = time.monotonic()
+    r = notebook.run("%%gpu\nimport time\ntime.sleep(60)", interrupt_after=1.5, timeout=30)
+    took = time.monotonic() - t0
+    assert r.status == "error" and r.reply["ename"] == "KeyboardInterrupt"
+    assert took < 8, f"interrupt took {took:.1f}s"
+    # the session kernel lives on, with its variables
+    assert "still here" in notebook.run("%%gpu\nprint(kept)").text
+
+
+def test_gpu_on_sends_every_cell_until_off(notebook):
+    notebook.run("%gpu start --idle off")
+    local_pid = notebook.run("import os; print(os.getpid())").text.strip()
+    assert "every cell now runs" in notebook.run("%gpu on").text
+    remote_pid = notebook.run("import os; print(os.getpid())").text.strip()
+    status = notebook.run("%gpu status")
+    assert "every cell runs in this session" in status.text
+    notebook.run("%gpu off")
+    again = notebook.run("print(os.getpid())").text.strip()
+    assert remote_pid != local_pid and again == local_pid
+
+
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ("%gpu start --type t5", "unknown GPU type 't5'; valid types: t4, l4, a10g"),
+        ("%gpu start --idle abc", "bad idle timeout 'abc'"),
+        ("%gpu start --backend nope", "unknown backend 'nope'; valid backends:"),
+        ("%gpu start --max-cost five", "bad --max-cost 'five'"),
+        ("%gpu stop nosuch", "no session named 'nosuch'"),
+        ("%%gpu\nprint(1)", "no GPU session: run `%gpu start"),
+        ("%gpu frobnicate", "unknown subcommand 'frobnicate'"),
+        ("%gpu start --bogus", "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_input_is_one_clear_message(notebook, nb_env, line, needle):
+    r = notebook.run(line)
+    assert r.status == "error"
+    assert r.error["ename"] == "UsageError", r.text
+    assert needle in r.error["evalue"]
+    assert len(r.error["traceback"]) <= 2, "a message, not a traceback"
+    assert _store(nb_env).list(active_only=True) == []
+
+
+def test_kernel_dying_mid_cell_is_a_clear_error_and_the_store_stays_consistent(notebook, nb_env):
+    notebook.run("%gpu start --idle off --name doomed")
+    pid = int(notebook.run("%%gpu\nimport os; print(os.getpid())").text)
+    r = notebook.run("%%gpu\nimport os, time\nprint('about to die', flush=True)\ntime.sleep(0.5)\nos._exit(1)", timeout=60)
+    assert r.status == "error" and r.error["ename"] == "UsageError"
+    assert "died" in r.error["evalue"] and "doomed" in r.error["evalue"]
+    record = _store(nb_env).get("doomed")
+    assert record.state == State.FAILED
+    assert "died" in record.error
+    assert not _pid_alive(pid)
+    assert not _pid_alive(record.resource["pid"])
+    again = notebook.run("%%gpu\nprint(1)")
+    assert again.error["ename"] == "UsageError" and "no GPU session" in again.error["evalue"]
