@@ -19,3 +19,11 @@ def unload_ipython_extension(ip) -> None:
     from .magics import unload_ipython_extension as _unload
 
     _unload(ip)
+
+
+def _jupyter_server_extension_points() -> list[dict]:
+    return [{"module": "gpusession.server"}]
+
+
+def _jupyter_labextension_paths() -> list[dict]:
+    return [{"src": "labextension", "dest": "gpusession-labextension"}]

@@ -15,7 +15,11 @@ PACKAGES=(docker.io openssh-server openssh-client debootstrap iproute2 iptables
 export DEBIAN_FRONTEND=noninteractive
 
 STAGE=start
-trap 'rc=$?; [ $rc -eq 0 ] || echo "ci-host-setup: FAILED in stage \"$STAGE\" (exit $rc)" >&2' EXIT
+on_exit() {
+    local rc=$?
+    [ "$rc" -eq 0 ] || echo "ci-host-setup: FAILED in stage \"$STAGE\" (exit $rc)" >&2
+}
+trap on_exit EXIT
 
 since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f s", b - a }'; }
 
@@ -54,7 +58,7 @@ install_hook() {
 
 # Does the running dockerd (given its pid) have an NVIDIA hook on its PATH?
 dockerd_has_hook() {
-    local dir
+    local dir d
     dir=$(tr '\0' '\n' <"/proc/$1/environ" | sed -n 's/^PATH=//p' | tr ':' '\n')
     for d in $dir; do [ -x "$d/nvidia-container-runtime-hook" ] && return 0; done
     return 1
@@ -63,7 +67,7 @@ dockerd_has_hook() {
 start_dockerd() {
     if timeout 10 docker info >/dev/null 2>&1; then
         local pid
-        pid=$(pidof dockerd | awk '{print $1}')
+        pid=$(cat /var/run/docker.pid 2>/dev/null || pidof -s dockerd || true)
         if [ -n "$pid" ] && ! dockerd_has_hook "$pid"; then
             echo "   WARNING: the running dockerd (pid $pid) has no nvidia-container-runtime-hook" \
                  "on its PATH: GPU requests will fail. Stop it and rerun this script." >&2
@@ -116,6 +120,7 @@ build_product_image() {
         cp /etc/ssl/certs/ca-certificates.crt .ci-state/ca.crt
         ca_args=(--build-arg PIP_CA_BUNDLE=.ci-state/ca.crt)
     fi
+    # The classic builder: Debian's docker.io has no buildx plugin for BuildKit.
     DOCKER_BUILDKIT=0 docker build -f Dockerfile.cuda --build-arg "BASE_IMAGE=$BASE_IMAGE" \
         "${ca_args[@]}" -t "$PRODUCT_IMAGE" . >"$STATE/docker-build.log" 2>&1 \
         || { tail -n 30 "$STATE/docker-build.log" >&2; return 1; }
@@ -130,5 +135,5 @@ stage nvidia-hook install_hook
 stage dockerd start_dockerd
 stage base-image build_base_image
 stage product-image build_product_image
-STAGE=done
+STAGE=finished
 echo "ci-host-setup: ready in $(since "$T0")"

@@ -53,3 +53,12 @@ def notebook(nb_env, tmp_path):
     assert r.status == "ok", r.text
     yield nk
     nk.close()
+
+
+# --- jupyter server (pytest-jupyter) ------------------------------------------------------
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+
+@pytest.fixture
+def jp_server_config(gs_home):
+    return {"ServerApp": {"jpserver_extensions": {"gpusession": True}}}
