@@ -45,6 +45,7 @@ export class GpuSessionClient {
   /** GET `sessions` */
   async listSessions(): Promise<SessionView[]> {
     const reply = await this._request<SessionListReply>('sessions');
+    expectArray(reply.sessions, 'sessions', 'sessions');
     return reply.sessions;
   }
 
@@ -54,9 +55,12 @@ export class GpuSessionClient {
   }
 
   /** GET `sessions/<id>/stats?since=<unix seconds>` */
-  getStats(id: string, since: number): Promise<StatsReply> {
+  async getStats(id: string, since: number): Promise<StatsReply> {
     const query = URLExt.objectToQueryString({ since: String(since) });
-    return this._request<StatsReply>(`${sessionPath(id)}/stats${query}`);
+    const path = `${sessionPath(id)}/stats`;
+    const reply = await this._request<StatsReply>(path + query);
+    expectArray(reply.samples, 'samples', path);
+    return reply;
   }
 
   /** POST `sessions`: the reply comes before the session is running. */
@@ -82,8 +86,10 @@ export class GpuSessionClient {
   }
 
   /** GET `catalog` */
-  getCatalog(): Promise<CatalogReply> {
-    return this._request<CatalogReply>('catalog');
+  async getCatalog(): Promise<CatalogReply> {
+    const reply = await this._request<CatalogReply>('catalog');
+    expectArray(reply.types, 'types', 'catalog');
+    return reply;
   }
 
   private async _request<T>(path: string, init: RequestInit = {}): Promise<T> {
@@ -112,6 +118,13 @@ export class GpuSessionClient {
   }
 
   private readonly _settings: ServerConnection.ISettings;
+}
+
+/** The replies are trusted to match types.ts; this catches a wrong server. */
+function expectArray(value: unknown, key: string, path: string): void {
+  if (!Array.isArray(value)) {
+    throw new ApiError(`Unexpected reply from ${API_PATH}/${path}: no "${key}" list`, null);
+  }
 }
 
 function sessionPath(id: string): string {

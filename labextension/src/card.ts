@@ -3,7 +3,15 @@
  * live GPU charts, and the stop / keep-alive buttons.
  */
 import { errorMessage, GpuSessionClient } from './api';
-import { control, element, setClass, setData, setText, showText } from './dom';
+import {
+  control,
+  element,
+  message,
+  setClass,
+  setData,
+  setText,
+  showText
+} from './dom';
 import { formatDollars, formatDuration, formatRate } from './format';
 import { GpuStatsView } from './gpus';
 import { SessionStatsModel, STATS_WINDOW_S } from './model';
@@ -35,7 +43,7 @@ export class SessionCard {
       fact('Uptime', this._uptime),
       fact('Rate', this._price),
       fact('Cost', this._cost),
-      fact('Idle stop in', this._idle)
+      fact('Idle stop', this._idle)
     );
     const actions = element('div', 'gpusession-card-actions');
     this._keepAlive.type = 'button';
@@ -113,6 +121,10 @@ export class SessionCard {
     }
     this._gpus.node.hidden = view.state !== 'running';
 
+    if (final && this._stats) {
+      this._stats.dispose();
+      this._stats = null;
+    }
     if (view.state === 'running' && !this._stats) {
       this._stats = new SessionStatsModel(this._client, view.id);
       this._stats.changed.connect(this._onStats, this);
@@ -183,9 +195,9 @@ export class SessionCard {
   private readonly _price = control('span', 'gpusession-price');
   private readonly _cost = control('span', 'gpusession-cost');
   private readonly _idle = control('span', 'gpusession-idle');
-  private readonly _idleWarning = control('div', 'gpusession-idle-warning');
-  private readonly _error = control('div', 'gpusession-error');
-  private readonly _actionError = control('div', 'gpusession-action-error');
+  private readonly _idleWarning = message('gpusession-idle-warning');
+  private readonly _error = message('gpusession-error');
+  private readonly _actionError = message('gpusession-action-error');
   private readonly _keepAlive = control('button', 'gpusession-keepalive');
   private readonly _stop = control('button', 'gpusession-stop');
   private readonly _gpus = new GpuStatsView(STATS_WINDOW_S);

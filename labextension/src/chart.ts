@@ -2,6 +2,8 @@
  * A small live line chart: one SVG polyline, updated in place.
  */
 
+import { setData, setText } from './dom';
+
 const SVG_NS = 'http://www.w3.org/2000/svg';
 /** Width and height of the SVG coordinate system; the CSS sets the size. */
 const VIEW_W = 100;
@@ -63,8 +65,9 @@ export class Sparkline {
   readonly node: HTMLDivElement;
 
   update(data: ChartData): void {
-    this._valueNode.textContent = data.valueText;
-    this.node.dataset.value = data.value === null ? '' : String(data.value);
+    setText(this._valueNode, data.valueText);
+    this._valueNode.title = data.valueText;
+    setData(this.node, 'value', data.value === null ? '' : String(data.value));
     this._line.setAttribute('points', polylinePoints(data));
   }
 

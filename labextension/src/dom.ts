@@ -23,6 +23,13 @@ export function control<K extends keyof HTMLElementTagNameMap>(
   return node;
 }
 
+/** A note shown only while it has text (see `showText`); starts hidden. */
+export function message(className: string): HTMLDivElement {
+  const node = control('div', className);
+  node.hidden = true;
+  return node;
+}
+
 export function setText(node: HTMLElement, text: string): void {
   if (node.textContent !== text) {
     node.textContent = text;

@@ -3,7 +3,7 @@
  * backend, host, spot, idle timeout, cost cap and name.
  */
 import { errorMessage, GpuSessionClient } from './api';
-import { control, setText, showText } from './dom';
+import { control, message, setText, showText } from './dom';
 import { formatRate, isDuration } from './format';
 import type { CatalogReply, GpuTypeView, SessionView, StartRequest } from './types';
 
@@ -84,6 +84,17 @@ export class StartForm {
     return this._catalog !== null;
   }
 
+  /**
+   * Whether the panel already shows that the API is unreachable; the
+   * catalog's failure then goes unsaid rather than said twice.
+   */
+  set apiDown(value: boolean) {
+    if (value !== this._apiDown) {
+      this._apiDown = value;
+      this._showPrice();
+    }
+  }
+
   /** Load the GPU types into the select; on failure say so in the form. */
   async loadCatalog(): Promise<void> {
     if (this._loading) {
@@ -143,7 +154,7 @@ export class StartForm {
       }
     }
     showText(this._typePrice, text || null);
-    showText(this._catalogError, this._catalogProblem);
+    showText(this._catalogError, this._apiDown ? null : this._catalogProblem);
     this._submit.disabled = this._starting || !gpu;
   }
 
@@ -216,10 +227,11 @@ export class StartForm {
   private _catalog: CatalogReply | null = null;
   private _catalogProblem: string | null = null;
   private _loading = false;
+  private _apiDown = false;
   private _starting = false;
   private readonly _hostField: HTMLElement;
   private readonly _type = control('select', 'gpusession-type-select');
-  private readonly _typePrice = control('div', 'gpusession-type-price');
+  private readonly _typePrice = message('gpusession-type-price');
   private readonly _backend = control('select', 'gpusession-backend-select');
   private readonly _host = control('input', 'gpusession-host-input');
   private readonly _spot = control('input', 'gpusession-spot-input');
@@ -227,8 +239,8 @@ export class StartForm {
   private readonly _maxCost = control('input', 'gpusession-max-cost-input');
   private readonly _name = control('input', 'gpusession-name-input');
   private readonly _submit = control('button', 'gpusession-start-button');
-  private readonly _formError = control('div', 'gpusession-form-error');
-  private readonly _catalogError = control('div', 'gpusession-catalog-error');
+  private readonly _formError = message('gpusession-form-error');
+  private readonly _catalogError = message('gpusession-catalog-error');
   private readonly _catalogNote = control('div', 'gpusession-catalog-note');
 }
 

@@ -38,9 +38,11 @@ export function formatRate(perHour: number): string {
   return `$${perHour.toFixed(3)}/h`;
 }
 
-/** Bytes as GiB with one decimal, e.g. "12.3 GiB". */
-export function formatGiB(bytes: number): string {
-  return `${(bytes / 2 ** 30).toFixed(1)} GiB`;
+/** Used and total bytes as "5.1/16 GiB" (short enough for a narrow sidebar). */
+export function formatMemory(used: number, total: number): string {
+  const gib = 2 ** 30;
+  const totalGiB = total / gib;
+  return `${(used / gib).toFixed(1)}/${totalGiB.toFixed(totalGiB >= 10 ? 0 : 1)} GiB`;
 }
 
 /**

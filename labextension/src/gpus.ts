@@ -4,7 +4,7 @@
  */
 import { Sparkline } from './chart';
 import { element, setClass, showText } from './dom';
-import { formatGiB } from './format';
+import { formatMemory } from './format';
 import type { SessionStatsModel } from './model';
 import type { GpuSample, Sample } from './types';
 
@@ -61,9 +61,7 @@ class GpuRow {
       tEnd,
       windowS,
       max: gpu.memory_total,
-      valueText: `${formatGiB(gpu.memory_used)} / ${formatGiB(
-        gpu.memory_total
-      )}`,
+      valueText: formatMemory(gpu.memory_used, gpu.memory_total),
       value: gpu.memory_used
     });
     this._temperature.update({
@@ -79,16 +77,14 @@ class GpuRow {
       tEnd,
       windowS,
       max: gpu.power_limit,
-      valueText: `${Math.round(gpu.power_draw)} / ${Math.round(
-        gpu.power_limit
-      )} W`,
+      valueText: `${Math.round(gpu.power_draw)}/${Math.round(gpu.power_limit)} W`,
       value: gpu.power_draw
     });
   }
 
   private readonly _title: HTMLDivElement;
   private readonly _util = new Sparkline('gpusession-gpu-util', 'Util');
-  private readonly _memory = new Sparkline('gpusession-gpu-memory', 'Memory');
+  private readonly _memory = new Sparkline('gpusession-gpu-memory', 'Mem');
   private readonly _temperature = new Sparkline('gpusession-gpu-temp', 'Temp');
   private readonly _power = new Sparkline('gpusession-gpu-power', 'Power');
 }

@@ -210,7 +210,7 @@ export class SessionStatsModel {
   private readonly _client: GpuSessionClient;
   private readonly _poll: Poll<void, unknown, 'standby'>;
   private readonly _changed = new Signal<this, void>(this);
-  private _samples: Sample[] = [];
+  private _samples: readonly Sample[] = [];
   private _gpusVisible = true;
   private _message: string | null = null;
   private _error: string | null = null;
@@ -227,11 +227,11 @@ export function appendSamples(
   current: readonly Sample[],
   incoming: readonly Sample[],
   windowS: number = STATS_WINDOW_S
-): Sample[] {
+): readonly Sample[] {
   const lastT = current.length ? current[current.length - 1]!.t : -Infinity;
   const fresh = incoming.filter(s => s.t > lastT);
   if (!fresh.length) {
-    return current as Sample[];
+    return current;
   }
   const merged = current.concat(fresh);
   const cutoff = merged[merged.length - 1]!.t - windowS;

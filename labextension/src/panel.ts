@@ -5,9 +5,9 @@
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { GpuSessionClient } from './api';
+import { errorMessage, GpuSessionClient } from './api';
 import { SessionCard } from './card';
-import { control, element, setText, showText } from './dom';
+import { control, element, message, setText, showText } from './dom';
 import { StartForm } from './form';
 import { gpuIcon } from './icon';
 import { SessionListModel } from './model';
@@ -38,7 +38,6 @@ export class GpuSessionPanel extends Widget {
     this._loading.textContent = 'Loading sessions…';
     this._empty.textContent = 'No GPU sessions';
     this._empty.hidden = true;
-    showText(this._apiError, null);
     this.node.append(
       header,
       this._apiError,
@@ -103,25 +102,30 @@ export class GpuSessionPanel extends Widget {
 
   private _onStarted(view: SessionView): void {
     this.model.upsert(view);
+    // The form sits below the list: bring the new card into view.
+    this._cards.get(view.id)?.node.scrollIntoView({ block: 'nearest' });
     void this.model.refresh();
   }
 
   private _render(model: SessionListModel): void {
-    const error = model.error;
-    showText(
-      this._apiError,
-      error
-        ? `Cannot load GPU sessions${model.loaded ? ' (showing the last list)' : ''}: ${error}`
-        : null
-    );
+    let error = model.error
+      ? `Cannot load GPU sessions${model.loaded ? ' (showing the last list)' : ''}: ${model.error}`
+      : null;
+    try {
+      this._syncCards(displayOrder(model.sessions));
+    } catch (failure) {
+      // A reply that does not match types.ts must not leave a blank panel.
+      error = `Cannot show GPU sessions: ${errorMessage(failure)}`;
+    }
+    showText(this._apiError, error);
     this._loading.hidden = model.loaded || error !== null;
     this._empty.hidden = !model.loaded || model.sessions.length > 0;
     setText(
       this._count,
       model.loaded ? String(model.sessions.filter(isLive).length) : ''
     );
-    this._syncCards(model.sessions);
-    if (!error) {
+    this._form.apiDown = model.error !== null;
+    if (!model.error) {
       this._loadCatalog();
     }
   }
@@ -158,7 +162,7 @@ export class GpuSessionPanel extends Widget {
   private readonly _cards = new Map<string, SessionCard>();
   private _catalogRetryAt = 0;
   private readonly _count = control('span', 'gpusession-count');
-  private readonly _apiError = control('div', 'gpusession-api-error');
+  private readonly _apiError = message('gpusession-api-error');
   private readonly _loading = control('div', 'gpusession-loading');
   private readonly _empty = control('div', 'gpusession-empty');
   private readonly _list = control('div', 'gpusession-list');
@@ -166,4 +170,12 @@ export class GpuSessionPanel extends Widget {
 
 function isLive(view: SessionView): boolean {
   return view.state !== 'stopped' && view.state !== 'failed';
+}
+
+/** Live sessions first, newest first within each group. */
+export function displayOrder(sessions: readonly SessionView[]): SessionView[] {
+  return [...sessions].sort(
+    (a, b) =>
+      Number(isLive(b)) - Number(isLive(a)) || b.created_at - a.created_at
+  );
 }

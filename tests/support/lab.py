@@ -100,6 +100,8 @@ def start_lab(
         log_path = log_name
     log_path = Path(log_path)
     state_dir = Path(tempfile.mkdtemp(prefix="jupyterlab-state-"))
+    settings_dir = state_dir / "user-settings"
+    _write_quiet_settings(settings_dir)
 
     args = [
         sys.executable,
@@ -112,8 +114,9 @@ def start_lab(
         "--ServerApp.port_retries=0",
         f"--ServerApp.root_dir={root}",
         f"--IdentityProvider.token={token}",
-        # Fresh layout per server, and no calls to the internet.
+        # Fresh layout and settings per server, no news toast, no calls to the internet.
         f"--LabApp.workspaces_dir={state_dir / 'workspaces'}",
+        f"--LabApp.user_settings_dir={settings_dir}",
         "--LabApp.news_url=None",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         *extra_args,
@@ -130,6 +133,7 @@ def start_lab(
             start_new_session=True,
         )
     process.log_path = log_path  # type: ignore[attr-defined]
+    process.state_dir = state_dir  # type: ignore[attr-defined]
     url = f"http://127.0.0.1:{port}/"
     try:
         _wait_until_up(process, url, token, timeout)
@@ -145,18 +149,21 @@ def lab_url(url: str, token: str, path: str = "lab") -> str:
 
 
 def stop_lab(process: subprocess.Popen, timeout: float = 10.0) -> None:
-    """Stop the server (SIGTERM to its process group, SIGKILL if it lingers)."""
-    if process.poll() is not None:
-        return
+    """Stop the server (SIGTERM to its process group, SIGKILL if it lingers) and remove
+    its workspace and settings folder. The log stays."""
     try:
-        os.killpg(process.pid, signal.SIGTERM)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout)
     except ProcessLookupError:
-        return
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout)
+        pass
+    state_dir = getattr(process, "state_dir", None)
+    if state_dir is not None:
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def log_tail(process: subprocess.Popen, chars: int = 4000) -> str:
@@ -177,6 +184,13 @@ def chromium_launch_kwargs(headless: bool = True) -> dict:
         executable = shutil.which("chromium") or shutil.which("chromium-browser") or executable
     args = [a for a in CHROMIUM_ARGS if headless or a != "--headless"]
     return {"executable_path": executable, "headless": headless, "args": args}
+
+
+def _write_quiet_settings(settings_dir: Path) -> None:
+    """User settings that keep the "get Jupyter news?" toast from covering the page."""
+    path = settings_dir / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"fetchNews": "false", "checkForUpdates": false}\n')
 
 
 def _wait_until_up(process: subprocess.Popen, url: str, token: str, timeout: float) -> None:
