@@ -27,12 +27,29 @@ def billed_seconds(events: list[Event], at: float | None = None) -> float:
     return total
 
 
-def cost_of(record: SessionRecord, at: float | None = None) -> float:
-    """Dollars so far: price x billed time, at least one minute once billing started."""
-    seconds = billed_seconds(record.events, at)
+def cost_for_seconds(price_per_hour: float, seconds: float) -> float:
+    """Dollars for `seconds` of billed time: per second, at least one minute once billing
+    started. The one formula: the store's numbers and the agent's live meter both use it."""
     if seconds <= 0:
         return 0.0
-    return record.price_per_hour * max(seconds, MINIMUM_BILLED_S) / 3600.0
+    return price_per_hour * max(seconds, MINIMUM_BILLED_S) / 3600.0
+
+
+def seconds_until_cost(price_per_hour: float, dollars: float, seconds_so_far: float) -> float | None:
+    """Billed seconds still to go until spending reaches `dollars` (None when free)."""
+    if price_per_hour <= 0:
+        return None
+    return max(0.0, dollars * 3600.0 / price_per_hour - max(seconds_so_far, 0.0))
+
+
+def cost_of(record: SessionRecord, at: float | None = None) -> float:
+    """Dollars so far: price x billed time, at least one minute once billing started."""
+    return cost_for_seconds(record.price_per_hour, billed_seconds(record.events, at))
+
+
+def billing_started_at(record: SessionRecord) -> float | None:
+    """When the session first entered a billed state (what the agent's live meter counts from)."""
+    return next((e.at for e in record.events if e.state in BILLED_STATES), None)
 
 
 def uptime_seconds(record: SessionRecord, at: float | None = None) -> float:

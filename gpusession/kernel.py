@@ -8,11 +8,15 @@ before the loop ends.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import queue
 import sys
 import time
+import weakref
 from typing import Any, Callable
+
+import zmq
 
 from jupyter_client.blocking.client import BlockingKernelClient
 
@@ -43,14 +47,31 @@ class OutputSink:
         clear_output(wait=wait)
 
 
+_OPEN_CLIENTS: "weakref.WeakSet[KernelClient]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_clients() -> None:
+    """A ZMQ socket left open makes interpreter exit hang on context termination."""
+    for client in list(_OPEN_CLIENTS):
+        client.close()
+
+
 class KernelClient:
-    """One connection to one session kernel."""
+    """One connection to one session kernel. Owns its ZMQ context, so closing it never
+    waits on another connection's sockets."""
 
     def __init__(self, connection_info: dict, *, healthy: Callable[[], bool] | None = None):
-        self.client = BlockingKernelClient()
+        self._context = zmq.Context()
+        # never block on unsent messages when closing (or when the GC or interpreter exit
+        # terminates the context): a dead peer would otherwise hang us forever
+        self._context.setsockopt(zmq.LINGER, 0)
+        self.client = BlockingKernelClient(context=self._context)
         self.client.load_connection_info(connection_info)
         self.client.start_channels(hb=False)
         self._healthy = healthy or (lambda: True)
+        self._closed = False
+        _OPEN_CLIENTS.add(self)
 
     # -- life -----------------------------------------------------------------------------
 
@@ -85,7 +106,14 @@ class KernelClient:
                 return msg
 
     def close(self) -> None:
-        self.client.stop_channels()
+        if self._closed:
+            return
+        self._closed = True
+        _OPEN_CLIENTS.discard(self)
+        try:
+            self.client.stop_channels()
+        finally:
+            self._context.destroy(linger=0)
 
     def shutdown(self, timeout: float = 5.0) -> bool:
         """Ask the kernel to exit and wait for its reply (so it does not keep running)."""

@@ -15,22 +15,28 @@ Examples
     In [5]: %gpu off
     In [6]: %gpu push df model
     In [7]: %gpu pull result
-    In [8]: %gpu stop
+    In [8]: %gpu status      # latest GPU sample, cost, idle countdown
+    In [9]: %gpu watch 60    # live for a minute (Ctrl-C ends it earlier)
+    In [10]: %gpu keepalive 2h
+    In [11]: %gpu stop
 """
 
 from __future__ import annotations
 
-import shlex
 import sys
+import threading
+import time
 from typing import Any, Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .durations import format_duration, format_money
-from .errors import GpuSessionError, NoSession, RemoteError
+from .durations import format_duration, format_money, parse_duration
+from .errors import GpuSessionError, RemoteError
+from .models import State
 from .session import Session, SessionManager
+from .statsview import WarningNotifier, status_lines, watch
 
 
 @magic_arguments()
@@ -69,12 +75,28 @@ def _use_args(line: str) -> None:
     """%gpu use NAME"""
 
 
+@magic_arguments()
+@argument("duration", nargs="?", default=None, help="stop watching after this long: 60 (seconds), 5m (default: until interrupted)")
+@argument("--interval", type=float, default=1.0, help="seconds between updates (default 1)")
+def _watch_args(line: str) -> None:
+    """%gpu watch [SECONDS]"""
+
+
+@magic_arguments()
+@argument("duration", nargs="?", default="1h", help="postpone the idle stop by this long: 30m, 1h, 2h (default 1h; at most 4h)")
+def _keepalive_args(line: str) -> None:
+    """%gpu keepalive [DURATION]"""
+
+
 HELP = """%gpu SUBCOMMAND ...
   start [--type T4] [--backend local|docker|aws] [--idle 15m] [--max-cost 5] [--name N] ...
   stop [NAME | --all]     status     list     types
   on | off                run every following cell in the session (or stop doing so)
   push NAME...            send local variables to the session;  pull NAME...: fetch them back
   use NAME                work with another running session (e.g. one started from the panel)
+  watch [SECONDS]         live GPU, CPU, cost and idle countdown (Ctrl-C or the stop button ends it)
+  keepalive [1h]          postpone the idle stop (at most 4h ahead)
+  panel [NAME | --all]    the session card with live gauges, start/stop buttons (ipywidgets)
   %%gpu                   (cell magic) run this cell in the session
 `%gpu start?` style help: `%gpu help start`."""
 
@@ -86,6 +108,10 @@ class GpuMagics(Magics):
         self._manager = manager
         self.current: Session | None = None
         self.auto = False
+        self._notifier: WarningNotifier | None = None
+        # held while a magic or cell uses the session; the notifier only looks when it is free,
+        # so it never tears down connections a running cell is reading from
+        self._in_use = threading.RLock()
         self._subcommands: dict[str, Callable[[str], Any]] = {
             "start": self._start,
             "stop": self._stop,
@@ -97,6 +123,8 @@ class GpuMagics(Magics):
             "push": self._push,
             "pull": self._pull,
             "use": self._use,
+            "watch": self._watch,
+            "keepalive": self._keepalive,
             "help": self._help,
         }
 
@@ -120,7 +148,8 @@ class GpuMagics(Magics):
         if handler is None:
             raise UsageError(f"unknown subcommand {sub!r}; valid: {', '.join(sorted(self._subcommands))}")
         try:
-            return handler(rest.strip())
+            with self._in_use:
+                return handler(rest.strip())
         except GpuSessionError as exc:
             if isinstance(exc, RemoteError):
                 raise
@@ -131,12 +160,13 @@ class GpuMagics(Magics):
         """%%gpu [NAME]: run the cell in the session kernel, output streamed back live."""
         session = self._session(line.strip() or None)
         try:
-            session.run(cell)
+            with self._in_use:
+                session.run(cell)
         except RemoteError:
             raise
         except GpuSessionError as exc:
             if session is self.current and not session.record.state.active:
-                self.current = None
+                self._forget(session.id)
             raise UsageError(f"{exc}. Session {session.name} is no longer usable; `%gpu start` a new one.") from None
 
     # -- helpers -----------------------------------------------------------------------
@@ -176,13 +206,28 @@ class GpuMagics(Magics):
         )
         session = self.manager.start(spec, report=_print)
         self.current = session
+        self._notify(session)
         return None
+
+    def _notify(self, session: Session) -> None:
+        """Warnings (idle stop soon, cost cap near) and the session's end reach this notebook
+        even while no cell runs."""
+        if self._notifier is not None:
+            self._notifier.stop()
+        sid = session.id
+
+        def ended(text: str) -> None:
+            _print(f"[gpusession] {text}")
+            self._forget(sid)
+
+        self._notifier = WarningNotifier.for_session(self.manager, sid, self._in_use, _print, ended).start()
 
     def _stop(self, rest: str) -> None:
         args = self._parse(_stop_args, rest)
         if args.all:
             stopped = self.manager.stop_all()
-            self.current = None
+            if self.current is not None:
+                self._forget(self.current.id)
             print(f"stopped {len(stopped)} session(s)" + "".join(f"\n  {r.name}: {self.manager.summary_line(r)}" for r in stopped))
             return
         if args.name:
@@ -193,8 +238,10 @@ class GpuMagics(Magics):
             raise UsageError("no current session to stop; name one (`%gpu list`) or use --all")
         record = self.manager.stop(record.id)
         if self.current is not None and self.current.id == record.id:
-            self.current = None
-            self._off("quiet" if not self.auto else "")
+            was_auto = self.auto
+            self._forget(record.id)
+            if was_auto:
+                print("cells run locally again")
         print(f"stopped {record.name}: {self.manager.summary_line(record)}")
 
     def _status(self, rest: str) -> None:
@@ -202,18 +249,68 @@ class GpuMagics(Magics):
         if name is None and self.current is None:
             print("no current GPU session. `%gpu start --type t4` starts one; `%gpu list` shows all.")
             return
-        record = self.manager.get(name) if name else self.current.refresh()  # type: ignore[union-attr]
+        key = name or self.current.id  # type: ignore[union-attr]
+        was_running = self.manager.get(key).state == State.RUNNING
+        record = self.manager.refresh_state(key)  # finds a session its watchdog stopped
+        if not record.state.active:  # how it ended: its watchdog, a stop, a failure
+            if was_running:
+                self._forget(record.id)
+            print(self.manager.ended_message(record))
+            return
+        if self.current is not None and self.current.id == record.id:
+            self.current.record = record
+        live, problem = None, None
+        if record.state == State.RUNNING:
+            try:
+                live = self.manager.stats(record.id, limit=1)
+            except GpuSessionError as exc:
+                problem = f"  live stats unavailable: {exc}"
         v = self.manager.view(record)
-        lines = [
-            f"{v['name']}: {v['gpu_count']} x {v['gpu_type']} on {v['backend']} - {v['state']}",
-            f"  up {format_duration(v['uptime_s'])}, {format_money(v['price_per_hour'])}/h, cost so far {format_money(v['cost_so_far'])}",
-            f"  idle timeout {format_duration(v['idle']['timeout_s'])}" + (f", max cost ${v['max_cost']:.2f}" if v["max_cost"] else ""),
-        ]
+        lines = [f"{v['name']}: {v['gpu_count']} x {v['gpu_type']} on {v['backend']} - {v['state']}",
+                 f"  up {format_duration(v['uptime_s'])}, {format_money(v['price_per_hour'])}/h"
+                 + ("" if live else f", cost so far {format_money(v['cost_so_far'])}")]
+        if problem:
+            lines.append(problem)
+        if live is not None:
+            lines += status_lines(live)
+        else:
+            lines.append(f"  idle timeout {format_duration(v['idle']['timeout_s'])}" + (f", max cost ${v['max_cost']:.2f}" if v["max_cost"] else ""))
         if record.error:
             lines.append(f"  error: {record.error}")
         if self.auto and self.current is not None and self.current.id == record.id:
             lines.append("  %gpu on: every cell runs in this session")
         print("\n".join(lines))
+
+    def _forget(self, session_id: str) -> None:
+        """The session ended (stopped here, or by its watchdog): it is no longer the current one."""
+        if self.current is not None and self.current.id == session_id:
+            self.current = None
+            self._off("quiet")
+            if self._notifier is not None:
+                self._notifier.stop()
+                self._notifier = None
+
+    def _watch(self, rest: str) -> None:
+        args = self._parse(_watch_args, rest)
+        session = self._session()
+        text = (args.duration or "").strip()
+        try:  # a bare number means seconds here
+            duration = float(text) if text else None
+        except ValueError:
+            duration = parse_duration(text, what="watch duration", allow_off=False)
+        manager, sid = self.manager, session.id
+
+        def header() -> str:
+            return f"{session.name} ({session.record.spec.gpu_count} x {session.record.spec.gpu_type}) {time.strftime('%H:%M:%S')}"
+
+        watch(lambda: manager.stats(sid, limit=60), header, duration=duration, interval=max(0.2, args.interval))
+        if manager.get(sid).state != State.RUNNING:
+            self._forget(sid)
+
+    def _keepalive(self, rest: str) -> None:
+        args = self._parse(_keepalive_args, rest)
+        session = self._session()
+        self.manager.keepalive(session.id, args.duration, report=_print)
 
     def _list(self, rest: str) -> None:
         records = self.manager.list()
@@ -271,11 +368,13 @@ class GpuMagics(Magics):
     def _use(self, rest: str) -> None:
         args = self._parse(_use_args, rest)
         self.current = self.manager.connected(args.name) or self.manager.attach(args.name, report=_print)
+        self._notify(self.current)
         print(f"using {self.current.name}")
 
     def _help(self, rest: str) -> None:
         sub = rest.strip()
-        funcs = {"start": _start_args, "stop": _stop_args, "push": _vars_args, "pull": _vars_args, "use": _use_args}
+        funcs = {"start": _start_args, "stop": _stop_args, "push": _vars_args, "pull": _vars_args, "use": _use_args,
+                 "watch": _watch_args, "keepalive": _keepalive_args}
         if sub in funcs:
             print(funcs[sub].parser.format_help().replace("usage: ", "usage: %gpu " + sub + " ", 1))
         else:
@@ -311,9 +410,14 @@ def load_ipython_extension(ip) -> None:
     magics = GpuMagics(ip)
     ip.register_magics(magics)
     ip._gpusession_magics = magics  # for later layers (widgets) and unload
+    from .widgets import register_panel  # the ipywidgets face adds `%gpu panel`
+
+    register_panel(magics)
 
 
 def unload_ipython_extension(ip) -> None:
     magics = getattr(ip, "_gpusession_magics", None)
     if magics is not None:
         magics._off("quiet")
+        if magics._notifier is not None:
+            magics._notifier.stop()

@@ -7,6 +7,7 @@ concrete backend.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from typing import Any, Callable
@@ -19,6 +20,8 @@ from .errors import BadInput, GpuSessionError, KernelDied, NoSession, StageError
 from .kernel import KernelClient, OutputSink
 from .models import LaunchSpec, SessionRecord, State
 from .progress import Progress, Reporter
+from .stats import AgentOps, is_watchdog_stop
+from .statsview import describe_stop
 from .store import Store
 
 
@@ -45,6 +48,15 @@ class Session:
         self.link = link
         self.kernel = kernel
         self._alive_checked = (0.0, True)
+        self._reconnects_seen = 0  # link.reconnects when iopub was last known to deliver
+        self.agent_client = None  # gpusession.stats.AgentClient, made on first use
+
+    def close_connections(self) -> None:
+        """Let go of the kernel, the agent and the link (the session itself keeps running)."""
+        if self.agent_client is not None:
+            self.agent_client.close()
+        self.kernel.close()
+        self.link.close()
 
     @property
     def id(self) -> str:
@@ -68,17 +80,42 @@ class Session:
             self._alive_checked = (time.monotonic(), alive)
         return alive
 
+    def _after_reconnect(self, timeout: float = 30.0) -> None:
+        """After the link came back: wait until iopub delivers again (its SUB socket reconnects
+        on its own, maybe after shell), so the next cell's output and its `idle` are not lost.
+        The check jupyter_client's wait_for_ready makes: a kernel_info whose status shows on iopub."""
+        seen = self.link.reconnects
+        if seen == self._reconnects_seen:
+            return
+        client, deadline = self.kernel.client, time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg_id = client.kernel_info()
+            tick = time.monotonic() + 0.5
+            while time.monotonic() < tick:
+                try:
+                    msg = client.get_iopub_msg(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    self._reconnects_seen = seen
+                    return
+
     def run(self, code: str, sink: OutputSink | None = None) -> dict:
+        self._after_reconnect()
         try:
             return self.kernel.execute(code, sink=sink)
         except KernelDied:
-            self.manager._mark_gone(self, "kernel died while running a cell")
+            ended = self.manager._mark_gone(self, "kernel died while running a cell")
+            if ended:  # its own watchdog stopped it: say so, it is no failure
+                raise NoSession(ended) from None
             raise
 
     def push(self, namespace: dict[str, Any]) -> None:
+        self._after_reconnect()
         self.kernel.push(namespace)
 
     def pull(self, names: list[str]) -> dict[str, Any]:
+        self._after_reconnect()
         return self.kernel.pull(names)
 
     def stop(self) -> SessionRecord:
@@ -88,9 +125,23 @@ class Session:
     def agent_url(self) -> str | None:
         return self.link.endpoint.agent_url
 
+    def stats(self, since: float | None = None, limit: int | None = None) -> dict:
+        """Live stats from the session's agent: samples newer than `since` (unix s), the newest
+        `limit` of them, plus the idle countdown and cost (docs/gpu-agent.md)."""
+        return self.manager.stats(self.id, since=since, limit=limit)
 
-class SessionManager:
-    """The one entry point of the faces. Cheap; one per process is typical but not required."""
+    def history(self, since: float | None = None) -> list[dict]:
+        """The samples the agent keeps (the last hour), oldest first."""
+        return self.stats(since=since)["samples"]
+
+    def keepalive(self, duration: str | float = "1h") -> SessionRecord:
+        """Postpone the idle stop ("1h", or seconds); capped by the agent (default 4 h)."""
+        return self.manager.keepalive(self.id, duration)
+
+
+class SessionManager(AgentOps):
+    """The one entry point of the faces. Cheap; one per process is typical but not required.
+    Stats, keepalive and stop summaries come from `AgentOps` (gpusession/stats.py)."""
 
     def __init__(self, config: GpuSessionConfig | None = None, store: Store | None = None):
         self.config = config or GpuSessionConfig()
@@ -99,6 +150,7 @@ class SessionManager:
         self._backends: dict[str, Backend] = {}
         self._connected: dict[str, Session] = {}
         self._lock = threading.RLock()
+        self._stats_cache: dict[str, tuple[float, dict]] = {}  # id -> (fetched at, stats)
 
     # -- building blocks -----------------------------------------------------------------
 
@@ -233,6 +285,14 @@ class SessionManager:
             self._connected[record.id] = session
         return session
 
+    def close(self) -> None:
+        """Let go of every session this process is connected to; the sessions keep running."""
+        with self._lock:
+            sessions = list(self._connected.values())
+            self._connected.clear()
+        for session in sessions:
+            session.close_connections()
+
     # -- stop ----------------------------------------------------------------------------
 
     def stop(self, key: str, reason: str = "stopped by user") -> SessionRecord:
@@ -241,48 +301,64 @@ class SessionManager:
         with self._lock:
             session = self._connected.pop(record.id, None)
         if not record.state.active:
-            if session:
-                session.link.close()
+            if session:  # stopped elsewhere (the sidebar, its watchdog): let go of the kernel's sockets too
+                session.close_connections()
             return record
         self.store.transition(record.id, State.STOPPING, reason)
         if session is not None:
+            self._save_summary(record, session=session)
             try:
                 session.kernel.shutdown(timeout=3)
             except Exception:  # noqa: BLE001 - the kernel may be gone already; teardown follows
                 pass
-            session.kernel.close()
-            session.link.close()
+            session.close_connections()
         try:
             backend.stop(record)
         except Exception as exc:
             self.store.note(record.id, f"stop failed: {exc}")
             raise StageError("stop", f"{exc}; the session stays recorded as stopping, run `gpusession gc` to retry") from exc
         record = self.store.get(record.id)
+        if "agent_summary" not in record.resource:
+            self._save_summary(record, backend=backend)
+            record = self.store.get(record.id)
         return self.store.transition(record.id, State.STOPPED, self.summary_line(record))
 
     def stop_all(self) -> list[SessionRecord]:
         return [self.stop(r.id) for r in self.store.list(active_only=True)]
 
-    def _mark_gone(self, session: Session, why: str) -> None:
+    def _mark_gone(self, session: Session, why: str) -> str | None:
+        """The kernel stopped answering. Returns what to tell the user when the session's own
+        watchdog stopped it (recorded as stopped); else records it as failed, returns None."""
         with self._lock:
             self._connected.pop(session.id, None)
-        session.kernel.close()
-        session.link.close()
+        session.close_connections()
+        reason = session.backend.stop_reason(session.record)
+        if is_watchdog_stop(reason):
+            session.record = self._reconcile(session.record, session.backend)
+            return describe_stop(session.name, reason)
         try:
             session.backend.stop(session.record)
         finally:
             session.record = self.store.transition(session.id, State.FAILED, why, error=why)
+        return None
 
     def _reconcile(self, record: SessionRecord, backend: Backend) -> SessionRecord:
         """The remote side is gone: record it as stopped, with the reason it left."""
+        with self._lock:  # found by gc while this process held it: let go (the tunnel retries forever)
+            connected = self._connected.pop(record.id, None)
+        if connected is not None:
+            connected.close_connections()
         reason = backend.stop_reason(record) or "remote side ended"
+        # when it really stopped (the laptop may have slept for hours since): billing ended then
+        details = getattr(backend, "stop_details", lambda r: None)(record) or {}
+        at = details.get("at")
+        self._save_summary(record, backend=backend)
         backend.stop(record)
-        return self.store.transition(record.id, State.STOPPED, f"found stopped: {reason}")
+        last = max((e.at for e in record.events), default=record.created_at)
+        at = at if isinstance(at, (int, float)) and last <= at <= time.time() else None
+        return self.store.transition(record.id, State.STOPPED, f"found stopped: {reason}", at=at)
 
     # -- reporting -----------------------------------------------------------------------
-
-    def summary_line(self, record: SessionRecord) -> str:
-        return f"ran {uptime_seconds(record):.0f}s, cost ${cost_of(record):.4f}"
 
     def view(self, record: SessionRecord) -> dict[str, Any]:
         """The JSON shape every face shows (REST SessionView)."""
@@ -304,7 +380,8 @@ class SessionManager:
             "spot": bool(record.spec.spot),
             "host": record.spec.host,
             "error": record.error,
-            "idle": {"timeout_s": record.spec.idle_timeout_s, "remaining_s": None, "warning": None},
+            "idle": self.live_idle(record)
+            or {"timeout_s": record.spec.idle_timeout_s, "remaining_s": None, "warning": None},
             "max_cost": record.spec.max_cost,
             "owner": record.owner,
         }

@@ -178,6 +178,18 @@ class Store:
             )
         return self.get(session_id)
 
+    def set_price(self, session_id: str, price_per_hour: float, detail: str) -> SessionRecord:
+        """The price actually paid turned out different from the estimate (a spot fallback)."""
+        with self._write() as db:
+            if db.execute("SELECT 1 FROM sessions WHERE id=?", (session_id,)).fetchone() is None:
+                raise UnknownSession(f"no session with id {session_id}")
+            db.execute("UPDATE sessions SET price_per_hour=?, updated_at=? WHERE id=?", (price_per_hour, now(), session_id))
+            db.execute(
+                "INSERT INTO events (session_id, state, at, detail) SELECT id, state, ?, ? FROM sessions WHERE id=?",
+                (now(), detail, session_id),
+            )
+        return self.get(session_id)
+
     def note(self, session_id: str, detail: str) -> None:
         """Record an event without changing state (a warning, a keepalive, a reconnect)."""
         with self._write() as db:

@@ -32,6 +32,7 @@ def manager(gs_home):
             m.stop(r.id)
         except Exception:  # noqa: BLE001 - teardown must reach every session
             pass
+    m.close()
 
 
 @pytest.fixture

@@ -43,9 +43,9 @@ EOF
 umask 022
 echo "GPUSESSION_HOSTKEY $(cat "$SSH_DIR/ssh_host_ed25519_key.pub")"
 
-# GPUSESSION_AGENT_ARGS is split into words on purpose.
-# shellcheck disable=SC2086
+# GPUSESSION_AGENT_ARGS is shell-quoted by the backend (shlex.join): unquote it the same way.
+eval "set -- ${GPUSESSION_AGENT_ARGS:-}"
 exec /opt/gpusession/venv/bin/python -m gpusession.agent run \
     --session-id "$GPUSESSION_SESSION_ID" --state-dir /run/gpusession \
     --kernel-ip 127.0.0.1 --kernel-ports 50001 --agent-port 50010 \
-    ${GPUSESSION_AGENT_ARGS:-}
+    "$@"

@@ -25,7 +25,14 @@ class NvmlApi(Protocol):
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
     def nvmlSystemGetDriverVersion(self) -> str: ...
-    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetCount(self) -> int:
+        self._frame += 1
+        frames = self.data.get("frames") or [{"devices": []}]
+        frame = frames[min(self._frame, len(frames) - 1)]
+        if "count_error" in frame:
+            self._raise(frame["count_error"])
+        return len(self._devices())
+
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
     def nvmlDeviceGetName(self, handle: Any) -> str: ...
     def nvmlDeviceGetUUID(self, handle: Any) -> str: ...
@@ -69,12 +76,8 @@ def _text(value: Any) -> str:
 class NvmlReader:
     """One reading of every GPU per `read()`; starts NVML on first use, once."""
 
-    def __init__(self, api: NvmlApi | Callable[[], NvmlApi] | None = None):
-        # a callable is called on first read (pynvml's import stays lazy)
-        self._api_factory = api if callable(api) and not hasattr(api, "nvmlInit") else None
-        self._api: NvmlApi | None = None if self._api_factory or api is None else api  # type: ignore[assignment]
-        if api is None:
-            self._api_factory = _pynvml
+    def __init__(self, api: NvmlApi | None = None):
+        self._api = api  # None: pynvml, imported on first read
         self._started = False
         self._unavailable: str | None = None  # set once NVML said there is no GPU
         self.driver_version: str | None = None
@@ -82,7 +85,7 @@ class NvmlReader:
     def _start(self) -> None:
         if self._api is None:
             try:
-                self._api = self._api_factory()  # type: ignore[misc]
+                self._api = _pynvml()
             except ImportError as exc:
                 self._unavailable = f"{NO_GPU_MESSAGE} ({exc})"
                 return
@@ -234,12 +237,10 @@ class RecordedNvml:
     def _raise(self, name: str):
         import pynvml  # the real error classes, so our code sees what the driver would raise
 
-        cls = getattr(pynvml, name, None)
-        if isinstance(cls, type) and issubclass(cls, pynvml.NVMLError):
-            err = cls.__new__(cls)
-            err.value = getattr(pynvml, "NVML_ERROR_" + name.replace("NVMLError_", "").upper(), 999)
-            raise err
-        raise pynvml.NVMLError(999)
+        for code, cls in pynvml.NVMLError._valClassMapping.items():
+            if cls.__name__ == name:
+                raise pynvml.NVMLError(code)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
 
     def _value(self, device: int | dict, key: str) -> Any:
         dev = device if isinstance(device, dict) else self._devices()[device]

@@ -74,6 +74,10 @@ class Runtime:
         self.stop_reason: str | None = None
         self._stopped = threading.Event()
         self.started_at = time.time()
+        self.agent_port: int | None = args.agent_port if args.agent_port > 0 else None  # the agent sets the real one
+        self.stop_hooks: list = []  # callables(reason), run by stop() once the kernel is down
+        self._stop_lock = threading.Lock()
+        self._stopping = False
 
     def start_kernel(self) -> dict:
         info = write_connection_file(self.connection_file, self.args.kernel_ip, self.args.kernel_ports)
@@ -108,7 +112,7 @@ class Runtime:
                 "pid": os.getpid(),
                 "kernel_pid": self.kernel.pid if self.kernel else None,
                 "started_at": self.started_at,
-                "agent_port": self.args.agent_port,
+                "agent_port": self.agent_port,
                 "session_id": self.args.session_id,
                 **extra,
             },
@@ -116,8 +120,10 @@ class Runtime:
 
     def stop(self, reason: str) -> None:
         """End the session: kernel first (SIGTERM, then SIGKILL), then this process's main loop."""
-        if self._stopped.is_set():
-            return
+        with self._stop_lock:  # the watchdog and a SIGTERM may both ask: the first one wins
+            if self._stopping:
+                return
+            self._stopping = True
         self.stop_reason = reason
         _write_json(os.path.join(self.state_dir, "stopped.json"), {"reason": reason, "at": time.time()})
         print(f"GPUSESSION_STOPPED {reason}", flush=True)
@@ -130,6 +136,11 @@ class Runtime:
                     os.killpg(self.kernel.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        for hook in list(self.stop_hooks):
+            try:
+                hook(reason)
+            except Exception as exc:  # noqa: BLE001 - a failing hook must not keep the session up
+                print(f"GPUSESSION_AGENT_ERROR stop hook failed: {type(exc).__name__}: {exc}", flush=True)
         self._stopped.set()
 
     def wait(self) -> int:
@@ -153,10 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--state-dir", required=True)
     run.add_argument("--kernel-ip", default="127.0.0.1")
     run.add_argument("--kernel-ports", type=int, default=0, help="first of 5 consecutive ports; 0 = free ports")
-    run.add_argument("--agent-port", type=int, default=0, help="agent HTTP port on 127.0.0.1; 0 = none")
+    run.add_argument("--agent-port", type=int, default=0, help="agent HTTP port on 127.0.0.1; 0 = a free one (runtime.json says which), -1 = none")
     run.add_argument("--ready-timeout", type=float, default=60.0)
     run.add_argument("--cwd", default="")
     add_agent_arguments(run)
+    try:
+        from . import service
+    except ImportError:
+        return p
+    service.add_commands(sub)
     return p
 
 
@@ -171,6 +187,10 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command != "run":
+        from . import service
+
+        return service.run_command(args)
     rt = Runtime(args)
 
     def on_signal(signum, frame):
@@ -179,15 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal must not kill the session
     try:
+        from . import service
+    except ImportError:
+        service = None
+    if service is not None:
+        # before the kernel: runtime.json (written once the kernel is ready) carries its port
+        service.start(rt, args)
+    try:
         rt.start_kernel()
     except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
         print(f"GPUSESSION_FAILED start kernel: {exc}", flush=True)
         rt.stop(f"start failed: {exc}")
         return 1
-    try:
-        from . import service
-    except ImportError:
-        service = None
-    if service is not None:
-        service.start(rt, args)
     return rt.wait()

@@ -60,6 +60,13 @@ class Link(abc.ABC):
         tunnel (the remote side is this machine) return remote_port."""
         return remote_port
 
+    @property
+    def reconnects(self) -> int:
+        """How often the link came back after dropping (0 for links that cannot drop). Read by the
+        session before each cell: after a reconnect each ZMQ socket reconnects on its own, and a
+        request sent before iopub is subscribed again would lose its output."""
+        return 0
+
 
 class Backend(abc.ABC):
     """One place GPUs come from. Registered under the `gpusession.backends` entry-point group."""

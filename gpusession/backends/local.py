@@ -139,6 +139,11 @@ class LocalBackend(Backend):
         state_dir = record.resource.get("state_dir")
         return _read_json(Path(state_dir) / "stopped.json").get("reason") if state_dir else None
 
+    def stop_details(self, record: SessionRecord) -> dict:
+        """What the runtime left at its end: {"reason", "at" (unix s), "summary" (the agent's)}."""
+        state_dir = record.resource.get("state_dir")
+        return _read_json(Path(state_dir) / "stopped.json") if state_dir else {}
+
     def stop(self, record: SessionRecord) -> None:
         pid = record.resource.get("pid")
         if pid and _process_label(pid) == record.id:
@@ -151,7 +156,9 @@ class LocalBackend(Backend):
                 continue
             pid = int(entry)
             label = _process_label(pid)
-            if label and _pid_alive(pid):
+            # only this store's sessions: another GPUSESSION_HOME (another user, a parallel test
+            # run) has its own store, and gc here cannot know its records
+            if label and _pid_alive(pid) and _under(_state_dir_of(pid), self.config.data_path / "sessions"):
                 found.append(
                     RemoteResource(
                         backend=self.name,
@@ -167,6 +174,25 @@ class LocalBackend(Backend):
         pid = int(resource.resource_id)
         if _process_label(pid) == resource.session_id:
             _terminate(pid)
+
+
+def _state_dir_of(pid: int) -> str | None:
+    """The --state-dir a runtime process was started with."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--state-dir"), None)
+
+
+def _under(path: str | None, folder: Path) -> bool:
+    if not path:
+        return False
+    try:
+        return Path(path).resolve().is_relative_to(folder.resolve())
+    except OSError:
+        return False
 
 
 def agent_args(record: SessionRecord) -> list[str]:

@@ -1,0 +1,217 @@
+"""When a session stops itself: idle timeout, hard max runtime, cost cap. Pure policy.
+
+Nothing here reads a clock or a file: the watchdog passes the time and what it observed, so
+tests drive it with an injected clock and recorded samples.
+
+Idle means: the kernel runs no cell AND every GPU stays under `gpu_threshold` percent, for
+the whole `idle_timeout_s`. With `gpu_only`, the kernel is ignored (a cell stuck in a loop
+while its GPU sits at 0% is idle). With no GPU visible, GPU utilization counts as 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..cost import cost_for_seconds, seconds_until_cost
+
+WARNING_MAX_S = 300.0  # warn at most this long before a stop ...
+WARNING_FRACTION = 0.2  # ... and at most this fraction of the limit before it
+COST_WARNING_FRACTION = 0.8  # warn once spending reaches this share of --max-cost
+DEFAULT_KEEPALIVE_LIMIT_S = 4 * 3600.0
+
+# the first word of a stop reason; the local side turns it into a sentence
+IDLE, MAX_RUNTIME, MAX_COST = "idle", "max-runtime", "max-cost"
+
+
+def _fmt(seconds: float | None) -> str:
+    """Like durations.format_duration (kept here: the agent imports nothing above models)."""
+    if seconds is None:
+        return "off"
+    s = max(0, int(round(seconds)))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def warning_lead(limit_s: float) -> float:
+    """How long before a stop the warning shows: min(5 min, limit / 5)."""
+    return min(WARNING_MAX_S, limit_s * WARNING_FRACTION)
+
+
+@dataclasses.dataclass(frozen=True)
+class StopPolicy:
+    """The agent's limits, from its command line (service.args_for builds it from the record)."""
+
+    idle_timeout_s: float | None = 1800.0  # None: never stop for idleness
+    gpu_threshold: float = 5.0  # percent; a GPU at or above it counts as busy
+    gpu_only: bool = False  # only GPU utilization counts as activity
+    max_runtime_s: float | None = None  # hard stop this long after billing started
+    max_cost: float | None = None  # dollars; stop once spending reaches it
+    price_per_hour: float = 0.0  # dollars for the whole session
+    keepalive_limit_s: float = DEFAULT_KEEPALIVE_LIMIT_S  # a keepalive reaches at most this far ahead
+
+
+@dataclasses.dataclass
+class Verdict:
+    """What the watchdog acts on (stop_reason) and what /stats shows (the rest)."""
+
+    stop_reason: str | None
+    idle: dict[str, Any]
+    runtime: dict[str, Any]
+    cost: dict[str, Any]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [w for w in (self.cost["warning"], self.runtime["warning"], self.idle["warning"]) if w]
+
+
+class ActivityTracker:
+    """Remembers when the session was last active and accounts idle time and GPU use.
+
+    Not thread-safe by itself: the watchdog holds its lock around every call.
+    """
+
+    def __init__(self, policy: StopPolicy, billed_since: float, active_since: float | None = None):
+        self.policy = policy
+        self.billed_since = billed_since  # billing started (the cost meter and max runtime count from it)
+        # the idle clock starts when the agent does, not at billing: a slow provision is no idleness
+        self.last_active = max(billed_since, active_since or billed_since)  # last instant of activity
+        self.keepalive_until: float | None = None
+        self.idle_total_s = 0.0
+        self.gpu_util_sum = 0.0
+        self.gpu_util_samples = 0
+        self._gpu_busy = False  # the latest GPU reading had a GPU at or above the threshold
+        self._last_seen: float | None = None
+
+    def observe(
+        self,
+        now: float,
+        *,
+        kernel_busy: bool,
+        kernel_last_activity: float | None,
+        gpu_utils: list[float | None] | None = None,
+    ) -> bool:
+        """Take one observation; returns whether the session counts as active at `now`.
+
+        gpu_utils=None means "no new GPU reading this time" (the previous one still holds);
+        [] means no GPU is visible (utilization 0)."""
+        p = self.policy
+        if gpu_utils is not None:
+            self._gpu_busy = any(u is not None and u >= p.gpu_threshold for u in gpu_utils)
+            known = [u for u in gpu_utils if u is not None]
+            if known:
+                self.gpu_util_sum += sum(known) / len(known)
+                self.gpu_util_samples += 1
+        gpu_busy = self._gpu_busy
+        since = self._last_seen if self._last_seen is not None else self.billed_since
+        kernel_active = False
+        if not p.gpu_only:
+            if kernel_busy:
+                kernel_active = True
+                self.last_active = max(self.last_active, now)
+            elif kernel_last_activity is not None:
+                activity = min(kernel_last_activity, now)  # never trust a time from the future
+                kernel_active = activity > since
+                self.last_active = max(self.last_active, activity)
+        if gpu_busy:
+            self.last_active = max(self.last_active, now)
+        active = gpu_busy or kernel_active
+        if self._last_seen is not None and not active and now > self._last_seen:
+            self.idle_total_s += now - self._last_seen
+        self._last_seen = now
+        return active
+
+    def keepalive(self, now: float, seconds: float) -> dict[str, Any]:
+        """Postpone the idle stop to now + seconds, at most keepalive_limit_s ahead."""
+        if seconds < 0:
+            raise ValueError("seconds must not be negative")
+        granted = min(float(seconds), self.policy.keepalive_limit_s)
+        until = now + granted
+        self.keepalive_until = max(self.keepalive_until or 0.0, until)
+        return {
+            "requested_s": float(seconds),
+            "granted_s": granted,
+            "capped": granted < seconds,
+            "limit_s": self.policy.keepalive_limit_s,
+            "keepalive_until": self.keepalive_until,
+        }
+
+    def evaluate(self, now: float) -> Verdict:
+        p = self.policy
+        billed = max(0.0, now - self.billed_since)
+        idle = self._idle_status(now)
+        runtime = {"elapsed_s": round(billed, 1), "max_runtime_s": p.max_runtime_s, "remaining_s": None, "warning": None}
+        cost = self._cost_status(billed)
+        reason = None
+        if p.max_runtime_s is not None:
+            left = p.max_runtime_s - billed
+            runtime["remaining_s"] = round(max(0.0, left), 1)
+            if left <= 0:
+                reason = f"{MAX_RUNTIME}: after {_fmt(billed)} (--max-runtime {_fmt(p.max_runtime_s)})"
+            elif left <= warning_lead(p.max_runtime_s):
+                runtime["warning"] = f"max runtime {_fmt(p.max_runtime_s)} reached in {_fmt(left)}: the session stops then"
+        if p.max_cost is not None and cost["so_far"] >= p.max_cost:
+            reason = f"{MAX_COST}: spent ${cost['so_far']:.2f} of the ${p.max_cost:.2f} cap"
+        if reason is None and idle["remaining_s"] is not None and idle["remaining_s"] <= 0:
+            # whole seconds, not rounded up: it stopped within a check interval after the timeout
+            reason = f"{IDLE}: after {_fmt(int(idle['idle_for_s']))} idle (--idle {_fmt(p.idle_timeout_s)})"
+        return Verdict(stop_reason=reason, idle=idle, runtime=runtime, cost=cost)
+
+    def _idle_status(self, now: float) -> dict[str, Any]:
+        p = self.policy
+        idle_for = max(0.0, now - self.last_active)
+        out: dict[str, Any] = {
+            "timeout_s": p.idle_timeout_s,
+            "idle_for_s": round(idle_for, 1),
+            "remaining_s": None,
+            "warning": None,
+            "keepalive_until": self.keepalive_until if (self.keepalive_until or 0) > now else None,
+            "gpu_only": p.gpu_only,
+            "gpu_threshold": p.gpu_threshold,
+        }
+        if p.idle_timeout_s is None:
+            return out
+        deadline = max(self.last_active + p.idle_timeout_s, self.keepalive_until or 0.0)
+        remaining = deadline - now
+        out["remaining_s"] = round(max(0.0, remaining), 1)
+        if 0 < remaining <= warning_lead(p.idle_timeout_s):
+            out["warning"] = (
+                f"idle for {_fmt(idle_for)}: the session stops in {_fmt(remaining)} unless it is used"
+                " (`%gpu keepalive 1h` postpones)"
+            )
+        return out
+
+    def _cost_status(self, billed: float) -> dict[str, Any]:
+        p = self.policy
+        so_far = cost_for_seconds(p.price_per_hour, billed)
+        out: dict[str, Any] = {
+            "price_per_hour": p.price_per_hour,
+            "billed_s": round(billed, 1),
+            "so_far": round(so_far, 6),
+            "max_cost": p.max_cost,
+            "remaining_s": None,
+            "warning": None,
+        }
+        if p.max_cost is not None:
+            left = seconds_until_cost(p.price_per_hour, p.max_cost, billed)
+            out["remaining_s"] = None if left is None else round(left, 1)
+            if COST_WARNING_FRACTION * p.max_cost <= so_far < p.max_cost:
+                eta = f" in about {_fmt(left)}" if left is not None else ""
+                out["warning"] = f"spent ${so_far:.2f} of the ${p.max_cost:.2f} cap: the session stops at the cap{eta}"
+        return out
+
+    def summary(self, now: float, *, gpu_count: int, cells: int | None = None) -> dict[str, Any]:
+        """What a stop reports: duration, GPU-hours, cost, mean GPU utilization, minutes idle."""
+        billed = max(0.0, now - self.billed_since)
+        mean = self.gpu_util_sum / self.gpu_util_samples if self.gpu_util_samples else None
+        return {
+            "duration_s": round(billed, 1),
+            "gpu_count": gpu_count,
+            "gpu_hours": round(gpu_count * billed / 3600.0, 4),
+            "cost": round(cost_for_seconds(self.policy.price_per_hour, billed), 6),
+            "price_per_hour": self.policy.price_per_hour,
+            "mean_gpu_utilization": None if mean is None else round(mean, 1),
+            "idle_minutes": round(self.idle_total_s / 60.0, 2),
+            "cells": cells,
+        }

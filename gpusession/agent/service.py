@@ -1,0 +1,221 @@
+"""The agent as the runtime uses it: command-line options, wiring, and the `sample` /
+`nvml-record` commands.
+
+    runtime.build_parser -> add_arguments(run_parser), add_commands(subparsers)
+    runtime.main         -> start(rt, args) before the kernel starts (binds the endpoint and
+                            sets rt.agent_port, which runtime.json then carries)
+    backends             -> args_for(record): the options for a session record
+
+Standard library only (and nvidia-ml-py, lazily), like the rest of gpusession.agent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from ..cost import billing_started_at
+from .endpoint import AgentServer, token_from_connection_file
+from .idle import DEFAULT_KEEPALIVE_LIMIT_S, ActivityTracker, StopPolicy
+from .nvml import NvmlReader, RecordedNvml, record_raw
+from .sampler import HISTORY_S, Sampler
+from .watchdog import Watchdog
+
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def seconds_or_off(text: str) -> float | None:
+    """'1800', '90s', '15m', '2h' -> seconds; 'off' / 'none' / '0' -> None (never)."""
+    s = str(text).strip().lower()
+    if s in ("off", "none", "never", "0", ""):
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", s)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected seconds (or 90s, 15m, 2h) or 'off', got {text!r}")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("agent: live stats and the watchdog that stops the session")
+    g.add_argument("--idle", type=seconds_or_off, default=1800.0, metavar="SECONDS|off",
+                   help="stop after this long idle (no cell running and every GPU under --gpu-threshold); default 1800")
+    g.add_argument("--gpu-only", action="store_true", help="only GPU utilization counts as activity (a busy kernel whose GPU idles is idle)")
+    g.add_argument("--gpu-threshold", type=_positive, default=5.0, metavar="PERCENT", help="a GPU at or above this utilization is busy (default 5)")
+    g.add_argument("--max-runtime", type=seconds_or_off, default=None, metavar="SECONDS", help="hard stop this long after billing started")
+    g.add_argument("--max-cost", type=_positive, default=None, metavar="DOLLARS", help="stop once the session has cost this much (warning at 80%%)")
+    g.add_argument("--price-per-hour", type=_positive, default=0.0, metavar="DOLLARS", help="price of the whole session, for the cost meter")
+    g.add_argument("--billed-since", type=_positive, default=None, metavar="UNIX", help="when billing started (default: when the runtime started)")
+    g.add_argument("--gpu-count", type=int, default=1, help="GPUs billed, for GPU-hours in the summary")
+    g.add_argument("--keepalive-limit", type=_positive, default=DEFAULT_KEEPALIVE_LIMIT_S, metavar="SECONDS",
+                   help="a keepalive postpones the idle stop at most this far ahead (default 4 h)")
+    g.add_argument("--check-interval", type=_positive, default=1.0, metavar="SECONDS", help="how often the watchdog decides (default 1)")
+    g.add_argument("--sample-interval", type=_positive, default=1.0, metavar="SECONDS", help="how often to sample; 0 = never (default 1)")
+    g.add_argument("--history", type=_positive, default=float(HISTORY_S), metavar="SECONDS", help="seconds of samples kept (default 3600)")
+    g.add_argument("--shutdown-command", default="", metavar="CMD",
+                   help="shell command run when the session stops, e.g. 'shutdown -h now' on a cloud instance")
+    g.add_argument("--no-agent", action="store_true", help="no stats, no watchdog (a baseline for benchmarks)")
+
+
+def args_for(record) -> list[str]:
+    """The agent options for a session record (every backend passes these). Values are single
+    words, since the container entrypoint splits GPUSESSION_AGENT_ARGS on whitespace."""
+    spec = record.spec
+    out = [
+        "--idle", _num(spec.idle_timeout_s) if spec.idle_timeout_s else "off",
+        "--price-per-hour", _num(record.price_per_hour or 0.0),
+        "--gpu-count", str(int(spec.gpu_count or 1)),
+    ]
+    billed = billing_started_at(record)
+    if billed is not None:
+        out += ["--billed-since", f"{billed:.3f}"]
+    if spec.gpu_only_idle:
+        out.append("--gpu-only")
+    if spec.max_runtime_s:
+        out += ["--max-runtime", _num(spec.max_runtime_s)]
+    if spec.max_cost:
+        out += ["--max-cost", _num(spec.max_cost)]
+    for key, flag in (("gpu_threshold", "--gpu-threshold"), ("keepalive_limit_s", "--keepalive-limit"),
+                      ("check_interval_s", "--check-interval")):
+        if spec.extra.get(key) is not None:
+            out += [flag, _num(float(spec.extra[key]))]
+    return out
+
+
+def _num(value: float) -> str:
+    return f"{value:g}" if float(value) == int(value) else repr(float(value))
+
+
+def policy_from_args(args: argparse.Namespace) -> StopPolicy:
+    return StopPolicy(
+        idle_timeout_s=args.idle,
+        gpu_threshold=args.gpu_threshold,
+        gpu_only=args.gpu_only,
+        max_runtime_s=args.max_runtime,
+        max_cost=args.max_cost,
+        price_per_hour=args.price_per_hour,
+        keepalive_limit_s=args.keepalive_limit,
+    )
+
+
+def start(rt, args: argparse.Namespace) -> Watchdog | None:
+    """Start the endpoint and the watchdog for runtime `rt` (called before its kernel starts)."""
+    if getattr(args, "no_agent", False):
+        return None
+    tracker = ActivityTracker(policy_from_args(args), args.billed_since or rt.started_at, active_since=time.time())
+    sampler = Sampler(interval_s=args.sample_interval or 1.0, history_s=int(args.history))
+    watchdog = Watchdog(
+        session_id=args.session_id,
+        state_dir=rt.state_dir,
+        tracker=tracker,
+        sampler=sampler,
+        stop=rt.stop,
+        gpu_count=args.gpu_count,
+        check_interval_s=args.check_interval or 1.0,
+        sample_interval_s=args.sample_interval,
+    )
+    if args.agent_port >= 0:
+        try:
+            server = AgentServer(watchdog, token_from_connection_file(rt.connection_file), port=args.agent_port).start()
+            rt.agent_port = server.port
+        except OSError as exc:  # the port is taken: keep the watchdog, which is what saves money
+            print(f"GPUSESSION_AGENT_ERROR no stats endpoint on port {args.agent_port}: {exc}", flush=True)
+            rt.agent_port = None
+    rt.stop_hooks.append(lambda reason: _on_stop(rt, watchdog, args, reason))
+    threading.Thread(target=watchdog.run, name="gpusession-watchdog", daemon=True).start()
+    return watchdog
+
+
+def _on_stop(rt, watchdog: Watchdog, args: argparse.Namespace, reason: str) -> None:
+    """At any stop: leave the summary next to stopped.json and in the log, then run the
+    shutdown command (the instance powers off; the container has already lost its kernel)."""
+    summary = watchdog.summary()
+    summary["reason"] = reason
+    path = os.path.join(rt.state_dir, "stopped.json")
+    try:
+        with open(path) as f:
+            stopped = json.load(f)
+    except (OSError, ValueError):
+        stopped = {"reason": reason, "at": time.time()}
+    stopped["summary"] = summary
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(stopped, f)
+    os.replace(tmp, path)
+    print("GPUSESSION_SUMMARY " + json.dumps(summary, separators=(",", ":")), flush=True)
+    if args.shutdown_command:
+        print(f"GPUSESSION_SHUTDOWN running {args.shutdown_command!r}", flush=True)
+        try:
+            subprocess.run(args.shutdown_command, shell=True, timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            print(f"GPUSESSION_AGENT_ERROR shutdown command failed: {exc}", flush=True)
+
+
+# -- commands besides `run` --------------------------------------------------------------------
+
+
+def add_commands(subparsers) -> None:
+    s = subparsers.add_parser("sample", help="read the GPUs (and this machine's CPU/memory) and print JSON")
+    s.add_argument("--count", type=int, default=1, help="samples to take (default 1)")
+    s.add_argument("--interval", type=_positive, default=1.0, help="seconds between samples")
+    s.add_argument("--recorded", default="", help="replay raw NVML values from this JSON file instead of the driver")
+    r = subparsers.add_parser("nvml-record", help="print the driver's raw NVML values (tests/data format)")
+    r.add_argument("--frames", type=int, default=1, help="readings to record, one a second")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    if args.command == "sample":
+        return _sample_command(args)
+    if args.command == "nvml-record":
+        doc: dict[str, Any] = {"frames": []}
+        for i in range(max(1, args.frames)):
+            one = record_raw()
+            doc.update({k: v for k, v in one.items() if k != "frames"})
+            doc["frames"] += one["frames"]
+            if one.get("init_error"):
+                break
+            if i + 1 < args.frames:
+                time.sleep(1)
+        json.dump(doc, sys.stdout, indent=1)
+        print()
+        return 0
+    raise SystemExit(f"unknown command {args.command}")
+
+
+def _sample_command(args: argparse.Namespace) -> int:
+    reader = NvmlReader(RecordedNvml.from_file(args.recorded) if args.recorded else None)
+    sampler = Sampler(reader, interval_s=args.interval)
+    timings = []
+    for i in range(max(1, args.count)):
+        t0 = time.perf_counter()
+        sampler.sample(time.time(), kernel_busy=False)
+        timings.append((time.perf_counter() - t0) * 1000)
+        if i + 1 < args.count:
+            time.sleep(args.interval)
+    doc = {
+        "gpus_visible": sampler.gpus_visible,
+        "message": sampler.message,
+        "driver_version": reader.driver_version,
+        "samples": sampler.samples(),
+        "sample_ms": {"mean": round(sum(timings) / len(timings), 3), "max": round(max(timings), 3)},
+    }
+    reader.close()
+    json.dump(doc, sys.stdout, indent=1)
+    print()
+    return 0

@@ -1,0 +1,351 @@
+"""`aws`: the session runs on its own EC2 GPU instance (on-demand or spot), made for it and
+terminated with it.
+
+    check       region known, credentials found and accepted, options valid
+    provision   image (SSM public parameter), key pair, security group (ssh from the caller only),
+                RunInstances with the boot plan as user data (capacity fallback when allowed),
+                waiter until running
+    connect     instance sshd (pinned host key) -> container sshd (pinned) -> kernel ports
+    stop        terminate, wait until terminated, delete key pair and security group
+
+Every piece carries the tags gpusession:session, gpusession:owner and Name, so `gpusession gc`
+finds what a crashed process left, in the regions the store's sessions used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Any
+
+from ...catalog import Catalog, load_catalog
+from ...errors import BackendUnavailable, BadInput, GpuSessionError, StageError
+from ...models import LaunchSpec, SessionRecord
+from ...progress import Progress
+from ..base import Backend, Link, RemoteResource
+from . import launch
+from .sdk import Aws, aws_errors, boto3_module, error_code, explain
+from .teardown import Teardown, console_lines, describe_stop
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BOOT_TIMEOUT_S = 900.0  # boot + image pull + container start
+RUNNING_STATES = ("pending", "running")
+
+
+class AwsBackend(Backend):
+    name = "aws"
+
+    def __init__(self, config, store):
+        super().__init__(config, store)
+        self._aws: dict[str, Aws] = {}
+        self._spot: dict[tuple[str, str], dict[str, float]] = {}
+        self._state_cache: dict[str, tuple[float, dict | None]] = {}
+
+    def aws(self, region: str | None) -> Aws:
+        key = region or ""
+        if key not in self._aws:
+            self._aws[key] = Aws(region)
+        return self._aws[key]
+
+    # -- before anything is recorded ------------------------------------------------------
+
+    def check(self, spec: LaunchSpec) -> None:
+        boto3_module()
+        load_catalog().get(spec.gpu_type).instance_for(spec.gpu_count)
+        launch.fallback_mode(spec.extra)
+        if spec.extra.get("max_price") is not None and _float(spec.extra["max_price"], "--max-price") <= 0:
+            raise BadInput("--max-price must be more than 0 dollars per hour")
+        _float(spec.extra.get("boot_timeout", 1), "boot_timeout")
+        if spec.extra.get("ssh_cidr"):
+            launch.caller_cidr(spec.extra)  # validates the range
+        aws = self.aws(spec.region)
+        aws.check_region()
+        aws.check_credentials()
+        try:  # credentials accepted, region enabled: before the session is recorded
+            aws.ec2.describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])
+        except aws_errors() as exc:
+            raise _unavailable(explain(exc, "checking access to EC2", aws.region)) from None
+
+    def price_per_hour(self, spec: LaunchSpec, catalog: Catalog) -> float:
+        """The whole instance: the current spot price (the cheapest zone, which is tried first)
+        when AWS tells it, else the catalog's spot or on-demand price."""
+        gpu = catalog.get(spec.gpu_type)
+        if spec.spot:
+            prices = self.spot_prices(self.aws(spec.region), gpu.instance_for(spec.gpu_count).name)
+            if prices:
+                return min(prices.values())
+        return catalog.price_per_hour(gpu, spec.gpu_count, spot=spec.spot, whole_instance=True)
+
+    def spot_prices(self, aws: Aws, instance_type: str) -> dict[str, float]:
+        key = (aws.region, instance_type)
+        if key not in self._spot:
+            try:
+                self._spot[key] = launch.spot_prices(aws, instance_type)
+            except aws_errors() as exc:
+                log.info("no spot price history for %s in %s: %s", instance_type, aws.region, exc)
+                return {}
+        return self._spot[key]
+
+    # -- start ------------------------------------------------------------------------------
+
+    def provision(self, record: SessionRecord, progress: Progress) -> None:
+        aws = self.aws(record.spec.region)
+        try:
+            self._provision(aws, record, progress)
+        except aws_errors() as exc:  # any call not explained closer to where it was made
+            raise explain(exc, "provisioning", aws.region) from None
+
+    def _provision(self, aws: Aws, record: SessionRecord, progress: Progress) -> None:
+        from ..docker_engine import make_session_key
+        from .cloudinit import BootPlan, new_host_key, user_data
+
+        spec, extra = record.spec, record.spec.extra
+        catalog = load_catalog()
+        gpu = catalog.get(spec.gpu_type)
+        instance_type = gpu.instance_for(spec.gpu_count).name
+
+        def save(**values: Any) -> None:  # every handle as soon as it exists: a crash leaves it findable
+            self.store.update_resource(record.id, **values)
+
+        save(region=aws.region, instance_type=instance_type)
+        key_path, public_key = make_session_key(self.config.data_path / "keys", record.id)
+        save(key_path=str(key_path))
+        tag_list = launch.tags(record.id, record.owner, f"gpusession-{record.name}")
+        name = f"gpusession-{record.id}"
+        try:
+            progress.step("looking up the GPU image")
+            ami, source = launch.resolve_ami(aws, extra)
+            progress.step(f"image {ami} ({source})")
+            places = launch.subnets(aws, extra, instance_type)
+            cidr = launch.caller_cidr(extra)
+            progress.step(f"key pair {name}, security group allowing ssh from {cidr} only")
+            save(key_name=launch.import_key_pair(aws, name, public_key, tag_list))
+            group = launch.create_security_group(aws, name, places[0].vpc, cidr, tag_list)
+            save(security_group=group)
+        except aws_errors() as exc:
+            raise explain(exc, "preparing the instance", aws.region) from None
+        prices = self.spot_prices(aws, instance_type) if spec.spot else {}
+        plan = launch.attempts(spec.spot, launch.fallback_mode(extra), places, prices)
+        host_key, container_key = new_host_key(name), new_host_key(f"{name}-container")
+        image = spec.image or os.environ.get("GPUSESSION_AWS_IMAGE") or self.config.docker_image
+        save(instance_host_key=host_key.public, container_host_key=container_key.public, image=image, ami=ami)
+
+        def price_of(attempt: launch.Attempt) -> float:
+            if attempt.spot and attempt.subnet.zone in prices:
+                return prices[attempt.subnet.zone]
+            return catalog.price_per_hour(gpu, spec.gpu_count, spot=attempt.spot, whole_instance=True)
+
+        def prepare(attempt: launch.Attempt) -> dict[str, Any]:
+            progress.step(f"launching {attempt.describe(instance_type)}")
+            priced = dataclasses.replace(record, price_per_hour=price_of(attempt))  # the agent's cost meter
+            boot = BootPlan(record.id, image, public_key, host_key, container_key, _agent_args(priced),
+                            spot=attempt.spot)
+            return {"UserData": user_data(boot)}
+
+        base = launch.instance_params(ami=ami, instance_type=instance_type, key_name=name, group=group,
+                                      public_ip=not extra.get("private_ip"), tag_list=tag_list)
+        max_price = _float(extra["max_price"], "--max-price") if extra.get("max_price") else \
+            catalog.price_per_hour(gpu, spec.gpu_count, whole_instance=True)
+        try:
+            instance, attempt, failures = launch.run_first_that_fits(
+                aws, base, plan, instance_type=instance_type, client_token=record.id[:24], max_price=max_price,
+                on_attempt=prepare)
+        except launch.NoCapacity as exc:
+            raise StageError("provision", _no_capacity_message(exc, instance_type, aws.region, spec)) from None
+        price = price_of(attempt)
+        instance_id = instance["InstanceId"]
+        save(instance_id=instance_id, zone=attempt.subnet.zone, market="spot" if attempt.spot else "on-demand",
+             price_per_hour=price)
+        if failures:
+            self.store.note(record.id, "capacity fallback: " + "; ".join(failures))
+            progress.step(f"fell back to {attempt.describe(instance_type)} after: {'; '.join(failures)}")
+        if abs(price - record.price_per_hour) > 1e-9:
+            self.store.set_price(record.id, price, f"price ${price:.4f}/h ({attempt.describe(instance_type)}); "
+                                                   f"estimated ${record.price_per_hour:.4f}/h at start")
+        progress.step(f"instance {instance_id} is {instance['State']['Name']}; waiting until it runs")
+        address = self._wait_running(aws, instance_id, private=bool(extra.get("private_ip")))
+        save(address=address)
+        progress.step(f"instance {instance_id} runs at {address}")
+
+    def _wait_running(self, aws: Aws, instance_id: str, *, private: bool) -> str:
+        import botocore.exceptions
+
+        try:
+            aws.ec2.get_waiter("instance_running").wait(
+                InstanceIds=[instance_id], WaiterConfig={"Delay": 3, "MaxAttempts": 100})
+        except botocore.exceptions.WaiterError:
+            inst = self._describe(aws, instance_id) or {}
+            state = (inst.get("State") or {}).get("Name", "gone")
+            why = (inst.get("StateReason") or {}).get("Message", "no reason given")
+            raise StageError("provision", f"instance {instance_id} did not start: it is {state} ({why})") from None
+        except aws_errors() as exc:
+            raise explain(exc, f"waiting for {instance_id}", aws.region) from None
+        inst = self._describe(aws, instance_id) or {}
+        address = inst.get("PrivateIpAddress") if private else inst.get("PublicIpAddress") or inst.get("PrivateIpAddress")
+        if not address:
+            raise StageError("provision", f"instance {instance_id} has no address (a subnet without public IPs? "
+                                          "use private_ip=True from inside the VPC)")
+        return address
+
+    def connect(self, record: SessionRecord, progress: Progress) -> Link:
+        from .link import open_link
+
+        res = record.resource
+        for needed in ("address", "key_path", "instance_host_key", "container_host_key"):
+            if not res.get(needed):
+                raise StageError("connect", f"session {record.name} has no saved {needed}: it was never fully started")
+        timeout = _float(record.spec.extra.get("boot_timeout") or os.environ.get("GPUSESSION_AWS_BOOT_TIMEOUT")
+                         or DEFAULT_BOOT_TIMEOUT_S, "boot_timeout")
+        on_notice = (lambda notice: self._on_notice(record.id, notice)) if res.get("market") == "spot" else None
+        return open_link(
+            res, deadline=time.monotonic() + timeout,
+            forget_hint=f"stop this session (`gpusession stop {record.name}`) and start a new one",
+            say=progress.step, gone=lambda: self._gone(record), on_event=lambda text: self._note(record.id, text),
+            on_notice=on_notice,
+        )
+
+    def _on_notice(self, session_id: str, notice: dict) -> None:
+        text = (f"spot interruption notice: AWS will {notice.get('action', 'stop')} this instance at "
+                f"{notice.get('time', 'any moment')} (about 2 minutes after the notice); save your work")
+        self.store.update_resource(session_id, interrupted={"notice": notice, "noticed_at": time.time()})
+        self._note(session_id, text)
+        log.warning("gpusession: %s", text)
+
+    def _note(self, session_id: str, text: str) -> None:
+        try:
+            self.store.note(session_id, text)
+        except Exception:  # noqa: BLE001 - a note must never break a tunnel thread
+            log.debug("could not record %r", text, exc_info=True)
+
+    # -- life -------------------------------------------------------------------------------
+
+    def _describe(self, aws: Aws, instance_id: str) -> dict | None:
+        try:
+            found = aws.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        except aws_errors() as exc:
+            if error_code(exc) == "InvalidInstanceID.NotFound":
+                return None
+            raise
+        return found[0]["Instances"][0] if found and found[0]["Instances"] else None
+
+    def _instance(self, record: SessionRecord, max_age: float = 0.0) -> dict | None:
+        at, inst = self._state_cache.get(record.id, (0.0, None))
+        if max_age and time.monotonic() - at < max_age:
+            return inst
+        iid = record.resource.get("instance_id")
+        inst = self._describe(self.aws(record.resource.get("region")), iid) if iid else None
+        self._state_cache[record.id] = (time.monotonic(), inst)
+        return inst
+
+    def _gone(self, record: SessionRecord) -> str | None:
+        """Why the instance will not come up any more (None while it may)."""
+        try:
+            inst = self._instance(record, max_age=5.0)
+        except aws_errors():
+            return None
+        if inst is None:
+            return "it no longer exists"
+        state = inst["State"]["Name"]
+        if state in RUNNING_STATES:
+            return None
+        return f"{state}: {(inst.get('StateReason') or {}).get('Message', 'no reason given')}"
+
+    def is_alive(self, record: SessionRecord) -> bool:
+        if record.spec.backend != self.name or not record.resource.get("instance_id"):
+            return False
+        try:
+            inst = self._instance(record)
+        except (*aws_errors(), GpuSessionError):
+            return True  # AWS cannot be asked now: unknown is not gone; never tear down blind
+        return inst is not None and inst["State"]["Name"] in RUNNING_STATES
+
+    def stop_reason(self, record: SessionRecord) -> str | None:
+        return self.stop_details(record).get("reason")
+
+    def stop_details(self, record: SessionRecord) -> dict:
+        """What the instance said before it ended (its console output keeps the agent's last
+        lines), else what EC2 says about why it stopped."""
+        iid = record.resource.get("instance_id")
+        if not iid:
+            return {}
+        try:
+            aws = self.aws(record.resource.get("region"))
+            details = console_lines(aws, iid)
+            inst = self._instance(record)
+        except (*aws_errors(), GpuSessionError):
+            return {}
+        if "reason" not in details:
+            reason = describe_stop(inst, bool(record.resource.get("interrupted")))
+            if reason:
+                details["reason"] = reason
+        return details
+
+    def stop(self, record: SessionRecord) -> None:
+        res = record.resource
+        if record.spec.backend != self.name:
+            return
+        if res.get("region"):
+            Teardown(self.aws(res["region"])).session(
+                record.id, instance_ids=[res.get("instance_id")], key_names=[res.get("key_name")],
+                group_ids=[res.get("security_group")])
+        (self.config.data_path / "keys" / record.id).unlink(missing_ok=True)
+
+    # -- gc -----------------------------------------------------------------------------------
+
+    def _regions(self) -> list[str]:
+        """The regions the store's aws sessions used (gc never asks AWS when there were none)."""
+        return sorted({r.resource.get("region") or r.spec.region or self.aws(None).region
+                       for r in self.store.list() if r.spec.backend == self.name})
+
+    def list_resources(self) -> list[RemoteResource]:
+        regions = self._regions()
+        if regions:
+            boto3_module()
+        found: list[RemoteResource] = []
+        for region in regions:
+            aws = self.aws(region)
+            try:
+                found += Teardown(aws).find(self.name)
+            except aws_errors() as exc:
+                raise _unavailable(explain(exc, "listing gpusession instances", region)) from None
+        return found
+
+    def remove_resource(self, resource: RemoteResource) -> None:
+        d = resource.details
+        Teardown(self.aws(d["region"])).session(
+            resource.session_id, instance_ids=d.get("instance_ids", []), key_names=d.get("key_names", []),
+            group_ids=d.get("group_ids", []))
+        (self.config.data_path / "keys" / resource.session_id).unlink(missing_ok=True)
+
+
+def _agent_args(record: SessionRecord) -> list[str]:
+    from ..local import agent_args
+
+    return agent_args(record)
+
+
+def _float(value: Any, what: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise BadInput(f"{what} must be a number, got {value!r}") from None
+
+
+def _unavailable(exc: GpuSessionError) -> GpuSessionError:
+    return exc if isinstance(exc, (BackendUnavailable, BadInput)) else BackendUnavailable(str(exc))
+
+
+def _no_capacity_message(exc: launch.NoCapacity, instance_type: str, region: str, spec: LaunchSpec) -> str:
+    from .sdk import QUOTA_HINT
+
+    text = f"no {instance_type} could be launched in {region}: {exc}"
+    if exc.quota:
+        text += f"; for the quota: {QUOTA_HINT}"
+    if launch.fallback_mode(spec.extra) != "any":
+        text += "; allow other zones and on-demand with fallback=any, or try another --region or --type"
+    else:
+        text += "; try another --region or --type, or later"
+    return text

@@ -1,0 +1,40 @@
+"""pytest fixtures for the aws backend's tests (`pytest_plugins = ["support.ec2_fixtures"]`):
+moto_server (one per test run), ec2_api (a clean moto behind a FaultProxy), look (a boto3 client
+straight to moto, for looking only), aws_env (credentials, region and the endpoint seam)."""
+
+from __future__ import annotations
+
+import pytest
+
+from .ec2 import FaultProxy, MotoServer, aws_test_env, free_port, inspector
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    pytest.importorskip("boto3")
+    pytest.importorskip("moto")
+    server = MotoServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def ec2_api(moto_server):
+    """A clean moto behind a FaultProxy; yields the proxy (faults, calls)."""
+    moto_server.reset()
+    proxy = FaultProxy(moto_server.url)
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def look(moto_server):
+    return inspector(moto_server.url)
+
+
+@pytest.fixture
+def aws_env(monkeypatch, gs_home, ec2_api, tmp_path):
+    aws_test_env(monkeypatch, ec2_api.url, tmp_path)
+    # moto's instance addresses lead nowhere; without a fake platform they lead to a closed port
+    monkeypatch.setenv("GPUSESSION_AWS_ADDRESS_MAP", f"*=127.0.0.1:{free_port()}")
+    return ec2_api

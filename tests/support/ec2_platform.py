@@ -1,0 +1,335 @@
+"""The machine behind each test EC2 instance (scripts/ci-ec2-host.sh makes its network).
+
+moto keeps the EC2 *records*; nothing listens at the addresses it hands out. `FakePlatform`
+plays the rest, one machine at a time at 10.201.0.2 inside the gpus-ec2 network namespace:
+
+- cloud-init: reads the instance's user data back from the EC2 API (DescribeInstanceAttribute),
+  installs its `ssh_keys` host key and its `users` logins into an sshd of the machine's own, writes
+  its `write_files` (only below /var/lib/gpusession/, where they must be real paths for dockerd),
+  and runs its `runcmd` with the namespace's dockerd as the machine's Docker;
+- the hypervisor: `poweroff` on the machine is a shim that tells the platform, which then applies
+  the instance's InstanceInitiatedShutdownBehavior attribute (set by the backend) in EC2; and an
+  instance that EC2 says is no longer running loses its machine (processes, containers, files);
+- instance metadata (IMDSv2) with the spot `instance-action` notice, after `interrupt()`.
+
+The backend reaches the machine through its address-map seam (GPUSESSION_AWS_ADDRESS_MAP=*=10.201.0.2).
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from .ec2 import inspector
+
+NS = "gpus-ec2"
+HOST_IP, MACHINE_IP = "10.201.0.1", "10.201.0.2"
+NS_DOCKER = "unix:///run/gpus-ec2/docker.sock"
+KEYS_ROOT = Path("/run/gpus-ec2/authorized-keys")  # sshd reads these as the user, so not below tmp_path
+INSTANCE_ROOT = Path("/var/lib/gpusession")  # where user data's files must really be (dockerd mounts them)
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ci-ec2-host.sh"
+
+
+def ensure_ec2_host() -> str | None:
+    """Bring the namespace up; None when it works, else why not (for pytest.skip)."""
+    if os.geteuid() != 0:
+        return "needs root (network namespace, sshd)"
+    if not shutil.which("docker") or subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode:
+        return "needs a Docker engine (scripts/ci-host-setup.sh)"
+    result = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=300)
+    if result.returncode:
+        return f"{SCRIPT.name} up failed: {result.stdout[-500:]}{result.stderr[-1500:]}"
+    return None
+
+
+def _processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, session id) of every process."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            found[int(entry)] = (int(fields[1]), int(fields[3]))
+    return found
+
+
+def _kill_machine_processes(leader: int) -> None:
+    """SIGKILL a process this platform started, its session and every descendant (sshd puts each
+    connection in a session of its own): what a machine that powers off does to its processes."""
+    table = _processes()
+    doomed = {leader} | {pid for pid, (_, sid) in table.items() if sid == leader}
+    grew = True
+    while grew:
+        more = {pid for pid, (ppid, _) in table.items() if ppid in doomed} - doomed
+        doomed |= more
+        grew = bool(more)
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class Machine:
+    def __init__(self, instance_id: str, folder: Path, session_id: str):
+        self.instance_id = instance_id
+        self.folder = folder
+        self.session_id = session_id
+        self.sessions: list[subprocess.Popen] = []  # sshd, runcmd: each its own process session
+        self.files: list[Path] = []
+        self.powered_off = False
+        self.console = folder / "console.log"
+
+    @property
+    def poweroff_requested(self) -> bool:
+        return (self.folder / "poweroff").exists()
+
+
+class FakePlatform:
+    def __init__(self, moto_url: str, folder: Path, *, poll_s: float = 0.25):
+        self.ec2 = inspector(moto_url)
+        self.folder = folder
+        self.poll_s = poll_s
+        self.machines: dict[str, Machine] = {}
+        self.seen: set[str] = set()
+        self.tamper_host_key = False  # boot with a host key other than the user data's
+        self.events: list[str] = []
+        self._notice: dict | None = None
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._imds = self._start_imds()
+        self.imds_url = f"http://{HOST_IP}:{self._imds.server_address[1]}"
+        self._shim = self._make_shims()
+        self._thread = threading.Thread(target=self._run, name="fake-ec2-platform", daemon=True)
+        self._thread.start()
+
+    # -- what tests do ---------------------------------------------------------------------
+
+    def interrupt(self, action: str = "terminate") -> dict:
+        """From now on, instance metadata carries a spot interruption notice."""
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
+        self._notice = {"action": action, "time": when}
+        return self._notice
+
+    def wait_for(self, what, timeout: float = 60.0, step: float = 0.25):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = what()
+            if value:
+                return value
+            time.sleep(step)
+        raise TimeoutError(f"platform: not within {timeout:.0f}s; events: {self.events[-10:]}")
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=10)
+        for machine in list(self.machines.values()):
+            self._shut_down(machine)
+        self._imds.shutdown()
+        self._imds.server_close()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._closed.wait(self.poll_s):
+            try:
+                self._tick()
+            except Exception as exc:  # noqa: BLE001 - keep playing; the test sees the events
+                self.events.append(f"error: {type(exc).__name__}: {exc}")
+
+    def _tick(self) -> None:
+        found = self.ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": ["gpusession:session"]}])
+        states = {i["InstanceId"]: (i, i["State"]["Name"]) for r in found["Reservations"] for i in r["Instances"]}
+        for iid, machine in list(self.machines.items()):
+            if machine.poweroff_requested and not machine.powered_off:
+                machine.powered_off = True
+                self._power_off(iid)
+            state = states.get(iid, (None, "gone"))[1]
+            if state not in ("pending", "running"):
+                self.events.append(f"{iid}: {state}: machine removed")
+                self._shut_down(machine)
+        for iid, (inst, state) in states.items():
+            if iid not in self.seen and state in ("pending", "running") and not self.machines:
+                self.seen.add(iid)
+                self._boot(inst)
+
+    def _power_off(self, iid: str) -> None:
+        """What EC2 does when the OS powers off: the shutdown behavior the instance was given."""
+        attr = self.ec2.describe_instance_attribute(InstanceId=iid, Attribute="instanceInitiatedShutdownBehavior")
+        behavior = attr["InstanceInitiatedShutdownBehavior"]["Value"]
+        self.events.append(f"{iid}: powered off; shutdown behavior {behavior}")
+        if behavior == "terminate":
+            self.ec2.terminate_instances(InstanceIds=[iid])
+        else:
+            self.ec2.stop_instances(InstanceIds=[iid])
+
+    # -- cloud-init ----------------------------------------------------------------------
+
+    def _boot(self, inst: dict) -> None:
+        import yaml
+
+        iid = inst["InstanceId"]
+        session_id = next(t["Value"] for t in inst["Tags"] if t["Key"] == "gpusession:session")
+        raw = self.ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
+        text = base64.b64decode(raw).decode()
+        if not text.startswith("#cloud-config\n"):
+            raise ValueError(f"{iid}: user data is not #cloud-config")
+        config = yaml.safe_load(text)
+        machine = Machine(iid, self.folder / iid, session_id)
+        (machine.folder / "log").mkdir(parents=True)
+        self._keys_folder(iid)
+        machine.console.touch()
+        self.machines[iid] = machine
+        self.events.append(f"{iid}: booting")
+        self._ssh_keys(machine, config)
+        passwd = self._users(machine, config)
+        self._write_files(machine, config)
+        self._start_sshd(machine, passwd)
+        for command in config.get("runcmd", []):
+            self._runcmd(machine, command)
+
+    @staticmethod
+    def _keys_folder(iid: str) -> Path:
+        """sshd reads authorized_keys as the user: a folder every user may enter (not tmp_path)."""
+        folder = KEYS_ROOT / iid
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for path in (KEYS_ROOT, folder):
+            path.chmod(0o755)
+        return folder
+
+    def _ssh_keys(self, machine: Machine, config: dict) -> None:
+        key = machine.folder / "ssh_host_ed25519_key"
+        if self.tamper_host_key:  # someone else's machine at that address
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+            return
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(config["ssh_keys"]["ed25519_private"])
+
+    def _users(self, machine: Machine, config: dict) -> Path:
+        passwd = machine.folder / "passwd"
+        lines = Path("/etc/passwd").read_text().rstrip("\n").split("\n")
+        for number, user in enumerate(u for u in config.get("users", []) if isinstance(u, dict)):
+            name = user["name"]
+            lines.append(f"{name}:x:{64900 + number}:65534:{user.get('gecos', '')}:/nonexistent:{user.get('shell', '/bin/sh')}")
+            keys = KEYS_ROOT / machine.instance_id / name
+            keys.write_text("\n".join(user.get("ssh_authorized_keys", [])) + "\n")
+            keys.chmod(0o644)
+        passwd.write_text("\n".join(lines) + "\n")
+        return passwd
+
+    def _write_files(self, machine: Machine, config: dict) -> None:
+        for item in config.get("write_files", []):
+            path = Path(item["path"])
+            if INSTANCE_ROOT not in path.parents:
+                raise ValueError(f"{machine.instance_id}: refusing to write {path} on this machine")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(item.get("content", ""))
+            path.chmod(int(str(item.get("permissions", "0644")), 8))
+            machine.files.append(path)
+
+    def _start_sshd(self, machine: Machine, passwd: Path) -> None:
+        cfg = machine.folder / "sshd_config"
+        cfg.write_text(
+            f"ListenAddress {MACHINE_IP}\nPort 22\nHostKey {machine.folder / 'ssh_host_ed25519_key'}\n"
+            f"PidFile {machine.folder / 'sshd.pid'}\nAuthorizedKeysFile {KEYS_ROOT / machine.instance_id}/%u\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+            "PermitRootLogin no\nAllowTcpForwarding yes\nPrintMotd no\n"
+        )
+        log = open(machine.folder / "log" / "sshd.log", "ab")
+        machine.sessions.append(subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{NS}", "unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount --bind "$1" /etc/passwd && exec /usr/sbin/sshd -D -e -f "$2"', "sh", str(passwd), str(cfg)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        ))
+        log.close()
+
+    def _runcmd(self, machine: Machine, command) -> None:
+        argv = ["sh", "-c", command] if isinstance(command, str) else [str(c) for c in command]
+        env = dict(os.environ, PATH=f"{self._shim}:{os.environ['PATH']}", DOCKER_HOST=NS_DOCKER,
+                   GPUSESSION_IMDS_URL=self.imds_url, FAKE_MACHINE_DIR=str(machine.folder))
+        log = open(machine.folder / "log" / "runcmd.log", "ab")
+        machine.sessions.append(subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{NS}", "unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount --bind "$1" /dev/console && mount --bind "$2" /var/log && shift 2 && exec "$@"', "sh",
+             str(machine.console), str(machine.folder / "log"), *argv],
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        ))
+        log.close()
+
+    def _make_shims(self) -> Path:
+        shim = self.folder / "shim"
+        shim.mkdir(parents=True, exist_ok=True)
+        for name in ("poweroff", "shutdown", "halt"):
+            path = shim / name
+            path.write_text('#!/bin/sh\necho "$0 $*" >"$FAKE_MACHINE_DIR/poweroff"\n')
+            path.chmod(0o755)
+        return shim
+
+    # -- the end of a machine -----------------------------------------------------------------
+
+    def _shut_down(self, machine: Machine) -> None:
+        with self._lock:
+            if self.machines.pop(machine.instance_id, None) is None:
+                return
+        for proc in machine.sessions:
+            _kill_machine_processes(proc.pid)
+            proc.wait(timeout=10)
+        ids = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=gpusession.session={machine.session_id}"],
+                             env=dict(os.environ, DOCKER_HOST=NS_DOCKER), capture_output=True, text=True).stdout.split()
+        if ids:
+            subprocess.run(["docker", "rm", "-f", *ids], env=dict(os.environ, DOCKER_HOST=NS_DOCKER),
+                           capture_output=True, timeout=60)
+        shutil.rmtree(INSTANCE_ROOT / machine.session_id, ignore_errors=True)
+        shutil.rmtree(KEYS_ROOT / machine.instance_id, ignore_errors=True)
+        try:
+            INSTANCE_ROOT.rmdir()
+        except OSError:
+            pass
+
+    def console_text(self, instance_id: str) -> str:
+        return (self.folder / instance_id / "console.log").read_text(errors="replace")
+
+    # -- instance metadata --------------------------------------------------------------------
+
+    def _start_imds(self) -> http.server.ThreadingHTTPServer:
+        platform = self
+        token = "fake-imds-token"
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _reply(self, status: int, body: bytes = b"") -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_PUT(self):
+                ok = self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+                self._reply(200, token.encode()) if ok else self._reply(400)
+
+            def do_GET(self):
+                if self.headers.get("X-aws-ec2-metadata-token") != token:
+                    return self._reply(401)
+                notice = platform._notice
+                if self.path == "/latest/meta-data/spot/instance-action" and notice is not None:
+                    return self._reply(200, json.dumps(notice).encode())
+                self._reply(404)
+
+        server = http.server.ThreadingHTTPServer((HOST_IP, 0), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server

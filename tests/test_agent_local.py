@@ -1,0 +1,202 @@
+"""End to end on the local backend (real processes): the remote side stops itself when idle,
+not while a cell runs, and without the notebook that started it; the store then says why."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gpusession.errors import NoSession
+from gpusession.models import State
+
+IDLE_S = 5.0
+CHECK_S = 1.0  # the agent's default check interval
+TEARDOWN_SLACK_S = 1.5  # SIGTERM to the kernel, process exit, and this test's 50 ms polling
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, timeout: float) -> float:
+    """Unix time at which pid was first seen gone."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not _alive(pid):
+            return time.time()
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still alive after {timeout}s")
+
+
+def _read(state_dir: str, name: str) -> dict:
+    return json.loads(Path(state_dir, name).read_text())
+
+
+def test_idle_session_stops_itself_and_the_store_says_why(manager):
+    session = manager.start(manager.make_spec("t4", backend="local", idle="5s", name="idle1"))
+    pid, state_dir = session.record.resource["pid"], session.record.resource["state_dir"]
+
+    stats = session.stats()  # real agent, real pynvml: no driver on this machine
+    assert stats["session_id"] == session.id
+    assert stats["gpus_visible"] is False and stats["message"].startswith("no NVIDIA GPU visible")
+    assert stats["samples"] and stats["samples"][-1]["memory_used"] > 0
+    assert stats["idle"]["timeout_s"] == IDLE_S and 0 < stats["idle"]["remaining_s"] <= IDLE_S
+
+    session.run("x = 1")  # the last activity
+    last = _read(state_dir, "activity.json")["last_activity"]
+    gone = _wait_gone(pid, IDLE_S + 15)
+    took = gone - last
+    print(f"idle stop: process gone {took:.2f}s after the last activity (timeout {IDLE_S}s)")
+    assert IDLE_S <= took <= IDLE_S + CHECK_S + TEARDOWN_SLACK_S
+
+    stopped = _read(state_dir, "stopped.json")
+    assert stopped["reason"] == "idle: after 5s idle (--idle 5s)"
+    assert stopped["summary"]["duration_s"] > 0 and stopped["summary"]["cells"] == 1
+
+    record = manager.refresh_state(session.id)
+    assert record.state == State.STOPPED
+    assert record.events[-1].detail == "found stopped: idle: after 5s idle (--idle 5s)"
+    assert record.events[-1].at == pytest.approx(stopped["at"])  # billing ended when it stopped
+    assert record.resource["agent_summary"]["reason"] == stopped["reason"]
+    message = manager.ended_message(record)
+    assert message.startswith("session idle1 was stopped by its idle watchdog after 5s idle (ran ")
+    assert "mean GPU utilization n/a" in message
+
+
+@pytest.mark.slow
+def test_a_long_cell_is_not_idle(manager):
+    session = manager.start(manager.make_spec("t4", backend="local", idle="5s"))
+    pid = session.record.resource["pid"]
+    reply = session.run("import time\ntime.sleep(20)\nprint('done')")
+    assert reply["status"] == "ok"
+    assert _alive(pid), "the watchdog stopped a session whose kernel was running a cell"
+    assert manager.get(session.id).state == State.RUNNING
+    # once the cell is over, the idle clock starts
+    _wait_gone(pid, IDLE_S + CHECK_S + 10)
+    # a cell sent now learns why the session is gone
+    with pytest.raises(NoSession, match="was stopped by its idle watchdog after 5s idle"):
+        session.run("1 + 1")
+    assert manager.get(session.id).state == State.STOPPED
+
+
+def test_remote_side_stops_itself_when_the_notebook_is_killed(gs_home, tmp_path):
+    starter = tmp_path / "starter.py"
+    starter.write_text(textwrap.dedent("""
+        import sys, time
+        from gpusession.session import SessionManager
+        m = SessionManager()
+        s = m.start(m.make_spec("t4", backend="local", idle="5s", name="orphan"))
+        print(s.id, s.record.resource["pid"], s.record.resource["state_dir"], flush=True)
+        time.sleep(3600)
+    """))
+    env = dict(os.environ, GPUSESSION_HOME=str(gs_home))
+    proc = subprocess.Popen([sys.executable, str(starter)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        sid, pid, state_dir = proc.stdout.readline().split()
+        pid = int(pid)
+        assert _alive(pid)
+        proc.send_signal(signal.SIGKILL)  # the notebook's kernel dies; nobody will call stop()
+        proc.wait(10)
+        start = _read(state_dir, "activity.json")["last_activity"]
+        gone = _wait_gone(pid, IDLE_S + 15)
+        assert gone - start <= IDLE_S + CHECK_S + TEARDOWN_SLACK_S
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    from gpusession.session import SessionManager
+
+    m = SessionManager()
+    record = m.get(sid)
+    assert record.state == State.RUNNING  # nobody knows yet ...
+    record = m.refresh_state(sid)  # ... until a process looks (%gpu status, gc, the panel)
+    assert record.state == State.STOPPED and "idle" in record.events[-1].detail
+
+
+def test_max_runtime_stops_a_busy_session(manager):
+    session = manager.start(manager.make_spec("t4", backend="local", idle="off", max_runtime="4s"))
+    pid, state_dir = session.record.resource["pid"], session.record.resource["state_dir"]
+    with pytest.raises(NoSession, match="max-runtime limit after"):
+        session.run("import time\ntime.sleep(30)")
+    assert not _alive(pid)
+    assert _read(state_dir, "stopped.json")["reason"].startswith("max-runtime: after")
+
+
+def test_keepalive_postpones_the_stop(manager):
+    session = manager.start(manager.make_spec("t4", backend="local", idle="5s"))
+    pid = session.record.resource["pid"]
+    lines: list[str] = []
+    record = manager.keepalive(session.id, "12s", report=lines.append)
+    assert record.state == State.RUNNING and record.events[-1].detail == "keepalive 12s"
+    assert "idle stop postponed by 12s" in lines[0]
+    time.sleep(IDLE_S + CHECK_S + 2)
+    assert _alive(pid), "stopped despite the keepalive"
+    view = manager.view(manager.get(session.id))
+    assert view["idle"]["timeout_s"] == IDLE_S  # the panel's SessionView carries the countdown
+    session.stats(limit=0)
+    view = manager.view(manager.get(session.id))
+    assert view["idle"]["remaining_s"] is not None and view["idle"]["remaining_s"] <= 12
+    _wait_gone(pid, 12 + CHECK_S + 5)
+    assert manager.refresh_state(session.id).state == State.STOPPED
+
+
+def test_user_stop_keeps_the_agent_summary(manager):
+    session = manager.start(manager.make_spec("t4", backend="local", idle="off"))
+    session.run("y = 2")
+    record = manager.stop(session.id)
+    summary = record.resource["agent_summary"]
+    assert summary["cells"] == 1 and summary["reason"] is None  # asked while it still ran
+    assert record.events[-1].detail.startswith("ran ") and "GPU-hours" in record.events[-1].detail
+
+
+def test_magics_status_watch_keepalive_and_the_watchdog_message(notebook):
+    r = notebook.run("%gpu start --idle 6s --name nb1")
+    assert r.status == "ok", r.text
+    status = notebook.run("%gpu status")
+    assert status.status == "ok", status.text
+    text = status.text
+    assert "nb1: 1 x t4 on local - running" in text
+    assert "no NVIDIA GPU visible" in text
+    assert "CPU " in text and "kernel idle" in text
+    assert "cost $" in text and "idle " in text and "stops in" in text
+    keep = notebook.run("%gpu keepalive 10s")
+    assert "idle stop postponed by 10s" in keep.text, keep.text
+    watch = notebook.run("%gpu watch 2.5")
+    assert watch.status == "ok", watch.text
+    kinds = [k for _, k, _ in watch.outputs]
+    assert kinds.count("display_data") == 1 and kinds.count("update_display_data") >= 1, kinds
+    assert "no NVIDIA GPU visible" in watch.text or any(
+        "no NVIDIA GPU visible" in c["data"]["text/plain"] for _, k, c in watch.outputs if k.endswith("display_data"))
+    # nobody runs a cell now: the warning and the stop still reach the notebook (under the
+    # cell that started the session, where ipykernel puts a background thread's output)
+    said = []
+    deadline = time.time() + 10 + 1 + 4
+    while time.time() < deadline and not any("was stopped" in t for t in said):
+        try:
+            msg = notebook.kc.get_iopub_msg(timeout=0.2)
+        except queue.Empty:
+            continue
+        if msg["msg_type"] == "stream" and "[gpusession]" in msg["content"]["text"]:
+            said.append(msg["content"]["text"])
+    assert any(t.startswith("[gpusession] WARNING: idle for") and "stops in" in t for t in said), said
+    assert any("[gpusession] session nb1 was stopped by its idle watchdog after" in t for t in said), said
+    status = notebook.run("%gpu status nb1")
+    assert "session nb1 was stopped by its idle watchdog after" in status.text, status.text
+    cell = notebook.run("%%gpu\n1 + 1")
+    assert cell.status == "error" and "no GPU session" in cell.text + str(cell.error)

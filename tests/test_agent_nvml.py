@@ -1,0 +1,139 @@
+"""The NVML reader through its one seam: raw values recorded from a driver (tests/data), replayed
+by RecordedNvml; and the real pynvml on this machine, which has no NVIDIA driver."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpusession.agent.nvml import NO_GPU_MESSAGE, NvmlReader, RecordedNvml
+from gpusession.agent.sampler import Sampler
+
+DATA = Path(__file__).parent / "data"
+MiB = 1024**2
+
+
+def reader(name: str) -> NvmlReader:
+    return NvmlReader(RecordedNvml.from_file(DATA / name))
+
+
+def test_two_gpus_in_our_units():
+    r = reader("nvml_two_t4.json")
+    visible, message, gpus = r.read()  # frame 0: both idle
+    assert visible and message is None and r.driver_version == "550.54.15"
+    assert [g["index"] for g in gpus] == [0, 1]
+    assert gpus[0]["utilization"] == 0.0 and gpus[0]["sm_clock"] == 300
+    visible, _, gpus = r.read()  # frame 1: GPU 0 busy
+    g0, g1 = gpus
+    assert g0 == {
+        "index": 0,
+        "name": "Tesla T4",
+        "uuid": "GPU-6f1c2e4a-0b7d-4c8e-9a1f-000000000000",
+        "utilization": 97.0,
+        "memory_used": 10450 * MiB,  # bytes
+        "memory_total": 15360 * MiB,
+        "temperature": 70.0,  # deg C
+        "power_draw": 67.2,  # W from 67200 mW
+        "power_limit": 70.0,
+        "sm_clock": 1590,  # MHz
+        "processes": [{"pid": 424242, "name": "python3", "memory_used": 10440 * MiB}],
+    }
+    # NotSupported fields stay None: no invented numbers
+    assert g1["power_draw"] is None and g1["power_limit"] == 70.0
+    # NVML's "not available" process memory stays None too
+    assert g1["processes"] == [{"pid": 424243, "name": "python3", "memory_used": None}]
+
+
+def test_a_lost_gpu_is_reported_and_the_others_kept():
+    r = reader("nvml_two_t4.json")
+    for _ in range(2):
+        r.read()
+    visible, _, gpus = r.read()  # frame 2: GPU 1 fell off the bus
+    assert visible
+    assert gpus[0]["utilization"] == 2.0
+    assert gpus[1]["index"] == 1 and "GpuIsLost" in gpus[1]["error"]
+    assert gpus[1]["utilization"] is None and gpus[1]["processes"] == []
+
+
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        ("nvml_no_library.json", "LibraryNotFound"),
+        ("nvml_driver_not_loaded.json", "DriverNotLoaded"),
+        ("nvml_zero_devices.json", "0 devices"),
+    ],
+)
+def test_no_gpu_is_said_plainly(name, why):
+    r = reader(name)
+    for _ in range(3):  # and keeps saying it, without retrying nvmlInit every second
+        visible, message, gpus = r.read()
+        assert (visible, gpus) == (False, [])
+        assert message.startswith(NO_GPU_MESSAGE) and why in message
+    if name != "nvml_zero_devices.json":
+        assert r._api.init_calls == 1
+
+
+def test_sampler_keeps_cpu_and_memory_without_a_gpu():
+    s = Sampler(reader("nvml_no_library.json"), history_s=5, interval_s=1)
+    for t in range(8):
+        sample = s.sample(1000.0 + t, kernel_busy=t == 3)
+    assert s.gpus_visible is False and NO_GPU_MESSAGE in s.message
+    assert sample["gpus"] == [] and sample["gpus_visible"] is False
+    assert sample["memory_used"] > 0 and sample["memory_total"] >= sample["memory_used"]
+    assert sample["cpu_percent"] is not None
+    # one hour at 1 Hz in production; 5 samples here
+    assert [x["t"] for x in s.samples()] == [1003.0, 1004.0, 1005.0, 1006.0, 1007.0]
+    assert [x["kernel_busy"] for x in s.samples()][0] is True
+    assert [x["t"] for x in s.samples(since=1005.0)] == [1006.0, 1007.0]
+    assert [x["t"] for x in s.samples(limit=1)] == [1007.0]
+    assert s.samples(limit=0) == []
+
+
+def test_real_pynvml_on_this_machine_without_a_driver():
+    """The real seam: pynvml, imported lazily; no NVIDIA driver here, so no GPU and no crash."""
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("this machine has an NVIDIA driver; scripts/device-check.sh covers it")
+    r = NvmlReader()
+    visible, message, gpus = r.read()
+    assert visible is False and gpus == []
+    assert message.startswith(NO_GPU_MESSAGE), message
+
+
+def test_importing_the_agent_does_not_touch_nvml():
+    code = "import sys, gpusession.agent.service, gpusession.agent.runtime; print('pynvml' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_sample_command_prints_json(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "gpusession.agent", "sample", "--count", "2", "--interval", "0.1",
+         "--recorded", str(DATA / "nvml_two_t4.json")],
+        capture_output=True, text=True, check=True, timeout=60,
+    )
+    doc = json.loads(out.stdout)
+    assert doc["gpus_visible"] is True and doc["driver_version"] == "550.54.15"
+    assert [s["gpus"][0]["utilization"] for s in doc["samples"]] == [0.0, 97.0]
+    assert doc["sample_ms"]["mean"] >= 0
+    real = subprocess.run([sys.executable, "-m", "gpusession.agent", "sample"], capture_output=True, text=True,
+                          check=True, timeout=60, env=dict(os.environ))
+    doc = json.loads(real.stdout)
+    if not Path("/dev/nvidiactl").exists():
+        assert doc["gpus_visible"] is False and doc["message"].startswith(NO_GPU_MESSAGE)
+        assert doc["samples"][0]["memory_used"] > 0
+
+
+def test_nvml_record_writes_the_replay_format():
+    out = subprocess.run([sys.executable, "-m", "gpusession.agent", "nvml-record"], capture_output=True, text=True,
+                         check=True, timeout=60)
+    doc = json.loads(out.stdout)
+    assert set(doc) >= {"driver_version", "init_error", "frames"}
+    replay = NvmlReader(RecordedNvml(doc))
+    visible, message, _ = replay.read()
+    if doc["init_error"]:
+        assert not visible and doc["init_error"].replace("NVMLError_", "") in message

@@ -1,0 +1,134 @@
+"""The aws backend end to end: our code against a local EC2 API (moto's server), with each
+instance's network side played by tests/support/ec2_platform.py in the gpus-ec2 network
+namespace (sshd + Docker, scripts/ci-ec2-host.sh). Needs root and a Docker engine with the
+product image (scripts/ci-host-setup.sh); skipped otherwise."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from gpusession.errors import StageError
+from gpusession.kernel import OutputSink
+from gpusession.models import State
+from support.ec2 import leftovers
+from support.ec2_platform import MACHINE_IP, FakePlatform, ensure_ec2_host
+from support.hosts import product_image
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytest_plugins = ["support.ec2_fixtures"]  # fixtures: moto_server, ec2_api, aws_env, look
+NOTHING = {"instances": [], "key_pairs": [], "security_groups": []}
+
+
+class Collect(OutputSink):
+    def __init__(self):
+        self.text = ""
+
+    def stream(self, name, text):
+        self.text += text
+
+    def display(self, data, metadata, transient=None, update=False):
+        self.text += data.get("text/plain", "")
+
+
+@pytest.fixture(scope="module")
+def ec2_host():
+    why = ensure_ec2_host()
+    if why:
+        pytest.skip(why)
+
+
+@pytest.fixture
+def platform(ec2_host, aws_env, moto_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUSESSION_AWS_ADDRESS_MAP", f"*={MACHINE_IP}")
+    p = FakePlatform(moto_server.url, tmp_path / "platform")
+    yield p
+    p.close()
+
+
+def spec_for(manager, **options):
+    options.setdefault("idle", "5m")
+    return manager.make_spec("t4", backend="aws", image=product_image(), ssh_cidr="10.201.0.1/32",
+                             boot_timeout=120, **options)
+
+
+def let_go(session) -> None:
+    """Close this process's connection to a session that ended remotely (the manager keeps it)."""
+    session.kernel.close()
+    session.link.close()
+
+
+def instance_state(look, record) -> str:
+    iid = record.resource["instance_id"]
+    return look.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]["Name"]
+
+
+def test_start_run_idle_stop_terminates_instance_then_gc_cleans(manager, platform, look):
+    lines: list[str] = []
+    t0 = time.monotonic()
+    session = manager.start(spec_for(manager, idle="5s"), report=lines.append)
+    started_s = time.monotonic() - t0
+    record = session.record
+    assert record.state == State.RUNNING
+    for stage in ("provision: image ami-", "provision: launching g4dn.xlarge on-demand", "connect: waiting for the instance's sshd",
+                  "connect: opening the SSH tunnel", "running: session"):
+        assert any(stage in line for line in lines), (stage, lines)
+    out = Collect()
+    reply = session.run("import os; print(os.environ['GPUSESSION_SESSION_ID'], os.environ.get('NVIDIA_VISIBLE_DEVICES')); 6 * 7", sink=out)
+    assert reply["status"] == "ok"
+    assert f"{record.id} all" in out.text and "42" in out.text  # in the container, with every GPU requested
+    # nothing runs now: after 5 s idle the agent stops, the boot script powers off, EC2 terminates
+    platform.wait_for(lambda: instance_state(look, record) == "terminated", timeout=90)
+    idle_s = time.monotonic() - t0 - started_s
+    assert any("shutdown behavior terminate" in e for e in platform.events), platform.events
+    console = platform.console_text(record.resource["instance_id"])
+    assert "GPUSESSION_STOPPED idle" in console and "GPUSESSION_POWEROFF" in console, console
+    assert not manager.backend("aws").is_alive(manager.get(record.id))
+    actions = manager.gc()
+    assert any(f"recorded {record.name} as stopped" in a for a in actions), actions
+    assert manager.get(record.id).state == State.STOPPED
+    assert leftovers(look) == NOTHING
+    let_go(session)
+    print(f"start {started_s:.1f}s, idle stop to terminated {idle_s:.1f}s")
+
+
+def test_stop_terminates_and_removes_key_pair_and_group(manager, platform, look):
+    session = manager.start(spec_for(manager))
+    assert session.run("1 + 1", sink=Collect())["status"] == "ok"
+    record = manager.stop(session.id)
+    assert record.state == State.STOPPED
+    assert instance_state(look, record) == "terminated"
+    assert leftovers(look) == NOTHING
+    platform.wait_for(lambda: not platform.machines, timeout=30)
+
+
+def test_spot_interruption_notice_warns_and_marks_the_session(manager, platform, look, caplog):
+    caplog.set_level(logging.WARNING, logger="gpusession")
+    session = manager.start(spec_for(manager, spot=True))
+    record = session.record
+    assert record.resource["market"] == "spot"
+    notice = platform.interrupt()
+    platform.wait_for(lambda: manager.get(record.id).resource.get("interrupted"), timeout=30)
+    record = manager.get(record.id)
+    assert record.resource["interrupted"]["notice"] == notice
+    assert any("spot interruption notice" in e.detail for e in record.events)
+    assert any("spot interruption notice" in r.getMessage() for r in caplog.records)
+    look.terminate_instances(InstanceIds=[record.resource["instance_id"]])  # AWS reclaims it
+    platform.wait_for(lambda: not manager.backend("aws").is_alive(manager.get(record.id)), timeout=30)
+    manager.gc()
+    record = manager.get(record.id)
+    assert record.state == State.STOPPED
+    assert "spot-interruption" in record.events[-1].detail
+    assert leftovers(look) == NOTHING
+    let_go(session)
+
+
+def test_wrong_host_key_is_refused_and_everything_removed(manager, platform, look):
+    platform.tamper_host_key = True
+    with pytest.raises(StageError) as err:
+        manager.start(spec_for(manager))
+    assert err.value.stage == "connect"
+    assert "host key" in str(err.value) and "refusing" in str(err.value)
+    assert leftovers(look) == NOTHING

@@ -1,0 +1,278 @@
+"""The aws backend against a local EC2 API (moto's server), through the backend's one seam
+(GPUSESSION_AWS_ENDPOINT_URL). These tests need no Docker: the instances' network side is absent
+(their address maps to a closed port), so they cover provisioning, faults, teardown and gc."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpusession.errors import BackendUnavailable, BadInput, StageError
+from gpusession.models import State
+from gpusession.progress import Progress
+from support.ec2 import Fault, leftovers
+
+CIDR = "10.201.0.1/32"
+pytest_plugins = ["support.ec2_fixtures"]  # fixtures: moto_server, ec2_api, aws_env, look
+NOTHING = {"instances": [], "key_pairs": [], "security_groups": []}
+
+
+def spec_for(manager, gpu="t4", **options):
+    options.setdefault("ssh_cidr", CIDR)
+    options.setdefault("boot_timeout", 3)
+    return manager.make_spec(gpu, backend="aws", idle="5s", **options)
+
+
+def provision(manager, spec):
+    """Record a session and run the backend's provision step (what start does before connecting)."""
+    record = manager.create(spec)
+    manager.store.transition(record.id, State.PROVISIONING)
+    backend = manager.backend("aws")
+    lines: list[str] = []
+    with Progress(lines.append).stage("provision"):
+        backend.provision(manager.store.get(record.id), Progress(lines.append))
+    return manager.store.get(record.id), lines
+
+
+def instance_of(look, record) -> dict:
+    return look.describe_instances(InstanceIds=[record.resource["instance_id"]])["Reservations"][0]["Instances"][0]
+
+
+def user_data_of(look, record) -> dict:
+    raw = look.describe_instance_attribute(InstanceId=record.resource["instance_id"], Attribute="userData")
+    text = base64.b64decode(raw["UserData"]["Value"]).decode()
+    assert text.startswith("#cloud-config\n")
+    import yaml  # what cloud-init reads it with
+
+    return yaml.safe_load(text)
+
+
+def test_import_needs_no_boto3():
+    code = (
+        "import sys; sys.modules['boto3'] = None; sys.modules['botocore'] = None\n"
+        "import gpusession, gpusession.session\n"
+        "from gpusession.backends import load_backend_class\n"
+        "from gpusession.config import GpuSessionConfig\n"
+        "from gpusession.store import Store\n"
+        "import tempfile, pathlib\n"
+        "cls = load_backend_class('aws')\n"
+        "d = pathlib.Path(tempfile.mkdtemp())\n"
+        "b = cls(GpuSessionConfig(data_dir=str(d)), Store(d / 's.sqlite3'))\n"
+        "from gpusession.models import LaunchSpec\n"
+        "try:\n"
+        "    b.check(LaunchSpec('t4', backend='aws'))\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "BackendUnavailable" in out.stdout and "pip install 'gpusession[aws]'" in out.stdout
+
+
+def test_provision_on_demand_makes_tagged_locked_down_instance(manager, aws_env, look):
+    record, lines = provision(manager, spec_for(manager, "t4"))
+    res = record.resource
+    inst = instance_of(look, record)
+    assert inst["InstanceType"] == "g4dn.xlarge" and inst["State"]["Name"] == "running"
+    assert inst.get("InstanceLifecycle") != "spot"
+    tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
+    assert tags["gpusession:session"] == record.id
+    assert tags["gpusession:owner"] == record.owner
+    assert tags["Name"] == f"gpusession-{record.name}"
+    behavior = look.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="instanceInitiatedShutdownBehavior")
+    assert behavior["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+    assert inst["MetadataOptions"]["HttpTokens"] == "required" and inst["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    assert inst["KeyName"] == res["key_name"] == f"gpusession-{record.id}"
+    # the image came from an SSM public parameter (moto has the ECS GPU one, not the DLAMI one)
+    assert any("image ami-" in line and "SSM /aws/service/" in line for line in lines), lines
+    assert inst["ImageId"] == res["ami"]
+    # security group: ssh from the given range only
+    group = look.describe_security_groups(GroupIds=[res["security_group"]])["SecurityGroups"][0]
+    assert [(p["IpProtocol"], p["FromPort"], p["ToPort"], [r["CidrIp"] for r in p["IpRanges"]])
+            for p in group["IpPermissions"]] == [("tcp", 22, 22, [CIDR])]
+    assert {t["Key"]: t["Value"] for t in group["Tags"]}["gpusession:session"] == record.id
+    # key pair: our own key, imported
+    pair = look.describe_key_pairs(KeyNames=[res["key_name"]])["KeyPairs"][0]
+    assert pair["KeyType"] == "ed25519"
+    # user data: host keys we made, the restricted login, the container command
+    cfg = user_data_of(look, record)
+    assert cfg["ssh_keys"]["ed25519_public"] == res["instance_host_key"]
+    user = cfg["users"][1]
+    assert user["name"] == "gpusession"
+    assert user["ssh_authorized_keys"][0].startswith('restrict,port-forwarding,permitopen="127.0.0.1:2222" ssh-ed25519 ')
+    files = {f["path"]: f for f in cfg["write_files"]}
+    folder = f"/var/lib/gpusession/{record.id}"
+    assert files[f"{folder}/container-ssh/ssh_host_ed25519_key.pub"]["content"].strip() == res["container_host_key"]
+    assert files[f"{folder}/container-ssh/ssh_host_ed25519_key"]["permissions"] == "0600"
+    script = files[f"{folder}/session.sh"]["content"]
+    for part in ("--gpus all", "-p 127.0.0.1:2222:22", "--idle 5", "--price-per-hour 0.526", "poweroff",
+                 f"gpusession.session={record.id}"):
+        assert part in script, part
+    assert "watch_spot &" not in script  # on-demand: no interruption watch
+    subprocess.run(["sh", "-n"], input=script, text=True, check=True)  # valid shell
+    assert record.price_per_hour == 0.526  # the catalog's on-demand price of the whole instance
+
+    manager.backend("aws").stop(record)
+    assert leftovers(look) == NOTHING
+    assert look.describe_instances(InstanceIds=[inst["InstanceId"]])["Reservations"][0]["Instances"][0]["State"]["Name"] == "terminated"
+    assert not (manager.config.data_path / "keys" / record.id).exists()
+
+
+def test_spot_price_is_the_current_spot_price(manager, aws_env, look):
+    history = look.describe_spot_price_history(InstanceTypes=["g5.xlarge"], ProductDescriptions=["Linux/UNIX"])
+    cheapest = min(float(h["SpotPrice"]) for h in history["SpotPriceHistory"])
+    record, _ = provision(manager, spec_for(manager, "a10g", spot=True))
+    assert record.price_per_hour == pytest.approx(cheapest)
+    assert record.price_per_hour != manager.catalog.get("a10g").instance_for(1).spot  # not the catalog guess
+    inst = instance_of(look, record)
+    assert inst["InstanceLifecycle"] == "spot"
+    assert record.resource["market"] == "spot" and record.resource["price_per_hour"] == pytest.approx(cheapest)
+    run = [p for a, p in aws_env.calls if a == "RunInstances"][-1]
+    assert run["InstanceMarketOptions.MarketType"] == "spot"
+    assert float(run["InstanceMarketOptions.SpotOptions.MaxPrice"]) == pytest.approx(1.006)  # on-demand cap
+    cfg = user_data_of(look, record)
+    script = {f["path"]: f for f in cfg["write_files"]}[f"/var/lib/gpusession/{record.id}/session.sh"]["content"]
+    assert "watch_spot &" in script and f"--price-per-hour {cheapest:g}" in script
+    assert manager.view(record)["spot"] is True and manager.view(record)["price_per_hour"] == pytest.approx(cheapest)
+    manager.backend("aws").stop(record)
+    assert leftovers(look) == NOTHING
+
+
+def test_spot_price_falls_back_to_catalog_when_aws_has_none(manager, aws_env, look):
+    aws_env.faults.append(Fault("DescribeSpotPriceHistory", "UnauthorizedOperation", "not allowed"))
+    spec = spec_for(manager, "a10g", spot=True)
+    assert manager.backend("aws").price_per_hour(spec, manager.catalog) == 0.44
+
+
+def test_spot_capacity_falls_back_to_on_demand_when_allowed(manager, aws_env, look):
+    aws_env.faults.append(Fault("RunInstances", "InsufficientInstanceCapacity",
+                                "We currently do not have sufficient g4dn.xlarge capacity",
+                                when={"InstanceMarketOptions.MarketType": "spot"}))
+    record, lines = provision(manager, spec_for(manager, "t4", spot=True, fallback="on-demand"))
+    inst = instance_of(look, record)
+    assert inst.get("InstanceLifecycle") != "spot"
+    assert record.resource["market"] == "on-demand" and record.resource["price_per_hour"] == 0.526
+    assert any("fell back to g4dn.xlarge on-demand" in line for line in lines), lines
+    assert any("capacity fallback" in e.detail and "InsufficientInstanceCapacity" in e.detail for e in record.events)
+    manager.backend("aws").stop(record)
+
+
+def test_capacity_falls_back_to_another_zone_when_allowed(manager, aws_env, look):
+    subnets = look.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+    first = min(subnets, key=lambda s: s["AvailabilityZone"])
+    aws_env.faults.append(Fault("RunInstances", "InsufficientInstanceCapacity", "no capacity in this zone",
+                                when={"NetworkInterface.1.SubnetId": first["SubnetId"]}))
+    record, _ = provision(manager, spec_for(manager, "t4", fallback="zone"))
+    assert record.resource["zone"] != first["AvailabilityZone"]
+    assert instance_of(look, record)["Placement"]["AvailabilityZone"] == record.resource["zone"]
+    manager.backend("aws").stop(record)
+
+
+def test_capacity_error_without_fallback_fails_clearly_and_leaves_nothing(manager, aws_env, look):
+    aws_env.faults.append(Fault("RunInstances", "InsufficientInstanceCapacity",
+                                "We currently do not have sufficient g4dn.xlarge capacity in the AZ you requested"))
+    with pytest.raises(StageError) as err:
+        manager.start(spec_for(manager, "t4", spot=True))
+    assert err.value.stage == "provision"
+    assert "no g4dn.xlarge could be launched in us-east-1" in str(err.value)
+    assert "InsufficientInstanceCapacity" in str(err.value) and "fallback=any" in str(err.value)
+    record = manager.list()[0]
+    assert record.state == State.FAILED and "provision" in record.error
+    assert leftovers(look) == NOTHING
+
+
+def test_quota_error_names_the_quota_and_leaves_nothing(manager, aws_env, look):
+    aws_env.faults.append(Fault("RunInstances", "VcpuLimitExceeded",
+                                "You have requested more vCPU capacity than your current vCPU limit of 0 allows"))
+    with pytest.raises(StageError) as err:
+        manager.start(spec_for(manager, "t4"))
+    assert err.value.stage == "provision"
+    assert "quota is too low" in str(err.value) and "L-DB2E81BA" in str(err.value)
+    assert leftovers(look) == NOTHING
+
+
+def test_unreachable_instance_times_out_naming_the_stage_and_leaves_nothing(manager, aws_env, look):
+    t0 = time.monotonic()
+    with pytest.raises(StageError) as err:
+        manager.start(spec_for(manager, "t4", boot_timeout=2))
+    assert err.value.stage == "connect"
+    assert "timed out" in str(err.value) and "instance's sshd" in str(err.value)
+    assert time.monotonic() - t0 < 60
+    record = manager.list()[0]
+    assert record.state == State.FAILED and record.error.startswith("connect:")
+    assert leftovers(look) == NOTHING
+
+
+def test_unknown_region_is_refused_before_anything_is_asked(manager, aws_env):
+    with pytest.raises(BadInput) as err:
+        manager.start(spec_for(manager, "t4", region="mars-east-1"))
+    assert "unknown AWS region 'mars-east-1'" in str(err.value) and "us-east-1" in str(err.value)
+    assert aws_env.calls == [] and manager.list() == []
+
+
+def test_bad_credentials_are_refused_before_anything_is_recorded(manager, aws_env, look, monkeypatch):
+    from support.ec2 import MotoServer
+
+    strict = MotoServer(env={"INITIAL_NO_AUTH_ACTION_COUNT": "0"})  # moto checks keys like IAM does
+    try:
+        monkeypatch.setenv("GPUSESSION_AWS_ENDPOINT_URL", strict.url)
+        with pytest.raises(BackendUnavailable) as err:
+            manager.start(spec_for(manager, "t4"))
+    finally:
+        strict.close()
+    assert "AWS refused the credentials" in str(err.value) and "AuthFailure" in str(err.value)
+    assert manager.list() == []
+
+
+def test_credentials_rejected_midway_clean_up_what_was_made(manager, aws_env, look):
+    aws_env.faults.append(Fault("CreateSecurityGroup", "UnauthorizedOperation",
+                                "You are not authorized to perform this operation."))
+    with pytest.raises(StageError) as err:
+        manager.start(spec_for(manager, "t4"))
+    assert err.value.stage == "provision" and "AWS refused the credentials" in str(err.value)
+    assert "ImportKeyPair" in aws_env.actions() and "DeleteKeyPair" in aws_env.actions()
+    assert leftovers(look) == NOTHING
+
+
+def test_no_credentials_at_all(manager, aws_env, monkeypatch):
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(BackendUnavailable) as err:
+        manager.start(spec_for(manager, "t4"))
+    assert "no AWS credentials found" in str(err.value) and "aws sso login" in str(err.value)
+
+
+def test_gc_removes_what_a_dead_process_left(manager, aws_env, look):
+    spec = spec_for(manager, "t4")
+    backend = manager.backend("aws")
+    record = manager.store.create(spec, price_per_hour=0.526, owner="someone@" + __import__("socket").gethostname() + ":999999999")
+    manager.store.transition(record.id, State.PROVISIONING)
+    backend.provision(manager.store.get(record.id), Progress())
+    assert leftovers(look)["instances"]
+    resources = backend.list_resources()
+    assert [r.session_id for r in resources] == [record.id]
+    assert resources[0].running and "key pair" in resources[0].description and "security group" in resources[0].description
+    actions = manager.gc()
+    assert any("left provisioning by a dead process" in a for a in actions), actions
+    assert leftovers(look) == NOTHING
+    assert manager.get(record.id).state == State.FAILED
+
+
+def test_gc_removes_resources_of_a_stopped_session(manager, aws_env, look):
+    record, _ = provision(manager, spec_for(manager, "t4"))
+    manager.store.transition(record.id, State.STOPPED, "recorded stopped, but the instance stayed")
+    actions = manager.gc(dry_run=True)
+    assert any(a.startswith("would remove EC2 instance") for a in actions), actions
+    assert leftovers(look)["instances"]
+    actions = manager.gc()
+    assert any(a.startswith("removed EC2 instance") and "is stopped" in a for a in actions), actions
+    assert leftovers(look) == NOTHING
+
+
+def test_gc_asks_aws_nothing_without_aws_sessions(manager, aws_env):
+    assert manager.backend("aws").list_resources() == []
+    assert aws_env.calls == []

@@ -1,0 +1,88 @@
+"""Cost: one formula for the store's numbers and the agent's live meter; the cost cap and its
+80% warning with an injected clock; what the agent is told about a session's price."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusession.agent.idle import ActivityTracker, StopPolicy
+from gpusession.agent.runtime import build_parser
+from gpusession.agent.service import args_for
+from gpusession.cost import MINIMUM_BILLED_S, billing_started_at, cost_for_seconds, cost_of, seconds_until_cost
+from gpusession.models import Event, LaunchSpec, SessionRecord, State
+
+T0 = 1_700_000_000.0
+
+
+def build_policy_args(args: list[str]):
+    """What the runtime's parser makes of them."""
+    return build_parser().parse_args(["run", "--session-id", "abc", "--state-dir", "/tmp/x", *args])
+
+
+def record(events: list[tuple[State, float]], price: float = 3.6, **spec) -> SessionRecord:
+    return SessionRecord(
+        id="abc",
+        name="t4-1",
+        spec=LaunchSpec(gpu_type="t4", **spec),
+        state=events[-1][0],
+        created_at=events[0][1],
+        updated_at=events[-1][1],
+        owner="me@here:1",
+        price_per_hour=price,
+        events=[Event("abc", s, t) for s, t in events],
+    )
+
+
+def test_per_second_with_a_one_minute_minimum():
+    assert cost_for_seconds(3.6, 0) == 0.0
+    assert cost_for_seconds(3.6, 1) == pytest.approx(3.6 * MINIMUM_BILLED_S / 3600)  # the minute minimum
+    assert cost_for_seconds(3.6, 61) == pytest.approx(0.061)
+    assert cost_for_seconds(0.0, 10_000) == 0.0
+
+
+def test_store_numbers_use_the_same_formula():
+    r = record([(State.REQUESTED, T0), (State.PROVISIONING, T0 + 1), (State.RUNNING, T0 + 31),
+                (State.STOPPED, T0 + 1801)])
+    assert billing_started_at(r) == T0 + 1
+    assert cost_of(r) == pytest.approx(cost_for_seconds(3.6, 1800)) == pytest.approx(1.8)
+
+
+def test_live_meter_counts_from_billing_start():
+    tr = ActivityTracker(StopPolicy(price_per_hour=3.6, idle_timeout_s=None), billed_since=T0)
+    assert tr.evaluate(T0 + 10).cost["so_far"] == pytest.approx(0.06)  # minimum minute
+    c = tr.evaluate(T0 + 1800).cost
+    assert c["so_far"] == pytest.approx(1.8) and c["billed_s"] == 1800 and c["price_per_hour"] == 3.6
+
+
+def test_max_cost_warns_at_80_percent_and_stops_at_the_cap():
+    tr = ActivityTracker(StopPolicy(price_per_hour=3.6, max_cost=5.0, idle_timeout_s=None), billed_since=T0)
+    # $5 at $3.60/h is 5000 s; 80% ($4) at 4000 s
+    assert tr.evaluate(T0 + 3999).cost["warning"] is None
+    v = tr.evaluate(T0 + 4000)
+    assert v.stop_reason is None
+    assert "spent $4.00 of the $5.00 cap" in v.cost["warning"] and "in about 16m40s" in v.cost["warning"]
+    assert v.cost["remaining_s"] == pytest.approx(1000)
+    assert v.warnings == [v.cost["warning"]]
+    assert tr.evaluate(T0 + 4999).stop_reason is None
+    v = tr.evaluate(T0 + 5000)
+    assert v.stop_reason == "max-cost: spent $5.00 of the $5.00 cap"
+    assert seconds_until_cost(0.0, 5.0, 100) is None  # free sessions never reach a cap
+
+
+def test_the_cap_wins_over_idle_and_runtime_when_several_fire():
+    tr = ActivityTracker(StopPolicy(price_per_hour=36.0, max_cost=1.0, max_runtime_s=60, idle_timeout_s=60),
+                         billed_since=T0)
+    assert tr.evaluate(T0 + 100).stop_reason.startswith("max-cost:")
+
+
+def test_args_for_carries_price_billing_start_and_limits():
+    r = record([(State.REQUESTED, T0), (State.PROVISIONING, T0 + 2.5)], price=0.526,
+               idle_timeout_s=300.0, max_cost=5.0, max_runtime_s=8 * 3600.0, gpu_only_idle=True, gpu_count=2)
+    args = args_for(r)
+    assert all(" " not in a for a in args), "words only: the container entrypoint splits on spaces"
+    ns = build_policy_args(args)
+    assert ns.idle == 300 and ns.price_per_hour == 0.526 and ns.billed_since == T0 + 2.5
+    assert ns.max_cost == 5.0 and ns.max_runtime == 8 * 3600 and ns.gpu_only and ns.gpu_count == 2
+    off = args_for(record([(State.REQUESTED, T0)], idle_timeout_s=None))
+    ns = build_policy_args(off)
+    assert ns.idle is None and ns.max_cost is None and ns.billed_since is None and not ns.gpu_only

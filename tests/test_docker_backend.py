@@ -1,0 +1,375 @@
+"""The docker backend on a real engine (scripts/ci-host-setup.sh): real containers from the product
+image, real sshd inside, real kernels, the real tunnel; and the same through ssh:// to the
+namespace host (scripts/ci-remote-host.sh)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from gpusession.errors import StageError
+from gpusession.models import State
+from gpusession.store import Store
+from support.hosts import docker_available, ensure_remote_host, product_image, ssh_home
+
+LABEL = "gpusession.session"
+ENGINE = docker_available()
+
+
+def engine_test(fn):
+    """Needs this machine's real Docker engine."""
+    fn = pytest.mark.skipif(not ENGINE, reason="no Docker engine answers (run scripts/ci-host-setup.sh)")(fn)
+    return pytest.mark.docker(fn)
+
+
+def test_without_the_docker_sdk_gpusession_imports_and_says_how_to_install(tmp_path):
+    code = (
+        "import sys; sys.modules['docker'] = None\n"  # as if it were not installed
+        "import gpusession, gpusession.session\n"
+        "from gpusession.backends.docker import DockerBackend\n"
+        "from gpusession.session import SessionManager\n"
+        "assert DockerBackend.engine_available() is False\n"
+        "m = SessionManager()\n"
+        "try:\n"
+        "    m.create(m.make_spec('t4', backend='docker'))\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    env = dict(os.environ, GPUSESSION_HOME=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "BackendUnavailable the docker backend needs the Docker SDK for Python: pip install 'docker>=7.1'"
+
+
+@pytest.fixture
+def engine():
+    import docker
+
+    client = docker.from_env()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def docker_env(nb_env, monkeypatch) -> dict[str, str]:
+    monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
+    nb_env["GPUSESSION_IMAGE"] = product_image()
+    return nb_env
+
+
+def _store(env) -> Store:
+    return Store(Path(env["GPUSESSION_HOME"]) / "sessions.sqlite3")
+
+
+def _ours(client, session_id: str | None = None) -> list:
+    label = f"{LABEL}={session_id}" if session_id else LABEL
+    return client.containers.list(all=True, ignore_removed=True, filters={"label": label})
+
+
+@engine_test
+def test_notebook_runs_cells_in_a_gpu_container(docker_env, engine, tmp_path):
+    from support.notebook_kernel import NotebookKernel
+
+    nk = NotebookKernel(docker_env, cwd=str(tmp_path))
+    try:
+        assert nk.run("%load_ext gpusession").status == "ok"
+        start = nk.run("%gpu start --backend docker --type t4 --idle off --name box")
+        assert start.status == "ok", start.text
+        assert "running: session box is ready" in start.text
+        record = _store(docker_env).get("box")
+        (container,) = _ours(engine, record.id)
+
+        cell = nk.run("%%gpu\nimport os, socket\nprint(socket.gethostname(), os.environ['NVIDIA_VISIBLE_DEVICES'])")
+        assert cell.status == "ok", cell.text
+        assert cell.text.split() == [container.short_id, "all"]
+
+        # outputs stream: the first line arrives long before the cell ends
+        loop = nk.run("%%gpu\nimport time\nfor i in range(4):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.5)")
+        assert loop.status == "ok" and all(f"tick {i}" in loop.text for i in range(4))
+        assert loop.stream_times("tick 0")[0] < (loop.replied_at - loop.sent_at) - 1.0
+
+        # what the container carries: labels for gc, a GPU request, only sshd published, on loopback
+        assert container.labels["gpusession.type"] == "t4:1"
+        assert container.labels["gpusession.owner"] == record.owner
+        assert float(container.labels["gpusession.started"]) <= time.time()
+        assert container.name == f"gpusession-box-{record.id[:8]}"
+        host_config = container.attrs["HostConfig"]
+        assert host_config["Init"] is True
+        assert host_config["DeviceRequests"][0]["Capabilities"] == [["gpu"]]
+        assert host_config["PortBindings"] == {"22/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]}
+        key_path = Path(record.resource["key_path"])
+        assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
+        assert record.resource["host_key"].startswith("ssh-ed25519 ")
+
+        stop = nk.run("%gpu stop")
+        assert stop.status == "ok", stop.text
+        assert _ours(engine, record.id) == []
+        assert not key_path.exists()
+        assert _store(docker_env).get("box").state == State.STOPPED
+    finally:
+        nk.close()
+
+
+@engine_test
+def test_notebook_on_a_remote_engine_over_ssh(docker_env, tmp_path, monkeypatch):
+    """nbclient runs a notebook whose session is on the namespace host, through ssh://."""
+    import docker
+    from nbclient import NotebookClient
+
+    remote = ensure_remote_host()
+    if remote is None:
+        pytest.skip("the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)")
+    home = ssh_home(remote, tmp_path / "home")
+    env = dict(docker_env, HOME=home)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("%load_ext gpusession"),
+        nbformat.v4.new_code_cell(f"%gpu start --backend docker --host {remote['url']} --type t4 --idle off --name far"),
+        nbformat.v4.new_code_cell("%%gpu\nimport os, socket\nprint(socket.gethostname(), os.environ['NVIDIA_VISIBLE_DEVICES'])"),
+        nbformat.v4.new_code_cell("%gpu stop"),
+    ]
+    # nbclient starts the kernel with this process's environment
+    for key in ("HOME", "GPUSESSION_HOME", "GPUSESSION_IMAGE"):
+        monkeypatch.setenv(key, env[key])
+    NotebookClient(nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(tmp_path)}}).execute()
+
+    text = ["".join(o.get("text", "") for o in c.outputs) for c in nb.cells]
+    assert "running: session far is ready" in text[1]
+    hostname, devices = text[2].split()
+    assert devices == "all"
+    record = _store(env).get("far")
+    assert record.resource["container_id"].startswith(hostname)
+    assert record.state == State.STOPPED
+    far = docker.DockerClient(base_url=remote["docker_host_env"])
+    try:
+        assert _ours(far, record.id) == []
+    finally:
+        far.close()
+
+
+@engine_test
+def test_cut_tunnel_keeps_the_kernel_and_its_variables(docker_env, engine, tmp_path):
+    from support.notebook_kernel import NotebookKernel
+
+    nk = NotebookKernel(docker_env, cwd=str(tmp_path))
+    try:
+        assert nk.run("%load_ext gpusession").status == "ok"
+        assert nk.run("%gpu start --backend docker --idle off --name blip").status == "ok"
+        assert nk.run("%%gpu\nimport os\nanswer = 42\nkernel_pid = os.getpid()").status == "ok"
+        store = _store(docker_env)
+        record = store.get("blip")
+
+        # a network blip: every TCP connection to the container's published sshd port is killed
+        subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(record.resource["ssh_port"])],
+                       check=True, capture_output=True)
+        deadline = time.monotonic() + 30
+        while not any("tunnel: reconnected" in e.detail for e in store.get("blip").events):
+            assert time.monotonic() < deadline, [e.detail for e in store.get("blip").events]
+            time.sleep(0.1)
+
+        after = nk.run("%%gpu\nprint(answer, kernel_pid == os.getpid())", timeout=60)
+        assert after.status == "ok", after.text
+        assert after.text.split() == ["42", "True"]
+        assert store.get("blip").state == State.RUNNING
+        assert nk.run("%gpu stop").status == "ok"
+        assert _ours(engine, record.id) == []
+    finally:
+        nk.close()
+
+
+STARTER = """
+import sys
+from gpusession.session import SessionManager
+m = SessionManager()
+m.start(m.make_spec("t4", backend="docker", idle="off", name="doomed"))
+print("started: not killed in time", flush=True)
+"""
+
+
+@engine_test
+def test_killed_starter_leaves_nothing_after_gc(docker_env, engine):
+    proc = subprocess.Popen([sys.executable, "-c", STARTER], env=docker_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    store = _store(docker_env)
+    deadline = time.monotonic() + 60
+    try:
+        while True:  # kill it as soon as the container exists, long before the kernel is ready
+            found = [c for c in _ours(engine) if c.labels.get("gpusession.owner", "").endswith(f":{proc.pid}")]
+            if found:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()
+            time.sleep(0.01)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    (container,) = found
+    record = store.get("doomed")
+    assert record.state in (State.PROVISIONING, State.STARTING)
+
+    gc = subprocess.run([sys.executable, "-m", "gpusession", "gc"], env=docker_env,
+                        capture_output=True, text=True, timeout=120)
+    assert gc.returncode == 0, gc.stdout + gc.stderr
+    assert "stopped doomed (left " in gc.stdout and "by a dead process)" in gc.stdout
+    assert _ours(engine, record.id) == []
+    record = store.get("doomed")
+    assert record.state == State.FAILED and "starter" in record.error
+    assert not (Path(docker_env["GPUSESSION_HOME"]) / "keys" / record.id).exists()
+    again = subprocess.run([sys.executable, "-m", "gpusession", "gc"], env=docker_env,
+                           capture_output=True, text=True, timeout=120)
+    assert "nothing to clean up" in again.stdout, again.stdout
+
+
+@engine_test
+def test_gc_removes_its_stores_unknown_containers_and_leaves_other_stores_alone(docker_env, engine, manager):
+    tag = manager.backend("docker").store_tag
+    env = {"GPUSESSION_SESSION_ID": "0" * 32, "GPUSESSION_AUTHORIZED_KEY": "none"}
+    stray = engine.containers.create(product_image(), labels={LABEL: "0" * 32, "gpusession.store": tag}, environment=env)
+    other = engine.containers.create(product_image(), labels={LABEL: "1" * 32, "gpusession.store": "another"},
+                                     environment=env)
+    try:
+        gc = subprocess.run([sys.executable, "-m", "gpusession", "gc"], env=docker_env,
+                            capture_output=True, text=True, timeout=120)
+        assert f"removed container {stray.name}" in gc.stdout and "(unknown to the store)" in gc.stdout, gc.stdout
+        assert other.name not in gc.stdout
+        assert _ours(engine, "0" * 32) == []
+        assert [c.id for c in _ours(engine, "1" * 32)] == [other.id]
+    finally:
+        other.remove(force=True)
+
+
+@engine_test
+def test_idle_watchdog_stop_is_read_from_the_stopped_container(docker_env, manager, engine):
+    session = manager.start(manager.make_spec("t4", backend="docker", idle="3s"))
+    container = engine.containers.get(session.record.resource["container_id"])
+    deadline = time.monotonic() + 60
+    while container.status == "running":  # the container's own watchdog ends it; nobody here
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+        container.reload()
+    assert manager.gc() == [f"recorded {session.name} as stopped (remote side gone)"]
+    record = manager.get(session.id)
+    assert record.state == State.STOPPED
+    assert record.events[-1].detail.startswith("found stopped: idle")
+    assert record.resource["agent_summary"]["reason"].startswith("idle")
+    assert _ours(engine, session.id) == []
+
+
+@engine_test
+def test_another_process_attaches_and_a_changed_container_host_key_is_refused(docker_env, manager, engine, tmp_path):
+    from gpusession.backends.docker_engine import make_session_key
+    from gpusession.session import SessionManager
+
+    session = manager.start(manager.make_spec("t4", backend="docker", idle="off", name="shared"))
+    session.kernel.execute("y = 7", silent=True)
+    other = SessionManager()  # what a second notebook on this machine does: same store, own tunnel
+    attached = other.attach("shared")
+    assert attached.kernel.evaluate("y") == "7"
+    attached.close_connections()
+
+    _, impostor = make_session_key(tmp_path, "impostor")
+    other.store.update_resource(session.id, host_key=impostor)
+    with pytest.raises(StageError) as err:
+        SessionManager().attach("shared")
+    assert err.value.stage == "connect"
+    assert "host key for [127.0.0.1]:" in err.value.message and "changed: refusing to connect" in err.value.message
+    assert "stop this session (`gpusession stop shared`)" in err.value.message
+    assert engine.containers.get(session.record.resource["container_id"]).status == "running", "refusing is no stop"
+    assert session.kernel.evaluate("y") == "7", "the first connection is untouched"
+
+
+# -- faults: a clear error naming the stage, nothing left behind ----------------------------
+
+def _start_fails(manager, **options) -> StageError:
+    spec = manager.make_spec("t4", backend="docker", idle="off", **options)
+    with pytest.raises(StageError) as err:
+        manager.start(spec)
+    (record,) = manager.list()
+    assert record.state == State.FAILED and record.error == str(err.value)
+    return err.value
+
+
+@engine_test
+def test_engine_without_nvidia_runtime_is_an_actionable_error(docker_env, manager, engine):
+    # the device driver name is what differs between a host with and without the NVIDIA runtime
+    err = _start_fails(manager, gpu_driver="no-such-driver")
+    assert err.stage == "provision"
+    assert 'could not select device driver "no-such-driver"' in err.message
+    assert "nvidia-container-toolkit" in err.message and "nvidia-ctk runtime configure --runtime=docker" in err.message
+    assert _ours(engine, manager.list()[0].id) == [], "the Created container must be removed"
+
+
+@engine_test
+def test_missing_image_is_an_actionable_error(docker_env, manager, engine):
+    err = _start_fails(manager, image="gpusession/no-such-image:never")
+    assert err.stage == "image"
+    assert "gpusession/no-such-image:never is not on the Docker engine" in err.message
+    assert "docker build -f Dockerfile.cuda" in err.message
+
+
+@engine_test
+def test_container_that_exits_during_start_shows_its_last_lines(docker_env, manager, engine, tmp_path):
+    # an image whose entrypoint fails: the product image with a broken agent command
+    bad = engine.images.build(
+        fileobj=__import__("io").BytesIO(
+            f"FROM {product_image()}\nENTRYPOINT [\"/bin/sh\", \"-c\", \"echo agent cannot start >&2; exit 3\"]\n".encode()
+        ),
+        tag="gpusession/broken:test", rm=True,
+    )[0]
+    try:
+        err = _start_fails(manager, image="gpusession/broken:test")
+        assert err.stage == "provision"
+        assert "container exited with code 3 during start" in err.message and "agent cannot start" in err.message
+        assert _ours(engine, manager.list()[0].id) == []
+    finally:
+        engine.images.remove(bad.id, force=True)
+
+
+@pytest.fixture
+def remote_home(tmp_path, monkeypatch):
+    remote = ensure_remote_host()
+    if remote is None:
+        pytest.skip("the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)")
+    home = Path(ssh_home(remote, tmp_path / "home"))
+    monkeypatch.setenv("HOME", str(home))
+    return remote, home
+
+
+@engine_test
+def test_remote_engine_with_a_changed_host_key_is_refused(docker_env, manager, remote_home, tmp_path):
+    remote, home = remote_home
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")], check=True)
+    impostor = (tmp_path / "impostor.pub").read_text().split()[:2]
+    (home / ".ssh" / "known_hosts").write_text(f"{remote['address']} {' '.join(impostor)}\n")
+    err = _start_fails(manager, host=remote["url"])
+    assert err.stage == "provision"
+    assert f"host key for {remote['address']} changed: refusing to connect" in err.message
+    assert f"ssh-keygen -R {remote['address']}" in err.message
+
+
+@engine_test
+def test_remote_engine_with_a_wrong_key_is_refused(docker_env, manager, remote_home, tmp_path):
+    remote, home = remote_home
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "wrong")], check=True)
+    config = home / ".ssh" / "config"
+    config.write_text(re.sub(r"IdentityFile .*", f"IdentityFile {tmp_path / 'wrong'}", config.read_text()))
+    err = _start_fails(manager, host=remote["url"])
+    assert err.stage == "provision"
+    assert f"ssh authentication to {remote['url']} failed" in err.message
+
+
+@engine_test
+def test_unreachable_remote_engine(docker_env, manager, remote_home):
+    t0 = time.monotonic()
+    err = _start_fails(manager, host="ssh://root@10.200.0.99")  # in the namespace's subnet, nobody there
+    assert err.stage == "provision"
+    assert "cannot reach the Docker engine ssh://root@10.200.0.99" in err.message
+    assert time.monotonic() - t0 < 90

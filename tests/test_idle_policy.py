@@ -1,0 +1,183 @@
+"""The stop policy with an injected clock and recorded samples: idle, GPU-only, keepalive,
+warnings, max runtime, and the watchdog acting on them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpusession.agent.idle import ActivityTracker, StopPolicy, warning_lead
+from gpusession.agent.nvml import NvmlReader, RecordedNvml
+from gpusession.agent.sampler import Sampler
+from gpusession.agent.watchdog import Watchdog
+
+DATA = Path(__file__).parent / "data"
+T0 = 1_700_000_000.0
+
+
+def run(tracker: ActivityTracker, seconds: int, *, start: float, busy=False, last=None, gpu=(), step=1.0):
+    """Observe once per `step` from start to start+seconds; returns the verdict at the end."""
+    t = start
+    verdict = None
+    while t <= start + seconds:
+        tracker.observe(t, kernel_busy=busy, kernel_last_activity=last, gpu_utils=list(gpu))
+        verdict = tracker.evaluate(t)
+        if verdict.stop_reason:
+            return t, verdict
+        t += step
+    return t - step, verdict
+
+
+def test_idle_kernel_and_gpu_stop_after_the_timeout():
+    tr = ActivityTracker(StopPolicy(idle_timeout_s=600), billed_since=T0)
+    at, verdict = run(tr, 3600, start=T0, last=T0 + 100, gpu=[0.0, 1.0])
+    assert at == T0 + 700  # last activity + timeout
+    assert verdict.stop_reason == "idle: after 10m00s idle (--idle 10m00s)"
+    assert verdict.idle["remaining_s"] == 0
+
+
+def test_busy_cell_with_an_idle_gpu_is_not_idle_by_default():
+    tr = ActivityTracker(StopPolicy(idle_timeout_s=600), billed_since=T0)
+    at, verdict = run(tr, 3600, start=T0, busy=True, last=T0, gpu=[0.0])
+    assert verdict.stop_reason is None and at == T0 + 3600
+    assert verdict.idle["idle_for_s"] == 0
+
+
+def test_busy_cell_with_an_idle_gpu_is_idle_under_gpu_only():
+    tr = ActivityTracker(StopPolicy(idle_timeout_s=600, gpu_only=True), billed_since=T0)
+    at, verdict = run(tr, 3600, start=T0, busy=True, last=T0, gpu=[0.0])
+    assert at == T0 + 600 and verdict.stop_reason.startswith("idle:")
+
+
+def test_gpu_over_the_threshold_keeps_it_alive_even_with_gpu_only():
+    tr = ActivityTracker(StopPolicy(idle_timeout_s=600, gpu_only=True, gpu_threshold=5), billed_since=T0)
+    _, verdict = run(tr, 3600, start=T0, gpu=[0.0, 5.0])  # one of two GPUs at the threshold
+    assert verdict.stop_reason is None
+    # then the GPU drops under the threshold: the timeout counts from the last busy reading
+    at, verdict = run(tr, 3600, start=T0 + 3601, gpu=[4.9, 0.0])
+    assert at == T0 + 3600 + 600 and verdict.stop_reason.startswith("idle:")
+
+
+def test_no_gpu_visible_counts_as_zero_utilization():
+    tr = ActivityTracker(StopPolicy(idle_timeout_s=60), billed_since=T0)
+    at, verdict = run(tr, 600, start=T0, last=T0, gpu=[])
+    assert at == T0 + 60 and verdict.stop_reason
+
+
+def test_the_idle_clock_starts_with_the_agent_not_with_billing():
+    # provisioning took 10 minutes; a 5-minute idle timeout must not fire at once
+    tr = ActivityTracker(StopPolicy(idle_timeout_s=300), billed_since=T0, active_since=T0 + 600)
+    tr.observe(T0 + 601, kernel_busy=False, kernel_last_activity=None, gpu_utils=[])
+    assert tr.evaluate(T0 + 601).stop_reason is None
+    assert tr.evaluate(T0 + 900).stop_reason is not None
+
+
+def test_warning_shows_before_the_stop():
+    assert warning_lead(1800) == 300 and warning_lead(60) == 12
+    tr = ActivityTracker(StopPolicy(idle_timeout_s=1800), billed_since=T0)
+    tr.observe(T0, kernel_busy=False, kernel_last_activity=T0, gpu_utils=[0.0])
+    assert tr.evaluate(T0 + 1499).idle["warning"] is None
+    v = tr.evaluate(T0 + 1500)
+    assert "stops in 5m00s" in v.idle["warning"] and "keepalive" in v.idle["warning"]
+    assert v.warnings == [v.idle["warning"]]
+    assert tr.evaluate(T0 + 1800).stop_reason
+
+
+def test_keepalive_postpones_and_is_capped():
+    tr = ActivityTracker(StopPolicy(idle_timeout_s=600, keepalive_limit_s=4 * 3600), billed_since=T0)
+    tr.observe(T0, kernel_busy=False, kernel_last_activity=T0, gpu_utils=[])
+    granted = tr.keepalive(T0 + 550, 3600)
+    assert granted["granted_s"] == 3600 and not granted["capped"]
+    assert tr.evaluate(T0 + 600).stop_reason is None
+    v = tr.evaluate(T0 + 550 + 3600 - 60)
+    assert v.idle["remaining_s"] == 60 and v.idle["warning"]  # the warning still comes
+    assert tr.evaluate(T0 + 550 + 3600).stop_reason.startswith("idle:")
+    # asking for more than the limit grants the limit
+    tr2 = ActivityTracker(StopPolicy(idle_timeout_s=600, keepalive_limit_s=4 * 3600), billed_since=T0)
+    granted = tr2.keepalive(T0, 24 * 3600)
+    assert granted["capped"] and granted["granted_s"] == 4 * 3600
+    assert tr2.evaluate(T0 + 4 * 3600 - 1).stop_reason is None
+    assert tr2.evaluate(T0 + 4 * 3600).stop_reason
+    # a shorter keepalive does not cut a longer one
+    tr2.keepalive(T0 + 10, 60)
+    assert tr2.keepalive_until == T0 + 4 * 3600
+    with pytest.raises(ValueError):
+        tr2.keepalive(T0, -1)
+
+
+def test_activity_after_a_keepalive_still_counts():
+    tr = ActivityTracker(StopPolicy(idle_timeout_s=600), billed_since=T0)
+    tr.keepalive(T0, 60)
+    tr.observe(T0 + 500, kernel_busy=False, kernel_last_activity=T0 + 500, gpu_utils=[])
+    assert tr.evaluate(T0 + 1099).stop_reason is None
+    assert tr.evaluate(T0 + 1100).stop_reason
+
+
+def test_idle_off_never_stops_for_idleness():
+    tr = ActivityTracker(StopPolicy(idle_timeout_s=None), billed_since=T0)
+    _, verdict = run(tr, 48 * 3600, start=T0, gpu=[0.0], step=600)
+    assert verdict.stop_reason is None and verdict.idle["remaining_s"] is None
+
+
+def test_max_runtime_is_hard():
+    tr = ActivityTracker(StopPolicy(idle_timeout_s=None, max_runtime_s=3600), billed_since=T0)
+    tr.keepalive(T0, 10_000)  # a keepalive postpones only the idle stop
+    at, verdict = run(tr, 7200, start=T0, busy=True, gpu=[100.0], step=10)
+    assert at == T0 + 3600
+    assert verdict.stop_reason == "max-runtime: after 1h00m (--max-runtime 1h00m)"
+    v = tr.evaluate(T0 + 3600 - 299)
+    assert v.runtime["warning"] and "max runtime" in v.runtime["warning"]
+
+
+def test_idle_minutes_and_mean_utilization_in_the_summary():
+    tr = ActivityTracker(StopPolicy(idle_timeout_s=None, price_per_hour=3.6), billed_since=T0)
+    for i in range(60):  # a busy minute, GPUs at 90% and 10% (mean 50)
+        tr.observe(T0 + i, kernel_busy=True, kernel_last_activity=T0, gpu_utils=[90.0, 10.0])
+    for i in range(60, 180):  # two idle minutes, GPUs at 0
+        tr.observe(T0 + i, kernel_busy=False, kernel_last_activity=T0 + 59, gpu_utils=[0.0, 0.0])
+    s = tr.summary(T0 + 180, gpu_count=2, cells=3)
+    assert s["duration_s"] == 180 and s["gpu_hours"] == 0.1
+    assert s["cost"] == pytest.approx(0.18)
+    assert s["mean_gpu_utilization"] == pytest.approx(50 * 60 / 180, abs=0.1)
+    assert s["idle_minutes"] == pytest.approx(2.0, abs=0.05)
+    assert ActivityTracker(StopPolicy(), T0).summary(T0 + 5, gpu_count=1)["mean_gpu_utilization"] is None
+
+
+class FakeClock:
+    def __init__(self, t: float):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_watchdog_replays_recorded_samples_and_stops_once(tmp_path):
+    """Recorded NVML frames: idle, GPU 0 busy at 97%, then back to 2%. With --gpu-only and a
+    kernel that stays busy, the session stops timeout seconds after the busy reading."""
+    clock = FakeClock(T0)
+    stops: list[str] = []
+    logs: list[str] = []
+    activity = {"busy": True, "last_activity": T0, "cells": 1}
+    wd = Watchdog(
+        session_id="s1",
+        state_dir=str(tmp_path),
+        tracker=ActivityTracker(StopPolicy(idle_timeout_s=10, gpu_only=True), billed_since=T0),
+        sampler=Sampler(NvmlReader(RecordedNvml.from_file(DATA / "nvml_two_t4.json"))),
+        stop=stops.append,
+        clock=clock,
+        read_activity=lambda d: activity,
+        log=logs.append,
+    )
+    for _ in range(30):  # what Watchdog.run does, without sleeping
+        if wd.done.is_set():
+            break
+        wd.tick()
+        clock.t += 1
+    # frame 1 (97%) was sampled at T0+1; idle from then; stop at T0+11
+    assert stops == ["idle: after 10s idle (--idle 10s)"]
+    assert wd.stop_reason == stops[0]
+    assert any(line.startswith("GPUSESSION_WARNING idle") for line in logs)
+    samples = wd.stats()["samples"]
+    assert len(samples) == 12 and clock.t == T0 + 12  # no tick after the stop
+    assert samples[1]["gpus"][0]["utilization"] == 97.0 and samples[1]["kernel_busy"] is True

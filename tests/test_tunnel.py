@@ -1,0 +1,237 @@
+"""The SSH tunnel against a real sshd on 127.0.0.1 and a real session kernel (the agent runtime)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from gpusession.backends.docker_engine import make_session_key
+from gpusession.kernel import KernelClient
+from gpusession.tunnel import HostKeyCheck, SshTarget, Tunnel, TunnelError
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+pytestmark = pytest.mark.skipif(not os.path.exists(SSHD), reason="needs OpenSSH's sshd (apt-get install openssh-server)")
+USER = "root" if os.geteuid() == 0 else os.environ.get("USER", "")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise TimeoutError(f"nothing listens on {port}")
+
+
+class Sshd:
+    """An sshd of our own: own config, host key and authorized_keys, on 127.0.0.1:<random>."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.host_key_path, self.host_key_line = make_session_key(folder, "host")
+        self.client_key_path, client_line = make_session_key(folder, "client")
+        (folder / "authorized_keys").write_text(client_line + "\n")
+        self.port = _free_port()
+        (folder / "sshd_config").write_text(
+            f"ListenAddress 127.0.0.1\nPort {self.port}\nHostKey {self.host_key_path}\n"
+            f"PidFile {folder / 'sshd.pid'}\nAuthorizedKeysFile {folder / 'authorized_keys'}\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+            "AllowTcpForwarding yes\nPermitRootLogin prohibit-password\n"
+        )
+        os.makedirs("/run/sshd", exist_ok=True)
+        self.proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(folder / "sshd_config")],
+            stdout=subprocess.DEVNULL, stderr=open(folder / "sshd.log", "wb"),
+        )
+        _wait_port(self.port)
+
+    def target(self, *, key_path: Path | None = None, host_key: str | None = None) -> SshTarget:
+        return SshTarget(
+            host="127.0.0.1",
+            port=self.port,
+            username=USER,
+            keys=[paramiko.Ed25519Key.from_private_key_file(str(key_path or self.client_key_path))],
+            host_keys=HostKeyCheck.pinned("127.0.0.1", self.port, host_key or self.host_key_line, "start a new session"),
+        )
+
+    def cut_connections(self) -> None:
+        """What a network blip does: kill every TCP connection to sshd (from this side)."""
+        if os.geteuid() == 0 and shutil.which("ss"):
+            subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(self.port)], capture_output=True)
+        else:
+            raise pytest.skip.Exception("cutting TCP connections needs root (ss -K)")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server = Sshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    """A real session kernel (python -m gpusession.agent run) listening on 127.0.0.1."""
+    state = tmp_path / "state"
+    env = dict(os.environ, GPUSESSION_SESSION_ID="tunneltest")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpusession.agent", "run", "--session-id", "tunneltest", "--state-dir", str(state)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (state / "runtime.json").exists() or not json.loads((state / "runtime.json").read_text()).get("ready"):
+        assert proc.poll() is None and time.monotonic() < deadline, "the agent runtime did not start"
+        time.sleep(0.05)
+    yield json.loads((state / "kernel.json").read_text()), proc
+    proc.terminate()
+    proc.wait(15)
+
+
+PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+def _through(tunnel: Tunnel, info: dict) -> dict:
+    local = dict(info)
+    for name in PORTS:
+        local[name] = tunnel.local_port(info[name])
+    return local
+
+
+def test_kernel_through_tunnel_survives_cut_connections(sshd, runtime):
+    info, proc = runtime
+    events: list[str] = []
+    with Tunnel(sshd.target(), [info[p] for p in PORTS], on_event=events.append) as tunnel:
+        kernel = KernelClient(_through(tunnel, info), healthy=tunnel.healthy)
+        kernel.wait_ready(30)
+        kernel.execute("x = 6 * 7", silent=True)
+        ports_before = {p: tunnel.local_port(info[p]) for p in PORTS}
+
+        sshd.cut_connections()
+        deadline = time.monotonic() + 20
+        while tunnel.reconnects < 1:
+            assert time.monotonic() < deadline, f"no reconnect: {events}"
+            time.sleep(0.05)
+        assert tunnel.healthy()
+        # each ZMQ socket reconnects on its own: wait until iopub delivers again (as a Session does)
+        kernel.client.wait_for_ready(timeout=20)
+        # same local ports, same kernel process, same variables
+        assert {p: tunnel.local_port(info[p]) for p in PORTS} == ports_before
+        assert kernel.evaluate("x") == "42"
+        assert proc.poll() is None
+        assert "tunnel: connection lost; reconnecting" in events and "tunnel: reconnected" in events
+        kernel.shutdown(timeout=5)
+        kernel.close()
+
+
+def test_tunnel_through_a_jump_host_reconnects_both_hops(sshd):
+    # the jump is sshd itself; the target is the same sshd reached by direct-tcpip from it
+    echo = socket.socket()
+    echo.bind(("127.0.0.1", 0))
+    echo.listen()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = echo.accept()
+            except OSError:
+                return
+            threading.Thread(target=lambda c=conn: (c.sendall(c.recv(100).upper()), c.close()), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = echo.getsockname()[1]
+    try:
+        with Tunnel(sshd.target(), [port], jump=sshd.target()) as tunnel:
+            assert _ask(tunnel.local_port(port), b"hello") == b"HELLO"
+            sshd.cut_connections()
+            deadline = time.monotonic() + 20
+            while tunnel.reconnects < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert _ask(tunnel.local_port(port), b"again") == b"AGAIN"
+    finally:
+        echo.close()
+
+
+def _ask(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        c.sendall(data)
+        return c.recv(100)
+
+
+def test_remote_port_not_listening_yet_closes_the_local_connection_and_keeps_accepting(sshd):
+    port = _free_port()
+    with Tunnel(sshd.target(), [port]) as tunnel:
+        with socket.create_connection(("127.0.0.1", tunnel.local_port(port)), timeout=10) as c:
+            assert c.recv(10) == b"", "a forward to a closed remote port ends at once"
+        server = socket.socket()
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        threading.Thread(target=lambda: (lambda c: (c[0].sendall(b"up"), c[0].close()))(server.accept()), daemon=True).start()
+        with socket.create_connection(("127.0.0.1", tunnel.local_port(port)), timeout=10) as c:
+            assert c.recv(10) == b"up"
+        server.close()
+
+
+def test_changed_host_key_is_refused(sshd, tmp_path):
+    _, other = make_session_key(tmp_path, "other-host")
+    t0 = time.monotonic()
+    with pytest.raises(TunnelError) as err:
+        Tunnel(sshd.target(host_key=other), [1]).start()
+    msg = str(err.value)
+    assert f"host key for [127.0.0.1]:{sshd.port} changed: refusing to connect" in msg
+    assert "If you expect this, start a new session" in msg
+    assert time.monotonic() - t0 < 5, "a refused host key is final, not retried"
+
+
+def test_unknown_host_is_refused(sshd, tmp_path):
+    target = sshd.target()
+    target.host_keys = HostKeyCheck.known_hosts(tmp_path / "empty_known_hosts")
+    with pytest.raises(TunnelError, match=r"not in known_hosts: refusing to connect to an unknown host"):
+        Tunnel(target, [1]).start()
+
+
+def test_wrong_key_is_refused(sshd, tmp_path):
+    wrong, _ = make_session_key(tmp_path, "wrong")
+    with pytest.raises(TunnelError, match=rf"authentication failed for {USER}@127.0.0.1:{sshd.port}"):
+        Tunnel(sshd.target(key_path=wrong), [1]).start()
+
+
+def test_unreachable_host_fails_within_the_timeout():
+    port = _free_port()  # nothing listens there
+    target = SshTarget("127.0.0.1", port, USER, [], HostKeyCheck(paramiko.HostKeys(), ""))
+    t0 = time.monotonic()
+    with pytest.raises(TunnelError, match=rf"cannot reach sshd at {USER}@127.0.0.1:{port} within 1s.*refused"):
+        Tunnel(target, [1], connect_timeout=1).start()
+    assert time.monotonic() - t0 < 3
+
+
+def test_local_port_in_use_is_a_clear_error(sshd):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        with Tunnel(sshd.target()) as tunnel:
+            with pytest.raises(TunnelError, match=rf"cannot listen on 127.0.0.1:{taken}"):
+                tunnel.add_forward(5555, local_port=taken)
