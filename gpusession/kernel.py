@@ -57,6 +57,14 @@ def _close_open_clients() -> None:
         client.close()
 
 
+def _release(client: BlockingKernelClient, context: zmq.Context) -> None:
+    """Close the channels' sockets, then the context (in this order, or term() blocks)."""
+    try:
+        client.stop_channels()
+    finally:
+        context.destroy(linger=0)
+
+
 class KernelClient:
     """One connection to one session kernel. Owns its ZMQ context, so closing it never
     waits on another connection's sockets."""
@@ -72,6 +80,11 @@ class KernelClient:
         self._healthy = healthy or (lambda: True)
         self._closed = False
         _OPEN_CLIENTS.add(self)
+        # Dropped without close() (its session stopped by another process, say), this client is
+        # collected with its Session in a reference cycle; the GC clears the context's weak list
+        # of sockets first, and Context.__del__'s term() then waits forever for sockets nobody
+        # closes. The finalizer holds client and context and closes them in order instead.
+        self._release = weakref.finalize(self, _release, self.client, self._context)
 
     # -- life -----------------------------------------------------------------------------
 
@@ -110,10 +123,7 @@ class KernelClient:
             return
         self._closed = True
         _OPEN_CLIENTS.discard(self)
-        try:
-            self.client.stop_channels()
-        finally:
-            self._context.destroy(linger=0)
+        self._release()
 
     def shutdown(self, timeout: float = 5.0) -> bool:
         """Ask the kernel to exit and wait for its reply (so it does not keep running)."""

@@ -52,6 +52,12 @@ from .statsview import WarningNotifier, status_lines, watch
 @argument("--region", default=None, help="aws: region, e.g. us-east-1")
 @argument("--max-cost", default=None, help="stop when the session has cost this many dollars, e.g. 5")
 @argument("--name", "-n", default=None, help="session name (default: TYPE-N)")
+@argument("--gpus", default=None, help="docker: GPUs to request, 'all' (default) or a number")
+@argument("--ssh-cidr", default=None, help="aws: addresses allowed to SSH in (default: your address /32)")
+@argument("--fallback", default=None, choices=["off", "zone", "on-demand", "any"],
+          help="aws: on a capacity error try another zone, on-demand, or both (default off)")
+@argument("--max-price", default=None, help="aws spot: highest $/hour to pay (default: the on-demand price)")
+@argument("--ami", default=None, help="aws: machine image id (default: a GPU image from SSM public parameters)")
 def _start_args(line: str) -> None:
     """%gpu start [options]"""
 
@@ -203,6 +209,11 @@ class GpuMagics(Magics):
             gpu_only_idle=args.gpu_only_idle,
             max_cost=args.max_cost,
             max_runtime=args.max_runtime,
+            gpus=args.gpus,
+            ssh_cidr=args.ssh_cidr,
+            fallback=args.fallback,
+            max_price=args.max_price,
+            ami=args.ami,
         )
         session = self.manager.start(spec, report=_print)
         self.current = session
