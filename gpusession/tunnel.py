@@ -288,7 +288,10 @@ def _pump(conn: socket.socket, chan: paramiko.Channel) -> None:
                 if not data:
                     break
                 chan.sendall(data)
-            chan.shutdown_write()
+            # the remote end may have closed already: an EOF after its CLOSE makes sshd drop
+            # the whole connection ("ieof packet referred to nonexistent channel")
+            if not (chan.eof_received or chan.closed):
+                chan.shutdown_write()
         except (OSError, EOFError, paramiko.SSHException):
             pass
 
