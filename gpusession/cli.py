@@ -84,6 +84,28 @@ def format_timeline(record) -> str:
     )
 
 
+def cmd_stats(args: argparse.Namespace) -> int:
+    from .statsview import status_lines
+
+    m = _manager()
+    try:
+        stats = m.stats(args.name, limit=60)
+        print("\n".join(status_lines(stats, history=True)))
+    finally:
+        m.close()
+    return 0
+
+
+def cmd_keepalive(args: argparse.Namespace) -> int:
+    m = _manager()
+    try:
+        r = m.keepalive(args.name, args.duration)
+    finally:
+        m.close()
+    print(f"{r.name}: idle stop postponed by {args.duration}")
+    return 0
+
+
 def cmd_gc(args: argparse.Namespace) -> int:
     m = _manager()
     skipped: list[str] = []
@@ -110,6 +132,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "start": cmd_start,
     "status": cmd_status,
     "gc": cmd_gc,
+    "stats": cmd_stats,
+    "keepalive": cmd_keepalive,
     "demo": cmd_demo,
 }
 
@@ -135,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-cost", default=None)
     s = sub.add_parser("status", help="one session's state, cost and timeline")
     s.add_argument("name")
+    s = sub.add_parser("stats", help="a running session's latest GPU sample, idle countdown and cost")
+    s.add_argument("name")
+    s = sub.add_parser("keepalive", help="postpone a session's idle stop")
+    s.add_argument("name")
+    s.add_argument("duration", nargs="?", default="1h", help="e.g. 30m, 1h (default 1h; at most 4h ahead)")
     s = sub.add_parser("gc", help="find and stop what crashed processes left behind")
     s.add_argument("--dry-run", action="store_true", help="only say what would be done")
     s.add_argument("--orphans", action="store_true", help="also stop running sessions whose notebook process is gone")

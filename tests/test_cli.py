@@ -136,3 +136,19 @@ def test_gc_records_sessions_whose_remote_side_ended(nb_env):
     assert "recorded gone as stopped (remote side gone)" in r.stdout
     rec = store.get("gone")
     assert rec.state == State.STOPPED and "signal 15" in rec.events[-1].detail
+
+
+def test_stats_and_keepalive_of_a_running_session(nb_env):
+    assert cli(nb_env, "start", "--backend", "local", "--idle", "10m", "--name", "st").returncode == 0
+    try:
+        time.sleep(1.5)  # at least one sample
+        r = cli(nb_env, "stats", "st")
+        assert r.returncode == 0, r.stderr
+        assert "no NVIDIA GPU visible" in r.stdout or "GPU 0" in r.stdout
+        assert "idle" in r.stdout
+        k = cli(nb_env, "keepalive", "st", "1h")
+        assert k.returncode == 0 and "postponed by 1h" in k.stdout, k.stderr
+        bad = cli(nb_env, "keepalive", "st", "abc")
+        assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
+    finally:
+        cli(nb_env, "stop", "st")
