@@ -321,3 +321,20 @@ def _shut(sock: socket.socket) -> None:
     except OSError:
         pass
     sock.close()
+
+
+# The session container's fixed loopback ports (gpusession/agent/entrypoint.sh).
+CONTAINER_KERNEL_PORTS = (50001, 50002, 50003, 50004, 50005)
+CONTAINER_AGENT_PORT = 50010
+CONTAINER_PORTS = (*CONTAINER_KERNEL_PORTS, CONTAINER_AGENT_PORT)
+
+
+def tunneled_endpoint(tunnel: "Tunnel", info: dict) -> "KernelEndpoint":
+    """The container's kernel.json with this tunnel's local ports in place of the remote ones."""
+    from .agent.runtime import KERNEL_PORT_NAMES
+    from .models import KernelEndpoint
+
+    info = dict(info, ip="127.0.0.1")
+    for name, remote in zip(KERNEL_PORT_NAMES, CONTAINER_KERNEL_PORTS):
+        info[name] = tunnel.local_port(remote)
+    return KernelEndpoint(connection_info=info, agent_url=f"http://127.0.0.1:{tunnel.local_port(CONTAINER_AGENT_PORT)}")

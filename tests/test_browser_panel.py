@@ -9,8 +9,9 @@ and the local backend) in Debian's headless Chromium through Playwright.
   works
 
 Screenshots and timings are kept in test-artifacts/ at the repository root (gitignored):
-sidebar-panel.png, sidebar-20-sessions.png, widget-panel.png, browser-timings.json, and the
-server's log browser-jupyterlab.log. A failing test leaves failed-<test>.png there too.
+sidebar-panel.png, sidebar-20-sessions.png, widget-panel.png (and -page.png, the whole
+notebook), widget-gpu-gauges.png, browser-timings.json, and the server's log
+browser-jupyterlab.log. A failing test leaves failed-<name>.png there too.
 """
 
 from __future__ import annotations

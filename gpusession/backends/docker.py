@@ -46,9 +46,6 @@ log = logging.getLogger(__name__)
 
 LABEL = "gpusession.session"
 STORE_LABEL = "gpusession.store"  # which session store started it: gc leaves other stores' alone
-KERNEL_PORTS = (50001, 50002, 50003, 50004, 50005)  # entrypoint.sh: --kernel-ports 50001
-KERNEL_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
-AGENT_PORT = 50010
 STATE_DIR = "/run/gpusession"
 START_TIMEOUT = 120.0
 NO_NVIDIA = (
@@ -180,7 +177,7 @@ class DockerBackend(Backend):
         self.store.update_resource(record.id, host_key=host_key)
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
-        from ..tunnel import HostKeyCheck, SshTarget, Tunnel, jump_target
+        from ..tunnel import CONTAINER_PORTS, HostKeyCheck, SshTarget, Tunnel, jump_target, tunneled_endpoint
 
         res = record.resource
         client = self.client(record.spec.host)
@@ -202,7 +199,7 @@ class DockerBackend(Backend):
         jump = jump_target(record.spec.host) if record.spec.host else None
         progress.step("opening the SSH tunnel" + (f" through {jump.label}" if jump else ""))
         tunnel = Tunnel(
-            target, [*KERNEL_PORTS, AGENT_PORT], jump=jump, connect_timeout=START_TIMEOUT,
+            target, list(CONTAINER_PORTS), jump=jump, connect_timeout=START_TIMEOUT,
             on_event=lambda text: self._note(record.id, text),
         )
         # log in while the kernel boots; the log tells first when the container dies meanwhile
@@ -215,11 +212,7 @@ class DockerBackend(Backend):
         except BaseException:
             tunnel.close()
             raise
-        info["ip"] = "127.0.0.1"
-        for name, remote in zip(KERNEL_PORT_NAMES, KERNEL_PORTS):
-            info[name] = tunnel.local_port(remote)
-        agent_url = f"http://127.0.0.1:{tunnel.local_port(AGENT_PORT)}"
-        return DockerLink(KernelEndpoint(connection_info=info, agent_url=agent_url), tunnel)
+        return DockerLink(tunneled_endpoint(tunnel, info), tunnel)
 
     def _note(self, session_id: str, text: str) -> None:
         try:

@@ -25,9 +25,6 @@ from .cloudinit import CONTAINER_SSH_PORT, NOTICES_IN_CONTAINER, SPOT_NOTICE_FIL
 log = logging.getLogger(__name__)
 
 ADDRESS_MAP_ENV = "GPUSESSION_AWS_ADDRESS_MAP"
-KERNEL_PORTS = (50001, 50002, 50003, 50004, 50005)  # entrypoint.sh: --kernel-ports 50001
-KERNEL_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
-AGENT_PORT = 50010
 STATE_DIR = "/run/gpusession"
 NOTICE_POLL_S = 5.0
 
@@ -202,13 +199,13 @@ class AwsLink(Link):
 def open_link(resource: dict, *, deadline: float, forget_hint: str, say: Callable[[str], None],
               gone: Callable[[], str | None], on_event: Callable[[str], None],
               on_notice: Callable[[dict], None] | None) -> AwsLink:
-    from ...tunnel import Tunnel
+    from ...tunnel import CONTAINER_PORTS, Tunnel, tunneled_endpoint
 
     jump, target = targets(resource, forget_hint)
     say(f"waiting for the instance's sshd at {jump.host}:{jump.port} and the session container behind it")
     wait_for_container_sshd(jump, deadline, say=say, gone=gone)
     say("opening the SSH tunnel")
-    tunnel = Tunnel(target, [*KERNEL_PORTS, AGENT_PORT], jump=jump,
+    tunnel = Tunnel(target, list(CONTAINER_PORTS), jump=jump,
                     connect_timeout=max(10.0, deadline - time.monotonic()), on_event=on_event).start()
     try:
         say("waiting for the kernel")
@@ -216,8 +213,4 @@ def open_link(resource: dict, *, deadline: float, forget_hint: str, say: Callabl
     except BaseException:
         tunnel.close()
         raise
-    info["ip"] = "127.0.0.1"
-    for name, remote in zip(KERNEL_PORT_NAMES, KERNEL_PORTS):
-        info[name] = tunnel.local_port(remote)
-    agent_url = f"http://127.0.0.1:{tunnel.local_port(AGENT_PORT)}"
-    return AwsLink(KernelEndpoint(connection_info=info, agent_url=agent_url), tunnel, on_notice)
+    return AwsLink(tunneled_endpoint(tunnel, info), tunnel, on_notice)

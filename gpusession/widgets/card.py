@@ -1,0 +1,211 @@
+"""The widgets of one session card: they show what they are given (a SessionView, a stats
+document) and call back on clicks; fetching and threads are panel.py's.
+
+CSS classes: `gpusession-widget-` + card (plus `gpusession-widget-state-<state>`), name, state,
+kind, uptime, price, cost, idle, idle-warning, error, action-message, stop, keepalive, stats,
+stats-note, gpu, gauge, gauge-<util|memory|temp|power|cpu|ram>, gauge-value.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Callable
+
+import ipywidgets as widgets
+
+from ..durations import format_duration, format_money
+from ..models import State
+
+KEEPALIVE = "1h"  # what the keep-alive button asks for (the sidebar's button does the same)
+GIB = 1024**3
+FINAL_STATES = {State.STOPPED.value, State.FAILED.value}
+_STATE_COLORS = {"running": "#2e7d32", "failed": "#c62828", "stopped": "#757575", "stopping": "#ef6c00"}
+WARN_STYLE = "color: #b45309; font-weight: bold"
+
+# rows of text at 20 px instead of ipywidgets' 28 px input height: a card about as tall as the sidebar's
+STYLE = """<style>
+.gpusession-widget-card .widget-label, .gpusession-widget-card .widget-html,
+.gpusession-widget-card .widget-html-content, .gpusession-widget-stats .widget-label
+{ min-height: 20px; height: auto; line-height: 20px; }
+.gpusession-widget-stats .widget-hprogress { height: 20px; }
+</style>"""
+
+
+def classed(widget: widgets.DOMWidget, *names: str) -> widgets.DOMWidget:
+    for name in names:
+        widget.add_class(f"gpusession-widget-{name}")
+    return widget
+
+
+def show(widget: widgets.DOMWidget, visible: bool) -> None:
+    widget.layout.display = None if visible else "none"
+
+
+def html_text(widget: widgets.HTML, text: str | None, style: str = "") -> None:
+    """Put `text` (escaped) in an HTML widget; hide it when there is none."""
+    widget.value = f'<span style="{style}">{html.escape(text)}</span>' if text else ""
+    show(widget, bool(text))
+
+
+class Gauge:
+    """A labelled `FloatProgress` with its value in words next to it."""
+
+    def __init__(self, kind: str, label: str):
+        self.bar = classed(widgets.FloatProgress(value=0.0, min=0.0, max=100.0, description=label,
+                                                  style={"description_width": "72px"},
+                                                  layout=widgets.Layout(width="260px")), "gauge", f"gauge-{kind}")
+        self.text = classed(widgets.Label(value="-"), "gauge-value")
+        self.widget = widgets.HBox([self.bar, self.text])
+
+    def set(self, value: float | None, maximum: float | None, text: str) -> None:
+        top = maximum if maximum and maximum > 0 else 100.0
+        self.bar.max = max(top, value or 0.0)
+        self.bar.value = max(0.0, value or 0.0)
+        self.bar.bar_style = "warning" if value is not None and value >= 0.9 * top else ""
+        self.text.value = text
+
+
+def _num(v: float | None, fmt: str, unit: str) -> str:
+    return "n/a" if v is None else f"{v:{fmt}}{unit}"
+
+
+def _gib(n: int | None) -> float | None:
+    return None if n is None else n / GIB
+
+
+class GpuGauges:
+    """One GPU: utilization, memory, temperature and power."""
+
+    def __init__(self, index: int):
+        self.title = widgets.Label(value=f"GPU {index}")
+        self.util, self.memory = Gauge("util", "util"), Gauge("memory", "memory")
+        self.temp, self.power = Gauge("temp", "temp"), Gauge("power", "power")
+        gauges = [self.util, self.memory, self.temp, self.power]
+        self.widget = classed(widgets.VBox([self.title, *(g.widget for g in gauges)]), "gpu")
+
+    def show(self, gpu: dict) -> None:
+        self.title.value = f"GPU {gpu['index']} · {gpu.get('name') or '?'}" + (f" · {gpu['error']}" if gpu.get("error") else "")
+        used, total = gpu.get("memory_used"), gpu.get("memory_total")
+        power, limit = gpu.get("power_draw"), gpu.get("power_limit")
+        self.util.set(gpu.get("utilization"), 100.0, _num(gpu.get("utilization"), ".0f", "%"))
+        used_gib, total_gib = _gib(used), _gib(total)
+        self.memory.set(used_gib, total_gib, f"{_num(used_gib, '.1f', '')}/{_num(total_gib, '.1f', ' GiB')}")
+        self.temp.set(gpu.get("temperature"), 100.0, _num(gpu.get("temperature"), ".0f", " °C"))
+        self.power.set(power, limit, f"{_num(power, '.0f', '')}/{_num(limit, '.0f', ' W')}")
+
+
+class StatsView:
+    """The live part of a card: the no-GPU note or one GpuGauges per GPU, then the session's CPU
+    and memory (there even without a GPU)."""
+
+    def __init__(self):
+        self.note = classed(widgets.HTML(), "stats-note")
+        self.gpus: list[GpuGauges] = []
+        self.gpu_box = widgets.VBox([])
+        self.cpu, self.ram = Gauge("cpu", "CPU"), Gauge("ram", "RAM")
+        self.widget = classed(widgets.VBox([self.note, self.gpu_box, self.cpu.widget, self.ram.widget]), "stats")
+
+    def show(self, doc: dict) -> None:
+        samples = doc.get("samples") or []
+        latest = samples[-1] if samples else None
+        if not doc.get("gpus_visible"):
+            html_text(self.note, doc.get("message") or "no NVIDIA GPU visible", "color: var(--jp-ui-font-color2)")
+        else:
+            html_text(self.note, None if latest else "waiting for the first sample")
+        gpus = (latest or {}).get("gpus") or []
+        if len(gpus) != len(self.gpus):
+            self.gpus = [GpuGauges(g["index"]) for g in gpus]
+            self.gpu_box.children = [g.widget for g in self.gpus]
+        for view, gpu in zip(self.gpus, gpus):
+            view.show(gpu)
+        if latest is not None:
+            cpu = latest.get("cpu_percent")
+            self.cpu.set(cpu, 100.0, _num(cpu, ".0f", "% of a core"))
+            used, total = latest.get("memory_used"), latest.get("memory_total")
+            self.ram.set(used, total, f"{_num(_gib(used), '.2f', '')} of {_num(_gib(total), '.1f', ' GiB')}")
+
+    def problem(self, text: str) -> None:
+        html_text(self.note, text, WARN_STYLE)
+
+
+class SessionCard:
+    """One session. `show(view, stats)` writes what changed; the buttons call back into the panel."""
+
+    def __init__(self, view: dict, on_stop: Callable[["SessionCard"], None], on_keepalive: Callable[["SessionCard"], None]):
+        self.id = view["id"]
+        self.view = view
+        self.name = classed(widgets.HTML(), "name")
+        self.state = classed(widgets.HTML(), "state")
+        self.kind = classed(widgets.Label(), "kind")
+        self.uptime, self.price = classed(widgets.Label(), "uptime"), classed(widgets.Label(), "price")
+        self.cost, self.idle = classed(widgets.Label(), "cost"), classed(widgets.Label(), "idle")
+        facts = [("Uptime", self.uptime), ("Rate", self.price), ("Cost", self.cost), ("Idle stop", self.idle)]
+        self.idle_warning = classed(widgets.HTML(), "idle-warning")
+        self.error = classed(widgets.HTML(), "error")
+        self.message = classed(widgets.HTML(), "action-message")
+        self.keepalive_button = classed(widgets.Button(description=f"Keep alive {KEEPALIVE}", icon="clock",
+                                                        tooltip=f"Postpone the idle stop by {KEEPALIVE}"), "keepalive")
+        self.stop_button = classed(widgets.Button(description="Stop", button_style="danger", icon="stop",
+                                                   tooltip="Stop this session and its billing"), "stop")
+        self.keepalive_button.on_click(lambda _: on_keepalive(self))
+        self.stop_button.on_click(lambda _: on_stop(self))
+        self.stats = StatsView()
+        self.widget = classed(widgets.VBox([
+            widgets.HBox([self.name, self.state], layout=widgets.Layout(justify_content="space-between")),
+            self.kind,
+            widgets.GridBox([w for label, value in facts for w in (widgets.Label(label), value)],
+                            layout=widgets.Layout(grid_template_columns="70px 110px 70px auto", grid_gap="0 8px")),
+            self.idle_warning, self.error, self.message,
+            widgets.HBox([self.keepalive_button, self.stop_button]),
+            self.stats.widget,
+        ], layout=widgets.Layout(border="1px solid var(--jp-border-color2, #ccc)", padding="6px", margin="4px 0",
+                                 width="440px")), "card")
+        self._state_class = ""
+        self.say(None)
+        self.show(view)
+
+    @property
+    def final(self) -> bool:
+        return self.view["state"] in FINAL_STATES
+
+    def show(self, view: dict, stats: dict | None = None) -> None:
+        """Show a SessionView (`SessionManager.view`), and the stats document when there is one."""
+        self.view = view
+        state = view["state"]
+        if self._state_class != f"gpusession-widget-state-{state}":
+            if self._state_class:
+                self.widget.remove_class(self._state_class)
+            self._state_class = f"gpusession-widget-state-{state}"
+            self.widget.add_class(self._state_class)
+        self.name.value = f"<b>{html.escape(view['name'])}</b>"
+        color = _STATE_COLORS.get(state, "#1565c0")
+        self.state.value = f'<span style="color: {color}; font-weight: bold">{html.escape(state)}</span>'
+        kind = [f"{view['gpu_type'].upper()} × {view['gpu_count']}", view["backend"]]
+        kind += ["spot"] * bool(view.get("spot")) + [view["host"]] * bool(view.get("host"))
+        self.kind.value = " · ".join(kind)
+        self.uptime.value = format_duration(view["uptime_s"])
+        self.price.value = f"{format_money(view['price_per_hour'])}/h"
+        cost = format_money(view["cost_so_far"])
+        self.cost.value = cost if not view.get("max_cost") else f"{cost} of {format_money(view['max_cost'])}"
+        idle = dict(view.get("idle") or {})
+        warning = idle.get("warning")
+        if stats is not None:  # the agent's countdown is fresher than the view's
+            idle.update({k: v for k, v in (stats.get("idle") or {}).items() if k in ("timeout_s", "remaining_s")})
+            warning = "; ".join(stats.get("warnings") or []) or None
+        final = state in FINAL_STATES
+        if final or idle.get("timeout_s") is None:
+            self.idle.value = "off" if not final else "-"
+        else:
+            remaining = idle.get("remaining_s")
+            self.idle.value = f"in {format_duration(remaining)}" if remaining is not None else format_duration(idle["timeout_s"])
+        html_text(self.idle_warning, None if final else warning, WARN_STYLE)
+        html_text(self.error, view.get("error"), "color: #c62828")
+        show(self.keepalive_button, not final and idle.get("timeout_s") is not None)
+        show(self.stop_button, not final)
+        self.stop_button.disabled = state == State.STOPPING.value
+        show(self.stats.widget, state == State.RUNNING.value)
+        if stats is not None:
+            self.stats.show(stats)
+
+    def say(self, text: str | None, warn: bool = False) -> None:
+        html_text(self.message, text, WARN_STYLE if warn else "")

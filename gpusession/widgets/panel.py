@@ -1,0 +1,309 @@
+"""The panel: session cards, the start form, the thread that refreshes them, and `%gpu panel`."""
+
+from __future__ import annotations
+
+import html
+import threading
+from typing import Any, Callable, Iterable
+
+import ipywidgets as widgets
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from ..durations import format_money
+from ..errors import GpuSessionError, NoSession
+from ..models import State
+from ..session import Session, SessionManager, default_backend_name
+from .card import FINAL_STATES, KEEPALIVE, STYLE, WARN_STYLE, SessionCard, classed, html_text, show
+
+REFRESH_S = 1.5  # seconds between two refreshes of the cards
+
+
+class StartForm:
+    """GPU type (catalog, with price), backend and idle timeout; `on_start(spec options)`."""
+
+    def __init__(self, manager: SessionManager, on_start: Callable[[str, str, str], None]):
+        catalog = manager.catalog
+        self.type_select = classed(widgets.Dropdown(
+            options=[(f"{t.name} · {t.memory_gb} GB · {format_money(t.per_gpu_on_demand)}/h", t.name) for t in catalog.types],
+            value=manager.catalog.parse(manager.config.default_type)[0].name, description="GPU type"), "type-select")
+        from ..backends import backend_names
+
+        self.backend_select = classed(widgets.Dropdown(options=backend_names(), value=default_backend_name(manager.config),
+                                                        description="Backend"), "backend-select")
+        self.idle_input = classed(widgets.Text(value=manager.config.default_idle, description="Idle stop",
+                                                placeholder="15m, 2h, off"), "idle-input")
+        self.start_button = classed(widgets.Button(description="Start", button_style="primary", icon="play"), "start-button")
+        self.message = classed(widgets.HTML(), "form-message")
+        show(self.message, False)
+        note = widgets.HTML(f'<small>Prices: {html.escape(catalog.region)}, snapshot of {html.escape(catalog.snapshot_date)}'
+                            " (per GPU-hour, on demand)</small>")
+        self.start_button.on_click(lambda _: on_start(self.type_select.value, self.backend_select.value, self.idle_input.value))
+        self.widget = classed(widgets.VBox([widgets.HTML("<b>Start a GPU session</b>"), self.type_select,
+                                             self.backend_select, self.idle_input, self.start_button, self.message, note]),
+                               "start-form")
+
+    def say(self, text: str | None, warn: bool = False) -> None:
+        html_text(self.message, text, "color: #c62828" if warn else "")
+
+
+class SessionPanel:
+    """Cards for `session_ids` (or, with `session_ids=None`, every active session, newest first,
+    including those started later from elsewhere while the panel polls), and the start form.
+
+    in_use: a lock held while a cell uses a session (GpuMagics._in_use); while it is taken the
+    panel only asks the agents of sessions this process is connected to, and never lets a
+    liveness check tear down connections a running cell reads from.
+    on_started(session), on_stopped(session_id): tell the notebook (the magics' current session).
+    """
+
+    def __init__(
+        self,
+        manager: SessionManager,
+        session_ids: Iterable[str] | None = None,
+        *,
+        interval: float = REFRESH_S,
+        in_use: threading.RLock | None = None,
+        on_started: Callable[[Session], None] | None = None,
+        on_stopped: Callable[[str], None] | None = None,
+    ):
+        self.manager = manager
+        self.interval = interval
+        self.follow_all = session_ids is None
+        self._in_use = in_use or threading.RLock()
+        self._on_started = on_started or (lambda session: None)
+        self._on_stopped = on_stopped or (lambda sid: None)
+        self._lock = threading.RLock()  # the poller thread and button clicks both update cards
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.cards: dict[str, SessionCard] = {}
+        self.empty = classed(widgets.HTML("<i>No GPU sessions</i>"), "empty")
+        self.status = classed(widgets.HTML(), "panel-status")
+        show(self.status, False)
+        self.card_box = widgets.VBox([])
+        self.form = StartForm(manager, self._start)
+        self.widget = classed(widgets.VBox([widgets.HTML(STYLE + "<h3 style='margin: 4px 0'>GPU sessions</h3>"), self.status,
+                                             self.empty, self.card_box, self.form.widget]), "panel")
+        ids = [r.id for r in manager.list(active_only=True)] if session_ids is None else [manager.get(k).id for k in session_ids]
+        for sid in ids:
+            self._card(manager.view(manager.get(sid)))
+        self.refresh()
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    def start_polling(self) -> "SessionPanel":
+        """Refresh every `interval` seconds in a background thread while anything is active."""
+        with self._lock:
+            if self._closed.is_set() or self._thread is not None:
+                return self
+            self._thread = threading.Thread(target=self._poll, name="gpusession-panel", daemon=True)
+            self._thread.start()
+        return self
+
+    @property
+    def polling(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def stop_polling(self, why: str | None = None) -> None:
+        """Stop refreshing (the widgets stay as they are, with `why` shown on top)."""
+        self._closed.set()
+        if why:
+            html_text(self.status, why, "color: var(--jp-ui-font-color2)")
+
+    def close(self) -> None:
+        """Stop refreshing and remove the widgets."""
+        self._closed.set()
+        self._close_tree(self.widget)
+
+    @staticmethod
+    def _close_tree(widget: widgets.Widget) -> None:
+        for child in getattr(widget, "children", ()):
+            SessionPanel._close_tree(child)
+        widget.close()
+
+    def _poll(self) -> None:
+        while True:
+            if not self._closed.wait(self.interval):
+                try:
+                    self.refresh()
+                except Exception as exc:  # noqa: BLE001 - a bug must show, and must not end the updates silently
+                    html_text(self.status, f"panel update failed: {type(exc).__name__}: {exc}", WARN_STYLE)
+            # decided under the lock: a start from the form meanwhile (a new card, _closed cleared)
+            # either sees this thread still going or starts the next one
+            with self._lock:
+                if self._closed.is_set() or all(card.final for card in self.cards.values()):
+                    self._thread = None
+                    return
+
+    # -- one refresh ---------------------------------------------------------------------------
+
+    def refresh(self) -> bool:
+        """Read every shown session (and, following all, the new ones) once and update the cards.
+        Returns whether anything is still active, i.e. worth another refresh."""
+        if self.follow_all:
+            for record in reversed(self.manager.list(active_only=True)):
+                if record.id not in self.cards:
+                    self._card(self.manager.view(record))
+        active = False
+        for card in list(self.cards.values()):
+            if card.final:
+                continue
+            view, stats, problem = self._read(card.id)
+            with self._lock:
+                card.show(view, stats)
+                if problem:
+                    card.stats.problem(problem)
+            if view["state"] in FINAL_STATES:  # how it ended: its watchdog, a stop elsewhere, a failure
+                card.say(self.manager.ended_message(self.manager.get(card.id)))
+                self._on_stopped(card.id)
+            else:
+                active = True
+        return active
+
+    def _read(self, sid: str) -> tuple[dict, dict | None, str | None]:
+        """(view, stats document or None, why there are no stats) of one session."""
+        record = self.manager.get(sid)
+        if record.state != State.RUNNING:
+            return self.manager.view(record), None, None
+        stats, problem = None, None
+        try:
+            stats = self._stats(sid)
+        except NoSession:  # its watchdog stopped it, or it died: the record says so now
+            return self.manager.view(self.manager.get(sid)), None, None
+        except GpuSessionError as exc:
+            problem = f"live stats unavailable: {exc}"
+        return self.manager.view(self.manager.get(sid)), stats, problem
+
+    def _stats(self, sid: str) -> dict:
+        if self._in_use.acquire(blocking=False):
+            try:
+                return self.manager.stats(sid, limit=1)
+            finally:
+                self._in_use.release()
+        return self.manager.stats(sid, limit=1, check_alive=False)  # a cell runs: only ask the agent
+
+    def _card(self, view: dict) -> SessionCard:
+        with self._lock:
+            card = self.cards.get(view["id"])
+            if card is None:
+                card = SessionCard(view, self._stop, self._keepalive)
+                self.cards[view["id"]] = card
+                self.card_box.children = [card.widget, *self.card_box.children]  # newest first
+                show(self.empty, False)
+            show(self.empty, not self.cards)
+            return card
+
+    # -- buttons -------------------------------------------------------------------------------
+
+    def _stop(self, card: SessionCard) -> None:
+        card.stop_button.description = "Stopping…"
+        card.stop_button.disabled = card.keepalive_button.disabled = True
+        try:
+            with self._in_use:
+                record = self.manager.stop(card.id)
+        except GpuSessionError as exc:
+            card.say(f"stop failed: {exc}", warn=True)
+            record = self.manager.get(card.id)
+        else:
+            card.say(f"stopped: {self.manager.summary_line(record)}")
+            self._on_stopped(card.id)
+        finally:
+            card.stop_button.description = "Stop"
+            card.keepalive_button.disabled = False
+        with self._lock:
+            card.show(self.manager.view(record))
+
+    def _keepalive(self, card: SessionCard) -> None:
+        card.keepalive_button.disabled = True
+        try:
+            with self._in_use:
+                self.manager.keepalive(card.id, KEEPALIVE, report=lambda line: card.say(line))
+        except GpuSessionError as exc:
+            card.say(f"keep-alive failed: {exc}", warn=True)
+        finally:
+            card.keepalive_button.disabled = False
+
+    def _start(self, gpu_type: str, backend: str, idle: str) -> None:
+        """Record the session now (bad input is said in the form), start it in a thread: a cloud
+        start takes minutes, and the notebook stays usable meanwhile."""
+        try:
+            spec = self.manager.make_spec(gpu_type, backend=backend, idle=idle.strip() or "default")
+            record = self.manager.create(spec)
+        except GpuSessionError as exc:
+            self.form.say(str(exc), warn=True)
+            return
+        self.form.say(f"starting {record.name}…")
+        with self._lock:
+            card = self._card(self.manager.view(record))
+            self._closed.clear()  # a superseded panel comes alive again when used
+
+        def launch() -> None:
+            try:
+                session = self.manager.launch(record, report=lambda line: card.say(line.strip()))
+            except BaseException as exc:  # noqa: BLE001 - launch recorded the failure; the card shows it
+                self.form.say(f"{record.name} failed to start: {exc}", warn=True)
+            else:
+                card.say(None)
+                self.form.say(f"{record.name} is running")
+                self._on_started(session)
+            finally:
+                self.refresh()
+
+        threading.Thread(target=launch, name=f"gpusession-start-{record.name}", daemon=True).start()
+        self.start_polling()
+
+
+# -- %gpu panel ------------------------------------------------------------------------------
+
+
+class PanelCommand:
+    """`%gpu panel [NAME] [--all]`: the current session's card (or NAME's, or every active
+    session's) with live gauges and buttons. One panel per notebook updates at a time: a new
+    one freezes the one before."""
+
+    def __init__(self, magics):
+        self.magics = magics
+        self.panel: SessionPanel | None = None
+
+    def __call__(self, rest: str) -> None:
+        from IPython.display import display
+
+        args = self.magics._parse(_panel_args, rest)
+        current = self.magics.current
+        if args.all or (not args.name and current is None):
+            ids = None
+        else:
+            ids = [args.name or current.id]  # type: ignore[union-attr]
+        panel = SessionPanel(self.magics.manager, ids, in_use=self.magics._in_use,
+                             on_started=self._started, on_stopped=self._stopped)
+        if self.panel is not None:
+            self.panel.stop_polling("not updated any more: a newer %gpu panel is below")
+        self.panel = panel
+        display(panel.widget)
+        panel.start_polling()
+
+    def _started(self, session: Session) -> None:
+        """A session started from the panel becomes the notebook's current one, as `%gpu start` does."""
+        if self.magics.current is None or not self.magics.current.record.state.active:
+            self.magics.current = session
+            self.magics._notify(session)
+
+    def _stopped(self, session_id: str) -> None:
+        self.magics._forget(session_id)
+
+
+@magic_arguments()
+@argument("name", nargs="?", default=None, help="session name (default: the current session, else every active one)")
+@argument("--all", action="store_true", help="every active session, and those started elsewhere while it updates")
+def _panel_args(line: str) -> None:
+    """%gpu panel [NAME | --all]"""
+
+
+def register_panel(magics: Any) -> None:
+    """Add `%gpu panel` to a GpuMagics (gpusession.magics.load_ipython_extension calls this)."""
+    magics.add_subcommand("panel", PanelCommand(magics))
