@@ -17,29 +17,18 @@ import pytest
 
 from gpusession.errors import NoSession
 from gpusession.models import State
+from support.procs import alive
 
 IDLE_S = 5.0
 CHECK_S = 1.0  # the agent's default check interval
 TEARDOWN_SLACK_S = 1.5  # SIGTERM to the kernel, process exit, and this test's 50 ms polling
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _wait_gone(pid: int, timeout: float) -> float:
     """Unix time at which pid was first seen gone."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if not _alive(pid):
+        if not alive(pid):
             return time.time()
         time.sleep(0.05)
     raise AssertionError(f"process {pid} still alive after {timeout}s")
@@ -86,7 +75,7 @@ def test_a_long_cell_is_not_idle(manager):
     pid = session.record.resource["pid"]
     reply = session.run("import time\ntime.sleep(20)\nprint('done')")
     assert reply["status"] == "ok"
-    assert _alive(pid), "the watchdog stopped a session whose kernel was running a cell"
+    assert alive(pid), "the watchdog stopped a session whose kernel was running a cell"
     assert manager.get(session.id).state == State.RUNNING
     # once the cell is over, the idle clock starts
     _wait_gone(pid, IDLE_S + CHECK_S + 10)
@@ -111,7 +100,7 @@ def test_remote_side_stops_itself_when_the_notebook_is_killed(gs_home, tmp_path)
     try:
         sid, pid, state_dir = proc.stdout.readline().split()
         pid = int(pid)
-        assert _alive(pid)
+        assert alive(pid)
         proc.send_signal(signal.SIGKILL)  # the notebook's kernel dies; nobody will call stop()
         proc.wait(10)
         start = _read(state_dir, "activity.json")["last_activity"]
@@ -134,7 +123,7 @@ def test_max_runtime_stops_a_busy_session(manager):
     pid, state_dir = session.record.resource["pid"], session.record.resource["state_dir"]
     with pytest.raises(NoSession, match="max-runtime limit after"):
         session.run("import time\ntime.sleep(30)")
-    assert not _alive(pid)
+    assert not alive(pid)
     assert _read(state_dir, "stopped.json")["reason"].startswith("max-runtime: after")
 
 
@@ -146,7 +135,7 @@ def test_keepalive_postpones_the_stop(manager):
     assert record.state == State.RUNNING and record.events[-1].detail == "keepalive 12s"
     assert "idle stop postponed by 12s" in lines[0]
     time.sleep(IDLE_S + CHECK_S + 2)
-    assert _alive(pid), "stopped despite the keepalive"
+    assert alive(pid), "stopped despite the keepalive"
     view = manager.view(manager.get(session.id))
     assert view["idle"]["timeout_s"] == IDLE_S  # the panel's SessionView carries the countdown
     session.stats(limit=0)

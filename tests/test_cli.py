@@ -10,29 +10,12 @@ from pathlib import Path
 import pytest
 
 from gpusession.models import State
+from support.procs import alive, wait_dead
 from gpusession.store import Store
 
 
 def cli(env, *args, timeout=120):
     return subprocess.run([sys.executable, "-m", "gpusession", *args], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _wait_dead(pid: int, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_demo_runs_the_quickstart_and_prints_the_timeline(nb_env):
@@ -54,12 +37,12 @@ def test_types_list_start_status_stop(nb_env):
     listing = cli(nb_env, "list").stdout
     assert "bg" in listing and "running" in listing and "1xl4" in listing
     pid = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3").get("bg").resource["pid"]
-    assert _alive(pid), "the session outlives the command that started it"
+    assert alive(pid), "the session outlives the command that started it"
     status = cli(nb_env, "status", "bg").stdout
     assert "running" in status and "timeline" in status
     stop = cli(nb_env, "stop", "bg")
     assert stop.returncode == 0 and "stopped bg" in stop.stdout
-    assert _wait_dead(pid)
+    assert wait_dead(pid)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -101,15 +84,15 @@ def test_gc_cleans_up_after_a_starter_killed_mid_start(nb_env, tmp_path):
     record = store.get("crashy")
     assert record.state == State.STARTING
     pid = record.resource["pid"]
-    assert _alive(pid), "the half-started session is still there, findable"
+    assert alive(pid), "the half-started session is still there, findable"
 
     dry = cli(nb_env, "gc", "--dry-run")
     assert "would stop crashy (left starting by a dead process)" in dry.stdout
-    assert _alive(pid)
+    assert alive(pid)
     r = cli(nb_env, "gc")
     assert r.returncode == 0
     assert "stopped crashy (left starting by a dead process)" in r.stdout
-    assert _wait_dead(pid)
+    assert wait_dead(pid)
     assert store.get("crashy").state == State.FAILED
     assert "nothing to clean up" in cli(nb_env, "gc").stdout
 
@@ -123,7 +106,7 @@ def test_gc_removes_labelled_processes_unknown_to_the_store(nb_env):
         f.unlink()  # the store is lost; the labelled process is not
     r = cli(nb_env, "gc")
     assert "unknown to the store" in r.stdout
-    assert _wait_dead(pid)
+    assert wait_dead(pid)
 
 
 def test_gc_records_sessions_whose_remote_side_ended(nb_env):
@@ -131,7 +114,7 @@ def test_gc_records_sessions_whose_remote_side_ended(nb_env):
     store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
     pid = store.get("gone").resource["pid"]
     os.kill(pid, signal.SIGTERM)
-    assert _wait_dead(pid)
+    assert wait_dead(pid)
     r = cli(nb_env, "gc")
     assert "recorded gone as stopped (remote side gone)" in r.stdout
     rec = store.get("gone")

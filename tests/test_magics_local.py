@@ -7,20 +7,12 @@ import time
 import pytest
 
 from gpusession.models import State
+from support.procs import alive
 from gpusession.store import Store
 
 
 def _store(nb_env) -> Store:
     return Store(os.path.join(nb_env["GPUSESSION_HOME"], "sessions.sqlite3"))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_cells_run_in_another_process_with_live_output(notebook, nb_env):
@@ -57,7 +49,7 @@ def test_cells_run_in_another_process_with_live_output(notebook, nb_env):
     assert "stopped demo" in stop.text
     record = _store(nb_env).get("demo")
     assert record.state == State.STOPPED
-    assert not _pid_alive(remote_pid)
+    assert not alive(remote_pid)
 
 
 def test_remote_exception_shows_the_remote_traceback(notebook):
@@ -148,7 +140,7 @@ def test_kernel_dying_mid_cell_is_a_clear_error_and_the_store_stays_consistent(n
     record = _store(nb_env).get("doomed")
     assert record.state == State.FAILED
     assert "died" in record.error
-    assert not _pid_alive(pid)
-    assert not _pid_alive(record.resource["pid"])
+    assert not alive(pid)
+    assert not alive(record.resource["pid"])
     again = notebook.run("%%gpu\nprint(1)")
     assert again.error["ename"] == "UsageError" and "no GPU session" in again.error["evalue"]
