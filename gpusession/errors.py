@@ -40,6 +40,10 @@ class KernelDied(GpuSessionError):
     """The session kernel stopped answering while it ran a cell."""
 
 
+class CellLost(GpuSessionError):
+    """The connection dropped as a cell was sent: it did not run, the kernel is fine."""
+
+
 class RemoteError(GpuSessionError):
     """An exception raised by code running in the session kernel.
 

@@ -20,7 +20,7 @@ import zmq
 
 from jupyter_client.blocking.client import BlockingKernelClient
 
-from .errors import BadInput, KernelDied, RemoteError
+from .errors import BadInput, CellLost, KernelDied, RemoteError
 
 
 class OutputSink:
@@ -69,7 +69,8 @@ class KernelClient:
     """One connection to one session kernel. Owns its ZMQ context, so closing it never
     waits on another connection's sockets."""
 
-    def __init__(self, connection_info: dict, *, healthy: Callable[[], bool] | None = None):
+    def __init__(self, connection_info: dict, *, healthy: Callable[[], bool] | None = None,
+                 reconnects: Callable[[], int] | None = None):
         self._context = zmq.Context()
         # never block on unsent messages when closing (or when the GC or interpreter exit
         # terminates the context): a dead peer would otherwise hang us forever
@@ -78,6 +79,7 @@ class KernelClient:
         self.client.load_connection_info(connection_info)
         self.client.start_channels(hb=False)
         self._healthy = healthy or (lambda: True)
+        self._reconnects = reconnects or (lambda: 0)  # how often the link under us reconnected
         self._closed = False
         _OPEN_CLIENTS.add(self)
         # Dropped without close() (its session stopped by another process, say), this client is
@@ -171,6 +173,10 @@ class KernelClient:
         interrupted_at: float | None = None
         error: dict | None = None
         last_check = time.monotonic()
+        reconnects = self._reconnects()
+        probe_id: str | None = None  # kernel_info sent after a reconnect, to learn if the cell arrived
+        early_reply: dict | None = None  # execute_reply seen before iopub's idle
+        early_at = 0.0
         while True:
             try:
                 msg = self.client.get_iopub_msg(timeout=0.1)
@@ -180,6 +186,22 @@ class KernelClient:
                     last_check = now
                     if not self._healthy():
                         raise KernelDied("the session kernel died while running this cell") from None
+                    # a dropped connection can lose the request itself, or iopub's final idle
+                    if probe_id is None and self._reconnects() != reconnects:
+                        probe_id = self.client.kernel_info()
+                    got = self._poll_shell(msg_id, probe_id)
+                    if got is not None and got["parent_header"]["msg_id"] == msg_id and early_reply is None:
+                        early_reply, early_at = got, now
+                    elif got is not None and early_reply is None:
+                        # the kernel answers shell in order: the probe first means the cell never came
+                        raise CellLost(
+                            "the connection dropped as this cell was sent, so it did not run; the session "
+                            "and its variables are intact: run the cell again"
+                        )
+                if early_reply is not None and now - early_at > 2 * health_every:
+                    sink.stream("stderr", "[gpusession] the connection dropped during this cell: "
+                                          "some of its output may be missing\n")
+                    break
                 if interrupted_at is not None and now - interrupted_at > interrupt_grace:
                     raise KeyboardInterrupt("the remote cell did not stop within "
                                             f"{interrupt_grace:.0f}s of the interrupt; it may still be running")
@@ -211,7 +233,7 @@ class KernelClient:
                     self.interrupt()
                     interrupted_at = time.monotonic()
         try:
-            reply = self._reply(self.client.get_shell_msg, msg_id, timeout=10)["content"]
+            reply = (early_reply or self._reply(self.client.get_shell_msg, msg_id, timeout=10))["content"]
         except queue.Empty:
             raise KernelDied("the session kernel went idle but sent no reply") from None
         if interrupted_at is not None:
@@ -220,6 +242,16 @@ class KernelClient:
             err = error or reply
             raise RemoteError(err.get("ename", "Error"), err.get("evalue", ""), err.get("traceback", []))
         return reply
+
+    def _poll_shell(self, msg_id: str, probe_id: str | None) -> dict | None:
+        """Without waiting: the first shell message answering `msg_id` or `probe_id`."""
+        while True:
+            try:
+                msg = self.client.get_shell_msg(timeout=0)
+            except queue.Empty:
+                return None
+            if msg["parent_header"].get("msg_id") in (msg_id, probe_id):
+                return msg
 
     def evaluate(self, expression: str, setup: str = "") -> str:
         """Run `setup` silently and return repr-text of `expression` (user_expressions)."""

@@ -33,7 +33,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .durations import format_duration, format_money, parse_duration
-from .errors import GpuSessionError, RemoteError
+from .errors import CellLost, GpuSessionError, RemoteError
 from .models import State
 from .session import Session, SessionManager
 from .statsview import WarningNotifier, status_lines, watch
@@ -170,6 +170,8 @@ class GpuMagics(Magics):
                 session.run(cell)
         except RemoteError:
             raise
+        except CellLost as exc:
+            raise UsageError(str(exc)) from None
         except GpuSessionError as exc:
             if session is self.current and not session.record.state.active:
                 self._forget(session.id)

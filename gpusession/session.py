@@ -214,7 +214,7 @@ class SessionManager(AgentOps):
                 link = backend.connect(record, progress)
             with progress.stage("kernel", "waiting for the kernel to answer"):
                 session = Session(self, record, backend, link, None)  # type: ignore[arg-type]
-                kernel = KernelClient(link.endpoint.connection_info, healthy=session.healthy)
+                kernel = KernelClient(link.endpoint.connection_info, healthy=session.healthy, reconnects=lambda: link.reconnects)
                 session.kernel = kernel
                 try:
                     kernel.wait_ready(timeout=120)
@@ -279,7 +279,7 @@ class SessionManager(AgentOps):
                 raise NoSession(f"session {record.name} is gone ({backend.stop_reason(record) or 'remote side ended'})")
             link = backend.connect(record, progress)
             session = Session(self, record, backend, link, None)  # type: ignore[arg-type]
-            session.kernel = KernelClient(link.endpoint.connection_info, healthy=session.healthy)
+            session.kernel = KernelClient(link.endpoint.connection_info, healthy=session.healthy, reconnects=lambda: link.reconnects)
             session.kernel.wait_ready(timeout=30)
         with self._lock:
             self._connected[record.id] = session

@@ -186,6 +186,35 @@ def test_cut_tunnel_keeps_the_kernel_and_its_variables(docker_env, engine, tmp_p
         nk.close()
 
 
+@engine_test
+def test_tunnel_cut_while_a_cell_runs_does_not_hang_the_cell(docker_env, engine, tmp_path):
+    """The cell's request already reached the kernel; its reply (and maybe some output) crosses
+    the reconnect. The cell must finish - never hang - and the kernel keeps its variables."""
+    from support.notebook_kernel import NotebookKernel
+
+    nk = NotebookKernel(docker_env, cwd=str(tmp_path))
+    try:
+        assert nk.run("%load_ext gpusession").status == "ok"
+        assert nk.run("%gpu start --backend docker --idle off --name midcell").status == "ok"
+        store = _store(docker_env)
+        port = store.get("midcell").resource["ssh_port"]
+        import threading
+
+        def cut() -> None:
+            time.sleep(1.0)
+            subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(port)], check=True, capture_output=True)
+
+        threading.Thread(target=cut, daemon=True).start()
+        r = nk.run("%%gpu\nimport time\nkept = 'yes'\ntime.sleep(4)\nprint('cell done')", timeout=60)
+        assert r.status == "ok", r.text
+        assert "cell done" in r.text or "some of its output may be missing" in r.text
+        after = nk.run("%%gpu\nprint(kept)", timeout=60)
+        assert after.text.strip() == "yes", after.text
+        assert nk.run("%gpu stop").status == "ok"
+    finally:
+        nk.close()
+
+
 STARTER = """
 import sys
 from gpusession.session import SessionManager
