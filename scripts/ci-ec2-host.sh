@@ -17,44 +17,9 @@ RUN=/run/gpus-ec2                 # socket and pid file
 SOCK=unix://$RUN/docker.sock
 IMAGE=${GPUSESSION_TEST_IMAGE:-gpusession/cuda:ci}
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-ns_docker() { DOCKER_HOST=$SOCK docker "$@"; }
-
-network_up() {
-    [ -e "/run/netns/$NS" ] || ip netns add "$NS"
-    if ! ip link show "$HOST_IF" >/dev/null 2>&1; then
-        ip link add "$HOST_IF" type veth peer name "$NS_IF" netns "$NS"
-        ip addr add "$HOST_IP/24" dev "$HOST_IF"
-        ip link set "$HOST_IF" up
-        ip -n "$NS" addr add "$NS_IP/24" dev "$NS_IF"
-        ip -n "$NS" link set "$NS_IF" up
-        ip -n "$NS" link set lo up
-    fi
-}
-
-dockerd_up() {
-    alive "$RUN/dockerd.pid" && return
-    local path=$PATH
-    # the stub NVIDIA hook (ci-host-setup.sh), so that `docker run --gpus all` works without a GPU
-    [ -x "$CI_STATE/bin/nvidia-container-runtime-hook" ] && path=$CI_STATE/bin:$PATH
-    # Only the network namespace (`ip netns exec` would remount /sys and hide the cgroups).
-    PATH=$path setsid -f nsenter --net="/run/netns/$NS" dockerd \
-        --data-root "$STATE/docker" --exec-root "$RUN/exec" --pidfile "$RUN/dockerd.pid" \
-        -H "$SOCK" --containerd-namespace "$NS" --containerd-plugins-namespace "$NS-plugins" \
-        --cgroup-parent "/$NS" >>"$STATE/dockerd.log" 2>&1 </dev/null
-    for _ in $(seq 60); do ns_docker info >/dev/null 2>&1 && return; sleep 0.5; done
-    tail -n 20 "$STATE/dockerd.log" >&2
-    echo "ci-ec2-host: dockerd did not come up (log: $STATE/dockerd.log)" >&2
-    return 1
-}
-
-image_up() {
-    local want
-    want=$(docker image inspect -f '{{.Id}}' "$IMAGE")
-    [ "$(ns_docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null)" = "$want" ] && return
-    docker save "$IMAGE" | ns_docker load -q
-    ns_docker image prune -f >/dev/null
-}
+NAME=ci-ec2-host
+# shellcheck source=lib/netns-docker-host.sh
+source "$(dirname "$0")/lib/netns-docker-host.sh"
 
 up() {
     mkdir -p "$STATE" "$RUN" /run/sshd
@@ -71,16 +36,8 @@ up() {
 }
 
 down() {
-    if alive "$RUN/dockerd.pid"; then
-        ns_docker ps -aq | xargs -r env DOCKER_HOST="$SOCK" docker rm -f >/dev/null
-        local pid
-        pid=$(cat "$RUN/dockerd.pid")
-        kill "$pid"
-        for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    fi
-    rm -f "$RUN/dockerd.pid"
-    ! ip link show "$HOST_IF" >/dev/null 2>&1 || ip link del "$HOST_IF"
-    [ ! -e "/run/netns/$NS" ] || ip netns del "$NS"
+    dockerd_down
+    network_down
     echo "ci-ec2-host: down"
 }
 

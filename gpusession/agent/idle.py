@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any
 
 from ..cost import cost_for_seconds, seconds_until_cost
+from ..durations import format_duration as _fmt  # standard library only, like cost
 
 WARNING_MAX_S = 300.0  # warn at most this long before a stop ...
 WARNING_FRACTION = 0.2  # ... and at most this fraction of the limit before it
@@ -22,16 +23,6 @@ DEFAULT_KEEPALIVE_LIMIT_S = 4 * 3600.0
 
 # the first word of a stop reason; the local side turns it into a sentence
 IDLE, MAX_RUNTIME, MAX_COST = "idle", "max-runtime", "max-cost"
-
-
-def _fmt(seconds: float | None) -> str:
-    """Like durations.format_duration (kept here: the agent imports nothing above models)."""
-    if seconds is None:
-        return "off"
-    s = max(0, int(round(seconds)))
-    h, rem = divmod(s, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 def warning_lead(limit_s: float) -> float:
