@@ -138,7 +138,7 @@ class AgentOps:
             session = self.connected(key)
             if session is None:
                 raise AgentUnavailable("not connected to this session")
-            return self._client(session).stats(since, limit)
+            return self._with_notices(session.id, self._client(session).stats(since, limit))
         record, session = self._agent_for(key)
         try:
             doc = self._client(session).stats(since, limit)
@@ -147,9 +147,21 @@ class AgentOps:
             if record.state != State.RUNNING:
                 raise NoSession(self.ended_message(record)) from None
             raise
+        doc = self._with_notices(record.id, doc)
         with self._lock:
             self._stats_cache[record.id] = (time.time(), doc)
         return doc
+
+    def _with_notices(self, session_id: str, doc: dict) -> dict:
+        """Add what the backend learnt outside the agent (a spot interruption notice, seen by the
+        link and recorded in the store) to the warnings the notebook and the panels show."""
+        interrupted = self.store.get(session_id).resource.get("interrupted")
+        if not interrupted:
+            return doc
+        notice = interrupted.get("notice") or {}
+        warning = (f"spot interruption notice: AWS will {notice.get('action', 'stop')} this instance at "
+                   f"{notice.get('time', 'any moment')}; save your work")
+        return dict(doc, warnings=[*(doc.get("warnings") or []), warning])
 
     def keepalive(self, key: str, duration: str | float, report: Callable[[str], None] | None = None) -> SessionRecord:
         """Postpone the session's idle stop by `duration` ("1h", or seconds as a number); the

@@ -115,6 +115,9 @@ def test_spot_interruption_notice_warns_and_marks_the_session(manager, platform,
     assert record.resource["interrupted"]["notice"] == notice
     assert any("spot interruption notice" in e.detail for e in record.events)
     assert any("spot interruption notice" in r.getMessage() for r in caplog.records)
+    # the notice reaches the notebook's warning poller and the panels through the stats
+    warnings = manager.stats(record.id, limit=0)["warnings"]
+    assert any(w.startswith("spot interruption notice: AWS will") for w in warnings), warnings
     look.terminate_instances(InstanceIds=[record.resource["instance_id"]])  # AWS reclaims it
     platform.wait_for(lambda: not manager.backend("aws").is_alive(manager.get(record.id)), timeout=30)
     manager.gc()
