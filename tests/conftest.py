@@ -36,6 +36,16 @@ def manager(gs_home):
 
 
 @pytest.fixture
+def engine():
+    """A docker SDK client for the local engine (tests that need one skip without it)."""
+    import docker
+
+    client = docker.from_env()
+    yield client
+    client.close()
+
+
+@pytest.fixture
 def nb_env(gs_home) -> dict[str, str]:
     env = dict(os.environ)
     env["GPUSESSION_HOME"] = str(gs_home)

@@ -29,15 +29,6 @@ TEARDOWN_SLACK_S = 3.0
 
 
 @pytest.fixture
-def engine():
-    import docker
-
-    client = docker.from_env()
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def docker_manager(manager, monkeypatch):
     monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
     manager.config.docker_image = product_image()

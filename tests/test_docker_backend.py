@@ -51,15 +51,6 @@ def test_without_the_docker_sdk_gpusession_imports_and_says_how_to_install(tmp_p
 
 
 @pytest.fixture
-def engine():
-    import docker
-
-    client = docker.from_env()
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def docker_env(nb_env, monkeypatch) -> dict[str, str]:
     monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
     nb_env["GPUSESSION_IMAGE"] = product_image()
