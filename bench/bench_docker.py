@@ -185,7 +185,7 @@ def main() -> int:
     try:
         rt_direct, rt_tunnel = round_trip(direct), round_trip(session.kernel)
         session.kernel.execute(SERVE_50MB, sink=Quiet())
-        tunnel_raw_port = session.link.add_forward(50020)
+        tunnel_raw_port = session.link.tunnel.add_forward(50020)
         kernel_ports = [50001, 50002, 50003, 50004, 50005]
         ssh, local = openssh_forward(session, kernel_ports + [50020], work)
         try:

@@ -5,27 +5,30 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from typing import Callable
 
 from .errors import GpuSessionError
+from .options import add_arguments as add_start_options
 
 
 def _manager():
+    """The CLI is no Jupyter app: its settings are the GPUSESSION_* env vars (a bad one is a
+    one-line error), not ipython_config.py or jupyter_server_config.py, which may disagree."""
+    from .config import GpuSessionConfig
     from .session import SessionManager
 
-    return SessionManager()
+    return SessionManager(GpuSessionConfig())
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .magics import render_session_table
+    from .words import session_table
 
     m = _manager()
     records = m.list(active_only=not args.all)
     if not records:
         print("no active sessions" if not args.all else "no sessions recorded")
         return 0
-    print(render_session_table(m, records))
+    print(session_table([m.view(r) for r in records]))
     return 0
 
 
@@ -37,26 +40,29 @@ def cmd_types(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from .words import summary_line
+
     m = _manager()
     if args.all:
-        stopped = m.stop_all()
+        stopped = m.stop_all(by="gpusession stop --all")
         print(f"stopped {len(stopped)} session(s)")
         for r in stopped:
-            print(f"  {r.name}: {m.summary_line(r)}")
+            print(f"  {r.name}: {summary_line(r)}")
         return 0
     if not args.name:
         raise GpuSessionError("name a session to stop (`gpusession list`), or pass --all")
-    r = m.stop(args.name)
-    print(f"stopped {r.name}: {m.summary_line(r)}")
+    r = m.stop(args.name, by="gpusession stop")
+    print(f"stopped {r.name}: {summary_line(r)}")
     return 0
 
 
 def cmd_start(args: argparse.Namespace) -> int:
+    from . import options
+
     m = _manager()
-    spec = m.make_spec(
-        args.type, backend=args.backend, idle=args.idle, name=args.name, host=args.host, image=args.image,
-        spot=args.spot or None, region=args.region, max_cost=args.max_cost,
-    )
+    given = options.given_values(args)
+    spec = m.make_spec(given.pop("type", None), backend=given.pop("backend", None),
+                       idle=given.pop("idle", "default"), face=options.FLAGS, **given)
     session = m.start(spec, report=lambda line: print(line, flush=True))
     print(f"{session.name} is running; `gpusession stop {session.name}` stops it")
     session.kernel.close()
@@ -65,6 +71,8 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from .words import ended_message, timeline
+
     m = _manager()
     r = m.get(args.name)
     v = m.view(r)
@@ -72,20 +80,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"  id {r.id}, owner {r.owner}, ${v['price_per_hour']:.3f}/h, cost so far ${v['cost_so_far']:.4f}")
     if r.error:
         print(f"  error: {r.error}")
+    if not r.state.active:
+        print(f"  {ended_message(r)}")
     print("  timeline:")
-    print(format_timeline(r))
+    print(timeline(r))
     return 0
 
 
-def format_timeline(record) -> str:
-    t0 = record.events[0].at if record.events else 0.0
-    return "\n".join(
-        f"    +{e.at - t0:7.2f}s  {e.state.value:<12} {e.detail}".rstrip() for e in record.events
-    )
-
-
 def cmd_stats(args: argparse.Namespace) -> int:
-    from .statsview import status_lines
+    from .words import status_lines
 
     m = _manager()
     try:
@@ -97,21 +100,25 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_keepalive(args: argparse.Namespace) -> int:
+    from .words import keepalive_line
+
     m = _manager()
     try:
-        r = m.keepalive(args.name, args.duration)
+        granted = m.keepalive(args.name, args.duration)
     finally:
         m.close()
-    print(f"{r.name}: idle stop postponed by {args.duration}")
+    print(keepalive_line(granted["name"], granted, granted["asked_s"]))
     return 0
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from .words import gc_line
+
     m = _manager()
     skipped: list[str] = []
     actions = m.gc(dry_run=args.dry_run, orphans=args.orphans, skipped=skipped)
-    for line in actions:
-        print(line)
+    for action in actions:
+        print(gc_line(action))
     if not actions:
         print("nothing to clean up")
     for line in skipped:
@@ -148,22 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name", nargs="?")
     s.add_argument("--all", action="store_true", help="stop every active session")
     s = sub.add_parser("start", help="start a session (it keeps running after this command returns)")
-    s.add_argument("--type", "-t", default=None)
-    s.add_argument("--backend", "-b", default=None)
-    s.add_argument("--idle", default="default")
-    s.add_argument("--name", "-n", default=None)
-    s.add_argument("--host", default=None)
-    s.add_argument("--image", default=None)
-    s.add_argument("--spot", action="store_true")
-    s.add_argument("--region", default=None)
-    s.add_argument("--max-cost", default=None)
+    add_start_options(s)  # every start option, from the one table (gpusession/options.py)
     s = sub.add_parser("status", help="one session's state, cost and timeline")
     s.add_argument("name")
     s = sub.add_parser("stats", help="a running session's latest GPU sample, idle countdown and cost")
     s.add_argument("name")
     s = sub.add_parser("keepalive", help="postpone a session's idle stop")
     s.add_argument("name")
-    s.add_argument("duration", nargs="?", default="1h", help="e.g. 30m, 1h (default 1h; at most 4h ahead)")
+    s.add_argument("duration", nargs="?", default="1h", help="e.g. 30m, 1h; a bare number means minutes "
+                   "(default 1h; at most 4h ahead)")
     s = sub.add_parser("gc", help="find and stop what crashed processes left behind")
     s.add_argument("--dry-run", action="store_true", help="only say what would be done")
     s.add_argument("--orphans", action="store_true", help="also stop running sessions whose notebook process is gone")
@@ -179,11 +179,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except GpuSessionError as exc:
-        print(f"gpusession {args.command}: {exc}", file=sys.stderr)
+        from .words import error_text
+
+        print(f"gpusession {args.command}: {error_text(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"gpusession {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `gpusession list | head`: the reader left; no traceback (Python docs recipe)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

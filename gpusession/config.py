@@ -1,76 +1,222 @@
-"""User settings: traitlets config (jupyter config files) with environment-variable defaults.
+"""User settings: one traitlets `Configurable`, built by each face with the app as parent.
 
-Every trait's help says its unit, the env var that sets its default, and what 0/empty means.
+Where a value comes from, strongest first:
+
+1. `%config GpuSessionConfig.<name> = ...` in a running kernel (applies to the next `%gpu start`);
+2. the command line (`ipython --GpuSessionConfig.default_idle=7m`, `jupyter lab --GpuSessionConfig...`);
+3. the config files (`c.GpuSessionConfig.<name> = ...` in `ipython_config.py` for the magics,
+   `jupyter_server_config.py` for the REST API and the JupyterLab panel);
+4. the environment variable named in each trait's help (the only source the `gpusession` CLI reads);
+5. the built-in default.
+
+Every trait's default comes from its env var through a `@default` method, so anything set through
+traitlets overrides the env var. A bad value says which setting or variable was wrong
+(`ConfigError`, raised when the value is read or set, never at import).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import platformdirs
-from traitlets import Float, Unicode, default
+from traitlets import Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
+
+from .errors import BadInput, GpuSessionError
+
+T = TypeVar("T")
+
+BUILTIN_TYPE = "t4"
+BUILTIN_IDLE = "30m"
+BUILTIN_IMAGE = "gpusession/cuda:latest"
+CATALOG_PRICE = -1.0
+
+
+class ConfigError(GpuSessionError, TraitError):
+    """A setting (config file, command line, `%config`) or its env var has a bad value.
+
+    A TraitError, so traitlets rolls back a `%config` line that carries it and IPython prints the
+    message; a GpuSessionError, so the faces show it as one line."""
+
+
+def builtin_data_dir() -> str:
+    return platformdirs.user_data_dir("gpusession", appauthor=False)
+
+
+def _from_env(var: str, parse: Callable[[str], T], builtin: T) -> T:
+    """The env var's value through `parse`, or `builtin` when it is unset or empty."""
+    raw = os.environ.get(var, "").strip()
+    if not raw:
+        return builtin
+    try:
+        return parse(raw)
+    except (BadInput, ValueError) as exc:
+        raise ConfigError(f"environment variable {var}={raw!r}: {exc}") from None
+
+
+def _gpu_type(text: str) -> str:
+    from .catalog import load_catalog
+
+    load_catalog().parse(text)  # BadInput names the valid types
+    return text.strip().lower()
+
+
+def _idle(text: str) -> str:
+    from .durations import IDLE
+
+    IDLE.parse(text)
+    return text.strip()
+
+
+def _price(text: str | float) -> float:
+    try:
+        value = float(str(text).strip().lstrip("$"))
+    except ValueError:
+        raise BadInput(f"not a number of dollars per hour: {text!r}") from None
+    if value < 0 and value != CATALOG_PRICE:
+        raise BadInput(f"must be -1 (the catalog's rate) or at least 0 dollars per hour, got {text!r}")
+    return value
+
+
+def _data_dir(text: str) -> str:
+    return os.path.abspath(os.path.expanduser(text.strip()))
 
 
 class GpuSessionConfig(Configurable):
-    """`c.GpuSessionConfig.<name> = ...` in jupyter_server_config.py / ipython_config.py."""
+    """`c.GpuSessionConfig.<name> = ...` in ipython_config.py (the magics) or
+    jupyter_server_config.py (the REST API and panel); env vars set the defaults."""
 
+    # The static defaults are the built-in values: traitlets skips validating a value equal to
+    # the static default while it loads config, so that value must already be a valid one.
     data_dir = Unicode(
-        help="Folder of the session store (sessions.sqlite3) and per-session keys. "
-        "Default: env GPUSESSION_HOME, else the platform's user data dir for 'gpusession'."
+        builtin_data_dir(),
+        help="Folder of the session store (sessions.sqlite3), per-session keys and local session "
+        "state. Default: env GPUSESSION_HOME, else the platform's user data dir "
+        "(~/.local/share/gpusession); empty means that platform dir. Read once, when the process "
+        "first opens the store (in a notebook: the first %gpu command); changing it afterwards is "
+        "refused. Give every face (notebooks, server, CLI) the same folder, or they see different "
+        "sessions: GPUSESSION_HOME is the one way all of them read."
     ).tag(config=True)
 
     default_backend = Unicode(
-        help="Backend used when %gpu start names none: 'local', 'docker' or 'aws'. Empty means "
-        "'docker' when a Docker engine answers, else 'local'. Env: GPUSESSION_BACKEND."
+        "",
+        help="Backend used when none is named (%gpu start --backend, POST sessions 'backend'): "
+        "'local', 'docker', 'aws' or another registered backend. Default: env GPUSESSION_BACKEND; "
+        "empty means 'docker' when a Docker engine answers, else 'local'."
     ).tag(config=True)
 
     default_type = Unicode(
-        "t4", help="GPU type when none is given (catalog name, e.g. t4, a100:8). Env: GPUSESSION_TYPE."
+        BUILTIN_TYPE,
+        help="GPU type when none is given: a catalog name, optionally with a count (t4, a100:8; "
+        "see %gpu types). Default: env GPUSESSION_TYPE, else 't4'; empty means 't4'."
     ).tag(config=True)
 
     default_idle = Unicode(
-        "30m",
-        help="Idle timeout when none is given: e.g. 15m, 1h; 'off' never stops. Env: GPUSESSION_IDLE.",
+        BUILTIN_IDLE,
+        help="Idle timeout when none is given: 90s, 15m, 1h30m, or a bare number of minutes; "
+        "'off' (or 0) means never stop on idle. Default: env GPUSESSION_IDLE, else '30m'; empty "
+        "means '30m'."
     ).tag(config=True)
 
     price_per_hour = Float(
-        -1.0,
-        help="Dollars per hour charged for local and docker sessions (your own hardware). "
-        "-1 (default) uses the catalog's on-demand price of the same GPUs; 0 makes them free. "
-        "Env: GPUSESSION_PRICE_PER_HOUR.",
+        CATALOG_PRICE,
+        help="Dollars per hour charged for sessions on your own hardware (local and docker "
+        "backends). -1 uses the catalog's on-demand price of the same GPUs; 0 makes them free. "
+        "Default: env GPUSESSION_PRICE_PER_HOUR, else -1."
     ).tag(config=True)
 
     docker_image = Unicode(
-        help="Image for docker sessions. Default: env GPUSESSION_IMAGE, else 'gpusession/cuda:latest' "
-        "built from Dockerfile.cuda on first use."
+        BUILTIN_IMAGE,
+        help="Image for docker sessions when --image names none. Default: env GPUSESSION_IMAGE, "
+        "else 'gpusession/cuda:latest' (built from Dockerfile.cuda on first use); empty means "
+        "that image."
     ).tag(config=True)
+
+    # set by data_path: the folder this process's store lives in (None until first use)
+    _data_dir_in_use: str | None = None
+
+    # -- defaults: the env var, else the built-in ---------------------------------------------
 
     @default("data_dir")
     def _data_dir_default(self) -> str:
-        return os.environ.get("GPUSESSION_HOME") or platformdirs.user_data_dir("gpusession", appauthor=False)
+        return _from_env("GPUSESSION_HOME", _data_dir, builtin_data_dir())
 
     @default("default_backend")
     def _backend_default(self) -> str:
-        return os.environ.get("GPUSESSION_BACKEND", "")
+        return _from_env("GPUSESSION_BACKEND", lambda s: s.lower(), "")
+
+    @default("default_type")
+    def _type_default(self) -> str:
+        return _from_env("GPUSESSION_TYPE", _gpu_type, BUILTIN_TYPE)
+
+    @default("default_idle")
+    def _idle_default(self) -> str:
+        return _from_env("GPUSESSION_IDLE", _idle, BUILTIN_IDLE)
+
+    @default("price_per_hour")
+    def _price_default(self) -> float:
+        return _from_env("GPUSESSION_PRICE_PER_HOUR", _price, CATALOG_PRICE)
 
     @default("docker_image")
     def _image_default(self) -> str:
-        return os.environ.get("GPUSESSION_IMAGE", "gpusession/cuda:latest")
+        return _from_env("GPUSESSION_IMAGE", str, BUILTIN_IMAGE)
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        env = os.environ
-        if "GPUSESSION_TYPE" in env and "default_type" not in kwargs:
-            self.default_type = env["GPUSESSION_TYPE"]
-        if "GPUSESSION_IDLE" in env and "default_idle" not in kwargs:
-            self.default_idle = env["GPUSESSION_IDLE"]
-        if "GPUSESSION_PRICE_PER_HOUR" in env and "price_per_hour" not in kwargs:
-            self.price_per_hour = float(env["GPUSESSION_PRICE_PER_HOUR"])
+    # -- values set through traitlets (files, command line, %config) --------------------------
+
+    @validate("data_dir")
+    def _check_data_dir(self, proposal) -> str:
+        value = _data_dir(proposal.value) if proposal.value.strip() else builtin_data_dir()
+        if self._data_dir_in_use is not None and value != self._data_dir_in_use:
+            raise ConfigError(
+                f"GpuSessionConfig.data_dir: this process already keeps its sessions in "
+                f"{self._data_dir_in_use}; a new data_dir applies in a new kernel (or after "
+                f"`%reload_ext gpusession`), set before the first %gpu command"
+            )
+        return value
+
+    @validate("default_backend")
+    def _check_backend(self, proposal) -> str:
+        return proposal.value.strip().lower()
+
+    @validate("default_type")
+    def _check_type(self, proposal) -> str:
+        return self._checked("default_type", _gpu_type, proposal.value, BUILTIN_TYPE)
+
+    @validate("default_idle")
+    def _check_idle(self, proposal) -> str:
+        return self._checked("default_idle", _idle, proposal.value, BUILTIN_IDLE)
+
+    @validate("price_per_hour")
+    def _check_price(self, proposal) -> float:
+        return self._checked("price_per_hour", _price, proposal.value, CATALOG_PRICE)
+
+    @validate("docker_image")
+    def _check_image(self, proposal) -> str:
+        return proposal.value.strip() or BUILTIN_IMAGE
+
+    @staticmethod
+    def _checked(name: str, parse: Callable[[str], T], value, builtin: T) -> T:
+        if isinstance(value, str) and not value.strip():
+            return builtin
+        try:
+            return parse(value)
+        except (BadInput, ValueError) as exc:
+            raise ConfigError(f"GpuSessionConfig.{name}: {exc}") from None
+
+    # -- use ----------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Read every setting now, so a bad env var is reported (ConfigError) at load rather
+        than at the first start."""
+        for name in sorted(self.trait_names(config=True)):
+            getattr(self, name)
 
     @property
     def data_path(self) -> Path:
+        """The data dir, created. From the first call on, it stays this process's data dir."""
         p = Path(self.data_dir)
         p.mkdir(parents=True, exist_ok=True)
+        self._data_dir_in_use = str(p)
         return p

@@ -65,8 +65,8 @@ def output_text(cell) -> str:
 
 
 def run_demo(notebook: str | None = None, backend: str = "local", out: str | None = None) -> int:
-    from .cli import format_timeline
     from .session import SessionManager
+    from .words import summary_line, timeline
 
     path = Path(notebook) if notebook else find_quickstart()
     os.environ["GPUSESSION_BACKEND"] = backend
@@ -90,7 +90,7 @@ def run_demo(notebook: str | None = None, backend: str = "local", out: str | Non
     ran = [r for r in manager.list() if r.created_at >= started - 1]
     for r in ran:
         print(f"\nsession {r.name} ({r.backend}, {r.spec.gpu_count} x {r.spec.gpu_type}): {r.state.value}, "
-              f"{manager.summary_line(r)}")
-        print(format_timeline(r))
+              f"{summary_line(r)}")
+        print(timeline(r))
     print(f"\ndemo finished in {time.time() - started:.1f}s")
     return 0

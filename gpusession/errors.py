@@ -23,6 +23,15 @@ class NoSession(GpuSessionError):
     """An operation needs a running session and there is none."""
 
 
+class SessionEnded(NoSession):
+    """The session is no longer running. `record` (a SessionRecord) says how it ended: its
+    state, its recorded stop reason; the faces put that into words (gpusession.words)."""
+
+    def __init__(self, record):
+        self.record = record
+        super().__init__(f"session {record.name} is {record.state.value}")
+
+
 class BackendUnavailable(GpuSessionError):
     """A backend's SDK, daemon or credentials are missing; the message says how to get them."""
 

@@ -16,13 +16,14 @@ Examples
     In [6]: %gpu push df model
     In [7]: %gpu pull result
     In [8]: %gpu status      # latest GPU sample, cost, idle countdown
-    In [9]: %gpu watch 60    # live for a minute (Ctrl-C ends it earlier)
+    In [9]: %gpu watch 1m    # live for a minute (Ctrl-C ends it earlier)
     In [10]: %gpu keepalive 2h
     In [11]: %gpu stop
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 import threading
 import time
@@ -30,87 +31,35 @@ from typing import Any, Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .durations import format_duration, format_money, parse_duration
+from . import options
+from .durations import WATCH, format_duration, format_money
+from .config import GpuSessionConfig
 from .errors import CellLost, GpuSessionError, RemoteError
 from .models import State
 from .session import Session, SessionManager
-from .statsview import WarningNotifier, status_lines, watch
+from .notify import WarningNotifier, watch
+from .words import ended_message, error_text, keepalive_line, session_table, status_lines, summary_line
 
 
-@magic_arguments()
-@argument("--type", "-t", dest="gpu_type", default=None, help="GPU type, optionally with a count: t4, a100:8 (see %%gpu types)")
-@argument("--backend", "-b", default=None, help="local, docker or aws (default: docker when an engine answers, else local)")
-@argument("--host", default=None, help="docker backend: a remote engine, ssh://user@host[:port]")
-@argument("--image", default=None, help="container image (docker/aws); default: built from Dockerfile.cuda")
-@argument("--idle", default="default", help="stop after this long idle: 90s, 15m, 1h, or off (default 30m)")
-@argument("--gpu-only", dest="gpu_only_idle", action="store_true", default=None,
-          help="count only GPU utilization as activity (stops a busy kernel whose GPU sits unused)")
-@argument("--max-runtime", default=None, help="hard stop after this long, e.g. 8h")
-@argument("--spot", action="store_true", default=None, help="aws: use spot capacity")
-@argument("--region", default=None, help="aws: region, e.g. us-east-1")
-@argument("--max-cost", default=None, help="stop when the session has cost this many dollars, e.g. 5")
-@argument("--name", "-n", default=None, help="session name (default: TYPE-N)")
-@argument("--gpus", default=None, help="docker: GPUs to request, 'all' (default) or a number")
-@argument("--ssh-cidr", default=None, help="aws: addresses allowed to SSH in (default: your address /32)")
-@argument("--fallback", default=None, choices=["off", "zone", "on-demand", "any"],
-          help="aws: on a capacity error try another zone, on-demand, or both (default off)")
-@argument("--max-price", default=None, help="aws spot: highest $/hour to pay (default: the on-demand price)")
-@argument("--ami", default=None, help="aws: machine image id (default: a GPU image from SSM public parameters)")
-def _start_args(line: str) -> None:
-    """%gpu start [options]"""
-
-
-@magic_arguments()
-@argument("name", nargs="?", default=None, help="session name (default: the current session)")
-@argument("--all", action="store_true", help="stop every active session")
-def _stop_args(line: str) -> None:
-    """%gpu stop [NAME | --all]"""
-
-
-@magic_arguments()
-@argument("names", nargs="+", help="variable names")
-def _vars_args(line: str) -> None:
-    """%gpu push|pull NAME..."""
-
-
-@magic_arguments()
-@argument("name", help="session name")
-def _use_args(line: str) -> None:
-    """%gpu use NAME"""
-
-
-@magic_arguments()
-@argument("duration", nargs="?", default=None, help="stop watching after this long: 60 (seconds), 5m (default: until interrupted)")
-@argument("--interval", type=float, default=1.0, help="seconds between updates (default 1)")
-def _watch_args(line: str) -> None:
-    """%gpu watch [SECONDS]"""
-
-
-@magic_arguments()
-@argument("duration", nargs="?", default="1h", help="postpone the idle stop by this long: 30m, 1h, 2h (default 1h; at most 4h)")
-def _keepalive_args(line: str) -> None:
-    """%gpu keepalive [DURATION]"""
-
-
-HELP = """%gpu SUBCOMMAND ...
-  start [--type T4] [--backend local|docker|aws] [--idle 15m] [--max-cost 5] [--name N] ...
-  stop [NAME | --all]     status     list     types
-  on | off                run every following cell in the session (or stop doing so)
-  push NAME...            send local variables to the session;  pull NAME...: fetch them back
-  use NAME                work with another running session (e.g. one started from the panel)
-  watch [SECONDS]         live GPU, CPU, cost and idle countdown (Ctrl-C or the stop button ends it)
-  keepalive [1h]          postpone the idle stop (at most 4h ahead)
-  panel [NAME | --all]    the session card with live gauges, start/stop buttons (ipywidgets)
-  %%gpu                   (cell magic) run this cell in the session
-`%gpu start?` style help: `%gpu help start`."""
+from .magicargs import (
+    HELP,
+    _keepalive_args,
+    _start_args,
+    _stop_args,
+    _use_args,
+    _vars_args,
+    _watch_args,
+)
 
 
 @magics_class
 class GpuMagics(Magics):
-    def __init__(self, shell, manager: SessionManager | None = None):
+    def __init__(self, shell, manager: SessionManager | None = None, gpu_config: GpuSessionConfig | None = None):
         super().__init__(shell)
+        # The live settings: `%config GpuSessionConfig...` changes this object, and the manager
+        # reads it at each start. (Not `self.config`: that is the Magics' own traitlets config.)
+        self.gpu_config = gpu_config or (manager.config if manager else GpuSessionConfig(parent=shell))
         self._manager = manager
         self.current: Session | None = None
         self.auto = False
@@ -136,8 +85,10 @@ class GpuMagics(Magics):
 
     @property
     def manager(self) -> SessionManager:
+        """Made at the first %gpu command, so data_dir set by then (files, command line,
+        `%config` right after `%load_ext`) picks the store; other settings apply at each start."""
         if self._manager is None:
-            self._manager = SessionManager()
+            self._manager = SessionManager(self.gpu_config)
         return self._manager
 
     def add_subcommand(self, name: str, handler: Callable[[str], Any]) -> None:
@@ -159,7 +110,7 @@ class GpuMagics(Magics):
         except GpuSessionError as exc:
             if isinstance(exc, RemoteError):
                 raise
-            raise UsageError(str(exc)) from None
+            raise UsageError(error_text(exc)) from None
 
     @cell_magic("gpu")
     def gpu_cell(self, line: str, cell: str) -> None:
@@ -175,7 +126,7 @@ class GpuMagics(Magics):
         except GpuSessionError as exc:
             if session is self.current and not session.record.state.active:
                 self._forget(session.id)
-            raise UsageError(f"{exc}. Session {session.name} is no longer usable; `%gpu start` a new one.") from None
+            raise UsageError(f"{error_text(exc)}. Session {session.name} is no longer usable; `%gpu start` a new one.") from None
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -188,8 +139,13 @@ class GpuMagics(Magics):
         return self.current
 
     def _parse(self, spec_func, rest: str):
+        """Shell quoting, as a user expects: `--name "my run"` is `my run`, without quotes."""
         try:
-            return parse_argstring(spec_func, rest)
+            words = shlex.split(rest)
+        except ValueError as exc:  # an unclosed quote
+            raise UsageError(f"cannot read the arguments ({exc}): close the quote") from None
+        try:
+            return spec_func.parser.parse_args(words)
         except UsageError:
             raise
         except SystemExit:  # argparse exits on --help
@@ -198,26 +154,16 @@ class GpuMagics(Magics):
     # -- subcommands -------------------------------------------------------------------
 
     def _start(self, rest: str) -> Session:
-        args = self._parse(_start_args, rest)
-        spec = self.manager.make_spec(
-            args.gpu_type,
-            backend=args.backend,
-            idle=args.idle,
-            name=args.name,
-            image=args.image,
-            host=args.host,
-            spot=args.spot,
-            region=args.region,
-            gpu_only_idle=args.gpu_only_idle,
-            max_cost=args.max_cost,
-            max_runtime=args.max_runtime,
-            gpus=args.gpus,
-            ssh_cidr=args.ssh_cidr,
-            fallback=args.fallback,
-            max_price=args.max_price,
-            ami=args.ami,
-        )
-        session = self.manager.start(spec, report=_print)
+        given = options.given_values(self._parse(_start_args, rest))
+        spec = self.manager.make_spec(given.pop("type", None), backend=given.pop("backend", None),
+                                      idle=given.pop("idle", "default"), face=options.FLAGS, **given)
+        record = self.manager.create(spec)
+        try:
+            session = self.manager.launch(record, report=_print)
+        except KeyboardInterrupt:  # one line, not IPython's traceback: launch already cleaned up
+            ended = self.manager.get(record.id)
+            raise UsageError(f"start of {ended.name} interrupted ({ended.error}); nothing is left running "
+                             f"(`%gpu list` shows it as {ended.state.value})") from None
         self.current = session
         self._notify(session)
         return None
@@ -238,10 +184,10 @@ class GpuMagics(Magics):
     def _stop(self, rest: str) -> None:
         args = self._parse(_stop_args, rest)
         if args.all:
-            stopped = self.manager.stop_all()
+            stopped = self.manager.stop_all(by="%gpu stop --all")
             if self.current is not None:
                 self._forget(self.current.id)
-            print(f"stopped {len(stopped)} session(s)" + "".join(f"\n  {r.name}: {self.manager.summary_line(r)}" for r in stopped))
+            print(f"stopped {len(stopped)} session(s)" + "".join(f"\n  {r.name}: {summary_line(r)}" for r in stopped))
             return
         if args.name:
             record = self.manager.get(args.name)
@@ -249,13 +195,13 @@ class GpuMagics(Magics):
             record = self.current.record
         else:
             raise UsageError("no current session to stop; name one (`%gpu list`) or use --all")
-        record = self.manager.stop(record.id)
+        record = self.manager.stop(record.id, by="%gpu stop")
         if self.current is not None and self.current.id == record.id:
             was_auto = self.auto
             self._forget(record.id)
             if was_auto:
                 print("cells run locally again")
-        print(f"stopped {record.name}: {self.manager.summary_line(record)}")
+        print(f"stopped {record.name}: {summary_line(record)}")
 
     def _status(self, rest: str) -> None:
         name = rest.strip() or None
@@ -268,7 +214,7 @@ class GpuMagics(Magics):
         if not record.state.active:  # how it ended: its watchdog, a stop, a failure
             if was_running:
                 self._forget(record.id)
-            print(self.manager.ended_message(record))
+            print(ended_message(record))
             return
         if self.current is not None and self.current.id == record.id:
             self.current.record = record
@@ -306,11 +252,7 @@ class GpuMagics(Magics):
     def _watch(self, rest: str) -> None:
         args = self._parse(_watch_args, rest)
         session = self._session()
-        text = (args.duration or "").strip()
-        try:  # a bare number means seconds here
-            duration = float(text) if text else None
-        except ValueError:
-            duration = parse_duration(text, what="watch duration", allow_off=False)
+        duration = WATCH.parse(args.duration) if (args.duration or "").strip() else None
         manager, sid = self.manager, session.id
 
         def header() -> str:
@@ -323,14 +265,16 @@ class GpuMagics(Magics):
     def _keepalive(self, rest: str) -> None:
         args = self._parse(_keepalive_args, rest)
         session = self._session()
-        self.manager.keepalive(session.id, args.duration, report=_print)
+        granted = self.manager.keepalive(session.id, args.duration)
+        _print(keepalive_line(session.name, granted, granted["asked_s"]))
 
     def _list(self, rest: str) -> None:
         records = self.manager.list()
         if not records:
             print("no sessions yet. `%gpu start --type t4` starts one.")
             return
-        print(render_session_table(self.manager, records, current=self.current.id if self.current else None))
+        views = [self.manager.view(r) for r in records]
+        print(session_table(views, current=self.current.id if self.current else None))
 
     def _types(self, rest: str) -> None:
         print(self.manager.catalog.table())
@@ -356,7 +300,7 @@ class GpuMagics(Magics):
         """With `%gpu on`, make every cell a %%gpu cell, except %gpu lines themselves."""
         if not self.auto or not lines:
             return lines
-        first = next((l.strip() for l in lines if l.strip()), "")
+        first = next((line.strip() for line in lines if line.strip()), "")
         if first.startswith(("%gpu", "%%gpu", "%load_ext", "%reload_ext", "%unload_ext")):
             return lines
         return ["%%gpu\n", *lines]
@@ -394,34 +338,26 @@ class GpuMagics(Magics):
             print(HELP)
 
 
-def render_session_table(manager: SessionManager, records, current: str | None = None) -> str:
-    rows = [("", "NAME", "TYPE", "BACKEND", "STATE", "UPTIME", "$/H", "COST")]
-    for r in records:
-        v = manager.view(r)
-        rows.append(
-            (
-                "*" if r.id == current else "",
-                r.name,
-                f"{v['gpu_count']}x{v['gpu_type']}",
-                v["backend"],
-                v["state"],
-                format_duration(v["uptime_s"]),
-                f"{v['price_per_hour']:.3f}",
-                format_money(v["cost_so_far"]),
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
-
-
 def _print(line: str) -> None:
     print(line, flush=True)
     sys.stdout.flush()
 
 
 def load_ipython_extension(ip) -> None:
-    magics = GpuMagics(ip)
+    from traitlets import TraitError
+
+    try:  # reads c.GpuSessionConfig from ipython_config.py / the kernel's command line
+        gpu_config = GpuSessionConfig(parent=ip)
+    except TraitError as exc:
+        raise UsageError(f"gpusession: {exc}") from None
+    try:
+        gpu_config.check()
+    except GpuSessionError as exc:  # a bad env var: say so now; `%config` can still override it
+        print(f"gpusession: {exc}", file=sys.stderr)
+    magics = GpuMagics(ip, gpu_config=gpu_config)
     ip.register_magics(magics)
+    # what makes `%config GpuSessionConfig.default_idle = "10m"` apply (jupysql's habit)
+    ip.configurables[:] = [c for c in ip.configurables if not isinstance(c, GpuSessionConfig)] + [gpu_config]
     ip._gpusession_magics = magics  # for later layers (widgets) and unload
     from .widgets import register_panel  # the ipywidgets face adds `%gpu panel`
 
@@ -431,6 +367,8 @@ def load_ipython_extension(ip) -> None:
 def unload_ipython_extension(ip) -> None:
     magics = getattr(ip, "_gpusession_magics", None)
     if magics is not None:
+        if magics.gpu_config in ip.configurables:
+            ip.configurables.remove(magics.gpu_config)
         magics._off("quiet")
         if magics._notifier is not None:
             magics._notifier.stop()

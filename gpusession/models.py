@@ -7,6 +7,8 @@ import enum
 import time
 from typing import Any
 
+from .protocol import StopReason
+
 
 class State(str, enum.Enum):
     """Life cycle of a session. Every transition is recorded with its time in the store."""
@@ -43,7 +45,7 @@ class LaunchSpec:
     max_runtime_s: float | None = None  # hard stop after this long
     spot: bool = False  # ask for spot capacity (aws)
     region: str | None = None  # cloud region (aws)
-    gpu_only_idle: bool = False  # count only GPU utilization as activity
+    gpu_only: bool = False  # count only GPU utilization as activity (--gpu-only)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # backend-specific options
 
     def to_dict(self) -> dict[str, Any]:
@@ -51,6 +53,9 @@ class LaunchSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "LaunchSpec":
+        data = dict(data)
+        if "gpu_only_idle" in data:  # its name in store rows written by earlier versions
+            data.setdefault("gpu_only", data.pop("gpu_only_idle"))
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in fields})
 
@@ -84,6 +89,11 @@ class SessionRecord:
     @property
     def backend(self) -> str:
         return self.spec.backend
+
+    @property
+    def stop_reason(self) -> StopReason | None:
+        """Why it ended, as recorded when the session stopped (None while it runs, or unknown)."""
+        return StopReason.from_dict(self.resource.get("stop_reason"))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -21,14 +21,12 @@ class Progress:
         self._clock = clock
         self.started = clock()
         self.current: str | None = None
-        self.lines: list[str] = []
 
     def elapsed(self) -> float:
         return self._clock() - self.started
 
     def say(self, text: str) -> None:
         line = f"[{self.elapsed():6.1f}s] {text}"
-        self.lines.append(line)
         self._report(line)
 
     def step(self, detail: str) -> None:

@@ -1,6 +1,6 @@
 """Logging in over SSH with paramiko: host keys checked against a pinned key or known_hosts
-(an unknown or changed key is refused, never accepted), public-key login, and clear errors.
-Used by `gpusession.tunnel`."""
+(an unknown or changed key is refused, never accepted), public-key login, clear errors, and the
+per-session login keys backends make. Used by `gpusession.tunnel` and the backends."""
 
 from __future__ import annotations
 
@@ -191,3 +191,21 @@ def tcp_socket(host: str, port: int, timeout: float) -> socket.socket:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
     sock.settimeout(None)
     return sock
+
+
+def make_session_key(folder: Path, session_id: str) -> tuple[Path, str]:
+    """A new ed25519 key for one session, saved 0600 as folder/<id>; returns (path, public line)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    path = folder / session_id
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private)
+    return path, f"{public.decode()} gpusession-{session_id[:8]}"

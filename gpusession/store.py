@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 from .errors import BadInput, UnknownSession
 from .models import Event, LaunchSpec, SessionRecord, State, now
+from .procs import start_ticks
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -49,12 +50,15 @@ _NAME_OK = set("abcdefghijklmnopqrstuvwxyz0123456789-_.")
 
 
 def owner_id() -> str:
-    """Who started a session: user@host:pid (a dead pid tells gc the owner is gone)."""
+    """Who started a session: user@host:pid:start (start: the process's start time in clock
+    ticks, so gc tells a dead owner from a later process that got the same pid)."""
     try:
         user = getpass.getuser()
     except Exception:  # noqa: BLE001 - no passwd entry in some containers
         user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}:{os.getpid()}"
+    pid = os.getpid()
+    started = start_ticks(pid)
+    return f"{user}@{socket.gethostname()}:{pid}" + (f":{started}" if started is not None else "")
 
 
 def validate_name(name: str) -> str:
@@ -75,6 +79,15 @@ class Store:
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)
+
+    @property
+    def store_id(self) -> str:
+        """This store among others on a shared engine or account: host and path, hashed (what
+        remote labels carry, so gc collects only its own store's resources)."""
+        import hashlib
+
+        where = f"{socket.gethostname()}:{os.path.realpath(self.path)}"
+        return hashlib.sha256(where.encode()).hexdigest()[:16]
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:

@@ -18,6 +18,8 @@ from typing import Callable
 
 import paramiko
 
+from .models import KernelEndpoint
+from .protocol import KERNEL_PORT_NAMES
 from .sshlogin import (
     PACKET,
     WINDOW,
@@ -329,11 +331,8 @@ CONTAINER_AGENT_PORT = 50010
 CONTAINER_PORTS = (*CONTAINER_KERNEL_PORTS, CONTAINER_AGENT_PORT)
 
 
-def tunneled_endpoint(tunnel: "Tunnel", info: dict) -> "KernelEndpoint":
+def tunneled_endpoint(tunnel: Tunnel, info: dict) -> KernelEndpoint:
     """The container's kernel.json with this tunnel's local ports in place of the remote ones."""
-    from .agent.runtime import KERNEL_PORT_NAMES
-    from .models import KernelEndpoint
-
     info = dict(info, ip="127.0.0.1")
     for name, remote in zip(KERNEL_PORT_NAMES, CONTAINER_KERNEL_PORTS):
         info[name] = tunnel.local_port(remote)

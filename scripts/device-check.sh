@@ -85,7 +85,7 @@ fi
 if "$PY" -c 'import ipykernel' 2>/dev/null; then
     echo "== a real agent runtime: GET /stats" | tee -a "$OUT_DIR/summary.txt"
     state=$(mktemp -d)
-    "$PY" -m gpusession.agent run --session-id device-check --state-dir "$state" --idle 20 --price-per-hour 3.5 \
+    "$PY" -m gpusession.agent run --session-id device-check --state-dir "$state" --idle 20s --price-per-hour 3.5 \
         >"$OUT_DIR/runtime.log" 2>&1 & rt_pid=$!
     for _ in $(seq 100); do grep -q '"ready": true' "$state/runtime.json" 2>/dev/null && break; sleep 0.2; done
     sleep 3

@@ -21,5 +21,20 @@ stage "python environment (.venv)"
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
 
+stage "lint (ruff)"
+.venv/bin/ruff check gpusession tests bench
+
+stage "labextension: typecheck and JS unit tests"
+# the editable install above ran `jlpm install` there, unless its build was up to date
+[ -x labextension/node_modules/.bin/tsc ] && [ -d labextension/node_modules/@types/node ] \
+  || (cd labextension && ../.venv/bin/jlpm install >/dev/null)
+if ! js_log=$(cd labextension && ../.venv/bin/jlpm typecheck 2>&1 && ../.venv/bin/jlpm test 2>&1); then
+  printf '%s\n' "$js_log" | tail -n 80
+  echo "labextension: typecheck or JS tests failed (cd labextension && jlpm typecheck && jlpm test)" >&2
+  exit 1
+fi
+printf '%s\n' "$js_log" | grep -E '^ℹ (tests|fail) ' | tr '\n' ' ' || true
+echo
+
 stage "tests"
 exec .venv/bin/python -m pytest "$@"

@@ -13,8 +13,10 @@ import time
 
 import pytest
 
-from gpusession.errors import NoSession
+from gpusession import words
+from gpusession.errors import SessionEnded
 from gpusession.models import State
+from gpusession.protocol import Marker, StopKind, StopReason, find_markers
 from support.hosts import docker_available, product_image
 
 pytestmark = [
@@ -52,7 +54,8 @@ def _wait_exited(engine, container_id: str, timeout: float) -> float:
 def test_stats_through_the_tunnel_and_idle_stop(docker_manager, engine):
     m = docker_manager
     session = m.start(m.make_spec("t4", backend="docker", idle="5s", name="dock1"))
-    assert session.agent_url and session.agent_url.startswith("http://127.0.0.1:")
+    agent_url = session.link.endpoint.agent_url
+    assert agent_url and agent_url.startswith("http://127.0.0.1:")
     stats = session.stats()
     assert stats["session_id"] == session.id
     # the stub hook grants the GPU request, but there is no GPU: said plainly, no numbers
@@ -69,12 +72,13 @@ def test_stats_through_the_tunnel_and_idle_stop(docker_manager, engine):
     print(f"docker idle stop: container not running {took:.2f}s after the last activity")
     assert IDLE_S - 0.5 <= took <= IDLE_S + CHECK_S + TEARDOWN_SLACK_S
     logs = engine.containers.get(container_id).logs().decode()
-    assert "GPUSESSION_STOPPED idle: after 5s idle (--idle 5s)" in logs
-    assert "GPUSESSION_SUMMARY {" in logs
+    (stopped,) = find_markers(logs, Marker.STOPPED)
+    assert StopReason.from_dict(stopped).kind == StopKind.IDLE and stopped["idle_timeout_s"] == IDLE_S
+    assert isinstance(find_markers(logs, Marker.SUMMARY)[-1], dict)
 
     record = m.refresh_state(session.id)
     assert record.state == State.STOPPED
-    assert m.ended_message(record).startswith("session dock1 was stopped by its idle watchdog after 5s idle")
+    assert words.ended_message(record).startswith("session dock1 was stopped by its idle watchdog after 5s idle")
 
 
 @pytest.mark.slow
@@ -85,8 +89,9 @@ def test_a_long_cell_keeps_the_container(docker_manager, engine):
     assert session.run("import time\ntime.sleep(20)")["status"] == "ok"
     assert engine.containers.get(container_id).status == "running"
     _wait_exited(engine, container_id, IDLE_S + CHECK_S + 15)
-    with pytest.raises(NoSession, match="stopped by its idle watchdog"):
+    with pytest.raises(SessionEnded) as ended:
         session.run("1 + 1")
+    assert ended.value.record.stop_reason.kind == StopKind.IDLE
     assert m.get(session.id).state == State.STOPPED
 
 
@@ -114,4 +119,4 @@ def test_container_stops_itself_with_the_notebook_killed(docker_manager, gs_home
         if proc.poll() is None:
             proc.kill()
     record = docker_manager.refresh_state(sid)
-    assert record.state == State.STOPPED and "found stopped: idle" in record.events[-1].detail
+    assert record.state == State.STOPPED and record.stop_reason.kind == StopKind.IDLE

@@ -1,5 +1,5 @@
 """The agent's HTTP endpoint, through a real server on loopback, driven by the local-side
-client (gpusession.stats.AgentClient) and by raw requests for the error cases."""
+client (gpusession.session.AgentClient) and by raw requests for the error cases."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from gpusession.agent.nvml import NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
 from gpusession.agent.watchdog import Watchdog
 from gpusession.models import KernelEndpoint
-from gpusession.stats import AgentClient, AgentUnavailable
-from gpusession.statsview import describe_stop, format_summary, status_lines
+from gpusession.protocol import StopKind, StopReason
+from gpusession.session import AgentClient, AgentUnavailable
+from gpusession.words import describe_stop, format_summary, status_lines, warning_texts
 
 DATA = Path(__file__).parent / "data"
 T0 = 1_700_000_000.0
@@ -102,7 +103,8 @@ def test_warning_and_summary(agent):
     wd, server, client, clock = agent
     clock.t = T0 + 4000  # $4 of $5 at $3.60/h, and idle long past 600 s: both show
     doc = client.stats(limit=0)
-    assert any("spent $4.00 of the $5.00 cap" in w for w in doc["warnings"])
+    assert any("spent $4.00 of the $5.00 cap" in w for w in warning_texts(doc["warnings"]))
+    assert [w["kind"] for w in doc["warnings"]] == ["max-cost"]
     summary = client.summary()
     assert summary["duration_s"] == 4000 and summary["cost"] == pytest.approx(4.0)
     assert summary["gpu_count"] == 1 and summary["cells"] == 2
@@ -155,12 +157,13 @@ def test_status_lines_and_stop_sentences(agent):
     assert "idle 1s of 10m00s: stops in 9m59s" in lines or "stops in" in lines
     assert "cost $0.0600 at $3.60/h (cap $5.00)" in lines
     assert "GPU 0 util |" in lines
-    assert describe_stop("t4-1", "idle: after 5s idle (--idle 5s)") == "session t4-1 was stopped by its idle watchdog after 5s idle"
-    assert describe_stop("t4-1", "max-cost: spent $5.00 of the $5.00 cap") == \
+    idle = StopReason(StopKind.IDLE, idle_for_s=5.0, idle_timeout_s=5.0)
+    assert describe_stop("t4-1", idle) == "session t4-1 was stopped by its idle watchdog after 5s idle"
+    assert describe_stop("t4-1", StopReason(StopKind.MAX_COST, spent=5.0, max_cost=5.0)) == \
         "session t4-1 was stopped by its cost cap: spent $5.00 of the $5.00 cap"
-    assert describe_stop("t4-1", "max-runtime: after 8h00m (--max-runtime 8h00m)") == \
+    assert describe_stop("t4-1", StopReason(StopKind.MAX_RUNTIME, elapsed_s=8 * 3600.0, max_runtime_s=8 * 3600.0)) == \
         "session t4-1 was stopped by its max-runtime limit after 8h00m"
-    assert describe_stop("t4-1", "signal 15") == "session t4-1 ended: signal 15"
+    assert describe_stop("t4-1", StopReason(StopKind.SIGNAL, signal=15)) == "session t4-1 ended: its runtime got signal 15"
 
 
 def test_no_gpu_status_says_so():

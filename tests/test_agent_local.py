@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.errors import NoSession
+from gpusession.errors import SessionEnded
 from gpusession.models import State
+from gpusession.protocol import StopKind, StopReason
+from gpusession.words import ended_message, error_text, keepalive_line, summary_line
 from support.procs import alive
 
 IDLE_S = 5.0
@@ -56,15 +58,16 @@ def test_idle_session_stops_itself_and_the_store_says_why(manager):
     assert IDLE_S <= took <= IDLE_S + CHECK_S + TEARDOWN_SLACK_S
 
     stopped = _read(state_dir, "stopped.json")
-    assert stopped["reason"] == "idle: after 5s idle (--idle 5s)"
+    assert stopped["reason"] == {"kind": "idle", "idle_for_s": 5.0, "idle_timeout_s": 5.0}
     assert stopped["summary"]["duration_s"] > 0 and stopped["summary"]["cells"] == 1
 
     record = manager.refresh_state(session.id)
     assert record.state == State.STOPPED
-    assert record.events[-1].detail == "found stopped: idle: after 5s idle (--idle 5s)"
+    assert record.events[-1].detail == "found stopped: idle"
+    assert record.stop_reason == StopReason(StopKind.IDLE, idle_for_s=5.0, idle_timeout_s=5.0)
     assert record.events[-1].at == pytest.approx(stopped["at"])  # billing ended when it stopped
     assert record.resource["agent_summary"]["reason"] == stopped["reason"]
-    message = manager.ended_message(record)
+    message = ended_message(record)
     assert message.startswith("session idle1 was stopped by its idle watchdog after 5s idle (ran ")
     assert "mean GPU utilization n/a" in message
 
@@ -80,8 +83,9 @@ def test_a_long_cell_is_not_idle(manager):
     # once the cell is over, the idle clock starts
     _wait_gone(pid, IDLE_S + CHECK_S + 10)
     # a cell sent now learns why the session is gone
-    with pytest.raises(NoSession, match="was stopped by its idle watchdog after 5s idle"):
+    with pytest.raises(SessionEnded) as ended:
         session.run("1 + 1")
+    assert "was stopped by its idle watchdog after 5s idle" in error_text(ended.value)
     assert manager.get(session.id).state == State.STOPPED
 
 
@@ -121,19 +125,20 @@ def test_remote_side_stops_itself_when_the_notebook_is_killed(gs_home, tmp_path)
 def test_max_runtime_stops_a_busy_session(manager):
     session = manager.start(manager.make_spec("t4", backend="local", idle="off", max_runtime="4s"))
     pid, state_dir = session.record.resource["pid"], session.record.resource["state_dir"]
-    with pytest.raises(NoSession, match="max-runtime limit after"):
+    with pytest.raises(SessionEnded) as ended:
         session.run("import time\ntime.sleep(30)")
+    assert "max-runtime limit after" in error_text(ended.value)
     assert not alive(pid)
-    assert _read(state_dir, "stopped.json")["reason"].startswith("max-runtime: after")
+    assert _read(state_dir, "stopped.json")["reason"]["kind"] == "max-runtime"
 
 
 def test_keepalive_postpones_the_stop(manager):
     session = manager.start(manager.make_spec("t4", backend="local", idle="5s"))
     pid = session.record.resource["pid"]
-    lines: list[str] = []
-    record = manager.keepalive(session.id, "12s", report=lines.append)
+    granted = manager.keepalive(session.id, "12s")
+    record = manager.get(session.id)
     assert record.state == State.RUNNING and record.events[-1].detail == "keepalive 12s"
-    assert "idle stop postponed by 12s" in lines[0]
+    assert "idle stop postponed by 12s" in keepalive_line(session.name, granted, granted["asked_s"])
     time.sleep(IDLE_S + CHECK_S + 2)
     assert alive(pid), "stopped despite the keepalive"
     view = manager.view(manager.get(session.id))
@@ -151,7 +156,8 @@ def test_user_stop_keeps_the_agent_summary(manager):
     record = manager.stop(session.id)
     summary = record.resource["agent_summary"]
     assert summary["cells"] == 1 and summary["reason"] is None  # asked while it still ran
-    assert record.events[-1].detail.startswith("ran ") and "GPU-hours" in record.events[-1].detail
+    assert record.events[-1].detail == "stopped: user" and record.stop_reason == StopReason(StopKind.USER, by="user")
+    assert summary_line(record).startswith("ran ") and "GPU-hours" in summary_line(record)
 
 
 def test_magics_status_watch_keepalive_and_the_watchdog_message(notebook):
@@ -166,7 +172,7 @@ def test_magics_status_watch_keepalive_and_the_watchdog_message(notebook):
     assert "cost $" in text and "idle " in text and "stops in" in text
     keep = notebook.run("%gpu keepalive 10s")
     assert "idle stop postponed by 10s" in keep.text, keep.text
-    watch = notebook.run("%gpu watch 2.5")
+    watch = notebook.run("%gpu watch 2.5s")
     assert watch.status == "ok", watch.text
     kinds = [k for _, k, _ in watch.outputs]
     assert kinds.count("display_data") == 1 and kinds.count("update_display_data") >= 1, kinds

@@ -13,6 +13,7 @@ import pytest
 from gpusession.errors import StageError
 from gpusession.kernel import OutputSink
 from gpusession.models import State
+from gpusession.protocol import Marker, StopKind, StopReason, Warning, WarningKind, find_markers
 from support.ec2 import leftovers
 from support.ec2_platform import MACHINE_IP, FakePlatform, ensure_ec2_host
 from support.hosts import product_image
@@ -84,10 +85,11 @@ def test_start_run_idle_stop_terminates_instance_then_gc_cleans(manager, platfor
     idle_s = time.monotonic() - t0 - started_s
     assert any("shutdown behavior terminate" in e for e in platform.events), platform.events
     console = platform.console_text(record.resource["instance_id"])
-    assert "GPUSESSION_STOPPED idle" in console and "GPUSESSION_POWEROFF" in console, console
+    assert [StopReason.from_dict(r).kind for r in find_markers(console, Marker.STOPPED)] == [StopKind.IDLE], console
+    assert find_markers(console, Marker.POWEROFF), console
     assert not manager.backend("aws").is_alive(manager.get(record.id))
     actions = manager.gc()
-    assert any(f"recorded {record.name} as stopped" in a for a in actions), actions
+    assert any(a.verb == "record-stopped" and a.target == record.name for a in actions), actions
     assert manager.get(record.id).state == State.STOPPED
     assert leftovers(look) == NOTHING
     let_go(session)
@@ -117,13 +119,14 @@ def test_spot_interruption_notice_warns_and_marks_the_session(manager, platform,
     assert any("spot interruption notice" in r.getMessage() for r in caplog.records)
     # the notice reaches the notebook's warning poller and the panels through the stats
     warnings = manager.stats(record.id, limit=0)["warnings"]
-    assert any(w.startswith("spot interruption notice: AWS will") for w in warnings), warnings
+    spot = [Warning.from_dict(w) for w in warnings if Warning.from_dict(w).kind == WarningKind.SPOT_INTERRUPTION]
+    assert [(w.action, w.time) for w in spot] == [(notice["action"], notice["time"])], warnings
     look.terminate_instances(InstanceIds=[record.resource["instance_id"]])  # AWS reclaims it
     platform.wait_for(lambda: not manager.backend("aws").is_alive(manager.get(record.id)), timeout=30)
     manager.gc()
     record = manager.get(record.id)
     assert record.state == State.STOPPED
-    assert "spot-interruption" in record.events[-1].detail
+    assert record.stop_reason.kind == StopKind.SPOT_INTERRUPTION
     assert leftovers(look) == NOTHING
     let_go(session)
 

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import base64
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -57,11 +59,12 @@ def test_import_needs_no_boto3():
         "import gpusession, gpusession.session\n"
         "from gpusession.backends import load_backend_class\n"
         "from gpusession.config import GpuSessionConfig\n"
+        "from gpusession.session import StoreRecorder\n"
         "from gpusession.store import Store\n"
         "import tempfile, pathlib\n"
         "cls = load_backend_class('aws')\n"
         "d = pathlib.Path(tempfile.mkdtemp())\n"
-        "b = cls(GpuSessionConfig(data_dir=str(d)), Store(d / 's.sqlite3'))\n"
+        "b = cls(GpuSessionConfig(data_dir=str(d)), StoreRecorder(Store(d / 's.sqlite3')))\n"
         "from gpusession.models import LaunchSpec\n"
         "try:\n"
         "    b.check(LaunchSpec('t4', backend='aws'))\n"
@@ -136,7 +139,8 @@ def test_spot_price_is_the_current_spot_price(manager, aws_env, look):
     assert float(run["InstanceMarketOptions.SpotOptions.MaxPrice"]) == pytest.approx(1.006)  # on-demand cap
     cfg = user_data_of(look, record)
     script = {f["path"]: f for f in cfg["write_files"]}[f"/var/lib/gpusession/{record.id}/session.sh"]["content"]
-    assert "watch_spot &" in script and f"--price-per-hour {cheapest:g}" in script
+    agent_args = shlex.split(re.search(r"-e GPUSESSION_AGENT_ARGS=('[^']*')", script).group(1))[0].split()
+    assert "watch_spot &" in script and float(agent_args[agent_args.index("--price-per-hour") + 1]) == cheapest
     assert manager.view(record)["spot"] is True and manager.view(record)["price_per_hour"] == pytest.approx(cheapest)
     manager.backend("aws").stop(record)
     assert leftovers(look) == NOTHING
@@ -257,7 +261,7 @@ def test_gc_removes_what_a_dead_process_left(manager, aws_env, look):
     assert [r.session_id for r in resources] == [record.id]
     assert resources[0].running and "key pair" in resources[0].description and "security group" in resources[0].description
     actions = manager.gc()
-    assert any("left provisioning by a dead process" in a for a in actions), actions
+    assert any(a.verb == "stop" and a.why == "left provisioning by a dead process" for a in actions), actions
     assert leftovers(look) == NOTHING
     assert manager.get(record.id).state == State.FAILED
 
@@ -266,10 +270,11 @@ def test_gc_removes_resources_of_a_stopped_session(manager, aws_env, look):
     record, _ = provision(manager, spec_for(manager, "t4"))
     manager.store.transition(record.id, State.STOPPED, "recorded stopped, but the instance stayed")
     actions = manager.gc(dry_run=True)
-    assert any(a.startswith("would remove EC2 instance") for a in actions), actions
+    assert any(a.verb == "remove" and not a.done and a.target.startswith("EC2 instance") for a in actions), actions
     assert leftovers(look)["instances"]
     actions = manager.gc()
-    assert any(a.startswith("removed EC2 instance") and "is stopped" in a for a in actions), actions
+    assert any(a.verb == "remove" and a.done and a.target.startswith("EC2 instance") and a.why.endswith("is stopped")
+               for a in actions), actions
     assert leftovers(look) == NOTHING
 
 

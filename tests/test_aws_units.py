@@ -9,7 +9,20 @@ import pytest
 from gpusession.backends.aws.cloudinit import BootPlan, authorized_key_line, boot_script, new_host_key, user_data
 from gpusession.backends.aws.launch import Attempt, Subnet, attempts, fallback_mode
 from gpusession.backends.aws.link import map_address
+from gpusession.backends.aws.teardown import console_details, ended_reason
+from gpusession.backends.base import stop_details_from_log
 from gpusession.errors import BadInput
+from gpusession.protocol import (
+    ENV_AGENT_ARGS,
+    ENV_AUTHORIZED_KEY,
+    ENV_SESSION_ID,
+    Marker,
+    StopDetails,
+    StopKind,
+    StopReason,
+    find_markers,
+    marker_line,
+)
 
 A, B, C = (Subnet(f"subnet-{z}", f"us-east-1{z}", "vpc-1") for z in "abc")
 
@@ -60,3 +73,59 @@ def test_attempts_follow_the_fallback_the_user_allowed():
     assert Attempt(True, A).describe("g5.xlarge") == "g5.xlarge spot in us-east-1a"
     with pytest.raises(BadInput, match="use one of off, zone, on-demand, any"):
         fallback_mode({"fallback": "sometimes"})
+
+
+def test_the_boot_script_speaks_the_protocol(tmp_path):
+    """Its markers and environment names come from gpusession.protocol; a failed `docker run`
+    leaves a FAILED marker whose payload parses, and the container's last markers are copied."""
+    script = boot_script(plan())
+    for name in (ENV_SESSION_ID, ENV_AUTHORIZED_KEY, ENV_AGENT_ARGS):
+        assert f"-e {name}=" in script
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    for tool in ("docker", "poweroff", "seq"):
+        (fake_bin / tool).write_text("#!/bin/sh\nexit 1\n" if tool == "docker" else "#!/bin/sh\n")
+        (fake_bin / tool).chmod(0o755)
+    script = script.replace("DIR=/var/lib/gpusession/", f"DIR={tmp_path}/").replace("/dev/console", f"{tmp_path}/console")
+    (tmp_path / "console").touch()
+    out = subprocess.run(["sh", "-c", script], env={"PATH": f"{fake_bin}:/usr/bin:/bin"}, capture_output=True,
+                         text=True, timeout=30).stdout
+    assert find_markers(out, Marker.BOOT) == ["starting registry.example/gpusession:1"]
+    (failed,) = find_markers(out, Marker.FAILED)
+    assert failed == {"stage": "container", "error": "docker run registry.example/gpusession:1 failed"}
+    assert stop_details_from_log(out).reason.kind == StopKind.START_FAILED
+    assert out.rstrip().endswith(Marker.POWEROFF.value)
+    assert (tmp_path / "console").read_text() == out  # what EC2's console output keeps
+
+
+def test_why_ec2_says_an_instance_ended():
+    def inst(state, code=None, message=None):
+        return {"State": {"Name": state}, **({"StateReason": {"Code": code, "Message": message}} if code else {})}
+
+    assert ended_reason(inst("running"), interrupted=False) is None
+    assert ended_reason(None, interrupted=False) == StopReason(StopKind.GONE)
+    assert ended_reason(None, interrupted=True) == StopReason(StopKind.SPOT_INTERRUPTION)
+    spot = ended_reason(inst("terminated", "Server.SpotInstanceTermination", "Server.SpotInstanceTermination: Spot"),
+                        interrupted=False)
+    assert spot.kind == StopKind.SPOT_INTERRUPTION
+    ended = ended_reason(inst("terminated", "Client.InstanceInitiatedShutdown",
+                              "Client.InstanceInitiatedShutdown: Instance initiated shutdown"), interrupted=False)
+    assert ended == StopReason(StopKind.INSTANCE_ENDED,
+                               detail="terminated: Client.InstanceInitiatedShutdown: Instance initiated shutdown")
+    assert ended_reason(inst("stopped"), interrupted=False) == StopReason(StopKind.INSTANCE_ENDED, detail="stopped")
+
+
+def test_the_console_keeps_the_agents_last_words():
+    reason = StopReason(StopKind.IDLE, idle_for_s=300.0, idle_timeout_s=300.0)
+    output = "\n".join(["[  OK  ] Started cloud-init", "GPUSESSION_BOOT container started",
+                        marker_line(Marker.STOPPED, reason.to_dict()), marker_line(Marker.SUMMARY, {"cost": 0.1}),
+                        Marker.POWEROFF.value])
+
+    class Ec2:
+        def get_console_output(self, InstanceId):  # noqa: N803 - boto3's name
+            return {"Output": output}
+
+    class Aws:
+        ec2 = Ec2()
+
+    assert console_details(Aws(), "i-1") == StopDetails(reason=reason, summary={"cost": 0.1})

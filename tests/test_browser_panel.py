@@ -157,10 +157,22 @@ def test_sidebar_start_live_values_and_stop(lab, page):
         open_sidebar(page)
         panel = page.locator(PANEL)
         panel.locator(".gpusession-empty").wait_for(state="visible")
+        # the form is built from GET options: the server's defaults (GPUSESSION_BACKEND=local)
         panel.locator(".gpusession-type-select option[value='t4']").wait_for(state="attached")
+        sync_api.expect(panel.locator(".gpusession-backend-select")).to_have_value("local")
+        idle = panel.locator(".gpusession-idle-input")
+        sync_api.expect(idle).to_have_value("30m")
+        assert not panel.locator(".gpusession-host-input").is_visible()  # docker only
+        panel.locator(".gpusession-backend-select").select_option("docker")
+        panel.locator(".gpusession-host-input").wait_for(state="visible")
         panel.locator(".gpusession-type-select").select_option("t4")
         panel.locator(".gpusession-backend-select").select_option("local")
-        panel.locator(".gpusession-idle-input").fill("0")  # the form's "never"
+        # the server checks values as they are typed, by the same rules as %gpu start
+        idle.fill("soon")
+        idle_error = panel.locator('.gpusession-field-error[data-option="idle"]')
+        sync_api.expect(idle_error).to_contain_text("bad idle timeout 'soon'")
+        idle.fill("off")  # the notebook's "never"
+        sync_api.expect(idle_error).to_be_hidden()
         panel.locator(".gpusession-name-input").fill("from-sidebar")
         panel.locator(".gpusession-start-button").click()
 
@@ -168,9 +180,9 @@ def test_sidebar_start_live_values_and_stop(lab, page):
         card.wait_for()
         sync_api.expect(card).to_have_attribute("data-state", "running", timeout=TIMEOUT_MS)
         assert card.locator(".gpusession-kind").inner_text() == "t4 × 1 · local"
-        assert card.locator(".gpusession-price").inner_text() == "$0.526/h"
+        assert card.locator(".gpusession-price").inner_text() == "$0.5260/h"  # as the notebook prints it
         assert re.fullmatch(r"\$0\.\d{4}", card.locator(".gpusession-cost").inner_text())
-        assert card.locator(".gpusession-idle").inner_text() == "-"  # idle stop off
+        assert card.locator(".gpusession-idle").inner_text() == "off"  # idle stop off
         assert not card.locator(".gpusession-keepalive").is_visible()
         no_gpu = card.locator(".gpusession-no-gpu")
         no_gpu.wait_for(state="visible")
@@ -178,7 +190,7 @@ def test_sidebar_start_live_values_and_stop(lab, page):
 
         uptime = card.locator(".gpusession-uptime")
         before, after = wait_for_change(uptime.inner_text)
-        assert re.fullmatch(r"\d+s|\d+m \d\ds", after), after
+        assert re.fullmatch(r"\d+s|\d+m\d\ds", after), after
 
         record = lab.manager.get("from-sidebar")
         assert record.state == State.RUNNING and record.spec.idle_timeout_s is None

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpusession.models import State
+from gpusession.protocol import StopKind, StopReason
 from support.procs import alive, wait_dead
 from gpusession.store import Store
 
@@ -31,12 +32,17 @@ def test_demo_runs_the_quickstart_and_prints_the_timeline(nb_env):
 def test_types_list_start_status_stop(nb_env):
     assert "h200" in cli(nb_env, "types").stdout
     assert "no active sessions" in cli(nb_env, "list").stdout
-    r = cli(nb_env, "start", "--type", "l4", "--backend", "local", "--idle", "off", "--name", "bg")
+    # every start option of the table is here too (gpusession/options.py)
+    r = cli(nb_env, "start", "--type", "l4", "--backend", "local", "--idle", "off", "--name", "bg",
+            "--gpu-only", "--max-runtime", "8h", "--max-cost", "5")
     assert r.returncode == 0, r.stderr
     assert "bg is running" in r.stdout
     listing = cli(nb_env, "list").stdout
     assert "bg" in listing and "running" in listing and "1xl4" in listing
-    pid = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3").get("bg").resource["pid"]
+    record = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3").get("bg")
+    spec = record.spec
+    assert (spec.idle_timeout_s, spec.gpu_only, spec.max_runtime_s, spec.max_cost) == (None, True, 8 * 3600.0, 5.0)
+    pid = record.resource["pid"]
     assert alive(pid), "the session outlives the command that started it"
     status = cli(nb_env, "status", "bg").stdout
     assert "running" in status and "timeline" in status
@@ -48,7 +54,7 @@ def test_types_list_start_status_stop(nb_env):
 @pytest.mark.parametrize("args, needle", [
     (("stop", "ghost"), "no session named 'ghost'"),
     (("start", "--type", "t5", "--backend", "local"), "unknown GPU type 't5'"),
-    (("start", "--idle", "abc", "--backend", "local"), "bad idle timeout 'abc'"),
+    (("start", "--idle", "abc", "--backend", "local"), "--idle: bad idle timeout 'abc'"),
     (("stop",), "name a session to stop"),
 ])
 def test_bad_input_is_one_line_and_non_zero(nb_env, args, needle):
@@ -118,7 +124,9 @@ def test_gc_records_sessions_whose_remote_side_ended(nb_env):
     r = cli(nb_env, "gc")
     assert "recorded gone as stopped (remote side gone)" in r.stdout
     rec = store.get("gone")
-    assert rec.state == State.STOPPED and "signal 15" in rec.events[-1].detail
+    assert rec.state == State.STOPPED and rec.stop_reason == StopReason(StopKind.SIGNAL, signal=15)
+    status = cli(nb_env, "status", "gone").stdout
+    assert "session gone ended: its runtime got signal 15" in status, status
 
 
 def test_stats_and_keepalive_of_a_running_session(nb_env):

@@ -7,9 +7,11 @@ import pytest
 
 from gpusession.agent.idle import ActivityTracker, StopPolicy
 from gpusession.agent.runtime import build_parser
-from gpusession.agent.service import args_for
+from gpusession.agentargs import args_for
 from gpusession.cost import MINIMUM_BILLED_S, billing_started_at, cost_for_seconds, cost_of, seconds_until_cost
 from gpusession.models import Event, LaunchSpec, SessionRecord, State
+from gpusession.protocol import StopKind, StopReason, WarningKind
+from gpusession.words import describe_stop, describe_warning
 
 T0 = 1_700_000_000.0
 
@@ -57,27 +59,29 @@ def test_live_meter_counts_from_billing_start():
 def test_max_cost_warns_at_80_percent_and_stops_at_the_cap():
     tr = ActivityTracker(StopPolicy(price_per_hour=3.6, max_cost=5.0, idle_timeout_s=None), billed_since=T0)
     # $5 at $3.60/h is 5000 s; 80% ($4) at 4000 s
-    assert tr.evaluate(T0 + 3999).cost["warning"] is None
+    assert tr.evaluate(T0 + 3999).warnings == []
     v = tr.evaluate(T0 + 4000)
     assert v.stop_reason is None
-    assert "spent $4.00 of the $5.00 cap" in v.cost["warning"] and "in about 16m40s" in v.cost["warning"]
+    text = describe_warning(v.warnings[0])
+    assert "spent $4.00 of the $5.00 cap" in text and "in about 16m40s" in text
     assert v.cost["remaining_s"] == pytest.approx(1000)
-    assert v.warnings == [v.cost["warning"]]
+    assert [w.kind for w in v.warnings] == [WarningKind.MAX_COST]
     assert tr.evaluate(T0 + 4999).stop_reason is None
     v = tr.evaluate(T0 + 5000)
-    assert v.stop_reason == "max-cost: spent $5.00 of the $5.00 cap"
+    assert v.stop_reason == StopReason(StopKind.MAX_COST, spent=5.0, max_cost=5.0)
+    assert describe_stop("t4-1", v.stop_reason) == "session t4-1 was stopped by its cost cap: spent $5.00 of the $5.00 cap"
     assert seconds_until_cost(0.0, 5.0, 100) is None  # free sessions never reach a cap
 
 
 def test_the_cap_wins_over_idle_and_runtime_when_several_fire():
     tr = ActivityTracker(StopPolicy(price_per_hour=36.0, max_cost=1.0, max_runtime_s=60, idle_timeout_s=60),
                          billed_since=T0)
-    assert tr.evaluate(T0 + 100).stop_reason.startswith("max-cost:")
+    assert tr.evaluate(T0 + 100).stop_reason.kind is StopKind.MAX_COST
 
 
 def test_args_for_carries_price_billing_start_and_limits():
     r = record([(State.REQUESTED, T0), (State.PROVISIONING, T0 + 2.5)], price=0.526,
-               idle_timeout_s=300.0, max_cost=5.0, max_runtime_s=8 * 3600.0, gpu_only_idle=True, gpu_count=2)
+               idle_timeout_s=300.0, max_cost=5.0, max_runtime_s=8 * 3600.0, gpu_only=True, gpu_count=2)
     args = args_for(r)
     assert all(" " not in a for a in args), "words only: the container entrypoint splits on spaces"
     ns = build_policy_args(args)

@@ -18,6 +18,7 @@ import pytest
 
 from gpusession.errors import StageError
 from gpusession.models import State
+from gpusession.protocol import StopKind, StopReason
 from gpusession.store import Store
 from support.hosts import docker_available, ensure_remote_host, product_image, ssh_home
 
@@ -37,7 +38,7 @@ def test_without_the_docker_sdk_gpusession_imports_and_says_how_to_install(tmp_p
         "import gpusession, gpusession.session\n"
         "from gpusession.backends.docker import DockerBackend\n"
         "from gpusession.session import SessionManager\n"
-        "assert DockerBackend.engine_available() is False\n"
+        "assert DockerBackend.available() is False\n"
         "m = SessionManager()\n"
         "try:\n"
         "    m.create(m.make_spec('t4', backend='docker'))\n"
@@ -223,7 +224,7 @@ def test_killed_starter_leaves_nothing_after_gc(docker_env, engine):
     deadline = time.monotonic() + 60
     try:
         while True:  # kill it as soon as the container exists, long before the kernel is ready
-            found = [c for c in _ours(engine) if c.labels.get("gpusession.owner", "").endswith(f":{proc.pid}")]
+            found = [c for c in _ours(engine) if f":{proc.pid}:" in c.labels.get("gpusession.owner", "") + ":"]
             if found:
                 break
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()
@@ -250,7 +251,7 @@ def test_killed_starter_leaves_nothing_after_gc(docker_env, engine):
 
 @engine_test
 def test_gc_removes_its_stores_unknown_containers_and_leaves_other_stores_alone(docker_env, engine, manager):
-    tag = manager.backend("docker").store_tag
+    tag = manager.store.store_id
     env = {"GPUSESSION_SESSION_ID": "0" * 32, "GPUSESSION_AUTHORIZED_KEY": "none"}
     stray = engine.containers.create(product_image(), labels={LABEL: "0" * 32, "gpusession.store": tag}, environment=env)
     other = engine.containers.create(product_image(), labels={LABEL: "1" * 32, "gpusession.store": "another"},
@@ -275,18 +276,18 @@ def test_idle_watchdog_stop_is_read_from_the_stopped_container(docker_env, manag
         assert time.monotonic() < deadline
         time.sleep(0.2)
         container.reload()
-    assert manager.gc() == [f"recorded {session.name} as stopped (remote side gone)"]
+    assert [(a.verb, a.target, a.why) for a in manager.gc()] == [("record-stopped", session.name, "remote side gone")]
     record = manager.get(session.id)
-    assert record.state == State.STOPPED
-    assert record.events[-1].detail.startswith("found stopped: idle")
-    assert record.resource["agent_summary"]["reason"].startswith("idle")
+    assert record.state == State.STOPPED, [(e.state.value, e.detail) for e in record.events][-3:]
+    assert record.stop_reason.kind == StopKind.IDLE and record.stop_reason.idle_timeout_s == 3.0
+    assert StopReason.from_dict(record.resource["agent_summary"]["reason"]).kind == StopKind.IDLE
     assert _ours(engine, session.id) == []
 
 
 @engine_test
 def test_another_process_attaches_and_a_changed_container_host_key_is_refused(docker_env, manager, engine, tmp_path):
-    from gpusession.backends.docker_engine import make_session_key
     from gpusession.session import SessionManager
+    from gpusession.sshlogin import make_session_key
 
     session = manager.start(manager.make_spec("t4", backend="docker", idle="off", name="shared"))
     session.kernel.execute("y = 7", silent=True)

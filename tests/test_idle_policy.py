@@ -11,6 +11,12 @@ from gpusession.agent.idle import ActivityTracker, StopPolicy, warning_lead
 from gpusession.agent.nvml import NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
 from gpusession.agent.watchdog import Watchdog
+from gpusession.protocol import Marker, StopKind, StopReason, WarningKind, parse_marker
+from gpusession.words import describe_warning
+
+
+def texts(verdict) -> list[str]:
+    return [describe_warning(w) for w in verdict.warnings]
 
 DATA = Path(__file__).parent / "data"
 T0 = 1_700_000_000.0
@@ -33,7 +39,7 @@ def test_idle_kernel_and_gpu_stop_after_the_timeout():
     tr = ActivityTracker(StopPolicy(idle_timeout_s=600), billed_since=T0)
     at, verdict = run(tr, 3600, start=T0, last=T0 + 100, gpu=[0.0, 1.0])
     assert at == T0 + 700  # last activity + timeout
-    assert verdict.stop_reason == "idle: after 10m00s idle (--idle 10m00s)"
+    assert verdict.stop_reason == StopReason(StopKind.IDLE, idle_for_s=600.0, idle_timeout_s=600)
     assert verdict.idle["remaining_s"] == 0
 
 
@@ -47,7 +53,7 @@ def test_busy_cell_with_an_idle_gpu_is_not_idle_by_default():
 def test_busy_cell_with_an_idle_gpu_is_idle_under_gpu_only():
     tr = ActivityTracker(StopPolicy(idle_timeout_s=600, gpu_only=True), billed_since=T0)
     at, verdict = run(tr, 3600, start=T0, busy=True, last=T0, gpu=[0.0])
-    assert at == T0 + 600 and verdict.stop_reason.startswith("idle:")
+    assert at == T0 + 600 and verdict.stop_reason.kind is StopKind.IDLE
 
 
 def test_gpu_over_the_threshold_keeps_it_alive_even_with_gpu_only():
@@ -56,7 +62,7 @@ def test_gpu_over_the_threshold_keeps_it_alive_even_with_gpu_only():
     assert verdict.stop_reason is None
     # then the GPU drops under the threshold: the timeout counts from the last busy reading
     at, verdict = run(tr, 3600, start=T0 + 3601, gpu=[4.9, 0.0])
-    assert at == T0 + 3600 + 600 and verdict.stop_reason.startswith("idle:")
+    assert at == T0 + 3600 + 600 and verdict.stop_reason.kind is StopKind.IDLE
 
 
 def test_no_gpu_visible_counts_as_zero_utilization():
@@ -77,10 +83,10 @@ def test_warning_shows_before_the_stop():
     assert warning_lead(1800) == 300 and warning_lead(60) == 12
     tr = ActivityTracker(StopPolicy(idle_timeout_s=1800), billed_since=T0)
     tr.observe(T0, kernel_busy=False, kernel_last_activity=T0, gpu_utils=[0.0])
-    assert tr.evaluate(T0 + 1499).idle["warning"] is None
+    assert tr.evaluate(T0 + 1499).warnings == []
     v = tr.evaluate(T0 + 1500)
-    assert "stops in 5m00s" in v.idle["warning"] and "keepalive" in v.idle["warning"]
-    assert v.warnings == [v.idle["warning"]]
+    assert [w.kind for w in v.warnings] == [WarningKind.IDLE]
+    assert "stops in 5m00s" in texts(v)[0] and "keepalive" in texts(v)[0]
     assert tr.evaluate(T0 + 1800).stop_reason
 
 
@@ -91,8 +97,8 @@ def test_keepalive_postpones_and_is_capped():
     assert granted["granted_s"] == 3600 and not granted["capped"]
     assert tr.evaluate(T0 + 600).stop_reason is None
     v = tr.evaluate(T0 + 550 + 3600 - 60)
-    assert v.idle["remaining_s"] == 60 and v.idle["warning"]  # the warning still comes
-    assert tr.evaluate(T0 + 550 + 3600).stop_reason.startswith("idle:")
+    assert v.idle["remaining_s"] == 60 and v.warnings  # the warning still comes
+    assert tr.evaluate(T0 + 550 + 3600).stop_reason.kind is StopKind.IDLE
     # asking for more than the limit grants the limit
     tr2 = ActivityTracker(StopPolicy(idle_timeout_s=600, keepalive_limit_s=4 * 3600), billed_since=T0)
     granted = tr2.keepalive(T0, 24 * 3600)
@@ -125,9 +131,9 @@ def test_max_runtime_is_hard():
     tr.keepalive(T0, 10_000)  # a keepalive postpones only the idle stop
     at, verdict = run(tr, 7200, start=T0, busy=True, gpu=[100.0], step=10)
     assert at == T0 + 3600
-    assert verdict.stop_reason == "max-runtime: after 1h00m (--max-runtime 1h00m)"
+    assert verdict.stop_reason == StopReason(StopKind.MAX_RUNTIME, elapsed_s=3600.0, max_runtime_s=3600)
     v = tr.evaluate(T0 + 3600 - 299)
-    assert v.runtime["warning"] and "max runtime" in v.runtime["warning"]
+    assert [w.kind for w in v.warnings] == [WarningKind.MAX_RUNTIME] and "max runtime" in texts(v)[0]
 
 
 def test_idle_minutes_and_mean_utilization_in_the_summary():
@@ -156,7 +162,7 @@ def test_watchdog_replays_recorded_samples_and_stops_once(tmp_path):
     """Recorded NVML frames: idle, GPU 0 busy at 97%, then back to 2%. With --gpu-only and a
     kernel that stays busy, the session stops timeout seconds after the busy reading."""
     clock = FakeClock(T0)
-    stops: list[str] = []
+    stops: list[StopReason] = []
     logs: list[str] = []
     activity = {"busy": True, "last_activity": T0, "cells": 1}
     wd = Watchdog(
@@ -175,9 +181,10 @@ def test_watchdog_replays_recorded_samples_and_stops_once(tmp_path):
         wd.tick()
         clock.t += 1
     # frame 1 (97%) was sampled at T0+1; idle from then; stop at T0+11
-    assert stops == ["idle: after 10s idle (--idle 10s)"]
+    assert stops == [StopReason(StopKind.IDLE, idle_for_s=10.0, idle_timeout_s=10)]
     assert wd.stop_reason == stops[0]
-    assert any(line.startswith("GPUSESSION_WARNING idle") for line in logs)
+    warned = [parse_marker(line) for line in logs if line.startswith(Marker.WARNING.value)]
+    assert warned and warned[0][1]["kind"] == "idle"
     samples = wd.stats()["samples"]
     assert len(samples) == 12 and clock.t == T0 + 12  # no tick after the stop
     assert samples[1]["gpus"][0]["utilization"] == 97.0 and samples[1]["kernel_busy"] is True

@@ -113,9 +113,9 @@ def test_gpu_on_sends_every_cell_until_off(notebook):
     "line, needle",
     [
         ("%gpu start --type t5", "unknown GPU type 't5'; valid types: t4, l4, a10g"),
-        ("%gpu start --idle abc", "bad idle timeout 'abc'"),
+        ("%gpu start --idle abc", "--idle: bad idle timeout 'abc'"),
         ("%gpu start --backend nope", "unknown backend 'nope'; valid backends:"),
-        ("%gpu start --max-cost five", "bad --max-cost 'five'"),
+        ("%gpu start --max-cost five", "--max-cost: bad max cost 'five'"),
         ("%gpu stop nosuch", "no session named 'nosuch'"),
         ("%%gpu\nprint(1)", "no GPU session: run `%gpu start"),
         ("%gpu frobnicate", "unknown subcommand 'frobnicate'"),

@@ -15,7 +15,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpusession.backends.docker_engine import make_session_key
+from gpusession.sshlogin import make_session_key
 from gpusession.kernel import KernelClient
 from gpusession.tunnel import HostKeyCheck, SshTarget, Tunnel, TunnelError
 

@@ -11,7 +11,7 @@ import pytest
 
 from gpusession.agent.nvml import NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
-from gpusession.durations import format_duration, format_money
+from gpusession.durations import format_money
 from gpusession.models import State
 from gpusession.widgets import SessionPanel, StatsView
 
@@ -94,7 +94,7 @@ def test_live_updates_from_a_thread_end_with_the_session(manager):
     assert panel.polling
     manager.stop(session.id)  # stopped elsewhere (another notebook, the sidebar, the CLI)
     assert _wait(lambda: _text(card.state.value) == "stopped", timeout=5)
-    assert _text(card.message.value).startswith(f"session {session.name} is stopped (ran ")
+    assert _text(card.message.value).startswith(f"session {session.name} was stopped by user (ran ")
     assert _wait(lambda: not panel.polling, timeout=3), "the thread must end with the session"
 
     other = manager.start(manager.make_spec("t4", backend="local", idle="off"))
@@ -127,7 +127,7 @@ def test_start_form(manager):
 
     form.idle_input.value = "abc"
     form.start_button.click()
-    assert "bad idle timeout 'abc'" in _text(form.message.value).replace("&#x27;", "'")
+    assert "Idle stop: bad idle timeout 'abc'" in _text(form.message.value).replace("&#x27;", "'")
     assert manager.list() == []  # nothing recorded for bad input
 
     form.type_select.value = "l4"

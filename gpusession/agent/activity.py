@@ -10,11 +10,13 @@ import json
 import os
 import time
 
+from ..protocol import ENV_STATE_DIR
+
 _state = {"busy": False, "last_activity": time.time(), "cells": 0}
 
 
 def _path() -> str | None:
-    d = os.environ.get("GPUSESSION_STATE_DIR")
+    d = os.environ.get(ENV_STATE_DIR)
     return os.path.join(d, "activity.json") if d else None
 
 

@@ -75,7 +75,7 @@ class AgentServer:
             return 200, {
                 "ok": True,
                 "session_id": self.watchdog.session_id,
-                "stopping": self.watchdog.stop_reason,
+                "stopping": self.watchdog.stop_reason.to_dict() if self.watchdog.stop_reason else None,
                 "cpu_s": round(time.process_time(), 6),  # this process's CPU time (ns clock): its own cost
             }
         self._check_token(auth)

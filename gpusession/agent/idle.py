@@ -14,15 +14,12 @@ import dataclasses
 from typing import Any
 
 from ..cost import cost_for_seconds, seconds_until_cost
-from ..durations import format_duration as _fmt  # standard library only, like cost
+from ..protocol import StopKind, StopReason, Warning, WarningKind  # standard library only, like cost
 
 WARNING_MAX_S = 300.0  # warn at most this long before a stop ...
 WARNING_FRACTION = 0.2  # ... and at most this fraction of the limit before it
 COST_WARNING_FRACTION = 0.8  # warn once spending reaches this share of --max-cost
 DEFAULT_KEEPALIVE_LIMIT_S = 4 * 3600.0
-
-# the first word of a stop reason; the local side turns it into a sentence
-IDLE, MAX_RUNTIME, MAX_COST = "idle", "max-runtime", "max-cost"
 
 
 def warning_lead(limit_s: float) -> float:
@@ -32,7 +29,7 @@ def warning_lead(limit_s: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class StopPolicy:
-    """The agent's limits, from its command line (service.args_for builds it from the record)."""
+    """The agent's limits, from its command line (gpusession.agentargs.args_for writes it from the record)."""
 
     idle_timeout_s: float | None = 1800.0  # None: never stop for idleness
     gpu_threshold: float = 5.0  # percent; a GPU at or above it counts as busy
@@ -45,16 +42,14 @@ class StopPolicy:
 
 @dataclasses.dataclass
 class Verdict:
-    """What the watchdog acts on (stop_reason) and what /stats shows (the rest)."""
+    """What the watchdog acts on (stop_reason) and what /stats shows (the rest). Data only: the
+    local side puts it into words."""
 
-    stop_reason: str | None
+    stop_reason: StopReason | None
     idle: dict[str, Any]
     runtime: dict[str, Any]
     cost: dict[str, Any]
-
-    @property
-    def warnings(self) -> list[str]:
-        return [w for w in (self.cost["warning"], self.runtime["warning"], self.idle["warning"]) if w]
+    warnings: list[Warning] = dataclasses.field(default_factory=list)  # cost, runtime, idle order
 
 
 class ActivityTracker:
@@ -132,22 +127,26 @@ class ActivityTracker:
         p = self.policy
         billed = max(0.0, now - self.billed_since)
         idle = self._idle_status(now)
-        runtime = {"elapsed_s": round(billed, 1), "max_runtime_s": p.max_runtime_s, "remaining_s": None, "warning": None}
-        cost = self._cost_status(billed)
+        runtime = {"elapsed_s": round(billed, 1), "max_runtime_s": p.max_runtime_s, "remaining_s": None}
+        cost, cost_warning = self._cost_status(billed)
+        warnings = [cost_warning] if cost_warning else []
         reason = None
         if p.max_runtime_s is not None:
             left = p.max_runtime_s - billed
             runtime["remaining_s"] = round(max(0.0, left), 1)
             if left <= 0:
-                reason = f"{MAX_RUNTIME}: after {_fmt(billed)} (--max-runtime {_fmt(p.max_runtime_s)})"
+                reason = StopReason(StopKind.MAX_RUNTIME, elapsed_s=round(billed, 1), max_runtime_s=p.max_runtime_s)
             elif left <= warning_lead(p.max_runtime_s):
-                runtime["warning"] = f"max runtime {_fmt(p.max_runtime_s)} reached in {_fmt(left)}: the session stops then"
+                warnings.append(Warning(WarningKind.MAX_RUNTIME, remaining_s=round(left, 1), limit_s=p.max_runtime_s))
         if p.max_cost is not None and cost["so_far"] >= p.max_cost:
-            reason = f"{MAX_COST}: spent ${cost['so_far']:.2f} of the ${p.max_cost:.2f} cap"
+            reason = StopReason(StopKind.MAX_COST, spent=cost["so_far"], max_cost=p.max_cost)
+        idle_warning = self._idle_warning(now, idle)
+        if idle_warning:
+            warnings.append(idle_warning)
         if reason is None and idle["remaining_s"] is not None and idle["remaining_s"] <= 0:
             # whole seconds, not rounded up: it stopped within a check interval after the timeout
-            reason = f"{IDLE}: after {_fmt(int(idle['idle_for_s']))} idle (--idle {_fmt(p.idle_timeout_s)})"
-        return Verdict(stop_reason=reason, idle=idle, runtime=runtime, cost=cost)
+            reason = StopReason(StopKind.IDLE, idle_for_s=float(int(idle["idle_for_s"])), idle_timeout_s=p.idle_timeout_s)
+        return Verdict(stop_reason=reason, idle=idle, runtime=runtime, cost=cost, warnings=warnings)
 
     def _idle_status(self, now: float) -> dict[str, Any]:
         p = self.policy
@@ -156,7 +155,6 @@ class ActivityTracker:
             "timeout_s": p.idle_timeout_s,
             "idle_for_s": round(idle_for, 1),
             "remaining_s": None,
-            "warning": None,
             "keepalive_until": self.keepalive_until if (self.keepalive_until or 0) > now else None,
             "gpu_only": p.gpu_only,
             "gpu_threshold": p.gpu_threshold,
@@ -166,14 +164,18 @@ class ActivityTracker:
         deadline = max(self.last_active + p.idle_timeout_s, self.keepalive_until or 0.0)
         remaining = deadline - now
         out["remaining_s"] = round(max(0.0, remaining), 1)
-        if 0 < remaining <= warning_lead(p.idle_timeout_s):
-            out["warning"] = (
-                f"idle for {_fmt(idle_for)}: the session stops in {_fmt(remaining)} unless it is used"
-                " (`%gpu keepalive 1h` postpones)"
-            )
         return out
 
-    def _cost_status(self, billed: float) -> dict[str, Any]:
+    def _idle_warning(self, now: float, idle: dict[str, Any]) -> Warning | None:
+        p = self.policy
+        remaining = idle["remaining_s"]
+        if p.idle_timeout_s is None or remaining is None:
+            return None
+        if 0 < remaining <= warning_lead(p.idle_timeout_s):
+            return Warning(WarningKind.IDLE, remaining_s=remaining, idle_for_s=idle["idle_for_s"])
+        return None
+
+    def _cost_status(self, billed: float) -> tuple[dict[str, Any], Warning | None]:
         p = self.policy
         so_far = cost_for_seconds(p.price_per_hour, billed)
         out: dict[str, Any] = {
@@ -182,15 +184,15 @@ class ActivityTracker:
             "so_far": round(so_far, 6),
             "max_cost": p.max_cost,
             "remaining_s": None,
-            "warning": None,
         }
+        warning = None
         if p.max_cost is not None:
             left = seconds_until_cost(p.price_per_hour, p.max_cost, billed)
             out["remaining_s"] = None if left is None else round(left, 1)
             if COST_WARNING_FRACTION * p.max_cost <= so_far < p.max_cost:
-                eta = f" in about {_fmt(left)}" if left is not None else ""
-                out["warning"] = f"spent ${so_far:.2f} of the ${p.max_cost:.2f} cap: the session stops at the cap{eta}"
-        return out
+                warning = Warning(WarningKind.MAX_COST, remaining_s=out["remaining_s"], spent=round(so_far, 6),
+                                  max_cost=p.max_cost)
+        return out, warning
 
     def summary(self, now: float, *, gpu_count: int, cells: int | None = None) -> dict[str, Any]:
         """What a stop reports: duration, GPU-hours, cost, mean GPU utilization, minutes idle."""

@@ -6,7 +6,8 @@ Files in --state-dir:
   runtime.json   {"pid", "kernel_pid", "ready", "started_at", "agent_port"}; ready=true once the
                  kernel's ports accept connections
   activity.json  written by the kernel (gpusession.agent.activity)
-  stopped.json   why the runtime ended (reason, at), for whoever looks afterwards
+  stopped.json   why the runtime ended ({"reason": StopReason, "at", "summary"}), for whoever
+                 looks afterwards (gpusession.protocol.StopDetails reads it)
 """
 
 from __future__ import annotations
@@ -22,7 +23,16 @@ import sys
 import threading
 import time
 
-KERNEL_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+from ..protocol import (
+    ENV_SESSION_ID,
+    ENV_STATE_DIR,
+    KERNEL_PORT_NAMES,
+    Marker,
+    StopKind,
+    StopReason,
+    marker_line,
+)
+from . import service
 
 
 def _free_port(ip: str) -> int:
@@ -71,7 +81,7 @@ class Runtime:
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
         self.connection_file = os.path.join(self.state_dir, "kernel.json")
         self.kernel: subprocess.Popen | None = None
-        self.stop_reason: str | None = None
+        self.stop_reason: StopReason | None = None
         self._stopped = threading.Event()
         self.started_at = time.time()
         self.agent_port: int | None = args.agent_port if args.agent_port > 0 else None  # the agent sets the real one
@@ -81,7 +91,7 @@ class Runtime:
 
     def start_kernel(self) -> dict:
         info = write_connection_file(self.connection_file, self.args.kernel_ip, self.args.kernel_ports)
-        env = dict(os.environ, GPUSESSION_STATE_DIR=self.state_dir, GPUSESSION_SESSION_ID=self.args.session_id)
+        env = dict(os.environ, **{ENV_STATE_DIR: self.state_dir, ENV_SESSION_ID: self.args.session_id})
         cmd = [
             sys.executable,
             "-m",
@@ -102,7 +112,7 @@ class Runtime:
         else:
             raise RuntimeError(f"kernel did not listen within {self.args.ready_timeout}s")
         self._write_runtime(ready=True)
-        print("GPUSESSION_READY", flush=True)
+        print(marker_line(Marker.READY), flush=True)
         return info
 
     def _write_runtime(self, **extra) -> None:
@@ -118,15 +128,15 @@ class Runtime:
             },
         )
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: StopReason) -> None:
         """End the session: kernel first (SIGTERM, then SIGKILL), then this process's main loop."""
         with self._stop_lock:  # the watchdog and a SIGTERM may both ask: the first one wins
             if self._stopping:
                 return
             self._stopping = True
         self.stop_reason = reason
-        _write_json(os.path.join(self.state_dir, "stopped.json"), {"reason": reason, "at": time.time()})
-        print(f"GPUSESSION_STOPPED {reason}", flush=True)
+        _write_json(os.path.join(self.state_dir, "stopped.json"), {"reason": reason.to_dict(), "at": time.time()})
+        print(marker_line(Marker.STOPPED, reason.to_dict()), flush=True)
         if self.kernel and self.kernel.poll() is None:
             try:
                 os.killpg(self.kernel.pid, signal.SIGTERM)
@@ -140,16 +150,18 @@ class Runtime:
             try:
                 hook(reason)
             except Exception as exc:  # noqa: BLE001 - a failing hook must not keep the session up
-                print(f"GPUSESSION_AGENT_ERROR stop hook failed: {type(exc).__name__}: {exc}", flush=True)
+                error = f"stop hook failed: {type(exc).__name__}: {exc}"
+                print(marker_line(Marker.AGENT_ERROR, {"error": error}), flush=True)
         self._stopped.set()
 
     def wait(self) -> int:
         while not self._stopped.is_set():
             if self.kernel and self.kernel.poll() is not None:
                 if not self.stop_reason:
-                    self.stop_reason = f"kernel exited with code {self.kernel.returncode}"
+                    self.stop_reason = StopReason(StopKind.KERNEL_EXIT, exit_code=self.kernel.returncode)
                     _write_json(
-                        os.path.join(self.state_dir, "stopped.json"), {"reason": self.stop_reason, "at": time.time()}
+                        os.path.join(self.state_dir, "stopped.json"),
+                        {"reason": self.stop_reason.to_dict(), "at": time.time()},
                     )
                 break
             self._stopped.wait(0.2)
@@ -167,48 +179,29 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--agent-port", type=int, default=0, help="agent HTTP port on 127.0.0.1; 0 = a free one (runtime.json says which), -1 = none")
     run.add_argument("--ready-timeout", type=float, default=60.0)
     run.add_argument("--cwd", default="")
-    add_agent_arguments(run)
-    try:
-        from . import service
-    except ImportError:
-        return p
+    service.add_arguments(run)
     service.add_commands(sub)
     return p
-
-
-def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of the agent (stats, idle watchdog); filled in by gpusession.agent.service."""
-    try:
-        from . import service
-    except ImportError:  # the service module is optional at this layer
-        return
-    service.add_arguments(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command != "run":
-        from . import service
-
         return service.run_command(args)
     rt = Runtime(args)
 
     def on_signal(signum, frame):
-        threading.Thread(target=rt.stop, args=(f"signal {signum}",), daemon=True).start()
+        reason = StopReason(StopKind.SIGNAL, signal=int(signum))
+        threading.Thread(target=rt.stop, args=(reason,), daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal must not kill the session
-    try:
-        from . import service
-    except ImportError:
-        service = None
-    if service is not None:
-        # before the kernel: runtime.json (written once the kernel is ready) carries its port
-        service.start(rt, args)
+    # before the kernel: runtime.json (written once the kernel is ready) carries its port
+    service.start(rt, args)
     try:
         rt.start_kernel()
     except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
-        print(f"GPUSESSION_FAILED start kernel: {exc}", flush=True)
-        rt.stop(f"start failed: {exc}")
+        print(marker_line(Marker.FAILED, {"stage": "kernel", "error": str(exc)}), flush=True)
+        rt.stop(StopReason(StopKind.START_FAILED, detail=f"start kernel: {exc}"))
         return 1
     return rt.wait()

@@ -142,6 +142,3 @@ class Sampler:
             items = items[-limit:] if limit > 0 else []
         return items
 
-    def latest(self) -> dict | None:
-        with self._lock:
-            return self.history[-1] if self.history else None

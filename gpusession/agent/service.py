@@ -13,33 +13,43 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import re
 import subprocess
 import sys
 import threading
 import time
 from typing import Any
 
-from ..cost import billing_started_at
+from ..durations import IDLE, MAX_RUNTIME, DurationRule, parse_money
+from ..errors import BadInput
+from ..protocol import Marker, StopReason, marker_line
 from .endpoint import AgentServer, token_from_connection_file
 from .idle import DEFAULT_KEEPALIVE_LIMIT_S, ActivityTracker, StopPolicy
 from .nvml import NvmlReader, RecordedNvml, record_raw
 from .sampler import HISTORY_S, Sampler
 from .watchdog import Watchdog
 
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+def _duration(rule: DurationRule):
+    """An argparse type reading `rule`'s durations in the one grammar (gpusession/durations.py):
+    90s, 15m, 2h, a bare number of minutes, off. args_for writes exact seconds ("1000800s")."""
+
+    def parse(text: str) -> float | None:
+        try:
+            return rule.parse(text)
+        except BadInput as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = rule.what
+    return parse
 
 
-def seconds_or_off(text: str) -> float | None:
-    """'1800', '90s', '15m', '2h' -> seconds; 'off' / 'none' / '0' -> None (never)."""
-    s = str(text).strip().lower()
-    if s in ("off", "none", "never", "0", ""):
-        return None
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", s)
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected seconds (or 90s, 15m, 2h) or 'off', got {text!r}")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+def _dollars(text: str) -> float | None:
+    try:
+        return parse_money(text, what="max cost")
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive(text: str) -> float:
@@ -47,6 +57,8 @@ def _positive(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
     return value
@@ -54,12 +66,14 @@ def _positive(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("agent: live stats and the watchdog that stops the session")
-    g.add_argument("--idle", type=seconds_or_off, default=1800.0, metavar="SECONDS|off",
-                   help="stop after this long idle (no cell running and every GPU under --gpu-threshold); default 1800")
+    g.add_argument("--idle", type=_duration(IDLE), default=1800.0, metavar="DURATION|off",
+                   help="stop after this long idle (no cell running and every GPU under --gpu-threshold): 90s, "
+                   "15m, 2h, a bare number of minutes, or off; default 30m")
     g.add_argument("--gpu-only", action="store_true", help="only GPU utilization counts as activity (a busy kernel whose GPU idles is idle)")
     g.add_argument("--gpu-threshold", type=_positive, default=5.0, metavar="PERCENT", help="a GPU at or above this utilization is busy (default 5)")
-    g.add_argument("--max-runtime", type=seconds_or_off, default=None, metavar="SECONDS", help="hard stop this long after billing started")
-    g.add_argument("--max-cost", type=_positive, default=None, metavar="DOLLARS", help="stop once the session has cost this much (warning at 80%%)")
+    g.add_argument("--max-runtime", type=_duration(MAX_RUNTIME), default=None, metavar="DURATION",
+                   help="hard stop this long after billing started (8h, 90m; a bare number means minutes)")
+    g.add_argument("--max-cost", type=_dollars, default=None, metavar="DOLLARS", help="stop once the session has cost this much (warning at 80%%)")
     g.add_argument("--price-per-hour", type=_positive, default=0.0, metavar="DOLLARS", help="price of the whole session, for the cost meter")
     g.add_argument("--billed-since", type=_positive, default=None, metavar="UNIX", help="when billing started (default: when the runtime started)")
     g.add_argument("--gpu-count", type=int, default=1, help="GPUs billed, for GPU-hours in the summary")
@@ -71,35 +85,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--shutdown-command", default="", metavar="CMD",
                    help="shell command run when the session stops, e.g. 'shutdown -h now' on a cloud instance")
     g.add_argument("--no-agent", action="store_true", help="no stats, no watchdog (a baseline for benchmarks)")
-
-
-def args_for(record) -> list[str]:
-    """The agent options for a session record (every backend passes these). Values are single
-    words, since the container entrypoint splits GPUSESSION_AGENT_ARGS on whitespace."""
-    spec = record.spec
-    out = [
-        "--idle", _num(spec.idle_timeout_s) if spec.idle_timeout_s else "off",
-        "--price-per-hour", _num(record.price_per_hour or 0.0),
-        "--gpu-count", str(int(spec.gpu_count or 1)),
-    ]
-    billed = billing_started_at(record)
-    if billed is not None:
-        out += ["--billed-since", f"{billed:.3f}"]
-    if spec.gpu_only_idle:
-        out.append("--gpu-only")
-    if spec.max_runtime_s:
-        out += ["--max-runtime", _num(spec.max_runtime_s)]
-    if spec.max_cost:
-        out += ["--max-cost", _num(spec.max_cost)]
-    for key, flag in (("gpu_threshold", "--gpu-threshold"), ("keepalive_limit_s", "--keepalive-limit"),
-                      ("check_interval_s", "--check-interval")):
-        if spec.extra.get(key) is not None:
-            out += [flag, _num(float(spec.extra[key]))]
-    return out
-
-
-def _num(value: float) -> str:
-    return f"{value:g}" if float(value) == int(value) else repr(float(value))
 
 
 def policy_from_args(args: argparse.Namespace) -> StopPolicy:
@@ -135,36 +120,37 @@ def start(rt, args: argparse.Namespace) -> Watchdog | None:
             server = AgentServer(watchdog, token_from_connection_file(rt.connection_file), port=args.agent_port).start()
             rt.agent_port = server.port
         except OSError as exc:  # the port is taken: keep the watchdog, which is what saves money
-            print(f"GPUSESSION_AGENT_ERROR no stats endpoint on port {args.agent_port}: {exc}", flush=True)
+            error = f"no stats endpoint on port {args.agent_port}: {exc}"
+            print(marker_line(Marker.AGENT_ERROR, {"error": error}), flush=True)
             rt.agent_port = None
     rt.stop_hooks.append(lambda reason: _on_stop(rt, watchdog, args, reason))
     threading.Thread(target=watchdog.run, name="gpusession-watchdog", daemon=True).start()
     return watchdog
 
 
-def _on_stop(rt, watchdog: Watchdog, args: argparse.Namespace, reason: str) -> None:
+def _on_stop(rt, watchdog: Watchdog, args: argparse.Namespace, reason: StopReason) -> None:
     """At any stop: leave the summary next to stopped.json and in the log, then run the
     shutdown command (the instance powers off; the container has already lost its kernel)."""
     summary = watchdog.summary()
-    summary["reason"] = reason
+    summary["reason"] = reason.to_dict()
     path = os.path.join(rt.state_dir, "stopped.json")
     try:
         with open(path) as f:
             stopped = json.load(f)
     except (OSError, ValueError):
-        stopped = {"reason": reason, "at": time.time()}
+        stopped = {"reason": reason.to_dict(), "at": time.time()}
     stopped["summary"] = summary
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(stopped, f)
     os.replace(tmp, path)
-    print("GPUSESSION_SUMMARY " + json.dumps(summary, separators=(",", ":")), flush=True)
+    print(marker_line(Marker.SUMMARY, summary), flush=True)
     if args.shutdown_command:
-        print(f"GPUSESSION_SHUTDOWN running {args.shutdown_command!r}", flush=True)
+        print(marker_line(Marker.SHUTDOWN, {"command": args.shutdown_command}), flush=True)
         try:
             subprocess.run(args.shutdown_command, shell=True, timeout=120, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            print(f"GPUSESSION_AGENT_ERROR shutdown command failed: {exc}", flush=True)
+            print(marker_line(Marker.AGENT_ERROR, {"error": f"shutdown command failed: {exc}"}), flush=True)
 
 
 # -- commands besides `run` --------------------------------------------------------------------

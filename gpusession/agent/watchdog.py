@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..protocol import Marker, StopReason, marker_line
 from . import activity
 from .idle import ActivityTracker, Verdict
 from .sampler import Sampler
@@ -24,7 +25,7 @@ class Watchdog:
         state_dir: str,
         tracker: ActivityTracker,
         sampler: Sampler,
-        stop: Callable[[str], None],
+        stop: Callable[[StopReason], None],
         gpu_count: int = 1,
         check_interval_s: float = 1.0,
         sample_interval_s: float = 1.0,
@@ -46,8 +47,8 @@ class Watchdog:
         self._lock = threading.Lock()
         self._next_sample = 0.0
         self._cells = 0
-        self._warned: set[str] = set()
-        self.stop_reason: str | None = None
+        self._warned: set = set()  # warning kinds already logged while they last
+        self.stop_reason: StopReason | None = None
         self.done = threading.Event()
 
     # -- the loop -------------------------------------------------------------------------
@@ -70,10 +71,9 @@ class Watchdog:
             )
             verdict = self.tracker.evaluate(now)
         for warning in verdict.warnings:
-            kind = warning.split(" ", 1)[0]
-            if kind not in self._warned:  # once per kind, in the runtime's log
-                self._warned.add(kind)
-                self._log(f"GPUSESSION_WARNING {warning}")
+            if warning.kind not in self._warned:  # once per kind, in the runtime's log
+                self._warned.add(warning.kind)
+                self._log(marker_line(Marker.WARNING, warning.to_dict()))
         if not verdict.warnings:
             self._warned.clear()
         if verdict.stop_reason and self.stop_reason is None:
@@ -89,7 +89,7 @@ class Watchdog:
             try:
                 self.tick()
             except Exception as exc:  # noqa: BLE001 - one bad reading must not end the watchdog
-                self._log(f"GPUSESSION_AGENT_ERROR tick failed: {type(exc).__name__}: {exc}")
+                self._log(marker_line(Marker.AGENT_ERROR, {"error": f"tick failed: {type(exc).__name__}: {exc}"}))
             stop_event.wait(self.check_interval_s)
 
     # -- what the endpoint serves -----------------------------------------------------------
@@ -117,8 +117,8 @@ class Watchdog:
             "idle": verdict.idle,
             "runtime": verdict.runtime,
             "cost": verdict.cost,
-            "warnings": verdict.warnings,
-            "stopping": self.stop_reason,
+            "warnings": [w.to_dict() for w in verdict.warnings],
+            "stopping": self.stop_reason.to_dict() if self.stop_reason else None,
         }
 
     def summary(self) -> dict[str, Any]:
@@ -127,6 +127,6 @@ class Watchdog:
         with self._lock:
             out = self.tracker.summary(now, gpu_count=self.gpu_count, cells=int(cells or self._cells))
         out["session_id"] = self.session_id
-        out["reason"] = self.stop_reason
+        out["reason"] = self.stop_reason.to_dict() if self.stop_reason else None
         out["at"] = round(now, 3)
         return out

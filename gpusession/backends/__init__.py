@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 
 from ..errors import BadInput
-from .base import Backend, Link, RemoteResource
+from .base import Backend, Link, Recorder, RemoteResource, TunnelLink
 
 GROUP = "gpusession.backends"
 
@@ -48,4 +48,4 @@ def load_backend_class(name: str) -> type[Backend]:
     return getattr(module, attr)
 
 
-__all__ = ["Backend", "Link", "RemoteResource", "backend_classes", "backend_names", "load_backend_class", "GROUP"]
+__all__ = ["Backend", "Link", "Recorder", "RemoteResource", "TunnelLink", "backend_classes", "backend_names", "load_backend_class", "GROUP"]

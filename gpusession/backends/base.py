@@ -1,32 +1,69 @@
-"""The backend contract: where GPUs come from.
+"""The backend contract: where GPUs come from. A backend can be written from this module alone.
 
 A backend creates, connects to, and removes the remote side of a session. It never imports
-`gpusession.session`; the session layer calls it in this order:
+`gpusession.session`, the store or another backend. The session layer calls it in this order:
 
-    check(spec)                -> before anything is recorded or paid for
-    provision(record, progress)-> creates the paid resource, saving its handle early
-    connect(record, progress)  -> waits for the kernel, opens any tunnel, returns a Link
-    ... cells run through the Link ...
-    stop(record)               -> idempotent teardown, also of a half-provisioned session
+    available()                 -> may it be the default here (no --backend given)?
+    check(spec)                 -> before anything is recorded or paid for
+    price_per_hour(spec, ...)   -> once, when the session is recorded
+    provision(record, progress) -> creates the paid resource, saving its handle early
+    connect(record, progress)   -> waits for the kernel, opens any tunnel, returns a Link
+    ... cells run through the Link; is_alive(record) while they do ...
+    stop(record)                -> idempotent teardown, also of a half-provisioned session
+    stop_details(record)        -> when the remote side is found gone: what it left at its end
 
-Every paid resource carries the session id remotely (container labels, instance tags, a process
+and `gpusession gc` calls list_resources() and remove_resource(resource).
+
+Backends return what must be recorded and the session layer records it: a backend writes only
+through its `Recorder` (its handles, timeline notes, a corrected price), never the store. Every
+paid resource carries the session id remotely (container labels, instance tags, a process
 environment variable), and `list_resources()` finds them, so `gpusession gc` can stop what a
-crashed process left behind. State saved with `Store.update_resource` (like jupyter_client's
-provisioner `get_provisioner_info`) is all another process needs to connect or stop.
+crashed process left behind. What a backend saves with `Recorder.save` comes back as
+`record.resource` (like jupyter_client's provisioner `get_provisioner_info` /
+`load_provisioner_info`): it is all another process needs to connect or stop.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+import logging
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from ..protocol import Marker, StopDetails, StopKind, StopReason, parse_marker
 
 if TYPE_CHECKING:
     from ..catalog import Catalog
     from ..config import GpuSessionConfig
     from ..models import KernelEndpoint, LaunchSpec, SessionRecord
     from ..progress import Progress
-    from ..store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Recorder(Protocol):
+    """Everything a backend may record. The session layer hands one to each backend it builds
+    (`gpusession.session.StoreRecorder` writes to the store); a test may hand a fake."""
+
+    store_id: str
+    """Which session store this is, among others on a shared engine or account: a label value a
+    backend puts on its remote resources so that gc collects only its own store's."""
+
+    def save(self, session_id: str, **values: Any) -> None:
+        """Merge `values` (JSON-able) into the session's `record.resource`: the backend's handle
+        (container id, instance id, key path...) as soon as it exists, so a crash right after
+        leaves it findable, and anything a later `connect`/`stop` in another process needs."""
+
+    def note(self, session_id: str, text: str) -> None:
+        """Add a line to the session's timeline (a tunnel reconnect, a capacity fallback...)."""
+
+    def set_price(self, session_id: str, price_per_hour: float, detail: str) -> None:
+        """Correct the session's price when the real one differs from `price_per_hour`'s
+        estimate (the spot price of the zone that had capacity); `detail` says why."""
+
+    def sessions(self, backend_name: str) -> list["SessionRecord"]:
+        """Every recorded session of that backend, any state (which remote engines or regions
+        gc must look at)."""
 
 
 @dataclasses.dataclass
@@ -38,7 +75,7 @@ class RemoteResource:
     resource_id: str  # container id, instance id, pid...
     description: str  # one line for the user
     running: bool  # still consuming (billing) resources
-    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)  # what remove_resource needs
 
 
 class Link(abc.ABC):
@@ -55,11 +92,6 @@ class Link(abc.ABC):
         """Called while a cell runs: False when the link is down beyond repair."""
         return True
 
-    def add_forward(self, remote_port: int) -> int:
-        """Forward another remote loopback port; return the local port. Links without a
-        tunnel (the remote side is this machine) return remote_port."""
-        return remote_port
-
     @property
     def reconnects(self) -> int:
         """How often the link came back after dropping (0 for links that cannot drop). Read by the
@@ -68,61 +100,145 @@ class Link(abc.ABC):
         return 0
 
 
+class TunnelLink(Link):
+    """A Link through a `gpusession.tunnel.Tunnel` to a session container's fixed loopback ports
+    (`tunnel.CONTAINER_PORTS`); closing it closes the tunnel and leaves the remote side running."""
+
+    def __init__(self, tunnel, kernel_info: dict):
+        """`tunnel`: started, forwarding CONTAINER_PORTS; `kernel_info`: the container's
+        kernel.json (its remote ports are replaced by the tunnel's local ones)."""
+        from ..tunnel import tunneled_endpoint
+
+        self.tunnel = tunnel
+        self.endpoint = tunneled_endpoint(tunnel, kernel_info)
+
+    def close(self) -> None:
+        self.tunnel.close()
+
+    def healthy(self) -> bool:
+        return self.tunnel.healthy()
+
+    @property
+    def reconnects(self) -> int:
+        return self.tunnel.reconnects
+
+
 class Backend(abc.ABC):
-    """One place GPUs come from. Registered under the `gpusession.backends` entry-point group."""
+    """One place GPUs come from, registered under the `gpusession.backends` entry-point group
+    (`gpusession.backends.backend_classes`). One instance per backend name and process, built by
+    the session layer; it may be called from several threads."""
 
-    name: ClassVar[str]
+    name: ClassVar[str]  # the --backend word, also in every record's spec.backend
 
-    def __init__(self, config: "GpuSessionConfig", store: "Store"):
+    def __init__(self, config: "GpuSessionConfig", recorder: Recorder):
         self.config = config
-        self.store = store
+        self.recorder = recorder
+
+    @classmethod
+    def available(cls, timeout: float = 2.0) -> bool:
+        """Called by the session layer when no backend was named, to pick the default: can this
+        backend serve here without more setup (an engine answers, nothing to install)? Answers
+        within about `timeout` seconds, creates nothing, costs nothing, never raises.
+        The default is False: such a backend is used only when named."""
+        return False
+
+    def check(self, spec: "LaunchSpec") -> None:
+        """Called before the session is recorded: raise BadInput / BackendUnavailable with an
+        actionable message when this backend cannot serve `spec` (no engine, no SDK, no
+        credentials...). Must not create or pay for anything."""
 
     def price_per_hour(self, spec: "LaunchSpec", catalog: "Catalog") -> float:
-        """Called once when a session is recorded. Own hardware: the configured price, or the
-        catalog's on-demand rate for the same GPUs when none is configured."""
+        """Called once when a session is recorded (after `check`), for its cost meter and the
+        agent's cost cap: dollars per hour for `spec`. Must not create anything. Own hardware:
+        the configured price, or the catalog's on-demand rate for the same GPUs when none is
+        configured."""
         if self.config.price_per_hour >= 0:
             return self.config.price_per_hour
         gpu = catalog.get(spec.gpu_type)
         return catalog.price_per_hour(gpu, spec.gpu_count)
 
-    def check(self, spec: "LaunchSpec") -> None:
-        """Called before the session is recorded: raise BadInput / BackendUnavailable with an
-        actionable message when this backend cannot serve `spec` (no engine, no SDK...)."""
-
     @abc.abstractmethod
     def provision(self, record: "SessionRecord", progress: "Progress") -> None:
-        """Called after the record exists (state provisioning). Create the remote side and save
-        its handle with `self.store.update_resource(record.id, ...)` as soon as it exists, so a
-        crash right after leaves it findable. Raise StageError on failure; the caller then calls
-        `stop`."""
+        """Called after the record exists (state provisioning). Create the remote side, labelled
+        with `record.id`, and save its handle with `self.recorder.save(record.id, ...)` as soon as
+        it exists, so a crash right after leaves it findable. Report steps on `progress`. Raise
+        StageError (or BackendUnavailable) on failure; the caller then calls `stop`, so leave what
+        was made findable rather than cleaning up half-way."""
 
     @abc.abstractmethod
     def connect(self, record: "SessionRecord", progress: "Progress") -> Link:
         """Called after provision (state starting), or by any process that wants to use a running
-        session. Wait until the kernel answers on its ports and return a Link whose endpoint's
-        connection info points at local ports."""
-
-    @abc.abstractmethod
-    def stop(self, record: "SessionRecord") -> None:
-        """Called by stop, by a failed start, and by gc. Remove everything the session holds;
-        succeed when it is already gone; never raise for a half-provisioned session."""
+        session (from `record.resource` alone). Wait until the kernel answers on its ports and
+        return a Link whose endpoint's connection info points at ports on this machine. Raise
+        StageError when it cannot; never stop the remote side."""
 
     @abc.abstractmethod
     def is_alive(self, record: "SessionRecord") -> bool:
-        """Called while cells run and by gc: does the remote side still exist and run?"""
+        """Called while cells run, when a process attaches, and by gc: does the remote side still
+        exist and run? Answer True when the backend cannot tell now (the engine or cloud does not
+        answer): False makes the caller record the session as ended and tear it down."""
 
-    def stop_reason(self, record: "SessionRecord") -> str | None:
-        """Called when a session is found gone: why the remote side ended (idle, max cost...),
-        when it left a word about it."""
+    def stop_details(self, record: "SessionRecord") -> "StopDetails | None":
+        """Called when the remote side is found gone (and at stop, for the agent's summary): what
+        it left at its end - why it stopped, when, the agent's summary - read from the runtime's
+        stopped.json, its log markers, or what the backend itself knows (an exit code, the
+        cloud's state reason). None when it left nothing to read. Must not change or remove
+        anything, and never raises for a session that is half-provisioned or already removed."""
         return None
 
     @abc.abstractmethod
+    def stop(self, record: "SessionRecord") -> None:
+        """Called by stop, by a failed start, and by gc. Remove everything the session holds
+        (found by saved handle and by label); succeed when it is already gone; work for a
+        half-provisioned session. Raise only when something may still be held (the caller keeps
+        the session recorded as stopping, for gc to retry)."""
+
+    @abc.abstractmethod
     def list_resources(self) -> list[RemoteResource]:
-        """Called by gc: every resource labelled as ours this backend can see, any session's."""
+        """Called by gc: every resource labelled as ours (this store's) that this backend can see,
+        any session's, running or not. Raise BackendUnavailable when nothing could be asked."""
 
     @abc.abstractmethod
     def remove_resource(self, resource: RemoteResource) -> None:
-        """Called by gc for a resource whose session is stopped or unknown."""
+        """Called by gc for a resource from `list_resources` whose session is stopped or unknown
+        to the store. Remove it only when it still carries `resource.session_id`; gone is fine."""
+
+    # -- for subclasses ---------------------------------------------------------------------
+
+    def _note(self, session_id: str, text: str) -> None:
+        """Record a timeline note from any thread (a tunnel's); never raises."""
+        try:
+            self.recorder.note(session_id, text)
+        except Exception:  # noqa: BLE001 - a note must never break the thread that makes it
+            log.debug("could not record %r", text, exc_info=True)
 
 
-BackendFactory = Callable[["GpuSessionConfig", "Store"], Backend]
+def failure_detail(payload: Any) -> str:
+    """The text of a FAILED marker's payload ({"stage", "error"}, or plain text)."""
+    if isinstance(payload, dict):
+        stage, error = payload.get("stage"), payload.get("error")
+        return f"{stage}: {error}" if stage else str(error)
+    return str(payload or "")
+
+
+def stop_details_from_log(text: str) -> StopDetails | None:
+    """What a runtime's log (a container's, an instance's console) says about its end: the last
+    STOPPED reason, else the first FAILED start, and the last SUMMARY. None when it says nothing."""
+    stopped: StopReason | None = None
+    failed: StopReason | None = None
+    summary: dict | None = None
+    for line in text.splitlines():
+        parsed = parse_marker(line)
+        if parsed is None:
+            continue
+        marker, payload = parsed
+        if marker is Marker.STOPPED:
+            stopped = StopReason.from_dict(payload) or stopped
+        elif marker is Marker.FAILED and failed is None:
+            failed = StopReason(StopKind.START_FAILED, detail=failure_detail(payload))
+        elif marker is Marker.SUMMARY and isinstance(payload, dict):
+            summary = payload
+    reason = stopped or failed
+    if reason is None and summary is None:
+        return None
+    return StopDetails(reason=reason, summary=summary)

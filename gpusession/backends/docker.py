@@ -15,19 +15,18 @@ gpusession.started (unix seconds).
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import shlex
-import socket
 import threading
 import time
 from typing import Any
 
+from ..agentargs import args_for
 from ..errors import BackendUnavailable, BadInput, StageError
-from ..models import KernelEndpoint, LaunchSpec, SessionRecord
+from ..models import LaunchSpec, SessionRecord
 from ..progress import Progress
-from .base import Backend, Link, RemoteResource
+from ..protocol import ENV_AGENT_ARGS, ENV_AUTHORIZED_KEY, ENV_SESSION_ID, Marker, StopDetails, StopKind, StopReason
+from .base import Backend, Link, RemoteResource, TunnelLink, stop_details_from_log
 from .docker_engine import (
     build_or_find_image,
     container_logs,
@@ -35,11 +34,10 @@ from .docker_engine import (
     engine_client,
     engine_errors,
     get_container,
-    make_session_key,
     read_json_from,
     remove_container,
     short_error,
-    wait_for_log,
+    wait_for_marker,
 )
 
 log = logging.getLogger(__name__)
@@ -56,40 +54,15 @@ NO_NVIDIA = (
 )
 
 
-class DockerLink(Link):
-    """The tunnel to one container; closing it leaves the container running."""
-
-    def __init__(self, endpoint: KernelEndpoint, tunnel):
-        self.endpoint = endpoint
-        self.tunnel = tunnel
-
-    def close(self) -> None:
-        self.tunnel.close()
-
-    def healthy(self) -> bool:
-        return self.tunnel.healthy()
-
-    def add_forward(self, remote_port: int) -> int:
-        return self.tunnel.add_forward(remote_port)
-
-    @property
-    def reconnects(self) -> int:
-        return self.tunnel.reconnects
-
-
 class DockerBackend(Backend):
     name = "docker"
 
-    def __init__(self, config, store):
-        super().__init__(config, store)
+    def __init__(self, config, recorder):
+        super().__init__(config, recorder)
         self._clients: dict[str, Any] = {}
-        # Another user's (or another GPUSESSION_HOME's) containers on a shared engine are not ours
-        # to collect, though unknown to our store.
-        where = f"{socket.gethostname()}:{os.path.realpath(store.path)}"
-        self.store_tag = hashlib.sha256(where.encode()).hexdigest()[:16]
 
-    @staticmethod
-    def engine_available(timeout: float = 2.0) -> bool:
+    @classmethod
+    def available(cls, timeout: float = 2.0) -> bool:
         """True when the SDK is installed and the local engine (DOCKER_HOST) answers quickly."""
         try:
             docker = docker_sdk()
@@ -121,13 +94,15 @@ class DockerBackend(Backend):
     # -- start --------------------------------------------------------------------------
 
     def provision(self, record: SessionRecord, progress: Progress) -> None:
+        from ..sshlogin import make_session_key
+
         spec = record.spec
         progress.step(f"connecting to the Docker engine {spec.host or '(local)'}")
         client = self.client(spec.host)
         image = spec.image or self.config.docker_image
         build_or_find_image(client, image, progress, default_image=self.config.docker_image)
         key_path, public_key = make_session_key(self.config.data_path / "keys", record.id)
-        self.store.update_resource(record.id, key_path=str(key_path), engine=spec.host or "", image=image)
+        self.recorder.save(record.id, key_path=str(key_path), engine=spec.host or "", image=image)
         docker = docker_sdk()
         progress.step(f"creating container from {image}")
         try:
@@ -138,15 +113,17 @@ class DockerBackend(Backend):
                 name=f"gpusession-{record.name}-{record.id[:8]}",
                 labels={
                     LABEL: record.id,
-                    STORE_LABEL: self.store_tag,
+                    # another user's (or GPUSESSION_HOME's) containers on a shared engine are
+                    # not ours to collect, though unknown to our store
+                    STORE_LABEL: self.recorder.store_id,
                     "gpusession.owner": record.owner,
                     "gpusession.type": f"{spec.gpu_type}:{spec.gpu_count}",
                     "gpusession.started": str(int(time.time())),
                 },
                 environment={
-                    "GPUSESSION_SESSION_ID": record.id,
-                    "GPUSESSION_AUTHORIZED_KEY": public_key,
-                    "GPUSESSION_AGENT_ARGS": shlex.join(_agent_args(record)),
+                    ENV_SESSION_ID: record.id,
+                    ENV_AUTHORIZED_KEY: public_key,
+                    ENV_AGENT_ARGS: shlex.join(args_for(record)),
                 },
                 device_requests=[_gpu_request(docker, spec)],
                 ports={"22/tcp": ("127.0.0.1", None)},
@@ -155,7 +132,7 @@ class DockerBackend(Backend):
             raise StageError("provision", f"image {image} not found: {short_error(exc)}") from None
         except docker.errors.APIError as exc:
             raise StageError("provision", f"cannot create the container: {short_error(exc)}") from None
-        self.store.update_resource(record.id, container_id=container.id)
+        self.recorder.save(record.id, container_id=container.id)
         progress.step(f"starting container {container.short_id}")
         try:
             container.start()
@@ -168,16 +145,16 @@ class DockerBackend(Backend):
         container.reload()
         published = container.ports.get("22/tcp")
         if not published:  # it exited already: the log says why
-            wait_for_log(container, "GPUSESSION_HOSTKEY ", START_TIMEOUT, stage="provision")
+            wait_for_marker(container, Marker.HOSTKEY, START_TIMEOUT, stage="provision")
             raise StageError("provision", f"container {container.short_id} published no ssh port")
         port = int(published[0]["HostPort"])
-        self.store.update_resource(record.id, ssh_port=port)
+        self.recorder.save(record.id, ssh_port=port)
         progress.step("waiting for the container's sshd")
-        host_key = wait_for_log(container, "GPUSESSION_HOSTKEY ", START_TIMEOUT, stage="provision")
-        self.store.update_resource(record.id, host_key=host_key)
+        host_key = wait_for_marker(container, Marker.HOSTKEY, START_TIMEOUT, stage="provision")
+        self.recorder.save(record.id, host_key=host_key)
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
-        from ..tunnel import CONTAINER_PORTS, HostKeyCheck, SshTarget, Tunnel, jump_target, tunneled_endpoint
+        from ..tunnel import CONTAINER_PORTS, HostKeyCheck, SshTarget, Tunnel, jump_target
 
         res = record.resource
         client = self.client(record.spec.host)
@@ -206,19 +183,13 @@ class DockerBackend(Backend):
         opening = _InThread(tunnel.start)
         try:
             progress.step("waiting for the kernel")
-            wait_for_log(container, "GPUSESSION_READY", START_TIMEOUT, stage="connect")
+            wait_for_marker(container, Marker.READY, START_TIMEOUT, stage="connect")
             info = read_json_from(container, f"{STATE_DIR}/kernel.json")
             opening.result(START_TIMEOUT)
         except BaseException:
             tunnel.close()
             raise
-        return DockerLink(tunneled_endpoint(tunnel, info), tunnel)
-
-    def _note(self, session_id: str, text: str) -> None:
-        try:
-            self.store.note(session_id, text)
-        except Exception:  # noqa: BLE001 - a note must never break the tunnel thread
-            log.debug("could not record %r", text, exc_info=True)
+        return TunnelLink(tunnel, info)
 
     # -- life and teardown --------------------------------------------------------------
 
@@ -229,29 +200,28 @@ class DockerBackend(Backend):
             return True  # the engine cannot be asked now: unknown is not gone, never tear down blind
         return container is not None and container.status == "running"
 
-    def stop_reason(self, record: SessionRecord) -> str | None:
-        return self.stop_details(record).get("reason")
-
-    def stop_details(self, record: SessionRecord) -> dict:
+    def stop_details(self, record: SessionRecord) -> StopDetails | None:
         """What the runtime left at its end (stopped.json: reason, at, the agent's summary), read
-        from the stopped container; else its GPUSESSION_STOPPED log line or exit code."""
+        from the stopped container; else its log markers; else the container's exit code."""
+        saved = StopDetails()
         try:
             container = self._find(record)
             if container is None:
-                return {}
+                return None
             try:
-                return read_json_from(container, f"{STATE_DIR}/stopped.json")
+                saved = StopDetails.from_dict(read_json_from(container, f"{STATE_DIR}/stopped.json"))
             except docker_sdk().errors.NotFound:
                 pass  # still running, or it never got as far
-            reason = None
-            for line in container_logs(container).splitlines():
-                if line.startswith("GPUSESSION_STOPPED "):
-                    reason = line.split(" ", 1)[1].strip()
+            if saved.reason is not None:
+                return saved
+            logged = stop_details_from_log(container_logs(container)) or StopDetails()
         except (BackendUnavailable, ValueError, OSError):
-            return {}
+            return None
+        reason = logged.reason
         if reason is None and container.status == "exited":
-            reason = f"container exited with code {container.attrs['State'].get('ExitCode')}"
-        return {"reason": reason} if reason else {}
+            reason = StopReason(StopKind.CONTAINER_EXIT, exit_code=container.attrs["State"].get("ExitCode"))
+        details = StopDetails(reason=reason, at=saved.at, summary=saved.summary or logged.summary)
+        return None if details == StopDetails() else details
 
     def stop(self, record: SessionRecord) -> None:
         container = self._find(record)
@@ -277,13 +247,13 @@ class DockerBackend(Backend):
 
     def list_resources(self) -> list[RemoteResource]:
         """Containers labelled by this store, on the local engine and every remote one it used."""
-        hosts = [""] + sorted({r.spec.host for r in self.store.list() if r.spec.backend == self.name and r.spec.host})
+        hosts = [""] + sorted({r.spec.host for r in self.recorder.sessions(self.name) if r.spec.host})
         found: list[RemoteResource] = []
         reached = 0
         for host in hosts:
             try:
                 with engine_errors(host or "(local engine)"):
-                    mine = {"label": [LABEL, f"{STORE_LABEL}={self.store_tag}"]}
+                    mine = {"label": [LABEL, f"{STORE_LABEL}={self.recorder.store_id}"]}
                     containers = self.client(host).containers.list(all=True, ignore_removed=True, filters=mine)
             except BackendUnavailable as exc:
                 log.warning("gc: skipping Docker engine %s: %s", host or "(local)", exc)
@@ -331,12 +301,6 @@ class _InThread:
             raise StageError("connect", f"the SSH tunnel did not open within {timeout:.0f}s")
         if self._error is not None:
             raise self._error
-
-
-def _agent_args(record: SessionRecord) -> list[str]:
-    from .local import agent_args
-
-    return agent_args(record)
 
 
 def _gpu_request(docker, spec: LaunchSpec):

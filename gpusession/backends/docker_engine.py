@@ -1,6 +1,6 @@
 """The Docker engine side of the docker backend: the SDK (imported lazily), connecting to a local
-or `ssh://` engine with clear errors, finding or building the image, per-session SSH keys, and
-reading a container's log and files through the API."""
+or `ssh://` engine with clear errors, finding or building the image, and reading a container's
+log and files through the API."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import re
 import tarfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from ..errors import BackendUnavailable, StageError
 from ..progress import Progress
+from ..protocol import Marker, parse_marker
+from .base import failure_detail
 
 INSTALL_HINT = "the docker backend needs the Docker SDK for Python: pip install 'docker>=7.1'"
 
@@ -168,24 +170,6 @@ def _build(client, root: Path, image: str, progress: Progress) -> None:
         raise StageError("image", f"building {image} failed: {short_error(exc)}") from None
 
 
-def make_session_key(folder: Path, session_id: str) -> tuple[Path, str]:
-    """A new ed25519 key for one session, saved 0600 as folder/<id>; returns (path, public line)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-    )
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    path = folder / session_id
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(private)
-    return path, f"{public.decode()} gpusession-{session_id[:8]}"
-
-
 def get_container(client, container_id: str | None):
     if not container_id:
         return None
@@ -213,24 +197,28 @@ def container_logs(container, tail: int | str = "all") -> str:
         return container.logs(stdout=True, stderr=True, tail=tail).decode(errors="replace")
 
 
-def wait_for_log(container, marker: str, timeout: float, stage: str) -> str:
-    """The rest of the first log line starting with `marker`; fails when the container exits."""
+def wait_for_marker(container, marker: Marker, timeout: float, stage: str) -> Any:
+    """The payload of the first `marker` line in the container's log (`protocol.parse_marker`);
+    fails when the runtime says it failed (FAILED) or the container exits first."""
     deadline = time.monotonic() + timeout
     delay = 0.02
     while True:
         text = container_logs(container)
         for line in text.splitlines():
-            if line.startswith(marker):
-                return line[len(marker):].strip()
-            if line.startswith("GPUSESSION_FAILED"):
-                raise StageError(stage, f"the session runtime failed: {line.split(' ', 1)[-1]}")
+            parsed = parse_marker(line)
+            if parsed is None:
+                continue
+            if parsed[0] is marker:
+                return parsed[1]
+            if parsed[0] is Marker.FAILED:
+                raise StageError(stage, f"the session runtime failed: {failure_detail(parsed[1])}")
         container.reload()
         if container.status not in ("created", "running"):
             code = container.attrs["State"].get("ExitCode")
             last = " | ".join(text.strip().splitlines()[-8:]) or "(no output)"
             raise StageError(stage, f"container exited with code {code} during start; last log lines: {last}")
         if time.monotonic() > deadline:
-            raise StageError(stage, f"no {marker.strip()} line from the container within {timeout:.0f}s")
+            raise StageError(stage, f"no {marker.value} line from the container within {timeout:.0f}s")
         time.sleep(delay)
         delay = min(delay * 1.5, 0.25)
 

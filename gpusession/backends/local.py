@@ -17,12 +17,12 @@ import sys
 import time
 from pathlib import Path
 
+from ..agentargs import args_for
 from ..errors import StageError
 from ..models import KernelEndpoint, SessionRecord
 from ..progress import Progress
+from ..protocol import ENV_SESSION_ID, StopDetails
 from .base import Backend, Link, RemoteResource
-
-LABEL_ENV = "GPUSESSION_SESSION_ID"
 
 
 class LocalLink(Link):
@@ -63,7 +63,7 @@ def _process_label(pid: int) -> str | None:
         return None
     if b"gpusession.agent" not in cmdline:
         return None
-    prefix = LABEL_ENV.encode() + b"="
+    prefix = ENV_SESSION_ID.encode() + b"="
     for item in env:
         if item.startswith(prefix):
             return item[len(prefix):].decode()
@@ -72,6 +72,11 @@ def _process_label(pid: int) -> str | None:
 
 class LocalBackend(Backend):
     name = "local"
+
+    @classmethod
+    def available(cls, timeout: float = 2.0) -> bool:
+        """Always: it needs nothing but this Python."""
+        return True
 
     def state_dir(self, record: SessionRecord) -> Path:
         return self.config.data_path / "sessions" / record.id
@@ -94,9 +99,9 @@ class LocalBackend(Backend):
             "0",
             "--cwd",
             os.getcwd(),
-            *agent_args(record),
+            *args_for(record),
         ]
-        env = dict(os.environ, **{LABEL_ENV: record.id})
+        env = dict(os.environ, **{ENV_SESSION_ID: record.id})
         env.pop("JPY_PARENT_PID", None)
         progress.step("starting kernel process")
         log = open(state_dir / "runtime.log", "ab")
@@ -106,7 +111,7 @@ class LocalBackend(Backend):
             )
         finally:
             log.close()
-        self.store.update_resource(record.id, pid=proc.pid, state_dir=str(state_dir))
+        self.recorder.save(record.id, pid=proc.pid, state_dir=str(state_dir))
         # reap it if we outlive it, so it never lingers as a zombie of ours
         import threading
 
@@ -135,14 +140,11 @@ class LocalBackend(Backend):
         pid = record.resource.get("pid")
         return _pid_alive(pid) and _process_label(pid) == record.id
 
-    def stop_reason(self, record: SessionRecord) -> str | None:
+    def stop_details(self, record: SessionRecord) -> StopDetails | None:
+        """What the runtime left at its end: the stopped.json in its state folder."""
         state_dir = record.resource.get("state_dir")
-        return _read_json(Path(state_dir) / "stopped.json").get("reason") if state_dir else None
-
-    def stop_details(self, record: SessionRecord) -> dict:
-        """What the runtime left at its end: {"reason", "at" (unix s), "summary" (the agent's)}."""
-        state_dir = record.resource.get("state_dir")
-        return _read_json(Path(state_dir) / "stopped.json") if state_dir else {}
+        saved = _read_json(Path(state_dir) / "stopped.json") if state_dir else {}
+        return StopDetails.from_dict(saved) if saved else None
 
     def stop(self, record: SessionRecord) -> None:
         pid = record.resource.get("pid")
@@ -193,15 +195,6 @@ def _under(path: str | None, folder: Path) -> bool:
         return Path(path).resolve().is_relative_to(folder.resolve())
     except OSError:
         return False
-
-
-def agent_args(record: SessionRecord) -> list[str]:
-    """The agent's command-line options for this session's spec (shared by every backend)."""
-    try:
-        from ..agent import service
-    except ImportError:
-        return []
-    return service.args_for(record)
 
 
 def _terminate(pid: int, timeout: float = 10.0) -> None:

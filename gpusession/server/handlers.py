@@ -13,13 +13,11 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
+from .. import options
+from ..backends import backend_names
 from ..errors import BadInput, BackendUnavailable, GpuSessionError, NoSession, UnknownSession
-from ..session import SessionManager
-
-_START_FIELDS = {
-    "type": str, "backend": str, "host": str, "spot": bool, "idle": str, "max_cost": (int, float, str),
-    "name": str, "image": str, "region": str, "gpu_only": bool, "max_runtime": str,
-}
+from ..session import SessionManager, default_backend_name
+from ..words import error_text, rest_view, warning_texts
 
 
 class Api:
@@ -31,20 +29,11 @@ class Api:
         self.starting: dict[str, threading.Thread] = {}
 
     def start_in_background(self, body: dict[str, Any]) -> dict:
+        """Record the session from a POST body (`options.body_problems` passed), start it in a thread."""
         m = self.manager
-        spec = m.make_spec(
-            body.get("type"),
-            backend=body.get("backend"),
-            idle=body.get("idle", "default"),
-            name=body.get("name"),
-            host=body.get("host") or None,
-            image=body.get("image") or None,
-            spot=body.get("spot") or None,
-            region=body.get("region") or None,
-            gpu_only_idle=body.get("gpu_only") or None,
-            max_cost=body.get("max_cost"),
-            max_runtime=body.get("max_runtime"),
-        )
+        given = dict(body)
+        spec = m.make_spec(given.pop("type", None), backend=given.pop("backend", None),
+                           idle=given.pop("idle", "default"), face=options.REST, **given)
         record = m.create(spec)
 
         def run() -> None:
@@ -58,7 +47,7 @@ class Api:
         thread = threading.Thread(target=run, name=f"gpusession-start-{record.name}", daemon=True)
         self.starting[record.id] = thread
         thread.start()
-        return m.view(record)
+        return rest_view(m.view(record))
 
 
 class BaseHandler(APIHandler):
@@ -71,9 +60,9 @@ class BaseHandler(APIHandler):
 
     def body(self) -> dict[str, Any]:
         try:
-            data = json.loads(self.request.body or b"{}")
+            data = json.loads(self.request.body or b"{}", parse_constant=_no_constants)
         except ValueError:
-            raise tornado.web.HTTPError(400, reason="body is not JSON")
+            raise tornado.web.HTTPError(400, reason="body is not JSON (NaN and Infinity are not JSON either)")
         if not isinstance(data, dict):
             raise tornado.web.HTTPError(400, reason="body must be a JSON object")
         return data
@@ -91,7 +80,7 @@ class BaseHandler(APIHandler):
         except BadInput as exc:
             return self.fail(400, str(exc))
         except NoSession as exc:
-            return self.fail(409, str(exc))
+            return self.fail(409, error_text(exc))
         except BackendUnavailable as exc:
             return self.fail(503, str(exc))
         except GpuSessionError as exc:
@@ -107,34 +96,54 @@ class SessionsHandler(BaseHandler):
 
         def listing() -> dict:
             m = self.api.manager
-            return {"sessions": [m.view(r) for r in m.list(active_only=not show_all)]}
+            return {"sessions": [rest_view(m.view(r)) for r in m.list(active_only=not show_all)]}
 
         await self.guarded(listing)
 
     @tornado.web.authenticated
     async def post(self) -> None:
-        body = self.body()
-        if not body.get("type"):
-            return self.fail(400, "missing 'type': a GPU type from GET /gpusession/api/catalog, e.g. \"t4\"")
-        unknown = sorted(set(body) - set(_START_FIELDS))
-        if unknown:
-            return self.fail(400, f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_START_FIELDS))}")
-        for key, kind in _START_FIELDS.items():
-            if key in body and body[key] is not None and not isinstance(body[key], kind):
-                return self.fail(400, f"'{key}' has the wrong type ({type(body[key]).__name__})")
+        body = self.body()  # the fields of GET options; an absent one takes its default
+        problems = options.body_problems(body)
+        if problems:
+            return self.fail(400, str(options.BadOptions(problems, options.REST)))
         await self.guarded(self.api.start_in_background, body, ok=202)
+
+
+class OptionsHandler(BaseHandler):
+    """The start options (gpusession/options.py) with this server's defaults: what a form shows."""
+
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        m = self.api.manager
+
+        def document() -> dict:  # the default backend may ask the Docker engine: not on the loop
+            return options.options_document(m.config, catalog=m.catalog, backends=backend_names(),
+                                            backend_default=default_backend_name(m.config))
+
+        await self.guarded(document)
+
+
+class OptionsCheckHandler(BaseHandler):
+    """What is wrong with a start body, field by field, without starting anything: a form asks
+    as the user types. Reads the body only (no backend is asked, nothing is recorded)."""
+
+    @tornado.web.authenticated
+    async def post(self) -> None:
+        body = self.body()
+        m = self.api.manager
+        await self.guarded(lambda: {"errors": options.check_body(body, catalog=m.catalog, backends=backend_names())})
 
 
 class SessionHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self, key: str) -> None:
         m = self.api.manager
-        await self.guarded(lambda: m.view(m.get(key)))
+        await self.guarded(lambda: rest_view(m.view(m.get(key))))
 
     @tornado.web.authenticated
     async def delete(self, key: str) -> None:
         m = self.api.manager
-        await self.guarded(lambda: m.view(m.stop(m.get(key).id)))
+        await self.guarded(lambda: rest_view(m.view(m.stop(m.get(key).id, by="the JupyterLab sidebar"))))
 
 
 class StatsHandler(BaseHandler):
@@ -146,7 +155,12 @@ class StatsHandler(BaseHandler):
         except ValueError:
             return self.fail(400, f"'since' must be unix seconds, got {since_text!r}")
         m = self.api.manager
-        await self.guarded(lambda: m.stats(m.get(key).id, since=since))
+        def stats() -> dict:
+            doc = m.stats(m.get(key).id, since=since)
+            warnings = [w for w in doc.get("warnings") or [] if warning_texts([w])]
+            return dict(doc, warnings=[dict(w, text=warning_texts([w], hint=False)[0]) for w in warnings])
+
+        await self.guarded(stats)
 
 
 class KeepaliveHandler(BaseHandler):
@@ -157,13 +171,22 @@ class KeepaliveHandler(BaseHandler):
         if not isinstance(duration, (str, int, float)):
             return self.fail(400, "'duration' must be a string like \"1h\"")
         m = self.api.manager
-        await self.guarded(lambda: m.view(m.keepalive(m.get(key).id, str(duration))))
+        def keepalive() -> dict:
+            sid = m.get(key).id
+            m.keepalive(sid, str(duration))
+            return rest_view(m.view(m.get(sid)))
+
+        await self.guarded(keepalive)
 
 
 class CatalogHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
         self.finish(json.dumps(self.api.manager.catalog.to_dict()))
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not a number")
 
 
 def setup_handlers(server_app, manager: SessionManager | None = None) -> None:
@@ -179,5 +202,7 @@ def setup_handlers(server_app, manager: SessionManager | None = None) -> None:
             (url_path_join(base, "sessions", sid, "stats"), StatsHandler),
             (url_path_join(base, "sessions", sid, "keepalive"), KeepaliveHandler),
             (url_path_join(base, "catalog"), CatalogHandler),
+            (url_path_join(base, "options"), OptionsHandler),
+            (url_path_join(base, "options", "check"), OptionsCheckHandler),
         ],
     )

@@ -13,7 +13,7 @@ from typing import Callable
 
 import ipywidgets as widgets
 
-from ..durations import format_duration, format_money
+from ..words import format_duration, format_money, warning_texts
 from ..models import State
 
 KEEPALIVE = "1h"  # what the keep-alive button asks for (the sidebar's button does the same)
@@ -188,10 +188,11 @@ class SessionCard:
         cost = format_money(view["cost_so_far"])
         self.cost.value = cost if not view.get("max_cost") else f"{cost} of {format_money(view['max_cost'])}"
         idle = dict(view.get("idle") or {})
-        warning = idle.get("warning")
+        warnings = view.get("warnings") or []
         if stats is not None:  # the agent's countdown is fresher than the view's
             idle.update({k: v for k, v in (stats.get("idle") or {}).items() if k in ("timeout_s", "remaining_s")})
-            warning = "; ".join(stats.get("warnings") or []) or None
+            warnings = stats.get("warnings") or []
+        warning = "; ".join(warning_texts(warnings, hint=False)) or None  # the card has a Keep alive button
         final = state in FINAL_STATES
         if final or idle.get("timeout_s") is None:
             self.idle.value = "off" if not final else "-"

@@ -9,8 +9,10 @@ from typing import Any, Callable, Iterable
 import ipywidgets as widgets
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from .. import options
 from ..durations import format_money
 from ..errors import GpuSessionError, NoSession
+from ..words import ended_message, error_text, keepalive_line, summary_line
 from ..models import State
 from ..session import Session, SessionManager, default_backend_name
 from .card import FINAL_STATES, KEEPALIVE, STYLE, WARN_STYLE, SessionCard, classed, html_text, show
@@ -19,31 +21,73 @@ REFRESH_S = 1.5  # seconds between two refreshes of the cards
 
 
 class StartForm:
-    """GPU type (catalog, with price), backend and idle timeout; `on_start(spec options)`."""
+    """The start options marked for forms in the one table (gpusession/options.py), each as its
+    kind asks: the catalog's GPU types with prices, the installed backends, a checkbox for a
+    switch, text for the rest. A backend's own options show only while it is selected.
+    `on_start(values)` gets what was filled in, by option name (blank fields left out)."""
 
-    def __init__(self, manager: SessionManager, on_start: Callable[[str, str, str], None]):
+    def __init__(self, manager: SessionManager, on_start: Callable[[dict[str, Any]], None]):
         catalog = manager.catalog
-        self.type_select = classed(widgets.Dropdown(
-            options=[(f"{t.name} · {t.memory_gb} GB · {format_money(t.per_gpu_on_demand)}/h", t.name) for t in catalog.types],
-            value=manager.catalog.parse(manager.config.default_type)[0].name, description="GPU type"), "type-select")
-        from ..backends import backend_names
-
-        self.backend_select = classed(widgets.Dropdown(options=backend_names(), value=default_backend_name(manager.config),
-                                                        description="Backend"), "backend-select")
-        self.idle_input = classed(widgets.Text(value=manager.config.default_idle, description="Idle stop",
-                                                placeholder="15m, 2h, off"), "idle-input")
+        self.fields: dict[str, widgets.Widget] = {}
+        for option in options.OPTIONS:
+            if option.form:
+                widget, role = self._input(option, manager)
+                self.fields[option.name] = classed(widget, f"{option.name.replace('_', '-')}-{role}")
+        self.type_select = self.fields["type"]
+        self.backend_select = self.fields["backend"]
+        self.idle_input = self.fields["idle"]
         self.start_button = classed(widgets.Button(description="Start", button_style="primary", icon="play"), "start-button")
         self.message = classed(widgets.HTML(), "form-message")
         show(self.message, False)
         note = widgets.HTML(f'<small>Prices: {html.escape(catalog.region)}, snapshot of {html.escape(catalog.snapshot_date)}'
                             " (per GPU-hour, on demand)</small>")
-        self.start_button.on_click(lambda _: on_start(self.type_select.value, self.backend_select.value, self.idle_input.value))
-        self.widget = classed(widgets.VBox([widgets.HTML("<b>Start a GPU session</b>"), self.type_select,
-                                             self.backend_select, self.idle_input, self.start_button, self.message, note]),
-                               "start-form")
+        self.start_button.on_click(lambda _: on_start(self.values()))
+        self.backend_select.observe(lambda _: self._show_backend_options(), names="value")
+        self._show_backend_options()
+        self.widget = classed(widgets.VBox([widgets.HTML("<b>Start a GPU session</b>"), *self.fields.values(),
+                                             self.start_button, self.message, note]), "start-form")
+
+    @staticmethod
+    def _input(option: options.StartOption, manager: SessionManager) -> tuple[widgets.Widget, str]:
+        """The widget for one option, and its role in the CSS class (type-select, idle-input)."""
+        common = {"description": option.label, "tooltip": option.help}
+        if option.kind == "gpu_type":
+            catalog = manager.catalog
+            choices = [(f"{t.name} · {t.memory_gb} GB · {format_money(t.per_gpu_on_demand)}/h", t.name) for t in catalog.types]
+            return widgets.Dropdown(options=choices, value=catalog.parse(manager.config.default_type)[0].name, **common), "select"
+        if option.kind == "backend":
+            from ..backends import backend_names
+
+            return widgets.Dropdown(options=backend_names(), value=default_backend_name(manager.config), **common), "select"
+        if option.kind == "choice":
+            return widgets.Dropdown(options=list(option.choices or ()), value=option.default, **common), "select"
+        if option.kind == "bool":
+            return widgets.Checkbox(value=bool(option.default), indent=True, **common), "input"
+        value = getattr(manager.config, option.config_default) if option.config_default else ""
+        return widgets.Text(value=value, placeholder=_PLACEHOLDERS.get(option.kind, ""), **common), "input"
+
+    def _show_backend_options(self) -> None:
+        backend = self.backend_select.value
+        for name, widget in self.fields.items():
+            applies = options.BY_NAME[name].backends
+            show(widget, applies is None or backend in applies)
+
+    def values(self) -> dict[str, Any]:
+        """What the form says, by option name: blank text and options of other backends left out."""
+        backend = self.backend_select.value
+        out: dict[str, Any] = {}
+        for name, widget in self.fields.items():
+            applies = options.BY_NAME[name].backends
+            value = widget.value.strip() if isinstance(widget.value, str) else widget.value
+            if value != "" and (applies is None or backend in applies):
+                out[name] = value
+        return out
 
     def say(self, text: str | None, warn: bool = False) -> None:
         html_text(self.message, text, "color: #c62828" if warn else "")
+
+
+_PLACEHOLDERS = {"duration": "15m, 2h, off", "money": "dollars, e.g. 5", "text": "optional"}
 
 
 class SessionPanel:
@@ -154,12 +198,14 @@ class SessionPanel:
             if card.final:
                 continue
             view, stats, problem = self._read(card.id)
+            final = view["state"] in FINAL_STATES
             with self._lock:
+                if final:  # how it ended (its watchdog, a stop elsewhere, a failure): said before
+                    card.say(ended_message(self.manager.get(card.id)))  # the card shows the end
                 card.show(view, stats)
                 if problem:
                     card.stats.problem(problem)
-            if view["state"] in FINAL_STATES:  # how it ended: its watchdog, a stop elsewhere, a failure
-                card.say(self.manager.ended_message(self.manager.get(card.id)))
+            if final:
                 self._on_stopped(card.id)
             else:
                 active = True
@@ -205,12 +251,12 @@ class SessionPanel:
         card.stop_button.disabled = card.keepalive_button.disabled = True
         try:
             with self._in_use:
-                record = self.manager.stop(card.id)
+                record = self.manager.stop(card.id, by="the session panel")
         except GpuSessionError as exc:
-            card.say(f"stop failed: {exc}", warn=True)
+            card.say(f"stop failed: {error_text(exc)}", warn=True)
             record = self.manager.get(card.id)
         else:
-            card.say(f"stopped: {self.manager.summary_line(record)}")
+            card.say(f"stopped: {summary_line(record)}")
             self._on_stopped(card.id)
         finally:
             card.stop_button.description = "Stop"
@@ -222,17 +268,20 @@ class SessionPanel:
         card.keepalive_button.disabled = True
         try:
             with self._in_use:
-                self.manager.keepalive(card.id, KEEPALIVE, report=lambda line: card.say(line))
+                granted = self.manager.keepalive(card.id, KEEPALIVE)
+            card.say(keepalive_line(granted["name"], granted, granted["asked_s"]))
         except GpuSessionError as exc:
-            card.say(f"keep-alive failed: {exc}", warn=True)
+            card.say(f"keep-alive failed: {error_text(exc)}", warn=True)
         finally:
             card.keepalive_button.disabled = False
 
-    def _start(self, gpu_type: str, backend: str, idle: str) -> None:
+    def _start(self, values: dict[str, Any]) -> None:
         """Record the session now (bad input is said in the form), start it in a thread: a cloud
         start takes minutes, and the notebook stays usable meanwhile."""
+        given = dict(values)
         try:
-            spec = self.manager.make_spec(gpu_type, backend=backend, idle=idle.strip() or "default")
+            spec = self.manager.make_spec(given.pop("type", None), backend=given.pop("backend", None),
+                                          idle=given.pop("idle", "default"), face=options.FORM, **given)
             record = self.manager.create(spec)
         except GpuSessionError as exc:
             self.form.say(str(exc), warn=True)

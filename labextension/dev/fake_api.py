@@ -2,7 +2,8 @@
 GPUs, Docker or the real server extension.
 
 It serves the endpoints of ``labextension/src/types.ts`` under ``<base_url>/gpusession/api/``
-from memory, with made-up but plausible GPU stats. Load it as a server extension:
+from memory, with made-up but plausible GPU stats and a made-up option table (durations and
+money are parsed by ``gpusession.durations``, as the real server does). Load it as a server extension:
 
     PYTHONPATH=labextension/dev jupyter lab \
         --ServerApp.jpserver_extensions=fake_api=True
@@ -22,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -30,6 +30,10 @@ from dataclasses import dataclass, field
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
+
+from gpusession.durations import parse_duration as _parse_duration
+from gpusession.durations import parse_money
+from gpusession.errors import BadInput
 
 CATALOG = {
     "types": [
@@ -65,11 +69,31 @@ CATALOG = {
     "region": "us-east-1",
 }
 PRICES = {t["name"]: t for t in CATALOG["types"]}
+BACKENDS = ["local", "docker", "aws"]
+
+
+def _option(name, kind, label, help, default=None, backends=None, choices=None, form=True) -> dict:
+    flag = "--" + name.replace("_", "-")
+    return {"name": name, "flag": flag, "kind": kind, "label": label, "help": help, "default": default,
+            "backends": backends, "choices": choices, "form": form}
+
+
+#: The reply of GET options (made up; the real table is the server's).
+OPTIONS = [
+    _option("type", "gpu_type", "GPU type", "GPU type from the catalog", "T4", choices=list(PRICES)),
+    _option("backend", "backend", "Backend", "where the kernel runs", "docker", choices=BACKENDS),
+    _option("host", "text", "Host", "Docker host, e.g. ssh://user@host", backends=["docker"]),
+    _option("spot", "bool", "Spot instance", "a cheaper instance that may be taken back", False,
+            backends=["aws"]),
+    _option("idle", "duration", "Idle stop", "stop after this long idle (off: never)", "30m"),
+    _option("max_cost", "money", "Max cost", "stop when the session has cost this much"),
+    _option("max_runtime", "duration", "Max runtime", "stop after this long in any case"),
+    _option("name", "text", "Name", "a name to find the session by"),
+    _option("gpu_only", "bool", "GPU-only idle", "count only GPU utilization as activity", False, form=False),
+]
 #: Seconds a new session spends in each state before the next.
 STEP_S = 1.5
 GIB = 2**30
-DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.IGNORECASE)
-UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 @dataclass
@@ -201,11 +225,34 @@ def new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def parse_duration(text: str) -> float:
-    match = DURATION.match(text)
-    if not match:
-        raise tornado.web.HTTPError(400, reason=f"not a duration: {text!r} (try 30m or 1h)")
-    return float(match.group(1)) * UNIT_S[match.group(2).lower()]
+def parse_duration(text: str) -> float | None:
+    try:
+        return _parse_duration(text)
+    except BadInput as error:
+        raise tornado.web.HTTPError(400, reason=str(error)) from error
+
+
+def check_options(body: dict) -> dict[str, str]:
+    """What POST options/check answers: option name -> what is wrong."""
+    errors: dict[str, str] = {}
+    known = {option["name"]: option for option in OPTIONS}
+    for name, value in body.items():
+        option = known.get(name)
+        if option is None:
+            errors[name] = f"unknown option {name!r}"
+            continue
+        try:
+            if option["kind"] == "duration":
+                _parse_duration(value, what=option["label"].lower())
+            elif option["kind"] == "money":
+                parse_money(value, what=option["label"].lower())
+            elif option["choices"] is not None and value not in option["choices"]:
+                errors[name] = f"{value!r} is not one of {', '.join(option['choices'])}"
+        except BadInput as error:
+            errors[name] = str(error)
+    if not body.get("type"):
+        errors["type"] = "choose a GPU type"
+    return errors
 
 
 class FakeHandler(APIHandler):
@@ -239,10 +286,11 @@ class SessionsHandler(FakeHandler):
     def post(self) -> None:
         body = self.body()
         gpu_type = body.get("type")
-        if not isinstance(gpu_type, str) or not gpu_type:
-            raise tornado.web.HTTPError(400, reason="'type' is required, e.g. \"T4\"")
-        if gpu_type != "fail" and gpu_type not in PRICES:
-            raise tornado.web.HTTPError(400, reason=f"unknown GPU type {gpu_type!r}")
+        errors = check_options(body) if gpu_type != "fail" else {}
+        if errors:
+            self.set_status(400)
+            self.finish({"message": "; ".join(f"{name}: {text}" for name, text in errors.items())})
+            return
         idle = body.get("idle")
         session = FakeSession(
             new_id(),
@@ -253,8 +301,8 @@ class SessionsHandler(FakeHandler):
             spot=bool(body.get("spot")),
             host=body.get("host"),
             fail=gpu_type == "fail",
-            idle_timeout_s=(parse_duration(idle) or None) if isinstance(idle, str) else 1800.0,
-            max_cost=body.get("max_cost"),
+            idle_timeout_s=parse_duration(idle) if isinstance(idle, str) else 1800.0,
+            max_cost=parse_money(body.get("max_cost")),
         )
         self.store.add(session)
         self.set_status(202)
@@ -300,7 +348,7 @@ class KeepAliveHandler(FakeHandler):
         duration = self.body().get("duration")
         if not isinstance(duration, str):
             raise tornado.web.HTTPError(400, reason="'duration' is required, e.g. \"1h\"")
-        session.keepalive_until = time.time() + parse_duration(duration)
+        session.keepalive_until = time.time() + (parse_duration(duration) or 0)
         self.finish(session.view())
 
 
@@ -308,6 +356,18 @@ class CatalogHandler(FakeHandler):
     @tornado.web.authenticated
     def get(self) -> None:
         self.finish(CATALOG)
+
+
+class OptionsHandler(FakeHandler):
+    @tornado.web.authenticated
+    def get(self) -> None:
+        self.finish({"options": OPTIONS})
+
+
+class OptionsCheckHandler(FakeHandler):
+    @tornado.web.authenticated
+    def post(self) -> None:
+        self.finish({"errors": check_options(self.body())})
 
 
 def _jupyter_server_extension_points() -> list[dict]:
@@ -327,6 +387,8 @@ def _load_jupyter_server_extension(serverapp) -> None:
             (url_path_join(base, "sessions", ident, "stats"), StatsHandler, kwargs),
             (url_path_join(base, "sessions", ident, "keepalive"), KeepAliveHandler, kwargs),
             (url_path_join(base, "catalog"), CatalogHandler, kwargs),
+            (url_path_join(base, "options"), OptionsHandler, kwargs),
+            (url_path_join(base, "options", "check"), OptionsCheckHandler, kwargs),
         ],
     )
     serverapp.log.info("fake gpusession API at %s with %d sessions", base, len(store.sessions))

@@ -8,6 +8,8 @@ import type {
   CatalogReply,
   ErrorReply,
   KeepAliveRequest,
+  OptionCheckReply,
+  OptionsReply,
   SessionListReply,
   SessionView,
   StartRequest,
@@ -21,11 +23,14 @@ export const API_PATH = 'gpusession/api';
 export class ApiError extends Error {
   /** HTTP status, or null when the server could not be reached. */
   readonly status: number | null;
+  /** The `message` of the server's error body, when it sent one. */
+  readonly serverMessage: string | null;
 
-  constructor(message: string, status: number | null) {
+  constructor(message: string, status: number | null, serverMessage: string | null = null) {
     super(message);
     this.name = 'ApiError';
     this.status = status;
+    this.serverMessage = serverMessage;
   }
 }
 
@@ -85,6 +90,25 @@ export class GpuSessionClient {
     });
   }
 
+  /** GET `options`: the start options, with the user's config as defaults. */
+  async getOptions(): Promise<OptionsReply> {
+    const reply = await this._request<OptionsReply>('options');
+    expectArray(reply.options, 'options', 'options');
+    return reply;
+  }
+
+  /** POST `options/check`: what is wrong with a start body, per option. */
+  async checkOptions(body: StartRequest): Promise<OptionCheckReply> {
+    const reply = await this._request<OptionCheckReply>('options/check', {
+      method: 'POST',
+      body: JSON.stringify(body)
+    });
+    if (typeof reply.errors !== 'object' || reply.errors === null) {
+      throw new ApiError(`Unexpected reply from ${API_PATH}/options/check: no "errors"`, null);
+    }
+    return reply;
+  }
+
   /** GET `catalog` */
   async getCatalog(): Promise<CatalogReply> {
     const reply = await this._request<CatalogReply>('catalog');
@@ -105,7 +129,11 @@ export class GpuSessionClient {
     }
     const text = await response.text();
     if (!response.ok) {
-      throw new ApiError(failureMessage(response, text), response.status);
+      throw new ApiError(
+        failureMessage(response, text),
+        response.status,
+        serverMessageOf(text)
+      );
     }
     try {
       return JSON.parse(text) as T;
@@ -129,6 +157,16 @@ function expectArray(value: unknown, key: string, path: string): void {
 
 function sessionPath(id: string): string {
   return `sessions/${encodeURIComponent(id)}`;
+}
+
+/** The `message` of a JSON error body, or null. */
+function serverMessageOf(text: string): string | null {
+  try {
+    const body = JSON.parse(text) as ErrorReply | null;
+    return typeof body?.message === 'string' && body.message ? body.message : null;
+  } catch {
+    return null;
+  }
 }
 
 /** The message of a non-2xx reply: the server's own when it sent one. */

@@ -12,16 +12,15 @@ import {
   setText,
   showText
 } from './dom';
-import { formatDollars, formatDuration, formatRate } from './format';
+import { formatDuration } from './format';
 import { GpuStatsView } from './gpus';
-import { SessionStatsModel, STATS_WINDOW_S } from './model';
-import type { SessionState, SessionView } from './types';
+import { SessionStatsModel } from './model';
+import { STATS_WINDOW_S } from './series';
+import { costText, idleText, isFinal, kindText, rateText } from './sessions';
+import type { SessionView } from './types';
 
 /** How long the keep-alive button extends a session. */
 export const KEEPALIVE_DURATION = '1h';
-
-/** States after which nothing more happens to a session. */
-const FINAL_STATES: ReadonlySet<SessionState> = new Set(['stopped', 'failed']);
 
 /** Where a card sends the fresh views its buttons get back. */
 export type ViewSink = (view: SessionView) => void;
@@ -81,36 +80,18 @@ export class SessionCard {
   /** Show a fresh view of the session, touching only what changed. */
   update(view: SessionView): void {
     this._view = view;
-    const final = FINAL_STATES.has(view.state);
+    const final = isFinal(view);
 
     setData(this.node, 'sessionName', view.name);
     setData(this.node, 'state', view.state);
     setText(this._name, view.name || view.id);
     setText(this._state, view.state);
     setClass(this._state, `gpusession-state gpusession-state-${view.state}`);
-    const kind = [`${view.gpu_type} × ${view.gpu_count}`, view.backend];
-    if (view.spot) {
-      kind.push('spot');
-    }
-    if (view.host) {
-      kind.push(view.host);
-    }
-    setText(this._kind, kind.join(' · '));
-
+    setText(this._kind, kindText(view));
     setText(this._uptime, formatDuration(view.uptime_s));
-    setText(this._price, formatRate(view.price_per_hour));
-    setText(
-      this._cost,
-      view.max_cost === null
-        ? formatDollars(view.cost_so_far)
-        : `${formatDollars(view.cost_so_far)} of ${formatDollars(view.max_cost)}`
-    );
-    setText(
-      this._idle,
-      final || view.idle.timeout_s === null
-        ? '-'
-        : formatDuration(view.idle.remaining_s)
-    );
+    setText(this._price, rateText(view));
+    setText(this._cost, costText(view));
+    setText(this._idle, idleText(view));
     showText(this._idleWarning, final ? null : view.idle.warning);
     showText(this._error, view.error);
 

@@ -3,32 +3,11 @@
  */
 
 import { setData, setText } from './dom';
+import { type ChartData, polylinePoints, VIEW_H, VIEW_W } from './series';
+
+export type { ChartData, Point } from './series';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
-/** Width and height of the SVG coordinate system; the CSS sets the size. */
-const VIEW_W = 100;
-const VIEW_H = 30;
-
-/** One point of a series: unix seconds and a value. */
-export interface Point {
-  t: number;
-  v: number;
-}
-
-/** What a chart shows at one update. */
-export interface ChartData {
-  points: readonly Point[];
-  /** Right edge of the time axis, unix seconds. */
-  tEnd: number;
-  /** Width of the time axis, seconds. */
-  windowS: number;
-  /** Top of the value axis (values are clipped to it). */
-  max: number;
-  /** Latest value as text, e.g. "57%". */
-  valueText: string;
-  /** Latest value as a plain number, for tests and tooltips. */
-  value: number | null;
-}
 
 export class Sparkline {
   /**
@@ -73,21 +52,4 @@ export class Sparkline {
 
   private readonly _valueNode: HTMLSpanElement;
   private readonly _line: SVGPolylineElement;
-}
-
-/** The `points` attribute of the polyline, in view-box coordinates. */
-export function polylinePoints(data: ChartData): string {
-  const tStart = data.tEnd - data.windowS;
-  const max = data.max > 0 ? data.max : 1;
-  const coords: string[] = [];
-  for (const { t, v } of data.points) {
-    if (t < tStart || !Number.isFinite(v)) {
-      continue;
-    }
-    const x = ((t - tStart) / data.windowS) * VIEW_W;
-    const clipped = Math.min(Math.max(v, 0), max);
-    const y = VIEW_H - (clipped / max) * VIEW_H;
-    coords.push(`${x.toFixed(1)},${y.toFixed(1)}`);
-  }
-  return coords.join(' ');
 }

@@ -1,14 +1,50 @@
 /**
- * The "start a GPU session" form: GPU type from the catalog (with its price),
- * backend, host, spot, idle timeout, cost cap and name.
+ * The "start a GPU session" form, built from the option table the server
+ * serves (GET `options`): one field per option with `form: true`, in the
+ * server's order, each shown only with the backends it applies to. Values
+ * are checked by the server as they are typed (POST `options/check`) and
+ * once more by the start itself (POST `sessions`). The catalog (GET
+ * `catalog`) only adds memory and prices to the GPU types.
  */
-import { errorMessage, GpuSessionClient } from './api';
-import { control, message, setText, showText } from './dom';
-import { formatRate, isDuration } from './format';
-import type { CatalogReply, GpuTypeView, SessionView, StartRequest } from './types';
+import { ApiError, errorMessage, GpuSessionClient } from './api';
+import { control, element, message, setText, showText } from './dom';
+import { formatRate } from './format';
+import {
+  controlClass,
+  controlKind,
+  FieldValue,
+  formOptions,
+  gpuTypeOption,
+  initialValue,
+  RESET_AFTER_START,
+  requestBody,
+  selectChoices,
+  splitErrors,
+  visibleOptions
+} from './options';
+import type {
+  CatalogReply,
+  GpuTypeView,
+  OptionView,
+  SessionView,
+  StartRequest
+} from './types';
 
-/** Backends offered in the form; the server validates the choice. */
-export const BACKENDS: readonly string[] = ['local', 'docker', 'aws'];
+/** How long typing must pause before the values are checked, in ms. */
+export const CHECK_DELAY_MS = 300;
+
+/** The bool option whose checkbox makes the price shown the spot price. */
+const SPOT_OPTION = 'spot';
+
+/** One option's field. */
+interface Field {
+  readonly option: OptionView;
+  /** The whole field, hidden while the option does not apply. */
+  readonly node: HTMLDivElement;
+  readonly input: HTMLInputElement | HTMLSelectElement;
+  /** The server's word on the value, shown under it. */
+  readonly error: HTMLDivElement;
+}
 
 export class StartForm {
   constructor(client: GpuSessionClient, onStarted: (view: SessionView) => void) {
@@ -24,127 +60,171 @@ export class StartForm {
     title.className = 'gpusession-section-title';
     title.textContent = 'Start a GPU session';
 
-    this._type.required = true;
-    this._type.addEventListener('change', () => this._showPrice());
-    for (const backend of BACKENDS) {
-      const option = document.createElement('option');
-      option.value = backend;
-      option.textContent = backend;
-      this._backend.appendChild(option);
-    }
-    this._backend.value = 'docker';
-    this._backend.addEventListener('change', () => this._showHost());
-    this._host.type = 'text';
-    this._host.placeholder = 'ssh://user@host (default: this machine)';
-    this._spot.type = 'checkbox';
-    this._spot.addEventListener('change', () => this._showPrice());
-    this._idle.type = 'text';
-    this._idle.placeholder = 'e.g. 30m, 2h; 0 = never';
-    this._maxCost.type = 'number';
-    this._maxCost.min = '0';
-    this._maxCost.step = '0.01';
-    this._maxCost.placeholder = 'no cap';
-    this._name.type = 'text';
-    this._name.placeholder = 'optional';
     this._submit.type = 'submit';
     this._submit.textContent = 'Start';
 
-    const spotLabel = document.createElement('label');
-    spotLabel.className = 'gpusession-field gpusession-field-inline';
-    spotLabel.append(this._spot, document.createTextNode(' Spot instance'));
-    this._hostField = field('Host', this._host);
-
     this.node.append(
       title,
-      field('GPU type', this._type),
-      this._typePrice,
-      field('Backend', this._backend),
-      this._hostField,
-      spotLabel,
-      field('Idle timeout', this._idle),
-      field('Max cost ($)', this._maxCost),
-      field('Name', this._name),
+      this._fieldsNode,
       this._submit,
       this._formError,
+      this._optionsError,
       this._catalogError,
       this._catalogNote
     );
+    this.node.addEventListener('input', () => this._onEdit());
+    this.node.addEventListener('change', () => this._onEdit());
     this.node.addEventListener('submit', event => {
       event.preventDefault();
       void this._onSubmit();
     });
-    this._showHost();
-    this._showPrice();
+    this._refresh();
   }
 
   readonly node: HTMLFormElement;
 
-  /** Whether the catalog has been loaded. */
-  get hasCatalog(): boolean {
-    return this._catalog !== null;
+  /** Whether the options and the catalog have both been loaded. */
+  get loaded(): boolean {
+    return this._options !== null && this._catalog !== null;
   }
 
   /**
-   * Whether the panel already shows that the API is unreachable; the
-   * catalog's failure then goes unsaid rather than said twice.
+   * Whether the panel already shows that the API is unreachable; the form's
+   * own load failures then go unsaid rather than said twice.
    */
   set apiDown(value: boolean) {
     if (value !== this._apiDown) {
       this._apiDown = value;
-      this._showPrice();
+      this._refresh();
     }
   }
 
-  /** Load the GPU types into the select; on failure say so in the form. */
-  async loadCatalog(): Promise<void> {
+  /** Load what is missing of the options and the catalog; say what failed. */
+  async load(): Promise<void> {
     if (this._loading) {
       return;
     }
     this._loading = true;
     try {
-      const catalog = await this._client.getCatalog();
-      this._setCatalog(catalog);
-      this._catalogProblem = null;
-    } catch (error) {
-      this._catalogProblem = `Could not load the GPU catalog: ${errorMessage(error)}`;
+      await Promise.all([this._loadOptions(), this._loadCatalog()]);
     } finally {
       this._loading = false;
-      this._showPrice();
+      this._refresh();
     }
   }
 
-  private _setCatalog(catalog: CatalogReply): void {
-    this._catalog = catalog;
-    const selected = this._type.value;
-    this._type.replaceChildren(
-      ...catalog.types.map(gpu => {
-        const option = document.createElement('option');
-        option.value = gpu.name;
-        option.textContent = `${gpu.name} · ${gpu.memory_gb} GB · ${formatRate(
-          gpu.on_demand_per_hour
-        )}`;
-        return option;
-      })
-    );
-    if (catalog.types.some(gpu => gpu.name === selected)) {
-      this._type.value = selected;
+  dispose(): void {
+    window.clearTimeout(this._checkTimer);
+    this._checkSeq++;
+  }
+
+  private async _loadOptions(): Promise<void> {
+    if (this._options) {
+      return;
     }
-    setText(
-      this._catalogNote,
-      `Prices: ${catalog.region}, snapshot of ${catalog.snapshot_date}`
+    try {
+      const reply = await this._client.getOptions();
+      this._setOptions(reply.options);
+      this._optionsProblem = null;
+    } catch (error) {
+      this._optionsProblem = `Could not load the start options: ${errorMessage(error)}`;
+    }
+  }
+
+  private async _loadCatalog(): Promise<void> {
+    if (this._catalog) {
+      return;
+    }
+    try {
+      this._catalog = await this._client.getCatalog();
+      this._catalogProblem = null;
+      this._labelTypes();
+      setText(
+        this._catalogNote,
+        `Prices: ${this._catalog.region}, snapshot of ${this._catalog.snapshot_date}`
+      );
+    } catch (error) {
+      this._catalogProblem = `Could not load the GPU catalog: ${errorMessage(error)}`;
+    }
+  }
+
+  private _setOptions(options: readonly OptionView[]): void {
+    this._options = options;
+    const typeOption = gpuTypeOption(options);
+    const nodes: HTMLElement[] = [];
+    for (const option of formOptions(options)) {
+      const field = makeField(option);
+      this._fields.set(option.name, field);
+      nodes.push(field.node);
+      if (option === typeOption) {
+        nodes.push(this._typePrice);
+      }
+    }
+    this._fieldsNode.replaceChildren(...nodes);
+    this._labelTypes();
+  }
+
+  /** "T4 · 16 GB · $0.5260/h" for the GPU types the catalog knows. */
+  private _labelTypes(): void {
+    const option = this._options && gpuTypeOption(this._options);
+    const field = option && this._fields.get(option.name);
+    if (!field || !(field.input instanceof HTMLSelectElement) || !this._catalog) {
+      return;
+    }
+    for (const entry of Array.from(field.input.options)) {
+      const gpu = this._catalog.types.find(type => type.name === entry.value);
+      if (gpu) {
+        setText(
+          entry,
+          `${gpu.name} · ${gpu.memory_gb} GB · ${formatRate(gpu.on_demand_per_hour)}`
+        );
+      }
+    }
+  }
+
+  /** Every field's value, shown or not. */
+  private _values(): Map<string, FieldValue> {
+    const values = new Map<string, FieldValue>();
+    for (const [name, field] of this._fields) {
+      const { input } = field;
+      values.set(
+        name,
+        input instanceof HTMLInputElement && input.type === 'checkbox'
+          ? input.checked
+          : input.value
+      );
+    }
+    return values;
+  }
+
+  private _body(): StartRequest {
+    return requestBody(this._options ?? [], this._values());
+  }
+
+  /** Show the fields that apply, the price, the load errors, the button. */
+  private _refresh(): void {
+    const options = this._options ?? [];
+    const values = this._values();
+    const shown = new Set(visibleOptions(options, values).map(option => option.name));
+    for (const [name, field] of this._fields) {
+      field.node.hidden = !shown.has(name);
+    }
+    this._showPrice(values, shown);
+    showText(this._optionsError, this._apiDown ? null : this._optionsProblem);
+    showText(this._catalogError, this._apiDown ? null : this._catalogProblem);
+    this._submit.disabled = this._starting || this._options === null;
+  }
+
+  /** The price of the selected GPU type, spot when a shown spot box is ticked. */
+  private _showPrice(values: Map<string, FieldValue>, shown: Set<string>): void {
+    const option = this._options && gpuTypeOption(this._options);
+    const name = option ? values.get(option.name) : undefined;
+    const gpu: GpuTypeView | undefined = this._catalog?.types.find(
+      type => type.name === name
     );
-  }
-
-  private _selectedType(): GpuTypeView | undefined {
-    return this._catalog?.types.find(gpu => gpu.name === this._type.value);
-  }
-
-  /** The price of the selected type, spot or on demand; or the catalog error. */
-  private _showPrice(): void {
-    const gpu = this._selectedType();
-    let text = '';
+    let text: string | null = null;
     if (gpu) {
-      if (this._spot.checked) {
+      if (shown.has(SPOT_OPTION) && values.get(SPOT_OPTION) === true) {
         text =
           gpu.spot_per_hour === null
             ? 'No spot price for this type'
@@ -153,104 +233,161 @@ export class StartForm {
         text = `${formatRate(gpu.on_demand_per_hour)} on demand per GPU`;
       }
     }
-    showText(this._typePrice, text || null);
-    showText(this._catalogError, this._apiDown ? null : this._catalogProblem);
-    this._submit.disabled = this._starting || !gpu;
+    showText(this._typePrice, text);
   }
 
-  /** The host only matters for the docker backend. */
-  private _showHost(): void {
-    this._hostField.hidden = this._backend.value !== 'docker';
+  private _onEdit(): void {
+    this._refresh();
+    if (!this._options) {
+      return;
+    }
+    window.clearTimeout(this._checkTimer);
+    this._checkTimer = window.setTimeout(() => void this._check(this._body()), CHECK_DELAY_MS);
   }
 
-  /** The request body, or a message saying what to fix. */
-  private _request(): StartRequest | string {
-    const gpu = this._selectedType();
-    if (!gpu) {
-      return 'Choose a GPU type.';
+  /**
+   * Ask the server what is wrong with a body and show it on the fields.
+   * Null when the check could not be made, or a newer one superseded it.
+   */
+  private async _check(body: StartRequest): Promise<Record<string, string> | null> {
+    const seq = ++this._checkSeq;
+    let errors: Record<string, string>;
+    try {
+      errors = (await this._client.checkOptions(body)).errors;
+    } catch {
+      return null; // the start itself will say what is wrong
     }
-    const body: StartRequest = { type: gpu.name, backend: this._backend.value };
-    const host = this._host.value.trim();
-    if (host && this._backend.value === 'docker') {
-      body.host = host;
+    if (seq !== this._checkSeq) {
+      return null;
     }
-    if (this._spot.checked) {
-      body.spot = true;
+    this._showErrors(errors);
+    return errors;
+  }
+
+  private _showErrors(errors: Record<string, string>): void {
+    const options = this._options ?? [];
+    const shown = visibleOptions(options, this._values());
+    const { fields, other } = splitErrors(errors, shown, options);
+    for (const [name, field] of this._fields) {
+      const text = fields.get(name) ?? null;
+      showText(field.error, text);
+      field.input.classList.toggle('gpusession-invalid', text !== null);
+      field.input.setAttribute('aria-invalid', String(text !== null));
     }
-    const idle = this._idle.value.trim();
-    if (idle) {
-      if (!isDuration(idle)) {
-        return `Idle timeout "${idle}" is not a duration like 30m or 2h.`;
-      }
-      body.idle = idle;
-    }
-    const maxCost = this._maxCost.value.trim();
-    if (maxCost) {
-      const value = Number(maxCost);
-      if (!Number.isFinite(value) || value <= 0) {
-        return 'Max cost must be a positive number of dollars.';
-      }
-      body.max_cost = value;
-    }
-    const name = this._name.value.trim();
-    if (name) {
-      body.name = name;
-    }
-    return body;
+    showText(this._formError, other.length ? other.join('\n') : null);
   }
 
   private async _onSubmit(): Promise<void> {
-    const body = this._request();
-    if (typeof body === 'string') {
-      showText(this._formError, body);
+    if (!this._options || this._starting) {
       return;
     }
+    window.clearTimeout(this._checkTimer);
+    const body = this._body();
     this._starting = true;
-    this._submit.disabled = true;
     this._submit.textContent = 'Starting…';
+    this._refresh();
     try {
+      const errors = await this._check(body);
+      if (errors && Object.keys(errors).length) {
+        return;
+      }
       const view = await this._client.startSession(body);
       showText(this._formError, null);
-      this._name.value = '';
+      for (const name of RESET_AFTER_START) {
+        const field = this._fields.get(name);
+        if (field && !(field.input instanceof HTMLInputElement && field.input.type === 'checkbox')) {
+          field.input.value = String(initialValue(field.option));
+        }
+      }
       this._onStarted(view);
     } catch (error) {
-      showText(this._formError, `Start failed: ${errorMessage(error)}`);
+      const reason =
+        error instanceof ApiError && error.status === 400 && error.serverMessage
+          ? error.serverMessage
+          : errorMessage(error);
+      showText(this._formError, `Start failed: ${reason}`);
     } finally {
       this._starting = false;
       this._submit.textContent = 'Start';
-      this._showPrice();
+      this._refresh();
     }
   }
 
   private readonly _client: GpuSessionClient;
   private readonly _onStarted: (view: SessionView) => void;
+  private _options: readonly OptionView[] | null = null;
   private _catalog: CatalogReply | null = null;
+  private _optionsProblem: string | null = null;
   private _catalogProblem: string | null = null;
   private _loading = false;
   private _apiDown = false;
   private _starting = false;
-  private readonly _hostField: HTMLElement;
-  private readonly _type = control('select', 'gpusession-type-select');
+  private _checkTimer = 0;
+  private _checkSeq = 0;
+  private readonly _fields = new Map<string, Field>();
+  private readonly _fieldsNode = element('div', 'gpusession-fields');
   private readonly _typePrice = message('gpusession-type-price');
-  private readonly _backend = control('select', 'gpusession-backend-select');
-  private readonly _host = control('input', 'gpusession-host-input');
-  private readonly _spot = control('input', 'gpusession-spot-input');
-  private readonly _idle = control('input', 'gpusession-idle-input');
-  private readonly _maxCost = control('input', 'gpusession-max-cost-input');
-  private readonly _name = control('input', 'gpusession-name-input');
   private readonly _submit = control('button', 'gpusession-start-button');
   private readonly _formError = message('gpusession-form-error');
+  private readonly _optionsError = message('gpusession-options-error');
   private readonly _catalogError = message('gpusession-catalog-error');
   private readonly _catalogNote = control('div', 'gpusession-catalog-note');
 }
 
-/** A labelled form field. */
-function field(label: string, input: HTMLElement): HTMLLabelElement {
-  const node = document.createElement('label');
-  node.className = 'gpusession-field';
-  const caption = document.createElement('span');
-  caption.className = 'gpusession-field-label';
-  caption.textContent = label;
-  node.append(caption, input);
-  return node;
+/** A labelled control for one option, with its value's error below it. */
+function makeField(option: OptionView): Field {
+  const kind = controlKind(option);
+  const className = controlClass(option);
+  const value = initialValue(option);
+  let input: HTMLInputElement | HTMLSelectElement;
+  if (kind === 'select') {
+    const select = control('select', className);
+    for (const choice of selectChoices(option)) {
+      const entry = document.createElement('option');
+      entry.value = choice;
+      entry.textContent = choice || '(none)';
+      select.appendChild(entry);
+    }
+    select.value = String(value);
+    input = select;
+  } else {
+    const box = control('input', className);
+    if (kind === 'checkbox') {
+      box.type = 'checkbox';
+      box.checked = value === true;
+    } else {
+      box.type = 'text';
+      box.value = String(value);
+      box.placeholder = placeholder(option);
+      box.spellcheck = false;
+    }
+    input = box;
+  }
+  input.name = option.name;
+
+  const node = element('div', 'gpusession-field');
+  node.dataset.option = option.name;
+  node.title = option.help ? `${option.help} (${option.flag})` : option.flag;
+  const label = document.createElement('label');
+  const caption = element('span', 'gpusession-field-label');
+  caption.textContent = option.label;
+  if (kind === 'checkbox') {
+    label.className = 'gpusession-field-inline';
+    label.append(input, caption);
+  } else {
+    label.className = 'gpusession-field-row';
+    label.append(caption, input);
+  }
+  const error = message('gpusession-field-error');
+  error.dataset.option = option.name;
+  node.append(label, error);
+  return { option, node, input, error };
+}
+
+/** What an empty text field means. */
+function placeholder(option: OptionView): string {
+  if (option.default !== null) {
+    return String(option.default);
+  }
+  return option.kind === 'duration' || option.kind === 'money' ? 'off' : 'optional';
 }

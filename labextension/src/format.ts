@@ -1,41 +1,58 @@
 /**
- * Text formats shared by the cards and the start form.
+ * Text formats of durations, money and memory.
+ *
+ * `formatDuration` and `formatMoney` follow `format_duration` and
+ * `format_money` of `gpusession/durations.py` to the character, so that the
+ * sidebar and the notebook print the same numbers the same way;
+ * `tests/data/format_cases.json` (written by the Python functions) holds both
+ * to that. Python rounds half to even on the exact binary value of a float,
+ * where JavaScript's `Math.round` and `toFixed` round half up: the helpers
+ * below make up the difference.
  */
 
-/** "1h 02m", "3m 05s", "42s"; "-" for null. */
+/**
+ * Python's `format_duration`: "off" for null, else whole seconds (rounded
+ * half to even, clamped at 0) as "1h05m", "3m09s" or "42s". Hours do not
+ * roll over into days ("26h00m").
+ */
 export function formatDuration(seconds: number | null): string {
-  if (seconds === null || !Number.isFinite(seconds)) {
-    return '-';
+  if (seconds === null) {
+    return 'off';
   }
-  const s = Math.max(0, Math.floor(seconds));
-  const days = Math.floor(s / 86400);
-  const hours = Math.floor((s % 86400) / 3600);
-  const minutes = Math.floor((s % 3600) / 60);
-  const secs = s % 60;
-  if (days > 0) {
-    return `${days}d ${pad(hours)}h`;
+  if (!Number.isFinite(seconds)) {
+    return '-'; // Python raises here; a panel shows a dash instead
   }
-  if (hours > 0) {
-    return `${hours}h ${pad(minutes)}m`;
+  const total = Math.max(0, roundHalfEven(seconds));
+  const h = Math.floor(total / 3600);
+  const m = Math.floor((total % 3600) / 60);
+  const s = total % 60;
+  if (h) {
+    return `${h}h${pad2(m)}m`;
   }
-  if (minutes > 0) {
-    return `${minutes}m ${pad(secs)}s`;
+  if (m) {
+    return `${m}m${pad2(s)}s`;
   }
-  return `${secs}s`;
+  return `${s}s`;
 }
 
-/** US dollars: cents above $1, four decimals below so small costs move. */
-export function formatDollars(amount: number): string {
-  if (!Number.isFinite(amount)) {
-    return '-';
+/**
+ * Python's `format_money`: US dollars with four decimals below $1 (so that a
+ * small cost visibly moves: "$0.5260"), else two, with thousands separators
+ * ("$1,234.50"). A negative amount reads "$-0.5000", as in Python.
+ */
+export function formatMoney(dollars: number): string {
+  if (Number.isNaN(dollars)) {
+    return '$nan';
   }
-  const digits = Math.abs(amount) >= 1 ? 2 : 4;
-  return `$${amount.toFixed(digits)}`;
+  if (!Number.isFinite(dollars)) {
+    return dollars > 0 ? '$inf' : '$-inf';
+  }
+  return `$${formatFixed(dollars, dollars < 1 ? 4 : 2)}`;
 }
 
-/** "$0.526/h" */
+/** A price per hour: "$0.5260/h" (as the notebook prints it). */
 export function formatRate(perHour: number): string {
-  return `$${perHour.toFixed(3)}/h`;
+  return `${formatMoney(perHour)}/h`;
 }
 
 /** Used and total bytes as "5.1/16 GiB" (short enough for a narrow sidebar). */
@@ -46,13 +63,56 @@ export function formatMemory(used: number, total: number): string {
 }
 
 /**
- * Whether a duration typed by the user looks like what the server accepts:
- * a number with an optional unit s, m, h or d ("30m", "1.5h", "0").
+ * Python's `round(x)` for a finite number: to the nearest integer, ties to
+ * the even one (`round(2.5) == 2`, `round(59.5) == 60`).
  */
-export function isDuration(text: string): boolean {
-  return /^\d+(\.\d+)?\s*[smhd]?$/i.test(text.trim());
+export function roundHalfEven(x: number): number {
+  const floor = Math.floor(x);
+  const diff = x - floor; // exact for every finite double
+  if (diff > 0.5) {
+    return floor + 1;
+  }
+  if (diff < 0.5) {
+    return floor;
+  }
+  return floor % 2 === 0 ? floor : floor + 1;
 }
 
-function pad(n: number): string {
+/**
+ * Python's `f"{x:,.{digits}f}"` for a finite number: the exact binary value
+ * rounded half to even, thousands separated by commas, "-" kept on -0.
+ */
+export function formatFixed(x: number, digits: number): string {
+  const negative = x < 0 || Object.is(x, -0);
+  const [whole, fraction] = fixedDigits(Math.abs(x), digits);
+  const grouped = whole.replace(/\B(?=(\d{3})+(?!\d))/g, ',');
+  return `${negative ? '-' : ''}${grouped}${fraction ? '.' + fraction : ''}`;
+}
+
+/** Integer and fraction digits of `x >= 0` to `digits` places, ties to even. */
+function fixedDigits(x: number, digits: number): [string, string] {
+  if (x >= 1e21) {
+    // toFixed switches to exponent form here; such a double is an integer.
+    return [BigInt(x).toString(), '0'.repeat(digits)];
+  }
+  let text = x.toFixed(digits);
+  // toFixed breaks an exact tie upwards. The exact decimal value of a double
+  // that can be a tie at `digits` places has at most 100 decimals (x >= 1e-15
+  // here), so toFixed(100) shows whether it is one.
+  const exact = x.toFixed(100);
+  const point = exact.indexOf('.');
+  const cut = point + 1 + digits;
+  if (exact[cut] === '5' && /^0*$/.test(exact.slice(cut + 1))) {
+    const truncated = exact.slice(0, digits ? cut : point);
+    const lastDigit = Number(truncated[truncated.length - 1]);
+    if (lastDigit % 2 === 0) {
+      text = truncated;
+    }
+  }
+  const [whole = '0', fraction = ''] = text.split('.');
+  return [whole, fraction];
+}
+
+function pad2(n: number): string {
   return n < 10 ? `0${n}` : String(n);
 }

@@ -6,6 +6,7 @@ import { Sparkline } from './chart';
 import { element, setClass, showText } from './dom';
 import { formatMemory } from './format';
 import type { SessionStatsModel } from './model';
+import { gpuSeries } from './series';
 import type { GpuSample, Sample } from './types';
 
 /** The charts of one GPU. */
@@ -27,13 +28,7 @@ class GpuRow {
   readonly node: HTMLDivElement;
 
   update(index: number, samples: readonly Sample[], windowS: number): void {
-    const series: { t: number; gpu: GpuSample }[] = [];
-    for (const sample of samples) {
-      const gpu = sample.gpus.find(g => g.index === index);
-      if (gpu) {
-        series.push({ t: sample.t, gpu });
-      }
-    }
+    const series = gpuSeries(samples, index);
     const latest = series[series.length - 1];
     if (!latest) {
       return;

@@ -8,14 +8,13 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { errorMessage, GpuSessionClient } from './api';
+import { appendSamples, STATS_WINDOW_S } from './series';
 import type { Sample, SessionView } from './types';
 
 /** How often the session list is fetched, in ms. */
 export const LIST_INTERVAL_MS = 2000;
 /** How often a visible running session's stats are fetched, in ms. */
 export const STATS_INTERVAL_MS = 2000;
-/** How much stats history the charts show, in seconds. */
-export const STATS_WINDOW_S = 300;
 
 /** The list of sessions, refreshed every `LIST_INTERVAL_MS`. */
 export class SessionListModel {
@@ -216,25 +215,4 @@ export class SessionStatsModel {
   private _error: string | null = null;
   private _loaded = false;
   private _wanted = false;
-}
-
-/**
- * Append the samples newer than what we have and drop those older than the
- * window, measured from the newest sample so that a browser clock that
- * differs from the server's does not empty the charts.
- */
-export function appendSamples(
-  current: readonly Sample[],
-  incoming: readonly Sample[],
-  windowS: number = STATS_WINDOW_S
-): readonly Sample[] {
-  const lastT = current.length ? current[current.length - 1]!.t : -Infinity;
-  const fresh = incoming.filter(s => s.t > lastT);
-  if (!fresh.length) {
-    return current;
-  }
-  const merged = current.concat(fresh);
-  const cutoff = merged[merged.length - 1]!.t - windowS;
-  const firstKept = merged.findIndex(s => s.t >= cutoff);
-  return firstKept > 0 ? merged.slice(firstKept) : merged;
 }

@@ -11,12 +11,13 @@ import { control, element, message, setText, showText } from './dom';
 import { StartForm } from './form';
 import { gpuIcon } from './icon';
 import { SessionListModel } from './model';
+import { displayOrder, liveCount } from './sessions';
 import type { SessionView } from './types';
 
 export const PANEL_ID = 'gpusession-panel';
 
-/** How long to wait before fetching a catalog that failed again, in ms. */
-const CATALOG_RETRY_MS = 30_000;
+/** How long to wait before fetching the form's options or catalog again after a failure, in ms. */
+const FORM_RETRY_MS = 30_000;
 
 export class GpuSessionPanel extends Widget {
   constructor(client: GpuSessionClient) {
@@ -67,6 +68,7 @@ export class GpuSessionPanel extends Widget {
       return;
     }
     this._observer.disconnect();
+    this._form.dispose();
     for (const card of this._cards.values()) {
       card.dispose();
     }
@@ -83,7 +85,7 @@ export class GpuSessionPanel extends Widget {
   protected override onAfterShow(msg: Message): void {
     super.onAfterShow(msg);
     this.model.active = true;
-    this._loadCatalog();
+    this._loadForm();
   }
 
   protected override onAfterHide(msg: Message): void {
@@ -91,13 +93,14 @@ export class GpuSessionPanel extends Widget {
     this.model.active = false;
   }
 
-  private _loadCatalog(): void {
+  /** Load the form's options and catalog, again after a failure but not too often. */
+  private _loadForm(): void {
     const now = Date.now();
-    if (this._form.hasCatalog || now < this._catalogRetryAt) {
+    if (this._form.loaded || now < this._formRetryAt) {
       return;
     }
-    this._catalogRetryAt = now + CATALOG_RETRY_MS;
-    void this._form.loadCatalog();
+    this._formRetryAt = now + FORM_RETRY_MS;
+    void this._form.load();
   }
 
   private _onStarted(view: SessionView): void {
@@ -122,11 +125,11 @@ export class GpuSessionPanel extends Widget {
     this._empty.hidden = !model.loaded || model.sessions.length > 0;
     setText(
       this._count,
-      model.loaded ? String(model.sessions.filter(isLive).length) : ''
+      model.loaded ? String(liveCount(model.sessions)) : ''
     );
     this._form.apiDown = model.error !== null;
     if (!model.error) {
-      this._loadCatalog();
+      this._loadForm();
     }
   }
 
@@ -160,22 +163,10 @@ export class GpuSessionPanel extends Widget {
   private readonly _form: StartForm;
   private readonly _observer: IntersectionObserver;
   private readonly _cards = new Map<string, SessionCard>();
-  private _catalogRetryAt = 0;
+  private _formRetryAt = 0;
   private readonly _count = control('span', 'gpusession-count');
   private readonly _apiError = message('gpusession-api-error');
   private readonly _loading = control('div', 'gpusession-loading');
   private readonly _empty = control('div', 'gpusession-empty');
   private readonly _list = control('div', 'gpusession-list');
-}
-
-function isLive(view: SessionView): boolean {
-  return view.state !== 'stopped' && view.state !== 'failed';
-}
-
-/** Live sessions first, newest first within each group. */
-export function displayOrder(sessions: readonly SessionView[]): SessionView[] {
-  return [...sessions].sort(
-    (a, b) =>
-      Number(isLive(b)) - Number(isLive(a)) || b.created_at - a.created_at
-  );
 }

@@ -127,19 +127,57 @@ export interface StatsReply {
   samples: Sample[];
 }
 
-/** Body of POST `sessions` (reply: 202 `SessionView`). */
-export interface StartRequest {
-  /** GPU type name from the catalog. */
-  type: string;
-  backend?: string;
-  /** Docker host (e.g. "ssh://user@host") for the docker backend. */
-  host?: string;
-  spot?: boolean;
-  /** Idle timeout, e.g. "30m", "2h", "0" for none. */
-  idle?: string;
-  /** US dollars. */
-  max_cost?: number;
-  name?: string;
+/**
+ * Body of POST `sessions` (reply: 202 `SessionView`; 400 `ErrorReply` with
+ * a message when an option is wrong) and of POST `options/check` (reply:
+ * `OptionCheckReply`): option name (`OptionView.name`) -> value. Text fields
+ * go as typed ("30m", "1h30m", "off", "$5"): the server parses them.
+ */
+export type StartRequest = Record<string, string | boolean>;
+
+/** How a start option is typed, and so which control the form shows. */
+export type OptionKind =
+  | 'gpu_type'
+  | 'backend'
+  | 'duration'
+  | 'money'
+  | 'bool'
+  | 'text'
+  | 'choice'
+  | 'gpus';
+
+/** One option of starting a session, item of GET `options`. */
+export interface OptionView {
+  /** Key in `StartRequest`, e.g. "idle". */
+  name: string;
+  /** The same option on the command line and in `%gpu start`, e.g. "--idle". */
+  flag: string;
+  kind: OptionKind;
+  /** Short caption, e.g. "Idle stop". */
+  label: string;
+  /** One sentence on what it does. */
+  help: string;
+  /** What the server uses when the option is left out, after the user's
+   * Jupyter config (e.g. the configured default backend); null: none. */
+  default: string | boolean | null;
+  /** Backends the option applies to; null: every backend. */
+  backends: string[] | null;
+  /** Allowed values for `gpu_type` (catalog type names), `backend` (backend
+   * names) and `choice`; null for the other kinds. */
+  choices: string[] | null;
+  /** Whether the sidebar's start form shows it. */
+  form: boolean;
+}
+
+/** Reply of GET `options`: every start option, in the order to show them. */
+export interface OptionsReply {
+  options: OptionView[];
+}
+
+/** Reply of POST `options/check`: option name -> what is wrong with its
+ * value; empty when the body would start. */
+export interface OptionCheckReply {
+  errors: Record<string, string>;
 }
 
 /** Body of POST `sessions/<id>/keepalive` (reply: `SessionView`). */

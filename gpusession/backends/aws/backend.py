@@ -20,14 +20,16 @@ import os
 import time
 from typing import Any
 
+from ...agentargs import args_for
 from ...catalog import Catalog, load_catalog
 from ...errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ...models import LaunchSpec, SessionRecord
 from ...progress import Progress
+from ...protocol import StopDetails
 from ..base import Backend, Link, RemoteResource
 from . import launch
 from .sdk import Aws, aws_errors, boto3_module, error_code, explain
-from .teardown import Teardown, console_lines, describe_stop
+from .teardown import Teardown, console_details, ended_reason
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,8 @@ RUNNING_STATES = ("pending", "running")
 class AwsBackend(Backend):
     name = "aws"
 
-    def __init__(self, config, store):
-        super().__init__(config, store)
+    def __init__(self, config, recorder):
+        super().__init__(config, recorder)
         self._aws: dict[str, Aws] = {}
         self._spot: dict[tuple[str, str], dict[str, float]] = {}
         self._state_cache: dict[str, tuple[float, dict | None]] = {}
@@ -99,7 +101,7 @@ class AwsBackend(Backend):
             raise explain(exc, "provisioning", aws.region) from None
 
     def _provision(self, aws: Aws, record: SessionRecord, progress: Progress) -> None:
-        from ..docker_engine import make_session_key
+        from ...sshlogin import make_session_key
         from .cloudinit import BootPlan, new_host_key, user_data
 
         spec, extra = record.spec, record.spec.extra
@@ -108,7 +110,7 @@ class AwsBackend(Backend):
         instance_type = gpu.instance_for(spec.gpu_count).name
 
         def save(**values: Any) -> None:  # every handle as soon as it exists: a crash leaves it findable
-            self.store.update_resource(record.id, **values)
+            self.recorder.save(record.id, **values)
 
         save(region=aws.region, instance_type=instance_type)
         key_path, public_key = make_session_key(self.config.data_path / "keys", record.id)
@@ -141,7 +143,7 @@ class AwsBackend(Backend):
         def prepare(attempt: launch.Attempt) -> dict[str, Any]:
             progress.step(f"launching {attempt.describe(instance_type)}")
             priced = dataclasses.replace(record, price_per_hour=price_of(attempt))  # the agent's cost meter
-            boot = BootPlan(record.id, image, public_key, host_key, container_key, _agent_args(priced),
+            boot = BootPlan(record.id, image, public_key, host_key, container_key, args_for(priced),
                             spot=attempt.spot)
             return {"UserData": user_data(boot)}
 
@@ -160,11 +162,11 @@ class AwsBackend(Backend):
         save(instance_id=instance_id, zone=attempt.subnet.zone, market="spot" if attempt.spot else "on-demand",
              price_per_hour=price)
         if failures:
-            self.store.note(record.id, "capacity fallback: " + "; ".join(failures))
+            self.recorder.note(record.id, "capacity fallback: " + "; ".join(failures))
             progress.step(f"fell back to {attempt.describe(instance_type)} after: {'; '.join(failures)}")
         if abs(price - record.price_per_hour) > 1e-9:
-            self.store.set_price(record.id, price, f"price ${price:.4f}/h ({attempt.describe(instance_type)}); "
-                                                   f"estimated ${record.price_per_hour:.4f}/h at start")
+            self.recorder.set_price(record.id, price, f"price ${price:.4f}/h ({attempt.describe(instance_type)}); "
+                                                      f"estimated ${record.price_per_hour:.4f}/h at start")
         progress.step(f"instance {instance_id} is {instance['State']['Name']}; waiting until it runs")
         address = self._wait_running(aws, instance_id, private=bool(extra.get("private_ip")))
         save(address=address)
@@ -210,15 +212,9 @@ class AwsBackend(Backend):
     def _on_notice(self, session_id: str, notice: dict) -> None:
         text = (f"spot interruption notice: AWS will {notice.get('action', 'stop')} this instance at "
                 f"{notice.get('time', 'any moment')} (about 2 minutes after the notice); save your work")
-        self.store.update_resource(session_id, interrupted={"notice": notice, "noticed_at": time.time()})
+        self.recorder.save(session_id, interrupted={"notice": notice, "noticed_at": time.time()})
         self._note(session_id, text)
         log.warning("gpusession: %s", text)
-
-    def _note(self, session_id: str, text: str) -> None:
-        try:
-            self.store.note(session_id, text)
-        except Exception:  # noqa: BLE001 - a note must never break a tunnel thread
-            log.debug("could not record %r", text, exc_info=True)
 
     # -- life -------------------------------------------------------------------------------
 
@@ -262,26 +258,21 @@ class AwsBackend(Backend):
             return True  # AWS cannot be asked now: unknown is not gone; never tear down blind
         return inst is not None and inst["State"]["Name"] in RUNNING_STATES
 
-    def stop_reason(self, record: SessionRecord) -> str | None:
-        return self.stop_details(record).get("reason")
-
-    def stop_details(self, record: SessionRecord) -> dict:
+    def stop_details(self, record: SessionRecord) -> StopDetails | None:
         """What the instance said before it ended (its console output keeps the agent's last
-        lines), else what EC2 says about why it stopped."""
+        markers), else why EC2 says it ended."""
         iid = record.resource.get("instance_id")
         if not iid:
-            return {}
+            return None
         try:
             aws = self.aws(record.resource.get("region"))
-            details = console_lines(aws, iid)
+            logged = console_details(aws, iid) or StopDetails()
             inst = self._instance(record)
         except (*aws_errors(), GpuSessionError):
-            return {}
-        if "reason" not in details:
-            reason = describe_stop(inst, bool(record.resource.get("interrupted")))
-            if reason:
-                details["reason"] = reason
-        return details
+            return None
+        reason = logged.reason or ended_reason(inst, bool(record.resource.get("interrupted")))
+        details = StopDetails(reason=reason, summary=logged.summary)
+        return None if details == StopDetails() else details
 
     def stop(self, record: SessionRecord) -> None:
         res = record.resource
@@ -298,7 +289,7 @@ class AwsBackend(Backend):
     def _regions(self) -> list[str]:
         """The regions the store's aws sessions used (gc never asks AWS when there were none)."""
         return sorted({r.resource.get("region") or r.spec.region or self.aws(None).region
-                       for r in self.store.list() if r.spec.backend == self.name})
+                       for r in self.recorder.sessions(self.name)})
 
     def list_resources(self) -> list[RemoteResource]:
         regions = self._regions()
@@ -319,12 +310,6 @@ class AwsBackend(Backend):
             resource.session_id, instance_ids=d.get("instance_ids", []), key_names=d.get("key_names", []),
             group_ids=d.get("group_ids", []))
         (self.config.data_path / "keys" / resource.session_id).unlink(missing_ok=True)
-
-
-def _agent_args(record: SessionRecord) -> list[str]:
-    from ..local import agent_args
-
-    return agent_args(record)
 
 
 def _float(value: Any, what: str) -> float:

@@ -18,6 +18,8 @@ import dataclasses
 import json
 import shlex
 
+from ...protocol import ENV_AGENT_ARGS, ENV_AUTHORIZED_KEY, ENV_SESSION_ID, Marker, marker_line
+
 SSH_USER = "gpusession"  # the tunnel's login on the instance (created by cloud-init)
 CONTAINER_SSH_PORT = 2222  # the container's sshd, published on the instance's 127.0.0.1
 INSTANCE_ROOT = "/var/lib/gpusession"  # one folder per session below it
@@ -78,12 +80,15 @@ def boot_script(plan: BootPlan) -> str:
         f"--label gpusession.session={q(plan.session_id)}",
         "-v \"$DIR/container-ssh:/etc/gpusession/ssh\"",
         f"-v \"$DIR/notices:{NOTICES_IN_CONTAINER}:ro\"",
-        f"-e GPUSESSION_SESSION_ID={q(plan.session_id)}",
-        f"-e GPUSESSION_AUTHORIZED_KEY={q(plan.session_key)}",
-        f"-e GPUSESSION_AGENT_ARGS={q(shlex.join(plan.agent_args))}",
+        f"-e {ENV_SESSION_ID}={q(plan.session_id)}",
+        f"-e {ENV_AUTHORIZED_KEY}={q(plan.session_key)}",
+        f"-e {ENV_AGENT_ARGS}={q(shlex.join(plan.agent_args))}",
         f"{q(plan.image)} >/dev/null",
     ])
     spot = "watch_spot &\n    " if plan.spot else ""
+    # the container's last words, copied to the console for `stop_details`
+    last_words = "|".join(m.value for m in (Marker.STOPPED, Marker.SUMMARY, Marker.FAILED))
+    run_failed = marker_line(Marker.FAILED, {"stage": "container", "error": f"docker run {plan.image} failed"})
     return f"""#!/bin/sh
 # gpusession session {plan.session_id}: run its container, then power this instance off.
 # Written by gpusession's user data and started once by cloud-init.
@@ -93,9 +98,10 @@ NAME={q(plan.container_name)}
 IMAGE={q(plan.image)}
 mkdir -p "$DIR/notices"
 
-say() {{  # to the log and to the serial console (EC2's console output keeps it)
-    echo "$*"
-    if [ -w /dev/console ]; then echo "$*" >>/dev/console 2>/dev/null || true; fi
+say() {{  # to the log and to the serial console (EC2's console output keeps it); printf, as
+    # sh's echo would turn a JSON payload's backslash escapes into characters
+    printf '%s\\n' "$*"
+    if [ -w /dev/console ]; then printf '%s\\n' "$*" >>/dev/console 2>/dev/null || true; fi
 }}
 
 watch_spot() {{  # an interruption notice from instance metadata (IMDSv2) goes to $DIR/notices
@@ -105,22 +111,22 @@ watch_spot() {{  # an interruption notice from instance metadata (IMDSv2) goes t
           && curl -fsS -m 2 -H "X-aws-ec2-metadata-token: $token" -o "$DIR/notices/.spot" \\
                "$imds/latest/meta-data/spot/instance-action" 2>/dev/null \\
           && mv "$DIR/notices/.spot" "$DIR/notices/{SPOT_NOTICE_FILE}" \\
-          && {{ say "GPUSESSION_SPOT_NOTICE $(cat "$DIR/notices/{SPOT_NOTICE_FILE}")"; return; }}
+          && {{ say "{Marker.SPOT_NOTICE.value} $(cat "$DIR/notices/{SPOT_NOTICE_FILE}")"; return; }}
         sleep 5
     done
 }}
 
 for _ in $(seq 90); do docker info >/dev/null 2>&1 && break; sleep 2; done  # dockerd may start after us
 docker rm -f "$NAME" >/dev/null 2>&1 || true
-say "GPUSESSION_BOOT starting $IMAGE"
+say "{Marker.BOOT.value} starting $IMAGE"
 if {docker_run}; then
-    {spot}say "GPUSESSION_BOOT container started"
+    {spot}say "{Marker.BOOT.value} container started"
     docker wait "$NAME" >/dev/null
-    docker logs "$NAME" 2>&1 | grep -E '^GPUSESSION_(STOPPED|SUMMARY|FAILED)' | while read -r line; do say "$line"; done
+    docker logs "$NAME" 2>&1 | grep -E '^({last_words})( |$)' | while read -r line; do say "$line"; done
 else
-    say "GPUSESSION_FAILED docker run $IMAGE failed"
+    say {q(run_failed)}
 fi
-say "GPUSESSION_POWEROFF"
+say "{Marker.POWEROFF.value}"
 poweroff
 """
 

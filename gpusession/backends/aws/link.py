@@ -18,8 +18,8 @@ import time
 from typing import Callable
 
 from ...errors import StageError
-from ...models import KernelEndpoint
-from ..base import Link
+from ...protocol import StopDetails
+from ..base import TunnelLink
 from .cloudinit import CONTAINER_SSH_PORT, NOTICES_IN_CONTAINER, SPOT_NOTICE_FILE, SSH_USER
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ def wait_for_kernel(tunnel, deadline: float, gone: Callable[[], str | None]) -> 
                     return json.loads(read_remote(transport, f"{STATE_DIR}/kernel.json") or "{}")
                 stopped = read_remote(transport, f"{STATE_DIR}/stopped.json")
                 if stopped:
-                    raise StageError("kernel", f"the session runtime stopped while starting: {json.loads(stopped).get('reason')}")
+                    raise StageError("kernel", f"the session runtime stopped while starting: {_why(stopped)}")
         except (OSError, EOFError, ValueError, paramiko.SSHException) as exc:
             last = f"{type(exc).__name__}: {exc}"
         why_gone = gone()
@@ -146,13 +146,20 @@ def wait_for_kernel(tunnel, deadline: float, gone: Callable[[], str | None]) -> 
         time.sleep(0.25)
 
 
-class AwsLink(Link):
+def _why(stopped_json: str) -> str:
+    """The reason in a runtime's stopped.json, for an error message."""
+    reason = StopDetails.from_dict(json.loads(stopped_json)).reason
+    if reason is None:
+        return "no reason given"
+    return f"{reason.kind.value}: {reason.detail}" if reason.detail else reason.kind.value
+
+
+class AwsLink(TunnelLink):
     """The tunnel to one instance's session container; closing it leaves the instance running.
     For spot sessions a thread reads the interruption notice the instance's boot script saves."""
 
-    def __init__(self, endpoint: KernelEndpoint, tunnel, on_notice: Callable[[dict], None] | None = None):
-        self.endpoint = endpoint
-        self.tunnel = tunnel
+    def __init__(self, tunnel, kernel_info: dict, on_notice: Callable[[dict], None] | None = None):
+        super().__init__(tunnel, kernel_info)
         self.notice: dict | None = None
         self._closed = threading.Event()
         if on_notice is not None:
@@ -161,13 +168,7 @@ class AwsLink(Link):
 
     def close(self) -> None:
         self._closed.set()
-        self.tunnel.close()
-
-    def healthy(self) -> bool:
-        return self.tunnel.healthy()
-
-    def add_forward(self, remote_port: int) -> int:
-        return self.tunnel.add_forward(remote_port)
+        super().close()
 
     def check_notice(self) -> dict | None:
         """The spot interruption notice, if the instance has received one (read once)."""
@@ -199,7 +200,7 @@ class AwsLink(Link):
 def open_link(resource: dict, *, deadline: float, forget_hint: str, say: Callable[[str], None],
               gone: Callable[[], str | None], on_event: Callable[[str], None],
               on_notice: Callable[[dict], None] | None) -> AwsLink:
-    from ...tunnel import CONTAINER_PORTS, Tunnel, tunneled_endpoint
+    from ...tunnel import CONTAINER_PORTS, Tunnel
 
     jump, target = targets(resource, forget_hint)
     say(f"waiting for the instance's sshd at {jump.host}:{jump.port} and the session container behind it")
@@ -213,4 +214,4 @@ def open_link(resource: dict, *, deadline: float, forget_hint: str, say: Callabl
     except BaseException:
         tunnel.close()
         raise
-    return AwsLink(tunneled_endpoint(tunnel, info), tunnel, on_notice)
+    return AwsLink(tunnel, info, on_notice)

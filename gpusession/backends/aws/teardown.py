@@ -3,11 +3,11 @@ why an instance ended."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections import defaultdict
 
-from ..base import RemoteResource
+from ...protocol import StopDetails, StopKind, StopReason
+from ..base import RemoteResource, stop_details_from_log
 from .launch import TAG_SESSION
 from .sdk import Aws, aws_errors, error_code, explain
 
@@ -131,41 +131,26 @@ def _tag(item: dict) -> str:
     return next((t["Value"] for t in item.get("Tags", []) if t["Key"] == TAG_SESSION), "")
 
 
-def console_lines(aws: Aws, instance_id: str) -> dict:
-    """The agent's last words as the boot script copied them to the serial console:
-    {"reason": ..., "summary": {...}} (empty when the console shows none)."""
+def console_details(aws: Aws, instance_id: str) -> StopDetails | None:
+    """The agent's last markers as the boot script copied them to the serial console (None when
+    the console shows none, or cannot be read)."""
     try:  # botocore decodes the base64 itself
         text = aws.ec2.get_console_output(InstanceId=instance_id).get("Output") or ""
     except aws_errors():
-        return {}
-    details: dict = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("GPUSESSION_STOPPED "):
-            details["reason"] = line.split(" ", 1)[1].strip()
-        elif line.startswith("GPUSESSION_SUMMARY "):
-            try:
-                details["summary"] = json.loads(line.split(" ", 1)[1])
-            except ValueError:
-                pass
-        elif line.startswith("GPUSESSION_FAILED ") and "reason" not in details:
-            details["reason"] = "start failed: " + line.split(" ", 1)[1].strip()
-    return details
+        return None
+    return stop_details_from_log(text)
 
 
-def describe_stop(inst: dict | None, interrupted: bool) -> str | None:
-    """Why EC2 says the instance ended, in words (None while it runs)."""
+def ended_reason(inst: dict | None, interrupted: bool) -> StopReason | None:
+    """Why EC2 says the instance ended (None while it runs): a spot interruption, else its
+    state and state reason as EC2 gives them."""
     if inst is None:
-        return "spot-interruption: AWS reclaimed the spot instance" if interrupted else "the instance no longer exists"
+        return StopReason(StopKind.SPOT_INTERRUPTION if interrupted else StopKind.GONE)
     state = inst["State"]["Name"]
     if state in ("pending", "running"):
         return None
-    code = (inst.get("StateReason") or {}).get("Code", "")
-    if interrupted or code == "Server.SpotInstanceTermination":
-        return "spot-interruption: AWS reclaimed the spot instance"
-    if code == "Client.InstanceInitiatedShutdown":
-        return f"the instance shut itself down ({state}): its session container ended (idle watchdog, a limit, or a crash)"
-    if code == "Client.UserInitiatedShutdown":
-        return f"the instance was {state} through the EC2 API (gpusession stop, the console, or another tool)"
-    message = (inst.get("StateReason") or {}).get("Message") or "no reason given"
-    return f"the instance is {state}: {message}"
+    state_reason = inst.get("StateReason") or {}
+    message = state_reason.get("Message") or state_reason.get("Code")
+    if interrupted or state_reason.get("Code") == "Server.SpotInstanceTermination":
+        return StopReason(StopKind.SPOT_INTERRUPTION, detail=message)
+    return StopReason(StopKind.INSTANCE_ENDED, detail=f"{state}: {message}" if message else state)

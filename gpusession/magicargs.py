@@ -1,0 +1,63 @@
+"""The argument parsers of the `%gpu` subcommands (the start options come from the one table,
+gpusession/options.py) and `%gpu help`'s text."""
+
+from __future__ import annotations
+
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from . import options
+
+
+@magic_arguments()
+def _start_args(line: str) -> None:
+    """%gpu start [options]"""
+
+
+options.add_arguments(_start_args.parser)  # every start option, from the one table
+_start_args.__doc__ = _start_args.parser.format_help()
+
+
+@magic_arguments()
+@argument("name", nargs="?", default=None, help="session name (default: the current session)")
+@argument("--all", action="store_true", help="stop every active session")
+def _stop_args(line: str) -> None:
+    """%gpu stop [NAME | --all]"""
+
+
+@magic_arguments()
+@argument("names", nargs="+", help="variable names")
+def _vars_args(line: str) -> None:
+    """%gpu push|pull NAME..."""
+
+
+@magic_arguments()
+@argument("name", help="session name")
+def _use_args(line: str) -> None:
+    """%gpu use NAME"""
+
+
+@magic_arguments()
+@argument("duration", nargs="?", default=None, help="stop watching after this long: 90s, 5m, 1h; a bare number "
+          "means minutes (default: until interrupted)")
+@argument("--interval", type=float, default=1.0, help="seconds between updates (default 1)")
+def _watch_args(line: str) -> None:
+    """%gpu watch [DURATION]"""
+
+
+@magic_arguments()
+@argument("duration", nargs="?", default="1h", help="postpone the idle stop by this long: 30m, 1h, 2h (default 1h; at most 4h)")
+def _keepalive_args(line: str) -> None:
+    """%gpu keepalive [DURATION]"""
+
+
+HELP = """%gpu SUBCOMMAND ...
+  start [--type T4] [--backend local|docker|aws] [--idle 15m] [--max-cost 5] [--name N] ...
+  stop [NAME | --all]     status     list     types
+  on | off                run every following cell in the session (or stop doing so)
+  push NAME...            send local variables to the session;  pull NAME...: fetch them back
+  use NAME                work with another running session (e.g. one started from the panel)
+  watch [DURATION]        live GPU, CPU, cost and idle countdown (Ctrl-C or the stop button ends it)
+  keepalive [1h]          postpone the idle stop (at most 4h ahead)
+  panel [NAME | --all]    the session card with live gauges, start/stop buttons (ipywidgets)
+  %%gpu                   (cell magic) run this cell in the session
+`%gpu start?` style help: `%gpu help start`."""

@@ -1,0 +1,332 @@
+"""THE table of start options. Every face is built from `OPTIONS`, and nothing else declares a
+start option: the `%gpu start` magic and `gpusession start` (`add_arguments`), the REST body of
+`POST sessions` and `POST options/check` (`body_problems`, `check_body`), the JupyterLab form
+(`GET options`: `options_document`) and the `%gpu panel` form (the rows with `form=True`).
+`build_spec` turns what any face collected into a `LaunchSpec`.
+
+Values come in as the user wrote them ("15m", "$5", "a100:8", true) and one parser per kind
+reads them, so a value means the same on every face. A key that is absent (or "default") takes
+its default; None means none: no limit for a duration or an amount, the default where an option
+cannot be none (type, backend). Problems are data (`BadOptions.problems`: field -> what was
+wrong); a face names the field in its own words when it shows them (REST: 'idle', magic and
+CLI: --idle, forms: the label).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Callable, Iterable, Mapping
+
+from .durations import IDLE, MAX_RUNTIME, DurationRule, parse_money
+from .errors import BadInput
+from .models import LaunchSpec
+
+# How a face names a field in messages.
+REST = "rest"  # 'idle'        (REST bodies; also the keyword of SessionManager.make_spec)
+FLAGS = "flags"  # --idle      (%gpu start, gpusession start)
+FORM = "form"  # Idle stop     (the forms' labels)
+
+#: how a value is written and read; the lab form picks its input from this
+KINDS = ("gpu_type", "backend", "duration", "money", "bool", "text", "choice", "gpus")
+
+# JSON types a REST body may use for each kind (None is always allowed: see the module doc)
+_JSON_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "gpu_type": ((str,), "a string"),
+    "backend": ((str,), "a string"),
+    "text": ((str,), "a string"),
+    "choice": ((str,), "a string"),
+    "duration": ((str, int, float), "a string or a number"),
+    "money": ((str, int, float), "a string or a number"),
+    "gpus": ((str, int), "a string or a whole number"),
+    "bool": ((bool,), "true or false"),
+}
+_JSON_NAMES = {str: "string", int: "number", float: "number", bool: "boolean", list: "array", dict: "object"}
+_METAVARS = {"gpu_type": "TYPE[:N]", "backend": "NAME", "duration": "DURATION", "money": "DOLLARS", "gpus": "all|N"}
+MAX_GPUS = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class StartOption:
+    """One start option, as every face shows it."""
+
+    name: str  # the REST field; the flag is --name with '-' for '_'
+    flags: tuple[str, ...]  # argparse flags, the long one first: ("--type", "-t")
+    kind: str  # one of KINDS: how the value is written and read
+    label: str  # the field's title in a form, and its name in a form's messages
+    help: str  # units, the default, what 'off' means; --help and the forms show it
+    what: str  # the value in messages: "bad idle timeout 'abc'"
+    default: str | bool | None = None  # as a user would type it; None: not set
+    config_default: str | None = None  # the GpuSessionConfig trait that supplies the default
+    backends: tuple[str, ...] | None = None  # the backends it applies to; None: all
+    choices: tuple[str, ...] | None = None  # the values of a 'choice'
+    spec_field: str | None = None  # the LaunchSpec field it fills; None: spec.extra[name]
+    form: bool = False  # shown in the start forms (sidebar, %gpu panel)
+    rule: DurationRule | None = None  # a duration's bound and whether it may be off
+
+    def __post_init__(self) -> None:
+        assert self.kind in KINDS, self.kind
+        assert self.flags[0] == "--" + self.name.replace("_", "-"), self.flags
+        assert (self.kind == "duration") == (self.rule is not None), self.name
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0]
+
+    def field(self, face: str) -> str:
+        """The option's name in a message of `face`."""
+        return {REST: f"'{self.name}'", FLAGS: self.flag, FORM: self.label}[face]
+
+
+OPTIONS: tuple[StartOption, ...] = (
+    StartOption("type", ("--type", "-t"), "gpu_type", "GPU type", "GPU type, optionally with a count: t4, a100:8 "
+                "(see %gpu types; default t4, or GpuSessionConfig.default_type)", "GPU type",
+                config_default="default_type", spec_field="gpu_type", form=True),
+    StartOption("backend", ("--backend", "-b"), "backend", "Backend", "where the session runs: local, docker or aws "
+                "(default: docker when an engine answers, else local)", "backend", config_default="default_backend",
+                spec_field="backend", form=True),
+    StartOption("name", ("--name", "-n"), "text", "Name", "session name (default: TYPE-N)", "name", spec_field="name", form=True),
+    StartOption("host", ("--host",), "text", "Docker host", "docker: a remote engine, ssh://user@host[:port] "
+                "(default: this machine's engine)", "host", backends=("docker",), spec_field="host", form=True),
+    StartOption("image", ("--image",), "text", "Image", "container image (docker, aws); default: built from "
+                "Dockerfile.cuda", "image", backends=("docker", "aws"), spec_field="image"),
+    StartOption("idle", ("--idle",), "duration", "Idle stop", "stop after this long idle: 90s, 15m, 1h30m, a bare "
+                "number of minutes, or off (never); at most 7 days (default 30m, or GpuSessionConfig.default_idle)",
+                "idle timeout", config_default="default_idle", spec_field="idle_timeout_s", form=True, rule=IDLE),
+    StartOption("gpu_only", ("--gpu-only",), "bool", "GPU-only idle", "count only GPU utilization as activity "
+                "(stops a busy kernel whose GPU sits unused)", "GPU-only idle", default=False, spec_field="gpu_only"),
+    StartOption("max_runtime", ("--max-runtime",), "duration", "Max runtime", "hard stop after this long, e.g. 8h "
+                "(a bare number means minutes); at most 30 days (default: off)", "max runtime",
+                spec_field="max_runtime_s", rule=MAX_RUNTIME),
+    StartOption("max_cost", ("--max-cost",), "money", "Max cost ($)", "stop when the session has cost this many "
+                "dollars, e.g. 5; warning at 80%; at most $100,000 (default: off)", "max cost", spec_field="max_cost",
+                form=True),
+    StartOption("spot", ("--spot",), "bool", "Spot instance", "aws: use spot capacity", "spot", default=False,
+                backends=("aws",), spec_field="spot", form=True),
+    StartOption("region", ("--region",), "text", "Region", "aws: region, e.g. us-east-1", "region", backends=("aws",),
+                spec_field="region"),
+    StartOption("gpus", ("--gpus",), "gpus", "GPUs", "docker: GPUs to request, 'all' or a number (default: all, or "
+                "the count in --type)", "GPU request", backends=("docker",)),
+    StartOption("ssh_cidr", ("--ssh-cidr",), "text", "SSH from", "aws: addresses allowed to SSH in, e.g. "
+                "203.0.113.7/32 (default: your address /32)", "SSH address range", backends=("aws",)),
+    StartOption("fallback", ("--fallback",), "choice", "Capacity fallback", "aws: on a capacity error try another "
+                "zone, on-demand, or both (default off)", "fallback", default="off", backends=("aws",),
+                choices=("off", "zone", "on-demand", "any")),
+    StartOption("max_price", ("--max-price",), "money", "Max spot price ($/h)", "aws spot: highest $/hour to pay "
+                "(default: the on-demand price)", "max price", backends=("aws",)),
+    StartOption("ami", ("--ami",), "text", "Machine image", "aws: machine image id (default: a GPU image from SSM "
+                "public parameters)", "machine image", backends=("aws",)),
+)
+
+BY_NAME: dict[str, StartOption] = {o.name: o for o in OPTIONS}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+_LEGACY = {"gpu_only_idle": "gpu_only"}  # keywords earlier callers of make_spec used
+
+
+class BadOptions(BadInput):
+    """Start options that cannot be used. `problems`: field -> what is wrong with it (fields
+    that are no option included); the message names each field in the words of `face`."""
+
+    def __init__(self, problems: Mapping[str, str], face: str = REST):
+        self.problems = dict(problems)
+        self.face = face
+        super().__init__(self.worded(face))
+
+    def worded(self, face: str) -> str:
+        unknown = [name for name in self.problems if name not in BY_NAME]
+        parts = []
+        if unknown:
+            names = ", ".join(unknown if face == REST else (f"--{n.replace('_', '-')}" for n in unknown))
+            allowed = ", ".join(NAMES if face == REST else (o.flag for o in OPTIONS))
+            parts.append(f"unknown field(s) {names}; allowed: {allowed}")
+        parts += [f"{BY_NAME[n].field(face)}: {p}" for n, p in self.problems.items() if n in BY_NAME]
+        return "; ".join(parts)
+
+
+# -- the faces' inputs -------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every start option to an argparse parser (the magic's and the CLI's `start`). An
+    option not given is None in the namespace; `given_values` drops those."""
+    for o in OPTIONS:
+        text = o.help.replace("%", "%%")
+        if o.kind == "bool":
+            parser.add_argument(*o.flags, dest=o.name, action="store_true", default=None, help=text)
+        else:
+            metavar = "{" + ",".join(o.choices) + "}" if o.choices else _METAVARS.get(o.kind, o.name.upper())
+            parser.add_argument(*o.flags, dest=o.name, default=None, metavar=metavar, help=text)
+
+
+def given_values(source: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
+    """The start options a parsed command line (or a form) gave, by name; the rest are left out,
+    so they take their defaults."""
+    items = vars(source) if isinstance(source, argparse.Namespace) else source
+    return {name: items[name] for name in NAMES if items.get(name) is not None}
+
+
+def body_problems(body: Mapping[str, Any]) -> dict[str, str]:
+    """What is wrong with a REST body before its values are read: fields that are no option,
+    and values of the wrong JSON type. Cheap; needs nothing but the body."""
+    problems: dict[str, str] = {}
+    for key, value in body.items():
+        option = BY_NAME.get(key)
+        if option is None:
+            problems[key] = f"unknown field; allowed: {', '.join(NAMES)}"
+            continue
+        types, expected = _JSON_TYPES[option.kind]
+        if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            got = _JSON_NAMES.get(type(value), type(value).__name__)
+            problems[key] = f"wrong type ({got}): expected {expected}"
+    return problems
+
+
+def check_body(body: Mapping[str, Any], *, catalog, backends: Iterable[str] | None = None) -> dict[str, str]:
+    """Every problem of a REST body, by field (empty when it is good): `body_problems`, then the
+    values as the table reads them. What `POST options/check` answers; no backend is asked."""
+    problems = body_problems(body)
+    _, value_problems = _read({k: v for k, v in body.items() if k not in problems}, catalog, backends)
+    problems.update(value_problems)
+    return problems
+
+
+def parse_values(values: Mapping[str, Any], *, catalog, backends: Iterable[str] | None = None,
+                 face: str = REST) -> dict[str, Any]:
+    """The given options read by the table: name -> value (seconds, dollars, ("a100", 8), ...).
+    Raises BadOptions naming every bad field in the words of `face`."""
+    parsed, problems = _read(values, catalog, backends)
+    if problems:
+        raise BadOptions(problems, face)
+    return parsed
+
+
+def _read(values: Mapping[str, Any], catalog, backends: Iterable[str] | None) -> tuple[dict[str, Any], dict[str, str]]:
+    parsed: dict[str, Any] = {}
+    problems: dict[str, str] = {}
+    known = sorted(backends) if backends is not None else None
+    for option in OPTIONS:  # in the table's order, so every face lists problems alike
+        value = values.get(option.name)
+        if option.name not in values or _not_given(option, value):
+            continue
+        try:
+            parsed[option.name] = _parse_one(option, value, catalog, known)
+        except BadInput as exc:
+            problems[option.name] = str(exc)
+    return parsed, problems
+
+
+def _not_given(option: StartOption, value: Any) -> bool:
+    """A blank string, or "default" for an option with a configured default."""
+    return isinstance(value, str) and (not value.strip() or (value.strip() == "default" and option.config_default is not None))
+
+
+def _parse_one(option: StartOption, value: Any, catalog, backends: list[str] | None) -> Any:
+    """One value, as its kind reads it; None for none."""
+    kind, what = option.kind, option.what
+    if value is None:
+        return None
+    if kind == "duration":
+        return option.rule.parse(value)  # type: ignore[union-attr]
+    if kind == "money":
+        return parse_money(value, what=what)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise BadInput(f"{what} is on or off (true or false), got {value!r}")
+        return value
+    if kind == "gpus":
+        return _gpus(value)
+    if not isinstance(value, str):
+        raise BadInput(f"{what} must be text, got {value!r}")
+    text = value.strip()
+    if kind == "gpu_type":
+        gpu, count = catalog.parse(text)  # BadInput names the valid types
+        return gpu.name, count
+    if not text:
+        return None
+    if kind == "backend":
+        text = text.lower()
+        if backends is not None and text not in backends:
+            raise BadInput(f"unknown backend {value!r}; valid backends: {', '.join(backends)}")
+        return text
+    if kind == "choice":
+        text = text.lower()
+        if text not in (option.choices or ()):
+            raise BadInput(f"{what} {value!r}: use one of {', '.join(option.choices or ())}")
+        return text
+    return text
+
+
+def _gpus(value: Any) -> str | int:
+    if isinstance(value, str) and value.strip().lower() == "all":
+        return "all"
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_GPUS:
+        raise BadInput(f"GPU request {value!r}: write 'all' or a whole number from 1 to {MAX_GPUS}")
+    return int(text)
+
+
+# -- what the faces make of them ---------------------------------------------------------------
+
+
+def build_spec(
+    values: Mapping[str, Any],
+    *,
+    config,
+    catalog,
+    backend_default: str | Callable[[], str],
+    backends: Iterable[str] | None = None,
+    face: str = REST,
+) -> LaunchSpec:
+    """A LaunchSpec from start options as written (a face's values, or make_spec's keywords).
+
+    config: GpuSessionConfig (default_type, default_idle); catalog: the GPU catalog;
+    backend_default: the backend when none is named, or a function that finds it (it may ask
+    the Docker engine, so it is called only then); backends: the installed backend names, to
+    check the name against (None: not checked here). Keys that are no option go to
+    `spec.extra` unchanged (backend-specific settings of Python callers, e.g. boot_timeout).
+    Raises BadOptions naming every bad field in the words of `face`."""
+    values = {_LEGACY.get(k, k): v for k, v in values.items()}
+    raw = {k: v for k, v in values.items() if not (k in BY_NAME and _not_given(BY_NAME[k], v))}
+    if raw.get("type") is None:
+        raw["type"] = config.default_type
+    if raw.get("backend") is None:
+        raw["backend"] = backend_default() if callable(backend_default) else backend_default
+    if "idle" not in raw:  # None stays: no idle stop
+        raw["idle"] = config.default_idle
+    parsed = parse_values(raw, catalog=catalog, backends=backends, face=face)
+    gpu_name, count = parsed.pop("type")
+    spec = LaunchSpec(gpu_type=gpu_name, gpu_count=count, backend=parsed.pop("backend"),
+                      idle_timeout_s=parsed.pop("idle"))
+    for name, value in parsed.items():
+        option = BY_NAME[name]
+        if option.spec_field is not None:
+            if value is not None or option.kind in ("duration", "money"):
+                setattr(spec, option.spec_field, value)
+        elif value is not None:
+            spec.extra[name] = value
+    spec.extra.update({k: v for k, v in values.items() if k not in BY_NAME and v is not None})
+    return spec
+
+
+def options_document(config, *, catalog, backends: Iterable[str], backend_default: str) -> dict[str, Any]:
+    """`GET options`: every option with its default as the user would type it (config applied),
+    the installed backends and the catalog's types as choices. Format (the lab form reads it):
+    {"options": [{"name", "flag", "kind", "label", "help", "default", "backends", "choices", "form"}]}"""
+    defaults = {"type": config.default_type, "backend": backend_default, "idle": config.default_idle}
+    choices = {"backend": list(backends), "gpu_type": list(catalog.names())}
+    return {
+        "options": [
+            {
+                "name": o.name,
+                "flag": o.flag,
+                "kind": o.kind,
+                "label": o.label,
+                "help": o.help,
+                "default": defaults.get(o.name, o.default),
+                "backends": list(o.backends) if o.backends is not None else None,
+                "choices": choices.get(o.kind, list(o.choices) if o.choices is not None else None),
+                "form": o.form,
+            }
+            for o in OPTIONS
+        ]
+    }

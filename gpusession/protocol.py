@@ -1,0 +1,205 @@
+"""What the agent and the local side tell each other, as data: stop kinds, warnings, log markers,
+environment variable names. Defined here once; words are made only by `gpusession.words`.
+
+Standard library only: the agent runtime that goes into a user's image imports this module.
+
+A log marker is one line the runtime prints, `MARKER` or `MARKER {json}`: the local side finds
+it with `parse_marker` and never parses prose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from typing import Any
+
+# -- environment variables ------------------------------------------------------------------
+
+ENV_SESSION_ID = "GPUSESSION_SESSION_ID"  # the session a runtime, container or process belongs to
+ENV_STATE_DIR = "GPUSESSION_STATE_DIR"  # the runtime's state folder, seen by the kernel's activity hook
+ENV_AGENT_ARGS = "GPUSESSION_AGENT_ARGS"  # shell-quoted agent options for a container's entrypoint
+ENV_AUTHORIZED_KEY = "GPUSESSION_AUTHORIZED_KEY"  # the session's ssh public key (container entrypoint)
+
+#: a kernel's five ports, in the order the runtime allocates them (jupyter connection file keys)
+KERNEL_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+# -- log markers ----------------------------------------------------------------------------
+
+
+class Marker(str, enum.Enum):
+    """The first word of a line the runtime (or an instance's boot script) prints for the local side."""
+
+    READY = "GPUSESSION_READY"  # the kernel listens; payload: {"kernel_ports": [...]} or none
+    FAILED = "GPUSESSION_FAILED"  # the start failed; payload: {"stage", "error"}
+    STOPPED = "GPUSESSION_STOPPED"  # the runtime is ending; payload: StopReason.to_dict()
+    SUMMARY = "GPUSESSION_SUMMARY"  # the agent's summary at the end; payload: summary dict
+    WARNING = "GPUSESSION_WARNING"  # a watchdog warning came up; payload: Warning.to_dict()
+    AGENT_ERROR = "GPUSESSION_AGENT_ERROR"  # something in the agent failed; payload: {"error"}
+    SHUTDOWN = "GPUSESSION_SHUTDOWN"  # the shutdown command runs; payload: {"command"}
+    HOSTKEY = "GPUSESSION_HOSTKEY"  # a container's ssh host key (plain text, not JSON)
+    BOOT = "GPUSESSION_BOOT"  # an instance's boot script: a stage (plain text)
+    POWEROFF = "GPUSESSION_POWEROFF"  # an instance's boot script powers off
+    SPOT_NOTICE = "GPUSESSION_SPOT_NOTICE"  # an instance saw a spot interruption notice (JSON)
+
+
+def marker_line(marker: Marker, payload: dict[str, Any] | None = None) -> str:
+    """The line to print: `MARKER {compact json}` (numbers exact, never NaN)."""
+    if payload is None:
+        return marker.value
+    return f"{marker.value} {json.dumps(payload, separators=(',', ':'), allow_nan=False)}"
+
+
+def parse_marker(line: str) -> tuple[Marker, Any] | None:
+    """(marker, payload) for a marker line, else None. The payload is the parsed JSON, the raw
+    text when it is not JSON (HOSTKEY, BOOT), or None when the line has no payload."""
+    word, _, rest = line.strip().partition(" ")
+    try:
+        marker = Marker(word)
+    except ValueError:
+        return None
+    rest = rest.strip()
+    if not rest:
+        return marker, None
+    try:
+        return marker, json.loads(rest)
+    except ValueError:
+        return marker, rest
+
+
+def find_markers(text: str, marker: Marker) -> list[Any]:
+    """Every payload of `marker` in a log, oldest first."""
+    found = []
+    for line in text.splitlines():
+        parsed = parse_marker(line)
+        if parsed is not None and parsed[0] is marker:
+            found.append(parsed[1])
+    return found
+
+
+# -- why a session stopped ------------------------------------------------------------------
+
+
+class StopKind(str, enum.Enum):
+    IDLE = "idle"  # the watchdog: idle for the whole timeout
+    MAX_RUNTIME = "max-runtime"  # the watchdog: the hard runtime limit
+    MAX_COST = "max-cost"  # the watchdog: the cost cap
+    USER = "user"  # someone stopped it (magic, CLI, panel, REST)
+    GC = "gc"  # `gpusession gc` stopped it
+    SIGNAL = "signal"  # the runtime got a signal (docker stop, a shutdown)
+    KERNEL_EXIT = "kernel-exit"  # the kernel process ended by itself
+    START_FAILED = "start-failed"  # the runtime could not start the kernel
+    SPOT_INTERRUPTION = "spot-interruption"  # the cloud took the spot instance back
+    INSTANCE_ENDED = "instance-ended"  # the instance stopped or terminated, for a reason the cloud gives
+    CONTAINER_EXIT = "container-exit"  # the container exited without a word from the runtime
+    GONE = "gone"  # the remote side is gone and left no word
+
+    @property
+    def by_watchdog(self) -> bool:
+        """Did the session's own agent decide to stop it (no failure, it saved money)?"""
+        return self in (StopKind.IDLE, StopKind.MAX_RUNTIME, StopKind.MAX_COST)
+
+
+@dataclasses.dataclass(frozen=True)
+class StopReason:
+    """Why a session ended: a kind and the numbers that go with it (the watchdog's limits)."""
+
+    kind: StopKind
+    idle_for_s: float | None = None  # IDLE: how long it was idle
+    idle_timeout_s: float | None = None  # IDLE: the timeout it had
+    elapsed_s: float | None = None  # MAX_RUNTIME: billed time when it stopped
+    max_runtime_s: float | None = None  # MAX_RUNTIME: the limit
+    spent: float | None = None  # MAX_COST: dollars spent
+    max_cost: float | None = None  # MAX_COST: the cap
+    signal: int | None = None  # SIGNAL: the signal number
+    exit_code: int | None = None  # KERNEL_EXIT / CONTAINER_EXIT: the exit status
+    by: str | None = None  # USER / GC: who (e.g. "the sidebar", "gpusession stop")
+    detail: str | None = None  # free text from outside our code (an EC2 state reason, an error)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None} | {"kind": self.kind.value}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "StopReason | None":
+        """Tolerant: None for anything that is not a stop reason."""
+        if isinstance(data, StopReason):
+            return data
+        if not isinstance(data, dict):
+            return None
+        try:
+            kind = StopKind(data.get("kind"))
+        except ValueError:
+            return None
+        names = {f.name for f in dataclasses.fields(cls)} - {"kind"}
+        return cls(kind=kind, **{k: v for k, v in data.items() if k in names})
+
+    @property
+    def by_watchdog(self) -> bool:
+        return self.kind.by_watchdog
+
+
+@dataclasses.dataclass(frozen=True)
+class StopDetails:
+    """What a session's remote side left at its end (a backend's `stop_details`)."""
+
+    reason: StopReason | None = None
+    at: float | None = None  # unix seconds when it ended, when known
+    summary: dict[str, Any] | None = None  # the agent's summary (duration, cost, GPU-hours...)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "StopDetails":
+        """From the runtime's stopped.json ({"reason": {...}, "at", "summary"})."""
+        if not isinstance(data, dict):
+            return cls()
+        at = data.get("at")
+        summary = data.get("summary")
+        return cls(
+            reason=StopReason.from_dict(data.get("reason")),
+            at=float(at) if isinstance(at, (int, float)) and math.isfinite(at) else None,
+            summary=summary if isinstance(summary, dict) else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason.to_dict() if self.reason else None, "at": self.at, "summary": self.summary}
+
+
+# -- warnings -------------------------------------------------------------------------------
+
+
+class WarningKind(str, enum.Enum):
+    IDLE = "idle"  # the idle stop comes soon
+    MAX_RUNTIME = "max-runtime"  # the runtime limit comes soon
+    MAX_COST = "max-cost"  # spending reached the warning share of the cap
+    SPOT_INTERRUPTION = "spot-interruption"  # the cloud announced it takes the instance back
+
+
+@dataclasses.dataclass(frozen=True)
+class Warning:  # noqa: A001 - the protocol's word; never imported as a bare name beside builtins
+    """A warning the notebook and the panels show while it lasts."""
+
+    kind: WarningKind
+    remaining_s: float | None = None  # time left until the stop
+    idle_for_s: float | None = None  # IDLE
+    limit_s: float | None = None  # MAX_RUNTIME: the limit
+    spent: float | None = None  # MAX_COST
+    max_cost: float | None = None  # MAX_COST
+    action: str | None = None  # SPOT_INTERRUPTION: what the cloud will do (stop, terminate)
+    time: str | None = None  # SPOT_INTERRUPTION: when, as the cloud wrote it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None} | {"kind": self.kind.value}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Warning | None":
+        if isinstance(data, Warning):
+            return data
+        if not isinstance(data, dict):
+            return None
+        try:
+            kind = WarningKind(data.get("kind"))
+        except ValueError:
+            return None
+        names = {f.name for f in dataclasses.fields(cls)} - {"kind"}
+        return cls(kind=kind, **{k: v for k, v in data.items() if k in names})

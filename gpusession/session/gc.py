@@ -1,0 +1,112 @@
+"""`gpusession gc`: find and stop what crashed processes left behind.
+
+- a labelled resource whose session is stopped, failed or unknown to the store: removed
+- an active record whose remote side is gone: recorded as stopped
+- a record stuck starting (requested/provisioning/starting/stopping) whose owner process is
+  dead: stopped and recorded as failed
+- with orphans=True, also running sessions whose owner process is dead
+
+Returns one `GcAction` (data) per thing done; the faces put them into words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from typing import TYPE_CHECKING
+
+from .. import procs
+from ..errors import GpuSessionError
+from ..models import State
+from ..protocol import StopKind
+
+if TYPE_CHECKING:
+    from .manager import SessionManager
+
+
+@dataclasses.dataclass(frozen=True)
+class GcAction:
+    """One thing gc did (or would do, on a dry run)."""
+
+    verb: str  # "remove" | "stop" | "record-stopped" | "stop-orphan"
+    target: str  # what: a resource's description or a session name
+    why: str  # "unknown to the store", "session x is stopped", "left starting by a dead process"...
+    done: bool  # False on a dry run
+
+
+def collect(manager: "SessionManager", *, dry_run: bool = False, backends: list[str] | None = None,
+            orphans: bool = False, skipped: list[str] | None = None) -> list[GcAction]:
+    from ..backends import backend_names
+
+    actions: list[GcAction] = []
+    names = backends or backend_names()
+    records = {r.id: r for r in manager.store.list()}
+    for name in names:
+        try:
+            backend = manager.backend(name)
+            resources = backend.list_resources()
+        except Exception as exc:  # noqa: BLE001 - an SDK or engine that fails oddly is reported, not fatal
+            if skipped is not None:
+                skipped.append(f"{name}: not checked ({exc if isinstance(exc, GpuSessionError) else repr(exc)})")
+            continue
+        for res in resources:
+            rec = records.get(res.session_id)
+            if rec is not None and rec.state.active:
+                continue
+            why = "unknown to the store" if rec is None else f"session {rec.name} is {rec.state.value}"
+            if not dry_run:
+                try:
+                    backend.remove_resource(res)
+                except Exception as exc:  # noqa: BLE001 - report it, go on with the rest
+                    if skipped is not None:
+                        skipped.append(f"{res.description}: not removed ({type(exc).__name__}: {exc})")
+                    continue
+            actions.append(GcAction("remove", res.description, why, not dry_run))
+    for rec in manager.store.list(active_only=True):
+        try:
+            actions += _check_record(manager, rec, dry_run=dry_run, orphans=orphans)
+        except Exception as exc:  # noqa: BLE001 - one bad record or host must never stop gc
+            if skipped is not None:
+                skipped.append(f"{rec.name}: not checked ({type(exc).__name__}: {exc})")
+    return actions
+
+
+def _check_record(manager: "SessionManager", rec, *, dry_run: bool, orphans: bool) -> list[GcAction]:
+    actions: list[GcAction] = []
+    try:
+        backend = manager.backend(rec.backend)
+    except GpuSessionError:
+        return actions
+    stuck = rec.state in (State.REQUESTED, State.PROVISIONING, State.STARTING, State.STOPPING)
+    owner_dead = owner_is_dead(rec.owner)
+    if stuck and owner_dead:
+        actions.append(GcAction("stop", rec.name, f"left {rec.state.value} by a dead process", not dry_run))
+        if not dry_run:
+            backend.stop(rec)
+            manager.store.transition(rec.id, State.FAILED, "cleaned up by gc: its starter died",
+                                     error="starter process died")
+    elif rec.state == State.RUNNING and not backend.is_alive(rec):
+        actions.append(GcAction("record-stopped", rec.name, "remote side gone", not dry_run))
+        if not dry_run:
+            manager.reconcile(rec, backend)
+    elif rec.state == State.RUNNING and orphans and owner_dead:
+        actions.append(GcAction("stop-orphan", rec.name, "its notebook process is gone", not dry_run))
+        if not dry_run:
+            manager.stop(rec.id, by="gc (owner process gone)", kind=StopKind.GC)
+    return actions
+
+
+def owner_is_dead(owner: str) -> bool:
+    """True when the owner ran on this host and is gone: its pid no longer runs, is a zombie,
+    or belongs to a later process (owner ids carry the start time: user@host:pid:start)."""
+    try:
+        who, _, rest = owner.partition(":")
+        host = who.split("@", 1)[1]
+        pid_text, _, start_text = rest.partition(":")
+        pid = int(pid_text)
+        started = int(start_text) if start_text else None
+    except (ValueError, IndexError):
+        return False
+    if host != socket.gethostname():
+        return False
+    return not procs.alive(pid, started)

@@ -1,0 +1,118 @@
+"""A session this process is connected to: run cells, move variables, stop."""
+
+from __future__ import annotations
+
+import queue
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..backends import Backend, Link
+from ..errors import KernelDied, SessionEnded
+from ..kernel import KernelClient, OutputSink
+from ..models import SessionRecord
+from .agentclient import AgentClient
+
+if TYPE_CHECKING:
+    from .manager import SessionManager
+
+
+class Session:
+    """Made by `SessionManager.launch` / `attach`; the faces hold it as the current session."""
+
+    def __init__(self, manager: "SessionManager", record: SessionRecord, backend: Backend, link: Link):
+        self.manager = manager
+        self.record = record
+        self.backend = backend
+        self.link = link
+        self.kernel = KernelClient(link.endpoint.connection_info, healthy=self.healthy,
+                                   reconnects=lambda: link.reconnects)
+        self._alive_checked = (0.0, True)
+        self._reconnects_seen = 0  # link.reconnects when iopub was last known to deliver
+        self._agent: AgentClient | None = None
+
+    @property
+    def agent(self) -> AgentClient:
+        """The session's agent client (one keep-alive connection), made on first use."""
+        if self._agent is None:
+            self._agent = AgentClient.for_endpoint(self.link.endpoint)
+        return self._agent
+
+    def close_connections(self) -> None:
+        """Let go of the kernel, the agent and the link (the session itself keeps running)."""
+        if self._agent is not None:
+            self._agent.close()
+        self.kernel.close()
+        self.link.close()
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    def refresh(self) -> SessionRecord:
+        self.record = self.manager.store.get(self.record.id)
+        return self.record
+
+    def healthy(self) -> bool:
+        """Link up and remote side alive (the backend check is throttled to once in 2 s)."""
+        if not self.link.healthy():
+            return self.backend.is_alive(self.record)
+        at, alive = self._alive_checked
+        if time.monotonic() - at > 2.0:
+            alive = self.backend.is_alive(self.record)
+            self._alive_checked = (time.monotonic(), alive)
+        return alive
+
+    def _after_reconnect(self, timeout: float = 30.0) -> None:
+        """After the link came back: wait until iopub delivers again (its SUB socket reconnects
+        on its own, maybe after shell), so the next cell's output and its `idle` are not lost.
+        The check jupyter_client's wait_for_ready makes: a kernel_info whose status shows on iopub."""
+        seen = self.link.reconnects
+        if seen == self._reconnects_seen:
+            return
+        client, deadline = self.kernel.client, time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg_id = client.kernel_info()
+            tick = time.monotonic() + 0.5
+            while time.monotonic() < tick:
+                try:
+                    msg = client.get_iopub_msg(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    self._reconnects_seen = seen
+                    return
+
+    def run(self, code: str, sink: OutputSink | None = None) -> dict:
+        self._after_reconnect()
+        try:
+            return self.kernel.execute(code, sink=sink)
+        except KernelDied:
+            ended = self.manager.mark_gone(self, "kernel died while running a cell")
+            if ended is not None:  # its own watchdog stopped it: say so, it is no failure
+                raise SessionEnded(ended) from None
+            raise
+
+    def push(self, namespace: dict[str, Any]) -> None:
+        self._after_reconnect()
+        self.kernel.push(namespace)
+
+    def pull(self, names: list[str]) -> dict[str, Any]:
+        self._after_reconnect()
+        return self.kernel.pull(names)
+
+    def stop(self) -> SessionRecord:
+        return self.manager.stop(self.id)
+
+    def stats(self, since: float | None = None, limit: int | None = None) -> dict:
+        """Live stats from the session's agent: samples newer than `since` (unix s), the newest
+        `limit` of them, plus the idle countdown and cost (docs/gpu-agent.md)."""
+        return self.manager.stats(self.id, since=since, limit=limit)
+
+    def keepalive(self, duration: str | float = "1h") -> dict:
+        """Postpone the idle stop ("1h"); capped by the agent (default 4 h). Returns what the
+        agent granted."""
+        return self.manager.keepalive(self.id, duration)

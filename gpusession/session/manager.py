@@ -1,0 +1,384 @@
+"""Orchestration: start -> provision -> connect -> (cells) -> stop, with every transition recorded.
+
+The faces (magics, CLI, server, widgets) talk to `SessionManager` only; they never import a
+concrete backend. It returns data (records, views, stats documents); the faces put them into
+words with `gpusession.words`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from .. import options
+from ..backends import Backend, Link, load_backend_class
+from ..catalog import load_catalog
+from ..config import GpuSessionConfig
+from ..durations import KEEPALIVE
+from ..errors import GpuSessionError, KernelDied, SessionEnded, StageError
+from ..models import LaunchSpec, SessionRecord, State
+from ..progress import Progress, Reporter
+from ..protocol import StopKind, StopReason, Warning, WarningKind
+from ..store import Store
+from .agentclient import AgentUnavailable
+from .handle import Session
+from .recorder import StoreRecorder
+from .views import session_view
+
+FRESH_S = 15.0  # how long a fetched stats document may fill in a view's idle countdown
+
+
+def default_backend_name(config: GpuSessionConfig) -> str:
+    """The configured default, else docker when an engine answers, else local."""
+    if config.default_backend:
+        return config.default_backend
+    try:
+        if load_backend_class("docker").available():
+            return "docker"
+    except GpuSessionError:
+        pass
+    return "local"
+
+
+def ended_state(reason: StopReason) -> State:
+    """The one rule for how an ended session is recorded, however it was found (mid-cell, by a
+    poll, by gc): stopped when someone or something decided it (its watchdog, a user, gc, a
+    signal such as `docker stop`, the cloud taking a spot instance back), failed when the
+    kernel or the runtime ended by itself or nobody can say why."""
+    failed = (StopKind.KERNEL_EXIT, StopKind.START_FAILED, StopKind.CONTAINER_EXIT, StopKind.GONE)
+    return State.FAILED if reason.kind in failed else State.STOPPED
+
+
+class SessionManager:
+    """The one entry point of the faces. Cheap; one per process is typical but not required."""
+
+    def __init__(self, config: GpuSessionConfig | None = None, store: Store | None = None):
+        self.config = config or GpuSessionConfig()
+        self.store = store or Store(self.config.data_path / "sessions.sqlite3")
+        self.catalog = load_catalog()
+        self._backends: dict[str, Backend] = {}
+        self._connected: dict[str, Session] = {}
+        self._lock = threading.RLock()
+        self._stats_cache: dict[str, tuple[float, dict]] = {}  # id -> (fetched at, stats)
+
+    # -- building blocks -----------------------------------------------------------------
+
+    def backend(self, name: str) -> Backend:
+        with self._lock:
+            if name not in self._backends:
+                self._backends[name] = load_backend_class(name)(self.config, StoreRecorder(self.store))
+            return self._backends[name]
+
+    def make_spec(self, gpu_type: str | None = None, *, backend: str | None = None,
+                  idle: str | float | None = "default", face: str = options.REST, **values: Any) -> LaunchSpec:
+        """Validate user input into a LaunchSpec (BadInput says what was wrong): the option
+        table's rules (gpusession/options.py), with this manager's config for defaults."""
+        from ..backends import backend_names
+
+        given = dict(values)
+        if gpu_type is not None:
+            given["type"] = gpu_type
+        if backend is not None:
+            given["backend"] = backend
+        if idle != "default":
+            given["idle"] = idle  # None: no idle stop
+        return options.build_spec(
+            given,
+            config=self.config, catalog=self.catalog, backend_default=lambda: default_backend_name(self.config),
+            backends=backend_names(), face=face,
+        )
+
+    # -- start ---------------------------------------------------------------------------
+
+    def create(self, spec: LaunchSpec) -> SessionRecord:
+        """Check the backend and record the session (state requested). Fast; raises on bad input."""
+        backend = self.backend(spec.backend)
+        backend.check(spec)
+        return self.store.create(spec, price_per_hour=backend.price_per_hour(spec, self.catalog))
+
+    def start(self, spec: LaunchSpec, report: Reporter | None = None) -> Session:
+        """Provision, connect and wait for the kernel. On any failure (Ctrl-C included) the
+        half-started session is stopped and recorded as failed, naming the stage."""
+        return self.launch(self.create(spec), report)
+
+    def launch(self, record: SessionRecord, report: Reporter | None = None) -> Session:
+        progress = Progress(report)
+        link: Link | None = None
+        backend: Backend | None = None
+        try:  # from the first instruction: a Ctrl-C anywhere must not strand the record or its name
+            backend = self.backend(record.backend)
+            spec = record.spec
+            progress.say(f"session {record.name}: {spec.gpu_count} x {spec.gpu_type} on {record.backend}")
+            self.store.transition(record.id, State.PROVISIONING)
+            with progress.stage("provision"):
+                backend.provision(self.store.get(record.id), progress)
+            record = self.store.transition(record.id, State.STARTING)
+            with progress.stage("connect"):
+                link = backend.connect(record, progress)
+            with progress.stage("kernel", "waiting for the kernel to answer"):
+                session = Session(self, record, backend, link)
+                try:
+                    session.kernel.wait_ready(timeout=120)
+                except BaseException:
+                    session.kernel.close()
+                    raise
+        except BaseException as exc:
+            stage = exc.stage if isinstance(exc, StageError) else (progress.current or "start")
+            message = str(exc) if isinstance(exc, StageError) else f"{stage}: {type(exc).__name__}: {exc}"
+            if isinstance(exc, KeyboardInterrupt):
+                message = f"{stage}: interrupted"
+            self._abort(record, link, backend, message)
+            raise
+        session.record = self.store.transition(record.id, State.RUNNING, f"ready in {progress.elapsed():.1f}s")
+        progress.say(f"running: session {record.name} is ready")
+        with self._lock:
+            self._connected[record.id] = session
+        return session
+
+    def _abort(self, record: SessionRecord, link: Link | None, backend: Backend | None, message: str) -> None:
+        try:
+            if link is not None:
+                link.close()
+            if backend is not None:
+                backend.stop(self.store.get(record.id))
+            self.store.transition(record.id, State.FAILED, f"start failed; cleaned up ({message})", error=message)
+        except Exception as cleanup_exc:  # noqa: BLE001 - keep the first error; record the second
+            self.store.transition(
+                record.id, State.FAILED, f"start failed and cleanup failed: {cleanup_exc}; run `gpusession gc`",
+                error=message,
+            )
+
+    # -- attach / look up ----------------------------------------------------------------
+
+    def get(self, key: str) -> SessionRecord:
+        return self.store.get(key)
+
+    def list(self, *, active_only: bool = False) -> list[SessionRecord]:
+        return self.store.list(active_only=active_only)
+
+    def connected(self, key: str | None = None) -> Session | None:
+        with self._lock:
+            if key is None:
+                return None
+            return self._connected.get(self.store.get(key).id)
+
+    def attach(self, key: str, report: Reporter | None = None) -> Session:
+        """Connect this process to a running session (started here or anywhere else)."""
+        record = self.store.get(key)
+        with self._lock:
+            if record.id in self._connected:
+                return self._connected[record.id]
+        if record.state != State.RUNNING:
+            raise SessionEnded(record)
+        backend = self.backend(record.backend)
+        progress = Progress(report)
+        with progress.stage("connect", f"attaching to {record.name}"):
+            if not backend.is_alive(record):
+                raise SessionEnded(self.reconcile(record, backend))
+            session = Session(self, record, backend, backend.connect(record, progress))
+            session.kernel.wait_ready(timeout=30)
+        with self._lock:
+            self._connected[record.id] = session
+        return session
+
+    def _release(self, session_id: str) -> None:
+        """Let go of this process's connections to a session (it may keep running elsewhere)."""
+        with self._lock:
+            session = self._connected.pop(session_id, None)
+        if session is not None:
+            session.close_connections()
+
+    def close(self) -> None:
+        """Let go of every session this process is connected to; the sessions keep running."""
+        with self._lock:
+            ids = list(self._connected)
+        for sid in ids:
+            self._release(sid)
+
+    # -- stop ----------------------------------------------------------------------------
+
+    def stop(self, key: str, by: str = "user", kind: StopKind = StopKind.USER) -> SessionRecord:
+        """Stop a session and record why (`by` names who: "user", "the sidebar", "gc"...)."""
+        record = self.store.get(key)
+        backend = self.backend(record.backend)
+        with self._lock:
+            session = self._connected.pop(record.id, None)
+        if not record.state.active:
+            if session:  # stopped elsewhere (the sidebar, its watchdog): let go of the kernel's sockets too
+                session.close_connections()
+            return record
+        reason = StopReason(kind, by=by)
+        if session is None and record.state == State.RUNNING:
+            session = self._attach_for_summary(record)
+            record = self.store.get(record.id)
+            if not record.state.active:  # it had ended already: attaching found out and recorded it
+                return record
+        self.store.transition(record.id, State.STOPPING, f"stop requested by {by}")
+        self.store.update_resource(record.id, stop_reason=reason.to_dict())
+        if session is not None:
+            self._save_summary(record, session=session)
+            try:
+                session.kernel.shutdown(timeout=3)
+            except Exception:  # noqa: BLE001 - the kernel may be gone already; teardown follows
+                pass
+            session.close_connections()
+        try:
+            backend.stop(record)
+        except Exception as exc:
+            self.store.note(record.id, f"stop failed: {exc}")
+            raise StageError("stop", f"{exc}; the session stays recorded as stopping, run `gpusession gc` to retry") from exc
+        record = self.store.get(record.id)
+        if "agent_summary" not in record.resource:
+            self._save_summary(record, backend=backend)
+        return self.store.transition(record.id, State.STOPPED, f"stopped: {kind.value}")
+
+    def _attach_for_summary(self, record: SessionRecord) -> Session | None:
+        """A process that is not connected (the CLI, the server) stops a running session: connect
+        first, so the agent's summary is kept as when the notebook stops it. None when that fails."""
+        try:
+            session = self.attach(record.id)
+        except (GpuSessionError, OSError):
+            return None
+        with self._lock:
+            self._connected.pop(record.id, None)
+        return session
+
+    def stop_all(self, by: str = "user") -> list[SessionRecord]:
+        return [self.stop(r.id, by=by) for r in self.store.list(active_only=True)]
+
+    def mark_gone(self, session: Session, why: str) -> SessionRecord | None:
+        """The kernel stopped answering while a cell ran: recorded by the same rule as a session
+        found ended later (`ended_state`). Returns the record when the session ended without a
+        failure (its watchdog, a stop elsewhere), else None (recorded as failed, `error` = why)."""
+        self._release(session.id)
+        session.record = self.reconcile(session.record, session.backend, died_while=why)
+        return None if session.record.state == State.FAILED else session.record
+
+    def reconcile(self, record: SessionRecord, backend: Backend, died_while: str | None = None) -> SessionRecord:
+        """The remote side ended: remove what is left of it and record how it ended, with the
+        reason it left (typed, in `resource["stop_reason"]`) and when (billing ended then).
+        `died_while`: what this process saw (a kernel that died mid-cell), for the error."""
+        self._release(record.id)  # found by gc while this process held it (the tunnel retries forever)
+        details = backend.stop_details(record)
+        reason = details.reason if details and details.reason else StopReason(StopKind.GONE)
+        if details is not None and details.summary:
+            self.store.update_resource(record.id, agent_summary=details.summary)
+        self.store.update_resource(record.id, stop_reason=reason.to_dict())
+        backend.stop(record)
+        last = max((e.at for e in record.events), default=record.created_at)
+        at = details.at if details is not None else None
+        at = at if at is not None and last <= at <= time.time() else None
+        state = ended_state(reason)
+        error = None
+        if state == State.FAILED:
+            error = died_while or f"the session ended by itself ({reason.kind.value})"
+        return self.store.transition(record.id, state, f"found {state.value}: {reason.kind.value}", at=at, error=error)
+
+    def refresh_state(self, key: str) -> SessionRecord:
+        """The record, after checking that a running session's remote side still exists; when
+        it is gone (its watchdog stopped it, say) the store records why."""
+        record = self.store.get(key)
+        if record.state != State.RUNNING:
+            return record
+        backend = self.backend(record.backend)
+        if backend.is_alive(record):
+            return record
+        return self.reconcile(record, backend)
+
+    # -- the agent: stats, keepalive, summaries --------------------------------------------
+
+    def _running_session(self, key: str) -> Session:
+        """A running session's handle, attaching when this process is not connected: the server
+        and other processes ask about sessions they did not start."""
+        record = self.refresh_state(key)
+        if record.state != State.RUNNING:
+            raise SessionEnded(record)
+        return self.connected(record.id) or self.attach(record.id)
+
+    def stats(self, key: str, since: float | None = None, limit: int | None = None, *,
+              check_alive: bool = True) -> dict:
+        """The agent's stats document for a running session (docs/gpu-agent.md). Raises
+        SessionEnded when the session turns out to have stopped. check_alive=False only asks the
+        agent of a session this process is connected to, and never tears down connections (for a
+        background poll while a cell runs)."""
+        if not check_alive:
+            session = self.connected(key)
+            if session is None:
+                raise AgentUnavailable("not connected to this session")
+            return self._with_notices(session.id, session.agent.stats(since, limit))
+        session = self._running_session(key)
+        try:
+            doc = session.agent.stats(since, limit)
+        except AgentUnavailable:
+            record = self.refresh_state(session.id)
+            if record.state != State.RUNNING:
+                raise SessionEnded(record) from None
+            raise
+        doc = self._with_notices(session.id, doc)
+        with self._lock:
+            self._stats_cache[session.id] = (time.time(), doc)
+        return doc
+
+    def _with_notices(self, session_id: str, doc: dict) -> dict:
+        """Add what the backend learnt outside the agent (a spot interruption notice, seen by the
+        link and recorded in the store) to the warnings the notebook and the panels show."""
+        interrupted = self.store.get(session_id).resource.get("interrupted")
+        if not interrupted:
+            return doc
+        notice = interrupted.get("notice") or {}
+        warning = Warning(WarningKind.SPOT_INTERRUPTION, action=notice.get("action"), time=notice.get("time"))
+        return dict(doc, warnings=[*(doc.get("warnings") or []), warning.to_dict()])
+
+    def keepalive(self, key: str, duration: str | float) -> dict:
+        """Postpone the session's idle stop by `duration` (the duration grammar); the agent caps
+        it (default 4 h ahead). Returns what the agent granted, plus `asked_s` and `name`."""
+        seconds = KEEPALIVE.parse(duration)
+        session = self._running_session(key)
+        granted = session.agent.keepalive(seconds)
+        self.store.note(session.id, f"keepalive {granted['granted_s']:.0f}s")
+        return dict(granted, asked_s=seconds, name=session.name)
+
+    def _save_summary(self, record: SessionRecord, session: Session | None = None,
+                      backend: Backend | None = None) -> None:
+        """Keep the agent's summary in the record: asked of the agent while it still runs, or
+        what it left behind (the backend's `stop_details`)."""
+        summary = None
+        if session is not None:
+            try:
+                summary = session.agent.summary()
+            except AgentUnavailable:
+                summary = None
+        if summary is None and backend is not None:
+            details = backend.stop_details(record)
+            summary = details.summary if details is not None else None
+        if summary:
+            self.store.update_resource(record.id, agent_summary=summary)
+
+    def live_stats(self, record: SessionRecord) -> dict | None:
+        """Recently fetched stats of a running session (for views), with the idle countdown
+        moved on to now; None when there are none fresh enough."""
+        with self._lock:
+            at, doc = self._stats_cache.get(record.id, (0.0, None))
+        if doc is None or time.time() - at > FRESH_S or record.state != State.RUNNING:
+            return None
+        idle = dict(doc.get("idle") or {})
+        if idle.get("remaining_s") is not None:  # it has been counting down since
+            idle["remaining_s"] = round(max(0.0, idle["remaining_s"] - (time.time() - at)), 1)
+        return dict(doc, idle=idle)
+
+    # -- reporting -----------------------------------------------------------------------
+
+    def view(self, record: SessionRecord) -> dict[str, Any]:
+        """The JSON shape every face shows (REST SessionView): data, no words."""
+        return session_view(record, self.live_stats(record))
+
+    def gc(self, *, dry_run: bool = False, backends: list[str] | None = None, orphans: bool = False,
+           skipped: list[str] | None = None) -> list[dict]:
+        """Find and stop what crashed processes left behind (gpusession/session/gc.py)."""
+        from .gc import collect
+
+        return collect(self, dry_run=dry_run, backends=backends, orphans=orphans, skipped=skipped)
+
+
+__all__ = ["SessionManager", "Session", "default_backend_name", "KernelDied"]

@@ -1,0 +1,305 @@
+"""The one formatter: every sentence, number and table a user reads is made here, from data.
+
+The magics, the CLI, the widgets and the REST API call these functions, so the notebook, the
+terminal, the ipywidgets card and the sidebar show the same numbers the same way. Nothing below
+the faces imports this module; nothing parses what it returns.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable
+
+from .cost import cost_of, uptime_seconds
+from .durations import format_duration, format_money
+from .errors import SessionEnded
+from .models import SessionRecord, State
+from .protocol import StopKind, StopReason, Warning, WarningKind
+
+GIB = 1024**3
+_SPARK = " ▁▂▃▄▅▆▇█"
+
+__all__ = [
+    "format_duration", "format_money", "gpu_label", "describe_stop", "describe_warning", "warning_texts",
+    "format_summary", "summary_line", "ended_message", "keepalive_line", "status_lines", "session_table",
+    "timeline", "error_text", "gc_line", "rest_view",
+]
+
+
+def gpu_label(gpu_type: str, gpu_count: int) -> str:
+    """'1 x t4', '8 x a100': how a session's GPUs are named everywhere."""
+    return f"{gpu_count} x {gpu_type}"
+
+
+# -- why a session ended ----------------------------------------------------------------------
+
+_STOPPED_BY = {
+    StopKind.IDLE: "was stopped by its idle watchdog",
+    StopKind.MAX_RUNTIME: "was stopped by its max-runtime limit",
+    StopKind.MAX_COST: "was stopped by its cost cap",
+}
+
+
+def stop_reason_text(reason: StopReason | None) -> str:
+    """The reason alone: 'after 5s idle', 'spent $5.00 of the $5.00 cap', 'stopped by user'."""
+    if reason is None:
+        return "its remote side is gone"
+    k = reason.kind
+    if k is StopKind.IDLE:
+        return f"after {format_duration(reason.idle_for_s or 0)} idle"
+    if k is StopKind.MAX_RUNTIME:
+        return f"after {format_duration(reason.elapsed_s or 0)}"
+    if k is StopKind.MAX_COST:
+        return f"spent ${reason.spent or 0:.2f} of the ${reason.max_cost or 0:.2f} cap"
+    if k in (StopKind.USER, StopKind.GC):
+        return f"stopped by {reason.by or ('gc' if k is StopKind.GC else 'user')}"
+    if k is StopKind.SIGNAL:
+        return f"its runtime got signal {reason.signal}"
+    if k is StopKind.KERNEL_EXIT:
+        return f"its kernel exited with code {reason.exit_code}"
+    if k is StopKind.CONTAINER_EXIT:
+        return f"its container exited with code {reason.exit_code}"
+    if k is StopKind.START_FAILED:
+        return f"its start failed: {reason.detail or 'no detail'}"
+    if k is StopKind.SPOT_INTERRUPTION:
+        return "AWS took the spot instance back" + (f" ({reason.detail})" if reason.detail else "")
+    if k is StopKind.INSTANCE_ENDED:
+        return f"its instance ended: {reason.detail or 'no reason given'}"
+    return reason.detail or "its remote side is gone"
+
+
+def describe_stop(name: str, reason: StopReason | None) -> str:
+    """'session t4-1 was stopped by its idle watchdog after 5s idle'."""
+    if reason is None:
+        return f"session {name} ended (its remote side is gone)"
+    if reason.kind in _STOPPED_BY:
+        text = stop_reason_text(reason)
+        joiner = " " if text.startswith("after") else ": "
+        return f"session {name} {_STOPPED_BY[reason.kind]}{joiner}{text}"
+    return f"session {name} ended: {stop_reason_text(reason)}"
+
+
+# -- warnings ---------------------------------------------------------------------------------
+
+
+def describe_warning(w: Warning, *, hint: bool = True) -> str:
+    """One warning as the notebook prints it. hint=False leaves out the `%gpu keepalive` hint
+    (for a panel that has a Keep alive button next to it)."""
+    left = format_duration(w.remaining_s) if w.remaining_s is not None else "soon"
+    if w.kind is WarningKind.IDLE:
+        text = f"idle for {format_duration(w.idle_for_s or 0)}: the session stops in {left} unless it is used"
+        return text + (" (`%gpu keepalive 1h` postpones)" if hint else "")
+    if w.kind is WarningKind.MAX_RUNTIME:
+        return f"max runtime {format_duration(w.limit_s)} reached in {left}: the session stops then"
+    if w.kind is WarningKind.MAX_COST:
+        eta = f" in about {left}" if w.remaining_s is not None else ""
+        return f"spent ${w.spent or 0:.2f} of the ${w.max_cost or 0:.2f} cap: the session stops at the cap{eta}"
+    return (f"spot interruption notice: AWS will {w.action or 'stop'} this instance at "
+            f"{w.time or 'any moment'}; save your work")
+
+
+def warning_texts(warnings: Iterable[Any], *, hint: bool = True) -> list[str]:
+    """The texts of a stats document's warnings (dicts or Warning), unknown kinds skipped."""
+    out = []
+    for item in warnings or []:
+        w = Warning.from_dict(item)
+        if w is not None:
+            out.append(describe_warning(w, hint=hint))
+    return out
+
+
+# -- summaries and messages -----------------------------------------------------------------
+
+
+def format_summary(summary: dict) -> str:
+    """One line: duration, cost, GPU-hours, mean GPU utilization, minutes idle."""
+    mean = summary.get("mean_gpu_utilization")
+    parts = [
+        f"ran {format_duration(summary.get('duration_s') or 0)}",
+        f"cost {format_money(summary.get('cost') or 0.0)}",
+        f"{summary.get('gpu_hours') or 0:.3f} GPU-hours",
+        "mean GPU utilization " + (f"{mean:.0f}%" if mean is not None else "n/a (no GPU visible)"),
+        f"{summary.get('idle_minutes') or 0:.1f} min idle",
+    ]
+    return ", ".join(parts)
+
+
+def summary_line(record: SessionRecord) -> str:
+    """From the agent's summary when one was saved, else from the store's transitions."""
+    summary = record.resource.get("agent_summary")
+    if summary:
+        return format_summary(summary)
+    return f"ran {format_duration(uptime_seconds(record))}, cost {format_money(cost_of(record))}"
+
+
+def ended_message(record: SessionRecord) -> str:
+    """'session t4-1 was stopped by its idle watchdog after 5s idle (ran 1m05s, cost ...)'."""
+    reason = record.stop_reason
+    if reason is not None and reason.kind not in (StopKind.USER, StopKind.GC):
+        text = describe_stop(record.name, reason)
+    elif record.state == State.FAILED:
+        text = f"session {record.name} failed: {record.error}"
+    elif reason is not None:
+        text = f"session {record.name} was {stop_reason_text(reason)}"
+    else:
+        text = f"session {record.name} is {record.state.value}"
+    return f"{text} ({summary_line(record)})" if not record.state.active else text
+
+
+def keepalive_line(name: str, granted: dict, asked_s: float) -> str:
+    line = f"{name}: idle stop postponed by {format_duration(granted['granted_s'])}"
+    if granted.get("capped"):
+        line += f" (capped at {format_duration(granted['limit_s'])}, asked {format_duration(asked_s)})"
+    idle = granted.get("idle") or {}
+    if idle.get("remaining_s") is not None:
+        line += f"; stops in {format_duration(idle['remaining_s'])} unless used"
+    elif idle.get("timeout_s") is None:
+        line += "; its idle stop is off anyway"
+    return line
+
+
+def error_text(exc: BaseException) -> str:
+    """What a face shows for one of our errors (a session that ended says how)."""
+    if isinstance(exc, SessionEnded):
+        return ended_message(exc.record)
+    return str(exc)
+
+
+_GC_VERBS = {  # verb -> (done, dry run)
+    "remove": ("removed", "would remove"),
+    "stop": ("stopped", "would stop"),
+    "record-stopped": ("recorded {} as stopped", "would record {} as stopped"),
+    "stop-orphan": ("stopped", "would stop"),
+}
+
+
+def gc_line(action: Any) -> str:
+    """One line of `gpusession gc` (a session.gc.GcAction)."""
+    done, dry = _GC_VERBS.get(action.verb, (action.verb, "would " + action.verb))
+    verb = done if action.done else dry
+    if "{}" in verb:
+        return f"{verb.format(action.target)} ({action.why})"
+    return f"{verb} {action.target} ({action.why})"
+
+
+# -- live stats -------------------------------------------------------------------------------
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / GIB:.1f}"
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 1024**2:.0f} MiB"
+
+
+def _val(v: Any, fmt: str, unit: str = "") -> str:
+    return "n/a" if v is None else f"{v:{fmt}}{unit}"
+
+
+def sparkline(values: list[float | None], width: int = 40) -> str:
+    vals = values[-width:]
+    return "".join(" " if v is None else _SPARK[min(8, max(0, int(round(v / 100 * 8))))] for v in vals)
+
+
+def gpu_lines(sample: dict) -> list[str]:
+    lines = []
+    for g in sample.get("gpus", []):
+        lines.append(
+            f"  GPU {g['index']} {g.get('name') or '?'}: util {_val(g.get('utilization'), '.0f', '%')}, "
+            f"mem {_gib(g.get('memory_used'))}/{_gib(g.get('memory_total'))} GiB, "
+            f"{_val(g.get('temperature'), '.0f', 'C')}, "
+            f"{_val(g.get('power_draw'), '.0f')}/{_val(g.get('power_limit'), '.0f')} W, "
+            f"SM {_val(g.get('sm_clock'), 'd', ' MHz')}"
+        )
+        for p in g.get("processes", []):
+            lines.append(f"      pid {p['pid']} {p.get('name') or '?'}: {_gib(p.get('memory_used'))} GiB")
+    return lines
+
+
+def status_lines(stats: dict, *, history: bool = False) -> list[str]:
+    """The live part of `%gpu status` / `%gpu watch` / `gpusession stats`."""
+    samples = stats.get("samples") or []
+    latest = samples[-1] if samples else None
+    lines: list[str] = []
+    if not stats.get("gpus_visible"):
+        lines.append(f"  {stats.get('message') or 'no NVIDIA GPU visible'}")
+    if latest is not None:
+        lines += gpu_lines(latest)
+        cpu = latest.get("cpu_percent")
+        lines.append(
+            f"  CPU {_val(cpu, '.0f', '%')}, memory {_bytes(latest.get('memory_used'))} of {_bytes(latest.get('memory_total'))}, "
+            f"kernel {'busy' if latest.get('kernel_busy') else 'idle'}"
+        )
+        if history and len(samples) > 1:
+            if stats.get("gpus_visible"):
+                for i in range(len(latest.get("gpus", []))):
+                    utils = [next((g.get("utilization") for g in s["gpus"] if g["index"] == i), None) for s in samples]
+                    lines.append(f"  GPU {i} util |{sparkline(utils)}|")
+            lines.append(f"  CPU      |{sparkline([min(100.0, s.get('cpu_percent') or 0.0) for s in samples])}|")
+    else:
+        lines.append("  no sample yet")
+    cost, idle, runtime = stats.get("cost") or {}, stats.get("idle") or {}, stats.get("runtime") or {}
+    money = f"  cost {format_money(cost.get('so_far') or 0.0)} at {format_money(cost.get('price_per_hour') or 0.0)}/h"
+    if cost.get("max_cost"):
+        money += f" (cap {format_money(cost['max_cost'])})"
+    lines.append(money)
+    if idle.get("timeout_s"):
+        line = (f"  idle {format_duration(idle.get('idle_for_s'))} of {format_duration(idle['timeout_s'])}"
+                f"{' (GPU only)' if idle.get('gpu_only') else ''}: stops in {format_duration(idle.get('remaining_s'))}")
+        if idle.get("keepalive_until"):
+            line += f", kept alive until {time.strftime('%H:%M:%S', time.localtime(idle['keepalive_until']))}"
+        lines.append(line)
+    else:
+        lines.append("  idle stop: off")
+    if runtime.get("max_runtime_s"):
+        lines.append(f"  max runtime {format_duration(runtime['max_runtime_s'])}: {format_duration(runtime.get('remaining_s'))} left")
+    lines += [f"  WARNING: {w}" for w in warning_texts(stats.get("warnings"))]
+    return lines
+
+
+# -- tables -----------------------------------------------------------------------------------
+
+
+def session_table(views: list[dict], current: str | None = None) -> str:
+    """`%gpu list` / `gpusession list`: one row per session view (SessionManager.view)."""
+    rows = [("", "NAME", "TYPE", "BACKEND", "STATE", "UPTIME", "$/H", "COST")]
+    for v in views:
+        rows.append((
+            "*" if v["id"] == current else "",
+            v["name"],
+            f"{v['gpu_count']}x{v['gpu_type']}",
+            v["backend"],
+            v["state"],
+            format_duration(v["uptime_s"]),
+            f"{v['price_per_hour']:.3f}",
+            format_money(v["cost_so_far"]),
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def timeline(record: SessionRecord) -> str:
+    t0 = record.events[0].at if record.events else 0.0
+    return "\n".join(
+        f"    +{e.at - t0:7.2f}s  {e.state.value:<12} {e.detail}".rstrip() for e in record.events
+    )
+
+
+# -- REST -------------------------------------------------------------------------------------
+
+
+def rest_view(view: dict) -> dict:
+    """A session view with its words added (what the sidebar shows): `idle.warning` (the joined
+    warnings, without the keepalive hint: the card has a button), `stop_reason.text`."""
+    out = dict(view)
+    idle = dict(out.get("idle") or {})
+    texts = warning_texts(out.get("warnings") or [], hint=False)
+    idle["warning"] = "; ".join(texts) or None
+    out["idle"] = idle
+    reason = StopReason.from_dict(out.get("stop_reason"))
+    if reason is not None:
+        out["stop_reason"] = dict(reason.to_dict(), text=stop_reason_text(reason))
+    return out

@@ -1,0 +1,86 @@
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+
+import { appendSamples, gpuSeries, polylinePoints, STATS_WINDOW_S } from '../src/series';
+import { gpu, sample } from './helpers';
+
+const times = (samples: readonly { t: number }[]) => samples.map(s => s.t);
+
+describe('appendSamples', () => {
+  test('appends only samples newer than the last one', () => {
+    const current = [sample(10), sample(11)];
+    const merged = appendSamples(current, [sample(10), sample(11), sample(12), sample(13)]);
+    assert.deepEqual(times(merged), [10, 11, 12, 13]);
+  });
+
+  test('keeps the same array when nothing is new (no re-render)', () => {
+    const current = [sample(10), sample(11)];
+    assert.equal(appendSamples(current, [sample(9), sample(11)]), current);
+    assert.equal(appendSamples(current, []), current);
+  });
+
+  test('starts from nothing', () => {
+    assert.deepEqual(times(appendSamples([], [sample(1), sample(2)])), [1, 2]);
+  });
+
+  test('drops what falls out of the window, measured from the newest sample', () => {
+    const current = [sample(0), sample(100), sample(200)];
+    const merged = appendSamples(current, [sample(350)], 300);
+    assert.deepEqual(times(merged), [100, 200, 350]);
+  });
+
+  test('a server clock far from the browser clock does not empty it', () => {
+    const old = 1_000; // unix seconds long ago
+    const merged = appendSamples([], [sample(old), sample(old + 1)]);
+    assert.deepEqual(times(merged), [old, old + 1]);
+  });
+
+  test('the default window is STATS_WINDOW_S', () => {
+    const merged = appendSamples([sample(0)], [sample(STATS_WINDOW_S + 1)]);
+    assert.deepEqual(times(merged), [STATS_WINDOW_S + 1]);
+  });
+});
+
+test('gpuSeries picks one GPU by index and skips samples without it', () => {
+  const samples = [
+    sample(1, [gpu(0, 10), gpu(1, 90)]),
+    sample(2, [gpu(0, 20)]),
+    sample(3, [gpu(1, 70), gpu(0, 30)])
+  ];
+  const one = gpuSeries(samples, 1);
+  assert.deepEqual(
+    one.map(({ t, gpu: g }) => [t, g.utilization]),
+    [
+      [1, 90],
+      [3, 70]
+    ]
+  );
+  assert.deepEqual(gpuSeries(samples, 7), []);
+});
+
+describe('polylinePoints', () => {
+  const base = { tEnd: 100, windowS: 100, max: 100, valueText: '', value: null };
+
+  test('maps time to x and value to y in the 100 x 30 view box', () => {
+    const points = [
+      { t: 0, v: 0 },
+      { t: 50, v: 50 },
+      { t: 100, v: 100 }
+    ];
+    assert.equal(polylinePoints({ ...base, points }), '0.0,30.0 50.0,15.0 100.0,0.0');
+  });
+
+  test('clips values to [0, max] and skips old or non-finite points', () => {
+    const points = [
+      { t: -1, v: 10 },
+      { t: 10, v: 150 },
+      { t: 20, v: -5 },
+      { t: 30, v: Number.NaN }
+    ];
+    assert.equal(polylinePoints({ ...base, points }), '10.0,0.0 20.0,30.0');
+  });
+
+  test('a max of 0 (e.g. no power limit known) does not divide by zero', () => {
+    assert.equal(polylinePoints({ ...base, max: 0, points: [{ t: 100, v: 0 }] }), '100.0,30.0');
+  });
+});

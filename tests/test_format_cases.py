@@ -1,0 +1,75 @@
+"""The number formats of the notebook (gpusession.durations) and of the JupyterLab sidebar
+(labextension/src/format.ts) are one set of rules: tests/data/format_cases.json holds inputs and
+the text they must give, written by the Python functions; this test holds Python to it and
+labextension/test/format.test.ts holds the TypeScript functions to it.
+
+After changing a rule in gpusession/durations.py, rewrite the file and rerun both:
+    python tests/test_format_cases.py --write
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpusession.durations import format_duration, format_money
+
+CASES = Path(__file__).resolve().parent / "data" / "format_cases.json"
+
+# Inputs worth pinning: rounding ties (Python rounds half to even, on the exact binary value),
+# unit boundaries, clamping, thousands separators, signs, and numbers JavaScript prints in
+# exponent form.
+DURATION_INPUTS = [None, 0, 0.4, 0.5, 1.5, 2.5, 42, 59.4, 59.5, 60, 108, 599.5, 3599.4, 3599.5,
+                   3599.6, 3600, 3661, 86400, 90061, 1e7, -5, -0.4]
+MONEY_INPUTS = [0, 0.0001, 0.00005, 0.00015, 0.03125, 0.125, 0.5, 0.526, 0.99994, 0.999949,
+                0.99995, 1, 1.005, 1.015, 1.125, 2.675, 12.3, 999.995, 1234.5, 1234567.891,
+                -0.0, -0.5, -1234.5, 1e21, 1.2345678901234567e19]
+
+
+def _cases() -> dict:
+    if not CASES.exists():  # only while --write makes it; the first test then fails
+        return {"duration": [], "money": []}
+    return json.loads(CASES.read_text())
+
+
+def test_the_file_covers_the_inputs_listed_here():
+    cases = _cases()
+    assert [c[0] for c in cases["duration"]] == DURATION_INPUTS
+    assert [c[0] for c in cases["money"]] == MONEY_INPUTS
+    assert any(c[0] is not None and math.copysign(1, c[0]) < 0 and c[0] == 0 for c in cases["money"])
+
+
+@pytest.mark.parametrize("seconds, expected", _cases()["duration"])
+def test_format_duration(seconds, expected):
+    assert format_duration(seconds) == expected
+
+
+@pytest.mark.parametrize("dollars, expected", _cases()["money"])
+def test_format_money(dollars, expected):
+    assert format_money(dollars) == expected
+
+
+def _write() -> None:
+    cases = {
+        "duration": [[x, format_duration(x)] for x in DURATION_INPUTS],
+        "money": [[x, format_money(x)] for x in MONEY_INPUTS],
+    }
+    lines = ["{"]
+    for i, key in enumerate(cases):
+        lines.append(f'  "{key}": [')
+        rows = [f"    {json.dumps(row)}" for row in cases[key]]
+        lines.append(",\n".join(rows))
+        lines.append("  ]" + ("," if i < len(cases) - 1 else ""))
+    lines.append("}")
+    CASES.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit(__doc__)
+    _write()
+    print(f"wrote {CASES}")

@@ -1,0 +1,146 @@
+"""The layering of ../shared/DESIGN.md, checked on the source: imports point down the layers
+(lazy imports inside functions count too), no import cycles between modules, no module over
+400 lines, and the faces never import a concrete backend."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "gpusession"
+
+# lowest first; a module may import its own layer and the ones below
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core data", ("errors", "models", "protocol")),
+    ("options", ("options", "catalog", "config", "durations", "cost", "progress", "agentargs", "procs")),
+    ("transport", ("sshlogin", "tunnel", "kernel")),
+    ("backends", ("backends",)),
+    ("agent", ("agent",)),
+    ("store", ("store",)),
+    ("session", ("session",)),
+    ("ui", ("words", "notify", "magics", "magicargs", "widgets", "server", "cli", "demo", "provisioner", "__init__", "__main__",
+            "labextension")),
+]
+FACES = ("words", "notify", "magics", "magicargs", "widgets", "server", "cli", "demo", "provisioner")
+MAX_LINES = 400
+
+
+def layer_of(module: str) -> int:
+    """gpusession.backends.docker -> the index of the 'backends' layer."""
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    for i, (_, names) in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise AssertionError(f"{module} is in no layer of tests/test_layering.py: add it")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        name = ".".join(rel.parts)
+        if name.endswith(".__init__"):
+            name = name[: -len(".__init__")]
+        out[name] = path
+    return out
+
+
+def imports_of(name: str, path: Path) -> set[str]:
+    """Every gpusession module `name` imports, at any depth of the file."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
+                   for stmt in block.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:  # `if TYPE_CHECKING:` imports never run
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("gpusession"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("gpusession"):
+                continue
+            # `from . import service` names a module; `from .x import y` names x (or x.y)
+            for alias in node.names:
+                candidate = f"{target}.{alias.name}"
+                found.add(candidate if candidate in ALL else target)
+    return {m for m in found if m in ALL or any(m.startswith(a + ".") for a in ALL)}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+ALL = modules()
+GRAPH = {name: {m for m in imports_of(name, path) if m in ALL and m != name} for name, path in ALL.items()}
+
+
+def test_imports_point_down_the_layers():
+    bad = []
+    for name, targets in GRAPH.items():
+        for target in targets:
+            if layer_of(target) > layer_of(name):
+                bad.append(f"{name} ({LAYERS[layer_of(name)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_import_cycles():
+    """Between modules; a package's __init__ re-exporting its own modules is no cycle."""
+    cycles = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in GRAPH[node]:
+            if nxt.startswith(node + ".") or node.startswith(nxt + ".") and nxt in ALL and ALL[nxt].name == "__init__.py":
+                continue
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for name in GRAPH:
+        if name not in state:
+            visit(name)
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_faces_never_import_a_concrete_backend():
+    bad = [f"{name} imports {t}" for name, targets in GRAPH.items()
+           if name.count(".") and name.split(".")[1] in FACES for t in targets
+           if t.startswith("gpusession.backends.") and t != "gpusession.backends.base"]
+    assert not bad, bad
+
+
+def test_backends_never_import_the_session_layer_or_each_other():
+    bad = []
+    for name, targets in GRAPH.items():
+        parts = name.split(".")
+        if len(parts) < 3 or parts[1] != "backends" or parts[2] in ("base", "__init__"):
+            continue
+        mine = parts[2].split("_")[0]  # docker_engine belongs to docker
+        for t in targets:
+            tp = t.split(".")
+            if tp[1] == "backends" and len(tp) > 2 and tp[2] not in ("base",) and tp[2].split("_")[0] != mine:
+                bad.append(f"{name} imports the sibling backend module {t}")
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_no_module_over_400_lines(name):
+    lines = len(ALL[name].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{name} has {lines} lines: split it (DESIGN.md: one job per module)"

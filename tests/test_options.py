@@ -1,0 +1,237 @@
+"""The one table of start options drives every face: the %gpu start magic, `gpusession start`, the
+REST body check, the options document and the %gpu panel form list the same options, read a
+value the same way, and name a bad field in their own words."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import parse_argstring
+
+from gpusession import cli, options
+from gpusession.catalog import load_catalog
+from gpusession.config import GpuSessionConfig
+from gpusession.magics import GpuMagics, _start_args
+from gpusession.models import LaunchSpec
+
+BACKENDS = ["aws", "docker", "local"]
+
+
+def start_subparser() -> argparse.ArgumentParser:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["start"]
+
+
+def dests(parser: argparse.ArgumentParser) -> list[str]:
+    return [a.dest for a in parser._actions if a.dest != "help"]
+
+
+def spec_from(values: dict, face: str) -> LaunchSpec:
+    return options.build_spec(values, config=GpuSessionConfig(), catalog=load_catalog(), backend_default="local",
+                              backends=BACKENDS, face=face)
+
+
+# -- one list of options ---------------------------------------------------------------------
+
+
+def test_every_face_lists_the_same_options():
+    names = list(options.NAMES)
+    assert len(names) == len(set(names)) == 16
+    assert dests(_start_args.parser) == names
+    assert dests(start_subparser()) == names
+    assert options.body_problems({name: None for name in names}) == {}
+    unknown = options.check_body({"colour": "red"}, catalog=load_catalog())["colour"]
+    assert unknown == f"unknown field; allowed: {', '.join(names)}"
+    doc = options.options_document(GpuSessionConfig(), catalog=load_catalog(), backends=BACKENDS, backend_default="local")
+    assert [o["name"] for o in doc["options"]] == names
+
+
+def test_flags_are_the_names_and_short_flags_stay():
+    for o in options.OPTIONS:
+        assert o.flag == "--" + o.name.replace("_", "-")
+    parsed = parse_argstring(_start_args, "-t a100:8 -n big -b local")
+    assert (parsed.type, parsed.name, parsed.backend) == ("a100:8", "big", "local")
+    parsed = start_subparser().parse_args(["-t", "a100:8", "-n", "big", "-b", "local"])
+    assert (parsed.type, parsed.name, parsed.backend) == ("a100:8", "big", "local")
+
+
+def test_the_magic_help_lists_every_flag(capsys):
+    GpuMagics(None)._help("start")
+    out = " ".join(capsys.readouterr().out.split())
+    for o in options.OPTIONS:
+        assert o.flag in out
+    assert "a bare number of minutes" in out and "at most 7 days" in out
+
+
+def test_the_form_shows_the_options_marked_for_forms(manager):
+    from gpusession.widgets.panel import StartForm
+
+    form = StartForm(manager, lambda values: None)
+    assert list(form.fields) == [o.name for o in options.OPTIONS if o.form]
+    assert list(form.fields) == ["type", "backend", "name", "host", "idle", "max_cost", "spot"]
+
+
+# -- one value, read alike on every face -------------------------------------------------------
+
+CASES = [
+    # (magic/CLI words, REST body, what the spec holds)
+    (["--idle", "1h30m"], {"idle": "1h30m"}, {"idle_timeout_s": 5400.0}),
+    (["--idle", "90"], {"idle": 90}, {"idle_timeout_s": 5400.0}),  # a bare number means minutes
+    (["--idle", "off"], {"idle": "off"}, {"idle_timeout_s": None}),
+    (["--max-runtime", "278h"], {"max_runtime": "278h"}, {"max_runtime_s": 278 * 3600.0}),
+    (["--max-cost", "$5"], {"max_cost": 5}, {"max_cost": 5.0}),
+    (["--gpu-only"], {"gpu_only": True}, {"gpu_only": True}),
+    (["--spot", "--region", "us-west-2"], {"spot": True, "region": "us-west-2"}, {"spot": True, "region": "us-west-2"}),
+    (["-t", "a100:4"], {"type": "a100:4"}, {"gpu_type": "a100", "gpu_count": 4}),
+    (["--gpus", "2"], {"gpus": 2}, {"extra": {"gpus": 2}}),
+    (["--fallback", "On-Demand", "--max-price", "1.5"], {"fallback": "on-demand", "max_price": "1.5"},
+     {"extra": {"fallback": "on-demand", "max_price": 1.5}}),
+    (["--name", "big", "--host", "ssh://me@box", "--image", "my/img"], {"name": "big", "host": "ssh://me@box", "image": "my/img"},
+     {"name": "big", "host": "ssh://me@box", "image": "my/img"}),
+]
+
+
+@pytest.mark.parametrize("words, body, expected", CASES)
+def test_a_value_reads_the_same_through_every_face(words, body, expected):
+    magic = options.given_values(parse_argstring(_start_args, " ".join(words)))
+    command = options.given_values(start_subparser().parse_args(words))
+    assert options.check_body(body, catalog=load_catalog(), backends=BACKENDS) == {}
+    specs = [spec_from(magic, options.FLAGS), spec_from(command, options.FLAGS), spec_from(body, options.REST)]
+    assert specs[0] == specs[1] == specs[2]
+    for key, value in expected.items():
+        assert getattr(specs[0], key) == value
+
+
+def test_the_form_reads_like_the_other_faces(manager):
+    from gpusession.widgets.panel import StartForm
+
+    form = StartForm(manager, lambda values: None)
+    form.type_select.value = "l4"
+    form.backend_select.value = "local"
+    form.idle_input.value = " 90 "
+    form.fields["max_cost"].value = "$5"
+    form.fields["host"].value = "ssh://me@box"  # a docker option: left out while local is chosen
+    assert form.fields["spot"].layout.display == "none"  # aws only: hidden
+    values = form.values()
+    assert "host" not in values and "spot" not in values
+    expected = spec_from(options.given_values(parse_argstring(_start_args, "-t l4 -b local --idle 90 --max-cost 5")),
+                         options.FLAGS)
+    assert spec_from(values, options.FORM) == expected
+    form.backend_select.value = "docker"
+    assert form.fields["host"].layout.display is None and form.values()["host"] == "ssh://me@box"
+
+
+# -- defaults ------------------------------------------------------------------------------------
+
+
+def test_defaults_come_from_the_config_and_none_means_none():
+    config = GpuSessionConfig(default_type="l4:2", default_idle="10m")
+
+    def build(values: dict) -> LaunchSpec:
+        return options.build_spec(values, config=config, catalog=load_catalog(), backend_default=lambda: "local")
+
+    spec = build({})
+    assert (spec.gpu_type, spec.gpu_count, spec.backend, spec.idle_timeout_s) == ("l4", 2, "local", 600.0)
+    assert build({"idle": "default", "type": "default", "backend": ""}) == spec
+    assert build({"idle": None}).idle_timeout_s is None  # make_spec(idle=None): no idle stop
+    assert build({"type": None, "backend": None}) == spec
+    # what make_spec's Python callers pass besides the table goes to extra, as it always did
+    assert build({"boot_timeout": 3, "subnet": None}).extra == {"boot_timeout": 3}
+    assert build({"gpu_only_idle": True}).gpu_only is True
+
+
+def test_the_backend_default_is_only_looked_for_when_needed():
+    def never() -> str:
+        raise AssertionError("asked for the default backend")
+
+    spec = options.build_spec({"backend": "Local"}, config=GpuSessionConfig(), catalog=load_catalog(), backend_default=never)
+    assert spec.backend == "local"
+
+
+def test_options_document():
+    config = GpuSessionConfig(default_type="a10g", default_idle="45m")
+    doc = options.options_document(config, catalog=load_catalog(), backends=["docker", "local"], backend_default="docker")
+    by_name = {o["name"]: o for o in doc["options"]}
+    assert set(doc) == {"options"}
+    for o in doc["options"]:
+        assert set(o) == {"name", "flag", "kind", "label", "help", "default", "backends", "choices", "form"}
+    assert by_name["type"]["default"] == "a10g" and "h200" in by_name["type"]["choices"]
+    assert by_name["backend"] == dict(by_name["backend"], default="docker", choices=["docker", "local"], kind="backend")
+    assert by_name["idle"] == {"name": "idle", "flag": "--idle", "kind": "duration", "label": "Idle stop",
+                               "help": by_name["idle"]["help"], "default": "45m", "backends": None, "choices": None,
+                               "form": True}
+    assert by_name["spot"]["default"] is False and by_name["spot"]["backends"] == ["aws"]
+    assert by_name["fallback"]["choices"] == ["off", "zone", "on-demand", "any"] and by_name["fallback"]["default"] == "off"
+    assert by_name["max_cost"]["default"] is None and by_name["max_cost"]["kind"] == "money"
+
+
+# -- a bad value, said in each face's words -------------------------------------------------------
+
+
+def test_rest_names_the_field_as_in_the_body():
+    problems = options.check_body({"idle": "abc", "spot": "yes", "max_cost": 1e999, "gpus": 0, "colour": 1},
+                                  catalog=load_catalog(), backends=BACKENDS)
+    assert problems == {
+        "colour": f"unknown field; allowed: {', '.join(options.NAMES)}",
+        "spot": "wrong type (string): expected true or false",
+        "idle": "bad idle timeout 'abc': write e.g. 90s, 15m, 1h30m (a bare number means minutes) or 'off'",
+        "max_cost": "max cost must be a finite number, got inf",
+        "gpus": "GPU request 0: write 'all' or a whole number from 1 to 1024",
+    }
+    message = str(options.BadOptions(problems, options.REST))
+    assert message.startswith("unknown field(s) colour; allowed: type, backend,")
+    assert "'spot': wrong type (string)" in message and "'idle': bad idle timeout 'abc'" in message
+
+
+@pytest.mark.parametrize("words, needle", [
+    ("--idle abc", "--idle: bad idle timeout 'abc'"),
+    ("--idle 8d", "--idle: idle timeout must be at most 7d"),
+    ("--max-runtime inf", "--max-runtime: max runtime must be a finite number"),
+    ("--max-cost five", "--max-cost: bad max cost 'five'"),
+    ("--max-price 1e999", "--max-price: max price must be a finite number"),
+    ("--type t5", "--type: unknown GPU type 't5'"),
+    ("-b nope", "--backend: unknown backend 'nope'; valid backends: aws, docker, local"),
+    ("--fallback never", "--fallback: fallback 'never': use one of off, zone, on-demand, any"),
+    ("--gpus some", "--gpus: GPU request 'some'"),
+])
+def test_the_magic_and_the_cli_name_the_flag(words, needle, manager, capsys, monkeypatch):
+    magics = GpuMagics(None, manager=manager)
+    with pytest.raises(UsageError) as e:
+        magics.gpu("start -b local " + words if not words.startswith("-b") else "start " + words)
+    assert needle in str(e.value)
+    argv = ["start", "-b", "local", *words.split()] if not words.startswith("-b") else ["start", *words.split()]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpusession start: ") and needle in err[0]
+    assert manager.list() == [], "bad input records nothing"
+
+
+def test_the_form_names_the_field_by_its_label(manager):
+    from gpusession.widgets.panel import SessionPanel
+
+    panel = SessionPanel(manager, [], interval=60)
+    try:
+        panel.form.backend_select.value = "local"
+        panel.form.idle_input.value = "abc"
+        panel.form.fields["max_cost"].value = "-2"
+        panel.form.start_button.click()
+        text = panel.form.message.value.replace("&#x27;", "'")
+        assert "Idle stop: bad idle timeout 'abc'" in text and "Max cost ($): max cost must be positive" in text
+        assert manager.list() == []
+    finally:
+        panel.close()
+
+
+# -- LaunchSpec ----------------------------------------------------------------------------------
+
+
+def test_launch_spec_reads_the_legacy_gpu_only_idle_key_of_old_store_rows():
+    old = {"gpu_type": "t4", "backend": "docker", "gpu_only_idle": True, "idle_timeout_s": 600.0}
+    spec = LaunchSpec.from_dict(old)
+    assert spec.gpu_only is True and spec.idle_timeout_s == 600.0
+    assert "gpu_only_idle" not in spec.to_dict() and spec.to_dict()["gpu_only"] is True
+    assert LaunchSpec.from_dict(spec.to_dict()) == spec
+    assert old["gpu_only_idle"] is True, "the row itself is left as it was"
