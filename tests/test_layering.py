@@ -144,3 +144,12 @@ def test_backends_never_import_the_session_layer_or_each_other():
 def test_no_module_over_400_lines(name):
     lines = len(ALL[name].read_text().splitlines())
     assert lines <= MAX_LINES, f"{name} has {lines} lines: split it (DESIGN.md: one job per module)"
+
+
+def test_the_container_entrypoint_speaks_the_protocol():
+    """entrypoint.sh is shell: it cannot import protocol.py, so this test keeps its names equal."""
+    from gpusession.protocol import ENV_AGENT_ARGS, ENV_AUTHORIZED_KEY, ENV_SESSION_ID, Marker
+
+    text = (PKG / "agent" / "entrypoint.sh").read_text()
+    for name in (ENV_AGENT_ARGS, ENV_AUTHORIZED_KEY, ENV_SESSION_ID, f"{Marker.HOSTKEY.value} "):
+        assert name in text, name
