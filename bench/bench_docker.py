@@ -1,13 +1,21 @@
-"""Docker backend and SSH tunnel against their floors, measured in one run on one engine.
+"""Docker backend against its floor, on any image, measured in one run on one engine.
 
-    python bench/bench_docker.py [--runs 3] [--image gpusession/cuda:ci] [--write docs/benchmarks.md]
+    python bench/bench_docker.py [--runs 9] [--remote] [--write docs/benchmarks.md]
 
-1. start to first result: `SessionManager.start` + `1+1` against a bare `docker run` of the same
-   image (no sshd, no tunnel: the kernel's ports published directly) until its kernel answers.
-2. `1+1` round trip through our tunnel against a direct connection to the same kind of kernel.
-3. a cell printing 50 MB, and a raw 50 MB TCP stream out of the container, through our tunnel
-   against OpenSSH `ssh -L` to the same sshd with the same key.
-Targets: start < 1.5x the floor, round trip < 2x direct, throughput >= 0.5x OpenSSH.
+1. start to first result, per image: `SessionManager.start` + `1+1` with a cold runtime cache (a
+   gpusession build and an ipykernel site the engine has not seen: the image probed, the volumes
+   filled and compiled) and with a warm one, against a bare `docker run` of the same image until a
+   plain kernel in it answers the same `1+1` (ipykernel_launcher on the host's loopback; for an
+   image without ipykernel, the one from the same site volume on PYTHONPATH).
+   Images: gpusession/cuda:ci (its own ipykernel) and gpusession-ci/py-bookworm (python3 only).
+2. `1+1` round trip: the local engine's session (its ports on this machine's loopback) against
+   the bare container's kernel.
+3. with --remote (the namespace host of scripts/ci-remote-host.sh): the same round trip, a cell
+   printing 50 MB and a raw 50 MB stream through our tunnel to the engine host's sshd, against
+   OpenSSH `ssh -L` to the same sshd with the same key.
+Targets: warm start <= 1.3x the floor, round trip < 2x, throughput >= 0.5x OpenSSH.
+The PyPI download of a site's wheels (once per Python version, per user) is not in the cold
+start; it is shown on its own.
 """
 
 from __future__ import annotations
@@ -30,27 +38,36 @@ import docker
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
+from gpusession import bundle  # noqa: E402
+from gpusession.backends import docker_runtime  # noqa: E402
+from gpusession.errors import GpuSessionError  # noqa: E402
 from gpusession.kernel import KernelClient  # noqa: E402
+from gpusession.progress import Progress  # noqa: E402
+from gpusession.pulls import format_bytes  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
 
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+IMAGES = ("gpusession/cuda:ci", "gpusession-ci/py-bookworm")
 MB50 = 50_000_000
 SERVE_50MB = """
 import socket, threading
 def _serve():
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", 50020)); s.listen()
+    s.bind(("127.0.0.1", 0)); s.listen()
     blob = b"x" * %d
+    global SERVE_PORT; SERVE_PORT = s.getsockname()[1]
     while True:
         c, _ = s.accept()
         try:
-            if c.recv(1):  # a readiness probe sends nothing
+            if c.recv(1):
                 c.sendall(blob)
         except OSError:
             pass
         c.close()
 threading.Thread(target=_serve, daemon=True).start()
+import time; time.sleep(0.2)
 """ % MB50
 
 
@@ -65,39 +82,70 @@ class Quiet:
         pass
 
 
-def floor_start(client, image: str) -> tuple[float, object, dict]:
-    """A bare `docker run` of the image until its kernel answers kernel_info (ports published)."""
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def connection_file(ports: list[int]) -> dict:
+    return {**dict(zip(PORTS, ports)), "ip": "127.0.0.1", "key": os.urandom(16).hex(), "transport": "tcp",
+            "signature_scheme": "hmac-sha256", "kernel_name": "python3"}
+
+
+def floor_start(client, image: str, site_volume: str | None) -> tuple[float, object, KernelClient]:
+    """A bare `docker run` of the image until a plain kernel in it answers `1+1`: host network,
+    a connection file we wrote, ipykernel_launcher (the image's, else the site volume's)."""
+    info = connection_file([free_port() for _ in PORTS])
     t0 = time.perf_counter()
-    c = client.containers.run(
-        image, detach=True, init=True, labels={"gpusession.bench": "floor"},
-        entrypoint=["/opt/gpusession/venv/bin/python", "-m", "gpusession.agent", "run", "--session-id", "floor",
-                    "--state-dir", "/run/floor", "--kernel-ip", "0.0.0.0", "--kernel-ports", "50001", "--no-agent"],
-        device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])],
-        ports={f"{p}/tcp": ("127.0.0.1", None) for p in range(50001, 50006)},
-    )
-    while True:
-        try:
-            stream, _ = c.get_archive("/run/floor/kernel.json")
-            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-                info = json.loads(tar.extractfile(tar.getmembers()[0]).read())
-            break
-        except (docker.errors.NotFound, ValueError, tarfile.TarError):
-            time.sleep(0.01)
-    c.reload()
-    info["ip"] = "127.0.0.1"
-    for name in PORTS:
-        info[name] = int(c.ports[f"{info[name]}/tcp"][0]["HostPort"])
+    options = {}
+    env = {}
+    if site_volume:
+        options["volumes"] = {site_volume: {"bind": bundle.SITE_DIR, "mode": "ro"}}
+        env["PYTHONPATH"] = f"{bundle.SITE_DIR}/deps"
+    script = f"printf '%s' '{json.dumps(info)}' >/tmp/k.json && exec python3 -m ipykernel_launcher -f /tmp/k.json"
+    c = client.containers.run(image, ["-c", script], entrypoint=["/bin/sh"], detach=True, init=True,
+                              network_mode="host", environment=env, labels={"gpusession.bench": "floor"},
+                              device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])], **options)
     kernel = KernelClient(info)
     kernel.wait_ready(60)
     kernel.evaluate("1+1")
     return time.perf_counter() - t0, c, kernel
 
 
-def ours_start(manager: SessionManager) -> tuple[float, object]:
+def ours_start(manager: SessionManager, image: str, host: str | None = None) -> tuple[float, object]:
     t0 = time.perf_counter()
-    session = manager.start(manager.make_spec("t4", backend="docker", idle="off"))
+    session = manager.start(manager.make_spec("t4", backend="docker", idle="off", image=image, host=host))
     session.kernel.evaluate("1+1")
     return time.perf_counter() - t0, session
+
+
+class NewBuild:
+    """This process's runtime as a gpusession build (and ipykernel site) no engine has seen: the
+    archives get a marker file, so their digests, and the volumes named by them, are new."""
+
+    def __init__(self):
+        self.code = _with_marker(bundle.code_archive())
+        self.sites: dict[str, bundle.Archive] = {}
+        self._site_archive = bundle.site_archive
+        docker_runtime.code_archive = lambda: self.code
+        docker_runtime.site_archive = self.site
+
+    def site(self, python, cache, say):
+        if python.site_tag not in self.sites:
+            self.sites[python.site_tag] = _with_marker(self._site_archive(python, cache, say))
+        return self.sites[python.site_tag]
+
+    def volumes(self) -> list[str]:
+        names = [a.copy_name for a in (self.code, *self.sites.values())]
+        return names + [n + "-ok" for n in names]
+
+
+def _with_marker(archive: bundle.Archive) -> bundle.Archive:
+    with tarfile.open(fileobj=io.BytesIO(archive.data), mode="r:gz") as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    files[".bench-build"] = str(time.time()).encode()
+    return bundle._archive(archive.kind, files)
 
 
 def round_trip(kernel: KernelClient, n: int = 200) -> float:
@@ -128,102 +176,140 @@ def raw_mb_s(port: int) -> float:
     return n / (time.perf_counter() - t) / 1e6
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def openssh_forward(session, ports: list[int], workdir: Path) -> tuple[subprocess.Popen, dict[int, int]]:
-    """`ssh -L` for each remote port, to the session container's sshd, with the session's key."""
-    res = session.record.resource
-    known = workdir / "known_hosts"
-    known.write_text(f"[127.0.0.1]:{res['ssh_port']} {res['host_key']}\n")
-    local = {p: free_port() for p in ports}
-    cmd = ["ssh", "-N", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes",
-           "-o", "ExitOnForwardFailure=yes", "-i", res["key_path"], "-p", str(res["ssh_port"])]
-    for remote, here in local.items():
-        cmd += ["-L", f"127.0.0.1:{here}:127.0.0.1:{remote}"]
-    proc = subprocess.Popen(cmd + ["root@127.0.0.1"])
-    deadline = time.monotonic() + 20
-    for here in local.values():
-        while True:
+def starts(client, manager: SessionManager, runs: int) -> list[tuple]:
+    rows = []
+    for image in IMAGES:
+        build = NewBuild()
+        cold, session = ours_start(manager, image)
+        python = session.record.resource.get("python")
+        session.stop()
+        prepared = docker_runtime.prepare_runtime(client, client.images.get(image), cache_dir=bundle.cache_dir(),
+                                                  labels={"gpusession.session": "bench"}, progress=Progress())
+        site = next((v for v, m in prepared.volumes.items() if m["bind"] == bundle.SITE_DIR), None)
+        floors, warms = [], []
+        for _ in range(runs):  # alternate, so both see the same machine state
+            t, c, k = floor_start(client, image, site)
+            floors.append(t)
+            k.close()
+            c.remove(force=True)
+            t, s = ours_start(manager, image)
+            warms.append(t)
+            s.stop()
+        for name in build.volumes():
             try:
-                socket.create_connection(("127.0.0.1", here), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "ssh -L did not come up"
-                time.sleep(0.05)
-    return proc, local
+                client.volumes.get(name).remove(force=True)
+            except docker.errors.DockerException:
+                pass
+        floor, warm = statistics.median(floors), statistics.median(warms)
+        # each warm start against the floor measured just before it: the pair saw the same machine
+        paired = statistics.median(w / f for w, f in zip(warms, floors))
+        print(f"{image}: warm {[round(x, 2) for x in warms]} s, floor {[round(x, 2) for x in floors]} s, "
+              f"paired ratios {[round(w / f, 2) for w, f in zip(warms, floors)]}", flush=True)
+        what = f"{image} ({python}{', no ipykernel' if site else ''})"
+        rows.append((f"start to first `1+1`, warm runtime cache: {what}", f"{warm:.2f} s", f"{floor:.2f} s (bare docker run)",
+                     paired, "<= 1.3x", paired <= 1.3))
+        rows.append((f"start to first `1+1`, cold runtime cache: {what}", f"{cold:.2f} s", f"{floor:.2f} s",
+                     cold / floor, "(once per engine)", True))
+    return rows
+
+
+def remote_rows(manager: SessionManager, runs: int, work: Path) -> list[tuple]:
+    from support.hosts import ensure_remote_host, ssh_home
+
+    remote = ensure_remote_host()
+    if remote is None:
+        return []
+    os.environ["HOME"] = ssh_home(remote, work / "home")
+    session = ours_start(manager, IMAGES[0], remote["url"])[1]
+    try:
+        session.kernel.execute(SERVE_50MB, sink=Quiet())
+        serve_port = int(session.kernel.evaluate("SERVE_PORT"))
+        raw_ours = session.link.tunnel.add_forward(serve_port)
+        info = dict(session.link.endpoint.connection_info)
+        tunnel = session.link.tunnel
+        remote_of = {tunnel.local_port(r): r for r in list(tunnel._listeners)}  # the tunnel's forwards, by local port
+        remote_ports = [remote_of[info[name]] for name in PORTS]
+        local = {p: free_port() for p in [*remote_ports, serve_port]}
+        cmd = ["ssh", "-N", "-F", remote["ssh_config"], "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes"]
+        for there, here in local.items():
+            cmd += ["-L", f"127.0.0.1:{here}:127.0.0.1:{there}"]
+        ssh = subprocess.Popen(cmd + [remote["address"]])
+        try:
+            deadline = time.monotonic() + 20
+            for here in local.values():
+                while True:
+                    try:
+                        socket.create_connection(("127.0.0.1", here), timeout=1).close()
+                        break
+                    except OSError:
+                        assert time.monotonic() < deadline and ssh.poll() is None, "ssh -L did not come up"
+                        time.sleep(0.05)
+            for name, there in zip(PORTS, remote_ports):
+                info[name] = local[there]
+            via_ssh = KernelClient(info)
+            via_ssh.wait_ready(30)
+            rt_ours, rt_ssh = round_trip(session.kernel), round_trip(via_ssh)
+            m = statistics.median
+            cell_ours = m(cell_mb_s(session.kernel) for _ in range(runs))
+            cell_ssh = m(cell_mb_s(via_ssh) for _ in range(runs))
+            stream_ours = m(raw_mb_s(raw_ours) for _ in range(runs))
+            stream_ssh = m(raw_mb_s(local[serve_port]) for _ in range(runs))
+            via_ssh.close()
+        finally:
+            ssh.terminate()
+    finally:
+        session.stop()
+    return [
+        ("`1+1` round trip, ssh:// engine", f"{rt_ours * 1e3:.2f} ms", f"{rt_ssh * 1e3:.2f} ms (ssh -L)", rt_ours / rt_ssh,
+         "< 2x", rt_ours / rt_ssh < 2),
+        ("50 MB cell output, ssh:// engine", f"{cell_ours:.0f} MB/s", f"{cell_ssh:.0f} MB/s (ssh -L)", cell_ours / cell_ssh,
+         ">= 0.5x", cell_ours / cell_ssh >= 0.5),
+        ("50 MB raw TCP stream, ssh:// engine", f"{stream_ours:.0f} MB/s", f"{stream_ssh:.0f} MB/s (ssh -L)",
+         stream_ours / stream_ssh, ">= 0.5x", stream_ours / stream_ssh >= 0.5),
+    ]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--image", default=os.environ.get("GPUSESSION_TEST_IMAGE", "gpusession/cuda:ci"))
+    ap.add_argument("--runs", type=int, default=9)
+    ap.add_argument("--remote", action="store_true", help="also the tunnel to the namespace host's engine")
     ap.add_argument("--write", default=None, help="update the docker section of this markdown file")
     args = ap.parse_args()
-    os.environ["GPUSESSION_HOME"] = tempfile.mkdtemp(prefix="gs-bench-")
-    os.environ["GPUSESSION_IMAGE"] = args.image
+    work = Path(tempfile.mkdtemp(prefix="gs-bench-"))
+    os.environ["GPUSESSION_HOME"] = str(work)
     client = docker.from_env()
     manager = SessionManager()
-    work = Path(os.environ["GPUSESSION_HOME"])
 
-    floors, ours = [], []
-    for _ in range(args.runs):  # alternate, so both see the same machine state
-        t, c, k = floor_start(client, args.image)
-        floors.append(t)
-        k.close()
-        c.remove(force=True)
-        t, s = ours_start(manager)
-        ours.append(t)
-        s.stop()
-    floor, our = statistics.median(floors), statistics.median(ours)
+    t = time.perf_counter()  # the one-time download, kept apart (network, not the engine)
+    python = bundle.ImagePython("/usr/bin/python3", (3, 11, 2), "x86_64", ("glibc", "2.36"), None, None, 0, False)
+    download = bundle.site_archive(python, Path(tempfile.mkdtemp(prefix="gs-wheels-")), lambda line: None)
+    download_s = time.perf_counter() - t
 
-    t, floor_c, direct = floor_start(client, args.image)
-    session = ours_start(manager)[1]
+    rows = starts(client, manager, args.runs)
+    local = ours_start(manager, IMAGES[0])[1]
+    t, floor_c, direct = floor_start(client, IMAGES[0], None)
     try:
-        rt_direct, rt_tunnel = round_trip(direct), round_trip(session.kernel)
-        session.kernel.execute(SERVE_50MB, sink=Quiet())
-        tunnel_raw_port = session.link.tunnel.add_forward(50020)
-        kernel_ports = [50001, 50002, 50003, 50004, 50005]
-        ssh, local = openssh_forward(session, kernel_ports + [50020], work)
-        try:
-            info = dict(session.link.endpoint.connection_info)
-            for name, remote in zip(PORTS, kernel_ports):
-                info[name] = local[remote]
-            via_openssh = KernelClient(info)
-            via_openssh.wait_ready(30)
-            cell_ours, cell_ssh, raw_ours, raw_ssh = [], [], [], []
-            for _ in range(args.runs):
-                cell_ours.append(cell_mb_s(session.kernel))
-                cell_ssh.append(cell_mb_s(via_openssh))
-                raw_ours.append(raw_mb_s(tunnel_raw_port))
-                raw_ssh.append(raw_mb_s(local[50020]))
-            via_openssh.close()
-        finally:
-            ssh.terminate()
-        cell_direct = statistics.median(cell_mb_s(direct) for _ in range(args.runs))
+        rt_direct, rt_ours = round_trip(direct), round_trip(local.kernel)
     finally:
-        session.stop()
+        local.stop()
         direct.close()
         floor_c.remove(force=True)
+    rows.append(("`1+1` round trip, local engine", f"{rt_ours * 1e3:.2f} ms", f"{rt_direct * 1e3:.2f} ms (bare kernel)",
+                 rt_ours / rt_direct, "< 2x", rt_ours / rt_direct < 2))
+    if args.remote:
+        for attempt in (1, 2, 3):  # the namespace host is shared: a test cutting its SSH connections may meet us
+            try:
+                rows += remote_rows(manager, args.runs, work)
+                break
+            except GpuSessionError as exc:
+                print(f"remote attempt {attempt} failed: {exc}", flush=True)
 
-    m = statistics.median
-    rows = [
-        ("start to first `1+1`", f"{our:.2f} s", f"{floor:.2f} s (bare docker run)", our / floor, "< 1.5x", our / floor < 1.5),
-        ("`1+1` round trip", f"{rt_tunnel * 1e3:.2f} ms", f"{rt_direct * 1e3:.2f} ms (direct)", rt_tunnel / rt_direct,
-         "< 2x", rt_tunnel / rt_direct < 2),
-        ("50 MB cell output", f"{m(cell_ours):.0f} MB/s", f"{m(cell_ssh):.0f} MB/s (ssh -L)", m(cell_ours) / m(cell_ssh),
-         ">= 0.5x", m(cell_ours) / m(cell_ssh) >= 0.5),
-        ("50 MB raw TCP stream", f"{m(raw_ours):.0f} MB/s", f"{m(raw_ssh):.0f} MB/s (ssh -L)", m(raw_ours) / m(raw_ssh),
-         ">= 0.5x", m(raw_ours) / m(raw_ssh) >= 0.5),
-    ]
     table = ["| measure | ours | floor | ratio | target | met |", "|---|---|---|---|---|---|"]
     table += [f"| {a} | {b} | {c} | {r:.2f}x | {t} | {'yes' if ok else 'NO'} |" for a, b, c, r, t, ok in rows]
-    note = (f"Runs: {args.runs} (medians; round trip over 200 calls). For context, the same 50 MB cell straight "
-            f"to the kernel's published ports: {cell_direct:.0f} MB/s. Starts: ours {[round(x, 2) for x in ours]} s, "
-            f"floor {[round(x, 2) for x in floors]} s.")
+    note = (f"Runs: {args.runs} (medians; a warm start's ratio is the median of each start against the floor "
+            f"measured just before it; round trip over 200 calls). Once per Python version and user, not in the "
+            f"cold start: downloading ipykernel and pip for Python 3.11 from PyPI and packing them, "
+            f"{download_s:.1f} s ({format_bytes(len(download.data))}).")
     print("\n".join(table))
     print(note)
     if args.write:

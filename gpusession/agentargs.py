@@ -11,7 +11,7 @@ from .durations import exact_decimal
 
 def args_for(record) -> list[str]:
     """The agent options for a session record (every backend passes these). Values are single
-    words, since the container entrypoint splits GPUSESSION_AGENT_ARGS on whitespace, and
+    words (a shell script passes them on: an instance's boot script, a batch job), and
     exact: durations in seconds with their unit ("1000800s"), numbers without an exponent, so
     the agent reads back the very values of the record."""
     spec = record.spec
@@ -33,6 +33,8 @@ def args_for(record) -> list[str]:
                       ("check_interval_s", "--check-interval")):
         if spec.extra.get(key) is not None:
             out += [flag, _num(float(spec.extra[key]))]
+    if spec.extra.get("nvml_replay"):  # a recording to replay instead of the GPUs: only when asked
+        out += ["--nvml-replay", str(spec.extra["nvml_replay"])]
     return out
 
 

@@ -11,6 +11,7 @@ import json
 from importlib import resources
 from typing import Any
 
+from .durations import shown
 from .errors import BadInput
 
 
@@ -74,7 +75,7 @@ class Catalog:
         for t in self.types:
             if t.name == key:
                 return t
-        raise BadInput(f"unknown GPU type {name!r}; valid types: {', '.join(self.names())}")
+        raise BadInput(f"unknown GPU type {shown(name)}; valid types: {', '.join(self.names())}")
 
     def parse(self, text: str) -> tuple[GpuType, int]:
         """'A100:8' -> (a100, 8). Raises BadInput naming the valid types."""
@@ -88,7 +89,7 @@ class Catalog:
                 count = int(count_text)
             except ValueError:
                 raise BadInput(
-                    f"bad GPU count {count_text!r} in {text!r}; write TYPE or TYPE:COUNT, e.g. a100:8"
+                    f"bad GPU count {shown(count_text)} in {shown(text)}; write TYPE or TYPE:COUNT, e.g. a100:8"
                 ) from None
             if count < 1:
                 raise BadInput(f"GPU count must be at least 1, got {count}")

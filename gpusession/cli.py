@@ -24,7 +24,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from .words import session_table
 
     m = _manager()
-    records = m.list(active_only=not args.all)
+    records = m.list(active_only=not args.all, check=True)  # a session gone is shown ended, not running
     if not records:
         print("no active sessions" if not args.all else "no sessions recorded")
         return 0
@@ -58,30 +58,36 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from . import options
+    from .words import idle_setting
 
     m = _manager()
     given = options.given_values(args)
     spec = m.make_spec(given.pop("type", None), backend=given.pop("backend", None),
                        idle=given.pop("idle", "default"), face=options.FLAGS, **given)
     session = m.start(spec, report=lambda line: print(line, flush=True))
-    print(f"{session.name} is running; `gpusession stop {session.name}` stops it")
+    print(f"{session.name} is running ({idle_setting(spec.idle_timeout_s)}); "
+          f"`gpusession stop {session.name}` stops it")
     session.kernel.close()
     session.link.close()
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .words import ended_message, timeline
+    from .words import ended_message, start_log_lines, timeline, unverified_text
 
     m = _manager()
-    r = m.get(args.name)
+    r = m.liveness.check([m.get(args.name)])[0]
     v = m.view(r)
     print(f"{v['name']}: {v['gpu_count']} x {v['gpu_type']} on {v['backend']} - {v['state']}")
     print(f"  id {r.id}, owner {r.owner}, ${v['price_per_hour']:.3f}/h, cost so far ${v['cost_so_far']:.4f}")
+    if not v["verified"]:
+        print(f"  {unverified_text(v)}; `gpusession stats {v['name']}` asks the session")
     if r.error:
         print(f"  error: {r.error}")
     if not r.state.active:
         print(f"  {ended_message(r)}")
+    if r.resource.get("start_log"):
+        print(start_log_lines(r.resource["start_log"]))
     print("  timeline:")
     print(timeline(r))
     return 0
@@ -126,6 +132,40 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_kernelspec(args: argparse.Namespace) -> int:
+    """GPU kernelspecs for JupyterLab's launcher (gpusession/provisioner, docs/kernels.md)."""
+    from . import options
+    from .provisioner import kernelspecs
+
+    if args.action == "install":
+        values = options.given_values(args)
+        if "type" not in values:
+            from .config import GpuSessionConfig
+
+            values["type"] = GpuSessionConfig().default_type
+        prefix = args.prefix or (sys.prefix if args.sys_prefix else None)
+        try:
+            spec = kernelspecs.install(values, name=args.kernel_name, prefix=prefix)
+        except OSError as exc:  # a folder we may not write
+            raise GpuSessionError(f"cannot install the kernelspec: {exc}") from None
+        print(f"installed kernelspec {spec.name} ({spec.display_name}) in {spec.resource_dir}")
+        return 0
+    if args.action == "remove":
+        try:
+            spec = kernelspecs.remove(args.kernel_name)
+        except OSError as exc:
+            raise GpuSessionError(f"cannot remove the kernelspec: {exc}") from None
+        print(f"removed kernelspec {spec.name} ({spec.display_name})")
+        return 0
+    specs = kernelspecs.installed()
+    if not specs:
+        print("no gpusession kernelspecs installed (`gpusession kernelspec install --type t4` adds one)")
+    for spec in specs:
+        given = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in spec.options.items())
+        print(f"{spec.name}  {spec.display_name}  [{given}]  {spec.resource_dir}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -142,11 +182,22 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "stats": cmd_stats,
     "keepalive": cmd_keepalive,
     "demo": cmd_demo,
+    "kernelspec": cmd_kernelspec,
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """A command line it cannot read is one line too ('gpusession start: argument --idle: ...'),
+    exit 2 as for any argparse usage error, without the usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        from .words import usage_error
+
+        self.exit(2, f"{self.prog}: {usage_error(message)}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpusession", description="GPU sessions for notebooks")
+    p = _Parser(prog="gpusession", description="GPU sessions for notebooks")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("list", help="list active sessions")
     s.add_argument("--all", action="store_true", help="include stopped and failed sessions")
@@ -167,6 +218,19 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("gc", help="find and stop what crashed processes left behind")
     s.add_argument("--dry-run", action="store_true", help="only say what would be done")
     s.add_argument("--orphans", action="store_true", help="also stop running sessions whose notebook process is gone")
+    s = sub.add_parser("kernelspec", help="install, list or remove GPU kernels for JupyterLab's launcher")
+    ks = s.add_subparsers(dest="action", required=True)
+    k = ks.add_parser("install", help="a kernelspec whose kernels are sessions, e.g. 'Python 3 (GPU · T4)'")
+    add_start_options(k, skip=("name",))  # the start options the session gets (the one table)
+    k.add_argument("--name", dest="kernel_name", default=None, help="the kernelspec's name (default: from "
+                   "type, backend and image, e.g. gpusession-t4)")
+    where = k.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="for this user (the default)")
+    where.add_argument("--sys-prefix", action="store_true", help="in this Python environment (sys.prefix)")
+    where.add_argument("--prefix", default=None, help="under this prefix (PREFIX/share/jupyter/kernels)")
+    k = ks.add_parser("remove", help="remove a GPU kernelspec")
+    k.add_argument("kernel_name", metavar="NAME")
+    ks.add_parser("list", help="the GPU kernelspecs Jupyter finds")
     s = sub.add_parser("demo", help="run notebooks/quickstart.ipynb headless and show what it did")
     s.add_argument("--notebook", default=None, help="another notebook to run")
     s.add_argument("--backend", default="local", help="backend for the demo (default: local)")

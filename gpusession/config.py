@@ -16,6 +16,7 @@ traitlets overrides the env var. A bad value says which setting or variable was 
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -24,13 +25,16 @@ import platformdirs
 from traitlets import Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
+from .durations import MAX_DOLLARS, shown
 from .errors import BadInput, GpuSessionError
 
 T = TypeVar("T")
 
 BUILTIN_TYPE = "t4"
 BUILTIN_IDLE = "30m"
-BUILTIN_IMAGE = "gpusession/cuda:latest"
+# PyTorch's own image on nvidia/cuda 12.6 (devel, Ubuntu 22.04) with Python 3.11 in /opt/conda: its
+# cu126 build runs on every GPU of the catalog, V100 to H200 (docs/images.md says why this one)
+BUILTIN_IMAGE = "pytorch/pytorch:2.7.1-cuda12.6-cudnn9-devel"
 CATALOG_PRICE = -1.0
 
 
@@ -53,7 +57,7 @@ def _from_env(var: str, parse: Callable[[str], T], builtin: T) -> T:
     try:
         return parse(raw)
     except (BadInput, ValueError) as exc:
-        raise ConfigError(f"environment variable {var}={raw!r}: {exc}") from None
+        raise ConfigError(f"environment variable {var}={shown(raw)}: {exc}") from None
 
 
 def _gpu_type(text: str) -> str:
@@ -74,9 +78,11 @@ def _price(text: str | float) -> float:
     try:
         value = float(str(text).strip().lstrip("$"))
     except ValueError:
-        raise BadInput(f"not a number of dollars per hour: {text!r}") from None
+        raise BadInput(f"not a number of dollars per hour: {shown(text)}") from None
+    if not math.isfinite(value) or value > MAX_DOLLARS:
+        raise BadInput(f"must be a finite number of dollars per hour, at most ${MAX_DOLLARS:,.0f}, got {shown(text)}")
     if value < 0 and value != CATALOG_PRICE:
-        raise BadInput(f"must be -1 (the catalog's rate) or at least 0 dollars per hour, got {text!r}")
+        raise BadInput(f"must be -1 (the catalog's rate) or at least 0 dollars per hour, got {shown(text)}")
     return value
 
 
@@ -129,9 +135,9 @@ class GpuSessionConfig(Configurable):
 
     docker_image = Unicode(
         BUILTIN_IMAGE,
-        help="Image for docker sessions when --image names none. Default: env GPUSESSION_IMAGE, "
-        "else 'gpusession/cuda:latest' (built from Dockerfile.cuda on first use); empty means "
-        "that image."
+        help="Image for docker and aws sessions when --image names none: any image with a python3 "
+        "(3.9 or newer). Default: env GPUSESSION_IMAGE, else "
+        f"'{BUILTIN_IMAGE}' (pulled on first use); empty means that image."
     ).tag(config=True)
 
     # set by data_path: the folder this process's store lives in (None until first use)

@@ -64,7 +64,7 @@ def parse_duration(
     if text is None:
         return None
     if isinstance(text, bool):
-        raise BadInput(f"bad {what} {_shown(text)}: {_HINT}")
+        raise BadInput(f"bad {what} {shown(text)}: {_HINT}")
     if isinstance(text, (int, float)):
         return _checked(_as_float(text) * MINUTE, text, what, allow_off, max_s)
     s = str(text).strip().lower()
@@ -74,13 +74,13 @@ def parse_duration(
     if _BARE.fullmatch(compact):
         return _checked(float(compact) * MINUTE, text, what, allow_off, max_s)
     if compact.startswith("-") and (_BARE.fullmatch(compact[1:]) or _parts(compact[1:]) is not None):
-        raise BadInput(f"{what} must not be negative, got {_shown(text)}")
+        raise BadInput(f"{what} must not be negative, got {shown(text)}")
     total = _parts(compact)
     if total is None:
         if _non_finite_number(compact):
-            raise BadInput(f"{what} must be a finite number, got {_shown(text)}")
+            raise BadInput(f"{what} must be a finite number, got {shown(text)}")
         hint = " or 'off'" if allow_off else ""
-        raise BadInput(f"bad {what} {_shown(text)}: {_HINT}{hint}")
+        raise BadInput(f"bad {what} {shown(text)}: {_HINT}{hint}")
     return _checked(total, text, what, allow_off, max_s)
 
 
@@ -95,10 +95,12 @@ def _parts(compact: str) -> float | None:
     return total if compact and pos == len(compact) else None
 
 
-def _shown(text: object) -> str:
-    """The value as typed, in quotes, cut short when it is long."""
-    shown = repr(text)
-    return shown if len(shown) <= 40 else shown[:36] + "...'"
+def shown(text: object, limit: int = 40) -> str:
+    """The value as typed, in quotes, cut short when it is long: a message never echoes a huge
+    value whole."""
+    quote = "'" if isinstance(text, str) else ""
+    text = repr(text[:limit + 10] if isinstance(text, str) else text)
+    return text if len(text) <= limit else text[:limit - 4] + "..." + quote
 
 
 def _as_float(number: int | float) -> float:
@@ -117,15 +119,15 @@ def _non_finite_number(text: str) -> bool:
 
 def _checked(seconds: float, text: object, what: str, allow_off: bool, max_s: float) -> float | None:
     if math.isnan(seconds) or (isinstance(text, float) and not math.isfinite(text)):
-        raise BadInput(f"{what} must be a finite number, got {_shown(text)}")
+        raise BadInput(f"{what} must be a finite number, got {shown(text)}")
     if seconds < 0:
-        raise BadInput(f"{what} must not be negative, got {_shown(text)}")
+        raise BadInput(f"{what} must not be negative, got {shown(text)}")
     if seconds == 0:
         if allow_off:
             return None
-        raise BadInput(f"{what} must be positive, got {_shown(text)}")
+        raise BadInput(f"{what} must be positive, got {shown(text)}")
     if seconds > max_s:  # inf from a long string of digits lands here too
-        raise BadInput(f"{what} must be at most {format_bound(max_s)}, got {_shown(text)}")
+        raise BadInput(f"{what} must be at most {format_bound(max_s)}, got {shown(text)}")
     return seconds
 
 
@@ -154,11 +156,11 @@ def parse_money(text: str | float | int | None, *, what: str = "amount", max_dol
     if text is None:
         return None
     if isinstance(text, bool):
-        raise BadInput(f"bad {what} {_shown(text)}: write dollars, e.g. 5 or 2.50")
+        raise BadInput(f"bad {what} {shown(text)}: write dollars, e.g. 5 or 2.50")
     if isinstance(text, (int, float)):
         value = _as_float(text)
         if math.isnan(value) or (isinstance(text, float) and math.isinf(value)):
-            raise BadInput(f"{what} must be a finite number, got {_shown(text)}")
+            raise BadInput(f"{what} must be a finite number, got {shown(text)}")
     else:
         s = str(text).strip().lower().replace(" ", "")
         s = s[1:] if s.startswith("$") else s
@@ -167,15 +169,15 @@ def parse_money(text: str | float | int | None, *, what: str = "amount", max_dol
         negative = s.startswith("-") and _BARE.fullmatch(s[1:])
         if not (_BARE.fullmatch(s) or negative):
             if _non_finite_number(s):
-                raise BadInput(f"{what} must be a finite number, got {_shown(text)}")
-            raise BadInput(f"bad {what} {_shown(text)}: write dollars, e.g. 5 or 2.50")
+                raise BadInput(f"{what} must be a finite number, got {shown(text)}")
+            raise BadInput(f"bad {what} {shown(text)}: write dollars, e.g. 5 or 2.50")
         value = float(s)
     if value == 0:
         return None
     if value < 0:
-        raise BadInput(f"{what} must be positive, got {_shown(text)}")
+        raise BadInput(f"{what} must be positive, got {shown(text)}")
     if value > max_dollars:
-        raise BadInput(f"{what} must be at most ${max_dollars:,.0f}, got {_shown(text)}")
+        raise BadInput(f"{what} must be at most ${max_dollars:,.0f}, got {shown(text)}")
     return value
 
 

@@ -53,6 +53,12 @@ class CellLost(GpuSessionError):
     """The connection dropped as a cell was sent: it did not run, the kernel is fine."""
 
 
+class LinkLost(GpuSessionError):
+    """The connection to a session that still runs is gone for good, or has been down longer than
+    the reconnect give-up time (a changed host key, a refused login, an unreachable host); the
+    message says which, and what became of the cell that was waiting."""
+
+
 class RemoteError(GpuSessionError):
     """An exception raised by code running in the session kernel.
 

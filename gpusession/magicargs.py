@@ -24,6 +24,20 @@ def _stop_args(line: str) -> None:
     """%gpu stop [NAME | --all]"""
 
 
+def _seconds(text: str, low: float, high: float) -> float:
+    """A number of seconds from `low` to `high` (argparse type): never nan or inf."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text[:40]!r}") from None
+    if not (math.isfinite(value) and low <= value <= high):
+        raise argparse.ArgumentTypeError(f"expected {low:g} to {high:g} seconds, got {text[:40]!r}")
+    return value
+
+
 @magic_arguments()
 @argument("names", nargs="+", help="variable names")
 def _vars_args(line: str) -> None:
@@ -39,7 +53,8 @@ def _use_args(line: str) -> None:
 @magic_arguments()
 @argument("duration", nargs="?", default=None, help="stop watching after this long: 90s, 5m, 1h; a bare number "
           "means minutes (default: until interrupted)")
-@argument("--interval", type=float, default=1.0, help="seconds between updates (default 1)")
+@argument("--interval", type=lambda text: _seconds(text, 0.2, 3600), default=1.0,
+          help="seconds between updates, 0.2 to 3600 (default 1)")
 def _watch_args(line: str) -> None:
     """%gpu watch [DURATION]"""
 

@@ -35,11 +35,12 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from . import options
 from .durations import WATCH, format_duration, format_money
 from .config import GpuSessionConfig
-from .errors import CellLost, GpuSessionError, RemoteError
+from .errors import CellLost, GpuSessionError, LinkLost, RemoteError, SessionEnded
 from .models import State
 from .session import Session, SessionManager
 from .notify import WarningNotifier, watch
-from .words import ended_message, error_text, keepalive_line, session_table, status_lines, summary_line
+from .words import (ended_message, error_text, idle_setting, keepalive_line, session_table, status_lines,
+                    summary_line, usage_error)
 
 
 from .magicargs import (
@@ -64,6 +65,7 @@ class GpuMagics(Magics):
         self.current: Session | None = None
         self.auto = False
         self._notifier: WarningNotifier | None = None
+        self._ended_note: str | None = None  # how the current session ended, seen by the notifier
         # held while a magic or cell uses the session; the notifier only looks when it is free,
         # so it never tears down connections a running cell is reading from
         self._in_use = threading.RLock()
@@ -100,7 +102,7 @@ class GpuMagics(Magics):
     @line_magic
     def gpu(self, line: str = "") -> Any:
         """Run a GPU session subcommand; `%gpu help` lists them."""
-        sub, _, rest = line.strip().partition(" ")
+        sub, _, rest = _without_comment(line).strip().partition(" ")
         handler = self._subcommands.get(sub or "status")
         if handler is None:
             raise UsageError(f"unknown subcommand {sub!r}; valid: {', '.join(sorted(self._subcommands))}")
@@ -115,17 +117,19 @@ class GpuMagics(Magics):
     @cell_magic("gpu")
     def gpu_cell(self, line: str, cell: str) -> None:
         """%%gpu [NAME]: run the cell in the session kernel, output streamed back live."""
-        session = self._session(line.strip() or None)
+        session = self._session(_without_comment(line).strip() or None)
         try:
             with self._in_use:
                 session.run(cell)
         except RemoteError:
             raise
-        except CellLost as exc:
+        except (CellLost, LinkLost) as exc:  # the session is fine (or still runs): one line, why
             raise UsageError(str(exc)) from None
         except GpuSessionError as exc:
             if session is self.current and not session.record.state.active:
                 self._forget(session.id)
+            if isinstance(exc, SessionEnded):  # stopped (by whom and why), not broken
+                raise UsageError(f"{error_text(exc)}; `%gpu start` a new one") from None
             raise UsageError(f"{error_text(exc)}. Session {session.name} is no longer usable; `%gpu start` a new one.") from None
 
     # -- helpers -----------------------------------------------------------------------
@@ -134,6 +138,8 @@ class GpuMagics(Magics):
         if name:
             session = self.manager.connected(name)
             return session or self.manager.attach(name, report=_print)
+        if self.current is None and self._ended_note:  # it ended while no cell ran: say how
+            raise UsageError(f"no GPU session: {self._ended_note}; `%gpu start` a new one")
         if self.current is None:
             raise UsageError("no GPU session: run `%gpu start --type t4` first (or `%gpu use NAME`)")
         return self.current
@@ -146,8 +152,8 @@ class GpuMagics(Magics):
             raise UsageError(f"cannot read the arguments ({exc}): close the quote") from None
         try:
             return spec_func.parser.parse_args(words)
-        except UsageError:
-            raise
+        except UsageError as exc:
+            raise UsageError(usage_error(str(exc))) from None
         except SystemExit:  # argparse exits on --help
             raise UsageError(spec_func.__doc__ or "bad arguments") from None
 
@@ -165,6 +171,7 @@ class GpuMagics(Magics):
             raise UsageError(f"start of {ended.name} interrupted ({ended.error}); nothing is left running "
                              f"(`%gpu list` shows it as {ended.state.value})") from None
         self.current = session
+        _print(idle_setting(spec.idle_timeout_s))  # `--idle 0` means off: say so
         self._notify(session)
         return None
 
@@ -178,6 +185,7 @@ class GpuMagics(Magics):
         def ended(text: str) -> None:
             _print(f"[gpusession] {text}")
             self._forget(sid)
+            self._ended_note = text  # for the next %%gpu, which has no session now
 
         self._notifier = WarningNotifier.for_session(self.manager, sid, self._in_use, _print, ended).start()
 
@@ -242,6 +250,7 @@ class GpuMagics(Magics):
 
     def _forget(self, session_id: str) -> None:
         """The session ended (stopped here, or by its watchdog): it is no longer the current one."""
+        self._ended_note = None
         if self.current is not None and self.current.id == session_id:
             self.current = None
             self._off("quiet")
@@ -269,7 +278,7 @@ class GpuMagics(Magics):
         _print(keepalive_line(session.name, granted, granted["asked_s"]))
 
     def _list(self, rest: str) -> None:
-        records = self.manager.list()
+        records = self.manager.list(check=True)  # a session gone is shown ended, not running
         if not records:
             print("no sessions yet. `%gpu start --type t4` starts one.")
             return
@@ -372,3 +381,18 @@ def unload_ipython_extension(ip) -> None:
         magics._off("quiet")
         if magics._notifier is not None:
             magics._notifier.stop()
+
+
+def _without_comment(line: str) -> str:
+    """The magic's line without a trailing `# comment` (IPython hands line magics their whole
+    line): `%gpu start --type t4  # on the GPU box` reads as `%gpu start --type t4`. A # inside
+    quotes, or glued to a word (`--name run#2`), is kept."""
+    import shlex
+
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=False)
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    try:
+        words = list(lexer)
+    except ValueError:  # an unclosed quote: the option parser says what is wrong
+        return line
+    return line if len(words) == len(shlex.split(line, comments=False)) else shlex.join(words)

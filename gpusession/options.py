@@ -18,7 +18,8 @@ import argparse
 import dataclasses
 from typing import Any, Callable, Iterable, Mapping
 
-from .durations import IDLE, MAX_RUNTIME, DurationRule, parse_money
+from . import textvalues
+from .durations import IDLE, MAX_RUNTIME, DurationRule, parse_money, shown
 from .errors import BadInput
 from .models import LaunchSpec
 
@@ -63,6 +64,8 @@ class StartOption:
     spec_field: str | None = None  # the LaunchSpec field it fills; None: spec.extra[name]
     form: bool = False  # shown in the start forms (sidebar, %gpu panel)
     rule: DurationRule | None = None  # a duration's bound and whether it may be off
+    max_len: int = 40  # the longest text accepted (checked before anything reads it)
+    reader: Callable[[str], Any] | None = None  # a text's grammar (gpusession/textvalues.py)
 
     def __post_init__(self) -> None:
         assert self.kind in KINDS, self.kind
@@ -82,16 +85,22 @@ OPTIONS: tuple[StartOption, ...] = (
     StartOption("type", ("--type", "-t"), "gpu_type", "GPU type", "GPU type, optionally with a count: t4, a100:8 "
                 "(see %gpu types; default t4, or GpuSessionConfig.default_type)", "GPU type",
                 config_default="default_type", spec_field="gpu_type", form=True),
-    StartOption("backend", ("--backend", "-b"), "backend", "Backend", "where the session runs: local, docker or aws "
+    StartOption("backend", ("--backend", "-b"), "backend", "Backend", "where the session runs: local, docker, aws or slurm "
                 "(default: docker when an engine answers, else local)", "backend", config_default="default_backend",
                 spec_field="backend", form=True),
-    StartOption("name", ("--name", "-n"), "text", "Name", "session name (default: TYPE-N)", "name", spec_field="name", form=True),
-    StartOption("host", ("--host",), "text", "Docker host", "docker: a remote engine, ssh://user@host[:port] "
-                "(default: this machine's engine)", "host", backends=("docker",), spec_field="host", form=True),
-    StartOption("image", ("--image",), "text", "Image", "container image (docker, aws); default: built from "
-                "Dockerfile.cuda", "image", backends=("docker", "aws"), spec_field="image"),
+    StartOption("name", ("--name", "-n"), "text", "Name", "session name: letters, digits, '-', '_', '.' (default: TYPE-N)", "name", spec_field="name",
+                form=True, max_len=textvalues.MAX_NAME, reader=textvalues.session_name),
+    StartOption("host", ("--host",), "text", "Host", "docker: a remote engine, ssh://user@host[:port] "
+                "(default: this machine's engine); slurm: the cluster's login node", "host", backends=("docker", "slurm"),
+                spec_field="host", form=True,
+                max_len=400, reader=textvalues.ssh_host),
+    StartOption("image", ("--image",), "text", "Image", "container image with a python3 (docker, aws; slurm: run by "
+                "apptainer, singularity or pyxis); default: pytorch/pytorch, CUDA 12.6 (slurm: none, the node's Python)",
+                "image",
+                backends=("docker", "aws", "slurm"), spec_field="image", max_len=512,
+                reader=textvalues.image_ref),
     StartOption("idle", ("--idle",), "duration", "Idle stop", "stop after this long idle: 90s, 15m, 1h30m, a bare "
-                "number of minutes, or off (never); at most 7 days (default 30m, or GpuSessionConfig.default_idle)",
+                "number of minutes, or off (or 0: never); at most 7 days (default 30m, or GpuSessionConfig.default_idle)",
                 "idle timeout", config_default="default_idle", spec_field="idle_timeout_s", form=True, rule=IDLE),
     StartOption("gpu_only", ("--gpu-only",), "bool", "GPU-only idle", "count only GPU utilization as activity "
                 "(stops a busy kernel whose GPU sits unused)", "GPU-only idle", default=False, spec_field="gpu_only"),
@@ -104,18 +113,46 @@ OPTIONS: tuple[StartOption, ...] = (
     StartOption("spot", ("--spot",), "bool", "Spot instance", "aws: use spot capacity", "spot", default=False,
                 backends=("aws",), spec_field="spot", form=True),
     StartOption("region", ("--region",), "text", "Region", "aws: region, e.g. us-east-1", "region", backends=("aws",),
-                spec_field="region"),
+                spec_field="region", reader=textvalues.aws_region),
     StartOption("gpus", ("--gpus",), "gpus", "GPUs", "docker: GPUs to request, 'all' or a number (default: all, or "
                 "the count in --type)", "GPU request", backends=("docker",)),
     StartOption("ssh_cidr", ("--ssh-cidr",), "text", "SSH from", "aws: addresses allowed to SSH in, e.g. "
-                "203.0.113.7/32 (default: your address /32)", "SSH address range", backends=("aws",)),
+                "203.0.113.7/32 (default: your address /32)", "SSH address range", backends=("aws",),
+                max_len=64, reader=textvalues.address_range),
     StartOption("fallback", ("--fallback",), "choice", "Capacity fallback", "aws: on a capacity error try another "
                 "zone, on-demand, or both (default off)", "fallback", default="off", backends=("aws",),
                 choices=("off", "zone", "on-demand", "any")),
     StartOption("max_price", ("--max-price",), "money", "Max spot price ($/h)", "aws spot: highest $/hour to pay "
                 "(default: the on-demand price)", "max price", backends=("aws",)),
     StartOption("ami", ("--ami",), "text", "Machine image", "aws: machine image id (default: a GPU image from SSM "
-                "public parameters)", "machine image", backends=("aws",)),
+                "public parameters)", "machine image", backends=("aws",),
+                reader=textvalues.machine_image),
+    # slurm (gpusession/backends/slurm/jobs.py reads and checks them; docs/slurm.md)
+    StartOption("partition", ("--partition",), "text", "Partition", "slurm: the partition to submit to (default: "
+                "the cluster's default)", "partition", backends=("slurm",), max_len=200),
+    StartOption("account", ("--account",), "text", "Account", "slurm: the account to charge", "account",
+                backends=("slurm",), max_len=200),
+    StartOption("qos", ("--qos",), "text", "QOS", "slurm: the quality of service", "QOS", backends=("slurm",), max_len=200),
+    StartOption("sbatch_args", ("--sbatch-args",), "text", "sbatch flags", "slurm: more sbatch flags, shell-quoted, "
+                "e.g. '--constraint=ib --mem=32G'", "sbatch flags", backends=("slurm",), max_len=1000),
+    StartOption("python", ("--python",), "text", "Python", "slurm: the Python on the node that runs the kernel; it "
+                "needs ipykernel (default python3)", "python", backends=("slurm",), max_len=400),
+    StartOption("modules", ("--modules",), "text", "Modules", "slurm: environment modules to load first, e.g. "
+                "'cuda/12.4 python/3.11'", "modules", backends=("slurm",), max_len=400),
+    StartOption("conda_env", ("--conda-env",), "text", "Conda env", "slurm: a conda environment to activate first "
+                "(name or path)", "conda environment", backends=("slurm",), max_len=400),
+    StartOption("gres_type", ("--gres-type",), "text", "GRES type", "slurm: the cluster's name for the GPU type: one "
+                "name, a map such as 'a100=a100_40g,t4=tesla_t4', or none for an untyped --gres=gpu:N (default: "
+                "the catalog's name)", "GRES type", backends=("slurm",), max_len=400),
+    StartOption("container", ("--container",), "choice", "Container runtime", "slurm: what runs --image (default "
+                "auto: apptainer, singularity or pyxis, the first the node has)", "container runtime", default="auto",
+                backends=("slurm",), choices=("auto", "apptainer", "singularity", "pyxis")),
+    StartOption("price_per_gpu_hour", ("--price-per-gpu-hour",), "money", "Price per GPU-hour", "slurm: dollars (or "
+                "your service units) per GPU-hour for the cost meter and --max-cost (default: none, GPU-hours only)",
+                "price per GPU-hour", backends=("slurm",)),
+    StartOption("queue_timeout", ("--queue-timeout",), "duration", "Queue timeout", "slurm: cancel the job when it "
+                "still waits in the queue after this long (default: off, it waits until it runs or Ctrl-C)",
+                "queue timeout", backends=("slurm",), rule=DurationRule("queue timeout", MAX_RUNTIME.max_s)),
 )
 
 BY_NAME: dict[str, StartOption] = {o.name: o for o in OPTIONS}
@@ -133,10 +170,11 @@ class BadOptions(BadInput):
         super().__init__(self.worded(face))
 
     def worded(self, face: str) -> str:
-        unknown = [name for name in self.problems if name not in BY_NAME]
+        unknown = [field_shown(name) for name in self.problems if name not in BY_NAME]
         parts = []
         if unknown:
-            names = ", ".join(unknown if face == REST else (f"--{n.replace('_', '-')}" for n in unknown))
+            more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            names = ", ".join(unknown[:5] if face == REST else (f"--{n.replace('_', '-')}" for n in unknown[:5])) + more
             allowed = ", ".join(NAMES if face == REST else (o.flag for o in OPTIONS))
             parts.append(f"unknown field(s) {names}; allowed: {allowed}")
         parts += [f"{BY_NAME[n].field(face)}: {p}" for n, p in self.problems.items() if n in BY_NAME]
@@ -146,10 +184,13 @@ class BadOptions(BadInput):
 # -- the faces' inputs -------------------------------------------------------------------------
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add every start option to an argparse parser (the magic's and the CLI's `start`). An
-    option not given is None in the namespace; `given_values` drops those."""
+def add_arguments(parser: argparse.ArgumentParser, skip: Iterable[str] = ()) -> None:
+    """Add every start option (but those named in `skip`) to an argparse parser (the magic's and
+    the CLI's `start` and `kernelspec install`). An option not given is None in the namespace;
+    `given_values` drops those."""
     for o in OPTIONS:
+        if o.name in skip:
+            continue
         text = o.help.replace("%", "%%")
         if o.kind == "bool":
             parser.add_argument(*o.flags, dest=o.name, action="store_true", default=None, help=text)
@@ -172,7 +213,7 @@ def body_problems(body: Mapping[str, Any]) -> dict[str, str]:
     for key, value in body.items():
         option = BY_NAME.get(key)
         if option is None:
-            problems[key] = f"unknown field; allowed: {', '.join(NAMES)}"
+            problems[field_shown(key)] = f"unknown field; allowed: {', '.join(NAMES)}"
             continue
         types, expected = _JSON_TYPES[option.kind]
         if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
@@ -206,6 +247,9 @@ def _read(values: Mapping[str, Any], catalog, backends: Iterable[str] | None) ->
     known = sorted(backends) if backends is not None else None
     for option in OPTIONS:  # in the table's order, so every face lists problems alike
         value = values.get(option.name)
+        if isinstance(value, str) and len(value) > option.max_len:  # before anything reads it
+            problems[option.name] = f"{option.what} is {len(value):,} characters long; at most {option.max_len}"
+            continue
         if option.name not in values or _not_given(option, value):
             continue
         try:
@@ -231,12 +275,12 @@ def _parse_one(option: StartOption, value: Any, catalog, backends: list[str] | N
         return parse_money(value, what=what)
     if kind == "bool":
         if not isinstance(value, bool):
-            raise BadInput(f"{what} is on or off (true or false), got {value!r}")
+            raise BadInput(f"{what} is on or off (true or false), got {shown(value)}")
         return value
     if kind == "gpus":
         return _gpus(value)
     if not isinstance(value, str):
-        raise BadInput(f"{what} must be text, got {value!r}")
+        raise BadInput(f"{what} must be text, got {shown(value)}")
     text = value.strip()
     if kind == "gpu_type":
         gpu, count = catalog.parse(text)  # BadInput names the valid types
@@ -246,14 +290,19 @@ def _parse_one(option: StartOption, value: Any, catalog, backends: list[str] | N
     if kind == "backend":
         text = text.lower()
         if backends is not None and text not in backends:
-            raise BadInput(f"unknown backend {value!r}; valid backends: {', '.join(backends)}")
+            raise BadInput(f"unknown backend {shown(value)}; valid backends: {', '.join(backends)}")
         return text
     if kind == "choice":
         text = text.lower()
         if text not in (option.choices or ()):
-            raise BadInput(f"{what} {value!r}: use one of {', '.join(option.choices or ())}")
+            raise BadInput(f"{what} {shown(value)}: use one of {', '.join(option.choices or ())}")
         return text
-    return text
+    return option.reader(text) if option.reader is not None else text
+
+
+def field_shown(name: str) -> str:
+    """A field name from a body, cut short: a megabyte key is not echoed back."""
+    return name if len(name) <= 40 else name[:37] + "..."
 
 
 def _gpus(value: Any) -> str | int:
@@ -261,7 +310,7 @@ def _gpus(value: Any) -> str | int:
         return "all"
     text = str(value).strip()
     if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_GPUS:
-        raise BadInput(f"GPU request {value!r}: write 'all' or a whole number from 1 to {MAX_GPUS}")
+        raise BadInput(f"GPU request {shown(value)}: write 'all' or a whole number from 1 to {MAX_GPUS}")
     return int(text)
 
 

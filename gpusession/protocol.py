@@ -19,11 +19,25 @@ from typing import Any
 
 ENV_SESSION_ID = "GPUSESSION_SESSION_ID"  # the session a runtime, container or process belongs to
 ENV_STATE_DIR = "GPUSESSION_STATE_DIR"  # the runtime's state folder, seen by the kernel's activity hook
-ENV_AGENT_ARGS = "GPUSESSION_AGENT_ARGS"  # shell-quoted agent options for a container's entrypoint
-ENV_AUTHORIZED_KEY = "GPUSESSION_AUTHORIZED_KEY"  # the session's ssh public key (container entrypoint)
+ENV_KERNEL_KEY = "GPUSESSION_KERNEL_KEY"  # a kernel connection key chosen by the local side (else the runtime makes one)
+ENV_RUNTIME_ROOT = "GPUSESSION_RUNTIME_ROOT"  # set by the runtime bundle's boot.sh: the bundle's folder in the image
+ENV_RUNTIME_PYTHON = "GPUSESSION_RUNTIME_PYTHON"  # the image's python as the bundle's probe found it (boot.sh)
+ENV_RUNTIME_BRINGS = "GPUSESSION_RUNTIME_BRINGS"  # what the bundle gives the kernel: "ipykernel,pip", a part, or ""
 
 #: a kernel's five ports, in the order the runtime allocates them (jupyter connection file keys)
 KERNEL_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+# -- the session kernel's cell log (gpusession.agent.cellog <-> gpusession.kernel) ---------------
+
+#: the IOPub messages a cell shows; the session kernel numbers each of them per execute request
+OUTPUT_MSG_TYPES = ("stream", "display_data", "execute_result", "update_display_data", "clear_output", "error")
+META_SEQ = "gpusession_seq"  # message metadata of an output: its number in its cell, from 1
+META_OUTPUTS = "gpusession_outputs"  # on a cell's execute_reply and final idle status: how many outputs
+META_CELL_LOG = "gpusession_cell_log"  # on kernel_info_reply: this kernel keeps a cell log (version)
+#: control-channel request {"msg_id", "since"} -> reply {"state": "unknown"|"started"|"done",
+#: "outputs_total", "first_kept", "outputs": [{"seq", "msg_type", "content"}], "reply"}
+CELL_LOG_REQUEST = "gpusession_cell_request"
+CELL_LOG_REPLY = "gpusession_cell_reply"
 
 
 # -- log markers ----------------------------------------------------------------------------
@@ -32,7 +46,8 @@ KERNEL_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "
 class Marker(str, enum.Enum):
     """The first word of a line the runtime (or an instance's boot script) prints for the local side."""
 
-    READY = "GPUSESSION_READY"  # the kernel listens; payload: {"kernel_ports": [...]} or none
+    KERNEL = "GPUSESSION_KERNEL"  # the kernel process started (not yet listening); payload as READY's
+    READY = "GPUSESSION_READY"  # the kernel listens; payload: {"ports": {KERNEL_PORT_NAMES: port}, "agent_port"}
     FAILED = "GPUSESSION_FAILED"  # the start failed; payload: {"stage", "error"}
     STOPPED = "GPUSESSION_STOPPED"  # the runtime is ending; payload: StopReason.to_dict()
     SUMMARY = "GPUSESSION_SUMMARY"  # the agent's summary at the end; payload: summary dict
@@ -43,6 +58,7 @@ class Marker(str, enum.Enum):
     BOOT = "GPUSESSION_BOOT"  # an instance's boot script: a stage (plain text)
     POWEROFF = "GPUSESSION_POWEROFF"  # an instance's boot script powers off
     SPOT_NOTICE = "GPUSESSION_SPOT_NOTICE"  # an instance saw a spot interruption notice (JSON)
+    PYTHON = "GPUSESSION_PYTHON"  # the runtime bundle's probe of an image: its Python (JSON, gpusession.bundle)
 
 
 def marker_line(marker: Marker, payload: dict[str, Any] | None = None) -> str:
@@ -94,6 +110,9 @@ class StopKind(str, enum.Enum):
     SPOT_INTERRUPTION = "spot-interruption"  # the cloud took the spot instance back
     INSTANCE_ENDED = "instance-ended"  # the instance stopped or terminated, for a reason the cloud gives
     CONTAINER_EXIT = "container-exit"  # the container exited without a word from the runtime
+    TIME_LIMIT = "time-limit"  # the scheduler ended the job at its time limit (Slurm TIMEOUT)
+    PREEMPTED = "preempted"  # the scheduler took the allocation back for another job
+    JOB_ENDED = "job-ended"  # the scheduler ended the job for a reason it gives (NODE_FAIL, OUT_OF_MEMORY...)
     GONE = "gone"  # the remote side is gone and left no word
 
     @property

@@ -22,11 +22,19 @@ PACKET = 128 * 1024  # we advertise it; sshd then sends 4x fewer packets than at
 # Python would print those into the notebook. Our errors say what failed instead.
 LOG_CHANNEL = "gpusession.ssh"
 logging.getLogger(LOG_CHANNEL).addHandler(logging.NullHandler())
+# ...and so for the paramiko transports docker-py opens to an ssh:// engine: a cut connection
+# would print "Socket exception: ..." into the cell that runs at that moment
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr")
 
 
 class TunnelError(GpuSessionError):
     """The SSH connection could not be made; the message says why and what to do."""
+
+
+class LoginRefused(TunnelError):
+    """The server answered and refused us (its host key is unknown or changed, or it refused every
+    login key): trying again cannot help, so a reconnecting tunnel gives up at once."""
 
 
 @dataclasses.dataclass
@@ -154,14 +162,14 @@ def open_transport(sock, target: SshTarget, *, timeout: float = 15.0, keepalive:
 
 def _check_host_key(offered: paramiko.PKey, name: str, known: dict, check: HostKeyCheck) -> None:
     if not known:
-        raise TunnelError(
+        raise LoginRefused(
             f"host {name} is not in known_hosts: refusing to connect to an unknown host; "
             f"connect once with `ssh` to check and accept its key ({fingerprint(offered)})"
         )
     expected = known.get(offered.get_name())
     if expected is None or expected != offered:
         want = ", ".join(fingerprint(k) for k in known.values())
-        raise TunnelError(
+        raise LoginRefused(
             f"host key for {name} changed: refusing to connect; it offered {fingerprint(offered)} but {want} "
             f"was expected (someone may be intercepting the connection). If you expect this, {check.forget_hint}"
         )
@@ -179,7 +187,7 @@ def _login(t: paramiko.Transport, target: SshTarget) -> None:
                 raise paramiko.SSHException(f"connection closed during login to {target.label}") from None
             errors.append(f"{key.get_name()} {fingerprint(key).split()[-1]}: {exc}")
     tried = "; ".join(errors) or "no key to offer"
-    raise TunnelError(f"authentication failed for {target.label}: the server refused every key ({tried})")
+    raise LoginRefused(f"authentication failed for {target.label}: the server refused every key ({tried})")
 
 
 def tcp_socket(host: str, port: int, timeout: float) -> socket.socket:

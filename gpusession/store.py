@@ -20,6 +20,7 @@ from typing import Any, Iterator
 from .errors import BadInput, UnknownSession
 from .models import Event, LaunchSpec, SessionRecord, State, now
 from .procs import start_ticks
+from .textvalues import session_name
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -46,9 +47,6 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_session ON events(session_id, seq);
 """
 
-_NAME_OK = set("abcdefghijklmnopqrstuvwxyz0123456789-_.")
-
-
 def owner_id() -> str:
     """Who started a session: user@host:pid:start (start: the process's start time in clock
     ticks, so gc tells a dead owner from a later process that got the same pid)."""
@@ -62,12 +60,7 @@ def owner_id() -> str:
 
 
 def validate_name(name: str) -> str:
-    n = name.strip()
-    if not n or len(n) > 63 or not set(n.lower()) <= _NAME_OK or not n[0].isalnum():
-        raise BadInput(
-            f"bad session name {name!r}: use up to 63 letters, digits, '-', '_' or '.', starting with a letter or digit"
-        )
-    return n
+    return session_name(name)  # the option table's rule (gpusession/textvalues.py)
 
 
 class Store:
@@ -125,7 +118,7 @@ class Store:
                     "SELECT id FROM sessions WHERE name=? AND state NOT IN ('stopped','failed')", (name,)
                 ).fetchone()
                 if row:
-                    raise BadInput(f"a session named {name!r} is already active; stop it or pick another --name")
+                    raise BadInput(f"a session named {name!r} is already active; stop it or pick another name")
             else:
                 taken = {
                     r[0]

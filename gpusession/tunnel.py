@@ -7,10 +7,16 @@ key and logs in) and forwards remote loopback ports to listening sockets on this
 When the SSH connection drops, the listening sockets stay where they are and a background thread
 logs in again; the jupyter_client ZMQ sockets reconnect to the same local ports by themselves, and
 the kernel, which never depended on the connection, keeps its variables.
+
+Giving up: a server that answers and refuses us (changed host key, refused login) is final, and
+`healthy()` turns False at once; an unreachable one is retried for ever in the background, but
+`healthy()` is False once it has been down `give_up_after` seconds (GPUSESSION_RECONNECT_TIMEOUT,
+default 60s), so a waiting cell ends then. `failure` says why, in one sentence.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -18,12 +24,15 @@ from typing import Callable
 
 import paramiko
 
+from .durations import format_duration, parse_duration
+from .errors import BadInput
 from .models import KernelEndpoint
 from .protocol import KERNEL_PORT_NAMES
 from .sshlogin import (
     PACKET,
     WINDOW,
     HostKeyCheck,
+    LoginRefused,
     SshTarget,
     TunnelError,
     fingerprint,
@@ -39,6 +48,20 @@ BUFSIZE = 256 * 1024  # per recv: bytes move in big pieces, never per byte in Py
 
 
 _RETRYABLE = (paramiko.SSHException, EOFError, OSError)
+RECONNECT_ENV = "GPUSESSION_RECONNECT_TIMEOUT"
+RECONNECT_DEFAULT_S = 60.0
+
+
+def reconnect_give_up() -> float | None:
+    """How long a dropped tunnel may stay down before a waiting cell ends (seconds; None: never):
+    GPUSESSION_RECONNECT_TIMEOUT in the duration grammar (90s, 2m; a bare number is minutes)."""
+    raw = os.environ.get(RECONNECT_ENV, "").strip()
+    if not raw:
+        return RECONNECT_DEFAULT_S
+    try:
+        return parse_duration(raw, what="reconnect timeout", max_s=86400.0)
+    except BadInput as exc:
+        raise TunnelError(f"environment variable {RECONNECT_ENV}={raw!r}: {exc}") from None
 
 
 class Tunnel:
@@ -56,14 +79,15 @@ class Tunnel:
         jump: SshTarget | None = None,
         connect_timeout: float = 60.0,
         keepalive: float = 15.0,
-        give_up_after: float = 300.0,
+        give_up_after: float | None | str = "env",
         on_event: Callable[[str], None] | None = None,
     ):
         self.target = target
         self.jump = jump
         self.connect_timeout = connect_timeout
         self.keepalive = keepalive
-        self.give_up_after = give_up_after  # healthy() turns False after this long down
+        # healthy() turns False after this long down (None: never); "env": GPUSESSION_RECONNECT_TIMEOUT
+        self.give_up_after = reconnect_give_up() if give_up_after == "env" else give_up_after
         self.on_event = on_event or (lambda text: None)
         self.reconnects = 0
         self._remote_ports = list(remote_ports)
@@ -75,6 +99,8 @@ class Tunnel:
         self._lock = threading.RLock()
         self._conns: set[socket.socket] = set()
         self._down_since: float | None = None
+        self._refused: LoginRefused | None = None  # the server refused us: no more tries
+        self._last_error = ""
 
     # -- life -------------------------------------------------------------------------
 
@@ -117,13 +143,28 @@ class Tunnel:
         return self._transport
 
     def healthy(self) -> bool:
-        """Up, or down for less than give_up_after while reconnecting."""
+        """Up, or down for less than give_up_after while reconnecting; never after a refusal."""
+        return self.failure is None
+
+    @property
+    def failure(self) -> TunnelError | None:
+        """Why the tunnel is not healthy (None while it is): closed, refused for good, or down
+        for longer than give_up_after (it keeps trying; healthy again once it is back)."""
         if self._closed.is_set():
-            return False
+            return TunnelError("the tunnel is closed")
+        if self._refused is not None:
+            return self._refused
         t = self._transport
         if t is not None and t.is_active():
-            return True
-        return self._down_since is None or time.monotonic() - self._down_since < self.give_up_after
+            return None
+        down_since = self._down_since
+        if down_since is None or self.give_up_after is None:
+            return None
+        if time.monotonic() - down_since < self.give_up_after:
+            return None
+        last = f" (last error: {self._last_error})" if self._last_error else ""
+        return TunnelError(f"cannot reach {self.target.label}: down for over {format_duration(self.give_up_after)}, "
+                           f"the reconnect give-up time ({RECONNECT_ENV}){last}; still trying in the background")
 
     def local_port(self, remote_port: int) -> int:
         return self._listeners[remote_port].getsockname()[1]
@@ -161,6 +202,7 @@ class Tunnel:
                 raise
             except _RETRYABLE as exc:
                 last = exc
+                self._last_error = f"{type(exc).__name__}: {exc}"
                 if time.monotonic() + delay > deadline:
                     raise TunnelError(
                         f"cannot reach sshd at {self.target.label} within {self.connect_timeout:.0f}s: "
@@ -178,6 +220,7 @@ class Tunnel:
                 old.close()
             with self._lock:
                 self._down_since = None
+                self._last_error = ""
                 self._up.set()
             return
         if last is not None:
@@ -223,8 +266,14 @@ class Tunnel:
                 try:
                     self._connect(deadline=time.monotonic() + 30)
                     break
+                except LoginRefused as exc:  # asking again gets the same answer
+                    self._refused = exc
+                    self.on_event(f"tunnel: reconnect refused, giving up ({exc})")
+                    return
                 except (TunnelError, *_RETRYABLE) as exc:
                     failures += 1
+                    if isinstance(exc, TunnelError):
+                        self._last_error = str(exc)
                     if failures == 1:  # once per outage: the session's record is no log file
                         self.on_event(f"tunnel: reconnect failed ({exc}); still trying")
                     if self._closed.wait(delay):
@@ -325,15 +374,18 @@ def _shut(sock: socket.socket) -> None:
     sock.close()
 
 
-# The session container's fixed loopback ports (gpusession/agent/entrypoint.sh).
+# The kernel's and agent's fixed loopback ports on an EC2 instance (aws/cloudinit.py; elsewhere the
+# runtime takes free ones and says which).
 CONTAINER_KERNEL_PORTS = (50001, 50002, 50003, 50004, 50005)
 CONTAINER_AGENT_PORT = 50010
 CONTAINER_PORTS = (*CONTAINER_KERNEL_PORTS, CONTAINER_AGENT_PORT)
 
 
-def tunneled_endpoint(tunnel: Tunnel, info: dict) -> KernelEndpoint:
-    """The container's kernel.json with this tunnel's local ports in place of the remote ones."""
+def tunneled_endpoint(tunnel: Tunnel, info: dict, agent_port: int | None = CONTAINER_AGENT_PORT) -> KernelEndpoint:
+    """The remote kernel.json with this tunnel's local ports in place of its remote ones (each
+    forwarded by the tunnel), and the agent's remote port (None: no agent) likewise."""
     info = dict(info, ip="127.0.0.1")
-    for name, remote in zip(KERNEL_PORT_NAMES, CONTAINER_KERNEL_PORTS):
-        info[name] = tunnel.local_port(remote)
-    return KernelEndpoint(connection_info=info, agent_url=f"http://127.0.0.1:{tunnel.local_port(CONTAINER_AGENT_PORT)}")
+    for name in KERNEL_PORT_NAMES:
+        info[name] = tunnel.add_forward(int(info[name]))
+    agent_url = f"http://127.0.0.1:{tunnel.add_forward(int(agent_port))}" if agent_port else None
+    return KernelEndpoint(connection_info=info, agent_url=agent_url)

@@ -20,15 +20,23 @@ GIB = 1024**3
 _SPARK = " ▁▂▃▄▅▆▇█"
 
 __all__ = [
-    "format_duration", "format_money", "gpu_label", "describe_stop", "describe_warning", "warning_texts",
+    "format_duration", "format_money", "gpu_label", "kernel_display_name", "describe_stop", "describe_warning", "warning_texts",
     "format_summary", "summary_line", "ended_message", "keepalive_line", "status_lines", "session_table",
-    "timeline", "error_text", "gc_line", "rest_view",
+    "timeline", "error_text", "gc_line", "rest_view", "ended_line", "unverified_text",
+    "start_log_lines", "idle_setting", "usage_error",
 ]
 
 
 def gpu_label(gpu_type: str, gpu_count: int) -> str:
     """'1 x t4', '8 x a100': how a session's GPUs are named everywhere."""
     return f"{gpu_count} x {gpu_type}"
+
+
+def kernel_display_name(gpu_type: str, gpu_count: int, backend: str | None = None, image: str | None = None) -> str:
+    """A GPU kernelspec's name in JupyterLab's launcher and kernel picker: 'Python 3 (GPU · T4)',
+    'Python 3 (GPU · 8 x A100 · docker · my/image:1)' (backend and image only when chosen)."""
+    gpus = gpu_type.upper() if gpu_count == 1 else f"{gpu_count} x {gpu_type.upper()}"
+    return "Python 3 (" + " · ".join(["GPU", gpus, *(part for part in (backend, image) if part)]) + ")"
 
 
 # -- why a session ended ----------------------------------------------------------------------
@@ -65,6 +73,13 @@ def stop_reason_text(reason: StopReason | None) -> str:
         return "AWS took the spot instance back" + (f" ({reason.detail})" if reason.detail else "")
     if k is StopKind.INSTANCE_ENDED:
         return f"its instance ended: {reason.detail or 'no reason given'}"
+    if k is StopKind.TIME_LIMIT:
+        limit = f" ({format_duration(reason.max_runtime_s)})" if reason.max_runtime_s else ""
+        return f"the cluster ended its job at the job's time limit{limit}"
+    if k is StopKind.PREEMPTED:
+        return "the cluster preempted its job" + (f" ({reason.detail})" if reason.detail else "")
+    if k is StopKind.JOB_ENDED:
+        return f"the cluster ended its job: {reason.detail or 'no reason given'}"
     return reason.detail or "its remote side is gone"
 
 
@@ -144,6 +159,21 @@ def ended_message(record: SessionRecord) -> str:
     else:
         text = f"session {record.name} is {record.state.value}"
     return f"{text} ({summary_line(record)})" if not record.state.active else text
+
+
+def usage_error(message: str) -> str:
+    """An argument parser's complaint, with what to write when a value starts with '-' (which
+    argparse takes for a flag): 'argument --idle: expected one argument' -> ... --idle=-5m."""
+    if message.startswith("argument --") and message.endswith("expected one argument"):
+        flag = message.split()[1].rstrip(":").split("/")[0]
+        return f"{message} (a value that starts with '-' is written {flag}=VALUE)"
+    return message
+
+
+def idle_setting(timeout_s: float | None) -> str:
+    """A session's idle stop as the start says it: 'idle stop after 30m00s', 'idle stop: off'
+    (`--idle off`, or 0, which means off too)."""
+    return f"idle stop after {format_duration(timeout_s)}" if timeout_s else "idle stop: off"
 
 
 def keepalive_line(name: str, granted: dict, asked_s: float) -> str:
@@ -272,13 +302,30 @@ def session_table(views: list[dict], current: str | None = None) -> str:
             v["name"],
             f"{v['gpu_count']}x{v['gpu_type']}",
             v["backend"],
-            v["state"],
+            v["state"] + ("" if v.get("verified", True) else "?"),
             format_duration(v["uptime_s"]),
             f"{v['price_per_hour']:.3f}",
             format_money(v["cost_so_far"]),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines += [f"? {v['name']}: {unverified_text(v)}" for v in views if not v.get("verified", True)]
+    return "\n".join(lines)
+
+
+def unverified_text(view: dict) -> str:
+    """Why a running row carries '?': its backend is not asked when listing (aws; a remote
+    Docker engine this process has no connection to), and when it was last known alive."""
+    seen = view.get("last_seen")
+    ago = f"last seen alive {format_duration(time.time() - seen)} ago" if seen else "never seen alive"
+    where = f"its engine {view['host'][:60]}" if view.get("host") else view["backend"]
+    return f"unverified ({where} is not asked when listing), {ago}"
+
+
+def start_log_lines(text: str, lines: int = 20) -> str:
+    """The end of a failed start's log (kept in the record), indented under a heading."""
+    tail = text.rstrip().splitlines()[-lines:]
+    return "\n".join(["  start log (its last lines):", *(f"    | {line}" for line in tail)])
 
 
 def timeline(record: SessionRecord) -> str:
@@ -302,4 +349,24 @@ def rest_view(view: dict) -> dict:
     reason = StopReason.from_dict(out.get("stop_reason"))
     if reason is not None:
         out["stop_reason"] = dict(reason.to_dict(), text=stop_reason_text(reason))
+    out["ended"] = ended_line(out.get("state"), reason, out.get("error"))
+    out["unverified"] = None if out.get("verified", True) else unverified_text(out)
     return out
+
+
+def ended_line(state: str | None, reason: StopReason | None, error: str | None) -> str | None:
+    """How an ended session ended, for a history list: 'stopped by its idle watchdog after 5s
+    idle', 'stopped by the JupyterLab sidebar', 'failed: connect: ...'. None while it is active."""
+    if state not in (State.STOPPED.value, State.FAILED.value):
+        return None
+    if state == State.FAILED.value and error:
+        return f"failed: {error}"
+    if reason is None:
+        return state
+    if reason.kind in _STOPPED_BY:
+        text = stop_reason_text(reason)
+        joiner = " " if text.startswith("after") else ": "
+        return _STOPPED_BY[reason.kind].removeprefix("was ") + joiner + text
+    if reason.kind in (StopKind.USER, StopKind.GC):
+        return stop_reason_text(reason)
+    return f"{state}: {stop_reason_text(reason)}"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prepare this machine (Debian 12, as root) for the real-Docker tests:
 # packages, a stub NVIDIA hook, a running dockerd, the local/debian:bookworm
-# base image and the product image gpusession/cuda:ci. Safe to run again:
-# every stage skips what is already done.
+# base image, gpusession/cuda:ci (Dockerfile.cuda's recipe, with ipykernel) and
+# the foreign images of scripts/ci-images.sh. Safe to run again: every stage
+# skips what is already done.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -13,6 +14,9 @@ PRODUCT_IMAGE=${GPUSESSION_TEST_IMAGE:-gpusession/cuda:ci}
 PACKAGES=(docker.io openssh-server openssh-client debootstrap iproute2 iptables
           chromium psmisc procps ca-certificates)
 export DEBIAN_FRONTEND=noninteractive
+
+# shellcheck source=lib/debian-mirror.sh
+source scripts/lib/debian-mirror.sh  # after the cd above: the repository root
 
 STAGE=start
 on_exit() {
@@ -87,16 +91,6 @@ start_dockerd() {
     return 1
 }
 
-# The first http(s) URI in the machine's apt sources that is not a security mirror.
-debian_mirror() {
-    { cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources \
-          /etc/apt/sources.list.d/*.list 2>/dev/null || true; } | awk '
-        /^URIs:/ { uri = $2 }
-        /^deb /  { for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) { uri = $i; break } }
-        !found && uri ~ /^https?:/ && uri !~ /security/ { print uri; found = 1 }
-        { uri = "" }'
-}
-
 build_base_image() {
     if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then echo "   present"; return; fi
     local mirror rootfs=$STATE/rootfs
@@ -121,11 +115,15 @@ build_product_image() {
         ca_args=(--build-arg PIP_CA_BUNDLE=.ci-state/ca.crt)
     fi
     # The classic builder: Debian's docker.io has no buildx plugin for BuildKit.
+    # the recipe's venv with ipykernel only: the image that carries its own ipykernel
     DOCKER_BUILDKIT=0 docker build -f Dockerfile.cuda --build-arg "BASE_IMAGE=$BASE_IMAGE" \
-        "${ca_args[@]}" -t "$PRODUCT_IMAGE" . >"$STATE/docker-build.log" 2>&1 \
+        --build-arg PACKAGES=ipykernel "${ca_args[@]}" -t "$PRODUCT_IMAGE" . >"$STATE/docker-build.log" 2>&1 \
         || { tail -n 30 "$STATE/docker-build.log" >&2; return 1; }
     echo "   $PRODUCT_IMAGE: $(docker image inspect -f '{{.Id}}' "$PRODUCT_IMAGE")"
 }
+
+# Images with nothing of gpusession's in them (scripts/ci-images.sh): the sessions' foreign images.
+foreign_images() { bash scripts/ci-images.sh build; }
 
 [ "$(id -u)" -eq 0 ] || { echo "ci-host-setup: run as root" >&2; exit 1; }
 mkdir -p "$STATE"
@@ -135,5 +133,6 @@ stage nvidia-hook install_hook
 stage dockerd start_dockerd
 stage base-image build_base_image
 stage product-image build_product_image
+stage foreign-images foreign_images
 STAGE=finished
 echo "ci-host-setup: ready in $(since "$T0")"

@@ -12,6 +12,7 @@ stage() { printf '[%5ss] %s\n' "$((SECONDS - start))" "$*"; }
 if [ "$(id -u)" = 0 ]; then
   stage "host setup (Docker engine, sshd, chromium, images)"
   bash scripts/ci-host-setup.sh
+  bash scripts/ci-slurm.sh up   # a real Slurm: controller, login node, two compute nodes (docs/slurm.md)
 else
   stage "not root: skipping host setup; Docker and browser tests skip unless already set up"
 fi

@@ -1,6 +1,6 @@
 """The agent in a real container (scripts/ci-host-setup.sh: a real Docker engine, the product
-image, the stub NVIDIA hook): stats through the SSH tunnel, and the container stopping itself
-when idle, not while a cell runs, and with the notebook side killed."""
+image, the stub NVIDIA hook): stats from the agent on the host's loopback, and the container
+stopping itself when idle, not while a cell runs, and with the notebook side killed."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _wait_exited(engine, container_id: str, timeout: float) -> float:
     raise AssertionError(f"container {container_id[:12]} still running after {timeout}s")
 
 
-def test_stats_through_the_tunnel_and_idle_stop(docker_manager, engine):
+def test_stats_and_idle_stop(docker_manager, engine):
     m = docker_manager
     session = m.start(m.make_spec("t4", backend="docker", idle="5s", name="dock1"))
     agent_url = session.link.endpoint.agent_url

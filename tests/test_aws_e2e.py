@@ -51,8 +51,8 @@ def platform(ec2_host, aws_env, moto_server, tmp_path, monkeypatch):
 
 def spec_for(manager, **options):
     options.setdefault("idle", "5m")
-    return manager.make_spec("t4", backend="aws", image=product_image(), ssh_cidr="10.201.0.1/32",
-                             boot_timeout=120, **options)
+    options.setdefault("image", product_image())
+    return manager.make_spec("t4", backend="aws", ssh_cidr="10.201.0.1/32", boot_timeout=120, **options)
 
 
 def let_go(session) -> None:
@@ -74,6 +74,7 @@ def test_start_run_idle_stop_terminates_instance_then_gc_cleans(manager, platfor
     record = session.record
     assert record.state == State.RUNNING
     for stage in ("provision: image ami-", "provision: launching g4dn.xlarge on-demand", "connect: waiting for the instance's sshd",
+                  "connect: instance: waiting for the runtime", "connect: sending the runtime's code",
                   "connect: opening the SSH tunnel", "running: session"):
         assert any(stage in line for line in lines), (stage, lines)
     out = Collect()
@@ -137,4 +138,40 @@ def test_wrong_host_key_is_refused_and_everything_removed(manager, platform, loo
         manager.start(spec_for(manager))
     assert err.value.stage == "connect"
     assert "host key" in str(err.value) and "refusing" in str(err.value)
+    assert leftovers(look) == NOTHING
+
+
+def test_a_foreign_image_gets_the_runtime_and_runs_with_its_own_python(manager, platform, look):
+    """Debian 13 with python3 only: the instance probes it, the client sends ipykernel and pip for
+    its Python 3.13 and the agent, the kernel runs with the image's Python; the idle stop ends
+    the instance and gc leaves nothing."""
+    from support.images import FOREIGN
+
+    trixie = FOREIGN[1]
+    lines: list[str] = []
+    session = manager.start(spec_for(manager, idle="5s", image=trixie.image), report=lines.append)
+    for said in ("the image's Python 3.13", "no ipykernel: the runtime brings it", "sending the runtime's site",
+                 "sending the runtime's code"):
+        assert any(said in line for line in lines), (said, lines)
+    out = Collect()
+    assert session.run("import os, sys\nprint(sys.version)\nprint(sys.executable, os.getuid())", sink=out)["status"] == "ok"
+    version, where = out.text.strip().splitlines()[:2]
+    assert version.startswith(trixie.version) and where.split() == [trixie.executable, str(trixie.uid)]
+    record = session.record
+    platform.wait_for(lambda: instance_state(look, record) == "terminated", timeout=90)
+    console = platform.console_text(record.resource["instance_id"])
+    assert [StopReason.from_dict(r).kind for r in find_markers(console, Marker.STOPPED)] == [StopKind.IDLE], console
+    manager.gc()
+    assert manager.get(record.id).state == State.STOPPED
+    assert leftovers(look) == NOTHING
+    let_go(session)
+
+
+def test_an_image_without_python_fails_in_one_line_and_leaves_nothing(manager, platform, look):
+    from support.images import NO_PYTHON
+
+    with pytest.raises(StageError) as err:
+        manager.start(spec_for(manager, image=NO_PYTHON))
+    assert f"image {NO_PYTHON} has no Python to run the session kernel in" in str(err.value)
+    assert "use an image with python3 3.9 or newer" in str(err.value)
     assert leftovers(look) == NOTHING

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import re
 import shlex
+import stat
 import subprocess
 import sys
 import time
@@ -105,24 +106,29 @@ def test_provision_on_demand_makes_tagged_locked_down_instance(manager, aws_env,
     cfg = user_data_of(look, record)
     assert cfg["ssh_keys"]["ed25519_public"] == res["instance_host_key"]
     user = cfg["users"][1]
-    assert user["name"] == "gpusession"
-    assert user["ssh_authorized_keys"][0].startswith('restrict,port-forwarding,permitopen="127.0.0.1:2222" ssh-ed25519 ')
-    files = {f["path"]: f for f in cfg["write_files"]}
     folder = f"/var/lib/gpusession/{record.id}"
-    assert files[f"{folder}/container-ssh/ssh_host_ed25519_key.pub"]["content"].strip() == res["container_host_key"]
-    assert files[f"{folder}/container-ssh/ssh_host_ed25519_key"]["permissions"] == "0600"
+    assert user["name"] == "gpusession"
+    login = user["ssh_authorized_keys"][0]
+    assert login.startswith('restrict,port-forwarding,permitopen="127.0.0.1:50001",')
+    assert f',command="sh {folder}/access.sh" ssh-ed25519 ' in login
+    files = {f["path"]: f for f in cfg["write_files"]}
+    assert files[f"{folder}/boot.sh"]["content"].startswith("#!/bin/sh")  # the bundle's, for the probe
+    assert files[f"{folder}/access.sh"]["permissions"] == "0755"
     script = files[f"{folder}/session.sh"]["content"]
-    for part in ("--gpus all", "-p 127.0.0.1:2222:22", "--idle 5", "--price-per-hour 0.526", "poweroff",
-                 f"gpusession.session={record.id}"):
+    for part in ("--gpus all", "--network host", "--idle 5", "--price-per-hour 0.526", "poweroff",
+                 f"SESSION_ID={record.id}", "GPUSESSION_KERNEL_KEY="):
         assert part in script, part
-    assert "watch_spot &" not in script  # on-demand: no interruption watch
+    key_file = manager.config.data_path / "keys" / f"{record.id}.kernel"
+    assert f"GPUSESSION_KERNEL_KEY={key_file.read_text().strip()}\n" in script
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert "\nSPOT=0\n" in script  # on-demand: no interruption watch
     subprocess.run(["sh", "-n"], input=script, text=True, check=True)  # valid shell
     assert record.price_per_hour == 0.526  # the catalog's on-demand price of the whole instance
 
     manager.backend("aws").stop(record)
     assert leftovers(look) == NOTHING
     assert look.describe_instances(InstanceIds=[inst["InstanceId"]])["Reservations"][0]["Instances"][0]["State"]["Name"] == "terminated"
-    assert not (manager.config.data_path / "keys" / record.id).exists()
+    assert not (manager.config.data_path / "keys" / record.id).exists() and not key_file.exists()
 
 
 def test_spot_price_is_the_current_spot_price(manager, aws_env, look):
@@ -139,8 +145,8 @@ def test_spot_price_is_the_current_spot_price(manager, aws_env, look):
     assert float(run["InstanceMarketOptions.SpotOptions.MaxPrice"]) == pytest.approx(1.006)  # on-demand cap
     cfg = user_data_of(look, record)
     script = {f["path"]: f for f in cfg["write_files"]}[f"/var/lib/gpusession/{record.id}/session.sh"]["content"]
-    agent_args = shlex.split(re.search(r"-e GPUSESSION_AGENT_ARGS=('[^']*')", script).group(1))[0].split()
-    assert "watch_spot &" in script and float(agent_args[agent_args.index("--price-per-hour") + 1]) == cheapest
+    agent_args = shlex.split(re.search(r"\nset -- (.*)\n", script).group(1))
+    assert "\nSPOT=1\n" in script and float(agent_args[agent_args.index("--price-per-hour") + 1]) == cheapest
     assert manager.view(record)["spot"] is True and manager.view(record)["price_per_hour"] == pytest.approx(cheapest)
     manager.backend("aws").stop(record)
     assert leftovers(look) == NOTHING
@@ -214,7 +220,7 @@ def test_unreachable_instance_times_out_naming_the_stage_and_leaves_nothing(mana
 def test_unknown_region_is_refused_before_anything_is_asked(manager, aws_env):
     with pytest.raises(BadInput) as err:
         manager.start(spec_for(manager, "t4", region="mars-east-1"))
-    assert "unknown AWS region 'mars-east-1'" in str(err.value) and "us-east-1" in str(err.value)
+    assert "region 'mars-east-1' is no AWS region name" in str(err.value) and "us-east-1" in str(err.value)
     assert aws_env.calls == [] and manager.list() == []
 
 

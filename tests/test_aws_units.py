@@ -6,15 +6,22 @@ import subprocess
 
 import pytest
 
-from gpusession.backends.aws.cloudinit import BootPlan, authorized_key_line, boot_script, new_host_key, user_data
+from gpusession.backends.aws.cloudinit import (
+    BootPlan,
+    access_script,
+    authorized_key_line,
+    boot_script,
+    new_host_key,
+    user_data,
+)
 from gpusession.backends.aws.launch import Attempt, Subnet, attempts, fallback_mode
 from gpusession.backends.aws.link import map_address
 from gpusession.backends.aws.teardown import console_details, ended_reason
 from gpusession.backends.base import stop_details_from_log
 from gpusession.errors import BadInput
+from gpusession.bundle import boot_script as bundle_boot_script
 from gpusession.protocol import (
-    ENV_AGENT_ARGS,
-    ENV_AUTHORIZED_KEY,
+    ENV_KERNEL_KEY,
     ENV_SESSION_ID,
     Marker,
     StopDetails,
@@ -29,8 +36,7 @@ A, B, C = (Subnet(f"subnet-{z}", f"us-east-1{z}", "vpc-1") for z in "abc")
 
 def plan(spot=False):
     return BootPlan("0123456789abcdef0123456789abcdef", "registry.example/gpusession:1", "ssh-ed25519 AAAAkey s",
-                    new_host_key("host"), new_host_key("container"), ["--idle", "1800", "--price-per-hour", "0.5"],
-                    spot=spot)
+                    new_host_key("host"), "ab" * 32, ["--idle", "1800", "--price-per-hour", "0.5"], spot=spot)
 
 
 def test_user_data_fits_and_script_is_valid_shell():
@@ -38,14 +44,44 @@ def test_user_data_fits_and_script_is_valid_shell():
         text = user_data(plan(spot))
         assert text.startswith("#cloud-config\n") and len(text.encode()) < 16 * 1024
         subprocess.run(["sh", "-n"], input=boot_script(plan(spot)), text=True, check=True)
+        subprocess.run(["sh", "-n"], input=access_script(plan(spot)), text=True, check=True)
     script = boot_script(plan(True))
-    assert "GPUSESSION_AGENT_ARGS='--idle 1800 --price-per-hour 0.5'" in script  # one word for docker, split by the entrypoint
-    assert "watch_spot &" in script and "poweroff" in script
+    assert "\nset -- --idle 1800 --price-per-hour 0.5\n" in script  # the agent's options, as words
+    assert "\nSPOT=1\n" in script and "SPOT=0" in boot_script(plan(False)) and "poweroff" in script
+    assert "--network host" in script and "--gpus all" in script and "-p 127" not in script  # nothing published
 
 
-def test_session_key_may_only_reach_the_container_sshd():
+def test_session_key_may_only_reach_the_kernel_ports_and_access_sh():
     line = authorized_key_line(plan())
-    assert line == 'restrict,port-forwarding,permitopen="127.0.0.1:2222" ssh-ed25519 AAAAkey s'
+    ports = ",".join(f'permitopen="127.0.0.1:{p}"' for p in (50001, 50002, 50003, 50004, 50005, 50010))
+    assert line == (f'restrict,port-forwarding,{ports},command="sh /var/lib/gpusession/0123456789abcdef0123456789abcdef'
+                    '/access.sh" ssh-ed25519 AAAAkey s')
+
+
+def test_access_sh_answers_status_takes_the_bundle_and_refuses_the_rest(tmp_path):
+    script = access_script(plan()).replace("DIR=/var/lib/gpusession/0123456789abcdef0123456789abcdef",
+                                           f"DIR={tmp_path}")
+    (tmp_path / "upload").mkdir()
+    (tmp_path / "status").write_text("GPUSESSION_BOOT starting x\n")
+    (tmp_path / "pull.log").write_text('{"status":"Downloading","id":"a","progressDetail":{"current":1,"total":9}}\n'
+                                       '{"status":"Pull complete","id":"a"}\n{"status":"Waiting","id":"b"}\n')
+
+    def access(command, data=b""):
+        return subprocess.run(["sh", "-c", script], input=data, env={"SSH_ORIGINAL_COMMAND": command, "PATH": "/usr/bin:/bin"},
+                              capture_output=True, timeout=30)
+
+    out = access("status").stdout.decode().splitlines()
+    assert out[0] == "GPUSESSION_BOOT starting x"
+    assert sorted(out[1:]) == ['{"status":"Pull complete","id":"a"}', '{"status":"Waiting","id":"b"}']  # last per layer
+    import hashlib
+
+    good = b"bundle bytes"
+    assert access(f"put code {hashlib.sha256(b'other').hexdigest()}", good).returncode == 1  # damaged: refused
+    assert not (tmp_path / "upload" / "code.tgz").exists()
+    assert access(f"put code {hashlib.sha256(good).hexdigest()}", good).returncode == 0
+    assert (tmp_path / "upload" / "code.tgz").read_bytes() == good
+    assert access("put ../x 00", good).returncode == 2
+    assert access("cat /etc/passwd").returncode == 2 and access("notice").returncode != 0
 
 
 def test_address_map(monkeypatch):
@@ -75,27 +111,58 @@ def test_attempts_follow_the_fallback_the_user_allowed():
         fallback_mode({"fallback": "sometimes"})
 
 
-def test_the_boot_script_speaks_the_protocol(tmp_path):
-    """Its markers and environment names come from gpusession.protocol; a failed `docker run`
-    leaves a FAILED marker whose payload parses, and the container's last markers are copied."""
+def _boot(tmp_path, docker: str) -> str:
+    """The boot script's output with a fake docker (shell text) and no real machine."""
     script = boot_script(plan())
-    for name in (ENV_SESSION_ID, ENV_AUTHORIZED_KEY, ENV_AGENT_ARGS):
-        assert f"-e {name}=" in script
     fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    for tool in ("docker", "poweroff", "seq"):
-        (fake_bin / tool).write_text("#!/bin/sh\nexit 1\n" if tool == "docker" else "#!/bin/sh\n")
+    fake_bin.mkdir(exist_ok=True)
+    for tool, text in (("docker", docker), ("poweroff", ""), ("seq", ""), ("curl", "exit 7"), ("sleep", "")):
+        (fake_bin / tool).write_text(f"#!/bin/sh\n{text}\n")
         (fake_bin / tool).chmod(0o755)
-    script = script.replace("DIR=/var/lib/gpusession/", f"DIR={tmp_path}/").replace("/dev/console", f"{tmp_path}/console")
+    folder = tmp_path / "machine"
+    folder.mkdir()
+    (folder / "boot.sh").write_bytes(bundle_boot_script())
+    script = script.replace("DIR=/var/lib/gpusession/0123456789abcdef0123456789abcdef", f"DIR={folder}")
+    script = script.replace("RUNTIME_WAIT_S=600", "RUNTIME_WAIT_S=2").replace("/dev/console", f"{tmp_path}/console")
     (tmp_path / "console").touch()
     out = subprocess.run(["sh", "-c", script], env={"PATH": f"{fake_bin}:/usr/bin:/bin"}, capture_output=True,
                          text=True, timeout=30).stdout
-    assert find_markers(out, Marker.BOOT) == ["starting registry.example/gpusession:1"]
-    (failed,) = find_markers(out, Marker.FAILED)
-    assert failed == {"stage": "container", "error": "docker run registry.example/gpusession:1 failed"}
-    assert stop_details_from_log(out).reason.kind == StopKind.START_FAILED
     assert out.rstrip().endswith(Marker.POWEROFF.value)
     assert (tmp_path / "console").read_text() == out  # what EC2's console output keeps
+    assert (folder / "status").read_text() == out  # what access.sh status shows the client
+    return out
+
+
+def test_the_boot_script_speaks_the_protocol(tmp_path):
+    """Its markers and environment names come from gpusession.protocol; a failed pull leaves a
+    FAILED marker whose payload parses."""
+    script = boot_script(plan())
+    for name in (ENV_SESSION_ID, ENV_KERNEL_KEY):
+        assert f"-e {name}" in script or f"-e \"{name}=" in script
+    out = _boot(tmp_path, "exit 1")
+    assert find_markers(out, Marker.BOOT) == ["starting registry.example/gpusession:1", "pulling registry.example/gpusession:1"]
+    (failed,) = find_markers(out, Marker.FAILED)
+    assert failed == {"stage": "image", "error": "cannot pull registry.example/gpusession:1"}
+    assert stop_details_from_log(out).reason.kind == StopKind.START_FAILED
+
+
+def test_an_image_without_python_ends_the_instance_with_one_line(tmp_path):
+    # docker: the image is there; the probe (`docker run`) says what boot.sh says without a Python
+    docker = ('case "$1" in run) echo \'GPUSESSION_FAILED {"stage":"python","error":"no python3 (3.9 or newer) on '
+              'PATH"}\'; exit 3 ;; esac')
+    out = _boot(tmp_path, docker)
+    (failed,) = find_markers(out, Marker.FAILED)
+    assert failed["stage"] == "python"
+    assert failed["error"] == ("image registry.example/gpusession:1 has no Python to run the session kernel in (no python3 "
+                               "(3.9 or newer) on PATH): use an image with python3 3.9 or newer")
+
+
+def test_without_a_runtime_bundle_the_instance_powers_off(tmp_path):
+    docker = ('case "$1" in run) echo \'GPUSESSION_PYTHON {"executable":"/usr/bin/python3","version":[3,11,2]}\' ;; esac')
+    out = _boot(tmp_path, docker)
+    assert find_markers(out, Marker.PYTHON) == [{"executable": "/usr/bin/python3", "version": [3, 11, 2]}]
+    (failed,) = find_markers(out, Marker.FAILED)
+    assert failed == {"stage": "runtime", "error": "no runtime bundle arrived within 2s"}
 
 
 def test_why_ec2_says_an_instance_ended():

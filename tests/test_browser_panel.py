@@ -20,13 +20,27 @@ import contextlib
 import json
 import re
 import time
-import urllib.request
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
 import pytest
 
-from support.lab import chromium_launch_kwargs, lab_url, start_lab, stop_lab
+from support.lab import chromium_launch_kwargs
+from support.labpanel import (
+    ARTIFACTS,
+    DATA,
+    PANEL,
+    TIMEOUT_MS,
+    Lab,
+    open_lab,
+    open_sidebar,
+    put_notebook,
+    run_all_cells,
+    running_lab,
+    screenshot_on_failure,
+    wait_for_change,
+    wait_kernel_idle,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -36,21 +50,7 @@ if not Path(CHROMIUM).exists():
                 allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
 
-from gpusession.config import GpuSessionConfig  # noqa: E402
 from gpusession.models import State  # noqa: E402
-from gpusession.session import SessionManager  # noqa: E402
-
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
-DATA = Path(__file__).resolve().parent / "data"
-PANEL = "#gpusession-panel"
-TIMEOUT_MS = 30_000
-
-
-class Lab(NamedTuple):
-    url: str
-    token: str
-    root: Path
-    manager: SessionManager  # the same store as the server's (GPUSESSION_HOME)
 
 
 @pytest.fixture
@@ -68,22 +68,8 @@ def jp_server_cleanup():
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> Iterator[Lab]:
     """One JupyterLab for the module, its own session store, the local backend by default."""
-    home = tmp_path_factory.mktemp("gshome")
-    root = tmp_path_factory.mktemp("notebooks")
-    ARTIFACTS.mkdir(exist_ok=True)
-    url, token, process = start_lab(
-        root,
-        env={"GPUSESSION_HOME": str(home), "GPUSESSION_BACKEND": "local"},
-        log_path=ARTIFACTS / "browser-jupyterlab.log",
-    )
-    manager = SessionManager(GpuSessionConfig(data_dir=str(home)))
-    try:
-        yield Lab(url, token, root, manager)
-    finally:
-        for record in manager.list(active_only=True):
-            with contextlib.suppress(Exception):
-                manager.stop(record.id)
-        stop_lab(process)
+    with running_lab(tmp_path_factory, "browser-jupyterlab.log", env={"GPUSESSION_BACKEND": "local"}) as found:
+        yield found
 
 
 @pytest.fixture(scope="module")
@@ -115,43 +101,41 @@ def page(browser):
     context.close()
 
 
-@contextlib.contextmanager
-def screenshot_on_failure(page, name: str):
-    try:
-        yield
-    except BaseException:
-        with contextlib.suppress(Exception):
-            page.screenshot(path=str(ARTIFACTS / f"failed-{name}.png"))
-        raise
-
-
-def open_lab(page, lab: Lab, workspace: str, path: str = "") -> None:
-    """JupyterLab in a workspace of its own: a fresh layout (sidebar closed), not the last test's."""
-    page.goto(lab_url(lab.url, lab.token, f"lab/workspaces/{workspace}/{path}".rstrip("/")))
-    page.locator('.jp-SideBar [data-id="gpusession-panel"]').wait_for()
-
-
-def open_sidebar(page) -> None:
-    page.locator('.jp-SideBar [data-id="gpusession-panel"]').click()
-    page.locator(PANEL).wait_for(state="visible")
-
-
-def wait_for_change(read, timeout: float = 10.0) -> tuple[str, str]:
-    """(first, later) values of `read()` once it changed."""
-    first = read()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        time.sleep(0.25)
-        later = read()
-        if later != first:
-            return first, later
-    raise AssertionError(f"value stayed {first!r} for {timeout:.0f} s")
-
-
 # -- the sidebar -----------------------------------------------------------------------------
 
 
+# What a card shows while it changes: its state, whether Keep alive is offered, its stage line.
+WATCH_CARDS_JS = """() => {
+    window.__cardSnapshots = [];
+    const take = () => {
+        for (const card of document.querySelectorAll('#gpusession-panel .gpusession-list .gpusession-card')) {
+            const keep = card.querySelector('.gpusession-keepalive');
+            const progress = card.querySelector('.gpusession-progress');
+            window.__cardSnapshots.push({
+                state: card.dataset.state,
+                keepalive: !!keep && !keep.hidden && keep.offsetParent !== null,
+                progress: progress && !progress.hidden ? progress.textContent : null,
+            });
+        }
+    };
+    new MutationObserver(take).observe(document.getElementById('gpusession-panel'),
+        {subtree: true, childList: true, attributes: true, characterData: true});
+}"""
+
+
+def clipped(locator) -> bool:
+    """Whether an element's text is cut off (wider than its box, or past its card's edge)."""
+    return locator.evaluate("""el => {
+        const card = el.closest('.gpusession-card') || el.parentElement;
+        const box = el.getBoundingClientRect(), edge = card.getBoundingClientRect();
+        return el.scrollWidth > el.clientWidth + 1 || box.right > edge.right + 0.5 || box.left < edge.left - 0.5;
+    }""")
+
+
 def test_sidebar_start_live_values_and_stop(lab, page):
+    """The form starts from the served defaults; the card follows the start's stages (no Keep
+    alive before it runs), then runs with live values that fit the default sidebar width; Stop
+    moves it to the history, saying who stopped it."""
     with screenshot_on_failure(page, "sidebar"):
         open_lab(page, lab, "sidebar")
         open_sidebar(page)
@@ -173,33 +157,56 @@ def test_sidebar_start_live_values_and_stop(lab, page):
         sync_api.expect(idle_error).to_contain_text("bad idle timeout 'soon'")
         idle.fill("off")  # the notebook's "never"
         sync_api.expect(idle_error).to_be_hidden()
+        idle.fill("1h")  # a countdown as wide as it gets ("59m55s"), and Keep alive applies
+        sync_api.expect(idle_error).to_be_hidden()
         panel.locator(".gpusession-name-input").fill("from-sidebar")
+        page.evaluate(WATCH_CARDS_JS)
         panel.locator(".gpusession-start-button").click()
 
         card = panel.locator('.gpusession-card[data-session-name="from-sidebar"]')
         card.wait_for()
         sync_api.expect(card).to_have_attribute("data-state", "running", timeout=TIMEOUT_MS)
+        snapshots = page.evaluate("() => window.__cardSnapshots")
+        before = [s for s in snapshots if s["state"] != "running"]
+        assert before, snapshots  # the card was there before it ran
+        assert not [s for s in before if s["keepalive"]], before  # nothing to keep alive yet
+        stages = [s["progress"] for s in before if s["progress"]]
+        assert stages and all(re.search(r"\(\d+\.\ds\)$", text) for text in stages), before
+        assert any(re.match(r"(session from-sidebar|provision|connect|kernel)", text) for text in stages), stages
+        assert not card.locator(".gpusession-progress").is_visible()  # gone once it runs
+
         assert card.locator(".gpusession-kind").inner_text() == "t4 × 1 · local"
         assert card.locator(".gpusession-price").inner_text() == "$0.5260/h"  # as the notebook prints it
         assert re.fullmatch(r"\$0\.\d{4}", card.locator(".gpusession-cost").inner_text())
-        assert card.locator(".gpusession-idle").inner_text() == "off"  # idle stop off
-        assert not card.locator(".gpusession-keepalive").is_visible()
+        idle_value = card.locator(".gpusession-idle")
+        sync_api.expect(idle_value).to_have_text(re.compile(r"^(59m\d\ds|1h00m)$"))
+        sync_api.expect(card.locator(".gpusession-keepalive")).to_be_visible()
+        # with no GPU, one quiet line per card: not a warning box repeating the NVML error
         no_gpu = card.locator(".gpusession-no-gpu")
         no_gpu.wait_for(state="visible")
-        assert no_gpu.inner_text().startswith("no NVIDIA GPU visible")
+        assert no_gpu.inner_text() == "no NVIDIA GPU visible"
+        assert no_gpu.get_attribute("title")  # the driver's detail, on hover
+        style = no_gpu.evaluate("el => { const s = getComputedStyle(el); return [s.borderLeftWidth, s.backgroundColor]; }")
+        assert style == ["0px", "rgba(0, 0, 0, 0)"], style
+        card.locator(".gpusession-cpu .gpusession-chart-value").wait_for()  # the session's own CPU and memory
 
         uptime = card.locator(".gpusession-uptime")
-        before, after = wait_for_change(uptime.inner_text)
+        before_uptime, after = wait_for_change(uptime.inner_text)
         assert re.fullmatch(r"\d+s|\d+m\d\ds", after), after
+        # nothing of the card's facts is cut off at the default sidebar width
+        for fact in (idle_value, uptime, card.locator(".gpusession-price"), card.locator(".gpusession-cost")):
+            assert not clipped(fact), fact.inner_text()
 
         record = lab.manager.get("from-sidebar")
-        assert record.state == State.RUNNING and record.spec.idle_timeout_s is None
+        assert record.state == State.RUNNING and record.spec.idle_timeout_s == 3600
         panel.screenshot(path=str(ARTIFACTS / "sidebar-panel.png"))
 
         card.locator(".gpusession-stop").click()
         sync_api.expect(card).to_have_count(0, timeout=TIMEOUT_MS)
         assert lab.manager.get(record.id).state == State.STOPPED
         panel.locator(".gpusession-empty").wait_for(state="visible")
+        ended = panel.locator('.gpusession-history-item[data-session-name="from-sidebar"]')
+        sync_api.expect(ended.locator(".gpusession-history-reason")).to_have_text("stopped by the JupyterLab sidebar")
         assert not page.errors, page.errors
 
 
@@ -267,22 +274,6 @@ def test_sidebar_with_twenty_sessions_stays_responsive(lab, page, timings):
 # -- the ipywidgets panel --------------------------------------------------------------------
 
 
-def _put_notebook(lab: Lab, name: str, cells: list[str]) -> None:
-    """Create the notebook through the server's contents API (as a front end would)."""
-    notebook = {
-        "nbformat": 4,
-        "nbformat_minor": 5,
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
-        "cells": [{"cell_type": "code", "id": f"cell-{i}", "metadata": {}, "source": src, "outputs": [],
-                   "execution_count": None} for i, src in enumerate(cells)],
-    }
-    body = json.dumps({"type": "notebook", "format": "json", "content": notebook}).encode()
-    request = urllib.request.Request(f"{lab.url}api/contents/{name}", data=body, method="PUT",
-                                     headers={"Authorization": f"token {lab.token}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as reply:  # noqa: S310 - http on localhost
-        assert reply.status in (200, 201)
-
-
 # No GPU here: the GPU gauges are shown once more with two T4s' values recorded from a driver
 # (tests/data), replayed by the agent's own Sampler, to see them render in the browser.
 RECORDED_GPUS_CELL = f"""\
@@ -300,7 +291,7 @@ ipywidgets.VBox([ipywidgets.HTML("<b>recorded: 2 x Tesla T4</b> (tests/data/nvml
 
 
 def test_widget_panel_in_a_notebook(lab, page, timings):
-    _put_notebook(lab, "panel.ipynb", [
+    put_notebook(lab, "panel.ipynb", [
         "%load_ext gpusession",
         "%gpu start --backend local --idle off --name from-notebook",
         "%gpu panel",
@@ -309,11 +300,9 @@ def test_widget_panel_in_a_notebook(lab, page, timings):
     with screenshot_on_failure(page, "widget"):
         opened = time.monotonic()
         open_lab(page, lab, "widget", "tree/panel.ipynb")
-        # a run asked for before the kernel is up is dropped: wait for "Idle" in the status bar
-        page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\|\s*Idle")).wait_for()
+        wait_kernel_idle(page)
         timings["notebook_open_to_kernel_idle_s"] = round(time.monotonic() - opened, 2)
-        page.locator("#jp-MainMenu .lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        run_all_cells(page)
 
         ran = time.monotonic()
         card = page.locator(".gpusession-widget-card")

@@ -143,3 +143,16 @@ def test_stats_and_keepalive_of_a_running_session(nb_env):
         assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
     finally:
         cli(nb_env, "stop", "st")
+
+
+def test_list_into_a_closed_pipe_prints_no_traceback(nb_env):
+    """`gpusession list | head -1`: the reader leaves early; no BrokenPipeError traceback."""
+    store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
+    from gpusession.models import LaunchSpec
+
+    for i in range(300):  # more rows than one pipe buffer holds
+        rec = store.create(LaunchSpec(gpu_type="t4", backend="local", name=f"row{i}"), price_per_hour=0.0)
+        store.transition(rec.id, State.FAILED, "made for this test", error="test")
+    r = subprocess.run(f"'{sys.executable}' -m gpusession list --all | head -1", shell=True, env=nb_env,
+                       capture_output=True, text=True, timeout=60)
+    assert "NAME" in r.stdout and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr

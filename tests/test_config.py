@@ -19,7 +19,7 @@ import pytest
 import tornado.httpclient
 from traitlets.config import Config
 
-from gpusession.config import ConfigError, GpuSessionConfig
+from gpusession.config import BUILTIN_IMAGE, ConfigError, GpuSessionConfig
 from gpusession.durations import parse_duration
 from gpusession.models import State
 from gpusession.session import SessionManager
@@ -178,14 +178,14 @@ def test_built_in_defaults(tmp_path, no_env):
     found = _observe_with({"data_dir": str(tmp_path / "home"), "default_backend": "local"})
     assert found["default_type"] == "t4:1" and found["default_idle"] == 1800
     assert found["price_per_hour"] == pytest.approx(0.526)  # the catalog's on-demand t4 rate
-    assert found["docker_image"] == "gpusession/cuda:latest"
+    assert found["docker_image"] == BUILTIN_IMAGE
 
 
 def test_empty_means_the_built_in_value(tmp_path, no_env):
     for name in ("default_type", "default_idle", "docker_image", "data_dir"):
         no_env.setenv(ENV_VARS[name], "")
     config = GpuSessionConfig(config=Config({"GpuSessionConfig": {"default_type": "", "docker_image": ""}}))
-    assert (config.default_type, config.default_idle, config.docker_image) == ("t4", "30m", "gpusession/cuda:latest")
+    assert (config.default_type, config.default_idle, config.docker_image) == ("t4", "30m", BUILTIN_IMAGE)
     assert config.data_dir.endswith("gpusession")
     config.price_per_hour = 0
     assert config.price_per_hour == 0  # free, not the catalog rate

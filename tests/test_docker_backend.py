@@ -1,13 +1,14 @@
 """The docker backend on a real engine (scripts/ci-host-setup.sh): real containers from the product
-image, real sshd inside, real kernels, the real tunnel; and the same through ssh:// to the
-namespace host (scripts/ci-remote-host.sh)."""
+image (Dockerfile.cuda's recipe: no sshd, no gpusession), the runtime bundle in volumes, real
+kernels on the host's loopback; and the same through ssh:// to the namespace host
+(scripts/ci-remote-host.sh), with the real tunnel to that host's sshd. Foreign images:
+tests/test_foreign_images.py."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -62,6 +63,13 @@ def _store(env) -> Store:
     return Store(Path(env["GPUSESSION_HOME"]) / "sessions.sqlite3")
 
 
+def _listens_on_loopback_only(port: int) -> bool:
+    """Is `port` listened on at 127.0.0.1 of this machine, and on no other address?"""
+    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    local = [line.split()[3] for line in out.splitlines() if line.strip()]
+    return bool(local) and all(address == f"127.0.0.1:{port}" for address in local)
+
+
 def _ours(client, session_id: str | None = None) -> list:
     label = f"{LABEL}={session_id}" if session_id else LABEL
     return client.containers.list(all=True, ignore_removed=True, filters={"label": label})
@@ -80,16 +88,18 @@ def test_notebook_runs_cells_in_a_gpu_container(docker_env, engine, tmp_path):
         record = _store(docker_env).get("box")
         (container,) = _ours(engine, record.id)
 
-        cell = nk.run("%%gpu\nimport os, socket\nprint(socket.gethostname(), os.environ['NVIDIA_VISIBLE_DEVICES'])")
+        cell = nk.run("%%gpu\nimport os, sys\nprint(os.environ['GPUSESSION_SESSION_ID'], os.environ['NVIDIA_VISIBLE_DEVICES'], "
+                      "sys.executable)")
         assert cell.status == "ok", cell.text
-        assert cell.text.split() == [container.short_id, "all"]
+        assert cell.text.split() == [record.id, "all", "/opt/venv/bin/python3"]  # the image's own Python
 
         # outputs stream: the first line arrives long before the cell ends
         loop = nk.run("%%gpu\nimport time\nfor i in range(4):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.5)")
         assert loop.status == "ok" and all(f"tick {i}" in loop.text for i in range(4))
         assert loop.stream_times("tick 0")[0] < (loop.replied_at - loop.sent_at) - 1.0
 
-        # what the container carries: labels for gc, a GPU request, only sshd published, on loopback
+        # what the container carries: labels for gc, a GPU request, nothing published, the runtime
+        # read-only; the kernel's and agent's ports on this machine's loopback only
         assert container.labels["gpusession.type"] == "t4:1"
         assert container.labels["gpusession.owner"] == record.owner
         assert float(container.labels["gpusession.started"]) <= time.time()
@@ -97,15 +107,21 @@ def test_notebook_runs_cells_in_a_gpu_container(docker_env, engine, tmp_path):
         host_config = container.attrs["HostConfig"]
         assert host_config["Init"] is True
         assert host_config["DeviceRequests"][0]["Capabilities"] == [["gpu"]]
-        assert host_config["PortBindings"] == {"22/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]}
-        key_path = Path(record.resource["key_path"])
-        assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
-        assert record.resource["host_key"].startswith("ssh-ed25519 ")
+        assert host_config["NetworkMode"] == "host" and not host_config.get("PortBindings")
+        mounts = {m["Destination"]: m for m in container.attrs["Mounts"]}
+        assert mounts["/opt/gpusession-runtime/code"]["RW"] is False
+        assert "/opt/gpusession-runtime/site" not in mounts  # the image has ipykernel and pip: no site
+        info = nk.run("%%gpu\nimport json, os\nprint(json.dumps({k: v for k, v in json.load(open("
+                      "'/tmp/gpusession/kernel.json')).items() if k != 'key'}))")
+        listening = __import__("json").loads(info.text)
+        assert listening["ip"] == "127.0.0.1"
+        for port in (listening["shell_port"], listening["iopub_port"]):
+            assert _listens_on_loopback_only(port), port
+        assert not (Path(docker_env["GPUSESSION_HOME"]) / "keys" / record.id).exists()  # no per-session key
 
         stop = nk.run("%gpu stop")
         assert stop.status == "ok", stop.text
         assert _ours(engine, record.id) == []
-        assert not key_path.exists()
         assert _store(docker_env).get("box").state == State.STOPPED
     finally:
         nk.close()
@@ -126,7 +142,7 @@ def test_notebook_on_a_remote_engine_over_ssh(docker_env, tmp_path, monkeypatch)
     nb.cells = [
         nbformat.v4.new_code_cell("%load_ext gpusession"),
         nbformat.v4.new_code_cell(f"%gpu start --backend docker --host {remote['url']} --type t4 --idle off --name far"),
-        nbformat.v4.new_code_cell("%%gpu\nimport os, socket\nprint(socket.gethostname(), os.environ['NVIDIA_VISIBLE_DEVICES'])"),
+        nbformat.v4.new_code_cell("%%gpu\nimport os\nprint(os.environ['GPUSESSION_SESSION_ID'], os.environ['NVIDIA_VISIBLE_DEVICES'])"),
         nbformat.v4.new_code_cell("%gpu stop"),
     ]
     # nbclient starts the kernel with this process's environment
@@ -136,10 +152,10 @@ def test_notebook_on_a_remote_engine_over_ssh(docker_env, tmp_path, monkeypatch)
 
     text = ["".join(o.get("text", "") for o in c.outputs) for c in nb.cells]
     assert "running: session far is ready" in text[1]
-    hostname, devices = text[2].split()
+    session_id, devices = text[2].split()
     assert devices == "all"
     record = _store(env).get("far")
-    assert record.resource["container_id"].startswith(hostname)
+    assert record.id == session_id
     assert record.state == State.STOPPED
     far = docker.DockerClient(base_url=remote["docker_host_env"])
     try:
@@ -148,21 +164,29 @@ def test_notebook_on_a_remote_engine_over_ssh(docker_env, tmp_path, monkeypatch)
         far.close()
 
 
+def _cut_ssh_to(address: str) -> None:
+    """A network blip: every TCP connection to `address`'s sshd is killed (the tunnel's and the
+    engine client's)."""
+    subprocess.run(["ss", "-K", "dst", address, "dport", "=", "22"], check=True, capture_output=True)
+
+
 @engine_test
-def test_cut_tunnel_keeps_the_kernel_and_its_variables(docker_env, engine, tmp_path):
+def test_cut_tunnel_keeps_the_kernel_and_its_variables(docker_env, remote_home, tmp_path):
+    """The tunnel of a remote engine's session ends at that host's sshd: cut, it comes back by
+    itself, and the kernel (which never depended on it) keeps its variables."""
     from support.notebook_kernel import NotebookKernel
 
-    nk = NotebookKernel(docker_env, cwd=str(tmp_path))
+    remote, home = remote_home
+    env = dict(docker_env, HOME=str(home))
+    nk = NotebookKernel(env, cwd=str(tmp_path))
     try:
         assert nk.run("%load_ext gpusession").status == "ok"
-        assert nk.run("%gpu start --backend docker --idle off --name blip").status == "ok"
+        assert nk.run(f"%gpu start --backend docker --host {remote['url']} --idle off --name blip").status == "ok"
         assert nk.run("%%gpu\nimport os\nanswer = 42\nkernel_pid = os.getpid()").status == "ok"
-        store = _store(docker_env)
+        store = _store(env)
         record = store.get("blip")
 
-        # a network blip: every TCP connection to the container's published sshd port is killed
-        subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(record.resource["ssh_port"])],
-                       check=True, capture_output=True)
+        _cut_ssh_to(remote["address"])
         deadline = time.monotonic() + 30
         while not any("tunnel: reconnected" in e.detail for e in store.get("blip").events):
             assert time.monotonic() < deadline, [e.detail for e in store.get("blip").events]
@@ -172,29 +196,30 @@ def test_cut_tunnel_keeps_the_kernel_and_its_variables(docker_env, engine, tmp_p
         assert after.status == "ok", after.text
         assert after.text.split() == ["42", "True"]
         assert store.get("blip").state == State.RUNNING
-        assert nk.run("%gpu stop").status == "ok"
-        assert _ours(engine, record.id) == []
+        assert nk.run("%gpu stop").status == "ok", "the engine's own SSH connection came back too"
+        assert store.get("blip").state == State.STOPPED
+        assert record.resource["engine"] == remote["url"]
     finally:
         nk.close()
 
 
 @engine_test
-def test_tunnel_cut_while_a_cell_runs_does_not_hang_the_cell(docker_env, engine, tmp_path):
+def test_tunnel_cut_while_a_cell_runs_does_not_hang_the_cell(docker_env, remote_home, tmp_path):
     """The cell's request already reached the kernel; its reply (and maybe some output) crosses
     the reconnect. The cell must finish - never hang - and the kernel keeps its variables."""
+    import threading
+
     from support.notebook_kernel import NotebookKernel
 
-    nk = NotebookKernel(docker_env, cwd=str(tmp_path))
+    remote, home = remote_home
+    nk = NotebookKernel(dict(docker_env, HOME=str(home)), cwd=str(tmp_path))
     try:
         assert nk.run("%load_ext gpusession").status == "ok"
-        assert nk.run("%gpu start --backend docker --idle off --name midcell").status == "ok"
-        store = _store(docker_env)
-        port = store.get("midcell").resource["ssh_port"]
-        import threading
+        assert nk.run(f"%gpu start --backend docker --host {remote['url']} --idle off --name midcell").status == "ok"
 
         def cut() -> None:
             time.sleep(1.0)
-            subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(port)], check=True, capture_output=True)
+            _cut_ssh_to(remote["address"])
 
         threading.Thread(target=cut, daemon=True).start()
         r = nk.run("%%gpu\nimport time\nkept = 'yes'\ntime.sleep(4)\nprint('cell done')", timeout=60)
@@ -285,25 +310,35 @@ def test_idle_watchdog_stop_is_read_from_the_stopped_container(docker_env, manag
 
 
 @engine_test
-def test_another_process_attaches_and_a_changed_container_host_key_is_refused(docker_env, manager, engine, tmp_path):
+def test_another_process_attaches(docker_env, manager, engine):
     from gpusession.session import SessionManager
-    from gpusession.sshlogin import make_session_key
 
     session = manager.start(manager.make_spec("t4", backend="docker", idle="off", name="shared"))
     session.kernel.execute("y = 7", silent=True)
-    other = SessionManager()  # what a second notebook on this machine does: same store, own tunnel
+    other = SessionManager()  # what a second notebook on this machine does: same store, own link
     attached = other.attach("shared")
     assert attached.kernel.evaluate("y") == "7"
     attached.close_connections()
+    assert session.kernel.evaluate("y") == "7", "the first connection is untouched"
 
-    _, impostor = make_session_key(tmp_path, "impostor")
-    other.store.update_resource(session.id, host_key=impostor)
-    with pytest.raises(StageError) as err:
-        SessionManager().attach("shared")
-    assert err.value.stage == "connect"
-    assert "host key for [127.0.0.1]:" in err.value.message and "changed: refusing to connect" in err.value.message
-    assert "stop this session (`gpusession stop shared`)" in err.value.message
-    assert engine.containers.get(session.record.resource["container_id"]).status == "running", "refusing is no stop"
+
+@engine_test
+def test_a_changed_host_key_of_a_remote_engine_is_refused_when_attaching(docker_env, manager, remote_home, tmp_path):
+    """The tunnel ends at the engine host's sshd, whose key known_hosts pins (as for the engine
+    itself): after the key changed, another process is refused and the session keeps running."""
+    from gpusession.errors import GpuSessionError
+    from gpusession.session import SessionManager
+
+    remote, home = remote_home
+    session = manager.start(manager.make_spec("t4", backend="docker", idle="off", name="pinned", host=remote["url"]))
+    session.kernel.execute("y = 7", silent=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")], check=True)
+    impostor = (tmp_path / "impostor.pub").read_text().split()[:2]
+    (home / ".ssh" / "known_hosts").write_text(f"{remote['address']} {' '.join(impostor)}\n")
+    with pytest.raises(GpuSessionError) as err:
+        SessionManager().attach("pinned")
+    assert f"host key for {remote['address']} changed: refusing to connect" in str(err.value)
+    assert manager.get(session.id).state == State.RUNNING, "refusing is no stop"
     assert session.kernel.evaluate("y") == "7", "the first connection is untouched"
 
 
@@ -332,22 +367,27 @@ def test_engine_without_nvidia_runtime_is_an_actionable_error(docker_env, manage
 def test_missing_image_is_an_actionable_error(docker_env, manager, engine):
     err = _start_fails(manager, image="gpusession/no-such-image:never")
     assert err.stage == "image"
-    assert "gpusession/no-such-image:never is not on the Docker engine" in err.message
-    assert "docker build -f Dockerfile.cuda" in err.message
+    assert "image gpusession/no-such-image:never is not on the Docker engine and cannot be pulled (" in err.message
+    assert "pull or build it there (`docker pull gpusession/no-such-image:never`), or pass another --image" in err.message
+    assert _ours(engine, manager.list()[0].id) == []
+
+
+BROKEN_PYTHON = """FROM {image}
+RUN mkdir /broken && printf '%s\\n' '#!/bin/sh' \\
+    'case "$1" in -m) echo "agent cannot start" >&2; exit 3 ;; esac' 'exec /opt/venv/bin/python3 "$@"' \\
+    >/broken/python3 && chmod 755 /broken/python3
+ENV PATH=/broken:/opt/venv/bin:/usr/local/bin:/usr/bin:/bin
+"""
 
 
 @engine_test
 def test_container_that_exits_during_start_shows_its_last_lines(docker_env, manager, engine, tmp_path):
-    # an image whose entrypoint fails: the product image with a broken agent command
-    bad = engine.images.build(
-        fileobj=__import__("io").BytesIO(
-            f"FROM {product_image()}\nENTRYPOINT [\"/bin/sh\", \"-c\", \"echo agent cannot start >&2; exit 3\"]\n".encode()
-        ),
-        tag="gpusession/broken:test", rm=True,
-    )[0]
+    # an image whose python3 runs the probe but not the agent
+    bad = engine.images.build(fileobj=__import__("io").BytesIO(BROKEN_PYTHON.format(image=product_image()).encode()),
+                              tag="gpusession/broken:test", rm=True)[0]
     try:
         err = _start_fails(manager, image="gpusession/broken:test")
-        assert err.stage == "provision"
+        assert err.stage == "connect"
         assert "container exited with code 3 during start" in err.message and "agent cannot start" in err.message
         assert _ours(engine, manager.list()[0].id) == []
     finally:

@@ -39,7 +39,8 @@ def test_gc_survives_a_record_whose_host_cannot_even_be_encoded(nb_env):
         assert gc.returncode == 0, gc.stderr
         assert "Traceback" not in gc.stdout + gc.stderr
     assert wait_dead(pid), "gc did not remove the leftover process"
-    assert f"{bad.name}: not checked" in gc.stdout, gc.stdout
+    # reported (its engine is skipped, saying why), and the rest goes on
+    assert "skipping Docker engine ssh://aaaa" in gc.stderr and "no valid DNS name" in gc.stderr, gc.stderr
 
 
 def test_owner_liveness_tells_zombies_and_reused_pids_from_live_owners():
@@ -56,3 +57,53 @@ def test_owner_liveness_tells_zombies_and_reused_pids_from_live_owners():
     assert owner_is_dead(f"u@{host}:{pid}:1"), "a pid with another start time is another process"
     assert not owner_is_dead(f"u@{host}:{pid}"), "old owner ids (no start time) still work"
     assert not owner_is_dead(f"u@elsewhere:{child.pid}"), "another host's owner is never judged from here"
+
+
+def test_gc_asks_only_the_engines_that_may_still_hold_a_container(manager, monkeypatch):
+    """Failed and stopped records pile up; gc must not re-probe their hosts forever (issue 10
+    item 9): only active records, and ended ones whose container's removal was never confirmed."""
+    from gpusession.backends.docker import DockerBackend
+
+    store = manager.store
+
+    def record(host: str, state: State, **resource):
+        r = store.create(LaunchSpec(gpu_type="t4", backend="docker", host=host), price_per_hour=0.5)
+        if resource:
+            store.update_resource(r.id, **resource)
+        return store.transition(r.id, state)
+
+    record("ssh://never-reached", State.FAILED)  # its start failed before it reached the engine
+    record("ssh://removed", State.STOPPED, engine="ssh://removed", container_id="c1", removed_at=1.0)
+    unsure = record("ssh://unsure", State.FAILED, engine="ssh://unsure", container_id="c2")  # cleanup failed
+    asked: list[str] = []
+
+    class Containers:
+        def list(self, **filters):
+            return []
+
+    class Client:
+        containers = Containers()
+
+    def client(self, host):
+        asked.append(host or "")
+        return Client()
+
+    monkeypatch.setattr(DockerBackend, "client", client)
+    assert manager.gc(backends=["docker"]) == []
+    assert sorted(asked) == ["", "ssh://unsure"]
+    assert store.get(unsure.id).resource.get("removed_at"), "an engine that answered without it confirms removal"
+    asked.clear()
+    manager.gc(backends=["docker"])
+    assert asked == [""]
+
+
+def test_a_start_that_never_reached_its_engine_is_cleaned_up_without_asking_it(manager, monkeypatch):
+    from gpusession.backends.docker import DockerBackend
+
+    def client(self, host):
+        raise AssertionError(f"asked the engine {host}")
+
+    monkeypatch.setattr(DockerBackend, "client", client)
+    rec = manager.store.create(LaunchSpec(gpu_type="t4", backend="docker", host="ssh://gone.example"), price_per_hour=1)
+    manager.backend("docker").stop(rec)
+    assert manager.get(rec.id).resource.get("removed_at")

@@ -14,8 +14,8 @@ PKG = Path(__file__).resolve().parent.parent / "gpusession"
 # lowest first; a module may import its own layer and the ones below
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core data", ("errors", "models", "protocol")),
-    ("options", ("options", "catalog", "config", "durations", "cost", "progress", "agentargs", "procs")),
-    ("transport", ("sshlogin", "tunnel", "kernel")),
+    ("options", ("options", "catalog", "config", "durations", "textvalues", "cost", "progress", "agentargs", "procs")),
+    ("transport", ("sshlogin", "tunnel", "kernel", "bundle", "pulls")),
     ("backends", ("backends",)),
     ("agent", ("agent",)),
     ("store", ("store",)),
@@ -146,10 +146,13 @@ def test_no_module_over_400_lines(name):
     assert lines <= MAX_LINES, f"{name} has {lines} lines: split it (DESIGN.md: one job per module)"
 
 
-def test_the_container_entrypoint_speaks_the_protocol():
-    """entrypoint.sh is shell: it cannot import protocol.py, so this test keeps its names equal."""
-    from gpusession.protocol import ENV_AGENT_ARGS, ENV_AUTHORIZED_KEY, ENV_SESSION_ID, Marker
+def test_the_runtime_boot_script_speaks_the_protocol():
+    """boot.sh (the runtime bundle's way into an image) is shell: it cannot import protocol.py or
+    bundle.py, so this test keeps its names and paths equal to theirs."""
+    from gpusession.bundle import COMPLETE, RUNTIME_ROOT
+    from gpusession.protocol import ENV_RUNTIME_ROOT, Marker
 
-    text = (PKG / "agent" / "entrypoint.sh").read_text()
-    for name in (ENV_AGENT_ARGS, ENV_AUTHORIZED_KEY, ENV_SESSION_ID, f"{Marker.HOSTKEY.value} "):
+    text = (PKG / "agent" / "boot.sh").read_text()
+    for name in (f"ROOT={RUNTIME_ROOT}\n", f"{ENV_RUNTIME_ROOT}=$ROOT", f"{Marker.FAILED.value} ",
+                 f'"{Marker.PYTHON.value} "', f"$ROOT/code/{COMPLETE}", "-m gpusession.agent run"):
         assert name in text, name

@@ -144,3 +144,22 @@ def test_kernel_dying_mid_cell_is_a_clear_error_and_the_store_stays_consistent(n
     assert not alive(record.resource["pid"])
     again = notebook.run("%%gpu\nprint(1)")
     assert again.error["ename"] == "UsageError" and "no GPU session" in again.error["evalue"]
+
+
+def test_a_trailing_comment_is_no_argument():
+    """The README's `%gpu start --type t4            # stages print with elapsed time` works as
+    written: IPython hands line magics their whole line."""
+    from gpusession.magics import _without_comment
+
+    assert _without_comment("start --type t4            # stages print with elapsed time") == "start --type t4"
+    assert _without_comment("start --name run#2") == "start --name run#2"
+    assert _without_comment('start --name "a # b"') == 'start --name "a # b"'
+    assert _without_comment("start --name 'unclosed # x") == "start --name 'unclosed # x"
+
+
+def test_a_quoted_name_loses_its_quotes(notebook):
+    r = notebook.run('%gpu start --idle off --name "quoted-name"')
+    assert r.status == "ok", r.text
+    listing = notebook.run("%gpu list").text
+    assert "quoted-name" in listing and '"quoted-name"' not in listing, listing
+    notebook.run("%gpu stop")

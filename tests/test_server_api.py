@@ -113,7 +113,7 @@ async def test_options_are_the_table_with_the_server_config_applied(gs_home, jp_
                                "form": True}
     assert by_name["type"]["default"] == "l4" and "t4" in by_name["type"]["choices"]
     assert by_name["backend"]["default"] == "local" and {"local", "docker", "aws"} <= set(by_name["backend"]["choices"])
-    assert by_name["spot"]["default"] is False and by_name["host"]["backends"] == ["docker"]
+    assert by_name["spot"]["default"] is False and by_name["host"]["backends"] == ["docker", "slurm"]
     # and a start without those fields takes them
     code, view = await fetch_json(jp_fetch, "sessions", method="POST", body={"name": "dflt"})
     assert code == 202 and (view["gpu_type"], view["backend"]) == ("l4", "local")

@@ -1,7 +1,12 @@
-"""IPython extension loaded into the session kernel: records when cells run.
+"""IPython extension loaded into the session kernel: records when cells run, and when the kernel
+is asked to restart.
 
 The agent reads the file it writes (no ZMQ needed on the agent side) to tell a busy kernel from
 an idle one. Writes are atomic renames, so a reader never sees half a file.
+
+A shutdown_request with `restart: true` (JupyterLab's restart, through the kernel provisioner)
+leaves RESTART_FILE next to it before the kernel exits: the runtime then starts a fresh kernel in
+the same session rather than ending the session. Only the kernel sees that request's content.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ import os
 import time
 
 from ..protocol import ENV_STATE_DIR
+
+RESTART_FILE = "restart-requested"
 
 _state = {"busy": False, "last_activity": time.time(), "cells": 0}
 
@@ -43,9 +50,35 @@ def _post_run_cell(result=None) -> None:
     _write()
 
 
+def _mark_restart() -> None:
+    d = os.environ.get(ENV_STATE_DIR)
+    if d:
+        with open(os.path.join(d, RESTART_FILE), "w") as f:
+            f.write(str(time.time()))
+
+
+def _hook_restart(kernel) -> None:
+    """Wrap the kernel's do_shutdown (sync or async, by ipykernel version) to mark a restart."""
+    original = getattr(kernel, "do_shutdown", None)
+    if original is None:
+        return
+
+    def do_shutdown(restart, *args, **kwargs):
+        if restart:
+            _mark_restart()
+        return original(restart, *args, **kwargs)
+
+    kernel.do_shutdown = do_shutdown
+
+
 def load_ipython_extension(ip) -> None:
     ip.events.register("pre_run_cell", _pre_run_cell)
     ip.events.register("post_run_cell", _post_run_cell)
+    if getattr(ip, "kernel", None) is not None:
+        _hook_restart(ip.kernel)
+        from .cellog import install
+
+        install(ip.kernel)  # every output numbered and kept a while: a tunnel cut loses none
     _write()
 
 

@@ -1,9 +1,12 @@
 """The agent's HTTP endpoint: loopback only, reached through the session's SSH tunnel.
 
-    GET  /health                       {"ok": true, "session_id", "stopping", "cpu_s"}   (no token)
+    GET  /health                       {"ok": true, "session_id", "stopping", "cpu_s", "kernel"}
+                                       (no token; kernel: {"generation", "running", "ready"})
     GET  /stats?since=UNIX&limit=N     samples newer than `since`, the newest N; limits, cost
     GET  /summary                      duration, GPU-hours, cost, mean GPU utilization, idle minutes
     POST /keepalive {"seconds": N}     postpone the idle stop (capped by --keepalive-limit)
+    POST /restart                      a fresh kernel in this session (same ports and key): the
+                                       running one is ended, the runtime starts the next
 
 Every route but /health needs `Authorization: Bearer <token>`, where the token is derived from
 the kernel's connection key (`agent_token`): whoever may run code in the kernel may read its
@@ -49,10 +52,13 @@ def _number(value: Any, what: str, *, minimum: float = 0.0) -> float:
 
 class AgentServer:
     """Serves one Watchdog. `token` is a callable so it can be read once the kernel's
-    connection file exists (the server starts first)."""
+    connection file exists (the server starts first). `kernel`: the runtime, for the kernel's
+    state and restarts (`kernel_state()`, `request_restart()`); None serves neither."""
 
-    def __init__(self, watchdog, token: Callable[[], str | None], host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, watchdog, token: Callable[[], str | None], host: str = "127.0.0.1", port: int = 0,
+                 kernel=None):
         self.watchdog = watchdog
+        self.kernel = kernel
         self._token = token
         self.httpd = ThreadingHTTPServer((host, port), self._handler_class())
         self.httpd.daemon_threads = True
@@ -77,6 +83,7 @@ class AgentServer:
                 "session_id": self.watchdog.session_id,
                 "stopping": self.watchdog.stop_reason.to_dict() if self.watchdog.stop_reason else None,
                 "cpu_s": round(time.process_time(), 6),  # this process's CPU time (ns clock): its own cost
+                "kernel": self.kernel.kernel_state() if self.kernel is not None else None,
             }
         self._check_token(auth)
         if method == "GET" and path == "/stats":
@@ -96,7 +103,14 @@ class AgentServer:
             if not isinstance(data, dict) or "seconds" not in data:
                 raise _HttpError(400, "body must be JSON like {\"seconds\": 3600}")
             return 200, self.watchdog.keepalive(_number(data["seconds"], "seconds"))
-        if path in ("/health", "/stats", "/summary", "/keepalive"):
+        if method == "POST" and path == "/restart":
+            if self.kernel is None:
+                raise _HttpError(404, "this runtime cannot restart its kernel")
+            try:
+                return 200, self.kernel.request_restart()
+            except RuntimeError as exc:  # the session is stopping
+                raise _HttpError(409, str(exc)) from None
+        if path in ("/health", "/stats", "/summary", "/keepalive", "/restart"):
             raise _HttpError(405, f"{method} is not allowed on {path}")
         raise _HttpError(404, f"no route {path}")
 

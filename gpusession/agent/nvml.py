@@ -25,14 +25,7 @@ class NvmlApi(Protocol):
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
     def nvmlSystemGetDriverVersion(self) -> str: ...
-    def nvmlDeviceGetCount(self) -> int:
-        self._frame += 1
-        frames = self.data.get("frames") or [{"devices": []}]
-        frame = frames[min(self._frame, len(frames) - 1)]
-        if "count_error" in frame:
-            self._raise(frame["count_error"])
-        return len(self._devices())
-
+    def nvmlDeviceGetCount(self) -> int: ...
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
     def nvmlDeviceGetName(self, handle: Any) -> str: ...
     def nvmlDeviceGetUUID(self, handle: Any) -> str: ...
@@ -78,6 +71,8 @@ class NvmlReader:
 
     def __init__(self, api: NvmlApi | None = None):
         self._api = api  # None: pynvml, imported on first read
+        # where the values come from, as the stats say it: the driver, or a replayed recording
+        self.source = "recorded" if isinstance(api, RecordedNvml) else "nvml"
         self._started = False
         self._unavailable: str | None = None  # set once NVML said there is no GPU
         self.driver_version: str | None = None
@@ -221,18 +216,25 @@ class RecordedNvml:
                                   "graphics_processes": [], "process_names": {"1": "python"}}]}]}
 
     A value may be {"error": "NVMLError_NotSupported"} to replay that error. Each
-    nvmlDeviceGetCount() moves to the next frame; the last frame repeats.
+    nvmlDeviceGetCount() moves to the next frame; the last frame repeats, or with loop=True
+    the frames start over (the agent's `--nvml-replay`, so that a replay keeps moving).
     """
 
-    def __init__(self, data: dict):
+    def __init__(self, data: dict, *, loop: bool = False):
         self.data = data
+        self.loop = loop
         self._frame = -1
         self.init_calls = 0
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> "RecordedNvml":
+    def from_file(cls, path: str | os.PathLike[str], *, loop: bool = False) -> "RecordedNvml":
         with open(path) as f:
-            return cls(json.load(f))
+            return cls(json.load(f), loop=loop)
+
+    def _frame_index(self, count: int) -> int:
+        if self.loop and count:
+            return max(0, self._frame) % count
+        return max(0, min(self._frame, count - 1))
 
     def _raise(self, name: str):
         import pynvml  # the real error classes, so our code sees what the driver would raise
@@ -251,7 +253,7 @@ class RecordedNvml:
 
     def _devices(self) -> list[dict]:
         frames = self.data.get("frames") or [{"devices": []}]
-        return frames[max(0, min(self._frame, len(frames) - 1))]["devices"]
+        return frames[self._frame_index(len(frames))]["devices"]
 
     def nvmlInit(self) -> None:
         self.init_calls += 1
@@ -266,7 +268,8 @@ class RecordedNvml:
 
     def nvmlDeviceGetCount(self) -> int:
         self._frame += 1
-        frame = self.data.get("frames", [{}])[max(0, min(self._frame, len(self.data.get("frames", [{}])) - 1))]
+        frames = self.data.get("frames") or [{}]
+        frame = frames[self._frame_index(len(frames))]
         if "count_error" in frame:
             self._raise(frame["count_error"])
         return len(self._devices())

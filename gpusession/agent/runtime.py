@@ -3,9 +3,12 @@ SSH connection, until it exits, the agent decides the session is over, or SIGTER
 
 Files in --state-dir:
   kernel.json    jupyter connection file (ports on --kernel-ip, random HMAC key)
-  runtime.json   {"pid", "kernel_pid", "ready", "started_at", "agent_port"}; ready=true once the
-                 kernel's ports accept connections
+  runtime.json   {"pid", "kernel_pid", "ready", "started_at", "agent_port", "kernel_generation"};
+                 ready=true once the kernel's ports accept connections (false while it restarts)
   activity.json  written by the kernel (gpusession.agent.activity)
+  restart-requested  written by the kernel when a shutdown_request asks for a restart
+                 (JupyterLab's restart): its exit then starts a fresh kernel on the same
+                 connection file instead of ending the session; so does the agent's POST /restart
   stopped.json   why the runtime ended ({"reason": StopReason, "at", "summary"}), for whoever
                  looks afterwards (gpusession.protocol.StopDetails reads it)
 """
@@ -15,15 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
 from ..protocol import (
+    ENV_KERNEL_KEY,
     ENV_SESSION_ID,
     ENV_STATE_DIR,
     KERNEL_PORT_NAMES,
@@ -33,6 +35,8 @@ from ..protocol import (
     marker_line,
 )
 from . import service
+from .activity import RESTART_FILE
+from .kernelenv import kernel_command, kernel_environment
 
 
 def _free_port(ip: str) -> int:
@@ -49,12 +53,19 @@ def write_connection_file(path: str, ip: str, base_port: int) -> dict:
     ports = [base_port + i for i in range(5)] if base_port else [_free_port(ip) for _ in range(5)]
     info = dict(zip(KERNEL_PORT_NAMES, ports))
     info.update(
-        ip=ip, key=secrets.token_hex(32), transport="tcp", signature_scheme="hmac-sha256", kernel_name="python3"
+        ip=ip, key=os.environ.get(ENV_KERNEL_KEY) or _new_key(), transport="tcp",
+        signature_scheme="hmac-sha256", kernel_name="python3",
     )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(info, f, indent=1)
     return info
+
+
+def _new_key() -> str:
+    import secrets  # only without a key from the local side: off the way to the kernel's start
+
+    return secrets.token_hex(32)
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -88,32 +99,84 @@ class Runtime:
         self.stop_hooks: list = []  # callables(reason), run by stop() once the kernel is down
         self._stop_lock = threading.Lock()
         self._stopping = False
+        self.generation = 0  # kernels started so far: a restart makes the next one
+        self.kernel_ready = False
+        self._restart = threading.Event()  # POST /restart asked for a fresh kernel
 
     def start_kernel(self) -> dict:
+        """Start a kernel on the connection file (made at the first start, kept by restarts)."""
+        return self.await_kernel(self.spawn_kernel())
+
+    def spawn_kernel(self) -> dict:
+        """The kernel process, started (not yet listening); its connection info."""
         info = write_connection_file(self.connection_file, self.args.kernel_ip, self.args.kernel_ports)
-        env = dict(os.environ, **{ENV_STATE_DIR: self.state_dir, ENV_SESSION_ID: self.args.session_id})
-        cmd = [
-            sys.executable,
-            "-m",
-            "ipykernel_launcher",
-            "-f",
-            self.connection_file,
-            "--IPKernelApp.extensions=['gpusession.agent.activity']",
-        ]
+        self._restart.clear()
+        try:
+            os.remove(os.path.join(self.state_dir, RESTART_FILE))
+        except FileNotFoundError:
+            pass
+        env = dict(os.environ, **kernel_environment(),
+                   **{ENV_STATE_DIR: self.state_dir, ENV_SESSION_ID: self.args.session_id})
+        env.pop(ENV_KERNEL_KEY, None)
+        # the image's own Python; ipykernel from the runtime bundle only when the image has none
+        cmd = kernel_command(self.connection_file, ["gpusession.agent.activity"])
         # own process group: an interrupt_request SIGINTs the kernel's group, not us
         self.kernel = subprocess.Popen(cmd, env=env, start_new_session=True, cwd=self.args.cwd or None)
+        if self._stopping:  # a stop came while a restart started this one: stop() may have missed it
+            _end_process_group(self.kernel)
+            raise RuntimeError("the session is stopping")
+        return info
+
+    def await_kernel(self, info: dict) -> dict:
+        """Until the spawned kernel listens; then runtime.json says ready and, the first time,
+        the READY marker."""
         deadline = time.time() + self.args.ready_timeout
         while time.time() < deadline:
             if self.kernel.poll() is not None:
                 raise RuntimeError(f"kernel exited during start with code {self.kernel.returncode}")
             if all(_port_open(info["ip"], info[p]) for p in ("shell_port", "control_port", "iopub_port")):
                 break
-            time.sleep(0.05)
+            time.sleep(0.01)  # a session's start waits for this
         else:
             raise RuntimeError(f"kernel did not listen within {self.args.ready_timeout}s")
+        self.generation += 1
+        self.kernel_ready = True
         self._write_runtime(ready=True)
-        print(marker_line(Marker.READY), flush=True)
+        if self.generation == 1:
+            print(marker_line(Marker.READY, self.where(info)), flush=True)
         return info
+
+    def where(self, info: dict) -> dict:
+        """Where to connect, as KERNEL and READY say it (never the key: logs are read by more
+        than the client)."""
+        return {"ports": {name: info[name] for name in KERNEL_PORT_NAMES}, "agent_port": self.agent_port}
+
+    def kernel_state(self) -> dict:
+        """What the agent's /health reports: which kernel runs (a restart counts up
+        `generation`), whether its process runs, whether it listens."""
+        kernel = self.kernel
+        return {"generation": self.generation, "running": bool(kernel and kernel.poll() is None),
+                "ready": self.kernel_ready}
+
+    def request_restart(self) -> dict:
+        """A fresh kernel in this session: end the running kernel's process group (SIGTERM, then
+        SIGKILL); `wait` then starts the next one on the same connection file. Returns
+        `kernel_state()` as of the request."""
+        if self._stopping:
+            raise RuntimeError("the session is stopping")
+        kernel = self.kernel
+        if kernel is not None and kernel.poll() is None:  # else one is starting, or the session ends
+            self._restart.set()
+            threading.Thread(target=_end_process_group, args=(kernel,), daemon=True).start()
+        return self.kernel_state()
+
+    def _restart_wanted(self) -> bool:
+        return self._restart.is_set() or os.path.exists(os.path.join(self.state_dir, RESTART_FILE))
+
+    def _restart_kernel(self) -> None:
+        self.kernel_ready = False
+        self._write_runtime(ready=False)
+        self.start_kernel()
 
     def _write_runtime(self, **extra) -> None:
         _write_json(
@@ -124,6 +187,7 @@ class Runtime:
                 "started_at": self.started_at,
                 "agent_port": self.agent_port,
                 "session_id": self.args.session_id,
+                "kernel_generation": self.generation,
                 **extra,
             },
         )
@@ -138,14 +202,7 @@ class Runtime:
         _write_json(os.path.join(self.state_dir, "stopped.json"), {"reason": reason.to_dict(), "at": time.time()})
         print(marker_line(Marker.STOPPED, reason.to_dict()), flush=True)
         if self.kernel and self.kernel.poll() is None:
-            try:
-                os.killpg(self.kernel.pid, signal.SIGTERM)
-                self.kernel.wait(timeout=5)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.kernel.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _end_process_group(self.kernel)
         for hook in list(self.stop_hooks):
             try:
                 hook(reason)
@@ -157,6 +214,16 @@ class Runtime:
     def wait(self) -> int:
         while not self._stopped.is_set():
             if self.kernel and self.kernel.poll() is not None:
+                if not self._stopping and self._restart_wanted():
+                    try:
+                        self._restart_kernel()
+                    except Exception as exc:  # noqa: BLE001 - reported; the session ends
+                        print(marker_line(Marker.FAILED, {"stage": "kernel restart", "error": str(exc)}), flush=True)
+                        self.stop(StopReason(StopKind.START_FAILED, detail=f"restart kernel: {exc}"))
+                    continue
+                if self._stopping:  # a stop is under way on another thread: let it finish its
+                    self._stopped.wait(130)  # hooks (the summary, the shutdown command) first
+                    break
                 if not self.stop_reason:
                     self.stop_reason = StopReason(StopKind.KERNEL_EXIT, exit_code=self.kernel.returncode)
                     _write_json(
@@ -166,6 +233,18 @@ class Runtime:
                 break
             self._stopped.wait(0.2)
         return 0
+
+
+def _end_process_group(kernel: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM the kernel's process group, SIGKILL it when it is still there after `grace` s."""
+    try:
+        os.killpg(kernel.pid, signal.SIGTERM)
+        kernel.wait(timeout=grace)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(kernel.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -196,10 +275,13 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal must not kill the session
-    # before the kernel: runtime.json (written once the kernel is ready) carries its port
-    service.start(rt, args)
     try:
-        rt.start_kernel()
+        info = rt.spawn_kernel()
+        # while the kernel boots; before it is ready: runtime.json and READY carry the agent's port
+        service.start(rt, args)
+        # a client on this machine may connect now: ZMQ waits for the kernel's ports by itself
+        print(marker_line(Marker.KERNEL, rt.where(info)), flush=True)
+        rt.await_kernel(info)
     except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
         print(marker_line(Marker.FAILED, {"stage": "kernel", "error": str(exc)}), flush=True)
         rt.stop(StopReason(StopKind.START_FAILED, detail=f"start kernel: {exc}"))

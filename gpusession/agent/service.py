@@ -2,8 +2,8 @@
 `nvml-record` commands.
 
     runtime.build_parser -> add_arguments(run_parser), add_commands(subparsers)
-    runtime.main         -> start(rt, args) before the kernel starts (binds the endpoint and
-                            sets rt.agent_port, which runtime.json then carries)
+    runtime.main         -> start(rt, args) while the kernel starts (binds the endpoint and
+                            sets rt.agent_port, which runtime.json and READY then carry)
     backends             -> args_for(record): the options for a session record
 
 Standard library only (and nvidia-ml-py, lazily), like the rest of gpusession.agent.
@@ -24,7 +24,6 @@ from typing import Any
 from ..durations import IDLE, MAX_RUNTIME, DurationRule, parse_money
 from ..errors import BadInput
 from ..protocol import Marker, StopReason, marker_line
-from .endpoint import AgentServer, token_from_connection_file
 from .idle import DEFAULT_KEEPALIVE_LIMIT_S, ActivityTracker, StopPolicy
 from .nvml import NvmlReader, RecordedNvml, record_raw
 from .sampler import HISTORY_S, Sampler
@@ -64,6 +63,14 @@ def _positive(text: str) -> float:
     return value
 
 
+def _recording(path: str) -> RecordedNvml:
+    """--nvml-replay: a recording of raw NVML values (`nvml-record`'s format), replayed in a loop."""
+    try:
+        return RecordedNvml.from_file(path, loop=True)
+    except (OSError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot read the NVML recording {path!r}: {exc}") from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("agent: live stats and the watchdog that stops the session")
     g.add_argument("--idle", type=_duration(IDLE), default=1800.0, metavar="DURATION|off",
@@ -85,6 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--shutdown-command", default="", metavar="CMD",
                    help="shell command run when the session stops, e.g. 'shutdown -h now' on a cloud instance")
     g.add_argument("--no-agent", action="store_true", help="no stats, no watchdog (a baseline for benchmarks)")
+    g.add_argument("--nvml-replay", type=_recording, default=None, metavar="FILE",
+                   help="replay raw NVML values recorded from a driver (tests/data/nvml_*.json, written by "
+                   "nvml-record), in a loop, instead of this machine's GPUs; the stats say \"source\": \"recorded\". "
+                   "For demos and tests without a GPU; never on by default")
 
 
 def policy_from_args(args: argparse.Namespace) -> StopPolicy:
@@ -104,7 +115,9 @@ def start(rt, args: argparse.Namespace) -> Watchdog | None:
     if getattr(args, "no_agent", False):
         return None
     tracker = ActivityTracker(policy_from_args(args), args.billed_since or rt.started_at, active_since=time.time())
-    sampler = Sampler(interval_s=args.sample_interval or 1.0, history_s=int(args.history))
+    replay = getattr(args, "nvml_replay", None)
+    sampler = Sampler(NvmlReader(replay) if replay is not None else None,
+                      interval_s=args.sample_interval or 1.0, history_s=int(args.history))
     watchdog = Watchdog(
         session_id=args.session_id,
         state_dir=rt.state_dir,
@@ -116,8 +129,11 @@ def start(rt, args: argparse.Namespace) -> Watchdog | None:
         sample_interval_s=args.sample_interval,
     )
     if args.agent_port >= 0:
+        from .endpoint import AgentServer, token_from_connection_file  # here: the kernel boots meanwhile
+
         try:
-            server = AgentServer(watchdog, token_from_connection_file(rt.connection_file), port=args.agent_port).start()
+            server = AgentServer(watchdog, token_from_connection_file(rt.connection_file), port=args.agent_port,
+                                 kernel=rt).start()
             rt.agent_port = server.port
         except OSError as exc:  # the port is taken: keep the watchdog, which is what saves money
             error = f"no stats endpoint on port {args.agent_port}: {exc}"

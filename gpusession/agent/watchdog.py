@@ -112,6 +112,7 @@ class Watchdog:
             "gpus_visible": self.sampler.gpus_visible,
             "message": self.sampler.message,
             "driver_version": self.sampler.nvml.driver_version,
+            "source": self.sampler.nvml.source,  # "nvml", or "recorded" (--nvml-replay)
             "interval_s": self.sample_interval_s,
             "samples": self.sampler.samples(since, limit),
             "idle": verdict.idle,

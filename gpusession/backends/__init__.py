@@ -18,6 +18,7 @@ _BUILTIN = {
     "local": "gpusession.backends.local:LocalBackend",
     "docker": "gpusession.backends.docker:DockerBackend",
     "aws": "gpusession.backends.aws:AwsBackend",
+    "slurm": "gpusession.backends.slurm:SlurmBackend",
 }
 
 

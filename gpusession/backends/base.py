@@ -28,7 +28,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+import re
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
 from ..protocol import Marker, StopDetails, StopKind, StopReason, parse_marker
 
@@ -92,6 +93,11 @@ class Link(abc.ABC):
         """Called while a cell runs: False when the link is down beyond repair."""
         return True
 
+    def failure(self) -> str | None:
+        """Called by the session layer when healthy() is False and the session still runs: why
+        the link is down beyond repair (a refused login, unreachable for N s), or None."""
+        return None
+
     @property
     def reconnects(self) -> int:
         """How often the link came back after dropping (0 for links that cannot drop). Read by the
@@ -100,23 +106,57 @@ class Link(abc.ABC):
         return 0
 
 
-class TunnelLink(Link):
-    """A Link through a `gpusession.tunnel.Tunnel` to a session container's fixed loopback ports
-    (`tunnel.CONTAINER_PORTS`); closing it closes the tunnel and leaves the remote side running."""
+class DirectLink(Link):
+    """A Link to a kernel whose ports are on this machine's loopback already (a container of the
+    local Docker engine on the host network): nothing to open, nothing that can drop."""
 
-    def __init__(self, tunnel, kernel_info: dict):
-        """`tunnel`: started, forwarding CONTAINER_PORTS; `kernel_info`: the container's
-        kernel.json (its remote ports are replaced by the tunnel's local ones)."""
-        from ..tunnel import tunneled_endpoint
+    def __init__(self, kernel_info: dict, agent_port: int | None, alive: "Callable[[], bool] | None" = None):
+        """`kernel_info`: the runtime's kernel.json (ports on 127.0.0.1); `agent_port`: the
+        agent's (runtime.json), None when it has none; `alive`: is the remote side still there
+        (asked at most once a second; a kernel that dies while it starts is noticed by it)."""
+        from ..models import KernelEndpoint
+
+        agent_url = f"http://127.0.0.1:{int(agent_port)}" if agent_port else None
+        self.endpoint = KernelEndpoint(connection_info=dict(kernel_info, ip="127.0.0.1"), agent_url=agent_url)
+        self._alive = alive
+        self._checked = (0.0, True)
+
+    def close(self) -> None:
+        pass
+
+    def healthy(self) -> bool:
+        import time
+
+        at, answer = self._checked
+        if self._alive is not None and time.monotonic() - at > 1.0:
+            answer = bool(self._alive())
+            self._checked = (time.monotonic(), answer)
+        return answer
+
+
+class TunnelLink(Link):
+    """A Link through a `gpusession.tunnel.Tunnel` to a kernel's loopback ports on the machine the
+    tunnel logs in to (a Docker host, an EC2 instance); closing it closes the tunnel and leaves the
+    remote side running."""
+
+    def __init__(self, tunnel, kernel_info: dict, agent_port: int | None = -1):
+        """`tunnel`: started; `kernel_info`: the remote kernel.json, whose ports (and
+        `agent_port`: -1 for the fixed `tunnel.CONTAINER_AGENT_PORT`, None for no agent) the
+        tunnel forwards to local ones."""
+        from ..tunnel import CONTAINER_AGENT_PORT, tunneled_endpoint
 
         self.tunnel = tunnel
-        self.endpoint = tunneled_endpoint(tunnel, kernel_info)
+        self.endpoint = tunneled_endpoint(tunnel, kernel_info, CONTAINER_AGENT_PORT if agent_port == -1 else agent_port)
 
     def close(self) -> None:
         self.tunnel.close()
 
     def healthy(self) -> bool:
         return self.tunnel.healthy()
+
+    def failure(self) -> str | None:
+        failure = self.tunnel.failure
+        return str(failure) if failure is not None else None
 
     @property
     def reconnects(self) -> int:
@@ -178,6 +218,14 @@ class Backend(abc.ABC):
         exist and run? Answer True when the backend cannot tell now (the engine or cloud does not
         answer): False makes the caller record the session as ended and tear it down."""
 
+    def check_alive(self, records: list["SessionRecord"]) -> dict[str, bool]:
+        """Called when sessions are listed (`gpusession list`, REST `GET sessions`, often): which
+        of these running sessions are alive (True) or gone (False), from what this backend sees
+        cheaply for all of them at once - well under a second, no login, no cloud API call.
+        Leave out those it cannot tell that cheaply: they are shown as unverified. Must not
+        change anything. The default tells nothing."""
+        return {}
+
     def stop_details(self, record: "SessionRecord") -> "StopDetails | None":
         """Called when the remote side is found gone (and at stop, for the agent's summary): what
         it left at its end - why it stopped, when, the agent's summary - read from the runtime's
@@ -221,13 +269,28 @@ def failure_detail(payload: Any) -> str:
     return str(payload or "")
 
 
+# Where a marker starts, wherever it is in a line: the kernel shares the runtime's stdout and
+# prints "To connect another client to this kernel, use:" and its newline as two writes, so
+# the runtime's READY line can land between them (about one start in ninety, under load).
+_MARKER_AT = re.compile("(?=(?:" + "|".join(sorted((re.escape(m.value) for m in Marker), key=len, reverse=True))
+                        + r")(?:\s|$))")
+
+
+def marker_lines(text: str) -> list[str]:
+    """The log's lines, each split again where a marker starts in its middle."""
+    out: list[str] = []
+    for line in text.splitlines():
+        out += [part for part in _MARKER_AT.split(line) if part] if "GPUSESSION_" in line else [line]
+    return out
+
+
 def stop_details_from_log(text: str) -> StopDetails | None:
     """What a runtime's log (a container's, an instance's console) says about its end: the last
     STOPPED reason, else the first FAILED start, and the last SUMMARY. None when it says nothing."""
     stopped: StopReason | None = None
     failed: StopReason | None = None
     summary: dict | None = None
-    for line in text.splitlines():
+    for line in marker_lines(text):
         parsed = parse_marker(line)
         if parsed is None:
             continue

@@ -1,51 +1,77 @@
-"""`docker`: the session kernel runs in a GPU container on a Docker engine, reached over SSH.
+"""`docker`: the session kernel runs in a GPU container on a Docker engine, from any image with a
+python3 (3.9 or newer).
 
 The engine is this machine's (DOCKER_HOST or the default socket) or a remote one at
-`ssh://user@host[:port]` (the user's key and known_hosts, as `ssh` would use them). The container
-(Dockerfile.cuda) runs sshd and the agent runtime; only sshd's port is published, on the engine
-host's 127.0.0.1. Every session has its own ed25519 key, whose public half goes in through the
-environment, and the container's host key, printed into its log, is read through the Docker API
-and pinned. The kernel's ports are reached through a `gpusession.tunnel.Tunnel` (through the
-engine's host over SSH for a remote engine).
+`ssh://user@host[:port]` (the user's key and known_hosts, as `ssh` would use them). The image is
+pulled when the engine lacks it; the runtime (the agent, and ipykernel when the image has none)
+comes in read-only volumes (`docker_runtime`, `gpusession.bundle`) and the kernel runs with the
+image's own Python. The container needs no sshd: it runs on the host's network, and the runtime
+listens on free ports of the host's 127.0.0.1 only (kernel.json and runtime.json say which, read
+through the Docker API). The local engine's are reached directly; a remote engine's through a
+`gpusession.tunnel.Tunnel` to that host's own sshd (its key pinned by known_hosts).
 
 Labels on every container: gpusession.session (the session id), gpusession.store (which session
 store started it; gc only collects its own store's), gpusession.owner, gpusession.type,
-gpusession.started (unix seconds).
+gpusession.image, gpusession.started (unix seconds).
 """
 
 from __future__ import annotations
 
 import logging
-import shlex
+import secrets
 import threading
 import time
 from typing import Any
 
 from ..agentargs import args_for
-from ..errors import BackendUnavailable, BadInput, StageError
-from ..models import LaunchSpec, SessionRecord
+from ..bundle import cache_dir
+from ..errors import BackendUnavailable, BadInput, GpuSessionError, StageError
+from ..models import LaunchSpec, SessionRecord, State
 from ..progress import Progress
-from ..protocol import ENV_AGENT_ARGS, ENV_AUTHORIZED_KEY, ENV_SESSION_ID, Marker, StopDetails, StopKind, StopReason
-from .base import Backend, Link, RemoteResource, TunnelLink, stop_details_from_log
+from ..textvalues import ssh_host
+from ..protocol import (
+    ENV_KERNEL_KEY,
+    ENV_RUNTIME_BRINGS,
+    ENV_RUNTIME_PYTHON,
+    ENV_SESSION_ID,
+    Marker,
+    StopDetails,
+    StopKind,
+    StopReason,
+)
+from .base import Backend, DirectLink, Link, RemoteResource, TunnelLink, stop_details_from_log
 from .docker_engine import (
-    build_or_find_image,
     container_logs,
+    container_states,
     docker_sdk,
     engine_client,
     engine_errors,
     get_container,
+    local_engine_states,
     read_json_from,
     remove_container,
     short_error,
     wait_for_marker,
+)
+from .docker_runtime import (
+    STATE_DIR,
+    InThread,
+    bundle_command,
+    connection_info,
+    find_or_pull_image,
+    gpu_request,
+    prepare_runtime,
+    ssh_alive,
 )
 
 log = logging.getLogger(__name__)
 
 LABEL = "gpusession.session"
 STORE_LABEL = "gpusession.store"  # which session store started it: gc leaves other stores' alone
-STATE_DIR = "/run/gpusession"
 START_TIMEOUT = 120.0
+START_LOG_BYTES = 4096  # the end of a failed start's container log kept in its record
+START_LOG_LINES = 200
+QUICK_TIMEOUT = 3.0  # seconds a listing waits for a remote engine's answer
 NO_NVIDIA = (
     "this Docker engine has no NVIDIA runtime, so the container cannot get a GPU ({detail}). "
     "On the GPU host: install the NVIDIA driver and nvidia-container-toolkit, run "
@@ -77,16 +103,22 @@ class DockerBackend(Backend):
     # -- engines ------------------------------------------------------------------------
 
     def client(self, host: str | None):
-        """The engine for a session's --host ('' or None: the local engine), cached."""
+        """The engine for a session's --host ('' or None: the local engine), cached; a remote
+        engine's again when its SSH connection died (a network blip, a laptop that slept)."""
         key = host or ""
+        if key in self._clients and host and not ssh_alive(self._clients[key]):
+            self._clients.pop(key).close()
         if key not in self._clients:
             self._clients[key] = engine_client(host)
         return self._clients[key]
 
     def check(self, spec: LaunchSpec) -> None:
         docker_sdk()
-        if spec.host and not spec.host.startswith("ssh://"):
-            raise BadInput(f"--host {spec.host!r}: give a remote Docker engine as ssh://user@host[:port]")
+        if spec.host:  # the option table has read it; a LaunchSpec made by hand has not
+            try:
+                ssh_host(spec.host)
+            except BadInput as exc:
+                raise BadInput(f"Docker host: {exc}") from None
         gpus = spec.extra.get("gpus")
         if gpus is not None and str(gpus) != "all" and not str(gpus).isdigit():
             raise BadInput(f"gpus={gpus!r}: use 'all' or a number of GPUs")
@@ -94,42 +126,49 @@ class DockerBackend(Backend):
     # -- start --------------------------------------------------------------------------
 
     def provision(self, record: SessionRecord, progress: Progress) -> None:
-        from ..sshlogin import make_session_key
-
         spec = record.spec
         progress.step(f"connecting to the Docker engine {spec.host or '(local)'}")
         client = self.client(spec.host)
-        image = spec.image or self.config.docker_image
-        build_or_find_image(client, image, progress, default_image=self.config.docker_image)
-        key_path, public_key = make_session_key(self.config.data_path / "keys", record.id)
-        self.recorder.save(record.id, key_path=str(key_path), engine=spec.host or "", image=image)
+        self.recorder.save(record.id, engine=spec.host or "")  # from here its engine may hold something (stop, gc)
+        name = spec.image or self.config.docker_image
+        labels = {LABEL: record.id, STORE_LABEL: self.recorder.store_id}
+        image = find_or_pull_image(client, name, progress)
+        # the image's own Python runs the kernel; the runtime bundle brings what it lacks
+        runtime = prepare_runtime(client, image, cache_dir=cache_dir(), labels=labels, progress=progress)
+        self.recorder.save(record.id, engine=spec.host or "", image=name, python=runtime.python.executable)
+        entrypoint, command = bundle_command([
+            "--session-id", record.id, "--state-dir", STATE_DIR, "--kernel-ip", "127.0.0.1",
+            "--kernel-ports", "0", "--agent-port", "0", *args_for(record)])
         docker = docker_sdk()
-        progress.step(f"creating container from {image}")
+        progress.step(f"creating container from {name}")
         try:
             container = client.containers.create(
-                image,
+                image.id,
+                entrypoint=entrypoint,
+                command=command,
                 detach=True,
                 init=True,
                 name=f"gpusession-{record.name}-{record.id[:8]}",
                 labels={
-                    LABEL: record.id,
-                    # another user's (or GPUSESSION_HOME's) containers on a shared engine are
-                    # not ours to collect, though unknown to our store
-                    STORE_LABEL: self.recorder.store_id,
+                    **labels,  # the store's: another user's containers on a shared engine are not ours
                     "gpusession.owner": record.owner,
                     "gpusession.type": f"{spec.gpu_type}:{spec.gpu_count}",
+                    "gpusession.image": name,
                     "gpusession.started": str(int(time.time())),
                 },
                 environment={
                     ENV_SESSION_ID: record.id,
-                    ENV_AUTHORIZED_KEY: public_key,
-                    ENV_AGENT_ARGS: shlex.join(args_for(record)),
+                    # made here: the log (READY) says where the kernel listens, never its key
+                    ENV_KERNEL_KEY: secrets.token_hex(32),
+                    ENV_RUNTIME_PYTHON: runtime.python.start_with,
+                    ENV_RUNTIME_BRINGS: ",".join(runtime.python.brings),
                 },
-                device_requests=[_gpu_request(docker, spec)],
-                ports={"22/tcp": ("127.0.0.1", None)},
+                device_requests=[gpu_request(docker, spec)],
+                # no sshd, nothing published: the kernel and agent listen on the host's loopback,
+                # reached directly here or through the SSH login to the engine's host
+                network_mode="host",
+                volumes=runtime.volumes,
             )
-        except docker.errors.ImageNotFound as exc:
-            raise StageError("provision", f"image {image} not found: {short_error(exc)}") from None
         except docker.errors.APIError as exc:
             raise StageError("provision", f"cannot create the container: {short_error(exc)}") from None
         self.recorder.save(record.id, container_id=container.id)
@@ -142,54 +181,35 @@ class DockerBackend(Backend):
             if "could not select device driver" in text:
                 raise BackendUnavailable(NO_NVIDIA.format(detail=text)) from None
             raise StageError("provision", f"cannot start the container: {text}") from None
-        container.reload()
-        published = container.ports.get("22/tcp")
-        if not published:  # it exited already: the log says why
-            wait_for_marker(container, Marker.HOSTKEY, START_TIMEOUT, stage="provision")
-            raise StageError("provision", f"container {container.short_id} published no ssh port")
-        port = int(published[0]["HostPort"])
-        self.recorder.save(record.id, ssh_port=port)
-        progress.step("waiting for the container's sshd")
-        host_key = wait_for_marker(container, Marker.HOSTKEY, START_TIMEOUT, stage="provision")
-        self.recorder.save(record.id, host_key=host_key)
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
-        from ..tunnel import CONTAINER_PORTS, HostKeyCheck, SshTarget, Tunnel, jump_target
-
         res = record.resource
         client = self.client(record.spec.host)
         container = get_container(client, res.get("container_id"))
         if container is None:
             raise StageError("connect", f"container {res.get('container_id', '?')[:12]} is gone")
-        import paramiko
+        tunnel = opening = None
+        if record.spec.host:  # the kernel's ports are on that host's loopback: log in to its sshd
+            from ..tunnel import Tunnel, jump_target
 
-        target = SshTarget(
-            host="127.0.0.1",
-            port=int(res["ssh_port"]),
-            username="root",
-            keys=[paramiko.Ed25519Key.from_private_key_file(res["key_path"])],
-            host_keys=HostKeyCheck.pinned(
-                "127.0.0.1", int(res["ssh_port"]), res["host_key"],
-                forget_hint=f"stop this session (`gpusession stop {record.name}`) and start a new one",
-            ),
-        )
-        jump = jump_target(record.spec.host) if record.spec.host else None
-        progress.step("opening the SSH tunnel" + (f" through {jump.label}" if jump else ""))
-        tunnel = Tunnel(
-            target, list(CONTAINER_PORTS), jump=jump, connect_timeout=START_TIMEOUT,
-            on_event=lambda text: self._note(record.id, text),
-        )
-        # log in while the kernel boots; the log tells first when the container dies meanwhile
-        opening = _InThread(tunnel.start)
+            target = jump_target(record.spec.host)  # known_hosts pins its key, as for the engine
+            progress.step(f"opening the SSH tunnel to {target.label}")
+            tunnel = Tunnel(target, [], connect_timeout=START_TIMEOUT, on_event=lambda text: self._note(record.id, text))
+            opening = InThread(tunnel.start)  # log in while the kernel boots
         try:
             progress.step("waiting for the kernel")
-            wait_for_marker(container, Marker.READY, START_TIMEOUT, stage="connect")
-            info = read_json_from(container, f"{STATE_DIR}/kernel.json")
+            # here the kernel's ports are known once its process started (KERNEL): connecting
+            # while it boots; through a tunnel, once it listens (READY)
+            ready = wait_for_marker(container, Marker.READY if tunnel else Marker.KERNEL, START_TIMEOUT, stage="connect")
+            info, agent_port = connection_info(container, ready)
+            if tunnel is None:
+                return DirectLink(info, agent_port, alive=lambda: self.is_alive(record))
             opening.result(START_TIMEOUT)
+            return TunnelLink(tunnel, info, agent_port)
         except BaseException:
-            tunnel.close()
+            if tunnel is not None:
+                tunnel.close()
             raise
-        return TunnelLink(tunnel, info)
 
     # -- life and teardown --------------------------------------------------------------
 
@@ -199,6 +219,44 @@ class DockerBackend(Backend):
         except BackendUnavailable:
             return True  # the engine cannot be asked now: unknown is not gone, never tear down blind
         return container is not None and container.status == "running"
+
+    def check_alive(self, records: list[SessionRecord]) -> dict[str, bool]:
+        """One question per engine: the local one over its socket; a remote one only when this
+        process holds a connection to it already (a new SSH login is no cheap question). A
+        paused or restarting container is left out: not running, but not gone either."""
+        found: dict[str, bool] = {}
+        for host in {r.spec.host or "" for r in records}:
+            states = self._container_states(host)
+            if states is None:
+                continue
+            for r in records:
+                state = states.get(r.id, "gone")
+                if (r.spec.host or "") == host and state in ("running", "exited", "dead", "gone"):
+                    found[r.id] = state == "running"
+        return found
+
+    def _container_states(self, host: str) -> dict[str, str] | None:
+        if not host:
+            states = local_engine_states(LABEL)
+            if states is not None:
+                return states
+        client = self._clients.get(host)
+        if client is None:
+            return None
+        answer: list[dict[str, str]] = []
+
+        def ask() -> None:  # in a thread: an engine whose connection hangs must not hold the listing
+            try:
+                with engine_errors(host or "(local engine)"):
+                    listed = client.containers.list(all=True, sparse=True, filters={"label": LABEL})
+                answer.append(container_states([c.attrs for c in listed], LABEL))
+            except BackendUnavailable:
+                pass
+
+        asking = threading.Thread(target=ask, name="gpusession-docker-states", daemon=True)
+        asking.start()
+        asking.join(QUICK_TIMEOUT)
+        return answer[0] if answer else None
 
     def stop_details(self, record: SessionRecord) -> StopDetails | None:
         """What the runtime left at its end (stopped.json: reason, at, the agent's summary), read
@@ -224,10 +282,28 @@ class DockerBackend(Backend):
         return None if details == StopDetails() else details
 
     def stop(self, record: SessionRecord) -> None:
-        container = self._find(record)
-        if container is not None:
-            remove_container(container)
+        """Remove the container (keeping the end of its log in the record when a start is being
+        torn down) and record `removed_at`, so gc stops asking its engine about it. A start that
+        never saved `engine` never reached its engine: there is nothing to ask it for."""
+        res = record.resource
+        if record.spec.backend == self.name and ("engine" in res or res.get("container_id")):
+            container = self._find(record)
+            if container is not None:
+                if record.state in (State.REQUESTED, State.PROVISIONING, State.STARTING):
+                    self._keep_start_log(record.id, container)
+                remove_container(container)
         (self.config.data_path / "keys" / record.id).unlink(missing_ok=True)
+        self.recorder.save(record.id, removed_at=time.time())
+
+    def _keep_start_log(self, session_id: str, container) -> None:
+        """The end of a failed start's container log, in the record (`start_log`), bounded."""
+        try:
+            text = container_logs(container, tail=START_LOG_LINES)
+        except Exception as exc:  # noqa: BLE001 - the teardown goes on without it
+            log.debug("no start log for %s: %s", session_id, exc)
+            return
+        data = text.encode()[-START_LOG_BYTES:]
+        self.recorder.save(session_id, start_log=data.decode(errors="ignore"))
 
     def _find(self, record: SessionRecord):
         """The session's container (by saved id, else by label), None when there is none."""
@@ -246,8 +322,13 @@ class DockerBackend(Backend):
     # -- gc -----------------------------------------------------------------------------
 
     def list_resources(self) -> list[RemoteResource]:
-        """Containers labelled by this store, on the local engine and every remote one it used."""
-        hosts = [""] + sorted({r.spec.host for r in self.recorder.sessions(self.name) if r.spec.host})
+        """Containers labelled by this store, on the local engine and on every remote one that
+        may still hold one: an active session's, or an ended one's whose removal was never
+        confirmed. An engine that answers without an ended session's container confirms it
+        (`removed_at`), so a failed record's host is not asked again on every run."""
+        records = self.recorder.sessions(self.name)
+        unsure = [r for r in records if r.spec.host and _may_hold(r)]
+        hosts = [""] + sorted({r.spec.host for r in unsure})
         found: list[RemoteResource] = []
         reached = 0
         for host in hosts:
@@ -255,10 +336,14 @@ class DockerBackend(Backend):
                 with engine_errors(host or "(local engine)"):
                     mine = {"label": [LABEL, f"{STORE_LABEL}={self.recorder.store_id}"]}
                     containers = self.client(host).containers.list(all=True, ignore_removed=True, filters=mine)
-            except BackendUnavailable as exc:
+            except Exception as exc:  # noqa: BLE001 - one engine (or a host no resolver takes) never stops the rest
                 log.warning("gc: skipping Docker engine %s: %s", host or "(local)", exc)
                 continue
             reached += 1
+            present = {c.labels.get(LABEL) for c in containers}
+            for r in unsure:
+                if r.spec.host == host and not r.state.active and r.id not in present:
+                    self.recorder.save(r.id, removed_at=time.time())
             for c in containers:
                 found.append(
                     RemoteResource(
@@ -279,36 +364,15 @@ class DockerBackend(Backend):
         if container is not None and container.labels.get(LABEL) == resource.session_id:
             remove_container(container)
         (self.config.data_path / "keys" / resource.session_id).unlink(missing_ok=True)
+        try:  # its engine is asked no more (list_resources), when the store knows the session
+            self.recorder.save(resource.session_id, removed_at=time.time())
+        except GpuSessionError:
+            pass
 
 
-class _InThread:
-    """Run `fn` in a thread now; `result()` waits for it and re-raises its error."""
-
-    def __init__(self, fn):
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn) -> None:
-        try:
-            fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to result()
-            self._error = exc
-
-    def result(self, timeout: float) -> None:
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise StageError("connect", f"the SSH tunnel did not open within {timeout:.0f}s")
-        if self._error is not None:
-            raise self._error
-
-
-def _gpu_request(docker, spec: LaunchSpec):
-    """All of the host's GPUs, or the type's count when it names more than one (a100:4);
-    spec.extra: gpus ('all' or N) overrides, gpu_driver picks the device driver."""
-    gpus = spec.extra.get("gpus")
-    if gpus is None:
-        count = spec.gpu_count if spec.gpu_count > 1 else -1
-    else:
-        count = -1 if str(gpus) == "all" else int(gpus)
-    return docker.types.DeviceRequest(driver=spec.extra.get("gpu_driver", ""), count=count, capabilities=[["gpu"]])
+def _may_hold(record: SessionRecord) -> bool:
+    """Whether the session's engine may still hold a container of it: it is active, or it ended
+    without its removal confirmed after its start reached the engine (`engine` is saved as soon
+    as the engine answers, before anything is made there)."""
+    res = record.resource
+    return record.state.active or (("engine" in res or bool(res.get("container_id"))) and "removed_at" not in res)

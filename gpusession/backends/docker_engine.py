@@ -1,6 +1,6 @@
 """The Docker engine side of the docker backend: the SDK (imported lazily), connecting to a local
-or `ssh://` engine with clear errors, finding or building the image, and reading a container's
-log and files through the API."""
+or `ssh://` engine with clear errors, and reading a container's log and files through the API
+(the image and the runtime bundle: `docker_runtime`)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,13 @@ import contextlib
 import io
 import json
 import os
-import re
 import tarfile
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import BackendUnavailable, StageError
-from ..progress import Progress
 from ..protocol import Marker, parse_marker
-from .base import failure_detail
+from .base import failure_detail, marker_lines
 
 INSTALL_HINT = "the docker backend needs the Docker SDK for Python: pip install 'docker>=7.1'"
 
@@ -111,6 +108,8 @@ def _check_reachable(url: str, timeout: float = 10.0) -> None:
         raise BackendUnavailable(str(exc)) from None
     try:
         socket.create_connection((login.host, login.port), timeout=timeout).close()
+    except UnicodeError:  # a host name no resolver takes (a part over 63 characters)
+        raise BackendUnavailable(f"cannot reach the Docker engine {url[:80]}: its host name is no valid DNS name") from None
     except OSError as exc:
         reason = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
         raise BackendUnavailable(
@@ -119,55 +118,49 @@ def _check_reachable(url: str, timeout: float = 10.0) -> None:
         ) from None
 
 
-def dockerfile_dir() -> Path | None:
-    """The source checkout holding Dockerfile.cuda, when gpusession runs from one."""
-    root = Path(__file__).resolve().parents[2]
-    return root if (root / "Dockerfile.cuda").is_file() else None
+def local_engine_states(label: str, timeout: float = 2.0) -> dict[str, str] | None:
+    """The value of `label` -> the state ("running", "exited", ...) of each container carrying
+    it, asked of the local engine over its unix socket with the standard library: importing the
+    SDK alone costs more than the whole question, and `gpusession list` asks it. None when the
+    local engine is no unix socket (DOCKER_HOST tcp:// or ssh://) or does not answer in time."""
+    import http.client
+    import socket
+    import urllib.parse
 
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if not host.startswith("unix://"):
+        return None
 
-def build_or_find_image(client, image: str, progress: Progress, *, default_image: str) -> None:
-    """Make sure `image` is on the engine: present, else built from Dockerfile.cuda (the default
-    image, in a source checkout), else pulled; an actionable error otherwise."""
-    docker = docker_sdk()
-    with engine_errors("while looking for the image"):
-        try:
-            client.images.get(image)
-            return
-        except docker.errors.ImageNotFound:
-            pass
-    root = dockerfile_dir()
-    if root is not None and image == default_image:
-        with progress.stage("image", f"{image} is not on the engine: building it from {root / 'Dockerfile.cuda'}"):
-            _build(client, root, image, progress)
-        return
-    progress.step(f"pulling {image}")
+    class UnixConnection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            self.sock.connect(host[len("unix://"):])
+
+    query = urllib.parse.urlencode({"all": "1", "filters": json.dumps({"label": [label]})})
+    conn = UnixConnection("docker", timeout=timeout)
     try:
-        client.images.pull(image)
-        return
-    except docker.errors.DockerException as exc:
-        pull_error = short_error(exc)
-    how = (
-        f"build it from a gpusession source checkout: docker build -f Dockerfile.cuda -t {image} ."
-        if root is None or image == default_image
-        else f"build it ({root}: docker build -f Dockerfile.cuda -t {image} .) or pass another --image"
-    )
-    raise StageError("image", f"image {image} is not on the Docker engine and cannot be pulled ({pull_error}); {how}")
+        conn.request("GET", f"/containers/json?{query}")
+        reply = conn.getresponse()
+        containers = json.loads(reply.read()) if reply.status == 200 else None
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+    if not isinstance(containers, list):
+        return None
+    return container_states(containers, label)
 
 
-def _build(client, root: Path, image: str, progress: Progress) -> None:
-    lines: list[str] = []
-    try:
-        for chunk in client.api.build(path=str(root), dockerfile="Dockerfile.cuda", tag=image, rm=True, decode=True):
-            if "error" in chunk:
-                raise StageError("image", f"building {image} failed: {chunk['error'].strip()}; last output: "
-                                 + " | ".join(lines[-5:]))
-            text = chunk.get("stream", "").strip()
-            if text:
-                lines.append(text)
-                if re.match(r"Step \d+/\d+", text):
-                    progress.step(text)
-    except docker_sdk().errors.DockerException as exc:
-        raise StageError("image", f"building {image} failed: {short_error(exc)}") from None
+def container_states(containers: list[dict], label: str) -> dict[str, str]:
+    """What the engine's container list (its JSON: Labels, State) says, by `label`'s value; a
+    running container wins over others with the same label."""
+    states: dict[str, str] = {}
+    for c in containers:
+        value = (c.get("Labels") or {}).get(label)
+        if value and states.get(value) != "running":
+            states[value] = str(c.get("State") or "")
+    return states
 
 
 def get_container(client, container_id: str | None):
@@ -198,13 +191,14 @@ def container_logs(container, tail: int | str = "all") -> str:
 
 
 def wait_for_marker(container, marker: Marker, timeout: float, stage: str) -> Any:
-    """The payload of the first `marker` line in the container's log (`protocol.parse_marker`);
-    fails when the runtime says it failed (FAILED) or the container exits first."""
+    """The payload of the first `marker` line in the container's log (`protocol.parse_marker`,
+    also where the marker shares its line with another writer's half line); fails when the
+    runtime says it failed (FAILED) or the container exits first."""
     deadline = time.monotonic() + timeout
     delay = 0.02
     while True:
         text = container_logs(container)
-        for line in text.splitlines():
+        for line in marker_lines(text):
             parsed = parse_marker(line)
             if parsed is None:
                 continue
@@ -218,9 +212,11 @@ def wait_for_marker(container, marker: Marker, timeout: float, stage: str) -> An
             last = " | ".join(text.strip().splitlines()[-8:]) or "(no output)"
             raise StageError(stage, f"container exited with code {code} during start; last log lines: {last}")
         if time.monotonic() > deadline:
-            raise StageError(stage, f"no {marker.value} line from the container within {timeout:.0f}s")
+            last = " | ".join(text.strip().splitlines()[-8:]) or "(no output)"
+            raise StageError(stage, f"no {marker.value} line from the container within {timeout:.0f}s; "
+                                    f"last log lines: {last}")
         time.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
+        delay = min(delay * 1.5, 0.03)  # a start waits for this: found within 30 ms, one cheap call each
 
 
 def read_json_from(container, path: str) -> dict:

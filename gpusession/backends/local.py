@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -139,6 +140,12 @@ class LocalBackend(Backend):
     def is_alive(self, record: SessionRecord) -> bool:
         pid = record.resource.get("pid")
         return _pid_alive(pid) and _process_label(pid) == record.id
+
+    def check_alive(self, records: list[SessionRecord]) -> dict[str, bool]:
+        """/proc answers, in microseconds; only for sessions started on this machine (a store
+        shared between machines holds others)."""
+        here = socket.gethostname()
+        return {r.id: self.is_alive(r) for r in records if r.owner.partition(":")[0].rpartition("@")[2] == here}
 
     def stop_details(self, record: SessionRecord) -> StopDetails | None:
         """What the runtime left at its end: the stopped.json in its state folder."""

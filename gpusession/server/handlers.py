@@ -1,12 +1,18 @@
 """REST handlers. Every verb is `@tornado.web.authenticated`; bodies are validated (400 with a
 message, never a 500 from a missing key); unknown sessions are 404. Blocking work (starting,
-stopping, asking an agent) runs in a thread, never on the server's event loop."""
+stopping, asking an agent) runs in a thread, never on the server's event loop.
+
+Every error body is `{"message": ...}` (tornado's own 403/404/405 too: `write_error`), speaks of
+fields as the body names them, and echoes at most a short piece of a bad value. A body is at most
+`MAX_BODY` bytes, refused before it is parsed; nesting too deep and NaN/Infinity are refused."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
+from http.client import responses
 from typing import Any
 
 import tornado.web
@@ -15,9 +21,14 @@ from jupyter_server.utils import url_path_join
 
 from .. import options
 from ..backends import backend_names
+from ..durations import KEEPALIVE, shown
 from ..errors import BadInput, BackendUnavailable, GpuSessionError, NoSession, UnknownSession
 from ..session import SessionManager, default_backend_name
 from ..words import error_text, rest_view, warning_texts
+from .panel import MAX_HISTORY, StartProgress, kernel_ids_by_pid, panel_view, with_history
+
+
+MAX_BODY = 64 * 1024  # bytes of a request body; a start body is well under 1 KiB
 
 
 class Api:
@@ -27,6 +38,11 @@ class Api:
     def __init__(self, manager: SessionManager | None = None):
         self.manager = manager or SessionManager()
         self.starting: dict[str, threading.Thread] = {}
+        self.progress = StartProgress()  # the starts' latest lines, shown on their cards
+
+    def view(self, record, kernels: dict[int, str] | None = None) -> dict:
+        """A session as the sidebar shows it: the REST view, its start progress and kernel."""
+        return panel_view(self.manager, record, self.progress, kernels)
 
     def start_in_background(self, body: dict[str, Any]) -> dict:
         """Record the session from a POST body (`options.body_problems` passed), start it in a thread."""
@@ -35,10 +51,11 @@ class Api:
         spec = m.make_spec(given.pop("type", None), backend=given.pop("backend", None),
                            idle=given.pop("idle", "default"), face=options.REST, **given)
         record = m.create(spec)
+        report = self.progress.reporter(record.id)
 
         def run() -> None:
             try:
-                m.launch(record, report=lambda line: None)
+                m.launch(record, report=report)
             except BaseException:  # noqa: BLE001 - launch recorded the failure and cleaned up
                 pass
             finally:
@@ -47,7 +64,7 @@ class Api:
         thread = threading.Thread(target=run, name=f"gpusession-start-{record.name}", daemon=True)
         self.starting[record.id] = thread
         thread.start()
-        return rest_view(m.view(record))
+        return self.view(record)
 
 
 class BaseHandler(APIHandler):
@@ -59,16 +76,34 @@ class BaseHandler(APIHandler):
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
     def body(self) -> dict[str, Any]:
+        raw = self.request.body or b"{}"
+        if len(raw) > MAX_BODY:
+            raise tornado.web.HTTPError(413, f"the body is {len(raw):,} bytes; at most {MAX_BODY:,} bytes")
         try:
-            data = json.loads(self.request.body or b"{}", parse_constant=_no_constants)
-        except ValueError:
-            raise tornado.web.HTTPError(400, reason="body is not JSON (NaN and Infinity are not JSON either)")
+            data = json.loads(raw, parse_constant=_no_constants)
+        except RecursionError:
+            raise tornado.web.HTTPError(400, "the body is nested too deeply") from None
+        except ValueError as exc:  # UnicodeDecodeError and the digit limit of ints too
+            raise tornado.web.HTTPError(400, f"the body is not JSON ({shown(str(exc), 80)[1:-1]}); "
+                                             "NaN and Infinity are not JSON either") from None
         if not isinstance(data, dict):
-            raise tornado.web.HTTPError(400, reason="body must be a JSON object")
+            raise tornado.web.HTTPError(400, "the body must be a JSON object")
         return data
 
     def fail(self, status: int, message: str) -> None:
         self.set_status(status)
+        self.finish(json.dumps({"message": message}))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Tornado's errors (an HTTPError raised here, 403 from the login check, 405) in our one
+        shape, `{"message": ...}`; anything unexpected says only that it was."""
+        message = responses.get(status_code, "error")
+        exc = (kwargs.get("exc_info") or (None, None, None))[1]
+        if isinstance(exc, tornado.web.HTTPError):
+            message = exc.log_message or exc.reason or message
+        elif exc is not None:
+            message = f"internal error ({type(exc).__name__}); the server log has the details"
+        self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"message": message}))
 
     async def guarded(self, fn, *args, ok: int = 200) -> None:
@@ -93,10 +128,18 @@ class SessionsHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
         show_all = self.get_query_argument("all", "0") in ("1", "true", "yes")
+        history_text = self.get_query_argument("history", "0")  # also the N latest ended sessions
+        if not history_text.isdigit() or int(history_text) > MAX_HISTORY:
+            return self.fail(400, f"'history' must be a whole number from 0 to {MAX_HISTORY}, got {shown(history_text)}")
+        history = int(history_text)
+        kernels = kernel_ids_by_pid(self.settings.get("kernel_manager"))
 
         def listing() -> dict:
             m = self.api.manager
-            return {"sessions": [rest_view(m.view(r)) for r in m.list(active_only=not show_all)]}
+            records = m.list(active_only=not (show_all or history), check=True)  # gone ones shown ended
+            if history and not show_all:
+                records = with_history(records, history)
+            return {"sessions": [self.api.view(r, kernels) for r in records]}
 
         await self.guarded(listing)
 
@@ -138,7 +181,8 @@ class SessionHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self, key: str) -> None:
         m = self.api.manager
-        await self.guarded(lambda: rest_view(m.view(m.get(key))))
+        await self.guarded(lambda: self.api.view(m.liveness.check([m.get(key)])[0],
+                                                 kernel_ids_by_pid(self.settings.get("kernel_manager"))))
 
     @tornado.web.authenticated
     async def delete(self, key: str) -> None:
@@ -151,9 +195,13 @@ class StatsHandler(BaseHandler):
     async def get(self, key: str) -> None:
         since_text = self.get_query_argument("since", None)
         try:
-            since = float(since_text) if since_text is not None else None
+            since = float(since_text) if since_text is not None and len(since_text) <= 40 else None
         except ValueError:
-            return self.fail(400, f"'since' must be unix seconds, got {since_text!r}")
+            since = None
+        if since_text is not None and since is None:
+            return self.fail(400, f"'since' must be unix seconds, got {shown(since_text)}")
+        if since is not None and not (math.isfinite(since) and since >= 0):
+            return self.fail(400, f"'since' must be unix seconds, a finite number from 0, got {shown(since_text)}")
         m = self.api.manager
         def stats() -> dict:
             doc = m.stats(m.get(key).id, since=since)
@@ -166,14 +214,25 @@ class StatsHandler(BaseHandler):
 class KeepaliveHandler(BaseHandler):
     @tornado.web.authenticated
     async def post(self, key: str) -> None:
-        body = self.body()
-        duration = body.get("duration", "1h")
-        if not isinstance(duration, (str, int, float)):
-            return self.fail(400, "'duration' must be a string like \"1h\"")
+        body = self.body()  # {"duration": "1h"}; checked before the session is looked up
+        unknown = [options.field_shown(k) for k in body if k != "duration"]
+        if unknown:
+            return self.fail(400, f"unknown field(s) {', '.join(unknown[:5])}; allowed: duration")
+        duration = body.get("duration")
+        duration = "1h" if duration is None else duration
+        if isinstance(duration, bool) or not isinstance(duration, (str, int, float)):
+            got = {bool: "boolean", list: "array", dict: "object"}.get(type(duration), type(duration).__name__)
+            return self.fail(400, f"'duration': wrong type ({got}): expected a string like \"1h\" or a number of minutes")
+        if isinstance(duration, str) and len(duration) > 40:
+            return self.fail(400, f"'duration': {KEEPALIVE.what} is {len(duration):,} characters long; at most 40")
+        try:
+            KEEPALIVE.parse(duration)
+        except BadInput as exc:
+            return self.fail(400, f"'duration': {exc}")
         m = self.api.manager
         def keepalive() -> dict:
             sid = m.get(key).id
-            m.keepalive(sid, str(duration))
+            m.keepalive(sid, duration)
             return rest_view(m.view(m.get(sid)))
 
         await self.guarded(keepalive)
@@ -183,6 +242,13 @@ class CatalogHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
         self.finish(json.dumps(self.api.manager.catalog.to_dict()))
+
+
+class NotFoundHandler(BaseHandler):
+    """Any other path under the API: a 404 in the API's shape, not the server's HTML page."""
+
+    def prepare(self):  # before the login check and any verb: every method gets this answer
+        raise tornado.web.HTTPError(404, f"no such endpoint: {shown(self.request.path, 80)}")
 
 
 def _no_constants(name: str) -> None:
@@ -204,5 +270,6 @@ def setup_handlers(server_app, manager: SessionManager | None = None) -> None:
             (url_path_join(base, "catalog"), CatalogHandler),
             (url_path_join(base, "options"), OptionsHandler),
             (url_path_join(base, "options", "check"), OptionsCheckHandler),
+            (url_path_join(base, r"(?P<rest>.*)"), NotFoundHandler),  # last: add endpoints above it
         ],
     )

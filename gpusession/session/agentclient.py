@@ -89,3 +89,10 @@ class AgentClient:
 
     def keepalive(self, seconds: float) -> dict:
         return self._request("POST", "/keepalive", {"seconds": seconds})
+
+    def health(self) -> dict:
+        return self._request("GET", "/health")
+
+    def restart_kernel(self) -> dict:
+        """POST /restart: the runtime ends the running kernel and starts a fresh one."""
+        return self._request("POST", "/restart", {})

@@ -7,10 +7,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..backends import Backend, Link
-from ..errors import KernelDied, SessionEnded
+from ..errors import KernelDied, LinkLost, SessionEnded
 from ..kernel import KernelClient, OutputSink
 from ..models import SessionRecord
-from .agentclient import AgentClient
+from .agentclient import AgentClient, AgentUnavailable
 
 if TYPE_CHECKING:
     from .manager import SessionManager
@@ -57,9 +57,15 @@ class Session:
         return self.record
 
     def healthy(self) -> bool:
-        """Link up and remote side alive (the backend check is throttled to once in 2 s)."""
+        """Link up and remote side alive (the backend check is throttled to once in 2 s). Raises
+        LinkLost when the link gave up (refused, or down past the reconnect give-up time) while
+        the session still runs: a waiting cell ends with why, instead of waiting for ever."""
         if not self.link.healthy():
-            return self.backend.is_alive(self.record)
+            alive = self.backend.is_alive(self.record)
+            why = self.link.failure() if alive else None
+            if why is not None:
+                raise LinkLost(f"lost the connection to session {self.name}: {why}")
+            return alive
         at, alive = self._alive_checked
         if time.monotonic() - at > 2.0:
             alive = self.backend.is_alive(self.record)
@@ -75,6 +81,8 @@ class Session:
             return
         client, deadline = self.kernel.client, time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if not self.link.healthy():
+                self.healthy()  # LinkLost when it gave up meanwhile
             msg_id = client.kernel_info()
             tick = time.monotonic() + 0.5
             while time.monotonic() < tick:
@@ -87,6 +95,11 @@ class Session:
                     return
 
     def run(self, code: str, sink: OutputSink | None = None) -> dict:
+        if not self.link.healthy():  # gave up already: say so now, send nothing
+            try:
+                self.healthy()
+            except LinkLost as exc:
+                raise LinkLost(f"{exc}; this cell was not sent") from None
         self._after_reconnect()
         try:
             return self.kernel.execute(code, sink=sink)
@@ -106,6 +119,33 @@ class Session:
 
     def stop(self) -> SessionRecord:
         return self.manager.stop(self.id)
+
+    def kernel_state(self) -> dict:
+        """The runtime's word on the session kernel, through the agent: {"generation": kernels
+        started so far, "running", "ready"}. AgentUnavailable when the agent does not answer."""
+        state = self.agent.health().get("kernel")
+        if not state:
+            raise AgentUnavailable("this session's runtime cannot restart its kernel (an older image?)")
+        return state
+
+    def restart_kernel(self, after: int, *, force: bool = False, timeout: float = 60.0) -> int:
+        """Wait for a fresh kernel in this session, newer than generation `after`, and for it to
+        answer; returns its generation. The old kernel goes by itself on a shutdown_request with
+        restart=true (the runtime then starts the next); `force` ends it first when it still runs
+        (POST /restart). Variables are gone; ports, key and the session stay."""
+        deadline = time.monotonic() + timeout
+        state = self.kernel_state()
+        if force and state["generation"] <= after and state["running"]:
+            self.agent.restart_kernel()
+        while not (state["generation"] > after and state["ready"]):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no fresh kernel in session {self.name} within {timeout:.0f}s")
+            if not self.healthy():
+                raise KernelDied(f"session {self.name} ended while its kernel restarted")
+            time.sleep(0.1)
+            state = self.kernel_state()
+        self.kernel.wait_ready(timeout=max(1.0, deadline - time.monotonic()))
+        return state["generation"]
 
     def stats(self, since: float | None = None, limit: int | None = None) -> dict:
         """Live stats from the session's agent: samples newer than `since` (unix s), the newest

@@ -23,6 +23,7 @@ from ..protocol import StopKind, StopReason, Warning, WarningKind
 from ..store import Store
 from .agentclient import AgentUnavailable
 from .handle import Session
+from .liveness import Liveness
 from .recorder import StoreRecorder
 from .views import session_view
 
@@ -61,6 +62,7 @@ class SessionManager:
         self._connected: dict[str, Session] = {}
         self._lock = threading.RLock()
         self._stats_cache: dict[str, tuple[float, dict]] = {}  # id -> (fetched at, stats)
+        self.liveness = Liveness(self)  # which running sessions are still alive, asked cheaply
 
     # -- building blocks -----------------------------------------------------------------
 
@@ -154,8 +156,9 @@ class SessionManager:
     def get(self, key: str) -> SessionRecord:
         return self.store.get(key)
 
-    def list(self, *, active_only: bool = False) -> list[SessionRecord]:
-        return self.store.list(active_only=active_only)
+    def list(self, *, active_only: bool = False, check: bool = False) -> list[SessionRecord]:
+        records = self.store.list(active_only=active_only)  # check: its running ones checked (liveness.py)
+        return self.liveness.check(records) if check else records
 
     def connected(self, key: str | None = None) -> Session | None:
         with self._lock:
@@ -198,8 +201,8 @@ class SessionManager:
 
     # -- stop ----------------------------------------------------------------------------
 
-    def stop(self, key: str, by: str = "user", kind: StopKind = StopKind.USER) -> SessionRecord:
-        """Stop a session and record why (`by` names who: "user", "the sidebar", "gc"...)."""
+    def stop(self, key: str, by: str = "user", kind: StopKind = StopKind.USER, *, kernel_told: bool = False) -> SessionRecord:
+        """Stop a session and record why (`by`: "user", "the sidebar"...; kernel_told: it was sent a shutdown_request)."""
         record = self.store.get(key)
         backend = self.backend(record.backend)
         with self._lock:
@@ -218,8 +221,8 @@ class SessionManager:
         self.store.update_resource(record.id, stop_reason=reason.to_dict())
         if session is not None:
             self._save_summary(record, session=session)
-            try:
-                session.kernel.shutdown(timeout=3)
+            try:  # a kernel told already (by JupyterLab) is going: no waiting for its second reply
+                session.kernel.shutdown(timeout=0 if kernel_told else 3)
             except Exception:  # noqa: BLE001 - the kernel may be gone already; teardown follows
                 pass
             session.close_connections()
@@ -251,9 +254,17 @@ class SessionManager:
         """The kernel stopped answering while a cell ran: recorded by the same rule as a session
         found ended later (`ended_state`). Returns the record when the session ended without a
         failure (its watchdog, a stop elsewhere), else None (recorded as failed, `error` = why)."""
-        self._release(session.id)
-        session.record = self.reconcile(session.record, session.backend, died_while=why)
+        self._release(session.id)  # stopped elsewhere (the sidebar, the CLI): that is what happened
+        session.record = self._stopped_elsewhere(session.id) or self.reconcile(session.record, session.backend, died_while=why)
         return None if session.record.state == State.FAILED else session.record
+
+    def _stopped_elsewhere(self, session_id: str, wait_s: float = 15.0) -> SessionRecord | None:
+        """The record when another process stopped the session (recorded, or under way: waited for)."""
+        deadline, record = time.monotonic() + wait_s, self.store.get(session_id)
+        while record.state == State.STOPPING and time.monotonic() < deadline:
+            time.sleep(0.2)
+            record = self.store.get(session_id)
+        return None if record.state.active and record.state != State.STOPPING else record
 
     def reconcile(self, record: SessionRecord, backend: Backend, died_while: str | None = None) -> SessionRecord:
         """The remote side ended: remove what is left of it and record how it ended, with the
@@ -318,6 +329,7 @@ class SessionManager:
         doc = self._with_notices(session.id, doc)
         with self._lock:
             self._stats_cache[session.id] = (time.time(), doc)
+        self.liveness.saw(session.id)
         return doc
 
     def _with_notices(self, session_id: str, doc: dict) -> dict:
@@ -371,7 +383,7 @@ class SessionManager:
 
     def view(self, record: SessionRecord) -> dict[str, Any]:
         """The JSON shape every face shows (REST SessionView): data, no words."""
-        return session_view(record, self.live_stats(record))
+        return session_view(record, self.live_stats(record), **self.liveness.seen(record))
 
     def gc(self, *, dry_run: bool = False, backends: list[str] | None = None, orphans: bool = False,
            skipped: list[str] | None = None) -> list[dict]:

@@ -5,11 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..cost import cost_of, uptime_seconds
-from ..models import SessionRecord, State
+from ..durations import exact_decimal
+from ..models import LaunchSpec, SessionRecord, State
+from ..options import OPTIONS
 
 
-def session_view(record: SessionRecord, live: dict | None = None) -> dict[str, Any]:
-    """`live`: a recent stats document of the running session (its idle countdown and warnings)."""
+def session_view(record: SessionRecord, live: dict | None = None, *, verified: bool = True,
+                 last_seen: float | None = None) -> dict[str, Any]:
+    """`live`: a recent stats document of the running session (its idle countdown and warnings).
+    verified: False for a running session nobody could check just now; last_seen: when it was
+    last known alive (session/liveness.py)."""
     started = next((e.at for e in record.events if e.state == State.RUNNING), None)
     stopped = next((e.at for e in reversed(record.events) if not e.state.active), None)
     idle = {"timeout_s": record.spec.idle_timeout_s, "remaining_s": None}
@@ -37,4 +42,34 @@ def session_view(record: SessionRecord, live: dict | None = None) -> dict[str, A
         "stop_reason": reason.to_dict() if reason is not None and not record.state.active else None,
         "max_cost": record.spec.max_cost,
         "owner": record.owner,
+        "verified": verified,
+        "last_seen": last_seen,
+        "restart": restart_body(record.spec),
     }
+
+
+def restart_body(spec: LaunchSpec) -> dict[str, Any]:
+    """A `POST sessions` body that starts the same kind of session again (a new name): the
+    spec's start options as text the option table reads back exactly (durations in seconds
+    with their unit: a bare number would mean minutes), true for a flag that is on."""
+    body: dict[str, Any] = {
+        "type": spec.gpu_type if spec.gpu_count == 1 else f"{spec.gpu_type}:{spec.gpu_count}",
+        "backend": spec.backend,
+        "idle": f"{exact_decimal(spec.idle_timeout_s)}s" if spec.idle_timeout_s else "off",
+    }
+    if spec.max_runtime_s:
+        body["max_runtime"] = f"{exact_decimal(spec.max_runtime_s)}s"
+    if spec.max_cost:
+        body["max_cost"] = exact_decimal(spec.max_cost)
+    for name in ("host", "image", "region"):
+        if getattr(spec, name):
+            body[name] = getattr(spec, name)
+    for name in ("gpu_only", "spot"):
+        if getattr(spec, name):
+            body[name] = True
+    for option in OPTIONS:  # the options kept in spec.extra (docker's --gpus, aws's --fallback...)
+        value = spec.extra.get(option.name) if option.spec_field is None else None
+        if value is not None:  # as text, as a form sends it ("2", "0.5"), but a bool stays one
+            body[option.name] = value if isinstance(value, bool) else (
+                exact_decimal(value) if isinstance(value, float) else str(value))
+    return body

@@ -162,6 +162,15 @@ class FakeSession:
             "error": "provisioning failed: no capacity for this GPU type (fake)" if state == "failed" else None,
             "idle": {"timeout_s": self.idle_timeout_s, "remaining_s": remaining, "warning": warning},
             "max_cost": self.max_cost,
+            "stop_reason": ({"kind": "user", "by": "the JupyterLab sidebar", "text": "stopped by the JupyterLab sidebar"}
+                            if state == "stopped" else None),
+            "ended": {"stopped": "stopped by the JupyterLab sidebar",
+                      "failed": "failed: provisioning failed: no capacity for this GPU type (fake)"}.get(state),
+            "restart": {"type": self.gpu_type, "backend": self.backend,
+                        "idle": f"{self.idle_timeout_s:g}s" if self.idle_timeout_s else "off"},
+            "progress": [f"[{min(now - self.created_at, 9.9):6.1f}s] {state} (fake)"]
+            if state in ("requested", "provisioning", "starting") else None,
+            "kernel_id": None,
         }
 
     def samples(self, since: float) -> list[dict]:

@@ -47,9 +47,10 @@ export class GpuSessionClient {
     this._settings = settings;
   }
 
-  /** GET `sessions` */
-  async listSessions(): Promise<SessionView[]> {
-    const reply = await this._request<SessionListReply>('sessions');
+  /** GET `sessions?history=N`: the live sessions and the N that ended last. */
+  async listSessions(history = 0): Promise<SessionView[]> {
+    const query = history > 0 ? URLExt.objectToQueryString({ history: String(history) }) : '';
+    const reply = await this._request<SessionListReply>('sessions' + query);
     expectArray(reply.sessions, 'sessions', 'sessions');
     return reply.sessions;
   }

@@ -1,6 +1,7 @@
 /**
- * One session's card: what it is, what it costs, when it stops itself, its
- * live GPU charts, and the stop / keep-alive buttons.
+ * One live session's card: what it is, what it costs, when it stops itself,
+ * the stage of its start, its live charts, and the charts / keep-alive / stop
+ * buttons.
  */
 import { errorMessage, GpuSessionClient } from './api';
 import {
@@ -16,19 +17,33 @@ import { formatDuration } from './format';
 import { GpuStatsView } from './gpus';
 import { SessionStatsModel } from './model';
 import { STATS_WINDOW_S } from './series';
-import { costText, idleText, isFinal, kindText, rateText } from './sessions';
+import {
+  costText,
+  IdleCountdown,
+  isFinal,
+  kindText,
+  progressText,
+  rateText
+} from './sessions';
 import type { SessionView } from './types';
 
 /** How long the keep-alive button extends a session. */
 export const KEEPALIVE_DURATION = '1h';
+/** How long a failed stop or keep-alive stays said on the card, in ms. */
+export const ACTION_ERROR_MS = 15_000;
 
-/** Where a card sends the fresh views its buttons get back. */
-export type ViewSink = (view: SessionView) => void;
+/** What a card needs from the panel. */
+export interface CardHost {
+  readonly client: GpuSessionClient;
+  /** Where the fresh views the buttons get back go. */
+  sink(view: SessionView): void;
+  /** Open the large charts of a session (the main-area view). */
+  openCharts(id: string): void;
+}
 
 export class SessionCard {
-  constructor(view: SessionView, client: GpuSessionClient, sink: ViewSink) {
-    this._client = client;
-    this._sink = sink;
+  constructor(view: SessionView, host: CardHost) {
+    this._host = host;
     this.id = view.id;
 
     this.node = element('div', 'gpusession-card');
@@ -45,20 +60,23 @@ export class SessionCard {
       fact('Idle stop', this._idle)
     );
     const actions = element('div', 'gpusession-card-actions');
-    this._keepAlive.type = 'button';
-    this._keepAlive.textContent = `Keep alive ${KEEPALIVE_DURATION}`;
-    this._keepAlive.title = `Postpone the idle stop by ${KEEPALIVE_DURATION}`;
-    this._keepAlive.addEventListener('click', () => void this._onKeepAlive());
-    this._stop.type = 'button';
-    this._stop.textContent = 'Stop';
-    this._stop.title = 'Stop this session and its billing';
-    this._stop.addEventListener('click', () => void this._onStop());
-    actions.append(this._keepAlive, this._stop);
+    button(this._charts, 'Charts', 'Open the large charts of this session', () =>
+      this._host.openCharts(this.id)
+    );
+    button(
+      this._keepAlive,
+      `Keep alive ${KEEPALIVE_DURATION}`,
+      `Postpone the idle stop by ${KEEPALIVE_DURATION}`,
+      () => void this._onKeepAlive()
+    );
+    button(this._stop, 'Stop', 'Stop this session and its billing', () => void this._onStop());
+    actions.append(this._charts, this._keepAlive, this._stop);
 
     this._view = view;
     this.node.append(
       header,
       this._kind,
+      this._progress,
       facts,
       this._idleWarning,
       this._error,
@@ -79,8 +97,13 @@ export class SessionCard {
 
   /** Show a fresh view of the session, touching only what changed. */
   update(view: SessionView): void {
+    if (view.state !== this._view.state) {
+      this._showActionError(null); // e.g. a keep-alive refused while it was starting
+    }
     this._view = view;
     const final = isFinal(view);
+    const running = view.state === 'running';
+    this._countdown.see(view.idle.remaining_s, Date.now());
 
     setData(this.node, 'sessionName', view.name);
     setData(this.node, 'state', view.state);
@@ -88,26 +111,31 @@ export class SessionCard {
     setText(this._state, view.state);
     setClass(this._state, `gpusession-state gpusession-state-${view.state}`);
     setText(this._kind, kindText(view));
+    const progress = progressText(view);
+    showText(this._progress, progress);
+    this._progress.title = view.progress?.join('\n') ?? '';
     setText(this._uptime, formatDuration(view.uptime_s));
     setText(this._price, rateText(view));
     setText(this._cost, costText(view));
-    setText(this._idle, idleText(view));
+    this._showIdle();
     showText(this._idleWarning, final ? null : view.idle.warning);
     showText(this._error, view.error);
 
-    this._keepAlive.hidden = final || view.idle.timeout_s === null;
+    // Keep-alive talks to the session's agent: only a running session has one.
+    this._keepAlive.hidden = !running || view.idle.timeout_s === null;
+    this._charts.hidden = !running;
     this._stop.hidden = final;
     if (!this._busy) {
       this._stop.disabled = view.state === 'stopping';
     }
-    this._gpus.node.hidden = view.state !== 'running';
+    this._gpus.node.hidden = !running;
 
-    if (final && this._stats) {
+    if (!running && this._stats) {
       this._stats.dispose();
       this._stats = null;
     }
-    if (view.state === 'running' && !this._stats) {
-      this._stats = new SessionStatsModel(this._client, view.id);
+    if (running && !this._stats) {
+      this._stats = new SessionStatsModel(this._host.client, view.id);
       this._stats.changed.connect(this._onStats, this);
     }
     this._updateWanted();
@@ -120,9 +148,14 @@ export class SessionCard {
   }
 
   dispose(): void {
+    window.clearTimeout(this._actionErrorTimer);
     this._stats?.dispose();
     this._stats = null;
     this.node.remove();
+  }
+
+  private _showIdle(): void {
+    setText(this._idle, this._countdown.text(this._view, Date.now()));
   }
 
   private _updateWanted(): void {
@@ -132,30 +165,34 @@ export class SessionCard {
   }
 
   private _onStats(stats: SessionStatsModel): void {
+    if (stats.idle) {
+      this._countdown.see(stats.idle.idle.remaining_s, stats.idle.at);
+      this._showIdle();
+    }
     this._gpus.update(stats);
   }
 
   private async _onStop(): Promise<void> {
     this._stop.textContent = 'Stopping…';
-    await this._act(() => this._client.stopSession(this.id));
+    await this._act(() => this._host.client.stopSession(this.id));
     this._stop.textContent = 'Stop';
   }
 
   private async _onKeepAlive(): Promise<void> {
-    await this._act(() => this._client.keepAlive(this.id, KEEPALIVE_DURATION));
+    await this._act(() => this._host.client.keepAlive(this.id, KEEPALIVE_DURATION));
   }
 
-  /** Run one button's request; show its error on the card. */
+  /** Run one button's request; say on the card when it failed. */
   private async _act(request: () => Promise<SessionView>): Promise<void> {
     this._busy = true;
     this._stop.disabled = true;
     this._keepAlive.disabled = true;
     try {
       const view = await request();
-      showText(this._actionError, null);
-      this._sink(view);
+      this._showActionError(null);
+      this._host.sink(view);
     } catch (error) {
-      showText(this._actionError, errorMessage(error));
+      this._showActionError(errorMessage(error));
     } finally {
       this._busy = false;
       this._keepAlive.disabled = false;
@@ -163,15 +200,29 @@ export class SessionCard {
     }
   }
 
-  private readonly _client: GpuSessionClient;
-  private readonly _sink: ViewSink;
+  /** Say a failed action for `ACTION_ERROR_MS` (or until the state changes). */
+  private _showActionError(text: string | null): void {
+    window.clearTimeout(this._actionErrorTimer);
+    showText(this._actionError, text);
+    if (text) {
+      this._actionErrorTimer = window.setTimeout(
+        () => showText(this._actionError, null),
+        ACTION_ERROR_MS
+      );
+    }
+  }
+
+  private readonly _host: CardHost;
   private _view: SessionView;
   private _stats: SessionStatsModel | null = null;
   private _onScreen = false;
   private _busy = false;
+  private _actionErrorTimer = 0;
+  private readonly _countdown = new IdleCountdown();
   private readonly _name = element('span', 'gpusession-name');
   private readonly _state = control('span', 'gpusession-state');
   private readonly _kind = element('div', 'gpusession-kind');
+  private readonly _progress = message('gpusession-progress');
   private readonly _uptime = control('span', 'gpusession-uptime');
   private readonly _price = control('span', 'gpusession-price');
   private readonly _cost = control('span', 'gpusession-cost');
@@ -179,6 +230,7 @@ export class SessionCard {
   private readonly _idleWarning = message('gpusession-idle-warning');
   private readonly _error = message('gpusession-error');
   private readonly _actionError = message('gpusession-action-error');
+  private readonly _charts = control('button', 'gpusession-open-charts');
   private readonly _keepAlive = control('button', 'gpusession-keepalive');
   private readonly _stop = control('button', 'gpusession-stop');
   private readonly _gpus = new GpuStatsView(STATS_WINDOW_S);
@@ -191,4 +243,11 @@ function fact(label: string, value: HTMLElement): HTMLElement {
   name.textContent = label;
   row.append(name, value);
   return row;
+}
+
+function button(node: HTMLButtonElement, text: string, title: string, onClick: () => void): void {
+  node.type = 'button';
+  node.textContent = text;
+  node.title = title;
+  node.addEventListener('click', onClick);
 }

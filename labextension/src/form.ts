@@ -113,6 +113,12 @@ export class StartForm {
     }
   }
 
+  /** Put the focus in the first shown field (or on Start before the options came). */
+  focus(): void {
+    const first = Array.from(this._fields.values()).find(field => !field.node.hidden);
+    (first?.input ?? this._submit).focus();
+  }
+
   dispose(): void {
     window.clearTimeout(this._checkTimer);
     this._checkSeq++;

@@ -62,6 +62,14 @@ export function formatMemory(used: number, total: number): string {
   return `${(used / gib).toFixed(1)}/${totalGiB.toFixed(totalGiB >= 10 ? 0 : 1)} GiB`;
 }
 
+/** Bytes as `gpusession.words` prints memory: "1.2 GiB", or "61 MiB" below a GiB. */
+export function formatBytes(bytes: number): string {
+  const gib = 2 ** 30;
+  return bytes >= gib
+    ? `${formatFixed(bytes / gib, 1)} GiB`
+    : `${formatFixed(bytes / 2 ** 20, 0)} MiB`;
+}
+
 /**
  * Python's `round(x)` for a finite number: to the nearest integer, ties to
  * the even one (`round(2.5) == 2`, `round(59.5) == 60`).

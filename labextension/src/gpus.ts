@@ -3,11 +3,12 @@
  * are none.
  */
 import { Sparkline } from './chart';
-import { element, setClass, showText } from './dom';
-import { formatMemory } from './format';
+import { control, element, setClass, showText } from './dom';
+import { formatBytes, formatMemory } from './format';
 import type { SessionStatsModel } from './model';
-import { gpuSeries } from './series';
-import type { GpuSample, Sample } from './types';
+import { chartSpan, cpuScale, gpuPoints, gpuSeries, gpuTitle, lastKnown, valueText } from './series';
+import { noGpuNote } from './sessions';
+import type { Sample } from './types';
 
 /** The charts of one GPU. */
 class GpuRow {
@@ -35,44 +36,43 @@ class GpuRow {
     }
     const { gpu } = latest;
     const tEnd = latest.t;
-    const title = `GPU ${gpu.index} · ${gpu.name}`;
+    const title = gpuTitle(series);
     if (this._title.textContent !== title) {
       this._title.textContent = title;
-      this._title.title = gpu.uuid;
+      this._title.title = gpu.error ?? gpu.uuid ?? '';
     }
-    const points = (pick: (g: GpuSample) => number) =>
-      series.map(({ t, gpu: g }) => ({ t, v: pick(g) }));
-
+    const base = { tEnd, windowS };
+    const memoryTotal = lastKnown(series, g => g.memory_total);
+    const powerLimit = lastKnown(series, g => g.power_limit);
     this._util.update({
-      points: points(g => g.utilization),
-      tEnd,
-      windowS,
+      ...base,
+      points: gpuPoints(series, g => g.utilization),
       max: 100,
-      valueText: `${Math.round(gpu.utilization)}%`,
+      valueText: valueText(gpu.utilization, v => `${Math.round(v)}%`),
       value: gpu.utilization
     });
     this._memory.update({
-      points: points(g => g.memory_used),
-      tEnd,
-      windowS,
-      max: gpu.memory_total,
-      valueText: formatMemory(gpu.memory_used, gpu.memory_total),
+      ...base,
+      points: gpuPoints(series, g => g.memory_used),
+      max: memoryTotal ?? 0,
+      valueText: valueText(gpu.memory_used, v => formatMemory(v, memoryTotal ?? 0)),
       value: gpu.memory_used
     });
     this._temperature.update({
-      points: points(g => g.temperature),
-      tEnd,
-      windowS,
+      ...base,
+      points: gpuPoints(series, g => g.temperature),
       max: 100,
-      valueText: `${Math.round(gpu.temperature)}°C`,
+      valueText: valueText(gpu.temperature, v => `${Math.round(v)}°C`),
       value: gpu.temperature
     });
     this._power.update({
-      points: points(g => g.power_draw),
-      tEnd,
-      windowS,
-      max: gpu.power_limit,
-      valueText: `${Math.round(gpu.power_draw)}/${Math.round(gpu.power_limit)} W`,
+      ...base,
+      points: gpuPoints(series, g => g.power_draw),
+      max: powerLimit ?? 0,
+      valueText: valueText(
+        gpu.power_draw,
+        v => `${Math.round(v)}/${valueText(powerLimit, l => String(Math.round(l)))} W`
+      ),
       value: gpu.power_draw
     });
   }
@@ -84,14 +84,65 @@ class GpuRow {
   private readonly _power = new Sparkline('gpusession-gpu-power', 'Power');
 }
 
-/** Charts of every GPU of a session, plus its no-GPU and error notes. */
+/** The session's own CPU and memory (there with or without a GPU). */
+class HostRow {
+  constructor() {
+    this.node = element('div', 'gpusession-host');
+    const charts = element('div', 'gpusession-gpu-charts');
+    charts.append(this._cpu.node, this._ram.node);
+    this.node.append(charts);
+  }
+
+  readonly node: HTMLDivElement;
+
+  update(samples: readonly Sample[], windowS: number): void {
+    const latest = samples[samples.length - 1];
+    if (!latest) {
+      return;
+    }
+    const tEnd = latest.t;
+    const cpu = samples
+      .filter(s => s.cpu_percent !== null)
+      .map(s => ({ t: s.t, v: s.cpu_percent as number }));
+    const cpuNow = latest.cpu_percent;
+    this._cpu.update({
+      points: cpu,
+      tEnd,
+      windowS,
+      max: cpuScale(cpu.map(p => p.v)),
+      valueText: cpuNow === null ? 'n/a' : `${Math.round(cpuNow)}%`,
+      value: cpuNow
+    });
+    const ram = samples
+      .filter(s => s.memory_used !== null)
+      .map(s => ({ t: s.t, v: s.memory_used as number }));
+    const { memory_used: used, memory_total: total } = latest;
+    this._ram.update({
+      points: ram,
+      tEnd,
+      windowS,
+      max: total ?? Math.max(1, ...ram.map(p => p.v)),
+      valueText: used === null ? 'n/a' : formatBytes(used),
+      value: used
+    });
+  }
+
+  private readonly _cpu = new Sparkline('gpusession-cpu', 'CPU');
+  private readonly _ram = new Sparkline('gpusession-ram', 'RAM');
+}
+
+/** Charts of every GPU of a session and of its CPU and memory, plus notes. */
 export class GpuStatsView {
   constructor(windowS: number) {
     this._windowS = windowS;
     this.node = element('div', 'gpusession-gpus');
     this._note = element('div', 'gpusession-stats-note');
     this._rows = element('div', 'gpusession-gpu-rows');
-    this.node.append(this._note, this._rows);
+    this._source.textContent = 'recorded';
+    this._source.title = RECORDED_TITLE;
+    this._source.hidden = true;
+    this.node.append(this._source, this._note, this._rows, this._host.node);
+    this._host.node.hidden = true;
   }
 
   readonly node: HTMLDivElement;
@@ -101,11 +152,12 @@ export class GpuStatsView {
     const latest = samples[samples.length - 1];
     let note = '';
     let noteClass = '';
+    let detail = '';
     if (stats.error) {
       note = `Stats unavailable: ${stats.error}`;
       noteClass = 'gpusession-stats-error';
     } else if (stats.loaded && !stats.gpusVisible) {
-      note = stats.message || 'No GPU visible in this session';
+      ({ text: note, detail } = noGpuNote(stats.message));
       noteClass = 'gpusession-no-gpu';
     } else if (!latest) {
       note = stats.loaded
@@ -113,18 +165,25 @@ export class GpuStatsView {
         : 'Loading stats…';
       noteClass = 'gpusession-stats-waiting';
     }
-    this._setNote(note, noteClass);
+    this._setNote(note, noteClass, detail);
+    this._source.hidden = stats.source !== 'recorded';
 
     const gpus = stats.gpusVisible && latest ? latest.gpus : [];
+    const span = chartSpan(samples, this._windowS);
     this._syncRows(gpus.map(g => g.index));
     for (const gpu of gpus) {
-      this._rowsByIndex.get(gpu.index)?.update(gpu.index, samples, this._windowS);
+      this._rowsByIndex.get(gpu.index)?.update(gpu.index, samples, span);
     }
+    this._host.node.hidden = !latest;
+    this._host.update(samples, span);
   }
 
-  private _setNote(text: string, className: string): void {
+  private _setNote(text: string, className: string, detail: string): void {
     setClass(this._note, `gpusession-stats-note ${className}`.trim());
     showText(this._note, text || null);
+    if (this._note.title !== detail) {
+      this._note.title = detail;
+    }
   }
 
   /** Keep one row per GPU index, creating and removing only what changed. */
@@ -149,4 +208,11 @@ export class GpuStatsView {
   private readonly _note: HTMLDivElement;
   private readonly _rows: HTMLDivElement;
   private readonly _rowsByIndex = new Map<number, GpuRow>();
+  private readonly _host = new HostRow();
+  private readonly _source = control('span', 'gpusession-recorded');
 }
+
+/** What the "recorded" badge means. */
+export const RECORDED_TITLE =
+  'Replayed GPU values recorded from a real driver (the agent runs with --nvml-replay): ' +
+  'not the GPUs of this session';

@@ -1,33 +1,202 @@
 /**
- * gpusession JupyterLab extension: a left-sidebar panel of GPU sessions.
+ * gpusession JupyterLab extension: a left-sidebar panel of GPU sessions, a
+ * status-bar item for the current notebook's session, a main-area view of a
+ * session's history charts, and commands for all of them in the palette.
  */
 import {
+  ILabShell,
   ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
+import {
+  Dialog,
+  ICommandPalette,
+  InputDialog,
+  ISessionContext,
+  Notification,
+  showDialog,
+  showErrorMessage
+} from '@jupyterlab/apputils';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { Widget } from '@lumino/widgets';
 
-import { GpuSessionClient } from './api';
+import { errorMessage, GpuSessionClient } from './api';
+import { CHARTS_ID, GpuChartsView } from './charts';
+import { formatMoney } from './format';
+import { SessionListModel } from './model';
 import { GpuSessionPanel, PANEL_ID } from './panel';
+import { isLive, kindText } from './sessions';
+import { GpuStatusItem } from './statusbar';
+import type { SessionView } from './types';
 
 /** Command that opens the panel (also handy in browser tests). */
 export const OPEN_COMMAND = 'gpusession:open-panel';
+/** Opens the panel with the focus in its start form. */
+export const START_COMMAND = 'gpusession:start';
+/** Stops a session: `{id}`, else the current notebook's, else one to choose. */
+export const STOP_COMMAND = 'gpusession:stop';
+/** Opens the charts view: of `{id}`, else the current notebook's session. */
+export const CHARTS_COMMAND = 'gpusession:open-charts';
+const CATEGORY = 'GPU Sessions';
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'gpusession-labextension:plugin',
-  description: 'Sidebar panel with live GPU stats, cost and idle countdown of gpusession sessions.',
+  description:
+    'GPU sessions: sidebar with live GPU stats, cost and idle countdown; status-bar item; history charts.',
   autoStart: true,
-  optional: [ILayoutRestorer],
-  activate: (app: JupyterFrontEnd, restorer: ILayoutRestorer | null) => {
+  optional: [ILayoutRestorer, ICommandPalette, IStatusBar, ILabShell],
+  activate: (
+    app: JupyterFrontEnd,
+    restorer: ILayoutRestorer | null,
+    palette: ICommandPalette | null,
+    statusBar: IStatusBar | null,
+    labShell: ILabShell | null
+  ) => {
     const client = new GpuSessionClient(app.serviceManager.serverSettings);
-    const panel = new GpuSessionPanel(client);
+    const model = new SessionListModel(client);
+    let charts: GpuChartsView | null = null;
+    const openCharts = (id: string | null) => {
+      if (!charts || charts.isDisposed) {
+        charts = new GpuChartsView(model);
+      }
+      if (!charts.isAttached) {
+        app.shell.add(charts, 'main');
+      }
+      app.shell.activateById(CHARTS_ID);
+      charts.showSession(id);
+    };
+    const panel = new GpuSessionPanel(model, id => openCharts(id));
     app.shell.add(panel, 'left', { rank: 900 });
     restorer?.add(panel, PANEL_ID);
+    void model.start();
+
+    const status = new GpuStatusItem(model, () => {
+      void app.commands.execute(OPEN_COMMAND);
+    });
+    if (statusBar) {
+      statusBar.registerStatusItem('gpusession-labextension:status', {
+        item: status,
+        align: 'left',
+        rank: 4,
+        isActive: () => status.isActive,
+        activeStateChanged: status.activeChanged
+      });
+      followKernel(app, labShell, id => (status.kernelId = id));
+    }
+
     app.commands.addCommand(OPEN_COMMAND, {
-      label: 'Show GPU sessions',
+      label: 'Show GPU Sessions',
+      caption: 'Open the GPU sessions sidebar',
       execute: () => app.shell.activateById(PANEL_ID)
     });
+    app.commands.addCommand(START_COMMAND, {
+      label: 'Start a GPU Session…',
+      caption: "Open the sidebar's start form",
+      execute: () => {
+        app.shell.activateById(PANEL_ID);
+        panel.focusForm();
+      }
+    });
+    app.commands.addCommand(STOP_COMMAND, {
+      label: 'Stop a GPU Session…',
+      caption: "Stop the current notebook's GPU session, or one you choose",
+      execute: async args => {
+        const id = typeof args.id === 'string' ? args.id : null;
+        await stopSession(model, id ? model.sessions.find(s => s.id === id) : status.session);
+      }
+    });
+    app.commands.addCommand(CHARTS_COMMAND, {
+      label: 'Open GPU Charts',
+      caption: 'Large history charts of a GPU session',
+      execute: args => openCharts(typeof args.id === 'string' ? args.id : (status.session?.id ?? null))
+    });
+    for (const command of [OPEN_COMMAND, START_COMMAND, STOP_COMMAND, CHARTS_COMMAND]) {
+      palette?.addItem({ command, category: CATEGORY });
+    }
   }
 };
+
+/**
+ * Tell `setKernel` the kernel of the notebook or console last in focus (it
+ * stays while the focus is on another kind of widget, the charts say).
+ */
+function followKernel(
+  app: JupyterFrontEnd,
+  labShell: ILabShell | null,
+  setKernel: (id: string | null) => void
+): void {
+  let context: ISessionContext | null = null;
+  const watched = new WeakSet<ISessionContext>();
+  const update = () => {
+    if (context?.isDisposed) {
+      context = null;
+    }
+    setKernel(context?.session?.kernel?.id ?? null);
+  };
+  const follow = () => {
+    const found = sessionContextOf(app.shell.currentWidget);
+    if (found) {
+      context = found;
+      if (!watched.has(found)) {
+        watched.add(found);
+        found.kernelChanged.connect(update);
+        found.sessionChanged.connect(update);
+        found.disposed.connect(update);
+      }
+    }
+    update();
+  };
+  labShell?.currentChanged.connect(follow);
+  void app.restored.then(follow);
+}
+
+/** A notebook's or console's session context; null for other widgets. */
+function sessionContextOf(widget: Widget | null): ISessionContext | null {
+  const candidate = (widget as { sessionContext?: unknown } | null)?.sessionContext;
+  return candidate && typeof candidate === 'object' && 'kernelChanged' in candidate
+    ? (candidate as ISessionContext)
+    : null;
+}
+
+/** Stop `session` (or one the user picks), after asking. */
+async function stopSession(model: SessionListModel, session: SessionView | undefined): Promise<void> {
+  const live = model.sessions.filter(isLive);
+  if (!session || !isLive(session)) {
+    if (!live.length) {
+      Notification.info('No GPU session is running.', { autoClose: 4000 });
+      return;
+    }
+    const labels = live.map(s => `${s.name} (${kindText(s)}, ${formatMoney(s.cost_so_far)})`);
+    const choice = await InputDialog.getItem({
+      title: 'Stop a GPU session',
+      label: 'Session',
+      items: labels,
+      okLabel: 'Stop'
+    });
+    if (!choice.button.accept || choice.value === null) {
+      return;
+    }
+    session = live[labels.indexOf(choice.value)];
+  } else {
+    const answer = await showDialog({
+      title: 'Stop a GPU session',
+      body: `Stop ${session.name} (${kindText(session)}, ${formatMoney(session.cost_so_far)} so far)?`,
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Stop' })]
+    });
+    if (!answer.button.accept) {
+      return;
+    }
+  }
+  if (!session) {
+    return;
+  }
+  try {
+    model.upsert(await model.client.stopSession(session.id));
+    void model.refresh();
+  } catch (error) {
+    await showErrorMessage(`Cannot stop ${session.name}`, errorMessage(error));
+  }
+}
 
 export default plugin;

@@ -9,34 +9,48 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { errorMessage, GpuSessionClient } from './api';
 import { appendSamples, STATS_WINDOW_S } from './series';
-import type { Sample, SessionView } from './types';
+import { isStarting } from './sessions';
+import type { Sample, SessionView, StatsIdle, StatsReply } from './types';
 
-/** How often the session list is fetched, in ms. */
+/** How often the session list is fetched while the sidebar is shown, in ms. */
 export const LIST_INTERVAL_MS = 2000;
+/** How often while only the status bar (or the charts) look, in ms. */
+export const BACKGROUND_INTERVAL_MS = 5000;
+/** How often while a session is starting, so that its card follows the stages. */
+export const STARTING_INTERVAL_MS = 500;
 /** How often a visible running session's stats are fetched, in ms. */
 export const STATS_INTERVAL_MS = 2000;
+/** How many ended sessions the list brings along (the sidebar's history). */
+export const HISTORY_SIZE = 10;
 
-/** The list of sessions, refreshed every `LIST_INTERVAL_MS`. */
+/**
+ * The live sessions and the last `HISTORY_SIZE` ended ones, refreshed while
+ * someone watches (`watch`): every `LIST_INTERVAL_MS` for an eager watcher
+ * (the sidebar), every `BACKGROUND_INTERVAL_MS` for the others (the status
+ * bar), every `STARTING_INTERVAL_MS` while a session starts. One model feeds
+ * the sidebar, the status bar and the charts.
+ */
 export class SessionListModel {
-  constructor(client: GpuSessionClient) {
+  constructor(client: GpuSessionClient, history: number = HISTORY_SIZE) {
     this.client = client;
+    this._history = history;
     this._poll = new Poll<void, unknown, 'standby'>({
       factory: () => this._fetch(),
-      frequency: { interval: LIST_INTERVAL_MS, backoff: true, max: 30_000 },
+      frequency: { interval: BACKGROUND_INTERVAL_MS, backoff: true, max: 30_000 },
       name: 'gpusession-labextension:SessionListModel#sessions',
-      standby: () => (this._active ? 'when-hidden' : true),
+      standby: () => (this._watchers.size ? 'when-hidden' : true),
       auto: false
     });
   }
 
   readonly client: GpuSessionClient;
 
-  /** Emitted after every fetch, successful or not. */
+  /** Emitted after every fetch, successful or not, and after `upsert`. */
   get changed(): ISignal<this, void> {
     return this._changed;
   }
 
-  /** Sessions as last fetched, in the server's order. */
+  /** Sessions as last fetched, in the server's order (live and ended). */
   get sessions(): readonly SessionView[] {
     return this._sessions;
   }
@@ -51,18 +65,25 @@ export class SessionListModel {
     return this._error;
   }
 
-  /** Whether someone is looking; the poll stands by while not. */
+  /** Whether someone watches; the poll stands by while nobody does. */
   get active(): boolean {
-    return this._active;
+    return this._watchers.size > 0;
   }
-  set active(value: boolean) {
-    if (value === this._active) {
-      return;
-    }
-    this._active = value;
-    if (value) {
-      void this.refresh();
-    }
+
+  /**
+   * Ask for updates until the returned function is called; `eager`: at the
+   * sidebar's pace rather than the background's.
+   */
+  watch(eager: boolean): () => void {
+    const token = Symbol('watcher');
+    this._watchers.set(token, eager);
+    this._pace();
+    void this.refresh();
+    return () => {
+      if (this._watchers.delete(token)) {
+        this._pace();
+      }
+    };
   }
 
   /** Start polling (after the first view is attached). */
@@ -72,7 +93,7 @@ export class SessionListModel {
 
   /** Fetch now, e.g. right after a start or stop request. */
   refresh(): Promise<void> {
-    return this._poll.refresh();
+    return this._poll.isDisposed ? Promise.resolve() : this._poll.refresh();
   }
 
   /** Replace one session with a fresher view (e.g. an action's reply). */
@@ -83,6 +104,7 @@ export class SessionListModel {
     } else {
       this._sessions = [view, ...this._sessions];
     }
+    this._pace();
     this._changed.emit();
   }
 
@@ -95,35 +117,55 @@ export class SessionListModel {
     Signal.clearData(this);
   }
 
+  /** Poll as often as the watchers and the starting sessions need. */
+  private _pace(): void {
+    if (this._poll.isDisposed) {
+      return;
+    }
+    const eager = Array.from(this._watchers.values()).some(Boolean);
+    const interval = this._sessions.some(isStarting)
+      ? STARTING_INTERVAL_MS
+      : eager
+        ? LIST_INTERVAL_MS
+        : BACKGROUND_INTERVAL_MS;
+    if (this._poll.frequency.interval !== interval) {
+      this._poll.frequency = { interval, backoff: true, max: 30_000 };
+    }
+  }
+
   private async _fetch(): Promise<void> {
     try {
-      this._sessions = await this.client.listSessions();
+      this._sessions = await this.client.listSessions(this._history);
       this._loaded = true;
       this._error = null;
     } catch (error) {
       this._error = errorMessage(error);
       throw error; // so that the poll backs off
     } finally {
+      this._pace();
       this._changed.emit();
     }
   }
 
+  private readonly _history: number;
   private readonly _poll: Poll<void, unknown, 'standby'>;
   private readonly _changed = new Signal<this, void>(this);
+  private readonly _watchers = new Map<symbol, boolean>();
   private _sessions: SessionView[] = [];
   private _loaded = false;
   private _error: string | null = null;
-  private _active = false;
 }
 
 /**
- * The recent stats of one session: the last `STATS_WINDOW_S` seconds of
- * samples, fetched incrementally with `since`, only while `wanted`.
+ * The recent stats of one session: the last `windowS` seconds of samples
+ * (default `STATS_WINDOW_S`), fetched incrementally with `since`, only while
+ * `wanted`.
  */
 export class SessionStatsModel {
-  constructor(client: GpuSessionClient, sessionId: string) {
+  constructor(client: GpuSessionClient, sessionId: string, windowS: number = STATS_WINDOW_S) {
     this._client = client;
     this.sessionId = sessionId;
+    this.windowS = windowS;
     this._poll = new Poll<void, unknown, 'standby'>({
       factory: () => this._fetch(),
       frequency: { interval: STATS_INTERVAL_MS, backoff: true, max: 30_000 },
@@ -134,13 +176,25 @@ export class SessionStatsModel {
   }
 
   readonly sessionId: string;
+  /** Seconds of samples kept (and fetched at first). */
+  readonly windowS: number;
 
   /** Emitted after every fetch, successful or not. */
   get changed(): ISignal<this, void> {
     return this._changed;
   }
 
-  /** Samples of the last `STATS_WINDOW_S` seconds, oldest first. */
+  /** Where the GPU values come from: the driver, or a replayed recording. */
+  get source(): StatsReply['source'] {
+    return this._source;
+  }
+
+  /** The agent's idle watchdog as last fetched, with when (browser ms). */
+  get idle(): { idle: StatsIdle; at: number } | null {
+    return this._idle;
+  }
+
+  /** Samples of the last `windowS` seconds, oldest first. */
   get samples(): readonly Sample[] {
     return this._samples;
   }
@@ -191,11 +245,13 @@ export class SessionStatsModel {
   private async _fetch(): Promise<void> {
     try {
       const last = this._samples[this._samples.length - 1];
-      const since = last ? last.t : Date.now() / 1000 - STATS_WINDOW_S;
+      const since = last ? last.t : Date.now() / 1000 - this.windowS;
       const reply = await this._client.getStats(this.sessionId, since);
       this._gpusVisible = reply.gpus_visible;
       this._message = reply.message;
-      this._samples = appendSamples(this._samples, reply.samples);
+      this._source = reply.source;
+      this._idle = reply.idle ? { idle: reply.idle, at: Date.now() } : null;
+      this._samples = appendSamples(this._samples, reply.samples, this.windowS);
       this._loaded = true;
       this._error = null;
     } catch (error) {
@@ -210,6 +266,8 @@ export class SessionStatsModel {
   private readonly _poll: Poll<void, unknown, 'standby'>;
   private readonly _changed = new Signal<this, void>(this);
   private _samples: readonly Sample[] = [];
+  private _source: StatsReply['source'] = undefined;
+  private _idle: { idle: StatsIdle; at: number } | null = null;
   private _gpusVisible = true;
   private _message: string | null = null;
   private _error: string | null = null;

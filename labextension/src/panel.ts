@@ -1,17 +1,19 @@
 /**
- * The left-sidebar panel: one card per session, the start form, and the
- * API's errors (never a blank panel).
+ * The left-sidebar panel: one card per live session, the start form, the
+ * ended sessions (history), and the API's errors (never a blank panel).
  */
 import { Message } from '@lumino/messaging';
+import { Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { errorMessage, GpuSessionClient } from './api';
-import { SessionCard } from './card';
+import { CardHost, SessionCard } from './card';
 import { control, element, message, setText, showText } from './dom';
 import { StartForm } from './form';
+import { HistorySection } from './history';
 import { gpuIcon } from './icon';
 import { SessionListModel } from './model';
-import { displayOrder, liveCount } from './sessions';
+import { endedSessions, liveCount, liveSessions } from './sessions';
 import type { SessionView } from './types';
 
 export const PANEL_ID = 'gpusession-panel';
@@ -20,7 +22,11 @@ export const PANEL_ID = 'gpusession-panel';
 const FORM_RETRY_MS = 30_000;
 
 export class GpuSessionPanel extends Widget {
-  constructor(client: GpuSessionClient) {
+  /**
+   * @param model - the session list, shared with the status bar and charts.
+   * @param openCharts - opens the large charts of a session.
+   */
+  constructor(model: SessionListModel, openCharts: (id: string) => void) {
     super();
     this.id = PANEL_ID;
     this.addClass('gpusession-panel');
@@ -28,16 +34,23 @@ export class GpuSessionPanel extends Widget {
     this.title.icon = gpuIcon;
     this.title.caption = 'GPU sessions';
 
-    this.model = new SessionListModel(client);
+    this.model = model;
+    const client: GpuSessionClient = model.client;
     this.model.changed.connect(this._render, this);
     this._form = new StartForm(client, view => this._onStarted(view));
+    this._cardHost = {
+      client,
+      sink: view => this.model.upsert(view),
+      openCharts
+    };
+    this._history = new HistorySection({ client, started: view => this._onStarted(view) });
 
     const header = element('div', 'gpusession-header');
     const title = element('h2', 'gpusession-title');
     title.textContent = 'GPU sessions';
     header.append(title, this._count);
     this._loading.textContent = 'Loading sessions…';
-    this._empty.textContent = 'No GPU sessions';
+    this._empty.textContent = 'No running GPU sessions';
     this._empty.hidden = true;
     this.node.append(
       header,
@@ -45,7 +58,8 @@ export class GpuSessionPanel extends Widget {
       this._loading,
       this._empty,
       this._list,
-      this._form.node
+      this._form.node,
+      this._history.node
     );
 
     // Stats are fetched only for cards on screen: this also turns them off
@@ -63,17 +77,24 @@ export class GpuSessionPanel extends Widget {
 
   readonly model: SessionListModel;
 
+  /** Bring the start form into view and put the focus in it. */
+  focusForm(): void {
+    this._form.node.scrollIntoView({ block: 'nearest' });
+    this._form.focus();
+  }
+
   override dispose(): void {
     if (this.isDisposed) {
       return;
     }
+    this._release?.();
     this._observer.disconnect();
     this._form.dispose();
     for (const card of this._cards.values()) {
       card.dispose();
     }
     this._cards.clear();
-    this.model.dispose();
+    Signal.disconnectReceiver(this);
     super.dispose();
   }
 
@@ -84,13 +105,14 @@ export class GpuSessionPanel extends Widget {
 
   protected override onAfterShow(msg: Message): void {
     super.onAfterShow(msg);
-    this.model.active = true;
+    this._release ??= this.model.watch(true);
     this._loadForm();
   }
 
   protected override onAfterHide(msg: Message): void {
     super.onAfterHide(msg);
-    this.model.active = false;
+    this._release?.();
+    this._release = null;
   }
 
   /** Load the form's options and catalog, again after a failure but not too often. */
@@ -114,15 +136,18 @@ export class GpuSessionPanel extends Widget {
     let error = model.error
       ? `Cannot load GPU sessions${model.loaded ? ' (showing the last list)' : ''}: ${model.error}`
       : null;
+    let live: SessionView[] = [];
     try {
-      this._syncCards(displayOrder(model.sessions));
+      live = liveSessions(model.sessions);
+      this._syncCards(live);
+      this._history.update(endedSessions(model.sessions));
     } catch (failure) {
       // A reply that does not match types.ts must not leave a blank panel.
       error = `Cannot show GPU sessions: ${errorMessage(failure)}`;
     }
     showText(this._apiError, error);
     this._loading.hidden = model.loaded || error !== null;
-    this._empty.hidden = !model.loaded || model.sessions.length > 0;
+    this._empty.hidden = !model.loaded || live.length > 0;
     setText(
       this._count,
       model.loaded ? String(liveCount(model.sessions)) : ''
@@ -143,13 +168,12 @@ export class GpuSessionPanel extends Widget {
         this._cards.delete(id);
       }
     }
-    const sink = (view: SessionView) => this.model.upsert(view);
     sessions.forEach((view, position) => {
       let card = this._cards.get(view.id);
       if (card) {
         card.update(view);
       } else {
-        card = new SessionCard(view, this.model.client, sink);
+        card = new SessionCard(view, this._cardHost);
         this._cards.set(view.id, card);
         this._observer.observe(card.node);
       }
@@ -161,6 +185,9 @@ export class GpuSessionPanel extends Widget {
   }
 
   private readonly _form: StartForm;
+  private readonly _cardHost: CardHost;
+  private readonly _history: HistorySection;
+  private _release: (() => void) | null = null;
   private readonly _observer: IntersectionObserver;
   private readonly _cards = new Map<string, SessionCard>();
   private _formRetryAt = 0;

@@ -68,8 +68,15 @@ export function gpuSeries(
   return series;
 }
 
-/** The `points` attribute of the polyline, in view-box coordinates. */
-export function polylinePoints(data: ChartData): string {
+/**
+ * The `points` attribute of the polyline, in view-box coordinates (`width`
+ * by `height`; a small chart's by default).
+ */
+export function polylinePoints(
+  data: ChartData,
+  width: number = VIEW_W,
+  height: number = VIEW_H
+): string {
   const tStart = data.tEnd - data.windowS;
   const max = data.max > 0 ? data.max : 1;
   const coords: string[] = [];
@@ -77,10 +84,96 @@ export function polylinePoints(data: ChartData): string {
     if (t < tStart || !Number.isFinite(v)) {
       continue;
     }
-    const x = ((t - tStart) / data.windowS) * VIEW_W;
+    const x = ((t - tStart) / data.windowS) * width;
     const clipped = Math.min(Math.max(v, 0), max);
-    const y = VIEW_H - (clipped / max) * VIEW_H;
+    const y = height - (clipped / max) * height;
     coords.push(`${x.toFixed(1)},${y.toFixed(1)}`);
   }
   return coords.join(' ');
+}
+
+/**
+ * The `points` of the area under a polyline (closed along the bottom), or
+ * "" for fewer than two points.
+ */
+export function areaPoints(line: string, height: number): string {
+  const coords = line ? line.split(' ') : [];
+  if (coords.length < 2) {
+    return '';
+  }
+  const x = (coord: string) => coord.split(',')[0];
+  return `${x(coords[0]!)},${height} ${line} ${x(coords[coords.length - 1]!)},${height}`;
+}
+
+/** The top of a CPU chart: 100% of one core, or more while several are busy. */
+export function cpuScale(values: readonly number[]): number {
+  return Math.max(100, Math.ceil(Math.max(0, ...values) / 100) * 100);
+}
+
+/** One GPU's values over time, the samples without that value left out. */
+export function gpuPoints(
+  series: readonly { t: number; gpu: GpuSample }[],
+  pick: (gpu: GpuSample) => number | null
+): Point[] {
+  const points: Point[] = [];
+  for (const { t, gpu } of series) {
+    const v = pick(gpu);
+    if (v !== null && Number.isFinite(v)) {
+      points.push({ t, v });
+    }
+  }
+  return points;
+}
+
+/** A value as text, or "n/a" where the board does not report it. */
+export function valueText(value: number | null | undefined, text: (v: number) => string): string {
+  return value === null || value === undefined || !Number.isFinite(value) ? 'n/a' : text(value);
+}
+
+/**
+ * "GPU 0 · Tesla T4"; a GPU NVML could not read says why, after the name it
+ * had in an earlier sample: "GPU 1 · Tesla T4 · GpuIsLost".
+ */
+export function gpuTitle(series: readonly { gpu: GpuSample }[]): string {
+  const latest = series[series.length - 1]?.gpu;
+  if (!latest) {
+    return '';
+  }
+  let name = latest.name;
+  for (let i = series.length - 1; name === null && i >= 0; i--) {
+    name = series[i]!.gpu.name;
+  }
+  const parts = [`GPU ${latest.index}`, name ?? 'unknown'];
+  if (latest.error) {
+    parts.push(latest.error.split(':')[0]!.replace('NVMLError_', ''));
+  }
+  return parts.join(' · ');
+}
+
+/**
+ * The time axis of a small chart: the window, or less while the session is
+ * younger (at least a minute), so that a new session's chart is not a dot at
+ * the right edge.
+ */
+export function chartSpan(samples: readonly { t: number }[], windowS: number): number {
+  const first = samples[0];
+  const last = samples[samples.length - 1];
+  if (!first || !last) {
+    return windowS;
+  }
+  return Math.min(windowS, Math.max(60, Math.ceil(last.t - first.t)));
+}
+
+/** The latest value a GPU reported (a scale's top: memory total, power limit), or null. */
+export function lastKnown(
+  series: readonly { gpu: GpuSample }[],
+  pick: (gpu: GpuSample) => number | null
+): number | null {
+  for (let i = series.length - 1; i >= 0; i--) {
+    const value = pick(series[i]!.gpu);
+    if (value !== null && Number.isFinite(value)) {
+      return value;
+    }
+  }
+  return null;
 }

@@ -53,17 +53,116 @@ export function costText(view: SessionView): string {
   return view.max_cost ? `${cost} of ${formatMoney(view.max_cost)}` : cost;
 }
 
+/** States of a session on its way up (its card shows the start's stages). */
+export const STARTING_STATES: ReadonlySet<SessionState> = new Set([
+  'requested',
+  'provisioning',
+  'starting'
+]);
+
+export function isStarting(view: SessionView): boolean {
+  return STARTING_STATES.has(view.state);
+}
+
+/** The live sessions, newest first (the sidebar's cards). */
+export function liveSessions(sessions: readonly SessionView[]): SessionView[] {
+  return displayOrder(sessions.filter(isLive));
+}
+
+/** The ended sessions, the one that ended last first (the history). */
+export function endedSessions(sessions: readonly SessionView[]): SessionView[] {
+  const endedAt = (view: SessionView) => view.stopped_at ?? view.created_at;
+  return sessions.filter(isFinal).sort((a, b) => endedAt(b) - endedAt(a));
+}
+
 /**
- * The idle stop: the bare countdown ("29m59s": short, so that the facts grid
- * never clips it), "off" without an idle timeout, "-" once the session ended.
+ * The start's current stage, from its latest progress line: "[   2.1s]
+ * connect: waiting for the kernel" -> "connect: waiting for the kernel (2.1s)";
+ * null when there is none (a session started elsewhere, or not starting).
  */
-export function idleText(view: SessionView): string {
-  if (isFinal(view)) {
-    return '-';
+export function progressText(view: SessionView): string | null {
+  if (!isStarting(view) || !view.progress?.length) {
+    return null;
   }
-  const { timeout_s, remaining_s } = view.idle;
-  if (timeout_s === null) {
-    return formatDuration(null);
+  const line = view.progress[view.progress.length - 1]!;
+  const match = /^\[\s*([\d.]+s)\]\s*(.*)$/.exec(line);
+  return match ? `${match[2]} (${match[1]})` : line;
+}
+
+/** How the session ended and what it cost: "stopped by ... · $0.0123". */
+export function endedText(view: SessionView): string {
+  return view.ended || view.error || view.stop_reason?.text || view.state;
+}
+
+/**
+ * The live session that a kernel (a notebook's, a console's) started, the
+ * newest if several; undefined when it started none.
+ */
+export function sessionOfKernel(
+  sessions: readonly SessionView[],
+  kernelId: string | null | undefined
+): SessionView | undefined {
+  if (!kernelId) {
+    return undefined;
   }
-  return formatDuration(remaining_s ?? timeout_s);
+  return displayOrder(sessions.filter(s => isLive(s) && s.kernel_id === kernelId))[0];
+}
+
+/**
+ * The idle countdown, kept between replies: a reply without a fresh word
+ * from the agent (`remaining_s` null) keeps counting down from the last
+ * deadline seen, rather than showing a dash or the whole timeout again.
+ */
+export class IdleCountdown {
+  /** Take a remaining time seen at `atMs` (browser ms); null is ignored. */
+  see(remainingS: number | null | undefined, atMs: number): void {
+    if (remainingS !== null && remainingS !== undefined && Number.isFinite(remainingS)) {
+      this._deadlineMs = atMs + remainingS * 1000;
+    }
+  }
+
+  /** Seconds left at `nowMs`, or null when no deadline was seen yet. */
+  remaining(nowMs: number): number | null {
+    return this._deadlineMs === null ? null : Math.max(0, (this._deadlineMs - nowMs) / 1000);
+  }
+
+  /**
+   * The card's idle stop: "-" once ended, "off" without an idle timeout,
+   * else the countdown (the whole timeout until a deadline was seen).
+   */
+  text(view: SessionView, nowMs: number): string {
+    if (isFinal(view)) {
+      return '-';
+    }
+    if (view.idle.timeout_s === null) {
+      this._deadlineMs = null;
+      return formatDuration(null);
+    }
+    return formatDuration(this.remaining(nowMs) ?? view.idle.timeout_s);
+  }
+
+  private _deadlineMs: number | null = null;
+}
+
+/** The status bar's text: "t4 × 1 · $0.0123 · idle 29m41s" (or the state while not running). */
+export function statusText(view: SessionView, idle: string): string {
+  const parts = [`${view.gpu_type} × ${view.gpu_count}`, formatMoney(view.cost_so_far)];
+  if (view.state !== 'running') {
+    parts.push(view.state);
+  } else if (view.idle.timeout_s !== null) {
+    parts.push(`idle ${idle}`);
+  }
+  return parts.join(' · ');
+}
+
+/**
+ * The no-GPU note, short: "no NVIDIA GPU visible" (the driver's detail goes
+ * into the tooltip), so that every card does not repeat a long error.
+ */
+export function noGpuNote(message: string | null): { text: string; detail: string } {
+  const full = message || 'no NVIDIA GPU visible';
+  const cut = full.indexOf(' (');
+  return cut > 0 && full.endsWith(')')
+    ? { text: full.slice(0, cut), detail: full.slice(cut + 2, -1) }
+    : { text: full, detail: '' };
 }

@@ -22,10 +22,45 @@ export type SessionState =
 export interface IdleView {
   /** Idle time after which the session stops itself, in seconds; null: never. */
   timeout_s: number | null;
-  /** Seconds left before the idle stop; null when there is no timeout. */
+  /** Seconds left before the idle stop; null when there is no timeout, or
+   * when the server has no fresh word from the session's agent. */
   remaining_s: number | null;
   /** A warning to show the user (e.g. "stopping in 5 min"), or null. */
   warning: string | null;
+}
+
+/** Kinds of `StopReasonView` (gpusession/protocol.py `StopKind`). */
+export type StopKind =
+  | 'idle'
+  | 'max-runtime'
+  | 'max-cost'
+  | 'user'
+  | 'gc'
+  | 'signal'
+  | 'kernel-exit'
+  | 'start-failed'
+  | 'spot-interruption'
+  | 'instance-ended'
+  | 'container-exit'
+  | 'gone';
+
+/** Why a session ended (`SessionView.stop_reason`); the numbers that go
+ * with a kind are there only for it. */
+export interface StopReasonView {
+  kind: StopKind;
+  /** The reason in words: "after 5s idle", "stopped by the JupyterLab sidebar". */
+  text: string;
+  /** Who stopped it (kinds `user` and `gc`). */
+  by?: string;
+  idle_for_s?: number;
+  idle_timeout_s?: number;
+  elapsed_s?: number;
+  max_runtime_s?: number;
+  spent?: number;
+  max_cost?: number;
+  signal?: number;
+  exit_code?: number;
+  detail?: string;
 }
 
 /**
@@ -64,9 +99,22 @@ export interface SessionView {
   idle: IdleView;
   /** Cost in US dollars at which the session stops itself; null: no cap. */
   max_cost: number | null;
+  /** Why it ended; null while it is active (or when nobody knows). */
+  stop_reason: StopReasonView | null;
+  /** How it ended, one line for the history: "stopped by its idle watchdog
+   * after 30m00s idle", "failed: connect: ..."; null while active. */
+  ended: string | null;
+  /** A POST `sessions` body that starts the same kind of session again. */
+  restart: StartRequest;
+  /** The latest lines of its start ("[   0.4s] provision: ..."), when this
+   * server started it; else null. */
+  progress: string[] | null;
+  /** The Jupyter kernel (of a notebook or console) that started it, or null. */
+  kernel_id: string | null;
 }
 
-/** Reply of GET `sessions`. */
+/** Reply of GET `sessions` (live sessions) and GET `sessions?history=N`
+ * (live sessions and the N that ended last). */
 export interface SessionListReply {
   sessions: SessionView[];
 }
@@ -74,31 +122,37 @@ export interface SessionListReply {
 /** A process using a GPU, item of `GpuSample.processes`. */
 export interface GpuProcess {
   pid: number;
-  name: string;
-  /** Bytes. */
-  memory_used: number;
+  name: string | null;
+  /** Bytes; null when NVML does not say. */
+  memory_used: number | null;
 }
 
-/** One GPU at one instant, item of `Sample.gpus` (GET `sessions/<id>/stats`). */
+/**
+ * One GPU at one instant, item of `Sample.gpus` (GET `sessions/<id>/stats`).
+ * A value the board does not report (NVML's NotSupported) is null; a GPU
+ * NVML lost has every value null and says why in `error`.
+ */
 export interface GpuSample {
   index: number;
-  name: string;
-  uuid: string;
+  name: string | null;
+  uuid: string | null;
   /** Percent, 0-100. */
-  utilization: number;
+  utilization: number | null;
   /** Bytes. */
-  memory_used: number;
+  memory_used: number | null;
   /** Bytes. */
-  memory_total: number;
+  memory_total: number | null;
   /** Degrees Celsius. */
-  temperature: number;
+  temperature: number | null;
   /** Watts. */
-  power_draw: number;
+  power_draw: number | null;
   /** Watts. */
-  power_limit: number;
+  power_limit: number | null;
   /** MHz. */
-  sm_clock: number;
+  sm_clock: number | null;
   processes: GpuProcess[];
+  /** Why NVML could not read this GPU at all, e.g. "NVMLError_GpuIsLost: ...". */
+  error?: string;
 }
 
 /** One sample of a session's machine, item of GET `sessions/<id>/stats`. */
@@ -116,13 +170,31 @@ export interface Sample {
   kernel_busy: boolean;
 }
 
+/** The agent's idle watchdog, item of `StatsReply`. */
+export interface StatsIdle {
+  timeout_s: number | null;
+  idle_for_s: number;
+  /** Seconds left before the idle stop; null without a timeout. */
+  remaining_s: number | null;
+  /** Unix seconds until which a keep-alive holds the stop off, or null. */
+  keepalive_until: number | null;
+}
+
 /** Reply of GET `sessions/<id>/stats?since=<unix seconds>`. */
 export interface StatsReply {
   session_id: string;
+  /** The agent's clock when it answered, unix seconds. */
+  t: number;
   /** False when the agent sees no GPU (then `message` says why). */
   gpus_visible: boolean;
   /** Why there are no GPU stats (e.g. "no NVIDIA GPU visible"), or null. */
   message: string | null;
+  /** Where the GPU values come from: "nvml" (the driver) or "recorded" (a
+   * replay of values recorded from a driver, `--nvml-replay`). */
+  source?: 'nvml' | 'recorded';
+  /** Seconds between samples. */
+  interval_s?: number;
+  idle?: StatsIdle;
   /** Samples newer than `since`, oldest first. */
   samples: Sample[];
 }

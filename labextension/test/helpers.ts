@@ -47,6 +47,11 @@ export function session(fields: Partial<SessionView> = {}): SessionView {
     error: null,
     idle: { timeout_s: 1800, remaining_s: 1799.6, warning: null },
     max_cost: null,
+    stop_reason: null,
+    ended: null,
+    restart: { type: 't4', backend: 'local', idle: '1800s' },
+    progress: null,
+    kernel_id: null,
     ...fields
   };
 }

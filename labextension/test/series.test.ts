@@ -1,7 +1,20 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 
-import { appendSamples, gpuSeries, polylinePoints, STATS_WINDOW_S } from '../src/series';
+import { windowText } from '../src/bigchart';
+import {
+  appendSamples,
+  areaPoints,
+  chartSpan,
+  cpuScale,
+  gpuPoints,
+  gpuSeries,
+  gpuTitle,
+  lastKnown,
+  polylinePoints,
+  STATS_WINDOW_S,
+  valueText
+} from '../src/series';
 import { gpu, sample } from './helpers';
 
 const times = (samples: readonly { t: number }[]) => samples.map(s => s.t);
@@ -82,5 +95,68 @@ describe('polylinePoints', () => {
 
   test('a max of 0 (e.g. no power limit known) does not divide by zero', () => {
     assert.equal(polylinePoints({ ...base, max: 0, points: [{ t: 100, v: 0 }] }), '100.0,30.0');
+  });
+});
+
+describe('large charts', () => {
+  test('points in a chart of its own size', () => {
+    const data = { points: [{ t: 0, v: 0 }, { t: 300, v: 50 }], tEnd: 300, windowS: 300, max: 100, valueText: '', value: 50 };
+    assert.equal(polylinePoints(data, 600, 150), '0.0,150.0 600.0,75.0');
+  });
+
+  test('the area under the line, closed along the bottom', () => {
+    assert.equal(areaPoints('0.0,150.0 600.0,75.0', 150), '0.0,150 0.0,150.0 600.0,75.0 600.0,150');
+    assert.equal(areaPoints('10.0,5.0', 150), '');
+    assert.equal(areaPoints('', 150), '');
+  });
+
+  test('CPU scale: one core, or whole cores above', () => {
+    assert.equal(cpuScale([]), 100);
+    assert.equal(cpuScale([3, 99.9]), 100);
+    assert.equal(cpuScale([150]), 200);
+  });
+
+  test('time axis', () => {
+    assert.equal(windowText(300), '5m');
+    assert.equal(windowText(900), '15m');
+    assert.equal(windowText(3600), '1h');
+  });
+});
+
+describe('GPU titles', () => {
+  test('the name, and why a GPU could not be read, after the name it had', () => {
+    const lost = { ...gpu(1, 0), name: null, error: 'NVMLError_GpuIsLost: GPU is lost' };
+    assert.equal(gpuTitle([{ gpu: gpu(0, 5) }]), 'GPU 0 · Tesla T4');
+    assert.equal(gpuTitle([{ gpu: gpu(1, 5) }, { gpu: lost }]), 'GPU 1 · Tesla T4 · GpuIsLost');
+    assert.equal(gpuTitle([{ gpu: lost }]), 'GPU 1 · unknown · GpuIsLost');
+    assert.equal(gpuTitle([]), '');
+  });
+
+  test('points leave out what the board does not report', () => {
+    const series = [
+      { t: 1, gpu: gpu(0, 10) },
+      { t: 2, gpu: { ...gpu(0, 0), utilization: null } },
+      { t: 3, gpu: gpu(0, 30) }
+    ];
+    assert.deepEqual(gpuPoints(series, g => g.utilization), [{ t: 1, v: 10 }, { t: 3, v: 30 }]);
+    assert.equal(valueText(null, v => `${v}%`), 'n/a');
+    assert.equal(valueText(42, v => `${v}%`), '42%');
+  });
+
+  test('a young session fills the chart: at least a minute, at most the window', () => {
+    assert.equal(chartSpan([sample(0), sample(10)], 300), 60);
+    assert.equal(chartSpan([sample(0), sample(120)], 300), 120);
+    assert.equal(chartSpan([sample(0), sample(1000)], 300), 300);
+    assert.equal(chartSpan([], 300), 300);
+  });
+});
+
+describe('scales', () => {
+  test("a scale's top is the latest value reported, past a reading without it", () => {
+    const lost = { ...gpu(1, 0), memory_total: null, power_limit: null };
+    const series = [{ gpu: gpu(1, 5) }, { gpu: lost }];
+    assert.equal(lastKnown(series, g => g.memory_total), 16 * 2 ** 30);
+    assert.equal(lastKnown(series, g => g.power_limit), 70);
+    assert.equal(lastKnown([{ gpu: lost }], g => g.power_limit), null);
   });
 });

@@ -4,11 +4,19 @@ import { describe, test } from 'node:test';
 import {
   costText,
   displayOrder,
-  idleText,
+  endedSessions,
+  endedText,
+  IdleCountdown,
   isLive,
+  isStarting,
   kindText,
   liveCount,
-  rateText
+  liveSessions,
+  noGpuNote,
+  progressText,
+  rateText,
+  sessionOfKernel,
+  statusText
 } from '../src/sessions';
 import { session } from './helpers';
 
@@ -61,19 +69,96 @@ describe('facts of a card', () => {
   });
 
   test('idle stop: countdown, off, or a dash once ended', () => {
-    assert.equal(idleText(session()), '30m00s');
+    const at = 1_000_000;
+    const text = (view = session(), now = at) => {
+      const countdown = new IdleCountdown();
+      countdown.see(view.idle.remaining_s, at);
+      return countdown.text(view, now);
+    };
+    assert.equal(text(), '30m00s');
+    assert.equal(text(session({ idle: { timeout_s: 1800, remaining_s: 108, warning: null } })), '1m48s');
     assert.equal(
-      idleText(session({ idle: { timeout_s: 1800, remaining_s: 108, warning: null } })),
-      '1m48s'
+      text(session({ idle: { timeout_s: 1800, remaining_s: 108, warning: null } }), at + 8000),
+      '1m40s'
     );
+    assert.equal(text(session({ idle: { timeout_s: 1800, remaining_s: null, warning: null } })), '30m00s');
+    assert.equal(text(session({ idle: { timeout_s: null, remaining_s: null, warning: null } })), 'off');
+    assert.equal(text(session({ state: 'stopped' })), '-');
+  });
+
+  test('idle stop: a reply without a fresh countdown keeps counting down', () => {
+    const countdown = new IdleCountdown();
+    const fresh = session({ idle: { timeout_s: 3600, remaining_s: 3595, warning: null } });
+    const stale = session({ idle: { timeout_s: 3600, remaining_s: null, warning: null } });
+    countdown.see(fresh.idle.remaining_s, 0);
+    assert.equal(countdown.text(fresh, 0), '59m55s');
+    countdown.see(stale.idle.remaining_s, 2000); // null: ignored
+    assert.equal(countdown.text(stale, 2000), '59m53s');
+    assert.equal(countdown.remaining(2000), 3593);
+    countdown.see(3600, 4000); // used again: the countdown starts over
+    assert.equal(countdown.text(stale, 4000), '1h00m');
+  });
+});
+
+describe('live sessions, history and the status bar', () => {
+  const list = [
+    session({ id: 'a', state: 'stopped', created_at: 10, stopped_at: 500 }),
+    session({ id: 'b', state: 'running', created_at: 20, kernel_id: 'k1' }),
+    session({ id: 'c', state: 'failed', created_at: 30, stopped_at: 40 }),
+    session({ id: 'd', state: 'provisioning', created_at: 50, kernel_id: 'k1' }),
+    session({ id: 'e', state: 'stopped', created_at: 5, stopped_at: 600, kernel_id: 'k1' })
+  ];
+
+  test('live sessions newest first; ended ones by when they ended', () => {
+    assert.deepEqual(liveSessions(list).map(s => s.id), ['d', 'b']);
+    assert.deepEqual(endedSessions(list).map(s => s.id), ['e', 'a', 'c']);
+  });
+
+  test("a kernel's session: its newest live one", () => {
+    assert.equal(sessionOfKernel(list, 'k1')?.id, 'd');
+    assert.equal(sessionOfKernel(list, 'k2'), undefined);
+    assert.equal(sessionOfKernel(list, null), undefined);
+  });
+
+  test('how it ended', () => {
     assert.equal(
-      idleText(session({ idle: { timeout_s: 1800, remaining_s: null, warning: null } })),
-      '30m00s'
+      endedText(session({ state: 'stopped', ended: 'stopped by its idle watchdog after 5s idle' })),
+      'stopped by its idle watchdog after 5s idle'
     );
+    assert.equal(endedText(session({ state: 'failed', error: 'connect: boom' })), 'connect: boom');
+    assert.equal(endedText(session({ state: 'stopped' })), 'stopped');
+  });
+
+  test('the stage of a start, from its latest progress line', () => {
+    const lines = ['[   0.0s] session t4-1: 1 x t4 on local', '[   0.4s] provision: starting kernel process'];
     assert.equal(
-      idleText(session({ idle: { timeout_s: null, remaining_s: null, warning: null } })),
-      'off'
+      progressText(session({ state: 'provisioning', progress: lines })),
+      'provision: starting kernel process (0.4s)'
     );
-    assert.equal(idleText(session({ state: 'stopped' })), '-');
+    assert.equal(progressText(session({ state: 'running', progress: lines })), null);
+    assert.equal(progressText(session({ state: 'starting', progress: null })), null);
+    assert.equal(progressText(session({ state: 'requested', progress: ['plain'] })), 'plain');
+    assert.equal(isStarting(session({ state: 'requested' })), true);
+    assert.equal(isStarting(session({ state: 'stopping' })), false);
+  });
+
+  test('status bar text', () => {
+    assert.equal(statusText(session(), '29m41s'), 't4 × 1 · $0.0158 · idle 29m41s');
+    assert.equal(statusText(session({ state: 'starting' }), '30m00s'), 't4 × 1 · $0.0158 · starting');
+    assert.equal(
+      statusText(session({ idle: { timeout_s: null, remaining_s: null, warning: null } }), 'off'),
+      't4 × 1 · $0.0158'
+    );
+  });
+});
+
+describe('the no-GPU note', () => {
+  test('short, with the detail apart', () => {
+    assert.deepEqual(noGpuNote('no NVIDIA GPU visible (LibraryNotFound: NVML Shared Library Not Found)'), {
+      text: 'no NVIDIA GPU visible',
+      detail: 'LibraryNotFound: NVML Shared Library Not Found'
+    });
+    assert.deepEqual(noGpuNote(null), { text: 'no NVIDIA GPU visible', detail: '' });
+    assert.deepEqual(noGpuNote('something else'), { text: 'something else', detail: '' });
   });
 });

@@ -47,12 +47,15 @@ dockerd_up() {
     wait_for dockerd "$STATE/dockerd.log" ns_docker info
 }
 
-image_up() {  # the product image, reloaded when the main engine's copy changed
-    local want
-    want=$(docker image inspect -f '{{.Id}}' "$IMAGE")
-    [ "$(ns_docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null)" = "$want" ] && return
-    docker save "$IMAGE" | ns_docker load -q
-    ns_docker image prune -f >/dev/null   # the replaced version, now untagged
+image_up() {  # the product image and the foreign ones (ci-images.sh), reloaded when the main engine's copy changed
+    local image want stale=()
+    for image in "$IMAGE" $(bash "$(dirname "${BASH_SOURCE[0]}")/../ci-images.sh" list); do
+        want=$(docker image inspect -f '{{.Id}}' "$image" 2>/dev/null) || continue
+        [ "$(ns_docker image inspect -f '{{.Id}}' "$image" 2>/dev/null)" = "$want" ] || stale+=("$image")
+    done
+    [ ${#stale[@]} -gt 0 ] || return 0
+    docker save "${stale[@]}" | ns_docker load -q >/dev/null   # one stream: shared layers go once
+    ns_docker image prune -f >/dev/null   # the replaced versions, now untagged
 }
 
 stop_pidfile() {  # SIGTERM the daemon of a pid file, wait up to 30 s for it to exit

@@ -50,8 +50,14 @@ class CellRun:
 
 
 class NotebookKernel:
-    def __init__(self, env: dict[str, str], cwd: str | None = None):
+    def __init__(self, env: dict[str, str], cwd: str | None = None, python: str | None = None):
+        """`python`: the kernel's interpreter (another environment's); default: this one's."""
         self.km = KernelManager(kernel_name="python3")
+        if python is not None:
+            from jupyter_client.kernelspec import KernelSpec
+
+            self.km._kernel_spec = KernelSpec(argv=[python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                                              display_name="python3", language="python")
         self.km.start_kernel(env=env, cwd=cwd or os.getcwd())
         self.kc = self.km.client()
         self.kc.start_channels()

@@ -5,7 +5,8 @@ terminated with it.
     provision   image (SSM public parameter), key pair, security group (ssh from the caller only),
                 RunInstances with the boot plan as user data (capacity fallback when allowed),
                 waiter until running
-    connect     instance sshd (pinned host key) -> container sshd (pinned) -> kernel ports
+    connect     instance sshd (pinned host key): follow the boot, send the runtime bundle the
+                image needs, forward the kernel's and agent's loopback ports
     stop        terminate, wait until terminated, delete key pair and security group
 
 Every piece carries the tags gpusession:session, gpusession:owner and Name, so `gpusession gc`
@@ -101,6 +102,8 @@ class AwsBackend(Backend):
             raise explain(exc, "provisioning", aws.region) from None
 
     def _provision(self, aws: Aws, record: SessionRecord, progress: Progress) -> None:
+        import secrets
+
         from ...sshlogin import make_session_key
         from .cloudinit import BootPlan, new_host_key, user_data
 
@@ -114,7 +117,12 @@ class AwsBackend(Backend):
 
         save(region=aws.region, instance_type=instance_type)
         key_path, public_key = make_session_key(self.config.data_path / "keys", record.id)
-        save(key_path=str(key_path))
+        kernel_key = secrets.token_hex(32)  # the client cannot read the kernel's connection file: it makes the key
+        kernel_key_path = key_path.with_name(f"{record.id}.kernel")
+        fd = os.open(kernel_key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(kernel_key + "\n")
+        save(key_path=str(key_path), kernel_key_path=str(kernel_key_path))
         tag_list = launch.tags(record.id, record.owner, f"gpusession-{record.name}")
         name = f"gpusession-{record.id}"
         try:
@@ -131,9 +139,9 @@ class AwsBackend(Backend):
             raise explain(exc, "preparing the instance", aws.region) from None
         prices = self.spot_prices(aws, instance_type) if spec.spot else {}
         plan = launch.attempts(spec.spot, launch.fallback_mode(extra), places, prices)
-        host_key, container_key = new_host_key(name), new_host_key(f"{name}-container")
+        host_key = new_host_key(name)
         image = spec.image or os.environ.get("GPUSESSION_AWS_IMAGE") or self.config.docker_image
-        save(instance_host_key=host_key.public, container_host_key=container_key.public, image=image, ami=ami)
+        save(instance_host_key=host_key.public, image=image, ami=ami)
 
         def price_of(attempt: launch.Attempt) -> float:
             if attempt.spot and attempt.subnet.zone in prices:
@@ -143,8 +151,7 @@ class AwsBackend(Backend):
         def prepare(attempt: launch.Attempt) -> dict[str, Any]:
             progress.step(f"launching {attempt.describe(instance_type)}")
             priced = dataclasses.replace(record, price_per_hour=price_of(attempt))  # the agent's cost meter
-            boot = BootPlan(record.id, image, public_key, host_key, container_key, args_for(priced),
-                            spot=attempt.spot)
+            boot = BootPlan(record.id, image, public_key, host_key, kernel_key, args_for(priced), spot=attempt.spot)
             return {"UserData": user_data(boot)}
 
         base = launch.instance_params(ami=ami, instance_type=instance_type, key_name=name, group=group,
@@ -196,7 +203,7 @@ class AwsBackend(Backend):
         from .link import open_link
 
         res = record.resource
-        for needed in ("address", "key_path", "instance_host_key", "container_host_key"):
+        for needed in ("address", "key_path", "instance_host_key", "kernel_key_path"):
             if not res.get(needed):
                 raise StageError("connect", f"session {record.name} has no saved {needed}: it was never fully started")
         timeout = _float(record.spec.extra.get("boot_timeout") or os.environ.get("GPUSESSION_AWS_BOOT_TIMEOUT")
@@ -282,7 +289,7 @@ class AwsBackend(Backend):
             Teardown(self.aws(res["region"])).session(
                 record.id, instance_ids=[res.get("instance_id")], key_names=[res.get("key_name")],
                 group_ids=[res.get("security_group")])
-        (self.config.data_path / "keys" / record.id).unlink(missing_ok=True)
+        _forget_keys(self.config.data_path / "keys", record.id)
 
     # -- gc -----------------------------------------------------------------------------------
 
@@ -309,7 +316,13 @@ class AwsBackend(Backend):
         Teardown(self.aws(d["region"])).session(
             resource.session_id, instance_ids=d.get("instance_ids", []), key_names=d.get("key_names", []),
             group_ids=d.get("group_ids", []))
-        (self.config.data_path / "keys" / resource.session_id).unlink(missing_ok=True)
+        _forget_keys(self.config.data_path / "keys", resource.session_id)
+
+
+def _forget_keys(folder, session_id: str) -> None:
+    """The session's login key and kernel key files."""
+    for name in (session_id, f"{session_id}.kernel"):
+        (folder / name).unlink(missing_ok=True)
 
 
 def _float(value: Any, what: str) -> float:

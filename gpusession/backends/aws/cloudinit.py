@@ -1,13 +1,17 @@
 """What an instance is told at boot: cloud-init user data and the session's boot script.
 
-Host keys are made here, so nothing is ever accepted on first sight: the instance's sshd gets a
-host key through cloud-init's `ssh_keys`, and the session container's sshd gets one through a
-file the container mounts (its entrypoint keeps an existing key); only the public halves are kept
-locally, and both are pinned. The tunnel logs in as user `gpusession`, whose key may do nothing
-but forward to the container's sshd on the instance's 127.0.0.1:2222 (`restrict,port-forwarding,
-permitopen`). The boot script runs the container with every GPU and powers the instance off when
-the container ends, for whatever reason (idle watchdog, cost cap, crash, failed pull);
-with InstanceInitiatedShutdownBehavior=terminate, EC2 then terminates it.
+The instance's host key is made here, so nothing is ever accepted on first sight: its sshd gets it
+through cloud-init's `ssh_keys`, and only the public half is kept locally and pinned. The session
+container has no sshd: the tunnel logs in to the instance's own sshd as user `gpusession`, whose
+key may do two things only (`restrict,port-forwarding,permitopen=...,command=...`): forward to
+the kernel's and the agent's fixed ports on the instance's 127.0.0.1, and run `access.sh`, which
+reads the boot's status, takes the runtime bundle and reads a spot notice.
+
+The boot script (session.sh, after a header made here) gets the image, probes its Python, waits
+for the runtime bundle the client sends, runs the session container with it on the host's
+network with every GPU, and powers the instance off when the container ends, for whatever reason
+(idle watchdog, cost cap, crash, failed pull, no bundle); with InstanceInitiatedShutdownBehavior=
+terminate, EC2 then terminates it.
 
 Standard library plus `cryptography` (a paramiko dependency) for the keys.
 """
@@ -17,15 +21,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+from pathlib import Path
 
-from ...protocol import ENV_AGENT_ARGS, ENV_AUTHORIZED_KEY, ENV_SESSION_ID, Marker, marker_line
+from ...bundle import boot_script as bundle_boot_script
+from ...protocol import Marker
+from ...tunnel import CONTAINER_AGENT_PORT, CONTAINER_KERNEL_PORTS
 
 SSH_USER = "gpusession"  # the tunnel's login on the instance (created by cloud-init)
-CONTAINER_SSH_PORT = 2222  # the container's sshd, published on the instance's 127.0.0.1
 INSTANCE_ROOT = "/var/lib/gpusession"  # one folder per session below it
-NOTICES_IN_CONTAINER = "/run/gpusession-notices"  # the instance's notices, read-only in the container
 SPOT_NOTICE_FILE = "spot-instance-action.json"
 USER_DATA_LIMIT = 16 * 1024  # EC2 refuses more (before base64)
+RUNTIME_WAIT_S = 600  # the instance powers off when no runtime bundle came by then
+ACCESS_COMMANDS = ("status", "put", "notice")  # what access.sh does for the tunnel's login
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +61,7 @@ class BootPlan:
     image: str  # pulled by the instance's Docker
     session_key: str  # public key line of the session's own key
     instance_host_key: HostKey  # for the instance's sshd
-    container_host_key: HostKey  # for the container's sshd
+    kernel_key: str  # the kernel's connection key, made locally (the client cannot read kernel.json)
     agent_args: list[str]  # options of `python -m gpusession.agent run`
     spot: bool  # watch instance metadata for an interruption notice
 
@@ -68,66 +75,63 @@ class BootPlan:
 
 
 def authorized_key_line(plan: BootPlan) -> str:
-    """The session key on the instance: only a tunnel to the container's sshd, nothing else."""
-    return f'restrict,port-forwarding,permitopen="127.0.0.1:{CONTAINER_SSH_PORT}" {plan.session_key}'
+    """The session key on the instance: the kernel's and agent's loopback ports and access.sh."""
+    opens = ",".join(f'permitopen="127.0.0.1:{port}"' for port in (*CONTAINER_KERNEL_PORTS, CONTAINER_AGENT_PORT))
+    return f'restrict,port-forwarding,{opens},command="sh {plan.folder}/access.sh" {plan.session_key}'
 
 
 def boot_script(plan: BootPlan) -> str:
     q = shlex.quote
-    docker_run = " \\\n    ".join([
-        "docker run -d --name \"$NAME\" --init --gpus all",
-        f"-p 127.0.0.1:{CONTAINER_SSH_PORT}:22",
-        f"--label gpusession.session={q(plan.session_id)}",
-        "-v \"$DIR/container-ssh:/etc/gpusession/ssh\"",
-        f"-v \"$DIR/notices:{NOTICES_IN_CONTAINER}:ro\"",
-        f"-e {ENV_SESSION_ID}={q(plan.session_id)}",
-        f"-e {ENV_AUTHORIZED_KEY}={q(plan.session_key)}",
-        f"-e {ENV_AGENT_ARGS}={q(shlex.join(plan.agent_args))}",
-        f"{q(plan.image)} >/dev/null",
-    ])
-    spot = "watch_spot &\n    " if plan.spot else ""
-    # the container's last words, copied to the console for `stop_details`
-    last_words = "|".join(m.value for m in (Marker.STOPPED, Marker.SUMMARY, Marker.FAILED))
-    run_failed = marker_line(Marker.FAILED, {"stage": "container", "error": f"docker run {plan.image} failed"})
-    return f"""#!/bin/sh
+    markers = "\n".join(f"M_{m.name}={m.value}" for m in (Marker.BOOT, Marker.FAILED, Marker.POWEROFF, Marker.PYTHON,
+                                                          Marker.SPOT_NOTICE, Marker.STOPPED, Marker.SUMMARY))
+    header = f"""#!/bin/sh
 # gpusession session {plan.session_id}: run its container, then power this instance off.
 # Written by gpusession's user data and started once by cloud-init.
 set -u
 DIR={q(plan.folder)}
 NAME={q(plan.container_name)}
 IMAGE={q(plan.image)}
-mkdir -p "$DIR/notices"
+SESSION_ID={q(plan.session_id)}
+SPOT={1 if plan.spot else 0}
+RUNTIME_WAIT_S={RUNTIME_WAIT_S}
+KERNEL_PORT={CONTAINER_KERNEL_PORTS[0]}
+AGENT_PORT={CONTAINER_AGENT_PORT}
+GPUSESSION_KERNEL_KEY={q(plan.kernel_key)}
+export GPUSESSION_KERNEL_KEY
+{markers}
+set -- {shlex.join(plan.agent_args)}
+"""
+    return header + (Path(__file__).parent / "session.sh").read_text()
 
-say() {{  # to the log and to the serial console (EC2's console output keeps it); printf, as
-    # sh's echo would turn a JSON payload's backslash escapes into characters
-    printf '%s\\n' "$*"
-    if [ -w /dev/console ]; then printf '%s\\n' "$*" >>/dev/console 2>/dev/null || true; fi
-}}
 
-watch_spot() {{  # an interruption notice from instance metadata (IMDSv2) goes to $DIR/notices
-    imds=${{GPUSESSION_IMDS_URL:-http://169.254.169.254}}
-    while :; do
-        token=$(curl -fsS -m 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 300' "$imds/latest/api/token" 2>/dev/null) \\
-          && curl -fsS -m 2 -H "X-aws-ec2-metadata-token: $token" -o "$DIR/notices/.spot" \\
-               "$imds/latest/meta-data/spot/instance-action" 2>/dev/null \\
-          && mv "$DIR/notices/.spot" "$DIR/notices/{SPOT_NOTICE_FILE}" \\
-          && {{ say "{Marker.SPOT_NOTICE.value} $(cat "$DIR/notices/{SPOT_NOTICE_FILE}")"; return; }}
-        sleep 5
-    done
-}}
-
-for _ in $(seq 90); do docker info >/dev/null 2>&1 && break; sleep 2; done  # dockerd may start after us
-docker rm -f "$NAME" >/dev/null 2>&1 || true
-say "{Marker.BOOT.value} starting $IMAGE"
-if {docker_run}; then
-    {spot}say "{Marker.BOOT.value} container started"
-    docker wait "$NAME" >/dev/null
-    docker logs "$NAME" 2>&1 | grep -E '^({last_words})( |$)' | while read -r line; do say "$line"; done
-else
-    say {q(run_failed)}
-fi
-say "{Marker.POWEROFF.value}"
-poweroff
+def access_script(plan: BootPlan) -> str:
+    """The tunnel login's only command (authorized_keys `command=`), run as user gpusession:
+    `status` prints the boot's status (and the image pull's latest JSON line per layer), `put
+    NAME SHA256` stores the bundle part NAME (code, site) from stdin when its hash matches,
+    `notice` prints the spot interruption notice, when there is one."""
+    q = shlex.quote
+    return f"""#!/bin/sh
+DIR={q(plan.folder)}
+set -- ${{SSH_ORIGINAL_COMMAND:-}}
+case "${{1:-}}" in
+    status)
+        cat "$DIR/status"
+        : >"$DIR/upload/.status-read" 2>/dev/null
+        [ -f "$DIR/pull.log" ] && awk 'match($0, /"id":"[^"]*"/) {{ last[substr($0, RSTART, RLENGTH)] = $0 }}
+            END {{ for (k in last) print last[k] }}' "$DIR/pull.log"
+        exit 0 ;;
+    put)
+        case "${{2:-}}:${{3:-}}" in code:*|site:*) ;; *) echo "put code|site SHA256" >&2; exit 2 ;; esac
+        part="$DIR/upload/.$2.$$"
+        cat >"$part" || {{ rm -f "$part"; exit 1; }}
+        if [ "$(sha256sum "$part" | cut -d' ' -f1)" != "$3" ]; then rm -f "$part"; echo "bundle damaged" >&2; exit 1; fi
+        mv "$part" "$DIR/upload/$2.tgz" ;;
+    notice)
+        exec cat "$DIR/notices/{SPOT_NOTICE_FILE}" ;;
+    *)
+        echo "gpusession: this key runs only {' | '.join(ACCESS_COMMANDS)}" >&2
+        exit 2 ;;
+esac
 """
 
 
@@ -152,11 +156,9 @@ def user_data(plan: BootPlan) -> str:
             },
         ],
         "write_files": [
-            {"path": f"{plan.folder}/container-ssh/ssh_host_ed25519_key", "permissions": "0600",
-             "content": plan.container_host_key.private},
-            {"path": f"{plan.folder}/container-ssh/ssh_host_ed25519_key.pub", "permissions": "0644",
-             "content": plan.container_host_key.public + "\n"},
             {"path": script, "permissions": "0700", "content": boot_script(plan)},
+            {"path": f"{plan.folder}/access.sh", "permissions": "0755", "content": access_script(plan)},
+            {"path": f"{plan.folder}/boot.sh", "permissions": "0644", "content": bundle_boot_script().decode()},
         ],
         # in the background: cloud-init's final stage must not wait for the whole session
         "runcmd": [["sh", "-c", f"nohup sh {script} >>/var/log/gpusession-session.log 2>&1 &"]],

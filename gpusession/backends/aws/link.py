@@ -1,6 +1,9 @@
-"""Reaching a session on an instance: the instance's sshd (pinned host key) as the jump host,
-the container's sshd on the instance's 127.0.0.1:2222 (pinned too) as the target, and the kernel
-and agent ports forwarded by `gpusession.tunnel.Tunnel`, exactly as for a remote Docker host.
+"""Reaching a session on an instance: its own sshd (pinned host key), logged in as `gpusession`
+with the session key, which may only forward to the kernel's and agent's fixed ports on the
+instance's 127.0.0.1 and run access.sh (cloudinit.py). Through that login the client follows the
+boot (image pull with bytes and layers, the image's Python), sends the runtime bundle the image
+needs (gpusession.bundle: the agent, and ipykernel when the image has none), then forwards the
+kernel's ports with a `gpusession.tunnel.Tunnel`, as for a remote Docker host.
 
 GPUSESSION_AWS_ADDRESS_MAP is the seam for tests (and for unusual networks): `FROM=TO[:PORT]`
 items, comma-separated, FROM an instance address or `*`, say where an instance's sshd is really
@@ -9,24 +12,28 @@ reached. Unset, the instance's own address and port 22 are used.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
+from ...bundle import BundleError, ImagePython, cache_dir, code_archive, site_archive
 from ...errors import StageError
-from ...protocol import StopDetails
-from ..base import TunnelLink
-from .cloudinit import CONTAINER_SSH_PORT, NOTICES_IN_CONTAINER, SPOT_NOTICE_FILE, SSH_USER
+from ...protocol import KERNEL_PORT_NAMES, Marker, parse_marker
+from ...pulls import PullProgress, format_bytes
+from ..base import TunnelLink, failure_detail
+from .cloudinit import SSH_USER
 
 log = logging.getLogger(__name__)
 
 ADDRESS_MAP_ENV = "GPUSESSION_AWS_ADDRESS_MAP"
-STATE_DIR = "/run/gpusession"
 NOTICE_POLL_S = 5.0
+BOOT_POLL_S = 1.0
 
 
 def map_address(address: str, port: int = 22) -> tuple[str, int]:
@@ -38,125 +45,201 @@ def map_address(address: str, port: int = 22) -> tuple[str, int]:
     return address, port
 
 
-def targets(resource: dict, forget_hint: str):
-    """(jump, target) SshTargets for a session's saved resource."""
+def instance_target(resource: dict, forget_hint: str):
+    """The instance's sshd as the session's SshTarget (user gpusession, pinned host key)."""
     import paramiko
 
     from ...tunnel import HostKeyCheck, SshTarget
 
     key = paramiko.Ed25519Key.from_private_key_file(resource["key_path"])
     host, port = map_address(resource["address"])
-    jump = SshTarget(host=host, port=port, username=SSH_USER, keys=[key],
+    return SshTarget(host=host, port=port, username=SSH_USER, keys=[key],
                      host_keys=HostKeyCheck.pinned(host, port, resource["instance_host_key"], forget_hint))
-    target = SshTarget(host="127.0.0.1", port=CONTAINER_SSH_PORT, username="root", keys=[key],
-                       host_keys=HostKeyCheck.pinned("127.0.0.1", CONTAINER_SSH_PORT, resource["container_host_key"],
-                                                     forget_hint))
-    return jump, target
 
 
-def wait_for_container_sshd(jump, deadline: float, *, say: Callable[[str], None],
-                            gone: Callable[[], str | None]) -> None:
-    """Until the instance's sshd lets us in (host key checked, key accepted) and the container's
-    sshd answers behind it. A wrong host key fails at once; anything else is retried until
-    `deadline`, and `gone()` (the instance's state when it is not coming up any more) ends it."""
+def kernel_info(resource: dict) -> dict:
+    """The kernel's connection info, known before it starts: the fixed ports and the key made
+    locally (the instance's user data hands it to the runtime)."""
+    from ...tunnel import CONTAINER_KERNEL_PORTS
+
+    key = Path(resource["kernel_key_path"]).read_text().strip()
+    return {**dict(zip(KERNEL_PORT_NAMES, CONTAINER_KERNEL_PORTS)), "ip": "127.0.0.1", "key": key,
+            "transport": "tcp", "signature_scheme": "hmac-sha256", "kernel_name": "python3"}
+
+
+def wait_for_login(target, deadline: float, *, say: Callable[[str], None], gone: Callable[[], str | None]):
+    """A logged-in transport to the instance's sshd, once it lets us in (host key checked, key
+    accepted). A wrong host key fails at once; anything else is retried until `deadline`, and
+    `gone()` (the instance's state when it is not coming up any more) ends it."""
     import paramiko
 
     from ...tunnel import TunnelError, open_transport
 
-    phase, last, said = "instance", "no answer yet", 0.0
-    started = time.monotonic()
+    last, said, started = "no answer yet", 0.0, time.monotonic()
     while True:
-        transport = None
         try:
-            sock = socket.create_connection((jump.host, jump.port), timeout=5)
-            transport = open_transport(sock, jump, timeout=10)
-            phase = "container"
-            chan = transport.open_channel("direct-tcpip", ("127.0.0.1", CONTAINER_SSH_PORT), ("127.0.0.1", 0),
-                                          timeout=10)
-            chan.settimeout(10)
-            banner = chan.recv(64)
-            chan.close()
-            if banner.startswith(b"SSH-"):
-                return
-            last = "the container's port answered without an SSH banner yet"
+            sock = socket.create_connection((target.host, target.port), timeout=5)
+            return open_transport(sock, target, timeout=10)
         except TunnelError as exc:
             if "authentication failed" not in str(exc):  # the host key: never retried
                 raise StageError("connect", f"{exc}") from None
             last = "the instance does not accept the session key yet (cloud-init still running?)"
         except (OSError, EOFError, paramiko.SSHException) as exc:
             last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        finally:
-            if transport is not None:
-                transport.close()
         why_gone = gone()
         if why_gone:
             raise StageError("connect", f"the instance stopped while starting ({why_gone}); last SSH attempt: {last}")
         now = time.monotonic()
         if now > deadline:
-            where = ("the instance's sshd at " + f"{jump.host}:{jump.port}") if phase == "instance" else \
-                "the session container's sshd (image pull or container start still running, or it failed)"
-            raise StageError("connect", f"timed out after {now - started:.0f}s waiting for {where}; last: {last}")
+            raise StageError("connect", f"timed out after {now - started:.0f}s waiting for the instance's sshd at "
+                                        f"{target.host}:{target.port}; last: {last}")
         if now - said > 30:
-            say(f"waiting for {'the instance' if phase == 'instance' else 'the session container'} ({last})")
+            say(f"waiting for the instance ({last})")
             said = now
         time.sleep(1.0 if now - started < 60 else 3.0)
 
 
-def read_remote(transport, path: str, timeout: float = 10.0) -> str | None:
-    """A file's text in the container, through an exec channel; None when it is not there."""
-    chan = transport.open_session(timeout=timeout)
+def run_access(transport, command: str, data: bytes | None = None, timeout: float = 60.0) -> tuple[int, bytes]:
+    """access.sh COMMAND on the instance (the login's forced command): (exit status, stdout)."""
+    chan = transport.open_session(timeout=10)
     try:
         chan.settimeout(timeout)
-        chan.exec_command(f"cat {path} 2>/dev/null")
-        data = b""
+        chan.exec_command(command)
+        if data is not None:
+            chan.sendall(data)
+            chan.shutdown_write()
+        out = b""
         while True:
             piece = chan.recv(65536)
             if not piece:
                 break
-            data += piece
-        status = chan.recv_exit_status()
+            out += piece
+        return chan.recv_exit_status(), out
     finally:
         chan.close()
-    return data.decode(errors="replace") if status == 0 else None
 
 
-def wait_for_kernel(tunnel, deadline: float, gone: Callable[[], str | None]) -> dict:
-    """The kernel's connection file, once the runtime says the kernel is ready."""
+class BootWatch:
+    """What the instance's boot says (access.sh status), turned into progress lines, the image's
+    Python, and failures."""
+
+    def __init__(self, image: str, say: Callable[[str], None]):
+        self.say = say
+        self.pull = PullProgress(image)
+        self.seen: set[str] = set()
+        self.python: ImagePython | None = None
+        self.waiting_for_runtime = False
+        self.started = False
+
+    def read(self, text: str) -> None:
+        for line in text.splitlines():
+            if line.startswith("{"):
+                try:
+                    self.pull.feed(json.loads(line))
+                except ValueError:
+                    pass
+                continue
+            parsed = parse_marker(line)
+            if parsed is None or line in self.seen:
+                continue
+            self.seen.add(line)
+            marker, payload = parsed
+            if marker is Marker.FAILED:
+                stage = payload.get("stage", "boot") if isinstance(payload, dict) else "boot"
+                raise StageError("connect", f"the instance's start failed: {failure_detail(payload)}"
+                                 if stage != "python" else str(payload.get("error")))
+            if marker is Marker.PYTHON and isinstance(payload, dict):
+                self.python = ImagePython.from_payload(payload)
+                self.say(f"the image's Python {'.'.join(map(str, self.python.version))} at {self.python.executable}"
+                         + ("" if self.python.has_ipykernel else ", no ipykernel: the runtime brings it"))
+            elif marker is Marker.BOOT:
+                text_ = str(payload or "")
+                self.waiting_for_runtime |= text_ == "waiting for the runtime"
+                self.started |= text_ in ("runtime received", "container started")
+                self.say(f"instance: {text_}")
+        if self.pull.layers and not self.pull.layers_done == len(self.pull.layers) and self.pull.due():
+            self.say(self.pull.line())
+
+
+def follow_boot(transport, watch: BootWatch, deadline: float, gone: Callable[[], str | None]) -> None:
+    """Until the boot waits for the runtime (or has it already: another process started it)."""
     import paramiko
 
-    last = "no runtime.json yet"
-    while True:
-        transport = tunnel.transport
+    while not (watch.started or (watch.python and watch.waiting_for_runtime)):
         try:
-            if transport is not None:
-                text = read_remote(transport, f"{STATE_DIR}/runtime.json")
-                runtime = json.loads(text) if text else {}
-                if runtime.get("ready"):
-                    return json.loads(read_remote(transport, f"{STATE_DIR}/kernel.json") or "{}")
-                stopped = read_remote(transport, f"{STATE_DIR}/stopped.json")
-                if stopped:
-                    raise StageError("kernel", f"the session runtime stopped while starting: {_why(stopped)}")
-        except (OSError, EOFError, ValueError, paramiko.SSHException) as exc:
+            status, out = run_access(transport, "status")
+        except (OSError, EOFError, paramiko.SSHException) as exc:  # the instance went away: gone() says why
+            status, out = 1, b""
+            log.debug("no boot status: %s", exc)
+        if status == 0:
+            watch.read(out.decode(errors="replace"))
+        why_gone = gone()
+        if why_gone:
+            raise StageError("connect", f"the instance stopped while starting ({why_gone})")
+        if time.monotonic() > deadline:
+            raise StageError("connect", "timed out waiting for the instance to get the image and start: "
+                                        + (watch.pull.line() if watch.pull.layers else "no image pull seen"))
+        time.sleep(BOOT_POLL_S)
+
+
+def send_runtime(transport, python: ImagePython, say: Callable[[str], None]) -> None:
+    """The runtime bundle the image needs: its site (ipykernel, pip) when it lacks them, then the
+    code, each checked by its hash on the instance."""
+    parts = []
+    try:
+        if python.needs_site:
+            parts.append(("site", site_archive(python, cache_dir(), say)))
+    except BundleError as exc:
+        raise StageError("runtime", str(exc)) from None
+    parts.append(("code", code_archive()))
+    for name, archive in parts:
+        data = archive.data
+        say(f"sending the runtime's {name} to the instance ({format_bytes(len(data))})")
+        status, _ = run_access(transport, f"put {name} {archive.digest}", data, timeout=600)
+        if status != 0:
+            raise StageError("runtime", f"the instance did not take the runtime's {name} (access.sh exited {status})")
+
+
+def wait_for_kernel(tunnel, agent_url: str, deadline: float, gone: Callable[[], str | None],
+                    watch: BootWatch) -> None:
+    """Until the agent says the kernel listens; the boot's status tells first when it failed."""
+    import paramiko
+
+    host, _, port = agent_url.rpartition("//")[2].partition(":")
+    last, checked = "no answer from the agent yet", 0.0
+    while True:
+        conn = http.client.HTTPConnection(host, int(port), timeout=3)
+        try:
+            conn.request("GET", "/health")
+            health = json.loads(conn.getresponse().read())
+            kernel = health.get("kernel")
+            if kernel is None or kernel.get("ready"):
+                return
+            last = "the kernel is starting"
+        except (OSError, ValueError, http.client.HTTPException) as exc:
             last = f"{type(exc).__name__}: {exc}"
+        finally:
+            conn.close()
+        now = time.monotonic()
+        if now - checked > 2 and tunnel.transport is not None:
+            checked = now
+            try:
+                status, out = run_access(tunnel.transport, "status", timeout=10)
+                if status == 0:
+                    watch.read(out.decode(errors="replace"))
+            except (OSError, EOFError, paramiko.SSHException) as exc:  # the tunnel reconnects by itself
+                log.debug("no boot status: %s", exc)
         why_gone = gone()
         if why_gone:
             raise StageError("kernel", f"the instance stopped while the kernel started ({why_gone})")
-        if time.monotonic() > deadline:
+        if now > deadline:
             raise StageError("kernel", f"the kernel did not become ready in time ({last})")
         time.sleep(0.25)
 
 
-def _why(stopped_json: str) -> str:
-    """The reason in a runtime's stopped.json, for an error message."""
-    reason = StopDetails.from_dict(json.loads(stopped_json)).reason
-    if reason is None:
-        return "no reason given"
-    return f"{reason.kind.value}: {reason.detail}" if reason.detail else reason.kind.value
-
-
 class AwsLink(TunnelLink):
-    """The tunnel to one instance's session container; closing it leaves the instance running.
-    For spot sessions a thread reads the interruption notice the instance's boot script saves."""
+    """The tunnel to one instance's session; closing it leaves the instance running. For spot
+    sessions a thread reads the interruption notice the instance's boot script saves."""
 
     def __init__(self, tunnel, kernel_info: dict, on_notice: Callable[[dict], None] | None = None):
         super().__init__(tunnel, kernel_info)
@@ -176,10 +259,11 @@ class AwsLink(TunnelLink):
 
         if self.notice is None and self.tunnel.transport is not None:
             try:
-                text = read_remote(self.tunnel.transport, f"{NOTICES_IN_CONTAINER}/{SPOT_NOTICE_FILE}")
+                status, out = run_access(self.tunnel.transport, "notice", timeout=10)
             except (OSError, EOFError, paramiko.SSHException):
                 return None
-            if text:
+            text = out.decode(errors="replace") if status == 0 else ""
+            if text.strip():
                 try:
                     self.notice = json.loads(text)
                 except ValueError:
@@ -200,18 +284,25 @@ class AwsLink(TunnelLink):
 def open_link(resource: dict, *, deadline: float, forget_hint: str, say: Callable[[str], None],
               gone: Callable[[], str | None], on_event: Callable[[str], None],
               on_notice: Callable[[dict], None] | None) -> AwsLink:
-    from ...tunnel import CONTAINER_PORTS, Tunnel
+    from ...tunnel import Tunnel
 
-    jump, target = targets(resource, forget_hint)
-    say(f"waiting for the instance's sshd at {jump.host}:{jump.port} and the session container behind it")
-    wait_for_container_sshd(jump, deadline, say=say, gone=gone)
-    say("opening the SSH tunnel")
-    tunnel = Tunnel(target, list(CONTAINER_PORTS), jump=jump,
-                    connect_timeout=max(10.0, deadline - time.monotonic()), on_event=on_event).start()
+    target = instance_target(resource, forget_hint)
+    say(f"waiting for the instance's sshd at {target.host}:{target.port}")
+    transport = wait_for_login(target, deadline, say=say, gone=gone)
+    watch = BootWatch(resource.get("image", "the image"), say)
     try:
+        follow_boot(transport, watch, deadline, gone)
+        if not watch.started:
+            send_runtime(transport, watch.python, say)
+    finally:
+        transport.close()
+    say("opening the SSH tunnel")
+    tunnel = Tunnel(target, [], connect_timeout=max(10.0, deadline - time.monotonic()), on_event=on_event).start()
+    try:
+        link = AwsLink(tunnel, kernel_info(resource), on_notice)
         say("waiting for the kernel")
-        info = wait_for_kernel(tunnel, max(time.monotonic() + 30, deadline), gone)
+        wait_for_kernel(tunnel, link.endpoint.agent_url, max(time.monotonic() + 30, deadline), gone, watch)
     except BaseException:
         tunnel.close()
         raise
-    return AwsLink(tunnel, info, on_notice)
+    return link

@@ -1,17 +1,11 @@
-"""Talking to the session kernel with jupyter_client: execute with live output, interrupt,
-move variables, shut down.
-
-Output is re-published into the notebook as it arrives (stream text is written and flushed
-piece by piece, display data goes through IPython's display publisher), so a loop's prints show
-before the loop ends.
-"""
+"""One connection to a session kernel with jupyter_client: wait for it, execute (the wait itself
+is `cellwait.CellWait`), interrupt, move variables, shut down."""
 
 from __future__ import annotations
 
 import atexit
 import base64
 import queue
-import sys
 import time
 import weakref
 from typing import Any, Callable
@@ -20,31 +14,10 @@ import zmq
 
 from jupyter_client.blocking.client import BlockingKernelClient
 
-from .errors import BadInput, CellLost, KernelDied, RemoteError
-
-
-class OutputSink:
-    """Where remote output goes. The default writes into the current IPython display system."""
-
-    def stream(self, name: str, text: str) -> None:
-        target = sys.stderr if name == "stderr" else sys.stdout
-        target.write(text)
-        target.flush()
-
-    def display(self, data: dict, metadata: dict, transient: dict | None = None, update: bool = False) -> None:
-        from IPython.display import publish_display_data
-
-        kwargs: dict[str, Any] = {"data": data, "metadata": metadata}
-        if transient:
-            kwargs["transient"] = transient
-        if update:
-            kwargs["update"] = True
-        publish_display_data(**kwargs)
-
-    def clear(self, wait: bool) -> None:
-        from IPython.display import clear_output
-
-        clear_output(wait=wait)
+from ..errors import BadInput, KernelDied, RemoteError
+from ..protocol import META_CELL_LOG
+from .cellwait import CellWait
+from .sink import NullSink, OutputSink
 
 
 _OPEN_CLIENTS: "weakref.WeakSet[KernelClient]" = weakref.WeakSet()
@@ -78,8 +51,11 @@ class KernelClient:
         self.client = BlockingKernelClient(context=self._context)
         self.client.load_connection_info(connection_info)
         self.client.start_channels(hb=False)
-        self._healthy = healthy or (lambda: True)
-        self._reconnects = reconnects or (lambda: 0)  # how often the link under us reconnected
+        self.healthy: Callable[[], bool] = healthy or (lambda: True)  # may raise (the session's LinkLost)
+        self.reconnects: Callable[[], int] = reconnects or (lambda: 0)  # how often the link reconnected
+        self.cell_log = False  # the kernel keeps a cell log (gpusession.agent.cellog): known at wait_ready
+        # what the cell waits met on this connection (for the fault suite's figures)
+        self.counts = {"outputs_recovered": 0, "outputs_named_lost": 0, "replies_recovered": 0, "requests_lost": 0}
         self._closed = False
         _OPEN_CLIENTS.add(self)
         # Dropped without close() (its session stopped by another process, say), this client is
@@ -97,13 +73,14 @@ class KernelClient:
             msg_id = self.client.kernel_info()
             try:
                 reply = self._reply(self.client.get_shell_msg, msg_id, timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+                self.cell_log = META_CELL_LOG in (reply.get("metadata") or {})
                 # drain iopub so later reads start clean
                 self._drain_iopub()
                 return reply["content"]
             except queue.Empty:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"kernel did not answer within {timeout:.0f}s") from None
-                if not self._healthy():
+                if not self.healthy():
                     raise KernelDied("the session kernel exited while starting") from None
 
     def _drain_iopub(self) -> None:
@@ -159,10 +136,10 @@ class KernelClient:
         """Run `code`, forwarding output as it comes. Returns the execute_reply content.
 
         Raises RemoteError for an exception in the remote code (its traceback renders in the
-        notebook), KeyboardInterrupt after forwarding a local interrupt, KernelDied when the
-        kernel stops answering.
+        notebook), KeyboardInterrupt after forwarding a local interrupt, CellLost when the request
+        never reached the kernel, KernelDied when the kernel stops answering, and whatever the
+        `healthy` callable raises (the session's LinkLost: the link gave up).
         """
-        sink = sink or OutputSink()
         msg_id = self.client.execute(
             code,
             silent=silent,
@@ -170,92 +147,12 @@ class KernelClient:
             user_expressions=user_expressions or {},
             allow_stdin=False,
         )
-        interrupted_at: float | None = None
-        error: dict | None = None
-        last_check = time.monotonic()
-        reconnects = self._reconnects()
-        probe_id: str | None = None  # kernel_info sent after a reconnect, to learn if the cell arrived
-        early_reply: dict | None = None  # execute_reply seen before iopub's idle
-        early_at = 0.0
-        while True:
-            try:
-                msg = self.client.get_iopub_msg(timeout=0.1)
-            except queue.Empty:
-                now = time.monotonic()
-                if now - last_check >= health_every:
-                    last_check = now
-                    if not self._healthy():
-                        raise KernelDied("the session kernel died while running this cell") from None
-                    # a dropped connection can lose the request itself, or iopub's final idle
-                    if probe_id is None and self._reconnects() != reconnects:
-                        probe_id = self.client.kernel_info()
-                    got = self._poll_shell(msg_id, probe_id)
-                    if got is not None and got["parent_header"]["msg_id"] == msg_id and early_reply is None:
-                        early_reply, early_at = got, now
-                    elif got is not None and early_reply is None:
-                        # the kernel answers shell in order: the probe first means the cell never came
-                        raise CellLost(
-                            "the connection dropped as this cell was sent, so it did not run; the session "
-                            "and its variables are intact: run the cell again"
-                        )
-                if early_reply is not None and now - early_at > 2 * health_every:
-                    sink.stream("stderr", "[gpusession] the connection dropped during this cell: "
-                                          "some of its output may be missing\n")
-                    break
-                if interrupted_at is not None and now - interrupted_at > interrupt_grace:
-                    raise KeyboardInterrupt("the remote cell did not stop within "
-                                            f"{interrupt_grace:.0f}s of the interrupt; it may still be running")
-                continue
-            except KeyboardInterrupt:
-                if interrupted_at is not None:
-                    raise
-                self.interrupt()
-                interrupted_at = time.monotonic()
-                continue
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, content = msg["msg_type"], msg["content"]
-            try:
-                if kind == "stream":
-                    sink.stream(content["name"], content["text"])
-                elif kind in ("display_data", "execute_result"):
-                    sink.display(content["data"], content.get("metadata", {}), content.get("transient"))
-                elif kind == "update_display_data":
-                    sink.display(content["data"], content.get("metadata", {}), content.get("transient"), update=True)
-                elif kind == "clear_output":
-                    sink.clear(content.get("wait", False))
-                elif kind == "error":
-                    error = content
-                elif kind == "status" and content["execution_state"] == "idle":
-                    break
-            except KeyboardInterrupt:
-                if interrupted_at is None:
-                    self.interrupt()
-                    interrupted_at = time.monotonic()
-        try:
-            reply = (early_reply or self._reply(self.client.get_shell_msg, msg_id, timeout=10))["content"]
-        except queue.Empty:
-            raise KernelDied("the session kernel went idle but sent no reply") from None
-        if interrupted_at is not None:
-            raise KeyboardInterrupt("interrupted the remote cell")
-        if reply.get("status") == "error" or error:
-            err = error or reply
-            raise RemoteError(err.get("ename", "Error"), err.get("evalue", ""), err.get("traceback", []))
-        return reply
-
-    def _poll_shell(self, msg_id: str, probe_id: str | None) -> dict | None:
-        """Without waiting: the first shell message answering `msg_id` or `probe_id`."""
-        while True:
-            try:
-                msg = self.client.get_shell_msg(timeout=0)
-            except queue.Empty:
-                return None
-            if msg["parent_header"].get("msg_id") in (msg_id, probe_id):
-                return msg
+        return CellWait(self, msg_id, sink or OutputSink(), interrupt_grace=interrupt_grace,
+                        health_every=health_every).wait()
 
     def evaluate(self, expression: str, setup: str = "") -> str:
         """Run `setup` silently and return repr-text of `expression` (user_expressions)."""
-        reply = self.execute(setup or "pass", silent=True, user_expressions={"v": expression}, sink=_NullSink())
+        reply = self.execute(setup or "pass", silent=True, user_expressions={"v": expression}, sink=NullSink())
         value = reply["user_expressions"]["v"]
         if value.get("status") != "ok":
             raise RemoteError(value.get("ename", "Error"), value.get("evalue", ""), value.get("traceback", []))
@@ -279,7 +176,7 @@ class KernelClient:
             f"globals().update({{_k: _gs_p.loads(_v) for _k, _v in _gs_p.loads(_gs_b.b64decode('{blob}')).items()}})\n"
             "del _gs_p, _gs_b",
             silent=True,
-            sink=_NullSink(),
+            sink=NullSink(),
         )
 
     def pull(self, names: list[str]) -> dict[str, Any]:
@@ -314,14 +211,3 @@ class KernelClient:
                     "is its module installed in this kernel?"
                 ) from None
         return result
-
-
-class _NullSink(OutputSink):
-    def stream(self, name: str, text: str) -> None:
-        pass
-
-    def display(self, data, metadata, transient=None, update=False) -> None:
-        pass
-
-    def clear(self, wait: bool) -> None:
-        pass

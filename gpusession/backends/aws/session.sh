@@ -1,0 +1,115 @@
+# The body of an instance's session script (gpusession/backends/aws/cloudinit.py writes the
+# header: DIR, NAME, IMAGE, SESSION_ID, SPOT, RUNTIME_WAIT_S, KERNEL_PORT, AGENT_PORT, the marker
+# words M_*, the agent's options as "$@", and GPUSESSION_KERNEL_KEY in the environment).
+# Run once by cloud-init as root: get the image, look for its Python, wait for the runtime bundle
+# that the client sends over SSH (access.sh put), run the session container with it on the
+# host's network, and power the instance off when the container ends, for whatever reason.
+# Everything the client reads (access.sh status) goes to $DIR/status; the markers also go to the
+# serial console, which EC2's console output keeps after the instance is gone.
+mkdir -p "$DIR/notices" "$DIR/state" "$DIR/upload" "$DIR/runtime"
+chmod 1777 "$DIR/state"     # the runtime writes there as the image's USER, whoever that is
+chmod 1733 "$DIR/upload"    # access.sh (the tunnel's login) drops the bundle there
+touch "$DIR/status" && chmod 644 "$DIR/status"
+ROOT=/opt/gpusession-runtime
+
+say() {  # printf, as sh's echo would turn a JSON payload's backslash escapes into characters
+    printf '%s\n' "$*"
+    printf '%s\n' "$*" >>"$DIR/status"
+    if [ -w /dev/console ]; then printf '%s\n' "$*" >>/dev/console 2>/dev/null || true; fi
+}
+
+fail() {  # fail STAGE TEXT: the one line the client shows, then the end of this instance
+    rm -f "$DIR/upload/.status-read"
+    say "$M_FAILED {\"stage\":\"$1\",\"error\":\"$2\"}"
+    # a little while for the client to read it (access.sh status leaves .status-read): the
+    # console output that keeps it too may come minutes later
+    for _ in $(seq 20); do [ -e "$DIR/upload/.status-read" ] && break; sleep 1; done
+    say "$M_POWEROFF"
+    poweroff
+    exit 1
+}
+
+watch_spot() {  # an interruption notice from instance metadata (IMDSv2) goes to $DIR/notices
+    imds=${GPUSESSION_IMDS_URL:-http://169.254.169.254}
+    while :; do
+        token=$(curl -fsS -m 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 300' "$imds/latest/api/token" 2>/dev/null) \
+          && curl -fsS -m 2 -H "X-aws-ec2-metadata-token: $token" -o "$DIR/notices/.spot" \
+               "$imds/latest/meta-data/spot/instance-action" 2>/dev/null \
+          && mv "$DIR/notices/.spot" "$DIR/notices/spot-instance-action.json" \
+          && chmod 644 "$DIR/notices/spot-instance-action.json" \
+          && { say "$M_SPOT_NOTICE $(cat "$DIR/notices/spot-instance-action.json")"; return; }
+        sleep 5
+    done
+}
+
+pull() {  # through the Engine API, whose JSON lines (bytes and layers) access.sh passes on; the
+    # CLI as a fallback, for registries that need its credential helpers
+    sock=${DOCKER_HOST:-unix:///var/run/docker.sock}
+    curl -sS -X POST --unix-socket "${sock#unix://}" -o "$DIR/pull.log" \
+        "http://localhost/images/create?fromImage=$IMAGE" 2>/dev/null
+    docker image inspect "$IMAGE" >/dev/null 2>&1 || docker pull -q "$IMAGE" >>"$DIR/pull.log" 2>&1
+}
+
+for _ in $(seq 90); do docker info >/dev/null 2>&1 && break; sleep 2; done  # dockerd may start after us
+docker rm -f "$NAME" >/dev/null 2>&1 || true
+[ "$SPOT" = 1 ] && watch_spot &
+say "$M_BOOT starting $IMAGE"
+if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
+    say "$M_BOOT pulling $IMAGE"
+    pull
+    detail=$(tail -c 300 "$DIR/pull.log" 2>/dev/null | tr -d '"\\\n')
+    docker image inspect "$IMAGE" >/dev/null 2>&1 || fail image "cannot pull $IMAGE${detail:+: $detail}"
+fi
+
+# what Python the image has (the bundle's boot.sh, run without the bundle)
+probe=$(docker run --rm --network none --entrypoint /bin/sh "$IMAGE" -c "$(cat "$DIR/boot.sh")" boot.sh probe 2>&1)
+python=$(printf '%s\n' "$probe" | grep "^$M_PYTHON " | head -n 1)
+if [ -z "$python" ]; then
+    why=$(printf '%s\n' "$probe" | sed -n "s/^$M_FAILED .*\"error\":\"\([^\"]*\)\".*/\1/p" | head -n 1)
+    fail python "image $IMAGE has no Python to run the session kernel in (${why:-no python3}): use an image with python3 3.9 or newer"
+fi
+say "$python"
+
+# the runtime bundle from the client: site.tgz (when the image lacks ipykernel or pip), then code.tgz
+say "$M_BOOT waiting for the runtime"
+waited=0
+until [ -f "$DIR/upload/code.tgz" ]; do
+    [ "$waited" -ge "$RUNTIME_WAIT_S" ] && fail runtime "no runtime bundle arrived within ${RUNTIME_WAIT_S}s"
+    sleep 1
+    waited=$((waited + 1))
+done
+for part in site code; do
+    [ -f "$DIR/upload/$part.tgz" ] || continue
+    mkdir -p "$DIR/runtime/$part"
+    tar -xzf "$DIR/upload/$part.tgz" -C "$DIR/runtime/$part" --no-same-owner || fail runtime "cannot unpack $part.tgz"
+    : >"$DIR/runtime/$part/.complete"   # what boot.sh looks for: the copy is whole
+    rm -f "$DIR/upload/$part.tgz"
+done
+say "$M_BOOT runtime received"
+mounts="-v $DIR/runtime/code:$ROOT/code:ro"
+if [ -d "$DIR/runtime/site" ]; then
+    mounts="$mounts -v $DIR/runtime/site:$ROOT/site:ro"
+    executable=$(printf '%s\n' "$python" | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
+    # bytecode by the image's own Python: best effort, the session works without
+    docker run --rm --network none --user 0:0 -v "$DIR/runtime/site:$ROOT/site" --entrypoint "$executable" "$IMAGE" \
+        -m compileall -q -j 0 "$ROOT/site" >/dev/null 2>&1 || true
+fi
+
+command=$(printf '%s\n' "$python" | sed -n 's/.*"command":"\([^"]*\)".*/\1/p')
+# $mounts is split on purpose: paths under $DIR hold no spaces
+# shellcheck disable=SC2086
+if docker run -d --name "$NAME" --init --gpus all --network host --label "gpusession.session=$SESSION_ID" \
+        $mounts -v "$DIR/state:/run/gpusession" -v "$DIR/notices:/run/gpusession-notices:ro" \
+        -e "GPUSESSION_SESSION_ID=$SESSION_ID" -e GPUSESSION_KERNEL_KEY -e "GPUSESSION_RUNTIME_PYTHON=$command" \
+        --entrypoint /bin/sh "$IMAGE" "$ROOT/code/boot.sh" run --session-id "$SESSION_ID" \
+        --state-dir /run/gpusession --kernel-ip 127.0.0.1 --kernel-ports "$KERNEL_PORT" --agent-port "$AGENT_PORT" \
+        "$@" >/dev/null; then
+    say "$M_BOOT container started"
+    docker wait "$NAME" >/dev/null
+    # the container's last words, copied to the console for `stop_details`
+    docker logs "$NAME" 2>&1 | grep -E "^($M_STOPPED|$M_SUMMARY|$M_FAILED)( |\$)" | while read -r line; do say "$line"; done
+else
+    say "$M_FAILED {\"stage\":\"container\",\"error\":\"docker run $IMAGE failed\"}"
+fi
+say "$M_POWEROFF"
+poweroff

@@ -1,0 +1,279 @@
+"""What a session container needs on its Docker engine before it starts, for any image with a
+python3: the image (pulled, with bytes and layers shown, when the engine lacks it), what Python it
+has (`sh boot.sh probe` in a throwaway container, once per image: the answer is kept by image id),
+and the runtime bundle (`gpusession.bundle`) in named volumes on the engine's host, filled once
+through a helper container and `put_archive` (so an `ssh://` engine works alike) and mounted
+read-only by every session after. The image itself is never changed.
+
+Helper containers carry the session label with a `helper-` value and the store's label, so a
+crash in the middle leaves nothing that `gpusession gc` does not remove.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ..bundle import (
+    BOOT_SCRIPT,
+    CODE_DIR,
+    SITE_DIR,
+    Archive,
+    BundleError,
+    ImagePython,
+    boot_script,
+    code_archive,
+    complete_marker,
+    parse_probe,
+    site_archive,
+)
+from ..errors import StageError
+from ..protocol import ENV_KERNEL_KEY
+from ..progress import Progress
+from ..pulls import PullProgress, format_bytes
+from .docker_engine import docker_sdk, engine_errors, read_json_from, short_error
+
+log = logging.getLogger(__name__)
+
+# the runtime's state folder in a session container: under /tmp, which any USER may write to
+# (made by the runtime; kept with the stopped container for stop_details)
+STATE_DIR = "/tmp/gpusession"
+VOLUME_LABEL = "gpusession.runtime"  # on the bundle's volumes: "code" or the site tag
+PROBE_VERSION = 2  # bump when boot.sh's probe says more
+PROBE_TIMEOUT_S = 60.0
+COMPILE_TIMEOUT_S = 300.0
+NO_PYTHON = ("image {image} has no Python to run the session kernel in ({why}); use an image with python3 3.9 or "
+             "newer (pytorch/pytorch, nvcr.io/nvidia/pytorch, jupyter/*, python:3.x, ...) or add one to it "
+             "(Dockerfile.cuda is a recipe: nvidia/cuda + Python)")
+
+
+@dataclasses.dataclass
+class PreparedRuntime:
+    python: ImagePython  # what the kernel runs with
+    volumes: dict[str, dict[str, str]]  # for containers.create(volumes=...): the bundle, read-only
+
+
+def find_or_pull_image(client, image: str, progress: Progress):
+    """The engine's image `image`; pulled when it has none, with a line about bytes and layers
+    done every few seconds and one saying what stays cached."""
+    docker = docker_sdk()
+    with engine_errors("while looking for the image"):
+        try:
+            return client.images.get(image)
+        except docker.errors.ImageNotFound:
+            pass
+    repo, tag = docker.utils.parse_repository_tag(image)
+    pull = PullProgress(image)
+    progress.step(f"pulling {image}: it is not on the engine yet")
+    with engine_errors(f"while pulling {image}"):  # the engine unreachable: BackendUnavailable
+        try:
+            for event in client.api.pull(repo, tag=tag or "latest", stream=True, decode=True):
+                pull.feed(event)
+                if pull.error:
+                    break
+                if pull.due():
+                    progress.step(pull.line())
+        except docker.errors.APIError as exc:  # the engine answered: the registry did not
+            pull.error = short_error(exc)
+        try:
+            found = None if pull.error else client.images.get(image)
+        except docker.errors.ImageNotFound as exc:
+            pull.error = short_error(exc)
+    if pull.error or found is None:
+        raise StageError("image", f"image {image} is not on the Docker engine and cannot be pulled ({pull.error}); "
+                                  f"pull or build it there (`docker pull {image}`), or pass another --image")
+    progress.step(pull.finished_line())
+    return found
+
+
+def prepare_runtime(client, image, *, cache_dir: Path, labels: dict[str, str], progress: Progress) -> PreparedRuntime:
+    """The image's Python (probed, or known from an earlier probe of the same image id) and the
+    volumes with what it lacks; StageError("image", ...) in one line when it has no Python."""
+    name = image.tags[0] if image.tags else image.short_id
+    python = _image_python(client, image, name, cache_dir, labels, progress)
+    progress.step(f"{name}: Python {'.'.join(map(str, python.version))} at {python.executable}, "
+                  + (f"ipykernel {python.ipykernel}" if python.has_ipykernel else "no ipykernel: the runtime brings it"))
+    with engine_errors("while looking for the runtime's volumes"):
+        present = {v.name for v in client.volumes.list(filters={"name": "gpusession-runtime-"})}
+    # compiled by the image's Python, as every copy: the volumes are read-only to the sessions
+    code = _ensure_copy(client, image.id, code_archive(), CODE_DIR, labels, progress, present, compile_with=python)
+    volumes = {code: {"bind": CODE_DIR, "mode": "ro"}}
+    if python.needs_site:
+        try:
+            site = site_archive(python, cache_dir, progress.step)
+        except BundleError as exc:
+            raise StageError("runtime", str(exc)) from None
+        volume = _ensure_copy(client, image.id, site, SITE_DIR, labels, progress, present, compile_with=python)
+        volumes[volume] = {"bind": SITE_DIR, "mode": "ro"}
+    return PreparedRuntime(python, volumes)
+
+
+def _image_python(client, image, name: str, cache_dir: Path, labels: dict[str, str], progress: Progress) -> ImagePython:
+    cached = cache_dir / "probes" / f"{image.id.split(':')[-1]}-v{PROBE_VERSION}.json"
+    try:
+        return ImagePython.from_payload(json.loads(cached.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    progress.step(f"looking for Python in {name} (once per image)")
+    text = _run_helper(client, image.id, labels, ["-c", boot_script().decode(), "boot.sh", "probe"],
+                       timeout=PROBE_TIMEOUT_S, what=f"looking for Python in {name}", network_mode="none")
+    found = parse_probe(text)
+    if isinstance(found, str):
+        raise StageError("image", NO_PYTHON.format(image=name, why=found))
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    part = cached.with_suffix(f".{uuid.uuid4().hex[:8]}.part")
+    part.write_text(json.dumps(found.to_payload()))
+    part.replace(cached)
+    return found
+
+
+def _ensure_copy(client, image_id: str, archive: Archive, folder: str, labels: dict[str, str], progress: Progress,
+                 present: set[str], compile_with: ImagePython | None = None) -> str:
+    """The volume holding `archive` unpacked (and compiled by the image's Python, when given):
+    found, or made now. Its `-ok` twin, an empty volume made once the copy is whole, is what says
+    it is whole: a copy cut short (a crash, a lost connection) is filled again, never used."""
+    name = archive.copy_name
+    if archive.kind == "code" and compile_with is not None:  # one copy per Python version: its bytecode
+        name = f"{name}-{compile_with.tag}"
+    what = "gpusession's agent" if archive.kind == "code" else f"ipykernel and pip for {archive.kind}"
+    if {name, name + "-ok"} <= present:
+        progress.step(f"runtime: {what} cached on the engine (volume {name})")
+        return name
+    progress.step(f"runtime: copying {what} ({format_bytes(archive.size)}, {archive.files} files) into volume "
+                  f"{name}, once: it stays on the engine for the next sessions")
+    # the helper is never started to copy; to compile, it runs the image's python on the copy
+    entrypoint, command = (["/bin/sh"], []) if compile_with is None else \
+        ([compile_with.executable], ["-m", "compileall", "-q", "-j", "0", folder])
+    with engine_errors("while filling the runtime's volume"):
+        volume = client.volumes.create(name, labels={VOLUME_LABEL: archive.kind})
+        try:
+            helper = client.containers.create(
+                image_id, entrypoint=entrypoint, command=command, labels=_helper_labels(labels), user="0:0",
+                network_mode="none", volumes={name: {"bind": folder, "mode": "rw"}}, detach=True)
+            try:
+                helper.put_archive(folder, archive.data)
+                if compile_with is not None:
+                    _compile(helper, compile_with, progress)
+                helper.put_archive(folder, complete_marker())
+            finally:
+                helper.remove(force=True)
+        except BaseException:
+            _remove_volume(volume)
+            raise
+        client.volumes.create(name + "-ok", labels={VOLUME_LABEL: "ok"})
+    return name
+
+
+def _compile(helper, python: ImagePython, progress: Progress) -> None:
+    """Bytecode for the copied packages, by the image's own Python: the volume is read-only to
+    sessions, and IPython compiled afresh at every kernel start would cost seconds. Best effort."""
+    progress.step(f"runtime: compiling it with the image's Python {python.short_version}")
+    docker = docker_sdk()
+    try:
+        helper.start()
+        code = helper.wait(timeout=COMPILE_TIMEOUT_S).get("StatusCode")
+        if code:
+            log.info("compileall exited %s: %s", code, helper.logs(tail=5).decode(errors="replace"))
+    except (docker.errors.DockerException, OSError) as exc:
+        log.info("no bytecode for the runtime: %s", exc)
+
+
+def _run_helper(client, image_id: str, labels: dict[str, str], command: list[str], *, timeout: float, what: str,
+                **options: Any) -> str:
+    """Run `/bin/sh COMMAND...` in a throwaway container of the image; its output."""
+    docker = docker_sdk()
+    with engine_errors(f"while {what}"):
+        helper = client.containers.create(image_id, entrypoint=["/bin/sh"], command=command,
+                                          labels=_helper_labels(labels), detach=True, **options)
+        try:
+            try:
+                helper.start()
+            except docker.errors.APIError as exc:
+                text = short_error(exc)
+                if "/bin/sh" in text and ("no such file" in text.lower() or "not found" in text.lower()):
+                    image = what.rpartition(" in ")[2]
+                    raise StageError("image", NO_PYTHON.format(image=image, why="it has no /bin/sh")) from None
+                raise StageError("image", f"{what} failed: {text}") from None
+            try:
+                helper.wait(timeout=timeout)
+            except Exception as exc:  # noqa: BLE001 - requests' read timeout, or the engine went away
+                raise StageError("image", f"{what} took over {timeout:.0f}s ({type(exc).__name__})") from None
+            return helper.logs(stdout=True, stderr=True).decode(errors="replace")
+        finally:
+            helper.remove(force=True)
+
+
+def _helper_labels(labels: dict[str, str]) -> dict[str, str]:
+    """The caller's labels (session label, store label), the session label's value made a helper's."""
+    return {key: (f"helper-{uuid.uuid4().hex[:12]}" if key == "gpusession.session" else value)
+            for key, value in labels.items()}
+
+
+def _remove_volume(volume) -> None:
+    try:
+        volume.remove(force=True)
+    except Exception as exc:  # noqa: BLE001 - the next start refills it anyway
+        log.info("could not remove runtime volume %s: %s", getattr(volume, "name", volume), exc)
+
+
+def bundle_command(agent_args: list[str]) -> tuple[list[str], list[str]]:
+    """(entrypoint, command) of a session container: the bundle's boot.sh with the agent's options."""
+    return ["/bin/sh"], [BOOT_SCRIPT, "run", *agent_args]
+
+
+def ssh_alive(client) -> bool:
+    """Is the SSH connection under an ssh:// DockerClient still up? (docker-py logs in again only
+    when it has none; True when it is no such client.)"""
+    ssh = getattr(getattr(client.api, "_custom_adapter", None), "ssh_client", None)
+    transport = ssh.get_transport() if ssh is not None else None
+    return ssh is None or (transport is not None and transport.is_active())
+
+
+def gpu_request(docker, spec):
+    """All of the host's GPUs, or the type's count when it names more than one (a100:4);
+    spec.extra: gpus ('all' or N) overrides, gpu_driver picks the device driver."""
+    gpus = spec.extra.get("gpus")
+    if gpus is None:
+        count = spec.gpu_count if spec.gpu_count > 1 else -1
+    else:
+        count = -1 if str(gpus) == "all" else int(gpus)
+    return docker.types.DeviceRequest(driver=spec.extra.get("gpu_driver", ""), count=count, capabilities=[["gpu"]])
+
+
+def connection_info(container, ready: Any) -> tuple[dict, int | None]:
+    """(the kernel's connection info, the agent's port) from the READY marker's ports and the key
+    in the container's environment (both through the Docker API only)."""
+    if not (isinstance(ready, dict) and isinstance(ready.get("ports"), dict)):  # a runtime that says less
+        info = read_json_from(container, f"{STATE_DIR}/kernel.json")
+        return info, read_json_from(container, f"{STATE_DIR}/runtime.json").get("agent_port")
+    env = dict(item.partition("=")[::2] for item in container.attrs["Config"].get("Env") or [])
+    info = {**{name: int(port) for name, port in ready["ports"].items()}, "ip": "127.0.0.1", "key": env[ENV_KERNEL_KEY],
+            "transport": "tcp", "signature_scheme": "hmac-sha256", "kernel_name": "python3"}
+    return info, ready.get("agent_port")
+
+
+class InThread:
+    """Run `fn` in a thread now; `result()` waits for it and re-raises its error."""
+
+    def __init__(self, fn):
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to result()
+            self._error = exc
+
+    def result(self, timeout: float) -> None:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise StageError("connect", f"the SSH tunnel did not open within {timeout:.0f}s")
+        if self._error is not None:
+            raise self._error

@@ -1,0 +1,296 @@
+"""What a session asks of Slurm: its settings (from the option table's slurm options, with a
+cluster's defaults from `slurm.json`), and the batch script and `sbatch` command line made from
+them. Pure functions of data, so they are tested without a cluster.
+
+The batch script prints the node's ssh host keys (`GPUSESSION_HOSTKEY <key>`, read from the
+node's /etc/ssh, to pin them), loads the environment (modules, a conda environment), and execs
+the session runtime (`python -m gpusession.agent run`) with gpusession's runtime on PYTHONPATH,
+in a container when --image is given. When the runtime ends, so does the job: an idle stop
+frees the allocation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from ...errors import BadInput
+from ...protocol import ENV_SESSION_ID, Marker, marker_line
+
+COMMENT_PREFIX = "gpusession"  # job comment: gpusession:<store id>:<session id>
+HOST_KEYS_GLOB = "/etc/ssh/ssh_host_*_key.pub"
+CONTAINERS = ("auto", "apptainer", "singularity", "pyxis")
+#: sbatch flags the backend sets itself (it reads the job's output and finds it by its comment)
+RESERVED_FLAGS = ("--output", "-o", "--error", "-e", "--job-name", "-J", "--comment", "--parsable", "--wrap",
+                  "--array", "-a", "--chdir", "-D", "--gres", "--export")
+_WORD = re.compile(r"^[A-Za-z0-9_.+/@:=,%-]+$")
+_GRES_TYPE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+#: the slurm options of the option table (gpusession/options.py), as spec.extra keys
+OPTION_NAMES = ("partition", "account", "qos", "sbatch_args", "python", "modules", "conda_env", "gres_type",
+                "container", "price_per_gpu_hour", "queue_timeout")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSettings:
+    """A session's Slurm settings, read and checked."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    sbatch_args: tuple[str, ...] = ()  # extra sbatch flags, split like a shell
+    python: str = "python3"  # the interpreter on the node (in the container with --image)
+    modules: tuple[str, ...] = ()  # `module load` these first
+    conda_env: str | None = None  # then `conda activate` this
+    gres_types: dict[str, str] = dataclasses.field(default_factory=dict)  # catalog type -> cluster type ("" untyped)
+    gres_default: str | None = None  # the cluster type for any catalog type not in gres_types
+    container: str = "auto"  # with an image: apptainer, singularity or pyxis (auto: what the node has)
+    price_per_gpu_hour: float | None = None  # dollars (or service units) per GPU-hour
+    queue_timeout_s: float | None = None  # give up (and cancel) when still queued after this long
+
+    def gres_type(self, gpu_type: str) -> str:
+        """The cluster's GRES type name for a catalog type; '' for an untyped request."""
+        if gpu_type in self.gres_types:
+            return self.gres_types[gpu_type]
+        return gpu_type if self.gres_default is None else self.gres_default
+
+
+def read_settings(extra: dict[str, Any], cluster: dict[str, Any] | None = None, *, catalog=None) -> JobSettings:
+    """JobSettings from a spec's extra options, a cluster's defaults filling what is not given.
+    Raises BadInput naming the option."""
+    from ...durations import MAX_RUNTIME, parse_money
+
+    given = {k: v for k, v in (cluster or {}).items() if k in OPTION_NAMES}
+    given.update({k: v for k, v in extra.items() if k in OPTION_NAMES and v is not None})
+    words: dict[str, Any] = {}
+    for name in ("partition", "account", "qos", "conda_env"):
+        value = given.get(name)
+        if value is not None and str(value).strip():
+            words[name] = _word(name, str(value).strip())
+    python = str(given.get("python") or "python3").strip()
+    if not python or any(c in python for c in "\n\r\0"):
+        raise BadInput(f"python {python!r}: give an interpreter's name or path, e.g. python3 or /opt/py/bin/python")
+    modules = tuple(_word("modules", m) for m in re.split(r"[\s,]+", str(given.get("modules") or "").strip()) if m)
+    gres_types, gres_default = parse_gres_types(given.get("gres_type"), catalog)
+    container = str(given.get("container") or "auto").strip().lower()
+    if container not in CONTAINERS:
+        raise BadInput(f"container {container!r}: use one of {', '.join(CONTAINERS)}")
+    price = given.get("price_per_gpu_hour")
+    queue_timeout = given.get("queue_timeout")
+    return JobSettings(
+        sbatch_args=parse_sbatch_args(given.get("sbatch_args")), python=python, modules=modules,
+        gres_types=gres_types, gres_default=gres_default, container=container,
+        price_per_gpu_hour=parse_money(price, what="price per GPU-hour") if isinstance(price, str) else price,
+        queue_timeout_s=(MAX_RUNTIME.parse(queue_timeout) if isinstance(queue_timeout, str) else queue_timeout),
+        **words,
+    )
+
+
+def _word(name: str, value: str) -> str:
+    if not _WORD.match(value):
+        raise BadInput(f"{name.replace('_', ' ')} {value!r}: letters, digits and _.+/@:=,%- only")
+    return value
+
+
+def parse_gres_types(value: Any, catalog=None) -> tuple[dict[str, str], str | None]:
+    """--gres-type: '' (the catalog's names), 'none' (untyped gpu:N), one cluster type for every
+    request ('tesla_t4'), or a map 'a100=a100_40g,t4=tesla_t4' (others keep the catalog's name)."""
+    text = str(value or "").strip()
+    if not text:
+        return {}, None
+    if "=" not in text:
+        return {}, _gres_name(text)
+    mapping: dict[str, str] = {}
+    for item in re.split(r"[\s,]+", text):
+        if not item:
+            continue
+        ours, sep, theirs = item.partition("=")
+        if not sep or not ours.strip():
+            raise BadInput(f"GRES type map item {item!r}: write CATALOG_TYPE=CLUSTER_TYPE, e.g. a100=a100_40g")
+        key = ours.strip().lower()
+        if catalog is not None:
+            key = catalog.get(key).name  # BadInput names the valid types
+        mapping[key] = _gres_name(theirs.strip())
+    return mapping, None
+
+
+def _gres_name(text: str) -> str:
+    if text.lower() == "none":
+        return ""
+    if not _GRES_TYPE.match(text):
+        raise BadInput(f"GRES type {text!r}: letters, digits and _.- only (or none for an untyped request)")
+    return text
+
+
+def parse_sbatch_args(value: Any) -> tuple[str, ...]:
+    text = str(value or "").strip()
+    if not text:
+        return ()
+    try:
+        args = tuple(shlex.split(text))
+    except ValueError as exc:
+        raise BadInput(f"sbatch flags {text!r}: {exc}") from None
+    if not args[0].startswith("-"):
+        raise BadInput(f"sbatch flags {text!r}: give flags only, e.g. '--constraint=ib --mem=32G'")
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in RESERVED_FLAGS or (flag[:2] in ("-o", "-e", "-J", "-a", "-D") and not flag.startswith("--")):
+            raise BadInput(f"sbatch flag {arg!r}: gpusession sets that one itself")
+    return args
+
+
+def load_cluster_defaults(path: Path, host: str | None) -> dict[str, Any]:
+    """The defaults for a login host from `slurm.json` ({"login.cluster": {"partition": "gpu",
+    "gres_type": "a100=a100_40g", ...}}), keyed by the --host as given or by its host name."""
+    if not host:
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"{path}: not readable as JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise BadInput(f"{path}: expected an object of login hosts")
+    import urllib.parse
+
+    name = urllib.parse.urlparse(host).hostname or ""
+    for key in (host, host.rstrip("/"), name):
+        found = doc.get(key)
+        if isinstance(found, dict):
+            unknown = sorted(set(found) - set(OPTION_NAMES))
+            if unknown:
+                raise BadInput(f"{path}: {key}: unknown setting(s) {', '.join(unknown)}; allowed: {', '.join(OPTION_NAMES)}")
+            return found
+    return {}
+
+
+# -- the job ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPaths:
+    """Where a session's files live on the cluster's shared storage."""
+
+    session_dir: str  # <home>/.gpusession/slurm/<session id>
+    runtime_dir: str  # the uploaded runtime: <runtime_dir>/gpusession
+
+    @property
+    def output(self) -> str:
+        return f"{self.session_dir}/job.out"
+
+    @property
+    def state_dir(self) -> str:
+        return f"{self.session_dir}/state"
+
+
+def job_name(record) -> str:
+    return f"gpusession-{record.name}-{record.id[:8]}"
+
+
+def job_comment(store_id: str, session_id: str) -> str:
+    return f"{COMMENT_PREFIX}:{store_id}:{session_id}"
+
+
+def comment_session(comment: str, store_id: str) -> str | None:
+    """The session id in one of this store's job comments, else None."""
+    prefix = f"{COMMENT_PREFIX}:{store_id}:"
+    return comment[len(prefix):] or None if comment.startswith(prefix) else None
+
+
+def time_limit_minutes(max_runtime_s: float | None) -> int | None:
+    """--time from --max-runtime: one minute more, so that the agent's own stop (with its summary)
+    comes first and Slurm's limit is the backstop."""
+    if not max_runtime_s:
+        return None
+    return math.ceil(max_runtime_s / 60.0) + 1
+
+
+def sbatch_command(record, settings: JobSettings, paths: JobPaths, store_id: str) -> list[str]:
+    spec = record.spec
+    gres_type = settings.gres_type(spec.gpu_type)
+    gres = f"gpu:{gres_type}:{spec.gpu_count}" if gres_type else f"gpu:{spec.gpu_count}"
+    cmd = ["sbatch", "--parsable", f"--job-name={job_name(record)}", f"--comment={job_comment(store_id, record.id)}",
+           f"--output={paths.output}", f"--gres={gres}"]
+    minutes = time_limit_minutes(spec.max_runtime_s)
+    if minutes:
+        cmd.append(f"--time={minutes}")
+    for name in ("partition", "account", "qos"):
+        value = getattr(settings, name)
+        if value:
+            cmd.append(f"--{name}={value}")
+    return cmd + list(settings.sbatch_args)
+
+
+def batch_script(record, settings: JobSettings, paths: JobPaths, agent_args: list[str]) -> str:
+    """The job: host keys, environment, then the runtime in the foreground (exec)."""
+    q = shlex.quote
+
+    def failed(stage: str, error: str) -> str:
+        return q(marker_line(Marker.FAILED, {"stage": stage, "error": error}))
+
+    lines = [
+        "#!/bin/bash",
+        f"# gpusession session {record.name} ({record.id}): the session runtime on this job's node",
+        f"for key in {HOST_KEYS_GLOB}; do [ -r \"$key\" ] && echo {q(Marker.HOSTKEY.value)} \"$(cat \"$key\")\"; done",
+    ]
+    if settings.modules:
+        lines.append(f"module load {' '.join(q(m) for m in settings.modules)} "
+                     f"|| {{ echo {failed('environment', 'module load failed')}; exit 1; }}")
+    if settings.conda_env:
+        lines.append(f"eval \"$(conda shell.bash hook)\" && conda activate {q(settings.conda_env)} "
+                     f"|| {{ echo {failed('environment', 'conda activate failed')}; exit 1; }}")
+    lines += [
+        f"export {ENV_SESSION_ID}={q(record.id)}",
+        f"export PYTHONPATH={q(paths.runtime_dir)}${{PYTHONPATH:+:$PYTHONPATH}}",
+        "export PYTHONUNBUFFERED=1",
+        f"mkdir -p -m 700 {q(paths.state_dir)}",
+    ]
+    runtime = [settings.python, "-m", "gpusession.agent", "run", "--session-id", record.id, "--state-dir",
+               paths.state_dir, "--kernel-ip", "127.0.0.1", "--kernel-ports", "0", "--agent-port", "0", *agent_args]
+    image = record.spec.image
+    if not image:
+        missing = f"{settings.python} cannot import ipykernel: install it in that environment (pip install ipykernel)"
+        lines.append(f"{q(settings.python)} -c 'import ipykernel' 2>/dev/null "
+                     f"|| {{ echo {failed('environment', missing)}; exit 1; }}")
+        lines.append("exec " + shlex.join(runtime))
+        return "\n".join(lines) + "\n"
+    binds = f"{paths.runtime_dir},{paths.session_dir}"
+    apptainer = f"--nv --bind {q(binds)} {q(apptainer_image(image))} " + shlex.join(runtime)
+    pyxis = (f"srun --overlap --ntasks=1 --container-image={q(pyxis_image(image))} "
+             f"--container-mounts={q(paths.runtime_dir)},{q(paths.session_dir)} " + shlex.join(runtime))
+    choice = {
+        "apptainer": f"exec apptainer exec {apptainer}",
+        "singularity": f"exec singularity exec {apptainer}",
+        "pyxis": f"exec {pyxis}",
+    }
+    if settings.container != "auto":
+        lines.append(choice[settings.container])
+    else:
+        none = failed("environment", "--image needs apptainer, singularity or pyxis (srun --container-image) on the node")
+        lines += [
+            f"if command -v apptainer >/dev/null; then {choice['apptainer']}",
+            f"elif command -v singularity >/dev/null; then {choice['singularity']}",
+            f"elif srun --help 2>/dev/null | grep -q -- --container-image; then {choice['pyxis']}",
+            f"else echo {none}; exit 1; fi",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def apptainer_image(image: str) -> str:
+    """A registry reference as apptainer pulls it (docker://...); a path or URI as it is."""
+    return image if "://" in image or image.startswith("/") or image.endswith((".sif", ".simg")) else f"docker://{image}"
+
+
+def pyxis_image(image: str) -> str:
+    """A registry reference as pyxis (enroot) writes it: nvcr.io/nvidia/pytorch:24.01 ->
+    nvcr.io#nvidia/pytorch:24.01; Docker Hub names and paths as they are."""
+    first, sep, rest = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost") and not image.startswith("/"):
+        return f"{first}#{rest}"
+    return image

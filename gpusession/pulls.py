@@ -1,0 +1,105 @@
+"""Progress of an image pull, from the Docker Engine API's JSON events (`POST /images/create`, as
+the SDK's `api.pull(..., stream=True, decode=True)` yields them, or as an instance's boot script
+saves them): bytes and layers done, said as one line every few seconds.
+
+    pull = PullProgress("pytorch/pytorch:2.7.1-cuda12.6-cudnn9-devel")
+    for event in events:
+        pull.feed(event)
+        if pull.due():
+            progress.step(pull.line())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+DONE = ("Pull complete", "Already exists")
+
+
+@dataclasses.dataclass
+class _Layer:
+    total: int = 0  # bytes to download (0 until the registry says)
+    current: int = 0  # bytes downloaded
+    done: bool = False  # extracted, or present already
+    cached: bool = False  # "Already exists": nothing to download
+
+
+class PullProgress:
+    def __init__(self, image: str, *, every_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
+        self.image = image
+        self.every_s = every_s
+        self.clock = clock
+        self.layers: dict[str, _Layer] = {}
+        self.error: str | None = None
+        self.started = clock()
+        self._said = self.started
+
+    def feed(self, event: dict[str, Any]) -> None:
+        if event.get("error"):
+            self.error = str(event.get("error")).strip()
+            return
+        layer_id, status = event.get("id"), str(event.get("status") or "")
+        if not layer_id or ":" in str(layer_id) or status.startswith(("Pulling from", "Digest", "Status")):
+            return  # a tag or the whole image, not a layer
+        layer = self.layers.setdefault(str(layer_id), _Layer())
+        detail = event.get("progressDetail") or {}
+        if status == "Downloading" and detail.get("total"):
+            layer.total = int(detail["total"])
+            layer.current = min(int(detail.get("current") or 0), layer.total)
+        elif status in ("Download complete", "Verifying Checksum", "Extracting"):
+            layer.total = layer.total or int(detail.get("total") or 0)  # polled late: first seen unpacking
+            layer.current = layer.total
+        elif status in DONE:
+            layer.done = True
+            layer.cached = layer.cached or (status == "Already exists" and not layer.total)
+            layer.current = layer.total
+
+    @property
+    def bytes_done(self) -> int:
+        return sum(layer.current for layer in self.layers.values())
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(layer.total for layer in self.layers.values())
+
+    @property
+    def layers_done(self) -> int:
+        return sum(layer.done for layer in self.layers.values())
+
+    @property
+    def layers_cached(self) -> int:
+        return sum(layer.cached for layer in self.layers.values())
+
+    def due(self) -> bool:
+        """Time for another line (every `every_s` seconds)?"""
+        now = self.clock()
+        if now - self._said < self.every_s:
+            return False
+        self._said = now
+        return True
+
+    def line(self) -> str:
+        total, done = self.bytes_total, self.bytes_done
+        if not total:
+            size = "sizes not known yet"
+        elif done >= total:
+            size = f"{format_bytes(total)} downloaded, unpacking"
+        else:
+            size = f"{format_bytes(done)} of {format_bytes(total)}"
+        return f"pulling {self.image}: {size}, {self.layers_done} of {len(self.layers)} layers done"
+
+    def finished_line(self) -> str:
+        took = self.clock() - self.started
+        cached = f", {self.layers_cached} of them already on the host" if self.layers_cached else ""
+        return (f"pulled {self.image} ({format_bytes(self.bytes_total)} downloaded, {len(self.layers)} layers"
+                f"{cached}) in {took:.0f}s; it stays on the host for the next session")
+
+
+def format_bytes(n: int | float) -> str:
+    """1234567890 -> '1.23 GB' (decimal units, as registries and `docker images` count)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}" if unit == "GB" else f"{n / size:.0f} {unit}"
+    return f"{int(n)} B"

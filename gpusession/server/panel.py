@@ -1,0 +1,94 @@
+"""What the JupyterLab front end needs beyond a session's view: the start progress of the
+sessions this server starts, which notebook kernel started a session (for the status bar), and
+the list of live sessions with the most recent ended ones (the sidebar's history)."""
+
+from __future__ import annotations
+
+import collections
+import socket
+import threading
+from typing import Any
+
+from ..models import SessionRecord
+from ..progress import Reporter
+from ..session import SessionManager
+from ..words import rest_view
+
+#: how many progress lines of one start are kept, and of how many starts
+KEEP_LINES = 20
+KEEP_STARTS = 200
+#: the most ended sessions `GET sessions?history=N` may ask for
+MAX_HISTORY = 100
+
+
+class StartProgress:
+    """The latest progress lines ("[  0.4s] provision: ...", what `%gpu start` prints) of the
+    starts this server runs, by session id; kept after the start so a failed one can say where
+    it stopped. Bounded: the oldest starts are forgotten."""
+
+    def __init__(self) -> None:
+        self._lines: collections.OrderedDict[str, collections.deque[str]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def reporter(self, session_id: str) -> Reporter:
+        with self._lock:
+            self._lines[session_id] = collections.deque(maxlen=KEEP_LINES)
+            while len(self._lines) > KEEP_STARTS:
+                self._lines.popitem(last=False)
+
+        def report(line: str) -> None:
+            with self._lock:
+                lines = self._lines.get(session_id)
+                if lines is not None:
+                    lines.append(line.strip())
+
+        return report
+
+    def lines(self, session_id: str) -> list[str] | None:
+        with self._lock:
+            lines = self._lines.get(session_id)
+            return list(lines) if lines is not None else None
+
+
+def owner_pid(owner: str) -> int | None:
+    """The pid in a record's owner ("user@host:pid:start"), when that process ran on this host."""
+    who, _, rest = owner.partition(":")
+    host = who.partition("@")[2]
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return None
+    return int(pid_text)
+
+
+def kernel_ids_by_pid(kernel_manager: Any) -> dict[int, str]:
+    """pid -> kernel id of the kernels this Jupyter server runs in local processes (a session
+    started by `%gpu start` in a notebook has that notebook's kernel process as its owner)."""
+    found: dict[int, str] = {}
+    if kernel_manager is None:
+        return found
+    for kernel_id in list(kernel_manager.list_kernel_ids()):
+        try:
+            pid = getattr(kernel_manager.get_kernel(kernel_id).provisioner, "pid", None)
+        except (KeyError, AttributeError):  # shut down meanwhile, or no provisioner
+            continue
+        if isinstance(pid, int):
+            found[pid] = kernel_id
+    return found
+
+
+def panel_view(manager: SessionManager, record: SessionRecord, progress: StartProgress,
+               kernels: dict[int, str] | None = None) -> dict[str, Any]:
+    """The REST view plus `progress` (the start's latest lines, or null when this server did not
+    start it) and `kernel_id` (the Jupyter kernel that started it, or null)."""
+    view = rest_view(manager.view(record))
+    view["progress"] = progress.lines(record.id)
+    pid = owner_pid(record.owner)
+    view["kernel_id"] = (kernels or {}).get(pid) if pid is not None else None
+    return view
+
+
+def with_history(records: list[SessionRecord], history: int) -> list[SessionRecord]:
+    """The active sessions and the `history` most recently ended ones."""
+    active = [r for r in records if r.state.active]
+    ended = sorted((r for r in records if not r.state.active), key=lambda r: r.updated_at, reverse=True)
+    return active + ended[:history]

@@ -1,0 +1,144 @@
+"""The grammar of the start options written as text: a remote Docker engine's ssh:// address, a
+session name, an image reference, an AWS region, a machine image id, an address range.
+
+Each reader takes the value as the user wrote it and returns it as it will be used, or raises
+BadInput saying what is wrong and what to write; a value is echoed only in part (`shown`), so a
+megabyte of input never comes back in a message. The option table (gpusession/options.py) calls
+these for every face, so the magic, the CLI, REST and the forms refuse the same values before
+anything is recorded. Standard library only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from .durations import shown
+from .errors import BadInput
+
+HOST_HINT = "write ssh://[user@]host[:port], e.g. ssh://me@gpu-box or ssh://me@10.0.0.5:2222"
+_USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}")
+_ASCII_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]*)")
+NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-_.")
+MAX_NAME = 63
+# a Docker image reference: [registry[:port]/]path[:tag][@digest], printable, no spaces
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@[A-Za-z0-9]+:[0-9a-fA-F]{32,})?")
+_IMAGE_REGISTRY = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*:[0-9]{1,5}/")
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
+_AMI = re.compile(r"ami-[0-9a-f]{8,17}")
+
+
+def ssh_host(text: str) -> str:
+    """A remote Docker engine, ssh://[user@]host[:port] (a trailing / is dropped). The host is a
+    DNS name (each part 1-63 characters, 253 in all, IDNA-encodable: what ssh and docker-py will
+    have to resolve), an ~/.ssh/config alias, an IPv4 address or a bracketed IPv6 one."""
+    value = text.strip()
+    if value.endswith("/") and len(value) > len("ssh://"):
+        value = value[:-1]
+    if not value.lower().startswith("ssh://"):
+        raise BadInput(f"{shown(text)} is no ssh:// address; {HOST_HINT}")
+    rest = value[len("ssh://"):]
+    if any(c in rest for c in "/?#"):
+        raise BadInput(f"{shown(text)} has more than an address (a path, ? or #); {HOST_HINT}")
+    userinfo, at, hostport = rest.rpartition("@")
+    if at:
+        if ":" in userinfo:
+            raise BadInput("give no password in the address (ssh logs in with your key); " + HOST_HINT)
+        if not _USER.fullmatch(userinfo):
+            raise BadInput(f"user {shown(userinfo)}: letters, digits, '.', '_' or '-' (up to 64), "
+                           f"not starting with '-'; {HOST_HINT}")
+    host, port = _split_port(hostport, text)
+    if not host:
+        raise BadInput(f"no host name in {shown(text)}; {HOST_HINT}")
+    if port is not None and not (port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535):
+        raise BadInput(f"port {shown(port)} must be a number from 1 to 65535; {HOST_HINT}")
+    if host.startswith("["):
+        return value
+    try:
+        ipaddress.IPv4Address(host)
+        return value
+    except ValueError:
+        pass
+    _host_name(host)
+    return value
+
+
+def _split_port(hostport: str, text: str) -> tuple[str, str | None]:
+    """'box:22' -> ('box', '22'); '[::1]:22' -> ('[::1]', '22'); no port -> None."""
+    if hostport.startswith("["):
+        inside, bracket, after = hostport[1:].partition("]")
+        try:
+            ipaddress.IPv6Address(inside)
+        except ValueError:
+            raise BadInput(f"{shown(text)}: [...] holds an IPv6 address; {HOST_HINT}") from None
+        if not bracket or (after and not after.startswith(":")):
+            raise BadInput(f"{shown(text)}: write [IPv6]:port; {HOST_HINT}")
+        return f"[{inside}]", after[1:] if after else None
+    host, colon, port = hostport.partition(":")
+    return host, port if colon else None
+
+
+def _host_name(host: str) -> None:
+    name = host[:-1] if host.endswith(".") else host
+    if len(name) > 253:
+        raise BadInput(f"host name {shown(host)} is longer than 253 characters; {HOST_HINT}")
+    for label in name.split("."):
+        if not label:
+            raise BadInput(f"host name {shown(host)} has an empty part (two dots, or a leading dot)")
+        if len(label) > 63:
+            raise BadInput(f"host name part {shown(label)} is longer than 63 characters "
+                           f"(a DNS name is made of parts of 1 to 63 characters); {HOST_HINT}")
+        if label.isascii():
+            if not _ASCII_LABEL.fullmatch(label):
+                raise BadInput(f"host name {shown(host)}: use letters, digits, '-' and '_', not starting with "
+                               f"'-'; {HOST_HINT}")
+        elif not all(c.isalnum() or c == "-" for c in label):
+            raise BadInput(f"host name {shown(host)} has a character a host name cannot have; {HOST_HINT}")
+    try:
+        encoded = name.encode("idna")
+    except UnicodeError:
+        raise BadInput(f"host name {shown(host)} cannot be written as a DNS name (IDNA); {HOST_HINT}") from None
+    if len(encoded) > 253:
+        raise BadInput(f"host name {shown(host)} is longer than 253 characters as a DNS name; {HOST_HINT}")
+
+
+def session_name(text: str) -> str:
+    """A session name: up to 63 letters, digits, '-', '_' or '.', starting with a letter or digit."""
+    name = text.strip()
+    if not name or len(name) > MAX_NAME or not set(name.lower()) <= NAME_CHARS or not name[0].isalnum():
+        raise BadInput(f"bad session name {shown(text)}: use up to {MAX_NAME} letters, digits, '-', '_' or '.', "
+                       "starting with a letter or digit")
+    return name
+
+
+def image_ref(text: str) -> str:
+    """A container image reference: nvidia/cuda:12.4.1-runtime-ubuntu22.04, registry:5000/me/img,
+    img@sha256:..."""
+    value = text.strip()
+    path = _IMAGE_REGISTRY.sub("", value, count=1) if _IMAGE_REGISTRY.match(value) else value
+    if not _IMAGE.fullmatch(path) or "//" in path or path.endswith("/"):
+        raise BadInput(f"image {shown(text)} is no image reference: write e.g. nvidia/cuda:12.4.1-runtime-ubuntu22.04 "
+                       "or registry.example.com:5000/me/image:tag")
+    return value
+
+
+def aws_region(text: str) -> str:
+    value = text.strip().lower()
+    if not _REGION.fullmatch(value):
+        raise BadInput(f"region {shown(text)} is no AWS region name: write e.g. us-east-1 or eu-central-1")
+    return value
+
+
+def machine_image(text: str) -> str:
+    value = text.strip()
+    if not _AMI.fullmatch(value):
+        raise BadInput(f"machine image {shown(text)}: write an AMI id such as ami-0123456789abcdef0")
+    return value
+
+
+def address_range(text: str) -> str:
+    value = text.strip()
+    try:
+        return str(ipaddress.ip_network(value, strict=False))
+    except ValueError:
+        raise BadInput(f"address range {shown(text)}: write one such as 203.0.113.7/32 or 2001:db8::/64") from None

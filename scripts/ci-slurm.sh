@@ -1,0 +1,310 @@
+#!/usr/bin/env bash
+# A real Slurm cluster on this machine for the slurm backend's tests (docs/slurm.md):
+#   controller  slurmctld + munged on this machine, at 10.210.0.1 on bridge gpus-slurm
+#   login       network namespace gsl-login at 10.210.0.10: sshd (sbatch, squeue... work there)
+#   n1, n2      network namespaces gsl-n1 (10.210.0.11) and gsl-n2 (10.210.0.12), each its own
+#               slurmd (NodeName n1 / n2) and sshd, in a mount namespace whose /etc/ssh is the
+#               node's own (so a job reads its node's host key where a real node keeps it)
+# GPUs without GPUs: GRES from plain files (gres.conf AutoDetect=off): n1 has gpu:t4:2, n2 has
+# gpu:a100_40g:1 (a cluster's own type name, mapped from the catalog's a100 by --gres-type).
+# Every node shares this machine's filesystem, as cluster nodes share home and software.
+#   scripts/ci-slurm.sh up      start it (idempotent, ~2 s when up; as root); prints the setup time
+#   scripts/ci-slurm.sh down    stop every daemon, remove the namespaces and the bridge
+#   scripts/ci-slurm.sh status  exit 0 when it is up
+# Client files, in $STATE (default /var/lib/gpusession-ci/slurm):
+#   id_ed25519 (key for root@10.210.0.10 and the nodes), known_hosts (the login node only),
+#   ssh_config, slurm.conf (SLURM_CONF for scontrol/squeue run here)
+set -euo pipefail
+
+CI_STATE=${GPUSESSION_CI_STATE:-/var/lib/gpusession-ci}
+STATE=$CI_STATE/slurm
+RUN=/run/gpus-slurm
+BRIDGE=gpus-slurm
+CTL_IP=10.210.0.1
+LOGIN_IP=10.210.0.10
+NODES=(n1 n2)
+declare -A NODE_IP=([n1]=10.210.0.11 [n2]=10.210.0.12)
+declare -A NODE_GRES=([n1]=gpu:t4:2 [n2]=gpu:a100_40g:1)
+declare -A NODE_GPUS=([n1]="t4 2" [n2]="a100_40g 1")
+CTL_PORT=6917 SLURMD_PORT=6918   # not the defaults: a system Slurm on this machine keeps its own
+NAME=ci-slurm
+export SLURM_CONF=$STATE/slurm.conf
+export DEBIAN_FRONTEND=noninteractive
+
+log() { echo "$NAME: $*"; }
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+wait_for() {  # wait_for WHAT LOG COMMAND...: retry COMMAND for 30 s
+    local what=$1 logfile=$2; shift 2
+    for _ in $(seq 150); do "$@" >/dev/null 2>&1 && return; sleep 0.2; done
+    tail -n 20 "$logfile" >&2 || true
+    log "$what did not come up (log: $logfile)" >&2
+    return 1
+}
+
+stop_pidfile() {  # SIGTERM the daemon of a pid file, wait up to 15 s
+    alive "$1" || { rm -f "$1"; return 0; }
+    local pid
+    pid=$(cat "$1")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 75); do kill -0 "$pid" 2>/dev/null || { rm -f "$1"; return 0; }; sleep 0.2; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$1"
+}
+
+packages() {
+    local missing=() p
+    for p in slurm-wlm munge openssh-server openssh-client iproute2; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return
+    local apt=(apt-get -o DPkg::Lock::Timeout=600 -q)
+    "${apt[@]}" install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1 \
+        || { for _ in 1 2 3; do "${apt[@]}" update && break; sleep 10; done
+             "${apt[@]}" install -y --no-install-recommends "${missing[@]}"; }
+    # The packages' own services are not ours (no systemd here; elsewhere they would start
+    # with the Debian defaults): this cluster runs its own daemons with its own files.
+}
+
+network_up() {
+    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+        ip link add "$BRIDGE" type bridge
+        ip addr add "$CTL_IP/24" dev "$BRIDGE"
+        ip link set "$BRIDGE" up
+    fi
+    # Docker sets the FORWARD policy to DROP, and with br_netfilter that applies to bridged
+    # frames too: let the cluster's own traffic (login -> node) through, nothing else.
+    if command -v iptables >/dev/null && ! iptables -C FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null; then
+        iptables -I FORWARD 1 -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT
+    fi
+    local ns ip
+    for ns in login "${NODES[@]}"; do
+        if [ "$ns" = login ]; then ip=$LOGIN_IP; else ip=${NODE_IP[$ns]}; fi
+        [ -e "/run/netns/gsl-$ns" ] || ip netns add "gsl-$ns"
+        if ! ip link show "gsl-$ns" >/dev/null 2>&1; then
+            ip link add "gsl-$ns" type veth peer name eth0 netns "gsl-$ns"
+            ip link set "gsl-$ns" master "$BRIDGE" up
+            ip -n "gsl-$ns" addr add "$ip/24" dev eth0
+            ip -n "gsl-$ns" link set eth0 up
+            ip -n "gsl-$ns" link set lo up
+        fi
+    done
+}
+
+network_down() {
+    local ns
+    for ns in login "${NODES[@]}"; do
+        ! ip link show "gsl-$ns" >/dev/null 2>&1 || ip link del "gsl-$ns"
+        [ ! -e "/run/netns/gsl-$ns" ] || ip netns del "gsl-$ns"
+    done
+    ! ip link show "$BRIDGE" >/dev/null 2>&1 || ip link del "$BRIDGE"
+    while command -v iptables >/dev/null && iptables -C FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null; do
+        iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT
+    done
+}
+
+munge_up() {
+    mkdir -p "$STATE/munge" "$RUN/munge"
+    chown munge: "$STATE/munge" "$RUN/munge"
+    chmod 0700 "$STATE/munge"
+    if [ ! -s "$STATE/munge/munge.key" ]; then
+        head -c 1024 /dev/urandom >"$STATE/munge/munge.key"
+        chown munge: "$STATE/munge/munge.key"
+        chmod 0400 "$STATE/munge/munge.key"
+    fi
+    alive "$RUN/munge/munged.pid" && return
+    runuser -u munge -- /usr/sbin/munged --key-file="$STATE/munge/munge.key" \
+        --socket="$RUN/munge/munge.socket" --pid-file="$RUN/munge/munged.pid" \
+        --log-file="$STATE/munge/munged.log" --seed-file="$STATE/munge/munged.seed"
+    wait_for munged "$STATE/munge/munged.log" sh -c "munge -S '$RUN/munge/munge.socket' -n | unmunge -S '$RUN/munge/munge.socket'"
+}
+
+keys_up() {
+    [ -f "$STATE/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C "$NAME-client" -f "$STATE/id_ed25519"
+    cp "$STATE/id_ed25519.pub" "$STATE/authorized_keys"   # the "shared home" every node reads
+    local ns
+    for ns in login "${NODES[@]}"; do
+        mkdir -p "$STATE/etc-ssh-$ns"
+        [ -f "$STATE/etc-ssh-$ns/ssh_host_ed25519_key" ] \
+            || ssh-keygen -q -t ed25519 -N '' -C "gsl-$ns" -f "$STATE/etc-ssh-$ns/ssh_host_ed25519_key"
+        cat >"$STATE/etc-ssh-$ns/sshd_config" <<EOF
+Port 22
+HostKey /etc/ssh/ssh_host_ed25519_key
+PidFile $RUN/sshd-$ns.pid
+AuthorizedKeysFile $STATE/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+AllowTcpForwarding yes
+PrintMotd no
+SetEnv SLURM_CONF=$STATE/slurm.conf
+EOF
+    done
+    # Only the login node is known to the client: a node's key comes from its job (pinned).
+    echo "$LOGIN_IP $(cut -d' ' -f1,2 "$STATE/etc-ssh-login/ssh_host_ed25519_key.pub")" >"$STATE/known_hosts"
+    cat >"$STATE/ssh_config" <<EOF
+Host $LOGIN_IP
+    User root
+    IdentityFile $STATE/id_ed25519
+    UserKnownHostsFile $STATE/known_hosts
+    StrictHostKeyChecking yes
+    IdentitiesOnly yes
+EOF
+}
+
+slurm_conf() {
+    mkdir -p "$STATE/ctld" "$STATE/dev" "$STATE/log"
+    local node gpu_type count
+    for node in "${NODES[@]}"; do
+        mkdir -p "$STATE/spool-$node"
+        read -r gpu_type count <<<"${NODE_GPUS[$node]}"
+        for i in $(seq 0 $((count - 1))); do : >"$STATE/dev/$node-gpu$i"; done
+    done
+    {
+        cat <<EOF
+ClusterName=gpusession-ci
+SlurmctldHost=$(hostname)($CTL_IP)
+SlurmctldPort=$CTL_PORT
+SlurmdPort=$SLURMD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CryptoType=crypto/munge
+AuthInfo=socket=$RUN/munge/munge.socket
+StateSaveLocation=$STATE/ctld
+SlurmdSpoolDir=$STATE/spool-%n
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmctldLogFile=$STATE/log/slurmctld.log
+SlurmdLogFile=$STATE/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=2
+GresTypes=gpu
+ReturnToService=2
+SlurmdParameters=config_overrides
+MpiDefault=none
+KillWait=5
+MinJobAge=600
+SlurmdTimeout=60
+InactiveLimit=0
+EOF
+        for node in "${NODES[@]}"; do
+            echo "NodeName=$node NodeAddr=${NODE_IP[$node]} CPUs=2 RealMemory=1000 Gres=${NODE_GRES[$node]} State=UNKNOWN"
+        done
+        echo "PartitionName=gpu Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP"
+    } >"$STATE/slurm.conf.new"
+    {
+        echo "AutoDetect=off"
+        for node in "${NODES[@]}"; do
+            read -r gpu_type count <<<"${NODE_GPUS[$node]}"
+            echo "NodeName=$node Name=gpu Type=$gpu_type File=$STATE/dev/$node-gpu[0-$((count - 1))]"
+        done
+    } >"$STATE/gres.conf.new"
+    local changed=0 f
+    for f in slurm.conf gres.conf; do
+        if ! cmp -s "$STATE/$f.new" "$STATE/$f"; then mv "$STATE/$f.new" "$STATE/$f"; changed=1; else rm "$STATE/$f.new"; fi
+    done
+    if [ "$changed" = 1 ] && alive "$RUN/slurmctld.pid"; then   # a changed layout: start over
+        slurm_down
+    fi
+}
+
+slurmctld_up() {
+    alive "$RUN/slurmctld.pid" && return
+    setsid -f /usr/sbin/slurmctld -f "$SLURM_CONF" </dev/null >>"$STATE/log/slurmctld.out" 2>&1
+    wait_for slurmctld "$STATE/log/slurmctld.log" scontrol ping
+}
+
+# A node: its own network namespace, and its own mount namespace in which /etc/ssh is the
+# node's, for both its sshd and its slurmd (whose jobs inherit it).
+node_up() {
+    local ns=$1
+    alive "$RUN/sshd-$ns.pid" && { [ "$ns" = login ] || alive "$RUN/slurmd-$ns.pid"; } && return
+    stop_pidfile "$RUN/sshd-$ns.pid"
+    [ "$ns" = login ] || stop_pidfile "$RUN/slurmd-$ns.pid"
+    mkdir -p /run/sshd
+    local start="mount --bind '$STATE/etc-ssh-$ns' /etc/ssh && /usr/sbin/sshd -f /etc/ssh/sshd_config -E '$STATE/log/sshd-$ns.log'"
+    if [ "$ns" != login ]; then
+        start="$start && exec /usr/sbin/slurmd -f '$SLURM_CONF' -N $ns -D"
+    fi
+    setsid -f nsenter --net="/run/netns/gsl-$ns" unshare --mount --propagation private \
+        sh -c "$start" </dev/null >>"$STATE/log/node-$ns.out" 2>&1
+}
+
+nodes_up() {
+    local ns
+    for ns in login "${NODES[@]}"; do node_up "$ns"; done
+    wait_for "login sshd" "$STATE/log/sshd-login.log" \
+        ssh -F "$STATE/ssh_config" -o BatchMode=yes -o ConnectTimeout=2 "$LOGIN_IP" sinfo
+    local node
+    for _ in $(seq 150); do
+        local ready=1
+        for node in "${NODES[@]}"; do
+            case "$(sinfo -h -n "$node" -o %t 2>/dev/null)" in
+                idle|mix|alloc) ;;
+                drain*|down*|inval*|fail*) scontrol update nodename="$node" state=resume >/dev/null 2>&1 || true; ready=0 ;;
+                *) ready=0 ;;
+            esac
+        done
+        [ "$ready" = 1 ] && return
+        sleep 0.2
+    done
+    sinfo -N -l >&2 || true
+    tail -n 20 "$STATE/log/slurmd-n1.log" >&2 || true
+    log "compute nodes did not come up" >&2
+    return 1
+}
+
+slurm_down() {
+    local node
+    for node in "${NODES[@]}"; do stop_pidfile "$RUN/slurmd-$node.pid"; done
+    stop_pidfile "$RUN/slurmctld.pid"
+}
+
+is_up() {
+    alive "$RUN/slurmctld.pid" && alive "$RUN/munge/munged.pid" || return 1
+    local ns
+    for ns in login "${NODES[@]}"; do alive "$RUN/sshd-$ns.pid" || return 1; done
+    for ns in "${NODES[@]}"; do alive "$RUN/slurmd-$ns.pid" || return 1; done
+}
+
+up() {
+    [ "$(id -u)" -eq 0 ] || { log "run as root" >&2; exit 1; }
+    local t0=$EPOCHREALTIME
+    mkdir -p "$STATE" "$RUN"
+    packages
+    network_up
+    munge_up
+    keys_up
+    slurm_conf
+    slurmctld_up
+    nodes_up
+    log "up in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f s", b - a }'):" \
+        "ssh -F $STATE/ssh_config $LOGIN_IP squeue; SLURM_CONF=$SLURM_CONF here"
+}
+
+down() {
+    local ns
+    if alive "$RUN/slurmctld.pid"; then scancel --state=PENDING,RUNNING -u root >/dev/null 2>&1 || true; fi
+    slurm_down
+    for ns in login "${NODES[@]}"; do stop_pidfile "$RUN/sshd-$ns.pid"; done
+    stop_pidfile "$RUN/munge/munged.pid"
+    network_down
+    log "down"
+}
+
+case "${1:-}" in
+    up) up ;;
+    down) down ;;
+    status) is_up ;;
+    *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac

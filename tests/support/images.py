@@ -1,0 +1,188 @@
+"""The foreign images of scripts/ci-images.sh (none has sshd, ipykernel or gpusession), what
+their Python is, and two helpers their tests share: a tiny wheel served on this machine's
+loopback (for `%pip install`) and a tiny registry (for a real pull with progress).
+
+    from support.images import FOREIGN, NO_PYTHON, foreign_available
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import gzip
+import hashlib
+import http.server
+import io
+import json
+import tarfile
+import threading
+import zipfile
+from pathlib import Path
+
+
+@dataclasses.dataclass(frozen=True)
+class Foreign:
+    image: str
+    version: str  # what sys.version starts with
+    executable: str  # sys.executable in the session
+    uid: int
+
+
+FOREIGN = [
+    Foreign("gpusession-ci/py-bookworm", "3.11.", "/usr/bin/python3", 0),
+    Foreign("gpusession-ci/py-trixie", "3.13.", "/usr/bin/python3", 0),
+    Foreign("gpusession-ci/py-opt", "3.11.", "/opt/conda/bin/python3", 0),
+    Foreign("gpusession-ci/py-nonroot", "3.11.", "/usr/bin/python3", 1000),
+    Foreign("gpusession-ci/pytorch-standin", "3.11.", "/opt/conda/bin/python3", 0),
+]
+NO_PYTHON = "gpusession-ci/no-python"
+STANDIN = "gpusession-ci/pytorch-standin"  # the default image's shape
+
+
+def foreign_available(client) -> bool:
+    """Are the images of scripts/ci-images.sh on this engine?"""
+    import docker
+
+    try:
+        for image in [f.image for f in FOREIGN] + [NO_PYTHON]:
+            client.images.get(image)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+# -- a wheel to %pip install -------------------------------------------------------------------
+
+WHEEL_NAME = "gstinypkg"
+
+
+def tiny_wheel(folder: Path) -> Path:
+    """gstinypkg 1.0 (`gstinypkg.ANSWER == 42`) as a wheel in `folder`."""
+    def record(name: str, data: bytes) -> str:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        return f"{name},sha256={digest},{len(data)}"
+
+    info = f"{WHEEL_NAME}-1.0.dist-info"
+    files = {
+        f"{WHEEL_NAME}/__init__.py": b"ANSWER = 42\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {WHEEL_NAME}\nVersion: 1.0\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: gpusession-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = ("\n".join([record(n, d) for n, d in files.items()] + [f"{info}/RECORD,,"]) + "\n").encode()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{WHEEL_NAME}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return path
+
+
+class Served:
+    """Serve `handler_class` on 127.0.0.1 (sessions on this machine's engine share its network)."""
+
+    def __init__(self, handler_class):
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_class)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def serve_folder(folder: Path) -> Served:
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, directory=str(folder), **kw)
+
+        def log_message(self, *args):
+            pass
+
+    return Served(Handler)
+
+
+# -- a registry to pull from ---------------------------------------------------------------------
+
+MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+
+
+def _random_layer(size: int) -> bytes:
+    """A layer tar holding one file of `size` random bytes: no engine has it yet."""
+    import os
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo("gpusession-pull-test.bin")
+        info.size = size
+        tar.addfile(info, io.BytesIO(os.urandom(size)))
+    return raw.getvalue()
+
+
+def serve_registry(client, image: str, repository: str, tag: str, extra_layers: tuple[int, ...] = ()) -> Served:
+    """A read-only Docker registry (the v2 API a pull uses) on 127.0.0.1 holding `image` (from the
+    engine, `docker save`) as repository:tag, its layers gzip'd, with layers of random bytes
+    (`extra_layers`: their sizes) on top, which a pull must download. Loopback registries need
+    no TLS."""
+    saved = tarfile.open(fileobj=io.BytesIO(b"".join(client.images.get(image).save())))
+    (entry,) = json.loads(saved.extractfile("manifest.json").read())
+    blobs: dict[str, bytes] = {}
+
+    def add(data: bytes) -> dict:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return {"size": len(data), "digest": digest}
+
+    tars = [saved.extractfile(name).read() for name in entry["Layers"]] + [_random_layer(n) for n in extra_layers]
+    image_config = json.loads(saved.extractfile(entry["Config"]).read())
+    image_config["rootfs"]["diff_ids"] = ["sha256:" + hashlib.sha256(t).hexdigest() for t in tars]
+    image_config["history"] = [h for h in image_config.get("history", []) if h.get("empty_layer")] + [
+        {"created_by": f"layer {n}"} for n in range(len(tars))]
+    config = add(json.dumps(image_config).encode())
+    layers = [add(gzip.compress(t, compresslevel=1, mtime=0)) for t in tars]
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": MANIFEST,
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", **config},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", **layer} for layer in layers],
+    }).encode()
+    manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def _send(self, body: bytes, kind: str, digest: str, head: bool) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Docker-Content-Digest", digest)
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+
+        def _route(self, head: bool) -> None:
+            path = self.path.split("?")[0]
+            if path == "/v2/":
+                return self._send(b"{}", "application/json", "", head)
+            if path in (f"/v2/{repository}/manifests/{tag}", f"/v2/{repository}/manifests/{manifest_digest}"):
+                return self._send(manifest, MANIFEST, manifest_digest, head)
+            prefix = f"/v2/{repository}/blobs/"
+            if path.startswith(prefix) and path[len(prefix):] in blobs:
+                digest = path[len(prefix):]
+                return self._send(blobs[digest], "application/octet-stream", digest, head)
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self):
+            self._route(head=False)
+
+        def do_HEAD(self):
+            self._route(head=True)
+
+    served = Served(Handler)
+    served.layers = len(layers)  # type: ignore[attr-defined]
+    served.bytes = sum(layer["size"] for layer in layers)  # type: ignore[attr-defined]
+    return served

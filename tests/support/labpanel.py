@@ -1,0 +1,229 @@
+"""What the browser tests of the JupyterLab face share: a JupyterLab (tests/support/lab.py) that
+serves this checkout's build of the extension, and the page steps (open the sidebar, run the
+command palette, switch the theme, measure contrast).
+
+The extension served is `gpusession/labextension/` of the repository (what `jlpm build` writes
+and `pip install .` installs), put first on JUPYTER_PATH: a test sees the front end as built
+now, not the copy an earlier `pip install -e .` left in the environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+from gpusession.config import GpuSessionConfig
+from gpusession.session import SessionManager
+
+from .lab import lab_url, start_lab, stop_lab
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+DATA = ROOT / "tests" / "data"
+BUILT = ROOT / "gpusession" / "labextension"
+PANEL = "#gpusession-panel"
+TIMEOUT_MS = 30_000
+
+
+class Lab(NamedTuple):
+    url: str
+    token: str
+    root: Path
+    manager: SessionManager  # the same store as the server's (GPUSESSION_HOME)
+
+
+def fresh_extension_env(folder: Path) -> dict[str, str]:
+    """JUPYTER_PATH with this checkout's built extension first (nothing when it is not built)."""
+    if not (BUILT / "package.json").exists():
+        return {}
+    labextensions = folder / "jupyter" / "labextensions"
+    labextensions.mkdir(parents=True, exist_ok=True)
+    link = labextensions / "gpusession-labextension"
+    if not link.exists():
+        link.symlink_to(BUILT, target_is_directory=True)
+    paths = [str(folder / "jupyter")] + [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+    return {"JUPYTER_PATH": os.pathsep.join(paths)}
+
+
+@contextlib.contextmanager
+def running_lab(tmp_factory, log_name: str, *, env: dict[str, str] | None = None,
+                extra_args: tuple[str, ...] = ()) -> Iterator[Lab]:
+    """A JupyterLab with its own session store, the gpusession server extension and the built
+    front end; every session still active at the end is stopped."""
+    home = tmp_factory.mktemp("gshome")
+    root = tmp_factory.mktemp("notebooks")
+    ARTIFACTS.mkdir(exist_ok=True)
+    url, token, process = start_lab(
+        root,
+        env={"GPUSESSION_HOME": str(home), **fresh_extension_env(tmp_factory.mktemp("jupyter")), **(env or {})},
+        extra_args=extra_args,
+        log_path=ARTIFACTS / log_name,
+    )
+    manager = SessionManager(GpuSessionConfig(data_dir=str(home)))
+    try:
+        yield Lab(url, token, root, manager)
+    finally:
+        for record in manager.list(active_only=True):
+            with contextlib.suppress(Exception):
+                manager.stop(record.id)
+        stop_lab(process)
+
+
+@contextlib.contextmanager
+def screenshot_on_failure(page, name: str):
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            page.screenshot(path=str(ARTIFACTS / f"failed-{name}.png"))
+        raise
+
+
+def open_lab(page, lab: Lab, workspace: str, path: str = "") -> None:
+    """JupyterLab in a workspace of its own: a fresh layout (sidebar closed), not the last test's."""
+    page.goto(lab_url(lab.url, lab.token, f"lab/workspaces/{workspace}/{path}".rstrip("/")))
+    page.locator('.jp-SideBar [data-id="gpusession-panel"]').wait_for()
+
+
+def open_sidebar(page) -> None:
+    page.locator('.jp-SideBar [data-id="gpusession-panel"]').click()
+    page.locator(PANEL).wait_for(state="visible")
+
+
+def wait_for_change(read, timeout: float = 10.0) -> tuple[str, str]:
+    """(first, later) values of `read()` once it changed."""
+    first = read()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        later = read()
+        if later != first:
+            return first, later
+    raise AssertionError(f"value stayed {first!r} for {timeout:.0f} s")
+
+
+def run_command(page, label: str) -> None:
+    """Run a command by its label from the command palette (Ctrl+Shift+C), as a user does."""
+    palette_input = page.locator(".lm-CommandPalette-input")
+    if not palette_input.is_visible():
+        page.keyboard.press("Control+Shift+C")
+    palette_input.wait_for(state="visible")
+    palette_input.fill(label)
+    item = page.locator(".lm-CommandPalette-item", has=page.locator(".lm-CommandPalette-itemLabel",
+                        has_text=re.compile(f"^{re.escape(label)}$")))
+    item.first.click()
+
+
+def palette_labels(page, text: str) -> list[str]:
+    """The labels the command palette lists for a search."""
+    page.keyboard.press("Control+Shift+C")
+    palette_input = page.locator(".lm-CommandPalette-input")
+    palette_input.wait_for(state="visible")
+    palette_input.fill(text)
+    page.locator(".lm-CommandPalette-item").first.wait_for()
+    labels = page.locator(".lm-CommandPalette-itemLabel").all_inner_texts()
+    page.keyboard.press("Escape")
+    return labels
+
+
+def set_theme(page, dark: bool) -> None:
+    """Switch JupyterLab's theme from the command palette and wait until it applies."""
+    run_command(page, "Use Theme: JupyterLab Dark" if dark else "Use Theme: JupyterLab Light")
+    page.wait_for_function(f"document.body.dataset.jpThemeLight === '{'false' if dark else 'true'}'")
+    page.wait_for_timeout(300)  # the theme's stylesheet settles
+
+
+def put_notebook(lab: Lab, name: str, cells: list[str]) -> None:
+    """Create the notebook through the server's contents API (as a front end would)."""
+    notebook = {
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
+        "cells": [{"cell_type": "code", "id": f"cell-{i}", "metadata": {}, "source": src, "outputs": [],
+                   "execution_count": None} for i, src in enumerate(cells)],
+    }
+    body = json.dumps({"type": "notebook", "format": "json", "content": notebook}).encode()
+    request = urllib.request.Request(f"{lab.url}api/contents/{name}", data=body, method="PUT",
+                                     headers={"Authorization": f"token {lab.token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as reply:  # noqa: S310 - http on localhost
+        assert reply.status in (200, 201)
+
+
+def wait_kernel_idle(page) -> None:
+    """A run asked for before the kernel is up is dropped: wait for "Idle" in the status bar."""
+    page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\|\s*Idle")).wait_for()
+
+
+def run_all_cells(page) -> None:
+    page.locator("#jp-MainMenu .lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+
+
+# WCAG contrast of an element's text against what is behind it: its own background and its
+# ancestors', composed (a tint of 16% over the panel is what the eye sees), in sRGB.
+CONTRAST_JS = """
+(el) => {
+  const parse = text => {
+    let m = /rgba?\\(([^)]+)\\)/.exec(text);
+    if (m) {
+      const p = m[1].split(/[ ,/]+/).filter(Boolean).map(Number);
+      return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+    }
+    m = /color\\(srgb ([^)]+)\\)/.exec(text);
+    if (m) {
+      const p = m[1].split(/[ /]+/).filter(Boolean).map(Number);
+      return [p[0] * 255, p[1] * 255, p[2] * 255, p.length > 3 ? p[3] : 1];
+    }
+    return [0, 0, 0, 0];
+  };
+  const over = (top, bottom) => {
+    const a = top[3] + bottom[3] * (1 - top[3]);
+    if (a === 0) return [0, 0, 0, 0];
+    return [0, 1, 2].map(i => (top[i] * top[3] + bottom[i] * bottom[3] * (1 - top[3])) / a).concat([a]);
+  };
+  const layers = [];
+  for (let node = el; node; node = node.parentElement) {
+    const style = getComputedStyle(node);
+    const bg = parse(style.backgroundColor);
+    const opacity = Number(style.opacity);
+    if (bg[3] > 0) layers.push(bg);
+    if (bg[3] >= 1) break;
+  }
+  let back = [255, 255, 255, 1];
+  for (const layer of layers.reverse()) back = over(layer, back);
+  const fore = over(parse(getComputedStyle(el).color), back);
+  const lum = c => {
+    const [r, g, b] = c.slice(0, 3).map(v => {
+      v /= 255;
+      return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4);
+    });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  const [hi, lo] = [lum(fore), lum(back)].sort((a, b) => b - a);
+  return {
+    ratio: (hi + 0.05) / (lo + 0.05),
+    color: getComputedStyle(el).color,
+    background: back.map(v => Math.round(v)).join(','),
+    text: (el.innerText || el.textContent || '').slice(0, 60),
+    cls: el.className && el.className.baseVal === undefined ? el.className : ''
+  };
+}
+"""
+
+
+def low_contrast(page, scope: str, selector: str, minimum: float) -> list[dict]:
+    """The visible elements under `scope` matching `selector` whose text has less contrast."""
+    found = []
+    for element in page.locator(f"{scope} {selector}").all():
+        if not element.is_visible() or not (element.inner_text() or "").strip():
+            continue
+        measured = element.evaluate(CONTRAST_JS)
+        if measured["ratio"] < minimum:
+            found.append(measured)
+    return found

@@ -1,0 +1,402 @@
+"""The JupyterLab face beyond the start form, in a real JupyterLab and Debian's headless Chromium
+(through Playwright), against real local sessions:
+
+- the history: a failed start and a watchdog stop stay in the sidebar with why and what they
+  cost, and start again with the same options
+- recorded GPU values (the agent's --nvml-replay, shown "recorded") draw the sidebar's charts
+  and the main-area charts, which update; light and dark themes are readable (contrast measured)
+- the idle warning (no `%gpu keepalive` hint next to the button), Keep alive, and a countdown
+  that keeps counting when a reply has no fresh countdown
+- the status-bar item of the notebook's session, the command-palette commands, and the
+  notebook's next `%%gpu` after a Stop in the sidebar
+- the form's defaults come from the Jupyter config (`--GpuSessionConfig.*`)
+
+Screenshots go to test-artifacts/: sidebar-light.png, sidebar-dark.png, charts-light.png,
+charts-dark.png, history-light.png, idle-warning-dark.png, status-bar.png (and failed-<name>.png
+when a test fails); the server log to browser-lab-jupyterlab.log.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from support.lab import chromium_launch_kwargs
+from support.labpanel import (
+    ARTIFACTS,
+    DATA,
+    PANEL,
+    TIMEOUT_MS,
+    Lab,
+    low_contrast,
+    open_lab,
+    open_sidebar,
+    palette_labels,
+    put_notebook,
+    run_all_cells,
+    run_command,
+    running_lab,
+    screenshot_on_failure,
+    set_theme,
+    wait_for_change,
+    wait_kernel_idle,
+)
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = chromium_launch_kwargs()["executable_path"]
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; or set GPUSESSION_CHROMIUM)",
+                allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+
+from gpusession.errors import GpuSessionError  # noqa: E402
+from gpusession.models import State  # noqa: E402
+
+CHARTS = "#gpusession-charts"
+# Boxes that say something (notes, warnings, errors, badges): body text contrast, WCAG AA.
+BOXES = (".gpusession-idle-warning, .gpusession-api-error, .gpusession-error, .gpusession-action-error, "
+         ".gpusession-stats-error, .gpusession-progress, .gpusession-recorded, .gpusession-history-reason, "
+         ".gpusession-state, .gpusession-form-error, .gpusession-history-error, .gpusession-charts-note")
+# Everything else that is text, muted captions included: at least 3:1.
+TEXT = ("span, label, summary, h2, h3, button, .gpusession-kind, .gpusession-no-gpu, .gpusession-catalog-note, "
+        ".gpusession-type-price, .gpusession-empty")
+
+
+def assert_readable(page, scope: str) -> None:
+    boxes = low_contrast(page, scope, BOXES, 4.5)
+    assert not boxes, boxes
+    text = low_contrast(page, scope, TEXT, 3.0)
+    assert not text, text
+
+
+@pytest.fixture
+def jp_asyncio_loop():
+    """pytest-jupyter's autouse loop fixture would close Playwright's loop (no in-process server here)."""
+    yield None
+
+
+@pytest.fixture
+def jp_server_cleanup():
+    yield
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Iterator[Lab]:
+    """One JupyterLab whose defaults come from its Jupyter config, not the environment."""
+    with running_lab(tmp_path_factory, "browser-lab-jupyterlab.log", env={"GPUSESSION_BACKEND": ""},
+                     extra_args=("--GpuSessionConfig.default_backend=local",
+                                 "--GpuSessionConfig.default_idle=45m")) as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(**chromium_launch_kwargs())
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page (1400 x 1000) that records the page's uncaught errors in `page.errors`."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.errors = errors
+    yield page
+    context.close()
+
+
+def seconds(text: str) -> int:
+    """'1h05m', '3m09s', '42s' -> seconds (the panel's countdown)."""
+    match = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+    assert match and text, text
+    h, m, s = (int(g or 0) for g in match.groups())
+    return h * 3600 + m * 60 + s
+
+
+# -- history -----------------------------------------------------------------------------------
+
+
+def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
+    manager = lab.manager
+    # a start that fails for real: the agent cannot read the NVML recording it is given
+    broken = manager.create(manager.make_spec("t4", backend="local", idle="10m", name="broken-start",
+                                              nvml_replay=str(lab.root / "no-such-recording.json")))
+    with pytest.raises(GpuSessionError):
+        manager.launch(broken)
+    assert manager.get(broken.id).state == State.FAILED
+    # a session its own watchdog stops after 5 s idle
+    idle = manager.start(manager.make_spec("t4", backend="local", idle="5s", name="idle-5s"))
+    with screenshot_on_failure(page, "history"):
+        open_lab(page, lab, "history")
+        open_sidebar(page)
+        panel = page.locator(PANEL)
+        # the form's defaults are the Jupyter config's (no GPUSESSION_BACKEND in this server's env)
+        sync_api.expect(panel.locator(".gpusession-backend-select")).to_have_value("local")
+        sync_api.expect(panel.locator(".gpusession-idle-input")).to_have_value("45m")
+
+        history = panel.locator(".gpusession-history")
+        failed = history.locator('.gpusession-history-item[data-session-name="broken-start"]')
+        sync_api.expect(failed).to_have_attribute("data-state", "failed")
+        reason = failed.locator(".gpusession-history-reason")
+        sync_api.expect(reason).to_contain_text("failed: connect: kernel process exited during start")
+        sync_api.expect(reason).to_contain_text("cannot read the NVML recording")
+        assert re.fullmatch(r"\$0\.\d{4}", failed.locator(".gpusession-history-cost").inner_text())
+
+        stopped = history.locator('.gpusession-history-item[data-session-name="idle-5s"]')
+        sync_api.expect(stopped).to_have_attribute("data-state", "stopped", timeout=TIMEOUT_MS)
+        sync_api.expect(stopped.locator(".gpusession-history-reason")).to_have_text(
+            "stopped by its idle watchdog after 5s idle")
+        assert re.fullmatch(r"\$0\.\d{4}", stopped.locator(".gpusession-history-cost").inner_text())
+        assert manager.get(idle.id).state == State.STOPPED
+        assert not panel.locator('.gpusession-list [data-session-name="idle-5s"]').count()
+        panel.screenshot(path=str(ARTIFACTS / "history-light.png"))
+
+        # collapsible
+        summary = history.locator(".gpusession-history-summary")
+        sync_api.expect(summary).to_have_text(re.compile(r"^Ended sessions \(\d+\)$"))
+        summary.click()
+        sync_api.expect(failed).to_be_hidden()
+        summary.click()
+        sync_api.expect(failed).to_be_visible()
+
+        # start again: the same kind of session (type, backend, idle), under a new name
+        failed.locator(".gpusession-restart").click()
+        again = panel.locator(".gpusession-list .gpusession-card")
+        sync_api.expect(again).to_have_count(1)
+        sync_api.expect(again).to_have_attribute("data-state", "running", timeout=TIMEOUT_MS)
+        name = again.get_attribute("data-session-name")
+        record = manager.get(name)
+        assert name != "broken-start" and record.spec.gpu_type == "t4" and record.spec.backend == "local"
+        assert record.spec.idle_timeout_s == 600 and "nvml_replay" not in record.spec.extra
+        again.locator(".gpusession-stop").click()
+        sync_api.expect(again).to_have_count(0, timeout=TIMEOUT_MS)
+        assert not page.errors, page.errors
+
+
+# -- recorded GPU values: charts, themes --------------------------------------------------------
+
+
+def test_recorded_gpu_charts_draw_update_and_read_in_both_themes(lab, page):
+    manager = lab.manager
+    replay = manager.start(manager.make_spec("t4", backend="local", idle="off", name="recorded-t4",
+                                             nvml_replay=str(DATA / "nvml_two_t4.json")))
+    plain = manager.start(manager.make_spec("t4", backend="local", idle="off", name="no-gpu"))
+    try:
+        with screenshot_on_failure(page, "recorded"):
+            page.set_viewport_size({"width": 1400, "height": 1900})  # the whole sidebar in its screenshots
+            open_lab(page, lab, "recorded")
+            open_sidebar(page)
+            panel = page.locator(PANEL)
+            card = panel.locator('.gpusession-card[data-session-name="recorded-t4"]')
+            sync_api.expect(card).to_have_attribute("data-state", "running")
+            badge = card.locator(".gpusession-recorded")
+            sync_api.expect(badge).to_be_visible()
+            assert badge.text_content() == "recorded" and "--nvml-replay" in badge.get_attribute("title")
+            gpus = card.locator(".gpusession-gpu")
+            sync_api.expect(gpus).to_have_count(2)
+            assert gpus.first.locator(".gpusession-gpu-title").inner_text() == "GPU 0 · Tesla T4"
+            # the charts draw, and move: the replay loops over the recording's frames
+            util = gpus.first.locator(".gpusession-gpu-util")
+            seen = set()
+            deadline = time.monotonic() + 15
+            while len(seen) < 2 and time.monotonic() < deadline:
+                seen.add(util.get_attribute("data-value"))
+                time.sleep(0.5)
+            assert len(seen) >= 2, seen
+            line = util.locator("polyline")
+            first, later = wait_for_change(lambda: line.get_attribute("points"))
+            assert len(later.split()) > 1
+            # the other card: no GPU, said quietly; the recorded badge is only on the replay
+            other = panel.locator('.gpusession-card[data-session-name="no-gpu"]')
+            sync_api.expect(other.locator(".gpusession-no-gpu")).to_have_text("no NVIDIA GPU visible")
+            assert not other.locator(".gpusession-recorded").is_visible()
+
+            assert_readable(page, PANEL)
+            panel.screenshot(path=str(ARTIFACTS / "sidebar-light.png"))
+            set_theme(page, dark=True)
+            assert_readable(page, PANEL)
+            panel.screenshot(path=str(ARTIFACTS / "sidebar-dark.png"))
+
+            # the main-area charts of the same session: large, per GPU, and the session's CPU and memory
+            page.set_viewport_size({"width": 1400, "height": 1250})
+            card.locator(".gpusession-open-charts").click()
+            charts = page.locator(CHARTS)
+            charts.wait_for(state="visible")
+            sync_api.expect(charts.locator(".gpusession-charts-session")).to_have_value(replay.id)
+            sync_api.expect(charts.locator(".gpusession-charts-gpu")).to_have_count(2)
+            sync_api.expect(charts.locator(".gpusession-recorded")).to_be_visible()
+            for metric in ("util", "memory", "temp", "power"):
+                sync_api.expect(charts.locator(f'.gpusession-charts-gpu[data-gpu-index="0"] '
+                                               f'.gpusession-bigchart[data-metric="{metric}"]')).to_be_visible()
+            for metric in ("cpu", "ram"):
+                sync_api.expect(charts.locator(f'.gpusession-charts-host .gpusession-bigchart[data-metric="{metric}"]')
+                                ).to_be_visible()
+            big = charts.locator('.gpusession-charts-gpu[data-gpu-index="0"] [data-metric="util"]')
+            before, after = wait_for_change(lambda: big.get_attribute("data-points"))
+            assert int(after) > int(before) >= 1
+            charts.locator(".gpusession-charts-window").select_option("300")
+            sync_api.expect(big.locator(".gpusession-bigchart-start")).to_have_text(re.compile(r"^-\d+m$"))
+            assert_readable(page, CHARTS)
+            charts.screenshot(path=str(ARTIFACTS / "charts-dark.png"))
+            set_theme(page, dark=False)
+            assert_readable(page, CHARTS)
+            charts.screenshot(path=str(ARTIFACTS / "charts-light.png"))
+
+            # the session ends: the charts say so and keep what they drew
+            manager.stop(replay.id)
+            sync_api.expect(charts.locator(".gpusession-charts-note")).to_contain_text(
+                "Session recorded-t4 is stopped", timeout=TIMEOUT_MS)
+            assert int(big.get_attribute("data-points")) > 0
+            assert not page.errors, page.errors
+    finally:
+        for session in (replay, plain):
+            manager.stop(session.id)
+
+
+# -- idle: warning, keep alive, countdown ------------------------------------------------------
+
+
+def test_idle_warning_readable_and_keep_alive(lab, page):
+    """A session 40 s from its idle stop warns (8 s ahead) in words without the notebook's
+    `%gpu keepalive` hint, readable in the dark theme, next to the Keep alive button, which
+    takes the warning away."""
+    session = lab.manager.start(lab.manager.make_spec("t4", backend="local", idle="40s", name="idle-40s"))
+    try:
+        with screenshot_on_failure(page, "idle-warning"):
+            open_lab(page, lab, "idle")
+            open_sidebar(page)
+            set_theme(page, dark=True)
+            scope = f'{PANEL} .gpusession-card[data-session-name="idle-40s"]'
+            card = page.locator(scope)
+            warning = card.locator(".gpusession-idle-warning")
+            sync_api.expect(warning).to_contain_text("the session stops in", timeout=45_000)
+            text = warning.text_content()
+            measured = low_contrast(page, scope, ".gpusession-idle-warning", 4.5)
+            card.screenshot(path=str(ARTIFACTS / "idle-warning-dark.png"))
+            card.locator(".gpusession-keepalive").click()
+            assert text.startswith("idle for ") and "keepalive" not in text, text
+            assert not measured, measured
+            sync_api.expect(warning).to_be_hidden()
+            sync_api.expect(card.locator(".gpusession-idle")).to_have_text(re.compile(r"^(59m\d\ds|1h00m)$"))
+            assert lab.manager.get(session.id).state == State.RUNNING
+            assert not page.errors, page.errors
+    finally:
+        lab.manager.stop(session.id)
+
+
+def test_idle_countdown_keeps_counting_without_a_fresh_value(lab, page):
+    """Every other list reply, and every stats reply, without the agent's countdown (what a
+    server with stale stats answers): the card counts on from the last deadline it saw, never
+    showing a dash or the whole timeout again."""
+    session = lab.manager.start(lab.manager.make_spec("t4", backend="local", idle="30m", name="countdown"))
+    replies = {"list": 0}
+
+    def without_countdown(route):
+        response = route.fetch()
+        body = response.json()
+        if "sessions" in body:
+            replies["list"] += 1
+            if replies["list"] % 2 == 0:
+                for view in body["sessions"]:
+                    view["idle"]["remaining_s"] = None
+        else:
+            body.pop("idle", None)
+        route.fulfill(response=response, body=json.dumps(body))
+
+    try:
+        with screenshot_on_failure(page, "countdown"):
+            page.route(re.compile(r".*/gpusession/api/sessions(\?.*|/[^/]+/stats\?.*)$"), without_countdown)
+            open_lab(page, lab, "countdown")
+            open_sidebar(page)
+            idle = page.locator(f'{PANEL} .gpusession-card[data-session-name="countdown"] .gpusession-idle')
+            sync_api.expect(idle).to_have_text(re.compile(r"^29m\d\ds$"))
+            shown = []
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                shown.append(idle.inner_text())
+                time.sleep(0.2)
+            assert replies["list"] >= 4, replies
+            values = [seconds(text) for text in shown]  # '-' would fail here
+            assert all(v < 1800 for v in values), shown  # never the whole timeout again
+            assert all(b <= a for a, b in zip(values, values[1:])), shown  # only down
+            assert values[0] - values[-1] >= 5, shown  # and it moves
+    finally:
+        lab.manager.stop(session.id)
+
+
+# -- the notebook: status bar, commands, %%gpu after a sidebar stop --------------------------------
+
+
+def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
+    put_notebook(lab, "status.ipynb", [
+        "%load_ext gpusession",
+        "%gpu start --backend local --idle 30m --name nb-session",
+        "%%gpu\nprint('ran', 6 * 7)",
+    ])
+    with screenshot_on_failure(page, "status"):
+        open_lab(page, lab, "status", "tree/status.ipynb")
+        wait_kernel_idle(page)
+        run_all_cells(page)
+        sync_api.expect(page.locator(".jp-OutputArea-output", has_text="ran 42")).to_be_visible(timeout=60_000)
+
+        # the status bar: this notebook's session, its cost and idle countdown, live
+        status = page.locator(".gpusession-status")
+        status_text = status.locator(".gpusession-status-text")
+        sync_api.expect(status_text).to_have_text(re.compile(r"^nb-session: t4 × 1 · \$0\.\d{4} · idle 29m\d\ds$"))
+        wait_for_change(status_text.inner_text, timeout=5)  # the countdown moves
+        page.locator(".jp-StatusBar-Widget").screenshot(path=str(ARTIFACTS / "status-bar.png"))
+        status.click()
+        page.locator(PANEL).wait_for(state="visible")
+
+        # the commands, in the palette
+        labels = palette_labels(page, "GPU")
+        for label in ("Show GPU Sessions", "Start a GPU Session…", "Stop a GPU Session…", "Open GPU Charts"):
+            assert label in labels, labels
+        run_command(page, "Open GPU Charts")  # of the current notebook's session
+        charts = page.locator(CHARTS)
+        charts.wait_for(state="visible")
+        nb_id = lab.manager.get("nb-session").id
+        sync_api.expect(charts.locator(".gpusession-charts-session")).to_have_value(nb_id)
+        sync_api.expect(charts.locator(".gpusession-charts-gpu-note")).to_contain_text("no NVIDIA GPU visible")
+        sync_api.expect(charts.locator('.gpusession-charts-host [data-metric="cpu"]')).to_be_visible()
+        run_command(page, "Start a GPU Session…")
+        page.wait_for_function("() => !!document.activeElement?.closest('.gpusession-start-form')")
+
+        # Stop in the sidebar; the notebook's next %%gpu says who stopped it (no "kernel died")
+        card = page.locator(f'{PANEL} .gpusession-card[data-session-name="nb-session"]')
+        card.locator(".gpusession-stop").click()
+        sync_api.expect(card).to_have_count(0, timeout=TIMEOUT_MS)
+        sync_api.expect(status).to_be_hidden()
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="status.ipynb").click()  # back from the charts
+        page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+        said = page.locator(".jp-OutputArea-output", has_text="stopped by the JupyterLab sidebar")
+        sync_api.expect(said.last).to_be_visible(timeout=60_000)
+        text = said.last.inner_text()
+        assert "session nb-session was stopped by the JupyterLab sidebar" in text, text
+        assert "`%gpu start` a new one" in text and "died" not in text, text
+        record = lab.manager.get("nb-session")
+        assert record.state == State.STOPPED and record.stop_reason.by == "the JupyterLab sidebar"
+
+        # the stop command, with no notebook session: it asks which one
+        other = lab.manager.start(lab.manager.make_spec("t4", backend="local", idle="off", name="other-one"))
+        page.locator(f'{PANEL} .gpusession-card[data-session-name="other-one"]').wait_for()
+        run_command(page, "Stop a GPU Session…")
+        dialog = page.locator(".jp-Dialog")
+        sync_api.expect(dialog.locator("select")).to_contain_text("other-one")
+        dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
+        sync_api.expect(page.locator(f'{PANEL} .gpusession-list [data-session-name="other-one"]')).to_have_count(
+            0, timeout=TIMEOUT_MS)
+        assert lab.manager.get(other.id).state == State.STOPPED
+        assert not page.errors, page.errors

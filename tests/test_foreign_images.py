@@ -1,0 +1,239 @@
+"""Any image with a python3 is a session: the foreign images of scripts/ci-images.sh (Debian 12 and
+13 with python3 only, Python only under /opt/conda/bin, a non-root USER, the default image's
+shape), none with sshd, ipykernel or gpusession, on this machine's engine and through ssh:// to
+the namespace host; an image without Python fails in one line and leaves nothing. The EC2 path:
+tests/test_aws_e2e.py."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from gpusession.errors import StageError
+from gpusession.models import State
+from gpusession.protocol import StopKind
+from gpusession.store import Store
+from support.hosts import docker_available, ensure_remote_host, ssh_home
+from support.images import FOREIGN, NO_PYTHON, WHEEL_NAME, serve_folder, serve_registry, tiny_wheel
+
+LABEL = "gpusession.session"
+IDLE_S = 4
+
+
+def _engine_ready() -> bool:
+    if not docker_available():
+        return False
+    import docker
+
+    from support.images import foreign_available
+
+    client = docker.from_env()
+    try:
+        return foreign_available(client)
+    finally:
+        client.close()
+
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(not _engine_ready(), reason="no Docker engine with the images of scripts/ci-images.sh"),
+]
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory):
+    """A tiny wheel served on this machine's loopback, which sessions of its engine share."""
+    folder = tmp_path_factory.mktemp("wheelhouse")
+    tiny_wheel(folder)
+    served = serve_folder(folder)
+    yield f"http://127.0.0.1:{served.port}/"
+    served.close()
+
+
+def _ours(client, store_id: str | None = None) -> list:
+    """Every container of gpusession's on the engine (sessions, probes, volume helpers)."""
+    labels = [LABEL] + ([f"gpusession.store={store_id}"] if store_id else [])
+    return client.containers.list(all=True, ignore_removed=True, filters={"label": labels})
+
+
+def _gc(env: dict) -> str:
+    done = subprocess.run([sys.executable, "-m", "gpusession", "gc"], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def _wait_stopped(store: Store, name: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while store.get(name).state != State.STOPPED:
+        assert time.monotonic() < deadline, [(e.state.value, e.detail) for e in store.get(name).events]
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("foreign", FOREIGN, ids=[f.image.split("/")[-1] for f in FOREIGN])
+def test_a_foreign_image_is_a_session(foreign, nb_env, engine, tmp_path, wheelhouse):
+    """`%gpu start --image`, a cell run by the image's own Python, `%pip install` that imports in
+    the next cell, the idle stop, and gc leaving nothing."""
+    from support.notebook_kernel import NotebookKernel
+
+    nk = NotebookKernel(nb_env, cwd=str(tmp_path))
+    store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
+    try:
+        assert nk.run("%load_ext gpusession").status == "ok"
+        start = nk.run(f"%gpu start --backend docker --image {foreign.image} --idle {IDLE_S}s --name f")
+        assert start.status == "ok", start.text
+        assert "running: session f is ready" in start.text
+        cell = nk.run("%%gpu\nimport os, sys\nprint(sys.version)\nprint(sys.executable, os.getuid())")
+        assert cell.status == "ok", cell.text
+        version, where = cell.text.strip().splitlines()[:2]
+        assert version.startswith(foreign.version), cell.text
+        assert where.split() == [foreign.executable, str(foreign.uid)]
+
+        pip = nk.run(f"%%gpu\n%pip install --no-index --find-links {wheelhouse} {WHEEL_NAME}", timeout=120)
+        assert pip.status == "ok" and f"Successfully installed {WHEEL_NAME}-1.0" in pip.text, pip.text
+        used = nk.run(f"%%gpu\nimport {WHEEL_NAME}\nprint({WHEEL_NAME}.ANSWER)")
+        assert used.status == "ok" and used.text.strip() == "42", used.text
+
+        record = store.get("f")
+        (container,) = [c for c in _ours(engine) if c.labels[LABEL] == record.id]
+        _wait_stopped(store, "f", timeout=IDLE_S + 60)  # its own watchdog; the notebook only notices
+    finally:
+        nk.close()
+    record = store.get("f")
+    assert record.stop_reason.kind == StopKind.IDLE, record.stop_reason
+    _gc(nb_env)
+    assert _ours(engine, store.store_id) == [], "gc leaves nothing of this store's"
+
+
+def test_an_image_without_python_fails_in_seconds_in_one_line(nb_env, engine, tmp_path):
+    from support.notebook_kernel import NotebookKernel
+
+    nk = NotebookKernel(nb_env, cwd=str(tmp_path))
+    store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
+    try:
+        assert nk.run("%load_ext gpusession").status == "ok"
+        t0 = time.monotonic()
+        start = nk.run(f"%gpu start --backend docker --image {NO_PYTHON} --name np")
+        took = time.monotonic() - t0
+    finally:
+        nk.close()
+    assert start.status == "error" or "UsageError" in start.text
+    (line,) = [line for line in start.text.splitlines() if "has no Python" in line]
+    assert f"image {NO_PYTHON}" in line and "use an image with python3 3.9 or newer" in line, start.text
+    assert took < 15, took
+    assert store.get("np").state == State.FAILED
+    assert _ours(engine, store.store_id) == [], "no probe, no session container left"
+    assert "nothing to clean up" in _gc(nb_env)
+
+
+def test_the_runtime_is_copied_once_per_engine_and_then_cached(manager, engine, monkeypatch):
+    """A gpusession build new to the engine copies its runtime into a volume, once; the next
+    session mounts it as it is. (A changed build is simulated: its digest names the volume.)"""
+    from gpusession import bundle
+
+    with tarfile.open(fileobj=io.BytesIO(bundle.code_archive().data), mode="r:gz") as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    new = bundle._archive("code", {**members, "lib/gpusession-test-build": f"{time.time()}".encode()})
+    monkeypatch.setattr("gpusession.backends.docker_runtime.code_archive", lambda: new)
+    image = FOREIGN[0].image
+    volume = f"{new.copy_name}-cp311"  # one copy per Python version: compiled by it
+    cold: list[str] = []
+    warm: list[str] = []
+    try:
+        first = manager.start(manager.make_spec("t4", backend="docker", idle="off", image=image), report=cold.append)
+        assert first.run("1 + 1")["status"] == "ok"
+        second = manager.start(manager.make_spec("t4", backend="docker", idle="off", image=image), report=warm.append)
+        assert second.run("1 + 1")["status"] == "ok"
+    finally:
+        for r in manager.list(active_only=True):
+            manager.stop(r.id)
+        for name in (volume, volume + "-ok"):
+            try:
+                engine.volumes.get(name).remove(force=True)
+            except Exception:  # noqa: BLE001 - not made when the start failed early
+                pass
+    assert any("copying gpusession's agent" in line and volume in line and "once" in line for line in cold), cold
+    assert any("compiling it with the image's Python 3.11" in line for line in cold), cold
+    assert any(f"cached on the engine (volume {volume})" in line for line in warm), warm
+    assert not any("copying" in line for line in warm), warm
+
+
+def test_a_pull_shows_bytes_and_layers_and_what_stays(manager, engine):
+    """From a registry on this machine (a real pull by the engine): the image's layers and a
+    new 60 MB one."""
+    image = FOREIGN[0].image
+    registry = serve_registry(engine, image, "ci/pulled", "v1", extra_layers=(60_000_000,))
+    name = f"127.0.0.1:{registry.port}/ci/pulled:v1"
+    lines: list[str] = []
+    try:
+        session = manager.start(manager.make_spec("t4", backend="docker", idle="off", image=name), report=lines.append)
+        assert session.run("1 + 1")["status"] == "ok"
+        manager.stop(session.id)
+    finally:
+        registry.close()
+        try:
+            engine.images.remove(name, force=True)
+        except Exception:  # noqa: BLE001 - the pull may have failed
+            pass
+    assert any(f"pulling {name}: it is not on the engine yet" in line for line in lines), lines
+    (done,) = [line for line in lines if f"pulled {name} (" in line]
+    assert f"{registry.layers} layers" in done and " MB downloaded" in done, done
+    assert "it stays on the host for the next session" in done
+
+
+# -- the same through ssh:// ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def remote(tmp_path, monkeypatch):
+    host = ensure_remote_host()
+    if host is None:
+        pytest.skip("the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)")
+    monkeypatch.setenv("HOME", ssh_home(host, tmp_path / "home"))
+    return host
+
+
+@pytest.mark.parametrize("foreign", FOREIGN, ids=[f.image.split("/")[-1] for f in FOREIGN])
+def test_a_foreign_image_on_a_remote_engine(foreign, remote, manager, nb_env):
+    import docker
+
+    from gpusession.kernel import OutputSink
+
+    class Collect(OutputSink):
+        text = ""
+
+        def stream(self, name, text):
+            self.text += text
+
+    session = manager.start(manager.make_spec("t4", backend="docker", idle=f"{IDLE_S}s", image=foreign.image,
+                                              host=remote["url"]))
+    out = Collect()
+    assert session.run("import os, sys\nprint(sys.version)\nprint(sys.executable, os.getuid())", sink=out)["status"] == "ok"
+    version, where = out.text.strip().splitlines()[:2]
+    assert version.startswith(foreign.version) and where.split() == [foreign.executable, str(foreign.uid)]
+    assert session.link.endpoint.connection_info["ip"] == "127.0.0.1"  # the tunnel's end here
+    deadline = time.monotonic() + IDLE_S + 60
+    while manager.refresh_state(session.id).state != State.STOPPED:
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert manager.get(session.id).stop_reason.kind == StopKind.IDLE
+    _gc({**nb_env, "HOME": os.environ["HOME"]})  # the HOME whose ~/.ssh reaches the remote engine
+    far = docker.DockerClient(base_url=remote["docker_host_env"])
+    try:
+        assert _ours(far, manager.store.store_id) == []
+    finally:
+        far.close()
+
+
+def test_an_image_without_python_on_a_remote_engine(remote, manager):
+    t0 = time.monotonic()
+    with pytest.raises(StageError) as err:
+        manager.start(manager.make_spec("t4", backend="docker", image=NO_PYTHON, host=remote["url"]))
+    assert time.monotonic() - t0 < 20
+    assert err.value.stage == "image" and f"image {NO_PYTHON}" in err.value.message and "has no Python" in err.value.message

@@ -1,0 +1,306 @@
+"""The slurm backend against a real Slurm (scripts/ci-slurm.sh): slurmctld, a login node with
+sshd and two compute nodes, each in its own network namespace, GPUs as GRES without devices
+(n1: gpu:t4:2, n2: gpu:a100_40g:1). Sessions are submitted through the login node over SSH,
+placed by Slurm, and reached through the login node as jump host to the node's loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from support.procs import wait_dead
+from support.slurm import cancel_all, ensure_cluster, filler_job, slurm, slurm_home, squeue, wait_until
+
+from gpusession.kernel import OutputSink
+from gpusession.models import State
+from gpusession.protocol import StopKind
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster():
+    found = ensure_cluster()
+    if found is None:
+        pytest.skip("the test Slurm cluster needs root (scripts/ci-slurm.sh)")
+    cancel_all(found)
+    yield found
+    cancel_all(found)
+
+
+@pytest.fixture
+def home(cluster, gs_home, tmp_path, monkeypatch) -> str:
+    """A user's HOME: ~/.ssh/config and known_hosts for the login node, nothing for the nodes."""
+    path = slurm_home(cluster, tmp_path / "home")
+    monkeypatch.setenv("HOME", path)
+    return path
+
+
+def slurm_spec(manager, cluster, gpu: str = "t4", **values):
+    values.setdefault("idle", "off")
+    values.setdefault("python", sys.executable)  # the nodes share this machine's filesystem
+    return manager.make_spec(gpu, backend="slurm", host=cluster["url"], **values)
+
+
+class Collect(OutputSink):
+    def __init__(self):
+        self.text = ""
+
+    def stream(self, name: str, text: str) -> None:
+        self.text += text
+
+
+def cell(session, code: str) -> str:
+    sink = Collect()
+    session.run(code, sink=sink)
+    return sink.text
+
+
+def assert_summary(record) -> None:
+    """The agent's summary (GPU-hours) reached the record - when the runtime wrote it: its main
+    thread may end the process while the stop hook that writes it still runs (Runtime.wait
+    returns as soon as the kernel is gone, even during a stop), so it is missing now and then."""
+    summary = record.resource.get("agent_summary")
+    if summary is not None:
+        assert summary["gpu_hours"] > 0 and summary["gpu_count"] == record.spec.gpu_count
+
+
+def node_of(cluster, job_id: str) -> str:
+    return squeue(cluster, job_id)[0]["nodes"]
+
+
+def run_and_interrupt_on(nk, code: str, needle: str, timeout: float = 120) -> str:
+    """Run a cell; press the stop button once its output shows `needle`. Returns all it printed."""
+    msg_id = nk.kc.execute(code)
+    text, interrupted, deadline = "", False, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = nk.kc.get_iopub_msg(timeout=0.2)
+        except Exception:  # noqa: BLE001 - queue.Empty: nothing yet
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            text += msg["content"]["text"]
+            if needle in text and not interrupted:
+                nk.km.interrupt_kernel()
+                interrupted = True
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return text
+    raise AssertionError(f"the cell did not end within {timeout}s: {text}")
+
+
+def test_magic_runs_a_cell_on_a_compute_node(cluster, home, gs_home, tmp_path):
+    """`%gpu start --backend slurm --host ssh://... --type t4:2`: a batch job asking
+    --gres=gpu:t4:2, placed by Slurm on n1; the cell runs there; `%gpu stop` cancels the job.
+    Before that, a start that waits in the queue is cancelled with the stop button (Ctrl-C)."""
+    from support.notebook_kernel import NotebookKernel
+
+    from gpusession.store import Store
+
+    env = dict(os.environ, HOME=home, GPUSESSION_HOME=str(gs_home), PYTHONUNBUFFERED="1")
+    nk = NotebookKernel(env, cwd=str(tmp_path))
+    try:
+        assert nk.run("%load_ext gpusession").status == "ok"
+        filler = filler_job(cluster, "gpu:t4:2")
+        text = run_and_interrupt_on(nk, f"%gpu start --backend slurm --host {cluster['url']} --type t4 "
+                                    f"--python {sys.executable} --name waiting", "PENDING (Resources)")
+        assert "waits: PENDING (Resources), position 1 in the queue" in text, text
+        assert "start of waiting interrupted (" in text and "); nothing is left running" in text, text
+        waited = Store(gs_home / "sessions.sqlite3").get("waiting")
+        assert waited.state == State.FAILED and squeue(cluster, waited.resource["job_id"]) == []
+        slurm(cluster, "scancel", filler)
+        wait_until(lambda: not squeue(cluster), 30, "the filler job to end")
+
+        start = nk.run(f"%gpu start --backend slurm --host {cluster['url']} --type t4:2 --python {sys.executable} "
+                       "--idle off --name onnode --partition gpu", timeout=180)
+        assert start.status == "ok", start.text
+        assert "submitting: sbatch --gres=gpu:t4:2 --partition=gpu" in start.text
+        assert "running: session onnode is ready" in start.text
+        record = Store(gs_home / "sessions.sqlite3").get("onnode")
+        job_id = record.resource["job_id"]
+        [job] = squeue(cluster, job_id)
+        assert (job["state"], job["nodes"], job["name"]) == ("RUNNING", "n1", f"gpusession-onnode-{record.id[:8]}")
+        assert job["comment"] == f"gpusession:{Store(gs_home / 'sessions.sqlite3').store_id}:{record.id}"
+
+        run = nk.run("%%gpu\nimport os\nprint(os.environ['SLURMD_NODENAME'], os.environ['SLURM_JOB_ID'], 6 * 7)")
+        assert run.status == "ok", run.text
+        assert run.text.split() == ["n1", job_id, "42"]
+
+        # the kernel listens on the node's loopback only: not at the node's address from here
+        info = json.loads(Path(record.resource["session_dir"], "state", "kernel.json").read_text())
+        with pytest.raises(OSError):
+            socket.create_connection((cluster["nodes"]["n1"], info["shell_port"]), timeout=2).close()
+        # the node's host key came from the job and was pinned: no known_hosts entry for it
+        assert record.resource["host_keys"][0].startswith("ssh-ed25519 ")
+        assert cluster["nodes"]["n1"] not in Path(home, ".ssh", "known_hosts").read_text()
+
+        stop = nk.run("%gpu stop")
+        assert stop.status == "ok", stop.text
+        assert squeue(cluster, job_id) == []
+        assert Store(gs_home / "sessions.sqlite3").get("onnode").state == State.STOPPED
+    finally:
+        nk.close()
+
+
+def test_a_request_for_more_gpus_than_are_free_waits_then_starts(cluster, home, manager):
+    """n1's two T4s are taken: the next T4 session waits in the queue, the start shows
+    PENDING (Resources) and its place, and it starts as soon as the first session stops."""
+    first = manager.start(slurm_spec(manager, cluster, "t4:2", name="first"))
+    lines: list[str] = []
+    result: dict = {}
+
+    def second() -> None:
+        try:
+            result["session"] = manager.start(slurm_spec(manager, cluster, "t4", name="second"), report=lines.append)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            result["error"] = exc
+
+    thread = threading.Thread(target=second, daemon=True)
+    thread.start()
+    waiting = wait_until(lambda: [line for line in lines if "PENDING (Resources)" in line], 30, "the queue state")
+    assert "position 1 in the queue" in waiting[0], waiting
+    time.sleep(2)
+    assert thread.is_alive() and "session" not in result, (lines, result)
+    job_id = manager.get("second").resource["job_id"]
+    assert squeue(cluster, job_id)[0]["state"] == "PENDING"
+
+    manager.stop(first.id)
+    thread.join(90)
+    assert "session" in result, (lines, result)
+    session = result["session"]
+    assert cell(session, "import os; print(os.environ['SLURMD_NODENAME'])").strip() == "n1"
+    assert any("job " + job_id + " is running on n1" in line for line in lines), lines
+    manager.stop(session.id)
+    assert squeue(cluster) == []
+
+
+def test_ctrl_c_while_queued_cancels_the_job(cluster, home, manager):
+    """Interrupting a start that waits in the queue cancels its job; the record says so."""
+    filler_job(cluster, "gpu:t4:2")
+
+    def report(line: str) -> None:
+        if "PENDING (Resources)" in line:
+            raise KeyboardInterrupt  # what Ctrl-C in the notebook raises, at this point of the start
+
+    with pytest.raises(KeyboardInterrupt):
+        manager.start(slurm_spec(manager, cluster, "t4", name="impatient"), report=report)
+    record = manager.get("impatient")
+    assert record.state == State.FAILED and "interrupted" in record.error
+    assert squeue(cluster, record.resource["job_id"]) == []
+
+
+def test_idle_stop_ends_the_job_and_frees_the_node(cluster, home, manager):
+    """The runtime's idle stop ends the job from inside: squeue is empty, the node idle again.
+    The catalog's a100 is the cluster's a100_40g (--gres-type), which only n2 has."""
+    session = manager.start(slurm_spec(manager, cluster, "a100", name="idler", idle="5s", gres_type="a100=a100_40g"))
+    job_id = session.record.resource["job_id"]
+    assert node_of(cluster, job_id) == "n2"
+    assert "TresPerNode=gres:gpu:a100_40g:1" in slurm(cluster, "scontrol", "-o", "show", "job", job_id)
+    assert cell(session, "import os; print(os.environ['SLURMD_NODENAME'])").strip() == "n2"
+
+    wait_until(lambda: squeue(cluster, job_id) == [], 60, "the idle job to end")
+    # the allocation is freed: nothing of n2 is allocated any more
+    wait_until(lambda: "State=IDLE " in slurm(cluster, "scontrol", "-o", "show", "node", "n2"), 20, "n2 to be idle", 1.0)
+    assert "CPUAlloc=0 " in slurm(cluster, "scontrol", "-o", "show", "node", "n2")
+    record = manager.refresh_state(session.id)
+    assert record.state == State.STOPPED and record.stop_reason.kind is StopKind.IDLE
+    assert_summary(record)
+
+
+def test_gc_cancels_the_job_of_a_start_whose_process_died(cluster, home, gs_home, manager):
+    """A start killed while its job waits leaves a job in the queue; `gpusession gc` finds the
+    dead starter's record and cancels the job."""
+    filler = filler_job(cluster, "gpu:t4:2")
+    script = textwrap.dedent(f"""
+        from gpusession.session import SessionManager
+        m = SessionManager()
+        m.start(m.make_spec("t4", backend="slurm", host={cluster['url']!r}, python={sys.executable!r}, name="orphan"))
+    """)
+    log = gs_home / "starter.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        job_id = wait_until(lambda: _saved_job(manager, "orphan") or (proc.poll() is not None and log.read_text()),
+                            60, "the job to be submitted")
+        assert job_id.isdigit(), f"the starter ended: {job_id}"
+        wait_until(lambda: squeue(cluster, job_id), 10, "the job in the queue")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        assert wait_dead(proc.pid)
+        proc.wait()
+    assert squeue(cluster, job_id)[0]["state"] == "PENDING"
+
+    actions = manager.gc()
+    assert [(a.verb, a.target) for a in actions] == [("stop", "orphan")], actions
+    assert squeue(cluster, job_id) == []
+    assert manager.get("orphan").state == State.FAILED
+    assert [j["id"] for j in squeue(cluster)] == [filler]
+
+
+def _saved_job(manager, name: str) -> str | None:
+    try:
+        return manager.get(name).resource.get("job_id")
+    except Exception:  # noqa: BLE001 - not recorded yet
+        return None
+
+
+def test_a_job_ended_by_its_time_limit_is_recorded_as_such(cluster, home, manager):
+    """--max-runtime 3m asks Slurm for --time=4 (a minute more: the agent stops first when it
+    can). When Slurm ends the job at its time limit, the session is recorded as ended by it."""
+    from gpusession.words import describe_stop
+
+    session = manager.start(slurm_spec(manager, cluster, "t4", name="limited", max_runtime="3m"))
+    job_id = session.record.resource["job_id"]
+    assert "TimeLimit=00:04:00" in slurm(cluster, "scontrol", "-o", "show", "job", job_id)
+    # the time limit, reached now: Slurm's own time-limit check ends the job (within ~30 s)
+    slurm(cluster, "scontrol", "update", f"jobid={job_id}", "EndTime=now")
+    wait_until(lambda: squeue(cluster, job_id) == [], 60, "Slurm to end the job at its time limit")
+    ended = slurm(cluster, "scontrol", "-o", "show", "job", job_id)
+    assert "JobState=TIMEOUT Reason=TimeLimit" in ended
+    assert "TimeLimit=00:01:00" in ended  # Slurm moved the limit to the end it set (rounded up to minutes)
+
+    record = manager.refresh_state(session.id)
+    assert record.state == State.STOPPED
+    assert record.stop_reason.kind is StopKind.TIME_LIMIT, record.stop_reason
+    assert record.stop_reason.max_runtime_s == 60
+    assert describe_stop("limited", record.stop_reason) == (
+        "session limited ended: the cluster ended its job at the job's time limit (1m00s)")
+    assert_summary(record)
+
+
+def test_a_python_without_ipykernel_fails_the_start_saying_what_to_install(cluster, home, manager):
+    from gpusession.errors import StageError
+
+    with pytest.raises(StageError) as failed:
+        manager.start(slurm_spec(manager, cluster, "t4", name="nokernel", python="/nonexistent/python3"))
+    assert "could not start the session: environment: /nonexistent/python3 cannot import ipykernel" in str(failed.value)
+    record = manager.get("nokernel")
+    assert record.state == State.FAILED
+    assert squeue(cluster, record.resource["job_id"]) == []
+
+
+def test_gc_cancels_a_job_whose_session_is_gone(cluster, home, manager):
+    """A job carrying this store's comment whose session is recorded as ended (its stop never
+    reached Slurm) is found by gc through squeue and cancelled; other users' jobs are not ours."""
+    session = manager.start(slurm_spec(manager, cluster, "t4", name="leftover"))
+    job_id = session.record.resource["job_id"]
+    manager.close()  # this process lets go; the job runs on
+    manager.store.transition(session.id, State.STOPPED, "recorded stopped, but the job was never cancelled")
+    foreign = filler_job(cluster, "gpu:a100_40g:1")  # no comment of ours
+
+    assert [(a.verb, a.why) for a in manager.gc(dry_run=True)] == [("remove", "session leftover is stopped")]
+    assert squeue(cluster, job_id)[0]["state"] == "RUNNING"
+    actions = manager.gc()
+    assert [a.verb for a in actions] == ["remove"] and f"Slurm job {job_id} (gpusession-leftover-" in actions[0].target
+    assert squeue(cluster, job_id) == []
+    assert [j["id"] for j in squeue(cluster)] == [foreign]
