@@ -163,3 +163,15 @@ def test_a_quoted_name_loses_its_quotes(notebook):
     listing = notebook.run("%gpu list").text
     assert "quoted-name" in listing and '"quoted-name"' not in listing, listing
     notebook.run("%gpu stop")
+
+
+def test_ctrl_c_during_start_is_one_line_and_leaves_nothing(notebook, nb_env):
+    r = notebook.run("%gpu start --idle off --name cut-short", interrupt_after=0.15, timeout=60)
+    assert r.status == "error", r.text
+    assert r.error["ename"] == "UsageError", r.error
+    assert "start of cut-short interrupted" in r.error["evalue"] and "nothing is left running" in r.error["evalue"]
+    assert len(r.error.get("traceback") or []) <= 2, r.error["traceback"]  # one line, not a traceback
+    rec = _store(nb_env).get("cut-short")
+    assert rec.state.value == "failed" and "interrupted" in (rec.error or "")
+    assert notebook.run("%gpu start --idle off --name cut-short").status == "ok", "the name must be free again"
+    notebook.run("%gpu stop")
