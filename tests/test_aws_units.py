@@ -196,3 +196,32 @@ def test_the_console_keeps_the_agents_last_words():
         ec2 = Ec2()
 
     assert console_details(Aws(), "i-1") == StopDetails(reason=reason, summary={"cost": 0.1})
+
+
+def test_the_client_follows_the_boot_from_access_sh_status():
+    """What `access.sh status` prints (markers, the pull's latest JSON line per layer) becomes
+    progress lines, the image's Python, and a failure in the boot's own words."""
+    import json as json_
+
+    from gpusession.backends.aws.link import BootWatch
+    from gpusession.errors import StageError
+
+    said: list[str] = []
+    watch = BootWatch("pytorch/pytorch:x", said.append)
+    watch.pull.every_s = 0
+    status = "\n".join([
+        "GPUSESSION_BOOT starting pytorch/pytorch:x", "GPUSESSION_BOOT pulling pytorch/pytorch:x",
+        json_.dumps({"status": "Downloading", "id": "a", "progressDetail": {"current": 5e8, "total": 2e9}}),
+        json_.dumps({"status": "Pull complete", "id": "b"}),
+    ])
+    watch.read(status)
+    watch.read(status)  # polled again: nothing said twice
+    assert said == ["instance: starting pytorch/pytorch:x", "instance: pulling pytorch/pytorch:x",
+                    "pulling pytorch/pytorch:x: 500 MB of 2.00 GB, 1 of 2 layers done",
+                    "pulling pytorch/pytorch:x: 500 MB of 2.00 GB, 1 of 2 layers done"]
+    python = {"executable": "/opt/conda/bin/python3", "version": [3, 11, 9], "ipykernel": None, "pip": "24"}
+    watch.read(status + f"\nGPUSESSION_PYTHON {json_.dumps(python)}\nGPUSESSION_BOOT waiting for the runtime")
+    assert watch.python.needs_site and watch.waiting_for_runtime and not watch.started
+    assert "the image's Python 3.11.9 at /opt/conda/bin/python3, no ipykernel: the runtime brings it" in said
+    with pytest.raises(StageError, match="the instance's start failed: image: cannot pull pytorch/pytorch:x"):
+        watch.read('GPUSESSION_FAILED {"stage":"image","error":"cannot pull pytorch/pytorch:x"}')
