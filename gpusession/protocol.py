@@ -95,6 +95,29 @@ def find_markers(text: str, marker: Marker) -> list[Any]:
     return found
 
 
+# -- a kind and its numbers: how stop reasons and warnings travel ----------------------------
+
+
+def _kind_to_dict(item: Any) -> dict[str, Any]:
+    """The set fields, and `kind` as its string."""
+    return {k: v for k, v in dataclasses.asdict(item).items() if v is not None} | {"kind": item.kind.value}
+
+
+def _kind_from_dict(cls: Any, kinds: type[enum.Enum], data: Any) -> Any:
+    """`cls` from such a dict (unknown fields left out), the object itself, or None for
+    anything else (no dict, an unknown kind)."""
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        return None
+    try:
+        kind = kinds(data.get("kind"))
+    except ValueError:
+        return None
+    names = {f.name for f in dataclasses.fields(cls)} - {"kind"}
+    return cls(kind=kind, **{k: v for k, v in data.items() if k in names})
+
+
 # -- why a session stopped ------------------------------------------------------------------
 
 
@@ -138,21 +161,12 @@ class StopReason:
     detail: str | None = None  # free text from outside our code (an EC2 state reason, an error)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None} | {"kind": self.kind.value}
+        return _kind_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> "StopReason | None":
         """Tolerant: None for anything that is not a stop reason."""
-        if isinstance(data, StopReason):
-            return data
-        if not isinstance(data, dict):
-            return None
-        try:
-            kind = StopKind(data.get("kind"))
-        except ValueError:
-            return None
-        names = {f.name for f in dataclasses.fields(cls)} - {"kind"}
-        return cls(kind=kind, **{k: v for k, v in data.items() if k in names})
+        return _kind_from_dict(cls, StopKind, data)
 
     @property
     def by_watchdog(self) -> bool:
@@ -208,17 +222,9 @@ class Warning:  # noqa: A001 - the protocol's word; never imported as a bare nam
     time: str | None = None  # SPOT_INTERRUPTION: when, as the cloud wrote it
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None} | {"kind": self.kind.value}
+        return _kind_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> "Warning | None":
-        if isinstance(data, Warning):
-            return data
-        if not isinstance(data, dict):
-            return None
-        try:
-            kind = WarningKind(data.get("kind"))
-        except ValueError:
-            return None
-        names = {f.name for f in dataclasses.fields(cls)} - {"kind"}
-        return cls(kind=kind, **{k: v for k, v in data.items() if k in names})
+        """Tolerant: None for anything that is not a warning."""
+        return _kind_from_dict(cls, WarningKind, data)
