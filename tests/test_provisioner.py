@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import queue
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from gpusession import cli
 from gpusession.models import State
 from gpusession.protocol import StopKind
+from support.procs import alive
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -121,17 +121,6 @@ def _runtime(manager, session_id: str) -> dict:
     return json.loads((state_dir / "runtime.json").read_text())
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 async def test_a_kernel_is_a_session_restart_keeps_it_shutdown_stops_it(jupyter_dirs, manager, capsys):
     from jupyter_client.manager import AsyncKernelManager
 
@@ -176,7 +165,7 @@ async def test_a_kernel_is_a_session_restart_keeps_it_shutdown_stops_it(jupyter_
         second = _runtime(manager, record.id)
         assert second["pid"] == first["pid"] and second["kernel_pid"] != first["kernel_pid"]
         assert second["kernel_generation"] == 2
-        assert not _alive(first["kernel_pid"])
+        assert not alive(first["kernel_pid"])
         reply, printed = await _run(kc, "print(6 * 7)")
         assert printed.strip() == "42"
     finally:
@@ -190,7 +179,7 @@ async def test_a_kernel_is_a_session_restart_keeps_it_shutdown_stops_it(jupyter_
     assert ended.state == State.STOPPED
     assert ended.resource["stop_reason"]["kind"] == StopKind.USER.value
     assert ended.resource["stop_reason"]["by"] == "JupyterLab kernel shutdown"
-    assert not _alive(first["pid"]) and not _alive(second["kernel_pid"])
+    assert not alive(first["pid"]) and not alive(second["kernel_pid"])
     assert not await km.is_alive()
     print(f"start {started_s:.1f}s, interrupt {interrupt_s:.1f}s, restart {restart_s:.1f}s, "
           f"shutdown {shutdown_s:.1f}s")

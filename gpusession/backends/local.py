@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ..agentargs import args_for
+from .. import procs
 from ..errors import StageError
 from ..models import KernelEndpoint, SessionRecord
 from ..progress import Progress
@@ -39,19 +40,7 @@ class LocalLink(Link):
 
 
 def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
+    return bool(pid) and procs.alive(pid)  # a zombie is dead for our purposes
 
 
 def _process_label(pid: int) -> str | None:
