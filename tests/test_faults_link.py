@@ -12,16 +12,15 @@ kernel (the agent runtime, with its cell log), a real sshd on 127.0.0.1 and our 
 from __future__ import annotations
 
 import _thread
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import types
 
 import pytest
+
+from support.procs import start_runtime
 
 from gpusession.backends.base import Link
 from gpusession.errors import CellLost, LinkLost
@@ -57,18 +56,8 @@ class Recorder(OutputSink):
 @pytest.fixture
 def runtime(tmp_path):
     """A real session kernel (python -m gpusession.agent run) on 127.0.0.1 with its cell log."""
-    state = tmp_path / "state"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpusession.agent", "run", "--session-id", "faults", "--state-dir", str(state),
-         "--agent-port", "-1"],
-        env=dict(os.environ, GPUSESSION_SESSION_ID="faults"), stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    deadline = time.monotonic() + 60
-    while not (state / "runtime.json").exists() or not json.loads((state / "runtime.json").read_text()).get("ready"):
-        assert proc.poll() is None and time.monotonic() < deadline, "the agent runtime did not start"
-        time.sleep(0.05)
-    yield json.loads((state / "kernel.json").read_text()), proc
+    info, proc = start_runtime(tmp_path / "state", "faults", "--agent-port", "-1")
+    yield info, proc
     proc.terminate()
     proc.wait(15)
 

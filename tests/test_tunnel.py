@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import paramiko
 import pytest
+
+from support.procs import start_runtime
 
 from gpusession.sshlogin import make_session_key
 from gpusession.kernel import KernelClient
@@ -94,17 +94,8 @@ def sshd(tmp_path_factory):
 @pytest.fixture
 def runtime(tmp_path):
     """A real session kernel (python -m gpusession.agent run) listening on 127.0.0.1."""
-    state = tmp_path / "state"
-    env = dict(os.environ, GPUSESSION_SESSION_ID="tunneltest")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpusession.agent", "run", "--session-id", "tunneltest", "--state-dir", str(state)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    deadline = time.monotonic() + 60
-    while not (state / "runtime.json").exists() or not json.loads((state / "runtime.json").read_text()).get("ready"):
-        assert proc.poll() is None and time.monotonic() < deadline, "the agent runtime did not start"
-        time.sleep(0.05)
-    yield json.loads((state / "kernel.json").read_text()), proc
+    info, proc = start_runtime(tmp_path / "state", "tunneltest")
+    yield info, proc
     proc.terminate()
     proc.wait(15)
 
