@@ -190,6 +190,24 @@ def _login(t: paramiko.Transport, target: SshTarget) -> None:
     raise LoginRefused(f"authentication failed for {target.label}: the server refused every key ({tried})")
 
 
+def hold_interactive(t: paramiko.Transport) -> paramiko.Channel | None:
+    """Open one pty session (`cat`, reading a terminal nobody writes to) on the connection and
+    keep it: sshd sets TCP_NODELAY only on a connection it deems interactive (a pty session), and
+    without it Nagle against our delayed ACK stalls ~40 ms on a share of small kernel replies
+    sent through forwarded channels. None when the server refuses (no-pty, PermitTTY no, a
+    forced command): the tunnel works the same, with that tail. Closed with the transport."""
+    chan = None
+    try:
+        chan = t.open_session(timeout=10)
+        chan.get_pty(term="dumb", width=80, height=24)
+        chan.exec_command("cat")
+        return chan
+    except (paramiko.SSHException, EOFError, OSError):
+        if chan is not None:
+            chan.close()
+        return None
+
+
 def tcp_socket(host: str, port: int, timeout: float) -> socket.socket:
     sock = socket.create_connection((host, port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

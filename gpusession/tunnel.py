@@ -36,6 +36,7 @@ from .sshlogin import (
     SshTarget,
     TunnelError,
     fingerprint,
+    hold_interactive,
     jump_target,
     open_transport,
     parse_public_key,
@@ -222,6 +223,7 @@ class Tunnel:
                 self._down_since = None
                 self._last_error = ""
                 self._up.set()
+            _interactive_soon(transport)
             return
         if last is not None:
             raise TunnelError(f"tunnel closed while connecting: {last}")
@@ -244,6 +246,7 @@ class Tunnel:
                     jt.close()
                     raise TunnelError("the tunnel was closed while it was connecting")
                 self._jump_transport = jt
+            _interactive_soon(jt)  # the jump host's sshd relays every reply too
         return jt.open_channel(
             "direct-tcpip", (self.target.host, self.target.port), ("127.0.0.1", 0),
             window_size=WINDOW, max_packet_size=PACKET, timeout=10,
@@ -327,6 +330,11 @@ class Tunnel:
             conns = list(self._conns)
         for conn in conns:
             _shut(conn)
+
+
+def _interactive_soon(transport: paramiko.Transport) -> None:
+    """hold_interactive, off the start path: the tunnel forwards at once, without the tail soon."""
+    threading.Thread(target=hold_interactive, args=(transport,), name="gpusession-tunnel-pty", daemon=True).start()
 
 
 def _pump(conn: socket.socket, chan: paramiko.Channel) -> None:

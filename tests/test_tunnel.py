@@ -44,7 +44,7 @@ def _wait_port(port: int, timeout: float = 10) -> None:
 class Sshd:
     """An sshd of our own: own config, host key and authorized_keys, on 127.0.0.1:<random>."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, extra: str = ""):
         self.folder = folder
         self.host_key_path, self.host_key_line = make_session_key(folder, "host")
         self.client_key_path, client_line = make_session_key(folder, "client")
@@ -54,7 +54,7 @@ class Sshd:
             f"ListenAddress 127.0.0.1\nPort {self.port}\nHostKey {self.host_key_path}\n"
             f"PidFile {folder / 'sshd.pid'}\nAuthorizedKeysFile {folder / 'authorized_keys'}\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-            "AllowTcpForwarding yes\nPermitRootLogin prohibit-password\n"
+            "AllowTcpForwarding yes\nPermitRootLogin prohibit-password\n" + extra
         )
         os.makedirs("/run/sshd", exist_ok=True)
         self.proc = subprocess.Popen(
@@ -163,6 +163,57 @@ def test_tunnel_through_a_jump_host_reconnects_both_hops(sshd):
             assert _ask(tunnel.local_port(port), b"again") == b"AGAIN"
     finally:
         echo.close()
+
+
+def _pty_sessions(sshd_pid: int) -> list[int]:
+    """Processes under this sshd running on a terminal (the tunnel's pty session)."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,tty=,comm="], capture_output=True, text=True).stdout
+    rows = [line.split() for line in out.splitlines()]
+    parent = {int(r[0]): int(r[1]) for r in rows}
+
+    def under(pid: int) -> bool:
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == sshd_pid:
+                return True
+        return False
+
+    return [int(r[0]) for r in rows if r[2] != "?" and r[3] == "cat" and under(int(r[0]))]
+
+
+def _wait_for(check, what: str, timeout: float = 10):
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+    return found
+
+
+def test_tunnel_holds_a_pty_session_so_sshd_sends_replies_without_nagle(sshd, tmp_path):
+    # sshd sets TCP_NODELAY only on a connection with a pty session; without it small kernel
+    # replies stall ~40 ms (Nagle against delayed ACK). One per connection, again after a cut.
+    with Tunnel(sshd.target(), []) as tunnel:
+        first = _wait_for(lambda: _pty_sessions(sshd.proc.pid), "the tunnel opened no pty session")
+        assert len(first) == 1
+        sshd.cut_connections()
+        _wait_for(lambda: tunnel.reconnects >= 1, "no reconnect")
+        again = _wait_for(lambda: [p for p in _pty_sessions(sshd.proc.pid) if p not in first], "none after reconnect")
+        assert len(again) == 1
+    _wait_for(lambda: not _pty_sessions(sshd.proc.pid), "the pty session outlived the tunnel")
+    # a server that refuses terminals still forwards: the tail is back, nothing breaks
+    strict = Sshd(tmp_path, extra="PermitTTY no\n")
+    try:
+        echo = socket.socket()
+        echo.bind(("127.0.0.1", 0))
+        echo.listen()
+        threading.Thread(target=lambda: (lambda c: (c[0].sendall(b"up"), c[0].close()))(echo.accept()), daemon=True).start()
+        with Tunnel(strict.target(), [echo.getsockname()[1]]) as tunnel:
+            assert _ask(tunnel.local_port(echo.getsockname()[1]), b"") == b"up"
+            time.sleep(0.3)
+            assert tunnel.healthy() and not _pty_sessions(strict.proc.pid)
+        echo.close()
+    finally:
+        strict.close()
 
 
 def _ask(port: int, data: bytes) -> bytes:

@@ -1,0 +1,55 @@
+"""Latency figures the benchmarks report: never a median alone.
+
+    s = Stats.of(times_s, direct_median_s)   # seconds in, figures out
+    s.cell()  -> "8.51 / 60.2 / 71.0 ms, 33% > 2x direct"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import statistics
+from pathlib import Path
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100), nearest-rank: a value that was measured, never interpolated."""
+    if not values:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    n: int
+    median: float
+    p99: float
+    max: float
+    slow_share: float | None  # share of calls over 2x the direct median (None: no direct median given)
+
+    @classmethod
+    def of(cls, values: list[float], direct_median: float | None = None) -> "Stats":
+        slow = None if direct_median is None else sum(v > 2 * direct_median for v in values) / len(values)
+        return cls(len(values), statistics.median(values), percentile(values, 99), max(values), slow)
+
+    def cell(self, unit: str = "ms", scale: float = 1e3) -> str:
+        """median / p99 / max [, share over 2x direct] as one table cell."""
+        text = f"{self.median * scale:.2f} / {self.p99 * scale:.2f} / {self.max * scale:.1f} {unit}"
+        if self.slow_share is not None:
+            text += f", {self.slow_share:.0%} > 2x direct"
+        return text
+
+
+def write_section(path: Path, name: str, body: str) -> None:
+    """Replace the generated block `name` (between <!-- name:begin/end --> markers) in `path`."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    text = path.read_text() if path.exists() else ""
+    block = f"{begin}\n{body}\n{end}"
+    if begin in text:
+        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    else:
+        text += ("\n" if text else "") + block + "\n"
+    path.write_text(text)
