@@ -127,6 +127,12 @@ OPTIONS: tuple[StartOption, ...] = (
     StartOption("ami", ("--ami",), "text", "Machine image", "aws: machine image id (default: a GPU image from SSM "
                 "public parameters)", "machine image", backends=("aws",),
                 reader=textvalues.machine_image),
+    StartOption("upload", ("--upload",), "text", "Upload folder", "a folder here whose files the session starts "
+                "with, in its working directory (without .git and what .gitignore ignores), e.g. . for this "
+                "notebook's folder: `import utils` then works in %%gpu cells", "upload folder", max_len=400,
+                reader=textvalues.local_folder),
+    StartOption("upload_max", ("--upload-max",), "text", "Upload cap", "the largest --upload folder: 500MB, 2GB "
+                "(default 100MB)", "upload cap", max_len=20, reader=textvalues.byte_size),
     # slurm (gpusession/backends/slurm/jobs.py reads and checks them; docs/slurm.md)
     StartOption("partition", ("--partition",), "text", "Partition", "slurm: the partition to submit to (default: "
                 "the cluster's default)", "partition", backends=("slurm",), max_len=200),

@@ -142,3 +142,27 @@ def address_range(text: str) -> str:
         return str(ipaddress.ip_network(value, strict=False))
     except ValueError:
         raise BadInput(f"address range {shown(text)}: write one such as 203.0.113.7/32 or 2001:db8::/64") from None
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def byte_size(text: str) -> int:
+    """A size: 500MB, 2GB, 1.5G, 300MiB; a bare number means MB. Up to 1 TB."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _SIZE_UNITS:
+        raise BadInput(f"{shown(text)} is no size; write e.g. 500MB, 2GB or 300MiB (a bare number means MB)")
+    value = float(match.group(1)) * (_SIZE_UNITS[unit] if unit else 10**6)
+    if not 0 < value <= 10**12:
+        raise BadInput(f"size {shown(text)}: from 1 byte to 1TB")
+    return int(value)
+
+
+def local_folder(text: str) -> str:
+    """A folder on this machine, made absolute (relative to where the face runs: the notebook's
+    folder for `%gpu start`); whether it exists is checked when the session is made."""
+    import os
+
+    return os.path.abspath(os.path.expanduser(text.strip()))

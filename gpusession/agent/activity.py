@@ -44,6 +44,16 @@ def _pre_run_cell(info=None) -> None:
     _write()
 
 
+def touch() -> None:
+    """Something used the kernel without running a cell (a push, pull, upload or download): the
+    idle clock starts again. Written at most once a second (a transfer sends many requests)."""
+    now = time.time()
+    written = _state["last_activity"]
+    _state["last_activity"] = now
+    if now - written >= 1.0:
+        _write()
+
+
 def _post_run_cell(result=None) -> None:
     _state["busy"] = False
     _state["last_activity"] = time.time()
@@ -79,6 +89,9 @@ def load_ipython_extension(ip) -> None:
         from .cellog import install
 
         install(ip.kernel)  # every output numbered and kept a while: a tunnel cut loses none
+        from .transfer import install as install_transfers
+
+        install_transfers(ip.kernel, touch)  # %gpu push/pull/upload/download: binary frames on shell
     _write()
 
 

@@ -4,7 +4,6 @@ is `cellwait.CellWait`), interrupt, move variables, shut down."""
 from __future__ import annotations
 
 import atexit
-import base64
 import queue
 import time
 import weakref
@@ -14,7 +13,7 @@ import zmq
 
 from jupyter_client.blocking.client import BlockingKernelClient
 
-from ..errors import BadInput, KernelDied, RemoteError
+from ..errors import KernelDied, RemoteError
 from ..protocol import META_CELL_LOG
 from .cellwait import CellWait
 from .sink import NullSink, OutputSink
@@ -160,54 +159,15 @@ class KernelClient:
 
     # -- variables ------------------------------------------------------------------------
 
-    def push(self, namespace: dict[str, Any]) -> None:
-        """Send local variables (pickled) into the session kernel's namespace."""
-        import pickle
+    def push(self, namespace: dict[str, Any], progress=None) -> None:
+        """Send local variables (pickled) into the session kernel's namespace, as binary frames
+        (gpusession.kernel.transfer)."""
+        from . import transfer
 
-        payload = {}
-        for name, value in namespace.items():
-            try:
-                payload[name] = pickle.dumps(value, protocol=4)
-            except Exception as exc:  # noqa: BLE001 - pickle raises many kinds
-                raise BadInput(f"cannot push {name!r}: it cannot be pickled ({type(exc).__name__}: {exc})") from None
-        blob = base64.b64encode(pickle.dumps(payload, protocol=4)).decode()
-        self.execute(
-            "import pickle as _gs_p, base64 as _gs_b\n"
-            f"globals().update({{_k: _gs_p.loads(_v) for _k, _v in _gs_p.loads(_gs_b.b64decode('{blob}')).items()}})\n"
-            "del _gs_p, _gs_b",
-            silent=True,
-            sink=NullSink(),
-        )
+        transfer.push(self, namespace, progress)
 
-    def pull(self, names: list[str]) -> dict[str, Any]:
+    def pull(self, names: list[str], progress=None) -> dict[str, Any]:
         """Fetch variables (pickled) from the session kernel's namespace."""
-        import ast
-        import pickle
+        from . import transfer
 
-        setup = (
-            "def _gs_pull(names):\n"
-            "    import pickle, base64\n"
-            "    g = globals(); out = {}; bad = []\n"
-            "    for n in names:\n"
-            "        if n not in g:\n"
-            "            bad.append(n + ': not defined in the session kernel'); continue\n"
-            "        try:\n"
-            "            out[n] = pickle.dumps(g[n], protocol=4)\n"
-            "        except Exception as e:\n"
-            "            bad.append(f'{n}: cannot be pickled ({type(e).__name__}: {e})')\n"
-            "    return base64.b64encode(pickle.dumps((out, bad), protocol=4)).decode()\n"
-        )
-        text = self.evaluate(f"_gs_pull({names!r})", setup=setup)
-        out, bad = pickle.loads(base64.b64decode(ast.literal_eval(text)))
-        if bad:
-            raise BadInput("cannot pull " + "; ".join(bad))
-        result = {}
-        for name, data in out.items():
-            try:
-                result[name] = pickle.loads(data)
-            except Exception as exc:  # noqa: BLE001
-                raise BadInput(
-                    f"cannot pull {name!r}: it does not unpickle here ({type(exc).__name__}: {exc}); "
-                    "is its module installed in this kernel?"
-                ) from None
-        return result
+        return transfer.pull(self, names, progress)

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..backends import Backend, Link
 from ..errors import KernelDied, LinkLost, SessionEnded
-from ..kernel import KernelClient, OutputSink
+from ..kernel import KernelClient, OutputSink, files, transfer
+from ..kernel.transfer import Progress
 from ..models import SessionRecord
 from .agentclient import AgentClient, AgentUnavailable
 
@@ -109,13 +110,28 @@ class Session:
                 raise SessionEnded(ended) from None
             raise
 
-    def push(self, namespace: dict[str, Any]) -> None:
+    def push(self, namespace: dict[str, Any], progress: Progress | None = None) -> None:
         self._after_reconnect()
-        self.kernel.push(namespace)
+        self.kernel.push(namespace, progress)
 
-    def pull(self, names: list[str]) -> dict[str, Any]:
+    def pull(self, names: list[str], progress: Progress | None = None) -> dict[str, Any]:
         self._after_reconnect()
-        return self.kernel.pull(names)
+        return self.kernel.pull(names, progress)
+
+    def upload(self, paths: list[str], to: str = ".", progress: Progress | None = None, *,
+               everything: bool = False) -> dict:
+        """Local files or folders into folder `to` below the session kernel's working directory
+        (a folder without .git and what its .gitignore files ignore, unless `everything`).
+        Returns {"files", "bytes", "dest"}."""
+        tree = files.collect(paths, everything=everything)
+        self._after_reconnect()
+        return transfer.upload(self.kernel, tree.files, tree.size, to, progress)
+
+    def download(self, paths: list[str], to: str = ".", progress: Progress | None = None) -> dict:
+        """Files or folders of the session (relative to its kernel's working directory) into
+        local folder `to`. Returns {"files", "bytes", "dest"}."""
+        self._after_reconnect()
+        return transfer.download(self.kernel, paths, to, progress)
 
     def stop(self) -> SessionRecord:
         return self.manager.stop(self.id)

@@ -17,6 +17,7 @@ from ..catalog import load_catalog
 from ..config import GpuSessionConfig
 from ..durations import KEEPALIVE
 from ..errors import GpuSessionError, KernelDied, SessionEnded, StageError
+from ..kernel import files
 from ..models import LaunchSpec, SessionRecord, State
 from ..progress import Progress, Reporter
 from ..protocol import StopKind, StopReason, Warning, WarningKind
@@ -97,6 +98,7 @@ class SessionManager:
         """Check the backend and record the session (state requested). Fast; raises on bad input."""
         backend = self.backend(spec.backend)
         backend.check(spec)
+        files.check_start_tree(spec.extra)  # --upload: a tree over its cap is refused before anything starts
         return self.store.create(spec, price_per_hour=backend.price_per_hour(spec, self.catalog))
 
     def start(self, spec: LaunchSpec, report: Reporter | None = None) -> Session:
@@ -118,13 +120,14 @@ class SessionManager:
             record = self.store.transition(record.id, State.STARTING)
             with progress.stage("connect"):
                 link = backend.connect(record, progress)
-            with progress.stage("kernel", "waiting for the kernel to answer"):
-                session = Session(self, record, backend, link)
-                try:
+            session = Session(self, record, backend, link)
+            try:
+                with progress.stage("kernel", "waiting for the kernel to answer"):
                     session.kernel.wait_ready(timeout=120)
-                except BaseException:
-                    session.kernel.close()
-                    raise
+                files.upload_start_tree(session.kernel, spec.extra, progress)  # --upload: a stage of its own
+            except BaseException:
+                session.kernel.close()
+                raise
         except BaseException as exc:
             stage = exc.stage if isinstance(exc, StageError) else (progress.current or "start")
             message = str(exc) if isinstance(exc, StageError) else f"{stage}: {type(exc).__name__}: {exc}"
