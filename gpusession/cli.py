@@ -9,6 +9,7 @@ from typing import Callable
 
 from .errors import GpuSessionError
 from .options import add_arguments as add_start_options
+from .transfers import add_commands as add_transfer_commands
 
 
 def _manager():
@@ -132,6 +133,18 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_upload(args: argparse.Namespace) -> int:
+    from .transfers import cmd_upload as upload
+
+    return upload(args, _manager())
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    from .transfers import cmd_download as download
+
+    return download(args, _manager())
+
+
 def cmd_kernelspec(args: argparse.Namespace) -> int:
     """GPU kernelspecs for JupyterLab's launcher (gpusession/provisioner, docs/kernels.md)."""
     from . import options
@@ -183,6 +196,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "keepalive": cmd_keepalive,
     "demo": cmd_demo,
     "kernelspec": cmd_kernelspec,
+    "upload": cmd_upload,
+    "download": cmd_download,
 }
 
 
@@ -231,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     k = ks.add_parser("remove", help="remove a GPU kernelspec")
     k.add_argument("kernel_name", metavar="NAME")
     ks.add_parser("list", help="the GPU kernelspecs Jupyter finds")
+    add_transfer_commands(sub)  # upload, download (gpusession/transfers.py)
     s = sub.add_parser("demo", help="run notebooks/quickstart.ipynb headless and show what it did")
     s.add_argument("--notebook", default=None, help="another notebook to run")
     s.add_argument("--backend", default="local", help="backend for the demo (default: local)")

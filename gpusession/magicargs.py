@@ -39,12 +39,6 @@ def _seconds(text: str, low: float, high: float) -> float:
 
 
 @magic_arguments()
-@argument("names", nargs="+", help="variable names")
-def _vars_args(line: str) -> None:
-    """%gpu push|pull NAME..."""
-
-
-@magic_arguments()
 @argument("name", help="session name")
 def _use_args(line: str) -> None:
     """%gpu use NAME"""
@@ -70,6 +64,8 @@ HELP = """%gpu SUBCOMMAND ...
   stop [NAME | --all]     status     list     types
   on | off                run every following cell in the session (or stop doing so)
   push NAME...            send local variables to the session;  pull NAME...: fetch them back
+  upload PATH... [--to DIR]    files or folders into the session's working directory
+  download PATH... [--to DIR]  files or folders from the session's working directory to here
   use NAME                work with another running session (e.g. one started from the panel)
   watch [DURATION]        live GPU, CPU, cost and idle countdown (Ctrl-C or the stop button ends it)
   keepalive [1h]          postpone the idle stop (at most 4h ahead)

@@ -32,7 +32,7 @@ from typing import Any, Callable
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from . import options
+from . import options, transfers
 from .durations import WATCH, format_duration, format_money
 from .config import GpuSessionConfig
 from .errors import CellLost, GpuSessionError, LinkLost, RemoteError, SessionEnded
@@ -49,7 +49,6 @@ from .magicargs import (
     _start_args,
     _stop_args,
     _use_args,
-    _vars_args,
     _watch_args,
 )
 
@@ -77,8 +76,6 @@ class GpuMagics(Magics):
             "types": self._types,
             "on": self._on,
             "off": self._off,
-            "push": self._push,
-            "pull": self._pull,
             "use": self._use,
             "watch": self._watch,
             "keepalive": self._keepalive,
@@ -314,23 +311,6 @@ class GpuMagics(Magics):
             return lines
         return ["%%gpu\n", *lines]
 
-    def _push(self, rest: str) -> None:
-        args = self._parse(_vars_args, rest)
-        session = self._session()
-        ns = self.shell.user_ns
-        missing = [n for n in args.names if n not in ns]
-        if missing:
-            raise UsageError(f"not defined here: {', '.join(missing)}")
-        session.push({n: ns[n] for n in args.names})
-        print(f"pushed {', '.join(args.names)} to {session.name}")
-
-    def _pull(self, rest: str) -> None:
-        args = self._parse(_vars_args, rest)
-        session = self._session()
-        values = session.pull(args.names)
-        self.shell.user_ns.update(values)
-        print(f"pulled {', '.join(args.names)} from {session.name}")
-
     def _use(self, rest: str) -> None:
         args = self._parse(_use_args, rest)
         self.current = self.manager.connected(args.name) or self.manager.attach(args.name, report=_print)
@@ -339,10 +319,11 @@ class GpuMagics(Magics):
 
     def _help(self, rest: str) -> None:
         sub = rest.strip()
-        funcs = {"start": _start_args, "stop": _stop_args, "push": _vars_args, "pull": _vars_args, "use": _use_args,
-                 "watch": _watch_args, "keepalive": _keepalive_args}
-        if sub in funcs:
-            print(funcs[sub].parser.format_help().replace("usage: ", "usage: %gpu " + sub + " ", 1))
+        funcs = {"start": _start_args, "stop": _stop_args, "use": _use_args, "watch": _watch_args,
+                 "keepalive": _keepalive_args}
+        func = funcs.get(sub) or transfers.help_parser(sub)
+        if func is not None:
+            print(func.parser.format_help().replace("usage: ", "usage: %gpu " + sub + " ", 1))
         else:
             print(HELP)
 
@@ -368,6 +349,7 @@ def load_ipython_extension(ip) -> None:
     # what makes `%config GpuSessionConfig.default_idle = "10m"` apply (jupysql's habit)
     ip.configurables[:] = [c for c in ip.configurables if not isinstance(c, GpuSessionConfig)] + [gpu_config]
     ip._gpusession_magics = magics  # for later layers (widgets) and unload
+    transfers.register(magics)  # push, pull, upload, download (with progress bars)
     from .widgets import register_panel  # the ipywidgets face adds `%gpu panel`
 
     register_panel(magics)

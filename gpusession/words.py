@@ -370,3 +370,25 @@ def ended_line(state: str | None, reason: StopReason | None, error: str | None) 
     if reason.kind in (StopKind.USER, StopKind.GC):
         return stop_reason_text(reason)
     return f"{state}: {stop_reason_text(reason)}"
+
+
+def transfer_line(verb: str, done: int, total: int | None, elapsed: float) -> str:
+    """`upload  45% |#########-----------| 45 MB / 100 MB  210 MB/s  ETA 0.3s` (a bar while bytes
+    move; without a known total: bytes and rate)."""
+    from .pulls import format_bytes
+
+    rate = done / elapsed if elapsed > 0 else 0.0
+    speed = f"{format_bytes(rate)}/s" if elapsed > 0 else ""
+    if not total:
+        return f"{verb}  {format_bytes(done)}  {speed}"
+    part = min(done / total, 1.0)
+    eta = f"ETA {format_duration((total - done) / rate)}" if 0 < rate and done < total else f"in {elapsed:.1f}s"
+    bar = "#" * round(part * 20) + "-" * (20 - round(part * 20))
+    return f"{verb} {part * 100:3.0f}% |{bar}| {format_bytes(done)} / {format_bytes(total)}  {speed}  {eta}"
+
+
+def transfer_done(verb: str, what: str, result: dict, where: str) -> str:
+    """`uploaded 12 files (3 MB) to /workspace in session t4-1`."""
+    from .pulls import format_bytes
+
+    return f"{verb} {what} ({result.get('files', 0)} files, {format_bytes(result.get('bytes', 0))}) {where}"

@@ -1,0 +1,201 @@
+"""Data between the notebook and a session (gpusession/kernel/transfer.py, agent/transfer.py):
+%gpu push/pull as binary frames, %gpu upload/download and `gpusession upload|download`, the
+`--upload` start option (.git and .gitignore'd files stay here, a cap), progress bars, bad input
+on every face, and the idle clock. Real parts: the local backend's processes, a notebook kernel,
+the CLI as a subprocess, the local Docker engine and the ssh:// namespace engine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.hosts import docker_available, ensure_remote_host, product_image, ssh_home
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _project(root: Path) -> Path:
+    """A notebook's folder: a module, a .git, ignored files (top-level and nested .gitignore)."""
+    proj = root / "proj"
+    (proj / ".git").mkdir(parents=True)
+    (proj / ".git" / "config").write_text("[core]\n")
+    (proj / "utils.py").write_text("X = 42\ndef twice(v):\n    return 2 * v\n")
+    (proj / ".gitignore").write_text("secret.txt\nbuild/\n")
+    (proj / "secret.txt").write_text("not for the session")
+    (proj / "build").mkdir()
+    (proj / "build" / "big.o").write_bytes(b"\0" * 1000)
+    (proj / "sub").mkdir()
+    (proj / "sub" / ".gitignore").write_text("*.log\n")
+    (proj / "sub" / "run.log").write_text("log")
+    (proj / "sub" / "keep.py").write_text("Y = 1\n")
+    return proj
+
+
+def _what_is_there() -> str:
+    return ("import os\nprint(sorted(p for p in ['utils.py', 'sub/keep.py', '.gitignore', '.git', 'secret.txt', "
+            "'build', 'sub/run.log'] if os.path.exists(p)))")
+
+
+def test_notebook_upload_import_download_progress_and_bad_input(notebook, tmp_path):
+    proj = _project(tmp_path)
+    over = notebook.run(f"%gpu start --backend local --idle off --upload {proj} --upload-max 10B")
+    assert over.error["ename"] == "UsageError"
+    assert "--upload" in over.error["evalue"] and "over the 10 B cap; raise it with --upload-max" in over.error["evalue"]
+    assert "\n" not in over.error["evalue"]
+
+    r = notebook.run(f"%gpu start --backend local --idle off --upload {proj}")
+    assert r.status == "ok", r.text
+    assert "upload: 4 files" in r.text, r.text  # utils.py, .gitignore, sub/.gitignore, sub/keep.py
+    r = notebook.run("%%gpu\nimport utils\nprint(utils.twice(utils.X))\n" + _what_is_there())
+    assert r.status == "ok", r.text
+    assert "84" in r.text
+    assert "['.gitignore', 'sub/keep.py', 'utils.py']" in r.text, r.text  # no .git, secret, build, log
+
+    (tmp_path / "data.bin").write_bytes(os.urandom(3_000_000))
+    r = notebook.run("%gpu upload data.bin --to inbox")
+    assert r.status == "ok", r.text
+    assert "upload 100% |####################| 3 MB / 3 MB" in r.text and "MB/s" in r.text, r.text
+    assert "uploaded data.bin (1 files, 3 MB) to " in r.text
+    r = notebook.run("%%gpu\nimport hashlib\nopen('result.txt', 'w').write('made in the session')\n"
+                     "print(hashlib.sha256(open('inbox/data.bin', 'rb').read()).hexdigest())")
+    assert r.text.strip() == __import__("hashlib").sha256((tmp_path / "data.bin").read_bytes()).hexdigest()
+    r = notebook.run("%gpu download result.txt --to got")
+    assert r.status == "ok", r.text
+    assert (tmp_path / "got" / "result.txt").read_text() == "made in the session"
+
+    r = notebook.run("blob = bytes(range(256)) * 8000\n%gpu push blob")
+    assert "push 100% |" in r.text and "pushed blob to" in r.text, r.text
+    r = notebook.run("%%gpu\nblob2 = blob[::-1]")
+    r = notebook.run("%gpu pull blob2\nprint(blob2 == blob[::-1])")
+    assert "pull 100% |" in r.text and "True" in r.text, r.text
+
+    bad = {
+        "%gpu upload nowhere.txt": "no such file or folder here: 'nowhere.txt'",
+        "%gpu download ../../etc/passwd": "is outside the session's working directory",
+        "%gpu download missing.txt": "no such file or folder in the session: 'missing.txt'",
+        "%gpu pull undefined_here": "cannot pull undefined_here: not defined in the session kernel",
+        "%gpu upload": "the following arguments are required: paths",
+    }
+    for line, words in bad.items():
+        r = notebook.run(line)
+        assert r.error is not None and r.error["ename"] == "UsageError", (line, r.text)
+        assert words in r.error["evalue"] and "\n" not in r.error["evalue"], (line, r.error["evalue"])
+    r = notebook.run("%%gpu\nprint(utils.X)")  # the session is fine after all that
+    assert r.text.strip() == "42"
+
+
+@pytest.fixture
+def local_session(manager, tmp_path, monkeypatch):
+    work = tmp_path / "session-cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)  # the local backend's kernel starts in the starter's folder
+    session = manager.start(manager.make_spec("t4", backend="local", idle="30m", name="data"))
+    monkeypatch.chdir(tmp_path)
+    return session, work
+
+
+def test_push_counts_as_activity_for_the_idle_watchdog(local_session):
+    session, _ = local_session
+    time.sleep(3.0)
+    before = session.stats(limit=1)["idle"]["idle_for_s"]
+    assert before >= 2.0
+    session.push({"x": b"\0" * 5_000_000})  # no cell runs: only the transfer itself
+    deadline = time.monotonic() + 5
+    while (after := session.stats(limit=1)["idle"]["idle_for_s"]) >= before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert after < 1.5 < before, (before, after)
+    assert session.kernel.evaluate("len(x)") == "5000000"
+
+
+def test_cli_upload_download_and_bad_input(local_session, tmp_path):
+    session, work = local_session
+    proj = _project(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cli = [sys.executable, "-m", "gpusession"]
+    r = subprocess.run([*cli, "upload", "data", str(proj), "--to", "copy"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "uploaded" in r.stdout and "(4 files," in r.stdout, r.stdout
+    assert (work / "copy" / "proj" / "utils.py").exists() and not (work / "copy" / "proj" / ".git").exists()
+    (tmp_path / "big.bin").write_bytes(b"\1" * 2_000_000)
+    r = subprocess.run([*cli, "upload", "data", str(tmp_path / "big.bin")], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "upload 100% |" in r.stderr and "MB/s" in r.stderr, r.stderr
+    session.run("open('made.txt', 'w').write('from the session')")
+    r = subprocess.run([*cli, "download", "data", "made.txt", "copy", "--to", str(tmp_path / "back")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "back" / "made.txt").read_text() == "from the session"
+    assert (tmp_path / "back" / "copy" / "proj" / "sub" / "keep.py").read_text() == "Y = 1\n"
+    for argv, words in (
+        (["upload", "data", str(tmp_path / "nope")], "no such file or folder here"),
+        (["upload", "nosuch", str(tmp_path / "big.bin")], "nosuch"),
+        (["download", "data", "/etc/passwd"], "outside the session's working directory"),
+        (["download", "data", "gone.txt"], "no such file or folder in the session: 'gone.txt'"),
+    ):
+        r = subprocess.run([*cli, *argv], capture_output=True, text=True, env=env)
+        assert r.returncode == 1 and words in r.stderr, (argv, r.stderr)
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_start_tree_over_its_cap_is_refused_before_anything_starts(manager, tmp_path):
+    from gpusession.errors import BadInput
+
+    proj = _project(tmp_path)
+    (proj / "weights.bin").write_bytes(b"\0" * 2_000_000)
+    with pytest.raises(BadInput) as err:
+        manager.create(manager.make_spec("t4", backend="local", upload=str(proj), upload_max="1MB"))
+    assert "over the 1 MB cap; raise it with --upload-max, e.g. --upload-max 4MB" in str(err.value)
+    with pytest.raises(BadInput, match="no such folder here"):
+        manager.create(manager.make_spec("t4", backend="local", upload=str(tmp_path / "none")))
+    assert manager.list() == []
+
+
+# -- the real Docker engine: this machine's, and the ssh:// namespace host ----------------------
+
+docker_test = pytest.mark.skipif(not docker_available(), reason="no Docker engine answers (scripts/ci-host-setup.sh)")
+
+
+def _round_trip(session, proj: Path, tmp_path: Path) -> None:
+    blob = os.urandom(20_000_000)
+    seen = []
+    session.push({"blob": blob}, lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (seen[-1][1], seen[-1][1]) and seen[-1][1] > 20_000_000
+    session.run("back = blob[::-1]")
+    assert session.pull(["back"])["back"] == blob[::-1]
+    r = session.kernel.evaluate("__import__('os').getcwd()")
+    done = session.upload([str(proj / "utils.py"), str(proj / "sub")], to="lib")
+    assert done["files"] == 3 and done["dest"].endswith("/lib"), (done, r)  # utils, sub/.gitignore, sub/keep; not run.log
+    session.run("import sys; sys.path.insert(0, 'lib'); import utils; open('lib/out.txt', 'w').write(str(utils.X))")
+    got = session.download(["lib/out.txt", "lib/sub"], to=str(tmp_path / "got"))
+    assert (tmp_path / "got" / "out.txt").read_text() == "42"
+    assert (tmp_path / "got" / "sub" / "keep.py").exists() and not (tmp_path / "got" / "sub" / "run.log").exists()
+    assert got["files"] == 3
+
+
+@docker_test
+@pytest.mark.docker
+def test_docker_session_starts_with_the_folder_and_moves_data(manager, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
+    proj = _project(tmp_path)
+    lines: list[str] = []
+    session = manager.start(manager.make_spec("t4", backend="docker", idle="off", upload=str(proj)), report=lines.append)
+    assert any("upload: 4 files" in line for line in lines), lines
+    assert session.kernel.evaluate("__import__('utils').X") == "42"
+    assert session.kernel.evaluate("[__import__('os').path.exists(p) for p in ('.git', 'secret.txt', 'build')]") \
+        == "[False, False, False]"
+    _round_trip(session, proj, tmp_path)
+
+
+@pytest.mark.docker
+def test_ssh_engine_push_pull_20mb_and_files(manager, tmp_path, monkeypatch):
+    remote = ensure_remote_host()
+    if remote is None:
+        pytest.skip("the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)")
+    monkeypatch.setenv("HOME", ssh_home(remote, tmp_path / "home"))
+    monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
+    session = manager.start(manager.make_spec("t4", backend="docker", idle="off", host=remote["url"]))
+    _round_trip(session, _project(tmp_path), tmp_path)
