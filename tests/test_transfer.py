@@ -199,3 +199,14 @@ def test_ssh_engine_push_pull_20mb_and_files(manager, tmp_path, monkeypatch):
     monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
     session = manager.start(manager.make_spec("t4", backend="docker", idle="off", host=remote["url"]))
     _round_trip(session, _project(tmp_path), tmp_path)
+
+
+def test_upload_options_are_read_alike_on_every_face():
+    from gpusession import options
+    from gpusession.catalog import load_catalog
+
+    problems = options.check_body({"upload_max": "lots", "upload": 7}, catalog=load_catalog())
+    assert problems == {"upload": "wrong type (number): expected a string",
+                        "upload_max": "'lots' is no size; write e.g. 500MB, 2GB or 300MiB (a bare number means MB)"}
+    parsed = options.parse_values({"upload_max": "1.5GB", "upload": "~/x"}, catalog=load_catalog())
+    assert parsed == {"upload_max": 1_500_000_000, "upload": os.path.expanduser("~/x")}
