@@ -10,6 +10,7 @@ import hashlib
 import logging
 import os
 import socket
+import time
 from pathlib import Path
 
 import paramiko
@@ -206,6 +207,45 @@ def hold_interactive(t: paramiko.Transport) -> paramiko.Channel | None:
         if chan is not None:
             chan.close()
         return None
+
+
+def exec_command(transport: paramiko.Transport, command: str, *, stdin: bytes | None = None,
+                 timeout: float = 60.0, open_timeout: float = 15.0) -> tuple[int, bytes, bytes]:
+    """Run `command` on a logged-in transport: (exit status, stdout, stderr). `stdin` is sent
+    then closed. TimeoutError when it does not finish within `timeout` seconds; OSError, EOFError
+    or paramiko.SSHException when the connection drops."""
+    return run_on_channel(transport.open_session(timeout=open_timeout), command, stdin=stdin, timeout=timeout)
+
+
+def run_on_channel(chan: paramiko.Channel, command: str, *, stdin: bytes | None = None,
+                   timeout: float = 60.0) -> tuple[int, bytes, bytes]:
+    """`exec_command` on a session channel already open (closed when done)."""
+    deadline = time.monotonic() + timeout
+    try:
+        chan.settimeout(timeout)
+        chan.exec_command(command)
+        if stdin is not None:
+            chan.sendall(stdin)
+        chan.shutdown_write()
+        out, err = bytearray(), bytearray()
+        while True:
+            if chan.recv_ready():
+                out += chan.recv(65536)
+            elif chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+            elif chan.exit_status_ready():
+                # the remote side may still be sending what is buffered: drain until EOF
+                while data := chan.recv(65536):
+                    out += data
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                return chan.recv_exit_status(), bytes(out), bytes(err)
+            elif time.monotonic() > deadline:
+                raise TimeoutError(f"no answer within {timeout:.0f}s to {command[:60]!r}")
+            else:
+                time.sleep(0.01)
+    finally:
+        chan.close()
 
 
 def tcp_socket(host: str, port: int, timeout: float) -> socket.socket:

@@ -21,12 +21,11 @@ from __future__ import annotations
 import json
 import re
 import time
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from support.lab import chromium_launch_kwargs
+from support.lab import playwright_or_skip
 from support.labpanel import (
     ARTIFACTS,
     DATA,
@@ -49,11 +48,8 @@ from support.labpanel import (
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = chromium_launch_kwargs()["executable_path"]
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; or set GPUSESSION_CHROMIUM)",
-                allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+pytest_plugins = ["support.browser_fixtures"]  # fixtures: browser, page, jp_asyncio_loop, jp_server_cleanup
+sync_api = playwright_or_skip()
 
 from gpusession.errors import GpuSessionError  # noqa: E402
 from gpusession.models import State  # noqa: E402
@@ -75,17 +71,6 @@ def assert_readable(page, scope: str) -> None:
     assert not text, text
 
 
-@pytest.fixture
-def jp_asyncio_loop():
-    """pytest-jupyter's autouse loop fixture would close Playwright's loop (no in-process server here)."""
-    yield None
-
-
-@pytest.fixture
-def jp_server_cleanup():
-    yield
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> Iterator[Lab]:
     """One JupyterLab whose defaults come from its Jupyter config, not the environment."""
@@ -93,27 +78,6 @@ def lab(tmp_path_factory) -> Iterator[Lab]:
                      extra_args=("--GpuSessionConfig.default_backend=local",
                                  "--GpuSessionConfig.default_idle=45m")) as found:
         yield found
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(**chromium_launch_kwargs())
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser):
-    """A fresh page (1400 x 1000) that records the page's uncaught errors in `page.errors`."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.errors = errors
-    yield page
-    context.close()
 
 
 def seconds(text: str) -> int:

@@ -22,15 +22,11 @@ from pathlib import Path
 import pytest
 
 from support.hosts import docker_available, product_image
-from support.lab import chromium_launch_kwargs, lab_url, start_lab, stop_lab
+from support.lab import chromium_launch_kwargs, lab_url, playwright_or_skip, start_lab, stop_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
-CHROMIUM = chromium_launch_kwargs()["executable_path"]
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; or set GPUSESSION_CHROMIUM)",
-                allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+sync_api = playwright_or_skip()
 
 from gpusession.config import GpuSessionConfig  # noqa: E402
 from gpusession.models import State  # noqa: E402

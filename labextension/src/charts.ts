@@ -13,7 +13,7 @@ import { formatBytes } from './format';
 import { RECORDED_TITLE } from './gpus';
 import { gpuIcon } from './icon';
 import { SessionListModel, SessionStatsModel } from './model';
-import { chartSpan, cpuScale, gpuPoints, gpuSeries, gpuTitle, lastKnown, valueText } from './series';
+import { chartSpan, cpuScale, gpuFrame, valueText } from './series';
 import { endedText, kindText, noGpuNote } from './sessions';
 import type { Sample, SessionView } from './types';
 
@@ -36,39 +36,36 @@ class GpuCharts {
   readonly node: HTMLElement;
 
   update(index: number, samples: readonly Sample[], windowS: number): void {
-    const series = gpuSeries(samples, index);
-    const latest = series[series.length - 1];
-    if (!latest) {
+    const frame = gpuFrame(samples, index);
+    if (!frame) {
       return;
     }
-    const { gpu } = latest;
-    const tEnd = latest.t;
-    setText(this._title, gpuTitle(series));
-    this._title.title = gpu.error ?? gpu.uuid ?? '';
+    const { gpu, tEnd, powerLimit } = frame;
+    setText(this._title, frame.title);
+    this._title.title = frame.tooltip;
     const base = { tEnd, windowS };
     this._util.update(
       {
         ...base,
-        points: gpuPoints(series, g => g.utilization),
+        points: frame.util,
         max: 100,
         valueText: valueText(gpu.utilization, v => `${Math.round(v)}%`),
         value: gpu.utilization
       },
       '100%'
     );
-    const memoryTotal = lastKnown(series, g => g.memory_total) ?? 0;
-    const powerLimit = lastKnown(series, g => g.power_limit);
+    const memoryTotal = frame.memoryTotal ?? 0;
     this._memory.update(
       {
         ...base,
-        points: gpuPoints(series, g => g.memory_used),
+        points: frame.memory,
         max: memoryTotal,
         valueText: valueText(gpu.memory_used, v => `${formatBytes(v)} of ${formatBytes(memoryTotal)}`),
         value: gpu.memory_used
       },
       valueText(memoryTotal || null, formatBytes)
     );
-    const temperatures = gpuPoints(series, g => g.temperature);
+    const temperatures = frame.temperature;
     const tempMax = Math.max(100, ...temperatures.map(p => p.v));
     this._temp.update(
       {
@@ -84,7 +81,7 @@ class GpuCharts {
     this._power.update(
       {
         ...base,
-        points: gpuPoints(series, g => g.power_draw),
+        points: frame.power,
         max: powerLimit ?? 0,
         valueText: valueText(gpu.power_draw, v => `${Math.round(v)} of ${limit}`),
         value: gpu.power_draw

@@ -6,7 +6,7 @@ import { Sparkline } from './chart';
 import { control, element, setClass, showText } from './dom';
 import { formatBytes, formatMemory } from './format';
 import type { SessionStatsModel } from './model';
-import { chartSpan, cpuScale, gpuPoints, gpuSeries, gpuTitle, lastKnown, valueText } from './series';
+import { chartSpan, cpuScale, gpuFrame, valueText } from './series';
 import { noGpuNote } from './sessions';
 import type { Sample } from './types';
 
@@ -29,45 +29,40 @@ class GpuRow {
   readonly node: HTMLDivElement;
 
   update(index: number, samples: readonly Sample[], windowS: number): void {
-    const series = gpuSeries(samples, index);
-    const latest = series[series.length - 1];
-    if (!latest) {
+    const frame = gpuFrame(samples, index);
+    if (!frame) {
       return;
     }
-    const { gpu } = latest;
-    const tEnd = latest.t;
-    const title = gpuTitle(series);
-    if (this._title.textContent !== title) {
-      this._title.textContent = title;
-      this._title.title = gpu.error ?? gpu.uuid ?? '';
+    const { gpu, tEnd, memoryTotal, powerLimit } = frame;
+    if (this._title.textContent !== frame.title) {
+      this._title.textContent = frame.title;
+      this._title.title = frame.tooltip;
     }
     const base = { tEnd, windowS };
-    const memoryTotal = lastKnown(series, g => g.memory_total);
-    const powerLimit = lastKnown(series, g => g.power_limit);
     this._util.update({
       ...base,
-      points: gpuPoints(series, g => g.utilization),
+      points: frame.util,
       max: 100,
       valueText: valueText(gpu.utilization, v => `${Math.round(v)}%`),
       value: gpu.utilization
     });
     this._memory.update({
       ...base,
-      points: gpuPoints(series, g => g.memory_used),
+      points: frame.memory,
       max: memoryTotal ?? 0,
       valueText: valueText(gpu.memory_used, v => formatMemory(v, memoryTotal ?? 0)),
       value: gpu.memory_used
     });
     this._temperature.update({
       ...base,
-      points: gpuPoints(series, g => g.temperature),
+      points: frame.temperature,
       max: 100,
       valueText: valueText(gpu.temperature, v => `${Math.round(v)}°C`),
       value: gpu.temperature
     });
     this._power.update({
       ...base,
-      points: gpuPoints(series, g => g.power_draw),
+      points: frame.power,
       max: powerLimit ?? 0,
       valueText: valueText(
         gpu.power_draw,

@@ -177,3 +177,40 @@ export function lastKnown(
   }
   return null;
 }
+
+/** What both the sidebar's and the main area's charts of one GPU draw. */
+export interface GpuFrame {
+  gpu: GpuSample;
+  tEnd: number;
+  /** "GPU 0 · Tesla T4", and what NVML said when it could not read the board. */
+  title: string;
+  tooltip: string;
+  memoryTotal: number | null;
+  powerLimit: number | null;
+  util: Point[];
+  memory: Point[];
+  temperature: Point[];
+  power: Point[];
+}
+
+/** One GPU's latest sample and series, or null before its first sample. */
+export function gpuFrame(samples: readonly Sample[], index: number): GpuFrame | null {
+  const series = gpuSeries(samples, index);
+  const latest = series[series.length - 1];
+  if (!latest) {
+    return null;
+  }
+  const { gpu } = latest;
+  return {
+    gpu,
+    tEnd: latest.t,
+    title: gpuTitle(series),
+    tooltip: gpu.error ?? gpu.uuid ?? '',
+    memoryTotal: lastKnown(series, g => g.memory_total),
+    powerLimit: lastKnown(series, g => g.power_limit),
+    util: gpuPoints(series, g => g.utilization),
+    memory: gpuPoints(series, g => g.memory_used),
+    temperature: gpuPoints(series, g => g.temperature),
+    power: gpuPoints(series, g => g.power_draw)
+  };
+}

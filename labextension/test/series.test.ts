@@ -7,6 +7,7 @@ import {
   areaPoints,
   chartSpan,
   cpuScale,
+  gpuFrame,
   gpuPoints,
   gpuSeries,
   gpuTitle,
@@ -158,5 +159,27 @@ describe('scales', () => {
     assert.equal(lastKnown(series, g => g.memory_total), 16 * 2 ** 30);
     assert.equal(lastKnown(series, g => g.power_limit), 70);
     assert.equal(lastKnown([{ gpu: lost }], g => g.power_limit), null);
+  });
+});
+
+describe('gpuFrame', () => {
+  test('is null before a GPU has a sample', () => {
+    assert.equal(gpuFrame([sample(1)], 3), null);
+  });
+
+  test("gives the latest sample, the title, the scales and one series per chart", () => {
+    const samples = [sample(1, [gpu(0, 10), gpu(1, 50)]), sample(2, [gpu(0, 20), gpu(1, 60)])];
+    const frame = gpuFrame(samples, 1)!;
+    assert.equal(frame.tEnd, 2);
+    assert.equal(frame.gpu.utilization, 60);
+    assert.equal(frame.title, gpuTitle(gpuSeries(samples, 1)));
+    assert.deepEqual(frame.util, [
+      { t: 1, v: 50 },
+      { t: 2, v: 60 }
+    ]);
+    assert.equal(frame.memoryTotal, lastKnown(gpuSeries(samples, 1), g => g.memory_total));
+    assert.equal(frame.memory.length, 2);
+    assert.equal(frame.temperature.length, 2);
+    assert.equal(frame.power.length, 2);
   });
 });

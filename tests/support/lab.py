@@ -218,3 +218,14 @@ def _wait_until_up(process: subprocess.Popen, url: str, token: str, timeout: flo
         f"jupyter lab did not answer at {status_url} within {timeout:.0f} s ({last_error}); "
         f"log {getattr(process, 'log_path', '?')}:\n{log_tail(process)}"
     )
+
+
+def playwright_or_skip():
+    """playwright.sync_api, or skip the calling module saying what is missing."""
+    import pytest
+
+    chromium = chromium_launch_kwargs()["executable_path"]
+    if not Path(chromium).exists():
+        pytest.skip(f"no Chromium at {chromium} (apt-get install chromium; or set GPUSESSION_CHROMIUM)",
+                    allow_module_level=True)
+    return pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")

@@ -219,9 +219,11 @@ class AwsBackend(Backend):
     def _on_notice(self, session_id: str, notice: dict) -> None:
         text = (f"spot interruption notice: AWS will {notice.get('action', 'stop')} this instance at "
                 f"{notice.get('time', 'any moment')} (about 2 minutes after the notice); save your work")
-        self.recorder.save(session_id, interrupted={"notice": notice, "noticed_at": time.time()})
+        noticed_at = time.time()
         self._note(session_id, text)
         log.warning("gpusession: %s", text)
+        # last: whoever sees the session marked interrupted finds the note and the log line too
+        self.recorder.save(session_id, interrupted={"notice": notice, "noticed_at": noticed_at})
 
     # -- life -------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from ...bundle import BundleError, ImagePython, cache_dir, code_archive, site_ar
 from ...errors import StageError
 from ...protocol import KERNEL_PORT_NAMES, Marker, parse_marker
 from ...pulls import PullProgress, format_bytes
+from ...sshlogin import exec_command
 from ..base import TunnelLink, failure_detail
 from .cloudinit import SSH_USER
 
@@ -101,22 +102,8 @@ def wait_for_login(target, deadline: float, *, say: Callable[[str], None], gone:
 
 def run_access(transport, command: str, data: bytes | None = None, timeout: float = 60.0) -> tuple[int, bytes]:
     """access.sh COMMAND on the instance (the login's forced command): (exit status, stdout)."""
-    chan = transport.open_session(timeout=10)
-    try:
-        chan.settimeout(timeout)
-        chan.exec_command(command)
-        if data is not None:
-            chan.sendall(data)
-            chan.shutdown_write()
-        out = b""
-        while True:
-            piece = chan.recv(65536)
-            if not piece:
-                break
-            out += piece
-        return chan.recv_exit_status(), out
-    finally:
-        chan.close()
+    status, out, _ = exec_command(transport, command, stdin=data, timeout=timeout, open_timeout=10)
+    return status, out
 
 
 class BootWatch:

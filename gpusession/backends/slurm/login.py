@@ -14,7 +14,6 @@ import shlex
 import socket
 import tarfile
 import threading
-import time
 from pathlib import Path
 
 from ...errors import BackendUnavailable
@@ -76,6 +75,10 @@ class LoginShell:
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float = 60.0) -> Result:
         """Run `command` in the login user's shell; BackendUnavailable when the node cannot be
         reached or does not answer within `timeout` seconds."""
+        import paramiko
+
+        from ...sshlogin import run_on_channel
+
         for attempt in (1, 2):
             transport = self._connect()
             try:
@@ -86,19 +89,11 @@ class LoginShell:
                 if attempt == 2:
                     raise BackendUnavailable(f"Slurm login node {self.url}: {type(exc).__name__}: {exc}") from None
         try:
-            chan.settimeout(timeout)
-            chan.exec_command(command)
-            if stdin is not None:
-                chan.sendall(stdin)
-            chan.shutdown_write()
-            out, err = _read_all(chan, time.monotonic() + timeout)
-            rc = chan.recv_exit_status()
+            rc, out, err = run_on_channel(chan, command, stdin=stdin, timeout=timeout)
         except (socket.timeout, TimeoutError):
             raise BackendUnavailable(f"Slurm login node {self.url}: no answer within {timeout:.0f}s to {command[:60]!r}") from None
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, paramiko.SSHException) as exc:
             raise BackendUnavailable(f"Slurm login node {self.url}: {type(exc).__name__}: {exc}") from None
-        finally:
-            chan.close()
         return Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def home(self) -> str:
@@ -119,29 +114,6 @@ class LoginShell:
             t, self._transport = self._transport, None
         if t is not None:
             t.close()
-
-
-def _read_all(chan, deadline: float) -> tuple[bytes, bytes]:
-    out, err = bytearray(), bytearray()
-    while True:
-        if chan.recv_ready():
-            out += chan.recv(65536)
-        elif chan.recv_stderr_ready():
-            err += chan.recv_stderr(65536)
-        elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-            # the remote side may still be sending what is buffered: drain until EOF
-            while True:
-                data = chan.recv(65536)
-                if not data:
-                    break
-                out += data
-            while chan.recv_stderr_ready():
-                err += chan.recv_stderr(65536)
-            return bytes(out), bytes(err)
-        elif time.monotonic() > deadline:
-            raise TimeoutError
-        else:
-            time.sleep(0.01)
 
 
 # -- the runtime on the cluster ------------------------------------------------------------------
