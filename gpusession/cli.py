@@ -15,10 +15,10 @@ from .transfers import add_commands as add_transfer_commands
 def _manager():
     """The CLI is no Jupyter app: its settings are the GPUSESSION_* env vars (a bad one is a
     one-line error), not ipython_config.py or jupyter_server_config.py, which may disagree."""
-    from .config import GpuSessionConfig
     from .session import SessionManager
+    from .settings import EnvConfig
 
-    return SessionManager(GpuSessionConfig())
+    return SessionManager(EnvConfig())
 
 
 def cmd_list(args: argparse.Namespace) -> int:

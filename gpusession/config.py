@@ -16,79 +16,28 @@ traitlets overrides the env var. A bad value says which setting or variable was 
 
 from __future__ import annotations
 
-import math
-import os
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable
 
-import platformdirs
-from traitlets import Float, TraitError, Unicode, default, validate
+from traitlets import Float, Unicode, default, validate
 from traitlets.config import Configurable
 
-from .durations import MAX_DOLLARS, shown
-from .errors import BadInput, GpuSessionError
-
-T = TypeVar("T")
-
-BUILTIN_TYPE = "t4"
-BUILTIN_IDLE = "30m"
-# PyTorch's own image on nvidia/cuda 12.6 (devel, Ubuntu 22.04) with Python 3.11 in /opt/conda: its
-# cu126 build runs on every GPU of the catalog, V100 to H200 (docs/images.md says why this one)
-BUILTIN_IMAGE = "pytorch/pytorch:2.7.1-cuda12.6-cudnn9-devel"
-CATALOG_PRICE = -1.0
-
-
-class ConfigError(GpuSessionError, TraitError):
-    """A setting (config file, command line, `%config`) or its env var has a bad value.
-
-    A TraitError, so traitlets rolls back a `%config` line that carries it and IPython prints the
-    message; a GpuSessionError, so the faces show it as one line."""
-
-
-def builtin_data_dir() -> str:
-    return platformdirs.user_data_dir("gpusession", appauthor=False)
-
-
-def _from_env(var: str, parse: Callable[[str], T], builtin: T) -> T:
-    """The env var's value through `parse`, or `builtin` when it is unset or empty."""
-    raw = os.environ.get(var, "").strip()
-    if not raw:
-        return builtin
-    try:
-        return parse(raw)
-    except (BadInput, ValueError) as exc:
-        raise ConfigError(f"environment variable {var}={shown(raw)}: {exc}") from None
-
-
-def _gpu_type(text: str) -> str:
-    from .catalog import load_catalog
-
-    load_catalog().parse(text)  # BadInput names the valid types
-    return text.strip().lower()
-
-
-def _idle(text: str) -> str:
-    from .durations import IDLE
-
-    IDLE.parse(text)
-    return text.strip()
-
-
-def _price(text: str | float) -> float:
-    try:
-        value = float(str(text).strip().lstrip("$"))
-    except ValueError:
-        raise BadInput(f"not a number of dollars per hour: {shown(text)}") from None
-    if not math.isfinite(value) or value > MAX_DOLLARS:
-        raise BadInput(f"must be a finite number of dollars per hour, at most ${MAX_DOLLARS:,.0f}, got {shown(text)}")
-    if value < 0 and value != CATALOG_PRICE:
-        raise BadInput(f"must be -1 (the catalog's rate) or at least 0 dollars per hour, got {shown(text)}")
-    return value
-
-
-def _data_dir(text: str) -> str:
-    return os.path.abspath(os.path.expanduser(text.strip()))
-
+from .errors import BadInput
+from .settings import (  # noqa: F401 - ConfigError, EnvConfig and the built-ins are used from here too
+    BUILTIN_IDLE,
+    BUILTIN_IMAGE,
+    BUILTIN_TYPE,
+    CATALOG_PRICE,
+    ConfigError,
+    EnvConfig,
+    T,
+    _data_dir,
+    _gpu_type,
+    _idle,
+    _price,
+    builtin_data_dir,
+    env_setting,
+)
 
 class GpuSessionConfig(Configurable):
     """`c.GpuSessionConfig.<name> = ...` in ipython_config.py (the magics) or
@@ -147,27 +96,27 @@ class GpuSessionConfig(Configurable):
 
     @default("data_dir")
     def _data_dir_default(self) -> str:
-        return _from_env("GPUSESSION_HOME", _data_dir, builtin_data_dir())
+        return env_setting("data_dir")
 
     @default("default_backend")
     def _backend_default(self) -> str:
-        return _from_env("GPUSESSION_BACKEND", lambda s: s.lower(), "")
+        return env_setting("default_backend")
 
     @default("default_type")
     def _type_default(self) -> str:
-        return _from_env("GPUSESSION_TYPE", _gpu_type, BUILTIN_TYPE)
+        return env_setting("default_type")
 
     @default("default_idle")
     def _idle_default(self) -> str:
-        return _from_env("GPUSESSION_IDLE", _idle, BUILTIN_IDLE)
+        return env_setting("default_idle")
 
     @default("price_per_hour")
     def _price_default(self) -> float:
-        return _from_env("GPUSESSION_PRICE_PER_HOUR", _price, CATALOG_PRICE)
+        return env_setting("price_per_hour")
 
     @default("docker_image")
     def _image_default(self) -> str:
-        return _from_env("GPUSESSION_IMAGE", str, BUILTIN_IMAGE)
+        return env_setting("docker_image")
 
     # -- values set through traitlets (files, command line, %config) --------------------------
 

@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import sqlite3
-import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -109,6 +108,8 @@ class Store:
 
     def create(self, spec: LaunchSpec, *, price_per_hour: float, owner: str | None = None) -> SessionRecord:
         """Record a new session in state `requested`; picks a free name when spec.name is None."""
+        import uuid  # (with `platform`: not for a process that only lists)
+
         sid = uuid.uuid4().hex
         t = now()
         with self._write() as db:

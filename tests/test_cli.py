@@ -39,6 +39,13 @@ def test_types_list_start_status_stop(nb_env):
     assert "bg is running" in r.stdout
     listing = cli(nb_env, "list").stdout
     assert "bg" in listing and "running" in listing and "1xl4" in listing
+    # printing a table, its running session checked alive, loads no kernel client or Jupyter app
+    # (IPython, jupyter_client, zmq, traitlets.config): they were most of the command's time
+    probe = ("import sys; from gpusession.cli import main; rc = main(['list']); heavy = ('IPython', 'jupyter_client', "
+             "'zmq', 'traitlets.config', 'docker', 'paramiko'); print('HEAVY', sorted(m for m in sys.modules "
+             "if m in heavy or m.startswith(tuple(h + '.' for h in heavy))))")
+    r = subprocess.run([sys.executable, "-c", probe], env=nb_env, capture_output=True, text=True, timeout=60)
+    assert "bg" in r.stdout and r.stdout.strip().endswith("HEAVY []"), r.stdout + r.stderr
     record = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3").get("bg")
     spec = record.spec
     assert (spec.idle_timeout_s, spec.gpu_only, spec.max_runtime_s, spec.max_cost) == (None, True, 8 * 3600.0, 5.0)

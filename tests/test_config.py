@@ -393,3 +393,17 @@ async def test_server_with_a_bad_env_var_says_which_on_start(jp_fetch):
     with pytest.raises(tornado.httpclient.HTTPClientError) as exc:
         await _fetch(jp_fetch, "sessions", method="POST", body=json.dumps({"type": "t4", "backend": "local"}))
     assert "environment variable GPUSESSION_IDLE='abc'" in json.loads(exc.value.response.body)["message"]
+
+
+def test_the_cli_env_config_reads_every_setting_as_the_traitlets_one_does(tmp_path, monkeypatch):
+    # the CLI builds its manager on settings.EnvConfig (no traitlets.config to import): the same
+    # settings, from the same env vars, with the same values
+    from gpusession.settings import ENV_SETTINGS, EnvConfig
+
+    assert {name: var for name, (var, _, _) in ENV_SETTINGS.items()} == ENV_VARS
+    assert set(ENV_SETTINGS) == set(GpuSessionConfig().trait_names(config=True))
+    for name, value in env_values(tmp_path).items():
+        monkeypatch.setenv(ENV_VARS[name], str(value))
+    ours, traits = EnvConfig(), GpuSessionConfig()
+    assert {n: getattr(ours, n) for n in ENV_SETTINGS} == {n: getattr(traits, n) for n in ENV_SETTINGS}
+    assert ours.data_path == Path(tmp_path / "env-home") and ours.data_path.is_dir()

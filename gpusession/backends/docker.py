@@ -18,13 +18,11 @@ gpusession.image, gpusession.started (unix seconds).
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from typing import Any
 
 from ..agentargs import args_for
-from ..bundle import cache_dir
 from ..errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ..models import LaunchSpec, SessionRecord, State
 from ..progress import Progress
@@ -41,6 +39,7 @@ from ..protocol import (
 )
 from .base import Backend, DirectLink, Link, RemoteResource, TunnelLink, stop_details_from_log
 from .docker_engine import (
+    STATE_DIR,
     container_logs,
     container_states,
     docker_sdk,
@@ -53,16 +52,8 @@ from .docker_engine import (
     short_error,
     wait_for_marker,
 )
-from .docker_runtime import (
-    STATE_DIR,
-    InThread,
-    bundle_command,
-    connection_info,
-    find_or_pull_image,
-    gpu_request,
-    prepare_runtime,
-    ssh_alive,
-)
+# What starts and connects a session (docker_runtime's helpers, the bundle, the SDK) is imported
+# where it is used: `gpusession list` loads this backend only to ask the local engine one question.
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +97,8 @@ class DockerBackend(Backend):
         """The engine for a session's --host ('' or None: the local engine), cached; a remote
         engine's again when its SSH connection died (a network blip, a laptop that slept)."""
         key = host or ""
+        from .docker_runtime import ssh_alive
+
         if key in self._clients and host and not ssh_alive(self._clients[key]):
             self._clients.pop(key).close()
         if key not in self._clients:
@@ -126,6 +119,11 @@ class DockerBackend(Backend):
     # -- start --------------------------------------------------------------------------
 
     def provision(self, record: SessionRecord, progress: Progress) -> None:
+        import secrets
+
+        from ..bundle import cache_dir
+        from .docker_runtime import bundle_command, find_or_pull_image, gpu_request, prepare_runtime
+
         spec = record.spec
         progress.step(f"connecting to the Docker engine {spec.host or '(local)'}")
         client = self.client(spec.host)
@@ -183,6 +181,8 @@ class DockerBackend(Backend):
             raise StageError("provision", f"cannot start the container: {text}") from None
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
+        from .docker_runtime import InThread, connection_info
+
         res = record.resource
         client = self.client(record.spec.host)
         container = get_container(client, res.get("container_id"))

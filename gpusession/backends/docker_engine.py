@@ -8,13 +8,15 @@ import contextlib
 import io
 import json
 import os
-import tarfile
 import time
 from typing import Any, Iterator
 
 from ..errors import BackendUnavailable, StageError
 from ..protocol import Marker, parse_marker
+
 from .base import failure_detail, marker_lines
+
+STATE_DIR = "/tmp/gpusession"  # the runtime's state folder in a session's container
 
 INSTALL_HINT = "the docker backend needs the Docker SDK for Python: pip install 'docker>=7.1'"
 
@@ -123,30 +125,28 @@ def local_engine_states(label: str, timeout: float = 2.0) -> dict[str, str] | No
     it, asked of the local engine over its unix socket with the standard library: importing the
     SDK alone costs more than the whole question, and `gpusession list` asks it. None when the
     local engine is no unix socket (DOCKER_HOST tcp:// or ssh://) or does not answer in time."""
-    import http.client
     import socket
     import urllib.parse
 
     host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     if not host.startswith("unix://"):
         return None
-
-    class UnixConnection(http.client.HTTPConnection):
-        def connect(self) -> None:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.settimeout(timeout)
-            self.sock.connect(host[len("unix://"):])
-
+    # one HTTP/1.0 request by hand (no keep-alive, no chunking: the body runs to EOF); http.client
+    # would bring ssl and email, half again the time of the question
     query = urllib.parse.urlencode({"all": "1", "filters": json.dumps({"label": [label]})})
-    conn = UnixConnection("docker", timeout=timeout)
     try:
-        conn.request("GET", f"/containers/json?{query}")
-        reply = conn.getresponse()
-        containers = json.loads(reply.read()) if reply.status == 200 else None
-    except (OSError, ValueError, http.client.HTTPException):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(host[len("unix://"):])
+            sock.sendall(f"GET /containers/json?{query} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+        status = head.split(b"\r\n", 1)[0].split()
+        containers = json.loads(body) if len(status) > 1 and status[1] == b"200" else None
+    except (OSError, ValueError):
         return None
-    finally:
-        conn.close()
     if not isinstance(containers, list):
         return None
     return container_states(containers, label)
@@ -223,6 +223,8 @@ def read_json_from(container, path: str) -> dict:
     """A JSON file inside the container, read through the Docker API (no exec needed)."""
     with engine_errors(f"while reading {path} in the container"):
         stream, _ = container.get_archive(path)
+    import tarfile
+
     with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
         member = tar.getmembers()[0]
         return json.loads(tar.extractfile(member).read())

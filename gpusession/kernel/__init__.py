@@ -7,7 +7,25 @@ the loop ends; through a tunnel that drops, every output still arrives exactly o
 or one line names exactly which did not (`cellwait`).
 """
 
-from .client import KernelClient
-from .sink import NullSink, OutputSink
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .client import KernelClient
+    from .sink import NullSink, OutputSink
 
 __all__ = ["KernelClient", "OutputSink", "NullSink"]
+
+
+def __getattr__(name: str):
+    """KernelClient (jupyter_client, zmq) loads on first use: `files`, say, needs neither."""
+    if name == "KernelClient":
+        from .client import KernelClient
+
+        return KernelClient
+    if name in ("NullSink", "OutputSink"):
+        from . import sink
+
+        return getattr(sink, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,12 +1,41 @@
 """The session core: orchestration (manager), the connected-session handle, the agent client,
 the view shape, gc, and the recorder the backends report through. Data in, data out: the faces
-make the words (gpusession/words.py)."""
+make the words (gpusession/words.py).
 
-from .agentclient import AgentClient, AgentUnavailable
-from .gc import GcAction
-from .handle import Session
+Imported on first use (PEP 562): `gpusession list` needs the manager, not the kernel client
+(jupyter_client, zmq) a connected Session brings."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from .manager import SessionManager, default_backend_name
-from .recorder import StoreRecorder
+
+if TYPE_CHECKING:
+    from .agentclient import AgentClient, AgentUnavailable
+    from .gc import GcAction
+    from .handle import Session
+    from .recorder import StoreRecorder
 
 __all__ = ["AgentClient", "AgentUnavailable", "GcAction", "Session", "SessionManager", "StoreRecorder",
            "default_backend_name"]
+
+
+def __getattr__(name: str):
+    if name in ("AgentClient", "AgentUnavailable"):
+        from . import agentclient
+
+        return getattr(agentclient, name)
+    if name == "GcAction":
+        from .gc import GcAction
+
+        return GcAction
+    if name == "Session":
+        from .handle import Session
+
+        return Session
+    if name == "StoreRecorder":
+        from .recorder import StoreRecorder
+
+        return StoreRecorder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,15 +6,16 @@ process connected to the session holds (`AgentClient.for_endpoint`).
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..agent.endpoint import agent_token
 from ..errors import GpuSessionError
 from ..models import KernelEndpoint
+
+if TYPE_CHECKING:  # http.client (with ssl, email) loads when a client is made: not for `list`
+    import http.client
 
 
 class AgentUnavailable(GpuSessionError):
@@ -38,6 +39,8 @@ class AgentClient:
     def for_endpoint(cls, endpoint: KernelEndpoint, **kw: Any) -> "AgentClient":
         if not endpoint.agent_url:
             raise AgentUnavailable("this session has no stats agent (it was started without one)")
+        from ..agent.endpoint import agent_token
+
         key = (endpoint.connection_info or {}).get("key")
         return cls(endpoint.agent_url, agent_token(key) if key else None, **kw)
 
@@ -48,6 +51,8 @@ class AgentClient:
                 self._conn = None
 
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+        import http.client
+
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
         if self.token:

@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..models import SessionRecord, State
+from ..protocol import StopKind, StopReason
 
 if TYPE_CHECKING:
     from .manager import SessionManager
@@ -25,6 +26,15 @@ log = logging.getLogger(__name__)
 
 FRESH_S = 15.0  # a session seen alive this recently by this process counts as verified
 SAVE_EVERY_S = 60.0  # how often `last_seen` is written to a record, at most
+
+
+def ended_state(reason: StopReason) -> State:
+    """The one rule for how an ended session is recorded, however it was found (mid-cell, by a poll, by
+    gc): stopped when someone or something decided it (its watchdog, a user, gc, a signal such as `docker
+    stop`, the cloud taking a spot instance back), failed when the kernel or the runtime ended by itself
+    or nobody can say why."""
+    failed = (StopKind.KERNEL_EXIT, StopKind.START_FAILED, StopKind.CONTAINER_EXIT, StopKind.GONE)
+    return State.FAILED if reason.kind in failed else State.STOPPED
 
 
 class Liveness:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import options
 from ..backends import Backend, Link, load_backend_class
 from ..catalog import load_catalog
-from ..config import GpuSessionConfig
 from ..durations import KEEPALIVE
 from ..errors import GpuSessionError, KernelDied, SessionEnded, StageError
 from ..kernel import files
@@ -23,10 +22,13 @@ from ..progress import Progress, Reporter
 from ..protocol import StopKind, StopReason, Warning, WarningKind
 from ..store import Store
 from .agentclient import AgentUnavailable
-from .handle import Session
-from .liveness import Liveness
+from .liveness import Liveness, ended_state
 from .recorder import StoreRecorder
 from .views import session_view
+
+if TYPE_CHECKING:
+    from ..config import GpuSessionConfig
+    from .handle import Session
 
 FRESH_S = 15.0  # how long a fetched stats document may fill in a view's idle countdown
 
@@ -43,20 +45,14 @@ def default_backend_name(config: GpuSessionConfig) -> str:
     return "local"
 
 
-def ended_state(reason: StopReason) -> State:
-    """The one rule for how an ended session is recorded, however it was found (mid-cell, by a
-    poll, by gc): stopped when someone or something decided it (its watchdog, a user, gc, a
-    signal such as `docker stop`, the cloud taking a spot instance back), failed when the
-    kernel or the runtime ended by itself or nobody can say why."""
-    failed = (StopKind.KERNEL_EXIT, StopKind.START_FAILED, StopKind.CONTAINER_EXIT, StopKind.GONE)
-    return State.FAILED if reason.kind in failed else State.STOPPED
-
-
 class SessionManager:
     """The one entry point of the faces. Cheap; one per process is typical but not required."""
 
     def __init__(self, config: GpuSessionConfig | None = None, store: Store | None = None):
-        self.config = config or GpuSessionConfig()
+        if config is None:  # the CLI gives an EnvConfig (settings.py): no traitlets.config
+            from ..config import GpuSessionConfig
+            config = GpuSessionConfig()
+        self.config = config
         self.store = store or Store(self.config.data_path / "sessions.sqlite3")
         self.catalog = load_catalog()
         self._backends: dict[str, Backend] = {}
@@ -120,6 +116,7 @@ class SessionManager:
             record = self.store.transition(record.id, State.STARTING)
             with progress.stage("connect"):
                 link = backend.connect(record, progress)
+            from .handle import Session  # the kernel client (jupyter_client, zmq): not for `list`
             session = Session(self, record, backend, link)
             try:
                 with progress.stage("kernel", "waiting for the kernel to answer"):
@@ -182,6 +179,7 @@ class SessionManager:
         with progress.stage("connect", f"attaching to {record.name}"):
             if not backend.is_alive(record):
                 raise SessionEnded(self.reconcile(record, backend))
+            from .handle import Session
             session = Session(self, record, backend, backend.connect(record, progress))
             session.kernel.wait_ready(timeout=30)
         with self._lock:

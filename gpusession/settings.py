@@ -1,0 +1,117 @@
+"""The settings as the environment gives them, without traitlets (`traitlets.config` alone costs
+a `gpusession list` a fifth of its time): the parsers and built-in values `GpuSessionConfig` uses
+for its defaults and checks, and `EnvConfig`, the same settings read from the GPUSESSION_* env
+vars only, which is all the `gpusession` CLI reads."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import platformdirs
+from traitlets import TraitError
+
+from .durations import MAX_DOLLARS, shown
+from .errors import BadInput, GpuSessionError
+
+T = TypeVar("T")
+
+BUILTIN_TYPE = "t4"
+BUILTIN_IDLE = "30m"
+# PyTorch's own image on nvidia/cuda 12.6 (devel, Ubuntu 22.04) with Python 3.11 in /opt/conda: its
+# cu126 build runs on every GPU of the catalog, V100 to H200 (docs/images.md says why this one)
+BUILTIN_IMAGE = "pytorch/pytorch:2.7.1-cuda12.6-cudnn9-devel"
+CATALOG_PRICE = -1.0
+
+
+class ConfigError(GpuSessionError, TraitError):
+    """A setting (config file, command line, `%config`) or its env var has a bad value.
+
+    A TraitError, so traitlets rolls back a `%config` line that carries it and IPython prints the
+    message; a GpuSessionError, so the faces show it as one line."""
+
+
+def builtin_data_dir() -> str:
+    return platformdirs.user_data_dir("gpusession", appauthor=False)
+
+
+def _from_env(var: str, parse: Callable[[str], T], builtin: T) -> T:
+    """The env var's value through `parse`, or `builtin` when it is unset or empty."""
+    raw = os.environ.get(var, "").strip()
+    if not raw:
+        return builtin
+    try:
+        return parse(raw)
+    except (BadInput, ValueError) as exc:
+        raise ConfigError(f"environment variable {var}={shown(raw)}: {exc}") from None
+
+
+def _gpu_type(text: str) -> str:
+    from .catalog import load_catalog
+
+    load_catalog().parse(text)  # BadInput names the valid types
+    return text.strip().lower()
+
+
+def _idle(text: str) -> str:
+    from .durations import IDLE
+
+    IDLE.parse(text)
+    return text.strip()
+
+
+def _price(text: str | float) -> float:
+    try:
+        value = float(str(text).strip().lstrip("$"))
+    except ValueError:
+        raise BadInput(f"not a number of dollars per hour: {shown(text)}") from None
+    if not math.isfinite(value) or value > MAX_DOLLARS:
+        raise BadInput(f"must be a finite number of dollars per hour, at most ${MAX_DOLLARS:,.0f}, got {shown(text)}")
+    if value < 0 and value != CATALOG_PRICE:
+        raise BadInput(f"must be -1 (the catalog's rate) or at least 0 dollars per hour, got {shown(text)}")
+    return value
+
+
+def _data_dir(text: str) -> str:
+    return os.path.abspath(os.path.expanduser(text.strip()))
+
+
+# name -> (env var, parse, built-in): each setting's default, as GpuSessionConfig's @default reads it
+ENV_SETTINGS: dict[str, tuple[str, Callable[[str], object], Callable[[], object]]] = {
+    "data_dir": ("GPUSESSION_HOME", _data_dir, builtin_data_dir),
+    "default_backend": ("GPUSESSION_BACKEND", lambda s: s.lower(), lambda: ""),
+    "default_type": ("GPUSESSION_TYPE", _gpu_type, lambda: BUILTIN_TYPE),
+    "default_idle": ("GPUSESSION_IDLE", _idle, lambda: BUILTIN_IDLE),
+    "price_per_hour": ("GPUSESSION_PRICE_PER_HOUR", _price, lambda: CATALOG_PRICE),
+    "docker_image": ("GPUSESSION_IMAGE", str, lambda: BUILTIN_IMAGE),
+}
+
+
+def env_setting(name: str):
+    """Setting `name` from its env var, else its built-in value; ConfigError names a bad var."""
+    var, parse, builtin = ENV_SETTINGS[name]
+    return _from_env(var, parse, builtin())
+
+
+class EnvConfig:
+    """GpuSessionConfig's settings from the env vars alone (no config files, no traitlets), each
+    read when first asked, as a trait default is: what the CLI gives a SessionManager."""
+
+    def __getattr__(self, name: str):
+        if name not in ENV_SETTINGS:
+            raise AttributeError(name)
+        value = env_setting(name)
+        setattr(self, name, value)
+        return value
+
+    def check(self) -> None:
+        for name in sorted(ENV_SETTINGS):
+            getattr(self, name)
+
+    @property
+    def data_path(self) -> Path:
+        p = Path(self.data_dir)
+        p.mkdir(parents=True, exist_ok=True)
+        return p
