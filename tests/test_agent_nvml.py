@@ -137,3 +137,46 @@ def test_nvml_record_writes_the_replay_format():
     visible, message, _ = replay.read()
     if doc["init_error"]:
         assert not visible and doc["init_error"].replace("NVMLError_", "") in message
+
+
+# -- the GPUs this session was given (a Slurm job, CUDA_VISIBLE_DEVICES) -----------------------
+
+FOUR = "nvml_four_a100.json"  # another job keeps GPUs 0 and 3 busy; 1 and 2 are idle
+
+
+def _read_with(env: dict) -> tuple[bool, str | None, list[dict]]:
+    return NvmlReader(RecordedNvml.from_file(DATA / FOUR), env=env).read()
+
+
+@pytest.mark.parametrize("env, indices", [
+    ({}, [0, 1, 2, 3]),
+    ({"CUDA_VISIBLE_DEVICES": "1,2"}, [1, 2]),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-a100c0de-1111-2222-3333-000000000002,GPU-a100c0de-1111-2222-3333-000000000001"}, [2, 1]),
+    ({"CUDA_VISIBLE_DEVICES": "2,7,1"}, [2]),  # as CUDA: the list ends at the first GPU that is not there
+    ({"SLURM_JOB_GPUS": "1,2"}, [1, 2]),
+    ({"SLURM_JOB_GPUS": "0,1,2,3"}, [0, 1, 2, 3]),
+    ({"CUDA_VISIBLE_DEVICES": "2", "SLURM_JOB_GPUS": "1,2"}, [2]),  # CUDA's own variable wins
+])
+def test_only_the_gpus_given_to_the_session_are_read(env, indices):
+    visible, message, gpus = _read_with(env)
+    assert visible and message is None
+    assert [g["index"] for g in gpus] == indices
+    if env:  # the other job's busy GPUs never make this session look busy
+        assert all(g["utilization"] == 0.0 and g["processes"] == [] for g in gpus if g["index"] in (1, 2))
+
+
+@pytest.mark.parametrize("value", ["", "NoDevFiles", "-1", "GPU-ffff"])
+def test_a_visibility_naming_no_gpu_says_so(value):
+    visible, message, gpus = _read_with({"CUDA_VISIBLE_DEVICES": value})
+    assert (visible, gpus) == (False, [])
+    assert message == f"{NO_GPU_MESSAGE} (CUDA_VISIBLE_DEVICES={value} selects none of the 4 the driver sees)"
+
+
+def test_the_agent_reads_its_visibility_from_its_environment(monkeypatch):
+    """What a Slurm job's agent does: no env argument, the process's own variables; the
+    samples the watchdog judges idleness by hold the session's GPUs alone."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
+    sampler = Sampler(NvmlReader(RecordedNvml.from_file(DATA / FOUR)), interval_s=1.0, history_s=60)
+    sample = sampler.sample(1000.0, kernel_busy=False)
+    assert [g["index"] for g in sample["gpus"]] == [1, 2]
+    assert max(g["utilization"] for g in sample["gpus"]) == 0.0  # idle, whatever GPUs 0 and 3 do

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
+
+from .gpuvisible import visible_indices
 
 NO_GPU_MESSAGE = "no NVIDIA GPU visible"
 
@@ -69,8 +71,9 @@ def _text(value: Any) -> str:
 class NvmlReader:
     """One reading of every GPU per `read()`; starts NVML on first use, once."""
 
-    def __init__(self, api: NvmlApi | None = None):
+    def __init__(self, api: NvmlApi | None = None, env: Mapping[str, str] | None = None):
         self._api = api  # None: pynvml, imported on first read
+        self._env = os.environ if env is None else env  # CUDA_VISIBLE_DEVICES, SLURM_JOB_GPUS
         # where the values come from, as the stats say it: the driver, or a replayed recording
         self.source = "recorded" if isinstance(api, RecordedNvml) else "nvml"
         self._started = False
@@ -109,7 +112,10 @@ class NvmlReader:
             return False, f"{NO_GPU_MESSAGE} (NVML: {_error_name(exc)}: {exc})", []
         if count == 0:
             return False, f"{NO_GPU_MESSAGE} (the driver sees 0 devices)", []
-        return True, None, [self._device(api, i) for i in range(count)]
+        indices, chosen_by = visible_indices(self._env, count, lambda i: _uuid(api, i))
+        if not indices:
+            return False, f"{NO_GPU_MESSAGE} ({chosen_by}={self._env.get(chosen_by or '')} selects none of the {count} the driver sees)", []
+        return True, None, [self._device(api, i) for i in indices]
 
     def _device(self, api: NvmlApi, index: int) -> dict:
         gpu: dict[str, Any] = {"index": index}
@@ -183,6 +189,13 @@ def _process_name(api: NvmlApi, pid: int) -> str | None:
     try:
         return _text(api.nvmlSystemGetProcessName(pid)) or None
     except Exception:  # noqa: BLE001 - a pid of another namespace: no name
+        return None
+
+
+def _uuid(api: NvmlApi, index: int) -> str | None:
+    try:
+        return _text(api.nvmlDeviceGetUUID(api.nvmlDeviceGetHandleByIndex(index)))
+    except Exception:  # noqa: BLE001 - a lost GPU matches no UUID
         return None
 
 
