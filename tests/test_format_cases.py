@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpusession.durations import format_duration, format_money
+from gpusession.protocol import StopKind
 
 CASES = Path(__file__).resolve().parent / "data" / "format_cases.json"
 
@@ -43,6 +44,11 @@ def test_the_file_covers_the_inputs_listed_here():
     assert any(c[0] is not None and math.copysign(1, c[0]) < 0 and c[0] == 0 for c in cases["money"])
 
 
+def test_the_stop_kinds_are_the_protocols():
+    """labextension/test/format.test.ts holds the sidebar's STOP_KINDS to the same list."""
+    assert _cases()["stop_kinds"] == [k.value for k in StopKind]
+
+
 @pytest.mark.parametrize("seconds, expected", _cases()["duration"])
 def test_format_duration(seconds, expected):
     assert format_duration(seconds) == expected
@@ -57,6 +63,7 @@ def _write() -> None:
     cases = {
         "duration": [[x, format_duration(x)] for x in DURATION_INPUTS],
         "money": [[x, format_money(x)] for x in MONEY_INPUTS],
+        "stop_kinds": [k.value for k in StopKind],
     }
     lines = ["{"]
     for i, key in enumerate(cases):

@@ -29,20 +29,27 @@ export interface IdleView {
   warning: string | null;
 }
 
-/** Kinds of `StopReasonView` (gpusession/protocol.py `StopKind`). */
-export type StopKind =
-  | 'idle'
-  | 'max-runtime'
-  | 'max-cost'
-  | 'user'
-  | 'gc'
-  | 'signal'
-  | 'kernel-exit'
-  | 'start-failed'
-  | 'spot-interruption'
-  | 'instance-ended'
-  | 'container-exit'
-  | 'gone';
+/** Kinds of `StopReasonView`: gpusession/protocol.py `StopKind`, in its
+ * order (tests/data/format_cases.json `stop_kinds` holds both to it). */
+export const STOP_KINDS = [
+  'idle',
+  'max-runtime',
+  'max-cost',
+  'user',
+  'gc',
+  'signal',
+  'kernel-exit',
+  'start-failed',
+  'spot-interruption',
+  'instance-ended',
+  'container-exit',
+  'time-limit', // Slurm ended the job at its time limit (TIMEOUT, DEADLINE)
+  'preempted', // Slurm took the allocation back for another job
+  'job-ended', // Slurm ended the job for a reason it gives (NODE_FAIL, OUT_OF_MEMORY...)
+  'gone'
+] as const;
+
+export type StopKind = (typeof STOP_KINDS)[number];
 
 /** Why a session ended (`SessionView.stop_reason`); the numbers that go
  * with a kind are there only for it. */

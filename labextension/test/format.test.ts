@@ -9,7 +9,9 @@ import {
   formatRate,
   roundHalfEven
 } from '../src/format';
-import { formatCases } from './helpers';
+import { endedText } from '../src/sessions';
+import { STOP_KINDS, type StopKind } from '../src/types';
+import { formatCases, session } from './helpers';
 
 const cases = formatCases();
 
@@ -87,4 +89,25 @@ describe('rounding as Python rounds', () => {
 test('formatMemory', () => {
   assert.equal(formatMemory(5.1 * 2 ** 30, 16 * 2 ** 30), '5.1/16 GiB');
   assert.equal(formatMemory(2 ** 29, 8 * 2 ** 30), '0.5/8.0 GiB');
+});
+
+describe('the stop kinds (gpusession.protocol.StopKind)', () => {
+  test('STOP_KINDS is the protocol list, Slurm kinds included', () => {
+    assert.deepEqual([...STOP_KINDS], cases.stop_kinds);
+    for (const kind of ['time-limit', 'preempted', 'job-ended']) {
+      assert.ok((STOP_KINDS as readonly string[]).includes(kind), kind);
+    }
+  });
+
+  test('a session the scheduler ended says why in the history', () => {
+    const reasons: [StopKind, string][] = [
+      ['time-limit', 'the cluster ended its job at the job\'s time limit (1h01m)'],
+      ['preempted', 'the cluster preempted its job for another'],
+      ['job-ended', 'the cluster ended its job: NODE_FAIL']
+    ];
+    for (const [kind, text] of reasons) {
+      const view = session({ state: 'stopped', stop_reason: { kind, text } });
+      assert.equal(endedText(view), text);
+    }
+  });
 });

@@ -10,6 +10,8 @@ import type { GpuSample, OptionView, Sample, SessionView } from '../src/types';
 export interface FormatCases {
   duration: [number | null, string][];
   money: [number, string][];
+  /** gpusession.protocol.StopKind's values, in order. */
+  stop_kinds: string[];
 }
 
 /** Read tests/data/format_cases.json of the repository (found upwards from here). */
