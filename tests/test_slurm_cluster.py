@@ -289,6 +289,22 @@ def test_a_python_without_ipykernel_fails_the_start_saying_what_to_install(clust
     assert squeue(cluster, record.resource["job_id"]) == []
 
 
+def test_an_image_on_a_cluster_without_a_container_runtime_fails_before_submitting(cluster, home, manager):
+    """The test cluster has no apptainer, singularity or pyxis (Debian packages none): --image
+    fails in one line naming what is missing, and nothing reaches the queue."""
+    from gpusession.errors import StageError
+
+    before = slurm(cluster, "squeue", "-h", "-o", "%i", "--states=all")
+    with pytest.raises(StageError) as failed:
+        manager.start(slurm_spec(manager, cluster, "t4", name="boxed", image="nvcr.io/nvidia/pytorch:24.01-py3"))
+    (line,) = str(failed.value).splitlines()
+    assert "--image nvcr.io/nvidia/pytorch:24.01-py3: the cluster ssh://root@10.210.0.10 has no container runtime" in line
+    assert "start without --image" in line
+    record = manager.get("boxed")
+    assert record.state == State.FAILED and "job_id" not in record.resource
+    assert slurm(cluster, "squeue", "-h", "-o", "%i", "--states=all") == before
+
+
 def test_gc_cancels_a_job_whose_session_is_gone(cluster, home, manager):
     """A job carrying this store's comment whose session is recorded as ended (its stop never
     reached Slurm) is found by gc through squeue and cancelled; other users' jobs are not ours."""

@@ -31,7 +31,8 @@ from ...progress import Progress
 from ...protocol import Marker, StopDetails, parse_marker
 from ..base import Backend, Link, RemoteResource, TunnelLink, failure_detail, marker_lines, stop_details_from_log
 from . import states
-from .jobs import JobPaths, batch_script, comment_session, load_cluster_defaults, read_settings, sbatch_command
+from .jobs import (JobPaths, batch_script, comment_session, container_probe, load_cluster_defaults, read_settings,
+                   sbatch_command)
 from .login import LoginShell, ensure_runtime
 
 START_TIMEOUT = 300.0  # from the job running to the runtime's READY (module loads, a shared FS)
@@ -79,6 +80,8 @@ class SlurmBackend(Backend):
         shell = self.shell(spec.host)
         progress.step(f"logging in to {spec.host}")
         base = shell.base_dir()
+        if spec.image and settings.container == "auto":
+            self._check_container_runtime(shell, spec)
         progress.step("bringing the session runtime to the cluster")
         paths = JobPaths(session_dir=f"{base}/slurm/{record.id}", runtime_dir=ensure_runtime(shell))
         # billing starts when the job does, not when it was queued: the agent counts from its start
@@ -96,6 +99,17 @@ class SlurmBackend(Backend):
         self.recorder.save(record.id, job_id=job_id)
         node = self._wait_in_queue(shell, job_id, paths, settings.queue_timeout_s, progress)
         self.recorder.save(record.id, node=node)
+
+    @staticmethod
+    def _check_container_runtime(shell: LoginShell, spec: LaunchSpec) -> None:
+        """--image with --container auto: the login node must have apptainer, singularity or
+        pyxis (a cluster's nodes have what its login node has), else nothing is submitted.
+        A --container named by the user is trusted: the job says so if the node lacks it."""
+        found = shell.run(container_probe()).out.split()
+        if not found:
+            raise StageError("provision", f"--image {spec.image}: the cluster {spec.host} has no container runtime "
+                                          "(apptainer, singularity or pyxis's srun --container-image) on its login node; "
+                                          "start without --image (--python, --modules, --conda-env), or name one with --container")
 
     def _wait_in_queue(self, shell: LoginShell, job_id: str, paths: JobPaths, timeout_s: float | None,
                        progress: Progress) -> str:

@@ -282,6 +282,18 @@ def batch_script(record, settings: JobSettings, paths: JobPaths, agent_args: lis
     return "\n".join(lines) + "\n"
 
 
+CONTAINER_CHECKS = {
+    "apptainer": "command -v apptainer",
+    "singularity": "command -v singularity",
+    "pyxis": "srun --help 2>/dev/null | grep -q -- --container-image",
+}
+
+
+def container_probe() -> str:
+    """A shell line (for the login node) printing the names of the container runtimes it has."""
+    return "; ".join(f"{{ {check}; }} >/dev/null 2>&1 && echo {name}" for name, check in CONTAINER_CHECKS.items()) + "; true"
+
+
 def apptainer_image(image: str) -> str:
     """A registry reference as apptainer pulls it (docker://...); a path or URI as it is."""
     return image if "://" in image or image.startswith("/") or image.endswith((".sif", ".simg")) else f"docker://{image}"
