@@ -49,6 +49,26 @@ def test_store_numbers_use_the_same_formula():
     assert cost_of(r) == pytest.approx(cost_for_seconds(3.6, 1800)) == pytest.approx(1.8)
 
 
+def test_a_queued_job_is_billed_from_its_start_not_from_its_submit():
+    """A Slurm job waits 100 s in the queue (PROVISIONING), runs from T0+100 (the backend saves
+    BILLED_FROM), stops at T0+400: 300 s billed, as the agent's meter counts; nothing while queued."""
+    from gpusession.cost import BILLED_FROM, record_billed_seconds
+    from gpusession.session.views import session_view
+
+    r = record([(State.PROVISIONING, T0), (State.STARTING, T0 + 101), (State.RUNNING, T0 + 102),
+                (State.STOPPED, T0 + 400)], price=36.0, backend="slurm")
+    r.resource[BILLED_FROM] = None  # submitted, still queued
+    assert record_billed_seconds(r, at=T0 + 90) == 0.0 and cost_of(r, at=T0 + 90) == 0.0
+    assert billing_started_at(r) is None
+    r.resource[BILLED_FROM] = T0 + 100
+    assert record_billed_seconds(r) == pytest.approx(300.0)
+    assert cost_of(r) == pytest.approx(3.0)  # 300 s at $36/h; from the submit it would be $4.00
+    assert billing_started_at(r) == T0 + 100
+    assert session_view(r)["cost_so_far"] == pytest.approx(3.0)  # what REST, the sidebar and the CLI show
+    del r.resource[BILLED_FROM]  # every other backend: from the record's first billed state
+    assert cost_of(r) == pytest.approx(4.0)
+
+
 def test_live_meter_counts_from_billing_start():
     tr = ActivityTracker(StopPolicy(price_per_hour=3.6, idle_timeout_s=None), billed_since=T0)
     assert tr.evaluate(T0 + 10).cost["so_far"] == pytest.approx(0.06)  # minimum minute

@@ -20,7 +20,9 @@ import pytest
 from support.procs import wait_dead
 from support.slurm import cancel_all, ensure_cluster, filler_job, slurm, slurm_home, squeue, wait_until
 
+from gpusession.cost import BILLED_FROM, record_billed_seconds
 from gpusession.kernel import OutputSink
+from gpusession.session.views import session_view
 from gpusession.models import State
 from gpusession.protocol import StopKind
 
@@ -161,7 +163,8 @@ def test_a_request_for_more_gpus_than_are_free_waits_then_starts(cluster, home, 
 
     def second() -> None:
         try:
-            result["session"] = manager.start(slurm_spec(manager, cluster, "t4", name="second"), report=lines.append)
+            result["session"] = manager.start(slurm_spec(manager, cluster, "t4", name="second", price_per_gpu_hour="36"),
+                                              report=lines.append)
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             result["error"] = exc
 
@@ -173,11 +176,17 @@ def test_a_request_for_more_gpus_than_are_free_waits_then_starts(cluster, home, 
     assert thread.is_alive() and "session" not in result, (lines, result)
     job_id = manager.get("second").resource["job_id"]
     assert squeue(cluster, job_id)[0]["state"] == "PENDING"
+    # the wait in the queue is not billed: what the CLI, REST and the sidebar show is $0
+    assert session_view(manager.get("second"))["cost_so_far"] == 0.0
+    queued_for = time.time() - manager.get("second").created_at
 
     manager.stop(first.id)
     thread.join(90)
     assert "session" in result, (lines, result)
     session = result["session"]
+    record = manager.get("second")
+    assert record_billed_seconds(record) < time.time() - record.created_at - queued_for + 1  # from the job's start
+    assert record_billed_seconds(record) == pytest.approx(time.time() - record.resource[BILLED_FROM], abs=1)
     assert cell(session, "import os; print(os.environ['SLURMD_NODENAME'])").strip() == "n1"
     assert any("job " + job_id + " is running on n1" in line for line in lines), lines
     manager.stop(session.id)

@@ -24,6 +24,7 @@ import time
 
 from ...agentargs import args_for
 from ...catalog import load_catalog
+from ...cost import BILLED_FROM
 from ...durations import format_duration
 from ...errors import BackendUnavailable, BadInput, StageError
 from ...models import LaunchSpec, SessionRecord
@@ -88,7 +89,8 @@ class SlurmBackend(Backend):
         agent_args = _without(args_for(record), "--billed-since")
         script = batch_script(record, settings, paths, agent_args)
         command = sbatch_command(record, settings, paths, self.recorder.store_id)
-        self.recorder.save(record.id, session_dir=paths.session_dir, submitting=True)
+        # billed from the job's start, as the agent counts: nothing while it waits in the queue
+        self.recorder.save(record.id, session_dir=paths.session_dir, submitting=True, **{BILLED_FROM: None})
         shown = [c for c in command if not c.startswith(("--parsable", "--job-name=", "--comment=", "--output="))]
         progress.step("submitting: " + shlex.join(shown))
         result = shell.run(f"mkdir -p -m 700 {q(paths.session_dir)} && {shlex.join(command)}", stdin=script.encode())
@@ -98,7 +100,7 @@ class SlurmBackend(Backend):
             raise StageError("provision", f"sbatch refused the job: {result.text()}")
         self.recorder.save(record.id, job_id=job_id)
         node = self._wait_in_queue(shell, job_id, paths, settings.queue_timeout_s, progress)
-        self.recorder.save(record.id, node=node)
+        self.recorder.save(record.id, node=node, **{BILLED_FROM: time.time()})
 
     @staticmethod
     def _check_container_runtime(shell: LoginShell, spec: LaunchSpec) -> None:
