@@ -15,6 +15,7 @@ from ..errors import BackendUnavailable, StageError
 from ..protocol import Marker, parse_marker
 
 from .base import failure_detail, marker_lines
+from .docker_ssh import make_resilient
 
 STATE_DIR = "/tmp/gpusession"  # the runtime's state folder in a session's container
 
@@ -83,6 +84,7 @@ def engine_client(host: str | None):
             if host:
                 # paramiko, not the ssh binary: exec_run breaks with use_ssh_client=True (docker-py #3218)
                 client = docker.DockerClient(base_url=host, use_ssh_client=False, timeout=60)
+                make_resilient(client)  # a dropped channel or SSH connection: reconnect, retry reads once
             else:
                 client = docker.from_env(timeout=60)
             client.ping()

@@ -1,0 +1,85 @@
+"""An `ssh://` engine whose connection drops between two calls (issue 11 item 3): the Docker
+SDK's pooled channel ends (its `docker system dial-stdio` killed on the host), then the whole
+SSH connection is cut (its sshd session killed). The next calls work: the dropped channel is
+not reused, the connection is made again, an idempotent request is retried once
+(gpusession/backends/docker_ssh.py). Only this test's own sshd session is touched on the shared
+namespace host."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from gpusession.backends.docker_engine import engine_client
+from support.hosts import docker_available, ensure_remote_host, ssh_home
+
+NS = "gpus-remote"
+pytestmark = [pytest.mark.docker, pytest.mark.skipif(not docker_available(), reason="no Docker engine answers")]
+
+
+@pytest.fixture
+def remote(tmp_path, monkeypatch):
+    host = ensure_remote_host()
+    if host is None:
+        pytest.skip("the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)")
+    monkeypatch.setenv("HOME", ssh_home(host, tmp_path / "home"))
+    return host
+
+
+def _our_sshd(client) -> int:
+    """The pid of the sshd session process serving this client's SSH connection, on the host."""
+    port = client.api._custom_adapter.ssh_client.get_transport().sock.getsockname()[1]
+    out = subprocess.run(["ip", "netns", "exec", NS, "ss", "-Htnp", "state", "established", "dport", f"= :{port}"],
+                         capture_output=True, text=True, check=True).stdout
+    pids = {int(p) for p in re.findall(r'"sshd[^"]*",pid=(\d+)', out)}
+    assert len(pids) >= 1, out
+    return min(pids)  # privilege separation: the session's own process holds the socket
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        children = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout.split()
+        out += [int(c) for c in children]
+        todo += children
+    return out
+
+
+def _dial_stdio(sshd: int) -> list[int]:
+    found = []
+    for pid in _descendants(sshd):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"dial-stdio" in f.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def test_calls_after_a_dropped_channel_and_a_cut_ssh_connection_succeed(remote):
+    client = engine_client(remote["url"])
+    try:
+        assert client.ping()
+        client.containers.list(all=True, filters={"label": "gpusession.none"})  # a pooled channel
+        sshd = _our_sshd(client)
+        channels = _dial_stdio(sshd)
+        assert channels, "the pooled channel's dial-stdio on the host"
+        for pid in channels:
+            os.kill(pid, signal.SIGKILL)  # the remote end of the pooled channel ends
+        time.sleep(0.3)
+        assert client.containers.list(all=True, filters={"label": "gpusession.none"}) == []
+        assert client.version()["Version"]
+
+        os.kill(_our_sshd(client), signal.SIGKILL)  # the SSH connection itself is cut
+        time.sleep(0.3)
+        assert client.containers.list(all=True, filters={"label": "gpusession.none"}) == []
+        assert client.images.get("gpusession-ci/py-bookworm").id  # a GET on a new connection
+        assert _our_sshd(client) != sshd
+    finally:
+        client.close()
