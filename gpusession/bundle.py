@@ -238,6 +238,18 @@ def _imports(rel: str) -> set[str]:
     return found
 
 
+def current_digests(cache: Path) -> set[str]:
+    """The copies this build uses, by their names' digest (12 hex): the code's and the sites'
+    kept in `cache` (what gc keeps of the engines' runtime volumes)."""
+    found = {code_archive().digest[:12]}
+    for about in (cache / "sites").glob("*.json"):
+        try:
+            found.add(str(json.loads(about.read_text())["digest"])[:12])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
 def site_archive(python: ImagePython, cache_dir: Path, say: Callable[[str], None]) -> Archive:
     """ipykernel with its dependencies (deps/) and pip (pip/) as wheels for `python`, unpacked;
     made once per site tag and kept in `cache_dir`."""

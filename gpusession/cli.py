@@ -123,7 +123,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     m = _manager()
     skipped: list[str] = []
-    actions = m.gc(dry_run=args.dry_run, orphans=args.orphans, skipped=skipped)
+    actions = m.gc(dry_run=args.dry_run, orphans=args.orphans, skipped=skipped, volumes=args.volumes)
     for action in actions:
         print(gc_line(action))
     if not actions:
@@ -233,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("gc", help="find and stop what crashed processes left behind")
     s.add_argument("--dry-run", action="store_true", help="only say what would be done")
     s.add_argument("--orphans", action="store_true", help="also stop running sessions whose notebook process is gone")
+    s.add_argument("--volumes", action="store_true", help="also remove the runtime volumes of other gpusession builds "
+                   "that no container uses (Docker engines)")
     s = sub.add_parser("kernelspec", help="install, list or remove GPU kernels for JupyterLab's launcher")
     ks = s.add_subparsers(dest="action", required=True)
     k = ks.add_parser("install", help="a kernelspec whose kernels are sessions, e.g. 'Python 3 (GPU · T4)'")

@@ -90,11 +90,11 @@ def test_gc_asks_only_the_engines_that_may_still_hold_a_container(manager, monke
 
     monkeypatch.setattr(DockerBackend, "client", client)
     assert manager.gc(backends=["docker"]) == []
-    assert sorted(asked) == ["", "ssh://unsure"]
+    assert sorted(set(asked)) == ["", "ssh://unsure"]  # the local engine twice: containers, runtime volumes
     assert store.get(unsure.id).resource.get("removed_at"), "an engine that answered without it confirms removal"
     asked.clear()
     manager.gc(backends=["docker"])
-    assert asked == [""]
+    assert set(asked) == {""}
 
 
 def test_a_start_that_never_reached_its_engine_is_cleaned_up_without_asking_it(manager, monkeypatch):

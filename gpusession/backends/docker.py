@@ -359,7 +359,22 @@ class DockerBackend(Backend):
             raise BackendUnavailable("no Docker engine answers")
         return found
 
+    def runtime_copies(self, remote: bool = True) -> list[RemoteResource]:
+        """Runtime volumes of other gpusession builds that no container uses, on the local engine
+        and (remote) every engine this store's sessions used (docker_volumes)."""
+        hosts = [""] + (sorted({r.spec.host for r in self.recorder.sessions(self.name) if r.spec.host}) if remote else [])
+        from ..bundle import cache_dir, current_digests
+        from .docker_volumes import stale_resources
+
+        return stale_resources(self.name, self.client, hosts, current_digests(cache_dir()))
+
     def remove_resource(self, resource: RemoteResource) -> None:
+        if "volumes" in resource.details:
+            with engine_errors(resource.details.get("host") or "(local engine)"):
+                from .docker_volumes import remove_copy
+
+                remove_copy(self.client(resource.details.get("host")), resource.details["volumes"])
+            return
         container = get_container(self.client(resource.details.get("host")), resource.resource_id)
         if container is not None and container.labels.get(LABEL) == resource.session_id:
             remove_container(container)

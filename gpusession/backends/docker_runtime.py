@@ -37,12 +37,10 @@ from ..protocol import ENV_KERNEL_KEY
 from ..progress import Progress
 from ..pulls import PullProgress, format_bytes
 from .docker_engine import STATE_DIR, docker_sdk, engine_errors, read_json_from, short_error
+from .docker_volumes import VOLUME_LABEL  # on the bundle's volumes: "code", the site tag or "ok"
 
 log = logging.getLogger(__name__)
 
-# the runtime's state folder in a session container: under /tmp, which any USER may write to
-# (made by the runtime; kept with the stopped container for stop_details)
-VOLUME_LABEL = "gpusession.runtime"  # on the bundle's volumes: "code" or the site tag
 PROBE_VERSION = 2  # bump when boot.sh's probe says more
 PROBE_TIMEOUT_S = 60.0
 COMPILE_TIMEOUT_S = 300.0

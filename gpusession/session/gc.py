@@ -35,7 +35,7 @@ class GcAction:
 
 
 def collect(manager: "SessionManager", *, dry_run: bool = False, backends: list[str] | None = None,
-            orphans: bool = False, skipped: list[str] | None = None) -> list[GcAction]:
+            orphans: bool = False, skipped: list[str] | None = None, volumes: bool = False) -> list[GcAction]:
     from ..backends import backend_names
 
     actions: list[GcAction] = []
@@ -62,12 +62,37 @@ def collect(manager: "SessionManager", *, dry_run: bool = False, backends: list[
                         skipped.append(f"{res.description}: not removed ({type(exc).__name__}: {exc})")
                     continue
             actions.append(GcAction("remove", res.description, why, not dry_run))
+        actions += _runtime_copies(backend, dry_run=dry_run, remove=volumes, notes=skipped)
     for rec in manager.store.list(active_only=True):
         try:
             actions += _check_record(manager, rec, dry_run=dry_run, orphans=orphans)
         except Exception as exc:  # noqa: BLE001 - one bad record or host must never stop gc
             if skipped is not None:
                 skipped.append(f"{rec.name}: not checked ({type(exc).__name__}: {exc})")
+    return actions
+
+
+def _runtime_copies(backend, *, dry_run: bool, remove: bool, notes: list[str] | None) -> list[GcAction]:
+    """The runtime copies (Docker volumes) of other gpusession builds that nothing uses: removed
+    with `remove` (gc --volumes), else one note saying how many. Not removed by default: they
+    cost disk, not money, and a client of that build sharing the engine would copy them again."""
+    finder = getattr(backend, "runtime_copies", None)
+    copies = finder(remote=remove) if finder is not None else []  # the note: the local engine only
+    if not remove:
+        if copies and notes is not None:
+            notes.append(f"{len(copies)} runtime volume(s) of other gpusession builds are used by no container: "
+                         "`gpusession gc --volumes` removes them")
+        return []
+    actions = []
+    for res in copies:
+        if not dry_run:
+            try:
+                backend.remove_resource(res)
+            except Exception as exc:  # noqa: BLE001 - report it, go on with the rest
+                if notes is not None:
+                    notes.append(f"{res.description}: not removed ({type(exc).__name__}: {exc})")
+                continue
+        actions.append(GcAction("remove", res.description, res.details["why"], not dry_run))
     return actions
 
 

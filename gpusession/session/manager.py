@@ -387,11 +387,11 @@ class SessionManager:
         return session_view(record, self.live_stats(record), **self.liveness.seen(record))
 
     def gc(self, *, dry_run: bool = False, backends: list[str] | None = None, orphans: bool = False,
-           skipped: list[str] | None = None) -> list[dict]:
+           skipped: list[str] | None = None, volumes: bool = False) -> list[dict]:
         """Find and stop what crashed processes left behind (gpusession/session/gc.py)."""
         from .gc import collect
 
-        return collect(self, dry_run=dry_run, backends=backends, orphans=orphans, skipped=skipped)
+        return collect(self, dry_run=dry_run, backends=backends, orphans=orphans, skipped=skipped, volumes=volumes)
 
 
 __all__ = ["SessionManager", "Session", "default_backend_name", "KernelDied"]
