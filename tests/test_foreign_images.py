@@ -25,6 +25,7 @@ from support.images import FOREIGN, NO_PYTHON, WHEEL_NAME, serve_folder, serve_r
 
 LABEL = "gpusession.session"
 IDLE_S = 4
+REMOTE_LINK = "10.200.0.1"  # this machine's address on the namespace host's link (scripts/ci-remote-host.sh)
 
 
 def _engine_ready() -> bool:
@@ -199,8 +200,21 @@ def remote(tmp_path, monkeypatch):
     return host
 
 
+@pytest.fixture(scope="module")
+def remote_wheelhouse(tmp_path_factory):
+    """The tiny wheel served on this machine's side of the namespace host's link (10.200.0.1),
+    which the remote engine's sessions (its host network) reach."""
+    folder = tmp_path_factory.mktemp("remote-wheelhouse")
+    tiny_wheel(folder)
+    served = serve_folder(folder, address=REMOTE_LINK)
+    yield f"http://{REMOTE_LINK}:{served.port}/"
+    served.close()
+
+
 @pytest.mark.parametrize("foreign", FOREIGN, ids=[f.image.split("/")[-1] for f in FOREIGN])
-def test_a_foreign_image_on_a_remote_engine(foreign, remote, manager, nb_env):
+def test_a_foreign_image_on_a_remote_engine(foreign, remote, manager, nb_env, remote_wheelhouse):
+    """As on the local engine, through ssh://: the image's Python, `%pip install` importing in the
+    next cell (root, the non-root USER's user site), the idle stop, gc leaving nothing."""
     import docker
 
     from gpusession.kernel import OutputSink
@@ -218,6 +232,13 @@ def test_a_foreign_image_on_a_remote_engine(foreign, remote, manager, nb_env):
     version, where = out.text.strip().splitlines()[:2]
     assert version.startswith(foreign.version) and where.split() == [foreign.executable, str(foreign.uid)]
     assert session.link.endpoint.connection_info["ip"] == "127.0.0.1"  # the tunnel's end here
+    pip = Collect()
+    code = f"%pip install --no-index --trusted-host {REMOTE_LINK} --find-links {remote_wheelhouse} {WHEEL_NAME}"
+    assert session.run(code, sink=pip)["status"] == "ok", pip.text
+    assert f"Successfully installed {WHEEL_NAME}-1.0" in pip.text, pip.text
+    used = Collect()
+    assert session.run(f"import {WHEEL_NAME}, os\nprint({WHEEL_NAME}.ANSWER, os.getuid())", sink=used)["status"] == "ok"
+    assert used.text.split() == ["42", str(foreign.uid)], used.text
     deadline = time.monotonic() + IDLE_S + 60
     while manager.refresh_state(session.id).state != State.STOPPED:
         assert time.monotonic() < deadline

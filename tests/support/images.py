@@ -78,10 +78,11 @@ def tiny_wheel(folder: Path) -> Path:
 
 
 class Served:
-    """Serve `handler_class` on 127.0.0.1 (sessions on this machine's engine share its network)."""
+    """Serve `handler_class` on 127.0.0.1 (sessions on this machine's engine share its network),
+    or on `address` (10.200.0.1: this machine's side of the namespace host's link)."""
 
-    def __init__(self, handler_class):
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_class)
+    def __init__(self, handler_class, address: str = "127.0.0.1"):
+        self.httpd = http.server.ThreadingHTTPServer((address, 0), handler_class)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
@@ -91,7 +92,7 @@ class Served:
         self.httpd.server_close()
 
 
-def serve_folder(folder: Path) -> Served:
+def serve_folder(folder: Path, address: str = "127.0.0.1") -> Served:
     class Handler(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *args, **kw):
             super().__init__(*args, directory=str(folder), **kw)
@@ -99,7 +100,7 @@ def serve_folder(folder: Path) -> Served:
         def log_message(self, *args):
             pass
 
-    return Served(Handler)
+    return Served(Handler, address)
 
 
 # -- a registry to pull from ---------------------------------------------------------------------
