@@ -32,25 +32,8 @@ export SLURM_CONF=$STATE/slurm.conf
 export DEBIAN_FRONTEND=noninteractive
 
 log() { echo "$NAME: $*"; }
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-
-wait_for() {  # wait_for WHAT LOG COMMAND...: retry COMMAND for 30 s
-    local what=$1 logfile=$2; shift 2
-    for _ in $(seq 150); do "$@" >/dev/null 2>&1 && return; sleep 0.2; done
-    tail -n 20 "$logfile" >&2 || true
-    log "$what did not come up (log: $logfile)" >&2
-    return 1
-}
-
-stop_pidfile() {  # SIGTERM the daemon of a pid file, wait up to 15 s
-    alive "$1" || { rm -f "$1"; return 0; }
-    local pid
-    pid=$(cat "$1")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 75); do kill -0 "$pid" 2>/dev/null || { rm -f "$1"; return 0; }; sleep 0.2; done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$1"
-}
+# shellcheck source=lib/netns.sh
+source "$(dirname "$0")/lib/netns.sh"   # alive, wait_for, stop_pidfile, netns_link_up/down
 
 packages() {
     local missing=() p
@@ -80,23 +63,13 @@ network_up() {
     local ns ip
     for ns in login "${NODES[@]}"; do
         if [ "$ns" = login ]; then ip=$LOGIN_IP; else ip=${NODE_IP[$ns]}; fi
-        [ -e "/run/netns/gsl-$ns" ] || ip netns add "gsl-$ns"
-        if ! ip link show "gsl-$ns" >/dev/null 2>&1; then
-            ip link add "gsl-$ns" type veth peer name eth0 netns "gsl-$ns"
-            ip link set "gsl-$ns" master "$BRIDGE" up
-            ip -n "gsl-$ns" addr add "$ip/24" dev eth0
-            ip -n "gsl-$ns" link set eth0 up
-            ip -n "gsl-$ns" link set lo up
-        fi
+        netns_link_up "gsl-$ns" "gsl-$ns" eth0 "$ip/24" "bridge:$BRIDGE"
     done
 }
 
 network_down() {
     local ns
-    for ns in login "${NODES[@]}"; do
-        ! ip link show "gsl-$ns" >/dev/null 2>&1 || ip link del "gsl-$ns"
-        [ ! -e "/run/netns/gsl-$ns" ] || ip netns del "gsl-$ns"
-    done
+    for ns in login "${NODES[@]}"; do netns_link_down "gsl-$ns" "gsl-$ns"; done
     ! ip link show "$BRIDGE" >/dev/null 2>&1 || ip link del "$BRIDGE"
     while command -v iptables >/dev/null && iptables -C FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null; do
         iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT

@@ -2,34 +2,12 @@
 # namespace, running its own dockerd with the product image. The caller sets NS, HOST_IF, NS_IF,
 # HOST_IP, NS_IP, CI_STATE, STATE, RUN, SOCK, IMAGE and NAME (for messages).
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# shellcheck source=netns.sh
+source "$(dirname "${BASH_SOURCE[0]}")/netns.sh"
 ns_docker() { DOCKER_HOST=$SOCK docker "$@"; }
 
-wait_for() {  # wait_for WHAT LOG COMMAND...: retry COMMAND for 30 s
-    local what=$1 log=$2; shift 2
-    for _ in $(seq 60); do "$@" >/dev/null 2>&1 && return; sleep 0.5; done
-    tail -n 20 "$log" >&2
-    echo "$NAME: $what did not come up (log: $log)" >&2
-    return 1
-}
-
-network_up() {
-    [ -e "/run/netns/$NS" ] || ip netns add "$NS"
-    if ! ip link show "$HOST_IF" >/dev/null 2>&1; then
-        ip link add "$HOST_IF" type veth peer name "$NS_IF" netns "$NS"
-        ip addr add "$HOST_IP/24" dev "$HOST_IF"
-        ip link set "$HOST_IF" up
-        ip -n "$NS" addr add "$NS_IP/24" dev "$NS_IF"
-        ip -n "$NS" link set "$NS_IF" up
-        ip -n "$NS" link set lo up
-    fi
-}
-
-network_down() {
-    # Deleting one end of a veth pair deletes the other.
-    ! ip link show "$HOST_IF" >/dev/null 2>&1 || ip link del "$HOST_IF"
-    [ ! -e "/run/netns/$NS" ] || ip netns del "$NS"
-}
+network_up() { netns_link_up "$NS" "$HOST_IF" "$NS_IF" "$NS_IP/24" "$HOST_IP/24"; }
+network_down() { netns_link_down "$NS" "$HOST_IF"; }
 
 dockerd_up() {
     alive "$RUN/dockerd.pid" && return
@@ -56,16 +34,6 @@ image_up() {  # the product image and the foreign ones (ci-images.sh), reloaded 
     [ ${#stale[@]} -gt 0 ] || return 0
     docker save "${stale[@]}" | ns_docker load -q >/dev/null   # one stream: shared layers go once
     ns_docker image prune -f >/dev/null   # the replaced versions, now untagged
-}
-
-stop_pidfile() {  # SIGTERM the daemon of a pid file, wait up to 30 s for it to exit
-    alive "$1" || { rm -f "$1"; return 0; }
-    local pid
-    pid=$(cat "$1")
-    kill "$pid"
-    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || { rm -f "$1"; return 0; }; sleep 0.5; done
-    echo "$NAME: pid $pid ($1) did not exit" >&2
-    return 1
 }
 
 dockerd_down() {

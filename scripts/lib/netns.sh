@@ -1,0 +1,47 @@
+# Sourced by ci-slurm.sh and (through netns-docker-host.sh) ci-remote-host.sh and ci-ec2-host.sh:
+# the shared steps of a test host in a network namespace. Every step is idempotent: run on a setup
+# that is up, it changes nothing. The caller sets NAME (for messages).
+
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+wait_for() {  # wait_for WHAT LOG COMMAND...: retry COMMAND for 30 s
+    local what=$1 logfile=$2; shift 2
+    for _ in $(seq 150); do "$@" >/dev/null 2>&1 && return; sleep 0.2; done
+    tail -n 20 "$logfile" >&2 || true
+    echo "$NAME: $what did not come up (log: $logfile)" >&2
+    return 1
+}
+
+stop_pidfile() {  # SIGTERM the daemon of a pid file, wait up to 30 s, then SIGKILL
+    alive "$1" || { rm -f "$1"; return 0; }
+    local pid
+    pid=$(cat "$1")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || { rm -f "$1"; return 0; }; sleep 0.2; done
+    echo "$NAME: pid $pid ($1) did not exit in 30 s: killed" >&2
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$1"
+}
+
+# netns_link_up NS HOST_IF NS_IF NS_IP/PREFIX (HOST_IP/PREFIX | bridge:BRIDGE)
+#   namespace NS with a veth pair: NS_IF inside (with NS_IP, and lo up), HOST_IF on this side,
+#   with HOST_IP or enslaved to BRIDGE. Made only when HOST_IF is missing.
+netns_link_up() {
+    local ns=$1 host_if=$2 ns_if=$3 ns_ip=$4 this_side=$5
+    [ -e "/run/netns/$ns" ] || ip netns add "$ns"
+    ip link show "$host_if" >/dev/null 2>&1 && return
+    ip link add "$host_if" type veth peer name "$ns_if" netns "$ns"
+    case "$this_side" in
+        bridge:*) ip link set "$host_if" master "${this_side#bridge:}" ;;
+        *) ip addr add "$this_side" dev "$host_if" ;;
+    esac
+    ip link set "$host_if" up
+    ip -n "$ns" addr add "$ns_ip" dev "$ns_if"
+    ip -n "$ns" link set "$ns_if" up
+    ip -n "$ns" link set lo up
+}
+
+netns_link_down() {  # netns_link_down NS HOST_IF: deleting one end of a veth pair deletes the other
+    ! ip link show "$2" >/dev/null 2>&1 || ip link del "$2"
+    [ ! -e "/run/netns/$1" ] || ip netns del "$1"
+}
