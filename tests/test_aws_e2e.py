@@ -6,6 +6,7 @@ product image (scripts/ci-host-setup.sh); skipped otherwise."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import pytest
@@ -141,22 +142,36 @@ def test_wrong_host_key_is_refused_and_everything_removed(manager, platform, loo
     assert leftovers(look) == NOTHING
 
 
-def test_a_foreign_image_gets_the_runtime_and_runs_with_its_own_python(manager, platform, look):
-    """Debian 13 with python3 only: the instance probes it, the client sends ipykernel and pip for
-    its Python 3.13 and the agent, the kernel runs with the image's Python; the idle stop ends
-    the instance and gc leaves nothing."""
+# Each foreign image costs an instance boot on the namespace host (~30-40 s on 2 cores): CI runs a
+# slice (Debian 13, and the non-root USER, whose folders on the instance differ); the whole matrix
+# runs with GPUSESSION_FOREIGN_MATRIX=full (scripts/foreign-matrix.sh).
+EC2_SLICE = ("gpusession-ci/py-trixie", "gpusession-ci/py-nonroot")
+FULL_MATRIX = os.environ.get("GPUSESSION_FOREIGN_MATRIX") == "full"
+
+
+def _foreign_params():
     from support.images import FOREIGN
 
-    trixie = FOREIGN[1]
+    skip = pytest.mark.skip(reason="not in CI's slice: scripts/foreign-matrix.sh runs every image")
+    return [pytest.param(f, id=f.image.split("/")[-1], marks=() if FULL_MATRIX or f.image in EC2_SLICE else skip)
+            for f in FOREIGN]
+
+
+@pytest.mark.parametrize("foreign", _foreign_params())
+def test_a_foreign_image_gets_the_runtime_and_runs_with_its_own_python(foreign, manager, platform, look):
+    """An image with python3 only (Debian 12 or 13, Python under /opt/conda/bin, a non-root USER,
+    the default image's shape): the instance probes it, the client sends ipykernel and pip for
+    its Python and the agent, the kernel runs with the image's Python; the idle stop ends the
+    instance and gc leaves nothing."""
     lines: list[str] = []
-    session = manager.start(spec_for(manager, idle="5s", image=trixie.image), report=lines.append)
-    for said in ("the image's Python 3.13", "no ipykernel: the runtime brings it", "sending the runtime's site",
-                 "sending the runtime's code"):
+    session = manager.start(spec_for(manager, idle="5s", image=foreign.image), report=lines.append)
+    for said in (f"the image's Python {foreign.version.rstrip('.')}", "no ipykernel: the runtime brings it",
+                 "sending the runtime's site", "sending the runtime's code"):
         assert any(said in line for line in lines), (said, lines)
     out = Collect()
     assert session.run("import os, sys\nprint(sys.version)\nprint(sys.executable, os.getuid())", sink=out)["status"] == "ok"
     version, where = out.text.strip().splitlines()[:2]
-    assert version.startswith(trixie.version) and where.split() == [trixie.executable, str(trixie.uid)]
+    assert version.startswith(foreign.version) and where.split() == [foreign.executable, str(foreign.uid)]
     record = session.record
     platform.wait_for(lambda: instance_state(look, record) == "terminated", timeout=90)
     console = platform.console_text(record.resource["instance_id"])
