@@ -29,7 +29,7 @@ def _names(engine) -> set[str]:
 
 def test_gc_removes_unused_copies_of_other_builds_only(engine, manager, monkeypatch, gs_home):
     before = {m.group(1) for n in _names(engine) if (m := re.search(r"-([0-9a-f]{12})(?:-cp\d+)?(?:-ok)?$", n))}
-    monkeypatch.setattr("gpusession.backends.docker.current_digests", lambda cache: before | {code_archive().digest[:12]})
+    monkeypatch.setattr("gpusession.bundle.current_digests", lambda cache: before | {code_archive().digest[:12]})
     monkeypatch.setattr(docker_volumes, "STALE_AFTER_S", 2.0)
     stamp = f"{time.time_ns() % 16**8:08x}"
     old, used, site = (f"gpusession-runtime-code-0dd0{stamp}-cp311", f"gpusession-runtime-code-05ed{stamp}-cp311",
