@@ -35,11 +35,11 @@ class Stats:
         slow = None if direct_median is None else sum(v > 2 * direct_median for v in values) / len(values)
         return cls(len(values), statistics.median(values), percentile(values, 99), max(values), slow)
 
-    def cell(self, unit: str = "ms", scale: float = 1e3) -> str:
+    def cell(self, unit: str = "ms", scale: float = 1e3, base: str = "direct") -> str:
         """median / p99 / max [, share over 2x direct] as one table cell."""
         text = f"{self.median * scale:.2f} / {self.p99 * scale:.2f} / {self.max * scale:.1f} {unit}"
         if self.slow_share is not None:
-            text += f", {self.slow_share:.0%} > 2x direct"
+            text += f", {self.slow_share:.0%} > 2x {base}"
         return text
 
 

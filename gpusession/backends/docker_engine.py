@@ -8,6 +8,8 @@ import contextlib
 import io
 import json
 import os
+import queue
+import threading
 import time
 from typing import Any, Iterator
 
@@ -195,7 +197,71 @@ def container_logs(container, tail: int | str = "all") -> str:
 def wait_for_marker(container, marker: Marker, timeout: float, stage: str) -> Any:
     """The payload of the first `marker` line in the container's log (`protocol.parse_marker`,
     also where the marker shares its line with another writer's half line); fails when the
-    runtime says it failed (FAILED) or the container exits first."""
+    runtime says it failed (FAILED) or the container exits first.
+
+    The local engine's log is followed as a stream (one request; each line read as the engine
+    passes it on): a start waits for this line, and polling would find it up to a poll interval
+    late. An engine over SSH is polled: docker-py cannot cancel a followed log there."""
+    if "ssh" in str(getattr(container.client.api, "base_url", "ssh")):
+        return _poll_for_marker(container, marker, timeout, stage)
+    deadline = time.monotonic() + timeout
+    while True:
+        with engine_errors("while reading the container's log"):
+            stream = container.logs(stdout=True, stderr=True, stream=True, follow=True)
+        try:
+            found = _follow(stream, marker, deadline, timeout, stage)
+        finally:
+            stream.close()
+        if found[0]:
+            return found[1]
+        text = found[1]
+        container.reload()  # the stream ended: the container exited, or the engine's read timed out
+        if container.status not in ("created", "running"):
+            code = container.attrs["State"].get("ExitCode")
+            last = " | ".join(text.strip().splitlines()[-8:]) or "(no output)"
+            raise StageError(stage, f"container exited with code {code} during start; last log lines: {last}")
+
+
+def _follow(stream, marker: Marker, deadline: float, timeout: float, stage: str) -> tuple[bool, Any]:
+    """(True, payload) once `marker` is in the followed log; (False, the log so far) when the
+    stream ended without it. Raises for FAILED and at the deadline."""
+    chunks: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        try:
+            for chunk in stream:
+                chunks.put(chunk)
+        except Exception:  # noqa: BLE001 - closed by us, or the engine went away: the end of the stream
+            pass
+        chunks.put(None)
+
+    threading.Thread(target=pump, name="gpusession-log-follow", daemon=True).start()
+    text = ""
+    while True:
+        try:
+            chunk = chunks.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            last = " | ".join(text.strip().splitlines()[-8:]) or "(no output)"
+            raise StageError(stage, f"no {marker.value} line from the container within {timeout:.0f}s; "
+                                    f"last log lines: {last}") from None
+        if chunk is not None:
+            text += chunk.decode(errors="replace")
+        whole = text if chunk is None else text[: text.rfind("\n") + 1]  # a line may come in two chunks
+        for line in marker_lines(whole):
+            parsed = parse_marker(line)
+            if parsed is None:
+                continue
+            if parsed[0] is marker:
+                return True, parsed[1]
+            if parsed[0] is Marker.FAILED:
+                raise StageError(stage, f"the session runtime failed: {failure_detail(parsed[1])}")
+        if chunk is None:
+            return False, text
+
+
+def _poll_for_marker(container, marker: Marker, timeout: float, stage: str) -> Any:
+    """wait_for_marker by reading the whole log every 20-30 ms: for an engine over SSH, whose
+    followed log docker-py cannot cancel."""
     deadline = time.monotonic() + timeout
     delay = 0.02
     while True:
