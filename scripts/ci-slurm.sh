@@ -133,7 +133,14 @@ slurm_conf() {
     for node in "${NODES[@]}"; do
         mkdir -p "$STATE/spool-$node"
         read -r gpu_type count <<<"${NODE_GPUS[$node]}"
-        for i in $(seq 0 $((count - 1))); do : >"$STATE/dev/$node-gpu$i"; done
+        for i in $(seq 0 $((count - 1))); do
+            # a character device (1,3: as /dev/null), so that slurmd takes it for a GPU and sets
+            # CUDA_VISIBLE_DEVICES and SLURM_JOB_GPUS for the jobs given it (not for plain files)
+            [ -c "$STATE/dev/$node-gpu$i" ] && continue
+            rm -f "$STATE/dev/$node-gpu$i"
+            mknod -m 0666 "$STATE/dev/$node-gpu$i" c 1 3
+            stop_pidfile "$RUN/slurmd-$node.pid"   # a running slurmd read the old files: node_up starts it again
+        done
     done
     {
         cat <<EOF

@@ -314,6 +314,22 @@ def test_an_image_on_a_cluster_without_a_container_runtime_fails_before_submitti
     assert slurm(cluster, "squeue", "-h", "-o", "%i", "--states=all") == before
 
 
+def test_the_agent_reads_only_the_gpus_slurm_gave_the_job(cluster, home, manager):
+    """n1's GPU files are character devices (scripts/ci-slurm.sh), so Slurm gives a job its GPUs
+    in CUDA_VISIBLE_DEVICES and SLURM_JOB_GPUS. A filler job takes GPU 0, the session gets GPU 1;
+    its agent replays a recorded 4-GPU node whose GPUs 0 and 3 are busy (another job): the stats
+    hold GPU 1 alone, idle."""
+    filler_job(cluster, "gpu:t4:1")
+    recording = Path(__file__).parent / "data" / "nvml_four_a100.json"
+    session = manager.start(slurm_spec(manager, cluster, "t4", name="visible", nvml_replay=str(recording)))
+    shown = cell(session, "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ.get('SLURM_JOB_GPUS'))")
+    assert shown.split() == ["1", "1"], shown  # the kernel's environment is the agent's
+    samples = wait_until(lambda: session.stats().get("samples"), 20, "the agent's samples")
+    gpus = samples[-1]["gpus"]
+    assert [g["index"] for g in gpus] == [1] and gpus[0]["utilization"] == 0.0, gpus
+    manager.stop(session.id)
+
+
 def test_gc_cancels_a_job_whose_session_is_gone(cluster, home, manager):
     """A job carrying this store's comment whose session is recorded as ended (its stop never
     reached Slurm) is found by gc through squeue and cancelled; other users' jobs are not ours."""
