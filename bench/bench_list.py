@@ -108,8 +108,21 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=30, help="CLI processes per command")
     ap.add_argument("--calls", type=int, default=200, help="REST calls per path")
+    ap.add_argument("--repeat", type=int, default=1, help="whole runs, each its own table")
     ap.add_argument("--write", default=None)
     args = ap.parse_args()
+    texts, ok = [], True
+    for run in range(1, args.repeat + 1):
+        text, met = one_run(args)
+        print(f"run {run}\n{text}\n", flush=True)
+        texts.append(f"Run {run}:\n\n{text}")
+        ok = ok and met
+    if args.write:
+        write_section(Path(args.write), "bench_list", "\n\n".join(texts))
+    return 0 if ok else 1
+
+
+def one_run(args) -> tuple[str, bool]:
     work = Path(tempfile.mkdtemp(prefix="gs-list-"))
     os.environ["GPUSESSION_HOME"] = str(work / "home")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -163,10 +176,7 @@ def main() -> int:
     text = "\n".join(rows) + (f"\n\nCLI: {args.runs} processes per command, interleaved; REST: {args.calls} calls per "
                               f"path on one keep-alive connection, interleaved. The 10 running records are backed by "
                               f"real running containers (`sleep`, labelled as sessions) on the local engine.")
-    print(text)
-    if args.write:
-        write_section(Path(args.write), "bench_list", text)
-    return 0 if ok else 1
+    return text, ok
 
 
 if __name__ == "__main__":
