@@ -33,6 +33,13 @@ def args_for(record) -> list[str]:
                       ("check_interval_s", "--check-interval")):
         if spec.extra.get(key) is not None:
             out += [flag, _num(float(spec.extra[key]))]
+    if "save_timeout" in spec.extra:  # None: off, no save before a watchdog stop
+        timeout = spec.extra["save_timeout"]
+        out += ["--save-timeout", _seconds(timeout) if timeout else "off"]
+    if spec.extra.get("save_cap") is not None:
+        out += ["--save-cap", str(int(spec.extra["save_cap"]))]
+    if spec.extra.get("resume"):
+        out.append("--restore")
     if spec.extra.get("nvml_replay"):  # a recording to replay instead of the GPUs: only when asked
         out += ["--nvml-replay", str(spec.extra["nvml_replay"])]
     return out
@@ -46,3 +53,20 @@ def _num(value: float) -> str:
 def _seconds(value: float) -> str:
     """A duration in the grammar, exactly: "1000800s" (a bare number would mean minutes)."""
     return exact_decimal(value) + "s"
+
+
+# -- the workspace (what outlives the session: a Docker volume, a folder) ------------------------
+
+WORKSPACE_MOUNT = "/workspace"  # where a container session's workspace is mounted: its working folder
+WORKSPACE_VOLUME_PREFIX = "gpusession-ws-"
+WORKSPACE_LABEL = "gpusession.workspace"  # on the volume and on the session's container: its name
+
+
+def workspace_name(record) -> str:
+    """The session's workspace: --resume NAME, else --workspace NAME, else the session's name."""
+    extra = record.spec.extra
+    return extra.get("resume") or extra.get("workspace") or record.name
+
+
+def workspace_volume(name: str) -> str:
+    return WORKSPACE_VOLUME_PREFIX + name

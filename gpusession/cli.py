@@ -42,6 +42,7 @@ def cmd_types(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from .words import summary_line
+    from .workspace_words import print_checkpoint
 
     m = _manager()
     if args.all:
@@ -52,20 +53,23 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return 0
     if not args.name:
         raise GpuSessionError("name a session to stop (`gpusession list`), or pass --all")
-    r = m.stop(args.name, by="gpusession stop")
+    r = m.stop(args.name, by="gpusession stop", save=args.save)
     print(f"stopped {r.name}: {summary_line(r)}")
+    print_checkpoint(r, print)
     return 0
 
 
 def cmd_start(args: argparse.Namespace) -> int:
     from . import options
     from .words import idle_setting
+    from .workspace_words import print_restored
 
     m = _manager()
     given = options.given_values(args)
     spec = m.make_spec(given.pop("type", None), backend=given.pop("backend", None),
                        idle=given.pop("idle", "default"), face=options.FLAGS, **given)
     session = m.start(spec, report=lambda line: print(line, flush=True))
+    print_restored(session.record, print)
     print(f"{session.name} is running ({idle_setting(spec.idle_timeout_s)}); "
           f"`gpusession stop {session.name}` stops it")
     session.kernel.close()
@@ -130,6 +134,37 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print("nothing to clean up")
     for line in skipped:
         print(line)
+    _report_orphaned_workspaces(m)
+    return 0
+
+
+def _report_orphaned_workspaces(m) -> None:
+    """gc keeps every workspace: it says which no session uses any more."""
+    from .session.workspaces import list_all
+    from .workspace_words import orphaned_line
+
+    for view in list_all(m):
+        if view.orphaned:
+            print(orphaned_line(view))
+
+
+def cmd_workspaces(args: argparse.Namespace) -> int:
+    """List the workspaces, or delete one (only with --yes)."""
+    from .session.workspaces import list_all, remove
+    from .workspace_words import size_text, workspace_table
+
+    m = _manager()
+    if args.action == "rm":
+        if not args.yes:
+            raise GpuSessionError(f"deleting workspace {args.name} deletes its files and saved variables; "
+                                  f"add --yes to do it: `gpusession workspaces rm {args.name} --yes`")
+        ws = remove(m, args.name, args.backend)
+        print(f"deleted workspace {ws.name} ({ws.where}, {size_text(ws.size_bytes)})")
+        return 0
+    skipped: list[str] = []
+    print(workspace_table(list_all(m, skipped)))
+    for line in skipped:
+        print(f"skipped {line}")
     return 0
 
 
@@ -192,6 +227,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "start": cmd_start,
     "status": cmd_status,
     "gc": cmd_gc,
+    "workspaces": cmd_workspaces,
     "stats": cmd_stats,
     "keepalive": cmd_keepalive,
     "demo": cmd_demo,
@@ -220,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stop", help="stop a session")
     s.add_argument("name", nargs="?")
     s.add_argument("--all", action="store_true", help="stop every active session")
+    s.add_argument("--save", action="store_true", help="save the kernel's variables into its workspace first")
     s = sub.add_parser("start", help="start a session (it keeps running after this command returns)")
     add_start_options(s)  # every start option, from the one table (gpusession/options.py)
     s = sub.add_parser("status", help="one session's state, cost and timeline")
@@ -230,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name")
     s.add_argument("duration", nargs="?", default="1h", help="e.g. 30m, 1h; a bare number means minutes "
                    "(default 1h; at most 4h ahead)")
+    s = sub.add_parser("workspaces", help="the workspaces that outlive sessions: list them, or delete one")
+    ws = s.add_subparsers(dest="action")
+    k = ws.add_parser("rm", help="delete a workspace, its files and its saved variables")
+    k.add_argument("name")
+    k.add_argument("--yes", action="store_true", help="yes, delete it (nothing is deleted without it)")
+    k.add_argument("--backend", default=None, help="the backend whose workspace it is, when several have one of that name")
     s = sub.add_parser("gc", help="find and stop what crashed processes left behind")
     s.add_argument("--dry-run", action="store_true", help="only say what would be done")
     s.add_argument("--orphans", action="store_true", help="also stop running sessions whose notebook process is gone")

@@ -147,6 +147,7 @@ IDLE = DurationRule("idle timeout", 7 * DAY)
 MAX_RUNTIME = DurationRule("max runtime", 30 * DAY)
 # the agent grants a keepalive up to its own limit (4 h unless the session says otherwise)
 KEEPALIVE = DurationRule("keepalive duration", 1 * DAY, allow_off=False)
+SAVE_TIMEOUT = DurationRule("save time bound", 1 * HOUR)
 WATCH = DurationRule("watch duration", 1 * DAY, allow_off=False)
 
 

@@ -20,8 +20,10 @@ _start_args.__doc__ = _start_args.parser.format_help()
 @magic_arguments()
 @argument("name", nargs="?", default=None, help="session name (default: the current session)")
 @argument("--all", action="store_true", help="stop every active session")
+@argument("--save", action="store_true", help="save the kernel's variables into the session's workspace first "
+          "(within its save time bound); `%%gpu start --resume WORKSPACE` brings them back")
 def _stop_args(line: str) -> None:
-    """%gpu stop [NAME | --all]"""
+    """%gpu stop [NAME | --all] [--save]"""
 
 
 def _seconds(text: str, low: float, high: float) -> float:

@@ -41,8 +41,7 @@ from .session import Session, SessionManager
 from .notify import WarningNotifier, watch
 from .words import (ended_message, error_text, idle_setting, keepalive_line, session_table, status_lines,
                     summary_line, usage_error)
-
-
+from .workspace_words import print_checkpoint, print_restored
 from .magicargs import (
     HELP,
     _keepalive_args,
@@ -169,6 +168,7 @@ class GpuMagics(Magics):
                              f"(`%gpu list` shows it as {ended.state.value})") from None
         self.current = session
         _print(idle_setting(spec.idle_timeout_s))  # `--idle 0` means off: say so
+        print_restored(session.record, _print)  # --resume: what came back, what did not
         self._notify(session)
         return None
 
@@ -200,13 +200,14 @@ class GpuMagics(Magics):
             record = self.current.record
         else:
             raise UsageError("no current session to stop; name one (`%gpu list`) or use --all")
-        record = self.manager.stop(record.id, by="%gpu stop")
+        record = self.manager.stop(record.id, by="%gpu stop", save=args.save)
         if self.current is not None and self.current.id == record.id:
             was_auto = self.auto
             self._forget(record.id)
             if was_auto:
                 print("cells run locally again")
         print(f"stopped {record.name}: {summary_line(record)}")
+        print_checkpoint(record, _print)
 
     def _status(self, rest: str) -> None:
         name = rest.strip() or None

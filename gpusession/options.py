@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any, Callable, Iterable, Mapping
 
 from . import textvalues
-from .durations import IDLE, MAX_RUNTIME, DurationRule, parse_money, shown
+from .durations import IDLE, MAX_RUNTIME, SAVE_TIMEOUT, DurationRule, parse_money, shown
 from .errors import BadInput
 from .models import LaunchSpec
 
@@ -45,6 +45,7 @@ _JSON_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 _JSON_NAMES = {str: "string", int: "number", float: "number", bool: "boolean", list: "array", dict: "object"}
 _METAVARS = {"gpu_type": "TYPE[:N]", "backend": "NAME", "duration": "DURATION", "money": "DOLLARS", "gpus": "all|N"}
 MAX_GPUS = 1024
+WORKSPACE_BACKENDS = ("local", "docker")  # where a workspace outlives the session (docs: workspaces)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +111,19 @@ OPTIONS: tuple[StartOption, ...] = (
     StartOption("max_cost", ("--max-cost",), "money", "Max cost ($)", "stop when the session has cost this many "
                 "dollars, e.g. 5; warning at 80%; at most $100,000 (default: off)", "max cost", spec_field="max_cost",
                 form=True),
+    # the workspace that outlives the session, and the checkpoint of the kernel's variables in it
+    StartOption("workspace", ("--workspace",), "text", "Workspace", "the session's working folder, kept after it "
+                "stops: a Docker volume, a folder for local (default: one named after the session)", "workspace",
+                backends=WORKSPACE_BACKENDS, max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name),
+    StartOption("resume", ("--resume",), "text", "Resume", "start on this workspace and restore the variables its "
+                "last session saved (see `gpusession workspaces`)", "workspace to resume",
+                backends=WORKSPACE_BACKENDS, max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name),
+    StartOption("save_timeout", ("--save-timeout",), "duration", "Save time bound", "an idle, cost or runtime stop "
+                "first saves the kernel's variables into the workspace, for at most this long (default 60s; off: "
+                "no save)", "save time bound", backends=WORKSPACE_BACKENDS, rule=SAVE_TIMEOUT),
+    StartOption("save_cap", ("--save-cap",), "text", "Save cap per variable", "a variable larger than this "
+                "(pickled) is not saved, e.g. 500MB, 2GiB, off (default 2GiB)", "save cap",
+                backends=WORKSPACE_BACKENDS, reader=textvalues.byte_size),
     StartOption("spot", ("--spot",), "bool", "Spot instance", "aws: use spot capacity", "spot", default=False,
                 backends=("aws",), spec_field="spot", form=True),
     StartOption("region", ("--region",), "text", "Region", "aws: region, e.g. us-east-1", "region", backends=("aws",),
@@ -357,7 +371,7 @@ def build_spec(
         if option.spec_field is not None:
             if value is not None or option.kind in ("duration", "money"):
                 setattr(spec, option.spec_field, value)
-        elif value is not None:
+        elif value is not None or option.kind == "duration":  # a duration's None: off, as given
             spec.extra[name] = value
     spec.extra.update({k: v for k, v in values.items() if k not in BY_NAME and v is not None})
     return spec

@@ -23,6 +23,8 @@ ENV_KERNEL_KEY = "GPUSESSION_KERNEL_KEY"  # a kernel connection key chosen by th
 ENV_RUNTIME_ROOT = "GPUSESSION_RUNTIME_ROOT"  # set by the runtime bundle's boot.sh: the bundle's folder in the image
 ENV_RUNTIME_PYTHON = "GPUSESSION_RUNTIME_PYTHON"  # the image's python as the bundle's probe found it (boot.sh)
 ENV_RUNTIME_BRINGS = "GPUSESSION_RUNTIME_BRINGS"  # what the bundle gives the kernel: "ipykernel,pip", a part, or ""
+ENV_WORKSPACE = "GPUSESSION_WORKSPACE"  # the workspace's folder as the kernel sees it (its checkpoint goes there)
+ENV_RESTORE = "GPUSESSION_RESTORE"  # "1" for a session's first kernel when --resume asks to restore the checkpoint
 
 #: a kernel's five ports, in the order the runtime allocates them (jupyter connection file keys)
 KERNEL_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")

@@ -111,6 +111,35 @@ def session_name(text: str) -> str:
     return name
 
 
+def workspace_name(text: str) -> str:
+    """A workspace name, as a session name is written (it names a Docker volume, an EBS tag, a folder)."""
+    name = text.strip()
+    if not name or len(name) > MAX_NAME or not set(name.lower()) <= NAME_CHARS or not name[0].isalnum():
+        raise BadInput(f"bad workspace name {shown(text)}: use up to {MAX_NAME} letters, digits, '-', '_' or '.', "
+                       "starting with a letter or digit")
+    return name
+
+
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?i?b?)", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
+               "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes: 500MB, 2GiB, 1.5g, 4096; off or 0 for none (returned as 0)."""
+    value = text.strip()
+    if value.lower() in ("off", "none", "0"):
+        return 0
+    match = _SIZE.fullmatch(value)
+    if not match:
+        raise BadInput(f"bad size {shown(text)}: write e.g. 500MB, 2GiB or off")
+    unit = match.group(2).lower().removesuffix("b")
+    size = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    if size > 1024**5:
+        raise BadInput(f"size {shown(text)} is over 1 PiB")
+    return size
+
+
 def image_ref(text: str) -> str:
     """A container image reference: nvidia/cuda:12.4.1-runtime-ubuntu22.04, registry:5000/me/img,
     img@sha256:..."""

@@ -15,6 +15,7 @@ from .durations import format_duration, format_money
 from .errors import SessionEnded
 from .models import SessionRecord, State
 from .protocol import StopKind, StopReason, Warning, WarningKind
+from .workspace_words import record_checkpoint_line
 
 GIB = 1024**3
 _SPARK = " ▁▂▃▄▅▆▇█"
@@ -158,7 +159,10 @@ def ended_message(record: SessionRecord) -> str:
         text = f"session {record.name} was {stop_reason_text(reason)}"
     else:
         text = f"session {record.name} is {record.state.value}"
-    return f"{text} ({summary_line(record)})" if not record.state.active else text
+    if record.state.active:
+        return text
+    saved = record_checkpoint_line(record)  # what its stop saved into the workspace, when it tried
+    return f"{text} ({summary_line(record)})" + (f"; {saved}" if saved else "")
 
 
 def usage_error(message: str) -> str:

@@ -20,10 +20,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("agent", ("agent",)),
     ("store", ("store",)),
     ("session", ("session",)),
-    ("ui", ("words", "notify", "magics", "magicargs", "transfers", "widgets", "server", "cli", "demo", "provisioner", "__init__", "__main__",
-            "labextension")),
+    ("ui", ("words", "workspace_words", "notify", "magics", "magicargs", "transfers", "widgets", "server", "cli", "demo",
+            "provisioner", "__init__", "__main__", "labextension")),
 ]
-FACES = ("words", "notify", "magics", "magicargs", "transfers", "widgets", "server", "cli", "demo", "provisioner")
+FACES = ("words", "workspace_words", "notify", "magics", "magicargs", "transfers", "widgets", "server", "cli", "demo",
+         "provisioner")
 MAX_LINES = 400
 
 

@@ -7,6 +7,10 @@
     POST /keepalive {"seconds": N}     postpone the idle stop (capped by --keepalive-limit)
     POST /restart                      a fresh kernel in this session (same ports and key): the
                                        running one is ended, the runtime starts the next
+    POST /save                         the kernel's namespace into the workspace (waits, at most
+                                       the save time bound): {"committed", "saved", "bytes", ...}
+    GET  /restored                     what the first kernel restored from the workspace, or
+                                       {"asked": false}
 
 Every route but /health needs `Authorization: Bearer <token>`, where the token is derived from
 the kernel's connection key (`agent_token`): whoever may run code in the kernel may read its
@@ -56,9 +60,11 @@ class AgentServer:
     state and restarts (`kernel_state()`, `request_restart()`); None serves neither."""
 
     def __init__(self, watchdog, token: Callable[[], str | None], host: str = "127.0.0.1", port: int = 0,
-                 kernel=None):
+                 kernel=None, save: Callable[[], dict] | None = None, restored: Callable[[], dict | None] | None = None):
         self.watchdog = watchdog
         self.kernel = kernel
+        self._save = save
+        self._restored = restored
         self._token = token
         self.httpd = ThreadingHTTPServer((host, port), self._handler_class())
         self.httpd.daemon_threads = True
@@ -110,7 +116,14 @@ class AgentServer:
                 return 200, self.kernel.request_restart()
             except RuntimeError as exc:  # the session is stopping
                 raise _HttpError(409, str(exc)) from None
-        if path in ("/health", "/stats", "/summary", "/keepalive", "/restart"):
+        if method == "POST" and path == "/save":
+            if self._save is None:
+                raise _HttpError(404, "this runtime has no workspace to save into")
+            return 200, self._save()
+        if method == "GET" and path == "/restored":
+            report = self._restored() if self._restored is not None else None
+            return 200, report if report is not None else {"asked": False}
+        if path in ("/health", "/stats", "/summary", "/keepalive", "/restart", "/save", "/restored"):
             raise _HttpError(405, f"{method} is not allowed on {path}")
         raise _HttpError(404, f"no route {path}")
 

@@ -26,8 +26,10 @@ import time
 
 from ..protocol import (
     ENV_KERNEL_KEY,
+    ENV_RESTORE,
     ENV_SESSION_ID,
     ENV_STATE_DIR,
+    ENV_WORKSPACE,
     KERNEL_PORT_NAMES,
     Marker,
     StopKind,
@@ -102,6 +104,7 @@ class Runtime:
         self.generation = 0  # kernels started so far: a restart makes the next one
         self.kernel_ready = False
         self._restart = threading.Event()  # POST /restart asked for a fresh kernel
+        self.checkpoint: dict | None = None  # the last save of the namespace (gpusession.agent.saving)
 
     def start_kernel(self) -> dict:
         """Start a kernel on the connection file (made at the first start, kept by restarts)."""
@@ -118,8 +121,15 @@ class Runtime:
         env = dict(os.environ, **kernel_environment(),
                    **{ENV_STATE_DIR: self.state_dir, ENV_SESSION_ID: self.args.session_id})
         env.pop(ENV_KERNEL_KEY, None)
+        extensions = ["gpusession.agent.activity"]
+        if self.args.workspace:  # the kernel saves its namespace there, and the first one restores it
+            os.makedirs(self.args.workspace, exist_ok=True)
+            env[ENV_WORKSPACE] = self.args.workspace
+            if self.args.restore and self.generation == 0:
+                env[ENV_RESTORE] = "1"
+            extensions.append("gpusession.agent.checkpoint")
         # the image's own Python; ipykernel from the runtime bundle only when the image has none
-        cmd = kernel_command(self.connection_file, ["gpusession.agent.activity"])
+        cmd = kernel_command(self.connection_file, extensions)
         # own process group: an interrupt_request SIGINTs the kernel's group, not us
         self.kernel = subprocess.Popen(cmd, env=env, start_new_session=True, cwd=self.args.cwd or None)
         if self._stopping:  # a stop came while a restart started this one: stop() may have missed it
@@ -258,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--agent-port", type=int, default=0, help="agent HTTP port on 127.0.0.1; 0 = a free one (runtime.json says which), -1 = none")
     run.add_argument("--ready-timeout", type=float, default=60.0)
     run.add_argument("--cwd", default="")
+    run.add_argument("--workspace", default="", help="the workspace folder: checkpoints are saved there (default: none)")
+    run.add_argument("--restore", action="store_true", help="the first kernel restores the workspace's checkpoint")
     service.add_arguments(run)
     service.add_commands(sub)
     return p

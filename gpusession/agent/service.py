@@ -21,12 +21,13 @@ import threading
 import time
 from typing import Any
 
-from ..durations import IDLE, MAX_RUNTIME, DurationRule, parse_money
+from ..durations import IDLE, MAX_RUNTIME, SAVE_TIMEOUT, DurationRule, parse_money
 from ..errors import BadInput
 from ..protocol import Marker, StopReason, marker_line
 from .idle import DEFAULT_KEEPALIVE_LIMIT_S, ActivityTracker, StopPolicy
 from .nvml import NvmlReader, RecordedNvml, record_raw
 from .sampler import HISTORY_S, Sampler
+from .saving import DEFAULT_SAVE_TIMEOUT_S, restore_report, save_kernel
 from .watchdog import Watchdog
 
 
@@ -91,11 +92,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--history", type=_positive, default=float(HISTORY_S), metavar="SECONDS", help="seconds of samples kept (default 3600)")
     g.add_argument("--shutdown-command", default="", metavar="CMD",
                    help="shell command run when the session stops, e.g. 'shutdown -h now' on a cloud instance")
+    g.add_argument("--save-timeout", type=_duration(SAVE_TIMEOUT), default=DEFAULT_SAVE_TIMEOUT_S, metavar="DURATION|off",
+                   help="before a watchdog stop, save the kernel's variables into --workspace for at most this long "
+                   "(default 60s; off: do not save)")
+    g.add_argument("--save-cap", type=int, default=DEFAULT_SAVE_CAP, metavar="BYTES",
+                   help="a variable whose pickle is larger is skipped (default 2 GiB; 0: no cap)")
     g.add_argument("--no-agent", action="store_true", help="no stats, no watchdog (a baseline for benchmarks)")
     g.add_argument("--nvml-replay", type=_recording, default=None, metavar="FILE",
                    help="replay raw NVML values recorded from a driver (tests/data/nvml_*.json, written by "
                    "nvml-record), in a loop, instead of this machine's GPUs; the stats say \"source\": \"recorded\". "
                    "For demos and tests without a GPU; never on by default")
+
+
+DEFAULT_SAVE_CAP = 2 * 1024**3
+
+
+def save_namespace(rt, args: argparse.Namespace) -> dict:
+    """The kernel's namespace into the workspace, within --save-timeout (POST /save, and the
+    watchdog before its stops); the result is kept for the stop summary."""
+    if not getattr(args, "workspace", "") or not args.save_timeout:
+        return {"committed": False, "error": "no workspace" if args.save_timeout else "saving is off"}
+    kernel = rt.kernel
+    pid = kernel.pid if kernel is not None and kernel.poll() is None else None
+    result = save_kernel(rt.state_dir, pid, timeout_s=args.save_timeout, cap_bytes=args.save_cap or None)
+    rt.checkpoint = result
+    return result
+
+
+def _save_then_stop(rt, args: argparse.Namespace, reason: StopReason) -> None:
+    """The watchdog's stop: save first (bounded), then stop, whatever the save did."""
+    if reason.kind.by_watchdog and getattr(args, "workspace", "") and args.save_timeout:
+        try:
+            save_namespace(rt, args)
+        except Exception as exc:  # noqa: BLE001 - the stop must happen: it is what saves money
+            rt.checkpoint = {"committed": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    rt.stop(reason)
 
 
 def policy_from_args(args: argparse.Namespace) -> StopPolicy:
@@ -123,7 +154,7 @@ def start(rt, args: argparse.Namespace) -> Watchdog | None:
         state_dir=rt.state_dir,
         tracker=tracker,
         sampler=sampler,
-        stop=rt.stop,
+        stop=lambda reason: _save_then_stop(rt, args, reason),
         gpu_count=args.gpu_count,
         check_interval_s=args.check_interval or 1.0,
         sample_interval_s=args.sample_interval,
@@ -133,7 +164,8 @@ def start(rt, args: argparse.Namespace) -> Watchdog | None:
 
         try:
             server = AgentServer(watchdog, token_from_connection_file(rt.connection_file), port=args.agent_port,
-                                 kernel=rt).start()
+                                 kernel=rt, save=lambda: save_namespace(rt, args),
+                                 restored=lambda: restore_report(rt.state_dir)).start()
             rt.agent_port = server.port
         except OSError as exc:  # the port is taken: keep the watchdog, which is what saves money
             error = f"no stats endpoint on port {args.agent_port}: {exc}"
@@ -149,6 +181,8 @@ def _on_stop(rt, watchdog: Watchdog, args: argparse.Namespace, reason: StopReaso
     shutdown command (the instance powers off; the container has already lost its kernel)."""
     summary = watchdog.summary()
     summary["reason"] = reason.to_dict()
+    if getattr(rt, "checkpoint", None) is not None:
+        summary["checkpoint"] = rt.checkpoint
     path = os.path.join(rt.state_dir, "stopped.json")
     try:
         with open(path) as f:

@@ -79,6 +79,19 @@ class RemoteResource:
     details: dict[str, Any] = dataclasses.field(default_factory=dict)  # what remove_resource needs
 
 
+@dataclasses.dataclass
+class Workspace:
+    """A session's workspace that outlives it (a Docker volume, a folder, an EBS volume)."""
+
+    backend: str  # backend name
+    name: str  # the workspace's name (--workspace, --resume)
+    where: str  # one line for the user: "volume gpusession-ws-x on the local engine", a path
+    size_bytes: int | None = None  # None: unknown (an engine that does not say)
+    monthly_cost: float | None = None  # dollars a month it costs while kept; None: nothing billed
+    in_use_by: list[str] = dataclasses.field(default_factory=list)  # session ids whose remote side uses it now
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)  # what remove_workspace needs (host...)
+
+
 class Link(abc.ABC):
     """A live connection to a session's kernel (and agent). Owned by one process."""
 
@@ -250,6 +263,18 @@ class Backend(abc.ABC):
     def remove_resource(self, resource: RemoteResource) -> None:
         """Called by gc for a resource from `list_resources` whose session is stopped or unknown
         to the store. Remove it only when it still carries `resource.session_id`; gone is fine."""
+
+    # -- workspaces (optional: a backend without them keeps nothing after a stop) -------------
+
+    def list_workspaces(self) -> list[Workspace]:
+        """Called by `gpusession workspaces` and gc's report: the workspaces this backend keeps
+        (never removed by gc). Raise BackendUnavailable when nothing could be asked."""
+        return []
+
+    def remove_workspace(self, workspace: Workspace) -> None:
+        """Called by `gpusession workspaces rm` only (the user confirmed): delete it and what is
+        in it. Raise BadInput when a session uses it now."""
+        raise NotImplementedError(f"the {self.name} backend keeps no workspaces")
 
     # -- for subclasses ---------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from ..agentargs import args_for
+from ..agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, args_for, workspace_name
 from ..errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ..models import LaunchSpec, SessionRecord, State
 from ..progress import Progress
@@ -37,7 +37,7 @@ from ..protocol import (
     StopKind,
     StopReason,
 )
-from .base import Backend, DirectLink, Link, RemoteResource, TunnelLink, stop_details_from_log
+from .base import Backend, DirectLink, Link, RemoteResource, TunnelLink, Workspace, stop_details_from_log
 from .docker_engine import (
     STATE_DIR,
     container_logs,
@@ -122,7 +122,9 @@ class DockerBackend(Backend):
         import secrets
 
         from ..bundle import cache_dir
+        from .docker_runtime import _helper_labels as helper_labels
         from .docker_runtime import bundle_command, find_or_pull_image, gpu_request, prepare_runtime
+        from .docker_workspaces import ensure_volume
 
         spec = record.spec
         progress.step(f"connecting to the Docker engine {spec.host or '(local)'}")
@@ -134,9 +136,15 @@ class DockerBackend(Backend):
         # the image's own Python runs the kernel; the runtime bundle brings what it lacks
         runtime = prepare_runtime(client, image, cache_dir=cache_dir(), labels=labels, progress=progress)
         self.recorder.save(record.id, engine=spec.host or "", image=name, python=runtime.python.executable)
+        workspace = workspace_name(record)  # a named volume, kept after the container goes
+        volumes = dict(runtime.volumes, **ensure_volume(
+            client, workspace, image, store_label=(STORE_LABEL, self.recorder.store_id),
+            helper_labels=helper_labels(labels), resume=bool(spec.extra.get("resume")), progress=progress))
+        self.recorder.save(record.id, workspace=workspace)
         entrypoint, command = bundle_command([
             "--session-id", record.id, "--state-dir", STATE_DIR, "--kernel-ip", "127.0.0.1",
-            "--kernel-ports", "0", "--agent-port", "0", *args_for(record)])
+            "--kernel-ports", "0", "--agent-port", "0", "--workspace", WORKSPACE_MOUNT, "--cwd", WORKSPACE_MOUNT,
+            *args_for(record)])
         docker = docker_sdk()
         progress.step(f"creating container from {name}")
         try:
@@ -153,6 +161,7 @@ class DockerBackend(Backend):
                     "gpusession.type": f"{spec.gpu_type}:{spec.gpu_count}",
                     "gpusession.image": name,
                     "gpusession.started": str(int(time.time())),
+                    WORKSPACE_LABEL: workspace,
                 },
                 environment={
                     ENV_SESSION_ID: record.id,
@@ -165,7 +174,7 @@ class DockerBackend(Backend):
                 # no sshd, nothing published: the kernel and agent listen on the host's loopback,
                 # reached directly here or through the SSH login to the engine's host
                 network_mode="host",
-                volumes=runtime.volumes,
+                volumes=volumes,
             )
         except docker.errors.APIError as exc:
             raise StageError("provision", f"cannot create the container: {short_error(exc)}") from None
@@ -383,6 +392,17 @@ class DockerBackend(Backend):
             self.recorder.save(resource.session_id, removed_at=time.time())
         except GpuSessionError:
             pass
+
+
+    def list_workspaces(self) -> list[Workspace]:
+        from .docker_workspaces import list_on_engines
+
+        return list_on_engines(self, LABEL, STORE_LABEL)
+
+    def remove_workspace(self, workspace: Workspace) -> None:
+        from .docker_workspaces import remove_on_engine
+
+        remove_on_engine(self, workspace)
 
 
 def _may_hold(record: SessionRecord) -> bool:

@@ -18,13 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-from ..agentargs import args_for
+from ..agentargs import args_for, workspace_name
 from .. import procs
 from ..errors import StageError
 from ..models import KernelEndpoint, SessionRecord
 from ..progress import Progress
 from ..protocol import ENV_SESSION_ID, StopDetails
-from .base import Backend, Link, RemoteResource
+from .base import Backend, Link, RemoteResource, Workspace
 
 
 class LocalLink(Link):
@@ -71,9 +71,16 @@ class LocalBackend(Backend):
     def state_dir(self, record: SessionRecord) -> Path:
         return self.config.data_path / "sessions" / record.id
 
+    def workspace_dir(self, name: str) -> Path:
+        return self.config.data_path / "workspaces" / name
+
     def provision(self, record: SessionRecord, progress: Progress) -> None:
         state_dir = self.state_dir(record)
         state_dir.mkdir(parents=True, exist_ok=True)
+        workspace = self.workspace_dir(workspace_name(record))  # the kernel's working folder, kept
+        if record.spec.extra.get("resume") and not workspace.is_dir():
+            raise StageError("provision", f"no workspace {workspace.name} to resume (`gpusession workspaces` lists them)")
+        workspace.mkdir(parents=True, exist_ok=True)
         cmd = [
             sys.executable,
             "-m",
@@ -88,7 +95,9 @@ class LocalBackend(Backend):
             "--kernel-ports",
             "0",
             "--cwd",
-            os.getcwd(),
+            str(workspace),
+            "--workspace",
+            str(workspace),
             *args_for(record),
         ]
         env = dict(os.environ, **{ENV_SESSION_ID: record.id})
@@ -101,7 +110,7 @@ class LocalBackend(Backend):
             )
         finally:
             log.close()
-        self.recorder.save(record.id, pid=proc.pid, state_dir=str(state_dir))
+        self.recorder.save(record.id, pid=proc.pid, state_dir=str(state_dir), workspace=workspace.name)
         # reap it if we outlive it, so it never lingers as a zombie of ours
         import threading
 
@@ -173,15 +182,50 @@ class LocalBackend(Backend):
         if _process_label(pid) == resource.session_id:
             _terminate(pid)
 
+    def list_workspaces(self) -> list[Workspace]:
+        """Folders under the data folder's workspaces/; in use: a live runtime's --workspace."""
+        root = self.config.data_path / "workspaces"
+        if not root.is_dir():
+            return []
+        using: dict[str, list[str]] = {}
+        for resource in self.list_resources():
+            folder = _arg_of(int(resource.resource_id), "--workspace")
+            if folder:
+                using.setdefault(Path(folder).name, []).append(resource.session_id)
+        return [Workspace(self.name, d.name, str(d), folder_size(d), in_use_by=using.get(d.name, []))
+                for d in sorted(root.iterdir()) if d.is_dir()]
+
+    def remove_workspace(self, workspace: Workspace) -> None:
+        import shutil
+
+        shutil.rmtree(self.workspace_dir(workspace.name))
+
+
+def folder_size(path: Path) -> int:
+    """Bytes of the files under `path` (what `du` counts, roughly: file sizes)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
 
 def _state_dir_of(pid: int) -> str | None:
     """The --state-dir a runtime process was started with."""
+    return _arg_of(pid, "--state-dir")
+
+
+def _arg_of(pid: int, flag: str) -> str | None:
+    """The value of `flag` on a runtime process's command line."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().decode(errors="replace").split("\0")
     except OSError:
         return None
-    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--state-dir"), None)
+    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag), None)
 
 
 def _under(path: str | None, folder: Path) -> bool:

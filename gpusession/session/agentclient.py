@@ -101,3 +101,11 @@ class AgentClient:
     def restart_kernel(self) -> dict:
         """POST /restart: the runtime ends the running kernel and starts a fresh one."""
         return self._request("POST", "/restart", {})
+
+    def save(self) -> dict:
+        """POST /save: the kernel's namespace into the workspace; waits up to the save bound."""
+        return self._request("POST", "/save", {})
+
+    def restored(self) -> dict:
+        """GET /restored: what a resumed session's first kernel restored."""
+        return self._request("GET", "/restored")

@@ -25,6 +25,7 @@ from .agentclient import AgentUnavailable
 from .liveness import Liveness, ended_state
 from .recorder import StoreRecorder
 from .views import session_view
+from .workspaces import fetch_restore_report, save_checkpoint
 
 if TYPE_CHECKING:
     from ..config import GpuSessionConfig
@@ -133,6 +134,7 @@ class SessionManager:
             self._abort(record, link, backend, message)
             raise
         session.record = self.store.transition(record.id, State.RUNNING, f"ready in {progress.elapsed():.1f}s")
+        fetch_restore_report(self, session)  # --resume: what came back, for the faces to say
         progress.say(f"running: session {record.name} is ready")
         with self._lock:
             self._connected[record.id] = session
@@ -162,9 +164,7 @@ class SessionManager:
 
     def connected(self, key: str | None = None) -> Session | None:
         with self._lock:
-            if key is None:
-                return None
-            return self._connected.get(self.store.get(key).id)
+            return None if key is None else self._connected.get(self.store.get(key).id)
 
     def attach(self, key: str, report: Reporter | None = None) -> Session:
         """Connect this process to a running session (started here or anywhere else)."""
@@ -202,8 +202,10 @@ class SessionManager:
 
     # -- stop ----------------------------------------------------------------------------
 
-    def stop(self, key: str, by: str = "user", kind: StopKind = StopKind.USER, *, kernel_told: bool = False) -> SessionRecord:
-        """Stop a session and record why (`by`: "user", "the sidebar"...; kernel_told: it was sent a shutdown_request)."""
+    def stop(self, key: str, by: str = "user", kind: StopKind = StopKind.USER, *, kernel_told: bool = False,
+             save: bool = False) -> SessionRecord:
+        """Stop a session and record why (`by`: "user", "the sidebar"...; kernel_told: it was sent a
+        shutdown_request; save: `stop --save`, its variables go into its workspace first)."""
         record = self.store.get(key)
         backend = self.backend(record.backend)
         with self._lock:
@@ -220,6 +222,8 @@ class SessionManager:
                 return record
         self.store.transition(record.id, State.STOPPING, f"stop requested by {by}")
         self.store.update_resource(record.id, stop_reason=reason.to_dict())
+        if save:
+            save_checkpoint(self, record, session)
         if session is not None:
             self._save_summary(record, session=session)
             try:  # a kernel told already (by JupyterLab) is going: no waiting for its second reply

@@ -1,0 +1,61 @@
+"""The agent's side of a checkpoint: ask the kernel to save its namespace into the workspace
+(gpusession.agent.checkpoint runs in the kernel), and wait at most the time bound for it.
+
+The watchdog's stops (idle, max cost, max runtime) and POST /save go through `save_kernel`; the
+stop goes on when the bound passes, whatever the kernel does, so a save never extends billing
+beyond the bound. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+
+from .checkpoint import RESTORE_RESULT, SAVE_REQUEST, SAVE_RESULT
+
+DEFAULT_SAVE_TIMEOUT_S = 60.0
+GRACE_S = 2.0  # after the bound: the kernel's last write (it commits only before the bound)
+
+
+def _read(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def save_kernel(state_dir: str, kernel_pid: int | None, *, timeout_s: float, cap_bytes: int | None,
+                clock=time.time, sleep=time.sleep) -> dict:
+    """Ask the kernel to save; its result (`saved`, `bytes`, `imports`, `skipped`, `committed`),
+    or {"committed": False, "error": why} when there is no kernel or the bound passed."""
+    started = clock()
+    if not kernel_pid:
+        return {"committed": False, "error": "no kernel"}
+    request_id = uuid.uuid4().hex
+    deadline = started + timeout_s
+    path = os.path.join(state_dir, SAVE_REQUEST)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"id": request_id, "deadline": deadline, "cap_bytes": cap_bytes}, f)
+    os.replace(tmp, path)
+    try:
+        os.kill(kernel_pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        return {"committed": False, "error": "no kernel"}
+    result_path = os.path.join(state_dir, SAVE_RESULT)
+    while clock() < deadline + GRACE_S:
+        result = _read(result_path)
+        if result is not None and result.get("id") == request_id:
+            result.setdefault("timeout_s", timeout_s)
+            return result
+        sleep(0.05)
+    return {"committed": False, "error": "time bound", "timeout_s": timeout_s}
+
+
+def restore_report(state_dir: str) -> dict | None:
+    """What the session's first kernel restored from the workspace (None: it was not asked to)."""
+    return _read(os.path.join(state_dir, RESTORE_RESULT))

@@ -1,0 +1,103 @@
+"""Workspaces that outlive sessions: the restore report of a resumed start, the save of
+`stop --save`, and the listing `gpusession workspaces` and gc's report show.
+
+gc never deletes a workspace: deleting one is `remove(...)`, which the faces call only when the
+user confirmed. Returns data; the faces put it into words (gpusession/words.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BackendUnavailable, BadInput, GpuSessionError
+from ..options import WORKSPACE_BACKENDS
+from .agentclient import AgentClient, AgentUnavailable
+
+if TYPE_CHECKING:
+    from ..backends.base import Workspace
+    from ..models import SessionRecord
+    from .handle import Session
+    from .manager import SessionManager
+
+SAVE_WAIT_EXTRA_S = 15.0  # the agent answers POST /save within the bound; the link may add to it
+
+
+@dataclasses.dataclass
+class WorkspaceView:
+    """A workspace with the store's word on it."""
+
+    workspace: "Workspace"
+    sessions: list[str]  # names of the recorded sessions that used it, newest first
+    active: list[str]  # names of those still active (running, starting, stopping)
+
+    @property
+    def orphaned(self) -> bool:
+        """Every session that used it is gone (or none is known): nothing will use it by itself."""
+        return not self.active and not self.workspace.in_use_by
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(dataclasses.asdict(self.workspace), sessions=self.sessions, active=self.active,
+                    orphaned=self.orphaned)
+
+
+def fetch_restore_report(manager: "SessionManager", session: "Session") -> None:
+    """After a --resume start: what the kernel restored, kept in the record (`restored`)."""
+    if not session.record.spec.extra.get("resume"):
+        return
+    try:
+        report = session.agent.restored()
+    except AgentUnavailable as exc:
+        report = {"found": False, "error": str(exc)}
+    session.record = manager.store.update_resource(session.id, restored=report)
+
+
+def save_checkpoint(manager: "SessionManager", record: "SessionRecord", session: "Session | None") -> dict:
+    """`stop --save`: the agent saves the kernel's namespace into the workspace (bounded by the
+    session's save time bound); its result, kept in the record (`checkpoint`)."""
+    if session is None:
+        result = {"committed": False, "error": "not connected"}
+    else:
+        bound = record.spec.extra.get("save_timeout", 60.0) or 0.0
+        client = AgentClient.for_endpoint(session.link.endpoint, timeout=bound + SAVE_WAIT_EXTRA_S)
+        try:
+            result = client.save()
+        except AgentUnavailable as exc:
+            result = {"committed": False, "error": str(exc)}
+        finally:
+            client.close()
+    manager.store.update_resource(record.id, checkpoint=result)
+    return result
+
+
+def list_all(manager: "SessionManager", skipped: list[str] | None = None) -> list[WorkspaceView]:
+    """Every workspace the workspace backends keep, with the sessions that used each."""
+    records = manager.store.list()
+    views = []
+    for name in WORKSPACE_BACKENDS:
+        try:
+            found = manager.backend(name).list_workspaces()
+        except (BackendUnavailable, GpuSessionError) as exc:
+            if skipped is not None:
+                skipped.append(f"{name}: {exc}")
+            continue
+        for ws in found:
+            users = [r for r in records if r.backend == name and r.resource.get("workspace") == ws.name]
+            views.append(WorkspaceView(ws, [r.name for r in users], [r.name for r in users if r.state.active]))
+    return views
+
+
+def remove(manager: "SessionManager", name: str, backend: str | None = None) -> "Workspace":
+    """Delete the workspace `name` (of `backend`, when several backends have one of that name)."""
+    matches = [v for v in list_all(manager) if v.workspace.name == name and backend in (None, v.workspace.backend)]
+    if not matches:
+        raise BadInput(f"no workspace {name} (`gpusession workspaces` lists them)")
+    if len(matches) > 1:
+        where = ", ".join(v.workspace.backend for v in matches)
+        raise BadInput(f"workspace {name} is on several backends ({where}); name one with --backend")
+    view = matches[0]
+    if not view.orphaned:
+        raise BadInput(f"workspace {name} is in use by session {', '.join(view.active or view.workspace.in_use_by)}; "
+                       "stop it first")
+    manager.backend(view.workspace.backend).remove_workspace(view.workspace)
+    return view.workspace

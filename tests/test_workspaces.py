@@ -1,0 +1,248 @@
+"""Your work survives: a workspace that outlives the session (a named volume on the Docker engine,
+a folder for the local backend), the kernel's variables saved into it before an idle stop (and on
+`stop --save`) within a time bound and a size cap, and `--resume` bringing them back; `gpusession
+workspaces` lists them, gc reports the orphaned ones and never deletes one.
+
+The real Docker engine with the non-root image of scripts/ci-images.sh, real kernels, a real
+notebook kernel for the magic's words, the CLI as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gpusession.agent import checkpoint
+from gpusession.models import State
+from gpusession.store import Store
+from gpusession.words import ended_message
+from support.hosts import docker_available
+
+NONROOT = "gpusession-ci/py-nonroot"  # USER 1000: the workspace must be writable by it
+IDLE_S = 3
+
+
+def _image_ready() -> bool:
+    if not docker_available():
+        return False
+    import docker
+
+    client = docker.from_env()
+    try:
+        client.images.get(NONROOT)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+    finally:
+        client.close()
+
+
+def _cli(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpusession", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _wait_ended(store: Store, name: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while store.get(name).state.active:
+        assert time.monotonic() < deadline, [(e.state.value, e.detail) for e in store.get(name).events]
+        time.sleep(0.3)
+
+
+def _remove_volumes(engine, *names: str) -> None:
+    for name in names:
+        try:
+            engine.volumes.get(f"gpusession-ws-{name}").remove(force=True)
+        except Exception:  # noqa: BLE001 - gone already
+            pass
+
+
+# -- the checkpoint itself (no session) ------------------------------------------------------------
+
+
+def test_a_save_past_its_bound_keeps_the_previous_checkpoint_and_a_bad_variable_is_one_line(tmp_path):
+    ws = str(tmp_path)
+    first = checkpoint.save({"a": 1, "os": os}, ws, deadline=time.time() + 30, cap_bytes=None)
+    assert first["committed"] and first["saved"] == 1 and first["imports"] == 1
+    late = checkpoint.save({"a": 2}, ws, deadline=time.time() - 1, cap_bytes=None)
+    assert not late["committed"] and late["error"] == "time bound"
+    # another Python's or package's pickle that does not load: one line for it, the rest comes back
+    manifest = checkpoint.read_manifest(ws)
+    folder = Path(ws, ".gpusession", "checkpoints", manifest["folder"])
+    (folder / "broken.pkl").write_bytes(b"\x80\x05cno_such_module\nThing\n.")
+    manifest["variables"].append({"name": "thing", "file": "broken.pkl", "bytes": 20, "type": "Thing"})
+    Path(ws, ".gpusession", "checkpoint.json").write_text(__import__("json").dumps(manifest))
+    ns: dict = {}
+    report = checkpoint.restore(ns, ws)
+    assert ns["a"] == 1 and ns["os"] is os, "the previous checkpoint, whole"
+    assert report["restored"] == ["a"] and report["imports"] == ["os"]
+    assert [f["name"] for f in report["failed"]] == ["thing"] and "no_such_module" in report["failed"][0]["error"]
+    assert checkpoint.restore({}, str(tmp_path / "empty"))["found"] is False
+    pickle.dumps(report)
+
+
+# -- the Docker engine: volume, idle save, resume, cap, workspaces, gc -------------------------
+
+
+@pytest.mark.docker
+def test_idle_stop_saves_and_resume_brings_back_files_and_variables(nb_env, engine, tmp_path):
+    if not _image_ready():
+        pytest.skip(f"no Docker engine with {NONROOT}")
+    from support.notebook_kernel import NotebookKernel
+
+    store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
+    nk = NotebookKernel(nb_env, cwd=str(tmp_path))
+    try:
+        assert nk.run("%load_ext gpusession").status == "ok"
+        start = nk.run(f"%gpu start --backend docker --image {NONROOT} --idle {IDLE_S}s --name w1")
+        assert start.status == "ok" and "workspace w1: new volume gpusession-ws-w1" in start.text, start.text
+        cell = nk.run("%%gpu\nimport os, json as js\nx = 42\nd = {'a': [1, 2]}\nb = b'z' * 3_000_000\n"
+                      "g = (i for i in range(3))\nopen('x.txt', 'w').write('hello')\nprint(os.getcwd(), os.getuid())")
+        assert cell.status == "ok" and cell.text.split() == ["/workspace", "1000"], cell.text
+        _wait_ended(store, "w1", IDLE_S + 60)  # its own watchdog saves, then stops
+        said = ended_message(store.get("w1"))
+        assert "stopped by its idle watchdog" in said, said
+        assert "saved 3 variables and 2 imports, 3.0 MB; skipped: g (a generator); resume with " \
+               "`%gpu start --resume w1`" in said, said
+
+        # a new session on the same workspace, with a cap the bytes are over
+        again = nk.run(f"%gpu start --backend docker --image {NONROOT} --resume w1 --name w2 --idle {IDLE_S}s "
+                       "--save-cap 1MB --save-timeout 20s")
+        assert again.status == "ok", again.text
+        assert "workspace w1: volume gpusession-ws-w1, kept from an earlier session" in again.text
+        assert "workspace w1: restored 5 name(s)" in again.text and ": b, d, x, js, os" in again.text, again.text
+        assert "not restored: g (a generator), not saved" in again.text, again.text
+        back = nk.run("%%gpu\nprint(x, d, len(b), js.dumps(d), open('x.txt').read())")
+        assert back.text.strip() == "42 {'a': [1, 2]} 3000000 {\"a\": [1, 2]} hello", back.text
+        _wait_ended(store, "w2", IDLE_S + 60)
+        record = store.get("w2")
+        result = record.resource["agent_summary"]["checkpoint"]
+        assert result["committed"] and result["seconds"] < 20, result  # on time
+        said = ended_message(record)
+        assert "b (bytes over the 1.0 MB cap per variable (--save-cap))" in said, said
+        assert record.resource["workspace"] == "w1"
+    finally:
+        nk.close()
+
+    listed = _cli(nb_env, "workspaces")
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith("w1 ")]
+    assert "docker" in row and "none left" in row and "volume gpusession-ws-w1 on the local engine" in row, row
+    try:
+        gc = _cli(nb_env, "gc")
+        assert gc.returncode == 0, gc.stderr
+        assert "kept workspace w1 (volume gpusession-ws-w1 on the local engine" in gc.stdout, gc.stdout
+        assert engine.volumes.get("gpusession-ws-w1"), "gc never deletes a workspace"
+        refused = _cli(nb_env, "workspaces", "rm", "w1")
+        assert refused.returncode == 1 and "add --yes" in refused.stderr, refused.stderr
+        assert engine.volumes.get("gpusession-ws-w1")
+        deleted = _cli(nb_env, "workspaces", "rm", "w1", "--yes")
+        assert deleted.returncode == 0 and "deleted workspace w1" in deleted.stdout, deleted.stderr
+        assert "w1 " not in _cli(nb_env, "workspaces").stdout
+    finally:
+        _remove_volumes(engine, "w1")
+
+
+SLOW_SAVE = """
+import os, sys, time
+from gpusession.session import SessionManager
+m = SessionManager()
+s = m.start(m.make_spec("t4", backend="docker", image=sys.argv[1], idle="2s", name="k1", workspace="k",
+                        save_timeout="3s"))
+assert s.run("a = 1")["status"] == "ok"
+from gpusession.session.agentclient import AgentClient
+first = AgentClient.for_endpoint(s.link.endpoint, timeout=30).save()  # the checkpoint a later save must not spoil
+assert first["committed"], first
+code = '''
+import time
+class Slow:
+    def __reduce__(self):
+        time.sleep(60)
+        return (int, ())
+a = 2
+s = Slow()
+'''
+assert s.run(code)["status"] == "ok"
+print("SAVING SOON", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.docker
+def test_killing_our_process_during_a_save_still_stops_and_keeps_the_checkpoint(gs_home, nb_env, engine, manager):
+    """The save outlasts its bound (a variable takes a minute to pickle) and the notebook side is
+    killed meanwhile: the remote watchdog stops the session after the bound anyway, and the
+    workspace keeps its previous checkpoint, whole."""
+    if not _image_ready():
+        pytest.skip(f"no Docker engine with {NONROOT}")
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(SLOW_SAVE), NONROOT], env=nb_env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 120
+        while "SAVING SOON" not in line:
+            line = child.stdout.readline()
+            assert line or child.poll() is None, "the child ended before its save"
+            assert time.monotonic() < deadline
+        time.sleep(2 + 1.5)  # idle 2s: the save is under way (a is written; s takes a minute)
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        record = manager.get("k1")
+        container = engine.containers.get(record.resource["container_id"])
+        t0 = time.monotonic()
+        while container.status == "running":
+            assert time.monotonic() - t0 < 30, "the remote watchdog stops it after the 3s bound"
+            time.sleep(0.3)
+            container.reload()
+        ended = manager.refresh_state("k1")
+        assert ended.state == State.STOPPED
+        said = ended_message(ended)
+        assert "variables not saved: the save time bound (3s) passed first" in said, said
+
+        resumed = manager.start(manager.make_spec("t4", backend="docker", image=NONROOT, idle="off", name="k2",
+                                                  resume="k"))
+        assert resumed.record.resource["restored"]["restored"] == ["a"]
+        out = resumed.run("print(a, 's' in dir())")
+        assert out["status"] == "ok"
+        manager.stop(resumed.id)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        _remove_volumes(engine, "k")
+
+
+# -- the local backend: a folder ---------------------------------------------------------------------
+
+
+def test_the_local_workspace_is_a_folder_listed_and_reported_by_gc(gs_home, nb_env, manager):
+    session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="l1"))
+    folder = gs_home / "workspaces" / "l1"
+    out = session.kernel.execute("import os\nopen('x.txt', 'w').write('hi')\nn = 7\nprint(os.getcwd())")
+    assert out["status"] == "ok"
+    assert (folder / "x.txt").read_text() == "hi"
+    listed = _cli(nb_env, "workspaces")
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith("l1 ")]
+    assert "local" in row and "l1 (active)" in row and str(folder) in row, listed.stdout
+    stopped = manager.stop(session.id, save=True)
+    assert stopped.resource["checkpoint"]["saved"] == 1
+    assert checkpoint.read_manifest(str(folder))["variables"][0]["name"] == "n"
+    gc = _cli(nb_env, "gc")
+    assert f"kept workspace l1 ({folder}" in gc.stdout and (folder / "x.txt").exists(), gc.stdout
+    again = manager.start(manager.make_spec("t4", backend="local", idle="off", name="l2", resume="l1"))
+    assert again.run("print(n, open('x.txt').read())")["status"] == "ok"
+    assert again.record.resource["restored"]["restored"] == ["n"]
+    busy = _cli(nb_env, "workspaces", "rm", "l1", "--yes")
+    assert busy.returncode == 1 and "in use by session l2" in busy.stderr, busy.stderr
+    manager.stop(again.id)
+    assert _cli(nb_env, "workspaces", "rm", "l1", "--yes").returncode == 0
+    assert not folder.exists()
+    missing = manager.make_spec("t4", backend="local", idle="off", name="l3", resume="nope")
+    with pytest.raises(Exception, match="no workspace nope to resume"):
+        manager.start(missing)
