@@ -111,7 +111,6 @@ OPTIONS: tuple[StartOption, ...] = (
     StartOption("max_cost", ("--max-cost",), "money", "Max cost ($)", "stop when the session has cost this many "
                 "dollars, e.g. 5; warning at 80%; at most $100,000 (default: off)", "max cost", spec_field="max_cost",
                 form=True),
-    # the workspace that outlives the session, and the checkpoint of the kernel's variables in it
     StartOption("workspace", ("--workspace",), "text", "Workspace", "the session's working folder, kept after it "
                 "stops: a Docker volume, a folder for local (default: one named after the session)", "workspace",
                 backends=WORKSPACE_BACKENDS, max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name),
@@ -123,7 +122,7 @@ OPTIONS: tuple[StartOption, ...] = (
                 "no save)", "save time bound", backends=WORKSPACE_BACKENDS, rule=SAVE_TIMEOUT),
     StartOption("save_cap", ("--save-cap",), "text", "Save cap per variable", "a variable larger than this "
                 "(pickled) is not saved, e.g. 500MB, 2GiB, off (default 2GiB)", "save cap",
-                backends=WORKSPACE_BACKENDS, reader=textvalues.byte_size),
+                backends=WORKSPACE_BACKENDS, reader=textvalues.size_or_off),
     StartOption("spot", ("--spot",), "bool", "Spot instance", "aws: use spot capacity", "spot", default=False,
                 backends=("aws",), spec_field="spot", form=True),
     StartOption("region", ("--region",), "text", "Region", "aws: region, e.g. us-east-1", "region", backends=("aws",),

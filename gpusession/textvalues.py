@@ -120,24 +120,9 @@ def workspace_name(text: str) -> str:
     return name
 
 
-_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?i?b?)", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
-               "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
-
-
-def byte_size(text: str) -> int:
-    """A size in bytes: 500MB, 2GiB, 1.5g, 4096; off or 0 for none (returned as 0)."""
-    value = text.strip()
-    if value.lower() in ("off", "none", "0"):
-        return 0
-    match = _SIZE.fullmatch(value)
-    if not match:
-        raise BadInput(f"bad size {shown(text)}: write e.g. 500MB, 2GiB or off")
-    unit = match.group(2).lower().removesuffix("b")
-    size = int(float(match.group(1)) * _SIZE_UNITS[unit])
-    if size > 1024**5:
-        raise BadInput(f"size {shown(text)} is over 1 PiB")
-    return size
+def size_or_off(text: str) -> int:
+    """A size as `byte_size` reads it, or off (0 too): none, returned as 0."""
+    return 0 if text.strip().lower() in ("off", "none", "0") else byte_size(text)
 
 
 def image_ref(text: str) -> str:

@@ -90,13 +90,9 @@ def test_notebook_upload_import_download_progress_and_bad_input(notebook, tmp_pa
 
 
 @pytest.fixture
-def local_session(manager, tmp_path, monkeypatch):
-    work = tmp_path / "session-cwd"
-    work.mkdir()
-    monkeypatch.chdir(work)  # the local backend's kernel starts in the starter's folder
+def local_session(manager, gs_home):
     session = manager.start(manager.make_spec("t4", backend="local", idle="30m", name="data"))
-    monkeypatch.chdir(tmp_path)
-    return session, work
+    return session, gs_home / "workspaces" / "data"  # the local kernel works in its workspace folder
 
 
 def test_push_counts_as_activity_for_the_idle_watchdog(local_session):

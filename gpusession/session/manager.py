@@ -286,19 +286,15 @@ class SessionManager:
         at = details.at if details is not None else None
         at = at if at is not None and last <= at <= time.time() else None
         state = ended_state(reason)
-        error = None
-        if state == State.FAILED:
-            error = died_while or f"the session ended by itself ({reason.kind.value})"
+        error = (died_while or f"the session ended by itself ({reason.kind.value})") if state == State.FAILED else None
         return self.store.transition(record.id, state, f"found {state.value}: {reason.kind.value}", at=at, error=error)
 
     def refresh_state(self, key: str) -> SessionRecord:
         """The record, after checking that a running session's remote side still exists; when
         it is gone (its watchdog stopped it, say) the store records why."""
         record = self.store.get(key)
-        if record.state != State.RUNNING:
-            return record
-        backend = self.backend(record.backend)
-        if backend.is_alive(record):
+        backend = self.backend(record.backend) if record.state == State.RUNNING else None
+        if backend is None or backend.is_alive(record):
             return record
         return self.reconcile(record, backend)
 
