@@ -246,3 +246,40 @@ def test_the_local_workspace_is_a_folder_listed_and_reported_by_gc(gs_home, nb_e
     missing = manager.make_spec("t4", backend="local", idle="off", name="l3", resume="nope")
     with pytest.raises(Exception, match="no workspace nope to resume"):
         manager.start(missing)
+
+
+# -- an ssh:// engine: the same volume, through the Docker API over SSH ---------------------------
+
+
+@pytest.mark.docker
+def test_a_workspace_on_a_remote_engine_survives_and_resumes(tmp_path, monkeypatch, manager, nb_env):
+    import docker
+
+    from support.hosts import ensure_remote_host, ssh_home
+
+    host = ensure_remote_host()
+    if host is None:
+        pytest.skip("the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)")
+    monkeypatch.setenv("HOME", ssh_home(host, tmp_path / "home"))
+    far = docker.DockerClient(base_url=host["docker_host_env"])
+    try:
+        session = manager.start(manager.make_spec("t4", backend="docker", idle=f"{IDLE_S}s", image=NONROOT,
+                                                  host=host["url"], name="r1"))
+        assert session.run("n = 7\nopen('x.txt', 'w').write('far')")["status"] == "ok"
+        deadline = time.monotonic() + IDLE_S + 60
+        while manager.refresh_state(session.id).state.active:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        said = ended_message(manager.get("r1"))
+        assert "saved 1 variables" in said and "resume with `%gpu start --resume r1`" in said, said
+        listed = _cli({**nb_env, "HOME": os.environ["HOME"]}, "workspaces")
+        (row,) = [line for line in listed.stdout.splitlines() if line.startswith("r1 ")]
+        assert f"volume gpusession-ws-r1 on {host['url']}" in row, listed.stdout
+        again = manager.start(manager.make_spec("t4", backend="docker", idle="off", image=NONROOT,
+                                                host=host["url"], name="r2", resume="r1"))
+        assert again.record.resource["restored"]["restored"] == ["n"]
+        assert again.run("assert n == 7 and open('x.txt').read() == 'far'")["status"] == "ok"
+        manager.stop(again.id)
+    finally:
+        _remove_volumes(far, "r1")
+        far.close()
