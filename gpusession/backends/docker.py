@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from ..agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, args_for, workspace_name
+from ..agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, args_for
 from ..errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ..models import LaunchSpec, SessionRecord, State
 from ..progress import Progress
@@ -37,9 +37,11 @@ from ..protocol import (
     StopKind,
     StopReason,
 )
-from .base import Backend, DirectLink, Link, RemoteResource, TunnelLink, Workspace, stop_details_from_log
+from .base import Backend, DirectLink, Link, RemoteResource, TunnelLink, stop_details_from_log
 from .docker_engine import (
+    LABEL,
     STATE_DIR,
+    STORE_LABEL,
     container_logs,
     container_states,
     docker_sdk,
@@ -52,13 +54,13 @@ from .docker_engine import (
     short_error,
     wait_for_marker,
 )
+from .docker_workspaces import EngineWorkspaces
+
 # What starts and connects a session (docker_runtime's helpers, the bundle, the SDK) is imported
 # where it is used: `gpusession list` loads this backend only to ask the local engine one question.
 
 log = logging.getLogger(__name__)
 
-LABEL = "gpusession.session"
-STORE_LABEL = "gpusession.store"  # which session store started it: gc leaves other stores' alone
 START_TIMEOUT = 120.0
 START_LOG_BYTES = 4096  # the end of a failed start's container log kept in its record
 START_LOG_LINES = 200
@@ -71,7 +73,7 @@ NO_NVIDIA = (
 )
 
 
-class DockerBackend(Backend):
+class DockerBackend(EngineWorkspaces, Backend):
     name = "docker"
 
     def __init__(self, config, recorder):
@@ -122,9 +124,7 @@ class DockerBackend(Backend):
         import secrets
 
         from ..bundle import cache_dir
-        from .docker_runtime import _helper_labels as helper_labels
         from .docker_runtime import bundle_command, find_or_pull_image, gpu_request, prepare_runtime
-        from .docker_workspaces import ensure_volume
 
         spec = record.spec
         progress.step(f"connecting to the Docker engine {spec.host or '(local)'}")
@@ -136,11 +136,7 @@ class DockerBackend(Backend):
         # the image's own Python runs the kernel; the runtime bundle brings what it lacks
         runtime = prepare_runtime(client, image, cache_dir=cache_dir(), labels=labels, progress=progress)
         self.recorder.save(record.id, engine=spec.host or "", image=name, python=runtime.python.executable)
-        workspace = workspace_name(record)  # a named volume, kept after the container goes
-        volumes = dict(runtime.volumes, **ensure_volume(
-            client, workspace, image, store_label=(STORE_LABEL, self.recorder.store_id),
-            helper_labels=helper_labels(labels), resume=bool(spec.extra.get("resume")), progress=progress))
-        self.recorder.save(record.id, workspace=workspace)
+        workspace, volumes = self.workspace_volume(client, record, image, labels, progress)  # kept after the container
         entrypoint, command = bundle_command([
             "--session-id", record.id, "--state-dir", STATE_DIR, "--kernel-ip", "127.0.0.1",
             "--kernel-ports", "0", "--agent-port", "0", "--workspace", WORKSPACE_MOUNT, "--cwd", WORKSPACE_MOUNT,
@@ -174,7 +170,7 @@ class DockerBackend(Backend):
                 # no sshd, nothing published: the kernel and agent listen on the host's loopback,
                 # reached directly here or through the SSH login to the engine's host
                 network_mode="host",
-                volumes=volumes,
+                volumes={**runtime.volumes, **volumes},
             )
         except docker.errors.APIError as exc:
             raise StageError("provision", f"cannot create the container: {short_error(exc)}") from None
@@ -392,17 +388,6 @@ class DockerBackend(Backend):
             self.recorder.save(resource.session_id, removed_at=time.time())
         except GpuSessionError:
             pass
-
-
-    def list_workspaces(self) -> list[Workspace]:
-        from .docker_workspaces import list_on_engines
-
-        return list_on_engines(self, LABEL, STORE_LABEL)
-
-    def remove_workspace(self, workspace: Workspace) -> None:
-        from .docker_workspaces import remove_on_engine
-
-        remove_on_engine(self, workspace)
 
 
 def _may_hold(record: SessionRecord) -> bool:

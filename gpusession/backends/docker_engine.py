@@ -20,6 +20,8 @@ from .base import failure_detail, marker_lines
 from .docker_ssh import make_resilient
 
 STATE_DIR = "/tmp/gpusession"  # the runtime's state folder in a session's container
+LABEL = "gpusession.session"  # on every container of a session: its id
+STORE_LABEL = "gpusession.store"  # which session store started it: gc leaves other stores' alone
 
 INSTALL_HINT = "the docker backend needs the Docker SDK for Python: pip install 'docker>=7.1'"
 

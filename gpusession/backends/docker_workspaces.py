@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from ..agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, WORKSPACE_VOLUME_PREFIX, workspace_volume
+from ..agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, WORKSPACE_VOLUME_PREFIX, workspace_name, workspace_volume
 from ..errors import StageError
 from ..progress import Progress
-from .docker_engine import docker_sdk, engine_errors, short_error
+from .docker_engine import LABEL, STORE_LABEL, docker_sdk, engine_errors, short_error
 
 log = logging.getLogger(__name__)
 OWNER_TIMEOUT_S = 60.0
@@ -128,3 +128,25 @@ def remove_on_engine(backend, workspace) -> None:
             if getattr(exc, "status_code", None) == 409:
                 raise BadInput(f"workspace {workspace.name} is in use by a container; stop its session first") from None
             raise
+
+
+class EngineWorkspaces:
+    """The docker backend's workspace operations (mixed into DockerBackend, which has `client`,
+    `recorder` and `name`)."""
+
+    def workspace_volume(self, client, record, image, labels: dict[str, str], progress: Progress):
+        """(the session's workspace name, its volume as containers.create mounts it); recorded."""
+        from .docker_runtime import _helper_labels
+
+        name = workspace_name(record)
+        volumes = ensure_volume(client, name, image, store_label=(STORE_LABEL, self.recorder.store_id),
+                                helper_labels=_helper_labels(labels), resume=bool(record.spec.extra.get("resume")),
+                                progress=progress)
+        self.recorder.save(record.id, workspace=name)
+        return name, volumes
+
+    def list_workspaces(self) -> list:
+        return list_on_engines(self, LABEL, STORE_LABEL)
+
+    def remove_workspace(self, workspace) -> None:
+        remove_on_engine(self, workspace)
