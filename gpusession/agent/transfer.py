@@ -53,6 +53,14 @@ class _Pipe:
         self._buf = memoryview(b"")
 
     def read(self, n: int = -1) -> bytes:
+        if not self._buf:
+            chunk = self.chunks.get()
+            if chunk is _DONE:
+                self.chunks.put(_DONE)
+                return b""
+            if n < 0 or len(chunk) <= n:
+                return chunk  # a whole chunk: no copy
+            self._buf = memoryview(chunk)
         out = bytearray()
         while n < 0 or len(out) < n:
             if not self._buf:
@@ -74,8 +82,13 @@ class _Chunks:
         self.chunk = chunk
         self.out: "queue.Queue[Any]" = queue.Queue(maxsize=4)
         self._buf = bytearray()
+        self.written = 0
+
+    def tell(self) -> int:
+        return self.written
 
     def write(self, data) -> int:
+        self.written += len(data)
         self._buf += data
         if len(self._buf) >= self.chunk:
             self.out.put(bytes(self._buf))
@@ -118,6 +131,7 @@ class _Upload:
     def _run(self) -> None:
         try:
             with tarfile.open(fileobj=self.pipe, mode="r|", bufsize=TAR_BUFSIZE) as tar:
+                tar.copybufsize = TAR_BUFSIZE  # tarfile's 16 kB re-joins its whole buffer per read
                 files, size = _extract(tar, self.dest)
             self.result = {"files": files, "bytes": size, "dest": self.dest}
         except TransferError as exc:
@@ -238,7 +252,9 @@ def _download(cwd: str, paths: list, chunk: int) -> tuple[_Source, dict]:
             total += os.path.getsize(full)
 
     def make(sink: _Chunks) -> None:
-        with tarfile.open(fileobj=sink, mode="w|", bufsize=TAR_BUFSIZE) as tar:
+        # "w", not the stream mode "w|": whose buffer is bytes, copied whole on every write
+        with tarfile.open(fileobj=sink, mode="w") as tar:
+            tar.copybufsize = TAR_BUFSIZE
             for full in found:
                 tar.add(full, arcname=os.path.basename(full.rstrip(os.sep)) or ".")
 

@@ -101,6 +101,9 @@ class _Sender(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
+    def tell(self) -> int:
+        return self.sent + len(self.buf)
+
     def write(self, data) -> int:
         self.buf += data
         while len(self.buf) >= CHUNK:
@@ -202,7 +205,8 @@ def upload(kc: "KernelClient", files: Iterable[tuple[str, str]], total: int, to:
     try:
         info = _open(channel, kind="upload", to=to)
         sender = _Sender(channel, total)
-        with tarfile.open(fileobj=sender, mode="w|", bufsize=TAR_BUFSIZE) as tar:
+        # "w", not the stream mode "w|": whose buffer is bytes, copied whole on every write
+        with tarfile.open(fileobj=sender, mode="w") as tar:
             tar.copybufsize = TAR_BUFSIZE
             for full, name in files:
                 tar.add(full, arcname=name, recursive=False)
@@ -261,6 +265,7 @@ def download(kc: "KernelClient", paths: list[str], to: str = ".", progress: Prog
     def extract() -> None:
         try:
             with tarfile.open(fileobj=io.BufferedReader(_Feed(), TAR_BUFSIZE), mode="r|", bufsize=TAR_BUFSIZE) as tar:
+                tar.copybufsize = TAR_BUFSIZE  # tarfile's 16 kB re-joins its whole buffer per read
                 outcome["files"], outcome["bytes"] = _extract(tar, dest)
         except (BadInput, OSError, tarfile.TarError) as exc:
             outcome["error"] = f"cannot write the files here: {exc}"
