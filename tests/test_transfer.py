@@ -108,6 +108,19 @@ def test_push_counts_as_activity_for_the_idle_watchdog(local_session):
     assert session.kernel.evaluate("len(x)") == "5000000"
 
 
+def test_a_kernel_without_transfers_is_named_not_waited_on(local_session):
+    """A session whose runtime predates transfers ignores the request: one line, no hang."""
+    from gpusession.errors import BadInput
+
+    session, _ = local_session
+    session.run("get_ipython().kernel.shell_handlers.pop('gpusession_transfer_request')")
+    started = time.monotonic()
+    with pytest.raises(BadInput, match="its gpusession runtime is older than this one"):
+        session.push({"x": 1})
+    assert time.monotonic() - started < 10
+    assert session.kernel.evaluate("1 + 1") == "2"
+
+
 def test_cli_upload_download_and_bad_input(local_session, tmp_path):
     session, work = local_session
     proj = _project(tmp_path)
@@ -138,16 +151,29 @@ def test_cli_upload_download_and_bad_input(local_session, tmp_path):
 
 
 def test_start_tree_over_its_cap_is_refused_before_anything_starts(manager, tmp_path):
+    from gpusession import options
     from gpusession.errors import BadInput
 
     proj = _project(tmp_path)
     (proj / "weights.bin").write_bytes(b"\0" * 2_000_000)
     with pytest.raises(BadInput) as err:
-        manager.create(manager.make_spec("t4", backend="local", upload=str(proj), upload_max="1MB"))
-    assert "over the 1 MB cap; raise it with --upload-max, e.g. --upload-max 4MB" in str(err.value)
+        manager.make_spec("t4", backend="local", upload=str(proj), upload_max="1MB", face=options.FLAGS)
+    assert str(err.value).startswith(f"--upload: '{proj}' is 2 MB in 5 files (without .git and what .gitignore")
+    assert "over the 1 MB cap; raise it with --upload-max (e.g. 4MB)" in str(err.value)
     with pytest.raises(BadInput, match="no such folder here"):
-        manager.create(manager.make_spec("t4", backend="local", upload=str(tmp_path / "none")))
+        manager.make_spec("t4", backend="local", upload=str(tmp_path / "none"))
     assert manager.list() == []
+
+
+async def test_rest_start_over_the_cap_is_a_400_naming_fields(jp_fetch, manager, tmp_path):
+    import json
+
+    proj = _project(tmp_path)
+    body = json.dumps({"backend": "local", "upload": str(proj), "upload_max": "10B"})
+    r = await jp_fetch("gpusession", "api", "sessions", method="POST", body=body, raise_error=False)
+    message = json.loads(r.body)["message"]
+    assert r.code == 400 and message.startswith("'upload': ") and "raise it with 'upload_max'" in message, message
+    assert "--" not in message and manager.list() == []
 
 
 # -- the real Docker engine: this machine's, and the ssh:// namespace host ----------------------

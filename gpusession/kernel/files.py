@@ -8,6 +8,7 @@ import dataclasses
 import os
 from typing import Iterable
 
+from .. import options
 from ..errors import BadInput
 
 DEFAULT_CAP = 100_000_000  # bytes: the start option's tree, unless --upload-max says otherwise
@@ -74,19 +75,18 @@ def collect(paths: Iterable[str], *, everything: bool = False, contents: bool = 
     return tree
 
 
-def start_tree(folder: str, cap: int | None) -> Tree:
+def start_tree(folder: str, cap: int | None, cap_field: str = "--upload-max") -> Tree:
     """The working directory a session starts with; BadInput when it is over `cap` bytes."""
     if not os.path.isdir(folder):
-        raise BadInput(f"--upload {folder!r}: no such folder here")
+        raise BadInput(f"{folder!r}: no such folder here")
     tree = collect([folder], contents=True)
     cap = DEFAULT_CAP if cap is None else cap
     if tree.size > cap:
         from ..pulls import format_bytes
 
-        raise BadInput(f"--upload {folder!r} is {format_bytes(tree.size)} in {len(tree.files)} files (without .git "
-                       f"and what .gitignore ignores), over the {format_bytes(cap)} cap; raise it with "
-                       f"--upload-max, e.g. --upload-max {format_bytes(tree.size * 2).replace(' ', '')}, "
-                       "or ignore big files in .gitignore")
+        raise BadInput(f"{folder!r} is {format_bytes(tree.size)} in {len(tree.files)} files (without .git and what "
+                       f".gitignore ignores), over the {format_bytes(cap)} cap; raise it with {cap_field} "
+                       f"(e.g. {format_bytes(tree.size * 2).replace(' ', '')}), or ignore big files in .gitignore")
     return tree
 
 
@@ -107,7 +107,11 @@ def upload_start_tree(kc, extra: dict, progress) -> None:
         progress.step(f"{done['files']} files in {done['dest']} ({format_bytes(tree.size / took)}/s)")
 
 
-def check_start_tree(extra: dict) -> None:
-    """BadInput now when the --upload folder is missing or over its cap."""
+def check_start_tree(extra: dict, face: str = options.FLAGS) -> None:
+    """BadOptions (naming the field in the words of `face`) when the --upload folder is missing
+    or over its cap."""
     if extra.get("upload"):
-        start_tree(extra["upload"], extra.get("upload_max"))
+        try:
+            start_tree(extra["upload"], extra.get("upload_max"), options.BY_NAME["upload_max"].field(face))
+        except BadInput as exc:
+            raise options.BadOptions({"upload": str(exc)}, face) from None

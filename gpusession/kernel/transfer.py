@@ -12,6 +12,7 @@ import os
 import pickle
 import queue
 import tarfile
+import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -39,6 +40,7 @@ class _Channel:
         self.id = uuid.uuid4().hex
         self.progress = progress or _none
         self.waiting: collections.deque[str] = collections.deque()
+        self.unsupported = False
 
     def send(self, content: dict, buffers: list | None = None) -> None:
         client = self.kc.client
@@ -49,17 +51,21 @@ class _Channel:
     def reply(self) -> dict:
         """The reply to the oldest request in flight (others' replies are skipped)."""
         want = self.waiting[0]
+        handled_at = None  # when iopub said the kernel was done with the request
         while True:
             try:
                 msg = self.kc.client.get_shell_msg(timeout=1.0)
             except queue.Empty:
                 if not self.kc.healthy():
                     raise KernelDied("the session kernel stopped answering during the transfer") from None
+                handled_at = handled_at or self._handled(want)
+                if handled_at and time.monotonic() - handled_at > 2.0:  # done, and no reply: it knows no transfers
+                    self.waiting.clear()  # nothing will come back: nothing to drain or abort
+                    self.unsupported = True
+                    raise BadInput("the session kernel cannot move data this way (its gpusession runtime is older "
+                                   "than this one); start a new session") from None
                 continue
             if msg["parent_header"].get("msg_id") != want or msg["msg_type"] != TRANSFER_REPLY:
-                if msg["msg_type"] != TRANSFER_REPLY and msg["parent_header"].get("msg_id") == want:
-                    raise BadInput("the session kernel cannot move data this way (an older gpusession runtime?); "
-                                   "start a new session")
                 continue
             self.waiting.popleft()
             content = msg["content"]
@@ -68,6 +74,17 @@ class _Channel:
                 raise BadInput(content.get("message") or "the transfer failed in the session")
             content["buffers"] = msg.get("buffers") or []
             return content
+
+    def _handled(self, msg_id: str) -> float | None:
+        """Did the kernel go idle after `msg_id` (iopub), i.e. handle it without a reply?"""
+        while True:
+            try:
+                msg = self.kc.client.get_iopub_msg(timeout=0)
+            except queue.Empty:
+                return None
+            if (msg["msg_type"] == "status" and msg["parent_header"].get("msg_id") == msg_id
+                    and msg["content"].get("execution_state") == "idle"):
+                return time.monotonic()
 
     def drain(self) -> None:
         """After an error: the replies still in flight, so the next cell's reply is not mistaken."""
@@ -81,6 +98,8 @@ class _Channel:
             ids.discard(msg["parent_header"].get("msg_id"))
 
     def abort(self) -> None:
+        if self.unsupported:
+            return
         try:
             self.drain()
             self.send({"op": "abort"})

@@ -83,11 +83,10 @@ class SessionManager:
             given["backend"] = backend
         if idle != "default":
             given["idle"] = idle  # None: no idle stop
-        return options.build_spec(
-            given,
-            config=self.config, catalog=self.catalog, backend_default=lambda: default_backend_name(self.config),
-            backends=backend_names(), face=face,
-        )
+        spec = options.build_spec(given, config=self.config, catalog=self.catalog, backends=backend_names(),
+                                  backend_default=lambda: default_backend_name(self.config), face=face)
+        files.check_start_tree(spec.extra, face)  # --upload: a tree over its cap is refused before anything starts
+        return spec
 
     # -- start ---------------------------------------------------------------------------
 
@@ -95,7 +94,6 @@ class SessionManager:
         """Check the backend and record the session (state requested). Fast; raises on bad input."""
         backend = self.backend(spec.backend)
         backend.check(spec)
-        files.check_start_tree(spec.extra)  # --upload: a tree over its cap is refused before anything starts
         return self.store.create(spec, price_per_hour=backend.price_per_hour(spec, self.catalog))
 
     def start(self, spec: LaunchSpec, report: Reporter | None = None) -> Session:
