@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 from ..protocol import TRANSFER_REPLY, TRANSFER_REQUEST
 
 TAR_BUFSIZE = 1 << 20
+MAX_OPEN = 8  # transfers open at once; older ones are dropped
 _DONE = object()
 
 
@@ -83,11 +84,14 @@ class _Chunks:
         self.out: "queue.Queue[Any]" = queue.Queue(maxsize=4)
         self._buf = bytearray()
         self.written = 0
+        self.cancelled = False
 
     def tell(self) -> int:
         return self.written
 
     def write(self, data) -> int:
+        if self.cancelled:  # the client gave up: the tar thread ends here
+            raise TransferError("cancelled")
         self.written += len(data)
         self._buf += data
         if len(self._buf) >= self.chunk:
@@ -146,6 +150,15 @@ class _Upload:
                     break
             self.pipe.chunks.put(_DONE)
 
+    def close(self) -> None:
+        """The client gave up: the extracting thread reads the end of the stream and stops."""
+        while True:
+            try:
+                self.pipe.chunks.get_nowait()
+            except queue.Empty:
+                break
+        self.pipe.chunks.put(_DONE)
+
     def feed(self, chunk, last: bool) -> Optional[dict]:
         if self.result is None and chunk:
             self.pipe.chunks.put(bytes(chunk))
@@ -162,6 +175,9 @@ class _Push:
     def __init__(self, ns: dict, names: list, sizes: list) -> None:
         self.ns, self.names, self.sizes = ns, names, sizes
         self.parts: list = []
+
+    def close(self) -> None:
+        self.parts = []
 
     def feed(self, chunk, last: bool) -> Optional[dict]:
         if chunk:
@@ -203,6 +219,18 @@ class _Source:
         except Exception as exc:  # noqa: BLE001 - a file vanished, unreadable: said, not raised
             self.error = f"cannot read the files in the session: {type(exc).__name__}: {exc}"
         self.sink.out.put(_DONE)
+
+    def close(self) -> None:
+        """The client gave up: a tar thread blocked on a full queue goes."""
+        self.blob = memoryview(b"") if self.blob is not None else None
+        sink = getattr(self, "sink", None)
+        if sink is not None:
+            sink.cancelled = True
+            while True:
+                try:
+                    sink.out.get_nowait()
+                except queue.Empty:
+                    break
 
     def read(self) -> tuple[Any, bool]:
         if self.blob is not None:
@@ -281,17 +309,24 @@ class Transfers:
         try:
             content, out = self._answer(tid, request, buffers)
         except TransferError as exc:
-            self.open.pop(tid, None)
+            self._drop(tid)
             content, out = {"status": "error", "message": str(exc)}, []
         except Exception as exc:  # noqa: BLE001 - the client must get an answer, never a hang
-            self.open.pop(tid, None)
+            self._drop(tid)
             content, out = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}, []
         self.kernel.session.send(stream, TRANSFER_REPLY, content, parent, ident=ident, buffers=out)
+
+    def _drop(self, tid: str) -> None:
+        transfer = self.open.pop(tid, None)
+        if transfer is not None:
+            transfer.close()
 
     def _answer(self, tid: str, request: dict, buffers: list) -> tuple[dict, list]:
         op = request.get("op")
         chunk = int(request.get("chunk") or (4 << 20))
         if op == "open":
+            for stale in list(self.open)[:-MAX_OPEN + 1] if len(self.open) >= MAX_OPEN else []:
+                self._drop(stale)  # the oldest, left by clients that went away
             kind = request.get("kind")
             cwd = os.getcwd()
             info: dict = {}
@@ -308,7 +343,7 @@ class Transfers:
                 raise TransferError(f"unknown transfer kind {kind!r}")
             return dict(info, status="ok", cwd=cwd), []
         if op == "abort":
-            self.open.pop(tid, None)
+            self._drop(tid)
             return {"status": "ok"}, []
         transfer = self.open.get(tid)
         if transfer is None and op == "read" and tid in self.done:
