@@ -129,6 +129,8 @@ def test_owner_pid_only_on_this_host():
     {"type": "t4", "backend": "aws", "idle": "off", "spot": True, "region": "eu-west-1", "fallback": "zone",
      "max_price": "0.3", "ssh_cidr": "203.0.113.7/32"},
     {"type": "l4", "idle": 0.1},  # 6 s: a bare number means minutes, the body says seconds exactly
+    {"type": "t4", "workspace": "ws1", "save_timeout": "off", "save_cap": "1MB"},
+    {"type": "t4", "resume": "ws1", "save_timeout": "90s", "save_cap": "off"},
 ])
 def test_restart_body_starts_the_same_session(values):
     catalog, config = load_catalog(), GpuSessionConfig()

@@ -119,7 +119,7 @@ class SessionManager:
             session = Session(self, record, backend, link)
             try:
                 with progress.stage("kernel", "waiting for the kernel to answer"):
-                    session.kernel.wait_ready(timeout=120)
+                    session.kernel.wait_ready(timeout=600 if spec.extra.get("resume") else 120)  # a restore loads first
                 files.upload_start_tree(session.kernel, spec.extra, progress)  # --upload: a stage of its own
             except BaseException:
                 session.kernel.close()

@@ -44,14 +44,23 @@ def session_view(record: SessionRecord, live: dict | None = None, *, verified: b
         "owner": record.owner,
         "verified": verified,
         "last_seen": last_seen,
-        "restart": restart_body(record.spec),
+        "restart": restart_body(record.spec, resume=_saved_workspace(record)),
     }
 
 
-def restart_body(spec: LaunchSpec) -> dict[str, Any]:
+def _saved_workspace(record: SessionRecord) -> str | None:
+    """The workspace an ended session saved its variables into (its stop --save, or its
+    watchdog's save before an idle, cost or runtime stop), else None."""
+    saved = record.resource.get("checkpoint") or (record.resource.get("agent_summary") or {}).get("checkpoint")
+    return record.resource.get("workspace") if saved and saved.get("committed") and not record.state.active else None
+
+
+def restart_body(spec: LaunchSpec, resume: str | None = None) -> dict[str, Any]:
     """A `POST sessions` body that starts the same kind of session again (a new name): the
     spec's start options as text the option table reads back exactly (durations in seconds
-    with their unit: a bare number would mean minutes), true for a flag that is on."""
+    with their unit: a bare number would mean minutes), true for a flag that is on. `resume`:
+    the workspace whose saved variables the new session restores (the history card's "Start
+    again" after a save)."""
     body: dict[str, Any] = {
         "type": spec.gpu_type if spec.gpu_count == 1 else f"{spec.gpu_type}:{spec.gpu_count}",
         "backend": spec.backend,
@@ -69,7 +78,13 @@ def restart_body(spec: LaunchSpec) -> dict[str, Any]:
             body[name] = True
     for option in OPTIONS:  # the options kept in spec.extra (docker's --gpus, aws's --fallback...)
         value = spec.extra.get(option.name) if option.spec_field is None else None
+        if option.kind == "duration" and option.name in spec.extra and option.spec_field is None:
+            value = f"{exact_decimal(value)}s" if value else "off"  # None: off, as it was given
+        elif option.name == "save_cap" and value is not None:
+            value = f"{int(value)}b" if value else "off"  # exact bytes (a bare number would mean MB)
         if value is not None:  # as text, as a form sends it ("2", "0.5"), but a bool stays one
             body[option.name] = value if isinstance(value, bool) else (
                 exact_decimal(value) if isinstance(value, float) else str(value))
+    if resume:
+        body["resume"] = resume
     return body
