@@ -82,7 +82,8 @@ class _Chunks:
     def __init__(self, chunk: int) -> None:
         self.chunk = chunk
         self.out: "queue.Queue[Any]" = queue.Queue(maxsize=4)
-        self._buf = bytearray()
+        self._parts: list = []
+        self._size = 0
         self.written = 0
         self.cancelled = False
 
@@ -93,16 +94,16 @@ class _Chunks:
         if self.cancelled:  # the client gave up: the tar thread ends here
             raise TransferError("cancelled")
         self.written += len(data)
-        self._buf += data
-        if len(self._buf) >= self.chunk:
-            self.out.put(bytes(self._buf))
-            self._buf = bytearray()
+        self._parts.append(bytes(data))
+        self._size += len(data)
+        if self._size >= self.chunk:
+            self.close()
         return len(data)
 
     def close(self) -> None:
-        if self._buf:
-            self.out.put(bytes(self._buf))
-        self._buf = bytearray()
+        if self._parts:
+            self.out.put(b"".join(self._parts))  # one copy per chunk
+        self._parts, self._size = [], 0
 
 
 def _extract(tar: tarfile.TarFile, dest: str) -> tuple[int, int]:

@@ -264,26 +264,27 @@ def download(kc: "KernelClient", paths: list[str], to: str = ".", progress: Prog
     feed: queue.Queue = queue.Queue(maxsize=8)
     outcome: dict = {}
 
-    class _Feed(io.RawIOBase):
-        rest = memoryview(b"")
+    class _Feed:
+        """What tarfile's stream reads: the received chunks, whole when they fit (no copy)."""
 
-        def readable(self) -> bool:
-            return True
+        rest = b""
 
-        def readinto(self, b) -> int:
-            while not self.rest:
+        def read(self, n: int = -1) -> bytes:
+            if not self.rest:
                 part = feed.get()
                 if part is None:
-                    return 0
-                self.rest = memoryview(part)
-            n = min(len(b), len(self.rest))
-            b[:n] = self.rest[:n]
-            self.rest = self.rest[n:]
-            return n
+                    feed.put(None)
+                    return b""
+                self.rest = part
+            if n < 0 or len(self.rest) <= n:
+                out, self.rest = self.rest, b""
+                return out
+            out, self.rest = self.rest[:n], self.rest[n:]
+            return out
 
     def extract() -> None:
         try:
-            with tarfile.open(fileobj=io.BufferedReader(_Feed(), TAR_BUFSIZE), mode="r|", bufsize=TAR_BUFSIZE) as tar:
+            with tarfile.open(fileobj=_Feed(), mode="r|", bufsize=TAR_BUFSIZE) as tar:
                 tar.copybufsize = TAR_BUFSIZE  # tarfile's 16 kB re-joins its whole buffer per read
                 outcome["files"], outcome["bytes"] = _extract(tar, dest)
         except (BadInput, OSError, tarfile.TarError) as exc:
