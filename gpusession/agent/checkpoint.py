@@ -231,7 +231,15 @@ def _state_file(name: str) -> str | None:
     return os.path.join(d, name) if d else None
 
 
+_saving = threading.Lock()  # one save at a time: a save removes the folders of others
+
+
 def _serve_request(ip) -> None:
+    with _saving:
+        _answer_request(ip)
+
+
+def _answer_request(ip) -> None:
     request_path, result_path = _state_file(SAVE_REQUEST), _state_file(SAVE_RESULT)
     request: dict = {}
     try:

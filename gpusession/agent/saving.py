@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 import uuid
 
@@ -18,6 +19,7 @@ from .checkpoint import RESTORE_RESULT, SAVE_REQUEST, SAVE_RESULT
 
 DEFAULT_SAVE_TIMEOUT_S = 60.0
 GRACE_S = 2.0  # after the bound: the kernel's last write (it commits only before the bound)
+_one_at_a_time = threading.Lock()  # POST /save and the watchdog's save share the request files
 
 
 def _read(path: str) -> dict | None:
@@ -35,8 +37,17 @@ def save_kernel(state_dir: str, kernel_pid: int | None, *, timeout_s: float, cap
     started = clock()
     if not kernel_pid:
         return {"committed": False, "error": "no kernel"}
+    if not _one_at_a_time.acquire(timeout=timeout_s):
+        return {"committed": False, "error": "another save was under way", "timeout_s": timeout_s}
+    try:
+        return _save(state_dir, kernel_pid, started + timeout_s, timeout_s, cap_bytes, clock, sleep)
+    finally:
+        _one_at_a_time.release()
+
+
+def _save(state_dir: str, kernel_pid: int, deadline: float, timeout_s: float, cap_bytes: int | None,
+          clock, sleep) -> dict:
     request_id = uuid.uuid4().hex
-    deadline = started + timeout_s
     path = os.path.join(state_dir, SAVE_REQUEST)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
