@@ -54,8 +54,8 @@ def checkpoint_line(result: dict | None, workspace: str | None) -> str | None:
             why = f"the save time bound ({format_duration(result.get('timeout_s') or 0)}) passed first"
         kept = f"; the workspace keeps its files{' and its previous checkpoint' if workspace else ''}"
         return f"variables not saved: {why}{kept}{tail}"
-    imports = result.get("imports") or 0
-    saved = f"saved {result.get('saved', 0)} variables" + (f" and {imports} imports" if imports else "")
+    imports, count = result.get("imports") or 0, result.get("saved", 0)
+    saved = f"saved {_many(count, 'variable')}" + (f" and {_many(imports, 'import')}" if imports else "")
     resume = f"; resume with `%gpu start --resume {workspace}`" if workspace else ""
     return f"{saved}, {size_text(result.get('bytes'))}{tail}{resume}"
 
@@ -82,6 +82,10 @@ def restore_lines(report: dict | None, workspace: str | None) -> list[str]:
     for item in report.get("skipped") or []:
         lines.append(f"  not restored: {skipped_text(item)}, not saved")
     return lines
+
+
+def _many(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def _now() -> float:

@@ -271,7 +271,7 @@ def test_a_workspace_on_a_remote_engine_survives_and_resumes(tmp_path, monkeypat
             assert time.monotonic() < deadline
             time.sleep(0.5)
         said = ended_message(manager.get("r1"))
-        assert "saved 1 variables" in said and "resume with `%gpu start --resume r1`" in said, said
+        assert "saved 1 variable," in said and "resume with `%gpu start --resume r1`" in said, said
         listed = _cli({**nb_env, "HOME": os.environ["HOME"]}, "workspaces")
         (row,) = [line for line in listed.stdout.splitlines() if line.startswith("r1 ")]
         assert f"volume gpusession-ws-r1 on {host['url']}" in row, listed.stdout
@@ -314,3 +314,17 @@ async def test_rest_resume_from_the_history_cards_restart_body(jp_fetch, manager
     again = await running((await call("sessions", method="POST", body=dict(ended["restart"], name="rw2")))["id"])
     assert manager.get("rw2").resource["restored"]["restored"] == ["v"]
     await call("sessions", again["id"], method="DELETE")
+
+
+def test_a_max_runtime_stop_saves_too(gs_home, manager):
+    """Every watchdog stop saves (idle above; here the hard runtime limit, with a cell still running)."""
+    session = manager.start(manager.make_spec("t4", backend="local", idle="off", max_runtime="4s", name="mr"))
+    assert session.run("kept = {'k': 1}")["status"] == "ok"
+    session.kernel.client.execute("import time\nfor _ in range(100): time.sleep(0.1)")  # busy when the limit comes
+    deadline = time.monotonic() + 60
+    while manager.refresh_state("mr").state.active:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    said = ended_message(manager.get("mr"))
+    assert "was stopped by its max-runtime limit" in said, said
+    assert "saved 1 variable and 1 import" in said and "resume with `%gpu start --resume mr`" in said, said
