@@ -15,6 +15,8 @@ Examples
     In [5]: %gpu off
     In [6]: %gpu push df model
     In [7]: %gpu pull result
+    In [7]: %gpu upload data/ utils.py   # files into the session's working directory
+    In [7]: %gpu download results/       # and back
     In [8]: %gpu status      # latest GPU sample, cost, idle countdown
     In [9]: %gpu watch 1m    # live for a minute (Ctrl-C ends it earlier)
     In [10]: %gpu keepalive 2h

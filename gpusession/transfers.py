@@ -91,6 +91,8 @@ def _parsers() -> dict:
     def _download_args(line: str) -> None:
         """%gpu download PATH... [--to DIR]"""
 
+    for func, name in ((_vars_args, "push|pull"), (_upload_args, "upload"), (_download_args, "download")):
+        func.parser.prog = f"gpu {name}"  # `%gpu help upload` reads `%gpu upload [--to TO] ...`
     return {"push": _vars_args, "pull": _vars_args, "upload": _upload_args, "download": _download_args}
 
 

@@ -87,6 +87,8 @@ def test_notebook_upload_import_download_progress_and_bad_input(notebook, tmp_pa
         assert words in r.error["evalue"] and "\n" not in r.error["evalue"], (line, r.error["evalue"])
     r = notebook.run("%%gpu\nprint(utils.X)")  # the session is fine after all that
     assert r.text.strip() == "42"
+    r = notebook.run("%gpu help upload")
+    assert "%gpu upload [--to TO] [--all] paths" in r.text, r.text
 
 
 @pytest.fixture
