@@ -253,3 +253,21 @@ def test_upload_options_are_read_alike_on_every_face():
                         "upload_max": "'lots' is no size; write e.g. 500MB, 2GB or 300MiB (a bare number means MB)"}
     parsed = options.parse_values({"upload_max": "1.5GB", "upload": "~/x"}, catalog=load_catalog())
     assert parsed == {"upload_max": 1_500_000_000, "upload": os.path.expanduser("~/x")}
+
+
+def test_a_long_transfer_keeps_writing_its_activity(tmp_path, monkeypatch):
+    """Requests closer than a second apart (a big transfer) still reach activity.json once a
+    second, so a transfer longer than the idle timeout is never taken for idleness."""
+    import json
+
+    from gpusession.agent import activity
+    from gpusession.protocol import ENV_STATE_DIR
+
+    monkeypatch.setenv(ENV_STATE_DIR, str(tmp_path))
+    seen = set()
+    started = time.time()
+    while time.time() - started < 2.6:
+        activity.touch()
+        seen.add(json.loads((tmp_path / "activity.json").read_text())["last_activity"])
+        time.sleep(0.2)
+    assert len(seen) >= 3 and max(seen) > started + 1.5, sorted(seen)

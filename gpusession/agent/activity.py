@@ -20,6 +20,7 @@ from ..protocol import ENV_STATE_DIR
 RESTART_FILE = "restart-requested"
 
 _state = {"busy": False, "last_activity": time.time(), "cells": 0}
+_written = [0.0]  # when activity.json was last written
 
 
 def _path() -> str | None:
@@ -28,6 +29,7 @@ def _path() -> str | None:
 
 
 def _write() -> None:
+    _written[0] = time.time()
     path = _path()
     if not path:
         return
@@ -48,9 +50,8 @@ def touch() -> None:
     """Something used the kernel without running a cell (a push, pull, upload or download): the
     idle clock starts again. Written at most once a second (a transfer sends many requests)."""
     now = time.time()
-    written = _state["last_activity"]
     _state["last_activity"] = now
-    if now - written >= 1.0:
+    if now - _written[0] >= 1.0:
         _write()
 
 
