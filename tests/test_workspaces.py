@@ -222,7 +222,8 @@ def test_killing_our_process_during_a_save_still_stops_and_keeps_the_checkpoint(
 
 
 def test_the_local_workspace_is_a_folder_listed_and_reported_by_gc(gs_home, nb_env, manager):
-    session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="l1"))
+    # --save-timeout off: no save before a watchdog stop, but `stop --save` asks for one all the same
+    session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="l1", save_timeout="off"))
     folder = gs_home / "workspaces" / "l1"
     out = session.kernel.execute("import os\nopen('x.txt', 'w').write('hi')\nn = 7\nprint(os.getcwd())")
     assert out["status"] == "ok"

@@ -107,14 +107,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 DEFAULT_SAVE_CAP = 2 * 1024**3
 
 
-def save_namespace(rt, args: argparse.Namespace) -> dict:
-    """The kernel's namespace into the workspace, within --save-timeout (POST /save, and the
-    watchdog before its stops); the result is kept for the stop summary."""
-    if not getattr(args, "workspace", "") or not args.save_timeout:
-        return {"committed": False, "error": "no workspace" if args.save_timeout else "saving is off"}
+def save_namespace(rt, args: argparse.Namespace, *, asked: bool = False) -> dict:
+    """The kernel's namespace into the workspace, within --save-timeout (the watchdog before its
+    stops; `asked`: POST /save, `stop --save`, which saves even with --save-timeout off, within
+    the default bound); the result is kept for the stop summary."""
+    timeout = args.save_timeout or (DEFAULT_SAVE_TIMEOUT_S if asked else None)
+    if not getattr(args, "workspace", "") or not timeout:
+        return {"committed": False, "error": "no workspace" if timeout else "saving is off"}
     kernel = rt.kernel
     pid = kernel.pid if kernel is not None and kernel.poll() is None else None
-    result = save_kernel(rt.state_dir, pid, timeout_s=args.save_timeout, cap_bytes=args.save_cap or None)
+    result = save_kernel(rt.state_dir, pid, timeout_s=timeout, cap_bytes=args.save_cap or None)
     rt.checkpoint = result
     return result
 
@@ -164,7 +166,7 @@ def start(rt, args: argparse.Namespace) -> Watchdog | None:
 
         try:
             server = AgentServer(watchdog, token_from_connection_file(rt.connection_file), port=args.agent_port,
-                                 kernel=rt, save=lambda: save_namespace(rt, args),
+                                 kernel=rt, save=lambda: save_namespace(rt, args, asked=True),
                                  restored=lambda: restore_report(rt.state_dir)).start()
             rt.agent_port = server.port
         except OSError as exc:  # the port is taken: keep the watchdog, which is what saves money

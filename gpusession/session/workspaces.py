@@ -58,7 +58,7 @@ def save_checkpoint(manager: "SessionManager", record: "SessionRecord", session:
     if session is None:
         result = {"committed": False, "error": "not connected"}
     else:
-        bound = record.spec.extra.get("save_timeout", 60.0) or 0.0
+        bound = record.spec.extra.get("save_timeout") or 60.0  # off: an asked save takes the default bound
         client = AgentClient.for_endpoint(session.link.endpoint, timeout=bound + SAVE_WAIT_EXTRA_S)
         try:
             result = client.save()
