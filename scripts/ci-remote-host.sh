@@ -37,7 +37,10 @@ Host $NS_IP
     IdentitiesOnly yes
 EOF
     # SetEnv: a `docker` run over this ssh (docker system dial-stdio, which
-    # ssh:// Docker clients use) talks to this namespace's dockerd.
+    # ssh:// Docker clients use) talks to this namespace's dockerd; and root's
+    # .bashrc, shared with this machine, may run `pyenv rehash`, whose lock a
+    # login killed mid-rehash (the fault tests cut logins) leaves behind: wait
+    # 2 s for it, not pyenv's 60.
     cat >"$STATE/sshd_config" <<EOF
 ListenAddress $NS_IP
 Port 22
@@ -51,7 +54,7 @@ UsePAM no
 StrictModes no
 AllowTcpForwarding yes
 PrintMotd no
-SetEnv DOCKER_HOST=$SOCK
+SetEnv DOCKER_HOST=$SOCK PYENV_REHASH_TIMEOUT=2
 EOF
 }
 

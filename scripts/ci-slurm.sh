@@ -100,6 +100,7 @@ keys_up() {
         mkdir -p "$STATE/etc-ssh-$ns"
         [ -f "$STATE/etc-ssh-$ns/ssh_host_ed25519_key" ] \
             || ssh-keygen -q -t ed25519 -N '' -C "gsl-$ns" -f "$STATE/etc-ssh-$ns/ssh_host_ed25519_key"
+        # PYENV_REHASH_TIMEOUT: see ci-remote-host.sh (root's .bashrc is this machine's)
         cat >"$STATE/etc-ssh-$ns/sshd_config" <<EOF
 Port 22
 HostKey /etc/ssh/ssh_host_ed25519_key
@@ -112,7 +113,7 @@ UsePAM no
 StrictModes no
 AllowTcpForwarding yes
 PrintMotd no
-SetEnv SLURM_CONF=$STATE/slurm.conf
+SetEnv SLURM_CONF=$STATE/slurm.conf PYENV_REHASH_TIMEOUT=2
 EOF
     done
     # Only the login node is known to the client: a node's key comes from its job (pinned).

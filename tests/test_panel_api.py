@@ -158,7 +158,8 @@ def test_ended_line_says_who_and_why():
 
 
 def test_replay_is_asked_for_explicitly():
-    plain = type("R", (), {"spec": LaunchSpec("t4"), "price_per_hour": 0.5, "events": [], "created_at": 0.0})()
+    plain = type("R", (), {"spec": LaunchSpec("t4"), "price_per_hour": 0.5, "events": [], "created_at": 0.0,
+                             "resource": {}})()
     assert "--nvml-replay" not in args_for(plain)
     plain.spec.extra["nvml_replay"] = str(DATA / "nvml_two_t4.json")
     args = args_for(plain)
