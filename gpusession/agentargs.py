@@ -68,5 +68,7 @@ def workspace_name(record) -> str:
     return extra.get("resume") or extra.get("workspace") or record.name
 
 
-def workspace_volume(name: str) -> str:
-    return WORKSPACE_VOLUME_PREFIX + name
+def workspace_volume(name: str, store_id: str) -> str:
+    """The Docker volume of workspace `name` of the store `store_id`: two stores (two users of
+    one engine) with a workspace of the same name never share a volume."""
+    return f"{WORKSPACE_VOLUME_PREFIX}{store_id[:8]}-{name}"

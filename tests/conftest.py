@@ -18,7 +18,31 @@ def gs_home(tmp_path, monkeypatch) -> Path:
     home.mkdir()
     monkeypatch.setenv("GPUSESSION_HOME", str(home))
     monkeypatch.delenv("GPUSESSION_BACKEND", raising=False)
-    return home
+    yield home
+    _remove_workspace_volumes(home)
+
+
+def _remove_workspace_volumes(home: Path) -> None:
+    """The workspace volumes this test's store left on the local engine (every docker session
+    makes one, and gc keeps them, as it should for a user; a test run should not pile them up)."""
+    if not (home / "sessions.sqlite3").exists():
+        return
+    try:
+        import docker
+
+        from gpusession.store import Store
+
+        client = docker.from_env(timeout=5)
+    except Exception:  # noqa: BLE001 - no SDK or no engine: nothing to clean
+        return
+    try:
+        label = f"gpusession.store={Store(home / 'sessions.sqlite3').store_id}"
+        for volume in client.volumes.list(filters={"label": ["gpusession.workspace", label]}):
+            volume.remove(force=True)
+    except Exception:  # noqa: BLE001 - a volume still in use (a test's session ends later) stays
+        pass
+    finally:
+        client.close()
 
 
 @pytest.fixture

@@ -57,11 +57,15 @@ def _wait_ended(store: Store, name: str, timeout: float) -> None:
 
 
 def _remove_volumes(engine, *names: str) -> None:
-    for name in names:
-        try:
-            engine.volumes.get(f"gpusession-ws-{name}").remove(force=True)
-        except Exception:  # noqa: BLE001 - gone already
-            pass
+    """This store's workspace volumes of those names (found by label: the volume's name has the store's id)."""
+    store_id = Store(Path(os.environ["GPUSESSION_HOME"]) / "sessions.sqlite3").store_id
+    for volume in engine.volumes.list(filters={"label": f"gpusession.store={store_id}"}):
+        if volume.attrs.get("Labels", {}).get("gpusession.workspace") in names:
+            volume.remove(force=True)
+
+
+def _volume(nb_env: dict, name: str) -> str:
+    return f"gpusession-ws-{Store(Path(nb_env['GPUSESSION_HOME']) / 'sessions.sqlite3').store_id[:8]}-{name}"
 
 
 # -- the checkpoint itself (no session) ------------------------------------------------------------
@@ -98,11 +102,12 @@ def test_idle_stop_saves_and_resume_brings_back_files_and_variables(nb_env, engi
     from support.notebook_kernel import NotebookKernel
 
     store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
+    w1 = _volume(nb_env, "w1")
     nk = NotebookKernel(nb_env, cwd=str(tmp_path))
     try:
         assert nk.run("%load_ext gpusession").status == "ok"
         start = nk.run(f"%gpu start --backend docker --image {NONROOT} --idle {IDLE_S}s --name w1")
-        assert start.status == "ok" and "workspace w1: new volume gpusession-ws-w1" in start.text, start.text
+        assert start.status == "ok" and f"workspace w1: new volume {w1}" in start.text, start.text
         cell = nk.run("%%gpu\nimport os, json as js\nx = 42\nd = {'a': [1, 2]}\nb = b'z' * 3_000_000\n"
                       "g = (i for i in range(3))\nopen('x.txt', 'w').write('hello')\nprint(os.getcwd(), os.getuid())")
         assert cell.status == "ok" and cell.text.split() == ["/workspace", "1000"], cell.text
@@ -116,7 +121,7 @@ def test_idle_stop_saves_and_resume_brings_back_files_and_variables(nb_env, engi
         again = nk.run(f"%gpu start --backend docker --image {NONROOT} --resume w1 --name w2 --idle {IDLE_S}s "
                        "--save-cap 1MB --save-timeout 20s")
         assert again.status == "ok", again.text
-        assert "workspace w1: volume gpusession-ws-w1, kept from an earlier session" in again.text
+        assert f"workspace w1: volume {w1}, kept from an earlier session" in again.text
         assert "workspace w1: restored 5 name(s)" in again.text and ": b, d, x, js, os" in again.text, again.text
         assert "not restored: g (a generator), not saved" in again.text, again.text
         back = nk.run("%%gpu\nprint(x, d, len(b), js.dumps(d), open('x.txt').read())")
@@ -134,15 +139,15 @@ def test_idle_stop_saves_and_resume_brings_back_files_and_variables(nb_env, engi
     listed = _cli(nb_env, "workspaces")
     assert listed.returncode == 0, listed.stderr
     (row,) = [line for line in listed.stdout.splitlines() if line.startswith("w1 ")]
-    assert "docker" in row and "none left" in row and "volume gpusession-ws-w1 on the local engine" in row, row
+    assert "docker" in row and "none left" in row and f"volume {w1} on the local engine" in row, row
     try:
         gc = _cli(nb_env, "gc")
         assert gc.returncode == 0, gc.stderr
-        assert "kept workspace w1 (volume gpusession-ws-w1 on the local engine" in gc.stdout, gc.stdout
-        assert engine.volumes.get("gpusession-ws-w1"), "gc never deletes a workspace"
+        assert f"kept workspace w1 (volume {w1} on the local engine" in gc.stdout, gc.stdout
+        assert engine.volumes.get(w1), "gc never deletes a workspace"
         refused = _cli(nb_env, "workspaces", "rm", "w1")
         assert refused.returncode == 1 and "add --yes" in refused.stderr, refused.stderr
-        assert engine.volumes.get("gpusession-ws-w1")
+        assert engine.volumes.get(w1)
         deleted = _cli(nb_env, "workspaces", "rm", "w1", "--yes")
         assert deleted.returncode == 0 and "deleted workspace w1" in deleted.stdout, deleted.stderr
         assert "w1 " not in _cli(nb_env, "workspaces").stdout
@@ -275,7 +280,7 @@ def test_a_workspace_on_a_remote_engine_survives_and_resumes(tmp_path, monkeypat
         assert "saved 1 variable," in said and "resume with `%gpu start --resume r1`" in said, said
         listed = _cli({**nb_env, "HOME": os.environ["HOME"]}, "workspaces")
         (row,) = [line for line in listed.stdout.splitlines() if line.startswith("r1 ")]
-        assert f"volume gpusession-ws-r1 on {host['url']}" in row, listed.stdout
+        assert f"volume {_volume(nb_env, 'r1')} on {host['url']}" in row, listed.stdout
         again = manager.start(manager.make_spec("t4", backend="docker", idle="off", image=NONROOT,
                                                 host=host["url"], name="r2", resume="r1"))
         assert again.record.resource["restored"]["restored"] == ["n"]

@@ -1,7 +1,7 @@
 """Workspaces on a Docker engine and in folders: what the docker and local backends share.
 
-A container session's workspace is the named volume `gpusession-ws-<name>`, labelled with its
-name and the store's label, mounted read-write at /workspace (the kernel's working folder). A
+A container session's workspace is the named volume `gpusession-ws-<store>-<name>` (`<store>`:
+the first 8 digits of the store's id), labelled with its name and the store's label, mounted read-write at /workspace (the kernel's working folder). A
 fresh volume belongs to root; when the image runs as another USER, a throwaway helper container
 (as root, no network) gives the volume's root folder to that user first, so the kernel can write.
 """
@@ -24,10 +24,13 @@ def ensure_volume(client, name: str, image, *, store_label: tuple[str, str], hel
     """The workspace's volume (made when new; a resume needs it to exist), writable by the image's
     USER; returned as containers.create(volumes=...) wants it."""
     docker = docker_sdk()
-    volume_name = workspace_volume(name)
+    volume_name = workspace_volume(name, store_label[1])
     with engine_errors("while looking for the workspace's volume"):
         try:
-            client.volumes.get(volume_name)
+            found = client.volumes.get(volume_name)
+            if (found.attrs.get("Labels") or {}).get(store_label[0]) != store_label[1]:
+                raise StageError("provision", f"volume {volume_name} belongs to another session store; "
+                                              "name another workspace (--workspace)")
             progress.step(f"workspace {name}: volume {volume_name}, kept from an earlier session")
         except docker.errors.NotFound:
             if resume:
