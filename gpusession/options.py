@@ -113,10 +113,10 @@ OPTIONS: tuple[StartOption, ...] = (
                 form=True),
     StartOption("workspace", ("--workspace",), "text", "Workspace", "the session's working folder, kept after it "
                 "stops: a Docker volume, a folder for local (default: one named after the session)", "workspace",
-                backends=WORKSPACE_BACKENDS, max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name),
+                backends=WORKSPACE_BACKENDS, max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name, form=True),
     StartOption("resume", ("--resume",), "text", "Resume", "start on this workspace and restore the variables its "
                 "last session saved (see `gpusession workspaces`)", "workspace to resume",
-                backends=WORKSPACE_BACKENDS, max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name),
+                backends=WORKSPACE_BACKENDS, max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name, form=True),
     StartOption("save_timeout", ("--save-timeout",), "duration", "Save time bound", "an idle, cost or runtime stop "
                 "first saves the kernel's variables into the workspace, for at most this long (default 60s; off: "
                 "no save)", "save time bound", backends=WORKSPACE_BACKENDS, rule=SAVE_TIMEOUT),

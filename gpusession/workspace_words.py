@@ -128,3 +128,21 @@ def print_restored(record, emit) -> None:
     """A resumed start's restore lines (`emit`: the face's print)."""
     for line in restore_lines(record.resource.get("restored"), record.resource.get("workspace")):
         emit(line)
+
+
+def workspace_rest_view(view: Any) -> dict[str, Any]:
+    """A workspace as REST `GET workspaces` shows it: the table's columns as data, with their
+    words (`size`, `cost_per_month`, `used_by`) beside the numbers."""
+    ws = view.workspace
+    if view.active:
+        used_by = ", ".join(view.active) + " (active)"
+    else:
+        used_by = "in use" if ws.in_use_by else ("none left" if view.sessions else "none known")
+    return {
+        "name": ws.name, "backend": ws.backend, "where": ws.where,
+        "size_bytes": ws.size_bytes, "size": size_text(ws.size_bytes),
+        "monthly_cost": ws.monthly_cost,
+        "cost_per_month": format_money(ws.monthly_cost) if ws.monthly_cost is not None else None,
+        "sessions": list(view.sessions), "active": list(view.active), "in_use": not view.orphaned,
+        "used_by": used_by,
+    }

@@ -71,7 +71,13 @@ def test_the_form_shows_the_options_marked_for_forms(manager):
 
     form = StartForm(manager, lambda values: None)
     assert list(form.fields) == [o.name for o in options.OPTIONS if o.form]
-    assert list(form.fields) == ["type", "backend", "name", "host", "idle", "max_cost", "spot"]
+    assert list(form.fields) == ["type", "backend", "name", "host", "idle", "max_cost", "workspace", "resume", "spot"]
+    # a workspace and --resume apply where a workspace outlives the session: shown and sent only there
+    form.backend_select.value = "local"
+    form.fields["resume"].value = " rw1 "
+    assert form.values()["resume"] == "rw1" and form.fields["resume"].layout.display != "none"
+    form.backend_select.value = "aws"
+    assert "resume" not in form.values() and form.fields["resume"].layout.display == "none"
 
 
 # -- one value, read alike on every face -------------------------------------------------------

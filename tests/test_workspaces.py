@@ -291,37 +291,6 @@ def test_a_workspace_on_a_remote_engine_survives_and_resumes(tmp_path, monkeypat
         far.close()
 
 
-# -- REST and the history card: "Start again" resumes what a stop saved -----------------------------
-
-
-async def test_rest_resume_from_the_history_cards_restart_body(jp_fetch, manager):
-    import asyncio
-    import json
-
-    async def call(*path, method="GET", body=None):
-        r = await jp_fetch("gpusession", "api", *path, method=method, **({"body": json.dumps(body)} if body else {}))
-        return json.loads(r.body)
-
-    async def running(sid):
-        deadline = time.monotonic() + 60
-        while (view := await call("sessions", sid))["state"] not in ("running", "failed"):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.2)
-        assert view["state"] == "running", view
-        return view
-
-    first = await running((await call("sessions", method="POST",
-                                      body={"type": "t4", "backend": "local", "idle": "off", "name": "rw1"}))["id"])
-    assert "resume" not in first["restart"]
-    assert manager.attach("rw1").run("v = 5")["status"] == "ok"
-    manager.stop("rw1", save=True)
-    ended = await call("sessions", "rw1")
-    assert ended["restart"] == {"type": "t4", "backend": "local", "idle": "off", "resume": "rw1"}
-    again = await running((await call("sessions", method="POST", body=dict(ended["restart"], name="rw2")))["id"])
-    assert manager.get("rw2").resource["restored"]["restored"] == ["v"]
-    await call("sessions", again["id"], method="DELETE")
-
-
 def test_a_max_runtime_stop_saves_too(gs_home, manager):
     """Every watchdog stop saves (idle above; here the hard runtime limit, with a cell still running)."""
     session = manager.start(manager.make_spec("t4", backend="local", idle="off", max_runtime="4s", name="mr"))

@@ -8,27 +8,23 @@ fields as the body names them, and echoes at most a short piece of a bad value. 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import threading
-from http.client import responses
 from typing import Any
 
 import tornado.web
-from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
 from .. import options
 from ..backends import backend_names
 from ..durations import KEEPALIVE, shown
-from ..errors import BadInput, BackendUnavailable, GpuSessionError, NoSession, UnknownSession
+from ..errors import BadInput
 from ..session import SessionManager, default_backend_name
-from ..words import error_text, rest_view, warning_texts
+from ..words import rest_view, warning_texts
+from .base import BaseHandler
+from .workspaces import WorkspaceHandler, WorkspacesHandler
 from .panel import MAX_HISTORY, StartProgress, kernel_ids_by_pid, panel_view, with_history
-
-
-MAX_BODY = 64 * 1024  # bytes of a request body; a start body is well under 1 KiB
 
 
 class Api:
@@ -65,63 +61,6 @@ class Api:
         self.starting[record.id] = thread
         thread.start()
         return self.view(record)
-
-
-class BaseHandler(APIHandler):
-    @property
-    def api(self) -> Api:
-        return self.settings["gpusession_api"]
-
-    async def blocking(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
-
-    def body(self) -> dict[str, Any]:
-        raw = self.request.body or b"{}"
-        if len(raw) > MAX_BODY:
-            raise tornado.web.HTTPError(413, f"the body is {len(raw):,} bytes; at most {MAX_BODY:,} bytes")
-        try:
-            data = json.loads(raw, parse_constant=_no_constants)
-        except RecursionError:
-            raise tornado.web.HTTPError(400, "the body is nested too deeply") from None
-        except ValueError as exc:  # UnicodeDecodeError and the digit limit of ints too
-            raise tornado.web.HTTPError(400, f"the body is not JSON ({shown(str(exc), 80)[1:-1]}); "
-                                             "NaN and Infinity are not JSON either") from None
-        if not isinstance(data, dict):
-            raise tornado.web.HTTPError(400, "the body must be a JSON object")
-        return data
-
-    def fail(self, status: int, message: str) -> None:
-        self.set_status(status)
-        self.finish(json.dumps({"message": message}))
-
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        """Tornado's errors (an HTTPError raised here, 403 from the login check, 405) in our one
-        shape, `{"message": ...}`; anything unexpected says only that it was."""
-        message = responses.get(status_code, "error")
-        exc = (kwargs.get("exc_info") or (None, None, None))[1]
-        if isinstance(exc, tornado.web.HTTPError):
-            message = exc.log_message or exc.reason or message
-        elif exc is not None:
-            message = f"internal error ({type(exc).__name__}); the server log has the details"
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"message": message}))
-
-    async def guarded(self, fn, *args, ok: int = 200) -> None:
-        """Run a blocking call and map our errors: BadInput 400, unknown 404, else 409/503."""
-        try:
-            result = await self.blocking(fn, *args)
-        except UnknownSession as exc:
-            return self.fail(404, str(exc))
-        except BadInput as exc:
-            return self.fail(400, str(exc))
-        except NoSession as exc:
-            return self.fail(409, error_text(exc))
-        except BackendUnavailable as exc:
-            return self.fail(503, str(exc))
-        except GpuSessionError as exc:
-            return self.fail(500, f"{type(exc).__name__}: {exc}")
-        self.set_status(ok)
-        self.finish(json.dumps(result))
 
 
 class SessionsHandler(BaseHandler):
@@ -251,10 +190,6 @@ class NotFoundHandler(BaseHandler):
         raise tornado.web.HTTPError(404, f"no such endpoint: {shown(self.request.path, 80)}")
 
 
-def _no_constants(name: str) -> None:
-    raise ValueError(f"{name} is not a number")
-
-
 def setup_handlers(server_app, manager: SessionManager | None = None) -> None:
     web_app = server_app.web_app
     web_app.settings["gpusession_api"] = Api(manager)
@@ -270,6 +205,8 @@ def setup_handlers(server_app, manager: SessionManager | None = None) -> None:
             (url_path_join(base, "catalog"), CatalogHandler),
             (url_path_join(base, "options"), OptionsHandler),
             (url_path_join(base, "options", "check"), OptionsCheckHandler),
+            (url_path_join(base, "workspaces"), WorkspacesHandler),
+            (url_path_join(base, "workspaces", sid), WorkspaceHandler),
             (url_path_join(base, r"(?P<rest>.*)"), NotFoundHandler),  # last: add endpoints above it
         ],
     )

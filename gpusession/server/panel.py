@@ -13,6 +13,7 @@ from ..models import SessionRecord
 from ..progress import Reporter
 from ..session import SessionManager
 from ..words import rest_view
+from ..workspace_words import record_checkpoint_line
 
 #: how many progress lines of one start are kept, and of how many starts
 KEEP_LINES = 20
@@ -79,9 +80,11 @@ def kernel_ids_by_pid(kernel_manager: Any) -> dict[int, str]:
 def panel_view(manager: SessionManager, record: SessionRecord, progress: StartProgress,
                kernels: dict[int, str] | None = None) -> dict[str, Any]:
     """The REST view plus `progress` (the start's latest lines, or null when this server did not
-    start it) and `kernel_id` (the Jupyter kernel that started it, or null)."""
+    start it), `kernel_id` (the Jupyter kernel that started it, or null) and `saved` (what an
+    ended session's stop saved into its workspace, or why not; null when no save was tried)."""
     view = rest_view(manager.view(record))
     view["progress"] = progress.lines(record.id)
+    view["saved"] = None if record.state.active else record_checkpoint_line(record)
     pid = owner_pid(record.owner)
     view["kernel_id"] = (kernels or {}).get(pid) if pid is not None else None
     return view

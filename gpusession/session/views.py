@@ -44,7 +44,8 @@ def session_view(record: SessionRecord, live: dict | None = None, *, verified: b
         "owner": record.owner,
         "verified": verified,
         "last_seen": last_seen,
-        "restart": restart_body(record.spec, resume=_saved_workspace(record)),
+        "restart": restart_body(record.spec),
+        "resume": restart_body(record.spec, resume=saved) if (saved := _saved_workspace(record)) else None,
     }
 
 
@@ -59,8 +60,8 @@ def restart_body(spec: LaunchSpec, resume: str | None = None) -> dict[str, Any]:
     """A `POST sessions` body that starts the same kind of session again (a new name): the
     spec's start options as text the option table reads back exactly (durations in seconds
     with their unit: a bare number would mean minutes), true for a flag that is on. `resume`:
-    the workspace whose saved variables the new session restores (the history card's "Start
-    again" after a save)."""
+    the workspace whose saved variables the new session restores (the view's `resume`: the
+    history card's "Resume" after a save; `restart`, its "Start again", starts fresh)."""
     body: dict[str, Any] = {
         "type": spec.gpu_type if spec.gpu_count == 1 else f"{spec.gpu_type}:{spec.gpu_count}",
         "backend": spec.backend,

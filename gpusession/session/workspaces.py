@@ -87,17 +87,25 @@ def list_all(manager: "SessionManager", skipped: list[str] | None = None) -> lis
     return views
 
 
+class NoWorkspace(BadInput):
+    """No workspace by that name (REST: 404)."""
+
+
+class WorkspaceInUse(BadInput):
+    """A session still uses the workspace (REST: 409)."""
+
+
 def remove(manager: "SessionManager", name: str, backend: str | None = None) -> "Workspace":
     """Delete the workspace `name` (of `backend`, when several backends have one of that name)."""
     matches = [v for v in list_all(manager) if v.workspace.name == name and backend in (None, v.workspace.backend)]
     if not matches:
-        raise BadInput(f"no workspace {name} (`gpusession workspaces` lists them)")
+        raise NoWorkspace(f"no workspace {name} (`gpusession workspaces` lists them)")
     if len(matches) > 1:
         where = ", ".join(v.workspace.backend for v in matches)
         raise BadInput(f"workspace {name} is on several backends ({where}); name one with --backend")
     view = matches[0]
     if not view.orphaned:
-        raise BadInput(f"workspace {name} is in use by session {', '.join(view.active or view.workspace.in_use_by)}; "
+        raise WorkspaceInUse(f"workspace {name} is in use by session {', '.join(view.active or view.workspace.in_use_by)}; "
                        "stop it first")
     manager.backend(view.workspace.backend).remove_workspace(view.workspace)
     return view.workspace

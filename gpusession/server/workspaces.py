@@ -1,0 +1,62 @@
+"""REST for the workspaces that outlive sessions (docs/workspaces.md): `GET workspaces` lists
+them as `gpusession workspaces` does; `DELETE workspaces/NAME?confirm=NAME` deletes one, only
+with that confirmation (the name typed again), and never one a session uses (409)."""
+
+from __future__ import annotations
+
+import tornado.web
+
+from ..durations import shown
+from ..errors import BackendUnavailable, BadInput, GpuSessionError
+from ..options import WORKSPACE_BACKENDS
+from ..session.workspaces import NoWorkspace, WorkspaceInUse, list_all, remove
+from ..textvalues import workspace_name
+from ..workspace_words import workspace_rest_view
+from .base import BaseHandler
+
+class WorkspacesHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        m = self.api.manager
+
+        def listing() -> dict:
+            skipped: list[str] = []
+            views = [workspace_rest_view(v) for v in list_all(m, skipped)]
+            return {"workspaces": views, "skipped": skipped}
+
+        await self.guarded(listing)
+
+
+class WorkspaceHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def delete(self, key: str) -> None:
+        unknown = [k for k in self.request.arguments if k not in ("confirm", "backend")]
+        if unknown:
+            return self.fail(400, f"unknown parameter(s) {', '.join(shown(k, 40) for k in unknown[:5])}; "
+                                  "allowed: confirm, backend")
+        try:
+            name = workspace_name(key)
+        except BadInput as exc:
+            return self.fail(400, str(exc))
+        confirm = self.get_query_argument("confirm", None)
+        if confirm != name:
+            got = "none" if confirm is None else shown(confirm, 40)
+            return self.fail(400, f"deleting workspace {name} deletes its files and saved variables; confirm it with "
+                                  f"'confirm' set to the workspace's name ({name}), got {got}")
+        backend = self.get_query_argument("backend", None)
+        if backend is not None and backend not in WORKSPACE_BACKENDS:
+            return self.fail(400, f"'backend' {shown(backend, 40)}: workspaces are kept by {', '.join(WORKSPACE_BACKENDS)}")
+        m = self.api.manager
+        try:
+            ws = await self.blocking(remove, m, name, backend)
+        except NoWorkspace as exc:
+            return self.fail(404, str(exc))
+        except WorkspaceInUse as exc:
+            return self.fail(409, str(exc))
+        except BadInput as exc:
+            return self.fail(400, str(exc))
+        except BackendUnavailable as exc:
+            return self.fail(503, str(exc))
+        except GpuSessionError as exc:
+            return self.fail(500, f"{type(exc).__name__}: {exc}")
+        self.finish({"deleted": ws.name, "backend": ws.backend, "where": ws.where})
