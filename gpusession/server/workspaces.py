@@ -30,7 +30,8 @@ class WorkspacesHandler(BaseHandler):
 class WorkspaceHandler(BaseHandler):
     @tornado.web.authenticated
     async def delete(self, key: str) -> None:
-        unknown = [k for k in self.request.arguments if k not in ("confirm", "backend")]
+        # JupyterLab's ServerConnection adds a bare timestamp (`?1796094695341`) against caches
+        unknown = [k for k in self.request.arguments if k not in ("confirm", "backend") and not k.isdigit()]
         if unknown:
             return self.fail(400, f"unknown parameter(s) {', '.join(shown(k, 40) for k in unknown[:5])}; "
                                   "allowed: confirm, backend")

@@ -13,7 +13,9 @@ import type {
   SessionListReply,
   SessionView,
   StartRequest,
-  StatsReply
+  StatsReply,
+  WorkspaceDeleteReply,
+  WorkspaceListReply
 } from './types';
 
 /** Path of the API under the server's base URL. */
@@ -115,6 +117,22 @@ export class GpuSessionClient {
     const reply = await this._request<CatalogReply>('catalog');
     expectArray(reply.types, 'types', 'catalog');
     return reply;
+  }
+
+  /** The workspaces that outlive sessions (GET `workspaces`). */
+  async listWorkspaces(): Promise<WorkspaceListReply> {
+    const reply = await this._request<WorkspaceListReply>('workspaces');
+    expectArray(reply.workspaces, 'workspaces', 'workspaces');
+    return reply;
+  }
+
+  /** Delete a workspace; the server wants its name again as confirmation. */
+  async deleteWorkspace(name: string, backend: string): Promise<WorkspaceDeleteReply> {
+    const query = `?confirm=${encodeURIComponent(name)}&backend=${encodeURIComponent(backend)}`;
+    return this._request<WorkspaceDeleteReply>(
+      `workspaces/${encodeURIComponent(name)}${query}`,
+      { method: 'DELETE' }
+    );
   }
 
   private async _request<T>(path: string, init: RequestInit = {}): Promise<T> {

@@ -1,13 +1,16 @@
 /**
  * The sidebar's history: the sessions that ended last (failed starts and
  * watchdog stops included), each with how it ended, what it cost in the end,
- * and a button that starts the same kind of session again.
+ * and a button that starts the same kind of session again; when its stop
+ * saved the kernel's variables, what was saved and a Resume button that
+ * starts a new session on that workspace, restoring them.
  */
 import { ApiError, errorMessage, GpuSessionClient } from './api';
 import { control, element, message, setData, setText, showText } from './dom';
 import { formatDuration, formatMoney } from './format';
 import { endedText, kindText } from './sessions';
-import type { SessionView } from './types';
+import type { SessionView, StartRequest } from './types';
+import { resumeOffer, resumeTitle } from './workspaces';
 
 /** What the history needs from the panel. */
 export interface HistoryHost {
@@ -27,11 +30,19 @@ class HistoryItem {
     header.append(this._name, this._cost);
     this._restart.type = 'button';
     this._restart.textContent = 'Start again';
-    this._restart.addEventListener('click', () => void this._onRestart());
+    this._restart.addEventListener('click', () => void this._start(this._view.restart, this._restart));
+    this._resume.type = 'button';
+    this._resume.textContent = RESUME;
+    this._resume.addEventListener('click', () => {
+      const offer = resumeOffer(this._view);
+      if (offer) {
+        void this._start(offer.body, this._resume);
+      }
+    });
     this._reason.addEventListener('click', () => this._reason.classList.toggle('gpusession-expanded'));
     const actions = element('div', 'gpusession-card-actions');
-    actions.append(this._restart);
-    this.node.append(header, this._kind, this._reason, this._error, actions);
+    actions.append(this._resume, this._restart);
+    this.node.append(header, this._kind, this._reason, this._saved, this._error, actions);
     this._view = view;
     this.update(view);
   }
@@ -51,13 +62,20 @@ class HistoryItem {
     this._reason.classList.toggle('gpusession-history-reason-failed', view.state === 'failed');
     this._reason.title = this._reason.textContent ?? '';
     this._restart.title = `Start a new ${kindText(view)} session with the same options`;
+    const offer = resumeOffer(view);
+    showText(this._saved, view.saved ?? null);
+    this._resume.hidden = offer === null;
+    this._resume.title = offer ? resumeTitle(offer) : '';
   }
 
-  private async _onRestart(): Promise<void> {
+  /** Start a session from `body`; `button` says so meanwhile. */
+  private async _start(body: StartRequest, button: HTMLButtonElement): Promise<void> {
+    const label = button.textContent ?? '';
     this._restart.disabled = true;
-    this._restart.textContent = 'Starting…';
+    this._resume.disabled = true;
+    button.textContent = 'Starting…';
     try {
-      const view = await this._host.client.startSession(this._view.restart);
+      const view = await this._host.client.startSession(body);
       showText(this._error, null);
       this._host.started(view);
     } catch (error) {
@@ -66,7 +84,8 @@ class HistoryItem {
       showText(this._error, `Start failed: ${reason}`);
     } finally {
       this._restart.disabled = false;
-      this._restart.textContent = 'Start again';
+      this._resume.disabled = false;
+      button.textContent = label;
     }
   }
 
@@ -78,7 +97,12 @@ class HistoryItem {
   private readonly _reason = control('div', 'gpusession-history-reason');
   private readonly _error = message('gpusession-history-error');
   private readonly _restart = control('button', 'gpusession-restart');
+  private readonly _resume = control('button', 'gpusession-resume');
+  /** What its stop saved into the workspace, or why not. */
+  private readonly _saved = message('gpusession-history-saved');
 }
+
+const RESUME = 'Resume';
 
 /** The collapsible list of ended sessions (open at first). */
 export class HistorySection {

@@ -11,6 +11,7 @@ import { CardHost, SessionCard } from './card';
 import { control, element, message, setText, showText } from './dom';
 import { StartForm } from './form';
 import { HistorySection } from './history';
+import { WorkspacesSection } from './workspacelist';
 import { gpuIcon } from './icon';
 import { SessionListModel } from './model';
 import { endedSessions, liveCount, liveSessions } from './sessions';
@@ -44,6 +45,7 @@ export class GpuSessionPanel extends Widget {
       openCharts
     };
     this._history = new HistorySection({ client, started: view => this._onStarted(view) });
+    this._workspaces = new WorkspacesSection(client);
 
     const header = element('div', 'gpusession-header');
     const title = element('h2', 'gpusession-title');
@@ -59,7 +61,8 @@ export class GpuSessionPanel extends Widget {
       this._empty,
       this._list,
       this._form.node,
-      this._history.node
+      this._history.node,
+      this._workspaces.node
     );
 
     // Stats are fetched only for cards on screen: this also turns them off
@@ -187,6 +190,7 @@ export class GpuSessionPanel extends Widget {
   private readonly _form: StartForm;
   private readonly _cardHost: CardHost;
   private readonly _history: HistorySection;
+  private readonly _workspaces: WorkspacesSection;
   private _release: (() => void) | null = null;
   private readonly _observer: IntersectionObserver;
   private readonly _cards = new Map<string, SessionCard>();

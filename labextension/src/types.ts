@@ -111,8 +111,15 @@ export interface SessionView {
   /** How it ended, one line for the history: "stopped by its idle watchdog
    * after 30m00s idle", "failed: connect: ..."; null while active. */
   ended: string | null;
-  /** A POST `sessions` body that starts the same kind of session again. */
+  /** A POST `sessions` body that starts the same kind of session again,
+   * fresh (a new workspace). */
   restart: StartRequest;
+  /** After a stop that saved the kernel's variables into the session's
+   * workspace: `restart` plus `"resume": WORKSPACE`; else null. */
+  resume: StartRequest | null;
+  /** What an ended session's stop saved ("saved 2 variables, 1 kB; resume
+   * with ..."), or why not; null when no save was tried. GET `sessions` only. */
+  saved?: string | null;
   /** The latest lines of its start ("[   0.4s] provision: ..."), when this
    * server started it; else null. */
   progress: string[] | null;
@@ -299,4 +306,46 @@ export interface CatalogReply {
 export interface ErrorReply {
   message?: string;
   reason?: string | null;
+}
+
+/**
+ * A workspace that outlives its sessions (a Docker volume, a folder).
+ *
+ * Sent by: items of GET `workspaces`.
+ */
+export interface WorkspaceView {
+  name: string;
+  /** The backend that keeps it: "local", "docker". */
+  backend: string;
+  /** Where it lives, one line: a volume and its engine, a folder. */
+  where: string;
+  size_bytes: number | null;
+  /** The size in words: "1.2 GB", "?" when unknown. */
+  size: string;
+  /** US dollars a month while kept; null: nothing billed. */
+  monthly_cost: number | null;
+  /** `monthly_cost` in words ("$0.80"), or null. */
+  cost_per_month: string | null;
+  /** Names of the recorded sessions that used it, newest first. */
+  sessions: string[];
+  /** Those still active. */
+  active: string[];
+  /** Whether a session uses it now (it cannot be deleted then). */
+  in_use: boolean;
+  /** Who uses it, in words: "w2 (active)", "none left", "in use". */
+  used_by: string;
+}
+
+/** Reply of GET `workspaces`. */
+export interface WorkspaceListReply {
+  workspaces: WorkspaceView[];
+  /** Backends that could not be asked, with why. */
+  skipped: string[];
+}
+
+/** Reply of DELETE `workspaces/<name>?confirm=<name>`. */
+export interface WorkspaceDeleteReply {
+  deleted: string;
+  backend: string;
+  where: string;
 }

@@ -52,6 +52,7 @@ export function session(fields: Partial<SessionView> = {}): SessionView {
     stop_reason: null,
     ended: null,
     restart: { type: 't4', backend: 'local', idle: '1800s' },
+    resume: null,
     progress: null,
     kernel_id: null,
     ...fields

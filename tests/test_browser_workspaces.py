@@ -1,0 +1,124 @@
+"""Workspaces in the JupyterLab sidebar, in a real JupyterLab and Debian's headless Chromium
+(Playwright), on the local backend: a session holding a variable idle-stops and saves it; its
+history card says what was saved and has Resume beside Start again; Resume starts a session on
+that workspace whose kernel has the variable again; the start form has the Workspace and Resume
+fields; the Workspaces section lists the workspace (refusing Delete while a session uses it) and
+deletes it after a confirmation. Light and dark themes are readable (contrast measured).
+
+Screenshots go to test-artifacts/: workspaces-light.png, workspaces-dark.png (failed-<name>.png
+when it fails); the server log to browser-workspaces-jupyterlab.log.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Iterator
+
+import pytest
+
+from support.lab import playwright_or_skip
+from support.labpanel import (
+    ARTIFACTS,
+    PANEL,
+    TIMEOUT_MS,
+    Lab,
+    low_contrast,
+    open_lab,
+    open_sidebar,
+    running_lab,
+    screenshot_on_failure,
+    set_theme,
+)
+
+pytestmark = pytest.mark.browser
+
+pytest_plugins = ["support.browser_fixtures"]  # fixtures: browser, page, jp_asyncio_loop, jp_server_cleanup
+sync_api = playwright_or_skip()
+
+from gpusession.models import State  # noqa: E402
+
+BOXES = ".gpusession-history-saved, .gpusession-history-reason, .gpusession-workspace-line, .gpusession-history-error"
+TEXT = "span, summary, button, label"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Iterator[Lab]:
+    with running_lab(tmp_path_factory, "browser-workspaces-jupyterlab.log", env={"GPUSESSION_BACKEND": "local"}) as found:
+        yield found
+
+
+def assert_readable(page) -> None:
+    boxes = low_contrast(page, PANEL, BOXES, 4.5)
+    assert not boxes, boxes
+    text = low_contrast(page, PANEL, TEXT, 3.0)
+    assert not text, text
+
+
+def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
+    manager = lab.manager
+    first = manager.start(manager.make_spec("t4", backend="local", idle="3s", name="ws-idle"))
+    assert first.run("kept = {'answer': 41}")["status"] == "ok"
+    deadline = time.monotonic() + 60
+    while manager.refresh_state(first.id).state.active:
+        assert time.monotonic() < deadline, "the idle watchdog never stopped it"
+        time.sleep(0.3)
+    with screenshot_on_failure(page, "workspaces"):
+        page.set_viewport_size({"width": 1400, "height": 1400})
+        open_lab(page, lab, "workspaces")
+        open_sidebar(page)
+        panel = page.locator(PANEL)
+        # the form: Workspace and Resume with the local backend
+        sync_api.expect(panel.locator(".gpusession-workspace-input")).to_be_visible()
+        sync_api.expect(panel.locator(".gpusession-resume-input")).to_be_visible()
+
+        item = panel.locator('.gpusession-history-item[data-session-name="ws-idle"]')
+        sync_api.expect(item).to_have_attribute("data-state", "stopped", timeout=TIMEOUT_MS)
+        saved = item.locator(".gpusession-history-saved")
+        sync_api.expect(saved).to_contain_text("saved 1 variable, ")
+        sync_api.expect(saved).to_contain_text("resume with `%gpu start --resume ws-idle`")
+        resume = item.locator(".gpusession-resume")
+        sync_api.expect(resume).to_have_text("Resume")
+        sync_api.expect(item.locator(".gpusession-restart")).to_have_text("Start again")
+        assert "workspace ws-idle" in resume.get_attribute("title")
+
+        workspaces = panel.locator(".gpusession-workspaces")
+        workspaces.locator(".gpusession-history-summary").click()
+        row = workspaces.locator('.gpusession-workspace[data-workspace="ws-idle"]')
+        sync_api.expect(row.locator(".gpusession-workspace-line")).to_have_text(
+            re.compile(r"^local · \d+(\.\d)? (bytes|kB) · used by: none left$"))
+        assert_readable(page)
+        panel.screenshot(path=str(ARTIFACTS / "workspaces-light.png"))
+        set_theme(page, dark=True)
+        assert_readable(page)
+        panel.screenshot(path=str(ARTIFACTS / "workspaces-dark.png"))
+        set_theme(page, dark=False)
+
+        # Resume: a new session on the workspace, whose kernel has the variable again
+        resume.click()
+        card = panel.locator(".gpusession-list .gpusession-card")
+        sync_api.expect(card).to_have_count(1)
+        sync_api.expect(card).to_have_attribute("data-state", "running", timeout=TIMEOUT_MS)
+        name = card.get_attribute("data-session-name")
+        record = manager.get(name)
+        assert name != "ws-idle" and record.spec.extra.get("resume") == "ws-idle", record.spec
+        assert record.resource["restored"]["restored"] == ["kept"], record.resource.get("restored")
+        assert manager.attach(name).run("assert kept == {'answer': 41}")["status"] == "ok"
+
+        # in use: Delete refused; after the stop, Delete asks, then deletes
+        workspaces.locator(".gpusession-workspaces-refresh").click()
+        sync_api.expect(row.locator(".gpusession-workspace-line")).to_contain_text(f"used by: {name} (active)")
+        sync_api.expect(row.locator(".gpusession-workspace-delete")).to_be_disabled()
+        card.locator(".gpusession-stop").click()
+        sync_api.expect(card).to_have_count(0, timeout=TIMEOUT_MS)
+        assert manager.get(name).state == State.STOPPED
+        workspaces.locator(".gpusession-workspaces-refresh").click()
+        delete = row.locator(".gpusession-workspace-delete")
+        sync_api.expect(delete).to_be_enabled()
+        delete.click()
+        dialog = page.locator(".jp-Dialog")
+        sync_api.expect(dialog).to_contain_text("Delete workspace ws-idle")
+        dialog.locator("button.jp-mod-warn").click()
+        sync_api.expect(row).to_have_count(0, timeout=TIMEOUT_MS)
+        assert not (lab.manager.config.data_path / "workspaces" / "ws-idle").exists()
+        assert not page.errors, page.errors
