@@ -116,6 +116,29 @@ def test_watchdog_stop_shows_on_the_card(manager):
     panel.close()
 
 
+def test_a_watchdog_stop_that_saved_offers_resume_on_the_card(manager):
+    """The `%gpu panel` card of a session whose idle stop saved its variables says so and has
+    Resume, which starts a new session on that workspace with them restored."""
+    session = manager.start(manager.make_spec("t4", backend="local", idle="2s", name="pw1"))
+    assert session.run("v = {'k': 5}")["status"] == "ok"
+    panel = SessionPanel(manager, [session.id], interval=0.3).start_polling()
+    try:
+        card = panel.cards[session.id]
+        assert _wait(lambda: _text(card.state.value) == "stopped", timeout=20)
+        assert _wait(lambda: "saved 1 variable" in _text(card.message.value), timeout=5), card.message.value
+        assert card.resume_button.layout.display != "none" and card.stop_button.layout.display == "none"
+        card.resume_button.click()
+        (new_id,) = [sid for sid in panel.cards if sid != session.id]
+        assert _wait(lambda: manager.get(new_id).state == State.RUNNING, timeout=30), manager.get(new_id).error
+        assert manager.get(new_id).spec.extra["resume"] == "pw1"
+        assert manager.attach(new_id).run("assert v == {'k': 5}")["status"] == "ok"
+        assert panel.cards[new_id].resume_button.layout.display == "none"
+    finally:
+        panel.close()
+        for record in manager.list(active_only=True):
+            manager.stop(record.id)
+
+
 def test_start_form(manager):
     started = []
     panel = SessionPanel(manager, None, interval=0.3, on_started=started.append)

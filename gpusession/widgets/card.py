@@ -131,7 +131,8 @@ class StatsView:
 class SessionCard:
     """One session. `show(view, stats)` writes what changed; the buttons call back into the panel."""
 
-    def __init__(self, view: dict, on_stop: Callable[["SessionCard"], None], on_keepalive: Callable[["SessionCard"], None]):
+    def __init__(self, view: dict, on_stop: Callable[["SessionCard"], None], on_keepalive: Callable[["SessionCard"], None],
+                 on_resume: Callable[["SessionCard"], None] | None = None):
         self.id = view["id"]
         self.view = view
         self.name = classed(widgets.HTML(), "name")
@@ -147,7 +148,10 @@ class SessionCard:
                                                         tooltip=f"Postpone the idle stop by {KEEPALIVE}"), "keepalive")
         self.stop_button = classed(widgets.Button(description="Stop", button_style="danger", icon="stop",
                                                    tooltip="Stop this session and its billing"), "stop")
+        self.resume_button = classed(widgets.Button(description="Resume", icon="play", tooltip="Start a new session "
+                                                     "on this workspace and restore the variables its stop saved"), "resume")
         self.keepalive_button.on_click(lambda _: on_keepalive(self))
+        self.resume_button.on_click(lambda _: on_resume(self) if on_resume else None)
         self.stop_button.on_click(lambda _: on_stop(self))
         self.stats = StatsView()
         self.widget = classed(widgets.VBox([
@@ -156,7 +160,7 @@ class SessionCard:
             widgets.GridBox([w for label, value in facts for w in (widgets.Label(label), value)],
                             layout=widgets.Layout(grid_template_columns="70px 110px 70px auto", grid_gap="0 8px")),
             self.idle_warning, self.error, self.message,
-            widgets.HBox([self.keepalive_button, self.stop_button]),
+            widgets.HBox([self.keepalive_button, self.stop_button, self.resume_button]),
             self.stats.widget,
         ], layout=widgets.Layout(border="1px solid var(--jp-border-color2, #ccc)", padding="6px", margin="4px 0",
                                  width="440px")), "card")
@@ -203,6 +207,7 @@ class SessionCard:
         html_text(self.error, view.get("error"), "color: #c62828")
         show(self.keepalive_button, not final and idle.get("timeout_s") is not None)
         show(self.stop_button, not final)
+        show(self.resume_button, final and bool(view.get("resume")))  # its stop saved the variables
         self.stop_button.disabled = state == State.STOPPING.value
         show(self.stats.widget, state == State.RUNNING.value)
         if stats is not None:

@@ -237,7 +237,7 @@ class SessionPanel:
         with self._lock:
             card = self.cards.get(view["id"])
             if card is None:
-                card = SessionCard(view, self._stop, self._keepalive)
+                card = SessionCard(view, self._stop, self._keepalive, self._resume)
                 self.cards[view["id"]] = card
                 self.card_box.children = [card.widget, *self.card_box.children]  # newest first
                 show(self.empty, False)
@@ -274,6 +274,11 @@ class SessionPanel:
             card.say(f"keep-alive failed: {error_text(exc)}", warn=True)
         finally:
             card.keepalive_button.disabled = False
+
+    def _resume(self, card: SessionCard) -> None:
+        """A new session on the workspace the ended one saved into, restoring its variables."""
+        if card.view.get("resume"):
+            self._start(dict(card.view["resume"]))
 
     def _start(self, values: dict[str, Any]) -> None:
         """Record the session now (bad input is said in the form), start it in a thread: a cloud
