@@ -17,17 +17,16 @@ from typing import Any
 
 # -- environment variables ------------------------------------------------------------------
 
-ENV_SESSION_ID = "GPUSESSION_SESSION_ID"  # the session a runtime, container or process belongs to
-ENV_STATE_DIR = "GPUSESSION_STATE_DIR"  # the runtime's state folder, seen by the kernel's activity hook
-ENV_KERNEL_KEY = "GPUSESSION_KERNEL_KEY"  # a kernel connection key chosen by the local side (else the runtime makes one)
-ENV_RUNTIME_ROOT = "GPUSESSION_RUNTIME_ROOT"  # set by the runtime bundle's boot.sh: the bundle's folder in the image
-ENV_RUNTIME_PYTHON = "GPUSESSION_RUNTIME_PYTHON"  # the image's python as the bundle's probe found it (boot.sh)
-ENV_RUNTIME_BRINGS = "GPUSESSION_RUNTIME_BRINGS"  # what the bundle gives the kernel: "ipykernel,pip", a part, or ""
-ENV_WORKSPACE = "GPUSESSION_WORKSPACE"  # the workspace's folder as the kernel sees it (its checkpoint goes there)
-ENV_RESTORE = "GPUSESSION_RESTORE"  # "1" for a session's first kernel when --resume asks to restore the checkpoint
-
-#: a kernel's five ports, in the order the runtime allocates them (jupyter connection file keys)
-KERNEL_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+# defined apart: the runtime's first step (gpusession.agent.kernelspawn) reads them alone
+from .envnames import ENV_KERNEL_KEY as ENV_KERNEL_KEY
+from .envnames import ENV_RESTORE as ENV_RESTORE
+from .envnames import ENV_RUNTIME_BRINGS as ENV_RUNTIME_BRINGS
+from .envnames import ENV_RUNTIME_PYTHON as ENV_RUNTIME_PYTHON
+from .envnames import ENV_RUNTIME_ROOT as ENV_RUNTIME_ROOT
+from .envnames import ENV_SESSION_ID as ENV_SESSION_ID
+from .envnames import ENV_STATE_DIR as ENV_STATE_DIR
+from .envnames import ENV_WORKSPACE as ENV_WORKSPACE
+from .envnames import KERNEL_PORT_NAMES as KERNEL_PORT_NAMES
 
 # -- the session kernel's cell log (gpusession.agent.cellog <-> gpusession.kernel) ---------------
 

@@ -15,9 +15,7 @@ import json
 import os
 import time
 
-from ..protocol import ENV_STATE_DIR
-
-RESTART_FILE = "restart-requested"
+from ..envnames import ENV_STATE_DIR, RESTART_FILE
 
 _state = {"busy": False, "last_activity": time.time(), "cells": 0}
 _written = [0.0]  # when activity.json was last written

@@ -2,8 +2,9 @@
 # The gpusession runtime's way into any image (gpusession/bundle.py puts it in the runtime
 # bundle, mounted read-only at $ROOT). It finds the image's own Python, then
 #   sh boot.sh probe        prints one GPUSESSION_PYTHON line: that Python and what it has (JSON)
-#   sh boot.sh run ARGS...  runs `python -m gpusession.agent run ARGS...` with the bundle's code
-#                           on PYTHONPATH; the kernel then runs with the image's Python and packages
+#   sh boot.sh run ARGS...  runs `python -m gpusession.agent.kernelspawn run ARGS...` (the kernel's
+#                           process first, then `gpusession.agent run ARGS...`) with the bundle's
+#                           code on PYTHONPATH; the kernel runs with the image's Python and packages
 # Without a python3 (3.9 or newer) it prints one GPUSESSION_FAILED line and exits 3.
 # POSIX sh only: most images have dash or busybox, not bash.
 ROOT=/opt/gpusession-runtime
@@ -70,7 +71,7 @@ case "$mode" in
         PYTHONPATH="$ROOT/code/lib${PYTHONPATH:+:$PYTHONPATH}"
         PYTHONUNBUFFERED=1
         export PYTHONPATH PYTHONUNBUFFERED
-        exec "$PY" -m gpusession.agent run "$@"
+        exec "$PY" -m gpusession.agent.kernelspawn run "$@"
         ;;
     *)
         echo "usage: sh boot.sh probe | run ARGS..." >&2

@@ -19,7 +19,7 @@ import site
 import sys
 import sysconfig
 
-from ..protocol import ENV_RUNTIME_BRINGS, ENV_RUNTIME_ROOT
+from ..envnames import ENV_RUNTIME_BRINGS, ENV_RUNTIME_ROOT
 
 MIN_IPYKERNEL = 6
 

@@ -24,50 +24,10 @@ import subprocess
 import threading
 import time
 
-from ..protocol import (
-    ENV_KERNEL_KEY,
-    ENV_RESTORE,
-    ENV_SESSION_ID,
-    ENV_STATE_DIR,
-    ENV_WORKSPACE,
-    KERNEL_PORT_NAMES,
-    Marker,
-    StopKind,
-    StopReason,
-    marker_line,
-)
+from ..envnames import RESTART_FILE
+from ..protocol import KERNEL_PORT_NAMES, Marker, StopKind, StopReason, marker_line
 from . import service
-from .activity import RESTART_FILE
-from .kernelenv import kernel_command, kernel_environment
-
-
-def _free_port(ip: str) -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
-
-
-def write_connection_file(path: str, ip: str, base_port: int) -> dict:
-    """Write (once) the kernel's connection file: 5 ports from base_port, or free ones when 0."""
-    if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
-    ports = [base_port + i for i in range(5)] if base_port else [_free_port(ip) for _ in range(5)]
-    info = dict(zip(KERNEL_PORT_NAMES, ports))
-    info.update(
-        ip=ip, key=os.environ.get(ENV_KERNEL_KEY) or _new_key(), transport="tcp",
-        signature_scheme="hmac-sha256", kernel_name="python3",
-    )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(info, f, indent=1)
-    return info
-
-
-def _new_key() -> str:
-    import secrets  # only without a key from the local side: off the way to the kernel's start
-
-    return secrets.token_hex(32)
+from .kernelspawn import Spawned, forget_restart, kernel_plan, write_connection_file
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -93,7 +53,7 @@ class Runtime:
         self.state_dir = os.path.abspath(args.state_dir)
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
         self.connection_file = os.path.join(self.state_dir, "kernel.json")
-        self.kernel: subprocess.Popen | None = None
+        self.kernel: subprocess.Popen | Spawned | None = None
         self.stop_reason: StopReason | None = None
         self._stopped = threading.Event()
         self.started_at = time.time()
@@ -114,22 +74,9 @@ class Runtime:
         """The kernel process, started (not yet listening); its connection info."""
         info = write_connection_file(self.connection_file, self.args.kernel_ip, self.args.kernel_ports)
         self._restart.clear()
-        try:
-            os.remove(os.path.join(self.state_dir, RESTART_FILE))
-        except FileNotFoundError:
-            pass
-        env = dict(os.environ, **kernel_environment(),
-                   **{ENV_STATE_DIR: self.state_dir, ENV_SESSION_ID: self.args.session_id})
-        env.pop(ENV_KERNEL_KEY, None)
-        extensions = ["gpusession.agent.activity"]
-        if self.args.workspace:  # the kernel saves its namespace there, and the first one restores it
-            os.makedirs(self.args.workspace, exist_ok=True)
-            env[ENV_WORKSPACE] = self.args.workspace
-            if self.args.restore and self.generation == 0:
-                env[ENV_RESTORE] = "1"
-            extensions.append("gpusession.agent.checkpoint")
-        # the image's own Python; ipykernel from the runtime bundle only when the image has none
-        cmd = kernel_command(self.connection_file, extensions)
+        forget_restart(self.state_dir)
+        cmd, env = kernel_plan(self.connection_file, self.state_dir, self.args.session_id, self.args.workspace,
+                               self.args.restore and self.generation == 0)
         # own process group: an interrupt_request SIGINTs the kernel's group, not us
         self.kernel = subprocess.Popen(cmd, env=env, start_new_session=True, cwd=self.args.cwd or None)
         if self._stopping:  # a stop came while a restart started this one: stop() may have missed it
@@ -245,7 +192,7 @@ class Runtime:
         return 0
 
 
-def _end_process_group(kernel: subprocess.Popen, grace: float = 5.0) -> None:
+def _end_process_group(kernel: subprocess.Popen | Spawned, grace: float = 5.0) -> None:
     """SIGTERM the kernel's process group, SIGKILL it when it is still there after `grace` s."""
     try:
         os.killpg(kernel.pid, signal.SIGTERM)
@@ -275,7 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, early: tuple[Spawned, dict] | None = None) -> int:
+    """`early`: the session's first kernel, started already by gpusession.agent.kernelspawn from
+    the same ARGS (the bundle's way in: the kernel boots while this module loads)."""
     args = build_parser().parse_args(argv)
     if args.command != "run":
         return service.run_command(args)
@@ -288,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal must not kill the session
     try:
-        info = rt.spawn_kernel()
+        if early is not None:
+            rt.kernel, info = early
+        else:
+            info = rt.spawn_kernel()
         # while the kernel boots; before it is ready: runtime.json and READY carry the agent's port
         service.start(rt, args)
         # a client on this machine may connect now: ZMQ waits for the kernel's ports by itself

@@ -1,0 +1,186 @@
+"""`python -m gpusession.agent.kernelspawn run ARGS...` (what the runtime bundle's boot.sh runs):
+the session kernel's process first, then the runtime (`gpusession.agent.runtime`: argparse, the
+protocol's types, the agent's HTTP side) while the kernel boots. A bare `docker run` of a kernel
+has the kernel as its first process; before ours, only Python's start and a few cheap modules.
+
+Also how the runtime starts every kernel of a session (kernel_plan, write_connection_file), its
+restarts too. Standard library only, and nothing costly before the spawn (no json, re, enum or
+subprocess); Python 3.9 syntax.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import sys
+import time
+
+from ..envnames import (
+    ENV_KERNEL_KEY,
+    ENV_RESTORE,
+    ENV_SESSION_ID,
+    ENV_STATE_DIR,
+    ENV_WORKSPACE,
+    KERNEL_PORT_NAMES,
+    RESTART_FILE,
+)
+from .kernelenv import kernel_command, kernel_environment
+
+VALUED = ("--session-id", "--state-dir", "--kernel-ip", "--kernel-ports", "--cwd", "--workspace")
+
+
+def _free_port(ip: str) -> int:
+    import _socket
+
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    try:
+        s.bind((ip, 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def _plain(value) -> bool:
+    return isinstance(value, int) or (value.isascii() and value.isprintable() and not set(value) & set('"\\'))
+
+
+def write_connection_file(path: str, ip: str, base_port: int) -> dict:
+    """Write (once) the kernel's connection file: 5 ports from base_port, or free ones when 0;
+    the key from the local side (GPUSESSION_KERNEL_KEY), else a new one. Read back when there."""
+    if os.path.exists(path):
+        import json  # a restart, or a runtime started again: the runtime has json loaded by then
+
+        with open(path) as f:
+            return json.load(f)
+    ports = [base_port + i for i in range(5)] if base_port else [_free_port(ip) for _ in range(5)]
+    info: dict = dict(zip(KERNEL_PORT_NAMES, ports))
+    info.update(ip=ip, key=os.environ.get(ENV_KERNEL_KEY) or os.urandom(32).hex(), transport="tcp",
+                signature_scheme="hmac-sha256", kernel_name="python3")
+    if all(_plain(v) for v in info.values()):  # ints and plain words: JSON without loading json
+        text = "{\n" + ",\n".join(f' "{k}": {v}' if isinstance(v, int) else f' "{k}": "{v}"'
+                                  for k, v in info.items()) + "\n}"
+    else:
+        import json
+
+        text = json.dumps(info, indent=1)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return info
+
+
+def kernel_plan(connection_file: str, state_dir: str, session_id: str, workspace: str,
+                restore: bool) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of a session kernel: the image's own Python, ipykernel from the bundle
+    only when the image has none; the agent's activity hook, and the workspace's checkpoint."""
+    env = dict(os.environ, **kernel_environment(), **{ENV_STATE_DIR: state_dir, ENV_SESSION_ID: session_id})
+    env.pop(ENV_KERNEL_KEY, None)
+    extensions = ["gpusession.agent.activity"]
+    if workspace:  # the kernel saves its namespace there, and the first one restores it
+        os.makedirs(workspace, exist_ok=True)
+        env[ENV_WORKSPACE] = workspace
+        if restore:
+            env[ENV_RESTORE] = "1"
+        extensions.append("gpusession.agent.checkpoint")
+    return kernel_command(connection_file, extensions), env
+
+
+def forget_restart(state_dir: str) -> None:
+    """A restart request is for the kernel that was running: gone once the next one starts."""
+    try:
+        os.remove(os.path.join(state_dir, RESTART_FILE))
+    except FileNotFoundError:
+        pass
+
+
+class Spawned:
+    """A process started with os.posix_spawn in a session of its own (an interrupt_request
+    SIGINTs the kernel's group, not the runtime), with what the runtime asks of a Popen: pid,
+    returncode, poll(), wait(timeout)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str | None):
+        here = os.getcwd() if cwd else None
+        if cwd:
+            os.chdir(cwd)
+        try:
+            self.pid = os.posix_spawn(argv[0], argv, env, setsid=True)
+        finally:
+            if here is not None:
+                os.chdir(here)
+        self.args = argv
+        self.returncode: int | None = None
+        self._lock = _thread.allocate_lock()  # poll() comes from the runtime's loop and the agent's threads
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # reaped by someone else: as Popen does, taken as 0
+                    pid, status = self.pid, 0
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                import subprocess
+
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+
+def _options(argv: list[str]) -> dict[str, str]:
+    """The options of `run` the kernel's start needs (`--name value`, `--name=value`, --restore)."""
+    found: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        if name in VALUED and not eq and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 1
+        if name in VALUED or name == "--restore":
+            found[name] = value
+        i += 1
+    return found
+
+
+def early_kernel(argv: list[str]) -> tuple[Spawned, dict]:
+    """The session's first kernel, started from `run`'s ARGS: (its process, its connection info)."""
+    opts = _options(argv)
+    state_dir = os.path.abspath(opts["--state-dir"])
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    connection_file = os.path.join(state_dir, "kernel.json")
+    info = write_connection_file(connection_file, opts.get("--kernel-ip") or "127.0.0.1",
+                                 int(opts.get("--kernel-ports") or 0))
+    forget_restart(state_dir)
+    argv_, env = kernel_plan(connection_file, state_dir, opts["--session-id"], opts.get("--workspace", ""),
+                             "--restore" in opts)
+    return Spawned(argv_, env, opts.get("--cwd") or None), info
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    early = None
+    if argv[:1] == ["run"]:
+        try:
+            early = early_kernel(argv[1:])
+        except Exception:  # noqa: BLE001 - the runtime starts it the usual way and reports what fails, with the stage
+            early = None
+    try:
+        from .runtime import main as run
+
+        return run(argv, early=early)
+    except BaseException:
+        if early is not None and early[0].poll() is None:  # the runtime never took it: not left behind
+            try:
+                os.killpg(early[0].pid, 9)
+            except ProcessLookupError:
+                pass
+        raise
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
