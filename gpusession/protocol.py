@@ -17,7 +17,7 @@ from typing import Any
 
 # -- environment variables ------------------------------------------------------------------
 
-# defined apart: the runtime's first step (gpusession.agent.kernelspawn) reads them alone
+# defined apart: the runtime's first step (gpusession.agent.firststep) reads them alone
 from .envnames import ENV_KERNEL_KEY as ENV_KERNEL_KEY
 from .envnames import ENV_RESTORE as ENV_RESTORE
 from .envnames import ENV_RUNTIME_BRINGS as ENV_RUNTIME_BRINGS

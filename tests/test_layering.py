@@ -155,5 +155,5 @@ def test_the_runtime_boot_script_speaks_the_protocol():
 
     text = (PKG / "agent" / "boot.sh").read_text()
     for name in (f"ROOT={RUNTIME_ROOT}\n", f"{ENV_RUNTIME_ROOT}=$ROOT", f"{Marker.FAILED.value} ",
-                 f'"{Marker.PYTHON.value} "', f"$ROOT/code/{COMPLETE}", "-m gpusession.agent run"):
+                 f'"{Marker.PYTHON.value} "', f"$ROOT/code/{COMPLETE}", "-m gpusession.agent.firststep run"):
         assert name in text, name

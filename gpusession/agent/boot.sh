@@ -2,7 +2,7 @@
 # The gpusession runtime's way into any image (gpusession/bundle.py puts it in the runtime
 # bundle, mounted read-only at $ROOT). It finds the image's own Python, then
 #   sh boot.sh probe        prints one GPUSESSION_PYTHON line: that Python and what it has (JSON)
-#   sh boot.sh run ARGS...  runs `python -m gpusession.agent.kernelspawn run ARGS...` (the kernel's
+#   sh boot.sh run ARGS...  runs `python -m gpusession.agent.firststep run ARGS...` (the kernel's
 #                           process first, then `gpusession.agent run ARGS...`) with the bundle's
 #                           code on PYTHONPATH; the kernel runs with the image's Python and packages
 # Without a python3 (3.9 or newer) it prints one GPUSESSION_FAILED line and exits 3.
@@ -71,7 +71,7 @@ case "$mode" in
         PYTHONPATH="$ROOT/code/lib${PYTHONPATH:+:$PYTHONPATH}"
         PYTHONUNBUFFERED=1
         export PYTHONPATH PYTHONUNBUFFERED
-        exec "$PY" -m gpusession.agent.kernelspawn run "$@"
+        exec "$PY" -m gpusession.agent.firststep run "$@"
         ;;
     *)
         echo "usage: sh boot.sh probe | run ARGS..." >&2

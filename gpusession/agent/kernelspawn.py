@@ -1,18 +1,13 @@
-"""`python -m gpusession.agent.kernelspawn run ARGS...` (what the runtime bundle's boot.sh runs):
-the session kernel's process first, then the runtime (`gpusession.agent.runtime`: argparse, the
-protocol's types, the agent's HTTP side) while the kernel boots. A bare `docker run` of a kernel
-has the kernel as its first process; before ours, only Python's start and a few cheap modules.
-
-Also how the runtime starts every kernel of a session (kernel_plan, write_connection_file), its
-restarts too. Standard library only, and nothing costly before the spawn (no json, re, enum or
-subprocess); Python 3.9 syntax.
+"""How the runtime starts a session's kernel (kernel_plan, write_connection_file), its restarts
+too; and early_kernel, the first one, started by gpusession.agent.firststep before the runtime
+loads. Standard library only, and nothing costly on the way to the first spawn (no json, re,
+enum or subprocess); Python 3.9 syntax.
 """
 
 from __future__ import annotations
 
 import _thread
 import os
-import sys
 import time
 
 from ..envnames import (
@@ -159,28 +154,3 @@ def early_kernel(argv: list[str]) -> tuple[Spawned, dict]:
     argv_, env = kernel_plan(connection_file, state_dir, opts["--session-id"], opts.get("--workspace", ""),
                              "--restore" in opts)
     return Spawned(argv_, env, opts.get("--cwd") or None), info
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    early = None
-    if argv[:1] == ["run"]:
-        try:
-            early = early_kernel(argv[1:])
-        except Exception:  # noqa: BLE001 - the runtime starts it the usual way and reports what fails, with the stage
-            early = None
-    try:
-        from .runtime import main as run
-
-        return run(argv, early=early)
-    except BaseException:
-        if early is not None and early[0].poll() is None:  # the runtime never took it: not left behind
-            try:
-                os.killpg(early[0].pid, 9)
-            except ProcessLookupError:
-                pass
-        raise
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, early: tuple[Spawned, dict] | None = None) -> int:
-    """`early`: the session's first kernel, started already by gpusession.agent.kernelspawn from
+    """`early`: the session's first kernel, started already by gpusession.agent.firststep from
     the same ARGS (the bundle's way in: the kernel boots while this module loads)."""
     args = build_parser().parse_args(argv)
     if args.command != "run":

@@ -1,0 +1,93 @@
+"""The runtime's first step (gpusession.agent.firststep, what the bundle's boot.sh runs): the
+kernel's process starts before the runtime loads, from cheap standard modules only; then the
+runtime takes that kernel over as its own. Real processes, a real ipykernel."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from jupyter_client import BlockingKernelClient
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSESSION_")}
+    return {**env, "PYTHONPATH": str(ROOT), "GPUSESSION_KERNEL_KEY": "ab" * 32}
+
+
+def test_the_kernel_is_spawned_before_the_runtime_loads_and_from_cheap_modules(tmp_path):
+    state = tmp_path / "state"
+    probe = (
+        "import sys, os\n"
+        "from gpusession.agent import kernelspawn\n"
+        f"proc, info = kernelspawn.early_kernel(['--session-id', 's1', '--state-dir', {str(state)!r}, '--cwd', {str(tmp_path)!r}])\n"
+        "heavy = sorted(m for m in ('gpusession.agent.runtime', 'gpusession.protocol', 'json', 're', 'enum', 'subprocess', 'argparse') if m in sys.modules)\n"
+        "print(heavy, proc.pid, flush=True)\n"
+        "os.killpg(proc.pid, 9); print(proc.wait(5))\n"
+    )
+    out = subprocess.run([sys.executable, "-S", "-c", probe], env=_env(), capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    heavy, pid, code = out.stdout.split("\n")[0].rsplit(" ", 1)[0], out.stdout.split()[-2], out.stdout.split()[-1]
+    assert heavy == "[]", out.stdout  # nothing costly loaded before the kernel's spawn
+    assert code == "-9" and pid.isdigit()
+    info = json.loads((state / "kernel.json").read_text())  # the hand-made JSON is JSON
+    assert info["key"] == "ab" * 32 and info["ip"] == "127.0.0.1" and len({info[p] for p in info if p.endswith("_port")}) == 5
+    assert oct((state / "kernel.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_run_takes_the_early_kernel_over(tmp_path):
+    """`python -m gpusession.agent.firststep run ...` ends as the runtime does: a kernel that
+    answers, runtime.json naming it, and a SIGTERM that ends both."""
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpusession.agent.firststep", "run", "--session-id", "s2", "--state-dir", str(state),
+         "--agent-port", "-1", "--cwd", str(tmp_path)],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("GPUSESSION_READY") or line.startswith("GPUSESSION_FAILED"):
+                break
+        assert lines and lines[-1].startswith("GPUSESSION_READY"), "".join(lines)
+        assert any(x.startswith("GPUSESSION_KERNEL") for x in lines)
+        runtime = json.loads((state / "runtime.json").read_text())
+        assert runtime["pid"] == proc.pid and runtime["ready"] is True
+        client = BlockingKernelClient(connection_file=str(state / "kernel.json"))
+        client.load_connection_file()
+        client.start_channels()
+        try:
+            client.wait_for_ready(30)
+            client.execute("import os; print(os.getcwd(), os.getsid(0) == os.getpid())")
+            printed = ""
+            while True:
+                msg = client.get_iopub_msg(timeout=30)
+                if msg["msg_type"] == "stream":
+                    printed += msg["content"]["text"]
+                if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle" and printed:
+                    break
+        finally:
+            client.stop_channels()
+        assert printed.split() == [str(tmp_path), "True"]  # its --cwd, in a session of its own
+        proc.terminate()
+        assert proc.wait(30) == 0
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                os.kill(runtime["kernel_pid"], 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the kernel outlived its runtime")
+        assert json.loads((state / "stopped.json").read_text())["reason"]["kind"] == "signal"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
