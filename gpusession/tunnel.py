@@ -30,6 +30,7 @@ from .models import KernelEndpoint
 from .protocol import KERNEL_PORT_NAMES
 from .sshlogin import (
     PACKET,
+    fast_reads,
     WINDOW,
     HostKeyCheck,
     LoginRefused,
@@ -46,7 +47,6 @@ from .sshlogin import (
 __all__ = ["Tunnel", "TunnelError", "SshTarget", "HostKeyCheck", "jump_target", "fingerprint", "parse_public_key"]
 
 BUFSIZE = 256 * 1024  # per recv: bytes move in big pieces, never per byte in Python
-
 
 _RETRYABLE = (paramiko.SSHException, EOFError, OSError)
 RECONNECT_ENV = "GPUSESSION_RECONNECT_TIMEOUT"
@@ -339,6 +339,7 @@ def _interactive_soon(transport: paramiko.Transport) -> None:
 
 def _pump(conn: socket.socket, chan: paramiko.Channel) -> None:
     """Copy both ways until the remote end closes; a local EOF is passed on as a half-close."""
+    fast_reads(chan)
 
     def upstream() -> None:
         try:

@@ -15,7 +15,7 @@ import pytest
 
 from support.procs import start_runtime
 
-from gpusession.sshlogin import make_session_key
+from gpusession.sshlogin import fast_reads, make_session_key
 from gpusession.kernel import KernelClient
 from gpusession.tunnel import HostKeyCheck, SshTarget, Tunnel, TunnelError
 
@@ -277,3 +277,51 @@ def test_local_port_in_use_is_a_clear_error(sshd):
         with Tunnel(sshd.target()) as tunnel:
             with pytest.raises(TunnelError, match=rf"cannot listen on 127.0.0.1:{taken}"):
                 tunnel.add_forward(5555, local_port=taken)
+
+
+def test_a_stream_through_the_tunnel_arrives_whole_and_in_order(sshd):
+    """Forwarded channels read through sshlogin.fast_reads' buffer (pieces, not paramiko's byte
+    array): 8 MB of random bytes, read back exactly; the buffer still fits this paramiko."""
+    assert fast_reads(paramiko.Channel(0)), "paramiko's channel buffer changed: fast_reads no longer applies"
+    blob = os.urandom(8 << 20)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve():
+        conn, _ = server.accept()
+        conn.recv(1)
+        conn.sendall(blob)
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        with Tunnel(sshd.target(), [server.getsockname()[1]]) as tunnel:
+            got = bytearray()
+            with socket.create_connection(("127.0.0.1", tunnel.local_port(server.getsockname()[1])), timeout=30) as c:
+                c.sendall(b"g")
+                while chunk := c.recv(1 << 16):
+                    got += chunk
+        assert len(got) == len(blob) and bytes(got) == blob
+    finally:
+        server.close()
+
+
+def test_the_pieces_buffer_reads_as_paramikos_does():
+    """Random feeds and reads through two BufferedPipes, one with the pieces buffer: the same bytes."""
+    import random
+
+    from paramiko.buffered_pipe import BufferedPipe
+
+    rng = random.Random(7)
+    ours, theirs = paramiko.Channel(0), BufferedPipe()
+    assert fast_reads(ours)
+    for _ in range(2000):
+        if rng.random() < 0.5:
+            data = os.urandom(rng.choice([1, 7, 100, 4096, 40000]))
+            ours.in_buffer.feed(data)
+            theirs.feed(data)
+        elif len(theirs):
+            n = rng.choice([1, 5, 1000, 65536, 1 << 24])
+            assert ours.in_buffer.read(n, timeout=0) == theirs.read(n, timeout=0)
+    assert ours.in_buffer.empty() == theirs.empty()

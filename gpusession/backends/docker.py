@@ -27,16 +27,8 @@ from ..errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ..models import LaunchSpec, SessionRecord, State
 from ..progress import Progress
 from ..textvalues import ssh_host
-from ..protocol import (
-    ENV_KERNEL_KEY,
-    ENV_RUNTIME_BRINGS,
-    ENV_RUNTIME_PYTHON,
-    ENV_SESSION_ID,
-    Marker,
-    StopDetails,
-    StopKind,
-    StopReason,
-)
+from ..protocol import ENV_KERNEL_KEY, ENV_RUNTIME_BRINGS, ENV_RUNTIME_PYTHON, ENV_SESSION_ID, Marker, StopDetails
+from ..protocol import StopKind, StopReason
 from .base import Backend, DirectLink, Link, RemoteResource, TunnelLink, stop_details_from_log
 from .docker_engine import (
     LABEL,
@@ -79,6 +71,7 @@ class DockerBackend(EngineWorkspaces, Backend):
     def __init__(self, config, recorder):
         super().__init__(config, recorder)
         self._clients: dict[str, Any] = {}
+        self._known: dict[str, Any] = {}  # engine -> docker_runtime.KnownVolumes
 
     @classmethod
     def available(cls, timeout: float = 2.0) -> bool:
@@ -124,7 +117,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         import secrets
 
         from ..bundle import cache_dir
-        from .docker_runtime import bundle_command, find_or_pull_image, gpu_request, prepare_runtime
+        from .docker_runtime import KnownVolumes, bundle_command, find_or_pull_image, gpu_request, prepare_runtime
 
         spec = record.spec
         progress.step(f"connecting to the Docker engine {spec.host or '(local)'}")
@@ -134,9 +127,11 @@ class DockerBackend(EngineWorkspaces, Backend):
         labels = {LABEL: record.id, STORE_LABEL: self.recorder.store_id}
         image = find_or_pull_image(client, name, progress)
         # the image's own Python runs the kernel; the runtime bundle brings what it lacks
-        runtime = prepare_runtime(client, image, cache_dir=cache_dir(), labels=labels, progress=progress)
-        self.recorder.save(record.id, engine=spec.host or "", image=name, python=runtime.python.executable)
+        known = self._known.setdefault(spec.host or "", KnownVolumes(client))
+        runtime = prepare_runtime(client, image, cache_dir=cache_dir(), labels=labels, progress=progress, known=known)
         workspace, volumes = self.workspace_volume(client, record, image, labels, progress)  # kept after the container
+        self.recorder.save(record.id, engine=spec.host or "", image=name, python=runtime.python.executable,
+                           workspace=workspace)
         entrypoint, command = bundle_command([
             "--session-id", record.id, "--state-dir", STATE_DIR, "--kernel-ip", "127.0.0.1",
             "--kernel-ports", "0", "--agent-port", "0", "--workspace", WORKSPACE_MOUNT, "--cwd", WORKSPACE_MOUNT,
@@ -214,6 +209,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         except BaseException:
             if tunnel is not None:
                 tunnel.close()
+            self._known.pop(record.spec.host or "", None)  # a runtime volume gone (a prune)? asked again next time
             raise
 
     # -- life and teardown --------------------------------------------------------------

@@ -88,15 +88,36 @@ def find_or_pull_image(client, image: str, progress: Progress):
     return found
 
 
-def prepare_runtime(client, image, *, cache_dir: Path, labels: dict[str, str], progress: Progress) -> PreparedRuntime:
+class KnownVolumes:
+    """The runtime's volumes on one engine that this process has seen whole: a later session on
+    that engine mounts them without asking the engine again (one API call less per start). Its
+    volumes are named by their contents' digest and gc removes only other builds' copies; when a
+    start fails anyway, the backend drops what it knew of that engine."""
+
+    def __init__(self, client):
+        self.client = client
+        self.names: set[str] = set()
+        self.listed = False
+
+    def has(self, name: str) -> bool:
+        if name not in self.names and not self.listed:  # asked once per start at most
+            with engine_errors("while looking for the runtime's volumes"):
+                self.names |= {v.name for v in self.client.volumes.list(filters={"name": "gpusession-runtime-"})}
+            self.listed = True
+        return name in self.names
+
+
+def prepare_runtime(client, image, *, cache_dir: Path, labels: dict[str, str], progress: Progress,
+                    known: KnownVolumes | None = None) -> PreparedRuntime:
     """The image's Python (probed, or known from an earlier probe of the same image id) and the
-    volumes with what it lacks; StageError("image", ...) in one line when it has no Python."""
+    volumes with what it lacks; StageError("image", ...) in one line when it has no Python.
+    `known`: the engine's volumes this process has seen (else the engine is asked)."""
     name = image.tags[0] if image.tags else image.short_id
     python = _image_python(client, image, name, cache_dir, labels, progress)
     progress.step(f"{name}: Python {'.'.join(map(str, python.version))} at {python.executable}, "
                   + (f"ipykernel {python.ipykernel}" if python.has_ipykernel else "no ipykernel: the runtime brings it"))
-    with engine_errors("while looking for the runtime's volumes"):
-        present = {v.name for v in client.volumes.list(filters={"name": "gpusession-runtime-"})}
+    present = known if known is not None else KnownVolumes(client)
+    present.client, present.listed = client, False  # one listing per start at most, when something is new
     # compiled by the image's Python, as every copy: the volumes are read-only to the sessions
     code = _ensure_copy(client, image.id, code_archive(), CODE_DIR, labels, progress, present, compile_with=python)
     volumes = {code: {"bind": CODE_DIR, "mode": "ro"}}
@@ -130,7 +151,7 @@ def _image_python(client, image, name: str, cache_dir: Path, labels: dict[str, s
 
 
 def _ensure_copy(client, image_id: str, archive: Archive, folder: str, labels: dict[str, str], progress: Progress,
-                 present: set[str], compile_with: ImagePython | None = None) -> str:
+                 present: KnownVolumes, compile_with: ImagePython | None = None) -> str:
     """The volume holding `archive` unpacked (and compiled by the image's Python, when given):
     found, or made now. Its `-ok` twin, an empty volume made once the copy is whole, is what says
     it is whole: a copy cut short (a crash, a lost connection) is filled again, never used."""
@@ -138,7 +159,7 @@ def _ensure_copy(client, image_id: str, archive: Archive, folder: str, labels: d
     if archive.kind == "code" and compile_with is not None:  # one copy per Python version: its bytecode
         name = f"{name}-{compile_with.tag}"
     what = "gpusession's agent" if archive.kind == "code" else f"ipykernel and pip for {archive.kind}"
-    if {name, name + "-ok"} <= present:
+    if present.has(name) and present.has(name + "-ok"):
         progress.step(f"runtime: {what} cached on the engine (volume {name})")
         return name
     progress.step(f"runtime: copying {what} ({format_bytes(archive.size)}, {archive.files} files) into volume "
@@ -163,6 +184,7 @@ def _ensure_copy(client, image_id: str, archive: Archive, folder: str, labels: d
             _remove_volume(volume)
             raise
         client.volumes.create(name + "-ok", labels={VOLUME_LABEL: "ok"})
+    present.names |= {name, name + "-ok"}
     return name
 
 

@@ -138,14 +138,14 @@ class EngineWorkspaces:
     `recorder` and `name`)."""
 
     def workspace_volume(self, client, record, image, labels: dict[str, str], progress: Progress):
-        """(the session's workspace name, its volume as containers.create mounts it); recorded."""
+        """(the session's workspace name, its volume as containers.create mounts it); the caller
+        records the name (with what else it knows then: one write less)."""
         from .docker_runtime import _helper_labels
 
         name = workspace_name(record)
         volumes = ensure_volume(client, name, image, store_label=(STORE_LABEL, self.recorder.store_id),
                                 helper_labels=_helper_labels(labels), resume=bool(record.spec.extra.get("resume")),
                                 progress=progress)
-        self.recorder.save(record.id, workspace=name)
         return name, volumes
 
     def list_workspaces(self) -> list:
