@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -44,7 +45,8 @@ def test_the_kernel_is_spawned_before_the_runtime_loads_and_from_cheap_modules(t
 
 def test_run_takes_the_early_kernel_over(tmp_path):
     """`python -m gpusession.agent.firststep run ...` ends as the runtime does: a kernel that
-    answers, runtime.json naming it, and a SIGTERM that ends both."""
+    answers, runtime.json naming it, a restart (the kernel asked for it, then exited) that starts
+    the next kernel, and a SIGTERM that ends both."""
     state = tmp_path / "state"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpusession.agent.firststep", "run", "--session-id", "s2", "--state-dir", str(state),
@@ -76,6 +78,14 @@ def test_run_takes_the_early_kernel_over(tmp_path):
         finally:
             client.stop_channels()
         assert printed.split() == [str(tmp_path), "True"]  # its --cwd, in a session of its own
+        (state / "restart-requested").write_text("")  # as the kernel's activity hook leaves it
+        os.killpg(runtime["kernel_pid"], signal.SIGTERM)
+        deadline = time.time() + 60
+        while (now := json.loads((state / "runtime.json").read_text())).get("kernel_generation") != 2 or not now["ready"]:
+            assert time.time() < deadline, now
+            time.sleep(0.1)
+        assert now["kernel_pid"] != runtime["kernel_pid"] and not (state / "restart-requested").exists()
+        runtime = now
         proc.terminate()
         assert proc.wait(30) == 0
         deadline = time.time() + 10
