@@ -38,7 +38,7 @@ sync_api = playwright_or_skip()
 
 from gpusession.models import State  # noqa: E402
 
-BOXES = ".gpusession-history-saved, .gpusession-history-reason, .gpusession-workspace-line, .gpusession-history-error"
+BOXES = ".gpusession-history-saved, .gpusession-restored, .gpusession-history-reason, .gpusession-workspace-line, .gpusession-history-error"
 TEXT = "span, summary, button, label"
 
 
@@ -100,10 +100,13 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
         sync_api.expect(card).to_have_count(1)
         sync_api.expect(card).to_have_attribute("data-state", "running", timeout=TIMEOUT_MS)
         name = card.get_attribute("data-session-name")
+        restored = card.locator(".gpusession-restored")  # kept just after the state says running
+        sync_api.expect(restored).to_have_text(re.compile(r"^workspace ws-idle: restored 1 name\(s\) from \S+ ago: kept$"))
         record = manager.get(name)
         assert name != "ws-idle" and record.spec.extra.get("resume") == "ws-idle", record.spec
         assert record.resource["restored"]["restored"] == ["kept"], record.resource.get("restored")
         assert manager.attach(name).run("assert kept == {'answer': 41}")["status"] == "ok"
+        assert_readable(page)
 
         # in use: Delete refused; after the stop, Delete asks, then deletes
         workspaces.locator(".gpusession-workspaces-refresh").click()

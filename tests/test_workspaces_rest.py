@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 
 import pytest
@@ -62,7 +63,12 @@ async def test_list_resume_and_delete_workspaces(jp_fetch, manager):
 
     again = await _running(jp_fetch, (await _call(jp_fetch, "sessions", method="POST",
                                                   body=dict(ended["resume"], name="rw2")))["id"])
+    deadline = time.monotonic() + 10  # the restore report is kept just after the state says running
+    while "restored" not in manager.get("rw2").resource and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
     assert manager.get("rw2").resource["restored"]["restored"] == ["v"]
+    restored = (await _call(jp_fetch, "sessions", "rw2"))["restored"]
+    assert re.fullmatch(r"workspace rw1: restored 1 name\(s\) from \S+ ago: v", restored), restored
     row = _listed(await _call(jp_fetch, "workspaces"), "rw1")
     assert row["in_use"] is True and row["active"] == ["rw2"] and row["used_by"] == "rw2 (active)", row
     said = await _error(jp_fetch, 409, "workspaces", "rw1", method="DELETE", confirm="rw1")

@@ -13,7 +13,7 @@ from ..models import SessionRecord
 from ..progress import Reporter
 from ..session import SessionManager
 from ..words import rest_view
-from ..workspace_words import record_checkpoint_line
+from ..workspace_words import record_checkpoint_line, restore_lines
 
 #: how many progress lines of one start are kept, and of how many starts
 KEEP_LINES = 20
@@ -81,10 +81,13 @@ def panel_view(manager: SessionManager, record: SessionRecord, progress: StartPr
                kernels: dict[int, str] | None = None) -> dict[str, Any]:
     """The REST view plus `progress` (the start's latest lines, or null when this server did not
     start it), `kernel_id` (the Jupyter kernel that started it, or null) and `saved` (what an
-    ended session's stop saved into its workspace, or why not; null when no save was tried)."""
+    ended session's stop saved into its workspace, or why not; null when no save was tried) and
+    `restored` (what a resumed session's kernel brought back, lines; null otherwise)."""
     view = rest_view(manager.view(record))
     view["progress"] = progress.lines(record.id)
     view["saved"] = None if record.state.active else record_checkpoint_line(record)
+    restored = restore_lines(record.resource.get("restored"), record.resource.get("workspace"))
+    view["restored"] = "\n".join(restored) if restored and record.state.active else None
     pid = owner_pid(record.owner)
     view["kernel_id"] = (kernels or {}).get(pid) if pid is not None else None
     return view

@@ -77,6 +77,7 @@ export class SessionCard {
       header,
       this._kind,
       this._progress,
+      this._restored,
       facts,
       this._idleWarning,
       this._error,
@@ -114,6 +115,7 @@ export class SessionCard {
     const progress = progressText(view);
     showText(this._progress, progress);
     this._progress.title = view.progress?.join('\n') ?? '';
+    showText(this._restored, running ? (view.restored ?? null) : null);
     setText(this._uptime, formatDuration(view.uptime_s));
     setText(this._price, rateText(view));
     setText(this._cost, costText(view));
@@ -223,6 +225,8 @@ export class SessionCard {
   private readonly _state = control('span', 'gpusession-state');
   private readonly _kind = element('div', 'gpusession-kind');
   private readonly _progress = message('gpusession-progress');
+  /** What a resumed session's kernel brought back from its workspace. */
+  private readonly _restored = message('gpusession-restored');
   private readonly _uptime = control('span', 'gpusession-uptime');
   private readonly _price = control('span', 'gpusession-price');
   private readonly _cost = control('span', 'gpusession-cost');

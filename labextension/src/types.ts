@@ -120,6 +120,9 @@ export interface SessionView {
   /** What an ended session's stop saved ("saved 2 variables, 1 kB; resume
    * with ..."), or why not; null when no save was tried. GET `sessions` only. */
   saved?: string | null;
+  /** What a resumed session's kernel restored, one line each ("workspace
+   * w1: restored 2 name(s) ...: a, b"); null otherwise. GET `sessions` only. */
+  restored?: string | null;
   /** The latest lines of its start ("[   0.4s] provision: ..."), when this
    * server started it; else null. */
   progress: string[] | null;
