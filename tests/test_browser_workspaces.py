@@ -33,7 +33,11 @@ from support.labpanel import (
 
 pytestmark = pytest.mark.browser
 
-pytest_plugins = ["support.browser_fixtures"]  # fixtures: browser, page, jp_asyncio_loop, jp_server_cleanup
+# the browser fixtures, for this module only (a pytest_plugins entry would turn pytest-jupyter's loop off for every
+# later test of the run, and jp_fetch with it)
+from support import browser_fixtures as _shared  # noqa: E402
+browser, page = _shared.browser, _shared.page
+jp_asyncio_loop, jp_server_cleanup = _shared.jp_asyncio_loop, _shared.jp_server_cleanup
 sync_api = playwright_or_skip()
 
 from gpusession.models import State  # noqa: E402

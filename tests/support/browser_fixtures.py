@@ -1,4 +1,6 @@
-"""Fixtures the browser tests share (`pytest_plugins = ["support.browser_fixtures"]`): Debian's
+"""Fixtures the browser tests share (a browser test module binds them: `browser, page = _shared.browser, _shared.page` and the
+loop fixtures alike, from `support import browser_fixtures as _shared`; not `pytest_plugins`, which would turn
+pytest-jupyter's loop off for every later test of the run): Debian's
 headless Chromium through Playwright, a fresh page per test that records the page's uncaught
 errors, and pytest-jupyter's loop fixtures turned off (no in-process server here).
 
