@@ -1,15 +1,13 @@
-"""THE table of start options. Every face is built from `OPTIONS`, and nothing else declares a
-start option: the `%gpu start` magic and `gpusession start` (`add_arguments`), the REST body of
-`POST sessions` and `POST options/check` (`body_problems`, `check_body`), the JupyterLab form
-(`GET options`: `options_document`) and the `%gpu panel` form (the rows with `form=True`).
-`build_spec` turns what any face collected into a `LaunchSpec`.
+"""THE table of start options. Every face is built from `OPTIONS`, and nothing else declares a start option: the
+`%gpu start` magic and `gpusession start` (`add_arguments`), the REST body of `POST sessions` and
+`POST options/check` (`body_problems`, `check_body`), the JupyterLab form (`GET options`: `options_document`) and
+the `%gpu panel` form (the rows with `form=True`). `build_spec` turns what any face collected into a `LaunchSpec`.
 
-Values come in as the user wrote them ("15m", "$5", "a100:8", true) and one parser per kind
-reads them, so a value means the same on every face. A key that is absent (or "default") takes
-its default; None means none: no limit for a duration or an amount, the default where an option
-cannot be none (type, backend). Problems are data (`BadOptions.problems`: field -> what was
-wrong); a face names the field in its own words when it shows them (REST: 'idle', magic and
-CLI: --idle, forms: the label).
+Values come in as the user wrote them ("15m", "$5", "a100:8", true) and one parser per kind reads them, so a value
+means the same on every face. A key that is absent (or "default") takes its default; None means none: no limit for
+a duration or an amount, the default where an option cannot be none (type, backend). Problems are data
+(`BadOptions.problems`: field -> what was wrong); a face names the field in its own words when it shows them (REST:
+'idle', magic and CLI: --idle, forms: the label).
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ _JSON_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 _JSON_NAMES = {str: "string", int: "number", float: "number", bool: "boolean", list: "array", dict: "object"}
 _METAVARS = {"gpu_type": "TYPE[:N]", "backend": "NAME", "duration": "DURATION", "money": "DOLLARS", "gpus": "all|N"}
 MAX_GPUS = 1024
-WORKSPACE_BACKENDS = ("local", "docker")  # where a workspace outlives the session (docs: workspaces)
+WORKSPACE_BACKENDS = ("local", "docker", "aws")  # where a workspace outlives the session (docs: workspaces)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,18 +109,20 @@ OPTIONS: tuple[StartOption, ...] = (
     StartOption("max_cost", ("--max-cost",), "money", "Max cost ($)", "stop when the session has cost this many "
                 "dollars, e.g. 5; warning at 80%; at most $100,000 (default: off)", "max cost", spec_field="max_cost",
                 form=True),
-    StartOption("workspace", ("--workspace",), "text", "Workspace", "the session's working folder, kept after it "
-                "stops: a Docker volume, a folder for local (default: one named after the session)", "workspace",
+    StartOption("workspace", ("--workspace",), "text", "Workspace", "the session's working folder, kept after it stops: a "
+                "Docker volume, an EBS volume on aws, a folder for local (default: one named after the session)", "workspace",
                 backends=WORKSPACE_BACKENDS, max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name, form=True),
-    StartOption("resume", ("--resume",), "text", "Resume", "start on this workspace and restore the variables its "
-                "last session saved (see `gpusession workspaces`)", "workspace to resume",
-                backends=WORKSPACE_BACKENDS, max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name, form=True),
-    StartOption("save_timeout", ("--save-timeout",), "duration", "Save time bound", "an idle, cost or runtime stop "
-                "first saves the kernel's variables into the workspace, for at most this long (default 60s; off: "
-                "no save)", "save time bound", backends=WORKSPACE_BACKENDS, rule=SAVE_TIMEOUT),
-    StartOption("save_cap", ("--save-cap",), "text", "Save cap per variable", "a variable larger than this "
-                "(pickled) is not saved, e.g. 500MB, 2GiB, off (default 2GiB)", "save cap",
-                backends=WORKSPACE_BACKENDS, reader=textvalues.size_or_off),
+    StartOption("resume", ("--resume",), "text", "Resume", "start on this workspace and restore the variables its last "
+                "session saved (see `gpusession workspaces`)", "workspace to resume", backends=WORKSPACE_BACKENDS,
+                max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name, form=True),
+    StartOption("save_timeout", ("--save-timeout",), "duration", "Save time bound", "an idle, cost or runtime stop first "
+                "saves the kernel's variables into the workspace, for at most this long (default 60s; off: no save)",
+                "save time bound", backends=WORKSPACE_BACKENDS, rule=SAVE_TIMEOUT),
+    StartOption("save_cap", ("--save-cap",), "text", "Save cap per variable", "a variable larger than this (pickled) is "
+                "not saved, e.g. 500MB, 2GiB, off (default 2GiB)", "save cap", backends=WORKSPACE_BACKENDS,
+                reader=textvalues.size_or_off),
+    StartOption("workspace_size", ("--workspace-size",), "text", "Workspace size (GiB)", "aws: a new workspace's gp3 "
+                "volume in GiB (default 50)", "workspace size", backends=("aws",), reader=textvalues.gib_size),
     StartOption("spot", ("--spot",), "bool", "Spot instance", "aws: use spot capacity", "spot", default=False,
                 backends=("aws",), spec_field="spot", form=True),
     StartOption("region", ("--region",), "text", "Region", "aws: region, e.g. us-east-1", "region", backends=("aws",),

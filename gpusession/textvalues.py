@@ -125,6 +125,14 @@ def size_or_off(text: str) -> int:
     return 0 if text.strip().lower() in ("off", "none", "0") else byte_size(text)
 
 
+def gib_size(text: str) -> int:
+    """Whole GiB for a new EBS volume (gp3 holds 1 to 16384): 50, 50G, 50GiB."""
+    value = text.strip().upper().removesuffix("IB").removesuffix("I").removesuffix("G").strip()
+    if not value.isdigit() or not 1 <= int(value) <= 16384:
+        raise BadInput(f"bad workspace size {shown(text)}: give whole GiB from 1 to 16384, e.g. 50")
+    return int(value)
+
+
 def image_ref(text: str) -> str:
     """A container image reference: nvidia/cuda:12.4.1-runtime-ubuntu22.04, registry:5000/me/img,
     img@sha256:..."""

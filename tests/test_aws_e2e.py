@@ -53,6 +53,7 @@ def platform(ec2_host, aws_env, moto_server, tmp_path, monkeypatch):
 def spec_for(manager, **options):
     options.setdefault("idle", "5m")
     options.setdefault("image", product_image())
+    options.setdefault("workspace_size", "1")  # GiB: the platform backs each volume with a sparse file
     return manager.make_spec("t4", backend="aws", ssh_cidr="10.201.0.1/32", boot_timeout=120, **options)
 
 
@@ -96,6 +97,68 @@ def test_start_run_idle_stop_terminates_instance_then_gc_cleans(manager, platfor
     assert leftovers(look) == NOTHING
     let_go(session)
     print(f"start {started_s:.1f}s, idle stop to terminated {idle_s:.1f}s")
+
+
+def _cli(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "gpusession", *args], env=dict(os.environ), capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_workspace_volume_outlives_the_instance_and_resumes(manager, platform, look):
+    """The workspace is a tagged gp3 volume made in the instance's zone, attached after launch with
+    DeleteOnTermination false, formatted once and mounted at /workspace; stop --save keeps a file
+    and a variable there; the volume stays available after the instance terminated; --resume on a
+    new instance brings both back; listed with size and cost; gc reports it and keeps it; rm
+    --yes deletes it."""
+    lines: list[str] = []
+    session = manager.start(spec_for(manager, name="ew1", workspace="ews"), report=lines.append)
+    record = session.record
+    vid = record.resource["volume_id"]
+    assert any(f"workspace ews: new 1 GiB gp3 volume in {record.resource['zone']}" in line for line in lines), lines
+    inst = look.describe_instances(InstanceIds=[record.resource["instance_id"]])["Reservations"][0]["Instances"][0]
+    (mapping,) = [m for m in inst["BlockDeviceMappings"] if m["Ebs"]["VolumeId"] == vid]
+    assert mapping["Ebs"]["DeleteOnTermination"] is False and mapping["DeviceName"] == "/dev/sdf"
+    out = Collect()
+    code = "import os\nopen('notes.txt', 'w').write('kept')\nx = {'a': 41}\nprint(os.getcwd(), os.path.ismount('/workspace'))"
+    assert session.run(code, sink=out)["status"] == "ok", out.text
+    assert "/workspace True" in out.text, out.text
+    stopped = manager.stop(session.id, save=True)
+    assert stopped.resource["checkpoint"]["saved"] == 1, stopped.resource["checkpoint"]
+    assert instance_state(look, record) == "terminated"
+    (volume,) = look.describe_volumes(VolumeIds=[vid])["Volumes"]
+    tags = {t["Key"]: t["Value"] for t in volume["Tags"]}
+    assert volume["State"] == "available" and volume["VolumeType"] == "gp3" and volume["Size"] == 1
+    assert volume["AvailabilityZone"] == inst["Placement"]["AvailabilityZone"]
+    assert tags["gpusession:workspace"] == "ews" and tags["gpusession:store"] == manager.store.store_id
+    let_go(session)
+    platform.wait_for(lambda: not platform.machines, timeout=30)
+
+    listed = _cli("workspaces")
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith("ews ")]
+    assert "aws" in row and "1.1 GB" in row and "$0.0800" in row and f"EBS volume {vid}" in row, listed.stdout
+    gc = _cli("gc")
+    assert f"kept workspace ews (EBS volume {vid}" in gc.stdout, gc.stdout + gc.stderr
+    assert look.describe_volumes(VolumeIds=[vid])["Volumes"][0]["State"] == "available"
+
+    again = manager.start(spec_for(manager, name="ew2", resume="ews"), report=lines.append)
+    assert again.record.resource["volume_id"] == vid
+    assert again.record.resource["restored"]["restored"] == ["x"], again.record.resource["restored"]
+    out = Collect()
+    assert again.run("print(x['a'] + 1, open('notes.txt').read())", sink=out)["status"] == "ok", out.text
+    assert "42 kept" in out.text, out.text
+    busy = _cli("workspaces", "rm", "ews", "--yes")
+    assert busy.returncode == 1 and "in use by session ew2" in busy.stderr, busy.stderr
+    manager.stop(again.id)
+    let_go(again)
+    assert _cli("workspaces", "rm", "ews").returncode == 1  # without --yes nothing is deleted
+    assert look.describe_volumes(VolumeIds=[vid])["Volumes"]
+    removed = _cli("workspaces", "rm", "ews", "--yes")
+    assert removed.returncode == 0 and "deleted workspace ews" in removed.stdout, removed.stderr
+    assert not look.describe_volumes(Filters=[{"Name": "volume-id", "Values": [vid]}])["Volumes"]
+    assert leftovers(look) == NOTHING
 
 
 def test_stop_terminates_and_removes_key_pair_and_group(manager, platform, look):

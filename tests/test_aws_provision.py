@@ -179,6 +179,9 @@ def test_capacity_falls_back_to_another_zone_when_allowed(manager, aws_env, look
     record, _ = provision(manager, spec_for(manager, "t4", fallback="zone"))
     assert record.resource["zone"] != first["AvailabilityZone"]
     assert instance_of(look, record)["Placement"]["AvailabilityZone"] == record.resource["zone"]
+    # the new workspace's volume moved with the attempt: one volume, in the instance's zone
+    (volume,) = look.describe_volumes(Filters=[{"Name": "tag:gpusession:workspace", "Values": [record.name]}])["Volumes"]
+    assert volume["VolumeId"] == record.resource["volume_id"] and volume["AvailabilityZone"] == record.resource["zone"]
     manager.backend("aws").stop(record)
 
 
@@ -192,6 +195,34 @@ def test_capacity_error_without_fallback_fails_clearly_and_leaves_nothing(manage
     assert "InsufficientInstanceCapacity" in str(err.value) and "fallback=any" in str(err.value)
     record = manager.list()[0]
     assert record.state == State.FAILED and "provision" in record.error
+    assert leftovers(look) == NOTHING
+    # the workspace's volume, made before the launch, is the user's: kept, and said
+    (volume,) = look.describe_volumes(Filters=[{"Name": "tag:gpusession:workspace", "Values": [record.name]}])["Volumes"]
+    assert volume["State"] == "available" and volume["Size"] == 50 and volume["VolumeType"] == "gp3"
+    assert any(f"workspace {record.name} (EBS volume {volume['VolumeId']}) is kept" in e.detail for e in record.events)
+
+
+def test_the_instance_goes_to_its_workspace_volumes_zone(manager, aws_env, look):
+    subnets = sorted(look.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"],
+                     key=lambda s: s["AvailabilityZone"])
+    last = subnets[-1]["AvailabilityZone"]
+    tags = [{"Key": "gpusession:workspace", "Value": "wz"}, {"Key": "gpusession:store", "Value": manager.store.store_id}]
+    vid = look.create_volume(AvailabilityZone=last, Size=8, VolumeType="gp3",  # an earlier session's workspace
+                             TagSpecifications=[{"ResourceType": "volume", "Tags": tags}])["VolumeId"]
+    record, lines = provision(manager, spec_for(manager, "t4", resume="wz"))
+    assert record.resource["volume_id"] == vid and record.resource["zone"] == last
+    assert instance_of(look, record)["Placement"]["AvailabilityZone"] == last
+    assert any(f"volume {vid} (8 GiB) in {last}, kept from an earlier session" in line for line in lines), lines
+    assert look.describe_volumes(VolumeIds=[vid])["Volumes"][0]["Attachments"][0]["InstanceId"] == \
+        record.resource["instance_id"]
+    manager.backend("aws").stop(record)
+    assert look.describe_volumes(VolumeIds=[vid])["Volumes"][0]["State"] == "available"
+    elsewhere = spec_for(manager, "t4", workspace="wz", subnet=subnets[0]["SubnetId"])
+    with pytest.raises(StageError, match=f"workspace wz's volume {vid} is in {last}, and the instance cannot be "
+                                         f"launched there .*pass --subnet of a subnet in {last}"):
+        manager.start(elsewhere)
+    with pytest.raises(StageError, match="no workspace nope in us-east-1 to resume"):
+        manager.start(spec_for(manager, "t4", resume="nope"))
     assert leftovers(look) == NOTHING
 
 

@@ -39,7 +39,7 @@ def spec_from(values: dict, face: str) -> LaunchSpec:
 
 def test_every_face_lists_the_same_options():
     names = list(options.NAMES)
-    assert len(names) == len(set(names)) == 33
+    assert len(names) == len(set(names)) == 34
     assert dests(_start_args.parser) == names
     assert dests(start_subparser()) == names
     assert options.body_problems({name: None for name in names}) == {}

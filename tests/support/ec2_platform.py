@@ -10,7 +10,11 @@ plays the rest, one machine at a time at 10.201.0.2 inside the gpus-ec2 network 
 - the hypervisor: `poweroff` on the machine is a shim that tells the platform, which then applies
   the instance's InstanceInitiatedShutdownBehavior attribute (set by the backend) in EC2; and an
   instance that EC2 says is no longer running loses its machine (processes, containers, files);
-- instance metadata (IMDSv2) with the spot `instance-action` notice, after `interrupt()`.
+- instance metadata (IMDSv2) with the spot `instance-action` notice, after `interrupt()`;
+- EBS: a volume EC2 says is attached to the machine's instance is a loop device backed by one
+  sparse file per volume id (kept across instances, as the volume is), shown to the boot script
+  where a Nitro instance shows it, as `nvme-Amazon_Elastic_Block_Store_vol...` in the machine's
+  own by-id folder (GPUSESSION_DISKS_DIR); detached (loop device freed) when the machine goes.
 
 The backend reaches the machine through its address-map seam (GPUSESSION_AWS_ADDRESS_MAP=*=10.201.0.2).
 """
@@ -89,6 +93,8 @@ class Machine:
         self.files: list[Path] = []
         self.powered_off = False
         self.console = folder / "console.log"
+        self.disks = folder / "disks"  # the machine's /dev/disk/by-id
+        self.loops: dict[str, str] = {}  # volume id -> loop device
 
     @property
     def poweroff_requested(self) -> bool:
@@ -158,10 +164,30 @@ class FakePlatform:
             if state not in ("pending", "running"):
                 self.events.append(f"{iid}: {state}: machine removed")
                 self._shut_down(machine)
+            else:
+                self._attach_volumes(machine)
         for iid, (inst, state) in states.items():
             if iid not in self.seen and state in ("pending", "running") and not self.machines:
                 self.seen.add(iid)
                 self._boot(inst)
+
+    def _attach_volumes(self, machine: Machine) -> None:
+        found = self.ec2.describe_volumes(Filters=[{"Name": "attachment.instance-id", "Values": [machine.instance_id]}])
+        for volume in found["Volumes"]:
+            vid = volume["VolumeId"]
+            if vid in machine.loops or volume["Attachments"][0].get("Device") in ("/dev/sda1", "/dev/xvda"):
+                continue  # the root volume is the machine's own disk
+            backing = self.folder / "volumes" / f"{vid}.img"
+            backing.parent.mkdir(parents=True, exist_ok=True)
+            if not backing.exists():
+                with open(backing, "wb") as f:  # sparse: only what the filesystem writes takes room
+                    f.truncate(volume["Size"] * 2**30)
+            loop = subprocess.run(["losetup", "-f", "--show", str(backing)], capture_output=True, text=True,
+                                  check=True).stdout.strip()
+            machine.loops[vid] = loop
+            machine.disks.mkdir(exist_ok=True)
+            (machine.disks / f"nvme-Amazon_Elastic_Block_Store_{vid.replace('-', '')}").symlink_to(loop)
+            self.events.append(f"{machine.instance_id}: volume {vid} attached as {loop}")
 
     def _power_off(self, iid: str) -> None:
         """What EC2 does when the OS powers off: the shutdown behavior the instance was given."""
@@ -258,7 +284,8 @@ class FakePlatform:
     def _runcmd(self, machine: Machine, command) -> None:
         argv = ["sh", "-c", command] if isinstance(command, str) else [str(c) for c in command]
         env = dict(os.environ, PATH=f"{self._shim}:{os.environ['PATH']}", DOCKER_HOST=NS_DOCKER,
-                   GPUSESSION_IMDS_URL=self.imds_url, FAKE_MACHINE_DIR=str(machine.folder))
+                   GPUSESSION_IMDS_URL=self.imds_url, FAKE_MACHINE_DIR=str(machine.folder),
+                   GPUSESSION_DISKS_DIR=str(machine.disks))
         log = open(machine.folder / "log" / "runcmd.log", "ab")
         machine.sessions.append(subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{NS}", "unshare", "--mount", "--propagation", "private", "sh", "-c",
@@ -291,6 +318,13 @@ class FakePlatform:
         if ids:
             subprocess.run(["docker", "rm", "-f", *ids], env=dict(os.environ, DOCKER_HOST=NS_DOCKER),
                            capture_output=True, timeout=60)
+        volumes = subprocess.run(["docker", "volume", "ls", "-q", "--filter", f"label=gpusession.session={machine.session_id}"],
+                                 env=dict(os.environ, DOCKER_HOST=NS_DOCKER), capture_output=True, text=True).stdout.split()
+        if volumes:  # the workspace's Docker volume names the loop device: gone with the machine
+            subprocess.run(["docker", "volume", "rm", "-f", *volumes], env=dict(os.environ, DOCKER_HOST=NS_DOCKER),
+                           capture_output=True, timeout=60)
+        for loop in machine.loops.values():
+            subprocess.run(["losetup", "-d", loop], capture_output=True, timeout=30)
         shutil.rmtree(INSTANCE_ROOT / machine.session_id, ignore_errors=True)
         shutil.rmtree(KEYS_ROOT / machine.instance_id, ignore_errors=True)
         try:

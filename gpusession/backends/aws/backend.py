@@ -21,14 +21,14 @@ import os
 import time
 from typing import Any
 
-from ...agentargs import args_for
+from ...agentargs import WORKSPACE_MOUNT, args_for, workspace_name
 from ...catalog import Catalog, load_catalog
 from ...errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ...models import LaunchSpec, SessionRecord
 from ...progress import Progress
 from ...protocol import StopDetails
 from ..base import Backend, Link, RemoteResource
-from . import launch
+from . import launch, volumes
 from .sdk import Aws, aws_errors, boto3_module, error_code, explain
 from .teardown import Teardown, console_details, ended_reason
 
@@ -59,6 +59,7 @@ class AwsBackend(Backend):
         boto3_module()
         load_catalog().get(spec.gpu_type).instance_for(spec.gpu_count)
         launch.fallback_mode(spec.extra)
+        volumes.size_gib(spec.extra)
         if spec.extra.get("max_price") is not None and _float(spec.extra["max_price"], "--max-price") <= 0:
             raise BadInput("--max-price must be more than 0 dollars per hour")
         _float(spec.extra.get("boot_timeout", 1), "boot_timeout")
@@ -105,7 +106,6 @@ class AwsBackend(Backend):
         import secrets
 
         from ...sshlogin import make_session_key
-        from .cloudinit import BootPlan, new_host_key, user_data
 
         spec, extra = record.spec, record.spec.extra
         catalog = load_catalog()
@@ -138,6 +138,35 @@ class AwsBackend(Backend):
         except aws_errors() as exc:
             raise explain(exc, "preparing the instance", aws.region) from None
         prices = self.spot_prices(aws, instance_type) if spec.spot else {}
+        workspace = workspace_name(record)
+        try:
+            ws = volumes.WorkspaceVolume(aws, store_id=self.recorder.store_id, owner=record.owner, name=workspace,
+                                         extra=extra, say=progress.step)
+        except aws_errors() as exc:
+            raise explain(exc, f"looking for workspace {workspace}", aws.region) from None
+        save(workspace=workspace)
+        try:
+            self._launch(aws, record, progress, places=ws.places(places), prices=prices, ws=ws, gpu=gpu,
+                         instance_type=instance_type, ami=ami, group=group, public_key=public_key,
+                         kernel_key=kernel_key, name=name, tag_list=tag_list)
+        except BaseException:  # the volume is the user's workspace: kept, and said
+            if ws.volume_id:
+                kept = f"workspace {workspace} (EBS volume {ws.volume_id}) is kept; `gpusession workspaces` lists it"
+                progress.step(f"start failed: {kept}")
+                self.recorder.note(record.id, kept)
+            raise
+
+    def _launch(self, aws: Aws, record: SessionRecord, progress: Progress, *, places, prices, ws, gpu,
+                instance_type: str, ami: str, group: str, public_key: str, kernel_key: str, name: str,
+                tag_list) -> None:
+        from .cloudinit import BootPlan, new_host_key, user_data
+
+        spec, extra = record.spec, record.spec.extra
+        catalog = load_catalog()
+
+        def save(**values: Any) -> None:
+            self.recorder.save(record.id, **values)
+
         plan = launch.attempts(spec.spot, launch.fallback_mode(extra), places, prices)
         host_key = new_host_key(name)
         image = spec.image or os.environ.get("GPUSESSION_AWS_IMAGE") or self.config.docker_image
@@ -151,7 +180,11 @@ class AwsBackend(Backend):
         def prepare(attempt: launch.Attempt) -> dict[str, Any]:
             progress.step(f"launching {attempt.describe(instance_type)}")
             priced = dataclasses.replace(record, price_per_hour=price_of(attempt))  # the agent's cost meter
-            boot = BootPlan(record.id, image, public_key, host_key, kernel_key, args_for(priced), spot=attempt.spot)
+            volume_id = ws.in_zone(attempt.subnet.zone)
+            save(volume_id=volume_id)
+            agent_args = [*args_for(priced), "--workspace", WORKSPACE_MOUNT, "--cwd", WORKSPACE_MOUNT]
+            boot = BootPlan(record.id, image, public_key, host_key, kernel_key, agent_args, spot=attempt.spot,
+                            volume_id=volume_id)
             return {"UserData": user_data(boot)}
 
         base = launch.instance_params(ami=ami, instance_type=instance_type, key_name=name, group=group,
@@ -177,7 +210,8 @@ class AwsBackend(Backend):
         progress.step(f"instance {instance_id} is {instance['State']['Name']}; waiting until it runs")
         address = self._wait_running(aws, instance_id, private=bool(extra.get("private_ip")))
         save(address=address)
-        progress.step(f"instance {instance_id} runs at {address}")
+        progress.step(f"instance {instance_id} runs at {address}; attaching workspace volume {ws.volume_id}")
+        volumes.attach(aws, ws.volume_id, instance_id)
 
     def _wait_running(self, aws: Aws, instance_id: str, *, private: bool) -> str:
         import botocore.exceptions
@@ -292,6 +326,15 @@ class AwsBackend(Backend):
                 record.id, instance_ids=[res.get("instance_id")], key_names=[res.get("key_name")],
                 group_ids=[res.get("security_group")])
         _forget_keys(self.config.data_path / "keys", record.id)
+
+    # -- workspaces ---------------------------------------------------------------------------
+
+    def list_workspaces(self) -> list:
+        """This store's workspace volumes in the regions its sessions used, with their monthly cost."""
+        return volumes.workspaces(self, self._regions())
+
+    def remove_workspace(self, workspace) -> None:
+        volumes.remove(self.aws(workspace.details["region"]), workspace.details["volume_id"])
 
     # -- gc -----------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ import json
 import shlex
 from pathlib import Path
 
+from ...agentargs import WORKSPACE_MOUNT
 from ...bundle import boot_script as bundle_boot_script
 from ...protocol import Marker
 from ...tunnel import CONTAINER_AGENT_PORT, CONTAINER_KERNEL_PORTS
@@ -31,6 +32,7 @@ SSH_USER = "gpusession"  # the tunnel's login on the instance (created by cloud-
 INSTANCE_ROOT = "/var/lib/gpusession"  # one folder per session below it
 SPOT_NOTICE_FILE = "spot-instance-action.json"
 USER_DATA_LIMIT = 16 * 1024  # EC2 refuses more (before base64)
+VOLUME_WAIT_S = 300  # the workspace's volume is attached once the instance runs
 RUNTIME_WAIT_S = 600  # the instance powers off when no runtime bundle came by then
 ACCESS_COMMANDS = ("status", "put", "notice")  # what access.sh does for the tunnel's login
 
@@ -64,6 +66,7 @@ class BootPlan:
     kernel_key: str  # the kernel's connection key, made locally (the client cannot read kernel.json)
     agent_args: list[str]  # options of `python -m gpusession.agent run`
     spot: bool  # watch instance metadata for an interruption notice
+    volume_id: str = ""  # the workspace's EBS volume, attached after launch: mounted at /workspace
 
     @property
     def folder(self) -> str:
@@ -93,6 +96,9 @@ NAME={q(plan.container_name)}
 IMAGE={q(plan.image)}
 SESSION_ID={q(plan.session_id)}
 SPOT={1 if plan.spot else 0}
+VOLUME_ID={q(plan.volume_id)}
+WORKSPACE={q(WORKSPACE_MOUNT)}
+VOLUME_WAIT_S={VOLUME_WAIT_S}
 RUNTIME_WAIT_S={RUNTIME_WAIT_S}
 KERNEL_PORT={CONTAINER_KERNEL_PORTS[0]}
 AGENT_PORT={CONTAINER_AGENT_PORT}

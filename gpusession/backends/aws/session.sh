@@ -1,5 +1,5 @@
 # The body of an instance's session script (gpusession/backends/aws/cloudinit.py writes the
-# header: DIR, NAME, IMAGE, SESSION_ID, SPOT, RUNTIME_WAIT_S, KERNEL_PORT, AGENT_PORT, the marker
+# header: DIR, NAME, IMAGE, SESSION_ID, SPOT, VOLUME_ID, WORKSPACE, VOLUME_WAIT_S, RUNTIME_WAIT_S, KERNEL_PORT, AGENT_PORT, the marker
 # words M_*, the agent's options as "$@", and GPUSESSION_KERNEL_KEY in the environment).
 # Run once by cloud-init as root: get the image, look for its Python, wait for the runtime bundle
 # that the client sends over SSH (access.sh put), run the session container with it on the
@@ -50,6 +50,43 @@ pull() {  # through the Engine API, whose JSON lines (bytes and layers) access.s
     docker image inspect "$IMAGE" >/dev/null 2>&1 || docker pull -q "$IMAGE" >>"$DIR/pull.log" 2>&1
 }
 
+workspace() {  # wait for the attached EBS volume, make a filesystem only when it has none, and
+    # give it to Docker as a volume the container mounts at $WORKSPACE (owned by the image's USER)
+    WSVOL=""
+    [ -n "$VOLUME_ID" ] || return 0
+    disks=${GPUSESSION_DISKS_DIR:-/dev/disk/by-id}   # NVMe (Nitro): the serial is the volume id
+    serial=$(printf '%s' "$VOLUME_ID" | tr -d -)
+    say "$M_BOOT waiting for the workspace volume $VOLUME_ID"
+    waited=0 dev=""
+    while [ -z "$dev" ]; do
+        for candidate in "$disks/nvme-Amazon_Elastic_Block_Store_$serial" /dev/xvdf /dev/sdf; do
+            [ -b "$candidate" ] && { dev=$(readlink -f "$candidate"); break; }
+        done
+        [ -n "$dev" ] && break
+        [ "$waited" -ge "$VOLUME_WAIT_S" ] && fail workspace "volume $VOLUME_ID was not attached within ${VOLUME_WAIT_S}s"
+        sleep 1
+        waited=$((waited + 1))
+    done
+    fstype=$(blkid -o value -s TYPE "$dev" 2>/dev/null)
+    if [ -z "$fstype" ]; then
+        say "$M_BOOT new workspace volume: making its filesystem"
+        mkfs.ext4 -q -L gpusession-ws "$dev" || fail workspace "cannot make a filesystem on $VOLUME_ID ($dev)"
+        fstype=ext4
+    fi
+    WSVOL="gpusession-ws-$SESSION_ID"
+    docker volume rm -f "$WSVOL" >/dev/null 2>&1
+    docker volume create --driver local --opt "type=$fstype" --opt "device=$dev" \
+        --label "gpusession.session=$SESSION_ID" "$WSVOL" >/dev/null || fail workspace "cannot use $VOLUME_ID ($dev)"
+    user=$(docker image inspect -f '{{.Config.User}}' "$IMAGE" 2>/dev/null)
+    user=${user%%:*}
+    if [ -n "$user" ] && [ "$user" != 0 ] && [ "$user" != root ]; then
+        docker run --rm --network none --user 0:0 -v "$WSVOL:$WORKSPACE" --entrypoint /bin/sh "$IMAGE" \
+            -c "chown \$(id -u $user):\$(id -g $user) $WORKSPACE" >/dev/null 2>&1 \
+            || fail workspace "cannot make the workspace writable for user $user"
+    fi
+    say "$M_BOOT workspace volume $VOLUME_ID ready"
+}
+
 for _ in $(seq 90); do docker info >/dev/null 2>&1 && break; sleep 2; done  # dockerd may start after us
 docker rm -f "$NAME" >/dev/null 2>&1 || true
 [ "$SPOT" = 1 ] && watch_spot &
@@ -94,6 +131,9 @@ if [ -d "$DIR/runtime/site" ]; then
     docker run --rm --network none --user 0:0 -v "$DIR/runtime/site:$ROOT/site" --entrypoint "$executable" "$IMAGE" \
         -m compileall -q -j 0 "$ROOT/site" >/dev/null 2>&1 || true
 fi
+
+workspace   # the workspace's volume, as the Docker volume $WSVOL (none without VOLUME_ID)
+[ -n "$WSVOL" ] && mounts="$mounts -v $WSVOL:$WORKSPACE"
 
 command=$(printf '%s\n' "$python" | sed -n 's/.*"command":"\([^"]*\)".*/\1/p')
 # $mounts is split on purpose: paths under $DIR hold no spaces

@@ -1,0 +1,183 @@
+"""A session's workspace on AWS: a tagged EBS volume (gp3) that outlives its instances.
+
+The volume is found by its tags (the store's id and the workspace's name) in the session's region,
+made when new (in the zone the instance will be launched in), and attached once the instance runs.
+A volume attached after launch keeps `DeleteOnTermination` false, so terminating the instance
+detaches it and leaves it `available`; `verify_kept` checks it anyway. Only `remove` (the user's
+`gpusession workspaces rm NAME --yes`) deletes one; gc never does.
+
+The instance's boot script (session.sh) waits for the device, makes a filesystem only when it has
+none, and gives it to the session's container at /workspace.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ...errors import BackendUnavailable, BadInput, StageError
+from .launch import TAG_OWNER, Subnet
+from .sdk import Aws, aws_errors, error_code, explain
+
+TAG_WORKSPACE = "gpusession:workspace"
+TAG_STORE = "gpusession:store"
+DEFAULT_SIZE_GIB = 50
+DEVICE = "/dev/sdf"  # the name it is attached as (a Nitro instance shows it as an NVMe disk: by-id has its id)
+# gp3 storage, us-east-1, per GiB-month (https://aws.amazon.com/ebs/pricing/, 2024); other regions
+# cost up to ~30% more: the listing's figure is an estimate, like the catalog's instance prices
+GP3_USD_PER_GIB_MONTH = 0.08
+ATTACH_WAIT_S = 120.0
+
+
+def size_gib(extra: dict) -> int:
+    """--workspace-size (whole GiB) of a new workspace's volume; DEFAULT_SIZE_GIB when not given."""
+    from ...textvalues import gib_size
+
+    value = extra.get("workspace_size")
+    return DEFAULT_SIZE_GIB if value in (None, "") else gib_size(str(value))
+
+
+def monthly_cost(size: int) -> float:
+    return round(size * GP3_USD_PER_GIB_MONTH, 2)
+
+
+def _filters(store_id: str, name: str | None = None) -> list[dict[str, Any]]:
+    found = [{"Name": f"tag:{TAG_STORE}", "Values": [store_id]}]
+    if name is not None:
+        found.append({"Name": f"tag:{TAG_WORKSPACE}", "Values": [name]})
+    else:
+        found.append({"Name": "tag-key", "Values": [TAG_WORKSPACE]})
+    return found
+
+
+def find(aws: Aws, store_id: str, name: str) -> dict | None:
+    found = [v for v in aws.ec2.describe_volumes(Filters=_filters(store_id, name))["Volumes"]
+             if v["State"] not in ("deleting", "deleted")]
+    return found[0] if found else None
+
+
+def listed(aws: Aws, store_id: str) -> list[dict]:
+    return [v for v in aws.ec2.describe_volumes(Filters=_filters(store_id))["Volumes"]
+            if v["State"] not in ("deleting", "deleted")]
+
+
+def tag(volume: dict, key: str) -> str:
+    return next((t["Value"] for t in volume.get("Tags") or [] if t["Key"] == key), "")
+
+
+class WorkspaceVolume:
+    """The session's workspace volume while it starts. A kept volume decides the zone: the
+    instance goes there (an EBS volume attaches only in its own zone). A new one is made, per
+    launch attempt, in that attempt's zone; when an attempt fails for capacity and the next one
+    is in another zone, the fresh (never attached, empty) volume moves with it."""
+
+    def __init__(self, aws: Aws, *, store_id: str, owner: str, name: str, extra: dict, say):
+        self.aws, self.store_id, self.owner, self.name, self.extra, self.say = aws, store_id, owner, name, extra, say
+        self.volume = find(aws, store_id, name)
+        self.fresh = False  # made by this start
+        if self.volume is None and extra.get("resume"):
+            raise StageError("provision", f"no workspace {name} in {aws.region} to resume "
+                                          "(`gpusession workspaces` lists them)")
+        if self.volume is not None:
+            v = self.volume
+            if v["State"] != "available":
+                users = ", ".join(a.get("InstanceId", "?") for a in v.get("Attachments") or [])
+                raise StageError("provision", f"workspace {name}'s volume {v['VolumeId']} is {v['State']}"
+                                              f"{' (attached to ' + users + ')' if users else ''}: "
+                                              "stop the session that uses it first")
+            say(f"workspace {name}: volume {v['VolumeId']} ({v['Size']} GiB) in {v['AvailabilityZone']}, "
+                "kept from an earlier session")
+
+    @property
+    def volume_id(self) -> str:
+        return self.volume["VolumeId"] if self.volume else ""
+
+    def places(self, places: list[Subnet]) -> list[Subnet]:
+        """The subnets an instance may use: those in a kept volume's zone (all, for a new one)."""
+        if self.volume is None:
+            return places
+        zone = self.volume["AvailabilityZone"]
+        here = [s for s in places if s.zone == zone]
+        if not here:
+            offered = ", ".join(sorted({s.zone for s in places})) or "none"
+            raise StageError("provision", f"workspace {self.name}'s volume {self.volume_id} is in {zone}, and the "
+                                          f"instance cannot be launched there (the zones allowed: {offered}); an EBS "
+                                          f"volume attaches only in its own zone: pass --subnet of a subnet in {zone}, "
+                                          "or use another --workspace")
+        return here
+
+    def in_zone(self, zone: str) -> str:
+        """The volume id for an instance launched in `zone` (made there when new)."""
+        if self.volume is not None and self.volume["AvailabilityZone"] == zone:
+            return self.volume_id
+        if self.volume is not None:  # fresh, never attached: it moves to the next attempt's zone
+            remove(self.aws, self.volume_id)
+        size = size_gib(self.extra)
+        self.say(f"workspace {self.name}: new {size} GiB gp3 volume in {zone} "
+                 f"(${monthly_cost(size):.2f}/month while kept)")
+        tag_list = [{"Key": TAG_WORKSPACE, "Value": self.name}, {"Key": TAG_STORE, "Value": self.store_id},
+                    {"Key": TAG_OWNER, "Value": self.owner[:255]}, {"Key": "Name", "Value": f"gpusession-ws-{self.name}"}]
+        self.volume = self.aws.ec2.create_volume(AvailabilityZone=zone, Size=size, VolumeType="gp3",
+                                                 TagSpecifications=[{"ResourceType": "volume", "Tags": tag_list}])
+        self.fresh = True
+        _wait(self.aws, self.volume_id, "available")
+        return self.volume_id
+
+
+def attach(aws: Aws, volume_id: str, instance_id: str) -> None:
+    aws.ec2.attach_volume(VolumeId=volume_id, InstanceId=instance_id, Device=DEVICE)
+    _wait(aws, volume_id, "in-use")
+    verify_kept(aws, volume_id, instance_id)
+
+
+def verify_kept(aws: Aws, volume_id: str, instance_id: str) -> None:
+    """The attachment must not delete the volume with the instance (set it false if it would)."""
+    found = aws.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+    for mapping in found.get("BlockDeviceMappings") or []:
+        ebs = mapping.get("Ebs") or {}
+        if ebs.get("VolumeId") == volume_id and ebs.get("DeleteOnTermination"):
+            aws.ec2.modify_instance_attribute(InstanceId=instance_id, BlockDeviceMappings=[
+                {"DeviceName": mapping["DeviceName"], "Ebs": {"VolumeId": volume_id, "DeleteOnTermination": False}}])
+
+
+def workspaces(backend, regions: list[str]) -> list:
+    """`gpusession workspaces` on aws: one Workspace per volume of this store in these regions."""
+    from ..base import Workspace
+
+    found = []
+    for region in regions:
+        try:
+            kept = listed(backend.aws(region), backend.recorder.store_id)
+        except aws_errors() as exc:
+            raise BackendUnavailable(str(explain(exc, "listing workspace volumes", region))) from None
+        for v in kept:
+            found.append(Workspace(
+                backend.name, tag(v, TAG_WORKSPACE), f"EBS volume {v['VolumeId']} ({v.get('VolumeType', 'gp3')}, "
+                f"{v['State']}) in {v['AvailabilityZone']}", v["Size"] * 2**30, monthly_cost=monthly_cost(v["Size"]),
+                in_use_by=[a["InstanceId"] for a in v.get("Attachments") or [] if a.get("InstanceId")],
+                details={"region": region, "volume_id": v["VolumeId"]}))
+    return found
+
+
+def remove(aws: Aws, volume_id: str) -> None:
+    try:
+        aws.ec2.delete_volume(VolumeId=volume_id)
+    except Exception as exc:  # noqa: BLE001 - sorted below
+        code = error_code(exc)
+        if code == "InvalidVolume.NotFound":
+            return
+        if code == "VolumeInUse":
+            raise BadInput(f"volume {volume_id} is attached to an instance; stop its session first") from None
+        raise explain(exc, f"deleting volume {volume_id}", aws.region) from None
+
+
+def _wait(aws: Aws, volume_id: str, state: str) -> None:
+    deadline = time.monotonic() + ATTACH_WAIT_S
+    while True:
+        found = aws.ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"][0]
+        if found["State"] == state:
+            return
+        if time.monotonic() > deadline:
+            raise StageError("provision", f"volume {volume_id} is {found['State']}, not {state}, "
+                                          f"after {ATTACH_WAIT_S:.0f}s")
+        time.sleep(1)
