@@ -41,6 +41,14 @@ def provision(manager, spec):
     return manager.store.get(record.id), lines
 
 
+def unpacked(item: dict) -> str:
+    """A write_files entry's text, as cloud-init decodes it."""
+    import gzip
+
+    assert item["encoding"] == "gz+b64"
+    return gzip.decompress(base64.b64decode(item["content"])).decode()
+
+
 def instance_of(look, record) -> dict:
     return look.describe_instances(InstanceIds=[record.resource["instance_id"]])["Reservations"][0]["Instances"][0]
 
@@ -114,7 +122,8 @@ def test_provision_on_demand_makes_tagged_locked_down_instance(manager, aws_env,
     files = {f["path"]: f for f in cfg["write_files"]}
     assert files[f"{folder}/boot.sh"]["content"].startswith("#!/bin/sh")  # the bundle's, for the probe
     assert files[f"{folder}/access.sh"]["permissions"] == "0755"
-    script = files[f"{folder}/session.sh"]["content"]
+    assert files[f"{folder}/session.sh"]["encoding"] == "gz+b64"
+    script = unpacked(files[f"{folder}/session.sh"])
     for part in ("--gpus all", "--network host", "--idle 5", "--price-per-hour 0.526", "poweroff",
                  f"SESSION_ID={record.id}", "GPUSESSION_KERNEL_KEY="):
         assert part in script, part
@@ -144,7 +153,7 @@ def test_spot_price_is_the_current_spot_price(manager, aws_env, look):
     assert run["InstanceMarketOptions.MarketType"] == "spot"
     assert float(run["InstanceMarketOptions.SpotOptions.MaxPrice"]) == pytest.approx(1.006)  # on-demand cap
     cfg = user_data_of(look, record)
-    script = {f["path"]: f for f in cfg["write_files"]}[f"/var/lib/gpusession/{record.id}/session.sh"]["content"]
+    script = unpacked({f["path"]: f for f in cfg["write_files"]}[f"/var/lib/gpusession/{record.id}/session.sh"])
     agent_args = shlex.split(re.search(r"\nset -- (.*)\n", script).group(1))
     assert "\nSPOT=1\n" in script and float(agent_args[agent_args.index("--price-per-hour") + 1]) == cheapest
     assert manager.view(record)["spot"] is True and manager.view(record)["price_per_hour"] == pytest.approx(cheapest)

@@ -101,6 +101,15 @@ class Machine:
         return (self.folder / "poweroff").exists()
 
 
+def _content(item: dict) -> bytes:
+    """A write_files entry's bytes, as cloud-init decodes its `encoding` (b64, gz, gz+b64)."""
+    import gzip
+
+    data, encoding = item.get("content", ""), str(item.get("encoding", "text/plain")).lower()
+    raw = base64.b64decode(data) if "b64" in encoding or "base64" in encoding else data.encode()
+    return gzip.decompress(raw) if encoding.startswith("gz") else raw
+
+
 class FakePlatform:
     def __init__(self, moto_url: str, folder: Path, *, poll_s: float = 0.25):
         self.ec2 = inspector(moto_url)
@@ -261,7 +270,7 @@ class FakePlatform:
             if INSTANCE_ROOT not in path.parents:
                 raise ValueError(f"{machine.instance_id}: refusing to write {path} on this machine")
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(item.get("content", ""))
+            path.write_bytes(_content(item))
             path.chmod(int(str(item.get("permissions", "0644")), 8))
             machine.files.append(path)
 

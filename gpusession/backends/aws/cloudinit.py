@@ -141,6 +141,14 @@ esac
 """
 
 
+def packed(text: str) -> str:
+    """write_files content with `encoding: gz+b64` (mtime 0: the same script packs the same)."""
+    import base64
+    import gzip
+
+    return base64.b64encode(gzip.compress(text.encode(), mtime=0)).decode()
+
+
 def user_data(plan: BootPlan) -> str:
     """#cloud-config (as JSON, which YAML reads too): host key, login, files, the boot script."""
     script = f"{plan.folder}/session.sh"
@@ -162,7 +170,8 @@ def user_data(plan: BootPlan) -> str:
             },
         ],
         "write_files": [
-            {"path": script, "permissions": "0700", "content": boot_script(plan)},
+            # gzip: the boot script is most of the 16 KiB EC2 allows (cloud-init unpacks gz+b64)
+            {"path": script, "permissions": "0700", "encoding": "gz+b64", "content": packed(boot_script(plan))},
             {"path": f"{plan.folder}/access.sh", "permissions": "0755", "content": access_script(plan)},
             {"path": f"{plan.folder}/boot.sh", "permissions": "0644", "content": bundle_boot_script().decode()},
         ],

@@ -50,40 +50,31 @@ pull() {  # through the Engine API, whose JSON lines (bytes and layers) access.s
     docker image inspect "$IMAGE" >/dev/null 2>&1 || docker pull -q "$IMAGE" >>"$DIR/pull.log" 2>&1
 }
 
-workspace() {  # wait for the attached EBS volume, make a filesystem only when it has none, and
-    # give it to Docker as a volume the container mounts at $WORKSPACE (owned by the image's USER)
+workspace() {  # the attached EBS volume (NVMe on Nitro: by-id has its id), ext4 made only when blank,
+    # as the Docker volume $WSVOL for $WORKSPACE, owned by the image's USER
     WSVOL=""
     [ -n "$VOLUME_ID" ] || return 0
-    disks=${GPUSESSION_DISKS_DIR:-/dev/disk/by-id}   # NVMe (Nitro): the serial is the volume id
-    serial=$(printf '%s' "$VOLUME_ID" | tr -d -)
+    by_id=${GPUSESSION_DISKS_DIR:-/dev/disk/by-id}/nvme-Amazon_Elastic_Block_Store_$(printf '%s' "$VOLUME_ID" | tr -d -)
     say "$M_BOOT waiting for the workspace volume $VOLUME_ID"
     waited=0 dev=""
-    while [ -z "$dev" ]; do
-        for candidate in "$disks/nvme-Amazon_Elastic_Block_Store_$serial" /dev/xvdf /dev/sdf; do
-            [ -b "$candidate" ] && { dev=$(readlink -f "$candidate"); break; }
-        done
-        [ -n "$dev" ] && break
-        [ "$waited" -ge "$VOLUME_WAIT_S" ] && fail workspace "volume $VOLUME_ID was not attached within ${VOLUME_WAIT_S}s"
-        sleep 1
-        waited=$((waited + 1))
+    until [ -n "$dev" ]; do
+        for d in "$by_id" /dev/xvdf /dev/sdf; do [ -b "$d" ] && dev=$(readlink -f "$d") && break; done
+        [ -z "$dev" ] && [ "$waited" -ge "$VOLUME_WAIT_S" ] && fail workspace "volume $VOLUME_ID was not attached within ${VOLUME_WAIT_S}s"
+        [ -z "$dev" ] && sleep 1 && waited=$((waited + 1))
     done
-    fstype=$(blkid -o value -s TYPE "$dev" 2>/dev/null)
-    if [ -z "$fstype" ]; then
+    fs=$(blkid -o value -s TYPE "$dev")
+    if [ -z "$fs" ]; then
         say "$M_BOOT new workspace volume: making its filesystem"
-        mkfs.ext4 -q -L gpusession-ws "$dev" || fail workspace "cannot make a filesystem on $VOLUME_ID ($dev)"
-        fstype=ext4
+        mkfs.ext4 -q "$dev" || fail workspace "cannot make a filesystem on $VOLUME_ID"
+        fs=ext4
     fi
     WSVOL="gpusession-ws-$SESSION_ID"
-    docker volume rm -f "$WSVOL" >/dev/null 2>&1
-    docker volume create --driver local --opt "type=$fstype" --opt "device=$dev" \
-        --label "gpusession.session=$SESSION_ID" "$WSVOL" >/dev/null || fail workspace "cannot use $VOLUME_ID ($dev)"
-    user=$(docker image inspect -f '{{.Config.User}}' "$IMAGE" 2>/dev/null)
-    user=${user%%:*}
-    if [ -n "$user" ] && [ "$user" != 0 ] && [ "$user" != root ]; then
-        docker run --rm --network none --user 0:0 -v "$WSVOL:$WORKSPACE" --entrypoint /bin/sh "$IMAGE" \
-            -c "chown \$(id -u $user):\$(id -g $user) $WORKSPACE" >/dev/null 2>&1 \
-            || fail workspace "cannot make the workspace writable for user $user"
-    fi
+    docker volume create --opt "type=$fs" --opt "device=$dev" --label "gpusession.session=$SESSION_ID" "$WSVOL" >/dev/null \
+        || fail workspace "cannot use $VOLUME_ID ($dev)"
+    u=$(docker image inspect -f '{{.Config.User}}' "$IMAGE")
+    u=${u%%:*}
+    case "$u" in ""|0|root) ;; *) docker run --rm --network none --user 0:0 -v "$WSVOL:$WORKSPACE" --entrypoint /bin/sh \
+        "$IMAGE" -c "chown \$(id -u $u):\$(id -g $u) $WORKSPACE" >/dev/null 2>&1 || fail workspace "cannot give the workspace to $u" ;; esac
     say "$M_BOOT workspace volume $VOLUME_ID ready"
 }
 
