@@ -76,7 +76,9 @@ def test_the_form_shows_the_options_marked_for_forms(manager):
     form.backend_select.value = "local"
     form.fields["resume"].value = " rw1 "
     assert form.values()["resume"] == "rw1" and form.fields["resume"].layout.display != "none"
-    form.backend_select.value = "aws"
+    form.backend_select.value = "aws"  # an EBS volume
+    assert form.values()["resume"] == "rw1" and form.fields["resume"].layout.display != "none"
+    form.backend_select.value = "slurm"
     assert "resume" not in form.values() and form.fields["resume"].layout.display == "none"
 
 
