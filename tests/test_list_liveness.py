@@ -56,6 +56,25 @@ def test_status_reconciles_too(nb_env):
     assert wait_dead(pid)
     status = cli(nb_env, "status", "shot").stdout
     assert "- failed" in status and "ended by itself" in status, status
+    # the kernel (in a session of its own, for interrupts) ends with its runtime: nothing is left
+    sid = store.get("shot").id
+    deadline = time.monotonic() + 10
+    while (left := session_processes(sid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"processes of the killed session still run: {left}"
+
+
+def session_processes(session_id: str) -> list[int]:
+    """Pids whose environment carries this session's id (the local backend's label)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"GPUSESSION_SESSION_ID={session_id}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
 
 
 def _aws_record(home: Path, seen_ago: float):

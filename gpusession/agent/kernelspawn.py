@@ -70,6 +70,9 @@ def kernel_plan(connection_file: str, state_dir: str, session_id: str, workspace
     only when the image has none; the agent's activity hook, and the workspace's checkpoint."""
     env = dict(os.environ, **kernel_environment(), **{ENV_STATE_DIR: state_dir, ENV_SESSION_ID: session_id})
     env.pop(ENV_KERNEL_KEY, None)
+    # ipykernel's parent poller: the kernel ends when we do (it runs in a session of its own for
+    # interrupts, so a killed runtime would otherwise leave it running; pid 1 turns the poller off)
+    env["JPY_PARENT_PID"] = str(os.getpid())
     extensions = ["gpusession.agent.activity"]
     if workspace:  # the kernel saves its namespace there, and the first one restores it
         os.makedirs(workspace, exist_ok=True)
