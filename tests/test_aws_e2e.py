@@ -107,12 +107,13 @@ def _cli(*args: str):
                           text=True, timeout=120)
 
 
-def test_a_workspace_volume_outlives_the_instance_and_resumes(manager, platform, look):
+def test_a_workspace_volume_outlives_the_instance_and_resumes(manager, platform, look, tmp_path):
     """The workspace is a tagged gp3 volume made in the instance's zone, attached after launch with
     DeleteOnTermination false, formatted once and mounted at /workspace; stop --save keeps a file
     and a variable there; the volume stays available after the instance terminated; --resume on a
     new instance brings both back; listed with size and cost; gc reports it and keeps it; rm
-    --yes deletes it."""
+    --yes deletes it. Files move over the instance's tunnel: an uploaded module imports, a file
+    written before the stop downloads after the resume."""
     lines: list[str] = []
     session = manager.start(spec_for(manager, name="ew1", workspace="ews"), report=lines.append)
     record = session.record
@@ -121,6 +122,12 @@ def test_a_workspace_volume_outlives_the_instance_and_resumes(manager, platform,
     inst = look.describe_instances(InstanceIds=[record.resource["instance_id"]])["Reservations"][0]["Instances"][0]
     (mapping,) = [m for m in inst["BlockDeviceMappings"] if m["Ebs"]["VolumeId"] == vid]
     assert mapping["Ebs"]["DeleteOnTermination"] is False and mapping["DeviceName"] == "/dev/sdf"
+    (tmp_path / "utils.py").write_text("def answer():\n    return 'from utils'\n")
+    sent = session.upload([str(tmp_path / "utils.py")])
+    assert sent["files"] == 1, sent
+    out = Collect()
+    assert session.run("import utils; print(utils.answer())", sink=out)["status"] == "ok", out.text
+    assert "from utils" in out.text, out.text
     out = Collect()
     code = "import os\nopen('notes.txt', 'w').write('kept')\nx = {'a': 41}\nprint(os.getcwd(), os.path.ismount('/workspace'))"
     assert session.run(code, sink=out)["status"] == "ok", out.text
@@ -149,6 +156,8 @@ def test_a_workspace_volume_outlives_the_instance_and_resumes(manager, platform,
     out = Collect()
     assert again.run("print(x['a'] + 1, open('notes.txt').read())", sink=out)["status"] == "ok", out.text
     assert "42 kept" in out.text, out.text
+    got = again.download(["notes.txt"], to=str(tmp_path / "back"))
+    assert got["files"] == 1 and (tmp_path / "back" / "notes.txt").read_text() == "kept", got
     busy = _cli("workspaces", "rm", "ews", "--yes")
     assert busy.returncode == 1 and "in use by session ew2" in busy.stderr, busy.stderr
     manager.stop(again.id)
