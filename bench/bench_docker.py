@@ -26,7 +26,6 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -40,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from openssh import free_port, ssh_forward  # noqa: E402
 from stats import Stats, write_section as write_block  # noqa: E402
 
 from gpusession import bundle  # noqa: E402
@@ -82,12 +82,6 @@ class Quiet:
 
     def clear(self, wait):
         pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def connection_file(ports: list[int]) -> dict:
@@ -244,22 +238,9 @@ def remote_rows(manager: SessionManager, runs: int, work: Path) -> list[tuple]:
         tunnel = session.link.tunnel
         remote_of = {tunnel.local_port(r): r for r in list(tunnel._listeners)}  # the tunnel's forwards, by local port
         remote_ports = [remote_of[info[name]] for name in PORTS]
-        local = {p: free_port() for p in [*remote_ports, serve_port]}
         cipher = tunnel.transport.remote_cipher  # OpenSSH told the same cipher as ours negotiated
-        cmd = ["ssh", "-N", "-F", remote["ssh_config"], "-c", cipher, "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes"]
-        for there, here in local.items():
-            cmd += ["-L", f"127.0.0.1:{here}:127.0.0.1:{there}"]
-        ssh = subprocess.Popen(cmd + [remote["address"]])
+        ssh, local = ssh_forward(remote, [*remote_ports, serve_port], cipher)
         try:
-            deadline = time.monotonic() + 20
-            for here in local.values():
-                while True:
-                    try:
-                        socket.create_connection(("127.0.0.1", here), timeout=1).close()
-                        break
-                    except OSError:
-                        assert time.monotonic() < deadline and ssh.poll() is None, "ssh -L did not come up"
-                        time.sleep(0.05)
             for name, there in zip(PORTS, remote_ports):
                 info[name] = local[there]
             via_ssh = KernelClient(info)

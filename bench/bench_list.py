@@ -20,7 +20,6 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from openssh import free_port  # noqa: E402
 from stats import Stats, write_section  # noqa: E402
 
 from gpusession.config import GpuSessionConfig  # noqa: E402
@@ -69,12 +69,6 @@ def cli(args: list[str], env: dict) -> float:
     took = time.perf_counter() - t
     assert out.returncode == 0, out.stderr
     return took, out.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(env: dict, work: Path) -> tuple[subprocess.Popen, int, str]:

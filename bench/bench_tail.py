@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from openssh import ssh_forward  # noqa: E402
 from stats import Stats, write_section  # noqa: E402
 
 from gpusession.kernel import KernelClient  # noqa: E402
@@ -54,12 +54,6 @@ for line in sys.stdin:
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def timed(kernel: KernelClient, n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -67,24 +61,6 @@ def timed(kernel: KernelClient, n: int) -> list[float]:
         kernel.evaluate("1+1")
         out.append(time.perf_counter() - t)
     return out
-
-
-def ssh_forward(remote: dict, ports: list[int], cipher: str) -> tuple[subprocess.Popen, dict[int, int]]:
-    local = {p: free_port() for p in ports}
-    cmd = ["ssh", "-N", "-F", remote["ssh_config"], "-c", cipher, "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes"]
-    for there, here in local.items():
-        cmd += ["-L", f"127.0.0.1:{here}:127.0.0.1:{there}"]
-    ssh = subprocess.Popen(cmd + [remote["address"]])
-    deadline = time.monotonic() + 20
-    for here in local.values():
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", here), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and ssh.poll() is None, "ssh -L did not come up"
-                time.sleep(0.05)
-    return ssh, local
 
 
 def measure(calls: int) -> tuple[dict[str, list[float]], str, str]:

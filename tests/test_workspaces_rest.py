@@ -80,8 +80,8 @@ async def test_list_resume_and_delete_workspaces(jp_fetch, manager):
     assert "got 'yes'" in await _error(jp_fetch, 400, "workspaces", "rw1", method="DELETE", confirm="yes")
     assert "bad workspace name '-x'" in await _error(jp_fetch, 400, "workspaces", "-x", method="DELETE", confirm="-x")
     assert "allowed: confirm, backend" in await _error(jp_fetch, 400, "workspaces", "rw1", method="DELETE", force="1")
-    assert "workspaces are kept by local, docker" in await _error(jp_fetch, 400, "workspaces", "rw1", method="DELETE",
-                                                                  confirm="rw1", backend="aws")
+    assert "workspaces are kept by local, docker, aws" in await _error(jp_fetch, 400, "workspaces", "rw1",
+                                                                       method="DELETE", confirm="rw1", backend="slurm")
     assert "no workspace ghost" in await _error(jp_fetch, 404, "workspaces", "ghost", method="DELETE", confirm="ghost")
 
     await _call(jp_fetch, "sessions", again["id"], method="DELETE")

@@ -60,10 +60,14 @@ class BaseHandler(APIHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"message": message}))
 
-    async def guarded(self, fn, *args, ok: int = 200) -> None:
-        """Run a blocking call and map our errors: BadInput 400, unknown 404, else 409/503."""
+    async def guarded(self, fn, *args, ok: int = 200, statuses: dict | None = None) -> None:
+        """Run a blocking call and map our errors: BadInput 400, unknown 404, else 409/503;
+        `statuses` ({error class: status}) comes first, for a handler's own errors."""
         try:
             result = await self.blocking(fn, *args)
+        except tuple(statuses or ()) as exc:
+            status = next(code for cls, code in statuses.items() if isinstance(exc, cls))
+            return self.fail(status, str(exc))
         except UnknownSession as exc:
             return self.fail(404, str(exc))
         except BadInput as exc:

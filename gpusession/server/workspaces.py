@@ -7,12 +7,13 @@ from __future__ import annotations
 import tornado.web
 
 from ..durations import shown
-from ..errors import BackendUnavailable, BadInput, GpuSessionError
+from ..errors import BadInput
 from ..options import WORKSPACE_BACKENDS
 from ..session.workspaces import NoWorkspace, WorkspaceInUse, list_all, remove
 from ..textvalues import workspace_name
 from ..workspace_words import workspace_rest_view
 from .base import BaseHandler
+
 
 class WorkspacesHandler(BaseHandler):
     @tornado.web.authenticated
@@ -48,16 +49,9 @@ class WorkspaceHandler(BaseHandler):
         if backend is not None and backend not in WORKSPACE_BACKENDS:
             return self.fail(400, f"'backend' {shown(backend, 40)}: workspaces are kept by {', '.join(WORKSPACE_BACKENDS)}")
         m = self.api.manager
-        try:
-            ws = await self.blocking(remove, m, name, backend)
-        except NoWorkspace as exc:
-            return self.fail(404, str(exc))
-        except WorkspaceInUse as exc:
-            return self.fail(409, str(exc))
-        except BadInput as exc:
-            return self.fail(400, str(exc))
-        except BackendUnavailable as exc:
-            return self.fail(503, str(exc))
-        except GpuSessionError as exc:
-            return self.fail(500, f"{type(exc).__name__}: {exc}")
-        self.finish({"deleted": ws.name, "backend": ws.backend, "where": ws.where})
+
+        def deleting() -> dict:
+            ws = remove(m, name, backend)
+            return {"deleted": ws.name, "backend": ws.backend, "where": ws.where}
+
+        await self.guarded(deleting, statuses={NoWorkspace: 404, WorkspaceInUse: 409})
