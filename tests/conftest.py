@@ -70,6 +70,19 @@ def engine():
 
 
 @pytest.fixture
+def remote(tmp_path, monkeypatch):
+    """The namespace Docker host reached over ssh:// (scripts/ci-remote-host.sh), with a HOME whose
+    ~/.ssh knows it; the test skips where that host cannot run."""
+    from support.hosts import ensure_remote_host, ssh_home
+
+    host = ensure_remote_host()
+    if host is None:
+        pytest.skip("the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)")
+    monkeypatch.setenv("HOME", ssh_home(host, tmp_path / "home"))
+    return host
+
+
+@pytest.fixture
 def nb_env(gs_home) -> dict[str, str]:
     env = dict(os.environ)
     env["GPUSESSION_HOME"] = str(gs_home)

@@ -16,19 +16,10 @@ import time
 import pytest
 
 from gpusession.backends.docker_engine import engine_client
-from support.hosts import docker_available, ensure_remote_host, ssh_home
+from support.hosts import docker_available
 
 NS = "gpus-remote"
 pytestmark = [pytest.mark.docker, pytest.mark.skipif(not docker_available(), reason="no Docker engine answers")]
-
-
-@pytest.fixture
-def remote(tmp_path, monkeypatch):
-    host = ensure_remote_host()
-    if host is None:
-        pytest.skip("the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)")
-    monkeypatch.setenv("HOME", ssh_home(host, tmp_path / "home"))
-    return host
 
 
 def _our_sshd(client) -> int:

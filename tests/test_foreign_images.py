@@ -20,7 +20,7 @@ from gpusession.errors import StageError
 from gpusession.models import State
 from gpusession.protocol import StopKind
 from gpusession.store import Store
-from support.hosts import docker_available, ensure_remote_host, ssh_home
+from support.hosts import docker_available
 from support.images import FOREIGN, NO_PYTHON, WHEEL_NAME, serve_folder, serve_registry, tiny_wheel
 
 LABEL = "gpusession.session"
@@ -189,15 +189,6 @@ def test_a_pull_shows_bytes_and_layers_and_what_stays(manager, engine):
 
 
 # -- the same through ssh:// ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def remote(tmp_path, monkeypatch):
-    host = ensure_remote_host()
-    if host is None:
-        pytest.skip("the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)")
-    monkeypatch.setenv("HOME", ssh_home(host, tmp_path / "home"))
-    return host
 
 
 @pytest.fixture(scope="module")
