@@ -19,7 +19,11 @@ if TYPE_CHECKING:  # http.client (with ssl, email) loads when a client is made: 
 
 
 class AgentUnavailable(GpuSessionError):
-    """The session's agent did not answer (tunnel down, session stopping, old image)."""
+    """The session's agent did not answer (tunnel down, session stopping, old image).
+    `refused`: the connection was refused, so the request never reached the agent (one that is
+    still starting: the runtime starts the kernel before the agent's HTTP side)."""
+
+    refused = False
 
 
 class AgentClient:
@@ -70,7 +74,9 @@ class AgentClient:
                     self._conn = None
                     if reused and attempt == 1:
                         continue  # the agent closed an idle connection: once more on a new one
-                    raise AgentUnavailable(f"the session's agent did not answer ({type(exc).__name__}: {exc})") from None
+                    error = AgentUnavailable(f"the session's agent did not answer ({type(exc).__name__}: {exc})")
+                    error.refused = isinstance(exc, ConnectionRefusedError)
+                    raise error from None
                 if resp.will_close:
                     conn.close()
                     self._conn = None

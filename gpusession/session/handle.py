@@ -150,9 +150,18 @@ class Session:
         restart=true (the runtime then starts the next); `force` ends it first when it still runs
         (POST /restart). Variables are gone; ports, key and the session stay."""
         deadline = time.monotonic() + timeout
-        state = self.kernel_state()
-        if force and state["generation"] <= after and state["running"]:
-            self.agent.restart_kernel()
+        while True:
+            try:
+                state = self.kernel_state()
+                if force and state["generation"] <= after and state["running"]:
+                    self.agent.restart_kernel()
+                break
+            except AgentUnavailable as exc:
+                # refused: never delivered; the runtime starts the kernel before the agent's HTTP
+                # side, so right after a start the agent may not listen yet
+                if not exc.refused or time.monotonic() > deadline or not self.healthy():
+                    raise
+                time.sleep(0.2)
         while not (state["generation"] > after and state["ready"]):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no fresh kernel in session {self.name} within {timeout:.0f}s")
