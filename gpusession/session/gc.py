@@ -54,14 +54,7 @@ def collect(manager: "SessionManager", *, dry_run: bool = False, backends: list[
             if rec is not None and rec.state.active:
                 continue
             why = "unknown to the store" if rec is None else f"session {rec.name} is {rec.state.value}"
-            if not dry_run:
-                try:
-                    backend.remove_resource(res)
-                except Exception as exc:  # noqa: BLE001 - report it, go on with the rest
-                    if skipped is not None:
-                        skipped.append(f"{res.description}: not removed ({type(exc).__name__}: {exc})")
-                    continue
-            actions.append(GcAction("remove", res.description, why, not dry_run))
+            actions += _remove(backend, res, why, dry_run=dry_run, notes=skipped)
         actions += _runtime_copies(backend, dry_run=dry_run, remove=volumes, notes=skipped)
     for rec in manager.store.list(active_only=True):
         try:
@@ -85,15 +78,20 @@ def _runtime_copies(backend, *, dry_run: bool, remove: bool, notes: list[str] | 
         return []
     actions = []
     for res in copies:
-        if not dry_run:
-            try:
-                backend.remove_resource(res)
-            except Exception as exc:  # noqa: BLE001 - report it, go on with the rest
-                if notes is not None:
-                    notes.append(f"{res.description}: not removed ({type(exc).__name__}: {exc})")
-                continue
-        actions.append(GcAction("remove", res.description, res.details["why"], not dry_run))
+        actions += _remove(backend, res, res.details["why"], dry_run=dry_run, notes=notes)
     return actions
+
+
+def _remove(backend, res, why: str, *, dry_run: bool, notes: list[str] | None) -> list[GcAction]:
+    """Remove one leftover (unless `dry_run`): its action, or none and a note when removing failed."""
+    if not dry_run:
+        try:
+            backend.remove_resource(res)
+        except Exception as exc:  # noqa: BLE001 - report it, go on with the rest
+            if notes is not None:
+                notes.append(f"{res.description}: not removed ({type(exc).__name__}: {exc})")
+            return []
+    return [GcAction("remove", res.description, why, not dry_run)]
 
 
 def _check_record(manager: "SessionManager", rec, *, dry_run: bool, orphans: bool) -> list[GcAction]:
