@@ -140,7 +140,7 @@ def test_the_ready_marker_is_found_when_another_write_shares_its_line(engine):
     try:
         t0 = time.monotonic()
         assert wait_for_marker(container, Marker.READY, 20, stage="connect") is None
-        assert time.monotonic() - t0 < 15
+        assert time.monotonic() - t0 < 19  # found, not the 20 s wait run out
     finally:
         container.remove(force=True)
 

@@ -252,7 +252,7 @@ def test_interrupting_a_running_cell_stops_it(kernel):
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt, match="interrupted the remote cell"):
         kernel.execute("import time\nprint('go', flush=True)\ntime.sleep(30)", sink=Recorder())
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 25  # not the 30 s the cell would sleep
     assert kernel.evaluate("1 + 1") == "2"
 
 

@@ -247,5 +247,5 @@ def test_an_image_without_python_on_a_remote_engine(remote, manager):
     t0 = time.monotonic()
     with pytest.raises(StageError) as err:
         manager.start(manager.make_spec("t4", backend="docker", image=NO_PYTHON, host=remote["url"]))
-    assert time.monotonic() - t0 < 20
+    assert time.monotonic() - t0 < 80  # found by the image probe, not after the kernel's 120 s wait
     assert err.value.stage == "image" and f"image {NO_PYTHON}" in err.value.message and "has no Python" in err.value.message

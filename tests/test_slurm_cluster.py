@@ -211,7 +211,7 @@ def test_ctrl_c_while_queued_cancels_the_job(cluster, home, manager):
 def test_idle_stop_ends_the_job_and_frees_the_node(cluster, home, manager):
     """The runtime's idle stop ends the job from inside: squeue is empty, the node idle again.
     The catalog's a100 is the cluster's a100_40g (--gres-type), which only n2 has."""
-    session = manager.start(slurm_spec(manager, cluster, "a100", name="idler", idle="5s", gres_type="a100=a100_40g"))
+    session = manager.start(slurm_spec(manager, cluster, "a100", name="idler", idle="10s", gres_type="a100=a100_40g"))
     job_id = session.record.resource["job_id"]
     assert node_of(cluster, job_id) == "n2"
     assert "TresPerNode=gres:gpu:a100_40g:1" in slurm(cluster, "scontrol", "-o", "show", "job", job_id)

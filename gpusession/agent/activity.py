@@ -80,11 +80,26 @@ def _hook_restart(kernel) -> None:
     kernel.do_shutdown = do_shutdown
 
 
+def _hook_kernel_info(kernel) -> None:
+    """A client asking kernel_info is somebody attaching (a notebook opening, a start waiting for
+    the kernel): the idle clock starts again, so a slow connect is not counted as idleness."""
+    original = kernel.shell_handlers.get("kernel_info_request")
+    if original is None:
+        return
+
+    def kernel_info_request(*args, **kwargs):  # the original's awaitable (ipykernel >= 6) is returned
+        touch()
+        return original(*args, **kwargs)
+
+    kernel.shell_handlers["kernel_info_request"] = kernel_info_request
+
+
 def load_ipython_extension(ip) -> None:
     ip.events.register("pre_run_cell", _pre_run_cell)
     ip.events.register("post_run_cell", _post_run_cell)
     if getattr(ip, "kernel", None) is not None:
         _hook_restart(ip.kernel)
+        _hook_kernel_info(ip.kernel)
         from .cellog import install
 
         install(ip.kernel)  # every output numbered and kept a while: a tunnel cut loses none
