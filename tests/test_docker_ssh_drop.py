@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,19 @@ from gpusession.backends.docker_engine import engine_client
 from support.hosts import docker_available
 
 NS = "gpus-remote"
-pytestmark = [pytest.mark.docker, pytest.mark.skipif(not docker_available(), reason="no Docker engine answers")]
+no_engine = pytest.mark.skipif(not docker_available(), reason="no Docker engine answers")
+
+
+def test_the_patched_sdk_is_the_major_the_patch_was_written_for():
+    """make_resilient reaches into docker-py 7.x's SSH transport; pyproject pins `<8`, and a new
+    major must be read (and this test changed) before it is let in."""
+    import docker
+    from docker.transport.sshconn import SSHConnectionPool, SSHHTTPAdapter
+
+    assert docker.__version__.split(".")[0] == "7", docker.__version__
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert '"docker>=7.1,<8"' in pyproject
+    assert hasattr(SSHConnectionPool, "_get_conn") and hasattr(SSHHTTPAdapter, "_connect")
 
 
 def _our_sshd(client) -> int:
@@ -53,6 +66,8 @@ def _dial_stdio(sshd: int) -> list[int]:
     return found
 
 
+@pytest.mark.docker
+@no_engine
 def test_calls_after_a_dropped_channel_and_a_cut_ssh_connection_succeed(remote):
     client = engine_client(remote["url"])
     try:
