@@ -37,11 +37,12 @@ Host $NS_IP
     IdentitiesOnly yes
 EOF
     # SetEnv: a `docker` run over this ssh (docker system dial-stdio, which
-    # ssh:// Docker clients use) talks to this namespace's dockerd; and root's
-    # .bashrc, shared with this machine, may run `pyenv rehash`, whose lock a
-    # login killed mid-rehash (the fault tests cut logins) leaves behind: wait
-    # 2 s for it, not pyenv's 60.
-    cat >"$STATE/sshd_config" <<EOF
+    # ssh:// Docker clients use) talks to this namespace's dockerd; and HOME is
+    # a home of this host's own, as on a real GPU box: root's home here is this
+    # machine's, whose .bashrc runs pyenv (0.2 s per login, and a lock that a
+    # login killed mid-rehash leaves behind made every later login wait 2-60 s).
+    mkdir -p "$STATE/home"
+    cat >"$STATE/sshd_config.new" <<EOF
 ListenAddress $NS_IP
 Port 22
 HostKey $STATE/host_ed25519_key
@@ -54,8 +55,9 @@ UsePAM no
 StrictModes no
 AllowTcpForwarding yes
 PrintMotd no
-SetEnv DOCKER_HOST=$SOCK PYENV_REHASH_TIMEOUT=2
+SetEnv DOCKER_HOST=$SOCK HOME=$STATE/home PYENV_REHASH_TIMEOUT=2
 EOF
+    install_config "$STATE/sshd_config" "$RUN/sshd.pid"
 }
 
 sshd_up() {

@@ -95,13 +95,14 @@ munge_up() {
 keys_up() {
     [ -f "$STATE/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C "$NAME-client" -f "$STATE/id_ed25519"
     cp "$STATE/id_ed25519.pub" "$STATE/authorized_keys"   # the "shared home" every node reads
+    mkdir -p "$STATE/home"
     local ns
     for ns in login "${NODES[@]}"; do
         mkdir -p "$STATE/etc-ssh-$ns"
         [ -f "$STATE/etc-ssh-$ns/ssh_host_ed25519_key" ] \
             || ssh-keygen -q -t ed25519 -N '' -C "gsl-$ns" -f "$STATE/etc-ssh-$ns/ssh_host_ed25519_key"
-        # PYENV_REHASH_TIMEOUT: see ci-remote-host.sh (root's .bashrc is this machine's)
-        cat >"$STATE/etc-ssh-$ns/sshd_config" <<EOF
+        # HOME: the cluster's shared home (see ci-remote-host.sh: root's is this machine's)
+        cat >"$STATE/etc-ssh-$ns/sshd_config.new" <<EOF
 Port 22
 HostKey /etc/ssh/ssh_host_ed25519_key
 PidFile $RUN/sshd-$ns.pid
@@ -113,8 +114,9 @@ UsePAM no
 StrictModes no
 AllowTcpForwarding yes
 PrintMotd no
-SetEnv SLURM_CONF=$STATE/slurm.conf PYENV_REHASH_TIMEOUT=2
+SetEnv SLURM_CONF=$STATE/slurm.conf HOME=$STATE/home PYENV_REHASH_TIMEOUT=2
 EOF
+        install_config "$STATE/etc-ssh-$ns/sshd_config" "$RUN/sshd-$ns.pid"
     done
     # Only the login node is known to the client: a node's key comes from its job (pinned).
     echo "$LOGIN_IP $(cut -d' ' -f1,2 "$STATE/etc-ssh-login/ssh_host_ed25519_key.pub")" >"$STATE/known_hosts"

@@ -2,7 +2,15 @@
 # the shared steps of a test host in a network namespace. Every step is idempotent: run on a setup
 # that is up, it changes nothing. The caller sets NAME (for messages).
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+alive() { local pid; pid=$(cat "$1" 2>/dev/null) && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; }
+
+install_config() {  # install_config FILE PIDFILE: FILE.new replaces FILE if it differs, and a running daemon rereads it
+    if cmp -s "$1.new" "$1"; then rm -f "$1.new"; return 0; fi
+    mv "$1.new" "$1"
+    alive "$2" || return 0
+    kill -HUP "$(cat "$2")"   # sshd re-executes itself, and writes its pid file again
+    for _ in $(seq 50); do sleep 0.1; alive "$2" && return 0; done
+}
 
 wait_for() {  # wait_for WHAT LOG COMMAND...: retry COMMAND for 30 s
     local what=$1 logfile=$2; shift 2
