@@ -150,27 +150,35 @@ class Session:
         restart=true (the runtime then starts the next); `force` ends it first when it still runs
         (POST /restart). Variables are gone; ports, key and the session stay."""
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                state = self.kernel_state()
-                if force and state["generation"] <= after and state["running"]:
-                    self.agent.restart_kernel()
-                break
-            except AgentUnavailable as exc:
-                # refused: never delivered; the runtime starts the kernel before the agent's HTTP
-                # side, so right after a start the agent may not listen yet
-                if not exc.refused or time.monotonic() > deadline or not self.healthy():
-                    raise
-                time.sleep(0.2)
+        state = self._kernel_state_until(deadline)
+        if force and state["generation"] <= after and state["running"]:
+            self.agent.restart_kernel()
         while not (state["generation"] > after and state["ready"]):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no fresh kernel in session {self.name} within {timeout:.0f}s")
             if not self.healthy():
-                raise KernelDied(f"session {self.name} ended while its kernel restarted")
+                raise KernelDied(f"session {self.name} ended while its kernel restarted{self._why_ended()}")
             time.sleep(0.1)
-            state = self.kernel_state()
+            state = self._kernel_state_until(deadline)
         self.kernel.wait_ready(timeout=max(1.0, deadline - time.monotonic()))
         return state["generation"]
+
+    def _kernel_state_until(self, deadline: float) -> dict:
+        """kernel_state(), asked again while the agent refuses (never delivered: right after a
+        start the agent may not listen yet) until `deadline`; a session found ended says so."""
+        while True:
+            try:
+                return self.kernel_state()
+            except AgentUnavailable as exc:
+                if not exc.refused or time.monotonic() > deadline:
+                    raise
+                if not self.healthy():
+                    raise KernelDied(f"session {self.name} ended while its kernel restarted{self._why_ended()}") from exc
+                time.sleep(0.2)
+
+    def _why_ended(self) -> str:
+        record = self.manager.refresh_state(self.id)
+        return f" ({record.events[-1].detail})" if record.events and not record.state.active else ""
 
     def stats(self, since: float | None = None, limit: int | None = None) -> dict:
         """Live stats from the session's agent: samples newer than `since` (unix s), the newest
