@@ -50,15 +50,14 @@ def test_idle_session_stops_itself_and_the_store_says_why(manager):
     assert stats["samples"] and stats["samples"][-1]["memory_used"] > 0
     assert stats["idle"]["timeout_s"] == IDLE_S and 0 < stats["idle"]["remaining_s"] <= IDLE_S
 
-    # a client attaching (kernel_info: a notebook opening, a start waiting) starts the clock again
-    time.sleep(2.5)
+    # looking is not activity: another client attaching (its kernel_info) leaves the clock alone
+    time.sleep(2.0)
     before = session.stats(limit=1)["idle"]["idle_for_s"]
-    assert before >= 2.0, before
+    assert before >= 1.5, before
     session.kernel.client.kernel_info(reply=True, timeout=10)
-    deadline = time.monotonic() + 5
-    while (after := session.stats(limit=1)["idle"]["idle_for_s"]) >= before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert after < 1.5 < before, (before, after)
+    time.sleep(1.5)  # the agent checks once a second
+    after = session.stats(limit=1)["idle"]["idle_for_s"]
+    assert after >= before + 1.0, (before, after)
 
     session.run("x = 1")  # the last activity
     last = _read(state_dir, "activity.json")["last_activity"]

@@ -188,3 +188,30 @@ def test_watchdog_replays_recorded_samples_and_stops_once(tmp_path):
     samples = wd.stats()["samples"]
     assert len(samples) == 12 and clock.t == T0 + 12  # no tick after the stop
     assert samples[1]["gpus"][0]["utilization"] == 97.0 and samples[1]["kernel_busy"] is True
+
+
+def test_the_first_kernel_info_restarts_the_idle_clock_and_later_ones_do_not(tmp_path, monkeypatch):
+    """The starting client's first kernel_info is when the session became usable (a slow connect
+    is no idleness); a panel or another process attaching later is only looking."""
+    import json
+    import time
+
+    from gpusession.agent import activity
+    from gpusession.envnames import ENV_STATE_DIR
+
+    monkeypatch.setenv(ENV_STATE_DIR, str(tmp_path))
+    monkeypatch.setitem(activity._state, "last_activity", time.time() - 100)
+    asked = []
+
+    class Kernel:
+        shell_handlers = {"kernel_info_request": lambda *args: asked.append(args) or "reply"}
+
+    kernel = Kernel()
+    activity._hook_kernel_info(kernel)
+    assert kernel.shell_handlers["kernel_info_request"]("stream", "ident", "msg") == "reply"
+    first = json.loads((tmp_path / "activity.json").read_text())["last_activity"]
+    assert time.time() - first < 5
+    time.sleep(1.1)
+    assert kernel.shell_handlers["kernel_info_request"]("stream", "ident", "msg") == "reply"
+    assert json.loads((tmp_path / "activity.json").read_text())["last_activity"] == first
+    assert asked == [("stream", "ident", "msg")] * 2

@@ -44,12 +44,13 @@ def _pre_run_cell(info=None) -> None:
     _write()
 
 
-def touch() -> None:
+def touch(force: bool = False) -> None:
     """Something used the kernel without running a cell (a push, pull, upload or download): the
-    idle clock starts again. Written at most once a second (a transfer sends many requests)."""
+    idle clock starts again. Written at most once a second (a transfer sends many requests)
+    unless `force`."""
     now = time.time()
     _state["last_activity"] = now
-    if now - _written[0] >= 1.0:
+    if force or now - _written[0] >= 1.0:
         _write()
 
 
@@ -81,14 +82,16 @@ def _hook_restart(kernel) -> None:
 
 
 def _hook_kernel_info(kernel) -> None:
-    """A client asking kernel_info is somebody attaching (a notebook opening, a start waiting for
-    the kernel): the idle clock starts again, so a slow connect is not counted as idleness."""
+    """The first kernel_info a client asks is the starting client reaching the kernel: the idle
+    clock starts again then, so a slow connect is not counted as idleness. Later ones (a panel
+    or another process attaching to look) are not activity."""
     original = kernel.shell_handlers.get("kernel_info_request")
     if original is None:
         return
 
     def kernel_info_request(*args, **kwargs):  # the original's awaitable (ipykernel >= 6) is returned
-        touch()
+        kernel.shell_handlers["kernel_info_request"] = original
+        touch(force=True)
         return original(*args, **kwargs)
 
     kernel.shell_handlers["kernel_info_request"] = kernel_info_request
