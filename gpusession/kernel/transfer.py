@@ -126,8 +126,10 @@ class _Sender(io.RawIOBase):
     def write(self, data) -> int:
         self.buf += data
         while len(self.buf) >= CHUNK:
-            self._data(bytes(self.buf[:CHUNK]), last=False)
+            with memoryview(self.buf) as view:
+                part = view[:CHUNK].tobytes()  # one copy (a slice, then bytes(), made two)
             del self.buf[:CHUNK]
+            self._data(part, last=False)
         return len(data)
 
     def send_view(self, view: memoryview) -> None:
@@ -267,19 +269,19 @@ def download(kc: "KernelClient", paths: list[str], to: str = ".", progress: Prog
     class _Feed:
         """What tarfile's stream reads: the received chunks, whole when they fit (no copy)."""
 
-        rest = b""
+        rest = memoryview(b"")
 
-        def read(self, n: int = -1) -> bytes:
+        def read(self, n: int = -1) -> "bytes | memoryview":
             if not self.rest:
                 part = feed.get()
                 if part is None:
                     feed.put(None)
                     return b""
-                self.rest = part
+                self.rest = memoryview(part)
             if n < 0 or len(self.rest) <= n:
-                out, self.rest = self.rest, b""
+                out, self.rest = self.rest, memoryview(b"")
                 return out
-            out, self.rest = self.rest[:n], self.rest[n:]
+            out, self.rest = self.rest[:n], self.rest[n:]  # views: tarfile joins what it reads anyway
             return out
 
     def extract() -> None:
