@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .client import KernelClient
 
 CHUNK = 4 << 20
-WINDOW = 4
+WINDOW = 8  # 32 MiB in flight: at 4 a single big download sometimes stalled to ~250 MB/s (bench_data.py)
 TAR_BUFSIZE = 1 << 20
 Progress = Callable[[int, "int | None"], None]
 
