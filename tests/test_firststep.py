@@ -101,3 +101,18 @@ def test_run_takes_the_early_kernel_over(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_kernel_ports_are_free_distinct_and_below_the_ephemeral_range(tmp_path):
+    """Chosen before the kernel binds them: a port in the ephemeral range can meanwhile be taken
+    by an outgoing connection (sshd's refused connects to a booting kernel, or one connecting to
+    itself), and the kernel then exits with 'address in use'."""
+    from gpusession.agent.kernelspawn import _ephemeral_low, write_connection_file
+
+    info = write_connection_file(str(tmp_path / "kernel.json"), "127.0.0.1", 0)
+    ports = [info[name] for name in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")]
+    assert len(set(ports)) == 5
+    low = _ephemeral_low()
+    if low > 11000:
+        assert all(10000 <= p < low for p in ports), (ports, low)
+    assert json.loads((tmp_path / "kernel.json").read_text())["shell_port"] == ports[0]

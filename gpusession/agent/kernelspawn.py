@@ -24,15 +24,34 @@ from .kernelenv import kernel_command, kernel_environment
 VALUED = ("--session-id", "--state-dir", "--kernel-ip", "--kernel-ports", "--cwd", "--workspace")
 
 
+def _ephemeral_low() -> int:
+    """The lowest port this host gives outgoing connections (Linux), 0 when not known."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _free_port(ip: str) -> int:
+    """A port free now, below the ephemeral range where the host says which it is: the kernel
+    binds it a moment later, and while a client's connects through the tunnel are refused
+    (the kernel still boots), an outgoing connection there can take an ephemeral port (or
+    connect to itself, TCP's simultaneous open) and the kernel's bind then fails."""
     import _socket
 
-    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-    try:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
+    low = _ephemeral_low()
+    tries = [int.from_bytes(os.urandom(2), "big") % (low - 10000) + 10000 for _ in range(20)] if low > 11000 else []
+    for port in tries + [0]:
+        s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        try:
+            s.bind((ip, port))
+            return s.getsockname()[1]
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise OSError(f"no free port on {ip}")
 
 
 def _plain(value) -> bool:
@@ -47,7 +66,11 @@ def write_connection_file(path: str, ip: str, base_port: int) -> dict:
 
         with open(path) as f:
             return json.load(f)
-    ports = [base_port + i for i in range(5)] if base_port else [_free_port(ip) for _ in range(5)]
+    ports = [base_port + i for i in range(5)] if base_port else []
+    while len(ports) < 5:  # five different ones
+        port = _free_port(ip)
+        if port not in ports:
+            ports.append(port)
     info: dict = dict(zip(KERNEL_PORT_NAMES, ports))
     info.update(ip=ip, key=os.environ.get(ENV_KERNEL_KEY) or os.urandom(32).hex(), transport="tcp",
                 signature_scheme="hmac-sha256", kernel_name="python3")
