@@ -55,7 +55,7 @@ UsePAM no
 StrictModes no
 AllowTcpForwarding yes
 PrintMotd no
-SetEnv DOCKER_HOST=$SOCK HOME=$STATE/home PYENV_REHASH_TIMEOUT=2
+SetEnv DOCKER_HOST=$SOCK HOME=$STATE/home
 EOF
     install_config "$STATE/sshd_config" "$RUN/sshd.pid"
 }

@@ -114,7 +114,7 @@ UsePAM no
 StrictModes no
 AllowTcpForwarding yes
 PrintMotd no
-SetEnv SLURM_CONF=$STATE/slurm.conf HOME=$STATE/home PYENV_REHASH_TIMEOUT=2
+SetEnv SLURM_CONF=$STATE/slurm.conf HOME=$STATE/home
 EOF
         install_config "$STATE/etc-ssh-$ns/sshd_config" "$RUN/sshd-$ns.pid"
     done

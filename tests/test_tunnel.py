@@ -55,8 +55,8 @@ class Sshd:
             f"PidFile {folder / 'sshd.pid'}\nAuthorizedKeysFile {folder / 'authorized_keys'}\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
             "AllowTcpForwarding yes\nPermitRootLogin prohibit-password\n"
-            # a home of its own: root's here may run pyenv (a stale rehash lock waits 2-60 s per login)
-            f"SetEnv HOME={folder} PYENV_REHASH_TIMEOUT=2\n" + extra
+            # a home of its own: root's here runs pyenv (a stale rehash lock waits 2-60 s per login)
+            f"SetEnv HOME={folder}\n" + extra
         )
         os.makedirs("/run/sshd", exist_ok=True)
         self.proc = subprocess.Popen(
