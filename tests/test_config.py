@@ -1,4 +1,4 @@
-"""Settings: every row of the README's Configuration table, set through IPython (config file,
+"""Settings: every row of the configuration reference (docs/reference/configuration.md), set through IPython (config file,
 `%config`, command line), through the jupyter server's config, and through env vars.
 
 Precedence: `%config` / command line / config files > env var > built-in."""
@@ -29,7 +29,7 @@ from support.notebook_kernel import NotebookKernel
 ROOT = Path(__file__).resolve().parent.parent
 IPYTHON = str(Path(sys.executable).with_name("ipython"))
 
-# the README's Configuration table: setting -> env var
+# the configuration reference's table: setting -> env var
 ENV_VARS = {
     "data_dir": "GPUSESSION_HOME",
     "default_backend": "GPUSESSION_BACKEND",
@@ -125,12 +125,11 @@ def kernel_factory(tmp_path):
         nk.close()
 
 
-# --- the README stays true ---------------------------------------------------------------
+# --- the configuration reference stays true ---------------------------------------------------------------
 
 
-def test_readme_table_lists_every_setting_with_its_env_var():
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("## Configuration", 1)[1]
+def test_configuration_reference_lists_every_setting_with_its_env_var():
+    table = (ROOT / "docs" / "reference" / "configuration.md").read_text()
     rows = dict(re.findall(r"^\| `c\.GpuSessionConfig\.(\w+)` \| `(\w+)` \|", table, re.M))
     assert rows == ENV_VARS
     assert set(GpuSessionConfig.class_trait_names(config=True)) == set(ENV_VARS)
