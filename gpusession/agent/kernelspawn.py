@@ -106,6 +106,17 @@ def kernel_plan(connection_file: str, state_dir: str, session_id: str, workspace
     return kernel_command(connection_file, extensions), env
 
 
+def private_state_dir(state_dir: str) -> None:
+    """The session's state folder (its kernel's key, its logs), the owner's alone: made 0700, an
+    older one closed to others, and umask 077 for what the runtime and its kernels write."""
+    os.umask(0o077)
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    try:
+        os.chmod(state_dir, 0o700)
+    except OSError:  # not ours (an image's own folder): its owner decides
+        pass
+
+
 def forget_restart(state_dir: str) -> None:
     """A restart request is for the kernel that was running: gone once the next one starts."""
     try:
@@ -172,7 +183,7 @@ def early_kernel(argv: list[str]) -> tuple[Spawned, dict]:
     """The session's first kernel, started from `run`'s ARGS: (its process, its connection info)."""
     opts = _options(argv)
     state_dir = os.path.abspath(opts["--state-dir"])
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    private_state_dir(state_dir)
     connection_file = os.path.join(state_dir, "kernel.json")
     info = write_connection_file(connection_file, opts.get("--kernel-ip") or "127.0.0.1",
                                  int(opts.get("--kernel-ports") or 0))

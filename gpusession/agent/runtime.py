@@ -27,7 +27,7 @@ import time
 from ..envnames import RESTART_FILE
 from ..protocol import KERNEL_PORT_NAMES, Marker, StopKind, StopReason, marker_line
 from . import service
-from .kernelspawn import Spawned, forget_restart, kernel_plan, write_connection_file
+from .kernelspawn import Spawned, forget_restart, kernel_plan, private_state_dir, write_connection_file
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -51,7 +51,7 @@ class Runtime:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.state_dir = os.path.abspath(args.state_dir)
-        os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+        private_state_dir(self.state_dir)
         self.connection_file = os.path.join(self.state_dir, "kernel.json")
         self.kernel: subprocess.Popen | Spawned | None = None
         self.stop_reason: StopReason | None = None
