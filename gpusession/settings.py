@@ -133,3 +133,13 @@ def private_folder(path: str | os.PathLike[str]) -> Path:
             "gpusession: your data folder %s is open to other users on this machine (mode %03o): they may "
             "read your sessions' keys and tokens there. Close it with: chmod 700 %s", folder, mode, folder)
     return folder
+
+
+def private_socket_dir(prefix: str = "gpusession-") -> str:
+    """A new 0700 folder for a session's unix sockets, in the user's runtime folder
+    ($XDG_RUNTIME_DIR) or the temp folder: short paths (a socket's path has at most 107 bytes),
+    and only this user may connect to what listens there. The caller removes it."""
+    import tempfile
+
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return tempfile.mkdtemp(prefix=prefix, dir=runtime if runtime and os.path.isdir(runtime) else None)

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,92 @@ def test_an_existing_open_data_folder_is_said_once(tmp_path, nb_env):
                          f"they may read your sessions' keys and tokens there. Close it with: chmod 700 {home}"], \
             done.stderr
         assert "Traceback" not in done.stderr
+
+
+# run as another user: a ZMQ SUB on each of a session's kernel sockets, for `seconds`; how many
+# messages it received (a SUB needs no key: whoever connects to IOPub reads every output)
+SUB_PROBE = r"""
+import json, sys, time
+import zmq
+endpoints, seconds = json.loads(sys.argv[1]), float(sys.argv[2])
+ctx = zmq.Context()
+socks = []
+for url in endpoints:
+    s = ctx.socket(zmq.SUB)
+    s.setsockopt(zmq.SUBSCRIBE, b"")
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(url)  # ZMQ connects in the background: a refused one just never delivers
+    socks.append(s)
+print("ready", flush=True)
+poller = zmq.Poller()
+for s in socks:
+    poller.register(s, zmq.POLLIN)
+got, end = [], time.monotonic() + seconds
+while time.monotonic() < end:
+    for s, _ in poller.poll(100):
+        got.append(b"".join(s.recv_multipart()).decode(errors="replace"))
+print(json.dumps(got))
+"""
+
+
+def zmq_endpoints(info: dict) -> list[str]:
+    from gpusession.protocol import KERNEL_PORT_NAMES
+
+    if info.get("transport") == "ipc":
+        return [f"ipc://{info['ip']}-{info[name]}" for name in KERNEL_PORT_NAMES]
+    return [f"tcp://{info['ip']}:{info[name]}" for name in KERNEL_PORT_NAMES]
+
+
+def pyzmq_for_nobody(folder: Path) -> str:
+    """A copy of pyzmq that uid nobody may import (ours may sit under root's 0700 home)."""
+    import shutil
+
+    import zmq
+
+    site = Path(zmq.__file__).parent.parent
+    target = folder / "site"
+    for name in ("zmq", "pyzmq.libs"):
+        if (site / name).is_dir():
+            shutil.copytree(site / name, target / name)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return str(target)
+
+
+def subscribers_while_printing(session, endpoints: list[str], *, user: str | None, path: str) -> list[str]:
+    """Outputs a SUB on each endpoint received, as `user` (None: this one), while a cell prints."""
+    python = nobody_python() if user else sys.executable
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": path}
+    probe = subprocess.Popen([python, "-c", SUB_PROBE, json.dumps(endpoints), "4"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env, cwd="/",
+                             **({"user": user, "group": "nogroup", "extra_groups": []} if user else {}))
+    try:
+        assert probe.stdout.readline().strip() == "ready", probe.stderr.read()
+        time.sleep(0.5)  # its connects are made
+        out = session.kernel.execute("import time\nfor i in range(15):\n    print('secret-output', i, flush=True)\n"
+                                     "    time.sleep(0.1)")
+        assert out["status"] == "ok"
+        got, err = probe.communicate(timeout=30)
+    finally:
+        probe.kill()
+    assert probe.returncode == 0, err
+    return json.loads(got.strip().splitlines()[-1])
+
+
+def test_another_user_cannot_subscribe_to_a_local_session_kernel(open_parent):
+    from gpusession.session import SessionManager
+
+    path = pyzmq_for_nobody(open_parent)
+    manager = SessionManager()
+    try:
+        session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="z1"))
+        endpoints = zmq_endpoints(session.link.endpoint.connection_info)
+        # the probe works: the session's owner subscribing this way reads the cell's output
+        mine = subscribers_while_printing(session, endpoints, user=None, path=path)
+        assert any("secret-output" in m for m in mine), mine
+        theirs = subscribers_while_printing(session, endpoints, user="nobody", path=path)
+        assert theirs == [], theirs[:3]
+    finally:
+        for r in manager.list(active_only=True):
+            manager.stop(r.id)
+        manager.close()

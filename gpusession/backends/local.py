@@ -21,6 +21,7 @@ from pathlib import Path
 from ..agentargs import args_for, workspace_name
 from .. import procs
 from ..errors import StageError
+from ..settings import private_socket_dir
 from ..models import KernelEndpoint, SessionRecord
 from ..progress import Progress
 from ..protocol import ENV_SESSION_ID, StopDetails
@@ -81,6 +82,8 @@ class LocalBackend(Backend):
         if record.spec.extra.get("resume") and not workspace.is_dir():
             raise StageError("provision", f"no workspace {workspace.name} to resume (`gpusession workspaces` lists them)")
         _private_dirs(workspace)
+        sockets = private_socket_dir()
+        self.recorder.save(record.id, sockets=sockets)
         cmd = [
             sys.executable,
             "-m",
@@ -91,7 +94,7 @@ class LocalBackend(Backend):
             "--state-dir",
             str(state_dir),
             "--kernel-ip",
-            "127.0.0.1",
+            os.path.join(sockets, "k"),  # unix sockets in a 0700 folder: no other user reaches the kernel
             "--kernel-ports",
             "0",
             "--cwd",
@@ -155,6 +158,10 @@ class LocalBackend(Backend):
         pid = record.resource.get("pid")
         if pid and _process_label(pid) == record.id:
             _terminate(pid)
+        if record.resource.get("sockets") and not _pid_alive(pid):
+            import shutil
+
+            shutil.rmtree(record.resource["sockets"], ignore_errors=True)
 
     def list_resources(self) -> list[RemoteResource]:
         found = []
