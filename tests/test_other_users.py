@@ -162,7 +162,7 @@ def pyzmq_for_nobody(folder: Path) -> str:
     return str(target)
 
 
-def subscribers_while_printing(session, endpoints: list[str], *, user: str | None, path: str) -> list[str]:
+def subscribers_while_printing(kernel, endpoints: list[str], *, user: str | None, path: str) -> list[str]:
     """Outputs a SUB on each endpoint received, as `user` (None: this one), while a cell prints."""
     python = nobody_python() if user else sys.executable
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": path}
@@ -172,7 +172,7 @@ def subscribers_while_printing(session, endpoints: list[str], *, user: str | Non
     try:
         assert probe.stdout.readline().strip() == "ready", probe.stderr.read()
         time.sleep(0.5)  # its connects are made
-        out = session.kernel.execute("import time\nfor i in range(15):\n    print('secret-output', i, flush=True)\n"
+        out = kernel.execute("import time\nfor i in range(15):\n    print('secret-output', i, flush=True)\n"
                                      "    time.sleep(0.1)")
         assert out["status"] == "ok"
         got, err = probe.communicate(timeout=30)
@@ -191,11 +191,47 @@ def test_another_user_cannot_subscribe_to_a_local_session_kernel(open_parent):
         session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="z1"))
         endpoints = zmq_endpoints(session.link.endpoint.connection_info)
         # the probe works: the session's owner subscribing this way reads the cell's output
-        mine = subscribers_while_printing(session, endpoints, user=None, path=path)
+        mine = subscribers_while_printing(session.kernel, endpoints, user=None, path=path)
         assert any("secret-output" in m for m in mine), mine
-        theirs = subscribers_while_printing(session, endpoints, user="nobody", path=path)
+        theirs = subscribers_while_printing(session.kernel, endpoints, user="nobody", path=path)
         assert theirs == [], theirs[:3]
     finally:
         for r in manager.list(active_only=True):
             manager.stop(r.id)
         manager.close()
+
+
+def test_another_user_cannot_subscribe_through_the_tunnel_either(open_parent, tmp_path):
+    """The runtime on the far side of an SSH tunnel (slurm's compute node, an ssh:// host): its
+    kernel on unix sockets in a 0700 folder there, the tunnel's ends unix sockets in a 0700
+    folder here; another uid reaches neither."""
+    from support.procs import start_runtime
+    from test_tunnel import Sshd
+
+    from gpusession.kernel import KernelClient
+    from gpusession.tunnel import Tunnel, tunneled_endpoint
+
+    path = pyzmq_for_nobody(open_parent)
+    remote_sockets = open_parent / "remote"
+    remote_sockets.mkdir(mode=0o700)
+    sshd = Sshd(tmp_path / "sshd")
+    info, proc = start_runtime(tmp_path / "state", "isotest", "--kernel-ip", str(remote_sockets / "k"))
+    try:
+        assert info["transport"] == "ipc"
+        with Tunnel(sshd.target(), []) as tunnel:
+            endpoint = tunneled_endpoint(tunnel, info, None)
+            local = endpoint.connection_info
+            assert local["transport"] == "ipc" and os.stat(os.path.dirname(local["ip"])).st_mode & 0o777 == 0o700
+            kernel = KernelClient(local, healthy=tunnel.healthy)
+            try:
+                kernel.wait_ready(30)
+                both = zmq_endpoints(local) + zmq_endpoints(info)
+                mine = subscribers_while_printing(kernel, both, user=None, path=path)
+                assert any("secret-output" in m for m in mine), mine
+                assert subscribers_while_printing(kernel, both, user="nobody", path=path) == []
+            finally:
+                kernel.close()
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        sshd.close()
