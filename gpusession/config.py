@@ -37,6 +37,7 @@ from .settings import (  # noqa: F401 - ConfigError, EnvConfig and the built-ins
     _price,
     builtin_data_dir,
     env_setting,
+    private_folder,
 )
 
 class GpuSessionConfig(Configurable):
@@ -171,7 +172,6 @@ class GpuSessionConfig(Configurable):
     @property
     def data_path(self) -> Path:
         """The data dir, created. From the first call on, it stays this process's data dir."""
-        p = Path(self.data_dir)
-        p.mkdir(parents=True, exist_ok=True)
+        p = private_folder(self.data_dir)
         self._data_dir_in_use = str(p)
         return p

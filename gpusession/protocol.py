@@ -28,6 +28,18 @@ from .envnames import ENV_STATE_DIR as ENV_STATE_DIR
 from .envnames import ENV_WORKSPACE as ENV_WORKSPACE
 from .envnames import KERNEL_PORT_NAMES as KERNEL_PORT_NAMES
 
+# -- the agent's HTTP endpoint ----------------------------------------------------------------
+
+
+def agent_token(connection_key: str) -> str:
+    """The bearer token for a session's agent (every route, /health too), from its kernel
+    connection key: whoever holds the key may ask; the key itself never goes on the wire."""
+    import hashlib
+    import hmac
+
+    return hmac.new(connection_key.encode(), b"gpusession-agent-v1", hashlib.sha256).hexdigest()
+
+
 # -- the session kernel's cell log (gpusession.agent.cellog <-> gpusession.kernel) ---------------
 
 #: the IOPub messages a cell shows; the session kernel numbers each of them per execute request

@@ -112,6 +112,34 @@ class EnvConfig:
 
     @property
     def data_path(self) -> Path:
-        p = Path(self.data_dir)
-        p.mkdir(parents=True, exist_ok=True)
-        return p
+        return private_folder(self.data_dir)
+
+
+_SAID_OPEN: set[str] = set()  # data folders whose openness was said already (once per process)
+
+
+def private_folder(path: str | os.PathLike[str]) -> Path:
+    """The data folder at `path`, made 0700 when new (it holds session keys, kernel keys and API
+    tokens: another user on a shared machine must read nothing there). One that exists open to
+    others is left as it is (its owner may have meant it) and said once, as a warning."""
+    folder = Path(path)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = folder.stat().st_mode & 0o777
+    if mode & 0o077 and str(folder) not in _SAID_OPEN:
+        _SAID_OPEN.add(str(folder))
+        import logging
+
+        logging.getLogger("gpusession").warning(
+            "gpusession: your data folder %s is open to other users on this machine (mode %03o): they may "
+            "read your sessions' keys and tokens there. Close it with: chmod 700 %s", folder, mode, folder)
+    return folder
+
+
+def private_socket_dir(prefix: str = "gpusession-") -> str:
+    """A new 0700 folder for a session's unix sockets, in the user's runtime folder
+    ($XDG_RUNTIME_DIR) or the temp folder: short paths (a socket's path has at most 107 bytes),
+    and only this user may connect to what listens there. The caller removes it."""
+    import tempfile
+
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return tempfile.mkdtemp(prefix=prefix, dir=runtime if runtime and os.path.isdir(runtime) else None)

@@ -67,7 +67,9 @@ class Store:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # made 0600 before sqlite opens it: its -wal and -shm files take the database's mode
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)

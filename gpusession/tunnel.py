@@ -92,7 +92,8 @@ class Tunnel:
         self.on_event = on_event or (lambda text: None)
         self.reconnects = 0
         self._remote_ports = list(remote_ports)
-        self._listeners: dict[int, socket.socket] = {}
+        self._listeners: dict[int | str, socket.socket] = {}  # remote port, or remote unix socket path
+        self._socket_dir: str | None = None  # the 0700 folder of the local unix sockets, made at the first
         self._transport: paramiko.Transport | None = None
         self._jump_transport: paramiko.Transport | None = None
         self._up = threading.Event()
@@ -128,6 +129,10 @@ class Tunnel:
             self._transport = self._jump_transport = None
         for sock in listeners:
             _shut(sock)
+        if self._socket_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
         self._cut_connections()
         for t in transports:
             if t is not None:
@@ -189,6 +194,30 @@ class Tunnel:
             target=self._accept, args=(listener, remote_port), name=f"gpusession-tunnel-{remote_port}", daemon=True
         ).start()
         return listener.getsockname()[1]
+
+    def add_socket_forward(self, remote_path: str, name: str = "") -> str:
+        """Listen on a unix socket `name` (default: a new one) in a 0700 folder of this user's for
+        the remote unix socket `remote_path` (OpenSSH's direct-streamlocal channel); returns the
+        local socket's path.
+        Unlike a loopback port, no other user of this machine can connect to it."""
+        from .settings import private_socket_dir
+
+        with self._lock:
+            if self._closed.is_set():
+                raise TunnelError("the tunnel is closed")
+            if remote_path in self._listeners:
+                return self._listeners[remote_path].getsockname()
+            if self._socket_dir is None:
+                self._socket_dir = private_socket_dir("gpusession-tunnel-")
+            listener = socket.socket(socket.AF_UNIX)
+            local = os.path.join(self._socket_dir, name or f"s{len(self._listeners)}")
+            listener.bind(local)
+            listener.listen(64)
+            self._listeners[remote_path] = listener
+        threading.Thread(
+            target=self._accept, args=(listener, remote_path), name="gpusession-tunnel-unix", daemon=True
+        ).start()
+        return local
 
     # -- connecting ---------------------------------------------------------------------
 
@@ -288,16 +317,17 @@ class Tunnel:
 
     # -- forwarding ---------------------------------------------------------------------
 
-    def _accept(self, listener: socket.socket, remote_port: int) -> None:
+    def _accept(self, listener: socket.socket, remote_port: int | str) -> None:
         while not self._closed.is_set():
             try:
                 conn, peer = listener.accept()
             except OSError:
                 return  # closed
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if conn.family == socket.AF_INET:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=self._forward, args=(conn, peer, remote_port), daemon=True).start()
 
-    def _forward(self, conn: socket.socket, peer, remote_port: int) -> None:
+    def _forward(self, conn: socket.socket, peer, remote_port: int | str) -> None:
         with self._lock:
             self._conns.add(conn)
         try:
@@ -309,7 +339,7 @@ class Tunnel:
                 self._conns.discard(conn)
             conn.close()
 
-    def _open_channel(self, peer, remote_port: int) -> paramiko.Channel | None:
+    def _open_channel(self, peer, remote_port: int | str) -> paramiko.Channel | None:
         """None when the remote port does not answer (the kernel is not listening yet, or the
         tunnel is down): the local connection is closed, and its client (ZMQ) retries."""
         if not self._up.wait(5.0):
@@ -318,6 +348,8 @@ class Tunnel:
         if t is None:
             return None
         try:
+            if isinstance(remote_port, str):
+                return _open_streamlocal(t, remote_port, timeout=10)
             return t.open_channel(
                 "direct-tcpip", ("127.0.0.1", remote_port), peer,
                 window_size=WINDOW, max_packet_size=PACKET, timeout=10,
@@ -330,6 +362,48 @@ class Tunnel:
             conns = list(self._conns)
         for conn in conns:
             _shut(conn)
+
+
+def _open_streamlocal(transport: paramiko.Transport, path: str, timeout: float) -> paramiko.Channel:
+    """A `direct-streamlocal@openssh.com` channel to the unix socket `path` on the server (sshd's
+    AllowStreamLocalForwarding, on by default). paramiko's open_channel packs addresses only for
+    the tcpip kinds; this is its open sequence with this kind's fields: the path, then a
+    reserved empty string and a reserved 0."""
+    from paramiko.common import cMSG_CHANNEL_OPEN
+    from paramiko.message import Message
+
+    if not transport.active:
+        raise paramiko.SSHException("SSH session not active")
+    with transport.lock:
+        window = transport._sanitize_window_size(WINDOW)
+        packet = transport._sanitize_packet_size(PACKET)
+        chanid = transport._next_channel()
+        m = Message()
+        m.add_byte(cMSG_CHANNEL_OPEN)
+        m.add_string("direct-streamlocal@openssh.com")
+        m.add_int(chanid)
+        m.add_int(window)
+        m.add_int(packet)
+        m.add_string(path)
+        m.add_string("")
+        m.add_int(0)
+        chan = paramiko.Channel(chanid)
+        transport._channels.put(chanid, chan)
+        transport.channel_events[chanid] = event = threading.Event()
+        transport.channels_seen[chanid] = True
+        chan._set_transport(transport)
+        chan._set_window(window, packet)
+    transport._send_user_message(m)
+    deadline = time.monotonic() + timeout
+    while not event.wait(0.1):
+        if not transport.active:
+            raise transport.get_exception() or paramiko.SSHException("Unable to open channel.")
+        if time.monotonic() > deadline:
+            raise paramiko.SSHException("Timeout opening channel.")
+    opened = transport._channels.get(chanid)
+    if opened is None:  # refused: no such socket (the kernel not listening yet), or forwarding off
+        raise transport.get_exception() or paramiko.ChannelException(2, "Connect failed")
+    return opened
 
 
 def _interactive_soon(transport: paramiko.Transport) -> None:
@@ -392,7 +466,15 @@ CONTAINER_PORTS = (*CONTAINER_KERNEL_PORTS, CONTAINER_AGENT_PORT)
 
 def tunneled_endpoint(tunnel: Tunnel, info: dict, agent_port: int | None = CONTAINER_AGENT_PORT) -> KernelEndpoint:
     """The remote kernel.json with this tunnel's local ports in place of its remote ones (each
-    forwarded by the tunnel), and the agent's remote port (None: no agent) likewise."""
+    forwarded by the tunnel), and the agent's remote port (None: no agent) likewise. A kernel on
+    unix sockets (ipc transport) is reached through local unix sockets in a 0700 folder."""
+    if info.get("transport") == "ipc":
+        # ZMQ's ipc endpoints are `<ip>-<port>`: the local ones are <folder>/k-1 .. <folder>/k-5
+        local = [tunnel.add_socket_forward(f"{info['ip']}-{info[name]}", f"k-{i}")
+                 for i, name in enumerate(KERNEL_PORT_NAMES, 1)]
+        info = dict(info, ip=local[0][:-2], **{name: i for i, name in enumerate(KERNEL_PORT_NAMES, 1)})
+        agent_url = f"http://127.0.0.1:{tunnel.add_forward(int(agent_port))}" if agent_port else None
+        return KernelEndpoint(connection_info=info, agent_url=agent_url)
     info = dict(info, ip="127.0.0.1")
     for name in KERNEL_PORT_NAMES:
         info[name] = tunnel.add_forward(int(info[name]))

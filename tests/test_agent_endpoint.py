@@ -115,8 +115,9 @@ def test_warning_and_summary(agent):
 
 def test_token_and_validation(agent):
     wd, server, client, clock = agent
-    status, health = raw(server, "GET", "/health")
+    status, health = raw(server, "GET", "/health", token=agent_token(KEY))
     assert status == 200 and health["ok"] is True and health["session_id"] == "sess1" and health["cpu_s"] > 0
+    assert client.health()["session_id"] == "sess1"  # the client sends the token
     assert raw(server, "GET", "/stats")[0] == 401
     assert raw(server, "GET", "/stats", token="wrong")[0] == 401
     assert raw(server, "POST", "/keepalive", b'{"seconds": 60}', token=KEY)[0] == 401  # the raw key is no token
@@ -131,12 +132,21 @@ def test_token_and_validation(agent):
         AgentClient(client.url, "bad").stats()
 
 
+def test_health_asks_for_the_token_and_names_no_session(agent):
+    """Another user on the machine reaches the agent's loopback port: without the token it learns
+    nothing, not even which session runs there."""
+    wd, server, client, clock = agent
+    for token in (None, "wrong", KEY):
+        status, doc = raw(server, "GET", "/health", token=token)
+        assert status in (401, 403) and "sess1" not in json.dumps(doc), (token, doc)
+
+
 def test_starting_agent_answers_503_until_the_kernel_key_exists(agent):
     wd, server, client, clock = agent
     starting = AgentServer(wd, token=lambda: None).start()
     try:
         assert raw(starting, "GET", "/stats", token="x")[0] == 503
-        assert raw(starting, "GET", "/health")[0] == 200
+        assert raw(starting, "GET", "/health", token="x")[0] == 503
     finally:
         starting.close()
 

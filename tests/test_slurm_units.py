@@ -106,7 +106,8 @@ def test_the_batch_script_is_valid_shell(image, container, tmp_path):
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0, text
     assert "GPUSESSION_HOSTKEY" in text and "module load cuda/12" in text and "conda activate torch" in text
     assert f"export GPUSESSION_SESSION_ID={rec.id}" in text
-    assert "--kernel-ip 127.0.0.1 --kernel-ports 0 --agent-port 0 --idle 1800s" in text
+    # the kernel on unix sockets in the job's 0700 state folder, no loopback port another user reaches
+    assert "--kernel-ip /home/me/.gpusession/slurm/abc123/state/k --kernel-ports 0 --agent-port 0 --idle 1800s" in text
     if image is None:
         assert "exec python3 -m gpusession.agent run" in text
     if container == "pyxis":

@@ -1,7 +1,7 @@
 """The agent's HTTP endpoint: loopback only, reached through the session's SSH tunnel.
 
     GET  /health                       {"ok": true, "session_id", "stopping", "cpu_s", "kernel"}
-                                       (no token; kernel: {"generation", "running", "ready"})
+                                       (kernel: {"generation", "running", "ready"})
     GET  /stats?since=UNIX&limit=N     samples newer than `since`, the newest N; limits, cost
     GET  /summary                      duration, GPU-hours, cost, mean GPU utilization, idle minutes
     POST /keepalive {"seconds": N}     postpone the idle stop (capped by --keepalive-limit)
@@ -12,15 +12,15 @@
     GET  /restored                     what the first kernel restored from the workspace, or
                                        {"asked": false}
 
-Every route but /health needs `Authorization: Bearer <token>`, where the token is derived from
+Every route, /health too, needs `Authorization: Bearer <token>`, where the token is derived from
 the kernel's connection key (`agent_token`): whoever may run code in the kernel may read its
-stats, and nobody else on a shared machine can keep its GPU billing. Nothing is logged per
+stats, and nobody else on a shared machine can keep its GPU billing or learn which session runs
+there (until the kernel's connection file exists, every route answers 503). Nothing is logged per
 request, so neither the token nor a query string ends up in a log.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import threading
@@ -29,13 +29,9 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
+from ..protocol import agent_token as agent_token
+
 MAX_BODY = 4096
-
-
-def agent_token(connection_key: str) -> str:
-    """The bearer token for a session's agent, from its kernel connection key (never the key
-    itself on the wire)."""
-    return hmac.new(connection_key.encode(), b"gpusession-agent-v1", hashlib.sha256).hexdigest()
 
 
 class _HttpError(Exception):
@@ -83,6 +79,7 @@ class AgentServer:
     # -- routes ---------------------------------------------------------------------------
 
     def route(self, method: str, path: str, query: dict[str, list[str]], body: bytes, auth: str | None) -> tuple[int, dict]:
+        self._check_token(auth)
         if method == "GET" and path == "/health":
             return 200, {
                 "ok": True,
@@ -91,7 +88,6 @@ class AgentServer:
                 "cpu_s": round(time.process_time(), 6),  # this process's CPU time (ns clock): its own cost
                 "kernel": self.kernel.kernel_state() if self.kernel is not None else None,
             }
-        self._check_token(auth)
         if method == "GET" and path == "/stats":
             since = query.get("since", [None])[0]
             limit = query.get("limit", [None])[0]

@@ -60,19 +60,27 @@ def _plain(value) -> bool:
 
 def write_connection_file(path: str, ip: str, base_port: int) -> dict:
     """Write (once) the kernel's connection file: 5 ports from base_port, or free ones when 0;
-    the key from the local side (GPUSESSION_KERNEL_KEY), else a new one. Read back when there."""
+    the key from the local side (GPUSESSION_KERNEL_KEY), else a new one. Read back when there.
+
+    An `ip` that is a path (`/dir/k`) asks for unix sockets (ZMQ's ipc transport, at `/dir/k-1`
+    .. `/dir/k-5`) in a 0700 folder: only the session's owner can subscribe to its output or
+    send it code; a loopback port is open to every user of the machine."""
     if os.path.exists(path):
         import json  # a restart, or a runtime started again: the runtime has json loaded by then
 
         with open(path) as f:
             return json.load(f)
-    ports = [base_port + i for i in range(5)] if base_port else []
+    if ip.startswith("/"):
+        transport, ports = "ipc", [1, 2, 3, 4, 5]
+        os.makedirs(os.path.dirname(ip), mode=0o700, exist_ok=True)
+    else:
+        transport, ports = "tcp", [base_port + i for i in range(5)] if base_port else []
     while len(ports) < 5:  # five different ones
         port = _free_port(ip)
         if port not in ports:
             ports.append(port)
     info: dict = dict(zip(KERNEL_PORT_NAMES, ports))
-    info.update(ip=ip, key=os.environ.get(ENV_KERNEL_KEY) or os.urandom(32).hex(), transport="tcp",
+    info.update(ip=ip, key=os.environ.get(ENV_KERNEL_KEY) or os.urandom(32).hex(), transport=transport,
                 signature_scheme="hmac-sha256", kernel_name="python3")
     if all(_plain(v) for v in info.values()):  # ints and plain words: JSON without loading json
         text = "{\n" + ",\n".join(f' "{k}": {v}' if isinstance(v, int) else f' "{k}": "{v}"'
@@ -104,6 +112,17 @@ def kernel_plan(connection_file: str, state_dir: str, session_id: str, workspace
             env[ENV_RESTORE] = "1"
         extensions.append("gpusession.agent.checkpoint")
     return kernel_command(connection_file, extensions), env
+
+
+def private_state_dir(state_dir: str) -> None:
+    """The session's state folder (its kernel's key, its logs), the owner's alone: made 0700, an
+    older one closed to others, and umask 077 for what the runtime and its kernels write."""
+    os.umask(0o077)
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    try:
+        os.chmod(state_dir, 0o700)
+    except OSError:  # not ours (an image's own folder): its owner decides
+        pass
 
 
 def forget_restart(state_dir: str) -> None:
@@ -172,7 +191,7 @@ def early_kernel(argv: list[str]) -> tuple[Spawned, dict]:
     """The session's first kernel, started from `run`'s ARGS: (its process, its connection info)."""
     opts = _options(argv)
     state_dir = os.path.abspath(opts["--state-dir"])
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    private_state_dir(state_dir)
     connection_file = os.path.join(state_dir, "kernel.json")
     info = write_connection_file(connection_file, opts.get("--kernel-ip") or "127.0.0.1",
                                  int(opts.get("--kernel-ports") or 0))

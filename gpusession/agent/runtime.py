@@ -27,7 +27,7 @@ import time
 from ..envnames import RESTART_FILE
 from ..protocol import KERNEL_PORT_NAMES, Marker, StopKind, StopReason, marker_line
 from . import service
-from .kernelspawn import Spawned, forget_restart, kernel_plan, write_connection_file
+from .kernelspawn import Spawned, forget_restart, kernel_plan, private_state_dir, write_connection_file
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -37,10 +37,17 @@ def _write_json(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _port_open(ip: str, port: int) -> bool:
+def _port_open(info: dict, name: str) -> bool:
+    """The kernel listens on its `name` port (a unix socket `<ip>-<port>` with the ipc transport)."""
     try:
-        with socket.create_connection((ip, port), timeout=0.2):
-            return True
+        if info.get("transport") == "ipc":
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(0.2)
+                s.connect(f"{info['ip']}-{info[name]}")
+        else:
+            with socket.create_connection((info["ip"], info[name]), timeout=0.2):
+                pass
+        return True
     except OSError:
         return False
 
@@ -51,7 +58,7 @@ class Runtime:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.state_dir = os.path.abspath(args.state_dir)
-        os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+        private_state_dir(self.state_dir)
         self.connection_file = os.path.join(self.state_dir, "kernel.json")
         self.kernel: subprocess.Popen | Spawned | None = None
         self.stop_reason: StopReason | None = None
@@ -91,7 +98,7 @@ class Runtime:
         while time.time() < deadline:
             if self.kernel.poll() is not None:
                 raise RuntimeError(f"kernel exited during start with code {self.kernel.returncode}")
-            if all(_port_open(info["ip"], info[p]) for p in ("shell_port", "control_port", "iopub_port")):
+            if all(_port_open(info, p) for p in ("shell_port", "control_port", "iopub_port")):
                 break
             time.sleep(0.01)  # a session's start waits for this
         else:
@@ -106,7 +113,8 @@ class Runtime:
     def where(self, info: dict) -> dict:
         """Where to connect, as KERNEL and READY say it (never the key: logs are read by more
         than the client)."""
-        return {"ports": {name: info[name] for name in KERNEL_PORT_NAMES}, "agent_port": self.agent_port}
+        return {"ports": {name: info[name] for name in KERNEL_PORT_NAMES}, "agent_port": self.agent_port,
+                "transport": info.get("transport", "tcp"), "ip": info["ip"]}
 
     def kernel_state(self) -> dict:
         """What the agent's /health reports: which kernel runs (a restart counts up
@@ -210,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="start the session kernel and its agent; return when the session ends")
     run.add_argument("--session-id", required=True)
     run.add_argument("--state-dir", required=True)
-    run.add_argument("--kernel-ip", default="127.0.0.1")
+    run.add_argument("--kernel-ip", default="127.0.0.1",
+                     help="loopback address of the kernel's ports, or a path prefix in a 0700 folder: unix sockets")
     run.add_argument("--kernel-ports", type=int, default=0, help="first of 5 consecutive ports; 0 = free ports")
     run.add_argument("--agent-port", type=int, default=0, help="agent HTTP port on 127.0.0.1; 0 = a free one (runtime.json says which), -1 = none")
     run.add_argument("--ready-timeout", type=float, default=60.0)

@@ -21,6 +21,7 @@ from pathlib import Path
 from ..agentargs import args_for, workspace_name
 from .. import procs
 from ..errors import StageError
+from ..settings import private_socket_dir
 from ..models import KernelEndpoint, SessionRecord
 from ..progress import Progress
 from ..protocol import ENV_SESSION_ID, StopDetails
@@ -76,11 +77,13 @@ class LocalBackend(Backend):
 
     def provision(self, record: SessionRecord, progress: Progress) -> None:
         state_dir = self.state_dir(record)
-        state_dir.mkdir(parents=True, exist_ok=True)
+        _private_dirs(state_dir)
         workspace = self.workspace_dir(workspace_name(record))  # the kernel's working folder, kept
         if record.spec.extra.get("resume") and not workspace.is_dir():
             raise StageError("provision", f"no workspace {workspace.name} to resume (`gpusession workspaces` lists them)")
-        workspace.mkdir(parents=True, exist_ok=True)
+        _private_dirs(workspace)
+        sockets = private_socket_dir()
+        self.recorder.save(record.id, sockets=sockets)
         cmd = [
             sys.executable,
             "-m",
@@ -91,7 +94,7 @@ class LocalBackend(Backend):
             "--state-dir",
             str(state_dir),
             "--kernel-ip",
-            "127.0.0.1",
+            os.path.join(sockets, "k"),  # unix sockets in a 0700 folder: no other user reaches the kernel
             "--kernel-ports",
             "0",
             "--cwd",
@@ -103,11 +106,11 @@ class LocalBackend(Backend):
         env = dict(os.environ, **{ENV_SESSION_ID: record.id})
         env.pop("JPY_PARENT_PID", None)
         progress.step("starting kernel process")
-        log = open(state_dir / "runtime.log", "ab")
+        log = os.fdopen(os.open(state_dir / "runtime.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
         try:
-            proc = subprocess.Popen(
-                cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            # umask 077: what the runtime and its kernel write (checkpoints, the user's files) is the user's alone
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, umask=0o077)
         finally:
             log.close()
         self.recorder.save(record.id, pid=proc.pid, state_dir=str(state_dir), workspace=workspace.name)
@@ -155,6 +158,10 @@ class LocalBackend(Backend):
         pid = record.resource.get("pid")
         if pid and _process_label(pid) == record.id:
             _terminate(pid)
+        if record.resource.get("sockets") and not _pid_alive(pid):
+            import shutil
+
+            shutil.rmtree(record.resource["sockets"], ignore_errors=True)
 
     def list_resources(self) -> list[RemoteResource]:
         found = []
@@ -199,6 +206,13 @@ class LocalBackend(Backend):
         import shutil
 
         shutil.rmtree(self.workspace_dir(workspace.name))
+
+
+def _private_dirs(folder: Path) -> None:
+    """`folder` and its parents up to the data folder, made 0700 where new."""
+    for parent in reversed([folder, *folder.parents]):
+        if not parent.is_dir():
+            parent.mkdir(mode=0o700, exist_ok=True)
 
 
 def folder_size(path: Path) -> int:

@@ -24,7 +24,8 @@ from typing import Callable
 
 from ...bundle import BundleError, ImagePython, cache_dir, code_archive, site_archive
 from ...errors import StageError
-from ...protocol import KERNEL_PORT_NAMES, Marker, parse_marker
+from ...models import KernelEndpoint
+from ...protocol import KERNEL_PORT_NAMES, Marker, agent_token, parse_marker
 from ...pulls import PullProgress, format_bytes
 from ...sshlogin import exec_command
 from ..base import TunnelLink, failure_detail
@@ -187,22 +188,27 @@ def send_runtime(transport, python: ImagePython, say: Callable[[str], None]) -> 
             raise StageError("runtime", f"the instance did not take the runtime's {name} (access.sh exited {status})")
 
 
-def wait_for_kernel(tunnel, agent_url: str, deadline: float, gone: Callable[[], str | None],
+def wait_for_kernel(tunnel, endpoint: KernelEndpoint, deadline: float, gone: Callable[[], str | None],
                     watch: BootWatch) -> None:
     """Until the agent says the kernel listens; the boot's status tells first when it failed."""
     import paramiko
 
-    host, _, port = agent_url.rpartition("//")[2].partition(":")
+    host, _, port = str(endpoint.agent_url).rpartition("//")[2].partition(":")
+    headers = {"Authorization": f"Bearer {agent_token(endpoint.connection_info['key'])}"}
     last, checked = "no answer from the agent yet", 0.0
     while True:
         conn = http.client.HTTPConnection(host, int(port), timeout=3)
         try:
-            conn.request("GET", "/health")
-            health = json.loads(conn.getresponse().read())
+            conn.request("GET", "/health", headers=headers)
+            response = conn.getresponse()
+            health = json.loads(response.read())
             kernel = health.get("kernel")
-            if kernel is None or kernel.get("ready"):
+            if response.status != 200:  # 503 until the kernel's connection file exists
+                last = f"the agent answered {response.status}: {health.get('error', '')}"
+            elif kernel is None or kernel.get("ready"):
                 return
-            last = "the kernel is starting"
+            else:
+                last = "the kernel is starting"
         except (OSError, ValueError, http.client.HTTPException) as exc:
             last = f"{type(exc).__name__}: {exc}"
         finally:
@@ -288,7 +294,7 @@ def open_link(resource: dict, *, deadline: float, forget_hint: str, say: Callabl
     try:
         link = AwsLink(tunnel, kernel_info(resource), on_notice)
         say("waiting for the kernel")
-        wait_for_kernel(tunnel, link.endpoint.agent_url, max(time.monotonic() + 30, deadline), gone, watch)
+        wait_for_kernel(tunnel, link.endpoint, max(time.monotonic() + 30, deadline), gone, watch)
     except BaseException:
         tunnel.close()
         raise

@@ -251,8 +251,13 @@ def batch_script(record, settings: JobSettings, paths: JobPaths, agent_args: lis
         "export PYTHONUNBUFFERED=1",
         f"mkdir -p -m 700 {q(paths.state_dir)}",
     ]
+    # the kernel on unix sockets in the 0700 state folder (the tunnel forwards to them): a login
+    # node's or compute node's other users cannot reach it, as they could a loopback port; a path
+    # too long for a unix socket's (107 bytes) keeps loopback ports
+    sockets = f"{paths.state_dir}/k"
+    kernel_ip = sockets if sockets.startswith("/") and len(sockets) + 2 <= 100 else "127.0.0.1"
     runtime = [settings.python, "-m", "gpusession.agent", "run", "--session-id", record.id, "--state-dir",
-               paths.state_dir, "--kernel-ip", "127.0.0.1", "--kernel-ports", "0", "--agent-port", "0", *agent_args]
+               paths.state_dir, "--kernel-ip", kernel_ip, "--kernel-ports", "0", "--agent-port", "0", *agent_args]
     image = record.spec.image
     if not image:
         missing = f"{settings.python} cannot import ipykernel: install it in that environment (pip install ipykernel)"
