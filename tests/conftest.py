@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 @pytest.fixture
 def gs_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "gshome"
-    home.mkdir()
+    home.mkdir(mode=0o700)  # as gpusession makes it: an open one is warned about
     monkeypatch.setenv("GPUSESSION_HOME", str(home))
     monkeypatch.delenv("GPUSESSION_BACKEND", raising=False)
     yield home
