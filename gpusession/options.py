@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 from typing import Any, Callable, Iterable, Mapping
 
-from . import textvalues
+from . import metrics, textvalues
 from .durations import IDLE, MAX_RUNTIME, SAVE_TIMEOUT, DurationRule, parse_money, shown
 from .errors import BadInput
 from .models import LaunchSpec
@@ -379,11 +379,11 @@ def build_spec(
 def options_document(config, *, catalog, backends: Iterable[str], backend_default: str) -> dict[str, Any]:
     """`GET options`: every option with its default as the user would type it (config applied),
     the installed backends and the catalog's types as choices. Format (the lab form reads it):
-    {"options": [{"name", "flag", "kind", "label", "help", "default", "backends", "choices", "form"}]}"""
+    {"options": [{"name", "flag", "kind", "label", "help", "default", "backends", "choices", "form"}], "metrics": [metric_rows]}"""
     defaults = {"type": config.default_type, "backend": backend_default, "idle": config.default_idle}
     choices = {"backend": list(backends), "gpu_type": list(catalog.names())}
     return {
-        "options": [
+        "metrics": metrics.metric_rows(), "options": [
             {
                 "name": o.name,
                 "flag": o.flag,

@@ -13,11 +13,13 @@ from typing import Any, Iterable
 from .cost import cost_of, uptime_seconds
 from .durations import format_duration, format_money
 from .errors import SessionEnded
+from .metrics import METRICS, metric_of, metric_text, metrics
 from .models import SessionRecord, State
 from .protocol import StopKind, StopReason, Warning, WarningKind
 from .workspace_words import record_checkpoint_line
 
-GIB = 1024**3
+# a process's GPU memory reads as the GPU's memory does
+_PROCESS_MEMORY = next(m for m in METRICS if m.scope == "gpu" and m.name == "memory_used")
 _SPARK = " ▁▂▃▄▅▆▇█"
 
 __all__ = [
@@ -219,18 +221,8 @@ def gc_line(action: Any) -> str:
 # -- live stats -------------------------------------------------------------------------------
 
 
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / GIB:.1f}"
-
-
 def _bytes(n: int | None) -> str:
-    if n is None:
-        return "?"
-    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 1024**2:.0f} MiB"
-
-
-def _val(v: Any, fmt: str, unit: str = "") -> str:
-    return "n/a" if v is None else f"{v:{fmt}}{unit}"
+    return "?" if n is None else metric_text(_PROCESS_MEMORY, n)
 
 
 def sparkline(values: list[float | None], width: int = 40) -> str:
@@ -241,15 +233,10 @@ def sparkline(values: list[float | None], width: int = 40) -> str:
 def gpu_lines(sample: dict) -> list[str]:
     lines = []
     for g in sample.get("gpus", []):
-        lines.append(
-            f"  GPU {g['index']} {g.get('name') or '?'}: util {_val(g.get('utilization'), '.0f', '%')}, "
-            f"mem {_gib(g.get('memory_used'))}/{_gib(g.get('memory_total'))} GiB, "
-            f"{_val(g.get('temperature'), '.0f', 'C')}, "
-            f"{_val(g.get('power_draw'), '.0f')}/{_val(g.get('power_limit'), '.0f')} W, "
-            f"SM {_val(g.get('sm_clock'), 'd', ' MHz')}"
-        )
+        values = ", ".join(f"{m.short} {metric_of(m, g)}" for m in metrics("gpu"))
+        lines.append(f"  GPU {g['index']} {g.get('name') or '?'}: {values}")
         for p in g.get("processes", []):
-            lines.append(f"      pid {p['pid']} {p.get('name') or '?'}: {_gib(p.get('memory_used'))} GiB")
+            lines.append(f"      pid {p['pid']} {p.get('name') or '?'}: {_bytes(p.get('memory_used'))}")
     return lines
 
 
@@ -262,11 +249,8 @@ def status_lines(stats: dict, *, history: bool = False) -> list[str]:
         lines.append(f"  {stats.get('message') or 'no NVIDIA GPU visible'}")
     if latest is not None:
         lines += gpu_lines(latest)
-        cpu = latest.get("cpu_percent")
-        lines.append(
-            f"  CPU {_val(cpu, '.0f', '%')}, memory {_bytes(latest.get('memory_used'))} of {_bytes(latest.get('memory_total'))}, "
-            f"kernel {'busy' if latest.get('kernel_busy') else 'idle'}"
-        )
+        host = [f"{m.short} {metric_of(m, latest)}" for m in metrics("host")]
+        lines.append(f"  {', '.join(host)}, kernel {'busy' if latest.get('kernel_busy') else 'idle'}")
         if history and len(samples) > 1:
             if stats.get("gpus_visible"):
                 for i in range(len(latest.get("gpus", []))):

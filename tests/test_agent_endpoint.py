@@ -162,8 +162,8 @@ def test_unreachable_agent_is_a_clear_error():
 def test_status_lines_and_stop_sentences(agent):
     wd, server, client, clock = agent
     lines = "\n".join(status_lines(client.stats(), history=True))
-    assert "GPU 0 Tesla T4: util 2%, mem 10.2/15.0 GiB" in lines
-    assert "GPU 1 ?: util n/a" in lines  # the lost GPU: no invented numbers
+    assert "GPU 0 Tesla T4: Util 2%, Mem 10.2/15.0 GiB, Temp 38 °C, Power 10/70 W, SM 1590 MHz" in lines
+    assert "GPU 1 ?: Util n/a, Mem n/a" in lines  # the lost GPU: no invented numbers
     assert "pid 424242 python3: 10.2 GiB" in lines
     assert "idle 1s of 10m00s: stops in 9m59s" in lines or "stops in" in lines
     assert "cost $0.0600 at $3.60/h (cap $5.00)" in lines
@@ -184,5 +184,5 @@ def test_no_gpu_status_says_so():
         "idle": {"timeout_s": None}, "cost": {"so_far": 0.0, "price_per_hour": 0.0}, "runtime": {}, "warnings": []}
     lines = status_lines(doc)
     assert lines[0].strip().startswith("no NVIDIA GPU visible")
-    assert "CPU 3%, memory 2.0 GiB of 16.0 GiB, kernel busy" in "\n".join(lines)
+    assert "CPU 3%, RAM 2.0/16.0 GiB, kernel busy" in "\n".join(lines)
     assert "idle stop: off" in "\n".join(lines)

@@ -1,9 +1,12 @@
-"""The number formats of the notebook (gpusession.durations) and of the JupyterLab sidebar
-(labextension/src/format.ts) are one set of rules: tests/data/format_cases.json holds inputs and
+"""The number formats of the notebook (gpusession.durations, gpusession.metrics) and of the
+JupyterLab sidebar (labextension/src/format.ts) are one set of rules: tests/data/format_cases.json holds inputs and
 the text they must give, written by the Python functions; this test holds Python to it and
 labextension/test/format.test.ts holds the TypeScript functions to it.
 
-After changing a rule in gpusession/durations.py, rewrite the file and rerun both:
+The metric table travels in the file too ("metrics"), as `GET options` serves it: the TypeScript
+formats each case with the row the server would send.
+
+After changing a rule in gpusession/durations.py or a row of gpusession/metrics.py, rewrite the file and rerun both:
     python tests/test_format_cases.py --write
 """
 
@@ -17,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpusession.durations import format_duration, format_money
+from gpusession.metrics import METRICS, metric_rows, metric_text
 from gpusession.protocol import StopKind
 
 CASES = Path(__file__).resolve().parent / "data" / "format_cases.json"
@@ -30,11 +34,30 @@ MONEY_INPUTS = [0, 0.0001, 0.00005, 0.00015, 0.03125, 0.125, 0.5, 0.526, 0.99994
                 0.99995, 1, 1.005, 1.015, 1.125, 2.675, 12.3, 999.995, 1234.5, 1234567.891,
                 -0.0, -0.5, -1234.5, 1e21, 1.2345678901234567e19]
 
+# Per metric (its key): (value, limit) in the stats document's units. Every row has cases: rounding
+# ties, a value without its limit, a board that does not report it, memory below a GiB.
+METRIC_INPUTS: dict[str, list[list[float | None]]] = {
+    "util": [[97.0, None], [0.5, None], [1.5, None], [100.0, None], [None, None]],
+    "memory": [[10450 * 2**20, 15360 * 2**20], [76 * 2**20, 15360 * 2**20], [2**30, 80 * 2**30],
+               [10450 * 2**20, None], [None, 15360 * 2**20]],
+    "temp": [[70.0, None], [38.0, None], [38.5, None], [None, None]],
+    "power": [[67.2, 70.0], [67.5, 70.0], [250.0, 400.0], [67.2, None], [None, 70.0]],
+    "sm-clock": [[1590, None], [210, None], [None, None]],
+    "cpu": [[3.0, None], [250.4, None], [None, None]],
+    "ram": [[76 * 2**20, int(23.5 * 2**30)], [2 * 2**30, 16 * 2**30], [None, 16 * 2**30]],
+}
+
+
+def _metric_cases() -> list[list]:
+    by_key = {m.key: m for m in METRICS}
+    return [[key, value, limit, metric_text(by_key[key], value, limit)]
+            for key, inputs in METRIC_INPUTS.items() for value, limit in inputs]
+
 
 def _cases() -> dict:
     if not CASES.exists():  # only while --write makes it; the first test then fails
-        return {"duration": [], "money": []}
-    return json.loads(CASES.read_text())
+        return {"duration": [], "money": [], "metrics": {"table": [], "cases": []}}
+    return json.loads(CASES.read_text(encoding="utf-8"))
 
 
 def test_the_file_covers_the_inputs_listed_here():
@@ -47,6 +70,18 @@ def test_the_file_covers_the_inputs_listed_here():
 def test_the_stop_kinds_are_the_protocols():
     """labextension/test/format.test.ts holds the sidebar's STOP_KINDS to the same list."""
     assert _cases()["stop_kinds"] == [k.value for k in StopKind]
+
+
+def test_the_file_holds_the_metric_table_as_served():
+    """The TypeScript formats with the rows of this file: they must be the table GET options serves."""
+    assert _cases()["metrics"]["table"] == metric_rows()
+    assert sorted(METRIC_INPUTS) == sorted(m.key for m in METRICS), "every metric needs its cases"
+
+
+@pytest.mark.parametrize("key, value, limit, expected", _cases().get("metrics", {}).get("cases", []))
+def test_metric_text(key, value, limit, expected):
+    metric = next(m for m in METRICS if m.key == key)
+    assert metric_text(metric, value, limit) == expected
 
 
 @pytest.mark.parametrize("seconds, expected", _cases()["duration"])
@@ -65,14 +100,22 @@ def _write() -> None:
         "money": [[x, format_money(x)] for x in MONEY_INPUTS],
         "stop_kinds": [k.value for k in StopKind],
     }
+    metric_cases = {"table": metric_rows(), "cases": _metric_cases()}
     lines = ["{"]
-    for i, key in enumerate(cases):
+    for key in cases:
         lines.append(f'  "{key}": [')
-        rows = [f"    {json.dumps(row)}" for row in cases[key]]
+        rows = [f"    {json.dumps(row, ensure_ascii=False)}" for row in cases[key]]
         lines.append(",\n".join(rows))
-        lines.append("  ]" + ("," if i < len(cases) - 1 else ""))
+        lines.append("  ],")
+    lines.append('  "metrics": {')
+    for i, key in enumerate(metric_cases):
+        lines.append(f'    "{key}": [')
+        rows = [f"      {json.dumps(row, ensure_ascii=False)}" for row in metric_cases[key]]
+        lines.append(",\n".join(rows))
+        lines.append("    ]" + ("," if i < len(metric_cases) - 1 else ""))
+    lines.append("  }")
     lines.append("}")
-    CASES.write_text("\n".join(lines) + "\n")
+    CASES.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -163,7 +163,7 @@ def test_options_document():
     config = GpuSessionConfig(default_type="a10g", default_idle="45m")
     doc = options.options_document(config, catalog=load_catalog(), backends=["docker", "local"], backend_default="docker")
     by_name = {o["name"]: o for o in doc["options"]}
-    assert set(doc) == {"options"}
+    assert set(doc) == {"options", "metrics"}
     for o in doc["options"]:
         assert set(o) == {"name", "flag", "kind", "label", "help", "default", "backends", "choices", "form"}
     assert by_name["type"]["default"] == "a10g" and "h200" in by_name["type"]["choices"]

@@ -3,7 +3,7 @@ document) and call back on clicks; fetching and threads are panel.py's.
 
 CSS classes: `gpusession-widget-` + card (plus `gpusession-widget-state-<state>`), name, state,
 kind, uptime, price, cost, idle, idle-warning, error, action-message, stop, keepalive, stats,
-stats-note, gpu, gauge, gauge-<util|memory|temp|power|cpu|ram>, gauge-value.
+stats-note, gpu, gauge, gauge-<key of a gpusession.metrics row: util, memory, temp, power, cpu, ram>, gauge-value.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Callable
 
 import ipywidgets as widgets
 
+from ..metrics import Metric, metric_of, metrics
 from ..words import format_duration, format_money, warning_texts
 from ..models import State
 
 KEEPALIVE = "1h"  # what the keep-alive button asks for (the sidebar's button does the same)
-GIB = 1024**3
 FINAL_STATES = {State.STOPPED.value, State.FAILED.value}
 _STATE_COLORS = {"running": "#2e7d32", "failed": "#c62828", "stopped": "#757575", "stopping": "#ef6c00"}
 WARN_STYLE = "color: #b45309; font-weight: bold"
@@ -65,33 +65,38 @@ class Gauge:
         self.text.value = text
 
 
-def _num(v: float | None, fmt: str, unit: str) -> str:
-    return "n/a" if v is None else f"{v:{fmt}}{unit}"
+def _scaled(metric: Metric, item: dict, field: str | None) -> float | None:
+    value = item.get(field) if field else None
+    return None if value is None else value / metric.scale
 
 
-def _gib(n: int | None) -> float | None:
-    return None if n is None else n / GIB
+class MetricGauges:
+    """A gauge per drawn metric of one scope (gpusession.metrics), in the table's order."""
+
+    def __init__(self, scope: str):
+        self.rows = [m for m in metrics(scope) if m.charted]
+        self.gauges = {m.key: Gauge(m.key, m.short) for m in self.rows}
+
+    def show(self, item: dict) -> None:
+        """Show the values of a GPU dict or a sample dict of the stats document."""
+        for m in self.rows:
+            top = _scaled(m, item, m.limit) if m.limit else m.top
+            self.gauges[m.key].set(_scaled(m, item, m.name), top, metric_of(m, item))
 
 
-class GpuGauges:
+class GpuGauges(MetricGauges):
     """One GPU: utilization, memory, temperature and power."""
 
     def __init__(self, index: int):
+        super().__init__("gpu")
         self.title = widgets.Label(value=f"GPU {index}")
-        self.util, self.memory = Gauge("util", "util"), Gauge("memory", "memory")
-        self.temp, self.power = Gauge("temp", "temp"), Gauge("power", "power")
-        gauges = [self.util, self.memory, self.temp, self.power]
-        self.widget = classed(widgets.VBox([self.title, *(g.widget for g in gauges)]), "gpu")
+        self.util, self.memory = self.gauges["util"], self.gauges["memory"]
+        self.temp, self.power = self.gauges["temp"], self.gauges["power"]
+        self.widget = classed(widgets.VBox([self.title, *(g.widget for g in self.gauges.values())]), "gpu")
 
     def show(self, gpu: dict) -> None:
         self.title.value = f"GPU {gpu['index']} · {gpu.get('name') or '?'}" + (f" · {gpu['error']}" if gpu.get("error") else "")
-        used, total = gpu.get("memory_used"), gpu.get("memory_total")
-        power, limit = gpu.get("power_draw"), gpu.get("power_limit")
-        self.util.set(gpu.get("utilization"), 100.0, _num(gpu.get("utilization"), ".0f", "%"))
-        used_gib, total_gib = _gib(used), _gib(total)
-        self.memory.set(used_gib, total_gib, f"{_num(used_gib, '.1f', '')}/{_num(total_gib, '.1f', ' GiB')}")
-        self.temp.set(gpu.get("temperature"), 100.0, _num(gpu.get("temperature"), ".0f", " °C"))
-        self.power.set(power, limit, f"{_num(power, '.0f', '')}/{_num(limit, '.0f', ' W')}")
+        super().show(gpu)
 
 
 class StatsView:
@@ -102,8 +107,10 @@ class StatsView:
         self.note = classed(widgets.HTML(), "stats-note")
         self.gpus: list[GpuGauges] = []
         self.gpu_box = widgets.VBox([])
-        self.cpu, self.ram = Gauge("cpu", "CPU"), Gauge("ram", "RAM")
-        self.widget = classed(widgets.VBox([self.note, self.gpu_box, self.cpu.widget, self.ram.widget]), "stats")
+        self.host = MetricGauges("host")
+        self.cpu, self.ram = self.host.gauges["cpu"], self.host.gauges["ram"]
+        self.widget = classed(widgets.VBox([self.note, self.gpu_box, *(g.widget for g in self.host.gauges.values())]),
+                              "stats")
 
     def show(self, doc: dict) -> None:
         samples = doc.get("samples") or []
@@ -119,10 +126,7 @@ class StatsView:
         for view, gpu in zip(self.gpus, gpus):
             view.show(gpu)
         if latest is not None:
-            cpu = latest.get("cpu_percent")
-            self.cpu.set(cpu, 100.0, _num(cpu, ".0f", "% of a core"))
-            used, total = latest.get("memory_used"), latest.get("memory_total")
-            self.ram.set(used, total, f"{_num(_gib(used), '.2f', '')} of {_num(_gib(total), '.1f', ' GiB')}")
+            self.host.show(latest)
 
     def problem(self, text: str) -> None:
         html_text(self.note, text, WARN_STYLE)

@@ -8,6 +8,7 @@ import type {
   CatalogReply,
   ErrorReply,
   KeepAliveRequest,
+  MetricView,
   OptionCheckReply,
   OptionsReply,
   SessionListReply,
@@ -100,6 +101,26 @@ export class GpuSessionClient {
     return reply;
   }
 
+  /**
+   * The metric table of GET `options` (what the charts draw and how their
+   * values read), fetched once for every chart of the page.
+   */
+  getMetrics(): Promise<readonly MetricView[]> {
+    if (!this._metrics) {
+      const pending = this.getOptions().then(reply => {
+        expectArray(reply.metrics, 'metrics', 'options');
+        return reply.metrics;
+      });
+      this._metrics = pending;
+      pending.catch(() => {
+        if (this._metrics === pending) {
+          this._metrics = null; // asked again at the next poll
+        }
+      });
+    }
+    return this._metrics;
+  }
+
   /** POST `options/check`: what is wrong with a start body, per option. */
   async checkOptions(body: StartRequest): Promise<OptionCheckReply> {
     const reply = await this._request<OptionCheckReply>('options/check', {
@@ -165,6 +186,7 @@ export class GpuSessionClient {
   }
 
   private readonly _settings: ServerConnection.ISettings;
+  private _metrics: Promise<readonly MetricView[]> | null = null;
 }
 
 /** The replies are trusted to match types.ts; this catches a wrong server. */

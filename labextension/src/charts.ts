@@ -9,13 +9,12 @@ import { Widget } from '@lumino/widgets';
 
 import { BigChart } from './bigchart';
 import { control, element, message, setText, showText } from './dom';
-import { formatBytes } from './format';
 import { RECORDED_TITLE } from './gpus';
 import { gpuIcon } from './icon';
 import { SessionListModel, SessionStatsModel } from './model';
-import { chartSpan, cpuScale, gpuFrame, valueText } from './series';
+import { chartedMetrics, chartSpan, gpuFrame, hostSeries, metricCharts } from './series';
 import { endedText, kindText, noGpuNote } from './sessions';
-import type { Sample, SessionView } from './types';
+import type { GpuSample, MetricView, Sample, SessionView } from './types';
 
 export const CHARTS_ID = 'gpusession-charts';
 /** The agent keeps an hour of samples: the widest window. */
@@ -23,14 +22,37 @@ export const HISTORY_WINDOW_S = 3600;
 /** The windows to choose from, in seconds. */
 export const WINDOWS_S: readonly number[] = [300, 900, 3600];
 
-/** The four charts of one GPU. */
+/** A large chart per drawn metric of a scope, in the table's order. */
+class BigCharts {
+  constructor(metrics: readonly MetricView[]) {
+    this.metrics = metrics;
+    this.node = element('div', 'gpusession-charts-grid');
+    for (const metric of metrics) {
+      const chart = new BigChart(metric.key, metric.label);
+      this._charts.set(metric.key, chart);
+      this.node.appendChild(chart.node);
+    }
+  }
+
+  readonly metrics: readonly MetricView[];
+  readonly node: HTMLDivElement;
+
+  update(series: readonly { t: number; item: GpuSample | Sample }[], windowS: number): void {
+    for (const { metric, data, topText } of metricCharts(series, this.metrics, windowS)) {
+      this._charts.get(metric.key)?.update(data, topText);
+    }
+  }
+
+  private readonly _charts = new Map<string, BigChart>();
+}
+
+/** The charts of one GPU. */
 class GpuCharts {
-  constructor(index: number) {
+  constructor(index: number, metrics: readonly MetricView[]) {
     this.node = element('section', 'gpusession-charts-gpu');
     this.node.dataset.gpuIndex = String(index);
-    const grid = element('div', 'gpusession-charts-grid');
-    grid.append(this._util.node, this._memory.node, this._temp.node, this._power.node);
-    this.node.append(this._title, grid);
+    this._charts = new BigCharts(chartedMetrics(metrics, 'gpu'));
+    this.node.append(this._title, this._charts.node);
   }
 
   readonly node: HTMLElement;
@@ -40,111 +62,32 @@ class GpuCharts {
     if (!frame) {
       return;
     }
-    const { gpu, tEnd, powerLimit } = frame;
     setText(this._title, frame.title);
     this._title.title = frame.tooltip;
-    const base = { tEnd, windowS };
-    this._util.update(
-      {
-        ...base,
-        points: frame.util,
-        max: 100,
-        valueText: valueText(gpu.utilization, v => `${Math.round(v)}%`),
-        value: gpu.utilization
-      },
-      '100%'
-    );
-    const memoryTotal = frame.memoryTotal ?? 0;
-    this._memory.update(
-      {
-        ...base,
-        points: frame.memory,
-        max: memoryTotal,
-        valueText: valueText(gpu.memory_used, v => `${formatBytes(v)} of ${formatBytes(memoryTotal)}`),
-        value: gpu.memory_used
-      },
-      valueText(memoryTotal || null, formatBytes)
-    );
-    const temperatures = frame.temperature;
-    const tempMax = Math.max(100, ...temperatures.map(p => p.v));
-    this._temp.update(
-      {
-        ...base,
-        points: temperatures,
-        max: tempMax,
-        valueText: valueText(gpu.temperature, v => `${Math.round(v)} °C`),
-        value: gpu.temperature
-      },
-      `${tempMax} °C`
-    );
-    const limit = valueText(powerLimit, v => `${Math.round(v)} W`);
-    this._power.update(
-      {
-        ...base,
-        points: frame.power,
-        max: powerLimit ?? 0,
-        valueText: valueText(gpu.power_draw, v => `${Math.round(v)} of ${limit}`),
-        value: gpu.power_draw
-      },
-      limit
-    );
+    this._charts.update(frame.series, windowS);
   }
 
   private readonly _title = element('h3', 'gpusession-charts-title');
-  private readonly _util = new BigChart('util', 'Utilization');
-  private readonly _memory = new BigChart('memory', 'Memory');
-  private readonly _temp = new BigChart('temp', 'Temperature');
-  private readonly _power = new BigChart('power', 'Power');
+  private readonly _charts: BigCharts;
 }
 
 /** The session's CPU and memory. */
 class HostCharts {
-  constructor() {
+  constructor(metrics: readonly MetricView[]) {
     this.node = element('section', 'gpusession-charts-host');
     const title = element('h3', 'gpusession-charts-title');
     title.textContent = 'Session processes';
-    const grid = element('div', 'gpusession-charts-grid');
-    grid.append(this._cpu.node, this._ram.node);
-    this.node.append(title, grid);
+    this._charts = new BigCharts(chartedMetrics(metrics, 'host'));
+    this.node.append(title, this._charts.node);
   }
 
   readonly node: HTMLElement;
 
   update(samples: readonly Sample[], windowS: number): void {
-    const latest = samples[samples.length - 1];
-    if (!latest) {
-      return;
-    }
-    const cpu = samples.filter(s => s.cpu_percent !== null).map(s => ({ t: s.t, v: s.cpu_percent as number }));
-    const top = cpuScale(cpu.map(p => p.v));
-    this._cpu.update(
-      {
-        points: cpu,
-        tEnd: latest.t,
-        windowS,
-        max: top,
-        valueText: latest.cpu_percent === null ? 'n/a' : `${Math.round(latest.cpu_percent)}% of a core`,
-        value: latest.cpu_percent
-      },
-      `${top}%`
-    );
-    const ram = samples.filter(s => s.memory_used !== null).map(s => ({ t: s.t, v: s.memory_used as number }));
-    const total = latest.memory_total ?? Math.max(1, ...ram.map(p => p.v));
-    this._ram.update(
-      {
-        points: ram,
-        tEnd: latest.t,
-        windowS,
-        max: total,
-        valueText: latest.memory_used === null ? 'n/a' : `${formatBytes(latest.memory_used)} of ${formatBytes(total)}`,
-        value: latest.memory_used
-      },
-      formatBytes(total)
-    );
+    this._charts.update(hostSeries(samples), windowS);
   }
 
-  private readonly _cpu = new BigChart('cpu', 'CPU');
-  private readonly _ram = new BigChart('ram', 'Memory');
+  private readonly _charts: BigCharts;
 }
 
 export class GpuChartsView extends Widget {
@@ -175,8 +118,7 @@ export class GpuChartsView extends Widget {
     this._source.title = RECORDED_TITLE;
     this._source.hidden = true;
     toolbar.append(sessionLabel, windowLabel, this._source, this._kind);
-    this.node.append(toolbar, this._note, this._gpuNote, this._gpus, this._host.node);
-    this._host.node.hidden = true;
+    this.node.append(toolbar, this._note, this._gpuNote, this._gpus);
 
     this._sessionSelect.addEventListener('change', () => this.showSession(this._sessionSelect.value));
     this._windowSelect.addEventListener('change', () => {
@@ -207,7 +149,9 @@ export class GpuChartsView extends Widget {
       charts.node.remove();
     }
     this._gpuCharts.clear();
-    this._host.node.hidden = true;
+    if (this._host) {
+      this._host.node.hidden = true;
+    }
     if (wanted) {
       this._stats = new SessionStatsModel(this._model.client, wanted, HISTORY_WINDOW_S);
       this._stats.changed.connect(this._draw, this);
@@ -311,10 +255,18 @@ export class GpuChartsView extends Widget {
     } else if (stats.loaded && !stats.gpusVisible) {
       const { text, detail } = noGpuNote(stats.message);
       note = detail ? `${text} (${detail})` : text;
-    } else if (!latest) {
+    } else if (!latest || !stats.metrics) {
       note = stats.loaded ? 'Waiting for the first stats…' : 'Loading stats…';
     }
     showText(this._gpuNote, note);
+    const metrics = stats.metrics;
+    if (!metrics) {
+      return;
+    }
+    if (!this._host) {
+      this._host = new HostCharts(metrics);
+      this.node.appendChild(this._host.node);
+    }
     const gpus = stats.gpusVisible && latest ? latest.gpus : [];
     const span = chartSpan(samples, this._windowS); // a young session's charts fill the width
     const indices = new Set(gpus.map(g => g.index));
@@ -327,7 +279,7 @@ export class GpuChartsView extends Widget {
     for (const gpu of gpus) {
       let charts = this._gpuCharts.get(gpu.index);
       if (!charts) {
-        charts = new GpuCharts(gpu.index);
+        charts = new GpuCharts(gpu.index, metrics);
         this._gpuCharts.set(gpu.index, charts);
         this._gpus.appendChild(charts.node);
       }
@@ -351,5 +303,6 @@ export class GpuChartsView extends Widget {
   private readonly _gpuNote = message('gpusession-charts-gpu-note');
   private readonly _gpus = element('div', 'gpusession-charts-gpus');
   private readonly _gpuCharts = new Map<number, GpuCharts>();
-  private readonly _host = new HostCharts();
+  /** Made once the metric table has come (with the first stats). */
+  private _host: HostCharts | null = null;
 }

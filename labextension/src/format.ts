@@ -1,5 +1,5 @@
 /**
- * Text formats of durations, money and memory.
+ * Text formats of durations, money and metrics.
  *
  * `formatDuration` and `formatMoney` follow `format_duration` and
  * `format_money` of `gpusession/durations.py` to the character, so that the
@@ -9,6 +9,7 @@
  * where JavaScript's `Math.round` and `toFixed` round half up: the helpers
  * below make up the difference.
  */
+import type { MetricView } from './types';
 
 /**
  * Python's `format_duration`: "off" for null, else whole seconds (rounded
@@ -55,19 +56,36 @@ export function formatRate(perHour: number): string {
   return `${formatMoney(perHour)}/h`;
 }
 
-/** Used and total bytes as "5.1/16 GiB" (short enough for a narrow sidebar). */
-export function formatMemory(used: number, total: number): string {
-  const gib = 2 ** 30;
-  const totalGiB = total / gib;
-  return `${(used / gib).toFixed(1)}/${totalGiB.toFixed(totalGiB >= 10 ? 0 : 1)} GiB`;
+/**
+ * A metric's value as `gpusession.metrics.metric_text` prints it, with the
+ * row of the table the server sent: "57%", "70 °C", "67/70 W" (against its
+ * limit when known), "10.2/15.0 GiB", "76 MiB/23.5 GiB"; "n/a" when the
+ * board does not report it.
+ */
+export function formatMetric(metric: MetricView, value: number | null, limit: number | null = null): string {
+  if (value === null || !Number.isFinite(value)) {
+    return 'n/a';
+  }
+  const [number, unit] = metricNumber(metric, value);
+  if (limit === null || !Number.isFinite(limit)) {
+    return withUnit(number, unit);
+  }
+  const [top, topUnit] = metricNumber(metric, limit);
+  return topUnit === unit
+    ? withUnit(`${number}/${top}`, unit)
+    : `${withUnit(number, unit)}/${withUnit(top, topUnit)}`;
 }
 
-/** Bytes as `gpusession.words` prints memory: "1.2 GiB", or "61 MiB" below a GiB. */
-export function formatBytes(bytes: number): string {
-  const gib = 2 ** 30;
-  return bytes >= gib
-    ? `${formatFixed(bytes / gib, 1)} GiB`
-    : `${formatFixed(bytes / 2 ** 20, 0)} MiB`;
+/** The number and unit one value is shown in: ["67", "W"], ["76", "MiB"]. */
+function metricNumber(metric: MetricView, raw: number): [string, string] {
+  if (metric.format === 'bytes' && Math.abs(raw) < 2 ** 30) {
+    return [formatFixed(raw / 2 ** 20, 0).replace(/,/g, ''), 'MiB'];
+  }
+  return [formatFixed(raw / metric.scale, metric.digits).replace(/,/g, ''), metric.unit];
+}
+
+function withUnit(number: string, unit: string): string {
+  return unit === '%' ? `${number}%` : `${number} ${unit}`;
 }
 
 /**

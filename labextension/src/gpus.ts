@@ -4,26 +4,44 @@
  */
 import { Sparkline } from './chart';
 import { control, element, setClass, showText } from './dom';
-import { formatBytes, formatMemory } from './format';
 import type { SessionStatsModel } from './model';
-import { chartSpan, cpuScale, gpuFrame, valueText } from './series';
+import { chartedMetrics, chartSpan, gpuFrame, hostSeries, metricCharts } from './series';
 import { noGpuNote } from './sessions';
-import type { Sample } from './types';
+import type { GpuSample, MetricView, Sample } from './types';
+
+/** A sparkline per drawn metric of a scope, in the table's order. */
+class Sparklines {
+  /** @param prefix - of each chart's class: "gpusession-gpu-" + "util". */
+  constructor(metrics: readonly MetricView[], prefix: string) {
+    this.metrics = metrics;
+    this.node = element('div', 'gpusession-gpu-charts');
+    for (const metric of metrics) {
+      const chart = new Sparkline(`${prefix}${metric.key}`, metric.short);
+      this._charts.set(metric.key, chart);
+      this.node.appendChild(chart.node);
+    }
+  }
+
+  readonly metrics: readonly MetricView[];
+  readonly node: HTMLDivElement;
+
+  update(series: readonly { t: number; item: GpuSample | Sample }[], windowS: number): void {
+    for (const { metric, data } of metricCharts(series, this.metrics, windowS)) {
+      this._charts.get(metric.key)?.update(data);
+    }
+  }
+
+  private readonly _charts = new Map<string, Sparkline>();
+}
 
 /** The charts of one GPU. */
 class GpuRow {
-  constructor(index: number) {
+  constructor(index: number, metrics: readonly MetricView[]) {
     this.node = element('div', 'gpusession-gpu');
     this.node.dataset.gpuIndex = String(index);
     this._title = element('div', 'gpusession-gpu-title');
-    const charts = element('div', 'gpusession-gpu-charts');
-    charts.append(
-      this._util.node,
-      this._memory.node,
-      this._temperature.node,
-      this._power.node
-    );
-    this.node.append(this._title, charts);
+    this._charts = new Sparklines(chartedMetrics(metrics, 'gpu'), 'gpusession-gpu-');
+    this.node.append(this._title, this._charts.node);
   }
 
   readonly node: HTMLDivElement;
@@ -33,97 +51,32 @@ class GpuRow {
     if (!frame) {
       return;
     }
-    const { gpu, tEnd, memoryTotal, powerLimit } = frame;
     if (this._title.textContent !== frame.title) {
       this._title.textContent = frame.title;
       this._title.title = frame.tooltip;
     }
-    const base = { tEnd, windowS };
-    this._util.update({
-      ...base,
-      points: frame.util,
-      max: 100,
-      valueText: valueText(gpu.utilization, v => `${Math.round(v)}%`),
-      value: gpu.utilization
-    });
-    this._memory.update({
-      ...base,
-      points: frame.memory,
-      max: memoryTotal ?? 0,
-      valueText: valueText(gpu.memory_used, v => formatMemory(v, memoryTotal ?? 0)),
-      value: gpu.memory_used
-    });
-    this._temperature.update({
-      ...base,
-      points: frame.temperature,
-      max: 100,
-      valueText: valueText(gpu.temperature, v => `${Math.round(v)}°C`),
-      value: gpu.temperature
-    });
-    this._power.update({
-      ...base,
-      points: frame.power,
-      max: powerLimit ?? 0,
-      valueText: valueText(
-        gpu.power_draw,
-        v => `${Math.round(v)}/${valueText(powerLimit, l => String(Math.round(l)))} W`
-      ),
-      value: gpu.power_draw
-    });
+    this._charts.update(frame.series, windowS);
   }
 
   private readonly _title: HTMLDivElement;
-  private readonly _util = new Sparkline('gpusession-gpu-util', 'Util');
-  private readonly _memory = new Sparkline('gpusession-gpu-memory', 'Mem');
-  private readonly _temperature = new Sparkline('gpusession-gpu-temp', 'Temp');
-  private readonly _power = new Sparkline('gpusession-gpu-power', 'Power');
+  private readonly _charts: Sparklines;
 }
 
 /** The session's own CPU and memory (there with or without a GPU). */
 class HostRow {
-  constructor() {
+  constructor(metrics: readonly MetricView[]) {
     this.node = element('div', 'gpusession-host');
-    const charts = element('div', 'gpusession-gpu-charts');
-    charts.append(this._cpu.node, this._ram.node);
-    this.node.append(charts);
+    this._charts = new Sparklines(chartedMetrics(metrics, 'host'), 'gpusession-');
+    this.node.append(this._charts.node);
   }
 
   readonly node: HTMLDivElement;
 
   update(samples: readonly Sample[], windowS: number): void {
-    const latest = samples[samples.length - 1];
-    if (!latest) {
-      return;
-    }
-    const tEnd = latest.t;
-    const cpu = samples
-      .filter(s => s.cpu_percent !== null)
-      .map(s => ({ t: s.t, v: s.cpu_percent as number }));
-    const cpuNow = latest.cpu_percent;
-    this._cpu.update({
-      points: cpu,
-      tEnd,
-      windowS,
-      max: cpuScale(cpu.map(p => p.v)),
-      valueText: cpuNow === null ? 'n/a' : `${Math.round(cpuNow)}%`,
-      value: cpuNow
-    });
-    const ram = samples
-      .filter(s => s.memory_used !== null)
-      .map(s => ({ t: s.t, v: s.memory_used as number }));
-    const { memory_used: used, memory_total: total } = latest;
-    this._ram.update({
-      points: ram,
-      tEnd,
-      windowS,
-      max: total ?? Math.max(1, ...ram.map(p => p.v)),
-      valueText: used === null ? 'n/a' : formatBytes(used),
-      value: used
-    });
+    this._charts.update(hostSeries(samples), windowS);
   }
 
-  private readonly _cpu = new Sparkline('gpusession-cpu', 'CPU');
-  private readonly _ram = new Sparkline('gpusession-ram', 'RAM');
+  private readonly _charts: Sparklines;
 }
 
 /** Charts of every GPU of a session and of its CPU and memory, plus notes. */
@@ -136,8 +89,7 @@ export class GpuStatsView {
     this._source.textContent = 'recorded';
     this._source.title = RECORDED_TITLE;
     this._source.hidden = true;
-    this.node.append(this._source, this._note, this._rows, this._host.node);
-    this._host.node.hidden = true;
+    this.node.append(this._source, this._note, this._rows);
   }
 
   readonly node: HTMLDivElement;
@@ -154,7 +106,7 @@ export class GpuStatsView {
     } else if (stats.loaded && !stats.gpusVisible) {
       ({ text: note, detail } = noGpuNote(stats.message));
       noteClass = 'gpusession-no-gpu';
-    } else if (!latest) {
+    } else if (!latest || !stats.metrics) {
       note = stats.loaded
         ? stats.message || 'Waiting for the first stats…'
         : 'Loading stats…';
@@ -163,9 +115,17 @@ export class GpuStatsView {
     this._setNote(note, noteClass, detail);
     this._source.hidden = stats.source !== 'recorded';
 
+    const metrics = stats.metrics;
+    if (!metrics) {
+      return;
+    }
+    if (!this._host) {
+      this._host = new HostRow(metrics);
+      this.node.appendChild(this._host.node);
+    }
     const gpus = stats.gpusVisible && latest ? latest.gpus : [];
     const span = chartSpan(samples, this._windowS);
-    this._syncRows(gpus.map(g => g.index));
+    this._syncRows(gpus.map(g => g.index), metrics);
     for (const gpu of gpus) {
       this._rowsByIndex.get(gpu.index)?.update(gpu.index, samples, span);
     }
@@ -182,7 +142,7 @@ export class GpuStatsView {
   }
 
   /** Keep one row per GPU index, creating and removing only what changed. */
-  private _syncRows(indices: number[]): void {
+  private _syncRows(indices: number[], metrics: readonly MetricView[]): void {
     const wanted = new Set(indices);
     for (const [index, row] of this._rowsByIndex) {
       if (!wanted.has(index)) {
@@ -192,7 +152,7 @@ export class GpuStatsView {
     }
     for (const index of indices) {
       if (!this._rowsByIndex.has(index)) {
-        const row = new GpuRow(index);
+        const row = new GpuRow(index, metrics);
         this._rowsByIndex.set(index, row);
         this._rows.appendChild(row.node);
       }
@@ -203,7 +163,8 @@ export class GpuStatsView {
   private readonly _note: HTMLDivElement;
   private readonly _rows: HTMLDivElement;
   private readonly _rowsByIndex = new Map<number, GpuRow>();
-  private readonly _host = new HostRow();
+  /** Made once the metric table has come (with the first stats). */
+  private _host: HostRow | null = null;
   private readonly _source = control('span', 'gpusession-recorded');
 }
 

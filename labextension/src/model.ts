@@ -10,7 +10,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { errorMessage, GpuSessionClient } from './api';
 import { appendSamples, STATS_WINDOW_S } from './series';
 import { isStarting } from './sessions';
-import type { Sample, SessionView, StatsIdle, StatsReply } from './types';
+import type { MetricView, Sample, SessionView, StatsIdle, StatsReply } from './types';
 
 /** How often the session list is fetched while the sidebar is shown, in ms. */
 export const LIST_INTERVAL_MS = 2000;
@@ -209,6 +209,11 @@ export class SessionStatsModel {
     return this._message;
   }
 
+  /** The metric table (GET `options`), once fetched with the first stats. */
+  get metrics(): readonly MetricView[] | null {
+    return this._metrics;
+  }
+
   /** Why the last fetch failed, or null if it succeeded. */
   get error(): string | null {
     return this._error;
@@ -246,6 +251,7 @@ export class SessionStatsModel {
     try {
       const last = this._samples[this._samples.length - 1];
       const since = last ? last.t : Date.now() / 1000 - this.windowS;
+      this._metrics ??= await this._client.getMetrics();
       const reply = await this._client.getStats(this.sessionId, since);
       this._gpusVisible = reply.gpus_visible;
       this._message = reply.message;
@@ -266,6 +272,7 @@ export class SessionStatsModel {
   private readonly _poll: Poll<void, unknown, 'standby'>;
   private readonly _changed = new Signal<this, void>(this);
   private _samples: readonly Sample[] = [];
+  private _metrics: readonly MetricView[] | null = null;
   private _source: StatsReply['source'] = undefined;
   private _idle: { idle: StatsIdle; at: number } | null = null;
   private _gpusVisible = true;

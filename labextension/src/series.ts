@@ -2,7 +2,8 @@
  * The numbers behind the charts, without a DOM: the stats window kept in
  * memory, one GPU's series, and a series as SVG polyline points.
  */
-import type { GpuSample, Sample } from './types';
+import { formatMetric } from './format';
+import type { GpuSample, MetricView, Sample } from './types';
 
 /** How much stats history the charts show, in seconds. */
 export const STATS_WINDOW_S = 300;
@@ -105,29 +106,33 @@ export function areaPoints(line: string, height: number): string {
   return `${x(coords[0]!)},${height} ${line} ${x(coords[coords.length - 1]!)},${height}`;
 }
 
-/** The top of a CPU chart: 100% of one core, or more while several are busy. */
-export function cpuScale(values: readonly number[]): number {
-  return Math.max(100, Math.ceil(Math.max(0, ...values) / 100) * 100);
+/**
+ * The top of a scale without a limit: `step`, or whole steps above while
+ * values exceed it (CPU: 100% of one core, 200% while two are busy).
+ */
+export function scaleTop(step: number, values: readonly number[]): number {
+  return Math.max(step, Math.ceil(Math.max(0, ...values) / step) * step);
 }
 
-/** One GPU's values over time, the samples without that value left out. */
-export function gpuPoints(
-  series: readonly { t: number; gpu: GpuSample }[],
-  pick: (gpu: GpuSample) => number | null
+/** A numeric field of a GPU or a sample by its name (a metric row's), or null. */
+export function fieldValue(item: GpuSample | Sample, name: string | null): number | null {
+  const value: unknown = name === null ? null : (item as unknown as Record<string, unknown>)[name];
+  return typeof value === 'number' && Number.isFinite(value) ? value : null;
+}
+
+/** One field's values over time, the items without that value left out. */
+export function fieldPoints(
+  series: readonly { t: number; item: GpuSample | Sample }[],
+  name: string
 ): Point[] {
   const points: Point[] = [];
-  for (const { t, gpu } of series) {
-    const v = pick(gpu);
-    if (v !== null && Number.isFinite(v)) {
+  for (const { t, item } of series) {
+    const v = fieldValue(item, name);
+    if (v !== null) {
       points.push({ t, v });
     }
   }
   return points;
-}
-
-/** A value as text, or "n/a" where the board does not report it. */
-export function valueText(value: number | null | undefined, text: (v: number) => string): string {
-  return value === null || value === undefined || !Number.isFinite(value) ? 'n/a' : text(value);
 }
 
 /**
@@ -164,53 +169,88 @@ export function chartSpan(samples: readonly { t: number }[], windowS: number): n
   return Math.min(windowS, Math.max(60, Math.ceil(last.t - first.t)));
 }
 
-/** The latest value a GPU reported (a scale's top: memory total, power limit), or null. */
+/** The latest value a field had (a scale's top: memory total, power limit), or null. */
 export function lastKnown(
-  series: readonly { gpu: GpuSample }[],
-  pick: (gpu: GpuSample) => number | null
+  series: readonly { item: GpuSample | Sample }[],
+  name: string
 ): number | null {
   for (let i = series.length - 1; i >= 0; i--) {
-    const value = pick(series[i]!.gpu);
-    if (value !== null && Number.isFinite(value)) {
+    const value = fieldValue(series[i]!.item, name);
+    if (value !== null) {
       return value;
     }
   }
   return null;
 }
 
-/** What both the sidebar's and the main area's charts of one GPU draw. */
-export interface GpuFrame {
-  gpu: GpuSample;
-  tEnd: number;
-  /** "GPU 0 · Tesla T4", and what NVML said when it could not read the board. */
-  title: string;
-  tooltip: string;
-  memoryTotal: number | null;
-  powerLimit: number | null;
-  util: Point[];
-  memory: Point[];
-  temperature: Point[];
-  power: Point[];
+/** What a chart of one metric draws, for the sidebar's and the main area's alike. */
+export interface MetricChart {
+  metric: MetricView;
+  data: ChartData;
+  /** The top of the scale as text: "100%", "70 W", "15.0 GiB". */
+  topText: string;
 }
 
-/** One GPU's latest sample and series, or null before its first sample. */
-export function gpuFrame(samples: readonly Sample[], index: number): GpuFrame | null {
+/**
+ * The charts of one GPU or of the session's processes: one per drawn row of
+ * the table (of the items' scope), from their samples, oldest first.
+ */
+export function metricCharts(
+  series: readonly { t: number; item: GpuSample | Sample }[],
+  metrics: readonly MetricView[],
+  windowS: number
+): MetricChart[] {
+  const latest = series[series.length - 1];
+  if (!latest) {
+    return [];
+  }
+  return metrics
+    .filter(metric => metric.charted)
+    .map(metric => {
+      const points = fieldPoints(series, metric.name);
+      const limit = metric.limit === null ? null : lastKnown(series, metric.limit);
+      const values = points.map(p => p.v);
+      const max = limit ?? (metric.top ? scaleTop(metric.top, values) : Math.max(1, ...values));
+      const value = fieldValue(latest.item, metric.name);
+      const top = limit ?? (metric.top ? max : null);
+      return {
+        metric,
+        data: {
+          points,
+          tEnd: latest.t,
+          windowS,
+          max,
+          valueText: formatMetric(metric, value, limit),
+          value
+        },
+        topText: formatMetric(metric, top)
+      };
+    });
+}
+
+/** The drawn rows of a scope, in the table's order. */
+export function chartedMetrics(metrics: readonly MetricView[], scope: MetricView['scope']): MetricView[] {
+  return metrics.filter(metric => metric.scope === scope && metric.charted);
+}
+
+/** The samples as the series of the session's processes (`metricCharts`'s items). */
+export function hostSeries(samples: readonly Sample[]): { t: number; item: Sample }[] {
+  return samples.map(sample => ({ t: sample.t, item: sample }));
+}
+
+/** One GPU's title and series (`metricCharts`'s items), or null before its first sample. */
+export function gpuFrame(
+  samples: readonly Sample[],
+  index: number
+): { title: string; tooltip: string; series: { t: number; item: GpuSample }[] } | null {
   const series = gpuSeries(samples, index);
   const latest = series[series.length - 1];
   if (!latest) {
     return null;
   }
-  const { gpu } = latest;
   return {
-    gpu,
-    tEnd: latest.t,
     title: gpuTitle(series),
-    tooltip: gpu.error ?? gpu.uuid ?? '',
-    memoryTotal: lastKnown(series, g => g.memory_total),
-    powerLimit: lastKnown(series, g => g.power_limit),
-    util: gpuPoints(series, g => g.utilization),
-    memory: gpuPoints(series, g => g.memory_used),
-    temperature: gpuPoints(series, g => g.temperature),
-    power: gpuPoints(series, g => g.power_draw)
+    tooltip: latest.gpu.error ?? latest.gpu.uuid ?? '',
+    series: series.map(({ t, gpu }) => ({ t, item: gpu }))
   };
 }

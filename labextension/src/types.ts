@@ -261,6 +261,39 @@ export interface OptionView {
 /** Reply of GET `options`: every start option, in the order to show them. */
 export interface OptionsReply {
   options: OptionView[];
+  /** The metrics the charts draw (gpusession/metrics.py), in the order shown. */
+  metrics: MetricView[];
+}
+
+/**
+ * One row of the metric table (gpusession/metrics.py `Metric`), item of
+ * `OptionsReply.metrics` (GET `options`). The charts, sparklines and value
+ * texts are made from these rows; `formatMetric` formats a value with one.
+ */
+export interface MetricView {
+  /** Its field in the stats document: of a `GpuSample` ("gpu") or a `Sample` ("host"). */
+  name: string;
+  scope: 'gpu' | 'host';
+  /** Short id: CSS classes ("gpusession-gpu-power") and a large chart's `data-metric`. */
+  key: string;
+  /** A large chart's caption: "Power". */
+  label: string;
+  /** A sparkline's caption: "Power". */
+  short: string;
+  /** What the number is shown in: "%", "W", "°C", "GiB". */
+  unit: string;
+  /** The field's value divided by this is the number in `unit`. */
+  scale: number;
+  /** Decimals shown. */
+  digits: number;
+  /** "number"; "bytes": below 1 GiB shown in MiB without decimals. */
+  format: 'number' | 'bytes';
+  /** The field of the same object it is drawn against ("power_limit"), or null. */
+  limit: string | null;
+  /** Without a limit: the top of its scale, grown in these steps to fit; or null. */
+  top: number | null;
+  /** Drawn as a chart; false: only the notebook's words show it. */
+  charted: boolean;
 }
 
 /** Reply of POST `options/check`: option name -> what is wrong with its

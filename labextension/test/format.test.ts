@@ -4,7 +4,7 @@ import { describe, test } from 'node:test';
 import {
   formatDuration,
   formatFixed,
-  formatMemory,
+  formatMetric,
   formatMoney,
   formatRate,
   roundHalfEven
@@ -86,9 +86,27 @@ describe('rounding as Python rounds', () => {
   });
 });
 
-test('formatMemory', () => {
-  assert.equal(formatMemory(5.1 * 2 ** 30, 16 * 2 ** 30), '5.1/16 GiB');
-  assert.equal(formatMemory(2 ** 29, 8 * 2 ** 30), '0.5/8.0 GiB');
+describe('the metrics (gpusession.metrics)', () => {
+  test('every row of the table has cases', () => {
+    const keys = new Set(cases.metrics.cases.map(([key]) => key));
+    assert.deepEqual([...keys].sort(), cases.metrics.table.map(m => m.key).sort());
+  });
+
+  test('formatMetric prints what metric_text prints, with the served row', () => {
+    const wrong = cases.metrics.cases
+      .map(([key, value, limit, expected]) => {
+        const metric = cases.metrics.table.find(m => m.key === key)!;
+        return [key, value, limit, expected, formatMetric(metric, value, limit)];
+      })
+      .filter(([, , , expected, got]) => got !== expected);
+    assert.deepEqual(wrong, []);
+  });
+
+  test('not a number reads n/a', () => {
+    const util = cases.metrics.table.find(m => m.key === 'util')!;
+    assert.equal(formatMetric(util, Number.NaN), 'n/a');
+    assert.equal(formatMetric(util, 57, Number.NaN), '57%');
+  });
 });
 
 describe('the stop kinds (gpusession.protocol.StopKind)', () => {

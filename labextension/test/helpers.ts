@@ -4,7 +4,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 
-import type { GpuSample, OptionView, Sample, SessionView } from '../src/types';
+import type { GpuSample, MetricView, OptionView, Sample, SessionView } from '../src/types';
 
 /** tests/data/format_cases.json: inputs and what gpusession.durations prints for them. */
 export interface FormatCases {
@@ -12,6 +12,8 @@ export interface FormatCases {
   money: [number, string][];
   /** gpusession.protocol.StopKind's values, in order. */
   stop_kinds: string[];
+  /** gpusession.metrics: the table as GET options serves it, and [key, value, limit, text]. */
+  metrics: { table: MetricView[]; cases: [string, number | null, number | null, string][] };
 }
 
 /** Read tests/data/format_cases.json of the repository (found upwards from here). */

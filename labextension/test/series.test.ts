@@ -6,17 +6,22 @@ import {
   appendSamples,
   areaPoints,
   chartSpan,
-  cpuScale,
+  chartedMetrics,
+  fieldPoints,
   gpuFrame,
-  gpuPoints,
   gpuSeries,
   gpuTitle,
+  hostSeries,
   lastKnown,
+  metricCharts,
   polylinePoints,
-  STATS_WINDOW_S,
-  valueText
+  scaleTop,
+  STATS_WINDOW_S
 } from '../src/series';
-import { gpu, sample } from './helpers';
+import type { MetricView } from '../src/types';
+import { formatCases, gpu, sample } from './helpers';
+
+const METRICS = formatCases().metrics.table;
 
 const times = (samples: readonly { t: number }[]) => samples.map(s => s.t);
 
@@ -112,9 +117,9 @@ describe('large charts', () => {
   });
 
   test('CPU scale: one core, or whole cores above', () => {
-    assert.equal(cpuScale([]), 100);
-    assert.equal(cpuScale([3, 99.9]), 100);
-    assert.equal(cpuScale([150]), 200);
+    assert.equal(scaleTop(100, []), 100);
+    assert.equal(scaleTop(100, [3, 99.9]), 100);
+    assert.equal(scaleTop(100, [150]), 200);
   });
 
   test('time axis', () => {
@@ -135,13 +140,11 @@ describe('GPU titles', () => {
 
   test('points leave out what the board does not report', () => {
     const series = [
-      { t: 1, gpu: gpu(0, 10) },
-      { t: 2, gpu: { ...gpu(0, 0), utilization: null } },
-      { t: 3, gpu: gpu(0, 30) }
+      { t: 1, item: gpu(0, 10) },
+      { t: 2, item: { ...gpu(0, 0), utilization: null } },
+      { t: 3, item: gpu(0, 30) }
     ];
-    assert.deepEqual(gpuPoints(series, g => g.utilization), [{ t: 1, v: 10 }, { t: 3, v: 30 }]);
-    assert.equal(valueText(null, v => `${v}%`), 'n/a');
-    assert.equal(valueText(42, v => `${v}%`), '42%');
+    assert.deepEqual(fieldPoints(series, 'utilization'), [{ t: 1, v: 10 }, { t: 3, v: 30 }]);
   });
 
   test('a young session fills the chart: at least a minute, at most the window', () => {
@@ -155,31 +158,60 @@ describe('GPU titles', () => {
 describe('scales', () => {
   test("a scale's top is the latest value reported, past a reading without it", () => {
     const lost = { ...gpu(1, 0), memory_total: null, power_limit: null };
-    const series = [{ gpu: gpu(1, 5) }, { gpu: lost }];
-    assert.equal(lastKnown(series, g => g.memory_total), 16 * 2 ** 30);
-    assert.equal(lastKnown(series, g => g.power_limit), 70);
-    assert.equal(lastKnown([{ gpu: lost }], g => g.power_limit), null);
+    const series = [{ item: gpu(1, 5) }, { item: lost }];
+    assert.equal(lastKnown(series, 'memory_total'), 16 * 2 ** 30);
+    assert.equal(lastKnown(series, 'power_limit'), 70);
+    assert.equal(lastKnown([{ item: lost }], 'power_limit'), null);
   });
 });
 
-describe('gpuFrame', () => {
+describe('gpuFrame and metricCharts', () => {
   test('is null before a GPU has a sample', () => {
     assert.equal(gpuFrame([sample(1)], 3), null);
   });
 
-  test("gives the latest sample, the title, the scales and one series per chart", () => {
+  test('one chart per drawn row of the served table, with its scale and text', () => {
     const samples = [sample(1, [gpu(0, 10), gpu(1, 50)]), sample(2, [gpu(0, 20), gpu(1, 60)])];
     const frame = gpuFrame(samples, 1)!;
-    assert.equal(frame.tEnd, 2);
-    assert.equal(frame.gpu.utilization, 60);
-    assert.equal(frame.title, gpuTitle(gpuSeries(samples, 1)));
-    assert.deepEqual(frame.util, [
+    assert.equal(frame.title, 'GPU 1 · Tesla T4');
+    const charts = metricCharts(frame.series, chartedMetrics(METRICS, 'gpu'), 300);
+    assert.deepEqual(
+      charts.map(c => [c.metric.key, c.data.valueText, c.topText, c.data.max]),
+      [
+        ['util', '60%', '100%', 100],
+        ['memory', '1.0/16.0 GiB', '16.0 GiB', 16 * 2 ** 30],
+        ['temp', '50 °C', '100 °C', 100],
+        ['power', '30/70 W', '70 W', 70]
+      ]
+    );
+    assert.deepEqual(charts[0]!.data.points, [
       { t: 1, v: 50 },
       { t: 2, v: 60 }
     ]);
-    assert.equal(frame.memoryTotal, lastKnown(gpuSeries(samples, 1), g => g.memory_total));
-    assert.equal(frame.memory.length, 2);
-    assert.equal(frame.temperature.length, 2);
-    assert.equal(frame.power.length, 2);
+    assert.equal(charts[0]!.data.tEnd, 2);
+  });
+
+  test("the session's processes: CPU grows by cores, memory against its total", () => {
+    const samples = [{ ...sample(1), cpu_percent: 150, memory_used: 76 * 2 ** 20, memory_total: 2 ** 31 }];
+    const charts = metricCharts(hostSeries(samples), chartedMetrics(METRICS, 'host'), 300);
+    assert.deepEqual(
+      charts.map(c => [c.metric.key, c.data.valueText, c.topText]),
+      [
+        ['cpu', '150%', '200%'],
+        ['ram', '76 MiB/2.0 GiB', '2.0 GiB']
+      ]
+    );
+  });
+
+  test('a row added to the table is drawn with no other change', () => {
+    const fan: MetricView = {
+      name: 'fan_speed', scope: 'gpu', key: 'fan', label: 'Fan', short: 'Fan', unit: '%',
+      scale: 1, digits: 0, format: 'number', limit: null, top: 100, charted: true
+    };
+    const withFan = { ...gpu(0, 5), fan_speed: 41.6 };
+    const charts = metricCharts(gpuFrame([sample(1, [withFan])], 0)!.series, [...METRICS, fan], 300);
+    const drawn = charts.find(c => c.metric.key === 'fan')!;
+    assert.equal(drawn.data.valueText, '42%');
+    assert.deepEqual(drawn.data.points, [{ t: 1, v: 41.6 }]);
   });
 });
