@@ -19,17 +19,24 @@ Installed by the kernel extension (`gpusession.agent.activity`). Standard librar
 
 from __future__ import annotations
 
+import collections
 import os
 import pickle
 import queue
 import tarfile
 import threading
+import time
+import zlib
 from typing import Any, Callable, Optional
 
 from ..protocol import TRANSFER_REPLY, TRANSFER_REQUEST
+from ..tarsafe import Extraction
 
 TAR_BUFSIZE = 1 << 20
 MAX_OPEN = 8  # transfers open at once; older ones are dropped
+KEEP_FINISHED = 16  # the last answers of finished transfers, for requests sent again after a cut
+STALE_S = 600.0  # an open transfer untouched this long was left by a client that went away
+RESUME = 1  # said in the open reply: requests sent again (by their seq) are answered again
 _DONE = object()
 
 
@@ -106,30 +113,18 @@ class _Chunks:
         self._parts, self._size = [], 0
 
 
-def _extract(tar: tarfile.TarFile, dest: str) -> tuple[int, int]:
-    files = size = 0
-    data_filter = getattr(tarfile, "data_filter", None)
-    for member in tar:
-        name = member.name
-        if name.startswith("/") or ".." in name.split("/") or member.issym() or member.islnk() or member.isdev():
-            raise TransferError(f"refused {name!r}: only plain files and folders below the target may be uploaded")
-        if data_filter is not None:
-            tar.extract(member, dest, filter="data")
-        else:
-            tar.extract(member, dest)
-        if member.isfile():
-            files, size = files + 1, size + member.size
-    return files, size
-
-
 class _Upload:
+    """A tar stream extracted by a thread as it arrives (gpusession.tarsafe: temporary names,
+    renamed once the whole stream arrived and its size and checksum match the client's)."""
+
     def __init__(self, cwd: str, to: str) -> None:
         self.dest = inside(cwd, to or ".", "target folder")
         if os.path.exists(self.dest) and not os.path.isdir(self.dest):
             raise TransferError(f"target {to!r} in the session is a file, not a folder")
-        os.makedirs(self.dest, exist_ok=True)
+        self.extraction = Extraction(self.dest, links=False)
         self.pipe = _Pipe()
-        self.result: Optional[dict] = None
+        self.check = _Check()
+        self.error: Optional[str] = None
         self.thread = threading.Thread(target=self._run, daemon=True, name="gpusession-upload")
         self.thread.start()
 
@@ -137,12 +132,9 @@ class _Upload:
         try:
             with tarfile.open(fileobj=self.pipe, mode="r|", bufsize=TAR_BUFSIZE) as tar:
                 tar.copybufsize = TAR_BUFSIZE  # tarfile's 16 kB re-joins its whole buffer per read
-                files, size = _extract(tar, self.dest)
-            self.result = {"files": files, "bytes": size, "dest": self.dest}
-        except TransferError as exc:
-            self.result = {"error": str(exc)}
-        except Exception as exc:  # noqa: BLE001 - disk full, permissions: said, not raised
-            self.result = {"error": f"cannot write the files in the session: {type(exc).__name__}: {exc}"}
+                self.extraction.run(tar)
+        except Exception as exc:  # noqa: BLE001 - disk full, permissions, a cut stream: said, not raised
+            self.error = f"cannot write the files in the session: {type(exc).__name__}: {exc}"
         finally:
             while True:  # let a writer blocked on a full queue go
                 try:
@@ -152,24 +144,55 @@ class _Upload:
             self.pipe.chunks.put(_DONE)
 
     def close(self) -> None:
-        """The client gave up: the extracting thread reads the end of the stream and stops."""
+        """The client gave up: the extracting thread reads the end of the stream and stops, and
+        what it wrote goes."""
         while True:
             try:
                 self.pipe.chunks.get_nowait()
             except queue.Empty:
                 break
         self.pipe.chunks.put(_DONE)
+        self.thread.join(10)
+        self.extraction.discard()
 
-    def feed(self, chunk, last: bool) -> Optional[dict]:
-        if self.result is None and chunk:
+    def feed(self, chunk, last: bool, crc=None, size=None) -> Optional[dict]:
+        if self.error is None and chunk:
+            self.check.add(chunk)
             self.pipe.chunks.put(bytes(chunk))
-        if self.result is not None and "error" in self.result:
-            return self.result
-        if last:
-            self.pipe.chunks.put(_DONE)
-            self.thread.join()
-            return self.result
-        return None
+        if self.error is not None:
+            self.extraction.discard()
+            return {"error": self.error}
+        if not last:
+            return None
+        self.pipe.chunks.put(_DONE)
+        self.thread.join()
+        damaged = self.check.damaged(crc, size, "upload")
+        if self.error is not None or damaged:
+            self.extraction.discard()
+            return {"error": self.error or damaged}
+        self.extraction.commit()
+        return {"files": self.extraction.files, "bytes": self.extraction.bytes, "dest": self.dest,
+                "refused": self.extraction.refused}
+
+
+class _Check:
+    """Size and CRC-32 of a stream, added up in order, against the sender's."""
+
+    def __init__(self) -> None:
+        self.crc = 0
+        self.size = 0
+
+    def add(self, part) -> None:
+        self.crc = zlib.crc32(part, self.crc)
+        self.size += len(part)
+
+    def damaged(self, crc, size, what: str) -> str:
+        """'' when it matches (or the sender gave no figures), else why."""
+        if size is not None and size != self.size:
+            return f"the {what} arrived incomplete ({self.size} of {size} bytes); nothing was written"
+        if crc is not None and crc != self.crc:
+            return f"the {what} arrived damaged (its checksum differs); nothing was written"
+        return ""
 
 
 class _Push:
@@ -180,13 +203,18 @@ class _Push:
     def close(self) -> None:
         self.parts = []
 
-    def feed(self, chunk, last: bool) -> Optional[dict]:
+    def feed(self, chunk, last: bool, crc=None, size=None) -> Optional[dict]:
         if chunk:
             self.parts.append(bytes(chunk))
         if not last:
             return None
         blob = memoryview(b"".join(self.parts))
         self.parts = []
+        check = _Check()
+        check.add(blob)
+        damaged = check.damaged(crc, size, "push")
+        if damaged:
+            return {"error": damaged}
         values, bad, at = {}, [], 0
         for name, size in zip(self.names, self.sizes):
             try:
@@ -209,6 +237,10 @@ class _Source:
         self.blob = memoryview(blob) if blob is not None else None
         self.at = 0
         self.error: Optional[str] = None
+        self.check = _Check()
+        self.kept: dict = {}  # seq -> (part, eof): sent, not yet known to have arrived
+        self.next_seq = 0
+        self.ended = False
         if make is not None:
             self.sink = _Chunks(chunk)
             threading.Thread(target=self._run, args=(make,), daemon=True, name="gpusession-download").start()
@@ -232,6 +264,23 @@ class _Source:
                     sink.out.get_nowait()
                 except queue.Empty:
                     break
+
+    def part(self, seq: int, acked: int) -> tuple[Any, bool]:
+        """Part `seq` of the stream (again, when a cut lost its reply): the parts below `acked`
+        arrived and are forgotten, those after the last one asked for are made in order."""
+        for old in [k for k in self.kept if k < acked]:
+            del self.kept[old]
+        if seq in self.kept:
+            return self.kept[seq]
+        if seq < self.next_seq:
+            raise TransferError(f"part {seq} of this transfer was asked for again after it was forgotten")
+        while self.next_seq <= seq:
+            part, eof = (b"", True) if self.ended else self.read()
+            self.ended = self.ended or eof  # after the end: every later part is the end again
+            self.check.add(part)
+            self.kept[self.next_seq] = (part, eof)
+            self.next_seq += 1
+        return self.kept[seq]
 
     def read(self) -> tuple[Any, bool]:
         if self.blob is not None:
@@ -291,13 +340,16 @@ def _download(cwd: str, paths: list, chunk: int) -> tuple[_Source, dict]:
 
 
 class Transfers:
-    """The open transfers of one kernel, by id."""
+    """The open transfers of one kernel, by id. Every request but `open` carries its number in
+    the transfer (`seq`): a request sent again after a tunnel cut lost it (or its reply) gets the
+    same answer, and one that arrives before an earlier, lost one is answered `ahead` (the client
+    sends from the first unanswered one again)."""
 
     def __init__(self, kernel, touch: Callable[[], None]) -> None:
         self.kernel = kernel
         self.touch = touch
         self.open: dict = {}
-        self.done: list = []  # the latest finished ids: a read still in flight gets eof, not an error
+        self.finished: "collections.OrderedDict[str, Any]" = collections.OrderedDict()  # their last answers
 
     def ns(self) -> dict:
         return self.kernel.shell.user_ns
@@ -310,12 +362,24 @@ class Transfers:
         try:
             content, out = self._answer(tid, request, buffers)
         except TransferError as exc:
-            self._drop(tid)
-            content, out = {"status": "error", "message": str(exc)}, []
+            content, out = self._fail(tid, str(exc)), []
         except Exception as exc:  # noqa: BLE001 - the client must get an answer, never a hang
-            self._drop(tid)
-            content, out = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}, []
+            content, out = self._fail(tid, f"{type(exc).__name__}: {exc}"), []
+        content["seq"] = request.get("seq")
         self.kernel.session.send(stream, TRANSFER_REPLY, content, parent, ident=ident, buffers=out)
+
+    def _fail(self, tid: str, message: str) -> dict:
+        """The transfer ends; asked again (its reply lost in a cut), it says the same."""
+        content = {"status": "error", "message": message}
+        self._drop(tid)
+        self._finish(tid, content)
+        return dict(content)
+
+    def _finish(self, tid: str, final: dict) -> None:
+        self.open.pop(tid, None)
+        self.finished[tid] = final
+        while len(self.finished) > KEEP_FINISHED:
+            self.finished.popitem(last=False)
 
     def _drop(self, tid: str) -> None:
         transfer = self.open.pop(tid, None)
@@ -325,47 +389,68 @@ class Transfers:
     def _answer(self, tid: str, request: dict, buffers: list) -> tuple[dict, list]:
         op = request.get("op")
         chunk = int(request.get("chunk") or (4 << 20))
-        if op == "open":
-            for stale in list(self.open)[:-MAX_OPEN + 1] if len(self.open) >= MAX_OPEN else []:
-                self._drop(stale)  # the oldest, left by clients that went away
-            kind = request.get("kind")
-            cwd = os.getcwd()
-            info: dict = {}
-            if kind == "push":
-                self.open[tid] = _Push(self.ns(), list(request["names"]), list(request["sizes"]))
-            elif kind == "upload":
-                self.open[tid] = _Upload(cwd, str(request.get("to") or "."))
-                info = {"dest": self.open[tid].dest}
-            elif kind == "pull":
-                self.open[tid], info = _pull(self.ns(), list(request["names"]), chunk)
-            elif kind == "download":
-                self.open[tid], info = _download(cwd, list(request["paths"]), chunk)
-            else:
-                raise TransferError(f"unknown transfer kind {kind!r}")
-            return dict(info, status="ok", cwd=cwd), []
         if op == "abort":
             self._drop(tid)
             return {"status": "ok"}, []
+        final = self.finished.get(tid)
+        if final is not None and (final.get("status") == "error" or op != "open"):
+            return dict(final), []  # asked again: the end it had
+        if op == "open":
+            return self._open(tid, request, chunk), []
         transfer = self.open.get(tid)
-        if transfer is None and op == "read" and tid in self.done:
-            return {"status": "ok", "eof": True}, []
         if transfer is None:
             raise TransferError("this transfer is not open in the session (the kernel restarted?)")
+        transfer.touched = time.monotonic()
+        seq = request.get("seq")
+        seq = transfer.next_seq if seq is None else int(seq)
         if op == "data":
+            if seq < transfer.next_seq:
+                return {"status": "ok", "again": True}, []  # it arrived before; its reply was lost
+            if seq > transfer.next_seq:
+                return {"status": "ok", "ahead": True, "expected": transfer.next_seq}, []
+            transfer.next_seq += 1
             last = bool(request.get("last"))
-            result = transfer.feed(buffers[0] if buffers else b"", last)
+            result = transfer.feed(buffers[0] if buffers else b"", last, request.get("crc"), request.get("size"))
             if result is not None and "error" in result:
                 raise TransferError(result["error"])
             if last:
-                self.open.pop(tid, None)
+                self._finish(tid, dict(result or {}, status="ok"))
             return dict(result or {}, status="ok"), []
         if op == "read":
-            part, eof = transfer.read()
+            part, eof = transfer.part(seq, int(request.get("acked") or 0))
+            content = {"status": "ok", "eof": eof}
             if eof:
-                self.open.pop(tid, None)
-                self.done = self.done[-15:] + [tid]
-            return {"status": "ok", "eof": eof}, [part] if len(part) else []
+                content.update(crc=transfer.check.crc, size=transfer.check.size)
+            return content, [part] if len(part) else []
         raise TransferError(f"unknown transfer request {op!r}")
+
+    def _open(self, tid: str, request: dict, chunk: int) -> dict:
+        if tid in self.open:  # sent again: its reply was lost
+            return dict(self.open[tid].info)
+        now = time.monotonic()
+        for stale in [t for t, tr in self.open.items() if now - tr.touched > STALE_S]:
+            self._drop(stale)  # left by clients that went away (a cut that never came back)
+        for stale in list(self.open)[:-MAX_OPEN + 1] if len(self.open) >= MAX_OPEN else []:
+            self._drop(stale)  # the oldest
+        kind = request.get("kind")
+        cwd = os.getcwd()
+        info: dict = {}
+        if kind == "push":
+            transfer: Any = _Push(self.ns(), list(request["names"]), list(request["sizes"]))
+        elif kind == "upload":
+            transfer = _Upload(cwd, str(request.get("to") or "."))
+            info = {"dest": transfer.dest}
+        elif kind == "pull":
+            transfer, info = _pull(self.ns(), list(request["names"]), chunk)
+        elif kind == "download":
+            transfer, info = _download(cwd, list(request["paths"]), chunk)
+        else:
+            raise TransferError(f"unknown transfer kind {kind!r}")
+        first = request.get("seq")  # the transfer's requests are numbered on from its open's
+        transfer.touched, transfer.next_seq = now, 0 if first is None else int(first) + 1
+        transfer.info = dict(info, status="ok", cwd=cwd, resume=RESUME)
+        self.open[tid] = transfer
+        return dict(transfer.info)
 
 
 def install(kernel, touch: Callable[[], None]) -> Transfers:
