@@ -47,7 +47,7 @@ def session(own_sshd, runtime, tmp_path):  # noqa: F811
 
 @needs_sshd
 @pytest.mark.parametrize("kind", ["push", "pull", "upload", "download"])
-def test_a_cut_inside_a_transfer_resumes(session, own_sshd, kind, tmp_path):
+def test_a_cut_inside_a_transfer_resumes(session, own_sshd, kind, tmp_path):  # noqa: F811
     blob = os.urandom(SIZE)
     digest = hashlib.sha256(blob).hexdigest()
     cwd = session.kernel.evaluate("__import__('os').getcwd()").strip("'")
