@@ -125,14 +125,15 @@ def test_a_kernel_without_transfers_is_named_not_waited_on(local_session):
 
 def test_a_transfer_given_up_leaves_no_thread_in_the_kernel(local_session):
     """Ctrl-C (or a crash) mid-transfer: the abort ends the session kernel's tar threads."""
-    from gpusession.kernel.transfer import _Channel, _open
+    from gpusession.kernel.channel import Channel
+    from gpusession.kernel.transfer import _open
 
     session, work = local_session
     (work / "big.bin").write_bytes(b"\0" * 40_000_000)  # more than the kernel's queue holds
     threads = "__import__('threading').active_count()"
     before = session.kernel.evaluate(threads)
     for content in ({"kind": "download", "paths": ["big.bin"]}, {"kind": "upload", "to": "half"}):
-        channel = _Channel(session.kernel, None)
+        channel = Channel(session.kernel, None)
         _open(channel, **content)
         channel.abort()
     deadline = time.monotonic() + 5

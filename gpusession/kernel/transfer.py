@@ -6,184 +6,34 @@ in flight, so the link stays full while each side works; no base64, no JSON of t
 
 from __future__ import annotations
 
-import collections
+import asyncio
+import concurrent.futures
 import contextlib
 import io
 import os
 import pickle
 import queue
 import tarfile
-import time
-import uuid
 import zlib
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ..errors import BadInput, KernelDied, LinkLost, TransferStopped
-from ..protocol import TRANSFER_REPLY, TRANSFER_REQUEST
 from ..tarsafe import Extraction
+from .channel import CHUNK, WINDOW, Channel, Progress
 
 if TYPE_CHECKING:
     from .client import KernelClient
 
-CHUNK = 4 << 20
-WINDOW = 8  # 32 MiB in flight: at 4 a single big download sometimes stalled to ~250 MB/s (bench_data.py)
 TAR_BUFSIZE = 1 << 20
-RESEND_AFTER_CUT_S = 1.0  # after the link came back, unanswered requests go again this much later
-SILENT_S = 15.0  # no reply this long on a live link: the request goes again (a loss no reconnect showed)
-STALL_S = 120.0  # no answer at all this long: the transfer ends, said
-ABORT_WAIT_S = 2.0  # on the way out, how long the kernel's word on an abort is waited for
-Progress = Callable[[int, "int | None"], None]
-
-
-def _none(done: int, total: int | None) -> None:
-    pass
-
-
-class _Channel:
-    """One transfer's requests and their in-order replies on the kernel's shell channel. Each
-    request carries its number (`seq`); a tunnel cut can lose requests or replies, and those
-    not answered are sent again once the link is back (the kernel answers a request sent again
-    the same way, and holds back none: gpusession.agent.transfer). The wait ends with the
-    reply, with one line why (the link gave up, the kernel died, no answer for STALL_S), never
-    in a hang."""
-
-    def __init__(self, kc: "KernelClient", progress: Progress | None, verb: str = "transfer"):
-        self.kc = kc
-        self.id = uuid.uuid4().hex
-        self.verb = verb
-        self.report = progress or _none
-        self.at: tuple[int, int | None] = (0, None)  # the bytes moved, of how many (for the words on a stop)
-        self.seq = 0
-        self.waiting: collections.OrderedDict[int, tuple[dict, list]] = collections.OrderedDict()  # unanswered
-        self.ids: dict[str, tuple[int, float]] = {}  # msg_id -> (seq, sent at)
-        self.last_sent: dict[int, float] = {}  # seq -> when it was last sent
-        self.resume = False  # the kernel answers requests sent again (said in its open reply)
-        self.unsupported = False
-        self.early: dict[int, dict] = {}  # answers that came before an older request's
-        self.reconnects = kc.reconnects()
-        self.heard = time.monotonic()  # the last answer (or the last time the link came back)
-        self.cut_at: float | None = None  # when the link was seen back after a cut, until requests go again
-        self.idle_at: float | None = None  # when iopub said the kernel was done with the open request
-
-    def progress(self, done: int, total: int | None) -> None:
-        self.at = (done, total)
-        self.report(done, total)
-
-    def send(self, content: dict, buffers: list | None = None) -> int:
-        seq, self.seq = self.seq, self.seq + 1
-        self.waiting[seq] = (dict(content, id=self.id, chunk=CHUNK, seq=seq), buffers or [])
-        self._send(seq)
-        return seq
-
-    def _send(self, seq: int) -> None:
-        client = self.kc.client
-        content, buffers = self.waiting[seq]
-        msg = client.session.send(client.shell_channel.socket, TRANSFER_REQUEST, content, buffers=buffers or None)
-        now = time.monotonic()
-        self.ids[msg["header"]["msg_id"]] = (seq, now)
-        self.last_sent[seq] = now
-
-    def _again(self) -> None:
-        """Every unanswered request once more, in order (after a cut lost some of them)."""
-        if not self.resume and self.seq > 1:
-            raise TransferStopped(f"the link to the session dropped during the {self.verb}, and this session's "
-                                  "runtime cannot resume a transfer; run it again")
-        for seq in [s for s in self.waiting if s not in self.early]:
-            self._send(seq)
-
-    def reply(self) -> dict:
-        """The reply to the oldest request in flight (others' replies are skipped)."""
-        while True:
-            want = next(iter(self.waiting))
-            if want in self.early:
-                del self.waiting[want]
-                return self.early.pop(want)
-            try:
-                msg = self.kc.client.get_shell_msg(timeout=0.5)
-            except queue.Empty:
-                self._quiet(want)
-                continue
-            seq, sent_at = self.ids.pop(msg["parent_header"].get("msg_id"), (None, 0.0))
-            if seq is None or msg["msg_type"] != TRANSFER_REPLY or seq not in self.waiting or seq in self.early:
-                continue
-            self.heard = time.monotonic()
-            content = msg["content"]
-            if content.get("ahead"):  # an earlier request was lost (in order, so before this one)
-                if self.last_sent[want] < sent_at:
-                    self._again()
-                continue
-            if content.get("status") != "ok":
-                raise BadInput(content.get("message") or "the transfer failed in the session")
-            if seq == 0:
-                self.resume = bool(content.get("resume"))
-            content["buffers"] = msg.get("buffers") or []
-            self.early[seq] = content
-
-    def _quiet(self, want: int) -> None:
-        """No reply yet: is the link gone, was the request lost, does the kernel know transfers?"""
-        if not self.kc.healthy():
-            raise KernelDied("the session kernel stopped answering")
-        now = time.monotonic()
-        reconnects = self.kc.reconnects()
-        if reconnects != self.reconnects:  # the link came back: what was in flight may be lost
-            self.reconnects, self.heard, self.cut_at = reconnects, now, now
-            return
-        if self.cut_at is not None:
-            if now - self.cut_at > RESEND_AFTER_CUT_S:
-                self.cut_at = None
-                self._again()
-            return
-        if want == 0 and self._handled(want):  # done, and no reply: it knows no transfers
-            self.waiting.clear()  # nothing will come back: nothing to drain or abort
-            self.unsupported = True
-            raise BadInput("the session kernel cannot move data this way (its gpusession runtime is older "
-                           "than this one); start a new session") from None
-        if now - self.heard > STALL_S:
-            raise TransferStopped(f"the session kernel did not answer for {STALL_S:.0f}s (is a cell still "
-                                  "running there?)")
-        if now - self.last_sent[want] > SILENT_S and self.resume:
-            self._again()  # a loss no reconnect showed
-
-    def _handled(self, want: int) -> bool:
-        """Did the kernel go idle after request `want` 2 s ago or more (iopub), i.e. handle it
-        without a reply?"""
-        ids = {m for m, (s, _) in self.ids.items() if s == want}
-        while self.idle_at is None:
-            try:
-                msg = self.kc.client.get_iopub_msg(timeout=0)
-            except queue.Empty:
-                break
-            if (msg["msg_type"] == "status" and msg["parent_header"].get("msg_id") in ids
-                    and msg["content"].get("execution_state") == "idle"):
-                self.idle_at = time.monotonic()
-        return self.idle_at is not None and time.monotonic() - self.idle_at > 2.0
-
-    def abort(self) -> None:
-        """Best effort on the way out (bounded: the link may be down): the kernel drops the
-        transfer and what it wrote of it."""
-        if self.unsupported:
-            return
-        try:
-            self.waiting.clear()
-            self.early.clear()
-            self.send({"op": "abort"})
-            deadline = time.monotonic() + ABORT_WAIT_S
-            while self.waiting and time.monotonic() < deadline:
-                try:
-                    msg = self.kc.client.get_shell_msg(timeout=0.2)
-                except queue.Empty:
-                    continue
-                seq, _ = self.ids.pop(msg["parent_header"].get("msg_id"), (None, 0.0))
-                self.waiting.pop(seq, None)
-        except Exception:  # noqa: BLE001 - best effort on the way out
-            pass
+# Ctrl-C, and what it becomes when it lands inside jupyter_client's event loop
+INTERRUPTS = (KeyboardInterrupt, asyncio.CancelledError, concurrent.futures.CancelledError)
 
 
 class _Sender(io.RawIOBase):
     """A writable file object: whole chunks go out as `data` requests, WINDOW in flight; the
     last one carries the size and CRC-32 of the whole stream, checked by the kernel."""
 
-    def __init__(self, channel: _Channel, total: int | None):
+    def __init__(self, channel: Channel, total: int | None):
         super().__init__()
         self.channel, self.total, self.sent = channel, total, 0
         self.buf = bytearray()
@@ -225,7 +75,7 @@ class _Sender(io.RawIOBase):
         return self.result
 
 
-def _receive(channel: _Channel, total: int | None, sink: Callable[[Any], None]) -> None:
+def _receive(channel: Channel, total: int | None, sink: Callable[[Any], None]) -> None:
     """The stream, in order, into `sink`; TransferStopped when it did not arrive whole."""
     done, acked, end = 0, channel.seq, None  # acked: the parts before it arrived (numbered by their reads)
     crc = 0
@@ -249,13 +99,13 @@ def _receive(channel: _Channel, total: int | None, sink: Callable[[Any], None]) 
                               f"sent {end['size']} bytes, checksum {end.get('crc', 0):08x})")
 
 
-def _open(channel: _Channel, **content: Any) -> dict:
+def _open(channel: Channel, **content: Any) -> dict:
     channel.send(dict(content, op="open"))
     return channel.reply()
 
 
 @contextlib.contextmanager
-def _stopped_said(channel: _Channel, where: str, cleanup: Callable[[], None] = lambda: None) -> Iterator[None]:
+def _stopped_said(channel: Channel, where: str, cleanup: Callable[[], None] = lambda: None) -> Iterator[None]:
     """A transfer that does not end whole: the kernel drops it (best effort), what was written of it
     here goes (`cleanup`), and the error says where it stopped, in one line."""
     try:
@@ -268,7 +118,7 @@ def _stopped_said(channel: _Channel, where: str, cleanup: Callable[[], None] = l
         done, total = channel.at
         at = f"at {format_bytes(done)} of {format_bytes(total)}" if total else f"at {format_bytes(done)}"
         after = f"the {channel.verb} stopped {at}; nothing of it was written {where}"
-        if isinstance(exc, KeyboardInterrupt):
+        if isinstance(exc, INTERRUPTS):
             raise TransferStopped(f"interrupted: {after}") from None
         if isinstance(exc, (LinkLost, KernelDied, TransferStopped)):
             raise type(exc)(f"{exc}; {after}") from None
@@ -284,7 +134,7 @@ def push(kc: "KernelClient", namespace: dict[str, Any], progress: Progress | Non
         except Exception as exc:  # noqa: BLE001 - pickle raises many kinds
             raise BadInput(f"cannot push {name!r}: it cannot be pickled ({type(exc).__name__}: {exc})") from None
     blob = parts[0] if len(parts) == 1 else b"".join(parts)
-    channel = _Channel(kc, progress, "push")
+    channel = Channel(kc, progress, "push")
     with _stopped_said(channel, "in the session"):
         _open(channel, kind="push", names=list(namespace), sizes=[len(p) for p in parts])
         sender = _Sender(channel, len(blob))
@@ -294,7 +144,7 @@ def push(kc: "KernelClient", namespace: dict[str, Any], progress: Progress | Non
 
 def pull(kc: "KernelClient", names: list[str], progress: Progress | None = None) -> dict[str, Any]:
     """Variables from the session kernel's namespace."""
-    channel = _Channel(kc, progress, "pull")
+    channel = Channel(kc, progress, "pull")
     with _stopped_said(channel, "here"):
         info = _open(channel, kind="pull", names=names)
         blob = bytearray(info["size"])
@@ -321,7 +171,7 @@ def upload(kc: "KernelClient", files: Iterable[tuple[str, str]], total: int, to:
            progress: Progress | None = None) -> dict:
     """(local path, name in the tar) pairs, as a tar stream, into folder `to` below the session
     kernel's working directory. Returns {"files", "bytes", "dest", "refused"}."""
-    channel = _Channel(kc, progress, "upload")
+    channel = Channel(kc, progress, "upload")
     with _stopped_said(channel, "in the session"):
         info = _open(channel, kind="upload", to=to)
         sender = _Sender(channel, total)
@@ -345,7 +195,7 @@ def download(kc: "KernelClient", paths: list[str], to: str = ".", progress: Prog
     dest = os.path.abspath(os.path.expanduser(to))
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise BadInput(f"--to {to!r} is a file here, not a folder")
-    channel = _Channel(kc, progress, "download")
+    channel = Channel(kc, progress, "download")
     feed: queue.Queue = queue.Queue(maxsize=8)
     outcome: dict = {}
     with _stopped_said(channel, "here"):
