@@ -67,6 +67,13 @@ class Figures:
     runtime_kills: int = 0  # kernel or container killed mid-cell
     runtime_kills_clear: int = 0  # ... and the cell ended with one clear error
     stops_failed: int = 0  # `%gpu stop` in the same process right after the cuts failed
+    transfer_cuts: int = 0  # cuts inside a 50 MB push, pull, upload or download
+    transfer_cuts_inside: int = 0  # ... made before the transfer ended (not after, on a fast link)
+    transfers_resumed: int = 0  # ... that ended whole, checked byte for byte
+    transfers_failed_clean: int = 0  # ... that ended with one line and nothing under its final name
+    transfers_hung: int = 0
+    transfers_corrupt: int = 0  # said done, but the bytes differ
+    transfers_partial_left: int = 0  # failed, and a partial file stayed under its final name
     records_left: int = 0
     containers_left: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
@@ -88,6 +95,13 @@ class Figures:
             ("kernel / container kills mid-cell ended with one clear error",
              f"{self.runtime_kills_clear} / {self.runtime_kills}", "all"),
             ("stop right after the cuts failed (a new process's stop then worked)", str(self.stops_failed), "0"),
+            ("cuts inside transfers (50 MB push / pull / upload / download)", str(self.transfer_cuts), ""),
+            ("... of which the cut landed before the transfer ended", str(self.transfer_cuts_inside), ""),
+            ("... resumed (ended whole, checked)", str(self.transfers_resumed), ""),
+            ("... failed cleanly (one line, nothing under the final name)", str(self.transfers_failed_clean), ""),
+            ("... hung", str(self.transfers_hung), "0"),
+            ("... corrupt", str(self.transfers_corrupt), "0"),
+            ("... left a partial file under its final name", str(self.transfers_partial_left), "0"),
             ("records left active after gc", str(self.records_left), "0"),
             ("containers left after gc", str(self.containers_left), "0"),
         ]
@@ -102,7 +116,7 @@ class Figures:
         if self.cuts_survived != self.cuts:
             bad.append(f"{self.cuts - self.cuts_survived} cuts not survived")
         for name in ("cells_hung", "outputs_lost_silently", "said_not_run_but_ran", "stops_failed", "records_left",
-                     "containers_left"):
+                     "containers_left", "transfers_hung", "transfers_corrupt", "transfers_partial_left"):
             if getattr(self, name):
                 bad.append(f"{name}: {getattr(self, name)}")
         if self.runtime_kills_clear != self.runtime_kills:
@@ -273,6 +287,111 @@ def _cycles(session, end: tuple[str, int], pid: str, n_cuts: int, fig: Figures, 
             fig.cuts_survived += 2
 
 
+TRANSFER_SIZE = 50_000_000
+TRANSFER_LIMIT_S = 120.0  # a transfer still going after this is hung
+TRANSFER_KINDS = ("push", "pull", "upload", "download")
+
+
+def transfer_cuts(manager, n_cuts: int, fig: Figures, rng: random.Random, host: str | None, work: Path) -> None:
+    """n_cuts transfers of 50 MB (push, pull, upload, download in turn) on one session on `host`,
+    each with a tunnel cut at a random point inside it; each counted by what the user is left with."""
+    import hashlib
+
+    session = manager.start(manager.make_spec("t4", backend="docker", idle="off", name="xfercuts", host=host))
+    try:
+        end = tunnel_end(session)
+        blob = os.urandom(TRANSFER_SIZE)
+        digest = hashlib.sha256(blob).hexdigest()
+        (work / "up.bin").write_bytes(blob)
+        session.push({"blob": blob})
+        session.run("open('big.bin', 'wb').write(blob)", Recorder())
+        for i in range(n_cuts):
+            kind = TRANSFER_KINDS[i % len(TRANSFER_KINDS)]
+            _transfer_cut(session, kind, i, end, rng.uniform(0.1, 0.9), blob, digest, work, fig)
+            if fig.transfers_hung:
+                return  # a hung transfer holds the kernel's connection: the rest would not say more
+    except NoTunnel as exc:
+        fig.notes.append(f"no transfer cuts: {exc}")
+    finally:
+        try:
+            manager.stop(session.id)
+        except GpuSessionError as exc:
+            fig.notes.append(f"stop after the transfer cuts failed: {exc}")
+            _stop_elsewhere(session.id)
+
+
+def _transfer_cut(session, kind: str, i: int, end, at: float, blob: bytes, digest: str, work: Path,
+                  fig: Figures) -> None:
+    import hashlib
+
+    state: dict = {"cut": None}
+
+    def cut_now() -> None:
+        cut(end)
+        state["cut"] = time.monotonic()
+
+    def progress(done, total):
+        if not state.get("asked") and total and done >= at * total:
+            state["asked"] = True
+            threading.Thread(target=cut_now, daemon=True).start()
+
+    out, name = work / f"out{i}", f"in{i}"
+    calls = {"push": lambda: session.push({f"p{i}": blob}, progress),
+             "pull": lambda: session.pull(["blob"], progress),
+             "upload": lambda: session.upload([str(work / "up.bin")], name, progress),
+             "download": lambda: session.download(["big.bin"], str(out), progress)}
+    box: dict = {}
+
+    def go():
+        try:
+            box["result"] = calls[kind]()
+        except BaseException as exc:  # noqa: BLE001 - counted below
+            box["result"] = exc
+        box["ended"] = time.monotonic()
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(TRANSFER_LIMIT_S)
+    fig.transfer_cuts += 1
+    if t.is_alive():
+        fig.transfers_hung += 1
+        fig.notes.append(f"transfer {i} ({kind}) still going after {TRANSFER_LIMIT_S:.0f}s")
+        return
+    result = box.get("result")
+    if state["cut"] is not None and state["cut"] < box["ended"]:
+        fig.transfer_cuts_inside += 1
+    sha = "__import__('hashlib').sha256({}).hexdigest()"
+    if kind == "push":
+        there = ask(session, sha.format(f"globals().get('p{i}', b'')")).strip("'")
+        whole, left = there == digest, False
+    elif kind == "pull":
+        whole = isinstance(result, dict) and hashlib.sha256(result.get("blob", b"")).hexdigest() == digest
+        left = False
+    elif kind == "upload":
+        file = repr(f"{name}/up.bin")
+        read = sha.format(f"open({file}, 'rb').read()")
+        there = ask(session, f"{read} if __import__('os').path.exists({file}) else ''").strip("'")
+        whole, left = there == digest, there not in ("", digest)
+    else:
+        path = out / "big.bin"
+        there = hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
+        whole, left = there == digest, there not in ("", digest)
+    if not isinstance(result, BaseException):
+        if whole:
+            fig.transfers_resumed += 1
+        else:
+            fig.transfers_corrupt += 1
+            fig.notes.append(f"transfer {i} ({kind}) said done, but the bytes differ")
+    elif left:
+        fig.transfers_partial_left += 1
+        fig.notes.append(f"transfer {i} ({kind}) failed ({result}) and left a partial file under its name")
+    elif isinstance(result, GpuSessionError) and "\n" not in str(result):
+        fig.transfers_failed_clean += 1
+        fig.notes.append(f"transfer {i} ({kind}) failed cleanly: {result}")
+    else:
+        fig.notes.append(f"transfer {i} ({kind}) ended with {type(result).__name__}: {result}")
+
+
 STARTER = """
 import os, sys
 from gpusession.session import SessionManager
@@ -403,7 +522,7 @@ def remote_engine(home: str | os.PathLike) -> dict | None:
 
 
 def run_suite(cuts: int, *, seed: int = 1, kills: bool = True, env: dict | None = None,
-              remote: dict | None = None) -> Figures:
+              remote: dict | None = None, transfers: int = 0) -> Figures:
     """The whole suite in this process's GPUSESSION_HOME: cuts on the `remote` engine (from
     remote_engine; None: this machine's), kills on this machine's engine, then gc on both."""
     import docker
@@ -417,7 +536,11 @@ def run_suite(cuts: int, *, seed: int = 1, kills: bool = True, env: dict | None 
     if remote is not None:
         engines.append(docker.DockerClient(base_url=remote["docker_host_env"]))
     try:
-        cut_cycles(manager, cuts, fig, rng, remote["url"] if remote else None)
+        if cuts:
+            cut_cycles(manager, cuts, fig, rng, remote["url"] if remote else None)
+        if transfers:
+            with tempfile.TemporaryDirectory(prefix="gpusession-xfer-") as work:
+                transfer_cuts(manager, transfers, fig, rng, remote["url"] if remote else None, Path(work))
         if kills:
             runtime_kills(manager, engines[0], fig)
             start_kills(manager, engines[0], dict(env or os.environ), fig)
@@ -435,6 +558,7 @@ def main() -> int:
     ap.add_argument("--cuts", type=int, default=500)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--image", default=os.environ.get("GPUSESSION_TEST_IMAGE", "gpusession/cuda:ci"))
+    ap.add_argument("--transfer-cuts", type=int, default=100, help="cuts inside 50 MB transfers")
     ap.add_argument("--no-kills", action="store_true")
     ap.add_argument("--place", choices=("remote", "local"), default="remote",
                     help="where the cut session runs: the namespace host's engine, or this machine's")
@@ -448,7 +572,8 @@ def main() -> int:
         if args.place == "remote" and remote is None:
             print("the remote engine cannot run here (root and a Docker engine are needed)", file=sys.stderr)
             return 2
-        fig = run_suite(args.cuts, seed=args.seed, kills=not args.no_kills, env=env, remote=remote)
+        fig = run_suite(args.cuts, seed=args.seed, kills=not args.no_kills, env=env, remote=remote,
+                        transfers=args.transfer_cuts)
     table = fig.table()
     print(table)
     print(f"\n{fig.seconds:.0f} s; seed {args.seed}")
@@ -457,8 +582,8 @@ def main() -> int:
     if args.write:
         path = Path(args.write)
         text = path.read_text()
-        block = (f"<!-- bench_faults:begin -->\n{table}\n\nRun: {args.cuts} cuts, seed {args.seed}, "
-                 f"{fig.seconds:.0f} s.\n<!-- bench_faults:end -->")
+        block = (f"<!-- bench_faults:begin -->\n{table}\n\nRun: {args.cuts} cuts, {args.transfer_cuts} transfer "
+                 f"cuts, seed {args.seed}, {fig.seconds:.0f} s.\n<!-- bench_faults:end -->")
         if "<!-- bench_faults:begin -->" in text:
             text = re.sub(r"<!-- bench_faults:begin -->.*<!-- bench_faults:end -->", block, text, flags=re.S)
         else:

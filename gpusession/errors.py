@@ -59,6 +59,11 @@ class LinkLost(GpuSessionError):
     message says which, and what became of the cell that was waiting."""
 
 
+class TransferStopped(GpuSessionError):
+    """A transfer ended before it was whole (interrupted, or it got no answer); the message says
+    where it stopped, and that nothing of it stays under a final name."""
+
+
 class RemoteError(GpuSessionError):
     """An exception raised by code running in the session kernel.
 

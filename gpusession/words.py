@@ -379,4 +379,6 @@ def transfer_done(verb: str, what: str, result: dict, where: str) -> str:
     """`uploaded 12 files (3 MB) to /workspace in session t4-1`."""
     from .pulls import format_bytes
 
-    return f"{verb} {what} ({result.get('files', 0)} files, {format_bytes(result.get('bytes', 0))}) {where}"
+    refused = result.get("refused") or []  # each by name: the rest was written
+    line = f"{verb} {what} ({result.get('files', 0)} files, {format_bytes(result.get('bytes', 0))}) {where}"
+    return line + (f"; not written, {len(refused)} refused: " + "; ".join(refused) if refused else "")

@@ -86,6 +86,29 @@ def test_stop_right_after_a_cut_on_a_remote_engine(docker_env, remote):
         manager.close()
 
 
+TRANSFER_CUTS = int(os.environ.get("GPUSESSION_TRANSFER_CUTS", "8"))
+
+
+def test_cuts_inside_transfers_on_an_ssh_engine(docker_env, remote, tmp_path):
+    """Issue 19 item 3: a cut inside a 50 MB push, pull, upload or download on the ssh:// engine
+    resumes or fails in one line; none hangs, none is corrupt, no partial file stays under its
+    final name (the figures of bench/bench_faults.py, TRANSFER_CUTS of them)."""
+    import random
+
+    from gpusession.session import SessionManager
+
+    fig, manager = bench_faults.Figures(), SessionManager()
+    try:
+        bench_faults.transfer_cuts(manager, TRANSFER_CUTS, fig, random.Random(int(time.time()) % 1000),
+                                   remote["url"], tmp_path)
+    finally:
+        manager.close()
+    print("\n" + fig.table())
+    assert fig.transfer_cuts == TRANSFER_CUTS, fig.notes
+    assert fig.transfers_hung == fig.transfers_corrupt == fig.transfers_partial_left == 0, fig.notes
+    assert fig.transfers_resumed + fig.transfers_failed_clean == TRANSFER_CUTS, fig.notes
+
+
 def _tunnel_end(nk) -> tuple[str, int]:
     """The (address, port) the notebook's current session's tunnel connects to."""
     r = nk.run("_gm = get_ipython().magics_manager.registry['GpuMagics']\n"

@@ -125,14 +125,15 @@ def test_a_kernel_without_transfers_is_named_not_waited_on(local_session):
 
 def test_a_transfer_given_up_leaves_no_thread_in_the_kernel(local_session):
     """Ctrl-C (or a crash) mid-transfer: the abort ends the session kernel's tar threads."""
-    from gpusession.kernel.transfer import _Channel, _open
+    from gpusession.kernel.channel import Channel
+    from gpusession.kernel.transfer import _open
 
     session, work = local_session
     (work / "big.bin").write_bytes(b"\0" * 40_000_000)  # more than the kernel's queue holds
     threads = "__import__('threading').active_count()"
     before = session.kernel.evaluate(threads)
     for content in ({"kind": "download", "paths": ["big.bin"]}, {"kind": "upload", "to": "half"}):
-        channel = _Channel(session.kernel, None)
+        channel = Channel(session.kernel, None)
         _open(channel, **content)
         channel.abort()
     deadline = time.monotonic() + 5
@@ -271,3 +272,45 @@ def test_a_long_transfer_keeps_writing_its_activity(tmp_path, monkeypatch):
         seen.add(json.loads((tmp_path / "activity.json").read_text())["last_activity"])
         time.sleep(0.2)
     assert len(seen) >= 3 and max(seen) > started + 1.5, sorted(seen)
+
+
+def test_upload_never_writes_through_a_link_leading_outside(local_session, tmp_path):
+    """Issue 19 item 6: `w/sub` in the session is a link to a folder outside; uploading a folder
+    `sub` into `w` must not write into that outside folder (on every Python: this one is 3.11,
+    without tarfile.data_filter)."""
+    session, work = local_session
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (work / "w").mkdir()
+    (work / "w" / "sub").symlink_to(outside)
+    src = tmp_path / "src" / "sub"
+    src.mkdir(parents=True)
+    (src / "a.txt").write_text("not for outside")
+    (tmp_path / "src" / "top.txt").write_text("fine")
+    done = session.upload([str(src), str(tmp_path / "src" / "top.txt")], to="w")
+    assert list(outside.iterdir()) == []
+    assert done["files"] == 1 and (work / "w" / "top.txt").read_text() == "fine"
+    assert done["refused"] == [f"sub/a.txt (it would be written through a link: sub is a link leading outside "
+                               f"{work / 'w'})"], done
+
+
+def test_download_keeps_links_inside_and_refuses_those_leading_outside_by_name(local_session, tmp_path):
+    session, work = local_session
+    d = work / "d"
+    (d / "deep").mkdir(parents=True)
+    (d / "f.txt").write_text("data")
+    (d / "deep" / "g.txt").write_text("more")
+    (d / "in_link").symlink_to("f.txt")
+    (d / "deep" / "up_link").symlink_to("../f.txt")
+    (d / "out_link").symlink_to("/etc/passwd")
+    (d / "out_dir").symlink_to("../..")
+    done = session.download(["d"], str(tmp_path / "got"))
+    got = tmp_path / "got" / "d"
+    assert (got / "f.txt").read_text() == "data" and (got / "deep" / "g.txt").read_text() == "more"
+    assert os.readlink(got / "in_link") == "f.txt" and (got / "in_link").read_text() == "data"
+    assert os.readlink(got / "deep" / "up_link") == "../f.txt"
+    assert not os.path.lexists(got / "out_link") and not os.path.lexists(got / "out_dir")
+    assert sorted(done["refused"]) == ["d/out_dir (a link to ../.., outside the folder)",
+                                       "d/out_link (a link to /etc/passwd, outside the folder)"], done
+    assert done["files"] == 2
+    assert sorted(p.name for p in got.rglob("*")) == ["deep", "f.txt", "g.txt", "in_link", "up_link"]

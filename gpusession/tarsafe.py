@@ -1,0 +1,147 @@
+"""A tar stream written into a folder with the same rules on every Python (tarfile's "data"
+filter is missing before 3.12, and backported only to some patch releases), on both sides of
+an upload and a download:
+
+- no absolute names, no `..`, no device files or fifos;
+- nothing written through a symbolic link that leads outside the destination (a folder already
+  there that is a link to elsewhere included);
+- symbolic links kept only where asked (a download) and only when they stay inside; hard links
+  only to a file of the same stream;
+- a member that breaks a rule is refused by name and the rest goes on (`refused`);
+- every file is written under a temporary name in its own folder, and renamed to its name only
+  by `commit()`, once the whole stream arrived and was checked; `discard()` removes them.
+
+Standard library only; Python 3.9 syntax (it goes into sessions with the agent).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import uuid
+from typing import List, Tuple
+
+PART = ".gpusession-part-"  # in the temporary names: `.NAME.gpusession-part-<hex>`
+COPY_BUFSIZE = 1 << 20
+
+
+class Extraction:
+    """One tar stream into `dest` (made when missing). `links`: keep symbolic links that stay
+    inside (else every link is refused)."""
+
+    def __init__(self, dest: str, *, links: bool) -> None:
+        os.makedirs(dest, exist_ok=True)
+        self.dest = os.path.realpath(dest)
+        self.links = links
+        self.pending: List[Tuple[str, str]] = []  # (temporary path, final path), in stream order
+        self.made: List[str] = []  # folders made here, removed again by discard() when left empty
+        self.refused: List[str] = []  # "NAME (why)"
+        self.files = 0
+        self.bytes = 0
+
+    def run(self, tar: tarfile.TarFile) -> None:
+        for member in tar:
+            why = self._member(tar, member)
+            if why:
+                self.refused.append(f"{member.name} ({why})")
+
+    def commit(self) -> None:
+        """Every file to its own name (after the stream was checked whole)."""
+        while self.pending:
+            temp, final = self.pending.pop(0)
+            os.replace(temp, final)
+
+    def discard(self) -> None:
+        """The stream did not arrive whole: its temporary files go, and the folders made for it."""
+        for temp, _ in self.pending:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+        self.pending = []
+        for folder in reversed(self.made):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
+        self.made = []
+
+    # -- one member ------------------------------------------------------------------------------
+
+    def _inside(self, path: str) -> bool:
+        return path == self.dest or path.startswith(self.dest.rstrip(os.sep) + os.sep)
+
+    def _folder(self, parts: List[str]) -> str:
+        """The folder `parts` below dest, made where missing; ValueError when an existing part of
+        it is a link leading outside dest (or not a folder)."""
+        path = self.dest
+        for part in parts:
+            path = os.path.join(path, part)
+            if os.path.islink(path) and not self._inside(os.path.realpath(path)):
+                raise ValueError(f"{'/'.join(parts)} is a link leading outside {self.dest}")
+            if not os.path.lexists(path):
+                os.mkdir(path, 0o755)
+                self.made.append(path)
+            elif not os.path.isdir(path):
+                raise ValueError(f"{'/'.join(parts)} is a file here, not a folder")
+        if not self._inside(os.path.realpath(path)):
+            raise ValueError(f"{'/'.join(parts)} leads outside {self.dest}")
+        return path
+
+    def _member(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> str:
+        """'' when written (or pending), else why it was refused."""
+        name = member.name.rstrip("/")
+        parts = [p for p in name.split("/") if p not in ("", ".")]
+        if not name or name.startswith("/") or os.path.isabs(name) or ".." in parts:
+            return "an absolute path or one with '..'"
+        if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+            return "not a plain file, folder or link"
+        if not parts:
+            return ""  # "." itself
+        try:
+            folder = self._folder(parts if member.isdir() else parts[:-1])
+        except ValueError as exc:
+            return f"it would be written through a link: {exc}"
+        if member.isdir():
+            os.chmod(folder, (member.mode & 0o755) | 0o700)
+            return ""
+        final = os.path.join(folder, parts[-1])
+        temp = os.path.join(folder, f".{parts[-1]}{PART}{uuid.uuid4().hex[:12]}")
+        if member.issym():
+            return self._symlink(member, parts, final, temp)
+        if member.islnk():
+            return self._hardlink(member, final, temp)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        self.pending.append((temp, final))
+        with os.fdopen(fd, "wb") as out:
+            source = tar.extractfile(member)
+            if source is not None:
+                shutil.copyfileobj(source, out, COPY_BUFSIZE)
+            os.fchmod(out.fileno(), (member.mode & 0o755) | 0o600)
+        os.utime(temp, (member.mtime, member.mtime))
+        self.files += 1
+        self.bytes += member.size
+        return ""
+
+    def _symlink(self, member: tarfile.TarInfo, parts: List[str], final: str, temp: str) -> str:
+        target = member.linkname
+        lands = os.path.normpath(os.path.join(self.dest, *parts[:-1], target))
+        if not self.links:
+            return "a link; only plain files and folders are taken"
+        if os.path.isabs(target) or not (self._inside(lands) and self._inside(os.path.realpath(lands))):
+            return f"a link to {target}, outside the folder"
+        os.symlink(target, temp)
+        self.pending.append((temp, final))
+        return ""
+
+    def _hardlink(self, member: tarfile.TarInfo, final: str, temp: str) -> str:
+        target = os.path.join(self.dest, *[p for p in member.linkname.split("/") if p not in ("", ".")])
+        source = next((t for t, f in self.pending if f == target), None)
+        if source is None or ".." in member.linkname.split("/"):
+            return f"a hard link to {member.linkname}, not a file of this transfer"
+        shutil.copy2(source, temp)
+        self.pending.append((temp, final))
+        self.files += 1
+        self.bytes += os.path.getsize(temp)
+        return ""

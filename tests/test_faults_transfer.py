@@ -1,0 +1,155 @@
+"""Cuts inside transfers (issue 19 item 3): push, pull, upload and download across real tunnel
+cuts (a real session kernel, a real sshd on 127.0.0.1, our tunnel; the cut made by `ss -K` when
+the transfer is part way). Each must resume (the tunnel comes back) or fail in one line with the
+true cause; none may hang, and no partial file may stay under its final name on either side."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+
+import pytest
+
+from gpusession.tunnel import Tunnel
+from test_faults_link import _session, _within, needs_sshd, own_sshd, runtime  # noqa: F401 - fixtures
+from test_tunnel import PORTS
+
+SIZE = 50_000_000
+
+
+def _cut_at(sshd, fraction: float):
+    """A progress callback that cuts the tunnel once, when `fraction` of the bytes moved."""
+    state = {"cut": False}
+
+    def progress(done, total):
+        if not state["cut"] and total and done >= fraction * total:
+            state["cut"] = True
+            threading.Thread(target=sshd.cut_connections, daemon=True).start()
+
+    return progress, state
+
+
+def _connect(sshd, info: dict, work) -> object:
+    """The session layer over our tunnel, its kernel working in `work`."""
+    session = _session(Tunnel(sshd.target(), [info[p] for p in PORTS]).start(), info)
+    work.mkdir(exist_ok=True)
+    session.run(f"import os; os.chdir({str(work)!r})")
+    return session
+
+
+@pytest.fixture
+def session(own_sshd, runtime, tmp_path):  # noqa: F811
+    s = _connect(own_sshd, runtime[0], tmp_path / "work")
+    yield s
+    s.close_connections()
+
+
+@needs_sshd
+@pytest.mark.parametrize("kind", ["push", "pull", "upload", "download"])
+def test_a_cut_inside_a_transfer_resumes(session, own_sshd, kind, tmp_path):  # noqa: F811
+    blob = os.urandom(SIZE)
+    digest = hashlib.sha256(blob).hexdigest()
+    cwd = session.kernel.evaluate("__import__('os').getcwd()").strip("'")
+    progress, state = _cut_at(own_sshd, 0.4)
+    if kind == "push":
+        box, took = _within(60, session.push, {"blob": blob}, progress)
+    elif kind == "pull":
+        session.push({"blob": blob})
+        box, took = _within(60, session.pull, ["blob"], progress)
+    elif kind == "upload":
+        (tmp_path / "big.bin").write_bytes(blob)
+        box, took = _within(60, session.upload, [str(tmp_path / "big.bin")], "in", progress)
+    else:
+        session.push({"blob": blob})
+        session.run("open('big.bin', 'wb').write(blob)")
+        box, took = _within(60, session.download, ["big.bin"], str(tmp_path / "out"), progress)
+    assert state["cut"]
+    assert "error" not in box, box
+    if kind == "push":
+        assert session.kernel.evaluate("__import__('hashlib').sha256(blob).hexdigest()").strip("'") == digest
+    elif kind == "pull":
+        assert hashlib.sha256(box["value"]["blob"]).hexdigest() == digest
+    elif kind == "upload":
+        got = session.kernel.evaluate("__import__('hashlib').sha256(open('in/big.bin','rb').read()).hexdigest()")
+        assert got.strip("'") == digest
+        assert session.kernel.evaluate("sorted(__import__('os').listdir('in'))") == "['big.bin']"
+    else:
+        assert hashlib.sha256((tmp_path / "out" / "big.bin").read_bytes()).hexdigest() == digest
+        assert os.listdir(tmp_path / "out") == ["big.bin"]
+    del cwd
+
+
+def _session_files(session, folder: str) -> str:
+    return session.kernel.evaluate(f"sorted(__import__('os').listdir({folder!r})) if __import__('os').path.isdir("
+                                   f"{folder!r}) else []")
+
+
+@needs_sshd
+@pytest.mark.parametrize("kind", ["upload", "download"])
+def test_ctrl_c_inside_a_transfer_is_one_line_and_leaves_no_file_on_either_side(session, kind, tmp_path):
+    from gpusession.errors import TransferStopped
+
+    def interrupt(done, total):
+        if total and done >= 0.4 * total:
+            raise KeyboardInterrupt
+
+    blob = os.urandom(SIZE)
+    if kind == "upload":
+        (tmp_path / "big.bin").write_bytes(blob)
+        box, _ = _within(30, session.upload, [str(tmp_path / "big.bin")], "in", interrupt)
+        where = "in the session"
+    else:
+        session.push({"blob": blob})
+        session.run("open('big.bin', 'wb').write(blob)")
+        box, _ = _within(30, session.download, ["big.bin"], str(tmp_path / "out"), interrupt)
+        where = "here"
+    err = box.get("error")
+    assert isinstance(err, TransferStopped), box
+    assert str(err).startswith(f"interrupted: the {kind} stopped at ") and "\n" not in str(err)
+    assert str(err).endswith(f"of 50 MB; nothing of it was written {where}"), str(err)
+    assert _session_files(session, "in") == "[]"  # not the file, not its temporary name
+    assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
+    assert session.kernel.evaluate("1 + 1") == "2"  # and the session goes on
+
+
+@needs_sshd
+@pytest.mark.parametrize("kind", ["pull", "download", "push", "upload"])
+def test_a_link_that_does_not_come_back_ends_the_transfer_in_one_line(own_sshd, runtime, kind, tmp_path,  # noqa: F811
+                                                                       monkeypatch):
+    from gpusession.errors import LinkLost
+
+    info, _ = runtime
+    monkeypatch.setenv("GPUSESSION_RECONNECT_TIMEOUT", "2s")
+    session = _connect(own_sshd, info, tmp_path / "work")
+    blob = os.urandom(SIZE)
+    try:
+        session.push({"blob": blob})
+        session.run("open('big.bin', 'wb').write(blob)")
+        state = {"gone": False}
+
+        def vanish(done, total):
+            if not state["gone"] and total and done >= 0.4 * total:
+                state["gone"] = True
+                own_sshd.close()  # sshd gone, connections cut: nothing answers on its port
+                own_sshd.cut_connections()
+
+        if kind == "pull":
+            box, took = _within(30, session.pull, ["blob"], vanish)
+        elif kind == "download":
+            box, took = _within(30, session.download, ["big.bin"], str(tmp_path / "out"), vanish)
+        elif kind == "push":
+            box, took = _within(30, session.push, {"other": blob}, vanish)
+        else:
+            (tmp_path / "up.bin").write_bytes(blob)
+            box, took = _within(30, session.upload, [str(tmp_path / "up.bin")], "in", vanish)
+        err = box.get("error")
+        assert isinstance(err, LinkLost), box
+        text = str(err)
+        assert text.startswith("lost the connection to session faulty: cannot reach ") and "\n" not in text
+        assert f"; the {kind} stopped at " in text and "of 50 MB; nothing of it was written " in text, text
+        assert took < 15
+        assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
+        assert not (tmp_path / "work" / "in" / "up.bin").exists()  # a temporary name, dropped when stale
+    finally:
+        session.close_connections()
