@@ -1,13 +1,12 @@
 """The layering of ../shared/DESIGN.md, checked on the source: imports point down the layers
-(lazy imports inside functions count too), no import cycles between modules, no module over
-400 lines, and the faces never import a concrete backend."""
+(lazy imports inside functions count too), no import cycles between modules, and the faces never import a
+concrete backend. Modules are split by job, never to meet a line count (no cap here)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "gpusession"
 
@@ -25,7 +24,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 FACES = ("words", "workspace_words", "notify", "magics", "magicargs", "transfers", "widgets", "server", "cli", "demo",
          "provisioner")
-MAX_LINES = 400
 
 
 def layer_of(module: str) -> int:
@@ -139,12 +137,6 @@ def test_backends_never_import_the_session_layer_or_each_other():
             if tp[1] == "backends" and len(tp) > 2 and tp[2] not in ("base",) and tp[2].split("_")[0] != mine:
                 bad.append(f"{name} imports the sibling backend module {t}")
     assert not bad, bad
-
-
-@pytest.mark.parametrize("name", sorted(ALL))
-def test_no_module_over_400_lines(name):
-    lines = len(ALL[name].read_text().splitlines())
-    assert lines <= MAX_LINES, f"{name} has {lines} lines: split it (DESIGN.md: one job per module)"
 
 
 def test_the_runtime_boot_script_speaks_the_protocol():
