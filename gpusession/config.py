@@ -36,6 +36,8 @@ from .settings import (  # noqa: F401 - ConfigError, EnvConfig and the built-ins
     _idle,
     _price,
     builtin_data_dir,
+    check_env,
+    data_folder,
     env_setting,
 )
 
@@ -167,11 +169,11 @@ class GpuSessionConfig(Configurable):
         than at the first start."""
         for name in sorted(self.trait_names(config=True)):
             getattr(self, name)
+        check_env()
 
     @property
     def data_path(self) -> Path:
         """The data dir, created. From the first call on, it stays this process's data dir."""
-        p = Path(self.data_dir)
-        p.mkdir(parents=True, exist_ok=True)
+        p = data_folder(self.data_dir)
         self._data_dir_in_use = str(p)
         return p
