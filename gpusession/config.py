@@ -36,8 +36,9 @@ from .settings import (  # noqa: F401 - ConfigError, EnvConfig and the built-ins
     _idle,
     _price,
     builtin_data_dir,
+    check_env,
+    data_folder,
     env_setting,
-    private_folder,
 )
 
 class GpuSessionConfig(Configurable):
@@ -168,10 +169,11 @@ class GpuSessionConfig(Configurable):
         than at the first start."""
         for name in sorted(self.trait_names(config=True)):
             getattr(self, name)
+        check_env()
 
     @property
     def data_path(self) -> Path:
         """The data dir, created. From the first call on, it stays this process's data dir."""
-        p = private_folder(self.data_dir)
+        p = data_folder(self.data_dir)
         self._data_dir_in_use = str(p)
         return p

@@ -3,7 +3,8 @@
 Durations: "90s", "15m", "1h30m", "2 h", "1d", ".5h", or a bare number, which means MINUTES
 everywhere (SkyPilot's habit): in the magics, the CLI, REST bodies, the forms, and the agent's
 own command line. "off" / "none" / "never" / "no" / "0" mean never where a limit may be off.
-Every use has its bound (`DurationRule`); non-finite values (inf, nan, 1e999) are refused.
+Every use has its bounds (`DurationRule`: the longest and the shortest it can honour); non-finite
+values (inf, nan, 1e999) are refused.
 
 Between our own processes numbers travel exactly: a duration goes as `exact_decimal(s) + "s"`
 ("1000800s", never "1.0008e+06"), and `parse_duration` reads back the very same float.
@@ -58,21 +59,22 @@ def parse_duration(
     what: str = "duration",
     allow_off: bool = True,
     max_s: float = MAX_DURATION_S,
+    min_s: float = 0.0,
 ) -> float | None:
     """Seconds from a duration as written (see the module doc); None for "off" (when allow_off)
-    or for None. Raises BadInput naming `what` and, past `max_s`, the bound."""
+    or for None. Raises BadInput naming `what` and, past `max_s` or short of `min_s`, the bound."""
     if text is None:
         return None
     if isinstance(text, bool):
         raise BadInput(f"bad {what} {shown(text)}: {_HINT}")
     if isinstance(text, (int, float)):
-        return _checked(_as_float(text) * MINUTE, text, what, allow_off, max_s)
+        return _checked(_as_float(text) * MINUTE, text, what, allow_off, max_s, min_s)
     s = str(text).strip().lower()
     if s in _OFF and allow_off:
         return None
     compact = s.replace(" ", "")
     if _BARE.fullmatch(compact):
-        return _checked(float(compact) * MINUTE, text, what, allow_off, max_s)
+        return _checked(float(compact) * MINUTE, text, what, allow_off, max_s, min_s)
     if compact.startswith("-") and (_BARE.fullmatch(compact[1:]) or _parts(compact[1:]) is not None):
         raise BadInput(f"{what} must not be negative, got {shown(text)}")
     total = _parts(compact)
@@ -81,7 +83,7 @@ def parse_duration(
             raise BadInput(f"{what} must be a finite number, got {shown(text)}")
         hint = " or 'off'" if allow_off else ""
         raise BadInput(f"bad {what} {shown(text)}: {_HINT}{hint}")
-    return _checked(total, text, what, allow_off, max_s)
+    return _checked(total, text, what, allow_off, max_s, min_s)
 
 
 def _parts(compact: str) -> float | None:
@@ -117,7 +119,7 @@ def _non_finite_number(text: str) -> bool:
         return False
 
 
-def _checked(seconds: float, text: object, what: str, allow_off: bool, max_s: float) -> float | None:
+def _checked(seconds: float, text: object, what: str, allow_off: bool, max_s: float, min_s: float) -> float | None:
     if math.isnan(seconds) or (isinstance(text, float) and not math.isfinite(text)):
         raise BadInput(f"{what} must be a finite number, got {shown(text)}")
     if seconds < 0:
@@ -128,27 +130,38 @@ def _checked(seconds: float, text: object, what: str, allow_off: bool, max_s: fl
         raise BadInput(f"{what} must be positive, got {shown(text)}")
     if seconds > max_s:  # inf from a long string of digits lands here too
         raise BadInput(f"{what} must be at most {format_bound(max_s)}, got {shown(text)}")
+    if seconds < min_s:
+        off = " (or off)" if allow_off else ""
+        raise BadInput(f"{what} must be at least {format_bound(min_s)}{off}, got {shown(text)}")
     return seconds
 
 
 @dataclasses.dataclass(frozen=True)
 class DurationRule:
-    """How one use of a duration is read: its name in messages, its bound, whether it may be off."""
+    """How one use of a duration is read: its name in messages, its bounds, whether it may be off."""
 
     what: str  # in messages: "idle timeout"
     max_s: float  # the longest accepted, in seconds
     allow_off: bool = True  # "off" (or 0) means never; else a positive duration is required
+    min_s: float = 1.0  # the shortest accepted (what can be honoured), in seconds; 0 is still off
 
     def parse(self, text: str | float | int | None) -> float | None:
-        return parse_duration(text, what=self.what, allow_off=self.allow_off, max_s=self.max_s)
+        return parse_duration(text, what=self.what, allow_off=self.allow_off, max_s=self.max_s, min_s=self.min_s)
 
 
-IDLE = DurationRule("idle timeout", 7 * DAY)
-MAX_RUNTIME = DurationRule("max runtime", 30 * DAY)
+# The watchdog decides once a second and counts from the runtime's start, before the kernel
+# boots: an idle or runtime limit under two of its decisions stops the session during its start.
+WATCHDOG_MIN_S = 2.0
+IDLE = DurationRule("idle timeout", 7 * DAY, min_s=WATCHDOG_MIN_S)
+MAX_RUNTIME = DurationRule("max runtime", 30 * DAY, min_s=WATCHDOG_MIN_S)
 # the agent grants a keepalive up to its own limit (4 h unless the session says otherwise)
 KEEPALIVE = DurationRule("keepalive duration", 1 * DAY, allow_off=False)
-SAVE_TIMEOUT = DurationRule("save time bound", 1 * HOUR)
+SAVE_TIMEOUT = DurationRule("save time bound", 1 * HOUR)  # a save in under a second writes nothing
 WATCH = DurationRule("watch duration", 1 * DAY, allow_off=False)
+# Slurm: how long a job may wait in the queue (its state is asked every few seconds)
+QUEUE_TIMEOUT = DurationRule("queue timeout", 30 * DAY, min_s=10.0)
+# GPUSESSION_RECONNECT_TIMEOUT: how long a dropped tunnel may stay down (settings.reconnect_give_up)
+RECONNECT = DurationRule("reconnect timeout", 1 * DAY)
 
 
 def parse_money(text: str | float | int | None, *, what: str = "amount", max_dollars: float = MAX_DOLLARS) -> float | None:

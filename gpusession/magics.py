@@ -115,7 +115,11 @@ class GpuMagics(Magics):
     @cell_magic("gpu")
     def gpu_cell(self, line: str, cell: str) -> None:
         """%%gpu [NAME]: run the cell in the session kernel, output streamed back live."""
-        session = self._session(_without_comment(line).strip() or None)
+        name = _without_comment(line).strip() or None
+        try:
+            session = self._session(name)
+        except GpuSessionError as exc:  # no such session, it ended, its store cannot be opened
+            raise UsageError(error_text(exc)) from None
         try:
             with self._in_use:
                 session.run(cell)

@@ -17,7 +17,7 @@ import dataclasses
 from typing import Any, Callable, Iterable, Mapping
 
 from . import metrics, textvalues
-from .durations import IDLE, MAX_RUNTIME, SAVE_TIMEOUT, DurationRule, parse_money, shown
+from .durations import IDLE, MAX_RUNTIME, QUEUE_TIMEOUT, SAVE_TIMEOUT, DurationRule, parse_money, shown
 from .errors import BadInput
 from .models import LaunchSpec
 
@@ -99,12 +99,12 @@ OPTIONS: tuple[StartOption, ...] = (
                 backends=("docker", "aws", "slurm"), spec_field="image", max_len=512,
                 reader=textvalues.image_ref),
     StartOption("idle", ("--idle",), "duration", "Idle stop", "stop after this long idle: 90s, 15m, 1h30m, a bare "
-                "number of minutes, or off (or 0: never); at most 7 days (default 30m, or GpuSessionConfig.default_idle)",
+                "number of minutes, or off (or 0: never); 2s to 7 days (default 30m, or GpuSessionConfig.default_idle)",
                 "idle timeout", config_default="default_idle", spec_field="idle_timeout_s", form=True, rule=IDLE),
     StartOption("gpu_only", ("--gpu-only",), "bool", "GPU-only idle", "count only GPU utilization as activity "
                 "(stops a busy kernel whose GPU sits unused)", "GPU-only idle", default=False, spec_field="gpu_only"),
     StartOption("max_runtime", ("--max-runtime",), "duration", "Max runtime", "hard stop after this long, e.g. 8h "
-                "(a bare number means minutes); at most 30 days (default: off)", "max runtime",
+                "(a bare number means minutes); 2s to 30 days (default: off)", "max runtime",
                 spec_field="max_runtime_s", rule=MAX_RUNTIME),
     StartOption("max_cost", ("--max-cost",), "money", "Max cost ($)", "stop when the session has cost this many "
                 "dollars, e.g. 5; warning at 80%; at most $100,000 (default: off)", "max cost", spec_field="max_cost",
@@ -171,7 +171,7 @@ OPTIONS: tuple[StartOption, ...] = (
                 "price per GPU-hour", backends=("slurm",)),
     StartOption("queue_timeout", ("--queue-timeout",), "duration", "Queue timeout", "slurm: cancel the job when it "
                 "still waits in the queue after this long (default: off, it waits until it runs or Ctrl-C)",
-                "queue timeout", backends=("slurm",), rule=DurationRule("queue timeout", MAX_RUNTIME.max_s)),
+                "queue timeout", backends=("slurm",), rule=QUEUE_TIMEOUT),
 )
 
 BY_NAME: dict[str, StartOption] = {o.name: o for o in OPTIONS}

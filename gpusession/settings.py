@@ -13,7 +13,7 @@ from typing import Callable, TypeVar
 import platformdirs
 from traitlets import TraitError
 
-from .durations import MAX_DOLLARS, shown
+from .durations import MAX_DOLLARS, RECONNECT, shown
 from .errors import BadInput, GpuSessionError
 
 T = TypeVar("T")
@@ -74,6 +74,39 @@ def _price(text: str | float) -> float:
     return value
 
 
+_SAID_OPEN: set[str] = set()  # data folders whose openness was said already (once per process)
+
+
+def data_folder(path: str | os.PathLike[str]) -> Path:
+    """The data folder, created 0700 (it holds session keys, kernel keys and API tokens: another
+    user on a shared machine must read nothing there). ConfigError, one line naming the folder and
+    what to do, when it cannot be: a file in its place or its path, a read-only place."""
+    p = Path(path)
+    try:
+        p.mkdir(mode=0o700, parents=True, exist_ok=True)
+        mode = p.stat().st_mode & 0o777
+    except OSError as exc:
+        raise data_folder_error(p, exc) from None
+    if mode & 0o077 and str(p) not in _SAID_OPEN:  # left as it is (its owner may have meant it), said once
+        _SAID_OPEN.add(str(p))
+        import logging
+
+        logging.getLogger("gpusession").warning(
+            "gpusession: your data folder %s is open to other users on this machine (mode %03o): they may "
+            "read your sessions' keys and tokens there. Close it with: chmod 700 %s", p, mode, p)
+    return p
+
+
+def data_folder_error(path: Path, exc: OSError | Exception) -> ConfigError:
+    """The one line for a data folder that cannot hold the session store."""
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        why = "a file is in the way"
+    else:
+        why = (getattr(exc, "strerror", None) or str(exc)).rstrip(".").lower()
+    return ConfigError(f"cannot keep sessions in {path} ({why}): set GPUSESSION_HOME (or GpuSessionConfig.data_dir) "
+                       "to a folder you can write")
+
+
 def _data_dir(text: str) -> str:
     return os.path.abspath(os.path.expanduser(text.strip()))
 
@@ -87,6 +120,23 @@ ENV_SETTINGS: dict[str, tuple[str, Callable[[str], object], Callable[[], object]
     "price_per_hour": ("GPUSESSION_PRICE_PER_HOUR", _price, lambda: CATALOG_PRICE),
     "docker_image": ("GPUSESSION_IMAGE", str, lambda: BUILTIN_IMAGE),
 }
+
+
+RECONNECT_ENV = "GPUSESSION_RECONNECT_TIMEOUT"
+RECONNECT_DEFAULT_S = 60.0
+
+
+def reconnect_give_up() -> float | None:
+    """How long a dropped tunnel may stay down before a waiting cell ends (seconds; None: never):
+    GPUSESSION_RECONNECT_TIMEOUT in the duration grammar (90s, 2m; a bare number is minutes).
+    No trait: it is the tunnel's, read by every process that opens one; `check_env` reads it
+    before a start, so a bad value starts nothing."""
+    return _from_env(RECONNECT_ENV, RECONNECT.parse, RECONNECT_DEFAULT_S)
+
+
+def check_env() -> None:
+    """Read the settings that are env vars only (no trait); ConfigError names a bad one."""
+    reconnect_give_up()
 
 
 def env_setting(name: str):
@@ -109,30 +159,11 @@ class EnvConfig:
     def check(self) -> None:
         for name in sorted(ENV_SETTINGS):
             getattr(self, name)
+        check_env()
 
     @property
     def data_path(self) -> Path:
-        return private_folder(self.data_dir)
-
-
-_SAID_OPEN: set[str] = set()  # data folders whose openness was said already (once per process)
-
-
-def private_folder(path: str | os.PathLike[str]) -> Path:
-    """The data folder at `path`, made 0700 when new (it holds session keys, kernel keys and API
-    tokens: another user on a shared machine must read nothing there). One that exists open to
-    others is left as it is (its owner may have meant it) and said once, as a warning."""
-    folder = Path(path)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    mode = folder.stat().st_mode & 0o777
-    if mode & 0o077 and str(folder) not in _SAID_OPEN:
-        _SAID_OPEN.add(str(folder))
-        import logging
-
-        logging.getLogger("gpusession").warning(
-            "gpusession: your data folder %s is open to other users on this machine (mode %03o): they may "
-            "read your sessions' keys and tokens there. Close it with: chmod 700 %s", folder, mode, folder)
-    return folder
+        return data_folder(self.data_dir)
 
 
 def private_socket_dir(prefix: str = "gpusession-") -> str:

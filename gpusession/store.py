@@ -19,7 +19,10 @@ from typing import Any, Iterator
 from .errors import BadInput, UnknownSession
 from .models import Event, LaunchSpec, SessionRecord, State, now
 from .procs import start_ticks
+from .settings import data_folder, data_folder_error
 from .textvalues import session_name
+
+_HEX = set("0123456789abcdef")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -67,12 +70,15 @@ class Store:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # made 0600 before sqlite opens it: its -wal and -shm files take the database's mode
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
-        with self._connect() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(_SCHEMA)
+        try:  # a folder it cannot use (a file in its place, read-only) is one line, not a traceback
+            data_folder(self.path.parent)
+            # made 0600 before sqlite opens it: its -wal and -shm files take the database's mode
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            with self._connect() as db:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.executescript(_SCHEMA)
+        except (OSError, sqlite3.OperationalError) as exc:
+            raise data_folder_error(self.path.parent, exc) from None
 
     @property
     def store_id(self) -> str:
@@ -240,7 +246,7 @@ class Store:
                     "SELECT * FROM sessions WHERE name=? ORDER BY (state IN ('stopped','failed')), created_at DESC LIMIT 1",
                     (key,),
                 ).fetchone()
-            if row is None and len(key) >= 8:
+            if row is None and len(key) >= 8 and set(key) <= _HEX:  # an id's start; never a LIKE pattern (% or _)
                 rows = db.execute("SELECT * FROM sessions WHERE id LIKE ?", (key + "%",)).fetchall()
                 row = rows[0] if len(rows) == 1 else None
             if row is None:

@@ -102,22 +102,23 @@ def _host_name(host: str) -> None:
         raise BadInput(f"host name {shown(host)} is longer than 253 characters as a DNS name; {HOST_HINT}")
 
 
-def session_name(text: str) -> str:
-    """A session name: up to 63 letters, digits, '-', '_' or '.', starting with a letter or digit."""
+def session_name(text: str, what: str = "session name") -> str:
+    """A session name: up to 63 ASCII letters, digits, '-', '_' or '.', starting with a letter or
+    digit. Checked as written: a look-alike (the Kelvin sign K, which lower() makes 'k') is refused,
+    not turned into another name that Docker, a volume or a tag would then refuse in its own words."""
     name = text.strip()
-    if not name or len(name) > MAX_NAME or not set(name.lower()) <= NAME_CHARS or not name[0].isalnum():
-        raise BadInput(f"bad session name {shown(text)}: use up to {MAX_NAME} letters, digits, '-', '_' or '.', "
+    if (not name or len(name) > MAX_NAME or not name.isascii() or not set(name.lower()) <= NAME_CHARS
+            or not name[0].isalnum()):
+        non_ascii = next((c for c in name if not c.isascii()), None)
+        which = f" ({non_ascii!r} U+{ord(non_ascii):04X} is not ASCII)" if non_ascii else ""
+        raise BadInput(f"bad {what} {shown(text)}{which}: use up to {MAX_NAME} ASCII letters, digits, '-', '_' or '.', "
                        "starting with a letter or digit")
     return name
 
 
 def workspace_name(text: str) -> str:
     """A workspace name, as a session name is written (it names a Docker volume, an EBS tag, a folder)."""
-    name = text.strip()
-    if not name or len(name) > MAX_NAME or not set(name.lower()) <= NAME_CHARS or not name[0].isalnum():
-        raise BadInput(f"bad workspace name {shown(text)}: use up to {MAX_NAME} letters, digits, '-', '_' or '.', "
-                       "starting with a letter or digit")
-    return name
+    return session_name(text, "workspace name")
 
 
 def size_or_off(text: str) -> int:

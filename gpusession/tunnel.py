@@ -24,10 +24,10 @@ from typing import Callable
 
 import paramiko
 
-from .durations import format_duration, parse_duration
-from .errors import BadInput
+from .durations import format_duration
 from .models import KernelEndpoint
 from .protocol import KERNEL_PORT_NAMES
+from .settings import RECONNECT_ENV, reconnect_give_up
 from .sshlogin import (
     PACKET,
     fast_reads,
@@ -49,21 +49,6 @@ __all__ = ["Tunnel", "TunnelError", "SshTarget", "HostKeyCheck", "jump_target", 
 BUFSIZE = 256 * 1024  # per recv: bytes move in big pieces, never per byte in Python
 
 _RETRYABLE = (paramiko.SSHException, EOFError, OSError)
-RECONNECT_ENV = "GPUSESSION_RECONNECT_TIMEOUT"
-RECONNECT_DEFAULT_S = 60.0
-
-
-def reconnect_give_up() -> float | None:
-    """How long a dropped tunnel may stay down before a waiting cell ends (seconds; None: never):
-    GPUSESSION_RECONNECT_TIMEOUT in the duration grammar (90s, 2m; a bare number is minutes)."""
-    raw = os.environ.get(RECONNECT_ENV, "").strip()
-    if not raw:
-        return RECONNECT_DEFAULT_S
-    try:
-        return parse_duration(raw, what="reconnect timeout", max_s=86400.0)
-    except BadInput as exc:
-        raise TunnelError(f"environment variable {RECONNECT_ENV}={raw!r}: {exc}") from None
-
 
 class Tunnel:
     """Forward remote loopback ports of `target` to local ports, reconnecting when dropped.

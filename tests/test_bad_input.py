@@ -6,6 +6,7 @@ leaves nothing recorded or running."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 import subprocess
@@ -47,6 +48,15 @@ CASES: list[tuple[str, list[str], str]] = [
     ("host with a path", ["--backend", "docker", "--host", "ssh://gpu-box/var/run"], "host"),
     ("huge host", ["--backend", "docker", "--host", "ssh://" + BIG], "host"),
     ("bad name", ["--name", "bad name!"], "name"),
+    # issue 19 item 7: checked as written, not after lower() (the Kelvin sign K lowers to an ASCII k)
+    ("Kelvin sign in a name", ["--name", "\u212aelvin"], "name"),
+    ("look-alike in a name", ["--name", "gpu\u0131"], "name"),  # dotless i
+    ("Kelvin sign in a workspace", ["--workspace", "wor\u212a"], "workspace"),
+    # issue 19 item 7: a floor per duration (the watchdog decides once a second, from the runtime's start)
+    ("tiny idle", ["--idle", "0.0001s"], "idle"),
+    ("idle under the floor", ["--idle", "1s"], "idle"),
+    ("tiny max runtime", ["--max-runtime", "0.5s"], "max_runtime"),
+    ("tiny save bound", ["--save-timeout", "0.001s"], "save_timeout"),
     ("huge name", ["--name", BIG], "name"),
     ("huge image", ["--backend", "docker", "--image", BIG], "image"),
     ("huge region", ["--backend", "aws", "--region", BIG], "region"),
@@ -236,3 +246,151 @@ def test_long_values_are_never_echoed_whole():
                                   catalog=load_catalog(), backends=["aws", "docker", "local"])
     assert all(len(k) <= 80 and len(v) <= MAX_MESSAGE for k, v in problems.items()), problems
     assert len(str(options.BadOptions(problems))) < 2 * MAX_MESSAGE
+
+
+# -- issue 19 item 7: what still got through ----------------------------------------------------
+
+MARKER = "GPUSESSION_"  # the protocol's log markers (gpusession/protocol.py): never shown to a user
+
+
+def one_line(text: str) -> str | None:
+    """The text when it is one clear line: no traceback, no protocol marker, not too long."""
+    lines = text.strip().splitlines()
+    if len(lines) != 1 or "Traceback" in text or MARKER in text or len(lines[0]) > 2 * MAX_MESSAGE:
+        return None
+    return lines[0]
+
+
+def magic_error(shell, cell: str, capsys) -> str | None:
+    """The one line a notebook shows for `cell` when it is a UsageError, else None."""
+    from IPython.core.error import UsageError
+
+    result = shell.run_cell(cell)
+    captured = capsys.readouterr()
+    if not isinstance(result.error_in_exec, UsageError):
+        return None
+    return one_line(captured.err)
+
+
+def cli_error(env, *argv: str) -> str | None:
+    r = subprocess.run([sys.executable, "-m", "gpusession", *argv], env=env, capture_output=True, text=True, timeout=120)
+    if r.returncode != 1 or r.stdout.strip() and MARKER in r.stdout:
+        return None
+    return one_line(r.stderr)
+
+
+def nothing_running(home: Path) -> None:
+    """No session active or starting, nothing for gc to collect."""
+    from gpusession.session import SessionManager
+
+    active = Store(home / "sessions.sqlite3").list(active_only=True)
+    assert active == [], [(r.name, r.state.value) for r in active]
+    assert SessionManager(GpuSessionConfig()).gc(dry_run=True, backends=["local", "docker"]) == []
+
+
+@pytest.fixture
+def shell(gs_home, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "gpusession")
+    capsys.readouterr()
+    yield ip
+    ip.run_line_magic("unload_ext", "gpusession")
+    InteractiveShell.clear_instance()
+
+
+async def test_a_start_failure_never_shows_protocol_lines(gs_home, nb_env, shell, jp_fetch, capsys, monkeypatch):
+    """A kernel that dies while it boots (here: an IPYTHONDIR it cannot create) fails the start
+    in one line that names the cause, on every face, with none of the runtime's marker lines."""
+    seen: dict[str, str | None] = {}
+    seen["cli"] = cli_error(dict(nb_env, IPYTHONDIR="/proc/no-ipython-dir"), "start", "--backend", "local", "--name", "c1")
+    monkeypatch.setenv("IPYTHONDIR", "/proc/no-ipython-dir")  # the runtimes started in this process inherit it
+    seen["magic"] = magic_error(shell, "%gpu start --backend local --name m1", capsys)
+    r = await jp_fetch("gpusession", "api", "sessions", method="POST", body=json.dumps({"backend": "local", "name": "r1"}))
+    assert r.code == 202
+    m = Store(gs_home / "sessions.sqlite3")
+    for _ in range(600):
+        if not m.get("r1").state.active:
+            break
+        await asyncio.sleep(0.1)
+    r = await jp_fetch("gpusession", "api", "sessions", "r1")
+    seen["rest"] = one_line(json.loads(r.body)["error"] or "")
+    seen["status"] = one_line("\n".join(line for line in subprocess.run(
+        [sys.executable, "-m", "gpusession", "status", "c1"], env=nb_env, capture_output=True, text=True,
+        timeout=60).stdout.splitlines() if "error:" in line))
+    bad = {face: text for face, text in seen.items() if text is None or "/proc/no-ipython-dir" not in text}
+    assert bad == {}, seen
+    assert all(MARKER not in (r.error or "") for r in m.list()), [r.error for r in m.list()]
+    nothing_running(gs_home)
+
+
+async def test_an_unknown_session_is_one_line_on_every_face(gs_home, nb_env, shell, jp_fetch, capsys):
+    assert magic_error(shell, "%%gpu relnope\nprint(1)", capsys) == (
+        "UsageError: no session named 'relnope'; `%gpu list` shows the sessions")
+    assert "no session named 'relnope'" in (cli_error(nb_env, "status", "relnope") or "")
+    # a pattern is no id: with one session recorded, '%%%%%%%%' (a LIKE pattern) must not find it
+    Store(gs_home / "sessions.sqlite3").create(read({"backend": "local", "name": "only"}), price_per_hour=0.0)
+    assert "no session named '%%%%%%%%'" in (cli_error(nb_env, "status", "%" * 8) or "")
+    # a REST 404 says the name as the client wrote it: one %, not tornado's doubled %%
+    r = await jp_fetch("gpusession", "api", "sessions", "50%25off", raise_error=False)
+    message = json.loads(r.body)["message"]
+    assert r.code == 404 and "50%off" in message and "%%" not in message, message
+
+
+@pytest.mark.parametrize("where", ["file", "under a file", "read-only"])
+async def test_an_unusable_gpusession_home_is_one_line_on_every_face(where, tmp_path, gs_home, nb_env, capsys,
+                                                                     monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    (tmp_path / "a-file").write_text("not a folder")
+    home = {"file": tmp_path / "a-file", "under a file": tmp_path / "a-file" / "gs", "read-only": Path("/proc/gs")}[where]
+    env = dict(nb_env, GPUSESSION_HOME=str(home))
+    message = cli_error(env, "list")
+    assert message is not None and str(home) in message and "GPUSESSION_HOME" in message, message
+    monkeypatch.setenv("GPUSESSION_HOME", str(home))
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_line_magic("load_ext", "gpusession")
+        capsys.readouterr()
+        for cell in ("%gpu list", "%gpu start --backend local", "%%gpu some-name\nprint(1)"):
+            message = magic_error(shell, cell, capsys)
+            assert message is not None and str(home) in message and "GPUSESSION_HOME" in message, (cell, message)
+    finally:
+        shell.run_line_magic("unload_ext", "gpusession")
+        InteractiveShell.clear_instance()
+
+
+@pytest.fixture
+def file_home(gs_home, tmp_path, monkeypatch) -> Path:
+    """GPUSESSION_HOME is a file, before the server starts (its extension opens the store)."""
+    home = tmp_path / "home-is-a-file"
+    home.write_text("")
+    monkeypatch.setenv("GPUSESSION_HOME", str(home))
+    return home
+
+
+async def test_the_server_says_why_when_its_home_is_unusable(file_home, jp_fetch):
+    for path in (("sessions",), ("sessions", "x"), ("options",)):
+        r = await jp_fetch("gpusession", "api", *path, raise_error=False)
+        message = json.loads(r.body).get("message", "")
+        assert r.code == 503 and str(file_home) in message and "GPUSESSION_HOME" in message, (path, r.code, message)
+    r = await jp_fetch("gpusession", "api", "sessions", method="POST", body="{}", raise_error=False)
+    assert r.code == 503
+
+
+async def test_a_bad_reconnect_timeout_starts_nothing(gs_home, nb_env, shell, jp_fetch, capsys, monkeypatch):
+    """GPUSESSION_RECONNECT_TIMEOUT is read before anything is recorded or started, not by the
+    tunnel once the session's kernel runs."""
+    for value in ("abc", "0.001s", "2d"):
+        message = cli_error(dict(nb_env, GPUSESSION_RECONNECT_TIMEOUT=value), "start", "--backend", "local")
+        assert message is not None and "GPUSESSION_RECONNECT_TIMEOUT" in message, (value, message)
+    monkeypatch.setenv("GPUSESSION_RECONNECT_TIMEOUT", "abc")
+    message = magic_error(shell, "%gpu start --backend local", capsys)
+    assert message is not None and "GPUSESSION_RECONNECT_TIMEOUT='abc'" in message, message
+    r = await jp_fetch("gpusession", "api", "sessions", method="POST", body=json.dumps({"backend": "local"}),
+                       raise_error=False)
+    message = json.loads(r.body).get("message", "")
+    assert r.code >= 400 and "GPUSESSION_RECONNECT_TIMEOUT='abc'" in message and "\n" not in message, (r.code, message)
+    assert Store(gs_home / "sessions.sqlite3").list() == [], "a bad setting recorded a session"
+    nothing_running(gs_home)

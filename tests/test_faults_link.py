@@ -380,14 +380,14 @@ def test_cell_ends_within_the_give_up_time_when_the_host_is_unreachable(own_sshd
 
 
 def test_reconnect_timeout_setting_is_checked(monkeypatch):
-    from gpusession.tunnel import TunnelError, reconnect_give_up
+    from gpusession.settings import ConfigError, reconnect_give_up
 
     monkeypatch.setenv("GPUSESSION_RECONNECT_TIMEOUT", "2m")
     assert reconnect_give_up() == 120.0
     monkeypatch.setenv("GPUSESSION_RECONNECT_TIMEOUT", "off")
     assert reconnect_give_up() is None
     monkeypatch.setenv("GPUSESSION_RECONNECT_TIMEOUT", "abc")
-    with pytest.raises(TunnelError, match="GPUSESSION_RECONNECT_TIMEOUT='abc': bad reconnect timeout"):
+    with pytest.raises(ConfigError, match="GPUSESSION_RECONNECT_TIMEOUT='abc': bad reconnect timeout"):
         reconnect_give_up()
 
 

@@ -309,6 +309,19 @@ def marker_lines(text: str) -> list[str]:
     return out
 
 
+def log_tail(text: str, lines: int) -> str:
+    """The last `lines` lines of a runtime's output, for a message: a FAILED marker as its error,
+    every other marker line left out (they are for this side, never for a user), ' | ' between."""
+    said = []
+    for line in marker_lines(text):
+        parsed = parse_marker(line)
+        if parsed is not None and parsed[0] is Marker.FAILED:
+            said.append(failure_detail(parsed[1]))
+        elif parsed is None and line.strip():
+            said.append(line.strip())
+    return " | ".join(said[-lines:]) or "(no output)"
+
+
 def stop_details_from_log(text: str) -> StopDetails | None:
     """What a runtime's log (a container's, an instance's console) says about its end: the last
     STOPPED reason, else the first FAILED start, and the last SUMMARY. None when it says nothing."""

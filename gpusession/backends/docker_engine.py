@@ -16,7 +16,7 @@ from typing import Any, Iterator
 from ..errors import BackendUnavailable, StageError
 from ..protocol import Marker, parse_marker
 
-from .base import failure_detail, marker_lines
+from .base import failure_detail, log_tail, marker_lines
 from .docker_ssh import make_resilient
 
 STATE_DIR = "/tmp/gpusession"  # the runtime's state folder in a session's container
@@ -220,7 +220,7 @@ def wait_for_marker(container, marker: Marker, timeout: float, stage: str) -> An
         container.reload()  # the stream ended: the container exited, or the engine's read timed out
         if container.status not in ("created", "running"):
             code = container.attrs["State"].get("ExitCode")
-            last = " | ".join(text.strip().splitlines()[-8:]) or "(no output)"
+            last = log_tail(text, 8)
             raise StageError(stage, f"container exited with code {code} during start; last log lines: {last}")
 
 
@@ -243,7 +243,7 @@ def _follow(stream, marker: Marker, deadline: float, timeout: float, stage: str)
         try:
             chunk = chunks.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
-            last = " | ".join(text.strip().splitlines()[-8:]) or "(no output)"
+            last = log_tail(text, 8)
             raise StageError(stage, f"no {marker.value} line from the container within {timeout:.0f}s; "
                                     f"last log lines: {last}") from None
         if chunk is not None:
@@ -279,10 +279,10 @@ def _poll_for_marker(container, marker: Marker, timeout: float, stage: str) -> A
         container.reload()
         if container.status not in ("created", "running"):
             code = container.attrs["State"].get("ExitCode")
-            last = " | ".join(text.strip().splitlines()[-8:]) or "(no output)"
+            last = log_tail(text, 8)
             raise StageError(stage, f"container exited with code {code} during start; last log lines: {last}")
         if time.monotonic() > deadline:
-            last = " | ".join(text.strip().splitlines()[-8:]) or "(no output)"
+            last = log_tail(text, 8)
             raise StageError(stage, f"no {marker.value} line from the container within {timeout:.0f}s; "
                                     f"last log lines: {last}")
         time.sleep(delay)

@@ -25,7 +25,7 @@ from ..settings import private_socket_dir
 from ..models import KernelEndpoint, SessionRecord
 from ..progress import Progress
 from ..protocol import ENV_SESSION_ID, StopDetails
-from .base import Backend, Link, RemoteResource, Workspace
+from .base import Backend, Link, RemoteResource, Workspace, log_tail
 
 
 class LocalLink(Link):
@@ -276,6 +276,6 @@ def _read_json(path: Path) -> dict:
 
 def _tail(path: Path, lines: int = 5) -> str:
     try:
-        return " | ".join(Path(path).read_text(errors="replace").strip().splitlines()[-lines:])
+        return log_tail(Path(path).read_text(errors="replace"), lines)
     except OSError:
         return "(no log)"

@@ -26,7 +26,12 @@ def _load_jupyter_server_extension(server_app) -> None:
         config.check()
     except GpuSessionError as exc:  # a bad env var: the API still serves, starts say what is wrong
         server_app.log.error("gpusession: %s", exc)
-    setup_handlers(server_app, SessionManager(config))
+    try:
+        manager, unavailable = SessionManager(config), None
+    except GpuSessionError as exc:  # its store cannot be opened (GPUSESSION_HOME): every call says why
+        manager, unavailable = None, str(exc)
+        server_app.log.error("gpusession: %s", exc)
+    setup_handlers(server_app, manager, unavailable)
     server_app.log.info("gpusession: REST API at %sgpusession/api/ (sessions in %s)",
                         server_app.web_app.settings["base_url"], config.data_dir)
 

@@ -26,6 +26,11 @@ class BaseHandler(APIHandler):
     def api(self) -> "Api":
         return self.settings["gpusession_api"]
 
+    async def prepare(self) -> None:
+        await super().prepare()
+        if self.api.unavailable and self.current_user:  # logged in: say why nothing works (503)
+            self.fail(503, self.api.unavailable)
+
     async def blocking(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
@@ -53,8 +58,8 @@ class BaseHandler(APIHandler):
         shape, `{"message": ...}`; anything unexpected says only that it was."""
         message = responses.get(status_code, "error")
         exc = (kwargs.get("exc_info") or (None, None, None))[1]
-        if isinstance(exc, tornado.web.HTTPError):
-            message = exc.log_message or exc.reason or message
+        if isinstance(exc, tornado.web.HTTPError):  # tornado >= 6.5 doubles each % of log_message
+            message = getattr(exc, "get_message", lambda: exc.log_message)() or exc.reason or message
         elif exc is not None:
             message = f"internal error ({type(exc).__name__}); the server log has the details"
         self.set_header("Content-Type", "application/json")

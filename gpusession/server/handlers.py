@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import urllib.parse
 from typing import Any
 
 import tornado.web
@@ -31,8 +32,10 @@ class Api:
     """What the handlers share: one SessionManager for the server process, and the threads
     that start sessions in the background."""
 
-    def __init__(self, manager: SessionManager | None = None):
-        self.manager = manager or SessionManager()
+    def __init__(self, manager: SessionManager | None = None, unavailable: str | None = None):
+        # unavailable: why no manager could be made (its store cannot be opened); every call answers it
+        self.unavailable = unavailable
+        self.manager = manager or (SessionManager() if unavailable is None else None)
         self.starting: dict[str, threading.Thread] = {}
         self.progress = StartProgress()  # the starts' latest lines, shown on their cards
 
@@ -187,12 +190,13 @@ class NotFoundHandler(BaseHandler):
     """Any other path under the API: a 404 in the API's shape, not the server's HTML page."""
 
     def prepare(self):  # before the login check and any verb: every method gets this answer
-        raise tornado.web.HTTPError(404, f"no such endpoint: {shown(self.request.path, 80)}")
+        path = urllib.parse.unquote(self.request.path)  # as the client wrote it: 50%off, not 50%25off
+        raise tornado.web.HTTPError(404, f"no such endpoint: {shown(path, 80)}")
 
 
-def setup_handlers(server_app, manager: SessionManager | None = None) -> None:
+def setup_handlers(server_app, manager: SessionManager | None = None, unavailable: str | None = None) -> None:
     web_app = server_app.web_app
-    web_app.settings["gpusession_api"] = Api(manager)
+    web_app.settings["gpusession_api"] = Api(manager, unavailable)
     base = url_path_join(web_app.settings["base_url"], "gpusession", "api")
     sid = r"(?P<key>[A-Za-z0-9._-]+)"
     web_app.add_handlers(

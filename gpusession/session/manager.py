@@ -91,7 +91,9 @@ class SessionManager:
     # -- start ---------------------------------------------------------------------------
 
     def create(self, spec: LaunchSpec) -> SessionRecord:
-        """Check the backend and record the session (state requested). Fast; raises on bad input."""
+        """Check the settings and the backend, then record the session (state requested). Fast;
+        raises on bad input or a bad setting (an env var the start reads), before anything starts."""
+        self.config.check()
         backend = self.backend(spec.backend)
         backend.check(spec)
         return self.store.create(spec, price_per_hour=backend.price_per_hour(spec, self.catalog))

@@ -30,7 +30,7 @@ from ...errors import BackendUnavailable, BadInput, StageError
 from ...models import LaunchSpec, SessionRecord
 from ...progress import Progress
 from ...protocol import Marker, StopDetails, parse_marker
-from ..base import Backend, Link, RemoteResource, TunnelLink, failure_detail, marker_lines, stop_details_from_log
+from ..base import Backend, Link, RemoteResource, TunnelLink, failure_detail, log_tail, marker_lines, stop_details_from_log
 from . import states
 from .jobs import (JobPaths, batch_script, comment_session, container_probe, load_cluster_defaults, read_settings,
                    sbatch_command)
@@ -298,7 +298,7 @@ class SlurmBackend(Backend):
             if parsed is not None and parsed[0] is Marker.FAILED:
                 return f"job {job_id} could not start the session: {failure_detail(parsed[1])}"
         what = f"{end.state}" + (f" ({end.reason})" if end.reason else "") if end else state
-        tail = " | ".join(parts[2].strip().splitlines()[-3:])
+        tail = log_tail(parts[2], 3) if parts[2].strip() else ""
         return f"job {job_id} ended during the start: {what}" + (f"; its output: {tail}" if tail else "")
 
     def stop(self, record: SessionRecord) -> None:

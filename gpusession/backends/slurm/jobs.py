@@ -63,7 +63,7 @@ class JobSettings:
 def read_settings(extra: dict[str, Any], cluster: dict[str, Any] | None = None, *, catalog=None) -> JobSettings:
     """JobSettings from a spec's extra options, a cluster's defaults filling what is not given.
     Raises BadInput naming the option."""
-    from ...durations import MAX_RUNTIME, parse_money
+    from ...durations import QUEUE_TIMEOUT, parse_money
 
     given = {k: v for k, v in (cluster or {}).items() if k in OPTION_NAMES}
     given.update({k: v for k, v in extra.items() if k in OPTION_NAMES and v is not None})
@@ -86,7 +86,7 @@ def read_settings(extra: dict[str, Any], cluster: dict[str, Any] | None = None, 
         sbatch_args=parse_sbatch_args(given.get("sbatch_args")), python=python, modules=modules,
         gres_types=gres_types, gres_default=gres_default, container=container,
         price_per_gpu_hour=parse_money(price, what="price per GPU-hour") if isinstance(price, str) else price,
-        queue_timeout_s=(MAX_RUNTIME.parse(queue_timeout) if isinstance(queue_timeout, str) else queue_timeout),
+        queue_timeout_s=(QUEUE_TIMEOUT.parse(queue_timeout) if isinstance(queue_timeout, str) else queue_timeout),
         **words,
     )
 
