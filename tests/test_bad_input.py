@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -261,6 +262,9 @@ def one_line(text: str) -> str | None:
     return lines[0]
 
 
+_SERVER_LOG = re.compile(r"\[[DIWEC] \d{4}-\d\d-\d\d ")
+
+
 def magic_error(shell, cell: str, capsys) -> str | None:
     """The one line a notebook shows for `cell` when it is a UsageError, else None."""
     from IPython.core.error import UsageError
@@ -269,7 +273,8 @@ def magic_error(shell, cell: str, capsys) -> str | None:
     captured = capsys.readouterr()
     if not isinstance(result.error_in_exec, UsageError):
         return None
-    return one_line(captured.err)
+    # the test's jupyter server (jp_fetch) logs to the same stderr: its lines are not the notebook's
+    return one_line("\n".join(line for line in captured.err.splitlines() if not _SERVER_LOG.match(line)))
 
 
 def cli_error(env, *argv: str) -> str | None:

@@ -311,13 +311,21 @@ def marker_lines(text: str) -> list[str]:
 
 def log_tail(text: str, lines: int) -> str:
     """The last `lines` lines of a runtime's output, for a message: a FAILED marker as its error,
-    every other marker line left out (they are for this side, never for a user), ' | ' between."""
+    every other marker line left out (they are for this side, never for a user), a Python
+    traceback as its last line (the exception, not the frames), ' | ' between."""
     said = []
+    in_traceback = False
     for line in marker_lines(text):
         parsed = parse_marker(line)
-        if parsed is not None and parsed[0] is Marker.FAILED:
+        if line.startswith("Traceback (most recent call last)"):
+            in_traceback = True
+        elif in_traceback and (line[:1].isspace() or not line.strip()):
+            continue  # a frame, its source line or a caret line
+        elif parsed is not None and parsed[0] is Marker.FAILED:
+            in_traceback = False
             said.append(failure_detail(parsed[1]))
         elif parsed is None and line.strip():
+            in_traceback = False
             said.append(line.strip())
     return " | ".join(said[-lines:]) or "(no output)"
 
