@@ -114,14 +114,21 @@ def test_notebook_runs_cells_in_a_gpu_container(docker_env, engine, tmp_path):
         info = nk.run("%%gpu\nimport json, os\nprint(json.dumps({k: v for k, v in json.load(open("
                       "'/tmp/gpusession/kernel.json')).items() if k != 'key'}))")
         listening = __import__("json").loads(info.text)
-        assert listening["ip"] == "127.0.0.1"
-        for port in (listening["shell_port"], listening["iopub_port"]):
-            assert _listens_on_loopback_only(port), port
+        # the kernel on unix sockets in the host folder mounted at the same path, 2770 and of
+        # this user's group (the container's user has it too); the agent on loopback only
+        assert listening["transport"] == "ipc" and listening["ip"] == f"{record.resource['sockets']}/k"
+        assert mounts[record.resource["sockets"]]["Source"] == record.resource["sockets"]
+        folder = os.stat(record.resource["sockets"])
+        assert (oct(folder.st_mode & 0o7777), folder.st_gid) == ("0o2770", os.getgid())
+        assert host_config["GroupAdd"] == [str(os.getgid())]
+        agent = nk.run("%%gpu\nimport json\nprint(json.load(open('/tmp/gpusession/runtime.json'))['agent_port'])")
+        assert _listens_on_loopback_only(int(agent.text)), agent.text
         assert not (Path(docker_env["GPUSESSION_HOME"]) / "keys" / record.id).exists()  # no per-session key
 
         stop = nk.run("%gpu stop")
         assert stop.status == "ok", stop.text
         assert _ours(engine, record.id) == []
+        assert not os.path.exists(record.resource["sockets"])  # the socket folder went with it
         assert _store(docker_env).get("box").state == State.STOPPED
     finally:
         nk.close()

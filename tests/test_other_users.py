@@ -162,13 +162,19 @@ def pyzmq_for_nobody(folder: Path) -> str:
     return str(target)
 
 
-def subscribers_while_printing(kernel, endpoints: list[str], *, user: str | None, path: str) -> list[str]:
-    """Outputs a SUB on each endpoint received, as `user` (None: this one), while a cell prints."""
+def subscribers_while_printing(kernel, endpoints: list[str], *, user: str | None, path: str,
+                               netns: str = "") -> list[str]:
+    """Outputs a SUB on each endpoint received, as `user` (None: this one), while a cell prints;
+    in the network namespace `netns` (another host's loopback) when given."""
     python = nobody_python() if user else sys.executable
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": path}
-    probe = subprocess.Popen([python, "-c", SUB_PROBE, json.dumps(endpoints), "4"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env, cwd="/",
-                             **({"user": user, "group": "nogroup", "extra_groups": []} if user else {}))
+    argv = [python, "-c", SUB_PROBE, json.dumps(endpoints), "4"]
+    as_user = {"user": user, "group": "nogroup", "extra_groups": []} if user else {}
+    if netns:  # enter it as root, then become `user`
+        drop = ["setpriv", "--reuid", user, "--regid", "nogroup", "--clear-groups"] if user else []
+        argv, as_user = ["nsenter", f"--net=/run/netns/{netns}", "--", *drop, *argv], {}
+    probe = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd="/",
+                             **as_user)
     try:
         assert probe.stdout.readline().strip() == "ready", probe.stderr.read()
         time.sleep(0.5)  # its connects are made
@@ -235,3 +241,68 @@ def test_another_user_cannot_subscribe_through_the_tunnel_either(open_parent, tm
         proc.terminate()
         proc.wait(15)
         sshd.close()
+
+
+def _docker_kernel_info(client, session_id: str) -> dict:
+    """The kernel.json inside a session's container, as the runtime there wrote it."""
+    from gpusession.backends.docker_engine import STATE_DIR, read_json_from
+
+    (container,) = client.containers.list(filters={"label": f"gpusession.session={session_id}"})
+    return read_json_from(container, f"{STATE_DIR}/kernel.json")
+
+
+@pytest.mark.docker
+def test_another_user_cannot_subscribe_to_a_docker_session_kernel(open_parent, engine, monkeypatch):
+    """A container of the local engine on the host's network, its kernel as the image's USER: its
+    sockets are reached by the session's owner directly, by no other uid of the host."""
+    from support.hosts import product_image
+
+    from gpusession.session import SessionManager
+
+    monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
+    path = pyzmq_for_nobody(open_parent)
+    manager = SessionManager()
+    try:
+        session = manager.start(manager.make_spec("t4", backend="docker", idle="off", name="zd1"))
+        endpoints = zmq_endpoints(session.link.endpoint.connection_info)
+        assert zmq_endpoints(_docker_kernel_info(engine, session.id)) == endpoints  # no forwarding in between
+        mine = subscribers_while_printing(session.kernel, endpoints, user=None, path=path)
+        assert any("secret-output" in m for m in mine), mine
+        theirs = subscribers_while_printing(session.kernel, endpoints, user="nobody", path=path)
+        assert theirs == [], theirs[:3]
+        sockets = manager.store.get(session.id).resource.get("sockets")
+    finally:
+        for r in manager.list(active_only=True):
+            manager.stop(r.id)
+        manager.close()
+    if sockets:
+        assert not os.path.exists(sockets)  # the stop took the socket folder away too
+
+
+@pytest.mark.docker
+def test_another_user_cannot_subscribe_to_a_remote_engines_kernel(open_parent, remote, monkeypatch):
+    """An ssh:// engine: neither on that host (its own loopback: another uid there, in its
+    network namespace) nor here (the tunnel's local ends) does another uid read the kernel."""
+    import docker
+    from support.hosts import product_image
+
+    from gpusession.session import SessionManager
+
+    monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
+    path = pyzmq_for_nobody(open_parent)
+    direct = docker.DockerClient(base_url=remote["docker_host_env"])
+    manager = SessionManager()
+    try:
+        session = manager.start(manager.make_spec("t4", backend="docker", idle="off", name="zr1", host=remote["url"]))
+        here = zmq_endpoints(session.link.endpoint.connection_info)
+        there = zmq_endpoints(_docker_kernel_info(direct, session.id))
+        for endpoints, netns in ((here, ""), (there, "gpus-remote")):
+            mine = subscribers_while_printing(session.kernel, endpoints, user=None, path=path, netns=netns)
+            assert any("secret-output" in m for m in mine), (netns, mine)
+            theirs = subscribers_while_printing(session.kernel, endpoints, user="nobody", path=path, netns=netns)
+            assert theirs == [], (netns, theirs[:3])
+    finally:
+        for r in manager.list(active_only=True):
+            manager.stop(r.id)
+        manager.close()
+        direct.close()

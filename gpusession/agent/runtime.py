@@ -52,6 +52,17 @@ def _port_open(info: dict, name: str) -> bool:
         return False
 
 
+def _share_sockets(info: dict) -> None:
+    """A kernel's unix sockets in a folder its group may use too (setgid, 2770: a container's,
+    whose owner outside is another uid than the kernel's) are made that group's too: connecting
+    to a unix socket needs write on it, and the runtime's umask made them the kernel's alone. The
+    folder stays the gate: in a 0700 one they stay 0700."""
+    if info.get("transport") != "ipc" or os.stat(os.path.dirname(info["ip"])).st_mode & 0o070 != 0o070:
+        return
+    for name in KERNEL_PORT_NAMES:
+        os.chmod(f"{info['ip']}-{info[name]}", 0o660)
+
+
 class Runtime:
     """Owns the kernel process. `stop(reason)` ends it; the agent's watchdog calls it too."""
 
@@ -98,11 +109,14 @@ class Runtime:
         while time.time() < deadline:
             if self.kernel.poll() is not None:
                 raise RuntimeError(f"kernel exited during start with code {self.kernel.returncode}")
-            if all(_port_open(info, p) for p in ("shell_port", "control_port", "iopub_port")):
+            # with unix sockets, all five: they are given their group's access below
+            waited = KERNEL_PORT_NAMES if info.get("transport") == "ipc" else ("shell_port", "control_port", "iopub_port")
+            if all(_port_open(info, p) for p in waited):
                 break
             time.sleep(0.01)  # a session's start waits for this
         else:
             raise RuntimeError(f"kernel did not listen within {self.args.ready_timeout}s")
+        _share_sockets(info)
         self.generation += 1
         self.kernel_ready = True
         self._write_runtime(ready=True)

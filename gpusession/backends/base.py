@@ -120,8 +120,9 @@ class Link(abc.ABC):
 
 
 class DirectLink(Link):
-    """A Link to a kernel whose ports are on this machine's loopback already (a container of the
-    local Docker engine on the host network): nothing to open, nothing that can drop."""
+    """A Link to a kernel whose ports are on this machine's loopback already, or its unix sockets
+    (a container of the local Docker engine on the host network): nothing to open, nothing that
+    can drop."""
 
     def __init__(self, kernel_info: dict, agent_port: int | None, alive: "Callable[[], bool] | None" = None):
         """`kernel_info`: the runtime's kernel.json (ports on 127.0.0.1); `agent_port`: the
@@ -130,7 +131,8 @@ class DirectLink(Link):
         from ..models import KernelEndpoint
 
         agent_url = f"http://127.0.0.1:{int(agent_port)}" if agent_port else None
-        self.endpoint = KernelEndpoint(connection_info=dict(kernel_info, ip="127.0.0.1"), agent_url=agent_url)
+        ip = kernel_info["ip"] if kernel_info.get("transport") == "ipc" else "127.0.0.1"  # unix sockets: their path
+        self.endpoint = KernelEndpoint(connection_info=dict(kernel_info, ip=ip), agent_url=agent_url)
         self._alive = alive
         self._checked = (0.0, True)
 

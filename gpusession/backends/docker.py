@@ -5,10 +5,12 @@ The engine is this machine's (DOCKER_HOST or the default socket) or a remote one
 `ssh://user@host[:port]` (the user's key and known_hosts, as `ssh` would use them). The image is
 pulled when the engine lacks it; the runtime (the agent, and ipykernel when the image has none)
 comes in read-only volumes (`docker_runtime`, `gpusession.bundle`) and the kernel runs with the
-image's own Python. The container needs no sshd: it runs on the host's network, and the runtime
-listens on free ports of the host's 127.0.0.1 only (kernel.json and runtime.json say which, read
-through the Docker API). The local engine's are reached directly; a remote engine's through a
-`gpusession.tunnel.Tunnel` to that host's own sshd (its key pinned by known_hosts).
+image's own Python. The container needs no sshd: it runs on the host's network; the kernel
+listens on unix sockets in a folder of the host's /tmp bind-mounted into the container, setgid
+2770 and of the group of the user who connects (`kernel_socket_dir`), and the agent on a free port
+of the host's 127.0.0.1 (it asks for a token). The local engine's are reached directly; a remote
+engine's through a `gpusession.tunnel.Tunnel` to that host's own sshd (its key pinned by
+known_hosts), which forwards to the sockets as the SSH login.
 
 Labels on every container: gpusession.session (the session id), gpusession.store (which session
 store started it; gc only collects its own store's), gpusession.owner, gpusession.type,
@@ -117,7 +119,8 @@ class DockerBackend(EngineWorkspaces, Backend):
         import secrets
 
         from ..bundle import cache_dir
-        from .docker_runtime import KnownVolumes, bundle_command, find_or_pull_image, gpu_request, prepare_runtime
+        from .docker_runtime import (KnownVolumes, bundle_command, find_or_pull_image, gpu_request,
+                                     kernel_socket_dir, prepare_runtime)
 
         spec = record.spec
         progress.step(f"connecting to the Docker engine {spec.host or '(local)'}")
@@ -132,8 +135,13 @@ class DockerBackend(EngineWorkspaces, Backend):
         workspace, volumes = self.workspace_volume(client, record, image, labels, progress)  # kept after the container
         self.recorder.save(record.id, engine=spec.host or "", image=name, python=runtime.python.executable,
                            workspace=workspace)
+        # the kernel on unix sockets in a folder of the host bind-mounted at the same path: only
+        # the session's owner (and the kernel's user) may connect, not every user of the host as
+        # to a loopback port
+        sockets, group = kernel_socket_dir(client, spec.host)
+        self.recorder.save(record.id, sockets=sockets)
         entrypoint, command = bundle_command([
-            "--session-id", record.id, "--state-dir", STATE_DIR, "--kernel-ip", "127.0.0.1",
+            "--session-id", record.id, "--state-dir", STATE_DIR, "--kernel-ip", f"{sockets}/k",
             "--kernel-ports", "0", "--agent-port", "0", "--workspace", WORKSPACE_MOUNT, "--cwd", WORKSPACE_MOUNT,
             *args_for(record)])
         docker = docker_sdk()
@@ -165,7 +173,8 @@ class DockerBackend(EngineWorkspaces, Backend):
                 # no sshd, nothing published: the kernel and agent listen on the host's loopback,
                 # reached directly here or through the SSH login to the engine's host
                 network_mode="host",
-                volumes={**runtime.volumes, **volumes},
+                volumes={**runtime.volumes, **volumes, sockets: {"bind": sockets, "mode": "rw"}},
+                group_add=[str(group)],  # the socket folder's group, whoever the image's USER is
             )
         except docker.errors.APIError as exc:
             raise StageError("provision", f"cannot create the container: {short_error(exc)}") from None
@@ -199,8 +208,11 @@ class DockerBackend(EngineWorkspaces, Backend):
         try:
             progress.step("waiting for the kernel")
             # here the kernel's ports are known once its process started (KERNEL): connecting
-            # while it boots; through a tunnel, once it listens (READY)
-            ready = wait_for_marker(container, Marker.READY if tunnel else Marker.KERNEL, START_TIMEOUT, stage="connect")
+            # while it boots; through a tunnel, or to unix sockets (their owner's group may use
+            # them once the runtime says READY), once it listens
+            listening = tunnel or res.get("sockets")
+            ready = wait_for_marker(container, Marker.READY if listening else Marker.KERNEL, START_TIMEOUT,
+                                    stage="connect")
             info, agent_port = connection_info(container, ready)
             if tunnel is None:
                 return DirectLink(info, agent_port, alive=lambda: self.is_alive(record))
@@ -293,6 +305,10 @@ class DockerBackend(EngineWorkspaces, Backend):
                 if record.state in (State.REQUESTED, State.PROVISIONING, State.STARTING):
                     self._keep_start_log(record.id, container)
                 remove_container(container)
+            if res.get("sockets"):
+                from .docker_runtime import remove_socket_dir
+
+                remove_socket_dir(self.client(record.spec.host), record.spec.host, res["sockets"])
         (self.config.data_path / "keys" / record.id).unlink(missing_ok=True)
         self.recorder.save(record.id, removed_at=time.time())
 

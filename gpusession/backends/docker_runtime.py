@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import threading
 import uuid
 from pathlib import Path
@@ -245,6 +246,60 @@ def bundle_command(agent_args: list[str]) -> tuple[list[str], list[str]]:
     return ["/bin/sh"], [BOOT_SCRIPT, "run", *agent_args]
 
 
+SOCKETS_PREFIX = "/tmp/gpusession-k."  # the kernel's socket folders on an engine's host
+# on a remote engine's host, as the SSH login: a new folder of its own, setgid 2770, and its group
+MAKE_SOCKET_DIR = f'umask 077; d=$(mktemp -d {SOCKETS_PREFIX}XXXXXXXX) && chmod 2770 "$d" && echo "$d $(id -g)"'
+
+
+def kernel_socket_dir(client, host: str | None) -> tuple[str, int]:
+    """A new folder for the session kernel's unix sockets on the engine's host: (its path, the
+    group id that may use it). It belongs to whoever connects to the kernel: this user on the
+    local engine, the SSH login on a remote one (the tunnel reaches the sockets through that
+    login's sshd). Mode 2770: the container gets its group (`group_add`), so the kernel reaches
+    it whoever the image's USER is, and no other user of the host does. In /tmp, not a private
+    runtime folder: the container's user must pass through its parent."""
+    if not host:
+        import tempfile
+
+        path = tempfile.mkdtemp(prefix=os.path.basename(SOCKETS_PREFIX), dir=os.path.dirname(SOCKETS_PREFIX))
+        os.chmod(path, 0o2770)
+        return path, os.getgid()
+    from ..sshlogin import exec_command
+
+    ssh = getattr(getattr(client.api, "_custom_adapter", None), "ssh_client", None)
+    why = "no SSH login to it"
+    try:
+        if ssh is not None and ssh.get_transport() is not None:
+            status, out, err = exec_command(ssh.get_transport(), MAKE_SOCKET_DIR, timeout=30)
+            path, _, gid = out.decode(errors="replace").strip().rpartition(" ")
+            if status == 0 and path.startswith(SOCKETS_PREFIX) and gid.isdigit():
+                return path, int(gid)
+            why = err.decode(errors="replace").strip()[-200:] or f"exit status {status}"
+    except (OSError, EOFError, TimeoutError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+    raise StageError("provision", f"cannot make a folder for the kernel's sockets in /tmp on {host} ({why}); "
+                                  "check that /tmp there is writable, and start again")
+
+
+def remove_socket_dir(client, host: str | None, path: str) -> None:
+    """Best effort: the session's socket folder, once its container is gone."""
+    if not path.startswith(SOCKETS_PREFIX) or "/" in path[len(SOCKETS_PREFIX):]:
+        return
+    if not host:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    from ..sshlogin import exec_command
+
+    ssh = getattr(getattr(client.api, "_custom_adapter", None), "ssh_client", None)
+    try:
+        if ssh is not None and ssh.get_transport() is not None:
+            exec_command(ssh.get_transport(), f"rm -rf -- {path}", timeout=30)
+    except Exception as exc:  # noqa: BLE001 - an empty folder in the host's /tmp is no loss
+        log.info("could not remove %s on %s: %s", path, host, exc)
+
+
 def ssh_alive(client) -> bool:
     """Is the SSH connection under an ssh:// DockerClient still up? (docker-py logs in again only
     when it has none; True when it is no such client.)"""
@@ -271,8 +326,10 @@ def connection_info(container, ready: Any) -> tuple[dict, int | None]:
         info = read_json_from(container, f"{STATE_DIR}/kernel.json")
         return info, read_json_from(container, f"{STATE_DIR}/runtime.json").get("agent_port")
     env = dict(item.partition("=")[::2] for item in container.attrs["Config"].get("Env") or [])
-    info = {**{name: int(port) for name, port in ready["ports"].items()}, "ip": "127.0.0.1", "key": env[ENV_KERNEL_KEY],
-            "transport": "tcp", "signature_scheme": "hmac-sha256", "kernel_name": "python3"}
+    # unix sockets (ipc): `ip` is their path prefix, the same on the host as in the container
+    ipc = ready.get("transport") == "ipc"
+    info = {**{name: int(port) for name, port in ready["ports"].items()}, "ip": ready["ip"] if ipc else "127.0.0.1",
+            "key": env[ENV_KERNEL_KEY], "transport": "ipc" if ipc else "tcp", "signature_scheme": "hmac-sha256", "kernel_name": "python3"}
     return info, ready.get("agent_port")
 
 
