@@ -61,6 +61,12 @@ def _keepalive_args(line: str) -> None:
     """%gpu keepalive [DURATION]"""
 
 
+PARSERS = {"start": _start_args, "stop": _stop_args, "use": _use_args, "watch": _watch_args,
+           "keepalive": _keepalive_args}
+for _sub, _func in PARSERS.items():  # usage reads `%gpu start ...` (IPython adds the %), not the function's name
+    _func.parser.prog = f"gpu {_sub}"
+
+
 HELP = """%gpu SUBCOMMAND ...
   start [--type T4] [--backend local|docker|aws] [--idle 15m] [--max-cost 5] [--name N] ...
   stop [NAME | --all]     status     list     types

@@ -46,6 +46,7 @@ from .words import (ended_message, error_text, idle_setting, keepalive_line, ses
 from .workspace_words import print_checkpoint, print_restored
 from .magicargs import (
     HELP,
+    PARSERS,
     _keepalive_args,
     _start_args,
     _stop_args,
@@ -326,13 +327,8 @@ class GpuMagics(Magics):
 
     def _help(self, rest: str) -> None:
         sub = rest.strip()
-        funcs = {"start": _start_args, "stop": _stop_args, "use": _use_args, "watch": _watch_args,
-                 "keepalive": _keepalive_args}
-        func = funcs.get(sub) or transfers.help_parser(sub)
-        if func is not None:
-            print(func.parser.format_help().replace("usage: ", "usage: %gpu " + sub + " ", 1))
-        else:
-            print(HELP)
+        func = PARSERS.get(sub) or transfers.help_parser(sub)
+        print(func.parser.format_help() if func is not None else HELP)
 
 
 def _print(line: str) -> None:

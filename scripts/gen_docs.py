@@ -4,7 +4,9 @@
 - docs/reference/options.md: every start option (gpusession/options.py's OPTIONS), as the magic,
   `gpusession start`, REST `POST sessions` and the forms take it;
 - docs/reference/configuration.md: every setting (GpuSessionConfig's traits: help, env var,
-  default).
+  default);
+- docs/reference/magics.md and cli.md: `%gpu help` and every subcommand's help, and the
+  `gpusession` command line's, from their parsers (whose start options are the option table's).
 
 `python scripts/gen_docs.py` writes them; `--check` exits 1 naming each file that differs from
 what the tables say (tests/test_docs.py runs it).
@@ -12,12 +14,15 @@ what the tables say (tests/test_docs.py runs it).
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+os.environ["COLUMNS"] = "100"  # argparse wraps help to the terminal: the same page on every machine
 
 from gpusession import options  # noqa: E402
 from gpusession.config import GpuSessionConfig  # noqa: E402
@@ -67,7 +72,40 @@ def configuration_page() -> str:
     return "".join(lines)
 
 
-PAGES = {"docs/reference/options.md": options_page, "docs/reference/configuration.md": configuration_page}
+def magics_page() -> str:
+    from gpusession import transfers
+    from gpusession.magicargs import HELP, PARSERS
+
+    lines = [HEADER.format(source="gpusession/magicargs.py and the option table"), "# Magics\n\n",
+             "`%gpu help` says:\n\n```text\n", HELP, "\n```\n"]
+    subs = {**PARSERS, **{name: transfers.help_parser(name) for name in ("push", "upload", "download")}}
+    for name, func in subs.items():
+        text = func.parser.format_help().replace("::\n\n", "", 1)
+        lines += [f"\n## `%gpu {name}`\n\n```text\n", text.strip("\n"), "\n```\n"]
+    return "".join(lines)
+
+
+def cli_page() -> str:
+    from gpusession.cli import build_parser
+
+    parser = build_parser()
+    lines = [HEADER.format(source="gpusession/cli.py and the option table"), "# Command line\n\n",
+             "```text\n", parser.format_help().strip("\n"), "\n```\n"]
+    for prog, sub in _subparsers(parser):
+        lines += [f"\n## `{prog}`\n\n```text\n", sub.format_help().strip("\n"), "\n```\n"]
+    return "".join(lines)
+
+
+def _subparsers(parser: argparse.ArgumentParser):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield sub.prog, sub
+                yield from _subparsers(sub)
+
+
+PAGES = {"docs/reference/options.md": options_page, "docs/reference/configuration.md": configuration_page,
+         "docs/reference/magics.md": magics_page, "docs/reference/cli.md": cli_page}
 
 
 def main(argv: list[str]) -> int:

@@ -63,7 +63,14 @@ def test_the_magic_help_lists_every_flag(capsys):
     out = " ".join(capsys.readouterr().out.split())
     for o in options.OPTIONS:
         assert o.flag in out
-    assert "a bare number of minutes" in out and "at most 7 days" in out
+    assert "a bare number of minutes" in out and "2s to 7 days" in out
+
+
+@pytest.mark.parametrize("sub", ["start", "stop", "use", "watch", "keepalive", "upload", "push"])
+def test_subcommand_help_names_what_the_user_types(sub, capsys):
+    GpuMagics(None)._help(sub)
+    usage = capsys.readouterr().out.split("\n\n")[1]  # after IPython's '::'
+    assert usage.strip().startswith(f"%gpu {sub}") and "_args" not in usage, usage
 
 
 def test_the_form_shows_the_options_marked_for_forms(manager):
