@@ -80,8 +80,9 @@ def test_a_save_past_its_bound_keeps_the_previous_checkpoint_and_a_bad_variable_
     # another Python's or package's pickle that does not load: one line for it, the rest comes back
     manifest = checkpoint.read_manifest(ws)
     folder = Path(ws, ".gpusession", "checkpoints", manifest["folder"])
-    (folder / "broken.pkl").write_bytes(b"\x80\x05cno_such_module\nThing\n.")
-    manifest["variables"].append({"name": "thing", "file": "broken.pkl", "bytes": 20, "type": "Thing"})
+    broken = b"\x80\x05cno_such_module\nThing\n."
+    (folder / "broken.pkl").write_bytes(broken)
+    manifest["variables"].append({"name": "thing", "file": "broken.pkl", "bytes": len(broken), "type": "Thing"})
     Path(ws, ".gpusession", "checkpoint.json").write_text(__import__("json").dumps(manifest))
     ns: dict = {}
     report = checkpoint.restore(ns, ws)
