@@ -24,6 +24,9 @@ import pytest
 from gpusession.agent import checkpoint
 from gpusession.workspace_words import checkpoint_line, restore_lines
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from bench_concurrent_saves import concurrent_saves  # noqa: E402
+
 np = pytest.importorskip("numpy")
 
 SIZES = {"1KB": 1 << 10, "64KB": 1 << 16, "80KB": 80_000, "1MB": 1 << 20, "100MB": 100 << 20}
@@ -193,43 +196,11 @@ def test_a_damaged_variable_file_is_said_and_the_others_restored(tmp_path, how):
     assert not folder.exists() and any(".damaged-" in p.name for p in folder.parent.iterdir()), "kept aside"
 
 
-CONCURRENT_SAVE = """
-import sys, time
-from gpusession.agent import checkpoint
-ws, tag, at = sys.argv[1], sys.argv[2], float(sys.argv[3])
-ns = {f"v{i}": bytes([i]) * 300_000 for i in range(12)}
-ns["tag"] = tag
-while time.time() < at:
-    time.sleep(0.001)
-r = checkpoint.save(ns, ws, deadline=time.time() + 60, cap_bytes=None)
-print(int(r["committed"]), r.get("error", ""), flush=True)
-"""
-
-
-def concurrent_saves(ws: Path, rounds: int) -> dict:
-    """Two processes save into one workspace at once, `rounds` times: how many rounds landed
-    (the restore is one of the two saves, whole), and how many said saved but lost it."""
-    figures = {"landed": 0, "said_saved_but_lost": 0, "said_not_saved": 0}
-    code = textwrap.dedent(CONCURRENT_SAVE)
-    for _ in range(rounds):
-        at = time.time() + 0.8
-        procs = [subprocess.Popen([sys.executable, "-c", code, str(ws), tag, str(at)], stdout=subprocess.PIPE, text=True)
-                 for tag in ("A", "B")]
-        said = [p.communicate(timeout=120)[0].split() for p in procs]
-        ns, report = _restore(ws)
-        whole = not report["failed"] and ns.get("tag") in ("A", "B") and len(ns) == 13
-        saids = [s[0] == "1" for s in said]
-        figures["said_not_saved"] += saids.count(False)
-        if whole:
-            figures["landed"] += 1
-        elif any(saids):
-            figures["said_saved_but_lost"] += 1
-    return figures
-
-
 def test_two_saves_into_one_workspace_at_once_never_lose_what_they_said_they_saved(tmp_path):
+    """A bounded slice of bench/bench_concurrent_saves.py (the loop): 6 rounds."""
     figures = concurrent_saves(tmp_path, 6)
-    assert figures == {"landed": 6, "said_saved_but_lost": 0, "said_not_saved": 0}, figures
+    figures.pop("seconds")
+    assert figures == {"rounds": 6, "landed": 6, "said_saved_but_lost": 0, "said_not_saved": 0}, figures
     left = [p.name for p in (tmp_path / ".gpusession" / "checkpoints").iterdir()]
     assert len(left) == 1, left
 
