@@ -3,6 +3,12 @@ bytes with `numpy.save`, in one run.
 
     python bench/bench_checkpoint.py [--sizes 1KB,1MB,100MB,1GB,2GB] [--runs 5] [--dir DIR]
                                      [--write docs/benchmarks.md]
+    python bench/bench_checkpoint.py --sessions local,docker,aws
+
+--sessions: the round trip of tests/test_saved_arrays.py (arrays made in a real kernel, `stop
+--save`, `--resume`, digests compared in the new kernel) with a 2 GB array added, on each backend
+named (docker and aws: the image gpusession-ci/py-numpy; aws: moto and the namespace host);
+prints passed/failed and the wall time of each.
 
 Per size: a numpy array of random bytes saved by `checkpoint.save` into a workspace folder on
 DIR's file system (one variable: its pickle with the array's protocol-5 buffer written as is, the
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from gpusession.agent import checkpoint  # noqa: E402
 from stats import Stats, write_section  # noqa: E402
 
-UNITS = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+UNITS = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}  # 1024-based: 2GB is 2 GiB
 
 
 def parse_size(text: str) -> int:
@@ -88,13 +95,35 @@ def table(rows: list[tuple[str, int, dict]], runs: int, where: str) -> str:
     return "\n".join(lines)
 
 
+SESSION_TESTS = {"local": "local_backend and not 2gb", "docker": "docker_engine", "aws": "on_aws"}
+
+
+def sessions(backends: list[str]) -> bool:
+    ok = True
+    for backend in backends:
+        t0 = time.monotonic()
+        run = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_saved_arrays.py"), "-q",
+                              "-rs", "--timeout", "1800", "-k", SESSION_TESTS[backend]], cwd=ROOT,
+                             env=dict(os.environ, GPUSESSION_BENCH_BIG_ARRAY="1"), capture_output=True, text=True)
+        last = (run.stdout.strip().splitlines() or ["?"])[-1]
+        print(f"{backend}: 1 KB-2 GB arrays, save and resume: {last} ({time.monotonic() - t0:.0f} s wall)", flush=True)
+        ok = ok and run.returncode == 0 and "passed" in last and "skipped" not in last
+        if run.returncode:
+            print(run.stdout[-3000:])
+    return ok
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sessions", default=None, help="backends for the 2 GB round trip through sessions: "
+                    + ",".join(SESSION_TESTS))
     ap.add_argument("--sizes", default="1KB,1MB,100MB,1GB,2GB")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary folder)")
     ap.add_argument("--write", default=None, help="write the table into this markdown file (docs/benchmarks.md)")
     args = ap.parse_args()
+    if args.sessions:
+        sys.exit(0 if sessions(args.sessions.split(",")) else 1)
     where = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir))
     try:
         rows = []
