@@ -17,8 +17,8 @@ import textwrap
 
 import pytest
 
-from gpusession.kernel import OutputSink
-from support.hosts import docker_available
+from support.images import image_ready
+from support.sinks import Collect
 
 pytest.importorskip("numpy")
 pytest_plugins = ["support.ec2_fixtures"]  # fixtures: moto_server, ec2_api, aws_env, look
@@ -59,17 +59,6 @@ BIG = os.environ.get("GPUSESSION_BENCH_BIG_ARRAY") == "1"  # bench/bench_checkpo
 if BIG:
     SIZES["gb2"] = 2_000_000_000  # 2 GB: under the default cap per variable (2 GiB)
 BOUND = "600s" if BIG else "120s"
-
-
-class Collect(OutputSink):
-    def __init__(self):
-        self.text = ""
-
-    def stream(self, name, text):
-        self.text += text
-
-    def display(self, data, metadata, transient=None, update=False):
-        self.text += data.get("text/plain", "")
 
 
 def _digests(session) -> dict:
@@ -114,24 +103,9 @@ def test_a_2gb_array_round_trips_on_the_local_backend(manager):
                {"gb2": 2_000_000_000, "kb1": 1 << 10}, bound="600s")
 
 
-def _image_ready(image: str) -> bool:
-    if not docker_available():
-        return False
-    import docker
-
-    client = docker.from_env()
-    try:
-        client.images.get(image)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-    finally:
-        client.close()
-
-
 @pytest.mark.docker
 def test_arrays_round_trip_on_the_docker_engine(manager):
-    if not _image_ready(NUMPY_IMAGE):
+    if not image_ready(NUMPY_IMAGE):
         pytest.skip(f"no Docker engine with {NUMPY_IMAGE} (scripts/ci-images.sh build)")
     round_trip(manager, lambda **o: manager.make_spec("t4", backend="docker", idle="off", image=NUMPY_IMAGE, **o), SIZES)
 
@@ -141,7 +115,7 @@ def test_arrays_round_trip_on_the_docker_engine(manager):
 def test_arrays_round_trip_on_aws(manager, aws_env, moto_server, tmp_path, monkeypatch):
     from support.ec2_platform import MACHINE_IP, FakePlatform, ensure_ec2_host
 
-    if not _image_ready(NUMPY_IMAGE):
+    if not image_ready(NUMPY_IMAGE):
         pytest.skip(f"no Docker engine with {NUMPY_IMAGE} (scripts/ci-images.sh build)")
     why = ensure_ec2_host()
     if why:

@@ -23,25 +23,14 @@ from gpusession.agent import checkpoint
 from gpusession.models import State
 from gpusession.store import Store
 from gpusession.words import ended_message
-from support.hosts import docker_available
+from support.images import image_ready
 
 NONROOT = "gpusession-ci/py-nonroot"  # USER 1000: the workspace must be writable by it
 IDLE_S = 3
 
 
 def _image_ready() -> bool:
-    if not docker_available():
-        return False
-    import docker
-
-    client = docker.from_env()
-    try:
-        client.images.get(NONROOT)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-    finally:
-        client.close()
+    return image_ready(NONROOT)
 
 
 def _cli(env: dict, *args: str) -> subprocess.CompletedProcess:

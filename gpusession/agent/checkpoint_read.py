@@ -123,6 +123,11 @@ def _read_variable(module, folder: str, entry) -> object:
             size = os.fstat(f.fileno()).st_size
             if isinstance(entry.get("bytes"), int) and size != entry["bytes"]:
                 raise Damaged(f"{size} bytes of the {entry['bytes']} saved")
+            head = f.read(2)
+            f.seek(max(size - 1, 0))
+            if head[:1] != b"\x80" or head[1:2] not in b"\x02\x03\x04\x05" or f.read(1) != b".":
+                raise Damaged("not a pickle (its first or last bytes)")  # PROTO 2-5 ... STOP
+            f.seek(0)
             try:
                 return module.load(f)
             except (EOFError, pickle.UnpicklingError) as exc:
