@@ -12,10 +12,13 @@ Loaded into the session kernel as an IPython extension (next to gpusession.agent
   ENV_RESTORE set: the extension loads the workspace's checkpoint into the namespace before the
   kernel answers, and leaves RESTORE_RESULT in the state folder for the agent to serve.
 
-Layout in the workspace (`.gpusession/`): `checkpoints/<id>/<n>.pkl`, one file per variable,
-and `checkpoint.json`, the manifest naming the folder, replaced atomically once every file is
-on disk: a kill at any moment of a save leaves the previous checkpoint whole. Standard library
-only (cloudpickle is the image's, when it has it); Python 3.9 syntax.
+Layout in the workspace (`.gpusession/`): `checkpoints/<id>/<n>.pkl`, one file per variable
+(an array's protocol-5 buffer written as is), `<id>/index.json` (a copy of the manifest), and
+`checkpoint.json`, the manifest naming the folder, replaced atomically under `checkpoint.lock`
+once every file is on disk, then read back before the save says it landed: a kill at any moment
+of a save leaves the previous checkpoint whole, and saves of several kernels into one workspace
+never remove each other's folders. Reading it back (restore, damage): checkpoint_read.py.
+Standard library only (cloudpickle is the image's, when it has it); Python 3.9 syntax.
 """
 
 from __future__ import annotations
