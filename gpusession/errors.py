@@ -15,6 +15,10 @@ class BadInput(GpuSessionError, ValueError):
     """The user asked for something invalid (unknown GPU type, bad duration, ...)."""
 
 
+class WorkspaceInUse(BadInput):
+    """A session still uses the workspace: another may not start on it, nor may it be removed (REST: 409)."""
+
+
 class UnknownSession(GpuSessionError, LookupError):
     """No session by that id or name in the store."""
 

@@ -14,9 +14,9 @@ import os
 import socket
 import sqlite3
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from .errors import BadInput, UnknownSession
+from .errors import BadInput, UnknownSession, WorkspaceInUse
 from .models import Event, LaunchSpec, SessionRecord, State, now
 from .procs import start_ticks
 from .settings import data_folder, data_folder_error
@@ -63,6 +63,19 @@ def owner_id() -> str:
 
 def validate_name(name: str) -> str:
     return session_name(name)  # the option table's rule (gpusession/textvalues.py)
+
+
+def _check_claim(db: sqlite3.Connection, claim: Callable[[LaunchSpec, str], Any], spec: LaunchSpec, name: str) -> None:
+    mine = claim(spec, name)
+    if mine is None:
+        return
+    for row in db.execute("SELECT name, state, spec FROM sessions WHERE state NOT IN ('stopped','failed')"):
+        if claim(LaunchSpec.from_dict(json.loads(row["spec"])), row["name"]) == mine:
+            ws, other = mine[-1], row["name"]
+            raise WorkspaceInUse(
+                f"workspace {ws} is in use by session {other} ({row['state']}); stop it first "
+                f"(`gpusession stop {other} --save` keeps its variables for `--resume {ws}`), "
+                "or give this session another --workspace")
 
 
 class Store:
@@ -114,8 +127,11 @@ class Store:
 
     # -- writes -------------------------------------------------------------------------
 
-    def create(self, spec: LaunchSpec, *, price_per_hour: float, owner: str | None = None) -> SessionRecord:
-        """Record a new session in state `requested`; picks a free name when spec.name is None."""
+    def create(self, spec: LaunchSpec, *, price_per_hour: float, owner: str | None = None,
+               claim: Callable[[LaunchSpec, str], Any] | None = None) -> SessionRecord:
+        """Record a new session in state `requested`; picks a free name when spec.name is None.
+        `claim(spec, name)`: what the session holds while active (its workspace); refused in the
+        same transaction when an active session holds it (two starts at once: one gets it)."""
         import uuid  # (with `platform`: not for a process that only lists)
 
         sid = uuid.uuid4().hex
@@ -138,6 +154,8 @@ class Store:
                     n += 1
                 name = f"{spec.gpu_type}-{n}"
             spec.name = name
+            if claim is not None:
+                _check_claim(db, claim, spec, name)
             db.execute(
                 "INSERT INTO sessions (id, name, state, spec, created_at, updated_at, owner, price_per_hour)"
                 " VALUES (?,?,?,?,?,?,?,?)",

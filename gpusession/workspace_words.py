@@ -16,6 +16,7 @@ _WHY = {
     "thread": "a thread",
     "does not pickle": "does not pickle",
     "time bound": "the save time bound passed first",
+    "reserved": "IPython's own name: never saved, it would replace IPython's",
 }
 
 
@@ -71,9 +72,10 @@ def restore_lines(report: dict | None, workspace: str | None) -> list[str]:
     did not (failed to load, or skipped when it was saved)."""
     if report is None:
         return []
+    damage = _damage_line(report, workspace)
     if not report.get("found"):
-        why = report.get("error") or "it has no saved variables"
-        return [f"workspace {workspace}: nothing restored ({why}); its files are there"]
+        why = report.get("error") or ("its checkpoint is damaged" if damage else "it has no saved variables")
+        return [f"workspace {workspace}: nothing restored ({why}); its files are there"] + damage
     names = list(report.get("restored") or []) + list(report.get("imports") or [])
     when = f" from {format_duration(max(0.0, _now() - report['at']))} ago" if report.get("at") else ""
     lines = [f"workspace {workspace}: restored {len(names)} name(s){when}: {', '.join(names) or 'none'}"]
@@ -81,7 +83,17 @@ def restore_lines(report: dict | None, workspace: str | None) -> list[str]:
         lines.append(f"  not restored: {item.get('name', '?')}: {item.get('error', '')}")
     for item in report.get("skipped") or []:
         lines.append(f"  not restored: {skipped_text(item)}, not saved")
-    return lines
+    return lines + damage
+
+
+def _damage_line(report: dict, workspace: str | None) -> list[str]:
+    """'  its checkpoint is damaged (its manifest: empty); kept aside as .gpusession/...' or nothing."""
+    if not report.get("damaged"):
+        return []
+    kept = report.get("kept_aside") or []
+    aside = f"; kept aside in the workspace as {', '.join(kept)}" if kept else ""
+    return [f"  workspace {workspace}: its checkpoint is damaged ({'; '.join(report['damaged'])}){aside}; "
+            "what could be read was restored"]
 
 
 def _many(n: int, what: str) -> str:

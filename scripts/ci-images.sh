@@ -6,6 +6,7 @@
 #   gpusession-ci/py-opt           Python only under /opt/conda/bin, not on PATH (a conda-like layout)
 #   gpusession-ci/py-nonroot       py-bookworm with USER jovyan (uid 1000), as jupyter/docker-stacks
 #   gpusession-ci/no-python        Debian without any Python
+#   gpusession-ci/py-numpy         py-nonroot with Debian's python3-numpy and python3-pandas (saved arrays)
 #   gpusession-ci/pytorch-standin  the default image's shape (pytorch/pytorch): /opt/conda/bin first on
 #                                  PATH, a `torch` module with torch.cuda.get_device_name(), /workspace
 # Each carries a label with the hash of its recipe: an image whose recipe changed is built again,
@@ -20,7 +21,7 @@ source scripts/lib/debian-mirror.sh
 STATE=${GPUSESSION_CI_STATE:-/var/lib/gpusession-ci}
 BASE=local/debian:bookworm
 PREFIX=gpusession-ci
-IMAGES=(py-bookworm py-trixie py-opt py-nonroot no-python pytorch-standin)
+IMAGES=(py-bookworm py-trixie py-opt py-nonroot no-python pytorch-standin py-numpy)
 LABEL=gpusession.ci-recipe
 
 recipe_py_bookworm() {
@@ -51,6 +52,16 @@ FROM $PREFIX/py-bookworm
 RUN useradd -m -u 1000 -s /bin/sh jovyan
 USER jovyan
 WORKDIR /home/jovyan
+EOF
+}
+
+recipe_py_numpy() {
+    cat <<EOF
+FROM $PREFIX/py-nonroot
+USER root
+RUN apt-get update && apt-get install -y --no-install-recommends python3-numpy python3-pandas \\
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
+USER jovyan
 EOF
 }
 
@@ -116,6 +127,7 @@ build() {
     build_from_recipe py-opt recipe_py_opt
     build_from_recipe py-nonroot recipe_py_nonroot
     build_from_recipe pytorch-standin recipe_pytorch_standin
+    build_from_recipe py-numpy recipe_py_numpy
     docker tag "$BASE" "$PREFIX/no-python"
     echo "   $PREFIX/no-python: $BASE"
 }

@@ -12,27 +12,16 @@ import time
 import pytest
 
 from gpusession.errors import StageError
-from gpusession.kernel import OutputSink
 from gpusession.models import State
 from gpusession.protocol import Marker, StopKind, StopReason, Warning, WarningKind, find_markers
 from support.ec2 import leftovers
+from support.sinks import Collect
 from support.ec2_platform import MACHINE_IP, FakePlatform, ensure_ec2_host
 from support.hosts import product_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 pytest_plugins = ["support.ec2_fixtures"]  # fixtures: moto_server, ec2_api, aws_env, look
 NOTHING = {"instances": [], "key_pairs": [], "security_groups": []}
-
-
-class Collect(OutputSink):
-    def __init__(self):
-        self.text = ""
-
-    def stream(self, name, text):
-        self.text += text
-
-    def display(self, data, metadata, transient=None, update=False):
-        self.text += data.get("text/plain", "")
 
 
 @pytest.fixture(scope="module")

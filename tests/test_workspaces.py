@@ -23,25 +23,14 @@ from gpusession.agent import checkpoint
 from gpusession.models import State
 from gpusession.store import Store
 from gpusession.words import ended_message
-from support.hosts import docker_available
+from support.images import image_ready
 
 NONROOT = "gpusession-ci/py-nonroot"  # USER 1000: the workspace must be writable by it
 IDLE_S = 3
 
 
 def _image_ready() -> bool:
-    if not docker_available():
-        return False
-    import docker
-
-    client = docker.from_env()
-    try:
-        client.images.get(NONROOT)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-    finally:
-        client.close()
+    return image_ready(NONROOT)
 
 
 def _cli(env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -80,8 +69,9 @@ def test_a_save_past_its_bound_keeps_the_previous_checkpoint_and_a_bad_variable_
     # another Python's or package's pickle that does not load: one line for it, the rest comes back
     manifest = checkpoint.read_manifest(ws)
     folder = Path(ws, ".gpusession", "checkpoints", manifest["folder"])
-    (folder / "broken.pkl").write_bytes(b"\x80\x05cno_such_module\nThing\n.")
-    manifest["variables"].append({"name": "thing", "file": "broken.pkl", "bytes": 20, "type": "Thing"})
+    broken = b"\x80\x05cno_such_module\nThing\n."
+    (folder / "broken.pkl").write_bytes(broken)
+    manifest["variables"].append({"name": "thing", "file": "broken.pkl", "bytes": len(broken), "type": "Thing"})
     Path(ws, ".gpusession", "checkpoint.json").write_text(__import__("json").dumps(manifest))
     ns: dict = {}
     report = checkpoint.restore(ns, ws)

@@ -12,14 +12,18 @@ Loaded into the session kernel as an IPython extension (next to gpusession.agent
   ENV_RESTORE set: the extension loads the workspace's checkpoint into the namespace before the
   kernel answers, and leaves RESTORE_RESULT in the state folder for the agent to serve.
 
-Layout in the workspace (`.gpusession/`): `checkpoints/<id>/<n>.pkl`, one file per variable,
-and `checkpoint.json`, the manifest naming the folder, replaced atomically once every file is
-on disk: a kill at any moment of a save leaves the previous checkpoint whole. Standard library
-only (cloudpickle is the image's, when it has it); Python 3.9 syntax.
+Layout in the workspace (`.gpusession/`): `checkpoints/<id>/<n>.pkl`, one file per variable
+(an array's protocol-5 buffer written as is), `<id>/index.json` (a copy of the manifest), and
+`checkpoint.json`, the manifest naming the folder, replaced atomically under `checkpoint.lock`
+once every file is on disk, then read back before the save says it landed: a kill at any moment
+of a save leaves the previous checkpoint whole, and saves of several kernels into one workspace
+never remove each other's folders. Reading it back (restore, damage): checkpoint_read.py.
+Standard library only (cloudpickle is the image's, when it has it); Python 3.9 syntax.
 """
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -34,13 +38,13 @@ import types
 import uuid
 
 from ..protocol import ENV_RESTORE, ENV_STATE_DIR, ENV_WORKSPACE
+from .checkpoint_read import (DAMAGED, FORMAT, INDEX, LOCK, MANIFEST, WRITING, Damaged, load_manifest, meta_dir,
+                              pickler, reserved, restore, write_json)
+from .checkpoint_read import read_manifest  # noqa: F401 - the checkpoint's API, with save and restore
 
 SAVE_REQUEST = "save-request.json"
 SAVE_RESULT = "save-result.json"
 RESTORE_RESULT = "restored.json"
-META_DIR = ".gpusession"
-MANIFEST = "checkpoint.json"
-FORMAT = 1
 
 
 class _OverCap(Exception):
@@ -57,21 +61,12 @@ class _CappedFile(io.RawIOBase):
         return True
 
     def write(self, data) -> int:
-        n = len(data)
+        n = memoryview(data).nbytes  # a protocol-5 PickleBuffer (an array's memory) has no len(): written as is
         self.size += n
         if self.cap is not None and self.size > self.cap:
             raise _OverCap()
         self.f.write(data)
         return n
-
-
-def _pickler():
-    try:
-        import cloudpickle  # the image's: functions and classes defined in cells pickle by value
-
-        return "cloudpickle", cloudpickle
-    except Exception:  # noqa: BLE001 - any failure to import means: plain pickle
-        return "pickle", pickle
 
 
 def _why_not(value) -> str | None:
@@ -107,37 +102,39 @@ def _unhide_restored(ip) -> None:
         pass
 
 
-def meta_dir(workspace: str) -> str:
-    return os.path.join(workspace, META_DIR)
-
-
-def read_manifest(workspace: str) -> dict | None:
-    try:
-        with open(os.path.join(meta_dir(workspace), MANIFEST)) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and doc.get("format") == FORMAT else None
-
-
-def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
+def _dump(module, value, file: str, cap_bytes: int | None) -> int:
+    with open(file, "wb") as f:
+        capped = _CappedFile(f, cap_bytes)
+        module.dump(value, capped, protocol=pickle.HIGHEST_PROTOCOL)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    return capped.size
+
+
+def _skip_why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200]
 
 
 def save(namespace: dict, workspace: str, *, deadline: float, cap_bytes: int | None) -> dict:
     """Save `namespace` into `workspace`; returns the result (data: counts, bytes, skipped).
-    Commits (replaces the manifest) only before `deadline`; else the previous checkpoint stays."""
+    Commits (replaces the manifest) only before `deadline`; else the previous checkpoint stays.
+    Saves of several kernels into one workspace are independent: each writes its own folder, the
+    commit is under a lock, and `committed` is said only once the manifest names our folder."""
     started = time.time()
-    kind, module = _pickler()
+    kind, module = pickler()
     root = meta_dir(workspace)
     folder = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
     path = os.path.join(root, "checkpoints", folder)
     os.makedirs(path, exist_ok=True)
+    writing = os.open(os.path.join(path, WRITING), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(writing, fcntl.LOCK_EX)  # held until committed: no other save's cleanup takes this folder
+        return _save_into(namespace, root, folder, path, started, kind, module, deadline, cap_bytes)
+    finally:
+        os.close(writing)
+
+
+def _save_into(namespace, root, folder, path, started, kind, module, deadline, cap_bytes) -> dict:
     saved, imports, skipped, total = [], {}, [], 0
     names = sorted(namespace)
     for i, name in enumerate(names):
@@ -145,6 +142,9 @@ def save(namespace: dict, workspace: str, *, deadline: float, cap_bytes: int | N
         if time.time() >= deadline:
             skipped += [{"name": n, "why": "time bound"} for n in names[i:]]
             break
+        if reserved(name):
+            skipped.append({"name": name, "why": "reserved"})
+            continue
         if isinstance(value, types.ModuleType):
             imports[name] = value.__name__
             continue
@@ -154,76 +154,99 @@ def save(namespace: dict, workspace: str, *, deadline: float, cap_bytes: int | N
             continue
         file = os.path.join(path, f"{len(saved)}.pkl")
         try:
-            with open(file, "wb") as f:
-                capped = _CappedFile(f, cap_bytes)
-                module.dump(value, capped, protocol=pickle.HIGHEST_PROTOCOL)
+            size = _dump(module, value, file, cap_bytes)
         except _OverCap:
             os.remove(file)
             skipped.append({"name": name, "why": "over cap", "type": type(value).__name__, "cap_bytes": cap_bytes})
             continue
-        except Exception as exc:  # noqa: BLE001 - whatever a value's pickling raises: skip it, say why
-            os.remove(file)
+        except BaseException as exc:  # noqa: BLE001 - whatever a value's pickling raises (KeyboardInterrupt,
+            # SystemExit too): skip that one, say why, keep the rest
+            if os.path.exists(file):
+                os.remove(file)
             skipped.append({"name": name, "why": "does not pickle", "type": type(value).__name__,
-                            "error": f"{type(exc).__name__}: {exc}"[:200]})
+                            "error": _skip_why(exc)})
             continue
-        saved.append({"name": name, "file": os.path.basename(file), "bytes": capped.size, "type": type(value).__name__})
-        total += capped.size
+        saved.append({"name": name, "file": os.path.basename(file), "bytes": size, "type": type(value).__name__})
+        total += size
     manifest = {
         "format": FORMAT, "folder": folder, "pickler": kind, "at": time.time(),
         "python": ".".join(map(str, sys.version_info[:3])), "variables": saved, "imports": imports,
         "skipped": skipped,
     }
     result = {"saved": len(saved), "bytes": total, "imports": len(imports), "skipped": skipped,
-              "pickler": kind, "seconds": round(time.time() - started, 3), "committed": False}
+              "pickler": kind, "seconds": round(time.time() - started, 3), "committed": False, "folder": folder}
     if time.time() >= deadline:  # too late: the agent has given up on it; keep the previous one
         shutil.rmtree(path, ignore_errors=True)
         result["error"] = "time bound"
         return result
-    _sync_folder(path)
-    _write_json(os.path.join(root, MANIFEST), manifest)
-    result["committed"] = True
-    for old in os.listdir(os.path.join(root, "checkpoints")):  # earlier ones and saves cut short
-        if old != folder:
-            shutil.rmtree(os.path.join(root, "checkpoints", old), ignore_errors=True)
+    write_json(os.path.join(path, INDEX), manifest)
+    _sync_dir(path)
+    lock = os.open(os.path.join(root, LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        write_json(os.path.join(root, MANIFEST), manifest)
+        _sync_dir(root)
+        missing = _not_landed(root, manifest)
+        if missing:
+            result["error"] = f"the checkpoint did not land ({missing})"
+            return result
+        result["committed"] = True
+        _remove_others(root, folder)
+    finally:
+        os.close(lock)
     return result
 
 
-def _sync_folder(path: str) -> None:
-    for entry in os.listdir(path):
-        fd = os.open(os.path.join(path, entry), os.O_RDONLY)
+def _not_landed(root: str, manifest: dict) -> str | None:
+    """Why the committed manifest is not ours, whole (None: it is): read back after the commit."""
+    try:
+        doc = load_manifest(os.path.join(root, MANIFEST))
+    except Damaged as exc:
+        return f"its manifest reads back damaged: {exc}"
+    if doc is None or doc.get("folder") != manifest["folder"]:
+        return "another save replaced its manifest"
+    folder = os.path.join(root, "checkpoints", manifest["folder"])
+    for entry in manifest["variables"]:
         try:
-            os.fsync(fd)
+            size = os.stat(os.path.join(folder, entry["file"])).st_size
+        except OSError:
+            size = None
+        if size != entry["bytes"]:
+            return f"{entry['name']}: its file is missing or not whole"
+    return None
+
+
+def _remove_others(root: str, keep: str) -> None:
+    """Earlier checkpoints and saves cut short; never a folder a save is writing (its WRITING file is
+    flock'ed) nor one a restore kept aside as damaged."""
+    base = os.path.join(root, "checkpoints")
+    for old in os.listdir(base):
+        if old == keep or DAMAGED in old:
+            continue
+        folder = os.path.join(base, old)
+        try:
+            fd = os.open(os.path.join(folder, WRITING), os.O_RDONLY)
+        except OSError:
+            fd = None  # an older layout, or a folder cut short before its first file
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # another save is writing it
+            shutil.rmtree(folder, ignore_errors=True)
         finally:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
 
 
-def restore(namespace: dict, workspace: str) -> dict:
-    """Load the workspace's checkpoint into `namespace`; what came back and what did not (one
-    entry per variable that failed to load, with why). Never raises for a bad checkpoint."""
-    manifest = read_manifest(workspace)
-    if manifest is None:
-        return {"found": False, "restored": [], "failed": [], "imports": [], "skipped": []}
-    _, module = _pickler()
-    folder = os.path.join(meta_dir(workspace), "checkpoints", manifest.get("folder", ""))
-    restored, failed, imported = [], [], []
-    for alias, name in (manifest.get("imports") or {}).items():
-        try:
-            namespace[alias] = __import__("importlib").import_module(name)
-            imported.append(alias)
-        except Exception as exc:  # noqa: BLE001 - a module this image lacks: say so
-            failed.append({"name": alias, "error": f"import {name}: {type(exc).__name__}: {exc}"[:200]})
-    for entry in manifest.get("variables") or []:
-        try:
-            with open(os.path.join(folder, entry["file"]), "rb") as f:
-                namespace[entry["name"]] = module.load(f)
-            restored.append(entry["name"])
-        except Exception as exc:  # noqa: BLE001 - another Python or package version: one line for it
-            failed.append({"name": entry.get("name", "?"), "error": f"{type(exc).__name__}: {exc}"[:200]})
-    return {"found": True, "at": manifest.get("at"), "python": manifest.get("python"), "restored": restored,
-            "imports": imported, "failed": failed, "skipped": manifest.get("skipped") or []}
-
-
-# -- in the kernel ---------------------------------------------------------------------------
+def _sync_dir(path: str) -> None:
+    """The folder's entries (their names) on disk: files are fsync'ed as they are written."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _state_file(name: str) -> str | None:
@@ -231,7 +254,7 @@ def _state_file(name: str) -> str | None:
     return os.path.join(d, name) if d else None
 
 
-_saving = threading.Lock()  # one save at a time: a save removes the folders of others
+_saving = threading.Lock()  # one save of this kernel at a time (the request and result files are one each)
 
 
 def _serve_request(ip) -> None:
@@ -247,10 +270,10 @@ def _answer_request(ip) -> None:
             request = json.load(f)
         result = save(user_variables(ip), os.environ[ENV_WORKSPACE], deadline=float(request["deadline"]),
                       cap_bytes=request.get("cap_bytes"))
-    except Exception as exc:  # noqa: BLE001 - said to the agent, which says it in the summary
+    except BaseException as exc:  # noqa: BLE001 - said to the agent, which says it in the summary (never 60 s of silence)
         result = {"error": f"{type(exc).__name__}: {exc}"[:300], "committed": False}
     result["id"] = request.get("id")
-    _write_json(result_path, result)
+    write_json(result_path, result)
 
 
 def load_ipython_extension(ip) -> None:
@@ -265,7 +288,7 @@ def load_ipython_extension(ip) -> None:
         _restored.update(report.get("restored") or [], report.get("imports") or [])
         path = _state_file(RESTORE_RESULT)
         if path:
-            _write_json(path, report)
+            write_json(path, report)
         ip._gpusession_unhide = lambda *a: _unhide_restored(ip)
         ip.events.register("pre_run_cell", ip._gpusession_unhide)
 

@@ -25,7 +25,7 @@ from .agentclient import AgentUnavailable
 from .liveness import Liveness, ended_state
 from .recorder import StoreRecorder
 from .views import session_view
-from .workspaces import fetch_restore_report, save_checkpoint
+from .workspaces import fetch_restore_report, save_checkpoint, workspace_claim
 
 if TYPE_CHECKING:
     from ..config import GpuSessionConfig
@@ -96,7 +96,7 @@ class SessionManager:
         self.config.check()
         backend = self.backend(spec.backend)
         backend.check(spec)
-        return self.store.create(spec, price_per_hour=backend.price_per_hour(spec, self.catalog))
+        return self.store.create(spec, price_per_hour=backend.price_per_hour(spec, self.catalog), claim=workspace_claim)
 
     def start(self, spec: LaunchSpec, report: Reporter | None = None) -> Session:
         """Provision, connect and wait for the kernel. On any failure (Ctrl-C included) the

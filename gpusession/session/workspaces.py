@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BackendUnavailable, BadInput, GpuSessionError
+from ..errors import BackendUnavailable, BadInput, GpuSessionError, WorkspaceInUse
 from ..options import WORKSPACE_BACKENDS
 from .agentclient import AgentClient, AgentUnavailable
 
 if TYPE_CHECKING:
     from ..backends.base import Workspace
-    from ..models import SessionRecord
+    from ..models import LaunchSpec, SessionRecord
     from .handle import Session
     from .manager import SessionManager
 
@@ -39,6 +39,19 @@ class WorkspaceView:
     def to_dict(self) -> dict[str, Any]:
         return dict(dataclasses.asdict(self.workspace), sessions=self.sessions, active=self.active,
                     orphaned=self.orphaned)
+
+
+__all__ = ["WorkspaceInUse"]  # (defined in errors.py: the store raises it too)
+
+
+def workspace_claim(spec: "LaunchSpec", name: str) -> tuple[str, str, str] | None:
+    """What a session holds while active: (backend, engine or region, workspace); None when its
+    backend keeps no workspace. The store refuses a second active session on the same one."""
+    if spec.backend not in WORKSPACE_BACKENDS:
+        return None
+    extra = spec.extra
+    where = str(extra.get("host") or extra.get("region") or "")
+    return (spec.backend, where, extra.get("resume") or extra.get("workspace") or name)
 
 
 def fetch_restore_report(manager: "SessionManager", session: "Session") -> None:
@@ -89,10 +102,6 @@ def list_all(manager: "SessionManager", skipped: list[str] | None = None) -> lis
 
 class NoWorkspace(BadInput):
     """No workspace by that name (REST: 404)."""
-
-
-class WorkspaceInUse(BadInput):
-    """A session still uses the workspace (REST: 409)."""
 
 
 def remove(manager: "SessionManager", name: str, backend: str | None = None) -> "Workspace":

@@ -51,6 +51,24 @@ def foreign_available(client) -> bool:
     return True
 
 
+def image_ready(image: str) -> bool:
+    """Is there a Docker engine here, with `image` on it?"""
+    from .hosts import docker_available
+
+    if not docker_available():
+        return False
+    import docker
+
+    client = docker.from_env()
+    try:
+        client.images.get(image)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+    finally:
+        client.close()
+
+
 # -- a wheel to %pip install -------------------------------------------------------------------
 
 WHEEL_NAME = "gstinypkg"

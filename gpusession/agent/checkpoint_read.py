@@ -1,0 +1,196 @@
+"""The checkpoint's layout in the workspace, read back: the manifest, restoring it into a
+namespace, and what a restore does with a damaged one (says it, keeps it aside under a name of its
+own, reads what still reads). The save is gpusession.agent.checkpoint's; both run in the kernel.
+Standard library only (cloudpickle is the image's, when it has it); Python 3.9 syntax.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+import uuid
+
+META_DIR = ".gpusession"
+MANIFEST = "checkpoint.json"
+INDEX = "index.json"  # a copy of the manifest inside its folder: what restores when the manifest is damaged
+LOCK = "checkpoint.lock"  # flock'ed by a save's commit (sessions of several kernels may share a workspace)
+WRITING = ".writing"  # flock'ed by the save writing its folder: no other save's cleanup removes it
+DAMAGED = ".damaged-"  # in the name of what a restore found damaged and kept aside
+FORMAT = 1
+IPYTHON_NAMES = frozenset(("In", "Out", "exit", "quit", "get_ipython"))  # with names starting with _
+RESERVED = "IPython's own name"
+
+def reserved(name: str) -> bool:
+    """IPython's own names (In, Out, exit, quit, get_ipython, _, _i1, ...): never saved nor restored."""
+    return name in IPYTHON_NAMES or name.startswith("_")
+
+
+def plain_name(value) -> bool:
+    """A file or folder name that stays inside its folder: no separator, not absolute, not . or .."""
+    return (isinstance(value, str) and value not in ("", ".", "..") and "/" not in value and "\\" not in value
+            and "\0" not in value and os.sep not in value)
+
+
+def pickler():
+    try:
+        import cloudpickle  # the image's: functions and classes defined in cells pickle by value
+
+        return "cloudpickle", cloudpickle
+    except Exception:  # noqa: BLE001 - any failure to import means: plain pickle
+        return "pickle", pickle
+
+
+def meta_dir(workspace: str) -> str:
+    return os.path.join(workspace, META_DIR)
+
+
+class Damaged(Exception):
+    """The manifest is there but does not read (empty, truncated, not JSON, a folder in its place)."""
+
+
+def load_manifest(path: str) -> dict | None:
+    """The manifest at `path`; None when there is none; Damaged when it does not read as one."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # a folder in its place, unreadable
+        raise Damaged(f"{type(exc).__name__}: {exc.strerror or exc}") from None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        raise Damaged("empty" if not raw.strip() else f"not a manifest ({len(raw)} bytes of something else)") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not plain_name(doc.get("folder")) \
+            or not isinstance(doc.get("variables", []), list):
+        raise Damaged("not a manifest of this format")
+    return doc
+
+
+def read_manifest(workspace: str) -> dict | None:
+    """The workspace's manifest; None when there is none or it is damaged."""
+    try:
+        return load_manifest(os.path.join(meta_dir(workspace), MANIFEST))
+    except Damaged:
+        return None
+
+
+def write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _aside(path: str) -> str:
+    """Keep a damaged manifest or folder under a name of its own: `<name>.damaged-<time>`."""
+    stem, ext = os.path.splitext(path)  # checkpoint.json -> checkpoint.damaged-<time>.json
+    target = f"{stem}{DAMAGED}{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}{ext}"
+    os.replace(path, target)
+    return target
+
+
+def _newest_index(workspace: str) -> dict | None:
+    """When the manifest is damaged: the newest checkpoint folder whose own index reads."""
+    base = os.path.join(meta_dir(workspace), "checkpoints")
+    try:
+        folders = sorted((f for f in os.listdir(base) if DAMAGED not in f), reverse=True)
+    except OSError:
+        return None
+    for folder in folders:
+        try:
+            doc = load_manifest(os.path.join(base, folder, INDEX))
+        except Damaged:
+            continue
+        if doc is not None and doc.get("folder") == folder:
+            return doc
+    return None
+
+
+def _read_variable(module, folder: str, entry) -> object:
+    """One variable's value; Damaged when its file is not the one the save wrote."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise Damaged("not a manifest entry")
+    if not plain_name(entry.get("file")):
+        raise Damaged(f"its file name {str(entry.get('file'))[:80]!r} leaves the checkpoint folder; not opened")
+    path = os.path.join(folder, entry["file"])
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if isinstance(entry.get("bytes"), int) and size != entry["bytes"]:
+                raise Damaged(f"{size} bytes of the {entry['bytes']} saved")
+            head = f.read(2)
+            f.seek(max(size - 1, 0))
+            if head[:1] != b"\x80" or head[1:2] not in b"\x02\x03\x04\x05" or f.read(1) != b".":
+                raise Damaged("not a pickle (its first or last bytes)")  # PROTO 2-5 ... STOP
+            f.seek(0)
+            try:
+                return module.load(f)
+            except (EOFError, pickle.UnpicklingError) as exc:
+                raise Damaged(f"{type(exc).__name__}: {exc}"[:200]) from None
+    except OSError as exc:  # missing, a folder in its place
+        raise Damaged(f"{type(exc).__name__}: {exc.strerror or exc}") from None
+
+
+def restore(namespace: dict, workspace: str) -> dict:
+    """Load the workspace's checkpoint into `namespace`; what came back and what did not (one
+    entry per variable that failed to load, with why). Never raises for a bad checkpoint: a
+    damaged one is said (`damaged`), kept aside under a name of its own, and what reads comes back."""
+    root = meta_dir(workspace)
+    damaged: list[str] = []
+    kept: list[str] = []
+    try:
+        manifest = load_manifest(os.path.join(root, MANIFEST))
+    except Damaged as exc:
+        damaged.append(f"its manifest: {exc}")
+        kept.append(_aside(os.path.join(root, MANIFEST)))
+        manifest = _newest_index(workspace)
+    if manifest is None:
+        return {"found": False, "restored": [], "failed": [], "imports": [], "skipped": [],
+                **_damage(damaged, kept, workspace)}
+    _, module = pickler()
+    folder = os.path.join(root, "checkpoints", manifest["folder"])
+    restored, failed, imported = [], [], []
+    for alias, name in (manifest.get("imports") or {}).items():
+        if reserved(str(alias)):
+            failed.append({"name": str(alias), "error": RESERVED})
+            continue
+        try:
+            namespace[alias] = __import__("importlib").import_module(name)
+            imported.append(alias)
+        except Exception as exc:  # noqa: BLE001 - a module this image lacks: say so
+            failed.append({"name": alias, "error": f"import {name}: {type(exc).__name__}: {exc}"[:200]})
+    bad_files = 0
+    for entry in manifest.get("variables") or []:
+        name = entry.get("name", "?") if isinstance(entry, dict) else "?"
+        if isinstance(name, str) and reserved(name):
+            failed.append({"name": name, "error": RESERVED})
+            continue
+        try:
+            namespace[name] = _read_variable(module, folder, entry)
+            restored.append(name)
+        except Damaged as exc:
+            bad_files += 1
+            failed.append({"name": str(name), "error": f"damaged: {exc}"})
+        except Exception as exc:  # noqa: BLE001 - another Python or package version: one line for it
+            failed.append({"name": str(name), "error": f"{type(exc).__name__}: {exc}"[:200]})
+    if bad_files:  # the whole checkpoint aside: the next save writes a new one, a next resume says there is none
+        damaged.append(f"{bad_files} of its variable file(s)")
+        if not kept and os.path.isfile(os.path.join(root, MANIFEST)):  # (unless it is aside already)
+            kept.append(_aside(os.path.join(root, MANIFEST)))
+        if os.path.isdir(folder):
+            kept.append(_aside(folder))
+    return {"found": True, "at": manifest.get("at"), "python": manifest.get("python"), "restored": restored,
+            "imports": imported, "failed": failed, "skipped": manifest.get("skipped") or [],
+            **_damage(damaged, kept, workspace)}
+
+
+def _damage(damaged: list, kept: list, workspace: str) -> dict:
+    return {"damaged": damaged, "kept_aside": [os.path.relpath(k, workspace) for k in kept]} if damaged else {}
+
+
+# -- in the kernel ---------------------------------------------------------------------------
