@@ -40,7 +40,6 @@ def collect(manager: "SessionManager", *, dry_run: bool = False, backends: list[
 
     actions: list[GcAction] = []
     names = backends or backend_names()
-    records = {r.id: r for r in manager.store.list()}
     for name in names:
         try:
             backend = manager.backend(name)
@@ -49,6 +48,11 @@ def collect(manager: "SessionManager", *, dry_run: bool = False, backends: list[
             if skipped is not None:
                 skipped.append(f"{name}: not checked ({exc if isinstance(exc, GpuSessionError) else repr(exc)})")
             continue
+        # the store is read after the backend answered, never before: a start records its session
+        # before it asks a backend for anything (SessionManager.create), so every resource listed
+        # has its record in this read, and one unknown to it has none (a start that began after an
+        # earlier read would have its new container taken for a leftover)
+        records = {r.id: r for r in manager.store.list()} if resources else {}
         for res in resources:
             rec = records.get(res.session_id)
             if rec is not None and rec.state.active:
