@@ -32,8 +32,8 @@ from stats import Stats, write_section  # noqa: E402
 MODES = ("restart", "interrupt, then restart")
 
 
-async def _run(kc, code: str, timeout: float = 30) -> str:
-    """`code`'s printed text; raises when the cell fails."""
+async def run_cell(kc, code: str, timeout: float = 30) -> tuple[dict, str]:
+    """Execute `code`; the reply's content and the text it printed (errors as `Name: value`)."""
     printed: list[str] = []
 
     def hook(msg):
@@ -43,9 +43,15 @@ async def _run(kc, code: str, timeout: float = 30) -> str:
             printed.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
 
     reply = await kc.execute_interactive(code, output_hook=hook, timeout=timeout)
-    if reply["content"]["status"] != "ok":
-        raise RuntimeError("".join(printed) or reply["content"]["status"])
-    return "".join(printed)
+    return reply["content"], "".join(printed)
+
+
+async def _run(kc, code: str) -> str:
+    """`code`'s printed text; raises when the cell fails."""
+    content, printed = await run_cell(kc, code)
+    if content["status"] != "ok":
+        raise RuntimeError(printed or content["status"])
+    return printed
 
 
 async def _interrupt_a_sleeping_cell(km, kc) -> None:
