@@ -1,6 +1,8 @@
 """`gpusession gc`: find and stop what crashed processes left behind.
 
-- a labelled resource whose session is stopped, failed or unknown to the store: removed
+- a labelled resource whose session is stopped, failed or unknown to the store: removed (a
+  start's helper container counts as the session it serves; the store is read after the
+  listing, so a session being started is known: tests/test_gc_race.py)
 - an active record whose remote side is gone: recorded as stopped
 - a record stuck starting (requested/provisioning/starting/stopping) whose owner process is
   dead: stopped and recorded as failed
@@ -40,6 +42,14 @@ def collect(manager: "SessionManager", *, dry_run: bool = False, backends: list[
 
     actions: list[GcAction] = []
     names = backends or backend_names()
+    # records first: a start its dead starter left is recorded failed, so what else it made (a
+    # helper container the starter never removed) is removed below, in the same run
+    for rec in manager.store.list(active_only=True):
+        try:
+            actions += _check_record(manager, rec, dry_run=dry_run, orphans=orphans)
+        except Exception as exc:  # noqa: BLE001 - one bad record or host must never stop gc
+            if skipped is not None:
+                skipped.append(f"{rec.name}: not checked ({type(exc).__name__}: {exc})")
     for name in names:
         try:
             backend = manager.backend(name)
@@ -60,12 +70,6 @@ def collect(manager: "SessionManager", *, dry_run: bool = False, backends: list[
             why = "unknown to the store" if rec is None else f"session {rec.name} is {rec.state.value}"
             actions += _remove(backend, res, why, dry_run=dry_run, notes=skipped)
         actions += _runtime_copies(backend, dry_run=dry_run, remove=volumes, notes=skipped)
-    for rec in manager.store.list(active_only=True):
-        try:
-            actions += _check_record(manager, rec, dry_run=dry_run, orphans=orphans)
-        except Exception as exc:  # noqa: BLE001 - one bad record or host must never stop gc
-            if skipped is not None:
-                skipped.append(f"{rec.name}: not checked ({type(exc).__name__}: {exc})")
     return actions
 
 
