@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from gpusession import cli
 from gpusession.models import State
 from gpusession.protocol import StopKind
 from support.procs import alive
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import bench_restart  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -102,18 +106,7 @@ def test_kernelspec_remove_refuses_other_kernels(jupyter_dirs, capsys):
 # -- the provisioner through jupyter_client ------------------------------------------------------
 
 
-async def _run(kc, code: str, timeout: float = 30) -> tuple[dict, str]:
-    """Execute `code`; the reply's content and the text it printed."""
-    printed: list[str] = []
-
-    def hook(msg):
-        if msg["msg_type"] == "stream":
-            printed.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            printed.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
-
-    reply = await kc.execute_interactive(code, output_hook=hook, timeout=timeout)
-    return reply["content"], "".join(printed)
+_run = bench_restart.run_cell  # execute; (the reply's content, the text it printed)
 
 
 def _runtime(manager, session_id: str) -> dict:

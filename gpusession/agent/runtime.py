@@ -82,14 +82,12 @@ class Runtime:
         self.generation = 0  # kernels started so far: a restart makes the next one
         self.kernel_ready = False
         self._restart = threading.Event()  # POST /restart asked for a fresh kernel
+        self._kernel_lock = threading.Lock()  # a restart request and the swap to the next kernel: one at a time
         self.checkpoint: dict | None = None  # the last save of the namespace (gpusession.agent.saving)
 
-    def start_kernel(self) -> dict:
-        """Start a kernel on the connection file (made at the first start, kept by restarts)."""
-        return self.await_kernel(self.spawn_kernel())
-
     def spawn_kernel(self) -> dict:
-        """The kernel process, started (not yet listening); its connection info."""
+        """A kernel process on the connection file (made at the first start, kept by restarts),
+        started (not yet listening); its connection info."""
         info = write_connection_file(self.connection_file, self.args.kernel_ip, self.args.kernel_ports)
         self._restart.clear()
         forget_restart(self.state_dir)
@@ -139,23 +137,29 @@ class Runtime:
 
     def request_restart(self) -> dict:
         """A fresh kernel in this session: end the running kernel's process group (SIGTERM, then
-        SIGKILL); `wait` then starts the next one on the same connection file. Returns
-        `kernel_state()` as of the request."""
+        SIGKILL); `wait` then starts the next one on the same connection file. A kernel still
+        booting is left alone: it is the fresh one already (JupyterLab's restart sends the
+        kernel a shutdown_request, and the provisioner asks here too when the kernel count has
+        not moved on yet; ending the booting kernel then ended the session, "kernel exited
+        during start with code -15"). Returns `kernel_state()` as of the request."""
         if self._stopping:
             raise RuntimeError("the session is stopping")
-        kernel = self.kernel
-        if kernel is not None and kernel.poll() is None:  # else one is starting, or the session ends
-            self._restart.set()
-            threading.Thread(target=_end_process_group, args=(kernel,), daemon=True).start()
+        with self._kernel_lock:
+            kernel = self.kernel
+            if kernel is not None and self.kernel_ready and kernel.poll() is None:  # else one starts, or the session ends
+                self._restart.set()
+                threading.Thread(target=_end_process_group, args=(kernel,), daemon=True).start()
         return self.kernel_state()
 
     def _restart_wanted(self) -> bool:
         return self._restart.is_set() or os.path.exists(os.path.join(self.state_dir, RESTART_FILE))
 
     def _restart_kernel(self) -> None:
-        self.kernel_ready = False
+        with self._kernel_lock:  # from here on a restart request sees the next kernel, booting
+            self.kernel_ready = False
+            info = self.spawn_kernel()
         self._write_runtime(ready=False)
-        self.start_kernel()
+        self.await_kernel(info)
 
     def _write_runtime(self, **extra) -> None:
         _write_json(

@@ -43,6 +43,7 @@ from .docker_engine import (
     engine_errors,
     get_container,
     local_engine_states,
+    owning_session,
     read_json_from,
     remove_container,
     short_error,
@@ -357,7 +358,7 @@ class DockerBackend(EngineWorkspaces, Backend):
                 log.warning("gc: skipping Docker engine %s: %s", host or "(local)", exc)
                 continue
             reached += 1
-            present = {c.labels.get(LABEL) for c in containers}
+            present = {owning_session(c.labels) for c in containers}
             for r in unsure:
                 if r.spec.host == host and not r.state.active and r.id not in present:
                     self.recorder.save(r.id, removed_at=time.time())
@@ -365,7 +366,7 @@ class DockerBackend(EngineWorkspaces, Backend):
                 found.append(
                     RemoteResource(
                         backend=self.name,
-                        session_id=c.labels.get(LABEL, ""),
+                        session_id=owning_session(c.labels),
                         resource_id=c.id,
                         description=f"container {c.name} ({c.short_id}, {c.status}) on {host or 'the local engine'}",
                         running=c.status == "running",
@@ -393,7 +394,7 @@ class DockerBackend(EngineWorkspaces, Backend):
                 remove_copy(self.client(resource.details.get("host")), resource.details["volumes"])
             return
         container = get_container(self.client(resource.details.get("host")), resource.resource_id)
-        if container is not None and container.labels.get(LABEL) == resource.session_id:
+        if container is not None and owning_session(container.labels) == resource.session_id:
             remove_container(container)
         (self.config.data_path / "keys" / resource.session_id).unlink(missing_ok=True)
         try:  # its engine is asked no more (list_resources), when the store knows the session

@@ -22,6 +22,13 @@ from .docker_ssh import make_resilient
 STATE_DIR = "/tmp/gpusession"  # the runtime's state folder in a session's container
 LABEL = "gpusession.session"  # on every container of a session: its id
 STORE_LABEL = "gpusession.store"  # which session store started it: gc leaves other stores' alone
+HELPER_LABEL = "gpusession.helper-of"  # on a start's throwaway helpers: the session whose start made it
+
+
+def owning_session(labels: dict[str, str]) -> str:
+    """The session a labelled container belongs to: its own, or for a start's helper the session
+    being started (gc judges a helper by that session's record, as the session's container)."""
+    return labels.get(HELPER_LABEL) or labels.get(LABEL, "")
 
 INSTALL_HINT = "the docker backend needs the Docker SDK for Python: pip install 'docker>=7.1'"
 

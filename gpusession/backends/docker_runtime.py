@@ -37,7 +37,7 @@ from ..errors import StageError
 from ..protocol import ENV_KERNEL_KEY
 from ..progress import Progress
 from ..pulls import PullProgress, format_bytes
-from .docker_engine import STATE_DIR, docker_sdk, engine_errors, read_json_from, short_error
+from .docker_engine import HELPER_LABEL, LABEL, STATE_DIR, docker_sdk, engine_errors, read_json_from, short_error
 from .docker_volumes import VOLUME_LABEL  # on the bundle's volumes: "code", the site tag or "ok"
 
 log = logging.getLogger(__name__)
@@ -229,9 +229,13 @@ def _run_helper(client, image_id: str, labels: dict[str, str], command: list[str
 
 
 def _helper_labels(labels: dict[str, str]) -> dict[str, str]:
-    """The caller's labels (session label, store label), the session label's value made a helper's."""
-    return {key: (f"helper-{uuid.uuid4().hex[:12]}" if key == "gpusession.session" else value)
-            for key, value in labels.items()}
+    """The caller's labels (session label, store label), the session label's value made a helper's
+    (a lookup by the session's label must not find a helper), and the session it serves (gc must
+    not take a starting session's helper for a leftover: `owning_session`)."""
+    helper = {key: (f"helper-{uuid.uuid4().hex[:12]}" if key == LABEL else value) for key, value in labels.items()}
+    if LABEL in labels:
+        helper[HELPER_LABEL] = labels[LABEL]
+    return helper
 
 
 def _remove_volume(volume) -> None:

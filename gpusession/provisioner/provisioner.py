@@ -217,7 +217,7 @@ class GpuSessionProvisioner(KernelProvisionerBase):
             return
         try:
             state = self.session.kernel_state()
-            if state["generation"] <= self._generation and state["running"]:
+            if state["generation"] <= self._generation and state["running"] and state["ready"]:  # not the next one booting
                 self.session.agent.restart_kernel()
         except AgentUnavailable as exc:
             self.log.warning("gpusession: could not restart the kernel of session %s: %s", self.session.name, exc)

@@ -1,6 +1,8 @@
 """`gpusession gc`: find and stop what crashed processes left behind.
 
-- a labelled resource whose session is stopped, failed or unknown to the store: removed
+- a labelled resource whose session is stopped, failed or unknown to the store: removed (a
+  start's helper container counts as the session it serves; the store is read after the
+  listing, so a session being started is known: tests/test_gc_race.py)
 - an active record whose remote side is gone: recorded as stopped
 - a record stuck starting (requested/provisioning/starting/stopping) whose owner process is
   dead: stopped and recorded as failed
@@ -40,7 +42,14 @@ def collect(manager: "SessionManager", *, dry_run: bool = False, backends: list[
 
     actions: list[GcAction] = []
     names = backends or backend_names()
-    records = {r.id: r for r in manager.store.list()}
+    # records first: a start its dead starter left is recorded failed, so what else it made (a
+    # helper container the starter never removed) is removed below, in the same run
+    for rec in manager.store.list(active_only=True):
+        try:
+            actions += _check_record(manager, rec, dry_run=dry_run, orphans=orphans)
+        except Exception as exc:  # noqa: BLE001 - one bad record or host must never stop gc
+            if skipped is not None:
+                skipped.append(f"{rec.name}: not checked ({type(exc).__name__}: {exc})")
     for name in names:
         try:
             backend = manager.backend(name)
@@ -49,6 +58,11 @@ def collect(manager: "SessionManager", *, dry_run: bool = False, backends: list[
             if skipped is not None:
                 skipped.append(f"{name}: not checked ({exc if isinstance(exc, GpuSessionError) else repr(exc)})")
             continue
+        # the store is read after the backend answered, never before: a start records its session
+        # before it asks a backend for anything (SessionManager.create), so every resource listed
+        # has its record in this read, and one unknown to it has none (a start that began after an
+        # earlier read would have its new container taken for a leftover)
+        records = {r.id: r for r in manager.store.list()} if resources else {}
         for res in resources:
             rec = records.get(res.session_id)
             if rec is not None and rec.state.active:
@@ -56,12 +70,6 @@ def collect(manager: "SessionManager", *, dry_run: bool = False, backends: list[
             why = "unknown to the store" if rec is None else f"session {rec.name} is {rec.state.value}"
             actions += _remove(backend, res, why, dry_run=dry_run, notes=skipped)
         actions += _runtime_copies(backend, dry_run=dry_run, remove=volumes, notes=skipped)
-    for rec in manager.store.list(active_only=True):
-        try:
-            actions += _check_record(manager, rec, dry_run=dry_run, orphans=orphans)
-        except Exception as exc:  # noqa: BLE001 - one bad record or host must never stop gc
-            if skipped is not None:
-                skipped.append(f"{rec.name}: not checked ({type(exc).__name__}: {exc})")
     return actions
 
 

@@ -151,7 +151,7 @@ class Session:
         (POST /restart). Variables are gone; ports, key and the session stay."""
         deadline = time.monotonic() + timeout
         state = self._kernel_state_until(deadline)
-        if force and state["generation"] <= after and state["running"]:
+        if force and state["generation"] <= after and state["running"] and state["ready"]:  # not the fresh one booting
             self.agent.restart_kernel()
         while not (state["generation"] > after and state["ready"]):
             if time.monotonic() > deadline:
