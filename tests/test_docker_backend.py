@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -267,6 +268,7 @@ def test_killed_starter_leaves_nothing_after_gc(docker_env, engine):
     (container,) = found
     record = store.get("doomed")
     assert record.state in (State.PROVISIONING, State.STARTING)
+    sockets = [m["Source"] for m in container.attrs.get("Mounts") or [] if m["Source"].startswith("/tmp/gpusession-k.")]
 
     gc = subprocess.run([sys.executable, "-m", "gpusession", "gc"], env=docker_env,
                         capture_output=True, text=True, timeout=120)
@@ -276,6 +278,7 @@ def test_killed_starter_leaves_nothing_after_gc(docker_env, engine):
     record = store.get("doomed")
     assert record.state == State.FAILED and "starter" in record.error
     assert not (Path(docker_env["GPUSESSION_HOME"]) / "keys" / record.id).exists()
+    assert not [s for s in sockets if Path(s).exists()], sockets  # the kernel's socket folder went too
     again = subprocess.run([sys.executable, "-m", "gpusession", "gc"], env=docker_env,
                            capture_output=True, text=True, timeout=120)
     assert "nothing to clean up" in again.stdout, again.stdout
@@ -285,7 +288,9 @@ def test_killed_starter_leaves_nothing_after_gc(docker_env, engine):
 def test_gc_removes_its_stores_unknown_containers_and_leaves_other_stores_alone(docker_env, engine, manager):
     tag = manager.store.store_id
     env = {"GPUSESSION_SESSION_ID": "0" * 32, "GPUSESSION_AUTHORIZED_KEY": "none"}
-    stray = engine.containers.create(product_image(), labels={LABEL: "0" * 32, "gpusession.store": tag}, environment=env)
+    sockets = tempfile.mkdtemp(prefix="gpusession-k.", dir="/tmp")  # as a start makes for its kernel
+    stray = engine.containers.create(product_image(), labels={LABEL: "0" * 32, "gpusession.store": tag}, environment=env,
+                                     volumes={sockets: {"bind": sockets, "mode": "rw"}})
     other = engine.containers.create(product_image(), labels={LABEL: "1" * 32, "gpusession.store": "another"},
                                      environment=env)
     try:
@@ -294,6 +299,7 @@ def test_gc_removes_its_stores_unknown_containers_and_leaves_other_stores_alone(
         assert f"removed container {stray.name}" in gc.stdout and "(unknown to the store)" in gc.stdout, gc.stdout
         assert other.name not in gc.stdout
         assert _ours(engine, "0" * 32) == []
+        assert not Path(sockets).exists(), "the stray container's kernel socket folder is left behind"
         assert [c.id for c in _ours(engine, "1" * 32)] == [other.id]
     finally:
         other.remove(force=True)

@@ -393,9 +393,15 @@ class DockerBackend(EngineWorkspaces, Backend):
 
                 remove_copy(self.client(resource.details.get("host")), resource.details["volumes"])
             return
-        container = get_container(self.client(resource.details.get("host")), resource.resource_id)
+        host = resource.details.get("host")
+        container = get_container(self.client(host), resource.resource_id)
         if container is not None and owning_session(container.labels) == resource.session_id:
             remove_container(container)
+            from .docker_runtime import SOCKETS_PREFIX, remove_socket_dir
+
+            for mount in container.attrs.get("Mounts") or []:  # its kernel's socket folder goes with it
+                if str(mount.get("Source", "")).startswith(SOCKETS_PREFIX):
+                    remove_socket_dir(self.client(host), host, mount["Source"])
         (self.config.data_path / "keys" / resource.session_id).unlink(missing_ok=True)
         try:  # its engine is asked no more (list_resources), when the store knows the session
             self.recorder.save(resource.session_id, removed_at=time.time())
