@@ -43,7 +43,7 @@ from openssh import free_port, ssh_forward  # noqa: E402
 from stats import Stats, write_section as write_block  # noqa: E402
 
 from gpusession import bundle  # noqa: E402
-from gpusession.backends import docker_runtime  # noqa: E402
+from gpusession.backends.docker import runtime as docker_runtime  # noqa: E402
 from gpusession.errors import GpuSessionError  # noqa: E402
 from gpusession.kernel import KernelClient  # noqa: E402
 from gpusession.progress import Progress  # noqa: E402

@@ -471,7 +471,7 @@ def runtime_kills(manager, engine, fig: Figures) -> None:
             if what == "container":
                 container.kill()
                 return
-            from gpusession.backends.docker_runtime import STATE_DIR  # the runtime's state folder there
+            from gpusession.backends.docker.runtime import STATE_DIR  # the runtime's state folder there
 
             runtime = json.loads(container.exec_run(["sh", "-c", f"cat {STATE_DIR}/runtime.json"]).output)
             done = container.exec_run(["sh", "-c", f"kill -9 {runtime['kernel_pid']}"])

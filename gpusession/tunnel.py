@@ -442,7 +442,7 @@ def _shut(sock: socket.socket) -> None:
     sock.close()
 
 
-# The kernel's and agent's fixed loopback ports on an EC2 instance (aws/cloudinit.py; elsewhere the
+# The kernel's and agent's fixed loopback ports on an EC2 instance (backends/cloudvm/cloudinit.py; elsewhere the
 # runtime takes free ones and says which).
 CONTAINER_KERNEL_PORTS = (50001, 50002, 50003, 50004, 50005)
 CONTAINER_AGENT_PORT = 50010

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from gpusession.backends.aws.cloudinit import (
+from gpusession.backends.cloudvm.cloudinit import (
     BootPlan,
     access_script,
     authorized_key_line,
@@ -15,7 +15,7 @@ from gpusession.backends.aws.cloudinit import (
     user_data,
 )
 from gpusession.backends.aws.launch import Attempt, Subnet, attempts, fallback_mode
-from gpusession.backends.aws.link import map_address
+from gpusession.backends.cloudvm.link import map_address
 from gpusession.backends.aws.teardown import console_details, ended_reason
 from gpusession.backends.base import stop_details_from_log
 from gpusession.errors import BadInput
@@ -203,7 +203,7 @@ def test_the_client_follows_the_boot_from_access_sh_status():
     progress lines, the image's Python, and a failure in the boot's own words."""
     import json as json_
 
-    from gpusession.backends.aws.link import BootWatch
+    from gpusession.backends.cloudvm.link import BootWatch
     from gpusession.errors import StageError
 
     said: list[str] = []

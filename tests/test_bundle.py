@@ -31,7 +31,7 @@ def test_the_code_is_the_agent_and_what_it_imports_and_nothing_of_the_faces():
     modules = bundle.agent_modules()
     for needed in ("agent/runtime.py", "agent/kernelboot.py", "protocol.py", "durations.py", "errors.py", "cost.py"):
         assert needed in modules
-    for face in ("magics.py", "session/manager.py", "backends/docker.py", "tunnel.py", "bundle.py"):
+    for face in ("magics.py", "session/manager.py", "backends/docker/backend.py", "tunnel.py", "bundle.py"):
         assert face not in modules
     members = _members(bundle.code_archive())
     assert members["boot.sh"].mode == 0o755 and members["lib/gpusession/agent/runtime.py"].mode == 0o644

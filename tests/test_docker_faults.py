@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.backends.docker_engine import wait_for_marker
+from gpusession.backends.docker.engine import wait_for_marker
 from gpusession.models import LaunchSpec, State
 from gpusession.protocol import Marker
 from gpusession.store import Store

@@ -2,7 +2,7 @@
 SDK's pooled channel ends (its `docker system dial-stdio` killed on the host), then the whole
 SSH connection is cut (its sshd session killed). The next calls work: the dropped channel is
 not reused, the connection is made again, an idempotent request is retried once
-(gpusession/backends/docker_ssh.py). Only this test's own sshd session is touched on the shared
+(gpusession/backends/docker/ssh.py). Only this test's own sshd session is touched on the shared
 namespace host."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.backends.docker_engine import engine_client
+from gpusession.backends.docker.engine import engine_client
 from support.hosts import docker_available
 
 NS = "gpus-remote"

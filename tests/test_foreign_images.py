@@ -141,7 +141,7 @@ def test_the_runtime_is_copied_once_per_engine_and_then_cached(manager, engine, 
     with tarfile.open(fileobj=io.BytesIO(bundle.code_archive().data), mode="r:gz") as tar:
         members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
     new = bundle._archive("code", {**members, "lib/gpusession-test-build": f"{time.time()}".encode()})
-    monkeypatch.setattr("gpusession.backends.docker_runtime.code_archive", lambda: new)
+    monkeypatch.setattr("gpusession.backends.docker.runtime.code_archive", lambda: new)
     image = FOREIGN[0].image
     volume = f"{new.copy_name}-cp311"  # one copy per Python version: compiled by it
     cold: list[str] = []

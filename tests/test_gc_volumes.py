@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from gpusession.backends import docker_volumes
+from gpusession.backends.docker import volumes as docker_volumes
 from gpusession.bundle import code_archive
 from gpusession.words import gc_line
 from support.hosts import docker_available

@@ -125,16 +125,27 @@ def test_the_faces_never_import_a_concrete_backend():
     assert not bad, bad
 
 
+# below every backend: the contract (base) and what any cloud VM needs to boot a session (cloudvm)
+SHARED_BELOW_BACKENDS = ("base", "cloudvm")
+
+
+def test_the_shared_backend_layers_import_no_backend():
+    bad = [f"{name} imports {t}" for name, targets in GRAPH.items()
+           if name.split(".")[1:3] in (["backends", s] for s in SHARED_BELOW_BACKENDS) for t in targets
+           if t.split(".")[1] == "backends" and len(t.split(".")) > 2 and t.split(".")[2] not in SHARED_BELOW_BACKENDS]
+    assert not bad, bad
+
+
 def test_backends_never_import_the_session_layer_or_each_other():
     bad = []
     for name, targets in GRAPH.items():
         parts = name.split(".")
-        if len(parts) < 3 or parts[1] != "backends" or parts[2] in ("base", "__init__"):
+        if len(parts) < 3 or parts[1] != "backends" or parts[2] in SHARED_BELOW_BACKENDS + ("__init__",):
             continue
-        mine = parts[2].split("_")[0]  # docker_engine belongs to docker
+        mine = parts[2]  # a backend is one package (or module) below gpusession/backends/
         for t in targets:
             tp = t.split(".")
-            if tp[1] == "backends" and len(tp) > 2 and tp[2] not in ("base",) and tp[2].split("_")[0] != mine:
+            if tp[1] == "backends" and len(tp) > 2 and tp[2] not in SHARED_BELOW_BACKENDS and tp[2] != mine:
                 bad.append(f"{name} imports the sibling backend module {t}")
     assert not bad, bad
 

@@ -245,7 +245,7 @@ def test_another_user_cannot_subscribe_through_the_tunnel_either(open_parent, tm
 
 def _docker_kernel_info(client, session_id: str) -> dict:
     """The kernel.json inside a session's container, as the runtime there wrote it."""
-    from gpusession.backends.docker_engine import STATE_DIR, read_json_from
+    from gpusession.backends.docker.engine import STATE_DIR, read_json_from
 
     (container,) = client.containers.list(filters={"label": f"gpusession.session={session_id}"})
     return read_json_from(container, f"{STATE_DIR}/kernel.json")

@@ -159,7 +159,7 @@ class AwsBackend(Backend):
     def _launch(self, aws: Aws, record: SessionRecord, progress: Progress, *, places, prices, ws, gpu,
                 instance_type: str, ami: str, group: str, public_key: str, kernel_key: str, name: str,
                 tag_list) -> None:
-        from .cloudinit import BootPlan, new_host_key, user_data
+        from ..cloudvm.cloudinit import BootPlan, new_host_key, user_data
 
         spec, extra = record.spec, record.spec.extra
         catalog = load_catalog()
@@ -234,7 +234,7 @@ class AwsBackend(Backend):
         return address
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
-        from .link import open_link
+        from ..cloudvm.link import open_link
 
         res = record.resource
         for needed in ("address", "key_path", "instance_host_key", "kernel_key_path"):

@@ -4,7 +4,7 @@ python3 (3.9 or newer).
 The engine is this machine's (DOCKER_HOST or the default socket) or a remote one at
 `ssh://user@host[:port]` (the user's key and known_hosts, as `ssh` would use them). The image is
 pulled when the engine lacks it; the runtime (the agent, and ipykernel when the image has none)
-comes in read-only volumes (`docker_runtime`, `gpusession.bundle`) and the kernel runs with the
+comes in read-only volumes (`runtime`, `gpusession.bundle`) and the kernel runs with the
 image's own Python. The container needs no sshd: it runs on the host's network; the kernel
 listens on unix sockets in a folder of the host's /tmp bind-mounted into the container, setgid
 2770 and of the group of the user who connects (`kernel_socket_dir`), and the agent on a free port
@@ -24,15 +24,15 @@ import threading
 import time
 from typing import Any
 
-from ..agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, args_for
-from ..errors import BackendUnavailable, BadInput, GpuSessionError, StageError
-from ..models import LaunchSpec, SessionRecord, State
-from ..progress import Progress
-from ..textvalues import ssh_host
-from ..protocol import ENV_KERNEL_KEY, ENV_RUNTIME_BRINGS, ENV_RUNTIME_PYTHON, ENV_SESSION_ID, Marker, StopDetails
-from ..protocol import StopKind, StopReason
-from .base import Backend, DirectLink, Link, RemoteResource, TunnelLink, stop_details_from_log
-from .docker_engine import (
+from ...agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, args_for
+from ...errors import BackendUnavailable, BadInput, GpuSessionError, StageError
+from ...models import LaunchSpec, SessionRecord, State
+from ...progress import Progress
+from ...textvalues import ssh_host
+from ...protocol import ENV_KERNEL_KEY, ENV_RUNTIME_BRINGS, ENV_RUNTIME_PYTHON, ENV_SESSION_ID, Marker, StopDetails
+from ...protocol import StopKind, StopReason
+from ..base import Backend, DirectLink, Link, RemoteResource, TunnelLink, stop_details_from_log
+from .engine import (
     LABEL,
     STATE_DIR,
     STORE_LABEL,
@@ -49,9 +49,9 @@ from .docker_engine import (
     short_error,
     wait_for_marker,
 )
-from .docker_workspaces import EngineWorkspaces
+from .workspaces import EngineWorkspaces
 
-# What starts and connects a session (docker_runtime's helpers, the bundle, the SDK) is imported
+# What starts and connects a session (runtime.py's helpers, the bundle, the SDK) is imported
 # where it is used: `gpusession list` loads this backend only to ask the local engine one question.
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class DockerBackend(EngineWorkspaces, Backend):
     def __init__(self, config, recorder):
         super().__init__(config, recorder)
         self._clients: dict[str, Any] = {}
-        self._known: dict[str, Any] = {}  # engine -> docker_runtime.KnownVolumes
+        self._known: dict[str, Any] = {}  # engine -> runtime.KnownVolumes
 
     @classmethod
     def available(cls, timeout: float = 2.0) -> bool:
@@ -95,7 +95,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         """The engine for a session's --host ('' or None: the local engine), cached; a remote
         engine's again when its SSH connection died (a network blip, a laptop that slept)."""
         key = host or ""
-        from .docker_runtime import ssh_alive
+        from .runtime import ssh_alive
 
         if key in self._clients and host and not ssh_alive(self._clients[key]):
             self._clients.pop(key).close()
@@ -119,8 +119,8 @@ class DockerBackend(EngineWorkspaces, Backend):
     def provision(self, record: SessionRecord, progress: Progress) -> None:
         import secrets
 
-        from ..bundle import cache_dir
-        from .docker_runtime import (KnownVolumes, bundle_command, find_or_pull_image, gpu_request,
+        from ...bundle import cache_dir
+        from .runtime import (KnownVolumes, bundle_command, find_or_pull_image, gpu_request,
                                      kernel_socket_dir, prepare_runtime)
 
         spec = record.spec
@@ -191,7 +191,7 @@ class DockerBackend(EngineWorkspaces, Backend):
             raise StageError("provision", f"cannot start the container: {text}") from None
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
-        from .docker_runtime import InThread, connection_info
+        from .runtime import InThread, connection_info
 
         res = record.resource
         client = self.client(record.spec.host)
@@ -200,7 +200,7 @@ class DockerBackend(EngineWorkspaces, Backend):
             raise StageError("connect", f"container {res.get('container_id', '?')[:12]} is gone")
         tunnel = opening = None
         if record.spec.host:  # the kernel's ports are on that host's loopback: log in to its sshd
-            from ..tunnel import Tunnel, jump_target
+            from ...tunnel import Tunnel, jump_target
 
             target = jump_target(record.spec.host)  # known_hosts pins its key, as for the engine
             progress.step(f"opening the SSH tunnel to {target.label}")
@@ -307,7 +307,7 @@ class DockerBackend(EngineWorkspaces, Backend):
                     self._keep_start_log(record.id, container)
                 remove_container(container)
             if res.get("sockets"):
-                from .docker_runtime import remove_socket_dir
+                from .runtime import remove_socket_dir
 
                 remove_socket_dir(self.client(record.spec.host), record.spec.host, res["sockets"])
         (self.config.data_path / "keys" / record.id).unlink(missing_ok=True)
@@ -379,17 +379,17 @@ class DockerBackend(EngineWorkspaces, Backend):
 
     def runtime_copies(self, remote: bool = True) -> list[RemoteResource]:
         """Runtime volumes of other gpusession builds that no container uses, on the local engine
-        and (remote) every engine this store's sessions used (docker_volumes)."""
+        and (remote) every engine this store's sessions used (volumes)."""
         hosts = [""] + (sorted({r.spec.host for r in self.recorder.sessions(self.name) if r.spec.host}) if remote else [])
-        from ..bundle import cache_dir, current_digests
-        from .docker_volumes import stale_resources
+        from ...bundle import cache_dir, current_digests
+        from .volumes import stale_resources
 
         return stale_resources(self.name, self.client, hosts, current_digests(cache_dir()))
 
     def remove_resource(self, resource: RemoteResource) -> None:
         if "volumes" in resource.details:
             with engine_errors(resource.details.get("host") or "(local engine)"):
-                from .docker_volumes import remove_copy
+                from .volumes import remove_copy
 
                 remove_copy(self.client(resource.details.get("host")), resource.details["volumes"])
             return
@@ -397,7 +397,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         container = get_container(self.client(host), resource.resource_id)
         if container is not None and owning_session(container.labels) == resource.session_id:
             remove_container(container)
-            from .docker_runtime import SOCKETS_PREFIX, remove_socket_dir
+            from .runtime import SOCKETS_PREFIX, remove_socket_dir
 
             for mount in container.attrs.get("Mounts") or []:  # its kernel's socket folder goes with it
                 if str(mount.get("Source", "")).startswith(SOCKETS_PREFIX):

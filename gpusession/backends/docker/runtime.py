@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..bundle import (
+from ...bundle import (
     BOOT_SCRIPT,
     CODE_DIR,
     SITE_DIR,
@@ -33,12 +33,12 @@ from ..bundle import (
     parse_probe,
     site_archive,
 )
-from ..errors import StageError
-from ..protocol import ENV_KERNEL_KEY
-from ..progress import Progress
-from ..pulls import PullProgress, format_bytes
-from .docker_engine import HELPER_LABEL, LABEL, STATE_DIR, docker_sdk, engine_errors, read_json_from, short_error
-from .docker_volumes import VOLUME_LABEL  # on the bundle's volumes: "code", the site tag or "ok"
+from ...errors import StageError
+from ...protocol import ENV_KERNEL_KEY
+from ...progress import Progress
+from ...pulls import PullProgress, format_bytes
+from .engine import HELPER_LABEL, LABEL, STATE_DIR, docker_sdk, engine_errors, read_json_from, short_error
+from .volumes import VOLUME_LABEL  # on the bundle's volumes: "code", the site tag or "ok"
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ def kernel_socket_dir(client, host: str | None) -> tuple[str, int]:
         path = tempfile.mkdtemp(prefix=os.path.basename(SOCKETS_PREFIX), dir=os.path.dirname(SOCKETS_PREFIX))
         os.chmod(path, 0o2770)
         return path, os.getgid()
-    from ..sshlogin import exec_command
+    from ...sshlogin import exec_command
 
     ssh = getattr(getattr(client.api, "_custom_adapter", None), "ssh_client", None)
     why = "no SSH login to it"
@@ -294,7 +294,7 @@ def remove_socket_dir(client, host: str | None, path: str) -> None:
 
         shutil.rmtree(path, ignore_errors=True)
         return
-    from ..sshlogin import exec_command
+    from ...sshlogin import exec_command
 
     ssh = getattr(getattr(client.api, "_custom_adapter", None), "ssh_client", None)
     try:

@@ -1,4 +1,4 @@
-# The body of an instance's session script (gpusession/backends/aws/cloudinit.py writes the
+# The body of an instance's session script (gpusession/backends/cloudvm/cloudinit.py writes the
 # header: DIR, NAME, IMAGE, SESSION_ID, SPOT, VOLUME_ID, WORKSPACE, VOLUME_WAIT_S, RUNTIME_WAIT_S, KERNEL_PORT, AGENT_PORT, the marker
 # words M_*, the agent's options as "$@", and GPUSESSION_KERNEL_KEY in the environment).
 # Run once by cloud-init as root: get the image, look for its Python, wait for the runtime bundle

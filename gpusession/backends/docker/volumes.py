@@ -1,7 +1,7 @@
 """Old runtime volumes on an engine: what `gpusession gc` removes of them.
 
 A start copies the runtime bundle into volumes named by the content's digest
-(`docker_runtime`): every gpusession build, and every change of the ipykernel site, makes new
+(`runtime`): every gpusession build, and every change of the ipykernel site, makes new
 ones and the old ones stayed for ever (tens of MB each). gc removes a runtime volume (with its
 `-ok` twin) when all of these hold:
 
@@ -24,8 +24,8 @@ import re
 import time
 from typing import Callable
 
-from .base import RemoteResource
-from .docker_engine import engine_errors
+from ..base import RemoteResource
+from .engine import engine_errors
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The Docker engine side of the docker backend: the SDK (imported lazily), connecting to a local
 or `ssh://` engine with clear errors, and reading a container's log and files through the API
-(the image and the runtime bundle: `docker_runtime`)."""
+(the image and the runtime bundle: `runtime`)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import threading
 import time
 from typing import Any, Iterator
 
-from ..errors import BackendUnavailable, StageError
-from ..protocol import Marker, parse_marker
+from ...errors import BackendUnavailable, StageError
+from ...protocol import Marker, parse_marker
 
-from .base import failure_detail, log_tail, marker_lines
-from .docker_ssh import make_resilient
+from ..base import failure_detail, log_tail, marker_lines
+from .ssh import make_resilient
 
 STATE_DIR = "/tmp/gpusession"  # the runtime's state folder in a session's container
 LABEL = "gpusession.session"  # on every container of a session: its id
@@ -115,7 +115,7 @@ def _check_reachable(url: str, timeout: float = 10.0) -> None:
     own SSH connect has no timeout)."""
     import socket
 
-    from ..tunnel import TunnelError, jump_target
+    from ...tunnel import TunnelError, jump_target
 
     try:
         login = jump_target(url)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from ..agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, WORKSPACE_VOLUME_PREFIX, workspace_name, workspace_volume
-from ..errors import StageError
-from ..progress import Progress
-from .docker_engine import LABEL, STORE_LABEL, docker_sdk, engine_errors, short_error
+from ...agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, WORKSPACE_VOLUME_PREFIX, workspace_name, workspace_volume
+from ...errors import StageError
+from ...progress import Progress
+from .engine import LABEL, STORE_LABEL, docker_sdk, engine_errors, short_error
 
 log = logging.getLogger(__name__)
 OWNER_TIMEOUT_S = 60.0
@@ -89,7 +89,7 @@ def engine_volumes(client, store_id_label: tuple[str, str]) -> list[tuple[str, s
 def list_on_engines(backend, session_label: str, store_label: str) -> list:
     """The docker backend's workspaces: on the local engine and on every remote engine a recorded
     session used; `in_use_by`: the running containers that mount each."""
-    from .base import Workspace
+    from ..base import Workspace
 
     hosts = [""] + sorted({r.spec.host for r in backend.recorder.sessions(backend.name) if r.spec.host})
     found, reached = [], 0
@@ -110,7 +110,7 @@ def list_on_engines(backend, session_label: str, store_label: str) -> list:
             found.append(Workspace(backend.name, name, f"volume {volume} on {host or 'the local engine'}", size,
                                    in_use_by=using.get(name, []), details={"host": host, "volume": volume}))
     if not reached:
-        from ..errors import BackendUnavailable
+        from ...errors import BackendUnavailable
 
         raise BackendUnavailable("no Docker engine answers")
     return found
@@ -118,7 +118,7 @@ def list_on_engines(backend, session_label: str, store_label: str) -> list:
 
 def remove_on_engine(backend, workspace) -> None:
     """Remove the workspace's volume (the engine refuses while a container uses it: said as BadInput)."""
-    from ..errors import BadInput
+    from ...errors import BadInput
 
     docker = docker_sdk()
     client = backend.client(workspace.details.get("host") or None)
@@ -140,7 +140,7 @@ class EngineWorkspaces:
     def workspace_volume(self, client, record, image, labels: dict[str, str], progress: Progress):
         """(the session's workspace name, its volume as containers.create mounts it); the caller
         records the name (with what else it knows then: one write less)."""
-        from .docker_runtime import _helper_labels
+        from .runtime import _helper_labels
 
         name = workspace_name(record)
         volumes = ensure_volume(client, name, image, store_label=(STORE_LABEL, self.recorder.store_id),
