@@ -246,8 +246,41 @@ class _Parser(argparse.ArgumentParser):
 
         self.exit(2, f"{self.prog}: {usage_error(message)}\n")
 
+    def add_start_options(self, skip: tuple[str, ...] = (), lazy: bool = False) -> None:
+        """Every start option, from the one table (gpusession/options.py); `lazy`: added when this
+        command is parsed or its help shown: the table gathers every backend's options, which
+        imports every backend, and `gpusession list` must not pay for that."""
+        self._later = (*getattr(self, "_later", ()), (skip, len(self._actions), len(self._optionals._group_actions)))
+        if not lazy:
+            self._add_later()
 
-def build_parser() -> argparse.ArgumentParser:
+    def _add_later(self) -> None:
+        for skip, at, at_in_group in getattr(self, "_later", ()):
+            before, in_group = len(self._actions), len(self._optionals._group_actions)
+            add_start_options(self, skip=skip)
+            # where they were asked for, so --help lists them as if added then
+            for actions, start, end in ((self._actions, at, before), (self._optionals._group_actions, at_in_group, in_group)):
+                added = actions[end:]
+                del actions[end:]
+                actions[start:start] = added
+        self._later = ()
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._add_later()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._add_later()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._add_later()
+        return super().format_usage()
+
+
+def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
+    """`lazy`: add the start options to `start` and `kernelspec install` only when one of them is
+    parsed (what `main` does: the table imports every backend); else at once."""
     p = _Parser(prog="gpusession", description="GPU sessions for notebooks")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("list", help="list active sessions")
@@ -258,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--all", action="store_true", help="stop every active session")
     s.add_argument("--save", action="store_true", help="save the kernel's variables into its workspace first")
     s = sub.add_parser("start", help="start a session (it keeps running after this command returns)")
-    add_start_options(s)  # every start option, from the one table (gpusession/options.py)
+    s.add_start_options(lazy=lazy)  # every start option, from the one table (gpusession/options.py)
     s = sub.add_parser("status", help="one session's state, cost and timeline")
     s.add_argument("name")
     s = sub.add_parser("stats", help="a running session's latest GPU sample, idle countdown and cost")
@@ -281,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("kernelspec", help="install, list or remove GPU kernels for JupyterLab's launcher")
     ks = s.add_subparsers(dest="action", required=True)
     k = ks.add_parser("install", help="a kernelspec whose kernels are sessions, e.g. 'Python 3 (GPU · T4)'")
-    add_start_options(k, skip=("name",))  # the start options the session gets (the one table)
+    k.add_start_options(skip=("name",), lazy=lazy)  # the start options the session gets (the one table)
     k.add_argument("--name", dest="kernel_name", default=None, help="the kernelspec's name (default: from "
                    "type, backend and image, e.g. gpusession-t4)")
     where = k.add_mutually_exclusive_group()
@@ -300,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(lazy=True).parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except GpuSessionError as exc:

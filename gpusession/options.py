@@ -1,4 +1,6 @@
-"""THE table of start options. Every face is built from `OPTIONS`, and nothing else declares a start option: the
+"""THE table of start options: the core's rows (`CORE_OPTIONS`) and each registered backend's own (its class's
+`start_options`, gathered through the entry points: gpusession/registry.py), with each row's `backends` filled from
+the class that declares it. Every face is built from `OPTIONS`, and nothing else declares a start option: the
 `%gpu start` magic and `gpusession start` (`add_arguments`), the REST body of `POST sessions` and
 `POST options/check` (`body_problems`, `check_body`), the JupyterLab form (`GET options`: `options_document`) and
 the `%gpu panel` form (the rows with `form=True`). `build_spec` turns what any face collected into a `LaunchSpec`.
@@ -14,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import logging
+import sys
 from typing import Any, Callable, Iterable, Mapping
 
-from . import metrics, textvalues
-from .durations import IDLE, MAX_RUNTIME, QUEUE_TIMEOUT, SAVE_TIMEOUT, DurationRule, parse_money, shown
+from . import metrics, registry, textvalues
+from .durations import IDLE, MAX_RUNTIME, SAVE_TIMEOUT, DurationRule, parse_money, shown
 from .errors import BadInput
 from .models import LaunchSpec
 
@@ -43,7 +48,7 @@ _JSON_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 _JSON_NAMES = {str: "string", int: "number", float: "number", bool: "boolean", list: "array", dict: "object"}
 _METAVARS = {"gpu_type": "TYPE[:N]", "backend": "NAME", "duration": "DURATION", "money": "DOLLARS", "gpus": "all|N"}
 MAX_GPUS = 1024
-WORKSPACE_BACKENDS = ("local", "docker", "aws")  # where a workspace outlives the session (docs: workspaces)
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +70,7 @@ class StartOption:
     rule: DurationRule | None = None  # a duration's bound and whether it may be off
     max_len: int = 40  # the longest text accepted (checked before anything reads it)
     reader: Callable[[str], Any] | None = None  # a text's grammar (gpusession/textvalues.py)
+    capability: str | None = None  # a core row for the backends whose class has this flag (Backend.takes_host...)
 
     def __post_init__(self) -> None:
         assert self.kind in KINDS, self.kind
@@ -80,7 +86,7 @@ class StartOption:
         return {REST: f"'{self.name}'", FLAGS: self.flag, FORM: self.label}[face]
 
 
-OPTIONS: tuple[StartOption, ...] = (
+CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own are on its class
     StartOption("type", ("--type", "-t"), "gpu_type", "GPU type", "GPU type, optionally with a count: t4, a100:8 "
                 "(see %gpu types; default t4, or GpuSessionConfig.default_type)", "GPU type",
                 config_default="default_type", spec_field="gpu_type", form=True),
@@ -90,13 +96,13 @@ OPTIONS: tuple[StartOption, ...] = (
     StartOption("name", ("--name", "-n"), "text", "Name", "session name: letters, digits, '-', '_', '.' (default: TYPE-N)", "name", spec_field="name",
                 form=True, max_len=textvalues.MAX_NAME, reader=textvalues.session_name),
     StartOption("host", ("--host",), "text", "Host", "docker: a remote engine, ssh://user@host[:port] "
-                "(default: this machine's engine); slurm: the cluster's login node", "host", backends=("docker", "slurm"),
+                "(default: this machine's engine); slurm: the cluster's login node", "host", capability="takes_host",
                 spec_field="host", form=True,
                 max_len=400, reader=textvalues.ssh_host),
     StartOption("image", ("--image",), "text", "Image", "container image with a python3 (docker, aws; slurm: run by "
                 "apptainer, singularity or pyxis); default: pytorch/pytorch, CUDA 12.6 (slurm: none, the node's Python)",
                 "image",
-                backends=("docker", "aws", "slurm"), spec_field="image", max_len=512,
+                capability="takes_image", spec_field="image", max_len=512,
                 reader=textvalues.image_ref),
     StartOption("idle", ("--idle",), "duration", "Idle stop", "stop after this long idle: 90s, 15m, 1h30m, a bare "
                 "number of minutes, or off (or 0: never); 2s to 7 days (default 30m, or GpuSessionConfig.default_idle)",
@@ -111,71 +117,76 @@ OPTIONS: tuple[StartOption, ...] = (
                 form=True),
     StartOption("workspace", ("--workspace",), "text", "Workspace", "the session's working folder, kept after it stops: a "
                 "Docker volume, an EBS volume on aws, a folder for local (default: one named after the session)", "workspace",
-                backends=WORKSPACE_BACKENDS, max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name, form=True),
+                capability="keeps_workspaces", max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name, form=True),
     StartOption("resume", ("--resume",), "text", "Resume", "start on this workspace and restore the variables its last "
-                "session saved (see `gpusession workspaces`)", "workspace to resume", backends=WORKSPACE_BACKENDS,
+                "session saved (see `gpusession workspaces`)", "workspace to resume", capability="keeps_workspaces",
                 max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name, form=True),
     StartOption("save_timeout", ("--save-timeout",), "duration", "Save time bound", "an idle, cost or runtime stop first "
                 "saves the kernel's variables into the workspace, for at most this long (default 60s; off: no save)",
-                "save time bound", backends=WORKSPACE_BACKENDS, rule=SAVE_TIMEOUT),
+                "save time bound", capability="keeps_workspaces", rule=SAVE_TIMEOUT),
     StartOption("save_cap", ("--save-cap",), "text", "Save cap per variable", "a variable larger than this (pickled) is "
-                "not saved, e.g. 500MB, 2GiB, off (default 2GiB)", "save cap", backends=WORKSPACE_BACKENDS,
+                "not saved, e.g. 500MB, 2GiB, off (default 2GiB)", "save cap", capability="keeps_workspaces",
                 reader=textvalues.size_or_off),
-    StartOption("workspace_size", ("--workspace-size",), "text", "Workspace size (GiB)", "aws: a new workspace's gp3 "
-                "volume in GiB (default 50)", "workspace size", backends=("aws",), reader=textvalues.gib_size),
-    StartOption("spot", ("--spot",), "bool", "Spot instance", "aws: use spot capacity", "spot", default=False,
-                backends=("aws",), spec_field="spot", form=True),
-    StartOption("region", ("--region",), "text", "Region", "aws: region, e.g. us-east-1", "region", backends=("aws",),
-                spec_field="region", reader=textvalues.aws_region),
-    StartOption("gpus", ("--gpus",), "gpus", "GPUs", "docker: GPUs to request, 'all' or a number (default: all, or "
-                "the count in --type)", "GPU request", backends=("docker",)),
-    StartOption("ssh_cidr", ("--ssh-cidr",), "text", "SSH from", "aws: addresses allowed to SSH in, e.g. "
-                "203.0.113.7/32 (default: your address /32)", "SSH address range", backends=("aws",),
-                max_len=64, reader=textvalues.address_range),
-    StartOption("fallback", ("--fallback",), "choice", "Capacity fallback", "aws: on a capacity error try another "
-                "zone, on-demand, or both (default off)", "fallback", default="off", backends=("aws",),
-                choices=("off", "zone", "on-demand", "any")),
-    StartOption("max_price", ("--max-price",), "money", "Max spot price ($/h)", "aws spot: highest $/hour to pay "
-                "(default: the on-demand price)", "max price", backends=("aws",)),
-    StartOption("ami", ("--ami",), "text", "Machine image", "aws: machine image id (default: a GPU image from SSM "
-                "public parameters)", "machine image", backends=("aws",),
-                reader=textvalues.machine_image),
     StartOption("upload", ("--upload",), "text", "Upload folder", "a folder here whose files the session starts "
                 "with, in its working directory (without .git and what .gitignore ignores), e.g. . for this "
                 "notebook's folder: `import utils` then works in %%gpu cells", "upload folder", max_len=400,
                 reader=textvalues.local_folder),
     StartOption("upload_max", ("--upload-max",), "text", "Upload cap", "the largest --upload folder: 500MB, 2GB "
                 "(default 100MB)", "upload cap", max_len=20, reader=textvalues.byte_size),
-    # slurm (gpusession/backends/slurm/jobs.py reads and checks them; docs/slurm.md)
-    StartOption("partition", ("--partition",), "text", "Partition", "slurm: the partition to submit to (default: "
-                "the cluster's default)", "partition", backends=("slurm",), max_len=200),
-    StartOption("account", ("--account",), "text", "Account", "slurm: the account to charge", "account",
-                backends=("slurm",), max_len=200),
-    StartOption("qos", ("--qos",), "text", "QOS", "slurm: the quality of service", "QOS", backends=("slurm",), max_len=200),
-    StartOption("sbatch_args", ("--sbatch-args",), "text", "sbatch flags", "slurm: more sbatch flags, shell-quoted, "
-                "e.g. '--constraint=ib --mem=32G'", "sbatch flags", backends=("slurm",), max_len=1000),
-    StartOption("python", ("--python",), "text", "Python", "slurm: the Python on the node that runs the kernel; it "
-                "needs ipykernel (default python3)", "python", backends=("slurm",), max_len=400),
-    StartOption("modules", ("--modules",), "text", "Modules", "slurm: environment modules to load first, e.g. "
-                "'cuda/12.4 python/3.11'", "modules", backends=("slurm",), max_len=400),
-    StartOption("conda_env", ("--conda-env",), "text", "Conda env", "slurm: a conda environment to activate first "
-                "(name or path)", "conda environment", backends=("slurm",), max_len=400),
-    StartOption("gres_type", ("--gres-type",), "text", "GRES type", "slurm: the cluster's name for the GPU type: one "
-                "name, a map such as 'a100=a100_40g,t4=tesla_t4', or none for an untyped --gres=gpu:N (default: "
-                "the catalog's name)", "GRES type", backends=("slurm",), max_len=400),
-    StartOption("container", ("--container",), "choice", "Container runtime", "slurm: what runs --image (default "
-                "auto: apptainer, singularity or pyxis, the first the node has)", "container runtime", default="auto",
-                backends=("slurm",), choices=("auto", "apptainer", "singularity", "pyxis")),
-    StartOption("price_per_gpu_hour", ("--price-per-gpu-hour",), "money", "Price per GPU-hour", "slurm: dollars (or "
-                "your service units) per GPU-hour for the cost meter and --max-cost (default: none, GPU-hours only)",
-                "price per GPU-hour", backends=("slurm",)),
-    StartOption("queue_timeout", ("--queue-timeout",), "duration", "Queue timeout", "slurm: cancel the job when it "
-                "still waits in the queue after this long (default: off, it waits until it runs or Ctrl-C)",
-                "queue timeout", backends=("slurm",), rule=QUEUE_TIMEOUT),
 )
 
-BY_NAME: dict[str, StartOption] = {o.name: o for o in OPTIONS}
-NAMES: tuple[str, ...] = tuple(BY_NAME)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionTable:
+    """The one option table: the core's rows, then each registered backend's (in listing
+    order), with `backends` filled from the classes that declare or are capable of them."""
+
+    options: tuple[StartOption, ...]
+    by_name: dict[str, StartOption]
+    names: tuple[str, ...]
+
+
+@functools.lru_cache(maxsize=8)
+def _gathered(path: tuple[str, ...]) -> OptionTable:
+    classes = registry.loaded_classes()  # imports each backend (the table is needed by a start, a form, --help)
+    ordered = [name for _, name in sorted((getattr(cls, "order", 100), name) for name, cls in classes.items())]
+    rows = {o.name: o for o in CORE_OPTIONS}
+    for o in CORE_OPTIONS:
+        if o.capability is not None:
+            rows[o.name] = dataclasses.replace(o, backends=tuple(n for n in ordered if getattr(classes[n], o.capability, False)))
+    for name in ordered:
+        for o in getattr(classes[name], "start_options", ()):
+            known = rows.get(o.name)
+            if known is None:
+                rows[o.name] = dataclasses.replace(o, backends=(name,))
+            elif known.backends is not None and o.name not in _CORE_NAMES:  # declared by two backends: both
+                rows[o.name] = dataclasses.replace(known, backends=(*known.backends, name))
+            else:
+                log.warning("backend %r declares the start option %r, which the core has: left out", name, o.name)
+    options = tuple(rows.values())
+    return OptionTable(options, rows, tuple(rows))
+
+
+_CORE_NAMES = frozenset(o.name for o in CORE_OPTIONS)
+
+
+def table() -> OptionTable:
+    """The option table of the backends installed on this import path (gathered once per path)."""
+    return _gathered(tuple(sys.path))
+
+
+def __getattr__(name: str) -> Any:
+    """`OPTIONS`, `BY_NAME` and `NAMES`: the table's, gathered on first use (it imports every
+    backend, which a `gpusession list` does not need)."""
+    if name == "OPTIONS":
+        return table().options
+    if name == "BY_NAME":
+        return table().by_name
+    if name == "NAMES":
+        return table().names
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 _LEGACY = {"gpu_only_idle": "gpu_only"}  # keywords earlier callers of make_spec used
 
 
@@ -189,14 +200,15 @@ class BadOptions(BadInput):
         super().__init__(self.worded(face))
 
     def worded(self, face: str) -> str:
-        unknown = [field_shown(name) for name in self.problems if name not in BY_NAME]
+        t = table()
+        unknown = [field_shown(name) for name in self.problems if name not in t.by_name]
         parts = []
         if unknown:
             more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
             names = ", ".join(unknown[:5] if face == REST else (f"--{n.replace('_', '-')}" for n in unknown[:5])) + more
-            allowed = ", ".join(NAMES if face == REST else (o.flag for o in OPTIONS))
+            allowed = ", ".join(t.names if face == REST else (o.flag for o in t.options))
             parts.append(f"unknown field(s) {names}; allowed: {allowed}")
-        parts += [f"{BY_NAME[n].field(face)}: {p}" for n, p in self.problems.items() if n in BY_NAME]
+        parts += [f"{t.by_name[n].field(face)}: {p}" for n, p in self.problems.items() if n in t.by_name]
         return "; ".join(parts)
 
 
@@ -207,7 +219,7 @@ def add_arguments(parser: argparse.ArgumentParser, skip: Iterable[str] = ()) -> 
     """Add every start option (but those named in `skip`) to an argparse parser (the magic's and
     the CLI's `start` and `kernelspec install`). An option not given is None in the namespace;
     `given_values` drops those."""
-    for o in OPTIONS:
+    for o in table().options:
         if o.name in skip:
             continue
         text = o.help.replace("%", "%%")
@@ -222,17 +234,18 @@ def given_values(source: argparse.Namespace | Mapping[str, Any]) -> dict[str, An
     """The start options a parsed command line (or a form) gave, by name; the rest are left out,
     so they take their defaults."""
     items = vars(source) if isinstance(source, argparse.Namespace) else source
-    return {name: items[name] for name in NAMES if items.get(name) is not None}
+    return {name: items[name] for name in table().names if items.get(name) is not None}
 
 
 def body_problems(body: Mapping[str, Any]) -> dict[str, str]:
     """What is wrong with a REST body before its values are read: fields that are no option,
     and values of the wrong JSON type. Cheap; needs nothing but the body."""
     problems: dict[str, str] = {}
+    t = table()
     for key, value in body.items():
-        option = BY_NAME.get(key)
+        option = t.by_name.get(key)
         if option is None:
-            problems[field_shown(key)] = f"unknown field; allowed: {', '.join(NAMES)}"
+            problems[field_shown(key)] = f"unknown field; allowed: {', '.join(t.names)}"
             continue
         types, expected = _JSON_TYPES[option.kind]
         if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
@@ -264,7 +277,7 @@ def _read(values: Mapping[str, Any], catalog, backends: Iterable[str] | None) ->
     parsed: dict[str, Any] = {}
     problems: dict[str, str] = {}
     known = sorted(backends) if backends is not None else None
-    for option in OPTIONS:  # in the table's order, so every face lists problems alike
+    for option in table().options:  # in the table's order, so every face lists problems alike
         value = values.get(option.name)
         if isinstance(value, str) and len(value) > option.max_len:  # before anything reads it
             problems[option.name] = f"{option.what} is {len(value):,} characters long; at most {option.max_len}"
@@ -353,8 +366,9 @@ def build_spec(
     check the name against (None: not checked here). Keys that are no option go to
     `spec.extra` unchanged (backend-specific settings of Python callers, e.g. boot_timeout).
     Raises BadOptions naming every bad field in the words of `face`."""
+    by_name = table().by_name
     values = {_LEGACY.get(k, k): v for k, v in values.items()}
-    raw = {k: v for k, v in values.items() if not (k in BY_NAME and _not_given(BY_NAME[k], v))}
+    raw = {k: v for k, v in values.items() if not (k in by_name and _not_given(by_name[k], v))}
     if raw.get("type") is None:
         raw["type"] = config.default_type
     if raw.get("backend") is None:
@@ -366,13 +380,13 @@ def build_spec(
     spec = LaunchSpec(gpu_type=gpu_name, gpu_count=count, backend=parsed.pop("backend"),
                       idle_timeout_s=parsed.pop("idle"))
     for name, value in parsed.items():
-        option = BY_NAME[name]
+        option = by_name[name]
         if option.spec_field is not None:
             if value is not None or option.kind in ("duration", "money"):
                 setattr(spec, option.spec_field, value)
         elif value is not None or option.kind == "duration":  # a duration's None: off, as given
             spec.extra[name] = value
-    spec.extra.update({k: v for k, v in values.items() if k not in BY_NAME and v is not None})
+    spec.extra.update({k: v for k, v in values.items() if k not in by_name and v is not None})
     return spec
 
 
@@ -395,6 +409,6 @@ def options_document(config, *, catalog, backends: Iterable[str], backend_defaul
                 "choices": choices.get(o.kind, list(o.choices) if o.choices is not None else None),
                 "form": o.form,
             }
-            for o in OPTIONS
+            for o in table().options
         ]
     }

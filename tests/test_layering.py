@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parent.parent / "gpusession"
 # lowest first; a module may import its own layer and the ones below
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core data", ("errors", "models", "protocol", "envnames", "tarsafe")),
-    ("options", ("options", "metrics", "catalog", "config", "settings", "durations", "textvalues", "cost", "progress", "agentargs", "procs")),
+    ("options", ("options", "registry", "metrics", "catalog", "config", "settings", "durations", "textvalues", "cost", "progress", "agentargs", "procs")),
     ("transport", ("sshlogin", "tunnel", "kernel", "bundle", "pulls")),
     ("backends", ("backends",)),
     ("agent", ("agent",)),

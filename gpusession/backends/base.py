@@ -35,6 +35,7 @@ from ..protocol import Marker, StopDetails, StopKind, StopReason, parse_marker
 
 if TYPE_CHECKING:
     from ..catalog import Catalog
+    from ..options import StartOption
     from ..config import GpuSessionConfig
     from ..models import KernelEndpoint, LaunchSpec, SessionRecord
     from ..progress import Progress
@@ -185,6 +186,38 @@ class Backend(abc.ABC):
 
     name: ClassVar[str]  # the --backend word, also in every record's spec.backend
 
+    # -- its surface: read from the class (never an instance) by the option table, the faces,
+    # the docs and gc, so adding a backend is its package and its entry point, nothing else --
+
+    start_options: ClassVar[tuple["StartOption", ...]] = ()
+    """The start options only this backend reads (`gpusession.options.StartOption` rows, their
+    `backends` left None): `gpusession.options` gathers them from every registered class into
+    the one option table behind the magic, the CLI, the REST body and both start forms, with
+    `backends` set to this backend's name. A backend reads their values from `spec.extra` (or
+    the row's `spec_field`). Two backends may declare the same row; it then applies to both."""
+
+    keeps_workspaces: ClassVar[bool] = False
+    """Its workspaces outlive the session (--workspace, --resume, --save-timeout, --save-cap
+    apply to it; `gpusession workspaces` asks its `list_workspaces`)."""
+
+    takes_host: ClassVar[bool] = False
+    """It runs on a machine the user names with --host (an engine, a login node)."""
+
+    takes_image: ClassVar[bool] = False
+    """It runs the session in a container image the user may name with --image (see
+    `default_image` for the one it takes when none is named)."""
+
+    default_rank: ClassVar[int | None] = None
+    """Its place when no backend was named or configured: the session layer asks `available()`
+    of the backends with a rank, lowest first, and takes the first that answers yes (docker 10,
+    local 90: docker when an engine answers, else local). None: used only when named."""
+
+    order: ClassVar[int] = 100
+    """Its place in listings (workspaces, an option's backends, the docs): lowest first."""
+
+    price_source: ClassVar[str] = "GpuSessionConfig.price_per_hour, else the catalog's on-demand rate"
+    """Where `price_per_hour` takes its price from, in words (the docs' backend table)."""
+
     def __init__(self, config: "GpuSessionConfig", recorder: Recorder):
         self.config = config
         self.recorder = recorder
@@ -211,6 +244,11 @@ class Backend(abc.ABC):
             return self.config.price_per_hour
         gpu = catalog.get(spec.gpu_type)
         return catalog.price_per_hour(gpu, spec.gpu_count)
+
+    def default_image(self) -> str | None:
+        """Called by `provision` (and the docs): the image a session runs when --image names
+        none; None when the backend runs no image of its own choosing (the node's Python)."""
+        return None
 
     @abc.abstractmethod
     def provision(self, record: "SessionRecord", progress: "Progress") -> None:
@@ -265,6 +303,15 @@ class Backend(abc.ABC):
     def remove_resource(self, resource: RemoteResource) -> None:
         """Called by gc for a resource from `list_resources` whose session is stopped or unknown
         to the store. Remove it only when it still carries `resource.session_id`; gone is fine."""
+
+    def runtime_copies(self, remote: bool = False) -> list[RemoteResource]:
+        """Called by `gpusession gc`, after `list_resources`: copies of the runtime this backend
+        keeps on its machines (Docker volumes of other gpusession builds) that no session uses,
+        each with `details["why"]`. Only this machine's (or, with `remote`, every machine this
+        store's sessions used). gc removes them with `remove_resource` under --volumes, and
+        otherwise only counts them in a note: they cost disk, not money. Must not change
+        anything. The default: none."""
+        return []
 
     # -- workspaces (optional: a backend without them keeps nothing after a stop) -------------
 

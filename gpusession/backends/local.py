@@ -63,6 +63,9 @@ def _process_label(pid: int) -> str | None:
 
 class LocalBackend(Backend):
     name = "local"
+    keeps_workspaces = True  # a folder per workspace
+    default_rank = 90  # the default when no engine answers: it needs nothing but this Python
+    order = 10
 
     @classmethod
     def available(cls, timeout: float = 2.0) -> bool:

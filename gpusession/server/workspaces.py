@@ -8,7 +8,7 @@ import tornado.web
 
 from ..durations import shown
 from ..errors import BadInput
-from ..options import WORKSPACE_BACKENDS
+from ..backends import workspace_backends
 from ..session.workspaces import NoWorkspace, WorkspaceInUse, list_all, remove
 from ..textvalues import workspace_name
 from ..workspace_words import workspace_rest_view
@@ -46,8 +46,9 @@ class WorkspaceHandler(BaseHandler):
             return self.fail(400, f"deleting workspace {name} deletes its files and saved variables; confirm it with "
                                   f"'confirm' set to the workspace's name ({name}), got {got}")
         backend = self.get_query_argument("backend", None)
-        if backend is not None and backend not in WORKSPACE_BACKENDS:
-            return self.fail(400, f"'backend' {shown(backend, 40)}: workspaces are kept by {', '.join(WORKSPACE_BACKENDS)}")
+        kept_by = workspace_backends()
+        if backend is not None and backend not in kept_by:
+            return self.fail(400, f"'backend' {shown(backend, 40)}: workspaces are kept by {', '.join(kept_by)}")
         m = self.api.manager
 
         def deleting() -> dict:

@@ -77,8 +77,7 @@ def _runtime_copies(backend, *, dry_run: bool, remove: bool, notes: list[str] | 
     """The runtime copies (Docker volumes) of other gpusession builds that nothing uses: removed
     with `remove` (gc --volumes), else one note saying how many. Not removed by default: they
     cost disk, not money, and a client of that build sharing the engine would copy them again."""
-    finder = getattr(backend, "runtime_copies", None)
-    copies = finder(remote=remove) if finder is not None else []  # the note: the local engine only
+    copies = backend.runtime_copies(remote=remove)  # the note: this machine's only
     if not remove:
         if copies and notes is not None:
             notes.append(f"{len(copies)} runtime volume(s) of other gpusession builds are used by no container: "

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import options
-from ..backends import Backend, Link, load_backend_class
+from ..backends import Backend, Link, default_order, load_backend_class, loaded_classes
 from ..catalog import load_catalog
 from ..durations import KEEPALIVE
 from ..errors import GpuSessionError, KernelDied, SessionEnded, StageError
@@ -35,15 +35,19 @@ FRESH_S = 15.0  # how long a fetched stats document may fill in a view's idle co
 
 
 def default_backend_name(config: GpuSessionConfig) -> str:
-    """The configured default, else docker when an engine answers, else local."""
+    """The configured default, else the first backend whose `available()` answers yes in the
+    backends' `default_rank` order (docker when an engine answers, else local); the last ranked
+    one when none answers."""
     if config.default_backend:
         return config.default_backend
-    try:
-        if load_backend_class("docker").available():
-            return "docker"
-    except GpuSessionError:
-        pass
-    return "local"
+    ranked = default_order(loaded_classes())
+    for name in ranked[:-1]:
+        try:
+            if load_backend_class(name).available():
+                return name
+        except GpuSessionError:
+            pass
+    return ranked[-1] if ranked else "local"
 
 
 class SessionManager:

@@ -7,7 +7,7 @@ from typing import Any
 from ..cost import cost_of, uptime_seconds
 from ..durations import exact_decimal
 from ..models import LaunchSpec, SessionRecord, State
-from ..options import OPTIONS
+from .. import options
 
 
 def session_view(record: SessionRecord, live: dict | None = None, *, verified: bool = True,
@@ -77,7 +77,7 @@ def restart_body(spec: LaunchSpec, resume: str | None = None) -> dict[str, Any]:
     for name in ("gpu_only", "spot"):
         if getattr(spec, name):
             body[name] = True
-    for option in OPTIONS:  # the options kept in spec.extra (docker's --gpus, aws's --fallback...)
+    for option in options.OPTIONS if spec.extra else ():  # the options kept in spec.extra (docker's --gpus, aws's --fallback...)
         value = spec.extra.get(option.name) if option.spec_field is None else None
         if option.kind == "duration" and option.name in spec.extra and option.spec_field is None:
             value = f"{exact_decimal(value)}s" if value else "off"  # None: off, as it was given

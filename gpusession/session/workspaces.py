@@ -11,7 +11,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendUnavailable, BadInput, GpuSessionError, WorkspaceInUse
-from ..options import WORKSPACE_BACKENDS
+from ..backends import workspace_backends
 from .agentclient import AgentClient, AgentUnavailable
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ __all__ = ["WorkspaceInUse"]  # (defined in errors.py: the store raises it too)
 def workspace_claim(spec: "LaunchSpec", name: str) -> tuple[str, str, str] | None:
     """What a session holds while active: (backend, engine or region, workspace); None when its
     backend keeps no workspace. The store refuses a second active session on the same one."""
-    if spec.backend not in WORKSPACE_BACKENDS:
+    if spec.backend not in workspace_backends():
         return None
     extra = spec.extra
     where = str(extra.get("host") or extra.get("region") or "")
@@ -87,7 +87,7 @@ def list_all(manager: "SessionManager", skipped: list[str] | None = None) -> lis
     """Every workspace the workspace backends keep, with the sessions that used each."""
     records = manager.store.list()
     views = []
-    for name in WORKSPACE_BACKENDS:
+    for name in workspace_backends():
         try:
             found = manager.backend(name).list_workspaces()
         except (BackendUnavailable, GpuSessionError) as exc:

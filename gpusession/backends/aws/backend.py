@@ -23,8 +23,10 @@ from typing import Any
 
 from ...agentargs import WORKSPACE_MOUNT, args_for, workspace_name
 from ...catalog import Catalog, load_catalog
+from ... import textvalues
 from ...errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ...models import LaunchSpec, SessionRecord
+from ...options import StartOption
 from ...progress import Progress
 from ...protocol import StopDetails
 from ..base import Backend, Link, RemoteResource
@@ -40,6 +42,31 @@ RUNNING_STATES = ("pending", "running")
 
 class AwsBackend(Backend):
     name = "aws"
+    keeps_workspaces = True  # an EBS volume per workspace
+    takes_image = True
+    order = 30
+    price_source = "the instance's spot price when AWS tells it (--spot), else the catalog's spot or on-demand price"
+    start_options = (  # (docs/aws.md)
+        StartOption("workspace_size", ("--workspace-size",), "text", "Workspace size (GiB)", "aws: a new workspace's gp3 "
+                    "volume in GiB (default 50)", "workspace size", reader=textvalues.gib_size),
+        StartOption("spot", ("--spot",), "bool", "Spot instance", "aws: use spot capacity", "spot", default=False, spec_field="spot", form=True),
+        StartOption("region", ("--region",), "text", "Region", "aws: region, e.g. us-east-1", "region",
+                    spec_field="region", reader=textvalues.aws_region),
+        StartOption("ssh_cidr", ("--ssh-cidr",), "text", "SSH from", "aws: addresses allowed to SSH in, e.g. "
+                    "203.0.113.7/32 (default: your address /32)", "SSH address range",
+                    max_len=64, reader=textvalues.address_range),
+        StartOption("fallback", ("--fallback",), "choice", "Capacity fallback", "aws: on a capacity error try another "
+                    "zone, on-demand, or both (default off)", "fallback", default="off",
+                    choices=("off", "zone", "on-demand", "any")),
+        StartOption("max_price", ("--max-price",), "money", "Max spot price ($/h)", "aws spot: highest $/hour to pay "
+                    "(default: the on-demand price)", "max price"),
+        StartOption("ami", ("--ami",), "text", "Machine image", "aws: machine image id (default: a GPU image from SSM "
+                    "public parameters)", "machine image",
+                    reader=textvalues.machine_image),
+    )
+
+    def default_image(self) -> str | None:
+        return os.environ.get("GPUSESSION_AWS_IMAGE") or self.config.docker_image
 
     def __init__(self, config, recorder):
         super().__init__(config, recorder)
@@ -169,7 +196,7 @@ class AwsBackend(Backend):
 
         plan = launch.attempts(spec.spot, launch.fallback_mode(extra), places, prices)
         host_key = new_host_key(name)
-        image = spec.image or os.environ.get("GPUSESSION_AWS_IMAGE") or self.config.docker_image
+        image = spec.image or self.default_image()
         save(instance_host_key=host_key.public, image=image, ami=ami)
 
         def price_of(attempt: launch.Attempt) -> float:

@@ -27,6 +27,7 @@ from typing import Any
 from ...agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, args_for
 from ...errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ...models import LaunchSpec, SessionRecord, State
+from ...options import StartOption
 from ...progress import Progress
 from ...textvalues import ssh_host
 from ...protocol import ENV_KERNEL_KEY, ENV_RUNTIME_BRINGS, ENV_RUNTIME_PYTHON, ENV_SESSION_ID, Marker, StopDetails
@@ -70,6 +71,18 @@ NO_NVIDIA = (
 
 class DockerBackend(EngineWorkspaces, Backend):
     name = "docker"
+    keeps_workspaces = True  # a volume per workspace
+    takes_host = True  # a remote engine: ssh://user@host[:port]
+    takes_image = True
+    default_rank = 10  # the default when an engine answers
+    order = 20
+    start_options = (
+        StartOption("gpus", ("--gpus",), "gpus", "GPUs", "docker: GPUs to request, 'all' or a number (default: all, or "
+                    "the count in --type)", "GPU request"),
+    )
+
+    def default_image(self) -> str | None:
+        return self.config.docker_image
 
     def __init__(self, config, recorder):
         super().__init__(config, recorder)
@@ -127,7 +140,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         progress.step(f"connecting to the Docker engine {spec.host or '(local)'}")
         client = self.client(spec.host)
         self.recorder.save(record.id, engine=spec.host or "")  # from here its engine may hold something (stop, gc)
-        name = spec.image or self.config.docker_image
+        name = spec.image or self.default_image()
         labels = {LABEL: record.id, STORE_LABEL: self.recorder.store_id}
         image = find_or_pull_image(client, name, progress)
         # the image's own Python runs the kernel; the runtime bundle brings what it lacks
