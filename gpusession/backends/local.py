@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..agentargs import args_for, workspace_name
+from ..agentargs import AgentArgs, workspace_name
 from .. import procs
 from ..errors import StageError
 from ..settings import private_socket_dir
@@ -89,19 +89,14 @@ class LocalBackend(Backend):
             "-m",
             "gpusession.agent",
             "run",
-            "--session-id",
-            record.id,
-            "--state-dir",
-            str(state_dir),
-            "--kernel-ip",
-            os.path.join(sockets, "k"),  # unix sockets in a 0700 folder: no other user reaches the kernel
-            "--kernel-ports",
-            "0",
-            "--cwd",
-            str(workspace),
-            "--workspace",
-            str(workspace),
-            *args_for(record),
+            *AgentArgs.for_record(
+                record,
+                session_id=record.id,
+                state_dir=str(state_dir),
+                kernel_ip=os.path.join(sockets, "k"),  # unix sockets in a 0700 folder: no other user reaches the kernel
+                cwd=str(workspace),
+                workspace=str(workspace),
+            ).argv(),
         ]
         env = dict(os.environ, **{ENV_SESSION_ID: record.id})
         env.pop("JPY_PARENT_PID", None)
