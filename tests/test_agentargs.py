@@ -96,3 +96,14 @@ def test_a_record_with_its_placement_and_billing_left_to_the_runtime():
     queued = AgentArgs.for_record(rec, session_id="abc", state_dir="/tmp/x", billed_since=None)
     assert "--billed-since" not in queued.argv() and agent_reads(queued).billed_since is None
     assert dataclasses.replace(queued, billed_since=billed.billed_since) == billed
+
+
+def test_the_first_steps_quick_read_takes_the_same_placement():
+    """The bundle's first step reads the kernel's placement without argparse (it starts the
+    kernel before the runtime loads): from argv() it reads what the agent reads."""
+    from gpusession.agent.kernelspawn import _options
+
+    args = AgentArgs(session_id="abc", state_dir="/tmp/x", kernel_ip="/tmp/s/k", kernel_ports=7, cwd="/w",
+                     workspace="/ws", restore=True)
+    assert _options(args.argv()) == {"--session-id": "abc", "--state-dir": "/tmp/x", "--kernel-ip": "/tmp/s/k",
+                                     "--kernel-ports": "7", "--cwd": "/w", "--workspace": "/ws", "--restore": ""}
