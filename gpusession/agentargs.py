@@ -1,58 +1,239 @@
-"""The agent's command line as the local side writes it: `args_for(record)`, the options every
-backend passes to `python -m gpusession.agent run` (gpusession/agent/service.py parses them).
-Below the backends and the agent, so both use it without importing each other.
+"""The agent's command line, one typed value: `AgentArgs`, what `python -m gpusession.agent run`
+takes. The local side makes it (`AgentArgs.for_record(record, **placement)`: the record's limits,
+and the placement a backend fills in: session id, state dir, kernel ip/sockets, ports, workspace,
+billed-since or not) and writes it (`argv()`); the agent reads it with the parser made from the
+same fields (`add_arguments`, gpusession/agent/runtime.py and service.py), so a flag, its type and
+its default are written once, here. Below the backends and the agent (standard library, Python
+3.9), so both use it without importing each other; it ships in the runtime bundle.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
 from .cost import billing_started_at
-from .durations import exact_decimal
+from .durations import IDLE, MAX_RUNTIME, SAVE_TIMEOUT, DurationRule, exact_decimal, format_bound, parse_money
+from .errors import BadInput
+from .protocol import DEFAULT_IDLE_S
+
+# the agent's defaults (the idle one is the session's too: gpusession.protocol.DEFAULT_IDLE_S)
+DEFAULT_GPU_THRESHOLD = 5.0  # percent; a GPU at or above it counts as busy
+DEFAULT_KEEPALIVE_LIMIT_S = 4 * 3600.0  # a keepalive postpones the idle stop at most this far ahead
+DEFAULT_SAVE_TIMEOUT_S = 60.0  # the bound of a save before a watchdog stop (and of an asked one)
+DEFAULT_SAVE_CAP = 2 * 1024**3  # bytes: a variable whose pickle is larger is skipped
+DEFAULT_HISTORY_S = 3600  # seconds of samples kept
+DEFAULT_INTERVAL_S = 1.0  # seconds between the watchdog's decisions, and between samples
+
+PLACEMENT = "placement"  # where the backend puts the runtime: options of the `run` command itself
+WATCHDOG = "agent: live stats and the watchdog that stops the session"  # their argument group
+
+# kinds of value: how argv() writes one and how the parser reads it back, exactly
+TEXT, INT, FLOAT, NUMBER, MONEY, FLAG, RECORDING = "text", "int", "float", "number", "money", "flag", "recording"
 
 
-def args_for(record) -> list[str]:
-    """The agent options for a session record (every backend passes these). Values are single
-    words (a shell script passes them on: an instance's boot script, a batch job), and
-    exact: durations in seconds with their unit ("1000800s"), numbers without an exponent, so
-    the agent reads back the very values of the record."""
-    spec = record.spec
-    out = [
-        "--idle", _seconds(spec.idle_timeout_s) if spec.idle_timeout_s else "off",
-        "--price-per-hour", _num(record.price_per_hour or 0.0),
-        "--gpu-count", str(int(spec.gpu_count or 1)),
-    ]
-    billed = billing_started_at(record)
-    if billed is not None:
-        out += ["--billed-since", f"{billed:.3f}"]
-    if spec.gpu_only:
-        out.append("--gpu-only")
-    if spec.max_runtime_s:
-        out += ["--max-runtime", _seconds(spec.max_runtime_s)]
-    if spec.max_cost:
-        out += ["--max-cost", _num(spec.max_cost)]
-    for key, flag in (("gpu_threshold", "--gpu-threshold"), ("keepalive_limit_s", "--keepalive-limit"),
-                      ("check_interval_s", "--check-interval")):
-        if spec.extra.get(key) is not None:
-            out += [flag, _num(float(spec.extra[key]))]
-    if "save_timeout" in spec.extra:  # None: off, no save before a watchdog stop
-        timeout = spec.extra["save_timeout"]
-        out += ["--save-timeout", _seconds(timeout) if timeout else "off"]
-    if spec.extra.get("save_cap") is not None:
-        out += ["--save-cap", str(int(spec.extra["save_cap"]))]
-    if spec.extra.get("resume"):
-        out.append("--restore")
-    if spec.extra.get("nvml_replay"):  # a recording to replay instead of the GPUs: only when asked
-        out += ["--nvml-replay", str(spec.extra["nvml_replay"])]
-    return out
+def _option(default: Any, kind: Any, help: str, *, group: str = WATCHDOG, metavar: str | None = None,
+            always: bool = False, required: bool = False):
+    """A field of AgentArgs with its flag's make-up. `kind`: one of the kinds above or a
+    DurationRule; `always`: written even at its default (what every backend says explicitly)."""
+    meta = {"kind": kind, "help": help, "group": group, "metavar": metavar, "always": always or required}
+    if required:
+        return dataclasses.field(metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
-def _num(value: float) -> str:
-    """A number exactly, as a plain decimal: 1000800.0 -> "1000800", 0.1 -> "0.1"."""
-    return exact_decimal(value)
+def flag_of(name: str) -> str:
+    """A field's flag: gpu_only -> --gpu-only (argparse's dest is the field's name)."""
+    return "--" + name.replace("_", "-")
 
 
-def _seconds(value: float) -> str:
-    """A duration in the grammar, exactly: "1000800s" (a bare number would mean minutes)."""
-    return exact_decimal(value) + "s"
+@dataclasses.dataclass(frozen=True)
+class AgentArgs:
+    """The options of `python -m gpusession.agent run`; the field's name is its flag's dest."""
+
+    # -- placement: the backend's (where the runtime runs and listens)
+    session_id: str = _option(None, TEXT, "", group=PLACEMENT, required=True)
+    state_dir: str = _option(None, TEXT, "", group=PLACEMENT, required=True)
+    kernel_ip: str = _option("127.0.0.1", TEXT, "loopback address of the kernel's ports, or a path prefix in a 0700 "
+                             "folder: unix sockets", group=PLACEMENT)
+    kernel_ports: int = _option(0, INT, "first of 5 consecutive ports; 0 = free ports", group=PLACEMENT, always=True)
+    agent_port: int = _option(0, INT, "agent HTTP port on 127.0.0.1; 0 = a free one (runtime.json says which), -1 = none",
+                              group=PLACEMENT, always=True)
+    ready_timeout: float = _option(60.0, FLOAT, "", group=PLACEMENT)
+    cwd: str = _option("", TEXT, "", group=PLACEMENT)
+    workspace: str = _option("", TEXT, "the workspace folder: checkpoints are saved there (default: none)",
+                             group=PLACEMENT)
+    restore: bool = _option(False, FLAG, "the first kernel restores the workspace's checkpoint", group=PLACEMENT)
+    # -- the watchdog and the stats: the session record's
+    idle: float | None = _option(DEFAULT_IDLE_S, IDLE, "stop after this long idle (no cell running and every GPU "
+                                 "under --gpu-threshold): 90s, 15m, 2h, a bare number of minutes, or off; default "
+                                 f"{format_bound(DEFAULT_IDLE_S)}", metavar="DURATION|off", always=True)
+    gpu_only: bool = _option(False, FLAG, "only GPU utilization counts as activity (a busy kernel whose GPU idles is idle)")
+    gpu_threshold: float = _option(DEFAULT_GPU_THRESHOLD, NUMBER, "a GPU at or above this utilization is busy "
+                                   f"(default {exact_decimal(DEFAULT_GPU_THRESHOLD)})", metavar="PERCENT")
+    max_runtime: float | None = _option(None, MAX_RUNTIME, "hard stop this long after billing started (8h, 90m; a "
+                                        "bare number means minutes)", metavar="DURATION")
+    max_cost: float | None = _option(None, MONEY, "stop once the session has cost this much (warning at 80%%)",
+                                     metavar="DOLLARS")
+    price_per_hour: float = _option(0.0, NUMBER, "price of the whole session, for the cost meter", metavar="DOLLARS",
+                                    always=True)
+    billed_since: float | None = _option(None, NUMBER, "when billing started (default: when the runtime started)",
+                                         metavar="UNIX")
+    gpu_count: int = _option(1, INT, "GPUs billed, for GPU-hours in the summary", always=True)
+    keepalive_limit: float = _option(DEFAULT_KEEPALIVE_LIMIT_S, NUMBER, "a keepalive postpones the idle stop at most "
+                                     f"this far ahead (default {format_bound(DEFAULT_KEEPALIVE_LIMIT_S)})",
+                                     metavar="SECONDS")
+    check_interval: float = _option(DEFAULT_INTERVAL_S, NUMBER, "how often the watchdog decides (default "
+                                    f"{exact_decimal(DEFAULT_INTERVAL_S)})", metavar="SECONDS")
+    sample_interval: float = _option(DEFAULT_INTERVAL_S, NUMBER, "how often to sample; 0 = never (default "
+                                     f"{exact_decimal(DEFAULT_INTERVAL_S)})", metavar="SECONDS")
+    history: float = _option(float(DEFAULT_HISTORY_S), NUMBER, f"seconds of samples kept (default {DEFAULT_HISTORY_S})",
+                             metavar="SECONDS")
+    shutdown_command: str = _option("", TEXT, "shell command run when the session stops, e.g. 'shutdown -h now' on a "
+                                    "cloud instance", metavar="CMD")
+    save_timeout: float | None = _option(DEFAULT_SAVE_TIMEOUT_S, SAVE_TIMEOUT, "before a watchdog stop, save the "
+                                         "kernel's variables into --workspace for at most this long (default "
+                                         f"{exact_decimal(DEFAULT_SAVE_TIMEOUT_S)}s; off: do not save)",
+                                         metavar="DURATION|off")
+    save_cap: int = _option(DEFAULT_SAVE_CAP, INT, "a variable whose pickle is larger is skipped (default "
+                            f"{DEFAULT_SAVE_CAP // 1024**3} GiB; 0: no cap)", metavar="BYTES")
+    no_agent: bool = _option(False, FLAG, "no stats, no watchdog (a baseline for benchmarks)")
+    nvml_replay: str | None = _option(None, RECORDING, "replay raw NVML values recorded from a driver "
+                                      "(tests/data/nvml_*.json, written by nvml-record), in a loop, instead of this "
+                                      "machine's GPUs; the stats say \"source\": \"recorded\". For demos and tests "
+                                      "without a GPU; never on by default", metavar="FILE")
+
+    @classmethod
+    def for_record(cls, record, **placement: Any) -> "AgentArgs":
+        """The agent's options for a session record, with the backend's `placement` (session_id
+        and state_dir at least; billed_since=None where billing starts with the runtime)."""
+        spec, extra = record.spec, record.spec.extra
+        limits: dict[str, Any] = {
+            "idle": spec.idle_timeout_s or None,
+            "price_per_hour": float(record.price_per_hour or 0.0),
+            "gpu_count": int(spec.gpu_count or 1),
+            "billed_since": billing_started_at(record),
+            "gpu_only": bool(spec.gpu_only),
+            "max_runtime": spec.max_runtime_s or None,
+            "max_cost": spec.max_cost or None,
+            "restore": bool(extra.get("resume")),
+            "nvml_replay": str(extra["nvml_replay"]) if extra.get("nvml_replay") else None,  # only when asked
+        }
+        for key, name in (("gpu_threshold", "gpu_threshold"), ("keepalive_limit_s", "keepalive_limit"),
+                          ("check_interval_s", "check_interval")):
+            if extra.get(key) is not None:
+                limits[name] = float(extra[key])
+        if "save_timeout" in extra:  # None: off, no save before a watchdog stop
+            limits["save_timeout"] = extra["save_timeout"] or None
+        if extra.get("save_cap") is not None:
+            limits["save_cap"] = int(extra["save_cap"])
+        return cls(**{**limits, **placement})
+
+    def argv(self) -> list[str]:
+        """The options as words (a shell script passes them on: an instance's boot script, a batch
+        job), exact: durations in seconds with their unit ("1000800s"), numbers without an
+        exponent, so the agent reads back the very values. A value at its default is left out,
+        unless the field is always written."""
+        out: list[str] = []
+        for field in dataclasses.fields(self):
+            value, meta = getattr(self, field.name), field.metadata
+            if not meta["always"] and value == field.default:
+                continue
+            if meta["kind"] == FLAG:
+                out += [flag_of(field.name)] if value else []
+            else:
+                out += [flag_of(field.name), _word(meta["kind"], value)]
+        return out
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> "AgentArgs":
+        return cls(**{field.name: getattr(ns, field.name) for field in dataclasses.fields(cls)})
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str]) -> "AgentArgs":
+        """What argv() wrote, read back as the agent reads it (a recording stays its path)."""
+        parser = argparse.ArgumentParser(prog="gpusession.agent run")
+        add_arguments(parser, PLACEMENT)
+        add_arguments(parser, WATCHDOG)
+        return cls.from_namespace(parser.parse_args(list(argv)))
+
+
+def add_arguments(parser, group: str, types: dict[str, Callable[[str], Any]] | None = None) -> None:
+    """AgentArgs' options of `group` (PLACEMENT or WATCHDOG) on `parser` (an argparse parser or
+    group), with their defaults. `types` reads a kind otherwise (the agent loads a recording)."""
+    for field in dataclasses.fields(AgentArgs):
+        meta = field.metadata
+        if meta["group"] != group:
+            continue
+        kind, extra = meta["kind"], {}
+        if meta["help"]:
+            extra["help"] = meta["help"]
+        if meta["metavar"]:
+            extra["metavar"] = meta["metavar"]
+        if field.default is dataclasses.MISSING:
+            extra["required"] = True
+        else:
+            extra["default"] = field.default
+        if kind == FLAG:
+            parser.add_argument(flag_of(field.name), action="store_true", **{k: v for k, v in extra.items()
+                                                                             if k != "default"})
+            continue
+        reader = (types or {}).get(kind) if isinstance(kind, str) else None
+        parser.add_argument(flag_of(field.name), type=reader or _reader(kind), **extra)
+
+
+def _word(kind: Any, value: Any) -> str:
+    """One value as argv() writes it."""
+    if isinstance(kind, DurationRule):  # the grammar, exactly: "1000800s" (a bare number would mean minutes)
+        return "off" if value is None else exact_decimal(value) + "s"
+    if kind == INT:
+        return str(int(value))
+    if kind in (FLOAT, NUMBER, MONEY):  # a plain decimal: 1000800.0 -> "1000800", 0.1 -> "0.1"
+        return exact_decimal(value)
+    return str(value)
+
+
+def _reader(kind: Any) -> Callable[[str], Any]:
+    """The argparse type of a kind: its values read back, bad ones in one line."""
+    if isinstance(kind, DurationRule):
+        return _duration(kind)
+    return {TEXT: str, RECORDING: str, INT: int, FLOAT: float, NUMBER: positive, MONEY: _dollars}[kind]
+
+
+def _duration(rule: DurationRule):
+    """An argparse type reading `rule`'s durations in the one grammar (gpusession/durations.py):
+    90s, 15m, 2h, a bare number of minutes, off."""
+
+    def parse(text: str) -> float | None:
+        try:
+            return rule.parse(text)
+        except BadInput as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = rule.what
+    return parse
+
+
+def _dollars(text: str) -> float | None:
+    try:
+        return parse_money(text, what="max cost")
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number, not negative."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
+    return value
 
 
 # -- the workspace (what outlives the session: a Docker volume, a folder) ------------------------

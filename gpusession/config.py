@@ -73,8 +73,8 @@ class GpuSessionConfig(Configurable):
     default_idle = Unicode(
         BUILTIN_IDLE,
         help="Idle timeout when none is given: 90s, 15m, 1h30m, or a bare number of minutes; "
-        "'off' (or 0) means never stop on idle. Default: env GPUSESSION_IDLE, else '30m'; empty "
-        "means '30m'."
+        "'off' (or 0) means never stop on idle. Default: env GPUSESSION_IDLE, else "
+        f"'{BUILTIN_IDLE}'; empty means '{BUILTIN_IDLE}'."
     ).tag(config=True)
 
     price_per_hour = Float(

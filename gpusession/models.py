@@ -7,7 +7,7 @@ import enum
 import time
 from typing import Any
 
-from .protocol import StopReason
+from .protocol import DEFAULT_IDLE_S, StopReason
 
 
 class State(str, enum.Enum):
@@ -40,7 +40,7 @@ class LaunchSpec:
     name: str | None = None  # user-facing name; generated when None
     image: str | None = None  # container image (docker/aws); None means the default
     host: str | None = None  # docker host URL (ssh://user@host) or None for local engine
-    idle_timeout_s: float | None = 1800.0  # None means never stop for idleness
+    idle_timeout_s: float | None = DEFAULT_IDLE_S  # None means never stop for idleness
     max_cost: float | None = None  # dollars; stop when reached
     max_runtime_s: float | None = None  # hard stop after this long
     spot: bool = False  # ask for spot capacity (aws)

@@ -22,9 +22,10 @@ import sys
 from typing import Any, Callable, Iterable, Mapping
 
 from . import metrics, registry, textvalues
-from .durations import IDLE, MAX_RUNTIME, SAVE_TIMEOUT, DurationRule, parse_money, shown
+from .durations import IDLE, MAX_RUNTIME, SAVE_TIMEOUT, DurationRule, format_bound, parse_money, shown
 from .errors import BadInput
 from .models import LaunchSpec
+from .protocol import DEFAULT_IDLE_S
 
 # How a face names a field in messages.
 REST = "rest"  # 'idle'        (REST bodies; also the keyword of SessionManager.make_spec)
@@ -105,7 +106,8 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
                 capability="takes_image", spec_field="image", max_len=512,
                 reader=textvalues.image_ref),
     StartOption("idle", ("--idle",), "duration", "Idle stop", "stop after this long idle: 90s, 15m, 1h30m, a bare "
-                "number of minutes, or off (or 0: never); 2s to 7 days (default 30m, or GpuSessionConfig.default_idle)",
+                f"number of minutes, or off (or 0: never); 2s to 7 days (default {format_bound(DEFAULT_IDLE_S)}, or "
+                "GpuSessionConfig.default_idle)",
                 "idle timeout", config_default="default_idle", spec_field="idle_timeout_s", form=True, rule=IDLE),
     StartOption("gpu_only", ("--gpu-only",), "bool", "GPU-only idle", "count only GPU utilization as activity "
                 "(stops a busy kernel whose GPU sits unused)", "GPU-only idle", default=False, spec_field="gpu_only"),

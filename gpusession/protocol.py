@@ -28,6 +28,10 @@ from .envnames import ENV_STATE_DIR as ENV_STATE_DIR
 from .envnames import ENV_WORKSPACE as ENV_WORKSPACE
 from .envnames import KERNEL_PORT_NAMES as KERNEL_PORT_NAMES
 
+# the idle stop when none is given: the session's (LaunchSpec), the settings' ("30m") and the
+# agent's default (gpusession.agentargs); written here alone
+DEFAULT_IDLE_S = 1800.0
+
 # -- the agent's HTTP endpoint ----------------------------------------------------------------
 
 

@@ -13,13 +13,14 @@ from typing import Callable, TypeVar
 import platformdirs
 from traitlets import TraitError
 
-from .durations import MAX_DOLLARS, RECONNECT, shown
+from .durations import MAX_DOLLARS, RECONNECT, format_bound, shown
 from .errors import BadInput, GpuSessionError
+from .protocol import DEFAULT_IDLE_S
 
 T = TypeVar("T")
 
 BUILTIN_TYPE = "t4"
-BUILTIN_IDLE = "30m"
+BUILTIN_IDLE = format_bound(DEFAULT_IDLE_S)  # "30m"
 # PyTorch's own image on nvidia/cuda 12.6 (devel, Ubuntu 22.04) with Python 3.11 in /opt/conda: its
 # cu126 build runs on every GPU of the catalog, V100 to H200 (docs/images.md says why this one)
 BUILTIN_IMAGE = "pytorch/pytorch:2.7.1-cuda12.6-cudnn9-devel"

@@ -7,13 +7,18 @@ import pytest
 
 from gpusession.agent.idle import ActivityTracker, StopPolicy
 from gpusession.agent.runtime import build_parser
-from gpusession.agentargs import args_for
+from gpusession.agentargs import AgentArgs
 from gpusession.cost import MINIMUM_BILLED_S, billing_started_at, cost_for_seconds, cost_of, seconds_until_cost
 from gpusession.models import Event, LaunchSpec, SessionRecord, State
 from gpusession.protocol import StopKind, StopReason, WarningKind
 from gpusession.words import describe_stop, describe_warning
 
 T0 = 1_700_000_000.0
+
+
+def args_for(rec) -> list[str]:
+    """The agent's options for a record, as a backend writes them (placed in /tmp/x)."""
+    return AgentArgs.for_record(rec, session_id="abc", state_dir="/tmp/x").argv()
 
 
 def build_policy_args(args: list[str]):

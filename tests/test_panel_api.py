@@ -19,7 +19,7 @@ from gpusession import options
 from gpusession.agent import service
 from gpusession.agent.nvml import NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
-from gpusession.agentargs import args_for
+from gpusession.agentargs import AgentArgs
 from gpusession.catalog import load_catalog
 from gpusession.config import GpuSessionConfig
 from gpusession.errors import SessionEnded
@@ -85,6 +85,11 @@ async def test_history_listing_says_how_sessions_ended(jp_fetch, manager):
     with pytest.raises(tornado.httpclient.HTTPClientError) as bad:
         await fetch_json(jp_fetch, "sessions", history="lots")
     assert bad.value.code == 400 and b"'history'" in bad.value.response.body
+
+
+def args_for(rec) -> list[str]:
+    """The agent's options for a record, as a backend writes them (placed in /tmp/x)."""
+    return AgentArgs.for_record(rec, session_id="abc", state_dir="/tmp/x").argv()
 
 
 def test_history_keeps_the_latest_ended(manager):

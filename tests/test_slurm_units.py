@@ -99,8 +99,7 @@ def test_the_sbatch_line():
                                               ("img:1", "apptainer"), ("img:1", "pyxis")])
 def test_the_batch_script_is_valid_shell(image, container, tmp_path):
     rec = record(image=image)
-    text = jobs.batch_script(rec, settings(container=container, modules="cuda/12", conda_env="torch"), PATHS,
-                             ["--idle", "1800s"])
+    text = jobs.batch_script(rec, settings(container=container, modules="cuda/12", conda_env="torch"), PATHS)
     path = tmp_path / "job.sh"
     path.write_text(text)
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0, text
@@ -130,7 +129,7 @@ def test_the_batch_script_reports_a_python_without_ipykernel(tmp_path):
     """Run as Slurm would (bash, on a 'node' that is this machine): a Python that cannot import
     ipykernel gives a FAILED marker saying what to install, and the job ends."""
     paths = jobs.JobPaths(session_dir=str(tmp_path / "session"), runtime_dir=str(tmp_path / "runtime"))
-    text = jobs.batch_script(record(), settings(python=str(tmp_path / "no-such-python")), paths, [])
+    text = jobs.batch_script(record(), settings(python=str(tmp_path / "no-such-python")), paths)
     result = subprocess.run(["bash", "-c", text], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 1
     assert "GPUSESSION_FAILED" in result.stdout and "cannot import ipykernel" in result.stdout

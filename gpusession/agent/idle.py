@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..agentargs import DEFAULT_GPU_THRESHOLD, DEFAULT_KEEPALIVE_LIMIT_S
 from ..cost import cost_for_seconds, seconds_until_cost
-from ..protocol import StopKind, StopReason, Warning, WarningKind  # standard library only, like cost
+from ..protocol import DEFAULT_IDLE_S, StopKind, StopReason, Warning, WarningKind  # standard library only, like cost
 
 WARNING_MAX_S = 300.0  # warn at most this long before a stop ...
 WARNING_FRACTION = 0.2  # ... and at most this fraction of the limit before it
 COST_WARNING_FRACTION = 0.8  # warn once spending reaches this share of --max-cost
-DEFAULT_KEEPALIVE_LIMIT_S = 4 * 3600.0
 
 
 def warning_lead(limit_s: float) -> float:
@@ -29,10 +29,10 @@ def warning_lead(limit_s: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class StopPolicy:
-    """The agent's limits, from its command line (gpusession.agentargs.args_for writes it from the record)."""
+    """The agent's limits, from its command line (gpusession.agentargs.AgentArgs, made from the record)."""
 
-    idle_timeout_s: float | None = 1800.0  # None: never stop for idleness
-    gpu_threshold: float = 5.0  # percent; a GPU at or above it counts as busy
+    idle_timeout_s: float | None = DEFAULT_IDLE_S  # None: never stop for idleness
+    gpu_threshold: float = DEFAULT_GPU_THRESHOLD  # percent; a GPU at or above it counts as busy
     gpu_only: bool = False  # only GPU utilization counts as activity
     max_runtime_s: float | None = None  # hard stop this long after billing started
     max_cost: float | None = None  # dollars; stop once spending reaches it

@@ -24,6 +24,7 @@ import subprocess
 import threading
 import time
 
+from ..agentargs import PLACEMENT, add_arguments
 from ..envnames import RESTART_FILE
 from ..protocol import KERNEL_PORT_NAMES, Marker, StopKind, StopReason, marker_line
 from . import service
@@ -234,16 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gpusession.agent")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="start the session kernel and its agent; return when the session ends")
-    run.add_argument("--session-id", required=True)
-    run.add_argument("--state-dir", required=True)
-    run.add_argument("--kernel-ip", default="127.0.0.1",
-                     help="loopback address of the kernel's ports, or a path prefix in a 0700 folder: unix sockets")
-    run.add_argument("--kernel-ports", type=int, default=0, help="first of 5 consecutive ports; 0 = free ports")
-    run.add_argument("--agent-port", type=int, default=0, help="agent HTTP port on 127.0.0.1; 0 = a free one (runtime.json says which), -1 = none")
-    run.add_argument("--ready-timeout", type=float, default=60.0)
-    run.add_argument("--cwd", default="")
-    run.add_argument("--workspace", default="", help="the workspace folder: checkpoints are saved there (default: none)")
-    run.add_argument("--restore", action="store_true", help="the first kernel restores the workspace's checkpoint")
+    add_arguments(run, PLACEMENT)  # gpusession.agentargs.AgentArgs: every option of `run`, written once
     service.add_arguments(run)
     service.add_commands(sub)
     return p

@@ -14,9 +14,9 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..agentargs import DEFAULT_HISTORY_S
 from .nvml import NvmlReader
 
-HISTORY_S = 3600  # seconds of samples kept
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -83,14 +83,14 @@ class ProcessTreeUsage:
 
 
 class Sampler:
-    """Builds samples and keeps HISTORY_S of them. `sample()` is called by the watchdog."""
+    """Builds samples and keeps DEFAULT_HISTORY_S of them. `sample()` is called by the watchdog."""
 
     def __init__(
         self,
         nvml: NvmlReader | None = None,
         usage: ProcessTreeUsage | None = None,
         *,
-        history_s: int = HISTORY_S,
+        history_s: int = DEFAULT_HISTORY_S,
         interval_s: float = 1.0,
         cpu_clock: Callable[[], float] = time.monotonic,
     ):

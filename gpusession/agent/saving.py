@@ -17,7 +17,6 @@ import uuid
 
 from .checkpoint import RESTORE_RESULT, SAVE_REQUEST, SAVE_RESULT
 
-DEFAULT_SAVE_TIMEOUT_S = 60.0
 GRACE_S = 2.0  # after the bound: the kernel's last write (it commits only before the bound)
 _one_at_a_time = threading.Lock()  # POST /save and the watchdog's save share the request files
 

@@ -4,7 +4,7 @@
     runtime.build_parser -> add_arguments(run_parser), add_commands(subparsers)
     runtime.main         -> start(rt, args) while the kernel starts (binds the endpoint and
                             sets rt.agent_port, which runtime.json and READY then carry)
-    backends             -> args_for(record): the options for a session record
+    backends             -> AgentArgs.for_record(record, ...).argv(): the options (gpusession.agentargs)
 
 Standard library only (and nvidia-ml-py, lazily), like the rest of gpusession.agent.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -21,47 +20,14 @@ import threading
 import time
 from typing import Any
 
-from ..durations import IDLE, MAX_RUNTIME, SAVE_TIMEOUT, DurationRule, parse_money
-from ..errors import BadInput
+from ..agentargs import DEFAULT_SAVE_TIMEOUT_S, RECORDING, WATCHDOG, positive
+from ..agentargs import add_arguments as add_agent_arguments
 from ..protocol import Marker, StopReason, marker_line
-from .idle import DEFAULT_KEEPALIVE_LIMIT_S, ActivityTracker, StopPolicy
+from .idle import ActivityTracker, StopPolicy
 from .nvml import NvmlReader, RecordedNvml, record_raw
-from .sampler import HISTORY_S, Sampler
-from .saving import DEFAULT_SAVE_TIMEOUT_S, restore_report, save_kernel
+from .sampler import Sampler
+from .saving import restore_report, save_kernel
 from .watchdog import Watchdog
-
-
-def _duration(rule: DurationRule):
-    """An argparse type reading `rule`'s durations in the one grammar (gpusession/durations.py):
-    90s, 15m, 2h, a bare number of minutes, off. args_for writes exact seconds ("1000800s")."""
-
-    def parse(text: str) -> float | None:
-        try:
-            return rule.parse(text)
-        except BadInput as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = rule.what
-    return parse
-
-
-def _dollars(text: str) -> float | None:
-    try:
-        return parse_money(text, what="max cost")
-    except BadInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
-    return value
 
 
 def _recording(path: str) -> RecordedNvml:
@@ -73,38 +39,8 @@ def _recording(path: str) -> RecordedNvml:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("agent: live stats and the watchdog that stops the session")
-    g.add_argument("--idle", type=_duration(IDLE), default=1800.0, metavar="DURATION|off",
-                   help="stop after this long idle (no cell running and every GPU under --gpu-threshold): 90s, "
-                   "15m, 2h, a bare number of minutes, or off; default 30m")
-    g.add_argument("--gpu-only", action="store_true", help="only GPU utilization counts as activity (a busy kernel whose GPU idles is idle)")
-    g.add_argument("--gpu-threshold", type=_positive, default=5.0, metavar="PERCENT", help="a GPU at or above this utilization is busy (default 5)")
-    g.add_argument("--max-runtime", type=_duration(MAX_RUNTIME), default=None, metavar="DURATION",
-                   help="hard stop this long after billing started (8h, 90m; a bare number means minutes)")
-    g.add_argument("--max-cost", type=_dollars, default=None, metavar="DOLLARS", help="stop once the session has cost this much (warning at 80%%)")
-    g.add_argument("--price-per-hour", type=_positive, default=0.0, metavar="DOLLARS", help="price of the whole session, for the cost meter")
-    g.add_argument("--billed-since", type=_positive, default=None, metavar="UNIX", help="when billing started (default: when the runtime started)")
-    g.add_argument("--gpu-count", type=int, default=1, help="GPUs billed, for GPU-hours in the summary")
-    g.add_argument("--keepalive-limit", type=_positive, default=DEFAULT_KEEPALIVE_LIMIT_S, metavar="SECONDS",
-                   help="a keepalive postpones the idle stop at most this far ahead (default 4 h)")
-    g.add_argument("--check-interval", type=_positive, default=1.0, metavar="SECONDS", help="how often the watchdog decides (default 1)")
-    g.add_argument("--sample-interval", type=_positive, default=1.0, metavar="SECONDS", help="how often to sample; 0 = never (default 1)")
-    g.add_argument("--history", type=_positive, default=float(HISTORY_S), metavar="SECONDS", help="seconds of samples kept (default 3600)")
-    g.add_argument("--shutdown-command", default="", metavar="CMD",
-                   help="shell command run when the session stops, e.g. 'shutdown -h now' on a cloud instance")
-    g.add_argument("--save-timeout", type=_duration(SAVE_TIMEOUT), default=DEFAULT_SAVE_TIMEOUT_S, metavar="DURATION|off",
-                   help="before a watchdog stop, save the kernel's variables into --workspace for at most this long "
-                   "(default 60s; off: do not save)")
-    g.add_argument("--save-cap", type=int, default=DEFAULT_SAVE_CAP, metavar="BYTES",
-                   help="a variable whose pickle is larger is skipped (default 2 GiB; 0: no cap)")
-    g.add_argument("--no-agent", action="store_true", help="no stats, no watchdog (a baseline for benchmarks)")
-    g.add_argument("--nvml-replay", type=_recording, default=None, metavar="FILE",
-                   help="replay raw NVML values recorded from a driver (tests/data/nvml_*.json, written by "
-                   "nvml-record), in a loop, instead of this machine's GPUs; the stats say \"source\": \"recorded\". "
-                   "For demos and tests without a GPU; never on by default")
-
-
-DEFAULT_SAVE_CAP = 2 * 1024**3
+    """The watchdog's and the stats' options (gpusession.agentargs.AgentArgs holds them all)."""
+    add_agent_arguments(parser.add_argument_group(WATCHDOG), WATCHDOG, types={RECORDING: _recording})
 
 
 def save_namespace(rt, args: argparse.Namespace, *, asked: bool = False) -> dict:
@@ -211,7 +147,7 @@ def _on_stop(rt, watchdog: Watchdog, args: argparse.Namespace, reason: StopReaso
 def add_commands(subparsers) -> None:
     s = subparsers.add_parser("sample", help="read the GPUs (and this machine's CPU/memory) and print JSON")
     s.add_argument("--count", type=int, default=1, help="samples to take (default 1)")
-    s.add_argument("--interval", type=_positive, default=1.0, help="seconds between samples")
+    s.add_argument("--interval", type=positive, default=1.0, help="seconds between samples")
     s.add_argument("--recorded", default="", help="replay raw NVML values from this JSON file instead of the driver")
     r = subparsers.add_parser("nvml-record", help="print the driver's raw NVML values (tests/data format)")
     r.add_argument("--frames", type=int, default=1, help="readings to record, one a second")

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..agentargs import args_for, workspace_name
+from ..agentargs import AgentArgs, flag_of, workspace_name
 from .. import procs
 from ..errors import StageError
 from ..settings import private_socket_dir
@@ -92,19 +92,14 @@ class LocalBackend(Backend):
             "-m",
             "gpusession.agent",
             "run",
-            "--session-id",
-            record.id,
-            "--state-dir",
-            str(state_dir),
-            "--kernel-ip",
-            os.path.join(sockets, "k"),  # unix sockets in a 0700 folder: no other user reaches the kernel
-            "--kernel-ports",
-            "0",
-            "--cwd",
-            str(workspace),
-            "--workspace",
-            str(workspace),
-            *args_for(record),
+            *AgentArgs.for_record(
+                record,
+                session_id=record.id,
+                state_dir=str(state_dir),
+                kernel_ip=os.path.join(sockets, "k"),  # unix sockets in a 0700 folder: no other user reaches the kernel
+                cwd=str(workspace),
+                workspace=str(workspace),
+            ).argv(),
         ]
         env = dict(os.environ, **{ENV_SESSION_ID: record.id})
         env.pop("JPY_PARENT_PID", None)
@@ -199,7 +194,7 @@ class LocalBackend(Backend):
             return []
         using: dict[str, list[str]] = {}
         for resource in self.list_resources():
-            folder = _arg_of(int(resource.resource_id), "--workspace")
+            folder = _arg_of(int(resource.resource_id), "workspace")
             if folder:
                 using.setdefault(Path(folder).name, []).append(resource.session_id)
         return [Workspace(self.name, d.name, str(d), folder_size(d), in_use_by=using.get(d.name, []))
@@ -232,17 +227,17 @@ def folder_size(path: Path) -> int:
 
 def _state_dir_of(pid: int) -> str | None:
     """The --state-dir a runtime process was started with."""
-    return _arg_of(pid, "--state-dir")
+    return _arg_of(pid, "state_dir")
 
 
-def _arg_of(pid: int, flag: str) -> str | None:
-    """The value of `flag` on a runtime process's command line."""
+def _arg_of(pid: int, field: str) -> str | None:
+    """The value of AgentArgs' `field` on a runtime process's command line."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().decode(errors="replace").split("\0")
     except OSError:
         return None
-    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag), None)
+    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag_of(field)), None)
 
 
 def _under(path: str | None, folder: Path) -> bool:

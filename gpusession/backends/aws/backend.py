@@ -21,7 +21,7 @@ import os
 import time
 from typing import Any
 
-from ...agentargs import WORKSPACE_MOUNT, args_for, workspace_name
+from ...agentargs import WORKSPACE_MOUNT, AgentArgs, workspace_name
 from ...catalog import Catalog, load_catalog
 from ... import textvalues
 from ...errors import BackendUnavailable, BadInput, GpuSessionError, StageError
@@ -186,7 +186,8 @@ class AwsBackend(Backend):
     def _launch(self, aws: Aws, record: SessionRecord, progress: Progress, *, places, prices, ws, gpu,
                 instance_type: str, ami: str, group: str, public_key: str, kernel_key: str, name: str,
                 tag_list) -> None:
-        from ..cloudvm.cloudinit import BootPlan, new_host_key, user_data
+        from ...tunnel import CONTAINER_AGENT_PORT, CONTAINER_KERNEL_PORTS
+        from ..cloudvm.cloudinit import CONTAINER_STATE_DIR, BootPlan, new_host_key, user_data
 
         spec, extra = record.spec, record.spec.extra
         catalog = load_catalog()
@@ -209,7 +210,10 @@ class AwsBackend(Backend):
             priced = dataclasses.replace(record, price_per_hour=price_of(attempt))  # the agent's cost meter
             volume_id = ws.in_zone(attempt.subnet.zone)
             save(volume_id=volume_id)
-            agent_args = [*args_for(priced), "--workspace", WORKSPACE_MOUNT, "--cwd", WORKSPACE_MOUNT]
+            agent_args = AgentArgs.for_record(
+                priced, session_id=record.id, state_dir=CONTAINER_STATE_DIR, kernel_ip="127.0.0.1",
+                kernel_ports=CONTAINER_KERNEL_PORTS[0], agent_port=CONTAINER_AGENT_PORT, workspace=WORKSPACE_MOUNT,
+                cwd=WORKSPACE_MOUNT).argv()
             boot = BootPlan(record.id, image, public_key, host_key, kernel_key, agent_args, spot=attempt.spot,
                             volume_id=volume_id)
             return {"UserData": user_data(boot)}

@@ -34,6 +34,7 @@ SPOT_NOTICE_FILE = "spot-instance-action.json"
 USER_DATA_LIMIT = 16 * 1024  # EC2 refuses more (before base64)
 VOLUME_WAIT_S = 300  # the workspace's volume is attached once the instance runs
 RUNTIME_WAIT_S = 600  # the instance powers off when no runtime bundle came by then
+CONTAINER_STATE_DIR = "/run/gpusession"  # the session container's --state-dir (a folder of the instance's DIR)
 ACCESS_COMMANDS = ("status", "put", "notice")  # what access.sh does for the tunnel's login
 
 
@@ -64,7 +65,7 @@ class BootPlan:
     session_key: str  # public key line of the session's own key
     instance_host_key: HostKey  # for the instance's sshd
     kernel_key: str  # the kernel's connection key, made locally (the client cannot read kernel.json)
-    agent_args: list[str]  # options of `python -m gpusession.agent run`
+    agent_args: list[str]  # options of `python -m gpusession.agent run` (AgentArgs.argv(): placement too)
     spot: bool  # watch instance metadata for an interruption notice
     volume_id: str = ""  # the workspace's EBS volume, attached after launch: mounted at /workspace
 
@@ -100,8 +101,7 @@ VOLUME_ID={q(plan.volume_id)}
 WORKSPACE={q(WORKSPACE_MOUNT)}
 VOLUME_WAIT_S={VOLUME_WAIT_S}
 RUNTIME_WAIT_S={RUNTIME_WAIT_S}
-KERNEL_PORT={CONTAINER_KERNEL_PORTS[0]}
-AGENT_PORT={CONTAINER_AGENT_PORT}
+STATE_DIR={q(CONTAINER_STATE_DIR)}
 GPUSESSION_KERNEL_KEY={q(plan.kernel_key)}
 export GPUSESSION_KERNEL_KEY
 {markers}

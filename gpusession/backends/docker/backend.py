@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from ...agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, args_for
+from ...agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, AgentArgs
 from ...errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ...models import LaunchSpec, SessionRecord, State
 from ...options import StartOption
@@ -154,10 +154,9 @@ class DockerBackend(EngineWorkspaces, Backend):
         # to a loopback port
         sockets, group = kernel_socket_dir(client, spec.host)
         self.recorder.save(record.id, sockets=sockets)
-        entrypoint, command = bundle_command([
-            "--session-id", record.id, "--state-dir", STATE_DIR, "--kernel-ip", f"{sockets}/k",
-            "--kernel-ports", "0", "--agent-port", "0", "--workspace", WORKSPACE_MOUNT, "--cwd", WORKSPACE_MOUNT,
-            *args_for(record)])
+        entrypoint, command = bundle_command(AgentArgs.for_record(
+            record, session_id=record.id, state_dir=STATE_DIR, kernel_ip=f"{sockets}/k", workspace=WORKSPACE_MOUNT,
+            cwd=WORKSPACE_MOUNT).argv())
         docker = docker_sdk()
         progress.step(f"creating container from {name}")
         try:

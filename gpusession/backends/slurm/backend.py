@@ -22,7 +22,6 @@ import shlex
 import threading
 import time
 
-from ...agentargs import args_for
 from ...catalog import load_catalog
 from ...cost import BILLED_FROM
 from ...durations import format_duration
@@ -116,9 +115,7 @@ class SlurmBackend(Backend):
             self._check_container_runtime(shell, spec)
         progress.step("bringing the session runtime to the cluster")
         paths = JobPaths(session_dir=f"{base}/slurm/{record.id}", runtime_dir=ensure_runtime(shell))
-        # billing starts when the job does, not when it was queued: the agent counts from its start
-        agent_args = _without(args_for(record), "--billed-since")
-        script = batch_script(record, settings, paths, agent_args)
+        script = batch_script(record, settings, paths)
         command = sbatch_command(record, settings, paths, self.recorder.store_id)
         # billed from the job's start, as the agent counts: nothing while it waits in the queue
         self.recorder.save(record.id, session_dir=paths.session_dir, submitting=True, **{BILLED_FROM: None})
@@ -408,17 +405,6 @@ def _paths(res: dict) -> JobPaths | None:
     folder = res.get("session_dir")
     return JobPaths(session_dir=folder, runtime_dir="") if folder else None
 
-
-def _without(args: list[str], flag: str) -> list[str]:
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == flag:
-            skip = True
-        else:
-            out.append(arg)
-    return out
 
 
 def _queue_words(state: states.QueueState, position: int | None) -> str:

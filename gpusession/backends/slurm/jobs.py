@@ -19,6 +19,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ...agentargs import AgentArgs
 from ...errors import BadInput
 from ...protocol import ENV_SESSION_ID, Marker, marker_line
 
@@ -227,7 +228,7 @@ def sbatch_command(record, settings: JobSettings, paths: JobPaths, store_id: str
     return cmd + list(settings.sbatch_args)
 
 
-def batch_script(record, settings: JobSettings, paths: JobPaths, agent_args: list[str]) -> str:
+def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
     """The job: host keys, environment, then the runtime in the foreground (exec)."""
     q = shlex.quote
 
@@ -256,8 +257,10 @@ def batch_script(record, settings: JobSettings, paths: JobPaths, agent_args: lis
     # too long for a unix socket's (107 bytes) keeps loopback ports
     sockets = f"{paths.state_dir}/k"
     kernel_ip = sockets if sockets.startswith("/") and len(sockets) + 2 <= 100 else "127.0.0.1"
-    runtime = [settings.python, "-m", "gpusession.agent", "run", "--session-id", record.id, "--state-dir",
-               paths.state_dir, "--kernel-ip", kernel_ip, "--kernel-ports", "0", "--agent-port", "0", *agent_args]
+    # billing starts when the job does, not when it was queued: the agent counts from its own start
+    agent = AgentArgs.for_record(record, session_id=record.id, state_dir=paths.state_dir, kernel_ip=kernel_ip,
+                                 billed_since=None)
+    runtime = [settings.python, "-m", "gpusession.agent", "run", *agent.argv()]
     image = record.spec.image
     if not image:
         missing = f"{settings.python} cannot import ipykernel: install it in that environment (pip install ipykernel)"
