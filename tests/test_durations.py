@@ -141,9 +141,9 @@ def agent_reads(args: list[str]):
 @pytest.mark.parametrize("idle, runtime, cost, price", [
     (IDLE.max_s, 278 * 3600.0, 99_999.99, 98.32),  # --max-runtime 278h broke the container start with `:g`
     (1800.0, MAX_RUNTIME.max_s, 5.0, 0.526),
-    (0.1 + 0.2, 1 / 3, 0.01, 1 / 7),  # fractions
+    (2 + 0.1 + 0.2, 2 + 1 / 3, 0.01, 1 / 7),  # fractions (idle and max runtime: 2 s at least)
     (90.5, 1000800.5, 12.345678901234, 0.0),
-    (0.001, 86399.999, 1e-05, 123456.789),
+    (2.001, 86399.999, 1e-05, 123456.789),
 ])
 def test_args_for_round_trips_exactly_through_the_agent_parser(idle, runtime, cost, price):
     args = args_for(record(price=price, idle_timeout_s=idle, max_runtime_s=runtime, max_cost=cost, gpu_only=True))
