@@ -204,3 +204,20 @@ def test_magics_status_watch_keepalive_and_the_watchdog_message(notebook):
     assert "session nb1 was stopped by its idle watchdog after" in status.text, status.text
     cell = notebook.run("%%gpu\n1 + 1")
     assert cell.status == "error" and "no GPU session" in cell.text + str(cell.error)
+
+
+def test_a_short_idle_never_fails_a_slow_start(manager, tmp_path, monkeypatch):
+    """The idle clock waits for the kernel's first answer (the start's kernel_info): a kernel that
+    boots slower than --idle 2s (a loaded machine; here a sitecustomize sleeps 4 s in the kernel's
+    process only) starts all the same, then stops as idle."""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text("import os, time\nif os.environ.get('JPY_PARENT_PID'):\n    time.sleep(4)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(slow)])))
+    session = manager.start(manager.make_spec("t4", backend="local", idle="2s", name="slowboot"))
+    started = time.time()
+    assert session.run("x = 6 * 7")["status"] == "ok"  # a cell right after the start: activity
+    gone = _wait_gone(session.record.resource["pid"], 2 + CHECK_S + TEARDOWN_SLACK_S + 10)
+    assert gone - started <= 2 + CHECK_S + TEARDOWN_SLACK_S + 3, gone - started
+    record = manager.refresh_state(session.id)
+    assert record.state == State.STOPPED and "idle" in record.events[-1].detail, record.events[-1]

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from jupyter_client import BlockingKernelClient
@@ -116,3 +117,62 @@ def test_kernel_ports_are_free_distinct_and_below_the_ephemeral_range(tmp_path):
     if low > 11000:
         assert all(10000 <= p < low for p in ports), (ports, low)
     assert json.loads((tmp_path / "kernel.json").read_text())["shell_port"] == ports[0]
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _post_save(port: int, token: str) -> tuple[float, dict]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/save", data=b"{}", method="POST",
+                                 headers={"Authorization": f"Bearer {token}"})
+    started = time.monotonic()
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return time.monotonic() - started, json.loads(resp.read())
+
+
+def test_a_save_asked_while_the_kernel_boots_neither_ends_it_nor_waits(tmp_path):
+    """The agent's save signals the kernel (SIGUSR1); before the kernel's checkpoint extension
+    has installed its handler (a loaded machine, a watchdog stop or `stop --save` early) that
+    signal used to end the kernel (code -10: "the session kernel exited while starting"), and
+    the save then waited its whole bound. Here the kernel boots slowly (a sitecustomize that
+    sleeps in the kernel's process only) and gets the signal, straight and through POST /save."""
+    from gpusession.agent.endpoint import agent_token
+    from gpusession.agent.kernelspawn import _free_port
+    from gpusession.agent.saving import STARTING
+
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text("import os, time\nif os.environ.get('JPY_PARENT_PID'):\n    time.sleep(4)\n")
+    state, port = tmp_path / "state", _free_port("127.0.0.1")
+    env = {k: v for k, v in _env().items() if k != "JPY_PARENT_PID"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpusession.agent.firststep", "run", "--session-id", "s3", "--state-dir", str(state),
+         "--agent-port", str(port), "--cwd", str(tmp_path), "--workspace", str(tmp_path / "ws"), "--save-timeout", "20s"],
+        env=dict(env, PYTHONPATH=f"{ROOT}{os.pathsep}{slow}"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = [proc.stdout.readline()]
+        assert lines[-1].startswith("GPUSESSION_KERNEL"), lines  # spawned; it sleeps before loading anything
+        (kernel,) = _children(proc.pid)
+        os.kill(kernel, signal.SIGUSR1)  # what the save sends
+        took, answer = _post_save(port, agent_token("ab" * 32))
+        assert answer == {"committed": False, "error": STARTING} and took < 3, (took, answer)
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(("GPUSESSION_READY", "GPUSESSION_FAILED")):
+                break
+        assert lines[-1].startswith("GPUSESSION_READY"), "".join(lines)
+        deadline = time.time() + 30
+        while (answer := _post_save(port, agent_token("ab" * 32))[1]).get("error") == STARTING:
+            assert time.time() < deadline, answer
+            time.sleep(0.2)
+        assert answer["committed"] is True, answer  # its handler answers once it is there
+        assert _children(proc.pid) == [kernel]
+        proc.terminate()
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -79,6 +79,27 @@ def test_the_idle_clock_starts_with_the_agent_not_with_billing():
     assert tr.evaluate(T0 + 900).stop_reason is not None
 
 
+def test_a_starting_kernel_is_not_idle_for_the_start_grace():
+    """Until the kernel is reached (it boots, then the starting client's first kernel_info) the
+    idle clock waits, even under --gpu-only; for START_GRACE_S at most, then it runs."""
+    from gpusession.agent.idle import START_GRACE_S
+
+    for gpu_only in (False, True):
+        tr = ActivityTracker(StopPolicy(idle_timeout_s=2, gpu_only=gpu_only), billed_since=T0)
+        for t in range(0, 60):  # a minute of boot and connect: never a stop
+            tr.observe(T0 + t, kernel_busy=False, kernel_last_activity=None, gpu_utils=[], kernel_starting=True)
+            assert tr.evaluate(T0 + t).stop_reason is None, t
+        at, verdict = run(tr, 10, start=T0 + 60, last=T0 + 59.5, gpu=[])  # reached at 59.5 s
+        # 2 s from the kernel_info (the last starting check under --gpu-only: a kernel_info is no GPU use)
+        assert verdict.stop_reason.kind == StopKind.IDLE and at == T0 + (61 if gpu_only else 62), at
+        tr = ActivityTracker(StopPolicy(idle_timeout_s=2, gpu_only=gpu_only), billed_since=T0)
+        t = T0
+        while not tr.evaluate(t).stop_reason:  # never reached: the clock runs after the grace
+            t += 1
+            tr.observe(t, kernel_busy=False, kernel_last_activity=None, gpu_utils=[], kernel_starting=True)
+        assert T0 + START_GRACE_S < t <= T0 + START_GRACE_S + 3, t - T0
+
+
 def test_warning_shows_before_the_stop():
     assert warning_lead(1800) == 300 and warning_lead(60) == 12
     tr = ActivityTracker(StopPolicy(idle_timeout_s=1800), billed_since=T0)

@@ -17,7 +17,9 @@ import time
 
 from ..envnames import ENV_STATE_DIR, RESTART_FILE
 
-_state = {"busy": False, "last_activity": time.time(), "cells": 0}
+# reached: a client's first kernel_info came (the start reached this kernel); till then the
+# agent's idle clock waits (gpusession.agent.idle: a slow boot or connect is not idleness)
+_state = {"busy": False, "last_activity": time.time(), "cells": 0, "reached": False}
 _written = [0.0]  # when activity.json was last written
 
 
@@ -91,6 +93,7 @@ def _hook_kernel_info(kernel) -> None:
 
     def kernel_info_request(*args, **kwargs):  # the original's awaitable (ipykernel >= 6) is returned
         kernel.shell_handlers["kernel_info_request"] = original
+        _state["reached"] = True
         touch(force=True)
         return original(*args, **kwargs)
 
@@ -113,9 +116,10 @@ def load_ipython_extension(ip) -> None:
 
 
 def read_activity(state_dir: str) -> dict:
-    """What the agent calls: {'busy': bool, 'last_activity': unix s, 'cells': n}."""
+    """What the agent calls: {'busy': bool, 'last_activity': unix s, 'cells': n, 'reached': bool}
+    (no file yet: the kernel has not loaded this extension, nobody reached it)."""
     try:
         with open(os.path.join(state_dir, "activity.json")) as f:
             return json.load(f)
     except (OSError, ValueError):
-        return {"busy": False, "last_activity": None, "cells": 0}
+        return {"busy": False, "last_activity": None, "cells": 0, "reached": False}

@@ -44,6 +44,7 @@ from .checkpoint_read import read_manifest  # noqa: F401 - the checkpoint's API,
 
 SAVE_REQUEST = "save-request.json"
 SAVE_RESULT = "save-result.json"
+SAVE_READY = "save-ready"  # the kernel's pid: its SIGUSR1 handler is installed (no mark: still starting)
 RESTORE_RESULT = "restored.json"
 
 
@@ -295,4 +296,9 @@ def load_ipython_extension(ip) -> None:
     def on_signal(signum, frame) -> None:
         threading.Thread(target=_serve_request, args=(ip,), name="gpusession-save", daemon=True).start()
 
-    signal.signal(signal.SIGUSR1, on_signal)
+    signal.signal(signal.SIGUSR1, on_signal)  # until now ignored (gpusession.agent.kernelspawn.kernel_plan)
+    path = _state_file(SAVE_READY)
+    if path:  # the agent asks for saves from now on (gpusession.agent.saving)
+        with open(path + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)

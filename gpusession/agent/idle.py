@@ -20,6 +20,9 @@ from ..protocol import DEFAULT_IDLE_S, StopKind, StopReason, Warning, WarningKin
 WARNING_MAX_S = 300.0  # warn at most this long before a stop ...
 WARNING_FRACTION = 0.2  # ... and at most this fraction of the limit before it
 COST_WARNING_FRACTION = 0.8  # warn once spending reaches this share of --max-cost
+# the idle clock waits while a kernel starts (boots, then waits for the starting client's first
+# kernel_info), at most this long: a client that has not come by then is not coming
+START_GRACE_S = 120.0
 
 
 def warning_lead(limit_s: float) -> float:
@@ -69,6 +72,7 @@ class ActivityTracker:
         self.gpu_util_samples = 0
         self._gpu_busy = False  # the latest GPU reading had a GPU at or above the threshold
         self._last_seen: float | None = None
+        self._starting_since: float | None = None  # a kernel starts, not reached yet, since then
 
     def observe(
         self,
@@ -77,11 +81,13 @@ class ActivityTracker:
         kernel_busy: bool,
         kernel_last_activity: float | None,
         gpu_utils: list[float | None] | None = None,
+        kernel_starting: bool = False,
     ) -> bool:
         """Take one observation; returns whether the session counts as active at `now`.
 
         gpu_utils=None means "no new GPU reading this time" (the previous one still holds);
-        [] means no GPU is visible (utilization 0)."""
+        [] means no GPU is visible (utilization 0). kernel_starting: the kernel has not loaded,
+        or no client reached it yet (its first kernel_info): not idleness, for START_GRACE_S."""
         p = self.policy
         if gpu_utils is not None:
             self._gpu_busy = any(u is not None and u >= p.gpu_threshold for u in gpu_utils)
@@ -102,7 +108,14 @@ class ActivityTracker:
                 self.last_active = max(self.last_active, activity)
         if gpu_busy:
             self.last_active = max(self.last_active, now)
-        active = gpu_busy or kernel_active
+        if not kernel_starting:
+            self._starting_since = None
+        elif self._starting_since is None:
+            self._starting_since = now
+        starting = kernel_starting and now - self._starting_since < START_GRACE_S
+        if starting:
+            self.last_active = max(self.last_active, now)
+        active = gpu_busy or kernel_active or starting
         if self._last_seen is not None and not active and now > self._last_seen:
             self.idle_total_s += now - self._last_seen
         self._last_seen = now

@@ -6,6 +6,7 @@ enum or subprocess); Python 3.9 syntax.
 
 from __future__ import annotations
 
+import _signal
 import _thread
 import os
 import time
@@ -98,7 +99,8 @@ def write_connection_file(path: str, ip: str, base_port: int) -> dict:
 def kernel_plan(connection_file: str, state_dir: str, session_id: str, workspace: str,
                 restore: bool) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) of a session kernel: the image's own Python, ipykernel from the bundle
-    only when the image has none; the agent's activity hook, and the workspace's checkpoint."""
+    only when the image has none; the agent's activity hook, and the workspace's checkpoint.
+    Sets this process's SIGUSR1 disposition for the spawn that follows (_save_signal_for_next_kernel)."""
     env = dict(os.environ, **kernel_environment(), **{ENV_STATE_DIR: state_dir, ENV_SESSION_ID: session_id})
     env.pop(ENV_KERNEL_KEY, None)
     # ipykernel's parent poller: the kernel ends when we do (it runs in a session of its own for
@@ -111,7 +113,19 @@ def kernel_plan(connection_file: str, state_dir: str, session_id: str, workspace
         if restore:
             env[ENV_RESTORE] = "1"
         extensions.append("gpusession.agent.checkpoint")
+    _save_signal_for_next_kernel(bool(workspace))
     return kernel_command(connection_file, extensions), env
+
+
+def _save_signal_for_next_kernel(saves: bool) -> None:
+    """SIGUSR1 (the agent's save) as the kernel spawned next gets it from this process: ignored
+    when it saves (an ignored signal stays ignored across exec: a save asked before
+    gpusession.agent.checkpoint installs its handler is dropped, not the kernel's end, SIGUSR1's
+    default action), the default otherwise. The runtime itself never takes SIGUSR1."""
+    try:
+        _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN if saves else _signal.SIG_DFL)
+    except ValueError:  # not the main thread: the kernel gets this process's disposition
+        pass
 
 
 def private_state_dir(state_dir: str) -> None:

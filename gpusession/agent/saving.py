@@ -15,9 +15,10 @@ import threading
 import time
 import uuid
 
-from .checkpoint import RESTORE_RESULT, SAVE_REQUEST, SAVE_RESULT
+from .checkpoint import RESTORE_RESULT, SAVE_READY, SAVE_REQUEST, SAVE_RESULT
 
 GRACE_S = 2.0  # after the bound: the kernel's last write (it commits only before the bound)
+STARTING = "the kernel was still starting (nothing to save yet)"
 _one_at_a_time = threading.Lock()  # POST /save and the watchdog's save share the request files
 
 
@@ -36,12 +37,23 @@ def save_kernel(state_dir: str, kernel_pid: int | None, *, timeout_s: float, cap
     started = clock()
     if not kernel_pid:
         return {"committed": False, "error": "no kernel"}
+    if not _handler_ready(state_dir, kernel_pid):  # a signal now would be dropped: no wait for an answer
+        return {"committed": False, "error": STARTING}
     if not _one_at_a_time.acquire(timeout=timeout_s):
         return {"committed": False, "error": "another save was under way", "timeout_s": timeout_s}
     try:
         return _save(state_dir, kernel_pid, started + timeout_s, timeout_s, cap_bytes, clock, sleep)
     finally:
         _one_at_a_time.release()
+
+
+def _handler_ready(state_dir: str, kernel_pid: int) -> bool:
+    """Has this kernel (not an earlier one of the session) installed its save handler?"""
+    try:
+        with open(os.path.join(state_dir, SAVE_READY)) as f:
+            return f.read().strip() == str(kernel_pid)
+    except OSError:
+        return False
 
 
 def _save(state_dir: str, kernel_pid: int, deadline: float, timeout_s: float, cap_bytes: int | None,

@@ -67,7 +67,8 @@ class Watchdog:
         with self._lock:
             self._cells = int(act.get("cells") or 0)
             self.tracker.observe(
-                now, kernel_busy=busy, kernel_last_activity=act.get("last_activity"), gpu_utils=gpu_utils
+                now, kernel_busy=busy, kernel_last_activity=act.get("last_activity"), gpu_utils=gpu_utils,
+                kernel_starting=not act.get("reached", True),
             )
             verdict = self.tracker.evaluate(now)
         for warning in verdict.warnings:
