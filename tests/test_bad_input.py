@@ -117,8 +117,9 @@ def clear_magic(shell, words: list[str], capsys) -> str | None:
 
     line = "start " + shlex.join(words if "--backend" in words else ["--backend", "local", *words])
     result = shell.run_cell(f"%gpu {line}")
-    err = capsys.readouterr().err.strip().splitlines()
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not _SERVER_LOG.match(line)]
     if not isinstance(result.error_in_exec, UsageError) or len(err) != 1:
+        print("not one clear line:", repr(result.error_in_exec), err)
         return None
     return err[0] if len(err[0]) <= MAX_MESSAGE else None
 
