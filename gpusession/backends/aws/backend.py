@@ -185,6 +185,7 @@ class AwsBackend(Backend):
             agent_args = [*args_for(priced), "--workspace", WORKSPACE_MOUNT, "--cwd", WORKSPACE_MOUNT]
             boot = BootPlan(record.id, image, public_key, host_key, kernel_key, agent_args, spot=attempt.spot,
                             volume_id=volume_id)
+            save(sockets=boot.sockets)  # where the kernel listens (link.kernel_info)
             return {"UserData": user_data(boot)}
 
         base = launch.instance_params(ami=ami, instance_type=instance_type, key_name=name, group=group,
