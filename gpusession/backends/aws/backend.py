@@ -6,7 +6,7 @@ terminated with it.
                 RunInstances with the boot plan as user data (capacity fallback when allowed),
                 waiter until running
     connect     instance sshd (pinned host key): follow the boot, send the runtime bundle the
-                image needs, forward the kernel's and agent's loopback ports
+                image needs, forward the kernel's unix sockets and the agent's loopback port
     stop        terminate, wait until terminated, delete key pair and security group
 
 Every piece carries the tags gpusession:session, gpusession:owner and Name, so `gpusession gc`
