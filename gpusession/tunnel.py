@@ -442,8 +442,8 @@ def _shut(sock: socket.socket) -> None:
     sock.close()
 
 
-# The kernel's and agent's fixed loopback ports on an EC2 instance (backends/cloudvm/cloudinit.py; elsewhere the
-# runtime takes free ones and says which).
+# The agent's fixed loopback port on an EC2 instance (backends/cloudvm/cloudinit.py; elsewhere the runtime
+# takes a free one and says which), and the kernel's, for a session started before its unix sockets.
 CONTAINER_KERNEL_PORTS = (50001, 50002, 50003, 50004, 50005)
 CONTAINER_AGENT_PORT = 50010
 CONTAINER_PORTS = (*CONTAINER_KERNEL_PORTS, CONTAINER_AGENT_PORT)

@@ -16,27 +16,11 @@ from gpusession.models import State
 from gpusession.protocol import Marker, StopKind, StopReason, Warning, WarningKind, find_markers
 from support.ec2 import leftovers
 from support.sinks import Collect
-from support.ec2_platform import MACHINE_IP, FakePlatform, ensure_ec2_host
 from support.hosts import product_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-pytest_plugins = ["support.ec2_fixtures"]  # fixtures: moto_server, ec2_api, aws_env, look
+pytest_plugins = ["support.ec2_fixtures"]  # fixtures: moto_server, ec2_api, aws_env, look, platform
 NOTHING = {"instances": [], "key_pairs": [], "security_groups": []}
-
-
-@pytest.fixture(scope="module")
-def ec2_host():
-    why = ensure_ec2_host()
-    if why:
-        pytest.skip(why)
-
-
-@pytest.fixture
-def platform(ec2_host, aws_env, moto_server, tmp_path, monkeypatch):
-    monkeypatch.setenv("GPUSESSION_AWS_ADDRESS_MAP", f"*={MACHINE_IP}")
-    p = FakePlatform(moto_server.url, tmp_path / "platform")
-    yield p
-    p.close()
 
 
 def spec_for(manager, **options):

@@ -117,7 +117,8 @@ def test_provision_on_demand_makes_tagged_locked_down_instance(manager, aws_env,
     folder = f"/var/lib/gpusession/{record.id}"
     assert user["name"] == "gpusession"
     login = user["ssh_authorized_keys"][0]
-    assert login.startswith('restrict,port-forwarding,permitopen="127.0.0.1:50001",')
+    assert login.startswith(f'restrict,port-forwarding,permitopen="[{folder}/kernel/k-1]:*",')
+    assert res["sockets"] == f"{folder}/kernel"  # where the link finds the kernel
     assert f',command="sh {folder}/access.sh" ssh-ed25519 ' in login
     files = {f["path"]: f for f in cfg["write_files"]}
     assert files[f"{folder}/boot.sh"]["content"].startswith("#!/bin/sh")  # the bundle's, for the probe

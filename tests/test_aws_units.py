@@ -51,11 +51,29 @@ def test_user_data_fits_and_script_is_valid_shell():
     assert "--network host" in script and "--gpus all" in script and "-p 127" not in script  # nothing published
 
 
-def test_session_key_may_only_reach_the_kernel_ports_and_access_sh():
+def test_session_key_may_only_reach_the_kernel_sockets_the_agent_port_and_access_sh():
     line = authorized_key_line(plan())
-    ports = ",".join(f'permitopen="127.0.0.1:{p}"' for p in (50001, 50002, 50003, 50004, 50005, 50010))
-    assert line == (f'restrict,port-forwarding,{ports},command="sh /var/lib/gpusession/0123456789abcdef0123456789abcdef'
-                    '/access.sh" ssh-ed25519 AAAAkey s')
+    folder = "/var/lib/gpusession/0123456789abcdef0123456789abcdef"
+    opens = ",".join(f'permitopen="{where}"' for where in (
+        *(f"[{folder}/kernel/k-{i}]:*" for i in range(1, 6)), "127.0.0.1:50010"))
+    assert line == f'restrict,port-forwarding,{opens},command="sh {folder}/access.sh" ssh-ed25519 AAAAkey s'
+    # the boot script puts the kernel there, in a folder of the login's group the container gets
+    script = boot_script(plan())
+    assert f"\nSOCKETS={folder}/kernel\n" in script and "\nLOGIN=gpusession\n" in script
+    assert '--kernel-ip "$SOCKETS/k"' in script and '--group-add "$gid"' in script and "127.0.0.1" not in script
+
+
+def test_the_link_reaches_the_kernel_where_the_session_says(tmp_path):
+    from gpusession.backends.aws.link import kernel_info
+
+    (tmp_path / "key").write_text("k" * 64)
+    res = {"kernel_key_path": str(tmp_path / "key")}
+    info = kernel_info({**res, "sockets": "/var/lib/gpusession/s/kernel"})
+    assert (info["transport"], info["ip"], info["shell_port"], info["hb_port"]) == \
+        ("ipc", "/var/lib/gpusession/s/kernel/k", 1, 5)
+    # a session started by an earlier gpusession: the loopback ports its instance listens on
+    info = kernel_info(res)
+    assert (info["transport"], info["ip"], info["shell_port"], info["key"]) == ("tcp", "127.0.0.1", 50001, "k" * 64)
 
 
 def test_access_sh_answers_status_takes_the_bundle_and_refuses_the_rest(tmp_path):

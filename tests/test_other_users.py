@@ -16,6 +16,7 @@ import pytest
 
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching to uid nobody needs root")
+pytest_plugins = ["support.ec2_fixtures"]  # the aws case: moto_server, aws_env, platform
 
 # run as nobody: which of the given paths it could list (folders) or read (files)
 READ_PROBE = r"""
@@ -163,15 +164,15 @@ def pyzmq_for_nobody(folder: Path) -> str:
 
 
 def subscribers_while_printing(kernel, endpoints: list[str], *, user: str | None, path: str,
-                               netns: str = "") -> list[str]:
-    """Outputs a SUB on each endpoint received, as `user` (None: this one), while a cell prints;
-    in the network namespace `netns` (another host's loopback) when given."""
+                               netns: str = "", group: str = "nogroup") -> list[str]:
+    """Outputs a SUB on each endpoint received, as `user` (None: this one) of `group`, while a
+    cell prints; in the network namespace `netns` (another host's loopback) when given."""
     python = nobody_python() if user else sys.executable
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": path}
     argv = [python, "-c", SUB_PROBE, json.dumps(endpoints), "4"]
-    as_user = {"user": user, "group": "nogroup", "extra_groups": []} if user else {}
+    as_user = {"user": user, "group": group, "extra_groups": []} if user else {}
     if netns:  # enter it as root, then become `user`
-        drop = ["setpriv", "--reuid", user, "--regid", "nogroup", "--clear-groups"] if user else []
+        drop = ["setpriv", "--reuid", user, "--regid", group, "--clear-groups"] if user else []
         argv, as_user = ["nsenter", f"--net=/run/netns/{netns}", "--", *drop, *argv], {}
     probe = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd="/",
                              **as_user)
@@ -306,3 +307,49 @@ def test_another_user_cannot_subscribe_to_a_remote_engines_kernel(open_parent, r
             manager.stop(r.id)
         manager.close()
         direct.close()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_another_user_cannot_subscribe_to_an_aws_session_kernel(open_parent, manager, platform):
+    """An EC2 instance (moto, its machine played in a network namespace by the fake platform):
+    on the instance (its own loopback, in its namespace) only the tunnel's login (`gpusession`,
+    its own group, as on a real AMI) reaches the kernel, not another uid there; here, the tunnel's
+    local ends are this user's alone."""
+    from support.ec2_platform import INSTANCE_ROOT, NS
+    from support.hosts import product_image
+
+    path = pyzmq_for_nobody(open_parent)
+    session = manager.start(manager.make_spec("t4", backend="aws", idle="5m", name="za1", image=product_image(),
+                                              ssh_cidr="10.201.0.1/32", boot_timeout=120, workspace_size="1"))
+    (machine,) = platform.machines.values()
+    # the login exists only on the instance: its ids from the machine's passwd
+    login = next(line.split(":") for line in (machine.folder / "passwd").read_text().splitlines()
+                 if line.startswith("gpusession:"))
+    here = zmq_endpoints(session.link.endpoint.connection_info)
+    there = zmq_endpoints(json.loads((INSTANCE_ROOT / session.id / "state" / "kernel.json").read_text()))
+    mine = subscribers_while_printing(session.kernel, here, user=None, path=path)
+    assert any("secret-output" in m for m in mine), mine
+    assert subscribers_while_printing(session.kernel, here, user="nobody", path=path) == []
+    # on the instance: the login sshd forwards as reads it (the positive control), nobody does not
+    mine = subscribers_while_printing(session.kernel, there, user=login[2], group=login[3], path=path, netns=NS)
+    assert any("secret-output" in m for m in mine), mine
+    theirs = subscribers_while_printing(session.kernel, there, user="nobody", path=path, netns=NS)
+    assert theirs == [], theirs[:3]
+    # and the session's login forwards to the kernel's sockets only, not to one open to all
+    import socket
+
+    other = socket.socket(socket.AF_UNIX)
+    other.bind(str(open_parent / "open.sock"))
+    os.chmod(open_parent / "open.sock", 0o777)
+    other.listen(1)
+    other.settimeout(3)
+    with other, socket.socket(socket.AF_UNIX) as conn:
+        conn.connect(session.link.tunnel.add_socket_forward(str(open_parent / "open.sock")))
+        conn.settimeout(20)
+        try:
+            assert conn.recv(1) == b""  # refused there: closed here
+        except ConnectionResetError:
+            pass
+        with pytest.raises(TimeoutError):
+            other.accept()

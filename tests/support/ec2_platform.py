@@ -4,7 +4,8 @@ moto keeps the EC2 *records*; nothing listens at the addresses it hands out. `Fa
 plays the rest, one machine at a time at 10.201.0.2 inside the gpus-ec2 network namespace:
 
 - cloud-init: reads the instance's user data back from the EC2 API (DescribeInstanceAttribute),
-  installs its `ssh_keys` host key and its `users` logins into an sshd of the machine's own, writes
+  installs its `ssh_keys` host key and its `users` logins (each with a group of its own, as on an
+  AMI) into the machine's own passwd and group files, which its sshd and boot script see, writes
   its `write_files` (only below /var/lib/gpusession/, where they must be real paths for dockerd),
   and runs its `runcmd` with the namespace's dockerd as the machine's Docker;
 - the hypervisor: `poweroff` on the machine is a shim that tells the platform, which then applies
@@ -40,6 +41,9 @@ NS_DOCKER = "unix:///run/gpus-ec2/docker.sock"
 KEYS_ROOT = Path("/run/gpus-ec2/authorized-keys")  # sshd reads these as the user, so not below tmp_path
 INSTANCE_ROOT = Path("/var/lib/gpusession")  # where user data's files must really be (dockerd mounts them)
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ci-ec2-host.sh"
+# the machine's users, for its sshd and its boot script alike (run where $FAKE_MACHINE_DIR is set)
+USERS_MOUNT = ('mount --bind "$FAKE_MACHINE_DIR/passwd" /etc/passwd '
+               '&& mount --bind "$FAKE_MACHINE_DIR/group" /etc/group')
 
 
 def ensure_ec2_host() -> str | None:
@@ -95,6 +99,14 @@ class Machine:
         self.console = folder / "console.log"
         self.disks = folder / "disks"  # the machine's /dev/disk/by-id
         self.loops: dict[str, str] = {}  # volume id -> loop device
+
+    @property
+    def passwd(self) -> Path:
+        return self.folder / "passwd"
+
+    @property
+    def group(self) -> Path:
+        return self.folder / "group"
 
     @property
     def poweroff_requested(self) -> bool:
@@ -227,9 +239,9 @@ class FakePlatform:
         self.machines[iid] = machine
         self.events.append(f"{iid}: booting")
         self._ssh_keys(machine, config)
-        passwd = self._users(machine, config)
+        self._users(machine, config)
         self._write_files(machine, config)
-        self._start_sshd(machine, passwd)
+        self._start_sshd(machine)
         for command in config.get("runcmd", []):
             self._runcmd(machine, command)
 
@@ -252,17 +264,22 @@ class FakePlatform:
         with os.fdopen(fd, "w") as f:
             f.write(config["ssh_keys"]["ed25519_private"])
 
-    def _users(self, machine: Machine, config: dict) -> Path:
-        passwd = machine.folder / "passwd"
+    def _users(self, machine: Machine, config: dict) -> None:
+        """The user data's logins in the machine's own passwd and group files, each with a group
+        of its own named after it (as cloud-init's useradd makes on a real AMI), never a group
+        another user of the machine has."""
         lines = Path("/etc/passwd").read_text().rstrip("\n").split("\n")
+        groups = Path("/etc/group").read_text().rstrip("\n").split("\n")
         for number, user in enumerate(u for u in config.get("users", []) if isinstance(u, dict)):
-            name = user["name"]
-            lines.append(f"{name}:x:{64900 + number}:65534:{user.get('gecos', '')}:/nonexistent:{user.get('shell', '/bin/sh')}")
+            name, uid = user["name"], 64900 + number
+            lines.append(f"{name}:x:{uid}:{uid}:{user.get('gecos', '')}:/nonexistent:{user.get('shell', '/bin/sh')}")
+            groups.append(f"{name}:x:{uid}:")
             keys = KEYS_ROOT / machine.instance_id / name
             keys.write_text("\n".join(user.get("ssh_authorized_keys", [])) + "\n")
             keys.chmod(0o644)
-        passwd.write_text("\n".join(lines) + "\n")
-        return passwd
+        for path, text in ((machine.passwd, lines), (machine.group, groups)):
+            path.write_text("\n".join(text) + "\n")
+            path.chmod(0o644)
 
     def _write_files(self, machine: Machine, config: dict) -> None:
         for item in config.get("write_files", []):
@@ -274,7 +291,7 @@ class FakePlatform:
             path.chmod(int(str(item.get("permissions", "0644")), 8))
             machine.files.append(path)
 
-    def _start_sshd(self, machine: Machine, passwd: Path) -> None:
+    def _start_sshd(self, machine: Machine) -> None:
         cfg = machine.folder / "sshd_config"
         cfg.write_text(
             f"ListenAddress {MACHINE_IP}\nPort 22\nHostKey {machine.folder / 'ssh_host_ed25519_key'}\n"
@@ -285,8 +302,8 @@ class FakePlatform:
         log = open(machine.folder / "log" / "sshd.log", "ab")
         machine.sessions.append(subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{NS}", "unshare", "--mount", "--propagation", "private", "sh", "-c",
-             'mount --bind "$1" /etc/passwd && exec /usr/sbin/sshd -D -e -f "$2"', "sh", str(passwd), str(cfg)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+             f'{USERS_MOUNT} && exec /usr/sbin/sshd -D -e -f "$1"', "sh", str(cfg)],
+            env=dict(os.environ, FAKE_MACHINE_DIR=str(machine.folder)), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         ))
         log.close()
 
@@ -298,7 +315,7 @@ class FakePlatform:
         log = open(machine.folder / "log" / "runcmd.log", "ab")
         machine.sessions.append(subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{NS}", "unshare", "--mount", "--propagation", "private", "sh", "-c",
-             'mount --bind "$1" /dev/console && mount --bind "$2" /var/log && shift 2 && exec "$@"', "sh",
+             f'{USERS_MOUNT} && mount --bind "$1" /dev/console && mount --bind "$2" /var/log && shift 2 && exec "$@"', "sh",
              str(machine.console), str(machine.folder / "log"), *argv],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         ))

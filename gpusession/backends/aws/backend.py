@@ -6,7 +6,7 @@ terminated with it.
                 RunInstances with the boot plan as user data (capacity fallback when allowed),
                 waiter until running
     connect     instance sshd (pinned host key): follow the boot, send the runtime bundle the
-                image needs, forward the kernel's and agent's loopback ports
+                image needs, forward the kernel's unix sockets and the agent's loopback port
     stop        terminate, wait until terminated, delete key pair and security group
 
 Every piece carries the tags gpusession:session, gpusession:owner and Name, so `gpusession gc`
@@ -186,8 +186,8 @@ class AwsBackend(Backend):
     def _launch(self, aws: Aws, record: SessionRecord, progress: Progress, *, places, prices, ws, gpu,
                 instance_type: str, ami: str, group: str, public_key: str, kernel_key: str, name: str,
                 tag_list) -> None:
-        from ...tunnel import CONTAINER_AGENT_PORT, CONTAINER_KERNEL_PORTS
-        from ..cloudvm.cloudinit import CONTAINER_STATE_DIR, BootPlan, new_host_key, user_data
+        from ...tunnel import CONTAINER_AGENT_PORT
+        from ..cloudvm.cloudinit import CONTAINER_STATE_DIR, BootPlan, instance_sockets, new_host_key, user_data
 
         spec, extra = record.spec, record.spec.extra
         catalog = load_catalog()
@@ -211,11 +211,11 @@ class AwsBackend(Backend):
             volume_id = ws.in_zone(attempt.subnet.zone)
             save(volume_id=volume_id)
             agent_args = AgentArgs.for_record(
-                priced, session_id=record.id, state_dir=CONTAINER_STATE_DIR, kernel_ip="127.0.0.1",
-                kernel_ports=CONTAINER_KERNEL_PORTS[0], agent_port=CONTAINER_AGENT_PORT, workspace=WORKSPACE_MOUNT,
-                cwd=WORKSPACE_MOUNT).argv()
+                priced, session_id=record.id, state_dir=CONTAINER_STATE_DIR, kernel_ip=f"{instance_sockets(record.id)}/k",
+                agent_port=CONTAINER_AGENT_PORT, workspace=WORKSPACE_MOUNT, cwd=WORKSPACE_MOUNT).argv()
             boot = BootPlan(record.id, image, public_key, host_key, kernel_key, agent_args, spot=attempt.spot,
                             volume_id=volume_id)
+            save(sockets=boot.sockets)  # where the kernel listens (link.kernel_info)
             return {"UserData": user_data(boot)}
 
         base = launch.instance_params(ami=ami, instance_type=instance_type, key_name=name, group=group,

@@ -4,8 +4,9 @@ The instance's host key is made here, so nothing is ever accepted on first sight
 through cloud-init's `ssh_keys`, and only the public half is kept locally and pinned. The session
 container has no sshd: the tunnel logs in to the instance's own sshd as user `gpusession`, whose
 key may do two things only (`restrict,port-forwarding,permitopen=...,command=...`): forward to
-the kernel's and the agent's fixed ports on the instance's 127.0.0.1, and run `access.sh`, which
-reads the boot's status, takes the runtime bundle and reads a spot notice.
+the kernel's unix sockets (in a folder of that login's own group, `BootPlan.sockets`: no other
+user of the instance reaches them) and to the agent's fixed port on the instance's 127.0.0.1, and
+run `access.sh`, which reads the boot's status, takes the runtime bundle and reads a spot notice.
 
 The boot script (session.sh, after a header made here) gets the image, probes its Python, waits
 for the runtime bundle the client sends, runs the session container with it on the host's
@@ -26,7 +27,7 @@ from pathlib import Path
 from ...agentargs import WORKSPACE_MOUNT
 from ...bundle import boot_script as bundle_boot_script
 from ...protocol import Marker
-from ...tunnel import CONTAINER_AGENT_PORT, CONTAINER_KERNEL_PORTS
+from ...tunnel import CONTAINER_AGENT_PORT
 
 SSH_USER = "gpusession"  # the tunnel's login on the instance (created by cloud-init)
 INSTANCE_ROOT = "/var/lib/gpusession"  # one folder per session below it
@@ -56,6 +57,12 @@ def new_host_key(comment: str) -> HostKey:
     return HostKey(private=private, public=f"{public.decode()} {comment}")
 
 
+def instance_sockets(session_id: str) -> str:
+    """The folder of a session kernel's unix sockets on its instance (the runtime's --kernel-ip is
+    this folder + '/k'), in the session's own folder: known before the instance boots."""
+    return f"{INSTANCE_ROOT}/{session_id}/kernel"
+
+
 @dataclasses.dataclass(frozen=True)
 class BootPlan:
     """Everything the instance needs to run one session."""
@@ -74,13 +81,21 @@ class BootPlan:
         return f"{INSTANCE_ROOT}/{self.session_id}"
 
     @property
+    def sockets(self) -> str:
+        """The kernel's unix sockets' folder on the instance (bind-mounted at the same path)."""
+        return instance_sockets(self.session_id)
+
+    @property
     def container_name(self) -> str:
         return f"gpusession-{self.session_id[:12]}"
 
 
 def authorized_key_line(plan: BootPlan) -> str:
-    """The session key on the instance: the kernel's and agent's loopback ports and access.sh."""
-    opens = ",".join(f'permitopen="127.0.0.1:{port}"' for port in (*CONTAINER_KERNEL_PORTS, CONTAINER_AGENT_PORT))
+    """The session key on the instance: the kernel's five unix sockets, the agent's loopback
+    port, and access.sh. OpenSSH's permitopen limits its streamlocal forwarding too, and names a
+    socket as a host in brackets with any port (`[/path]:*`)."""
+    sockets = [f"[{plan.sockets}/k-{i}]:*" for i in range(1, 6)]
+    opens = ",".join(f'permitopen="{where}"' for where in (*sockets, f"127.0.0.1:{CONTAINER_AGENT_PORT}"))
     return f'restrict,port-forwarding,{opens},command="sh {plan.folder}/access.sh" {plan.session_key}'
 
 
@@ -102,6 +117,8 @@ WORKSPACE={q(WORKSPACE_MOUNT)}
 VOLUME_WAIT_S={VOLUME_WAIT_S}
 RUNTIME_WAIT_S={RUNTIME_WAIT_S}
 STATE_DIR={q(CONTAINER_STATE_DIR)}
+SOCKETS={q(plan.sockets)}
+LOGIN={q(SSH_USER)}
 GPUSESSION_KERNEL_KEY={q(plan.kernel_key)}
 export GPUSESSION_KERNEL_KEY
 {markers}

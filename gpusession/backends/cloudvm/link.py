@@ -1,6 +1,6 @@
 """Reaching a session on an instance: its own sshd (pinned host key), logged in as `gpusession`
-with the session key, which may only forward to the kernel's and agent's fixed ports on the
-instance's 127.0.0.1 and run access.sh (cloudinit.py). Through that login the client follows the
+with the session key, which may only forward to the kernel's unix sockets and the agent's fixed
+port on the instance's 127.0.0.1 and run access.sh (cloudinit.py). Through that login the client follows the
 boot (image pull with bytes and layers, the image's Python), sends the runtime bundle the image
 needs (gpusession.bundle: the agent, and ipykernel when the image has none), then forwards the
 kernel's ports with a `gpusession.tunnel.Tunnel`, as for a remote Docker host.
@@ -60,13 +60,18 @@ def instance_target(resource: dict, forget_hint: str):
 
 
 def kernel_info(resource: dict) -> dict:
-    """The kernel's connection info, known before it starts: the fixed ports and the key made
-    locally (the instance's user data hands it to the runtime)."""
+    """The kernel's connection info, known before it starts: its unix sockets on the instance
+    (ZMQ ipc, `<folder>/k-1` .. `k-5`) and the key made locally (the instance's user data hands it
+    to the runtime). A session started by an earlier gpusession has no `sockets`: the fixed
+    loopback ports."""
     from ...tunnel import CONTAINER_KERNEL_PORTS
 
     key = Path(resource["kernel_key_path"]).read_text().strip()
-    return {**dict(zip(KERNEL_PORT_NAMES, CONTAINER_KERNEL_PORTS)), "ip": "127.0.0.1", "key": key,
-            "transport": "tcp", "signature_scheme": "hmac-sha256", "kernel_name": "python3"}
+    if resource.get("sockets"):
+        where = {"ip": f"{resource['sockets']}/k", "transport": "ipc", **dict(zip(KERNEL_PORT_NAMES, range(1, 6)))}
+    else:
+        where = {"ip": "127.0.0.1", "transport": "tcp", **dict(zip(KERNEL_PORT_NAMES, CONTAINER_KERNEL_PORTS))}
+    return {**where, "key": key, "signature_scheme": "hmac-sha256", "kernel_name": "python3"}
 
 
 def wait_for_login(target, deadline: float, *, say: Callable[[str], None], gone: Callable[[], str | None]):

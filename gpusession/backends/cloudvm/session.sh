@@ -1,5 +1,5 @@
 # The body of an instance's session script (gpusession/backends/cloudvm/cloudinit.py writes the
-# header: DIR, NAME, IMAGE, SESSION_ID, SPOT, VOLUME_ID, WORKSPACE, VOLUME_WAIT_S, RUNTIME_WAIT_S, STATE_DIR, the marker
+# header: DIR, NAME, IMAGE, SESSION_ID, SPOT, VOLUME_ID, WORKSPACE, VOLUME_WAIT_S, RUNTIME_WAIT_S, STATE_DIR, SOCKETS, LOGIN, the marker
 # words M_*, the agent's options as "$@", and GPUSESSION_KERNEL_KEY in the environment).
 # Run once by cloud-init as root: get the image, look for its Python, wait for the runtime bundle
 # that the client sends over SSH (access.sh put), run the session container with it on the
@@ -127,10 +127,16 @@ workspace   # the workspace's volume, as the Docker volume $WSVOL (none without 
 [ -n "$WSVOL" ] && mounts="$mounts -v $WSVOL:$WORKSPACE"
 
 command=$(printf '%s\n' "$python" | sed -n 's/.*"command":"\([^"]*\)".*/\1/p')
+# the kernel on unix sockets in a folder of the tunnel login's own group (setgid 2770), which the
+# container's user gets too, whoever the image's USER is: no other user of the instance reaches
+# them, as any would a loopback port
+gid=$(id -g "$LOGIN") || fail container "no user $LOGIN on this instance"
+{ mkdir -p "$SOCKETS" && chgrp "$gid" "$SOCKETS" && chmod 2770 "$SOCKETS"; } || fail container "cannot make $SOCKETS"
 # $mounts is split on purpose: paths under $DIR hold no spaces
 # shellcheck disable=SC2086
 if docker run -d --name "$NAME" --init --gpus all --network host --label "gpusession.session=$SESSION_ID" \
         $mounts -v "$DIR/state:$STATE_DIR" -v "$DIR/notices:/run/gpusession-notices:ro" \
+        -v "$SOCKETS:$SOCKETS" --group-add "$gid" \
         -e "GPUSESSION_SESSION_ID=$SESSION_ID" -e GPUSESSION_KERNEL_KEY -e "GPUSESSION_RUNTIME_PYTHON=$command" \
         --entrypoint /bin/sh "$IMAGE" "$ROOT/code/boot.sh" run "$@" >/dev/null; then
     say "$M_BOOT container started"
