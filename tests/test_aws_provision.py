@@ -226,6 +226,7 @@ def test_the_instance_goes_to_its_workspace_volumes_zone(manager, aws_env, look)
     assert look.describe_volumes(VolumeIds=[vid])["Volumes"][0]["Attachments"][0]["InstanceId"] == \
         record.resource["instance_id"]
     manager.backend("aws").stop(record)
+    manager.store.transition(record.id, State.STOPPED)  # the session ended: its workspace is free again
     assert look.describe_volumes(VolumeIds=[vid])["Volumes"][0]["State"] == "available"
     elsewhere = spec_for(manager, "t4", workspace="wz", subnet=subnets[0]["SubnetId"])
     with pytest.raises(StageError, match=f"workspace wz's volume {vid} is in {last}, and the instance cannot be "

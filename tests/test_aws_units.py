@@ -60,11 +60,14 @@ def test_session_key_may_only_reach_the_kernel_sockets_the_agent_port_and_access
     # the boot script puts the kernel there, in a folder of the login's group the container gets
     script = boot_script(plan())
     assert f"\nSOCKETS={folder}/kernel\n" in script and "\nLOGIN=gpusession\n" in script
-    assert '--kernel-ip "$SOCKETS/k"' in script and '--group-add "$gid"' in script and "127.0.0.1" not in script
+    assert '-v "$SOCKETS:$SOCKETS"' in script and '--group-add "$gid"' in script
+    from gpusession.backends.cloudvm.cloudinit import instance_sockets  # the runtime's --kernel-ip (AgentArgs)
+
+    assert instance_sockets("0123456789abcdef0123456789abcdef") == f"{folder}/kernel"
 
 
 def test_the_link_reaches_the_kernel_where_the_session_says(tmp_path):
-    from gpusession.backends.aws.link import kernel_info
+    from gpusession.backends.cloudvm.link import kernel_info
 
     (tmp_path / "key").write_text("k" * 64)
     res = {"kernel_key_path": str(tmp_path / "key")}
