@@ -93,6 +93,18 @@ def test_no_import_cycles():
     assert not circles, "import circles:\n" + "\n".join(sorted(circles))
 
 
+def test_lazy_and_typing_only_imports_count(tmp_path):
+    """The circles removed in issue 20 hid behind these two: an import under `if TYPE_CHECKING:`
+    and one inside a function. Both are edges of the graph, and a circle through them is found."""
+    path = tmp_path / "fake.py"
+    path.write_text("from typing import TYPE_CHECKING\n"
+                    "if TYPE_CHECKING:\n    from ..store import Store\n"
+                    "def f():\n    from ..models import State\n    import gpusession.errors\n")
+    assert imports_of("gpusession.session.fake", path) == {"gpusession.store", "gpusession.models", "gpusession.errors"}
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert sorted(sorted(p) for p in _strongly_connected(graph) if len(p) > 1) == [["a", "b", "c"]]
+
+
 def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
     """Tarjan's algorithm, iterative (the graph is a few hundred modules deep at most)."""
     index: dict[str, int] = {}
