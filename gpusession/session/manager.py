@@ -64,7 +64,8 @@ class SessionManager:
         self._connected: dict[str, Session] = {}
         self._lock = threading.RLock()
         self._stats_cache: dict[str, tuple[float, dict]] = {}  # id -> (fetched at, stats)
-        self.liveness = Liveness(self.store, self.backend, self.reconcile)  # which running sessions are still alive, asked cheaply
+        # which running sessions are still alive, asked cheaply
+        self.liveness = Liveness(self.store, self.backend, self.reconcile)
 
     # -- building blocks -----------------------------------------------------------------
 
