@@ -65,9 +65,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     from .workspace_words import print_restored
 
     m = _manager()
-    given = options.given_values(args)
-    spec = m.make_spec(given.pop("type", None), backend=given.pop("backend", None),
-                       idle=given.pop("idle", "default"), face=options.FLAGS, **given)
+    spec = m.spec_from(options.given_values(args), options.FLAGS)
     session = m.start(spec, report=lambda line: print(line, flush=True))
     print_restored(session.record, print)
     print(f"{session.name} is running ({idle_setting(spec.idle_timeout_s)}); "
@@ -143,7 +141,7 @@ def _report_orphaned_workspaces(m) -> None:
     from .session.workspaces import list_all
     from .workspace_words import orphaned_line
 
-    for view in list_all(m):
+    for view in list_all(m.store, m.backend):
         if view.orphaned:
             print(orphaned_line(view))
 
@@ -158,11 +156,11 @@ def cmd_workspaces(args: argparse.Namespace) -> int:
         if not args.yes:
             raise GpuSessionError(f"deleting workspace {args.name} deletes its files and saved variables; "
                                   f"add --yes to do it: `gpusession workspaces rm {args.name} --yes`")
-        ws = remove(m, args.name, args.backend)
+        ws = remove(m.store, m.backend, args.name, args.backend)
         print(f"deleted workspace {ws.name} ({ws.where}, {size_text(ws.size_bytes)})")
         return 0
     skipped: list[str] = []
-    print(workspace_table(list_all(m, skipped)))
+    print(workspace_table(list_all(m.store, m.backend, skipped)))
     for line in skipped:
         print(f"skipped {line}")
     return 0

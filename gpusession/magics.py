@@ -163,9 +163,7 @@ class GpuMagics(Magics):
     # -- subcommands -------------------------------------------------------------------
 
     def _start(self, rest: str) -> Session:
-        given = options.given_values(self._parse(_start_args, rest))
-        spec = self.manager.make_spec(given.pop("type", None), backend=given.pop("backend", None),
-                                      idle=given.pop("idle", "default"), face=options.FLAGS, **given)
+        spec = self.manager.spec_from(options.given_values(self._parse(_start_args, rest)), options.FLAGS)
         record = self.manager.create(spec)
         try:
             session = self.manager.launch(record, report=_print)

@@ -52,11 +52,7 @@ def imports_of(name: str, path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
-                   for stmt in block.body for n in ast.walk(stmt)}
-    for node in ast.walk(tree):
-        if id(node) in typing_only:  # `if TYPE_CHECKING:` imports never run
-            continue
+    for node in ast.walk(tree):  # module level, inside functions and under `if TYPE_CHECKING:` alike
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("gpusession"))
         elif isinstance(node, ast.ImportFrom):
@@ -75,11 +71,6 @@ def imports_of(name: str, path: Path) -> set[str]:
     return {m for m in found if m in ALL or any(m.startswith(a + ".") for a in ALL)}
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 ALL = modules()
 GRAPH = {name: {m for m in imports_of(name, path) if m in ALL and m != name} for name, path in ALL.items()}
 
@@ -94,28 +85,65 @@ def test_imports_point_down_the_layers():
 
 
 def test_no_import_cycles():
-    """Between modules; a package's __init__ re-exporting its own modules is no cycle."""
-    cycles = []
-    state: dict[str, int] = {}
+    """Between modules, counting every edge: lazy imports inside functions, `if TYPE_CHECKING:`
+    imports and a package's __init__ (importing a module runs its package's __init__ first, so an
+    __init__ importing a module that imports the package back is a circle too). Each circle is
+    named by its modules (a strongly connected part of the import graph)."""
+    circles = [" <-> ".join(sorted(part)) for part in _strongly_connected(GRAPH) if len(part) > 1]
+    assert not circles, "import circles:\n" + "\n".join(sorted(circles))
+
+
+def test_lazy_and_typing_only_imports_count(tmp_path):
+    """The circles removed in issue 20 hid behind these two: an import under `if TYPE_CHECKING:`
+    and one inside a function. Both are edges of the graph, and a circle through them is found."""
+    path = tmp_path / "fake.py"
+    path.write_text("from typing import TYPE_CHECKING\n"
+                    "if TYPE_CHECKING:\n    from ..store import Store\n"
+                    "def f():\n    from ..models import State\n    import gpusession.errors\n")
+    assert imports_of("gpusession.session.fake", path) == {"gpusession.store", "gpusession.models", "gpusession.errors"}
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert sorted(sorted(p) for p in _strongly_connected(graph) if len(p) > 1) == [["a", "b", "c"]]
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's algorithm, iterative (the graph is a few hundred modules deep at most)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
     stack: list[str] = []
-
-    def visit(node: str) -> None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in GRAPH[node]:
-            if nxt.startswith(node + ".") or node.startswith(nxt + ".") and nxt in ALL and ALL[nxt].name == "__init__.py":
+    parts: list[set[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            nxt = next(targets, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
                 continue
-            if state.get(nxt) == 1:
-                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
-            elif nxt not in state:
-                visit(nxt)
-        stack.pop()
-        state[node] = 2
-
-    for name in GRAPH:
-        if name not in state:
-            visit(name)
-    assert not cycles, "\n".join(cycles)
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                part = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    part.add(member)
+                    if member == node:
+                        break
+                parts.append(part)
+    return parts
 
 
 def test_the_faces_never_import_a_concrete_backend():

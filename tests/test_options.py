@@ -5,6 +5,8 @@ value the same way, and name a bad field in their own words."""
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
@@ -118,6 +120,33 @@ def test_a_value_reads_the_same_through_every_face(words, body, expected):
     assert specs[0] == specs[1] == specs[2]
     for key, value in expected.items():
         assert getattr(specs[0], key) == value
+
+
+def test_the_faces_hand_the_values_over_as_given(manager):
+    """A face gives the manager what the user gave, says which face it is, and the table does the
+    rest: the defaults, the reading, the messages in the face's words. No face takes `type`,
+    `backend` or `idle` out first, and no "default" string stands for a value not given."""
+    bad = {"type": "l4", "backend": "local", "idle": "abc", "max_cost": "lots"}
+    said = {}
+    for face in (options.REST, options.FLAGS, options.FORM):
+        with pytest.raises(options.BadOptions) as exc:
+            manager.spec_from(bad, face)
+        said[face] = str(exc.value)
+    why = ("bad idle timeout 'abc': write e.g. 90s, 15m, 1h30m (a bare number means minutes) or 'off'",
+           "bad max cost 'lots': write dollars, e.g. 5 or 2.50")
+    assert said == {options.REST: f"'idle': {why[0]}; 'max_cost': {why[1]}",
+                    options.FLAGS: f"--idle: {why[0]}; --max-cost: {why[1]}",
+                    options.FORM: f"Idle stop: {why[0]}; Max cost ($): {why[1]}"}
+    plain = manager.spec_from({"backend": "local"}, options.FORM)
+    assert (plain.gpu_type, plain.idle_timeout_s) == ("t4", 1800.0)  # left out: the config's defaults
+    assert manager.spec_from({"backend": "local", "idle": None}, options.REST).idle_timeout_s is None  # none: no idle stop
+    assert manager.make_spec("l4", backend="local", idle="1h30m") == manager.spec_from(
+        {"type": "l4", "backend": "local", "idle": "1h30m"}, options.FLAGS)
+    pkg = Path(options.__file__).parent
+    faces = ["cli.py", "magics.py", "server/handlers.py", "server/api.py", "provisioner/provisioner.py", "widgets/panel.py"]
+    taken = [f"{face}: {m.group(0)}" for face in faces if (pkg / face).exists()
+             for m in re.finditer(r'pop\("(type|backend|idle)"[^)]*\)|"default"\)', (pkg / face).read_text())]
+    assert not taken, taken
 
 
 def test_the_form_reads_like_the_other_faces(manager):

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import queue
 import time
-from typing import TYPE_CHECKING
 
 from ..errors import CellLost, KernelDied, LinkLost, RemoteError
 from ..protocol import CELL_LOG_REPLY, CELL_LOG_REQUEST, META_OUTPUTS, META_SEQ, OUTPUT_MSG_TYPES
 from .sink import OutputSink, show
+from .connection import Connection
 
-if TYPE_CHECKING:
-    from .client import KernelClient
 
 QUIET_S = 3.0  # nothing heard this long: ask the kernel about the cell (then 2x, up to QUIET_MAX_S)
 QUIET_MAX_S = 12.0
@@ -122,7 +120,7 @@ class Outputs:
 class CellWait:
     """One execute request, from sent to its reply. `KernelClient.execute` makes one per cell."""
 
-    def __init__(self, kc: "KernelClient", msg_id: str, sink: OutputSink, *, interrupt_grace: float,
+    def __init__(self, kc: Connection, msg_id: str, sink: OutputSink, *, interrupt_grace: float,
                  health_every: float):
         self.kc, self.client, self.msg_id = kc, kc.client, msg_id
         self.out = Outputs(sink)

@@ -7,13 +7,12 @@ import collections
 import queue
 import time
 import uuid
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ..errors import BadInput, KernelDied, TransferStopped
 from ..protocol import TRANSFER_REPLY, TRANSFER_REQUEST
+from .connection import Connection
 
-if TYPE_CHECKING:
-    from .client import KernelClient
 
 CHUNK = 4 << 20
 WINDOW = 8  # 32 MiB in flight: at 4 a single big download sometimes stalled to ~250 MB/s (bench_data.py)
@@ -36,7 +35,7 @@ class Channel:
     reply, with one line why (the link gave up, the kernel died, no answer for STALL_S), never
     in a hang."""
 
-    def __init__(self, kc: "KernelClient", progress: Progress | None, verb: str = "transfer"):
+    def __init__(self, kc: Connection, progress: Progress | None, verb: str = "transfer"):
         self.kc = kc
         self.id = uuid.uuid4().hex
         self.verb = verb

@@ -15,14 +15,13 @@ import pickle
 import queue
 import tarfile
 import zlib
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from ..errors import BadInput, KernelDied, LinkLost, TransferStopped
 from ..tarsafe import Extraction
 from .channel import CHUNK, WINDOW, Channel, Progress
+from .connection import Connection
 
-if TYPE_CHECKING:
-    from .client import KernelClient
 
 TAR_BUFSIZE = 1 << 20
 # Ctrl-C, and what it becomes when it lands inside jupyter_client's event loop
@@ -125,7 +124,7 @@ def _stopped_said(channel: Channel, where: str, cleanup: Callable[[], None] = la
         raise
 
 
-def push(kc: "KernelClient", namespace: dict[str, Any], progress: Progress | None = None) -> None:
+def push(kc: Connection, namespace: dict[str, Any], progress: Progress | None = None) -> None:
     """Local variables into the session kernel's namespace, pickled one by one."""
     parts = []
     for name, value in namespace.items():
@@ -142,7 +141,7 @@ def push(kc: "KernelClient", namespace: dict[str, Any], progress: Progress | Non
         sender.finish()
 
 
-def pull(kc: "KernelClient", names: list[str], progress: Progress | None = None) -> dict[str, Any]:
+def pull(kc: Connection, names: list[str], progress: Progress | None = None) -> dict[str, Any]:
     """Variables from the session kernel's namespace."""
     channel = Channel(kc, progress, "pull")
     with _stopped_said(channel, "here"):
@@ -167,7 +166,7 @@ def pull(kc: "KernelClient", names: list[str], progress: Progress | None = None)
     return result
 
 
-def upload(kc: "KernelClient", files: Iterable[tuple[str, str]], total: int, to: str = ".",
+def upload(kc: Connection, files: Iterable[tuple[str, str]], total: int, to: str = ".",
            progress: Progress | None = None) -> dict:
     """(local path, name in the tar) pairs, as a tar stream, into folder `to` below the session
     kernel's working directory. Returns {"files", "bytes", "dest", "refused"}."""
@@ -185,7 +184,7 @@ def upload(kc: "KernelClient", files: Iterable[tuple[str, str]], total: int, to:
             "refused": result.get("refused", [])}
 
 
-def download(kc: "KernelClient", paths: list[str], to: str = ".", progress: Progress | None = None) -> dict:
+def download(kc: Connection, paths: list[str], to: str = ".", progress: Progress | None = None) -> dict:
     """Files or folders (relative to the session kernel's working directory) into local folder
     `to`. Returns {"files", "bytes", "dest", "refused"}. The tar stream is kept in memory only
     chunk by chunk: extraction runs as it arrives, into temporary names renamed once the whole

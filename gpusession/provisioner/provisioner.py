@@ -98,10 +98,8 @@ class GpuSessionProvisioner(KernelProvisionerBase):
 
     def _start_session(self) -> None:
         manager = self._manager()
-        values = dict(self.start_options)
         try:
-            spec = manager.make_spec(values.pop("type", None), backend=values.pop("backend", None),
-                                     idle=values.pop("idle", "default"), **values)
+            spec = manager.spec_from(self.start_options, options.REST)  # the kernelspec's metadata names fields as REST does
             self.log.info("gpusession: starting a %s session on %s for kernel %s",
                           spec.gpu_type, spec.backend, self.kernel_id)
             session = manager.start(spec, report=lambda line: self.log.info("gpusession: %s", line))

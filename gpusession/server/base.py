@@ -16,7 +16,7 @@ from ..errors import BadInput, BackendUnavailable, GpuSessionError, NoSession, U
 from ..words import error_text
 
 if TYPE_CHECKING:
-    from .handlers import Api
+    from .api import Api
 
 MAX_BODY = 64 * 1024  # bytes of a request body; a start body is well under 1 KiB
 

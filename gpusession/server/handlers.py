@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import urllib.parse
-from typing import Any
 
 import tornado.web
 from jupyter_server.utils import url_path_join
@@ -23,47 +21,10 @@ from ..durations import KEEPALIVE, shown
 from ..errors import BadInput
 from ..session import SessionManager, default_backend_name
 from ..words import rest_view, warning_texts
+from .api import Api
 from .base import BaseHandler
 from .workspaces import WorkspaceHandler, WorkspacesHandler
-from .panel import MAX_HISTORY, StartProgress, kernel_ids_by_pid, panel_view, with_history
-
-
-class Api:
-    """What the handlers share: one SessionManager for the server process, and the threads
-    that start sessions in the background."""
-
-    def __init__(self, manager: SessionManager | None = None, unavailable: str | None = None):
-        # unavailable: why no manager could be made (its store cannot be opened); every call answers it
-        self.unavailable = unavailable
-        self.manager = manager or (SessionManager() if unavailable is None else None)
-        self.starting: dict[str, threading.Thread] = {}
-        self.progress = StartProgress()  # the starts' latest lines, shown on their cards
-
-    def view(self, record, kernels: dict[int, str] | None = None) -> dict:
-        """A session as the sidebar shows it: the REST view, its start progress and kernel."""
-        return panel_view(self.manager, record, self.progress, kernels)
-
-    def start_in_background(self, body: dict[str, Any]) -> dict:
-        """Record the session from a POST body (`options.body_problems` passed), start it in a thread."""
-        m = self.manager
-        given = dict(body)
-        spec = m.make_spec(given.pop("type", None), backend=given.pop("backend", None),
-                           idle=given.pop("idle", "default"), face=options.REST, **given)
-        record = m.create(spec)
-        report = self.progress.reporter(record.id)
-
-        def run() -> None:
-            try:
-                m.launch(record, report=report)
-            except BaseException:  # noqa: BLE001 - launch recorded the failure and cleaned up
-                pass
-            finally:
-                self.starting.pop(record.id, None)
-
-        thread = threading.Thread(target=run, name=f"gpusession-start-{record.name}", daemon=True)
-        self.starting[record.id] = thread
-        thread.start()
-        return self.view(record)
+from .panel import MAX_HISTORY, kernel_ids_by_pid, with_history
 
 
 class SessionsHandler(BaseHandler):

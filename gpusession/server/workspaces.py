@@ -22,7 +22,7 @@ class WorkspacesHandler(BaseHandler):
 
         def listing() -> dict:
             skipped: list[str] = []
-            views = [workspace_rest_view(v) for v in list_all(m, skipped)]
+            views = [workspace_rest_view(v) for v in list_all(m.store, m.backend, skipped)]
             return {"workspaces": views, "skipped": skipped}
 
         await self.guarded(listing)
@@ -52,7 +52,7 @@ class WorkspaceHandler(BaseHandler):
         m = self.api.manager
 
         def deleting() -> dict:
-            ws = remove(m, name, backend)
+            ws = remove(m.store, m.backend, name, backend)
             return {"deleted": ws.name, "backend": ws.backend, "where": ws.where}
 
         await self.guarded(deleting, statuses={NoWorkspace: 404, WorkspaceInUse: 409})

@@ -15,15 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .. import procs
 from ..errors import GpuSessionError
-from ..models import State
+from ..models import SessionRecord, State
 from ..protocol import StopKind
+from ..store import Store
 
 if TYPE_CHECKING:
-    from .manager import SessionManager
+    from ..backends import Backend
+
+BackendOf = Callable[[str], "Backend"]  # a backend by name (SessionManager.backend)
+Reconcile = Callable[[SessionRecord, "Backend"], SessionRecord]  # record a gone session's end
+Stop = Callable[..., SessionRecord]  # stop a running session: (key, by=..., kind=...)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,23 +41,25 @@ class GcAction:
     done: bool  # False on a dry run
 
 
-def collect(manager: "SessionManager", *, dry_run: bool = False, backends: list[str] | None = None,
-            orphans: bool = False, skipped: list[str] | None = None, volumes: bool = False) -> list[GcAction]:
+def collect(store: Store, backend_of: BackendOf, *, reconcile: Reconcile, stop: Stop, dry_run: bool = False,
+            backends: list[str] | None = None, orphans: bool = False, skipped: list[str] | None = None,
+            volumes: bool = False) -> list[GcAction]:
+    """What gc does (SessionManager.gc passes its store, backends, reconcile and stop)."""
     from ..backends import backend_names
 
     actions: list[GcAction] = []
     names = backends or backend_names()
     # records first: a start its dead starter left is recorded failed, so what else it made (a
     # helper container the starter never removed) is removed below, in the same run
-    for rec in manager.store.list(active_only=True):
+    for rec in store.list(active_only=True):
         try:
-            actions += _check_record(manager, rec, dry_run=dry_run, orphans=orphans)
+            actions += _check_record(store, backend_of, reconcile, stop, rec, dry_run=dry_run, orphans=orphans)
         except Exception as exc:  # noqa: BLE001 - one bad record or host must never stop gc
             if skipped is not None:
                 skipped.append(f"{rec.name}: not checked ({type(exc).__name__}: {exc})")
     for name in names:
         try:
-            backend = manager.backend(name)
+            backend = backend_of(name)
             resources = backend.list_resources()
         except Exception as exc:  # noqa: BLE001 - an SDK or engine that fails oddly is reported, not fatal
             if skipped is not None:
@@ -62,7 +69,7 @@ def collect(manager: "SessionManager", *, dry_run: bool = False, backends: list[
         # before it asks a backend for anything (SessionManager.create), so every resource listed
         # has its record in this read, and one unknown to it has none (a start that began after an
         # earlier read would have its new container taken for a leftover)
-        records = {r.id: r for r in manager.store.list()} if resources else {}
+        records = {r.id: r for r in store.list()} if resources else {}
         for res in resources:
             rec = records.get(res.session_id)
             if rec is not None and rec.state.active:
@@ -101,10 +108,11 @@ def _remove(backend, res, why: str, *, dry_run: bool, notes: list[str] | None) -
     return [GcAction("remove", res.description, why, not dry_run)]
 
 
-def _check_record(manager: "SessionManager", rec, *, dry_run: bool, orphans: bool) -> list[GcAction]:
+def _check_record(store: Store, backend_of: BackendOf, reconcile: Reconcile, stop: Stop, rec: SessionRecord, *,
+                  dry_run: bool, orphans: bool) -> list[GcAction]:
     actions: list[GcAction] = []
     try:
-        backend = manager.backend(rec.backend)
+        backend = backend_of(rec.backend)
     except GpuSessionError:
         return actions
     stuck = rec.state in (State.REQUESTED, State.PROVISIONING, State.STARTING, State.STOPPING)
@@ -113,16 +121,16 @@ def _check_record(manager: "SessionManager", rec, *, dry_run: bool, orphans: boo
         actions.append(GcAction("stop", rec.name, f"left {rec.state.value} by a dead process", not dry_run))
         if not dry_run:
             backend.stop(rec)
-            manager.store.transition(rec.id, State.FAILED, "cleaned up by gc: its starter died",
+            store.transition(rec.id, State.FAILED, "cleaned up by gc: its starter died",
                                      error="starter process died")
     elif rec.state == State.RUNNING and not backend.is_alive(rec):
         actions.append(GcAction("record-stopped", rec.name, "remote side gone", not dry_run))
         if not dry_run:
-            manager.reconcile(rec, backend)
+            reconcile(rec, backend)
     elif rec.state == State.RUNNING and orphans and owner_dead:
         actions.append(GcAction("stop-orphan", rec.name, "its notebook process is gone", not dry_run))
         if not dry_run:
-            manager.stop(rec.id, by="gc (owner process gone)", kind=StopKind.GC)
+            stop(rec.id, by="gc (owner process gone)", kind=StopKind.GC)
     return actions
 
 

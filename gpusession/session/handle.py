@@ -4,23 +4,38 @@ from __future__ import annotations
 
 import queue
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..backends import Backend, Link
 from ..errors import KernelDied, LinkLost, SessionEnded
 from ..kernel import KernelClient, OutputSink, files, transfer
 from ..kernel.transfer import Progress
 from ..models import SessionRecord
+from ..store import Store
 from .agentclient import AgentClient, AgentUnavailable
 
-if TYPE_CHECKING:
-    from .manager import SessionManager
+
+class Owner(Protocol):
+    """What a Session asks of the SessionManager that made it (and nothing more): the store, and
+    the operations that record what happened to the session."""
+
+    store: Store
+
+    def mark_gone(self, session: "Session", why: str) -> SessionRecord | None: ...
+
+    def stop(self, key: str) -> SessionRecord: ...
+
+    def refresh_state(self, key: str) -> SessionRecord: ...
+
+    def stats(self, key: str, since: float | None = None, limit: int | None = None) -> dict: ...
+
+    def keepalive(self, key: str, duration: str | float) -> dict: ...
 
 
 class Session:
     """Made by `SessionManager.launch` / `attach`; the faces hold it as the current session."""
 
-    def __init__(self, manager: "SessionManager", record: SessionRecord, backend: Backend, link: Link):
+    def __init__(self, manager: Owner, record: SessionRecord, backend: Backend, link: Link):
         self.manager = manager
         self.record = record
         self.backend = backend

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..models import SessionRecord, State
 from ..protocol import StopKind, StopReason
+from ..store import Store
 
 if TYPE_CHECKING:
-    from .manager import SessionManager
+    from ..backends import Backend
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,13 @@ def ended_state(reason: StopReason) -> State:
 
 
 class Liveness:
-    """What this process knows of its sessions' liveness; one per SessionManager (`.liveness`)."""
+    """What this process knows of its sessions' liveness; one per SessionManager (`.liveness`).
+    store: where records are read and `last_seen` written; backend: a backend by name;
+    reconcile: records a gone session's end (SessionManager.reconcile)."""
 
-    def __init__(self, manager: "SessionManager"):
-        self.manager = manager
+    def __init__(self, store: Store, backend: Callable[[str], "Backend"],
+                 reconcile: Callable[[SessionRecord, "Backend"], SessionRecord]):
+        self.store, self.backend, self.reconcile = store, backend, reconcile
         self._seen: dict[str, tuple[float, float]] = {}  # id -> (seen alive at, last_seen saved at)
 
     def check(self, records: list[SessionRecord]) -> list[SessionRecord]:
@@ -55,7 +59,7 @@ class Liveness:
         answers: dict[str, bool] = {}
         for name, group in by_backend.items():
             try:
-                answers.update(self.manager.backend(name).check_alive(group))
+                answers.update(self.backend(name).check_alive(group))
             except Exception as exc:  # noqa: BLE001 - a backend that cannot answer leaves its rows unverified
                 log.debug("could not check the %s sessions: %s", name, exc)
         out = []
@@ -69,15 +73,14 @@ class Liveness:
         return out
 
     def _reconciled(self, record: SessionRecord) -> SessionRecord:
-        m = self.manager
-        fresh = m.store.get(record.id)
+        fresh = self.store.get(record.id)
         if fresh.state != State.RUNNING:  # another process recorded its end (or a stop) meanwhile
             return fresh
         try:
-            return m.reconcile(fresh, m.backend(fresh.backend))
+            return self.reconcile(fresh, self.backend(fresh.backend))
         except Exception as exc:  # noqa: BLE001 - the listing goes on; gc retries the teardown
             log.warning("session %s is gone but could not be recorded so: %s", fresh.name, exc)
-            return m.store.get(record.id)
+            return self.store.get(record.id)
 
     def saw(self, session_id: str, record: SessionRecord | None = None) -> None:
         """This process just found the session alive (its backend or its agent said so)."""
@@ -86,7 +89,7 @@ class Liveness:
         _, saved = self._seen.get(session_id, (0.0, stored))
         if now - saved >= SAVE_EVERY_S:
             try:
-                self.manager.store.update_resource(session_id, last_seen=now)
+                self.store.update_resource(session_id, last_seen=now)
                 saved = now
             except Exception as exc:  # noqa: BLE001 - a busy or read-only store costs only the note
                 log.debug("could not record last_seen of %s: %s", session_id, exc)

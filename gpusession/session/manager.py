@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .. import options
 from ..backends import Backend, Link, default_order, load_backend_class, loaded_classes
@@ -64,7 +64,8 @@ class SessionManager:
         self._connected: dict[str, Session] = {}
         self._lock = threading.RLock()
         self._stats_cache: dict[str, tuple[float, dict]] = {}  # id -> (fetched at, stats)
-        self.liveness = Liveness(self)  # which running sessions are still alive, asked cheaply
+        # which running sessions are still alive, asked cheaply
+        self.liveness = Liveness(self.store, self.backend, self.reconcile)
 
     # -- building blocks -----------------------------------------------------------------
 
@@ -74,20 +75,21 @@ class SessionManager:
                 self._backends[name] = load_backend_class(name)(self.config, StoreRecorder(self.store))
             return self._backends[name]
 
-    def make_spec(self, gpu_type: str | None = None, *, backend: str | None = None,
-                  idle: str | float | None = "default", face: str = options.REST, **values: Any) -> LaunchSpec:
-        """Validate user input into a LaunchSpec (BadInput says what was wrong): the option
-        table's rules (gpusession/options.py), with this manager's config for defaults."""
+    def make_spec(self, gpu_type: str | None = None, /, *, face: str = options.REST, **values: Any) -> LaunchSpec:
+        """The Python face: `make_spec("a100:8", backend="docker", idle="15m")`; keywords as
+        `spec_from` takes them (a keyword left out takes its default; idle=None: no idle stop)."""
+        if gpu_type is not None:
+            values["type"] = gpu_type
+        return self.spec_from(values, face)
+
+    def spec_from(self, values: Mapping[str, Any], face: str = options.REST) -> LaunchSpec:
+        """Validate start options as a face was given them (BadInput says what was wrong, naming
+        each field in the words of `face`: options.REST, FLAGS or FORM): the option table's rules
+        (gpusession/options.py), with this manager's config for defaults. An option left out
+        takes its default."""
         from ..backends import backend_names
 
-        given = dict(values)
-        if gpu_type is not None:
-            given["type"] = gpu_type
-        if backend is not None:
-            given["backend"] = backend
-        if idle != "default":
-            given["idle"] = idle  # None: no idle stop
-        spec = options.build_spec(given, config=self.config, catalog=self.catalog, backends=backend_names(),
+        spec = options.build_spec(values, config=self.config, catalog=self.catalog, backends=backend_names(),
                                   backend_default=lambda: default_backend_name(self.config), face=face)
         files.check_start_tree(spec.extra, face)  # --upload: a tree over its cap is refused before anything starts
         return spec
@@ -138,7 +140,7 @@ class SessionManager:
             self._abort(record, link, backend, message)
             raise
         session.record = self.store.transition(record.id, State.RUNNING, f"ready in {progress.elapsed():.1f}s")
-        fetch_restore_report(self, session)  # --resume: what came back, for the faces to say
+        fetch_restore_report(self.store, session)  # --resume: what came back, for the faces to say
         progress.say(f"running: session {record.name} is ready")
         with self._lock:
             self._connected[record.id] = session
@@ -227,7 +229,7 @@ class SessionManager:
         self.store.transition(record.id, State.STOPPING, f"stop requested by {by}")
         self.store.update_resource(record.id, stop_reason=reason.to_dict())
         if save:
-            save_checkpoint(self, record, session)
+            save_checkpoint(self.store, record, session)
         if session is not None:
             self._save_summary(record, session=session)
             try:  # a kernel told already (by JupyterLab) is going: no waiting for its second reply
@@ -395,7 +397,7 @@ class SessionManager:
         """Find and stop what crashed processes left behind (gpusession/session/gc.py)."""
         from .gc import collect
 
-        return collect(self, dry_run=dry_run, backends=backends, orphans=orphans, skipped=skipped, volumes=volumes)
+        return collect(self.store, self.backend, reconcile=self.reconcile, stop=self.stop, dry_run=dry_run, backends=backends, orphans=orphans, skipped=skipped, volumes=volumes)
 
 
 __all__ = ["SessionManager", "Session", "default_backend_name", "KernelDied"]

@@ -8,17 +8,17 @@ user confirmed. Returns data; the faces put it into words (gpusession/words.py).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import BackendUnavailable, BadInput, GpuSessionError, WorkspaceInUse
 from ..backends import workspace_backends
+from ..store import Store
 from .agentclient import AgentClient, AgentUnavailable
 
 if TYPE_CHECKING:
-    from ..backends.base import Workspace
+    from ..backends.base import Backend, Workspace
     from ..models import LaunchSpec, SessionRecord
     from .handle import Session
-    from .manager import SessionManager
 
 SAVE_WAIT_EXTRA_S = 15.0  # the agent answers POST /save within the bound; the link may add to it
 
@@ -54,7 +54,7 @@ def workspace_claim(spec: "LaunchSpec", name: str) -> tuple[str, str, str] | Non
     return (spec.backend, where, extra.get("resume") or extra.get("workspace") or name)
 
 
-def fetch_restore_report(manager: "SessionManager", session: "Session") -> None:
+def fetch_restore_report(store: Store, session: "Session") -> None:
     """After a --resume start: what the kernel restored, kept in the record (`restored`)."""
     if not session.record.spec.extra.get("resume"):
         return
@@ -62,10 +62,10 @@ def fetch_restore_report(manager: "SessionManager", session: "Session") -> None:
         report = session.agent.restored()
     except AgentUnavailable as exc:
         report = {"found": False, "error": str(exc)}
-    session.record = manager.store.update_resource(session.id, restored=report)
+    session.record = store.update_resource(session.id, restored=report)
 
 
-def save_checkpoint(manager: "SessionManager", record: "SessionRecord", session: "Session | None") -> dict:
+def save_checkpoint(store: Store, record: "SessionRecord", session: "Session | None") -> dict:
     """`stop --save`: the agent saves the kernel's namespace into the workspace (bounded by the
     session's save time bound); its result, kept in the record (`checkpoint`)."""
     if session is None:
@@ -79,17 +79,18 @@ def save_checkpoint(manager: "SessionManager", record: "SessionRecord", session:
             result = {"committed": False, "error": str(exc)}
         finally:
             client.close()
-    manager.store.update_resource(record.id, checkpoint=result)
+    store.update_resource(record.id, checkpoint=result)
     return result
 
 
-def list_all(manager: "SessionManager", skipped: list[str] | None = None) -> list[WorkspaceView]:
-    """Every workspace the workspace backends keep, with the sessions that used each."""
-    records = manager.store.list()
+def list_all(store: Store, backend_of: Callable[[str], "Backend"], skipped: list[str] | None = None) -> list[WorkspaceView]:
+    """Every workspace the workspace backends keep, with the sessions that used each (`store`:
+    the records; `backend_of`: a backend by name, e.g. SessionManager.backend)."""
+    records = store.list()
     views = []
     for name in workspace_backends():
         try:
-            found = manager.backend(name).list_workspaces()
+            found = backend_of(name).list_workspaces()
         except (BackendUnavailable, GpuSessionError) as exc:
             if skipped is not None:
                 skipped.append(f"{name}: {exc}")
@@ -104,9 +105,9 @@ class NoWorkspace(BadInput):
     """No workspace by that name (REST: 404)."""
 
 
-def remove(manager: "SessionManager", name: str, backend: str | None = None) -> "Workspace":
+def remove(store: Store, backend_of: Callable[[str], "Backend"], name: str, backend: str | None = None) -> "Workspace":
     """Delete the workspace `name` (of `backend`, when several backends have one of that name)."""
-    matches = [v for v in list_all(manager) if v.workspace.name == name and backend in (None, v.workspace.backend)]
+    matches = [v for v in list_all(store, backend_of) if v.workspace.name == name and backend in (None, v.workspace.backend)]
     if not matches:
         raise NoWorkspace(f"no workspace {name} (`gpusession workspaces` lists them)")
     if len(matches) > 1:
@@ -116,5 +117,5 @@ def remove(manager: "SessionManager", name: str, backend: str | None = None) -> 
     if not view.orphaned:
         raise WorkspaceInUse(f"workspace {name} is in use by session {', '.join(view.active or view.workspace.in_use_by)}; "
                        "stop it first")
-    manager.backend(view.workspace.backend).remove_workspace(view.workspace)
+    backend_of(view.workspace.backend).remove_workspace(view.workspace)
     return view.workspace

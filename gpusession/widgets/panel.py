@@ -283,10 +283,8 @@ class SessionPanel:
     def _start(self, values: dict[str, Any]) -> None:
         """Record the session now (bad input is said in the form), start it in a thread: a cloud
         start takes minutes, and the notebook stays usable meanwhile."""
-        given = dict(values)
         try:
-            spec = self.manager.make_spec(given.pop("type", None), backend=given.pop("backend", None),
-                                          idle=given.pop("idle", "default"), face=options.FORM, **given)
+            spec = self.manager.spec_from(values, options.FORM)
             record = self.manager.create(spec)
         except GpuSessionError as exc:
             self.form.say(str(exc), warn=True)
