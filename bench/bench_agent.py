@@ -51,8 +51,19 @@ def precise_cpu_seconds(state_dir: str) -> float | None:
 
 
 def start_runtime(state_dir: str, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "gpusession.agent", "run", "--session-id", "bench", "--state-dir", state_dir,
-           "--idle", "off", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpusession.agent",
+        "run",
+        "--session-id",
+        "bench",
+        "--state-dir",
+        state_dir,
+        "--idle",
+        "off",
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -101,10 +112,18 @@ def measure_latency(client, requests: int, poll_seconds: float) -> dict:
     trips.sort()
     return {
         "requests": requests,
-        "round_trip_ms": {"p50": round(statistics.median(trips), 2), "p95": round(trips[int(0.95 * len(trips)) - 1], 2),
-                          "max": round(trips[-1], 2)},
-        "sample_age_at_client_ms": {"mean": round(statistics.mean(ages), 1), "max": round(max(ages), 1),
-                                    "polls": len(ages)} if ages else None,
+        "round_trip_ms": {
+            "p50": round(statistics.median(trips), 2),
+            "p95": round(trips[int(0.95 * len(trips)) - 1], 2),
+            "max": round(trips[-1], 2),
+        },
+        "sample_age_at_client_ms": {
+            "mean": round(statistics.mean(ages), 1),
+            "max": round(max(ages), 1),
+            "polls": len(ages),
+        }
+        if ages
+        else None,
     }
 
 
@@ -140,14 +159,20 @@ def docker_client():
     m = SessionManager(GpuSessionConfig(docker_image=product_image()))
     session = m.start(m.make_spec("t4", backend="docker", idle="off", name="bench"))
     client = AgentClient.for_endpoint(session.link.endpoint)
-    return client, lambda: m.stop(session.id), f"SSH tunnel into a docker container ({product_image()})"
+    return (
+        client,
+        lambda: m.stop(session.id),
+        f"SSH tunnel into a docker container ({product_image()})",
+    )
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=20.0, help="CPU measuring window per run")
     p.add_argument("--requests", type=int, default=200, help="requests for the round-trip figure")
-    p.add_argument("--poll-seconds", type=float, default=10.0, help="1 Hz polling window for the sample age")
+    p.add_argument(
+        "--poll-seconds", type=float, default=10.0, help="1 Hz polling window for the sample age"
+    )
     p.add_argument("--no-docker", action="store_true", help="loopback only")
     p.add_argument("--json", default="", help="also write the results here")
     args = p.parse_args()
@@ -159,7 +184,9 @@ def main() -> int:
         "cpu": {
             "window_s": args.seconds,
             "runtime_with_agent_percent_of_one_core": round(with_agent, 4),
-            "runtime_with_agent_percent_ns_clock": None if with_agent_precise is None else round(with_agent_precise, 4),
+            "runtime_with_agent_percent_ns_clock": None
+            if with_agent_precise is None
+            else round(with_agent_precise, 4),
             "runtime_baseline_no_agent_percent": round(baseline, 4),
             "agent_cost_percent_of_one_core": round(with_agent - baseline, 4),
             "tick_resolution_percent": round(100.0 / CLK_TCK / args.seconds, 4),
@@ -170,7 +197,9 @@ def main() -> int:
     for maker in ([made] if made else []) + [None]:
         client, close, path = maker or loopback_client()
         try:
-            results.setdefault("latency", {})[path] = measure_latency(client, args.requests, args.poll_seconds)
+            results.setdefault("latency", {})[path] = measure_latency(
+                client, args.requests, args.poll_seconds
+            )
         finally:
             close()
     text = json.dumps(results, indent=1)

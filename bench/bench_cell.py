@@ -54,8 +54,12 @@ def cell(nk: NotebookKernel) -> float:
 
 def measure(cells: int, remote_ok: bool) -> dict[str, list[float]]:
     work = Path(tempfile.mkdtemp(prefix="gs-cell-"))
-    env = dict(os.environ, GPUSESSION_HOME=str(work / "home"), PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        GPUSESSION_HOME=str(work / "home"),
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     starts = {
         "local backend": "%gpu start --backend local --idle off",
         "docker, local engine": f"%gpu start --backend docker --image {IMAGE} --idle off",
@@ -66,8 +70,9 @@ def measure(cells: int, remote_ok: bool) -> dict[str, list[float]]:
         remote = ensure_remote_host()
         if remote is not None:
             env["HOME"] = ssh_home(remote, work / "sshhome")
-            starts["docker, ssh:// engine (our tunnel)"] = (f"%gpu start --backend docker --image {IMAGE} --idle off "
-                                                             f"--host {remote['url']}")
+            starts["docker, ssh:// engine (our tunnel)"] = (
+                f"%gpu start --backend docker --image {IMAGE} --idle off --host {remote['url']}"
+            )
     books: dict[str, NotebookKernel] = {}
     try:
         for name, start in starts.items():
@@ -87,19 +92,30 @@ def measure(cells: int, remote_ok: bool) -> dict[str, list[float]]:
 
 def table(times: dict[str, list[float]], cells: int) -> tuple[str, bool]:
     base = Stats.of(times["local backend"])
-    rows = ["| `%%gpu 1+1` cell, one notebook | median / p99 / max, share > 2x local median | median vs local | "
-            "p99 vs local | target | met |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| `%%gpu 1+1` cell, one notebook | median / p99 / max, share > 2x local median | median vs local | "
+        "p99 vs local | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
     ok = True
     for name, values in times.items():
         s = Stats.of(values, base.median)
         rm, rp = s.median / base.median, s.p99 / base.p99
         if name == "local backend":
-            rows.append(f"| {name} (baseline: the magic, no container) | {s.cell(base='local')} | 1.00x | 1.00x |  |  |")
+            rows.append(
+                f"| {name} (baseline: the magic, no container) | {s.cell(base='local')} | 1.00x | 1.00x |  |  |"
+            )
             continue
         met = rm <= 1.5 and rp <= 2.0
         ok = ok and met
-        rows.append(f"| {name} | {s.cell(base='local')} | {rm:.2f}x | {rp:.2f}x | <= 1.5x median, <= 2x p99 | {'yes' if met else 'NO'} |")
-    return "\n".join(rows) + f"\n\n{cells} cells per session, interleaved in rounds of {ROUND}, after 20 warm-up cells.", ok
+        rows.append(
+            f"| {name} | {s.cell(base='local')} | {rm:.2f}x | {rp:.2f}x | <= 1.5x median, <= 2x p99 | {'yes' if met else 'NO'} |"
+        )
+    return (
+        "\n".join(rows)
+        + f"\n\n{cells} cells per session, interleaved in rounds of {ROUND}, after 20 warm-up cells.",
+        ok,
+    )
 
 
 def main() -> int:
@@ -107,7 +123,9 @@ def main() -> int:
     ap.add_argument("--cells", type=int, default=200)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--no-remote", action="store_true")
-    ap.add_argument("--write", default=None, help="update the bench_cell block of this markdown file")
+    ap.add_argument(
+        "--write", default=None, help="update the bench_cell block of this markdown file"
+    )
     args = ap.parse_args()
     out, ok = [], True
     for run in range(1, args.runs + 1):

@@ -84,14 +84,20 @@ def measure(size: int, runs: int, where: Path) -> dict:
 
 
 def table(rows: list[tuple[str, int, dict]], runs: int, where: str) -> str:
-    lines = [f"Save of one numpy array, {runs} runs per size, on {where} (median / p99 / max ms; MB/s of the "
-             "medians; ratio: our throughput over the other's).", "",
-             "| size | checkpoint.save | numpy.save + fsync (floor) | numpy.save (no fsync) | ours MB/s "
-             "| vs floor | vs plain numpy.save |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Save of one numpy array, {runs} runs per size, on {where} (median / p99 / max ms; MB/s of the "
+        "medians; ratio: our throughput over the other's).",
+        "",
+        "| size | checkpoint.save | numpy.save + fsync (floor) | numpy.save (no fsync) | ours MB/s "
+        "| vs floor | vs plain numpy.save |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label, size, s in rows:
         o, f, p = s["ours"], s["numpy_fsync"], s["numpy"]
-        lines.append(f"| {label} | {o.cell()} | {f.cell()} | {p.cell()} | "
-                     f"{size / o.median / 1e6:.0f} | {f.median / o.median:.2f}x | {p.median / o.median:.2f}x |")
+        lines.append(
+            f"| {label} | {o.cell()} | {f.cell()} | {p.cell()} | "
+            f"{size / o.median / 1e6:.0f} | {f.median / o.median:.2f}x | {p.median / o.median:.2f}x |"
+        )
     return "\n".join(lines)
 
 
@@ -102,11 +108,29 @@ def sessions(backends: list[str]) -> bool:
     ok = True
     for backend in backends:
         t0 = time.monotonic()
-        run = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_saved_arrays.py"), "-q",
-                              "-rs", "--timeout", "1800", "-k", SESSION_TESTS[backend]], cwd=ROOT,
-                             env=dict(os.environ, GPUSESSION_BENCH_BIG_ARRAY="1"), capture_output=True, text=True)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                str(ROOT / "tests" / "test_saved_arrays.py"),
+                "-q",
+                "-rs",
+                "--timeout",
+                "1800",
+                "-k",
+                SESSION_TESTS[backend],
+            ],
+            cwd=ROOT,
+            env=dict(os.environ, GPUSESSION_BENCH_BIG_ARRAY="1"),
+            capture_output=True,
+            text=True,
+        )
         last = (run.stdout.strip().splitlines() or ["?"])[-1]
-        print(f"{backend}: 1 KB-2 GB arrays, save and resume: {last} ({time.monotonic() - t0:.0f} s wall)", flush=True)
+        print(
+            f"{backend}: 1 KB-2 GB arrays, save and resume: {last} ({time.monotonic() - t0:.0f} s wall)",
+            flush=True,
+        )
         ok = ok and run.returncode == 0 and "passed" in last and "skipped" not in last
         if run.returncode:
             print(run.stdout[-3000:])
@@ -115,12 +139,17 @@ def sessions(backends: list[str]) -> bool:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sessions", default=None, help="backends for the 2 GB round trip through sessions: "
-                    + ",".join(SESSION_TESTS))
+    ap.add_argument(
+        "--sessions",
+        default=None,
+        help="backends for the 2 GB round trip through sessions: " + ",".join(SESSION_TESTS),
+    )
     ap.add_argument("--sizes", default="1KB,1MB,100MB,1GB,2GB")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary folder)")
-    ap.add_argument("--write", default=None, help="write the table into this markdown file (docs/benchmarks.md)")
+    ap.add_argument(
+        "--write", default=None, help="write the table into this markdown file (docs/benchmarks.md)"
+    )
     args = ap.parse_args()
     if args.sessions:
         sys.exit(0 if sessions(args.sessions.split(",")) else 1)
@@ -133,11 +162,21 @@ def main() -> None:
             print(table(rows[-1:], args.runs, str(where)).splitlines()[-1], flush=True)
     finally:
         shutil.rmtree(where, ignore_errors=True)
-    text = table(rows, args.runs, f"{os.cpu_count()} cores, the file system of {args.dir or tempfile.gettempdir()}")
+    text = table(
+        rows,
+        args.runs,
+        f"{os.cpu_count()} cores, the file system of {args.dir or tempfile.gettempdir()}",
+    )
     print(text)
-    ok = all(s["numpy_fsync"].median / s["ours"].median >= 0.8 for _, size, s in rows if size >= 100 << 20)
-    print(f"target >= 0.8x the rate of numpy.save + fsync from 100 MB up: {'met' if ok else 'NOT met'} (below, "
-          "the commit's fixed cost shows: fsyncs of the file, its folder, the manifest and the workspace's folder)")
+    ok = all(
+        s["numpy_fsync"].median / s["ours"].median >= 0.8
+        for _, size, s in rows
+        if size >= 100 << 20
+    )
+    print(
+        f"target >= 0.8x the rate of numpy.save + fsync from 100 MB up: {'met' if ok else 'NOT met'} (below, "
+        "the commit's fixed cost shows: fsyncs of the file, its folder, the manifest and the workspace's folder)"
+    )
     if args.write:
         write_section(Path(args.write), "bench_checkpoint", text)
 

@@ -45,18 +45,37 @@ print(int(r["committed"]), time.perf_counter() - t0, flush=True)
 
 def concurrent_saves(ws: Path, rounds: int) -> dict:
     """Two processes save into `ws` at once, `rounds` times; the figures (and `seconds`, one per save)."""
-    figures: dict = {"rounds": rounds, "landed": 0, "said_saved_but_lost": 0, "said_not_saved": 0, "seconds": []}
+    figures: dict = {
+        "rounds": rounds,
+        "landed": 0,
+        "said_saved_but_lost": 0,
+        "said_not_saved": 0,
+        "seconds": [],
+    }
     code = textwrap.dedent(SAVER)
     env_path = str(ROOT)
     for _ in range(rounds):
-        at = time.time() + 0.8  # both processes are up by then: they start saving at the same instant
-        procs = [subprocess.Popen([sys.executable, "-c", code, str(ws), tag, str(at)], stdout=subprocess.PIPE,
-                                  text=True, env={"PYTHONPATH": env_path}) for tag in ("A", "B")]
+        at = (
+            time.time() + 0.8
+        )  # both processes are up by then: they start saving at the same instant
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", code, str(ws), tag, str(at)],
+                stdout=subprocess.PIPE,
+                text=True,
+                env={"PYTHONPATH": env_path},
+            )
+            for tag in ("A", "B")
+        ]
         said = [p.communicate(timeout=120)[0].split() for p in procs]
         ns: dict = {}
         report = checkpoint.restore(ns, str(ws))
-        whole = not report["failed"] and ns.get("tag") in ("A", "B") and len(ns) == 13 \
+        whole = (
+            not report["failed"]
+            and ns.get("tag") in ("A", "B")
+            and len(ns) == 13
             and all(ns[f"v{i}"] == bytes([i]) * 300_000 for i in range(12))
+        )
         saids = [bool(s) and s[0] == "1" for s in said]
         figures["seconds"] += [float(s[1]) for s in said if len(s) == 2]
         figures["said_not_saved"] += saids.count(False)
@@ -72,7 +91,11 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=100)
-    ap.add_argument("--write", default=None, help="write the figures into this markdown file (docs/benchmarks.md)")
+    ap.add_argument(
+        "--write",
+        default=None,
+        help="write the figures into this markdown file (docs/benchmarks.md)",
+    )
     args = ap.parse_args()
     ws = Path(tempfile.mkdtemp(prefix="bench-concurrent-saves-"))
     try:
@@ -80,9 +103,11 @@ def main() -> None:
     finally:
         shutil.rmtree(ws, ignore_errors=True)
     s = Stats.of(f["seconds"])
-    text = (f"Two saves into one workspace at once, {f['rounds']} rounds: {f['landed']} landed whole, "
-            f"{f['said_saved_but_lost']} said saved but lost, {f['said_not_saved']} said not saved; "
-            f"one save (3.6 MB, 13 variables) {s.cell()}.")
+    text = (
+        f"Two saves into one workspace at once, {f['rounds']} rounds: {f['landed']} landed whole, "
+        f"{f['said_saved_but_lost']} said saved but lost, {f['said_not_saved']} said not saved; "
+        f"one save (3.6 MB, 13 variables) {s.cell()}."
+    )
     print(text)
     if args.write:
         write_section(Path(args.write), "bench_concurrent_saves", text)

@@ -67,6 +67,7 @@ def _timed(fn, runs: int, reset=None) -> list[float]:
 def _ours(session, files: dict[str, Path], runs: int, work: Path) -> dict[str, list[float]]:
     blob = files["var"].read_bytes()
     session.push({"blob": blob})
+
     def clean(folder: str):
         return lambda: session.run(f"import shutil; shutil.rmtree({folder!r}, ignore_errors=True)")
 
@@ -87,7 +88,9 @@ def _ours(session, files: dict[str, Path], runs: int, work: Path) -> dict[str, l
     return out
 
 
-def _scp(remote: dict, cipher: str, files: dict[str, Path], runs: int, work: Path) -> dict[str, list[float]]:
+def _scp(
+    remote: dict, cipher: str, files: dict[str, Path], runs: int, work: Path
+) -> dict[str, list[float]]:
     base = ["-F", remote["ssh_config"], "-o", "BatchMode=yes", "-c", cipher]
     host = remote["address"]
 
@@ -110,14 +113,24 @@ def _scp(remote: dict, cipher: str, files: dict[str, Path], runs: int, work: Pat
 
     out = {
         "push": _timed(lambda: scp(str(files["var"]), f"{host}:/tmp/gsbench/var.bin"), runs),
-        "pull": _timed(lambda: scp(f"{host}:/tmp/gsbench/var.bin", str(back / "var.bin")), runs, rm_back),
-        "upload1": _timed(lambda: scp(str(files["one"]), f"{host}:/tmp/gsbench/one/"), runs, rm_remote),
-        "uploadN": _timed(lambda: scp("-r", str(files["many"]), f"{host}:/tmp/gsbench/many/"), runs, rm_remote),
+        "pull": _timed(
+            lambda: scp(f"{host}:/tmp/gsbench/var.bin", str(back / "var.bin")), runs, rm_back
+        ),
+        "upload1": _timed(
+            lambda: scp(str(files["one"]), f"{host}:/tmp/gsbench/one/"), runs, rm_remote
+        ),
+        "uploadN": _timed(
+            lambda: scp("-r", str(files["many"]), f"{host}:/tmp/gsbench/many/"), runs, rm_remote
+        ),
     }
     scp(str(files["one"]), f"{host}:/tmp/gsbench/one/")
     scp("-r", str(files["many"]), f"{host}:/tmp/gsbench/many/")
-    out["download1"] = _timed(lambda: scp(f"{host}:/tmp/gsbench/one/big.bin", str(back)), runs, rm_back)
-    out["downloadN"] = _timed(lambda: scp("-r", f"{host}:/tmp/gsbench/many/many", str(back)), runs, rm_back)
+    out["download1"] = _timed(
+        lambda: scp(f"{host}:/tmp/gsbench/one/big.bin", str(back)), runs, rm_back
+    )
+    out["downloadN"] = _timed(
+        lambda: scp("-r", f"{host}:/tmp/gsbench/many/many", str(back)), runs, rm_back
+    )
     ssh("rm -rf /tmp/gsbench")
     return out
 
@@ -140,23 +153,30 @@ def _cipher(session) -> str:
 
 
 def table(ours: dict, floor: dict, local: dict, runs: int, cipher: str) -> str:
-    lines = [f"{runs} runs each; seconds as median / p99 / max; MB/s of the medians; cipher {cipher} on both.", "",
-             "| operation | ours, ssh:// engine | scp to the same host | ours MB/s | scp MB/s | ratio | target | met |"
-             " local engine (no tunnel) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{runs} runs each; seconds as median / p99 / max; MB/s of the medians; cipher {cipher} on both.",
+        "",
+        "| operation | ours, ssh:// engine | scp to the same host | ours MB/s | scp MB/s | ratio | target | met |"
+        " local engine (no tunnel) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for key, label, size in ROWS:
         o, f, loc = Stats.of(ours[key]), Stats.of(floor[key]), Stats.of(local[key])
         ratio = f.median / o.median
-        lines.append(f"| {label} | {o.cell('s', 1)} | {f.cell('s', 1)} | {size / o.median:.0f} | {size / f.median:.0f} "
-                     f"| {ratio:.2f}x | >= {TARGET}x | {'yes' if ratio >= TARGET else '**no**'} "
-                     f"| {loc.cell('s', 1)} ({size / loc.median:.0f} MB/s) |")
+        lines.append(
+            f"| {label} | {o.cell('s', 1)} | {f.cell('s', 1)} | {size / o.median:.0f} | {size / f.median:.0f} "
+            f"| {ratio:.2f}x | >= {TARGET}x | {'yes' if ratio >= TARGET else '**no**'} "
+            f"| {loc.cell('s', 1)} ({size / loc.median:.0f} MB/s) |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--write", default=None, help="write the table into this markdown file (docs/benchmarks.md)")
+    ap.add_argument(
+        "--write", default=None, help="write the table into this markdown file (docs/benchmarks.md)"
+    )
     args = ap.parse_args()
     remote = ensure_remote_host()
     if remote is None:
@@ -169,7 +189,9 @@ def main() -> None:
     manager = SessionManager()
     try:
         files = _files(work)
-        far = manager.start(manager.make_spec("t4", backend="docker", idle="off", host=remote["url"], name="far"))
+        far = manager.start(
+            manager.make_spec("t4", backend="docker", idle="off", host=remote["url"], name="far")
+        )
         cipher = _cipher(far)
         print(f"cipher: {cipher} (our tunnel; scp -c {cipher})", flush=True)
         ours = _ours(far, files, args.runs, work)
@@ -188,7 +210,10 @@ def main() -> None:
     if args.write:
         write_section(Path(args.write), "bench_data", text)
         print(f"written into {args.write}")
-    print("medians ours/scp:", {k: round(statistics.median(floor[k]) / statistics.median(ours[k]), 2) for k, _, _ in ROWS})
+    print(
+        "medians ours/scp:",
+        {k: round(statistics.median(floor[k]) / statistics.median(ours[k]), 2) for k, _, _ in ROWS},
+    )
 
 
 if __name__ == "__main__":

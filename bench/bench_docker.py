@@ -53,7 +53,8 @@ from gpusession.session import SessionManager  # noqa: E402
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 IMAGES = ("gpusession/cuda:ci", "gpusession-ci/py-bookworm")
 MB50 = 50_000_000
-SERVE_50MB = """
+SERVE_50MB = (
+    """
 import socket, threading
 def _serve():
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -70,7 +71,9 @@ def _serve():
         c.close()
 threading.Thread(target=_serve, daemon=True).start()
 import time; time.sleep(0.2)
-""" % MB50
+"""
+    % MB50
+)
 
 
 class Quiet:
@@ -85,8 +88,14 @@ class Quiet:
 
 
 def connection_file(ports: list[int]) -> dict:
-    return {**dict(zip(PORTS, ports)), "ip": "127.0.0.1", "key": os.urandom(16).hex(), "transport": "tcp",
-            "signature_scheme": "hmac-sha256", "kernel_name": "python3"}
+    return {
+        **dict(zip(PORTS, ports)),
+        "ip": "127.0.0.1",
+        "key": os.urandom(16).hex(),
+        "transport": "tcp",
+        "signature_scheme": "hmac-sha256",
+        "kernel_name": "python3",
+    }
 
 
 def floor_start(client, image: str, site_volume: str | None) -> tuple[float, object, KernelClient]:
@@ -100,18 +109,31 @@ def floor_start(client, image: str, site_volume: str | None) -> tuple[float, obj
         options["volumes"] = {site_volume: {"bind": bundle.SITE_DIR, "mode": "ro"}}
         env["PYTHONPATH"] = f"{bundle.SITE_DIR}/deps"
     script = f"printf '%s' '{json.dumps(info)}' >/tmp/k.json && exec python3 -m ipykernel_launcher -f /tmp/k.json"
-    c = client.containers.run(image, ["-c", script], entrypoint=["/bin/sh"], detach=True, init=True,
-                              network_mode="host", environment=env, labels={"gpusession.bench": "floor"},
-                              device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])], **options)
+    c = client.containers.run(
+        image,
+        ["-c", script],
+        entrypoint=["/bin/sh"],
+        detach=True,
+        init=True,
+        network_mode="host",
+        environment=env,
+        labels={"gpusession.bench": "floor"},
+        device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])],
+        **options,
+    )
     kernel = KernelClient(info)
     kernel.wait_ready(60)
     kernel.evaluate("1+1")
     return time.perf_counter() - t0, c, kernel
 
 
-def ours_start(manager: SessionManager, image: str, host: str | None = None) -> tuple[float, object]:
+def ours_start(
+    manager: SessionManager, image: str, host: str | None = None
+) -> tuple[float, object]:
     t0 = time.perf_counter()
-    session = manager.start(manager.make_spec("t4", backend="docker", idle="off", image=image, host=host))
+    session = manager.start(
+        manager.make_spec("t4", backend="docker", idle="off", image=image, host=host)
+    )
     session.kernel.evaluate("1+1")
     return time.perf_counter() - t0, session
 
@@ -192,8 +214,13 @@ def starts(client, manager: SessionManager, runs: int) -> list[tuple]:
         cold, session = ours_start(manager, image)
         python = session.record.resource.get("python")
         session.stop()
-        prepared = docker_runtime.prepare_runtime(client, client.images.get(image), cache_dir=bundle.cache_dir(),
-                                                  labels={"gpusession.session": "bench"}, progress=Progress())
+        prepared = docker_runtime.prepare_runtime(
+            client,
+            client.images.get(image),
+            cache_dir=bundle.cache_dir(),
+            labels={"gpusession.session": "bench"},
+            progress=Progress(),
+        )
         site = next((v for v, m in prepared.volumes.items() if m["bind"] == bundle.SITE_DIR), None)
         floors, warms = [], []
         for _ in range(runs):  # alternate, so both see the same machine state
@@ -212,13 +239,32 @@ def starts(client, manager: SessionManager, runs: int) -> list[tuple]:
         floor, warm = Stats.of(floors), Stats.of(warms)
         # each warm start against the floor measured just before it: the pair saw the same machine
         paired = statistics.median(w / f for w, f in zip(warms, floors))
-        print(f"{image}: warm {[round(x, 2) for x in warms]} s, floor {[round(x, 2) for x in floors]} s, "
-              f"paired ratios {[round(w / f, 2) for w, f in zip(warms, floors)]}", flush=True)
+        print(
+            f"{image}: warm {[round(x, 2) for x in warms]} s, floor {[round(x, 2) for x in floors]} s, "
+            f"paired ratios {[round(w / f, 2) for w, f in zip(warms, floors)]}",
+            flush=True,
+        )
         what = f"{image} ({python}{', no ipykernel' if site else ''})"
-        rows.append((f"start to first `1+1`, warm runtime cache: {what}", warm.cell("s", 1), f"{floor.cell('s', 1)} (bare docker run)",
-                     paired, "<= 1.15x", paired <= 1.15))
-        rows.append((f"start to first `1+1`, cold runtime cache: {what}", f"{cold:.2f} s", f"{floor.median:.2f} s",
-                     cold / floor.median, "(once per engine)", True))
+        rows.append(
+            (
+                f"start to first `1+1`, warm runtime cache: {what}",
+                warm.cell("s", 1),
+                f"{floor.cell('s', 1)} (bare docker run)",
+                paired,
+                "<= 1.15x",
+                paired <= 1.15,
+            )
+        )
+        rows.append(
+            (
+                f"start to first `1+1`, cold runtime cache: {what}",
+                f"{cold:.2f} s",
+                f"{floor.median:.2f} s",
+                cold / floor.median,
+                "(once per engine)",
+                True,
+            )
+        )
     return rows
 
 
@@ -236,7 +282,9 @@ def remote_rows(manager: SessionManager, runs: int, work: Path) -> list[tuple]:
         raw_ours = session.link.tunnel.add_forward(serve_port)
         info = dict(session.link.endpoint.connection_info)
         tunnel = session.link.tunnel
-        remote_of = {tunnel.local_port(r): r for r in list(tunnel._listeners)}  # the tunnel's forwards, by local port
+        remote_of = {
+            tunnel.local_port(r): r for r in list(tunnel._listeners)
+        }  # the tunnel's forwards, by local port
         remote_ports = [remote_of[info[name]] for name in PORTS]
         cipher = tunnel.transport.remote_cipher  # OpenSSH told the same cipher as ours negotiated
         ssh, local = ssh_forward(remote, [*remote_ports, serve_port], cipher)
@@ -260,19 +308,39 @@ def remote_rows(manager: SessionManager, runs: int, work: Path) -> list[tuple]:
     finally:
         session.stop()
     return [
-        ("`1+1` round trip, ssh:// engine (bench_tail.py: vs direct)", rt_ours.cell(), f"{rt_ssh.cell()} (ssh -L -c {cipher})",
-         rt_ours.median / rt_ssh.median, "< 2x", rt_ours.p99 / rt_ssh.p99 < 2),
-        ("50 MB cell output, ssh:// engine", mb_s(cell_ours), f"{mb_s(cell_ssh)} (ssh -L -c {cipher})",
-         speed_ratio(cell_ours, cell_ssh), ">= 0.5x", speed_ratio(cell_ours, cell_ssh) >= 0.5),
-        ("50 MB raw TCP stream, ssh:// engine", mb_s(stream_ours), f"{mb_s(stream_ssh)} (ssh -L -c {cipher})",
-         speed_ratio(stream_ours, stream_ssh), ">= 0.95x (issue 12)", speed_ratio(stream_ours, stream_ssh) >= 0.95),
+        (
+            "`1+1` round trip, ssh:// engine (bench_tail.py: vs direct)",
+            rt_ours.cell(),
+            f"{rt_ssh.cell()} (ssh -L -c {cipher})",
+            rt_ours.median / rt_ssh.median,
+            "< 2x",
+            rt_ours.p99 / rt_ssh.p99 < 2,
+        ),
+        (
+            "50 MB cell output, ssh:// engine",
+            mb_s(cell_ours),
+            f"{mb_s(cell_ssh)} (ssh -L -c {cipher})",
+            speed_ratio(cell_ours, cell_ssh),
+            ">= 0.5x",
+            speed_ratio(cell_ours, cell_ssh) >= 0.5,
+        ),
+        (
+            "50 MB raw TCP stream, ssh:// engine",
+            mb_s(stream_ours),
+            f"{mb_s(stream_ssh)} (ssh -L -c {cipher})",
+            speed_ratio(stream_ours, stream_ssh),
+            ">= 0.95x (issue 12)",
+            speed_ratio(stream_ours, stream_ssh) >= 0.95,
+        ),
     ]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=9)
-    ap.add_argument("--remote", action="store_true", help="also the tunnel to the namespace host's engine")
+    ap.add_argument(
+        "--remote", action="store_true", help="also the tunnel to the namespace host's engine"
+    )
     ap.add_argument("--write", default=None, help="update the docker section of this markdown file")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gs-bench-"))
@@ -281,8 +349,12 @@ def main() -> int:
     manager = SessionManager()
 
     t = time.perf_counter()  # the one-time download, kept apart (network, not the engine)
-    python = bundle.ImagePython("/usr/bin/python3", (3, 11, 2), "x86_64", ("glibc", "2.36"), None, None, 0, False)
-    download = bundle.site_archive(python, Path(tempfile.mkdtemp(prefix="gs-wheels-")), lambda line: None)
+    python = bundle.ImagePython(
+        "/usr/bin/python3", (3, 11, 2), "x86_64", ("glibc", "2.36"), None, None, 0, False
+    )
+    download = bundle.site_archive(
+        python, Path(tempfile.mkdtemp(prefix="gs-wheels-")), lambda line: None
+    )
     download_s = time.perf_counter() - t
 
     rows = starts(client, manager, args.runs)
@@ -296,10 +368,22 @@ def main() -> int:
         floor_c.remove(force=True)
     rt_direct = Stats.of(direct_times, statistics.median(direct_times))
     rt_ours = Stats.of(ours_times, rt_direct.median)
-    rows.append(("`1+1` round trip, local engine", rt_ours.cell(), f"{rt_direct.cell()} (bare kernel)",
-                 rt_ours.median / rt_direct.median, "p99 <= 1.3x", rt_ours.p99 <= 1.3 * rt_direct.p99))
+    rows.append(
+        (
+            "`1+1` round trip, local engine",
+            rt_ours.cell(),
+            f"{rt_direct.cell()} (bare kernel)",
+            rt_ours.median / rt_direct.median,
+            "p99 <= 1.3x",
+            rt_ours.p99 <= 1.3 * rt_direct.p99,
+        )
+    )
     if args.remote:
-        for attempt in (1, 2, 3):  # the namespace host is shared: a test cutting its SSH connections may meet us
+        for attempt in (
+            1,
+            2,
+            3,
+        ):  # the namespace host is shared: a test cutting its SSH connections may meet us
             try:
                 rows += remote_rows(manager, args.runs, work)
                 break
@@ -307,12 +391,17 @@ def main() -> int:
                 print(f"remote attempt {attempt} failed: {exc}", flush=True)
 
     table = ["| measure | ours | floor | ratio | target | met |", "|---|---|---|---|---|---|"]
-    table += [f"| {a} | {b} | {c} | {r:.2f}x | {t} | {'yes' if ok else 'NO'} |" for a, b, c, r, t, ok in rows]
-    note = (f"Runs: {args.runs}; times are median / p99 / max (nearest rank: under 100 runs, "
-            f"p99 is the max); a warm start's ratio is the median of each start against the floor measured just "
-            f"before it; round trip over 200 calls. Once per Python version and user, not in the "
-            f"cold start: downloading ipykernel and pip for Python 3.11 from PyPI and packing them, "
-            f"{download_s:.1f} s ({format_bytes(len(download.data))}).")
+    table += [
+        f"| {a} | {b} | {c} | {r:.2f}x | {t} | {'yes' if ok else 'NO'} |"
+        for a, b, c, r, t, ok in rows
+    ]
+    note = (
+        f"Runs: {args.runs}; times are median / p99 / max (nearest rank: under 100 runs, "
+        f"p99 is the max); a warm start's ratio is the median of each start against the floor measured just "
+        f"before it; round trip over 200 calls. Once per Python version and user, not in the "
+        f"cold start: downloading ipykernel and pip for Python 3.11 from PyPI and packing them, "
+        f"{download_s:.1f} s ({format_bytes(len(download.data))})."
+    )
     print("\n".join(table))
     print(note)
     if args.write:

@@ -82,23 +82,54 @@ class Figures:
     def rows(self) -> list[tuple[str, str, str]]:
         """(figure, value, target)."""
         return [
-            ("tunnel cuts survived (variables and kernel kept)", f"{self.cuts_survived} / {self.cuts}", "all"),
+            (
+                "tunnel cuts survived (variables and kernel kept)",
+                f"{self.cuts_survived} / {self.cuts}",
+                "all",
+            ),
             ("cells run around the cuts", str(self.cells), ""),
             ("cells hung", str(self.cells_hung), "0"),
             ("cells with output lost silently", str(self.outputs_lost_silently), "0"),
             ("cells that named exactly which outputs were lost", str(self.outputs_lost_named), ""),
-            ("outputs lost in transit, shown in place from the kernel's log", str(self.outputs_recovered), ""),
-            ("replies lost in transit, taken from the kernel's log", str(self.replies_recovered), ""),
-            ("cells said not to have run (\"run it again\")", str(self.cells_said_not_run), ""),
+            (
+                "outputs lost in transit, shown in place from the kernel's log",
+                str(self.outputs_recovered),
+                "",
+            ),
+            (
+                "replies lost in transit, taken from the kernel's log",
+                str(self.replies_recovered),
+                "",
+            ),
+            ('cells said not to have run ("run it again")', str(self.cells_said_not_run), ""),
             ("... of which had in fact run", str(self.said_not_run_but_ran), "0"),
             ("starts killed (at each stage)", str(self.start_kills), ""),
-            ("kernel / container kills mid-cell ended with one clear error",
-             f"{self.runtime_kills_clear} / {self.runtime_kills}", "all"),
-            ("stop right after the cuts failed (a new process's stop then worked)", str(self.stops_failed), "0"),
-            ("cuts inside transfers (50 MB push / pull / upload / download)", str(self.transfer_cuts), ""),
-            ("... of which the cut landed before the transfer ended", str(self.transfer_cuts_inside), ""),
+            (
+                "kernel / container kills mid-cell ended with one clear error",
+                f"{self.runtime_kills_clear} / {self.runtime_kills}",
+                "all",
+            ),
+            (
+                "stop right after the cuts failed (a new process's stop then worked)",
+                str(self.stops_failed),
+                "0",
+            ),
+            (
+                "cuts inside transfers (50 MB push / pull / upload / download)",
+                str(self.transfer_cuts),
+                "",
+            ),
+            (
+                "... of which the cut landed before the transfer ended",
+                str(self.transfer_cuts_inside),
+                "",
+            ),
             ("... resumed (ended whole, checked)", str(self.transfers_resumed), ""),
-            ("... failed cleanly (one line, nothing under the final name)", str(self.transfers_failed_clean), ""),
+            (
+                "... failed cleanly (one line, nothing under the final name)",
+                str(self.transfers_failed_clean),
+                "",
+            ),
             ("... hung", str(self.transfers_hung), "0"),
             ("... corrupt", str(self.transfers_corrupt), "0"),
             ("... left a partial file under its final name", str(self.transfers_partial_left), "0"),
@@ -115,12 +146,23 @@ class Figures:
         bad = []
         if self.cuts_survived != self.cuts:
             bad.append(f"{self.cuts - self.cuts_survived} cuts not survived")
-        for name in ("cells_hung", "outputs_lost_silently", "said_not_run_but_ran", "stops_failed", "records_left",
-                     "containers_left", "transfers_hung", "transfers_corrupt", "transfers_partial_left"):
+        for name in (
+            "cells_hung",
+            "outputs_lost_silently",
+            "said_not_run_but_ran",
+            "stops_failed",
+            "records_left",
+            "containers_left",
+            "transfers_hung",
+            "transfers_corrupt",
+            "transfers_partial_left",
+        ):
             if getattr(self, name):
                 bad.append(f"{name}: {getattr(self, name)}")
         if self.runtime_kills_clear != self.runtime_kills:
-            bad.append(f"{self.runtime_kills - self.runtime_kills_clear} kills without one clear error")
+            bad.append(
+                f"{self.runtime_kills - self.runtime_kills_clear} kills without one clear error"
+            )
         return bad + self.notes
 
 
@@ -148,14 +190,18 @@ def tunnel_end(session) -> tuple[str, int]:
     sshd when it has one, else the target's."""
     tunnel = getattr(session.link, "tunnel", None)
     if tunnel is None:
-        raise NoTunnel(f"session {session.name} is reached directly ({type(session.link).__name__})")
+        raise NoTunnel(
+            f"session {session.name} is reached directly ({type(session.link).__name__})"
+        )
     hop = tunnel.jump or tunnel.target
     return hop.host, hop.port
 
 
 def cut(end: tuple[str, int]) -> None:
     """A network blip: every TCP connection to the tunnel's sshd is killed."""
-    subprocess.run(["ss", "-K", "dst", end[0], "dport", "=", str(end[1])], check=True, capture_output=True)
+    subprocess.run(
+        ["ss", "-K", "dst", end[0], "dport", "=", str(end[1])], check=True, capture_output=True
+    )
 
 
 def run_cell(session, code: str, limit: float = CELL_LIMIT_S) -> tuple[Recorder, object, bool]:
@@ -213,7 +259,9 @@ def judge(fig: Figures, sink: Recorder, result, expected: list[str], what: str) 
 
 def cut_cycles(manager, n_cuts: int, fig: Figures, rng: random.Random, host: str | None) -> None:
     """n_cuts cuts (two per cycle) on one session on `host` (None: this machine's engine)."""
-    session = manager.start(manager.make_spec("t4", backend="docker", idle="off", name="cuts", host=host))
+    session = manager.start(
+        manager.make_spec("t4", backend="docker", idle="off", name="cuts", host=host)
+    )
     try:
         end = tunnel_end(session)
         pid = ask(session, "__import__('os').getpid()")
@@ -244,7 +292,9 @@ def _stop_elsewhere(session_id: str) -> None:
         other.close()
 
 
-def _cycles(session, end: tuple[str, int], pid: str, n_cuts: int, fig: Figures, rng: random.Random) -> None:
+def _cycles(
+    session, end: tuple[str, int], pid: str, n_cuts: int, fig: Figures, rng: random.Random
+) -> None:
     """Before, during, after: until n_cuts cuts are made (or a cell hangs)."""
     i = 0
     while fig.cuts < n_cuts:
@@ -259,8 +309,10 @@ def _cycles(session, end: tuple[str, int], pid: str, n_cuts: int, fig: Figures, 
         # during: 10 Hz output with a cut in the middle
         timer = threading.Timer(rng.uniform(0.15, 0.9), cut, (end,))
         timer.start()
-        code = (f"import time\nran_{i} = True\nfor k in range({LINES}):\n"
-                f"    print(f'{i}:{{k}}', flush=True)\n    time.sleep(0.1)\n")
+        code = (
+            f"import time\nran_{i} = True\nfor k in range({LINES}):\n"
+            f"    print(f'{i}:{{k}}', flush=True)\n    time.sleep(0.1)\n"
+        )
         sink, result, hung = run_cell(session, code)
         timer.join()
         fig.cuts += 1
@@ -273,7 +325,9 @@ def _cycles(session, end: tuple[str, int], pid: str, n_cuts: int, fig: Figures, 
         # after: a cut, then at once a cell
         cut(end)
         fig.cuts += 1
-        sink, result, hung = run_cell(session, f"after_{i} = True\nprint(v{i}, __import__('os').getpid())")
+        sink, result, hung = run_cell(
+            session, f"after_{i} = True\nprint(v{i}, __import__('os').getpid())"
+        )
         if hung:
             fig.cells_hung += 1
             return
@@ -292,12 +346,16 @@ TRANSFER_LIMIT_S = 120.0  # a transfer still going after this is hung
 TRANSFER_KINDS = ("push", "pull", "upload", "download")
 
 
-def transfer_cuts(manager, n_cuts: int, fig: Figures, rng: random.Random, host: str | None, work: Path) -> None:
+def transfer_cuts(
+    manager, n_cuts: int, fig: Figures, rng: random.Random, host: str | None, work: Path
+) -> None:
     """n_cuts transfers of 50 MB (push, pull, upload, download in turn) on one session on `host`,
     each with a tunnel cut at a random point inside it; each counted by what the user is left with."""
     import hashlib
 
-    session = manager.start(manager.make_spec("t4", backend="docker", idle="off", name="xfercuts", host=host))
+    session = manager.start(
+        manager.make_spec("t4", backend="docker", idle="off", name="xfercuts", host=host)
+    )
     try:
         end = tunnel_end(session)
         blob = os.urandom(TRANSFER_SIZE)
@@ -320,8 +378,9 @@ def transfer_cuts(manager, n_cuts: int, fig: Figures, rng: random.Random, host: 
             _stop_elsewhere(session.id)
 
 
-def _transfer_cut(session, kind: str, i: int, end, at: float, blob: bytes, digest: str, work: Path,
-                  fig: Figures) -> None:
+def _transfer_cut(
+    session, kind: str, i: int, end, at: float, blob: bytes, digest: str, work: Path, fig: Figures
+) -> None:
     import hashlib
 
     state: dict = {"cut": None}
@@ -336,10 +395,12 @@ def _transfer_cut(session, kind: str, i: int, end, at: float, blob: bytes, diges
             threading.Thread(target=cut_now, daemon=True).start()
 
     out, name = work / f"out{i}", f"in{i}"
-    calls = {"push": lambda: session.push({f"p{i}": blob}, progress),
-             "pull": lambda: session.pull(["blob"], progress),
-             "upload": lambda: session.upload([str(work / "up.bin")], name, progress),
-             "download": lambda: session.download(["big.bin"], str(out), progress)}
+    calls = {
+        "push": lambda: session.push({f"p{i}": blob}, progress),
+        "pull": lambda: session.pull(["blob"], progress),
+        "upload": lambda: session.upload([str(work / "up.bin")], name, progress),
+        "download": lambda: session.download(["big.bin"], str(out), progress),
+    }
     box: dict = {}
 
     def go():
@@ -365,7 +426,10 @@ def _transfer_cut(session, kind: str, i: int, end, at: float, blob: bytes, diges
         there = ask(session, sha.format(f"globals().get('p{i}', b'')")).strip("'")
         whole, left = there == digest, False
     elif kind == "pull":
-        whole = isinstance(result, dict) and hashlib.sha256(result.get("blob", b"")).hexdigest() == digest
+        whole = (
+            isinstance(result, dict)
+            and hashlib.sha256(result.get("blob", b"")).hexdigest() == digest
+        )
         left = False
     elif kind == "upload":
         file = repr(f"{name}/up.bin")
@@ -384,7 +448,9 @@ def _transfer_cut(session, kind: str, i: int, end, at: float, blob: bytes, diges
             fig.notes.append(f"transfer {i} ({kind}) said done, but the bytes differ")
     elif left:
         fig.transfers_partial_left += 1
-        fig.notes.append(f"transfer {i} ({kind}) failed ({result}) and left a partial file under its name")
+        fig.notes.append(
+            f"transfer {i} ({kind}) failed ({result}) and left a partial file under its name"
+        )
     elif isinstance(result, GpuSessionError) and "\n" not in str(result):
         fig.transfers_failed_clean += 1
         fig.notes.append(f"transfer {i} ({kind}) failed cleanly: {result}")
@@ -421,8 +487,12 @@ def start_kills(manager, engine, env: dict, fig: Figures) -> None:
     }
     for stage, reached in stages.items():
         name = f"kill-{stage}"
-        proc = subprocess.Popen([sys.executable, "-c", STARTER, name], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", STARTER, name],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 120
         try:
             while not reached(name):
@@ -455,7 +525,9 @@ def _id(manager, name: str) -> str | None:
 def _ours(engine, session_id: str | None) -> list:
     if session_id is None:
         return []
-    return engine.containers.list(all=True, ignore_removed=True, filters={"label": f"{LABEL}={session_id}"})
+    return engine.containers.list(
+        all=True, ignore_removed=True, filters={"label": f"{LABEL}={session_id}"}
+    )
 
 
 def runtime_kills(manager, engine, fig: Figures) -> None:
@@ -463,7 +535,9 @@ def runtime_kills(manager, engine, fig: Figures) -> None:
     from gpusession.words import error_text
 
     for what in ("kernel", "container"):
-        session = manager.start(manager.make_spec("t4", backend="docker", idle="off", name=f"kill-{what}"))
+        session = manager.start(
+            manager.make_spec("t4", backend="docker", idle="off", name=f"kill-{what}")
+        )
         container = engine.containers.get(session.record.resource["container_id"])
 
         def kill(container=container, what=what):
@@ -471,22 +545,32 @@ def runtime_kills(manager, engine, fig: Figures) -> None:
             if what == "container":
                 container.kill()
                 return
-            from gpusession.backends.docker.runtime import STATE_DIR  # the runtime's state folder there
+            from gpusession.backends.docker.runtime import (
+                STATE_DIR,
+            )  # the runtime's state folder there
 
-            runtime = json.loads(container.exec_run(["sh", "-c", f"cat {STATE_DIR}/runtime.json"]).output)
+            runtime = json.loads(
+                container.exec_run(["sh", "-c", f"cat {STATE_DIR}/runtime.json"]).output
+            )
             done = container.exec_run(["sh", "-c", f"kill -9 {runtime['kernel_pid']}"])
             if done.exit_code:
                 fig.notes.append(f"could not kill the kernel: {done.output!r}")
 
         killer = threading.Thread(target=kill, daemon=True)
         killer.start()
-        sink, result, hung = run_cell(session, "import time\nprint('go', flush=True)\ntime.sleep(30)")
+        sink, result, hung = run_cell(
+            session, "import time\nprint('go', flush=True)\ntime.sleep(30)"
+        )
         killer.join()
         fig.runtime_kills += 1
         fig.cells += 1
         if hung:
             fig.cells_hung += 1
-        elif isinstance(result, GpuSessionError) and "\n" not in error_text(result) and error_text(result):
+        elif (
+            isinstance(result, GpuSessionError)
+            and "\n" not in error_text(result)
+            and error_text(result)
+        ):
             fig.runtime_kills_clear += 1
         else:
             fig.notes.append(f"killed {what}: the cell ended with {result!r}")
@@ -503,9 +587,16 @@ def gc_and_count(manager, engines: list, fig: Figures) -> None:
     finally:
         fresh.close()
     fig.records_left = len(manager.store.list(active_only=True))
-    fig.containers_left = sum(len(engine.containers.list(
-        all=True, ignore_removed=True, filters={"label": f"gpusession.store={manager.store.store_id}"}))
-        for engine in engines)
+    fig.containers_left = sum(
+        len(
+            engine.containers.list(
+                all=True,
+                ignore_removed=True,
+                filters={"label": f"gpusession.store={manager.store.store_id}"},
+            )
+        )
+        for engine in engines
+    )
     for rec in manager.store.list(active_only=True):
         fig.notes.append(f"left after gc: {rec.name} {rec.state.value}")
 
@@ -521,8 +612,15 @@ def remote_engine(home: str | os.PathLike) -> dict | None:
     return remote
 
 
-def run_suite(cuts: int, *, seed: int = 1, kills: bool = True, env: dict | None = None,
-              remote: dict | None = None, transfers: int = 0) -> Figures:
+def run_suite(
+    cuts: int,
+    *,
+    seed: int = 1,
+    kills: bool = True,
+    env: dict | None = None,
+    remote: dict | None = None,
+    transfers: int = 0,
+) -> Figures:
     """The whole suite in this process's GPUSESSION_HOME: cuts on the `remote` engine (from
     remote_engine; None: this machine's), kills on this machine's engine, then gc on both."""
     import docker
@@ -540,7 +638,9 @@ def run_suite(cuts: int, *, seed: int = 1, kills: bool = True, env: dict | None 
             cut_cycles(manager, cuts, fig, rng, remote["url"] if remote else None)
         if transfers:
             with tempfile.TemporaryDirectory(prefix="gpusession-xfer-") as work:
-                transfer_cuts(manager, transfers, fig, rng, remote["url"] if remote else None, Path(work))
+                transfer_cuts(
+                    manager, transfers, fig, rng, remote["url"] if remote else None, Path(work)
+                )
         if kills:
             runtime_kills(manager, engines[0], fig)
             start_kills(manager, engines[0], dict(env or os.environ), fig)
@@ -557,23 +657,44 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cuts", type=int, default=500)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--image", default=os.environ.get("GPUSESSION_TEST_IMAGE", "gpusession/cuda:ci"))
+    ap.add_argument(
+        "--image", default=os.environ.get("GPUSESSION_TEST_IMAGE", "gpusession/cuda:ci")
+    )
     ap.add_argument("--transfer-cuts", type=int, default=100, help="cuts inside 50 MB transfers")
     ap.add_argument("--no-kills", action="store_true")
-    ap.add_argument("--place", choices=("remote", "local"), default="remote",
-                    help="where the cut session runs: the namespace host's engine, or this machine's")
-    ap.add_argument("--write", help="put the table into this markdown file between bench_faults markers")
+    ap.add_argument(
+        "--place",
+        choices=("remote", "local"),
+        default="remote",
+        help="where the cut session runs: the namespace host's engine, or this machine's",
+    )
+    ap.add_argument(
+        "--write", help="put the table into this markdown file between bench_faults markers"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpusession-faults-") as home:
-        env = dict(os.environ, GPUSESSION_HOME=home, GPUSESSION_IMAGE=args.image,
-                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        env = dict(
+            os.environ,
+            GPUSESSION_HOME=home,
+            GPUSESSION_IMAGE=args.image,
+            PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        )
         os.environ.update(GPUSESSION_HOME=home, GPUSESSION_IMAGE=args.image)
         remote = remote_engine(Path(home) / "home") if args.place == "remote" else None
         if args.place == "remote" and remote is None:
-            print("the remote engine cannot run here (root and a Docker engine are needed)", file=sys.stderr)
+            print(
+                "the remote engine cannot run here (root and a Docker engine are needed)",
+                file=sys.stderr,
+            )
             return 2
-        fig = run_suite(args.cuts, seed=args.seed, kills=not args.no_kills, env=env, remote=remote,
-                        transfers=args.transfer_cuts)
+        fig = run_suite(
+            args.cuts,
+            seed=args.seed,
+            kills=not args.no_kills,
+            env=env,
+            remote=remote,
+            transfers=args.transfer_cuts,
+        )
     table = fig.table()
     print(table)
     print(f"\n{fig.seconds:.0f} s; seed {args.seed}")
@@ -582,10 +703,14 @@ def main() -> int:
     if args.write:
         path = Path(args.write)
         text = path.read_text()
-        block = (f"<!-- bench_faults:begin -->\n{table}\n\nRun: {args.cuts} cuts, {args.transfer_cuts} transfer "
-                 f"cuts, seed {args.seed}, {fig.seconds:.0f} s.\n<!-- bench_faults:end -->")
+        block = (
+            f"<!-- bench_faults:begin -->\n{table}\n\nRun: {args.cuts} cuts, {args.transfer_cuts} transfer "
+            f"cuts, seed {args.seed}, {fig.seconds:.0f} s.\n<!-- bench_faults:end -->"
+        )
         if "<!-- bench_faults:begin -->" in text:
-            text = re.sub(r"<!-- bench_faults:begin -->.*<!-- bench_faults:end -->", block, text, flags=re.S)
+            text = re.sub(
+                r"<!-- bench_faults:begin -->.*<!-- bench_faults:end -->", block, text, flags=re.S
+            )
         else:
             text = text.rstrip() + "\n\n" + block + "\n"
         path.write_text(text)

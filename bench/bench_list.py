@@ -52,8 +52,13 @@ def fill_store(client, running: int, stopped: int) -> list:
         record = manager.store.create(spec, price_per_hour=0.5)
         manager.store.transition(record.id, State.PROVISIONING)
         if i < running:
-            c = client.containers.run(IMAGE, ["infinity"], entrypoint=["sleep"], detach=True,
-                                      labels={LABEL: record.id, "gpusession.bench": "list"})
+            c = client.containers.run(
+                IMAGE,
+                ["infinity"],
+                entrypoint=["sleep"],
+                detach=True,
+                labels={LABEL: record.id, "gpusession.bench": "list"},
+            )
             containers.append(c)
             manager.store.update_resource(record.id, container_id=c.id)
             manager.store.transition(record.id, State.STARTING)
@@ -65,7 +70,9 @@ def fill_store(client, running: int, stopped: int) -> list:
 
 def cli(args: list[str], env: dict) -> float:
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "gpusession", *args], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "gpusession", *args], env=env, capture_output=True, text=True
+    )
     took = time.perf_counter() - t
     assert out.returncode == 0, out.stderr
     return took, out.stdout
@@ -73,17 +80,30 @@ def cli(args: list[str], env: dict) -> float:
 
 def start_server(env: dict, work: Path) -> tuple[subprocess.Popen, int, str]:
     port, token = free_port(), os.urandom(16).hex()
-    cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-           f"--ServerApp.token={token}", "--ServerApp.jpserver_extensions={'gpusession': True}",
-           f"--ServerApp.root_dir={work}", "--allow-root"]
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "wb"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter_server",
+        "--no-browser",
+        f"--port={port}",
+        "--ip=127.0.0.1",
+        f"--ServerApp.token={token}",
+        "--ServerApp.jpserver_extensions={'gpusession': True}",
+        f"--ServerApp.root_dir={work}",
+        "--allow-root",
+    ]
+    server = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "wb")
+    )
     deadline = time.monotonic() + 60
     while True:
         try:
             get(port, token, "/api/status")
             return server, port, token
         except (OSError, AssertionError):
-            assert time.monotonic() < deadline and server.poll() is None, (work / "server.log").read_text()[-2000:]
+            assert time.monotonic() < deadline and server.poll() is None, (
+                work / "server.log"
+            ).read_text()[-2000:]
             time.sleep(0.2)
 
 
@@ -121,7 +141,11 @@ def one_run(args) -> tuple[str, bool]:
     os.environ["GPUSESSION_HOME"] = str(work / "home")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     # as installed (pip writes bytecode): with PYTHONDONTWRITEBYTECODE set, each process would compile
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "gpusession")], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(ROOT / "gpusession")],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     client = docker.from_env()
     containers = fill_store(client, running=10, stopped=200)
     server = None
@@ -134,10 +158,15 @@ def one_run(args) -> tuple[str, bool]:
                 times[name].append(cli(name.split(), env)[0])
         server, port, token = start_server(env, work)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        paths = {"/api/status": "/api/status", "sessions": "/gpusession/api/sessions",
-                 "sessions?all=1": "/gpusession/api/sessions?all=1"}
+        paths = {
+            "/api/status": "/api/status",
+            "sessions": "/gpusession/api/sessions",
+            "sessions?all=1": "/gpusession/api/sessions?all=1",
+        }
         listed = json.loads(get(port, token, paths["sessions?all=1"], conn))["sessions"]
-        assert len(listed) == 210 and sum(s["state"] == "running" for s in listed) == 10, len(listed)
+        assert len(listed) == 210 and sum(s["state"] == "running" for s in listed) == 10, len(
+            listed
+        )
         rest: dict[str, list[float]] = {name: [] for name in paths}
         for _ in range(args.calls):
             for name, path in paths.items():
@@ -151,25 +180,37 @@ def one_run(args) -> tuple[str, bool]:
         for c in containers:
             c.remove(force=True)
     floor, api = Stats.of(times["types"]), Stats.of(rest["/api/status"])
-    rows = ["| measure | ours: median / p99 / max | floor: median / p99 / max | ratio (median) | ratio (p99) | target | met |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| measure | ours: median / p99 / max | floor: median / p99 / max | ratio (median) | ratio (p99) | target | met |",
+        "|---|---|---|---|---|---|---|",
+    ]
     ok = True
-    for name, what in (("list", "`gpusession list` (10 running, checked alive)"),
-                       ("list --all", "`gpusession list --all` (210 rows)")):
+    for name, what in (
+        ("list", "`gpusession list` (10 running, checked alive)"),
+        ("list --all", "`gpusession list --all` (210 rows)"),
+    ):
         s = Stats.of(times[name])
         met = s.median <= 1.5 * floor.median
         ok = ok and (met or name != "list")
-        rows.append(f"| {what} | {s.cell()} | {floor.cell()} (`gpusession types`) | {s.median / floor.median:.2f}x | "
-                    f"{s.p99 / floor.p99:.2f}x | {'<= 1.5x median' if name == 'list' else '(report)'} | "
-                    f"{('yes' if met else 'NO') if name == 'list' else ''} |")
-    for name, what in (("sessions", "REST GET /gpusession/api/sessions (10 running)"),
-                       ("sessions?all=1", "REST GET /gpusession/api/sessions?all=1 (210)")):
+        rows.append(
+            f"| {what} | {s.cell()} | {floor.cell()} (`gpusession types`) | {s.median / floor.median:.2f}x | "
+            f"{s.p99 / floor.p99:.2f}x | {'<= 1.5x median' if name == 'list' else '(report)'} | "
+            f"{('yes' if met else 'NO') if name == 'list' else ''} |"
+        )
+    for name, what in (
+        ("sessions", "REST GET /gpusession/api/sessions (10 running)"),
+        ("sessions?all=1", "REST GET /gpusession/api/sessions?all=1 (210)"),
+    ):
         s = Stats.of(rest[name])
-        rows.append(f"| {what} | {s.cell()} | {api.cell()} (GET /api/status) | {s.median / api.median:.2f}x | "
-                    f"{s.p99 / api.p99:.2f}x | (report) |  |")
-    text = "\n".join(rows) + (f"\n\nCLI: {args.runs} processes per command, interleaved; REST: {args.calls} calls per "
-                              f"path on one keep-alive connection, interleaved. The 10 running records are backed by "
-                              f"real running containers (`sleep`, labelled as sessions) on the local engine.")
+        rows.append(
+            f"| {what} | {s.cell()} | {api.cell()} (GET /api/status) | {s.median / api.median:.2f}x | "
+            f"{s.p99 / api.p99:.2f}x | (report) |  |"
+        )
+    text = "\n".join(rows) + (
+        f"\n\nCLI: {args.runs} processes per command, interleaved; REST: {args.calls} calls per "
+        f"path on one keep-alive connection, interleaved. The 10 running records are backed by "
+        f"real running containers (`sleep`, labelled as sessions) on the local engine."
+    )
     return text, ok
 
 

@@ -125,10 +125,14 @@ class Loop:
         except Exception as exc:  # noqa: BLE001 - counted, then a new kernel for the next round
             self.failures.append(f"{mode}: {type(exc).__name__}: {exc}"[:300])
             after = self._session()
-            if before is not None and (after.id != before.id or not self.manager.get(before.id).state.active):
+            if before is not None and (
+                after.id != before.id or not self.manager.get(before.id).state.active
+            ):
                 self.lost[mode] += 1
-                self.failures[-1] += f" [session {before.name}: {self.manager.get(before.id).state.value}: " \
-                                     f"{self.manager.get(before.id).error}]"
+                self.failures[-1] += (
+                    f" [session {before.name}: {self.manager.get(before.id).state.value}: "
+                    f"{self.manager.get(before.id).error}]"
+                )
             await self.close()
             await self.start()
             return
@@ -151,7 +155,10 @@ async def measure(restarts: int, backend: str, floor: bool = True) -> Loop | tup
     from gpusession import cli
     from gpusession.session import SessionManager
 
-    if cli.main(["kernelspec", "install", "--type", "t4", "--backend", backend, "--idle", "off"]) != 0:
+    if (
+        cli.main(["kernelspec", "install", "--type", "t4", "--backend", backend, "--idle", "off"])
+        != 0
+    ):
         raise SystemExit("could not install the kernelspec")
     manager = SessionManager()
     loops = [Loop(f"gpusession-t4-{backend}", manager)] + ([Loop("python3")] if floor else [])
@@ -172,10 +179,13 @@ async def measure(restarts: int, backend: str, floor: bool = True) -> Loop | tup
 
 
 def report(ours: Loop, floor: Loop | None, restarts: int, backend: str) -> str:
-    lines = [f"Restart of a {backend} session kernel through jupyter_client, {restarts} per row "
-             "(floor: the same restart of a plain local ipykernel, interleaved).", "",
-             "| restart | ok | sessions lost | time median / p99 / max | floor median / p99 / max | median ratio |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"Restart of a {backend} session kernel through jupyter_client, {restarts} per row "
+        "(floor: the same restart of a plain local ipykernel, interleaved).",
+        "",
+        "| restart | ok | sessions lost | time median / p99 / max | floor median / p99 / max | median ratio |",
+        "|---|---|---|---|---|---|",
+    ]
     for mode in MODES:
         mine, base = ours.times[mode], floor.times[mode] if floor else []
         head = f"| {mode} | {ours.ok[mode]}/{restarts} | {ours.lost[mode]} |"
@@ -195,12 +205,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--restarts", type=int, default=50, help="restarts per mode (default 50)")
     parser.add_argument("--backend", default="local", help="local (default) or docker")
-    parser.add_argument("--no-floor", action="store_true", help="skip the floor (a quicker loop: sessions lost only)")
-    parser.add_argument("--write", type=Path, help="write the table into this markdown file (docs/benchmarks.md)")
+    parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="skip the floor (a quicker loop: sessions lost only)",
+    )
+    parser.add_argument(
+        "--write", type=Path, help="write the table into this markdown file (docs/benchmarks.md)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-restart-") as tmp:
-        os.environ.update(GPUSESSION_HOME=str(Path(tmp) / "home"), JUPYTER_DATA_DIR=str(Path(tmp) / "jupyter"),
-                          JUPYTER_PATH=str(Path(tmp) / "jupyter"), GPUSESSION_PRICE_PER_HOUR="0")
+        os.environ.update(
+            GPUSESSION_HOME=str(Path(tmp) / "home"),
+            JUPYTER_DATA_DIR=str(Path(tmp) / "jupyter"),
+            JUPYTER_PATH=str(Path(tmp) / "jupyter"),
+            GPUSESSION_PRICE_PER_HOUR="0",
+        )
         os.environ.pop("GPUSESSION_BACKEND", None)
         measured = asyncio.run(measure(args.restarts, args.backend, floor=not args.no_floor))
     ours, floor = measured if isinstance(measured, tuple) else (measured, None)

@@ -73,7 +73,9 @@ def measure(calls: int) -> tuple[dict[str, list[float]], str, str]:
     os.environ["GPUSESSION_HOME"] = str(work)
     os.environ["HOME"] = ssh_home(remote, work / "home")
     manager = SessionManager()
-    session = manager.start(manager.make_spec("t4", backend="docker", idle="off", image=IMAGE, host=remote["url"]))
+    session = manager.start(
+        manager.make_spec("t4", backend="docker", idle="off", image=IMAGE, host=remote["url"])
+    )
     direct = ssh = via_ssh = None
     try:
         tunnel = session.link.tunnel
@@ -85,8 +87,22 @@ def measure(calls: int) -> tuple[dict[str, list[float]], str, str]:
         via_ssh = KernelClient(dict(info, **{name: local[remote_info[name]] for name in PORTS}))
         via_ssh.wait_ready(30)
         direct = subprocess.Popen(
-            ["ip", "netns", "exec", NAMESPACE, sys.executable, "-c", DIRECT, json.dumps(remote_info), str(calls)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+            [
+                "ip",
+                "netns",
+                "exec",
+                NAMESPACE,
+                sys.executable,
+                "-c",
+                DIRECT,
+                json.dumps(remote_info),
+                str(calls),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
         assert direct.stdout.readline().strip() == "ready", "the direct client did not start"
         for k in (session.kernel, via_ssh):
             timed(k, 20)
@@ -116,22 +132,37 @@ def table(times: dict[str, list[float]], cipher: str, calls: int) -> str:
     d = Stats.of(times["direct"])
     stats = {name: Stats.of(v, d.median) for name, v in times.items()}
     ours, ssh, direct = stats["ours"], stats["ssh -L"], stats["direct"]
-    rows = ["| `1+1` round trip, one connection | median / p99 / max, share > 2x direct median | p99 vs direct | "
-            "median vs direct | target | met |", "|---|---|---|---|---|---|"]
-    for name, s in (("direct (client in the engine host's network)", direct), ("**ours** (paramiko tunnel)", ours),
-                    (f"OpenSSH `ssh -L -c {cipher}`", ssh)):
+    rows = [
+        "| `1+1` round trip, one connection | median / p99 / max, share > 2x direct median | p99 vs direct | "
+        "median vs direct | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in (
+        ("direct (client in the engine host's network)", direct),
+        ("**ours** (paramiko tunnel)", ours),
+        (f"OpenSSH `ssh -L -c {cipher}`", ssh),
+    ):
         ratio_p99, ratio_med = s.p99 / direct.p99, s.median / direct.median
         target = "p99 <= 1.3x direct" if s is ours else ""
         met = ("yes" if ratio_p99 <= 1.3 else "NO") if s is ours else ""
-        rows.append(f"| {name} | {s.cell()} | {ratio_p99:.2f}x | {ratio_med:.2f}x | {target} | {met} |")
-    return "\n".join(rows) + f"\n\n{calls} calls each, interleaved in rounds of 100; cipher `{cipher}` (ours negotiated; ssh -L told the same)."
+        rows.append(
+            f"| {name} | {s.cell()} | {ratio_p99:.2f}x | {ratio_med:.2f}x | {target} | {met} |"
+        )
+    return (
+        "\n".join(rows)
+        + f"\n\n{calls} calls each, interleaved in rounds of 100; cipher `{cipher}` (ours negotiated; ssh -L told the same)."
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=500)
-    ap.add_argument("--runs", type=int, default=1, help="repeat the whole measurement; each run is one table")
-    ap.add_argument("--write", default=None, help="update the bench_tail block of this markdown file")
+    ap.add_argument(
+        "--runs", type=int, default=1, help="repeat the whole measurement; each run is one table"
+    )
+    ap.add_argument(
+        "--write", default=None, help="update the bench_tail block of this markdown file"
+    )
     args = ap.parse_args()
     tables, ok = [], True
     for run in range(1, args.runs + 1):

@@ -14,11 +14,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ssh_forward(remote: dict, ports: list[int], cipher: str) -> tuple[subprocess.Popen, dict[int, int]]:
+def ssh_forward(
+    remote: dict, ports: list[int], cipher: str
+) -> tuple[subprocess.Popen, dict[int, int]]:
     """`ssh -N -L` of each remote loopback port to a free local one: (the ssh process, {remote
     port: local port}), once every local port answers. The caller terminates the process."""
     local = {p: free_port() for p in ports}
-    cmd = ["ssh", "-N", "-F", remote["ssh_config"], "-c", cipher, "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes"]
+    cmd = [
+        "ssh",
+        "-N",
+        "-F",
+        remote["ssh_config"],
+        "-c",
+        cipher,
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ExitOnForwardFailure=yes",
+    ]
     for there, here in local.items():
         cmd += ["-L", f"127.0.0.1:{here}:127.0.0.1:{there}"]
     ssh = subprocess.Popen(cmd + [remote["address"]])

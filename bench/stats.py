@@ -1,7 +1,7 @@
 """Latency figures the benchmarks report: never a median alone.
 
-    s = Stats.of(times_s, direct_median_s)   # seconds in, figures out
-    s.cell()  -> "8.51 / 60.2 / 71.0 ms, 33% > 2x direct"
+s = Stats.of(times_s, direct_median_s)   # seconds in, figures out
+s.cell()  -> "8.51 / 60.2 / 71.0 ms, 33% > 2x direct"
 """
 
 from __future__ import annotations
@@ -28,12 +28,20 @@ class Stats:
     median: float
     p99: float
     max: float
-    slow_share: float | None  # share of calls over 2x the direct median (None: no direct median given)
+    slow_share: (
+        float | None
+    )  # share of calls over 2x the direct median (None: no direct median given)
 
     @classmethod
     def of(cls, values: list[float], direct_median: float | None = None) -> "Stats":
-        slow = None if direct_median is None else sum(v > 2 * direct_median for v in values) / len(values)
-        return cls(len(values), statistics.median(values), percentile(values, 99), max(values), slow)
+        slow = (
+            None
+            if direct_median is None
+            else sum(v > 2 * direct_median for v in values) / len(values)
+        )
+        return cls(
+            len(values), statistics.median(values), percentile(values, 99), max(values), slow
+        )
 
     def cell(self, unit: str = "ms", scale: float = 1e3, base: str = "direct") -> str:
         """median / p99 / max [, share over 2x direct] as one table cell."""

@@ -1,7 +1,7 @@
 """gpusession: a GPU kernel for your local notebook, and it stops billing when nobody uses it.
 
-    %load_ext gpusession
-    %gpu start --type t4
+%load_ext gpusession
+%gpu start --type t4
 """
 
 from __future__ import annotations

@@ -15,7 +15,15 @@ import math
 from typing import Any, Callable, Sequence
 
 from .cost import billing_started_at
-from .durations import IDLE, MAX_RUNTIME, SAVE_TIMEOUT, DurationRule, exact_decimal, format_bound, parse_money
+from .durations import (
+    IDLE,
+    MAX_RUNTIME,
+    SAVE_TIMEOUT,
+    DurationRule,
+    exact_decimal,
+    format_bound,
+    parse_money,
+)
 from .errors import BadInput
 from .protocol import DEFAULT_IDLE_S
 
@@ -31,14 +39,36 @@ PLACEMENT = "placement"  # where the backend puts the runtime: options of the `r
 WATCHDOG = "agent: live stats and the watchdog that stops the session"  # their argument group
 
 # kinds of value: how argv() writes one and how the parser reads it back, exactly
-TEXT, INT, FLOAT, NUMBER, MONEY, FLAG, RECORDING = "text", "int", "float", "number", "money", "flag", "recording"
+TEXT, INT, FLOAT, NUMBER, MONEY, FLAG, RECORDING = (
+    "text",
+    "int",
+    "float",
+    "number",
+    "money",
+    "flag",
+    "recording",
+)
 
 
-def _option(default: Any, kind: Any, help: str, *, group: str = WATCHDOG, metavar: str | None = None,
-            always: bool = False, required: bool = False):
+def _option(
+    default: Any,
+    kind: Any,
+    help: str,
+    *,
+    group: str = WATCHDOG,
+    metavar: str | None = None,
+    always: bool = False,
+    required: bool = False,
+):
     """A field of AgentArgs with its flag's make-up. `kind`: one of the kinds above or a
     DurationRule; `always`: written even at its default (what every backend says explicitly)."""
-    meta = {"kind": kind, "help": help, "group": group, "metavar": metavar, "always": always or required}
+    meta = {
+        "kind": kind,
+        "help": help,
+        "group": group,
+        "metavar": metavar,
+        "always": always or required,
+    }
     if required:
         return dataclasses.field(metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -56,54 +86,131 @@ class AgentArgs:
     # -- placement: the backend's (where the runtime runs and listens)
     session_id: str = _option(None, TEXT, "", group=PLACEMENT, required=True)
     state_dir: str = _option(None, TEXT, "", group=PLACEMENT, required=True)
-    kernel_ip: str = _option("127.0.0.1", TEXT, "loopback address of the kernel's ports, or a path prefix in a 0700 "
-                             "folder: unix sockets", group=PLACEMENT)
-    kernel_ports: int = _option(0, INT, "first of 5 consecutive ports; 0 = free ports", group=PLACEMENT, always=True)
-    agent_port: int = _option(0, INT, "agent HTTP port on 127.0.0.1; 0 = a free one (runtime.json says which), -1 = none",
-                              group=PLACEMENT, always=True)
+    kernel_ip: str = _option(
+        "127.0.0.1",
+        TEXT,
+        "loopback address of the kernel's ports, or a path prefix in a 0700 folder: unix sockets",
+        group=PLACEMENT,
+    )
+    kernel_ports: int = _option(
+        0, INT, "first of 5 consecutive ports; 0 = free ports", group=PLACEMENT, always=True
+    )
+    agent_port: int = _option(
+        0,
+        INT,
+        "agent HTTP port on 127.0.0.1; 0 = a free one (runtime.json says which), -1 = none",
+        group=PLACEMENT,
+        always=True,
+    )
     ready_timeout: float = _option(60.0, FLOAT, "", group=PLACEMENT)
     cwd: str = _option("", TEXT, "", group=PLACEMENT)
-    workspace: str = _option("", TEXT, "the workspace folder: checkpoints are saved there (default: none)",
-                             group=PLACEMENT)
-    restore: bool = _option(False, FLAG, "the first kernel restores the workspace's checkpoint", group=PLACEMENT)
+    workspace: str = _option(
+        "",
+        TEXT,
+        "the workspace folder: checkpoints are saved there (default: none)",
+        group=PLACEMENT,
+    )
+    restore: bool = _option(
+        False, FLAG, "the first kernel restores the workspace's checkpoint", group=PLACEMENT
+    )
     # -- the watchdog and the stats: the session record's
-    idle: float | None = _option(DEFAULT_IDLE_S, IDLE, "stop after this long idle (no cell running and every GPU "
-                                 "under --gpu-threshold): 90s, 15m, 2h, a bare number of minutes, or off; default "
-                                 f"{format_bound(DEFAULT_IDLE_S)}", metavar="DURATION|off", always=True)
-    gpu_only: bool = _option(False, FLAG, "only GPU utilization counts as activity (a busy kernel whose GPU idles is idle)")
-    gpu_threshold: float = _option(DEFAULT_GPU_THRESHOLD, NUMBER, "a GPU at or above this utilization is busy "
-                                   f"(default {exact_decimal(DEFAULT_GPU_THRESHOLD)})", metavar="PERCENT")
-    max_runtime: float | None = _option(None, MAX_RUNTIME, "hard stop this long after billing started (8h, 90m; a "
-                                        "bare number means minutes)", metavar="DURATION")
-    max_cost: float | None = _option(None, MONEY, "stop once the session has cost this much (warning at 80%%)",
-                                     metavar="DOLLARS")
-    price_per_hour: float = _option(0.0, NUMBER, "price of the whole session, for the cost meter", metavar="DOLLARS",
-                                    always=True)
-    billed_since: float | None = _option(None, NUMBER, "when billing started (default: when the runtime started)",
-                                         metavar="UNIX")
+    idle: float | None = _option(
+        DEFAULT_IDLE_S,
+        IDLE,
+        "stop after this long idle (no cell running and every GPU "
+        "under --gpu-threshold): 90s, 15m, 2h, a bare number of minutes, or off; default "
+        f"{format_bound(DEFAULT_IDLE_S)}",
+        metavar="DURATION|off",
+        always=True,
+    )
+    gpu_only: bool = _option(
+        False,
+        FLAG,
+        "only GPU utilization counts as activity (a busy kernel whose GPU idles is idle)",
+    )
+    gpu_threshold: float = _option(
+        DEFAULT_GPU_THRESHOLD,
+        NUMBER,
+        "a GPU at or above this utilization is busy "
+        f"(default {exact_decimal(DEFAULT_GPU_THRESHOLD)})",
+        metavar="PERCENT",
+    )
+    max_runtime: float | None = _option(
+        None,
+        MAX_RUNTIME,
+        "hard stop this long after billing started (8h, 90m; a bare number means minutes)",
+        metavar="DURATION",
+    )
+    max_cost: float | None = _option(
+        None, MONEY, "stop once the session has cost this much (warning at 80%%)", metavar="DOLLARS"
+    )
+    price_per_hour: float = _option(
+        0.0,
+        NUMBER,
+        "price of the whole session, for the cost meter",
+        metavar="DOLLARS",
+        always=True,
+    )
+    billed_since: float | None = _option(
+        None, NUMBER, "when billing started (default: when the runtime started)", metavar="UNIX"
+    )
     gpu_count: int = _option(1, INT, "GPUs billed, for GPU-hours in the summary", always=True)
-    keepalive_limit: float = _option(DEFAULT_KEEPALIVE_LIMIT_S, NUMBER, "a keepalive postpones the idle stop at most "
-                                     f"this far ahead (default {format_bound(DEFAULT_KEEPALIVE_LIMIT_S)})",
-                                     metavar="SECONDS")
-    check_interval: float = _option(DEFAULT_INTERVAL_S, NUMBER, "how often the watchdog decides (default "
-                                    f"{exact_decimal(DEFAULT_INTERVAL_S)})", metavar="SECONDS")
-    sample_interval: float = _option(DEFAULT_INTERVAL_S, NUMBER, "how often to sample; 0 = never (default "
-                                     f"{exact_decimal(DEFAULT_INTERVAL_S)})", metavar="SECONDS")
-    history: float = _option(float(DEFAULT_HISTORY_S), NUMBER, f"seconds of samples kept (default {DEFAULT_HISTORY_S})",
-                             metavar="SECONDS")
-    shutdown_command: str = _option("", TEXT, "shell command run when the session stops, e.g. 'shutdown -h now' on a "
-                                    "cloud instance", metavar="CMD")
-    save_timeout: float | None = _option(DEFAULT_SAVE_TIMEOUT_S, SAVE_TIMEOUT, "before a watchdog stop, save the "
-                                         "kernel's variables into --workspace for at most this long (default "
-                                         f"{exact_decimal(DEFAULT_SAVE_TIMEOUT_S)}s; off: do not save)",
-                                         metavar="DURATION|off")
-    save_cap: int = _option(DEFAULT_SAVE_CAP, INT, "a variable whose pickle is larger is skipped (default "
-                            f"{DEFAULT_SAVE_CAP // 1024**3} GiB; 0: no cap)", metavar="BYTES")
+    keepalive_limit: float = _option(
+        DEFAULT_KEEPALIVE_LIMIT_S,
+        NUMBER,
+        "a keepalive postpones the idle stop at most "
+        f"this far ahead (default {format_bound(DEFAULT_KEEPALIVE_LIMIT_S)})",
+        metavar="SECONDS",
+    )
+    check_interval: float = _option(
+        DEFAULT_INTERVAL_S,
+        NUMBER,
+        f"how often the watchdog decides (default {exact_decimal(DEFAULT_INTERVAL_S)})",
+        metavar="SECONDS",
+    )
+    sample_interval: float = _option(
+        DEFAULT_INTERVAL_S,
+        NUMBER,
+        f"how often to sample; 0 = never (default {exact_decimal(DEFAULT_INTERVAL_S)})",
+        metavar="SECONDS",
+    )
+    history: float = _option(
+        float(DEFAULT_HISTORY_S),
+        NUMBER,
+        f"seconds of samples kept (default {DEFAULT_HISTORY_S})",
+        metavar="SECONDS",
+    )
+    shutdown_command: str = _option(
+        "",
+        TEXT,
+        "shell command run when the session stops, e.g. 'shutdown -h now' on a cloud instance",
+        metavar="CMD",
+    )
+    save_timeout: float | None = _option(
+        DEFAULT_SAVE_TIMEOUT_S,
+        SAVE_TIMEOUT,
+        "before a watchdog stop, save the "
+        "kernel's variables into --workspace for at most this long (default "
+        f"{exact_decimal(DEFAULT_SAVE_TIMEOUT_S)}s; off: do not save)",
+        metavar="DURATION|off",
+    )
+    save_cap: int = _option(
+        DEFAULT_SAVE_CAP,
+        INT,
+        "a variable whose pickle is larger is skipped (default "
+        f"{DEFAULT_SAVE_CAP // 1024**3} GiB; 0: no cap)",
+        metavar="BYTES",
+    )
     no_agent: bool = _option(False, FLAG, "no stats, no watchdog (a baseline for benchmarks)")
-    nvml_replay: str | None = _option(None, RECORDING, "replay raw NVML values recorded from a driver "
-                                      "(tests/data/nvml_*.json, written by nvml-record), in a loop, instead of this "
-                                      "machine's GPUs; the stats say \"source\": \"recorded\". For demos and tests "
-                                      "without a GPU; never on by default", metavar="FILE")
+    nvml_replay: str | None = _option(
+        None,
+        RECORDING,
+        "replay raw NVML values recorded from a driver "
+        "(tests/data/nvml_*.json, written by nvml-record), in a loop, instead of this "
+        'machine\'s GPUs; the stats say "source": "recorded". For demos and tests '
+        "without a GPU; never on by default",
+        metavar="FILE",
+    )
 
     @classmethod
     def for_record(cls, record, **placement: Any) -> "AgentArgs":
@@ -119,10 +226,15 @@ class AgentArgs:
             "max_runtime": spec.max_runtime_s or None,
             "max_cost": spec.max_cost or None,
             "restore": bool(extra.get("resume")),
-            "nvml_replay": str(extra["nvml_replay"]) if extra.get("nvml_replay") else None,  # only when asked
+            "nvml_replay": str(extra["nvml_replay"])
+            if extra.get("nvml_replay")
+            else None,  # only when asked
         }
-        for key, name in (("gpu_threshold", "gpu_threshold"), ("keepalive_limit_s", "keepalive_limit"),
-                          ("check_interval_s", "check_interval")):
+        for key, name in (
+            ("gpu_threshold", "gpu_threshold"),
+            ("keepalive_limit_s", "keepalive_limit"),
+            ("check_interval_s", "check_interval"),
+        ):
             if extra.get(key) is not None:
                 limits[name] = float(extra[key])
         if "save_timeout" in extra:  # None: off, no save before a watchdog stop
@@ -177,8 +289,11 @@ def add_arguments(parser, group: str, types: dict[str, Callable[[str], Any]] | N
         else:
             extra["default"] = field.default
         if kind == FLAG:
-            parser.add_argument(flag_of(field.name), action="store_true", **{k: v for k, v in extra.items()
-                                                                             if k != "default"})
+            parser.add_argument(
+                flag_of(field.name),
+                action="store_true",
+                **{k: v for k, v in extra.items() if k != "default"},
+            )
             continue
         reader = (types or {}).get(kind) if isinstance(kind, str) else None
         parser.add_argument(flag_of(field.name), type=reader or _reader(kind), **extra)
@@ -186,7 +301,9 @@ def add_arguments(parser, group: str, types: dict[str, Callable[[str], Any]] | N
 
 def _word(kind: Any, value: Any) -> str:
     """One value as argv() writes it."""
-    if isinstance(kind, DurationRule):  # the grammar, exactly: "1000800s" (a bare number would mean minutes)
+    if isinstance(
+        kind, DurationRule
+    ):  # the grammar, exactly: "1000800s" (a bare number would mean minutes)
         return "off" if value is None else exact_decimal(value) + "s"
     if kind == INT:
         return str(int(value))
@@ -199,7 +316,9 @@ def _reader(kind: Any) -> Callable[[str], Any]:
     """The argparse type of a kind: its values read back, bad ones in one line."""
     if isinstance(kind, DurationRule):
         return _duration(kind)
-    return {TEXT: str, RECORDING: str, INT: int, FLOAT: float, NUMBER: positive, MONEY: _dollars}[kind]
+    return {TEXT: str, RECORDING: str, INT: int, FLOAT: float, NUMBER: positive, MONEY: _dollars}[
+        kind
+    ]
 
 
 def _duration(rule: DurationRule):
@@ -238,7 +357,9 @@ def positive(text: str) -> float:
 
 # -- the workspace (what outlives the session: a Docker volume, a folder) ------------------------
 
-WORKSPACE_MOUNT = "/workspace"  # where a container session's workspace is mounted: its working folder
+WORKSPACE_MOUNT = (
+    "/workspace"  # where a container session's workspace is mounted: its working folder
+)
 WORKSPACE_VOLUME_PREFIX = "gpusession-ws-"
 WORKSPACE_LABEL = "gpusession.workspace"  # on the volume and on the session's container: its name
 

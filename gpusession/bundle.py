@@ -45,7 +45,9 @@ COMPLETE = ".complete"  # written last into a filled copy: boot.sh refuses a cop
 MIN_PYTHON = (3, 9)
 MIN_IPYKERNEL = 6
 SITE_REQUIREMENTS = ("ipykernel>=6", "pip")
-MAX_MANYLINUX = 28  # wheels up to manylinux_2_28 (glibc 2.28: Debian 10, RHEL 8, Ubuntu 20.04 and newer)
+MAX_MANYLINUX = (
+    28  # wheels up to manylinux_2_28 (glibc 2.28: Debian 10, RHEL 8, Ubuntu 20.04 and newer)
+)
 PACKAGE = Path(__file__).resolve().parent
 
 
@@ -79,7 +81,9 @@ class ImagePython:
     pip: str | None  # its version, None when the image has none
     uid: int  # the image's USER, as a number
     venv: bool  # a virtual environment
-    command: str = ""  # how boot.sh found it (PATH's python3 may be a wrapper): the runtime starts that
+    command: str = (
+        ""  # how boot.sh found it (PATH's python3 may be a wrapper): the runtime starts that
+    )
 
     @property
     def start_with(self) -> str:
@@ -88,10 +92,17 @@ class ImagePython:
     @classmethod
     def from_payload(cls, data: dict[str, Any]) -> "ImagePython":
         libc = data.get("libc") or ["", ""]
-        return cls(executable=str(data["executable"]), version=tuple(int(v) for v in data["version"]),
-                   machine=str(data.get("machine") or "x86_64"), libc=(str(libc[0]), str(libc[1])),
-                   ipykernel=data.get("ipykernel"), pip=data.get("pip"), uid=int(data.get("uid", 0)),
-                   venv=bool(data.get("venv")), command=str(data.get("command") or ""))
+        return cls(
+            executable=str(data["executable"]),
+            version=tuple(int(v) for v in data["version"]),
+            machine=str(data.get("machine") or "x86_64"),
+            libc=(str(libc[0]), str(libc[1])),
+            ipykernel=data.get("ipykernel"),
+            pip=data.get("pip"),
+            uid=int(data.get("uid", 0)),
+            venv=bool(data.get("venv")),
+            command=str(data.get("command") or ""),
+        )
 
     def to_payload(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -103,15 +114,20 @@ class ImagePython:
     @property
     def has_ipykernel(self) -> bool:
         try:
-            return self.ipykernel is not None and (self.ipykernel == "unknown"
-                                                   or int(self.ipykernel.split(".")[0]) >= MIN_IPYKERNEL)
+            return self.ipykernel is not None and (
+                self.ipykernel == "unknown" or int(self.ipykernel.split(".")[0]) >= MIN_IPYKERNEL
+            )
         except ValueError:
             return True
 
     @property
     def brings(self) -> list[str]:
         """What the bundle's site gives the kernel, as the image lacks it: ipykernel, pip."""
-        return [name for name, lacking in (("ipykernel", not self.has_ipykernel), ("pip", self.pip is None)) if lacking]
+        return [
+            name
+            for name, lacking in (("ipykernel", not self.has_ipykernel), ("pip", self.pip is None))
+            if lacking
+        ]
 
     @property
     def needs_site(self) -> bool:
@@ -154,7 +170,9 @@ def parse_probe(text: str) -> ImagePython | str:
             return ImagePython.from_payload(payload)
         if marker is Marker.FAILED:
             return str(payload.get("error") if isinstance(payload, dict) else payload)
-    return "the probe printed nothing: " + (" | ".join(text.strip().splitlines()[-5:]) or "(no output)")
+    return "the probe printed nothing: " + (
+        " | ".join(text.strip().splitlines()[-5:]) or "(no output)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +221,9 @@ def agent_modules() -> list[str]:
     """Files of gpusession (relative to the package) that `python -m gpusession.agent` needs:
     the agent package and every gpusession module it imports, at any depth."""
     agent = {f"agent/{p.name}" for p in (PACKAGE / "agent").glob("*.py")}
-    wanted = {"__init__.py"} | agent  # the package's __init__ imports only for Jupyter, lazily: not followed
+    wanted = {
+        "__init__.py"
+    } | agent  # the package's __init__ imports only for Jupyter, lazily: not followed
     todo = sorted(agent)
     while todo:
         rel = todo.pop()
@@ -258,11 +278,15 @@ def site_archive(python: ImagePython, cache_dir: Path, say: Callable[[str], None
     try:
         meta = json.loads(about.read_text())
         if cached.is_file():
-            return Archive(python.site_tag, meta["digest"], meta["size"], meta["files"], path=cached)
+            return Archive(
+                python.site_tag, meta["digest"], meta["size"], meta["files"], path=cached
+            )
     except (OSError, ValueError, KeyError):
         pass
-    say(f"downloading ipykernel and pip for Python {python.short_version} ({python.platforms[0]}) from PyPI, "
-        f"once: kept in {folder}")
+    say(
+        f"downloading ipykernel and pip for Python {python.short_version} ({python.platforms[0]}) from PyPI, "
+        f"once: kept in {folder}"
+    )
     with tempfile.TemporaryDirectory(prefix="gpusession-wheels-") as tmp:
         wheels = Path(tmp)
         _download(python, wheels)
@@ -271,8 +295,15 @@ def site_archive(python: ImagePython, cache_dir: Path, say: Callable[[str], None
             _unpack(wheel, "pip" if wheel.name.startswith("pip-") else "deps", files)
     archive = _archive(python.site_tag, files)
     folder.mkdir(parents=True, exist_ok=True)
-    for path, data in ((cached, archive.data), (about, json.dumps(
-            {"digest": archive.digest, "size": archive.size, "files": archive.files}).encode())):
+    for path, data in (
+        (cached, archive.data),
+        (
+            about,
+            json.dumps(
+                {"digest": archive.digest, "size": archive.size, "files": archive.files}
+            ).encode(),
+        ),
+    ):
         part = folder / f".{path.name}.{os.getpid()}.part"
         part.write_bytes(data)
         os.replace(part, path)
@@ -280,8 +311,21 @@ def site_archive(python: ImagePython, cache_dir: Path, say: Callable[[str], None
 
 
 def _download(python: ImagePython, into: Path) -> None:
-    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet", "--only-binary=:all:",
-           "--python-version", python.short_version, "--implementation", "cp", "--dest", str(into)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--quiet",
+        "--only-binary=:all:",
+        "--python-version",
+        python.short_version,
+        "--implementation",
+        "cp",
+        "--dest",
+        str(into),
+    ]
     for tag in python.platforms:
         cmd += ["--platform", tag]
     cmd += list(SITE_REQUIREMENTS)
@@ -294,10 +338,17 @@ def _download(python: ImagePython, into: Path) -> None:
         raise BundleError(
             f"cannot download ipykernel for Python {python.short_version} ({python.platforms[0]}): {last}; the image "
             "has no ipykernel: let this machine reach PyPI once (pip's own settings apply), or use an image with "
-            "ipykernel installed")
+            "ipykernel installed"
+        )
 
 
-NOT_FOR_LINUX = (".dll", ".dylib", ".exe", ".pdb", ".lib")  # debugpy carries Windows and macOS helpers: 17 MB
+NOT_FOR_LINUX = (
+    ".dll",
+    ".dylib",
+    ".exe",
+    ".pdb",
+    ".lib",
+)  # debugpy carries Windows and macOS helpers: 17 MB
 
 
 def _unpack(wheel: Path, under: str, files: dict[str, bytes]) -> None:
@@ -318,7 +369,13 @@ def _unpack(wheel: Path, under: str, files: dict[str, bytes]) -> None:
 
 def _archive(kind: str, files: dict[str, bytes]) -> Archive:
     data = _tar(files, compress=True)
-    return Archive(kind, hashlib.sha256(data).hexdigest(), sum(len(v) for v in files.values()), len(files), content=data)
+    return Archive(
+        kind,
+        hashlib.sha256(data).hexdigest(),
+        sum(len(v) for v in files.values()),
+        len(files),
+        content=data,
+    )
 
 
 def _tar(files: dict[str, bytes], *, compress: bool) -> bytes:
@@ -334,7 +391,9 @@ def _tar(files: dict[str, bytes], *, compress: bool) -> bytes:
                     dirs.add(folder)
                     tar.addfile(_info(folder, tarfile.DIRTYPE, 0o755))
             data = files[name]
-            info = _info(name, tarfile.REGTYPE, 0o755 if name.endswith(".sh") or _is_elf(data) else 0o644)
+            info = _info(
+                name, tarfile.REGTYPE, 0o755 if name.endswith(".sh") or _is_elf(data) else 0o644
+            )
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     if not compress:

@@ -96,14 +96,18 @@ class Catalog:
         gpu.instance_for(count)  # validates the count
         return gpu, count
 
-    def price_per_hour(self, gpu: GpuType, count: int, *, spot: bool = False, whole_instance: bool = False) -> float:
+    def price_per_hour(
+        self, gpu: GpuType, count: int, *, spot: bool = False, whole_instance: bool = False
+    ) -> float:
         """Dollars per hour: the whole instance for cloud backends, per-GPU times count otherwise."""
         if whole_instance:
             inst = gpu.instance_for(count)
             if spot and inst.spot is not None:
                 return inst.spot
             return inst.on_demand
-        per_gpu = gpu.per_gpu_spot if spot and gpu.per_gpu_spot is not None else gpu.per_gpu_on_demand
+        per_gpu = (
+            gpu.per_gpu_spot if spot and gpu.per_gpu_spot is not None else gpu.per_gpu_on_demand
+        )
         return round(per_gpu * count, 6)
 
     def to_dict(self) -> dict[str, Any]:
@@ -165,7 +169,14 @@ def load_catalog() -> Catalog:
                 key=lambda i: i.gpu_count,
             )
         )
-        types.append(GpuType(name=name, description=t.get("description", ""), memory_gb=int(t["memory_gb"]), instances=insts))
+        types.append(
+            GpuType(
+                name=name,
+                description=t.get("description", ""),
+                memory_gb=int(t["memory_gb"]),
+                instances=insts,
+            )
+        )
     return Catalog(
         snapshot_date=raw["snapshot_date"],
         region=raw["region"],

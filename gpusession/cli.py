@@ -25,7 +25,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     from .words import session_table
 
     m = _manager()
-    records = m.list(active_only=not args.all, check=True)  # a session gone is shown ended, not running
+    records = m.list(
+        active_only=not args.all, check=True
+    )  # a session gone is shown ended, not running
     if not records:
         print("no active sessions" if not args.all else "no sessions recorded")
         return 0
@@ -68,8 +70,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     spec = m.spec_from(options.given_values(args), options.FLAGS)
     session = m.start(spec, report=lambda line: print(line, flush=True))
     print_restored(session.record, print)
-    print(f"{session.name} is running ({idle_setting(spec.idle_timeout_s)}); "
-          f"`gpusession stop {session.name}` stops it")
+    print(
+        f"{session.name} is running ({idle_setting(spec.idle_timeout_s)}); "
+        f"`gpusession stop {session.name}` stops it"
+    )
     session.kernel.close()
     session.link.close()
     return 0
@@ -82,7 +86,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     r = m.liveness.check([m.get(args.name)])[0]
     v = m.view(r)
     print(f"{v['name']}: {v['gpu_count']} x {v['gpu_type']} on {v['backend']} - {v['state']}")
-    print(f"  id {r.id}, owner {r.owner}, ${v['price_per_hour']:.3f}/h, cost so far ${v['cost_so_far']:.4f}")
+    print(
+        f"  id {r.id}, owner {r.owner}, ${v['price_per_hour']:.3f}/h, cost so far ${v['cost_so_far']:.4f}"
+    )
     if not v["verified"]:
         print(f"  {unverified_text(v)}; `gpusession stats {v['name']}` asks the session")
     if r.error:
@@ -125,7 +131,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     m = _manager()
     skipped: list[str] = []
-    actions = m.gc(dry_run=args.dry_run, orphans=args.orphans, skipped=skipped, volumes=args.volumes)
+    actions = m.gc(
+        dry_run=args.dry_run, orphans=args.orphans, skipped=skipped, volumes=args.volumes
+    )
     for action in actions:
         print(gc_line(action))
     if not actions:
@@ -154,8 +162,10 @@ def cmd_workspaces(args: argparse.Namespace) -> int:
     m = _manager()
     if args.action == "rm":
         if not args.yes:
-            raise GpuSessionError(f"deleting workspace {args.name} deletes its files and saved variables; "
-                                  f"add --yes to do it: `gpusession workspaces rm {args.name} --yes`")
+            raise GpuSessionError(
+                f"deleting workspace {args.name} deletes its files and saved variables; "
+                f"add --yes to do it: `gpusession workspaces rm {args.name} --yes`"
+            )
         ws = remove(m.store, m.backend, args.name, args.backend)
         print(f"deleted workspace {ws.name} ({ws.where}, {size_text(ws.size_bytes)})")
         return 0
@@ -205,9 +215,14 @@ def cmd_kernelspec(args: argparse.Namespace) -> int:
         return 0
     specs = kernelspecs.installed()
     if not specs:
-        print("no gpusession kernelspecs installed (`gpusession kernelspec install --type t4` adds one)")
+        print(
+            "no gpusession kernelspecs installed (`gpusession kernelspec install --type t4` adds one)"
+        )
     for spec in specs:
-        given = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in spec.options.items())
+        given = " ".join(
+            f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+            for k, v in spec.options.items()
+        )
         print(f"{spec.name}  {spec.display_name}  [{given}]  {spec.resource_dir}")
     return 0
 
@@ -248,7 +263,10 @@ class _Parser(argparse.ArgumentParser):
         """Every start option, from the one table (gpusession/options.py); `lazy`: added when this
         command is parsed or its help shown: the table gathers every backend's options, which
         imports every backend, and `gpusession list` must not pay for that."""
-        self._later = (*getattr(self, "_later", ()), (skip, len(self._actions), len(self._optionals._group_actions)))
+        self._later = (
+            *getattr(self, "_later", ()),
+            (skip, len(self._actions), len(self._optionals._group_actions)),
+        )
         if not lazy:
             self._add_later()
 
@@ -257,7 +275,10 @@ class _Parser(argparse.ArgumentParser):
             before, in_group = len(self._actions), len(self._optionals._group_actions)
             add_start_options(self, skip=skip)
             # where they were asked for, so --help lists them as if added then
-            for actions, start, end in ((self._actions, at, before), (self._optionals._group_actions, at_in_group, in_group)):
+            for actions, start, end in (
+                (self._actions, at, before),
+                (self._optionals._group_actions, at_in_group, in_group),
+            ):
                 added = actions[end:]
                 del actions[end:]
                 actions[start:start] = added
@@ -287,38 +308,78 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     s = sub.add_parser("stop", help="stop a session")
     s.add_argument("name", nargs="?")
     s.add_argument("--all", action="store_true", help="stop every active session")
-    s.add_argument("--save", action="store_true", help="save the kernel's variables into its workspace first")
-    s = sub.add_parser("start", help="start a session (it keeps running after this command returns)")
+    s.add_argument(
+        "--save", action="store_true", help="save the kernel's variables into its workspace first"
+    )
+    s = sub.add_parser(
+        "start", help="start a session (it keeps running after this command returns)"
+    )
     s.add_start_options(lazy=lazy)  # every start option, from the one table (gpusession/options.py)
     s = sub.add_parser("status", help="one session's state, cost and timeline")
     s.add_argument("name")
-    s = sub.add_parser("stats", help="a running session's latest GPU sample, idle countdown and cost")
+    s = sub.add_parser(
+        "stats", help="a running session's latest GPU sample, idle countdown and cost"
+    )
     s.add_argument("name")
     s = sub.add_parser("keepalive", help="postpone a session's idle stop")
     s.add_argument("name")
-    s.add_argument("duration", nargs="?", default="1h", help="e.g. 30m, 1h; a bare number means minutes "
-                   "(default 1h; at most 4h ahead)")
-    s = sub.add_parser("workspaces", help="the workspaces that outlive sessions: list them, or delete one")
+    s.add_argument(
+        "duration",
+        nargs="?",
+        default="1h",
+        help="e.g. 30m, 1h; a bare number means minutes (default 1h; at most 4h ahead)",
+    )
+    s = sub.add_parser(
+        "workspaces", help="the workspaces that outlive sessions: list them, or delete one"
+    )
     ws = s.add_subparsers(dest="action")
     k = ws.add_parser("rm", help="delete a workspace, its files and its saved variables")
     k.add_argument("name")
-    k.add_argument("--yes", action="store_true", help="yes, delete it (nothing is deleted without it)")
-    k.add_argument("--backend", default=None, help="the backend whose workspace it is, when several have one of that name")
+    k.add_argument(
+        "--yes", action="store_true", help="yes, delete it (nothing is deleted without it)"
+    )
+    k.add_argument(
+        "--backend",
+        default=None,
+        help="the backend whose workspace it is, when several have one of that name",
+    )
     s = sub.add_parser("gc", help="find and stop what crashed processes left behind")
     s.add_argument("--dry-run", action="store_true", help="only say what would be done")
-    s.add_argument("--orphans", action="store_true", help="also stop running sessions whose notebook process is gone")
-    s.add_argument("--volumes", action="store_true", help="also remove the runtime volumes of other gpusession builds "
-                   "that no container uses (Docker engines)")
-    s = sub.add_parser("kernelspec", help="install, list or remove GPU kernels for JupyterLab's launcher")
+    s.add_argument(
+        "--orphans",
+        action="store_true",
+        help="also stop running sessions whose notebook process is gone",
+    )
+    s.add_argument(
+        "--volumes",
+        action="store_true",
+        help="also remove the runtime volumes of other gpusession builds "
+        "that no container uses (Docker engines)",
+    )
+    s = sub.add_parser(
+        "kernelspec", help="install, list or remove GPU kernels for JupyterLab's launcher"
+    )
     ks = s.add_subparsers(dest="action", required=True)
-    k = ks.add_parser("install", help="a kernelspec whose kernels are sessions, e.g. 'Python 3 (GPU · T4)'")
-    k.add_start_options(skip=("name",), lazy=lazy)  # the start options the session gets (the one table)
-    k.add_argument("--name", dest="kernel_name", default=None, help="the kernelspec's name (default: from "
-                   "type, backend and image, e.g. gpusession-t4)")
+    k = ks.add_parser(
+        "install", help="a kernelspec whose kernels are sessions, e.g. 'Python 3 (GPU · T4)'"
+    )
+    k.add_start_options(
+        skip=("name",), lazy=lazy
+    )  # the start options the session gets (the one table)
+    k.add_argument(
+        "--name",
+        dest="kernel_name",
+        default=None,
+        help="the kernelspec's name (default: from type, backend and image, e.g. gpusession-t4)",
+    )
     where = k.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="for this user (the default)")
-    where.add_argument("--sys-prefix", action="store_true", help="in this Python environment (sys.prefix)")
-    where.add_argument("--prefix", default=None, help="under this prefix (PREFIX/share/jupyter/kernels)")
+    where.add_argument(
+        "--sys-prefix", action="store_true", help="in this Python environment (sys.prefix)"
+    )
+    where.add_argument(
+        "--prefix", default=None, help="under this prefix (PREFIX/share/jupyter/kernels)"
+    )
     k = ks.add_parser("remove", help="remove a GPU kernelspec")
     k.add_argument("kernel_name", metavar="NAME")
     ks.add_parser("list", help="the GPU kernelspecs Jupyter finds")
@@ -342,7 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"gpusession {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `gpusession list | head`: the reader left; no traceback (Python docs recipe)
+    except (
+        BrokenPipeError
+    ):  # `gpusession list | head`: the reader left; no traceback (Python docs recipe)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0

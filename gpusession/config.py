@@ -41,6 +41,7 @@ from .settings import (  # noqa: F401 - ConfigError, EnvConfig and the built-ins
     env_setting,
 )
 
+
 class GpuSessionConfig(Configurable):
     """`c.GpuSessionConfig.<name> = ...` in ipython_config.py (the magics) or
     jupyter_server_config.py (the REST API and panel); env vars set the defaults."""
@@ -54,41 +55,41 @@ class GpuSessionConfig(Configurable):
         "(~/.local/share/gpusession); empty means that platform dir. Read once, when the process "
         "first opens the store (in a notebook: the first %gpu command); changing it afterwards is "
         "refused. Give every face (notebooks, server, CLI) the same folder, or they see different "
-        "sessions: GPUSESSION_HOME is the one way all of them read."
+        "sessions: GPUSESSION_HOME is the one way all of them read.",
     ).tag(config=True)
 
     default_backend = Unicode(
         "",
         help="Backend used when none is named (%gpu start --backend, POST sessions 'backend'): "
         "'local', 'docker', 'aws' or another registered backend. Default: env GPUSESSION_BACKEND; "
-        "empty means 'docker' when a Docker engine answers, else 'local'."
+        "empty means 'docker' when a Docker engine answers, else 'local'.",
     ).tag(config=True)
 
     default_type = Unicode(
         BUILTIN_TYPE,
         help="GPU type when none is given: a catalog name, optionally with a count (t4, a100:8; "
-        "see %gpu types). Default: env GPUSESSION_TYPE, else 't4'; empty means 't4'."
+        "see %gpu types). Default: env GPUSESSION_TYPE, else 't4'; empty means 't4'.",
     ).tag(config=True)
 
     default_idle = Unicode(
         BUILTIN_IDLE,
         help="Idle timeout when none is given: 90s, 15m, 1h30m, or a bare number of minutes; "
         "'off' (or 0) means never stop on idle. Default: env GPUSESSION_IDLE, else "
-        f"'{BUILTIN_IDLE}'; empty means '{BUILTIN_IDLE}'."
+        f"'{BUILTIN_IDLE}'; empty means '{BUILTIN_IDLE}'.",
     ).tag(config=True)
 
     price_per_hour = Float(
         CATALOG_PRICE,
         help="Dollars per hour charged for sessions on your own hardware (local and docker "
         "backends). -1 uses the catalog's on-demand price of the same GPUs; 0 makes them free. "
-        "Default: env GPUSESSION_PRICE_PER_HOUR, else -1."
+        "Default: env GPUSESSION_PRICE_PER_HOUR, else -1.",
     ).tag(config=True)
 
     docker_image = Unicode(
         BUILTIN_IMAGE,
         help="Image for docker and aws sessions when --image names none: any image with a python3 "
         "(3.9 or newer). Default: env GPUSESSION_IMAGE, else "
-        f"'{BUILTIN_IMAGE}' (pulled on first use); empty means that image."
+        f"'{BUILTIN_IMAGE}' (pulled on first use); empty means that image.",
     ).tag(config=True)
 
     # set by data_path: the folder this process's store lives in (None until first use)

@@ -16,7 +16,9 @@ MINIMUM_BILLED_S = 60.0
 BILLED_FROM = "billed_from"
 
 
-def billed_seconds(events: list[Event], at: float | None = None, not_before: float | None = None) -> float:
+def billed_seconds(
+    events: list[Event], at: float | None = None, not_before: float | None = None
+) -> float:
     """Seconds spent in billed states, from the event list, up to `at` (default: now), counting
     none before `not_before`."""
     at = now() if at is None else at
@@ -51,7 +53,9 @@ def cost_for_seconds(price_per_hour: float, seconds: float) -> float:
     return price_per_hour * max(seconds, MINIMUM_BILLED_S) / 3600.0
 
 
-def seconds_until_cost(price_per_hour: float, dollars: float, seconds_so_far: float) -> float | None:
+def seconds_until_cost(
+    price_per_hour: float, dollars: float, seconds_so_far: float
+) -> float | None:
     """Billed seconds still to go until spending reaches `dollars` (None when free)."""
     if price_per_hour <= 0:
         return None

@@ -12,14 +12,23 @@ NOTEBOOK_NAME = "quickstart.ipynb"
 def find_quickstart() -> Path:
     """The notebook shipped in the wheel, else the one in a source checkout."""
     here = Path(__file__).resolve().parent
-    for candidate in (here / "notebooks" / NOTEBOOK_NAME, here.parent / "notebooks" / NOTEBOOK_NAME):
+    for candidate in (
+        here / "notebooks" / NOTEBOOK_NAME,
+        here.parent / "notebooks" / NOTEBOOK_NAME,
+    ):
         if candidate.exists():
             return candidate
     raise FileNotFoundError(f"{NOTEBOOK_NAME} is not installed; pass --notebook PATH")
 
 
-def execute_notebook(path: str | os.PathLike[str], *, env: dict[str, str] | None = None, timeout: int = 300,
-                     allow_errors: bool = False, cwd: str | None = None):
+def execute_notebook(
+    path: str | os.PathLike[str],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: int = 300,
+    allow_errors: bool = False,
+    cwd: str | None = None,
+):
     """Execute a notebook in a fresh python3 kernel; returns the executed notebook."""
     import nbformat
     from nbclient import NotebookClient
@@ -89,8 +98,10 @@ def run_demo(notebook: str | None = None, backend: str = "local", out: str | Non
     manager = SessionManager()
     ran = [r for r in manager.list() if r.created_at >= started - 1]
     for r in ran:
-        print(f"\nsession {r.name} ({r.backend}, {r.spec.gpu_count} x {r.spec.gpu_type}): {r.state.value}, "
-              f"{summary_line(r)}")
+        print(
+            f"\nsession {r.name} ({r.backend}, {r.spec.gpu_count} x {r.spec.gpu_type}): {r.state.value}, "
+            f"{summary_line(r)}"
+        )
         print(timeline(r))
     print(f"\ndemo finished in {time.time() - started:.1f}s")
     return 0

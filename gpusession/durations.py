@@ -26,10 +26,24 @@ HOUR = 3600.0
 DAY = 86400.0
 
 _UNITS = {
-    "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
-    "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
-    "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600,
-    "d": 86400, "day": 86400, "days": 86400,
+    "s": 1,
+    "sec": 1,
+    "secs": 1,
+    "second": 1,
+    "seconds": 1,
+    "m": 60,
+    "min": 60,
+    "mins": 60,
+    "minute": 60,
+    "minutes": 60,
+    "h": 3600,
+    "hr": 3600,
+    "hrs": 3600,
+    "hour": 3600,
+    "hours": 3600,
+    "d": 86400,
+    "day": 86400,
+    "days": 86400,
 }
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
 # longest unit names first, so "min" is not read as "m" + "in"
@@ -75,7 +89,9 @@ def parse_duration(
     compact = s.replace(" ", "")
     if _BARE.fullmatch(compact):
         return _checked(float(compact) * MINUTE, text, what, allow_off, max_s, min_s)
-    if compact.startswith("-") and (_BARE.fullmatch(compact[1:]) or _parts(compact[1:]) is not None):
+    if compact.startswith("-") and (
+        _BARE.fullmatch(compact[1:]) or _parts(compact[1:]) is not None
+    ):
         raise BadInput(f"{what} must not be negative, got {shown(text)}")
     total = _parts(compact)
     if total is None:
@@ -101,8 +117,8 @@ def shown(text: object, limit: int = 40) -> str:
     """The value as typed, in quotes, cut short when it is long: a message never echoes a huge
     value whole."""
     quote = "'" if isinstance(text, str) else ""
-    text = repr(text[:limit + 10] if isinstance(text, str) else text)
-    return text if len(text) <= limit else text[:limit - 4] + "..." + quote
+    text = repr(text[: limit + 10] if isinstance(text, str) else text)
+    return text if len(text) <= limit else text[: limit - 4] + "..." + quote
 
 
 def _as_float(number: int | float) -> float:
@@ -119,7 +135,9 @@ def _non_finite_number(text: str) -> bool:
         return False
 
 
-def _checked(seconds: float, text: object, what: str, allow_off: bool, max_s: float, min_s: float) -> float | None:
+def _checked(
+    seconds: float, text: object, what: str, allow_off: bool, max_s: float, min_s: float
+) -> float | None:
     if math.isnan(seconds) or (isinstance(text, float) and not math.isfinite(text)):
         raise BadInput(f"{what} must be a finite number, got {shown(text)}")
     if seconds < 0:
@@ -146,7 +164,9 @@ class DurationRule:
     min_s: float = 1.0  # the shortest accepted (what can be honoured), in seconds; 0 is still off
 
     def parse(self, text: str | float | int | None) -> float | None:
-        return parse_duration(text, what=self.what, allow_off=self.allow_off, max_s=self.max_s, min_s=self.min_s)
+        return parse_duration(
+            text, what=self.what, allow_off=self.allow_off, max_s=self.max_s, min_s=self.min_s
+        )
 
 
 # The watchdog decides once a second and counts from the runtime's start, before the kernel
@@ -164,7 +184,9 @@ QUEUE_TIMEOUT = DurationRule("queue timeout", 30 * DAY, min_s=10.0)
 RECONNECT = DurationRule("reconnect timeout", 1 * DAY)
 
 
-def parse_money(text: str | float | int | None, *, what: str = "amount", max_dollars: float = MAX_DOLLARS) -> float | None:
+def parse_money(
+    text: str | float | int | None, *, what: str = "amount", max_dollars: float = MAX_DOLLARS
+) -> float | None:
     """Dollars from "5", "$2.50", 5; None for None, "off" or 0 (no limit). Finite, positive and
     at most `max_dollars`, else BadInput naming `what`."""
     if text is None:

@@ -3,11 +3,17 @@ gpusession.protocol). Apart, and free of imports, so that the runtime's first st
 (gpusession.agent.firststep) reads them without loading the protocol's types."""
 
 ENV_SESSION_ID = "GPUSESSION_SESSION_ID"  # the session a runtime, container or process belongs to
-ENV_STATE_DIR = "GPUSESSION_STATE_DIR"  # the runtime's state folder, seen by the kernel's activity hook
+ENV_STATE_DIR = (
+    "GPUSESSION_STATE_DIR"  # the runtime's state folder, seen by the kernel's activity hook
+)
 ENV_KERNEL_KEY = "GPUSESSION_KERNEL_KEY"  # a kernel connection key chosen by the local side (else the runtime makes one)
 ENV_RUNTIME_ROOT = "GPUSESSION_RUNTIME_ROOT"  # set by the runtime bundle's boot.sh: the bundle's folder in the image
-ENV_RUNTIME_PYTHON = "GPUSESSION_RUNTIME_PYTHON"  # the image's python as the bundle's probe found it (boot.sh)
-ENV_RUNTIME_BRINGS = "GPUSESSION_RUNTIME_BRINGS"  # what the bundle gives the kernel: "ipykernel,pip", a part, or ""
+ENV_RUNTIME_PYTHON = (
+    "GPUSESSION_RUNTIME_PYTHON"  # the image's python as the bundle's probe found it (boot.sh)
+)
+ENV_RUNTIME_BRINGS = (
+    "GPUSESSION_RUNTIME_BRINGS"  # what the bundle gives the kernel: "ipykernel,pip", a part, or ""
+)
 ENV_WORKSPACE = "GPUSESSION_WORKSPACE"  # the workspace's folder as the kernel sees it (its checkpoint goes there)
 ENV_RESTORE = "GPUSESSION_RESTORE"  # "1" for a session's first kernel when --resume asks to restore the checkpoint
 

@@ -20,8 +20,12 @@ _start_args.__doc__ = _start_args.parser.format_help()
 @magic_arguments()
 @argument("name", nargs="?", default=None, help="session name (default: the current session)")
 @argument("--all", action="store_true", help="stop every active session")
-@argument("--save", action="store_true", help="save the kernel's variables into the session's workspace first "
-          "(within its save time bound); `%%gpu start --resume WORKSPACE` brings them back")
+@argument(
+    "--save",
+    action="store_true",
+    help="save the kernel's variables into the session's workspace first "
+    "(within its save time bound); `%%gpu start --resume WORKSPACE` brings them back",
+)
 def _stop_args(line: str) -> None:
     """%gpu stop [NAME | --all] [--save]"""
 
@@ -34,7 +38,9 @@ def _seconds(text: str, low: float, high: float) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text[:40]!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds, got {text[:40]!r}"
+        ) from None
     if not (math.isfinite(value) and low <= value <= high):
         raise argparse.ArgumentTypeError(f"expected {low:g} to {high:g} seconds, got {text[:40]!r}")
     return value
@@ -47,23 +53,45 @@ def _use_args(line: str) -> None:
 
 
 @magic_arguments()
-@argument("duration", nargs="?", default=None, help="stop watching after this long: 90s, 5m, 1h; a bare number "
-          "means minutes (default: until interrupted)")
-@argument("--interval", type=lambda text: _seconds(text, 0.2, 3600), default=1.0,
-          help="seconds between updates, 0.2 to 3600 (default 1)")
+@argument(
+    "duration",
+    nargs="?",
+    default=None,
+    help="stop watching after this long: 90s, 5m, 1h; a bare number "
+    "means minutes (default: until interrupted)",
+)
+@argument(
+    "--interval",
+    type=lambda text: _seconds(text, 0.2, 3600),
+    default=1.0,
+    help="seconds between updates, 0.2 to 3600 (default 1)",
+)
 def _watch_args(line: str) -> None:
     """%gpu watch [DURATION]"""
 
 
 @magic_arguments()
-@argument("duration", nargs="?", default="1h", help="postpone the idle stop by this long: 30m, 1h, 2h (default 1h; at most 4h)")
+@argument(
+    "duration",
+    nargs="?",
+    default="1h",
+    help="postpone the idle stop by this long: 30m, 1h, 2h (default 1h; at most 4h)",
+)
 def _keepalive_args(line: str) -> None:
     """%gpu keepalive [DURATION]"""
 
 
-PARSERS = {"start": _start_args, "stop": _stop_args, "use": _use_args, "watch": _watch_args,
-           "keepalive": _keepalive_args}
-for _sub, _func in PARSERS.items():  # usage reads `%gpu start ...` (IPython adds the %), not the function's name
+PARSERS = {
+    "start": _start_args,
+    "stop": _stop_args,
+    "use": _use_args,
+    "watch": _watch_args,
+    "keepalive": _keepalive_args,
+}
+for (
+    _sub,
+    _func,
+) in PARSERS.items():  # usage reads `%gpu start ...` (IPython adds the %), not the function's name
     _func.parser.prog = f"gpu {_sub}"
 
 

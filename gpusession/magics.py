@@ -41,8 +41,16 @@ from .errors import CellLost, GpuSessionError, LinkLost, RemoteError, SessionEnd
 from .models import State
 from .session import Session, SessionManager
 from .notify import WarningNotifier, watch
-from .words import (ended_message, error_text, idle_setting, keepalive_line, session_table, status_lines,
-                    summary_line, usage_error)
+from .words import (
+    ended_message,
+    error_text,
+    idle_setting,
+    keepalive_line,
+    session_table,
+    status_lines,
+    summary_line,
+    usage_error,
+)
 from .workspace_words import print_checkpoint, print_restored
 from .magicargs import (
     HELP,
@@ -57,11 +65,18 @@ from .magicargs import (
 
 @magics_class
 class GpuMagics(Magics):
-    def __init__(self, shell, manager: SessionManager | None = None, gpu_config: GpuSessionConfig | None = None):
+    def __init__(
+        self,
+        shell,
+        manager: SessionManager | None = None,
+        gpu_config: GpuSessionConfig | None = None,
+    ):
         super().__init__(shell)
         # The live settings: `%config GpuSessionConfig...` changes this object, and the manager
         # reads it at each start. (Not `self.config`: that is the Magics' own traitlets config.)
-        self.gpu_config = gpu_config or (manager.config if manager else GpuSessionConfig(parent=shell))
+        self.gpu_config = gpu_config or (
+            manager.config if manager else GpuSessionConfig(parent=shell)
+        )
         self._manager = manager
         self.current: Session | None = None
         self.auto = False
@@ -104,7 +119,9 @@ class GpuMagics(Magics):
         sub, _, rest = _without_comment(line).strip().partition(" ")
         handler = self._subcommands.get(sub or "status")
         if handler is None:
-            raise UsageError(f"unknown subcommand {sub!r}; valid: {', '.join(sorted(self._subcommands))}")
+            raise UsageError(
+                f"unknown subcommand {sub!r}; valid: {', '.join(sorted(self._subcommands))}"
+            )
         try:
             with self._in_use:
                 return handler(rest.strip())
@@ -133,7 +150,9 @@ class GpuMagics(Magics):
                 self._forget(session.id)
             if isinstance(exc, SessionEnded):  # stopped (by whom and why), not broken
                 raise UsageError(f"{error_text(exc)}; `%gpu start` a new one") from None
-            raise UsageError(f"{error_text(exc)}. Session {session.name} is no longer usable; `%gpu start` a new one.") from None
+            raise UsageError(
+                f"{error_text(exc)}. Session {session.name} is no longer usable; `%gpu start` a new one."
+            ) from None
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -144,7 +163,9 @@ class GpuMagics(Magics):
         if self.current is None and self._ended_note:  # it ended while no cell ran: say how
             raise UsageError(f"no GPU session: {self._ended_note}; `%gpu start` a new one")
         if self.current is None:
-            raise UsageError("no GPU session: run `%gpu start --type t4` first (or `%gpu use NAME`)")
+            raise UsageError(
+                "no GPU session: run `%gpu start --type t4` first (or `%gpu use NAME`)"
+            )
         return self.current
 
     def _parse(self, spec_func, rest: str):
@@ -163,14 +184,18 @@ class GpuMagics(Magics):
     # -- subcommands -------------------------------------------------------------------
 
     def _start(self, rest: str) -> Session:
-        spec = self.manager.spec_from(options.given_values(self._parse(_start_args, rest)), options.FLAGS)
+        spec = self.manager.spec_from(
+            options.given_values(self._parse(_start_args, rest)), options.FLAGS
+        )
         record = self.manager.create(spec)
         try:
             session = self.manager.launch(record, report=_print)
         except KeyboardInterrupt:  # one line, not IPython's traceback: launch already cleaned up
             ended = self.manager.get(record.id)
-            raise UsageError(f"start of {ended.name} interrupted ({ended.error}); nothing is left running "
-                             f"(`%gpu list` shows it as {ended.state.value})") from None
+            raise UsageError(
+                f"start of {ended.name} interrupted ({ended.error}); nothing is left running "
+                f"(`%gpu list` shows it as {ended.state.value})"
+            ) from None
         self.current = session
         _print(idle_setting(spec.idle_timeout_s))  # `--idle 0` means off: say so
         print_restored(session.record, _print)  # --resume: what came back, what did not
@@ -189,7 +214,9 @@ class GpuMagics(Magics):
             self._forget(sid)
             self._ended_note = text  # for the next %%gpu, which has no session now
 
-        self._notifier = WarningNotifier.for_session(self.manager, sid, self._in_use, _print, ended).start()
+        self._notifier = WarningNotifier.for_session(
+            self.manager, sid, self._in_use, _print, ended
+        ).start()
 
     def _stop(self, rest: str) -> None:
         args = self._parse(_stop_args, rest)
@@ -197,7 +224,10 @@ class GpuMagics(Magics):
             stopped = self.manager.stop_all(by="%gpu stop --all")
             if self.current is not None:
                 self._forget(self.current.id)
-            print(f"stopped {len(stopped)} session(s)" + "".join(f"\n  {r.name}: {summary_line(r)}" for r in stopped))
+            print(
+                f"stopped {len(stopped)} session(s)"
+                + "".join(f"\n  {r.name}: {summary_line(r)}" for r in stopped)
+            )
             return
         if args.name:
             record = self.manager.get(args.name)
@@ -217,7 +247,9 @@ class GpuMagics(Magics):
     def _status(self, rest: str) -> None:
         name = rest.strip() or None
         if name is None and self.current is None:
-            print("no current GPU session. `%gpu start --type t4` starts one; `%gpu list` shows all.")
+            print(
+                "no current GPU session. `%gpu start --type t4` starts one; `%gpu list` shows all."
+            )
             return
         key = name or self.current.id  # type: ignore[union-attr]
         was_running = self.manager.get(key).state == State.RUNNING
@@ -236,15 +268,20 @@ class GpuMagics(Magics):
             except GpuSessionError as exc:
                 problem = f"  live stats unavailable: {exc}"
         v = self.manager.view(record)
-        lines = [f"{v['name']}: {v['gpu_count']} x {v['gpu_type']} on {v['backend']} - {v['state']}",
-                 f"  up {format_duration(v['uptime_s'])}, {format_money(v['price_per_hour'])}/h"
-                 + ("" if live else f", cost so far {format_money(v['cost_so_far'])}")]
+        lines = [
+            f"{v['name']}: {v['gpu_count']} x {v['gpu_type']} on {v['backend']} - {v['state']}",
+            f"  up {format_duration(v['uptime_s'])}, {format_money(v['price_per_hour'])}/h"
+            + ("" if live else f", cost so far {format_money(v['cost_so_far'])}"),
+        ]
         if problem:
             lines.append(problem)
         if live is not None:
             lines += status_lines(live)
         else:
-            lines.append(f"  idle timeout {format_duration(v['idle']['timeout_s'])}" + (f", max cost ${v['max_cost']:.2f}" if v["max_cost"] else ""))
+            lines.append(
+                f"  idle timeout {format_duration(v['idle']['timeout_s'])}"
+                + (f", max cost ${v['max_cost']:.2f}" if v["max_cost"] else "")
+            )
         if record.error:
             lines.append(f"  error: {record.error}")
         if self.auto and self.current is not None and self.current.id == record.id:
@@ -270,7 +307,12 @@ class GpuMagics(Magics):
         def header() -> str:
             return f"{session.name} ({session.record.spec.gpu_count} x {session.record.spec.gpu_type}) {time.strftime('%H:%M:%S')}"
 
-        watch(lambda: manager.stats(sid, limit=60), header, duration=duration, interval=max(0.2, args.interval))
+        watch(
+            lambda: manager.stats(sid, limit=60),
+            header,
+            duration=duration,
+            interval=max(0.2, args.interval),
+        )
         if manager.get(sid).state != State.RUNNING:
             self._forget(sid)
 
@@ -319,7 +361,9 @@ class GpuMagics(Magics):
 
     def _use(self, rest: str) -> None:
         args = self._parse(_use_args, rest)
-        self.current = self.manager.connected(args.name) or self.manager.attach(args.name, report=_print)
+        self.current = self.manager.connected(args.name) or self.manager.attach(
+            args.name, report=_print
+        )
         self._notify(self.current)
         print(f"using {self.current.name}")
 
@@ -348,7 +392,9 @@ def load_ipython_extension(ip) -> None:
     magics = GpuMagics(ip, gpu_config=gpu_config)
     ip.register_magics(magics)
     # what makes `%config GpuSessionConfig.default_idle = "10m"` apply (jupysql's habit)
-    ip.configurables[:] = [c for c in ip.configurables if not isinstance(c, GpuSessionConfig)] + [gpu_config]
+    ip.configurables[:] = [c for c in ip.configurables if not isinstance(c, GpuSessionConfig)] + [
+        gpu_config
+    ]
     ip._gpusession_magics = magics  # for later layers (widgets) and unload
     transfers.register(magics)  # push, pull, upload, download (with progress bars)
     from .widgets import register_panel  # the ipywidgets face adds `%gpu panel`

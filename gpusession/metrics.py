@@ -35,12 +35,25 @@ class Metric:
 
 METRICS: tuple[Metric, ...] = (
     Metric("utilization", "gpu", "util", "Utilization", "Util", "%", 1, 0, top=100),
-    Metric("memory_used", "gpu", "memory", "Memory", "Mem", "GiB", GIB, 1, "bytes", limit="memory_total"),
+    Metric(
+        "memory_used",
+        "gpu",
+        "memory",
+        "Memory",
+        "Mem",
+        "GiB",
+        GIB,
+        1,
+        "bytes",
+        limit="memory_total",
+    ),
     Metric("temperature", "gpu", "temp", "Temperature", "Temp", "°C", 1, 0, top=100),
     Metric("power_draw", "gpu", "power", "Power", "Power", "W", 1, 0, limit="power_limit"),
     Metric("sm_clock", "gpu", "sm-clock", "SM clock", "SM", "MHz", 1, 0, charted=False),
     Metric("cpu_percent", "host", "cpu", "CPU (100% = one core)", "CPU", "%", 1, 0, top=100),
-    Metric("memory_used", "host", "ram", "Memory", "RAM", "GiB", GIB, 1, "bytes", limit="memory_total"),
+    Metric(
+        "memory_used", "host", "ram", "Memory", "RAM", "GiB", GIB, 1, "bytes", limit="memory_total"
+    ),
 )
 
 
@@ -82,4 +95,6 @@ def metric_text(metric: Metric, value: float | None, limit: float | None = None)
 
 def metric_of(metric: Metric, item: Mapping[str, Any]) -> str:
     """`metric_text` of a GPU dict or a sample dict of the stats document."""
-    return metric_text(metric, item.get(metric.name), item.get(metric.limit) if metric.limit else None)
+    return metric_text(
+        metric, item.get(metric.name), item.get(metric.limit) if metric.limit else None
+    )

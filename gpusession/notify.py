@@ -58,7 +58,9 @@ class WarningNotifier:
     up (idle stop soon, cost cap near) and how the session ended, so they reach the notebook
     while nobody runs a cell. Polls every 20 s, faster when the idle warning lead is short."""
 
-    def __init__(self, fetch: Callable[[], dict], say: Callable[[str], None], on_end: Callable[[str], None]):
+    def __init__(
+        self, fetch: Callable[[], dict], say: Callable[[str], None], on_end: Callable[[str], None]
+    ):
         self._fetch = fetch
         self._say = say
         self._on_end = on_end
@@ -66,8 +68,14 @@ class WarningNotifier:
         self._thread = threading.Thread(target=self._run, name="gpusession-notifier", daemon=True)
 
     @classmethod
-    def for_session(cls, manager, session_id: str, in_use, say: Callable[[str], None],
-                    on_end: Callable[[str], None]) -> "WarningNotifier":
+    def for_session(
+        cls,
+        manager,
+        session_id: str,
+        in_use,
+        say: Callable[[str], None],
+        on_end: Callable[[str], None],
+    ) -> "WarningNotifier":
         """Poll `manager.stats`. While `in_use` (a lock the magics hold around cells) is taken,
         only ask the agent: never tear down connections a running cell reads from."""
 

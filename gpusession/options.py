@@ -22,7 +22,15 @@ import sys
 from typing import Any, Callable, Iterable, Mapping
 
 from . import metrics, registry, textvalues
-from .durations import IDLE, MAX_RUNTIME, SAVE_TIMEOUT, DurationRule, format_bound, parse_money, shown
+from .durations import (
+    IDLE,
+    MAX_RUNTIME,
+    SAVE_TIMEOUT,
+    DurationRule,
+    format_bound,
+    parse_money,
+    shown,
+)
 from .errors import BadInput
 from .models import LaunchSpec
 from .protocol import DEFAULT_IDLE_S
@@ -46,8 +54,21 @@ _JSON_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "gpus": ((str, int), "a string or a whole number"),
     "bool": ((bool,), "true or false"),
 }
-_JSON_NAMES = {str: "string", int: "number", float: "number", bool: "boolean", list: "array", dict: "object"}
-_METAVARS = {"gpu_type": "TYPE[:N]", "backend": "NAME", "duration": "DURATION", "money": "DOLLARS", "gpus": "all|N"}
+_JSON_NAMES = {
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+}
+_METAVARS = {
+    "gpu_type": "TYPE[:N]",
+    "backend": "NAME",
+    "duration": "DURATION",
+    "money": "DOLLARS",
+    "gpus": "all|N",
+}
 MAX_GPUS = 1024
 log = logging.getLogger(__name__)
 
@@ -71,7 +92,9 @@ class StartOption:
     rule: DurationRule | None = None  # a duration's bound and whether it may be off
     max_len: int = 40  # the longest text accepted (checked before anything reads it)
     reader: Callable[[str], Any] | None = None  # a text's grammar (gpusession/textvalues.py)
-    capability: str | None = None  # a core row for the backends whose class has this flag (Backend.takes_host...)
+    capability: str | None = (
+        None  # a core row for the backends whose class has this flag (Backend.takes_host...)
+    )
 
     def __post_init__(self) -> None:
         assert self.kind in KINDS, self.kind
@@ -88,55 +111,185 @@ class StartOption:
 
 
 CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own are on its class
-    StartOption("type", ("--type", "-t"), "gpu_type", "GPU type", "GPU type, optionally with a count: t4, a100:8 "
-                "(see %gpu types; default t4, or GpuSessionConfig.default_type)", "GPU type",
-                config_default="default_type", spec_field="gpu_type", form=True),
-    StartOption("backend", ("--backend", "-b"), "backend", "Backend", "where the session runs: local, docker, aws or slurm "
-                "(default: docker when an engine answers, else local)", "backend", config_default="default_backend",
-                spec_field="backend", form=True),
-    StartOption("name", ("--name", "-n"), "text", "Name", "session name: letters, digits, '-', '_', '.' (default: TYPE-N)", "name", spec_field="name",
-                form=True, max_len=textvalues.MAX_NAME, reader=textvalues.session_name),
-    StartOption("host", ("--host",), "text", "Host", "docker: a remote engine, ssh://user@host[:port] "
-                "(default: this machine's engine); slurm: the cluster's login node", "host", capability="takes_host",
-                spec_field="host", form=True,
-                max_len=400, reader=textvalues.ssh_host),
-    StartOption("image", ("--image",), "text", "Image", "container image with a python3 (docker, aws; slurm: run by "
-                "apptainer, singularity or pyxis); default: pytorch/pytorch, CUDA 12.6 (slurm: none, the node's Python)",
-                "image",
-                capability="takes_image", spec_field="image", max_len=512,
-                reader=textvalues.image_ref),
-    StartOption("idle", ("--idle",), "duration", "Idle stop", "stop after this long idle: 90s, 15m, 1h30m, a bare "
-                f"number of minutes, or off (or 0: never); 2s to 7 days (default {format_bound(DEFAULT_IDLE_S)}, or "
-                "GpuSessionConfig.default_idle)",
-                "idle timeout", config_default="default_idle", spec_field="idle_timeout_s", form=True, rule=IDLE),
-    StartOption("gpu_only", ("--gpu-only",), "bool", "GPU-only idle", "count only GPU utilization as activity "
-                "(stops a busy kernel whose GPU sits unused)", "GPU-only idle", default=False, spec_field="gpu_only"),
-    StartOption("max_runtime", ("--max-runtime",), "duration", "Max runtime", "hard stop after this long, e.g. 8h "
-                "(a bare number means minutes); 2s to 30 days (default: off)", "max runtime",
-                spec_field="max_runtime_s", rule=MAX_RUNTIME),
-    StartOption("max_cost", ("--max-cost",), "money", "Max cost ($)", "stop when the session has cost this many "
-                "dollars, e.g. 5; warning at 80%; at most $100,000 (default: off)", "max cost", spec_field="max_cost",
-                form=True),
-    StartOption("workspace", ("--workspace",), "text", "Workspace", "the session's working folder, kept after it stops: a "
-                "Docker volume, an EBS volume on aws, a folder for local (default: one named after the session)", "workspace",
-                capability="keeps_workspaces", max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name, form=True),
-    StartOption("resume", ("--resume",), "text", "Resume", "start on this workspace and restore the variables its last "
-                "session saved (see `gpusession workspaces`)", "workspace to resume", capability="keeps_workspaces",
-                max_len=textvalues.MAX_NAME, reader=textvalues.workspace_name, form=True),
-    StartOption("save_timeout", ("--save-timeout",), "duration", "Save time bound", "an idle, cost or runtime stop first "
-                "saves the kernel's variables into the workspace, for at most this long (default 60s; off: no save)",
-                "save time bound", capability="keeps_workspaces", rule=SAVE_TIMEOUT),
-    StartOption("save_cap", ("--save-cap",), "text", "Save cap per variable", "a variable larger than this (pickled) is "
-                "not saved, e.g. 500MB, 2GiB, off (default 2GiB)", "save cap", capability="keeps_workspaces",
-                reader=textvalues.size_or_off),
-    StartOption("upload", ("--upload",), "text", "Upload folder", "a folder here whose files the session starts "
-                "with, in its working directory (without .git and what .gitignore ignores), e.g. . for this "
-                "notebook's folder: `import utils` then works in %%gpu cells", "upload folder", max_len=400,
-                reader=textvalues.local_folder),
-    StartOption("upload_max", ("--upload-max",), "text", "Upload cap", "the largest --upload folder: 500MB, 2GB "
-                "(default 100MB)", "upload cap", max_len=20, reader=textvalues.byte_size),
+    StartOption(
+        "type",
+        ("--type", "-t"),
+        "gpu_type",
+        "GPU type",
+        "GPU type, optionally with a count: t4, a100:8 "
+        "(see %gpu types; default t4, or GpuSessionConfig.default_type)",
+        "GPU type",
+        config_default="default_type",
+        spec_field="gpu_type",
+        form=True,
+    ),
+    StartOption(
+        "backend",
+        ("--backend", "-b"),
+        "backend",
+        "Backend",
+        "where the session runs: local, docker, aws or slurm "
+        "(default: docker when an engine answers, else local)",
+        "backend",
+        config_default="default_backend",
+        spec_field="backend",
+        form=True,
+    ),
+    StartOption(
+        "name",
+        ("--name", "-n"),
+        "text",
+        "Name",
+        "session name: letters, digits, '-', '_', '.' (default: TYPE-N)",
+        "name",
+        spec_field="name",
+        form=True,
+        max_len=textvalues.MAX_NAME,
+        reader=textvalues.session_name,
+    ),
+    StartOption(
+        "host",
+        ("--host",),
+        "text",
+        "Host",
+        "docker: a remote engine, ssh://user@host[:port] "
+        "(default: this machine's engine); slurm: the cluster's login node",
+        "host",
+        capability="takes_host",
+        spec_field="host",
+        form=True,
+        max_len=400,
+        reader=textvalues.ssh_host,
+    ),
+    StartOption(
+        "image",
+        ("--image",),
+        "text",
+        "Image",
+        "container image with a python3 (docker, aws; slurm: run by "
+        "apptainer, singularity or pyxis); default: pytorch/pytorch, CUDA 12.6 (slurm: none, the node's Python)",
+        "image",
+        capability="takes_image",
+        spec_field="image",
+        max_len=512,
+        reader=textvalues.image_ref,
+    ),
+    StartOption(
+        "idle",
+        ("--idle",),
+        "duration",
+        "Idle stop",
+        "stop after this long idle: 90s, 15m, 1h30m, a bare "
+        f"number of minutes, or off (or 0: never); 2s to 7 days (default {format_bound(DEFAULT_IDLE_S)}, or "
+        "GpuSessionConfig.default_idle)",
+        "idle timeout",
+        config_default="default_idle",
+        spec_field="idle_timeout_s",
+        form=True,
+        rule=IDLE,
+    ),
+    StartOption(
+        "gpu_only",
+        ("--gpu-only",),
+        "bool",
+        "GPU-only idle",
+        "count only GPU utilization as activity (stops a busy kernel whose GPU sits unused)",
+        "GPU-only idle",
+        default=False,
+        spec_field="gpu_only",
+    ),
+    StartOption(
+        "max_runtime",
+        ("--max-runtime",),
+        "duration",
+        "Max runtime",
+        "hard stop after this long, e.g. 8h "
+        "(a bare number means minutes); 2s to 30 days (default: off)",
+        "max runtime",
+        spec_field="max_runtime_s",
+        rule=MAX_RUNTIME,
+    ),
+    StartOption(
+        "max_cost",
+        ("--max-cost",),
+        "money",
+        "Max cost ($)",
+        "stop when the session has cost this many "
+        "dollars, e.g. 5; warning at 80%; at most $100,000 (default: off)",
+        "max cost",
+        spec_field="max_cost",
+        form=True,
+    ),
+    StartOption(
+        "workspace",
+        ("--workspace",),
+        "text",
+        "Workspace",
+        "the session's working folder, kept after it stops: a "
+        "Docker volume, an EBS volume on aws, a folder for local (default: one named after the session)",
+        "workspace",
+        capability="keeps_workspaces",
+        max_len=textvalues.MAX_NAME,
+        reader=textvalues.workspace_name,
+        form=True,
+    ),
+    StartOption(
+        "resume",
+        ("--resume",),
+        "text",
+        "Resume",
+        "start on this workspace and restore the variables its last "
+        "session saved (see `gpusession workspaces`)",
+        "workspace to resume",
+        capability="keeps_workspaces",
+        max_len=textvalues.MAX_NAME,
+        reader=textvalues.workspace_name,
+        form=True,
+    ),
+    StartOption(
+        "save_timeout",
+        ("--save-timeout",),
+        "duration",
+        "Save time bound",
+        "an idle, cost or runtime stop first "
+        "saves the kernel's variables into the workspace, for at most this long (default 60s; off: no save)",
+        "save time bound",
+        capability="keeps_workspaces",
+        rule=SAVE_TIMEOUT,
+    ),
+    StartOption(
+        "save_cap",
+        ("--save-cap",),
+        "text",
+        "Save cap per variable",
+        "a variable larger than this (pickled) is not saved, e.g. 500MB, 2GiB, off (default 2GiB)",
+        "save cap",
+        capability="keeps_workspaces",
+        reader=textvalues.size_or_off,
+    ),
+    StartOption(
+        "upload",
+        ("--upload",),
+        "text",
+        "Upload folder",
+        "a folder here whose files the session starts "
+        "with, in its working directory (without .git and what .gitignore ignores), e.g. . for this "
+        "notebook's folder: `import utils` then works in %%gpu cells",
+        "upload folder",
+        max_len=400,
+        reader=textvalues.local_folder,
+    ),
+    StartOption(
+        "upload_max",
+        ("--upload-max",),
+        "text",
+        "Upload cap",
+        "the largest --upload folder: 500MB, 2GB (default 100MB)",
+        "upload cap",
+        max_len=20,
+        reader=textvalues.byte_size,
+    ),
 )
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,21 +304,34 @@ class OptionTable:
 
 @functools.lru_cache(maxsize=8)
 def _gathered(path: tuple[str, ...]) -> OptionTable:
-    classes = registry.loaded_classes()  # imports each backend (the table is needed by a start, a form, --help)
-    ordered = [name for _, name in sorted((getattr(cls, "order", 100), name) for name, cls in classes.items())]
+    classes = (
+        registry.loaded_classes()
+    )  # imports each backend (the table is needed by a start, a form, --help)
+    ordered = [
+        name
+        for _, name in sorted((getattr(cls, "order", 100), name) for name, cls in classes.items())
+    ]
     rows = {o.name: o for o in CORE_OPTIONS}
     for o in CORE_OPTIONS:
         if o.capability is not None:
-            rows[o.name] = dataclasses.replace(o, backends=tuple(n for n in ordered if getattr(classes[n], o.capability, False)))
+            rows[o.name] = dataclasses.replace(
+                o, backends=tuple(n for n in ordered if getattr(classes[n], o.capability, False))
+            )
     for name in ordered:
         for o in getattr(classes[name], "start_options", ()):
             known = rows.get(o.name)
             if known is None:
                 rows[o.name] = dataclasses.replace(o, backends=(name,))
-            elif known.backends is not None and o.name not in _CORE_NAMES:  # declared by two backends: both
+            elif (
+                known.backends is not None and o.name not in _CORE_NAMES
+            ):  # declared by two backends: both
                 rows[o.name] = dataclasses.replace(known, backends=(*known.backends, name))
             else:
-                log.warning("backend %r declares the start option %r, which the core has: left out", name, o.name)
+                log.warning(
+                    "backend %r declares the start option %r, which the core has: left out",
+                    name,
+                    o.name,
+                )
     options = tuple(rows.values())
     return OptionTable(options, rows, tuple(rows))
 
@@ -189,6 +355,7 @@ def __getattr__(name: str) -> Any:
         return table().names
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 _LEGACY = {"gpu_only_idle": "gpu_only"}  # keywords earlier callers of make_spec used
 
 
@@ -207,10 +374,19 @@ class BadOptions(BadInput):
         parts = []
         if unknown:
             more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
-            names = ", ".join(unknown[:5] if face == REST else (f"--{n.replace('_', '-')}" for n in unknown[:5])) + more
+            names = (
+                ", ".join(
+                    unknown[:5]
+                    if face == REST
+                    else (f"--{n.replace('_', '-')}" for n in unknown[:5])
+                )
+                + more
+            )
             allowed = ", ".join(t.names if face == REST else (o.flag for o in t.options))
             parts.append(f"unknown field(s) {names}; allowed: {allowed}")
-        parts += [f"{t.by_name[n].field(face)}: {p}" for n, p in self.problems.items() if n in t.by_name]
+        parts += [
+            f"{t.by_name[n].field(face)}: {p}" for n, p in self.problems.items() if n in t.by_name
+        ]
         return "; ".join(parts)
 
 
@@ -228,7 +404,11 @@ def add_arguments(parser: argparse.ArgumentParser, skip: Iterable[str] = ()) -> 
         if o.kind == "bool":
             parser.add_argument(*o.flags, dest=o.name, action="store_true", default=None, help=text)
         else:
-            metavar = "{" + ",".join(o.choices) + "}" if o.choices else _METAVARS.get(o.kind, o.name.upper())
+            metavar = (
+                "{" + ",".join(o.choices) + "}"
+                if o.choices
+                else _METAVARS.get(o.kind, o.name.upper())
+            )
             parser.add_argument(*o.flags, dest=o.name, default=None, metavar=metavar, help=text)
 
 
@@ -250,23 +430,30 @@ def body_problems(body: Mapping[str, Any]) -> dict[str, str]:
             problems[field_shown(key)] = f"unknown field; allowed: {', '.join(t.names)}"
             continue
         types, expected = _JSON_TYPES[option.kind]
-        if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+        if value is not None and (
+            not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
+        ):
             got = _JSON_NAMES.get(type(value), type(value).__name__)
             problems[key] = f"wrong type ({got}): expected {expected}"
     return problems
 
 
-def check_body(body: Mapping[str, Any], *, catalog, backends: Iterable[str] | None = None) -> dict[str, str]:
+def check_body(
+    body: Mapping[str, Any], *, catalog, backends: Iterable[str] | None = None
+) -> dict[str, str]:
     """Every problem of a REST body, by field (empty when it is good): `body_problems`, then the
     values as the table reads them. What `POST options/check` answers; no backend is asked."""
     problems = body_problems(body)
-    _, value_problems = _read({k: v for k, v in body.items() if k not in problems}, catalog, backends)
+    _, value_problems = _read(
+        {k: v for k, v in body.items() if k not in problems}, catalog, backends
+    )
     problems.update(value_problems)
     return problems
 
 
-def parse_values(values: Mapping[str, Any], *, catalog, backends: Iterable[str] | None = None,
-                 face: str = REST) -> dict[str, Any]:
+def parse_values(
+    values: Mapping[str, Any], *, catalog, backends: Iterable[str] | None = None, face: str = REST
+) -> dict[str, Any]:
     """The given options read by the table: name -> value (seconds, dollars, ("a100", 8), ...).
     Raises BadOptions naming every bad field in the words of `face`."""
     parsed, problems = _read(values, catalog, backends)
@@ -275,14 +462,18 @@ def parse_values(values: Mapping[str, Any], *, catalog, backends: Iterable[str] 
     return parsed
 
 
-def _read(values: Mapping[str, Any], catalog, backends: Iterable[str] | None) -> tuple[dict[str, Any], dict[str, str]]:
+def _read(
+    values: Mapping[str, Any], catalog, backends: Iterable[str] | None
+) -> tuple[dict[str, Any], dict[str, str]]:
     parsed: dict[str, Any] = {}
     problems: dict[str, str] = {}
     known = sorted(backends) if backends is not None else None
     for option in table().options:  # in the table's order, so every face lists problems alike
         value = values.get(option.name)
         if isinstance(value, str) and len(value) > option.max_len:  # before anything reads it
-            problems[option.name] = f"{option.what} is {len(value):,} characters long; at most {option.max_len}"
+            problems[option.name] = (
+                f"{option.what} is {len(value):,} characters long; at most {option.max_len}"
+            )
             continue
         if option.name not in values or _not_given(option, value):
             continue
@@ -295,7 +486,9 @@ def _read(values: Mapping[str, Any], catalog, backends: Iterable[str] | None) ->
 
 def _not_given(option: StartOption, value: Any) -> bool:
     """A blank string, or "default" for an option with a configured default."""
-    return isinstance(value, str) and (not value.strip() or (value.strip() == "default" and option.config_default is not None))
+    return isinstance(value, str) and (
+        not value.strip() or (value.strip() == "default" and option.config_default is not None)
+    )
 
 
 def _parse_one(option: StartOption, value: Any, catalog, backends: list[str] | None) -> Any:
@@ -344,7 +537,9 @@ def _gpus(value: Any) -> str | int:
         return "all"
     text = str(value).strip()
     if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_GPUS:
-        raise BadInput(f"GPU request {shown(value)}: write 'all' or a whole number from 1 to {MAX_GPUS}")
+        raise BadInput(
+            f"GPU request {shown(value)}: write 'all' or a whole number from 1 to {MAX_GPUS}"
+        )
     return int(text)
 
 
@@ -379,8 +574,12 @@ def build_spec(
         raw["idle"] = config.default_idle
     parsed = parse_values(raw, catalog=catalog, backends=backends, face=face)
     gpu_name, count = parsed.pop("type")
-    spec = LaunchSpec(gpu_type=gpu_name, gpu_count=count, backend=parsed.pop("backend"),
-                      idle_timeout_s=parsed.pop("idle"))
+    spec = LaunchSpec(
+        gpu_type=gpu_name,
+        gpu_count=count,
+        backend=parsed.pop("backend"),
+        idle_timeout_s=parsed.pop("idle"),
+    )
     for name, value in parsed.items():
         option = by_name[name]
         if option.spec_field is not None:
@@ -392,14 +591,21 @@ def build_spec(
     return spec
 
 
-def options_document(config, *, catalog, backends: Iterable[str], backend_default: str) -> dict[str, Any]:
+def options_document(
+    config, *, catalog, backends: Iterable[str], backend_default: str
+) -> dict[str, Any]:
     """`GET options`: every option with its default as the user would type it (config applied),
     the installed backends and the catalog's types as choices. Format (the lab form reads it):
     {"options": [{"name", "flag", "kind", "label", "help", "default", "backends", "choices", "form"}], "metrics": [metric_rows]}"""
-    defaults = {"type": config.default_type, "backend": backend_default, "idle": config.default_idle}
+    defaults = {
+        "type": config.default_type,
+        "backend": backend_default,
+        "idle": config.default_idle,
+    }
     choices = {"backend": list(backends), "gpu_type": list(catalog.names())}
     return {
-        "metrics": metrics.metric_rows(), "options": [
+        "metrics": metrics.metric_rows(),
+        "options": [
             {
                 "name": o.name,
                 "flag": o.flag,
@@ -412,5 +618,5 @@ def options_document(config, *, catalog, backends: Iterable[str], backend_defaul
                 "form": o.form,
             }
             for o in table().options
-        ]
+        ],
     }

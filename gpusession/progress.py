@@ -16,7 +16,9 @@ class Progress:
     `[  0.4s] provision: starting container` and turns any failure inside into a StageError
     naming the stage."""
 
-    def __init__(self, report: Reporter | None = None, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, report: Reporter | None = None, *, clock: Callable[[], float] = time.monotonic
+    ):
         self._report = report or (lambda line: None)
         self._clock = clock
         self.started = clock()

@@ -47,10 +47,21 @@ def agent_token(connection_key: str) -> str:
 # -- the session kernel's cell log (gpusession.agent.cellog <-> gpusession.kernel) ---------------
 
 #: the IOPub messages a cell shows; the session kernel numbers each of them per execute request
-OUTPUT_MSG_TYPES = ("stream", "display_data", "execute_result", "update_display_data", "clear_output", "error")
+OUTPUT_MSG_TYPES = (
+    "stream",
+    "display_data",
+    "execute_result",
+    "update_display_data",
+    "clear_output",
+    "error",
+)
 META_SEQ = "gpusession_seq"  # message metadata of an output: its number in its cell, from 1
-META_OUTPUTS = "gpusession_outputs"  # on a cell's execute_reply and final idle status: how many outputs
-META_CELL_LOG = "gpusession_cell_log"  # on kernel_info_reply: this kernel keeps a cell log (version)
+META_OUTPUTS = (
+    "gpusession_outputs"  # on a cell's execute_reply and final idle status: how many outputs
+)
+META_CELL_LOG = (
+    "gpusession_cell_log"  # on kernel_info_reply: this kernel keeps a cell log (version)
+)
 #: control-channel request {"msg_id", "since"} -> reply {"state": "unknown"|"started"|"done",
 #: "outputs_total", "first_kept", "outputs": [{"seq", "msg_type", "content"}], "reply"}
 CELL_LOG_REQUEST = "gpusession_cell_request"
@@ -66,7 +77,9 @@ CELL_LOG_REPLY = "gpusession_cell_reply"
 class Marker(str, enum.Enum):
     """The first word of a line the runtime (or an instance's boot script) prints for the local side."""
 
-    KERNEL = "GPUSESSION_KERNEL"  # the kernel process started (not yet listening); payload as READY's
+    KERNEL = (
+        "GPUSESSION_KERNEL"  # the kernel process started (not yet listening); payload as READY's
+    )
     READY = "GPUSESSION_READY"  # the kernel listens; payload: {"ports": {KERNEL_PORT_NAMES: port}, "agent_port"}
     FAILED = "GPUSESSION_FAILED"  # the start failed; payload: {"stage", "error"}
     STOPPED = "GPUSESSION_STOPPED"  # the runtime is ending; payload: StopReason.to_dict()
@@ -120,7 +133,9 @@ def find_markers(text: str, marker: Marker) -> list[Any]:
 
 def _kind_to_dict(item: Any) -> dict[str, Any]:
     """The set fields, and `kind` as its string."""
-    return {k: v for k, v in dataclasses.asdict(item).items() if v is not None} | {"kind": item.kind.value}
+    return {k: v for k, v in dataclasses.asdict(item).items() if v is not None} | {
+        "kind": item.kind.value
+    }
 
 
 def _kind_from_dict(cls: Any, kinds: type[enum.Enum], data: Any) -> Any:
@@ -151,7 +166,9 @@ class StopKind(str, enum.Enum):
     KERNEL_EXIT = "kernel-exit"  # the kernel process ended by itself
     START_FAILED = "start-failed"  # the runtime could not start the kernel
     SPOT_INTERRUPTION = "spot-interruption"  # the cloud took the spot instance back
-    INSTANCE_ENDED = "instance-ended"  # the instance stopped or terminated, for a reason the cloud gives
+    INSTANCE_ENDED = (
+        "instance-ended"  # the instance stopped or terminated, for a reason the cloud gives
+    )
     CONTAINER_EXIT = "container-exit"  # the container exited without a word from the runtime
     TIME_LIMIT = "time-limit"  # the scheduler ended the job at its time limit (Slurm TIMEOUT)
     PREEMPTED = "preempted"  # the scheduler took the allocation back for another job
@@ -215,7 +232,11 @@ class StopDetails:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reason": self.reason.to_dict() if self.reason else None, "at": self.at, "summary": self.summary}
+        return {
+            "reason": self.reason.to_dict() if self.reason else None,
+            "at": self.at,
+            "summary": self.summary,
+        }
 
 
 # -- warnings -------------------------------------------------------------------------------

@@ -27,7 +27,9 @@ class _Layer:
 
 
 class PullProgress:
-    def __init__(self, image: str, *, every_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, image: str, *, every_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ):
         self.image = image
         self.every_s = every_s
         self.clock = clock
@@ -41,7 +43,11 @@ class PullProgress:
             self.error = str(event.get("error")).strip()
             return
         layer_id, status = event.get("id"), str(event.get("status") or "")
-        if not layer_id or ":" in str(layer_id) or status.startswith(("Pulling from", "Digest", "Status")):
+        if (
+            not layer_id
+            or ":" in str(layer_id)
+            or status.startswith(("Pulling from", "Digest", "Status"))
+        ):
             return  # a tag or the whole image, not a layer
         layer = self.layers.setdefault(str(layer_id), _Layer())
         detail = event.get("progressDetail") or {}
@@ -49,7 +55,9 @@ class PullProgress:
             layer.total = int(detail["total"])
             layer.current = min(int(detail.get("current") or 0), layer.total)
         elif status in ("Download complete", "Verifying Checksum", "Extracting"):
-            layer.total = layer.total or int(detail.get("total") or 0)  # polled late: first seen unpacking
+            layer.total = layer.total or int(
+                detail.get("total") or 0
+            )  # polled late: first seen unpacking
             layer.current = layer.total
         elif status in DONE:
             layer.done = True
@@ -93,8 +101,10 @@ class PullProgress:
     def finished_line(self) -> str:
         took = self.clock() - self.started
         cached = f", {self.layers_cached} of them already on the host" if self.layers_cached else ""
-        return (f"pulled {self.image} ({format_bytes(self.bytes_total)} downloaded, {len(self.layers)} layers"
-                f"{cached}) in {took:.0f}s; it stays on the host for the next session")
+        return (
+            f"pulled {self.image} ({format_bytes(self.bytes_total)} downloaded, {len(self.layers)} layers"
+            f"{cached}) in {took:.0f}s; it stays on the host for the next session"
+        )
 
 
 def format_bytes(n: int | float) -> str:

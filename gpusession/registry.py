@@ -32,7 +32,9 @@ def _own(path: tuple[str, ...]) -> dict[str, str]:
 
     try:
         points = distribution(DISTRIBUTION).entry_points
-    except PackageNotFoundError:  # a source checkout never installed: `pip install -e .` registers them
+    except (
+        PackageNotFoundError
+    ):  # a source checkout never installed: `pip install -e .` registers them
         return {}
     return {ep.name: ep.value for ep in points if ep.group == GROUP}
 

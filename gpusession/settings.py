@@ -69,9 +69,13 @@ def _price(text: str | float) -> float:
     except ValueError:
         raise BadInput(f"not a number of dollars per hour: {shown(text)}") from None
     if not math.isfinite(value) or value > MAX_DOLLARS:
-        raise BadInput(f"must be a finite number of dollars per hour, at most ${MAX_DOLLARS:,.0f}, got {shown(text)}")
+        raise BadInput(
+            f"must be a finite number of dollars per hour, at most ${MAX_DOLLARS:,.0f}, got {shown(text)}"
+        )
     if value < 0 and value != CATALOG_PRICE:
-        raise BadInput(f"must be -1 (the catalog's rate) or at least 0 dollars per hour, got {shown(text)}")
+        raise BadInput(
+            f"must be -1 (the catalog's rate) or at least 0 dollars per hour, got {shown(text)}"
+        )
     return value
 
 
@@ -88,13 +92,19 @@ def data_folder(path: str | os.PathLike[str]) -> Path:
         mode = p.stat().st_mode & 0o777
     except OSError as exc:
         raise data_folder_error(p, exc) from None
-    if mode & 0o077 and str(p) not in _SAID_OPEN:  # left as it is (its owner may have meant it), said once
+    if (
+        mode & 0o077 and str(p) not in _SAID_OPEN
+    ):  # left as it is (its owner may have meant it), said once
         _SAID_OPEN.add(str(p))
         import logging
 
         logging.getLogger("gpusession").warning(
             "gpusession: your data folder %s is open to other users on this machine (mode %03o): they may "
-            "read your sessions' keys and tokens there. Close it with: chmod 700 %s", p, mode, p)
+            "read your sessions' keys and tokens there. Close it with: chmod 700 %s",
+            p,
+            mode,
+            p,
+        )
     return p
 
 
@@ -104,8 +114,10 @@ def data_folder_error(path: Path, exc: OSError | Exception) -> ConfigError:
         why = "a file is in the way"
     else:
         why = (getattr(exc, "strerror", None) or str(exc)).rstrip(".").lower()
-    return ConfigError(f"cannot keep sessions in {path} ({why}): set GPUSESSION_HOME (or GpuSessionConfig.data_dir) "
-                       "to a folder you can write")
+    return ConfigError(
+        f"cannot keep sessions in {path} ({why}): set GPUSESSION_HOME (or GpuSessionConfig.data_dir) "
+        "to a folder you can write"
+    )
 
 
 def _data_dir(text: str) -> str:
@@ -174,4 +186,6 @@ def private_socket_dir(prefix: str = "gpusession-") -> str:
     import tempfile
 
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    return tempfile.mkdtemp(prefix=prefix, dir=runtime if runtime and os.path.isdir(runtime) else None)
+    return tempfile.mkdtemp(
+        prefix=prefix, dir=runtime if runtime and os.path.isdir(runtime) else None
+    )

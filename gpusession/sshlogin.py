@@ -46,7 +46,9 @@ class HostKeyCheck:
     forget_hint: str  # how to drop the old key, told when the server's key changed
 
     @classmethod
-    def pinned(cls, host: str, port: int, key: paramiko.PKey | str, forget_hint: str) -> "HostKeyCheck":
+    def pinned(
+        cls, host: str, port: int, key: paramiko.PKey | str, forget_hint: str
+    ) -> "HostKeyCheck":
         """Allow exactly `key` (a PKey or an OpenSSH public key line) for host:port."""
         if isinstance(key, str):
             key = parse_public_key(key)
@@ -61,7 +63,10 @@ class HostKeyCheck:
         keys = paramiko.HostKeys()
         if path.exists():
             keys.load(str(path))
-        return cls(keys, f"remove the old key with `ssh-keygen -R HOST -f {path}` and connect once with ssh to check the new one")
+        return cls(
+            keys,
+            f"remove the old key with `ssh-keygen -R HOST -f {path}` and connect once with ssh to check the new one",
+        )
 
 
 @dataclasses.dataclass
@@ -89,7 +94,11 @@ def jump_target(url: str) -> SshTarget:
     if parsed.scheme != "ssh" or not parsed.hostname:
         raise TunnelError(f"not an ssh:// address: {url!r}")
     config_path = Path.home() / ".ssh" / "config"
-    conf = paramiko.SSHConfig.from_path(str(config_path)).lookup(parsed.hostname) if config_path.exists() else {}
+    conf = (
+        paramiko.SSHConfig.from_path(str(config_path)).lookup(parsed.hostname)
+        if config_path.exists()
+        else {}
+    )
     host = conf.get("hostname", parsed.hostname)
     port = parsed.port or int(conf.get("port", 22))
     user = parsed.username or conf.get("user") or getpass.getuser()
@@ -102,7 +111,11 @@ def jump_target(url: str) -> SshTarget:
         if path.exists():
             try:
                 keys.append(paramiko.PKey.from_path(str(path)))
-            except (paramiko.SSHException, ValueError, OSError):  # passphrase-protected: the agent may hold it
+            except (
+                paramiko.SSHException,
+                ValueError,
+                OSError,
+            ):  # passphrase-protected: the agent may hold it
                 pass
     try:
         keys.extend(paramiko.Agent().get_keys())
@@ -133,7 +146,9 @@ def fingerprint(key: paramiko.PKey) -> str:
     return f"{key.get_name()} SHA256:{digest}"
 
 
-def open_transport(sock, target: SshTarget, *, timeout: float = 15.0, keepalive: float = 15.0) -> paramiko.Transport:
+def open_transport(
+    sock, target: SshTarget, *, timeout: float = 15.0, keepalive: float = 15.0
+) -> paramiko.Transport:
     """SSH handshake over `sock`, host key check, public-key login. Raises TunnelError for a
     refused host key or login, paramiko.SSHException/OSError for what may pass by retrying."""
     t = paramiko.Transport(sock, default_window_size=WINDOW, default_max_packet_size=PACKET)
@@ -146,7 +161,9 @@ def open_transport(sock, target: SshTarget, *, timeout: float = 15.0, keepalive:
     name = lookup_name(target.host, target.port)
     known = target.host_keys.keys.lookup(name) or {}
     if known:  # negotiate a key type we can check, as OpenSSH does
-        wanted = [k for k in known.keys()] + (["rsa-sha2-512", "rsa-sha2-256"] if "ssh-rsa" in known else [])
+        wanted = [k for k in known.keys()] + (
+            ["rsa-sha2-512", "rsa-sha2-256"] if "ssh-rsa" in known else []
+        )
         options.key_types = [k for k in wanted if k in t._preferred_keys] + [
             k for k in options.key_types if k not in wanted
         ]
@@ -185,10 +202,14 @@ def _login(t: paramiko.Transport, target: SshTarget) -> None:
                 return
         except paramiko.AuthenticationException as exc:
             if not t.is_active():  # the connection ended (sshd went away): no verdict on the key
-                raise paramiko.SSHException(f"connection closed during login to {target.label}") from None
+                raise paramiko.SSHException(
+                    f"connection closed during login to {target.label}"
+                ) from None
             errors.append(f"{key.get_name()} {fingerprint(key).split()[-1]}: {exc}")
     tried = "; ".join(errors) or "no key to offer"
-    raise LoginRefused(f"authentication failed for {target.label}: the server refused every key ({tried})")
+    raise LoginRefused(
+        f"authentication failed for {target.label}: the server refused every key ({tried})"
+    )
 
 
 def hold_interactive(t: paramiko.Transport) -> paramiko.Channel | None:
@@ -209,16 +230,25 @@ def hold_interactive(t: paramiko.Transport) -> paramiko.Channel | None:
         return None
 
 
-def exec_command(transport: paramiko.Transport, command: str, *, stdin: bytes | None = None,
-                 timeout: float = 60.0, open_timeout: float = 15.0) -> tuple[int, bytes, bytes]:
+def exec_command(
+    transport: paramiko.Transport,
+    command: str,
+    *,
+    stdin: bytes | None = None,
+    timeout: float = 60.0,
+    open_timeout: float = 15.0,
+) -> tuple[int, bytes, bytes]:
     """Run `command` on a logged-in transport: (exit status, stdout, stderr). `stdin` is sent
     then closed. TimeoutError when it does not finish within `timeout` seconds; OSError, EOFError
     or paramiko.SSHException when the connection drops."""
-    return run_on_channel(transport.open_session(timeout=open_timeout), command, stdin=stdin, timeout=timeout)
+    return run_on_channel(
+        transport.open_session(timeout=open_timeout), command, stdin=stdin, timeout=timeout
+    )
 
 
-def run_on_channel(chan: paramiko.Channel, command: str, *, stdin: bytes | None = None,
-                   timeout: float = 60.0) -> tuple[int, bytes, bytes]:
+def run_on_channel(
+    chan: paramiko.Channel, command: str, *, stdin: bytes | None = None, timeout: float = 60.0
+) -> tuple[int, bytes, bytes]:
     """`exec_command` on a session channel already open (closed when done)."""
     deadline = time.monotonic() + timeout
     try:
@@ -252,7 +282,12 @@ def tcp_socket(host: str, port: int, timeout: float) -> socket.socket:
     sock = socket.create_connection((host, port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, value in (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 45000)):
+    for opt, value in (
+        ("TCP_KEEPIDLE", 15),
+        ("TCP_KEEPINTVL", 5),
+        ("TCP_KEEPCNT", 3),
+        ("TCP_USER_TIMEOUT", 45000),
+    ):
         if hasattr(socket, opt):  # Linux: a silent peer (laptop slept) is noticed in under a minute
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
     sock.settimeout(None)
@@ -267,9 +302,13 @@ def make_session_key(folder: Path, session_id: str) -> tuple[Path, str]:
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
     )
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
     path = folder / session_id
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:

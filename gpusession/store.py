@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_session ON events(session_id, seq);
 """
 
+
 def owner_id() -> str:
     """Who started a session: user@host:pid:start (start: the process's start time in clock
     ticks, so gc tells a dead owner from a later process that got the same pid)."""
@@ -65,17 +66,22 @@ def validate_name(name: str) -> str:
     return session_name(name)  # the option table's rule (gpusession/textvalues.py)
 
 
-def _check_claim(db: sqlite3.Connection, claim: Callable[[LaunchSpec, str], Any], spec: LaunchSpec, name: str) -> None:
+def _check_claim(
+    db: sqlite3.Connection, claim: Callable[[LaunchSpec, str], Any], spec: LaunchSpec, name: str
+) -> None:
     mine = claim(spec, name)
     if mine is None:
         return
-    for row in db.execute("SELECT name, state, spec FROM sessions WHERE state NOT IN ('stopped','failed')"):
+    for row in db.execute(
+        "SELECT name, state, spec FROM sessions WHERE state NOT IN ('stopped','failed')"
+    ):
         if claim(LaunchSpec.from_dict(json.loads(row["spec"])), row["name"]) == mine:
             ws, other = mine[-1], row["name"]
             raise WorkspaceInUse(
                 f"workspace {ws} is in use by session {other} ({row['state']}); stop it first "
                 f"(`gpusession stop {other} --save` keeps its variables for `--resume {ws}`), "
-                "or give this session another --workspace")
+                "or give this session another --workspace"
+            )
 
 
 class Store:
@@ -127,8 +133,14 @@ class Store:
 
     # -- writes -------------------------------------------------------------------------
 
-    def create(self, spec: LaunchSpec, *, price_per_hour: float, owner: str | None = None,
-               claim: Callable[[LaunchSpec, str], Any] | None = None) -> SessionRecord:
+    def create(
+        self,
+        spec: LaunchSpec,
+        *,
+        price_per_hour: float,
+        owner: str | None = None,
+        claim: Callable[[LaunchSpec, str], Any] | None = None,
+    ) -> SessionRecord:
         """Record a new session in state `requested`; picks a free name when spec.name is None.
         `claim(spec, name)`: what the session holds while active (its workspace); refused in the
         same transaction when an active session holds it (two starts at once: one gets it)."""
@@ -140,14 +152,19 @@ class Store:
             if spec.name:
                 name = validate_name(spec.name)
                 row = db.execute(
-                    "SELECT id FROM sessions WHERE name=? AND state NOT IN ('stopped','failed')", (name,)
+                    "SELECT id FROM sessions WHERE name=? AND state NOT IN ('stopped','failed')",
+                    (name,),
                 ).fetchone()
                 if row:
-                    raise BadInput(f"a session named {name!r} is already active; stop it or pick another name")
+                    raise BadInput(
+                        f"a session named {name!r} is already active; stop it or pick another name"
+                    )
             else:
                 taken = {
                     r[0]
-                    for r in db.execute("SELECT name FROM sessions WHERE state NOT IN ('stopped','failed')")
+                    for r in db.execute(
+                        "SELECT name FROM sessions WHERE state NOT IN ('stopped','failed')"
+                    )
                 }
                 n = 1
                 while f"{spec.gpu_type}-{n}" in taken:
@@ -159,7 +176,16 @@ class Store:
             db.execute(
                 "INSERT INTO sessions (id, name, state, spec, created_at, updated_at, owner, price_per_hour)"
                 " VALUES (?,?,?,?,?,?,?,?)",
-                (sid, name, State.REQUESTED.value, json.dumps(spec.to_dict()), t, t, owner or owner_id(), price_per_hour),
+                (
+                    sid,
+                    name,
+                    State.REQUESTED.value,
+                    json.dumps(spec.to_dict()),
+                    t,
+                    t,
+                    owner or owner_id(),
+                    price_per_hour,
+                ),
             )
             db.execute(
                 "INSERT INTO events (session_id, state, at, detail) VALUES (?,?,?,?)",
@@ -216,7 +242,10 @@ class Store:
         with self._write() as db:
             if db.execute("SELECT 1 FROM sessions WHERE id=?", (session_id,)).fetchone() is None:
                 raise UnknownSession(f"no session with id {session_id}")
-            db.execute("UPDATE sessions SET price_per_hour=?, updated_at=? WHERE id=?", (price_per_hour, now(), session_id))
+            db.execute(
+                "UPDATE sessions SET price_per_hour=?, updated_at=? WHERE id=?",
+                (price_per_hour, now(), session_id),
+            )
             db.execute(
                 "INSERT INTO events (session_id, state, at, detail) SELECT id, state, ?, ? FROM sessions WHERE id=?",
                 (now(), detail, session_id),
@@ -239,7 +268,9 @@ class Store:
     def _record(self, db: sqlite3.Connection, row: sqlite3.Row) -> SessionRecord:
         events = [
             Event(session_id=row["id"], state=State(e["state"]), at=e["at"], detail=e["detail"])
-            for e in db.execute("SELECT state, at, detail FROM events WHERE session_id=? ORDER BY seq", (row["id"],))
+            for e in db.execute(
+                "SELECT state, at, detail FROM events WHERE session_id=? ORDER BY seq", (row["id"],)
+            )
         ]
         return SessionRecord(
             id=row["id"],
@@ -264,7 +295,9 @@ class Store:
                     "SELECT * FROM sessions WHERE name=? ORDER BY (state IN ('stopped','failed')), created_at DESC LIMIT 1",
                     (key,),
                 ).fetchone()
-            if row is None and len(key) >= 8 and set(key) <= _HEX:  # an id's start; never a LIKE pattern (% or _)
+            if (
+                row is None and len(key) >= 8 and set(key) <= _HEX
+            ):  # an id's start; never a LIKE pattern (% or _)
                 rows = db.execute("SELECT * FROM sessions WHERE id LIKE ?", (key + "%",)).fetchall()
                 row = rows[0] if len(rows) == 1 else None
             if row is None:

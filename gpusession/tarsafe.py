@@ -112,7 +112,9 @@ class Extraction:
             return self._symlink(member, parts, final, temp)
         if member.islnk():
             return self._hardlink(member, final, temp)
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        fd = os.open(
+            temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
+        )
         self.pending.append((temp, final))
         with os.fdopen(fd, "wb") as out:
             source = tar.extractfile(member)
@@ -129,14 +131,18 @@ class Extraction:
         lands = os.path.normpath(os.path.join(self.dest, *parts[:-1], target))
         if not self.links:
             return "a link; only plain files and folders are taken"
-        if os.path.isabs(target) or not (self._inside(lands) and self._inside(os.path.realpath(lands))):
+        if os.path.isabs(target) or not (
+            self._inside(lands) and self._inside(os.path.realpath(lands))
+        ):
             return f"a link to {target}, outside the folder"
         os.symlink(target, temp)
         self.pending.append((temp, final))
         return ""
 
     def _hardlink(self, member: tarfile.TarInfo, final: str, temp: str) -> str:
-        target = os.path.join(self.dest, *[p for p in member.linkname.split("/") if p not in ("", ".")])
+        target = os.path.join(
+            self.dest, *[p for p in member.linkname.split("/") if p not in ("", ".")]
+        )
         source = next((t for t, f in self.pending if f == target), None)
         if source is None or ".." in member.linkname.split("/"):
             return f"a hard link to {member.linkname}, not a file of this transfer"

@@ -22,7 +22,9 @@ _ASCII_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]*)")
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-_.")
 MAX_NAME = 63
 # a Docker image reference: [registry[:port]/]path[:tag][@digest], printable, no spaces
-_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@[A-Za-z0-9]+:[0-9a-fA-F]{32,})?")
+_IMAGE = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@[A-Za-z0-9]+:[0-9a-fA-F]{32,})?"
+)
 _IMAGE_REGISTRY = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*:[0-9]{1,5}/")
 _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
 _AMI = re.compile(r"ami-[0-9a-f]{8,17}")
@@ -37,16 +39,20 @@ def ssh_host(text: str) -> str:
         value = value[:-1]
     if not value.lower().startswith("ssh://"):
         raise BadInput(f"{shown(text)} is no ssh:// address; {HOST_HINT}")
-    rest = value[len("ssh://"):]
+    rest = value[len("ssh://") :]
     if any(c in rest for c in "/?#"):
         raise BadInput(f"{shown(text)} has more than an address (a path, ? or #); {HOST_HINT}")
     userinfo, at, hostport = rest.rpartition("@")
     if at:
         if ":" in userinfo:
-            raise BadInput("give no password in the address (ssh logs in with your key); " + HOST_HINT)
+            raise BadInput(
+                "give no password in the address (ssh logs in with your key); " + HOST_HINT
+            )
         if not _USER.fullmatch(userinfo):
-            raise BadInput(f"user {shown(userinfo)}: letters, digits, '.', '_' or '-' (up to 64), "
-                           f"not starting with '-'; {HOST_HINT}")
+            raise BadInput(
+                f"user {shown(userinfo)}: letters, digits, '.', '_' or '-' (up to 64), "
+                f"not starting with '-'; {HOST_HINT}"
+            )
     host, port = _split_port(hostport, text)
     if not host:
         raise BadInput(f"no host name in {shown(text)}; {HOST_HINT}")
@@ -84,22 +90,34 @@ def _host_name(host: str) -> None:
         raise BadInput(f"host name {shown(host)} is longer than 253 characters; {HOST_HINT}")
     for label in name.split("."):
         if not label:
-            raise BadInput(f"host name {shown(host)} has an empty part (two dots, or a leading dot)")
+            raise BadInput(
+                f"host name {shown(host)} has an empty part (two dots, or a leading dot)"
+            )
         if len(label) > 63:
-            raise BadInput(f"host name part {shown(label)} is longer than 63 characters "
-                           f"(a DNS name is made of parts of 1 to 63 characters); {HOST_HINT}")
+            raise BadInput(
+                f"host name part {shown(label)} is longer than 63 characters "
+                f"(a DNS name is made of parts of 1 to 63 characters); {HOST_HINT}"
+            )
         if label.isascii():
             if not _ASCII_LABEL.fullmatch(label):
-                raise BadInput(f"host name {shown(host)}: use letters, digits, '-' and '_', not starting with "
-                               f"'-'; {HOST_HINT}")
+                raise BadInput(
+                    f"host name {shown(host)}: use letters, digits, '-' and '_', not starting with "
+                    f"'-'; {HOST_HINT}"
+                )
         elif not all(c.isalnum() or c == "-" for c in label):
-            raise BadInput(f"host name {shown(host)} has a character a host name cannot have; {HOST_HINT}")
+            raise BadInput(
+                f"host name {shown(host)} has a character a host name cannot have; {HOST_HINT}"
+            )
     try:
         encoded = name.encode("idna")
     except UnicodeError:
-        raise BadInput(f"host name {shown(host)} cannot be written as a DNS name (IDNA); {HOST_HINT}") from None
+        raise BadInput(
+            f"host name {shown(host)} cannot be written as a DNS name (IDNA); {HOST_HINT}"
+        ) from None
     if len(encoded) > 253:
-        raise BadInput(f"host name {shown(host)} is longer than 253 characters as a DNS name; {HOST_HINT}")
+        raise BadInput(
+            f"host name {shown(host)} is longer than 253 characters as a DNS name; {HOST_HINT}"
+        )
 
 
 def session_name(text: str, what: str = "session name") -> str:
@@ -107,12 +125,19 @@ def session_name(text: str, what: str = "session name") -> str:
     digit. Checked as written: a look-alike (the Kelvin sign K, which lower() makes 'k') is refused,
     not turned into another name that Docker, a volume or a tag would then refuse in its own words."""
     name = text.strip()
-    if (not name or len(name) > MAX_NAME or not name.isascii() or not set(name.lower()) <= NAME_CHARS
-            or not name[0].isalnum()):
+    if (
+        not name
+        or len(name) > MAX_NAME
+        or not name.isascii()
+        or not set(name.lower()) <= NAME_CHARS
+        or not name[0].isalnum()
+    ):
         non_ascii = next((c for c in name if not c.isascii()), None)
         which = f" ({non_ascii!r} U+{ord(non_ascii):04X} is not ASCII)" if non_ascii else ""
-        raise BadInput(f"bad {what} {shown(text)}{which}: use up to {MAX_NAME} ASCII letters, digits, '-', '_' or '.', "
-                       "starting with a letter or digit")
+        raise BadInput(
+            f"bad {what} {shown(text)}{which}: use up to {MAX_NAME} ASCII letters, digits, '-', '_' or '.', "
+            "starting with a letter or digit"
+        )
     return name
 
 
@@ -140,22 +165,28 @@ def image_ref(text: str) -> str:
     value = text.strip()
     path = _IMAGE_REGISTRY.sub("", value, count=1) if _IMAGE_REGISTRY.match(value) else value
     if not _IMAGE.fullmatch(path) or "//" in path or path.endswith("/"):
-        raise BadInput(f"image {shown(text)} is no image reference: write e.g. nvidia/cuda:12.4.1-runtime-ubuntu22.04 "
-                       "or registry.example.com:5000/me/image:tag")
+        raise BadInput(
+            f"image {shown(text)} is no image reference: write e.g. nvidia/cuda:12.4.1-runtime-ubuntu22.04 "
+            "or registry.example.com:5000/me/image:tag"
+        )
     return value
 
 
 def aws_region(text: str) -> str:
     value = text.strip().lower()
     if not _REGION.fullmatch(value):
-        raise BadInput(f"region {shown(text)} is no AWS region name: write e.g. us-east-1 or eu-central-1")
+        raise BadInput(
+            f"region {shown(text)} is no AWS region name: write e.g. us-east-1 or eu-central-1"
+        )
     return value
 
 
 def machine_image(text: str) -> str:
     value = text.strip()
     if not _AMI.fullmatch(value):
-        raise BadInput(f"machine image {shown(text)}: write an AMI id such as ami-0123456789abcdef0")
+        raise BadInput(
+            f"machine image {shown(text)}: write an AMI id such as ami-0123456789abcdef0"
+        )
     return value
 
 
@@ -164,11 +195,24 @@ def address_range(text: str) -> str:
     try:
         return str(ipaddress.ip_network(value, strict=False))
     except ValueError:
-        raise BadInput(f"address range {shown(text)}: write one such as 203.0.113.7/32 or 2001:db8::/64") from None
+        raise BadInput(
+            f"address range {shown(text)}: write one such as 203.0.113.7/32 or 2001:db8::/64"
+        ) from None
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
 
 
 def byte_size(text: str) -> int:
@@ -176,7 +220,9 @@ def byte_size(text: str) -> int:
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _SIZE_UNITS:
-        raise BadInput(f"{shown(text)} is no size; write e.g. 500MB, 2GB or 300MiB (a bare number means MB)")
+        raise BadInput(
+            f"{shown(text)} is no size; write e.g. 500MB, 2GB or 300MiB (a bare number means MB)"
+        )
     value = float(match.group(1)) * (_SIZE_UNITS[unit] if unit else 10**6)
     if not 0 < value <= 10**12:
         raise BadInput(f"size {shown(text)}: from 1 byte to 1TB")

@@ -77,23 +77,42 @@ def _parsers() -> dict:
         """%gpu push|pull NAME..."""
 
     @magic_arguments()
-    @argument("paths", nargs="+", help="files or folders here (a folder goes without .git and what its .gitignore "
-              "ignores)")
-    @argument("--to", default=".", help="folder in the session, relative to its working directory (default: that "
-              "directory)")
+    @argument(
+        "paths",
+        nargs="+",
+        help="files or folders here (a folder goes without .git and what its .gitignore ignores)",
+    )
+    @argument(
+        "--to",
+        default=".",
+        help="folder in the session, relative to its working directory (default: that directory)",
+    )
     @argument("--all", action="store_true", help="send a folder whole: .git and ignored files too")
     def _upload_args(line: str) -> None:
         """%gpu upload PATH... [--to DIR]"""
 
     @magic_arguments()
-    @argument("paths", nargs="+", help="files or folders in the session, relative to its working directory")
+    @argument(
+        "paths",
+        nargs="+",
+        help="files or folders in the session, relative to its working directory",
+    )
     @argument("--to", default=".", help="folder here (default: this notebook's folder)")
     def _download_args(line: str) -> None:
         """%gpu download PATH... [--to DIR]"""
 
-    for func, name in ((_vars_args, "push|pull"), (_upload_args, "upload"), (_download_args, "download")):
+    for func, name in (
+        (_vars_args, "push|pull"),
+        (_upload_args, "upload"),
+        (_download_args, "download"),
+    ):
         func.parser.prog = f"gpu {name}"  # `%gpu help upload` reads `%gpu upload [--to TO] ...`
-    return {"push": _vars_args, "pull": _vars_args, "upload": _upload_args, "download": _download_args}
+    return {
+        "push": _vars_args,
+        "pull": _vars_args,
+        "upload": _upload_args,
+        "download": _download_args,
+    }
 
 
 def register(magics) -> None:
@@ -122,16 +141,31 @@ def register(magics) -> None:
     def upload(rest: str) -> None:
         args = magics._parse(_parsers()["upload"], rest)
         session = magics._session()
-        done = _with_bar("upload", lambda bar: session.upload(args.paths, args.to, bar, everything=args.all))
-        print(transfer_done("uploaded", ", ".join(args.paths), done, f"to {done['dest']} in {session.name}"))
+        done = _with_bar(
+            "upload", lambda bar: session.upload(args.paths, args.to, bar, everything=args.all)
+        )
+        print(
+            transfer_done(
+                "uploaded", ", ".join(args.paths), done, f"to {done['dest']} in {session.name}"
+            )
+        )
 
     def download(rest: str) -> None:
         args = magics._parse(_parsers()["download"], rest)
         session = magics._session()
         done = _with_bar("download", lambda bar: session.download(args.paths, args.to, bar))
-        print(transfer_done("downloaded", ", ".join(args.paths), done, f"from {session.name} to {done['dest']}"))
+        print(
+            transfer_done(
+                "downloaded", ", ".join(args.paths), done, f"from {session.name} to {done['dest']}"
+            )
+        )
 
-    for name, handler in (("push", push), ("pull", pull), ("upload", upload), ("download", download)):
+    for name, handler in (
+        ("push", push),
+        ("pull", pull),
+        ("upload", upload),
+        ("download", download),
+    ):
         magics.add_subcommand(name, handler)
 
 
@@ -152,16 +186,32 @@ def _with_bar(verb: str, run, stream: IO[str] | None = None) -> Any:
 
 
 def add_commands(sub) -> None:
-    s = sub.add_parser("upload", help="copy files or folders from here into a session's working directory")
+    s = sub.add_parser(
+        "upload", help="copy files or folders from here into a session's working directory"
+    )
     s.add_argument("name", help="the session")
-    s.add_argument("paths", nargs="+", metavar="PATH", help="files or folders here (a folder goes without .git and "
-                   "what its .gitignore ignores)")
-    s.add_argument("--to", default=".", help="folder in the session, relative to its working directory")
-    s.add_argument("--all", action="store_true", help="send a folder whole: .git and ignored files too")
-    s = sub.add_parser("download", help="copy files or folders from a session's working directory to here")
+    s.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="files or folders here (a folder goes without .git and what its .gitignore ignores)",
+    )
+    s.add_argument(
+        "--to", default=".", help="folder in the session, relative to its working directory"
+    )
+    s.add_argument(
+        "--all", action="store_true", help="send a folder whole: .git and ignored files too"
+    )
+    s = sub.add_parser(
+        "download", help="copy files or folders from a session's working directory to here"
+    )
     s.add_argument("name", help="the session")
-    s.add_argument("paths", nargs="+", metavar="PATH", help="files or folders in the session, relative to its "
-                   "working directory")
+    s.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="files or folders in the session, relative to its working directory",
+    )
     s.add_argument("--to", default=".", help="folder here (default: the current directory)")
 
 
@@ -173,11 +223,18 @@ def cmd_upload(args: argparse.Namespace, manager) -> int:
         raise BadInput(f"no such file or folder here: {', '.join(repr(p) for p in missing)}")
     session = manager.attach(args.name)
     try:
-        done = _with_bar("upload", lambda bar: session.upload(args.paths, args.to, bar, everything=args.all),
-                         sys.stderr)
+        done = _with_bar(
+            "upload",
+            lambda bar: session.upload(args.paths, args.to, bar, everything=args.all),
+            sys.stderr,
+        )
     finally:
         session.close_connections()
-    print(transfer_done("uploaded", ", ".join(args.paths), done, f"to {done['dest']} in {session.name}"))
+    print(
+        transfer_done(
+            "uploaded", ", ".join(args.paths), done, f"to {done['dest']} in {session.name}"
+        )
+    )
     return 0
 
 
@@ -188,8 +245,14 @@ def cmd_download(args: argparse.Namespace, manager) -> int:
         raise BadInput(f"--to {args.to!r} is a file here, not a folder")
     session = manager.attach(args.name)
     try:
-        done = _with_bar("download", lambda bar: session.download(args.paths, args.to, bar), sys.stderr)
+        done = _with_bar(
+            "download", lambda bar: session.download(args.paths, args.to, bar), sys.stderr
+        )
     finally:
         session.close_connections()
-    print(transfer_done("downloaded", ", ".join(args.paths), done, f"from {session.name} to {done['dest']}"))
+    print(
+        transfer_done(
+            "downloaded", ", ".join(args.paths), done, f"from {session.name} to {done['dest']}"
+        )
+    )
     return 0

@@ -44,11 +44,20 @@ from .sshlogin import (
     tcp_socket,
 )
 
-__all__ = ["Tunnel", "TunnelError", "SshTarget", "HostKeyCheck", "jump_target", "fingerprint", "parse_public_key"]
+__all__ = [
+    "Tunnel",
+    "TunnelError",
+    "SshTarget",
+    "HostKeyCheck",
+    "jump_target",
+    "fingerprint",
+    "parse_public_key",
+]
 
 BUFSIZE = 256 * 1024  # per recv: bytes move in big pieces, never per byte in Python
 
 _RETRYABLE = (paramiko.SSHException, EOFError, OSError)
+
 
 class Tunnel:
     """Forward remote loopback ports of `target` to local ports, reconnecting when dropped.
@@ -77,8 +86,12 @@ class Tunnel:
         self.on_event = on_event or (lambda text: None)
         self.reconnects = 0
         self._remote_ports = list(remote_ports)
-        self._listeners: dict[int | str, socket.socket] = {}  # remote port, or remote unix socket path
-        self._socket_dir: str | None = None  # the 0700 folder of the local unix sockets, made at the first
+        self._listeners: dict[
+            int | str, socket.socket
+        ] = {}  # remote port, or remote unix socket path
+        self._socket_dir: str | None = (
+            None  # the 0700 folder of the local unix sockets, made at the first
+        )
         self._transport: paramiko.Transport | None = None
         self._jump_transport: paramiko.Transport | None = None
         self._up = threading.Event()
@@ -154,8 +167,10 @@ class Tunnel:
         if time.monotonic() - down_since < self.give_up_after:
             return None
         last = f" (last error: {self._last_error})" if self._last_error else ""
-        return TunnelError(f"cannot reach {self.target.label}: down for over {format_duration(self.give_up_after)}, "
-                           f"the reconnect give-up time ({RECONNECT_ENV}){last}; still trying in the background")
+        return TunnelError(
+            f"cannot reach {self.target.label}: down for over {format_duration(self.give_up_after)}, "
+            f"the reconnect give-up time ({RECONNECT_ENV}){last}; still trying in the background"
+        )
 
     def local_port(self, remote_port: int) -> int:
         return self._listeners[remote_port].getsockname()[1]
@@ -172,11 +187,16 @@ class Tunnel:
                 listener.bind(("127.0.0.1", local_port))
             except OSError as exc:
                 listener.close()
-                raise TunnelError(f"cannot listen on 127.0.0.1:{local_port} for remote port {remote_port}: {exc}") from None
+                raise TunnelError(
+                    f"cannot listen on 127.0.0.1:{local_port} for remote port {remote_port}: {exc}"
+                ) from None
             listener.listen(64)
             self._listeners[remote_port] = listener
         threading.Thread(
-            target=self._accept, args=(listener, remote_port), name=f"gpusession-tunnel-{remote_port}", daemon=True
+            target=self._accept,
+            args=(listener, remote_port),
+            name=f"gpusession-tunnel-{remote_port}",
+            daemon=True,
         ).start()
         return listener.getsockname()[1]
 
@@ -200,7 +220,10 @@ class Tunnel:
             listener.listen(64)
             self._listeners[remote_path] = listener
         threading.Thread(
-            target=self._accept, args=(listener, remote_path), name="gpusession-tunnel-unix", daemon=True
+            target=self._accept,
+            args=(listener, remote_path),
+            name="gpusession-tunnel-unix",
+            daemon=True,
         ).start()
         return local
 
@@ -212,7 +235,9 @@ class Tunnel:
         delay = 0.05
         while not self._closed.is_set():
             try:
-                transport = open_transport(self._target_socket(), self.target, keepalive=self.keepalive)
+                transport = open_transport(
+                    self._target_socket(), self.target, keepalive=self.keepalive
+                )
             except TunnelError:
                 raise
             except _RETRYABLE as exc:
@@ -254,7 +279,9 @@ class Tunnel:
             try:
                 jt = open_transport(sock, self.jump, keepalive=self.keepalive)
             except (paramiko.SSHException, EOFError, OSError) as exc:
-                raise TunnelError(f"ssh to {self.jump.label} failed: {type(exc).__name__}: {exc}") from None
+                raise TunnelError(
+                    f"ssh to {self.jump.label} failed: {type(exc).__name__}: {exc}"
+                ) from None
             with self._lock:
                 if self._closed.is_set():
                     jt.close()
@@ -262,8 +289,12 @@ class Tunnel:
                 self._jump_transport = jt
             _interactive_soon(jt)  # the jump host's sshd relays every reply too
         return jt.open_channel(
-            "direct-tcpip", (self.target.host, self.target.port), ("127.0.0.1", 0),
-            window_size=WINDOW, max_packet_size=PACKET, timeout=10,
+            "direct-tcpip",
+            (self.target.host, self.target.port),
+            ("127.0.0.1", 0),
+            window_size=WINDOW,
+            max_packet_size=PACKET,
+            timeout=10,
         )
 
     def _watch(self) -> None:
@@ -310,7 +341,9 @@ class Tunnel:
                 return  # closed
             if conn.family == socket.AF_INET:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._forward, args=(conn, peer, remote_port), daemon=True).start()
+            threading.Thread(
+                target=self._forward, args=(conn, peer, remote_port), daemon=True
+            ).start()
 
     def _forward(self, conn: socket.socket, peer, remote_port: int | str) -> None:
         with self._lock:
@@ -336,8 +369,12 @@ class Tunnel:
             if isinstance(remote_port, str):
                 return _open_streamlocal(t, remote_port, timeout=10)
             return t.open_channel(
-                "direct-tcpip", ("127.0.0.1", remote_port), peer,
-                window_size=WINDOW, max_packet_size=PACKET, timeout=10,
+                "direct-tcpip",
+                ("127.0.0.1", remote_port),
+                peer,
+                window_size=WINDOW,
+                max_packet_size=PACKET,
+                timeout=10,
             )
         except (paramiko.ChannelException, paramiko.SSHException, EOFError, OSError):
             return None
@@ -393,7 +430,9 @@ def _open_streamlocal(transport: paramiko.Transport, path: str, timeout: float) 
 
 def _interactive_soon(transport: paramiko.Transport) -> None:
     """hold_interactive, off the start path: the tunnel forwards at once, without the tail soon."""
-    threading.Thread(target=hold_interactive, args=(transport,), name="gpusession-tunnel-pty", daemon=True).start()
+    threading.Thread(
+        target=hold_interactive, args=(transport,), name="gpusession-tunnel-pty", daemon=True
+    ).start()
 
 
 def _pump(conn: socket.socket, chan: paramiko.Channel) -> None:
@@ -449,16 +488,24 @@ CONTAINER_AGENT_PORT = 50010
 CONTAINER_PORTS = (*CONTAINER_KERNEL_PORTS, CONTAINER_AGENT_PORT)
 
 
-def tunneled_endpoint(tunnel: Tunnel, info: dict, agent_port: int | None = CONTAINER_AGENT_PORT) -> KernelEndpoint:
+def tunneled_endpoint(
+    tunnel: Tunnel, info: dict, agent_port: int | None = CONTAINER_AGENT_PORT
+) -> KernelEndpoint:
     """The remote kernel.json with this tunnel's local ports in place of its remote ones (each
     forwarded by the tunnel), and the agent's remote port (None: no agent) likewise. A kernel on
     unix sockets (ipc transport) is reached through local unix sockets in a 0700 folder."""
     if info.get("transport") == "ipc":
         # ZMQ's ipc endpoints are `<ip>-<port>`: the local ones are <folder>/k-1 .. <folder>/k-5
-        local = [tunnel.add_socket_forward(f"{info['ip']}-{info[name]}", f"k-{i}")
-                 for i, name in enumerate(KERNEL_PORT_NAMES, 1)]
-        info = dict(info, ip=local[0][:-2], **{name: i for i, name in enumerate(KERNEL_PORT_NAMES, 1)})
-        agent_url = f"http://127.0.0.1:{tunnel.add_forward(int(agent_port))}" if agent_port else None
+        local = [
+            tunnel.add_socket_forward(f"{info['ip']}-{info[name]}", f"k-{i}")
+            for i, name in enumerate(KERNEL_PORT_NAMES, 1)
+        ]
+        info = dict(
+            info, ip=local[0][:-2], **{name: i for i, name in enumerate(KERNEL_PORT_NAMES, 1)}
+        )
+        agent_url = (
+            f"http://127.0.0.1:{tunnel.add_forward(int(agent_port))}" if agent_port else None
+        )
         return KernelEndpoint(connection_info=info, agent_url=agent_url)
     info = dict(info, ip="127.0.0.1")
     for name in KERNEL_PORT_NAMES:

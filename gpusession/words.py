@@ -23,10 +23,28 @@ _PROCESS_MEMORY = next(m for m in METRICS if m.scope == "gpu" and m.name == "mem
 _SPARK = " ▁▂▃▄▅▆▇█"
 
 __all__ = [
-    "format_duration", "format_money", "gpu_label", "kernel_display_name", "describe_stop", "describe_warning", "warning_texts",
-    "format_summary", "summary_line", "ended_message", "keepalive_line", "status_lines", "session_table",
-    "timeline", "error_text", "gc_line", "rest_view", "ended_line", "unverified_text",
-    "start_log_lines", "idle_setting", "usage_error",
+    "format_duration",
+    "format_money",
+    "gpu_label",
+    "kernel_display_name",
+    "describe_stop",
+    "describe_warning",
+    "warning_texts",
+    "format_summary",
+    "summary_line",
+    "ended_message",
+    "keepalive_line",
+    "status_lines",
+    "session_table",
+    "timeline",
+    "error_text",
+    "gc_line",
+    "rest_view",
+    "ended_line",
+    "unverified_text",
+    "start_log_lines",
+    "idle_setting",
+    "usage_error",
 ]
 
 
@@ -35,11 +53,15 @@ def gpu_label(gpu_type: str, gpu_count: int) -> str:
     return f"{gpu_count} x {gpu_type}"
 
 
-def kernel_display_name(gpu_type: str, gpu_count: int, backend: str | None = None, image: str | None = None) -> str:
+def kernel_display_name(
+    gpu_type: str, gpu_count: int, backend: str | None = None, image: str | None = None
+) -> str:
     """A GPU kernelspec's name in JupyterLab's launcher and kernel picker: 'Python 3 (GPU · T4)',
     'Python 3 (GPU · 8 x A100 · docker · my/image:1)' (backend and image only when chosen)."""
     gpus = gpu_type.upper() if gpu_count == 1 else f"{gpu_count} x {gpu_type.upper()}"
-    return "Python 3 (" + " · ".join(["GPU", gpus, *(part for part in (backend, image) if part)]) + ")"
+    return (
+        "Python 3 (" + " · ".join(["GPU", gpus, *(part for part in (backend, image) if part)]) + ")"
+    )
 
 
 # -- why a session ended ----------------------------------------------------------------------
@@ -112,8 +134,10 @@ def describe_warning(w: Warning, *, hint: bool = True) -> str:
     if w.kind is WarningKind.MAX_COST:
         eta = f" in about {left}" if w.remaining_s is not None else ""
         return f"spent ${w.spent or 0:.2f} of the ${w.max_cost or 0:.2f} cap: the session stops at the cap{eta}"
-    return (f"spot interruption notice: AWS will {w.action or 'stop'} this instance at "
-            f"{w.time or 'any moment'}; save your work")
+    return (
+        f"spot interruption notice: AWS will {w.action or 'stop'} this instance at "
+        f"{w.time or 'any moment'}; save your work"
+    )
 
 
 def warning_texts(warnings: Iterable[Any], *, hint: bool = True) -> list[str]:
@@ -185,7 +209,9 @@ def idle_setting(timeout_s: float | None) -> str:
 def keepalive_line(name: str, granted: dict, asked_s: float) -> str:
     line = f"{name}: idle stop postponed by {format_duration(granted['granted_s'])}"
     if granted.get("capped"):
-        line += f" (capped at {format_duration(granted['limit_s'])}, asked {format_duration(asked_s)})"
+        line += (
+            f" (capped at {format_duration(granted['limit_s'])}, asked {format_duration(asked_s)})"
+        )
     idle = granted.get("idle") or {}
     if idle.get("remaining_s") is not None:
         line += f"; stops in {format_duration(idle['remaining_s'])} unless used"
@@ -227,7 +253,9 @@ def _bytes(n: int | None) -> str:
 
 def sparkline(values: list[float | None], width: int = 40) -> str:
     vals = values[-width:]
-    return "".join(" " if v is None else _SPARK[min(8, max(0, int(round(v / 100 * 8))))] for v in vals)
+    return "".join(
+        " " if v is None else _SPARK[min(8, max(0, int(round(v / 100 * 8))))] for v in vals
+    )
 
 
 def gpu_lines(sample: dict) -> list[str]:
@@ -236,7 +264,9 @@ def gpu_lines(sample: dict) -> list[str]:
         values = ", ".join(f"{m.short} {metric_of(m, g)}" for m in metrics("gpu"))
         lines.append(f"  GPU {g['index']} {g.get('name') or '?'}: {values}")
         for p in g.get("processes", []):
-            lines.append(f"      pid {p['pid']} {p.get('name') or '?'}: {_bytes(p.get('memory_used'))}")
+            lines.append(
+                f"      pid {p['pid']} {p.get('name') or '?'}: {_bytes(p.get('memory_used'))}"
+            )
     return lines
 
 
@@ -250,30 +280,45 @@ def status_lines(stats: dict, *, history: bool = False) -> list[str]:
     if latest is not None:
         lines += gpu_lines(latest)
         host = [f"{m.short} {metric_of(m, latest)}" for m in metrics("host")]
-        lines.append(f"  {', '.join(host)}, kernel {'busy' if latest.get('kernel_busy') else 'idle'}")
+        lines.append(
+            f"  {', '.join(host)}, kernel {'busy' if latest.get('kernel_busy') else 'idle'}"
+        )
         if history and len(samples) > 1:
             if stats.get("gpus_visible"):
                 for i in range(len(latest.get("gpus", []))):
-                    utils = [next((g.get("utilization") for g in s["gpus"] if g["index"] == i), None) for s in samples]
+                    utils = [
+                        next((g.get("utilization") for g in s["gpus"] if g["index"] == i), None)
+                        for s in samples
+                    ]
                     lines.append(f"  GPU {i} util |{sparkline(utils)}|")
-            lines.append(f"  CPU      |{sparkline([min(100.0, s.get('cpu_percent') or 0.0) for s in samples])}|")
+            lines.append(
+                f"  CPU      |{sparkline([min(100.0, s.get('cpu_percent') or 0.0) for s in samples])}|"
+            )
     else:
         lines.append("  no sample yet")
-    cost, idle, runtime = stats.get("cost") or {}, stats.get("idle") or {}, stats.get("runtime") or {}
+    cost, idle, runtime = (
+        stats.get("cost") or {},
+        stats.get("idle") or {},
+        stats.get("runtime") or {},
+    )
     money = f"  cost {format_money(cost.get('so_far') or 0.0)} at {format_money(cost.get('price_per_hour') or 0.0)}/h"
     if cost.get("max_cost"):
         money += f" (cap {format_money(cost['max_cost'])})"
     lines.append(money)
     if idle.get("timeout_s"):
-        line = (f"  idle {format_duration(idle.get('idle_for_s'))} of {format_duration(idle['timeout_s'])}"
-                f"{' (GPU only)' if idle.get('gpu_only') else ''}: stops in {format_duration(idle.get('remaining_s'))}")
+        line = (
+            f"  idle {format_duration(idle.get('idle_for_s'))} of {format_duration(idle['timeout_s'])}"
+            f"{' (GPU only)' if idle.get('gpu_only') else ''}: stops in {format_duration(idle.get('remaining_s'))}"
+        )
         if idle.get("keepalive_until"):
             line += f", kept alive until {time.strftime('%H:%M:%S', time.localtime(idle['keepalive_until']))}"
         lines.append(line)
     else:
         lines.append("  idle stop: off")
     if runtime.get("max_runtime_s"):
-        lines.append(f"  max runtime {format_duration(runtime['max_runtime_s'])}: {format_duration(runtime.get('remaining_s'))} left")
+        lines.append(
+            f"  max runtime {format_duration(runtime['max_runtime_s'])}: {format_duration(runtime.get('remaining_s'))} left"
+        )
     lines += [f"  WARNING: {w}" for w in warning_texts(stats.get("warnings"))]
     return lines
 
@@ -285,16 +330,18 @@ def session_table(views: list[dict], current: str | None = None) -> str:
     """`%gpu list` / `gpusession list`: one row per session view (SessionManager.view)."""
     rows = [("", "NAME", "TYPE", "BACKEND", "STATE", "UPTIME", "$/H", "COST")]
     for v in views:
-        rows.append((
-            "*" if v["id"] == current else "",
-            v["name"],
-            f"{v['gpu_count']}x{v['gpu_type']}",
-            v["backend"],
-            v["state"] + ("" if v.get("verified", True) else "?"),
-            format_duration(v["uptime_s"]),
-            f"{v['price_per_hour']:.3f}",
-            format_money(v["cost_so_far"]),
-        ))
+        rows.append(
+            (
+                "*" if v["id"] == current else "",
+                v["name"],
+                f"{v['gpu_count']}x{v['gpu_type']}",
+                v["backend"],
+                v["state"] + ("" if v.get("verified", True) else "?"),
+                format_duration(v["uptime_s"]),
+                f"{v['price_per_hour']:.3f}",
+                format_money(v["cost_so_far"]),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines += [f"? {v['name']}: {unverified_text(v)}" for v in views if not v.get("verified", True)]
@@ -305,7 +352,9 @@ def unverified_text(view: dict) -> str:
     """Why a running row carries '?': its backend is not asked when listing (aws; a remote
     Docker engine this process has no connection to), and when it was last known alive."""
     seen = view.get("last_seen")
-    ago = f"last seen alive {format_duration(time.time() - seen)} ago" if seen else "never seen alive"
+    ago = (
+        f"last seen alive {format_duration(time.time() - seen)} ago" if seen else "never seen alive"
+    )
     where = f"its engine {view['host'][:60]}" if view.get("host") else view["backend"]
     return f"unverified ({where} is not asked when listing), {ago}"
 
@@ -370,7 +419,11 @@ def transfer_line(verb: str, done: int, total: int | None, elapsed: float) -> st
     if not total:
         return f"{verb}  {format_bytes(done)}  {speed}"
     part = min(done / total, 1.0)
-    eta = f"ETA {format_duration((total - done) / rate)}" if 0 < rate and done < total else f"in {elapsed:.1f}s"
+    eta = (
+        f"ETA {format_duration((total - done) / rate)}"
+        if 0 < rate and done < total
+        else f"in {elapsed:.1f}s"
+    )
     bar = "#" * round(part * 20) + "-" * (20 - round(part * 20))
     return f"{verb} {part * 100:3.0f}% |{bar}| {format_bytes(done)} / {format_bytes(total)}  {speed}  {eta}"
 
@@ -381,4 +434,6 @@ def transfer_done(verb: str, what: str, result: dict, where: str) -> str:
 
     refused = result.get("refused") or []  # each by name: the rest was written
     line = f"{verb} {what} ({result.get('files', 0)} files, {format_bytes(result.get('bytes', 0))}) {where}"
-    return line + (f"; not written, {len(refused)} refused: " + "; ".join(refused) if refused else "")
+    return line + (
+        f"; not written, {len(refused)} refused: " + "; ".join(refused) if refused else ""
+    )

@@ -53,17 +53,23 @@ def checkpoint_line(result: dict | None, workspace: str | None) -> str | None:
         why = result.get("error") or "unknown"
         if why == "time bound":
             why = f"the save time bound ({format_duration(result.get('timeout_s') or 0)}) passed first"
-        kept = f"; the workspace keeps its files{' and its previous checkpoint' if workspace else ''}"
+        kept = (
+            f"; the workspace keeps its files{' and its previous checkpoint' if workspace else ''}"
+        )
         return f"variables not saved: {why}{kept}{tail}"
     imports, count = result.get("imports") or 0, result.get("saved", 0)
-    saved = f"saved {_many(count, 'variable')}" + (f" and {_many(imports, 'import')}" if imports else "")
+    saved = f"saved {_many(count, 'variable')}" + (
+        f" and {_many(imports, 'import')}" if imports else ""
+    )
     resume = f"; resume with `%gpu start --resume {workspace}`" if workspace else ""
     return f"{saved}, {size_text(result.get('bytes'))}{tail}{resume}"
 
 
 def record_checkpoint_line(record) -> str | None:
     """The checkpoint line of an ended session: its `stop --save`, or its watchdog's save."""
-    result = record.resource.get("checkpoint") or (record.resource.get("agent_summary") or {}).get("checkpoint")
+    result = record.resource.get("checkpoint") or (record.resource.get("agent_summary") or {}).get(
+        "checkpoint"
+    )
     return checkpoint_line(result, record.resource.get("workspace"))
 
 
@@ -74,11 +80,17 @@ def restore_lines(report: dict | None, workspace: str | None) -> list[str]:
         return []
     damage = _damage_line(report, workspace)
     if not report.get("found"):
-        why = report.get("error") or ("its checkpoint is damaged" if damage else "it has no saved variables")
+        why = report.get("error") or (
+            "its checkpoint is damaged" if damage else "it has no saved variables"
+        )
         return [f"workspace {workspace}: nothing restored ({why}); its files are there"] + damage
     names = list(report.get("restored") or []) + list(report.get("imports") or [])
-    when = f" from {format_duration(max(0.0, _now() - report['at']))} ago" if report.get("at") else ""
-    lines = [f"workspace {workspace}: restored {len(names)} name(s){when}: {', '.join(names) or 'none'}"]
+    when = (
+        f" from {format_duration(max(0.0, _now() - report['at']))} ago" if report.get("at") else ""
+    )
+    lines = [
+        f"workspace {workspace}: restored {len(names)} name(s){when}: {', '.join(names) or 'none'}"
+    ]
     for item in report.get("failed") or []:
         lines.append(f"  not restored: {item.get('name', '?')}: {item.get('error', '')}")
     for item in report.get("skipped") or []:
@@ -92,8 +104,10 @@ def _damage_line(report: dict, workspace: str | None) -> list[str]:
         return []
     kept = report.get("kept_aside") or []
     aside = f"; kept aside in the workspace as {', '.join(kept)}" if kept else ""
-    return [f"  workspace {workspace}: its checkpoint is damaged ({'; '.join(report['damaged'])}){aside}; "
-            "what could be read was restored"]
+    return [
+        f"  workspace {workspace}: its checkpoint is damaged ({'; '.join(report['damaged'])}){aside}; "
+        "what could be read was restored"
+    ]
 
 
 def _many(n: int, what: str) -> str:
@@ -125,8 +139,10 @@ def workspace_table(views: Iterable[Any]) -> str:
 def orphaned_line(view: Any) -> str:
     """gc's report of a workspace whose sessions are all gone (it never deletes one)."""
     ws = view.workspace
-    return (f"kept workspace {ws.name} ({ws.where}, {size_text(ws.size_bytes)}): no session uses it; "
-            f"`gpusession workspaces rm {ws.name} --yes` deletes it")
+    return (
+        f"kept workspace {ws.name} ({ws.where}, {size_text(ws.size_bytes)}): no session uses it; "
+        f"`gpusession workspaces rm {ws.name} --yes` deletes it"
+    )
 
 
 def print_checkpoint(record, emit) -> None:
@@ -151,10 +167,15 @@ def workspace_rest_view(view: Any) -> dict[str, Any]:
     else:
         used_by = "in use" if ws.in_use_by else ("none left" if view.sessions else "none known")
     return {
-        "name": ws.name, "backend": ws.backend, "where": ws.where,
-        "size_bytes": ws.size_bytes, "size": size_text(ws.size_bytes),
+        "name": ws.name,
+        "backend": ws.backend,
+        "where": ws.where,
+        "size_bytes": ws.size_bytes,
+        "size": size_text(ws.size_bytes),
         "monthly_cost": ws.monthly_cost,
         "cost_per_month": format_money(ws.monthly_cost) if ws.monthly_cost is not None else None,
-        "sessions": list(view.sessions), "active": list(view.active), "in_use": not view.orphaned,
+        "sessions": list(view.sessions),
+        "active": list(view.active),
+        "in_use": not view.orphaned,
         "used_by": used_by,
     }

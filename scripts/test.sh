@@ -22,8 +22,9 @@ stage "python environment (.venv)"
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
 
-stage "lint (ruff)"
-.venv/bin/ruff check gpusession tests bench
+stage "lint and format (ruff)"
+.venv/bin/ruff check gpusession tests bench scripts/gen_docs.py
+.venv/bin/ruff format --check gpusession tests bench scripts/gen_docs.py  # `ruff format` owns line breaks
 
 stage "labextension: typecheck and JS unit tests"
 # the editable install above ran `jlpm install` there, unless its build was up to date

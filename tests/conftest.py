@@ -77,7 +77,9 @@ def remote(tmp_path, monkeypatch):
 
     host = ensure_remote_host()
     if host is None:
-        pytest.skip("the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)")
+        pytest.skip(
+            "the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)"
+        )
     monkeypatch.setenv("HOME", ssh_home(host, tmp_path / "home"))
     return host
 

@@ -21,7 +21,9 @@ from support.hosts import docker_available, product_image
 
 pytestmark = [
     pytest.mark.docker,
-    pytest.mark.skipif(not docker_available(), reason="no Docker engine answers (run scripts/ci-host-setup.sh)"),
+    pytest.mark.skipif(
+        not docker_available(), reason="no Docker engine answers (run scripts/ci-host-setup.sh)"
+    ),
 ]
 IDLE_S = 5.0
 CHECK_S = 1.0
@@ -73,12 +75,16 @@ def test_stats_and_idle_stop(docker_manager, engine):
     assert IDLE_S - 0.5 <= took <= IDLE_S + CHECK_S + TEARDOWN_SLACK_S
     logs = engine.containers.get(container_id).logs().decode()
     (stopped,) = find_markers(logs, Marker.STOPPED)
-    assert StopReason.from_dict(stopped).kind == StopKind.IDLE and stopped["idle_timeout_s"] == IDLE_S
+    assert (
+        StopReason.from_dict(stopped).kind == StopKind.IDLE and stopped["idle_timeout_s"] == IDLE_S
+    )
     assert isinstance(find_markers(logs, Marker.SUMMARY)[-1], dict)
 
     record = m.refresh_state(session.id)
     assert record.state == State.STOPPED
-    assert words.ended_message(record).startswith("session dock1 was stopped by its idle watchdog after 5s idle")
+    assert words.ended_message(record).startswith(
+        "session dock1 was stopped by its idle watchdog after 5s idle"
+    )
 
 
 @pytest.mark.slow
@@ -97,7 +103,8 @@ def test_a_long_cell_keeps_the_container(docker_manager, engine):
 
 def test_container_stops_itself_with_the_notebook_killed(docker_manager, gs_home, tmp_path, engine):
     starter = tmp_path / "starter.py"
-    starter.write_text(textwrap.dedent("""
+    starter.write_text(
+        textwrap.dedent("""
         import time
         from gpusession.session import SessionManager
         m = SessionManager()
@@ -105,9 +112,12 @@ def test_container_stops_itself_with_the_notebook_killed(docker_manager, gs_home
         s.run("y = 2")
         print(s.id, s.record.resource["container_id"], flush=True)
         time.sleep(3600)
-    """))
+    """)
+    )
     env = dict(os.environ, GPUSESSION_HOME=str(gs_home), GPUSESSION_IMAGE=product_image())
-    proc = subprocess.Popen([sys.executable, str(starter)], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(starter)], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         sid, container_id = proc.stdout.readline().split()
         killed = time.time()

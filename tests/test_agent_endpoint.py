@@ -40,7 +40,10 @@ def agent(tmp_path):
         session_id="sess1",
         state_dir=str(tmp_path),
         tracker=ActivityTracker(
-            StopPolicy(idle_timeout_s=600, price_per_hour=3.6, max_cost=5.0, keepalive_limit_s=7200), billed_since=T0
+            StopPolicy(
+                idle_timeout_s=600, price_per_hour=3.6, max_cost=5.0, keepalive_limit_s=7200
+            ),
+            billed_since=T0,
         ),
         sampler=Sampler(NvmlReader(RecordedNvml.from_file(DATA / "nvml_two_t4.json"))),
         stop=lambda reason: None,
@@ -77,10 +80,31 @@ def test_stats_document(agent):
     assert doc["driver_version"] == "550.54.15" and doc["interval_s"] == 1.0
     assert [s["t"] for s in doc["samples"]] == [T0, T0 + 1, T0 + 2, T0 + 3, T0 + 4]
     sample = doc["samples"][1]
-    assert set(sample) == {"t", "gpus_visible", "gpus", "cpu_percent", "memory_used", "memory_total", "kernel_busy"}
-    assert set(sample["gpus"][0]) == {"index", "name", "uuid", "utilization", "memory_used", "memory_total",
-                                      "temperature", "power_draw", "power_limit", "sm_clock", "processes"}
-    assert doc["idle"]["timeout_s"] == 600 and doc["idle"]["remaining_s"] == 596  # GPU 0 was busy at T0+1
+    assert set(sample) == {
+        "t",
+        "gpus_visible",
+        "gpus",
+        "cpu_percent",
+        "memory_used",
+        "memory_total",
+        "kernel_busy",
+    }
+    assert set(sample["gpus"][0]) == {
+        "index",
+        "name",
+        "uuid",
+        "utilization",
+        "memory_used",
+        "memory_total",
+        "temperature",
+        "power_draw",
+        "power_limit",
+        "sm_clock",
+        "processes",
+    }
+    assert (
+        doc["idle"]["timeout_s"] == 600 and doc["idle"]["remaining_s"] == 596
+    )  # GPU 0 was busy at T0+1
     assert doc["cost"]["price_per_hour"] == 3.6 and doc["cost"]["max_cost"] == 5.0
     assert doc["cost"]["so_far"] == pytest.approx(0.06)  # the minimum minute
     assert doc["warnings"] == [] and doc["stopping"] is None
@@ -108,7 +132,9 @@ def test_warning_and_summary(agent):
     summary = client.summary()
     assert summary["duration_s"] == 4000 and summary["cost"] == pytest.approx(4.0)
     assert summary["gpu_count"] == 1 and summary["cells"] == 2
-    assert summary["mean_gpu_utilization"] == pytest.approx((0 + 50 + 2 + 2 + 2) / 5)  # lost GPU left out
+    assert summary["mean_gpu_utilization"] == pytest.approx(
+        (0 + 50 + 2 + 2 + 2) / 5
+    )  # lost GPU left out
     text = format_summary(summary)
     assert text.startswith("ran 1h06m, cost $4.00, 1.111 GPU-hours, mean GPU utilization 11%")
 
@@ -116,11 +142,18 @@ def test_warning_and_summary(agent):
 def test_token_and_validation(agent):
     wd, server, client, clock = agent
     status, health = raw(server, "GET", "/health", token=agent_token(KEY))
-    assert status == 200 and health["ok"] is True and health["session_id"] == "sess1" and health["cpu_s"] > 0
+    assert (
+        status == 200
+        and health["ok"] is True
+        and health["session_id"] == "sess1"
+        and health["cpu_s"] > 0
+    )
     assert client.health()["session_id"] == "sess1"  # the client sends the token
     assert raw(server, "GET", "/stats")[0] == 401
     assert raw(server, "GET", "/stats", token="wrong")[0] == 401
-    assert raw(server, "POST", "/keepalive", b'{"seconds": 60}', token=KEY)[0] == 401  # the raw key is no token
+    assert (
+        raw(server, "POST", "/keepalive", b'{"seconds": 60}', token=KEY)[0] == 401
+    )  # the raw key is no token
     tok = agent_token(KEY)
     for body in (b"not json", b"[]", b"{}", b'{"seconds": "soon"}', b'{"seconds": -5}'):
         status, doc = raw(server, "POST", "/keepalive", body, token=tok)
@@ -162,26 +195,55 @@ def test_unreachable_agent_is_a_clear_error():
 def test_status_lines_and_stop_sentences(agent):
     wd, server, client, clock = agent
     lines = "\n".join(status_lines(client.stats(), history=True))
-    assert "GPU 0 Tesla T4: Util 2%, Mem 10.2/15.0 GiB, Temp 38 °C, Power 10/70 W, SM 1590 MHz" in lines
+    assert (
+        "GPU 0 Tesla T4: Util 2%, Mem 10.2/15.0 GiB, Temp 38 °C, Power 10/70 W, SM 1590 MHz"
+        in lines
+    )
     assert "GPU 1 ?: Util n/a, Mem n/a" in lines  # the lost GPU: no invented numbers
     assert "pid 424242 python3: 10.2 GiB" in lines
     assert "idle 1s of 10m00s: stops in 9m59s" in lines or "stops in" in lines
     assert "cost $0.0600 at $3.60/h (cap $5.00)" in lines
     assert "GPU 0 util |" in lines
     idle = StopReason(StopKind.IDLE, idle_for_s=5.0, idle_timeout_s=5.0)
-    assert describe_stop("t4-1", idle) == "session t4-1 was stopped by its idle watchdog after 5s idle"
-    assert describe_stop("t4-1", StopReason(StopKind.MAX_COST, spent=5.0, max_cost=5.0)) == \
-        "session t4-1 was stopped by its cost cap: spent $5.00 of the $5.00 cap"
-    assert describe_stop("t4-1", StopReason(StopKind.MAX_RUNTIME, elapsed_s=8 * 3600.0, max_runtime_s=8 * 3600.0)) == \
-        "session t4-1 was stopped by its max-runtime limit after 8h00m"
-    assert describe_stop("t4-1", StopReason(StopKind.SIGNAL, signal=15)) == "session t4-1 ended: its runtime got signal 15"
+    assert (
+        describe_stop("t4-1", idle) == "session t4-1 was stopped by its idle watchdog after 5s idle"
+    )
+    assert (
+        describe_stop("t4-1", StopReason(StopKind.MAX_COST, spent=5.0, max_cost=5.0))
+        == "session t4-1 was stopped by its cost cap: spent $5.00 of the $5.00 cap"
+    )
+    assert (
+        describe_stop(
+            "t4-1", StopReason(StopKind.MAX_RUNTIME, elapsed_s=8 * 3600.0, max_runtime_s=8 * 3600.0)
+        )
+        == "session t4-1 was stopped by its max-runtime limit after 8h00m"
+    )
+    assert (
+        describe_stop("t4-1", StopReason(StopKind.SIGNAL, signal=15))
+        == "session t4-1 ended: its runtime got signal 15"
+    )
 
 
 def test_no_gpu_status_says_so():
-    doc = {"gpus_visible": False, "message": "no NVIDIA GPU visible (LibraryNotFound: ...)", "samples": [
-        {"t": T0, "gpus_visible": False, "gpus": [], "cpu_percent": 3.0, "memory_used": 2 * 1024**3,
-         "memory_total": 16 * 1024**3, "kernel_busy": True}],
-        "idle": {"timeout_s": None}, "cost": {"so_far": 0.0, "price_per_hour": 0.0}, "runtime": {}, "warnings": []}
+    doc = {
+        "gpus_visible": False,
+        "message": "no NVIDIA GPU visible (LibraryNotFound: ...)",
+        "samples": [
+            {
+                "t": T0,
+                "gpus_visible": False,
+                "gpus": [],
+                "cpu_percent": 3.0,
+                "memory_used": 2 * 1024**3,
+                "memory_total": 16 * 1024**3,
+                "kernel_busy": True,
+            }
+        ],
+        "idle": {"timeout_s": None},
+        "cost": {"so_far": 0.0, "price_per_hour": 0.0},
+        "runtime": {},
+        "warnings": [],
+    }
     lines = status_lines(doc)
     assert lines[0].strip().startswith("no NVIDIA GPU visible")
     assert "CPU 3%, RAM 2.0/16.0 GiB, kernel busy" in "\n".join(lines)

@@ -100,16 +100,20 @@ def test_a_long_cell_is_not_idle(manager):
 
 def test_remote_side_stops_itself_when_the_notebook_is_killed(gs_home, tmp_path):
     starter = tmp_path / "starter.py"
-    starter.write_text(textwrap.dedent("""
+    starter.write_text(
+        textwrap.dedent("""
         import sys, time
         from gpusession.session import SessionManager
         m = SessionManager()
         s = m.start(m.make_spec("t4", backend="local", idle="5s", name="orphan"))
         print(s.id, s.record.resource["pid"], s.record.resource["state_dir"], flush=True)
         time.sleep(3600)
-    """))
+    """)
+    )
     env = dict(os.environ, GPUSESSION_HOME=str(gs_home))
-    proc = subprocess.Popen([sys.executable, str(starter)], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(starter)], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         sid, pid, state_dir = proc.stdout.readline().split()
         pid = int(pid)
@@ -165,7 +169,9 @@ def test_user_stop_keeps_the_agent_summary(manager):
     record = manager.stop(session.id)
     summary = record.resource["agent_summary"]
     assert summary["cells"] == 1 and summary["reason"] is None  # asked while it still ran
-    assert record.events[-1].detail == "stopped: user" and record.stop_reason == StopReason(StopKind.USER, by="user")
+    assert record.events[-1].detail == "stopped: user" and record.stop_reason == StopReason(
+        StopKind.USER, by="user"
+    )
     assert summary_line(record).startswith("ran ") and "GPU-hours" in summary_line(record)
 
 
@@ -186,7 +192,10 @@ def test_magics_status_watch_keepalive_and_the_watchdog_message(notebook):
     kinds = [k for _, k, _ in watch.outputs]
     assert kinds.count("display_data") == 1 and kinds.count("update_display_data") >= 1, kinds
     assert "no NVIDIA GPU visible" in watch.text or any(
-        "no NVIDIA GPU visible" in c["data"]["text/plain"] for _, k, c in watch.outputs if k.endswith("display_data"))
+        "no NVIDIA GPU visible" in c["data"]["text/plain"]
+        for _, k, c in watch.outputs
+        if k.endswith("display_data")
+    )
     # nobody runs a cell now: the warning and the stop still reach the notebook (under the
     # cell that started the session, where ipykernel puts a background thread's output)
     said = []
@@ -198,8 +207,12 @@ def test_magics_status_watch_keepalive_and_the_watchdog_message(notebook):
             continue
         if msg["msg_type"] == "stream" and "[gpusession]" in msg["content"]["text"]:
             said.append(msg["content"]["text"])
-    assert any(t.startswith("[gpusession] WARNING: idle for") and "stops in" in t for t in said), said
-    assert any("[gpusession] session nb1 was stopped by its idle watchdog after" in t for t in said), said
+    assert any(t.startswith("[gpusession] WARNING: idle for") and "stops in" in t for t in said), (
+        said
+    )
+    assert any(
+        "[gpusession] session nb1 was stopped by its idle watchdog after" in t for t in said
+    ), said
     status = notebook.run("%gpu status nb1")
     assert "session nb1 was stopped by its idle watchdog after" in status.text, status.text
     cell = notebook.run("%%gpu\n1 + 1")
@@ -212,8 +225,12 @@ def test_a_short_idle_never_fails_a_slow_start(manager, tmp_path, monkeypatch):
     process only) starts all the same, then stops as idle."""
     slow = tmp_path / "slow"
     slow.mkdir()
-    (slow / "sitecustomize.py").write_text("import os, time\nif os.environ.get('JPY_PARENT_PID'):\n    time.sleep(4)\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(slow)])))
+    (slow / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('JPY_PARENT_PID'):\n    time.sleep(4)\n"
+    )
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(slow)]))
+    )
     session = manager.start(manager.make_spec("t4", backend="local", idle="2s", name="slowboot"))
     started = time.time()
     assert session.run("x = 6 * 7")["status"] == "ok"  # a cell right after the start: activity

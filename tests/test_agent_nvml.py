@@ -112,16 +112,35 @@ def test_importing_the_agent_does_not_touch_nvml():
 
 def test_sample_command_prints_json(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "gpusession.agent", "sample", "--count", "2", "--interval", "0.1",
-         "--recorded", str(DATA / "nvml_two_t4.json")],
-        capture_output=True, text=True, check=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "gpusession.agent",
+            "sample",
+            "--count",
+            "2",
+            "--interval",
+            "0.1",
+            "--recorded",
+            str(DATA / "nvml_two_t4.json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
     doc = json.loads(out.stdout)
     assert doc["gpus_visible"] is True and doc["driver_version"] == "550.54.15"
     assert [s["gpus"][0]["utilization"] for s in doc["samples"]] == [0.0, 97.0]
     assert doc["sample_ms"]["mean"] >= 0
-    real = subprocess.run([sys.executable, "-m", "gpusession.agent", "sample"], capture_output=True, text=True,
-                          check=True, timeout=60, env=dict(os.environ))
+    real = subprocess.run(
+        [sys.executable, "-m", "gpusession.agent", "sample"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
     doc = json.loads(real.stdout)
     if not Path("/dev/nvidiactl").exists():
         assert doc["gpus_visible"] is False and doc["message"].startswith(NO_GPU_MESSAGE)
@@ -129,8 +148,13 @@ def test_sample_command_prints_json(tmp_path):
 
 
 def test_nvml_record_writes_the_replay_format():
-    out = subprocess.run([sys.executable, "-m", "gpusession.agent", "nvml-record"], capture_output=True, text=True,
-                         check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "gpusession.agent", "nvml-record"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     doc = json.loads(out.stdout)
     assert set(doc) >= {"driver_version", "init_error", "frames"}
     replay = NvmlReader(RecordedNvml(doc))
@@ -148,28 +172,44 @@ def _read_with(env: dict) -> tuple[bool, str | None, list[dict]]:
     return NvmlReader(RecordedNvml.from_file(DATA / FOUR), env=env).read()
 
 
-@pytest.mark.parametrize("env, indices", [
-    ({}, [0, 1, 2, 3]),
-    ({"CUDA_VISIBLE_DEVICES": "1,2"}, [1, 2]),
-    ({"CUDA_VISIBLE_DEVICES": "GPU-a100c0de-1111-2222-3333-000000000002,GPU-a100c0de-1111-2222-3333-000000000001"}, [2, 1]),
-    ({"CUDA_VISIBLE_DEVICES": "2,7,1"}, [2]),  # as CUDA: the list ends at the first GPU that is not there
-    ({"SLURM_JOB_GPUS": "1,2"}, [1, 2]),
-    ({"SLURM_JOB_GPUS": "0,1,2,3"}, [0, 1, 2, 3]),
-    ({"CUDA_VISIBLE_DEVICES": "2", "SLURM_JOB_GPUS": "1,2"}, [2]),  # CUDA's own variable wins
-])
+@pytest.mark.parametrize(
+    "env, indices",
+    [
+        ({}, [0, 1, 2, 3]),
+        ({"CUDA_VISIBLE_DEVICES": "1,2"}, [1, 2]),
+        (
+            {
+                "CUDA_VISIBLE_DEVICES": "GPU-a100c0de-1111-2222-3333-000000000002,GPU-a100c0de-1111-2222-3333-000000000001"
+            },
+            [2, 1],
+        ),
+        (
+            {"CUDA_VISIBLE_DEVICES": "2,7,1"},
+            [2],
+        ),  # as CUDA: the list ends at the first GPU that is not there
+        ({"SLURM_JOB_GPUS": "1,2"}, [1, 2]),
+        ({"SLURM_JOB_GPUS": "0,1,2,3"}, [0, 1, 2, 3]),
+        ({"CUDA_VISIBLE_DEVICES": "2", "SLURM_JOB_GPUS": "1,2"}, [2]),  # CUDA's own variable wins
+    ],
+)
 def test_only_the_gpus_given_to_the_session_are_read(env, indices):
     visible, message, gpus = _read_with(env)
     assert visible and message is None
     assert [g["index"] for g in gpus] == indices
     if env:  # the other job's busy GPUs never make this session look busy
-        assert all(g["utilization"] == 0.0 and g["processes"] == [] for g in gpus if g["index"] in (1, 2))
+        assert all(
+            g["utilization"] == 0.0 and g["processes"] == [] for g in gpus if g["index"] in (1, 2)
+        )
 
 
 @pytest.mark.parametrize("value", ["", "NoDevFiles", "-1", "GPU-ffff"])
 def test_a_visibility_naming_no_gpu_says_so(value):
     visible, message, gpus = _read_with({"CUDA_VISIBLE_DEVICES": value})
     assert (visible, gpus) == (False, [])
-    assert message == f"{NO_GPU_MESSAGE} (CUDA_VISIBLE_DEVICES={value} selects none of the 4 the driver sees)"
+    assert (
+        message
+        == f"{NO_GPU_MESSAGE} (CUDA_VISIBLE_DEVICES={value} selects none of the 4 the driver sees)"
+    )
 
 
 def test_the_agent_reads_its_visibility_from_its_environment(monkeypatch):

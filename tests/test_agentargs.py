@@ -29,8 +29,12 @@ def samples(field: dataclasses.Field) -> list:
     its samples here)."""
     kind = field.metadata["kind"]
     if isinstance(kind, DurationRule):
-        return [kind.min_s + 1 / 3, kind.max_s, 1000800.5 if kind.max_s > 1000800.5 else kind.max_s - 0.1,
-                *([None] if kind.allow_off else [])]
+        return [
+            kind.min_s + 1 / 3,
+            kind.max_s,
+            1000800.5 if kind.max_s > 1000800.5 else kind.max_s - 0.1,
+            *([None] if kind.allow_off else []),
+        ]
     by_kind = {
         TEXT: ["/tmp/some folder/k", "shutdown -h now"],
         INT: [7, -1, 2 * 1024**3 + 1],
@@ -59,7 +63,9 @@ def test_every_field_round_trips_exactly_through_the_agent_parser(field):
     for value in samples(field):
         args = dataclasses.replace(PLACED, **{field.name: value})
         words = args.argv()
-        assert not any("e+" in w or "e-" in w for w in words if w[:1].isdigit()), words  # no exponent
+        assert not any("e+" in w or "e-" in w for w in words if w[:1].isdigit()), (
+            words
+        )  # no exponent
         assert agent_reads(args) == args, (field.name, value, words)
         assert AgentArgs.from_argv(words) == args
 
@@ -74,25 +80,58 @@ def test_the_defaults_are_the_agents():
     """Nothing given: the agent's parser gives the value's defaults, and argv() writes only the
     placement and what every backend says explicitly."""
     assert agent_reads(PLACED) == PLACED
-    assert PLACED.argv() == ["--session-id", "abc", "--state-dir", "/tmp/x", "--kernel-ports", "0", "--agent-port", "0",
-                             "--idle", "1800s", "--price-per-hour", "0", "--gpu-count", "1"]
+    assert PLACED.argv() == [
+        "--session-id",
+        "abc",
+        "--state-dir",
+        "/tmp/x",
+        "--kernel-ports",
+        "0",
+        "--agent-port",
+        "0",
+        "--idle",
+        "1800s",
+        "--price-per-hour",
+        "0",
+        "--gpu-count",
+        "1",
+    ]
 
 
 def test_one_idle_default_for_the_session_the_settings_and_the_agent():
-    assert LaunchSpec("t4").idle_timeout_s == StopPolicy().idle_timeout_s == PLACED.idle == IDLE.parse(BUILTIN_IDLE)
+    assert (
+        LaunchSpec("t4").idle_timeout_s
+        == StopPolicy().idle_timeout_s
+        == PLACED.idle
+        == IDLE.parse(BUILTIN_IDLE)
+    )
     assert BUILTIN_IDLE == "30m"
 
 
 def test_a_record_with_its_placement_and_billing_left_to_the_runtime():
     """What a backend fills in is only its placement; billed_since=None (Slurm: billing starts
     with the job, not in the queue) leaves the flag out, and the agent counts from its start."""
-    rec = SessionRecord(id="abc", name="t4-1", spec=LaunchSpec("t4", gpu_count=2, idle_timeout_s=None,
-                                                               extra={"save_timeout": None, "resume": "ws"}),
-                        state=State.PROVISIONING, created_at=T0, updated_at=T0, owner="me@here:1", price_per_hour=1 / 7,
-                        events=[Event("abc", State.REQUESTED, T0), Event("abc", State.PROVISIONING, T0 + 1.25)])
+    rec = SessionRecord(
+        id="abc",
+        name="t4-1",
+        spec=LaunchSpec(
+            "t4", gpu_count=2, idle_timeout_s=None, extra={"save_timeout": None, "resume": "ws"}
+        ),
+        state=State.PROVISIONING,
+        created_at=T0,
+        updated_at=T0,
+        owner="me@here:1",
+        price_per_hour=1 / 7,
+        events=[Event("abc", State.REQUESTED, T0), Event("abc", State.PROVISIONING, T0 + 1.25)],
+    )
     billed = AgentArgs.for_record(rec, session_id="abc", state_dir="/tmp/x")
     assert billed.billed_since == T0 + 1.25 and agent_reads(billed) == billed
-    assert (billed.idle, billed.save_timeout, billed.restore, billed.gpu_count) == (None, None, True, 2)
+    assert (billed.idle, billed.save_timeout, billed.restore, billed.gpu_count) == (
+        None,
+        None,
+        True,
+        2,
+    )
     queued = AgentArgs.for_record(rec, session_id="abc", state_dir="/tmp/x", billed_since=None)
     assert "--billed-since" not in queued.argv() and agent_reads(queued).billed_since is None
     assert dataclasses.replace(queued, billed_since=billed.billed_since) == billed
@@ -103,7 +142,21 @@ def test_the_first_steps_quick_read_takes_the_same_placement():
     kernel before the runtime loads): from argv() it reads what the agent reads."""
     from gpusession.agent.kernelspawn import _options
 
-    args = AgentArgs(session_id="abc", state_dir="/tmp/x", kernel_ip="/tmp/s/k", kernel_ports=7, cwd="/w",
-                     workspace="/ws", restore=True)
-    assert _options(args.argv()) == {"--session-id": "abc", "--state-dir": "/tmp/x", "--kernel-ip": "/tmp/s/k",
-                                     "--kernel-ports": "7", "--cwd": "/w", "--workspace": "/ws", "--restore": ""}
+    args = AgentArgs(
+        session_id="abc",
+        state_dir="/tmp/x",
+        kernel_ip="/tmp/s/k",
+        kernel_ports=7,
+        cwd="/w",
+        workspace="/ws",
+        restore=True,
+    )
+    assert _options(args.argv()) == {
+        "--session-id": "abc",
+        "--state-dir": "/tmp/x",
+        "--kernel-ip": "/tmp/s/k",
+        "--kernel-ports": "7",
+        "--cwd": "/w",
+        "--workspace": "/ws",
+        "--restore": "",
+    }

@@ -26,8 +26,12 @@ NOTHING = {"instances": [], "key_pairs": [], "security_groups": []}
 def spec_for(manager, **options):
     options.setdefault("idle", "5m")
     options.setdefault("image", product_image())
-    options.setdefault("workspace_size", "1")  # GiB: the platform backs each volume with a sparse file
-    return manager.make_spec("t4", backend="aws", ssh_cidr="10.201.0.1/32", boot_timeout=120, **options)
+    options.setdefault(
+        "workspace_size", "1"
+    )  # GiB: the platform backs each volume with a sparse file
+    return manager.make_spec(
+        "t4", backend="aws", ssh_cidr="10.201.0.1/32", boot_timeout=120, **options
+    )
 
 
 def let_go(session) -> None:
@@ -38,7 +42,9 @@ def let_go(session) -> None:
 
 def instance_state(look, record) -> str:
     iid = record.resource["instance_id"]
-    return look.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]["Name"]
+    return look.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"][
+        "Name"
+    ]
 
 
 def test_start_run_idle_stop_terminates_instance_then_gc_cleans(manager, platform, look):
@@ -48,20 +54,33 @@ def test_start_run_idle_stop_terminates_instance_then_gc_cleans(manager, platfor
     started_s = time.monotonic() - t0
     record = session.record
     assert record.state == State.RUNNING
-    for stage in ("provision: image ami-", "provision: launching g4dn.xlarge on-demand", "connect: waiting for the instance's sshd",
-                  "connect: instance: waiting for the runtime", "connect: sending the runtime's code",
-                  "connect: opening the SSH tunnel", "running: session"):
+    for stage in (
+        "provision: image ami-",
+        "provision: launching g4dn.xlarge on-demand",
+        "connect: waiting for the instance's sshd",
+        "connect: instance: waiting for the runtime",
+        "connect: sending the runtime's code",
+        "connect: opening the SSH tunnel",
+        "running: session",
+    ):
         assert any(stage in line for line in lines), (stage, lines)
     out = Collect()
-    reply = session.run("import os; print(os.environ['GPUSESSION_SESSION_ID'], os.environ.get('NVIDIA_VISIBLE_DEVICES')); 6 * 7", sink=out)
+    reply = session.run(
+        "import os; print(os.environ['GPUSESSION_SESSION_ID'], os.environ.get('NVIDIA_VISIBLE_DEVICES')); 6 * 7",
+        sink=out,
+    )
     assert reply["status"] == "ok"
-    assert f"{record.id} all" in out.text and "42" in out.text  # in the container, with every GPU requested
+    assert (
+        f"{record.id} all" in out.text and "42" in out.text
+    )  # in the container, with every GPU requested
     # nothing runs now: after 5 s idle the agent stops, the boot script powers off, EC2 terminates
     platform.wait_for(lambda: instance_state(look, record) == "terminated", timeout=90)
     idle_s = time.monotonic() - t0 - started_s
     assert any("shutdown behavior terminate" in e for e in platform.events), platform.events
     console = platform.console_text(record.resource["instance_id"])
-    assert [StopReason.from_dict(r).kind for r in find_markers(console, Marker.STOPPED)] == [StopKind.IDLE], console
+    assert [StopReason.from_dict(r).kind for r in find_markers(console, Marker.STOPPED)] == [
+        StopKind.IDLE
+    ], console
     assert find_markers(console, Marker.POWEROFF), console
     assert not manager.backend("aws").is_alive(manager.get(record.id))
     actions = manager.gc()
@@ -76,8 +95,13 @@ def _cli(*args: str):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "gpusession", *args], env=dict(os.environ), capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gpusession", *args],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_workspace_volume_outlives_the_instance_and_resumes(manager, platform, look, tmp_path):
@@ -91,8 +115,13 @@ def test_a_workspace_volume_outlives_the_instance_and_resumes(manager, platform,
     session = manager.start(spec_for(manager, name="ew1", workspace="ews"), report=lines.append)
     record = session.record
     vid = record.resource["volume_id"]
-    assert any(f"workspace ews: new 1 GiB gp3 volume in {record.resource['zone']}" in line for line in lines), lines
-    inst = look.describe_instances(InstanceIds=[record.resource["instance_id"]])["Reservations"][0]["Instances"][0]
+    assert any(
+        f"workspace ews: new 1 GiB gp3 volume in {record.resource['zone']}" in line
+        for line in lines
+    ), lines
+    inst = look.describe_instances(InstanceIds=[record.resource["instance_id"]])["Reservations"][0][
+        "Instances"
+    ][0]
     (mapping,) = [m for m in inst["BlockDeviceMappings"] if m["Ebs"]["VolumeId"] == vid]
     assert mapping["Ebs"]["DeleteOnTermination"] is False and mapping["DeviceName"] == "/dev/sdf"
     (tmp_path / "utils.py").write_text("def answer():\n    return 'from utils'\n")
@@ -112,13 +141,17 @@ def test_a_workspace_volume_outlives_the_instance_and_resumes(manager, platform,
     tags = {t["Key"]: t["Value"] for t in volume["Tags"]}
     assert volume["State"] == "available" and volume["VolumeType"] == "gp3" and volume["Size"] == 1
     assert volume["AvailabilityZone"] == inst["Placement"]["AvailabilityZone"]
-    assert tags["gpusession:workspace"] == "ews" and tags["gpusession:store"] == manager.store.store_id
+    assert (
+        tags["gpusession:workspace"] == "ews" and tags["gpusession:store"] == manager.store.store_id
+    )
     let_go(session)
     platform.wait_for(lambda: not platform.machines, timeout=30)
 
     listed = _cli("workspaces")
     (row,) = [line for line in listed.stdout.splitlines() if line.startswith("ews ")]
-    assert "aws" in row and "1.1 GB" in row and "$0.0800" in row and f"EBS volume {vid}" in row, listed.stdout
+    assert "aws" in row and "1.1 GB" in row and "$0.0800" in row and f"EBS volume {vid}" in row, (
+        listed.stdout
+    )
     gc = _cli("gc")
     assert f"kept workspace ews (EBS volume {vid}" in gc.stdout, gc.stdout + gc.stderr
     assert look.describe_volumes(VolumeIds=[vid])["Volumes"][0]["State"] == "available"
@@ -127,7 +160,9 @@ def test_a_workspace_volume_outlives_the_instance_and_resumes(manager, platform,
     assert again.record.resource["volume_id"] == vid
     assert again.record.resource["restored"]["restored"] == ["x"], again.record.resource["restored"]
     out = Collect()
-    assert again.run("print(x['a'] + 1, open('notes.txt').read())", sink=out)["status"] == "ok", out.text
+    assert again.run("print(x['a'] + 1, open('notes.txt').read())", sink=out)["status"] == "ok", (
+        out.text
+    )
     assert "42 kept" in out.text, out.text
     got = again.download(["notes.txt"], to=str(tmp_path / "back"))
     assert got["files"] == 1 and (tmp_path / "back" / "notes.txt").read_text() == "kept", got
@@ -166,10 +201,16 @@ def test_spot_interruption_notice_warns_and_marks_the_session(manager, platform,
     assert any("spot interruption notice" in r.getMessage() for r in caplog.records)
     # the notice reaches the notebook's warning poller and the panels through the stats
     warnings = manager.stats(record.id, limit=0)["warnings"]
-    spot = [Warning.from_dict(w) for w in warnings if Warning.from_dict(w).kind == WarningKind.SPOT_INTERRUPTION]
+    spot = [
+        Warning.from_dict(w)
+        for w in warnings
+        if Warning.from_dict(w).kind == WarningKind.SPOT_INTERRUPTION
+    ]
     assert [(w.action, w.time) for w in spot] == [(notice["action"], notice["time"])], warnings
     look.terminate_instances(InstanceIds=[record.resource["instance_id"]])  # AWS reclaims it
-    platform.wait_for(lambda: not manager.backend("aws").is_alive(manager.get(record.id)), timeout=30)
+    platform.wait_for(
+        lambda: not manager.backend("aws").is_alive(manager.get(record.id)), timeout=30
+    )
     manager.gc()
     record = manager.get(record.id)
     assert record.state == State.STOPPED
@@ -198,29 +239,49 @@ def _foreign_params():
     from support.images import FOREIGN
 
     skip = pytest.mark.skip(reason="not in CI's slice: scripts/foreign-matrix.sh runs every image")
-    return [pytest.param(f, id=f.image.split("/")[-1], marks=() if FULL_MATRIX or f.image in EC2_SLICE else skip)
-            for f in FOREIGN]
+    return [
+        pytest.param(
+            f, id=f.image.split("/")[-1], marks=() if FULL_MATRIX or f.image in EC2_SLICE else skip
+        )
+        for f in FOREIGN
+    ]
 
 
 @pytest.mark.parametrize("foreign", _foreign_params())
-def test_a_foreign_image_gets_the_runtime_and_runs_with_its_own_python(foreign, manager, platform, look):
+def test_a_foreign_image_gets_the_runtime_and_runs_with_its_own_python(
+    foreign, manager, platform, look
+):
     """An image with python3 only (Debian 12 or 13, Python under /opt/conda/bin, a non-root USER,
     the default image's shape): the instance probes it, the client sends ipykernel and pip for
     its Python and the agent, the kernel runs with the image's Python; the idle stop ends the
     instance and gc leaves nothing."""
     lines: list[str] = []
     session = manager.start(spec_for(manager, idle="5s", image=foreign.image), report=lines.append)
-    for said in (f"the image's Python {foreign.version.rstrip('.')}", "no ipykernel: the runtime brings it",
-                 "sending the runtime's site", "sending the runtime's code"):
+    for said in (
+        f"the image's Python {foreign.version.rstrip('.')}",
+        "no ipykernel: the runtime brings it",
+        "sending the runtime's site",
+        "sending the runtime's code",
+    ):
         assert any(said in line for line in lines), (said, lines)
     out = Collect()
-    assert session.run("import os, sys\nprint(sys.version)\nprint(sys.executable, os.getuid())", sink=out)["status"] == "ok"
+    assert (
+        session.run(
+            "import os, sys\nprint(sys.version)\nprint(sys.executable, os.getuid())", sink=out
+        )["status"]
+        == "ok"
+    )
     version, where = out.text.strip().splitlines()[:2]
-    assert version.startswith(foreign.version) and where.split() == [foreign.executable, str(foreign.uid)]
+    assert version.startswith(foreign.version) and where.split() == [
+        foreign.executable,
+        str(foreign.uid),
+    ]
     record = session.record
     platform.wait_for(lambda: instance_state(look, record) == "terminated", timeout=90)
     console = platform.console_text(record.resource["instance_id"])
-    assert [StopReason.from_dict(r).kind for r in find_markers(console, Marker.STOPPED)] == [StopKind.IDLE], console
+    assert [StopReason.from_dict(r).kind for r in find_markers(console, Marker.STOPPED)] == [
+        StopKind.IDLE
+    ], console
     manager.gc()
     assert manager.get(record.id).state == State.STOPPED
     assert leftovers(look) == NOTHING

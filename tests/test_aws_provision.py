@@ -50,11 +50,15 @@ def unpacked(item: dict) -> str:
 
 
 def instance_of(look, record) -> dict:
-    return look.describe_instances(InstanceIds=[record.resource["instance_id"]])["Reservations"][0]["Instances"][0]
+    return look.describe_instances(InstanceIds=[record.resource["instance_id"]])["Reservations"][0][
+        "Instances"
+    ][0]
 
 
 def user_data_of(look, record) -> dict:
-    raw = look.describe_instance_attribute(InstanceId=record.resource["instance_id"], Attribute="userData")
+    raw = look.describe_instance_attribute(
+        InstanceId=record.resource["instance_id"], Attribute="userData"
+    )
     text = base64.b64decode(raw["UserData"]["Value"]).decode()
     assert text.startswith("#cloud-config\n")
     import yaml  # what cloud-init reads it with
@@ -95,17 +99,24 @@ def test_provision_on_demand_makes_tagged_locked_down_instance(manager, aws_env,
     assert tags["gpusession:session"] == record.id
     assert tags["gpusession:owner"] == record.owner
     assert tags["Name"] == f"gpusession-{record.name}"
-    behavior = look.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="instanceInitiatedShutdownBehavior")
+    behavior = look.describe_instance_attribute(
+        InstanceId=inst["InstanceId"], Attribute="instanceInitiatedShutdownBehavior"
+    )
     assert behavior["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
-    assert inst["MetadataOptions"]["HttpTokens"] == "required" and inst["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    assert (
+        inst["MetadataOptions"]["HttpTokens"] == "required"
+        and inst["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    )
     assert inst["KeyName"] == res["key_name"] == f"gpusession-{record.id}"
     # the image came from an SSM public parameter (moto has the ECS GPU one, not the DLAMI one)
     assert any("image ami-" in line and "SSM /aws/service/" in line for line in lines), lines
     assert inst["ImageId"] == res["ami"]
     # security group: ssh from the given range only
     group = look.describe_security_groups(GroupIds=[res["security_group"]])["SecurityGroups"][0]
-    assert [(p["IpProtocol"], p["FromPort"], p["ToPort"], [r["CidrIp"] for r in p["IpRanges"]])
-            for p in group["IpPermissions"]] == [("tcp", 22, 22, [CIDR])]
+    assert [
+        (p["IpProtocol"], p["FromPort"], p["ToPort"], [r["CidrIp"] for r in p["IpRanges"]])
+        for p in group["IpPermissions"]
+    ] == [("tcp", 22, 22, [CIDR])]
     assert {t["Key"]: t["Value"] for t in group["Tags"]}["gpusession:session"] == record.id
     # key pair: our own key, imported
     pair = look.describe_key_pairs(KeyNames=[res["key_name"]])["KeyPairs"][0]
@@ -121,12 +132,21 @@ def test_provision_on_demand_makes_tagged_locked_down_instance(manager, aws_env,
     assert res["sockets"] == f"{folder}/kernel"  # where the link finds the kernel
     assert f',command="sh {folder}/access.sh" ssh-ed25519 ' in login
     files = {f["path"]: f for f in cfg["write_files"]}
-    assert files[f"{folder}/boot.sh"]["content"].startswith("#!/bin/sh")  # the bundle's, for the probe
+    assert files[f"{folder}/boot.sh"]["content"].startswith(
+        "#!/bin/sh"
+    )  # the bundle's, for the probe
     assert files[f"{folder}/access.sh"]["permissions"] == "0755"
     assert files[f"{folder}/session.sh"]["encoding"] == "gz+b64"
     script = unpacked(files[f"{folder}/session.sh"])
-    for part in ("--gpus all", "--network host", "--idle 5", "--price-per-hour 0.526", "poweroff",
-                 f"SESSION_ID={record.id}", "GPUSESSION_KERNEL_KEY="):
+    for part in (
+        "--gpus all",
+        "--network host",
+        "--idle 5",
+        "--price-per-hour 0.526",
+        "poweroff",
+        f"SESSION_ID={record.id}",
+        "GPUSESSION_KERNEL_KEY=",
+    ):
         assert part in script, part
     key_file = manager.config.data_path / "keys" / f"{record.id}.kernel"
     assert f"GPUSESSION_KERNEL_KEY={key_file.read_text().strip()}\n" in script
@@ -137,27 +157,47 @@ def test_provision_on_demand_makes_tagged_locked_down_instance(manager, aws_env,
 
     manager.backend("aws").stop(record)
     assert leftovers(look) == NOTHING
-    assert look.describe_instances(InstanceIds=[inst["InstanceId"]])["Reservations"][0]["Instances"][0]["State"]["Name"] == "terminated"
+    assert (
+        look.describe_instances(InstanceIds=[inst["InstanceId"]])["Reservations"][0]["Instances"][
+            0
+        ]["State"]["Name"]
+        == "terminated"
+    )
     assert not (manager.config.data_path / "keys" / record.id).exists() and not key_file.exists()
 
 
 def test_spot_price_is_the_current_spot_price(manager, aws_env, look):
-    history = look.describe_spot_price_history(InstanceTypes=["g5.xlarge"], ProductDescriptions=["Linux/UNIX"])
+    history = look.describe_spot_price_history(
+        InstanceTypes=["g5.xlarge"], ProductDescriptions=["Linux/UNIX"]
+    )
     cheapest = min(float(h["SpotPrice"]) for h in history["SpotPriceHistory"])
     record, _ = provision(manager, spec_for(manager, "a10g", spot=True))
     assert record.price_per_hour == pytest.approx(cheapest)
-    assert record.price_per_hour != manager.catalog.get("a10g").instance_for(1).spot  # not the catalog guess
+    assert (
+        record.price_per_hour != manager.catalog.get("a10g").instance_for(1).spot
+    )  # not the catalog guess
     inst = instance_of(look, record)
     assert inst["InstanceLifecycle"] == "spot"
-    assert record.resource["market"] == "spot" and record.resource["price_per_hour"] == pytest.approx(cheapest)
+    assert record.resource["market"] == "spot" and record.resource[
+        "price_per_hour"
+    ] == pytest.approx(cheapest)
     run = [p for a, p in aws_env.calls if a == "RunInstances"][-1]
     assert run["InstanceMarketOptions.MarketType"] == "spot"
-    assert float(run["InstanceMarketOptions.SpotOptions.MaxPrice"]) == pytest.approx(1.006)  # on-demand cap
+    assert float(run["InstanceMarketOptions.SpotOptions.MaxPrice"]) == pytest.approx(
+        1.006
+    )  # on-demand cap
     cfg = user_data_of(look, record)
-    script = unpacked({f["path"]: f for f in cfg["write_files"]}[f"/var/lib/gpusession/{record.id}/session.sh"])
+    script = unpacked(
+        {f["path"]: f for f in cfg["write_files"]}[f"/var/lib/gpusession/{record.id}/session.sh"]
+    )
     agent_args = shlex.split(re.search(r"\nset -- (.*)\n", script).group(1))
-    assert "\nSPOT=1\n" in script and float(agent_args[agent_args.index("--price-per-hour") + 1]) == cheapest
-    assert manager.view(record)["spot"] is True and manager.view(record)["price_per_hour"] == pytest.approx(cheapest)
+    assert (
+        "\nSPOT=1\n" in script
+        and float(agent_args[agent_args.index("--price-per-hour") + 1]) == cheapest
+    )
+    assert manager.view(record)["spot"] is True and manager.view(record)[
+        "price_per_hour"
+    ] == pytest.approx(cheapest)
     manager.backend("aws").stop(record)
     assert leftovers(look) == NOTHING
 
@@ -169,35 +209,61 @@ def test_spot_price_falls_back_to_catalog_when_aws_has_none(manager, aws_env, lo
 
 
 def test_spot_capacity_falls_back_to_on_demand_when_allowed(manager, aws_env, look):
-    aws_env.faults.append(Fault("RunInstances", "InsufficientInstanceCapacity",
-                                "We currently do not have sufficient g4dn.xlarge capacity",
-                                when={"InstanceMarketOptions.MarketType": "spot"}))
+    aws_env.faults.append(
+        Fault(
+            "RunInstances",
+            "InsufficientInstanceCapacity",
+            "We currently do not have sufficient g4dn.xlarge capacity",
+            when={"InstanceMarketOptions.MarketType": "spot"},
+        )
+    )
     record, lines = provision(manager, spec_for(manager, "t4", spot=True, fallback="on-demand"))
     inst = instance_of(look, record)
     assert inst.get("InstanceLifecycle") != "spot"
     assert record.resource["market"] == "on-demand" and record.resource["price_per_hour"] == 0.526
     assert any("fell back to g4dn.xlarge on-demand" in line for line in lines), lines
-    assert any("capacity fallback" in e.detail and "InsufficientInstanceCapacity" in e.detail for e in record.events)
+    assert any(
+        "capacity fallback" in e.detail and "InsufficientInstanceCapacity" in e.detail
+        for e in record.events
+    )
     manager.backend("aws").stop(record)
 
 
 def test_capacity_falls_back_to_another_zone_when_allowed(manager, aws_env, look):
-    subnets = look.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+    subnets = look.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])[
+        "Subnets"
+    ]
     first = min(subnets, key=lambda s: s["AvailabilityZone"])
-    aws_env.faults.append(Fault("RunInstances", "InsufficientInstanceCapacity", "no capacity in this zone",
-                                when={"NetworkInterface.1.SubnetId": first["SubnetId"]}))
+    aws_env.faults.append(
+        Fault(
+            "RunInstances",
+            "InsufficientInstanceCapacity",
+            "no capacity in this zone",
+            when={"NetworkInterface.1.SubnetId": first["SubnetId"]},
+        )
+    )
     record, _ = provision(manager, spec_for(manager, "t4", fallback="zone"))
     assert record.resource["zone"] != first["AvailabilityZone"]
     assert instance_of(look, record)["Placement"]["AvailabilityZone"] == record.resource["zone"]
     # the new workspace's volume moved with the attempt: one volume, in the instance's zone
-    (volume,) = look.describe_volumes(Filters=[{"Name": "tag:gpusession:workspace", "Values": [record.name]}])["Volumes"]
-    assert volume["VolumeId"] == record.resource["volume_id"] and volume["AvailabilityZone"] == record.resource["zone"]
+    (volume,) = look.describe_volumes(
+        Filters=[{"Name": "tag:gpusession:workspace", "Values": [record.name]}]
+    )["Volumes"]
+    assert (
+        volume["VolumeId"] == record.resource["volume_id"]
+        and volume["AvailabilityZone"] == record.resource["zone"]
+    )
     manager.backend("aws").stop(record)
 
 
 def test_capacity_error_without_fallback_fails_clearly_and_leaves_nothing(manager, aws_env, look):
-    aws_env.faults.append(Fault("RunInstances", "InsufficientInstanceCapacity",
-                                "We currently do not have sufficient g4dn.xlarge capacity in the AZ you requested"))
+    aws_env.faults.append(
+        Fault(
+            "RunInstances",
+            "InsufficientInstanceCapacity",
+            "We currently do not have sufficient g4dn.xlarge capacity in the AZ you requested",
+        )
+    )
     with pytest.raises(StageError) as err:
         manager.start(spec_for(manager, "t4", spot=True))
     assert err.value.stage == "provision"
@@ -207,30 +273,53 @@ def test_capacity_error_without_fallback_fails_clearly_and_leaves_nothing(manage
     assert record.state == State.FAILED and "provision" in record.error
     assert leftovers(look) == NOTHING
     # the workspace's volume, made before the launch, is the user's: kept, and said
-    (volume,) = look.describe_volumes(Filters=[{"Name": "tag:gpusession:workspace", "Values": [record.name]}])["Volumes"]
+    (volume,) = look.describe_volumes(
+        Filters=[{"Name": "tag:gpusession:workspace", "Values": [record.name]}]
+    )["Volumes"]
     assert volume["State"] == "available" and volume["Size"] == 50 and volume["VolumeType"] == "gp3"
-    assert any(f"workspace {record.name} (EBS volume {volume['VolumeId']}) is kept" in e.detail for e in record.events)
+    assert any(
+        f"workspace {record.name} (EBS volume {volume['VolumeId']}) is kept" in e.detail
+        for e in record.events
+    )
 
 
 def test_the_instance_goes_to_its_workspace_volumes_zone(manager, aws_env, look):
-    subnets = sorted(look.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"],
-                     key=lambda s: s["AvailabilityZone"])
+    subnets = sorted(
+        look.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"],
+        key=lambda s: s["AvailabilityZone"],
+    )
     last = subnets[-1]["AvailabilityZone"]
-    tags = [{"Key": "gpusession:workspace", "Value": "wz"}, {"Key": "gpusession:store", "Value": manager.store.store_id}]
-    vid = look.create_volume(AvailabilityZone=last, Size=8, VolumeType="gp3",  # an earlier session's workspace
-                             TagSpecifications=[{"ResourceType": "volume", "Tags": tags}])["VolumeId"]
+    tags = [
+        {"Key": "gpusession:workspace", "Value": "wz"},
+        {"Key": "gpusession:store", "Value": manager.store.store_id},
+    ]
+    vid = look.create_volume(
+        AvailabilityZone=last,
+        Size=8,
+        VolumeType="gp3",  # an earlier session's workspace
+        TagSpecifications=[{"ResourceType": "volume", "Tags": tags}],
+    )["VolumeId"]
     record, lines = provision(manager, spec_for(manager, "t4", resume="wz"))
     assert record.resource["volume_id"] == vid and record.resource["zone"] == last
     assert instance_of(look, record)["Placement"]["AvailabilityZone"] == last
-    assert any(f"volume {vid} (8 GiB) in {last}, kept from an earlier session" in line for line in lines), lines
-    assert look.describe_volumes(VolumeIds=[vid])["Volumes"][0]["Attachments"][0]["InstanceId"] == \
-        record.resource["instance_id"]
+    assert any(
+        f"volume {vid} (8 GiB) in {last}, kept from an earlier session" in line for line in lines
+    ), lines
+    assert (
+        look.describe_volumes(VolumeIds=[vid])["Volumes"][0]["Attachments"][0]["InstanceId"]
+        == record.resource["instance_id"]
+    )
     manager.backend("aws").stop(record)
-    manager.store.transition(record.id, State.STOPPED)  # the session ended: its workspace is free again
+    manager.store.transition(
+        record.id, State.STOPPED
+    )  # the session ended: its workspace is free again
     assert look.describe_volumes(VolumeIds=[vid])["Volumes"][0]["State"] == "available"
     elsewhere = spec_for(manager, "t4", workspace="wz", subnet=subnets[0]["SubnetId"])
-    with pytest.raises(StageError, match=f"workspace wz's volume {vid} is in {last}, and the instance cannot be "
-                                         f"launched there .*pass --subnet of a subnet in {last}"):
+    with pytest.raises(
+        StageError,
+        match=f"workspace wz's volume {vid} is in {last}, and the instance cannot be "
+        f"launched there .*pass --subnet of a subnet in {last}",
+    ):
         manager.start(elsewhere)
     with pytest.raises(StageError, match="no workspace nope in us-east-1 to resume"):
         manager.start(spec_for(manager, "t4", resume="nope"))
@@ -238,8 +327,13 @@ def test_the_instance_goes_to_its_workspace_volumes_zone(manager, aws_env, look)
 
 
 def test_quota_error_names_the_quota_and_leaves_nothing(manager, aws_env, look):
-    aws_env.faults.append(Fault("RunInstances", "VcpuLimitExceeded",
-                                "You have requested more vCPU capacity than your current vCPU limit of 0 allows"))
+    aws_env.faults.append(
+        Fault(
+            "RunInstances",
+            "VcpuLimitExceeded",
+            "You have requested more vCPU capacity than your current vCPU limit of 0 allows",
+        )
+    )
     with pytest.raises(StageError) as err:
         manager.start(spec_for(manager, "t4"))
     assert err.value.stage == "provision"
@@ -262,11 +356,15 @@ def test_unreachable_instance_times_out_naming_the_stage_and_leaves_nothing(mana
 def test_unknown_region_is_refused_before_anything_is_asked(manager, aws_env):
     with pytest.raises(BadInput) as err:
         manager.start(spec_for(manager, "t4", region="mars-east-1"))
-    assert "region 'mars-east-1' is no AWS region name" in str(err.value) and "us-east-1" in str(err.value)
+    assert "region 'mars-east-1' is no AWS region name" in str(err.value) and "us-east-1" in str(
+        err.value
+    )
     assert aws_env.calls == [] and manager.list() == []
 
 
-def test_bad_credentials_are_refused_before_anything_is_recorded(manager, aws_env, look, monkeypatch):
+def test_bad_credentials_are_refused_before_anything_is_recorded(
+    manager, aws_env, look, monkeypatch
+):
     from support.ec2 import MotoServer
 
     strict = MotoServer(env={"INITIAL_NO_AUTH_ACTION_COUNT": "0"})  # moto checks keys like IAM does
@@ -281,8 +379,13 @@ def test_bad_credentials_are_refused_before_anything_is_recorded(manager, aws_en
 
 
 def test_credentials_rejected_midway_clean_up_what_was_made(manager, aws_env, look):
-    aws_env.faults.append(Fault("CreateSecurityGroup", "UnauthorizedOperation",
-                                "You are not authorized to perform this operation."))
+    aws_env.faults.append(
+        Fault(
+            "CreateSecurityGroup",
+            "UnauthorizedOperation",
+            "You are not authorized to perform this operation.",
+        )
+    )
     with pytest.raises(StageError) as err:
         manager.start(spec_for(manager, "t4"))
     assert err.value.stage == "provision" and "AWS refused the credentials" in str(err.value)
@@ -301,15 +404,25 @@ def test_no_credentials_at_all(manager, aws_env, monkeypatch):
 def test_gc_removes_what_a_dead_process_left(manager, aws_env, look):
     spec = spec_for(manager, "t4")
     backend = manager.backend("aws")
-    record = manager.store.create(spec, price_per_hour=0.526, owner="someone@" + __import__("socket").gethostname() + ":999999999")
+    record = manager.store.create(
+        spec,
+        price_per_hour=0.526,
+        owner="someone@" + __import__("socket").gethostname() + ":999999999",
+    )
     manager.store.transition(record.id, State.PROVISIONING)
     backend.provision(manager.store.get(record.id), Progress())
     assert leftovers(look)["instances"]
     resources = backend.list_resources()
     assert [r.session_id for r in resources] == [record.id]
-    assert resources[0].running and "key pair" in resources[0].description and "security group" in resources[0].description
+    assert (
+        resources[0].running
+        and "key pair" in resources[0].description
+        and "security group" in resources[0].description
+    )
     actions = manager.gc()
-    assert any(a.verb == "stop" and a.why == "left provisioning by a dead process" for a in actions), actions
+    assert any(
+        a.verb == "stop" and a.why == "left provisioning by a dead process" for a in actions
+    ), actions
     assert leftovers(look) == NOTHING
     assert manager.get(record.id).state == State.FAILED
 
@@ -318,11 +431,18 @@ def test_gc_removes_resources_of_a_stopped_session(manager, aws_env, look):
     record, _ = provision(manager, spec_for(manager, "t4"))
     manager.store.transition(record.id, State.STOPPED, "recorded stopped, but the instance stayed")
     actions = manager.gc(dry_run=True)
-    assert any(a.verb == "remove" and not a.done and a.target.startswith("EC2 instance") for a in actions), actions
+    assert any(
+        a.verb == "remove" and not a.done and a.target.startswith("EC2 instance") for a in actions
+    ), actions
     assert leftovers(look)["instances"]
     actions = manager.gc()
-    assert any(a.verb == "remove" and a.done and a.target.startswith("EC2 instance") and a.why.endswith("is stopped")
-               for a in actions), actions
+    assert any(
+        a.verb == "remove"
+        and a.done
+        and a.target.startswith("EC2 instance")
+        and a.why.endswith("is stopped")
+        for a in actions
+    ), actions
     assert leftovers(look) == NOTHING
 
 

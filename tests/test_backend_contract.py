@@ -44,7 +44,9 @@ class FakeBackend(Backend):
     def provision(self, record: SessionRecord, progress: Progress) -> None:
         machine = self._folder() / f"{record.id}.json"
         progress.step("making a fake machine")
-        machine.write_text(json.dumps({"session": record.id, "store": self.recorder.store_id, "running": True}))
+        machine.write_text(
+            json.dumps({"session": record.id, "store": self.recorder.store_id, "running": True})
+        )
         self.recorder.save(record.id, machine=str(machine))
         self.recorder.note(record.id, "fake machine made")
 
@@ -53,7 +55,11 @@ class FakeBackend(Backend):
 
     def is_alive(self, record: SessionRecord) -> bool:
         machine = record.resource.get("machine")
-        return bool(machine) and Path(machine).exists() and json.loads(Path(machine).read_text())["running"]
+        return (
+            bool(machine)
+            and Path(machine).exists()
+            and json.loads(Path(machine).read_text())["running"]
+        )
 
     def stop_details(self, record: SessionRecord) -> StopDetails | None:
         machine = record.resource.get("machine")
@@ -70,8 +76,16 @@ class FakeBackend(Backend):
         for path in sorted(self._folder().glob("*.json")):
             data = json.loads(path.read_text())
             if data["store"] == self.recorder.store_id:
-                found.append(RemoteResource(self.name, data["session"], path.name, f"fake machine {path.stem[:8]}",
-                                            running=data["running"], details={"path": str(path)}))
+                found.append(
+                    RemoteResource(
+                        self.name,
+                        data["session"],
+                        path.name,
+                        f"fake machine {path.stem[:8]}",
+                        running=data["running"],
+                        details={"path": str(path)},
+                    )
+                )
         return found
 
     def remove_resource(self, resource: RemoteResource) -> None:
@@ -118,8 +132,15 @@ def test_a_backend_from_base_alone_is_found_through_the_discovery_seam(only_fake
 
 
 def _record(spec: LaunchSpec) -> SessionRecord:
-    return SessionRecord(id="f" * 32, name="fake-1", spec=spec, state=State.PROVISIONING, created_at=time.time(),
-                         updated_at=time.time(), owner="test")
+    return SessionRecord(
+        id="f" * 32,
+        name="fake-1",
+        spec=spec,
+        state=State.PROVISIONING,
+        created_at=time.time(),
+        updated_at=time.time(),
+        owner="test",
+    )
 
 
 def test_the_contract_drives_a_minimal_backend(only_fake, gs_home):
@@ -137,9 +158,15 @@ def test_the_contract_drives_a_minimal_backend(only_fake, gs_home):
     saved = recorder.saved[record.id]
     assert Path(saved["machine"]).exists() and recorder.notes == [(record.id, "fake machine made")]
 
-    record.resource.update(saved)  # what the session layer hands back: the record with its saved resource
+    record.resource.update(
+        saved
+    )  # what the session layer hands back: the record with its saved resource
     link = backend.connect(record, Progress())
-    assert link.healthy() and link.reconnects == 0 and link.endpoint.connection_info["ip"] == "127.0.0.1"
+    assert (
+        link.healthy()
+        and link.reconnects == 0
+        and link.endpoint.connection_info["ip"] == "127.0.0.1"
+    )
     assert backend.is_alive(record) and backend.stop_details(record) is None
     (resource,) = backend.list_resources()
     assert (resource.session_id, resource.running) == (record.id, True)
@@ -163,10 +190,16 @@ def test_the_session_layer_records_what_the_backend_returns(only_fake, manager):
     # the remote side ends by itself and leaves its word, as a runtime's stopped.json would
     at = time.time()
     reason = StopReason(StopKind.IDLE, idle_for_s=5.0, idle_timeout_s=5.0)
-    Path(record.resource["machine"]).write_text(json.dumps({
-        "session": record.id, "store": manager.store.store_id, "running": False,
-        "stopped": {"reason": reason.to_dict(), "at": at, "summary": {"cost": 0.0}},
-    }))
+    Path(record.resource["machine"]).write_text(
+        json.dumps(
+            {
+                "session": record.id,
+                "store": manager.store.store_id,
+                "running": False,
+                "stopped": {"reason": reason.to_dict(), "at": at, "summary": {"cost": 0.0}},
+            }
+        )
+    )
     manager.store.transition(record.id, State.RUNNING)
     record = manager.reconcile(manager.get(record.id), backend)
     assert record.state == State.STOPPED
@@ -177,9 +210,13 @@ def test_the_session_layer_records_what_the_backend_returns(only_fake, manager):
 
 def test_gc_removes_a_fake_machine_unknown_to_the_store(only_fake, manager):
     backend = manager.backend("fake")
-    crashed = MemoryRecorder()  # a process of this store that made a machine and died before recording it
+    crashed = (
+        MemoryRecorder()
+    )  # a process of this store that made a machine and died before recording it
     crashed.store_id = manager.store.store_id
-    FakeBackend(manager.config, crashed).provision(_record(LaunchSpec("t4", backend="fake")), Progress())
+    FakeBackend(manager.config, crashed).provision(
+        _record(LaunchSpec("t4", backend="fake")), Progress()
+    )
     assert len(backend.list_resources()) == 1
     actions = manager.gc()
     assert [(a.verb, a.why) for a in actions] == [("remove", "unknown to the store")]
@@ -188,14 +225,20 @@ def test_gc_removes_a_fake_machine_unknown_to_the_store(only_fake, manager):
 
 def test_a_runtime_log_says_why_it_ended():
     stopped = StopReason(StopKind.MAX_COST, spent=5.0, max_cost=5.0)
-    log = "\n".join([
-        "some output",
-        marker_line(Marker.READY),
-        marker_line(Marker.STOPPED, stopped.to_dict()),
-        marker_line(Marker.SUMMARY, {"cost": 5.0}),
-    ])
+    log = "\n".join(
+        [
+            "some output",
+            marker_line(Marker.READY),
+            marker_line(Marker.STOPPED, stopped.to_dict()),
+            marker_line(Marker.SUMMARY, {"cost": 5.0}),
+        ]
+    )
     assert stop_details_from_log(log) == StopDetails(reason=stopped, summary={"cost": 5.0})
     failed = marker_line(Marker.FAILED, {"stage": "kernel", "error": "no python3"})
-    assert stop_details_from_log(failed) == StopDetails(reason=StopReason(StopKind.START_FAILED, detail="kernel: no python3"))
-    assert stop_details_from_log(failed + "\n" + log).reason == stopped  # its stop wins over a failed start
+    assert stop_details_from_log(failed) == StopDetails(
+        reason=StopReason(StopKind.START_FAILED, detail="kernel: no python3")
+    )
+    assert (
+        stop_details_from_log(failed + "\n" + log).reason == stopped
+    )  # its stop wins over a failed start
     assert stop_details_from_log("GPUSESSION_READY\nplain output\n") is None

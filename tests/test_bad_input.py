@@ -23,7 +23,9 @@ from gpusession.protocol import Marker
 from gpusession.store import Store
 
 HOST64 = "ssh://" + "a" * 64  # a DNS label of 64 letters: IDNA refuses it (issue 10 item 1)
-BIG = "x" * 50_000  # under the 64 KiB REST body cap and the 128 KiB limit of one command-line argument
+BIG = (
+    "x" * 50_000
+)  # under the 64 KiB REST body cap and the 128 KiB limit of one command-line argument
 MAX_MESSAGE = 400  # a clear error is short: no value is echoed whole
 
 # (case, the option words of `%gpu start` / `gpusession start`, the field that must be named).
@@ -117,7 +119,9 @@ def clear_magic(shell, words: list[str], capsys) -> str | None:
 
     line = "start " + shlex.join(words if "--backend" in words else ["--backend", "local", *words])
     result = shell.run_cell(f"%gpu {line}")
-    err = [line for line in capsys.readouterr().err.strip().splitlines() if not _SERVER_LOG.match(line)]
+    err = [
+        line for line in capsys.readouterr().err.strip().splitlines() if not _SERVER_LOG.match(line)
+    ]
     if not isinstance(result.error_in_exec, UsageError) or len(err) != 1:
         print("not one clear line:", repr(result.error_in_exec), err)
         return None
@@ -126,11 +130,21 @@ def clear_magic(shell, words: list[str], capsys) -> str | None:
 
 def clear_cli(env, words: list[str]) -> str | None:
     argv = words if "--backend" in words else ["--backend", "local", *words]
-    r = subprocess.run([sys.executable, "-m", "gpusession", "start", *argv], env=env, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpusession", "start", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = r.stderr.strip().splitlines()
     # exit 1 for a value the option table refuses, 2 for a command line argparse cannot read
-    if r.returncode not in (1, 2) or len(lines) != 1 or not lines[0].startswith("gpusession start: ") or r.stdout.strip():
+    if (
+        r.returncode not in (1, 2)
+        or len(lines) != 1
+        or not lines[0].startswith("gpusession start: ")
+        or r.stdout.strip()
+    ):
         return None
     return lines[0] if len(lines[0]) <= MAX_MESSAGE else None
 
@@ -185,8 +199,10 @@ async def test_bad_input_is_one_clear_error_on_every_face(gs_home, nb_env, jp_fe
             unclear.append(f"rest, {case}: {message!r}")
     nothing_left(gs_home)
     with capsys.disabled():
-        print(f"\nclear errors: magic {counts['magic']}/{len(CASES)}, cli {counts['cli']}/{len(CASES)}, "
-              f"rest {counts['rest']}/{len(CASES) + len(REST_ONLY)}")
+        print(
+            f"\nclear errors: magic {counts['magic']}/{len(CASES)}, cli {counts['cli']}/{len(CASES)}, "
+            f"rest {counts['rest']}/{len(CASES) + len(REST_ONLY)}"
+        )
     assert unclear == []
 
 
@@ -194,34 +210,53 @@ async def test_bad_input_is_one_clear_error_on_every_face(gs_home, nb_env, jp_fe
 
 
 def read(values: dict, face: str = options.REST):
-    return options.build_spec(values, config=GpuSessionConfig(), catalog=load_catalog(), backend_default="local",
-                              backends=["aws", "docker", "local"], face=face)
+    return options.build_spec(
+        values,
+        config=GpuSessionConfig(),
+        catalog=load_catalog(),
+        backend_default="local",
+        backends=["aws", "docker", "local"],
+        face=face,
+    )
 
 
-@pytest.mark.parametrize("host", [
-    "ssh://gpu-box", "ssh://me@gpu-box", "ssh://me@gpu-box:2222", "ssh://root@10.200.0.2",
-    "ssh://me@box.example.com", "ssh://[::1]:22", "ssh://me@bücher.example", "ssh://my_alias", "ssh://gpu-box/",
-])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "ssh://gpu-box",
+        "ssh://me@gpu-box",
+        "ssh://me@gpu-box:2222",
+        "ssh://root@10.200.0.2",
+        "ssh://me@box.example.com",
+        "ssh://[::1]:22",
+        "ssh://me@bücher.example",
+        "ssh://my_alias",
+        "ssh://gpu-box/",
+    ],
+)
 def test_good_hosts_are_kept_as_written(host):
     assert read({"backend": "docker", "host": host}).host == host.rstrip("/")
 
 
-@pytest.mark.parametrize("host, needle", [
-    (HOST64, "longer than 63 characters"),
-    ("ssh://" + ".".join(["a" * 60] * 5), "longer than 253 characters"),
-    ("gpu-box", "write ssh://[user@]host[:port]"),
-    ("tcp://gpu-box:2375", "write ssh://[user@]host[:port]"),
-    ("ssh://", "no host"),
-    ("ssh://me@", "no host"),
-    ("ssh://me@gpu-box:0", "port"),
-    ("ssh://me@gpu-box:65536", "port"),
-    ("ssh://me@gpu-box:ssh", "port"),
-    ("ssh://me:secret@gpu-box", "password"),
-    ("ssh://gpu box", "host name"),
-    ("ssh://gpu..box", "empty"),
-    ("ssh://gpu-box?x=1", "ssh://[user@]host[:port]"),
-    ("ssh://m e@gpu-box", "user"),
-])
+@pytest.mark.parametrize(
+    "host, needle",
+    [
+        (HOST64, "longer than 63 characters"),
+        ("ssh://" + ".".join(["a" * 60] * 5), "longer than 253 characters"),
+        ("gpu-box", "write ssh://[user@]host[:port]"),
+        ("tcp://gpu-box:2375", "write ssh://[user@]host[:port]"),
+        ("ssh://", "no host"),
+        ("ssh://me@", "no host"),
+        ("ssh://me@gpu-box:0", "port"),
+        ("ssh://me@gpu-box:65536", "port"),
+        ("ssh://me@gpu-box:ssh", "port"),
+        ("ssh://me:secret@gpu-box", "password"),
+        ("ssh://gpu box", "host name"),
+        ("ssh://gpu..box", "empty"),
+        ("ssh://gpu-box?x=1", "ssh://[user@]host[:port]"),
+        ("ssh://m e@gpu-box", "user"),
+    ],
+)
 def test_bad_hosts_are_refused_naming_the_field(host, needle):
     with pytest.raises(options.BadOptions) as e:
         read({"backend": "docker", "host": host})
@@ -235,8 +270,13 @@ def test_bad_hosts_are_refused_naming_the_field(host, needle):
 
 
 def test_a_bad_host_from_the_cli_is_refused_before_anything_is_recorded(nb_env, gs_home):
-    r = subprocess.run([sys.executable, "-m", "gpusession", "start", "--backend", "docker", "--host", HOST64],
-                       env=nb_env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpusession", "start", "--backend", "docker", "--host", HOST64],
+        env=nb_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpusession start: --host: "), r.stderr
@@ -245,8 +285,11 @@ def test_a_bad_host_from_the_cli_is_refused_before_anything_is_recorded(nb_env, 
 
 
 def test_long_values_are_never_echoed_whole():
-    problems = options.check_body({"name": BIG, "image": BIG, "idle": BIG, BIG: 1, "region": "r" * 200},
-                                  catalog=load_catalog(), backends=["aws", "docker", "local"])
+    problems = options.check_body(
+        {"name": BIG, "image": BIG, "idle": BIG, BIG: 1, "region": "r" * 200},
+        catalog=load_catalog(),
+        backends=["aws", "docker", "local"],
+    )
     assert all(len(k) <= 80 and len(v) <= MAX_MESSAGE for k, v in problems.items()), problems
     assert len(str(options.BadOptions(problems))) < 2 * MAX_MESSAGE
 
@@ -261,7 +304,12 @@ MARKERS = re.compile(r"\b(?:%s)\b" % "|".join(m.value for m in Marker))
 def one_line(text: str) -> str | None:
     """The text when it is one clear line: no traceback, no protocol marker, not too long."""
     lines = text.strip().splitlines()
-    if len(lines) != 1 or "Traceback" in text or MARKERS.search(text) or len(lines[0]) > 2 * MAX_MESSAGE:
+    if (
+        len(lines) != 1
+        or "Traceback" in text
+        or MARKERS.search(text)
+        or len(lines[0]) > 2 * MAX_MESSAGE
+    ):
         return None
     return lines[0]
 
@@ -278,11 +326,19 @@ def magic_error(shell, cell: str, capsys) -> str | None:
     if not isinstance(result.error_in_exec, UsageError):
         return None
     # the test's jupyter server (jp_fetch) logs to the same stderr: its lines are not the notebook's
-    return one_line("\n".join(line for line in captured.err.splitlines() if not _SERVER_LOG.match(line)))
+    return one_line(
+        "\n".join(line for line in captured.err.splitlines() if not _SERVER_LOG.match(line))
+    )
 
 
 def cli_error(env, *argv: str) -> str | None:
-    r = subprocess.run([sys.executable, "-m", "gpusession", *argv], env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpusession", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if r.returncode != 1 or MARKERS.search(r.stdout):
         return None
     return one_line(r.stderr)
@@ -309,14 +365,31 @@ def shell(gs_home, capsys):
     InteractiveShell.clear_instance()
 
 
-async def test_a_start_failure_never_shows_protocol_lines(gs_home, nb_env, shell, jp_fetch, capsys, monkeypatch):
+async def test_a_start_failure_never_shows_protocol_lines(
+    gs_home, nb_env, shell, jp_fetch, capsys, monkeypatch
+):
     """A kernel that dies while it boots (here: an IPYTHONDIR it cannot create) fails the start
     in one line that names the cause, on every face, with none of the runtime's marker lines."""
     seen: dict[str, str | None] = {}
-    seen["cli"] = cli_error(dict(nb_env, IPYTHONDIR="/proc/no-ipython-dir"), "start", "--backend", "local", "--name", "c1")
-    monkeypatch.setenv("IPYTHONDIR", "/proc/no-ipython-dir")  # the runtimes started in this process inherit it
+    seen["cli"] = cli_error(
+        dict(nb_env, IPYTHONDIR="/proc/no-ipython-dir"),
+        "start",
+        "--backend",
+        "local",
+        "--name",
+        "c1",
+    )
+    monkeypatch.setenv(
+        "IPYTHONDIR", "/proc/no-ipython-dir"
+    )  # the runtimes started in this process inherit it
     seen["magic"] = magic_error(shell, "%gpu start --backend local --name m1", capsys)
-    r = await jp_fetch("gpusession", "api", "sessions", method="POST", body=json.dumps({"backend": "local", "name": "r1"}))
+    r = await jp_fetch(
+        "gpusession",
+        "api",
+        "sessions",
+        method="POST",
+        body=json.dumps({"backend": "local", "name": "r1"}),
+    )
     assert r.code == 202
     m = Store(gs_home / "sessions.sqlite3")
     for _ in range(600):
@@ -325,36 +398,62 @@ async def test_a_start_failure_never_shows_protocol_lines(gs_home, nb_env, shell
         await asyncio.sleep(0.1)
     r = await jp_fetch("gpusession", "api", "sessions", "r1")
     seen["rest"] = one_line(json.loads(r.body)["error"] or "")
-    seen["status"] = one_line("\n".join(line for line in subprocess.run(
-        [sys.executable, "-m", "gpusession", "status", "c1"], env=nb_env, capture_output=True, text=True,
-        timeout=60).stdout.splitlines() if "error:" in line))
-    bad = {face: text for face, text in seen.items() if text is None or "/proc/no-ipython-dir" not in text}
+    seen["status"] = one_line(
+        "\n".join(
+            line
+            for line in subprocess.run(
+                [sys.executable, "-m", "gpusession", "status", "c1"],
+                env=nb_env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout.splitlines()
+            if "error:" in line
+        )
+    )
+    bad = {
+        face: text
+        for face, text in seen.items()
+        if text is None or "/proc/no-ipython-dir" not in text
+    }
     assert bad == {}, seen
     assert not any(MARKERS.search(r.error or "") for r in m.list()), [r.error for r in m.list()]
     nothing_running(gs_home)
 
 
-async def test_an_unknown_session_is_one_line_on_every_face(gs_home, nb_env, shell, jp_fetch, capsys):
+async def test_an_unknown_session_is_one_line_on_every_face(
+    gs_home, nb_env, shell, jp_fetch, capsys
+):
     assert magic_error(shell, "%%gpu relnope\nprint(1)", capsys) == (
-        "UsageError: no session named 'relnope'; `%gpu list` shows the sessions")
+        "UsageError: no session named 'relnope'; `%gpu list` shows the sessions"
+    )
     assert "no session named 'relnope'" in (cli_error(nb_env, "status", "relnope") or "")
     # a pattern is no id: with one session recorded, '%%%%%%%%' (a LIKE pattern) must not find it
-    Store(gs_home / "sessions.sqlite3").create(read({"backend": "local", "name": "only"}), price_per_hour=0.0)
+    Store(gs_home / "sessions.sqlite3").create(
+        read({"backend": "local", "name": "only"}), price_per_hour=0.0
+    )
     assert "no session named '%%%%%%%%'" in (cli_error(nb_env, "status", "%" * 8) or "")
     # a REST 404 says the name as the client wrote it: one %, not tornado's doubled %% nor the
     # wire's %25 (jp_fetch quotes each part: the name 50%off travels as 50%25off)
     r = await jp_fetch("gpusession", "api", "sessions", "50%off", raise_error=False)
     message = json.loads(r.body)["message"]
-    assert r.code == 404 and "50%off" in message and "%%" not in message and "%25" not in message, message
+    assert r.code == 404 and "50%off" in message and "%%" not in message and "%25" not in message, (
+        message
+    )
 
 
 @pytest.mark.parametrize("where", ["file", "under a file", "read-only"])
-async def test_an_unusable_gpusession_home_is_one_line_on_every_face(where, tmp_path, gs_home, nb_env, capsys,
-                                                                     monkeypatch):
+async def test_an_unusable_gpusession_home_is_one_line_on_every_face(
+    where, tmp_path, gs_home, nb_env, capsys, monkeypatch
+):
     from IPython.core.interactiveshell import InteractiveShell
 
     (tmp_path / "a-file").write_text("not a folder")
-    home = {"file": tmp_path / "a-file", "under a file": tmp_path / "a-file" / "gs", "read-only": Path("/proc/gs")}[where]
+    home = {
+        "file": tmp_path / "a-file",
+        "under a file": tmp_path / "a-file" / "gs",
+        "read-only": Path("/proc/gs"),
+    }[where]
     env = dict(nb_env, GPUSESSION_HOME=str(home))
     message = cli_error(env, "list")
     assert message is not None and str(home) in message and "GPUSESSION_HOME" in message, message
@@ -365,7 +464,10 @@ async def test_an_unusable_gpusession_home_is_one_line_on_every_face(where, tmp_
         capsys.readouterr()
         for cell in ("%gpu list", "%gpu start --backend local", "%%gpu some-name\nprint(1)"):
             message = magic_error(shell, cell, capsys)
-            assert message is not None and str(home) in message and "GPUSESSION_HOME" in message, (cell, message)
+            assert message is not None and str(home) in message and "GPUSESSION_HOME" in message, (
+                cell,
+                message,
+            )
     finally:
         shell.run_line_magic("unload_ext", "gpusession")
         InteractiveShell.clear_instance()
@@ -384,23 +486,39 @@ async def test_the_server_says_why_when_its_home_is_unusable(file_home, jp_fetch
     for path in (("sessions",), ("sessions", "x"), ("options",)):
         r = await jp_fetch("gpusession", "api", *path, raise_error=False)
         message = json.loads(r.body).get("message", "")
-        assert r.code == 503 and str(file_home) in message and "GPUSESSION_HOME" in message, (path, r.code, message)
+        assert r.code == 503 and str(file_home) in message and "GPUSESSION_HOME" in message, (
+            path,
+            r.code,
+            message,
+        )
     r = await jp_fetch("gpusession", "api", "sessions", method="POST", body="{}", raise_error=False)
     assert r.code == 503
 
 
-async def test_a_bad_reconnect_timeout_starts_nothing(gs_home, nb_env, shell, jp_fetch, capsys, monkeypatch):
+async def test_a_bad_reconnect_timeout_starts_nothing(
+    gs_home, nb_env, shell, jp_fetch, capsys, monkeypatch
+):
     """GPUSESSION_RECONNECT_TIMEOUT is read before anything is recorded or started, not by the
     tunnel once the session's kernel runs."""
     for value in ("abc", "0.001s", "2d"):
-        message = cli_error(dict(nb_env, GPUSESSION_RECONNECT_TIMEOUT=value), "start", "--backend", "local")
+        message = cli_error(
+            dict(nb_env, GPUSESSION_RECONNECT_TIMEOUT=value), "start", "--backend", "local"
+        )
         assert message is not None and "GPUSESSION_RECONNECT_TIMEOUT" in message, (value, message)
     monkeypatch.setenv("GPUSESSION_RECONNECT_TIMEOUT", "abc")
     message = magic_error(shell, "%gpu start --backend local", capsys)
     assert message is not None and "GPUSESSION_RECONNECT_TIMEOUT='abc'" in message, message
-    r = await jp_fetch("gpusession", "api", "sessions", method="POST", body=json.dumps({"backend": "local"}),
-                       raise_error=False)
+    r = await jp_fetch(
+        "gpusession",
+        "api",
+        "sessions",
+        method="POST",
+        body=json.dumps({"backend": "local"}),
+        raise_error=False,
+    )
     message = json.loads(r.body).get("message", "")
-    assert r.code >= 400 and "GPUSESSION_RECONNECT_TIMEOUT='abc'" in message and "\n" not in message, (r.code, message)
+    assert (
+        r.code >= 400 and "GPUSESSION_RECONNECT_TIMEOUT='abc'" in message and "\n" not in message
+    ), (r.code, message)
     assert Store(gs_home / "sessions.sqlite3").list() == [], "a bad setting recorded a session"
     nothing_running(gs_home)

@@ -24,4 +24,7 @@ def test_write_section_replaces_only_its_block(tmp_path):
     doc.write_text("intro\n<!-- x:begin -->\nold\n<!-- x:end -->\nrest\n")
     write_section(doc, "x", "new")
     write_section(doc, "y", "other")
-    assert doc.read_text() == "intro\n<!-- x:begin -->\nnew\n<!-- x:end -->\nrest\n\n<!-- y:begin -->\nother\n<!-- y:end -->\n"
+    assert (
+        doc.read_text()
+        == "intro\n<!-- x:begin -->\nnew\n<!-- x:end -->\nrest\n\n<!-- y:begin -->\nother\n<!-- y:end -->\n"
+    )

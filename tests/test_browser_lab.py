@@ -51,6 +51,7 @@ pytestmark = pytest.mark.browser
 # the browser fixtures, for this module only (a pytest_plugins entry would turn pytest-jupyter's loop off for every
 # later test of the run, and jp_fetch with it)
 from support import browser_fixtures as _shared  # noqa: E402
+
 browser, page = _shared.browser, _shared.page
 jp_asyncio_loop, jp_server_cleanup = _shared.jp_asyncio_loop, _shared.jp_server_cleanup
 sync_api = playwright_or_skip()
@@ -60,12 +61,16 @@ from gpusession.models import State  # noqa: E402
 
 CHARTS = "#gpusession-charts"
 # Boxes that say something (notes, warnings, errors, badges): body text contrast, WCAG AA.
-BOXES = (".gpusession-idle-warning, .gpusession-api-error, .gpusession-error, .gpusession-action-error, "
-         ".gpusession-stats-error, .gpusession-progress, .gpusession-recorded, .gpusession-history-reason, "
-         ".gpusession-state, .gpusession-form-error, .gpusession-history-error, .gpusession-charts-note")
+BOXES = (
+    ".gpusession-idle-warning, .gpusession-api-error, .gpusession-error, .gpusession-action-error, "
+    ".gpusession-stats-error, .gpusession-progress, .gpusession-recorded, .gpusession-history-reason, "
+    ".gpusession-state, .gpusession-form-error, .gpusession-history-error, .gpusession-charts-note"
+)
 # Everything else that is text, muted captions included: at least 3:1.
-TEXT = ("span, label, summary, h2, h3, button, .gpusession-kind, .gpusession-no-gpu, .gpusession-catalog-note, "
-        ".gpusession-type-price, .gpusession-empty")
+TEXT = (
+    "span, label, summary, h2, h3, button, .gpusession-kind, .gpusession-no-gpu, .gpusession-catalog-note, "
+    ".gpusession-type-price, .gpusession-empty"
+)
 
 
 def assert_readable(page, scope: str) -> None:
@@ -78,9 +83,15 @@ def assert_readable(page, scope: str) -> None:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> Iterator[Lab]:
     """One JupyterLab whose defaults come from its Jupyter config, not the environment."""
-    with running_lab(tmp_path_factory, "browser-lab-jupyterlab.log", env={"GPUSESSION_BACKEND": ""},
-                     extra_args=("--GpuSessionConfig.default_backend=local",
-                                 "--GpuSessionConfig.default_idle=45m")) as found:
+    with running_lab(
+        tmp_path_factory,
+        "browser-lab-jupyterlab.log",
+        env={"GPUSESSION_BACKEND": ""},
+        extra_args=(
+            "--GpuSessionConfig.default_backend=local",
+            "--GpuSessionConfig.default_idle=45m",
+        ),
+    ) as found:
         yield found
 
 
@@ -98,8 +109,15 @@ def seconds(text: str) -> int:
 def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
     manager = lab.manager
     # a start that fails for real: the agent cannot read the NVML recording it is given
-    broken = manager.create(manager.make_spec("t4", backend="local", idle="10m", name="broken-start",
-                                              nvml_replay=str(lab.root / "no-such-recording.json")))
+    broken = manager.create(
+        manager.make_spec(
+            "t4",
+            backend="local",
+            idle="10m",
+            name="broken-start",
+            nvml_replay=str(lab.root / "no-such-recording.json"),
+        )
+    )
     with pytest.raises(GpuSessionError):
         manager.launch(broken)
     assert manager.get(broken.id).state == State.FAILED
@@ -117,14 +135,17 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
         failed = history.locator('.gpusession-history-item[data-session-name="broken-start"]')
         sync_api.expect(failed).to_have_attribute("data-state", "failed")
         reason = failed.locator(".gpusession-history-reason")
-        sync_api.expect(reason).to_contain_text("failed: connect: kernel process exited during start")
+        sync_api.expect(reason).to_contain_text(
+            "failed: connect: kernel process exited during start"
+        )
         sync_api.expect(reason).to_contain_text("cannot read the NVML recording")
         assert re.fullmatch(r"\$0\.\d{4}", failed.locator(".gpusession-history-cost").inner_text())
 
         stopped = history.locator('.gpusession-history-item[data-session-name="idle-5s"]')
         sync_api.expect(stopped).to_have_attribute("data-state", "stopped", timeout=TIMEOUT_MS)
         sync_api.expect(stopped.locator(".gpusession-history-reason")).to_have_text(
-            "stopped by its idle watchdog after 5s idle")
+            "stopped by its idle watchdog after 5s idle"
+        )
         assert re.fullmatch(r"\$0\.\d{4}", stopped.locator(".gpusession-history-cost").inner_text())
         assert manager.get(idle.id).state == State.STOPPED
         assert not panel.locator('.gpusession-list [data-session-name="idle-5s"]').count()
@@ -145,7 +166,11 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
         sync_api.expect(again).to_have_attribute("data-state", "running", timeout=TIMEOUT_MS)
         name = again.get_attribute("data-session-name")
         record = manager.get(name)
-        assert name != "broken-start" and record.spec.gpu_type == "t4" and record.spec.backend == "local"
+        assert (
+            name != "broken-start"
+            and record.spec.gpu_type == "t4"
+            and record.spec.backend == "local"
+        )
         assert record.spec.idle_timeout_s == 600 and "nvml_replay" not in record.spec.extra
         again.locator(".gpusession-stop").click()
         sync_api.expect(again).to_have_count(0, timeout=TIMEOUT_MS)
@@ -157,12 +182,21 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
 
 def test_recorded_gpu_charts_draw_update_and_read_in_both_themes(lab, page):
     manager = lab.manager
-    replay = manager.start(manager.make_spec("t4", backend="local", idle="off", name="recorded-t4",
-                                             nvml_replay=str(DATA / "nvml_two_t4.json")))
+    replay = manager.start(
+        manager.make_spec(
+            "t4",
+            backend="local",
+            idle="off",
+            name="recorded-t4",
+            nvml_replay=str(DATA / "nvml_two_t4.json"),
+        )
+    )
     plain = manager.start(manager.make_spec("t4", backend="local", idle="off", name="no-gpu"))
     try:
         with screenshot_on_failure(page, "recorded"):
-            page.set_viewport_size({"width": 1400, "height": 1900})  # the whole sidebar in its screenshots
+            page.set_viewport_size(
+                {"width": 1400, "height": 1900}
+            )  # the whole sidebar in its screenshots
             open_lab(page, lab, "recorded")
             open_sidebar(page)
             panel = page.locator(PANEL)
@@ -170,7 +204,9 @@ def test_recorded_gpu_charts_draw_update_and_read_in_both_themes(lab, page):
             sync_api.expect(card).to_have_attribute("data-state", "running")
             badge = card.locator(".gpusession-recorded")
             sync_api.expect(badge).to_be_visible()
-            assert badge.text_content() == "recorded" and "--nvml-replay" in badge.get_attribute("title")
+            assert badge.text_content() == "recorded" and "--nvml-replay" in badge.get_attribute(
+                "title"
+            )
             gpus = card.locator(".gpusession-gpu")
             sync_api.expect(gpus).to_have_count(2)
             assert gpus.first.locator(".gpusession-gpu-title").inner_text() == "GPU 0 · Tesla T4"
@@ -187,7 +223,9 @@ def test_recorded_gpu_charts_draw_update_and_read_in_both_themes(lab, page):
             assert len(later.split()) > 1
             # the other card: no GPU, said quietly; the recorded badge is only on the replay
             other = panel.locator('.gpusession-card[data-session-name="no-gpu"]')
-            sync_api.expect(other.locator(".gpusession-no-gpu")).to_have_text("no NVIDIA GPU visible")
+            sync_api.expect(other.locator(".gpusession-no-gpu")).to_have_text(
+                "no NVIDIA GPU visible"
+            )
             assert not other.locator(".gpusession-recorded").is_visible()
 
             assert_readable(page, PANEL)
@@ -205,16 +243,25 @@ def test_recorded_gpu_charts_draw_update_and_read_in_both_themes(lab, page):
             sync_api.expect(charts.locator(".gpusession-charts-gpu")).to_have_count(2)
             sync_api.expect(charts.locator(".gpusession-recorded")).to_be_visible()
             for metric in ("util", "memory", "temp", "power"):
-                sync_api.expect(charts.locator(f'.gpusession-charts-gpu[data-gpu-index="0"] '
-                                               f'.gpusession-bigchart[data-metric="{metric}"]')).to_be_visible()
+                sync_api.expect(
+                    charts.locator(
+                        f'.gpusession-charts-gpu[data-gpu-index="0"] '
+                        f'.gpusession-bigchart[data-metric="{metric}"]'
+                    )
+                ).to_be_visible()
             for metric in ("cpu", "ram"):
-                sync_api.expect(charts.locator(f'.gpusession-charts-host .gpusession-bigchart[data-metric="{metric}"]')
-                                ).to_be_visible()
+                sync_api.expect(
+                    charts.locator(
+                        f'.gpusession-charts-host .gpusession-bigchart[data-metric="{metric}"]'
+                    )
+                ).to_be_visible()
             big = charts.locator('.gpusession-charts-gpu[data-gpu-index="0"] [data-metric="util"]')
             before, after = wait_for_change(lambda: big.get_attribute("data-points"))
             assert int(after) > int(before) >= 1
             charts.locator(".gpusession-charts-window").select_option("300")
-            sync_api.expect(big.locator(".gpusession-bigchart-start")).to_have_text(re.compile(r"^-\d+m$"))
+            sync_api.expect(big.locator(".gpusession-bigchart-start")).to_have_text(
+                re.compile(r"^-\d+m$")
+            )
             assert_readable(page, CHARTS)
             charts.screenshot(path=str(ARTIFACTS / "charts-dark.png"))
             set_theme(page, dark=False)
@@ -224,7 +271,8 @@ def test_recorded_gpu_charts_draw_update_and_read_in_both_themes(lab, page):
             # the session ends: the charts say so and keep what they drew
             manager.stop(replay.id)
             sync_api.expect(charts.locator(".gpusession-charts-note")).to_contain_text(
-                "Session recorded-t4 is stopped", timeout=TIMEOUT_MS)
+                "Session recorded-t4 is stopped", timeout=TIMEOUT_MS
+            )
             assert int(big.get_attribute("data-points")) > 0
             assert not page.errors, page.errors
     finally:
@@ -239,7 +287,9 @@ def test_idle_warning_readable_and_keep_alive(lab, page):
     """A session 40 s from its idle stop warns (8 s ahead) in words without the notebook's
     `%gpu keepalive` hint, readable in the dark theme, next to the Keep alive button, which
     takes the warning away."""
-    session = lab.manager.start(lab.manager.make_spec("t4", backend="local", idle="40s", name="idle-40s"))
+    session = lab.manager.start(
+        lab.manager.make_spec("t4", backend="local", idle="40s", name="idle-40s")
+    )
     try:
         with screenshot_on_failure(page, "idle-warning"):
             open_lab(page, lab, "idle")
@@ -256,7 +306,9 @@ def test_idle_warning_readable_and_keep_alive(lab, page):
             assert text.startswith("idle for ") and "keepalive" not in text, text
             assert not measured, measured
             sync_api.expect(warning).to_be_hidden()
-            sync_api.expect(card.locator(".gpusession-idle")).to_have_text(re.compile(r"^(59m\d\ds|1h00m)$"))
+            sync_api.expect(card.locator(".gpusession-idle")).to_have_text(
+                re.compile(r"^(59m\d\ds|1h00m)$")
+            )
             assert lab.manager.get(session.id).state == State.RUNNING
             assert not page.errors, page.errors
     finally:
@@ -267,7 +319,9 @@ def test_idle_countdown_keeps_counting_without_a_fresh_value(lab, page):
     """Every other list reply, and every stats reply, without the agent's countdown (what a
     server with stale stats answers): the card counts on from the last deadline it saw, never
     showing a dash or the whole timeout again."""
-    session = lab.manager.start(lab.manager.make_spec("t4", backend="local", idle="30m", name="countdown"))
+    session = lab.manager.start(
+        lab.manager.make_spec("t4", backend="local", idle="30m", name="countdown")
+    )
     replies = {"list": 0}
 
     def without_countdown(route):
@@ -284,10 +338,14 @@ def test_idle_countdown_keeps_counting_without_a_fresh_value(lab, page):
 
     try:
         with screenshot_on_failure(page, "countdown"):
-            page.route(re.compile(r".*/gpusession/api/sessions(\?.*|/[^/]+/stats\?.*)$"), without_countdown)
+            page.route(
+                re.compile(r".*/gpusession/api/sessions(\?.*|/[^/]+/stats\?.*)$"), without_countdown
+            )
             open_lab(page, lab, "countdown")
             open_sidebar(page)
-            idle = page.locator(f'{PANEL} .gpusession-card[data-session-name="countdown"] .gpusession-idle')
+            idle = page.locator(
+                f'{PANEL} .gpusession-card[data-session-name="countdown"] .gpusession-idle'
+            )
             sync_api.expect(idle).to_have_text(re.compile(r"^29m\d\ds$"))
             shown = []
             deadline = time.monotonic() + 10
@@ -307,21 +365,29 @@ def test_idle_countdown_keeps_counting_without_a_fresh_value(lab, page):
 
 
 def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
-    put_notebook(lab, "status.ipynb", [
-        "%load_ext gpusession",
-        "%gpu start --backend local --idle 30m --name nb-session",
-        "%%gpu\nprint('ran', 6 * 7)",
-    ])
+    put_notebook(
+        lab,
+        "status.ipynb",
+        [
+            "%load_ext gpusession",
+            "%gpu start --backend local --idle 30m --name nb-session",
+            "%%gpu\nprint('ran', 6 * 7)",
+        ],
+    )
     with screenshot_on_failure(page, "status"):
         open_lab(page, lab, "status", "tree/status.ipynb")
         wait_kernel_idle(page)
         run_all_cells(page)
-        sync_api.expect(page.locator(".jp-OutputArea-output", has_text="ran 42")).to_be_visible(timeout=60_000)
+        sync_api.expect(page.locator(".jp-OutputArea-output", has_text="ran 42")).to_be_visible(
+            timeout=60_000
+        )
 
         # the status bar: this notebook's session, its cost and idle countdown, live
         status = page.locator(".gpusession-status")
         status_text = status.locator(".gpusession-status-text")
-        sync_api.expect(status_text).to_have_text(re.compile(r"^nb-session: t4 × 1 · \$0\.\d{4} · idle 29m\d\ds$"))
+        sync_api.expect(status_text).to_have_text(
+            re.compile(r"^nb-session: t4 × 1 · \$0\.\d{4} · idle 29m\d\ds$")
+        )
         wait_for_change(status_text.inner_text, timeout=5)  # the countdown moves
         page.locator(".jp-StatusBar-Widget").screenshot(path=str(ARTIFACTS / "status-bar.png"))
         status.click()
@@ -329,15 +395,24 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
 
         # the commands, in the palette
         labels = palette_labels(page, "GPU")
-        for label in ("Show GPU Sessions", "Start a GPU Session…", "Stop a GPU Session…", "Open GPU Charts"):
+        for label in (
+            "Show GPU Sessions",
+            "Start a GPU Session…",
+            "Stop a GPU Session…",
+            "Open GPU Charts",
+        ):
             assert label in labels, labels
         run_command(page, "Open GPU Charts")  # of the current notebook's session
         charts = page.locator(CHARTS)
         charts.wait_for(state="visible")
         nb_id = lab.manager.get("nb-session").id
         sync_api.expect(charts.locator(".gpusession-charts-session")).to_have_value(nb_id)
-        sync_api.expect(charts.locator(".gpusession-charts-gpu-note")).to_contain_text("no NVIDIA GPU visible")
-        sync_api.expect(charts.locator('.gpusession-charts-host [data-metric="cpu"]')).to_be_visible()
+        sync_api.expect(charts.locator(".gpusession-charts-gpu-note")).to_contain_text(
+            "no NVIDIA GPU visible"
+        )
+        sync_api.expect(
+            charts.locator('.gpusession-charts-host [data-metric="cpu"]')
+        ).to_be_visible()
         run_command(page, "Start a GPU Session…")
         page.wait_for_function("() => !!document.activeElement?.closest('.gpusession-start-form')")
 
@@ -346,7 +421,9 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
         card.locator(".gpusession-stop").click()
         sync_api.expect(card).to_have_count(0, timeout=TIMEOUT_MS)
         sync_api.expect(status).to_be_hidden()
-        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="status.ipynb").click()  # back from the charts
+        page.locator(
+            ".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="status.ipynb"
+        ).click()  # back from the charts
         page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-InputArea-editor").click()
         page.keyboard.press("Shift+Enter")
         said = page.locator(".jp-OutputArea-output", has_text="stopped by the JupyterLab sidebar")
@@ -358,13 +435,16 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
         assert record.state == State.STOPPED and record.stop_reason.by == "the JupyterLab sidebar"
 
         # the stop command, with no notebook session: it asks which one
-        other = lab.manager.start(lab.manager.make_spec("t4", backend="local", idle="off", name="other-one"))
+        other = lab.manager.start(
+            lab.manager.make_spec("t4", backend="local", idle="off", name="other-one")
+        )
         page.locator(f'{PANEL} .gpusession-card[data-session-name="other-one"]').wait_for()
         run_command(page, "Stop a GPU Session…")
         dialog = page.locator(".jp-Dialog")
         sync_api.expect(dialog.locator("select")).to_contain_text("other-one")
         dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
-        sync_api.expect(page.locator(f'{PANEL} .gpusession-list [data-session-name="other-one"]')).to_have_count(
-            0, timeout=TIMEOUT_MS)
+        sync_api.expect(
+            page.locator(f'{PANEL} .gpusession-list [data-session-name="other-one"]')
+        ).to_have_count(0, timeout=TIMEOUT_MS)
         assert lab.manager.get(other.id).state == State.STOPPED
         assert not page.errors, page.errors

@@ -46,6 +46,7 @@ pytestmark = pytest.mark.browser
 # the browser fixtures, for this module only (a pytest_plugins entry would turn pytest-jupyter's loop off for every
 # later test of the run, and jp_fetch with it)
 from support import browser_fixtures as _shared  # noqa: E402
+
 browser, page = _shared.browser, _shared.page
 jp_asyncio_loop, jp_server_cleanup = _shared.jp_asyncio_loop, _shared.jp_server_cleanup
 sync_api = playwright_or_skip()
@@ -56,7 +57,9 @@ from gpusession.models import State  # noqa: E402
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> Iterator[Lab]:
     """One JupyterLab for the module, its own session store, the local backend by default."""
-    with running_lab(tmp_path_factory, "browser-jupyterlab.log", env={"GPUSESSION_BACKEND": "local"}) as found:
+    with running_lab(
+        tmp_path_factory, "browser-jupyterlab.log", env={"GPUSESSION_BACKEND": "local"}
+    ) as found:
         yield found
 
 
@@ -139,11 +142,15 @@ def test_sidebar_start_live_values_and_stop(lab, page):
         assert not [s for s in before if s["keepalive"]], before  # nothing to keep alive yet
         stages = [s["progress"] for s in before if s["progress"]]
         assert stages and all(re.search(r"\(\d+\.\ds\)$", text) for text in stages), before
-        assert any(re.match(r"(session from-sidebar|provision|connect|kernel)", text) for text in stages), stages
+        assert any(
+            re.match(r"(session from-sidebar|provision|connect|kernel)", text) for text in stages
+        ), stages
         assert not card.locator(".gpusession-progress").is_visible()  # gone once it runs
 
         assert card.locator(".gpusession-kind").inner_text() == "t4 × 1 · local"
-        assert card.locator(".gpusession-price").inner_text() == "$0.5260/h"  # as the notebook prints it
+        assert (
+            card.locator(".gpusession-price").inner_text() == "$0.5260/h"
+        )  # as the notebook prints it
         assert re.fullmatch(r"\$0\.\d{4}", card.locator(".gpusession-cost").inner_text())
         idle_value = card.locator(".gpusession-idle")
         sync_api.expect(idle_value).to_have_text(re.compile(r"^(59m\d\ds|1h00m)$"))
@@ -153,15 +160,24 @@ def test_sidebar_start_live_values_and_stop(lab, page):
         no_gpu.wait_for(state="visible")
         assert no_gpu.inner_text() == "no NVIDIA GPU visible"
         assert no_gpu.get_attribute("title")  # the driver's detail, on hover
-        style = no_gpu.evaluate("el => { const s = getComputedStyle(el); return [s.borderLeftWidth, s.backgroundColor]; }")
+        style = no_gpu.evaluate(
+            "el => { const s = getComputedStyle(el); return [s.borderLeftWidth, s.backgroundColor]; }"
+        )
         assert style == ["0px", "rgba(0, 0, 0, 0)"], style
-        card.locator(".gpusession-cpu .gpusession-chart-value").wait_for()  # the session's own CPU and memory
+        card.locator(
+            ".gpusession-cpu .gpusession-chart-value"
+        ).wait_for()  # the session's own CPU and memory
 
         uptime = card.locator(".gpusession-uptime")
         before_uptime, after = wait_for_change(uptime.inner_text)
         assert re.fullmatch(r"\d+s|\d+m\d\ds", after), after
         # nothing of the card's facts is cut off at the default sidebar width
-        for fact in (idle_value, uptime, card.locator(".gpusession-price"), card.locator(".gpusession-cost")):
+        for fact in (
+            idle_value,
+            uptime,
+            card.locator(".gpusession-price"),
+            card.locator(".gpusession-cost"),
+        ):
             assert not clipped(fact), fact.inner_text()
 
         record = lab.manager.get("from-sidebar")
@@ -173,7 +189,9 @@ def test_sidebar_start_live_values_and_stop(lab, page):
         assert lab.manager.get(record.id).state == State.STOPPED
         panel.locator(".gpusession-empty").wait_for(state="visible")
         ended = panel.locator('.gpusession-history-item[data-session-name="from-sidebar"]')
-        sync_api.expect(ended.locator(".gpusession-history-reason")).to_have_text("stopped by the JupyterLab sidebar")
+        sync_api.expect(ended.locator(".gpusession-history-reason")).to_have_text(
+            "stopped by the JupyterLab sidebar"
+        )
         assert not page.errors, page.errors
 
 
@@ -182,8 +200,10 @@ def test_sidebar_with_twenty_sessions_stays_responsive(lab, page, timings):
     the on-screen cards' stats polls are what a user with 20 sessions would have."""
     manager = lab.manager
     started = time.monotonic()
-    sessions = [manager.start(manager.make_spec("t4", backend="local", idle="off", name=f"many-{i:02d}"))
-                for i in range(20)]
+    sessions = [
+        manager.start(manager.make_spec("t4", backend="local", idle="off", name=f"many-{i:02d}"))
+        for i in range(20)
+    ]
     timings["start_20_local_sessions_s"] = round(time.monotonic() - started, 2)
     try:
         with screenshot_on_failure(page, "twenty"):
@@ -199,7 +219,9 @@ def test_sidebar_with_twenty_sessions_stays_responsive(lab, page, timings):
             sync_api.expect(cards).to_have_count(20, timeout=TIMEOUT_MS)
             timings["open_sidebar_to_20_cards_s"] = round(time.monotonic() - clicked, 2)
             assert page.locator(f"{PANEL} .gpusession-count").inner_text().startswith("20")
-            page.locator(f"{PANEL} .gpusession-card").first.locator(".gpusession-no-gpu").wait_for(state="visible")
+            page.locator(f"{PANEL} .gpusession-card").first.locator(".gpusession-no-gpu").wait_for(
+                state="visible"
+            )
 
             # the last card: scrolled to, its stats arrive (only on-screen cards poll them)
             last = page.locator(f'{PANEL} .gpusession-card[data-session-name="many-00"]')
@@ -213,10 +235,14 @@ def test_sidebar_with_twenty_sessions_stays_responsive(lab, page, timings):
             long_tasks = page.evaluate("() => window.__longTasks")
             timings["long_tasks_in_6s_of_polling_ms"] = [round(t) for t in long_tasks]
             # the observer does see long tasks here (an empty list must mean there were none)
-            page.evaluate("() => new Promise(done => setTimeout(() => {"
-                          " const end = performance.now() + 150; while (performance.now() < end) {} ;"
-                          " setTimeout(done, 100); }, 0))")
-            assert any(t >= 150 for t in page.evaluate("() => window.__longTasks")), "long-task observer blind"
+            page.evaluate(
+                "() => new Promise(done => setTimeout(() => {"
+                " const end = performance.now() + 150; while (performance.now() < end) {} ;"
+                " setTimeout(done, 100); }, 0))"
+            )
+            assert any(t >= 150 for t in page.evaluate("() => window.__longTasks")), (
+                "long-task observer blind"
+            )
 
             # a click takes effect quickly: stop one session from its card
             clicked = time.monotonic()
@@ -258,12 +284,16 @@ ipywidgets.VBox([ipywidgets.HTML("<b>recorded: 2 x Tesla T4</b> (tests/data/nvml
 
 
 def test_widget_panel_in_a_notebook(lab, page, timings):
-    put_notebook(lab, "panel.ipynb", [
-        "%load_ext gpusession",
-        "%gpu start --backend local --idle off --name from-notebook",
-        "%gpu panel",
-        RECORDED_GPUS_CELL,
-    ])
+    put_notebook(
+        lab,
+        "panel.ipynb",
+        [
+            "%load_ext gpusession",
+            "%gpu start --backend local --idle off --name from-notebook",
+            "%gpu panel",
+            RECORDED_GPUS_CELL,
+        ],
+    )
     with screenshot_on_failure(page, "widget"):
         opened = time.monotonic()
         open_lab(page, lab, "widget", "tree/panel.ipynb")
@@ -289,22 +319,36 @@ def test_widget_panel_in_a_notebook(lab, page, timings):
         wait_for_change(card.locator(".gpusession-widget-uptime").inner_text)
         ram = card.locator(".gpusession-widget-gauge-value").nth(1).inner_text()
         assert re.fullmatch(r"(\d+ MiB|\d+\.\d)/\d+\.\d GiB", ram), ram
-        page.locator(".jp-OutputArea-output", has=card).screenshot(path=str(ARTIFACTS / "widget-panel.png"))
+        page.locator(".jp-OutputArea-output", has=card).screenshot(
+            path=str(ARTIFACTS / "widget-panel.png")
+        )
         page.screenshot(path=str(ARTIFACTS / "widget-panel-page.png"))
 
         recorded = page.locator(".recorded-gpus")
         recorded.wait_for(state="visible")
         assert recorded.locator(".gpusession-widget-gpu").count() == 2
-        assert recorded.locator(".widget-hprogress").count() == 2 * 4 + 2  # per GPU 4, then CPU and RAM
-        values = recorded.locator(".gpusession-widget-gpu").first.locator(".gpusession-widget-gauge-value").all_inner_texts()
+        assert (
+            recorded.locator(".widget-hprogress").count() == 2 * 4 + 2
+        )  # per GPU 4, then CPU and RAM
+        values = (
+            recorded.locator(".gpusession-widget-gpu")
+            .first.locator(".gpusession-widget-gauge-value")
+            .all_inner_texts()
+        )
         assert values == ["97%", "10.2/15.0 GiB", "70 °C", "67/70 W"], values
-        page.locator(".jp-OutputArea-output", has=recorded).screenshot(path=str(ARTIFACTS / "widget-gpu-gauges.png"))
+        page.locator(".jp-OutputArea-output", has=recorded).screenshot(
+            path=str(ARTIFACTS / "widget-gpu-gauges.png")
+        )
 
         record = lab.manager.get("from-notebook")
         assert record.state == State.RUNNING
         card.locator(".gpusession-widget-stop").click()
-        sync_api.expect(card.locator(".gpusession-widget-state")).to_have_text("stopped", timeout=TIMEOUT_MS)
-        sync_api.expect(card.locator(".gpusession-widget-action-message")).to_contain_text("stopped: ran ")
+        sync_api.expect(card.locator(".gpusession-widget-state")).to_have_text(
+            "stopped", timeout=TIMEOUT_MS
+        )
+        sync_api.expect(card.locator(".gpusession-widget-action-message")).to_contain_text(
+            "stopped: ran "
+        )
         assert not card.locator(".gpusession-widget-stop").is_visible()
         assert lab.manager.get(record.id).state == State.STOPPED
         assert not page.errors, page.errors

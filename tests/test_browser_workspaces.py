@@ -36,6 +36,7 @@ pytestmark = pytest.mark.browser
 # the browser fixtures, for this module only (a pytest_plugins entry would turn pytest-jupyter's loop off for every
 # later test of the run, and jp_fetch with it)
 from support import browser_fixtures as _shared  # noqa: E402
+
 browser, page = _shared.browser, _shared.page
 jp_asyncio_loop, jp_server_cleanup = _shared.jp_asyncio_loop, _shared.jp_server_cleanup
 sync_api = playwright_or_skip()
@@ -48,7 +49,9 @@ TEXT = "span, summary, button, label"
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> Iterator[Lab]:
-    with running_lab(tmp_path_factory, "browser-workspaces-jupyterlab.log", env={"GPUSESSION_BACKEND": "local"}) as found:
+    with running_lab(
+        tmp_path_factory, "browser-workspaces-jupyterlab.log", env={"GPUSESSION_BACKEND": "local"}
+    ) as found:
         yield found
 
 
@@ -90,7 +93,8 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
         workspaces.locator(".gpusession-history-summary").click()
         row = workspaces.locator('.gpusession-workspace[data-workspace="ws-idle"]')
         sync_api.expect(row.locator(".gpusession-workspace-line")).to_have_text(
-            re.compile(r"^local · \d+(\.\d)? (bytes|kB) · used by: none left$"))
+            re.compile(r"^local · \d+(\.\d)? (bytes|kB) · used by: none left$")
+        )
         assert_readable(page)
         panel.screenshot(path=str(ARTIFACTS / "workspaces-light.png"))
         set_theme(page, dark=True)
@@ -105,7 +109,9 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
         sync_api.expect(card).to_have_attribute("data-state", "running", timeout=TIMEOUT_MS)
         name = card.get_attribute("data-session-name")
         restored = card.locator(".gpusession-restored")  # kept just after the state says running
-        sync_api.expect(restored).to_have_text(re.compile(r"^workspace ws-idle: restored 1 name\(s\) from \S+ ago: kept$"))
+        sync_api.expect(restored).to_have_text(
+            re.compile(r"^workspace ws-idle: restored 1 name\(s\) from \S+ ago: kept$")
+        )
         record = manager.get(name)
         assert name != "ws-idle" and record.spec.extra.get("resume") == "ws-idle", record.spec
         assert record.resource["restored"]["restored"] == ["kept"], record.resource.get("restored")
@@ -114,7 +120,9 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
 
         # in use: Delete refused; after the stop, Delete asks, then deletes
         workspaces.locator(".gpusession-workspaces-refresh").click()
-        sync_api.expect(row.locator(".gpusession-workspace-line")).to_contain_text(f"used by: {name} (active)")
+        sync_api.expect(row.locator(".gpusession-workspace-line")).to_contain_text(
+            f"used by: {name} (active)"
+        )
         sync_api.expect(row.locator(".gpusession-workspace-delete")).to_be_disabled()
         card.locator(".gpusession-stop").click()
         sync_api.expect(card).to_have_count(0, timeout=TIMEOUT_MS)

@@ -29,12 +29,28 @@ def _members(archive: bundle.Archive) -> dict[str, tarfile.TarInfo]:
 
 def test_the_code_is_the_agent_and_what_it_imports_and_nothing_of_the_faces():
     modules = bundle.agent_modules()
-    for needed in ("agent/runtime.py", "agent/kernelboot.py", "protocol.py", "durations.py", "errors.py", "cost.py"):
+    for needed in (
+        "agent/runtime.py",
+        "agent/kernelboot.py",
+        "protocol.py",
+        "durations.py",
+        "errors.py",
+        "cost.py",
+    ):
         assert needed in modules
-    for face in ("magics.py", "session/manager.py", "backends/docker/backend.py", "tunnel.py", "bundle.py"):
+    for face in (
+        "magics.py",
+        "session/manager.py",
+        "backends/docker/backend.py",
+        "tunnel.py",
+        "bundle.py",
+    ):
         assert face not in modules
     members = _members(bundle.code_archive())
-    assert members["boot.sh"].mode == 0o755 and members["lib/gpusession/agent/runtime.py"].mode == 0o644
+    assert (
+        members["boot.sh"].mode == 0o755
+        and members["lib/gpusession/agent/runtime.py"].mode == 0o644
+    )
     assert "lib/pynvml.py" in members  # nvidia-ml-py: the agent's one dependency
     assert {m.uid for m in members.values()} == {0}
 
@@ -50,21 +66,37 @@ def test_archives_are_reproducible_and_named_by_their_digest():
     first = bundle.code_archive()
     bundle.code_archive.cache_clear()
     again = bundle.code_archive()
-    assert first.digest == again.digest and first.copy_name == f"gpusession-runtime-code-{first.digest[:12]}"
+    assert (
+        first.digest == again.digest
+        and first.copy_name == f"gpusession-runtime-code-{first.digest[:12]}"
+    )
 
 
 def test_the_code_runs_the_agent_from_the_bundle_alone(tmp_path):
     """Unpacked, with nothing else of gpusession on the path: `python -m gpusession.agent --help`."""
     with tarfile.open(fileobj=io.BytesIO(bundle.code_archive().data), mode="r:gz") as tar:
         tar.extractall(tmp_path, filter="data")
-    out = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                          "sys.argv = ['agent', 'run', '--help']; import runpy; runpy.run_module('gpusession.agent', "
-                          "run_name='__main__')", str(tmp_path / "lib")], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); "
+            "sys.argv = ['agent', 'run', '--help']; import runpy; runpy.run_module('gpusession.agent', "
+            "run_name='__main__')",
+            str(tmp_path / "lib"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and "--session-id" in out.stdout, out.stderr
 
 
 def test_boot_sh_probes_this_machines_python(tmp_path):
-    out = subprocess.run(["sh", str(PKG / "agent" / "boot.sh"), "probe"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["sh", str(PKG / "agent" / "boot.sh"), "probe"], capture_output=True, text=True, timeout=60
+    )
     python = parse_probe(out.stdout)
     assert isinstance(python, ImagePython), out
     assert python.version[:2] == sys.version_info[:2] and python.machine
@@ -73,23 +105,48 @@ def test_boot_sh_probes_this_machines_python(tmp_path):
 
 
 def test_the_probe_says_what_the_image_lacks():
-    payload = {"executable": "/opt/conda/bin/python3", "version": [3, 13, 5], "machine": "aarch64",
-               "libc": ["glibc", "2.36"], "ipykernel": None, "pip": "24.0", "uid": 1000, "venv": False}
+    payload = {
+        "executable": "/opt/conda/bin/python3",
+        "version": [3, 13, 5],
+        "machine": "aarch64",
+        "libc": ["glibc", "2.36"],
+        "ipykernel": None,
+        "pip": "24.0",
+        "uid": 1000,
+        "venv": False,
+    }
     python = parse_probe("noise\nGPUSESSION_PYTHON " + json.dumps(payload) + "\n")
-    assert python.needs_site and not python.has_ipykernel and python.site_tag == "cp313-manylinux_2_28_aarch64"
-    assert "manylinux2014_aarch64" in python.platforms and python.platforms[-1] == "manylinux1_aarch64"
+    assert (
+        python.needs_site
+        and not python.has_ipykernel
+        and python.site_tag == "cp313-manylinux_2_28_aarch64"
+    )
+    assert (
+        "manylinux2014_aarch64" in python.platforms and python.platforms[-1] == "manylinux1_aarch64"
+    )
     assert not ImagePython.from_payload({**payload, "ipykernel": "6.29.5"}).needs_site
-    assert ImagePython.from_payload({**payload, "ipykernel": "5.5.6"}).needs_site  # too old for the agent's hooks
-    assert ImagePython.from_payload({**payload, "libc": ["", ""]}).platforms[0] == "musllinux_1_2_aarch64"
+    assert ImagePython.from_payload(
+        {**payload, "ipykernel": "5.5.6"}
+    ).needs_site  # too old for the agent's hooks
+    assert (
+        ImagePython.from_payload({**payload, "libc": ["", ""]}).platforms[0]
+        == "musllinux_1_2_aarch64"
+    )
     old_glibc = ImagePython.from_payload({**payload, "libc": ["glibc", "2.17"]})
-    assert old_glibc.platforms[0] == "manylinux_2_17_aarch64" and old_glibc.site_tag.endswith("manylinux_2_17_aarch64")
+    assert old_glibc.platforms[0] == "manylinux_2_17_aarch64" and old_glibc.site_tag.endswith(
+        "manylinux_2_17_aarch64"
+    )
     failed = 'GPUSESSION_FAILED {"stage":"python","error":"no python3 (3.9 or newer) on PATH"}'
     assert parse_probe(failed) == "no python3 (3.9 or newer) on PATH"
-    assert parse_probe("sh: 1: exec: boom\n").startswith("the probe printed nothing: sh: 1: exec: boom")
+    assert parse_probe("sh: 1: exec: boom\n").startswith(
+        "the probe printed nothing: sh: 1: exec: boom"
+    )
 
 
 def test_a_site_is_made_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
-    python = ImagePython("/usr/bin/python3", (3, 11, 2), "x86_64", ("glibc", "2.36"), None, None, 0, False)
+    python = ImagePython(
+        "/usr/bin/python3", (3, 11, 2), "x86_64", ("glibc", "2.36"), None, None, 0, False
+    )
     calls = []
 
     def download(python_, into: Path) -> None:  # what pip download leaves: wheels, one with .data
@@ -108,9 +165,16 @@ def test_a_site_is_made_once_and_then_read_from_the_cache(tmp_path, monkeypatch)
     first = bundle.site_archive(python, tmp_path, said.append)
     again = bundle.site_archive(python, tmp_path, said.append)
     assert calls == ["cp311-manylinux_2_28_x86_64"] and len(said) == 1 and "once" in said[0]
-    assert (first.digest, first.size, first.files) == (again.digest, again.size, again.files) and again.data == first.data
+    assert (first.digest, first.size, first.files) == (
+        again.digest,
+        again.size,
+        again.files,
+    ) and again.data == first.data
     assert sorted(n for n, m in _members(first).items() if m.isfile()) == [
-        "deps/ipykernel/__init__.py", "deps/ipykernel_launcher.py", "pip/pip/__init__.py"]
+        "deps/ipykernel/__init__.py",
+        "deps/ipykernel_launcher.py",
+        "pip/pip/__init__.py",
+    ]
 
 
 def test_runtime_cache_is_per_user_not_per_store(monkeypatch, tmp_path):
@@ -127,8 +191,14 @@ def test_outside_a_bundle_the_kernel_starts_as_always(monkeypatch):
     monkeypatch.delenv(ENV_RUNTIME_ROOT, raising=False)
     assert kernelenv.kernel_environment() == {}
     cmd = kernelenv.kernel_command("/s/kernel.json", ["gpusession.agent.activity"])
-    assert cmd == [sys.executable, "-m", "ipykernel_launcher", "-f", "/s/kernel.json",
-                   "--IPKernelApp.extensions=['gpusession.agent.activity']"]
+    assert cmd == [
+        sys.executable,
+        "-m",
+        "ipykernel_launcher",
+        "-f",
+        "/s/kernel.json",
+        "--IPKernelApp.extensions=['gpusession.agent.activity']",
+    ]
 
 
 def test_in_a_bundle_ipykernel_comes_from_it_only_when_the_image_has_none(monkeypatch, tmp_path):
@@ -137,7 +207,12 @@ def test_in_a_bundle_ipykernel_comes_from_it_only_when_the_image_has_none(monkey
     monkeypatch.setenv(ENV_RUNTIME_ROOT, str(tmp_path))
     monkeypatch.setattr(kernelenv, "_dist_version", lambda name: None)  # an image with neither
     cmd = kernelenv.kernel_command("/s/kernel.json", ["x"])
-    assert cmd[:4] == [sys.executable, "-m", "gpusession.agent.kernelboot", str(tmp_path / "site" / "deps")]
+    assert cmd[:4] == [
+        sys.executable,
+        "-m",
+        "gpusession.agent.kernelboot",
+        str(tmp_path / "site" / "deps"),
+    ]
     env = kernelenv.kernel_environment()
     assert env["PYTHONPATH"].split(":")[-1] == str(tmp_path / "site" / "pip")
     assert env["PIP_BREAK_SYSTEM_PACKAGES"] == "1"
@@ -153,14 +228,20 @@ def test_pip_installs_where_the_kernel_looks_when_site_packages_is_read_only(mon
     monkeypatch.setenv(ENV_RUNTIME_ROOT, str(tmp_path / "bundle"))
     monkeypatch.setattr(kernelenv, "_dist_version", lambda name: "1.0")
     real = sysconfig.get_paths
-    monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: real(*a, **k) if a or k else {"purelib": "/nonexistent/ro"})
+    monkeypatch.setattr(
+        sysconfig,
+        "get_paths",
+        lambda *a, **k: real(*a, **k) if a or k else {"purelib": "/nonexistent/ro"},
+    )
     monkeypatch.setattr(kernelenv, "_writable", lambda path: not path.startswith("/nonexistent"))
     monkeypatch.setattr(site, "getuserbase", lambda: str(tmp_path / "home" / ".local"))
     monkeypatch.setattr(site, "ENABLE_USER_SITE", True)
     monkeypatch.setattr(sys, "base_prefix", sys.prefix)  # not a venv
     env = kernelenv.kernel_environment()
     assert env["PIP_USER"] == "1" and "PYTHONUSERBASE" not in env
-    assert list((tmp_path / "home" / ".local" / "lib").glob("python3.*/site-packages"))  # made before the kernel starts
+    assert list(
+        (tmp_path / "home" / ".local" / "lib").glob("python3.*/site-packages")
+    )  # made before the kernel starts
     monkeypatch.setattr(sys, "base_prefix", "/elsewhere")  # a venv this user cannot write to
     env = kernelenv.kernel_environment()
     assert env["PIP_TARGET"] == env["PYTHONPATH"].split(":")[0] and Path(env["PIP_TARGET"]).is_dir()
@@ -174,30 +255,47 @@ def test_pull_progress_counts_bytes_and_layers():
     pull = PullProgress("img:1", every_s=5, clock=lambda: now[0])
     events = [
         {"status": "Pulling from library/img", "id": "1"},
-        {"status": "Pulling fs layer", "id": "a"}, {"status": "Already exists", "id": "b"},
+        {"status": "Pulling fs layer", "id": "a"},
+        {"status": "Already exists", "id": "b"},
         {"status": "Pulling fs layer", "id": "c"},
-        {"status": "Downloading", "id": "a", "progressDetail": {"current": 500_000_000, "total": 2_000_000_000}},
+        {
+            "status": "Downloading",
+            "id": "a",
+            "progressDetail": {"current": 500_000_000, "total": 2_000_000_000},
+        },
         {"status": "Downloading", "id": "c", "progressDetail": {"current": 10, "total": 1_000_000}},
     ]
     for event in events:
         pull.feed(event)
-    assert (pull.bytes_done, pull.bytes_total, pull.layers_done, len(pull.layers)) == (500_000_010, 2_001_000_000, 1, 3)
+    assert (pull.bytes_done, pull.bytes_total, pull.layers_done, len(pull.layers)) == (
+        500_000_010,
+        2_001_000_000,
+        1,
+        3,
+    )
     assert pull.line() == "pulling img:1: 500 MB of 2.00 GB, 1 of 3 layers done"
     assert not pull.due()
     now[0] = 5.1
     assert pull.due() and not pull.due()
-    for event in ({"status": "Download complete", "id": "a"}, {"status": "Pull complete", "id": "a"},
-                  {"status": "Extracting", "id": "c", "progressDetail": {"current": 5, "total": 1_000_000}}):
+    for event in (
+        {"status": "Download complete", "id": "a"},
+        {"status": "Pull complete", "id": "a"},
+        {"status": "Extracting", "id": "c", "progressDetail": {"current": 5, "total": 1_000_000}},
+    ):
         pull.feed(event)
     assert pull.line() == "pulling img:1: 2.00 GB downloaded, unpacking, 2 of 3 layers done"
     pull.feed({"status": "Pull complete", "id": "c"})
     now[0] = 60
-    assert pull.finished_line() == ("pulled img:1 (2.00 GB downloaded, 3 layers, 1 of them already on the host) in 60s; "
-                                    "it stays on the host for the next session")
+    assert pull.finished_line() == (
+        "pulled img:1 (2.00 GB downloaded, 3 layers, 1 of them already on the host) in 60s; "
+        "it stays on the host for the next session"
+    )
     pull.feed({"error": "manifest unknown", "errorDetail": {}})
     assert pull.error == "manifest unknown"
 
 
-@pytest.mark.parametrize("n, text", [(0, "0 B"), (999, "999 B"), (1500, "2 kB"), (2_500_000, "2 MB"), (7.9e9, "7.90 GB")])
+@pytest.mark.parametrize(
+    "n, text", [(0, "0 B"), (999, "999 B"), (1500, "2 kB"), (2_500_000, "2 MB"), (7.9e9, "7.90 GB")]
+)
 def test_format_bytes(n, text):
     assert format_bytes(n) == text

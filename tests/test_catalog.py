@@ -20,13 +20,24 @@ def test_catalog_has_the_required_types_with_prices_and_instances():
     assert cat.get("t4").instance_for(1).name == "g4dn.xlarge"
 
 
-@pytest.mark.parametrize("text, name, count", [("T4", "t4", 1), ("a100:8", "a100", 8), (" H100:1 ", "h100", 1), ("A10", "a10g", 1)])
+@pytest.mark.parametrize(
+    "text, name, count",
+    [("T4", "t4", 1), ("a100:8", "a100", 8), (" H100:1 ", "h100", 1), ("A10", "a10g", 1)],
+)
 def test_names_are_case_insensitive_and_take_a_count(text, name, count):
     gpu, n = load_catalog().parse(text)
     assert (gpu.name, n) == (name, count)
 
 
-@pytest.mark.parametrize("text, needle", [("t5", "unknown GPU type 't5'"), ("t4:x", "bad GPU count"), ("t4:0", "at least 1"), ("a100:16", "the most is 8")])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("t5", "unknown GPU type 't5'"),
+        ("t4:x", "bad GPU count"),
+        ("t4:0", "at least 1"),
+        ("a100:16", "the most is 8"),
+    ],
+)
 def test_bad_types_say_what_is_valid(text, needle):
     with pytest.raises(BadInput) as e:
         load_catalog().parse(text)
@@ -51,7 +62,18 @@ def test_table_lists_every_type():
     assert "snapshot" in table
 
 
-@pytest.mark.parametrize("text, seconds", [("90s", 90), ("15m", 900), ("1h30m", 5400), ("2h", 7200), ("10", 600), ("off", None), ("0", None)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("90s", 90),
+        ("15m", 900),
+        ("1h30m", 5400),
+        ("2h", 7200),
+        ("10", 600),
+        ("off", None),
+        ("0", None),
+    ],
+)
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 

@@ -31,7 +31,9 @@ try:
     import numpy as np
 except ImportError:  # the numpy tests skip; the others need none
     np = None
-needs_numpy = pytest.mark.skipif(np is None, reason="numpy is not installed (the test extra has it)")
+needs_numpy = pytest.mark.skipif(
+    np is None, reason="numpy is not installed (the test extra has it)"
+)
 
 SIZES = {"1KB": 1 << 10, "64KB": 1 << 16, "80KB": 80_000, "1MB": 1 << 20, "100MB": 100 << 20}
 
@@ -50,11 +52,22 @@ def _restore(ws: Path) -> tuple[dict, dict]:
 def test_numpy_arrays_of_every_size_round_trip(tmp_path, size):
     n = SIZES[size]
     value = np.frombuffer(os.urandom(n), dtype=np.uint8).copy()
-    result = _save({"a": value, "strided": value[::2], "f": np.arange(n // 8, dtype=np.float64).reshape(-1, 1)}, tmp_path)
-    assert result["committed"] and result["saved"] == 3 and not result["skipped"], checkpoint_line(result, "w")
+    result = _save(
+        {
+            "a": value,
+            "strided": value[::2],
+            "f": np.arange(n // 8, dtype=np.float64).reshape(-1, 1),
+        },
+        tmp_path,
+    )
+    assert result["committed"] and result["saved"] == 3 and not result["skipped"], checkpoint_line(
+        result, "w"
+    )
     assert result["bytes"] >= n + n // 2
     ns, report = _restore(tmp_path)
-    assert report["restored"] == ["a", "f", "strided"] and not report["failed"], restore_lines(report, "w")
+    assert report["restored"] == ["a", "f", "strided"] and not report["failed"], restore_lines(
+        report, "w"
+    )
     assert np.array_equal(ns["a"], value) and np.array_equal(ns["strided"], value[::2])
     assert ns["f"].shape == (n // 8, 1) and ns["f"][-1, 0] == n // 8 - 1
 
@@ -63,10 +76,18 @@ def test_numpy_arrays_of_every_size_round_trip(tmp_path, size):
 def test_a_dict_of_arrays_a_dataframe_and_a_tensor_round_trip(tmp_path):
     pd = pytest.importorskip("pandas")
     arrays = {f"k{i}": np.full(50_000, i, dtype=np.float32) for i in range(5)}
-    frame = pd.DataFrame({"x": np.arange(200_000), "y": np.linspace(0, 1, 200_000), "s": ["a", "b"] * 100_000})
-    ns = {"arrays": arrays, "frame": frame, "mixed": [np.ones(30_000), {"deep": np.zeros((300, 300))}]}
+    frame = pd.DataFrame(
+        {"x": np.arange(200_000), "y": np.linspace(0, 1, 200_000), "s": ["a", "b"] * 100_000}
+    )
+    ns = {
+        "arrays": arrays,
+        "frame": frame,
+        "mixed": [np.ones(30_000), {"deep": np.zeros((300, 300))}],
+    }
     result = _save(ns, tmp_path)
-    assert result["committed"] and result["saved"] == 3 and not result["skipped"], checkpoint_line(result, "w")
+    assert result["committed"] and result["saved"] == 3 and not result["skipped"], checkpoint_line(
+        result, "w"
+    )
     back, report = _restore(tmp_path)
     assert sorted(report["restored"]) == ["arrays", "frame", "mixed"], report
     assert all(np.array_equal(back["arrays"][k], v) for k, v in arrays.items())
@@ -78,7 +99,9 @@ def test_a_torch_tensor_round_trips(tmp_path):
     torch = pytest.importorskip("torch")
     t = torch.arange(1_000_000, dtype=torch.float32).reshape(1000, 1000)
     result = _save({"t": t, "model": torch.nn.Linear(64, 8)}, tmp_path)
-    assert result["committed"] and result["saved"] == 2 and not result["skipped"], checkpoint_line(result, "w")
+    assert result["committed"] and result["saved"] == 2 and not result["skipped"], checkpoint_line(
+        result, "w"
+    )
     back, report = _restore(tmp_path)
     assert torch.equal(back["t"], t) and back["model"].weight.shape == (8, 64), report
 
@@ -92,11 +115,16 @@ class _Raises:
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
-def test_a_variable_raising_keyboardinterrupt_or_systemexit_is_skipped_and_the_rest_saved(tmp_path, exc):
+def test_a_variable_raising_keyboardinterrupt_or_systemexit_is_skipped_and_the_rest_saved(
+    tmp_path, exc
+):
     t0 = time.monotonic()
     answers: list = []  # in a thread, as in the kernel (its save thread)
-    saver = threading.Thread(target=lambda: answers.append(_save({"a": 1, "bad": _Raises(exc), "z": bytearray(b"z" * 100_000)},
-                                                                 tmp_path)))
+    saver = threading.Thread(
+        target=lambda: answers.append(
+            _save({"a": 1, "bad": _Raises(exc), "z": bytearray(b"z" * 100_000)}, tmp_path)
+        )
+    )
     saver.start()
     saver.join(30)
     assert answers and time.monotonic() - t0 < 10, "the save died with the variable's exception"
@@ -109,14 +137,18 @@ def test_a_variable_raising_keyboardinterrupt_or_systemexit_is_skipped_and_the_r
 
 
 def test_ipythons_own_names_are_never_saved_nor_restored(tmp_path):
-    result = _save({"get_ipython": lambda: None, "In": [], "exit": 1, "_hidden": 2, "kept": 3}, tmp_path)
+    result = _save(
+        {"get_ipython": lambda: None, "In": [], "exit": 1, "_hidden": 2, "kept": 3}, tmp_path
+    )
     line = checkpoint_line(result, "w")
     assert result["saved"] == 1 and "get_ipython (IPython's own name: never saved" in line, line
     # a checkpoint that names one anyway (an older one, or made by hand): not restored over IPython's
     manifest = checkpoint.read_manifest(str(tmp_path))
     folder = tmp_path / ".gpusession" / "checkpoints" / manifest["folder"]
     (folder / "x.pkl").write_bytes(__import__("pickle").dumps("not ipython's"))
-    manifest["variables"].append({"name": "get_ipython", "file": "x.pkl", "bytes": (folder / "x.pkl").stat().st_size})
+    manifest["variables"].append(
+        {"name": "get_ipython", "file": "x.pkl", "bytes": (folder / "x.pkl").stat().st_size}
+    )
     manifest["imports"]["_"] = "os"
     (tmp_path / ".gpusession" / "checkpoint.json").write_text(json.dumps(manifest))
     ns, report = _restore(tmp_path)
@@ -131,13 +163,17 @@ def test_a_manifest_entry_cannot_lead_out_of_its_folder(tmp_path):
     outside.write_bytes(b"cos\nsystem\n(S'touch " + str(tmp_path / "PWNED").encode() + b"'\ntR.")
     manifest = checkpoint.read_manifest(str(ws))
     for i, path in enumerate(["../../../evil.pkl", str(outside), "sub/../../../../evil.pkl", ".."]):
-        manifest["variables"].append({"name": f"v{i}", "file": path, "bytes": outside.stat().st_size})
+        manifest["variables"].append(
+            {"name": f"v{i}", "file": path, "bytes": outside.stat().st_size}
+        )
     (ws / ".gpusession" / "checkpoint.json").write_text(json.dumps(manifest))
     ns, report = _restore(ws)
     assert not (tmp_path / "PWNED").exists(), "a file out of the checkpoint folder was unpickled"
     assert ns == {"a": 1}
     assert [f["name"] for f in report["failed"]] == ["v0", "v1", "v2", "v3"]
-    assert all("leaves the checkpoint folder; not opened" in f["error"] for f in report["failed"]), report
+    assert all(
+        "leaves the checkpoint folder; not opened" in f["error"] for f in report["failed"]
+    ), report
 
 
 def _damage_manifest(ws: Path, how: str) -> None:
@@ -161,8 +197,10 @@ def test_a_damaged_manifest_is_said_kept_aside_and_the_checkpoint_still_read(tmp
     lines = restore_lines(report, "w")
     text = "\n".join(lines)
     assert "no saved variables" not in text
-    assert "its checkpoint is damaged (its manifest:" in text and "kept aside in the workspace as " \
-           ".gpusession/checkpoint.damaged-" in text, text
+    assert (
+        "its checkpoint is damaged (its manifest:" in text
+        and "kept aside in the workspace as .gpusession/checkpoint.damaged-" in text
+    ), text
     assert ns["a"] == 1 and ns["arr"][-1] == 49_999, text  # the folder's own index still reads
     aside = [p.name for p in (tmp_path / ".gpusession").iterdir() if ".damaged-" in p.name]
     assert len(aside) == 1 and not (tmp_path / ".gpusession" / "checkpoint.json").exists()
@@ -172,10 +210,12 @@ def test_a_damaged_manifest_is_said_kept_aside_and_the_checkpoint_still_read(tmp
 
 def test_a_damaged_manifest_without_anything_readable_says_damaged_not_empty(tmp_path):
     (tmp_path / ".gpusession").mkdir()
-    (tmp_path / ".gpusession" / "checkpoint.json").write_bytes(b"{\"format\": 1, \"fol")
+    (tmp_path / ".gpusession" / "checkpoint.json").write_bytes(b'{"format": 1, "fol')
     ns, report = _restore(tmp_path)
     (line, damage) = restore_lines(report, "w")
-    assert line == "workspace w: nothing restored (its checkpoint is damaged); its files are there", line
+    assert (
+        line == "workspace w: nothing restored (its checkpoint is damaged); its files are there"
+    ), line
     assert "kept aside in the workspace as .gpusession/checkpoint.damaged-" in damage, damage
 
 
@@ -198,15 +238,22 @@ def test_a_damaged_variable_file_is_said_and_the_others_restored(tmp_path, how):
     ns, report = _restore(tmp_path)
     assert ns == {"a": 1, "c": "three"}
     text = "\n".join(restore_lines(report, "w"))
-    assert "not restored: b: damaged: " in text and "its checkpoint is damaged (1 of its variable file(s))" in text, text
-    assert not folder.exists() and any(".damaged-" in p.name for p in folder.parent.iterdir()), "kept aside"
+    assert (
+        "not restored: b: damaged: " in text
+        and "its checkpoint is damaged (1 of its variable file(s))" in text
+    ), text
+    assert not folder.exists() and any(".damaged-" in p.name for p in folder.parent.iterdir()), (
+        "kept aside"
+    )
 
 
 def test_two_saves_into_one_workspace_at_once_never_lose_what_they_said_they_saved(tmp_path):
     """A bounded slice of bench/bench_concurrent_saves.py (the loop): 6 rounds."""
     figures = concurrent_saves(tmp_path, 6)
     figures.pop("seconds")
-    assert figures == {"rounds": 6, "landed": 6, "said_saved_but_lost": 0, "said_not_saved": 0}, figures
+    assert figures == {"rounds": 6, "landed": 6, "said_saved_but_lost": 0, "said_not_saved": 0}, (
+        figures
+    )
     left = [p.name for p in (tmp_path / ".gpusession" / "checkpoints").iterdir()]
     assert len(left) == 1, left
 
@@ -222,7 +269,9 @@ def test_a_save_never_removes_a_folder_another_save_is_writing(tmp_path):
             return (str, ("waited",))
 
     results = {}
-    slow = threading.Thread(target=lambda: results.update(slow=_save({"a": 1, "w": Waits()}, tmp_path)))
+    slow = threading.Thread(
+        target=lambda: results.update(slow=_save({"a": 1, "w": Waits()}, tmp_path))
+    )
     slow.start()
     assert started.wait(30)
     results["fast"] = _save({"b": 2}, tmp_path)
@@ -234,21 +283,31 @@ def test_a_save_never_removes_a_folder_another_save_is_writing(tmp_path):
 
 
 def test_a_second_live_session_on_a_workspace_is_refused(gs_home, manager):
-    first = manager.start(manager.make_spec("t4", backend="local", idle="off", name="s1", workspace="shared"))
+    first = manager.start(
+        manager.make_spec("t4", backend="local", idle="off", name="s1", workspace="shared")
+    )
     try:
         for values in ({"workspace": "shared"}, {"resume": "shared"}):
             with pytest.raises(Exception) as refused:
-                manager.start(manager.make_spec("t4", backend="local", idle="off", name="s2", **values))
-            assert str(refused.value) == ("workspace shared is in use by session s1 (running); stop it first "
-                                          "(`gpusession stop s1 --save` keeps its variables for `--resume shared`), "
-                                          "or give this session another --workspace"), refused.value
-        with pytest.raises(Exception, match="workspace shared is in use by session s1"):  # its default workspace
+                manager.start(
+                    manager.make_spec("t4", backend="local", idle="off", name="s2", **values)
+                )
+            assert str(refused.value) == (
+                "workspace shared is in use by session s1 (running); stop it first "
+                "(`gpusession stop s1 --save` keeps its variables for `--resume shared`), "
+                "or give this session another --workspace"
+            ), refused.value
+        with pytest.raises(
+            Exception, match="workspace shared is in use by session s1"
+        ):  # its default workspace
             manager.start(manager.make_spec("t4", backend="local", idle="off", name="shared"))
         other = manager.start(manager.make_spec("t4", backend="local", idle="off", name="s3"))
         manager.stop(other.id)
     finally:
         manager.stop(first.id, save=True)
-    again = manager.start(manager.make_spec("t4", backend="local", idle="off", name="s4", resume="shared"))
+    again = manager.start(
+        manager.make_spec("t4", backend="local", idle="off", name="s4", resume="shared")
+    )
     manager.stop(again.id)
 
 
@@ -271,8 +330,16 @@ except Exception as exc:
 def test_two_starts_at_once_on_one_workspace_one_gets_it(gs_home, nb_env):
     for round_ in range(3):
         at = time.time() + 1.5
-        procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(CLAIM), f"c{round_}{i}", str(at)], env=nb_env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", textwrap.dedent(CLAIM), f"c{round_}{i}", str(at)],
+                env=nb_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for i in range(3)
+        ]
         outs = [p.communicate(timeout=60)[0] for p in procs]
         assert sum(o.startswith("GOT") for o in outs) == 1, outs
         assert sum("REFUSED workspace race is in use by session" in o for o in outs) == 2, outs
@@ -281,4 +348,6 @@ def test_two_starts_at_once_on_one_workspace_one_gets_it(gs_home, nb_env):
         store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
         for r in store.list():
             if r.state.active:
-                store.transition(r.id, __import__("gpusession.models", fromlist=["State"]).State.FAILED, "test")
+                store.transition(
+                    r.id, __import__("gpusession.models", fromlist=["State"]).State.FAILED, "test"
+                )

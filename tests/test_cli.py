@@ -16,7 +16,13 @@ from gpusession.store import Store
 
 
 def cli(env, *args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "gpusession", *args], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gpusession", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_demo_runs_the_quickstart_and_prints_the_timeline(nb_env):
@@ -33,22 +39,46 @@ def test_types_list_start_status_stop(nb_env):
     assert "h200" in cli(nb_env, "types").stdout
     assert "no active sessions" in cli(nb_env, "list").stdout
     # every start option of the table is here too (gpusession/options.py)
-    r = cli(nb_env, "start", "--type", "l4", "--backend", "local", "--idle", "off", "--name", "bg",
-            "--gpu-only", "--max-runtime", "8h", "--max-cost", "5")
+    r = cli(
+        nb_env,
+        "start",
+        "--type",
+        "l4",
+        "--backend",
+        "local",
+        "--idle",
+        "off",
+        "--name",
+        "bg",
+        "--gpu-only",
+        "--max-runtime",
+        "8h",
+        "--max-cost",
+        "5",
+    )
     assert r.returncode == 0, r.stderr
     assert "bg is running" in r.stdout
     listing = cli(nb_env, "list").stdout
     assert "bg" in listing and "running" in listing and "1xl4" in listing
     # printing a table, its running session checked alive, loads no kernel client or Jupyter app
     # (IPython, jupyter_client, zmq, traitlets.config): they were most of the command's time
-    probe = ("import sys; from gpusession.cli import main; rc = main(['list']); heavy = ('IPython', 'jupyter_client', "
-             "'zmq', 'traitlets.config', 'docker', 'paramiko'); print('HEAVY', sorted(m for m in sys.modules "
-             "if m in heavy or m.startswith(tuple(h + '.' for h in heavy))))")
-    r = subprocess.run([sys.executable, "-c", probe], env=nb_env, capture_output=True, text=True, timeout=60)
+    probe = (
+        "import sys; from gpusession.cli import main; rc = main(['list']); heavy = ('IPython', 'jupyter_client', "
+        "'zmq', 'traitlets.config', 'docker', 'paramiko'); print('HEAVY', sorted(m for m in sys.modules "
+        "if m in heavy or m.startswith(tuple(h + '.' for h in heavy))))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe], env=nb_env, capture_output=True, text=True, timeout=60
+    )
     assert "bg" in r.stdout and r.stdout.strip().endswith("HEAVY []"), r.stdout + r.stderr
     record = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3").get("bg")
     spec = record.spec
-    assert (spec.idle_timeout_s, spec.gpu_only, spec.max_runtime_s, spec.max_cost) == (None, True, 8 * 3600.0, 5.0)
+    assert (spec.idle_timeout_s, spec.gpu_only, spec.max_runtime_s, spec.max_cost) == (
+        None,
+        True,
+        8 * 3600.0,
+        5.0,
+    )
     pid = record.resource["pid"]
     assert alive(pid), "the session outlives the command that started it"
     status = cli(nb_env, "status", "bg").stdout
@@ -58,12 +88,15 @@ def test_types_list_start_status_stop(nb_env):
     assert wait_dead(pid)
 
 
-@pytest.mark.parametrize("args, needle", [
-    (("stop", "ghost"), "no session named 'ghost'"),
-    (("start", "--type", "t5", "--backend", "local"), "unknown GPU type 't5'"),
-    (("start", "--idle", "abc", "--backend", "local"), "--idle: bad idle timeout 'abc'"),
-    (("stop",), "name a session to stop"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("stop", "ghost"), "no session named 'ghost'"),
+        (("start", "--type", "t5", "--backend", "local"), "unknown GPU type 't5'"),
+        (("start", "--idle", "abc", "--backend", "local"), "--idle: bad idle timeout 'abc'"),
+        (("stop",), "name a session to stop"),
+    ],
+)
 def test_bad_input_is_one_line_and_non_zero(nb_env, args, needle):
     r = cli(nb_env, *args)
     assert r.returncode == 1
@@ -80,7 +113,11 @@ def test_gc_cleans_up_after_a_starter_killed_mid_start(nb_env, tmp_path):
     )
     env = dict(nb_env, PYTHONPATH=str(slow))
     starter = subprocess.Popen(
-        [sys.executable, "-c", "from gpusession.session import SessionManager as M; m=M(); m.start(m.make_spec('t4', backend='local', idle='off', name='crashy'))"],
+        [
+            sys.executable,
+            "-c",
+            "from gpusession.session import SessionManager as M; m=M(); m.start(m.make_spec('t4', backend='local', idle='off', name='crashy'))",
+        ],
         env=env,
     )
     store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
@@ -137,7 +174,9 @@ def test_gc_records_sessions_whose_remote_side_ended(nb_env):
 
 
 def test_stats_and_keepalive_of_a_running_session(nb_env):
-    assert cli(nb_env, "start", "--backend", "local", "--idle", "10m", "--name", "st").returncode == 0
+    assert (
+        cli(nb_env, "start", "--backend", "local", "--idle", "10m", "--name", "st").returncode == 0
+    )
     try:
         time.sleep(1.5)  # at least one sample
         r = cli(nb_env, "stats", "st")
@@ -158,8 +197,18 @@ def test_list_into_a_closed_pipe_prints_no_traceback(nb_env):
     from gpusession.models import LaunchSpec
 
     for i in range(300):  # more rows than one pipe buffer holds
-        rec = store.create(LaunchSpec(gpu_type="t4", backend="local", name=f"row{i}"), price_per_hour=0.0)
+        rec = store.create(
+            LaunchSpec(gpu_type="t4", backend="local", name=f"row{i}"), price_per_hour=0.0
+        )
         store.transition(rec.id, State.FAILED, "made for this test", error="test")
-    r = subprocess.run(f"'{sys.executable}' -m gpusession list --all | head -1", shell=True, env=nb_env,
-                       capture_output=True, text=True, timeout=60)
-    assert "NAME" in r.stdout and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+    r = subprocess.run(
+        f"'{sys.executable}' -m gpusession list --all | head -1",
+        shell=True,
+        env=nb_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "NAME" in r.stdout and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, (
+        r.stderr
+    )

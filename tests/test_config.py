@@ -41,13 +41,25 @@ ENV_VARS = {
 
 
 def env_values(tmp_path: Path) -> dict:
-    return {"data_dir": str(tmp_path / "env-home"), "default_backend": "docker", "default_type": "l4",
-            "default_idle": "5m", "price_per_hour": "0.1", "docker_image": "env/image:1"}
+    return {
+        "data_dir": str(tmp_path / "env-home"),
+        "default_backend": "docker",
+        "default_type": "l4",
+        "default_idle": "5m",
+        "price_per_hour": "0.1",
+        "docker_image": "env/image:1",
+    }
 
 
 def config_values(tmp_path: Path) -> dict:
-    return {"data_dir": str(tmp_path / "cfg-home"), "default_backend": "local", "default_type": "a10g",
-            "default_idle": "7m", "price_per_hour": 0.25, "docker_image": "cfg/image:2"}
+    return {
+        "data_dir": str(tmp_path / "cfg-home"),
+        "default_backend": "local",
+        "default_type": "a10g",
+        "default_idle": "7m",
+        "price_per_hour": 0.25,
+        "docker_image": "cfg/image:2",
+    }
 
 
 def effective(values: dict) -> dict:
@@ -77,8 +89,10 @@ def observe(manager) -> dict:
     }
 
 
-PROBE = (inspect.getsource(observe) + "\nimport json as _json\n"
-         "print('OBSERVED', _json.dumps(observe(get_ipython()._gpusession_magics.manager)))")
+PROBE = (
+    inspect.getsource(observe) + "\nimport json as _json\n"
+    "print('OBSERVED', _json.dumps(observe(get_ipython()._gpusession_magics.manager)))"
+)
 
 
 def observed(text: str) -> dict:
@@ -101,14 +115,24 @@ def clean_env(tmp_path: Path, **env_settings) -> dict[str, str]:
 def write_ipython_config(env: dict[str, str], values: dict) -> None:
     profile = Path(env["IPYTHONDIR"]) / "profile_default"
     profile.mkdir(parents=True, exist_ok=True)
-    lines = ["c = get_config()  # noqa"] + [f"c.GpuSessionConfig.{k} = {v!r}" for k, v in values.items()]
+    lines = ["c = get_config()  # noqa"] + [
+        f"c.GpuSessionConfig.{k} = {v!r}" for k, v in values.items()
+    ]
     (profile / "ipython_config.py").write_text("\n".join(lines) + "\n")
 
 
-def ipython(env: dict[str, str], code: str, *flags: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def ipython(
+    env: dict[str, str], code: str, *flags: str, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """Terminal IPython, as in `ipython --GpuSessionConfig.default_type=a10g -c ...`."""
-    return subprocess.run([IPYTHON, "--no-banner", "--colors=nocolor", *flags, "-c", code], env=env,
-                          capture_output=True, text=True, timeout=timeout, cwd=env["IPYTHONDIR"].rsplit("/", 1)[0])
+    return subprocess.run(
+        [IPYTHON, "--no-banner", "--colors=nocolor", *flags, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=env["IPYTHONDIR"].rsplit("/", 1)[0],
+    )
 
 
 @pytest.fixture
@@ -136,7 +160,9 @@ def test_configuration_reference_lists_every_setting_with_its_env_var():
     for name, var in ENV_VARS.items():
         help_text = GpuSessionConfig.class_traits()[name].help
         assert var in help_text, f"{name}'s help must name {var}"
-        assert "empty" in help_text or " 0 " in help_text or "0 makes" in help_text, f"{name}: what empty/0 means"
+        assert "empty" in help_text or " 0 " in help_text or "0 makes" in help_text, (
+            f"{name}: what empty/0 means"
+        )
 
 
 # --- env vars: each sets the default, config overrides it ----------------------------------
@@ -183,19 +209,28 @@ def test_built_in_defaults(tmp_path, no_env):
 def test_empty_means_the_built_in_value(tmp_path, no_env):
     for name in ("default_type", "default_idle", "docker_image", "data_dir"):
         no_env.setenv(ENV_VARS[name], "")
-    config = GpuSessionConfig(config=Config({"GpuSessionConfig": {"default_type": "", "docker_image": ""}}))
-    assert (config.default_type, config.default_idle, config.docker_image) == ("t4", "30m", BUILTIN_IMAGE)
+    config = GpuSessionConfig(
+        config=Config({"GpuSessionConfig": {"default_type": "", "docker_image": ""}})
+    )
+    assert (config.default_type, config.default_idle, config.docker_image) == (
+        "t4",
+        "30m",
+        BUILTIN_IMAGE,
+    )
     assert config.data_dir.endswith("gpusession")
     config.price_per_hour = 0
     assert config.price_per_hour == 0  # free, not the catalog rate
 
 
-@pytest.mark.parametrize("var, value, name", [
-    ("GPUSESSION_IDLE", "abc", "default_idle"),
-    ("GPUSESSION_PRICE_PER_HOUR", "abc", "price_per_hour"),
-    ("GPUSESSION_PRICE_PER_HOUR", "-2", "price_per_hour"),
-    ("GPUSESSION_TYPE", "t5", "default_type"),
-])
+@pytest.mark.parametrize(
+    "var, value, name",
+    [
+        ("GPUSESSION_IDLE", "abc", "default_idle"),
+        ("GPUSESSION_PRICE_PER_HOUR", "abc", "price_per_hour"),
+        ("GPUSESSION_PRICE_PER_HOUR", "-2", "price_per_hour"),
+        ("GPUSESSION_TYPE", "t5", "default_type"),
+    ],
+)
 def test_a_bad_env_var_is_an_error_naming_it_when_read(var, value, name, no_env):
     no_env.setenv(var, value)
     config = GpuSessionConfig()  # building it is fine: nothing reads env at import or construction
@@ -204,22 +239,32 @@ def test_a_bad_env_var_is_an_error_naming_it_when_read(var, value, name, no_env)
     with pytest.raises(ConfigError, match=var):
         config.check()
     good = {"default_idle": "5m", "price_per_hour": 0.5, "default_type": "l4"}[name]
-    assert getattr(GpuSessionConfig(config=Config({"GpuSessionConfig": {name: good}})), name) == good
+    assert (
+        getattr(GpuSessionConfig(config=Config({"GpuSessionConfig": {name: good}})), name) == good
+    )
 
 
 def test_bad_env_vars_do_not_break_imports(tmp_path):
     env = clean_env(tmp_path)
     env.update(GPUSESSION_IDLE="abc", GPUSESSION_PRICE_PER_HOUR="abc", GPUSESSION_TYPE="t5")
-    r = subprocess.run([sys.executable, "-c", "import gpusession.magics, gpusession.server, gpusession.cli"],
-                       env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", "import gpusession.magics, gpusession.server, gpusession.cli"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
 
 
-@pytest.mark.parametrize("name, value, needle", [
-    ("default_idle", "abc", "GpuSessionConfig.default_idle: bad idle timeout 'abc'"),
-    ("default_type", "t5", "GpuSessionConfig.default_type: unknown GPU type 't5'"),
-    ("price_per_hour", -3, "GpuSessionConfig.price_per_hour: must be -1"),
-])
+@pytest.mark.parametrize(
+    "name, value, needle",
+    [
+        ("default_idle", "abc", "GpuSessionConfig.default_idle: bad idle timeout 'abc'"),
+        ("default_type", "t5", "GpuSessionConfig.default_type: unknown GPU type 't5'"),
+        ("price_per_hour", -3, "GpuSessionConfig.price_per_hour: must be -1"),
+    ],
+)
 def test_a_bad_config_value_names_the_setting(name, value, needle, no_env):
     with pytest.raises(ConfigError, match=re.escape(needle)):
         GpuSessionConfig(config=Config({"GpuSessionConfig": {name: value}}))
@@ -235,7 +280,10 @@ def test_cli_reads_env_vars_and_names_a_bad_one(tmp_path, no_env, capsys):
     capsys.readouterr()
     assert cli.main(["start", "--backend", "local", "--type", "t4"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("gpusession start: environment variable GPUSESSION_IDLE='abc'") and "\n" not in err
+    assert (
+        err.startswith("gpusession start: environment variable GPUSESSION_IDLE='abc'")
+        and "\n" not in err
+    )
     assert Store(tmp_path / "cli-home" / "sessions.sqlite3").list() == []
 
 
@@ -272,7 +320,9 @@ def test_percent_config_after_loading_applies_to_the_next_start(tmp_path, kernel
     assert observed(nk.run(PROBE).text) == effective(cfg)
 
 
-def test_a_bad_env_var_in_a_notebook_is_one_message_and_config_can_override_it(tmp_path, kernel_factory):
+def test_a_bad_env_var_in_a_notebook_is_one_message_and_config_can_override_it(
+    tmp_path, kernel_factory
+):
     env = clean_env(tmp_path, default_backend="local")
     env["GPUSESSION_IDLE"] = "abc"
     nk = kernel_factory(env)
@@ -290,22 +340,33 @@ def test_a_bad_value_in_ipython_config_fails_loading_with_one_message(tmp_path):
     env = clean_env(tmp_path)
     write_ipython_config(env, {"default_idle": "abc"})
     r = ipython(env, "%load_ext gpusession")
-    assert "UsageError: gpusession: GpuSessionConfig.default_idle: bad idle timeout 'abc'" in r.stderr + r.stdout
+    assert (
+        "UsageError: gpusession: GpuSessionConfig.default_idle: bad idle timeout 'abc'"
+        in r.stderr + r.stdout
+    )
     assert "Traceback" not in r.stderr + r.stdout
 
 
 def test_command_line_flags_start_an_a10g_with_a_7m_idle_timeout(tmp_path):
     """The issue's reproduction, end to end: a real session on the local backend."""
     env = clean_env(tmp_path)
-    r = ipython(env, "%load_ext gpusession\n%gpu start --backend local\n%gpu status\n%gpu stop",
-                "--GpuSessionConfig.default_type=a10g", "--GpuSessionConfig.default_idle=7m")
+    r = ipython(
+        env,
+        "%load_ext gpusession\n%gpu start --backend local\n%gpu status\n%gpu stop",
+        "--GpuSessionConfig.default_type=a10g",
+        "--GpuSessionConfig.default_idle=7m",
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "a10g-1: 1 x a10g on local - running" in out
     assert re.search(r"idle \S+ of 7m00s: stops in", out), out
     assert "stopped a10g-1" in out
     (record,) = Store(tmp_path / "home" / "sessions.sqlite3").list()
-    assert (record.spec.gpu_type, record.spec.idle_timeout_s, record.state) == ("a10g", 420, State.STOPPED)
+    assert (record.spec.gpu_type, record.spec.idle_timeout_s, record.state) == (
+        "a10g",
+        420,
+        State.STOPPED,
+    )
 
 
 # --- jupyter server --------------------------------------------------------------------------
@@ -321,8 +382,12 @@ def server_case() -> str:
 @pytest.fixture
 def jp_server_config(gs_home, server_case, tmp_path, jp_config_dir, monkeypatch):
     """The server's config and environment."""
-    env = {"config": _as_env(env_values(tmp_path)), "file": _as_env(env_values(tmp_path)),
-           "env": _as_env(env_values(tmp_path)), "bad-env": {"GPUSESSION_IDLE": "abc"}}.get(server_case, {})
+    env = {
+        "config": _as_env(env_values(tmp_path)),
+        "file": _as_env(env_values(tmp_path)),
+        "env": _as_env(env_values(tmp_path)),
+        "bad-env": {"GPUSESSION_IDLE": "abc"},
+    }.get(server_case, {})
     for var in ENV_VARS.values():
         if var != "GPUSESSION_HOME":
             monkeypatch.delenv(var, raising=False)
@@ -330,9 +395,14 @@ def jp_server_config(gs_home, server_case, tmp_path, jp_config_dir, monkeypatch)
         monkeypatch.setenv(var, value)
     settings = config_values(tmp_path) if server_case == "config" else {}
     if server_case == "file":  # JUPYTER_CONFIG_DIR is jp_config_dir while the server starts
-        lines = ["c = get_config()  # noqa"] + [f"c.GpuSessionConfig.{k} = {v!r}" for k, v in config_values(tmp_path).items()]
+        lines = ["c = get_config()  # noqa"] + [
+            f"c.GpuSessionConfig.{k} = {v!r}" for k, v in config_values(tmp_path).items()
+        ]
         (jp_config_dir / "jupyter_server_config.py").write_text("\n".join(lines) + "\n")
-    return {"ServerApp": {"jpserver_extensions": {"gpusession": True}}, "GpuSessionConfig": settings}
+    return {
+        "ServerApp": {"jpserver_extensions": {"gpusession": True}},
+        "GpuSessionConfig": settings,
+    }
 
 
 def _server_manager(jp_serverapp):
@@ -356,9 +426,15 @@ async def test_server_config_sets_every_setting_over_the_env(jp_serverapp, jp_fe
     assert observe(manager) == effective(cfg)
 
     # what the REST API does with it: a start that names no backend or idle uses the config
-    code, view = await _fetch(jp_fetch, "sessions", method="POST", body=json.dumps({"type": "t4", "name": "cfg1"}))
+    code, view = await _fetch(
+        jp_fetch, "sessions", method="POST", body=json.dumps({"type": "t4", "name": "cfg1"})
+    )
     assert code == 202
-    assert (view["backend"], view["idle"]["timeout_s"], view["price_per_hour"]) == ("local", 420, 0.25)
+    assert (view["backend"], view["idle"]["timeout_s"], view["price_per_hour"]) == (
+        "local",
+        420,
+        0.25,
+    )
     try:
         _, options = await _fetch(jp_fetch, "options")
     except tornado.httpclient.HTTPClientError as exc:
@@ -381,7 +457,9 @@ def test_server_reads_env_vars_without_config(jp_serverapp, tmp_path):
     assert observe(_server_manager(jp_serverapp)) == effective(env_values(tmp_path))
 
 
-@pytest.mark.parametrize("jp_argv", [["--GpuSessionConfig.default_type=a10g", "--GpuSessionConfig.default_idle=7m"]])
+@pytest.mark.parametrize(
+    "jp_argv", [["--GpuSessionConfig.default_type=a10g", "--GpuSessionConfig.default_idle=7m"]]
+)
 def test_server_command_line_flags(jp_serverapp, jp_argv):
     config = _server_manager(jp_serverapp).config
     assert (config.default_type, config.default_idle) == ("a10g", "7m")
@@ -390,8 +468,13 @@ def test_server_command_line_flags(jp_serverapp, jp_argv):
 @pytest.mark.parametrize("server_case", ["bad-env"])
 async def test_server_with_a_bad_env_var_says_which_on_start(jp_fetch):
     with pytest.raises(tornado.httpclient.HTTPClientError) as exc:
-        await _fetch(jp_fetch, "sessions", method="POST", body=json.dumps({"type": "t4", "backend": "local"}))
-    assert "environment variable GPUSESSION_IDLE='abc'" in json.loads(exc.value.response.body)["message"]
+        await _fetch(
+            jp_fetch, "sessions", method="POST", body=json.dumps({"type": "t4", "backend": "local"})
+        )
+    assert (
+        "environment variable GPUSESSION_IDLE='abc'"
+        in json.loads(exc.value.response.body)["message"]
+    )
 
 
 def test_the_cli_env_config_reads_every_setting_as_the_traitlets_one_does(tmp_path, monkeypatch):
@@ -404,5 +487,7 @@ def test_the_cli_env_config_reads_every_setting_as_the_traitlets_one_does(tmp_pa
     for name, value in env_values(tmp_path).items():
         monkeypatch.setenv(ENV_VARS[name], str(value))
     ours, traits = EnvConfig(), GpuSessionConfig()
-    assert {n: getattr(ours, n) for n in ENV_SETTINGS} == {n: getattr(traits, n) for n in ENV_SETTINGS}
+    assert {n: getattr(ours, n) for n in ENV_SETTINGS} == {
+        n: getattr(traits, n) for n in ENV_SETTINGS
+    }
     assert ours.data_path == Path(tmp_path / "env-home") and ours.data_path.is_dir()

@@ -8,7 +8,13 @@ import pytest
 from gpusession.agent.idle import ActivityTracker, StopPolicy
 from gpusession.agent.runtime import build_parser
 from gpusession.agentargs import AgentArgs
-from gpusession.cost import MINIMUM_BILLED_S, billing_started_at, cost_for_seconds, cost_of, seconds_until_cost
+from gpusession.cost import (
+    MINIMUM_BILLED_S,
+    billing_started_at,
+    cost_for_seconds,
+    cost_of,
+    seconds_until_cost,
+)
 from gpusession.models import Event, LaunchSpec, SessionRecord, State
 from gpusession.protocol import StopKind, StopReason, WarningKind
 from gpusession.words import describe_stop, describe_warning
@@ -42,14 +48,22 @@ def record(events: list[tuple[State, float]], price: float = 3.6, **spec) -> Ses
 
 def test_per_second_with_a_one_minute_minimum():
     assert cost_for_seconds(3.6, 0) == 0.0
-    assert cost_for_seconds(3.6, 1) == pytest.approx(3.6 * MINIMUM_BILLED_S / 3600)  # the minute minimum
+    assert cost_for_seconds(3.6, 1) == pytest.approx(
+        3.6 * MINIMUM_BILLED_S / 3600
+    )  # the minute minimum
     assert cost_for_seconds(3.6, 61) == pytest.approx(0.061)
     assert cost_for_seconds(0.0, 10_000) == 0.0
 
 
 def test_store_numbers_use_the_same_formula():
-    r = record([(State.REQUESTED, T0), (State.PROVISIONING, T0 + 1), (State.RUNNING, T0 + 31),
-                (State.STOPPED, T0 + 1801)])
+    r = record(
+        [
+            (State.REQUESTED, T0),
+            (State.PROVISIONING, T0 + 1),
+            (State.RUNNING, T0 + 31),
+            (State.STOPPED, T0 + 1801),
+        ]
+    )
     assert billing_started_at(r) == T0 + 1
     assert cost_of(r) == pytest.approx(cost_for_seconds(3.6, 1800)) == pytest.approx(1.8)
 
@@ -60,8 +74,16 @@ def test_a_queued_job_is_billed_from_its_start_not_from_its_submit():
     from gpusession.cost import BILLED_FROM, record_billed_seconds
     from gpusession.session.views import session_view
 
-    r = record([(State.PROVISIONING, T0), (State.STARTING, T0 + 101), (State.RUNNING, T0 + 102),
-                (State.STOPPED, T0 + 400)], price=36.0, backend="slurm")
+    r = record(
+        [
+            (State.PROVISIONING, T0),
+            (State.STARTING, T0 + 101),
+            (State.RUNNING, T0 + 102),
+            (State.STOPPED, T0 + 400),
+        ],
+        price=36.0,
+        backend="slurm",
+    )
     r.resource[BILLED_FROM] = None  # submitted, still queued
     assert record_billed_seconds(r, at=T0 + 90) == 0.0 and cost_of(r, at=T0 + 90) == 0.0
     assert billing_started_at(r) is None
@@ -69,7 +91,9 @@ def test_a_queued_job_is_billed_from_its_start_not_from_its_submit():
     assert record_billed_seconds(r) == pytest.approx(300.0)
     assert cost_of(r) == pytest.approx(3.0)  # 300 s at $36/h; from the submit it would be $4.00
     assert billing_started_at(r) == T0 + 100
-    assert session_view(r)["cost_so_far"] == pytest.approx(3.0)  # what REST, the sidebar and the CLI show
+    assert session_view(r)["cost_so_far"] == pytest.approx(
+        3.0
+    )  # what REST, the sidebar and the CLI show
     del r.resource[BILLED_FROM]  # every other backend: from the record's first billed state
     assert cost_of(r) == pytest.approx(4.0)
 
@@ -78,11 +102,15 @@ def test_live_meter_counts_from_billing_start():
     tr = ActivityTracker(StopPolicy(price_per_hour=3.6, idle_timeout_s=None), billed_since=T0)
     assert tr.evaluate(T0 + 10).cost["so_far"] == pytest.approx(0.06)  # minimum minute
     c = tr.evaluate(T0 + 1800).cost
-    assert c["so_far"] == pytest.approx(1.8) and c["billed_s"] == 1800 and c["price_per_hour"] == 3.6
+    assert (
+        c["so_far"] == pytest.approx(1.8) and c["billed_s"] == 1800 and c["price_per_hour"] == 3.6
+    )
 
 
 def test_max_cost_warns_at_80_percent_and_stops_at_the_cap():
-    tr = ActivityTracker(StopPolicy(price_per_hour=3.6, max_cost=5.0, idle_timeout_s=None), billed_since=T0)
+    tr = ActivityTracker(
+        StopPolicy(price_per_hour=3.6, max_cost=5.0, idle_timeout_s=None), billed_since=T0
+    )
     # $5 at $3.60/h is 5000 s; 80% ($4) at 4000 s
     assert tr.evaluate(T0 + 3999).warnings == []
     v = tr.evaluate(T0 + 4000)
@@ -94,19 +122,31 @@ def test_max_cost_warns_at_80_percent_and_stops_at_the_cap():
     assert tr.evaluate(T0 + 4999).stop_reason is None
     v = tr.evaluate(T0 + 5000)
     assert v.stop_reason == StopReason(StopKind.MAX_COST, spent=5.0, max_cost=5.0)
-    assert describe_stop("t4-1", v.stop_reason) == "session t4-1 was stopped by its cost cap: spent $5.00 of the $5.00 cap"
+    assert (
+        describe_stop("t4-1", v.stop_reason)
+        == "session t4-1 was stopped by its cost cap: spent $5.00 of the $5.00 cap"
+    )
     assert seconds_until_cost(0.0, 5.0, 100) is None  # free sessions never reach a cap
 
 
 def test_the_cap_wins_over_idle_and_runtime_when_several_fire():
-    tr = ActivityTracker(StopPolicy(price_per_hour=36.0, max_cost=1.0, max_runtime_s=60, idle_timeout_s=60),
-                         billed_since=T0)
+    tr = ActivityTracker(
+        StopPolicy(price_per_hour=36.0, max_cost=1.0, max_runtime_s=60, idle_timeout_s=60),
+        billed_since=T0,
+    )
     assert tr.evaluate(T0 + 100).stop_reason.kind is StopKind.MAX_COST
 
 
 def test_args_for_carries_price_billing_start_and_limits():
-    r = record([(State.REQUESTED, T0), (State.PROVISIONING, T0 + 2.5)], price=0.526,
-               idle_timeout_s=300.0, max_cost=5.0, max_runtime_s=8 * 3600.0, gpu_only=True, gpu_count=2)
+    r = record(
+        [(State.REQUESTED, T0), (State.PROVISIONING, T0 + 2.5)],
+        price=0.526,
+        idle_timeout_s=300.0,
+        max_cost=5.0,
+        max_runtime_s=8 * 3600.0,
+        gpu_only=True,
+        gpu_count=2,
+    )
     args = args_for(r)
     assert all(" " not in a for a in args), "words only: the container entrypoint splits on spaces"
     ns = build_policy_args(args)

@@ -30,7 +30,9 @@ ENGINE = docker_available()
 
 def engine_test(fn):
     """Needs this machine's real Docker engine."""
-    fn = pytest.mark.skipif(not ENGINE, reason="no Docker engine answers (run scripts/ci-host-setup.sh)")(fn)
+    fn = pytest.mark.skipif(
+        not ENGINE, reason="no Docker engine answers (run scripts/ci-host-setup.sh)"
+    )(fn)
     return pytest.mark.docker(fn)
 
 
@@ -48,9 +50,14 @@ def test_without_the_docker_sdk_gpusession_imports_and_says_how_to_install(tmp_p
         "    print(type(exc).__name__, exc)\n"
     )
     env = dict(os.environ, GPUSESSION_HOME=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "BackendUnavailable the docker backend needs the Docker SDK for Python: pip install 'docker>=7.1'"
+    assert (
+        out.stdout.strip()
+        == "BackendUnavailable the docker backend needs the Docker SDK for Python: pip install 'docker>=7.1'"
+    )
 
 
 @pytest.fixture
@@ -66,7 +73,9 @@ def _store(env) -> Store:
 
 def _listens_on_loopback_only(port: int) -> bool:
     """Is `port` listened on at 127.0.0.1 of this machine, and on no other address?"""
-    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout
     local = [line.split()[3] for line in out.splitlines() if line.strip()]
     return bool(local) and all(address == f"127.0.0.1:{port}" for address in local)
 
@@ -89,13 +98,21 @@ def test_notebook_runs_cells_in_a_gpu_container(docker_env, engine, tmp_path):
         record = _store(docker_env).get("box")
         (container,) = _ours(engine, record.id)
 
-        cell = nk.run("%%gpu\nimport os, sys\nprint(os.environ['GPUSESSION_SESSION_ID'], os.environ['NVIDIA_VISIBLE_DEVICES'], "
-                      "sys.executable)")
+        cell = nk.run(
+            "%%gpu\nimport os, sys\nprint(os.environ['GPUSESSION_SESSION_ID'], os.environ['NVIDIA_VISIBLE_DEVICES'], "
+            "sys.executable)"
+        )
         assert cell.status == "ok", cell.text
-        assert cell.text.split() == [record.id, "all", "/opt/venv/bin/python3"]  # the image's own Python
+        assert cell.text.split() == [
+            record.id,
+            "all",
+            "/opt/venv/bin/python3",
+        ]  # the image's own Python
 
         # outputs stream: the first line arrives long before the cell ends
-        loop = nk.run("%%gpu\nimport time\nfor i in range(4):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.5)")
+        loop = nk.run(
+            "%%gpu\nimport time\nfor i in range(4):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.5)"
+        )
         assert loop.status == "ok" and all(f"tick {i}" in loop.text for i in range(4))
         assert loop.stream_times("tick 0")[0] < (loop.replied_at - loop.sent_at) - 1.0
 
@@ -111,20 +128,30 @@ def test_notebook_runs_cells_in_a_gpu_container(docker_env, engine, tmp_path):
         assert host_config["NetworkMode"] == "host" and not host_config.get("PortBindings")
         mounts = {m["Destination"]: m for m in container.attrs["Mounts"]}
         assert mounts["/opt/gpusession-runtime/code"]["RW"] is False
-        assert "/opt/gpusession-runtime/site" not in mounts  # the image has ipykernel and pip: no site
-        info = nk.run("%%gpu\nimport json, os\nprint(json.dumps({k: v for k, v in json.load(open("
-                      "'/tmp/gpusession/kernel.json')).items() if k != 'key'}))")
+        assert (
+            "/opt/gpusession-runtime/site" not in mounts
+        )  # the image has ipykernel and pip: no site
+        info = nk.run(
+            "%%gpu\nimport json, os\nprint(json.dumps({k: v for k, v in json.load(open("
+            "'/tmp/gpusession/kernel.json')).items() if k != 'key'}))"
+        )
         listening = __import__("json").loads(info.text)
         # the kernel on unix sockets in the host folder mounted at the same path, 2770 and of
         # this user's group (the container's user has it too); the agent on loopback only
-        assert listening["transport"] == "ipc" and listening["ip"] == f"{record.resource['sockets']}/k"
+        assert (
+            listening["transport"] == "ipc" and listening["ip"] == f"{record.resource['sockets']}/k"
+        )
         assert mounts[record.resource["sockets"]]["Source"] == record.resource["sockets"]
         folder = os.stat(record.resource["sockets"])
         assert (oct(folder.st_mode & 0o7777), folder.st_gid) == ("0o2770", os.getgid())
         assert host_config["GroupAdd"] == [str(os.getgid())]
-        agent = nk.run("%%gpu\nimport json\nprint(json.load(open('/tmp/gpusession/runtime.json'))['agent_port'])")
+        agent = nk.run(
+            "%%gpu\nimport json\nprint(json.load(open('/tmp/gpusession/runtime.json'))['agent_port'])"
+        )
         assert _listens_on_loopback_only(int(agent.text)), agent.text
-        assert not (Path(docker_env["GPUSESSION_HOME"]) / "keys" / record.id).exists()  # no per-session key
+        assert not (
+            Path(docker_env["GPUSESSION_HOME"]) / "keys" / record.id
+        ).exists()  # no per-session key
 
         stop = nk.run("%gpu stop")
         assert stop.status == "ok", stop.text
@@ -143,20 +170,28 @@ def test_notebook_on_a_remote_engine_over_ssh(docker_env, tmp_path, monkeypatch)
 
     remote = ensure_remote_host()
     if remote is None:
-        pytest.skip("the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)")
+        pytest.skip(
+            "the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)"
+        )
     home = ssh_home(remote, tmp_path / "home")
     env = dict(docker_env, HOME=home)
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell("%load_ext gpusession"),
-        nbformat.v4.new_code_cell(f"%gpu start --backend docker --host {remote['url']} --type t4 --idle off --name far"),
-        nbformat.v4.new_code_cell("%%gpu\nimport os\nprint(os.environ['GPUSESSION_SESSION_ID'], os.environ['NVIDIA_VISIBLE_DEVICES'])"),
+        nbformat.v4.new_code_cell(
+            f"%gpu start --backend docker --host {remote['url']} --type t4 --idle off --name far"
+        ),
+        nbformat.v4.new_code_cell(
+            "%%gpu\nimport os\nprint(os.environ['GPUSESSION_SESSION_ID'], os.environ['NVIDIA_VISIBLE_DEVICES'])"
+        ),
         nbformat.v4.new_code_cell("%gpu stop"),
     ]
     # nbclient starts the kernel with this process's environment
     for key in ("HOME", "GPUSESSION_HOME", "GPUSESSION_IMAGE"):
         monkeypatch.setenv(key, env[key])
-    NotebookClient(nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
 
     text = ["".join(o.get("text", "") for o in c.outputs) for c in nb.cells]
     assert "running: session far is ready" in text[1]
@@ -175,7 +210,9 @@ def test_notebook_on_a_remote_engine_over_ssh(docker_env, tmp_path, monkeypatch)
 def _cut_ssh_to(address: str) -> None:
     """A network blip: every TCP connection to `address`'s sshd is killed (the tunnel's and the
     engine client's)."""
-    subprocess.run(["ss", "-K", "dst", address, "dport", "=", "22"], check=True, capture_output=True)
+    subprocess.run(
+        ["ss", "-K", "dst", address, "dport", "=", "22"], check=True, capture_output=True
+    )
 
 
 @engine_test
@@ -189,7 +226,12 @@ def test_cut_tunnel_keeps_the_kernel_and_its_variables(docker_env, remote_home, 
     nk = NotebookKernel(env, cwd=str(tmp_path))
     try:
         assert nk.run("%load_ext gpusession").status == "ok"
-        assert nk.run(f"%gpu start --backend docker --host {remote['url']} --idle off --name blip").status == "ok"
+        assert (
+            nk.run(
+                f"%gpu start --backend docker --host {remote['url']} --idle off --name blip"
+            ).status
+            == "ok"
+        )
         assert nk.run("%%gpu\nimport os\nanswer = 42\nkernel_pid = os.getpid()").status == "ok"
         store = _store(env)
         record = store.get("blip")
@@ -223,14 +265,21 @@ def test_tunnel_cut_while_a_cell_runs_does_not_hang_the_cell(docker_env, remote_
     nk = NotebookKernel(dict(docker_env, HOME=str(home)), cwd=str(tmp_path))
     try:
         assert nk.run("%load_ext gpusession").status == "ok"
-        assert nk.run(f"%gpu start --backend docker --host {remote['url']} --idle off --name midcell").status == "ok"
+        assert (
+            nk.run(
+                f"%gpu start --backend docker --host {remote['url']} --idle off --name midcell"
+            ).status
+            == "ok"
+        )
 
         def cut() -> None:
             time.sleep(1.0)
             _cut_ssh_to(remote["address"])
 
         threading.Thread(target=cut, daemon=True).start()
-        r = nk.run("%%gpu\nimport time\nkept = 'yes'\ntime.sleep(4)\nprint('cell done')", timeout=60)
+        r = nk.run(
+            "%%gpu\nimport time\nkept = 'yes'\ntime.sleep(4)\nprint('cell done')", timeout=60
+        )
         assert r.status == "ok", r.text
         assert "cell done" in r.text or "some of its output may be missing" in r.text
         after = nk.run("%%gpu\nprint(kept)", timeout=60)
@@ -251,13 +300,21 @@ print("started: not killed in time", flush=True)
 
 @engine_test
 def test_killed_starter_leaves_nothing_after_gc(docker_env, engine):
-    proc = subprocess.Popen([sys.executable, "-c", STARTER], env=docker_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STARTER],
+        env=docker_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     store = _store(docker_env)
     deadline = time.monotonic() + 60
     try:
         while True:  # kill it as soon as the container exists, long before the kernel is ready
-            found = [c for c in _ours(engine) if f":{proc.pid}:" in c.labels.get("gpusession.owner", "") + ":"]
+            found = [
+                c
+                for c in _ours(engine)
+                if f":{proc.pid}:" in c.labels.get("gpusession.owner", "") + ":"
+            ]
             if found:
                 break
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()
@@ -268,38 +325,72 @@ def test_killed_starter_leaves_nothing_after_gc(docker_env, engine):
     (container,) = found
     record = store.get("doomed")
     assert record.state in (State.PROVISIONING, State.STARTING)
-    sockets = [m["Source"] for m in container.attrs.get("Mounts") or [] if m["Source"].startswith("/tmp/gpusession-k.")]
+    sockets = [
+        m["Source"]
+        for m in container.attrs.get("Mounts") or []
+        if m["Source"].startswith("/tmp/gpusession-k.")
+    ]
 
-    gc = subprocess.run([sys.executable, "-m", "gpusession", "gc"], env=docker_env,
-                        capture_output=True, text=True, timeout=120)
+    gc = subprocess.run(
+        [sys.executable, "-m", "gpusession", "gc"],
+        env=docker_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert gc.returncode == 0, gc.stdout + gc.stderr
     assert "stopped doomed (left " in gc.stdout and "by a dead process)" in gc.stdout
     assert _ours(engine, record.id) == []
     record = store.get("doomed")
     assert record.state == State.FAILED and "starter" in record.error
     assert not (Path(docker_env["GPUSESSION_HOME"]) / "keys" / record.id).exists()
-    assert not [s for s in sockets if Path(s).exists()], sockets  # the kernel's socket folder went too
-    again = subprocess.run([sys.executable, "-m", "gpusession", "gc"], env=docker_env,
-                           capture_output=True, text=True, timeout=120)
+    assert not [s for s in sockets if Path(s).exists()], (
+        sockets
+    )  # the kernel's socket folder went too
+    again = subprocess.run(
+        [sys.executable, "-m", "gpusession", "gc"],
+        env=docker_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "nothing to clean up" in again.stdout, again.stdout
 
 
 @engine_test
-def test_gc_removes_its_stores_unknown_containers_and_leaves_other_stores_alone(docker_env, engine, manager):
+def test_gc_removes_its_stores_unknown_containers_and_leaves_other_stores_alone(
+    docker_env, engine, manager
+):
     tag = manager.store.store_id
     env = {"GPUSESSION_SESSION_ID": "0" * 32, "GPUSESSION_AUTHORIZED_KEY": "none"}
-    sockets = tempfile.mkdtemp(prefix="gpusession-k.", dir="/tmp")  # as a start makes for its kernel
-    stray = engine.containers.create(product_image(), labels={LABEL: "0" * 32, "gpusession.store": tag}, environment=env,
-                                     volumes={sockets: {"bind": sockets, "mode": "rw"}})
-    other = engine.containers.create(product_image(), labels={LABEL: "1" * 32, "gpusession.store": "another"},
-                                     environment=env)
+    sockets = tempfile.mkdtemp(
+        prefix="gpusession-k.", dir="/tmp"
+    )  # as a start makes for its kernel
+    stray = engine.containers.create(
+        product_image(),
+        labels={LABEL: "0" * 32, "gpusession.store": tag},
+        environment=env,
+        volumes={sockets: {"bind": sockets, "mode": "rw"}},
+    )
+    other = engine.containers.create(
+        product_image(), labels={LABEL: "1" * 32, "gpusession.store": "another"}, environment=env
+    )
     try:
-        gc = subprocess.run([sys.executable, "-m", "gpusession", "gc"], env=docker_env,
-                            capture_output=True, text=True, timeout=120)
-        assert f"removed container {stray.name}" in gc.stdout and "(unknown to the store)" in gc.stdout, gc.stdout
+        gc = subprocess.run(
+            [sys.executable, "-m", "gpusession", "gc"],
+            env=docker_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert (
+            f"removed container {stray.name}" in gc.stdout and "(unknown to the store)" in gc.stdout
+        ), gc.stdout
         assert other.name not in gc.stdout
         assert _ours(engine, "0" * 32) == []
-        assert not Path(sockets).exists(), "the stray container's kernel socket folder is left behind"
+        assert not Path(sockets).exists(), (
+            "the stray container's kernel socket folder is left behind"
+        )
         assert [c.id for c in _ours(engine, "1" * 32)] == [other.id]
     finally:
         other.remove(force=True)
@@ -314,7 +405,9 @@ def test_idle_watchdog_stop_is_read_from_the_stopped_container(docker_env, manag
         assert time.monotonic() < deadline
         time.sleep(0.2)
         container.reload()
-    assert [(a.verb, a.target, a.why) for a in manager.gc()] == [("record-stopped", session.name, "remote side gone")]
+    assert [(a.verb, a.target, a.why) for a in manager.gc()] == [
+        ("record-stopped", session.name, "remote side gone")
+    ]
     record = manager.get(session.id)
     assert record.state == State.STOPPED, [(e.state.value, e.detail) for e in record.events][-3:]
     assert record.stop_reason.kind == StopKind.IDLE and record.stop_reason.idle_timeout_s == 3.0
@@ -336,16 +429,23 @@ def test_another_process_attaches(docker_env, manager, engine):
 
 
 @engine_test
-def test_a_changed_host_key_of_a_remote_engine_is_refused_when_attaching(docker_env, manager, remote_home, tmp_path):
+def test_a_changed_host_key_of_a_remote_engine_is_refused_when_attaching(
+    docker_env, manager, remote_home, tmp_path
+):
     """The tunnel ends at the engine host's sshd, whose key known_hosts pins (as for the engine
     itself): after the key changed, another process is refused and the session keeps running."""
     from gpusession.errors import GpuSessionError
     from gpusession.session import SessionManager
 
     remote, home = remote_home
-    session = manager.start(manager.make_spec("t4", backend="docker", idle="off", name="pinned", host=remote["url"]))
+    session = manager.start(
+        manager.make_spec("t4", backend="docker", idle="off", name="pinned", host=remote["url"])
+    )
     session.kernel.execute("y = 7", silent=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")],
+        check=True,
+    )
     impostor = (tmp_path / "impostor.pub").read_text().split()[:2]
     (home / ".ssh" / "known_hosts").write_text(f"{remote['address']} {' '.join(impostor)}\n")
     with pytest.raises(GpuSessionError) as err:
@@ -356,6 +456,7 @@ def test_a_changed_host_key_of_a_remote_engine_is_refused_when_attaching(docker_
 
 
 # -- faults: a clear error naming the stage, nothing left behind ----------------------------
+
 
 def _start_fails(manager, **options) -> StageError:
     spec = manager.make_spec("t4", backend="docker", idle="off", **options)
@@ -372,7 +473,10 @@ def test_engine_without_nvidia_runtime_is_an_actionable_error(docker_env, manage
     err = _start_fails(manager, gpu_driver="no-such-driver")
     assert err.stage == "provision"
     assert 'could not select device driver "no-such-driver"' in err.message
-    assert "nvidia-container-toolkit" in err.message and "nvidia-ctk runtime configure --runtime=docker" in err.message
+    assert (
+        "nvidia-container-toolkit" in err.message
+        and "nvidia-ctk runtime configure --runtime=docker" in err.message
+    )
     assert _ours(engine, manager.list()[0].id) == [], "the Created container must be removed"
 
 
@@ -380,8 +484,14 @@ def test_engine_without_nvidia_runtime_is_an_actionable_error(docker_env, manage
 def test_missing_image_is_an_actionable_error(docker_env, manager, engine):
     err = _start_fails(manager, image="gpusession/no-such-image:never")
     assert err.stage == "image"
-    assert "image gpusession/no-such-image:never is not on the Docker engine and cannot be pulled (" in err.message
-    assert "pull or build it there (`docker pull gpusession/no-such-image:never`), or pass another --image" in err.message
+    assert (
+        "image gpusession/no-such-image:never is not on the Docker engine and cannot be pulled ("
+        in err.message
+    )
+    assert (
+        "pull or build it there (`docker pull gpusession/no-such-image:never`), or pass another --image"
+        in err.message
+    )
     assert _ours(engine, manager.list()[0].id) == []
 
 
@@ -394,14 +504,22 @@ ENV PATH=/broken:/opt/venv/bin:/usr/local/bin:/usr/bin:/bin
 
 
 @engine_test
-def test_container_that_exits_during_start_shows_its_last_lines(docker_env, manager, engine, tmp_path):
+def test_container_that_exits_during_start_shows_its_last_lines(
+    docker_env, manager, engine, tmp_path
+):
     # an image whose python3 runs the probe but not the agent
-    bad = engine.images.build(fileobj=__import__("io").BytesIO(BROKEN_PYTHON.format(image=product_image()).encode()),
-                              tag="gpusession/broken:test", rm=True)[0]
+    bad = engine.images.build(
+        fileobj=__import__("io").BytesIO(BROKEN_PYTHON.format(image=product_image()).encode()),
+        tag="gpusession/broken:test",
+        rm=True,
+    )[0]
     try:
         err = _start_fails(manager, image="gpusession/broken:test")
         assert err.stage == "connect"
-        assert "container exited with code 3 during start" in err.message and "agent cannot start" in err.message
+        assert (
+            "container exited with code 3 during start" in err.message
+            and "agent cannot start" in err.message
+        )
         assert _ours(engine, manager.list()[0].id) == []
     finally:
         engine.images.remove(bad.id, force=True)
@@ -411,16 +529,23 @@ def test_container_that_exits_during_start_shows_its_last_lines(docker_env, mana
 def remote_home(tmp_path, monkeypatch):
     remote = ensure_remote_host()
     if remote is None:
-        pytest.skip("the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)")
+        pytest.skip(
+            "the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)"
+        )
     home = Path(ssh_home(remote, tmp_path / "home"))
     monkeypatch.setenv("HOME", str(home))
     return remote, home
 
 
 @engine_test
-def test_remote_engine_with_a_changed_host_key_is_refused(docker_env, manager, remote_home, tmp_path):
+def test_remote_engine_with_a_changed_host_key_is_refused(
+    docker_env, manager, remote_home, tmp_path
+):
     remote, home = remote_home
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")],
+        check=True,
+    )
     impostor = (tmp_path / "impostor.pub").read_text().split()[:2]
     (home / ".ssh" / "known_hosts").write_text(f"{remote['address']} {' '.join(impostor)}\n")
     err = _start_fails(manager, host=remote["url"])
@@ -432,9 +557,13 @@ def test_remote_engine_with_a_changed_host_key_is_refused(docker_env, manager, r
 @engine_test
 def test_remote_engine_with_a_wrong_key_is_refused(docker_env, manager, remote_home, tmp_path):
     remote, home = remote_home
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "wrong")], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "wrong")], check=True
+    )
     config = home / ".ssh" / "config"
-    config.write_text(re.sub(r"IdentityFile .*", f"IdentityFile {tmp_path / 'wrong'}", config.read_text()))
+    config.write_text(
+        re.sub(r"IdentityFile .*", f"IdentityFile {tmp_path / 'wrong'}", config.read_text())
+    )
     err = _start_fails(manager, host=remote["url"])
     assert err.stage == "provision"
     assert f"ssh authentication to {remote['url']} failed" in err.message
@@ -443,7 +572,9 @@ def test_remote_engine_with_a_wrong_key_is_refused(docker_env, manager, remote_h
 @engine_test
 def test_unreachable_remote_engine(docker_env, manager, remote_home):
     t0 = time.monotonic()
-    err = _start_fails(manager, host="ssh://root@10.200.0.99")  # in the namespace's subnet, nobody there
+    err = _start_fails(
+        manager, host="ssh://root@10.200.0.99"
+    )  # in the namespace's subnet, nobody there
     assert err.stage == "provision"
     assert "cannot reach the Docker engine ssh://root@10.200.0.99" in err.message
     assert time.monotonic() - t0 < 90

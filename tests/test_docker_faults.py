@@ -33,29 +33,47 @@ def docker_env(nb_env, monkeypatch) -> dict[str, str]:
 
 
 def cli(env, *args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "gpusession", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gpusession", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _ours(client, session_id: str) -> list:
-    return client.containers.list(all=True, ignore_removed=True, filters={"label": f"{LABEL}={session_id}"})
+    return client.containers.list(
+        all=True, ignore_removed=True, filters={"label": f"{LABEL}={session_id}"}
+    )
 
 
 def test_a_record_with_a_bad_host_does_not_stop_gc_removing_containers(docker_env, engine, manager):
     """A record of an old version whose host IDNA cannot encode sits beside a real leftover."""
-    bad = manager.store.create(LaunchSpec(gpu_type="t4", backend="docker", host="ssh://" + "a" * 64), price_per_hour=1)
+    bad = manager.store.create(
+        LaunchSpec(gpu_type="t4", backend="docker", host="ssh://" + "a" * 64), price_per_hour=1
+    )
     for state in (State.PROVISIONING, State.STARTING, State.RUNNING):
         manager.store.transition(bad.id, state)
     env = {"GPUSESSION_SESSION_ID": "2" * 32, "GPUSESSION_AUTHORIZED_KEY": "none"}
-    stray = engine.containers.create(product_image(), labels={LABEL: "2" * 32, "gpusession.store": manager.store.store_id},
-                                     environment=env)
+    stray = engine.containers.create(
+        product_image(),
+        labels={LABEL: "2" * 32, "gpusession.store": manager.store.store_id},
+        environment=env,
+    )
     try:
         gc = cli(docker_env, "gc")
-        assert gc.returncode == 0 and "Traceback" not in gc.stdout + gc.stderr, gc.stdout + gc.stderr
+        assert gc.returncode == 0 and "Traceback" not in gc.stdout + gc.stderr, (
+            gc.stdout + gc.stderr
+        )
         assert f"removed container {stray.name}" in gc.stdout, gc.stdout
         assert _ours(engine, "2" * 32) == []
-        assert "skipping Docker engine ssh://aaaa" in gc.stderr and "no valid DNS name" in gc.stderr, gc.stderr
-        assert bad.name  # its record is left as it is: an engine that cannot be asked is no proof of an end
+        assert (
+            "skipping Docker engine ssh://aaaa" in gc.stderr and "no valid DNS name" in gc.stderr
+        ), gc.stderr
+        assert (
+            bad.name
+        )  # its record is left as it is: an engine that cannot be asked is no proof of an end
     finally:
         for c in _ours(engine, "2" * 32):
             c.remove(force=True)
@@ -75,14 +93,24 @@ def test_list_sees_a_dead_container_without_the_sdk_and_stop_keeps_the_summary(d
         assert "GPU-hours" in stop.stdout and "mean GPU utilization" in stop.stdout, stop.stdout
         assert store.get("box2").resource.get("agent_summary"), "no agent summary kept"
 
-        code = ("import sys, time; from gpusession import cli; t = time.perf_counter(); cli.main(['list', '--all']); "
-                "print('took %.2fs' % (time.perf_counter() - t), 'sdk imported:', 'docker' in sys.modules)")
+        code = (
+            "import sys, time; from gpusession import cli; t = time.perf_counter(); cli.main(['list', '--all']); "
+            "print('took %.2fs' % (time.perf_counter() - t), 'sdk imported:', 'docker' in sys.modules)"
+        )
 
         def listing() -> tuple[str, str]:
-            r = subprocess.run([sys.executable, "-c", code], env=docker_env, capture_output=True, text=True, timeout=120)
+            r = subprocess.run(
+                [sys.executable, "-c", code],
+                env=docker_env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert r.returncode == 0, r.stderr
             print(r.stdout.strip().splitlines()[-1])
-            return next(li for li in r.stdout.splitlines() if li.split()[:1] == ["box"]).split()[3], r.stdout
+            return next(li for li in r.stdout.splitlines() if li.split()[:1] == ["box"]).split()[
+                3
+            ], r.stdout
 
         state, out = listing()  # alive: checked over the engine's socket, without the SDK
         assert state == "running" and "sdk imported: False" in out, out
@@ -91,7 +119,9 @@ def test_list_sees_a_dead_container_without_the_sdk_and_stop_keeps_the_summary(d
         state, out = listing()
         assert state in ("stopped", "failed"), out
         assert store.get("box").state in (State.STOPPED, State.FAILED)
-        assert _ours(engine, store.get("box").id) == [], "the dead container is removed when it is recorded so"
+        assert _ours(engine, store.get("box").id) == [], (
+            "the dead container is removed when it is recorded so"
+        )
     finally:  # nothing left running, whatever failed
         cli(docker_env, "stop", "--all")
 
@@ -102,12 +132,19 @@ def test_a_failed_start_keeps_the_containers_log(docker_env, manager, engine):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     owner = f"me@{socket.gethostname()}:{dead.pid}"
-    record = manager.store.create(LaunchSpec(gpu_type="t4", backend="docker", name="broke"), price_per_hour=1,
-                                  owner=owner)
-    script = ("for i in $(seq 1 400); do echo line $i of a long start; done; sleep 1; "
-              "echo agent cannot start >&2; sleep 120")
-    container = engine.containers.run(product_image(), entrypoint=["/bin/sh", "-c", script], detach=True,
-                                      labels={LABEL: record.id, "gpusession.store": manager.store.store_id})
+    record = manager.store.create(
+        LaunchSpec(gpu_type="t4", backend="docker", name="broke"), price_per_hour=1, owner=owner
+    )
+    script = (
+        "for i in $(seq 1 400); do echo line $i of a long start; done; sleep 1; "
+        "echo agent cannot start >&2; sleep 120"
+    )
+    container = engine.containers.run(
+        product_image(),
+        entrypoint=["/bin/sh", "-c", script],
+        detach=True,
+        labels={LABEL: record.id, "gpusession.store": manager.store.store_id},
+    )
     try:
         deadline = time.monotonic() + 30
         while b"agent cannot start" not in container.logs():
@@ -124,7 +161,9 @@ def test_a_failed_start_keeps_the_containers_log(docker_env, manager, engine):
         assert "agent cannot start" in kept and "line 400 of a long start" in kept, kept[-300:]
         assert len(kept.encode()) <= 4096 and "line 1 of" not in kept, "the kept log is bounded"
         status = cli(docker_env, "status", "broke")
-        assert "start log" in status.stdout and "| agent cannot start" in status.stdout, status.stdout
+        assert "start log" in status.stdout and "| agent cannot start" in status.stdout, (
+            status.stdout
+        )
     finally:
         for c in _ours(engine, record.id):
             c.remove(force=True)
@@ -133,10 +172,13 @@ def test_a_failed_start_keeps_the_containers_log(docker_env, manager, engine):
 def test_the_ready_marker_is_found_when_another_write_shares_its_line(engine):
     """The kernel prints 'To connect another client to this kernel, use:' as two writes (text,
     then newline) to the stdout it shares with the runtime; READY can land in between."""
-    script = ("printf 'To connect another client to this kernel, use:'; echo GPUSESSION_READY; echo; "
-              "echo '    --existing kernel.json'; sleep 60")
-    container = engine.containers.run(product_image(), entrypoint=["/bin/sh", "-c", script], detach=True,
-                                      labels={LABEL: "3" * 32})
+    script = (
+        "printf 'To connect another client to this kernel, use:'; echo GPUSESSION_READY; echo; "
+        "echo '    --existing kernel.json'; sleep 60"
+    )
+    container = engine.containers.run(
+        product_image(), entrypoint=["/bin/sh", "-c", script], detach=True, labels={LABEL: "3" * 32}
+    )
     try:
         t0 = time.monotonic()
         assert wait_for_marker(container, Marker.READY, 20, stage="connect") is None
@@ -148,11 +190,18 @@ def test_the_ready_marker_is_found_when_another_write_shares_its_line(engine):
 def test_a_start_that_never_says_ready_names_the_last_log_lines(engine):
     from gpusession.errors import StageError
 
-    container = engine.containers.run(product_image(), entrypoint=["/bin/sh", "-c", "echo stuck importing torch; sleep 60"],
-                                      detach=True, labels={LABEL: "4" * 32})
+    container = engine.containers.run(
+        product_image(),
+        entrypoint=["/bin/sh", "-c", "echo stuck importing torch; sleep 60"],
+        detach=True,
+        labels={LABEL: "4" * 32},
+    )
     try:
         with pytest.raises(StageError) as err:
             wait_for_marker(container, Marker.READY, 2, stage="connect")
-        assert "no GPUSESSION_READY line from the container within 2s; last log lines: stuck importing torch" in str(err.value)
+        assert (
+            "no GPUSESSION_READY line from the container within 2s; last log lines: stuck importing torch"
+            in str(err.value)
+        )
     finally:
         container.remove(force=True)

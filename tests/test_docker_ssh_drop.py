@@ -38,8 +38,12 @@ def test_the_patched_sdk_is_the_major_the_patch_was_written_for():
 def _our_sshd(client) -> int:
     """The pid of the sshd session process serving this client's SSH connection, on the host."""
     port = client.api._custom_adapter.ssh_client.get_transport().sock.getsockname()[1]
-    out = subprocess.run(["ip", "netns", "exec", NS, "ss", "-Htnp", "state", "established", "dport", f"= :{port}"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ip", "netns", "exec", NS, "ss", "-Htnp", "state", "established", "dport", f"= :{port}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     pids = {int(p) for p in re.findall(r'"sshd[^"]*",pid=(\d+)', out)}
     assert len(pids) >= 1, out
     return min(pids)  # privilege separation: the session's own process holds the socket
@@ -48,7 +52,9 @@ def _our_sshd(client) -> int:
 def _descendants(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
-        children = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout.split()
+        children = subprocess.run(
+            ["pgrep", "-P", str(todo.pop())], capture_output=True, text=True
+        ).stdout.split()
         out += [int(c) for c in children]
         todo += children
     return out

@@ -33,7 +33,9 @@ ROOT_ONLY = os.geteuid() == 0  # `ss -K` cuts the tunnel's TCP connections
 
 pytestmark = [
     pytest.mark.docker,
-    pytest.mark.skipif(not ENGINE, reason="no Docker engine answers (run scripts/ci-host-setup.sh)"),
+    pytest.mark.skipif(
+        not ENGINE, reason="no Docker engine answers (run scripts/ci-host-setup.sh)"
+    ),
     pytest.mark.skipif(not ROOT_ONLY, reason="cutting TCP connections needs root (ss -K)"),
 ]
 
@@ -51,14 +53,18 @@ def remote(docker_env, monkeypatch, tmp_path) -> dict:
     monkeypatch.setenv("HOME", os.environ["HOME"])  # restored afterwards; remote_engine changes it
     host = bench_faults.remote_engine(tmp_path / "home")
     if host is None:
-        pytest.skip("the remote engine cannot run here (scripts/ci-remote-host.sh needs root and Docker)")
+        pytest.skip(
+            "the remote engine cannot run here (scripts/ci-remote-host.sh needs root and Docker)"
+        )
     docker_env["HOME"] = os.environ["HOME"]
     return host
 
 
 @pytest.mark.slow
 def test_fault_suite_keeps_its_figures(docker_env, remote):
-    fig = bench_faults.run_suite(FAULT_CUTS, seed=int(time.time()) % 1000, env=docker_env, remote=remote)
+    fig = bench_faults.run_suite(
+        FAULT_CUTS, seed=int(time.time()) % 1000, env=docker_env, remote=remote
+    )
     print("\n" + fig.table() + f"\n{fig.seconds:.0f} s")
     assert fig.cuts == FAULT_CUTS
     assert fig.failures() == [], fig.table()
@@ -71,7 +77,9 @@ def test_stop_right_after_a_cut_on_a_remote_engine(docker_env, remote):
     from gpusession.session import SessionManager
 
     manager = SessionManager()
-    session = manager.start(manager.make_spec("t4", backend="docker", idle="off", name="stopcut", host=remote["url"]))
+    session = manager.start(
+        manager.make_spec("t4", backend="docker", idle="off", name="stopcut", host=remote["url"])
+    )
     try:
         bench_faults.cut(bench_faults.tunnel_end(session))
         try:
@@ -99,8 +107,14 @@ def test_cuts_inside_transfers_on_an_ssh_engine(docker_env, remote, tmp_path):
 
     fig, manager = bench_faults.Figures(), SessionManager()
     try:
-        bench_faults.transfer_cuts(manager, TRANSFER_CUTS, fig, random.Random(int(time.time()) % 1000),
-                                   remote["url"], tmp_path)
+        bench_faults.transfer_cuts(
+            manager,
+            TRANSFER_CUTS,
+            fig,
+            random.Random(int(time.time()) % 1000),
+            remote["url"],
+            tmp_path,
+        )
     finally:
         manager.close()
     print("\n" + fig.table())
@@ -111,8 +125,10 @@ def test_cuts_inside_transfers_on_an_ssh_engine(docker_env, remote, tmp_path):
 
 def _tunnel_end(nk) -> tuple[str, int]:
     """The (address, port) the notebook's current session's tunnel connects to."""
-    r = nk.run("_gm = get_ipython().magics_manager.registry['GpuMagics']\n"
-               "_t = _gm.current.link.tunnel\nprint((_t.jump or _t.target).host, (_t.jump or _t.target).port)")
+    r = nk.run(
+        "_gm = get_ipython().magics_manager.registry['GpuMagics']\n"
+        "_t = _gm.current.link.tunnel\nprint((_t.jump or _t.target).host, (_t.jump or _t.target).port)"
+    )
     assert r.status == "ok", r.text
     host, port = r.text.split()
     return host, int(port)
@@ -120,20 +136,29 @@ def _tunnel_end(nk) -> tuple[str, int]:
 
 # In the notebook's own process, the tunnel's idea of the server changes as when the server's host
 # key changed or its login stopped taking our key (the remote host is shared: its real keys stay).
-NEW_HOST_KEY = ("from gpusession.sshlogin import HostKeyCheck, make_session_key\n"
-                "_, _line = make_session_key(__import__('pathlib').Path({tmp!r}), 'impostor')\n"
-                "_t.target.host_keys = HostKeyCheck.pinned(_t.target.host, _t.target.port, _line, "
-                "'remove the old key if you expect this')")
-NO_LOGIN = ("import paramiko\nfrom gpusession.sshlogin import make_session_key\n"
-            "_path, _ = make_session_key(__import__('pathlib').Path({tmp!r}), 'stranger')\n"
-            "_t.target.keys = [paramiko.Ed25519Key.from_private_key_file(str(_path))]")
+NEW_HOST_KEY = (
+    "from gpusession.sshlogin import HostKeyCheck, make_session_key\n"
+    "_, _line = make_session_key(__import__('pathlib').Path({tmp!r}), 'impostor')\n"
+    "_t.target.host_keys = HostKeyCheck.pinned(_t.target.host, _t.target.port, _line, "
+    "'remove the old key if you expect this')"
+)
+NO_LOGIN = (
+    "import paramiko\nfrom gpusession.sshlogin import make_session_key\n"
+    "_path, _ = make_session_key(__import__('pathlib').Path({tmp!r}), 'stranger')\n"
+    "_t.target.keys = [paramiko.Ed25519Key.from_private_key_file(str(_path))]"
+)
 
 
-@pytest.mark.parametrize("fault, words", [
-    (NEW_HOST_KEY, "changed: refusing to connect"),
-    (NO_LOGIN, "authentication failed for root@10.200.0.2:22"),
-])
-def test_cell_ends_with_one_line_when_the_tunnel_cannot_come_back(docker_env, remote, tmp_path, fault, words):
+@pytest.mark.parametrize(
+    "fault, words",
+    [
+        (NEW_HOST_KEY, "changed: refusing to connect"),
+        (NO_LOGIN, "authentication failed for root@10.200.0.2:22"),
+    ],
+)
+def test_cell_ends_with_one_line_when_the_tunnel_cannot_come_back(
+    docker_env, remote, tmp_path, fault, words
+):
     """Issue 10 item 2: the session lives, but the tunnel is refused after a cut (a changed host
     key; a refused login). %%gpu must end at once with one line saying why."""
     from support.notebook_kernel import NotebookKernel
@@ -141,7 +166,9 @@ def test_cell_ends_with_one_line_when_the_tunnel_cannot_come_back(docker_env, re
     nk = NotebookKernel(docker_env, cwd=str(tmp_path))
     try:
         assert nk.run("%load_ext gpusession").status == "ok"
-        start = nk.run(f"%gpu start --backend docker --idle off --name refused --host {remote['url']}")
+        start = nk.run(
+            f"%gpu start --backend docker --idle off --name refused --host {remote['url']}"
+        )
         assert start.status == "ok", start.text
         record = Store(Path(docker_env["GPUSESSION_HOME"]) / "sessions.sqlite3").get("refused")
         end = _tunnel_end(nk)
@@ -153,17 +180,26 @@ def test_cell_ends_with_one_line_when_the_tunnel_cannot_come_back(docker_env, re
         assert r.status == "error" and r.error["ename"] == "UsageError", r.text
         message = r.error["evalue"]
         assert "\n" not in message
-        assert message.startswith("lost the connection to session refused: ") and words in message, message
+        assert (
+            message.startswith("lost the connection to session refused: ") and words in message
+        ), message
         assert took < 15, f"{took:.1f}s: a refusal is final, no need to wait"
         # the store has it too; the session itself still runs (stopped below)
-        events = [e.detail for e in Store(Path(docker_env["GPUSESSION_HOME"]) / "sessions.sqlite3").get("refused").events]
+        events = [
+            e.detail
+            for e in Store(Path(docker_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
+            .get("refused")
+            .events
+        ]
         assert any("reconnect refused, giving up" in e for e in events), events
     finally:
         nk.close()
         bench_faults._stop_elsewhere(record.id)  # (the notebook's engine client died with the cut)
 
 
-def test_cells_printing_at_10hz_across_cuts_lose_no_line_in_the_notebook(docker_env, remote, tmp_path):
+def test_cells_printing_at_10hz_across_cuts_lose_no_line_in_the_notebook(
+    docker_env, remote, tmp_path
+):
     """Issue 10 item 4: a cell printing at 10 Hz across a cut lost 1-3 lines in 8 of 8 runs."""
     import threading
 
@@ -172,15 +208,20 @@ def test_cells_printing_at_10hz_across_cuts_lose_no_line_in_the_notebook(docker_
     nk = NotebookKernel(docker_env, cwd=str(tmp_path))
     try:
         assert nk.run("%load_ext gpusession").status == "ok"
-        start = nk.run(f"%gpu start --backend docker --idle off --name tenhz --host {remote['url']}")
+        start = nk.run(
+            f"%gpu start --backend docker --idle off --name tenhz --host {remote['url']}"
+        )
         assert start.status == "ok", start.text
         store = Store(Path(docker_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
         end = _tunnel_end(nk)
         for run in range(4):
             timer = threading.Timer(0.6 + 0.4 * run, bench_faults.cut, (end,))
             timer.start()
-            r = nk.run("%%gpu\nimport time\nfor i in range(25):\n    print(f'line {i}', flush=True)\n"
-                       "    time.sleep(0.1)", timeout=60)
+            r = nk.run(
+                "%%gpu\nimport time\nfor i in range(25):\n    print(f'line {i}', flush=True)\n"
+                "    time.sleep(0.1)",
+                timeout=60,
+            )
             timer.join()
             assert r.status == "ok", r.text
             assert [x for x in r.text.splitlines() if x] == [f"line {i}" for i in range(25)], r.text
@@ -193,8 +234,13 @@ def test_cells_printing_at_10hz_across_cuts_lose_no_line_in_the_notebook(docker_
 
 def test_bench_script_runs(docker_env, remote, tmp_path):
     """bench/bench_faults.py as a person runs it (tiny), so it does not rot."""
-    out = subprocess.run([sys.executable, str(Path(bench_faults.__file__)), "--cuts", "2", "--no-kills"],
-                         env=docker_env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(Path(bench_faults.__file__)), "--cuts", "2", "--no-kills"],
+        env=docker_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "| tunnel cuts survived (variables and kernel kept) | 2 / 2 | all |" in out.stdout
     assert "| cells with output lost silently | 0 | 0 |" in out.stdout

@@ -144,12 +144,27 @@ def test_kernel_numbers_outputs_and_answers_for_a_cell_on_control(kernel):
     assert kernel.cell_log
     outputs = [m for m in raw if "gpusession_seq" in m["metadata"]]
     assert [m["metadata"]["gpusession_seq"] for m in outputs] == [1, 2, 3, 4]
-    assert [m["msg_type"] for m in outputs] == ["stream", "display_data", "stream", "execute_result"]
-    idle = [m for m in raw if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
-            and "gpusession_outputs" in m["metadata"]]
+    assert [m["msg_type"] for m in outputs] == [
+        "stream",
+        "display_data",
+        "stream",
+        "execute_result",
+    ]
+    idle = [
+        m
+        for m in raw
+        if m["msg_type"] == "status"
+        and m["content"]["execution_state"] == "idle"
+        and "gpusession_outputs" in m["metadata"]
+    ]
     assert idle and idle[-1]["metadata"]["gpusession_outputs"] == 4
     assert reply["status"] == "ok"
-    assert sink.parts == [("stdout", "a\n"), ("display", "'b'"), ("stdout", "c\n"), ("display", "'d'")]
+    assert sink.parts == [
+        ("stdout", "a\n"),
+        ("display", "'b'"),
+        ("stdout", "c\n"),
+        ("display", "'d'"),
+    ]
 
 
 # -- lost messages: item 3 (hangs) and item 4 (silent loss) ----------------------------------------
@@ -212,7 +227,9 @@ def test_outputs_arriving_out_of_order_are_shown_in_order(kernel):
             held.append(msg)
             return swap(timeout)
         if seq == 3 and held:
-            kernel.client.get_iopub_msg = lambda timeout=None: held.pop() if held else getter(timeout=timeout)
+            kernel.client.get_iopub_msg = lambda timeout=None: (
+                held.pop() if held else getter(timeout=timeout)
+            )
         return msg
 
     kernel.client.get_iopub_msg = swap
@@ -222,12 +239,19 @@ def test_outputs_arriving_out_of_order_are_shown_in_order(kernel):
 
 
 def test_output_the_kernel_no_longer_keeps_is_named_exactly(kernel):
-    kernel.execute("get_ipython().kernel.gpusession_cell_log.max_bytes = 40", silent=True)  # ~1 output
+    kernel.execute(
+        "get_ipython().kernel.gpusession_cell_log.max_bytes = 40", silent=True
+    )  # ~1 output
     _drop(kernel, "iopub", lambda m: m["metadata"].get("gpusession_seq") in (2, 3))
     sink = Recorder()
-    kernel.execute("import time\nfor i in range(8):\n    print('x' * 9, i, flush=True)\n    time.sleep(0.01)", sink=sink)
-    assert sink.text("stderr") == ("[gpusession] outputs 2-3 of this cell (in the order the session sent them) were "
-                                   "lost in a tunnel cut: the session kernel no longer kept them\n")
+    kernel.execute(
+        "import time\nfor i in range(8):\n    print('x' * 9, i, flush=True)\n    time.sleep(0.01)",
+        sink=sink,
+    )
+    assert sink.text("stderr") == (
+        "[gpusession] outputs 2-3 of this cell (in the order the session sent them) were "
+        "lost in a tunnel cut: the session kernel no longer kept them\n"
+    )
     assert _lines(sink.text()) == [f"xxxxxxxxx {i}" for i in (0, 3, 4, 5, 6, 7)]
 
 
@@ -243,7 +267,9 @@ def test_interrupting_a_lost_cell_says_it_never_started(kernel):
     _interrupt_main_after(0.5)
     with pytest.raises(KeyboardInterrupt) as err:
         kernel.execute("never = 1", sink=Recorder(), interrupt_grace=5)
-    assert "never started in the session kernel" in str(err.value) and "nothing ran" in str(err.value)
+    assert "never started in the session kernel" in str(err.value) and "nothing ran" in str(
+        err.value
+    )
     assert "may still be running" not in str(err.value)
 
 
@@ -258,11 +284,16 @@ def test_interrupting_a_running_cell_stops_it(kernel):
 
 def test_a_cell_that_ignores_the_interrupt_is_said_to_be_still_running(kernel):
     _interrupt_main_after(1.0)
-    stubborn = ("import time\nprint('go', flush=True)\nend = time.time() + 6\nwhile time.time() < end:\n"
-                "    try:\n        time.sleep(0.1)\n    except KeyboardInterrupt:\n        pass\n")
+    stubborn = (
+        "import time\nprint('go', flush=True)\nend = time.time() + 6\nwhile time.time() < end:\n"
+        "    try:\n        time.sleep(0.1)\n    except KeyboardInterrupt:\n        pass\n"
+    )
     with pytest.raises(KeyboardInterrupt) as err:
         kernel.execute(stubborn, sink=Recorder(), interrupt_grace=2)
-    assert "did not stop within 2s of the interrupt; it is still running in the session kernel" in str(err.value)
+    assert (
+        "did not stop within 2s of the interrupt; it is still running in the session kernel"
+        in str(err.value)
+    )
 
 
 # -- a tunnel that cannot come back: item 2 ------------------------------------------------------------
@@ -315,13 +346,18 @@ def _new_host_key(sshd: Sshd) -> None:
 
 @needs_sshd
 @pytest.mark.parametrize("fault", ["host key changed", "login refused"])
-def test_cell_ends_with_one_line_when_the_tunnel_is_refused_after_a_cut(own_sshd, runtime, fault, tmp_path):
+def test_cell_ends_with_one_line_when_the_tunnel_is_refused_after_a_cut(
+    own_sshd, runtime, fault, tmp_path
+):
     (own_sshd.folder).mkdir(exist_ok=True)
     info, proc = runtime
     events: list[str] = []
-    tunnel = Tunnel(own_sshd.target(), [info[p] for p in PORTS], on_event=events.append, give_up_after=300).start()
+    tunnel = Tunnel(
+        own_sshd.target(), [info[p] for p in PORTS], on_event=events.append, give_up_after=300
+    ).start()
     session = _session(tunnel, info)
     try:
+
         def fault_then_cut():
             time.sleep(1.0)
             if fault == "host key changed":
@@ -331,7 +367,9 @@ def test_cell_ends_with_one_line_when_the_tunnel_is_refused_after_a_cut(own_sshd
             own_sshd.cut_connections()
 
         threading.Thread(target=fault_then_cut, daemon=True).start()
-        box, took = _within(30, session.run, "import time\nprint('start', flush=True)\ntime.sleep(8)", Recorder())
+        box, took = _within(
+            30, session.run, "import time\nprint('start', flush=True)\ntime.sleep(8)", Recorder()
+        )
         err = box.get("error")
         assert isinstance(err, LinkLost), box
         text = str(err)
@@ -347,7 +385,9 @@ def test_cell_ends_with_one_line_when_the_tunnel_is_refused_after_a_cut(own_sshd
         assert any("reconnect refused, giving up" in e for e in events), events
         # the next cell says the same at once, and sends nothing
         box, took = _within(10, session.run, "print('again')", Recorder())
-        assert isinstance(box.get("error"), LinkLost) and str(box["error"]).endswith("this cell was not sent")
+        assert isinstance(box.get("error"), LinkLost) and str(box["error"]).endswith(
+            "this cell was not sent"
+        )
         assert took < 3
         assert proc.poll() is None, "the session kernel keeps running"
     finally:
@@ -355,13 +395,16 @@ def test_cell_ends_with_one_line_when_the_tunnel_is_refused_after_a_cut(own_sshd
 
 
 @needs_sshd
-def test_cell_ends_within_the_give_up_time_when_the_host_is_unreachable(own_sshd, runtime, monkeypatch):
+def test_cell_ends_within_the_give_up_time_when_the_host_is_unreachable(
+    own_sshd, runtime, monkeypatch
+):
     info, _ = runtime
     monkeypatch.setenv("GPUSESSION_RECONNECT_TIMEOUT", "3s")
     tunnel = Tunnel(own_sshd.target(), [info[p] for p in PORTS]).start()
     assert tunnel.give_up_after == 3.0
     session = _session(tunnel, info)
     try:
+
         def vanish():
             time.sleep(1.0)
             own_sshd.close()  # sshd gone, connections cut: nothing answers on its port
@@ -371,8 +414,10 @@ def test_cell_ends_within_the_give_up_time_when_the_host_is_unreachable(own_sshd
         box, took = _within(30, session.run, "import time\ntime.sleep(10)", Recorder())
         err = box.get("error")
         assert isinstance(err, LinkLost), box
-        assert (f"cannot reach {own_sshd.target().label}: down for over 3s, the reconnect give-up time "
-                "(GPUSESSION_RECONNECT_TIMEOUT) (last error: ConnectionRefusedError: ") in str(err)
+        assert (
+            f"cannot reach {own_sshd.target().label}: down for over 3s, the reconnect give-up time "
+            "(GPUSESSION_RECONNECT_TIMEOUT) (last error: ConnectionRefusedError: "
+        ) in str(err)
         assert "still trying in the background; this cell had started" in str(err)
         assert 3.5 < took < 8
     finally:
@@ -387,7 +432,9 @@ def test_reconnect_timeout_setting_is_checked(monkeypatch):
     monkeypatch.setenv("GPUSESSION_RECONNECT_TIMEOUT", "off")
     assert reconnect_give_up() is None
     monkeypatch.setenv("GPUSESSION_RECONNECT_TIMEOUT", "abc")
-    with pytest.raises(ConfigError, match="GPUSESSION_RECONNECT_TIMEOUT='abc': bad reconnect timeout"):
+    with pytest.raises(
+        ConfigError, match="GPUSESSION_RECONNECT_TIMEOUT='abc': bad reconnect timeout"
+    ):
         reconnect_give_up()
 
 
@@ -401,6 +448,7 @@ def test_a_cell_printing_at_10hz_across_tunnel_cuts_loses_no_line(own_sshd, runt
     session = _session(tunnel, info)
     try:
         for run in range(3):
+
             def cut():
                 time.sleep(0.7 + 0.3 * run)
                 own_sshd.cut_connections()

@@ -67,11 +67,16 @@ def test_a_cut_inside_a_transfer_resumes(session, own_sshd, kind, tmp_path):  # 
     assert state["cut"]
     assert "error" not in box, box
     if kind == "push":
-        assert session.kernel.evaluate("__import__('hashlib').sha256(blob).hexdigest()").strip("'") == digest
+        assert (
+            session.kernel.evaluate("__import__('hashlib').sha256(blob).hexdigest()").strip("'")
+            == digest
+        )
     elif kind == "pull":
         assert hashlib.sha256(box["value"]["blob"]).hexdigest() == digest
     elif kind == "upload":
-        got = session.kernel.evaluate("__import__('hashlib').sha256(open('in/big.bin','rb').read()).hexdigest()")
+        got = session.kernel.evaluate(
+            "__import__('hashlib').sha256(open('in/big.bin','rb').read()).hexdigest()"
+        )
         assert got.strip("'") == digest
         assert session.kernel.evaluate("sorted(__import__('os').listdir('in'))") == "['big.bin']"
     else:
@@ -81,13 +86,17 @@ def test_a_cut_inside_a_transfer_resumes(session, own_sshd, kind, tmp_path):  # 
 
 
 def _session_files(session, folder: str) -> str:
-    return session.kernel.evaluate(f"sorted(__import__('os').listdir({folder!r})) if __import__('os').path.isdir("
-                                   f"{folder!r}) else []")
+    return session.kernel.evaluate(
+        f"sorted(__import__('os').listdir({folder!r})) if __import__('os').path.isdir("
+        f"{folder!r}) else []"
+    )
 
 
 @needs_sshd
 @pytest.mark.parametrize("kind", ["upload", "download"])
-def test_ctrl_c_inside_a_transfer_is_one_line_and_leaves_no_file_on_either_side(session, kind, tmp_path):
+def test_ctrl_c_inside_a_transfer_is_one_line_and_leaves_no_file_on_either_side(
+    session, kind, tmp_path
+):
     from gpusession.errors import TransferStopped
 
     def interrupt(done, total):
@@ -115,8 +124,13 @@ def test_ctrl_c_inside_a_transfer_is_one_line_and_leaves_no_file_on_either_side(
 
 @needs_sshd
 @pytest.mark.parametrize("kind", ["pull", "download", "push", "upload"])
-def test_a_link_that_does_not_come_back_ends_the_transfer_in_one_line(own_sshd, runtime, kind, tmp_path,  # noqa: F811
-                                                                       monkeypatch):
+def test_a_link_that_does_not_come_back_ends_the_transfer_in_one_line(
+    own_sshd,  # noqa: F811 - the fixtures imported above
+    runtime,  # noqa: F811
+    kind,
+    tmp_path,
+    monkeypatch,
+):
     from gpusession.errors import LinkLost
 
     info, _ = runtime
@@ -146,10 +160,17 @@ def test_a_link_that_does_not_come_back_ends_the_transfer_in_one_line(own_sshd, 
         err = box.get("error")
         assert isinstance(err, LinkLost), box
         text = str(err)
-        assert text.startswith("lost the connection to session faulty: cannot reach ") and "\n" not in text
-        assert f"; the {kind} stopped at " in text and "of 50 MB; nothing of it was written " in text, text
+        assert (
+            text.startswith("lost the connection to session faulty: cannot reach ")
+            and "\n" not in text
+        )
+        assert (
+            f"; the {kind} stopped at " in text and "of 50 MB; nothing of it was written " in text
+        ), text
         assert took < 15
         assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
-        assert not (tmp_path / "work" / "in" / "up.bin").exists()  # a temporary name, dropped when stale
+        assert not (
+            tmp_path / "work" / "in" / "up.bin"
+        ).exists()  # a temporary name, dropped when stale
     finally:
         session.close_connections()

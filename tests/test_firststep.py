@@ -33,14 +33,28 @@ def test_the_kernel_is_spawned_before_the_runtime_loads_and_from_cheap_modules(t
         "print(heavy, proc.pid, flush=True)\n"
         "os.killpg(proc.pid, 9); print(proc.wait(5))\n"
     )
-    out = subprocess.run([sys.executable, "-S", "-c", probe], env=_env(), capture_output=True, text=True, timeout=60,
-                         cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", probe],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
-    heavy, pid, code = out.stdout.split("\n")[0].rsplit(" ", 1)[0], out.stdout.split()[-2], out.stdout.split()[-1]
+    heavy, pid, code = (
+        out.stdout.split("\n")[0].rsplit(" ", 1)[0],
+        out.stdout.split()[-2],
+        out.stdout.split()[-1],
+    )
     assert heavy == "[]", out.stdout  # nothing costly loaded before the kernel's spawn
     assert code == "-9" and pid.isdigit()
     info = json.loads((state / "kernel.json").read_text())  # the hand-made JSON is JSON
-    assert info["key"] == "ab" * 32 and info["ip"] == "127.0.0.1" and len({info[p] for p in info if p.endswith("_port")}) == 5
+    assert (
+        info["key"] == "ab" * 32
+        and info["ip"] == "127.0.0.1"
+        and len({info[p] for p in info if p.endswith("_port")}) == 5
+    )
     assert oct((state / "kernel.json").stat().st_mode & 0o777) == "0o600"
 
 
@@ -50,9 +64,25 @@ def test_run_takes_the_early_kernel_over(tmp_path):
     the next kernel, and a SIGTERM that ends both."""
     state = tmp_path / "state"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpusession.agent.firststep", "run", "--session-id", "s2", "--state-dir", str(state),
-         "--agent-port", "-1", "--cwd", str(tmp_path)],
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "gpusession.agent.firststep",
+            "run",
+            "--session-id",
+            "s2",
+            "--state-dir",
+            str(state),
+            "--agent-port",
+            "-1",
+            "--cwd",
+            str(tmp_path),
+        ],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines = []
         for line in proc.stdout:
@@ -74,7 +104,11 @@ def test_run_takes_the_early_kernel_over(tmp_path):
                 msg = client.get_iopub_msg(timeout=30)
                 if msg["msg_type"] == "stream":
                     printed += msg["content"]["text"]
-                if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle" and printed:
+                if (
+                    msg["msg_type"] == "status"
+                    and msg["content"]["execution_state"] == "idle"
+                    and printed
+                ):
                     break
         finally:
             client.stop_channels()
@@ -82,10 +116,15 @@ def test_run_takes_the_early_kernel_over(tmp_path):
         (state / "restart-requested").write_text("")  # as the kernel's activity hook leaves it
         os.killpg(runtime["kernel_pid"], signal.SIGTERM)
         deadline = time.time() + 60
-        while (now := json.loads((state / "runtime.json").read_text())).get("kernel_generation") != 2 or not now["ready"]:
+        while (now := json.loads((state / "runtime.json").read_text())).get(
+            "kernel_generation"
+        ) != 2 or not now["ready"]:
             assert time.time() < deadline, now
             time.sleep(0.1)
-        assert now["kernel_pid"] != runtime["kernel_pid"] and not (state / "restart-requested").exists()
+        assert (
+            now["kernel_pid"] != runtime["kernel_pid"]
+            and not (state / "restart-requested").exists()
+        )
         runtime = now
         proc.terminate()
         assert proc.wait(30) == 0
@@ -111,7 +150,9 @@ def test_kernel_ports_are_free_distinct_and_below_the_ephemeral_range(tmp_path):
     from gpusession.agent.kernelspawn import _ephemeral_low, write_connection_file
 
     info = write_connection_file(str(tmp_path / "kernel.json"), "127.0.0.1", 0)
-    ports = [info[name] for name in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")]
+    ports = [
+        info[name] for name in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+    ]
     assert len(set(ports)) == 5
     low = _ephemeral_low()
     if low > 11000:
@@ -127,8 +168,12 @@ def _children(pid: int) -> list[int]:
 
 
 def _post_save(port: int, token: str) -> tuple[float, dict]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/save", data=b"{}", method="POST",
-                                 headers={"Authorization": f"Bearer {token}"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/save",
+        data=b"{}",
+        method="POST",
+        headers={"Authorization": f"Bearer {token}"},
+    )
     started = time.monotonic()
     with urllib.request.urlopen(req, timeout=60) as resp:
         return time.monotonic() - started, json.loads(resp.read())
@@ -146,16 +191,40 @@ def test_a_save_asked_while_the_kernel_boots_neither_ends_it_nor_waits(tmp_path)
 
     slow = tmp_path / "slow"
     slow.mkdir()
-    (slow / "sitecustomize.py").write_text("import os, time\nif os.environ.get('JPY_PARENT_PID'):\n    time.sleep(4)\n")
+    (slow / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('JPY_PARENT_PID'):\n    time.sleep(4)\n"
+    )
     state, port = tmp_path / "state", _free_port("127.0.0.1")
     env = {k: v for k, v in _env().items() if k != "JPY_PARENT_PID"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpusession.agent.firststep", "run", "--session-id", "s3", "--state-dir", str(state),
-         "--agent-port", str(port), "--cwd", str(tmp_path), "--workspace", str(tmp_path / "ws"), "--save-timeout", "20s"],
-        env=dict(env, PYTHONPATH=f"{ROOT}{os.pathsep}{slow}"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "gpusession.agent.firststep",
+            "run",
+            "--session-id",
+            "s3",
+            "--state-dir",
+            str(state),
+            "--agent-port",
+            str(port),
+            "--cwd",
+            str(tmp_path),
+            "--workspace",
+            str(tmp_path / "ws"),
+            "--save-timeout",
+            "20s",
+        ],
+        env=dict(env, PYTHONPATH=f"{ROOT}{os.pathsep}{slow}"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines = [proc.stdout.readline()]
-        assert lines[-1].startswith("GPUSESSION_KERNEL"), lines  # spawned; it sleeps before loading anything
+        assert lines[-1].startswith("GPUSESSION_KERNEL"), (
+            lines
+        )  # spawned; it sleeps before loading anything
         (kernel,) = _children(proc.pid)
         os.kill(kernel, signal.SIGUSR1)  # what the save sends
         took, answer = _post_save(port, agent_token("ab" * 32))

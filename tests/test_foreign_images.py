@@ -25,7 +25,9 @@ from support.images import FOREIGN, NO_PYTHON, WHEEL_NAME, serve_folder, serve_r
 
 LABEL = "gpusession.session"
 IDLE_S = 4
-REMOTE_LINK = "10.200.0.1"  # this machine's address on the namespace host's link (scripts/ci-remote-host.sh)
+REMOTE_LINK = (
+    "10.200.0.1"  # this machine's address on the namespace host's link (scripts/ci-remote-host.sh)
+)
 
 
 def _engine_ready() -> bool:
@@ -44,7 +46,9 @@ def _engine_ready() -> bool:
 
 pytestmark = [
     pytest.mark.docker,
-    pytest.mark.skipif(not _engine_ready(), reason="no Docker engine with the images of scripts/ci-images.sh"),
+    pytest.mark.skipif(
+        not _engine_ready(), reason="no Docker engine with the images of scripts/ci-images.sh"
+    ),
 ]
 
 
@@ -65,7 +69,13 @@ def _ours(client, store_id: str | None = None) -> list:
 
 
 def _gc(env: dict) -> str:
-    done = subprocess.run([sys.executable, "-m", "gpusession", "gc"], env=env, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpusession", "gc"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -73,7 +83,9 @@ def _gc(env: dict) -> str:
 def _wait_stopped(store: Store, name: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while store.get(name).state != State.STOPPED:
-        assert time.monotonic() < deadline, [(e.state.value, e.detail) for e in store.get(name).events]
+        assert time.monotonic() < deadline, [
+            (e.state.value, e.detail) for e in store.get(name).events
+        ]
         time.sleep(0.5)
 
 
@@ -87,23 +99,33 @@ def test_a_foreign_image_is_a_session(foreign, nb_env, engine, tmp_path, wheelho
     store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
     try:
         assert nk.run("%load_ext gpusession").status == "ok"
-        start = nk.run(f"%gpu start --backend docker --image {foreign.image} --idle {IDLE_S}s --name f")
+        start = nk.run(
+            f"%gpu start --backend docker --image {foreign.image} --idle {IDLE_S}s --name f"
+        )
         assert start.status == "ok", start.text
         assert "running: session f is ready" in start.text
-        cell = nk.run("%%gpu\nimport os, sys\nprint(sys.version)\nprint(sys.executable, os.getuid())")
+        cell = nk.run(
+            "%%gpu\nimport os, sys\nprint(sys.version)\nprint(sys.executable, os.getuid())"
+        )
         assert cell.status == "ok", cell.text
         version, where = cell.text.strip().splitlines()[:2]
         assert version.startswith(foreign.version), cell.text
         assert where.split() == [foreign.executable, str(foreign.uid)]
 
-        pip = nk.run(f"%%gpu\n%pip install --no-index --find-links {wheelhouse} {WHEEL_NAME}", timeout=120)
-        assert pip.status == "ok" and f"Successfully installed {WHEEL_NAME}-1.0" in pip.text, pip.text
+        pip = nk.run(
+            f"%%gpu\n%pip install --no-index --find-links {wheelhouse} {WHEEL_NAME}", timeout=120
+        )
+        assert pip.status == "ok" and f"Successfully installed {WHEEL_NAME}-1.0" in pip.text, (
+            pip.text
+        )
         used = nk.run(f"%%gpu\nimport {WHEEL_NAME}\nprint({WHEEL_NAME}.ANSWER)")
         assert used.status == "ok" and used.text.strip() == "42", used.text
 
         record = store.get("f")
         (container,) = [c for c in _ours(engine) if c.labels[LABEL] == record.id]
-        _wait_stopped(store, "f", timeout=IDLE_S + 60)  # its own watchdog; the notebook only notices
+        _wait_stopped(
+            store, "f", timeout=IDLE_S + 60
+        )  # its own watchdog; the notebook only notices
     finally:
         nk.close()
     record = store.get("f")
@@ -126,7 +148,9 @@ def test_an_image_without_python_fails_in_seconds_in_one_line(nb_env, engine, tm
         nk.close()
     assert start.status == "error" or "UsageError" in start.text
     (line,) = [line for line in start.text.splitlines() if "has no Python" in line]
-    assert f"image {NO_PYTHON}" in line and "use an image with python3 3.9 or newer" in line, start.text
+    assert f"image {NO_PYTHON}" in line and "use an image with python3 3.9 or newer" in line, (
+        start.text
+    )
     assert took < 15, took
     assert store.get("np").state == State.FAILED
     assert _ours(engine, store.store_id) == [], "no probe, no session container left"
@@ -140,16 +164,22 @@ def test_the_runtime_is_copied_once_per_engine_and_then_cached(manager, engine, 
 
     with tarfile.open(fileobj=io.BytesIO(bundle.code_archive().data), mode="r:gz") as tar:
         members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
-    new = bundle._archive("code", {**members, "lib/gpusession-test-build": f"{time.time()}".encode()})
+    new = bundle._archive(
+        "code", {**members, "lib/gpusession-test-build": f"{time.time()}".encode()}
+    )
     monkeypatch.setattr("gpusession.backends.docker.runtime.code_archive", lambda: new)
     image = FOREIGN[0].image
     volume = f"{new.copy_name}-cp311"  # one copy per Python version: compiled by it
     cold: list[str] = []
     warm: list[str] = []
     try:
-        first = manager.start(manager.make_spec("t4", backend="docker", idle="off", image=image), report=cold.append)
+        first = manager.start(
+            manager.make_spec("t4", backend="docker", idle="off", image=image), report=cold.append
+        )
         assert first.run("1 + 1")["status"] == "ok"
-        second = manager.start(manager.make_spec("t4", backend="docker", idle="off", image=image), report=warm.append)
+        second = manager.start(
+            manager.make_spec("t4", backend="docker", idle="off", image=image), report=warm.append
+        )
         assert second.run("1 + 1")["status"] == "ok"
     finally:
         for r in manager.list(active_only=True):
@@ -159,7 +189,9 @@ def test_the_runtime_is_copied_once_per_engine_and_then_cached(manager, engine, 
                 engine.volumes.get(name).remove(force=True)
             except Exception:  # noqa: BLE001 - not made when the start failed early
                 pass
-    assert any("copying gpusession's agent" in line and volume in line and "once" in line for line in cold), cold
+    assert any(
+        "copying gpusession's agent" in line and volume in line and "once" in line for line in cold
+    ), cold
     assert any("compiling it with the image's Python 3.11" in line for line in cold), cold
     assert any(f"cached on the engine (volume {volume})" in line for line in warm), warm
     assert not any("copying" in line for line in warm), warm
@@ -173,7 +205,9 @@ def test_a_pull_shows_bytes_and_layers_and_what_stays(manager, engine):
     name = f"127.0.0.1:{registry.port}/ci/pulled:v1"
     lines: list[str] = []
     try:
-        session = manager.start(manager.make_spec("t4", backend="docker", idle="off", image=name), report=lines.append)
+        session = manager.start(
+            manager.make_spec("t4", backend="docker", idle="off", image=name), report=lines.append
+        )
         assert session.run("1 + 1")["status"] == "ok"
         manager.stop(session.id)
     finally:
@@ -216,20 +250,40 @@ def test_a_foreign_image_on_a_remote_engine(foreign, remote, manager, nb_env, re
         def stream(self, name, text):
             self.text += text
 
-    session = manager.start(manager.make_spec("t4", backend="docker", idle=f"{IDLE_S}s", image=foreign.image,
-                                              host=remote["url"]))
+    session = manager.start(
+        manager.make_spec(
+            "t4", backend="docker", idle=f"{IDLE_S}s", image=foreign.image, host=remote["url"]
+        )
+    )
     out = Collect()
-    assert session.run("import os, sys\nprint(sys.version)\nprint(sys.executable, os.getuid())", sink=out)["status"] == "ok"
+    assert (
+        session.run(
+            "import os, sys\nprint(sys.version)\nprint(sys.executable, os.getuid())", sink=out
+        )["status"]
+        == "ok"
+    )
     version, where = out.text.strip().splitlines()[:2]
-    assert version.startswith(foreign.version) and where.split() == [foreign.executable, str(foreign.uid)]
-    here = session.link.endpoint.connection_info  # the tunnel's end here: unix sockets in a 0700 folder of ours
-    assert here["transport"] == "ipc" and os.stat(os.path.dirname(here["ip"])).st_mode & 0o777 == 0o700
+    assert version.startswith(foreign.version) and where.split() == [
+        foreign.executable,
+        str(foreign.uid),
+    ]
+    here = (
+        session.link.endpoint.connection_info
+    )  # the tunnel's end here: unix sockets in a 0700 folder of ours
+    assert (
+        here["transport"] == "ipc" and os.stat(os.path.dirname(here["ip"])).st_mode & 0o777 == 0o700
+    )
     pip = Collect()
     code = f"%pip install --no-index --trusted-host {REMOTE_LINK} --find-links {remote_wheelhouse} {WHEEL_NAME}"
     assert session.run(code, sink=pip)["status"] == "ok", pip.text
     assert f"Successfully installed {WHEEL_NAME}-1.0" in pip.text, pip.text
     used = Collect()
-    assert session.run(f"import {WHEEL_NAME}, os\nprint({WHEEL_NAME}.ANSWER, os.getuid())", sink=used)["status"] == "ok"
+    assert (
+        session.run(f"import {WHEEL_NAME}, os\nprint({WHEEL_NAME}.ANSWER, os.getuid())", sink=used)[
+            "status"
+        ]
+        == "ok"
+    )
     assert used.text.split() == ["42", str(foreign.uid)], used.text
     deadline = time.monotonic() + IDLE_S + 60
     while manager.refresh_state(session.id).state != State.STOPPED:
@@ -247,6 +301,12 @@ def test_a_foreign_image_on_a_remote_engine(foreign, remote, manager, nb_env, re
 def test_an_image_without_python_on_a_remote_engine(remote, manager):
     t0 = time.monotonic()
     with pytest.raises(StageError) as err:
-        manager.start(manager.make_spec("t4", backend="docker", image=NO_PYTHON, host=remote["url"]))
+        manager.start(
+            manager.make_spec("t4", backend="docker", image=NO_PYTHON, host=remote["url"])
+        )
     assert time.monotonic() - t0 < 80  # found by the image probe, not after the kernel's 120 s wait
-    assert err.value.stage == "image" and f"image {NO_PYTHON}" in err.value.message and "has no Python" in err.value.message
+    assert (
+        err.value.stage == "image"
+        and f"image {NO_PYTHON}" in err.value.message
+        and "has no Python" in err.value.message
+    )

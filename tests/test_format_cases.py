@@ -28,18 +28,69 @@ CASES = Path(__file__).resolve().parent / "data" / "format_cases.json"
 # Inputs worth pinning: rounding ties (Python rounds half to even, on the exact binary value),
 # unit boundaries, clamping, thousands separators, signs, and numbers JavaScript prints in
 # exponent form.
-DURATION_INPUTS = [None, 0, 0.4, 0.5, 1.5, 2.5, 42, 59.4, 59.5, 60, 108, 599.5, 3599.4, 3599.5,
-                   3599.6, 3600, 3661, 86400, 90061, 1e7, -5, -0.4]
-MONEY_INPUTS = [0, 0.0001, 0.00005, 0.00015, 0.03125, 0.125, 0.5, 0.526, 0.99994, 0.999949,
-                0.99995, 1, 1.005, 1.015, 1.125, 2.675, 12.3, 999.995, 1234.5, 1234567.891,
-                -0.0, -0.5, -1234.5, 1e21, 1.2345678901234567e19]
+DURATION_INPUTS = [
+    None,
+    0,
+    0.4,
+    0.5,
+    1.5,
+    2.5,
+    42,
+    59.4,
+    59.5,
+    60,
+    108,
+    599.5,
+    3599.4,
+    3599.5,
+    3599.6,
+    3600,
+    3661,
+    86400,
+    90061,
+    1e7,
+    -5,
+    -0.4,
+]
+MONEY_INPUTS = [
+    0,
+    0.0001,
+    0.00005,
+    0.00015,
+    0.03125,
+    0.125,
+    0.5,
+    0.526,
+    0.99994,
+    0.999949,
+    0.99995,
+    1,
+    1.005,
+    1.015,
+    1.125,
+    2.675,
+    12.3,
+    999.995,
+    1234.5,
+    1234567.891,
+    -0.0,
+    -0.5,
+    -1234.5,
+    1e21,
+    1.2345678901234567e19,
+]
 
 # Per metric (its key): (value, limit) in the stats document's units. Every row has cases: rounding
 # ties, a value without its limit, a board that does not report it, memory below a GiB.
 METRIC_INPUTS: dict[str, list[list[float | None]]] = {
     "util": [[97.0, None], [0.5, None], [1.5, None], [100.0, None], [None, None]],
-    "memory": [[10450 * 2**20, 15360 * 2**20], [76 * 2**20, 15360 * 2**20], [2**30, 80 * 2**30],
-               [10450 * 2**20, None], [None, 15360 * 2**20]],
+    "memory": [
+        [10450 * 2**20, 15360 * 2**20],
+        [76 * 2**20, 15360 * 2**20],
+        [2**30, 80 * 2**30],
+        [10450 * 2**20, None],
+        [None, 15360 * 2**20],
+    ],
     "temp": [[70.0, None], [38.0, None], [38.5, None], [None, None]],
     "power": [[67.2, 70.0], [67.5, 70.0], [250.0, 400.0], [67.2, None], [None, 70.0]],
     "sm-clock": [[1590, None], [210, None], [None, None]],
@@ -50,8 +101,11 @@ METRIC_INPUTS: dict[str, list[list[float | None]]] = {
 
 def _metric_cases() -> list[list]:
     by_key = {m.key: m for m in METRICS}
-    return [[key, value, limit, metric_text(by_key[key], value, limit)]
-            for key, inputs in METRIC_INPUTS.items() for value, limit in inputs]
+    return [
+        [key, value, limit, metric_text(by_key[key], value, limit)]
+        for key, inputs in METRIC_INPUTS.items()
+        for value, limit in inputs
+    ]
 
 
 def _cases() -> dict:
@@ -64,7 +118,9 @@ def test_the_file_covers_the_inputs_listed_here():
     cases = _cases()
     assert [c[0] for c in cases["duration"]] == DURATION_INPUTS
     assert [c[0] for c in cases["money"]] == MONEY_INPUTS
-    assert any(c[0] is not None and math.copysign(1, c[0]) < 0 and c[0] == 0 for c in cases["money"])
+    assert any(
+        c[0] is not None and math.copysign(1, c[0]) < 0 and c[0] == 0 for c in cases["money"]
+    )
 
 
 def test_the_stop_kinds_are_the_protocols():
@@ -78,7 +134,9 @@ def test_the_file_holds_the_metric_table_as_served():
     assert sorted(METRIC_INPUTS) == sorted(m.key for m in METRICS), "every metric needs its cases"
 
 
-@pytest.mark.parametrize("key, value, limit, expected", _cases().get("metrics", {}).get("cases", []))
+@pytest.mark.parametrize(
+    "key, value, limit, expected", _cases().get("metrics", {}).get("cases", [])
+)
 def test_metric_text(key, value, limit, expected):
     metric = next(m for m in METRICS if m.key == key)
     assert metric_text(metric, value, limit) == expected

@@ -16,19 +16,28 @@ from support.procs import alive, wait_dead
 
 
 def cli(env, *args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "gpusession", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gpusession", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_gc_survives_a_record_whose_host_cannot_even_be_encoded(nb_env):
     """A record left by an old version with a 64-letter host label (IDNA refuses it) must not
     stop gc from removing a real leftover in the same run."""
     store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
-    bad = store.create(LaunchSpec(gpu_type="t4", backend="docker", host="ssh://" + "a" * 64), price_per_hour=0.5)
+    bad = store.create(
+        LaunchSpec(gpu_type="t4", backend="docker", host="ssh://" + "a" * 64), price_per_hour=0.5
+    )
     for state in (State.PROVISIONING, State.STARTING, State.RUNNING):
         store.transition(bad.id, state)
     # a real leftover: a session recorded as stopped whose process still runs
-    r = cli(nb_env, "start", "--type", "t4", "--backend", "local", "--idle", "off", "--name", "left")
+    r = cli(
+        nb_env, "start", "--type", "t4", "--backend", "local", "--idle", "off", "--name", "left"
+    )
     assert r.returncode == 0, r.stderr
     left = store.get("left")
     pid = left.resource["pid"]
@@ -40,7 +49,9 @@ def test_gc_survives_a_record_whose_host_cannot_even_be_encoded(nb_env):
         assert "Traceback" not in gc.stdout + gc.stderr
     assert wait_dead(pid), "gc did not remove the leftover process"
     # reported (its engine is skipped, saying why), and the rest goes on
-    assert "skipping Docker engine ssh://aaaa" in gc.stderr and "no valid DNS name" in gc.stderr, gc.stderr
+    assert "skipping Docker engine ssh://aaaa" in gc.stderr and "no valid DNS name" in gc.stderr, (
+        gc.stderr
+    )
 
 
 def test_owner_liveness_tells_zombies_and_reused_pids_from_live_owners():
@@ -56,7 +67,9 @@ def test_owner_liveness_tells_zombies_and_reused_pids_from_live_owners():
     pid = me.split(":")[1]
     assert owner_is_dead(f"u@{host}:{pid}:1"), "a pid with another start time is another process"
     assert not owner_is_dead(f"u@{host}:{pid}"), "old owner ids (no start time) still work"
-    assert not owner_is_dead(f"u@elsewhere:{child.pid}"), "another host's owner is never judged from here"
+    assert not owner_is_dead(f"u@elsewhere:{child.pid}"), (
+        "another host's owner is never judged from here"
+    )
 
 
 def test_gc_asks_only_the_engines_that_may_still_hold_a_container(manager, monkeypatch):
@@ -73,8 +86,12 @@ def test_gc_asks_only_the_engines_that_may_still_hold_a_container(manager, monke
         return store.transition(r.id, state)
 
     record("ssh://never-reached", State.FAILED)  # its start failed before it reached the engine
-    record("ssh://removed", State.STOPPED, engine="ssh://removed", container_id="c1", removed_at=1.0)
-    unsure = record("ssh://unsure", State.FAILED, engine="ssh://unsure", container_id="c2")  # cleanup failed
+    record(
+        "ssh://removed", State.STOPPED, engine="ssh://removed", container_id="c1", removed_at=1.0
+    )
+    unsure = record(
+        "ssh://unsure", State.FAILED, engine="ssh://unsure", container_id="c2"
+    )  # cleanup failed
     asked: list[str] = []
 
     class Containers:
@@ -90,20 +107,29 @@ def test_gc_asks_only_the_engines_that_may_still_hold_a_container(manager, monke
 
     monkeypatch.setattr(DockerBackend, "client", client)
     assert manager.gc(backends=["docker"]) == []
-    assert sorted(set(asked)) == ["", "ssh://unsure"]  # the local engine twice: containers, runtime volumes
-    assert store.get(unsure.id).resource.get("removed_at"), "an engine that answered without it confirms removal"
+    assert sorted(set(asked)) == [
+        "",
+        "ssh://unsure",
+    ]  # the local engine twice: containers, runtime volumes
+    assert store.get(unsure.id).resource.get("removed_at"), (
+        "an engine that answered without it confirms removal"
+    )
     asked.clear()
     manager.gc(backends=["docker"])
     assert set(asked) == {""}
 
 
-def test_a_start_that_never_reached_its_engine_is_cleaned_up_without_asking_it(manager, monkeypatch):
+def test_a_start_that_never_reached_its_engine_is_cleaned_up_without_asking_it(
+    manager, monkeypatch
+):
     from gpusession.backends.docker import DockerBackend
 
     def client(self, host):
         raise AssertionError(f"asked the engine {host}")
 
     monkeypatch.setattr(DockerBackend, "client", client)
-    rec = manager.store.create(LaunchSpec(gpu_type="t4", backend="docker", host="ssh://gone.example"), price_per_hour=1)
+    rec = manager.store.create(
+        LaunchSpec(gpu_type="t4", backend="docker", host="ssh://gone.example"), price_per_hour=1
+    )
     manager.backend("docker").stop(rec)
     assert manager.get(rec.id).resource.get("removed_at")

@@ -18,11 +18,14 @@ from gpusession.words import describe_warning
 def texts(verdict) -> list[str]:
     return [describe_warning(w) for w in verdict.warnings]
 
+
 DATA = Path(__file__).parent / "data"
 T0 = 1_700_000_000.0
 
 
-def run(tracker: ActivityTracker, seconds: int, *, start: float, busy=False, last=None, gpu=(), step=1.0):
+def run(
+    tracker: ActivityTracker, seconds: int, *, start: float, busy=False, last=None, gpu=(), step=1.0
+):
     """Observe once per `step` from start to start+seconds; returns the verdict at the end."""
     t = start
     verdict = None
@@ -57,7 +60,9 @@ def test_busy_cell_with_an_idle_gpu_is_idle_under_gpu_only():
 
 
 def test_gpu_over_the_threshold_keeps_it_alive_even_with_gpu_only():
-    tr = ActivityTracker(StopPolicy(idle_timeout_s=600, gpu_only=True, gpu_threshold=5), billed_since=T0)
+    tr = ActivityTracker(
+        StopPolicy(idle_timeout_s=600, gpu_only=True, gpu_threshold=5), billed_since=T0
+    )
     _, verdict = run(tr, 3600, start=T0, gpu=[0.0, 5.0])  # one of two GPUs at the threshold
     assert verdict.stop_reason is None
     # then the GPU drops under the threshold: the timeout counts from the last busy reading
@@ -87,7 +92,13 @@ def test_a_starting_kernel_is_not_idle_for_the_start_grace():
     for gpu_only in (False, True):
         tr = ActivityTracker(StopPolicy(idle_timeout_s=2, gpu_only=gpu_only), billed_since=T0)
         for t in range(0, 60):  # a minute of boot and connect: never a stop
-            tr.observe(T0 + t, kernel_busy=False, kernel_last_activity=None, gpu_utils=[], kernel_starting=True)
+            tr.observe(
+                T0 + t,
+                kernel_busy=False,
+                kernel_last_activity=None,
+                gpu_utils=[],
+                kernel_starting=True,
+            )
             assert tr.evaluate(T0 + t).stop_reason is None, t
         at, verdict = run(tr, 10, start=T0 + 60, last=T0 + 59.5, gpu=[])  # reached at 59.5 s
         # 2 s from the kernel_info (the last starting check under --gpu-only: a kernel_info is no GPU use)
@@ -96,7 +107,9 @@ def test_a_starting_kernel_is_not_idle_for_the_start_grace():
         t = T0
         while not tr.evaluate(t).stop_reason:  # never reached: the clock runs after the grace
             t += 1
-            tr.observe(t, kernel_busy=False, kernel_last_activity=None, gpu_utils=[], kernel_starting=True)
+            tr.observe(
+                t, kernel_busy=False, kernel_last_activity=None, gpu_utils=[], kernel_starting=True
+            )
         assert T0 + START_GRACE_S < t <= T0 + START_GRACE_S + 3, t - T0
 
 
@@ -112,7 +125,9 @@ def test_warning_shows_before_the_stop():
 
 
 def test_keepalive_postpones_and_is_capped():
-    tr = ActivityTracker(StopPolicy(idle_timeout_s=600, keepalive_limit_s=4 * 3600), billed_since=T0)
+    tr = ActivityTracker(
+        StopPolicy(idle_timeout_s=600, keepalive_limit_s=4 * 3600), billed_since=T0
+    )
     tr.observe(T0, kernel_busy=False, kernel_last_activity=T0, gpu_utils=[])
     granted = tr.keepalive(T0 + 550, 3600)
     assert granted["granted_s"] == 3600 and not granted["capped"]
@@ -121,7 +136,9 @@ def test_keepalive_postpones_and_is_capped():
     assert v.idle["remaining_s"] == 60 and v.warnings  # the warning still comes
     assert tr.evaluate(T0 + 550 + 3600).stop_reason.kind is StopKind.IDLE
     # asking for more than the limit grants the limit
-    tr2 = ActivityTracker(StopPolicy(idle_timeout_s=600, keepalive_limit_s=4 * 3600), billed_since=T0)
+    tr2 = ActivityTracker(
+        StopPolicy(idle_timeout_s=600, keepalive_limit_s=4 * 3600), billed_since=T0
+    )
     granted = tr2.keepalive(T0, 24 * 3600)
     assert granted["capped"] and granted["granted_s"] == 4 * 3600
     assert tr2.evaluate(T0 + 4 * 3600 - 1).stop_reason is None
@@ -152,9 +169,13 @@ def test_max_runtime_is_hard():
     tr.keepalive(T0, 10_000)  # a keepalive postpones only the idle stop
     at, verdict = run(tr, 7200, start=T0, busy=True, gpu=[100.0], step=10)
     assert at == T0 + 3600
-    assert verdict.stop_reason == StopReason(StopKind.MAX_RUNTIME, elapsed_s=3600.0, max_runtime_s=3600)
+    assert verdict.stop_reason == StopReason(
+        StopKind.MAX_RUNTIME, elapsed_s=3600.0, max_runtime_s=3600
+    )
     v = tr.evaluate(T0 + 3600 - 299)
-    assert [w.kind for w in v.warnings] == [WarningKind.MAX_RUNTIME] and "max runtime" in texts(v)[0]
+    assert [w.kind for w in v.warnings] == [WarningKind.MAX_RUNTIME] and "max runtime" in texts(v)[
+        0
+    ]
 
 
 def test_idle_minutes_and_mean_utilization_in_the_summary():
@@ -168,7 +189,10 @@ def test_idle_minutes_and_mean_utilization_in_the_summary():
     assert s["cost"] == pytest.approx(0.18)
     assert s["mean_gpu_utilization"] == pytest.approx(50 * 60 / 180, abs=0.1)
     assert s["idle_minutes"] == pytest.approx(2.0, abs=0.05)
-    assert ActivityTracker(StopPolicy(), T0).summary(T0 + 5, gpu_count=1)["mean_gpu_utilization"] is None
+    assert (
+        ActivityTracker(StopPolicy(), T0).summary(T0 + 5, gpu_count=1)["mean_gpu_utilization"]
+        is None
+    )
 
 
 class FakeClock:

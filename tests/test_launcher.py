@@ -66,8 +66,9 @@ def _backend() -> str:
 
 def _kernel_status(page, text: str, timeout_ms: int = TIMEOUT_MS) -> None:
     """The status bar's 'Python 3 (GPU · T4) | Idle'."""
-    page.locator(".jp-StatusBar-TextItem", has_text=re.compile(re.escape(CARD) + r"\s*\|\s*" + text)).wait_for(
-        timeout=timeout_ms)
+    page.locator(
+        ".jp-StatusBar-TextItem", has_text=re.compile(re.escape(CARD) + r"\s*\|\s*" + text)
+    ).wait_for(timeout=timeout_ms)
 
 
 def _run_cell(page, code: str) -> None:
@@ -92,17 +93,39 @@ def _click_dialog(page, label: str) -> None:
 def test_a_gpu_kernel_from_the_launcher(tmp_path):
     backend = _backend()
     home, root, prefix = tmp_path / "gshome", tmp_path / "notebooks", tmp_path / "prefix"
-    env_server = {"GPUSESSION_HOME": str(home), "GPUSESSION_BACKEND": backend, "GPUSESSION_IMAGE": product_image(),
-                  "GPUSESSION_PRICE_PER_HOUR": "0", "JUPYTER_PATH": str(prefix / "share" / "jupyter")}
-    installed = subprocess.run([sys.executable, "-m", "gpusession", "kernelspec", "install", "--type", "t4",
-                                "--idle", "10m", "--prefix", str(prefix)],
-                               capture_output=True, text=True, timeout=60)
+    env_server = {
+        "GPUSESSION_HOME": str(home),
+        "GPUSESSION_BACKEND": backend,
+        "GPUSESSION_IMAGE": product_image(),
+        "GPUSESSION_PRICE_PER_HOUR": "0",
+        "JUPYTER_PATH": str(prefix / "share" / "jupyter"),
+    }
+    installed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpusession",
+            "kernelspec",
+            "install",
+            "--type",
+            "t4",
+            "--idle",
+            "10m",
+            "--prefix",
+            str(prefix),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert installed.returncode == 0, installed.stderr
     assert f"({CARD})" in installed.stdout
     ARTIFACTS.mkdir(exist_ok=True)
     timings: dict[str, float | str] = {"backend": backend}
     t0 = time.monotonic()
-    url, token, process = start_lab(root, env=env_server, log_path=ARTIFACTS / "launcher-jupyterlab.log")
+    url, token, process = start_lab(
+        root, env=env_server, log_path=ARTIFACTS / "launcher-jupyterlab.log"
+    )
     timings["lab_up_s"] = round(time.monotonic() - t0, 2)
     manager = SessionManager(GpuSessionConfig(data_dir=str(home)))
     try:
@@ -129,17 +152,25 @@ def test_a_gpu_kernel_from_the_launcher(tmp_path):
         (ARTIFACTS / "launcher-timings.json").write_text(json.dumps(timings, indent=1) + "\n")
 
 
-def _drive(page, url: str, token: str, manager: SessionManager, backend: str, timings: dict) -> None:
+def _drive(
+    page, url: str, token: str, manager: SessionManager, backend: str, timings: dict
+) -> None:
     page.goto(lab_url(url, token, "lab/workspaces/launcher"))
     card = page.locator('.jp-LauncherCard[data-category="Notebook"]', has_text=CARD)
     card.wait_for()
     t = time.monotonic()
     card.click()
-    _kernel_status(page, "Idle", timeout_ms=120_000)  # the session is provisioned while it says Starting
+    _kernel_status(
+        page, "Idle", timeout_ms=120_000
+    )  # the session is provisioned while it says Starting
     timings["card_click_to_idle_s"] = round(time.monotonic() - t, 2)
     [record] = manager.list()
     assert (record.state, record.backend, record.spec.gpu_type, record.spec.idle_timeout_s) == (
-        State.RUNNING, backend, "t4", 600.0)
+        State.RUNNING,
+        backend,
+        "t4",
+        600.0,
+    )
 
     # a cell runs in the session: its hostname is the container's
     _run_cell(page, "import socket; print(socket.gethostname())")
@@ -195,7 +226,12 @@ def _drive(page, url: str, token: str, manager: SessionManager, backend: str, ti
 
         client = docker.from_env()
         try:
-            assert client.containers.list(all=True, filters={"label": f"gpusession.session={record.id}"}) == []
+            assert (
+                client.containers.list(
+                    all=True, filters={"label": f"gpusession.session={record.id}"}
+                )
+                == []
+            )
         finally:
             client.close()
     else:  # the local backend: its process is gone

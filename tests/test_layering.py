@@ -13,17 +13,61 @@ PKG = Path(__file__).resolve().parent.parent / "gpusession"
 # lowest first; a module may import its own layer and the ones below
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core data", ("errors", "models", "protocol", "envnames", "tarsafe")),
-    ("options", ("options", "registry", "metrics", "catalog", "config", "settings", "durations", "textvalues", "cost", "progress", "agentargs", "procs")),
+    (
+        "options",
+        (
+            "options",
+            "registry",
+            "metrics",
+            "catalog",
+            "config",
+            "settings",
+            "durations",
+            "textvalues",
+            "cost",
+            "progress",
+            "agentargs",
+            "procs",
+        ),
+    ),
     ("transport", ("sshlogin", "tunnel", "kernel", "bundle", "pulls")),
     ("backends", ("backends",)),
     ("agent", ("agent",)),
     ("store", ("store",)),
     ("session", ("session",)),
-    ("ui", ("words", "workspace_words", "notify", "magics", "magicargs", "transfers", "widgets", "server", "cli", "demo",
-            "provisioner", "__init__", "__main__", "labextension")),
+    (
+        "ui",
+        (
+            "words",
+            "workspace_words",
+            "notify",
+            "magics",
+            "magicargs",
+            "transfers",
+            "widgets",
+            "server",
+            "cli",
+            "demo",
+            "provisioner",
+            "__init__",
+            "__main__",
+            "labextension",
+        ),
+    ),
 ]
-FACES = ("words", "workspace_words", "notify", "magics", "magicargs", "transfers", "widgets", "server", "cli", "demo",
-         "provisioner")
+FACES = (
+    "words",
+    "workspace_words",
+    "notify",
+    "magics",
+    "magicargs",
+    "transfers",
+    "widgets",
+    "server",
+    "cli",
+    "demo",
+    "provisioner",
+)
 
 
 def layer_of(module: str) -> int:
@@ -52,7 +96,9 @@ def imports_of(name: str, path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(tree):  # module level, inside functions and under `if TYPE_CHECKING:` alike
+    for node in ast.walk(
+        tree
+    ):  # module level, inside functions and under `if TYPE_CHECKING:` alike
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("gpusession"))
         elif isinstance(node, ast.ImportFrom):
@@ -72,7 +118,10 @@ def imports_of(name: str, path: Path) -> set[str]:
 
 
 ALL = modules()
-GRAPH = {name: {m for m in imports_of(name, path) if m in ALL and m != name} for name, path in ALL.items()}
+GRAPH = {
+    name: {m for m in imports_of(name, path) if m in ALL and m != name}
+    for name, path in ALL.items()
+}
 
 
 def test_imports_point_down_the_layers():
@@ -80,7 +129,9 @@ def test_imports_point_down_the_layers():
     for name, targets in GRAPH.items():
         for target in targets:
             if layer_of(target) > layer_of(name):
-                bad.append(f"{name} ({LAYERS[layer_of(name)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})")
+                bad.append(
+                    f"{name} ({LAYERS[layer_of(name)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
+                )
     assert not bad, "\n".join(sorted(bad))
 
 
@@ -97,10 +148,16 @@ def test_lazy_and_typing_only_imports_count(tmp_path):
     """The circles removed in issue 20 hid behind these two: an import under `if TYPE_CHECKING:`
     and one inside a function. Both are edges of the graph, and a circle through them is found."""
     path = tmp_path / "fake.py"
-    path.write_text("from typing import TYPE_CHECKING\n"
-                    "if TYPE_CHECKING:\n    from ..store import Store\n"
-                    "def f():\n    from ..models import State\n    import gpusession.errors\n")
-    assert imports_of("gpusession.session.fake", path) == {"gpusession.store", "gpusession.models", "gpusession.errors"}
+    path.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from ..store import Store\n"
+        "def f():\n    from ..models import State\n    import gpusession.errors\n"
+    )
+    assert imports_of("gpusession.session.fake", path) == {
+        "gpusession.store",
+        "gpusession.models",
+        "gpusession.errors",
+    }
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
     assert sorted(sorted(p) for p in _strongly_connected(graph) if len(p) > 1) == [["a", "b", "c"]]
 
@@ -147,9 +204,13 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
 
 
 def test_the_faces_never_import_a_concrete_backend():
-    bad = [f"{name} imports {t}" for name, targets in GRAPH.items()
-           if name.count(".") and name.split(".")[1] in FACES for t in targets
-           if t.startswith("gpusession.backends.") and t != "gpusession.backends.base"]
+    bad = [
+        f"{name} imports {t}"
+        for name, targets in GRAPH.items()
+        if name.count(".") and name.split(".")[1] in FACES
+        for t in targets
+        if t.startswith("gpusession.backends.") and t != "gpusession.backends.base"
+    ]
     assert not bad, bad
 
 
@@ -158,9 +219,15 @@ SHARED_BELOW_BACKENDS = ("base", "cloudvm")
 
 
 def test_the_shared_backend_layers_import_no_backend():
-    bad = [f"{name} imports {t}" for name, targets in GRAPH.items()
-           if name.split(".")[1:3] in (["backends", s] for s in SHARED_BELOW_BACKENDS) for t in targets
-           if t.split(".")[1] == "backends" and len(t.split(".")) > 2 and t.split(".")[2] not in SHARED_BELOW_BACKENDS]
+    bad = [
+        f"{name} imports {t}"
+        for name, targets in GRAPH.items()
+        if name.split(".")[1:3] in (["backends", s] for s in SHARED_BELOW_BACKENDS)
+        for t in targets
+        if t.split(".")[1] == "backends"
+        and len(t.split(".")) > 2
+        and t.split(".")[2] not in SHARED_BELOW_BACKENDS
+    ]
     assert not bad, bad
 
 
@@ -168,12 +235,21 @@ def test_backends_never_import_the_session_layer_or_each_other():
     bad = []
     for name, targets in GRAPH.items():
         parts = name.split(".")
-        if len(parts) < 3 or parts[1] != "backends" or parts[2] in SHARED_BELOW_BACKENDS + ("__init__",):
+        if (
+            len(parts) < 3
+            or parts[1] != "backends"
+            or parts[2] in SHARED_BELOW_BACKENDS + ("__init__",)
+        ):
             continue
         mine = parts[2]  # a backend is one package (or module) below gpusession/backends/
         for t in targets:
             tp = t.split(".")
-            if tp[1] == "backends" and len(tp) > 2 and tp[2] not in SHARED_BELOW_BACKENDS and tp[2] != mine:
+            if (
+                tp[1] == "backends"
+                and len(tp) > 2
+                and tp[2] not in SHARED_BELOW_BACKENDS
+                and tp[2] != mine
+            ):
                 bad.append(f"{name} imports the sibling backend module {t}")
     assert not bad, bad
 
@@ -185,6 +261,12 @@ def test_the_runtime_boot_script_speaks_the_protocol():
     from gpusession.protocol import ENV_RUNTIME_ROOT, Marker
 
     text = (PKG / "agent" / "boot.sh").read_text()
-    for name in (f"ROOT={RUNTIME_ROOT}\n", f"{ENV_RUNTIME_ROOT}=$ROOT", f"{Marker.FAILED.value} ",
-                 f'"{Marker.PYTHON.value} "', f"$ROOT/code/{COMPLETE}", "-m gpusession.agent.firststep run"):
+    for name in (
+        f"ROOT={RUNTIME_ROOT}\n",
+        f"{ENV_RUNTIME_ROOT}=$ROOT",
+        f"{Marker.FAILED.value} ",
+        f'"{Marker.PYTHON.value} "',
+        f"$ROOT/code/{COMPLETE}",
+        "-m gpusession.agent.firststep run",
+    ):
         assert name in text, name

@@ -19,8 +19,13 @@ from support.procs import wait_dead
 
 
 def cli(env, *args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "gpusession", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gpusession", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def row(listing: str, name: str) -> list[str]:
@@ -42,14 +47,19 @@ def test_list_and_status_show_a_session_its_watchdog_stopped_as_stopped(nb_env):
     assert record.state == State.STOPPED and record.stop_reason.kind is StopKind.IDLE
     cost = row(cli(nb_env, "list", "--all").stdout, "napper")[-1]
     time.sleep(1.5)
-    assert row(cli(nb_env, "list", "--all").stdout, "napper")[-1] == cost, "the cost of a stopped session rises"
+    assert row(cli(nb_env, "list", "--all").stdout, "napper")[-1] == cost, (
+        "the cost of a stopped session rises"
+    )
     assert "no active sessions" in cli(nb_env, "list").stdout
     status = cli(nb_env, "status", "napper").stdout
     assert "- stopped" in status and "idle watchdog" in status, status
 
 
 def test_status_reconciles_too(nb_env):
-    assert cli(nb_env, "start", "--backend", "local", "--idle", "off", "--name", "shot").returncode == 0
+    assert (
+        cli(nb_env, "start", "--backend", "local", "--idle", "off", "--name", "shot").returncode
+        == 0
+    )
     store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
     pid = store.get("shot").resource["pid"]
     os.killpg(pid, signal.SIGKILL)
@@ -70,7 +80,9 @@ def session_processes(session_id: str) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if f"GPUSESSION_SESSION_ID={session_id}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                if f"GPUSESSION_SESSION_ID={session_id}".encode() in (
+                    entry / "environ"
+                ).read_bytes().split(b"\0"):
                     found.append(int(entry.name))
             except OSError:
                 pass
@@ -79,26 +91,44 @@ def session_processes(session_id: str) -> list[int]:
 
 def _aws_record(home: Path, seen_ago: float):
     store = Store(home / "sessions.sqlite3")
-    record = store.create(LaunchSpec(gpu_type="t4", backend="aws", name="cloudy"), price_per_hour=0.526)
-    for state in (State.PROVISIONING, State.STARTING, State.RUNNING):  # started a while before it was last seen
+    record = store.create(
+        LaunchSpec(gpu_type="t4", backend="aws", name="cloudy"), price_per_hour=0.526
+    )
+    for state in (
+        State.PROVISIONING,
+        State.STARTING,
+        State.RUNNING,
+    ):  # started a while before it was last seen
         store.transition(record.id, state, at=time.time() - seen_ago - 60)
-    store.update_resource(record.id, instance_id="i-0123456789abcdef0", region="us-east-1",
-                          last_seen=time.time() - seen_ago)
+    store.update_resource(
+        record.id,
+        instance_id="i-0123456789abcdef0",
+        region="us-east-1",
+        last_seen=time.time() - seen_ago,
+    )
     return store.get(record.id)
 
 
 def test_a_session_that_cannot_be_checked_cheaply_is_marked_unverified(nb_env, gs_home):
     _aws_record(gs_home, seen_ago=300)
-    code = ("import sys; from gpusession import cli; cli.main(['list']); "
-            "print('imported:', [m for m in ('boto3', 'botocore', 'docker') if m in sys.modules])")
-    r = subprocess.run([sys.executable, "-c", code], env=nb_env, capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys; from gpusession import cli; cli.main(['list']); "
+        "print('imported:', [m for m in ('boto3', 'botocore', 'docker') if m in sys.modules])"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=nb_env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert row(r.stdout, "cloudy")[3] == "running?", r.stdout
-    assert "? cloudy: unverified (aws is not asked when listing), last seen alive 5m0" in r.stdout, r.stdout
+    assert (
+        "? cloudy: unverified (aws is not asked when listing), last seen alive 5m0" in r.stdout
+    ), r.stdout
     assert "imported: []" in r.stdout, "listing imported a cloud or engine SDK"
     status = cli(nb_env, "status", "cloudy").stdout
     assert "unverified (aws is not asked when listing), last seen alive 5m0" in status, status
-    assert Store(gs_home / "sessions.sqlite3").get("cloudy").state == State.RUNNING, "unverified is not ended"
+    assert Store(gs_home / "sessions.sqlite3").get("cloudy").state == State.RUNNING, (
+        "unverified is not ended"
+    )
 
 
 async def test_rest_listing_reconciles_and_marks_unverified(jp_fetch, manager, gs_home):
@@ -114,7 +144,9 @@ async def test_rest_listing_reconciles_and_marks_unverified(jp_fetch, manager, g
     cloudy = views["cloudy"]
     assert cloudy["state"] == "running" and cloudy["verified"] is False
     assert time.time() - 100 < cloudy["last_seen"] < time.time() - 80
-    assert cloudy["unverified"].startswith("unverified (aws is not asked when listing), last seen alive 1m")
+    assert cloudy["unverified"].startswith(
+        "unverified (aws is not asked when listing), last seen alive 1m"
+    )
     r = await jp_fetch("gpusession", "api", "sessions")
     assert [v["name"] for v in json.loads(r.body)["sessions"]] == ["cloudy"]
 

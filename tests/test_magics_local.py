@@ -30,7 +30,9 @@ def test_cells_run_in_another_process_with_live_output(notebook, nb_env):
     assert record.state == State.RUNNING
 
     # streaming: the first print arrives long before the loop ends
-    loop = notebook.run("%%gpu\nimport time\nfor i in range(5):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.6)")
+    loop = notebook.run(
+        "%%gpu\nimport time\nfor i in range(5):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.6)"
+    )
     assert loop.status == "ok"
     first = loop.stream_times("tick 0")[0]
     total = loop.replied_at - loop.sent_at
@@ -39,10 +41,14 @@ def test_cells_run_in_another_process_with_live_output(notebook, nb_env):
     assert [f"tick {i}" in loop.text for i in range(5)] == [True] * 5
 
     # rich output comes back as display data
-    html = notebook.run("%%gpu\nfrom IPython.display import HTML, display\ndisplay(HTML('<i>hi</i>'))\n40 + 2")
+    html = notebook.run(
+        "%%gpu\nfrom IPython.display import HTML, display\ndisplay(HTML('<i>hi</i>'))\n40 + 2"
+    )
     kinds = [k for _, k, _ in html.outputs]
     assert "display_data" in kinds
-    assert any(c["data"].get("text/html") == "<i>hi</i>" for _, k, c in html.outputs if k == "display_data")
+    assert any(
+        c["data"].get("text/html") == "<i>hi</i>" for _, k, c in html.outputs if k == "display_data"
+    )
     assert "42" in html.text
 
     stop = notebook.run("%gpu stop")
@@ -78,7 +84,10 @@ def test_push_and_pull_round_trip(notebook):
     assert bad.status == "error" and bad.error["ename"] == "UsageError"
     assert "cannot be pickled" in bad.error["evalue"]
     missing = notebook.run("%gpu pull nothing_here")
-    assert missing.error["ename"] == "UsageError" and "not defined in the session kernel" in missing.error["evalue"]
+    assert (
+        missing.error["ename"] == "UsageError"
+        and "not defined in the session kernel" in missing.error["evalue"]
+    )
     unpicklable = notebook.run("%%gpu\nimport threading\nlock = threading.Lock()")
     assert unpicklable.status == "ok"
     r = notebook.run("%gpu pull lock")
@@ -134,7 +143,10 @@ def test_bad_input_is_one_clear_message(notebook, nb_env, line, needle):
 def test_kernel_dying_mid_cell_is_a_clear_error_and_the_store_stays_consistent(notebook, nb_env):
     notebook.run("%gpu start --idle off --name doomed")
     pid = int(notebook.run("%%gpu\nimport os; print(os.getpid())").text)
-    r = notebook.run("%%gpu\nimport os, time\nprint('about to die', flush=True)\ntime.sleep(0.5)\nos._exit(1)", timeout=60)
+    r = notebook.run(
+        "%%gpu\nimport os, time\nprint('about to die', flush=True)\ntime.sleep(0.5)\nos._exit(1)",
+        timeout=60,
+    )
     assert r.status == "error" and r.error["ename"] == "UsageError"
     assert "died" in r.error["evalue"] and "doomed" in r.error["evalue"]
     record = _store(nb_env).get("doomed")
@@ -151,7 +163,10 @@ def test_a_trailing_comment_is_no_argument():
     written: IPython hands line magics their whole line."""
     from gpusession.magics import _without_comment
 
-    assert _without_comment("start --type t4            # stages print with elapsed time") == "start --type t4"
+    assert (
+        _without_comment("start --type t4            # stages print with elapsed time")
+        == "start --type t4"
+    )
     assert _without_comment("start --name run#2") == "start --name run#2"
     assert _without_comment('start --name "a # b"') == 'start --name "a # b"'
     assert _without_comment("start --name 'unclosed # x") == "start --name 'unclosed # x"
@@ -169,9 +184,16 @@ def test_ctrl_c_during_start_is_one_line_and_leaves_nothing(notebook, nb_env):
     r = notebook.run("%gpu start --idle off --name cut-short", interrupt_after=0.15, timeout=60)
     assert r.status == "error", r.text
     assert r.error["ename"] == "UsageError", r.error
-    assert "start of cut-short interrupted" in r.error["evalue"] and "nothing is left running" in r.error["evalue"]
-    assert len(r.error.get("traceback") or []) <= 2, r.error["traceback"]  # one line, not a traceback
+    assert (
+        "start of cut-short interrupted" in r.error["evalue"]
+        and "nothing is left running" in r.error["evalue"]
+    )
+    assert len(r.error.get("traceback") or []) <= 2, r.error[
+        "traceback"
+    ]  # one line, not a traceback
     rec = _store(nb_env).get("cut-short")
     assert rec.state.value == "failed" and "interrupted" in (rec.error or "")
-    assert notebook.run("%gpu start --idle off --name cut-short").status == "ok", "the name must be free again"
+    assert notebook.run("%gpu start --idle off --name cut-short").status == "ok", (
+        "the name must be free again"
+    )
     notebook.run("%gpu stop")

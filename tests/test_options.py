@@ -32,8 +32,14 @@ def dests(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def spec_from(values: dict, face: str) -> LaunchSpec:
-    return options.build_spec(values, config=GpuSessionConfig(), catalog=load_catalog(), backend_default="local",
-                              backends=BACKENDS, face=face)
+    return options.build_spec(
+        values,
+        config=GpuSessionConfig(),
+        catalog=load_catalog(),
+        backend_default="local",
+        backends=BACKENDS,
+        face=face,
+    )
 
 
 # -- one list of options ---------------------------------------------------------------------
@@ -47,7 +53,9 @@ def test_every_face_lists_the_same_options():
     assert options.body_problems({name: None for name in names}) == {}
     unknown = options.check_body({"colour": "red"}, catalog=load_catalog())["colour"]
     assert unknown == f"unknown field; allowed: {', '.join(names)}"
-    doc = options.options_document(GpuSessionConfig(), catalog=load_catalog(), backends=BACKENDS, backend_default="local")
+    doc = options.options_document(
+        GpuSessionConfig(), catalog=load_catalog(), backends=BACKENDS, backend_default="local"
+    )
     assert [o["name"] for o in doc["options"]] == names
 
 
@@ -80,7 +88,17 @@ def test_the_form_shows_the_options_marked_for_forms(manager):
 
     form = StartForm(manager, lambda values: None)
     assert list(form.fields) == [o.name for o in options.OPTIONS if o.form]
-    assert list(form.fields) == ["type", "backend", "name", "host", "idle", "max_cost", "workspace", "resume", "spot"]
+    assert list(form.fields) == [
+        "type",
+        "backend",
+        "name",
+        "host",
+        "idle",
+        "max_cost",
+        "workspace",
+        "resume",
+        "spot",
+    ]
     # a workspace and --resume apply where a workspace outlives the session: shown and sent only there
     form.backend_select.value = "local"
     form.fields["resume"].value = " rw1 "
@@ -101,13 +119,23 @@ CASES = [
     (["--max-runtime", "278h"], {"max_runtime": "278h"}, {"max_runtime_s": 278 * 3600.0}),
     (["--max-cost", "$5"], {"max_cost": 5}, {"max_cost": 5.0}),
     (["--gpu-only"], {"gpu_only": True}, {"gpu_only": True}),
-    (["--spot", "--region", "us-west-2"], {"spot": True, "region": "us-west-2"}, {"spot": True, "region": "us-west-2"}),
+    (
+        ["--spot", "--region", "us-west-2"],
+        {"spot": True, "region": "us-west-2"},
+        {"spot": True, "region": "us-west-2"},
+    ),
     (["-t", "a100:4"], {"type": "a100:4"}, {"gpu_type": "a100", "gpu_count": 4}),
     (["--gpus", "2"], {"gpus": 2}, {"extra": {"gpus": 2}}),
-    (["--fallback", "On-Demand", "--max-price", "1.5"], {"fallback": "on-demand", "max_price": "1.5"},
-     {"extra": {"fallback": "on-demand", "max_price": 1.5}}),
-    (["--name", "big", "--host", "ssh://me@box", "--image", "my/img"], {"name": "big", "host": "ssh://me@box", "image": "my/img"},
-     {"name": "big", "host": "ssh://me@box", "image": "my/img"}),
+    (
+        ["--fallback", "On-Demand", "--max-price", "1.5"],
+        {"fallback": "on-demand", "max_price": "1.5"},
+        {"extra": {"fallback": "on-demand", "max_price": 1.5}},
+    ),
+    (
+        ["--name", "big", "--host", "ssh://me@box", "--image", "my/img"],
+        {"name": "big", "host": "ssh://me@box", "image": "my/img"},
+        {"name": "big", "host": "ssh://me@box", "image": "my/img"},
+    ),
 ]
 
 
@@ -116,7 +144,11 @@ def test_a_value_reads_the_same_through_every_face(words, body, expected):
     magic = options.given_values(parse_argstring(_start_args, " ".join(words)))
     command = options.given_values(start_subparser().parse_args(words))
     assert options.check_body(body, catalog=load_catalog(), backends=BACKENDS) == {}
-    specs = [spec_from(magic, options.FLAGS), spec_from(command, options.FLAGS), spec_from(body, options.REST)]
+    specs = [
+        spec_from(magic, options.FLAGS),
+        spec_from(command, options.FLAGS),
+        spec_from(body, options.REST),
+    ]
     assert specs[0] == specs[1] == specs[2]
     for key, value in expected.items():
         assert getattr(specs[0], key) == value
@@ -132,20 +164,43 @@ def test_the_faces_hand_the_values_over_as_given(manager):
         with pytest.raises(options.BadOptions) as exc:
             manager.spec_from(bad, face)
         said[face] = str(exc.value)
-    why = ("bad idle timeout 'abc': write e.g. 90s, 15m, 1h30m (a bare number means minutes) or 'off'",
-           "bad max cost 'lots': write dollars, e.g. 5 or 2.50")
-    assert said == {options.REST: f"'idle': {why[0]}; 'max_cost': {why[1]}",
-                    options.FLAGS: f"--idle: {why[0]}; --max-cost: {why[1]}",
-                    options.FORM: f"Idle stop: {why[0]}; Max cost ($): {why[1]}"}
+    why = (
+        "bad idle timeout 'abc': write e.g. 90s, 15m, 1h30m (a bare number means minutes) or 'off'",
+        "bad max cost 'lots': write dollars, e.g. 5 or 2.50",
+    )
+    assert said == {
+        options.REST: f"'idle': {why[0]}; 'max_cost': {why[1]}",
+        options.FLAGS: f"--idle: {why[0]}; --max-cost: {why[1]}",
+        options.FORM: f"Idle stop: {why[0]}; Max cost ($): {why[1]}",
+    }
     plain = manager.spec_from({"backend": "local"}, options.FORM)
-    assert (plain.gpu_type, plain.idle_timeout_s) == ("t4", 1800.0)  # left out: the config's defaults
-    assert manager.spec_from({"backend": "local", "idle": None}, options.REST).idle_timeout_s is None  # none: no idle stop
+    assert (plain.gpu_type, plain.idle_timeout_s) == (
+        "t4",
+        1800.0,
+    )  # left out: the config's defaults
+    assert (
+        manager.spec_from({"backend": "local", "idle": None}, options.REST).idle_timeout_s is None
+    )  # none: no idle stop
     assert manager.make_spec("l4", backend="local", idle="1h30m") == manager.spec_from(
-        {"type": "l4", "backend": "local", "idle": "1h30m"}, options.FLAGS)
+        {"type": "l4", "backend": "local", "idle": "1h30m"}, options.FLAGS
+    )
     pkg = Path(options.__file__).parent
-    faces = ["cli.py", "magics.py", "server/handlers.py", "server/api.py", "provisioner/provisioner.py", "widgets/panel.py"]
-    taken = [f"{face}: {m.group(0)}" for face in faces if (pkg / face).exists()
-             for m in re.finditer(r'pop\("(type|backend|idle)"[^)]*\)|"default"\)', (pkg / face).read_text())]
+    faces = [
+        "cli.py",
+        "magics.py",
+        "server/handlers.py",
+        "server/api.py",
+        "provisioner/provisioner.py",
+        "widgets/panel.py",
+    ]
+    taken = [
+        f"{face}: {m.group(0)}"
+        for face in faces
+        if (pkg / face).exists()
+        for m in re.finditer(
+            r'pop\("(type|backend|idle)"[^)]*\)|"default"\)', (pkg / face).read_text()
+        )
+    ]
     assert not taken, taken
 
 
@@ -161,8 +216,10 @@ def test_the_form_reads_like_the_other_faces(manager):
     assert form.fields["spot"].layout.display == "none"  # aws only: hidden
     values = form.values()
     assert "host" not in values and "spot" not in values
-    expected = spec_from(options.given_values(parse_argstring(_start_args, "-t l4 -b local --idle 90 --max-cost 5")),
-                         options.FLAGS)
+    expected = spec_from(
+        options.given_values(parse_argstring(_start_args, "-t l4 -b local --idle 90 --max-cost 5")),
+        options.FLAGS,
+    )
     assert spec_from(values, options.FORM) == expected
     form.backend_select.value = "docker"
     assert form.fields["host"].layout.display is None and form.values()["host"] == "ssh://me@box"
@@ -175,10 +232,17 @@ def test_defaults_come_from_the_config_and_none_means_none():
     config = GpuSessionConfig(default_type="l4:2", default_idle="10m")
 
     def build(values: dict) -> LaunchSpec:
-        return options.build_spec(values, config=config, catalog=load_catalog(), backend_default=lambda: "local")
+        return options.build_spec(
+            values, config=config, catalog=load_catalog(), backend_default=lambda: "local"
+        )
 
     spec = build({})
-    assert (spec.gpu_type, spec.gpu_count, spec.backend, spec.idle_timeout_s) == ("l4", 2, "local", 600.0)
+    assert (spec.gpu_type, spec.gpu_count, spec.backend, spec.idle_timeout_s) == (
+        "l4",
+        2,
+        "local",
+        600.0,
+    )
     assert build({"idle": "default", "type": "default", "backend": ""}) == spec
     assert build({"idle": None}).idle_timeout_s is None  # make_spec(idle=None): no idle stop
     assert build({"type": None, "backend": None}) == spec
@@ -191,24 +255,54 @@ def test_the_backend_default_is_only_looked_for_when_needed():
     def never() -> str:
         raise AssertionError("asked for the default backend")
 
-    spec = options.build_spec({"backend": "Local"}, config=GpuSessionConfig(), catalog=load_catalog(), backend_default=never)
+    spec = options.build_spec(
+        {"backend": "Local"},
+        config=GpuSessionConfig(),
+        catalog=load_catalog(),
+        backend_default=never,
+    )
     assert spec.backend == "local"
 
 
 def test_options_document():
     config = GpuSessionConfig(default_type="a10g", default_idle="45m")
-    doc = options.options_document(config, catalog=load_catalog(), backends=["docker", "local"], backend_default="docker")
+    doc = options.options_document(
+        config, catalog=load_catalog(), backends=["docker", "local"], backend_default="docker"
+    )
     by_name = {o["name"]: o for o in doc["options"]}
     assert set(doc) == {"options", "metrics"}
     for o in doc["options"]:
-        assert set(o) == {"name", "flag", "kind", "label", "help", "default", "backends", "choices", "form"}
+        assert set(o) == {
+            "name",
+            "flag",
+            "kind",
+            "label",
+            "help",
+            "default",
+            "backends",
+            "choices",
+            "form",
+        }
     assert by_name["type"]["default"] == "a10g" and "h200" in by_name["type"]["choices"]
-    assert by_name["backend"] == dict(by_name["backend"], default="docker", choices=["docker", "local"], kind="backend")
-    assert by_name["idle"] == {"name": "idle", "flag": "--idle", "kind": "duration", "label": "Idle stop",
-                               "help": by_name["idle"]["help"], "default": "45m", "backends": None, "choices": None,
-                               "form": True}
+    assert by_name["backend"] == dict(
+        by_name["backend"], default="docker", choices=["docker", "local"], kind="backend"
+    )
+    assert by_name["idle"] == {
+        "name": "idle",
+        "flag": "--idle",
+        "kind": "duration",
+        "label": "Idle stop",
+        "help": by_name["idle"]["help"],
+        "default": "45m",
+        "backends": None,
+        "choices": None,
+        "form": True,
+    }
     assert by_name["spot"]["default"] is False and by_name["spot"]["backends"] == ["aws"]
-    assert by_name["fallback"]["choices"] == ["off", "zone", "on-demand", "any"] and by_name["fallback"]["default"] == "off"
+    assert (
+        by_name["fallback"]["choices"] == ["off", "zone", "on-demand", "any"]
+        and by_name["fallback"]["default"] == "off"
+    )
     assert by_name["max_cost"]["default"] is None and by_name["max_cost"]["kind"] == "money"
 
 
@@ -216,8 +310,11 @@ def test_options_document():
 
 
 def test_rest_names_the_field_as_in_the_body():
-    problems = options.check_body({"idle": "abc", "spot": "yes", "max_cost": 1e999, "gpus": 0, "colour": 1},
-                                  catalog=load_catalog(), backends=BACKENDS)
+    problems = options.check_body(
+        {"idle": "abc", "spot": "yes", "max_cost": 1e999, "gpus": 0, "colour": 1},
+        catalog=load_catalog(),
+        backends=BACKENDS,
+    )
     assert problems == {
         "colour": f"unknown field; allowed: {', '.join(options.NAMES)}",
         "spot": "wrong type (string): expected true or false",
@@ -230,23 +327,30 @@ def test_rest_names_the_field_as_in_the_body():
     assert "'spot': wrong type (string)" in message and "'idle': bad idle timeout 'abc'" in message
 
 
-@pytest.mark.parametrize("words, needle", [
-    ("--idle abc", "--idle: bad idle timeout 'abc'"),
-    ("--idle 8d", "--idle: idle timeout must be at most 7d"),
-    ("--max-runtime inf", "--max-runtime: max runtime must be a finite number"),
-    ("--max-cost five", "--max-cost: bad max cost 'five'"),
-    ("--max-price 1e999", "--max-price: max price must be a finite number"),
-    ("--type t5", "--type: unknown GPU type 't5'"),
-    ("-b nope", "--backend: unknown backend 'nope'; valid backends: aws, docker, local"),
-    ("--fallback never", "--fallback: fallback 'never': use one of off, zone, on-demand, any"),
-    ("--gpus some", "--gpus: GPU request 'some'"),
-])
+@pytest.mark.parametrize(
+    "words, needle",
+    [
+        ("--idle abc", "--idle: bad idle timeout 'abc'"),
+        ("--idle 8d", "--idle: idle timeout must be at most 7d"),
+        ("--max-runtime inf", "--max-runtime: max runtime must be a finite number"),
+        ("--max-cost five", "--max-cost: bad max cost 'five'"),
+        ("--max-price 1e999", "--max-price: max price must be a finite number"),
+        ("--type t5", "--type: unknown GPU type 't5'"),
+        ("-b nope", "--backend: unknown backend 'nope'; valid backends: aws, docker, local"),
+        ("--fallback never", "--fallback: fallback 'never': use one of off, zone, on-demand, any"),
+        ("--gpus some", "--gpus: GPU request 'some'"),
+    ],
+)
 def test_the_magic_and_the_cli_name_the_flag(words, needle, manager, capsys, monkeypatch):
     magics = GpuMagics(None, manager=manager)
     with pytest.raises(UsageError) as e:
         magics.gpu("start -b local " + words if not words.startswith("-b") else "start " + words)
     assert needle in str(e.value)
-    argv = ["start", "-b", "local", *words.split()] if not words.startswith("-b") else ["start", *words.split()]
+    argv = (
+        ["start", "-b", "local", *words.split()]
+        if not words.startswith("-b")
+        else ["start", *words.split()]
+    )
     assert cli.main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gpusession start: ") and needle in err[0]
@@ -263,7 +367,10 @@ def test_the_form_names_the_field_by_its_label(manager):
         panel.form.fields["max_cost"].value = "-2"
         panel.form.start_button.click()
         text = panel.form.message.value.replace("&#x27;", "'")
-        assert "Idle stop: bad idle timeout 'abc'" in text and "Max cost ($): max cost must be positive" in text
+        assert (
+            "Idle stop: bad idle timeout 'abc'" in text
+            and "Max cost ($): max cost must be positive" in text
+        )
         assert manager.list() == []
     finally:
         panel.close()

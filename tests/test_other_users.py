@@ -38,10 +38,18 @@ print(json.dumps(opened))
 
 def nobody_python() -> str:
     """A Python of this version that uid nobody may run (ours may live under root's 0700 home)."""
-    for candidate in (sys.executable, f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"):
+    for candidate in (
+        sys.executable,
+        f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}",
+    ):
         try:
-            done = subprocess.run([candidate, "-c", "import sys; print(tuple(sys.version_info[:2]))"], user="nobody",
-                                  capture_output=True, text=True, cwd="/")
+            done = subprocess.run(
+                [candidate, "-c", "import sys; print(tuple(sys.version_info[:2]))"],
+                user="nobody",
+                capture_output=True,
+                text=True,
+                cwd="/",
+            )
         except OSError:
             continue
         if done.returncode == 0 and done.stdout.strip() == str(tuple(sys.version_info[:2])):
@@ -52,8 +60,18 @@ def nobody_python() -> str:
 def as_nobody(script: str, stdin: str = "", timeout: float = 30, path: str = "") -> str:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": path}
     try:
-        done = subprocess.run([nobody_python(), "-c", script], input=stdin, capture_output=True, text=True, env=env,
-                              user="nobody", group="nogroup", extra_groups=[], timeout=timeout, cwd="/")
+        done = subprocess.run(
+            [nobody_python(), "-c", script],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=env,
+            user="nobody",
+            group="nogroup",
+            extra_groups=[],
+            timeout=timeout,
+            cwd="/",
+        )
     except PermissionError as exc:
         pytest.skip(f"uid nobody cannot run Python here: {exc}")
     assert done.returncode == 0, done.stderr
@@ -80,14 +98,19 @@ def test_another_user_reads_nothing_under_the_data_folder(open_parent):
     manager = SessionManager()
     try:
         session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="u1"))
-        assert session.kernel.execute("open('notes.txt', 'w').write('mine')\nsecret = 42")["status"] == "ok"
+        assert (
+            session.kernel.execute("open('notes.txt', 'w').write('mine')\nsecret = 42")["status"]
+            == "ok"
+        )
         assert manager.stop(session.id, save=True).resource["checkpoint"]["saved"] == 1
     finally:
         for r in manager.list(active_only=True):
             manager.stop(r.id)
         manager.close()
-    everything = [str(home), *(os.path.join(root, name) for root, dirs, files in os.walk(home)
-                                for name in dirs + files)]
+    everything = [
+        str(home),
+        *(os.path.join(root, name) for root, dirs, files in os.walk(home) for name in dirs + files),
+    ]
     names = {Path(p).name for p in everything}
     assert {"sessions.sqlite3", "runtime.log", "kernel.json", "notes.txt"} <= names, names
     assert json.loads(as_nobody(READ_PROBE, json.dumps(everything))) == []
@@ -102,14 +125,23 @@ def test_an_existing_open_data_folder_is_said_once(tmp_path, nb_env):
     home.mkdir(mode=0o755)
     home.chmod(0o755)
     env = dict(nb_env, GPUSESSION_HOME=str(home))
-    said = [subprocess.run([sys.executable, "-m", "gpusession", "list"], env=env, capture_output=True, text=True,
-                           timeout=60) for _ in range(2)]
+    said = [
+        subprocess.run(
+            [sys.executable, "-m", "gpusession", "list"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        for _ in range(2)
+    ]
     for done in said:
         assert done.returncode == 0, done.stderr
         lines = [line for line in done.stderr.splitlines() if "open to other users" in line]
-        assert lines == [f"gpusession: your data folder {home} is open to other users on this machine (mode 755): "
-                         f"they may read your sessions' keys and tokens there. Close it with: chmod 700 {home}"], \
-            done.stderr
+        assert lines == [
+            f"gpusession: your data folder {home} is open to other users on this machine (mode 755): "
+            f"they may read your sessions' keys and tokens there. Close it with: chmod 700 {home}"
+        ], done.stderr
         assert "Traceback" not in done.stderr
 
 
@@ -163,8 +195,15 @@ def pyzmq_for_nobody(folder: Path) -> str:
     return str(target)
 
 
-def subscribers_while_printing(kernel, endpoints: list[str], *, user: str | None, path: str,
-                               netns: str = "", group: str = "nogroup") -> list[str]:
+def subscribers_while_printing(
+    kernel,
+    endpoints: list[str],
+    *,
+    user: str | None,
+    path: str,
+    netns: str = "",
+    group: str = "nogroup",
+) -> list[str]:
     """Outputs a SUB on each endpoint received, as `user` (None: this one) of `group`, while a
     cell prints; in the network namespace `netns` (another host's loopback) when given."""
     python = nobody_python() if user else sys.executable
@@ -174,13 +213,16 @@ def subscribers_while_printing(kernel, endpoints: list[str], *, user: str | None
     if netns:  # enter it as root, then become `user`
         drop = ["setpriv", "--reuid", user, "--regid", group, "--clear-groups"] if user else []
         argv, as_user = ["nsenter", f"--net=/run/netns/{netns}", "--", *drop, *argv], {}
-    probe = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd="/",
-                             **as_user)
+    probe = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd="/", **as_user
+    )
     try:
         assert probe.stdout.readline().strip() == "ready", probe.stderr.read()
         time.sleep(0.5)  # its connects are made
-        out = kernel.execute("import time\nfor i in range(15):\n    print('secret-output', i, flush=True)\n"
-                                     "    time.sleep(0.1)")
+        out = kernel.execute(
+            "import time\nfor i in range(15):\n    print('secret-output', i, flush=True)\n"
+            "    time.sleep(0.1)"
+        )
         assert out["status"] == "ok"
         got, err = probe.communicate(timeout=30)
     finally:
@@ -222,13 +264,18 @@ def test_another_user_cannot_subscribe_through_the_tunnel_either(open_parent, tm
     remote_sockets = open_parent / "remote"
     remote_sockets.mkdir(mode=0o700)
     sshd = Sshd(tmp_path / "sshd")
-    info, proc = start_runtime(tmp_path / "state", "isotest", "--kernel-ip", str(remote_sockets / "k"))
+    info, proc = start_runtime(
+        tmp_path / "state", "isotest", "--kernel-ip", str(remote_sockets / "k")
+    )
     try:
         assert info["transport"] == "ipc"
         with Tunnel(sshd.target(), []) as tunnel:
             endpoint = tunneled_endpoint(tunnel, info, None)
             local = endpoint.connection_info
-            assert local["transport"] == "ipc" and os.stat(os.path.dirname(local["ip"])).st_mode & 0o777 == 0o700
+            assert (
+                local["transport"] == "ipc"
+                and os.stat(os.path.dirname(local["ip"])).st_mode & 0o777 == 0o700
+            )
             kernel = KernelClient(local, healthy=tunnel.healthy)
             try:
                 kernel.wait_ready(30)
@@ -266,7 +313,9 @@ def test_another_user_cannot_subscribe_to_a_docker_session_kernel(open_parent, e
     try:
         session = manager.start(manager.make_spec("t4", backend="docker", idle="off", name="zd1"))
         endpoints = zmq_endpoints(session.link.endpoint.connection_info)
-        assert zmq_endpoints(_docker_kernel_info(engine, session.id)) == endpoints  # no forwarding in between
+        assert (
+            zmq_endpoints(_docker_kernel_info(engine, session.id)) == endpoints
+        )  # no forwarding in between
         mine = subscribers_while_printing(session.kernel, endpoints, user=None, path=path)
         assert any("secret-output" in m for m in mine), mine
         theirs = subscribers_while_printing(session.kernel, endpoints, user="nobody", path=path)
@@ -294,13 +343,19 @@ def test_another_user_cannot_subscribe_to_a_remote_engines_kernel(open_parent, r
     direct = docker.DockerClient(base_url=remote["docker_host_env"])
     manager = SessionManager()
     try:
-        session = manager.start(manager.make_spec("t4", backend="docker", idle="off", name="zr1", host=remote["url"]))
+        session = manager.start(
+            manager.make_spec("t4", backend="docker", idle="off", name="zr1", host=remote["url"])
+        )
         here = zmq_endpoints(session.link.endpoint.connection_info)
         there = zmq_endpoints(_docker_kernel_info(direct, session.id))
         for endpoints, netns in ((here, ""), (there, "gpus-remote")):
-            mine = subscribers_while_printing(session.kernel, endpoints, user=None, path=path, netns=netns)
+            mine = subscribers_while_printing(
+                session.kernel, endpoints, user=None, path=path, netns=netns
+            )
             assert any("secret-output" in m for m in mine), (netns, mine)
-            theirs = subscribers_while_printing(session.kernel, endpoints, user="nobody", path=path, netns=netns)
+            theirs = subscribers_while_printing(
+                session.kernel, endpoints, user="nobody", path=path, netns=netns
+            )
             assert theirs == [], (netns, theirs[:3])
     finally:
         for r in manager.list(active_only=True):
@@ -320,19 +375,36 @@ def test_another_user_cannot_subscribe_to_an_aws_session_kernel(open_parent, man
     from support.hosts import product_image
 
     path = pyzmq_for_nobody(open_parent)
-    session = manager.start(manager.make_spec("t4", backend="aws", idle="5m", name="za1", image=product_image(),
-                                              ssh_cidr="10.201.0.1/32", boot_timeout=120, workspace_size="1"))
+    session = manager.start(
+        manager.make_spec(
+            "t4",
+            backend="aws",
+            idle="5m",
+            name="za1",
+            image=product_image(),
+            ssh_cidr="10.201.0.1/32",
+            boot_timeout=120,
+            workspace_size="1",
+        )
+    )
     (machine,) = platform.machines.values()
     # the login exists only on the instance: its ids from the machine's passwd
-    login = next(line.split(":") for line in (machine.folder / "passwd").read_text().splitlines()
-                 if line.startswith("gpusession:"))
+    login = next(
+        line.split(":")
+        for line in (machine.folder / "passwd").read_text().splitlines()
+        if line.startswith("gpusession:")
+    )
     here = zmq_endpoints(session.link.endpoint.connection_info)
-    there = zmq_endpoints(json.loads((INSTANCE_ROOT / session.id / "state" / "kernel.json").read_text()))
+    there = zmq_endpoints(
+        json.loads((INSTANCE_ROOT / session.id / "state" / "kernel.json").read_text())
+    )
     mine = subscribers_while_printing(session.kernel, here, user=None, path=path)
     assert any("secret-output" in m for m in mine), mine
     assert subscribers_while_printing(session.kernel, here, user="nobody", path=path) == []
     # on the instance: the login sshd forwards as reads it (the positive control), nobody does not
-    mine = subscribers_while_printing(session.kernel, there, user=login[2], group=login[3], path=path, netns=NS)
+    mine = subscribers_while_printing(
+        session.kernel, there, user=login[2], group=login[3], path=path, netns=NS
+    )
     assert any("secret-output" in m for m in mine), mine
     theirs = subscribers_while_printing(session.kernel, there, user="nobody", path=path, netns=NS)
     assert theirs == [], theirs[:3]

@@ -46,8 +46,12 @@ async def fetch_json(jp_fetch, *path, method="GET", body=None, **params):
 
 
 async def test_history_listing_says_how_sessions_ended(jp_fetch, manager):
-    code, view = await fetch_json(jp_fetch, "sessions", method="POST",
-                                  body={"type": "t4", "backend": "local", "idle": "90s", "name": "api-hist"})
+    code, view = await fetch_json(
+        jp_fetch,
+        "sessions",
+        method="POST",
+        body={"type": "t4", "backend": "local", "idle": "90s", "name": "api-hist"},
+    )
     assert code == 202 and view["ended"] is None and view["kernel_id"] is None
     assert view["restart"] == {"type": "t4", "backend": "local", "idle": "90s"}
     deadline = time.monotonic() + 60
@@ -61,8 +65,15 @@ async def test_history_listing_says_how_sessions_ended(jp_fetch, manager):
     assert any(line.endswith("running: session api-hist is ready") for line in view["progress"])
 
     await fetch_json(jp_fetch, "sessions", view["id"], method="DELETE")
-    failed = manager.create(manager.make_spec("t4", backend="local", idle="off", name="api-broken",
-                                              nvml_replay="/no/such/recording.json"))
+    failed = manager.create(
+        manager.make_spec(
+            "t4",
+            backend="local",
+            idle="off",
+            name="api-broken",
+            nvml_replay="/no/such/recording.json",
+        )
+    )
     with pytest.raises(Exception):
         manager.launch(failed)
 
@@ -75,11 +86,15 @@ async def test_history_listing_says_how_sessions_ended(jp_fetch, manager):
     assert by_name["api-hist"]["ended"] == "stopped by the JupyterLab sidebar"
     assert by_name["api-hist"]["stop_reason"]["by"] == "the JupyterLab sidebar"
     broken = by_name["api-broken"]
-    assert broken["state"] == "failed" and broken["ended"].startswith("failed: connect: kernel process exited")
+    assert broken["state"] == "failed" and broken["ended"].startswith(
+        "failed: connect: kernel process exited"
+    )
     assert "cannot read the NVML recording" in broken["ended"]
     # starting it again: its restart body is a good POST body (the replay is no option: not in it)
     assert broken["restart"] == {"type": "t4", "backend": "local", "idle": "off"}
-    _, errors = await fetch_json(jp_fetch, "options", "check", method="POST", body=broken["restart"])
+    _, errors = await fetch_json(
+        jp_fetch, "options", "check", method="POST", body=broken["restart"]
+    )
     assert errors == {"errors": {}}
 
     with pytest.raises(tornado.httpclient.HTTPClientError) as bad:
@@ -127,16 +142,39 @@ def test_owner_pid_only_on_this_host():
     assert owner_pid("garbage") is None
 
 
-@pytest.mark.parametrize("values", [
-    {"type": "t4"},
-    {"type": "a100:8", "backend": "docker", "idle": "1h30m", "max_cost": "$2.50", "max_runtime": "8h",
-     "gpu_only": True, "host": "ssh://me@box", "gpus": "2", "image": "my/image:1"},
-    {"type": "t4", "backend": "aws", "idle": "off", "spot": True, "region": "eu-west-1", "fallback": "zone",
-     "max_price": "0.3", "ssh_cidr": "203.0.113.7/32"},
-    {"type": "l4", "idle": 0.1},  # 6 s: a bare number means minutes, the body says seconds exactly
-    {"type": "t4", "workspace": "ws1", "save_timeout": "off", "save_cap": "1MB"},
-    {"type": "t4", "resume": "ws1", "save_timeout": "90s", "save_cap": "off"},
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"type": "t4"},
+        {
+            "type": "a100:8",
+            "backend": "docker",
+            "idle": "1h30m",
+            "max_cost": "$2.50",
+            "max_runtime": "8h",
+            "gpu_only": True,
+            "host": "ssh://me@box",
+            "gpus": "2",
+            "image": "my/image:1",
+        },
+        {
+            "type": "t4",
+            "backend": "aws",
+            "idle": "off",
+            "spot": True,
+            "region": "eu-west-1",
+            "fallback": "zone",
+            "max_price": "0.3",
+            "ssh_cidr": "203.0.113.7/32",
+        },
+        {
+            "type": "l4",
+            "idle": 0.1,
+        },  # 6 s: a bare number means minutes, the body says seconds exactly
+        {"type": "t4", "workspace": "ws1", "save_timeout": "off", "save_cap": "1MB"},
+        {"type": "t4", "resume": "ws1", "save_timeout": "90s", "save_cap": "off"},
+    ],
+)
 def test_restart_body_starts_the_same_session(values):
     catalog, config = load_catalog(), GpuSessionConfig()
     spec = options.build_spec(values, config=config, catalog=catalog, backend_default="local")
@@ -149,11 +187,16 @@ def test_restart_body_starts_the_same_session(values):
 def test_ended_line_says_who_and_why():
     idle = StopReason(StopKind.IDLE, idle_for_s=300, idle_timeout_s=300)
     assert ended_line("stopped", idle, None) == "stopped by its idle watchdog after 5m00s idle"
-    assert ended_line("stopped", StopReason(StopKind.USER, by="%gpu stop"), None) == "stopped by %gpu stop"
+    assert (
+        ended_line("stopped", StopReason(StopKind.USER, by="%gpu stop"), None)
+        == "stopped by %gpu stop"
+    )
     assert ended_line("stopped", StopReason(StopKind.MAX_COST, spent=5, max_cost=5), None) == (
-        "stopped by its cost cap: spent $5.00 of the $5.00 cap")
+        "stopped by its cost cap: spent $5.00 of the $5.00 cap"
+    )
     assert ended_line("failed", StopReason(StopKind.KERNEL_EXIT, exit_code=1), None) == (
-        "failed: its kernel exited with code 1")
+        "failed: its kernel exited with code 1"
+    )
     assert ended_line("failed", None, "connect: boom") == "failed: connect: boom"
     assert ended_line("stopped", None, None) == "stopped"
     assert ended_line("running", idle, None) is None
@@ -163,8 +206,17 @@ def test_ended_line_says_who_and_why():
 
 
 def test_replay_is_asked_for_explicitly():
-    plain = type("R", (), {"spec": LaunchSpec("t4"), "price_per_hour": 0.5, "events": [], "created_at": 0.0,
-                             "resource": {}})()
+    plain = type(
+        "R",
+        (),
+        {
+            "spec": LaunchSpec("t4"),
+            "price_per_hour": 0.5,
+            "events": [],
+            "created_at": 0.0,
+            "resource": {},
+        },
+    )()
     assert "--nvml-replay" not in args_for(plain)
     plain.spec.extra["nvml_replay"] = str(DATA / "nvml_two_t4.json")
     args = args_for(plain)
@@ -178,9 +230,13 @@ def test_replay_loops_and_says_it_is_recorded():
     reader = NvmlReader(args.nvml_replay)
     assert reader.source == "recorded" and NvmlReader().source == "nvml"
     sampler = Sampler(reader)
-    utils = [sampler.sample(float(t), kernel_busy=False)["gpus"][0]["utilization"] for t in range(7)]
+    utils = [
+        sampler.sample(float(t), kernel_busy=False)["gpus"][0]["utilization"] for t in range(7)
+    ]
     assert utils == [0.0, 97.0, 2.0, 0.0, 97.0, 2.0, 0.0]  # the 3 recorded frames, over again
-    once = NvmlReader(RecordedNvml.from_file(DATA / "nvml_two_t4.json"))  # the tests' reading: no loop
+    once = NvmlReader(
+        RecordedNvml.from_file(DATA / "nvml_two_t4.json")
+    )  # the tests' reading: no loop
     assert [Sampler(once).sample(0.0, kernel_busy=False)] and once.source == "recorded"
     with pytest.raises(SystemExit):
         parser.parse_args(["--nvml-replay", "/no/such/file.json"])
@@ -199,5 +255,7 @@ def test_cell_after_a_stop_elsewhere_says_who_stopped_it(manager):
         session.run("1 + 1")
     record = notebook.get(session.id)
     assert record.state == State.STOPPED and record.stop_reason.by == "the JupyterLab sidebar"
-    assert error_text(ended.value).startswith("session nb-stop was stopped by the JupyterLab sidebar (ran ")
+    assert error_text(ended.value).startswith(
+        "session nb-stop was stopped by the JupyterLab sidebar (ran "
+    )
     sidebar.close()

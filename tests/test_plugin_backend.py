@@ -23,8 +23,12 @@ def install_plugin(where: Path) -> Path:
     shutil.copytree(DATA / "gpusession_demo_backend", where / "gpusession_demo_backend")
     info = where / "gpusession_demo_backend-0.1.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gpusession-demo-backend\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[gpusession.backends]\ndemo = gpusession_demo_backend:DemoBackend\n")
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: gpusession-demo-backend\nVersion: 0.1\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[gpusession.backends]\ndemo = gpusession_demo_backend:DemoBackend\n"
+    )
     return where
 
 
@@ -36,8 +40,12 @@ def plugin_path(tmp_path, monkeypatch):
 
 
 def run_python(code: str, path: Path, home: Path) -> str:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(path), str(REPO)]), GPUSESSION_HOME=str(home))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(path), str(REPO)]), GPUSESSION_HOME=str(home)
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -48,12 +56,18 @@ def test_the_table_gathers_the_plugins_option(plugin_path):
 
 
 def test_cli_and_magic_help_show_it(plugin_path, tmp_path):
-    cli = run_python("from gpusession.cli import main; main(['start', '--help'])", plugin_path, tmp_path)
+    cli = run_python(
+        "from gpusession.cli import main; main(['start', '--help'])", plugin_path, tmp_path
+    )
     assert "--demo-zone" in cli and "demo: the zone its machines are in" in cli
-    magic = run_python("from IPython.core.interactiveshell import InteractiveShell\n"
-                       "ip = InteractiveShell.instance()\n"
-                       "ip.run_line_magic('load_ext', 'gpusession')\n"
-                       "ip.run_line_magic('gpu', 'help start')\n", plugin_path, tmp_path)
+    magic = run_python(
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance()\n"
+        "ip.run_line_magic('load_ext', 'gpusession')\n"
+        "ip.run_line_magic('gpu', 'help start')\n",
+        plugin_path,
+        tmp_path,
+    )
     assert "--demo-zone" in magic and "demo: the zone its machines are in" in magic
 
 

@@ -46,20 +46,37 @@ def _gpusession(*argv: str, capsys) -> tuple[int, str, str]:
 
 
 def test_kernelspec_install_list_remove(jupyter_dirs, capsys):
-    code, out, err = _gpusession("kernelspec", "install", "--type", "t4", "--idle", "10m", capsys=capsys)
+    code, out, err = _gpusession(
+        "kernelspec", "install", "--type", "t4", "--idle", "10m", capsys=capsys
+    )
     assert code == 0, err
     assert out.startswith("installed kernelspec gpusession-t4 (Python 3 (GPU · T4)) in ")
     kernel = json.loads((jupyter_dirs / "kernels" / "gpusession-t4" / "kernel.json").read_text())
     assert kernel["display_name"] == "Python 3 (GPU · T4)"
     assert kernel["interrupt_mode"] == "message"
     assert kernel["metadata"]["kernel_provisioner"] == {
-        "provisioner_name": "gpusession-provisioner", "config": {"type": "t4", "idle": "10m"}}
+        "provisioner_name": "gpusession-provisioner",
+        "config": {"type": "t4", "idle": "10m"},
+    }
     assert (jupyter_dirs / "kernels" / "gpusession-t4" / "logo-64x64.png").exists()
 
-    code, out, err = _gpusession("kernelspec", "install", "--type", "a100:8", "--backend", "docker",
-                                 "--image", "my/image:1", "--gpu-only", capsys=capsys)
+    code, out, err = _gpusession(
+        "kernelspec",
+        "install",
+        "--type",
+        "a100:8",
+        "--backend",
+        "docker",
+        "--image",
+        "my/image:1",
+        "--gpu-only",
+        capsys=capsys,
+    )
     assert code == 0, err
-    assert "gpusession-a100-8-docker-my-image-1 (Python 3 (GPU · 8 x A100 · docker · my/image:1))" in out
+    assert (
+        "gpusession-a100-8-docker-my-image-1 (Python 3 (GPU · 8 x A100 · docker · my/image:1))"
+        in out
+    )
 
     from jupyter_client.kernelspec import KernelSpecManager
 
@@ -69,8 +86,10 @@ def test_kernelspec_install_list_remove(jupyter_dirs, capsys):
     code, out, err = _gpusession("kernelspec", "list", capsys=capsys)
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0].startswith("gpusession-a100-8-docker-my-image-1  Python 3 (GPU · 8 x A100 · docker · my/image:1)  "
-                               "[--type a100:8 --backend docker --image my/image:1 --gpu-only]")
+    assert lines[0].startswith(
+        "gpusession-a100-8-docker-my-image-1  Python 3 (GPU · 8 x A100 · docker · my/image:1)  "
+        "[--type a100:8 --backend docker --image my/image:1 --gpu-only]"
+    )
     assert lines[1].startswith("gpusession-t4  Python 3 (GPU · T4)  [--type t4 --idle 10m]")
 
     code, out, err = _gpusession("kernelspec", "remove", "gpusession-t4", capsys=capsys)
@@ -78,13 +97,28 @@ def test_kernelspec_install_list_remove(jupyter_dirs, capsys):
     assert "gpusession-t4" not in KernelSpecManager().find_kernel_specs()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["install", "--type", "t5"], "gpusession kernelspec: --type: unknown GPU type 't5'"),
-    (["install", "--type", "t4", "--idle", "abc"], "gpusession kernelspec: --idle: bad idle timeout 'abc'"),
-    (["install", "--type", "t4", "--backend", "nowhere"], "gpusession kernelspec: --backend: unknown backend 'nowhere'"),
-    (["install", "--type", "t4", "--name", "my kernel"], "gpusession kernelspec: kernelspec name 'my kernel': use letters"),
-    (["remove", "nothing-here"], "gpusession kernelspec: no gpusession kernelspec named 'nothing-here'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["install", "--type", "t5"], "gpusession kernelspec: --type: unknown GPU type 't5'"),
+        (
+            ["install", "--type", "t4", "--idle", "abc"],
+            "gpusession kernelspec: --idle: bad idle timeout 'abc'",
+        ),
+        (
+            ["install", "--type", "t4", "--backend", "nowhere"],
+            "gpusession kernelspec: --backend: unknown backend 'nowhere'",
+        ),
+        (
+            ["install", "--type", "t4", "--name", "my kernel"],
+            "gpusession kernelspec: kernelspec name 'my kernel': use letters",
+        ),
+        (
+            ["remove", "nothing-here"],
+            "gpusession kernelspec: no gpusession kernelspec named 'nothing-here'",
+        ),
+    ],
+)
 def test_kernelspec_mistakes_are_one_line(jupyter_dirs, capsys, argv, message):
     code, out, err = _gpusession("kernelspec", *argv, capsys=capsys)
     assert code == 1
@@ -96,10 +130,14 @@ def test_kernelspec_mistakes_are_one_line(jupyter_dirs, capsys, argv, message):
 def test_kernelspec_remove_refuses_other_kernels(jupyter_dirs, capsys):
     other = jupyter_dirs / "kernels" / "plain"
     other.mkdir(parents=True)
-    (other / "kernel.json").write_text(json.dumps({"argv": ["python3"], "display_name": "Plain", "language": "python"}))
+    (other / "kernel.json").write_text(
+        json.dumps({"argv": ["python3"], "display_name": "Plain", "language": "python"})
+    )
     code, out, err = _gpusession("kernelspec", "remove", "plain", capsys=capsys)
     assert code == 1
-    assert err.startswith("gpusession kernelspec: kernelspec 'plain' is not a gpusession kernelspec")
+    assert err.startswith(
+        "gpusession kernelspec: kernelspec 'plain' is not a gpusession kernelspec"
+    )
     assert other.exists()
 
 
@@ -114,10 +152,14 @@ def _runtime(manager, session_id: str) -> dict:
     return json.loads((state_dir / "runtime.json").read_text())
 
 
-async def test_a_kernel_is_a_session_restart_keeps_it_shutdown_stops_it(jupyter_dirs, manager, capsys):
+async def test_a_kernel_is_a_session_restart_keeps_it_shutdown_stops_it(
+    jupyter_dirs, manager, capsys
+):
     from jupyter_client.manager import AsyncKernelManager
 
-    assert _gpusession("kernelspec", "install", "--type", "t4", "--idle", "10m", capsys=capsys)[0] == 0
+    assert (
+        _gpusession("kernelspec", "install", "--type", "t4", "--idle", "10m", capsys=capsys)[0] == 0
+    )
     km = AsyncKernelManager(kernel_name="gpusession-t4")
     t0 = time.monotonic()
     await km.start_kernel()
@@ -143,7 +185,10 @@ async def test_a_kernel_is_a_session_restart_keeps_it_shutdown_stops_it(jupyter_
         t1 = time.monotonic()
         await km.interrupt_kernel()
         reply = await _reply(kc, msg_id, timeout=15)
-        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        assert (
+            reply["content"]["status"] == "error"
+            and reply["content"]["ename"] == "KeyboardInterrupt"
+        )
         interrupt_s = time.monotonic() - t1
 
         # restart: a fresh kernel in the same session
@@ -174,8 +219,10 @@ async def test_a_kernel_is_a_session_restart_keeps_it_shutdown_stops_it(jupyter_
     assert ended.resource["stop_reason"]["by"] == "JupyterLab kernel shutdown"
     assert not alive(first["pid"]) and not alive(second["kernel_pid"])
     assert not await km.is_alive()
-    print(f"start {started_s:.1f}s, interrupt {interrupt_s:.1f}s, restart {restart_s:.1f}s, "
-          f"shutdown {shutdown_s:.1f}s")
+    print(
+        f"start {started_s:.1f}s, interrupt {interrupt_s:.1f}s, restart {restart_s:.1f}s, "
+        f"shutdown {shutdown_s:.1f}s"
+    )
 
 
 async def _wait_busy(kc, msg_id: str, timeout: float = 15) -> None:
@@ -203,7 +250,9 @@ async def _reply(kc, msg_id: str, timeout: float) -> dict:
     raise AssertionError(f"no reply within {timeout}s")
 
 
-async def test_a_session_stopped_elsewhere_is_a_dead_kernel_that_does_not_come_back(jupyter_dirs, manager, capsys):
+async def test_a_session_stopped_elsewhere_is_a_dead_kernel_that_does_not_come_back(
+    jupyter_dirs, manager, capsys
+):
     """The sidebar (or the idle watchdog) stops the session: the kernel manager finds the kernel
     dead, and its automatic restart starts no new paid session."""
     from jupyter_client.manager import AsyncKernelManager
@@ -215,7 +264,9 @@ async def test_a_session_stopped_elsewhere_is_a_dead_kernel_that_does_not_come_b
         [record] = manager.list()
         manager.stop(record.id, by="the sidebar")
         assert not await km.is_alive()
-        await km.restart_kernel(now=True)  # what the kernel manager's restarter does with a dead kernel
+        await km.restart_kernel(
+            now=True
+        )  # what the kernel manager's restarter does with a dead kernel
         assert not await km.is_alive()
         assert [r.id for r in manager.list()] == [record.id]
         assert manager.get(record.id).state == State.STOPPED
@@ -239,14 +290,18 @@ def test_a_kernel_that_does_not_go_is_ended_by_the_agent(manager, monkeypatch):
     assert manager.get(session.id).state == State.RUNNING
 
 
-async def test_an_idle_stop_leaves_the_kernel_dead_and_starts_nothing(jupyter_dirs, manager, capsys):
+async def test_an_idle_stop_leaves_the_kernel_dead_and_starts_nothing(
+    jupyter_dirs, manager, capsys
+):
     """Closing the tab leaves the idle watchdog in charge: it stops the session, and the
     server's kernel restarter (what JupyterLab's server runs) finds the kernel dead, tries its
     restarts, none of which starts a session, and gives up: the kernel is reported dead."""
     from jupyter_client.ioloop import AsyncIOLoopKernelManager
     from traitlets.config import Config
 
-    assert _gpusession("kernelspec", "install", "--type", "t4", "--idle", "3s", capsys=capsys)[0] == 0
+    assert (
+        _gpusession("kernelspec", "install", "--type", "t4", "--idle", "3s", capsys=capsys)[0] == 0
+    )
     config = Config({"KernelRestarter": {"time_to_dead": 0.5, "restart_limit": 2}})
     km = AsyncIOLoopKernelManager(kernel_name="gpusession-t4", config=config)
     await km.start_kernel()
@@ -264,7 +319,9 @@ async def test_an_idle_stop_leaves_the_kernel_dead_and_starts_nothing(jupyter_di
     assert [r.id for r in manager.list()] == [record.id]
 
 
-async def test_a_restart_asked_for_after_the_session_ended_starts_a_new_one(jupyter_dirs, manager, capsys):
+async def test_a_restart_asked_for_after_the_session_ended_starts_a_new_one(
+    jupyter_dirs, manager, capsys
+):
     """JupyterLab's restart button on a kernel whose session was stopped: someone asked for a
     kernel, so a new session starts (only an explicit restart does that)."""
     from jupyter_client.manager import AsyncKernelManager

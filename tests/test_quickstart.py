@@ -9,8 +9,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_quickstart_notebook_runs_end_to_end(nb_env, tmp_path):
-    nb = execute_notebook(ROOT / "notebooks" / "quickstart.ipynb", env=nb_env, timeout=180, cwd=str(tmp_path))
-    texts = {c.source.splitlines()[0] if c.source else "": output_text(c) for c in nb.cells if c.cell_type == "code"}
+    nb = execute_notebook(
+        ROOT / "notebooks" / "quickstart.ipynb", env=nb_env, timeout=180, cwd=str(tmp_path)
+    )
+    texts = {
+        c.source.splitlines()[0] if c.source else "": output_text(c)
+        for c in nb.cells
+        if c.cell_type == "code"
+    }
     joined = "\n".join(output_text(c) for c in nb.cells if c.cell_type == "code")
     remote_pid = int(re.search(r"session kernel: pid (\d+)", joined).group(1))
     local_pid = int(re.search(r"this notebook:  pid (\d+)", joined).group(1))

@@ -24,15 +24,21 @@ async def error(jp_fetch, *path, method="GET", body=None, params=None):
     doc = json.loads(r.body)
     assert set(doc) == {"message"} and isinstance(doc["message"], str), doc
     assert 0 < len(doc["message"]) <= MAX_MESSAGE, doc["message"][:500]
-    assert "--" not in doc["message"], f"a REST message speaks of fields, not flags: {doc['message']}"
+    assert "--" not in doc["message"], (
+        f"a REST message speaks of fields, not flags: {doc['message']}"
+    )
     return r.code, doc["message"]
 
 
 @pytest.mark.parametrize("path", [("sessions",), ("options", "check")])
 async def test_bodies_are_capped_and_parsed_safely(jp_fetch, manager, path):
-    code, message = await error(jp_fetch, *path, method="POST", body='{"a": ' + "[" * 20_000 + "]" * 20_000 + "}")
+    code, message = await error(
+        jp_fetch, *path, method="POST", body='{"a": ' + "[" * 20_000 + "]" * 20_000 + "}"
+    )
     assert code == 400 and "nested too deeply" in message
-    code, message = await error(jp_fetch, *path, method="POST", body=json.dumps({"host": "ssh://" + "a" * 1_000_000}))
+    code, message = await error(
+        jp_fetch, *path, method="POST", body=json.dumps({"host": "ssh://" + "a" * 1_000_000})
+    )
     assert code == 413 and "at most 65,536 bytes" in message
     code, message = await error(jp_fetch, *path, method="POST", body='{"max_cost": NaN}')
     assert code == 400 and "NaN" in message
@@ -45,9 +51,14 @@ async def test_bodies_are_capped_and_parsed_safely(jp_fetch, manager, path):
 
 async def test_long_values_are_named_not_echoed(jp_fetch, manager):
     for field in ("host", "image", "idle", "region", "name", "type", "ssh_cidr"):
-        code, message = await error(jp_fetch, "sessions", method="POST",
-                                    body={"backend": "local", field: "z" * 60_000})
-        assert code == 400 and message.startswith(f"'{field}': ") and "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz" not in message
+        code, message = await error(
+            jp_fetch, "sessions", method="POST", body={"backend": "local", field: "z" * 60_000}
+        )
+        assert (
+            code == 400
+            and message.startswith(f"'{field}': ")
+            and "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz" not in message
+        )
     code, message = await error(jp_fetch, "sessions", method="POST", body={"q" * 60_000: 1})
     assert code == 400 and message.startswith("unknown field(s) qqq") and len(message) < MAX_MESSAGE
     assert manager.list() == []
@@ -63,30 +74,44 @@ async def test_tornados_own_errors_have_the_same_shape(jp_fetch):
 
 
 async def test_no_token_is_403_in_the_same_shape(jp_base_url, http_server_client):
-    r = await http_server_client.fetch(f"{jp_base_url}gpusession/api/sessions".replace("//", "/"), raise_error=False)
+    r = await http_server_client.fetch(
+        f"{jp_base_url}gpusession/api/sessions".replace("//", "/"), raise_error=False
+    )
     assert r.code == 403 and set(json.loads(r.body)) == {"message"}
 
 
-@pytest.mark.parametrize("since, needle", [
-    ("nan", "finite"), ("inf", "finite"), ("-1", "finite"), ("abc", "unix seconds"), ("9" * 5000, "unix seconds"),
-])
+@pytest.mark.parametrize(
+    "since, needle",
+    [
+        ("nan", "finite"),
+        ("inf", "finite"),
+        ("-1", "finite"),
+        ("abc", "unix seconds"),
+        ("9" * 5000, "unix seconds"),
+    ],
+)
 async def test_stats_since_must_be_finite_unix_seconds(jp_fetch, since, needle):
     code, message = await error(jp_fetch, "sessions", "ghost", "stats", params={"since": since})
     assert code == 400 and message.startswith("'since'") and needle in message
 
 
-@pytest.mark.parametrize("body, needle", [
-    ('{"duration": Infinity}', "NaN and Infinity"),
-    ({"duration": "1e999"}, "'duration': keepalive duration must be a finite number"),
-    ({"duration": 1e300}, "'duration': keepalive duration must be at most"),
-    ({"duration": "nan"}, "'duration': keepalive duration must be a finite number"),
-    ({"duration": True}, "'duration': wrong type (boolean)"),
-    ({"duration": {"a": 1}}, "'duration': wrong type (object)"),
-    ({"duration": "1h", "until": 5}, "unknown field(s) until; allowed: duration"),
-    ({"duration": "z" * 60_000}, "'duration': keepalive duration is 60,000 characters long"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ('{"duration": Infinity}', "NaN and Infinity"),
+        ({"duration": "1e999"}, "'duration': keepalive duration must be a finite number"),
+        ({"duration": 1e300}, "'duration': keepalive duration must be at most"),
+        ({"duration": "nan"}, "'duration': keepalive duration must be a finite number"),
+        ({"duration": True}, "'duration': wrong type (boolean)"),
+        ({"duration": {"a": 1}}, "'duration': wrong type (object)"),
+        ({"duration": "1h", "until": 5}, "unknown field(s) until; allowed: duration"),
+        ({"duration": "z" * 60_000}, "'duration': keepalive duration is 60,000 characters long"),
+    ],
+)
 async def test_keepalive_bodies_are_checked_before_the_session_is_looked_up(jp_fetch, body, needle):
-    code, message = await error(jp_fetch, "sessions", "ghost", "keepalive", method="POST", body=body)
+    code, message = await error(
+        jp_fetch, "sessions", "ghost", "keepalive", method="POST", body=body
+    )
     assert code == 400 and needle in message, message
 
 

@@ -55,7 +55,9 @@ print("DIGESTS", repr(_out))
 """
 
 SIZES = {"kb1": 1 << 10, "kb80": 80_000, "mb1": 1 << 20, "mb100": 100 << 20}
-BIG = os.environ.get("GPUSESSION_BENCH_BIG_ARRAY") == "1"  # bench/bench_checkpoint.py --sessions: + 2 GB everywhere
+BIG = (
+    os.environ.get("GPUSESSION_BENCH_BIG_ARRAY") == "1"
+)  # bench/bench_checkpoint.py --sessions: + 2 GB everywhere
 if BIG:
     SIZES["gb2"] = 2_000_000_000  # 2 GB: under the default cap per variable (2 GiB)
 BOUND = "600s" if BIG else "120s"
@@ -79,7 +81,9 @@ def round_trip(manager, spec_for, sizes: dict, *, bound: str = BOUND) -> None:
     finally:
         stopped = manager.stop(first.id, save=True)
     result = stopped.resource["checkpoint"]
-    names = {"arrays", "nested", "frame", "np", "pd", *sizes} - ({"pd"} if before["frame"] is None else set())
+    names = {"arrays", "nested", "frame", "np", "pd", *sizes} - (
+        {"pd"} if before["frame"] is None else set()
+    )
     assert result["committed"] and not result["skipped"], result
     assert result["saved"] + result["imports"] >= len(names) - 1, result
     again = manager.start(spec_for(name="arr2", resume="arrays", save_timeout=bound))
@@ -92,22 +96,32 @@ def round_trip(manager, spec_for, sizes: dict, *, bound: str = BOUND) -> None:
 
 
 def test_arrays_round_trip_on_the_local_backend(manager):
-    round_trip(manager, lambda **o: manager.make_spec("t4", backend="local", idle="off", **o), SIZES)
+    round_trip(
+        manager, lambda **o: manager.make_spec("t4", backend="local", idle="off", **o), SIZES
+    )
 
 
 @pytest.mark.slow
 def test_a_2gb_array_round_trips_on_the_local_backend(manager):
     if BIG:
         pytest.skip("the local backend's round trip has the 2 GB array already")
-    round_trip(manager, lambda **o: manager.make_spec("t4", backend="local", idle="off", **o),
-               {"gb2": 2_000_000_000, "kb1": 1 << 10}, bound="600s")
+    round_trip(
+        manager,
+        lambda **o: manager.make_spec("t4", backend="local", idle="off", **o),
+        {"gb2": 2_000_000_000, "kb1": 1 << 10},
+        bound="600s",
+    )
 
 
 @pytest.mark.docker
 def test_arrays_round_trip_on_the_docker_engine(manager):
     if not image_ready(NUMPY_IMAGE):
         pytest.skip(f"no Docker engine with {NUMPY_IMAGE} (scripts/ci-images.sh build)")
-    round_trip(manager, lambda **o: manager.make_spec("t4", backend="docker", idle="off", image=NUMPY_IMAGE, **o), SIZES)
+    round_trip(
+        manager,
+        lambda **o: manager.make_spec("t4", backend="docker", idle="off", image=NUMPY_IMAGE, **o),
+        SIZES,
+    )
 
 
 @pytest.mark.docker
@@ -123,8 +137,19 @@ def test_arrays_round_trip_on_aws(manager, aws_env, moto_server, tmp_path, monke
     monkeypatch.setenv("GPUSESSION_AWS_ADDRESS_MAP", f"*={MACHINE_IP}")
     platform = FakePlatform(moto_server.url, tmp_path / "platform")
     try:
-        round_trip(manager, lambda **o: manager.make_spec("t4", backend="aws", idle="5m", image=NUMPY_IMAGE,
-                                                          workspace_size="5" if BIG else "1", ssh_cidr="10.201.0.1/32",
-                                                          boot_timeout=120, **o), SIZES)
+        round_trip(
+            manager,
+            lambda **o: manager.make_spec(
+                "t4",
+                backend="aws",
+                idle="5m",
+                image=NUMPY_IMAGE,
+                workspace_size="5" if BIG else "1",
+                ssh_cidr="10.201.0.1/32",
+                boot_timeout=120,
+                **o,
+            ),
+            SIZES,
+        )
     finally:
         platform.close()

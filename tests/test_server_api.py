@@ -45,8 +45,12 @@ async def test_catalog(jp_fetch):
 
 
 async def test_start_list_get_stop(jp_fetch):
-    code, view = await fetch_json(jp_fetch, "sessions", method="POST",
-                                  body={"type": "t4", "backend": "local", "idle": "off", "name": "api1"})
+    code, view = await fetch_json(
+        jp_fetch,
+        "sessions",
+        method="POST",
+        body={"type": "t4", "backend": "local", "idle": "off", "name": "api1"},
+    )
     assert code == 202 and view["name"] == "api1" and view["state"] == "requested"
     view = await wait_state(jp_fetch, view["id"], {"running", "failed"})
     assert view["state"] == "running", view
@@ -64,7 +68,9 @@ async def test_start_list_get_stop(jp_fetch):
 
 
 async def test_sessions_started_elsewhere_show_up(jp_fetch, manager):
-    session = manager.start(manager.make_spec("l4", backend="local", idle="off", name="from-notebook"))
+    session = manager.start(
+        manager.make_spec("l4", backend="local", idle="off", name="from-notebook")
+    )
     _, listing = await fetch_json(jp_fetch, "sessions")
     assert [s["name"] for s in listing["sessions"]] == ["from-notebook"]
     assert listing["sessions"][0]["state"] == "running"
@@ -72,22 +78,28 @@ async def test_sessions_started_elsewhere_show_up(jp_fetch, manager):
     assert manager.get(session.id).state.value == "stopped"
 
 
-@pytest.mark.parametrize("body, needle", [
-    ({"type": 4}, "'type': wrong type (number): expected a string"),
-    ({"type": "t5"}, "'type': unknown GPU type 't5'"),
-    ({"type": "t4", "idle": "abc"}, "'idle': bad idle timeout 'abc'"),
-    ({"type": "t4", "idle": "8d"}, "'idle': idle timeout must be at most 7d"),
-    ({"type": "t4", "max_runtime": "1e999"}, "'max_runtime': max runtime must be a finite number"),
-    ('{"type": "t4", "max_cost": 1e999}', "'max_cost': max cost must be a finite number"),
-    ({"type": "t4", "backend": "nope"}, "'backend': unknown backend 'nope'"),
-    ({"type": "t4", "spot": "yes"}, "'spot': wrong type (string): expected true or false"),
-    ({"type": "t4", "gpu_only": 1}, "'gpu_only': wrong type (number)"),
-    ({"type": "t4", "colour": "red"}, "unknown field(s) colour; allowed: type, backend, name,"),
-    ("not json", "body is not JSON"),
-    ('{"type": "t4", "max_cost": NaN}', "body is not JSON"),
-    ('{"type": "t4", "idle": Infinity}', "body is not JSON"),
-    ("[1, 2]", "JSON object"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ({"type": 4}, "'type': wrong type (number): expected a string"),
+        ({"type": "t5"}, "'type': unknown GPU type 't5'"),
+        ({"type": "t4", "idle": "abc"}, "'idle': bad idle timeout 'abc'"),
+        ({"type": "t4", "idle": "8d"}, "'idle': idle timeout must be at most 7d"),
+        (
+            {"type": "t4", "max_runtime": "1e999"},
+            "'max_runtime': max runtime must be a finite number",
+        ),
+        ('{"type": "t4", "max_cost": 1e999}', "'max_cost': max cost must be a finite number"),
+        ({"type": "t4", "backend": "nope"}, "'backend': unknown backend 'nope'"),
+        ({"type": "t4", "spot": "yes"}, "'spot': wrong type (string): expected true or false"),
+        ({"type": "t4", "gpu_only": 1}, "'gpu_only': wrong type (number)"),
+        ({"type": "t4", "colour": "red"}, "unknown field(s) colour; allowed: type, backend, name,"),
+        ("not json", "body is not JSON"),
+        ('{"type": "t4", "max_cost": NaN}', "body is not JSON"),
+        ('{"type": "t4", "idle": Infinity}', "body is not JSON"),
+        ("[1, 2]", "JSON object"),
+    ],
+)
 async def test_bad_start_bodies_are_400_with_a_message(jp_fetch, manager, body, needle):
     message = await expect_error(jp_fetch, 400, "sessions", method="POST", body=body)
     if needle in ("body is not JSON", "JSON object"):
@@ -96,8 +108,10 @@ async def test_bad_start_bodies_are_400_with_a_message(jp_fetch, manager, body, 
     assert manager.list() == [], "bad input records nothing"
 
 
-CONFIGURED = {"ServerApp": {"jpserver_extensions": {"gpusession": True}},
-              "GpuSessionConfig": {"default_type": "l4", "default_idle": "12m", "default_backend": "local"}}
+CONFIGURED = {
+    "ServerApp": {"jpserver_extensions": {"gpusession": True}},
+    "GpuSessionConfig": {"default_type": "l4", "default_idle": "12m", "default_backend": "local"},
+}
 
 
 @pytest.mark.parametrize("jp_server_config", [CONFIGURED])
@@ -108,12 +122,25 @@ async def test_options_are_the_table_with_the_server_config_applied(gs_home, jp_
     assert code == 200 and set(doc) == {"options", "metrics"}
     assert [o["name"] for o in doc["options"]] == list(NAMES)
     by_name = {o["name"]: o for o in doc["options"]}
-    assert by_name["idle"] == {"name": "idle", "flag": "--idle", "kind": "duration", "label": "Idle stop",
-                               "help": by_name["idle"]["help"], "default": "12m", "backends": None, "choices": None,
-                               "form": True}
+    assert by_name["idle"] == {
+        "name": "idle",
+        "flag": "--idle",
+        "kind": "duration",
+        "label": "Idle stop",
+        "help": by_name["idle"]["help"],
+        "default": "12m",
+        "backends": None,
+        "choices": None,
+        "form": True,
+    }
     assert by_name["type"]["default"] == "l4" and "t4" in by_name["type"]["choices"]
-    assert by_name["backend"]["default"] == "local" and {"local", "docker", "aws"} <= set(by_name["backend"]["choices"])
-    assert by_name["spot"]["default"] is False and by_name["host"]["backends"] == ["docker", "slurm"]
+    assert by_name["backend"]["default"] == "local" and {"local", "docker", "aws"} <= set(
+        by_name["backend"]["choices"]
+    )
+    assert by_name["spot"]["default"] is False and by_name["host"]["backends"] == [
+        "docker",
+        "slurm",
+    ]
     # and a start without those fields takes them
     code, view = await fetch_json(jp_fetch, "sessions", method="POST", body={"name": "dflt"})
     assert code == 202 and (view["gpu_type"], view["backend"]) == ("l4", "local")
@@ -123,16 +150,29 @@ async def test_options_are_the_table_with_the_server_config_applied(gs_home, jp_
 
 
 async def test_options_check_says_what_is_wrong_field_by_field(jp_fetch, manager):
-    code, doc = await fetch_json(jp_fetch, "options", "check", method="POST",
-                                 body={"type": "a100:8", "backend": "local", "idle": "1h30m", "max_cost": 5})
+    code, doc = await fetch_json(
+        jp_fetch,
+        "options",
+        "check",
+        method="POST",
+        body={"type": "a100:8", "backend": "local", "idle": "1h30m", "max_cost": 5},
+    )
     assert code == 200 and doc == {"errors": {}}
     code, doc = await fetch_json(jp_fetch, "options", "check", method="POST", body={})
     assert code == 200 and doc == {"errors": {}}
-    code, doc = await fetch_json(jp_fetch, "options", "check", method="POST",
-                                 body={"type": "t5", "idle": "abc", "spot": "yes", "max_cost": -1, "colour": "red"})
+    code, doc = await fetch_json(
+        jp_fetch,
+        "options",
+        "check",
+        method="POST",
+        body={"type": "t5", "idle": "abc", "spot": "yes", "max_cost": -1, "colour": "red"},
+    )
     errors = doc["errors"]
     assert code == 200 and set(errors) == {"type", "idle", "spot", "max_cost", "colour"}
-    assert errors["idle"] == "bad idle timeout 'abc': write e.g. 90s, 15m, 1h30m (a bare number means minutes) or 'off'"
+    assert (
+        errors["idle"]
+        == "bad idle timeout 'abc': write e.g. 90s, 15m, 1h30m (a bare number means minutes) or 'off'"
+    )
     assert errors["type"].startswith("unknown GPU type 't5'; valid types: t4,")
     assert errors["spot"] == "wrong type (string): expected true or false"
     assert errors["max_cost"] == "max cost must be positive, got -1"
@@ -154,6 +194,10 @@ async def test_no_token_is_403(jp_fetch, jp_base_url, http_server_client, jp_ser
         r = await http_server_client.fetch(url, method=method, body=body, raise_error=False)
         assert r.code == 403, (method, r.code)
     for path, method, body in (("options", "GET", None), ("options/check", "POST", "{}")):
-        r = await http_server_client.fetch(f"{jp_base_url}gpusession/api/{path}".replace("//", "/"), method=method,
-                                           body=body, raise_error=False)
+        r = await http_server_client.fetch(
+            f"{jp_base_url}gpusession/api/{path}".replace("//", "/"),
+            method=method,
+            body=body,
+            raise_error=False,
+        )
         assert r.code == 403, (path, r.code)

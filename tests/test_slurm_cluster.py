@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 from support.procs import wait_dead
-from support.slurm import cancel_all, ensure_cluster, filler_job, slurm, slurm_home, squeue, wait_until
+from support.slurm import (
+    cancel_all,
+    ensure_cluster,
+    filler_job,
+    slurm,
+    slurm_home,
+    squeue,
+    wait_until,
+)
 
 from gpusession.cost import BILLED_FROM, record_billed_seconds
 from gpusession.kernel import OutputSink
@@ -114,34 +122,54 @@ def test_magic_runs_a_cell_on_a_compute_node(cluster, home, gs_home, tmp_path):
     try:
         assert nk.run("%load_ext gpusession").status == "ok"
         filler = filler_job(cluster, "gpu:t4:2")
-        text = run_and_interrupt_on(nk, f"%gpu start --backend slurm --host {cluster['url']} --type t4 "
-                                    f"--python {sys.executable} --name waiting", "PENDING (Resources)")
+        text = run_and_interrupt_on(
+            nk,
+            f"%gpu start --backend slurm --host {cluster['url']} --type t4 "
+            f"--python {sys.executable} --name waiting",
+            "PENDING (Resources)",
+        )
         assert "waits: PENDING (Resources), position 1 in the queue" in text, text
-        assert "start of waiting interrupted (" in text and "); nothing is left running" in text, text
+        assert "start of waiting interrupted (" in text and "); nothing is left running" in text, (
+            text
+        )
         waited = Store(gs_home / "sessions.sqlite3").get("waiting")
         assert waited.state == State.FAILED and squeue(cluster, waited.resource["job_id"]) == []
         slurm(cluster, "scancel", filler)
         wait_until(lambda: not squeue(cluster), 30, "the filler job to end")
 
-        start = nk.run(f"%gpu start --backend slurm --host {cluster['url']} --type t4:2 --python {sys.executable} "
-                       "--idle off --name onnode --partition gpu", timeout=180)
+        start = nk.run(
+            f"%gpu start --backend slurm --host {cluster['url']} --type t4:2 --python {sys.executable} "
+            "--idle off --name onnode --partition gpu",
+            timeout=180,
+        )
         assert start.status == "ok", start.text
         assert "submitting: sbatch --gres=gpu:t4:2 --partition=gpu" in start.text
         assert "running: session onnode is ready" in start.text
         record = Store(gs_home / "sessions.sqlite3").get("onnode")
         job_id = record.resource["job_id"]
         [job] = squeue(cluster, job_id)
-        assert (job["state"], job["nodes"], job["name"]) == ("RUNNING", "n1", f"gpusession-onnode-{record.id[:8]}")
-        assert job["comment"] == f"gpusession:{Store(gs_home / 'sessions.sqlite3').store_id}:{record.id}"
+        assert (job["state"], job["nodes"], job["name"]) == (
+            "RUNNING",
+            "n1",
+            f"gpusession-onnode-{record.id[:8]}",
+        )
+        assert (
+            job["comment"]
+            == f"gpusession:{Store(gs_home / 'sessions.sqlite3').store_id}:{record.id}"
+        )
 
-        run = nk.run("%%gpu\nimport os\nprint(os.environ['SLURMD_NODENAME'], os.environ['SLURM_JOB_ID'], 6 * 7)")
+        run = nk.run(
+            "%%gpu\nimport os\nprint(os.environ['SLURMD_NODENAME'], os.environ['SLURM_JOB_ID'], 6 * 7)"
+        )
         assert run.status == "ok", run.text
         assert run.text.split() == ["n1", job_id, "42"]
 
         # the kernel listens on the node's loopback only: not at the node's address from here
         info = json.loads(Path(record.resource["session_dir"], "state", "kernel.json").read_text())
         with pytest.raises(OSError):
-            socket.create_connection((cluster["nodes"]["n1"], info["shell_port"]), timeout=2).close()
+            socket.create_connection(
+                (cluster["nodes"]["n1"], info["shell_port"]), timeout=2
+            ).close()
         # the node's host key came from the job and was pinned: no known_hosts entry for it
         assert record.resource["host_keys"][0].startswith("ssh-ed25519 ")
         assert cluster["nodes"]["n1"] not in Path(home, ".ssh", "known_hosts").read_text()
@@ -163,14 +191,18 @@ def test_a_request_for_more_gpus_than_are_free_waits_then_starts(cluster, home, 
 
     def second() -> None:
         try:
-            result["session"] = manager.start(slurm_spec(manager, cluster, "t4", name="second", price_per_gpu_hour="36"),
-                                              report=lines.append)
+            result["session"] = manager.start(
+                slurm_spec(manager, cluster, "t4", name="second", price_per_gpu_hour="36"),
+                report=lines.append,
+            )
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             result["error"] = exc
 
     thread = threading.Thread(target=second, daemon=True)
     thread.start()
-    waiting = wait_until(lambda: [line for line in lines if "PENDING (Resources)" in line], 30, "the queue state")
+    waiting = wait_until(
+        lambda: [line for line in lines if "PENDING (Resources)" in line], 30, "the queue state"
+    )
     assert "position 1 in the queue" in waiting[0], waiting
     time.sleep(2)
     assert thread.is_alive() and "session" not in result, (lines, result)
@@ -185,8 +217,12 @@ def test_a_request_for_more_gpus_than_are_free_waits_then_starts(cluster, home, 
     assert "session" in result, (lines, result)
     session = result["session"]
     record = manager.get("second")
-    assert record_billed_seconds(record) < time.time() - record.created_at - queued_for + 1  # from the job's start
-    assert record_billed_seconds(record) == pytest.approx(time.time() - record.resource[BILLED_FROM], abs=1)
+    assert (
+        record_billed_seconds(record) < time.time() - record.created_at - queued_for + 1
+    )  # from the job's start
+    assert record_billed_seconds(record) == pytest.approx(
+        time.time() - record.resource[BILLED_FROM], abs=1
+    )
     assert cell(session, "import os; print(os.environ['SLURMD_NODENAME'])").strip() == "n1"
     assert any("job " + job_id + " is running on n1" in line for line in lines), lines
     manager.stop(session.id)
@@ -211,15 +247,24 @@ def test_ctrl_c_while_queued_cancels_the_job(cluster, home, manager):
 def test_idle_stop_ends_the_job_and_frees_the_node(cluster, home, manager):
     """The runtime's idle stop ends the job from inside: squeue is empty, the node idle again.
     The catalog's a100 is the cluster's a100_40g (--gres-type), which only n2 has."""
-    session = manager.start(slurm_spec(manager, cluster, "a100", name="idler", idle="10s", gres_type="a100=a100_40g"))
+    session = manager.start(
+        slurm_spec(manager, cluster, "a100", name="idler", idle="10s", gres_type="a100=a100_40g")
+    )
     job_id = session.record.resource["job_id"]
     assert node_of(cluster, job_id) == "n2"
-    assert "TresPerNode=gres:gpu:a100_40g:1" in slurm(cluster, "scontrol", "-o", "show", "job", job_id)
+    assert "TresPerNode=gres:gpu:a100_40g:1" in slurm(
+        cluster, "scontrol", "-o", "show", "job", job_id
+    )
     assert cell(session, "import os; print(os.environ['SLURMD_NODENAME'])").strip() == "n2"
 
     wait_until(lambda: squeue(cluster, job_id) == [], 60, "the idle job to end")
     # the allocation is freed: nothing of n2 is allocated any more
-    wait_until(lambda: "State=IDLE " in slurm(cluster, "scontrol", "-o", "show", "node", "n2"), 20, "n2 to be idle", 1.0)
+    wait_until(
+        lambda: "State=IDLE " in slurm(cluster, "scontrol", "-o", "show", "node", "n2"),
+        20,
+        "n2 to be idle",
+        1.0,
+    )
     assert "CPUAlloc=0 " in slurm(cluster, "scontrol", "-o", "show", "node", "n2")
     record = manager.refresh_state(session.id)
     assert record.state == State.STOPPED and record.stop_reason.kind is StopKind.IDLE
@@ -233,14 +278,22 @@ def test_gc_cancels_the_job_of_a_start_whose_process_died(cluster, home, gs_home
     script = textwrap.dedent(f"""
         from gpusession.session import SessionManager
         m = SessionManager()
-        m.start(m.make_spec("t4", backend="slurm", host={cluster['url']!r}, python={sys.executable!r}, name="orphan"))
+        m.start(m.make_spec("t4", backend="slurm", host={cluster["url"]!r}, python={sys.executable!r}, name="orphan"))
     """)
     log = gs_home / "starter.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script],
+            env=dict(os.environ),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
-        job_id = wait_until(lambda: _saved_job(manager, "orphan") or (proc.poll() is not None and log.read_text()),
-                            60, "the job to be submitted")
+        job_id = wait_until(
+            lambda: _saved_job(manager, "orphan") or (proc.poll() is not None and log.read_text()),
+            60,
+            "the job to be submitted",
+        )
         assert job_id.isdigit(), f"the starter ended: {job_id}"
         wait_until(lambda: squeue(cluster, job_id), 10, "the job in the queue")
     finally:
@@ -276,14 +329,17 @@ def test_a_job_ended_by_its_time_limit_is_recorded_as_such(cluster, home, manage
     wait_until(lambda: squeue(cluster, job_id) == [], 60, "Slurm to end the job at its time limit")
     ended = slurm(cluster, "scontrol", "-o", "show", "job", job_id)
     assert "JobState=TIMEOUT Reason=TimeLimit" in ended
-    assert "TimeLimit=00:01:00" in ended  # Slurm moved the limit to the end it set (rounded up to minutes)
+    assert (
+        "TimeLimit=00:01:00" in ended
+    )  # Slurm moved the limit to the end it set (rounded up to minutes)
 
     record = manager.refresh_state(session.id)
     assert record.state == State.STOPPED
     assert record.stop_reason.kind is StopKind.TIME_LIMIT, record.stop_reason
     assert record.stop_reason.max_runtime_s == 60
     assert describe_stop("limited", record.stop_reason) == (
-        "session limited ended: the cluster ended its job at the job's time limit (1m00s)")
+        "session limited ended: the cluster ended its job at the job's time limit (1m00s)"
+    )
     assert_summary(record)
 
 
@@ -291,23 +347,37 @@ def test_a_python_without_ipykernel_fails_the_start_saying_what_to_install(clust
     from gpusession.errors import StageError
 
     with pytest.raises(StageError) as failed:
-        manager.start(slurm_spec(manager, cluster, "t4", name="nokernel", python="/nonexistent/python3"))
-    assert "could not start the session: environment: /nonexistent/python3 cannot import ipykernel" in str(failed.value)
+        manager.start(
+            slurm_spec(manager, cluster, "t4", name="nokernel", python="/nonexistent/python3")
+        )
+    assert (
+        "could not start the session: environment: /nonexistent/python3 cannot import ipykernel"
+        in str(failed.value)
+    )
     record = manager.get("nokernel")
     assert record.state == State.FAILED
     assert squeue(cluster, record.resource["job_id"]) == []
 
 
-def test_an_image_on_a_cluster_without_a_container_runtime_fails_before_submitting(cluster, home, manager):
+def test_an_image_on_a_cluster_without_a_container_runtime_fails_before_submitting(
+    cluster, home, manager
+):
     """The test cluster has no apptainer, singularity or pyxis (Debian packages none): --image
     fails in one line naming what is missing, and nothing reaches the queue."""
     from gpusession.errors import StageError
 
     before = slurm(cluster, "squeue", "-h", "-o", "%i", "--states=all")
     with pytest.raises(StageError) as failed:
-        manager.start(slurm_spec(manager, cluster, "t4", name="boxed", image="nvcr.io/nvidia/pytorch:24.01-py3"))
+        manager.start(
+            slurm_spec(
+                manager, cluster, "t4", name="boxed", image="nvcr.io/nvidia/pytorch:24.01-py3"
+            )
+        )
     (line,) = str(failed.value).splitlines()
-    assert "--image nvcr.io/nvidia/pytorch:24.01-py3: the cluster ssh://root@10.210.0.10 has no container runtime" in line
+    assert (
+        "--image nvcr.io/nvidia/pytorch:24.01-py3: the cluster ssh://root@10.210.0.10 has no container runtime"
+        in line
+    )
     assert "start without --image" in line
     record = manager.get("boxed")
     assert record.state == State.FAILED and "job_id" not in record.resource
@@ -321,8 +391,13 @@ def test_the_agent_reads_only_the_gpus_slurm_gave_the_job(cluster, home, manager
     hold GPU 1 alone, idle."""
     filler_job(cluster, "gpu:t4:1")
     recording = Path(__file__).parent / "data" / "nvml_four_a100.json"
-    session = manager.start(slurm_spec(manager, cluster, "t4", name="visible", nvml_replay=str(recording)))
-    shown = cell(session, "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ.get('SLURM_JOB_GPUS'))")
+    session = manager.start(
+        slurm_spec(manager, cluster, "t4", name="visible", nvml_replay=str(recording))
+    )
+    shown = cell(
+        session,
+        "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ.get('SLURM_JOB_GPUS'))",
+    )
     assert shown.split() == ["1", "1"], shown  # the kernel's environment is the agent's
     samples = wait_until(lambda: session.stats().get("samples"), 20, "the agent's samples")
     gpus = samples[-1]["gpus"]
@@ -336,12 +411,18 @@ def test_gc_cancels_a_job_whose_session_is_gone(cluster, home, manager):
     session = manager.start(slurm_spec(manager, cluster, "t4", name="leftover"))
     job_id = session.record.resource["job_id"]
     manager.close()  # this process lets go; the job runs on
-    manager.store.transition(session.id, State.STOPPED, "recorded stopped, but the job was never cancelled")
+    manager.store.transition(
+        session.id, State.STOPPED, "recorded stopped, but the job was never cancelled"
+    )
     foreign = filler_job(cluster, "gpu:a100_40g:1")  # no comment of ours
 
-    assert [(a.verb, a.why) for a in manager.gc(dry_run=True)] == [("remove", "session leftover is stopped")]
+    assert [(a.verb, a.why) for a in manager.gc(dry_run=True)] == [
+        ("remove", "session leftover is stopped")
+    ]
     assert squeue(cluster, job_id)[0]["state"] == "RUNNING"
     actions = manager.gc()
-    assert [a.verb for a in actions] == ["remove"] and f"Slurm job {job_id} (gpusession-leftover-" in actions[0].target
+    assert [a.verb for a in actions] == [
+        "remove"
+    ] and f"Slurm job {job_id} (gpusession-leftover-" in actions[0].target
     assert squeue(cluster, job_id) == []
     assert [j["id"] for j in squeue(cluster)] == [foreign]

@@ -18,13 +18,24 @@ from gpusession.errors import BadInput
 from gpusession.models import LaunchSpec, SessionRecord, State
 from gpusession.protocol import StopDetails, StopKind, StopReason
 
-PATHS = jobs.JobPaths(session_dir="/home/me/.gpusession/slurm/abc123", runtime_dir="/home/me/.gpusession/runtime/v1")
+PATHS = jobs.JobPaths(
+    session_dir="/home/me/.gpusession/slurm/abc123", runtime_dir="/home/me/.gpusession/runtime/v1"
+)
 
 
 def record(gpu="t4", count=2, **spec_values) -> SessionRecord:
-    spec = LaunchSpec(gpu_type=gpu, gpu_count=count, backend="slurm", host="ssh://me@login", **spec_values)
-    return SessionRecord(id="abc123" + "0" * 26, name="t4-1", spec=spec, state=State.PROVISIONING, created_at=0.0,
-                         updated_at=0.0, owner="me@here:1")
+    spec = LaunchSpec(
+        gpu_type=gpu, gpu_count=count, backend="slurm", host="ssh://me@login", **spec_values
+    )
+    return SessionRecord(
+        id="abc123" + "0" * 26,
+        name="t4-1",
+        spec=spec,
+        state=State.PROVISIONING,
+        created_at=0.0,
+        updated_at=0.0,
+        owner="me@here:1",
+    )
 
 
 def settings(**extra) -> jobs.JobSettings:
@@ -38,8 +49,14 @@ def test_gres_types_map_the_catalog_to_the_cluster():
     assert settings().gres_type("a100") == "a100"
     assert settings(gres_type="tesla_t4").gres_type("t4") == "tesla_t4"
     mapped = settings(gres_type="a100=a100_40g, t4=tesla_t4")
-    assert (mapped.gres_type("a100"), mapped.gres_type("t4"), mapped.gres_type("h100")) == ("a100_40g", "tesla_t4", "h100")
-    assert settings(gres_type="a100-40gb=a100_40g").gres_type("a100") == "a100_40g"  # catalog aliases resolve
+    assert (mapped.gres_type("a100"), mapped.gres_type("t4"), mapped.gres_type("h100")) == (
+        "a100_40g",
+        "tesla_t4",
+        "h100",
+    )
+    assert (
+        settings(gres_type="a100-40gb=a100_40g").gres_type("a100") == "a100_40g"
+    )  # catalog aliases resolve
     assert settings(gres_type="none").gres_type("t4") == ""
     with pytest.raises(BadInput, match="unknown GPU type 'k80'"):
         settings(gres_type="k80=tesla_k80")
@@ -47,13 +64,16 @@ def test_gres_types_map_the_catalog_to_the_cluster():
         settings(gres_type="a100=a100;rm")
 
 
-@pytest.mark.parametrize("flags, problem", [
-    ("--output=/tmp/x", "sets that one itself"),
-    ("-J other", "sets that one itself"),
-    ("--comment hi", "sets that one itself"),
-    ("hostname", "flags only"),
-    ("--constraint='ib", "No closing quotation"),
-])
+@pytest.mark.parametrize(
+    "flags, problem",
+    [
+        ("--output=/tmp/x", "sets that one itself"),
+        ("-J other", "sets that one itself"),
+        ("--comment hi", "sets that one itself"),
+        ("hostname", "flags only"),
+        ("--constraint='ib", "No closing quotation"),
+    ],
+)
 def test_sbatch_flags_that_would_break_the_session_are_refused(flags, problem):
     with pytest.raises(BadInput, match=problem):
         settings(sbatch_args=flags)
@@ -68,7 +88,9 @@ def test_words_are_checked():
 
 def test_a_clusters_defaults_fill_what_is_not_given(tmp_path):
     path = tmp_path / "slurm.json"
-    path.write_text('{"login.example.org": {"partition": "gpu", "gres_type": "a100=a100_40g", "price_per_gpu_hour": "$1.50"}}')
+    path.write_text(
+        '{"login.example.org": {"partition": "gpu", "gres_type": "a100=a100_40g", "price_per_gpu_hour": "$1.50"}}'
+    )
     cluster = jobs.load_cluster_defaults(path, "ssh://me@login.example.org:2222")
     s = jobs.read_settings({"partition": "debug"}, cluster, catalog=load_catalog())
     assert (s.partition, s.gres_type("a100"), s.price_per_gpu_hour) == ("debug", "a100_40g", 1.5)
@@ -84,35 +106,75 @@ def test_a_clusters_defaults_fill_what_is_not_given(tmp_path):
 
 def test_the_sbatch_line():
     rec = record("a100", 2, max_runtime_s=3600.0)
-    cmd = jobs.sbatch_command(rec, settings(gres_type="a100=a100_40g", partition="gpu", account="proj",
-                                            sbatch_args="--mem=32G --constraint=ib"), PATHS, "store1")
-    assert cmd == ["sbatch", "--parsable", "--job-name=gpusession-t4-1-abc12300",
-                   f"--comment=gpusession:store1:{rec.id}", f"--output={PATHS.output}", "--gres=gpu:a100_40g:2",
-                   "--time=61", "--partition=gpu", "--account=proj", "--mem=32G", "--constraint=ib"]
-    assert "--gres=gpu:1" in jobs.sbatch_command(record("t4", 1), settings(gres_type="none"), PATHS, "s")
+    cmd = jobs.sbatch_command(
+        rec,
+        settings(
+            gres_type="a100=a100_40g",
+            partition="gpu",
+            account="proj",
+            sbatch_args="--mem=32G --constraint=ib",
+        ),
+        PATHS,
+        "store1",
+    )
+    assert cmd == [
+        "sbatch",
+        "--parsable",
+        "--job-name=gpusession-t4-1-abc12300",
+        f"--comment=gpusession:store1:{rec.id}",
+        f"--output={PATHS.output}",
+        "--gres=gpu:a100_40g:2",
+        "--time=61",
+        "--partition=gpu",
+        "--account=proj",
+        "--mem=32G",
+        "--constraint=ib",
+    ]
+    assert "--gres=gpu:1" in jobs.sbatch_command(
+        record("t4", 1), settings(gres_type="none"), PATHS, "s"
+    )
     assert jobs.time_limit_minutes(None) is None and jobs.time_limit_minutes(90) == 3
     assert jobs.comment_session(f"gpusession:store1:{rec.id}", "store1") == rec.id
     assert jobs.comment_session(f"gpusession:store2:{rec.id}", "store1") is None
 
 
-@pytest.mark.parametrize("image, container", [(None, "auto"), ("nvcr.io/nvidia/pytorch:24.01-py3", "auto"),
-                                              ("img:1", "apptainer"), ("img:1", "pyxis")])
+@pytest.mark.parametrize(
+    "image, container",
+    [
+        (None, "auto"),
+        ("nvcr.io/nvidia/pytorch:24.01-py3", "auto"),
+        ("img:1", "apptainer"),
+        ("img:1", "pyxis"),
+    ],
+)
 def test_the_batch_script_is_valid_shell(image, container, tmp_path):
     rec = record(image=image)
-    text = jobs.batch_script(rec, settings(container=container, modules="cuda/12", conda_env="torch"), PATHS)
+    text = jobs.batch_script(
+        rec, settings(container=container, modules="cuda/12", conda_env="torch"), PATHS
+    )
     path = tmp_path / "job.sh"
     path.write_text(text)
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0, text
-    assert "GPUSESSION_HOSTKEY" in text and "module load cuda/12" in text and "conda activate torch" in text
+    assert (
+        "GPUSESSION_HOSTKEY" in text
+        and "module load cuda/12" in text
+        and "conda activate torch" in text
+    )
     assert f"export GPUSESSION_SESSION_ID={rec.id}" in text
     # the kernel on unix sockets in the job's 0700 state folder, no loopback port another user reaches
-    assert "--kernel-ip /home/me/.gpusession/slurm/abc123/state/k --kernel-ports 0 --agent-port 0 --idle 1800s" in text
+    assert (
+        "--kernel-ip /home/me/.gpusession/slurm/abc123/state/k --kernel-ports 0 --agent-port 0 --idle 1800s"
+        in text
+    )
     if image is None:
         assert "exec python3 -m gpusession.agent run" in text
     if container == "pyxis":
         assert "srun --overlap --ntasks=1 --container-image=img:1" in text
     if image and container == "auto":
-        assert "apptainer exec --nv --bind" in text and "docker://nvcr.io/nvidia/pytorch:24.01-py3" in text
+        assert (
+            "apptainer exec --nv --bind" in text
+            and "docker://nvcr.io/nvidia/pytorch:24.01-py3" in text
+        )
         assert "--container-image='nvcr.io#nvidia/pytorch:24.01-py3'" in text
 
 
@@ -120,15 +182,22 @@ def test_image_references_as_each_runtime_writes_them():
     assert jobs.apptainer_image("ubuntu:22.04") == "docker://ubuntu:22.04"
     assert jobs.apptainer_image("/shared/img.sif") == "/shared/img.sif"
     assert jobs.apptainer_image("oras://reg/img:1") == "oras://reg/img:1"
-    assert jobs.pyxis_image("nvcr.io/nvidia/pytorch:24.01-py3") == "nvcr.io#nvidia/pytorch:24.01-py3"
-    assert jobs.pyxis_image("nvidia/cuda:12.4.1-base-ubuntu22.04") == "nvidia/cuda:12.4.1-base-ubuntu22.04"
+    assert (
+        jobs.pyxis_image("nvcr.io/nvidia/pytorch:24.01-py3") == "nvcr.io#nvidia/pytorch:24.01-py3"
+    )
+    assert (
+        jobs.pyxis_image("nvidia/cuda:12.4.1-base-ubuntu22.04")
+        == "nvidia/cuda:12.4.1-base-ubuntu22.04"
+    )
     assert jobs.pyxis_image("registry:5000/me/img") == "registry:5000#me/img"
 
 
 def test_the_batch_script_reports_a_python_without_ipykernel(tmp_path):
     """Run as Slurm would (bash, on a 'node' that is this machine): a Python that cannot import
     ipykernel gives a FAILED marker saying what to install, and the job ends."""
-    paths = jobs.JobPaths(session_dir=str(tmp_path / "session"), runtime_dir=str(tmp_path / "runtime"))
+    paths = jobs.JobPaths(
+        session_dir=str(tmp_path / "session"), runtime_dir=str(tmp_path / "runtime")
+    )
     text = jobs.batch_script(record(), settings(python=str(tmp_path / "no-such-python")), paths)
     result = subprocess.run(["bash", "-c", text], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 1
@@ -144,9 +213,19 @@ def test_the_runtime_bundle_runs_on_its_own(tmp_path):
         tar.extractall(tmp_path)
     assert "gpusession/agent/runtime.py" in names and not any("labextension" in n for n in names)
     env = {"PYTHONPATH": str(tmp_path), "PATH": os.environ["PATH"]}
-    result = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                             "from gpusession.agent.runtime import build_parser; build_parser()", str(tmp_path)],
-                            capture_output=True, text=True, env=env)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); "
+            "from gpusession.agent.runtime import build_parser; build_parser()",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -155,7 +234,12 @@ def test_the_runtime_bundle_runs_on_its_own(tmp_path):
 
 def test_queue_states():
     pending = states.parse_queue("PENDING|Resources|2027-11-30T21:44:45||gpu\n")
-    assert (pending.waiting, pending.running, pending.ended, pending.reason) == (True, False, False, "Resources")
+    assert (pending.waiting, pending.running, pending.ended, pending.reason) == (
+        True,
+        False,
+        False,
+        "Resources",
+    )
     running = states.parse_queue("RUNNING|None|2026-11-30T21:44:45|n1|gpu")
     assert running.running and running.reason == "" and running.nodes == "n1"
     assert states.parse_queue("TIMEOUT|TimeLimit|2026-11-30T21:44:45|n1|gpu").ended
@@ -165,27 +249,43 @@ def test_queue_states():
     assert states.queue_position(queue, "12") == 3  # 7 and 9 are ahead in gpu; 3 waits elsewhere
     assert states.queue_position(queue, "42") is None
     assert states.first_node("gpu[03-05,07]") == "gpu03" and states.first_node("n1") == "n1"
-    assert states.node_address("NodeName=n1 Arch=x86_64 NodeAddr=10.210.0.11 NodeHostName=n1", "n1") == "10.210.0.11"
+    assert (
+        states.node_address("NodeName=n1 Arch=x86_64 NodeAddr=10.210.0.11 NodeHostName=n1", "n1")
+        == "10.210.0.11"
+    )
 
 
-SCONTROL_TIMEOUT = ("JobId=3 JobName=tl UserId=root(0) JobState=TIMEOUT Reason=TimeLimit Dependency=(null) "
-                    "ExitCode=0:0 RunTime=00:01:13 TimeLimit=00:01:00 StartTime=2026-11-30T21:44:53 "
-                    "EndTime=2026-11-30T21:46:06 Comment=gpusession:s:abc")
+SCONTROL_TIMEOUT = (
+    "JobId=3 JobName=tl UserId=root(0) JobState=TIMEOUT Reason=TimeLimit Dependency=(null) "
+    "ExitCode=0:0 RunTime=00:01:13 TimeLimit=00:01:00 StartTime=2026-11-30T21:44:53 "
+    "EndTime=2026-11-30T21:46:06 Comment=gpusession:s:abc"
+)
 
 
 def test_scontrol_and_sacct_say_how_a_job_ended():
     job = states.parse_scontrol_job(SCONTROL_TIMEOUT)
-    assert (job.state, job.reason, job.elapsed_s, job.time_limit_s) == ("TIMEOUT", "TimeLimit", 73.0, 60.0)
+    assert (job.state, job.reason, job.elapsed_s, job.time_limit_s) == (
+        "TIMEOUT",
+        "TimeLimit",
+        73.0,
+        60.0,
+    )
     assert states.parse_scontrol_job("JobId=3 JobState=RUNNING Reason=None") is None
     assert states.parse_scontrol_job("") is None
     cancelled = states.parse_sacct("4242|CANCELLED by 1000|0:15|95|60|2026-11-30T21:46:06\n")
-    assert (cancelled.state, cancelled.reason, cancelled.time_limit_s) == ("CANCELLED", "by 1000", 3600.0)
+    assert (cancelled.state, cancelled.reason, cancelled.time_limit_s) == (
+        "CANCELLED",
+        "by 1000",
+        3600.0,
+    )
     assert states.parse_sacct("4242|RUNNING|0:0|95|60|Unknown") is None
     assert states.slurm_seconds("1-02:03:04") == 93784 and states.slurm_seconds("UNLIMITED") is None
 
 
 def test_the_scheduler_s_reason_wins_over_the_signal_the_runtime_saw():
-    signal = StopDetails(reason=StopReason(StopKind.SIGNAL, signal=15), at=5.0, summary={"gpu_hours": 0.1})
+    signal = StopDetails(
+        reason=StopReason(StopKind.SIGNAL, signal=15), at=5.0, summary={"gpu_hours": 0.1}
+    )
     timeout = states.combine(states.parse_scontrol_job(SCONTROL_TIMEOUT), signal)
     assert timeout.reason == StopReason(StopKind.TIME_LIMIT, elapsed_s=73.0, max_runtime_s=60.0)
     assert (timeout.at, timeout.summary) == (5.0, {"gpu_hours": 0.1})
@@ -204,10 +304,12 @@ def test_the_words_for_the_scheduler_s_reasons():
     from gpusession.words import stop_reason_text
 
     assert stop_reason_text(StopReason(StopKind.TIME_LIMIT, max_runtime_s=3600)) == (
-        "the cluster ended its job at the job's time limit (1h00m)")
+        "the cluster ended its job at the job's time limit (1h00m)"
+    )
     assert stop_reason_text(StopReason(StopKind.PREEMPTED)) == "the cluster preempted its job"
     assert stop_reason_text(StopReason(StopKind.JOB_ENDED, detail="NODE_FAIL (NodeDown)")) == (
-        "the cluster ended its job: NODE_FAIL (NodeDown)")
+        "the cluster ended its job: NODE_FAIL (NodeDown)"
+    )
 
 
 def test_check_refuses_what_cannot_be_submitted(gs_home):
@@ -217,7 +319,11 @@ def test_check_refuses_what_cannot_be_submitted(gs_home):
     with pytest.raises(BadInput, match="login node"):
         m.create(m.make_spec("t4", backend="slurm"))
     with pytest.raises(BadInput, match="sets that one itself"):
-        m.create(m.make_spec("t4", backend="slurm", host="ssh://me@login", sbatch_args="--output=x"))
-    rec = m.create(m.make_spec("a100:4", backend="slurm", host="ssh://me@login", price_per_gpu_hour="2.5"))
+        m.create(
+            m.make_spec("t4", backend="slurm", host="ssh://me@login", sbatch_args="--output=x")
+        )
+    rec = m.create(
+        m.make_spec("a100:4", backend="slurm", host="ssh://me@login", price_per_gpu_hour="2.5")
+    )
     assert rec.price_per_hour == 10.0
     assert m.create(m.make_spec("t4", backend="slurm", host="ssh://me@login")).price_per_hour == 0.0

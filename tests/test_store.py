@@ -15,7 +15,12 @@ def test_transitions_are_recorded_with_times(tmp_path):
         store.transition(rec.id, state)
     rec = store.get(rec.id)
     assert [e.state for e in rec.events] == [
-        State.REQUESTED, State.PROVISIONING, State.STARTING, State.RUNNING, State.STOPPING, State.STOPPED
+        State.REQUESTED,
+        State.PROVISIONING,
+        State.STARTING,
+        State.RUNNING,
+        State.STOPPING,
+        State.STOPPED,
     ]
     assert all(a.at <= b.at for a, b in zip(rec.events, rec.events[1:]))
     # terminal stays terminal: a late writer cannot revive it
@@ -80,4 +85,6 @@ def test_two_processes_share_one_store_without_losing_records(tmp_path):
         assert [e.state for e in r.events] == expected, r.name
         assert r.resource == {"pid": i, "tag": r.name.split("-")[0]}
     auto = sorted(r.name for r in records if r.spec.gpu_type == "l4")
-    assert auto == sorted(f"l4-{i}" for i in range(1, 41)), "auto names must be unique across processes"
+    assert auto == sorted(f"l4-{i}" for i in range(1, 41)), (
+        "auto names must be unique across processes"
+    )

@@ -37,15 +37,20 @@ def _project(root: Path) -> Path:
 
 
 def _what_is_there() -> str:
-    return ("import os\nprint(sorted(p for p in ['utils.py', 'sub/keep.py', '.gitignore', '.git', 'secret.txt', "
-            "'build', 'sub/run.log'] if os.path.exists(p)))")
+    return (
+        "import os\nprint(sorted(p for p in ['utils.py', 'sub/keep.py', '.gitignore', '.git', 'secret.txt', "
+        "'build', 'sub/run.log'] if os.path.exists(p)))"
+    )
 
 
 def test_notebook_upload_import_download_progress_and_bad_input(notebook, tmp_path):
     proj = _project(tmp_path)
     over = notebook.run(f"%gpu start --backend local --idle off --upload {proj} --upload-max 10B")
     assert over.error["ename"] == "UsageError"
-    assert "--upload" in over.error["evalue"] and "over the 10 B cap; raise it with --upload-max" in over.error["evalue"]
+    assert (
+        "--upload" in over.error["evalue"]
+        and "over the 10 B cap; raise it with --upload-max" in over.error["evalue"]
+    )
     assert "\n" not in over.error["evalue"]
 
     r = notebook.run(f"%gpu start --backend local --idle off --upload {proj}")
@@ -54,16 +59,23 @@ def test_notebook_upload_import_download_progress_and_bad_input(notebook, tmp_pa
     r = notebook.run("%%gpu\nimport utils\nprint(utils.twice(utils.X))\n" + _what_is_there())
     assert r.status == "ok", r.text
     assert "84" in r.text
-    assert "['.gitignore', 'sub/keep.py', 'utils.py']" in r.text, r.text  # no .git, secret, build, log
+    assert "['.gitignore', 'sub/keep.py', 'utils.py']" in r.text, (
+        r.text
+    )  # no .git, secret, build, log
 
     (tmp_path / "data.bin").write_bytes(os.urandom(3_000_000))
     r = notebook.run("%gpu upload data.bin --to inbox")
     assert r.status == "ok", r.text
     assert "upload 100% |####################| 3 MB / 3 MB" in r.text and "MB/s" in r.text, r.text
     assert "uploaded data.bin (1 files, 3 MB) to " in r.text
-    r = notebook.run("%%gpu\nimport hashlib\nopen('result.txt', 'w').write('made in the session')\n"
-                     "print(hashlib.sha256(open('inbox/data.bin', 'rb').read()).hexdigest())")
-    assert r.text.strip() == __import__("hashlib").sha256((tmp_path / "data.bin").read_bytes()).hexdigest()
+    r = notebook.run(
+        "%%gpu\nimport hashlib\nopen('result.txt', 'w').write('made in the session')\n"
+        "print(hashlib.sha256(open('inbox/data.bin', 'rb').read()).hexdigest())"
+    )
+    assert (
+        r.text.strip()
+        == __import__("hashlib").sha256((tmp_path / "data.bin").read_bytes()).hexdigest()
+    )
     r = notebook.run("%gpu download result.txt --to got")
     assert r.status == "ok", r.text
     assert (tmp_path / "got" / "result.txt").read_text() == "made in the session"
@@ -84,7 +96,10 @@ def test_notebook_upload_import_download_progress_and_bad_input(notebook, tmp_pa
     for line, words in bad.items():
         r = notebook.run(line)
         assert r.error is not None and r.error["ename"] == "UsageError", (line, r.text)
-        assert words in r.error["evalue"] and "\n" not in r.error["evalue"], (line, r.error["evalue"])
+        assert words in r.error["evalue"] and "\n" not in r.error["evalue"], (
+            line,
+            r.error["evalue"],
+        )
     r = notebook.run("%%gpu\nprint(utils.X)")  # the session is fine after all that
     assert r.text.strip() == "42"
     r = notebook.run("%gpu help upload")
@@ -94,7 +109,10 @@ def test_notebook_upload_import_download_progress_and_bad_input(notebook, tmp_pa
 @pytest.fixture
 def local_session(manager, gs_home):
     session = manager.start(manager.make_spec("t4", backend="local", idle="30m", name="data"))
-    return session, gs_home / "workspaces" / "data"  # the local kernel works in its workspace folder
+    return (
+        session,
+        gs_home / "workspaces" / "data",
+    )  # the local kernel works in its workspace folder
 
 
 def test_push_counts_as_activity_for_the_idle_watchdog(local_session):
@@ -104,7 +122,9 @@ def test_push_counts_as_activity_for_the_idle_watchdog(local_session):
     assert before >= 2.0
     session.push({"x": b"\0" * 5_000_000})  # no cell runs: only the transfer itself
     deadline = time.monotonic() + 5
-    while (after := session.stats(limit=1)["idle"]["idle_for_s"]) >= before and time.monotonic() < deadline:
+    while (
+        after := session.stats(limit=1)["idle"]["idle_for_s"]
+    ) >= before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert after < 1.5 < before, (before, after)
     assert session.kernel.evaluate("len(x)") == "5000000"
@@ -140,7 +160,9 @@ def test_a_transfer_given_up_leaves_no_thread_in_the_kernel(local_session):
     while session.kernel.evaluate(threads) != before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert session.kernel.evaluate(threads) == before
-    assert session.download(["big.bin"], str(work / "back"))["bytes"] == 40_000_000  # and the next one works
+    assert (
+        session.download(["big.bin"], str(work / "back"))["bytes"] == 40_000_000
+    )  # and the next one works
 
 
 def test_cli_upload_download_and_bad_input(local_session, tmp_path):
@@ -148,16 +170,26 @@ def test_cli_upload_download_and_bad_input(local_session, tmp_path):
     proj = _project(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cli = [sys.executable, "-m", "gpusession"]
-    r = subprocess.run([*cli, "upload", "data", str(proj), "--to", "copy"], capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [*cli, "upload", "data", str(proj), "--to", "copy"], capture_output=True, text=True, env=env
+    )
     assert r.returncode == 0, r.stderr
     assert "uploaded" in r.stdout and "(4 files," in r.stdout, r.stdout
-    assert (work / "copy" / "proj" / "utils.py").exists() and not (work / "copy" / "proj" / ".git").exists()
+    assert (work / "copy" / "proj" / "utils.py").exists() and not (
+        work / "copy" / "proj" / ".git"
+    ).exists()
     (tmp_path / "big.bin").write_bytes(b"\1" * 2_000_000)
-    r = subprocess.run([*cli, "upload", "data", str(tmp_path / "big.bin")], capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [*cli, "upload", "data", str(tmp_path / "big.bin")], capture_output=True, text=True, env=env
+    )
     assert r.returncode == 0 and "upload 100% |" in r.stderr and "MB/s" in r.stderr, r.stderr
     session.run("open('made.txt', 'w').write('from the session')")
-    r = subprocess.run([*cli, "download", "data", "made.txt", "copy", "--to", str(tmp_path / "back")],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [*cli, "download", "data", "made.txt", "copy", "--to", str(tmp_path / "back")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "back" / "made.txt").read_text() == "from the session"
     assert (tmp_path / "back" / "copy" / "proj" / "sub" / "keep.py").read_text() == "Y = 1\n"
@@ -179,8 +211,12 @@ def test_start_tree_over_its_cap_is_refused_before_anything_starts(manager, tmp_
     proj = _project(tmp_path)
     (proj / "weights.bin").write_bytes(b"\0" * 2_000_000)
     with pytest.raises(BadInput) as err:
-        manager.make_spec("t4", backend="local", upload=str(proj), upload_max="1MB", face=options.FLAGS)
-    assert str(err.value).startswith(f"--upload: '{proj}' is 2 MB in 5 files (without .git and what .gitignore")
+        manager.make_spec(
+            "t4", backend="local", upload=str(proj), upload_max="1MB", face=options.FLAGS
+        )
+    assert str(err.value).startswith(
+        f"--upload: '{proj}' is 2 MB in 5 files (without .git and what .gitignore"
+    )
     assert "over the 1 MB cap; raise it with --upload-max (e.g. 4MB)" in str(err.value)
     with pytest.raises(BadInput, match="no such folder here"):
         manager.make_spec("t4", backend="local", upload=str(tmp_path / "none"))
@@ -194,13 +230,19 @@ async def test_rest_start_over_the_cap_is_a_400_naming_fields(jp_fetch, manager,
     body = json.dumps({"backend": "local", "upload": str(proj), "upload_max": "10B"})
     r = await jp_fetch("gpusession", "api", "sessions", method="POST", body=body, raise_error=False)
     message = json.loads(r.body)["message"]
-    assert r.code == 400 and message.startswith("'upload': ") and "raise it with 'upload_max'" in message, message
+    assert (
+        r.code == 400
+        and message.startswith("'upload': ")
+        and "raise it with 'upload_max'" in message
+    ), message
     assert "--" not in message and manager.list() == []
 
 
 # -- the real Docker engine: this machine's, and the ssh:// namespace host ----------------------
 
-docker_test = pytest.mark.skipif(not docker_available(), reason="no Docker engine answers (scripts/ci-host-setup.sh)")
+docker_test = pytest.mark.skipif(
+    not docker_available(), reason="no Docker engine answers (scripts/ci-host-setup.sh)"
+)
 
 
 def _round_trip(session, proj: Path, tmp_path: Path) -> None:
@@ -212,11 +254,18 @@ def _round_trip(session, proj: Path, tmp_path: Path) -> None:
     assert session.pull(["back"])["back"] == blob[::-1]
     r = session.kernel.evaluate("__import__('os').getcwd()")
     done = session.upload([str(proj / "utils.py"), str(proj / "sub")], to="lib")
-    assert done["files"] == 3 and done["dest"].endswith("/lib"), (done, r)  # utils, sub/.gitignore, sub/keep; not run.log
-    session.run("import sys; sys.path.insert(0, 'lib'); import utils; open('lib/out.txt', 'w').write(str(utils.X))")
+    assert done["files"] == 3 and done["dest"].endswith("/lib"), (
+        done,
+        r,
+    )  # utils, sub/.gitignore, sub/keep; not run.log
+    session.run(
+        "import sys; sys.path.insert(0, 'lib'); import utils; open('lib/out.txt', 'w').write(str(utils.X))"
+    )
     got = session.download(["lib/out.txt", "lib/sub"], to=str(tmp_path / "got"))
     assert (tmp_path / "got" / "out.txt").read_text() == "42"
-    assert (tmp_path / "got" / "sub" / "keep.py").exists() and not (tmp_path / "got" / "sub" / "run.log").exists()
+    assert (tmp_path / "got" / "sub" / "keep.py").exists() and not (
+        tmp_path / "got" / "sub" / "run.log"
+    ).exists()
     assert got["files"] == 3
 
 
@@ -226,11 +275,17 @@ def test_docker_session_starts_with_the_folder_and_moves_data(manager, tmp_path,
     monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
     proj = _project(tmp_path)
     lines: list[str] = []
-    session = manager.start(manager.make_spec("t4", backend="docker", idle="off", upload=str(proj)), report=lines.append)
+    session = manager.start(
+        manager.make_spec("t4", backend="docker", idle="off", upload=str(proj)), report=lines.append
+    )
     assert any("upload: 4 files" in line for line in lines), lines
     assert session.kernel.evaluate("__import__('utils').X") == "42"
-    assert session.kernel.evaluate("[__import__('os').path.exists(p) for p in ('.git', 'secret.txt', 'build')]") \
+    assert (
+        session.kernel.evaluate(
+            "[__import__('os').path.exists(p) for p in ('.git', 'secret.txt', 'build')]"
+        )
         == "[False, False, False]"
+    )
     _round_trip(session, proj, tmp_path)
 
 
@@ -238,10 +293,14 @@ def test_docker_session_starts_with_the_folder_and_moves_data(manager, tmp_path,
 def test_ssh_engine_push_pull_20mb_and_files(manager, tmp_path, monkeypatch):
     remote = ensure_remote_host()
     if remote is None:
-        pytest.skip("the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)")
+        pytest.skip(
+            "the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)"
+        )
     monkeypatch.setenv("HOME", ssh_home(remote, tmp_path / "home"))
     monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
-    session = manager.start(manager.make_spec("t4", backend="docker", idle="off", host=remote["url"]))
+    session = manager.start(
+        manager.make_spec("t4", backend="docker", idle="off", host=remote["url"])
+    )
     _round_trip(session, _project(tmp_path), tmp_path)
 
 
@@ -250,8 +309,10 @@ def test_upload_options_are_read_alike_on_every_face():
     from gpusession.catalog import load_catalog
 
     problems = options.check_body({"upload_max": "lots", "upload": 7}, catalog=load_catalog())
-    assert problems == {"upload": "wrong type (number): expected a string",
-                        "upload_max": "'lots' is no size; write e.g. 500MB, 2GB or 300MiB (a bare number means MB)"}
+    assert problems == {
+        "upload": "wrong type (number): expected a string",
+        "upload_max": "'lots' is no size; write e.g. 500MB, 2GB or 300MiB (a bare number means MB)",
+    }
     parsed = options.parse_values({"upload_max": "1.5GB", "upload": "~/x"}, catalog=load_catalog())
     assert parsed == {"upload_max": 1_500_000_000, "upload": os.path.expanduser("~/x")}
 
@@ -290,11 +351,15 @@ def test_upload_never_writes_through_a_link_leading_outside(local_session, tmp_p
     done = session.upload([str(src), str(tmp_path / "src" / "top.txt")], to="w")
     assert list(outside.iterdir()) == []
     assert done["files"] == 1 and (work / "w" / "top.txt").read_text() == "fine"
-    assert done["refused"] == [f"sub/a.txt (it would be written through a link: sub is a link leading outside "
-                               f"{work / 'w'})"], done
+    assert done["refused"] == [
+        f"sub/a.txt (it would be written through a link: sub is a link leading outside "
+        f"{work / 'w'})"
+    ], done
 
 
-def test_download_keeps_links_inside_and_refuses_those_leading_outside_by_name(local_session, tmp_path):
+def test_download_keeps_links_inside_and_refuses_those_leading_outside_by_name(
+    local_session, tmp_path
+):
     session, work = local_session
     d = work / "d"
     (d / "deep").mkdir(parents=True)
@@ -310,7 +375,15 @@ def test_download_keeps_links_inside_and_refuses_those_leading_outside_by_name(l
     assert os.readlink(got / "in_link") == "f.txt" and (got / "in_link").read_text() == "data"
     assert os.readlink(got / "deep" / "up_link") == "../f.txt"
     assert not os.path.lexists(got / "out_link") and not os.path.lexists(got / "out_dir")
-    assert sorted(done["refused"]) == ["d/out_dir (a link to ../.., outside the folder)",
-                                       "d/out_link (a link to /etc/passwd, outside the folder)"], done
+    assert sorted(done["refused"]) == [
+        "d/out_dir (a link to ../.., outside the folder)",
+        "d/out_link (a link to /etc/passwd, outside the folder)",
+    ], done
     assert done["files"] == 2
-    assert sorted(p.name for p in got.rglob("*")) == ["deep", "f.txt", "g.txt", "in_link", "up_link"]
+    assert sorted(p.name for p in got.rglob("*")) == [
+        "deep",
+        "f.txt",
+        "g.txt",
+        "in_link",
+        "up_link",
+    ]

@@ -20,7 +20,9 @@ from gpusession.kernel import KernelClient
 from gpusession.tunnel import HostKeyCheck, SshTarget, Tunnel, TunnelError
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-pytestmark = pytest.mark.skipif(not os.path.exists(SSHD), reason="needs OpenSSH's sshd (apt-get install openssh-server)")
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(SSHD), reason="needs OpenSSH's sshd (apt-get install openssh-server)"
+)
 USER = "root" if os.geteuid() == 0 else os.environ.get("USER", "")
 
 
@@ -61,7 +63,8 @@ class Sshd:
         os.makedirs("/run/sshd", exist_ok=True)
         self.proc = subprocess.Popen(
             [SSHD, "-D", "-e", "-f", str(folder / "sshd_config")],
-            stdout=subprocess.DEVNULL, stderr=open(folder / "sshd.log", "wb"),
+            stdout=subprocess.DEVNULL,
+            stderr=open(folder / "sshd.log", "wb"),
         )
         _wait_port(self.port)
 
@@ -71,13 +74,17 @@ class Sshd:
             port=self.port,
             username=USER,
             keys=[paramiko.Ed25519Key.from_private_key_file(str(key_path or self.client_key_path))],
-            host_keys=HostKeyCheck.pinned("127.0.0.1", self.port, host_key or self.host_key_line, "start a new session"),
+            host_keys=HostKeyCheck.pinned(
+                "127.0.0.1", self.port, host_key or self.host_key_line, "start a new session"
+            ),
         )
 
     def cut_connections(self) -> None:
         """What a network blip does: kill every TCP connection to sshd (from this side)."""
         if os.geteuid() == 0 and shutil.which("ss"):
-            subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(self.port)], capture_output=True)
+            subprocess.run(
+                ["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(self.port)], capture_output=True
+            )
         else:
             raise pytest.skip.Exception("cutting TCP connections needs root (ss -K)")
 
@@ -150,7 +157,9 @@ def test_tunnel_through_a_jump_host_reconnects_both_hops(sshd):
                 conn, _ = echo.accept()
             except OSError:
                 return
-            threading.Thread(target=lambda c=conn: (c.sendall(c.recv(100).upper()), c.close()), daemon=True).start()
+            threading.Thread(
+                target=lambda c=conn: (c.sendall(c.recv(100).upper()), c.close()), daemon=True
+            ).start()
 
     threading.Thread(target=serve, daemon=True).start()
     port = echo.getsockname()[1]
@@ -169,7 +178,9 @@ def test_tunnel_through_a_jump_host_reconnects_both_hops(sshd):
 
 def _pty_sessions(sshd_pid: int) -> list[int]:
     """Processes under this sshd running on a terminal (the tunnel's pty session)."""
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,tty=,comm="], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["ps", "-e", "-o", "pid=,ppid=,tty=,comm="], capture_output=True, text=True
+    ).stdout
     rows = [line.split() for line in out.splitlines()]
     parent = {int(r[0]): int(r[1]) for r in rows}
 
@@ -199,7 +210,10 @@ def test_tunnel_holds_a_pty_session_so_sshd_sends_replies_without_nagle(sshd, tm
         assert len(first) == 1
         sshd.cut_connections()
         _wait_for(lambda: tunnel.reconnects >= 1, "no reconnect")
-        again = _wait_for(lambda: [p for p in _pty_sessions(sshd.proc.pid) if p not in first], "none after reconnect")
+        again = _wait_for(
+            lambda: [p for p in _pty_sessions(sshd.proc.pid) if p not in first],
+            "none after reconnect",
+        )
         assert len(again) == 1
     _wait_for(lambda: not _pty_sessions(sshd.proc.pid), "the pty session outlived the tunnel")
     # a server that refuses terminals still forwards: the tail is back, nothing breaks
@@ -208,7 +222,10 @@ def test_tunnel_holds_a_pty_session_so_sshd_sends_replies_without_nagle(sshd, tm
         echo = socket.socket()
         echo.bind(("127.0.0.1", 0))
         echo.listen()
-        threading.Thread(target=lambda: (lambda c: (c[0].sendall(b"up"), c[0].close()))(echo.accept()), daemon=True).start()
+        threading.Thread(
+            target=lambda: (lambda c: (c[0].sendall(b"up"), c[0].close()))(echo.accept()),
+            daemon=True,
+        ).start()
         with Tunnel(strict.target(), [echo.getsockname()[1]]) as tunnel:
             assert _ask(tunnel.local_port(echo.getsockname()[1]), b"") == b"up"
             time.sleep(0.3)
@@ -232,7 +249,10 @@ def test_remote_port_not_listening_yet_closes_the_local_connection_and_keeps_acc
         server = socket.socket()
         server.bind(("127.0.0.1", port))
         server.listen()
-        threading.Thread(target=lambda: (lambda c: (c[0].sendall(b"up"), c[0].close()))(server.accept()), daemon=True).start()
+        threading.Thread(
+            target=lambda: (lambda c: (c[0].sendall(b"up"), c[0].close()))(server.accept()),
+            daemon=True,
+        ).start()
         with socket.create_connection(("127.0.0.1", tunnel.local_port(port)), timeout=10) as c:
             assert c.recv(10) == b"up"
         server.close()
@@ -246,19 +266,25 @@ def test_changed_host_key_is_refused(sshd, tmp_path):
     msg = str(err.value)
     assert f"host key for [127.0.0.1]:{sshd.port} changed: refusing to connect" in msg
     assert "If you expect this, start a new session" in msg
-    assert time.monotonic() - t0 < 15, "a refused host key is final, not retried (retries go on 60 s)"
+    assert time.monotonic() - t0 < 15, (
+        "a refused host key is final, not retried (retries go on 60 s)"
+    )
 
 
 def test_unknown_host_is_refused(sshd, tmp_path):
     target = sshd.target()
     target.host_keys = HostKeyCheck.known_hosts(tmp_path / "empty_known_hosts")
-    with pytest.raises(TunnelError, match=r"not in known_hosts: refusing to connect to an unknown host"):
+    with pytest.raises(
+        TunnelError, match=r"not in known_hosts: refusing to connect to an unknown host"
+    ):
         Tunnel(target, [1]).start()
 
 
 def test_wrong_key_is_refused(sshd, tmp_path):
     wrong, _ = make_session_key(tmp_path, "wrong")
-    with pytest.raises(TunnelError, match=rf"authentication failed for {USER}@127.0.0.1:{sshd.port}"):
+    with pytest.raises(
+        TunnelError, match=rf"authentication failed for {USER}@127.0.0.1:{sshd.port}"
+    ):
         Tunnel(sshd.target(key_path=wrong), [1]).start()
 
 
@@ -266,7 +292,9 @@ def test_unreachable_host_fails_within_the_timeout():
     port = _free_port()  # nothing listens there
     target = SshTarget("127.0.0.1", port, USER, [], HostKeyCheck(paramiko.HostKeys(), ""))
     t0 = time.monotonic()
-    with pytest.raises(TunnelError, match=rf"cannot reach sshd at {USER}@127.0.0.1:{port} within 1s.*refused"):
+    with pytest.raises(
+        TunnelError, match=rf"cannot reach sshd at {USER}@127.0.0.1:{port} within 1s.*refused"
+    ):
         Tunnel(target, [1], connect_timeout=1).start()
     assert time.monotonic() - t0 < 8  # one 1 s try, not a retry loop
 
@@ -284,7 +312,9 @@ def test_local_port_in_use_is_a_clear_error(sshd):
 def test_a_stream_through_the_tunnel_arrives_whole_and_in_order(sshd):
     """Forwarded channels read through sshlogin.fast_reads' buffer (pieces, not paramiko's byte
     array): 8 MB of random bytes, read back exactly; the buffer still fits this paramiko."""
-    assert fast_reads(paramiko.Channel(0)), "paramiko's channel buffer changed: fast_reads no longer applies"
+    assert fast_reads(paramiko.Channel(0)), (
+        "paramiko's channel buffer changed: fast_reads no longer applies"
+    )
     blob = os.urandom(8 << 20)
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -300,7 +330,9 @@ def test_a_stream_through_the_tunnel_arrives_whole_and_in_order(sshd):
     try:
         with Tunnel(sshd.target(), [server.getsockname()[1]]) as tunnel:
             got = bytearray()
-            with socket.create_connection(("127.0.0.1", tunnel.local_port(server.getsockname()[1])), timeout=30) as c:
+            with socket.create_connection(
+                ("127.0.0.1", tunnel.local_port(server.getsockname()[1])), timeout=30
+            ) as c:
                 c.sendall(b"g")
                 while chunk := c.recv(1 << 16):
                     got += chunk

@@ -18,8 +18,13 @@ from support.hosts import docker_available
 from support.images import STANDIN
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.docker, pytest.mark.slow,
-              pytest.mark.skipif(not docker_available(), reason="no Docker engine answers (scripts/ci-host-setup.sh)")]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not docker_available(), reason="no Docker engine answers (scripts/ci-host-setup.sh)"
+    ),
+]
 
 
 def readme_cells() -> list[str]:
@@ -35,17 +40,42 @@ def fresh_python(tmp_path_factory) -> str:
     env = dict(os.environ)
     if (ROOT / "gpusession" / "labextension" / "package.json").is_file():
         env["SKIP_JUPYTER_BUILDER"] = "1"  # built already (pip install -e .): no Node build again
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(work / "dist")],
-                           env=env, capture_output=True, text=True, timeout=600)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(ROOT),
+            "--no-deps",
+            "-q",
+            "-w",
+            str(work / "dist"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = (work / "dist").glob("gpusession-*.whl")
     subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True, timeout=120)
     python = str(work / "venv" / "bin" / "python")
-    installed = subprocess.run([python, "-m", "pip", "install", "-q", str(wheel)], cwd=work, capture_output=True,
-                               text=True, timeout=900)
+    installed = subprocess.run(
+        [python, "-m", "pip", "install", "-q", str(wheel)],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert installed.returncode == 0, installed.stdout + installed.stderr
-    where = subprocess.run([python, "-c", "import gpusession; print(gpusession.__file__)"], cwd=work,
-                           capture_output=True, text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [python, "-c", "import gpusession; print(gpusession.__file__)"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert where.startswith(str(work / "venv")) and not where.startswith(str(ROOT)), where
     return python
 
@@ -54,11 +84,21 @@ def test_the_readme_quickstart_works_from_a_wheel(fresh_python, gs_home, tmp_pat
     from support.notebook_kernel import NotebookKernel
 
     cells = readme_cells()
-    assert cells[0].startswith("%load_ext gpusession\n%gpu start --type t4") and cells[1].startswith("%%gpu\nimport torch")
+    assert cells[0].startswith("%load_ext gpusession\n%gpu start --type t4") and cells[
+        1
+    ].startswith("%%gpu\nimport torch")
     venv_bin = str(Path(fresh_python).parent)
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("GPUSESSION_", "VIRTUAL_ENV", "PYTHON"))}
-    env.update(GPUSESSION_HOME=str(gs_home), GPUSESSION_IMAGE=STANDIN, PATH=f"{venv_bin}:/usr/bin:/bin",
-               PYTHONUNBUFFERED="1")  # no GPUSESSION_BACKEND: docker, as this machine's engine answers
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("GPUSESSION_", "VIRTUAL_ENV", "PYTHON"))
+    }
+    env.update(
+        GPUSESSION_HOME=str(gs_home),
+        GPUSESSION_IMAGE=STANDIN,
+        PATH=f"{venv_bin}:/usr/bin:/bin",
+        PYTHONUNBUFFERED="1",
+    )  # no GPUSESSION_BACKEND: docker, as this machine's engine answers
     nk = NotebookKernel(env, cwd=str(tmp_path), python=fresh_python)
     try:
         start = nk.run(cells[0], timeout=600)
@@ -68,7 +108,10 @@ def test_the_readme_quickstart_works_from_a_wheel(fresh_python, gs_home, tmp_pat
         assert first.status == "ok", first.text
         assert first.text.strip() == "stand-in GPU (no NVIDIA driver here)", first.text
         where = nk.run("%%gpu\nimport gpusession, sys\nprint(sys.executable, gpusession.__file__)")
-        assert where.text.split() == ["/opt/conda/bin/python3", "/opt/gpusession-runtime/code/lib/gpusession/__init__.py"]
+        assert where.text.split() == [
+            "/opt/conda/bin/python3",
+            "/opt/gpusession-runtime/code/lib/gpusession/__init__.py",
+        ]
         assert nk.run("%gpu stop").status == "ok"
     finally:
         nk.close()

@@ -46,7 +46,10 @@ def test_card_shows_the_session_view_and_stop_button_stops_it(manager):
     view = manager.view(manager.get(session.id))
 
     assert _text(card.name.value) == view["name"]
-    assert _text(card.state.value) == "running" and "gpusession-widget-state-running" in card.widget._dom_classes
+    assert (
+        _text(card.state.value) == "running"
+        and "gpusession-widget-state-running" in card.widget._dom_classes
+    )
     assert card.kind.value == "T4 × 2 · local"
     assert card.price.value == f"{format_money(view['price_per_hour'])}/h" == "$1.05/h"
     assert card.cost.value == f"{format_money(view['cost_so_far'])} of $5.00"
@@ -66,10 +69,17 @@ def test_card_shows_the_session_view_and_stop_button_stops_it(manager):
     assert _text(card.state.value) == "stopped"
     assert "gpusession-widget-state-stopped" in card.widget._dom_classes
     assert "gpusession-widget-state-running" not in card.widget._dom_classes
-    assert card.stop_button.layout.display == "none" and card.keepalive_button.layout.display == "none"
+    assert (
+        card.stop_button.layout.display == "none" and card.keepalive_button.layout.display == "none"
+    )
     assert card.stats.widget.layout.display == "none"
     assert _text(card.message.value).startswith("stopped: ran ")
-    assert _wait(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3])
+    assert _wait(
+        lambda: (
+            not Path(f"/proc/{pid}").exists()
+            or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+        )
+    )
     panel.close()
 
 
@@ -125,11 +135,18 @@ def test_a_watchdog_stop_that_saved_offers_resume_on_the_card(manager):
     try:
         card = panel.cards[session.id]
         assert _wait(lambda: _text(card.state.value) == "stopped", timeout=20)
-        assert _wait(lambda: "saved 1 variable" in _text(card.message.value), timeout=5), card.message.value
-        assert card.resume_button.layout.display != "none" and card.stop_button.layout.display == "none"
+        assert _wait(lambda: "saved 1 variable" in _text(card.message.value), timeout=5), (
+            card.message.value
+        )
+        assert (
+            card.resume_button.layout.display != "none"
+            and card.stop_button.layout.display == "none"
+        )
         card.resume_button.click()
         (new_id,) = [sid for sid in panel.cards if sid != session.id]
-        assert _wait(lambda: manager.get(new_id).state == State.RUNNING, timeout=30), manager.get(new_id).error
+        assert _wait(lambda: manager.get(new_id).state == State.RUNNING, timeout=30), manager.get(
+            new_id
+        ).error
         assert manager.get(new_id).spec.extra["resume"] == "pw1"
         assert manager.attach(new_id).run("assert v == {'k': 5}")["status"] == "ok"
         assert panel.cards[new_id].resume_button.layout.display == "none"
@@ -179,7 +196,11 @@ def test_gpu_gauges_from_recorded_nvml():
     sampler = Sampler(NvmlReader(RecordedNvml.from_file(DATA / "nvml_two_t4.json")))
     sampler.sample(time.time(), kernel_busy=False)
     sampler.sample(time.time(), kernel_busy=True)
-    doc = {"gpus_visible": sampler.gpus_visible, "message": sampler.message, "samples": sampler.samples()}
+    doc = {
+        "gpus_visible": sampler.gpus_visible,
+        "message": sampler.message,
+        "samples": sampler.samples(),
+    }
     view = StatsView()
     view.show(doc)
     assert view.note.layout.display == "none"
@@ -191,7 +212,9 @@ def test_gpu_gauges_from_recorded_nvml():
     assert g.memory.bar.value == pytest.approx(gpu0["memory_used"] / 1024**3)
     assert g.memory.bar.max == pytest.approx(gpu0["memory_total"] / 1024**3)
     assert g.memory.text.value == "10.2/15.0 GiB"
-    assert g.temp.text.value == "70 °C" and g.power.text.value == "67/70 W" and g.power.bar.max == 70.0
+    assert (
+        g.temp.text.value == "70 °C" and g.power.text.value == "67/70 W" and g.power.bar.max == 70.0
+    )
     view.show({"gpus_visible": False, "message": "no NVIDIA GPU visible (test)", "samples": []})
     assert view.gpus == [] and _text(view.note.value) == "no NVIDIA GPU visible (test)"
 
@@ -201,7 +224,11 @@ def test_panel_magic_in_a_notebook_kernel(notebook):
     assert "panel [NAME | --all]" in r.text
     r = notebook.run("%gpu panel")  # no session yet: every active one (none) and the form
     assert r.status == "ok", r.text
-    views = [c for _, k, c in r.outputs if k == "display_data" and "application/vnd.jupyter.widget-view+json" in c["data"]]
+    views = [
+        c
+        for _, k, c in r.outputs
+        if k == "display_data" and "application/vnd.jupyter.widget-view+json" in c["data"]
+    ]
     assert len(views) == 1
     r = notebook.run("%gpu start --backend local --idle off --name nb")
     assert r.status == "ok", r.text

@@ -34,14 +34,21 @@ def _image_ready() -> bool:
 
 
 def _cli(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpusession", *args], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gpusession", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _wait_ended(store: Store, name: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while store.get(name).state.active:
-        assert time.monotonic() < deadline, [(e.state.value, e.detail) for e in store.get(name).events]
+        assert time.monotonic() < deadline, [
+            (e.state.value, e.detail) for e in store.get(name).events
+        ]
         time.sleep(0.3)
 
 
@@ -60,7 +67,9 @@ def _volume(nb_env: dict, name: str) -> str:
 # -- the checkpoint itself (no session) ------------------------------------------------------------
 
 
-def test_a_save_past_its_bound_keeps_the_previous_checkpoint_and_a_bad_variable_is_one_line(tmp_path):
+def test_a_save_past_its_bound_keeps_the_previous_checkpoint_and_a_bad_variable_is_one_line(
+    tmp_path,
+):
     ws = str(tmp_path)
     first = checkpoint.save({"a": 1, "os": os}, ws, deadline=time.time() + 30, cap_bytes=None)
     assert first["committed"] and first["saved"] == 1 and first["imports"] == 1
@@ -71,13 +80,17 @@ def test_a_save_past_its_bound_keeps_the_previous_checkpoint_and_a_bad_variable_
     folder = Path(ws, ".gpusession", "checkpoints", manifest["folder"])
     broken = b"\x80\x05cno_such_module\nThing\n."
     (folder / "broken.pkl").write_bytes(broken)
-    manifest["variables"].append({"name": "thing", "file": "broken.pkl", "bytes": len(broken), "type": "Thing"})
+    manifest["variables"].append(
+        {"name": "thing", "file": "broken.pkl", "bytes": len(broken), "type": "Thing"}
+    )
     Path(ws, ".gpusession", "checkpoint.json").write_text(__import__("json").dumps(manifest))
     ns: dict = {}
     report = checkpoint.restore(ns, ws)
     assert ns["a"] == 1 and ns["os"] is os, "the previous checkpoint, whole"
     assert report["restored"] == ["a"] and report["imports"] == ["os"]
-    assert [f["name"] for f in report["failed"]] == ["thing"] and "no_such_module" in report["failed"][0]["error"]
+    assert [f["name"] for f in report["failed"]] == ["thing"] and "no_such_module" in report[
+        "failed"
+    ][0]["error"]
     assert checkpoint.restore({}, str(tmp_path / "empty"))["found"] is False
     pickle.dumps(report)
 
@@ -98,21 +111,29 @@ def test_idle_stop_saves_and_resume_brings_back_files_and_variables(nb_env, engi
         assert nk.run("%load_ext gpusession").status == "ok"
         start = nk.run(f"%gpu start --backend docker --image {NONROOT} --idle {IDLE_S}s --name w1")
         assert start.status == "ok" and f"workspace w1: new volume {w1}" in start.text, start.text
-        cell = nk.run("%%gpu\nimport os, json as js\nx = 42\nd = {'a': [1, 2]}\nb = b'z' * 3_000_000\n"
-                      "g = (i for i in range(3))\nopen('x.txt', 'w').write('hello')\nprint(os.getcwd(), os.getuid())")
+        cell = nk.run(
+            "%%gpu\nimport os, json as js\nx = 42\nd = {'a': [1, 2]}\nb = b'z' * 3_000_000\n"
+            "g = (i for i in range(3))\nopen('x.txt', 'w').write('hello')\nprint(os.getcwd(), os.getuid())"
+        )
         assert cell.status == "ok" and cell.text.split() == ["/workspace", "1000"], cell.text
         _wait_ended(store, "w1", IDLE_S + 60)  # its own watchdog saves, then stops
         said = ended_message(store.get("w1"))
         assert "stopped by its idle watchdog" in said, said
-        assert "saved 3 variables and 2 imports, 3.0 MB; skipped: g (a generator); resume with " \
-               "`%gpu start --resume w1`" in said, said
+        assert (
+            "saved 3 variables and 2 imports, 3.0 MB; skipped: g (a generator); resume with "
+            "`%gpu start --resume w1`" in said
+        ), said
 
         # a new session on the same workspace, with a cap the bytes are over
-        again = nk.run(f"%gpu start --backend docker --image {NONROOT} --resume w1 --name w2 --idle {IDLE_S}s "
-                       "--save-cap 1MB --save-timeout 20s")
+        again = nk.run(
+            f"%gpu start --backend docker --image {NONROOT} --resume w1 --name w2 --idle {IDLE_S}s "
+            "--save-cap 1MB --save-timeout 20s"
+        )
         assert again.status == "ok", again.text
         assert f"workspace w1: volume {w1}, kept from an earlier session" in again.text
-        assert "workspace w1: restored 5 name(s)" in again.text and ": b, d, x, js, os" in again.text, again.text
+        assert (
+            "workspace w1: restored 5 name(s)" in again.text and ": b, d, x, js, os" in again.text
+        ), again.text
         assert "not restored: g (a generator), not saved" in again.text, again.text
         back = nk.run("%%gpu\nprint(x, d, len(b), js.dumps(d), open('x.txt').read())")
         assert back.text.strip() == "42 {'a': [1, 2]} 3000000 {\"a\": [1, 2]} hello", back.text
@@ -171,14 +192,21 @@ time.sleep(600)
 
 
 @pytest.mark.docker
-def test_killing_our_process_during_a_save_still_stops_and_keeps_the_checkpoint(gs_home, nb_env, engine, manager):
+def test_killing_our_process_during_a_save_still_stops_and_keeps_the_checkpoint(
+    gs_home, nb_env, engine, manager
+):
     """The save outlasts its bound (a variable takes a minute to pickle) and the notebook side is
     killed meanwhile: the remote watchdog stops the session after the bound anyway, and the
     workspace keeps its previous checkpoint, whole."""
     if not _image_ready():
         pytest.skip(f"no Docker engine with {NONROOT}")
-    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(SLOW_SAVE), NONROOT], env=nb_env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(SLOW_SAVE), NONROOT],
+        env=nb_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         line = ""
         deadline = time.monotonic() + 120
@@ -201,8 +229,11 @@ def test_killing_our_process_during_a_save_still_stops_and_keeps_the_checkpoint(
         said = ended_message(ended)
         assert "variables not saved: the save time bound (3s) passed first" in said, said
 
-        resumed = manager.start(manager.make_spec("t4", backend="docker", image=NONROOT, idle="off", name="k2",
-                                                  resume="k"))
+        resumed = manager.start(
+            manager.make_spec(
+                "t4", backend="docker", image=NONROOT, idle="off", name="k2", resume="k"
+            )
+        )
         assert resumed.record.resource["restored"]["restored"] == ["a"]
         out = resumed.run("print(a, 's' in dir())")
         assert out["status"] == "ok"
@@ -218,9 +249,13 @@ def test_killing_our_process_during_a_save_still_stops_and_keeps_the_checkpoint(
 
 def test_the_local_workspace_is_a_folder_listed_and_reported_by_gc(gs_home, nb_env, manager):
     # --save-timeout off: no save before a watchdog stop, but `stop --save` asks for one all the same
-    session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="l1", save_timeout="off"))
+    session = manager.start(
+        manager.make_spec("t4", backend="local", idle="off", name="l1", save_timeout="off")
+    )
     folder = gs_home / "workspaces" / "l1"
-    out = session.kernel.execute("import os\nopen('x.txt', 'w').write('hi')\nn = 7\nprint(os.getcwd())")
+    out = session.kernel.execute(
+        "import os\nopen('x.txt', 'w').write('hi')\nn = 7\nprint(os.getcwd())"
+    )
     assert out["status"] == "ok"
     assert (folder / "x.txt").read_text() == "hi"
     listed = _cli(nb_env, "workspaces")
@@ -231,7 +266,9 @@ def test_the_local_workspace_is_a_folder_listed_and_reported_by_gc(gs_home, nb_e
     assert checkpoint.read_manifest(str(folder))["variables"][0]["name"] == "n"
     gc = _cli(nb_env, "gc")
     assert f"kept workspace l1 ({folder}" in gc.stdout and (folder / "x.txt").exists(), gc.stdout
-    again = manager.start(manager.make_spec("t4", backend="local", idle="off", name="l2", resume="l1"))
+    again = manager.start(
+        manager.make_spec("t4", backend="local", idle="off", name="l2", resume="l1")
+    )
     assert again.run("print(n, open('x.txt').read())")["status"] == "ok"
     assert again.record.resource["restored"]["restored"] == ["n"]
     busy = _cli(nb_env, "workspaces", "rm", "l1", "--yes")
@@ -248,19 +285,31 @@ def test_the_local_workspace_is_a_folder_listed_and_reported_by_gc(gs_home, nb_e
 
 
 @pytest.mark.docker
-def test_a_workspace_on_a_remote_engine_survives_and_resumes(tmp_path, monkeypatch, manager, nb_env):
+def test_a_workspace_on_a_remote_engine_survives_and_resumes(
+    tmp_path, monkeypatch, manager, nb_env
+):
     import docker
 
     from support.hosts import ensure_remote_host, ssh_home
 
     host = ensure_remote_host()
     if host is None:
-        pytest.skip("the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)")
+        pytest.skip(
+            "the namespace Docker host cannot run here (needs root; scripts/ci-remote-host.sh)"
+        )
     monkeypatch.setenv("HOME", ssh_home(host, tmp_path / "home"))
     far = docker.DockerClient(base_url=host["docker_host_env"])
     try:
-        session = manager.start(manager.make_spec("t4", backend="docker", idle=f"{IDLE_S}s", image=NONROOT,
-                                                  host=host["url"], name="r1"))
+        session = manager.start(
+            manager.make_spec(
+                "t4",
+                backend="docker",
+                idle=f"{IDLE_S}s",
+                image=NONROOT,
+                host=host["url"],
+                name="r1",
+            )
+        )
         assert session.run("n = 7\nopen('x.txt', 'w').write('far')")["status"] == "ok"
         deadline = time.monotonic() + IDLE_S + 60
         while manager.refresh_state(session.id).state.active:
@@ -271,8 +320,17 @@ def test_a_workspace_on_a_remote_engine_survives_and_resumes(tmp_path, monkeypat
         listed = _cli({**nb_env, "HOME": os.environ["HOME"]}, "workspaces")
         (row,) = [line for line in listed.stdout.splitlines() if line.startswith("r1 ")]
         assert f"volume {_volume(nb_env, 'r1')} on {host['url']}" in row, listed.stdout
-        again = manager.start(manager.make_spec("t4", backend="docker", idle="off", image=NONROOT,
-                                                host=host["url"], name="r2", resume="r1"))
+        again = manager.start(
+            manager.make_spec(
+                "t4",
+                backend="docker",
+                idle="off",
+                image=NONROOT,
+                host=host["url"],
+                name="r2",
+                resume="r1",
+            )
+        )
         assert again.record.resource["restored"]["restored"] == ["n"]
         assert again.run("assert n == 7 and open('x.txt').read() == 'far'")["status"] == "ok"
         manager.stop(again.id)
@@ -283,13 +341,19 @@ def test_a_workspace_on_a_remote_engine_survives_and_resumes(tmp_path, monkeypat
 
 def test_a_max_runtime_stop_saves_too(gs_home, manager):
     """Every watchdog stop saves (idle above; here the hard runtime limit, with a cell still running)."""
-    session = manager.start(manager.make_spec("t4", backend="local", idle="off", max_runtime="4s", name="mr"))
+    session = manager.start(
+        manager.make_spec("t4", backend="local", idle="off", max_runtime="4s", name="mr")
+    )
     assert session.run("kept = {'k': 1}")["status"] == "ok"
-    session.kernel.client.execute("import time\nfor _ in range(100): time.sleep(0.1)")  # busy when the limit comes
+    session.kernel.client.execute(
+        "import time\nfor _ in range(100): time.sleep(0.1)"
+    )  # busy when the limit comes
     deadline = time.monotonic() + 60
     while manager.refresh_state("mr").state.active:
         assert time.monotonic() < deadline
         time.sleep(0.3)
     said = ended_message(manager.get("mr"))
     assert "was stopped by its max-runtime limit" in said, said
-    assert "saved 1 variable and 1 import" in said and "resume with `%gpu start --resume mr`" in said, said
+    assert (
+        "saved 1 variable and 1 import" in said and "resume with `%gpu start --resume mr`" in said
+    ), said

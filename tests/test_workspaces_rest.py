@@ -45,8 +45,17 @@ def _listed(listing, name):
 
 
 async def test_list_resume_and_delete_workspaces(jp_fetch, manager):
-    first = await _running(jp_fetch, (await _call(jp_fetch, "sessions", method="POST",
-                                                  body={"type": "t4", "backend": "local", "idle": "off", "name": "rw1"}))["id"])
+    first = await _running(
+        jp_fetch,
+        (
+            await _call(
+                jp_fetch,
+                "sessions",
+                method="POST",
+                body={"type": "t4", "backend": "local", "idle": "off", "name": "rw1"},
+            )
+        )["id"],
+    )
     assert first["resume"] is None and first["saved"] is None and "resume" not in first["restart"]
     assert manager.attach("rw1").run("v = 5")["status"] == "ok"
     manager.stop("rw1", save=True)
@@ -54,15 +63,25 @@ async def test_list_resume_and_delete_workspaces(jp_fetch, manager):
     ended = await _call(jp_fetch, "sessions", "rw1")
     assert ended["saved"].startswith("saved 1 variable, "), ended["saved"]
     assert "resume with `%gpu start --resume rw1`" in ended["saved"]
-    assert ended["restart"] == {"type": "t4", "backend": "local", "idle": "off"}  # "Start again": fresh
+    assert ended["restart"] == {
+        "type": "t4",
+        "backend": "local",
+        "idle": "off",
+    }  # "Start again": fresh
     assert ended["resume"] == {"type": "t4", "backend": "local", "idle": "off", "resume": "rw1"}
     row = _listed(await _call(jp_fetch, "workspaces"), "rw1")
     assert row["backend"] == "local" and row["where"].endswith("/workspaces/rw1"), row
     assert row["size_bytes"] > 0 and row["size"].endswith(("bytes", "kB")), row
-    assert row["cost_per_month"] is None and row["in_use"] is False and row["used_by"] == "none left", row
+    assert (
+        row["cost_per_month"] is None and row["in_use"] is False and row["used_by"] == "none left"
+    ), row
 
-    again = await _running(jp_fetch, (await _call(jp_fetch, "sessions", method="POST",
-                                                  body=dict(ended["resume"], name="rw2")))["id"])
+    again = await _running(
+        jp_fetch,
+        (await _call(jp_fetch, "sessions", method="POST", body=dict(ended["resume"], name="rw2")))[
+            "id"
+        ],
+    )
     deadline = time.monotonic() + 10  # the restore report is kept just after the state says running
     while "restored" not in manager.get("rw2").resource and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
@@ -70,29 +89,45 @@ async def test_list_resume_and_delete_workspaces(jp_fetch, manager):
     restored = (await _call(jp_fetch, "sessions", "rw2"))["restored"]
     assert re.fullmatch(r"workspace rw1: restored 1 name\(s\) from \S+ ago: v", restored), restored
     row = _listed(await _call(jp_fetch, "workspaces"), "rw1")
-    assert row["in_use"] is True and row["active"] == ["rw2"] and row["used_by"] == "rw2 (active)", row
+    assert (
+        row["in_use"] is True and row["active"] == ["rw2"] and row["used_by"] == "rw2 (active)"
+    ), row
     said = await _error(jp_fetch, 409, "workspaces", "rw1", method="DELETE", confirm="rw1")
     assert said == "workspace rw1 is in use by session rw2; stop it first"
 
     # no deleting without the name as confirmation; bad names and parameters are 400, unknown ones 404
     said = await _error(jp_fetch, 400, "workspaces", "rw1", method="DELETE")
     assert "confirm it with 'confirm' set to the workspace's name (rw1), got none" in said
-    assert "got 'yes'" in await _error(jp_fetch, 400, "workspaces", "rw1", method="DELETE", confirm="yes")
-    assert "bad workspace name '-x'" in await _error(jp_fetch, 400, "workspaces", "-x", method="DELETE", confirm="-x")
-    assert "allowed: confirm, backend" in await _error(jp_fetch, 400, "workspaces", "rw1", method="DELETE", force="1")
-    assert "workspaces are kept by local, docker, aws" in await _error(jp_fetch, 400, "workspaces", "rw1",
-                                                                       method="DELETE", confirm="rw1", backend="slurm")
-    assert "no workspace ghost" in await _error(jp_fetch, 404, "workspaces", "ghost", method="DELETE", confirm="ghost")
+    assert "got 'yes'" in await _error(
+        jp_fetch, 400, "workspaces", "rw1", method="DELETE", confirm="yes"
+    )
+    assert "bad workspace name '-x'" in await _error(
+        jp_fetch, 400, "workspaces", "-x", method="DELETE", confirm="-x"
+    )
+    assert "allowed: confirm, backend" in await _error(
+        jp_fetch, 400, "workspaces", "rw1", method="DELETE", force="1"
+    )
+    assert "workspaces are kept by local, docker, aws" in await _error(
+        jp_fetch, 400, "workspaces", "rw1", method="DELETE", confirm="rw1", backend="slurm"
+    )
+    assert "no workspace ghost" in await _error(
+        jp_fetch, 404, "workspaces", "ghost", method="DELETE", confirm="ghost"
+    )
 
     await _call(jp_fetch, "sessions", again["id"], method="DELETE")
     # with the bare timestamp JupyterLab's ServerConnection adds against caches
-    gone = await _call(jp_fetch, "workspaces", "rw1", method="DELETE", confirm="rw1", **{"1796094695341": ""})
+    gone = await _call(
+        jp_fetch, "workspaces", "rw1", method="DELETE", confirm="rw1", **{"1796094695341": ""}
+    )
     assert gone["deleted"] == "rw1" and gone["backend"] == "local"
     assert _listed(await _call(jp_fetch, "workspaces"), "rw1") is None
 
 
 async def test_workspaces_need_a_token(jp_base_url, http_server_client):
     for path, method in (("workspaces", "GET"), ("workspaces/rw1?confirm=rw1", "DELETE")):
-        r = await http_server_client.fetch(f"{jp_base_url}gpusession/api/{path}".replace("//", "/"), method=method,
-                                           raise_error=False)
+        r = await http_server_client.fetch(
+            f"{jp_base_url}gpusession/api/{path}".replace("//", "/"),
+            method=method,
+            raise_error=False,
+        )
         assert r.code == 403 and set(json.loads(r.body)) == {"message"}, (path, r.code, r.body)

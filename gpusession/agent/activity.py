@@ -91,7 +91,9 @@ def _hook_kernel_info(kernel) -> None:
     if original is None:
         return
 
-    def kernel_info_request(*args, **kwargs):  # the original's awaitable (ipykernel >= 6) is returned
+    def kernel_info_request(
+        *args, **kwargs
+    ):  # the original's awaitable (ipykernel >= 6) is returned
         kernel.shell_handlers["kernel_info_request"] = original
         _state["reached"] = True
         touch(force=True)
@@ -111,7 +113,9 @@ def load_ipython_extension(ip) -> None:
         install(ip.kernel)  # every output numbered and kept a while: a tunnel cut loses none
         from .transfer import install as install_transfers
 
-        install_transfers(ip.kernel, touch)  # %gpu push/pull/upload/download: binary frames on shell
+        install_transfers(
+            ip.kernel, touch
+        )  # %gpu push/pull/upload/download: binary frames on shell
     _write()
 
 

@@ -105,7 +105,10 @@ class CellLog:
                 if _weight(content) <= MAX_REPLY_BYTES:
                     cell.reply = content
                 else:
-                    cell.reply = {"status": content.get("status"), "gpusession_reply_not_kept": True}
+                    cell.reply = {
+                        "status": content.get("status"),
+                        "gpusession_reply_not_kept": True,
+                    }
                 cell.state = "done"
                 metadata[META_OUTPUTS] = cell.count
             elif msg["content"].get("execution_state") == "idle":
@@ -116,7 +119,13 @@ class CellLog:
         with self._lock:
             cell = self._cells.get(msg_id)
             if cell is None:
-                return {"state": "unknown", "outputs_total": 0, "first_kept": 1, "outputs": [], "reply": None}
+                return {
+                    "state": "unknown",
+                    "outputs_total": 0,
+                    "first_kept": 1,
+                    "outputs": [],
+                    "reply": None,
+                }
             first_kept = cell.outputs[0][0] if cell.outputs else cell.count + 1
             outputs, size = [], 0
             for seq, kind, content, weight in cell.outputs:
@@ -126,8 +135,13 @@ class CellLog:
                     break
                 outputs.append({"seq": seq, "msg_type": kind, "content": content})
                 size += weight
-            return {"state": cell.state, "outputs_total": cell.count, "first_kept": first_kept,
-                    "outputs": outputs, "reply": cell.reply}
+            return {
+                "state": cell.state,
+                "outputs_total": cell.count,
+                "first_kept": first_kept,
+                "outputs": outputs,
+                "reply": cell.reply,
+            }
 
     def _trim(self) -> None:
         """Drop the oldest outputs (oldest cell first) until the log fits."""
@@ -149,11 +163,21 @@ def install(kernel, log: CellLog | None = None) -> CellLog:
     session = kernel.session
     original = session.send
 
-    def send(stream, msg_or_type, content=None, parent=None, ident=None, buffers=None, track=False,
-             header=None, metadata=None):
+    def send(
+        stream,
+        msg_or_type,
+        content=None,
+        parent=None,
+        ident=None,
+        buffers=None,
+        track=False,
+        header=None,
+        metadata=None,
+    ):
         if isinstance(msg_or_type, str):
-            msg_or_type = session.msg(msg_or_type, content=content, parent=parent, header=header,
-                                      metadata=metadata)
+            msg_or_type = session.msg(
+                msg_or_type, content=content, parent=parent, header=header, metadata=metadata
+            )
         try:
             log.note(msg_or_type)
         except Exception:  # noqa: BLE001 - the log must never keep a message from going out

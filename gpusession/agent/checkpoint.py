@@ -38,13 +38,28 @@ import types
 import uuid
 
 from ..protocol import ENV_RESTORE, ENV_STATE_DIR, ENV_WORKSPACE
-from .checkpoint_read import (DAMAGED, FORMAT, INDEX, LOCK, MANIFEST, WRITING, Damaged, load_manifest, meta_dir,
-                              pickler, reserved, restore, write_json)
+from .checkpoint_read import (
+    DAMAGED,
+    FORMAT,
+    INDEX,
+    LOCK,
+    MANIFEST,
+    WRITING,
+    Damaged,
+    load_manifest,
+    meta_dir,
+    pickler,
+    reserved,
+    restore,
+    write_json,
+)
 from .checkpoint_read import read_manifest  # noqa: F401 - the checkpoint's API, with save and restore
 
 SAVE_REQUEST = "save-request.json"
 SAVE_RESULT = "save-result.json"
-SAVE_READY = "save-ready"  # the kernel's pid: its SIGUSR1 handler is installed (no mark: still starting)
+SAVE_READY = (
+    "save-ready"  # the kernel's pid: its SIGUSR1 handler is installed (no mark: still starting)
+)
 RESTORE_RESULT = "restored.json"
 
 
@@ -62,7 +77,9 @@ class _CappedFile(io.RawIOBase):
         return True
 
     def write(self, data) -> int:
-        n = memoryview(data).nbytes  # a protocol-5 PickleBuffer (an array's memory) has no len(): written as is
+        n = memoryview(
+            data
+        ).nbytes  # a protocol-5 PickleBuffer (an array's memory) has no len(): written as is
         self.size += n
         if self.cap is not None and self.size > self.cap:
             raise _OverCap()
@@ -83,14 +100,19 @@ def _why_not(value) -> str | None:
     return None
 
 
-_restored: set = set()  # names this kernel restored: IPython hides what exists before its first cell
+_restored: set = (
+    set()
+)  # names this kernel restored: IPython hides what exists before its first cell
 
 
 def user_variables(ip) -> dict:
     """The names a user made: not IPython's own (In, Out, exit, _i1, ...) nor private ones."""
     hidden = getattr(ip, "user_ns_hidden", {})
-    return {k: v for k, v in ip.user_ns.items()
-            if not k.startswith("_") and (k in _restored or not (k in hidden and hidden[k] is v))}
+    return {
+        k: v
+        for k, v in ip.user_ns.items()
+        if not k.startswith("_") and (k in _restored or not (k in hidden and hidden[k] is v))
+    }
 
 
 def _unhide_restored(ip) -> None:
@@ -129,7 +151,9 @@ def save(namespace: dict, workspace: str, *, deadline: float, cap_bytes: int | N
     os.makedirs(path, exist_ok=True)
     writing = os.open(os.path.join(path, WRITING), os.O_WRONLY | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(writing, fcntl.LOCK_EX)  # held until committed: no other save's cleanup takes this folder
+        fcntl.flock(
+            writing, fcntl.LOCK_EX
+        )  # held until committed: no other save's cleanup takes this folder
         return _save_into(namespace, root, folder, path, started, kind, module, deadline, cap_bytes)
     finally:
         os.close(writing)
@@ -158,24 +182,57 @@ def _save_into(namespace, root, folder, path, started, kind, module, deadline, c
             size = _dump(module, value, file, cap_bytes)
         except _OverCap:
             os.remove(file)
-            skipped.append({"name": name, "why": "over cap", "type": type(value).__name__, "cap_bytes": cap_bytes})
+            skipped.append(
+                {
+                    "name": name,
+                    "why": "over cap",
+                    "type": type(value).__name__,
+                    "cap_bytes": cap_bytes,
+                }
+            )
             continue
         except BaseException as exc:  # noqa: BLE001 - whatever a value's pickling raises (KeyboardInterrupt,
             # SystemExit too): skip that one, say why, keep the rest
             if os.path.exists(file):
                 os.remove(file)
-            skipped.append({"name": name, "why": "does not pickle", "type": type(value).__name__,
-                            "error": _skip_why(exc)})
+            skipped.append(
+                {
+                    "name": name,
+                    "why": "does not pickle",
+                    "type": type(value).__name__,
+                    "error": _skip_why(exc),
+                }
+            )
             continue
-        saved.append({"name": name, "file": os.path.basename(file), "bytes": size, "type": type(value).__name__})
+        saved.append(
+            {
+                "name": name,
+                "file": os.path.basename(file),
+                "bytes": size,
+                "type": type(value).__name__,
+            }
+        )
         total += size
     manifest = {
-        "format": FORMAT, "folder": folder, "pickler": kind, "at": time.time(),
-        "python": ".".join(map(str, sys.version_info[:3])), "variables": saved, "imports": imports,
+        "format": FORMAT,
+        "folder": folder,
+        "pickler": kind,
+        "at": time.time(),
+        "python": ".".join(map(str, sys.version_info[:3])),
+        "variables": saved,
+        "imports": imports,
         "skipped": skipped,
     }
-    result = {"saved": len(saved), "bytes": total, "imports": len(imports), "skipped": skipped,
-              "pickler": kind, "seconds": round(time.time() - started, 3), "committed": False, "folder": folder}
+    result = {
+        "saved": len(saved),
+        "bytes": total,
+        "imports": len(imports),
+        "skipped": skipped,
+        "pickler": kind,
+        "seconds": round(time.time() - started, 3),
+        "committed": False,
+        "folder": folder,
+    }
     if time.time() >= deadline:  # too late: the agent has given up on it; keep the previous one
         shutil.rmtree(path, ignore_errors=True)
         result["error"] = "time bound"
@@ -255,7 +312,9 @@ def _state_file(name: str) -> str | None:
     return os.path.join(d, name) if d else None
 
 
-_saving = threading.Lock()  # one save of this kernel at a time (the request and result files are one each)
+_saving = (
+    threading.Lock()
+)  # one save of this kernel at a time (the request and result files are one each)
 
 
 def _serve_request(ip) -> None:
@@ -269,8 +328,12 @@ def _answer_request(ip) -> None:
     try:
         with open(request_path) as f:
             request = json.load(f)
-        result = save(user_variables(ip), os.environ[ENV_WORKSPACE], deadline=float(request["deadline"]),
-                      cap_bytes=request.get("cap_bytes"))
+        result = save(
+            user_variables(ip),
+            os.environ[ENV_WORKSPACE],
+            deadline=float(request["deadline"]),
+            cap_bytes=request.get("cap_bytes"),
+        )
     except BaseException as exc:  # noqa: BLE001 - said to the agent, which says it in the summary (never 60 s of silence)
         result = {"error": f"{type(exc).__name__}: {exc}"[:300], "committed": False}
     result["id"] = request.get("id")
@@ -285,7 +348,12 @@ def load_ipython_extension(ip) -> None:
         try:
             report = restore(ip.user_ns, workspace)
         except Exception as exc:  # noqa: BLE001 - never a failed start
-            report = {"found": False, "restored": [], "failed": [], "error": f"{type(exc).__name__}: {exc}"[:300]}
+            report = {
+                "found": False,
+                "restored": [],
+                "failed": [],
+                "error": f"{type(exc).__name__}: {exc}"[:300],
+            }
         _restored.update(report.get("restored") or [], report.get("imports") or [])
         path = _state_file(RESTORE_RESULT)
         if path:
@@ -294,9 +362,13 @@ def load_ipython_extension(ip) -> None:
         ip.events.register("pre_run_cell", ip._gpusession_unhide)
 
     def on_signal(signum, frame) -> None:
-        threading.Thread(target=_serve_request, args=(ip,), name="gpusession-save", daemon=True).start()
+        threading.Thread(
+            target=_serve_request, args=(ip,), name="gpusession-save", daemon=True
+        ).start()
 
-    signal.signal(signal.SIGUSR1, on_signal)  # until now ignored (gpusession.agent.kernelspawn.kernel_plan)
+    signal.signal(
+        signal.SIGUSR1, on_signal
+    )  # until now ignored (gpusession.agent.kernelspawn.kernel_plan)
     path = _state_file(SAVE_READY)
     if path:  # the agent asks for saves from now on (gpusession.agent.saving)
         with open(path + ".tmp", "w") as f:

@@ -19,8 +19,11 @@ LOCK = "checkpoint.lock"  # flock'ed by a save's commit (sessions of several ker
 WRITING = ".writing"  # flock'ed by the save writing its folder: no other save's cleanup removes it
 DAMAGED = ".damaged-"  # in the name of what a restore found damaged and kept aside
 FORMAT = 1
-IPYTHON_NAMES = frozenset(("In", "Out", "exit", "quit", "get_ipython"))  # with names starting with _
+IPYTHON_NAMES = frozenset(
+    ("In", "Out", "exit", "quit", "get_ipython")
+)  # with names starting with _
 RESERVED = "IPython's own name"
+
 
 def reserved(name: str) -> bool:
     """IPython's own names (In, Out, exit, quit, get_ipython, _, _i1, ...): never saved nor restored."""
@@ -29,8 +32,14 @@ def reserved(name: str) -> bool:
 
 def plain_name(value) -> bool:
     """A file or folder name that stays inside its folder: no separator, not absolute, not . or .."""
-    return (isinstance(value, str) and value not in ("", ".", "..") and "/" not in value and "\\" not in value
-            and "\0" not in value and os.sep not in value)
+    return (
+        isinstance(value, str)
+        and value not in ("", ".", "..")
+        and "/" not in value
+        and "\\" not in value
+        and "\0" not in value
+        and os.sep not in value
+    )
 
 
 def pickler():
@@ -62,9 +71,15 @@ def load_manifest(path: str) -> dict | None:
     try:
         doc = json.loads(raw.decode("utf-8"))
     except ValueError:
-        raise Damaged("empty" if not raw.strip() else f"not a manifest ({len(raw)} bytes of something else)") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not plain_name(doc.get("folder")) \
-            or not isinstance(doc.get("variables", []), list):
+        raise Damaged(
+            "empty" if not raw.strip() else f"not a manifest ({len(raw)} bytes of something else)"
+        ) from None
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != FORMAT
+        or not plain_name(doc.get("folder"))
+        or not isinstance(doc.get("variables", []), list)
+    ):
         raise Damaged("not a manifest of this format")
     return doc
 
@@ -116,7 +131,9 @@ def _read_variable(module, folder: str, entry) -> object:
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise Damaged("not a manifest entry")
     if not plain_name(entry.get("file")):
-        raise Damaged(f"its file name {str(entry.get('file'))[:80]!r} leaves the checkpoint folder; not opened")
+        raise Damaged(
+            f"its file name {str(entry.get('file'))[:80]!r} leaves the checkpoint folder; not opened"
+        )
     path = os.path.join(folder, entry["file"])
     try:
         with open(path, "rb") as f:
@@ -150,8 +167,14 @@ def restore(namespace: dict, workspace: str) -> dict:
         kept.append(_aside(os.path.join(root, MANIFEST)))
         manifest = _newest_index(workspace)
     if manifest is None:
-        return {"found": False, "restored": [], "failed": [], "imports": [], "skipped": [],
-                **_damage(damaged, kept, workspace)}
+        return {
+            "found": False,
+            "restored": [],
+            "failed": [],
+            "imports": [],
+            "skipped": [],
+            **_damage(damaged, kept, workspace),
+        }
     _, module = pickler()
     folder = os.path.join(root, "checkpoints", manifest["folder"])
     restored, failed, imported = [], [], []
@@ -163,7 +186,9 @@ def restore(namespace: dict, workspace: str) -> dict:
             namespace[alias] = __import__("importlib").import_module(name)
             imported.append(alias)
         except Exception as exc:  # noqa: BLE001 - a module this image lacks: say so
-            failed.append({"name": alias, "error": f"import {name}: {type(exc).__name__}: {exc}"[:200]})
+            failed.append(
+                {"name": alias, "error": f"import {name}: {type(exc).__name__}: {exc}"[:200]}
+            )
     bad_files = 0
     for entry in manifest.get("variables") or []:
         name = entry.get("name", "?") if isinstance(entry, dict) else "?"
@@ -180,17 +205,30 @@ def restore(namespace: dict, workspace: str) -> dict:
             failed.append({"name": str(name), "error": f"{type(exc).__name__}: {exc}"[:200]})
     if bad_files:  # the whole checkpoint aside: the next save writes a new one, a next resume says there is none
         damaged.append(f"{bad_files} of its variable file(s)")
-        if not kept and os.path.isfile(os.path.join(root, MANIFEST)):  # (unless it is aside already)
+        if not kept and os.path.isfile(
+            os.path.join(root, MANIFEST)
+        ):  # (unless it is aside already)
             kept.append(_aside(os.path.join(root, MANIFEST)))
         if os.path.isdir(folder):
             kept.append(_aside(folder))
-    return {"found": True, "at": manifest.get("at"), "python": manifest.get("python"), "restored": restored,
-            "imports": imported, "failed": failed, "skipped": manifest.get("skipped") or [],
-            **_damage(damaged, kept, workspace)}
+    return {
+        "found": True,
+        "at": manifest.get("at"),
+        "python": manifest.get("python"),
+        "restored": restored,
+        "imports": imported,
+        "failed": failed,
+        "skipped": manifest.get("skipped") or [],
+        **_damage(damaged, kept, workspace),
+    }
 
 
 def _damage(damaged: list, kept: list, workspace: str) -> dict:
-    return {"damaged": damaged, "kept_aside": [os.path.relpath(k, workspace) for k in kept]} if damaged else {}
+    return (
+        {"damaged": damaged, "kept_aside": [os.path.relpath(k, workspace) for k in kept]}
+        if damaged
+        else {}
+    )
 
 
 # -- in the kernel ---------------------------------------------------------------------------

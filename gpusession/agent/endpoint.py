@@ -55,8 +55,16 @@ class AgentServer:
     connection file exists (the server starts first). `kernel`: the runtime, for the kernel's
     state and restarts (`kernel_state()`, `request_restart()`); None serves neither."""
 
-    def __init__(self, watchdog, token: Callable[[], str | None], host: str = "127.0.0.1", port: int = 0,
-                 kernel=None, save: Callable[[], dict] | None = None, restored: Callable[[], dict | None] | None = None):
+    def __init__(
+        self,
+        watchdog,
+        token: Callable[[], str | None],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        kernel=None,
+        save: Callable[[], dict] | None = None,
+        restored: Callable[[], dict | None] | None = None,
+    ):
         self.watchdog = watchdog
         self.kernel = kernel
         self._save = save
@@ -68,7 +76,9 @@ class AgentServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> "AgentServer":
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="gpusession-agent-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name="gpusession-agent-http", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -78,14 +88,20 @@ class AgentServer:
 
     # -- routes ---------------------------------------------------------------------------
 
-    def route(self, method: str, path: str, query: dict[str, list[str]], body: bytes, auth: str | None) -> tuple[int, dict]:
+    def route(
+        self, method: str, path: str, query: dict[str, list[str]], body: bytes, auth: str | None
+    ) -> tuple[int, dict]:
         self._check_token(auth)
         if method == "GET" and path == "/health":
             return 200, {
                 "ok": True,
                 "session_id": self.watchdog.session_id,
-                "stopping": self.watchdog.stop_reason.to_dict() if self.watchdog.stop_reason else None,
-                "cpu_s": round(time.process_time(), 6),  # this process's CPU time (ns clock): its own cost
+                "stopping": self.watchdog.stop_reason.to_dict()
+                if self.watchdog.stop_reason
+                else None,
+                "cpu_s": round(
+                    time.process_time(), 6
+                ),  # this process's CPU time (ns clock): its own cost
                 "kernel": self.kernel.kernel_state() if self.kernel is not None else None,
             }
         if method == "GET" and path == "/stats":
@@ -101,9 +117,9 @@ class AgentServer:
             try:
                 data = json.loads(body or b"{}")
             except ValueError:
-                raise _HttpError(400, "body must be JSON like {\"seconds\": 3600}") from None
+                raise _HttpError(400, 'body must be JSON like {"seconds": 3600}') from None
             if not isinstance(data, dict) or "seconds" not in data:
-                raise _HttpError(400, "body must be JSON like {\"seconds\": 3600}")
+                raise _HttpError(400, 'body must be JSON like {"seconds": 3600}')
             return 200, self.watchdog.keepalive(_number(data["seconds"], "seconds"))
         if method == "POST" and path == "/restart":
             if self.kernel is None:
@@ -119,7 +135,15 @@ class AgentServer:
         if method == "GET" and path == "/restored":
             report = self._restored() if self._restored is not None else None
             return 200, report if report is not None else {"asked": False}
-        if path in ("/health", "/stats", "/summary", "/keepalive", "/restart", "/save", "/restored"):
+        if path in (
+            "/health",
+            "/stats",
+            "/summary",
+            "/keepalive",
+            "/restart",
+            "/save",
+            "/restored",
+        ):
             raise _HttpError(405, f"{method} is not allowed on {path}")
         raise _HttpError(404, f"no route {path}")
 
@@ -152,7 +176,11 @@ class AgentServer:
                         raise _HttpError(413, f"body over {MAX_BODY} bytes")
                     body = self.rfile.read(length) if length else b""
                     status, doc = server.route(
-                        method, url.path, urllib.parse.parse_qs(url.query), body, self.headers.get("Authorization")
+                        method,
+                        url.path,
+                        urllib.parse.parse_qs(url.query),
+                        body,
+                        self.headers.get("Authorization"),
                     )
                 except _HttpError as exc:
                     status, doc = exc.status, {"error": str(exc)}
@@ -192,4 +220,3 @@ def token_from_connection_file(path: str) -> Callable[[], str | None]:
         return cache["token"]
 
     return get
-

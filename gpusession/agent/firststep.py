@@ -27,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return run(argv, early=early)
     except BaseException:
-        if early is not None and early[0].poll() is None:  # the runtime never took it: not left behind
+        if (
+            early is not None and early[0].poll() is None
+        ):  # the runtime never took it: not left behind
             try:
                 os.killpg(early[0].pid, 9)
             except ProcessLookupError:

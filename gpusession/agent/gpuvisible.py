@@ -18,7 +18,9 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 
-def visible_indices(env: Mapping[str, str], count: int, uuid_of: Callable[[int], str | None]) -> tuple[list[int], str | None]:
+def visible_indices(
+    env: Mapping[str, str], count: int, uuid_of: Callable[[int], str | None]
+) -> tuple[list[int], str | None]:
     """(NVML indices to read, the variable that chose them or None when all are read)."""
     cuda = env.get("CUDA_VISIBLE_DEVICES")
     if cuda is not None:

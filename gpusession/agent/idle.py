@@ -15,7 +15,13 @@ from typing import Any
 
 from ..agentargs import DEFAULT_GPU_THRESHOLD, DEFAULT_KEEPALIVE_LIMIT_S
 from ..cost import cost_for_seconds, seconds_until_cost
-from ..protocol import DEFAULT_IDLE_S, StopKind, StopReason, Warning, WarningKind  # standard library only, like cost
+from ..protocol import (
+    DEFAULT_IDLE_S,
+    StopKind,
+    StopReason,
+    Warning,
+    WarningKind,
+)  # standard library only, like cost
 
 WARNING_MAX_S = 300.0  # warn at most this long before a stop ...
 WARNING_FRACTION = 0.2  # ... and at most this fraction of the limit before it
@@ -40,7 +46,9 @@ class StopPolicy:
     max_runtime_s: float | None = None  # hard stop this long after billing started
     max_cost: float | None = None  # dollars; stop once spending reaches it
     price_per_hour: float = 0.0  # dollars for the whole session
-    keepalive_limit_s: float = DEFAULT_KEEPALIVE_LIMIT_S  # a keepalive reaches at most this far ahead
+    keepalive_limit_s: float = (
+        DEFAULT_KEEPALIVE_LIMIT_S  # a keepalive reaches at most this far ahead
+    )
 
 
 @dataclasses.dataclass
@@ -63,9 +71,13 @@ class ActivityTracker:
 
     def __init__(self, policy: StopPolicy, billed_since: float, active_since: float | None = None):
         self.policy = policy
-        self.billed_since = billed_since  # billing started (the cost meter and max runtime count from it)
+        self.billed_since = (
+            billed_since  # billing started (the cost meter and max runtime count from it)
+        )
         # the idle clock starts when the agent does, not at billing: a slow provision is no idleness
-        self.last_active = max(billed_since, active_since or billed_since)  # last instant of activity
+        self.last_active = max(
+            billed_since, active_since or billed_since
+        )  # last instant of activity
         self.keepalive_until: float | None = None
         self.idle_total_s = 0.0
         self.gpu_util_sum = 0.0
@@ -140,7 +152,11 @@ class ActivityTracker:
         p = self.policy
         billed = max(0.0, now - self.billed_since)
         idle = self._idle_status(now)
-        runtime = {"elapsed_s": round(billed, 1), "max_runtime_s": p.max_runtime_s, "remaining_s": None}
+        runtime = {
+            "elapsed_s": round(billed, 1),
+            "max_runtime_s": p.max_runtime_s,
+            "remaining_s": None,
+        }
         cost, cost_warning = self._cost_status(billed)
         warnings = [cost_warning] if cost_warning else []
         reason = None
@@ -148,9 +164,15 @@ class ActivityTracker:
             left = p.max_runtime_s - billed
             runtime["remaining_s"] = round(max(0.0, left), 1)
             if left <= 0:
-                reason = StopReason(StopKind.MAX_RUNTIME, elapsed_s=round(billed, 1), max_runtime_s=p.max_runtime_s)
+                reason = StopReason(
+                    StopKind.MAX_RUNTIME, elapsed_s=round(billed, 1), max_runtime_s=p.max_runtime_s
+                )
             elif left <= warning_lead(p.max_runtime_s):
-                warnings.append(Warning(WarningKind.MAX_RUNTIME, remaining_s=round(left, 1), limit_s=p.max_runtime_s))
+                warnings.append(
+                    Warning(
+                        WarningKind.MAX_RUNTIME, remaining_s=round(left, 1), limit_s=p.max_runtime_s
+                    )
+                )
         if p.max_cost is not None and cost["so_far"] >= p.max_cost:
             reason = StopReason(StopKind.MAX_COST, spent=cost["so_far"], max_cost=p.max_cost)
         idle_warning = self._idle_warning(now, idle)
@@ -158,7 +180,11 @@ class ActivityTracker:
             warnings.append(idle_warning)
         if reason is None and idle["remaining_s"] is not None and idle["remaining_s"] <= 0:
             # whole seconds, not rounded up: it stopped within a check interval after the timeout
-            reason = StopReason(StopKind.IDLE, idle_for_s=float(int(idle["idle_for_s"])), idle_timeout_s=p.idle_timeout_s)
+            reason = StopReason(
+                StopKind.IDLE,
+                idle_for_s=float(int(idle["idle_for_s"])),
+                idle_timeout_s=p.idle_timeout_s,
+            )
         return Verdict(stop_reason=reason, idle=idle, runtime=runtime, cost=cost, warnings=warnings)
 
     def _idle_status(self, now: float) -> dict[str, Any]:
@@ -203,8 +229,12 @@ class ActivityTracker:
             left = seconds_until_cost(p.price_per_hour, p.max_cost, billed)
             out["remaining_s"] = None if left is None else round(left, 1)
             if COST_WARNING_FRACTION * p.max_cost <= so_far < p.max_cost:
-                warning = Warning(WarningKind.MAX_COST, remaining_s=out["remaining_s"], spent=round(so_far, 6),
-                                  max_cost=p.max_cost)
+                warning = Warning(
+                    WarningKind.MAX_COST,
+                    remaining_s=out["remaining_s"],
+                    spent=round(so_far, 6),
+                    max_cost=p.max_cost,
+                )
         return out, warning
 
     def summary(self, now: float, *, gpu_count: int, cells: int | None = None) -> dict[str, Any]:

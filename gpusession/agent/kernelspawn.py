@@ -42,7 +42,11 @@ def _free_port(ip: str) -> int:
     import _socket
 
     low = _ephemeral_low()
-    tries = [int.from_bytes(os.urandom(2), "big") % (low - 10000) + 10000 for _ in range(20)] if low > 11000 else []
+    tries = (
+        [int.from_bytes(os.urandom(2), "big") % (low - 10000) + 10000 for _ in range(20)]
+        if low > 11000
+        else []
+    )
     for port in tries + [0]:
         s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
         try:
@@ -56,7 +60,9 @@ def _free_port(ip: str) -> int:
 
 
 def _plain(value) -> bool:
-    return isinstance(value, int) or (value.isascii() and value.isprintable() and not set(value) & set('"\\'))
+    return isinstance(value, int) or (
+        value.isascii() and value.isprintable() and not set(value) & set('"\\')
+    )
 
 
 def write_connection_file(path: str, ip: str, base_port: int) -> dict:
@@ -81,11 +87,21 @@ def write_connection_file(path: str, ip: str, base_port: int) -> dict:
         if port not in ports:
             ports.append(port)
     info: dict = dict(zip(KERNEL_PORT_NAMES, ports))
-    info.update(ip=ip, key=os.environ.get(ENV_KERNEL_KEY) or os.urandom(32).hex(), transport=transport,
-                signature_scheme="hmac-sha256", kernel_name="python3")
+    info.update(
+        ip=ip,
+        key=os.environ.get(ENV_KERNEL_KEY) or os.urandom(32).hex(),
+        transport=transport,
+        signature_scheme="hmac-sha256",
+        kernel_name="python3",
+    )
     if all(_plain(v) for v in info.values()):  # ints and plain words: JSON without loading json
-        text = "{\n" + ",\n".join(f' "{k}": {v}' if isinstance(v, int) else f' "{k}": "{v}"'
-                                  for k, v in info.items()) + "\n}"
+        text = (
+            "{\n"
+            + ",\n".join(
+                f' "{k}": {v}' if isinstance(v, int) else f' "{k}": "{v}"' for k, v in info.items()
+            )
+            + "\n}"
+        )
     else:
         import json
 
@@ -96,12 +112,15 @@ def write_connection_file(path: str, ip: str, base_port: int) -> dict:
     return info
 
 
-def kernel_plan(connection_file: str, state_dir: str, session_id: str, workspace: str,
-                restore: bool) -> tuple[list[str], dict[str, str]]:
+def kernel_plan(
+    connection_file: str, state_dir: str, session_id: str, workspace: str, restore: bool
+) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) of a session kernel: the image's own Python, ipykernel from the bundle
     only when the image has none; the agent's activity hook, and the workspace's checkpoint.
     Sets this process's SIGUSR1 disposition for the spawn that follows (_save_signal_for_next_kernel)."""
-    env = dict(os.environ, **kernel_environment(), **{ENV_STATE_DIR: state_dir, ENV_SESSION_ID: session_id})
+    env = dict(
+        os.environ, **kernel_environment(), **{ENV_STATE_DIR: state_dir, ENV_SESSION_ID: session_id}
+    )
     env.pop(ENV_KERNEL_KEY, None)
     # ipykernel's parent poller: the kernel ends when we do (it runs in a session of its own for
     # interrupts, so a killed runtime would otherwise leave it running; pid 1 turns the poller off)
@@ -163,7 +182,9 @@ class Spawned:
                 os.chdir(here)
         self.args = argv
         self.returncode: int | None = None
-        self._lock = _thread.allocate_lock()  # poll() comes from the runtime's loop and the agent's threads
+        self._lock = (
+            _thread.allocate_lock()
+        )  # poll() comes from the runtime's loop and the agent's threads
 
     def poll(self) -> int | None:
         with self._lock:
@@ -207,9 +228,17 @@ def early_kernel(argv: list[str]) -> tuple[Spawned, dict]:
     state_dir = os.path.abspath(opts["--state-dir"])
     private_state_dir(state_dir)
     connection_file = os.path.join(state_dir, "kernel.json")
-    info = write_connection_file(connection_file, opts.get("--kernel-ip") or "127.0.0.1",
-                                 int(opts.get("--kernel-ports") or 0))
+    info = write_connection_file(
+        connection_file,
+        opts.get("--kernel-ip") or "127.0.0.1",
+        int(opts.get("--kernel-ports") or 0),
+    )
     forget_restart(state_dir)
-    argv_, env = kernel_plan(connection_file, state_dir, opts["--session-id"], opts.get("--workspace", ""),
-                             "--restore" in opts)
+    argv_, env = kernel_plan(
+        connection_file,
+        state_dir,
+        opts["--session-id"],
+        opts.get("--workspace", ""),
+        "--restore" in opts,
+    )
     return Spawned(argv_, env, opts.get("--cwd") or None), info

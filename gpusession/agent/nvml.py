@@ -114,7 +114,11 @@ class NvmlReader:
             return False, f"{NO_GPU_MESSAGE} (the driver sees 0 devices)", []
         indices, chosen_by = visible_indices(self._env, count, lambda i: _uuid(api, i))
         if not indices:
-            return False, f"{NO_GPU_MESSAGE} ({chosen_by}={self._env.get(chosen_by or '')} selects none of the {count} the driver sees)", []
+            return (
+                False,
+                f"{NO_GPU_MESSAGE} ({chosen_by}={self._env.get(chosen_by or '')} selects none of the {count} the driver sees)",
+                [],
+            )
         return True, None, [self._device(api, i) for i in indices]
 
     def _device(self, api: NvmlApi, index: int) -> dict:
@@ -122,7 +126,9 @@ class NvmlReader:
         try:
             handle = api.nvmlDeviceGetHandleByIndex(index)
         except Exception as exc:  # noqa: BLE001 - e.g. GpuIsLost: report, keep the others
-            gpu.update({k: None for k in _GPU_FIELDS}, processes=[], error=f"{_error_name(exc)}: {exc}")
+            gpu.update(
+                {k: None for k in _GPU_FIELDS}, processes=[], error=f"{_error_name(exc)}: {exc}"
+            )
             return gpu
 
         def field(call: Callable[[], Any]) -> Any:
@@ -141,7 +147,9 @@ class NvmlReader:
             utilization=None if util is None else float(util.gpu),
             memory_used=None if mem is None else int(mem.used),
             memory_total=None if mem is None else int(mem.total),
-            temperature=field(lambda: float(api.nvmlDeviceGetTemperature(handle, NVML_TEMPERATURE_GPU))),
+            temperature=field(
+                lambda: float(api.nvmlDeviceGetTemperature(handle, NVML_TEMPERATURE_GPU))
+            ),
             power_draw=None if power is None else round(power / 1000.0, 1),
             power_limit=None if limit is None else round(limit / 1000.0, 1),
             sm_clock=field(lambda: int(api.nvmlDeviceGetClockInfo(handle, NVML_CLOCK_SM))),
@@ -151,14 +159,19 @@ class NvmlReader:
 
     def _processes(self, api: NvmlApi, handle: Any) -> list[dict]:
         found: dict[int, dict] = {}
-        for call in (api.nvmlDeviceGetComputeRunningProcesses, api.nvmlDeviceGetGraphicsRunningProcesses):
+        for call in (
+            api.nvmlDeviceGetComputeRunningProcesses,
+            api.nvmlDeviceGetGraphicsRunningProcesses,
+        ):
             try:
                 procs = call(handle)
             except Exception:  # noqa: BLE001 - not supported (some vGPUs): list what we can
                 continue
             for p in procs:
                 used = getattr(p, "usedGpuMemory", None)
-                entry = found.setdefault(int(p.pid), {"pid": int(p.pid), "name": None, "memory_used": None})
+                entry = found.setdefault(
+                    int(p.pid), {"pid": int(p.pid), "name": None, "memory_used": None}
+                )
                 if used is not None:  # NVML says "not available" with None
                     entry["memory_used"] = (entry["memory_used"] or 0) + int(used)
         for entry in found.values():
@@ -175,7 +188,15 @@ class NvmlReader:
 
 
 _GPU_FIELDS = (
-    "name", "uuid", "utilization", "memory_used", "memory_total", "temperature", "power_draw", "power_limit", "sm_clock"
+    "name",
+    "uuid",
+    "utilization",
+    "memory_used",
+    "memory_total",
+    "temperature",
+    "power_draw",
+    "power_limit",
+    "sm_clock",
 )
 
 
@@ -346,7 +367,9 @@ def record_raw(api: NvmlApi | None = None) -> dict:
         h = api.nvmlDeviceGetHandleByIndex(i)
         dev: dict[str, Any] = {}
 
-        def rec(key: str, call: Callable[[], Any], convert: Callable[[Any], Any] = lambda v: v) -> None:
+        def rec(
+            key: str, call: Callable[[], Any], convert: Callable[[Any], Any] = lambda v: v
+        ) -> None:
             try:
                 dev[key] = convert(call())
             except Exception as exc:  # noqa: BLE001 - recorded as it is
@@ -354,8 +377,16 @@ def record_raw(api: NvmlApi | None = None) -> dict:
 
         rec("name", lambda: api.nvmlDeviceGetName(h), _text)
         rec("uuid", lambda: api.nvmlDeviceGetUUID(h), _text)
-        rec("utilization", lambda: api.nvmlDeviceGetUtilizationRates(h), lambda u: {"gpu": u.gpu, "memory": u.memory})
-        rec("memory", lambda: api.nvmlDeviceGetMemoryInfo(h), lambda m: {"used": m.used, "total": m.total})
+        rec(
+            "utilization",
+            lambda: api.nvmlDeviceGetUtilizationRates(h),
+            lambda u: {"gpu": u.gpu, "memory": u.memory},
+        )
+        rec(
+            "memory",
+            lambda: api.nvmlDeviceGetMemoryInfo(h),
+            lambda m: {"used": m.used, "total": m.total},
+        )
         rec("temperature", lambda: api.nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU))
         rec("power_usage", lambda: api.nvmlDeviceGetPowerUsage(h))
         rec("power_limit", lambda: api.nvmlDeviceGetEnforcedPowerLimit(h))
@@ -363,7 +394,12 @@ def record_raw(api: NvmlApi | None = None) -> dict:
         procs = lambda ps: [{"pid": p.pid, "usedGpuMemory": p.usedGpuMemory} for p in ps]  # noqa: E731
         rec("compute_processes", lambda: api.nvmlDeviceGetComputeRunningProcesses(h), procs)
         rec("graphics_processes", lambda: api.nvmlDeviceGetGraphicsRunningProcesses(h), procs)
-        pids = {p["pid"] for k in ("compute_processes", "graphics_processes") if isinstance(dev[k], list) for p in dev[k]}
+        pids = {
+            p["pid"]
+            for k in ("compute_processes", "graphics_processes")
+            if isinstance(dev[k], list)
+            for p in dev[k]
+        }
         dev["process_names"] = {str(pid): _process_name(api, pid) for pid in pids}
         devices.append(dev)
     out["frames"].append({"devices": devices})

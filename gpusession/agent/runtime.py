@@ -28,7 +28,13 @@ from ..agentargs import PLACEMENT, add_arguments
 from ..envnames import RESTART_FILE
 from ..protocol import KERNEL_PORT_NAMES, Marker, StopKind, StopReason, marker_line
 from . import service
-from .kernelspawn import Spawned, forget_restart, kernel_plan, private_state_dir, write_connection_file
+from .kernelspawn import (
+    Spawned,
+    forget_restart,
+    kernel_plan,
+    private_state_dir,
+    write_connection_file,
+)
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -58,7 +64,10 @@ def _share_sockets(info: dict) -> None:
     whose owner outside is another uid than the kernel's) are made that group's too: connecting
     to a unix socket needs write on it, and the runtime's umask made them the kernel's alone. The
     folder stays the gate: in a 0700 one they stay 0700."""
-    if info.get("transport") != "ipc" or os.stat(os.path.dirname(info["ip"])).st_mode & 0o070 != 0o070:
+    if (
+        info.get("transport") != "ipc"
+        or os.stat(os.path.dirname(info["ip"])).st_mode & 0o070 != 0o070
+    ):
         return
     for name in KERNEL_PORT_NAMES:
         os.chmod(f"{info['ip']}-{info[name]}", 0o660)
@@ -76,27 +85,44 @@ class Runtime:
         self.stop_reason: StopReason | None = None
         self._stopped = threading.Event()
         self.started_at = time.time()
-        self.agent_port: int | None = args.agent_port if args.agent_port > 0 else None  # the agent sets the real one
+        self.agent_port: int | None = (
+            args.agent_port if args.agent_port > 0 else None
+        )  # the agent sets the real one
         self.stop_hooks: list = []  # callables(reason), run by stop() once the kernel is down
         self._stop_lock = threading.Lock()
         self._stopping = False
         self.generation = 0  # kernels started so far: a restart makes the next one
         self.kernel_ready = False
         self._restart = threading.Event()  # POST /restart asked for a fresh kernel
-        self._kernel_lock = threading.Lock()  # a restart request and the swap to the next kernel: one at a time
-        self.checkpoint: dict | None = None  # the last save of the namespace (gpusession.agent.saving)
+        self._kernel_lock = (
+            threading.Lock()
+        )  # a restart request and the swap to the next kernel: one at a time
+        self.checkpoint: dict | None = (
+            None  # the last save of the namespace (gpusession.agent.saving)
+        )
 
     def spawn_kernel(self) -> dict:
         """A kernel process on the connection file (made at the first start, kept by restarts),
         started (not yet listening); its connection info."""
-        info = write_connection_file(self.connection_file, self.args.kernel_ip, self.args.kernel_ports)
+        info = write_connection_file(
+            self.connection_file, self.args.kernel_ip, self.args.kernel_ports
+        )
         self._restart.clear()
         forget_restart(self.state_dir)
-        cmd, env = kernel_plan(self.connection_file, self.state_dir, self.args.session_id, self.args.workspace,
-                               self.args.restore and self.generation == 0)
+        cmd, env = kernel_plan(
+            self.connection_file,
+            self.state_dir,
+            self.args.session_id,
+            self.args.workspace,
+            self.args.restore and self.generation == 0,
+        )
         # own process group: an interrupt_request SIGINTs the kernel's group, not us
-        self.kernel = subprocess.Popen(cmd, env=env, start_new_session=True, cwd=self.args.cwd or None)
-        if self._stopping:  # a stop came while a restart started this one: stop() may have missed it
+        self.kernel = subprocess.Popen(
+            cmd, env=env, start_new_session=True, cwd=self.args.cwd or None
+        )
+        if (
+            self._stopping
+        ):  # a stop came while a restart started this one: stop() may have missed it
             _end_process_group(self.kernel)
             raise RuntimeError("the session is stopping")
         return info
@@ -109,7 +135,11 @@ class Runtime:
             if self.kernel.poll() is not None:
                 raise RuntimeError(f"kernel exited during start with code {self.kernel.returncode}")
             # with unix sockets, all five: they are given their group's access below
-            waited = KERNEL_PORT_NAMES if info.get("transport") == "ipc" else ("shell_port", "control_port", "iopub_port")
+            waited = (
+                KERNEL_PORT_NAMES
+                if info.get("transport") == "ipc"
+                else ("shell_port", "control_port", "iopub_port")
+            )
             if all(_port_open(info, p) for p in waited):
                 break
             time.sleep(0.01)  # a session's start waits for this
@@ -126,15 +156,22 @@ class Runtime:
     def where(self, info: dict) -> dict:
         """Where to connect, as KERNEL and READY say it (never the key: logs are read by more
         than the client)."""
-        return {"ports": {name: info[name] for name in KERNEL_PORT_NAMES}, "agent_port": self.agent_port,
-                "transport": info.get("transport", "tcp"), "ip": info["ip"]}
+        return {
+            "ports": {name: info[name] for name in KERNEL_PORT_NAMES},
+            "agent_port": self.agent_port,
+            "transport": info.get("transport", "tcp"),
+            "ip": info["ip"],
+        }
 
     def kernel_state(self) -> dict:
         """What the agent's /health reports: which kernel runs (a restart counts up
         `generation`), whether its process runs, whether it listens."""
         kernel = self.kernel
-        return {"generation": self.generation, "running": bool(kernel and kernel.poll() is None),
-                "ready": self.kernel_ready}
+        return {
+            "generation": self.generation,
+            "running": bool(kernel and kernel.poll() is None),
+            "ready": self.kernel_ready,
+        }
 
     def request_restart(self) -> dict:
         """A fresh kernel in this session: end the running kernel's process group (SIGTERM, then
@@ -147,7 +184,9 @@ class Runtime:
             raise RuntimeError("the session is stopping")
         with self._kernel_lock:
             kernel = self.kernel
-            if kernel is not None and self.kernel_ready and kernel.poll() is None:  # else one starts, or the session ends
+            if (
+                kernel is not None and self.kernel_ready and kernel.poll() is None
+            ):  # else one starts, or the session ends
                 self._restart.set()
                 threading.Thread(target=_end_process_group, args=(kernel,), daemon=True).start()
         return self.kernel_state()
@@ -183,7 +222,10 @@ class Runtime:
                 return
             self._stopping = True
         self.stop_reason = reason
-        _write_json(os.path.join(self.state_dir, "stopped.json"), {"reason": reason.to_dict(), "at": time.time()})
+        _write_json(
+            os.path.join(self.state_dir, "stopped.json"),
+            {"reason": reason.to_dict(), "at": time.time()},
+        )
         print(marker_line(Marker.STOPPED, reason.to_dict()), flush=True)
         if self.kernel and self.kernel.poll() is None:
             _end_process_group(self.kernel)
@@ -202,14 +244,23 @@ class Runtime:
                     try:
                         self._restart_kernel()
                     except Exception as exc:  # noqa: BLE001 - reported; the session ends
-                        print(marker_line(Marker.FAILED, {"stage": "kernel restart", "error": str(exc)}), flush=True)
-                        self.stop(StopReason(StopKind.START_FAILED, detail=f"restart kernel: {exc}"))
+                        print(
+                            marker_line(
+                                Marker.FAILED, {"stage": "kernel restart", "error": str(exc)}
+                            ),
+                            flush=True,
+                        )
+                        self.stop(
+                            StopReason(StopKind.START_FAILED, detail=f"restart kernel: {exc}")
+                        )
                     continue
                 if self._stopping:  # a stop is under way on another thread: let it finish its
                     self._stopped.wait(130)  # hooks (the summary, the shutdown command) first
                     break
                 if not self.stop_reason:
-                    self.stop_reason = StopReason(StopKind.KERNEL_EXIT, exit_code=self.kernel.returncode)
+                    self.stop_reason = StopReason(
+                        StopKind.KERNEL_EXIT, exit_code=self.kernel.returncode
+                    )
                     _write_json(
                         os.path.join(self.state_dir, "stopped.json"),
                         {"reason": self.stop_reason.to_dict(), "at": time.time()},
@@ -234,8 +285,12 @@ def _end_process_group(kernel: subprocess.Popen | Spawned, grace: float = 5.0) -
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gpusession.agent")
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="start the session kernel and its agent; return when the session ends")
-    add_arguments(run, PLACEMENT)  # gpusession.agentargs.AgentArgs: every option of `run`, written once
+    run = sub.add_parser(
+        "run", help="start the session kernel and its agent; return when the session ends"
+    )
+    add_arguments(
+        run, PLACEMENT
+    )  # gpusession.agentargs.AgentArgs: every option of `run`, written once
     service.add_arguments(run)
     service.add_commands(sub)
     return p

@@ -41,7 +41,10 @@ def memory_limit(root: str = "/sys/fs/cgroup") -> int | None:
     """The memory this container may use: its cgroup limit when one is set (v2, then v1),
     else the machine's memory."""
     total = _meminfo_total()
-    for path in (os.path.join(root, "memory.max"), os.path.join(root, "memory", "memory.limit_in_bytes")):
+    for path in (
+        os.path.join(root, "memory.max"),
+        os.path.join(root, "memory", "memory.limit_in_bytes"),
+    ):
         text = (_read(path) or "").strip()
         if text.isdigit() and (total is None or int(text) < total):
             return int(text)  # "max" or v1's huge number mean no limit
@@ -65,7 +68,9 @@ class ProcessTreeUsage:
             except OSError:
                 continue  # exited meanwhile
             for tid in tids:  # a child belongs to the thread that started it
-                todo.extend(int(c) for c in (_read(f"/proc/{pid}/task/{tid}/children") or "").split())
+                todo.extend(
+                    int(c) for c in (_read(f"/proc/{pid}/task/{tid}/children") or "").split()
+                )
         return pids
 
     def read(self) -> tuple[float, int, int | None]:
@@ -96,7 +101,9 @@ class Sampler:
     ):
         self.nvml = nvml or NvmlReader()
         self.usage = usage or ProcessTreeUsage(os.getpid())
-        self.history: collections.deque[dict] = collections.deque(maxlen=max(1, int(history_s / max(interval_s, 1e-3))))
+        self.history: collections.deque[dict] = collections.deque(
+            maxlen=max(1, int(history_s / max(interval_s, 1e-3)))
+        )
         self.gpus_visible = False
         self.message: str | None = None
         self._cpu_clock = cpu_clock
@@ -141,4 +148,3 @@ class Sampler:
         if limit is not None:
             items = items[-limit:] if limit > 0 else []
         return items
-

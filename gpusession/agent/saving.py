@@ -30,14 +30,23 @@ def _read(path: str) -> dict | None:
         return None
 
 
-def save_kernel(state_dir: str, kernel_pid: int | None, *, timeout_s: float, cap_bytes: int | None,
-                clock=time.time, sleep=time.sleep) -> dict:
+def save_kernel(
+    state_dir: str,
+    kernel_pid: int | None,
+    *,
+    timeout_s: float,
+    cap_bytes: int | None,
+    clock=time.time,
+    sleep=time.sleep,
+) -> dict:
     """Ask the kernel to save; its result (`saved`, `bytes`, `imports`, `skipped`, `committed`),
     or {"committed": False, "error": why} when there is no kernel or the bound passed."""
     started = clock()
     if not kernel_pid:
         return {"committed": False, "error": "no kernel"}
-    if not _handler_ready(state_dir, kernel_pid):  # a signal now would be dropped: no wait for an answer
+    if not _handler_ready(
+        state_dir, kernel_pid
+    ):  # a signal now would be dropped: no wait for an answer
         return {"committed": False, "error": STARTING}
     if not _one_at_a_time.acquire(timeout=timeout_s):
         return {"committed": False, "error": "another save was under way", "timeout_s": timeout_s}
@@ -56,8 +65,15 @@ def _handler_ready(state_dir: str, kernel_pid: int) -> bool:
         return False
 
 
-def _save(state_dir: str, kernel_pid: int, deadline: float, timeout_s: float, cap_bytes: int | None,
-          clock, sleep) -> dict:
+def _save(
+    state_dir: str,
+    kernel_pid: int,
+    deadline: float,
+    timeout_s: float,
+    cap_bytes: int | None,
+    clock,
+    sleep,
+) -> dict:
     request_id = uuid.uuid4().hex
     path = os.path.join(state_dir, SAVE_REQUEST)
     tmp = path + ".tmp"

@@ -35,12 +35,16 @@ def _recording(path: str) -> RecordedNvml:
     try:
         return RecordedNvml.from_file(path, loop=True)
     except (OSError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(f"cannot read the NVML recording {path!r}: {exc}") from None
+        raise argparse.ArgumentTypeError(
+            f"cannot read the NVML recording {path!r}: {exc}"
+        ) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The watchdog's and the stats' options (gpusession.agentargs.AgentArgs holds them all)."""
-    add_agent_arguments(parser.add_argument_group(WATCHDOG), WATCHDOG, types={RECORDING: _recording})
+    add_agent_arguments(
+        parser.add_argument_group(WATCHDOG), WATCHDOG, types={RECORDING: _recording}
+    )
 
 
 def save_namespace(rt, args: argparse.Namespace, *, asked: bool = False) -> dict:
@@ -83,10 +87,15 @@ def start(rt, args: argparse.Namespace) -> Watchdog | None:
     """Start the endpoint and the watchdog for runtime `rt` (called before its kernel starts)."""
     if getattr(args, "no_agent", False):
         return None
-    tracker = ActivityTracker(policy_from_args(args), args.billed_since or rt.started_at, active_since=time.time())
+    tracker = ActivityTracker(
+        policy_from_args(args), args.billed_since or rt.started_at, active_since=time.time()
+    )
     replay = getattr(args, "nvml_replay", None)
-    sampler = Sampler(NvmlReader(replay) if replay is not None else None,
-                      interval_s=args.sample_interval or 1.0, history_s=int(args.history))
+    sampler = Sampler(
+        NvmlReader(replay) if replay is not None else None,
+        interval_s=args.sample_interval or 1.0,
+        history_s=int(args.history),
+    )
     watchdog = Watchdog(
         session_id=args.session_id,
         state_dir=rt.state_dir,
@@ -98,12 +107,20 @@ def start(rt, args: argparse.Namespace) -> Watchdog | None:
         sample_interval_s=args.sample_interval,
     )
     if args.agent_port >= 0:
-        from .endpoint import AgentServer, token_from_connection_file  # here: the kernel boots meanwhile
+        from .endpoint import (
+            AgentServer,
+            token_from_connection_file,
+        )  # here: the kernel boots meanwhile
 
         try:
-            server = AgentServer(watchdog, token_from_connection_file(rt.connection_file), port=args.agent_port,
-                                 kernel=rt, save=lambda: save_namespace(rt, args, asked=True),
-                                 restored=lambda: restore_report(rt.state_dir)).start()
+            server = AgentServer(
+                watchdog,
+                token_from_connection_file(rt.connection_file),
+                port=args.agent_port,
+                kernel=rt,
+                save=lambda: save_namespace(rt, args, asked=True),
+                restored=lambda: restore_report(rt.state_dir),
+            ).start()
             rt.agent_port = server.port
         except OSError as exc:  # the port is taken: keep the watchdog, which is what saves money
             error = f"no stats endpoint on port {args.agent_port}: {exc}"
@@ -138,18 +155,29 @@ def _on_stop(rt, watchdog: Watchdog, args: argparse.Namespace, reason: StopReaso
         try:
             subprocess.run(args.shutdown_command, shell=True, timeout=120, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            print(marker_line(Marker.AGENT_ERROR, {"error": f"shutdown command failed: {exc}"}), flush=True)
+            print(
+                marker_line(Marker.AGENT_ERROR, {"error": f"shutdown command failed: {exc}"}),
+                flush=True,
+            )
 
 
 # -- commands besides `run` --------------------------------------------------------------------
 
 
 def add_commands(subparsers) -> None:
-    s = subparsers.add_parser("sample", help="read the GPUs (and this machine's CPU/memory) and print JSON")
+    s = subparsers.add_parser(
+        "sample", help="read the GPUs (and this machine's CPU/memory) and print JSON"
+    )
     s.add_argument("--count", type=int, default=1, help="samples to take (default 1)")
     s.add_argument("--interval", type=positive, default=1.0, help="seconds between samples")
-    s.add_argument("--recorded", default="", help="replay raw NVML values from this JSON file instead of the driver")
-    r = subparsers.add_parser("nvml-record", help="print the driver's raw NVML values (tests/data format)")
+    s.add_argument(
+        "--recorded",
+        default="",
+        help="replay raw NVML values from this JSON file instead of the driver",
+    )
+    r = subparsers.add_parser(
+        "nvml-record", help="print the driver's raw NVML values (tests/data format)"
+    )
     r.add_argument("--frames", type=int, default=1, help="readings to record, one a second")
 
 

@@ -43,7 +43,9 @@ class Transfers:
         self.kernel = kernel
         self.touch = touch
         self.open: dict = {}
-        self.finished: "collections.OrderedDict[str, Any]" = collections.OrderedDict()  # their last answers
+        self.finished: "collections.OrderedDict[str, Any]" = (
+            collections.OrderedDict()
+        )  # their last answers
 
     def ns(self) -> dict:
         return self.kernel.shell.user_ns
@@ -104,7 +106,9 @@ class Transfers:
                 return {"status": "ok", "ahead": True, "expected": transfer.next_seq}, []
             transfer.next_seq += 1
             last = bool(request.get("last"))
-            result = transfer.feed(buffers[0] if buffers else b"", last, request.get("crc"), request.get("size"))
+            result = transfer.feed(
+                buffers[0] if buffers else b"", last, request.get("crc"), request.get("size")
+            )
             if result is not None and "error" in result:
                 raise TransferError(result["error"])
             if last:
@@ -124,7 +128,7 @@ class Transfers:
         now = time.monotonic()
         for stale in [t for t, tr in self.open.items() if now - tr.touched > STALE_S]:
             self._drop(stale)  # left by clients that went away (a cut that never came back)
-        for stale in list(self.open)[:-MAX_OPEN + 1] if len(self.open) >= MAX_OPEN else []:
+        for stale in list(self.open)[: -MAX_OPEN + 1] if len(self.open) >= MAX_OPEN else []:
             self._drop(stale)  # the oldest
         kind = request.get("kind")
         cwd = os.getcwd()

@@ -152,8 +152,12 @@ class Upload:
             self.extraction.discard()
             return {"error": self.error or damaged}
         self.extraction.commit()
-        return {"files": self.extraction.files, "bytes": self.extraction.bytes, "dest": self.dest,
-                "refused": self.extraction.refused}
+        return {
+            "files": self.extraction.files,
+            "bytes": self.extraction.bytes,
+            "dest": self.dest,
+            "refused": self.extraction.refused,
+        }
 
 
 class _Check:
@@ -170,7 +174,9 @@ class _Check:
     def damaged(self, crc, size, what: str) -> str:
         """'' when it matches (or the sender gave no figures), else why."""
         if size is not None and size != self.size:
-            return f"the {what} arrived incomplete ({self.size} of {size} bytes); nothing was written"
+            return (
+                f"the {what} arrived incomplete ({self.size} of {size} bytes); nothing was written"
+            )
         if crc is not None and crc != self.crc:
             return f"the {what} arrived damaged (its checksum differs); nothing was written"
         return ""
@@ -199,10 +205,12 @@ class Push:
         values, bad, at = {}, [], 0
         for name, size in zip(self.names, self.sizes):
             try:
-                values[name] = pickle.loads(blob[at:at + size])
+                values[name] = pickle.loads(blob[at : at + size])
             except Exception as exc:  # noqa: BLE001 - unpickling raises many kinds
-                bad.append(f"{name}: does not unpickle in the session ({type(exc).__name__}: {exc}); "
-                           "is its module installed there?")
+                bad.append(
+                    f"{name}: does not unpickle in the session ({type(exc).__name__}: {exc}); "
+                    "is its module installed there?"
+                )
             at += size
         if bad:
             return {"error": "cannot push " + "; ".join(bad)}
@@ -213,7 +221,9 @@ class Push:
 class _Source:
     """Bytes for the client, chunk by chunk: a blob (pull) or a tar stream made by a thread."""
 
-    def __init__(self, chunk: int, blob: Optional[bytes] = None, make: Optional[Callable] = None) -> None:
+    def __init__(
+        self, chunk: int, blob: Optional[bytes] = None, make: Optional[Callable] = None
+    ) -> None:
         self.chunk = chunk
         self.blob = memoryview(blob) if blob is not None else None
         self.at = 0
@@ -224,7 +234,9 @@ class _Source:
         self.ended = False
         if make is not None:
             self.sink = _Chunks(chunk)
-            threading.Thread(target=self._run, args=(make,), daemon=True, name="gpusession-download").start()
+            threading.Thread(
+                target=self._run, args=(make,), daemon=True, name="gpusession-download"
+            ).start()
 
     def _run(self, make: Callable) -> None:
         try:
@@ -254,7 +266,9 @@ class _Source:
         if seq in self.kept:
             return self.kept[seq]
         if seq < self.next_seq:
-            raise TransferError(f"part {seq} of this transfer was asked for again after it was forgotten")
+            raise TransferError(
+                f"part {seq} of this transfer was asked for again after it was forgotten"
+            )
         while self.next_seq <= seq:
             part, eof = (b"", True) if self.ended else self.read()
             self.ended = self.ended or eof  # after the end: every later part is the end again
@@ -265,7 +279,7 @@ class _Source:
 
     def read(self) -> tuple[Any, bool]:
         if self.blob is not None:
-            part = self.blob[self.at:self.at + self.chunk]
+            part = self.blob[self.at : self.at + self.chunk]
             self.at += len(part)
             return part, self.at >= len(self.blob)
         item = self.sink.out.get()
@@ -299,14 +313,19 @@ def open_download(cwd: str, paths: list, chunk: int) -> tuple[_Source, dict]:
     for path in paths:
         full = inside(cwd, path, "path")
         if not os.path.exists(full):
-            raise TransferError(f"no such file or folder in the session: {path!r} (in {os.path.realpath(cwd)})")
+            raise TransferError(
+                f"no such file or folder in the session: {path!r} (in {os.path.realpath(cwd)})"
+            )
         found.append(full)
     total = 0
     for full in found:
         if os.path.isdir(full):
             for top, _, files in os.walk(full):
-                total += sum(os.path.getsize(os.path.join(top, f)) for f in files
-                             if os.path.isfile(os.path.join(top, f)))
+                total += sum(
+                    os.path.getsize(os.path.join(top, f))
+                    for f in files
+                    if os.path.isfile(os.path.join(top, f))
+                )
         else:
             total += os.path.getsize(full)
 

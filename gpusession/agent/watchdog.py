@@ -63,11 +63,16 @@ class Watchdog:
             sample = self.sampler.sample(now, kernel_busy=busy)
             gpu_utils = [g.get("utilization") for g in sample["gpus"]]
             # keep the 1 Hz grid; after a long stall, restart it rather than catch up
-            self._next_sample = max(self._next_sample + self.sample_interval_s, now - self.sample_interval_s / 2)
+            self._next_sample = max(
+                self._next_sample + self.sample_interval_s, now - self.sample_interval_s / 2
+            )
         with self._lock:
             self._cells = int(act.get("cells") or 0)
             self.tracker.observe(
-                now, kernel_busy=busy, kernel_last_activity=act.get("last_activity"), gpu_utils=gpu_utils,
+                now,
+                kernel_busy=busy,
+                kernel_last_activity=act.get("last_activity"),
+                gpu_utils=gpu_utils,
                 kernel_starting=not act.get("reached", True),
             )
             verdict = self.tracker.evaluate(now)
@@ -90,7 +95,11 @@ class Watchdog:
             try:
                 self.tick()
             except Exception as exc:  # noqa: BLE001 - one bad reading must not end the watchdog
-                self._log(marker_line(Marker.AGENT_ERROR, {"error": f"tick failed: {type(exc).__name__}: {exc}"}))
+                self._log(
+                    marker_line(
+                        Marker.AGENT_ERROR, {"error": f"tick failed: {type(exc).__name__}: {exc}"}
+                    )
+                )
             stop_event.wait(self.check_interval_s)
 
     # -- what the endpoint serves -----------------------------------------------------------
@@ -125,9 +134,13 @@ class Watchdog:
 
     def summary(self) -> dict[str, Any]:
         now = self.clock()
-        cells = self._read_activity(self.state_dir).get("cells")  # fresh: a cell may have run since the last tick
+        cells = self._read_activity(self.state_dir).get(
+            "cells"
+        )  # fresh: a cell may have run since the last tick
         with self._lock:
-            out = self.tracker.summary(now, gpu_count=self.gpu_count, cells=int(cells or self._cells))
+            out = self.tracker.summary(
+                now, gpu_count=self.gpu_count, cells=int(cells or self._cells)
+            )
         out["session_id"] = self.session_id
         out["reason"] = self.stop_reason.to_dict() if self.stop_reason else None
         out["at"] = round(now, 3)

@@ -32,7 +32,9 @@ def load_backend_class(name: str) -> type[Backend]:
     classes = backend_classes() if backend_classes is not _scan else None
     target = classes.get(key) if classes is not None else registry.target_of(key)
     if target is None:
-        raise BadInput(f"unknown backend {name!r}; valid backends: {', '.join(sorted(classes or backend_classes()))}")
+        raise BadInput(
+            f"unknown backend {name!r}; valid backends: {', '.join(sorted(classes or backend_classes()))}"
+        )
     try:
         return registry.import_target(target)
     except ModuleNotFoundError as exc:
@@ -43,14 +45,21 @@ def default_order(classes: dict[str, type[Backend]]) -> list[str]:
     """The backends that may be the default (no --backend given, none configured), in the order
     they are tried: by their class's `default_rank`, then name. The first whose `available()`
     answers yes is the default (docker when an engine answers, else local)."""
-    ranked = [(cls.default_rank, name) for name, cls in classes.items() if getattr(cls, "default_rank", None) is not None]
+    ranked = [
+        (cls.default_rank, name)
+        for name, cls in classes.items()
+        if getattr(cls, "default_rank", None) is not None
+    ]
     return [name for _, name in sorted(ranked)]
 
 
 def listing_order(classes: dict[str, type[Backend]]) -> list[str]:
     """The backends in the order every listing shows them (workspaces, an option's backends):
     by their class's `order`, then name."""
-    return [name for _, name in sorted((getattr(cls, "order", 100), name) for name, cls in classes.items())]
+    return [
+        name
+        for _, name in sorted((getattr(cls, "order", 100), name) for name, cls in classes.items())
+    ]
 
 
 def loaded_classes() -> dict[str, type[Backend]]:
@@ -67,5 +76,18 @@ def workspace_backends() -> list[str]:
     return [name for name in listing_order(classes) if classes[name].keeps_workspaces]
 
 
-__all__ = ["Backend", "Link", "Recorder", "RemoteResource", "TunnelLink", "backend_classes", "backend_names",
-           "load_backend_class", "loaded_classes", "default_order", "listing_order", "workspace_backends", "GROUP"]
+__all__ = [
+    "Backend",
+    "Link",
+    "Recorder",
+    "RemoteResource",
+    "TunnelLink",
+    "backend_classes",
+    "backend_names",
+    "load_backend_class",
+    "loaded_classes",
+    "default_order",
+    "listing_order",
+    "workspace_backends",
+    "GROUP",
+]

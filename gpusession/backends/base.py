@@ -89,8 +89,12 @@ class Workspace:
     where: str  # one line for the user: "volume gpusession-ws-x on the local engine", a path
     size_bytes: int | None = None  # None: unknown (an engine that does not say)
     monthly_cost: float | None = None  # dollars a month it costs while kept; None: nothing billed
-    in_use_by: list[str] = dataclasses.field(default_factory=list)  # session ids whose remote side uses it now
-    details: dict[str, Any] = dataclasses.field(default_factory=dict)  # what remove_workspace needs (host...)
+    in_use_by: list[str] = dataclasses.field(
+        default_factory=list
+    )  # session ids whose remote side uses it now
+    details: dict[str, Any] = dataclasses.field(
+        default_factory=dict
+    )  # what remove_workspace needs (host...)
 
 
 class Link(abc.ABC):
@@ -125,15 +129,21 @@ class DirectLink(Link):
     (a container of the local Docker engine on the host network): nothing to open, nothing that
     can drop."""
 
-    def __init__(self, kernel_info: dict, agent_port: int | None, alive: "Callable[[], bool] | None" = None):
+    def __init__(
+        self, kernel_info: dict, agent_port: int | None, alive: "Callable[[], bool] | None" = None
+    ):
         """`kernel_info`: the runtime's kernel.json (ports on 127.0.0.1); `agent_port`: the
         agent's (runtime.json), None when it has none; `alive`: is the remote side still there
         (asked at most once a second; a kernel that dies while it starts is noticed by it)."""
         from ..models import KernelEndpoint
 
         agent_url = f"http://127.0.0.1:{int(agent_port)}" if agent_port else None
-        ip = kernel_info["ip"] if kernel_info.get("transport") == "ipc" else "127.0.0.1"  # unix sockets: their path
-        self.endpoint = KernelEndpoint(connection_info=dict(kernel_info, ip=ip), agent_url=agent_url)
+        ip = (
+            kernel_info["ip"] if kernel_info.get("transport") == "ipc" else "127.0.0.1"
+        )  # unix sockets: their path
+        self.endpoint = KernelEndpoint(
+            connection_info=dict(kernel_info, ip=ip), agent_url=agent_url
+        )
         self._alive = alive
         self._checked = (0.0, True)
 
@@ -162,7 +172,9 @@ class TunnelLink(Link):
         from ..tunnel import CONTAINER_AGENT_PORT, tunneled_endpoint
 
         self.tunnel = tunnel
-        self.endpoint = tunneled_endpoint(tunnel, kernel_info, CONTAINER_AGENT_PORT if agent_port == -1 else agent_port)
+        self.endpoint = tunneled_endpoint(
+            tunnel, kernel_info, CONTAINER_AGENT_PORT if agent_port == -1 else agent_port
+        )
 
     def close(self) -> None:
         self.tunnel.close()
@@ -215,7 +227,9 @@ class Backend(abc.ABC):
     order: ClassVar[int] = 100
     """Its place in listings (workspaces, an option's backends, the docs): lowest first."""
 
-    price_source: ClassVar[str] = "GpuSessionConfig.price_per_hour, else the catalog's on-demand rate"
+    price_source: ClassVar[str] = (
+        "GpuSessionConfig.price_per_hour, else the catalog's on-demand rate"
+    )
     """Where `price_per_hour` takes its price from, in words (the docs' backend table)."""
 
     def __init__(self, config: "GpuSessionConfig", recorder: Recorder):
@@ -346,15 +360,20 @@ def failure_detail(payload: Any) -> str:
 # Where a marker starts, wherever it is in a line: the kernel shares the runtime's stdout and
 # prints "To connect another client to this kernel, use:" and its newline as two writes, so
 # the runtime's READY line can land between them (about one start in ninety, under load).
-_MARKER_AT = re.compile("(?=(?:" + "|".join(sorted((re.escape(m.value) for m in Marker), key=len, reverse=True))
-                        + r")(?:\s|$))")
+_MARKER_AT = re.compile(
+    "(?=(?:"
+    + "|".join(sorted((re.escape(m.value) for m in Marker), key=len, reverse=True))
+    + r")(?:\s|$))"
+)
 
 
 def marker_lines(text: str) -> list[str]:
     """The log's lines, each split again where a marker starts in its middle."""
     out: list[str] = []
     for line in text.splitlines():
-        out += [part for part in _MARKER_AT.split(line) if part] if "GPUSESSION_" in line else [line]
+        out += (
+            [part for part in _MARKER_AT.split(line) if part] if "GPUSESSION_" in line else [line]
+        )
     return out
 
 

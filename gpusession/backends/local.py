@@ -57,7 +57,7 @@ def _process_label(pid: int) -> str | None:
     prefix = ENV_SESSION_ID.encode() + b"="
     for item in env:
         if item.startswith(prefix):
-            return item[len(prefix):].decode()
+            return item[len(prefix) :].decode()
     return None
 
 
@@ -83,7 +83,10 @@ class LocalBackend(Backend):
         _private_dirs(state_dir)
         workspace = self.workspace_dir(workspace_name(record))  # the kernel's working folder, kept
         if record.spec.extra.get("resume") and not workspace.is_dir():
-            raise StageError("provision", f"no workspace {workspace.name} to resume (`gpusession workspaces` lists them)")
+            raise StageError(
+                "provision",
+                f"no workspace {workspace.name} to resume (`gpusession workspaces` lists them)",
+            )
         _private_dirs(workspace)
         sockets = private_socket_dir()
         self.recorder.save(record.id, sockets=sockets)
@@ -96,7 +99,9 @@ class LocalBackend(Backend):
                 record,
                 session_id=record.id,
                 state_dir=str(state_dir),
-                kernel_ip=os.path.join(sockets, "k"),  # unix sockets in a 0700 folder: no other user reaches the kernel
+                kernel_ip=os.path.join(
+                    sockets, "k"
+                ),  # unix sockets in a 0700 folder: no other user reaches the kernel
                 cwd=str(workspace),
                 workspace=str(workspace),
             ).argv(),
@@ -104,14 +109,25 @@ class LocalBackend(Backend):
         env = dict(os.environ, **{ENV_SESSION_ID: record.id})
         env.pop("JPY_PARENT_PID", None)
         progress.step("starting kernel process")
-        log = os.fdopen(os.open(state_dir / "runtime.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+        log = os.fdopen(
+            os.open(state_dir / "runtime.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab"
+        )
         try:
             # umask 077: what the runtime and its kernel write (checkpoints, the user's files) is the user's alone
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, umask=0o077)
+            proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                umask=0o077,
+            )
         finally:
             log.close()
-        self.recorder.save(record.id, pid=proc.pid, state_dir=str(state_dir), workspace=workspace.name)
+        self.recorder.save(
+            record.id, pid=proc.pid, state_dir=str(state_dir), workspace=workspace.name
+        )
         # reap it if we outlive it, so it never lingers as a zombie of ours
         import threading
 
@@ -127,7 +143,10 @@ class LocalBackend(Backend):
             if runtime.get("ready"):
                 break
             if not _pid_alive(pid):
-                raise StageError("connect", f"kernel process exited during start: {_tail(state_dir / 'runtime.log')}")
+                raise StageError(
+                    "connect",
+                    f"kernel process exited during start: {_tail(state_dir / 'runtime.log')}",
+                )
             if time.monotonic() > deadline:
                 raise StageError("connect", "kernel did not become ready within 60s")
             time.sleep(0.05)
@@ -144,7 +163,11 @@ class LocalBackend(Backend):
         """/proc answers, in microseconds; only for sessions started on this machine (a store
         shared between machines holds others)."""
         here = socket.gethostname()
-        return {r.id: self.is_alive(r) for r in records if r.owner.partition(":")[0].rpartition("@")[2] == here}
+        return {
+            r.id: self.is_alive(r)
+            for r in records
+            if r.owner.partition(":")[0].rpartition("@")[2] == here
+        }
 
     def stop_details(self, record: SessionRecord) -> StopDetails | None:
         """What the runtime left at its end: the stopped.json in its state folder."""
@@ -170,7 +193,11 @@ class LocalBackend(Backend):
             label = _process_label(pid)
             # only this store's sessions: another GPUSESSION_HOME (another user, a parallel test
             # run) has its own store, and gc here cannot know its records
-            if label and _pid_alive(pid) and _under(_state_dir_of(pid), self.config.data_path / "sessions"):
+            if (
+                label
+                and _pid_alive(pid)
+                and _under(_state_dir_of(pid), self.config.data_path / "sessions")
+            ):
                 found.append(
                     RemoteResource(
                         backend=self.name,
@@ -197,8 +224,11 @@ class LocalBackend(Backend):
             folder = _arg_of(int(resource.resource_id), "workspace")
             if folder:
                 using.setdefault(Path(folder).name, []).append(resource.session_id)
-        return [Workspace(self.name, d.name, str(d), folder_size(d), in_use_by=using.get(d.name, []))
-                for d in sorted(root.iterdir()) if d.is_dir()]
+        return [
+            Workspace(self.name, d.name, str(d), folder_size(d), in_use_by=using.get(d.name, []))
+            for d in sorted(root.iterdir())
+            if d.is_dir()
+        ]
 
     def remove_workspace(self, workspace: Workspace) -> None:
         import shutil

@@ -35,10 +35,14 @@ ASK_AGAIN_S = 5.0  # a question to the kernel unanswered this long is asked agai
 FILL_GIVE_UP_S = 20.0  # missing output the kernel could not be asked for: named as lost after this
 POLL_S = 0.05  # while output flows, shell and control are looked at this often
 IDLE_GRACE_S = 1.0  # after the reply, wait this long for the idle status (late output before it)
-NO_REPLY_S = 10.0  # idle seen, the link up, and no reply (nor an answer from the log): the kernel died
+NO_REPLY_S = (
+    10.0  # idle seen, the link up, and no reply (nor an answer from the log): the kernel died
+)
 
-LOST_REQUEST = ("the connection dropped as this cell was sent, so it did not run; the session "
-                "and its variables are intact: run the cell again")
+LOST_REQUEST = (
+    "the connection dropped as this cell was sent, so it did not run; the session "
+    "and its variables are intact: run the cell again"
+)
 
 
 class Outputs:
@@ -113,21 +117,33 @@ class Outputs:
             return
         self.lost += len(seqs)
         which = f"output {seqs[0]}" if len(seqs) == 1 else f"outputs {seqs[0]}-{seqs[-1]}"
-        self.sink.stream("stderr", f"[gpusession] {which} of this cell (in the order the session sent "
-                                   f"them) were lost in a tunnel cut: {why}\n")
+        self.sink.stream(
+            "stderr",
+            f"[gpusession] {which} of this cell (in the order the session sent "
+            f"them) were lost in a tunnel cut: {why}\n",
+        )
 
 
 class CellWait:
     """One execute request, from sent to its reply. `KernelClient.execute` makes one per cell."""
 
-    def __init__(self, kc: Connection, msg_id: str, sink: OutputSink, *, interrupt_grace: float,
-                 health_every: float):
+    def __init__(
+        self,
+        kc: Connection,
+        msg_id: str,
+        sink: OutputSink,
+        *,
+        interrupt_grace: float,
+        health_every: float,
+    ):
         self.kc, self.client, self.msg_id = kc, kc.client, msg_id
         self.out = Outputs(sink)
         self.interrupt_grace, self.health_every = interrupt_grace, health_every
         now = time.monotonic()
         self.cell_log = kc.cell_log  # the kernel numbers outputs and answers CELL_LOG_REQUEST
-        self.started = False  # the kernel said it took the request (busy, execute_input, outputs, log)
+        self.started = (
+            False  # the kernel said it took the request (busy, execute_input, outputs, log)
+        )
         self.reply: dict | None = None
         self.reply_at = self.idle_at = self.interrupted_at = None
         self.total: int | None = None  # how many numbered outputs the cell made (reply or idle)
@@ -219,8 +235,11 @@ class CellWait:
 
     def _on_control(self, msg: dict | None) -> None:
         while msg is not None:
-            if (self.query is not None and msg["msg_type"] == CELL_LOG_REPLY
-                    and msg["parent_header"].get("msg_id") == self.query[0]):
+            if (
+                self.query is not None
+                and msg["msg_type"] == CELL_LOG_REPLY
+                and msg["parent_header"].get("msg_id") == self.query[0]
+            ):
                 after_probe = self.query[2]
                 self.query = None
                 self._on_answer(msg["content"], after_probe)
@@ -258,7 +277,9 @@ class CellWait:
         now = time.monotonic()
         if self.query is not None and not force and now - self.query[1] < ASK_AGAIN_S:
             return
-        msg = self.client.session.msg(CELL_LOG_REQUEST, {"msg_id": self.msg_id, "since": self.out.next})
+        msg = self.client.session.msg(
+            CELL_LOG_REQUEST, {"msg_id": self.msg_id, "since": self.out.next}
+        )
         self.client.control_channel.send(msg)
         self.query = (msg["header"]["msg_id"], now, self.probe_back)
 
@@ -287,8 +308,10 @@ class CellWait:
     def _decide(self, now: float) -> bool:
         if self.lost:
             if self.interrupted_at is not None:
-                raise KeyboardInterrupt("interrupted: this cell never started in the session kernel "
-                                        "(its request was lost in a tunnel cut), so nothing ran")
+                raise KeyboardInterrupt(
+                    "interrupted: this cell never started in the session kernel "
+                    "(its request was lost in a tunnel cut), so nothing ran"
+                )
             raise CellLost(LOST_REQUEST)
         if self.reply is not None and self._reply_complete(now):
             return True
@@ -318,8 +341,11 @@ class CellWait:
                 return True
             if now - self.reply_at > 2 * self.health_every:
                 if self.cut_seen or self.probe is not None:
-                    self.out.sink.stream("stderr", "[gpusession] the connection dropped during this cell: "
-                                                   "some of its output may be missing\n")
+                    self.out.sink.stream(
+                        "stderr",
+                        "[gpusession] the connection dropped during this cell: "
+                        "some of its output may be missing\n",
+                    )
                 return True
             return False
         if not self.out.complete(self.total):
@@ -337,11 +363,15 @@ class CellWait:
         if self.interrupted_at is not None:
             raise KeyboardInterrupt("interrupted the remote cell")
         if reply.get("gpusession_reply_not_kept"):
-            raise CellLost(f"this cell ran (status: {reply.get('status')}) but its reply was lost in a tunnel "
-                           "cut and was too big to keep; run it again")
+            raise CellLost(
+                f"this cell ran (status: {reply.get('status')}) but its reply was lost in a tunnel "
+                "cut and was too big to keep; run it again"
+            )
         if reply.get("status") == "error" or self.out.error:
             err = self.out.error or reply
-            raise RemoteError(err.get("ename", "Error"), err.get("evalue", ""), err.get("traceback", []))
+            raise RemoteError(
+                err.get("ename", "Error"), err.get("evalue", ""), err.get("traceback", [])
+            )
         return reply
 
     def _cell_words(self) -> str:
@@ -354,7 +384,11 @@ class CellWait:
     def _interrupt_words(self) -> str:
         grace = f"{self.interrupt_grace:.0f}s"
         if self.started:
-            return (f"the remote cell did not stop within {grace} of the interrupt; it is still running "
-                    "in the session kernel")
-        return (f"the remote cell had not started {grace} after the interrupt (the kernel may be busy "
-                "with an earlier cell, or the connection is down); it may still run")
+            return (
+                f"the remote cell did not stop within {grace} of the interrupt; it is still running "
+                "in the session kernel"
+            )
+        return (
+            f"the remote cell had not started {grace} after the interrupt (the kernel may be busy "
+            "with an earlier cell, or the connection is down); it may still run"
+        )

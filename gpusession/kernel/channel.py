@@ -15,9 +15,13 @@ from .connection import Connection
 
 
 CHUNK = 4 << 20
-WINDOW = 8  # 32 MiB in flight: at 4 a single big download sometimes stalled to ~250 MB/s (bench_data.py)
+WINDOW = (
+    8  # 32 MiB in flight: at 4 a single big download sometimes stalled to ~250 MB/s (bench_data.py)
+)
 RESEND_AFTER_CUT_S = 1.0  # after the link came back, unanswered requests go again this much later
-SILENT_S = 15.0  # no reply this long on a live link: the request goes again (a loss no reconnect showed)
+SILENT_S = (
+    15.0  # no reply this long on a live link: the request goes again (a loss no reconnect showed)
+)
 STALL_S = 120.0  # no answer at all this long: the transfer ends, said
 ABORT_WAIT_S = 2.0  # on the way out, how long the kernel's word on an abort is waited for
 Progress = Callable[[int, "int | None"], None]
@@ -40,9 +44,14 @@ class Channel:
         self.id = uuid.uuid4().hex
         self.verb = verb
         self.report = progress or _none
-        self.at: tuple[int, int | None] = (0, None)  # the bytes moved, of how many (for the words on a stop)
+        self.at: tuple[int, int | None] = (
+            0,
+            None,
+        )  # the bytes moved, of how many (for the words on a stop)
         self.seq = 0
-        self.waiting: collections.OrderedDict[int, tuple[dict, list]] = collections.OrderedDict()  # unanswered
+        self.waiting: collections.OrderedDict[int, tuple[dict, list]] = (
+            collections.OrderedDict()
+        )  # unanswered
         self.ids: dict[str, tuple[int, float]] = {}  # msg_id -> (seq, sent at)
         self.last_sent: dict[int, float] = {}  # seq -> when it was last sent
         self.resume = False  # the kernel answers requests sent again (said in its open reply)
@@ -50,8 +59,12 @@ class Channel:
         self.early: dict[int, dict] = {}  # answers that came before an older request's
         self.reconnects = kc.reconnects()
         self.heard = time.monotonic()  # the last answer (or the last time the link came back)
-        self.cut_at: float | None = None  # when the link was seen back after a cut, until requests go again
-        self.idle_at: float | None = None  # when iopub said the kernel was done with the open request
+        self.cut_at: float | None = (
+            None  # when the link was seen back after a cut, until requests go again
+        )
+        self.idle_at: float | None = (
+            None  # when iopub said the kernel was done with the open request
+        )
 
     def progress(self, done: int, total: int | None) -> None:
         self.at = (done, total)
@@ -66,7 +79,9 @@ class Channel:
     def _send(self, seq: int) -> None:
         client = self.kc.client
         content, buffers = self.waiting[seq]
-        msg = client.session.send(client.shell_channel.socket, TRANSFER_REQUEST, content, buffers=buffers or None)
+        msg = client.session.send(
+            client.shell_channel.socket, TRANSFER_REQUEST, content, buffers=buffers or None
+        )
         now = time.monotonic()
         self.ids[msg["header"]["msg_id"]] = (seq, now)
         self.last_sent[seq] = now
@@ -74,8 +89,10 @@ class Channel:
     def _again(self) -> None:
         """Every unanswered request once more, in order (after a cut lost some of them)."""
         if not self.resume and self.seq > 1:
-            raise TransferStopped(f"the link to the session dropped during the {self.verb}, and this session's "
-                                  "runtime cannot resume a transfer; run it again")
+            raise TransferStopped(
+                f"the link to the session dropped during the {self.verb}, and this session's "
+                "runtime cannot resume a transfer; run it again"
+            )
         for seq in [s for s in self.waiting if s not in self.early]:
             self._send(seq)
 
@@ -92,7 +109,12 @@ class Channel:
                 self._quiet(want)
                 continue
             seq, sent_at = self.ids.pop(msg["parent_header"].get("msg_id"), (None, 0.0))
-            if seq is None or msg["msg_type"] != TRANSFER_REPLY or seq not in self.waiting or seq in self.early:
+            if (
+                seq is None
+                or msg["msg_type"] != TRANSFER_REPLY
+                or seq not in self.waiting
+                or seq in self.early
+            ):
                 continue
             self.heard = time.monotonic()
             content = msg["content"]
@@ -124,11 +146,15 @@ class Channel:
         if want == 0 and self._handled(want):  # done, and no reply: it knows no transfers
             self.waiting.clear()  # nothing will come back: nothing to drain or abort
             self.unsupported = True
-            raise BadInput("the session kernel cannot move data this way (its gpusession runtime is older "
-                           "than this one); start a new session") from None
+            raise BadInput(
+                "the session kernel cannot move data this way (its gpusession runtime is older "
+                "than this one); start a new session"
+            ) from None
         if now - self.heard > STALL_S:
-            raise TransferStopped(f"the session kernel did not answer for {STALL_S:.0f}s (is a cell still "
-                                  "running there?)")
+            raise TransferStopped(
+                f"the session kernel did not answer for {STALL_S:.0f}s (is a cell still "
+                "running there?)"
+            )
         if now - self.last_sent[want] > SILENT_S and self.resume:
             self._again()  # a loss no reconnect showed
 
@@ -141,8 +167,11 @@ class Channel:
                 msg = self.kc.client.get_iopub_msg(timeout=0)
             except queue.Empty:
                 break
-            if (msg["msg_type"] == "status" and msg["parent_header"].get("msg_id") in ids
-                    and msg["content"].get("execution_state") == "idle"):
+            if (
+                msg["msg_type"] == "status"
+                and msg["parent_header"].get("msg_id") in ids
+                and msg["content"].get("execution_state") == "idle"
+            ):
                 self.idle_at = time.monotonic()
         return self.idle_at is not None and time.monotonic() - self.idle_at > 2.0
 

@@ -41,8 +41,13 @@ class KernelClient:
     """One connection to one session kernel. Owns its ZMQ context, so closing it never
     waits on another connection's sockets."""
 
-    def __init__(self, connection_info: dict, *, healthy: Callable[[], bool] | None = None,
-                 reconnects: Callable[[], int] | None = None):
+    def __init__(
+        self,
+        connection_info: dict,
+        *,
+        healthy: Callable[[], bool] | None = None,
+        reconnects: Callable[[], int] | None = None,
+    ):
         self._context = zmq.Context()
         # never block on unsent messages when closing (or when the GC or interpreter exit
         # terminates the context): a dead peer would otherwise hang us forever
@@ -50,11 +55,22 @@ class KernelClient:
         self.client = BlockingKernelClient(context=self._context)
         self.client.load_connection_info(connection_info)
         self.client.start_channels(hb=False)
-        self.healthy: Callable[[], bool] = healthy or (lambda: True)  # may raise (the session's LinkLost)
-        self.reconnects: Callable[[], int] = reconnects or (lambda: 0)  # how often the link reconnected
-        self.cell_log = False  # the kernel keeps a cell log (gpusession.agent.cellog): known at wait_ready
+        self.healthy: Callable[[], bool] = healthy or (
+            lambda: True
+        )  # may raise (the session's LinkLost)
+        self.reconnects: Callable[[], int] = reconnects or (
+            lambda: 0
+        )  # how often the link reconnected
+        self.cell_log = (
+            False  # the kernel keeps a cell log (gpusession.agent.cellog): known at wait_ready
+        )
         # what the cell waits met on this connection (for the fault suite's figures)
-        self.counts = {"outputs_recovered": 0, "outputs_named_lost": 0, "replies_recovered": 0, "requests_lost": 0}
+        self.counts = {
+            "outputs_recovered": 0,
+            "outputs_named_lost": 0,
+            "replies_recovered": 0,
+            "requests_lost": 0,
+        }
         self._closed = False
         _OPEN_CLIENTS.add(self)
         # Dropped without close() (its session stopped by another process, say), this client is
@@ -71,7 +87,11 @@ class KernelClient:
         while True:
             msg_id = self.client.kernel_info()
             try:
-                reply = self._reply(self.client.get_shell_msg, msg_id, timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+                reply = self._reply(
+                    self.client.get_shell_msg,
+                    msg_id,
+                    timeout=min(2.0, max(0.1, deadline - time.monotonic())),
+                )
                 self.cell_log = META_CELL_LOG in (reply.get("metadata") or {})
                 # drain iopub so later reads start clean
                 self._drain_iopub()
@@ -146,15 +166,24 @@ class KernelClient:
             user_expressions=user_expressions or {},
             allow_stdin=False,
         )
-        return CellWait(self, msg_id, sink or OutputSink(), interrupt_grace=interrupt_grace,
-                        health_every=health_every).wait()
+        return CellWait(
+            self,
+            msg_id,
+            sink or OutputSink(),
+            interrupt_grace=interrupt_grace,
+            health_every=health_every,
+        ).wait()
 
     def evaluate(self, expression: str, setup: str = "") -> str:
         """Run `setup` silently and return repr-text of `expression` (user_expressions)."""
-        reply = self.execute(setup or "pass", silent=True, user_expressions={"v": expression}, sink=NullSink())
+        reply = self.execute(
+            setup or "pass", silent=True, user_expressions={"v": expression}, sink=NullSink()
+        )
         value = reply["user_expressions"]["v"]
         if value.get("status") != "ok":
-            raise RemoteError(value.get("ename", "Error"), value.get("evalue", ""), value.get("traceback", []))
+            raise RemoteError(
+                value.get("ename", "Error"), value.get("evalue", ""), value.get("traceback", [])
+            )
         return value["data"]["text/plain"]
 
     # -- variables ------------------------------------------------------------------------

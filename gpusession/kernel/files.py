@@ -25,7 +25,7 @@ def _ignored(specs: list[tuple[str, object]], rel: str, is_dir: bool) -> bool:
     for base, spec in specs:
         if base and not (rel + "/").startswith(base + "/"):
             continue
-        below = rel[len(base) + 1:] if base else rel
+        below = rel[len(base) + 1 :] if base else rel
         if spec.match_file(below + ("/" if is_dir else "")):  # type: ignore[attr-defined]
             return True
     return False
@@ -84,9 +84,11 @@ def start_tree(folder: str, cap: int | None, cap_field: str = "--upload-max") ->
     if tree.size > cap:
         from ..pulls import format_bytes
 
-        raise BadInput(f"{folder!r} is {format_bytes(tree.size)} in {len(tree.files)} files (without .git and what "
-                       f".gitignore ignores), over the {format_bytes(cap)} cap; raise it with {cap_field} "
-                       f"(e.g. {format_bytes(tree.size * 2).replace(' ', '')}), or ignore big files in .gitignore")
+        raise BadInput(
+            f"{folder!r} is {format_bytes(tree.size)} in {len(tree.files)} files (without .git and what "
+            f".gitignore ignores), over the {format_bytes(cap)} cap; raise it with {cap_field} "
+            f"(e.g. {format_bytes(tree.size * 2).replace(' ', '')}), or ignore big files in .gitignore"
+        )
     return tree
 
 
@@ -104,7 +106,9 @@ def upload_start_tree(kc, extra: dict, progress) -> None:
         took = progress.elapsed()
         done = transfer.upload(kc, tree.files, tree.size, ".", None)
         took = max(progress.elapsed() - took, 1e-6)
-        progress.step(f"{done['files']} files in {done['dest']} ({format_bytes(tree.size / took)}/s)")
+        progress.step(
+            f"{done['files']} files in {done['dest']} ({format_bytes(tree.size / took)}/s)"
+        )
 
 
 def check_start_tree(extra: dict, face: str = options.FLAGS) -> None:
@@ -112,6 +116,8 @@ def check_start_tree(extra: dict, face: str = options.FLAGS) -> None:
     or over its cap."""
     if extra.get("upload"):
         try:
-            start_tree(extra["upload"], extra.get("upload_max"), options.BY_NAME["upload_max"].field(face))
+            start_tree(
+                extra["upload"], extra.get("upload_max"), options.BY_NAME["upload_max"].field(face)
+            )
         except BadInput as exc:
             raise options.BadOptions({"upload": str(exc)}, face) from None

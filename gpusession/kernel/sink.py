@@ -14,7 +14,9 @@ class OutputSink:
         target.write(text)
         target.flush()
 
-    def display(self, data: dict, metadata: dict, transient: dict | None = None, update: bool = False) -> None:
+    def display(
+        self, data: dict, metadata: dict, transient: dict | None = None, update: bool = False
+    ) -> None:
         from IPython.display import publish_display_data
 
         kwargs: dict[str, Any] = {"data": data, "metadata": metadata}
@@ -48,6 +50,8 @@ def show(sink: OutputSink, kind: str, content: dict) -> None:
     elif kind in ("display_data", "execute_result"):
         sink.display(content["data"], content.get("metadata", {}), content.get("transient"))
     elif kind == "update_display_data":
-        sink.display(content["data"], content.get("metadata", {}), content.get("transient"), update=True)
+        sink.display(
+            content["data"], content.get("metadata", {}), content.get("transient"), update=True
+        )
     elif kind == "clear_output":
         sink.clear(content.get("wait", False))

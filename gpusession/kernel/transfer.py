@@ -57,7 +57,7 @@ class _Sender(io.RawIOBase):
     def send_view(self, view: memoryview) -> None:
         """Bytes already in memory: sent as slices, never copied here."""
         for at in range(0, len(view), CHUNK):
-            self._data(view[at:at + CHUNK], last=False)
+            self._data(view[at : at + CHUNK], last=False)
 
     def _data(self, part, last: bool) -> None:
         self.crc = zlib.crc32(part, self.crc)
@@ -76,7 +76,11 @@ class _Sender(io.RawIOBase):
 
 def _receive(channel: Channel, total: int | None, sink: Callable[[Any], None]) -> None:
     """The stream, in order, into `sink`; TransferStopped when it did not arrive whole."""
-    done, acked, end = 0, channel.seq, None  # acked: the parts before it arrived (numbered by their reads)
+    done, acked, end = (
+        0,
+        channel.seq,
+        None,
+    )  # acked: the parts before it arrived (numbered by their reads)
     crc = 0
     for _ in range(WINDOW):
         channel.send({"op": "read", "acked": acked})
@@ -89,13 +93,21 @@ def _receive(channel: Channel, total: int | None, sink: Callable[[Any], None]) -
         acked += 1
         if end is None and content.get("eof"):
             end = content
-            channel.send({"op": "abort"})  # done: the kernel forgets it (the reads in flight answer first)
+            channel.send(
+                {"op": "abort"}
+            )  # done: the kernel forgets it (the reads in flight answer first)
         elif end is None:
             channel.send({"op": "read", "acked": acked})
         channel.progress(done, total)
-    if end is not None and end.get("size") is not None and (end["size"] != done or end.get("crc") != crc):
-        raise TransferStopped(f"the {channel.verb} arrived damaged ({done} bytes, checksum {crc:08x}; the session "
-                              f"sent {end['size']} bytes, checksum {end.get('crc', 0):08x})")
+    if (
+        end is not None
+        and end.get("size") is not None
+        and (end["size"] != done or end.get("crc") != crc)
+    ):
+        raise TransferStopped(
+            f"the {channel.verb} arrived damaged ({done} bytes, checksum {crc:08x}; the session "
+            f"sent {end['size']} bytes, checksum {end.get('crc', 0):08x})"
+        )
 
 
 def _open(channel: Channel, **content: Any) -> dict:
@@ -104,7 +116,9 @@ def _open(channel: Channel, **content: Any) -> dict:
 
 
 @contextlib.contextmanager
-def _stopped_said(channel: Channel, where: str, cleanup: Callable[[], None] = lambda: None) -> Iterator[None]:
+def _stopped_said(
+    channel: Channel, where: str, cleanup: Callable[[], None] = lambda: None
+) -> Iterator[None]:
     """A transfer that does not end whole: the kernel drops it (best effort), what was written of it
     here goes (`cleanup`), and the error says where it stopped, in one line."""
     try:
@@ -115,7 +129,11 @@ def _stopped_said(channel: Channel, where: str, cleanup: Callable[[], None] = la
         from ..pulls import format_bytes
 
         done, total = channel.at
-        at = f"at {format_bytes(done)} of {format_bytes(total)}" if total else f"at {format_bytes(done)}"
+        at = (
+            f"at {format_bytes(done)} of {format_bytes(total)}"
+            if total
+            else f"at {format_bytes(done)}"
+        )
         after = f"the {channel.verb} stopped {at}; nothing of it was written {where}"
         if isinstance(exc, INTERRUPTS):
             raise TransferStopped(f"interrupted: {after}") from None
@@ -131,7 +149,9 @@ def push(kc: Connection, namespace: dict[str, Any], progress: Progress | None = 
         try:
             parts.append(pickle.dumps(value, protocol=4))
         except Exception as exc:  # noqa: BLE001 - pickle raises many kinds
-            raise BadInput(f"cannot push {name!r}: it cannot be pickled ({type(exc).__name__}: {exc})") from None
+            raise BadInput(
+                f"cannot push {name!r}: it cannot be pickled ({type(exc).__name__}: {exc})"
+            ) from None
     blob = parts[0] if len(parts) == 1 else b"".join(parts)
     channel = Channel(kc, progress, "push")
     with _stopped_said(channel, "in the session"):
@@ -151,23 +171,30 @@ def pull(kc: Connection, names: list[str], progress: Progress | None = None) -> 
 
         def sink(part) -> None:
             nonlocal at
-            view[at:at + len(part)] = part
+            view[at : at + len(part)] = part
             at += len(part)
 
         _receive(channel, info["size"], sink)
     result, at = {}, 0
     for name, size in zip(info["names"], info["sizes"]):
         try:
-            result[name] = pickle.loads(view[at:at + size])
+            result[name] = pickle.loads(view[at : at + size])
         except Exception as exc:  # noqa: BLE001
-            raise BadInput(f"cannot pull {name!r}: it does not unpickle here ({type(exc).__name__}: {exc}); "
-                           "is its module installed in this kernel?") from None
+            raise BadInput(
+                f"cannot pull {name!r}: it does not unpickle here ({type(exc).__name__}: {exc}); "
+                "is its module installed in this kernel?"
+            ) from None
         at += size
     return result
 
 
-def upload(kc: Connection, files: Iterable[tuple[str, str]], total: int, to: str = ".",
-           progress: Progress | None = None) -> dict:
+def upload(
+    kc: Connection,
+    files: Iterable[tuple[str, str]],
+    total: int,
+    to: str = ".",
+    progress: Progress | None = None,
+) -> dict:
     """(local path, name in the tar) pairs, as a tar stream, into folder `to` below the session
     kernel's working directory. Returns {"files", "bytes", "dest", "refused"}."""
     channel = Channel(kc, progress, "upload")
@@ -180,11 +207,17 @@ def upload(kc: Connection, files: Iterable[tuple[str, str]], total: int, to: str
             for full, name in files:
                 tar.add(full, arcname=name, recursive=False)
         result = sender.finish()
-    return {"files": result.get("files", 0), "bytes": result.get("bytes", 0), "dest": info.get("dest"),
-            "refused": result.get("refused", [])}
+    return {
+        "files": result.get("files", 0),
+        "bytes": result.get("bytes", 0),
+        "dest": info.get("dest"),
+        "refused": result.get("refused", []),
+    }
 
 
-def download(kc: Connection, paths: list[str], to: str = ".", progress: Progress | None = None) -> dict:
+def download(
+    kc: Connection, paths: list[str], to: str = ".", progress: Progress | None = None
+) -> dict:
     """Files or folders (relative to the session kernel's working directory) into local folder
     `to`. Returns {"files", "bytes", "dest", "refused"}. The tar stream is kept in memory only
     chunk by chunk: extraction runs as it arrives, into temporary names renamed once the whole
@@ -216,7 +249,10 @@ def download(kc: Connection, paths: list[str], to: str = ".", progress: Progress
             if n < 0 or len(self.rest) <= n:
                 out, self.rest = self.rest, memoryview(b"")
                 return out
-            out, self.rest = self.rest[:n], self.rest[n:]  # views: tarfile joins what it reads anyway
+            out, self.rest = (
+                self.rest[:n],
+                self.rest[n:],
+            )  # views: tarfile joins what it reads anyway
             return out
 
     def extract() -> None:
@@ -245,4 +281,9 @@ def download(kc: Connection, paths: list[str], to: str = ".", progress: Progress
         extraction.discard()
         raise BadInput(outcome["error"])
     extraction.commit()
-    return {"files": extraction.files, "bytes": extraction.bytes, "dest": dest, "refused": extraction.refused}
+    return {
+        "files": extraction.files,
+        "bytes": extraction.bytes,
+        "dest": dest,
+        "refused": extraction.refused,
+    }

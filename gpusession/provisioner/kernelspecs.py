@@ -26,7 +26,9 @@ from .. import options
 from ..errors import BadInput
 
 PROVISIONER_NAME = "gpusession-provisioner"  # the entry point in jupyter_client.kernel_provisioners
-_VALID_NAME = re.compile(r"^[a-z0-9._-]+$", re.IGNORECASE)  # jupyter_client's rule for kernelspec names
+_VALID_NAME = re.compile(
+    r"^[a-z0-9._-]+$", re.IGNORECASE
+)  # jupyter_client's rule for kernelspec names
 NOT_IN_A_KERNELSPEC = ("name",)  # a session name is unique; one kernelspec starts many sessions
 
 
@@ -48,14 +50,20 @@ def check_options(values: Mapping[str, Any], face: str = options.FLAGS) -> dict[
 
     bad = [name for name in values if name in NOT_IN_A_KERNELSPEC]
     if bad:
-        raise BadInput(f"a kernelspec cannot set {', '.join(bad)}: each of its kernels is a new session")
+        raise BadInput(
+            f"a kernelspec cannot set {', '.join(bad)}: each of its kernels is a new session"
+        )
     return options.parse_values(values, catalog=load_catalog(), backends=backend_names(), face=face)
 
 
 def default_name(values: Mapping[str, Any]) -> str:
     """gpusession-t4, gpusession-a100-8-docker, gpusession-t4-docker-my-image-1: from the options
     that make the display name."""
-    parts = ["gpusession", str(values["type"]), *(str(values[k]) for k in ("backend", "image") if values.get(k))]
+    parts = [
+        "gpusession",
+        str(values["type"]),
+        *(str(values[k]) for k in ("backend", "image") if values.get(k)),
+    ]
     return re.sub(r"[^a-z0-9._-]+", "-", "-".join(parts).lower()).strip("-.")
 
 
@@ -67,7 +75,9 @@ def kernel_json(values: Mapping[str, Any]) -> dict[str, Any]:
     gpu_type, gpu_count = parsed["type"]
     return {
         "argv": [sys.executable, "-m", "gpusession.provisioner", "{connection_file}"],
-        "display_name": kernel_display_name(gpu_type, gpu_count, parsed.get("backend"), parsed.get("image")),
+        "display_name": kernel_display_name(
+            gpu_type, gpu_count, parsed.get("backend"), parsed.get("image")
+        ),
         "language": "python",
         "interrupt_mode": "message",
         "metadata": {
@@ -83,8 +93,13 @@ def _kernel_spec_manager():
     return KernelSpecManager()
 
 
-def install(values: Mapping[str, Any], *, name: str | None = None, user: bool = True,
-            prefix: str | None = None) -> GpuKernelSpec:
+def install(
+    values: Mapping[str, Any],
+    *,
+    name: str | None = None,
+    user: bool = True,
+    prefix: str | None = None,
+) -> GpuKernelSpec:
     """Install (or replace) a GPU kernelspec: for this user (the default), or under `prefix`
     (sys.prefix: the environment JupyterLab runs from). `values` must include "type"."""
     spec = kernel_json(values)
@@ -92,10 +107,13 @@ def install(values: Mapping[str, Any], *, name: str | None = None, user: bool = 
     if not _VALID_NAME.match(name):
         raise BadInput(f"kernelspec name {name!r}: use letters, digits, '.', '_' and '-' only")
     with tempfile.TemporaryDirectory(prefix="gpusession-kernelspec-") as tmp:
-        (Path(tmp) / "kernel.json").write_text(json.dumps(spec, indent=1, ensure_ascii=False) + "\n")
+        (Path(tmp) / "kernel.json").write_text(
+            json.dumps(spec, indent=1, ensure_ascii=False) + "\n"
+        )
         _copy_logos(Path(tmp))
-        where = _kernel_spec_manager().install_kernel_spec(tmp, kernel_name=name, user=user and prefix is None,
-                                                           prefix=prefix)
+        where = _kernel_spec_manager().install_kernel_spec(
+            tmp, kernel_name=name, user=user and prefix is None, prefix=prefix
+        )
     return GpuKernelSpec(name, spec["display_name"], dict(values), where)
 
 
@@ -116,8 +134,14 @@ def installed() -> list[GpuKernelSpec]:
         spec = entry.get("spec") or {}
         provisioner = (spec.get("metadata") or {}).get("kernel_provisioner") or {}
         if provisioner.get("provisioner_name") == PROVISIONER_NAME:
-            found.append(GpuKernelSpec(name, spec.get("display_name", name), dict(provisioner.get("config") or {}),
-                                       entry.get("resource_dir", "")))
+            found.append(
+                GpuKernelSpec(
+                    name,
+                    spec.get("display_name", name),
+                    dict(provisioner.get("config") or {}),
+                    entry.get("resource_dir", ""),
+                )
+            )
     return found
 
 
@@ -127,7 +151,9 @@ def remove(name: str) -> GpuKernelSpec:
     if name not in mine:
         others = _kernel_spec_manager().find_kernel_specs()
         if name in others:
-            raise BadInput(f"kernelspec {name!r} is not a gpusession kernelspec; `jupyter kernelspec remove` removes it")
+            raise BadInput(
+                f"kernelspec {name!r} is not a gpusession kernelspec; `jupyter kernelspec remove` removes it"
+            )
         known = ", ".join(mine) or "none installed"
         raise BadInput(f"no gpusession kernelspec named {name!r} (gpusession kernelspecs: {known})")
     _kernel_spec_manager().remove_kernel_spec(name)

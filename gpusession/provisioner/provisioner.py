@@ -62,9 +62,13 @@ class GpuSessionProvisioner(KernelProvisionerBase):
         self.manager: SessionManager | None = None
         self.session: Session | None = None
         self.session_id: str | None = None
-        self._generation = 0  # the session kernel this server talks to (the runtime counts restarts)
+        self._generation = (
+            0  # the session kernel this server talks to (the runtime counts restarts)
+        )
         self._restarting = False  # the kernel manager shut the kernel down to restart it
-        self._user_restart = False  # ... because someone asked (not the automatic restart of a dead kernel)
+        self._user_restart = (
+            False  # ... because someone asked (not the automatic restart of a dead kernel)
+        )
         self._exit_code: int | None = None  # set once the session is over for this kernel
         self._launched = False
 
@@ -82,7 +86,9 @@ class GpuSessionProvisioner(KernelProvisionerBase):
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         """The kernelspec's argv is not run: the session's runtime starts its own kernel."""
         if kwargs.pop("transport_encryption", None) == "required":
-            raise RuntimeError("gpusession kernels do not support CurveZMQ transport encryption yet")
+            raise RuntimeError(
+                "gpusession kernels do not support CurveZMQ transport encryption yet"
+            )
         kwargs.pop("extra_arguments", None)
         kwargs = await super().pre_launch(**kwargs)
         kwargs["cmd"] = list(self.kernel_spec.argv) if self.kernel_spec else []
@@ -99,9 +105,15 @@ class GpuSessionProvisioner(KernelProvisionerBase):
     def _start_session(self) -> None:
         manager = self._manager()
         try:
-            spec = manager.spec_from(self.start_options, options.REST)  # the kernelspec's metadata names fields as REST does
-            self.log.info("gpusession: starting a %s session on %s for kernel %s",
-                          spec.gpu_type, spec.backend, self.kernel_id)
+            spec = manager.spec_from(
+                self.start_options, options.REST
+            )  # the kernelspec's metadata names fields as REST does
+            self.log.info(
+                "gpusession: starting a %s session on %s for kernel %s",
+                spec.gpu_type,
+                spec.backend,
+                self.kernel_id,
+            )
             session = manager.start(spec, report=lambda line: self.log.info("gpusession: %s", line))
         except GpuSessionError as exc:
             raise RuntimeError(f"gpusession: {error_text(exc)}") from None
@@ -128,15 +140,30 @@ class GpuSessionProvisioner(KernelProvisionerBase):
             try:
                 self._generation = self.session.restart_kernel(self._generation, force=True)
             except (GpuSessionError, TimeoutError, OSError) as exc:
-                raise RuntimeError(f"gpusession: the kernel did not restart: {error_text(exc)}") from None
-            self.log.info("gpusession: session %s has a fresh kernel (%d)", self.session.name, self._generation)
+                raise RuntimeError(
+                    f"gpusession: the kernel did not restart: {error_text(exc)}"
+                ) from None
+            self.log.info(
+                "gpusession: session %s has a fresh kernel (%d)",
+                self.session.name,
+                self._generation,
+            )
             return
-        if not user and self._exit_code != 0:  # it ended by itself: the automatic restart of a dead kernel
-            self.log.warning("gpusession: session %s has ended; not starting another by itself", self.session.name)
-            self._exit_code = ENDED  # poll says dead again: the kernel manager gives up and reports it
+        if (
+            not user and self._exit_code != 0
+        ):  # it ended by itself: the automatic restart of a dead kernel
+            self.log.warning(
+                "gpusession: session %s has ended; not starting another by itself",
+                self.session.name,
+            )
+            self._exit_code = (
+                ENDED  # poll says dead again: the kernel manager gives up and reports it
+            )
             return
         # someone asked for a restart, or the kernel manager stopped it here to start it again (now=True)
-        self.log.info("gpusession: session %s has ended; the restart starts a new one", self.session.name)
+        self.log.info(
+            "gpusession: session %s has ended; the restart starts a new one", self.session.name
+        )
         self._start_session()
 
     # -- is it alive ---------------------------------------------------------------------------
@@ -156,7 +183,9 @@ class GpuSessionProvisioner(KernelProvisionerBase):
         if not self._session_running():
             self._exit_code = ENDED
             return ENDED
-        if self._restarting:  # the old kernel is gone once the runtime counts on or it stopped running
+        if (
+            self._restarting
+        ):  # the old kernel is gone once the runtime counts on or it stopped running
             assert self.session is not None
             try:
                 state = self.session.kernel_state()
@@ -215,10 +244,14 @@ class GpuSessionProvisioner(KernelProvisionerBase):
             return
         try:
             state = self.session.kernel_state()
-            if state["generation"] <= self._generation and state["running"] and state["ready"]:  # not the next one booting
+            if (
+                state["generation"] <= self._generation and state["running"] and state["ready"]
+            ):  # not the next one booting
                 self.session.agent.restart_kernel()
         except AgentUnavailable as exc:
-            self.log.warning("gpusession: could not restart the kernel of session %s: %s", self.session.name, exc)
+            self.log.warning(
+                "gpusession: could not restart the kernel of session %s: %s", self.session.name, exc
+            )
 
     def _stop(self, kernel_told: bool = False) -> None:
         if self.session_id is None or self.manager is None or self._exit_code is not None:
@@ -229,7 +262,9 @@ class GpuSessionProvisioner(KernelProvisionerBase):
             self.log.error("gpusession: stopping session %s: %s", self.session_id, error_text(exc))
             return
         self._exit_code = 0
-        self.log.info("gpusession: session %s is %s (kernel shut down)", record.name, record.state.value)
+        self.log.info(
+            "gpusession: session %s is %s (kernel shut down)", record.name, record.state.value
+        )
 
     async def cleanup(self, restart: bool = False) -> None:
         if restart:
@@ -248,8 +283,13 @@ class GpuSessionProvisioner(KernelProvisionerBase):
 
     async def get_provisioner_info(self) -> dict[str, Any]:
         info = await super().get_provisioner_info()
-        info.update(gpusession={"session_id": self.session_id, "generation": self._generation,
-                                "options": self.start_options})
+        info.update(
+            gpusession={
+                "session_id": self.session_id,
+                "generation": self._generation,
+                "options": self.start_options,
+            }
+        )
         return info
 
     async def load_provisioner_info(self, provisioner_info: dict) -> None:

@@ -28,12 +28,17 @@ def _load_jupyter_server_extension(server_app) -> None:
         server_app.log.error("gpusession: %s", exc)
     try:
         manager, unavailable = SessionManager(config), None
-    except GpuSessionError as exc:  # its store cannot be opened (GPUSESSION_HOME): every call says why
+    except (
+        GpuSessionError
+    ) as exc:  # its store cannot be opened (GPUSESSION_HOME): every call says why
         manager, unavailable = None, str(exc)
         server_app.log.error("gpusession: %s", exc)
     setup_handlers(server_app, manager, unavailable)
-    server_app.log.info("gpusession: REST API at %sgpusession/api/ (sessions in %s)",
-                        server_app.web_app.settings["base_url"], config.data_dir)
+    server_app.log.info(
+        "gpusession: REST API at %sgpusession/api/ (sessions in %s)",
+        server_app.web_app.settings["base_url"],
+        config.data_dir,
+    )
 
 
 # jupyter_server < 2 name

@@ -37,14 +37,19 @@ class BaseHandler(APIHandler):
     def body(self) -> dict[str, Any]:
         raw = self.request.body or b"{}"
         if len(raw) > MAX_BODY:
-            raise tornado.web.HTTPError(413, f"the body is {len(raw):,} bytes; at most {MAX_BODY:,} bytes")
+            raise tornado.web.HTTPError(
+                413, f"the body is {len(raw):,} bytes; at most {MAX_BODY:,} bytes"
+            )
         try:
             data = json.loads(raw, parse_constant=_no_constants)
         except RecursionError:
             raise tornado.web.HTTPError(400, "the body is nested too deeply") from None
         except ValueError as exc:  # UnicodeDecodeError and the digit limit of ints too
-            raise tornado.web.HTTPError(400, f"the body is not JSON ({shown(str(exc), 80)[1:-1]}); "
-                                             "NaN and Infinity are not JSON either") from None
+            raise tornado.web.HTTPError(
+                400,
+                f"the body is not JSON ({shown(str(exc), 80)[1:-1]}); "
+                "NaN and Infinity are not JSON either",
+            ) from None
         if not isinstance(data, dict):
             raise tornado.web.HTTPError(400, "the body must be a JSON object")
         return data
@@ -59,7 +64,9 @@ class BaseHandler(APIHandler):
         message = responses.get(status_code, "error")
         exc = (kwargs.get("exc_info") or (None, None, None))[1]
         if isinstance(exc, tornado.web.HTTPError):  # tornado >= 6.5 doubles each % of log_message
-            message = getattr(exc, "get_message", lambda: exc.log_message)() or exc.reason or message
+            message = (
+                getattr(exc, "get_message", lambda: exc.log_message)() or exc.reason or message
+            )
         elif exc is not None:
             message = f"internal error ({type(exc).__name__}); the server log has the details"
         self.set_header("Content-Type", "application/json")

@@ -33,13 +33,18 @@ class SessionsHandler(BaseHandler):
         show_all = self.get_query_argument("all", "0") in ("1", "true", "yes")
         history_text = self.get_query_argument("history", "0")  # also the N latest ended sessions
         if not history_text.isdigit() or int(history_text) > MAX_HISTORY:
-            return self.fail(400, f"'history' must be a whole number from 0 to {MAX_HISTORY}, got {shown(history_text)}")
+            return self.fail(
+                400,
+                f"'history' must be a whole number from 0 to {MAX_HISTORY}, got {shown(history_text)}",
+            )
         history = int(history_text)
         kernels = kernel_ids_by_pid(self.settings.get("kernel_manager"))
 
         def listing() -> dict:
             m = self.api.manager
-            records = m.list(active_only=not (show_all or history), check=True)  # gone ones shown ended
+            records = m.list(
+                active_only=not (show_all or history), check=True
+            )  # gone ones shown ended
             if history and not show_all:
                 records = with_history(records, history)
             return {"sessions": [self.api.view(r, kernels) for r in records]}
@@ -63,8 +68,12 @@ class OptionsHandler(BaseHandler):
         m = self.api.manager
 
         def document() -> dict:  # the default backend may ask the Docker engine: not on the loop
-            return options.options_document(m.config, catalog=m.catalog, backends=backend_names(),
-                                            backend_default=default_backend_name(m.config))
+            return options.options_document(
+                m.config,
+                catalog=m.catalog,
+                backends=backend_names(),
+                backend_default=default_backend_name(m.config),
+            )
 
         await self.guarded(document)
 
@@ -77,20 +86,30 @@ class OptionsCheckHandler(BaseHandler):
     async def post(self) -> None:
         body = self.body()
         m = self.api.manager
-        await self.guarded(lambda: {"errors": options.check_body(body, catalog=m.catalog, backends=backend_names())})
+        await self.guarded(
+            lambda: {
+                "errors": options.check_body(body, catalog=m.catalog, backends=backend_names())
+            }
+        )
 
 
 class SessionHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self, key: str) -> None:
         m = self.api.manager
-        await self.guarded(lambda: self.api.view(m.liveness.check([m.get(key)])[0],
-                                                 kernel_ids_by_pid(self.settings.get("kernel_manager"))))
+        await self.guarded(
+            lambda: self.api.view(
+                m.liveness.check([m.get(key)])[0],
+                kernel_ids_by_pid(self.settings.get("kernel_manager")),
+            )
+        )
 
     @tornado.web.authenticated
     async def delete(self, key: str) -> None:
         m = self.api.manager
-        await self.guarded(lambda: rest_view(m.view(m.stop(m.get(key).id, by="the JupyterLab sidebar"))))
+        await self.guarded(
+            lambda: rest_view(m.view(m.stop(m.get(key).id, by="the JupyterLab sidebar")))
+        )
 
 
 class StatsHandler(BaseHandler):
@@ -104,12 +123,18 @@ class StatsHandler(BaseHandler):
         if since_text is not None and since is None:
             return self.fail(400, f"'since' must be unix seconds, got {shown(since_text)}")
         if since is not None and not (math.isfinite(since) and since >= 0):
-            return self.fail(400, f"'since' must be unix seconds, a finite number from 0, got {shown(since_text)}")
+            return self.fail(
+                400,
+                f"'since' must be unix seconds, a finite number from 0, got {shown(since_text)}",
+            )
         m = self.api.manager
+
         def stats() -> dict:
             doc = m.stats(m.get(key).id, since=since)
             warnings = [w for w in doc.get("warnings") or [] if warning_texts([w])]
-            return dict(doc, warnings=[dict(w, text=warning_texts([w], hint=False)[0]) for w in warnings])
+            return dict(
+                doc, warnings=[dict(w, text=warning_texts([w], hint=False)[0]) for w in warnings]
+            )
 
         await self.guarded(stats)
 
@@ -124,15 +149,24 @@ class KeepaliveHandler(BaseHandler):
         duration = body.get("duration")
         duration = "1h" if duration is None else duration
         if isinstance(duration, bool) or not isinstance(duration, (str, int, float)):
-            got = {bool: "boolean", list: "array", dict: "object"}.get(type(duration), type(duration).__name__)
-            return self.fail(400, f"'duration': wrong type ({got}): expected a string like \"1h\" or a number of minutes")
+            got = {bool: "boolean", list: "array", dict: "object"}.get(
+                type(duration), type(duration).__name__
+            )
+            return self.fail(
+                400,
+                f"'duration': wrong type ({got}): expected a string like \"1h\" or a number of minutes",
+            )
         if isinstance(duration, str) and len(duration) > 40:
-            return self.fail(400, f"'duration': {KEEPALIVE.what} is {len(duration):,} characters long; at most 40")
+            return self.fail(
+                400,
+                f"'duration': {KEEPALIVE.what} is {len(duration):,} characters long; at most 40",
+            )
         try:
             KEEPALIVE.parse(duration)
         except BadInput as exc:
             return self.fail(400, f"'duration': {exc}")
         m = self.api.manager
+
         def keepalive() -> dict:
             sid = m.get(key).id
             m.keepalive(sid, duration)
@@ -151,11 +185,15 @@ class NotFoundHandler(BaseHandler):
     """Any other path under the API: a 404 in the API's shape, not the server's HTML page."""
 
     def prepare(self):  # before the login check and any verb: every method gets this answer
-        path = urllib.parse.unquote(self.request.path)  # as the client wrote it: 50%off, not 50%25off
+        path = urllib.parse.unquote(
+            self.request.path
+        )  # as the client wrote it: 50%off, not 50%25off
         raise tornado.web.HTTPError(404, f"no such endpoint: {shown(path, 80)}")
 
 
-def setup_handlers(server_app, manager: SessionManager | None = None, unavailable: str | None = None) -> None:
+def setup_handlers(
+    server_app, manager: SessionManager | None = None, unavailable: str | None = None
+) -> None:
     web_app = server_app.web_app
     web_app.settings["gpusession_api"] = Api(manager, unavailable)
     base = url_path_join(web_app.settings["base_url"], "gpusession", "api")

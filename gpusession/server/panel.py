@@ -28,7 +28,9 @@ class StartProgress:
     it stopped. Bounded: the oldest starts are forgotten."""
 
     def __init__(self) -> None:
-        self._lines: collections.OrderedDict[str, collections.deque[str]] = collections.OrderedDict()
+        self._lines: collections.OrderedDict[str, collections.deque[str]] = (
+            collections.OrderedDict()
+        )
         self._lock = threading.Lock()
 
     def reporter(self, session_id: str) -> Reporter:
@@ -77,8 +79,12 @@ def kernel_ids_by_pid(kernel_manager: Any) -> dict[int, str]:
     return found
 
 
-def panel_view(manager: SessionManager, record: SessionRecord, progress: StartProgress,
-               kernels: dict[int, str] | None = None) -> dict[str, Any]:
+def panel_view(
+    manager: SessionManager,
+    record: SessionRecord,
+    progress: StartProgress,
+    kernels: dict[int, str] | None = None,
+) -> dict[str, Any]:
     """The REST view plus `progress` (the start's latest lines, or null when this server did not
     start it), `kernel_id` (the Jupyter kernel that started it, or null) and `saved` (what an
     ended session's stop saved into its workspace, or why not; null when no save was tried) and
@@ -96,5 +102,7 @@ def panel_view(manager: SessionManager, record: SessionRecord, progress: StartPr
 def with_history(records: list[SessionRecord], history: int) -> list[SessionRecord]:
     """The active sessions and the `history` most recently ended ones."""
     active = [r for r in records if r.state.active]
-    ended = sorted((r for r in records if not r.state.active), key=lambda r: r.updated_at, reverse=True)
+    ended = sorted(
+        (r for r in records if not r.state.active), key=lambda r: r.updated_at, reverse=True
+    )
     return active + ended[:history]

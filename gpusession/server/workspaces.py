@@ -32,10 +32,15 @@ class WorkspaceHandler(BaseHandler):
     @tornado.web.authenticated
     async def delete(self, key: str) -> None:
         # JupyterLab's ServerConnection adds a bare timestamp (`?1796094695341`) against caches
-        unknown = [k for k in self.request.arguments if k not in ("confirm", "backend") and not k.isdigit()]
+        unknown = [
+            k for k in self.request.arguments if k not in ("confirm", "backend") and not k.isdigit()
+        ]
         if unknown:
-            return self.fail(400, f"unknown parameter(s) {', '.join(shown(k, 40) for k in unknown[:5])}; "
-                                  "allowed: confirm, backend")
+            return self.fail(
+                400,
+                f"unknown parameter(s) {', '.join(shown(k, 40) for k in unknown[:5])}; "
+                "allowed: confirm, backend",
+            )
         try:
             name = workspace_name(key)
         except BadInput as exc:
@@ -43,12 +48,17 @@ class WorkspaceHandler(BaseHandler):
         confirm = self.get_query_argument("confirm", None)
         if confirm != name:
             got = "none" if confirm is None else shown(confirm, 40)
-            return self.fail(400, f"deleting workspace {name} deletes its files and saved variables; confirm it with "
-                                  f"'confirm' set to the workspace's name ({name}), got {got}")
+            return self.fail(
+                400,
+                f"deleting workspace {name} deletes its files and saved variables; confirm it with "
+                f"'confirm' set to the workspace's name ({name}), got {got}",
+            )
         backend = self.get_query_argument("backend", None)
         kept_by = workspace_backends()
         if backend is not None and backend not in kept_by:
-            return self.fail(400, f"'backend' {shown(backend, 40)}: workspaces are kept by {', '.join(kept_by)}")
+            return self.fail(
+                400, f"'backend' {shown(backend, 40)}: workspaces are kept by {', '.join(kept_by)}"
+            )
         m = self.api.manager
 
         def deleting() -> dict:

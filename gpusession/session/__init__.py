@@ -17,8 +17,15 @@ if TYPE_CHECKING:
     from .handle import Session
     from .recorder import StoreRecorder
 
-__all__ = ["AgentClient", "AgentUnavailable", "GcAction", "Session", "SessionManager", "StoreRecorder",
-           "default_backend_name"]
+__all__ = [
+    "AgentClient",
+    "AgentUnavailable",
+    "GcAction",
+    "Session",
+    "SessionManager",
+    "StoreRecorder",
+    "default_backend_name",
+]
 
 
 def __getattr__(name: str):

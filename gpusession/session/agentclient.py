@@ -64,7 +64,9 @@ class AgentClient:
         with self._lock:
             for attempt in (1, 2):
                 reused = self._conn is not None
-                conn = self._conn or http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+                conn = self._conn or http.client.HTTPConnection(
+                    self._host, self._port, timeout=self.timeout
+                )
                 try:
                     conn.request(method, path, body=data, headers=headers)
                     resp = conn.getresponse()
@@ -74,7 +76,9 @@ class AgentClient:
                     self._conn = None
                     if reused and attempt == 1:
                         continue  # the agent closed an idle connection: once more on a new one
-                    error = AgentUnavailable(f"the session's agent did not answer ({type(exc).__name__}: {exc})")
+                    error = AgentUnavailable(
+                        f"the session's agent did not answer ({type(exc).__name__}: {exc})"
+                    )
                     error.refused = isinstance(exc, ConnectionRefusedError)
                     raise error from None
                 if resp.will_close:
@@ -86,13 +90,19 @@ class AgentClient:
         try:
             doc = json.loads(payload)
         except ValueError:
-            raise AgentUnavailable(f"the session's agent sent no JSON (HTTP {resp.status})") from None
+            raise AgentUnavailable(
+                f"the session's agent sent no JSON (HTTP {resp.status})"
+            ) from None
         if resp.status >= 400:
-            raise AgentUnavailable(f"the session's agent answered {resp.status}: {doc.get('error', '')}")
+            raise AgentUnavailable(
+                f"the session's agent answered {resp.status}: {doc.get('error', '')}"
+            )
         return doc
 
     def stats(self, since: float | None = None, limit: int | None = None) -> dict:
-        query = "&".join(f"{k}={v}" for k, v in (("since", since), ("limit", limit)) if v is not None)
+        query = "&".join(
+            f"{k}={v}" for k, v in (("since", since), ("limit", limit)) if v is not None
+        )
         return self._request("GET", "/stats" + (f"?{query}" if query else ""))
 
     def summary(self) -> dict:

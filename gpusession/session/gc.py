@@ -41,9 +41,18 @@ class GcAction:
     done: bool  # False on a dry run
 
 
-def collect(store: Store, backend_of: BackendOf, *, reconcile: Reconcile, stop: Stop, dry_run: bool = False,
-            backends: list[str] | None = None, orphans: bool = False, skipped: list[str] | None = None,
-            volumes: bool = False) -> list[GcAction]:
+def collect(
+    store: Store,
+    backend_of: BackendOf,
+    *,
+    reconcile: Reconcile,
+    stop: Stop,
+    dry_run: bool = False,
+    backends: list[str] | None = None,
+    orphans: bool = False,
+    skipped: list[str] | None = None,
+    volumes: bool = False,
+) -> list[GcAction]:
     """What gc does (SessionManager.gc passes its store, backends, reconcile and stop)."""
     from ..backends import backend_names
 
@@ -53,7 +62,9 @@ def collect(store: Store, backend_of: BackendOf, *, reconcile: Reconcile, stop: 
     # helper container the starter never removed) is removed below, in the same run
     for rec in store.list(active_only=True):
         try:
-            actions += _check_record(store, backend_of, reconcile, stop, rec, dry_run=dry_run, orphans=orphans)
+            actions += _check_record(
+                store, backend_of, reconcile, stop, rec, dry_run=dry_run, orphans=orphans
+            )
         except Exception as exc:  # noqa: BLE001 - one bad record or host must never stop gc
             if skipped is not None:
                 skipped.append(f"{rec.name}: not checked ({type(exc).__name__}: {exc})")
@@ -63,7 +74,9 @@ def collect(store: Store, backend_of: BackendOf, *, reconcile: Reconcile, stop: 
             resources = backend.list_resources()
         except Exception as exc:  # noqa: BLE001 - an SDK or engine that fails oddly is reported, not fatal
             if skipped is not None:
-                skipped.append(f"{name}: not checked ({exc if isinstance(exc, GpuSessionError) else repr(exc)})")
+                skipped.append(
+                    f"{name}: not checked ({exc if isinstance(exc, GpuSessionError) else repr(exc)})"
+                )
             continue
         # the store is read after the backend answered, never before: a start records its session
         # before it asks a backend for anything (SessionManager.create), so every resource listed
@@ -74,21 +87,29 @@ def collect(store: Store, backend_of: BackendOf, *, reconcile: Reconcile, stop: 
             rec = records.get(res.session_id)
             if rec is not None and rec.state.active:
                 continue
-            why = "unknown to the store" if rec is None else f"session {rec.name} is {rec.state.value}"
+            why = (
+                "unknown to the store"
+                if rec is None
+                else f"session {rec.name} is {rec.state.value}"
+            )
             actions += _remove(backend, res, why, dry_run=dry_run, notes=skipped)
         actions += _runtime_copies(backend, dry_run=dry_run, remove=volumes, notes=skipped)
     return actions
 
 
-def _runtime_copies(backend, *, dry_run: bool, remove: bool, notes: list[str] | None) -> list[GcAction]:
+def _runtime_copies(
+    backend, *, dry_run: bool, remove: bool, notes: list[str] | None
+) -> list[GcAction]:
     """The runtime copies (Docker volumes) of other gpusession builds that nothing uses: removed
     with `remove` (gc --volumes), else one note saying how many. Not removed by default: they
     cost disk, not money, and a client of that build sharing the engine would copy them again."""
     copies = backend.runtime_copies(remote=remove)  # the note: this machine's only
     if not remove:
         if copies and notes is not None:
-            notes.append(f"{len(copies)} runtime volume(s) of other gpusession builds are used by no container: "
-                         "`gpusession gc --volumes` removes them")
+            notes.append(
+                f"{len(copies)} runtime volume(s) of other gpusession builds are used by no container: "
+                "`gpusession gc --volumes` removes them"
+            )
         return []
     actions = []
     for res in copies:
@@ -108,8 +129,16 @@ def _remove(backend, res, why: str, *, dry_run: bool, notes: list[str] | None) -
     return [GcAction("remove", res.description, why, not dry_run)]
 
 
-def _check_record(store: Store, backend_of: BackendOf, reconcile: Reconcile, stop: Stop, rec: SessionRecord, *,
-                  dry_run: bool, orphans: bool) -> list[GcAction]:
+def _check_record(
+    store: Store,
+    backend_of: BackendOf,
+    reconcile: Reconcile,
+    stop: Stop,
+    rec: SessionRecord,
+    *,
+    dry_run: bool,
+    orphans: bool,
+) -> list[GcAction]:
     actions: list[GcAction] = []
     try:
         backend = backend_of(rec.backend)
@@ -118,17 +147,25 @@ def _check_record(store: Store, backend_of: BackendOf, reconcile: Reconcile, sto
     stuck = rec.state in (State.REQUESTED, State.PROVISIONING, State.STARTING, State.STOPPING)
     owner_dead = owner_is_dead(rec.owner)
     if stuck and owner_dead:
-        actions.append(GcAction("stop", rec.name, f"left {rec.state.value} by a dead process", not dry_run))
+        actions.append(
+            GcAction("stop", rec.name, f"left {rec.state.value} by a dead process", not dry_run)
+        )
         if not dry_run:
             backend.stop(rec)
-            store.transition(rec.id, State.FAILED, "cleaned up by gc: its starter died",
-                                     error="starter process died")
+            store.transition(
+                rec.id,
+                State.FAILED,
+                "cleaned up by gc: its starter died",
+                error="starter process died",
+            )
     elif rec.state == State.RUNNING and not backend.is_alive(rec):
         actions.append(GcAction("record-stopped", rec.name, "remote side gone", not dry_run))
         if not dry_run:
             reconcile(rec, backend)
     elif rec.state == State.RUNNING and orphans and owner_dead:
-        actions.append(GcAction("stop-orphan", rec.name, "its notebook process is gone", not dry_run))
+        actions.append(
+            GcAction("stop-orphan", rec.name, "its notebook process is gone", not dry_run)
+        )
         if not dry_run:
             stop(rec.id, by="gc (owner process gone)", kind=StopKind.GC)
     return actions

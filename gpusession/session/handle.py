@@ -40,8 +40,9 @@ class Session:
         self.record = record
         self.backend = backend
         self.link = link
-        self.kernel = KernelClient(link.endpoint.connection_info, healthy=self.healthy,
-                                   reconnects=lambda: link.reconnects)
+        self.kernel = KernelClient(
+            link.endpoint.connection_info, healthy=self.healthy, reconnects=lambda: link.reconnects
+        )
         self._alive_checked = (0.0, True)
         self._reconnects_seen = 0  # link.reconnects when iopub was last known to deliver
         self._agent: AgentClient | None = None
@@ -133,8 +134,14 @@ class Session:
         self._after_reconnect()
         return self.kernel.pull(names, progress)
 
-    def upload(self, paths: list[str], to: str = ".", progress: Progress | None = None, *,
-               everything: bool = False) -> dict:
+    def upload(
+        self,
+        paths: list[str],
+        to: str = ".",
+        progress: Progress | None = None,
+        *,
+        everything: bool = False,
+    ) -> dict:
         """Local files or folders into folder `to` below the session kernel's working directory
         (a folder without .git and what its .gitignore files ignore, unless `everything`).
         Returns {"files", "bytes", "dest"}."""
@@ -156,7 +163,9 @@ class Session:
         started so far, "running", "ready"}. AgentUnavailable when the agent does not answer."""
         state = self.agent.health().get("kernel")
         if not state:
-            raise AgentUnavailable("this session's runtime cannot restart its kernel (an older image?)")
+            raise AgentUnavailable(
+                "this session's runtime cannot restart its kernel (an older image?)"
+            )
         return state
 
     def restart_kernel(self, after: int, *, force: bool = False, timeout: float = 60.0) -> int:
@@ -166,13 +175,17 @@ class Session:
         (POST /restart). Variables are gone; ports, key and the session stay."""
         deadline = time.monotonic() + timeout
         state = self._kernel_state_until(deadline)
-        if force and state["generation"] <= after and state["running"] and state["ready"]:  # not the fresh one booting
+        if (
+            force and state["generation"] <= after and state["running"] and state["ready"]
+        ):  # not the fresh one booting
             self.agent.restart_kernel()
         while not (state["generation"] > after and state["ready"]):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no fresh kernel in session {self.name} within {timeout:.0f}s")
             if not self.healthy():
-                raise KernelDied(f"session {self.name} ended while its kernel restarted{self._why_ended()}")
+                raise KernelDied(
+                    f"session {self.name} ended while its kernel restarted{self._why_ended()}"
+                )
             time.sleep(0.1)
             state = self._kernel_state_until(deadline)
         self.kernel.wait_ready(timeout=max(1.0, deadline - time.monotonic()))
@@ -188,7 +201,9 @@ class Session:
                 if not exc.refused or time.monotonic() > deadline:
                     raise
                 if not self.healthy():
-                    raise KernelDied(f"session {self.name} ended while its kernel restarted{self._why_ended()}") from exc
+                    raise KernelDied(
+                        f"session {self.name} ended while its kernel restarted{self._why_ended()}"
+                    ) from exc
                 time.sleep(0.2)
 
     def _why_ended(self) -> str:

@@ -43,8 +43,12 @@ class Liveness:
     store: where records are read and `last_seen` written; backend: a backend by name;
     reconcile: records a gone session's end (SessionManager.reconcile)."""
 
-    def __init__(self, store: Store, backend: Callable[[str], "Backend"],
-                 reconcile: Callable[[SessionRecord, "Backend"], SessionRecord]):
+    def __init__(
+        self,
+        store: Store,
+        backend: Callable[[str], "Backend"],
+        reconcile: Callable[[SessionRecord, "Backend"], SessionRecord],
+    ):
         self.store, self.backend, self.reconcile = store, backend, reconcile
         self._seen: dict[str, tuple[float, float]] = {}  # id -> (seen alive at, last_seen saved at)
 
@@ -103,4 +107,7 @@ class Liveness:
         checked, _ = self._seen.get(record.id, (0.0, 0.0))
         started = next((e.at for e in reversed(record.events) if e.state == State.RUNNING), None)
         known = [t for t in (checked, record.resource.get("last_seen"), started) if t]
-        return {"verified": time.time() - checked <= FRESH_S, "last_seen": max(known) if known else None}
+        return {
+            "verified": time.time() - checked <= FRESH_S,
+            "last_seen": max(known) if known else None,
+        }

@@ -56,6 +56,7 @@ class SessionManager:
     def __init__(self, config: GpuSessionConfig | None = None, store: Store | None = None):
         if config is None:  # the CLI gives an EnvConfig (settings.py): no traitlets.config
             from ..config import GpuSessionConfig
+
             config = GpuSessionConfig()
         self.config = config
         self.store = store or Store(self.config.data_path / "sessions.sqlite3")
@@ -72,10 +73,14 @@ class SessionManager:
     def backend(self, name: str) -> Backend:
         with self._lock:
             if name not in self._backends:
-                self._backends[name] = load_backend_class(name)(self.config, StoreRecorder(self.store))
+                self._backends[name] = load_backend_class(name)(
+                    self.config, StoreRecorder(self.store)
+                )
             return self._backends[name]
 
-    def make_spec(self, gpu_type: str | None = None, /, *, face: str = options.REST, **values: Any) -> LaunchSpec:
+    def make_spec(
+        self, gpu_type: str | None = None, /, *, face: str = options.REST, **values: Any
+    ) -> LaunchSpec:
         """The Python face: `make_spec("a100:8", backend="docker", idle="15m")`; keywords as
         `spec_from` takes them (a keyword left out takes its default; idle=None: no idle stop)."""
         if gpu_type is not None:
@@ -89,9 +94,17 @@ class SessionManager:
         takes its default."""
         from ..backends import backend_names
 
-        spec = options.build_spec(values, config=self.config, catalog=self.catalog, backends=backend_names(),
-                                  backend_default=lambda: default_backend_name(self.config), face=face)
-        files.check_start_tree(spec.extra, face)  # --upload: a tree over its cap is refused before anything starts
+        spec = options.build_spec(
+            values,
+            config=self.config,
+            catalog=self.catalog,
+            backends=backend_names(),
+            backend_default=lambda: default_backend_name(self.config),
+            face=face,
+        )
+        files.check_start_tree(
+            spec.extra, face
+        )  # --upload: a tree over its cap is refused before anything starts
         return spec
 
     # -- start ---------------------------------------------------------------------------
@@ -102,7 +115,9 @@ class SessionManager:
         self.config.check()
         backend = self.backend(spec.backend)
         backend.check(spec)
-        return self.store.create(spec, price_per_hour=backend.price_per_hour(spec, self.catalog), claim=workspace_claim)
+        return self.store.create(
+            spec, price_per_hour=backend.price_per_hour(spec, self.catalog), claim=workspace_claim
+        )
 
     def start(self, spec: LaunchSpec, report: Reporter | None = None) -> Session:
         """Provision, connect and wait for the kernel. On any failure (Ctrl-C included) the
@@ -116,7 +131,9 @@ class SessionManager:
         try:  # from the first instruction: a Ctrl-C anywhere must not strand the record or its name
             backend = self.backend(record.backend)
             spec = record.spec
-            progress.say(f"session {record.name}: {spec.gpu_count} x {spec.gpu_type} on {record.backend}")
+            progress.say(
+                f"session {record.name}: {spec.gpu_count} x {spec.gpu_type} on {record.backend}"
+            )
             self.store.transition(record.id, State.PROVISIONING)
             with progress.stage("provision"):
                 backend.provision(self.store.get(record.id), progress)
@@ -124,38 +141,53 @@ class SessionManager:
             with progress.stage("connect"):
                 link = backend.connect(record, progress)
             from .handle import Session  # the kernel client (jupyter_client, zmq): not for `list`
+
             session = Session(self, record, backend, link)
             try:
                 with progress.stage("kernel", "waiting for the kernel to answer"):
-                    session.kernel.wait_ready(timeout=600 if spec.extra.get("resume") else 120)  # a restore loads first
-                files.upload_start_tree(session.kernel, spec.extra, progress)  # --upload: a stage of its own
+                    session.kernel.wait_ready(
+                        timeout=600 if spec.extra.get("resume") else 120
+                    )  # a restore loads first
+                files.upload_start_tree(
+                    session.kernel, spec.extra, progress
+                )  # --upload: a stage of its own
             except BaseException:
                 session.kernel.close()
                 raise
         except BaseException as exc:
             stage = exc.stage if isinstance(exc, StageError) else (progress.current or "start")
-            message = str(exc) if isinstance(exc, StageError) else f"{stage}: {type(exc).__name__}: {exc}"
+            message = (
+                str(exc) if isinstance(exc, StageError) else f"{stage}: {type(exc).__name__}: {exc}"
+            )
             if isinstance(exc, KeyboardInterrupt):
                 message = f"{stage}: interrupted"
             self._abort(record, link, backend, message)
             raise
-        session.record = self.store.transition(record.id, State.RUNNING, f"ready in {progress.elapsed():.1f}s")
+        session.record = self.store.transition(
+            record.id, State.RUNNING, f"ready in {progress.elapsed():.1f}s"
+        )
         fetch_restore_report(self.store, session)  # --resume: what came back, for the faces to say
         progress.say(f"running: session {record.name} is ready")
         with self._lock:
             self._connected[record.id] = session
         return session
 
-    def _abort(self, record: SessionRecord, link: Link | None, backend: Backend | None, message: str) -> None:
+    def _abort(
+        self, record: SessionRecord, link: Link | None, backend: Backend | None, message: str
+    ) -> None:
         try:
             if link is not None:
                 link.close()
             if backend is not None:
                 backend.stop(self.store.get(record.id))
-            self.store.transition(record.id, State.FAILED, f"start failed; cleaned up ({message})", error=message)
+            self.store.transition(
+                record.id, State.FAILED, f"start failed; cleaned up ({message})", error=message
+            )
         except Exception as cleanup_exc:  # noqa: BLE001 - keep the first error; record the second
             self.store.transition(
-                record.id, State.FAILED, f"start failed and cleanup failed: {cleanup_exc}; run `gpusession gc`",
+                record.id,
+                State.FAILED,
+                f"start failed and cleanup failed: {cleanup_exc}; run `gpusession gc`",
                 error=message,
             )
 
@@ -165,7 +197,9 @@ class SessionManager:
         return self.store.get(key)
 
     def list(self, *, active_only: bool = False, check: bool = False) -> list[SessionRecord]:
-        records = self.store.list(active_only=active_only)  # check: its running ones checked (liveness.py)
+        records = self.store.list(
+            active_only=active_only
+        )  # check: its running ones checked (liveness.py)
         return self.liveness.check(records) if check else records
 
     def connected(self, key: str | None = None) -> Session | None:
@@ -186,6 +220,7 @@ class SessionManager:
             if not backend.is_alive(record):
                 raise SessionEnded(self.reconcile(record, backend))
             from .handle import Session
+
             session = Session(self, record, backend, backend.connect(record, progress))
             session.kernel.wait_ready(timeout=30)
         with self._lock:
@@ -208,8 +243,15 @@ class SessionManager:
 
     # -- stop ----------------------------------------------------------------------------
 
-    def stop(self, key: str, by: str = "user", kind: StopKind = StopKind.USER, *, kernel_told: bool = False,
-             save: bool = False) -> SessionRecord:
+    def stop(
+        self,
+        key: str,
+        by: str = "user",
+        kind: StopKind = StopKind.USER,
+        *,
+        kernel_told: bool = False,
+        save: bool = False,
+    ) -> SessionRecord:
         """Stop a session and record why (`by`: "user", "the sidebar"...; kernel_told: it was sent a
         shutdown_request; save: `stop --save`, its variables go into its workspace first)."""
         record = self.store.get(key)
@@ -217,7 +259,9 @@ class SessionManager:
         with self._lock:
             session = self._connected.pop(record.id, None)
         if not record.state.active:
-            if session:  # stopped elsewhere (the sidebar, its watchdog): let go of the kernel's sockets too
+            if (
+                session
+            ):  # stopped elsewhere (the sidebar, its watchdog): let go of the kernel's sockets too
                 session.close_connections()
             return record
         reason = StopReason(kind, by=by)
@@ -241,7 +285,10 @@ class SessionManager:
             backend.stop(record)
         except Exception as exc:
             self.store.note(record.id, f"stop failed: {exc}")
-            raise StageError("stop", f"{exc}; the session stays recorded as stopping, run `gpusession gc` to retry") from exc
+            raise StageError(
+                "stop",
+                f"{exc}; the session stays recorded as stopping, run `gpusession gc` to retry",
+            ) from exc
         record = self.store.get(record.id)
         if "agent_summary" not in record.resource:
             self._save_summary(record, backend=backend)
@@ -266,7 +313,9 @@ class SessionManager:
         found ended later (`ended_state`). Returns the record when the session ended without a
         failure (its watchdog, a stop elsewhere), else None (recorded as failed, `error` = why)."""
         self._release(session.id)  # stopped elsewhere (the sidebar, the CLI): that is what happened
-        session.record = self._stopped_elsewhere(session.id) or self.reconcile(session.record, session.backend, died_while=why)
+        session.record = self._stopped_elsewhere(session.id) or self.reconcile(
+            session.record, session.backend, died_while=why
+        )
         return None if session.record.state == State.FAILED else session.record
 
     def _stopped_elsewhere(self, session_id: str, wait_s: float = 15.0) -> SessionRecord | None:
@@ -277,11 +326,15 @@ class SessionManager:
             record = self.store.get(session_id)
         return None if record.state.active and record.state != State.STOPPING else record
 
-    def reconcile(self, record: SessionRecord, backend: Backend, died_while: str | None = None) -> SessionRecord:
+    def reconcile(
+        self, record: SessionRecord, backend: Backend, died_while: str | None = None
+    ) -> SessionRecord:
         """The remote side ended: remove what is left of it and record how it ended, with the
         reason it left (typed, in `resource["stop_reason"]`) and when (billing ended then).
         `died_while`: what this process saw (a kernel that died mid-cell), for the error."""
-        self._release(record.id)  # found by gc while this process held it (the tunnel retries forever)
+        self._release(
+            record.id
+        )  # found by gc while this process held it (the tunnel retries forever)
         details = backend.stop_details(record)
         reason = details.reason if details and details.reason else StopReason(StopKind.GONE)
         if details is not None and details.summary:
@@ -292,8 +345,14 @@ class SessionManager:
         at = details.at if details is not None else None
         at = at if at is not None and last <= at <= time.time() else None
         state = ended_state(reason)
-        error = (died_while or f"the session ended by itself ({reason.kind.value})") if state == State.FAILED else None
-        return self.store.transition(record.id, state, f"found {state.value}: {reason.kind.value}", at=at, error=error)
+        error = (
+            (died_while or f"the session ended by itself ({reason.kind.value})")
+            if state == State.FAILED
+            else None
+        )
+        return self.store.transition(
+            record.id, state, f"found {state.value}: {reason.kind.value}", at=at, error=error
+        )
 
     def refresh_state(self, key: str) -> SessionRecord:
         """The record, after checking that a running session's remote side still exists; when
@@ -314,8 +373,14 @@ class SessionManager:
             raise SessionEnded(record)
         return self.connected(record.id) or self.attach(record.id)
 
-    def stats(self, key: str, since: float | None = None, limit: int | None = None, *,
-              check_alive: bool = True) -> dict:
+    def stats(
+        self,
+        key: str,
+        since: float | None = None,
+        limit: int | None = None,
+        *,
+        check_alive: bool = True,
+    ) -> dict:
         """The agent's stats document for a running session (docs/gpu-agent.md). Raises
         SessionEnded when the session turns out to have stopped. check_alive=False only asks the
         agent of a session this process is connected to, and never tears down connections (for a
@@ -346,7 +411,9 @@ class SessionManager:
         if not interrupted:
             return doc
         notice = interrupted.get("notice") or {}
-        warning = Warning(WarningKind.SPOT_INTERRUPTION, action=notice.get("action"), time=notice.get("time"))
+        warning = Warning(
+            WarningKind.SPOT_INTERRUPTION, action=notice.get("action"), time=notice.get("time")
+        )
         return dict(doc, warnings=[*(doc.get("warnings") or []), warning.to_dict()])
 
     def keepalive(self, key: str, duration: str | float) -> dict:
@@ -358,8 +425,9 @@ class SessionManager:
         self.store.note(session.id, f"keepalive {granted['granted_s']:.0f}s")
         return dict(granted, asked_s=seconds, name=session.name)
 
-    def _save_summary(self, record: SessionRecord, session: Session | None = None,
-                      backend: Backend | None = None) -> None:
+    def _save_summary(
+        self, record: SessionRecord, session: Session | None = None, backend: Backend | None = None
+    ) -> None:
         """Keep the agent's summary in the record: asked of the agent while it still runs, or
         what it left behind (the backend's `stop_details`)."""
         summary = None
@@ -392,12 +460,29 @@ class SessionManager:
         """The JSON shape every face shows (REST SessionView): data, no words."""
         return session_view(record, self.live_stats(record), **self.liveness.seen(record))
 
-    def gc(self, *, dry_run: bool = False, backends: list[str] | None = None, orphans: bool = False,
-           skipped: list[str] | None = None, volumes: bool = False) -> list[dict]:
+    def gc(
+        self,
+        *,
+        dry_run: bool = False,
+        backends: list[str] | None = None,
+        orphans: bool = False,
+        skipped: list[str] | None = None,
+        volumes: bool = False,
+    ) -> list[dict]:
         """Find and stop what crashed processes left behind (gpusession/session/gc.py)."""
         from .gc import collect
 
-        return collect(self.store, self.backend, reconcile=self.reconcile, stop=self.stop, dry_run=dry_run, backends=backends, orphans=orphans, skipped=skipped, volumes=volumes)
+        return collect(
+            self.store,
+            self.backend,
+            reconcile=self.reconcile,
+            stop=self.stop,
+            dry_run=dry_run,
+            backends=backends,
+            orphans=orphans,
+            skipped=skipped,
+            volumes=volumes,
+        )
 
 
 __all__ = ["SessionManager", "Session", "default_backend_name", "KernelDied"]

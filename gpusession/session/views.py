@@ -10,8 +10,13 @@ from ..models import LaunchSpec, SessionRecord, State
 from .. import options
 
 
-def session_view(record: SessionRecord, live: dict | None = None, *, verified: bool = True,
-                 last_seen: float | None = None) -> dict[str, Any]:
+def session_view(
+    record: SessionRecord,
+    live: dict | None = None,
+    *,
+    verified: bool = True,
+    last_seen: float | None = None,
+) -> dict[str, Any]:
     """`live`: a recent stats document of the running session (its idle countdown and warnings).
     verified: False for a running session nobody could check just now; last_seen: when it was
     last known alive (session/liveness.py)."""
@@ -45,15 +50,23 @@ def session_view(record: SessionRecord, live: dict | None = None, *, verified: b
         "verified": verified,
         "last_seen": last_seen,
         "restart": restart_body(record.spec),
-        "resume": restart_body(record.spec, resume=saved) if (saved := _saved_workspace(record)) else None,
+        "resume": restart_body(record.spec, resume=saved)
+        if (saved := _saved_workspace(record))
+        else None,
     }
 
 
 def _saved_workspace(record: SessionRecord) -> str | None:
     """The workspace an ended session saved its variables into (its stop --save, or its
     watchdog's save before an idle, cost or runtime stop), else None."""
-    saved = record.resource.get("checkpoint") or (record.resource.get("agent_summary") or {}).get("checkpoint")
-    return record.resource.get("workspace") if saved and saved.get("committed") and not record.state.active else None
+    saved = record.resource.get("checkpoint") or (record.resource.get("agent_summary") or {}).get(
+        "checkpoint"
+    )
+    return (
+        record.resource.get("workspace")
+        if saved and saved.get("committed") and not record.state.active
+        else None
+    )
 
 
 def restart_body(spec: LaunchSpec, resume: str | None = None) -> dict[str, Any]:
@@ -77,15 +90,22 @@ def restart_body(spec: LaunchSpec, resume: str | None = None) -> dict[str, Any]:
     for name in ("gpu_only", "spot"):
         if getattr(spec, name):
             body[name] = True
-    for option in options.OPTIONS if spec.extra else ():  # the options kept in spec.extra (docker's --gpus, aws's --fallback...)
+    for option in (
+        options.OPTIONS if spec.extra else ()
+    ):  # the options kept in spec.extra (docker's --gpus, aws's --fallback...)
         value = spec.extra.get(option.name) if option.spec_field is None else None
         if option.kind == "duration" and option.name in spec.extra and option.spec_field is None:
             value = f"{exact_decimal(value)}s" if value else "off"  # None: off, as it was given
         elif option.name == "save_cap" and value is not None:
-            value = f"{int(value)}b" if value else "off"  # exact bytes (a bare number would mean MB)
+            value = (
+                f"{int(value)}b" if value else "off"
+            )  # exact bytes (a bare number would mean MB)
         if value is not None:  # as text, as a form sends it ("2", "0.5"), but a bool stays one
-            body[option.name] = value if isinstance(value, bool) else (
-                exact_decimal(value) if isinstance(value, float) else str(value))
+            body[option.name] = (
+                value
+                if isinstance(value, bool)
+                else (exact_decimal(value) if isinstance(value, float) else str(value))
+            )
     if resume:
         body["resume"] = resume
     return body

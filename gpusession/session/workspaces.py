@@ -37,8 +37,12 @@ class WorkspaceView:
         return not self.active and not self.workspace.in_use_by
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(dataclasses.asdict(self.workspace), sessions=self.sessions, active=self.active,
-                    orphaned=self.orphaned)
+        return dict(
+            dataclasses.asdict(self.workspace),
+            sessions=self.sessions,
+            active=self.active,
+            orphaned=self.orphaned,
+        )
 
 
 __all__ = ["WorkspaceInUse"]  # (defined in errors.py: the store raises it too)
@@ -71,7 +75,9 @@ def save_checkpoint(store: Store, record: "SessionRecord", session: "Session | N
     if session is None:
         result = {"committed": False, "error": "not connected"}
     else:
-        bound = record.spec.extra.get("save_timeout") or 60.0  # off: an asked save takes the default bound
+        bound = (
+            record.spec.extra.get("save_timeout") or 60.0
+        )  # off: an asked save takes the default bound
         client = AgentClient.for_endpoint(session.link.endpoint, timeout=bound + SAVE_WAIT_EXTRA_S)
         try:
             result = client.save()
@@ -83,7 +89,9 @@ def save_checkpoint(store: Store, record: "SessionRecord", session: "Session | N
     return result
 
 
-def list_all(store: Store, backend_of: Callable[[str], "Backend"], skipped: list[str] | None = None) -> list[WorkspaceView]:
+def list_all(
+    store: Store, backend_of: Callable[[str], "Backend"], skipped: list[str] | None = None
+) -> list[WorkspaceView]:
     """Every workspace the workspace backends keep, with the sessions that used each (`store`:
     the records; `backend_of`: a backend by name, e.g. SessionManager.backend)."""
     records = store.list()
@@ -96,8 +104,14 @@ def list_all(store: Store, backend_of: Callable[[str], "Backend"], skipped: list
                 skipped.append(f"{name}: {exc}")
             continue
         for ws in found:
-            users = [r for r in records if r.backend == name and r.resource.get("workspace") == ws.name]
-            views.append(WorkspaceView(ws, [r.name for r in users], [r.name for r in users if r.state.active]))
+            users = [
+                r for r in records if r.backend == name and r.resource.get("workspace") == ws.name
+            ]
+            views.append(
+                WorkspaceView(
+                    ws, [r.name for r in users], [r.name for r in users if r.state.active]
+                )
+            )
     return views
 
 
@@ -105,17 +119,27 @@ class NoWorkspace(BadInput):
     """No workspace by that name (REST: 404)."""
 
 
-def remove(store: Store, backend_of: Callable[[str], "Backend"], name: str, backend: str | None = None) -> "Workspace":
+def remove(
+    store: Store, backend_of: Callable[[str], "Backend"], name: str, backend: str | None = None
+) -> "Workspace":
     """Delete the workspace `name` (of `backend`, when several backends have one of that name)."""
-    matches = [v for v in list_all(store, backend_of) if v.workspace.name == name and backend in (None, v.workspace.backend)]
+    matches = [
+        v
+        for v in list_all(store, backend_of)
+        if v.workspace.name == name and backend in (None, v.workspace.backend)
+    ]
     if not matches:
         raise NoWorkspace(f"no workspace {name} (`gpusession workspaces` lists them)")
     if len(matches) > 1:
         where = ", ".join(v.workspace.backend for v in matches)
-        raise BadInput(f"workspace {name} is on several backends ({where}); name one with --backend")
+        raise BadInput(
+            f"workspace {name} is on several backends ({where}); name one with --backend"
+        )
     view = matches[0]
     if not view.orphaned:
-        raise WorkspaceInUse(f"workspace {name} is in use by session {', '.join(view.active or view.workspace.in_use_by)}; "
-                       "stop it first")
+        raise WorkspaceInUse(
+            f"workspace {name} is in use by session {', '.join(view.active or view.workspace.in_use_by)}; "
+            "stop it first"
+        )
     backend_of(view.workspace.backend).remove_workspace(view.workspace)
     return view.workspace

@@ -19,4 +19,13 @@ from __future__ import annotations
 from .card import GpuGauges, SessionCard, StatsView
 from .panel import REFRESH_S, PanelCommand, SessionPanel, StartForm, register_panel
 
-__all__ = ["GpuGauges", "PanelCommand", "REFRESH_S", "SessionCard", "SessionPanel", "StartForm", "StatsView", "register_panel"]
+__all__ = [
+    "GpuGauges",
+    "PanelCommand",
+    "REFRESH_S",
+    "SessionCard",
+    "SessionPanel",
+    "StartForm",
+    "StatsView",
+    "register_panel",
+]

@@ -19,7 +19,12 @@ from ..models import State
 
 KEEPALIVE = "1h"  # what the keep-alive button asks for (the sidebar's button does the same)
 FINAL_STATES = {State.STOPPED.value, State.FAILED.value}
-_STATE_COLORS = {"running": "#2e7d32", "failed": "#c62828", "stopped": "#757575", "stopping": "#ef6c00"}
+_STATE_COLORS = {
+    "running": "#2e7d32",
+    "failed": "#c62828",
+    "stopped": "#757575",
+    "stopping": "#ef6c00",
+}
 WARN_STYLE = "color: #b45309; font-weight: bold"
 
 # rows of text at 20 px instead of ipywidgets' 28 px input height: a card about as tall as the sidebar's
@@ -51,9 +56,18 @@ class Gauge:
     """A labelled `FloatProgress` with its value in words next to it."""
 
     def __init__(self, kind: str, label: str):
-        self.bar = classed(widgets.FloatProgress(value=0.0, min=0.0, max=100.0, description=label,
-                                                  style={"description_width": "72px"},
-                                                  layout=widgets.Layout(width="260px")), "gauge", f"gauge-{kind}")
+        self.bar = classed(
+            widgets.FloatProgress(
+                value=0.0,
+                min=0.0,
+                max=100.0,
+                description=label,
+                style={"description_width": "72px"},
+                layout=widgets.Layout(width="260px"),
+            ),
+            "gauge",
+            f"gauge-{kind}",
+        )
         self.text = classed(widgets.Label(value="-"), "gauge-value")
         self.widget = widgets.HBox([self.bar, self.text])
 
@@ -92,10 +106,14 @@ class GpuGauges(MetricGauges):
         self.title = widgets.Label(value=f"GPU {index}")
         self.util, self.memory = self.gauges["util"], self.gauges["memory"]
         self.temp, self.power = self.gauges["temp"], self.gauges["power"]
-        self.widget = classed(widgets.VBox([self.title, *(g.widget for g in self.gauges.values())]), "gpu")
+        self.widget = classed(
+            widgets.VBox([self.title, *(g.widget for g in self.gauges.values())]), "gpu"
+        )
 
     def show(self, gpu: dict) -> None:
-        self.title.value = f"GPU {gpu['index']} · {gpu.get('name') or '?'}" + (f" · {gpu['error']}" if gpu.get("error") else "")
+        self.title.value = f"GPU {gpu['index']} · {gpu.get('name') or '?'}" + (
+            f" · {gpu['error']}" if gpu.get("error") else ""
+        )
         super().show(gpu)
 
 
@@ -109,14 +127,20 @@ class StatsView:
         self.gpu_box = widgets.VBox([])
         self.host = MetricGauges("host")
         self.cpu, self.ram = self.host.gauges["cpu"], self.host.gauges["ram"]
-        self.widget = classed(widgets.VBox([self.note, self.gpu_box, *(g.widget for g in self.host.gauges.values())]),
-                              "stats")
+        self.widget = classed(
+            widgets.VBox([self.note, self.gpu_box, *(g.widget for g in self.host.gauges.values())]),
+            "stats",
+        )
 
     def show(self, doc: dict) -> None:
         samples = doc.get("samples") or []
         latest = samples[-1] if samples else None
         if not doc.get("gpus_visible"):
-            html_text(self.note, doc.get("message") or "no NVIDIA GPU visible", "color: var(--jp-ui-font-color2)")
+            html_text(
+                self.note,
+                doc.get("message") or "no NVIDIA GPU visible",
+                "color: var(--jp-ui-font-color2)",
+            )
         else:
             html_text(self.note, None if latest else "waiting for the first sample")
         gpus = (latest or {}).get("gpus") or []
@@ -135,39 +159,91 @@ class StatsView:
 class SessionCard:
     """One session. `show(view, stats)` writes what changed; the buttons call back into the panel."""
 
-    def __init__(self, view: dict, on_stop: Callable[["SessionCard"], None], on_keepalive: Callable[["SessionCard"], None],
-                 on_resume: Callable[["SessionCard"], None] | None = None):
+    def __init__(
+        self,
+        view: dict,
+        on_stop: Callable[["SessionCard"], None],
+        on_keepalive: Callable[["SessionCard"], None],
+        on_resume: Callable[["SessionCard"], None] | None = None,
+    ):
         self.id = view["id"]
         self.view = view
         self.name = classed(widgets.HTML(), "name")
         self.state = classed(widgets.HTML(), "state")
         self.kind = classed(widgets.Label(), "kind")
-        self.uptime, self.price = classed(widgets.Label(), "uptime"), classed(widgets.Label(), "price")
+        self.uptime, self.price = (
+            classed(widgets.Label(), "uptime"),
+            classed(widgets.Label(), "price"),
+        )
         self.cost, self.idle = classed(widgets.Label(), "cost"), classed(widgets.Label(), "idle")
-        facts = [("Uptime", self.uptime), ("Rate", self.price), ("Cost", self.cost), ("Idle stop", self.idle)]
+        facts = [
+            ("Uptime", self.uptime),
+            ("Rate", self.price),
+            ("Cost", self.cost),
+            ("Idle stop", self.idle),
+        ]
         self.idle_warning = classed(widgets.HTML(), "idle-warning")
         self.error = classed(widgets.HTML(), "error")
         self.message = classed(widgets.HTML(), "action-message")
-        self.keepalive_button = classed(widgets.Button(description=f"Keep alive {KEEPALIVE}", icon="clock",
-                                                        tooltip=f"Postpone the idle stop by {KEEPALIVE}"), "keepalive")
-        self.stop_button = classed(widgets.Button(description="Stop", button_style="danger", icon="stop",
-                                                   tooltip="Stop this session and its billing"), "stop")
-        self.resume_button = classed(widgets.Button(description="Resume", icon="play", tooltip="Start a new session "
-                                                     "on this workspace and restore the variables its stop saved"), "resume")
+        self.keepalive_button = classed(
+            widgets.Button(
+                description=f"Keep alive {KEEPALIVE}",
+                icon="clock",
+                tooltip=f"Postpone the idle stop by {KEEPALIVE}",
+            ),
+            "keepalive",
+        )
+        self.stop_button = classed(
+            widgets.Button(
+                description="Stop",
+                button_style="danger",
+                icon="stop",
+                tooltip="Stop this session and its billing",
+            ),
+            "stop",
+        )
+        self.resume_button = classed(
+            widgets.Button(
+                description="Resume",
+                icon="play",
+                tooltip="Start a new session "
+                "on this workspace and restore the variables its stop saved",
+            ),
+            "resume",
+        )
         self.keepalive_button.on_click(lambda _: on_keepalive(self))
         self.resume_button.on_click(lambda _: on_resume(self) if on_resume else None)
         self.stop_button.on_click(lambda _: on_stop(self))
         self.stats = StatsView()
-        self.widget = classed(widgets.VBox([
-            widgets.HBox([self.name, self.state], layout=widgets.Layout(justify_content="space-between")),
-            self.kind,
-            widgets.GridBox([w for label, value in facts for w in (widgets.Label(label), value)],
-                            layout=widgets.Layout(grid_template_columns="70px 110px 70px auto", grid_gap="0 8px")),
-            self.idle_warning, self.error, self.message,
-            widgets.HBox([self.keepalive_button, self.stop_button, self.resume_button]),
-            self.stats.widget,
-        ], layout=widgets.Layout(border="1px solid var(--jp-border-color2, #ccc)", padding="6px", margin="4px 0",
-                                 width="440px")), "card")
+        self.widget = classed(
+            widgets.VBox(
+                [
+                    widgets.HBox(
+                        [self.name, self.state],
+                        layout=widgets.Layout(justify_content="space-between"),
+                    ),
+                    self.kind,
+                    widgets.GridBox(
+                        [w for label, value in facts for w in (widgets.Label(label), value)],
+                        layout=widgets.Layout(
+                            grid_template_columns="70px 110px 70px auto", grid_gap="0 8px"
+                        ),
+                    ),
+                    self.idle_warning,
+                    self.error,
+                    self.message,
+                    widgets.HBox([self.keepalive_button, self.stop_button, self.resume_button]),
+                    self.stats.widget,
+                ],
+                layout=widgets.Layout(
+                    border="1px solid var(--jp-border-color2, #ccc)",
+                    padding="6px",
+                    margin="4px 0",
+                    width="440px",
+                ),
+            ),
+            "card",
+        )
         self._state_class = ""
         self.say(None)
         self.show(view)
@@ -187,26 +263,42 @@ class SessionCard:
             self.widget.add_class(self._state_class)
         self.name.value = f"<b>{html.escape(view['name'])}</b>"
         color = _STATE_COLORS.get(state, "#1565c0")
-        self.state.value = f'<span style="color: {color}; font-weight: bold">{html.escape(state)}</span>'
+        self.state.value = (
+            f'<span style="color: {color}; font-weight: bold">{html.escape(state)}</span>'
+        )
         kind = [f"{view['gpu_type'].upper()} × {view['gpu_count']}", view["backend"]]
         kind += ["spot"] * bool(view.get("spot")) + [view["host"]] * bool(view.get("host"))
         self.kind.value = " · ".join(kind)
         self.uptime.value = format_duration(view["uptime_s"])
         self.price.value = f"{format_money(view['price_per_hour'])}/h"
         cost = format_money(view["cost_so_far"])
-        self.cost.value = cost if not view.get("max_cost") else f"{cost} of {format_money(view['max_cost'])}"
+        self.cost.value = (
+            cost if not view.get("max_cost") else f"{cost} of {format_money(view['max_cost'])}"
+        )
         idle = dict(view.get("idle") or {})
         warnings = view.get("warnings") or []
         if stats is not None:  # the agent's countdown is fresher than the view's
-            idle.update({k: v for k, v in (stats.get("idle") or {}).items() if k in ("timeout_s", "remaining_s")})
+            idle.update(
+                {
+                    k: v
+                    for k, v in (stats.get("idle") or {}).items()
+                    if k in ("timeout_s", "remaining_s")
+                }
+            )
             warnings = stats.get("warnings") or []
-        warning = "; ".join(warning_texts(warnings, hint=False)) or None  # the card has a Keep alive button
+        warning = (
+            "; ".join(warning_texts(warnings, hint=False)) or None
+        )  # the card has a Keep alive button
         final = state in FINAL_STATES
         if final or idle.get("timeout_s") is None:
             self.idle.value = "off" if not final else "-"
         else:
             remaining = idle.get("remaining_s")
-            self.idle.value = f"in {format_duration(remaining)}" if remaining is not None else format_duration(idle["timeout_s"])
+            self.idle.value = (
+                f"in {format_duration(remaining)}"
+                if remaining is not None
+                else format_duration(idle["timeout_s"])
+            )
         html_text(self.idle_warning, None if final else warning, WARN_STYLE)
         html_text(self.error, view.get("error"), "color: #c62828")
         show(self.keepalive_button, not final and idle.get("timeout_s") is not None)

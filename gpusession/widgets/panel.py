@@ -32,20 +32,36 @@ class StartForm:
         for option in options.OPTIONS:
             if option.form:
                 widget, role = self._input(option, manager)
-                self.fields[option.name] = classed(widget, f"{option.name.replace('_', '-')}-{role}")
+                self.fields[option.name] = classed(
+                    widget, f"{option.name.replace('_', '-')}-{role}"
+                )
         self.type_select = self.fields["type"]
         self.backend_select = self.fields["backend"]
         self.idle_input = self.fields["idle"]
-        self.start_button = classed(widgets.Button(description="Start", button_style="primary", icon="play"), "start-button")
+        self.start_button = classed(
+            widgets.Button(description="Start", button_style="primary", icon="play"), "start-button"
+        )
         self.message = classed(widgets.HTML(), "form-message")
         show(self.message, False)
-        note = widgets.HTML(f'<small>Prices: {html.escape(catalog.region)}, snapshot of {html.escape(catalog.snapshot_date)}'
-                            " (per GPU-hour, on demand)</small>")
+        note = widgets.HTML(
+            f"<small>Prices: {html.escape(catalog.region)}, snapshot of {html.escape(catalog.snapshot_date)}"
+            " (per GPU-hour, on demand)</small>"
+        )
         self.start_button.on_click(lambda _: on_start(self.values()))
         self.backend_select.observe(lambda _: self._show_backend_options(), names="value")
         self._show_backend_options()
-        self.widget = classed(widgets.VBox([widgets.HTML("<b>Start a GPU session</b>"), *self.fields.values(),
-                                             self.start_button, self.message, note]), "start-form")
+        self.widget = classed(
+            widgets.VBox(
+                [
+                    widgets.HTML("<b>Start a GPU session</b>"),
+                    *self.fields.values(),
+                    self.start_button,
+                    self.message,
+                    note,
+                ]
+            ),
+            "start-form",
+        )
 
     @staticmethod
     def _input(option: options.StartOption, manager: SessionManager) -> tuple[widgets.Widget, str]:
@@ -53,18 +69,29 @@ class StartForm:
         common = {"description": option.label, "tooltip": option.help}
         if option.kind == "gpu_type":
             catalog = manager.catalog
-            choices = [(f"{t.name} · {t.memory_gb} GB · {format_money(t.per_gpu_on_demand)}/h", t.name) for t in catalog.types]
-            return widgets.Dropdown(options=choices, value=catalog.parse(manager.config.default_type)[0].name, **common), "select"
+            choices = [
+                (f"{t.name} · {t.memory_gb} GB · {format_money(t.per_gpu_on_demand)}/h", t.name)
+                for t in catalog.types
+            ]
+            return widgets.Dropdown(
+                options=choices, value=catalog.parse(manager.config.default_type)[0].name, **common
+            ), "select"
         if option.kind == "backend":
             from ..backends import backend_names
 
-            return widgets.Dropdown(options=backend_names(), value=default_backend_name(manager.config), **common), "select"
+            return widgets.Dropdown(
+                options=backend_names(), value=default_backend_name(manager.config), **common
+            ), "select"
         if option.kind == "choice":
-            return widgets.Dropdown(options=list(option.choices or ()), value=option.default, **common), "select"
+            return widgets.Dropdown(
+                options=list(option.choices or ()), value=option.default, **common
+            ), "select"
         if option.kind == "bool":
             return widgets.Checkbox(value=bool(option.default), indent=True, **common), "input"
         value = getattr(manager.config, option.config_default) if option.config_default else ""
-        return widgets.Text(value=value, placeholder=_PLACEHOLDERS.get(option.kind, ""), **common), "input"
+        return widgets.Text(
+            value=value, placeholder=_PLACEHOLDERS.get(option.kind, ""), **common
+        ), "input"
 
     def _show_backend_options(self) -> None:
         backend = self.backend_select.value
@@ -125,9 +152,23 @@ class SessionPanel:
         show(self.status, False)
         self.card_box = widgets.VBox([])
         self.form = StartForm(manager, self._start)
-        self.widget = classed(widgets.VBox([widgets.HTML(STYLE + "<h3 style='margin: 4px 0'>GPU sessions</h3>"), self.status,
-                                             self.empty, self.card_box, self.form.widget]), "panel")
-        ids = [r.id for r in manager.list(active_only=True)] if session_ids is None else [manager.get(k).id for k in session_ids]
+        self.widget = classed(
+            widgets.VBox(
+                [
+                    widgets.HTML(STYLE + "<h3 style='margin: 4px 0'>GPU sessions</h3>"),
+                    self.status,
+                    self.empty,
+                    self.card_box,
+                    self.form.widget,
+                ]
+            ),
+            "panel",
+        )
+        ids = (
+            [r.id for r in manager.list(active_only=True)]
+            if session_ids is None
+            else [manager.get(k).id for k in session_ids]
+        )
         for sid in ids:
             self._card(manager.view(manager.get(sid)))
         self.refresh()
@@ -176,7 +217,9 @@ class SessionPanel:
                 try:
                     self.refresh()
                 except Exception as exc:  # noqa: BLE001 - a bug must show, and must not end the updates silently
-                    html_text(self.status, f"panel update failed: {type(exc).__name__}: {exc}", WARN_STYLE)
+                    html_text(
+                        self.status, f"panel update failed: {type(exc).__name__}: {exc}", WARN_STYLE
+                    )
             # decided under the lock: a start from the form meanwhile (a new card, _closed cleared)
             # either sees this thread still going or starts the next one
             with self._lock:
@@ -231,7 +274,9 @@ class SessionPanel:
                 return self.manager.stats(sid, limit=1)
             finally:
                 self._in_use.release()
-        return self.manager.stats(sid, limit=1, check_alive=False)  # a cell runs: only ask the agent
+        return self.manager.stats(
+            sid, limit=1, check_alive=False
+        )  # a cell runs: only ask the agent
 
     def _card(self, view: dict) -> SessionCard:
         with self._lock:
@@ -331,8 +376,13 @@ class PanelCommand:
             ids = None
         else:
             ids = [args.name or current.id]  # type: ignore[union-attr]
-        panel = SessionPanel(self.magics.manager, ids, in_use=self.magics._in_use,
-                             on_started=self._started, on_stopped=self._stopped)
+        panel = SessionPanel(
+            self.magics.manager,
+            ids,
+            in_use=self.magics._in_use,
+            on_started=self._started,
+            on_stopped=self._stopped,
+        )
         if self.panel is not None:
             self.panel.stop_polling("not updated any more: a newer %gpu panel is below")
         self.panel = panel
@@ -350,8 +400,17 @@ class PanelCommand:
 
 
 @magic_arguments()
-@argument("name", nargs="?", default=None, help="session name (default: the current session, else every active one)")
-@argument("--all", action="store_true", help="every active session, and those started elsewhere while it updates")
+@argument(
+    "name",
+    nargs="?",
+    default=None,
+    help="session name (default: the current session, else every active one)",
+)
+@argument(
+    "--all",
+    action="store_true",
+    help="every active session, and those started elsewhere while it updates",
+)
 def _panel_args(line: str) -> None:
     """%gpu panel [NAME | --all]"""
 

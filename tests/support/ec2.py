@@ -43,8 +43,12 @@ class MotoServer:
         exe = Path(sys.executable).with_name("moto_server")
         cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
         self.log = open(os.devnull, "wb")
-        self.proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(self.port)],
-                                     env=dict(os.environ, **(env or {})), stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            cmd + ["-H", "127.0.0.1", "-p", str(self.port)],
+            env=dict(os.environ, **(env or {})),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -57,7 +61,9 @@ class MotoServer:
                 time.sleep(0.1)
 
     def reset(self) -> None:
-        urllib.request.urlopen(urllib.request.Request(f"{self.url}/moto-api/reset", method="POST"), timeout=10).read()
+        urllib.request.urlopen(
+            urllib.request.Request(f"{self.url}/moto-api/reset", method="POST"), timeout=10
+        ).read()
 
     def close(self) -> None:
         self.proc.terminate()
@@ -82,8 +88,10 @@ class Fault:
 
 
 def ec2_error(code: str, message: str) -> bytes:
-    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code>'
-            f"<Message>{message}</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>").encode()
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code>'
+        f"<Message>{message}</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>"
+    ).encode()
 
 
 class FaultProxy:
@@ -121,14 +129,24 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(payload)
                     return
-                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn = http.client.HTTPConnection(
+                    proxy.upstream.hostname, proxy.upstream.port, timeout=60
+                )
+                headers = {
+                    k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")
+                }
                 conn.request(self.command, self.path, body=body, headers=headers)
                 reply = conn.getresponse()
                 payload = reply.read()
                 self.send_response(reply.status)
                 for k, v in reply.getheaders():
-                    if k.lower() not in ("content-length", "connection", "transfer-encoding", "server", "date"):
+                    if k.lower() not in (
+                        "content-length",
+                        "connection",
+                        "transfer-encoding",
+                        "server",
+                        "date",
+                    ):
                         self.send_header(k, v)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
@@ -171,27 +189,45 @@ def inspector(url: str, region: str = REGION):
     """boto3 EC2 client straight to moto: for looking only."""
     import boto3
 
-    return boto3.client("ec2", endpoint_url=url, region_name=region,
-                        aws_access_key_id="testing", aws_secret_access_key="testing")
+    return boto3.client(
+        "ec2",
+        endpoint_url=url,
+        region_name=region,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
 
 
 def leftovers(ec2) -> dict[str, list[str]]:
     """Everything gpusession-tagged that still exists (instances not terminated)."""
     tag = [{"Name": "tag-key", "Values": ["gpusession:session"]}]
-    instances = [i["InstanceId"] + ":" + i["State"]["Name"]
-                 for r in ec2.describe_instances(Filters=tag)["Reservations"] for i in r["Instances"]
-                 if i["State"]["Name"] != "terminated"]
+    instances = [
+        i["InstanceId"] + ":" + i["State"]["Name"]
+        for r in ec2.describe_instances(Filters=tag)["Reservations"]
+        for i in r["Instances"]
+        if i["State"]["Name"] != "terminated"
+    ]
     return {
         "instances": instances,
         "key_pairs": [k["KeyName"] for k in ec2.describe_key_pairs(Filters=tag)["KeyPairs"]],
-        "security_groups": [g["GroupId"] for g in ec2.describe_security_groups(Filters=tag)["SecurityGroups"]],
+        "security_groups": [
+            g["GroupId"] for g in ec2.describe_security_groups(Filters=tag)["SecurityGroups"]
+        ],
     }
 
 
 def aws_test_env(monkeypatch, endpoint: str, tmp_path: Path) -> None:
     """Credentials and region for tests, isolated from the user's AWS config."""
-    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
-                 "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2", "GPUSESSION_AWS_ADDRESS_MAP", "GPUSESSION_AWS_AMI"):
+    for name in (
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "AWS_SECURITY_TOKEN",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_EC2",
+        "GPUSESSION_AWS_ADDRESS_MAP",
+        "GPUSESSION_AWS_AMI",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -200,4 +236,3 @@ def aws_test_env(monkeypatch, endpoint: str, tmp_path: Path) -> None:
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("GPUSESSION_AWS_ENDPOINT_URL", endpoint)
-

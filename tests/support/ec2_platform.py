@@ -38,21 +38,32 @@ from .ec2 import inspector
 NS = "gpus-ec2"
 HOST_IP, MACHINE_IP = "10.201.0.1", "10.201.0.2"
 NS_DOCKER = "unix:///run/gpus-ec2/docker.sock"
-KEYS_ROOT = Path("/run/gpus-ec2/authorized-keys")  # sshd reads these as the user, so not below tmp_path
-INSTANCE_ROOT = Path("/var/lib/gpusession")  # where user data's files must really be (dockerd mounts them)
+KEYS_ROOT = Path(
+    "/run/gpus-ec2/authorized-keys"
+)  # sshd reads these as the user, so not below tmp_path
+INSTANCE_ROOT = Path(
+    "/var/lib/gpusession"
+)  # where user data's files must really be (dockerd mounts them)
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ci-ec2-host.sh"
 # the machine's users, for its sshd and its boot script alike (run where $FAKE_MACHINE_DIR is set)
-USERS_MOUNT = ('mount --bind "$FAKE_MACHINE_DIR/passwd" /etc/passwd '
-               '&& mount --bind "$FAKE_MACHINE_DIR/group" /etc/group')
+USERS_MOUNT = (
+    'mount --bind "$FAKE_MACHINE_DIR/passwd" /etc/passwd '
+    '&& mount --bind "$FAKE_MACHINE_DIR/group" /etc/group'
+)
 
 
 def ensure_ec2_host() -> str | None:
     """Bring the namespace up; None when it works, else why not (for pytest.skip)."""
     if os.geteuid() != 0:
         return "needs root (network namespace, sshd)"
-    if not shutil.which("docker") or subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode:
+    if (
+        not shutil.which("docker")
+        or subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode
+    ):
         return "needs a Docker engine (scripts/ci-host-setup.sh)"
-    result = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=300
+    )
     if result.returncode:
         return f"{SCRIPT.name} up failed: {result.stdout[-500:]}{result.stderr[-1500:]}"
     return None
@@ -175,8 +186,14 @@ class FakePlatform:
                 self.events.append(f"error: {type(exc).__name__}: {exc}")
 
     def _tick(self) -> None:
-        found = self.ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": ["gpusession:session"]}])
-        states = {i["InstanceId"]: (i, i["State"]["Name"]) for r in found["Reservations"] for i in r["Instances"]}
+        found = self.ec2.describe_instances(
+            Filters=[{"Name": "tag-key", "Values": ["gpusession:session"]}]
+        )
+        states = {
+            i["InstanceId"]: (i, i["State"]["Name"])
+            for r in found["Reservations"]
+            for i in r["Instances"]
+        }
         for iid, machine in list(self.machines.items()):
             if machine.poweroff_requested and not machine.powered_off:
                 machine.powered_off = True
@@ -193,26 +210,39 @@ class FakePlatform:
                 self._boot(inst)
 
     def _attach_volumes(self, machine: Machine) -> None:
-        found = self.ec2.describe_volumes(Filters=[{"Name": "attachment.instance-id", "Values": [machine.instance_id]}])
+        found = self.ec2.describe_volumes(
+            Filters=[{"Name": "attachment.instance-id", "Values": [machine.instance_id]}]
+        )
         for volume in found["Volumes"]:
             vid = volume["VolumeId"]
-            if vid in machine.loops or volume["Attachments"][0].get("Device") in ("/dev/sda1", "/dev/xvda"):
+            if vid in machine.loops or volume["Attachments"][0].get("Device") in (
+                "/dev/sda1",
+                "/dev/xvda",
+            ):
                 continue  # the root volume is the machine's own disk
             backing = self.folder / "volumes" / f"{vid}.img"
             backing.parent.mkdir(parents=True, exist_ok=True)
             if not backing.exists():
                 with open(backing, "wb") as f:  # sparse: only what the filesystem writes takes room
                     f.truncate(volume["Size"] * 2**30)
-            loop = subprocess.run(["losetup", "-f", "--show", str(backing)], capture_output=True, text=True,
-                                  check=True).stdout.strip()
+            loop = subprocess.run(
+                ["losetup", "-f", "--show", str(backing)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
             machine.loops[vid] = loop
             machine.disks.mkdir(exist_ok=True)
-            (machine.disks / f"nvme-Amazon_Elastic_Block_Store_{vid.replace('-', '')}").symlink_to(loop)
+            (machine.disks / f"nvme-Amazon_Elastic_Block_Store_{vid.replace('-', '')}").symlink_to(
+                loop
+            )
             self.events.append(f"{machine.instance_id}: volume {vid} attached as {loop}")
 
     def _power_off(self, iid: str) -> None:
         """What EC2 does when the OS powers off: the shutdown behavior the instance was given."""
-        attr = self.ec2.describe_instance_attribute(InstanceId=iid, Attribute="instanceInitiatedShutdownBehavior")
+        attr = self.ec2.describe_instance_attribute(
+            InstanceId=iid, Attribute="instanceInitiatedShutdownBehavior"
+        )
         behavior = attr["InstanceInitiatedShutdownBehavior"]["Value"]
         self.events.append(f"{iid}: powered off; shutdown behavior {behavior}")
         if behavior == "terminate":
@@ -227,7 +257,9 @@ class FakePlatform:
 
         iid = inst["InstanceId"]
         session_id = next(t["Value"] for t in inst["Tags"] if t["Key"] == "gpusession:session")
-        raw = self.ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
+        raw = self.ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")[
+            "UserData"
+        ]["Value"]
         text = base64.b64decode(raw).decode()
         if not text.startswith("#cloud-config\n"):
             raise ValueError(f"{iid}: user data is not #cloud-config")
@@ -258,7 +290,9 @@ class FakePlatform:
     def _ssh_keys(self, machine: Machine, config: dict) -> None:
         key = machine.folder / "ssh_host_ed25519_key"
         if self.tamper_host_key:  # someone else's machine at that address
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True
+            )
             return
         fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -272,7 +306,9 @@ class FakePlatform:
         groups = Path("/etc/group").read_text().rstrip("\n").split("\n")
         for number, user in enumerate(u for u in config.get("users", []) if isinstance(u, dict)):
             name, uid = user["name"], 64900 + number
-            lines.append(f"{name}:x:{uid}:{uid}:{user.get('gecos', '')}:/nonexistent:{user.get('shell', '/bin/sh')}")
+            lines.append(
+                f"{name}:x:{uid}:{uid}:{user.get('gecos', '')}:/nonexistent:{user.get('shell', '/bin/sh')}"
+            )
             groups.append(f"{name}:x:{uid}:")
             keys = KEYS_ROOT / machine.instance_id / name
             keys.write_text("\n".join(user.get("ssh_authorized_keys", [])) + "\n")
@@ -300,25 +336,65 @@ class FakePlatform:
             "PermitRootLogin no\nAllowTcpForwarding yes\nPrintMotd no\n"
         )
         log = open(machine.folder / "log" / "sshd.log", "ab")
-        machine.sessions.append(subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{NS}", "unshare", "--mount", "--propagation", "private", "sh", "-c",
-             f'{USERS_MOUNT} && exec /usr/sbin/sshd -D -e -f "$1"', "sh", str(cfg)],
-            env=dict(os.environ, FAKE_MACHINE_DIR=str(machine.folder)), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        ))
+        machine.sessions.append(
+            subprocess.Popen(
+                [
+                    "nsenter",
+                    f"--net=/run/netns/{NS}",
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    f'{USERS_MOUNT} && exec /usr/sbin/sshd -D -e -f "$1"',
+                    "sh",
+                    str(cfg),
+                ],
+                env=dict(os.environ, FAKE_MACHINE_DIR=str(machine.folder)),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
         log.close()
 
     def _runcmd(self, machine: Machine, command) -> None:
         argv = ["sh", "-c", command] if isinstance(command, str) else [str(c) for c in command]
-        env = dict(os.environ, PATH=f"{self._shim}:{os.environ['PATH']}", DOCKER_HOST=NS_DOCKER,
-                   GPUSESSION_IMDS_URL=self.imds_url, FAKE_MACHINE_DIR=str(machine.folder),
-                   GPUSESSION_DISKS_DIR=str(machine.disks))
+        env = dict(
+            os.environ,
+            PATH=f"{self._shim}:{os.environ['PATH']}",
+            DOCKER_HOST=NS_DOCKER,
+            GPUSESSION_IMDS_URL=self.imds_url,
+            FAKE_MACHINE_DIR=str(machine.folder),
+            GPUSESSION_DISKS_DIR=str(machine.disks),
+        )
         log = open(machine.folder / "log" / "runcmd.log", "ab")
-        machine.sessions.append(subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{NS}", "unshare", "--mount", "--propagation", "private", "sh", "-c",
-             f'{USERS_MOUNT} && mount --bind "$1" /dev/console && mount --bind "$2" /var/log && shift 2 && exec "$@"', "sh",
-             str(machine.console), str(machine.folder / "log"), *argv],
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        ))
+        machine.sessions.append(
+            subprocess.Popen(
+                [
+                    "nsenter",
+                    f"--net=/run/netns/{NS}",
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    f'{USERS_MOUNT} && mount --bind "$1" /dev/console && mount --bind "$2" /var/log && shift 2 && exec "$@"',
+                    "sh",
+                    str(machine.console),
+                    str(machine.folder / "log"),
+                    *argv,
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
         log.close()
 
     def _make_shims(self) -> Path:
@@ -339,16 +415,39 @@ class FakePlatform:
         for proc in machine.sessions:
             _kill_machine_processes(proc.pid)
             proc.wait(timeout=10)
-        ids = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=gpusession.session={machine.session_id}"],
-                             env=dict(os.environ, DOCKER_HOST=NS_DOCKER), capture_output=True, text=True).stdout.split()
+        ids = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label=gpusession.session={machine.session_id}"],
+            env=dict(os.environ, DOCKER_HOST=NS_DOCKER),
+            capture_output=True,
+            text=True,
+        ).stdout.split()
         if ids:
-            subprocess.run(["docker", "rm", "-f", *ids], env=dict(os.environ, DOCKER_HOST=NS_DOCKER),
-                           capture_output=True, timeout=60)
-        volumes = subprocess.run(["docker", "volume", "ls", "-q", "--filter", f"label=gpusession.session={machine.session_id}"],
-                                 env=dict(os.environ, DOCKER_HOST=NS_DOCKER), capture_output=True, text=True).stdout.split()
+            subprocess.run(
+                ["docker", "rm", "-f", *ids],
+                env=dict(os.environ, DOCKER_HOST=NS_DOCKER),
+                capture_output=True,
+                timeout=60,
+            )
+        volumes = subprocess.run(
+            [
+                "docker",
+                "volume",
+                "ls",
+                "-q",
+                "--filter",
+                f"label=gpusession.session={machine.session_id}",
+            ],
+            env=dict(os.environ, DOCKER_HOST=NS_DOCKER),
+            capture_output=True,
+            text=True,
+        ).stdout.split()
         if volumes:  # the workspace's Docker volume names the loop device: gone with the machine
-            subprocess.run(["docker", "volume", "rm", "-f", *volumes], env=dict(os.environ, DOCKER_HOST=NS_DOCKER),
-                           capture_output=True, timeout=60)
+            subprocess.run(
+                ["docker", "volume", "rm", "-f", *volumes],
+                env=dict(os.environ, DOCKER_HOST=NS_DOCKER),
+                capture_output=True,
+                timeout=60,
+            )
         for loop in machine.loops.values():
             subprocess.run(["losetup", "-d", loop], capture_output=True, timeout=30)
         shutil.rmtree(INSTANCE_ROOT / machine.session_id, ignore_errors=True)
@@ -378,7 +477,9 @@ class FakePlatform:
                 self.wfile.write(body)
 
             def do_PUT(self):
-                ok = self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+                ok = self.path == "/latest/api/token" and self.headers.get(
+                    "X-aws-ec2-metadata-token-ttl-seconds"
+                )
                 self._reply(200, token.encode()) if ok else self._reply(400)
 
             def do_GET(self):

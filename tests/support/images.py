@@ -76,6 +76,7 @@ WHEEL_NAME = "gstinypkg"
 
 def tiny_wheel(folder: Path) -> Path:
     """gstinypkg 1.0 (`gstinypkg.ANSWER == 42`) as a wheel in `folder`."""
+
     def record(name: str, data: bytes) -> str:
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         return f"{name},sha256={digest},{len(data)}"
@@ -86,7 +87,9 @@ def tiny_wheel(folder: Path) -> Path:
         f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {WHEEL_NAME}\nVersion: 1.0\n".encode(),
         f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: gpusession-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
-    files[f"{info}/RECORD"] = ("\n".join([record(n, d) for n, d in files.items()] + [f"{info}/RECORD,,"]) + "\n").encode()
+    files[f"{info}/RECORD"] = (
+        "\n".join([record(n, d) for n, d in files.items()] + [f"{info}/RECORD,,"]) + "\n"
+    ).encode()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{WHEEL_NAME}-1.0-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as zf:
@@ -138,7 +141,9 @@ def _random_layer(size: int) -> bytes:
     return raw.getvalue()
 
 
-def serve_registry(client, image: str, repository: str, tag: str, extra_layers: tuple[int, ...] = ()) -> Served:
+def serve_registry(
+    client, image: str, repository: str, tag: str, extra_layers: tuple[int, ...] = ()
+) -> Served:
     """A read-only Docker registry (the v2 API a pull uses) on 127.0.0.1 holding `image` (from the
     engine, `docker save`) as repository:tag, its layers gzip'd, with layers of random bytes
     (`extra_layers`: their sizes) on top, which a pull must download. Loopback registries need
@@ -152,18 +157,27 @@ def serve_registry(client, image: str, repository: str, tag: str, extra_layers: 
         blobs[digest] = data
         return {"size": len(data), "digest": digest}
 
-    tars = [saved.extractfile(name).read() for name in entry["Layers"]] + [_random_layer(n) for n in extra_layers]
+    tars = [saved.extractfile(name).read() for name in entry["Layers"]] + [
+        _random_layer(n) for n in extra_layers
+    ]
     image_config = json.loads(saved.extractfile(entry["Config"]).read())
     image_config["rootfs"]["diff_ids"] = ["sha256:" + hashlib.sha256(t).hexdigest() for t in tars]
-    image_config["history"] = [h for h in image_config.get("history", []) if h.get("empty_layer")] + [
-        {"created_by": f"layer {n}"} for n in range(len(tars))]
+    image_config["history"] = [
+        h for h in image_config.get("history", []) if h.get("empty_layer")
+    ] + [{"created_by": f"layer {n}"} for n in range(len(tars))]
     config = add(json.dumps(image_config).encode())
     layers = [add(gzip.compress(t, compresslevel=1, mtime=0)) for t in tars]
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": MANIFEST,
-        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", **config},
-        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", **layer} for layer in layers],
-    }).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST,
+            "config": {"mediaType": "application/vnd.docker.container.image.v1+json", **config},
+            "layers": [
+                {"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", **layer}
+                for layer in layers
+            ],
+        }
+    ).encode()
     manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -185,11 +199,14 @@ def serve_registry(client, image: str, repository: str, tag: str, extra_layers: 
             path = self.path.split("?")[0]
             if path == "/v2/":
                 return self._send(b"{}", "application/json", "", head)
-            if path in (f"/v2/{repository}/manifests/{tag}", f"/v2/{repository}/manifests/{manifest_digest}"):
+            if path in (
+                f"/v2/{repository}/manifests/{tag}",
+                f"/v2/{repository}/manifests/{manifest_digest}",
+            ):
                 return self._send(manifest, MANIFEST, manifest_digest, head)
             prefix = f"/v2/{repository}/blobs/"
-            if path.startswith(prefix) and path[len(prefix):] in blobs:
-                digest = path[len(prefix):]
+            if path.startswith(prefix) and path[len(prefix) :] in blobs:
+                digest = path[len(prefix) :]
                 return self._send(blobs[digest], "application/octet-stream", digest, head)
             self.send_response(404)
             self.send_header("Content-Length", "0")

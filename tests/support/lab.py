@@ -226,6 +226,10 @@ def playwright_or_skip():
 
     chromium = chromium_launch_kwargs()["executable_path"]
     if not Path(chromium).exists():
-        pytest.skip(f"no Chromium at {chromium} (apt-get install chromium; or set GPUSESSION_CHROMIUM)",
-                    allow_module_level=True)
-    return pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+        pytest.skip(
+            f"no Chromium at {chromium} (apt-get install chromium; or set GPUSESSION_CHROMIUM)",
+            allow_module_level=True,
+        )
+    return pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')"
+    )

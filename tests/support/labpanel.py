@@ -47,13 +47,20 @@ def fresh_extension_env(folder: Path) -> dict[str, str]:
     link = labextensions / "gpusession-labextension"
     if not link.exists():
         link.symlink_to(BUILT, target_is_directory=True)
-    paths = [str(folder / "jupyter")] + [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+    paths = [str(folder / "jupyter")] + [
+        p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p
+    ]
     return {"JUPYTER_PATH": os.pathsep.join(paths)}
 
 
 @contextlib.contextmanager
-def running_lab(tmp_factory, log_name: str, *, env: dict[str, str] | None = None,
-                extra_args: tuple[str, ...] = ()) -> Iterator[Lab]:
+def running_lab(
+    tmp_factory,
+    log_name: str,
+    *,
+    env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
+) -> Iterator[Lab]:
     """A JupyterLab with its own session store, the gpusession server extension and the built
     front end; every session still active at the end is stopped."""
     home = tmp_factory.mktemp("gshome")
@@ -61,7 +68,11 @@ def running_lab(tmp_factory, log_name: str, *, env: dict[str, str] | None = None
     ARTIFACTS.mkdir(exist_ok=True)
     url, token, process = start_lab(
         root,
-        env={"GPUSESSION_HOME": str(home), **fresh_extension_env(tmp_factory.mktemp("jupyter")), **(env or {})},
+        env={
+            "GPUSESSION_HOME": str(home),
+            **fresh_extension_env(tmp_factory.mktemp("jupyter")),
+            **(env or {}),
+        },
         extra_args=extra_args,
         log_path=ARTIFACTS / log_name,
     )
@@ -115,8 +126,12 @@ def run_command(page, label: str) -> None:
         page.keyboard.press("Control+Shift+C")
     palette_input.wait_for(state="visible")
     palette_input.fill(label)
-    item = page.locator(".lm-CommandPalette-item", has=page.locator(".lm-CommandPalette-itemLabel",
-                        has_text=re.compile(f"^{re.escape(label)}$")))
+    item = page.locator(
+        ".lm-CommandPalette-item",
+        has=page.locator(
+            ".lm-CommandPalette-itemLabel", has_text=re.compile(f"^{re.escape(label)}$")
+        ),
+    )
     item.first.click()
 
 
@@ -135,7 +150,9 @@ def palette_labels(page, text: str) -> list[str]:
 def set_theme(page, dark: bool) -> None:
     """Switch JupyterLab's theme from the command palette and wait until it applies."""
     run_command(page, "Use Theme: JupyterLab Dark" if dark else "Use Theme: JupyterLab Light")
-    page.wait_for_function(f"document.body.dataset.jpThemeLight === '{'false' if dark else 'true'}'")
+    page.wait_for_function(
+        f"document.body.dataset.jpThemeLight === '{'false' if dark else 'true'}'"
+    )
     page.wait_for_timeout(300)  # the theme's stylesheet settles
 
 
@@ -144,13 +161,32 @@ def put_notebook(lab: Lab, name: str, cells: list[str]) -> None:
     notebook = {
         "nbformat": 4,
         "nbformat_minor": 5,
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
-        "cells": [{"cell_type": "code", "id": f"cell-{i}", "metadata": {}, "source": src, "outputs": [],
-                   "execution_count": None} for i, src in enumerate(cells)],
+        "metadata": {
+            "kernelspec": {
+                "name": "python3",
+                "display_name": "Python 3 (ipykernel)",
+                "language": "python",
+            }
+        },
+        "cells": [
+            {
+                "cell_type": "code",
+                "id": f"cell-{i}",
+                "metadata": {},
+                "source": src,
+                "outputs": [],
+                "execution_count": None,
+            }
+            for i, src in enumerate(cells)
+        ],
     }
     body = json.dumps({"type": "notebook", "format": "json", "content": notebook}).encode()
-    request = urllib.request.Request(f"{lab.url}api/contents/{name}", data=body, method="PUT",
-                                     headers={"Authorization": f"token {lab.token}", "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{lab.url}api/contents/{name}",
+        data=body,
+        method="PUT",
+        headers={"Authorization": f"token {lab.token}", "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=10) as reply:  # noqa: S310 - http on localhost
         assert reply.status in (200, 201)
 

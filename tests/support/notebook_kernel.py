@@ -31,7 +31,9 @@ class CellRun:
             elif kind in ("display_data", "execute_result"):
                 parts.append(content["data"].get("text/plain", ""))
             elif kind == "error":
-                parts.append(f"{content['ename']}: {content['evalue']}\n" + "\n".join(content["traceback"]))
+                parts.append(
+                    f"{content['ename']}: {content['evalue']}\n" + "\n".join(content["traceback"])
+                )
         return "".join(parts)
 
     @property
@@ -41,7 +43,9 @@ class CellRun:
         found = next((c for _, k, c in self.outputs if k == "error"), None)
         if found is None and self.reply.get("status") == "error":
             found = {k: self.reply.get(k) for k in ("ename", "evalue", "traceback")}
-            shown = "".join(c["text"] for _, k, c in self.outputs if k == "stream" and c["name"] == "stderr")
+            shown = "".join(
+                c["text"] for _, k, c in self.outputs if k == "stream" and c["name"] == "stderr"
+            )
             assert found["evalue"] in shown, "the message must be shown in the notebook"
         return found
 
@@ -56,8 +60,11 @@ class NotebookKernel:
         if python is not None:
             from jupyter_client.kernelspec import KernelSpec
 
-            self.km._kernel_spec = KernelSpec(argv=[python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                                              display_name="python3", language="python")
+            self.km._kernel_spec = KernelSpec(
+                argv=[python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                display_name="python3",
+                language="python",
+            )
         self.km.start_kernel(env=env, cwd=cwd or os.getcwd())
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -70,7 +77,11 @@ class NotebookKernel:
         interrupted = False
         deadline = sent + timeout
         while True:
-            if interrupt_after is not None and not interrupted and time.monotonic() - sent > interrupt_after:
+            if (
+                interrupt_after is not None
+                and not interrupted
+                and time.monotonic() - sent > interrupt_after
+            ):
                 self.km.interrupt_kernel()  # what the notebook's stop button does
                 interrupted = True
             try:
@@ -92,7 +103,9 @@ class NotebookKernel:
         reply = self.kc.get_shell_msg(timeout=10)
         while reply["parent_header"].get("msg_id") != msg_id:
             reply = self.kc.get_shell_msg(timeout=10)
-        return CellRun(reply=reply["content"], outputs=outputs, sent_at=sent, replied_at=time.monotonic())
+        return CellRun(
+            reply=reply["content"], outputs=outputs, sent_at=sent, replied_at=time.monotonic()
+        )
 
     def close(self) -> None:
         try:

@@ -35,13 +35,28 @@ def start_runtime(state, session_id: str, *extra: str):
     import sys
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpusession.agent", "run", "--session-id", session_id, "--state-dir", str(state),
-         *extra],
-        env=dict(os.environ, GPUSESSION_SESSION_ID=session_id), stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "gpusession.agent",
+            "run",
+            "--session-id",
+            session_id,
+            "--state-dir",
+            str(state),
+            *extra,
+        ],
+        env=dict(os.environ, GPUSESSION_SESSION_ID=session_id),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 60
-    while not (state / "runtime.json").exists() or not json.loads((state / "runtime.json").read_text()).get("ready"):
-        assert proc.poll() is None and time.monotonic() < deadline, "the agent runtime did not start"
+    while not (state / "runtime.json").exists() or not json.loads(
+        (state / "runtime.json").read_text()
+    ).get("ready"):
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            "the agent runtime did not start"
+        )
         time.sleep(0.05)
     return json.loads((state / "kernel.json").read_text()), proc

@@ -33,7 +33,9 @@ def ensure_cluster() -> dict | None:
     packages are installed) and describe it; None when it cannot run here."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         return None
-    result = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=600
+    )
     if result.returncode != 0:
         raise RuntimeError(f"{SCRIPT} up failed:\n{result.stdout}{result.stderr}")
     return {
@@ -70,7 +72,9 @@ def squeue(cluster: dict, job_id: str | None = None) -> list[dict]:
     args = ["squeue", "-h", "-o", "%i|%T|%r|%N|%j|%k"]
     if job_id:
         args += ["--states=all", "-j", job_id]
-    rows = [line.split("|") for line in slurm(cluster, *args, check=False).splitlines() if line.strip()]
+    rows = [
+        line.split("|") for line in slurm(cluster, *args, check=False).splitlines() if line.strip()
+    ]
     jobs = [dict(zip(("id", "state", "reason", "nodes", "name", "comment"), row)) for row in rows]
     return [j for j in jobs if j["state"] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")]
 
@@ -94,8 +98,22 @@ def cancel_all(cluster: dict) -> None:
 
 def filler_job(cluster: dict, gres: str) -> str:
     """A plain batch job holding `gres` (e.g. gpu:t4:2), so that a session has to wait."""
-    out = slurm(cluster, "sbatch", "--parsable", f"--gres={gres}", "-J", "filler", "-o", "/dev/null",
-                "--wrap", "sleep 600")
+    out = slurm(
+        cluster,
+        "sbatch",
+        "--parsable",
+        f"--gres={gres}",
+        "-J",
+        "filler",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 600",
+    )
     job = out.strip().split(";")[0]
-    wait_until(lambda: any(j["state"] == "RUNNING" for j in squeue(cluster, job)), 20, f"filler job {job} to run")
+    wait_until(
+        lambda: any(j["state"] == "RUNNING" for j in squeue(cluster, job)),
+        20,
+        f"filler job {job} to run",
+    )
     return job

@@ -47,22 +47,73 @@ class AwsBackend(Backend):
     order = 30
     price_source = "the instance's spot price when AWS tells it (--spot), else the catalog's spot or on-demand price"
     start_options = (  # (docs/aws.md)
-        StartOption("workspace_size", ("--workspace-size",), "text", "Workspace size (GiB)", "aws: a new workspace's gp3 "
-                    "volume in GiB (default 50)", "workspace size", reader=textvalues.gib_size),
-        StartOption("spot", ("--spot",), "bool", "Spot instance", "aws: use spot capacity", "spot", default=False, spec_field="spot", form=True),
-        StartOption("region", ("--region",), "text", "Region", "aws: region, e.g. us-east-1", "region",
-                    spec_field="region", reader=textvalues.aws_region),
-        StartOption("ssh_cidr", ("--ssh-cidr",), "text", "SSH from", "aws: addresses allowed to SSH in, e.g. "
-                    "203.0.113.7/32 (default: your address /32)", "SSH address range",
-                    max_len=64, reader=textvalues.address_range),
-        StartOption("fallback", ("--fallback",), "choice", "Capacity fallback", "aws: on a capacity error try another "
-                    "zone, on-demand, or both (default off)", "fallback", default="off",
-                    choices=("off", "zone", "on-demand", "any")),
-        StartOption("max_price", ("--max-price",), "money", "Max spot price ($/h)", "aws spot: highest $/hour to pay "
-                    "(default: the on-demand price)", "max price"),
-        StartOption("ami", ("--ami",), "text", "Machine image", "aws: machine image id (default: a GPU image from SSM "
-                    "public parameters)", "machine image",
-                    reader=textvalues.machine_image),
+        StartOption(
+            "workspace_size",
+            ("--workspace-size",),
+            "text",
+            "Workspace size (GiB)",
+            "aws: a new workspace's gp3 volume in GiB (default 50)",
+            "workspace size",
+            reader=textvalues.gib_size,
+        ),
+        StartOption(
+            "spot",
+            ("--spot",),
+            "bool",
+            "Spot instance",
+            "aws: use spot capacity",
+            "spot",
+            default=False,
+            spec_field="spot",
+            form=True,
+        ),
+        StartOption(
+            "region",
+            ("--region",),
+            "text",
+            "Region",
+            "aws: region, e.g. us-east-1",
+            "region",
+            spec_field="region",
+            reader=textvalues.aws_region,
+        ),
+        StartOption(
+            "ssh_cidr",
+            ("--ssh-cidr",),
+            "text",
+            "SSH from",
+            "aws: addresses allowed to SSH in, e.g. 203.0.113.7/32 (default: your address /32)",
+            "SSH address range",
+            max_len=64,
+            reader=textvalues.address_range,
+        ),
+        StartOption(
+            "fallback",
+            ("--fallback",),
+            "choice",
+            "Capacity fallback",
+            "aws: on a capacity error try another zone, on-demand, or both (default off)",
+            "fallback",
+            default="off",
+            choices=("off", "zone", "on-demand", "any"),
+        ),
+        StartOption(
+            "max_price",
+            ("--max-price",),
+            "money",
+            "Max spot price ($/h)",
+            "aws spot: highest $/hour to pay (default: the on-demand price)",
+            "max price",
+        ),
+        StartOption(
+            "ami",
+            ("--ami",),
+            "text",
+            "Machine image",
+            "aws: machine image id (default: a GPU image from SSM public parameters)",
+            "machine image",
+            reader=textvalues.machine_image,
+        ),
     )
 
     def default_image(self) -> str | None:
@@ -87,7 +138,10 @@ class AwsBackend(Backend):
         load_catalog().get(spec.gpu_type).instance_for(spec.gpu_count)
         launch.fallback_mode(spec.extra)
         volumes.size_gib(spec.extra)
-        if spec.extra.get("max_price") is not None and _float(spec.extra["max_price"], "--max-price") <= 0:
+        if (
+            spec.extra.get("max_price") is not None
+            and _float(spec.extra["max_price"], "--max-price") <= 0
+        ):
             raise BadInput("--max-price must be more than 0 dollars per hour")
         _float(spec.extra.get("boot_timeout", 1), "boot_timeout")
         if spec.extra.get("ssh_cidr"):
@@ -96,7 +150,9 @@ class AwsBackend(Backend):
         aws.check_region()
         aws.check_credentials()
         try:  # credentials accepted, region enabled: before the session is recorded
-            aws.ec2.describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])
+            aws.ec2.describe_availability_zones(
+                Filters=[{"Name": "state", "Values": ["available"]}]
+            )
         except aws_errors() as exc:
             raise _unavailable(explain(exc, "checking access to EC2", aws.region)) from None
 
@@ -139,12 +195,16 @@ class AwsBackend(Backend):
         gpu = catalog.get(spec.gpu_type)
         instance_type = gpu.instance_for(spec.gpu_count).name
 
-        def save(**values: Any) -> None:  # every handle as soon as it exists: a crash leaves it findable
+        def save(
+            **values: Any,
+        ) -> None:  # every handle as soon as it exists: a crash leaves it findable
             self.recorder.save(record.id, **values)
 
         save(region=aws.region, instance_type=instance_type)
         key_path, public_key = make_session_key(self.config.data_path / "keys", record.id)
-        kernel_key = secrets.token_hex(32)  # the client cannot read the kernel's connection file: it makes the key
+        kernel_key = secrets.token_hex(
+            32
+        )  # the client cannot read the kernel's connection file: it makes the key
         kernel_key_path = key_path.with_name(f"{record.id}.kernel")
         fd = os.open(kernel_key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -167,15 +227,34 @@ class AwsBackend(Backend):
         prices = self.spot_prices(aws, instance_type) if spec.spot else {}
         workspace = workspace_name(record)
         try:
-            ws = volumes.WorkspaceVolume(aws, store_id=self.recorder.store_id, owner=record.owner, name=workspace,
-                                         extra=extra, say=progress.step)
+            ws = volumes.WorkspaceVolume(
+                aws,
+                store_id=self.recorder.store_id,
+                owner=record.owner,
+                name=workspace,
+                extra=extra,
+                say=progress.step,
+            )
         except aws_errors() as exc:
             raise explain(exc, f"looking for workspace {workspace}", aws.region) from None
         save(workspace=workspace)
         try:
-            self._launch(aws, record, progress, places=ws.places(places), prices=prices, ws=ws, gpu=gpu,
-                         instance_type=instance_type, ami=ami, group=group, public_key=public_key,
-                         kernel_key=kernel_key, name=name, tag_list=tag_list)
+            self._launch(
+                aws,
+                record,
+                progress,
+                places=ws.places(places),
+                prices=prices,
+                ws=ws,
+                gpu=gpu,
+                instance_type=instance_type,
+                ami=ami,
+                group=group,
+                public_key=public_key,
+                kernel_key=kernel_key,
+                name=name,
+                tag_list=tag_list,
+            )
         except BaseException:  # the volume is the user's workspace: kept, and said
             if ws.volume_id:
                 kept = f"workspace {workspace} (EBS volume {ws.volume_id}) is kept; `gpusession workspaces` lists it"
@@ -183,11 +262,32 @@ class AwsBackend(Backend):
                 self.recorder.note(record.id, kept)
             raise
 
-    def _launch(self, aws: Aws, record: SessionRecord, progress: Progress, *, places, prices, ws, gpu,
-                instance_type: str, ami: str, group: str, public_key: str, kernel_key: str, name: str,
-                tag_list) -> None:
+    def _launch(
+        self,
+        aws: Aws,
+        record: SessionRecord,
+        progress: Progress,
+        *,
+        places,
+        prices,
+        ws,
+        gpu,
+        instance_type: str,
+        ami: str,
+        group: str,
+        public_key: str,
+        kernel_key: str,
+        name: str,
+        tag_list,
+    ) -> None:
         from ...tunnel import CONTAINER_AGENT_PORT
-        from ..cloudvm.cloudinit import CONTAINER_STATE_DIR, BootPlan, instance_sockets, new_host_key, user_data
+        from ..cloudvm.cloudinit import (
+            CONTAINER_STATE_DIR,
+            BootPlan,
+            instance_sockets,
+            new_host_key,
+            user_data,
+        )
 
         spec, extra = record.spec, record.spec.extra
         catalog = load_catalog()
@@ -203,45 +303,94 @@ class AwsBackend(Backend):
         def price_of(attempt: launch.Attempt) -> float:
             if attempt.spot and attempt.subnet.zone in prices:
                 return prices[attempt.subnet.zone]
-            return catalog.price_per_hour(gpu, spec.gpu_count, spot=attempt.spot, whole_instance=True)
+            return catalog.price_per_hour(
+                gpu, spec.gpu_count, spot=attempt.spot, whole_instance=True
+            )
 
         def prepare(attempt: launch.Attempt) -> dict[str, Any]:
             progress.step(f"launching {attempt.describe(instance_type)}")
-            priced = dataclasses.replace(record, price_per_hour=price_of(attempt))  # the agent's cost meter
+            priced = dataclasses.replace(
+                record, price_per_hour=price_of(attempt)
+            )  # the agent's cost meter
             volume_id = ws.in_zone(attempt.subnet.zone)
             save(volume_id=volume_id)
             agent_args = AgentArgs.for_record(
-                priced, session_id=record.id, state_dir=CONTAINER_STATE_DIR, kernel_ip=f"{instance_sockets(record.id)}/k",
-                agent_port=CONTAINER_AGENT_PORT, workspace=WORKSPACE_MOUNT, cwd=WORKSPACE_MOUNT).argv()
-            boot = BootPlan(record.id, image, public_key, host_key, kernel_key, agent_args, spot=attempt.spot,
-                            volume_id=volume_id)
+                priced,
+                session_id=record.id,
+                state_dir=CONTAINER_STATE_DIR,
+                kernel_ip=f"{instance_sockets(record.id)}/k",
+                agent_port=CONTAINER_AGENT_PORT,
+                workspace=WORKSPACE_MOUNT,
+                cwd=WORKSPACE_MOUNT,
+            ).argv()
+            boot = BootPlan(
+                record.id,
+                image,
+                public_key,
+                host_key,
+                kernel_key,
+                agent_args,
+                spot=attempt.spot,
+                volume_id=volume_id,
+            )
             save(sockets=boot.sockets)  # where the kernel listens (link.kernel_info)
             return {"UserData": user_data(boot)}
 
-        base = launch.instance_params(ami=ami, instance_type=instance_type, key_name=name, group=group,
-                                      public_ip=not extra.get("private_ip"), tag_list=tag_list)
-        max_price = _float(extra["max_price"], "--max-price") if extra.get("max_price") else \
-            catalog.price_per_hour(gpu, spec.gpu_count, whole_instance=True)
+        base = launch.instance_params(
+            ami=ami,
+            instance_type=instance_type,
+            key_name=name,
+            group=group,
+            public_ip=not extra.get("private_ip"),
+            tag_list=tag_list,
+        )
+        max_price = (
+            _float(extra["max_price"], "--max-price")
+            if extra.get("max_price")
+            else catalog.price_per_hour(gpu, spec.gpu_count, whole_instance=True)
+        )
         try:
             instance, attempt, failures = launch.run_first_that_fits(
-                aws, base, plan, instance_type=instance_type, client_token=record.id[:24], max_price=max_price,
-                on_attempt=prepare)
+                aws,
+                base,
+                plan,
+                instance_type=instance_type,
+                client_token=record.id[:24],
+                max_price=max_price,
+                on_attempt=prepare,
+            )
         except launch.NoCapacity as exc:
-            raise StageError("provision", _no_capacity_message(exc, instance_type, aws.region, spec)) from None
+            raise StageError(
+                "provision", _no_capacity_message(exc, instance_type, aws.region, spec)
+            ) from None
         price = price_of(attempt)
         instance_id = instance["InstanceId"]
-        save(instance_id=instance_id, zone=attempt.subnet.zone, market="spot" if attempt.spot else "on-demand",
-             price_per_hour=price)
+        save(
+            instance_id=instance_id,
+            zone=attempt.subnet.zone,
+            market="spot" if attempt.spot else "on-demand",
+            price_per_hour=price,
+        )
         if failures:
             self.recorder.note(record.id, "capacity fallback: " + "; ".join(failures))
-            progress.step(f"fell back to {attempt.describe(instance_type)} after: {'; '.join(failures)}")
+            progress.step(
+                f"fell back to {attempt.describe(instance_type)} after: {'; '.join(failures)}"
+            )
         if abs(price - record.price_per_hour) > 1e-9:
-            self.recorder.set_price(record.id, price, f"price ${price:.4f}/h ({attempt.describe(instance_type)}); "
-                                                      f"estimated ${record.price_per_hour:.4f}/h at start")
-        progress.step(f"instance {instance_id} is {instance['State']['Name']}; waiting until it runs")
+            self.recorder.set_price(
+                record.id,
+                price,
+                f"price ${price:.4f}/h ({attempt.describe(instance_type)}); "
+                f"estimated ${record.price_per_hour:.4f}/h at start",
+            )
+        progress.step(
+            f"instance {instance_id} is {instance['State']['Name']}; waiting until it runs"
+        )
         address = self._wait_running(aws, instance_id, private=bool(extra.get("private_ip")))
         save(address=address)
-        progress.step(f"instance {instance_id} runs at {address}; attaching workspace volume {ws.volume_id}")
+        progress.step(
+            f"instance {instance_id} runs at {address}; attaching workspace volume {ws.volume_id}"
+        )
         volumes.attach(aws, ws.volume_id, instance_id)
 
     def _wait_running(self, aws: Aws, instance_id: str, *, private: bool) -> str:
@@ -249,19 +398,29 @@ class AwsBackend(Backend):
 
         try:
             aws.ec2.get_waiter("instance_running").wait(
-                InstanceIds=[instance_id], WaiterConfig={"Delay": 3, "MaxAttempts": 100})
+                InstanceIds=[instance_id], WaiterConfig={"Delay": 3, "MaxAttempts": 100}
+            )
         except botocore.exceptions.WaiterError:
             inst = self._describe(aws, instance_id) or {}
             state = (inst.get("State") or {}).get("Name", "gone")
             why = (inst.get("StateReason") or {}).get("Message", "no reason given")
-            raise StageError("provision", f"instance {instance_id} did not start: it is {state} ({why})") from None
+            raise StageError(
+                "provision", f"instance {instance_id} did not start: it is {state} ({why})"
+            ) from None
         except aws_errors() as exc:
             raise explain(exc, f"waiting for {instance_id}", aws.region) from None
         inst = self._describe(aws, instance_id) or {}
-        address = inst.get("PrivateIpAddress") if private else inst.get("PublicIpAddress") or inst.get("PrivateIpAddress")
+        address = (
+            inst.get("PrivateIpAddress")
+            if private
+            else inst.get("PublicIpAddress") or inst.get("PrivateIpAddress")
+        )
         if not address:
-            raise StageError("provision", f"instance {instance_id} has no address (a subnet without public IPs? "
-                                          "use private_ip=True from inside the VPC)")
+            raise StageError(
+                "provision",
+                f"instance {instance_id} has no address (a subnet without public IPs? "
+                "use private_ip=True from inside the VPC)",
+            )
         return address
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
@@ -270,20 +429,36 @@ class AwsBackend(Backend):
         res = record.resource
         for needed in ("address", "key_path", "instance_host_key", "kernel_key_path"):
             if not res.get(needed):
-                raise StageError("connect", f"session {record.name} has no saved {needed}: it was never fully started")
-        timeout = _float(record.spec.extra.get("boot_timeout") or os.environ.get("GPUSESSION_AWS_BOOT_TIMEOUT")
-                         or DEFAULT_BOOT_TIMEOUT_S, "boot_timeout")
-        on_notice = (lambda notice: self._on_notice(record.id, notice)) if res.get("market") == "spot" else None
+                raise StageError(
+                    "connect",
+                    f"session {record.name} has no saved {needed}: it was never fully started",
+                )
+        timeout = _float(
+            record.spec.extra.get("boot_timeout")
+            or os.environ.get("GPUSESSION_AWS_BOOT_TIMEOUT")
+            or DEFAULT_BOOT_TIMEOUT_S,
+            "boot_timeout",
+        )
+        on_notice = (
+            (lambda notice: self._on_notice(record.id, notice))
+            if res.get("market") == "spot"
+            else None
+        )
         return open_link(
-            res, deadline=time.monotonic() + timeout,
+            res,
+            deadline=time.monotonic() + timeout,
             forget_hint=f"stop this session (`gpusession stop {record.name}`) and start a new one",
-            say=progress.step, gone=lambda: self._gone(record), on_event=lambda text: self._note(record.id, text),
+            say=progress.step,
+            gone=lambda: self._gone(record),
+            on_event=lambda text: self._note(record.id, text),
             on_notice=on_notice,
         )
 
     def _on_notice(self, session_id: str, notice: dict) -> None:
-        text = (f"spot interruption notice: AWS will {notice.get('action', 'stop')} this instance at "
-                f"{notice.get('time', 'any moment')} (about 2 minutes after the notice); save your work")
+        text = (
+            f"spot interruption notice: AWS will {notice.get('action', 'stop')} this instance at "
+            f"{notice.get('time', 'any moment')} (about 2 minutes after the notice); save your work"
+        )
         noticed_at = time.time()
         self._note(session_id, text)
         log.warning("gpusession: %s", text)
@@ -354,8 +529,11 @@ class AwsBackend(Backend):
             return
         if res.get("region"):
             Teardown(self.aws(res["region"])).session(
-                record.id, instance_ids=[res.get("instance_id")], key_names=[res.get("key_name")],
-                group_ids=[res.get("security_group")])
+                record.id,
+                instance_ids=[res.get("instance_id")],
+                key_names=[res.get("key_name")],
+                group_ids=[res.get("security_group")],
+            )
         _forget_keys(self.config.data_path / "keys", record.id)
 
     # -- workspaces ---------------------------------------------------------------------------
@@ -371,8 +549,12 @@ class AwsBackend(Backend):
 
     def _regions(self) -> list[str]:
         """The regions the store's aws sessions used (gc never asks AWS when there were none)."""
-        return sorted({r.resource.get("region") or r.spec.region or self.aws(None).region
-                       for r in self.recorder.sessions(self.name)})
+        return sorted(
+            {
+                r.resource.get("region") or r.spec.region or self.aws(None).region
+                for r in self.recorder.sessions(self.name)
+            }
+        )
 
     def list_resources(self) -> list[RemoteResource]:
         regions = self._regions()
@@ -390,8 +572,11 @@ class AwsBackend(Backend):
     def remove_resource(self, resource: RemoteResource) -> None:
         d = resource.details
         Teardown(self.aws(d["region"])).session(
-            resource.session_id, instance_ids=d.get("instance_ids", []), key_names=d.get("key_names", []),
-            group_ids=d.get("group_ids", []))
+            resource.session_id,
+            instance_ids=d.get("instance_ids", []),
+            key_names=d.get("key_names", []),
+            group_ids=d.get("group_ids", []),
+        )
         _forget_keys(self.config.data_path / "keys", resource.session_id)
 
 
@@ -412,14 +597,18 @@ def _unavailable(exc: GpuSessionError) -> GpuSessionError:
     return exc if isinstance(exc, (BackendUnavailable, BadInput)) else BackendUnavailable(str(exc))
 
 
-def _no_capacity_message(exc: launch.NoCapacity, instance_type: str, region: str, spec: LaunchSpec) -> str:
+def _no_capacity_message(
+    exc: launch.NoCapacity, instance_type: str, region: str, spec: LaunchSpec
+) -> str:
     from .sdk import QUOTA_HINT
 
     text = f"no {instance_type} could be launched in {region}: {exc}"
     if exc.quota:
         text += f"; for the quota: {QUOTA_HINT}"
     if launch.fallback_mode(spec.extra) != "any":
-        text += "; allow other zones and on-demand with fallback=any, or try another --region or --type"
+        text += (
+            "; allow other zones and on-demand with fallback=any, or try another --region or --type"
+        )
     else:
         text += "; try another --region or --type, or later"
     return text

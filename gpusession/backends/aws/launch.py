@@ -84,15 +84,27 @@ def subnets(aws: Aws, extra: dict, instance_type: str) -> list[Subnet]:
         return [Subnet(s["SubnetId"], s["AvailabilityZone"], s["VpcId"]) for s in found]
     vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
     if not vpcs:
-        raise StageError("provision", f"{aws.region} has no default VPC: pass --subnet subnet-... (one with a route to the internet)")
-    found = ec2.describe_subnets(Filters=[
-        {"Name": "vpc-id", "Values": [vpcs[0]["VpcId"]]}, {"Name": "default-for-az", "Values": ["true"]},
-    ])["Subnets"]
+        raise StageError(
+            "provision",
+            f"{aws.region} has no default VPC: pass --subnet subnet-... (one with a route to the internet)",
+        )
+    found = ec2.describe_subnets(
+        Filters=[
+            {"Name": "vpc-id", "Values": [vpcs[0]["VpcId"]]},
+            {"Name": "default-for-az", "Values": ["true"]},
+        ]
+    )["Subnets"]
     offered = zones_offering(aws, instance_type)
-    result = [Subnet(s["SubnetId"], s["AvailabilityZone"], s["VpcId"]) for s in found
-              if offered is None or s["AvailabilityZone"] in offered]
+    result = [
+        Subnet(s["SubnetId"], s["AvailabilityZone"], s["VpcId"])
+        for s in found
+        if offered is None or s["AvailabilityZone"] in offered
+    ]
     if not result:
-        raise StageError("provision", f"no zone of {aws.region} offers {instance_type}: try another --region or --type")
+        raise StageError(
+            "provision",
+            f"no zone of {aws.region} offers {instance_type}: try another --region or --type",
+        )
     return sorted(result, key=lambda s: s.zone)
 
 
@@ -100,7 +112,8 @@ def zones_offering(aws: Aws, instance_type: str) -> set[str] | None:
     """Zones that offer the type; None when the API cannot say (then every zone is tried)."""
     try:
         pages = aws.ec2.get_paginator("describe_instance_type_offerings").paginate(
-            LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}]
+            LocationType="availability-zone",
+            Filters=[{"Name": "instance-type", "Values": [instance_type]}],
         )
         zones = {o["Location"] for page in pages for o in page["InstanceTypeOfferings"]}
     except Exception:  # noqa: BLE001 - an optional refinement
@@ -117,24 +130,34 @@ def caller_cidr(extra: dict) -> str:
         try:
             return str(ipaddress.ip_network(str(given), strict=False))
         except ValueError:
-            raise BadInput(f"--ssh-cidr {given!r} is not an address range such as 203.0.113.7/32") from None
+            raise BadInput(
+                f"--ssh-cidr {given!r} is not an address range such as 203.0.113.7/32"
+            ) from None
     try:
         with urllib.request.urlopen(CHECKIP_URL, timeout=10) as reply:
             address = reply.read().decode().strip()
     except OSError as exc:
-        raise StageError("provision", f"cannot learn this machine's public address from {CHECKIP_URL} ({exc}); "
-                                      "pass --ssh-cidr 203.0.113.7/32 (the address your SSH comes from)") from None
+        raise StageError(
+            "provision",
+            f"cannot learn this machine's public address from {CHECKIP_URL} ({exc}); "
+            "pass --ssh-cidr 203.0.113.7/32 (the address your SSH comes from)",
+        ) from None
     return f"{address}/32"
 
 
 def create_security_group(aws: Aws, name: str, vpc: str, cidr: str, tag_list: list[dict]) -> str:
     ec2 = aws.ec2
     group = ec2.create_security_group(
-        GroupName=name, VpcId=vpc, Description=f"gpusession: ssh from {cidr} only",
+        GroupName=name,
+        VpcId=vpc,
+        Description=f"gpusession: ssh from {cidr} only",
         TagSpecifications=tag_spec("security-group", tag_list),
     )["GroupId"]
-    ranges = {"Ipv6Ranges": [{"CidrIpv6": cidr, "Description": "gpusession ssh"}]} if ":" in cidr else \
-        {"IpRanges": [{"CidrIp": cidr, "Description": "gpusession ssh"}]}
+    ranges = (
+        {"Ipv6Ranges": [{"CidrIpv6": cidr, "Description": "gpusession ssh"}]}
+        if ":" in cidr
+        else {"IpRanges": [{"CidrIp": cidr, "Description": "gpusession ssh"}]}
+    )
     ec2.authorize_security_group_ingress(
         GroupId=group, IpPermissions=[{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ranges}]
     )
@@ -142,22 +165,46 @@ def create_security_group(aws: Aws, name: str, vpc: str, cidr: str, tag_list: li
 
 
 def import_key_pair(aws: Aws, name: str, public_line: str, tag_list: list[dict]) -> str:
-    aws.ec2.import_key_pair(KeyName=name, PublicKeyMaterial=public_line.encode(),
-                            TagSpecifications=tag_spec("key-pair", tag_list))
+    aws.ec2.import_key_pair(
+        KeyName=name,
+        PublicKeyMaterial=public_line.encode(),
+        TagSpecifications=tag_spec("key-pair", tag_list),
+    )
     return name
 
 
-def instance_params(*, ami: str, instance_type: str, key_name: str, group: str, public_ip: bool,
-                    tag_list: list[dict]) -> dict[str, Any]:
+def instance_params(
+    *,
+    ami: str,
+    instance_type: str,
+    key_name: str,
+    group: str,
+    public_ip: bool,
+    tag_list: list[dict],
+) -> dict[str, Any]:
     """RunInstances parameters every attempt shares (the attempt adds subnet, market, user data)."""
     return {
-        "ImageId": ami, "InstanceType": instance_type, "MinCount": 1, "MaxCount": 1, "KeyName": key_name,
+        "ImageId": ami,
+        "InstanceType": instance_type,
+        "MinCount": 1,
+        "MaxCount": 1,
+        "KeyName": key_name,
         # the idle watchdog powers the machine off; EC2 then terminates it, so nothing bills on
         "InstanceInitiatedShutdownBehavior": "terminate",
-        "NetworkInterfaces": [{"DeviceIndex": 0, "Groups": [group], "AssociatePublicIpAddress": public_ip,
-                               "DeleteOnTermination": True}],
+        "NetworkInterfaces": [
+            {
+                "DeviceIndex": 0,
+                "Groups": [group],
+                "AssociatePublicIpAddress": public_ip,
+                "DeleteOnTermination": True,
+            }
+        ],
         # IMDSv2 only, one hop: containers cannot read the user data (it holds the host keys)
-        "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 1, "HttpEndpoint": "enabled"},
+        "MetadataOptions": {
+            "HttpTokens": "required",
+            "HttpPutResponseHopLimit": 1,
+            "HttpEndpoint": "enabled",
+        },
         "TagSpecifications": tag_spec("instance", tag_list) + tag_spec("volume", tag_list),
     }
 
@@ -168,8 +215,10 @@ def instance_params(*, ami: str, instance_type: str, key_name: str, group: str, 
 def spot_prices(aws: Aws, instance_type: str) -> dict[str, float]:
     """Zone -> the latest Linux spot price of the type ({} when AWS does not say)."""
     reply = aws.ec2.describe_spot_price_history(
-        InstanceTypes=[instance_type], ProductDescriptions=["Linux/UNIX"],
-        StartTime=datetime.datetime.now(datetime.timezone.utc), MaxResults=100,
+        InstanceTypes=[instance_type],
+        ProductDescriptions=["Linux/UNIX"],
+        StartTime=datetime.datetime.now(datetime.timezone.utc),
+        MaxResults=100,
     )
     latest: dict[str, tuple[Any, float]] = {}
     for item in reply.get("SpotPriceHistory", []):
@@ -195,7 +244,9 @@ def fallback_mode(extra: dict) -> str:
     return mode
 
 
-def attempts(spot: bool, mode: str, places: list[Subnet], prices: dict[str, float]) -> list[Attempt]:
+def attempts(
+    spot: bool, mode: str, places: list[Subnet], prices: dict[str, float]
+) -> list[Attempt]:
     """The order to try: the cheapest zone first; other zones ('zone'), on-demand ('on-demand'),
     or both ('any') only when the user allowed it."""
     if spot:
@@ -217,8 +268,16 @@ class NoCapacity(GpuSessionError):
         super().__init__("; ".join(failures))
 
 
-def run_first_that_fits(aws: Aws, base: dict, plan: list[Attempt], *, instance_type: str, client_token: str,
-                        max_price: float | None, on_attempt) -> tuple[dict, Attempt, list[str]]:
+def run_first_that_fits(
+    aws: Aws,
+    base: dict,
+    plan: list[Attempt],
+    *,
+    instance_type: str,
+    client_token: str,
+    max_price: float | None,
+    on_attempt,
+) -> tuple[dict, Attempt, list[str]]:
     """RunInstances for each attempt until one is accepted; returns (instance, attempt, failures).
     Capacity errors go on to the next attempt; a spot quota error skips to on-demand."""
     failures: list[str] = []
@@ -226,11 +285,18 @@ def run_first_that_fits(aws: Aws, base: dict, plan: list[Attempt], *, instance_t
     for number, attempt in enumerate(plan):
         if attempt.spot and quota:
             continue
-        params = dict(base, ClientToken=f"{client_token}-{number}")  # a retried call never makes two
+        params = dict(
+            base, ClientToken=f"{client_token}-{number}"
+        )  # a retried call never makes two
         params.update(on_attempt(attempt) or {})  # per attempt: the user data (the agent's price)
-        params["NetworkInterfaces"] = [dict(base["NetworkInterfaces"][0], SubnetId=attempt.subnet.id)]
+        params["NetworkInterfaces"] = [
+            dict(base["NetworkInterfaces"][0], SubnetId=attempt.subnet.id)
+        ]
         if attempt.spot:
-            options: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+            options: dict[str, Any] = {
+                "SpotInstanceType": "one-time",
+                "InstanceInterruptionBehavior": "terminate",
+            }
             if max_price:
                 options["MaxPrice"] = f"{max_price:.4f}"
             params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}

@@ -20,14 +20,32 @@ DEFAULT_REGION = "us-east-1"
 
 # Error codes, grouped by what the user can do about them.
 AUTH_CODES = {
-    "AuthFailure", "UnauthorizedOperation", "InvalidClientTokenId", "SignatureDoesNotMatch",
-    "ExpiredToken", "ExpiredTokenException", "RequestExpired", "UnrecognizedClientException",
-    "AccessDenied", "AccessDeniedException", "OptInRequired",
+    "AuthFailure",
+    "UnauthorizedOperation",
+    "InvalidClientTokenId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "RequestExpired",
+    "UnrecognizedClientException",
+    "AccessDenied",
+    "AccessDeniedException",
+    "OptInRequired",
 }
-CAPACITY_CODES = {"InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientCapacity",
-                  "SpotMaxPriceTooLow", "Unsupported", "InsufficientFreeAddressesInSubnet"}
-QUOTA_CODES = {"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded",
-               "ResourceLimitExceeded"}
+CAPACITY_CODES = {
+    "InsufficientInstanceCapacity",
+    "InsufficientHostCapacity",
+    "InsufficientCapacity",
+    "SpotMaxPriceTooLow",
+    "Unsupported",
+    "InsufficientFreeAddressesInSubnet",
+}
+QUOTA_CODES = {
+    "VcpuLimitExceeded",
+    "InstanceLimitExceeded",
+    "MaxSpotInstanceCountExceeded",
+    "ResourceLimitExceeded",
+}
 
 # Service Quotas codes, so a quota error can say exactly what to ask for.
 QUOTA_HINT = (
@@ -72,7 +90,9 @@ class Aws:
     def client(self, service: str):
         with self._lock:
             if service not in self._clients:
-                self._clients[service] = self.session.client(service, config=self._config, endpoint_url=endpoint_url())
+                self._clients[service] = self.session.client(
+                    service, config=self._config, endpoint_url=endpoint_url()
+                )
             return self._clients[service]
 
     @property
@@ -129,19 +149,25 @@ def explain(exc: BaseException, doing: str, region: str) -> GpuSessionError:
         return BackendUnavailable(
             "no AWS credentials found: run `aws configure` or `aws sso login`, or set AWS_PROFILE"
         )
-    if isinstance(exc, (bx.SSOTokenLoadError, bx.UnauthorizedSSOTokenError, bx.TokenRetrievalError)):
+    if isinstance(
+        exc, (bx.SSOTokenLoadError, bx.UnauthorizedSSOTokenError, bx.TokenRetrievalError)
+    ):
         return BackendUnavailable(f"AWS SSO login expired or missing ({exc}): run `aws sso login`")
     if isinstance(exc, (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError)):
         return BackendUnavailable(f"cannot reach EC2 in {region} while {doing}: {exc}")
     if code == "OptInRequired":
-        return BackendUnavailable(f"region {region} is not enabled for your account ({text}): enable it or use another --region")
+        return BackendUnavailable(
+            f"region {region} is not enabled for your account ({text}): enable it or use another --region"
+        )
     if code in AUTH_CODES:
         return BackendUnavailable(
             f"AWS refused the credentials while {doing} ({code}: {text}): check `aws sts get-caller-identity`, "
             "your AWS_PROFILE, and that the IAM user or role may use EC2 in this region"
         )
     if code in QUOTA_CODES:
-        return GpuSessionError(f"{doing}: your AWS quota is too low in {region} ({code}: {text}); {QUOTA_HINT}")
+        return GpuSessionError(
+            f"{doing}: your AWS quota is too low in {region} ({code}: {text}); {QUOTA_HINT}"
+        )
     if code in CAPACITY_CODES:
         return GpuSessionError(f"{doing}: AWS has no capacity right now ({code}: {text})")
     if code:

@@ -25,13 +25,19 @@ class Teardown:
         """Terminate the session's instances, wait until they are gone, then delete its key pair
         and security group. Saved handles and tag lookups both count; gone is fine."""
         try:
-            self._terminate({i for i in instance_ids if i} | set(self._tagged_instances(session_id)))
+            self._terminate(
+                {i for i in instance_ids if i} | set(self._tagged_instances(session_id))
+            )
             for name in {k for k in key_names if k} | set(self._tagged_key_pairs(session_id)):
-                self._quiet(lambda: self.aws.ec2.delete_key_pair(KeyName=name), "InvalidKeyPair.NotFound")
+                self._quiet(
+                    lambda: self.aws.ec2.delete_key_pair(KeyName=name), "InvalidKeyPair.NotFound"
+                )
             for group in {g for g in group_ids if g} | set(self._tagged_groups(session_id)):
                 self._delete_group(group)
         except aws_errors() as exc:
-            raise explain(exc, f"removing the AWS resources of session {session_id[:8]}", self.aws.region) from None
+            raise explain(
+                exc, f"removing the AWS resources of session {session_id[:8]}", self.aws.region
+            ) from None
 
     def _terminate(self, ids: set[str]) -> None:
         live = []
@@ -49,7 +55,10 @@ class Teardown:
         self.aws.ec2.terminate_instances(InstanceIds=live)
         self.aws.ec2.get_waiter("instance_terminated").wait(
             InstanceIds=live,
-            WaiterConfig={"Delay": self.poll_s, "MaxAttempts": max(1, int(self.terminate_wait_s / self.poll_s))},
+            WaiterConfig={
+                "Delay": self.poll_s,
+                "MaxAttempts": max(1, int(self.terminate_wait_s / self.poll_s)),
+            },
         )
 
     def _delete_group(self, group: str) -> None:
@@ -81,17 +90,26 @@ class Teardown:
         return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
 
     def _tagged_instances(self, session_id: str) -> list[str]:
-        return [i["InstanceId"] for i in self._instances([
-            {"Name": f"tag:{TAG_SESSION}", "Values": [session_id]},
-            {"Name": "instance-state-name", "Values": LIVE_STATES},
-        ])]
+        return [
+            i["InstanceId"]
+            for i in self._instances(
+                [
+                    {"Name": f"tag:{TAG_SESSION}", "Values": [session_id]},
+                    {"Name": "instance-state-name", "Values": LIVE_STATES},
+                ]
+            )
+        ]
 
     def _tagged_key_pairs(self, session_id: str) -> list[str]:
-        pairs = self.aws.ec2.describe_key_pairs(Filters=[{"Name": f"tag:{TAG_SESSION}", "Values": [session_id]}])
+        pairs = self.aws.ec2.describe_key_pairs(
+            Filters=[{"Name": f"tag:{TAG_SESSION}", "Values": [session_id]}]
+        )
         return [k["KeyName"] for k in pairs["KeyPairs"]]
 
     def _tagged_groups(self, session_id: str) -> list[str]:
-        groups = self.aws.ec2.describe_security_groups(Filters=[{"Name": f"tag:{TAG_SESSION}", "Values": [session_id]}])
+        groups = self.aws.ec2.describe_security_groups(
+            Filters=[{"Name": f"tag:{TAG_SESSION}", "Values": [session_id]}]
+        )
         return [g["GroupId"] for g in groups["SecurityGroups"]]
 
     def find(self, backend: str) -> list[RemoteResource]:
@@ -100,7 +118,9 @@ class Teardown:
         ec2 = self.aws.ec2
         by_session: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
         tag_key = [{"Name": "tag-key", "Values": [TAG_SESSION]}]
-        for inst in self._instances(tag_key + [{"Name": "instance-state-name", "Values": LIVE_STATES}]):
+        for inst in self._instances(
+            tag_key + [{"Name": "instance-state-name", "Values": LIVE_STATES}]
+        ):
             by_session[_tag(inst)]["instances"].append(inst)
         for pair in ec2.describe_key_pairs(Filters=tag_key)["KeyPairs"]:
             by_session[_tag(pair)]["key_names"].append(pair["KeyName"])
@@ -109,21 +129,38 @@ class Teardown:
         found = []
         for session_id, parts in sorted(by_session.items()):
             instances = parts["instances"]
-            leftovers = [f"key pair {k}" for k in parts["key_names"]] + [f"security group {g}" for g in parts["group_ids"]]
+            leftovers = [f"key pair {k}" for k in parts["key_names"]] + [
+                f"security group {g}" for g in parts["group_ids"]
+            ]
             if instances:
-                what = ", ".join(f"EC2 instance {i['InstanceId']} ({i['InstanceType']}, {i['State']['Name']})"
-                                 for i in instances)
-                description = f"{what} in {self.aws.region}" + (f" with its {' and '.join(leftovers)}" if leftovers else "")
+                what = ", ".join(
+                    f"EC2 instance {i['InstanceId']} ({i['InstanceType']}, {i['State']['Name']})"
+                    for i in instances
+                )
+                description = f"{what} in {self.aws.region}" + (
+                    f" with its {' and '.join(leftovers)}" if leftovers else ""
+                )
             else:
                 description = f"{' and '.join(leftovers)} in {self.aws.region} (no instance left)"
-            found.append(RemoteResource(
-                backend=backend, session_id=session_id,
-                resource_id=instances[0]["InstanceId"] if instances else (parts["key_names"] or parts["group_ids"])[0],
-                description=description,
-                running=any(i["State"]["Name"] in ("pending", "running", "stopping") for i in instances),
-                details={"region": self.aws.region, "instance_ids": [i["InstanceId"] for i in instances],
-                         "key_names": list(parts["key_names"]), "group_ids": list(parts["group_ids"])},
-            ))
+            found.append(
+                RemoteResource(
+                    backend=backend,
+                    session_id=session_id,
+                    resource_id=instances[0]["InstanceId"]
+                    if instances
+                    else (parts["key_names"] or parts["group_ids"])[0],
+                    description=description,
+                    running=any(
+                        i["State"]["Name"] in ("pending", "running", "stopping") for i in instances
+                    ),
+                    details={
+                        "region": self.aws.region,
+                        "instance_ids": [i["InstanceId"] for i in instances],
+                        "key_names": list(parts["key_names"]),
+                        "group_ids": list(parts["group_ids"]),
+                    },
+                )
+            )
         return found
 
 

@@ -51,14 +51,20 @@ def _filters(store_id: str, name: str | None = None) -> list[dict[str, Any]]:
 
 
 def find(aws: Aws, store_id: str, name: str) -> dict | None:
-    found = [v for v in aws.ec2.describe_volumes(Filters=_filters(store_id, name))["Volumes"]
-             if v["State"] not in ("deleting", "deleted")]
+    found = [
+        v
+        for v in aws.ec2.describe_volumes(Filters=_filters(store_id, name))["Volumes"]
+        if v["State"] not in ("deleting", "deleted")
+    ]
     return found[0] if found else None
 
 
 def listed(aws: Aws, store_id: str) -> list[dict]:
-    return [v for v in aws.ec2.describe_volumes(Filters=_filters(store_id))["Volumes"]
-            if v["State"] not in ("deleting", "deleted")]
+    return [
+        v
+        for v in aws.ec2.describe_volumes(Filters=_filters(store_id))["Volumes"]
+        if v["State"] not in ("deleting", "deleted")
+    ]
 
 
 def tag(volume: dict, key: str) -> str:
@@ -72,21 +78,36 @@ class WorkspaceVolume:
     is in another zone, the fresh (never attached, empty) volume moves with it."""
 
     def __init__(self, aws: Aws, *, store_id: str, owner: str, name: str, extra: dict, say):
-        self.aws, self.store_id, self.owner, self.name, self.extra, self.say = aws, store_id, owner, name, extra, say
+        self.aws, self.store_id, self.owner, self.name, self.extra, self.say = (
+            aws,
+            store_id,
+            owner,
+            name,
+            extra,
+            say,
+        )
         self.volume = find(aws, store_id, name)
         self.fresh = False  # made by this start
         if self.volume is None and extra.get("resume"):
-            raise StageError("provision", f"no workspace {name} in {aws.region} to resume "
-                                          "(`gpusession workspaces` lists them)")
+            raise StageError(
+                "provision",
+                f"no workspace {name} in {aws.region} to resume "
+                "(`gpusession workspaces` lists them)",
+            )
         if self.volume is not None:
             v = self.volume
             if v["State"] != "available":
                 users = ", ".join(a.get("InstanceId", "?") for a in v.get("Attachments") or [])
-                raise StageError("provision", f"workspace {name}'s volume {v['VolumeId']} is {v['State']}"
-                                              f"{' (attached to ' + users + ')' if users else ''}: "
-                                              "stop the session that uses it first")
-            say(f"workspace {name}: volume {v['VolumeId']} ({v['Size']} GiB) in {v['AvailabilityZone']}, "
-                "kept from an earlier session")
+                raise StageError(
+                    "provision",
+                    f"workspace {name}'s volume {v['VolumeId']} is {v['State']}"
+                    f"{' (attached to ' + users + ')' if users else ''}: "
+                    "stop the session that uses it first",
+                )
+            say(
+                f"workspace {name}: volume {v['VolumeId']} ({v['Size']} GiB) in {v['AvailabilityZone']}, "
+                "kept from an earlier session"
+            )
 
     @property
     def volume_id(self) -> str:
@@ -100,10 +121,13 @@ class WorkspaceVolume:
         here = [s for s in places if s.zone == zone]
         if not here:
             offered = ", ".join(sorted({s.zone for s in places})) or "none"
-            raise StageError("provision", f"workspace {self.name}'s volume {self.volume_id} is in {zone}, and the "
-                                          f"instance cannot be launched there (the zones allowed: {offered}); an EBS "
-                                          f"volume attaches only in its own zone: pass --subnet of a subnet in {zone}, "
-                                          "or use another --workspace")
+            raise StageError(
+                "provision",
+                f"workspace {self.name}'s volume {self.volume_id} is in {zone}, and the "
+                f"instance cannot be launched there (the zones allowed: {offered}); an EBS "
+                f"volume attaches only in its own zone: pass --subnet of a subnet in {zone}, "
+                "or use another --workspace",
+            )
         return here
 
     def in_zone(self, zone: str) -> str:
@@ -113,12 +137,22 @@ class WorkspaceVolume:
         if self.volume is not None:  # fresh, never attached: it moves to the next attempt's zone
             remove(self.aws, self.volume_id)
         size = size_gib(self.extra)
-        self.say(f"workspace {self.name}: new {size} GiB gp3 volume in {zone} "
-                 f"(${monthly_cost(size):.2f}/month while kept)")
-        tag_list = [{"Key": TAG_WORKSPACE, "Value": self.name}, {"Key": TAG_STORE, "Value": self.store_id},
-                    {"Key": TAG_OWNER, "Value": self.owner[:255]}, {"Key": "Name", "Value": f"gpusession-ws-{self.name}"}]
-        self.volume = self.aws.ec2.create_volume(AvailabilityZone=zone, Size=size, VolumeType="gp3",
-                                                 TagSpecifications=[{"ResourceType": "volume", "Tags": tag_list}])
+        self.say(
+            f"workspace {self.name}: new {size} GiB gp3 volume in {zone} "
+            f"(${monthly_cost(size):.2f}/month while kept)"
+        )
+        tag_list = [
+            {"Key": TAG_WORKSPACE, "Value": self.name},
+            {"Key": TAG_STORE, "Value": self.store_id},
+            {"Key": TAG_OWNER, "Value": self.owner[:255]},
+            {"Key": "Name", "Value": f"gpusession-ws-{self.name}"},
+        ]
+        self.volume = self.aws.ec2.create_volume(
+            AvailabilityZone=zone,
+            Size=size,
+            VolumeType="gp3",
+            TagSpecifications=[{"ResourceType": "volume", "Tags": tag_list}],
+        )
         self.fresh = True
         _wait(self.aws, self.volume_id, "available")
         return self.volume_id
@@ -136,8 +170,15 @@ def verify_kept(aws: Aws, volume_id: str, instance_id: str) -> None:
     for mapping in found.get("BlockDeviceMappings") or []:
         ebs = mapping.get("Ebs") or {}
         if ebs.get("VolumeId") == volume_id and ebs.get("DeleteOnTermination"):
-            aws.ec2.modify_instance_attribute(InstanceId=instance_id, BlockDeviceMappings=[
-                {"DeviceName": mapping["DeviceName"], "Ebs": {"VolumeId": volume_id, "DeleteOnTermination": False}}])
+            aws.ec2.modify_instance_attribute(
+                InstanceId=instance_id,
+                BlockDeviceMappings=[
+                    {
+                        "DeviceName": mapping["DeviceName"],
+                        "Ebs": {"VolumeId": volume_id, "DeleteOnTermination": False},
+                    }
+                ],
+            )
 
 
 def workspaces(backend, regions: list[str]) -> list:
@@ -149,13 +190,24 @@ def workspaces(backend, regions: list[str]) -> list:
         try:
             kept = listed(backend.aws(region), backend.recorder.store_id)
         except aws_errors() as exc:
-            raise BackendUnavailable(str(explain(exc, "listing workspace volumes", region))) from None
+            raise BackendUnavailable(
+                str(explain(exc, "listing workspace volumes", region))
+            ) from None
         for v in kept:
-            found.append(Workspace(
-                backend.name, tag(v, TAG_WORKSPACE), f"EBS volume {v['VolumeId']} ({v.get('VolumeType', 'gp3')}, "
-                f"{v['State']}) in {v['AvailabilityZone']}", v["Size"] * 2**30, monthly_cost=monthly_cost(v["Size"]),
-                in_use_by=[a["InstanceId"] for a in v.get("Attachments") or [] if a.get("InstanceId")],
-                details={"region": region, "volume_id": v["VolumeId"]}))
+            found.append(
+                Workspace(
+                    backend.name,
+                    tag(v, TAG_WORKSPACE),
+                    f"EBS volume {v['VolumeId']} ({v.get('VolumeType', 'gp3')}, "
+                    f"{v['State']}) in {v['AvailabilityZone']}",
+                    v["Size"] * 2**30,
+                    monthly_cost=monthly_cost(v["Size"]),
+                    in_use_by=[
+                        a["InstanceId"] for a in v.get("Attachments") or [] if a.get("InstanceId")
+                    ],
+                    details={"region": region, "volume_id": v["VolumeId"]},
+                )
+            )
     return found
 
 
@@ -167,7 +219,9 @@ def remove(aws: Aws, volume_id: str) -> None:
         if code == "InvalidVolume.NotFound":
             return
         if code == "VolumeInUse":
-            raise BadInput(f"volume {volume_id} is attached to an instance; stop its session first") from None
+            raise BadInput(
+                f"volume {volume_id} is attached to an instance; stop its session first"
+            ) from None
         raise explain(exc, f"deleting volume {volume_id}", aws.region) from None
 
 
@@ -178,6 +232,8 @@ def _wait(aws: Aws, volume_id: str, state: str) -> None:
         if found["State"] == state:
             return
         if time.monotonic() > deadline:
-            raise StageError("provision", f"volume {volume_id} is {found['State']}, not {state}, "
-                                          f"after {ATTACH_WAIT_S:.0f}s")
+            raise StageError(
+                "provision",
+                f"volume {volume_id} is {found['State']}, not {state}, after {ATTACH_WAIT_S:.0f}s",
+            )
         time.sleep(1)

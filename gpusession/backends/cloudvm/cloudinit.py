@@ -35,7 +35,9 @@ SPOT_NOTICE_FILE = "spot-instance-action.json"
 USER_DATA_LIMIT = 16 * 1024  # EC2 refuses more (before base64)
 VOLUME_WAIT_S = 300  # the workspace's volume is attached once the instance runs
 RUNTIME_WAIT_S = 600  # the instance powers off when no runtime bundle came by then
-CONTAINER_STATE_DIR = "/run/gpusession"  # the session container's --state-dir (a folder of the instance's DIR)
+CONTAINER_STATE_DIR = (
+    "/run/gpusession"  # the session container's --state-dir (a folder of the instance's DIR)
+)
 ACCESS_COMMANDS = ("status", "put", "notice")  # what access.sh does for the tunnel's login
 
 
@@ -51,9 +53,13 @@ def new_host_key(comment: str) -> HostKey:
 
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
     ).decode()
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
     return HostKey(private=private, public=f"{public.decode()} {comment}")
 
 
@@ -71,8 +77,12 @@ class BootPlan:
     image: str  # pulled by the instance's Docker
     session_key: str  # public key line of the session's own key
     instance_host_key: HostKey  # for the instance's sshd
-    kernel_key: str  # the kernel's connection key, made locally (the client cannot read kernel.json)
-    agent_args: list[str]  # options of `python -m gpusession.agent run` (AgentArgs.argv(): placement too)
+    kernel_key: (
+        str  # the kernel's connection key, made locally (the client cannot read kernel.json)
+    )
+    agent_args: list[
+        str
+    ]  # options of `python -m gpusession.agent run` (AgentArgs.argv(): placement too)
     spot: bool  # watch instance metadata for an interruption notice
     volume_id: str = ""  # the workspace's EBS volume, attached after launch: mounted at /workspace
 
@@ -95,14 +105,28 @@ def authorized_key_line(plan: BootPlan) -> str:
     port, and access.sh. OpenSSH's permitopen limits its streamlocal forwarding too, and names a
     socket as a host in brackets with any port (`[/path]:*`)."""
     sockets = [f"[{plan.sockets}/k-{i}]:*" for i in range(1, 6)]
-    opens = ",".join(f'permitopen="{where}"' for where in (*sockets, f"127.0.0.1:{CONTAINER_AGENT_PORT}"))
-    return f'restrict,port-forwarding,{opens},command="sh {plan.folder}/access.sh" {plan.session_key}'
+    opens = ",".join(
+        f'permitopen="{where}"' for where in (*sockets, f"127.0.0.1:{CONTAINER_AGENT_PORT}")
+    )
+    return (
+        f'restrict,port-forwarding,{opens},command="sh {plan.folder}/access.sh" {plan.session_key}'
+    )
 
 
 def boot_script(plan: BootPlan) -> str:
     q = shlex.quote
-    markers = "\n".join(f"M_{m.name}={m.value}" for m in (Marker.BOOT, Marker.FAILED, Marker.POWEROFF, Marker.PYTHON,
-                                                          Marker.SPOT_NOTICE, Marker.STOPPED, Marker.SUMMARY))
+    markers = "\n".join(
+        f"M_{m.name}={m.value}"
+        for m in (
+            Marker.BOOT,
+            Marker.FAILED,
+            Marker.POWEROFF,
+            Marker.PYTHON,
+            Marker.SPOT_NOTICE,
+            Marker.STOPPED,
+            Marker.SUMMARY,
+        )
+    )
     header = f"""#!/bin/sh
 # gpusession session {plan.session_id}: run its container, then power this instance off.
 # Written by gpusession's user data and started once by cloud-init.
@@ -152,7 +176,7 @@ case "${{1:-}}" in
     notice)
         exec cat "$DIR/notices/{SPOT_NOTICE_FILE}" ;;
     *)
-        echo "gpusession: this key runs only {' | '.join(ACCESS_COMMANDS)}" >&2
+        echo "gpusession: this key runs only {" | ".join(ACCESS_COMMANDS)}" >&2
         exit 2 ;;
 esac
 """
@@ -188,9 +212,22 @@ def user_data(plan: BootPlan) -> str:
         ],
         "write_files": [
             # gzip: the boot script is most of the 16 KiB EC2 allows (cloud-init unpacks gz+b64)
-            {"path": script, "permissions": "0700", "encoding": "gz+b64", "content": packed(boot_script(plan))},
-            {"path": f"{plan.folder}/access.sh", "permissions": "0755", "content": access_script(plan)},
-            {"path": f"{plan.folder}/boot.sh", "permissions": "0644", "content": bundle_boot_script().decode()},
+            {
+                "path": script,
+                "permissions": "0700",
+                "encoding": "gz+b64",
+                "content": packed(boot_script(plan)),
+            },
+            {
+                "path": f"{plan.folder}/access.sh",
+                "permissions": "0755",
+                "content": access_script(plan),
+            },
+            {
+                "path": f"{plan.folder}/boot.sh",
+                "permissions": "0644",
+                "content": bundle_boot_script().decode(),
+            },
         ],
         # in the background: cloud-init's final stage must not wait for the whole session
         "runcmd": [["sh", "-c", f"nohup sh {script} >>/var/log/gpusession-session.log 2>&1 &"]],

@@ -55,8 +55,13 @@ def instance_target(resource: dict, forget_hint: str):
 
     key = paramiko.Ed25519Key.from_private_key_file(resource["key_path"])
     host, port = map_address(resource["address"])
-    return SshTarget(host=host, port=port, username=SSH_USER, keys=[key],
-                     host_keys=HostKeyCheck.pinned(host, port, resource["instance_host_key"], forget_hint))
+    return SshTarget(
+        host=host,
+        port=port,
+        username=SSH_USER,
+        keys=[key],
+        host_keys=HostKeyCheck.pinned(host, port, resource["instance_host_key"], forget_hint),
+    )
 
 
 def kernel_info(resource: dict) -> dict:
@@ -68,13 +73,23 @@ def kernel_info(resource: dict) -> dict:
 
     key = Path(resource["kernel_key_path"]).read_text().strip()
     if resource.get("sockets"):
-        where = {"ip": f"{resource['sockets']}/k", "transport": "ipc", **dict(zip(KERNEL_PORT_NAMES, range(1, 6)))}
+        where = {
+            "ip": f"{resource['sockets']}/k",
+            "transport": "ipc",
+            **dict(zip(KERNEL_PORT_NAMES, range(1, 6))),
+        }
     else:
-        where = {"ip": "127.0.0.1", "transport": "tcp", **dict(zip(KERNEL_PORT_NAMES, CONTAINER_KERNEL_PORTS))}
+        where = {
+            "ip": "127.0.0.1",
+            "transport": "tcp",
+            **dict(zip(KERNEL_PORT_NAMES, CONTAINER_KERNEL_PORTS)),
+        }
     return {**where, "key": key, "signature_scheme": "hmac-sha256", "kernel_name": "python3"}
 
 
-def wait_for_login(target, deadline: float, *, say: Callable[[str], None], gone: Callable[[], str | None]):
+def wait_for_login(
+    target, deadline: float, *, say: Callable[[str], None], gone: Callable[[], str | None]
+):
     """A logged-in transport to the instance's sshd, once it lets us in (host key checked, key
     accepted). A wrong host key fails at once; anything else is retried until `deadline`, and
     `gone()` (the instance's state when it is not coming up any more) ends it."""
@@ -95,18 +110,26 @@ def wait_for_login(target, deadline: float, *, say: Callable[[str], None], gone:
             last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         why_gone = gone()
         if why_gone:
-            raise StageError("connect", f"the instance stopped while starting ({why_gone}); last SSH attempt: {last}")
+            raise StageError(
+                "connect",
+                f"the instance stopped while starting ({why_gone}); last SSH attempt: {last}",
+            )
         now = time.monotonic()
         if now > deadline:
-            raise StageError("connect", f"timed out after {now - started:.0f}s waiting for the instance's sshd at "
-                                        f"{target.host}:{target.port}; last: {last}")
+            raise StageError(
+                "connect",
+                f"timed out after {now - started:.0f}s waiting for the instance's sshd at "
+                f"{target.host}:{target.port}; last: {last}",
+            )
         if now - said > 30:
             say(f"waiting for the instance ({last})")
             said = now
         time.sleep(1.0 if now - started < 60 else 3.0)
 
 
-def run_access(transport, command: str, data: bytes | None = None, timeout: float = 60.0) -> tuple[int, bytes]:
+def run_access(
+    transport, command: str, data: bytes | None = None, timeout: float = 60.0
+) -> tuple[int, bytes]:
     """access.sh COMMAND on the instance (the login's forced command): (exit status, stdout)."""
     status, out, _ = exec_command(transport, command, stdin=data, timeout=timeout, open_timeout=10)
     return status, out
@@ -139,29 +162,45 @@ class BootWatch:
             marker, payload = parsed
             if marker is Marker.FAILED:
                 stage = payload.get("stage", "boot") if isinstance(payload, dict) else "boot"
-                raise StageError("connect", f"the instance's start failed: {failure_detail(payload)}"
-                                 if stage != "python" else str(payload.get("error")))
+                raise StageError(
+                    "connect",
+                    f"the instance's start failed: {failure_detail(payload)}"
+                    if stage != "python"
+                    else str(payload.get("error")),
+                )
             if marker is Marker.PYTHON and isinstance(payload, dict):
                 self.python = ImagePython.from_payload(payload)
-                self.say(f"the image's Python {'.'.join(map(str, self.python.version))} at {self.python.executable}"
-                         + ("" if self.python.has_ipykernel else ", no ipykernel: the runtime brings it"))
+                self.say(
+                    f"the image's Python {'.'.join(map(str, self.python.version))} at {self.python.executable}"
+                    + ("" if self.python.has_ipykernel else ", no ipykernel: the runtime brings it")
+                )
             elif marker is Marker.BOOT:
                 text_ = str(payload or "")
                 self.waiting_for_runtime |= text_ == "waiting for the runtime"
                 self.started |= text_ in ("runtime received", "container started")
                 self.say(f"instance: {text_}")
-        if self.pull.layers and not self.pull.layers_done == len(self.pull.layers) and self.pull.due():
+        if (
+            self.pull.layers
+            and not self.pull.layers_done == len(self.pull.layers)
+            and self.pull.due()
+        ):
             self.say(self.pull.line())
 
 
-def follow_boot(transport, watch: BootWatch, deadline: float, gone: Callable[[], str | None]) -> None:
+def follow_boot(
+    transport, watch: BootWatch, deadline: float, gone: Callable[[], str | None]
+) -> None:
     """Until the boot waits for the runtime (or has it already: another process started it)."""
     import paramiko
 
     while not (watch.started or (watch.python and watch.waiting_for_runtime)):
         try:
             status, out = run_access(transport, "status")
-        except (OSError, EOFError, paramiko.SSHException) as exc:  # the instance went away: gone() says why
+        except (
+            OSError,
+            EOFError,
+            paramiko.SSHException,
+        ) as exc:  # the instance went away: gone() says why
             status, out = 1, b""
             log.debug("no boot status: %s", exc)
         if status == 0:
@@ -170,8 +209,11 @@ def follow_boot(transport, watch: BootWatch, deadline: float, gone: Callable[[],
         if why_gone:
             raise StageError("connect", f"the instance stopped while starting ({why_gone})")
         if time.monotonic() > deadline:
-            raise StageError("connect", "timed out waiting for the instance to get the image and start: "
-                                        + (watch.pull.line() if watch.pull.layers else "no image pull seen"))
+            raise StageError(
+                "connect",
+                "timed out waiting for the instance to get the image and start: "
+                + (watch.pull.line() if watch.pull.layers else "no image pull seen"),
+            )
         time.sleep(BOOT_POLL_S)
 
 
@@ -190,11 +232,19 @@ def send_runtime(transport, python: ImagePython, say: Callable[[str], None]) -> 
         say(f"sending the runtime's {name} to the instance ({format_bytes(len(data))})")
         status, _ = run_access(transport, f"put {name} {archive.digest}", data, timeout=600)
         if status != 0:
-            raise StageError("runtime", f"the instance did not take the runtime's {name} (access.sh exited {status})")
+            raise StageError(
+                "runtime",
+                f"the instance did not take the runtime's {name} (access.sh exited {status})",
+            )
 
 
-def wait_for_kernel(tunnel, endpoint: KernelEndpoint, deadline: float, gone: Callable[[], str | None],
-                    watch: BootWatch) -> None:
+def wait_for_kernel(
+    tunnel,
+    endpoint: KernelEndpoint,
+    deadline: float,
+    gone: Callable[[], str | None],
+    watch: BootWatch,
+) -> None:
     """Until the agent says the kernel listens; the boot's status tells first when it failed."""
     import paramiko
 
@@ -225,11 +275,17 @@ def wait_for_kernel(tunnel, endpoint: KernelEndpoint, deadline: float, gone: Cal
                 status, out = run_access(tunnel.transport, "status", timeout=10)
                 if status == 0:
                     watch.read(out.decode(errors="replace"))
-            except (OSError, EOFError, paramiko.SSHException) as exc:  # the tunnel reconnects by itself
+            except (
+                OSError,
+                EOFError,
+                paramiko.SSHException,
+            ) as exc:  # the tunnel reconnects by itself
                 log.debug("no boot status: %s", exc)
         why_gone = gone()
         if why_gone:
-            raise StageError("kernel", f"the instance stopped while the kernel started ({why_gone})")
+            raise StageError(
+                "kernel", f"the instance stopped while the kernel started ({why_gone})"
+            )
         if now > deadline:
             raise StageError("kernel", f"the kernel did not become ready in time ({last})")
         time.sleep(0.25)
@@ -244,8 +300,12 @@ class AwsLink(TunnelLink):
         self.notice: dict | None = None
         self._closed = threading.Event()
         if on_notice is not None:
-            threading.Thread(target=self._watch_notice, args=(on_notice,), name="gpusession-spot-notice",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._watch_notice,
+                args=(on_notice,),
+                name="gpusession-spot-notice",
+                daemon=True,
+            ).start()
 
     def close(self) -> None:
         self._closed.set()
@@ -279,9 +339,16 @@ class AwsLink(TunnelLink):
                 return
 
 
-def open_link(resource: dict, *, deadline: float, forget_hint: str, say: Callable[[str], None],
-              gone: Callable[[], str | None], on_event: Callable[[str], None],
-              on_notice: Callable[[dict], None] | None) -> AwsLink:
+def open_link(
+    resource: dict,
+    *,
+    deadline: float,
+    forget_hint: str,
+    say: Callable[[str], None],
+    gone: Callable[[], str | None],
+    on_event: Callable[[str], None],
+    on_notice: Callable[[dict], None] | None,
+) -> AwsLink:
     from ...tunnel import Tunnel
 
     target = instance_target(resource, forget_hint)
@@ -295,7 +362,9 @@ def open_link(resource: dict, *, deadline: float, forget_hint: str, say: Callabl
     finally:
         transport.close()
     say("opening the SSH tunnel")
-    tunnel = Tunnel(target, [], connect_timeout=max(10.0, deadline - time.monotonic()), on_event=on_event).start()
+    tunnel = Tunnel(
+        target, [], connect_timeout=max(10.0, deadline - time.monotonic()), on_event=on_event
+    ).start()
     try:
         link = AwsLink(tunnel, kernel_info(resource), on_notice)
         say("waiting for the kernel")

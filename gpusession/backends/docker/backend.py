@@ -30,7 +30,14 @@ from ...models import LaunchSpec, SessionRecord, State
 from ...options import StartOption
 from ...progress import Progress
 from ...textvalues import ssh_host
-from ...protocol import ENV_KERNEL_KEY, ENV_RUNTIME_BRINGS, ENV_RUNTIME_PYTHON, ENV_SESSION_ID, Marker, StopDetails
+from ...protocol import (
+    ENV_KERNEL_KEY,
+    ENV_RUNTIME_BRINGS,
+    ENV_RUNTIME_PYTHON,
+    ENV_SESSION_ID,
+    Marker,
+    StopDetails,
+)
 from ...protocol import StopKind, StopReason
 from ..base import Backend, DirectLink, Link, RemoteResource, TunnelLink, stop_details_from_log
 from .engine import (
@@ -77,8 +84,14 @@ class DockerBackend(EngineWorkspaces, Backend):
     default_rank = 10  # the default when an engine answers
     order = 20
     start_options = (
-        StartOption("gpus", ("--gpus",), "gpus", "GPUs", "docker: GPUs to request, 'all' or a number (default: all, or "
-                    "the count in --type)", "GPU request"),
+        StartOption(
+            "gpus",
+            ("--gpus",),
+            "gpus",
+            "GPUs",
+            "docker: GPUs to request, 'all' or a number (default: all, or the count in --type)",
+            "GPU request",
+        ),
     )
 
     def default_image(self) -> str | None:
@@ -133,30 +146,54 @@ class DockerBackend(EngineWorkspaces, Backend):
         import secrets
 
         from ...bundle import cache_dir
-        from .runtime import (KnownVolumes, bundle_command, find_or_pull_image, gpu_request,
-                                     kernel_socket_dir, prepare_runtime)
+        from .runtime import (
+            KnownVolumes,
+            bundle_command,
+            find_or_pull_image,
+            gpu_request,
+            kernel_socket_dir,
+            prepare_runtime,
+        )
 
         spec = record.spec
         progress.step(f"connecting to the Docker engine {spec.host or '(local)'}")
         client = self.client(spec.host)
-        self.recorder.save(record.id, engine=spec.host or "")  # from here its engine may hold something (stop, gc)
+        self.recorder.save(
+            record.id, engine=spec.host or ""
+        )  # from here its engine may hold something (stop, gc)
         name = spec.image or self.default_image()
         labels = {LABEL: record.id, STORE_LABEL: self.recorder.store_id}
         image = find_or_pull_image(client, name, progress)
         # the image's own Python runs the kernel; the runtime bundle brings what it lacks
         known = self._known.setdefault(spec.host or "", KnownVolumes(client))
-        runtime = prepare_runtime(client, image, cache_dir=cache_dir(), labels=labels, progress=progress, known=known)
-        workspace, volumes = self.workspace_volume(client, record, image, labels, progress)  # kept after the container
-        self.recorder.save(record.id, engine=spec.host or "", image=name, python=runtime.python.executable,
-                           workspace=workspace)
+        runtime = prepare_runtime(
+            client, image, cache_dir=cache_dir(), labels=labels, progress=progress, known=known
+        )
+        workspace, volumes = self.workspace_volume(
+            client, record, image, labels, progress
+        )  # kept after the container
+        self.recorder.save(
+            record.id,
+            engine=spec.host or "",
+            image=name,
+            python=runtime.python.executable,
+            workspace=workspace,
+        )
         # the kernel on unix sockets in a folder of the host bind-mounted at the same path: only
         # the session's owner (and the kernel's user) may connect, not every user of the host as
         # to a loopback port
         sockets, group = kernel_socket_dir(client, spec.host)
         self.recorder.save(record.id, sockets=sockets)
-        entrypoint, command = bundle_command(AgentArgs.for_record(
-            record, session_id=record.id, state_dir=STATE_DIR, kernel_ip=f"{sockets}/k", workspace=WORKSPACE_MOUNT,
-            cwd=WORKSPACE_MOUNT).argv())
+        entrypoint, command = bundle_command(
+            AgentArgs.for_record(
+                record,
+                session_id=record.id,
+                state_dir=STATE_DIR,
+                kernel_ip=f"{sockets}/k",
+                workspace=WORKSPACE_MOUNT,
+                cwd=WORKSPACE_MOUNT,
+            ).argv()
+        )
         docker = docker_sdk()
         progress.step(f"creating container from {name}")
         try:
@@ -190,7 +227,9 @@ class DockerBackend(EngineWorkspaces, Backend):
                 group_add=[str(group)],  # the socket folder's group, whoever the image's USER is
             )
         except docker.errors.APIError as exc:
-            raise StageError("provision", f"cannot create the container: {short_error(exc)}") from None
+            raise StageError(
+                "provision", f"cannot create the container: {short_error(exc)}"
+            ) from None
         self.recorder.save(record.id, container_id=container.id)
         progress.step(f"starting container {container.short_id}")
         try:
@@ -216,7 +255,12 @@ class DockerBackend(EngineWorkspaces, Backend):
 
             target = jump_target(record.spec.host)  # known_hosts pins its key, as for the engine
             progress.step(f"opening the SSH tunnel to {target.label}")
-            tunnel = Tunnel(target, [], connect_timeout=START_TIMEOUT, on_event=lambda text: self._note(record.id, text))
+            tunnel = Tunnel(
+                target,
+                [],
+                connect_timeout=START_TIMEOUT,
+                on_event=lambda text: self._note(record.id, text),
+            )
             opening = InThread(tunnel.start)  # log in while the kernel boots
         try:
             progress.step("waiting for the kernel")
@@ -224,8 +268,12 @@ class DockerBackend(EngineWorkspaces, Backend):
             # while it boots; through a tunnel, or to unix sockets (their owner's group may use
             # them once the runtime says READY), once it listens
             listening = tunnel or res.get("sockets")
-            ready = wait_for_marker(container, Marker.READY if listening else Marker.KERNEL, START_TIMEOUT,
-                                    stage="connect")
+            ready = wait_for_marker(
+                container,
+                Marker.READY if listening else Marker.KERNEL,
+                START_TIMEOUT,
+                stage="connect",
+            )
             info, agent_port = connection_info(container, ready)
             if tunnel is None:
                 return DirectLink(info, agent_port, alive=lambda: self.is_alive(record))
@@ -234,7 +282,9 @@ class DockerBackend(EngineWorkspaces, Backend):
         except BaseException:
             if tunnel is not None:
                 tunnel.close()
-            self._known.pop(record.spec.host or "", None)  # a runtime volume gone (a prune)? asked again next time
+            self._known.pop(
+                record.spec.host or "", None
+            )  # a runtime volume gone (a prune)? asked again next time
             raise
 
     # -- life and teardown --------------------------------------------------------------
@@ -243,7 +293,9 @@ class DockerBackend(EngineWorkspaces, Backend):
         try:
             container = self._find(record)
         except BackendUnavailable:
-            return True  # the engine cannot be asked now: unknown is not gone, never tear down blind
+            return (
+                True  # the engine cannot be asked now: unknown is not gone, never tear down blind
+            )
         return container is not None and container.status == "running"
 
     def check_alive(self, records: list[SessionRecord]) -> dict[str, bool]:
@@ -271,7 +323,9 @@ class DockerBackend(EngineWorkspaces, Backend):
             return None
         answer: list[dict[str, str]] = []
 
-        def ask() -> None:  # in a thread: an engine whose connection hangs must not hold the listing
+        def ask() -> (
+            None
+        ):  # in a thread: an engine whose connection hangs must not hold the listing
             try:
                 with engine_errors(host or "(local engine)"):
                     listed = client.containers.list(all=True, sparse=True, filters={"label": LABEL})
@@ -293,7 +347,9 @@ class DockerBackend(EngineWorkspaces, Backend):
             if container is None:
                 return None
             try:
-                saved = StopDetails.from_dict(read_json_from(container, f"{STATE_DIR}/stopped.json"))
+                saved = StopDetails.from_dict(
+                    read_json_from(container, f"{STATE_DIR}/stopped.json")
+                )
             except docker_sdk().errors.NotFound:
                 pass  # still running, or it never got as far
             if saved.reason is not None:
@@ -303,7 +359,9 @@ class DockerBackend(EngineWorkspaces, Backend):
             return None
         reason = logged.reason
         if reason is None and container.status == "exited":
-            reason = StopReason(StopKind.CONTAINER_EXIT, exit_code=container.attrs["State"].get("ExitCode"))
+            reason = StopReason(
+                StopKind.CONTAINER_EXIT, exit_code=container.attrs["State"].get("ExitCode")
+            )
         details = StopDetails(reason=reason, at=saved.at, summary=saved.summary or logged.summary)
         return None if details == StopDetails() else details
 
@@ -365,7 +423,9 @@ class DockerBackend(EngineWorkspaces, Backend):
             try:
                 with engine_errors(host or "(local engine)"):
                     mine = {"label": [LABEL, f"{STORE_LABEL}={self.recorder.store_id}"]}
-                    containers = self.client(host).containers.list(all=True, ignore_removed=True, filters=mine)
+                    containers = self.client(host).containers.list(
+                        all=True, ignore_removed=True, filters=mine
+                    )
             except Exception as exc:  # noqa: BLE001 - one engine (or a host no resolver takes) never stops the rest
                 log.warning("gc: skipping Docker engine %s: %s", host or "(local)", exc)
                 continue
@@ -392,7 +452,11 @@ class DockerBackend(EngineWorkspaces, Backend):
     def runtime_copies(self, remote: bool = True) -> list[RemoteResource]:
         """Runtime volumes of other gpusession builds that no container uses, on the local engine
         and (remote) every engine this store's sessions used (volumes)."""
-        hosts = [""] + (sorted({r.spec.host for r in self.recorder.sessions(self.name) if r.spec.host}) if remote else [])
+        hosts = [""] + (
+            sorted({r.spec.host for r in self.recorder.sessions(self.name) if r.spec.host})
+            if remote
+            else []
+        )
         from ...bundle import cache_dir, current_digests
         from .volumes import stale_resources
 
@@ -411,7 +475,9 @@ class DockerBackend(EngineWorkspaces, Backend):
             remove_container(container)
             from .runtime import SOCKETS_PREFIX, remove_socket_dir
 
-            for mount in container.attrs.get("Mounts") or []:  # its kernel's socket folder goes with it
+            for mount in (
+                container.attrs.get("Mounts") or []
+            ):  # its kernel's socket folder goes with it
                 if str(mount.get("Source", "")).startswith(SOCKETS_PREFIX):
                     remove_socket_dir(self.client(host), host, mount["Source"])
         (self.config.data_path / "keys" / resource.session_id).unlink(missing_ok=True)
@@ -426,4 +492,6 @@ def _may_hold(record: SessionRecord) -> bool:
     without its removal confirmed after its start reached the engine (`engine` is saved as soon
     as the engine answers, before anything is made there)."""
     res = record.resource
-    return record.state.active or (("engine" in res or bool(res.get("container_id"))) and "removed_at" not in res)
+    return record.state.active or (
+        ("engine" in res or bool(res.get("container_id"))) and "removed_at" not in res
+    )

@@ -22,13 +22,16 @@ from .ssh import make_resilient
 STATE_DIR = "/tmp/gpusession"  # the runtime's state folder in a session's container
 LABEL = "gpusession.session"  # on every container of a session: its id
 STORE_LABEL = "gpusession.store"  # which session store started it: gc leaves other stores' alone
-HELPER_LABEL = "gpusession.helper-of"  # on a start's throwaway helpers: the session whose start made it
+HELPER_LABEL = (
+    "gpusession.helper-of"  # on a start's throwaway helpers: the session whose start made it
+)
 
 
 def owning_session(labels: dict[str, str]) -> str:
     """The session a labelled container belongs to: its own, or for a start's helper the session
     being started (gc judges a helper by that session's record, as the session's container)."""
     return labels.get(HELPER_LABEL) or labels.get(LABEL, "")
+
 
 INSTALL_HINT = "the docker backend needs the Docker SDK for Python: pip install 'docker>=7.1'"
 
@@ -81,7 +84,9 @@ def engine_errors(where: str) -> Iterator[None]:
     except docker.errors.DockerException as exc:
         raise BackendUnavailable(f"the Docker engine {where} failed: {short_error(exc)}") from None
     except (requests.exceptions.RequestException, OSError, EOFError) as exc:
-        raise BackendUnavailable(f"cannot reach the Docker engine {where}: {type(exc).__name__}: {exc}") from None
+        raise BackendUnavailable(
+            f"cannot reach the Docker engine {where}: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def engine_client(host: str | None):
@@ -95,7 +100,9 @@ def engine_client(host: str | None):
             if host:
                 # paramiko, not the ssh binary: exec_run breaks with use_ssh_client=True (docker-py #3218)
                 client = docker.DockerClient(base_url=host, use_ssh_client=False, timeout=60)
-                make_resilient(client)  # a dropped channel or SSH connection: reconnect, retry reads once
+                make_resilient(
+                    client
+                )  # a dropped channel or SSH connection: reconnect, retry reads once
             else:
                 client = docker.from_env(timeout=60)
             client.ping()
@@ -124,7 +131,9 @@ def _check_reachable(url: str, timeout: float = 10.0) -> None:
     try:
         socket.create_connection((login.host, login.port), timeout=timeout).close()
     except UnicodeError:  # a host name no resolver takes (a part over 63 characters)
-        raise BackendUnavailable(f"cannot reach the Docker engine {url[:80]}: its host name is no valid DNS name") from None
+        raise BackendUnavailable(
+            f"cannot reach the Docker engine {url[:80]}: its host name is no valid DNS name"
+        ) from None
     except OSError as exc:
         reason = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
         raise BackendUnavailable(
@@ -150,7 +159,7 @@ def local_engine_states(label: str, timeout: float = 2.0) -> dict[str, str] | No
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
-            sock.connect(host[len("unix://"):])
+            sock.connect(host[len("unix://") :])
             sock.sendall(f"GET /containers/json?{query} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
             chunks = []
             while chunk := sock.recv(65536):
@@ -228,10 +237,14 @@ def wait_for_marker(container, marker: Marker, timeout: float, stage: str) -> An
         if container.status not in ("created", "running"):
             code = container.attrs["State"].get("ExitCode")
             last = log_tail(text, 8)
-            raise StageError(stage, f"container exited with code {code} during start; last log lines: {last}")
+            raise StageError(
+                stage, f"container exited with code {code} during start; last log lines: {last}"
+            )
 
 
-def _follow(stream, marker: Marker, deadline: float, timeout: float, stage: str) -> tuple[bool, Any]:
+def _follow(
+    stream, marker: Marker, deadline: float, timeout: float, stage: str
+) -> tuple[bool, Any]:
     """(True, payload) once `marker` is in the followed log; (False, the log so far) when the
     stream ended without it. Raises for FAILED and at the deadline."""
     chunks: queue.Queue = queue.Queue()
@@ -251,11 +264,16 @@ def _follow(stream, marker: Marker, deadline: float, timeout: float, stage: str)
             chunk = chunks.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             last = log_tail(text, 8)
-            raise StageError(stage, f"no {marker.value} line from the container within {timeout:.0f}s; "
-                                    f"last log lines: {last}") from None
+            raise StageError(
+                stage,
+                f"no {marker.value} line from the container within {timeout:.0f}s; "
+                f"last log lines: {last}",
+            ) from None
         if chunk is not None:
             text += chunk.decode(errors="replace")
-        whole = text if chunk is None else text[: text.rfind("\n") + 1]  # a line may come in two chunks
+        whole = (
+            text if chunk is None else text[: text.rfind("\n") + 1]
+        )  # a line may come in two chunks
         for line in marker_lines(whole):
             parsed = parse_marker(line)
             if parsed is None:
@@ -287,13 +305,20 @@ def _poll_for_marker(container, marker: Marker, timeout: float, stage: str) -> A
         if container.status not in ("created", "running"):
             code = container.attrs["State"].get("ExitCode")
             last = log_tail(text, 8)
-            raise StageError(stage, f"container exited with code {code} during start; last log lines: {last}")
+            raise StageError(
+                stage, f"container exited with code {code} during start; last log lines: {last}"
+            )
         if time.monotonic() > deadline:
             last = log_tail(text, 8)
-            raise StageError(stage, f"no {marker.value} line from the container within {timeout:.0f}s; "
-                                    f"last log lines: {last}")
+            raise StageError(
+                stage,
+                f"no {marker.value} line from the container within {timeout:.0f}s; "
+                f"last log lines: {last}",
+            )
         time.sleep(delay)
-        delay = min(delay * 1.5, 0.03)  # a start waits for this: found within 30 ms, one cheap call each
+        delay = min(
+            delay * 1.5, 0.03
+        )  # a start waits for this: found within 30 ms, one cheap call each
 
 
 def read_json_from(container, path: str) -> dict:

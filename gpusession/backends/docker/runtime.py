@@ -37,7 +37,15 @@ from ...errors import StageError
 from ...protocol import ENV_KERNEL_KEY
 from ...progress import Progress
 from ...pulls import PullProgress, format_bytes
-from .engine import HELPER_LABEL, LABEL, STATE_DIR, docker_sdk, engine_errors, read_json_from, short_error
+from .engine import (
+    HELPER_LABEL,
+    LABEL,
+    STATE_DIR,
+    docker_sdk,
+    engine_errors,
+    read_json_from,
+    short_error,
+)
 from .volumes import VOLUME_LABEL  # on the bundle's volumes: "code", the site tag or "ok"
 
 log = logging.getLogger(__name__)
@@ -45,9 +53,11 @@ log = logging.getLogger(__name__)
 PROBE_VERSION = 2  # bump when boot.sh's probe says more
 PROBE_TIMEOUT_S = 60.0
 COMPILE_TIMEOUT_S = 300.0
-NO_PYTHON = ("image {image} has no Python to run the session kernel in ({why}); use an image with python3 3.9 or "
-             "newer (pytorch/pytorch, nvcr.io/nvidia/pytorch, jupyter/*, python:3.x, ...) or add one to it "
-             "(Dockerfile.cuda is a recipe: nvidia/cuda + Python)")
+NO_PYTHON = (
+    "image {image} has no Python to run the session kernel in ({why}); use an image with python3 3.9 or "
+    "newer (pytorch/pytorch, nvcr.io/nvidia/pytorch, jupyter/*, python:3.x, ...) or add one to it "
+    "(Dockerfile.cuda is a recipe: nvidia/cuda + Python)"
+)
 
 
 @dataclasses.dataclass
@@ -83,8 +93,11 @@ def find_or_pull_image(client, image: str, progress: Progress):
         except docker.errors.ImageNotFound as exc:
             pull.error = short_error(exc)
     if pull.error or found is None:
-        raise StageError("image", f"image {image} is not on the Docker engine and cannot be pulled ({pull.error}); "
-                                  f"pull or build it there (`docker pull {image}`), or pass another --image")
+        raise StageError(
+            "image",
+            f"image {image} is not on the Docker engine and cannot be pulled ({pull.error}); "
+            f"pull or build it there (`docker pull {image}`), or pass another --image",
+        )
     progress.step(pull.finished_line())
     return found
 
@@ -103,44 +116,76 @@ class KnownVolumes:
     def has(self, name: str) -> bool:
         if name not in self.names and not self.listed:  # asked once per start at most
             with engine_errors("while looking for the runtime's volumes"):
-                self.names |= {v.name for v in self.client.volumes.list(filters={"name": "gpusession-runtime-"})}
+                self.names |= {
+                    v.name
+                    for v in self.client.volumes.list(filters={"name": "gpusession-runtime-"})
+                }
             self.listed = True
         return name in self.names
 
 
-def prepare_runtime(client, image, *, cache_dir: Path, labels: dict[str, str], progress: Progress,
-                    known: KnownVolumes | None = None) -> PreparedRuntime:
+def prepare_runtime(
+    client,
+    image,
+    *,
+    cache_dir: Path,
+    labels: dict[str, str],
+    progress: Progress,
+    known: KnownVolumes | None = None,
+) -> PreparedRuntime:
     """The image's Python (probed, or known from an earlier probe of the same image id) and the
     volumes with what it lacks; StageError("image", ...) in one line when it has no Python.
     `known`: the engine's volumes this process has seen (else the engine is asked)."""
     name = image.tags[0] if image.tags else image.short_id
     python = _image_python(client, image, name, cache_dir, labels, progress)
-    progress.step(f"{name}: Python {'.'.join(map(str, python.version))} at {python.executable}, "
-                  + (f"ipykernel {python.ipykernel}" if python.has_ipykernel else "no ipykernel: the runtime brings it"))
+    progress.step(
+        f"{name}: Python {'.'.join(map(str, python.version))} at {python.executable}, "
+        + (
+            f"ipykernel {python.ipykernel}"
+            if python.has_ipykernel
+            else "no ipykernel: the runtime brings it"
+        )
+    )
     present = known if known is not None else KnownVolumes(client)
-    present.client, present.listed = client, False  # one listing per start at most, when something is new
+    present.client, present.listed = (
+        client,
+        False,
+    )  # one listing per start at most, when something is new
     # compiled by the image's Python, as every copy: the volumes are read-only to the sessions
-    code = _ensure_copy(client, image.id, code_archive(), CODE_DIR, labels, progress, present, compile_with=python)
+    code = _ensure_copy(
+        client, image.id, code_archive(), CODE_DIR, labels, progress, present, compile_with=python
+    )
     volumes = {code: {"bind": CODE_DIR, "mode": "ro"}}
     if python.needs_site:
         try:
             site = site_archive(python, cache_dir, progress.step)
         except BundleError as exc:
             raise StageError("runtime", str(exc)) from None
-        volume = _ensure_copy(client, image.id, site, SITE_DIR, labels, progress, present, compile_with=python)
+        volume = _ensure_copy(
+            client, image.id, site, SITE_DIR, labels, progress, present, compile_with=python
+        )
         volumes[volume] = {"bind": SITE_DIR, "mode": "ro"}
     return PreparedRuntime(python, volumes)
 
 
-def _image_python(client, image, name: str, cache_dir: Path, labels: dict[str, str], progress: Progress) -> ImagePython:
+def _image_python(
+    client, image, name: str, cache_dir: Path, labels: dict[str, str], progress: Progress
+) -> ImagePython:
     cached = cache_dir / "probes" / f"{image.id.split(':')[-1]}-v{PROBE_VERSION}.json"
     try:
         return ImagePython.from_payload(json.loads(cached.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         pass
     progress.step(f"looking for Python in {name} (once per image)")
-    text = _run_helper(client, image.id, labels, ["-c", boot_script().decode(), "boot.sh", "probe"],
-                       timeout=PROBE_TIMEOUT_S, what=f"looking for Python in {name}", network_mode="none")
+    text = _run_helper(
+        client,
+        image.id,
+        labels,
+        ["-c", boot_script().decode(), "boot.sh", "probe"],
+        timeout=PROBE_TIMEOUT_S,
+        what=f"looking for Python in {name}",
+        network_mode="none",
+    )
     found = parse_probe(text)
     if isinstance(found, str):
         raise StageError("image", NO_PYTHON.format(image=name, why=found))
@@ -151,29 +196,53 @@ def _image_python(client, image, name: str, cache_dir: Path, labels: dict[str, s
     return found
 
 
-def _ensure_copy(client, image_id: str, archive: Archive, folder: str, labels: dict[str, str], progress: Progress,
-                 present: KnownVolumes, compile_with: ImagePython | None = None) -> str:
+def _ensure_copy(
+    client,
+    image_id: str,
+    archive: Archive,
+    folder: str,
+    labels: dict[str, str],
+    progress: Progress,
+    present: KnownVolumes,
+    compile_with: ImagePython | None = None,
+) -> str:
     """The volume holding `archive` unpacked (and compiled by the image's Python, when given):
     found, or made now. Its `-ok` twin, an empty volume made once the copy is whole, is what says
     it is whole: a copy cut short (a crash, a lost connection) is filled again, never used."""
     name = archive.copy_name
-    if archive.kind == "code" and compile_with is not None:  # one copy per Python version: its bytecode
+    if (
+        archive.kind == "code" and compile_with is not None
+    ):  # one copy per Python version: its bytecode
         name = f"{name}-{compile_with.tag}"
-    what = "gpusession's agent" if archive.kind == "code" else f"ipykernel and pip for {archive.kind}"
+    what = (
+        "gpusession's agent" if archive.kind == "code" else f"ipykernel and pip for {archive.kind}"
+    )
     if present.has(name) and present.has(name + "-ok"):
         progress.step(f"runtime: {what} cached on the engine (volume {name})")
         return name
-    progress.step(f"runtime: copying {what} ({format_bytes(archive.size)}, {archive.files} files) into volume "
-                  f"{name}, once: it stays on the engine for the next sessions")
+    progress.step(
+        f"runtime: copying {what} ({format_bytes(archive.size)}, {archive.files} files) into volume "
+        f"{name}, once: it stays on the engine for the next sessions"
+    )
     # the helper is never started to copy; to compile, it runs the image's python on the copy
-    entrypoint, command = (["/bin/sh"], []) if compile_with is None else \
-        ([compile_with.executable], ["-m", "compileall", "-q", "-j", "0", folder])
+    entrypoint, command = (
+        (["/bin/sh"], [])
+        if compile_with is None
+        else ([compile_with.executable], ["-m", "compileall", "-q", "-j", "0", folder])
+    )
     with engine_errors("while filling the runtime's volume"):
         volume = client.volumes.create(name, labels={VOLUME_LABEL: archive.kind})
         try:
             helper = client.containers.create(
-                image_id, entrypoint=entrypoint, command=command, labels=_helper_labels(labels), user="0:0",
-                network_mode="none", volumes={name: {"bind": folder, "mode": "rw"}}, detach=True)
+                image_id,
+                entrypoint=entrypoint,
+                command=command,
+                labels=_helper_labels(labels),
+                user="0:0",
+                network_mode="none",
+                volumes={name: {"bind": folder, "mode": "rw"}},
+                detach=True,
+            )
             try:
                 helper.put_archive(folder, archive.data)
                 if compile_with is not None:
@@ -203,26 +272,46 @@ def _compile(helper, python: ImagePython, progress: Progress) -> None:
         log.info("no bytecode for the runtime: %s", exc)
 
 
-def _run_helper(client, image_id: str, labels: dict[str, str], command: list[str], *, timeout: float, what: str,
-                **options: Any) -> str:
+def _run_helper(
+    client,
+    image_id: str,
+    labels: dict[str, str],
+    command: list[str],
+    *,
+    timeout: float,
+    what: str,
+    **options: Any,
+) -> str:
     """Run `/bin/sh COMMAND...` in a throwaway container of the image; its output."""
     docker = docker_sdk()
     with engine_errors(f"while {what}"):
-        helper = client.containers.create(image_id, entrypoint=["/bin/sh"], command=command,
-                                          labels=_helper_labels(labels), detach=True, **options)
+        helper = client.containers.create(
+            image_id,
+            entrypoint=["/bin/sh"],
+            command=command,
+            labels=_helper_labels(labels),
+            detach=True,
+            **options,
+        )
         try:
             try:
                 helper.start()
             except docker.errors.APIError as exc:
                 text = short_error(exc)
-                if "/bin/sh" in text and ("no such file" in text.lower() or "not found" in text.lower()):
+                if "/bin/sh" in text and (
+                    "no such file" in text.lower() or "not found" in text.lower()
+                ):
                     image = what.rpartition(" in ")[2]
-                    raise StageError("image", NO_PYTHON.format(image=image, why="it has no /bin/sh")) from None
+                    raise StageError(
+                        "image", NO_PYTHON.format(image=image, why="it has no /bin/sh")
+                    ) from None
                 raise StageError("image", f"{what} failed: {text}") from None
             try:
                 helper.wait(timeout=timeout)
             except Exception as exc:  # noqa: BLE001 - requests' read timeout, or the engine went away
-                raise StageError("image", f"{what} took over {timeout:.0f}s ({type(exc).__name__})") from None
+                raise StageError(
+                    "image", f"{what} took over {timeout:.0f}s ({type(exc).__name__})"
+                ) from None
             return helper.logs(stdout=True, stderr=True).decode(errors="replace")
         finally:
             helper.remove(force=True)
@@ -232,7 +321,10 @@ def _helper_labels(labels: dict[str, str]) -> dict[str, str]:
     """The caller's labels (session label, store label), the session label's value made a helper's
     (a lookup by the session's label must not find a helper), and the session it serves (gc must
     not take a starting session's helper for a leftover: `owning_session`)."""
-    helper = {key: (f"helper-{uuid.uuid4().hex[:12]}" if key == LABEL else value) for key, value in labels.items()}
+    helper = {
+        key: (f"helper-{uuid.uuid4().hex[:12]}" if key == LABEL else value)
+        for key, value in labels.items()
+    }
     if LABEL in labels:
         helper[HELPER_LABEL] = labels[LABEL]
     return helper
@@ -252,7 +344,9 @@ def bundle_command(agent_args: list[str]) -> tuple[list[str], list[str]]:
 
 SOCKETS_PREFIX = "/tmp/gpusession-k."  # the kernel's socket folders on an engine's host
 # on a remote engine's host, as the SSH login: a new folder of its own, setgid 2770, and its group
-MAKE_SOCKET_DIR = f'umask 077; d=$(mktemp -d {SOCKETS_PREFIX}XXXXXXXX) && chmod 2770 "$d" && echo "$d $(id -g)"'
+MAKE_SOCKET_DIR = (
+    f'umask 077; d=$(mktemp -d {SOCKETS_PREFIX}XXXXXXXX) && chmod 2770 "$d" && echo "$d $(id -g)"'
+)
 
 
 def kernel_socket_dir(client, host: str | None) -> tuple[str, int]:
@@ -265,7 +359,9 @@ def kernel_socket_dir(client, host: str | None) -> tuple[str, int]:
     if not host:
         import tempfile
 
-        path = tempfile.mkdtemp(prefix=os.path.basename(SOCKETS_PREFIX), dir=os.path.dirname(SOCKETS_PREFIX))
+        path = tempfile.mkdtemp(
+            prefix=os.path.basename(SOCKETS_PREFIX), dir=os.path.dirname(SOCKETS_PREFIX)
+        )
         os.chmod(path, 0o2770)
         return path, os.getgid()
     from ...sshlogin import exec_command
@@ -281,13 +377,16 @@ def kernel_socket_dir(client, host: str | None) -> tuple[str, int]:
             why = err.decode(errors="replace").strip()[-200:] or f"exit status {status}"
     except (OSError, EOFError, TimeoutError) as exc:
         why = f"{type(exc).__name__}: {exc}"
-    raise StageError("provision", f"cannot make a folder for the kernel's sockets in /tmp on {host} ({why}); "
-                                  "check that /tmp there is writable, and start again")
+    raise StageError(
+        "provision",
+        f"cannot make a folder for the kernel's sockets in /tmp on {host} ({why}); "
+        "check that /tmp there is writable, and start again",
+    )
 
 
 def remove_socket_dir(client, host: str | None, path: str) -> None:
     """Best effort: the session's socket folder, once its container is gone."""
-    if not path.startswith(SOCKETS_PREFIX) or "/" in path[len(SOCKETS_PREFIX):]:
+    if not path.startswith(SOCKETS_PREFIX) or "/" in path[len(SOCKETS_PREFIX) :]:
         return
     if not host:
         import shutil
@@ -320,20 +419,30 @@ def gpu_request(docker, spec):
         count = spec.gpu_count if spec.gpu_count > 1 else -1
     else:
         count = -1 if str(gpus) == "all" else int(gpus)
-    return docker.types.DeviceRequest(driver=spec.extra.get("gpu_driver", ""), count=count, capabilities=[["gpu"]])
+    return docker.types.DeviceRequest(
+        driver=spec.extra.get("gpu_driver", ""), count=count, capabilities=[["gpu"]]
+    )
 
 
 def connection_info(container, ready: Any) -> tuple[dict, int | None]:
     """(the kernel's connection info, the agent's port) from the READY marker's ports and the key
     in the container's environment (both through the Docker API only)."""
-    if not (isinstance(ready, dict) and isinstance(ready.get("ports"), dict)):  # a runtime that says less
+    if not (
+        isinstance(ready, dict) and isinstance(ready.get("ports"), dict)
+    ):  # a runtime that says less
         info = read_json_from(container, f"{STATE_DIR}/kernel.json")
         return info, read_json_from(container, f"{STATE_DIR}/runtime.json").get("agent_port")
     env = dict(item.partition("=")[::2] for item in container.attrs["Config"].get("Env") or [])
     # unix sockets (ipc): `ip` is their path prefix, the same on the host as in the container
     ipc = ready.get("transport") == "ipc"
-    info = {**{name: int(port) for name, port in ready["ports"].items()}, "ip": ready["ip"] if ipc else "127.0.0.1",
-            "key": env[ENV_KERNEL_KEY], "transport": "ipc" if ipc else "tcp", "signature_scheme": "hmac-sha256", "kernel_name": "python3"}
+    info = {
+        **{name: int(port) for name, port in ready["ports"].items()},
+        "ip": ready["ip"] if ipc else "127.0.0.1",
+        "key": env[ENV_KERNEL_KEY],
+        "transport": "ipc" if ipc else "tcp",
+        "signature_scheme": "hmac-sha256",
+        "kernel_name": "python3",
+    }
     return info, ready.get("agent_port")
 
 

@@ -30,8 +30,13 @@ def _dropped(sock: Any) -> bool:
     """A paramiko Channel that can carry no more requests."""
     try:
         transport = sock.get_transport()
-        return bool(sock.closed or sock.eof_received or sock.exit_status_ready()
-                    or transport is None or not transport.is_active())
+        return bool(
+            sock.closed
+            or sock.eof_received
+            or sock.exit_status_ready()
+            or transport is None
+            or not transport.is_active()
+        )
     except Exception:  # noqa: BLE001 - not a channel we know: let urllib3 find out
         return False
 
@@ -71,5 +76,13 @@ def make_resilient(client) -> None:
             pool = adapter.pools[key]
             if type(pool) is SSHConnectionPool:
                 pool.__class__ = Pool
-    adapter.max_retries = Retry(total=1, connect=1, read=1, status=0, other=0, redirect=0,
-                                allowed_methods=RETRIED_METHODS, raise_on_status=False)
+    adapter.max_retries = Retry(
+        total=1,
+        connect=1,
+        read=1,
+        status=0,
+        other=0,
+        redirect=0,
+        allowed_methods=RETRIED_METHODS,
+        raise_on_status=False,
+    )

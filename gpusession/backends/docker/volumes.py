@@ -48,11 +48,15 @@ def _created(volume) -> float | None:
         return None
 
 
-def stale_copies(client, current: set[str], now: float, stale_after_s: float | None = None) -> list[StaleCopy]:
+def stale_copies(
+    client, current: set[str], now: float, stale_after_s: float | None = None
+) -> list[StaleCopy]:
     """The runtime copies on `client`'s engine that gc may remove (see the module's rules)."""
     grace = STALE_AFTER_S if stale_after_s is None else stale_after_s
     every = {v.name: v for v in client.volumes.list(filters={"label": VOLUME_LABEL})}
-    unused = {v.name for v in client.volumes.list(filters={"label": VOLUME_LABEL, "dangling": True})}
+    unused = {
+        v.name for v in client.volumes.list(filters={"label": VOLUME_LABEL, "dangling": True})
+    }
     found = []
     for name in sorted({n.removesuffix("-ok") for n in every}):
         match = _DIGEST.search(name)
@@ -79,8 +83,9 @@ def remove_copy(client, names: list[str]) -> None:
             pass
 
 
-def stale_resources(backend: str, client_for: Callable[[str], object], hosts: list[str],
-                    current: set[str]) -> list[RemoteResource]:
+def stale_resources(
+    backend: str, client_for: Callable[[str], object], hosts: list[str], current: set[str]
+) -> list[RemoteResource]:
     """stale_copies of each engine (host "" is the local one) as gc's resources; an engine that
     does not answer is skipped."""
     found = []
@@ -92,9 +97,19 @@ def stale_resources(backend: str, client_for: Callable[[str], object], hosts: li
         except Exception as exc:  # noqa: BLE001 - another engine may answer
             log.warning("gc: not looking at the runtime volumes on %s: %s", where, exc)
             continue
-        found += [RemoteResource(backend=backend, session_id="", resource_id=s.name, running=False,
-                                 description=f"runtime volume {s.name} on {where}",
-                                 details={"host": host, "volumes": list(s.names),
-                                          "why": "another gpusession build's copy, used by no container"})
-                  for s in stale]
+        found += [
+            RemoteResource(
+                backend=backend,
+                session_id="",
+                resource_id=s.name,
+                running=False,
+                description=f"runtime volume {s.name} on {where}",
+                details={
+                    "host": host,
+                    "volumes": list(s.names),
+                    "why": "another gpusession build's copy, used by no container",
+                },
+            )
+            for s in stale
+        ]
     return found

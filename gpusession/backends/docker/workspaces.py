@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import logging
 
-from ...agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, WORKSPACE_VOLUME_PREFIX, workspace_name, workspace_volume
+from ...agentargs import (
+    WORKSPACE_LABEL,
+    WORKSPACE_MOUNT,
+    WORKSPACE_VOLUME_PREFIX,
+    workspace_name,
+    workspace_volume,
+)
 from ...errors import StageError
 from ...progress import Progress
 from .engine import LABEL, STORE_LABEL, docker_sdk, engine_errors, short_error
@@ -19,8 +25,16 @@ log = logging.getLogger(__name__)
 OWNER_TIMEOUT_S = 60.0
 
 
-def ensure_volume(client, name: str, image, *, store_label: tuple[str, str], helper_labels: dict[str, str],
-                  resume: bool, progress: Progress) -> dict[str, dict[str, str]]:
+def ensure_volume(
+    client,
+    name: str,
+    image,
+    *,
+    store_label: tuple[str, str],
+    helper_labels: dict[str, str],
+    resume: bool,
+    progress: Progress,
+) -> dict[str, dict[str, str]]:
     """The workspace's volume (made when new; a resume needs it to exist), writable by the image's
     USER; returned as containers.create(volumes=...) wants it."""
     docker = docker_sdk()
@@ -29,15 +43,23 @@ def ensure_volume(client, name: str, image, *, store_label: tuple[str, str], hel
         try:
             found = client.volumes.get(volume_name)
             if (found.attrs.get("Labels") or {}).get(store_label[0]) != store_label[1]:
-                raise StageError("provision", f"volume {volume_name} belongs to another session store; "
-                                              "name another workspace (--workspace)")
+                raise StageError(
+                    "provision",
+                    f"volume {volume_name} belongs to another session store; "
+                    "name another workspace (--workspace)",
+                )
             progress.step(f"workspace {name}: volume {volume_name}, kept from an earlier session")
         except docker.errors.NotFound:
             if resume:
-                raise StageError("provision", f"no workspace {name} on this engine to resume "
-                                              "(`gpusession workspaces` lists them)") from None
+                raise StageError(
+                    "provision",
+                    f"no workspace {name} on this engine to resume "
+                    "(`gpusession workspaces` lists them)",
+                ) from None
             progress.step(f"workspace {name}: new volume {volume_name}")
-            client.volumes.create(volume_name, labels={WORKSPACE_LABEL: name, store_label[0]: store_label[1]})
+            client.volumes.create(
+                volume_name, labels={WORKSPACE_LABEL: name, store_label[0]: store_label[1]}
+            )
     user = (image.attrs.get("Config") or {}).get("User") or ""
     if user and user.split(":")[0] not in ("0", "root"):
         _give_to(client, image.id, volume_name, user, helper_labels)
@@ -54,18 +76,29 @@ def _give_to(client, image_id: str, volume_name: str, user: str, labels: dict[st
         owner = f"$(id -u {name}):" + (group or f"$(id -g {name})")
     script = f"chown {owner} {WORKSPACE_MOUNT}"
     with engine_errors("while preparing the workspace"):
-        helper = client.containers.create(image_id, entrypoint=["/bin/sh"], command=["-c", script], user="0:0",
-                                          network_mode="none", labels=labels, detach=True,
-                                          volumes={volume_name: {"bind": WORKSPACE_MOUNT, "mode": "rw"}})
+        helper = client.containers.create(
+            image_id,
+            entrypoint=["/bin/sh"],
+            command=["-c", script],
+            user="0:0",
+            network_mode="none",
+            labels=labels,
+            detach=True,
+            volumes={volume_name: {"bind": WORKSPACE_MOUNT, "mode": "rw"}},
+        )
         try:
             helper.start()
             code = helper.wait(timeout=OWNER_TIMEOUT_S).get("StatusCode")
             if code:
                 text = helper.logs().decode(errors="replace").strip()[-300:]
-                raise StageError("provision", f"cannot make the workspace writable for user {user}: {text}")
+                raise StageError(
+                    "provision", f"cannot make the workspace writable for user {user}: {text}"
+                )
         except docker.errors.APIError as exc:
-            raise StageError("provision", f"cannot make the workspace writable for user {user}: "
-                                          f"{short_error(exc)}") from None
+            raise StageError(
+                "provision",
+                f"cannot make the workspace writable for user {user}: {short_error(exc)}",
+            ) from None
         finally:
             helper.remove(force=True)
 
@@ -73,7 +106,9 @@ def _give_to(client, image_id: str, volume_name: str, user: str, labels: dict[st
 def engine_volumes(client, store_id_label: tuple[str, str]) -> list[tuple[str, str, int | None]]:
     """(workspace name, volume name, size in bytes or None) of this store's workspace volumes."""
     with engine_errors("while listing workspaces"):
-        volumes = client.volumes.list(filters={"label": [WORKSPACE_LABEL, f"{store_id_label[0]}={store_id_label[1]}"]})
+        volumes = client.volumes.list(
+            filters={"label": [WORKSPACE_LABEL, f"{store_id_label[0]}={store_id_label[1]}"]}
+        )
         sizes: dict[str, int] = {}
         try:
             for v in client.df().get("Volumes") or []:
@@ -82,8 +117,15 @@ def engine_volumes(client, store_id_label: tuple[str, str]) -> list[tuple[str, s
                     sizes[v.get("Name")] = size
         except Exception as exc:  # noqa: BLE001 - sizes are a nicety: list without them
             log.info("no volume sizes: %s", exc)
-    return [(v.attrs.get("Labels", {}).get(WORKSPACE_LABEL) or v.name.removeprefix(WORKSPACE_VOLUME_PREFIX),
-             v.name, sizes.get(v.name)) for v in volumes]
+    return [
+        (
+            v.attrs.get("Labels", {}).get(WORKSPACE_LABEL)
+            or v.name.removeprefix(WORKSPACE_VOLUME_PREFIX),
+            v.name,
+            sizes.get(v.name),
+        )
+        for v in volumes
+    ]
 
 
 def list_on_engines(backend, session_label: str, store_label: str) -> list:
@@ -91,24 +133,38 @@ def list_on_engines(backend, session_label: str, store_label: str) -> list:
     session used; `in_use_by`: the running containers that mount each."""
     from ..base import Workspace
 
-    hosts = [""] + sorted({r.spec.host for r in backend.recorder.sessions(backend.name) if r.spec.host})
+    hosts = [""] + sorted(
+        {r.spec.host for r in backend.recorder.sessions(backend.name) if r.spec.host}
+    )
     found, reached = [], 0
     for host in hosts:
         try:
             client = backend.client(host)
             listed = engine_volumes(client, (store_label, backend.recorder.store_id))
             with engine_errors(host or "(local engine)"):
-                running = client.containers.list(filters={"label": [WORKSPACE_LABEL, session_label]})
+                running = client.containers.list(
+                    filters={"label": [WORKSPACE_LABEL, session_label]}
+                )
         except Exception as exc:  # noqa: BLE001 - one engine never hides the others' workspaces
             log.warning("workspaces: skipping Docker engine %s: %s", host or "(local)", exc)
             continue
         reached += 1
         using: dict[str, list[str]] = {}
         for c in running:
-            using.setdefault(c.labels.get(WORKSPACE_LABEL), []).append(c.labels.get(session_label, ""))
+            using.setdefault(c.labels.get(WORKSPACE_LABEL), []).append(
+                c.labels.get(session_label, "")
+            )
         for name, volume, size in listed:
-            found.append(Workspace(backend.name, name, f"volume {volume} on {host or 'the local engine'}", size,
-                                   in_use_by=using.get(name, []), details={"host": host, "volume": volume}))
+            found.append(
+                Workspace(
+                    backend.name,
+                    name,
+                    f"volume {volume} on {host or 'the local engine'}",
+                    size,
+                    in_use_by=using.get(name, []),
+                    details={"host": host, "volume": volume},
+                )
+            )
     if not reached:
         from ...errors import BackendUnavailable
 
@@ -129,7 +185,9 @@ def remove_on_engine(backend, workspace) -> None:
             return
         except docker.errors.APIError as exc:
             if getattr(exc, "status_code", None) == 409:
-                raise BadInput(f"workspace {workspace.name} is in use by a container; stop its session first") from None
+                raise BadInput(
+                    f"workspace {workspace.name} is in use by a container; stop its session first"
+                ) from None
             raise
 
 
@@ -143,9 +201,15 @@ class EngineWorkspaces:
         from .runtime import _helper_labels
 
         name = workspace_name(record)
-        volumes = ensure_volume(client, name, image, store_label=(STORE_LABEL, self.recorder.store_id),
-                                helper_labels=_helper_labels(labels), resume=bool(record.spec.extra.get("resume")),
-                                progress=progress)
+        volumes = ensure_volume(
+            client,
+            name,
+            image,
+            store_label=(STORE_LABEL, self.recorder.store_id),
+            helper_labels=_helper_labels(labels),
+            resume=bool(record.spec.extra.get("resume")),
+            progress=progress,
+        )
         return name, volumes
 
     def list_workspaces(self) -> list:

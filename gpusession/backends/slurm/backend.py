@@ -31,14 +31,32 @@ from ...models import LaunchSpec, SessionRecord
 from ...options import StartOption
 from ...progress import Progress
 from ...protocol import Marker, StopDetails, parse_marker
-from ..base import Backend, Link, RemoteResource, TunnelLink, failure_detail, log_tail, marker_lines, stop_details_from_log
+from ..base import (
+    Backend,
+    Link,
+    RemoteResource,
+    TunnelLink,
+    failure_detail,
+    log_tail,
+    marker_lines,
+    stop_details_from_log,
+)
 from . import states
-from .jobs import (JobPaths, batch_script, comment_session, container_probe, load_cluster_defaults, read_settings,
-                   sbatch_command)
+from .jobs import (
+    JobPaths,
+    batch_script,
+    comment_session,
+    container_probe,
+    load_cluster_defaults,
+    read_settings,
+    sbatch_command,
+)
 from .login import LoginShell, ensure_runtime
 
 START_TIMEOUT = 300.0  # from the job running to the runtime's READY (module loads, a shared FS)
-STOP_WAIT_S = 45.0  # after scancel, until the job has freed its allocation (KillWait is 30 s by default)
+STOP_WAIT_S = (
+    45.0  # after scancel, until the job has freed its allocation (KillWait is 30 s by default)
+)
 SEP = "@@gpusession@@"
 q = shlex.quote
 
@@ -50,29 +68,105 @@ class SlurmBackend(Backend):
     order = 40
     price_source = "--price-per-gpu-hour x GPUs, else GpuSessionConfig.price_per_hour, else none (GPU-hours only)"
     start_options = (  # gpusession/backends/slurm/jobs.py reads and checks them; docs/slurm.md
-        StartOption("partition", ("--partition",), "text", "Partition", "slurm: the partition to submit to (default: "
-                    "the cluster's default)", "partition", max_len=200),
-        StartOption("account", ("--account",), "text", "Account", "slurm: the account to charge", "account", max_len=200),
-        StartOption("qos", ("--qos",), "text", "QOS", "slurm: the quality of service", "QOS", max_len=200),
-        StartOption("sbatch_args", ("--sbatch-args",), "text", "sbatch flags", "slurm: more sbatch flags, shell-quoted, "
-                    "e.g. '--constraint=ib --mem=32G'", "sbatch flags", max_len=1000),
-        StartOption("python", ("--python",), "text", "Python", "slurm: the Python on the node that runs the kernel; it "
-                    "needs ipykernel (default python3)", "python", max_len=400),
-        StartOption("modules", ("--modules",), "text", "Modules", "slurm: environment modules to load first, e.g. "
-                    "'cuda/12.4 python/3.11'", "modules", max_len=400),
-        StartOption("conda_env", ("--conda-env",), "text", "Conda env", "slurm: a conda environment to activate first "
-                    "(name or path)", "conda environment", max_len=400),
-        StartOption("gres_type", ("--gres-type",), "text", "GRES type", "slurm: the cluster's name for the GPU type: one "
-                    "name, a map such as 'a100=a100_40g,t4=tesla_t4', or none for an untyped --gres=gpu:N (default: "
-                    "the catalog's name)", "GRES type", max_len=400),
-        StartOption("container", ("--container",), "choice", "Container runtime", "slurm: what runs --image (default "
-                    "auto: apptainer, singularity or pyxis, the first the node has)", "container runtime", default="auto", choices=("auto", "apptainer", "singularity", "pyxis")),
-        StartOption("price_per_gpu_hour", ("--price-per-gpu-hour",), "money", "Price per GPU-hour", "slurm: dollars (or "
-                    "your service units) per GPU-hour for the cost meter and --max-cost (default: none, GPU-hours only)",
-                    "price per GPU-hour"),
-        StartOption("queue_timeout", ("--queue-timeout",), "duration", "Queue timeout", "slurm: cancel the job when it "
-                    "still waits in the queue after this long (default: off, it waits until it runs or Ctrl-C)",
-                    "queue timeout", rule=QUEUE_TIMEOUT),
+        StartOption(
+            "partition",
+            ("--partition",),
+            "text",
+            "Partition",
+            "slurm: the partition to submit to (default: the cluster's default)",
+            "partition",
+            max_len=200,
+        ),
+        StartOption(
+            "account",
+            ("--account",),
+            "text",
+            "Account",
+            "slurm: the account to charge",
+            "account",
+            max_len=200,
+        ),
+        StartOption(
+            "qos", ("--qos",), "text", "QOS", "slurm: the quality of service", "QOS", max_len=200
+        ),
+        StartOption(
+            "sbatch_args",
+            ("--sbatch-args",),
+            "text",
+            "sbatch flags",
+            "slurm: more sbatch flags, shell-quoted, e.g. '--constraint=ib --mem=32G'",
+            "sbatch flags",
+            max_len=1000,
+        ),
+        StartOption(
+            "python",
+            ("--python",),
+            "text",
+            "Python",
+            "slurm: the Python on the node that runs the kernel; it "
+            "needs ipykernel (default python3)",
+            "python",
+            max_len=400,
+        ),
+        StartOption(
+            "modules",
+            ("--modules",),
+            "text",
+            "Modules",
+            "slurm: environment modules to load first, e.g. 'cuda/12.4 python/3.11'",
+            "modules",
+            max_len=400,
+        ),
+        StartOption(
+            "conda_env",
+            ("--conda-env",),
+            "text",
+            "Conda env",
+            "slurm: a conda environment to activate first (name or path)",
+            "conda environment",
+            max_len=400,
+        ),
+        StartOption(
+            "gres_type",
+            ("--gres-type",),
+            "text",
+            "GRES type",
+            "slurm: the cluster's name for the GPU type: one "
+            "name, a map such as 'a100=a100_40g,t4=tesla_t4', or none for an untyped --gres=gpu:N (default: "
+            "the catalog's name)",
+            "GRES type",
+            max_len=400,
+        ),
+        StartOption(
+            "container",
+            ("--container",),
+            "choice",
+            "Container runtime",
+            "slurm: what runs --image (default "
+            "auto: apptainer, singularity or pyxis, the first the node has)",
+            "container runtime",
+            default="auto",
+            choices=("auto", "apptainer", "singularity", "pyxis"),
+        ),
+        StartOption(
+            "price_per_gpu_hour",
+            ("--price-per-gpu-hour",),
+            "money",
+            "Price per GPU-hour",
+            "slurm: dollars (or "
+            "your service units) per GPU-hour for the cost meter and --max-cost (default: none, GPU-hours only)",
+            "price per GPU-hour",
+        ),
+        StartOption(
+            "queue_timeout",
+            ("--queue-timeout",),
+            "duration",
+            "Queue timeout",
+            "slurm: cancel the job when it "
+            "still waits in the queue after this long (default: off, it waits until it runs or Ctrl-C)",
+            "queue timeout",
+            rule=QUEUE_TIMEOUT,
+        ),
     )
 
     def __init__(self, config, recorder):
@@ -92,7 +186,9 @@ class SlurmBackend(Backend):
 
     def check(self, spec: LaunchSpec) -> None:
         if not spec.host or not spec.host.startswith("ssh://"):
-            raise BadInput("--host: give the cluster's login node as ssh://[user@]login.cluster[:port]")
+            raise BadInput(
+                "--host: give the cluster's login node as ssh://[user@]login.cluster[:port]"
+            )
         self.settings(spec)
 
     def price_per_hour(self, spec: LaunchSpec, catalog) -> float:
@@ -118,10 +214,19 @@ class SlurmBackend(Backend):
         script = batch_script(record, settings, paths)
         command = sbatch_command(record, settings, paths, self.recorder.store_id)
         # billed from the job's start, as the agent counts: nothing while it waits in the queue
-        self.recorder.save(record.id, session_dir=paths.session_dir, submitting=True, **{BILLED_FROM: None})
-        shown = [c for c in command if not c.startswith(("--parsable", "--job-name=", "--comment=", "--output="))]
+        self.recorder.save(
+            record.id, session_dir=paths.session_dir, submitting=True, **{BILLED_FROM: None}
+        )
+        shown = [
+            c
+            for c in command
+            if not c.startswith(("--parsable", "--job-name=", "--comment=", "--output="))
+        ]
         progress.step("submitting: " + shlex.join(shown))
-        result = shell.run(f"mkdir -p -m 700 {q(paths.session_dir)} && {shlex.join(command)}", stdin=script.encode())
+        result = shell.run(
+            f"mkdir -p -m 700 {q(paths.session_dir)} && {shlex.join(command)}",
+            stdin=script.encode(),
+        )
         # the last line: a login shell's startup files may print before it
         job_id = (result.out.strip().splitlines() or [""])[-1].split(";")[0].strip()
         if not result.ok or not job_id.isdigit():
@@ -137,20 +242,32 @@ class SlurmBackend(Backend):
         A --container named by the user is trusted: the job says so if the node lacks it."""
         found = shell.run(container_probe()).out.split()
         if not found:
-            raise StageError("provision", f"--image {spec.image}: the cluster {spec.host} has no container runtime "
-                                          "(apptainer, singularity or pyxis's srun --container-image) on its login node; "
-                                          "start without --image (--python, --modules, --conda-env), or name one with --container")
+            raise StageError(
+                "provision",
+                f"--image {spec.image}: the cluster {spec.host} has no container runtime "
+                "(apptainer, singularity or pyxis's srun --container-image) on its login node; "
+                "start without --image (--python, --modules, --conda-env), or name one with --container",
+            )
 
-    def _wait_in_queue(self, shell: LoginShell, job_id: str, paths: JobPaths, timeout_s: float | None,
-                       progress: Progress) -> str:
+    def _wait_in_queue(
+        self,
+        shell: LoginShell,
+        job_id: str,
+        paths: JobPaths,
+        timeout_s: float | None,
+        progress: Progress,
+    ) -> str:
         """Until the job runs (its first node); the queue state and reason shown as they change.
         Ctrl-C (or a timeout) leaves the job to `stop`, which cancels it."""
         started = time.monotonic()
         said, said_at, delay, partition = "", 0.0, 0.5, ""
         while True:
             # the pending jobs of our partition(s) only: a big cluster has thousands in all
-            command = (f"squeue -h --states=all -j {job_id} -o {q(states.QUEUE_FORMAT)}; echo {SEP}; "
-                       f"squeue -h -t PENDING --sort=-p,i -o '%i|%P'" + (f" -p {q(partition)}" if partition else ""))
+            command = (
+                f"squeue -h --states=all -j {job_id} -o {q(states.QUEUE_FORMAT)}; echo {SEP}; "
+                f"squeue -h -t PENDING --sort=-p,i -o '%i|%P'"
+                + (f" -p {q(partition)}" if partition else "")
+            )
             queue_text, _, pending = shell.run(command).out.partition(SEP)
             state = states.parse_queue(queue_text)
             partition = state.partition if state is not None else partition
@@ -168,7 +285,10 @@ class SlurmBackend(Backend):
                 progress.step(f"job {job_id} waits: {text}")
                 said, said_at = text, now
             if timeout_s and now - started > timeout_s:
-                raise StageError("provision", f"job {job_id} still queued after {format_duration(timeout_s)} ({text})")
+                raise StageError(
+                    "provision",
+                    f"job {job_id} still queued after {format_duration(timeout_s)} ({text})",
+                )
             time.sleep(delay)
             delay = min(delay * 1.5, 3.0)
 
@@ -181,20 +301,35 @@ class SlurmBackend(Backend):
             raise StageError("connect", "no Slurm job was recorded for this session")
         shell = self.shell(record.spec.host)
         progress.step(f"waiting for the session runtime in job {job_id}")
-        host_keys = self._wait_ready(shell, job_id, paths, float(record.spec.extra.get("start_timeout", START_TIMEOUT)))
-        files = shell.run(f"cat {q(paths.state_dir)}/kernel.json; echo {SEP}; cat {q(paths.state_dir)}/runtime.json")
+        host_keys = self._wait_ready(
+            shell, job_id, paths, float(record.spec.extra.get("start_timeout", START_TIMEOUT))
+        )
+        files = shell.run(
+            f"cat {q(paths.state_dir)}/kernel.json; echo {SEP}; cat {q(paths.state_dir)}/runtime.json"
+        )
         kernel_text, _, runtime_text = files.out.partition(SEP)
         try:
             info, runtime = json.loads(kernel_text), json.loads(runtime_text)
         except ValueError:
-            raise StageError("connect", f"cannot read the runtime's kernel.json in {paths.state_dir}: {files.text()}") from None
-        node = res.get("node") or states.first_node((states.parse_queue(
-            shell.run(f"squeue -h --states=all -j {job_id} -o {q(states.QUEUE_FORMAT)}").out) or states.QueueState("")).nodes)
+            raise StageError(
+                "connect",
+                f"cannot read the runtime's kernel.json in {paths.state_dir}: {files.text()}",
+            ) from None
+        node = res.get("node") or states.first_node(
+            (
+                states.parse_queue(
+                    shell.run(f"squeue -h --states=all -j {job_id} -o {q(states.QUEUE_FORMAT)}").out
+                )
+                or states.QueueState("")
+            ).nodes
+        )
         address = states.node_address(shell.run(f"scontrol -o show node {q(node)}").out, node)
         self.recorder.save(record.id, node=node, node_address=address, host_keys=host_keys)
         jump, target = self._targets(record, address, host_keys)
         progress.step(f"opening the SSH tunnel to {node} through {jump.label}")
-        tunnel = Tunnel(target, jump=jump, connect_timeout=60, on_event=lambda text: self._note(record.id, text))
+        tunnel = Tunnel(
+            target, jump=jump, connect_timeout=60, on_event=lambda text: self._note(record.id, text)
+        )
         tunnel.start()
         try:  # the runtime chose free ports on the node's loopback: kernel.json and runtime.json say which
             return TunnelLink(tunnel, info, runtime.get("agent_port"))
@@ -202,12 +337,16 @@ class SlurmBackend(Backend):
             tunnel.close()
             raise
 
-    def _wait_ready(self, shell: LoginShell, job_id: str, paths: JobPaths, timeout_s: float) -> list[str]:
+    def _wait_ready(
+        self, shell: LoginShell, job_id: str, paths: JobPaths, timeout_s: float
+    ) -> list[str]:
         """Until the job's output says READY; returns the node's host keys it printed."""
         deadline = time.monotonic() + timeout_s
         # the markers of the start are at the top; the kernel may print much more later on
-        command = (f"head -c 1000000 {q(paths.output)} 2>/dev/null; echo {SEP}; "
-                   f"squeue -h --states=all -j {job_id} -o {q(states.QUEUE_FORMAT)}")
+        command = (
+            f"head -c 1000000 {q(paths.output)} 2>/dev/null; echo {SEP}; "
+            f"squeue -h --states=all -j {job_id} -o {q(states.QUEUE_FORMAT)}"
+        )
         while True:
             log, _, queue_text = shell.run(command).out.partition(SEP)
             keys, ready = [], False
@@ -219,18 +358,29 @@ class SlurmBackend(Backend):
                 if marker is Marker.HOSTKEY and isinstance(payload, str):
                     keys.append(payload)
                 elif marker is Marker.FAILED:
-                    raise StageError("connect", f"job {job_id} could not start the session: {failure_detail(payload)}")
+                    raise StageError(
+                        "connect",
+                        f"job {job_id} could not start the session: {failure_detail(payload)}",
+                    )
                 elif marker is Marker.READY:
                     ready = True
             if ready:
                 if not keys:
-                    raise StageError("connect", f"job {job_id} printed no ssh host key of its node (from /etc/ssh)")
+                    raise StageError(
+                        "connect",
+                        f"job {job_id} printed no ssh host key of its node (from /etc/ssh)",
+                    )
                 return keys
             state = states.parse_queue(queue_text)
             if state is None or not (state.running or state.waiting):
-                raise StageError("connect", self._why_it_ended(shell, job_id, paths, state.state if state else "gone"))
+                raise StageError(
+                    "connect",
+                    self._why_it_ended(shell, job_id, paths, state.state if state else "gone"),
+                )
             if time.monotonic() > deadline:
-                raise StageError("connect", f"the runtime in job {job_id} was not ready within {timeout_s:.0f}s")
+                raise StageError(
+                    "connect", f"the runtime in job {job_id} was not ready within {timeout_s:.0f}s"
+                )
             time.sleep(0.3)
 
     def _targets(self, record: SessionRecord, address: str, host_keys: list[str]):
@@ -245,8 +395,12 @@ class SlurmBackend(Backend):
         for line in host_keys:
             key = parse_public_key(line)
             pinned.add(lookup_name(address, port), key.get_name(), key)
-        check = HostKeyCheck(pinned, f"stop this session (`gpusession stop {record.name}`) and start a new one")
-        return jump, SshTarget(host=address, port=port, username=jump.username, keys=jump.keys, host_keys=check)
+        check = HostKeyCheck(
+            pinned, f"stop this session (`gpusession stop {record.name}`) and start a new one"
+        )
+        return jump, SshTarget(
+            host=address, port=port, username=jump.username, keys=jump.keys, host_keys=check
+        )
 
     # -- life and teardown ----------------------------------------------------------------
 
@@ -255,11 +409,15 @@ class SlurmBackend(Backend):
         if not job_id or not record.spec.host:
             return False
         try:
-            result = self.shell(record.spec.host).run(f"squeue -h --states=all -j {job_id} -o {q(states.QUEUE_FORMAT)}")
+            result = self.shell(record.spec.host).run(
+                f"squeue -h --states=all -j {job_id} -o {q(states.QUEUE_FORMAT)}"
+            )
         except BackendUnavailable:
             return True  # the cluster cannot be asked now: unknown is not gone
         if not result.ok:
-            return "Invalid job id" not in result.text()  # the controller forgot it, or does not answer
+            return (
+                "Invalid job id" not in result.text()
+            )  # the controller forgot it, or does not answer
         state = states.parse_queue(result.out)
         # COMPLETING: the runtime is still writing how it ended; gone once it is done
         return state is not None and (state.running or state.state in states.ENDING)
@@ -282,10 +440,16 @@ class SlurmBackend(Backend):
                 continue
             if not result.ok and "Invalid job id" not in result.text():
                 continue
-            listed = dict(line.strip().split("|", 1) for line in result.out.splitlines() if "|" in line)
+            listed = dict(
+                line.strip().split("|", 1) for line in result.out.splitlines() if "|" in line
+            )
             for r in group:
                 state = listed.get(str(r.resource["job_id"]))
-                if state is None or state in states.RUNNING or not (state in states.WAITING or state in states.ENDING):
+                if (
+                    state is None
+                    or state in states.RUNNING
+                    or not (state in states.WAITING or state in states.ENDING)
+                ):
                     found[r.id] = state in states.RUNNING
         return found
 
@@ -296,9 +460,11 @@ class SlurmBackend(Backend):
         job_id, paths = res.get("job_id"), _paths(res)
         if not job_id or paths is None or not record.spec.host:
             return None
-        command = (f"scontrol -o show job {job_id} 2>/dev/null; echo {SEP}; "
-                   f"sacct -n -P -X -o {states.SACCT_FIELDS} -j {job_id} 2>/dev/null; echo {SEP}; "
-                   f"cat {q(paths.state_dir)}/stopped.json 2>/dev/null; echo {SEP}; tail -c 200000 {q(paths.output)} 2>/dev/null")
+        command = (
+            f"scontrol -o show job {job_id} 2>/dev/null; echo {SEP}; "
+            f"sacct -n -P -X -o {states.SACCT_FIELDS} -j {job_id} 2>/dev/null; echo {SEP}; "
+            f"cat {q(paths.state_dir)}/stopped.json 2>/dev/null; echo {SEP}; tail -c 200000 {q(paths.output)} 2>/dev/null"
+        )
         try:
             parts = self.shell(record.spec.host).run(command).out.split(SEP)
         except BackendUnavailable:
@@ -310,15 +476,21 @@ class SlurmBackend(Backend):
             saved = StopDetails.from_dict(json.loads(parts[2]))
         except ValueError:
             saved = StopDetails()
-        runtime = StopDetails(reason=saved.reason or logged.reason, at=saved.at, summary=saved.summary or logged.summary)
+        runtime = StopDetails(
+            reason=saved.reason or logged.reason,
+            at=saved.at,
+            summary=saved.summary or logged.summary,
+        )
         return states.combine(job, runtime)
 
     def _why_it_ended(self, shell: LoginShell, job_id: str, paths: JobPaths, state: str) -> str:
         """A job that ended during the start: what its runtime said (a FAILED marker), else
         Slurm's state and reason with the last lines of its output."""
-        result = shell.run(f"scontrol -o show job {job_id} 2>/dev/null; echo {SEP}; "
-                           f"sacct -n -P -X -o {states.SACCT_FIELDS} -j {job_id} 2>/dev/null; echo {SEP}; "
-                           f"tail -c 20000 {q(paths.output)} 2>/dev/null")
+        result = shell.run(
+            f"scontrol -o show job {job_id} 2>/dev/null; echo {SEP}; "
+            f"sacct -n -P -X -o {states.SACCT_FIELDS} -j {job_id} 2>/dev/null; echo {SEP}; "
+            f"tail -c 20000 {q(paths.output)} 2>/dev/null"
+        )
         parts = result.out.split(SEP) + ["", ""]
         end = states.parse_scontrol_job(parts[0]) or states.parse_sacct(parts[1])
         for line in marker_lines(parts[2]):
@@ -327,14 +499,20 @@ class SlurmBackend(Backend):
                 return f"job {job_id} could not start the session: {failure_detail(parsed[1])}"
         what = f"{end.state}" + (f" ({end.reason})" if end.reason else "") if end else state
         tail = log_tail(parts[2], 3) if parts[2].strip() else ""
-        return f"job {job_id} ended during the start: {what}" + (f"; its output: {tail}" if tail else "")
+        return f"job {job_id} ended during the start: {what}" + (
+            f"; its output: {tail}" if tail else ""
+        )
 
     def stop(self, record: SessionRecord) -> None:
         res = record.resource
         if not record.spec.host or not (res.get("job_id") or res.get("submitting")):
             return  # nothing was submitted
         shell = self.shell(record.spec.host)
-        jobs = [res["job_id"]] if res.get("job_id") else [j["id"] for j in self._our_jobs(shell) if j["session"] == record.id]
+        jobs = (
+            [res["job_id"]]
+            if res.get("job_id")
+            else [j["id"] for j in self._our_jobs(shell) if j["session"] == record.id]
+        )
         self._cancel(shell, jobs)
 
     def _cancel(self, shell: LoginShell, jobs: list[str]) -> None:
@@ -345,7 +523,9 @@ class SlurmBackend(Backend):
             return
         shell.run("scancel " + " ".join(jobs))
         deadline = time.monotonic() + STOP_WAIT_S
-        command = "; ".join(f"squeue -h --states=all -j {j} -o {q(states.QUEUE_FORMAT)} 2>/dev/null" for j in jobs)
+        command = "; ".join(
+            f"squeue -h --states=all -j {j} -o {q(states.QUEUE_FORMAT)} 2>/dev/null" for j in jobs
+        )
         while True:
             lines = [line for line in shell.run(command).out.splitlines() if line.strip()]
             left = [s for s in map(states.parse_queue, lines) if s is not None and not s.ended]
@@ -354,8 +534,11 @@ class SlurmBackend(Backend):
             if time.monotonic() > deadline:
                 held = [s for s in left if s.running or s.waiting]
                 if held:
-                    raise StageError("stop", f"Slurm job(s) {', '.join(jobs)} still {held[0].state} "
-                                             f"{STOP_WAIT_S:.0f}s after scancel")
+                    raise StageError(
+                        "stop",
+                        f"Slurm job(s) {', '.join(jobs)} still {held[0].state} "
+                        f"{STOP_WAIT_S:.0f}s after scancel",
+                    )
                 return
             time.sleep(0.5)
 
@@ -370,7 +553,15 @@ class SlurmBackend(Backend):
         for line in result.out.splitlines():
             parts = line.strip().split("|", 4)
             if len(parts) == 5 and (session := comment_session(parts[4], self.recorder.store_id)):
-                found.append({"id": parts[0], "name": parts[1], "state": parts[2], "nodes": parts[3], "session": session})
+                found.append(
+                    {
+                        "id": parts[0],
+                        "name": parts[1],
+                        "state": parts[2],
+                        "nodes": parts[3],
+                        "session": session,
+                    }
+                )
         return found
 
     def list_resources(self) -> list[RemoteResource]:
@@ -386,25 +577,32 @@ class SlurmBackend(Backend):
             reached += 1
             for job in jobs:
                 where = f" on {job['nodes']}" if job["nodes"] else ""
-                found.append(RemoteResource(
-                    backend=self.name, session_id=job["session"], resource_id=job["id"],
-                    description=f"Slurm job {job['id']} ({job['name']}, {job['state']}{where}) at {host}",
-                    running=job["state"] in states.RUNNING or job["state"] in states.WAITING, details={"host": host},
-                ))
+                found.append(
+                    RemoteResource(
+                        backend=self.name,
+                        session_id=job["session"],
+                        resource_id=job["id"],
+                        description=f"Slurm job {job['id']} ({job['name']}, {job['state']}{where}) at {host}",
+                        running=job["state"] in states.RUNNING or job["state"] in states.WAITING,
+                        details={"host": host},
+                    )
+                )
         if hosts and not reached:
             raise BackendUnavailable(f"no Slurm login node answers ({', '.join(hosts)})")
         return found
 
     def remove_resource(self, resource: RemoteResource) -> None:
         shell = self.shell(resource.details["host"])
-        if any(j["id"] == resource.resource_id and j["session"] == resource.session_id for j in self._our_jobs(shell)):
+        if any(
+            j["id"] == resource.resource_id and j["session"] == resource.session_id
+            for j in self._our_jobs(shell)
+        ):
             self._cancel(shell, [resource.resource_id])
 
 
 def _paths(res: dict) -> JobPaths | None:
     folder = res.get("session_dir")
     return JobPaths(session_dir=folder, runtime_dir="") if folder else None
-
 
 
 def _queue_words(state: states.QueueState, position: int | None) -> str:

@@ -27,14 +27,40 @@ COMMENT_PREFIX = "gpusession"  # job comment: gpusession:<store id>:<session id>
 HOST_KEYS_GLOB = "/etc/ssh/ssh_host_*_key.pub"
 CONTAINERS = ("auto", "apptainer", "singularity", "pyxis")
 #: sbatch flags the backend sets itself (it reads the job's output and finds it by its comment)
-RESERVED_FLAGS = ("--output", "-o", "--error", "-e", "--job-name", "-J", "--comment", "--parsable", "--wrap",
-                  "--array", "-a", "--chdir", "-D", "--gres", "--export")
+RESERVED_FLAGS = (
+    "--output",
+    "-o",
+    "--error",
+    "-e",
+    "--job-name",
+    "-J",
+    "--comment",
+    "--parsable",
+    "--wrap",
+    "--array",
+    "-a",
+    "--chdir",
+    "-D",
+    "--gres",
+    "--export",
+)
 _WORD = re.compile(r"^[A-Za-z0-9_.+/@:=,%-]+$")
 _GRES_TYPE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 #: the slurm options of the option table (gpusession/options.py), as spec.extra keys
-OPTION_NAMES = ("partition", "account", "qos", "sbatch_args", "python", "modules", "conda_env", "gres_type",
-                "container", "price_per_gpu_hour", "queue_timeout")
+OPTION_NAMES = (
+    "partition",
+    "account",
+    "qos",
+    "sbatch_args",
+    "python",
+    "modules",
+    "conda_env",
+    "gres_type",
+    "container",
+    "price_per_gpu_hour",
+    "queue_timeout",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,9 +74,13 @@ class JobSettings:
     python: str = "python3"  # the interpreter on the node (in the container with --image)
     modules: tuple[str, ...] = ()  # `module load` these first
     conda_env: str | None = None  # then `conda activate` this
-    gres_types: dict[str, str] = dataclasses.field(default_factory=dict)  # catalog type -> cluster type ("" untyped)
+    gres_types: dict[str, str] = dataclasses.field(
+        default_factory=dict
+    )  # catalog type -> cluster type ("" untyped)
     gres_default: str | None = None  # the cluster type for any catalog type not in gres_types
-    container: str = "auto"  # with an image: apptainer, singularity or pyxis (auto: what the node has)
+    container: str = (
+        "auto"  # with an image: apptainer, singularity or pyxis (auto: what the node has)
+    )
     price_per_gpu_hour: float | None = None  # dollars (or service units) per GPU-hour
     queue_timeout_s: float | None = None  # give up (and cancel) when still queued after this long
 
@@ -61,7 +91,9 @@ class JobSettings:
         return gpu_type if self.gres_default is None else self.gres_default
 
 
-def read_settings(extra: dict[str, Any], cluster: dict[str, Any] | None = None, *, catalog=None) -> JobSettings:
+def read_settings(
+    extra: dict[str, Any], cluster: dict[str, Any] | None = None, *, catalog=None
+) -> JobSettings:
     """JobSettings from a spec's extra options, a cluster's defaults filling what is not given.
     Raises BadInput naming the option."""
     from ...durations import QUEUE_TIMEOUT, parse_money
@@ -75,8 +107,14 @@ def read_settings(extra: dict[str, Any], cluster: dict[str, Any] | None = None, 
             words[name] = _word(name, str(value).strip())
     python = str(given.get("python") or "python3").strip()
     if not python or any(c in python for c in "\n\r\0"):
-        raise BadInput(f"python {python!r}: give an interpreter's name or path, e.g. python3 or /opt/py/bin/python")
-    modules = tuple(_word("modules", m) for m in re.split(r"[\s,]+", str(given.get("modules") or "").strip()) if m)
+        raise BadInput(
+            f"python {python!r}: give an interpreter's name or path, e.g. python3 or /opt/py/bin/python"
+        )
+    modules = tuple(
+        _word("modules", m)
+        for m in re.split(r"[\s,]+", str(given.get("modules") or "").strip())
+        if m
+    )
     gres_types, gres_default = parse_gres_types(given.get("gres_type"), catalog)
     container = str(given.get("container") or "auto").strip().lower()
     if container not in CONTAINERS:
@@ -84,10 +122,18 @@ def read_settings(extra: dict[str, Any], cluster: dict[str, Any] | None = None, 
     price = given.get("price_per_gpu_hour")
     queue_timeout = given.get("queue_timeout")
     return JobSettings(
-        sbatch_args=parse_sbatch_args(given.get("sbatch_args")), python=python, modules=modules,
-        gres_types=gres_types, gres_default=gres_default, container=container,
-        price_per_gpu_hour=parse_money(price, what="price per GPU-hour") if isinstance(price, str) else price,
-        queue_timeout_s=(QUEUE_TIMEOUT.parse(queue_timeout) if isinstance(queue_timeout, str) else queue_timeout),
+        sbatch_args=parse_sbatch_args(given.get("sbatch_args")),
+        python=python,
+        modules=modules,
+        gres_types=gres_types,
+        gres_default=gres_default,
+        container=container,
+        price_per_gpu_hour=parse_money(price, what="price per GPU-hour")
+        if isinstance(price, str)
+        else price,
+        queue_timeout_s=(
+            QUEUE_TIMEOUT.parse(queue_timeout) if isinstance(queue_timeout, str) else queue_timeout
+        ),
         **words,
     )
 
@@ -112,7 +158,9 @@ def parse_gres_types(value: Any, catalog=None) -> tuple[dict[str, str], str | No
             continue
         ours, sep, theirs = item.partition("=")
         if not sep or not ours.strip():
-            raise BadInput(f"GRES type map item {item!r}: write CATALOG_TYPE=CLUSTER_TYPE, e.g. a100=a100_40g")
+            raise BadInput(
+                f"GRES type map item {item!r}: write CATALOG_TYPE=CLUSTER_TYPE, e.g. a100=a100_40g"
+            )
         key = ours.strip().lower()
         if catalog is not None:
             key = catalog.get(key).name  # BadInput names the valid types
@@ -124,7 +172,9 @@ def _gres_name(text: str) -> str:
     if text.lower() == "none":
         return ""
     if not _GRES_TYPE.match(text):
-        raise BadInput(f"GRES type {text!r}: letters, digits and _.- only (or none for an untyped request)")
+        raise BadInput(
+            f"GRES type {text!r}: letters, digits and _.- only (or none for an untyped request)"
+        )
     return text
 
 
@@ -140,7 +190,9 @@ def parse_sbatch_args(value: Any) -> tuple[str, ...]:
         raise BadInput(f"sbatch flags {text!r}: give flags only, e.g. '--constraint=ib --mem=32G'")
     for arg in args:
         flag = arg.split("=", 1)[0]
-        if flag in RESERVED_FLAGS or (flag[:2] in ("-o", "-e", "-J", "-a", "-D") and not flag.startswith("--")):
+        if flag in RESERVED_FLAGS or (
+            flag[:2] in ("-o", "-e", "-J", "-a", "-D") and not flag.startswith("--")
+        ):
             raise BadInput(f"sbatch flag {arg!r}: gpusession sets that one itself")
     return args
 
@@ -166,7 +218,9 @@ def load_cluster_defaults(path: Path, host: str | None) -> dict[str, Any]:
         if isinstance(found, dict):
             unknown = sorted(set(found) - set(OPTION_NAMES))
             if unknown:
-                raise BadInput(f"{path}: {key}: unknown setting(s) {', '.join(unknown)}; allowed: {', '.join(OPTION_NAMES)}")
+                raise BadInput(
+                    f"{path}: {key}: unknown setting(s) {', '.join(unknown)}; allowed: {', '.join(OPTION_NAMES)}"
+                )
             return found
     return {}
 
@@ -201,7 +255,7 @@ def job_comment(store_id: str, session_id: str) -> str:
 def comment_session(comment: str, store_id: str) -> str | None:
     """The session id in one of this store's job comments, else None."""
     prefix = f"{COMMENT_PREFIX}:{store_id}:"
-    return comment[len(prefix):] or None if comment.startswith(prefix) else None
+    return comment[len(prefix) :] or None if comment.startswith(prefix) else None
 
 
 def time_limit_minutes(max_runtime_s: float | None) -> int | None:
@@ -216,8 +270,14 @@ def sbatch_command(record, settings: JobSettings, paths: JobPaths, store_id: str
     spec = record.spec
     gres_type = settings.gres_type(spec.gpu_type)
     gres = f"gpu:{gres_type}:{spec.gpu_count}" if gres_type else f"gpu:{spec.gpu_count}"
-    cmd = ["sbatch", "--parsable", f"--job-name={job_name(record)}", f"--comment={job_comment(store_id, record.id)}",
-           f"--output={paths.output}", f"--gres={gres}"]
+    cmd = [
+        "sbatch",
+        "--parsable",
+        f"--job-name={job_name(record)}",
+        f"--comment={job_comment(store_id, record.id)}",
+        f"--output={paths.output}",
+        f"--gres={gres}",
+    ]
     minutes = time_limit_minutes(spec.max_runtime_s)
     if minutes:
         cmd.append(f"--time={minutes}")
@@ -238,14 +298,18 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
     lines = [
         "#!/bin/bash",
         f"# gpusession session {record.name} ({record.id}): the session runtime on this job's node",
-        f"for key in {HOST_KEYS_GLOB}; do [ -r \"$key\" ] && echo {q(Marker.HOSTKEY.value)} \"$(cat \"$key\")\"; done",
+        f'for key in {HOST_KEYS_GLOB}; do [ -r "$key" ] && echo {q(Marker.HOSTKEY.value)} "$(cat "$key")"; done',
     ]
     if settings.modules:
-        lines.append(f"module load {' '.join(q(m) for m in settings.modules)} "
-                     f"|| {{ echo {failed('environment', 'module load failed')}; exit 1; }}")
+        lines.append(
+            f"module load {' '.join(q(m) for m in settings.modules)} "
+            f"|| {{ echo {failed('environment', 'module load failed')}; exit 1; }}"
+        )
     if settings.conda_env:
-        lines.append(f"eval \"$(conda shell.bash hook)\" && conda activate {q(settings.conda_env)} "
-                     f"|| {{ echo {failed('environment', 'conda activate failed')}; exit 1; }}")
+        lines.append(
+            f'eval "$(conda shell.bash hook)" && conda activate {q(settings.conda_env)} '
+            f"|| {{ echo {failed('environment', 'conda activate failed')}; exit 1; }}"
+        )
     lines += [
         f"export {ENV_SESSION_ID}={q(record.id)}",
         f"export PYTHONPATH={q(paths.runtime_dir)}${{PYTHONPATH:+:$PYTHONPATH}}",
@@ -258,20 +322,29 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
     sockets = f"{paths.state_dir}/k"
     kernel_ip = sockets if sockets.startswith("/") and len(sockets) + 2 <= 100 else "127.0.0.1"
     # billing starts when the job does, not when it was queued: the agent counts from its own start
-    agent = AgentArgs.for_record(record, session_id=record.id, state_dir=paths.state_dir, kernel_ip=kernel_ip,
-                                 billed_since=None)
+    agent = AgentArgs.for_record(
+        record,
+        session_id=record.id,
+        state_dir=paths.state_dir,
+        kernel_ip=kernel_ip,
+        billed_since=None,
+    )
     runtime = [settings.python, "-m", "gpusession.agent", "run", *agent.argv()]
     image = record.spec.image
     if not image:
         missing = f"{settings.python} cannot import ipykernel: install it in that environment (pip install ipykernel)"
-        lines.append(f"{q(settings.python)} -c 'import ipykernel' 2>/dev/null "
-                     f"|| {{ echo {failed('environment', missing)}; exit 1; }}")
+        lines.append(
+            f"{q(settings.python)} -c 'import ipykernel' 2>/dev/null "
+            f"|| {{ echo {failed('environment', missing)}; exit 1; }}"
+        )
         lines.append("exec " + shlex.join(runtime))
         return "\n".join(lines) + "\n"
     binds = f"{paths.runtime_dir},{paths.session_dir}"
     apptainer = f"--nv --bind {q(binds)} {q(apptainer_image(image))} " + shlex.join(runtime)
-    pyxis = (f"srun --overlap --ntasks=1 --container-image={q(pyxis_image(image))} "
-             f"--container-mounts={q(paths.runtime_dir)},{q(paths.session_dir)} " + shlex.join(runtime))
+    pyxis = (
+        f"srun --overlap --ntasks=1 --container-image={q(pyxis_image(image))} "
+        f"--container-mounts={q(paths.runtime_dir)},{q(paths.session_dir)} " + shlex.join(runtime)
+    )
     choice = {
         "apptainer": f"exec apptainer exec {apptainer}",
         "singularity": f"exec singularity exec {apptainer}",
@@ -280,7 +353,10 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
     if settings.container != "auto":
         lines.append(choice[settings.container])
     else:
-        none = failed("environment", "--image needs apptainer, singularity or pyxis (srun --container-image) on the node")
+        none = failed(
+            "environment",
+            "--image needs apptainer, singularity or pyxis (srun --container-image) on the node",
+        )
         lines += [
             f"if command -v apptainer >/dev/null; then {choice['apptainer']}",
             f"elif command -v singularity >/dev/null; then {choice['singularity']}",
@@ -299,12 +375,22 @@ CONTAINER_CHECKS = {
 
 def container_probe() -> str:
     """A shell line (for the login node) printing the names of the container runtimes it has."""
-    return "; ".join(f"{{ {check}; }} >/dev/null 2>&1 && echo {name}" for name, check in CONTAINER_CHECKS.items()) + "; true"
+    return (
+        "; ".join(
+            f"{{ {check}; }} >/dev/null 2>&1 && echo {name}"
+            for name, check in CONTAINER_CHECKS.items()
+        )
+        + "; true"
+    )
 
 
 def apptainer_image(image: str) -> str:
     """A registry reference as apptainer pulls it (docker://...); a path or URI as it is."""
-    return image if "://" in image or image.startswith("/") or image.endswith((".sif", ".simg")) else f"docker://{image}"
+    return (
+        image
+        if "://" in image or image.startswith("/") or image.endswith((".sif", ".simg"))
+        else f"docker://{image}"
+    )
 
 
 def pyxis_image(image: str) -> str:

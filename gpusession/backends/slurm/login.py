@@ -62,7 +62,9 @@ class LoginShell:
             except TunnelError as exc:
                 raise BackendUnavailable(f"Slurm login node {self.url}: {exc}") from None
             except Exception as exc:  # noqa: BLE001 - OSError, EOFError, paramiko's SSHException and kin
-                raise BackendUnavailable(f"cannot reach the Slurm login node {self.url}: {type(exc).__name__}: {exc}") from None
+                raise BackendUnavailable(
+                    f"cannot reach the Slurm login node {self.url}: {type(exc).__name__}: {exc}"
+                ) from None
             self._transport, self.target = t, target
             return t
 
@@ -87,13 +89,19 @@ class LoginShell:
             except Exception as exc:  # noqa: BLE001 - the connection dropped since: once more
                 self.close()
                 if attempt == 2:
-                    raise BackendUnavailable(f"Slurm login node {self.url}: {type(exc).__name__}: {exc}") from None
+                    raise BackendUnavailable(
+                        f"Slurm login node {self.url}: {type(exc).__name__}: {exc}"
+                    ) from None
         try:
             rc, out, err = run_on_channel(chan, command, stdin=stdin, timeout=timeout)
         except (socket.timeout, TimeoutError):
-            raise BackendUnavailable(f"Slurm login node {self.url}: no answer within {timeout:.0f}s to {command[:60]!r}") from None
+            raise BackendUnavailable(
+                f"Slurm login node {self.url}: no answer within {timeout:.0f}s to {command[:60]!r}"
+            ) from None
         except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise BackendUnavailable(f"Slurm login node {self.url}: {type(exc).__name__}: {exc}") from None
+            raise BackendUnavailable(
+                f"Slurm login node {self.url}: {type(exc).__name__}: {exc}"
+            ) from None
         return Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def home(self) -> str:
@@ -102,7 +110,9 @@ class LoginShell:
             result = self.run('printf "@@home=%s@@" "$HOME"')  # marked: startup files may print too
             found = re.search(r"@@home=(/[^\n]*?)@@", result.out)
             if not result.ok or found is None:
-                raise BackendUnavailable(f"Slurm login node {self.url}: no home directory ({result.text()})")
+                raise BackendUnavailable(
+                    f"Slurm login node {self.url}: no home directory ({result.text()})"
+                )
             self._home = found.group(1)
         return self._home
 
@@ -124,8 +134,11 @@ def runtime_bundle() -> tuple[str, bytes]:
     """(version, tar.gz) of gpusession's Python sources: what `python -m gpusession.agent run` needs
     on a node whose Python has no gpusession (the agent uses the standard library, nvidia-ml-py
     when it is there, and the environment's ipykernel)."""
-    files = sorted(p for p in PACKAGE_DIR.rglob("*.py")
-                   if "labextension" not in p.relative_to(PACKAGE_DIR).parts and "__pycache__" not in p.parts)
+    files = sorted(
+        p
+        for p in PACKAGE_DIR.rglob("*.py")
+        if "labextension" not in p.relative_to(PACKAGE_DIR).parts and "__pycache__" not in p.parts
+    )
     digest = hashlib.sha256()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
@@ -149,10 +162,14 @@ def ensure_runtime(shell: LoginShell) -> str:
         return folder
     # versions unused for longer than any session may run (30 days) go
     prune = f"find {shlex.quote(folder.rsplit('/', 1)[0])} -mindepth 2 -maxdepth 2 -name .complete -mtime +31"
-    script = (f"set -e; umask 022; tmp={q}.tmp.$$; rm -rf \"$tmp\"; mkdir -p \"$tmp\"; tar -xzf - -C \"$tmp\"; "
-              f"touch \"$tmp/.complete\"; mv -T \"$tmp\" {q} 2>/dev/null || rm -rf \"$tmp\"; test -f {q}/.complete; "
-              f"{prune} | while read -r mark; do rm -rf \"${{mark%/.complete}}\"; done")
+    script = (
+        f'set -e; umask 022; tmp={q}.tmp.$$; rm -rf "$tmp"; mkdir -p "$tmp"; tar -xzf - -C "$tmp"; '
+        f'touch "$tmp/.complete"; mv -T "$tmp" {q} 2>/dev/null || rm -rf "$tmp"; test -f {q}/.complete; '
+        f'{prune} | while read -r mark; do rm -rf "${{mark%/.complete}}"; done'
+    )
     result = shell.run(script, stdin=tarball, timeout=120)
     if not result.ok:
-        raise BackendUnavailable(f"cannot put gpusession's runtime on {shell.url} at {folder}: {result.text()}")
+        raise BackendUnavailable(
+            f"cannot put gpusession's runtime on {shell.url} at {folder}: {result.text()}"
+        )
     return folder

@@ -189,8 +189,12 @@ def end_reason(job: JobEnd | None) -> StopReason | None:
         return None
     state = job.state
     if state in ("TIMEOUT", "DEADLINE"):
-        return StopReason(StopKind.TIME_LIMIT, elapsed_s=job.elapsed_s, max_runtime_s=job.time_limit_s,
-                          detail=None if state == "TIMEOUT" else "deadline reached")
+        return StopReason(
+            StopKind.TIME_LIMIT,
+            elapsed_s=job.elapsed_s,
+            max_runtime_s=job.time_limit_s,
+            detail=None if state == "TIMEOUT" else "deadline reached",
+        )
     if state == "PREEMPTED":
         return StopReason(StopKind.PREEMPTED, elapsed_s=job.elapsed_s)
     if state in ("NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "REVOKED"):
@@ -200,8 +204,13 @@ def end_reason(job: JobEnd | None) -> StopReason | None:
 
 def _job_words(job: JobEnd) -> str:
     """'NODE_FAIL (NodeDown)', 'CANCELLED by 1000': Slurm's own words, for the record."""
-    return job.state + (f" ({job.reason})" if job.reason and not job.reason.startswith("by ") else
-                        f" {job.reason}" if job.reason else "")
+    return job.state + (
+        f" ({job.reason})"
+        if job.reason and not job.reason.startswith("by ")
+        else f" {job.reason}"
+        if job.reason
+        else ""
+    )
 
 
 def combine(job: JobEnd | None, runtime: StopDetails | None) -> StopDetails | None:

@@ -9,8 +9,16 @@ from gpusession.options import StartOption
 class DemoBackend(Backend):
     name = "demo"
     start_options = (
-        StartOption("demo_zone", ("--demo-zone",), "text", "Demo zone", "demo: the zone its machines are in",
-                    "demo zone", form=True, max_len=40),
+        StartOption(
+            "demo_zone",
+            ("--demo-zone",),
+            "text",
+            "Demo zone",
+            "demo: the zone its machines are in",
+            "demo zone",
+            form=True,
+            max_len=40,
+        ),
     )
 
     def provision(self, record, progress):
