@@ -27,10 +27,12 @@ from .durations import (
     MAX_RUNTIME,
     SAVE_TIMEOUT,
     DurationRule,
+    exact_decimal,
     format_bound,
     parse_money,
     shown,
 )
+from .agentargs import DEFAULT_SAVE_CAP, DEFAULT_SAVE_TIMEOUT_S
 from .errors import BadInput
 from .models import LaunchSpec
 from .protocol import DEFAULT_IDLE_S
@@ -252,7 +254,8 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         "duration",
         "Save time bound",
         "an idle, cost or runtime stop first "
-        "saves the kernel's variables into the workspace, for at most this long (default 60s; off: no save)",
+        "saves the kernel's variables into the workspace, for at most this long (default "
+        f"{exact_decimal(DEFAULT_SAVE_TIMEOUT_S)}s; off: no save)",
         "save time bound",
         capability="keeps_workspaces",
         rule=SAVE_TIMEOUT,
@@ -262,7 +265,8 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         ("--save-cap",),
         "text",
         "Save cap per variable",
-        "a variable larger than this (pickled) is not saved, e.g. 500MB, 2GiB, off (default 2GiB)",
+        "a variable larger than this (pickled) is not saved, e.g. 500MB, 2GiB, off (default "
+        f"{DEFAULT_SAVE_CAP // 1024**3}GiB)",
         "save cap",
         capability="keeps_workspaces",
         reader=textvalues.size_or_off,
