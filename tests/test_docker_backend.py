@@ -387,13 +387,18 @@ def test_gc_removes_its_stores_unknown_containers_and_leaves_other_stores_alone(
             f"removed container {stray.name}" in gc.stdout and "(unknown to the store)" in gc.stdout
         ), gc.stdout
         assert other.name not in gc.stdout
-        assert _ours(engine, "0" * 32) == []
+        # this test's own containers (another run's leftovers, of other stores, are not its business)
+        assert stray.id not in [c.id for c in _ours(engine, "0" * 32)]
         assert not Path(sockets).exists(), (
             "the stray container's kernel socket folder is left behind"
         )
-        assert [c.id for c in _ours(engine, "1" * 32)] == [other.id]
+        assert other.id in [c.id for c in _ours(engine, "1" * 32)]
     finally:
-        other.remove(force=True)
+        for container in (stray, other):
+            try:
+                container.remove(force=True)
+            except Exception:  # noqa: BLE001 - removed by gc, as it should be
+                pass
 
 
 @engine_test

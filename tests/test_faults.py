@@ -235,7 +235,15 @@ def test_cells_printing_at_10hz_across_cuts_lose_no_line_in_the_notebook(
 def test_bench_script_runs(docker_env, remote, tmp_path):
     """bench/bench_faults.py as a person runs it (tiny), so it does not rot."""
     out = subprocess.run(
-        [sys.executable, str(Path(bench_faults.__file__)), "--cuts", "2", "--no-kills"],
+        [
+            sys.executable,
+            str(Path(bench_faults.__file__)),
+            "--cuts",
+            "2",
+            "--no-kills",
+            "--transfer-cuts",
+            "2",
+        ],
         env=docker_env,
         capture_output=True,
         text=True,

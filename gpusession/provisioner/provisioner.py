@@ -95,6 +95,12 @@ class GpuSessionProvisioner(KernelProvisionerBase):
         return kwargs
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> dict[str, Any]:
+        # The kernel's unix sockets (ipc transport) are the session's: its runtime binds them
+        # again for a restart's fresh kernel and removes them when the session ends. The kernel
+        # manager's own clean-up would delete them on a restart, racing the fresh kernel's bind
+        # (it then never answered: "kernel did not answer within 60s").
+        if self.parent is not None:
+            self.parent.cleanup_ipc_files = _leave_the_sessions_sockets
         if self.session is None:
             await _blocking(self._start_session)
         else:  # the kernel manager restarts the kernel
@@ -304,3 +310,8 @@ class GpuSessionProvisioner(KernelProvisionerBase):
                 raise RuntimeError(f"gpusession: {error_text(exc)}") from None
             self._use(session)
             self._launched = True
+
+
+def _leave_the_sessions_sockets() -> None:
+    """The kernel manager's `cleanup_ipc_files`, for a gpusession kernel: the session's runtime
+    owns its sockets (see launch_kernel)."""
