@@ -335,30 +335,13 @@ class FakePlatform:
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
             "PermitRootLogin no\nAllowTcpForwarding yes\nPrintMotd no\n"
         )
-        log = open(machine.folder / "log" / "sshd.log", "ab")
-        machine.sessions.append(
-            subprocess.Popen(
-                [
-                    "nsenter",
-                    f"--net=/run/netns/{NS}",
-                    "unshare",
-                    "--mount",
-                    "--propagation",
-                    "private",
-                    "sh",
-                    "-c",
-                    f'{USERS_MOUNT} && exec /usr/sbin/sshd -D -e -f "$1"',
-                    "sh",
-                    str(cfg),
-                ],
-                env=dict(os.environ, FAKE_MACHINE_DIR=str(machine.folder)),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        self._spawn(
+            machine,
+            "sshd.log",
+            f'{USERS_MOUNT} && exec /usr/sbin/sshd -D -e -f "$1"',
+            [str(cfg)],
+            dict(os.environ, FAKE_MACHINE_DIR=str(machine.folder)),
         )
-        log.close()
 
     def _runcmd(self, machine: Machine, command) -> None:
         argv = ["sh", "-c", command] if isinstance(command, str) else [str(c) for c in command]
@@ -370,32 +353,42 @@ class FakePlatform:
             FAKE_MACHINE_DIR=str(machine.folder),
             GPUSESSION_DISKS_DIR=str(machine.disks),
         )
-        log = open(machine.folder / "log" / "runcmd.log", "ab")
-        machine.sessions.append(
-            subprocess.Popen(
-                [
-                    "nsenter",
-                    f"--net=/run/netns/{NS}",
-                    "unshare",
-                    "--mount",
-                    "--propagation",
-                    "private",
-                    "sh",
-                    "-c",
-                    f'{USERS_MOUNT} && mount --bind "$1" /dev/console && mount --bind "$2" /var/log && shift 2 && exec "$@"',
-                    "sh",
-                    str(machine.console),
-                    str(machine.folder / "log"),
-                    *argv,
-                ],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        self._spawn(
+            machine,
+            "runcmd.log",
+            f'{USERS_MOUNT} && mount --bind "$1" /dev/console && mount --bind "$2" /var/log '
+            '&& shift 2 && exec "$@"',
+            [str(machine.console), str(machine.folder / "log"), *argv],
+            env,
         )
-        log.close()
+
+    @staticmethod
+    def _spawn(machine: Machine, log_name: str, script: str, args: list[str], env: dict) -> None:
+        """A process of the machine: in its network namespace, with a private mount namespace
+        holding its own users (USERS_MOUNT), as its own session, logging to log/LOG_NAME."""
+        with open(machine.folder / "log" / log_name, "ab") as log:
+            machine.sessions.append(
+                subprocess.Popen(
+                    [
+                        "nsenter",
+                        f"--net=/run/netns/{NS}",
+                        "unshare",
+                        "--mount",
+                        "--propagation",
+                        "private",
+                        "sh",
+                        "-c",
+                        script,
+                        "sh",
+                        *args,
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
 
     def _make_shims(self) -> Path:
         shim = self.folder / "shim"
