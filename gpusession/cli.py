@@ -44,7 +44,7 @@ def cmd_types(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from .words import summary_line
-    from .workspace_words import print_checkpoint
+    from .words import print_checkpoint
 
     m = _manager()
     if args.all:
@@ -64,7 +64,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_start(args: argparse.Namespace) -> int:
     from . import options
     from .words import idle_setting
-    from .workspace_words import print_restored
+    from .words import print_restored
 
     m = _manager()
     spec = m.spec_from(options.given_values(args), options.FLAGS)
@@ -147,7 +147,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def _report_orphaned_workspaces(m) -> None:
     """gc keeps every workspace: it says which no session uses any more."""
     from .session.workspaces import list_all
-    from .workspace_words import orphaned_line
+    from .words import orphaned_line
 
     for view in list_all(m.store, m.backend):
         if view.orphaned:
@@ -157,7 +157,7 @@ def _report_orphaned_workspaces(m) -> None:
 def cmd_workspaces(args: argparse.Namespace) -> int:
     """List the workspaces, or delete one (only with --yes)."""
     from .session.workspaces import list_all, remove
-    from .workspace_words import size_text, workspace_table
+    from .words import size_text, workspace_table
 
     m = _manager()
     if args.action == "rm":

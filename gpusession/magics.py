@@ -51,7 +51,7 @@ from .words import (
     summary_line,
     usage_error,
 )
-from .workspace_words import print_checkpoint, print_restored
+from .words import print_checkpoint, print_restored
 from .magicargs import (
     HELP,
     PARSERS,

@@ -39,7 +39,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "ui",
         (
             "words",
-            "workspace_words",
             "notify",
             "magics",
             "magicargs",
@@ -57,7 +56,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 FACES = (
     "words",
-    "workspace_words",
     "notify",
     "magics",
     "magicargs",

@@ -13,7 +13,7 @@ from ..models import SessionRecord
 from ..progress import Reporter
 from ..session import SessionManager
 from ..words import rest_view
-from ..workspace_words import record_checkpoint_line, restore_lines
+from ..words import record_checkpoint_line, restore_lines
 
 #: how many progress lines of one start are kept, and of how many starts
 KEEP_LINES = 20

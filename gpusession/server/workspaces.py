@@ -11,7 +11,7 @@ from ..errors import BadInput
 from ..backends import workspace_backends
 from ..session.workspaces import NoWorkspace, WorkspaceInUse, list_all, remove
 from ..textvalues import workspace_name
-from ..workspace_words import workspace_rest_view
+from ..words import workspace_rest_view
 from .base import BaseHandler
 
 
