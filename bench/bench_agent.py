@@ -150,7 +150,7 @@ def docker_client():
 
     if not docker_available():
         return None
-    from gpusession.config import GpuSessionConfig
+    from gpusession.configuration.config import GpuSessionConfig
     from gpusession.session import SessionManager
     from gpusession.stats import AgentClient
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpusession.session import SessionManager  # noqa: E402
-from gpusession.sshlogin import CIPHERS  # noqa: E402
+from gpusession.transport.sshlogin import CIPHERS  # noqa: E402
 from stats import Stats, write_section  # noqa: E402
 from support.hosts import ensure_remote_host, product_image, ssh_home  # noqa: E402
 

@@ -42,12 +42,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 from openssh import free_port, ssh_forward  # noqa: E402
 from stats import Stats, write_section as write_block  # noqa: E402
 
-from gpusession import bundle  # noqa: E402
+from gpusession.transport import bundle  # noqa: E402
 from gpusession.backends.docker import runtime as docker_runtime  # noqa: E402
-from gpusession.errors import GpuSessionError  # noqa: E402
-from gpusession.kernel import KernelClient  # noqa: E402
-from gpusession.progress import Progress  # noqa: E402
-from gpusession.pulls import format_bytes  # noqa: E402
+from gpusession.core.errors import GpuSessionError  # noqa: E402
+from gpusession.transport.kernel import KernelClient  # noqa: E402
+from gpusession.core.progress import Progress  # noqa: E402
+from gpusession.transport.pulls import format_bytes  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
 
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")

@@ -42,8 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from gpusession.errors import CellLost, GpuSessionError  # noqa: E402
-from gpusession.kernel import OutputSink  # noqa: E402
+from gpusession.core.errors import CellLost, GpuSessionError  # noqa: E402
+from gpusession.transport.kernel import OutputSink  # noqa: E402
 
 LABEL = "gpusession.session"
 CELL_LIMIT_S = 60.0  # a cell still waiting after this is hung
@@ -470,7 +470,7 @@ import time; time.sleep(600)
 
 def start_kills(manager, engine, env: dict, fig: Figures) -> None:
     """A starting process killed at each stage; gc at the end collects what they left."""
-    from gpusession.models import State
+    from gpusession.core.models import State
 
     since: dict[str, float] = {}
 
@@ -532,7 +532,7 @@ def _ours(engine, session_id: str | None) -> list:
 
 def runtime_kills(manager, engine, fig: Figures) -> None:
     """The kernel process, then the whole container, killed while a cell runs."""
-    from gpusession.words import error_text
+    from gpusession.faces.words import error_text
 
     for what in ("kernel", "container"):
         session = manager.start(
@@ -592,7 +592,7 @@ def gc_and_count(manager, engines: list, fig: Figures) -> None:
             engine.containers.list(
                 all=True,
                 ignore_removed=True,
-                filters={"label": f"gpusession.store={manager.store.store_id}"},
+                filters={"label": f"gpusession.session.store={manager.store.store_id}"},
             )
         )
         for engine in engines

@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from openssh import free_port  # noqa: E402
 from stats import Stats, write_section  # noqa: E402
 
-from gpusession.config import GpuSessionConfig  # noqa: E402
-from gpusession.models import State  # noqa: E402
+from gpusession.configuration.config import GpuSessionConfig  # noqa: E402
+from gpusession.core.models import State  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
 
 IMAGE = os.environ.get("GPUSESSION_TEST_IMAGE", "gpusession/cuda:ci")

@@ -152,7 +152,7 @@ async def _run_failing(kc, code: str) -> str:
 
 async def measure(restarts: int, backend: str, floor: bool = True) -> Loop | tuple[Loop, Loop]:
     """The loop (and, with `floor`, the floor's, interleaved so both see the same machine)."""
-    from gpusession import cli
+    from gpusession.faces import cli
     from gpusession.session import SessionManager
 
     if (

@@ -10,13 +10,13 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(ip) -> None:
-    from .magics import load_ipython_extension as _load
+    from .faces.magics import load_ipython_extension as _load
 
     _load(ip)
 
 
 def unload_ipython_extension(ip) -> None:
-    from .magics import unload_ipython_extension as _unload
+    from .faces.magics import unload_ipython_extension as _unload
 
     _unload(ip)
 

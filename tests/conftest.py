@@ -30,13 +30,13 @@ def _remove_workspace_volumes(home: Path) -> None:
     try:
         import docker
 
-        from gpusession.store import Store
+        from gpusession.session.store import Store
 
         client = docker.from_env(timeout=5)
     except Exception:  # noqa: BLE001 - no SDK or no engine: nothing to clean
         return
     try:
-        label = f"gpusession.store={Store(home / 'sessions.sqlite3').store_id}"
+        label = f"gpusession.session.store={Store(home / 'sessions.sqlite3').store_id}"
         for volume in client.volumes.list(filters={"label": ["gpusession.workspace", label]}):
             volume.remove(force=True)
     except Exception:  # noqa: BLE001 - a volume still in use (a test's session ends later) stays

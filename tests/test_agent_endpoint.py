@@ -15,10 +15,10 @@ from gpusession.agent.idle import ActivityTracker, StopPolicy
 from gpusession.agent.nvml import NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
 from gpusession.agent.watchdog import Watchdog
-from gpusession.models import KernelEndpoint
-from gpusession.protocol import StopKind, StopReason
+from gpusession.core.models import KernelEndpoint
+from gpusession.core.protocol import StopKind, StopReason
 from gpusession.session import AgentClient, AgentUnavailable
-from gpusession.words import describe_stop, format_summary, status_lines, warning_texts
+from gpusession.faces.words import describe_stop, format_summary, status_lines, warning_texts
 
 DATA = Path(__file__).parent / "data"
 T0 = 1_700_000_000.0

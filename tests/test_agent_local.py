@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.errors import SessionEnded
-from gpusession.models import State
-from gpusession.protocol import StopKind, StopReason
-from gpusession.words import ended_message, error_text, keepalive_line, summary_line
+from gpusession.core.errors import SessionEnded
+from gpusession.core.models import State
+from gpusession.core.protocol import StopKind, StopReason
+from gpusession.faces.words import ended_message, error_text, keepalive_line, summary_line
 from support.procs import alive
 
 IDLE_S = 5.0

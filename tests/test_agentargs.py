@@ -1,4 +1,4 @@
-"""The agent's command line as one typed value (gpusession.agentargs.AgentArgs): every field
+"""The agent's command line as one typed value (gpusession.configuration.agentargs.AgentArgs): every field
 goes through `argv()` and back through the agent's own parser (`python -m gpusession.agent run`)
 exactly, the parser has no option the value lacks, and each default is the same on both sides."""
 
@@ -13,10 +13,19 @@ import pytest
 from gpusession.agent.idle import StopPolicy
 from gpusession.agent.nvml import RecordedNvml
 from gpusession.agent.runtime import build_parser
-from gpusession.agentargs import FLAG, FLOAT, INT, MONEY, NUMBER, RECORDING, TEXT, AgentArgs
-from gpusession.durations import IDLE, DurationRule
-from gpusession.models import Event, LaunchSpec, SessionRecord, State
-from gpusession.settings import BUILTIN_IDLE
+from gpusession.configuration.agentargs import (
+    FLAG,
+    FLOAT,
+    INT,
+    MONEY,
+    NUMBER,
+    RECORDING,
+    TEXT,
+    AgentArgs,
+)
+from gpusession.core.durations import IDLE, DurationRule
+from gpusession.core.models import Event, LaunchSpec, SessionRecord, State
+from gpusession.configuration.settings import BUILTIN_IDLE
 
 DATA = Path(__file__).parent / "data"
 RECORDED = str(DATA / "nvml_two_t4.json")

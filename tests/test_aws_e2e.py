@@ -11,9 +11,16 @@ import time
 
 import pytest
 
-from gpusession.errors import StageError
-from gpusession.models import State
-from gpusession.protocol import Marker, StopKind, StopReason, Warning, WarningKind, find_markers
+from gpusession.core.errors import StageError
+from gpusession.core.models import State
+from gpusession.core.protocol import (
+    Marker,
+    StopKind,
+    StopReason,
+    Warning,
+    WarningKind,
+    find_markers,
+)
 from support.ec2 import leftovers
 from support.sinks import Collect
 from support.hosts import product_image

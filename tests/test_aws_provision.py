@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from gpusession.errors import BackendUnavailable, BadInput, StageError
-from gpusession.models import State
-from gpusession.progress import Progress
+from gpusession.core.errors import BackendUnavailable, BadInput, StageError
+from gpusession.core.models import State
+from gpusession.core.progress import Progress
 from support.ec2 import Fault, leftovers
 
 CIDR = "10.201.0.1/32"
@@ -71,14 +71,14 @@ def test_import_needs_no_boto3():
         "import sys; sys.modules['boto3'] = None; sys.modules['botocore'] = None\n"
         "import gpusession, gpusession.session\n"
         "from gpusession.backends import load_backend_class\n"
-        "from gpusession.config import GpuSessionConfig\n"
+        "from gpusession.configuration.config import GpuSessionConfig\n"
         "from gpusession.session import StoreRecorder\n"
-        "from gpusession.store import Store\n"
+        "from gpusession.session.store import Store\n"
         "import tempfile, pathlib\n"
         "cls = load_backend_class('aws')\n"
         "d = pathlib.Path(tempfile.mkdtemp())\n"
         "b = cls(GpuSessionConfig(data_dir=str(d)), StoreRecorder(Store(d / 's.sqlite3')))\n"
-        "from gpusession.models import LaunchSpec\n"
+        "from gpusession.core.models import LaunchSpec\n"
         "try:\n"
         "    b.check(LaunchSpec('t4', backend='aws'))\n"
         "except Exception as e:\n"

@@ -18,9 +18,9 @@ from gpusession.backends.aws.launch import Attempt, Subnet, attempts, fallback_m
 from gpusession.backends.cloudvm.link import map_address
 from gpusession.backends.aws.teardown import console_details, ended_reason
 from gpusession.backends.base import stop_details_from_log
-from gpusession.errors import BadInput
-from gpusession.bundle import boot_script as bundle_boot_script
-from gpusession.protocol import (
+from gpusession.core.errors import BadInput
+from gpusession.transport.bundle import boot_script as bundle_boot_script
+from gpusession.core.protocol import (
     ENV_KERNEL_KEY,
     ENV_SESSION_ID,
     Marker,
@@ -218,7 +218,7 @@ def _boot(tmp_path, docker: str) -> str:
 
 
 def test_the_boot_script_speaks_the_protocol(tmp_path):
-    """Its markers and environment names come from gpusession.protocol; a failed pull leaves a
+    """Its markers and environment names come from gpusession.core.protocol; a failed pull leaves a
     FAILED marker whose payload parses."""
     script = boot_script(plan())
     for name in (ENV_SESSION_ID, ENV_KERNEL_KEY):
@@ -320,7 +320,7 @@ def test_the_client_follows_the_boot_from_access_sh_status():
     import json as json_
 
     from gpusession.backends.cloudvm.link import BootWatch
-    from gpusession.errors import StageError
+    from gpusession.core.errors import StageError
 
     said: list[str] = []
     watch = BootWatch("pytorch/pytorch:x", said.append)

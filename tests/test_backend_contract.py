@@ -13,10 +13,10 @@ import pytest
 
 import gpusession.backends as backends
 from gpusession.backends.base import Backend, Link, Recorder, RemoteResource, stop_details_from_log
-from gpusession.errors import BadInput
-from gpusession.models import KernelEndpoint, LaunchSpec, SessionRecord, State
-from gpusession.progress import Progress
-from gpusession.protocol import Marker, StopDetails, StopKind, StopReason, marker_line
+from gpusession.core.errors import BadInput
+from gpusession.core.models import KernelEndpoint, LaunchSpec, SessionRecord, State
+from gpusession.core.progress import Progress
+from gpusession.core.protocol import Marker, StopDetails, StopKind, StopReason, marker_line
 
 
 class FakeLink(Link):
@@ -144,7 +144,7 @@ def _record(spec: LaunchSpec) -> SessionRecord:
 
 
 def test_the_contract_drives_a_minimal_backend(only_fake, gs_home):
-    from gpusession.config import GpuSessionConfig
+    from gpusession.configuration.config import GpuSessionConfig
 
     recorder: Recorder = MemoryRecorder()  # a Protocol: any object with its methods will do
     backend = backends.load_backend_class("fake")(GpuSessionConfig(), recorder)

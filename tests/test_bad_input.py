@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from gpusession import options
-from gpusession.catalog import load_catalog
-from gpusession.config import GpuSessionConfig
-from gpusession.protocol import Marker
-from gpusession.store import Store
+from gpusession.configuration import options
+from gpusession.configuration.catalog import load_catalog
+from gpusession.configuration.config import GpuSessionConfig
+from gpusession.core.protocol import Marker
+from gpusession.session.store import Store
 
 HOST64 = "ssh://" + "a" * 64  # a DNS label of 64 letters: IDNA refuses it (issue 10 item 1)
 BIG = (
@@ -296,7 +296,7 @@ def test_long_values_are_never_echoed_whole():
 
 # -- issue 19 item 7: what still got through ----------------------------------------------------
 
-# the protocol's log markers (gpusession/protocol.py): never shown to a user. As whole words: the
+# the protocol's log markers (gpusession/core/protocol.py): never shown to a user. As whole words: the
 # settings' names (GPUSESSION_HOME, GPUSESSION_KERNEL_KEY) share the prefix and are said on purpose
 MARKERS = re.compile(r"\b(?:%s)\b" % "|".join(m.value for m in Marker))
 

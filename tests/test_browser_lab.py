@@ -56,8 +56,8 @@ browser, page = _shared.browser, _shared.page
 jp_asyncio_loop, jp_server_cleanup = _shared.jp_asyncio_loop, _shared.jp_server_cleanup
 sync_api = playwright_or_skip()
 
-from gpusession.errors import GpuSessionError  # noqa: E402
-from gpusession.models import State  # noqa: E402
+from gpusession.core.errors import GpuSessionError  # noqa: E402
+from gpusession.core.models import State  # noqa: E402
 
 CHARTS = "#gpusession-charts"
 # Boxes that say something (notes, warnings, errors, badges): body text contrast, WCAG AA.

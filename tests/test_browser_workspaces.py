@@ -41,7 +41,7 @@ browser, page = _shared.browser, _shared.page
 jp_asyncio_loop, jp_server_cleanup = _shared.jp_asyncio_loop, _shared.jp_server_cleanup
 sync_api = playwright_or_skip()
 
-from gpusession.models import State  # noqa: E402
+from gpusession.core.models import State  # noqa: E402
 
 BOXES = ".gpusession-history-saved, .gpusession-restored, .gpusession-history-reason, .gpusession-workspace-line, .gpusession-history-error"
 TEXT = "span, summary, button, label"

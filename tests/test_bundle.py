@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from gpusession import bundle
+from gpusession.transport import bundle
 from gpusession.agent import kernelenv
-from gpusession.bundle import ImagePython, parse_probe
-from gpusession.protocol import ENV_RUNTIME_ROOT
-from gpusession.pulls import PullProgress, format_bytes
+from gpusession.transport.bundle import ImagePython, parse_probe
+from gpusession.core.protocol import ENV_RUNTIME_ROOT
+from gpusession.transport.pulls import PullProgress, format_bytes
 
-PKG = Path(bundle.__file__).parent
+PKG = bundle.PACKAGE
 
 
 def _members(archive: bundle.Archive) -> dict[str, tarfile.TarInfo]:
@@ -32,18 +32,19 @@ def test_the_code_is_the_agent_and_what_it_imports_and_nothing_of_the_faces():
     for needed in (
         "agent/runtime.py",
         "agent/kernelboot.py",
-        "protocol.py",
-        "durations.py",
-        "errors.py",
-        "cost.py",
+        "core/__init__.py",
+        "core/protocol.py",
+        "core/durations.py",
+        "core/errors.py",
+        "configuration/cost.py",
     ):
         assert needed in modules
     for face in (
-        "magics.py",
+        "faces/magics.py",
         "session/manager.py",
         "backends/docker/backend.py",
-        "tunnel.py",
-        "bundle.py",
+        "transport/tunnel.py",
+        "transport/bundle.py",
     ):
         assert face not in modules
     members = _members(bundle.code_archive())

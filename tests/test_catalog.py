@@ -1,8 +1,8 @@
 import pytest
 
-from gpusession.catalog import load_catalog
-from gpusession.durations import format_duration, parse_duration, parse_money
-from gpusession.errors import BadInput
+from gpusession.configuration.catalog import load_catalog
+from gpusession.core.durations import format_duration, parse_duration, parse_money
+from gpusession.core.errors import BadInput
 
 REQUIRED = ["t4", "l4", "a10g", "v100", "a100", "a100-80gb", "h100", "h200"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from gpusession.agent import checkpoint
-from gpusession.words import checkpoint_line, restore_lines
+from gpusession.faces.words import checkpoint_line, restore_lines
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from bench_concurrent_saves import concurrent_saves  # noqa: E402
@@ -343,11 +343,13 @@ def test_two_starts_at_once_on_one_workspace_one_gets_it(gs_home, nb_env):
         outs = [p.communicate(timeout=60)[0] for p in procs]
         assert sum(o.startswith("GOT") for o in outs) == 1, outs
         assert sum("REFUSED workspace race is in use by session" in o for o in outs) == 2, outs
-        from gpusession.store import Store
+        from gpusession.session.store import Store
 
         store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
         for r in store.list():
             if r.state.active:
                 store.transition(
-                    r.id, __import__("gpusession.models", fromlist=["State"]).State.FAILED, "test"
+                    r.id,
+                    __import__("gpusession.core.models", fromlist=["State"]).State.FAILED,
+                    "test",
                 )

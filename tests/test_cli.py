@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.models import State
-from gpusession.protocol import StopKind, StopReason
+from gpusession.core.models import State
+from gpusession.core.protocol import StopKind, StopReason
 from support.procs import alive, wait_dead
-from gpusession.store import Store
+from gpusession.session.store import Store
 
 
 def cli(env, *args, timeout=120):
@@ -38,7 +38,7 @@ def test_demo_runs_the_quickstart_and_prints_the_timeline(nb_env):
 def test_types_list_start_status_stop(nb_env):
     assert "h200" in cli(nb_env, "types").stdout
     assert "no active sessions" in cli(nb_env, "list").stdout
-    # every start option of the table is here too (gpusession/options.py)
+    # every start option of the table is here too (gpusession/configuration/options.py)
     r = cli(
         nb_env,
         "start",
@@ -63,7 +63,7 @@ def test_types_list_start_status_stop(nb_env):
     # printing a table, its running session checked alive, loads no kernel client or Jupyter app
     # (IPython, jupyter_client, zmq, traitlets.config): they were most of the command's time
     probe = (
-        "import sys; from gpusession.cli import main; rc = main(['list']); heavy = ('IPython', 'jupyter_client', "
+        "import sys; from gpusession.faces.cli import main; rc = main(['list']); heavy = ('IPython', 'jupyter_client', "
         "'zmq', 'traitlets.config', 'docker', 'paramiko'); print('HEAVY', sorted(m for m in sys.modules "
         "if m in heavy or m.startswith(tuple(h + '.' for h in heavy))))"
     )
@@ -194,7 +194,7 @@ def test_stats_and_keepalive_of_a_running_session(nb_env):
 def test_list_into_a_closed_pipe_prints_no_traceback(nb_env):
     """`gpusession list | head -1`: the reader leaves early; no BrokenPipeError traceback."""
     store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
-    from gpusession.models import LaunchSpec
+    from gpusession.core.models import LaunchSpec
 
     for i in range(300):  # more rows than one pipe buffer holds
         rec = store.create(

@@ -19,11 +19,11 @@ import pytest
 import tornado.httpclient
 from traitlets.config import Config
 
-from gpusession.config import BUILTIN_IMAGE, ConfigError, GpuSessionConfig
-from gpusession.durations import parse_duration
-from gpusession.models import State
+from gpusession.configuration.config import BUILTIN_IMAGE, ConfigError, GpuSessionConfig
+from gpusession.core.durations import parse_duration
+from gpusession.core.models import State
 from gpusession.session import SessionManager
-from gpusession.store import Store
+from gpusession.session.store import Store
 from support.notebook_kernel import NotebookKernel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -248,7 +248,11 @@ def test_bad_env_vars_do_not_break_imports(tmp_path):
     env = clean_env(tmp_path)
     env.update(GPUSESSION_IDLE="abc", GPUSESSION_PRICE_PER_HOUR="abc", GPUSESSION_TYPE="t5")
     r = subprocess.run(
-        [sys.executable, "-c", "import gpusession.magics, gpusession.server, gpusession.cli"],
+        [
+            sys.executable,
+            "-c",
+            "import gpusession.faces.magics, gpusession.server, gpusession.faces.cli",
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -271,7 +275,7 @@ def test_a_bad_config_value_names_the_setting(name, value, needle, no_env):
 
 
 def test_cli_reads_env_vars_and_names_a_bad_one(tmp_path, no_env, capsys):
-    from gpusession import cli
+    from gpusession.faces import cli
 
     no_env.setenv("GPUSESSION_HOME", str(tmp_path / "cli-home"))
     assert cli.main(["list"]) == 0
@@ -480,7 +484,7 @@ async def test_server_with_a_bad_env_var_says_which_on_start(jp_fetch):
 def test_the_cli_env_config_reads_every_setting_as_the_traitlets_one_does(tmp_path, monkeypatch):
     # the CLI builds its manager on settings.EnvConfig (no traitlets.config to import): the same
     # settings, from the same env vars, with the same values
-    from gpusession.settings import ENV_SETTINGS, EnvConfig
+    from gpusession.configuration.settings import ENV_SETTINGS, EnvConfig
 
     assert {name: var for name, (var, _, _) in ENV_SETTINGS.items()} == ENV_VARS
     assert set(ENV_SETTINGS) == set(GpuSessionConfig().trait_names(config=True))

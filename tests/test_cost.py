@@ -7,17 +7,17 @@ import pytest
 
 from gpusession.agent.idle import ActivityTracker, StopPolicy
 from gpusession.agent.runtime import build_parser
-from gpusession.agentargs import AgentArgs
-from gpusession.cost import (
+from gpusession.configuration.agentargs import AgentArgs
+from gpusession.configuration.cost import (
     MINIMUM_BILLED_S,
     billing_started_at,
     cost_for_seconds,
     cost_of,
     seconds_until_cost,
 )
-from gpusession.models import Event, LaunchSpec, SessionRecord, State
-from gpusession.protocol import StopKind, StopReason, WarningKind
-from gpusession.words import describe_stop, describe_warning
+from gpusession.core.models import Event, LaunchSpec, SessionRecord, State
+from gpusession.core.protocol import StopKind, StopReason, WarningKind
+from gpusession.faces.words import describe_stop, describe_warning
 
 T0 = 1_700_000_000.0
 
@@ -71,7 +71,7 @@ def test_store_numbers_use_the_same_formula():
 def test_a_queued_job_is_billed_from_its_start_not_from_its_submit():
     """A Slurm job waits 100 s in the queue (PROVISIONING), runs from T0+100 (the backend saves
     BILLED_FROM), stops at T0+400: 300 s billed, as the agent's meter counts; nothing while queued."""
-    from gpusession.cost import BILLED_FROM, record_billed_seconds
+    from gpusession.configuration.cost import BILLED_FROM, record_billed_seconds
     from gpusession.session.views import session_view
 
     r = record(

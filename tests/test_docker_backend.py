@@ -18,10 +18,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from gpusession.errors import StageError
-from gpusession.models import State
-from gpusession.protocol import StopKind, StopReason
-from gpusession.store import Store
+from gpusession.core.errors import StageError
+from gpusession.core.models import State
+from gpusession.core.protocol import StopKind, StopReason
+from gpusession.session.store import Store
 from support.hosts import docker_available, ensure_remote_host, product_image, ssh_home
 
 LABEL = "gpusession.session"
@@ -368,12 +368,14 @@ def test_gc_removes_its_stores_unknown_containers_and_leaves_other_stores_alone(
     )  # as a start makes for its kernel
     stray = engine.containers.create(
         product_image(),
-        labels={LABEL: "0" * 32, "gpusession.store": tag},
+        labels={LABEL: "0" * 32, "gpusession.session.store": tag},
         environment=env,
         volumes={sockets: {"bind": sockets, "mode": "rw"}},
     )
     other = engine.containers.create(
-        product_image(), labels={LABEL: "1" * 32, "gpusession.store": "another"}, environment=env
+        product_image(),
+        labels={LABEL: "1" * 32, "gpusession.session.store": "another"},
+        environment=env,
     )
     try:
         gc = subprocess.run(
@@ -439,7 +441,7 @@ def test_a_changed_host_key_of_a_remote_engine_is_refused_when_attaching(
 ):
     """The tunnel ends at the engine host's sshd, whose key known_hosts pins (as for the engine
     itself): after the key changed, another process is refused and the session keeps running."""
-    from gpusession.errors import GpuSessionError
+    from gpusession.core.errors import GpuSessionError
     from gpusession.session import SessionManager
 
     remote, home = remote_home

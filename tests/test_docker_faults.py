@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from gpusession.backends.docker.engine import wait_for_marker
-from gpusession.models import LaunchSpec, State
-from gpusession.protocol import Marker
-from gpusession.store import Store
+from gpusession.core.models import LaunchSpec, State
+from gpusession.core.protocol import Marker
+from gpusession.session.store import Store
 from support.hosts import docker_available, product_image
 
 LABEL = "gpusession.session"
@@ -58,7 +58,7 @@ def test_a_record_with_a_bad_host_does_not_stop_gc_removing_containers(docker_en
     env = {"GPUSESSION_SESSION_ID": "2" * 32, "GPUSESSION_AUTHORIZED_KEY": "none"}
     stray = engine.containers.create(
         product_image(),
-        labels={LABEL: "2" * 32, "gpusession.store": manager.store.store_id},
+        labels={LABEL: "2" * 32, "gpusession.session.store": manager.store.store_id},
         environment=env,
     )
     try:
@@ -94,7 +94,7 @@ def test_list_sees_a_dead_container_without_the_sdk_and_stop_keeps_the_summary(d
         assert store.get("box2").resource.get("agent_summary"), "no agent summary kept"
 
         code = (
-            "import sys, time; from gpusession import cli; t = time.perf_counter(); cli.main(['list', '--all']); "
+            "import sys, time; from gpusession.faces import cli; t = time.perf_counter(); cli.main(['list', '--all']); "
             "print('took %.2fs' % (time.perf_counter() - t), 'sdk imported:', 'docker' in sys.modules)"
         )
 
@@ -143,7 +143,7 @@ def test_a_failed_start_keeps_the_containers_log(docker_env, manager, engine):
         product_image(),
         entrypoint=["/bin/sh", "-c", script],
         detach=True,
-        labels={LABEL: record.id, "gpusession.store": manager.store.store_id},
+        labels={LABEL: record.id, "gpusession.session.store": manager.store.store_id},
     )
     try:
         deadline = time.monotonic() + 30
@@ -188,7 +188,7 @@ def test_the_ready_marker_is_found_when_another_write_shares_its_line(engine):
 
 
 def test_a_start_that_never_says_ready_names_the_last_log_lines(engine):
-    from gpusession.errors import StageError
+    from gpusession.core.errors import StageError
 
     container = engine.containers.run(
         product_image(),

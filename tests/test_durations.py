@@ -9,8 +9,8 @@ import re
 import pytest
 
 from gpusession.agent.runtime import build_parser
-from gpusession.agentargs import AgentArgs
-from gpusession.durations import (
+from gpusession.configuration.agentargs import AgentArgs
+from gpusession.core.durations import (
     IDLE,
     KEEPALIVE,
     MAX_RUNTIME,
@@ -20,8 +20,8 @@ from gpusession.durations import (
     parse_duration,
     parse_money,
 )
-from gpusession.errors import BadInput
-from gpusession.models import Event, LaunchSpec, SessionRecord, State
+from gpusession.core.errors import BadInput
+from gpusession.core.models import Event, LaunchSpec, SessionRecord, State
 
 T0 = 1_700_000_000.0
 

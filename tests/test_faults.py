@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.errors import CellLost
-from gpusession.models import State
-from gpusession.store import Store
+from gpusession.core.errors import CellLost
+from gpusession.core.models import State
+from gpusession.session.store import Store
 from support.hosts import docker_available, product_image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -137,13 +137,13 @@ def _tunnel_end(nk) -> tuple[str, int]:
 # In the notebook's own process, the tunnel's idea of the server changes as when the server's host
 # key changed or its login stopped taking our key (the remote host is shared: its real keys stay).
 NEW_HOST_KEY = (
-    "from gpusession.sshlogin import HostKeyCheck, make_session_key\n"
+    "from gpusession.transport.sshlogin import HostKeyCheck, make_session_key\n"
     "_, _line = make_session_key(__import__('pathlib').Path({tmp!r}), 'impostor')\n"
     "_t.target.host_keys = HostKeyCheck.pinned(_t.target.host, _t.target.port, _line, "
     "'remove the old key if you expect this')"
 )
 NO_LOGIN = (
-    "import paramiko\nfrom gpusession.sshlogin import make_session_key\n"
+    "import paramiko\nfrom gpusession.transport.sshlogin import make_session_key\n"
     "_path, _ = make_session_key(__import__('pathlib').Path({tmp!r}), 'stranger')\n"
     "_t.target.keys = [paramiko.Ed25519Key.from_private_key_file(str(_path))]"
 )

@@ -23,12 +23,12 @@ import pytest
 from support.procs import start_runtime
 
 from gpusession.backends.base import Link
-from gpusession.errors import CellLost, LinkLost
-from gpusession.kernel import KernelClient, OutputSink
-from gpusession.models import KernelEndpoint
+from gpusession.core.errors import CellLost, LinkLost
+from gpusession.transport.kernel import KernelClient, OutputSink
+from gpusession.core.models import KernelEndpoint
 from gpusession.session.handle import Session
-from gpusession.sshlogin import make_session_key
-from gpusession.tunnel import Tunnel
+from gpusession.transport.sshlogin import make_session_key
+from gpusession.transport.tunnel import Tunnel
 from test_tunnel import PORTS, SSHD, Sshd, _through
 
 needs_sshd = pytest.mark.skipif(not os.path.exists(SSHD), reason="needs OpenSSH's sshd")
@@ -192,7 +192,7 @@ def test_lost_reply_and_idle_end_with_the_reply_the_kernel_kept(kernel):
 
 
 def test_lost_error_reply_still_raises_the_remote_error(kernel):
-    from gpusession.errors import RemoteError
+    from gpusession.core.errors import RemoteError
 
     _drop(kernel, "shell", lambda m: m["msg_type"] == "execute_reply")
     _drop(kernel, "iopub", lambda m: m["msg_type"] in ("status", "error"))
@@ -425,7 +425,7 @@ def test_cell_ends_within_the_give_up_time_when_the_host_is_unreachable(
 
 
 def test_reconnect_timeout_setting_is_checked(monkeypatch):
-    from gpusession.settings import ConfigError, reconnect_give_up
+    from gpusession.configuration.settings import ConfigError, reconnect_give_up
 
     monkeypatch.setenv("GPUSESSION_RECONNECT_TIMEOUT", "2m")
     assert reconnect_give_up() == 120.0

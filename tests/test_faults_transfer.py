@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from gpusession.tunnel import Tunnel
+from gpusession.transport.tunnel import Tunnel
 from test_faults_link import _session, _within, needs_sshd, own_sshd, runtime  # noqa: F401 - fixtures
 from test_tunnel import PORTS
 
@@ -97,7 +97,7 @@ def _session_files(session, folder: str) -> str:
 def test_ctrl_c_inside_a_transfer_is_one_line_and_leaves_no_file_on_either_side(
     session, kind, tmp_path
 ):
-    from gpusession.errors import TransferStopped
+    from gpusession.core.errors import TransferStopped
 
     def interrupt(done, total):
         if total and done >= 0.4 * total:
@@ -131,7 +131,7 @@ def test_a_link_that_does_not_come_back_ends_the_transfer_in_one_line(
     tmp_path,
     monkeypatch,
 ):
-    from gpusession.errors import LinkLost
+    from gpusession.core.errors import LinkLost
 
     info, _ = runtime
     monkeypatch.setenv("GPUSESSION_RECONNECT_TIMEOUT", "2s")

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.errors import StageError
-from gpusession.models import State
-from gpusession.protocol import StopKind
-from gpusession.store import Store
+from gpusession.core.errors import StageError
+from gpusession.core.models import State
+from gpusession.core.protocol import StopKind
+from gpusession.session.store import Store
 from support.hosts import docker_available
 from support.images import FOREIGN, NO_PYTHON, WHEEL_NAME, serve_folder, serve_registry, tiny_wheel
 
@@ -64,7 +64,7 @@ def wheelhouse(tmp_path_factory):
 
 def _ours(client, store_id: str | None = None) -> list:
     """Every container of gpusession's on the engine (sessions, probes, volume helpers)."""
-    labels = [LABEL] + ([f"gpusession.store={store_id}"] if store_id else [])
+    labels = [LABEL] + ([f"gpusession.session.store={store_id}"] if store_id else [])
     return client.containers.list(all=True, ignore_removed=True, filters={"label": labels})
 
 
@@ -160,7 +160,7 @@ def test_an_image_without_python_fails_in_seconds_in_one_line(nb_env, engine, tm
 def test_the_runtime_is_copied_once_per_engine_and_then_cached(manager, engine, monkeypatch):
     """A gpusession build new to the engine copies its runtime into a volume, once; the next
     session mounts it as it is. (A changed build is simulated: its digest names the volume.)"""
-    from gpusession import bundle
+    from gpusession.transport import bundle
 
     with tarfile.open(fileobj=io.BytesIO(bundle.code_archive().data), mode="r:gz") as tar:
         members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
@@ -242,7 +242,7 @@ def test_a_foreign_image_on_a_remote_engine(foreign, remote, manager, nb_env, re
     next cell (root, the non-root USER's user site), the idle stop, gc leaving nothing."""
     import docker
 
-    from gpusession.kernel import OutputSink
+    from gpusession.transport.kernel import OutputSink
 
     class Collect(OutputSink):
         text = ""

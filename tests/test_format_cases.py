@@ -1,4 +1,4 @@
-"""The number formats of the notebook (gpusession.durations, gpusession.metrics) and of the
+"""The number formats of the notebook (gpusession.core.durations, gpusession.configuration.metrics) and of the
 JupyterLab sidebar (labextension/src/format.ts) are one set of rules: tests/data/format_cases.json holds inputs and
 the text they must give, written by the Python functions; this test holds Python to it and
 labextension/test/format.test.ts holds the TypeScript functions to it.
@@ -6,7 +6,7 @@ labextension/test/format.test.ts holds the TypeScript functions to it.
 The metric table travels in the file too ("metrics"), as `GET options` serves it: the TypeScript
 formats each case with the row the server would send.
 
-After changing a rule in gpusession/durations.py or a row of gpusession/metrics.py, rewrite the file and rerun both:
+After changing a rule in gpusession/core/durations.py or a row of gpusession/configuration/metrics.py, rewrite the file and rerun both:
     python tests/test_format_cases.py --write
 """
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.durations import format_duration, format_money
-from gpusession.metrics import METRICS, metric_rows, metric_text
-from gpusession.protocol import StopKind
+from gpusession.core.durations import format_duration, format_money
+from gpusession.configuration.metrics import METRICS, metric_rows, metric_text
+from gpusession.core.protocol import StopKind
 
 CASES = Path(__file__).resolve().parent / "data" / "format_cases.json"
 

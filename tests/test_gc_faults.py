@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from gpusession.models import LaunchSpec, State
+from gpusession.core.models import LaunchSpec, State
 from gpusession.session.gc import owner_is_dead
-from gpusession.store import Store, owner_id
+from gpusession.session.store import Store, owner_id
 from support.procs import alive, wait_dead
 
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from gpusession.models import State
+from gpusession.core.models import State
 from support.hosts import docker_available, product_image
 
 LABEL = "gpusession.session"
@@ -83,7 +83,7 @@ def test_gc_still_removes_a_labelled_container_no_record_explains(nb_env, manage
     tag = manager.store.store_id
     env = {"GPUSESSION_SESSION_ID": "2" * 32, "GPUSESSION_AUTHORIZED_KEY": "none"}
     stray = engine.containers.create(
-        product_image(), labels={LABEL: "2" * 32, "gpusession.store": tag}, environment=env
+        product_image(), labels={LABEL: "2" * 32, "gpusession.session.store": tag}, environment=env
     )
     try:
         gc = subprocess.run(
@@ -113,8 +113,8 @@ def test_a_session_recorded_while_gc_asks_the_engine_is_not_a_leftover(
     container just as gc asks the engine for containers (its answer holds the new container)."""
     from docker.models.containers import ContainerCollection
 
-    from gpusession.models import LaunchSpec
-    from gpusession.store import Store
+    from gpusession.core.models import LaunchSpec
+    from gpusession.session.store import Store
 
     other = Store(manager.store.path)  # the starting process's own handle on the same store
     made = []
@@ -124,7 +124,7 @@ def test_a_session_recorded_while_gc_asks_the_engine_is_not_a_leftover(
         if not made:
             record = other.create(LaunchSpec(gpu_type="t4", backend="docker"), price_per_hour=0.0)
             other.transition(record.id, State.PROVISIONING)
-            labels = {LABEL: record.id, "gpusession.store": other.store_id}
+            labels = {LABEL: record.id, "gpusession.session.store": other.store_id}
             made.append(
                 self.client.containers.create(
                     product_image(), labels=labels, environment={"GPUSESSION_SESSION_ID": record.id}

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from gpusession.backends.docker import volumes as docker_volumes
-from gpusession.bundle import code_archive
-from gpusession.words import gc_line
+from gpusession.transport.bundle import code_archive
+from gpusession.faces.words import gc_line
 from support.hosts import docker_available
 from support.images import FOREIGN
 
@@ -37,7 +37,8 @@ def test_gc_removes_unused_copies_of_other_builds_only(engine, manager, monkeypa
         if (m := re.search(r"-([0-9a-f]{12})(?:-cp\d+)?(?:-ok)?$", n))
     }
     monkeypatch.setattr(
-        "gpusession.bundle.current_digests", lambda cache: before | {code_archive().digest[:12]}
+        "gpusession.transport.bundle.current_digests",
+        lambda cache: before | {code_archive().digest[:12]},
     )
     monkeypatch.setattr(docker_volumes, "STALE_AFTER_S", 2.0)
     stamp = f"{time.time_ns() % 16**8:08x}"

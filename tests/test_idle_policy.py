@@ -11,8 +11,8 @@ from gpusession.agent.idle import ActivityTracker, StopPolicy, warning_lead
 from gpusession.agent.nvml import NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
 from gpusession.agent.watchdog import Watchdog
-from gpusession.protocol import Marker, StopKind, StopReason, WarningKind, parse_marker
-from gpusession.words import describe_warning
+from gpusession.core.protocol import Marker, StopKind, StopReason, WarningKind, parse_marker
+from gpusession.faces.words import describe_warning
 
 
 def texts(verdict) -> list[str]:
@@ -242,7 +242,7 @@ def test_the_first_kernel_info_restarts_the_idle_clock_and_later_ones_do_not(tmp
     import time
 
     from gpusession.agent import activity
-    from gpusession.envnames import ENV_STATE_DIR
+    from gpusession.core.envnames import ENV_STATE_DIR
 
     monkeypatch.setenv(ENV_STATE_DIR, str(tmp_path))
     monkeypatch.setitem(activity._state, "last_activity", time.time() - 100)

@@ -28,8 +28,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
 sync_api = playwright_or_skip()
 
-from gpusession.config import GpuSessionConfig  # noqa: E402
-from gpusession.models import State  # noqa: E402
+from gpusession.configuration.config import GpuSessionConfig  # noqa: E402
+from gpusession.core.models import State  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"

@@ -10,72 +10,39 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "gpusession"
 
-# lowest first; a module may import its own layer and the ones below
+# lowest first; a module may import its own layer and the ones below. Each layer is folders (or
+# modules) of the package, named as ../shared/DESIGN.md names them; the longest prefix decides.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core data", ("errors", "models", "protocol", "envnames", "tarsafe")),
-    (
-        "options",
-        (
-            "options",
-            "registry",
-            "metrics",
-            "catalog",
-            "config",
-            "settings",
-            "durations",
-            "textvalues",
-            "cost",
-            "progress",
-            "agentargs",
-            "procs",
-        ),
-    ),
-    ("transport", ("sshlogin", "tunnel", "kernel", "bundle", "pulls")),
+    ("core data", ("core",)),
+    ("options", ("configuration",)),
+    ("transport", ("transport",)),
     ("backends", ("backends",)),
     ("agent", ("agent",)),
-    ("store", ("store",)),
+    ("store", ("session.store",)),
     ("session", ("session",)),
-    (
-        "ui",
-        (
-            "words",
-            "notify",
-            "magics",
-            "magicargs",
-            "transfers",
-            "widgets",
-            "server",
-            "cli",
-            "demo",
-            "provisioner",
-            "__init__",
-            "__main__",
-            "labextension",
-        ),
-    ),
+    ("ui", ("faces", "widgets", "server", "provisioner", "__init__", "__main__", "labextension")),
 ]
-FACES = (
-    "words",
-    "notify",
-    "magics",
-    "magicargs",
-    "transfers",
-    "widgets",
-    "server",
-    "cli",
-    "demo",
-    "provisioner",
-)
+FACES = ("faces", "widgets", "server", "provisioner")
 
 
 def layer_of(module: str) -> int:
     """gpusession.backends.docker -> the index of the 'backends' layer."""
-    parts = module.split(".")
-    top = parts[1] if len(parts) > 1 else "__init__"
+    rest = module.split(".")[1:] or ["__init__"]
+    best = None
     for i, (_, names) in enumerate(LAYERS):
-        if top in names:
-            return i
-    raise AssertionError(f"{module} is in no layer of tests/test_layering.py: add it")
+        for prefix in names:
+            n = prefix.count(".") + 1
+            if rest[:n] == prefix.split(".") and (best is None or n > best[1]):
+                best = (i, n)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer of tests/test_layering.py: add it")
+    return best[0]
+
+
+def test_the_package_root_holds_only_folders():
+    """Issue 20: the flat root of 29 modules became folders named for the layers."""
+    loose = sorted(p.name for p in PKG.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert not loose, f"modules at the package root (put them in a layer's folder): {loose}"
 
 
 def modules() -> dict[str, Path]:
@@ -148,13 +115,13 @@ def test_lazy_and_typing_only_imports_count(tmp_path):
     path = tmp_path / "fake.py"
     path.write_text(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from ..store import Store\n"
-        "def f():\n    from ..models import State\n    import gpusession.errors\n"
+        "if TYPE_CHECKING:\n    from .store import Store\n"
+        "def f():\n    from ..core.models import State\n    import gpusession.core.errors\n"
     )
     assert imports_of("gpusession.session.fake", path) == {
-        "gpusession.store",
-        "gpusession.models",
-        "gpusession.errors",
+        "gpusession.session.store",
+        "gpusession.core.models",
+        "gpusession.core.errors",
     }
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
     assert sorted(sorted(p) for p in _strongly_connected(graph) if len(p) > 1) == [["a", "b", "c"]]
@@ -255,8 +222,8 @@ def test_backends_never_import_the_session_layer_or_each_other():
 def test_the_runtime_boot_script_speaks_the_protocol():
     """boot.sh (the runtime bundle's way into an image) is shell: it cannot import protocol.py or
     bundle.py, so this test keeps its names and paths equal to theirs."""
-    from gpusession.bundle import COMPLETE, RUNTIME_ROOT
-    from gpusession.protocol import ENV_RUNTIME_ROOT, Marker
+    from gpusession.transport.bundle import COMPLETE, RUNTIME_ROOT
+    from gpusession.core.protocol import ENV_RUNTIME_ROOT, Marker
 
     text = (PKG / "agent" / "boot.sh").read_text()
     for name in (

@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from gpusession.models import LaunchSpec, State
-from gpusession.protocol import StopKind
-from gpusession.store import Store
+from gpusession.core.models import LaunchSpec, State
+from gpusession.core.protocol import StopKind
+from gpusession.session.store import Store
 from support.procs import wait_dead
 
 
@@ -112,7 +112,7 @@ def _aws_record(home: Path, seen_ago: float):
 def test_a_session_that_cannot_be_checked_cheaply_is_marked_unverified(nb_env, gs_home):
     _aws_record(gs_home, seen_ago=300)
     code = (
-        "import sys; from gpusession import cli; cli.main(['list']); "
+        "import sys; from gpusession.faces import cli; cli.main(['list']); "
         "print('imported:', [m for m in ('boto3', 'botocore', 'docker') if m in sys.modules])"
     )
     r = subprocess.run(
@@ -161,7 +161,7 @@ def test_a_live_session_is_verified_and_its_last_seen_is_kept(manager):
 
 
 def test_the_magic_list_reconciles_too(manager, capsys):
-    from gpusession.magics import GpuMagics
+    from gpusession.faces.magics import GpuMagics
 
     session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="mg"))
     pid = session.record.resource["pid"]

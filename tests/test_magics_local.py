@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from gpusession.models import State
+from gpusession.core.models import State
 from support.procs import alive
-from gpusession.store import Store
+from gpusession.session.store import Store
 
 
 def _store(nb_env) -> Store:
@@ -161,7 +161,7 @@ def test_kernel_dying_mid_cell_is_a_clear_error_and_the_store_stays_consistent(n
 def test_a_trailing_comment_is_no_argument():
     """The README's `%gpu start --type t4            # stages print with elapsed time` works as
     written: IPython hands line magics their whole line."""
-    from gpusession.magics import _without_comment
+    from gpusession.faces.magics import _without_comment
 
     assert (
         _without_comment("start --type t4            # stages print with elapsed time")

@@ -1,4 +1,4 @@
-"""A metric is defined once (gpusession/metrics.py): a row added to the table is served with
+"""A metric is defined once (gpusession/configuration/metrics.py): a row added to the table is served with
 `GET options` (where the sidebar and the charts take it from) and shows in the notebook's words and
 on the ipywidgets card, with no other edit. The sampler filling its field is the other half."""
 
@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from gpusession import metrics
-from gpusession.metrics import Metric
+from gpusession.configuration import metrics
+from gpusession.configuration.metrics import Metric
 from gpusession.widgets.card import GpuGauges
-from gpusession.words import status_lines
+from gpusession.faces.words import status_lines
 
 # What a contributor would add for the fans (NVML nvmlDeviceGetFanSpeed, percent of the maximum).
 FAN = Metric("fan_speed", "gpu", "fan", "Fan", "Fan", "%", 1, 0, top=100)

@@ -12,11 +12,12 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
-from gpusession import cli, options
-from gpusession.catalog import load_catalog
-from gpusession.config import GpuSessionConfig
-from gpusession.magics import GpuMagics, _start_args
-from gpusession.models import LaunchSpec
+from gpusession.faces import cli
+from gpusession.configuration import options
+from gpusession.configuration.catalog import load_catalog
+from gpusession.configuration.config import GpuSessionConfig
+from gpusession.faces.magics import GpuMagics, _start_args
+from gpusession.core.models import LaunchSpec
 
 BACKENDS = ["aws", "docker", "local"]
 
@@ -184,10 +185,10 @@ def test_the_faces_hand_the_values_over_as_given(manager):
     assert manager.make_spec("l4", backend="local", idle="1h30m") == manager.spec_from(
         {"type": "l4", "backend": "local", "idle": "1h30m"}, options.FLAGS
     )
-    pkg = Path(options.__file__).parent
+    pkg = Path(options.__file__).parent.parent  # the gpusession package
     faces = [
-        "cli.py",
-        "magics.py",
+        "faces/cli.py",
+        "faces/magics.py",
         "server/handlers.py",
         "server/api.py",
         "provisioner/provisioner.py",
@@ -196,12 +197,12 @@ def test_the_faces_hand_the_values_over_as_given(manager):
     taken = [
         f"{face}: {m.group(0)}"
         for face in faces
-        if (pkg / face).exists()
         for m in re.finditer(
             r'pop\("(type|backend|idle)"[^)]*\)|"default"\)', (pkg / face).read_text()
         )
     ]
     assert not taken, taken
+    assert all((pkg / face).is_file() for face in faces), faces
 
 
 def test_the_form_reads_like_the_other_faces(manager):

@@ -172,7 +172,7 @@ print(json.dumps(got))
 
 
 def zmq_endpoints(info: dict) -> list[str]:
-    from gpusession.protocol import KERNEL_PORT_NAMES
+    from gpusession.core.protocol import KERNEL_PORT_NAMES
 
     if info.get("transport") == "ipc":
         return [f"ipc://{info['ip']}-{info[name]}" for name in KERNEL_PORT_NAMES]
@@ -257,8 +257,8 @@ def test_another_user_cannot_subscribe_through_the_tunnel_either(open_parent, tm
     from support.procs import start_runtime
     from test_tunnel import Sshd
 
-    from gpusession.kernel import KernelClient
-    from gpusession.tunnel import Tunnel, tunneled_endpoint
+    from gpusession.transport.kernel import KernelClient
+    from gpusession.transport.tunnel import Tunnel, tunneled_endpoint
 
     path = pyzmq_for_nobody(open_parent)
     remote_sockets = open_parent / "remote"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusession import options
+from gpusession.configuration import options
 
 DATA = Path(__file__).parent / "data" / "plugin_backend"
 REPO = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def test_the_table_gathers_the_plugins_option(plugin_path):
 
 def test_cli_and_magic_help_show_it(plugin_path, tmp_path):
     cli = run_python(
-        "from gpusession.cli import main; main(['start', '--help'])", plugin_path, tmp_path
+        "from gpusession.faces.cli import main; main(['start', '--help'])", plugin_path, tmp_path
     )
     assert "--demo-zone" in cli and "demo: the zone its machines are in" in cli
     magic = run_python(

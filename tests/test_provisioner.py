@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpusession import cli
-from gpusession.models import State
-from gpusession.protocol import StopKind
+from gpusession.faces import cli
+from gpusession.core.models import State
+from gpusession.core.protocol import StopKind
 from support.procs import alive
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from gpusession.demo import execute_notebook, output_text
+from gpusession.faces.demo import execute_notebook, output_text
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.models import State
+from gpusession.core.models import State
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -28,11 +28,11 @@ from support.slurm import (
     wait_until,
 )
 
-from gpusession.cost import BILLED_FROM, record_billed_seconds
-from gpusession.kernel import OutputSink
+from gpusession.configuration.cost import BILLED_FROM, record_billed_seconds
+from gpusession.transport.kernel import OutputSink
 from gpusession.session.views import session_view
-from gpusession.models import State
-from gpusession.protocol import StopKind
+from gpusession.core.models import State
+from gpusession.core.protocol import StopKind
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +115,7 @@ def test_magic_runs_a_cell_on_a_compute_node(cluster, home, gs_home, tmp_path):
     Before that, a start that waits in the queue is cancelled with the stop button (Ctrl-C)."""
     from support.notebook_kernel import NotebookKernel
 
-    from gpusession.store import Store
+    from gpusession.session.store import Store
 
     env = dict(os.environ, HOME=home, GPUSESSION_HOME=str(gs_home), PYTHONUNBUFFERED="1")
     nk = NotebookKernel(env, cwd=str(tmp_path))
@@ -319,7 +319,7 @@ def _saved_job(manager, name: str) -> str | None:
 def test_a_job_ended_by_its_time_limit_is_recorded_as_such(cluster, home, manager):
     """--max-runtime 3m asks Slurm for --time=4 (a minute more: the agent stops first when it
     can). When Slurm ends the job at its time limit, the session is recorded as ended by it."""
-    from gpusession.words import describe_stop
+    from gpusession.faces.words import describe_stop
 
     session = manager.start(slurm_spec(manager, cluster, "t4", name="limited", max_runtime="3m"))
     job_id = session.record.resource["job_id"]
@@ -344,7 +344,7 @@ def test_a_job_ended_by_its_time_limit_is_recorded_as_such(cluster, home, manage
 
 
 def test_a_python_without_ipykernel_fails_the_start_saying_what_to_install(cluster, home, manager):
-    from gpusession.errors import StageError
+    from gpusession.core.errors import StageError
 
     with pytest.raises(StageError) as failed:
         manager.start(
@@ -364,7 +364,7 @@ def test_an_image_on_a_cluster_without_a_container_runtime_fails_before_submitti
 ):
     """The test cluster has no apptainer, singularity or pyxis (Debian packages none): --image
     fails in one line naming what is missing, and nothing reaches the queue."""
-    from gpusession.errors import StageError
+    from gpusession.core.errors import StageError
 
     before = slurm(cluster, "squeue", "-h", "-o", "%i", "--states=all")
     with pytest.raises(StageError) as failed:

@@ -13,10 +13,10 @@ import pytest
 
 from gpusession.backends.slurm import jobs, states
 from gpusession.backends.slurm.login import runtime_bundle
-from gpusession.catalog import load_catalog
-from gpusession.errors import BadInput
-from gpusession.models import LaunchSpec, SessionRecord, State
-from gpusession.protocol import StopDetails, StopKind, StopReason
+from gpusession.configuration.catalog import load_catalog
+from gpusession.core.errors import BadInput
+from gpusession.core.models import LaunchSpec, SessionRecord, State
+from gpusession.core.protocol import StopDetails, StopKind, StopReason
 
 PATHS = jobs.JobPaths(
     session_dir="/home/me/.gpusession/slurm/abc123", runtime_dir="/home/me/.gpusession/runtime/v1"
@@ -301,7 +301,7 @@ def test_the_scheduler_s_reason_wins_over_the_signal_the_runtime_saw():
 
 
 def test_the_words_for_the_scheduler_s_reasons():
-    from gpusession.words import stop_reason_text
+    from gpusession.faces.words import stop_reason_text
 
     assert stop_reason_text(StopReason(StopKind.TIME_LIMIT, max_runtime_s=3600)) == (
         "the cluster ended its job at the job's time limit (1h00m)"

@@ -2,9 +2,9 @@ import multiprocessing as mp
 
 import pytest
 
-from gpusession.errors import BadInput, UnknownSession
-from gpusession.models import LaunchSpec, State
-from gpusession.store import Store
+from gpusession.core.errors import BadInput, UnknownSession
+from gpusession.core.models import LaunchSpec, State
+from gpusession.session.store import Store
 
 
 def test_transitions_are_recorded_with_times(tmp_path):

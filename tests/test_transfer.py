@@ -1,4 +1,4 @@
-"""Data between the notebook and a session (gpusession/kernel/transfer.py, agent/transfer.py):
+"""Data between the notebook and a session (gpusession/transport/kernel/transfer.py, agent/transfer.py):
 %gpu push/pull as binary frames, %gpu upload/download and `gpusession upload|download`, the
 `--upload` start option (.git and .gitignore'd files stay here, a cap), progress bars, bad input
 on every face, and the idle clock. Real parts: the local backend's processes, a notebook kernel,
@@ -132,7 +132,7 @@ def test_push_counts_as_activity_for_the_idle_watchdog(local_session):
 
 def test_a_kernel_without_transfers_is_named_not_waited_on(local_session):
     """A session whose runtime predates transfers ignores the request: one line, no hang."""
-    from gpusession.errors import BadInput
+    from gpusession.core.errors import BadInput
 
     session, _ = local_session
     session.run("get_ipython().kernel.shell_handlers.pop('gpusession_transfer_request')")
@@ -145,8 +145,8 @@ def test_a_kernel_without_transfers_is_named_not_waited_on(local_session):
 
 def test_a_transfer_given_up_leaves_no_thread_in_the_kernel(local_session):
     """Ctrl-C (or a crash) mid-transfer: the abort ends the session kernel's tar threads."""
-    from gpusession.kernel.channel import Channel
-    from gpusession.kernel.transfer import _open
+    from gpusession.transport.kernel.channel import Channel
+    from gpusession.transport.kernel.transfer import _open
 
     session, work = local_session
     (work / "big.bin").write_bytes(b"\0" * 40_000_000)  # more than the kernel's queue holds
@@ -205,8 +205,8 @@ def test_cli_upload_download_and_bad_input(local_session, tmp_path):
 
 
 def test_start_tree_over_its_cap_is_refused_before_anything_starts(manager, tmp_path):
-    from gpusession import options
-    from gpusession.errors import BadInput
+    from gpusession.configuration import options
+    from gpusession.core.errors import BadInput
 
     proj = _project(tmp_path)
     (proj / "weights.bin").write_bytes(b"\0" * 2_000_000)
@@ -305,8 +305,8 @@ def test_ssh_engine_push_pull_20mb_and_files(manager, tmp_path, monkeypatch):
 
 
 def test_upload_options_are_read_alike_on_every_face():
-    from gpusession import options
-    from gpusession.catalog import load_catalog
+    from gpusession.configuration import options
+    from gpusession.configuration.catalog import load_catalog
 
     problems = options.check_body({"upload_max": "lots", "upload": 7}, catalog=load_catalog())
     assert problems == {
@@ -323,7 +323,7 @@ def test_a_long_transfer_keeps_writing_its_activity(tmp_path, monkeypatch):
     import json
 
     from gpusession.agent import activity
-    from gpusession.protocol import ENV_STATE_DIR
+    from gpusession.core.protocol import ENV_STATE_DIR
 
     monkeypatch.setenv(ENV_STATE_DIR, str(tmp_path))
     seen = set()

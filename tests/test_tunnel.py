@@ -15,9 +15,9 @@ import pytest
 
 from support.procs import start_runtime
 
-from gpusession.sshlogin import fast_reads, make_session_key
-from gpusession.kernel import KernelClient
-from gpusession.tunnel import HostKeyCheck, SshTarget, Tunnel, TunnelError
+from gpusession.transport.sshlogin import fast_reads, make_session_key
+from gpusession.transport.kernel import KernelClient
+from gpusession.transport.tunnel import HostKeyCheck, SshTarget, Tunnel, TunnelError
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 pytestmark = pytest.mark.skipif(

@@ -115,11 +115,11 @@ def test_the_readme_quickstart_works_from_a_wheel(fresh_python, gs_home, tmp_pat
         assert nk.run("%gpu stop").status == "ok"
     finally:
         nk.close()
-    label = {"label": ["gpusession.session", f"gpusession.store={_store_id(gs_home)}"]}
+    label = {"label": ["gpusession.session", f"gpusession.session.store={_store_id(gs_home)}"]}
     assert engine.containers.list(all=True, filters=label) == []
 
 
 def _store_id(home: Path) -> str:
-    from gpusession.store import Store
+    from gpusession.session.store import Store
 
     return Store(home / "sessions.sqlite3").store_id

@@ -11,8 +11,8 @@ import pytest
 
 from gpusession.agent.nvml import NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
-from gpusession.durations import format_money
-from gpusession.models import State
+from gpusession.core.durations import format_money
+from gpusession.core.models import State
 from gpusession.widgets import SessionPanel, StatsView
 
 DATA = Path(__file__).parent / "data"

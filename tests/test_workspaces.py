@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from gpusession.agent import checkpoint
-from gpusession.models import State
-from gpusession.store import Store
-from gpusession.words import ended_message
+from gpusession.core.models import State
+from gpusession.session.store import Store
+from gpusession.faces.words import ended_message
 from support.images import image_ready
 
 NONROOT = "gpusession-ci/py-nonroot"  # USER 1000: the workspace must be writable by it
@@ -55,7 +55,7 @@ def _wait_ended(store: Store, name: str, timeout: float) -> None:
 def _remove_volumes(engine, *names: str) -> None:
     """This store's workspace volumes of those names (found by label: the volume's name has the store's id)."""
     store_id = Store(Path(os.environ["GPUSESSION_HOME"]) / "sessions.sqlite3").store_id
-    for volume in engine.volumes.list(filters={"label": f"gpusession.store={store_id}"}):
+    for volume in engine.volumes.list(filters={"label": f"gpusession.session.store={store_id}"}):
         if volume.attrs.get("Labels", {}).get("gpusession.workspace") in names:
             volume.remove(force=True)
 

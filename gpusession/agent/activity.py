@@ -15,7 +15,7 @@ import json
 import os
 import time
 
-from ..envnames import ENV_STATE_DIR, RESTART_FILE
+from ..core.envnames import ENV_STATE_DIR, RESTART_FILE
 
 # reached: a client's first kernel_info came (the start reached this kernel); till then the
 # agent's idle clock waits (gpusession.agent.idle: a slow boot or connect is not idleness)

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The gpusession runtime's way into any image (gpusession/bundle.py puts it in the runtime
+# The gpusession runtime's way into any image (gpusession/transport/bundle.py puts it in the runtime
 # bundle, mounted read-only at $ROOT). It finds the image's own Python, then
 #   sh boot.sh probe        prints one GPUSESSION_PYTHON line: that Python and what it has (JSON)
 #   sh boot.sh run ARGS...  runs `python -m gpusession.agent.firststep run ARGS...` (the kernel's

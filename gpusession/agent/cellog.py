@@ -1,5 +1,5 @@
 """In the session kernel: number every output of a cell and keep it a while, so that a client that
-lost part of it in a tunnel cut gets exactly that part again (`gpusession.kernel.cellwait`).
+lost part of it in a tunnel cut gets exactly that part again (`gpusession.transport.kernel.cellwait`).
 
 Installed by the kernel extension (`gpusession.agent.activity`). It wraps the kernel's
 `Session.send`, which every message the kernel sends passes through (stdout and stderr from the
@@ -25,7 +25,7 @@ import collections
 import threading
 from typing import Any
 
-from ..protocol import (
+from ..core.protocol import (
     CELL_LOG_REPLY,
     CELL_LOG_REQUEST,
     META_CELL_LOG,

@@ -37,7 +37,7 @@ import time
 import types
 import uuid
 
-from ..protocol import ENV_RESTORE, ENV_STATE_DIR, ENV_WORKSPACE
+from ..core.protocol import ENV_RESTORE, ENV_STATE_DIR, ENV_WORKSPACE
 from .checkpoint_read import (
     DAMAGED,
     FORMAT,

@@ -29,7 +29,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from ..protocol import agent_token as agent_token
+from ..core.protocol import agent_token as agent_token
 
 MAX_BODY = 4096
 

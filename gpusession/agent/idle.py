@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..agentargs import DEFAULT_GPU_THRESHOLD, DEFAULT_KEEPALIVE_LIMIT_S
-from ..cost import cost_for_seconds, seconds_until_cost
-from ..protocol import (
+from ..configuration.agentargs import DEFAULT_GPU_THRESHOLD, DEFAULT_KEEPALIVE_LIMIT_S
+from ..configuration.cost import cost_for_seconds, seconds_until_cost
+from ..core.protocol import (
     DEFAULT_IDLE_S,
     StopKind,
     StopReason,
@@ -38,7 +38,7 @@ def warning_lead(limit_s: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class StopPolicy:
-    """The agent's limits, from its command line (gpusession.agentargs.AgentArgs, made from the record)."""
+    """The agent's limits, from its command line (gpusession.configuration.agentargs.AgentArgs, made from the record)."""
 
     idle_timeout_s: float | None = DEFAULT_IDLE_S  # None: never stop for idleness
     gpu_threshold: float = DEFAULT_GPU_THRESHOLD  # percent; a GPU at or above it counts as busy

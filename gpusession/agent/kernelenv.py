@@ -7,7 +7,7 @@ Only when the runtime came in through the bundle's boot.sh (GPUSESSION_RUNTIME_R
 otherwise (the local backend, an image that carries gpusession itself) the kernel starts as
 `python -m ipykernel_launcher` with the environment unchanged.
 
-Bundle layout below the root (gpusession/bundle.py): code/lib (gpusession, pynvml), and, when the
+Bundle layout below the root (gpusession/transport/bundle.py): code/lib (gpusession, pynvml), and, when the
 image lacks ipykernel or pip, site/deps (ipykernel and its dependencies for this Python) and
 site/pip (pip). Standard library only; Python 3.9 syntax.
 """
@@ -19,7 +19,7 @@ import site
 import sys
 import sysconfig
 
-from ..envnames import ENV_RUNTIME_BRINGS, ENV_RUNTIME_ROOT
+from ..core.envnames import ENV_RUNTIME_BRINGS, ENV_RUNTIME_ROOT
 
 MIN_IPYKERNEL = 6
 

@@ -11,7 +11,7 @@ import _thread
 import os
 import time
 
-from ..envnames import (
+from ..core.envnames import (
     ENV_KERNEL_KEY,
     ENV_RESTORE,
     ENV_SESSION_ID,

@@ -10,7 +10,7 @@ Files in --state-dir:
                  (JupyterLab's restart): its exit then starts a fresh kernel on the same
                  connection file instead of ending the session; so does the agent's POST /restart
   stopped.json   why the runtime ended ({"reason": StopReason, "at", "summary"}), for whoever
-                 looks afterwards (gpusession.protocol.StopDetails reads it)
+                 looks afterwards (gpusession.core.protocol.StopDetails reads it)
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import subprocess
 import threading
 import time
 
-from ..agentargs import PLACEMENT, add_arguments
-from ..envnames import RESTART_FILE
-from ..protocol import KERNEL_PORT_NAMES, Marker, StopKind, StopReason, marker_line
+from ..configuration.agentargs import PLACEMENT, add_arguments
+from ..core.envnames import RESTART_FILE
+from ..core.protocol import KERNEL_PORT_NAMES, Marker, StopKind, StopReason, marker_line
 from . import service
 from .kernelspawn import (
     Spawned,
@@ -290,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_arguments(
         run, PLACEMENT
-    )  # gpusession.agentargs.AgentArgs: every option of `run`, written once
+    )  # gpusession.configuration.agentargs.AgentArgs: every option of `run`, written once
     service.add_arguments(run)
     service.add_commands(sub)
     return p

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..agentargs import DEFAULT_HISTORY_S
+from ..configuration.agentargs import DEFAULT_HISTORY_S
 from .nvml import NvmlReader
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -4,7 +4,7 @@
     runtime.build_parser -> add_arguments(run_parser), add_commands(subparsers)
     runtime.main         -> start(rt, args) while the kernel starts (binds the endpoint and
                             sets rt.agent_port, which runtime.json and READY then carry)
-    backends             -> AgentArgs.for_record(record, ...).argv(): the options (gpusession.agentargs)
+    backends             -> AgentArgs.for_record(record, ...).argv(): the options (gpusession.configuration.agentargs)
 
 Standard library only (and nvidia-ml-py, lazily), like the rest of gpusession.agent.
 """
@@ -20,9 +20,9 @@ import threading
 import time
 from typing import Any
 
-from ..agentargs import DEFAULT_SAVE_TIMEOUT_S, RECORDING, WATCHDOG, positive
-from ..agentargs import add_arguments as add_agent_arguments
-from ..protocol import Marker, StopReason, marker_line
+from ..configuration.agentargs import DEFAULT_SAVE_TIMEOUT_S, RECORDING, WATCHDOG, positive
+from ..configuration.agentargs import add_arguments as add_agent_arguments
+from ..core.protocol import Marker, StopReason, marker_line
 from .idle import ActivityTracker, StopPolicy
 from .nvml import NvmlReader, RecordedNvml, record_raw
 from .sampler import Sampler
@@ -41,7 +41,7 @@ def _recording(path: str) -> RecordedNvml:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The watchdog's and the stats' options (gpusession.agentargs.AgentArgs holds them all)."""
+    """The watchdog's and the stats' options (gpusession.configuration.agentargs.AgentArgs holds them all)."""
     add_agent_arguments(
         parser.add_argument_group(WATCHDOG), WATCHDOG, types={RECORDING: _recording}
     )

@@ -1,7 +1,7 @@
 """In the session kernel: bulk bytes between the notebook and the session as ZMQ binary frames on
 the kernel's own shell channel (no new port, no base64, no JSON of the payload).
 
-The client (`gpusession.kernel.transfer`) sends TRANSFER_REQUEST messages; each gets one
+The client (`gpusession.transport.kernel.transfer`) sends TRANSFER_REQUEST messages; each gets one
 TRANSFER_REPLY, in order, so the client keeps a few requests in flight (its window):
 
 - {"op": "open", "id", "kind": "push"|"upload", ...}, then {"op": "data", "id", "last"} with the
@@ -24,7 +24,7 @@ import os
 import time
 from typing import Any, Callable
 
-from ..protocol import TRANSFER_REPLY, TRANSFER_REQUEST
+from ..core.protocol import TRANSFER_REPLY, TRANSFER_REQUEST
 from .transfer_kinds import TransferError, open_download, open_pull, Push, Upload
 
 MAX_OPEN = 8  # transfers open at once; older ones are dropped

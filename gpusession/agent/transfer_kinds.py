@@ -1,6 +1,6 @@
 """In the session kernel: what each kind of transfer does with its bytes (the requests and
 their numbering: `gpusession.agent.transfer`). push/pull: variables, pickled one by one; upload:
-a tar stream extracted as it arrives (`gpusession.tarsafe`: temporary names, renamed once the
+a tar stream extracted as it arrives (`gpusession.transport.tarsafe`: temporary names, renamed once the
 whole stream arrived and its size and CRC-32 match); download: a tar stream made by a thread.
 Standard library only; Python 3.9 syntax.
 """
@@ -15,7 +15,7 @@ import threading
 import zlib
 from typing import Any, Callable, Optional
 
-from ..tarsafe import Extraction
+from ..transport.tarsafe import Extraction
 
 TAR_BUFSIZE = 1 << 20
 _DONE = object()
@@ -95,7 +95,7 @@ class _Chunks:
 
 
 class Upload:
-    """A tar stream extracted by a thread as it arrives (gpusession.tarsafe: temporary names,
+    """A tar stream extracted by a thread as it arrives (gpusession.transport.tarsafe: temporary names,
     renamed once the whole stream arrived and its size and checksum match the client's)."""
 
     def __init__(self, cwd: str, to: str) -> None:

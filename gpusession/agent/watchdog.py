@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..protocol import Marker, StopReason, marker_line
+from ..core.protocol import Marker, StopReason, marker_line
 from . import activity
 from .idle import ActivityTracker, Verdict
 from .sampler import Sampler

@@ -1,4 +1,4 @@
-"""Backend discovery through the `gpusession.backends` entry-point group (`gpusession.registry`:
+"""Backend discovery through the `gpusession.backends` entry-point group (`gpusession.configuration.registry`:
 the entry points are the one registry; pyproject.toml registers the built-ins).
 
 `backend_classes()` is the one function tests (or a plugin host) replace to change what is
@@ -7,9 +7,9 @@ found, like jupyter_client's provisioner factory.
 
 from __future__ import annotations
 
-from .. import registry
-from ..errors import BadInput
-from ..registry import GROUP
+from ..configuration import registry
+from ..core.errors import BadInput
+from ..configuration.registry import GROUP
 from .base import Backend, Link, Recorder, RemoteResource, TunnelLink
 
 

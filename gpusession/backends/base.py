@@ -31,14 +31,14 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
-from ..protocol import Marker, StopDetails, StopKind, StopReason, parse_marker
+from ..core.protocol import Marker, StopDetails, StopKind, StopReason, parse_marker
 
 if TYPE_CHECKING:
-    from ..catalog import Catalog
-    from ..options import StartOption
-    from ..config import GpuSessionConfig
-    from ..models import KernelEndpoint, LaunchSpec, SessionRecord
-    from ..progress import Progress
+    from ..configuration.catalog import Catalog
+    from ..configuration.options import StartOption
+    from ..configuration.config import GpuSessionConfig
+    from ..core.models import KernelEndpoint, LaunchSpec, SessionRecord
+    from ..core.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class DirectLink(Link):
         """`kernel_info`: the runtime's kernel.json (ports on 127.0.0.1); `agent_port`: the
         agent's (runtime.json), None when it has none; `alive`: is the remote side still there
         (asked at most once a second; a kernel that dies while it starts is noticed by it)."""
-        from ..models import KernelEndpoint
+        from ..core.models import KernelEndpoint
 
         agent_url = f"http://127.0.0.1:{int(agent_port)}" if agent_port else None
         ip = (
@@ -161,7 +161,7 @@ class DirectLink(Link):
 
 
 class TunnelLink(Link):
-    """A Link through a `gpusession.tunnel.Tunnel` to a kernel's loopback ports on the machine the
+    """A Link through a `gpusession.transport.tunnel.Tunnel` to a kernel's loopback ports on the machine the
     tunnel logs in to (a Docker host, an EC2 instance); closing it closes the tunnel and leaves the
     remote side running."""
 
@@ -169,7 +169,7 @@ class TunnelLink(Link):
         """`tunnel`: started; `kernel_info`: the remote kernel.json, whose ports (and
         `agent_port`: -1 for the fixed `tunnel.CONTAINER_AGENT_PORT`, None for no agent) the
         tunnel forwards to local ones."""
-        from ..tunnel import CONTAINER_AGENT_PORT, tunneled_endpoint
+        from ..transport.tunnel import CONTAINER_AGENT_PORT, tunneled_endpoint
 
         self.tunnel = tunnel
         self.endpoint = tunneled_endpoint(
@@ -202,8 +202,8 @@ class Backend(abc.ABC):
     # the docs and gc, so adding a backend is its package and its entry point, nothing else --
 
     start_options: ClassVar[tuple["StartOption", ...]] = ()
-    """The start options only this backend reads (`gpusession.options.StartOption` rows, their
-    `backends` left None): `gpusession.options` gathers them from every registered class into
+    """The start options only this backend reads (`gpusession.configuration.options.StartOption` rows, their
+    `backends` left None): `gpusession.configuration.options` gathers them from every registered class into
     the one option table behind the magic, the CLI, the REST body and both start forms, with
     `backends` set to this backend's name. A backend reads their values from `spec.extra` (or
     the row's `spec_field`). Two backends may declare the same row; it then applies to both."""

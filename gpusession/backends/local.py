@@ -18,13 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-from ..agentargs import AgentArgs, flag_of, workspace_name
-from .. import procs
-from ..errors import StageError
-from ..settings import private_socket_dir
-from ..models import KernelEndpoint, SessionRecord
-from ..progress import Progress
-from ..protocol import ENV_SESSION_ID, StopDetails
+from ..configuration.agentargs import AgentArgs, flag_of, workspace_name
+from ..core import procs
+from ..core.errors import StageError
+from ..configuration.settings import private_socket_dir
+from ..core.models import KernelEndpoint, SessionRecord
+from ..core.progress import Progress
+from ..core.protocol import ENV_SESSION_ID, StopDetails
 from .base import Backend, Link, RemoteResource, Workspace, log_tail
 
 

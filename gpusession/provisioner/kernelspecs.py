@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import options
-from ..errors import BadInput
+from ..configuration import options
+from ..core.errors import BadInput
 
 PROVISIONER_NAME = "gpusession-provisioner"  # the entry point in jupyter_client.kernel_provisioners
 _VALID_NAME = re.compile(
@@ -46,7 +46,7 @@ def check_options(values: Mapping[str, Any], face: str = options.FLAGS) -> dict[
     """The start options as the table reads them (BadOptions names each bad one); the values
     themselves are what the kernelspec keeps."""
     from ..backends import backend_names
-    from ..catalog import load_catalog
+    from ..configuration.catalog import load_catalog
 
     bad = [name for name in values if name in NOT_IN_A_KERNELSPEC]
     if bad:
@@ -69,7 +69,7 @@ def default_name(values: Mapping[str, Any]) -> str:
 
 def kernel_json(values: Mapping[str, Any]) -> dict[str, Any]:
     """The kernel.json of a GPU kernelspec with these (checked) start options."""
-    from ..words import kernel_display_name
+    from ..faces.words import kernel_display_name
 
     parsed = check_options(values)
     gpu_type, gpu_count = parsed["type"]

@@ -33,12 +33,12 @@ from typing import Any, Callable, TypeVar
 
 from jupyter_client.provisioning import KernelProvisionerBase
 
-from .. import options
-from ..config import GpuSessionConfig
-from ..errors import GpuSessionError
-from ..models import State
+from ..configuration import options
+from ..configuration.config import GpuSessionConfig
+from ..core.errors import GpuSessionError
+from ..core.models import State
 from ..session import AgentUnavailable, Session, SessionManager
-from ..words import error_text
+from ..faces.words import error_text
 
 SHUTDOWN_BY = "JupyterLab kernel shutdown"
 T = TypeVar("T")

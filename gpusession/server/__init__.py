@@ -4,7 +4,7 @@ any notebook or the CLI show up.
 
 Settings: `c.GpuSessionConfig.<name>` in jupyter_server_config.py or `--GpuSessionConfig.<name>=`
 on the `jupyter lab` / `jupyter server` command line, over the GPUSESSION_* env vars
-(see gpusession/config.py)."""
+(see gpusession/configuration/config.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 def _load_jupyter_server_extension(server_app) -> None:
     from traitlets import TraitError
 
-    from ..config import GpuSessionConfig
-    from ..errors import GpuSessionError
+    from ..configuration.config import GpuSessionConfig
+    from ..core.errors import GpuSessionError
     from ..session import SessionManager
     from .handlers import setup_handlers
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .. import options
+from ..configuration import options
 from ..session import SessionManager
 from .panel import StartProgress, panel_view
 

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
 
-from ..durations import shown
-from ..errors import BadInput, BackendUnavailable, GpuSessionError, NoSession, UnknownSession
-from ..words import error_text
+from ..core.durations import shown
+from ..core.errors import BadInput, BackendUnavailable, GpuSessionError, NoSession, UnknownSession
+from ..faces.words import error_text
 
 if TYPE_CHECKING:
     from .api import Api

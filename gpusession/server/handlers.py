@@ -15,12 +15,12 @@ import urllib.parse
 import tornado.web
 from jupyter_server.utils import url_path_join
 
-from .. import options
+from ..configuration import options
 from ..backends import backend_names
-from ..durations import KEEPALIVE, shown
-from ..errors import BadInput
+from ..core.durations import KEEPALIVE, shown
+from ..core.errors import BadInput
 from ..session import SessionManager, default_backend_name
-from ..words import rest_view, warning_texts
+from ..faces.words import rest_view, warning_texts
 from .api import Api
 from .base import BaseHandler
 from .workspaces import WorkspaceHandler, WorkspacesHandler
@@ -61,7 +61,7 @@ class SessionsHandler(BaseHandler):
 
 
 class OptionsHandler(BaseHandler):
-    """The start options (gpusession/options.py) with this server's defaults: what a form shows."""
+    """The start options (gpusession/configuration/options.py) with this server's defaults: what a form shows."""
 
     @tornado.web.authenticated
     async def get(self) -> None:

@@ -9,11 +9,11 @@ import socket
 import threading
 from typing import Any
 
-from ..models import SessionRecord
-from ..progress import Reporter
+from ..core.models import SessionRecord
+from ..core.progress import Reporter
 from ..session import SessionManager
-from ..words import rest_view
-from ..words import record_checkpoint_line, restore_lines
+from ..faces.words import rest_view
+from ..faces.words import record_checkpoint_line, restore_lines
 
 #: how many progress lines of one start are kept, and of how many starts
 KEEP_LINES = 20

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import tornado.web
 
-from ..durations import shown
-from ..errors import BadInput
+from ..core.durations import shown
+from ..core.errors import BadInput
 from ..backends import workspace_backends
 from ..session.workspaces import NoWorkspace, WorkspaceInUse, list_all, remove
-from ..textvalues import workspace_name
-from ..words import workspace_rest_view
+from ..core.textvalues import workspace_name
+from ..faces.words import workspace_rest_view
 from .base import BaseHandler
 
 

@@ -11,8 +11,8 @@ import threading
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
-from ..errors import GpuSessionError
-from ..models import KernelEndpoint
+from ..core.errors import GpuSessionError
+from ..core.models import KernelEndpoint
 
 if TYPE_CHECKING:  # http.client (with ssl, email) loads when a client is made: not for `list`
     import http.client

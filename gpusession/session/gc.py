@@ -17,11 +17,11 @@ import dataclasses
 import socket
 from typing import TYPE_CHECKING, Callable
 
-from .. import procs
-from ..errors import GpuSessionError
-from ..models import SessionRecord, State
-from ..protocol import StopKind
-from ..store import Store
+from ..core import procs
+from ..core.errors import GpuSessionError
+from ..core.models import SessionRecord, State
+from ..core.protocol import StopKind
+from .store import Store
 
 if TYPE_CHECKING:
     from ..backends import Backend

@@ -7,11 +7,11 @@ import time
 from typing import Any, Protocol
 
 from ..backends import Backend, Link
-from ..errors import KernelDied, LinkLost, SessionEnded
-from ..kernel import KernelClient, OutputSink, files, transfer
-from ..kernel.transfer import Progress
-from ..models import SessionRecord
-from ..store import Store
+from ..core.errors import KernelDied, LinkLost, SessionEnded
+from ..transport.kernel import KernelClient, OutputSink, files, transfer
+from ..transport.kernel.transfer import Progress
+from ..core.models import SessionRecord
+from .store import Store
 from .agentclient import AgentClient, AgentUnavailable
 
 

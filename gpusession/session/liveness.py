@@ -16,9 +16,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..models import SessionRecord, State
-from ..protocol import StopKind, StopReason
-from ..store import Store
+from ..core.models import SessionRecord, State
+from ..core.protocol import StopKind, StopReason
+from .store import Store
 
 if TYPE_CHECKING:
     from ..backends import Backend

@@ -2,7 +2,7 @@
 
 The faces (magics, CLI, server, widgets) talk to `SessionManager` only; they never import a
 concrete backend. It returns data (records, views, stats documents); the faces put them into
-words with `gpusession.words`.
+words with `gpusession.faces.words`.
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .. import options
+from ..configuration import options
 from ..backends import Backend, Link, default_order, load_backend_class, loaded_classes
-from ..catalog import load_catalog
-from ..durations import KEEPALIVE
-from ..errors import GpuSessionError, KernelDied, SessionEnded, StageError
-from ..kernel import files
-from ..models import LaunchSpec, SessionRecord, State
-from ..progress import Progress, Reporter
-from ..protocol import StopKind, StopReason, Warning, WarningKind
-from ..store import Store
+from ..configuration.catalog import load_catalog
+from ..core.durations import KEEPALIVE
+from ..core.errors import GpuSessionError, KernelDied, SessionEnded, StageError
+from ..transport.kernel import files
+from ..core.models import LaunchSpec, SessionRecord, State
+from ..core.progress import Progress, Reporter
+from ..core.protocol import StopKind, StopReason, Warning, WarningKind
+from .store import Store
 from .agentclient import AgentUnavailable
 from .liveness import Liveness, ended_state
 from .recorder import StoreRecorder
@@ -28,7 +28,7 @@ from .views import session_view
 from .workspaces import fetch_restore_report, save_checkpoint, workspace_claim
 
 if TYPE_CHECKING:
-    from ..config import GpuSessionConfig
+    from ..configuration.config import GpuSessionConfig
     from .handle import Session
 
 FRESH_S = 15.0  # how long a fetched stats document may fill in a view's idle countdown
@@ -55,7 +55,7 @@ class SessionManager:
 
     def __init__(self, config: GpuSessionConfig | None = None, store: Store | None = None):
         if config is None:  # the CLI gives an EnvConfig (settings.py): no traitlets.config
-            from ..config import GpuSessionConfig
+            from ..configuration.config import GpuSessionConfig
 
             config = GpuSessionConfig()
         self.config = config
@@ -90,7 +90,7 @@ class SessionManager:
     def spec_from(self, values: Mapping[str, Any], face: str = options.REST) -> LaunchSpec:
         """Validate start options as a face was given them (BadInput says what was wrong, naming
         each field in the words of `face`: options.REST, FLAGS or FORM): the option table's rules
-        (gpusession/options.py), with this manager's config for defaults. An option left out
+        (gpusession/configuration/options.py), with this manager's config for defaults. An option left out
         takes its default."""
         from ..backends import backend_names
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..models import SessionRecord
-from ..store import Store
+from ..core.models import SessionRecord
+from .store import Store
 
 
 class StoreRecorder:

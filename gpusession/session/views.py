@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cost import cost_of, uptime_seconds
-from ..durations import exact_decimal
-from ..models import LaunchSpec, SessionRecord, State
-from .. import options
+from ..configuration.cost import cost_of, uptime_seconds
+from ..core.durations import exact_decimal
+from ..core.models import LaunchSpec, SessionRecord, State
+from ..configuration import options
 
 
 def session_view(

@@ -2,7 +2,7 @@
 `stop --save`, and the listing `gpusession workspaces` and gc's report show.
 
 gc never deletes a workspace: deleting one is `remove(...)`, which the faces call only when the
-user confirmed. Returns data; the faces put it into words (gpusession/words.py).
+user confirmed. Returns data; the faces put it into words (gpusession/faces/words.py).
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import BackendUnavailable, BadInput, GpuSessionError, WorkspaceInUse
+from ..core.errors import BackendUnavailable, BadInput, GpuSessionError, WorkspaceInUse
 from ..backends import workspace_backends
-from ..store import Store
+from .store import Store
 from .agentclient import AgentClient, AgentUnavailable
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, Workspace
-    from ..models import LaunchSpec, SessionRecord
+    from ..core.models import LaunchSpec, SessionRecord
     from .handle import Session
 
 SAVE_WAIT_EXTRA_S = 15.0  # the agent answers POST /save within the bound; the link may add to it

@@ -3,7 +3,7 @@ document) and call back on clicks; fetching and threads are panel.py's.
 
 CSS classes: `gpusession-widget-` + card (plus `gpusession-widget-state-<state>`), name, state,
 kind, uptime, price, cost, idle, idle-warning, error, action-message, stop, keepalive, stats,
-stats-note, gpu, gauge, gauge-<key of a gpusession.metrics row: util, memory, temp, power, cpu, ram>, gauge-value.
+stats-note, gpu, gauge, gauge-<key of a gpusession.configuration.metrics row: util, memory, temp, power, cpu, ram>, gauge-value.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Callable
 
 import ipywidgets as widgets
 
-from ..metrics import Metric, metric_of, metrics
-from ..words import format_duration, format_money, warning_texts
-from ..models import State
+from ..configuration.metrics import Metric, metric_of, metrics
+from ..faces.words import format_duration, format_money, warning_texts
+from ..core.models import State
 
 KEEPALIVE = "1h"  # what the keep-alive button asks for (the sidebar's button does the same)
 FINAL_STATES = {State.STOPPED.value, State.FAILED.value}
@@ -85,7 +85,7 @@ def _scaled(metric: Metric, item: dict, field: str | None) -> float | None:
 
 
 class MetricGauges:
-    """A gauge per drawn metric of one scope (gpusession.metrics), in the table's order."""
+    """A gauge per drawn metric of one scope (gpusession.configuration.metrics), in the table's order."""
 
     def __init__(self, scope: str):
         self.rows = [m for m in metrics(scope) if m.charted]

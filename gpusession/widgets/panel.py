@@ -9,11 +9,11 @@ from typing import Any, Callable, Iterable
 import ipywidgets as widgets
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .. import options
-from ..durations import format_money
-from ..errors import GpuSessionError, NoSession
-from ..words import ended_message, error_text, keepalive_line, summary_line
-from ..models import State
+from ..configuration import options
+from ..core.durations import format_money
+from ..core.errors import GpuSessionError, NoSession
+from ..faces.words import ended_message, error_text, keepalive_line, summary_line
+from ..core.models import State
 from ..session import Session, SessionManager, default_backend_name
 from .card import FINAL_STATES, KEEPALIVE, STYLE, WARN_STYLE, SessionCard, classed, html_text, show
 
@@ -21,7 +21,7 @@ REFRESH_S = 1.5  # seconds between two refreshes of the cards
 
 
 class StartForm:
-    """The start options marked for forms in the one table (gpusession/options.py), each as its
+    """The start options marked for forms in the one table (gpusession/configuration/options.py), each as its
     kind asks: the catalog's GPU types with prices, the installed backends, a checkbox for a
     switch, text for the rest. A backend's own options show only while it is selected.
     `on_start(values)` gets what was filled in, by option name (blank fields left out)."""
@@ -416,5 +416,5 @@ def _panel_args(line: str) -> None:
 
 
 def register_panel(magics: Any) -> None:
-    """Add `%gpu panel` to a GpuMagics (gpusession.magics.load_ipython_extension calls this)."""
+    """Add `%gpu panel` to a GpuMagics (gpusession.faces.magics.load_ipython_extension calls this)."""
     magics.add_subcommand("panel", PanelCommand(magics))

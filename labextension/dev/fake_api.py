@@ -3,7 +3,7 @@ GPUs, Docker or the real server extension.
 
 It serves the endpoints of ``labextension/src/types.ts`` under ``<base_url>/gpusession/api/``
 from memory, with made-up but plausible GPU stats and a made-up option table (durations and
-money are parsed by ``gpusession.durations``, as the real server does). Load it as a server extension:
+money are parsed by ``gpusession.core.durations``, as the real server does). Load it as a server extension:
 
     PYTHONPATH=labextension/dev jupyter lab \
         --ServerApp.jpserver_extensions=fake_api=True
@@ -31,9 +31,9 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from gpusession.durations import parse_duration as _parse_duration
-from gpusession.durations import parse_money
-from gpusession.errors import BadInput
+from gpusession.core.durations import parse_duration as _parse_duration
+from gpusession.core.durations import parse_money
+from gpusession.core.errors import BadInput
 
 CATALOG = {
     "types": [

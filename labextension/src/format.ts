@@ -2,7 +2,7 @@
  * Text formats of durations, money and metrics.
  *
  * `formatDuration` and `formatMoney` follow `format_duration` and
- * `format_money` of `gpusession/durations.py` to the character, so that the
+ * `format_money` of `gpusession/core/durations.py` to the character, so that the
  * sidebar and the notebook print the same numbers the same way;
  * `tests/data/format_cases.json` (written by the Python functions) holds both
  * to that. Python rounds half to even on the exact binary value of a float,
@@ -57,7 +57,7 @@ export function formatRate(perHour: number): string {
 }
 
 /**
- * A metric's value as `gpusession.metrics.metric_text` prints it, with the
+ * A metric's value as `gpusession.configuration.metrics.metric_text` prints it, with the
  * row of the table the server sent: "57%", "70 °C", "67/70 W" (against its
  * limit when known), "10.2/15.0 GiB", "76 MiB/23.5 GiB"; "n/a" when the
  * board does not report it.

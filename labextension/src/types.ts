@@ -29,7 +29,7 @@ export interface IdleView {
   warning: string | null;
 }
 
-/** Kinds of `StopReasonView`: gpusession/protocol.py `StopKind`, in its
+/** Kinds of `StopReasonView`: gpusession/core/protocol.py `StopKind`, in its
  * order (tests/data/format_cases.json `stop_kinds` holds both to it). */
 export const STOP_KINDS = [
   'idle',
@@ -261,12 +261,12 @@ export interface OptionView {
 /** Reply of GET `options`: every start option, in the order to show them. */
 export interface OptionsReply {
   options: OptionView[];
-  /** The metrics the charts draw (gpusession/metrics.py), in the order shown. */
+  /** The metrics the charts draw (gpusession/configuration/metrics.py), in the order shown. */
   metrics: MetricView[];
 }
 
 /**
- * One row of the metric table (gpusession/metrics.py `Metric`), item of
+ * One row of the metric table (gpusession/configuration/metrics.py `Metric`), item of
  * `OptionsReply.metrics` (GET `options`). The charts, sparklines and value
  * texts are made from these rows; `formatMetric` formats a value with one.
  */

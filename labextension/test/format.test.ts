@@ -86,7 +86,7 @@ describe('rounding as Python rounds', () => {
   });
 });
 
-describe('the metrics (gpusession.metrics)', () => {
+describe('the metrics (gpusession.configuration.metrics)', () => {
   test('every row of the table has cases', () => {
     const keys = new Set(cases.metrics.cases.map(([key]) => key));
     assert.deepEqual([...keys].sort(), cases.metrics.table.map(m => m.key).sort());
@@ -109,7 +109,7 @@ describe('the metrics (gpusession.metrics)', () => {
   });
 });
 
-describe('the stop kinds (gpusession.protocol.StopKind)', () => {
+describe('the stop kinds (gpusession.core.protocol.StopKind)', () => {
   test('STOP_KINDS is the protocol list, Slurm kinds included', () => {
     assert.deepEqual([...STOP_KINDS], cases.stop_kinds);
     for (const kind of ['time-limit', 'preempted', 'job-ended']) {

@@ -6,13 +6,13 @@ import { dirname, join } from 'node:path';
 
 import type { GpuSample, MetricView, OptionView, Sample, SessionView } from '../src/types';
 
-/** tests/data/format_cases.json: inputs and what gpusession.durations prints for them. */
+/** tests/data/format_cases.json: inputs and what gpusession.core.durations prints for them. */
 export interface FormatCases {
   duration: [number | null, string][];
   money: [number, string][];
-  /** gpusession.protocol.StopKind's values, in order. */
+  /** gpusession.core.protocol.StopKind's values, in order. */
   stop_kinds: string[];
-  /** gpusession.metrics: the table as GET options serves it, and [key, value, limit, text]. */
+  /** gpusession.configuration.metrics: the table as GET options serves it, and [key, value, limit, text]. */
   metrics: { table: MetricView[]; cases: [string, number | null, number | null, string][] };
 }
 

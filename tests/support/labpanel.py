@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from gpusession.config import GpuSessionConfig
+from gpusession.configuration.config import GpuSessionConfig
 from gpusession.session import SessionManager
 
 from .lab import lab_url, start_lab, stop_lab

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpusession.kernel import OutputSink
+from gpusession.transport.kernel import OutputSink
 
 
 class Collect(OutputSink):

@@ -21,14 +21,14 @@ import os
 import time
 from typing import Any
 
-from ...agentargs import WORKSPACE_MOUNT, AgentArgs, workspace_name
-from ...catalog import Catalog, load_catalog
-from ... import textvalues
-from ...errors import BackendUnavailable, BadInput, GpuSessionError, StageError
-from ...models import LaunchSpec, SessionRecord
-from ...options import StartOption
-from ...progress import Progress
-from ...protocol import StopDetails
+from ...configuration.agentargs import WORKSPACE_MOUNT, AgentArgs, workspace_name
+from ...configuration.catalog import Catalog, load_catalog
+from ...core import textvalues
+from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
+from ...core.models import LaunchSpec, SessionRecord
+from ...configuration.options import StartOption
+from ...core.progress import Progress
+from ...core.protocol import StopDetails
 from ..base import Backend, Link, RemoteResource
 from . import launch, volumes
 from .sdk import Aws, aws_errors, boto3_module, error_code, explain
@@ -188,7 +188,7 @@ class AwsBackend(Backend):
     def _provision(self, aws: Aws, record: SessionRecord, progress: Progress) -> None:
         import secrets
 
-        from ...sshlogin import make_session_key
+        from ...transport.sshlogin import make_session_key
 
         spec, extra = record.spec, record.spec.extra
         catalog = load_catalog()
@@ -280,7 +280,7 @@ class AwsBackend(Backend):
         name: str,
         tag_list,
     ) -> None:
-        from ...tunnel import CONTAINER_AGENT_PORT
+        from ...transport.tunnel import CONTAINER_AGENT_PORT
         from ..cloudvm.cloudinit import (
             CONTAINER_STATE_DIR,
             BootPlan,

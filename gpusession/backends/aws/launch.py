@@ -9,7 +9,7 @@ import os
 import urllib.request
 from typing import Any
 
-from ...errors import BadInput, GpuSessionError, StageError
+from ...core.errors import BadInput, GpuSessionError, StageError
 from .sdk import CAPACITY_CODES, QUOTA_CODES, Aws, error_code, error_message, explain
 
 TAG_SESSION = "gpusession:session"

@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Any
 
-from ...errors import BackendUnavailable, BadInput, GpuSessionError
+from ...core.errors import BackendUnavailable, BadInput, GpuSessionError
 
 INSTALL_HINT = "the aws backend needs boto3: pip install 'gpusession[aws]'"
 ENDPOINT_ENV = "GPUSESSION_AWS_ENDPOINT_URL"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
-from ...protocol import StopDetails, StopKind, StopReason
+from ...core.protocol import StopDetails, StopKind, StopReason
 from ..base import RemoteResource, stop_details_from_log
 from .launch import TAG_SESSION
 from .sdk import Aws, aws_errors, error_code, explain

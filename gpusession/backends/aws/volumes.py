@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ...errors import BackendUnavailable, BadInput, StageError
+from ...core.errors import BackendUnavailable, BadInput, StageError
 from .launch import TAG_OWNER, Subnet
 from .sdk import Aws, aws_errors, error_code, explain
 
@@ -31,7 +31,7 @@ ATTACH_WAIT_S = 120.0
 
 def size_gib(extra: dict) -> int:
     """--workspace-size (whole GiB) of a new workspace's volume; DEFAULT_SIZE_GIB when not given."""
-    from ...textvalues import gib_size
+    from ...core.textvalues import gib_size
 
     value = extra.get("workspace_size")
     return DEFAULT_SIZE_GIB if value in (None, "") else gib_size(str(value))

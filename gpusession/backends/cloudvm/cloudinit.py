@@ -24,10 +24,10 @@ import json
 import shlex
 from pathlib import Path
 
-from ...agentargs import WORKSPACE_MOUNT
-from ...bundle import boot_script as bundle_boot_script
-from ...protocol import Marker
-from ...tunnel import CONTAINER_AGENT_PORT
+from ...configuration.agentargs import WORKSPACE_MOUNT
+from ...transport.bundle import boot_script as bundle_boot_script
+from ...core.protocol import Marker
+from ...transport.tunnel import CONTAINER_AGENT_PORT
 
 SSH_USER = "gpusession"  # the tunnel's login on the instance (created by cloud-init)
 INSTANCE_ROOT = "/var/lib/gpusession"  # one folder per session below it

@@ -2,8 +2,8 @@
 with the session key, which may only forward to the kernel's unix sockets and the agent's fixed
 port on the instance's 127.0.0.1 and run access.sh (cloudinit.py). Through that login the client follows the
 boot (image pull with bytes and layers, the image's Python), sends the runtime bundle the image
-needs (gpusession.bundle: the agent, and ipykernel when the image has none), then forwards the
-kernel's ports with a `gpusession.tunnel.Tunnel`, as for a remote Docker host.
+needs (gpusession.transport.bundle: the agent, and ipykernel when the image has none), then forwards the
+kernel's ports with a `gpusession.transport.tunnel.Tunnel`, as for a remote Docker host.
 
 GPUSESSION_AWS_ADDRESS_MAP is the seam for tests (and for unusual networks): `FROM=TO[:PORT]`
 items, comma-separated, FROM an instance address or `*`, say where an instance's sshd is really
@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ...bundle import BundleError, ImagePython, cache_dir, code_archive, site_archive
-from ...errors import StageError
-from ...models import KernelEndpoint
-from ...protocol import KERNEL_PORT_NAMES, Marker, agent_token, parse_marker
-from ...pulls import PullProgress, format_bytes
-from ...sshlogin import exec_command
+from ...transport.bundle import BundleError, ImagePython, cache_dir, code_archive, site_archive
+from ...core.errors import StageError
+from ...core.models import KernelEndpoint
+from ...core.protocol import KERNEL_PORT_NAMES, Marker, agent_token, parse_marker
+from ...transport.pulls import PullProgress, format_bytes
+from ...transport.sshlogin import exec_command
 from ..base import TunnelLink, failure_detail
 from .cloudinit import SSH_USER
 
@@ -51,7 +51,7 @@ def instance_target(resource: dict, forget_hint: str):
     """The instance's sshd as the session's SshTarget (user gpusession, pinned host key)."""
     import paramiko
 
-    from ...tunnel import HostKeyCheck, SshTarget
+    from ...transport.tunnel import HostKeyCheck, SshTarget
 
     key = paramiko.Ed25519Key.from_private_key_file(resource["key_path"])
     host, port = map_address(resource["address"])
@@ -69,7 +69,7 @@ def kernel_info(resource: dict) -> dict:
     (ZMQ ipc, `<folder>/k-1` .. `k-5`) and the key made locally (the instance's user data hands it
     to the runtime). A session started by an earlier gpusession has no `sockets`: the fixed
     loopback ports."""
-    from ...tunnel import CONTAINER_KERNEL_PORTS
+    from ...transport.tunnel import CONTAINER_KERNEL_PORTS
 
     key = Path(resource["kernel_key_path"]).read_text().strip()
     if resource.get("sockets"):
@@ -95,7 +95,7 @@ def wait_for_login(
     `gone()` (the instance's state when it is not coming up any more) ends it."""
     import paramiko
 
-    from ...tunnel import TunnelError, open_transport
+    from ...transport.tunnel import TunnelError, open_transport
 
     last, said, started = "no answer yet", 0.0, time.monotonic()
     while True:
@@ -349,7 +349,7 @@ def open_link(
     on_event: Callable[[str], None],
     on_notice: Callable[[dict], None] | None,
 ) -> AwsLink:
-    from ...tunnel import Tunnel
+    from ...transport.tunnel import Tunnel
 
     target = instance_target(resource, forget_hint)
     say(f"waiting for the instance's sshd at {target.host}:{target.port}")

@@ -4,15 +4,15 @@ python3 (3.9 or newer).
 The engine is this machine's (DOCKER_HOST or the default socket) or a remote one at
 `ssh://user@host[:port]` (the user's key and known_hosts, as `ssh` would use them). The image is
 pulled when the engine lacks it; the runtime (the agent, and ipykernel when the image has none)
-comes in read-only volumes (`runtime`, `gpusession.bundle`) and the kernel runs with the
+comes in read-only volumes (`runtime`, `gpusession.transport.bundle`) and the kernel runs with the
 image's own Python. The container needs no sshd: it runs on the host's network; the kernel
 listens on unix sockets in a folder of the host's /tmp bind-mounted into the container, setgid
 2770 and of the group of the user who connects (`kernel_socket_dir`), and the agent on a free port
 of the host's 127.0.0.1 (it asks for a token). The local engine's are reached directly; a remote
-engine's through a `gpusession.tunnel.Tunnel` to that host's own sshd (its key pinned by
+engine's through a `gpusession.transport.tunnel.Tunnel` to that host's own sshd (its key pinned by
 known_hosts), which forwards to the sockets as the SSH login.
 
-Labels on every container: gpusession.session (the session id), gpusession.store (which session
+Labels on every container: gpusession.session (the session id), gpusession.session.store (which session
 store started it; gc only collects its own store's), gpusession.owner, gpusession.type,
 gpusession.image, gpusession.started (unix seconds).
 """
@@ -24,13 +24,13 @@ import threading
 import time
 from typing import Any
 
-from ...agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, AgentArgs
-from ...errors import BackendUnavailable, BadInput, GpuSessionError, StageError
-from ...models import LaunchSpec, SessionRecord, State
-from ...options import StartOption
-from ...progress import Progress
-from ...textvalues import ssh_host
-from ...protocol import (
+from ...configuration.agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, AgentArgs
+from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
+from ...core.models import LaunchSpec, SessionRecord, State
+from ...configuration.options import StartOption
+from ...core.progress import Progress
+from ...core.textvalues import ssh_host
+from ...core.protocol import (
     ENV_KERNEL_KEY,
     ENV_RUNTIME_BRINGS,
     ENV_RUNTIME_PYTHON,
@@ -38,7 +38,7 @@ from ...protocol import (
     Marker,
     StopDetails,
 )
-from ...protocol import StopKind, StopReason
+from ...core.protocol import StopKind, StopReason
 from ..base import Backend, DirectLink, Link, RemoteResource, TunnelLink, stop_details_from_log
 from .engine import (
     LABEL,
@@ -145,7 +145,7 @@ class DockerBackend(EngineWorkspaces, Backend):
     def provision(self, record: SessionRecord, progress: Progress) -> None:
         import secrets
 
-        from ...bundle import cache_dir
+        from ...transport.bundle import cache_dir
         from .runtime import (
             KnownVolumes,
             bundle_command,
@@ -251,7 +251,7 @@ class DockerBackend(EngineWorkspaces, Backend):
             raise StageError("connect", f"container {res.get('container_id', '?')[:12]} is gone")
         tunnel = opening = None
         if record.spec.host:  # the kernel's ports are on that host's loopback: log in to its sshd
-            from ...tunnel import Tunnel, jump_target
+            from ...transport.tunnel import Tunnel, jump_target
 
             target = jump_target(record.spec.host)  # known_hosts pins its key, as for the engine
             progress.step(f"opening the SSH tunnel to {target.label}")
@@ -457,7 +457,7 @@ class DockerBackend(EngineWorkspaces, Backend):
             if remote
             else []
         )
-        from ...bundle import cache_dir, current_digests
+        from ...transport.bundle import cache_dir, current_digests
         from .volumes import stale_resources
 
         return stale_resources(self.name, self.client, hosts, current_digests(cache_dir()))

@@ -13,15 +13,17 @@ import threading
 import time
 from typing import Any, Iterator
 
-from ...errors import BackendUnavailable, StageError
-from ...protocol import Marker, parse_marker
+from ...core.errors import BackendUnavailable, StageError
+from ...core.protocol import Marker, parse_marker
 
 from ..base import failure_detail, log_tail, marker_lines
 from .ssh import make_resilient
 
 STATE_DIR = "/tmp/gpusession"  # the runtime's state folder in a session's container
 LABEL = "gpusession.session"  # on every container of a session: its id
-STORE_LABEL = "gpusession.store"  # which session store started it: gc leaves other stores' alone
+STORE_LABEL = (
+    "gpusession.session.store"  # which session store started it: gc leaves other stores' alone
+)
 HELPER_LABEL = (
     "gpusession.helper-of"  # on a start's throwaway helpers: the session whose start made it
 )
@@ -122,7 +124,7 @@ def _check_reachable(url: str, timeout: float = 10.0) -> None:
     own SSH connect has no timeout)."""
     import socket
 
-    from ...tunnel import TunnelError, jump_target
+    from ...transport.tunnel import TunnelError, jump_target
 
     try:
         login = jump_target(url)

@@ -1,7 +1,7 @@
 """What a session container needs on its Docker engine before it starts, for any image with a
 python3: the image (pulled, with bytes and layers shown, when the engine lacks it), what Python it
 has (`sh boot.sh probe` in a throwaway container, once per image: the answer is kept by image id),
-and the runtime bundle (`gpusession.bundle`) in named volumes on the engine's host, filled once
+and the runtime bundle (`gpusession.transport.bundle`) in named volumes on the engine's host, filled once
 through a helper container and `put_archive` (so an `ssh://` engine works alike) and mounted
 read-only by every session after. The image itself is never changed.
 
@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ...bundle import (
+from ...transport.bundle import (
     BOOT_SCRIPT,
     CODE_DIR,
     SITE_DIR,
@@ -33,10 +33,10 @@ from ...bundle import (
     parse_probe,
     site_archive,
 )
-from ...errors import StageError
-from ...protocol import ENV_KERNEL_KEY
-from ...progress import Progress
-from ...pulls import PullProgress, format_bytes
+from ...core.errors import StageError
+from ...core.protocol import ENV_KERNEL_KEY
+from ...core.progress import Progress
+from ...transport.pulls import PullProgress, format_bytes
 from .engine import (
     HELPER_LABEL,
     LABEL,
@@ -364,7 +364,7 @@ def kernel_socket_dir(client, host: str | None) -> tuple[str, int]:
         )
         os.chmod(path, 0o2770)
         return path, os.getgid()
-    from ...sshlogin import exec_command
+    from ...transport.sshlogin import exec_command
 
     ssh = getattr(getattr(client.api, "_custom_adapter", None), "ssh_client", None)
     why = "no SSH login to it"
@@ -393,7 +393,7 @@ def remove_socket_dir(client, host: str | None, path: str) -> None:
 
         shutil.rmtree(path, ignore_errors=True)
         return
-    from ...sshlogin import exec_command
+    from ...transport.sshlogin import exec_command
 
     ssh = getattr(getattr(client.api, "_custom_adapter", None), "ssh_client", None)
     try:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import logging
 
-from ...agentargs import (
+from ...configuration.agentargs import (
     WORKSPACE_LABEL,
     WORKSPACE_MOUNT,
     WORKSPACE_VOLUME_PREFIX,
     workspace_name,
     workspace_volume,
 )
-from ...errors import StageError
-from ...progress import Progress
+from ...core.errors import StageError
+from ...core.progress import Progress
 from .engine import LABEL, STORE_LABEL, docker_sdk, engine_errors, short_error
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ def list_on_engines(backend, session_label: str, store_label: str) -> list:
                 )
             )
     if not reached:
-        from ...errors import BackendUnavailable
+        from ...core.errors import BackendUnavailable
 
         raise BackendUnavailable("no Docker engine answers")
     return found
@@ -174,7 +174,7 @@ def list_on_engines(backend, session_label: str, store_label: str) -> list:
 
 def remove_on_engine(backend, workspace) -> None:
     """Remove the workspace's volume (the engine refuses while a container uses it: said as BadInput)."""
-    from ...errors import BadInput
+    from ...core.errors import BadInput
 
     docker = docker_sdk()
     client = backend.client(workspace.details.get("host") or None)

@@ -22,15 +22,13 @@ import shlex
 import threading
 import time
 
-from ...catalog import load_catalog
-from ...cost import BILLED_FROM
-from ...durations import format_duration
-from ...durations import QUEUE_TIMEOUT
-from ...errors import BackendUnavailable, BadInput, StageError
-from ...models import LaunchSpec, SessionRecord
-from ...options import StartOption
-from ...progress import Progress
-from ...protocol import Marker, StopDetails, parse_marker
+from ...configuration.catalog import load_catalog
+from ...configuration.cost import BILLED_FROM
+from ...core.durations import format_duration
+from ...core.errors import BackendUnavailable, BadInput, StageError
+from ...core.models import LaunchSpec, SessionRecord
+from ...core.progress import Progress
+from ...core.protocol import Marker, StopDetails, parse_marker
 from ..base import (
     Backend,
     Link,
@@ -43,6 +41,7 @@ from ..base import (
 )
 from . import states
 from .jobs import (
+    START_OPTIONS,
     JobPaths,
     batch_script,
     comment_session,
@@ -67,107 +66,7 @@ class SlurmBackend(Backend):
     takes_image = True  # run by apptainer, singularity or pyxis
     order = 40
     price_source = "--price-per-gpu-hour x GPUs, else GpuSessionConfig.price_per_hour, else none (GPU-hours only)"
-    start_options = (  # gpusession/backends/slurm/jobs.py reads and checks them; docs/slurm.md
-        StartOption(
-            "partition",
-            ("--partition",),
-            "text",
-            "Partition",
-            "slurm: the partition to submit to (default: the cluster's default)",
-            "partition",
-            max_len=200,
-        ),
-        StartOption(
-            "account",
-            ("--account",),
-            "text",
-            "Account",
-            "slurm: the account to charge",
-            "account",
-            max_len=200,
-        ),
-        StartOption(
-            "qos", ("--qos",), "text", "QOS", "slurm: the quality of service", "QOS", max_len=200
-        ),
-        StartOption(
-            "sbatch_args",
-            ("--sbatch-args",),
-            "text",
-            "sbatch flags",
-            "slurm: more sbatch flags, shell-quoted, e.g. '--constraint=ib --mem=32G'",
-            "sbatch flags",
-            max_len=1000,
-        ),
-        StartOption(
-            "python",
-            ("--python",),
-            "text",
-            "Python",
-            "slurm: the Python on the node that runs the kernel; it "
-            "needs ipykernel (default python3)",
-            "python",
-            max_len=400,
-        ),
-        StartOption(
-            "modules",
-            ("--modules",),
-            "text",
-            "Modules",
-            "slurm: environment modules to load first, e.g. 'cuda/12.4 python/3.11'",
-            "modules",
-            max_len=400,
-        ),
-        StartOption(
-            "conda_env",
-            ("--conda-env",),
-            "text",
-            "Conda env",
-            "slurm: a conda environment to activate first (name or path)",
-            "conda environment",
-            max_len=400,
-        ),
-        StartOption(
-            "gres_type",
-            ("--gres-type",),
-            "text",
-            "GRES type",
-            "slurm: the cluster's name for the GPU type: one "
-            "name, a map such as 'a100=a100_40g,t4=tesla_t4', or none for an untyped --gres=gpu:N (default: "
-            "the catalog's name)",
-            "GRES type",
-            max_len=400,
-        ),
-        StartOption(
-            "container",
-            ("--container",),
-            "choice",
-            "Container runtime",
-            "slurm: what runs --image (default "
-            "auto: apptainer, singularity or pyxis, the first the node has)",
-            "container runtime",
-            default="auto",
-            choices=("auto", "apptainer", "singularity", "pyxis"),
-        ),
-        StartOption(
-            "price_per_gpu_hour",
-            ("--price-per-gpu-hour",),
-            "money",
-            "Price per GPU-hour",
-            "slurm: dollars (or "
-            "your service units) per GPU-hour for the cost meter and --max-cost (default: none, GPU-hours only)",
-            "price per GPU-hour",
-        ),
-        StartOption(
-            "queue_timeout",
-            ("--queue-timeout",),
-            "duration",
-            "Queue timeout",
-            "slurm: cancel the job when it "
-            "still waits in the queue after this long (default: off, it waits until it runs or Ctrl-C)",
-            "queue timeout",
-            rule=QUEUE_TIMEOUT,
-        ),
-    )
+    start_options = START_OPTIONS  # declared and read in jobs.py; docs/slurm.md
 
     def __init__(self, config, recorder):
         super().__init__(config, recorder)
@@ -293,7 +192,7 @@ class SlurmBackend(Backend):
             delay = min(delay * 1.5, 3.0)
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
-        from ...tunnel import Tunnel
+        from ...transport.tunnel import Tunnel
 
         res = record.resource
         job_id, paths = res.get("job_id"), _paths(res)
@@ -387,7 +286,13 @@ class SlurmBackend(Backend):
         """(the login node as jump host, the job's node with the host keys its job printed)."""
         import paramiko
 
-        from ...sshlogin import HostKeyCheck, SshTarget, jump_target, lookup_name, parse_public_key
+        from ...transport.sshlogin import (
+            HostKeyCheck,
+            SshTarget,
+            jump_target,
+            lookup_name,
+            parse_public_key,
+        )
 
         jump = jump_target(record.spec.host)
         port = int(record.spec.extra.get("node_ssh_port", 22))

@@ -19,9 +19,11 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ...agentargs import AgentArgs
-from ...errors import BadInput
-from ...protocol import ENV_SESSION_ID, Marker, marker_line
+from ...configuration.agentargs import AgentArgs
+from ...configuration.options import StartOption
+from ...core.durations import QUEUE_TIMEOUT
+from ...core.errors import BadInput
+from ...core.protocol import ENV_SESSION_ID, Marker, marker_line
 
 COMMENT_PREFIX = "gpusession"  # job comment: gpusession:<store id>:<session id>
 HOST_KEYS_GLOB = "/etc/ssh/ssh_host_*_key.pub"
@@ -47,20 +49,108 @@ RESERVED_FLAGS = (
 _WORD = re.compile(r"^[A-Za-z0-9_.+/@:=,%-]+$")
 _GRES_TYPE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
-#: the slurm options of the option table (gpusession/options.py), as spec.extra keys
-OPTION_NAMES = (
-    "partition",
-    "account",
-    "qos",
-    "sbatch_args",
-    "python",
-    "modules",
-    "conda_env",
-    "gres_type",
-    "container",
-    "price_per_gpu_hour",
-    "queue_timeout",
+#: the slurm options of the option table (gpusession/configuration/options.py), as spec.extra keys
+START_OPTIONS = (  # the slurm backend's start options (SlurmBackend.start_options); read and checked here
+    StartOption(
+        "partition",
+        ("--partition",),
+        "text",
+        "Partition",
+        "slurm: the partition to submit to (default: the cluster's default)",
+        "partition",
+        max_len=200,
+    ),
+    StartOption(
+        "account",
+        ("--account",),
+        "text",
+        "Account",
+        "slurm: the account to charge",
+        "account",
+        max_len=200,
+    ),
+    StartOption(
+        "qos", ("--qos",), "text", "QOS", "slurm: the quality of service", "QOS", max_len=200
+    ),
+    StartOption(
+        "sbatch_args",
+        ("--sbatch-args",),
+        "text",
+        "sbatch flags",
+        "slurm: more sbatch flags, shell-quoted, e.g. '--constraint=ib --mem=32G'",
+        "sbatch flags",
+        max_len=1000,
+    ),
+    StartOption(
+        "python",
+        ("--python",),
+        "text",
+        "Python",
+        "slurm: the Python on the node that runs the kernel; it needs ipykernel (default python3)",
+        "python",
+        max_len=400,
+    ),
+    StartOption(
+        "modules",
+        ("--modules",),
+        "text",
+        "Modules",
+        "slurm: environment modules to load first, e.g. 'cuda/12.4 python/3.11'",
+        "modules",
+        max_len=400,
+    ),
+    StartOption(
+        "conda_env",
+        ("--conda-env",),
+        "text",
+        "Conda env",
+        "slurm: a conda environment to activate first (name or path)",
+        "conda environment",
+        max_len=400,
+    ),
+    StartOption(
+        "gres_type",
+        ("--gres-type",),
+        "text",
+        "GRES type",
+        "slurm: the cluster's name for the GPU type: one "
+        "name, a map such as 'a100=a100_40g,t4=tesla_t4', or none for an untyped --gres=gpu:N (default: "
+        "the catalog's name)",
+        "GRES type",
+        max_len=400,
+    ),
+    StartOption(
+        "container",
+        ("--container",),
+        "choice",
+        "Container runtime",
+        "slurm: what runs --image (default "
+        "auto: apptainer, singularity or pyxis, the first the node has)",
+        "container runtime",
+        default="auto",
+        choices=("auto", "apptainer", "singularity", "pyxis"),
+    ),
+    StartOption(
+        "price_per_gpu_hour",
+        ("--price-per-gpu-hour",),
+        "money",
+        "Price per GPU-hour",
+        "slurm: dollars (or "
+        "your service units) per GPU-hour for the cost meter and --max-cost (default: none, GPU-hours only)",
+        "price per GPU-hour",
+    ),
+    StartOption(
+        "queue_timeout",
+        ("--queue-timeout",),
+        "duration",
+        "Queue timeout",
+        "slurm: cancel the job when it "
+        "still waits in the queue after this long (default: off, it waits until it runs or Ctrl-C)",
+        "queue timeout",
+        rule=QUEUE_TIMEOUT,
+    ),
 )
+OPTION_NAMES = tuple(option.name for option in START_OPTIONS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +186,7 @@ def read_settings(
 ) -> JobSettings:
     """JobSettings from a spec's extra options, a cluster's defaults filling what is not given.
     Raises BadInput naming the option."""
-    from ...durations import QUEUE_TIMEOUT, parse_money
+    from ...core.durations import QUEUE_TIMEOUT, parse_money
 
     given = {k: v for k, v in (cluster or {}).items() if k in OPTION_NAMES}
     given.update({k: v for k, v in extra.items() if k in OPTION_NAMES and v is not None})

@@ -16,7 +16,7 @@ import tarfile
 import threading
 from pathlib import Path
 
-from ...errors import BackendUnavailable
+from ...core.errors import BackendUnavailable
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2]  # .../gpusession
 BASE_DIR = ".gpusession"  # under the login user's home, shared with the compute nodes
@@ -49,7 +49,7 @@ class LoginShell:
         self.target = None  # the SshTarget, once connected (the tunnel jumps through it too)
 
     def _connect(self):
-        from ...sshlogin import TunnelError, jump_target, open_transport, tcp_socket
+        from ...transport.sshlogin import TunnelError, jump_target, open_transport, tcp_socket
 
         with self._lock:
             t = self._transport
@@ -79,7 +79,7 @@ class LoginShell:
         reached or does not answer within `timeout` seconds."""
         import paramiko
 
-        from ...sshlogin import run_on_channel
+        from ...transport.sshlogin import run_on_channel
 
         for attempt in (1, 2):
             transport = self._connect()

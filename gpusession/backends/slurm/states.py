@@ -8,7 +8,7 @@ import dataclasses
 import re
 import time
 
-from ...protocol import StopDetails, StopKind, StopReason
+from ...core.protocol import StopDetails, StopKind, StopReason
 
 #: squeue -o for one job: state|reason|expected start|nodes|partition
 QUEUE_FORMAT = "%T|%r|%S|%N|%P"

@@ -3,7 +3,7 @@
 one start option of its own. Nothing in gpusession names it."""
 
 from gpusession.backends.base import Backend
-from gpusession.options import StartOption
+from gpusession.configuration.options import StartOption
 
 
 class DemoBackend(Backend):

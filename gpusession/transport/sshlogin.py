@@ -1,6 +1,6 @@
 """Logging in over SSH with paramiko: host keys checked against a pinned key or known_hosts
 (an unknown or changed key is refused, never accepted), public-key login, clear errors, and the
-per-session login keys backends make. Used by `gpusession.tunnel` and the backends."""
+per-session login keys backends make. Used by `gpusession.transport.tunnel` and the backends."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import paramiko
 
-from .errors import GpuSessionError
+from ..core.errors import GpuSessionError
 
 WINDOW = 16 * 1024 * 1024  # per channel: fewer window adjusts, no stall on a fast link
 PACKET = 128 * 1024  # we advertise it; sshd then sends 4x fewer packets than at 32 KiB (+40% MB/s)

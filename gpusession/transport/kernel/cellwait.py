@@ -22,8 +22,14 @@ from __future__ import annotations
 import queue
 import time
 
-from ..errors import CellLost, KernelDied, LinkLost, RemoteError
-from ..protocol import CELL_LOG_REPLY, CELL_LOG_REQUEST, META_OUTPUTS, META_SEQ, OUTPUT_MSG_TYPES
+from ...core.errors import CellLost, KernelDied, LinkLost, RemoteError
+from ...core.protocol import (
+    CELL_LOG_REPLY,
+    CELL_LOG_REQUEST,
+    META_OUTPUTS,
+    META_SEQ,
+    OUTPUT_MSG_TYPES,
+)
 from .sink import OutputSink, show
 from .connection import Connection
 

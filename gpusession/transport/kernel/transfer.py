@@ -17,7 +17,7 @@ import tarfile
 import zlib
 from typing import Any, Callable, Iterable, Iterator
 
-from ..errors import BadInput, KernelDied, LinkLost, TransferStopped
+from ...core.errors import BadInput, KernelDied, LinkLost, TransferStopped
 from ..tarsafe import Extraction
 from .channel import CHUNK, WINDOW, Channel, Progress
 from .connection import Connection
@@ -221,7 +221,7 @@ def download(
     """Files or folders (relative to the session kernel's working directory) into local folder
     `to`. Returns {"files", "bytes", "dest", "refused"}. The tar stream is kept in memory only
     chunk by chunk: extraction runs as it arrives, into temporary names renamed once the whole
-    stream arrived and its size and checksum match the session's (gpusession.tarsafe)."""
+    stream arrived and its size and checksum match the session's (gpusession.transport.tarsafe)."""
     import threading
 
     dest = os.path.abspath(os.path.expanduser(to))

@@ -1,5 +1,5 @@
 """What the agent and the local side tell each other, as data: stop kinds, warnings, log markers,
-environment variable names. Defined here once; words are made only by `gpusession.words`.
+environment variable names. Defined here once; words are made only by `gpusession.faces.words`.
 
 Standard library only: the agent runtime that goes into a user's image imports this module.
 
@@ -29,7 +29,7 @@ from .envnames import ENV_WORKSPACE as ENV_WORKSPACE
 from .envnames import KERNEL_PORT_NAMES as KERNEL_PORT_NAMES
 
 # the idle stop when none is given: the session's (LaunchSpec), the settings' ("30m") and the
-# agent's default (gpusession.agentargs); written here alone
+# agent's default (gpusession.configuration.agentargs); written here alone
 DEFAULT_IDLE_S = 1800.0
 
 # -- the agent's HTTP endpoint ----------------------------------------------------------------
@@ -44,7 +44,7 @@ def agent_token(connection_key: str) -> str:
     return hmac.new(connection_key.encode(), b"gpusession-agent-v1", hashlib.sha256).hexdigest()
 
 
-# -- the session kernel's cell log (gpusession.agent.cellog <-> gpusession.kernel) ---------------
+# -- the session kernel's cell log (gpusession.agent.cellog <-> gpusession.transport.kernel) ---------------
 
 #: the IOPub messages a cell shows; the session kernel numbers each of them per execute request
 OUTPUT_MSG_TYPES = (
@@ -91,7 +91,7 @@ class Marker(str, enum.Enum):
     BOOT = "GPUSESSION_BOOT"  # an instance's boot script: a stage (plain text)
     POWEROFF = "GPUSESSION_POWEROFF"  # an instance's boot script powers off
     SPOT_NOTICE = "GPUSESSION_SPOT_NOTICE"  # an instance saw a spot interruption notice (JSON)
-    PYTHON = "GPUSESSION_PYTHON"  # the runtime bundle's probe of an image: its Python (JSON, gpusession.bundle)
+    PYTHON = "GPUSESSION_PYTHON"  # the runtime bundle's probe of an image: its Python (JSON, gpusession.transport.bundle)
 
 
 def marker_line(marker: Marker, payload: dict[str, Any] | None = None) -> str:

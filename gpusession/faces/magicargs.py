@@ -1,11 +1,11 @@
 """The argument parsers of the `%gpu` subcommands (the start options come from the one table,
-gpusession/options.py) and `%gpu help`'s text."""
+gpusession/configuration/options.py) and `%gpu help`'s text."""
 
 from __future__ import annotations
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from . import options
+from ..configuration import options
 
 
 @magic_arguments()

@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable
 
-from .cost import cost_of, uptime_seconds
-from .durations import format_duration, format_money
-from .errors import SessionEnded
-from .metrics import METRICS, metric_of, metric_text, metrics
-from .models import SessionRecord, State
-from .protocol import StopKind, StopReason, Warning, WarningKind
+from ..configuration.cost import cost_of, uptime_seconds
+from ..core.durations import format_duration, format_money
+from ..core.errors import SessionEnded
+from ..configuration.metrics import METRICS, metric_of, metric_text, metrics
+from ..core.models import SessionRecord, State
+from ..core.protocol import StopKind, StopReason, Warning, WarningKind
 
 # a process's GPU memory reads as the GPU's memory does
 _PROCESS_MEMORY = next(m for m in METRICS if m.scope == "gpu" and m.name == "memory_used")
@@ -411,7 +411,7 @@ def ended_line(state: str | None, reason: StopReason | None, error: str | None) 
 def transfer_line(verb: str, done: int, total: int | None, elapsed: float) -> str:
     """`upload  45% |#########-----------| 45 MB / 100 MB  210 MB/s  ETA 0.3s` (a bar while bytes
     move; without a known total: bytes and rate)."""
-    from .pulls import format_bytes
+    from ..transport.pulls import format_bytes
 
     rate = done / elapsed if elapsed > 0 else 0.0
     speed = f"{format_bytes(rate)}/s" if elapsed > 0 else ""
@@ -429,7 +429,7 @@ def transfer_line(verb: str, done: int, total: int | None, elapsed: float) -> st
 
 def transfer_done(verb: str, what: str, result: dict, where: str) -> str:
     """`uploaded 12 files (3 MB) to /workspace in session t4-1`."""
-    from .pulls import format_bytes
+    from ..transport.pulls import format_bytes
 
     refused = result.get("refused") or []  # each by name: the rest was written
     line = f"{verb} {what} ({result.get('files', 0)} files, {format_bytes(result.get('bytes', 0))}) {where}"

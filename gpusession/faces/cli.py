@@ -7,16 +7,16 @@ import os
 import sys
 from typing import Callable
 
-from .errors import GpuSessionError
-from .options import add_arguments as add_start_options
+from ..core.errors import GpuSessionError
+from ..configuration.options import add_arguments as add_start_options
 from .transfers import add_commands as add_transfer_commands
 
 
 def _manager():
     """The CLI is no Jupyter app: its settings are the GPUSESSION_* env vars (a bad one is a
     one-line error), not ipython_config.py or jupyter_server_config.py, which may disagree."""
-    from .session import SessionManager
-    from .settings import EnvConfig
+    from ..session import SessionManager
+    from ..configuration.settings import EnvConfig
 
     return SessionManager(EnvConfig())
 
@@ -36,7 +36,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_types(args: argparse.Namespace) -> int:
-    from .catalog import load_catalog
+    from ..configuration.catalog import load_catalog
 
     print(load_catalog().table())
     return 0
@@ -62,7 +62,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from . import options
+    from ..configuration import options
     from .words import idle_setting
     from .words import print_restored
 
@@ -146,7 +146,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def _report_orphaned_workspaces(m) -> None:
     """gc keeps every workspace: it says which no session uses any more."""
-    from .session.workspaces import list_all
+    from ..session.workspaces import list_all
     from .words import orphaned_line
 
     for view in list_all(m.store, m.backend):
@@ -156,7 +156,7 @@ def _report_orphaned_workspaces(m) -> None:
 
 def cmd_workspaces(args: argparse.Namespace) -> int:
     """List the workspaces, or delete one (only with --yes)."""
-    from .session.workspaces import list_all, remove
+    from ..session.workspaces import list_all, remove
     from .words import size_text, workspace_table
 
     m = _manager()
@@ -190,13 +190,13 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 def cmd_kernelspec(args: argparse.Namespace) -> int:
     """GPU kernelspecs for JupyterLab's launcher (gpusession/provisioner, docs/kernels.md)."""
-    from . import options
-    from .provisioner import kernelspecs
+    from ..configuration import options
+    from ..provisioner import kernelspecs
 
     if args.action == "install":
         values = options.given_values(args)
         if "type" not in values:
-            from .config import GpuSessionConfig
+            from ..configuration.config import GpuSessionConfig
 
             values["type"] = GpuSessionConfig().default_type
         prefix = args.prefix or (sys.prefix if args.sys_prefix else None)
@@ -260,7 +260,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {usage_error(message)}\n")
 
     def add_start_options(self, skip: tuple[str, ...] = (), lazy: bool = False) -> None:
-        """Every start option, from the one table (gpusession/options.py); `lazy`: added when this
+        """Every start option, from the one table (gpusession/configuration/options.py); `lazy`: added when this
         command is parsed or its help shown: the table gathers every backend's options, which
         imports every backend, and `gpusession list` must not pay for that."""
         self._later = (
@@ -314,7 +314,9 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     s = sub.add_parser(
         "start", help="start a session (it keeps running after this command returns)"
     )
-    s.add_start_options(lazy=lazy)  # every start option, from the one table (gpusession/options.py)
+    s.add_start_options(
+        lazy=lazy
+    )  # every start option, from the one table (gpusession/configuration/options.py)
     s = sub.add_parser("status", help="one session's state, cost and timeline")
     s.add_argument("name")
     s = sub.add_parser(
@@ -383,7 +385,7 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     k = ks.add_parser("remove", help="remove a GPU kernelspec")
     k.add_argument("kernel_name", metavar="NAME")
     ks.add_parser("list", help="the GPU kernelspecs Jupyter finds")
-    add_transfer_commands(sub)  # upload, download (gpusession/transfers.py)
+    add_transfer_commands(sub)  # upload, download (gpusession/faces/transfers.py)
     s = sub.add_parser("demo", help="run notebooks/quickstart.ipynb headless and show what it did")
     s.add_argument("--notebook", default=None, help="another notebook to run")
     s.add_argument("--backend", default="local", help="backend for the demo (default: local)")

@@ -3,7 +3,7 @@ session name, an image reference, an AWS region, a machine image id, an address 
 
 Each reader takes the value as the user wrote it and returns it as it will be used, or raises
 BadInput saying what is wrong and what to write; a value is echoed only in part (`shown`), so a
-megabyte of input never comes back in a message. The option table (gpusession/options.py) calls
+megabyte of input never comes back in a message. The option table (gpusession/configuration/options.py) calls
 these for every face, so the magic, the CLI, REST and the forms refuse the same values before
 anything is recorded. Standard library only.
 """

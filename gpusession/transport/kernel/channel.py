@@ -9,8 +9,8 @@ import time
 import uuid
 from typing import Callable
 
-from ..errors import BadInput, KernelDied, TransferStopped
-from ..protocol import TRANSFER_REPLY, TRANSFER_REQUEST
+from ...core.errors import BadInput, KernelDied, TransferStopped
+from ...core.protocol import TRANSFER_REPLY, TRANSFER_REQUEST
 from .connection import Connection
 
 

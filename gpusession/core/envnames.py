@@ -1,5 +1,5 @@
 """The environment variables (and the one state file name) between the local side, the runtime and the kernel (re-exported by
-gpusession.protocol). Apart, and free of imports, so that the runtime's first step in a container
+gpusession.core.protocol). Apart, and free of imports, so that the runtime's first step in a container
 (gpusession.agent.firststep) reads them without loading the protocol's types."""
 
 ENV_SESSION_ID = "GPUSESSION_SESSION_ID"  # the session a runtime, container or process belongs to

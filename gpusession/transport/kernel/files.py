@@ -8,8 +8,8 @@ import dataclasses
 import os
 from typing import Iterable
 
-from .. import options
-from ..errors import BadInput
+from ...configuration import options
+from ...core.errors import BadInput
 
 DEFAULT_CAP = 100_000_000  # bytes: the start option's tree, unless --upload-max says otherwise
 

@@ -6,7 +6,7 @@ with a 60-second minimum, like EC2's per-second billing.
 
 from __future__ import annotations
 
-from .models import BILLED_STATES, Event, SessionRecord, now
+from ..core.models import BILLED_STATES, Event, SessionRecord, now
 
 MINIMUM_BILLED_S = 60.0
 

@@ -22,7 +22,7 @@ from typing import Callable
 from traitlets import Float, Unicode, default, validate
 from traitlets.config import Configurable
 
-from .errors import BadInput
+from ..core.errors import BadInput
 from .settings import (  # noqa: F401 - ConfigError, EnvConfig and the built-ins are used from here too
     BUILTIN_IDLE,
     BUILTIN_IMAGE,

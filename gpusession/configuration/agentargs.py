@@ -15,7 +15,7 @@ import math
 from typing import Any, Callable, Sequence
 
 from .cost import billing_started_at
-from .durations import (
+from ..core.durations import (
     IDLE,
     MAX_RUNTIME,
     SAVE_TIMEOUT,
@@ -24,10 +24,10 @@ from .durations import (
     format_bound,
     parse_money,
 )
-from .errors import BadInput
-from .protocol import DEFAULT_IDLE_S
+from ..core.errors import BadInput
+from ..core.protocol import DEFAULT_IDLE_S
 
-# the agent's defaults (the idle one is the session's too: gpusession.protocol.DEFAULT_IDLE_S)
+# the agent's defaults (the idle one is the session's too: gpusession.core.protocol.DEFAULT_IDLE_S)
 DEFAULT_GPU_THRESHOLD = 5.0  # percent; a GPU at or above it counts as busy
 DEFAULT_KEEPALIVE_LIMIT_S = 4 * 3600.0  # a keepalive postpones the idle stop at most this far ahead
 DEFAULT_SAVE_TIMEOUT_S = 60.0  # the bound of a save before a watchdog stop (and of an asked one)
@@ -322,7 +322,7 @@ def _reader(kind: Any) -> Callable[[str], Any]:
 
 
 def _duration(rule: DurationRule):
-    """An argparse type reading `rule`'s durations in the one grammar (gpusession/durations.py):
+    """An argparse type reading `rule`'s durations in the one grammar (gpusession/core/durations.py):
     90s, 15m, 2h, a bare number of minutes, off."""
 
     def parse(text: str) -> float | None:

@@ -11,7 +11,7 @@ NOTEBOOK_NAME = "quickstart.ipynb"
 
 def find_quickstart() -> Path:
     """The notebook shipped in the wheel, else the one in a source checkout."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # the gpusession package
     for candidate in (
         here / "notebooks" / NOTEBOOK_NAME,
         here.parent / "notebooks" / NOTEBOOK_NAME,
@@ -74,7 +74,7 @@ def output_text(cell) -> str:
 
 
 def run_demo(notebook: str | None = None, backend: str = "local", out: str | None = None) -> int:
-    from .session import SessionManager
+    from ..session import SessionManager
     from .words import summary_line, timeline
 
     path = Path(notebook) if notebook else find_quickstart()

@@ -34,12 +34,13 @@ from typing import Any, Callable
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from . import options, transfers
-from .durations import WATCH, format_duration, format_money
-from .config import GpuSessionConfig
-from .errors import CellLost, GpuSessionError, LinkLost, RemoteError, SessionEnded
-from .models import State
-from .session import Session, SessionManager
+from ..configuration import options
+from . import transfers
+from ..core.durations import WATCH, format_duration, format_money
+from ..configuration.config import GpuSessionConfig
+from ..core.errors import CellLost, GpuSessionError, LinkLost, RemoteError, SessionEnded
+from ..core.models import State
+from ..session import Session, SessionManager
 from .notify import WarningNotifier, watch
 from .words import (
     ended_message,
@@ -397,7 +398,7 @@ def load_ipython_extension(ip) -> None:
     ]
     ip._gpusession_magics = magics  # for later layers (widgets) and unload
     transfers.register(magics)  # push, pull, upload, download (with progress bars)
-    from .widgets import register_panel  # the ipywidgets face adds `%gpu panel`
+    from ..widgets import register_panel  # the ipywidgets face adds `%gpu panel`
 
     register_panel(magics)
 

@@ -29,7 +29,7 @@ class NoSession(GpuSessionError):
 
 class SessionEnded(NoSession):
     """The session is no longer running. `record` (a SessionRecord) says how it ended: its
-    state, its recorded stop reason; the faces put that into words (gpusession.words)."""
+    state, its recorded stop reason; the faces put that into words (gpusession.faces.words)."""
 
     def __init__(self, record):
         self.record = record

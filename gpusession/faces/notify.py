@@ -7,9 +7,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from .errors import GpuSessionError, SessionEnded
-from .protocol import Warning
-from .session import AgentUnavailable
+from ..core.errors import GpuSessionError, SessionEnded
+from ..core.protocol import Warning
+from ..session import AgentUnavailable
 from .words import describe_warning, error_text, status_lines
 
 

@@ -11,8 +11,8 @@ import json
 from importlib import resources
 from typing import Any
 
-from .durations import shown
-from .errors import BadInput
+from ..core.durations import shown
+from ..core.errors import BadInput
 
 
 @dataclasses.dataclass(frozen=True)

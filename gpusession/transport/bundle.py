@@ -34,8 +34,8 @@ import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import GpuSessionError
-from .protocol import Marker, parse_marker
+from ..core.errors import GpuSessionError
+from ..core.protocol import Marker, parse_marker
 
 RUNTIME_ROOT = "/opt/gpusession-runtime"  # in the container; boot.sh says the same
 CODE_DIR = f"{RUNTIME_ROOT}/code"
@@ -48,7 +48,7 @@ SITE_REQUIREMENTS = ("ipykernel>=6", "pip")
 MAX_MANYLINUX = (
     28  # wheels up to manylinux_2_28 (glibc 2.28: Debian 10, RHEL 8, Ubuntu 20.04 and newer)
 )
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parent.parent  # the gpusession package
 
 
 CACHE_ENV = "GPUSESSION_CACHE"  # where the bundle's archives and image probes are kept
@@ -254,6 +254,10 @@ def _imports(rel: str) -> set[str]:
             for candidate in (path.with_suffix(".py") if parts[1:] else None, path / "__init__.py"):
                 if candidate is not None and (PACKAGE / candidate).is_file():
                     found.add(candidate.as_posix())
+                    # importing a module runs its packages' __init__ first
+                    for folder in candidate.parents:
+                        if folder.parts and (PACKAGE / folder / "__init__.py").is_file():
+                            found.add((folder / "__init__.py").as_posix())
                     break
     return found
 

@@ -1,5 +1,5 @@
 """THE table of start options: the core's rows (`CORE_OPTIONS`) and each registered backend's own (its class's
-`start_options`, gathered through the entry points: gpusession/registry.py), with each row's `backends` filled from
+`start_options`, gathered through the entry points: gpusession/configuration/registry.py), with each row's `backends` filled from
 the class that declares it. Every face is built from `OPTIONS`, and nothing else declares a start option: the
 `%gpu start` magic and `gpusession start` (`add_arguments`), the REST body of `POST sessions` and
 `POST options/check` (`body_problems`, `check_body`), the JupyterLab form (`GET options`: `options_document`) and
@@ -21,8 +21,9 @@ import logging
 import sys
 from typing import Any, Callable, Iterable, Mapping
 
-from . import metrics, registry, textvalues
-from .durations import (
+from . import metrics, registry
+from ..core import textvalues
+from ..core.durations import (
     IDLE,
     MAX_RUNTIME,
     SAVE_TIMEOUT,
@@ -33,9 +34,9 @@ from .durations import (
     shown,
 )
 from .agentargs import DEFAULT_SAVE_CAP, DEFAULT_SAVE_TIMEOUT_S
-from .errors import BadInput
-from .models import LaunchSpec
-from .protocol import DEFAULT_IDLE_S
+from ..core.errors import BadInput
+from ..core.models import LaunchSpec
+from ..core.protocol import DEFAULT_IDLE_S
 
 # How a face names a field in messages.
 REST = "rest"  # 'idle'        (REST bodies; also the keyword of SessionManager.make_spec)
@@ -93,7 +94,7 @@ class StartOption:
     form: bool = False  # shown in the start forms (sidebar, %gpu panel)
     rule: DurationRule | None = None  # a duration's bound and whether it may be off
     max_len: int = 40  # the longest text accepted (checked before anything reads it)
-    reader: Callable[[str], Any] | None = None  # a text's grammar (gpusession/textvalues.py)
+    reader: Callable[[str], Any] | None = None  # a text's grammar (gpusession/core/textvalues.py)
     capability: str | None = (
         None  # a core row for the backends whose class has this flag (Backend.takes_host...)
     )

@@ -16,11 +16,11 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .errors import BadInput, UnknownSession, WorkspaceInUse
-from .models import Event, LaunchSpec, SessionRecord, State, now
-from .procs import start_ticks
-from .settings import data_folder, data_folder_error
-from .textvalues import session_name
+from ..core.errors import BadInput, UnknownSession, WorkspaceInUse
+from ..core.models import Event, LaunchSpec, SessionRecord, State, now
+from ..core.procs import start_ticks
+from ..configuration.settings import data_folder, data_folder_error
+from ..core.textvalues import session_name
 
 _HEX = set("0123456789abcdef")
 
@@ -63,7 +63,7 @@ def owner_id() -> str:
 
 
 def validate_name(name: str) -> str:
-    return session_name(name)  # the option table's rule (gpusession/textvalues.py)
+    return session_name(name)  # the option table's rule (gpusession/core/textvalues.py)
 
 
 def _check_claim(

@@ -13,9 +13,9 @@ from typing import Callable, TypeVar
 import platformdirs
 from traitlets import TraitError
 
-from .durations import MAX_DOLLARS, RECONNECT, format_bound, shown
-from .errors import BadInput, GpuSessionError
-from .protocol import DEFAULT_IDLE_S
+from ..core.durations import MAX_DOLLARS, RECONNECT, format_bound, shown
+from ..core.errors import BadInput, GpuSessionError
+from ..core.protocol import DEFAULT_IDLE_S
 
 T = TypeVar("T")
 
@@ -57,7 +57,7 @@ def _gpu_type(text: str) -> str:
 
 
 def _idle(text: str) -> str:
-    from .durations import IDLE
+    from ..core.durations import IDLE
 
     IDLE.parse(text)
     return text.strip()

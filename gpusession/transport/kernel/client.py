@@ -13,8 +13,8 @@ import zmq
 
 from jupyter_client.blocking.client import BlockingKernelClient
 
-from ..errors import KernelDied, RemoteError
-from ..protocol import META_CELL_LOG
+from ...core.errors import KernelDied, RemoteError
+from ...core.protocol import META_CELL_LOG
 from .cellwait import CellWait
 from .sink import NullSink, OutputSink
 
@@ -190,7 +190,7 @@ class KernelClient:
 
     def push(self, namespace: dict[str, Any], progress=None) -> None:
         """Send local variables (pickled) into the session kernel's namespace, as binary frames
-        (gpusession.kernel.transfer)."""
+        (gpusession.transport.kernel.transfer)."""
         from . import transfer
 
         transfer.push(self, namespace, progress)

@@ -1,6 +1,6 @@
 """SSH port forwarding with paramiko that survives a dropped connection.
 
-`Tunnel` logs in to a target sshd (the session container's; `gpusession.sshlogin` checks its host
+`Tunnel` logs in to a target sshd (the session container's; `gpusession.transport.sshlogin` checks its host
 key and logs in) and forwards remote loopback ports to listening sockets on this machine's
 127.0.0.1, optionally through a jump host (the Docker host) by a `direct-tcpip` channel.
 
@@ -24,10 +24,10 @@ from typing import Callable
 
 import paramiko
 
-from .durations import format_duration
-from .models import KernelEndpoint
-from .protocol import KERNEL_PORT_NAMES
-from .settings import RECONNECT_ENV, reconnect_give_up
+from ..core.durations import format_duration
+from ..core.models import KernelEndpoint
+from ..core.protocol import KERNEL_PORT_NAMES
+from ..configuration.settings import RECONNECT_ENV, reconnect_give_up
 from .sshlogin import (
     PACKET,
     fast_reads,
@@ -205,7 +205,7 @@ class Tunnel:
         the remote unix socket `remote_path` (OpenSSH's direct-streamlocal channel); returns the
         local socket's path.
         Unlike a loopback port, no other user of this machine can connect to it."""
-        from .settings import private_socket_dir
+        from ..configuration.settings import private_socket_dir
 
         with self._lock:
             if self._closed.is_set():
