@@ -43,7 +43,7 @@ def cmd_types(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from .words import summary_line
+    from .words import advice_line, summary_line
     from .workspace_words import print_checkpoint
 
     m = _manager()
@@ -57,7 +57,22 @@ def cmd_stop(args: argparse.Namespace) -> int:
         raise GpuSessionError("name a session to stop (`gpusession list`), or pass --all")
     r = m.stop(args.name, by="gpusession stop", save=args.save)
     print(f"stopped {r.name}: {summary_line(r)}")
+    advice = advice_line(m.advice(r.id, live=False))
+    if advice:
+        print(advice)
     print_checkpoint(r, print)
+    return 0
+
+
+def cmd_advice(args: argparse.Namespace) -> int:
+    from .words import advice_lines
+
+    m = _manager()
+    try:
+        doc = m.advice(args.name)
+    finally:
+        m.close()
+    print("\n".join(advice_lines(doc["name"], doc)))
     return 0
 
 
@@ -243,6 +258,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "workspaces": cmd_workspaces,
     "stats": cmd_stats,
     "keepalive": cmd_keepalive,
+    "advice": cmd_advice,
     "demo": cmd_demo,
     "kernelspec": cmd_kernelspec,
     "upload": cmd_upload,
@@ -319,6 +335,10 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     s.add_argument("name")
     s = sub.add_parser(
         "stats", help="a running session's latest GPU sample, idle countdown and cost"
+    )
+    s.add_argument("name")
+    s = sub.add_parser(
+        "advice", help="right-sizing: the GPU type a session's memory and utilization called for"
     )
     s.add_argument("name")
     s = sub.add_parser("keepalive", help="postpone a session's idle stop")

@@ -81,12 +81,19 @@ def _keepalive_args(line: str) -> None:
     """%gpu keepalive [DURATION]"""
 
 
+@magic_arguments()
+@argument("name", nargs="?", default=None, help="session name (default: the current session)")
+def _advice_args(line: str) -> None:
+    """%gpu advice [NAME]: the GPU type this session's memory and utilization called for"""
+
+
 PARSERS = {
     "start": _start_args,
     "stop": _stop_args,
     "use": _use_args,
     "watch": _watch_args,
     "keepalive": _keepalive_args,
+    "advice": _advice_args,
 }
 for (
     _sub,
@@ -105,6 +112,7 @@ HELP = """%gpu SUBCOMMAND ...
   use NAME                work with another running session (e.g. one started from the panel)
   watch [DURATION]        live GPU, CPU, cost and idle countdown (Ctrl-C or the stop button ends it)
   keepalive [1h]          postpone the idle stop (at most 4h ahead)
+  advice [NAME]           right-sizing: peak memory, utilization, the type that would have fitted
   panel [NAME | --all]    the session card with live gauges, start/stop buttons (ipywidgets)
   %%gpu                   (cell magic) run this cell in the session
 `%gpu start?` style help: `%gpu help start`."""

@@ -42,6 +42,8 @@ from .models import State
 from .session import Session, SessionManager
 from .notify import WarningNotifier, watch
 from .words import (
+    advice_line,
+    advice_lines,
     ended_message,
     error_text,
     idle_setting,
@@ -55,6 +57,7 @@ from .workspace_words import print_checkpoint, print_restored
 from .magicargs import (
     HELP,
     PARSERS,
+    _advice_args,
     _keepalive_args,
     _start_args,
     _stop_args,
@@ -96,6 +99,7 @@ class GpuMagics(Magics):
             "use": self._use,
             "watch": self._watch,
             "keepalive": self._keepalive,
+            "advice": self._advice,
             "help": self._help,
         }
 
@@ -242,7 +246,17 @@ class GpuMagics(Magics):
             if was_auto:
                 print("cells run locally again")
         print(f"stopped {record.name}: {summary_line(record)}")
+        advice = advice_line(self.manager.advice(record.id, live=False))
+        if advice:
+            print(advice)
         print_checkpoint(record, _print)
+
+    def _advice(self, rest: str) -> None:
+        args = self._parse(_advice_args, rest)
+        if args.name is None and self.current is None:
+            raise UsageError("no current session: name one (`%gpu list`) or `%gpu start` one")
+        doc = self.manager.advice(args.name or self.current.id)  # type: ignore[union-attr]
+        print("\n".join(advice_lines(doc["name"], doc)))
 
     def _status(self, rest: str) -> None:
         name = rest.strip() or None

@@ -45,6 +45,8 @@ __all__ = [
     "start_log_lines",
     "idle_setting",
     "usage_error",
+    "advice_line",
+    "advice_lines",
 ]
 
 
@@ -244,6 +246,89 @@ def gc_line(action: Any) -> str:
     return f"{verb} {action.target} ({action.why})"
 
 
+# -- right-sizing advice (gpusession/advice.py) ------------------------------------------------
+
+
+def _on(gpu_type: str, gpu_count: int, price: float) -> str:
+    return f"{gpu_label(gpu_type, gpu_count)} ({format_money(price)}/h)"
+
+
+def usage_figures_text(figures: dict) -> str:
+    """'peak 3.1 GiB (95th percentile 3.1 GiB) of 39.6 GiB, utilization mean 3%, 95th percentile 12%'."""
+    mean, p95 = figures.get("utilization_mean"), figures.get("utilization_p95")
+    text = (
+        f"peak {_bytes(figures['memory_peak'])} (95th percentile {_bytes(figures['memory_p95'])})"
+        f" of {_bytes(figures['memory_total'])}"
+    )
+    if mean is not None:
+        text += f", utilization mean {mean:.0f}%, 95th percentile {p95}%"
+    if figures["busy_gpus"] < figures["gpus"]:
+        text += f", {figures['busy_gpus']} of {figures['gpus']} GPUs used"
+    if figures.get("oom_errors"):
+        text += f", {figures['oom_errors']} cell(s) failed out of GPU memory"
+    return text
+
+
+def _difference(advice: dict) -> str:
+    hourly, total = advice["hourly_difference"], advice["session_difference"]
+    word = "less" if hourly < 0 else "more"
+    text = f"{format_money(abs(hourly))}/h {word}"
+    if total:
+        text += f" ({format_money(abs(total))} {word} over this session)"
+    return text
+
+
+def advice_line(doc: dict) -> str | None:
+    """The one line a stop and the card show; None when there is no advice."""
+    a, f = doc.get("advice"), doc.get("figures")
+    if not a or not f:
+        return None
+    now = _on(a["gpu_type"], a["gpu_count"], a["price_per_hour"])
+    then = _on(a["suggested_type"], a["suggested_count"], a["suggested_price"])
+    flag = a["suggested_type"] + (f":{a['suggested_count']}" if a["suggested_count"] != 1 else "")
+    hint = f"`%gpu start --type {flag}` next time"
+    mean = f.get("utilization_mean")
+    use = f"peak {_bytes(f['memory_peak'])}" + (
+        f" and {mean:.0f}% mean utilization" if mean is not None else ""
+    )
+    kind = a["kind"]
+    if kind == "smaller":
+        return f"advice: {use} on {now}: {then} would have held it: {_difference(a)}. {hint}"
+    if kind == "fewer":
+        return (
+            f"advice: {f['busy_gpus']} of {f['gpus']} GPUs used ({use}) on {now}: "
+            f"{then} would have done: {_difference(a)}. {hint}"
+        )
+    if kind == "bigger":
+        why = (
+            f"{f['oom_errors']} cell(s) ran out of GPU memory"
+            if f.get("oom_errors")
+            else f"memory reached {_bytes(f['memory_peak'])} of {_bytes(f['memory_total'])}"
+        )
+        return f"advice: {why} on {now}: the next size up is {then}: {_difference(a)}. {hint}"
+    speed = f", {a['speedup']:g}x the FP16 throughput" if a.get("speedup") else ""
+    return (
+        f"advice: utilization stayed at {f['utilization_p50']}% on {now}, the GPU was the limit: "
+        f"{then}{speed}, would have needed less time: {_difference(a)}. {hint}"
+    )
+
+
+def advice_lines(name: str, doc: dict) -> list[str]:
+    """`%gpu advice` / `gpusession advice`: the figures, then the advice or why there is none."""
+    f = doc.get("figures")
+    if not f:
+        return [
+            f"{name}: no advice yet: {doc.get('samples', 0)} GPU sample(s), "
+            f"at least {doc.get('min_samples')} needed (one a second while a GPU is visible)"
+        ]
+    line = advice_line(doc)
+    return [
+        f"{name}: {usage_figures_text(f)}",
+        line or "no advice: no cheaper type would have held it, and memory never ran short",
+        "(only advice: nothing changes by itself; prices from the catalog, docs/cost.md)",
+    ]
+
+
 # -- live stats -------------------------------------------------------------------------------
 
 
@@ -388,6 +473,8 @@ def rest_view(view: dict) -> dict:
         out["stop_reason"] = dict(reason.to_dict(), text=stop_reason_text(reason))
     out["ended"] = ended_line(out.get("state"), reason, out.get("error"))
     out["unverified"] = None if out.get("verified", True) else unverified_text(out)
+    if out.get("advice"):
+        out["advice"] = dict(out["advice"], text=advice_line(out["advice"]))
     return out
 
 

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "durations",
             "textvalues",
             "cost",
+            "advice",
             "progress",
             "agentargs",
             "procs",

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .. import options
+from ..advice import advice_document
 from ..backends import Backend, Link, default_order, load_backend_class, loaded_classes
 from ..catalog import load_catalog
 from ..durations import KEEPALIVE
@@ -441,6 +442,27 @@ class SessionManager:
             summary = details.summary if details is not None else None
         if summary:
             self.store.update_resource(record.id, agent_summary=summary)
+
+    def advice(self, key: str, *, live: bool = True) -> dict:
+        """Right-sizing advice (gpusession/advice.py) as data, from the agent's summary: asked of
+        the agent while the session runs (`live`), else the one kept when it stopped. Adds
+        `name` and `state`."""
+        record = self.store.get(key)
+        summary = None
+        if live and record.state == State.RUNNING:
+            try:
+                summary = self._running_session(record.id).agent.summary()
+            except GpuSessionError:  # ended meanwhile, or the agent does not answer
+                record = self.store.get(record.id)
+        summary = summary or record.resource.get("agent_summary")
+        doc = advice_document(
+            summary,
+            gpu_type=record.spec.gpu_type,
+            gpu_count=record.spec.gpu_count,
+            spot=record.spec.spot,
+            catalog=self.catalog,
+        )
+        return dict(doc, name=record.name, state=record.state.value)
 
     def live_stats(self, record: SessionRecord) -> dict | None:
         """Recently fetched stats of a running session (for views), with the idle countdown
