@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Callable
 
+from .cost import add_report_arguments
 from .errors import GpuSessionError
 from .options import add_arguments as add_start_options
 from .transfers import add_commands as add_transfer_commands
@@ -64,6 +65,18 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from .words import report_lines
+
+    m = _manager()
+    try:
+        doc = m.report(args.since, args.by)
+    finally:
+        m.close()
+    print("\n".join(report_lines(doc)))
+    return 0
+
+
 def cmd_advice(args: argparse.Namespace) -> int:
     from .words import advice_lines
 
@@ -78,12 +91,15 @@ def cmd_advice(args: argparse.Namespace) -> int:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from . import options
-    from .words import idle_setting
+    from .words import budget_warning, idle_setting
     from .workspace_words import print_restored
 
     m = _manager()
     spec = m.spec_from(options.given_values(args), options.FLAGS)
-    session = m.start(spec, report=lambda line: print(line, flush=True))
+    record = m.create(spec)
+    if budget_warning(record):
+        print(budget_warning(record), flush=True)
+    session = m.launch(record, report=lambda line: print(line, flush=True))
     print_restored(session.record, print)
     print(
         f"{session.name} is running ({idle_setting(spec.idle_timeout_s)}); "
@@ -259,6 +275,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "stats": cmd_stats,
     "keepalive": cmd_keepalive,
     "advice": cmd_advice,
+    "report": cmd_report,
     "demo": cmd_demo,
     "kernelspec": cmd_kernelspec,
     "upload": cmd_upload,
@@ -341,6 +358,8 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
         "advice", help="right-sizing: the GPU type a session's memory and utilization called for"
     )
     s.add_argument("name")
+    s = sub.add_parser("report", help="spend from the session store: cost, GPU-hours, idle cost")
+    add_report_arguments(s)  # the same options as `%gpu report`
     s = sub.add_parser("keepalive", help="postpone a session's idle stop")
     s.add_argument("name")
     s.add_argument(

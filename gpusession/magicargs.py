@@ -6,6 +6,7 @@ from __future__ import annotations
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from . import options
+from .cost import add_report_arguments
 
 
 @magic_arguments()
@@ -87,6 +88,14 @@ def _advice_args(line: str) -> None:
     """%gpu advice [NAME]: the GPU type this session's memory and utilization called for"""
 
 
+@magic_arguments()
+def _report_args(line: str) -> None:
+    """%gpu report [--since 30d] [--by type|backend|day|workspace]: spend from the session store"""
+
+
+add_report_arguments(_report_args.parser)  # the same options as `gpusession report`
+
+
 PARSERS = {
     "start": _start_args,
     "stop": _stop_args,
@@ -94,6 +103,7 @@ PARSERS = {
     "watch": _watch_args,
     "keepalive": _keepalive_args,
     "advice": _advice_args,
+    "report": _report_args,
 }
 for (
     _sub,
@@ -113,6 +123,7 @@ HELP = """%gpu SUBCOMMAND ...
   watch [DURATION]        live GPU, CPU, cost and idle countdown (Ctrl-C or the stop button ends it)
   keepalive [1h]          postpone the idle stop (at most 4h ahead)
   advice [NAME]           right-sizing: peak memory, utilization, the type that would have fitted
+  report [--since 30d] [--by type|backend|day|workspace]   spend, GPU-hours, idle cost, budget
   panel [NAME | --all]    the session card with live gauges, start/stop buttons (ipywidgets)
   %%gpu                   (cell magic) run this cell in the session
 `%gpu start?` style help: `%gpu help start`."""

@@ -44,7 +44,9 @@ from .notify import WarningNotifier, watch
 from .words import (
     advice_line,
     advice_lines,
+    budget_warning,
     ended_message,
+    report_lines,
     error_text,
     idle_setting,
     keepalive_line,
@@ -58,6 +60,7 @@ from .magicargs import (
     HELP,
     PARSERS,
     _advice_args,
+    _report_args,
     _keepalive_args,
     _start_args,
     _stop_args,
@@ -100,6 +103,7 @@ class GpuMagics(Magics):
             "watch": self._watch,
             "keepalive": self._keepalive,
             "advice": self._advice,
+            "report": self._report,
             "help": self._help,
         }
 
@@ -192,6 +196,8 @@ class GpuMagics(Magics):
             options.given_values(self._parse(_start_args, rest)), options.FLAGS
         )
         record = self.manager.create(spec)
+        if budget_warning(record):
+            _print(budget_warning(record))
         try:
             session = self.manager.launch(record, report=_print)
         except KeyboardInterrupt:  # one line, not IPython's traceback: launch already cleaned up
@@ -250,6 +256,10 @@ class GpuMagics(Magics):
         if advice:
             print(advice)
         print_checkpoint(record, _print)
+
+    def _report(self, rest: str) -> None:
+        args = self._parse(_report_args, rest)
+        print("\n".join(report_lines(self.manager.report(args.since, args.by))))
 
     def _advice(self, rest: str) -> None:
         args = self._parse(_advice_args, rest)

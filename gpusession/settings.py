@@ -79,6 +79,13 @@ def _price(text: str | float) -> float:
     return value
 
 
+def _budget(text: str | float) -> float:
+    """A monthly budget in dollars ("200", "$200"); 0 or "off": none."""
+    from .durations import parse_money
+
+    return parse_money(text, what="monthly budget") or 0.0
+
+
 _SAID_OPEN: set[str] = set()  # data folders whose openness was said already (once per process)
 
 
@@ -132,6 +139,7 @@ ENV_SETTINGS: dict[str, tuple[str, Callable[[str], object], Callable[[], object]
     "default_idle": ("GPUSESSION_IDLE", _idle, lambda: BUILTIN_IDLE),
     "price_per_hour": ("GPUSESSION_PRICE_PER_HOUR", _price, lambda: CATALOG_PRICE),
     "docker_image": ("GPUSESSION_IMAGE", str, lambda: BUILTIN_IMAGE),
+    "monthly_budget": ("GPUSESSION_MONTHLY_BUDGET", _budget, lambda: 0.0),
 }
 
 

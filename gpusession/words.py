@@ -47,6 +47,9 @@ __all__ = [
     "usage_error",
     "advice_line",
     "advice_lines",
+    "report_lines",
+    "budget_line",
+    "budget_warning",
 ]
 
 
@@ -327,6 +330,81 @@ def advice_lines(name: str, doc: dict) -> list[str]:
         line or "no advice: no cheaper type would have held it, and memory never ran short",
         "(only advice: nothing changes by itself; prices from the catalog, docs/cost.md)",
     ]
+
+
+# -- the spend report (gpusession/cost.py spend_report) ----------------------------------------
+
+_PRICE_WORDS = {
+    "paid": "at the price paid (learnt at launch: the zone's spot price)",
+    "catalog": "at the catalog's rate (snapshot {date})",
+    "configured": "at the configured price (price_per_hour, --price-per-gpu-hour)",
+    "free": "free (no price known: GPU-hours only)",
+}
+
+
+def _report_row(row: dict) -> tuple[str, ...]:
+    mean = row.get("mean_utilization")
+    return (
+        str(row["key"]),
+        str(row["sessions"]),
+        f"{row['gpu_hours']:.2f}",
+        format_money(row["cost"]),
+        "n/a" if mean is None else f"{mean:.0f}%",
+        format_money(row["idle_cost"]),
+        format_money(row["could_save"]),
+    )
+
+
+def report_lines(doc: dict) -> list[str]:
+    """`gpusession report` / `%gpu report`: a row per key, the total, and where the numbers
+    come from (docs/cost.md)."""
+    day = lambda t: time.strftime("%Y-%m-%d %H:%M", time.gmtime(t))  # noqa: E731
+    head = f"spend {day(doc['since'])} .. {day(doc['until'])} UTC, by {doc['by']}"
+    if not doc["rows"]:
+        return [head, "  no session was billed in this period"]
+    rows = [
+        (doc["by"].upper(), "SESSIONS", "GPU-HOURS", "COST", "MEAN UTIL", "IDLE COST", "COULD SAVE")
+    ]
+    rows += [_report_row(r) for r in doc["rows"]] + [_report_row(doc["total"])]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [head] + [
+        "  "
+        + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in rows
+    ]
+    lines.insert(len(lines) - 1, "  " + "-" * (sum(widths) + 2 * (len(widths) - 1)))
+    total = doc["total"]
+    prices = "; ".join(
+        f"{n} {_PRICE_WORDS[kind].format(date=doc.get('catalog_date'))}"
+        for kind, n in sorted(doc.get("prices", {}).items())
+    )
+    lines.append(f"  prices: {prices}")
+    if total["running"] or total["failed"]:
+        lines.append(
+            f"  {total['running']} still running (counted up to now), "
+            f"{total['failed']} failed (billed until they failed)"
+        )
+    if doc.get("budget"):
+        lines.append("  " + budget_line(doc["budget"]))
+    return lines
+
+
+def budget_line(status: dict) -> str:
+    """'this month: $41.20 of the $50.00 monthly budget (82%)'."""
+    return (
+        f"this month: {format_money(status['spent'])} of the {format_money(status['budget'])} "
+        f"monthly budget ({100 * status['fraction']:.0f}%)"
+    )
+
+
+def budget_warning(record: SessionRecord) -> str | None:
+    """What a start says when the month's spend passed 80% of the budget (None otherwise)."""
+    status = record.resource.get("budget")
+    if not status:
+        return None
+    return (
+        f"WARNING: {budget_line(status)}; at 100% starts are refused (raise it: {status['source']})"
+    )
 
 
 # -- live stats -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from ..backends import backend_names
 from ..durations import KEEPALIVE, shown
 from ..errors import BadInput
 from ..session import SessionManager, default_backend_name
-from ..words import rest_view, warning_texts
+from ..words import report_lines, rest_view, warning_texts
 from .api import Api
 from .base import BaseHandler
 from .workspaces import WorkspaceHandler, WorkspacesHandler
@@ -181,6 +181,23 @@ class CatalogHandler(BaseHandler):
         self.finish(json.dumps(self.api.manager.catalog.to_dict()))
 
 
+class ReportHandler(BaseHandler):
+    """GET report?since=30d&by=type: the spend report (gpusession/cost.py) with its words
+    (`lines`, what `gpusession report` prints), from the store."""
+
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        since = self.get_query_argument("since", "30d")
+        by = self.get_query_argument("by", "type")
+        m = self.api.manager
+
+        def report() -> dict:
+            doc = m.report(since, by)
+            return dict(doc, lines=report_lines(doc))
+
+        await self.guarded(report)
+
+
 class NotFoundHandler(BaseHandler):
     """Any other path under the API: a 404 in the API's shape, not the server's HTML page."""
 
@@ -206,6 +223,7 @@ def setup_handlers(
             (url_path_join(base, "sessions", sid, "stats"), StatsHandler),
             (url_path_join(base, "sessions", sid, "keepalive"), KeepaliveHandler),
             (url_path_join(base, "catalog"), CatalogHandler),
+            (url_path_join(base, "report"), ReportHandler),
             (url_path_join(base, "options"), OptionsHandler),
             (url_path_join(base, "options", "check"), OptionsCheckHandler),
             (url_path_join(base, "workspaces"), WorkspacesHandler),

@@ -12,11 +12,12 @@ import time
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .. import options
-from ..advice import advice_document
+from ..advice import advice_document, could_save
+from ..cost import budget_status, month_start, spend_report
 from ..backends import Backend, Link, default_order, load_backend_class, loaded_classes
 from ..catalog import load_catalog
-from ..durations import KEEPALIVE
-from ..errors import GpuSessionError, KernelDied, SessionEnded, StageError
+from ..durations import KEEPALIVE, REPORT_SINCE
+from ..errors import GpuSessionError, KernelDied, OverBudget, SessionEnded, StageError
 from ..kernel import files
 from ..models import LaunchSpec, SessionRecord, State
 from ..progress import Progress, Reporter
@@ -116,8 +117,35 @@ class SessionManager:
         self.config.check()
         backend = self.backend(spec.backend)
         backend.check(spec)
-        return self.store.create(
+        budget = self.budget()
+        if budget is not None and budget["state"] == "over":
+            raise OverBudget(
+                f"this month's spend ${budget['spent']:,.2f} has reached the monthly budget of "
+                f"${budget['budget']:,.2f} ({budget['source']}); raise it (e.g. "
+                "`%config GpuSessionConfig.monthly_budget = 500`, or GPUSESSION_MONTHLY_BUDGET=500 "
+                "for the CLI), or wait for the next month; `gpusession report` shows the spend"
+            )
+        record = self.store.create(
             spec, price_per_hour=backend.price_per_hour(spec, self.catalog), claim=workspace_claim
+        )
+        if budget is not None and budget["state"] == "warn":  # the faces say it at the start
+            record = self.store.update_resource(record.id, budget=budget)
+        return record
+
+    def budget(self, at: float | None = None) -> dict | None:
+        """This calendar month's spend (UTC, as the report counts it) against the monthly budget
+        (gpusession/cost.py budget_status); None when no budget is set."""
+        budget = float(self.config.monthly_budget or 0.0)
+        if budget <= 0:
+            return None
+        at = time.time() if at is None else at
+        since = month_start(at)
+        spent = spend_report(self.store.list(), since=since, by="type", at=at)["total"]["cost"]
+        return budget_status(
+            spent,
+            budget,
+            month=since,
+            source="GpuSessionConfig.monthly_budget / GPUSESSION_MONTHLY_BUDGET",
         )
 
     def start(self, spec: LaunchSpec, report: Reporter | None = None) -> Session:
@@ -463,6 +491,41 @@ class SessionManager:
             catalog=self.catalog,
         )
         return dict(doc, name=record.name, state=record.state.value)
+
+    def report(self, since: str | float | None = "30d", by: str = "type") -> dict:
+        """The spend report as data (gpusession/cost.py `spend_report`): the sessions billed in
+        the last `since` (the duration grammar), a row per `by`, running sessions counted up to
+        now (checked first, so one that ended is counted until it ended)."""
+        seconds = REPORT_SINCE.parse("30d" if since is None else since)
+        at = time.time()
+        doc = spend_report(
+            self.list(check=True),
+            since=at - float(seconds or 0.0),
+            by=by,
+            at=at,
+            catalog_prices=self._catalog_prices,
+            could_save=lambda r: could_save(
+                r.resource.get("agent_summary"),
+                gpu_type=r.spec.gpu_type,
+                gpu_count=r.spec.gpu_count,
+                catalog=self.catalog,
+                spot=r.spec.spot,
+            ),
+        )
+        return dict(doc, catalog_date=self.catalog.snapshot_date, budget=self.budget(at))
+
+    def _catalog_prices(self, record: SessionRecord) -> tuple[float, ...]:
+        """The catalog's rates for a session's GPUs: per GPU x count, and the whole instance."""
+        try:
+            gpu = self.catalog.get(record.spec.gpu_type)
+            return tuple(
+                self.catalog.price_per_hour(
+                    gpu, record.spec.gpu_count, spot=record.spec.spot, whole_instance=whole
+                )
+                for whole in (False, True)
+            )
+        except GpuSessionError:  # a type the catalog no longer has
+            return ()
 
     def live_stats(self, record: SessionRecord) -> dict | None:
         """Recently fetched stats of a running session (for views), with the idle countdown
