@@ -91,14 +91,14 @@ def cmd_advice(args: argparse.Namespace) -> int:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from . import options
-    from .words import budget_warning, idle_setting
+    from .words import idle_setting, start_notes
     from .workspace_words import print_restored
 
     m = _manager()
     spec = m.spec_from(options.given_values(args), options.FLAGS)
     record = m.create(spec)
-    if budget_warning(record):
-        print(budget_warning(record), flush=True)
+    for note in start_notes(record):  # a policy's bounds, a budget near its end
+        print(note, flush=True)
     session = m.launch(record, report=lambda line: print(line, flush=True))
     print_restored(session.record, print)
     print(

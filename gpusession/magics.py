@@ -44,13 +44,13 @@ from .notify import WarningNotifier, watch
 from .words import (
     advice_line,
     advice_lines,
-    budget_warning,
     ended_message,
     report_lines,
     error_text,
     idle_setting,
     keepalive_line,
     session_table,
+    start_notes,
     status_lines,
     summary_line,
     usage_error,
@@ -196,8 +196,8 @@ class GpuMagics(Magics):
             options.given_values(self._parse(_start_args, rest)), options.FLAGS
         )
         record = self.manager.create(spec)
-        if budget_warning(record):
-            _print(budget_warning(record))
+        for note in start_notes(record):  # a policy's bounds, a budget near its end
+            _print(note)
         try:
             session = self.manager.launch(record, report=_print)
         except KeyboardInterrupt:  # one line, not IPython's traceback: launch already cleaned up

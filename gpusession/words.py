@@ -11,7 +11,7 @@ import time
 from typing import Any, Iterable
 
 from .cost import cost_of, uptime_seconds
-from .durations import format_duration, format_money
+from .durations import format_bound, format_duration, format_money
 from .errors import SessionEnded
 from .metrics import METRICS, metric_of, metric_text, metrics
 from .models import SessionRecord, State
@@ -50,6 +50,8 @@ __all__ = [
     "report_lines",
     "budget_line",
     "budget_warning",
+    "policy_bound_text",
+    "start_notes",
 ]
 
 
@@ -397,9 +399,26 @@ def budget_line(status: dict) -> str:
     )
 
 
-def budget_warning(record: SessionRecord) -> str | None:
+_BOUND_WORDS = {"idle": "idle stop", "max_runtime": "max runtime", "max_cost": "max cost"}
+
+
+def policy_bound_text(bound: dict) -> str:
+    """'idle stop 30m: the most your policy allows (/etc/jupyter/gpusession_policy.json)'."""
+    limit = bound["limit"]
+    value = format_money(limit) if bound["field"] == "max_cost" else format_bound(limit)
+    words = _BOUND_WORDS.get(bound["field"], bound["field"])
+    return f"{words} {value}: the most your policy allows ({bound['policy']})"
+
+
+def start_notes(record: SessionRecord) -> list[str]:
+    """What a start says before it begins: the bounds a policy put in, a budget near its end."""
+    notes = [policy_bound_text(b) for b in record.spec.extra.get("policy_bounds") or []]
+    warning = budget_warning(record.resource.get("budget"))
+    return notes + ([warning] if warning else [])
+
+
+def budget_warning(status: dict | None) -> str | None:
     """What a start says when the month's spend passed 80% of the budget (None otherwise)."""
-    status = record.resource.get("budget")
     if not status:
         return None
     return (
@@ -553,6 +572,8 @@ def rest_view(view: dict) -> dict:
     out["unverified"] = None if out.get("verified", True) else unverified_text(out)
     if out.get("advice"):
         out["advice"] = dict(out["advice"], text=advice_line(out["advice"]))
+    out["policy"] = [policy_bound_text(b) for b in out.get("policy_bounds") or []]
+    out["budget_warning"] = budget_warning(out.get("budget"))
     return out
 
 

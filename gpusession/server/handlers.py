@@ -19,6 +19,7 @@ from .. import options
 from ..backends import backend_names
 from ..durations import KEEPALIVE, shown
 from ..errors import BadInput
+from ..settings import load_policy
 from ..session import SessionManager, default_backend_name
 from ..words import report_lines, rest_view, warning_texts
 from .api import Api
@@ -86,11 +87,17 @@ class OptionsCheckHandler(BaseHandler):
     async def post(self) -> None:
         body = self.body()
         m = self.api.manager
-        await self.guarded(
-            lambda: {
-                "errors": options.check_body(body, catalog=m.catalog, backends=backend_names())
-            }
-        )
+
+        def check() -> dict:
+            errors = options.check_body(body, catalog=m.catalog, backends=backend_names())
+            if not errors and load_policy() is not None:  # what a policy refuses, by field too
+                try:
+                    m.spec_from({k: v for k, v in body.items() if k != "upload"})
+                except options.BadOptions as exc:
+                    errors = exc.problems
+            return {"errors": errors}
+
+        await self.guarded(check)
 
 
 class SessionHandler(BaseHandler):

@@ -22,6 +22,7 @@ from ..kernel import files
 from ..models import LaunchSpec, SessionRecord, State
 from ..progress import Progress, Reporter
 from ..protocol import StopKind, StopReason, Warning, WarningKind
+from ..settings import load_policy
 from ..store import Store
 from .agentclient import AgentUnavailable
 from .liveness import Liveness, ended_state
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from ..config import GpuSessionConfig
     from .handle import Session
 
+POLICY_BOUNDS = (
+    "policy_bounds"  # spec.extra: the bounds a policy put in ({"field", "limit", "policy"})
+)
 FRESH_S = 15.0  # how long a fetched stats document may fill in a view's idle countdown
 
 
@@ -107,6 +111,13 @@ class SessionManager:
         files.check_start_tree(
             spec.extra, face
         )  # --upload: a tree over its cap is refused before anything starts
+        policy = load_policy()
+        if policy is not None:  # an administrator's bounds: refused beyond, put in where unset
+            problems, bounds = policy.bound(spec, options.given_names(values))
+            if problems:
+                raise options.BadOptions(problems, face)
+            if bounds:
+                spec.extra[POLICY_BOUNDS] = bounds
         return spec
 
     # -- start ---------------------------------------------------------------------------
@@ -118,6 +129,12 @@ class SessionManager:
         backend = self.backend(spec.backend)
         backend.check(spec)
         budget = self.budget()
+        if budget is not None and budget["state"] == "over" and budget.get("policy"):
+            raise OverBudget(
+                f"this month's spend ${budget['spent']:,.2f} has reached the monthly cap of "
+                f"${budget['budget']:,.2f} set by your policy ({budget['policy']}); only its "
+                "administrator can raise it; `gpusession report` shows the spend"
+            )
         if budget is not None and budget["state"] == "over":
             raise OverBudget(
                 f"this month's spend ${budget['spent']:,.2f} has reached the monthly budget of "
@@ -136,17 +153,26 @@ class SessionManager:
         """This calendar month's spend (UTC, as the report counts it) against the monthly budget
         (gpusession/cost.py budget_status); None when no budget is set."""
         budget = float(self.config.monthly_budget or 0.0)
-        if budget <= 0:
+        policy = load_policy()
+        cap = policy.monthly_cap if policy is not None else None
+        capped = cap is not None and (budget <= 0 or cap < budget)  # the policy's cap binds
+        budget = cap if capped else budget
+        if not budget or budget <= 0:
             return None
         at = time.time() if at is None else at
         since = month_start(at)
         spent = spend_report(self.store.list(), since=since, by="type", at=at)["total"]["cost"]
-        return budget_status(
+        status = budget_status(
             spent,
             budget,
             month=since,
-            source="GpuSessionConfig.monthly_budget / GPUSESSION_MONTHLY_BUDGET",
+            source=f"the monthly cap of your policy {policy.path}"  # type: ignore[union-attr]
+            if capped
+            else "GpuSessionConfig.monthly_budget / GPUSESSION_MONTHLY_BUDGET",
         )
+        if status is not None and capped:
+            status["policy"] = policy.path  # type: ignore[union-attr]
+        return status
 
     def start(self, spec: LaunchSpec, report: Reporter | None = None) -> Session:
         """Provision, connect and wait for the kernel. On any failure (Ctrl-C included) the

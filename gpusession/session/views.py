@@ -56,6 +56,10 @@ def session_view(
         if (saved := _saved_workspace(record))
         else None,
         "advice": _advice(record),
+        # the bounds an administrator's policy put in at its start ({"field", "limit", "policy"})
+        "policy_bounds": list(record.spec.extra.get("policy_bounds") or []),
+        # the month's spend against the budget when it was past 80% at the start (cost.py)
+        "budget": record.resource.get("budget"),
     }
 
 
