@@ -5,8 +5,6 @@ sessions whose agent replays those recordings."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +19,8 @@ from gpusession.catalog import load_catalog
 from gpusession.errors import RemoteError
 from gpusession.protocol import is_out_of_memory
 from gpusession.words import advice_line, advice_lines
+
+from test_cli import cli  # the command line as a user runs it
 
 DATA = Path(__file__).parent / "data"
 
@@ -129,16 +129,6 @@ def test_catalog_names_its_throughput_source():
 # -- the faces, on real local sessions whose agents replay the recordings ----------------------
 
 
-def cli(env, *args):
-    return subprocess.run(
-        [sys.executable, "-m", "gpusession", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def test_advice_from_the_cli_the_stop_and_the_card(manager, nb_env):
     from gpusession.widgets.card import SessionCard
 
@@ -182,3 +172,21 @@ def test_advice_from_the_cli_the_stop_and_the_card(manager, nb_env):
     card = SessionCard(manager.view(manager.get("idle-a100")), lambda c: None, lambda c: None)
     assert "1 x t4 ($0.5260/h) would have held it" in card.advice.value
     assert manager.view(manager.get(plain.id))["advice"] is None
+
+
+def test_the_magics_advice_and_report(notebook):
+    """`%gpu advice` and `%gpu report` in a real notebook kernel (no GPU here: nothing sampled)."""
+    assert notebook.run("%gpu start --type t4 --backend local --idle off --name m1").status == "ok"
+    advice = notebook.run("%gpu advice")
+    assert advice.text.strip() == (
+        f"m1: no advice yet: 0 GPU sample(s), at least {MIN_SAMPLES} needed "
+        "(one a second while a GPU is visible)"
+    )
+    report = notebook.run("%gpu report --by backend --since 1d")
+    lines = report.text.strip().splitlines()
+    assert lines[0].endswith("UTC, by backend") and lines[2].split()[:2] == ["local", "1"]
+    assert "1 still running (counted up to now), 0 failed" in report.text
+    bad = notebook.run("%gpu report --by colour")
+    assert bad.status == "error" and "invalid choice: 'colour'" in bad.text
+    stop = notebook.run("%gpu stop")
+    assert "stopped m1" in stop.text and "advice" not in stop.text

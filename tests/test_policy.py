@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -18,6 +16,7 @@ from gpusession.errors import BadInput
 from gpusession.models import State
 from gpusession.session import SessionManager
 from gpusession.store import Store
+from test_cli import cli
 from test_spend import fill
 
 POLICY = {
@@ -64,18 +63,10 @@ def test_policy_bounds_what_the_config_leaves_open_and_refuses_the_rest(policy, 
             m.spec_from(dict({"type": "t4", "backend": "local"}, **values))
         assert message in str(e.value) and "\n" not in str(e.value)
     policy(max_idle="soon")
-    with pytest.raises(ConfigError, match=r"the gpusession policy .* cannot be used \(max_idle: bad idle"):
+    with pytest.raises(
+        ConfigError, match=r"the gpusession policy .* cannot be used \(max_idle: bad idle"
+    ):
         m.make_spec("t4", backend="local")
-
-
-def cli(env, *args):
-    return subprocess.run(
-        [sys.executable, "-m", "gpusession", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_cli_start_says_each_bound_and_refuses_beyond_them(policy, nb_env, gs_home, monkeypatch):

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -19,6 +17,7 @@ from gpusession.cost import BILLED_FROM, cost_of, month_start, spend_report
 from gpusession.models import LaunchSpec, State
 from gpusession.protocol import StopKind, StopReason
 from gpusession.store import Store
+from test_cli import cli
 from test_advice import replayed_usage
 
 H, D = 3600.0, 86400.0
@@ -125,16 +124,6 @@ def test_report_agrees_with_the_store_for_every_state(tmp_path):
     days = [r["key"] for r in report(store, at, "day")["rows"]]
     assert days == sorted(days) and len(days) >= 2
     assert report(store, at, since=60 * D)["total"]["sessions"] == len(inside) + 2  # old too
-
-
-def cli(env, *args):
-    return subprocess.run(
-        [sys.executable, "-m", "gpusession", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_report_and_budget_on_the_cli(nb_env, gs_home):
