@@ -39,6 +39,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_types(args: argparse.Namespace) -> int:
     from .catalog import load_catalog
 
+    if args.live:
+        from .words import live_price_lines
+
+        m = _manager()
+        print("\n".join(live_price_lines(m.live_prices(), m.catalog.snapshot_date)))
+        return 0
     print(load_catalog().table())
     return 0
 
@@ -337,7 +343,12 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("list", help="list active sessions")
     s.add_argument("--all", action="store_true", help="include stopped and failed sessions")
-    sub.add_parser("types", help="GPU types and prices")
+    s = sub.add_parser("types", help="GPU types and prices")
+    s.add_argument(
+        "--live",
+        action="store_true",
+        help="the current spot price per zone from the cloud (cached 5 minutes), beside the catalog's",
+    )
     s = sub.add_parser("stop", help="stop a session")
     s.add_argument("name", nargs="?")
     s.add_argument("--all", action="store_true", help="stop every active session")

@@ -89,6 +89,16 @@ def _advice_args(line: str) -> None:
 
 
 @magic_arguments()
+@argument(
+    "--live",
+    action="store_true",
+    help="the current spot price per zone from the cloud (cached 5 minutes), beside the catalog's",
+)
+def _types_args(line: str) -> None:
+    """%gpu types [--live]: GPU types and prices"""
+
+
+@magic_arguments()
 def _report_args(line: str) -> None:
     """%gpu report [--since 30d] [--by type|backend|day|workspace]: spend from the session store"""
 
@@ -104,6 +114,7 @@ PARSERS = {
     "keepalive": _keepalive_args,
     "advice": _advice_args,
     "report": _report_args,
+    "types": _types_args,
 }
 for (
     _sub,

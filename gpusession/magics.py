@@ -49,6 +49,7 @@ from .words import (
     error_text,
     idle_setting,
     keepalive_line,
+    live_price_lines,
     session_table,
     start_notes,
     status_lines,
@@ -61,6 +62,7 @@ from .magicargs import (
     PARSERS,
     _advice_args,
     _report_args,
+    _types_args,
     _keepalive_args,
     _start_args,
     _stop_args,
@@ -355,6 +357,11 @@ class GpuMagics(Magics):
         print(session_table(views, current=self.current.id if self.current else None))
 
     def _types(self, rest: str) -> None:
+        args = self._parse(_types_args, rest)
+        if args.live:
+            rows = self.manager.live_prices()
+            print("\n".join(live_price_lines(rows, self.manager.catalog.snapshot_date)))
+            return
         print(self.manager.catalog.table())
 
     def _on(self, rest: str) -> None:

@@ -52,6 +52,7 @@ __all__ = [
     "budget_warning",
     "policy_bound_text",
     "start_notes",
+    "live_price_lines",
 ]
 
 
@@ -424,6 +425,33 @@ def budget_warning(status: dict | None) -> str | None:
     return (
         f"WARNING: {budget_line(status)}; at 100% starts are refused (raise it: {status['source']})"
     )
+
+
+def live_price_lines(rows: list[dict], catalog_date: str) -> list[str]:
+    """`%gpu types --live`: the current spot price per zone beside the catalog's on-demand."""
+    if not rows:
+        return ["no live prices: no cloud backend answered (own hardware has none)"]
+    table = [("TYPE", "INSTANCE", "ZONE", "SPOT $/H", "ON-DEMAND $/H", "SPOT SAVES")]
+    for r in rows:
+        spot = r.get("spot")
+        saves = "-" if spot is None else f"{100 * (1 - spot / r['on_demand']):.0f}%"
+        table.append(
+            (
+                r["type"],
+                r["instance"],
+                r.get("zone") or f"{r['region']}: no spot price",
+                "-" if spot is None else (f"{spot:.4f}" if spot >= 0.001 else f"{spot:.2g}"),
+                f"{r['on_demand']:.4f}",
+                saves,
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+    lines.append(
+        f"Spot: now, from AWS (DescribeSpotPriceHistory, asked at most every 5 minutes); "
+        f"on-demand: the catalog, snapshot {catalog_date}."
+    )
+    return lines
 
 
 # -- live stats -------------------------------------------------------------------------------

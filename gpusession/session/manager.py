@@ -553,6 +553,22 @@ class SessionManager:
         except GpuSessionError:  # a type the catalog no longer has
             return ()
 
+    def live_prices(self) -> list[dict[str, Any]]:
+        """The clouds' current prices (`Backend.live_prices`) for the regions a policy allows
+        (else each backend's default region), each row with its `backend`."""
+        from ..backends import backend_names
+
+        policy = load_policy()
+        regions: list[str | None] = list(policy.allowed_regions or [None]) if policy else [None]
+        rows: list[dict[str, Any]] = []
+        for name in backend_names():
+            if load_backend_class(name).live_prices is Backend.live_prices:
+                continue  # own hardware: no live prices to ask for
+            rows += [
+                dict(r, backend=name) for r in self.backend(name).live_prices(self.catalog, regions)
+            ]
+        return rows
+
     def live_stats(self, record: SessionRecord) -> dict | None:
         """Recently fetched stats of a running session (for views), with the idle countdown
         moved on to now; None when there are none fresh enough."""
