@@ -125,7 +125,7 @@ for (
 
 HELP = """%gpu SUBCOMMAND ...
   start [--type T4] [--backend local|docker|aws] [--idle 15m] [--max-cost 5] [--name N] ...
-  stop [NAME | --all]     status     list     types
+  stop [NAME | --all]     status     list     types [--live]
   on | off                run every following cell in the session (or stop doing so)
   push NAME...            send local variables to the session;  pull NAME...: fetch them back
   upload PATH... [--to DIR]    files or folders into the session's working directory

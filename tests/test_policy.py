@@ -17,7 +17,8 @@ from gpusession.models import State
 from gpusession.session import SessionManager
 from gpusession.store import Store
 from test_cli import cli
-from test_spend import fill
+from gpusession.cost import month_start
+from test_spend import fill, report
 
 POLICY = {
     "max_idle": "15m",
@@ -69,9 +70,17 @@ def test_policy_bounds_what_the_config_leaves_open_and_refuses_the_rest(policy, 
         m.make_spec("t4", backend="local")
 
 
-def test_cli_start_says_each_bound_and_refuses_beyond_them(policy, nb_env, gs_home, monkeypatch):
+def test_cli_start_says_each_bound_and_refuses_beyond_them(policy, nb_env, gs_home):
+    store, at = Store(gs_home / "sessions.sqlite3"), time.time()
+    fill(store, at)  # this month's spend, 85% of the user's budget: the start warns too
+    spent = report(store, at, since=at - month_start(at))["total"]["cost"]
     path = policy()
-    env = dict(nb_env, GPUSESSION_POLICY=path, GPUSESSION_IDLE="2h")
+    env = dict(
+        nb_env,
+        GPUSESSION_POLICY=path,
+        GPUSESSION_IDLE="2h",
+        GPUSESSION_MONTHLY_BUDGET=f"{spent / 0.85:.2f}",
+    )
     refused = cli(env, "start", "--backend", "local", "--idle", "2h", "--name", "p0")
     assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
     assert f"--idle: your policy ({path}) allows at most 15m" in refused.stderr
@@ -81,18 +90,16 @@ def test_cli_start_says_each_bound_and_refuses_beyond_them(policy, nb_env, gs_ho
         assert f"idle stop 15m: the most your policy allows ({path})" in started.stdout
         assert f"max cost $5.00: the most your policy allows ({path})" in started.stdout
         assert "p1 is running (idle stop after 15m00s" in started.stdout
+        assert "WARNING: this month: $" in started.stdout and "monthly budget (8" in started.stdout
         assert Store(gs_home / "sessions.sqlite3").get("p1").spec.idle_timeout_s == 900.0
     finally:
         cli(env, "stop", "p1")
     # the policy's monthly cap binds though the user's own budget is larger
-    store, at = Store(gs_home / "sessions.sqlite3"), time.time()
-    fill(store, at)
     path = policy(monthly_cap=1)
     capped = dict(env, GPUSESSION_POLICY=path, GPUSESSION_MONTHLY_BUDGET="100000")
     over = cli(capped, "start", "--backend", "local", "--name", "p2")
     assert over.returncode == 1 and over.stderr.count("\n") == 1, over.stderr
     assert f"has reached the monthly cap of $1.00 set by your policy ({path})" in over.stderr
-    assert "monthly budget ($1.00" not in cli(capped, "report").stdout
     assert "of the $1.00 monthly budget" in cli(capped, "report").stdout
 
 
