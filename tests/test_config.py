@@ -37,6 +37,7 @@ ENV_VARS = {
     "default_idle": "GPUSESSION_IDLE",
     "price_per_hour": "GPUSESSION_PRICE_PER_HOUR",
     "docker_image": "GPUSESSION_IMAGE",
+    "monthly_budget": "GPUSESSION_MONTHLY_BUDGET",
 }
 
 
@@ -48,6 +49,7 @@ def env_values(tmp_path: Path) -> dict:
         "default_idle": "5m",
         "price_per_hour": "0.1",
         "docker_image": "env/image:1",
+        "monthly_budget": "$300",
     }
 
 
@@ -59,6 +61,7 @@ def config_values(tmp_path: Path) -> dict:
         "default_idle": "7m",
         "price_per_hour": 0.25,
         "docker_image": "cfg/image:2",
+        "monthly_budget": 150.0,
     }
 
 
@@ -71,6 +74,7 @@ def effective(values: dict) -> dict:
         "default_idle": parse_duration(values["default_idle"]),
         "price_per_hour": float(values["price_per_hour"]),
         "docker_image": values["docker_image"],
+        "monthly_budget": float(str(values["monthly_budget"]).lstrip("$")),
     }
 
 
@@ -86,6 +90,7 @@ def observe(manager) -> dict:
         "default_idle": spec.idle_timeout_s,
         "price_per_hour": manager.backend("local").price_per_hour(local, manager.catalog),
         "docker_image": manager.backend("docker").config.docker_image,
+        "monthly_budget": (manager.budget() or {}).get("budget", 0.0),
     }
 
 

@@ -16,10 +16,17 @@ import os
 import time
 
 from ..core.envnames import ENV_STATE_DIR, RESTART_FILE
+from ..core.protocol import is_out_of_memory
 
 # reached: a client's first kernel_info came (the start reached this kernel); till then the
 # agent's idle clock waits (gpusession.agent.idle: a slow boot or connect is not idleness)
-_state = {"busy": False, "last_activity": time.time(), "cells": 0, "reached": False}
+_state = {
+    "busy": False,
+    "last_activity": time.time(),
+    "cells": 0,
+    "reached": False,
+    "oom_errors": 0,  # cells that failed for want of GPU memory (right-sizing advice)
+}
 _written = [0.0]  # when activity.json was last written
 
 
@@ -58,6 +65,9 @@ def touch(force: bool = False) -> None:
 
 def _post_run_cell(result=None) -> None:
     _state["busy"] = False
+    error = getattr(result, "error_in_exec", None)
+    if error is not None and is_out_of_memory(f"{type(error).__name__}: {error}"):
+        _state["oom_errors"] += 1
     _state["last_activity"] = time.time()
     _write()
 

@@ -12,6 +12,7 @@ from ..core.protocol import Marker, StopReason, marker_line
 from . import activity
 from .idle import ActivityTracker, Verdict
 from .sampler import Sampler
+from .usage import UsageTracker
 
 
 class Watchdog:
@@ -48,6 +49,7 @@ class Watchdog:
         self._next_sample = 0.0
         self._cells = 0
         self._warned: set = set()  # warning kinds already logged while they last
+        self.usage = UsageTracker()  # the whole session's GPU use, for right-sizing advice
         self.stop_reason: StopReason | None = None
         self.done = threading.Event()
 
@@ -62,12 +64,15 @@ class Watchdog:
         if self.sample_interval_s > 0 and now >= self._next_sample:
             sample = self.sampler.sample(now, kernel_busy=busy)
             gpu_utils = [g.get("utilization") for g in sample["gpus"]]
+            with self._lock:  # summary() reads it from the endpoint's thread
+                self.usage.add(sample)
             # keep the 1 Hz grid; after a long stall, restart it rather than catch up
             self._next_sample = max(
                 self._next_sample + self.sample_interval_s, now - self.sample_interval_s / 2
             )
         with self._lock:
             self._cells = int(act.get("cells") or 0)
+            self.usage.saw_activity(act)
             self.tracker.observe(
                 now,
                 kernel_busy=busy,
@@ -141,6 +146,7 @@ class Watchdog:
             out = self.tracker.summary(
                 now, gpu_count=self.gpu_count, cells=int(cells or self._cells)
             )
+            out["usage"] = self.usage.summary()
         out["session_id"] = self.session_id
         out["reason"] = self.stop_reason.to_dict() if self.stop_reason else None
         out["at"] = round(now, 3)

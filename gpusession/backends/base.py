@@ -259,6 +259,13 @@ class Backend(abc.ABC):
         gpu = catalog.get(spec.gpu_type)
         return catalog.price_per_hour(gpu, spec.gpu_count)
 
+    def live_prices(self, catalog: "Catalog", regions: list[str | None]) -> list[dict[str, Any]]:
+        """Called by `%gpu types --live` / `gpusession types --live`: the current prices this
+        backend can ask its cloud for, per GPU type and zone of each region (None: its default
+        region), as rows {"type", "instance", "region", "zone", "spot", "on_demand"}. Own
+        hardware has none: []. Must not create anything; may be cached a few minutes."""
+        return []
+
     def default_image(self) -> str | None:
         """Called by `provision` (and the docs): the image a session runs when --image names
         none; None when the backend runs no image of its own choosing (the node's Python)."""

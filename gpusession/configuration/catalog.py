@@ -34,6 +34,8 @@ class GpuType:
     description: str  # human description
     memory_gb: int  # memory of one GPU
     instances: tuple[InstanceType, ...]  # ascending by gpu_count
+    fp16_tflops: float | None = None  # dense FP16 Tensor Core TFLOPS of one GPU (data sheet)
+    fp32_tflops: float | None = None  # FP32 TFLOPS of one GPU (data sheet)
 
     def instance_for(self, count: int) -> InstanceType:
         """Smallest instance with at least `count` GPUs."""
@@ -65,6 +67,14 @@ class Catalog:
     source: str
     types: tuple[GpuType, ...]
     aliases: dict[str, str]
+    throughput_source: str = ""  # where fp16_tflops / fp32_tflops come from
+
+    def relative_throughput(self, gpu: GpuType, precision: str = "fp16") -> float | None:
+        """One GPU's throughput relative to the slowest type in the catalog (1.0)."""
+        values = [getattr(t, f"{precision}_tflops") for t in self.types]
+        floor = min((v for v in values if v), default=None)
+        mine = getattr(gpu, f"{precision}_tflops")
+        return None if not floor or not mine else round(mine / floor, 2)
 
     def names(self) -> list[str]:
         return [t.name for t in self.types]
@@ -115,11 +125,16 @@ class Catalog:
             "snapshot_date": self.snapshot_date,
             "region": self.region,
             "currency": self.currency,
+            "throughput_source": self.throughput_source,
             "types": [
                 {
                     "name": t.name,
                     "description": t.description,
                     "memory_gb": t.memory_gb,
+                    "fp16_tflops": t.fp16_tflops,
+                    "fp32_tflops": t.fp32_tflops,
+                    "relative_fp16": self.relative_throughput(t, "fp16"),
+                    "relative_fp32": self.relative_throughput(t, "fp32"),
                     "on_demand_per_hour": round(t.per_gpu_on_demand, 4),
                     "spot_per_hour": None if t.per_gpu_spot is None else round(t.per_gpu_spot, 4),
                     "instance_types": [
@@ -138,14 +153,38 @@ class Catalog:
 
     def table(self) -> str:
         """The catalog as a plain-text table (what `%gpu types` and `gpusession types` print)."""
-        rows = [("TYPE", "MEMORY", "$/GPU-HOUR", "SPOT $/GPU-H", "AWS INSTANCES (GPUs, $/h)")]
+        rows = [
+            (
+                "TYPE",
+                "MEMORY",
+                "FP16",
+                "FP32",
+                "$/GPU-HOUR",
+                "SPOT $/GPU-H",
+                "AWS INSTANCES (GPUs, $/h)",
+            )
+        ]
         for t in self.types:
             spot = "-" if t.per_gpu_spot is None else f"{t.per_gpu_spot:.3f}"
             inst = ", ".join(f"{i.name} ({i.gpu_count}, {i.on_demand:.2f})" for i in t.instances)
-            rows.append((t.name, f"{t.memory_gb} GB", f"{t.per_gpu_on_demand:.3f}", spot, inst))
+            speed = [self.relative_throughput(t, p) for p in ("fp16", "fp32")]
+            rows.append(
+                (
+                    t.name,
+                    f"{t.memory_gb} GB",
+                    *("-" if x is None else f"{x:g}x" for x in speed),
+                    f"{t.per_gpu_on_demand:.3f}",
+                    spot,
+                    inst,
+                )
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
         lines.append(f"Prices: {self.region}, snapshot {self.snapshot_date} ({self.currency}).")
+        if self.throughput_source:
+            lines.append(
+                f"FP16/FP32: per GPU, relative to the slowest type; {self.throughput_source}."
+            )
         return "\n".join(lines)
 
 
@@ -175,6 +214,8 @@ def load_catalog() -> Catalog:
                 description=t.get("description", ""),
                 memory_gb=int(t["memory_gb"]),
                 instances=insts,
+                fp16_tflops=None if t.get("fp16_tflops") is None else float(t["fp16_tflops"]),
+                fp32_tflops=None if t.get("fp32_tflops") is None else float(t["fp32_tflops"]),
             )
         )
     return Catalog(
@@ -184,4 +225,5 @@ def load_catalog() -> Catalog:
         source=raw.get("source", ""),
         types=tuple(types),
         aliases={k.lower(): v for k, v in raw.get("aliases", {}).items()},
+        throughput_source=raw.get("throughput_source", ""),
     )

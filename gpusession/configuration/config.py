@@ -31,6 +31,7 @@ from .settings import (  # noqa: F401 - ConfigError, EnvConfig and the built-ins
     ConfigError,
     EnvConfig,
     T,
+    _budget,
     _data_dir,
     _gpu_type,
     _idle,
@@ -85,6 +86,14 @@ class GpuSessionConfig(Configurable):
         "Default: env GPUSESSION_PRICE_PER_HOUR, else -1.",
     ).tag(config=True)
 
+    monthly_budget = Float(
+        0.0,
+        help="Dollars this user may spend on sessions in a calendar month (UTC), counted from the "
+        "session store as `gpusession report` counts it: at 80% every start warns, at 100% a start "
+        "is refused (a running session is warned, never stopped). 0 means no budget. "
+        "Default: env GPUSESSION_MONTHLY_BUDGET, else 0.",
+    ).tag(config=True)
+
     docker_image = Unicode(
         BUILTIN_IMAGE,
         help="Image for docker and aws sessions when --image names none: any image with a python3 "
@@ -112,6 +121,14 @@ class GpuSessionConfig(Configurable):
     @default("default_idle")
     def _idle_default(self) -> str:
         return env_setting("default_idle")
+
+    @default("monthly_budget")
+    def _budget_default(self) -> float:
+        return env_setting("monthly_budget")
+
+    @validate("monthly_budget")
+    def _check_budget(self, proposal) -> float:
+        return self._checked("monthly_budget", _budget, proposal.value, 0.0)
 
     @default("price_per_hour")
     def _price_default(self) -> float:

@@ -6,6 +6,9 @@ with a 60-second minimum, like EC2's per-second billing.
 
 from __future__ import annotations
 
+from typing import Any
+
+from ..core.errors import BadInput
 from ..core.models import BILLED_STATES, Event, SessionRecord, now
 
 MINIMUM_BILLED_S = 60.0
@@ -82,3 +85,195 @@ def uptime_seconds(record: SessionRecord, at: float | None = None) -> float:
         return 0.0
     ended = next((e.at for e in record.events if not e.state.active and e.at >= started), None)
     return max(0.0, (ended or at) - started)
+
+
+# -- the spend report (`gpusession report`, `%gpu report`, REST `GET report`) -----------------
+
+#: what a report can be broken down by
+REPORT_BY = ("type", "backend", "day", "workspace")
+
+
+def add_report_arguments(parser) -> None:
+    """--since and --by, for `gpusession report` and `%gpu report` alike (an argparse parser)."""
+    parser.add_argument(
+        "--since",
+        default="30d",
+        help="the period, back from now: 7d, 30d, 12h (default 30d; a bare number means minutes)",
+    )
+    parser.add_argument(
+        "--by",
+        default="type",
+        choices=REPORT_BY,
+        help="a row per GPU type, backend, day (UTC, when billing began) or workspace "
+        "(default type)",
+    )
+
+
+def _report_key(record: SessionRecord, by: str, since: float) -> str:
+    import time
+
+    if by == "type":
+        return record.spec.gpu_type
+    if by == "backend":
+        return record.backend
+    if by == "day":  # the UTC day its billing began in the period (a session is not split)
+        start = billing_started_at(record) or record.created_at
+        return time.strftime("%Y-%m-%d", time.gmtime(max(start, since)))
+    return str(record.resource.get("workspace") or record.spec.extra.get("workspace") or "-")
+
+
+def price_source(record: SessionRecord, catalog_prices: tuple[float, ...]) -> str:
+    """Which price a session's cost uses: "paid" (what the backend learnt at launch: the zone's
+    spot price, a fallback's price), "catalog" (the catalog's rate for its GPUs), "configured"
+    (GpuSessionConfig.price_per_hour, a cluster's --price-per-gpu-hour), or "free"."""
+    if record.price_per_hour <= 0:
+        return "free"
+    if "market" in record.resource or record.resource.get("price_per_hour") is not None:
+        return "paid"
+    if any(abs(record.price_per_hour - p) < 1e-9 for p in catalog_prices):
+        return "catalog"
+    return "configured"
+
+
+def _blank(key: str) -> dict:
+    return {
+        "key": key,
+        "sessions": 0,
+        "cost": 0.0,
+        "gpu_hours": 0.0,
+        "idle_cost": 0.0,
+        "could_save": 0.0,
+        "mean_utilization": None,
+        "running": 0,
+        "failed": 0,
+        "_util_weight": 0.0,
+        "_util_sum": 0.0,
+    }
+
+
+def _add(row: dict, item: dict) -> None:
+    for name in ("sessions", "cost", "gpu_hours", "idle_cost", "could_save", "running", "failed"):
+        row[name] += item[name]
+    if item["mean_utilization"] is not None and item["gpu_hours"] > 0:
+        row["_util_weight"] += item["gpu_hours"]
+        row["_util_sum"] += item["mean_utilization"] * item["gpu_hours"]
+
+
+def _finish(row: dict) -> dict:
+    weight, total = row.pop("_util_weight"), row.pop("_util_sum")
+    row["mean_utilization"] = round(total / weight, 1) if weight else None
+    for name in ("cost", "idle_cost", "could_save"):
+        row[name] = round(row[name], 6)
+    row["gpu_hours"] = round(row["gpu_hours"], 4)
+    return row
+
+
+def session_spend(
+    record: SessionRecord,
+    *,
+    since: float,
+    at: float,
+    catalog_prices: tuple[float, ...],
+    could_save: float,
+) -> dict:
+    """One session's part of a report: billed time from `since` to `at` (a running session up
+    to `at`, an ended one until it ended, a failed one until it failed), priced as recorded."""
+    start = float(record.resource[BILLED_FROM]) if record.resource.get(BILLED_FROM) else None
+    if BILLED_FROM in record.resource and start is None:
+        seconds = 0.0  # a job still queued: nothing billed
+    else:
+        floor = since if start is None else max(start, since)
+        seconds = billed_seconds(record.events, at, not_before=floor)
+    whole = record_billed_seconds(record, at)
+    share = seconds / whole if whole > 0 else 0.0  # the part of the session inside the period
+    summary = record.resource.get("agent_summary") or {}
+    mean = summary.get("mean_gpu_utilization")
+    idle_s = float(summary.get("idle_minutes") or 0.0) * 60.0
+    return {
+        "sessions": 1,
+        "cost": cost_for_seconds(record.price_per_hour, seconds),
+        "gpu_hours": record.spec.gpu_count * seconds / 3600.0,
+        "idle_cost": record.price_per_hour * min(idle_s, whole) / 3600.0 * share,
+        "could_save": could_save * share,
+        "mean_utilization": mean,
+        "running": int(record.state.active),
+        "failed": int(record.state.value == "failed"),
+        "price_source": price_source(record, catalog_prices),
+        "billed_s": seconds,
+    }
+
+
+def spend_report(
+    records: list[SessionRecord],
+    *,
+    since: float,
+    by: str,
+    at: float | None = None,
+    catalog_prices=lambda record: (),
+    could_save=lambda record: 0.0,
+) -> dict[str, Any]:
+    """Spend from `since` to `at` (default now), a row per `by` key (REPORT_BY) and a total.
+    `catalog_prices(record)`: the catalog's rates for its GPUs (per GPU, whole instance);
+    `could_save(record)`: the advice's saving for the whole session (gpusession/configuration/advice.py)."""
+    if by not in REPORT_BY:
+        raise BadInput(
+            f"cannot break a report down by {by!r}; choose one of {', '.join(REPORT_BY)}"
+        )
+    at = now() if at is None else at
+    rows: dict[str, dict] = {}
+    total = _blank("total")
+    prices: dict[str, int] = {}
+    for record in records:
+        item = session_spend(
+            record,
+            since=since,
+            at=at,
+            catalog_prices=catalog_prices(record),
+            could_save=could_save(record),
+        )
+        if item["billed_s"] <= 0:
+            continue  # nothing billed in the period (never provisioned, or all before it)
+        prices[item["price_source"]] = prices.get(item["price_source"], 0) + 1
+        key = _report_key(record, by, since)
+        _add(rows.setdefault(key, _blank(key)), item)
+        _add(total, item)
+    ordered = sorted(rows.values(), key=lambda r: r["key"] if by == "day" else -r["cost"])
+    return {
+        "since": since,
+        "until": at,
+        "by": by,
+        "rows": [_finish(r) for r in ordered],
+        "total": _finish(total),
+        "prices": prices,
+    }
+
+
+# -- the monthly budget (GpuSessionConfig.monthly_budget) -------------------------------------
+
+BUDGET_WARN = 0.8  # from this fraction of the budget on, every start warns
+
+
+def month_start(at: float) -> float:
+    """The first second of `at`'s calendar month, UTC."""
+    import calendar
+    import time
+
+    t = time.gmtime(at)
+    return float(calendar.timegm((t.tm_year, t.tm_mon, 1, 0, 0, 0)))
+
+
+def budget_status(spent: float, budget: float, *, month: float, source: str) -> dict | None:
+    """The month's spend against a budget, as data (None without a budget). `state`: ok, warn
+    (BUDGET_WARN reached) or over (all of it spent); `source`: where the budget is set."""
+    if budget <= 0:
+        return None
+    fraction = spent / budget
+    state = "over" if fraction >= 1.0 else "warn" if fraction >= BUDGET_WARN else "ok"
+    return {
+        "budget": budget,
+        "spent": round(spent, 6),
+        "fraction": round(fraction, 4),
+        "month_start": month,
+        "state": state,
+        "source": source,
+    }

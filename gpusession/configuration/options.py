@@ -489,6 +489,13 @@ def _read(
     return parsed, problems
 
 
+def given_names(values: Mapping[str, Any]) -> set[str]:
+    """The options a face was given a value for (not blank, not "default")."""
+    by_name = table().by_name
+    values = {_LEGACY.get(k, k): v for k, v in values.items()}
+    return {k for k, v in values.items() if k in by_name and not _not_given(by_name[k], v)}
+
+
 def _not_given(option: StartOption, value: Any) -> bool:
     """A blank string, or "default" for an option with a configured default."""
     return isinstance(value, str) and (

@@ -5,10 +5,11 @@ vars only, which is all the `gpusession` CLI reads."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import platformdirs
 from traitlets import TraitError
@@ -79,6 +80,13 @@ def _price(text: str | float) -> float:
     return value
 
 
+def _budget(text: str | float) -> float:
+    """A monthly budget in dollars ("200", "$200"); 0 or "off": none."""
+    from ..core.durations import parse_money
+
+    return parse_money(text, what="monthly budget") or 0.0
+
+
 _SAID_OPEN: set[str] = set()  # data folders whose openness was said already (once per process)
 
 
@@ -132,6 +140,7 @@ ENV_SETTINGS: dict[str, tuple[str, Callable[[str], object], Callable[[], object]
     "default_idle": ("GPUSESSION_IDLE", _idle, lambda: BUILTIN_IDLE),
     "price_per_hour": ("GPUSESSION_PRICE_PER_HOUR", _price, lambda: CATALOG_PRICE),
     "docker_image": ("GPUSESSION_IMAGE", str, lambda: BUILTIN_IMAGE),
+    "monthly_budget": ("GPUSESSION_MONTHLY_BUDGET", _budget, lambda: 0.0),
 }
 
 
@@ -189,3 +198,147 @@ def private_socket_dir(prefix: str = "gpusession-") -> str:
     return tempfile.mkdtemp(
         prefix=prefix, dir=runtime if runtime and os.path.isdir(runtime) else None
     )
+
+
+# -- an administrator's policy (docs/cost.md): bounds a user's settings cannot loosen ----------
+
+POLICY_ENV = "GPUSESSION_POLICY"
+POLICY_FILE = "gpusession_policy.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """The bounds of one policy file. None: no bound of that kind."""
+
+    path: str  # the file, named in every refusal and note
+    max_idle_s: float | None = None  # the longest idle timeout ("off" is refused)
+    max_runtime_s: float | None = None  # the longest --max-runtime (none given: this one)
+    max_cost: float | None = None  # the largest --max-cost, dollars (none given: this one)
+    allowed_types: tuple[str, ...] | None = None  # catalog names
+    allowed_backends: tuple[str, ...] | None = None
+    allowed_regions: tuple[str, ...] | None = None
+    monthly_cap: float | None = None  # dollars a user may spend in a calendar month (UTC)
+
+    # (field of the option table, spec attribute, policy attribute) of the upper bounds
+    _LIMITS = (
+        ("idle", "idle_timeout_s", "max_idle_s"),
+        ("max_runtime", "max_runtime_s", "max_runtime_s"),
+        ("max_cost", "max_cost", "max_cost"),
+    )
+
+    def bound(self, spec, given: set[str]) -> tuple[dict[str, str], list[dict[str, Any]]]:
+        """Apply the policy to a LaunchSpec: (problems, bounds). problems: field -> why it is
+        refused (an option the user gave beyond a bound, a type, backend or region not allowed);
+        bounds: the limits the policy put in where the user gave none (or the default was
+        looser), as data {"field", "limit", "policy"}, and set on `spec`."""
+        problems: dict[str, str] = {}
+        bounds: list[dict[str, Any]] = []
+        for name, attr, limit_attr in self._LIMITS:
+            limit = getattr(self, limit_attr)
+            value = getattr(spec, attr)
+            if limit is None or (value is not None and value <= limit):
+                continue
+            if name in given:  # what the user asked for is refused, in one line naming the file
+                most = f"${limit:,.2f}" if name == "max_cost" else format_bound(limit)
+                problems[name] = f"your policy ({self.path}) allows at most {most}" + (
+                    "" if value is not None else " (off is not allowed)"
+                )
+            else:
+                setattr(spec, attr, limit)
+                bounds.append({"field": name, "limit": limit, "policy": self.path})
+        for name, value, allowed in (
+            ("type", spec.gpu_type, self.allowed_types),
+            ("backend", spec.backend, self.allowed_backends),
+            ("region", spec.region, self.allowed_regions),
+        ):
+            if allowed is not None and value is not None and value not in allowed:
+                problems[name] = (
+                    f"your policy ({self.path}) allows only {', '.join(allowed)}, not {shown(value)}"
+                )
+        return problems, bounds
+
+
+def _policy_path() -> str | None:
+    """GPUSESSION_POLICY, else the first gpusession_policy.json in Jupyter's environment and
+    system config folders (not the user's: a user's file cannot loosen the policy)."""
+    named = os.environ.get(POLICY_ENV, "").strip()
+    if named:
+        return named
+    try:
+        from jupyter_core.paths import ENV_CONFIG_PATH, SYSTEM_CONFIG_PATH
+
+        folders = [*ENV_CONFIG_PATH, *SYSTEM_CONFIG_PATH]
+    except ImportError:  # the CLI without Jupyter: the usual system folders
+        folders = ["/usr/local/etc/jupyter", "/etc/jupyter"]
+    for folder in folders:
+        path = os.path.join(folder, POLICY_FILE)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def load_policy() -> Policy | None:
+    """The policy in force, read now (an administrator may change it at any time); None when
+    there is none. ConfigError, one line naming the file, when it cannot be used."""
+    import json
+
+    from ..core.durations import IDLE, MAX_RUNTIME, parse_money
+
+    path = _policy_path()
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+        if not isinstance(raw, dict):
+            raise BadInput("it must hold a JSON object")
+        unknown = sorted(set(raw) - _POLICY_KEYS)
+        if unknown:
+            raise BadInput(
+                f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_POLICY_KEYS))}"
+            )
+
+        def names(key: str) -> tuple[str, ...] | None:
+            value = raw.get(key)
+            if value is None:
+                return None
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise BadInput(f"{key} must be a list of names")
+            return tuple(v.strip().lower() for v in value)
+
+        def money(key: str) -> float | None:
+            return None if raw.get(key) is None else parse_money(raw[key], what=key)
+
+        def duration(key: str, rule) -> float | None:
+            try:
+                return None if raw.get(key) is None else rule.parse(raw[key])
+            except BadInput as exc:
+                raise BadInput(f"{key}: {exc}") from None
+
+        return Policy(
+            path=path,
+            max_idle_s=duration("max_idle", IDLE),
+            max_runtime_s=duration("max_runtime", MAX_RUNTIME),
+            max_cost=money("max_cost"),
+            allowed_types=names("allowed_types"),
+            allowed_backends=names("allowed_backends"),
+            allowed_regions=names("allowed_regions"),
+            monthly_cap=money("monthly_cap"),
+        )
+    except (OSError, ValueError, BadInput) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError(
+            f"the gpusession policy {path} cannot be used ({why}); ask your administrator "
+            f"(it is named by {POLICY_ENV} or found in Jupyter's system config folder)"
+        ) from None
+
+
+_POLICY_KEYS = {
+    "max_idle",
+    "max_runtime",
+    "max_cost",
+    "allowed_types",
+    "allowed_backends",
+    "allowed_regions",
+    "monthly_cap",
+}

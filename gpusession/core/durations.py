@@ -182,6 +182,8 @@ WATCH = DurationRule("watch duration", 1 * DAY, allow_off=False)
 QUEUE_TIMEOUT = DurationRule("queue timeout", 30 * DAY, min_s=10.0)
 # GPUSESSION_RECONNECT_TIMEOUT: how long a dropped tunnel may stay down (settings.reconnect_give_up)
 RECONNECT = DurationRule("reconnect timeout", 1 * DAY)
+# the spend report's period (`gpusession report --since 30d`): up to ten years back
+REPORT_SINCE = DurationRule("report period", 3660 * DAY, allow_off=False)
 
 
 def parse_money(

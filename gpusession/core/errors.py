@@ -23,6 +23,10 @@ class UnknownSession(GpuSessionError, LookupError):
     """No session by that id or name in the store."""
 
 
+class OverBudget(BadInput):
+    """A start refused because this month's spend reached the monthly budget (or a policy's cap)."""
+
+
 class NoSession(GpuSessionError):
     """An operation needs a running session and there is none."""
 

@@ -32,6 +32,27 @@ from .envnames import KERNEL_PORT_NAMES as KERNEL_PORT_NAMES
 # agent's default (gpusession.configuration.agentargs); written here alone
 DEFAULT_IDLE_S = 1800.0
 
+# -- a cell that failed for want of GPU memory (the kernel counts them; advice reads the count) --
+
+#: what the frameworks' out-of-memory errors say (PyTorch, TensorFlow/XLA, JAX, CuPy, CUDA)
+OOM_MARKERS = (
+    "outofmemoryerror",
+    "cuda out of memory",
+    "cuda error: out of memory",
+    "cuda_error_out_of_memory",
+    "resource_exhausted",
+    "resourceexhaustederror",
+    "out of memory allocating",
+    "cudaerrormemoryallocation",
+)
+
+
+def is_out_of_memory(text: str) -> bool:
+    """Does an error (its type name and message) say the GPU ran out of memory?"""
+    low = text.lower()
+    return any(marker in low for marker in OOM_MARKERS)
+
+
 # -- the agent's HTTP endpoint ----------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Callable
 
+from ..configuration.cost import add_report_arguments
 from ..core.errors import GpuSessionError
 from ..configuration.options import add_arguments as add_start_options
 from .transfers import add_commands as add_transfer_commands
@@ -38,12 +39,18 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_types(args: argparse.Namespace) -> int:
     from ..configuration.catalog import load_catalog
 
+    if args.live:
+        from .words import live_price_lines
+
+        m = _manager()
+        print("\n".join(live_price_lines(m.live_prices(), m.catalog.snapshot_date)))
+        return 0
     print(load_catalog().table())
     return 0
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from .words import summary_line
+    from .words import advice_line, summary_line
     from .words import print_checkpoint
 
     m = _manager()
@@ -57,18 +64,48 @@ def cmd_stop(args: argparse.Namespace) -> int:
         raise GpuSessionError("name a session to stop (`gpusession list`), or pass --all")
     r = m.stop(args.name, by="gpusession stop", save=args.save)
     print(f"stopped {r.name}: {summary_line(r)}")
+    advice = advice_line(m.advice(r.id, live=False))
+    if advice:
+        print(advice)
     print_checkpoint(r, print)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .words import report_lines
+
+    m = _manager()
+    try:
+        doc = m.report(args.since, args.by)
+    finally:
+        m.close()
+    print("\n".join(report_lines(doc)))
+    return 0
+
+
+def cmd_advice(args: argparse.Namespace) -> int:
+    from .words import advice_lines
+
+    m = _manager()
+    try:
+        doc = m.advice(args.name)
+    finally:
+        m.close()
+    print("\n".join(advice_lines(doc["name"], doc)))
     return 0
 
 
 def cmd_start(args: argparse.Namespace) -> int:
     from ..configuration import options
-    from .words import idle_setting
+    from .words import idle_setting, start_notes
     from .words import print_restored
 
     m = _manager()
     spec = m.spec_from(options.given_values(args), options.FLAGS)
-    session = m.start(spec, report=lambda line: print(line, flush=True))
+    record = m.create(spec)
+    for note in start_notes(record):  # a policy's bounds, a budget near its end
+        print(note, flush=True)
+    session = m.launch(record, report=lambda line: print(line, flush=True))
     print_restored(session.record, print)
     print(
         f"{session.name} is running ({idle_setting(spec.idle_timeout_s)}); "
@@ -243,6 +280,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "workspaces": cmd_workspaces,
     "stats": cmd_stats,
     "keepalive": cmd_keepalive,
+    "advice": cmd_advice,
+    "report": cmd_report,
     "demo": cmd_demo,
     "kernelspec": cmd_kernelspec,
     "upload": cmd_upload,
@@ -304,7 +343,12 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("list", help="list active sessions")
     s.add_argument("--all", action="store_true", help="include stopped and failed sessions")
-    sub.add_parser("types", help="GPU types and prices")
+    s = sub.add_parser("types", help="GPU types and prices")
+    s.add_argument(
+        "--live",
+        action="store_true",
+        help="the current spot price per zone from the cloud (cached 5 minutes), beside the catalog's",
+    )
     s = sub.add_parser("stop", help="stop a session")
     s.add_argument("name", nargs="?")
     s.add_argument("--all", action="store_true", help="stop every active session")
@@ -323,6 +367,12 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
         "stats", help="a running session's latest GPU sample, idle countdown and cost"
     )
     s.add_argument("name")
+    s = sub.add_parser(
+        "advice", help="right-sizing: the GPU type a session's memory and utilization called for"
+    )
+    s.add_argument("name")
+    s = sub.add_parser("report", help="spend from the session store: cost, GPU-hours, idle cost")
+    add_report_arguments(s)  # the same options as `%gpu report`
     s = sub.add_parser("keepalive", help="postpone a session's idle stop")
     s.add_argument("name")
     s.add_argument(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..configuration import options
+from ..configuration.cost import add_report_arguments
 
 
 @magic_arguments()
@@ -81,12 +82,39 @@ def _keepalive_args(line: str) -> None:
     """%gpu keepalive [DURATION]"""
 
 
+@magic_arguments()
+@argument("name", nargs="?", default=None, help="session name (default: the current session)")
+def _advice_args(line: str) -> None:
+    """%gpu advice [NAME]: the GPU type this session's memory and utilization called for"""
+
+
+@magic_arguments()
+@argument(
+    "--live",
+    action="store_true",
+    help="the current spot price per zone from the cloud (cached 5 minutes), beside the catalog's",
+)
+def _types_args(line: str) -> None:
+    """%gpu types [--live]: GPU types and prices"""
+
+
+@magic_arguments()
+def _report_args(line: str) -> None:
+    """%gpu report [--since 30d] [--by type|backend|day|workspace]: spend from the session store"""
+
+
+add_report_arguments(_report_args.parser)  # the same options as `gpusession report`
+
+
 PARSERS = {
     "start": _start_args,
     "stop": _stop_args,
     "use": _use_args,
     "watch": _watch_args,
     "keepalive": _keepalive_args,
+    "advice": _advice_args,
+    "report": _report_args,
+    "types": _types_args,
 }
 for (
     _sub,
@@ -97,7 +125,7 @@ for (
 
 HELP = """%gpu SUBCOMMAND ...
   start [--type T4] [--backend local|docker|aws] [--idle 15m] [--max-cost 5] [--name N] ...
-  stop [NAME | --all]     status     list     types
+  stop [NAME | --all]     status     list     types [--live]
   on | off                run every following cell in the session (or stop doing so)
   push NAME...            send local variables to the session;  pull NAME...: fetch them back
   upload PATH... [--to DIR]    files or folders into the session's working directory
@@ -105,6 +133,8 @@ HELP = """%gpu SUBCOMMAND ...
   use NAME                work with another running session (e.g. one started from the panel)
   watch [DURATION]        live GPU, CPU, cost and idle countdown (Ctrl-C or the stop button ends it)
   keepalive [1h]          postpone the idle stop (at most 4h ahead)
+  advice [NAME]           right-sizing: peak memory, utilization, the type that would have fitted
+  report [--since 30d] [--by type|backend|day|workspace]   spend, GPU-hours, idle cost, budget
   panel [NAME | --all]    the session card with live gauges, start/stop buttons (ipywidgets)
   %%gpu                   (cell magic) run this cell in the session
 `%gpu start?` style help: `%gpu help start`."""

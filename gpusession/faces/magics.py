@@ -43,11 +43,16 @@ from ..core.models import State
 from ..session import Session, SessionManager
 from .notify import WarningNotifier, watch
 from .words import (
+    advice_line,
+    advice_lines,
     ended_message,
+    report_lines,
     error_text,
     idle_setting,
     keepalive_line,
+    live_price_lines,
     session_table,
+    start_notes,
     status_lines,
     summary_line,
     usage_error,
@@ -56,6 +61,9 @@ from .words import print_checkpoint, print_restored
 from .magicargs import (
     HELP,
     PARSERS,
+    _advice_args,
+    _report_args,
+    _types_args,
     _keepalive_args,
     _start_args,
     _stop_args,
@@ -97,6 +105,8 @@ class GpuMagics(Magics):
             "use": self._use,
             "watch": self._watch,
             "keepalive": self._keepalive,
+            "advice": self._advice,
+            "report": self._report,
             "help": self._help,
         }
 
@@ -189,6 +199,8 @@ class GpuMagics(Magics):
             options.given_values(self._parse(_start_args, rest)), options.FLAGS
         )
         record = self.manager.create(spec)
+        for note in start_notes(record):  # a policy's bounds, a budget near its end
+            _print(note)
         try:
             session = self.manager.launch(record, report=_print)
         except KeyboardInterrupt:  # one line, not IPython's traceback: launch already cleaned up
@@ -243,7 +255,21 @@ class GpuMagics(Magics):
             if was_auto:
                 print("cells run locally again")
         print(f"stopped {record.name}: {summary_line(record)}")
+        advice = advice_line(self.manager.advice(record.id, live=False))
+        if advice:
+            print(advice)
         print_checkpoint(record, _print)
+
+    def _report(self, rest: str) -> None:
+        args = self._parse(_report_args, rest)
+        print("\n".join(report_lines(self.manager.report(args.since, args.by))))
+
+    def _advice(self, rest: str) -> None:
+        args = self._parse(_advice_args, rest)
+        if args.name is None and self.current is None:
+            raise UsageError("no current session: name one (`%gpu list`) or `%gpu start` one")
+        doc = self.manager.advice(args.name or self.current.id)  # type: ignore[union-attr]
+        print("\n".join(advice_lines(doc["name"], doc)))
 
     def _status(self, rest: str) -> None:
         name = rest.strip() or None
@@ -332,6 +358,11 @@ class GpuMagics(Magics):
         print(session_table(views, current=self.current.id if self.current else None))
 
     def _types(self, rest: str) -> None:
+        args = self._parse(_types_args, rest)
+        if args.live:
+            rows = self.manager.live_prices()
+            print("\n".join(live_price_lines(rows, self.manager.catalog.snapshot_date)))
+            return
         print(self.manager.catalog.table())
 
     def _on(self, rest: str) -> None:

@@ -19,8 +19,9 @@ from ..configuration import options
 from ..backends import backend_names
 from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput
+from ..configuration.settings import load_policy
 from ..session import SessionManager, default_backend_name
-from ..faces.words import rest_view, warning_texts
+from ..faces.words import report_lines, rest_view, warning_texts
 from .api import Api
 from .base import BaseHandler
 from .workspaces import WorkspaceHandler, WorkspacesHandler
@@ -86,11 +87,17 @@ class OptionsCheckHandler(BaseHandler):
     async def post(self) -> None:
         body = self.body()
         m = self.api.manager
-        await self.guarded(
-            lambda: {
-                "errors": options.check_body(body, catalog=m.catalog, backends=backend_names())
-            }
-        )
+
+        def check() -> dict:
+            errors = options.check_body(body, catalog=m.catalog, backends=backend_names())
+            if not errors and load_policy() is not None:  # what a policy refuses, by field too
+                try:
+                    m.spec_from({k: v for k, v in body.items() if k != "upload"})
+                except options.BadOptions as exc:
+                    errors = exc.problems
+            return {"errors": errors}
+
+        await self.guarded(check)
 
 
 class SessionHandler(BaseHandler):
@@ -181,6 +188,23 @@ class CatalogHandler(BaseHandler):
         self.finish(json.dumps(self.api.manager.catalog.to_dict()))
 
 
+class ReportHandler(BaseHandler):
+    """GET report?since=30d&by=type: the spend report (gpusession/configuration/cost.py) with its words
+    (`lines`, what `gpusession report` prints), from the store."""
+
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        since = self.get_query_argument("since", "30d")
+        by = self.get_query_argument("by", "type")
+        m = self.api.manager
+
+        def report() -> dict:
+            doc = m.report(since, by)
+            return dict(doc, lines=report_lines(doc))
+
+        await self.guarded(report)
+
+
 class NotFoundHandler(BaseHandler):
     """Any other path under the API: a 404 in the API's shape, not the server's HTML page."""
 
@@ -206,6 +230,7 @@ def setup_handlers(
             (url_path_join(base, "sessions", sid, "stats"), StatsHandler),
             (url_path_join(base, "sessions", sid, "keepalive"), KeepaliveHandler),
             (url_path_join(base, "catalog"), CatalogHandler),
+            (url_path_join(base, "report"), ReportHandler),
             (url_path_join(base, "options"), OptionsHandler),
             (url_path_join(base, "options", "check"), OptionsCheckHandler),
             (url_path_join(base, "workspaces"), WorkspacesHandler),

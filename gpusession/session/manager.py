@@ -12,14 +12,17 @@ import time
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..configuration import options
+from ..configuration.advice import advice_document, could_save
+from ..configuration.cost import budget_status, month_start, spend_report
 from ..backends import Backend, Link, default_order, load_backend_class, loaded_classes
 from ..configuration.catalog import load_catalog
-from ..core.durations import KEEPALIVE
-from ..core.errors import GpuSessionError, KernelDied, SessionEnded, StageError
+from ..core.durations import KEEPALIVE, REPORT_SINCE
+from ..core.errors import GpuSessionError, KernelDied, OverBudget, SessionEnded, StageError
 from ..transport.kernel import files
 from ..core.models import LaunchSpec, SessionRecord, State
 from ..core.progress import Progress, Reporter
 from ..core.protocol import StopKind, StopReason, Warning, WarningKind
+from ..configuration.settings import load_policy
 from .store import Store
 from .agentclient import AgentUnavailable
 from .liveness import Liveness, ended_state
@@ -31,6 +34,9 @@ if TYPE_CHECKING:
     from ..configuration.config import GpuSessionConfig
     from .handle import Session
 
+POLICY_BOUNDS = (
+    "policy_bounds"  # spec.extra: the bounds a policy put in ({"field", "limit", "policy"})
+)
 FRESH_S = 15.0  # how long a fetched stats document may fill in a view's idle countdown
 
 
@@ -105,6 +111,13 @@ class SessionManager:
         files.check_start_tree(
             spec.extra, face
         )  # --upload: a tree over its cap is refused before anything starts
+        policy = load_policy()
+        if policy is not None:  # an administrator's bounds: refused beyond, put in where unset
+            problems, bounds = policy.bound(spec, options.given_names(values))
+            if problems:
+                raise options.BadOptions(problems, face)
+            if bounds:
+                spec.extra[POLICY_BOUNDS] = bounds
         return spec
 
     # -- start ---------------------------------------------------------------------------
@@ -115,9 +128,51 @@ class SessionManager:
         self.config.check()
         backend = self.backend(spec.backend)
         backend.check(spec)
-        return self.store.create(
+        budget = self.budget()
+        if budget is not None and budget["state"] == "over" and budget.get("policy"):
+            raise OverBudget(
+                f"this month's spend ${budget['spent']:,.2f} has reached the monthly cap of "
+                f"${budget['budget']:,.2f} set by your policy ({budget['policy']}); only its "
+                "administrator can raise it; `gpusession report` shows the spend"
+            )
+        if budget is not None and budget["state"] == "over":
+            raise OverBudget(
+                f"this month's spend ${budget['spent']:,.2f} has reached the monthly budget of "
+                f"${budget['budget']:,.2f} ({budget['source']}); raise it (e.g. "
+                "`%config GpuSessionConfig.monthly_budget = 500`, or GPUSESSION_MONTHLY_BUDGET=500 "
+                "for the CLI), or wait for the next month; `gpusession report` shows the spend"
+            )
+        record = self.store.create(
             spec, price_per_hour=backend.price_per_hour(spec, self.catalog), claim=workspace_claim
         )
+        if budget is not None and budget["state"] == "warn":  # the faces say it at the start
+            record = self.store.update_resource(record.id, budget=budget)
+        return record
+
+    def budget(self, at: float | None = None) -> dict | None:
+        """This calendar month's spend (UTC, as the report counts it) against the monthly budget
+        (gpusession/configuration/cost.py budget_status); None when no budget is set."""
+        budget = float(self.config.monthly_budget or 0.0)
+        policy = load_policy()
+        cap = policy.monthly_cap if policy is not None else None
+        capped = cap is not None and (budget <= 0 or cap < budget)  # the policy's cap binds
+        budget = cap if capped else budget
+        if not budget or budget <= 0:
+            return None
+        at = time.time() if at is None else at
+        since = month_start(at)
+        spent = spend_report(self.store.list(), since=since, by="type", at=at)["total"]["cost"]
+        status = budget_status(
+            spent,
+            budget,
+            month=since,
+            source=f"the monthly cap of your policy {policy.path}"  # type: ignore[union-attr]
+            if capped
+            else "GpuSessionConfig.monthly_budget / GPUSESSION_MONTHLY_BUDGET",
+        )
+        if status is not None and capped:
+            status["policy"] = policy.path  # type: ignore[union-attr]
+        return status
 
     def start(self, spec: LaunchSpec, report: Reporter | None = None) -> Session:
         """Provision, connect and wait for the kernel. On any failure (Ctrl-C included) the
@@ -441,6 +496,78 @@ class SessionManager:
             summary = details.summary if details is not None else None
         if summary:
             self.store.update_resource(record.id, agent_summary=summary)
+
+    def advice(self, key: str, *, live: bool = True) -> dict:
+        """Right-sizing advice (gpusession/configuration/advice.py) as data, from the agent's summary: asked of
+        the agent while the session runs (`live`), else the one kept when it stopped. Adds
+        `name` and `state`."""
+        record = self.store.get(key)
+        summary = None
+        if live and record.state == State.RUNNING:
+            try:
+                summary = self._running_session(record.id).agent.summary()
+            except GpuSessionError:  # ended meanwhile, or the agent does not answer
+                record = self.store.get(record.id)
+        summary = summary or record.resource.get("agent_summary")
+        doc = advice_document(
+            summary,
+            gpu_type=record.spec.gpu_type,
+            gpu_count=record.spec.gpu_count,
+            spot=record.spec.spot,
+            catalog=self.catalog,
+        )
+        return dict(doc, name=record.name, state=record.state.value)
+
+    def report(self, since: str | float | None = "30d", by: str = "type") -> dict:
+        """The spend report as data (gpusession/configuration/cost.py `spend_report`): the sessions billed in
+        the last `since` (the duration grammar), a row per `by`, running sessions counted up to
+        now (checked first, so one that ended is counted until it ended)."""
+        seconds = REPORT_SINCE.parse("30d" if since is None else since)
+        at = time.time()
+        doc = spend_report(
+            self.list(check=True),
+            since=at - float(seconds or 0.0),
+            by=by,
+            at=at,
+            catalog_prices=self._catalog_prices,
+            could_save=lambda r: could_save(
+                r.resource.get("agent_summary"),
+                gpu_type=r.spec.gpu_type,
+                gpu_count=r.spec.gpu_count,
+                catalog=self.catalog,
+                spot=r.spec.spot,
+            ),
+        )
+        return dict(doc, catalog_date=self.catalog.snapshot_date, budget=self.budget(at))
+
+    def _catalog_prices(self, record: SessionRecord) -> tuple[float, ...]:
+        """The catalog's rates for a session's GPUs: per GPU x count, and the whole instance."""
+        try:
+            gpu = self.catalog.get(record.spec.gpu_type)
+            return tuple(
+                self.catalog.price_per_hour(
+                    gpu, record.spec.gpu_count, spot=record.spec.spot, whole_instance=whole
+                )
+                for whole in (False, True)
+            )
+        except GpuSessionError:  # a type the catalog no longer has
+            return ()
+
+    def live_prices(self) -> list[dict[str, Any]]:
+        """The clouds' current prices (`Backend.live_prices`) for the regions a policy allows
+        (else each backend's default region), each row with its `backend`."""
+        from ..backends import backend_names
+
+        policy = load_policy()
+        regions: list[str | None] = list(policy.allowed_regions or [None]) if policy else [None]
+        rows: list[dict[str, Any]] = []
+        for name in backend_names():
+            if load_backend_class(name).live_prices is Backend.live_prices:
+                continue  # own hardware: no live prices to ask for
+            rows += [
+                dict(r, backend=name) for r in self.backend(name).live_prices(self.catalog, regions)
+            ]
+        return rows
 
     def live_stats(self, record: SessionRecord) -> dict | None:
         """Recently fetched stats of a running session (for views), with the idle countdown

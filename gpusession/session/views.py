@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..configuration.advice import advice_document
+from ..configuration.catalog import load_catalog
 from ..configuration.cost import cost_of, uptime_seconds
 from ..core.durations import exact_decimal
 from ..core.models import LaunchSpec, SessionRecord, State
@@ -53,7 +55,28 @@ def session_view(
         "resume": restart_body(record.spec, resume=saved)
         if (saved := _saved_workspace(record))
         else None,
+        "advice": _advice(record),
+        # the bounds an administrator's policy put in at its start ({"field", "limit", "policy"})
+        "policy_bounds": list(record.spec.extra.get("policy_bounds") or []),
+        # the month's spend against the budget when it was past 80% at the start (cost.py)
+        "budget": record.resource.get("budget"),
     }
+
+
+def _advice(record: SessionRecord) -> dict[str, Any] | None:
+    """An ended session's right-sizing advice (gpusession/configuration/advice.py), from the summary kept at
+    its stop; None while it runs (`%gpu advice` asks the agent) or when it has none."""
+    summary = record.resource.get("agent_summary")
+    if record.state.active or not summary:
+        return None
+    doc = advice_document(
+        summary,
+        gpu_type=record.spec.gpu_type,
+        gpu_count=record.spec.gpu_count,
+        spot=record.spec.spot,
+        catalog=load_catalog(),
+    )
+    return doc if doc["advice"] else None
 
 
 def _saved_workspace(record: SessionRecord) -> str | None:

@@ -2,7 +2,7 @@
 document) and call back on clicks; fetching and threads are panel.py's.
 
 CSS classes: `gpusession-widget-` + card (plus `gpusession-widget-state-<state>`), name, state,
-kind, uptime, price, cost, idle, idle-warning, error, action-message, stop, keepalive, stats,
+kind, uptime, price, cost, idle, idle-warning, error, advice, action-message, stop, keepalive, stats,
 stats-note, gpu, gauge, gauge-<key of a gpusession.configuration.metrics row: util, memory, temp, power, cpu, ram>, gauge-value.
 """
 
@@ -14,7 +14,7 @@ from typing import Callable
 import ipywidgets as widgets
 
 from ..configuration.metrics import Metric, metric_of, metrics
-from ..faces.words import format_duration, format_money, warning_texts
+from ..faces.words import advice_line, format_duration, format_money, warning_texts
 from ..core.models import State
 
 KEEPALIVE = "1h"  # what the keep-alive button asks for (the sidebar's button does the same)
@@ -185,6 +185,7 @@ class SessionCard:
         self.idle_warning = classed(widgets.HTML(), "idle-warning")
         self.error = classed(widgets.HTML(), "error")
         self.message = classed(widgets.HTML(), "action-message")
+        self.advice = classed(widgets.HTML(), "advice")
         self.keepalive_button = classed(
             widgets.Button(
                 description=f"Keep alive {KEEPALIVE}",
@@ -231,6 +232,7 @@ class SessionCard:
                     ),
                     self.idle_warning,
                     self.error,
+                    self.advice,
                     self.message,
                     widgets.HBox([self.keepalive_button, self.stop_button, self.resume_button]),
                     self.stats.widget,
@@ -301,6 +303,7 @@ class SessionCard:
             )
         html_text(self.idle_warning, None if final else warning, WARN_STYLE)
         html_text(self.error, view.get("error"), "color: #c62828")
+        html_text(self.advice, advice_line(view["advice"]) if view.get("advice") else None)
         show(self.keepalive_button, not final and idle.get("timeout_s") is not None)
         show(self.stop_button, not final)
         show(self.resume_button, final and bool(view.get("resume")))  # its stop saved the variables

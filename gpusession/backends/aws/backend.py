@@ -34,6 +34,8 @@ from . import launch, volumes
 from .sdk import Aws, aws_errors, boto3_module, error_code, explain
 from .teardown import Teardown, console_details, ended_reason
 
+SPOT_PRICE_TTL_S = 300.0  # spot prices move hourly at most: asked again after five minutes
+
 log = logging.getLogger(__name__)
 
 DEFAULT_BOOT_TIMEOUT_S = 900.0  # boot + image pull + container start
@@ -122,7 +124,8 @@ class AwsBackend(Backend):
     def __init__(self, config, recorder):
         super().__init__(config, recorder)
         self._aws: dict[str, Aws] = {}
-        self._spot: dict[tuple[str, str], dict[str, float]] = {}
+        # (region, instance type) -> (when asked, zone -> latest spot price)
+        self._spot: dict[tuple[str, str], tuple[float, dict[str, float]]] = {}
         self._state_cache: dict[str, tuple[float, dict | None]] = {}
 
     def aws(self, region: str | None) -> Aws:
@@ -167,14 +170,36 @@ class AwsBackend(Backend):
         return catalog.price_per_hour(gpu, spec.gpu_count, spot=spec.spot, whole_instance=True)
 
     def spot_prices(self, aws: Aws, instance_type: str) -> dict[str, float]:
+        """Zone -> the current spot price, asked of AWS at most every SPOT_PRICE_TTL_S."""
         key = (aws.region, instance_type)
-        if key not in self._spot:
+        at, prices = self._spot.get(key, (0.0, {}))
+        if time.monotonic() - at > SPOT_PRICE_TTL_S or key not in self._spot:
             try:
-                self._spot[key] = launch.spot_prices(aws, instance_type)
+                prices = launch.spot_prices(aws, instance_type)
             except aws_errors() as exc:
                 log.info("no spot price history for %s in %s: %s", instance_type, aws.region, exc)
                 return {}
-        return self._spot[key]
+            self._spot[key] = (time.monotonic(), prices)
+        return prices
+
+    def live_prices(self, catalog: Catalog, regions: list[str | None]) -> list[dict[str, Any]]:
+        """Called by `%gpu types --live`: per GPU type (its one-GPU, else smallest, instance)
+        and zone of each region, the current spot price beside the catalog's on-demand one.
+        Rows {"type", "instance", "region", "zone", "spot", "on_demand"}, cheapest first per
+        type; a type AWS says nothing about has a row with zone and spot None."""
+        rows: list[dict[str, Any]] = []
+        for region in regions:
+            aws = self.aws(region)
+            for gpu in catalog.types:
+                inst = gpu.instances[0]
+                prices = self.spot_prices(aws, inst.name)
+                base = {"type": gpu.name, "instance": inst.name, "region": aws.region}
+                base["on_demand"] = inst.on_demand
+                if not prices:
+                    rows.append(dict(base, zone=None, spot=None))
+                for zone, price in sorted(prices.items(), key=lambda zp: (zp[1], zp[0])):
+                    rows.append(dict(base, zone=zone, spot=price))
+        return rows
 
     # -- start ------------------------------------------------------------------------------
 
