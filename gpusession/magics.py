@@ -46,6 +46,7 @@ from .words import (
     error_text,
     idle_setting,
     keepalive_line,
+    rate_text,
     session_table,
     status_lines,
     summary_line,
@@ -270,7 +271,7 @@ class GpuMagics(Magics):
         v = self.manager.view(record)
         lines = [
             f"{v['name']}: {v['gpu_count']} x {v['gpu_type']} on {v['backend']} - {v['state']}",
-            f"  up {format_duration(v['uptime_s'])}, {format_money(v['price_per_hour'])}/h"
+            f"  up {format_duration(v['uptime_s'])}, {rate_text(v)}"
             + ("" if live else f", cost so far {format_money(v['cost_so_far'])}"),
         ]
         if problem:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from .. import options
 from ..backends import Backend, Link, default_order, load_backend_class, loaded_classes
 from ..catalog import load_catalog
+from ..cost import PRICE_BASIS
 from ..durations import KEEPALIVE
 from ..errors import GpuSessionError, KernelDied, SessionEnded, StageError
 from ..kernel import files
@@ -115,9 +116,11 @@ class SessionManager:
         self.config.check()
         backend = self.backend(spec.backend)
         backend.check(spec)
-        return self.store.create(
+        record = self.store.create(
             spec, price_per_hour=backend.price_per_hour(spec, self.catalog), claim=workspace_claim
         )
+        basis = backend.price_basis(spec)  # the faces say "cloud rate, own hardware" from it
+        return self.store.update_resource(record.id, **{PRICE_BASIS: basis}) if basis else record
 
     def start(self, spec: LaunchSpec, report: Reporter | None = None) -> Session:
         """Provision, connect and wait for the kernel. On any failure (Ctrl-C included) the

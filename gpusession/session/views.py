@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cost import cost_of, uptime_seconds
+from ..cost import PRICE_BASIS, cost_of, never_ran, uptime_seconds
 from ..durations import exact_decimal
 from ..models import LaunchSpec, SessionRecord, State
 from .. import options
@@ -39,8 +39,11 @@ def session_view(
         "uptime_s": round(uptime_seconds(record), 1),
         "price_per_hour": record.price_per_hour,
         "cost_so_far": round(cost_of(record), 6),
+        "never_ran": never_ran(record),  # ended without a billed resource: cost nothing
+        "price_basis": record.resource.get(PRICE_BASIS),  # gpusession.cost's CLOUD, OWN_HARDWARE...
         "spot": bool(record.spec.spot),
         "host": record.spec.host,
+        "image": record.resource.get("image") or record.spec.image,  # what it runs (or asked)
         "error": record.error,
         "idle": idle,
         "warnings": list((live or {}).get("warnings") or []),  # protocol.Warning dicts

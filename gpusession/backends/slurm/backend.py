@@ -23,7 +23,7 @@ import threading
 import time
 
 from ...catalog import load_catalog
-from ...cost import BILLED_FROM
+from ...cost import BILLED_FROM, CONFIGURED
 from ...durations import format_duration
 from ...durations import QUEUE_TIMEOUT
 from ...errors import BackendUnavailable, BadInput, StageError
@@ -198,6 +198,13 @@ class SlurmBackend(Backend):
         if price is not None:
             return price * spec.gpu_count
         return self.config.price_per_hour if self.config.price_per_hour >= 0 else 0.0
+
+    def price_basis(self, spec: LaunchSpec) -> str | None:
+        """A configured price, or none (GPU-hours only): never the catalog's rate."""
+        priced = (
+            self.settings(spec).price_per_gpu_hour is not None or self.config.price_per_hour >= 0
+        )
+        return CONFIGURED if priced else None
 
     # -- start ----------------------------------------------------------------------------
 
