@@ -48,6 +48,7 @@ from .words import (
     keepalive_line,
     rate_text,
     session_table,
+    status_heading,
     status_lines,
     summary_line,
     usage_error,
@@ -270,7 +271,7 @@ class GpuMagics(Magics):
                 problem = f"  live stats unavailable: {exc}"
         v = self.manager.view(record)
         lines = [
-            f"{v['name']}: {v['gpu_count']} x {v['gpu_type']} on {v['backend']} - {v['state']}",
+            status_heading(v),
             f"  up {format_duration(v['uptime_s'])}, {rate_text(v)}"
             + ("" if live else f", cost so far {format_money(v['cost_so_far'])}"),
         ]

@@ -47,6 +47,7 @@ __all__ = [
     "usage_error",
     "rate_text",
     "ran_text",
+    "status_heading",
 ]
 
 
@@ -206,6 +207,16 @@ def image_text(image: Any) -> str:
     size = format_bytes(image.size_bytes) if image.size_bytes is not None else "size unknown"
     runtime = "runtime cached" if image.runtime_cached else "runtime copied at its first start"
     return f"{image.reference} · {size} · {runtime}"
+
+
+def status_heading(view: dict) -> str:
+    """The first line of `%gpu status` and `gpusession status`: 't4-1: 1 x t4 on docker
+    (image python:3.12-slim) - running'."""
+    image = f" (image {view['image']})" if view.get("image") else ""
+    return (
+        f"{view['name']}: {view['gpu_count']} x {view['gpu_type']} on {view['backend']}{image}"
+        f" - {view['state']}"
+    )
 
 
 def ran_text(view: dict) -> str:

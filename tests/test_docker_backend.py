@@ -505,7 +505,7 @@ def test_missing_image_is_an_actionable_error(docker_env, manager, engine):
 def _never_ran(manager) -> None:
     """A start that failed before its container ran cost $0 and says "never ran" in the sidebar's
     view, `gpusession list` and `%gpu status` (not "ran 0s", the minute minimum)."""
-    from gpusession.words import ended_message, rest_view, session_table
+    from gpusession.words import ended_message, rest_view, session_table, status_heading
 
     (record,) = manager.list()
     view = rest_view(manager.view(record))
@@ -513,6 +513,9 @@ def _never_ran(manager) -> None:
     row = session_table([view]).splitlines()[1]
     assert "never ran" in row and row.endswith("$0.0000"), row
     assert ended_message(record).endswith("(never ran, cost $0.0000)"), ended_message(record)
+    assert f"on docker (image {record.spec.image or view['image']}) - failed" in status_heading(
+        view
+    )
 
 
 BROKEN_PYTHON = """FROM {image}
