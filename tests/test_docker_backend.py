@@ -485,6 +485,7 @@ def test_engine_without_nvidia_runtime_is_an_actionable_error(docker_env, manage
         and "nvidia-ctk runtime configure --runtime=docker" in err.message
     )
     assert _ours(engine, manager.list()[0].id) == [], "the Created container must be removed"
+    _never_ran(manager)  # created, never started: nothing billed
 
 
 @engine_test
@@ -500,6 +501,23 @@ def test_missing_image_is_an_actionable_error(docker_env, manager, engine):
         in err.message
     )
     assert _ours(engine, manager.list()[0].id) == []
+    _never_ran(manager)
+
+
+def _never_ran(manager) -> None:
+    """A start that failed before its container ran cost $0 and says "never ran" in the sidebar's
+    view, `gpusession list` and `%gpu status` (not "ran 0s", the minute minimum)."""
+    from gpusession.faces.words import ended_message, rest_view, session_table, status_heading
+
+    (record,) = manager.list()
+    view = rest_view(manager.view(record))
+    assert view["cost_so_far"] == 0 and view["never_ran"] and view["ran"] == "never ran"
+    row = session_table([view]).splitlines()[1]
+    assert "never ran" in row and row.endswith("$0.0000"), row
+    assert ended_message(record).endswith("(never ran, cost $0.0000)"), ended_message(record)
+    assert f"on docker (image {record.spec.image or view['image']}) - failed" in status_heading(
+        view
+    )
 
 
 BROKEN_PYTHON = """FROM {image}

@@ -94,6 +94,7 @@ def test_the_form_shows_the_options_marked_for_forms(manager):
         "backend",
         "name",
         "host",
+        "image",
         "idle",
         "max_cost",
         "workspace",
@@ -103,11 +104,11 @@ def test_the_form_shows_the_options_marked_for_forms(manager):
     # a workspace and --resume apply where a workspace outlives the session: shown and sent only there
     form.backend_select.value = "local"
     form.fields["resume"].value = " rw1 "
-    assert form.values()["resume"] == "rw1" and form.fields["resume"].layout.display != "none"
+    assert form.values()["resume"] == "rw1" and form.rows["resume"].layout.display != "none"
     form.backend_select.value = "aws"  # an EBS volume
-    assert form.values()["resume"] == "rw1" and form.fields["resume"].layout.display != "none"
+    assert form.values()["resume"] == "rw1" and form.rows["resume"].layout.display != "none"
     form.backend_select.value = "slurm"
-    assert "resume" not in form.values() and form.fields["resume"].layout.display == "none"
+    assert "resume" not in form.values() and form.rows["resume"].layout.display == "none"
 
 
 # -- one value, read alike on every face -------------------------------------------------------
@@ -214,7 +215,7 @@ def test_the_form_reads_like_the_other_faces(manager):
     form.idle_input.value = " 90 "
     form.fields["max_cost"].value = "$5"
     form.fields["host"].value = "ssh://me@box"  # a docker option: left out while local is chosen
-    assert form.fields["spot"].layout.display == "none"  # aws only: hidden
+    assert form.rows["spot"].layout.display == "none"  # aws only: hidden
     values = form.values()
     assert "host" not in values and "spot" not in values
     expected = spec_from(
@@ -223,7 +224,7 @@ def test_the_form_reads_like_the_other_faces(manager):
     )
     assert spec_from(values, options.FORM) == expected
     form.backend_select.value = "docker"
-    assert form.fields["host"].layout.display is None and form.values()["host"] == "ssh://me@box"
+    assert form.rows["host"].layout.display is None and form.values()["host"] == "ssh://me@box"
 
 
 # -- defaults ------------------------------------------------------------------------------------
@@ -283,6 +284,7 @@ def test_options_document():
             "backends",
             "choices",
             "form",
+            "placeholder",
         }
     assert by_name["type"]["default"] == "a10g" and "h200" in by_name["type"]["choices"]
     assert by_name["backend"] == dict(
@@ -298,6 +300,7 @@ def test_options_document():
         "backends": None,
         "choices": None,
         "form": True,
+        "placeholder": by_name["idle"]["placeholder"],
     }
     assert by_name["spot"]["default"] is False and by_name["spot"]["backends"] == ["aws"]
     assert (

@@ -132,7 +132,12 @@ async def test_options_are_the_table_with_the_server_config_applied(gs_home, jp_
         "backends": None,
         "choices": None,
         "form": True,
+        # what the empty field shows in both forms: the shape, the unit, the default
+        "placeholder": "90s, 15m, 1h30m, off · default 12m",
     }
+    assert by_name["host"]["placeholder"] == "ssh://user@host[:port] · default this machine"
+    assert by_name["max_cost"]["placeholder"] == "dollars, e.g. 5 · default off"
+    assert by_name["image"]["form"] and by_name["image"]["placeholder"].startswith("repo:tag")
     assert by_name["type"]["default"] == "l4" and "t4" in by_name["type"]["choices"]
     assert by_name["backend"]["default"] == "local" and {"local", "docker", "aws"} <= set(
         by_name["backend"]["choices"]
@@ -201,3 +206,21 @@ async def test_no_token_is_403(jp_fetch, jp_base_url, http_server_client, jp_ser
             raise_error=False,
         )
         assert r.code == 403, (path, r.code)
+
+
+async def test_images_lists_what_the_engine_has_with_size_and_runtime(jp_fetch):
+    """The start forms' image field offers what the chosen backend's engine has; a bad host is
+    a 400 naming the field, a backend without images lists none."""
+    from support.hosts import docker_available, product_image
+
+    if not docker_available():
+        pytest.skip("no Docker engine")
+    code, reply = await fetch_json(jp_fetch, "images", backend="docker")
+    assert code == 200 and reply["backend"] == "docker" and reply["default"]
+    (ours,) = [i for i in reply["images"] if i["reference"] == product_image()]
+    assert ours["size_bytes"] > 0 and isinstance(ours["runtime_cached"], bool)
+    assert ours["text"].startswith(f"{product_image()} · ") and " MB" in ours["text"] + " GB"
+    message = await expect_error(jp_fetch, 400, "images", backend="docker", host="nope")
+    assert "host" in message
+    code, reply = await fetch_json(jp_fetch, "images", backend="local")
+    assert code == 200 and reply["images"] == [] and reply["default"] is None

@@ -3,6 +3,7 @@ kernel process each), the panel's widgets read back as the browser would show th
 
 from __future__ import annotations
 
+import html
 import re
 import time
 from pathlib import Path
@@ -13,7 +14,12 @@ from gpusession.agent.nvml import NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
 from gpusession.core.durations import format_money
 from gpusession.core.models import State
+from gpusession.backends import backend_names
+from gpusession.configuration.options import options_document
+from gpusession.session import default_backend_name
 from gpusession.widgets import SessionPanel, StatsView
+from gpusession.widgets.card import SessionCard
+from support.hosts import docker_available, product_image
 
 DATA = Path(__file__).parent / "data"
 
@@ -51,7 +57,9 @@ def test_card_shows_the_session_view_and_stop_button_stops_it(manager):
         and "gpusession-widget-state-running" in card.widget._dom_classes
     )
     assert card.kind.value == "T4 × 2 · local"
-    assert card.price.value == f"{format_money(view['price_per_hour'])}/h" == "$1.05/h"
+    assert (
+        card.price.value == "$1.05/h (cloud rate, own hardware)"
+    )  # the catalog's rate, this machine
     assert card.cost.value == f"{format_money(view['cost_so_far'])} of $5.00"
     assert abs(_seconds(card.uptime.value) - view["uptime_s"]) <= 1
     assert card.idle.value.startswith("in ") and 595 <= _seconds(card.idle.value) <= 600
@@ -165,6 +173,37 @@ def test_start_form(manager):
     assert "t4 · 16 GB · $0.5260/h" in form.type_select.label
     assert set(form.backend_select.options) >= {"local", "docker", "aws"}
 
+    # each field says what it takes, with the same placeholder as the sidebar's (GET options)
+    served = {
+        o["name"]: o
+        for o in options_document(
+            manager.config,
+            catalog=manager.catalog,
+            backends=backend_names(),
+            backend_default=default_backend_name(manager.config),
+        )["options"]
+    }
+    for name, widget in form.fields.items():
+        if hasattr(widget, "placeholder"):
+            assert widget.placeholder == served[name]["placeholder"], name
+        assert html.escape(served[name]["help"]) in form.rows[name].children[1].value
+    assert form.idle_input.placeholder == "90s, 15m, 1h30m, off · default 30m"
+    # the image field offers what the engine has; any other reference is pulled, and says so
+    if docker_available():
+        form.backend_select.value = "docker"
+        assert product_image() in form.image_input.options
+        form.image_input.value = product_image()
+        assert _text(form.image_note.value).startswith(f"{product_image()} · ")
+        form.image_input.value = "gpusession/no-such-image:never"
+        assert _text(form.image_note.value) == (
+            "gpusession/no-such-image:never: not on the engine yet; "
+            "the start pulls it first (that can take minutes)"
+        )
+        assert form.values()["image"] == "gpusession/no-such-image:never"
+        form.image_input.value = ""
+        form.backend_select.value = "local"
+        assert form.rows["image"].layout.display == "none" and "image" not in form.values()
+
     form.idle_input.value = "abc"
     form.start_button.click()
     assert "Idle stop: bad idle timeout 'abc'" in _text(form.message.value).replace("&#x27;", "'")
@@ -244,3 +283,25 @@ def test_panel_magic_in_a_notebook_kernel(notebook):
     assert r.text.strip() == "None", "the stop button ends the notebook's current session too"
     r = notebook.run("%gpu panel nosuch")
     assert r.status == "error" and "no session named 'nosuch'" in r.error["evalue"]
+
+
+def test_card_shows_the_image_and_a_start_that_never_ran():
+    """Every card names its image; a start that failed before its container ran says "never ran"
+    and costs $0, not the minute minimum."""
+    from gpusession.core.models import Event, LaunchSpec, SessionRecord, State
+    from gpusession.session.views import session_view
+
+    record = SessionRecord(
+        id="abc",
+        name="img",
+        spec=LaunchSpec(gpu_type="t4", backend="docker", image="python:3.12-slim"),
+        state=State.FAILED,
+        created_at=1.0,
+        updated_at=1.1,
+        owner="me",
+        price_per_hour=0.526,
+        events=[Event("abc", State.PROVISIONING, 1.0), Event("abc", State.FAILED, 1.1)],
+    )
+    card = SessionCard(session_view(record), on_stop=print, on_keepalive=print)
+    assert card.kind.value == "T4 × 1 · docker · python:3.12-slim"
+    assert card.uptime.value == "never ran" and card.cost.value == "$0.0000"

@@ -81,6 +81,15 @@ class RemoteResource:
 
 
 @dataclasses.dataclass
+class LocalImage:
+    """An image a backend's machine already has: what the start forms offer for --image."""
+
+    reference: str  # as --image takes it: repo:tag
+    size_bytes: int | None  # None: the engine does not say
+    runtime_cached: bool  # a session started from it here before: its Python is known (no probe)
+
+
+@dataclasses.dataclass
 class Workspace:
     """A session's workspace that outlives it (a Docker volume, a folder, an EBS volume)."""
 
@@ -266,6 +275,15 @@ class Backend(abc.ABC):
         hardware has none: []. Must not create anything; may be cached a few minutes."""
         return []
 
+    def price_basis(self, spec: "LaunchSpec") -> str | None:
+        """Called with `price_per_hour`: where its price comes from, one of gpusession.configuration.cost's
+        CLOUD (what a cloud bills), OWN_HARDWARE (the catalog's cloud rate applied to the user's
+        own machine: every face says so), CONFIGURED (a price the user set); None: unsaid.
+        The default matches the default `price_per_hour`."""
+        from ..configuration.cost import CONFIGURED, OWN_HARDWARE
+
+        return CONFIGURED if self.config.price_per_hour >= 0 else OWN_HARDWARE
+
     def default_image(self) -> str | None:
         """Called by `provision` (and the docs): the image a session runs when --image names
         none; None when the backend runs no image of its own choosing (the node's Python)."""
@@ -332,6 +350,13 @@ class Backend(abc.ABC):
         store's sessions used). gc removes them with `remove_resource` under --volumes, and
         otherwise only counts them in a note: they cost disk, not money. Must not change
         anything. The default: none."""
+        return []
+
+    def local_images(self, host: str | None) -> list[LocalImage]:
+        """Called by the start forms when a backend that `takes_image` is chosen (and its host
+        typed): the images the machine at `host` (None: this machine's) already has, which a start
+        runs without a pull. Quick, creates nothing. Raise BackendUnavailable when nothing could
+        be asked. The default: none known."""
         return []
 
     # -- workspaces (optional: a backend without them keeps nothing after a stop) -------------

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ..configuration.agentargs import AgentArgs, flag_of, workspace_name
+from ..configuration.cost import BILLED_FROM
 from ..core import procs
 from ..core.errors import StageError
 from ..configuration.settings import private_socket_dir
@@ -126,7 +127,11 @@ class LocalBackend(Backend):
         finally:
             log.close()
         self.recorder.save(
-            record.id, pid=proc.pid, state_dir=str(state_dir), workspace=workspace.name
+            record.id,
+            pid=proc.pid,
+            state_dir=str(state_dir),
+            workspace=workspace.name,
+            **{BILLED_FROM: time.time()},  # billed from the kernel process's start
         )
         # reap it if we outlive it, so it never lingers as a zombie of ours
         import threading

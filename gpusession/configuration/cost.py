@@ -1,7 +1,10 @@
 """Billed time and cost from a session's recorded transitions.
 
-Billing runs while the backend may hold a paid resource (provisioning .. stopping), per second
-with a 60-second minimum, like EC2's per-second billing.
+Billing runs from when a billed resource exists (the container or the job started, the instance
+runs) until the session ends, per second with a 60-second minimum, like EC2's per-second billing.
+A backend that knows that moment saves it (BILLED_FROM); otherwise it is when provisioning
+returned (the session reached `starting`). A record that never got a billed resource (a start that
+failed before anything was created) costs nothing: it "never ran".
 """
 
 from __future__ import annotations
@@ -9,14 +12,23 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.errors import BadInput
-from ..core.models import BILLED_STATES, Event, SessionRecord, now
+from ..core.models import BILLED_STATES, Event, SessionRecord, State, now
 
 MINIMUM_BILLED_S = 60.0
 
-#: a record's resource key set by a backend that bills from a later point than its record's
-#: creation: a Slurm job is billed from its start, not while it waits in the queue. None: not
-#: started yet (nothing billed); a unix time: billed from then on.
+#: a record's resource key a backend sets when its billed resource exists: a container started,
+#: an instance running, a Slurm job started (not while it waits in the queue). None: not started
+#: yet (nothing billed); a unix time: billed from then on. Absent: from the `starting` state.
 BILLED_FROM = "billed_from"
+
+#: the states that say provisioning returned, so the backend's resource exists
+_PROVISIONED = (State.STARTING, State.RUNNING)
+
+#: where a session's price comes from (record.resource[PRICE_BASIS]; the faces say it in words)
+PRICE_BASIS = "price_basis"
+CLOUD = "cloud"  # what the cloud bills for the resource (aws)
+OWN_HARDWARE = "own_hardware"  # the catalog's cloud rate, applied to the user's own machine
+CONFIGURED = "configured"  # the price the user configured (GpuSessionConfig.price_per_hour...)
 
 
 def billed_seconds(
@@ -40,12 +52,10 @@ def billed_seconds(
 
 
 def record_billed_seconds(record: SessionRecord, at: float | None = None) -> float:
-    """Billed seconds of a session: its billed states, from the job's start where the backend
-    says billing starts later than the record (BILLED_FROM)."""
-    if BILLED_FROM in record.resource:
-        start = record.resource[BILLED_FROM]
-        return 0.0 if start is None else billed_seconds(record.events, at, not_before=float(start))
-    return billed_seconds(record.events, at)
+    """Billed seconds of a session: its billed states from when its billed resource existed
+    (`billing_started_at`); none when it never got one."""
+    start = billing_started_at(record)
+    return 0.0 if start is None else billed_seconds(record.events, at, not_before=float(start))
 
 
 def cost_for_seconds(price_per_hour: float, seconds: float) -> float:
@@ -71,10 +81,17 @@ def cost_of(record: SessionRecord, at: float | None = None) -> float:
 
 
 def billing_started_at(record: SessionRecord) -> float | None:
-    """When the session first entered a billed state (what the agent's live meter counts from)."""
+    """When the session's billed resource came to exist (what the agent's live meter counts
+    from): the backend's BILLED_FROM, else when provisioning returned; None: not (yet)."""
     if BILLED_FROM in record.resource:
         return record.resource[BILLED_FROM]
-    return next((e.at for e in record.events if e.state in BILLED_STATES), None)
+    return next((e.at for e in record.events if e.state in _PROVISIONED), None)
+
+
+def never_ran(record: SessionRecord) -> bool:
+    """An ended session that never got a billed resource (its start failed before one existed,
+    or it was stopped while provisioning): it cost nothing."""
+    return not record.state.active and billing_started_at(record) is None
 
 
 def uptime_seconds(record: SessionRecord, at: float | None = None) -> float:
@@ -178,12 +195,11 @@ def session_spend(
 ) -> dict:
     """One session's part of a report: billed time from `since` to `at` (a running session up
     to `at`, an ended one until it ended, a failed one until it failed), priced as recorded."""
-    start = float(record.resource[BILLED_FROM]) if record.resource.get(BILLED_FROM) else None
-    if BILLED_FROM in record.resource and start is None:
-        seconds = 0.0  # a job still queued: nothing billed
+    start = billing_started_at(record)
+    if start is None:
+        seconds = 0.0  # never got a billed resource (a job still queued, a start that failed)
     else:
-        floor = since if start is None else max(start, since)
-        seconds = billed_seconds(record.events, at, not_before=floor)
+        seconds = billed_seconds(record.events, at, not_before=max(float(start), since))
     whole = record_billed_seconds(record, at)
     share = seconds / whole if whole > 0 else 0.0  # the part of the session inside the period
     summary = record.resource.get("agent_summary") or {}

@@ -98,6 +98,7 @@ class StartOption:
     capability: str | None = (
         None  # a core row for the backends whose class has this flag (Backend.takes_host...)
     )
+    hint: str | None = None  # an empty form field's text: the value's shape and unit (placeholder)
 
     def __post_init__(self) -> None:
         assert self.kind in KINDS, self.kind
@@ -147,6 +148,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         "name",
         spec_field="name",
         form=True,
+        hint="letters, digits, - _ .",
         max_len=textvalues.MAX_NAME,
         reader=textvalues.session_name,
     ),
@@ -161,6 +163,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         capability="takes_host",
         spec_field="host",
         form=True,
+        hint="ssh://user@host[:port]",
         max_len=400,
         reader=textvalues.ssh_host,
     ),
@@ -174,6 +177,8 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         "image",
         capability="takes_image",
         spec_field="image",
+        form=True,
+        hint="repo:tag, e.g. python:3.12-slim",
         max_len=512,
         reader=textvalues.image_ref,
     ),
@@ -189,6 +194,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         config_default="default_idle",
         spec_field="idle_timeout_s",
         form=True,
+        hint="90s, 15m, 1h30m, off",
         rule=IDLE,
     ),
     StartOption(
@@ -222,6 +228,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         "max cost",
         spec_field="max_cost",
         form=True,
+        hint="dollars, e.g. 5",
     ),
     StartOption(
         "workspace",
@@ -235,6 +242,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         max_len=textvalues.MAX_NAME,
         reader=textvalues.workspace_name,
         form=True,
+        hint="a name",
     ),
     StartOption(
         "resume",
@@ -248,6 +256,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         max_len=textvalues.MAX_NAME,
         reader=textvalues.workspace_name,
         form=True,
+        hint="a workspace its last session saved",
     ),
     StartOption(
         "save_timeout",
@@ -603,17 +612,48 @@ def build_spec(
     return spec
 
 
+#: what an empty field of a kind shows when its row has no hint of its own
+_HINTS = {
+    "duration": "15m, 2h, off",
+    "money": "dollars, e.g. 5",
+    "gpus": "all or a number",
+    "text": "optional",
+}
+#: what an empty field means, for the rows whose default is no value (both forms show it)
+_EMPTY_MEANS = {
+    "name": "TYPE-N",
+    "host": "this machine",
+    "image": "the backend's",
+    "workspace": "the session's name",
+}
+
+
+def placeholder(option: StartOption, default: Any = None) -> str:
+    """An empty field's text in both start forms (the sidebar's and `%gpu panel`'s): the value's
+    shape and unit, and its default: '90s, 15m, 1h30m, off · default 30m'."""
+    hint = option.hint or _HINTS.get(option.kind, "")
+    if default not in (None, "", False):
+        empty = str(default)
+    elif option.name in _EMPTY_MEANS:
+        empty = _EMPTY_MEANS[option.name]
+    else:
+        empty = "off" if option.kind in ("duration", "money") else None
+    return " · ".join(part for part in (hint, empty and f"default {empty}") if part)
+
+
+def form_defaults(config, backend_default: str) -> dict[str, Any]:
+    """The defaults a form shows, as a user would type them (the config applied)."""
+    return {"type": config.default_type, "backend": backend_default, "idle": config.default_idle}
+
+
 def options_document(
     config, *, catalog, backends: Iterable[str], backend_default: str
 ) -> dict[str, Any]:
     """`GET options`: every option with its default as the user would type it (config applied),
     the installed backends and the catalog's types as choices. Format (the lab form reads it):
-    {"options": [{"name", "flag", "kind", "label", "help", "default", "backends", "choices", "form"}], "metrics": [metric_rows]}"""
-    defaults = {
-        "type": config.default_type,
-        "backend": backend_default,
-        "idle": config.default_idle,
-    }
+    {"options": [{"name", "flag", "kind", "label", "help", "default", "backends", "choices", "form",
+    "placeholder"}], "metrics": [metric_rows]}"""
+    defaults = form_defaults(config, backend_default)
     choices = {"backend": list(backends), "gpu_type": list(catalog.names())}
     return {
         "metrics": metrics.metric_rows(),
@@ -628,6 +668,7 @@ def options_document(
                 "backends": list(o.backends) if o.backends is not None else None,
                 "choices": choices.get(o.kind, list(o.choices) if o.choices is not None else None),
                 "form": o.form,
+                "placeholder": placeholder(o, defaults.get(o.name, o.default)),
             }
             for o in table().options
         ],

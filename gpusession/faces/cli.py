@@ -117,15 +117,20 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .words import ended_message, start_log_lines, timeline, unverified_text
+    from .words import (
+        ended_message,
+        rate_text,
+        start_log_lines,
+        status_heading,
+        timeline,
+        unverified_text,
+    )
 
     m = _manager()
     r = m.liveness.check([m.get(args.name)])[0]
     v = m.view(r)
-    print(f"{v['name']}: {v['gpu_count']} x {v['gpu_type']} on {v['backend']} - {v['state']}")
-    print(
-        f"  id {r.id}, owner {r.owner}, ${v['price_per_hour']:.3f}/h, cost so far ${v['cost_so_far']:.4f}"
-    )
+    print(status_heading(v))
+    print(f"  id {r.id}, owner {r.owner}, {rate_text(v)}, cost so far ${v['cost_so_far']:.4f}")
     if not v["verified"]:
         print(f"  {unverified_text(v)}; `gpusession stats {v['name']}` asks the session")
     if r.error:

@@ -50,9 +50,9 @@ from .words import (
     error_text,
     idle_setting,
     keepalive_line,
-    live_price_lines,
+    rate_text,
     session_table,
-    start_notes,
+    status_heading,
     status_lines,
     summary_line,
     usage_error,
@@ -70,6 +70,8 @@ from .magicargs import (
     _use_args,
     _watch_args,
 )
+from .words import live_price_lines
+from .words import start_notes
 
 
 @magics_class
@@ -296,8 +298,8 @@ class GpuMagics(Magics):
                 problem = f"  live stats unavailable: {exc}"
         v = self.manager.view(record)
         lines = [
-            f"{v['name']}: {v['gpu_count']} x {v['gpu_type']} on {v['backend']} - {v['state']}",
-            f"  up {format_duration(v['uptime_s'])}, {format_money(v['price_per_hour'])}/h"
+            status_heading(v),
+            f"  up {format_duration(v['uptime_s'])}, {rate_text(v)}"
             + ("" if live else f", cost so far {format_money(v['cost_so_far'])}"),
         ]
         if problem:

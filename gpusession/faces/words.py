@@ -10,12 +10,13 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable
 
-from ..configuration.cost import cost_of, uptime_seconds
-from ..core.durations import format_bound, format_duration, format_money
+from ..configuration.cost import CONFIGURED, OWN_HARDWARE, cost_of, never_ran, uptime_seconds
+from ..core.durations import format_duration, format_money
 from ..core.errors import SessionEnded
 from ..configuration.metrics import METRICS, metric_of, metric_text, metrics
 from ..core.models import SessionRecord, State
 from ..core.protocol import StopKind, StopReason, Warning, WarningKind
+from ..core.durations import format_bound
 
 # a process's GPU memory reads as the GPU's memory does
 _PROCESS_MEMORY = next(m for m in METRICS if m.scope == "gpu" and m.name == "memory_used")
@@ -52,6 +53,9 @@ __all__ = [
     "policy_bound_text",
     "start_notes",
     "live_price_lines",
+    "rate_text",
+    "ran_text",
+    "status_heading",
 ]
 
 
@@ -178,7 +182,54 @@ def summary_line(record: SessionRecord) -> str:
     summary = record.resource.get("agent_summary")
     if summary:
         return format_summary(summary)
+    if never_ran(record):
+        return f"{NEVER_RAN}, cost {format_money(0.0)}"
     return f"ran {format_duration(uptime_seconds(record))}, cost {format_money(cost_of(record))}"
+
+
+#: an ended session that never got a billed resource (gpusession.configuration.cost.never_ran)
+NEVER_RAN = "never ran"
+
+# what a price is, where it is not what a cloud bills (gpusession.configuration.cost's price bases)
+_PRICE_NOTES = {OWN_HARDWARE: "cloud rate, own hardware", CONFIGURED: "configured price"}
+
+
+def price_note(basis: str | None) -> str | None:
+    """'cloud rate, own hardware' for the catalog's rate applied to the user's own machine,
+    'configured price' for a price the user set; None for what a cloud bills."""
+    return _PRICE_NOTES.get(basis or "")
+
+
+def rate_text(view: dict) -> str:
+    """A session view's price: '$0.5260/h (cloud rate, own hardware)', '$3.0600/h'."""
+    note = price_note(view.get("price_basis"))
+    rate = f"{format_money(view.get('price_per_hour') or 0.0)}/h"
+    return f"{rate} ({note})" if note else rate
+
+
+def image_text(image: Any) -> str:
+    """An image a start form offers (backends.base.LocalImage): its size, and whether a session
+    started from it here before: 'pytorch/pytorch:2.5 · 3.2 GB · runtime cached'."""
+    from ..transport.pulls import format_bytes
+
+    size = format_bytes(image.size_bytes) if image.size_bytes is not None else "size unknown"
+    runtime = "runtime cached" if image.runtime_cached else "runtime copied at its first start"
+    return f"{image.reference} · {size} · {runtime}"
+
+
+def status_heading(view: dict) -> str:
+    """The first line of `%gpu status` and `gpusession status`: 't4-1: 1 x t4 on docker
+    (image python:3.12-slim) - running'."""
+    image = f" (image {view['image']})" if view.get("image") else ""
+    return (
+        f"{view['name']}: {view['gpu_count']} x {view['gpu_type']} on {view['backend']}{image}"
+        f" - {view['state']}"
+    )
+
+
+def ran_text(view: dict) -> str:
+    """How long a session view ran: 'ran 1m05s', or 'never ran' (it cost nothing)."""
+    return NEVER_RAN if view.get("never_ran") else f"ran {format_duration(view.get('uptime_s'))}"
 
 
 def ended_message(record: SessionRecord) -> str:
@@ -546,8 +597,9 @@ def session_table(views: list[dict], current: str | None = None) -> str:
                 f"{v['gpu_count']}x{v['gpu_type']}",
                 v["backend"],
                 v["state"] + ("" if v.get("verified", True) else "?"),
-                format_duration(v["uptime_s"]),
-                f"{v['price_per_hour']:.3f}",
+                NEVER_RAN if v.get("never_ran") else format_duration(v["uptime_s"]),
+                f"{v['price_per_hour']:.3f}"
+                + (f" ({note})" if (note := price_note(v.get("price_basis"))) else ""),
                 format_money(v["cost_so_far"]),
             )
         )
@@ -596,6 +648,8 @@ def rest_view(view: dict) -> dict:
     if reason is not None:
         out["stop_reason"] = dict(reason.to_dict(), text=stop_reason_text(reason))
     out["ended"] = ended_line(out.get("state"), reason, out.get("error"))
+    out["ran"] = ran_text(out)
+    out["price_note"] = price_note(out.get("price_basis"))
     out["unverified"] = None if out.get("verified", True) else unverified_text(out)
     if out.get("advice"):
         out["advice"] = dict(out["advice"], text=advice_line(out["advice"]))

@@ -8,6 +8,7 @@ fields as the body names them, and echoes at most a short piece of a bad value. 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import urllib.parse
@@ -21,11 +22,12 @@ from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput
 from ..configuration.settings import load_policy
 from ..session import SessionManager, default_backend_name
-from ..faces.words import report_lines, rest_view, warning_texts
+from ..faces.words import image_text, rest_view, warning_texts
 from .api import Api
 from .base import BaseHandler
 from .workspaces import WorkspaceHandler, WorkspacesHandler
 from .panel import MAX_HISTORY, kernel_ids_by_pid, with_history
+from ..faces.words import report_lines
 
 
 class SessionsHandler(BaseHandler):
@@ -98,6 +100,37 @@ class OptionsCheckHandler(BaseHandler):
             return {"errors": errors}
 
         await self.guarded(check)
+
+
+class ImagesHandler(BaseHandler):
+    """The images a backend's machine already has (`?backend=docker&host=ssh://...`): what the
+    start forms offer for 'image', with their size and whether the runtime is cached for them.
+    A reference not listed is pulled at start."""
+
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        m = self.api.manager
+        name = self.get_query_argument("backend", "") or None
+        host = self.get_query_argument("host", "") or None
+
+        def listing() -> dict:
+            backend = m.backend(
+                options.parse_values(
+                    {"backend": name or default_backend_name(m.config)},
+                    catalog=m.catalog,
+                    backends=backend_names(),
+                )["backend"]
+            )
+            if host is not None:
+                options.parse_values({"host": host}, catalog=m.catalog)  # BadOptions: 400
+            images = backend.local_images(host)
+            return {
+                "backend": backend.name,
+                "default": backend.default_image(),
+                "images": [dict(dataclasses.asdict(i), text=image_text(i)) for i in images],
+            }
+
+        await self.guarded(listing)
 
 
 class SessionHandler(BaseHandler):
@@ -233,6 +266,7 @@ def setup_handlers(
             (url_path_join(base, "report"), ReportHandler),
             (url_path_join(base, "options"), OptionsHandler),
             (url_path_join(base, "options", "check"), OptionsCheckHandler),
+            (url_path_join(base, "images"), ImagesHandler),
             (url_path_join(base, "workspaces"), WorkspacesHandler),
             (url_path_join(base, "workspaces", sid), WorkspaceHandler),
             (url_path_join(base, r"(?P<rest>.*)"), NotFoundHandler),  # last: add endpoints above it

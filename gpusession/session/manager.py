@@ -16,19 +16,22 @@ from ..configuration.advice import advice_document, could_save
 from ..configuration.cost import budget_status, month_start, spend_report
 from ..backends import Backend, Link, default_order, load_backend_class, loaded_classes
 from ..configuration.catalog import load_catalog
-from ..core.durations import KEEPALIVE, REPORT_SINCE
-from ..core.errors import GpuSessionError, KernelDied, OverBudget, SessionEnded, StageError
+from ..configuration.cost import PRICE_BASIS
+from ..core.durations import KEEPALIVE
+from ..core.errors import GpuSessionError, KernelDied, SessionEnded, StageError
 from ..transport.kernel import files
 from ..core.models import LaunchSpec, SessionRecord, State
 from ..core.progress import Progress, Reporter
 from ..core.protocol import StopKind, StopReason, Warning, WarningKind
-from ..configuration.settings import load_policy
 from .store import Store
 from .agentclient import AgentUnavailable
 from .liveness import Liveness, ended_state
 from .recorder import StoreRecorder
 from .views import session_view
 from .workspaces import fetch_restore_report, save_checkpoint, workspace_claim
+from ..core.durations import REPORT_SINCE
+from ..core.errors import OverBudget
+from ..configuration.settings import load_policy
 
 if TYPE_CHECKING:
     from ..configuration.config import GpuSessionConfig
@@ -145,6 +148,9 @@ class SessionManager:
         record = self.store.create(
             spec, price_per_hour=backend.price_per_hour(spec, self.catalog), claim=workspace_claim
         )
+        basis = backend.price_basis(spec)  # the faces say "cloud rate, own hardware" from it
+        if basis:
+            record = self.store.update_resource(record.id, **{PRICE_BASIS: basis})
         if budget is not None and budget["state"] == "warn":  # the faces say it at the start
             record = self.store.update_resource(record.id, budget=budget)
         return record

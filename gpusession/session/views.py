@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..configuration.advice import advice_document
-from ..configuration.catalog import load_catalog
-from ..configuration.cost import cost_of, uptime_seconds
+from ..configuration.cost import PRICE_BASIS, cost_of, never_ran, uptime_seconds
 from ..core.durations import exact_decimal
 from ..core.models import LaunchSpec, SessionRecord, State
 from ..configuration import options
+from ..configuration.advice import advice_document
+from ..configuration.catalog import load_catalog
 
 
 def session_view(
@@ -41,8 +41,13 @@ def session_view(
         "uptime_s": round(uptime_seconds(record), 1),
         "price_per_hour": record.price_per_hour,
         "cost_so_far": round(cost_of(record), 6),
+        "never_ran": never_ran(record),  # ended without a billed resource: cost nothing
+        "price_basis": record.resource.get(
+            PRICE_BASIS
+        ),  # gpusession.configuration.cost's CLOUD, OWN_HARDWARE...
         "spot": bool(record.spec.spot),
         "host": record.spec.host,
+        "image": record.resource.get("image") or record.spec.image,  # what it runs (or asked)
         "error": record.error,
         "idle": idle,
         "warnings": list((live or {}).get("warnings") or []),  # protocol.Warning dicts

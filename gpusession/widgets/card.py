@@ -14,8 +14,9 @@ from typing import Callable
 import ipywidgets as widgets
 
 from ..configuration.metrics import Metric, metric_of, metrics
-from ..faces.words import advice_line, format_duration, format_money, warning_texts
+from ..faces.words import NEVER_RAN, format_duration, format_money, rate_text, warning_texts
 from ..core.models import State
+from ..faces.words import advice_line
 
 KEEPALIVE = "1h"  # what the keep-alive button asks for (the sidebar's button does the same)
 FINAL_STATES = {State.STOPPED.value, State.FAILED.value}
@@ -270,9 +271,12 @@ class SessionCard:
         )
         kind = [f"{view['gpu_type'].upper()} × {view['gpu_count']}", view["backend"]]
         kind += ["spot"] * bool(view.get("spot")) + [view["host"]] * bool(view.get("host"))
+        kind += [view["image"]] * bool(view.get("image"))
         self.kind.value = " · ".join(kind)
-        self.uptime.value = format_duration(view["uptime_s"])
-        self.price.value = f"{format_money(view['price_per_hour'])}/h"
+        self.uptime.value = (
+            NEVER_RAN if view.get("never_ran") else format_duration(view["uptime_s"])
+        )
+        self.price.value = rate_text(view)
         cost = format_money(view["cost_so_far"])
         self.cost.value = (
             cost if not view.get("max_cost") else f"{cost} of {format_money(view['max_cost'])}"

@@ -12,7 +12,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from ..configuration import options
 from ..core.durations import format_money
 from ..core.errors import GpuSessionError, NoSession
-from ..faces.words import ended_message, error_text, keepalive_line, summary_line
+from ..faces.words import ended_message, error_text, image_text, keepalive_line, summary_line
 from ..core.models import State
 from ..session import Session, SessionManager, default_backend_name
 from .card import FINAL_STATES, KEEPALIVE, STYLE, WARN_STYLE, SessionCard, classed, html_text, show
@@ -28,16 +28,28 @@ class StartForm:
 
     def __init__(self, manager: SessionManager, on_start: Callable[[dict[str, Any]], None]):
         catalog = manager.catalog
+        self.manager = manager
         self.fields: dict[str, widgets.Widget] = {}
+        self.rows: dict[str, widgets.Widget] = {}  # each field with its help under it
+        self.image_note = classed(widgets.HTML(), "image-note")  # on the engine, or pulled
+        defaults = options.form_defaults(manager.config, default_backend_name(manager.config))
         for option in options.OPTIONS:
             if option.form:
-                widget, role = self._input(option, manager)
+                widget, role = self._input(option, manager, defaults)
                 self.fields[option.name] = classed(
                     widget, f"{option.name.replace('_', '-')}-{role}"
                 )
+                help_line = classed(
+                    widgets.HTML(f"<small>{html.escape(option.help)}</small>"), "field-help"
+                )
+                notes = [self.image_note] if option.name == IMAGE else []
+                self.rows[option.name] = widgets.VBox([widget, help_line, *notes])
         self.type_select = self.fields["type"]
         self.backend_select = self.fields["backend"]
         self.idle_input = self.fields["idle"]
+        self.image_input = self.fields.get(IMAGE)
+        self._images: tuple[str, Any] | None = None  # (backend and host, their images' reply)
+        self._images_key: str | None = None  # the backend and host last asked
         self.start_button = classed(
             widgets.Button(description="Start", button_style="primary", icon="play"), "start-button"
         )
@@ -49,12 +61,16 @@ class StartForm:
         )
         self.start_button.on_click(lambda _: on_start(self.values()))
         self.backend_select.observe(lambda _: self._show_backend_options(), names="value")
+        if self.image_input is not None:
+            self.image_input.observe(lambda _: self._show_image_note(), names="value")
+        if HOST in self.fields:
+            self.fields[HOST].observe(lambda _: self._show_backend_options(), names="value")
         self._show_backend_options()
         self.widget = classed(
             widgets.VBox(
                 [
                     widgets.HTML("<b>Start a GPU session</b>"),
-                    *self.fields.values(),
+                    *self.rows.values(),
                     self.start_button,
                     self.message,
                     note,
@@ -64,9 +80,16 @@ class StartForm:
         )
 
     @staticmethod
-    def _input(option: options.StartOption, manager: SessionManager) -> tuple[widgets.Widget, str]:
+    def _input(
+        option: options.StartOption, manager: SessionManager, defaults: dict[str, Any]
+    ) -> tuple[widgets.Widget, str]:
         """The widget for one option, and its role in the CSS class (type-select, idle-input)."""
         common = {"description": option.label, "tooltip": option.help}
+        placeholder = options.placeholder(option, defaults.get(option.name, option.default))
+        if option.name == IMAGE:  # offers the engine's images (_show_backend_options); any text
+            return widgets.Combobox(
+                options=[], ensure_option=False, placeholder=placeholder, **common
+            ), "input"
         if option.kind == "gpu_type":
             catalog = manager.catalog
             choices = [
@@ -90,14 +113,73 @@ class StartForm:
             return widgets.Checkbox(value=bool(option.default), indent=True, **common), "input"
         value = getattr(manager.config, option.config_default) if option.config_default else ""
         return widgets.Text(
-            value=value, placeholder=_PLACEHOLDERS.get(option.kind, ""), **common
+            value=value,
+            placeholder=placeholder,
+            continuous_update=option.name != HOST,  # its images are asked of it when it is whole
+            **common,
         ), "input"
 
     def _show_backend_options(self) -> None:
         backend = self.backend_select.value
-        for name, widget in self.fields.items():
+        for name, row in self.rows.items():
             applies = options.BY_NAME[name].backends
-            show(widget, applies is None or backend in applies)
+            show(row, applies is None or backend in applies)
+        self._load_images()
+
+    def _load_images(self) -> None:
+        """The images the chosen backend has (on the typed host), offered by the image field."""
+        if self.image_input is None:
+            return
+        backend = self.backend_select.value
+        applies = options.BY_NAME[IMAGE].backends
+        if applies is not None and backend not in applies:
+            return
+        host = ""
+        if HOST in self.fields and self.rows[HOST].layout.display != "none":
+            host = self.fields[HOST].value.strip()
+        key = f"{backend}\n{host}"
+        if self._images_key == key:
+            return
+        self._images_key = key
+
+        def listing() -> None:
+            try:
+                chosen = self.manager.backend(backend)
+                if host:
+                    options.parse_values({HOST: host}, catalog=self.manager.catalog)  # BadOptions
+                reply = (chosen.default_image(), chosen.local_images(host or None), None)
+            except GpuSessionError as exc:
+                reply = (None, [], f"could not list the images there: {exc}")
+            if self._images_key == key:  # not superseded meanwhile
+                self._images = (key, reply)
+                self.image_input.options = [image.reference for image in reply[1]]
+                self._show_image_note()
+
+        if host:  # a login away (SSH): not on the kernel's thread
+            threading.Thread(target=listing, name="gpusession-images", daemon=True).start()
+        else:  # this machine's engine answers at once
+            listing()
+
+    def _show_image_note(self) -> None:
+        """Under the image field: what the engine has of the typed image, or that it is pulled."""
+        if self._images is None or self.image_input is None:
+            return
+        default, images, problem = self._images[1]
+        typed = self.image_input.value.strip()
+        reference = typed or default
+        found = next((i for i in images if i.reference == reference), None)
+        if problem:
+            text = problem
+        elif not reference:
+            text = ""
+        elif found is not None:
+            text = ("" if typed else "default: ") + image_text(found)
+        else:
+            text = (
+                f"{reference if typed else 'default ' + reference}: not on the engine yet; "
+                "the start pulls it first (that can take minutes)"
+            )
+        html_text(self.image_note, text or None, "font-size: small")
 
     def values(self) -> dict[str, Any]:
         """What the form says, by option name: blank text and options of other backends left out."""
@@ -114,7 +196,7 @@ class StartForm:
         html_text(self.message, text, "color: #c62828" if warn else "")
 
 
-_PLACEHOLDERS = {"duration": "15m, 2h, off", "money": "dollars, e.g. 5", "text": "optional"}
+IMAGE, HOST = "image", "host"  # the field offering images, and the machine it asks
 
 
 class SessionPanel:

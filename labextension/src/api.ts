@@ -7,6 +7,7 @@ import { ServerConnection } from '@jupyterlab/services';
 import type {
   CatalogReply,
   ErrorReply,
+  ImagesReply,
   KeepAliveRequest,
   MetricView,
   OptionCheckReply,
@@ -122,6 +123,14 @@ export class GpuSessionClient {
   }
 
   /** POST `options/check`: what is wrong with a start body, per option. */
+  /** The images `backend` already has on `host` (GET `images`). */
+  async getImages(backend: string, host: string): Promise<ImagesReply> {
+    const query = new URLSearchParams({ backend, host }).toString();
+    const reply = await this._request<ImagesReply>(`images?${query}`);
+    expectArray(reply.images, 'images', 'images');
+    return reply;
+  }
+
   async checkOptions(body: StartRequest): Promise<OptionCheckReply> {
     const reply = await this._request<OptionCheckReply>('options/check', {
       method: 'POST',

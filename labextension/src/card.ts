@@ -13,7 +13,7 @@ import {
   setText,
   showText
 } from './dom';
-import { formatDuration } from './format';
+import { formatDuration, formatRate } from './format';
 import { GpuStatsView } from './gpus';
 import { SessionStatsModel } from './model';
 import { STATS_WINDOW_S } from './series';
@@ -22,8 +22,7 @@ import {
   IdleCountdown,
   isFinal,
   kindText,
-  progressText,
-  rateText
+  progressText
 } from './sessions';
 import type { SessionView } from './types';
 
@@ -40,6 +39,11 @@ export interface CardHost {
   /** Open the large charts of a session (the main-area view). */
   openCharts(id: string): void;
 }
+
+/** What "cloud rate, own hardware" means, on hover. */
+const PRICE_NOTE_TITLE =
+  "The rate is the catalog's cloud price for these GPUs, applied to your own machine; " +
+  'GpuSessionConfig.price_per_hour (or GPUSESSION_PRICE_PER_HOUR) sets a price of your own.';
 
 export class SessionCard {
   constructor(view: SessionView, host: CardHost) {
@@ -79,6 +83,7 @@ export class SessionCard {
       this._progress,
       this._restored,
       facts,
+      this._priceNote,
       this._idleWarning,
       this._error,
       this._actionError,
@@ -116,8 +121,10 @@ export class SessionCard {
     showText(this._progress, progress);
     this._progress.title = view.progress?.join('\n') ?? '';
     showText(this._restored, running ? (view.restored ?? null) : null);
-    setText(this._uptime, formatDuration(view.uptime_s));
-    setText(this._price, rateText(view));
+    setText(this._uptime, view.never_ran ? view.ran : formatDuration(view.uptime_s));
+    setText(this._price, formatRate(view.price_per_hour));
+    showText(this._priceNote, view.price_note);
+    this._priceNote.title = view.price_note ? PRICE_NOTE_TITLE : '';
     setText(this._cost, costText(view));
     this._showIdle();
     showText(this._idleWarning, final ? null : view.idle.warning);
@@ -228,6 +235,8 @@ export class SessionCard {
   /** What a resumed session's kernel brought back from its workspace. */
   private readonly _restored = message('gpusession-restored');
   private readonly _uptime = control('span', 'gpusession-uptime');
+  /** Where the rate comes from, when no cloud bills it: "cloud rate, own hardware". */
+  private readonly _priceNote = message('gpusession-price-note');
   private readonly _price = control('span', 'gpusession-price');
   private readonly _cost = control('span', 'gpusession-cost');
   private readonly _idle = control('span', 'gpusession-idle');

@@ -25,6 +25,7 @@ import {
 import type {
   CatalogReply,
   GpuTypeView,
+  ImagesReply,
   OptionView,
   SessionView,
   StartRequest
@@ -44,12 +45,24 @@ interface Field {
   readonly input: HTMLInputElement | HTMLSelectElement;
   /** The server's word on the value, shown under it. */
   readonly error: HTMLDivElement;
+  /** What the typed value will do (the image field: on the engine, or pulled). */
+  readonly note: HTMLDivElement;
 }
 
+/** The kind of option whose field offers the chosen backend's images. */
+const IMAGE_OPTION = 'image';
+/** The option naming the machine whose images are offered. */
+const HOST_OPTION = 'host';
+
 export class StartForm {
-  constructor(client: GpuSessionClient, onStarted: (view: SessionView) => void) {
+  constructor(
+    client: GpuSessionClient,
+    onStarted: (view: SessionView) => void,
+    onFailed: (text: string) => void = () => undefined
+  ) {
     this._client = client;
     this._onStarted = onStarted;
+    this._onFailed = onFailed;
 
     this.node = document.createElement('form');
     this.node.className = 'gpusession-start-form';
@@ -166,8 +179,74 @@ export class StartForm {
         nodes.push(this._typePrice);
       }
     }
-    this._fieldsNode.replaceChildren(...nodes);
+    this._imagesList.id = IMAGES_LIST_ID;
+    this._fieldsNode.replaceChildren(...nodes, this._imagesList);
     this._labelTypes();
+  }
+
+  /** Ask for the images of the chosen backend and host when those changed. */
+  private _loadImages(values: Map<string, FieldValue>, shown: Set<string>): void {
+    if (!shown.has(IMAGE_OPTION)) {
+      return;
+    }
+    const backend = String(values.get('backend') ?? '');
+    const host = shown.has(HOST_OPTION) ? String(values.get(HOST_OPTION) ?? '').trim() : '';
+    const key = `${backend}\n${host}`;
+    if (key === this._imagesKey) {
+      return;
+    }
+    this._imagesKey = key;
+    this._images = null;
+    this._imagesProblem = null;
+    this._client.getImages(backend, host).then(
+      reply => {
+        if (this._imagesKey !== key) {
+          return;
+        }
+        this._images = reply;
+        this._imagesList.replaceChildren(
+          ...reply.images.map(image => {
+            const entry = document.createElement('option');
+            entry.value = image.reference;
+            entry.label = image.text;
+            return entry;
+          })
+        );
+        this._showImageNote();
+      },
+      error => {
+        if (this._imagesKey === key) {
+          this._imagesProblem = `Could not list the images there: ${errorMessage(error)}`;
+          this._imagesList.replaceChildren();
+          this._showImageNote();
+        }
+      }
+    );
+  }
+
+  /** Under the image field: what it has of the typed image, or that the start pulls it. */
+  private _showImageNote(): void {
+    const field = this._fields.get(IMAGE_OPTION);
+    if (!field) {
+      return;
+    }
+    const typed = field.input.value.trim();
+    const reply = this._images;
+    let text: string | null = this._imagesProblem;
+    if (reply) {
+      const reference = typed || reply.default;
+      const found = reply.images.find(image => image.reference === reference);
+      if (!reference) {
+        text = null;
+      } else if (found) {
+        text = `${typed ? '' : 'default: '}${found.text}`;
+      } else {
+        text =
+          `${typed ? reference : `default ${reference}`}: not on the engine yet; ` +
+          'the start pulls it first (that can take minutes)';
+      }
+    }
+    showText(field.note, text);
   }
 
   /** "T4 · 16 GB · $0.5260/h" for the GPU types the catalog knows. */
@@ -216,6 +295,8 @@ export class StartForm {
       field.node.hidden = !shown.has(name);
     }
     this._showPrice(values, shown);
+    this._loadImages(values, shown);
+    this._showImageNote();
     showText(this._optionsError, this._apiDown ? null : this._optionsProblem);
     showText(this._catalogError, this._apiDown ? null : this._catalogProblem);
     this._submit.disabled = this._starting || this._options === null;
@@ -312,6 +393,7 @@ export class StartForm {
           ? error.serverMessage
           : errorMessage(error);
       showText(this._formError, `Start failed: ${reason}`);
+      this._onFailed(`Start failed: ${reason}`);
     } finally {
       this._starting = false;
       this._submit.textContent = 'Start';
@@ -321,6 +403,11 @@ export class StartForm {
 
   private readonly _client: GpuSessionClient;
   private readonly _onStarted: (view: SessionView) => void;
+  private readonly _onFailed: (text: string) => void;
+  private _images: ImagesReply | null = null;
+  private _imagesProblem: string | null = null;
+  private _imagesKey: string | null = null;
+  private readonly _imagesList = document.createElement('datalist');
   private _options: readonly OptionView[] | null = null;
   private _catalog: CatalogReply | null = null;
   private _optionsProblem: string | null = null;
@@ -364,8 +451,11 @@ function makeField(option: OptionView): Field {
     } else {
       box.type = 'text';
       box.value = String(value);
-      box.placeholder = placeholder(option);
+      box.placeholder = option.placeholder || placeholder(option);
       box.spellcheck = false;
+      if (option.name === IMAGE_OPTION) {
+        box.setAttribute('list', IMAGES_LIST_ID); // offers the engine's images; any text goes
+      }
     }
     input = box;
   }
@@ -384,13 +474,20 @@ function makeField(option: OptionView): Field {
     label.className = 'gpusession-field-row';
     label.append(caption, input);
   }
+  const help = element('div', 'gpusession-field-help');
+  help.textContent = option.help;
   const error = message('gpusession-field-error');
   error.dataset.option = option.name;
-  node.append(label, error);
-  return { option, node, input, error };
+  const note = message('gpusession-field-note');
+  note.dataset.option = option.name;
+  node.append(label, help, note, error);
+  return { option, node, input, error, note };
 }
 
-/** What an empty text field means. */
+/** The id of the list of images the image field offers. */
+const IMAGES_LIST_ID = 'gpusession-images-list';
+
+/** What an empty text field means (a server without served placeholders). */
 function placeholder(option: OptionView): string {
   if (option.default !== null) {
     return String(option.default);

@@ -7,7 +7,7 @@
  */
 import { ApiError, errorMessage, GpuSessionClient } from './api';
 import { control, element, message, setData, setText, showText } from './dom';
-import { formatDuration, formatMoney } from './format';
+import { formatMoney } from './format';
 import { endedText, kindText } from './sessions';
 import type { SessionView, StartRequest } from './types';
 import { resumeOffer, resumeTitle } from './workspaces';
@@ -56,7 +56,7 @@ class HistoryItem {
     setText(this._name, view.name || view.id);
     setText(this._cost, formatMoney(view.cost_so_far));
     this._cost.title = 'Final cost';
-    setText(this._kind, `${kindText(view)} · ran ${formatDuration(view.uptime_s)}`);
+    setText(this._kind, `${kindText(view)} · ${view.ran}`);
     setText(this._reason, endedText(view));
     this._reason.classList.add('gpusession-history-reason');
     this._reason.classList.toggle('gpusession-history-reason-failed', view.state === 'failed');

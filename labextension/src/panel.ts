@@ -2,6 +2,7 @@
  * The left-sidebar panel: one card per live session, the start form, the
  * ended sessions (history), and the API's errors (never a blank panel).
  */
+import { Notification, showErrorMessage } from '@jupyterlab/apputils';
 import { Message } from '@lumino/messaging';
 import { Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
@@ -38,7 +39,11 @@ export class GpuSessionPanel extends Widget {
     this.model = model;
     const client: GpuSessionClient = model.client;
     this.model.changed.connect(this._render, this);
-    this._form = new StartForm(client, view => this._onStarted(view));
+    this._form = new StartForm(
+      client,
+      view => this._onStarted(view),
+      text => notifyFailed('GPU session start failed', text)
+    );
     this._cardHost = {
       client,
       sink: view => this.model.upsert(view),
@@ -129,6 +134,7 @@ export class GpuSessionPanel extends Widget {
   }
 
   private _onStarted(view: SessionView): void {
+    this._startedHere.add(view.id);
     this.model.upsert(view);
     // The form sits below the list: bring the new card into view.
     this._cards.get(view.id)?.node.scrollIntoView({ block: 'nearest' });
@@ -140,6 +146,7 @@ export class GpuSessionPanel extends Widget {
       ? `Cannot load GPU sessions${model.loaded ? ' (showing the last list)' : ''}: ${model.error}`
       : null;
     let live: SessionView[] = [];
+    this._notifyEnds(model.sessions);
     try {
       live = liveSessions(model.sessions);
       this._syncCards(live);
@@ -158,6 +165,25 @@ export class GpuSessionPanel extends Widget {
     this._form.apiDown = model.error !== null;
     if (!model.error) {
       this._loadForm();
+    }
+  }
+
+  /**
+   * A start from this sidebar that failed in the background raises a
+   * notification with its whole message (the history's line is cut short).
+   */
+  private _notifyEnds(sessions: readonly SessionView[]): void {
+    for (const view of sessions) {
+      if (!this._startedHere.has(view.id) || !['failed', 'running', 'stopped'].includes(view.state)) {
+        continue;
+      }
+      this._startedHere.delete(view.id);
+      if (view.state === 'failed') {
+        notifyFailed(
+          `GPU session ${view.name} did not start`,
+          view.error ?? view.ended ?? 'no reason given'
+        );
+      }
     }
   }
 
@@ -194,10 +220,36 @@ export class GpuSessionPanel extends Widget {
   private _release: (() => void) | null = null;
   private readonly _observer: IntersectionObserver;
   private readonly _cards = new Map<string, SessionCard>();
+  /** Sessions this sidebar started that have not come up yet (or failed). */
+  private readonly _startedHere = new Set<string>();
   private _formRetryAt = 0;
   private readonly _count = control('span', 'gpusession-count');
   private readonly _apiError = message('gpusession-api-error');
   private readonly _loading = control('div', 'gpusession-loading');
   private readonly _empty = control('div', 'gpusession-empty');
   private readonly _list = control('div', 'gpusession-list');
+}
+
+/** The longest message a notification shows whole (JupyterLab cuts longer ones). */
+const NOTIFICATION_CHARS = 140;
+
+/**
+ * An error notification that stays until dismissed; when the message is too
+ * long for it, "Show all" opens the whole message (with what to do).
+ */
+export function notifyFailed(title: string, text: string): void {
+  const line = `${title}: ${text}`;
+  const fits = line.length <= NOTIFICATION_CHARS;
+  Notification.error(fits ? line : `${line.slice(0, NOTIFICATION_CHARS - 1)}…`, {
+    autoClose: false,
+    actions: fits
+      ? []
+      : [
+          {
+            label: 'Show all',
+            caption: 'The whole message, and what to do',
+            callback: () => void showErrorMessage(title, text)
+          }
+        ]
+  });
 }

@@ -30,7 +30,7 @@ export function liveCount(sessions: readonly SessionView[]): number {
   return sessions.filter(isLive).length;
 }
 
-/** "T4 × 2 · docker · spot · ssh://gpu-box" */
+/** "T4 × 2 · docker · spot · ssh://gpu-box · python:3.12-slim" */
 export function kindText(view: SessionView): string {
   const kind = [`${view.gpu_type} × ${view.gpu_count}`, view.backend];
   if (view.spot) {
@@ -39,12 +39,16 @@ export function kindText(view: SessionView): string {
   if (view.host) {
     kind.push(view.host);
   }
+  if (view.image) {
+    kind.push(view.image);
+  }
   return kind.join(' · ');
 }
 
-/** "$0.5260/h" */
+/** "$0.5260/h", "$0.5260/h (cloud rate, own hardware)" */
 export function rateText(view: SessionView): string {
-  return formatRate(view.price_per_hour);
+  const rate = formatRate(view.price_per_hour);
+  return view.price_note ? `${rate} (${view.price_note})` : rate;
 }
 
 /** "$0.1234", or "$0.1234 of $5.00" with a cost cap. */

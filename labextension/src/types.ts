@@ -101,6 +101,15 @@ export interface SessionView {
   spot: boolean;
   /** Docker host or instance address; null for local sessions. */
   host: string | null;
+  /** The image it runs (or was asked to run); null when it runs none (local). */
+  image: string | null;
+  /** Ended without a billed resource (its start failed before one existed): it cost nothing. */
+  never_ran: boolean;
+  /** "ran 1m05s", or "never ran". */
+  ran: string;
+  /** What its price is where no cloud bills it: "cloud rate, own hardware",
+   * "configured price"; null for a cloud's price. */
+  price_note: string | null;
   /** Why the session failed; null otherwise. */
   error: string | null;
   idle: IdleView;
@@ -256,6 +265,29 @@ export interface OptionView {
   choices: string[] | null;
   /** Whether the sidebar's start form shows it. */
   form: boolean;
+  /** What its empty field shows (both start forms): the value's shape,
+   * unit and default, e.g. "90s, 15m, 1h30m, off · default 30m". */
+  placeholder: string;
+}
+
+/** An image a backend's machine already has, item of GET `images`. */
+export interface LocalImageView {
+  /** As the image option takes it: "repo:tag". */
+  reference: string;
+  /** Bytes; null when the engine does not say. */
+  size_bytes: number | null;
+  /** A session started from it here before (no probe at start). */
+  runtime_cached: boolean;
+  /** "python:3.12-slim · 45 MB · runtime cached" */
+  text: string;
+}
+
+/** Reply of GET `images?backend=NAME&host=HOST`. */
+export interface ImagesReply {
+  backend: string;
+  /** The image a start runs when none is named; null: none (the node's Python). */
+  default: string | null;
+  images: LocalImageView[];
 }
 
 /** Reply of GET `options`: every start option, in the order to show them. */

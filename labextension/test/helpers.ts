@@ -48,6 +48,10 @@ export function session(fields: Partial<SessionView> = {}): SessionView {
     cost_so_far: 0.0158,
     spot: false,
     host: null,
+    image: null,
+    never_ran: false,
+    ran: 'ran 30s',
+    price_note: null,
     error: null,
     idle: { timeout_s: 1800, remaining_s: 1799.6, warning: null },
     max_cost: null,
@@ -97,6 +101,7 @@ export function option(fields: Partial<OptionView> & Pick<OptionView, 'name' | '
     backends: null,
     choices: null,
     form: true,
+    placeholder: '',
     ...fields
   };
 }

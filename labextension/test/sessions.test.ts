@@ -59,10 +59,18 @@ describe('facts of a card', () => {
       kindText(session({ gpu_count: 2, backend: 'docker', spot: true, host: 'ssh://box' })),
       't4 × 2 · docker · spot · ssh://box'
     );
+    assert.equal(
+      kindText(session({ backend: 'docker', image: 'python:3.12-slim' })),
+      't4 × 1 · docker · python:3.12-slim'
+    );
   });
 
   test('rate and cost, with the Python formats', () => {
     assert.equal(rateText(session()), '$0.5260/h');
+    assert.equal(
+      rateText(session({ price_note: 'cloud rate, own hardware' })),
+      '$0.5260/h (cloud rate, own hardware)'
+    );
     assert.equal(costText(session()), '$0.0158');
     assert.equal(costText(session({ cost_so_far: 1.5, max_cost: 5 })), '$1.50 of $5.00');
     assert.equal(costText(session({ max_cost: 0 })), '$0.0158'); // 0: no cap, as in Python

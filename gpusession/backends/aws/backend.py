@@ -23,6 +23,7 @@ from typing import Any
 
 from ...configuration.agentargs import WORKSPACE_MOUNT, AgentArgs, workspace_name
 from ...configuration.catalog import Catalog, load_catalog
+from ...configuration.cost import BILLED_FROM, CLOUD
 from ...core import textvalues
 from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ...core.models import LaunchSpec, SessionRecord
@@ -168,6 +169,9 @@ class AwsBackend(Backend):
             if prices:
                 return min(prices.values())
         return catalog.price_per_hour(gpu, spec.gpu_count, spot=spec.spot, whole_instance=True)
+
+    def price_basis(self, spec: LaunchSpec) -> str | None:
+        return CLOUD
 
     def spot_prices(self, aws: Aws, instance_type: str) -> dict[str, float]:
         """Zone -> the current spot price, asked of AWS at most every SPOT_PRICE_TTL_S."""
@@ -412,7 +416,7 @@ class AwsBackend(Backend):
             f"instance {instance_id} is {instance['State']['Name']}; waiting until it runs"
         )
         address = self._wait_running(aws, instance_id, private=bool(extra.get("private_ip")))
-        save(address=address)
+        save(address=address, **{BILLED_FROM: time.time()})  # EC2 bills a running instance
         progress.step(
             f"instance {instance_id} runs at {address}; attaching workspace volume {ws.volume_id}"
         )

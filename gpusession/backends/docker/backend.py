@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from ...configuration.agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, AgentArgs
+from ...configuration.cost import BILLED_FROM
 from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ...core.models import LaunchSpec, SessionRecord, State
 from ...configuration.options import StartOption
@@ -39,7 +40,15 @@ from ...core.protocol import (
     StopDetails,
 )
 from ...core.protocol import StopKind, StopReason
-from ..base import Backend, DirectLink, Link, RemoteResource, TunnelLink, stop_details_from_log
+from ..base import (
+    Backend,
+    DirectLink,
+    Link,
+    LocalImage,
+    RemoteResource,
+    TunnelLink,
+    stop_details_from_log,
+)
 from .engine import (
     LABEL,
     STATE_DIR,
@@ -128,6 +137,22 @@ class DockerBackend(EngineWorkspaces, Backend):
         if key not in self._clients:
             self._clients[key] = engine_client(host)
         return self._clients[key]
+
+    def local_images(self, host: str | None) -> list[LocalImage]:
+        """The engine's tagged images, by reference, with their size and whether a session
+        started from them here before (what the probe found of their Python is cached)."""
+        from ...transport.bundle import cache_dir
+        from .runtime import probe_path
+
+        client = self.client(host)
+        with engine_errors("while listing its images"):
+            images = client.images.list()
+        found = [
+            LocalImage(tag, image.attrs.get("Size"), probe_path(cache_dir(), image.id).exists())
+            for image in images
+            for tag in image.tags
+        ]
+        return sorted(found, key=lambda i: i.reference)
 
     def check(self, spec: LaunchSpec) -> None:
         docker_sdk()
@@ -240,6 +265,7 @@ class DockerBackend(EngineWorkspaces, Backend):
             if "could not select device driver" in text:
                 raise BackendUnavailable(NO_NVIDIA.format(detail=text)) from None
             raise StageError("provision", f"cannot start the container: {text}") from None
+        self.recorder.save(record.id, **{BILLED_FROM: time.time()})  # billed from its start
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
         from .runtime import InThread, connection_info

@@ -168,10 +168,16 @@ def prepare_runtime(
     return PreparedRuntime(python, volumes)
 
 
+def probe_path(cache_dir: Path, image_id: str) -> Path:
+    """Where what the probe found of an image's Python is kept: once it is there, a start from
+    that image skips the probe (the forms say "runtime cached")."""
+    return cache_dir / "probes" / f"{image_id.split(':')[-1]}-v{PROBE_VERSION}.json"
+
+
 def _image_python(
     client, image, name: str, cache_dir: Path, labels: dict[str, str], progress: Progress
 ) -> ImagePython:
-    cached = cache_dir / "probes" / f"{image.id.split(':')[-1]}-v{PROBE_VERSION}.json"
+    cached = probe_path(cache_dir, image.id)
     try:
         return ImagePython.from_payload(json.loads(cached.read_text()))
     except (OSError, ValueError, KeyError, TypeError):

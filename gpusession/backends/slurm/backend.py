@@ -23,7 +23,7 @@ import threading
 import time
 
 from ...configuration.catalog import load_catalog
-from ...configuration.cost import BILLED_FROM
+from ...configuration.cost import BILLED_FROM, CONFIGURED
 from ...core.durations import format_duration
 from ...core.errors import BackendUnavailable, BadInput, StageError
 from ...core.models import LaunchSpec, SessionRecord
@@ -97,6 +97,13 @@ class SlurmBackend(Backend):
         if price is not None:
             return price * spec.gpu_count
         return self.config.price_per_hour if self.config.price_per_hour >= 0 else 0.0
+
+    def price_basis(self, spec: LaunchSpec) -> str | None:
+        """A configured price, or none (GPU-hours only): never the catalog's rate."""
+        priced = (
+            self.settings(spec).price_per_gpu_hour is not None or self.config.price_per_hour >= 0
+        )
+        return CONFIGURED if priced else None
 
     # -- start ----------------------------------------------------------------------------
 
