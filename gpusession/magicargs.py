@@ -107,4 +107,5 @@ HELP = """%gpu SUBCOMMAND ...
   keepalive [1h]          postpone the idle stop (at most 4h ahead)
   panel [NAME | --all]    the session card with live gauges, start/stop buttons (ipywidgets)
   %%gpu                   (cell magic) run this cell in the session
+  debug [on | off]        errors show gpusession's own frames too (off: the remote traceback only)
 `%gpu start?` style help: `%gpu help start`."""

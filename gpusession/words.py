@@ -7,6 +7,7 @@ the faces imports this module; nothing parses what it returns.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Iterable
 
@@ -225,6 +226,32 @@ def error_text(exc: BaseException) -> str:
     if isinstance(exc, SessionEnded):
         return ended_message(exc.record)
     return str(exc)
+
+
+# "Cell In[6], line 3" as IPython writes it, colours (ANSI escapes) between the words or not
+_CELL_REF = re.compile(r"(Cell(?:\x1b\[[\d;]*m)*\s(?:\x1b\[[\d;]*m)*)In\[(\d+)\]")
+
+
+def renumber_cells(traceback: list[str], numbers: dict[int, int], session: str) -> list[str]:
+    """A remote traceback with its cells named as this notebook numbers them: `numbers` maps the
+    session kernel's execution count to the notebook's ("Cell In[6]" of the session is the
+    notebook's "Cell In[9]"); a cell this notebook did not send says whose it is."""
+
+    def name(match: re.Match) -> str:
+        remote = int(match.group(2))
+        local = numbers.get(remote)
+        where = f"In[{local}]" if local is not None else f"In[{remote} of session {session}]"
+        return match.group(1) + where
+
+    return [_CELL_REF.sub(name, line) for line in traceback]
+
+
+def interrupt_line(name: str, stopped: bool, why: str) -> str:
+    """The one line of ours under an interrupted %%gpu cell's remote traceback: it stopped, or
+    `why` it did not."""
+    if stopped:
+        return f"[gpusession] interrupted the cell in session {name}; its variables are kept"
+    return f"[gpusession] {why}"
 
 
 _GC_VERBS = {  # verb -> (done, dry run)
