@@ -20,7 +20,7 @@ from .errors import BadInput, UnknownSession, WorkspaceInUse
 from .models import Event, LaunchSpec, SessionRecord, State, now
 from .procs import start_ticks
 from .settings import data_folder, data_folder_error
-from .textvalues import session_name
+from .textvalues import MAX_NAME, session_name
 
 _HEX = set("0123456789abcdef")
 
@@ -60,6 +60,29 @@ def owner_id() -> str:
     pid = os.getpid()
     started = start_ticks(pid)
     return f"{user}@{socket.gethostname()}:{pid}" + (f":{started}" if started is not None else "")
+
+
+def _free_name(spec: LaunchSpec, taken: set[str]) -> str:
+    """A session started on a workspace (resumed, or named) is called after it: `ux-nb`, then
+    `ux-nb-2` while that is taken; any other after its GPU type: `t4-1`, `t4-2`, ..."""
+    workspace = spec.extra.get("resume") or spec.extra.get("workspace")
+    if workspace:
+        n = 1
+        while (name := _numbered(workspace, n)) in taken:
+            n += 1
+        return name
+    n = 1
+    while f"{spec.gpu_type}-{n}" in taken:
+        n += 1
+    return f"{spec.gpu_type}-{n}"
+
+
+def _numbered(base: str, n: int) -> str:
+    """`base`, or `base-n` from 2 on, cut to fit a name's length."""
+    if n == 1:
+        return base
+    suffix = f"-{n}"
+    return base[: MAX_NAME - len(suffix)] + suffix
 
 
 def validate_name(name: str) -> str:
@@ -166,10 +189,7 @@ class Store:
                         "SELECT name FROM sessions WHERE state NOT IN ('stopped','failed')"
                     )
                 }
-                n = 1
-                while f"{spec.gpu_type}-{n}" in taken:
-                    n += 1
-                name = f"{spec.gpu_type}-{n}"
+                name = _free_name(spec, taken)
             spec.name = name
             if claim is not None:
                 _check_claim(db, claim, spec, name)
