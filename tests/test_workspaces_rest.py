@@ -59,7 +59,12 @@ async def test_list_resume_and_delete_workspaces(jp_fetch, manager):
     assert first["resume"] is None and first["saved"] is None and "resume" not in first["restart"]
     assert first["restart"]["workspace"] == "rw1"
     assert manager.attach("rw1").run("v = 5")["status"] == "ok"
-    manager.stop("rw1", save=True)
+    assert first["workspace"] == "rw1"
+    said = await _error(jp_fetch, 400, "sessions", "rw1", method="DELETE", save="yes")
+    assert said == "'save' must be 1 or 0, got 'yes'"
+    # the card's "Save and stop"
+    stopped = await _call(jp_fetch, "sessions", "rw1", method="DELETE", save="1")
+    assert stopped["state"] == "stopped", stopped
 
     ended = await _call(jp_fetch, "sessions", "rw1")
     assert ended["saved"].startswith("saved 1 variable, "), ended["saved"]

@@ -50,6 +50,7 @@ def session_view(
         "owner": record.owner,
         "verified": verified,
         "last_seen": last_seen,
+        "workspace": _workspace(record),
         "restart": restart_body(record.spec, workspace=_workspace(record)),
         "resume": restart_body(record.spec, resume=saved)
         if (saved := _saved_workspace(record))
