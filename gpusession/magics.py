@@ -46,6 +46,7 @@ from .errors import (
     SessionEnded,
 )
 from .models import State
+from .store import owner_id
 from .session import Session, SessionManager
 from .notify import WarningNotifier, watch
 from .words import (
@@ -421,6 +422,9 @@ class GpuMagics(Magics):
         self.current = self.manager.connected(args.name) or self.manager.attach(
             args.name, report=_print
         )
+        self.manager.store.note_user(
+            self.current.id, owner_id(), time.time()
+        )  # the status bar follows
         self._notify(self.current)
         print(f"using {self.current.name}")
 

@@ -257,6 +257,19 @@ class Store:
             )
         return self.get(session_id)
 
+    def note_user(self, session_id: str, owner: str, at: float) -> None:
+        """Process `owner` (see owner_id) took up the session at `at` (`%gpu use`): kept in
+        resource["users"], owner -> when, so a face can follow the session a notebook uses."""
+        with self._write() as db:
+            row = db.execute("SELECT resource FROM sessions WHERE id=?", (session_id,)).fetchone()
+            if row is None:
+                raise UnknownSession(f"no session with id {session_id}")
+            resource = json.loads(row["resource"])
+            resource["users"] = dict(resource.get("users") or {}, **{owner: at})
+            db.execute(
+                "UPDATE sessions SET resource=? WHERE id=?", (json.dumps(resource), session_id)
+            )
+
     def set_price(self, session_id: str, price_per_hour: float, detail: str) -> SessionRecord:
         """The price actually paid turned out different from the estimate (a spot fallback)."""
         with self._write() as db:

@@ -220,3 +220,18 @@ def test_ctrl_c_during_start_is_one_line_and_leaves_nothing(notebook, nb_env):
         "the name must be free again"
     )
     notebook.run("%gpu stop")
+
+
+def test_gpu_use_makes_the_sidebar_name_this_notebooks_kernel(notebook, manager):
+    """A notebook that took up a session with `%gpu use` has it in its status bar: the
+    sidebar's view lists that notebook's kernel among the session's (with when it took it)."""
+    from gpusession.server.panel import StartProgress, panel_view
+
+    other = manager.start(manager.make_spec("t4", backend="local", idle="off", name="shared-one"))
+    pid = int(notebook.run("import os; print(os.getpid())").text.split()[-1])
+    before = time.time()
+    r = notebook.run("%gpu use shared-one")
+    assert "using shared-one" in r.text, r.text
+    view = panel_view(manager, manager.get(other.id), StartProgress(), {pid: "k-notebook"})
+    assert view["kernel_id"] is None  # it did not start it
+    assert set(view["kernels"]) == {"k-notebook"} and view["kernels"]["k-notebook"] >= before

@@ -17,6 +17,7 @@ import pytest
 from gpusession import cli
 from gpusession.models import State
 from gpusession.protocol import StopKind
+from gpusession.server.panel import StartProgress, kernel_ids_by_pid, panel_view
 from support.procs import alive
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -152,6 +153,19 @@ def _runtime(manager, session_id: str) -> dict:
     return json.loads((state_dir / "runtime.json").read_text())
 
 
+class _OneKernel:
+    """The Jupyter server's kernel manager as the sidebar's API reads it, holding one kernel."""
+
+    def __init__(self, km):
+        self.km = km
+
+    def list_kernel_ids(self) -> list[str]:
+        return ["k-gpu"]
+
+    def get_kernel(self, kernel_id: str):
+        return self.km
+
+
 async def test_a_kernel_is_a_session_restart_keeps_it_shutdown_stops_it(
     jupyter_dirs, manager, capsys
 ):
@@ -173,6 +187,9 @@ async def test_a_kernel_is_a_session_restart_keeps_it_shutdown_stops_it(
         assert (record.spec.gpu_type, record.spec.idle_timeout_s) == ("t4", 600.0)
         assert any("kernel of JupyterLab" in e.detail for e in record.events)
         first = _runtime(manager, record.id)
+        # the sidebar's view names this kernel as the session's (the status bar follows it)
+        view = panel_view(manager, record, StartProgress(), kernel_ids_by_pid(_OneKernel(km)))
+        assert view["kernel_id"] == "k-gpu"
 
         # the notebook's cells run in the session kernel
         reply, printed = await _run(kc, "import os; x = 41; print(os.getpid())")
