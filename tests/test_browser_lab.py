@@ -41,6 +41,7 @@ from support.labpanel import (
     run_command,
     running_lab,
     screenshot_on_failure,
+    stop_card,
     set_theme,
     wait_for_change,
     wait_kernel_idle,
@@ -172,7 +173,7 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
             and record.spec.backend == "local"
         )
         assert record.spec.idle_timeout_s == 600 and "nvml_replay" not in record.spec.extra
-        again.locator(".gpusession-stop").click()
+        stop_card(page, again)
         sync_api.expect(again).to_have_count(0, timeout=TIMEOUT_MS)
         assert not page.errors, page.errors
 
@@ -386,7 +387,7 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
         status = page.locator(".gpusession-status")
         status_text = status.locator(".gpusession-status-text")
         sync_api.expect(status_text).to_have_text(
-            re.compile(r"^nb-session: t4 × 1 · \$0\.\d{4} · idle 29m\d\ds$")
+            re.compile(r"^nb-session: t4 × 1 · \$0\.\d{4} · stops in 29m\d\ds$")
         )
         wait_for_change(status_text.inner_text, timeout=5)  # the countdown moves
         page.locator(".jp-StatusBar-Widget").screenshot(path=str(ARTIFACTS / "status-bar.png"))
@@ -418,7 +419,7 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
 
         # Stop in the sidebar; the notebook's next %%gpu says who stopped it (no "kernel died")
         card = page.locator(f'{PANEL} .gpusession-card[data-session-name="nb-session"]')
-        card.locator(".gpusession-stop").click()
+        stop_card(page, card)
         sync_api.expect(card).to_have_count(0, timeout=TIMEOUT_MS)
         sync_api.expect(status).to_be_hidden()
         page.locator(
