@@ -55,14 +55,19 @@ def gpu_label(gpu_type: str, gpu_count: int) -> str:
 
 
 def kernel_display_name(
-    gpu_type: str, gpu_count: int, backend: str | None = None, image: str | None = None
+    gpu_type: str,
+    gpu_count: int,
+    backend: str | None = None,
+    image: str | None = None,
+    price_per_hour: float | None = None,
 ) -> str:
     """A GPU kernelspec's name in JupyterLab's launcher and kernel picker: 'Python 3 (GPU · T4)',
-    'Python 3 (GPU · 8 x A100 · docker · my/image:1)' (backend and image only when chosen)."""
+    'Python 3 (GPU · 8 x A100 · docker · my/image:1)' (backend and image only when chosen), with
+    the price when known: 'Python 3 (GPU · T4 · $0.5260/h)'."""
     gpus = gpu_type.upper() if gpu_count == 1 else f"{gpu_count} x {gpu_type.upper()}"
-    return (
-        "Python 3 (" + " · ".join(["GPU", gpus, *(part for part in (backend, image) if part)]) + ")"
-    )
+    price = f"{format_money(price_per_hour)}/h" if price_per_hour is not None else None
+    parts = ["GPU", gpus, *(part for part in (backend, image, price) if part)]
+    return "Python 3 (" + " · ".join(parts) + ")"
 
 
 # -- why a session ended ----------------------------------------------------------------------

@@ -51,15 +51,20 @@ def test_kernelspec_install_list_remove(jupyter_dirs, capsys):
         "kernelspec", "install", "--type", "t4", "--idle", "10m", capsys=capsys
     )
     assert code == 0, err
-    assert out.startswith("installed kernelspec gpusession-t4 (Python 3 (GPU · T4)) in ")
+    assert out.startswith(
+        "installed kernelspec gpusession-t4 (Python 3 (GPU · T4 · $0.5260/h)) in "
+    )
     kernel = json.loads((jupyter_dirs / "kernels" / "gpusession-t4" / "kernel.json").read_text())
-    assert kernel["display_name"] == "Python 3 (GPU · T4)"
+    assert kernel["display_name"] == "Python 3 (GPU · T4 · $0.5260/h)"  # type and price
     assert kernel["interrupt_mode"] == "message"
     assert kernel["metadata"]["kernel_provisioner"] == {
         "provisioner_name": "gpusession-provisioner",
         "config": {"type": "t4", "idle": "10m"},
     }
     assert (jupyter_dirs / "kernels" / "gpusession-t4" / "logo-64x64.png").exists()
+    # the launcher shows logo-svg first: a GPU chip, not Python's logo
+    logo = (jupyter_dirs / "kernels" / "gpusession-t4" / "logo-svg.svg").read_text()
+    assert ">GPU</text>" in logo
 
     code, out, err = _gpusession(
         "kernelspec",
@@ -75,26 +80,31 @@ def test_kernelspec_install_list_remove(jupyter_dirs, capsys):
     )
     assert code == 0, err
     assert (
-        "gpusession-a100-8-docker-my-image-1 (Python 3 (GPU · 8 x A100 · docker · my/image:1))"
+        "gpusession-a100-8-docker-my-image-1 (Python 3 (GPU · 8 x A100 · docker · my/image:1 · $21.96/h))"
         in out
     )
 
     from jupyter_client.kernelspec import KernelSpecManager
 
     found = KernelSpecManager().get_all_specs()
-    assert found["gpusession-t4"]["spec"]["display_name"] == "Python 3 (GPU · T4)"
+    assert found["gpusession-t4"]["spec"]["display_name"] == "Python 3 (GPU · T4 · $0.5260/h)"
 
     code, out, err = _gpusession("kernelspec", "list", capsys=capsys)
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith(
-        "gpusession-a100-8-docker-my-image-1  Python 3 (GPU · 8 x A100 · docker · my/image:1)  "
+        "gpusession-a100-8-docker-my-image-1  Python 3 (GPU · 8 x A100 · docker · my/image:1 · $21.96/h)  "
         "[--type a100:8 --backend docker --image my/image:1 --gpu-only]"
     )
-    assert lines[1].startswith("gpusession-t4  Python 3 (GPU · T4)  [--type t4 --idle 10m]")
+    assert lines[1].startswith(
+        "gpusession-t4  Python 3 (GPU · T4 · $0.5260/h)  [--type t4 --idle 10m]"
+    )
 
     code, out, err = _gpusession("kernelspec", "remove", "gpusession-t4", capsys=capsys)
-    assert (code, out) == (0, "removed kernelspec gpusession-t4 (Python 3 (GPU · T4))\n"), err
+    assert (code, out) == (
+        0,
+        "removed kernelspec gpusession-t4 (Python 3 (GPU · T4 · $0.5260/h))\n",
+    ), err
     assert "gpusession-t4" not in KernelSpecManager().find_kernel_specs()
 
 
