@@ -41,6 +41,7 @@ from support.labpanel import (
     run_command,
     running_lab,
     screenshot_on_failure,
+    answer_stop,
     stop_card,
     set_theme,
     wait_for_change,
@@ -417,6 +418,26 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
         run_command(page, "Start a GPU Session…")
         page.wait_for_function("() => !!document.activeElement?.closest('.gpusession-start-form')")
 
+        # the palette's Stop names this notebook's session first, though another is newer; its
+        # Stop is the danger button
+        other = lab.manager.start(
+            lab.manager.make_spec("t4", backend="local", idle="off", name="other-one")
+        )
+        page.locator(f'{PANEL} .gpusession-card[data-session-name="other-one"]').wait_for()
+        run_command(page, "Stop a GPU Session…")
+        dialog = page.locator(".jp-Dialog", has_text="Stop a GPU session")
+        pick = dialog.locator("select.gpusession-stop-pick")
+        sync_api.expect(pick.locator("option")).to_have_count(2)
+        assert pick.locator("option").first.inner_text().startswith("nb-session ")
+        sync_api.expect(dialog.locator(".gpusession-stop-question")).to_contain_text(
+            "Stop nb-session "
+        )
+        stop_button = dialog.locator(".jp-Dialog-button", has_text=re.compile("^Stop$"))
+        assert "jp-mod-warn" in (stop_button.get_attribute("class") or "")
+        dialog.locator(".jp-Dialog-content").screenshot(path=str(ARTIFACTS / "stop-palette.png"))
+        dialog.locator(".jp-Dialog-button", has_text="Cancel").click()
+        sync_api.expect(dialog).to_have_count(0)
+
         # Stop in the sidebar; the notebook's next %%gpu says who stopped it (no "kernel died")
         card = page.locator(f'{PANEL} .gpusession-card[data-session-name="nb-session"]')
         stop_card(page, card)
@@ -435,15 +456,12 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
         record = lab.manager.get("nb-session")
         assert record.state == State.STOPPED and record.stop_reason.by == "the JupyterLab sidebar"
 
-        # the stop command, with no notebook session: it asks which one
-        other = lab.manager.start(
-            lab.manager.make_spec("t4", backend="local", idle="off", name="other-one")
-        )
-        page.locator(f'{PANEL} .gpusession-card[data-session-name="other-one"]').wait_for()
+        # the stop command, with no notebook session: it names the one that is live
         run_command(page, "Stop a GPU Session…")
-        dialog = page.locator(".jp-Dialog")
-        sync_api.expect(dialog.locator("select")).to_contain_text("other-one")
-        dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
+        sync_api.expect(dialog.locator(".gpusession-stop-question")).to_contain_text(
+            "Stop other-one "
+        )
+        answer_stop(page, "Stop")
         sync_api.expect(
             page.locator(f'{PANEL} .gpusession-list [data-session-name="other-one"]')
         ).to_have_count(0, timeout=TIMEOUT_MS)
