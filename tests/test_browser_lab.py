@@ -161,7 +161,8 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
         summary.click()
         sync_api.expect(failed).to_be_visible()
 
-        # start again: the same kind of session (type, backend, idle), under a new name
+        # start again: the same kind of session (type, backend, idle) on the same workspace,
+        # named after it (broken-start ended, so the name is free)
         failed.locator(".gpusession-restart").click()
         again = panel.locator(".gpusession-list .gpusession-card")
         sync_api.expect(again).to_have_count(1)
@@ -169,10 +170,11 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
         name = again.get_attribute("data-session-name")
         record = manager.get(name)
         assert (
-            name != "broken-start"
+            name == "broken-start"
+            and record.spec.extra.get("workspace") == "broken-start"
             and record.spec.gpu_type == "t4"
             and record.spec.backend == "local"
-        )
+        ), record.spec
         assert record.spec.idle_timeout_s == 600 and "nvml_replay" not in record.spec.extra
         stop_card(page, again)
         sync_api.expect(again).to_have_count(0, timeout=TIMEOUT_MS)
