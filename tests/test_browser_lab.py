@@ -41,6 +41,8 @@ from support.labpanel import (
     run_command,
     running_lab,
     screenshot_on_failure,
+    answer_stop,
+    stop_card,
     set_theme,
     wait_for_change,
     wait_kernel_idle,
@@ -160,7 +162,8 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
         summary.click()
         sync_api.expect(failed).to_be_visible()
 
-        # start again: the same kind of session (type, backend, idle), under a new name
+        # start again: the same kind of session (type, backend, idle) on the same workspace,
+        # named after it (broken-start ended, so the name is free)
         failed.locator(".gpusession-restart").click()
         again = panel.locator(".gpusession-list .gpusession-card")
         sync_api.expect(again).to_have_count(1)
@@ -168,12 +171,13 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
         name = again.get_attribute("data-session-name")
         record = manager.get(name)
         assert (
-            name != "broken-start"
+            name == "broken-start"
+            and record.spec.extra.get("workspace") == "broken-start"
             and record.spec.gpu_type == "t4"
             and record.spec.backend == "local"
-        )
+        ), record.spec
         assert record.spec.idle_timeout_s == 600 and "nvml_replay" not in record.spec.extra
-        again.locator(".gpusession-stop").click()
+        stop_card(page, again)
         sync_api.expect(again).to_have_count(0, timeout=TIMEOUT_MS)
         assert not page.errors, page.errors
 
@@ -387,7 +391,7 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
         status = page.locator(".gpusession-status")
         status_text = status.locator(".gpusession-status-text")
         sync_api.expect(status_text).to_have_text(
-            re.compile(r"^nb-session: t4 × 1 · \$0\.\d{4} · idle 29m\d\ds$")
+            re.compile(r"^nb-session: t4 × 1 · \$0\.\d{4} · stops in 29m\d\ds$")
         )
         wait_for_change(status_text.inner_text, timeout=5)  # the countdown moves
         page.locator(".jp-StatusBar-Widget").screenshot(path=str(ARTIFACTS / "status-bar.png"))
@@ -417,9 +421,29 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
         run_command(page, "Start a GPU Session…")
         page.wait_for_function("() => !!document.activeElement?.closest('.gpusession-start-form')")
 
+        # the palette's Stop names this notebook's session first, though another is newer; its
+        # Stop is the danger button
+        other = lab.manager.start(
+            lab.manager.make_spec("t4", backend="local", idle="off", name="other-one")
+        )
+        page.locator(f'{PANEL} .gpusession-card[data-session-name="other-one"]').wait_for()
+        run_command(page, "Stop a GPU Session…")
+        dialog = page.locator(".jp-Dialog", has_text="Stop a GPU session")
+        pick = dialog.locator("select.gpusession-stop-pick")
+        sync_api.expect(pick.locator("option")).to_have_count(2)
+        assert pick.locator("option").first.inner_text().startswith("nb-session ")
+        sync_api.expect(dialog.locator(".gpusession-stop-question")).to_contain_text(
+            "Stop nb-session "
+        )
+        stop_button = dialog.locator(".jp-Dialog-button", has_text=re.compile("^Stop$"))
+        assert "jp-mod-warn" in (stop_button.get_attribute("class") or "")
+        dialog.locator(".jp-Dialog-content").screenshot(path=str(ARTIFACTS / "stop-palette.png"))
+        dialog.locator(".jp-Dialog-button", has_text="Cancel").click()
+        sync_api.expect(dialog).to_have_count(0)
+
         # Stop in the sidebar; the notebook's next %%gpu says who stopped it (no "kernel died")
         card = page.locator(f'{PANEL} .gpusession-card[data-session-name="nb-session"]')
-        card.locator(".gpusession-stop").click()
+        stop_card(page, card)
         sync_api.expect(card).to_have_count(0, timeout=TIMEOUT_MS)
         sync_api.expect(status).to_be_hidden()
         page.locator(
@@ -435,15 +459,12 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
         record = lab.manager.get("nb-session")
         assert record.state == State.STOPPED and record.stop_reason.by == "the JupyterLab sidebar"
 
-        # the stop command, with no notebook session: it asks which one
-        other = lab.manager.start(
-            lab.manager.make_spec("t4", backend="local", idle="off", name="other-one")
-        )
-        page.locator(f'{PANEL} .gpusession-card[data-session-name="other-one"]').wait_for()
+        # the stop command, with no notebook session: it names the one that is live
         run_command(page, "Stop a GPU Session…")
-        dialog = page.locator(".jp-Dialog")
-        sync_api.expect(dialog.locator("select")).to_contain_text("other-one")
-        dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
+        sync_api.expect(dialog.locator(".gpusession-stop-question")).to_contain_text(
+            "Stop other-one "
+        )
+        answer_stop(page, "Stop")
         sync_api.expect(
             page.locator(f'{PANEL} .gpusession-list [data-session-name="other-one"]')
         ).to_have_count(0, timeout=TIMEOUT_MS)

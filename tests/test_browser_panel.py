@@ -37,7 +37,7 @@ from support.labpanel import (
     run_all_cells,
     running_lab,
     screenshot_on_failure,
-    set_theme,
+    stop_card,
     wait_for_change,
     wait_kernel_idle,
 )
@@ -54,6 +54,7 @@ sync_api = playwright_or_skip()
 
 from gpusession.core.models import State  # noqa: E402
 from support.hosts import docker_available, product_image  # noqa: E402
+from support.labpanel import set_theme  # noqa: E402
 
 MISSING_IMAGE = "gpusession/no-such-image:never"
 
@@ -199,7 +200,7 @@ def test_sidebar_start_live_values_and_stop(lab, page):
         assert record.state == State.RUNNING and record.spec.idle_timeout_s == 3600
         panel.screenshot(path=str(ARTIFACTS / "sidebar-panel.png"))
 
-        card.locator(".gpusession-stop").click()
+        stop_card(page, card)
         sync_api.expect(card).to_have_count(0, timeout=TIMEOUT_MS)
         assert lab.manager.get(record.id).state == State.STOPPED
         panel.locator(".gpusession-empty").wait_for(state="visible")
@@ -307,7 +308,7 @@ def test_sidebar_with_twenty_sessions_stays_responsive(lab, page, timings):
 
             # a click takes effect quickly: stop one session from its card
             clicked = time.monotonic()
-            last.locator(".gpusession-stop").click()
+            stop_card(page, last)
             sync_api.expect(last).to_have_count(0, timeout=TIMEOUT_MS)
             timings["stop_click_to_card_gone_s"] = round(time.monotonic() - clicked, 2)
             assert manager.get("many-00").state == State.STOPPED

@@ -77,7 +77,12 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
         panel = page.locator(PANEL)
         # the form: Workspace and Resume with the local backend
         sync_api.expect(panel.locator(".gpusession-workspace-input")).to_be_visible()
-        sync_api.expect(panel.locator(".gpusession-resume-input")).to_be_visible()
+        # Resume is a pick list of the workspaces, not a text box
+        pick = panel.locator(".gpusession-resume-select")
+        sync_api.expect(pick).to_be_visible()
+        sync_api.expect(pick.locator('option[value="ws-idle"]')).to_have_count(
+            1, timeout=TIMEOUT_MS
+        )
 
         item = panel.locator('.gpusession-history-item[data-session-name="ws-idle"]')
         sync_api.expect(item).to_have_attribute("data-state", "stopped", timeout=TIMEOUT_MS)
@@ -88,6 +93,11 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
         sync_api.expect(resume).to_have_text("Resume")
         sync_api.expect(item.locator(".gpusession-restart")).to_have_text("Start again")
         assert "workspace ws-idle" in resume.get_attribute("title")
+        # Start again reuses the workspace; the row says when the session ran, date and time
+        assert "on workspace ws-idle" in item.locator(".gpusession-restart").get_attribute("title")
+        sync_api.expect(item.locator(".gpusession-kind")).to_have_text(
+            re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d · ")
+        )
 
         workspaces = panel.locator(".gpusession-workspaces")
         workspaces.locator(".gpusession-history-summary").click()
@@ -108,12 +118,14 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
         sync_api.expect(card).to_have_count(1)
         sync_api.expect(card).to_have_attribute("data-state", "running", timeout=TIMEOUT_MS)
         name = card.get_attribute("data-session-name")
+        manager.keepalive(name, "10m")  # it has ws-idle's 3 s idle stop: not while it is looked at
         restored = card.locator(".gpusession-restored")  # kept just after the state says running
         sync_api.expect(restored).to_have_text(
             re.compile(r"^workspace ws-idle: restored 1 name\(s\) from \S+ ago: kept$")
         )
         record = manager.get(name)
-        assert name != "ws-idle" and record.spec.extra.get("resume") == "ws-idle", record.spec
+        # it keeps its workspace's name (ws-idle is free again: its session ended)
+        assert name == "ws-idle" and record.spec.extra.get("resume") == "ws-idle", record.spec
         assert record.resource["restored"]["restored"] == ["kept"], record.resource.get("restored")
         assert manager.attach(name).run("assert kept == {'answer': 41}")["status"] == "ok"
         assert_readable(page)
@@ -124,9 +136,31 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
             f"used by: {name} (active)"
         )
         sync_api.expect(row.locator(".gpusession-workspace-delete")).to_be_disabled()
+        # Stop is no trap: Save and stop / Stop / Cancel, saying what Save keeps
         card.locator(".gpusession-stop").click()
+        dialog = page.locator(".jp-Dialog", has_text="Stop a GPU session")
+        sync_api.expect(dialog).to_contain_text(
+            "Save and stop keeps the kernel's variables in workspace ws-idle, to Resume later"
+        )
+        buttons = dialog.locator(".jp-Dialog-footer button")
+        sync_api.expect(buttons).to_have_text(["Cancel", "Stop", "Save and stop"])
+        assert "jp-mod-warn" in (buttons.nth(1).get_attribute("class") or "")
+        dialog.locator(".jp-Dialog-content").screenshot(
+            path=str(ARTIFACTS / "stop-dialog-light.png")
+        )
+        buttons.nth(0).click()  # Cancel: nothing stops
+        sync_api.expect(dialog).to_have_count(0)
+        assert manager.get(name).state == State.RUNNING
+        set_theme(page, dark=True)
+        card.locator(".gpusession-stop").click()
+        dialog.locator(".jp-Dialog-content").screenshot(
+            path=str(ARTIFACTS / "stop-dialog-dark.png")
+        )
+        buttons.nth(2).click()
         sync_api.expect(card).to_have_count(0, timeout=TIMEOUT_MS)
-        assert manager.get(name).state == State.STOPPED
+        set_theme(page, dark=False)
+        record = manager.get(name)
+        assert record.state == State.STOPPED and record.resource["checkpoint"]["committed"], record
         workspaces.locator(".gpusession-workspaces-refresh").click()
         delete = row.locator(".gpusession-workspace-delete")
         sync_api.expect(delete).to_be_enabled()

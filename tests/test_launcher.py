@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 
 from support.hosts import docker_available, product_image
 from support.lab import chromium_launch_kwargs, lab_url, playwright_or_skip, start_lab, stop_lab
+from support.labpanel import fresh_extension_env, set_theme
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -33,7 +35,7 @@ from gpusession.core.models import State  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
-CARD = "Python 3 (GPU · T4)"
+CARD = "Python 3 (GPU · T4 · $0.5260/h)"  # type and the catalog's price
 TIMEOUT_MS = 30_000
 
 
@@ -98,7 +100,15 @@ def test_a_gpu_kernel_from_the_launcher(tmp_path):
         "GPUSESSION_BACKEND": backend,
         "GPUSESSION_IMAGE": product_image(),
         "GPUSESSION_PRICE_PER_HOUR": "0",
-        "JUPYTER_PATH": str(prefix / "share" / "jupyter"),
+        # this checkout's built sidebar and status bar first, then the installed kernelspec
+        "JUPYTER_PATH": os.pathsep.join(
+            p
+            for p in (
+                fresh_extension_env(tmp_path).get("JUPYTER_PATH"),
+                str(prefix / "share" / "jupyter"),
+            )
+            if p
+        ),
     }
     installed = subprocess.run(
         [
@@ -158,6 +168,9 @@ def _drive(
     page.goto(lab_url(url, token, "lab/workspaces/launcher"))
     card = page.locator('.jp-LauncherCard[data-category="Notebook"]', has_text=CARD)
     card.wait_for()
+    # its own icon (a GPU chip), not Python's
+    assert "logo-svg" in (card.locator("img").first.get_attribute("src") or "")
+    card.screenshot(path=str(ARTIFACTS / "launcher-card.png"))
     t = time.monotonic()
     card.click()
     _kernel_status(
@@ -184,6 +197,21 @@ def _drive(
             assert hostname == container.attrs["Config"]["Hostname"]
         finally:
             client.close()
+
+    # the status bar shows the notebook's session (it has no kernel_id: the provisioner knows it)
+    status = page.locator('[data-testid="gpusession-status"]')
+    sync_api.expect(status).to_have_text(
+        re.compile(
+            rf"^GPU\s*{re.escape(record.name)}: t4 × 1 · \$0\.\d{{4}} · stops in \d+m\d\ds$"
+        ),
+        timeout=TIMEOUT_MS,
+    )
+    for dark in (False, True):
+        set_theme(page, dark=dark)
+        page.locator(".jp-StatusBar-Widget").screenshot(
+            path=str(ARTIFACTS / f"statusbar-gpu-kernel-{'dark' if dark else 'light'}.png")
+        )
+    set_theme(page, dark=False)
 
     # interrupt a sleeping cell with the toolbar's stop button
     _run_cell(page, "import time; time.sleep(60)")

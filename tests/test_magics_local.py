@@ -58,15 +58,28 @@ def test_cells_run_in_another_process_with_live_output(notebook, nb_env):
     assert not alive(remote_pid)
 
 
+OUR_FRAMES = ("magics.py", "handle.py", "client.py", "cellwait.py", "gpusession")
+
+
+def _plain(traceback: list[str]) -> str:
+    return re.sub(r"\x1b\[[\d;]*m", "", "\n".join(traceback))
+
+
 def test_remote_exception_shows_the_remote_traceback(notebook):
     notebook.run("%gpu start --idle off")
-    r = notebook.run("%%gpu\ndef inner():\n    raise ValueError('boom from the GPU side')\ninner()")
+    notebook.run("x = 1")  # the notebook's numbers run ahead of the session kernel's
+    defined = notebook.run("%%gpu\ndef inner():\n    raise ValueError('boom from the GPU side')")
+    here = defined.reply["execution_count"]
+    r = notebook.run("%%gpu\ninner()")
     assert r.status == "error"
     err = r.error
     assert "boom from the GPU side" in err["evalue"]
-    tb = "\n".join(err["traceback"])
+    tb = _plain(err["traceback"])
     assert "inner()" in tb and "ValueError" in tb
     assert "kernel.py" not in tb, "no local traceback of our own code"
+    # its cells are named as this notebook numbers them: where inner was defined, and the cell
+    assert f"Cell In[{here}], line 2, in inner" in tb, tb
+    assert f"Cell In[{r.reply['execution_count']}], line 1" in tb, tb
     # the session survives a user error
     assert "ok" in notebook.run("%%gpu\nprint('ok')").text
 
@@ -102,6 +115,16 @@ def test_stop_button_interrupts_the_remote_cell(notebook):
     took = time.monotonic() - t0
     assert r.status == "error" and r.reply["ename"] == "KeyboardInterrupt"
     assert took < 8, f"interrupt took {took:.1f}s"
+    # what the user sees: the remote traceback at their own line and one line of ours
+    tb = _plain(r.error["traceback"])
+    assert "time.sleep(60)" in tb and f"Cell In[{r.reply['execution_count']}], line 2" in tb, tb
+    assert not [f for f in OUR_FRAMES if f in tb.replace("[gpusession]", "")], tb
+    assert tb.splitlines()[-1].startswith("[gpusession] interrupted the cell in session"), tb
+    assert len(tb.splitlines()) < 15, tb
+    # `%gpu debug on` shows where in our code it was, for a bug report
+    assert "debug on" in notebook.run("%gpu debug on").text
+    r = notebook.run("%%gpu\nimport time\ntime.sleep(60)", interrupt_after=1.5, timeout=30)
+    assert "cellwait.py" in _plain(r.error["traceback"])
     # the session kernel lives on, with its variables
     assert "still here" in notebook.run("%%gpu\nprint(kept)").text
 
@@ -197,3 +220,18 @@ def test_ctrl_c_during_start_is_one_line_and_leaves_nothing(notebook, nb_env):
         "the name must be free again"
     )
     notebook.run("%gpu stop")
+
+
+def test_gpu_use_makes_the_sidebar_name_this_notebooks_kernel(notebook, manager):
+    """A notebook that took up a session with `%gpu use` has it in its status bar: the
+    sidebar's view lists that notebook's kernel among the session's (with when it took it)."""
+    from gpusession.server.panel import StartProgress, panel_view
+
+    other = manager.start(manager.make_spec("t4", backend="local", idle="off", name="shared-one"))
+    pid = int(notebook.run("import os; print(os.getpid())").text.split()[-1])
+    before = time.time()
+    r = notebook.run("%gpu use shared-one")
+    assert "using shared-one" in r.text, r.text
+    view = panel_view(manager, manager.get(other.id), StartProgress(), {pid: "k-notebook"})
+    assert view["kernel_id"] is None  # it did not start it
+    assert set(view["kernels"]) == {"k-notebook"} and view["kernels"]["k-notebook"] >= before

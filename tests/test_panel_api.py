@@ -53,7 +53,12 @@ async def test_history_listing_says_how_sessions_ended(jp_fetch, manager):
         body={"type": "t4", "backend": "local", "idle": "90s", "name": "api-hist"},
     )
     assert code == 202 and view["ended"] is None and view["kernel_id"] is None
-    assert view["restart"] == {"type": "t4", "backend": "local", "idle": "90s"}
+    assert view["restart"] == {
+        "type": "t4",
+        "backend": "local",
+        "idle": "90s",
+        "workspace": "api-hist",
+    }
     deadline = time.monotonic() + 60
     while view["state"] != "running" and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
@@ -91,7 +96,12 @@ async def test_history_listing_says_how_sessions_ended(jp_fetch, manager):
     )
     assert "cannot read the NVML recording" in broken["ended"]
     # starting it again: its restart body is a good POST body (the replay is no option: not in it)
-    assert broken["restart"] == {"type": "t4", "backend": "local", "idle": "off"}
+    assert broken["restart"] == {
+        "type": "t4",
+        "backend": "local",
+        "idle": "off",
+        "workspace": "api-broken",
+    }
     _, errors = await fetch_json(
         jp_fetch, "options", "check", method="POST", body=broken["restart"]
     )

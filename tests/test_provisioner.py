@@ -17,6 +17,7 @@ import pytest
 from gpusession.faces import cli
 from gpusession.core.models import State
 from gpusession.core.protocol import StopKind
+from gpusession.server.panel import StartProgress, kernel_ids_by_pid, panel_view
 from support.procs import alive
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -50,15 +51,20 @@ def test_kernelspec_install_list_remove(jupyter_dirs, capsys):
         "kernelspec", "install", "--type", "t4", "--idle", "10m", capsys=capsys
     )
     assert code == 0, err
-    assert out.startswith("installed kernelspec gpusession-t4 (Python 3 (GPU · T4)) in ")
+    assert out.startswith(
+        "installed kernelspec gpusession-t4 (Python 3 (GPU · T4 · $0.5260/h)) in "
+    )
     kernel = json.loads((jupyter_dirs / "kernels" / "gpusession-t4" / "kernel.json").read_text())
-    assert kernel["display_name"] == "Python 3 (GPU · T4)"
+    assert kernel["display_name"] == "Python 3 (GPU · T4 · $0.5260/h)"  # type and price
     assert kernel["interrupt_mode"] == "message"
     assert kernel["metadata"]["kernel_provisioner"] == {
         "provisioner_name": "gpusession-provisioner",
         "config": {"type": "t4", "idle": "10m"},
     }
     assert (jupyter_dirs / "kernels" / "gpusession-t4" / "logo-64x64.png").exists()
+    # the launcher shows logo-svg first: a GPU chip, not Python's logo
+    logo = (jupyter_dirs / "kernels" / "gpusession-t4" / "logo-svg.svg").read_text()
+    assert ">GPU</text>" in logo
 
     code, out, err = _gpusession(
         "kernelspec",
@@ -74,26 +80,31 @@ def test_kernelspec_install_list_remove(jupyter_dirs, capsys):
     )
     assert code == 0, err
     assert (
-        "gpusession-a100-8-docker-my-image-1 (Python 3 (GPU · 8 x A100 · docker · my/image:1))"
+        "gpusession-a100-8-docker-my-image-1 (Python 3 (GPU · 8 x A100 · docker · my/image:1 · $21.96/h))"
         in out
     )
 
     from jupyter_client.kernelspec import KernelSpecManager
 
     found = KernelSpecManager().get_all_specs()
-    assert found["gpusession-t4"]["spec"]["display_name"] == "Python 3 (GPU · T4)"
+    assert found["gpusession-t4"]["spec"]["display_name"] == "Python 3 (GPU · T4 · $0.5260/h)"
 
     code, out, err = _gpusession("kernelspec", "list", capsys=capsys)
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith(
-        "gpusession-a100-8-docker-my-image-1  Python 3 (GPU · 8 x A100 · docker · my/image:1)  "
+        "gpusession-a100-8-docker-my-image-1  Python 3 (GPU · 8 x A100 · docker · my/image:1 · $21.96/h)  "
         "[--type a100:8 --backend docker --image my/image:1 --gpu-only]"
     )
-    assert lines[1].startswith("gpusession-t4  Python 3 (GPU · T4)  [--type t4 --idle 10m]")
+    assert lines[1].startswith(
+        "gpusession-t4  Python 3 (GPU · T4 · $0.5260/h)  [--type t4 --idle 10m]"
+    )
 
     code, out, err = _gpusession("kernelspec", "remove", "gpusession-t4", capsys=capsys)
-    assert (code, out) == (0, "removed kernelspec gpusession-t4 (Python 3 (GPU · T4))\n"), err
+    assert (code, out) == (
+        0,
+        "removed kernelspec gpusession-t4 (Python 3 (GPU · T4 · $0.5260/h))\n",
+    ), err
     assert "gpusession-t4" not in KernelSpecManager().find_kernel_specs()
 
 
@@ -152,6 +163,19 @@ def _runtime(manager, session_id: str) -> dict:
     return json.loads((state_dir / "runtime.json").read_text())
 
 
+class _OneKernel:
+    """The Jupyter server's kernel manager as the sidebar's API reads it, holding one kernel."""
+
+    def __init__(self, km):
+        self.km = km
+
+    def list_kernel_ids(self) -> list[str]:
+        return ["k-gpu"]
+
+    def get_kernel(self, kernel_id: str):
+        return self.km
+
+
 async def test_a_kernel_is_a_session_restart_keeps_it_shutdown_stops_it(
     jupyter_dirs, manager, capsys
 ):
@@ -173,6 +197,9 @@ async def test_a_kernel_is_a_session_restart_keeps_it_shutdown_stops_it(
         assert (record.spec.gpu_type, record.spec.idle_timeout_s) == ("t4", 600.0)
         assert any("kernel of JupyterLab" in e.detail for e in record.events)
         first = _runtime(manager, record.id)
+        # the sidebar's view names this kernel as the session's (the status bar follows it)
+        view = panel_view(manager, record, StartProgress(), kernel_ids_by_pid(_OneKernel(km)))
+        assert view["kernel_id"] == "k-gpu"
 
         # the notebook's cells run in the session kernel
         reply, printed = await _run(kc, "import os; x = 41; print(os.getpid())")

@@ -42,6 +42,27 @@ def test_names_unique_among_active_sessions(tmp_path):
         store.create(LaunchSpec(gpu_type="t4", name="has space"), price_per_hour=0)
 
 
+def test_a_session_on_a_workspace_is_named_after_it(tmp_path):
+    store = Store(tmp_path / "s.sqlite3")
+    resumed = store.create(LaunchSpec(gpu_type="t4", extra={"resume": "ux-nb"}), price_per_hour=0)
+    assert resumed.name == "ux-nb"
+    taken = store.create(LaunchSpec(gpu_type="t4", extra={"workspace": "ux-nb"}), price_per_hour=0)
+    assert taken.name == "ux-nb-2", "the name is taken while ux-nb runs"
+    long = "w" * 63
+    assert (
+        store.create(LaunchSpec(gpu_type="t4", extra={"resume": long}), price_per_hour=0).name
+        == long
+    )
+    assert (
+        store.create(LaunchSpec(gpu_type="t4", extra={"resume": long}), price_per_hour=0).name
+        == "w" * 61 + "-2"
+    )
+    store.transition(resumed.id, State.STOPPED)
+    again = store.create(LaunchSpec(gpu_type="t4", extra={"resume": "ux-nb"}), price_per_hour=0)
+    assert again.name == "ux-nb", "free again once it stopped"
+    assert store.create(LaunchSpec(gpu_type="t4"), price_per_hour=0).name == "t4-1"
+
+
 def _worker(path: str, tag: str, n: int, out) -> None:
     store = Store(path)
     ids = []

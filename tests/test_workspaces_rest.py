@@ -57,8 +57,14 @@ async def test_list_resume_and_delete_workspaces(jp_fetch, manager):
         )["id"],
     )
     assert first["resume"] is None and first["saved"] is None and "resume" not in first["restart"]
+    assert first["restart"]["workspace"] == "rw1"
     assert manager.attach("rw1").run("v = 5")["status"] == "ok"
-    manager.stop("rw1", save=True)
+    assert first["workspace"] == "rw1"
+    said = await _error(jp_fetch, 400, "sessions", "rw1", method="DELETE", save="yes")
+    assert said == "'save' must be 1 or 0, got 'yes'"
+    # the card's "Save and stop"
+    stopped = await _call(jp_fetch, "sessions", "rw1", method="DELETE", save="1")
+    assert stopped["state"] == "stopped", stopped
 
     ended = await _call(jp_fetch, "sessions", "rw1")
     assert ended["saved"].startswith("saved 1 variable, "), ended["saved"]
@@ -67,7 +73,8 @@ async def test_list_resume_and_delete_workspaces(jp_fetch, manager):
         "type": "t4",
         "backend": "local",
         "idle": "off",
-    }  # "Start again": fresh
+        "workspace": "rw1",
+    }  # "Start again": a fresh kernel on the same workspace (its files, not its variables)
     assert ended["resume"] == {"type": "t4", "backend": "local", "idle": "off", "resume": "rw1"}
     row = _listed(await _call(jp_fetch, "workspaces"), "rw1")
     assert row["backend"] == "local" and row["where"].endswith("/workspaces/rw1"), row

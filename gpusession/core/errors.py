@@ -53,6 +53,25 @@ class StageError(GpuSessionError):
         super().__init__(f"{stage}: {message}")
 
 
+class RemoteInterrupt(KeyboardInterrupt):
+    """A local interrupt, forwarded to the session kernel. `stopped`: the remote cell ended
+    (`traceback` is where it was then); otherwise the message says why it did not, or never
+    started. `execution_count` is the session kernel's number of the cell, when it is known."""
+
+    def __init__(
+        self,
+        message: str,
+        traceback: list[str] | None = None,
+        execution_count: int | None = None,
+        *,
+        stopped: bool = False,
+    ):
+        self.stopped = stopped
+        self.traceback = list(traceback or [])
+        self.execution_count = execution_count
+        super().__init__(message)
+
+
 class KernelDied(GpuSessionError):
     """The session kernel stopped answering while it ran a cell."""
 
@@ -79,10 +98,13 @@ class RemoteError(GpuSessionError):
     so the notebook displays the remote traceback, and the cell still counts as failed.
     """
 
-    def __init__(self, ename: str, evalue: str, traceback: list[str]):
+    def __init__(
+        self, ename: str, evalue: str, traceback: list[str], execution_count: int | None = None
+    ):
         self.ename = ename
         self.evalue = evalue
         self.traceback = traceback
+        self.execution_count = execution_count  # the session kernel's number of the cell
         super().__init__(f"{ename}: {evalue}")
 
     def _render_traceback_(self) -> list[str]:

@@ -137,4 +137,5 @@ HELP = """%gpu SUBCOMMAND ...
   report [--since 30d] [--by type|backend|day|workspace]   spend, GPU-hours, idle cost, budget
   panel [NAME | --all]    the session card with live gauges, start/stop buttons (ipywidgets)
   %%gpu                   (cell magic) run this cell in the session
+  debug [on | off]        errors show gpusession's own frames too (off: the remote traceback only)
 `%gpu start?` style help: `%gpu help start`."""

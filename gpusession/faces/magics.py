@@ -38,8 +38,16 @@ from ..configuration import options
 from . import transfers
 from ..core.durations import WATCH, format_duration, format_money
 from ..configuration.config import GpuSessionConfig
-from ..core.errors import CellLost, GpuSessionError, LinkLost, RemoteError, SessionEnded
+from ..core.errors import (
+    CellLost,
+    GpuSessionError,
+    LinkLost,
+    RemoteError,
+    RemoteInterrupt,
+    SessionEnded,
+)
 from ..core.models import State
+from ..session.store import owner_id
 from ..session import Session, SessionManager
 from .notify import WarningNotifier, watch
 from .words import (
@@ -49,8 +57,9 @@ from .words import (
     report_lines,
     error_text,
     idle_setting,
+    interrupt_line,
     keepalive_line,
-    rate_text,
+    renumber_cells,
     session_table,
     status_heading,
     status_lines,
@@ -72,6 +81,7 @@ from .magicargs import (
 )
 from .words import live_price_lines
 from .words import start_notes
+from .words import rate_text
 
 
 @magics_class
@@ -93,6 +103,8 @@ class GpuMagics(Magics):
         self.auto = False
         self._notifier: WarningNotifier | None = None
         self._ended_note: str | None = None  # how the current session ended, seen by the notifier
+        self.debug = False  # `%gpu debug on`: errors show our own frames too
+        self._cell_numbers: dict[str, dict[int, int]] = {}  # per session: its cell no. -> ours
         # held while a magic or cell uses the session; the notifier only looks when it is free,
         # so it never tears down connections a running cell is reading from
         self._in_use = threading.RLock()
@@ -110,6 +122,7 @@ class GpuMagics(Magics):
             "advice": self._advice,
             "report": self._report,
             "help": self._help,
+            "debug": self._debug,
         }
 
     @property
@@ -151,11 +164,22 @@ class GpuMagics(Magics):
             session = self._session(name)
         except GpuSessionError as exc:  # no such session, it ended, its store cannot be opened
             raise UsageError(error_text(exc)) from None
+        # this notebook's number of the cell (IPython counts it up before the cell runs)
+        here = self.shell.execution_count - 1
         try:
             with self._in_use:
-                session.run(cell)
-        except RemoteError:
+                reply = session.run(cell)
+            self._number(session, reply.get("execution_count"), here)
+        except RemoteError as exc:  # its traceback is the remote one, cells numbered as here
+            self._number(session, exc.execution_count, here)
+            exc.traceback = renumber_cells(exc.traceback, self._numbers(session), session.name)
             raise
+        except (
+            KeyboardInterrupt
+        ) as exc:  # where the remote code was, and one line: no frame of ours
+            if self.debug:
+                raise
+            raise self._interrupted(session, exc, here) from None
         except (CellLost, LinkLost) as exc:  # the session is fine (or still runs): one line, why
             raise UsageError(str(exc)) from None
         except GpuSessionError as exc:
@@ -166,6 +190,40 @@ class GpuMagics(Magics):
             raise UsageError(
                 f"{error_text(exc)}. Session {session.name} is no longer usable; `%gpu start` a new one."
             ) from None
+        except Exception as exc:  # a fault of ours or of the machine: one line unless debugging
+            if self.debug:
+                raise
+            raise UsageError(
+                f"the cell could not run in session {session.name}: {type(exc).__name__}: {exc} "
+                "(`%gpu debug on` shows where)"
+            ) from None
+
+    def _numbers(self, session: Session) -> dict[int, int]:
+        """The session kernel's cell numbers -> this notebook's, for the cells sent from here."""
+        return self._cell_numbers.setdefault(session.id, {})
+
+    def _number(self, session: Session, remote: int | None, here: int) -> None:
+        if remote is not None:
+            self._numbers(session)[remote] = here
+
+    def _interrupted(
+        self, session: Session, exc: KeyboardInterrupt, here: int
+    ) -> KeyboardInterrupt:
+        """A KeyboardInterrupt that renders as the remote traceback and one line (IPython shows
+        `_render_traceback_` instead of the local frames, as for RemoteError)."""
+        remote = (
+            exc
+            if isinstance(exc, RemoteInterrupt)
+            else RemoteInterrupt(
+                "interrupted while waiting for the session; the remote cell may still run"
+            )
+        )
+        self._number(session, remote.execution_count, here)
+        lines = renumber_cells(remote.traceback, self._numbers(session), session.name)
+        lines.append(interrupt_line(session.name, remote.stopped, str(remote)))
+        clean = KeyboardInterrupt(lines[-1])
+        clean._render_traceback_ = lambda: lines  # type: ignore[attr-defined]
+        return clean
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -398,8 +456,22 @@ class GpuMagics(Magics):
         self.current = self.manager.connected(args.name) or self.manager.attach(
             args.name, report=_print
         )
+        self.manager.store.note_user(
+            self.current.id, owner_id(), time.time()
+        )  # the status bar follows
         self._notify(self.current)
         print(f"using {self.current.name}")
+
+    def _debug(self, rest: str) -> None:
+        word = rest.strip().lower()
+        if word not in ("", "on", "off"):
+            raise UsageError(f"`%gpu debug` takes on or off, not {rest.strip()!r}")
+        self.debug = word == "on" if word else not self.debug
+        print(
+            "debug on: errors show gpusession's own frames"
+            if self.debug
+            else "debug off: errors show the remote traceback and one line"
+        )
 
     def _help(self, rest: str) -> None:
         sub = rest.strip()

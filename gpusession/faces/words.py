@@ -7,6 +7,7 @@ the faces imports this module; nothing parses what it returns.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Iterable
 
@@ -65,14 +66,19 @@ def gpu_label(gpu_type: str, gpu_count: int) -> str:
 
 
 def kernel_display_name(
-    gpu_type: str, gpu_count: int, backend: str | None = None, image: str | None = None
+    gpu_type: str,
+    gpu_count: int,
+    backend: str | None = None,
+    image: str | None = None,
+    price_per_hour: float | None = None,
 ) -> str:
     """A GPU kernelspec's name in JupyterLab's launcher and kernel picker: 'Python 3 (GPU · T4)',
-    'Python 3 (GPU · 8 x A100 · docker · my/image:1)' (backend and image only when chosen)."""
+    'Python 3 (GPU · 8 x A100 · docker · my/image:1)' (backend and image only when chosen), with
+    the price when known: 'Python 3 (GPU · T4 · $0.5260/h)'."""
     gpus = gpu_type.upper() if gpu_count == 1 else f"{gpu_count} x {gpu_type.upper()}"
-    return (
-        "Python 3 (" + " · ".join(["GPU", gpus, *(part for part in (backend, image) if part)]) + ")"
-    )
+    price = f"{format_money(price_per_hour)}/h" if price_per_hour is not None else None
+    parts = ["GPU", gpus, *(part for part in (backend, image, price) if part)]
+    return "Python 3 (" + " · ".join(parts) + ")"
 
 
 # -- why a session ended ----------------------------------------------------------------------
@@ -283,6 +289,32 @@ def error_text(exc: BaseException) -> str:
     if isinstance(exc, SessionEnded):
         return ended_message(exc.record)
     return str(exc)
+
+
+# "Cell In[6], line 3" as IPython writes it, colours (ANSI escapes) between the words or not
+_CELL_REF = re.compile(r"(Cell(?:\x1b\[[\d;]*m)*\s(?:\x1b\[[\d;]*m)*)In\[(\d+)\]")
+
+
+def renumber_cells(traceback: list[str], numbers: dict[int, int], session: str) -> list[str]:
+    """A remote traceback with its cells named as this notebook numbers them: `numbers` maps the
+    session kernel's execution count to the notebook's ("Cell In[6]" of the session is the
+    notebook's "Cell In[9]"); a cell this notebook did not send says whose it is."""
+
+    def name(match: re.Match) -> str:
+        remote = int(match.group(2))
+        local = numbers.get(remote)
+        where = f"In[{local}]" if local is not None else f"In[{remote} of session {session}]"
+        return match.group(1) + where
+
+    return [_CELL_REF.sub(name, line) for line in traceback]
+
+
+def interrupt_line(name: str, stopped: bool, why: str) -> str:
+    """The one line of ours under an interrupted %%gpu cell's remote traceback: it stopped, or
+    `why` it did not."""
+    if stopped:
+        return f"[gpusession] interrupted the cell in session {name}; its variables are kept"
+    return f"[gpusession] {why}"
 
 
 _GC_VERBS = {  # verb -> (done, dry run)

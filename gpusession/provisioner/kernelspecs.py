@@ -71,12 +71,16 @@ def kernel_json(values: Mapping[str, Any]) -> dict[str, Any]:
     """The kernel.json of a GPU kernelspec with these (checked) start options."""
     from ..faces.words import kernel_display_name
 
+    from ..configuration.catalog import load_catalog
+
     parsed = check_options(values)
     gpu_type, gpu_count = parsed["type"]
+    catalog = load_catalog()
+    price = catalog.price_per_hour(catalog.get(gpu_type), gpu_count, spot=bool(parsed.get("spot")))
     return {
         "argv": [sys.executable, "-m", "gpusession.provisioner", "{connection_file}"],
         "display_name": kernel_display_name(
-            gpu_type, gpu_count, parsed.get("backend"), parsed.get("image")
+            gpu_type, gpu_count, parsed.get("backend"), parsed.get("image"), price
         ),
         "language": "python",
         "interrupt_mode": "message",
@@ -118,13 +122,15 @@ def install(
 
 
 def _copy_logos(folder: Path) -> None:
-    """ipykernel's Python logos, so the launcher card looks like Python's."""
+    """The launcher card's icon: a GPU chip (logo-svg, which JupyterLab shows first), with
+    ipykernel's Python logos for the sizes other front ends ask for."""
     try:
         from ipykernel.kernelspec import RESOURCES
     except ImportError:
-        return
-    for logo in Path(RESOURCES).glob("logo-*"):
+        RESOURCES = None
+    for logo in Path(RESOURCES).glob("logo-*") if RESOURCES else ():
         shutil.copy(logo, folder / logo.name)
+    shutil.copy(Path(__file__).parent.parent / "data" / "kernel-logo.svg", folder / "logo-svg.svg")
 
 
 def installed() -> list[GpuKernelSpec]:

@@ -22,7 +22,7 @@ class Api:
         self.starting: dict[str, threading.Thread] = {}
         self.progress = StartProgress()  # the starts' latest lines, shown on their cards
 
-    def view(self, record, kernels: dict[int, str] | None = None) -> dict:
+    def view(self, record, kernels: dict[int | str, str] | None = None) -> dict:
         """A session as the sidebar shows it: the REST view, its start progress and kernel."""
         return panel_view(self.manager, record, self.progress, kernels)
 

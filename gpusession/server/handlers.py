@@ -146,9 +146,16 @@ class SessionHandler(BaseHandler):
 
     @tornado.web.authenticated
     async def delete(self, key: str) -> None:
+        """`?save=1`: first save the kernel's variables into the session's workspace (its card's
+        and the palette's "Save and stop")."""
         m = self.api.manager
+        save = self.get_query_argument("save", "")
+        if save not in ("", "0", "1"):
+            return self.fail(400, f"'save' must be 1 or 0, got {shown(save)}")
         await self.guarded(
-            lambda: rest_view(m.view(m.stop(m.get(key).id, by="the JupyterLab sidebar")))
+            lambda: rest_view(
+                m.view(m.stop(m.get(key).id, by="the JupyterLab sidebar", save=save == "1"))
+            )
         )
 
 

@@ -63,19 +63,25 @@ def owner_pid(owner: str) -> int | None:
     return int(pid_text)
 
 
-def kernel_ids_by_pid(kernel_manager: Any) -> dict[int, str]:
+def kernel_ids_by_pid(kernel_manager: Any) -> dict[int | str, str]:
     """pid -> kernel id of the kernels this Jupyter server runs in local processes (a session
-    started by `%gpu start` in a notebook has that notebook's kernel process as its owner)."""
-    found: dict[int, str] = {}
+    started by `%gpu start` in a notebook has that notebook's kernel process as its owner), and
+    session id -> kernel id of the GPU kernels (a notebook on a GPU kernelspec: its provisioner
+    holds the session)."""
+    found: dict[int | str, str] = {}
     if kernel_manager is None:
         return found
     for kernel_id in list(kernel_manager.list_kernel_ids()):
         try:
-            pid = getattr(kernel_manager.get_kernel(kernel_id).provisioner, "pid", None)
+            provisioner = kernel_manager.get_kernel(kernel_id).provisioner
         except (KeyError, AttributeError):  # shut down meanwhile, or no provisioner
             continue
+        pid = getattr(provisioner, "pid", None)
         if isinstance(pid, int):
             found[pid] = kernel_id
+        session_id = getattr(provisioner, "session_id", None)
+        if isinstance(session_id, str):
+            found[session_id] = kernel_id
     return found
 
 
@@ -83,7 +89,7 @@ def panel_view(
     manager: SessionManager,
     record: SessionRecord,
     progress: StartProgress,
-    kernels: dict[int, str] | None = None,
+    kernels: dict[int | str, str] | None = None,
 ) -> dict[str, Any]:
     """The REST view plus `progress` (the start's latest lines, or null when this server did not
     start it), `kernel_id` (the Jupyter kernel that started it, or null) and `saved` (what an
@@ -95,7 +101,16 @@ def panel_view(
     restored = restore_lines(record.resource.get("restored"), record.resource.get("workspace"))
     view["restored"] = "\n".join(restored) if restored and record.state.active else None
     pid = owner_pid(record.owner)
-    view["kernel_id"] = (kernels or {}).get(pid) if pid is not None else None
+    kernels = kernels or {}
+    view["kernel_id"] = kernels.get(record.id) or (kernels.get(pid) if pid is not None else None)
+    # every kernel of this server that uses it, with when it took it up (the newest one a
+    # notebook took is the one its status bar shows): its starter, `%gpu use`rs
+    taken = {view["kernel_id"]: record.created_at} if view["kernel_id"] else {}
+    for owner, at in (record.resource.get("users") or {}).items():
+        user_pid = owner_pid(owner)
+        if user_pid is not None and user_pid in kernels:
+            taken[kernels[user_pid]] = at
+    view["kernels"] = taken
     return view
 
 

@@ -20,7 +20,7 @@ from ..core.errors import BadInput, UnknownSession, WorkspaceInUse
 from ..core.models import Event, LaunchSpec, SessionRecord, State, now
 from ..core.procs import start_ticks
 from ..configuration.settings import data_folder, data_folder_error
-from ..core.textvalues import session_name
+from ..core.textvalues import MAX_NAME, session_name
 
 _HEX = set("0123456789abcdef")
 
@@ -60,6 +60,29 @@ def owner_id() -> str:
     pid = os.getpid()
     started = start_ticks(pid)
     return f"{user}@{socket.gethostname()}:{pid}" + (f":{started}" if started is not None else "")
+
+
+def _free_name(spec: LaunchSpec, taken: set[str]) -> str:
+    """A session started on a workspace (resumed, or named) is called after it: `ux-nb`, then
+    `ux-nb-2` while that is taken; any other after its GPU type: `t4-1`, `t4-2`, ..."""
+    workspace = spec.extra.get("resume") or spec.extra.get("workspace")
+    if workspace:
+        n = 1
+        while (name := _numbered(workspace, n)) in taken:
+            n += 1
+        return name
+    n = 1
+    while f"{spec.gpu_type}-{n}" in taken:
+        n += 1
+    return f"{spec.gpu_type}-{n}"
+
+
+def _numbered(base: str, n: int) -> str:
+    """`base`, or `base-n` from 2 on, cut to fit a name's length."""
+    if n == 1:
+        return base
+    suffix = f"-{n}"
+    return base[: MAX_NAME - len(suffix)] + suffix
 
 
 def validate_name(name: str) -> str:
@@ -166,10 +189,7 @@ class Store:
                         "SELECT name FROM sessions WHERE state NOT IN ('stopped','failed')"
                     )
                 }
-                n = 1
-                while f"{spec.gpu_type}-{n}" in taken:
-                    n += 1
-                name = f"{spec.gpu_type}-{n}"
+                name = _free_name(spec, taken)
             spec.name = name
             if claim is not None:
                 _check_claim(db, claim, spec, name)
@@ -236,6 +256,19 @@ class Store:
                 (json.dumps(resource), now(), session_id),
             )
         return self.get(session_id)
+
+    def note_user(self, session_id: str, owner: str, at: float) -> None:
+        """Process `owner` (see owner_id) took up the session at `at` (`%gpu use`): kept in
+        resource["users"], owner -> when, so a face can follow the session a notebook uses."""
+        with self._write() as db:
+            row = db.execute("SELECT resource FROM sessions WHERE id=?", (session_id,)).fetchone()
+            if row is None:
+                raise UnknownSession(f"no session with id {session_id}")
+            resource = json.loads(row["resource"])
+            resource["users"] = dict(resource.get("users") or {}, **{owner: at})
+            db.execute(
+                "UPDATE sessions SET resource=? WHERE id=?", (json.dumps(resource), session_id)
+            )
 
     def set_price(self, session_id: str, price_per_hour: float, detail: str) -> SessionRecord:
         """The price actually paid turned out different from the estimate (a spot fallback)."""

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..configuration.cost import PRICE_BASIS, cost_of, never_ran, uptime_seconds
+from ..configuration.cost import cost_of, uptime_seconds
 from ..core.durations import exact_decimal
 from ..core.models import LaunchSpec, SessionRecord, State
 from ..configuration import options
+from .workspaces import workspace_claim
+from ..configuration.cost import PRICE_BASIS
+from ..configuration.cost import never_ran
 from ..configuration.advice import advice_document
 from ..configuration.catalog import load_catalog
 
@@ -56,7 +59,8 @@ def session_view(
         "owner": record.owner,
         "verified": verified,
         "last_seen": last_seen,
-        "restart": restart_body(record.spec),
+        "workspace": _workspace(record),
+        "restart": restart_body(record.spec, workspace=_workspace(record)),
         "resume": restart_body(record.spec, resume=saved)
         if (saved := _saved_workspace(record))
         else None,
@@ -84,6 +88,12 @@ def _advice(record: SessionRecord) -> dict[str, Any] | None:
     return doc if doc["advice"] else None
 
 
+def _workspace(record: SessionRecord) -> str | None:
+    """The workspace the session used (its backend keeps them), else None."""
+    claim = workspace_claim(record.spec, record.name)
+    return claim[-1] if claim else None
+
+
 def _saved_workspace(record: SessionRecord) -> str | None:
     """The workspace an ended session saved its variables into (its stop --save, or its
     watchdog's save before an idle, cost or runtime stop), else None."""
@@ -97,12 +107,15 @@ def _saved_workspace(record: SessionRecord) -> str | None:
     )
 
 
-def restart_body(spec: LaunchSpec, resume: str | None = None) -> dict[str, Any]:
+def restart_body(
+    spec: LaunchSpec, resume: str | None = None, workspace: str | None = None
+) -> dict[str, Any]:
     """A `POST sessions` body that starts the same kind of session again (a new name): the
     spec's start options as text the option table reads back exactly (durations in seconds
     with their unit: a bare number would mean minutes), true for a flag that is on. `resume`:
     the workspace whose saved variables the new session restores (the view's `resume`: the
-    history card's "Resume" after a save; `restart`, its "Start again", starts fresh)."""
+    history card's "Resume" after a save); `workspace`: the one a fresh kernel starts on (the
+    view's `restart`, the card's "Start again": the same files, no variables restored)."""
     body: dict[str, Any] = {
         "type": spec.gpu_type if spec.gpu_count == 1 else f"{spec.gpu_type}:{spec.gpu_count}",
         "backend": spec.backend,
@@ -134,6 +147,11 @@ def restart_body(spec: LaunchSpec, resume: str | None = None) -> dict[str, Any]:
                 if isinstance(value, bool)
                 else (exact_decimal(value) if isinstance(value, float) else str(value))
             )
+    if resume or workspace:
+        body.pop("resume", None)
+        body.pop("workspace", None)
     if resume:
         body["resume"] = resume
+    elif workspace:
+        body["workspace"] = workspace
     return body

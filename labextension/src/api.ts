@@ -82,8 +82,9 @@ export class GpuSessionClient {
   }
 
   /** DELETE `sessions/<id>` */
-  stopSession(id: string): Promise<SessionView> {
-    return this._request<SessionView>(sessionPath(id), { method: 'DELETE' });
+  stopSession(id: string, save = false): Promise<SessionView> {
+    const query = save ? '?save=1' : '';
+    return this._request<SessionView>(sessionPath(id) + query, { method: 'DELETE' });
   }
 
   /** POST `sessions/<id>/keepalive` */

@@ -24,6 +24,7 @@ import {
   kindText,
   progressText
 } from './sessions';
+import { askStop } from './stopdialog';
 import type { SessionView } from './types';
 
 /** How long the keep-alive button extends a session. */
@@ -181,9 +182,18 @@ export class SessionCard {
     this._gpus.update(stats);
   }
 
+  /** Ask first when there is something to save: one click must not lose the variables. */
   private async _onStop(): Promise<void> {
-    this._stop.textContent = 'Stopping…';
-    await this._act(() => this._host.client.stopSession(this.id));
+    let save = false;
+    if (this.view.workspace) {
+      const { choice } = await askStop([this.view]);
+      if (choice === null) {
+        return;
+      }
+      save = choice === 'save';
+    }
+    this._stop.textContent = save ? 'Saving…' : 'Stopping…';
+    await this._act(() => this._host.client.stopSession(this.id, save));
     this._stop.textContent = 'Stop';
   }
 

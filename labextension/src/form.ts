@@ -10,6 +10,7 @@ import { ApiError, errorMessage, GpuSessionClient } from './api';
 import { control, element, message, setText, showText } from './dom';
 import { formatRate } from './format';
 import {
+  backendOption,
   controlClass,
   controlKind,
   FieldValue,
@@ -28,7 +29,8 @@ import type {
   ImagesReply,
   OptionView,
   SessionView,
-  StartRequest
+  StartRequest,
+  WorkspaceView
 } from './types';
 
 /** How long typing must pause before the values are checked, in ms. */
@@ -120,6 +122,7 @@ export class StartForm {
     this._loading = true;
     try {
       await Promise.all([this._loadOptions(), this._loadCatalog()]);
+      void this._loadWorkspaces();
     } finally {
       this._loading = false;
       this._refresh();
@@ -150,6 +153,28 @@ export class StartForm {
     }
   }
 
+  /** The Resume pick list's workspaces: asked at load, when it gets the focus, after a start. */
+  private async _loadWorkspaces(): Promise<void> {
+    const field = this._fields.get(RESUME_OPTION);
+    if (!field) {
+      return;
+    }
+    try {
+      this._workspaces = (await this._client.listWorkspaces()).workspaces;
+    } catch {
+      return; // the Workspaces section says why it cannot list them
+    }
+    this._fillResume();
+  }
+
+  private _fillResume(): void {
+    const field = this._fields.get(RESUME_OPTION);
+    const backend = this._options && backendOption(this._options);
+    if (field && field.input instanceof HTMLSelectElement) {
+      fillResume(field.input, this._workspaces, backend ? this._values().get(backend.name) : undefined);
+    }
+  }
+
   private async _loadCatalog(): Promise<void> {
     if (this._catalog) {
       return;
@@ -174,6 +199,9 @@ export class StartForm {
     for (const option of formOptions(options)) {
       const field = makeField(option);
       this._fields.set(option.name, field);
+      if (option.name === RESUME_OPTION) {
+        field.input.addEventListener('focus', () => void this._loadWorkspaces());
+      }
       nodes.push(field.node);
       if (option === typeOption) {
         nodes.push(this._typePrice);
@@ -325,6 +353,7 @@ export class StartForm {
 
   private _onEdit(): void {
     this._refresh();
+    this._fillResume(); // the backend may have changed
     if (!this._options) {
       return;
     }
@@ -387,6 +416,7 @@ export class StartForm {
         }
       }
       this._onStarted(view);
+      void this._loadWorkspaces(); // the one it resumed is in use now
     } catch (error) {
       const reason =
         error instanceof ApiError && error.status === 400 && error.serverMessage
@@ -418,6 +448,7 @@ export class StartForm {
   private _checkTimer = 0;
   private _checkSeq = 0;
   private readonly _fields = new Map<string, Field>();
+  private _workspaces: readonly WorkspaceView[] = [];
   private readonly _fieldsNode = element('div', 'gpusession-fields');
   private readonly _typePrice = message('gpusession-type-price');
   private readonly _submit = control('button', 'gpusession-start-button');
@@ -433,7 +464,10 @@ function makeField(option: OptionView): Field {
   const className = controlClass(option);
   const value = initialValue(option);
   let input: HTMLInputElement | HTMLSelectElement;
-  if (kind === 'select') {
+  if (option.name === RESUME_OPTION) {
+    input = control('select', 'gpusession-resume-select'); // filled with the workspaces
+    input.append(noResume());
+  } else if (kind === 'select') {
     const select = control('select', className);
     for (const choice of selectChoices(option)) {
       const entry = document.createElement('option');
@@ -486,6 +520,33 @@ function makeField(option: OptionView): Field {
 
 /** The id of the list of images the image field offers. */
 const IMAGES_LIST_ID = 'gpusession-images-list';
+
+/** The option whose field is a pick list of the workspaces (GET `workspaces`). */
+const RESUME_OPTION = 'resume';
+
+function noResume(): HTMLOptionElement {
+  const entry = document.createElement('option');
+  entry.value = '';
+  entry.textContent = '(none: a fresh kernel)';
+  return entry;
+}
+
+/** Fill the Resume pick list: the workspaces of `backend` no session uses, the choice kept. */
+function fillResume(select: HTMLSelectElement, list: readonly WorkspaceView[], backend: FieldValue | undefined): void {
+  const kept = select.value;
+  const entries = [noResume()];
+  for (const ws of list) {
+    if (ws.in_use || (typeof backend === 'string' && backend && ws.backend !== backend)) {
+      continue;
+    }
+    const entry = document.createElement('option');
+    entry.value = ws.name;
+    entry.textContent = `${ws.name} · ${ws.size}`;
+    entries.push(entry);
+  }
+  select.replaceChildren(...entries);
+  select.value = entries.some(entry => entry.value === kept) ? kept : '';
+}
 
 /** What an empty text field means (a server without served placeholders). */
 function placeholder(option: OptionView): string {

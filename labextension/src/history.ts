@@ -8,7 +8,7 @@
 import { ApiError, errorMessage, GpuSessionClient } from './api';
 import { control, element, message, setData, setText, showText } from './dom';
 import { formatMoney } from './format';
-import { endedText, kindText } from './sessions';
+import { endedText, kindText, startedWhen } from './sessions';
 import type { SessionView, StartRequest } from './types';
 import { resumeOffer, resumeTitle } from './workspaces';
 
@@ -56,12 +56,14 @@ class HistoryItem {
     setText(this._name, view.name || view.id);
     setText(this._cost, formatMoney(view.cost_so_far));
     this._cost.title = 'Final cost';
-    setText(this._kind, `${kindText(view)} · ${view.ran}`);
+    setText(this._kind, `${startedWhen(view)} · ${kindText(view)} · ${view.ran}`);
     setText(this._reason, endedText(view));
     this._reason.classList.add('gpusession-history-reason');
     this._reason.classList.toggle('gpusession-history-reason-failed', view.state === 'failed');
     this._reason.title = this._reason.textContent ?? '';
-    this._restart.title = `Start a new ${kindText(view)} session with the same options`;
+    this._restart.title = view.restart.workspace
+      ? `Start a new ${kindText(view)} session with the same options on workspace ${String(view.restart.workspace)} (its files; no variables restored)`
+      : `Start a new ${kindText(view)} session with the same options`;
     const offer = resumeOffer(view);
     showText(this._saved, view.saved ?? null);
     this._resume.hidden = offer === null;

@@ -10,12 +10,9 @@ import {
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import {
-  Dialog,
   ICommandPalette,
-  InputDialog,
   ISessionContext,
   Notification,
-  showDialog,
   showErrorMessage
 } from '@jupyterlab/apputils';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -23,10 +20,10 @@ import { Widget } from '@lumino/widgets';
 
 import { errorMessage, GpuSessionClient } from './api';
 import { CHARTS_ID, GpuChartsView } from './charts';
-import { formatMoney } from './format';
 import { SessionListModel } from './model';
 import { GpuSessionPanel, PANEL_ID } from './panel';
-import { isLive, kindText } from './sessions';
+import { isLive } from './sessions';
+import { askStop } from './stopdialog';
 import { GpuStatusItem } from './statusbar';
 import type { SessionView } from './types';
 
@@ -103,7 +100,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       caption: "Stop the current notebook's GPU session, or one you choose",
       execute: async args => {
         const id = typeof args.id === 'string' ? args.id : null;
-        await stopSession(model, id ? model.sessions.find(s => s.id === id) : status.session);
+        const asked = id ? model.sessions.find(s => s.id === id) : undefined;
+        await stopSession(model, asked, status.session);
       }
     });
     app.commands.addCommand(CHARTS_COMMAND, {
@@ -159,43 +157,33 @@ function sessionContextOf(widget: Widget | null): ISessionContext | null {
     : null;
 }
 
-/** Stop `session` (or one the user picks), after asking. */
-async function stopSession(model: SessionListModel, session: SessionView | undefined): Promise<void> {
+/**
+ * Stop a session after asking how (Save and stop, Stop, Cancel): `session`
+ * when given, else one of the live ones, `current` (the notebook's) named first.
+ */
+async function stopSession(
+  model: SessionListModel,
+  session: SessionView | undefined,
+  current?: SessionView
+): Promise<void> {
   const live = model.sessions.filter(isLive);
-  if (!session || !isLive(session)) {
-    if (!live.length) {
-      Notification.info('No GPU session is running.', { autoClose: 4000 });
-      return;
-    }
-    const labels = live.map(s => `${s.name} (${kindText(s)}, ${formatMoney(s.cost_so_far)})`);
-    const choice = await InputDialog.getItem({
-      title: 'Stop a GPU session',
-      label: 'Session',
-      items: labels,
-      okLabel: 'Stop'
-    });
-    if (!choice.button.accept || choice.value === null) {
-      return;
-    }
-    session = live[labels.indexOf(choice.value)];
-  } else {
-    const answer = await showDialog({
-      title: 'Stop a GPU session',
-      body: `Stop ${session.name} (${kindText(session)}, ${formatMoney(session.cost_so_far)} so far)?`,
-      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Stop' })]
-    });
-    if (!answer.button.accept) {
-      return;
-    }
+  const first = session && isLive(session) ? session : current && isLive(current) ? current : null;
+  const rest = session && isLive(session) ? [] : live.filter(view => view !== first);
+  const offered = first ? [first, ...rest] : rest;
+  const [head, ...tail] = offered;
+  if (!head) {
+    Notification.info('No GPU session is running.', { autoClose: 4000 });
+    return;
   }
-  if (!session) {
+  const { choice, session: chosen } = await askStop([head, ...tail]);
+  if (choice === null) {
     return;
   }
   try {
-    model.upsert(await model.client.stopSession(session.id));
+    model.upsert(await model.client.stopSession(chosen.id, choice === 'save'));
     void model.refresh();
   } catch (error) {
-    await showErrorMessage(`Cannot stop ${session.name}`, errorMessage(error));
+    await showErrorMessage(`Cannot stop ${chosen.name}`, errorMessage(error));
   }
 }
 

@@ -15,7 +15,7 @@ import { HistorySection } from './history';
 import { WorkspacesSection } from './workspacelist';
 import { gpuIcon } from './icon';
 import { SessionListModel } from './model';
-import { endedSessions, liveCount, liveSessions } from './sessions';
+import { endedSessions, liveCount, liveRateText, liveSessions } from './sessions';
 import type { SessionView } from './types';
 
 export const PANEL_ID = 'gpusession-panel';
@@ -55,7 +55,8 @@ export class GpuSessionPanel extends Widget {
     const header = element('div', 'gpusession-header');
     const title = element('h2', 'gpusession-title');
     title.textContent = 'GPU sessions';
-    header.append(title, this._count);
+    this._rate.title = 'What the live sessions cost per hour, together';
+    header.append(title, this._count, this._rate);
     this._loading.textContent = 'Loading sessions…';
     this._empty.textContent = 'No running GPU sessions';
     this._empty.hidden = true;
@@ -162,6 +163,7 @@ export class GpuSessionPanel extends Widget {
       this._count,
       model.loaded ? String(liveCount(model.sessions)) : ''
     );
+    showText(this._rate, model.loaded ? liveRateText(model.sessions) : null);
     this._form.apiDown = model.error !== null;
     if (!model.error) {
       this._loadForm();
@@ -224,6 +226,7 @@ export class GpuSessionPanel extends Widget {
   private readonly _startedHere = new Set<string>();
   private _formRetryAt = 0;
   private readonly _count = control('span', 'gpusession-count');
+  private readonly _rate = control('span', 'gpusession-total-rate');
   private readonly _apiError = message('gpusession-api-error');
   private readonly _loading = control('div', 'gpusession-loading');
   private readonly _empty = control('div', 'gpusession-empty');

@@ -30,6 +30,12 @@ export function liveCount(sessions: readonly SessionView[]): number {
   return sessions.filter(isLive).length;
 }
 
+/** What the live sessions cost per hour together ("$1.0520/h"); null when none is live. */
+export function liveRateText(sessions: readonly SessionView[]): string | null {
+  const live = sessions.filter(isLive);
+  return live.length ? formatRate(live.reduce((sum, view) => sum + view.price_per_hour, 0)) : null;
+}
+
 /** "T4 × 2 · docker · spot · ssh://gpu-box · python:3.12-slim" */
 export function kindText(view: SessionView): string {
   const kind = [`${view.gpu_type} × ${view.gpu_count}`, view.backend];
@@ -94,13 +100,27 @@ export function progressText(view: SessionView): string | null {
 }
 
 /** How the session ended and what it cost: "stopped by ... · $0.0123". */
+/**
+ * When a history row's session started (or was asked for, when it never
+ * started), local time: "2026-12-01 19:07".
+ */
+export function startedWhen(view: SessionView): string {
+  const at = new Date((view.started_at ?? view.created_at) * 1000);
+  const two = (n: number) => String(n).padStart(2, '0');
+  return (
+    `${at.getFullYear()}-${two(at.getMonth() + 1)}-${two(at.getDate())} ` +
+    `${two(at.getHours())}:${two(at.getMinutes())}`
+  );
+}
+
 export function endedText(view: SessionView): string {
   return view.ended || view.error || view.stop_reason?.text || view.state;
 }
 
 /**
- * The live session that a kernel (a notebook's, a console's) started, the
- * newest if several; undefined when it started none.
+ * The live session a kernel (a notebook's, a console's) uses: the one it
+ * took up last (started, or `%gpu use`), else the newest it started;
+ * undefined when it uses none.
  */
 export function sessionOfKernel(
   sessions: readonly SessionView[],
@@ -109,7 +129,9 @@ export function sessionOfKernel(
   if (!kernelId) {
     return undefined;
   }
-  return displayOrder(sessions.filter(s => isLive(s) && s.kernel_id === kernelId))[0];
+  const taken = (s: SessionView) => s.kernels?.[kernelId] ?? (s.kernel_id === kernelId ? s.created_at : null);
+  const used = displayOrder(sessions.filter(s => isLive(s) && taken(s) !== null));
+  return used.sort((a, b) => (taken(b) ?? 0) - (taken(a) ?? 0))[0];
 }
 
 /**
@@ -148,13 +170,16 @@ export class IdleCountdown {
   private _deadlineMs: number | null = null;
 }
 
-/** The status bar's text: "t4 × 1 · $0.0123 · idle 29m41s" (or the state while not running). */
+/**
+ * The status bar's text: "t4 × 1 · $0.0123 · stops in 29m41s" (when its idle
+ * stop comes, as `%gpu status` says it), or the state while not running.
+ */
 export function statusText(view: SessionView, idle: string): string {
   const parts = [`${view.gpu_type} × ${view.gpu_count}`, formatMoney(view.cost_so_far)];
   if (view.state !== 'running') {
     parts.push(view.state);
   } else if (view.idle.timeout_s !== null) {
-    parts.push(`idle ${idle}`);
+    parts.push(`stops in ${idle}`);
   }
   return parts.join(' · ');
 }

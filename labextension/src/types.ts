@@ -120,8 +120,11 @@ export interface SessionView {
   /** How it ended, one line for the history: "stopped by its idle watchdog
    * after 30m00s idle", "failed: connect: ..."; null while active. */
   ended: string | null;
-  /** A POST `sessions` body that starts the same kind of session again,
-   * fresh (a new workspace). */
+  /** The workspace it uses (its files; Save and stop keeps its variables
+   * there), or null when its backend keeps none. */
+  workspace: string | null;
+  /** A POST `sessions` body that starts the same kind of session again:
+   * a fresh kernel on the same workspace. */
   restart: StartRequest;
   /** After a stop that saved the kernel's variables into the session's
    * workspace: `restart` plus `"resume": WORKSPACE`; else null. */
@@ -137,6 +140,9 @@ export interface SessionView {
   progress: string[] | null;
   /** The Jupyter kernel (of a notebook or console) that started it, or null. */
   kernel_id: string | null;
+  /** Every kernel of this server that uses it (its starter, a GPU kernel's
+   * notebook, one that ran `%gpu use`), with when it took it up (unix s). */
+  kernels?: Record<string, number>;
 }
 
 /** Reply of GET `sessions` (live sessions) and GET `sessions?history=N`

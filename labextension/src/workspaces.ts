@@ -3,6 +3,8 @@
  * offers to resume, and the words of the workspaces list. The words of a
  * save ("saved 2 variables, 1 kB; ...") and of a size are the server's.
  */
+import { formatMoney } from './format';
+import { kindText } from './sessions';
 import type { SessionView, StartRequest, WorkspaceView } from './types';
 
 /** What an ended session's card offers besides Start again. */
@@ -55,4 +57,19 @@ export function deleteBlocked(ws: WorkspaceView): string | null {
 /** The section's title: "Workspaces (3)". */
 export function workspacesTitle(list: readonly WorkspaceView[]): string {
   return `Workspaces (${list.length})`;
+}
+
+/** The button that saves the kernel's variables into the workspace, then stops. */
+export const SAVE_AND_STOP = 'Save and stop';
+
+/** The question before a stop, saying what Save and stop keeps. */
+export function stopQuestion(session: SessionView): string {
+  const what = `${session.name} (${kindText(session)}, ${formatMoney(session.cost_so_far)} so far)`;
+  if (!session.workspace) {
+    return `Stop ${what}? Its kernel and variables end.`;
+  }
+  return (
+    `Stop ${what}? ${SAVE_AND_STOP} keeps the kernel's variables in workspace ` +
+    `${session.workspace}, to Resume later; Stop ends them (the workspace's files stay).`
+  );
 }

@@ -57,6 +57,7 @@ export function session(fields: Partial<SessionView> = {}): SessionView {
     max_cost: null,
     stop_reason: null,
     ended: null,
+    workspace: null,
     restart: { type: 't4', backend: 'local', idle: '1800s' },
     resume: null,
     progress: null,

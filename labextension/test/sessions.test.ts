@@ -11,11 +11,13 @@ import {
   isStarting,
   kindText,
   liveCount,
+  liveRateText,
   liveSessions,
   noGpuNote,
   progressText,
   rateText,
   sessionOfKernel,
+  startedWhen,
   statusText
 } from '../src/sessions';
 import { session } from './helpers';
@@ -128,6 +130,31 @@ describe('live sessions, history and the status bar', () => {
     assert.equal(sessionOfKernel(list, null), undefined);
   });
 
+  test("a kernel's session: the one it took up last (%gpu use, a GPU kernel), not only one it started", () => {
+    const started = session({ id: 'started', kernel_id: 'k1', created_at: 100, kernels: { k1: 100 } });
+    const used = session({ id: 'used', kernel_id: 'k2', created_at: 50, kernels: { k2: 50, k1: 200 } });
+    assert.equal(sessionOfKernel([started, used], 'k1')?.id, 'used');
+    assert.equal(sessionOfKernel([started, used], 'k2')?.id, 'used');
+    assert.equal(sessionOfKernel([started, session({ id: 'x', state: 'stopped', kernels: { k1: 300 } })], 'k1')?.id, 'started');
+    assert.equal(sessionOfKernel([started], 'k9'), undefined);
+  });
+
+  test('a history row says when it started, date and time (local), else when it was asked for', () => {
+    const at = new Date(2026, 11, 1, 9, 5, 30).getTime() / 1000;
+    assert.equal(startedWhen(session({ started_at: at })), '2026-12-01 09:05');
+    assert.equal(startedWhen(session({ started_at: null, created_at: at + 3600 })), '2026-12-01 10:05');
+  });
+
+  test("the panel header's total rate: what the live sessions cost per hour together", () => {
+    const list = [
+      session({ id: 'a', price_per_hour: 0.526 }),
+      session({ id: 'b', state: 'starting', price_per_hour: 1.0 }),
+      session({ id: 'c', state: 'stopped', price_per_hour: 3.0 })
+    ];
+    assert.equal(liveRateText(list), '$1.53/h');
+    assert.equal(liveRateText([session({ state: 'failed' })]), null);
+  });
+
   test('how it ended', () => {
     assert.equal(
       endedText(session({ state: 'stopped', ended: 'stopped by its idle watchdog after 5s idle' })),
@@ -151,7 +178,7 @@ describe('live sessions, history and the status bar', () => {
   });
 
   test('status bar text', () => {
-    assert.equal(statusText(session(), '29m41s'), 't4 × 1 · $0.0158 · idle 29m41s');
+    assert.equal(statusText(session(), '29m41s'), 't4 × 1 · $0.0158 · stops in 29m41s');
     assert.equal(statusText(session({ state: 'starting' }), '30m00s'), 't4 × 1 · $0.0158 · starting');
     assert.equal(
       statusText(session({ idle: { timeout_s: null, remaining_s: null, warning: null } }), 'off'),

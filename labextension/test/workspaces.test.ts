@@ -7,6 +7,7 @@ import {
   deleteQuestion,
   resumeOffer,
   resumeTitle,
+  stopQuestion,
   workspaceLine,
   workspacesTitle
 } from '../src/workspaces';
@@ -80,5 +81,22 @@ describe('workspaces list words', () => {
   test('title counts them', () => {
     assert.equal(workspacesTitle([]), 'Workspaces (0)');
     assert.equal(workspacesTitle([workspace(), workspace({ name: 'w2' })]), 'Workspaces (2)');
+  });
+});
+
+describe('the question before a stop', () => {
+  test('with a workspace: says what Save and stop keeps, and what Stop ends', () => {
+    assert.equal(
+      stopQuestion(session({ name: 'ux-nb', workspace: 'ux-nb' })),
+      "Stop ux-nb (t4 × 1 · local, $0.0158 so far)? Save and stop keeps the kernel's variables in " +
+        "workspace ux-nb, to Resume later; Stop ends them (the workspace's files stay)."
+    );
+  });
+
+  test('without one: the kernel and its variables end', () => {
+    assert.equal(
+      stopQuestion(session({ workspace: null })),
+      'Stop one (t4 × 1 · local, $0.0158 so far)? Its kernel and variables end.'
+    );
   });
 });

@@ -107,6 +107,20 @@ def open_sidebar(page) -> None:
     page.locator(PANEL).wait_for(state="visible")
 
 
+def stop_card(page, card, choice: str = "Stop") -> None:
+    """A card's Stop, then `choice` in the dialog it opens for a session with a workspace
+    ("Stop", "Save and stop", "Cancel")."""
+    card.locator(".gpusession-stop").click()
+    answer_stop(page, choice)
+
+
+def answer_stop(page, choice: str = "Stop") -> None:
+    """Press `choice` in the open "Stop a GPU session" dialog and wait until it closes."""
+    dialog = page.locator(".jp-Dialog", has_text="Stop a GPU session")
+    dialog.locator("button", has_text=re.compile(f"^{re.escape(choice)}$")).click()
+    dialog.wait_for(state="detached")
+
+
 def wait_for_change(read, timeout: float = 10.0) -> tuple[str, str]:
     """(first, later) values of `read()` once it changed."""
     first = read()

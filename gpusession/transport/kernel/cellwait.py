@@ -22,7 +22,7 @@ from __future__ import annotations
 import queue
 import time
 
-from ...core.errors import CellLost, KernelDied, LinkLost, RemoteError
+from ...core.errors import CellLost, KernelDied, LinkLost, RemoteError, RemoteInterrupt
 from ...core.protocol import (
     CELL_LOG_REPLY,
     CELL_LOG_REQUEST,
@@ -314,7 +314,7 @@ class CellWait:
     def _decide(self, now: float) -> bool:
         if self.lost:
             if self.interrupted_at is not None:
-                raise KeyboardInterrupt(
+                raise RemoteInterrupt(
                     "interrupted: this cell never started in the session kernel "
                     "(its request was lost in a tunnel cut), so nothing ran"
                 )
@@ -337,7 +337,7 @@ class CellWait:
         if not self.cell_log and self.probe_back and self.reply is None and not self.started:
             raise CellLost(LOST_REQUEST)  # no log: shell answered the later probe first
         if self.interrupted_at is not None and now - self.interrupted_at > self.interrupt_grace:
-            raise KeyboardInterrupt(self._interrupt_words())
+            raise RemoteInterrupt(self._interrupt_words())
         return False
 
     def _reply_complete(self, now: float) -> bool:
@@ -366,8 +366,12 @@ class CellWait:
 
     def _result(self) -> dict:
         reply = self.reply or {}
-        if self.interrupted_at is not None:
-            raise KeyboardInterrupt("interrupted the remote cell")
+        count = reply.get("execution_count")
+        if self.interrupted_at is not None:  # where the remote cell was when it stopped
+            err = self.out.error or (reply if reply.get("status") == "error" else {})
+            raise RemoteInterrupt(
+                "interrupted the remote cell", err.get("traceback"), count, stopped=True
+            )
         if reply.get("gpusession_reply_not_kept"):
             raise CellLost(
                 f"this cell ran (status: {reply.get('status')}) but its reply was lost in a tunnel "
@@ -376,7 +380,7 @@ class CellWait:
         if reply.get("status") == "error" or self.out.error:
             err = self.out.error or reply
             raise RemoteError(
-                err.get("ename", "Error"), err.get("evalue", ""), err.get("traceback", [])
+                err.get("ename", "Error"), err.get("evalue", ""), err.get("traceback", []), count
             )
         return reply
 
