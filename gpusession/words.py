@@ -13,7 +13,7 @@ from typing import Any, Iterable
 from .cost import cost_of, uptime_seconds
 from .durations import format_duration, format_money
 from .errors import SessionEnded
-from .metrics import METRICS, metric_of, metric_text, metrics
+from .metrics import METRICS, metric_of, metric_text, metrics, nvml_error_text
 from .models import SessionRecord, State
 from .protocol import StopKind, StopReason, Warning, WarningKind
 from .workspace_words import record_checkpoint_line
@@ -261,13 +261,30 @@ def sparkline(values: list[float | None], width: int = 40) -> str:
 def gpu_lines(sample: dict) -> list[str]:
     lines = []
     for g in sample.get("gpus", []):
-        values = ", ".join(f"{m.short} {metric_of(m, g)}" for m in metrics("gpu"))
+        if g.get("error"):
+            values = nvml_error_text(g["error"])
+        else:
+            values = ", ".join(f"{m.short} {metric_of(m, g)}" for m in metrics("gpu"))
         lines.append(f"  GPU {g['index']} {g.get('name') or '?'}: {values}")
         for p in g.get("processes", []):
             lines.append(
                 f"      pid {p['pid']} {p.get('name') or '?'}: {_bytes(p.get('memory_used'))}"
             )
     return lines
+
+
+def with_error_texts(sample: dict) -> dict:
+    """A stats sample as the REST API serves it: each lost GPU's `error` (an NVML kind) said in
+    words too, as `error_text`, so that the JupyterLab faces say what the others do."""
+    gpus = sample.get("gpus") or []
+    if not any(g.get("error") for g in gpus):
+        return sample
+    return dict(
+        sample,
+        gpus=[
+            dict(g, error_text=nvml_error_text(g["error"])) if g.get("error") else g for g in gpus
+        ],
+    )
 
 
 def status_lines(stats: dict, *, history: bool = False) -> list[str]:

@@ -20,7 +20,7 @@ from ..backends import backend_names
 from ..durations import KEEPALIVE, shown
 from ..errors import BadInput
 from ..session import SessionManager, default_backend_name
-from ..words import rest_view, warning_texts
+from ..words import rest_view, warning_texts, with_error_texts
 from .api import Api
 from .base import BaseHandler
 from .workspaces import WorkspaceHandler, WorkspacesHandler
@@ -133,7 +133,9 @@ class StatsHandler(BaseHandler):
             doc = m.stats(m.get(key).id, since=since)
             warnings = [w for w in doc.get("warnings") or [] if warning_texts([w])]
             return dict(
-                doc, warnings=[dict(w, text=warning_texts([w], hint=False)[0]) for w in warnings]
+                doc,
+                warnings=[dict(w, text=warning_texts([w], hint=False)[0]) for w in warnings],
+                samples=[with_error_texts(s) for s in doc.get("samples") or []],
             )
 
         await self.guarded(stats)

@@ -13,7 +13,7 @@ from typing import Callable
 
 import ipywidgets as widgets
 
-from ..metrics import Metric, metric_of, metrics
+from ..metrics import Metric, metric_of, metrics, nvml_error_text
 from ..words import format_duration, format_money, warning_texts
 from ..models import State
 
@@ -112,7 +112,7 @@ class GpuGauges(MetricGauges):
 
     def show(self, gpu: dict) -> None:
         self.title.value = f"GPU {gpu['index']} · {gpu.get('name') or '?'}" + (
-            f" · {gpu['error']}" if gpu.get("error") else ""
+            f" · {nvml_error_text(gpu['error'])}" if gpu.get("error") else ""
         )
         super().show(gpu)
 
