@@ -273,6 +273,12 @@ def gpu_lines(sample: dict) -> list[str]:
     return lines
 
 
+# the label of replayed GPU values (the agent's --nvml-replay, GPUSESSION_NVML_REPLAY) in words
+RECORDED_WORDS = (
+    "GPU values: recorded (a replay of values recorded from a driver, not this session's GPUs)"
+)
+
+
 def with_error_texts(sample: dict) -> dict:
     """A stats sample as the REST API serves it: each lost GPU's `error` (an NVML kind) said in
     words too, as `error_text`, so that the JupyterLab faces say what the others do."""
@@ -292,6 +298,8 @@ def status_lines(stats: dict, *, history: bool = False) -> list[str]:
     samples = stats.get("samples") or []
     latest = samples[-1] if samples else None
     lines: list[str] = []
+    if stats.get("source") == "recorded":
+        lines.append(f"  {RECORDED_WORDS}")
     if not stats.get("gpus_visible"):
         lines.append(f"  {stats.get('message') or 'no NVIDIA GPU visible'}")
     if latest is not None:

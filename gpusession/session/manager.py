@@ -105,6 +105,13 @@ class SessionManager:
         files.check_start_tree(
             spec.extra, face
         )  # --upload: a tree over its cap is refused before anything starts
+        replay = getattr(self.config, "nvml_replay", "")  # GPUSESSION_NVML_REPLAY: charts, no GPU
+        if (
+            replay
+            and "nvml_replay" not in spec.extra
+            and load_backend_class(spec.backend).agent_beside_us
+        ):
+            spec.extra["nvml_replay"] = replay
         return spec
 
     # -- start ---------------------------------------------------------------------------
