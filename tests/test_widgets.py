@@ -200,10 +200,14 @@ def test_gpu_gauges_from_recorded_nvml():
         "gpus_visible": sampler.gpus_visible,
         "message": sampler.message,
         "samples": sampler.samples(),
+        "source": "recorded",
     }
     view = StatsView()
     view.show(doc)
     assert view.note.layout.display == "none"
+    # labelled as the sidebar labels it: a "recorded" badge, which says what it means
+    assert view.recorded.layout.display is None and ">recorded</span>" in view.recorded.value
+    assert "not this session&#x27;s GPUs" in view.recorded.value
     assert [g.title.value for g in view.gpus] == ["GPU 0 · Tesla T4", "GPU 1 · Tesla T4"]
     gpu0 = doc["samples"][-1]["gpus"][0]
     g = view.gpus[0]
@@ -217,6 +221,7 @@ def test_gpu_gauges_from_recorded_nvml():
     )
     view.show({"gpus_visible": False, "message": "no NVIDIA GPU visible (test)", "samples": []})
     assert view.gpus == [] and _text(view.note.value) == "no NVIDIA GPU visible (test)"
+    assert view.recorded.layout.display == "none"  # the driver's own values: no badge
 
 
 def test_panel_magic_in_a_notebook_kernel(notebook):

@@ -3,7 +3,7 @@ document) and call back on clicks; fetching and threads are panel.py's.
 
 CSS classes: `gpusession-widget-` + card (plus `gpusession-widget-state-<state>`), name, state,
 kind, uptime, price, cost, idle, idle-warning, error, action-message, stop, keepalive, stats,
-stats-note, gpu, gauge, gauge-<key of a gpusession.metrics row: util, memory, temp, power, cpu, ram>, gauge-value.
+stats-note, recorded, gpu, gauge, gauge-<key of a gpusession.metrics row: util, memory, temp, power, cpu, ram>, gauge-value.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Callable
 import ipywidgets as widgets
 
 from ..metrics import Metric, metric_of, metrics, nvml_error_text
-from ..words import format_duration, format_money, warning_texts
+from ..words import RECORDED_WORDS, format_duration, format_money, warning_texts
 from ..models import State
 
 KEEPALIVE = "1h"  # what the keep-alive button asks for (the sidebar's button does the same)
@@ -26,6 +26,12 @@ _STATE_COLORS = {
     "stopping": "#ef6c00",
 }
 WARN_STYLE = "color: #b45309; font-weight: bold"
+# the sidebar's "recorded" badge (labextension .gpusession-recorded): replayed GPU values
+RECORDED_BADGE = (
+    f'<span title="{html.escape(RECORDED_WORDS)}" style="padding: 0 6px; border: 1px dashed '
+    "var(--jp-warn-color1, #b45309); border-radius: 8px; font-size: 11px; text-transform: "
+    'uppercase; color: var(--jp-ui-font-color1, #333)">recorded</span>'
+)
 
 # rows of text at 20 px instead of ipywidgets' 28 px input height: a card about as tall as the sidebar's
 STYLE = """<style>
@@ -123,18 +129,28 @@ class StatsView:
 
     def __init__(self):
         self.note = classed(widgets.HTML(), "stats-note")
+        self.recorded = classed(widgets.HTML(RECORDED_BADGE), "recorded")
+        show(self.recorded, False)
         self.gpus: list[GpuGauges] = []
         self.gpu_box = widgets.VBox([])
         self.host = MetricGauges("host")
         self.cpu, self.ram = self.host.gauges["cpu"], self.host.gauges["ram"]
         self.widget = classed(
-            widgets.VBox([self.note, self.gpu_box, *(g.widget for g in self.host.gauges.values())]),
+            widgets.VBox(
+                [
+                    self.recorded,
+                    self.note,
+                    self.gpu_box,
+                    *(g.widget for g in self.host.gauges.values()),
+                ]
+            ),
             "stats",
         )
 
     def show(self, doc: dict) -> None:
         samples = doc.get("samples") or []
         latest = samples[-1] if samples else None
+        show(self.recorded, doc.get("source") == "recorded")
         if not doc.get("gpus_visible"):
             html_text(
                 self.note,
