@@ -33,12 +33,14 @@ RECORDED_BADGE = (
     'uppercase; color: var(--jp-ui-font-color1, #333)">recorded</span>'
 )
 
-# rows of text at 20 px instead of ipywidgets' 28 px input height: a card about as tall as the sidebar's
+# rows of text at 20 px instead of ipywidgets' 28 px input height: a card about as tall as the sidebar's;
+# the form's labels wide enough for "Max cost ($)" (ipywidgets cuts a label at 80 px)
 STYLE = """<style>
 .gpusession-widget-card .widget-label, .gpusession-widget-card .widget-html,
 .gpusession-widget-card .widget-html-content, .gpusession-widget-stats .widget-label
 { min-height: 20px; height: auto; line-height: 20px; }
 .gpusession-widget-stats .widget-hprogress { height: 20px; }
+.gpusession-widget-start-form .widget-inline-hbox .widget-label { width: 110px; }
 </style>"""
 
 
@@ -282,7 +284,7 @@ class SessionCard:
         self.state.value = (
             f'<span style="color: {color}; font-weight: bold">{html.escape(state)}</span>'
         )
-        kind = [f"{view['gpu_type'].upper()} × {view['gpu_count']}", view["backend"]]
+        kind = [f"{view['gpu_type']} × {view['gpu_count']}", view["backend"]]
         kind += ["spot"] * bool(view.get("spot")) + [view["host"]] * bool(view.get("host"))
         self.kind.value = " · ".join(kind)
         self.uptime.value = format_duration(view["uptime_s"])
