@@ -98,7 +98,7 @@ def metric_text(metric: Metric, value: float | None, limit: float | None = None)
 # NVML's error kinds (pynvml's NVMLError_<kind>), in words; {gpu} is "GPU 1" or "the GPU"
 NVML_ERRORS = {
     "GpuIsLost": "{gpu} is lost: the driver no longer sees it",
-    "LibraryNotFound": "the NVIDIA driver's library (libnvidia-ml.so) is not in this container",
+    "LibraryNotFound": "no NVIDIA driver here: libnvidia-ml.so is not found",
     "DriverNotLoaded": "the NVIDIA driver is not loaded on this machine",
     "NoPermission": "this user may not read the GPUs",
     "NotFound": "the driver found no such GPU",

@@ -91,7 +91,7 @@ def test_a_lost_gpu_is_said_in_the_same_words_by_every_face():
     [
         (
             "nvml_no_library.json",
-            "the NVIDIA driver's library (libnvidia-ml.so) is not in this container",
+            "no NVIDIA driver here: libnvidia-ml.so is not found",
         ),
         ("nvml_driver_not_loaded.json", "the NVIDIA driver is not loaded on this machine"),
         ("nvml_zero_devices.json", "0 devices"),

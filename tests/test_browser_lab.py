@@ -61,6 +61,12 @@ from gpusession.errors import GpuSessionError  # noqa: E402
 from gpusession.models import State  # noqa: E402
 
 CHARTS = "#gpusession-charts"
+# the scale labels of the large charts matching a selector that overlap their plot
+OVER_PLOT_JS = """(selector) => [...document.querySelectorAll(selector)].filter(chart => {
+    const top = chart.querySelector('.gpusession-bigchart-top').getBoundingClientRect();
+    const plot = chart.querySelector('svg').getBoundingClientRect();
+    return top.right > plot.left && top.left < plot.right && top.bottom > plot.top;
+  }).map(chart => chart.dataset.metric)"""
 # the texts of the elements matching a selector that do not show whole (cut, or past their box)
 CLIPPED_JS = """(selector) => [...document.querySelectorAll(selector)]
   .filter(n => n.offsetParent !== null && (n.scrollWidth > n.clientWidth + 1 ||
@@ -281,14 +287,8 @@ def test_recorded_gpu_charts_draw_update_and_read_in_both_themes(lab, page):
             charts.locator(".gpusession-charts-window").select_option("300")
             sync_api.expect(start).to_have_text("-5m")
             # every scale label ("100%", "70 W", "15.0 GiB") beside its plot, never over the data
-            for chart in charts.locator(".gpusession-bigchart").all():
-                top = chart.locator(".gpusession-bigchart-top").bounding_box()
-                plot = chart.locator("svg").bounding_box()
-                assert top["x"] + top["width"] <= plot["x"], (
-                    chart.get_attribute("data-metric"),
-                    top,
-                    plot,
-                )
+            over = page.evaluate(OVER_PLOT_JS, f"{CHARTS} .gpusession-bigchart")
+            assert not over, over
             assert_readable(page, CHARTS)
             charts.screenshot(path=str(ARTIFACTS / "charts-dark.png"))
             set_theme(page, dark=False)

@@ -50,7 +50,7 @@ def test_card_shows_the_session_view_and_stop_button_stops_it(manager):
         _text(card.state.value) == "running"
         and "gpusession-widget-state-running" in card.widget._dom_classes
     )
-    assert card.kind.value == "T4 × 2 · local"
+    assert card.kind.value == "t4 × 2 · local"  # the sidebar's words (kindText)
     assert card.price.value == f"{format_money(view['price_per_hour'])}/h" == "$1.05/h"
     assert card.cost.value == f"{format_money(view['cost_so_far'])} of $5.00"
     assert abs(_seconds(card.uptime.value) - view["uptime_s"]) <= 1
@@ -244,7 +244,7 @@ def test_panel_magic_in_a_notebook_kernel(notebook):
         "card = p.cards[get_ipython()._gpusession_magics.current.id]\n"
         "print(len(p.cards), card.kind.value, p.polling)"
     )
-    assert r.text.split() == ["1", "T4", "×", "1", "·", "local", "True"], r.text
+    assert r.text.split() == ["1", "t4", "×", "1", "·", "local", "True"], r.text
     r = notebook.run("card.stop_button.click(); print(get_ipython()._gpusession_magics.current)")
     assert r.text.strip() == "None", "the stop button ends the notebook's current session too"
     r = notebook.run("%gpu panel nosuch")
