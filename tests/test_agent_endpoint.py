@@ -199,7 +199,7 @@ def test_status_lines_and_stop_sentences(agent):
         "GPU 0 Tesla T4: Util 2%, Mem 10.2/15.0 GiB, Temp 38 °C, Power 10/70 W, SM 1590 MHz"
         in lines
     )
-    assert "GPU 1 ?: Util n/a, Mem n/a" in lines  # the lost GPU: no invented numbers
+    assert "GPU 1 ?: the GPU is lost: the driver no longer sees it" in lines  # no invented numbers
     assert "pid 424242 python3: 10.2 GiB" in lines
     assert "idle 1s of 10m00s: stops in 9m59s" in lines or "stops in" in lines
     assert "cost $0.0600 at $3.60/h (cap $5.00)" in lines

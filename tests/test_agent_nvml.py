@@ -13,6 +13,7 @@ import pytest
 
 from gpusession.agent.nvml import NO_GPU_MESSAGE, NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
+from gpusession.configuration.metrics import nvml_kind
 
 DATA = Path(__file__).parent / "data"
 MiB = 1024**2
@@ -56,15 +57,43 @@ def test_a_lost_gpu_is_reported_and_the_others_kept():
     visible, _, gpus = r.read()  # frame 2: GPU 1 fell off the bus
     assert visible
     assert gpus[0]["utilization"] == 2.0
-    assert gpus[1]["index"] == 1 and "GpuIsLost" in gpus[1]["error"]
+    assert gpus[1]["index"] == 1 and gpus[1]["error"] == "GpuIsLost"  # data: the faces say it
     assert gpus[1]["utilization"] is None and gpus[1]["processes"] == []
+
+
+LOST = "the GPU is lost: the driver no longer sees it"
+
+
+def test_a_lost_gpu_is_said_in_the_same_words_by_every_face():
+    """The notebook's words, the ipywidgets card and the REST stats the sidebar shows."""
+    from gpusession.widgets.card import GpuGauges
+    from gpusession.faces.words import status_lines, with_error_texts
+
+    r = reader("nvml_two_t4.json")
+    for _ in range(2):
+        r.read()
+    _, _, gpus = r.read()
+    sample = {"t": 1.0, "gpus": gpus, "cpu_percent": 1.0, "memory_used": None}
+    stats = {"gpus_visible": True, "samples": [sample], "idle": {}, "cost": {}, "runtime": {}}
+    (lost,) = [line for line in status_lines(stats) if line.startswith("  GPU 1 ")]
+    assert lost == f"  GPU 1 ?: {LOST}", lost
+    card = GpuGauges(1)
+    card.show(gpus[1])
+    assert card.title.value.endswith(f" · {LOST}"), card.title.value
+    served = with_error_texts(sample)["gpus"]
+    assert served[1]["error_text"] == LOST and "error_text" not in served[0]
+    for said in (lost, card.title.value, served[1]["error_text"]):
+        assert "NVMLError" not in said and "GpuIsLost" not in said
 
 
 @pytest.mark.parametrize(
     "name, why",
     [
-        ("nvml_no_library.json", "LibraryNotFound"),
-        ("nvml_driver_not_loaded.json", "DriverNotLoaded"),
+        (
+            "nvml_no_library.json",
+            "no NVIDIA driver here: libnvidia-ml.so is not found",
+        ),
+        ("nvml_driver_not_loaded.json", "the NVIDIA driver is not loaded on this machine"),
         ("nvml_zero_devices.json", "0 devices"),
     ],
 )
@@ -73,7 +102,9 @@ def test_no_gpu_is_said_plainly(name, why):
     for _ in range(3):  # and keeps saying it, without retrying nvmlInit every second
         visible, message, gpus = r.read()
         assert (visible, gpus) == (False, [])
-        assert message.startswith(NO_GPU_MESSAGE) and why in message
+        assert message == f"{NO_GPU_MESSAGE} ({why})" or (why == "0 devices" and why in message), (
+            message
+        )
     if name != "nvml_zero_devices.json":
         assert r._api.init_calls == 1
 
@@ -159,8 +190,9 @@ def test_nvml_record_writes_the_replay_format():
     assert set(doc) >= {"driver_version", "init_error", "frames"}
     replay = NvmlReader(RecordedNvml(doc))
     visible, message, _ = replay.read()
-    if doc["init_error"]:
-        assert not visible and doc["init_error"].replace("NVMLError_", "") in message
+    if doc["init_error"]:  # this machine has no driver: said in words, not NVML's names
+        assert not visible and "NVMLError" not in message, message
+        assert nvml_kind(doc["init_error"]) not in message, message
 
 
 # -- the GPUs this session was given (a Slurm job, CUDA_VISIBLE_DEVICES) -----------------------

@@ -32,6 +32,7 @@ from support.labpanel import (
     PANEL,
     TIMEOUT_MS,
     Lab,
+    broken_words,
     low_contrast,
     open_lab,
     open_sidebar,
@@ -62,6 +63,17 @@ from gpusession.core.errors import GpuSessionError  # noqa: E402
 from gpusession.core.models import State  # noqa: E402
 
 CHARTS = "#gpusession-charts"
+# the scale labels of the large charts matching a selector that overlap their plot
+OVER_PLOT_JS = """(selector) => [...document.querySelectorAll(selector)].filter(chart => {
+    const top = chart.querySelector('.gpusession-bigchart-top').getBoundingClientRect();
+    const plot = chart.querySelector('svg').getBoundingClientRect();
+    return top.right > plot.left && top.left < plot.right && top.bottom > plot.top;
+  }).map(chart => chart.dataset.metric)"""
+# the texts of the elements matching a selector that do not show whole (cut, or past their box)
+CLIPPED_JS = """(selector) => [...document.querySelectorAll(selector)]
+  .filter(n => n.offsetParent !== null && (n.scrollWidth > n.clientWidth + 1 ||
+    n.getBoundingClientRect().right > n.parentElement.getBoundingClientRect().right + 1))
+  .map(n => n.textContent)"""
 # Boxes that say something (notes, warnings, errors, badges): body text contrast, WCAG AA.
 BOXES = (
     ".gpusession-idle-warning, .gpusession-api-error, .gpusession-error, .gpusession-action-error, "
@@ -152,6 +164,14 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
         assert re.fullmatch(r"\$0\.\d{4}", stopped.locator(".gpusession-history-cost").inner_text())
         assert manager.get(idle.id).state == State.STOPPED
         assert not panel.locator('.gpusession-list [data-session-name="idle-5s"]').count()
+        # what the words quote as code shows as code, without its backticks
+        saved = stopped.locator(".gpusession-history-saved")
+        sync_api.expect(saved.locator("code")).to_have_text("%gpu start --resume idle-5s")
+        assert "`" not in saved.inner_text(), saved.inner_text()
+        # at the sidebar's 250 px, lines wrap between words (the failed start's stages too)
+        assert not broken_words(page, PANEL, ".gpusession-history-item *"), broken_words(
+            page, PANEL, ".gpusession-history-item *"
+        )
         panel.screenshot(path=str(ARTIFACTS / "history-light.png"))
 
         # collapsible
@@ -233,6 +253,9 @@ def test_recorded_gpu_charts_draw_update_and_read_in_both_themes(lab, page):
             )
             assert not other.locator(".gpusession-recorded").is_visible()
 
+            # at the sidebar's 250 px no caption is clipped ("RAM 79 MiB/23.5 GiB" whole)
+            clipped = page.evaluate(CLIPPED_JS, f"{PANEL} .gpusession-chart-caption > span")
+            assert not clipped, clipped
             assert_readable(page, PANEL)
             panel.screenshot(path=str(ARTIFACTS / "sidebar-light.png"))
             set_theme(page, dark=True)
@@ -263,10 +286,14 @@ def test_recorded_gpu_charts_draw_update_and_read_in_both_themes(lab, page):
             big = charts.locator('.gpusession-charts-gpu[data-gpu-index="0"] [data-metric="util"]')
             before, after = wait_for_change(lambda: big.get_attribute("data-points"))
             assert int(after) > int(before) >= 1
+            # the chosen window, data or not: a session seconds old still draws its 15 minutes
+            start = big.locator(".gpusession-bigchart-start")
+            sync_api.expect(start).to_have_text("-15m")
             charts.locator(".gpusession-charts-window").select_option("300")
-            sync_api.expect(big.locator(".gpusession-bigchart-start")).to_have_text(
-                re.compile(r"^-\d+m$")
-            )
+            sync_api.expect(start).to_have_text("-5m")
+            # every scale label ("100%", "70 W", "15.0 GiB") beside its plot, never over the data
+            over = page.evaluate(OVER_PLOT_JS, f"{CHARTS} .gpusession-bigchart")
+            assert not over, over
             assert_readable(page, CHARTS)
             charts.screenshot(path=str(ARTIFACTS / "charts-dark.png"))
             set_theme(page, dark=False)

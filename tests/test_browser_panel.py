@@ -340,9 +340,9 @@ sampler = Sampler(NvmlReader(RecordedNvml.from_file({str(DATA / "nvml_two_t4.jso
 for busy in (False, True):
     sampler.sample(time.time(), kernel_busy=busy)
 recorded = StatsView()
-recorded.show({{"gpus_visible": True, "message": None, "samples": sampler.samples()}})
+recorded.show({{"gpus_visible": True, "message": None, "samples": sampler.samples(), "source": sampler.nvml.source}})
 recorded.widget.add_class("recorded-gpus")
-ipywidgets.VBox([ipywidgets.HTML("<b>recorded: 2 x Tesla T4</b> (tests/data/nvml_two_t4.json)"), recorded.widget])"""
+ipywidgets.VBox([ipywidgets.HTML("<b>2 x Tesla T4</b> (tests/data/nvml_two_t4.json)"), recorded.widget])"""
 
 
 def test_widget_panel_in_a_notebook(lab, page, timings):
@@ -370,7 +370,8 @@ def test_widget_panel_in_a_notebook(lab, page, timings):
         timings["run_all_to_widget_card_s"] = round(time.monotonic() - ran, 2)
         assert card.count() == 1
         assert card.locator(".gpusession-widget-state").inner_text() == "running"
-        assert card.locator(".gpusession-widget-kind").inner_text() == "T4 × 1 · local"
+        # the sidebar's words (its kindText): "t4 × 1 · local"
+        assert card.locator(".gpusession-widget-kind").inner_text() == "t4 × 1 · local"
         assert card.locator(".gpusession-widget-price").inner_text() == "$0.5260/h"
         assert card.locator(".gpusession-widget-idle").inner_text() == "off"
         note = card.locator(".gpusession-widget-stats-note")
@@ -381,6 +382,13 @@ def test_widget_panel_in_a_notebook(lab, page, timings):
         wait_for_change(card.locator(".gpusession-widget-uptime").inner_text)
         ram = card.locator(".gpusession-widget-gauge-value").nth(1).inner_text()
         assert re.fullmatch(r"(\d+ MiB|\d+\.\d)/\d+\.\d GiB", ram), ram
+        # no label cut short ("Max cost ..."), on the card or in the form
+        clipped = page.evaluate(
+            """() => [...document.querySelectorAll('.jp-OutputArea-output .widget-label')]
+              .filter(n => n.offsetParent !== null && n.scrollWidth > n.clientWidth + 1)
+              .map(n => n.textContent)"""
+        )
+        assert not clipped, clipped
         page.locator(".jp-OutputArea-output", has=card).screenshot(
             path=str(ARTIFACTS / "widget-panel.png")
         )
@@ -398,6 +406,8 @@ def test_widget_panel_in_a_notebook(lab, page, timings):
             .all_inner_texts()
         )
         assert values == ["97%", "10.2/15.0 GiB", "70 °C", "67/70 W"], values
+        # labelled as the sidebar labels replayed values
+        sync_api.expect(recorded.locator(".gpusession-widget-recorded")).to_have_text("recorded")
         page.locator(".jp-OutputArea-output", has=recorded).screenshot(
             path=str(ARTIFACTS / "widget-gpu-gauges.png")
         )

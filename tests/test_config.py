@@ -38,7 +38,9 @@ ENV_VARS = {
     "price_per_hour": "GPUSESSION_PRICE_PER_HOUR",
     "docker_image": "GPUSESSION_IMAGE",
     "monthly_budget": "GPUSESSION_MONTHLY_BUDGET",
+    "nvml_replay": "GPUSESSION_NVML_REPLAY",
 }
+DATA = ROOT / "tests" / "data"
 
 
 def env_values(tmp_path: Path) -> dict:
@@ -50,6 +52,7 @@ def env_values(tmp_path: Path) -> dict:
         "price_per_hour": "0.1",
         "docker_image": "env/image:1",
         "monthly_budget": "$300",
+        "nvml_replay": str(DATA / "nvml_two_t4.json"),
     }
 
 
@@ -62,6 +65,7 @@ def config_values(tmp_path: Path) -> dict:
         "price_per_hour": 0.25,
         "docker_image": "cfg/image:2",
         "monthly_budget": 150.0,
+        "nvml_replay": str(DATA / "nvml_four_a100.json"),
     }
 
 
@@ -75,6 +79,7 @@ def effective(values: dict) -> dict:
         "price_per_hour": float(values["price_per_hour"]),
         "docker_image": values["docker_image"],
         "monthly_budget": float(str(values["monthly_budget"]).lstrip("$")),
+        "nvml_replay": values["nvml_replay"],
     }
 
 
@@ -91,6 +96,7 @@ def observe(manager) -> dict:
         "price_per_hour": manager.backend("local").price_per_hour(local, manager.catalog),
         "docker_image": manager.backend("docker").config.docker_image,
         "monthly_budget": (manager.budget() or {}).get("budget", 0.0),
+        "nvml_replay": local.extra.get("nvml_replay", ""),
     }
 
 
@@ -234,6 +240,7 @@ def test_empty_means_the_built_in_value(tmp_path, no_env):
         ("GPUSESSION_PRICE_PER_HOUR", "abc", "price_per_hour"),
         ("GPUSESSION_PRICE_PER_HOUR", "-2", "price_per_hour"),
         ("GPUSESSION_TYPE", "t5", "default_type"),
+        ("GPUSESSION_NVML_REPLAY", "/no/such/recording.json", "nvml_replay"),
     ],
 )
 def test_a_bad_env_var_is_an_error_naming_it_when_read(var, value, name, no_env):
@@ -243,10 +250,41 @@ def test_a_bad_env_var_is_an_error_naming_it_when_read(var, value, name, no_env)
         getattr(config, name)
     with pytest.raises(ConfigError, match=var):
         config.check()
-    good = {"default_idle": "5m", "price_per_hour": 0.5, "default_type": "l4"}[name]
+    good = {
+        "default_idle": "5m",
+        "price_per_hour": 0.5,
+        "default_type": "l4",
+        "nvml_replay": str(DATA / "nvml_two_t4.json"),
+    }[name]
     assert (
         getattr(GpuSessionConfig(config=Config({"GpuSessionConfig": {name: good}})), name) == good
     )
+
+
+def test_the_replay_switch_charts_a_local_session_labelled_recorded(tmp_path, no_env):
+    """GPUSESSION_NVML_REPLAY (scripts/demo.sh sets it): a local session's GPU values are the
+    recording's, and the words say "recorded"; a docker session keeps its real GPUs."""
+    from gpusession.faces.words import RECORDED_WORDS, status_lines
+
+    no_env.setenv("GPUSESSION_HOME", str(tmp_path / "home"))
+    no_env.setenv("GPUSESSION_NVML_REPLAY", str(DATA / "nvml_two_t4.json"))
+    manager = SessionManager()
+    try:
+        assert "nvml_replay" not in manager.make_spec("t4", backend="docker").extra
+        session = manager.start(manager.make_spec("t4", backend="local", idle="off"))
+        try:
+            deadline = time.monotonic() + 20
+            while not (stats := manager.stats(session.id))["samples"]:
+                assert time.monotonic() < deadline, stats
+                time.sleep(0.2)
+            assert stats["source"] == "recorded"
+            lines = status_lines(stats)
+            assert lines[0] == f"  {RECORDED_WORDS}", lines
+            assert any(line.startswith("  GPU 0 Tesla T4: Util ") for line in lines), lines
+        finally:
+            manager.stop(session.id)
+    finally:
+        manager.close()
 
 
 def test_bad_env_vars_do_not_break_imports(tmp_path):

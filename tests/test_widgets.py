@@ -56,7 +56,7 @@ def test_card_shows_the_session_view_and_stop_button_stops_it(manager):
         _text(card.state.value) == "running"
         and "gpusession-widget-state-running" in card.widget._dom_classes
     )
-    assert card.kind.value == "T4 × 2 · local"
+    assert card.kind.value == "t4 × 2 · local"  # the sidebar's words (kindText)
     assert (
         card.price.value == "$1.05/h (cloud rate, own hardware)"
     )  # the catalog's rate, this machine
@@ -239,10 +239,14 @@ def test_gpu_gauges_from_recorded_nvml():
         "gpus_visible": sampler.gpus_visible,
         "message": sampler.message,
         "samples": sampler.samples(),
+        "source": "recorded",
     }
     view = StatsView()
     view.show(doc)
     assert view.note.layout.display == "none"
+    # labelled as the sidebar labels it: a "recorded" badge, which says what it means
+    assert view.recorded.layout.display is None and ">recorded</span>" in view.recorded.value
+    assert "not this session&#x27;s GPUs" in view.recorded.value
     assert [g.title.value for g in view.gpus] == ["GPU 0 · Tesla T4", "GPU 1 · Tesla T4"]
     gpu0 = doc["samples"][-1]["gpus"][0]
     g = view.gpus[0]
@@ -256,6 +260,7 @@ def test_gpu_gauges_from_recorded_nvml():
     )
     view.show({"gpus_visible": False, "message": "no NVIDIA GPU visible (test)", "samples": []})
     assert view.gpus == [] and _text(view.note.value) == "no NVIDIA GPU visible (test)"
+    assert view.recorded.layout.display == "none"  # the driver's own values: no badge
 
 
 def test_panel_magic_in_a_notebook_kernel(notebook):
@@ -278,7 +283,7 @@ def test_panel_magic_in_a_notebook_kernel(notebook):
         "card = p.cards[get_ipython()._gpusession_magics.current.id]\n"
         "print(len(p.cards), card.kind.value, p.polling)"
     )
-    assert r.text.split() == ["1", "T4", "×", "1", "·", "local", "True"], r.text
+    assert r.text.split() == ["1", "t4", "×", "1", "·", "local", "True"], r.text
     r = notebook.run("card.stop_button.click(); print(get_ipython()._gpusession_magics.current)")
     assert r.text.strip() == "None", "the stop button ends the notebook's current session too"
     r = notebook.run("%gpu panel nosuch")
@@ -303,5 +308,5 @@ def test_card_shows_the_image_and_a_start_that_never_ran():
         events=[Event("abc", State.PROVISIONING, 1.0), Event("abc", State.FAILED, 1.1)],
     )
     card = SessionCard(session_view(record), on_stop=print, on_keepalive=print)
-    assert card.kind.value == "T4 × 1 · docker · python:3.12-slim"
+    assert card.kind.value == "t4 × 1 · docker · python:3.12-slim"
     assert card.uptime.value == "never ran" and card.cost.value == "$0.0000"

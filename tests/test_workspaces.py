@@ -113,14 +113,20 @@ def test_idle_stop_saves_and_resume_brings_back_files_and_variables(nb_env, engi
         assert start.status == "ok" and f"workspace w1: new volume {w1}" in start.text, start.text
         cell = nk.run(
             "%%gpu\nimport os, json as js\nx = 42\nd = {'a': [1, 2]}\nb = b'z' * 3_000_000\n"
-            "g = (i for i in range(3))\nopen('x.txt', 'w').write('hello')\nprint(os.getcwd(), os.getuid())"
+            "g = (i for i in range(3))\nopen('x.txt', 'w').write('hello')\n"
+            # defined in cells, on an image without cloudpickle: saved by value (the bundle's)
+            "def f(v):\n    return v + x\nclass C:\n    def twice(self, v):\n        return 2 * v\n"
+            "sq = lambda v: v * v\n"
+            "print(os.getcwd(), os.getuid(), __import__('importlib.util').util.find_spec('cloudpickle'))"
         )
-        assert cell.status == "ok" and cell.text.split() == ["/workspace", "1000"], cell.text
+        assert cell.status == "ok" and cell.text.split() == ["/workspace", "1000", "None"], (
+            cell.text
+        )
         _wait_ended(store, "w1", IDLE_S + 60)  # its own watchdog saves, then stops
         said = ended_message(store.get("w1"))
         assert "stopped by its idle watchdog" in said, said
         assert (
-            "saved 3 variables and 2 imports, 3.0 MB; skipped: g (a generator); resume with "
+            "saved 6 variables and 2 imports, 3.0 MB; skipped: g (a generator); resume with "
             "`%gpu start --resume w1`" in said
         ), said
 
@@ -132,11 +138,14 @@ def test_idle_stop_saves_and_resume_brings_back_files_and_variables(nb_env, engi
         assert again.status == "ok", again.text
         assert f"workspace w1: volume {w1}, kept from an earlier session" in again.text
         assert (
-            "workspace w1: restored 5 name(s)" in again.text and ": b, d, x, js, os" in again.text
+            "workspace w1: restored 8 name(s)" in again.text
+            and ": C, b, d, f, sq, x, js, os" in again.text
         ), again.text
         assert "not restored: g (a generator), not saved" in again.text, again.text
         back = nk.run("%%gpu\nprint(x, d, len(b), js.dumps(d), open('x.txt').read())")
         assert back.text.strip() == "42 {'a': [1, 2]} 3000000 {\"a\": [1, 2]} hello", back.text
+        made = nk.run("%%gpu\nprint(f(1), C().twice(3), sq(4))")
+        assert made.text.strip() == "43 6 16", made.text
         _wait_ended(store, "w2", IDLE_S + 60)
         record = store.get("w2")
         result = record.resource["agent_summary"]["checkpoint"]

@@ -18,7 +18,8 @@ Layout in the workspace (`.gpusession/`): `checkpoints/<id>/<n>.pkl`, one file p
 once every file is on disk, then read back before the save says it landed: a kill at any moment
 of a save leaves the previous checkpoint whole, and saves of several kernels into one workspace
 never remove each other's folders. Reading it back (restore, damage): checkpoint_read.py.
-Standard library only (cloudpickle is the image's, when it has it); Python 3.9 syntax.
+Standard library only (cloudpickle: the image's when it has one, else the runtime bundle's);
+Python 3.9 syntax.
 """
 
 from __future__ import annotations

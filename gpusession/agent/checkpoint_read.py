@@ -1,7 +1,8 @@
 """The checkpoint's layout in the workspace, read back: the manifest, restoring it into a
 namespace, and what a restore does with a damaged one (says it, keeps it aside under a name of its
 own, reads what still reads). The save is gpusession.agent.checkpoint's; both run in the kernel.
-Standard library only (cloudpickle is the image's, when it has it); Python 3.9 syntax.
+Standard library only (cloudpickle: the image's when it has one, else the runtime bundle's);
+Python 3.9 syntax.
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import sys
 import time
 import uuid
+
+from .kernelenv import bundled_fallback
 
 META_DIR = ".gpusession"
 MANIFEST = "checkpoint.json"
@@ -43,8 +47,24 @@ def plain_name(value) -> bool:
 
 
 def pickler():
+    """cloudpickle (functions, lambdas and classes defined in cells pickle by value), else pickle.
+    The image's cloudpickle when it has one; else the runtime bundle's, put last on sys.path so
+    that it never shadows anything of the image's (a restore finds it the same way)."""
     try:
-        import cloudpickle  # the image's: functions and classes defined in cells pickle by value
+        import cloudpickle
+
+        return "cloudpickle", cloudpickle
+    except ImportError:
+        pass
+    except Exception:  # noqa: BLE001 - the image's cloudpickle is broken: plain pickle
+        return "pickle", pickle
+    fallback = bundled_fallback()
+    if fallback is None:
+        return "pickle", pickle
+    if fallback not in sys.path:
+        sys.path.append(fallback)
+    try:
+        import cloudpickle
 
         return "cloudpickle", cloudpickle
     except Exception:  # noqa: BLE001 - any failure to import means: plain pickle

@@ -7,7 +7,8 @@ Only when the runtime came in through the bundle's boot.sh (GPUSESSION_RUNTIME_R
 otherwise (the local backend, an image that carries gpusession itself) the kernel starts as
 `python -m ipykernel_launcher` with the environment unchanged.
 
-Bundle layout below the root (gpusession/transport/bundle.py): code/lib (gpusession, pynvml), and, when the
+Bundle layout below the root (gpusession/transport/bundle.py): code/lib (gpusession, pynvml), code/fallback
+(pure-Python packages the kernel takes only where the image has none: cloudpickle), and, when the
 image lacks ipykernel or pip, site/deps (ipykernel and its dependencies for this Python) and
 site/pip (pip). Standard library only; Python 3.9 syntax.
 """
@@ -26,6 +27,14 @@ MIN_IPYKERNEL = 6
 
 def bundle_root() -> str | None:
     return os.environ.get(ENV_RUNTIME_ROOT) or None
+
+
+def bundled_fallback() -> str | None:
+    """The bundle's folder of pure-Python packages used only where the image lacks them
+    (cloudpickle); None outside the bundle."""
+    root = bundle_root()
+    folder = os.path.join(root, "code", "fallback") if root else None
+    return folder if folder and os.path.isdir(folder) else None
 
 
 def _dist_version(name: str) -> str | None:

@@ -16,6 +16,7 @@ import json
 import os
 from typing import Any, Callable, Mapping, Protocol
 
+from ..configuration.metrics import nvml_error_text, nvml_kind
 from .gpuvisible import visible_indices
 
 NO_GPU_MESSAGE = "no NVIDIA GPU visible"
@@ -45,15 +46,6 @@ class NvmlApi(Protocol):
 # pynvml's constants, repeated so that a recorded source needs no driver
 NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
-
-# NVML error names that mean "this machine has no usable NVIDIA GPU" (not a bug of ours)
-_NO_GPU_ERRORS = {
-    "NVMLError_LibraryNotFound",
-    "NVMLError_DriverNotLoaded",
-    "NVMLError_NoPermission",
-    "NVMLError_NotFound",
-    "NVMLError_Uninitialized",
-}
 
 
 def _pynvml() -> NvmlApi:
@@ -109,7 +101,7 @@ class NvmlReader:
         try:
             count = api.nvmlDeviceGetCount()
         except Exception as exc:  # noqa: BLE001 - NVML failing after init (driver unloaded...)
-            return False, f"{NO_GPU_MESSAGE} (NVML: {_error_name(exc)}: {exc})", []
+            return False, f"{NO_GPU_MESSAGE} ({nvml_error_text(_error_name(exc))})", []
         if count == 0:
             return False, f"{NO_GPU_MESSAGE} (the driver sees 0 devices)", []
         indices, chosen_by = visible_indices(self._env, count, lambda i: _uuid(api, i))
@@ -126,8 +118,9 @@ class NvmlReader:
         try:
             handle = api.nvmlDeviceGetHandleByIndex(index)
         except Exception as exc:  # noqa: BLE001 - e.g. GpuIsLost: report, keep the others
+            # the kind only ("GpuIsLost"): each face says it with metrics.nvml_error_text
             gpu.update(
-                {k: None for k in _GPU_FIELDS}, processes=[], error=f"{_error_name(exc)}: {exc}"
+                {k: None for k in _GPU_FIELDS}, processes=[], error=nvml_kind(_error_name(exc))
             )
             return gpu
 
@@ -226,9 +219,9 @@ def _error_name(exc: BaseException) -> str:
 
 def _describe_init_error(exc: BaseException) -> str:
     name = _error_name(exc)
-    if name in _NO_GPU_ERRORS:
-        return f"{NO_GPU_MESSAGE} ({name.replace('NVMLError_', '')}: {exc})"
-    return f"{NO_GPU_MESSAGE} (nvmlInit failed: {name}: {exc})"
+    if name.startswith("NVMLError_"):
+        return f"{NO_GPU_MESSAGE} ({nvml_error_text(name)})"
+    return f"{NO_GPU_MESSAGE} (the NVIDIA driver's library did not start: {name}: {exc})"
 
 
 # -- recorded values: the only fake ----------------------------------------------------------

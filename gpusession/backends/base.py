@@ -228,6 +228,10 @@ class Backend(abc.ABC):
     """It runs the session in a container image the user may name with --image (see
     `default_image` for the one it takes when none is named)."""
 
+    agent_beside_us: ClassVar[bool] = False
+    """Its agent runs on this machine and reads this machine's files: GPUSESSION_NVML_REPLAY
+    (GpuSessionConfig.nvml_replay) replays a recording in its sessions."""
+
     default_rank: ClassVar[int | None] = None
     """Its place when no backend was named or configured: the session layer asks `available()`
     of the backends with a rank, lowest first, and takes the first that answers yes (docker 10,

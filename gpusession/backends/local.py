@@ -65,6 +65,7 @@ def _process_label(pid: int) -> str | None:
 class LocalBackend(Backend):
     name = "local"
     keeps_workspaces = True  # a folder per workspace
+    agent_beside_us = True
     default_rank = 90  # the default when no engine answers: it needs nothing but this Python
     order = 10
 

@@ -36,6 +36,7 @@ from .settings import (  # noqa: F401 - ConfigError, EnvConfig and the built-ins
     _gpu_type,
     _idle,
     _price,
+    _recording,
     builtin_data_dir,
     check_env,
     data_folder,
@@ -101,6 +102,16 @@ class GpuSessionConfig(Configurable):
         f"'{BUILTIN_IMAGE}' (pulled on first use); empty means that image.",
     ).tag(config=True)
 
+    nvml_replay = Unicode(
+        "",
+        help="Charts without a GPU, on purpose (demos, screenshots): every session this process "
+        "starts replays the raw NVML values recorded in this file (`python -m gpusession.agent "
+        "nvml-record` writes one; tests/data/nvml_two_t4.json in a source checkout) instead of "
+        "its machine's GPUs, and every face labels them 'recorded'. A path this machine's agent "
+        "can read: the local backend. Default: env GPUSESSION_NVML_REPLAY; empty means off (the "
+        "real GPUs).",
+    ).tag(config=True)
+
     # set by data_path: the folder this process's store lives in (None until first use)
     _data_dir_in_use: str | None = None
 
@@ -138,6 +149,10 @@ class GpuSessionConfig(Configurable):
     def _image_default(self) -> str:
         return env_setting("docker_image")
 
+    @default("nvml_replay")
+    def _replay_default(self) -> str:
+        return env_setting("nvml_replay")
+
     # -- values set through traitlets (files, command line, %config) --------------------------
 
     @validate("data_dir")
@@ -170,6 +185,10 @@ class GpuSessionConfig(Configurable):
     @validate("docker_image")
     def _check_image(self, proposal) -> str:
         return proposal.value.strip() or BUILTIN_IMAGE
+
+    @validate("nvml_replay")
+    def _check_replay(self, proposal) -> str:
+        return self._checked("nvml_replay", _recording, proposal.value, "")
 
     @staticmethod
     def _checked(name: str, parse: Callable[[str], T], value, builtin: T) -> T:

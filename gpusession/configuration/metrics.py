@@ -6,6 +6,8 @@ session's processes). The CLI and magic words (words.py) and the ipywidgets card
 here; the JupyterLab sidebar and charts get them with `GET options` (`options_document`'s
 "metrics") and format with labextension/src/format.ts `formatMetric`, held to `metric_text` by
 tests/data/format_cases.json. Adding a metric is a row here plus the sampler that fills its field.
+NVML's errors are said in words here too (`nvml_error_text`), for the agent's no-GPU message and
+each face's lost GPU. Standard library only: the agent imports it.
 """
 
 from __future__ import annotations
@@ -91,6 +93,40 @@ def metric_text(metric: Metric, value: float | None, limit: float | None = None)
     if top_unit == unit:
         return _with_unit(f"{number}/{top}", unit)
     return f"{_with_unit(number, unit)}/{_with_unit(top, top_unit)}"
+
+
+# NVML's error kinds (pynvml's NVMLError_<kind>), in words; {gpu} is "GPU 1" or "the GPU"
+NVML_ERRORS = {
+    "GpuIsLost": "{gpu} is lost: the driver no longer sees it",
+    "LibraryNotFound": "no NVIDIA driver here: libnvidia-ml.so is not found",
+    "DriverNotLoaded": "the NVIDIA driver is not loaded on this machine",
+    "NoPermission": "this user may not read the GPUs",
+    "NotFound": "the driver found no such GPU",
+    "Uninitialized": "the NVIDIA driver's library did not start",
+    "NotSupported": "this board does not report it",
+    "ResetRequired": "{gpu} needs a reset",
+    "InsufficientPower": "{gpu} does not get enough power: check its power cables",
+    "Timeout": "the driver did not answer in time",
+    "Unknown": "the driver failed with an unknown error",
+}
+
+
+def nvml_kind(error: str) -> str:
+    """The kind of an NVML error as the agent sends it: "NVMLError_GpuIsLost: GPU is lost" or
+    "GpuIsLost" -> "GpuIsLost"."""
+    kind = error.split(":", 1)[0].strip()
+    return kind[len("NVMLError_") :] if kind.startswith("NVMLError_") else kind
+
+
+def nvml_error_text(error: str, gpu: int | None = None) -> str:
+    """An NVML error in words, as every face says it: "GPU 1 is lost: the driver no longer sees
+    it" (a kind not in NVML_ERRORS: its name in words, "the driver said: memory")."""
+    kind = nvml_kind(error)
+    words = NVML_ERRORS.get(kind)
+    if words is None:
+        spaced = "".join(f" {c.lower()}" if c.isupper() else c for c in kind).strip()
+        words = f"the driver said: {spaced or 'an unknown error'}"
+    return words.format(gpu=f"GPU {gpu}" if gpu is not None else "the GPU")
 
 
 def metric_of(metric: Metric, item: Mapping[str, Any]) -> str:

@@ -133,6 +133,17 @@ def _data_dir(text: str) -> str:
 
 
 # name -> (env var, parse, built-in): each setting's default, as GpuSessionConfig's @default reads it
+def _recording(text: str) -> str:
+    """A recording of raw NVML values for the agent's labelled replay (--nvml-replay): a file."""
+    path = Path(text).expanduser().resolve()
+    if not path.is_file():
+        raise BadInput(
+            f"no recording of NVML values at {path}: name a file `python -m gpusession.agent "
+            "nvml-record` wrote (tests/data/nvml_two_t4.json in a source checkout), or unset it"
+        )
+    return str(path)
+
+
 ENV_SETTINGS: dict[str, tuple[str, Callable[[str], object], Callable[[], object]]] = {
     "data_dir": ("GPUSESSION_HOME", _data_dir, builtin_data_dir),
     "default_backend": ("GPUSESSION_BACKEND", lambda s: s.lower(), lambda: ""),
@@ -141,6 +152,7 @@ ENV_SETTINGS: dict[str, tuple[str, Callable[[str], object], Callable[[], object]
     "price_per_hour": ("GPUSESSION_PRICE_PER_HOUR", _price, lambda: CATALOG_PRICE),
     "docker_image": ("GPUSESSION_IMAGE", str, lambda: BUILTIN_IMAGE),
     "monthly_budget": ("GPUSESSION_MONTHLY_BUDGET", _budget, lambda: 0.0),
+    "nvml_replay": ("GPUSESSION_NVML_REPLAY", _recording, lambda: ""),
 }
 
 

@@ -11,12 +11,15 @@ import re
 import time
 from typing import Any, Iterable
 
-from ..configuration.cost import CONFIGURED, OWN_HARDWARE, cost_of, never_ran, uptime_seconds
+from ..configuration.cost import cost_of, uptime_seconds
 from ..core.durations import format_duration, format_money
 from ..core.errors import SessionEnded
-from ..configuration.metrics import METRICS, metric_of, metric_text, metrics
+from ..configuration.metrics import METRICS, metric_of, metric_text, metrics, nvml_error_text
 from ..core.models import SessionRecord, State
 from ..core.protocol import StopKind, StopReason, Warning, WarningKind
+from ..configuration.cost import CONFIGURED
+from ..configuration.cost import OWN_HARDWARE
+from ..configuration.cost import never_ran
 from ..core.durations import format_bound
 
 # a process's GPU memory reads as the GPU's memory does
@@ -553,7 +556,10 @@ def sparkline(values: list[float | None], width: int = 40) -> str:
 def gpu_lines(sample: dict) -> list[str]:
     lines = []
     for g in sample.get("gpus", []):
-        values = ", ".join(f"{m.short} {metric_of(m, g)}" for m in metrics("gpu"))
+        if g.get("error"):
+            values = nvml_error_text(g["error"])
+        else:
+            values = ", ".join(f"{m.short} {metric_of(m, g)}" for m in metrics("gpu"))
         lines.append(f"  GPU {g['index']} {g.get('name') or '?'}: {values}")
         for p in g.get("processes", []):
             lines.append(
@@ -562,11 +568,33 @@ def gpu_lines(sample: dict) -> list[str]:
     return lines
 
 
+# the label of replayed GPU values (the agent's --nvml-replay, GPUSESSION_NVML_REPLAY) in words
+RECORDED_WORDS = (
+    "GPU values: recorded (a replay of values recorded from a driver, not this session's GPUs)"
+)
+
+
+def with_error_texts(sample: dict) -> dict:
+    """A stats sample as the REST API serves it: each lost GPU's `error` (an NVML kind) said in
+    words too, as `error_text`, so that the JupyterLab faces say what the others do."""
+    gpus = sample.get("gpus") or []
+    if not any(g.get("error") for g in gpus):
+        return sample
+    return dict(
+        sample,
+        gpus=[
+            dict(g, error_text=nvml_error_text(g["error"])) if g.get("error") else g for g in gpus
+        ],
+    )
+
+
 def status_lines(stats: dict, *, history: bool = False) -> list[str]:
     """The live part of `%gpu status` / `%gpu watch` / `gpusession stats`."""
     samples = stats.get("samples") or []
     latest = samples[-1] if samples else None
     lines: list[str] = []
+    if stats.get("source") == "recorded":
+        lines.append(f"  {RECORDED_WORDS}")
     if not stats.get("gpus_visible"):
         lines.append(f"  {stats.get('message') or 'no NVIDIA GPU visible'}")
     if latest is not None:

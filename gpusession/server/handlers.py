@@ -22,12 +22,13 @@ from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput
 from ..configuration.settings import load_policy
 from ..session import SessionManager, default_backend_name
-from ..faces.words import image_text, rest_view, warning_texts
+from ..faces.words import rest_view, warning_texts, with_error_texts
 from .api import Api
 from .base import BaseHandler
 from .workspaces import WorkspaceHandler, WorkspacesHandler
 from .panel import MAX_HISTORY, kernel_ids_by_pid, with_history
 from ..faces.words import report_lines
+from ..faces.words import image_text
 
 
 class SessionsHandler(BaseHandler):
@@ -180,7 +181,9 @@ class StatsHandler(BaseHandler):
             doc = m.stats(m.get(key).id, since=since)
             warnings = [w for w in doc.get("warnings") or [] if warning_texts([w])]
             return dict(
-                doc, warnings=[dict(w, text=warning_texts([w], hint=False)[0]) for w in warnings]
+                doc,
+                warnings=[dict(w, text=warning_texts([w], hint=False)[0]) for w in warnings],
+                samples=[with_error_texts(s) for s in doc.get("samples") or []],
             )
 
         await self.guarded(stats)

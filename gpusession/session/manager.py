@@ -121,6 +121,13 @@ class SessionManager:
                 raise options.BadOptions(problems, face)
             if bounds:
                 spec.extra[POLICY_BOUNDS] = bounds
+        replay = getattr(self.config, "nvml_replay", "")  # GPUSESSION_NVML_REPLAY: charts, no GPU
+        if (
+            replay
+            and "nvml_replay" not in spec.extra
+            and load_backend_class(spec.backend).agent_beside_us
+        ):
+            spec.extra["nvml_replay"] = replay
         return spec
 
     # -- start ---------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 the image needs no sshd, no agent and no ipykernel of its own, and is never changed.
 
     code  (one per gpusession build)      boot.sh (POSIX sh: finds the image's Python), lib/
-          = gpusession's agent and the modules it imports, and pynvml (nvidia-ml-py)
+          = gpusession's agent and the modules it imports, and pynvml (nvidia-ml-py); fallback/
+          = cloudpickle, which the kernel's checkpoint takes only where the image has none
     site  (one per Python version, platform)  deps/ = ipykernel and its dependencies as wheels for
           that Python, unpacked, and pip/ = pip; used only when the image has no ipykernel or pip
 
@@ -207,13 +208,20 @@ def complete_marker() -> bytes:
 
 @functools.lru_cache(maxsize=1)
 def code_archive() -> Archive:
-    """boot.sh, and lib/ with the agent, what it imports of gpusession, and pynvml."""
+    """boot.sh, lib/ with the agent, what it imports of gpusession, and pynvml; fallback/ with
+    cloudpickle (pure Python), kept off the PYTHONPATH: the agent's checkpoint appends it to the
+    kernel's sys.path only where the image has no cloudpickle (gpusession.agent.kernelenv)."""
     files: dict[str, bytes] = {"boot.sh": boot_script()}
     for rel in agent_modules():
         files[f"lib/gpusession/{rel}"] = (PACKAGE / rel).read_bytes()
     spec = importlib.util.find_spec("pynvml")
     if spec is not None and spec.origin:
         files["lib/pynvml.py"] = Path(spec.origin).read_bytes()
+    spec = importlib.util.find_spec("cloudpickle")
+    if spec is not None and spec.origin:
+        package = Path(spec.origin).parent
+        for source in sorted(package.glob("*.py")):
+            files[f"fallback/cloudpickle/{source.name}"] = source.read_bytes()
     return _archive("code", files)
 
 

@@ -3,7 +3,7 @@ document) and call back on clicks; fetching and threads are panel.py's.
 
 CSS classes: `gpusession-widget-` + card (plus `gpusession-widget-state-<state>`), name, state,
 kind, uptime, price, cost, idle, idle-warning, error, advice, action-message, stop, keepalive, stats,
-stats-note, gpu, gauge, gauge-<key of a gpusession.configuration.metrics row: util, memory, temp, power, cpu, ram>, gauge-value.
+stats-note, recorded, gpu, gauge, gauge-<key of a gpusession.configuration.metrics row: util, memory, temp, power, cpu, ram>, gauge-value.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from typing import Callable
 
 import ipywidgets as widgets
 
-from ..configuration.metrics import Metric, metric_of, metrics
-from ..faces.words import NEVER_RAN, format_duration, format_money, rate_text, warning_texts
+from ..configuration.metrics import Metric, metric_of, metrics, nvml_error_text
+from ..faces.words import RECORDED_WORDS, format_duration, format_money, warning_texts
 from ..core.models import State
+from ..faces.words import NEVER_RAN
+from ..faces.words import rate_text
 from ..faces.words import advice_line
 
 KEEPALIVE = "1h"  # what the keep-alive button asks for (the sidebar's button does the same)
@@ -27,13 +29,21 @@ _STATE_COLORS = {
     "stopping": "#ef6c00",
 }
 WARN_STYLE = "color: #b45309; font-weight: bold"
+# the sidebar's "recorded" badge (labextension .gpusession-recorded): replayed GPU values
+RECORDED_BADGE = (
+    f'<span title="{html.escape(RECORDED_WORDS)}" style="padding: 0 6px; border: 1px dashed '
+    "var(--jp-warn-color1, #b45309); border-radius: 8px; font-size: 11px; text-transform: "
+    'uppercase; color: var(--jp-ui-font-color1, #333)">recorded</span>'
+)
 
-# rows of text at 20 px instead of ipywidgets' 28 px input height: a card about as tall as the sidebar's
+# rows of text at 20 px instead of ipywidgets' 28 px input height: a card about as tall as the sidebar's;
+# the form's labels wide enough for "Max cost ($)" (ipywidgets cuts a label at 80 px)
 STYLE = """<style>
 .gpusession-widget-card .widget-label, .gpusession-widget-card .widget-html,
 .gpusession-widget-card .widget-html-content, .gpusession-widget-stats .widget-label
 { min-height: 20px; height: auto; line-height: 20px; }
 .gpusession-widget-stats .widget-hprogress { height: 20px; }
+.gpusession-widget-start-form .widget-inline-hbox .widget-label { width: 110px; }
 </style>"""
 
 
@@ -113,7 +123,7 @@ class GpuGauges(MetricGauges):
 
     def show(self, gpu: dict) -> None:
         self.title.value = f"GPU {gpu['index']} · {gpu.get('name') or '?'}" + (
-            f" · {gpu['error']}" if gpu.get("error") else ""
+            f" · {nvml_error_text(gpu['error'])}" if gpu.get("error") else ""
         )
         super().show(gpu)
 
@@ -124,18 +134,28 @@ class StatsView:
 
     def __init__(self):
         self.note = classed(widgets.HTML(), "stats-note")
+        self.recorded = classed(widgets.HTML(RECORDED_BADGE), "recorded")
+        show(self.recorded, False)
         self.gpus: list[GpuGauges] = []
         self.gpu_box = widgets.VBox([])
         self.host = MetricGauges("host")
         self.cpu, self.ram = self.host.gauges["cpu"], self.host.gauges["ram"]
         self.widget = classed(
-            widgets.VBox([self.note, self.gpu_box, *(g.widget for g in self.host.gauges.values())]),
+            widgets.VBox(
+                [
+                    self.recorded,
+                    self.note,
+                    self.gpu_box,
+                    *(g.widget for g in self.host.gauges.values()),
+                ]
+            ),
             "stats",
         )
 
     def show(self, doc: dict) -> None:
         samples = doc.get("samples") or []
         latest = samples[-1] if samples else None
+        show(self.recorded, doc.get("source") == "recorded")
         if not doc.get("gpus_visible"):
             html_text(
                 self.note,
@@ -269,7 +289,7 @@ class SessionCard:
         self.state.value = (
             f'<span style="color: {color}; font-weight: bold">{html.escape(state)}</span>'
         )
-        kind = [f"{view['gpu_type'].upper()} × {view['gpu_count']}", view["backend"]]
+        kind = [f"{view['gpu_type']} × {view['gpu_count']}", view["backend"]]
         kind += ["spot"] * bool(view.get("spot")) + [view["host"]] * bool(view.get("host"))
         kind += [view["image"]] * bool(view.get("image"))
         self.kind.value = " · ".join(kind)

@@ -1,6 +1,7 @@
 /**
  * A large history chart of the main-area charts view: an SVG line over a
- * shaded area, grid lines, the top of the scale and the time axis.
+ * shaded area, grid lines, the scale beside the plot (its top and 0, never
+ * over the data) and the time axis of the chosen window.
  */
 import { element, setData, setText } from './dom';
 import { areaPoints, type ChartData, polylinePoints } from './series';
@@ -44,13 +45,17 @@ export class BigChart {
     this._line.setAttribute('class', 'gpusession-bigchart-line');
     this._line.setAttribute('vector-effect', 'non-scaling-stroke');
     svg.append(this._area, this._line);
-    plot.append(svg, this._top);
-
+    const scale = element('div', 'gpusession-bigchart-scale');
+    const zero = element('span', 'gpusession-bigchart-zero');
+    zero.textContent = '0';
+    scale.append(this._top, zero);
     const axis = element('div', 'gpusession-bigchart-axis');
     axis.append(this._start, this._end);
     this._end.textContent = 'now';
+    // a grid: the scale left of the plot, the time axis under the plot only
+    plot.append(scale, svg, element('span', 'gpusession-bigchart-corner'), axis);
 
-    this.node.append(header, plot, axis);
+    this.node.append(header, plot);
   }
 
   readonly node: HTMLDivElement;

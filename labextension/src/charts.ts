@@ -12,7 +12,7 @@ import { control, element, message, setText, showText } from './dom';
 import { RECORDED_TITLE } from './gpus';
 import { gpuIcon } from './icon';
 import { SessionListModel, SessionStatsModel } from './model';
-import { chartedMetrics, chartSpan, gpuFrame, hostSeries, metricCharts } from './series';
+import { chartedMetrics, gpuFrame, hostSeries, metricCharts } from './series';
 import { endedText, kindText, noGpuNote } from './sessions';
 import type { GpuSample, MetricView, Sample, SessionView } from './types';
 
@@ -268,7 +268,7 @@ export class GpuChartsView extends Widget {
       this.node.appendChild(this._host.node);
     }
     const gpus = stats.gpusVisible && latest ? latest.gpus : [];
-    const span = chartSpan(samples, this._windowS); // a young session's charts fill the width
+    const span = this._windowS; // the chosen window, data or not (the sidebar's fill their width)
     const indices = new Set(gpus.map(g => g.index));
     for (const [index, charts] of this._gpuCharts) {
       if (!indices.has(index)) {

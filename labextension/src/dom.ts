@@ -30,10 +30,45 @@ export function message(className: string): HTMLDivElement {
   return node;
 }
 
+/**
+ * Set a node's text. What the server's words quote as code ("resume with
+ * `%gpu start --resume ux-nb`") shows as code, without the backticks.
+ */
 export function setText(node: HTMLElement, text: string): void {
-  if (node.textContent !== text) {
-    node.textContent = text;
+  const parts = text.split('`');
+  if (parts.length < 3) {
+    if (node.dataset.text !== undefined) {
+      delete node.dataset.text;
+      node.textContent = text;
+    } else if (node.textContent !== text) {
+      node.textContent = text;
+    }
+    return;
   }
+  if (node.dataset.text === text) {
+    return;
+  }
+  node.dataset.text = text;
+  // an odd part is code; a last backtick without its pair stays as it is
+  const pieces = parts.map((part, i) => {
+    if (i % 2 === 0) {
+      return part;
+    }
+    if (i === parts.length - 1) {
+      return `\`${part}`;
+    }
+    // a line may end between its words, never inside one ("--resume" stays whole)
+    const code = document.createElement('code');
+    code.className = 'gpusession-code';
+    part.split(' ').forEach((word, j) => {
+      const whole = document.createElement('span');
+      whole.className = 'gpusession-code-word';
+      whole.textContent = word;
+      code.append(...(j ? [' ', whole] : [whole]));
+    });
+    return code;
+  });
+  node.replaceChildren(...pieces);
 }
 
 export function setData(node: HTMLElement, key: string, value: string): void {

@@ -137,7 +137,7 @@ export function fieldPoints(
 
 /**
  * "GPU 0 · Tesla T4"; a GPU NVML could not read says why, after the name it
- * had in an earlier sample: "GPU 1 · Tesla T4 · GpuIsLost".
+ * had in an earlier sample: "GPU 1 · Tesla T4 · the GPU is lost: the driver no longer sees it".
  */
 export function gpuTitle(series: readonly { gpu: GpuSample }[]): string {
   const latest = series[series.length - 1]?.gpu;
@@ -150,7 +150,7 @@ export function gpuTitle(series: readonly { gpu: GpuSample }[]): string {
   }
   const parts = [`GPU ${latest.index}`, name ?? 'unknown'];
   if (latest.error) {
-    parts.push(latest.error.split(':')[0]!.replace('NVMLError_', ''));
+    parts.push(latest.error_text ?? latest.error);
   }
   return parts.join(' · ');
 }
@@ -250,7 +250,7 @@ export function gpuFrame(
   }
   return {
     title: gpuTitle(series),
-    tooltip: latest.gpu.error ?? latest.gpu.uuid ?? '',
+    tooltip: latest.gpu.error_text ?? latest.gpu.uuid ?? '',
     series: series.map(({ t, gpu }) => ({ t, item: gpu }))
   };
 }

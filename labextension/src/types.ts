@@ -183,8 +183,10 @@ export interface GpuSample {
   /** MHz. */
   sm_clock: number | null;
   processes: GpuProcess[];
-  /** Why NVML could not read this GPU at all, e.g. "NVMLError_GpuIsLost: ...". */
+  /** Why NVML could not read this GPU at all: its kind, e.g. "GpuIsLost". */
   error?: string;
+  /** The same in words (the server's): "the GPU is lost: the driver no longer sees it". */
+  error_text?: string;
 }
 
 /** One sample of a session's machine, item of GET `sessions/<id>/stats`. */

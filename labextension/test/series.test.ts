@@ -131,10 +131,12 @@ describe('large charts', () => {
 
 describe('GPU titles', () => {
   test('the name, and why a GPU could not be read, after the name it had', () => {
-    const lost = { ...gpu(1, 0), name: null, error: 'NVMLError_GpuIsLost: GPU is lost' };
+    // the agent sends NVML's kind; the server adds it in words (gpusession.configuration.metrics.nvml_error_text)
+    const words = 'the GPU is lost: the driver no longer sees it';
+    const lost = { ...gpu(1, 0), name: null, error: 'GpuIsLost', error_text: words };
     assert.equal(gpuTitle([{ gpu: gpu(0, 5) }]), 'GPU 0 · Tesla T4');
-    assert.equal(gpuTitle([{ gpu: gpu(1, 5) }, { gpu: lost }]), 'GPU 1 · Tesla T4 · GpuIsLost');
-    assert.equal(gpuTitle([{ gpu: lost }]), 'GPU 1 · unknown · GpuIsLost');
+    assert.equal(gpuTitle([{ gpu: gpu(1, 5) }, { gpu: lost }]), `GPU 1 · Tesla T4 · ${words}`);
+    assert.equal(gpuTitle([{ gpu: lost }]), `GPU 1 · unknown · ${words}`);
     assert.equal(gpuTitle([]), '');
   });
 

@@ -277,3 +277,40 @@ def low_contrast(page, scope: str, selector: str, minimum: float) -> list[dict]:
         if measured["ratio"] < minimum:
             found.append(measured)
     return found
+
+
+# The words of an element that the browser broke across lines although they fit on one: a word
+# is a run without spaces (a line may end after a hyphen or a slash, except in code); one wider
+# than the element may break (nothing else can hold it).
+BROKEN_WORDS_JS = """
+(node) => {
+  const width = node.getBoundingClientRect().width;
+  const broken = [];
+  const walker = document.createTreeWalker(node, NodeFilter.SHOW_TEXT);
+  for (let text = walker.nextNode(); text; text = walker.nextNode()) {
+    const value = text.nodeValue;
+    // a word: a run without spaces, hyphens or slashes (a line may end after those); in code
+    // a run without spaces ("--resume" is one)
+    const code = text.parentElement && text.parentElement.closest('code');
+    for (const match of value.matchAll(code ? /\\S+/g : /[^\\s\\/-]+[\\/-]?/g)) {
+      const range = document.createRange();
+      range.setStart(text, match.index);
+      range.setEnd(text, match.index + match[0].length);
+      const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+      if (lines.size > 1 && range.getBoundingClientRect().width < width) {
+        broken.push(match[0]);
+      }
+    }
+  }
+  return broken;
+}
+"""
+
+
+def broken_words(page, scope: str, selector: str) -> list[str]:
+    """Words the browser broke mid-word (across lines) in the visible elements matching."""
+    found: list[str] = []
+    for element in page.locator(f"{scope} {selector}").all():
+        if element.is_visible():
+            found += element.evaluate(BROKEN_WORDS_JS)
+    return found
