@@ -191,6 +191,32 @@ class SessionManager:
                 error=message,
             )
 
+    # -- switch --------------------------------------------------------------------------
+
+    def switch_spec(
+        self, key: str, given: Mapping[str, Any], face: str = options.REST
+    ) -> LaunchSpec:
+        """The spec of the session that replaces running session `key`: its start options with
+        the `given` ones over them (`on_demand`: true turns spot off); BadInput as `spec_from`."""
+        from .switch import switch_values
+
+        return self.spec_from(switch_values(self.store.get(key), given), face)
+
+    def switch(
+        self,
+        old: str | Session,
+        spec: LaunchSpec,
+        report: Reporter | None = None,
+        *,
+        by: str = "a switch",
+    ) -> tuple[Session, Any]:
+        """Move running session `old` (a key or its handle) to a new session started from `spec`,
+        keeping its variables and files through its workspace (session/switch.py). Returns the
+        new session and a `SwitchReport`; on any failure the old session keeps running."""
+        from .switch import switch_session
+
+        return switch_session(self, old if isinstance(old, str) else old.id, spec, report, by=by)
+
     # -- attach / look up ----------------------------------------------------------------
 
     def get(self, key: str) -> SessionRecord:
