@@ -23,7 +23,7 @@ from ..protocol import StopKind
 from ..pulls import format_bytes
 from .agentclient import AgentUnavailable
 from .views import restart_body
-from .workspaces import save_checkpoint, workspace_claim
+from .workspaces import save_checkpoint, workspace_claim, workspace_place
 
 if TYPE_CHECKING:
     from ..backends import Backend
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 MOVE_REPORT_EVERY_S = 2.0  # a progress line while a workspace moves, at most this often
 
 #: start options a switch does not carry over from the old session (it names its own)
-NOT_CARRIED = ("name", "workspace", "resume")
+NOT_CARRIED = ("name", "upload", "upload_max", *options.SWITCH_SKIP)  # its files are there
 
 
 @dataclasses.dataclass
@@ -83,10 +83,9 @@ def switch_values(old: SessionRecord, given: Mapping[str, Any]) -> dict[str, Any
 
 def _where(spec: LaunchSpec) -> str:
     """Where a workspace of this spec lives, in words for the progress lines."""
-    extra = spec.extra
-    place = spec.host or spec.region or extra.get("host") or extra.get("region")
     if spec.backend == "local":
         return "this machine's folder"
+    place = workspace_place(spec)
     return f"{spec.backend} {place}" if place else f"{spec.backend} (this machine's engine)"
 
 
@@ -155,9 +154,10 @@ def switch_session(
     workspace = old.resource.get("workspace") or workspace_name(old)
     spec.extra.pop("workspace", None)
     spec.extra["resume"] = workspace
-    same_place = (workspace_claim(old.spec, old.name) or ())[:2] == (
-        workspace_claim(spec, spec.name or "") or ()
-    )[:2]
+    same_place = (old.spec.backend, workspace_place(old.spec)) == (
+        spec.backend,
+        workspace_place(spec),
+    )
     record = _create(manager, new_backend, spec, old.name)
     progress.say(
         f"switch {old.name} -> {record.name}: {spec.gpu_count} x {spec.gpu_type} on {spec.backend}"
