@@ -124,8 +124,16 @@ class SessionManager:
         half-started session is stopped and recorded as failed, naming the stage."""
         return self.launch(self.create(spec), report)
 
-    def launch(self, record: SessionRecord, report: Reporter | None = None) -> Session:
-        progress = Progress(report)
+    def launch(
+        self,
+        record: SessionRecord,
+        report: Reporter | None = None,
+        *,
+        within: Progress | None = None,
+    ) -> Session:
+        """`within`: the progress of a longer operation this start is part of (a switch): its
+        lines then count from that operation's start."""
+        progress, started = within or Progress(report), time.monotonic()
         link: Link | None = None
         backend: Backend | None = None
         try:  # from the first instruction: a Ctrl-C anywhere must not strand the record or its name
@@ -164,7 +172,7 @@ class SessionManager:
             self._abort(record, link, backend, message)
             raise
         session.record = self.store.transition(
-            record.id, State.RUNNING, f"ready in {progress.elapsed():.1f}s"
+            record.id, State.RUNNING, f"ready in {time.monotonic() - started:.1f}s"
         )
         fetch_restore_report(self.store, session)  # --resume: what came back, for the faces to say
         progress.say(f"running: session {record.name} is ready")

@@ -90,21 +90,25 @@ def _where(spec: LaunchSpec) -> str:
 
 
 def _kernel_busy(manager: "SessionManager", session_id: str) -> bool:
-    """The session's agent says, in a sample taken after this question, that its kernel runs a
-    cell (an older sample may predate the end of the last cell). An agent that does not answer,
-    or samples nothing, counts as idle: the save then says what it could do."""
+    """The session's agent says its kernel runs a cell: its latest sample says busy, and so does
+    one taken after this question (the latest may predate the end of a cell that just finished,
+    the usual case of a switch typed right after a cell). An agent that does not answer, or
+    samples nothing, counts as idle: the save then says what it could do."""
     try:
         doc = manager.stats(session_id, limit=1)
+        samples = doc.get("samples") or []
+        if not (samples and samples[-1].get("kernel_busy")):
+            return False
         asked_at, interval = doc.get("t") or 0.0, doc.get("interval_s") or 0.0
         deadline = time.monotonic() + 3 * interval + 1.0
-        while interval > 0 and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             samples = manager.stats(session_id, since=asked_at, limit=1).get("samples") or []
             if samples:
                 return bool(samples[-1].get("kernel_busy"))
             time.sleep(min(interval / 4, 0.25))
     except (AgentUnavailable, GpuSessionError):
-        pass
-    return False
+        return False
+    return True
 
 
 def _counted(
@@ -183,7 +187,7 @@ def switch_session(
         manager.store.transition(record.id, State.FAILED, why, error=why)
         raise _kept_running(exc, old.name) from None
     try:
-        session = manager.launch(manager.store.get(record.id), report)
+        session = manager.launch(manager.store.get(record.id), within=progress)
     except BaseException as exc:
         raise _kept_running(exc, old.name) from None
     stop_error = None
