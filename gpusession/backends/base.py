@@ -224,6 +224,11 @@ class Backend(abc.ABC):
     """Its workspaces outlive the session (--workspace, --resume, --save-timeout, --save-cap
     apply to it; `gpusession workspaces` asks its `list_workspaces`)."""
 
+    shares_workspaces: ClassVar[bool] = True
+    """Two sessions may mount one of its workspaces at once (a Docker volume, a folder); False
+    where one session at a time can (an EBS volume attaches to one instance): a switch then
+    cannot start the new session on the workspace while the old one still runs."""
+
     takes_host: ClassVar[bool] = False
     """It runs on a machine the user names with --host (an engine, a login node)."""
 

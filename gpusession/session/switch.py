@@ -25,8 +25,9 @@ from .agentclient import AgentUnavailable
 from .views import restart_body
 from .workspaces import save_checkpoint, workspace_claim, workspace_place
 
+from ..backends.base import Backend
+
 if TYPE_CHECKING:
-    from ..backends import Backend
     from .handle import Session
     from .manager import SessionManager
 
@@ -150,18 +151,33 @@ def switch_session(
                 f"the {backend.name} backend keeps no workspace, so the variables cannot move "
                 f"there or from there; `%gpu stop` and `%gpu start --backend {spec.backend}` instead"
             )
+    workspace = old.resource.get("workspace") or workspace_name(old)
+    same_place = (old.spec.backend, workspace_place(old.spec)) == (
+        spec.backend,
+        workspace_place(spec),
+    )
+    if same_place and not new_backend.shares_workspaces:
+        raise BadInput(
+            f"the {new_backend.name} backend's workspace attaches to one session at a time and "
+            f"cannot be copied yet, so session {old.name} cannot switch while it runs; "
+            f"`%gpu stop --save`, then `%gpu start --resume {workspace}` "
+            "with the new options"
+        )
+    if not same_place:
+        for backend, can in ((old_backend, "export_workspace"), (new_backend, "import_workspace")):
+            if getattr(type(backend), can) is getattr(Backend, can):
+                raise BadInput(
+                    f"the {backend.name} backend cannot move its workspaces yet, so session "
+                    f"{old.name} cannot switch from {_where(old.spec)} to {_where(spec)}; "
+                    "a switch that keeps the place (another type, image, spot) works"
+                )
     if _kernel_busy(manager, old.id):
         raise SessionBusy(
             f"session {old.name} is running a cell; switch once it has finished, or interrupt "
             "it first: nothing was changed"
         )
-    workspace = old.resource.get("workspace") or workspace_name(old)
     spec.extra.pop("workspace", None)
     spec.extra["resume"] = workspace
-    same_place = (old.spec.backend, workspace_place(old.spec)) == (
-        spec.backend,
-        workspace_place(spec),
-    )
     record = _create(manager, new_backend, spec, old.name)
     progress.say(
         f"switch {old.name} -> {record.name}: {spec.gpu_count} x {spec.gpu_type} on {spec.backend}"
