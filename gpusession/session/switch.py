@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
 
 from .. import options
 from ..agentargs import workspace_name
@@ -28,8 +28,38 @@ from .workspaces import save_checkpoint, workspace_claim, workspace_place
 from ..backends.base import Backend
 
 if TYPE_CHECKING:
+    from ..catalog import Catalog
+    from ..store import Store
     from .handle import Session
-    from .manager import SessionManager
+
+
+class Owner(Protocol):
+    """What a switch asks of the SessionManager that runs it (and nothing more)."""
+
+    store: "Store"
+    config: Any
+    catalog: "Catalog"
+
+    def backend(self, name: str) -> Backend: ...
+
+    def refresh_state(self, key: str) -> SessionRecord: ...
+
+    def stats(self, key: str, since: float | None = None, limit: int | None = None) -> dict: ...
+
+    def connected(self, key: str | None = None) -> "Session | None": ...
+
+    def attach(self, key: str, report: Reporter | None = None) -> "Session": ...
+
+    def launch(
+        self,
+        record: SessionRecord,
+        report: Reporter | None = None,
+        *,
+        within: Progress | None = None,
+    ) -> "Session": ...
+
+    def stop(self, key: str, by: str = "user", kind: StopKind = StopKind.USER) -> SessionRecord: ...
+
 
 MOVE_REPORT_EVERY_S = 2.0  # a progress line while a workspace moves, at most this often
 
@@ -90,7 +120,7 @@ def _where(spec: LaunchSpec) -> str:
     return f"{spec.backend} {place}" if place else f"{spec.backend} (this machine's engine)"
 
 
-def _kernel_busy(manager: "SessionManager", session_id: str) -> bool:
+def _kernel_busy(manager: "Owner", session_id: str) -> bool:
     """The session's agent says its kernel runs a cell: its latest sample says busy, and so does
     one taken after this question (the latest may predate the end of a cell that just finished,
     the usual case of a switch typed right after a cell). An agent that does not answer, or
@@ -129,7 +159,7 @@ def _counted(
 
 
 def switch_session(
-    manager: "SessionManager",
+    manager: "Owner",
     key: str,
     spec: LaunchSpec,
     report: Reporter | None = None,
@@ -229,9 +259,7 @@ def switch_session(
     )
 
 
-def _create(
-    manager: "SessionManager", backend: "Backend", spec: LaunchSpec, old_name: str
-) -> SessionRecord:
+def _create(manager: "Owner", backend: "Backend", spec: LaunchSpec, old_name: str) -> SessionRecord:
     """The new record, as `SessionManager.create` makes it, but the old session's hold on the
     workspace does not count: the two share it until the old one stops."""
 
