@@ -215,6 +215,14 @@ def test_the_cli_switches_a_session_another_process_started(gs_home, manager):
     assert "Traceback" not in ended.stderr
 
 
+async def _post_switch(jp_fetch, key: str, body: dict):
+    import json
+
+    return await jp_fetch(
+        "gpusession", "api", "sessions", key, "switch", method="POST", body=json.dumps(body)
+    )
+
+
 async def test_the_rest_api_switches_a_session_and_says_what_is_wrong_with_a_body(
     jp_fetch, manager
 ):
@@ -222,44 +230,21 @@ async def test_the_rest_api_switches_a_session_and_says_what_is_wrong_with_a_bod
 
     from tornado.httpclient import HTTPClientError
 
-    m = manager
-    if True:
-        session = m.start(m.make_spec("t4", backend="local", idle="off", name="r1"))
-        assert session.run("z = 'here'")["status"] == "ok"
-        for body, status, words in (
-            ({"resume": "x"}, 400, "'resume': a switch keeps the session's workspace"),
-            ({"on_demand": "yes"}, 400, "'on_demand': wrong type"),
-            ({"typo": 1}, 400, "unknown field"),
-        ):
-            with pytest.raises(HTTPClientError) as err:
-                await jp_fetch(
-                    "gpusession",
-                    "api",
-                    "sessions",
-                    "r1",
-                    "switch",
-                    method="POST",
-                    body=json.dumps(body),
-                )
-            assert err.value.code == status
-            assert words in json.loads(err.value.response.body)["message"]
+    session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="r1"))
+    assert session.run("z = 'here'")["status"] == "ok"
+    for key, body, status, words in (
+        ("r1", {"resume": "x"}, 400, "'resume': a switch keeps the session's workspace"),
+        ("r1", {"on_demand": "yes"}, 400, "'on_demand': wrong type"),
+        ("r1", {"typo": 1}, 400, "unknown field"),
+        ("nope", {}, 404, "nope"),
+    ):
         with pytest.raises(HTTPClientError) as err:
-            await jp_fetch(
-                "gpusession", "api", "sessions", "nope", "switch", method="POST", body="{}"
-            )
-        assert err.value.code == 404
-        response = await jp_fetch(
-            "gpusession",
-            "api",
-            "sessions",
-            "r1",
-            "switch",
-            method="POST",
-            body=json.dumps({"type": "a100"}),
-        )
-        doc = json.loads(response.body)
-        new = doc["session"]["name"]
-        assert doc["session"]["gpu_type"] == "a100" and doc["session"]["state"] == "running"
-        assert doc["line"].startswith(f"switched r1 -> {new} in ") and "(z)" in doc["line"]
-        assert doc["report"]["restored"]["restored"] == ["z"]
-        assert m.get("r1").state == State.STOPPED
+            await _post_switch(jp_fetch, key, body)
+        assert err.value.code == status
+        assert words in json.loads(err.value.response.body)["message"]
+    doc = json.loads((await _post_switch(jp_fetch, "r1", {"type": "a100"})).body)
+    new = doc["session"]["name"]
+    assert doc["session"]["gpu_type"] == "a100" and doc["session"]["state"] == "running"
+    assert doc["line"].startswith(f"switched r1 -> {new} in ") and "(z)" in doc["line"]
+    assert doc["report"]["restored"]["restored"] == ["z"]
+    assert manager.get("r1").state == State.STOPPED
