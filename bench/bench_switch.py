@@ -87,6 +87,14 @@ def _by_hand(manager, session, values: dict, progress_lines: list[str]):
     return manager.start(spec, progress_lines.append)
 
 
+def _remove_workspaces(manager) -> None:
+    """The bench's workspaces (volumes on each engine, folders), so runs do not pile them up."""
+    from gpusession.session.workspaces import list_all
+
+    for view in list_all(manager.store, manager.backend):
+        manager.backend(view.workspace.backend).remove_workspace(view.workspace)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="moves per side (default 5)")
@@ -150,6 +158,7 @@ def main() -> int:
             )
     finally:
         manager.stop_all()
+        _remove_workspaces(manager)
         manager.close()
     ours, floor = Stats.of(switch_s), Stats.of(hand_s)
     what = {
