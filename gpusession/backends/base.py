@@ -29,8 +29,9 @@ import abc
 import dataclasses
 import logging
 import re
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Protocol
 
+from ..core.errors import BadInput
 from ..core.protocol import Marker, StopDetails, StopKind, StopReason, parse_marker
 
 if TYPE_CHECKING:
@@ -104,6 +105,17 @@ class Workspace:
     details: dict[str, Any] = dataclasses.field(
         default_factory=dict
     )  # what remove_workspace needs (host...)
+
+
+@dataclasses.dataclass
+class WorkspaceExport:
+    """A workspace read out as a tar stream, to be written where another session mounts it
+    (`%gpu switch` between engines). Its entries are under `workspace/` (the folder itself
+    first), with their owners and modes."""
+
+    size_bytes: int | None  # what moves, as the backend knows it before reading; None: unknown
+    chunks: Iterator[bytes]  # the tar stream
+    close: Callable[[], None] = lambda: None  # lets go of what the reading holds (a helper)
 
 
 class Link(abc.ABC):
@@ -220,6 +232,11 @@ class Backend(abc.ABC):
     keeps_workspaces: ClassVar[bool] = False
     """Its workspaces outlive the session (--workspace, --resume, --save-timeout, --save-cap
     apply to it; `gpusession workspaces` asks its `list_workspaces`)."""
+
+    shares_workspaces: ClassVar[bool] = True
+    """Two sessions may mount one of its workspaces at once (a Docker volume, a folder); False
+    where one session at a time can (an EBS volume attaches to one instance): a switch then
+    cannot start the new session on the workspace while the old one still runs."""
 
     takes_host: ClassVar[bool] = False
     """It runs on a machine the user names with --host (an engine, a login node)."""
@@ -374,6 +391,21 @@ class Backend(abc.ABC):
         """Called by `gpusession workspaces rm` only (the user confirmed): delete it and what is
         in it. Raise BadInput when a session uses it now."""
         raise NotImplementedError(f"the {self.name} backend keeps no workspaces")
+
+    def export_workspace(self, record: "SessionRecord", progress: "Progress") -> WorkspaceExport:
+        """Called by `SessionManager.switch` when the next session cannot mount the workspace of
+        `record` (a session of this backend, still running: its files are read as they are).
+        Raise BadInput when this backend cannot hand its workspaces out."""
+        raise BadInput(f"the {self.name} backend cannot move its workspaces")
+
+    def import_workspace(
+        self, record: "SessionRecord", chunks: Iterable[bytes], progress: "Progress"
+    ) -> None:
+        """Called by `SessionManager.switch` before `provision(record)`: make the workspace that
+        `record` resumes (`--resume NAME`) hold exactly what the tar stream `chunks` holds (the
+        format of `WorkspaceExport`), replacing an older copy of it there. Raise BadInput when
+        this backend cannot take a workspace in."""
+        raise BadInput(f"the {self.name} backend cannot take a workspace in")
 
     # -- for subclasses ---------------------------------------------------------------------
 

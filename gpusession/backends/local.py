@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 
 from ..configuration.agentargs import AgentArgs, flag_of, workspace_name
-from ..configuration.cost import BILLED_FROM
 from ..core import procs
 from ..core.errors import StageError
 from ..configuration.settings import private_socket_dir
 from ..core.models import KernelEndpoint, SessionRecord
 from ..core.progress import Progress
 from ..core.protocol import ENV_SESSION_ID, StopDetails
-from .base import Backend, Link, RemoteResource, Workspace, log_tail
+from .base import Backend, Link, RemoteResource, Workspace, WorkspaceExport, log_tail
+from ..configuration.cost import BILLED_FROM
 
 
 class LocalLink(Link):
@@ -240,6 +240,39 @@ class LocalBackend(Backend):
         import shutil
 
         shutil.rmtree(self.workspace_dir(workspace.name))
+
+    def export_workspace(self, record: SessionRecord, progress: Progress) -> WorkspaceExport:
+        from ..transport.tarsafe import folder_chunks
+
+        folder = self.workspace_dir(record.resource.get("workspace") or workspace_name(record))
+        return WorkspaceExport(folder_size(folder), folder_chunks(str(folder), "workspace"))
+
+    def import_workspace(self, record: SessionRecord, chunks, progress: Progress) -> None:
+        """Unpacked beside the workspace's folder (by tarsafe's rules), then put in its place."""
+        import shutil
+        import tarfile
+        import uuid
+
+        from ..transport.tarsafe import ChunkReader, Extraction
+
+        folder = self.workspace_dir(workspace_name(record))
+        _private_dirs(folder.parent)
+        temp = folder.parent / f".{folder.name}.moving-{uuid.uuid4().hex[:8]}"
+        extraction = Extraction(str(temp), links=True)
+        try:
+            with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as tar:
+                extraction.run(tar)
+            extraction.commit()
+            if extraction.refused:
+                progress.step(f"not written: {'; '.join(extraction.refused[:5])}")
+            moved = temp / "workspace"
+            moved.mkdir(mode=0o700, exist_ok=True)
+            if folder.exists():
+                shutil.rmtree(folder)  # an older copy of this workspace: the moved one replaces it
+            moved.rename(folder)
+        finally:
+            extraction.discard()
+            shutil.rmtree(temp, ignore_errors=True)
 
 
 def _private_dirs(folder: Path) -> None:

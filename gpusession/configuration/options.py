@@ -73,6 +73,10 @@ _METAVARS = {
     "gpus": "all|N",
 }
 MAX_GPUS = 1024
+#: start options `switch` does not take: its new session resumes the old one's workspace
+SWITCH_SKIP = ("workspace", "resume")
+#: `switch --on-demand`: the one switch flag that is no start option
+ON_DEMAND_HELP = "the new session is not spot (its old one was): the switch's opposite of --spot"
 log = logging.getLogger(__name__)
 
 

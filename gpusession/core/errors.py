@@ -19,6 +19,10 @@ class WorkspaceInUse(BadInput):
     """A session still uses the workspace: another may not start on it, nor may it be removed (REST: 409)."""
 
 
+class SessionBusy(BadInput):
+    """The session is running a cell: what needs it idle (a switch) is refused (REST: 409)."""
+
+
 class UnknownSession(GpuSessionError, LookupError):
     """No session by that id or name in the store."""
 

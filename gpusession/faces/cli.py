@@ -7,10 +7,11 @@ import os
 import sys
 from typing import Callable
 
-from ..configuration.cost import add_report_arguments
 from ..core.errors import GpuSessionError
+from ..configuration import options
 from ..configuration.options import add_arguments as add_start_options
 from .transfers import add_commands as add_transfer_commands
+from ..configuration.cost import add_report_arguments
 
 
 def _manager():
@@ -113,6 +114,23 @@ def cmd_start(args: argparse.Namespace) -> int:
     )
     session.kernel.close()
     session.link.close()
+    return 0
+
+
+def cmd_switch(args: argparse.Namespace) -> int:
+    from ..configuration import options
+    from .words import switch_line
+
+    m = _manager()
+    given = options.given_values(args)
+    if args.on_demand:
+        given["on_demand"] = True
+    spec = m.switch_spec(args.session, given, options.FLAGS)
+    session, report = m.switch(
+        args.session, spec, report=lambda line: print(line, flush=True), by="gpusession switch"
+    )
+    print(switch_line(report.to_dict()))
+    session.close_connections()
     return 0
 
 
@@ -280,6 +298,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "types": cmd_types,
     "stop": cmd_stop,
     "start": cmd_start,
+    "switch": cmd_switch,
     "status": cmd_status,
     "gc": cmd_gc,
     "workspaces": cmd_workspaces,
@@ -366,6 +385,13 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     s.add_start_options(
         lazy=lazy
     )  # every start option, from the one table (gpusession/configuration/options.py)
+    s = sub.add_parser(
+        "switch",
+        help="move a running session to other capacity, keeping its variables and files",
+    )
+    s.add_argument("session", metavar="NAME", help="the running session to move")
+    s.add_argument("--on-demand", action="store_true", help=options.ON_DEMAND_HELP)
+    s.add_start_options(skip=options.SWITCH_SKIP, lazy=lazy)  # the new session's: --type, --host...
     s = sub.add_parser("status", help="one session's state, cost and timeline")
     s.add_argument("name")
     s = sub.add_parser(

@@ -19,6 +19,18 @@ _start_args.__doc__ = _start_args.parser.format_help()
 
 
 @magic_arguments()
+@argument("--on-demand", action="store_true", default=None, help=options.ON_DEMAND_HELP)
+def _switch_args(line: str) -> None:
+    """%gpu switch [options]: the current session's options with these over them"""
+
+
+options.add_arguments(
+    _switch_args.parser, skip=options.SWITCH_SKIP
+)  # the new session's own name: --name
+_switch_args.__doc__ = _switch_args.parser.format_help()
+
+
+@magic_arguments()
 @argument("name", nargs="?", default=None, help="session name (default: the current session)")
 @argument("--all", action="store_true", help="stop every active session")
 @argument(
@@ -108,6 +120,7 @@ add_report_arguments(_report_args.parser)  # the same options as `gpusession rep
 
 PARSERS = {
     "start": _start_args,
+    "switch": _switch_args,
     "stop": _stop_args,
     "use": _use_args,
     "watch": _watch_args,
@@ -126,6 +139,8 @@ for (
 HELP = """%gpu SUBCOMMAND ...
   start [--type T4] [--backend local|docker|aws] [--idle 15m] [--max-cost 5] [--name N] ...
   stop [NAME | --all]     status     list     types [--live]
+  switch [--type A100] [--backend B] [--host H] [--image I] [--spot | --on-demand] ...
+                          move to other capacity keeping variables and files (saved, restored)
   on | off                run every following cell in the session (or stop doing so)
   push NAME...            send local variables to the session;  pull NAME...: fetch them back
   upload PATH... [--to DIR]    files or folders into the session's working directory

@@ -66,7 +66,7 @@ from .words import (
     summary_line,
     usage_error,
 )
-from .words import print_checkpoint, print_restored
+from .words import print_checkpoint, print_restored, switch_line
 from .magicargs import (
     HELP,
     PARSERS,
@@ -76,6 +76,7 @@ from .magicargs import (
     _keepalive_args,
     _start_args,
     _stop_args,
+    _switch_args,
     _use_args,
     _watch_args,
 )
@@ -111,6 +112,7 @@ class GpuMagics(Magics):
         self._subcommands: dict[str, Callable[[str], Any]] = {
             "start": self._start,
             "stop": self._stop,
+            "switch": self._switch,
             "status": self._status,
             "list": self._list,
             "types": self._types,
@@ -274,6 +276,22 @@ class GpuMagics(Magics):
         print_restored(session.record, _print)  # --resume: what came back, what did not
         self._notify(session)
         return None
+
+    def _switch(self, rest: str) -> None:
+        """Move the current session to other capacity; it stays current, under its new name."""
+        args = self._parse(_switch_args, rest)
+        old = self._session()
+        given = options.given_values(args)
+        if args.on_demand:
+            given["on_demand"] = True
+        spec = self.manager.switch_spec(old.id, given, options.FLAGS)
+        try:
+            session, report = self.manager.switch(old, spec, report=_print, by="%gpu switch")
+        except KeyboardInterrupt:  # switch_session says so as a StageError; this is a second one
+            raise UsageError(f"switch interrupted; session {old.name} keeps running") from None
+        self.current = session
+        self._notify(session)
+        _print(switch_line(report.to_dict()))
 
     def _notify(self, session: Session) -> None:
         """Warnings (idle stop soon, cost cap near) and the session's end reach this notebook

@@ -939,3 +939,44 @@ def workspace_rest_view(view: Any) -> dict[str, Any]:
         "in_use": not view.orphaned,
         "used_by": used_by,
     }
+
+
+def switch_line(report: dict) -> str:
+    """The one line a switch ends with (`SwitchReport.to_dict()`): what moved (variables, files),
+    what did not and why (as a resume says), the new rate, the time taken.
+
+    'switched t4-1 -> a100-1 in 14.2s: moved 3 name(s) (x, df, np) and the files of workspace
+    t4-1 (210 MB, from docker (this machine's engine) to docker ssh://gpu1); not moved: g (a
+    generator); now $2.75/h (was $0.5260/h)'"""
+    restored = report.get("restored") or {}
+    names = list(restored.get("restored") or []) + list(restored.get("imports") or [])
+    if restored.get("found"):
+        moved = f"moved {len(names)} name(s) ({', '.join(names) or 'none'})"
+    else:
+        moved = f"no variables moved ({restored.get('error') or 'nothing was restored'})"
+    ws = report.get("workspace")
+    if report.get("moved_bytes") is None:
+        files = f"the files of workspace {ws}, where they were"
+    else:
+        files = (
+            f"the files of workspace {ws} ({size_text(report['moved_bytes'])}, from "
+            f"{report.get('moved_from')} to {report.get('moved_to')})"
+        )
+    missing = [
+        f"{item.get('name', '?')}: {item.get('error', '')}" for item in restored.get("failed") or []
+    ] + [f"{skipped_text(item)}, not saved" for item in restored.get("skipped") or []]
+    not_moved = f"; not moved: {'; '.join(missing)}" if missing else ""
+    rate = (
+        f"now {format_money(report.get('price_per_hour') or 0.0)}/h "
+        f"(was {format_money(report.get('old_price_per_hour') or 0.0)}/h)"
+    )
+    line = (
+        f"switched {report.get('old')} -> {report.get('new')} in "
+        f"{format_duration(report.get('seconds') or 0.0)}: {moved} and {files}{not_moved}; {rate}"
+    )
+    if not report.get("old_stopped", True):
+        line += (
+            f"; {report.get('old')} did not stop ({report.get('stop_error')}): "
+            f"`gpusession stop {report.get('old')}`"
+        )
+    return line

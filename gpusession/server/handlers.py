@@ -19,16 +19,18 @@ from jupyter_server.utils import url_path_join
 from ..configuration import options
 from ..backends import backend_names
 from ..core.durations import KEEPALIVE, shown
-from ..core.errors import BadInput
-from ..configuration.settings import load_policy
+from ..core.errors import BadInput, SessionBusy, StageError
 from ..session import SessionManager, default_backend_name
-from ..faces.words import rest_view, warning_texts, with_error_texts
+from ..faces.words import rest_view, warning_texts
+from ..faces.words import switch_line
 from .api import Api
 from .base import BaseHandler
 from .workspaces import WorkspaceHandler, WorkspacesHandler
 from .panel import MAX_HISTORY, kernel_ids_by_pid, with_history
 from ..faces.words import report_lines
 from ..faces.words import image_text
+from ..configuration.settings import load_policy
+from ..faces.words import with_error_texts
 
 
 class SessionsHandler(BaseHandler):
@@ -160,6 +162,44 @@ class SessionHandler(BaseHandler):
         )
 
 
+class SwitchHandler(BaseHandler):
+    """POST sessions/NAME/switch: move the running session to other capacity (the body: start
+    options that change, as POST sessions takes them, and `on_demand`), keeping its variables
+    and files. Answers when the new session runs and the old one stopped: the new session's
+    view, the switch's report (data) and its line; 409 while a cell runs, 502 when the new
+    session cannot start (the old one keeps running)."""
+
+    @tornado.web.authenticated
+    async def post(self, key: str) -> None:
+        body = self.body()
+        on_demand = body.pop("on_demand", False)
+        if not isinstance(on_demand, bool):
+            return self.fail(400, "'on_demand': wrong type: expected true or false")
+        refused = [name for name in options.SWITCH_SKIP if name in body]
+        if refused:
+            return self.fail(
+                400,
+                f"{', '.join(repr(n) for n in refused)}: a switch keeps the session's workspace",
+            )
+        problems = options.body_problems(body)
+        if problems:
+            return self.fail(400, str(options.BadOptions(problems, options.REST)))
+        m = self.api.manager
+
+        def switch() -> dict:
+            sid = m.get(key).id
+            spec = m.switch_spec(sid, dict(body, on_demand=on_demand))
+            session, report = m.switch(sid, spec, by="the JupyterLab sidebar's switch")
+            session.close_connections()
+            return {
+                "session": self.api.view(m.get(session.id)),
+                "report": report.to_dict(),
+                "line": switch_line(report.to_dict()),
+            }
+
+        await self.guarded(switch, statuses={SessionBusy: 409, StageError: 502})
+
+
 class StatsHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self, key: str) -> None:
@@ -272,6 +312,7 @@ def setup_handlers(
             (url_path_join(base, "sessions", sid), SessionHandler),
             (url_path_join(base, "sessions", sid, "stats"), StatsHandler),
             (url_path_join(base, "sessions", sid, "keepalive"), KeepaliveHandler),
+            (url_path_join(base, "sessions", sid, "switch"), SwitchHandler),
             (url_path_join(base, "catalog"), CatalogHandler),
             (url_path_join(base, "report"), ReportHandler),
             (url_path_join(base, "options"), OptionsHandler),

@@ -192,8 +192,16 @@ class SessionManager:
         half-started session is stopped and recorded as failed, naming the stage."""
         return self.launch(self.create(spec), report)
 
-    def launch(self, record: SessionRecord, report: Reporter | None = None) -> Session:
-        progress = Progress(report)
+    def launch(
+        self,
+        record: SessionRecord,
+        report: Reporter | None = None,
+        *,
+        within: Progress | None = None,
+    ) -> Session:
+        """`within`: the progress of a longer operation this start is part of (a switch): its
+        lines then count from that operation's start."""
+        progress, started = within or Progress(report), time.monotonic()
         link: Link | None = None
         backend: Backend | None = None
         try:  # from the first instruction: a Ctrl-C anywhere must not strand the record or its name
@@ -232,7 +240,7 @@ class SessionManager:
             self._abort(record, link, backend, message)
             raise
         session.record = self.store.transition(
-            record.id, State.RUNNING, f"ready in {progress.elapsed():.1f}s"
+            record.id, State.RUNNING, f"ready in {time.monotonic() - started:.1f}s"
         )
         fetch_restore_report(self.store, session)  # --resume: what came back, for the faces to say
         progress.say(f"running: session {record.name} is ready")
@@ -258,6 +266,32 @@ class SessionManager:
                 f"start failed and cleanup failed: {cleanup_exc}; run `gpusession gc`",
                 error=message,
             )
+
+    # -- switch --------------------------------------------------------------------------
+
+    def switch_spec(
+        self, key: str, given: Mapping[str, Any], face: str = options.REST
+    ) -> LaunchSpec:
+        """The spec of the session that replaces running session `key`: its start options with
+        the `given` ones over them (`on_demand`: true turns spot off); BadInput as `spec_from`."""
+        from .switch import switch_values
+
+        return self.spec_from(switch_values(self.store.get(key), given), face)
+
+    def switch(
+        self,
+        old: str | Session,
+        spec: LaunchSpec,
+        report: Reporter | None = None,
+        *,
+        by: str = "a switch",
+    ) -> tuple[Session, Any]:
+        """Move running session `old` (a key or its handle) to a new session started from `spec`,
+        keeping its variables and files through its workspace (session/switch.py). Returns the
+        new session and a `SwitchReport`; on any failure the old session keeps running."""
+        from .switch import switch_session
+
+        return switch_session(self, old if isinstance(old, str) else old.id, spec, report, by=by)
 
     # -- attach / look up ----------------------------------------------------------------
 

@@ -54,8 +54,18 @@ def workspace_claim(spec: "LaunchSpec", name: str) -> tuple[str, str, str] | Non
     if spec.backend not in workspace_backends():
         return None
     extra = spec.extra
-    where = str(extra.get("host") or extra.get("region") or "")
-    return (spec.backend, where, extra.get("resume") or extra.get("workspace") or name)
+    return (
+        spec.backend,
+        workspace_place(spec),
+        extra.get("resume") or extra.get("workspace") or name,
+    )
+
+
+def workspace_place(spec: "LaunchSpec") -> str:
+    """The engine or region a session's workspace lives on ("": this machine's engine, folder
+    or default region): two specs of one backend and place mount the same workspaces."""
+    extra = spec.extra
+    return str(spec.host or spec.region or extra.get("host") or extra.get("region") or "")
 
 
 def fetch_restore_report(store: Store, session: "Session") -> None:

@@ -151,3 +151,54 @@ class Extraction:
         self.files += 1
         self.bytes += os.path.getsize(temp)
         return ""
+
+
+class ChunkReader:
+    """A file-like reader of an iterator of byte chunks (a tar stream arriving in pieces), for
+    `tarfile.open(fileobj=..., mode="r|")`."""
+
+    def __init__(self, chunks) -> None:
+        self._chunks = iter(chunks)
+        self._rest = b""
+
+    def read(self, n: int = -1) -> bytes:
+        while not self._rest:
+            try:
+                self._rest = bytes(next(self._chunks))
+            except StopIteration:
+                return b""
+        if n < 0 or len(self._rest) <= n:
+            out, self._rest = self._rest, b""
+        else:
+            out, self._rest = self._rest[:n], self._rest[n:]
+        return out
+
+
+def folder_chunks(folder: str, arcname: str, chunk_size: int = COPY_BUFSIZE):
+    """A tar stream of `folder` (its entries under `arcname/`), made by a thread as it is read,
+    so a folder of any size streams in bounded memory. An error while reading the folder is
+    raised to the reader at the end of the stream (a stream cut short never ends quietly)."""
+    import threading
+
+    read_fd, write_fd = os.pipe()
+    failed: List[BaseException] = []
+
+    def write() -> None:
+        try:
+            with os.fdopen(write_fd, "wb") as out:
+                with tarfile.open(fileobj=out, mode="w|", bufsize=chunk_size) as tar:
+                    tar.add(folder, arcname=arcname)
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader
+            failed.append(exc)
+
+    worker = threading.Thread(target=write, daemon=True, name="gpusession-tar")
+    worker.start()
+    with os.fdopen(read_fd, "rb") as source:
+        while True:
+            chunk = source.read(chunk_size)
+            if not chunk:
+                break
+            yield chunk
+    worker.join()
+    if failed:
+        raise OSError(f"cannot read {folder}: {failed[0]}")

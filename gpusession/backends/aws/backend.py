@@ -46,6 +46,7 @@ RUNNING_STATES = ("pending", "running")
 class AwsBackend(Backend):
     name = "aws"
     keeps_workspaces = True  # an EBS volume per workspace
+    shares_workspaces = False  # it attaches to one instance at a time
     takes_image = True
     order = 30
     price_source = "the instance's spot price when AWS tells it (--spot), else the catalog's spot or on-demand price"

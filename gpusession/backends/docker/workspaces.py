@@ -66,15 +66,24 @@ def ensure_volume(
     return {volume_name: {"bind": WORKSPACE_MOUNT, "mode": "rw"}}
 
 
-def _give_to(client, image_id: str, volume_name: str, user: str, labels: dict[str, str]) -> None:
-    """chown the volume's root folder to the image's USER (name or uid[:gid]), as root in a helper."""
+def _give_to(
+    client,
+    image_id: str,
+    volume_name: str,
+    user: str,
+    labels: dict[str, str],
+    *,
+    everything: bool = False,
+) -> None:
+    """chown the volume's root folder (`everything`: and all in it) to the image's USER (name or
+    uid[:gid]), as root in a helper."""
     docker = docker_sdk()
     name, _, group = user.partition(":")
     if name.isdigit():
         owner = user
     else:  # a user name: the image's own passwd says its uid (and its group, unless USER names one)
         owner = f"$(id -u {name}):" + (group or f"$(id -g {name})")
-    script = f"chown {owner} {WORKSPACE_MOUNT}"
+    script = f"chown {'-R ' if everything else ''}{owner} {WORKSPACE_MOUNT}"
     with engine_errors("while preparing the workspace"):
         helper = client.containers.create(
             image_id,
@@ -214,6 +223,86 @@ class EngineWorkspaces:
 
     def list_workspaces(self) -> list:
         return list_on_engines(self, LABEL, STORE_LABEL)
+
+    def export_workspace(self, record, progress: Progress):
+        """The volume read by a helper container (made, never started) that mounts it read-only,
+        through the engine's archive API: the same over an ssh:// engine."""
+        from ..base import WorkspaceExport
+
+        client = self.client(record.spec.host)
+        volume = workspace_volume(
+            record.resource.get("workspace") or workspace_name(record), self.recorder.store_id
+        )
+        size = dict(
+            (v, n) for _, v, n in engine_volumes(client, (STORE_LABEL, self.recorder.store_id))
+        ).get(volume)
+        helper = self._archive_helper(client, record, volume, "ro", progress)
+        with engine_errors("while reading the workspace"):
+            stream, _ = helper.get_archive(WORKSPACE_MOUNT, chunk_size=1 << 20)
+
+        def close() -> None:
+            with engine_errors("while removing a helper container"):
+                helper.remove(force=True)
+
+        return WorkspaceExport(size, stream, close)
+
+    def import_workspace(self, record, chunks, progress: Progress) -> None:
+        """A fresh volume (an older copy of this workspace on the engine is replaced), filled by
+        a helper container (made, never started) through the engine's archive API."""
+        docker = docker_sdk()
+        client = self.client(record.spec.host)
+        name = workspace_name(record)
+        volume = workspace_volume(name, self.recorder.store_id)
+        with engine_errors("while making the workspace's volume"):
+            try:
+                old = client.volumes.get(volume)
+                if (old.attrs.get("Labels") or {}).get(STORE_LABEL) != self.recorder.store_id:
+                    raise StageError(
+                        "move", f"volume {volume} belongs to another session store; not replaced"
+                    )
+                progress.step(f"replacing the older copy of workspace {name} there")
+                try:
+                    old.remove()
+                except docker.errors.APIError as exc:
+                    raise StageError(
+                        "move", f"the older copy of workspace {name} is in use: {short_error(exc)}"
+                    ) from None
+            except docker.errors.NotFound:
+                pass
+            client.volumes.create(
+                volume, labels={WORKSPACE_LABEL: name, STORE_LABEL: self.recorder.store_id}
+            )
+        helper = self._archive_helper(client, record, volume, "rw", progress)
+        try:
+            with engine_errors("while writing the workspace"):
+                if not helper.put_archive("/", chunks):
+                    raise StageError("move", f"the engine refused the workspace's files ({volume})")
+        finally:
+            with engine_errors("while removing a helper container"):
+                helper.remove(force=True)
+        # the files keep their owners from where they were; the image's USER must own them here
+        user = (helper.image.attrs.get("Config") or {}).get("User") or ""
+        if user and user.split(":")[0] not in ("0", "root"):
+            from .runtime import _helper_labels
+
+            labels = _helper_labels({LABEL: record.id, STORE_LABEL: self.recorder.store_id})
+            _give_to(client, helper.image.id, volume, user, labels, everything=True)
+
+    def _archive_helper(self, client, record, volume: str, mode: str, progress: Progress):
+        from .runtime import _helper_labels, find_or_pull_image
+
+        image = find_or_pull_image(client, record.spec.image or self.default_image(), progress)
+        with engine_errors("while making a helper container for the workspace"):
+            return client.containers.create(
+                image.id,
+                entrypoint=["/bin/sh"],
+                command=[],
+                user="0:0",
+                network_mode="none",
+                labels=_helper_labels({LABEL: record.id, STORE_LABEL: self.recorder.store_id}),
+                volumes={volume: {"bind": WORKSPACE_MOUNT, "mode": mode}},
+                detach=True,
+            )
 
     def remove_workspace(self, workspace) -> None:
         remove_on_engine(self, workspace)

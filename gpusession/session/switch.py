@@ -1,0 +1,314 @@
+"""Moving a running session to other capacity (`%gpu switch`): save its namespace into its
+workspace, start the next session on that workspace (moved first when the next one cannot mount
+it) and restore it there, then stop the old one, only once the new one answered.
+
+When anything before that last step fails, the old session keeps running untouched and the new
+record is recorded as failed with why. Returns data (`SwitchReport`); the faces put it into words
+(`gpusession.faces.words.switch_line`). Recovery after a spot notice or a Slurm time limit reuses
+`switch_session` with a spec of its own choosing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
+
+from ..configuration import options
+from ..configuration.agentargs import workspace_name
+from ..core.errors import BadInput, GpuSessionError, SessionBusy, SessionEnded, StageError
+from ..core.models import LaunchSpec, SessionRecord, State
+from ..core.progress import Progress, Reporter
+from ..core.protocol import StopKind
+from ..transport.pulls import format_bytes
+from .agentclient import AgentUnavailable
+from .views import restart_body
+from .workspaces import save_checkpoint, workspace_claim, workspace_place
+
+from ..backends.base import Backend
+
+if TYPE_CHECKING:
+    from ..configuration.catalog import Catalog
+    from .store import Store
+    from .handle import Session
+
+
+class Owner(Protocol):
+    """What a switch asks of the SessionManager that runs it (and nothing more)."""
+
+    store: "Store"
+    config: Any
+    catalog: "Catalog"
+
+    def backend(self, name: str) -> Backend: ...
+
+    def refresh_state(self, key: str) -> SessionRecord: ...
+
+    def stats(self, key: str, since: float | None = None, limit: int | None = None) -> dict: ...
+
+    def connected(self, key: str | None = None) -> "Session | None": ...
+
+    def attach(self, key: str, report: Reporter | None = None) -> "Session": ...
+
+    def launch(
+        self,
+        record: SessionRecord,
+        report: Reporter | None = None,
+        *,
+        within: Progress | None = None,
+    ) -> "Session": ...
+
+    def stop(self, key: str, by: str = "user", kind: StopKind = StopKind.USER) -> SessionRecord: ...
+
+
+MOVE_REPORT_EVERY_S = 2.0  # a progress line while a workspace moves, at most this often
+
+#: start options a switch does not carry over from the old session (it names its own)
+NOT_CARRIED = ("name", "upload", "upload_max", *options.SWITCH_SKIP)  # its files are there
+
+
+@dataclasses.dataclass
+class SwitchReport:
+    """What a switch did, as data (REST: `to_dict()`)."""
+
+    old: str  # the old session's name
+    new: str  # the new session's name
+    workspace: str  # the workspace that carried the state
+    saved: dict  # the old session's save (the agent's checkpoint result)
+    restored: dict | None  # the new session's restore report (`GET /restored` of its agent)
+    moved_bytes: (
+        int | None
+    )  # bytes of workspace that moved; None: the new session mounts it where it was
+    moved_from: str  # where the workspace was ("the local engine", "ssh://...", a folder)
+    moved_to: str  # where it is now
+    old_price_per_hour: float
+    price_per_hour: float  # the new session's rate
+    seconds: float  # from the switch's start to the old session's stop
+    old_stopped: bool  # False: the stop of the old session failed (`stop_error` says why)
+    stop_error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def switch_values(old: SessionRecord, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The start options of the next session: the old session's (as `restart_body` writes them)
+    with the given ones over them. Options of the old backend that the new one does not take
+    (--host for another backend) are dropped; `on_demand` (given true) turns spot off."""
+    given = dict(given)
+    values = {k: v for k, v in restart_body(old.spec).items() if k not in NOT_CARRIED}
+    backend = given.get("backend") or old.spec.backend
+    if backend != old.spec.backend:
+        by_name = options.table().by_name
+        values = {
+            k: v
+            for k, v in values.items()
+            if k in given or by_name[k].backends is None or backend in by_name[k].backends
+        }
+    if given.pop("on_demand", False):
+        values.pop("spot", None)
+        given.pop("spot", None)
+    values.update(given)
+    return values
+
+
+def _where(spec: LaunchSpec) -> str:
+    """Where a workspace of this spec lives, in words for the progress lines."""
+    if spec.backend == "local":
+        return "this machine's folder"
+    place = workspace_place(spec)
+    return f"{spec.backend} {place}" if place else f"{spec.backend} (this machine's engine)"
+
+
+def _kernel_busy(manager: "Owner", session_id: str) -> bool:
+    """The session's agent says its kernel runs a cell: its latest sample says busy, and so does
+    one taken after this question (the latest may predate the end of a cell that just finished,
+    the usual case of a switch typed right after a cell). An agent that does not answer, or
+    samples nothing, counts as idle: the save then says what it could do."""
+    try:
+        doc = manager.stats(session_id, limit=1)
+        samples = doc.get("samples") or []
+        if not (samples and samples[-1].get("kernel_busy")):
+            return False
+        asked_at, interval = doc.get("t") or 0.0, doc.get("interval_s") or 0.0
+        deadline = time.monotonic() + 3 * interval + 1.0
+        while time.monotonic() < deadline:
+            samples = manager.stats(session_id, since=asked_at, limit=1).get("samples") or []
+            if samples:
+                return bool(samples[-1].get("kernel_busy"))
+            time.sleep(min(interval / 4, 0.25))
+    except (AgentUnavailable, GpuSessionError):
+        return False
+    return True
+
+
+def _counted(
+    chunks: Iterable[bytes], total: int | None, progress: Progress, moved: list[int]
+) -> Iterator[bytes]:
+    """The chunks, passed on, with a line every few seconds of how much moved."""
+    started = last = time.monotonic()
+    for chunk in chunks:
+        moved[0] += len(chunk)
+        yield chunk
+        now = time.monotonic()
+        if now - last >= MOVE_REPORT_EVERY_S:
+            last = now
+            rate = format_bytes(moved[0] / max(now - started, 1e-6))
+            of = f" of {format_bytes(total)}" if total else ""
+            progress.step(f"{format_bytes(moved[0])}{of} moved ({rate}/s)")
+
+
+def switch_session(
+    manager: "Owner",
+    key: str,
+    spec: LaunchSpec,
+    report: Reporter | None = None,
+    *,
+    by: str = "a switch",
+) -> tuple["Session", SwitchReport]:
+    """Move running session `key` to a session started from `spec` (whose `name`, `workspace`
+    and `resume` are set here). Raises SessionBusy while it runs a cell, BadInput for a backend
+    without workspaces, and any start failure with the old session still running."""
+    progress = Progress(report)
+    old = manager.refresh_state(key)
+    if old.state != State.RUNNING:
+        raise SessionEnded(old)
+    old_backend = manager.backend(old.backend)
+    new_backend = manager.backend(spec.backend)
+    for backend in (old_backend, new_backend):
+        if not backend.keeps_workspaces:
+            raise BadInput(
+                f"the {backend.name} backend keeps no workspace, so the variables cannot move "
+                f"there or from there; `%gpu stop` and `%gpu start --backend {spec.backend}` instead"
+            )
+    workspace = old.resource.get("workspace") or workspace_name(old)
+    same_place = (old.spec.backend, workspace_place(old.spec)) == (
+        spec.backend,
+        workspace_place(spec),
+    )
+    if same_place and not new_backend.shares_workspaces:
+        raise BadInput(
+            f"the {new_backend.name} backend's workspace attaches to one session at a time and "
+            f"cannot be copied yet, so session {old.name} cannot switch while it runs; "
+            f"`%gpu stop --save`, then `%gpu start --resume {workspace}` "
+            "with the new options"
+        )
+    if not same_place:
+        for backend, can in ((old_backend, "export_workspace"), (new_backend, "import_workspace")):
+            if getattr(type(backend), can) is getattr(Backend, can):
+                raise BadInput(
+                    f"the {backend.name} backend cannot move its workspaces yet, so session "
+                    f"{old.name} cannot switch from {_where(old.spec)} to {_where(spec)}; "
+                    "a switch that keeps the place (another type, image, spot) works"
+                )
+    if _kernel_busy(manager, old.id):
+        raise SessionBusy(
+            f"session {old.name} is running a cell; switch once it has finished, or interrupt "
+            "it first: nothing was changed"
+        )
+    spec.extra.pop("workspace", None)
+    spec.extra["resume"] = workspace
+    record = _create(manager, new_backend, spec, old.name)
+    progress.say(
+        f"switch {old.name} -> {record.name}: {spec.gpu_count} x {spec.gpu_type} on {spec.backend}"
+    )
+    moved = [0]
+    try:
+        old_session = manager.connected(old.id) or manager.attach(old.id)
+        with progress.stage(
+            "save", f"saving the variables of {old.name} into workspace {workspace}"
+        ):
+            saved = save_checkpoint(manager.store, old, old_session)
+            if not saved.get("committed"):
+                raise StageError("save", f"variables not saved ({saved.get('error') or 'unknown'})")
+            progress.step(
+                f"saved {saved.get('saved', 0)} variable(s), {format_bytes(saved.get('bytes') or 0)}"
+            )
+        if not same_place:
+            _move(old_backend, new_backend, old, record, progress, moved)
+    except BaseException as exc:
+        why = (
+            f"switch stopped at {exc}" if isinstance(exc, StageError) else f"switch stopped: {exc}"
+        )
+        manager.store.transition(record.id, State.FAILED, why, error=why)
+        raise _kept_running(exc, old.name) from None
+    try:
+        session = manager.launch(manager.store.get(record.id), within=progress)
+    except BaseException as exc:
+        raise _kept_running(exc, old.name) from None
+    stop_error = None
+    with progress.stage("stop", f"stopping {old.name} (its successor {session.name} answered)"):
+        try:
+            manager.stop(old.id, by=f"{by} to {session.name}", kind=StopKind.USER)
+        except GpuSessionError as exc:
+            stop_error = str(exc)
+    return session, SwitchReport(
+        old=old.name,
+        new=session.name,
+        workspace=workspace,
+        saved=saved,
+        restored=session.record.resource.get("restored"),
+        moved_bytes=None if same_place else moved[0],
+        moved_from=_where(old.spec),
+        moved_to=_where(spec),
+        old_price_per_hour=old.price_per_hour,
+        price_per_hour=session.record.price_per_hour,
+        seconds=round(progress.elapsed(), 1),
+        old_stopped=stop_error is None,
+        stop_error=stop_error,
+    )
+
+
+def _create(manager: "Owner", backend: "Backend", spec: LaunchSpec, old_name: str) -> SessionRecord:
+    """The new record, as `SessionManager.create` makes it, but the old session's hold on the
+    workspace does not count: the two share it until the old one stops."""
+
+    def claim(s: LaunchSpec, name: str):
+        return None if name == old_name else workspace_claim(s, name)
+
+    manager.config.check()
+    backend.check(spec)
+    return manager.store.create(
+        spec, price_per_hour=backend.price_per_hour(spec, manager.catalog), claim=claim
+    )
+
+
+def _move(
+    source: "Backend",
+    dest: "Backend",
+    old: SessionRecord,
+    record: SessionRecord,
+    progress: Progress,
+    moved: list[int],
+) -> None:
+    """The workspace from where `old` mounts it to where `record` will, through this machine."""
+    with progress.stage("move", f"workspace from {_where(old.spec)} to {_where(record.spec)}"):
+        export = source.export_workspace(old, progress)
+        try:
+            size = (
+                format_bytes(export.size_bytes)
+                if export.size_bytes is not None
+                else "an unknown size"
+            )
+            progress.step(f"{size} to move, through this machine")
+            dest.import_workspace(
+                record, _counted(export.chunks, export.size_bytes, progress, moved), progress
+            )
+        finally:
+            export.close()
+        progress.step(f"moved {format_bytes(moved[0])}")
+
+
+def _kept_running(exc: BaseException, old_name: str) -> BaseException:
+    """The failure, saying that the old session still runs."""
+    tail = f"; session {old_name} keeps running untouched"
+    if isinstance(exc, KeyboardInterrupt):
+        return StageError("switch", "interrupted" + tail)
+    if isinstance(exc, StageError):
+        return StageError(exc.stage, exc.message + tail)
+    if isinstance(exc, GpuSessionError):
+        return StageError("switch", f"{exc}{tail}")
+    return StageError("switch", f"{type(exc).__name__}: {exc}{tail}")
+
+
+__all__ = ["SwitchReport", "switch_session", "switch_values", "NOT_CARRIED"]

@@ -1,0 +1,254 @@
+"""`%gpu switch`: a running session moves to other capacity keeping its variables and files
+(saved into its workspace, the workspace moved through this machine where the new session
+cannot mount it, restored there), and the old one stops only once the new one answered; a
+refused or failed switch leaves the old session running untouched.
+
+Real parts: the local engine and the ssh:// namespace engine (scripts/ci-remote-host.sh) with
+the test images of scripts/ci-images.sh, real kernels, a real notebook kernel for the magic's
+words, the CLI as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpusession.core.models import State
+from gpusession.session.store import Store
+from gpusession.faces.words import switch_line
+from support.images import image_ready
+
+NUMPY = "gpusession-ci/py-numpy"  # USER 1000, with numpy
+NONROOT = "gpusession-ci/py-nonroot"
+NO_PYTHON = "gpusession-ci/no-python"
+
+
+def _remove_volumes(client, *names: str) -> None:
+    store_id = Store(Path(os.environ["GPUSESSION_HOME"]) / "sessions.sqlite3").store_id
+    for volume in client.volumes.list(filters={"label": f"gpusession.session.store={store_id}"}):
+        if volume.attrs.get("Labels", {}).get("gpusession.workspace") in names:
+            volume.remove(force=True)
+
+
+# -- between this machine's engine and an ssh:// engine, and back -------------------------------
+
+ARRAYS = (
+    "import numpy as np, os, hashlib\n"
+    "a = np.arange(200_000, dtype='float64')\n"
+    "m = {'w': np.ones((300, 300), dtype='float32')}\n"
+    "blob = os.urandom(1 << 20)\n"
+    "open('data.bin', 'wb').write(blob)\n"
+    "os.makedirs('out', exist_ok=True); open('out/notes.txt', 'w').write('kept')\n"
+    "digest = hashlib.sha256(blob).hexdigest()\n"
+    "g = (i for i in range(3))\n"
+)
+CHECK = (
+    "import hashlib\n"
+    "assert float(a.sum()) == 19999900000.0 and m['w'].shape == (300, 300)\n"
+    "assert hashlib.sha256(open('data.bin', 'rb').read()).hexdigest() == digest\n"
+    "assert open('out/notes.txt').read() == 'kept' and os.getuid() == 1000\n"
+)
+
+
+@pytest.mark.docker
+def test_a_switch_between_this_engine_and_an_ssh_engine_keeps_arrays_and_files(
+    manager, engine, remote
+):
+    if not image_ready(NUMPY):
+        pytest.skip(f"no Docker engine with {NUMPY}")
+    import docker
+
+    far = docker.DockerClient(base_url=remote["docker_host_env"])
+    try:
+        first = manager.start(
+            manager.make_spec("t4", backend="docker", image=NUMPY, idle="off", name="sw1")
+        )
+        assert first.run(ARRAYS)["status"] == "ok"
+        lines: list[str] = []
+        there, report = manager.switch(
+            first,
+            manager.switch_spec(first.id, {"host": remote["url"], "type": "a100"}),
+            lines.append,
+        )
+        said = "\n".join(lines)
+        assert "save: saved 4 variable(s)" in said, said
+        assert "move: workspace from docker (this machine's engine) to docker ssh://" in said, said
+        assert " to move, through this machine" in said and "move: moved " in said, said
+        assert there.record.spec.host == remote["url"] and there.record.spec.gpu_type == "a100"
+        line = switch_line(report.to_dict())
+        assert line.startswith(f"switched sw1 -> {there.name} in "), line
+        for name in ("a", "m", "blob", "digest", "np", "os", "hashlib"):
+            assert name in report.restored["restored"] + report.restored["imports"], report.restored
+        assert "the files of workspace sw1 (" in line and "to docker ssh://root@" in line, line
+        assert "not moved: g (a generator), not saved" in line, line
+        assert "now $2.7" in line and "(was $0.5" in line, line  # a100's rate, t4's before
+        assert report.moved_bytes > 3 << 20  # the file, the checkpoint
+        assert there.run(CHECK)["status"] == "ok"
+        ended = manager.get("sw1")
+        assert ended.state == State.STOPPED and f"switch to {there.name}" in str(
+            [e.detail for e in ended.events]
+        ), ended.events
+        assert not engine.containers.list(filters={"label": f"gpusession.session={first.id}"})
+
+        # and back: the older copy on this engine is replaced by what moved there
+        assert (
+            there.run("a[:5] = -1\nopen('out/notes.txt', 'w').write('changed there')")["status"]
+            == "ok"
+        )
+        back, report = manager.switch(
+            there, manager.switch_spec(there.id, {"host": ""}), lines.append
+        )
+        assert back.record.spec.host in (None, "") and report.moved_bytes > 3 << 20
+        assert "replacing the older copy of workspace sw1 there" in "\n".join(lines)
+        assert (
+            back.run(
+                "assert a[:5].tolist() == [-1.0] * 5 and open('out/notes.txt').read() == 'changed there'"
+            )["status"]
+            == "ok"
+        )
+        assert manager.get(there.id).state == State.STOPPED
+        manager.stop(back.id)
+    finally:
+        manager.stop_all()
+        _remove_volumes(far, "sw1")
+        far.close()
+
+
+# -- the magic: refused while a cell runs, a failed start, local -> docker -------------------------
+
+
+@pytest.mark.docker
+def test_the_magic_refuses_while_a_cell_runs_keeps_the_old_session_on_a_failed_start_then_moves_local_to_docker(
+    notebook, nb_env, engine
+):
+    if not (image_ready(NONROOT) and image_ready(NO_PYTHON)):
+        pytest.skip(f"no Docker engine with {NONROOT} and {NO_PYTHON}")
+    from gpusession.session import SessionManager
+
+    try:
+        start = notebook.run("%gpu start --backend local --idle off --name lw")
+        assert start.status == "ok", start.text
+        cell = notebook.run("%%gpu\nx = 41\nopen('notes.txt', 'w').write('kept')")
+        assert cell.status == "ok", cell.text
+
+        # another client of the same kernel runs a cell: the switch is refused, nothing changes
+        other = SessionManager()
+        busy = other.attach("lw")
+        running = threading.Thread(target=busy.run, args=("import time; time.sleep(6)",))
+        running.start()
+        time.sleep(1.5)
+        refused = notebook.run(f"%gpu switch --backend docker --image {NONROOT}")
+        running.join()
+        other.close()
+        assert refused.status == "error", refused.text
+        assert "session lw is running a cell; switch once it has finished" in refused.text
+        assert "Traceback" not in refused.text, refused.text
+
+        failed = notebook.run(f"%gpu switch --backend docker --image {NO_PYTHON}")
+        assert failed.status == "error", failed.text
+        assert "session lw keeps running untouched" in failed.text, failed.text
+        assert "Traceback" not in failed.text, failed.text
+        still = notebook.run("%%gpu\nprint(x, open('notes.txt').read())")
+        assert still.text.strip() == "41 kept", still.text
+        assert Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3").get("lw").state == (
+            State.RUNNING
+        )
+
+        moved = notebook.run(f"%gpu switch --backend docker --image {NONROOT} --type a100")
+        assert moved.status == "ok", moved.text
+        text = moved.text
+        assert "save: saving the variables of lw into workspace lw" in text, text
+        assert (
+            "move: workspace from this machine's folder to docker (this machine's engine)" in text
+        )
+        (line,) = [ln for ln in text.splitlines() if ln.startswith("switched lw -> ")]
+        assert "moved 2 name(s) (x, time) and the files of workspace lw (" in line, line
+        assert "now $2.7" in line and "(was $0.5" in line, line
+        after = notebook.run("%%gpu\nimport os\nprint(x, open('notes.txt').read(), os.getuid())")
+        assert after.text.strip() == "41 kept 1000", after.text
+        status = notebook.run("%gpu status")
+        assert "1 x a100 on docker (image " in status.text and " - running" in status.text, (
+            status.text
+        )
+        ended = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3").get("lw")
+        assert ended.state == State.STOPPED, ended.events
+        assert "stop requested by %gpu switch to lw-2" in [
+            e.detail for e in ended.events
+        ]  # named after its workspace
+    finally:
+        notebook.run("%gpu stop --all")
+        _remove_volumes(engine, "lw")
+
+
+# -- the CLI and the REST API (the local backend: seconds) --------------------------------------
+
+
+def test_the_cli_switches_a_session_another_process_started(gs_home, manager):
+    session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="c1"))
+    assert session.run("y = [1, 2, 3]")["status"] == "ok"
+    env = dict(os.environ, GPUSESSION_HOME=str(gs_home))
+    done = subprocess.run(
+        [sys.executable, "-m", "gpusession", "switch", "c1", "--type", "l4", "--name", "c2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("switched c1 -> c2 in ")]
+    assert "moved 1 name(s) (y) and the files of workspace c1, where they were" in line, line
+    assert manager.get("c1").state == State.STOPPED
+    assert manager.get("c2").state == State.RUNNING and manager.get("c2").spec.gpu_type == "l4"
+    again = manager.attach("c2")
+    assert again.run("assert y == [1, 2, 3]")["status"] == "ok"
+
+    ended = subprocess.run(
+        [sys.executable, "-m", "gpusession", "switch", "c1", "--resume", "c1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ended.returncode == 2, ended.stdout  # a switch keeps its workspace: no --resume
+    assert "unrecognized arguments: --resume c1" in ended.stderr, ended.stderr
+    assert "Traceback" not in ended.stderr
+
+
+async def _post_switch(jp_fetch, key: str, body: dict):
+    import json
+
+    return await jp_fetch(
+        "gpusession", "api", "sessions", key, "switch", method="POST", body=json.dumps(body)
+    )
+
+
+async def test_the_rest_api_switches_a_session_and_says_what_is_wrong_with_a_body(
+    jp_fetch, manager
+):
+    import json
+
+    from tornado.httpclient import HTTPClientError
+
+    session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="r1"))
+    assert session.run("z = 'here'")["status"] == "ok"
+    for key, body, status, words in (
+        ("r1", {"resume": "x"}, 400, "'resume': a switch keeps the session's workspace"),
+        ("r1", {"on_demand": "yes"}, 400, "'on_demand': wrong type"),
+        ("r1", {"typo": 1}, 400, "unknown field"),
+        ("nope", {}, 404, "nope"),
+    ):
+        with pytest.raises(HTTPClientError) as err:
+            await _post_switch(jp_fetch, key, body)
+        assert err.value.code == status
+        assert words in json.loads(err.value.response.body)["message"]
+    doc = json.loads((await _post_switch(jp_fetch, "r1", {"type": "a100"})).body)
+    new = doc["session"]["name"]
+    assert doc["session"]["gpu_type"] == "a100" and doc["session"]["state"] == "running"
+    assert doc["line"].startswith(f"switched r1 -> {new} in ") and "(z)" in doc["line"]
+    assert doc["report"]["restored"]["restored"] == ["z"]
+    assert manager.get("r1").state == State.STOPPED
