@@ -42,6 +42,7 @@ from .models import State
 from .session import Session, SessionManager
 from .notify import WarningNotifier, watch
 from .words import (
+    cell_cut_line,
     ended_message,
     error_text,
     idle_setting,
@@ -148,6 +149,9 @@ class GpuMagics(Magics):
         except GpuSessionError as exc:
             if session is self.current and not session.record.state.active:
                 self._forget(session.id)
+            if isinstance(exc, SessionEnded) and _interrupted(exc.record):
+                # its capacity went away mid-cell: the cell is said to be cut, never re-run
+                raise UsageError(f"{error_text(exc)}\n{cell_cut_line(exc.record)}") from None
             if isinstance(exc, SessionEnded):  # stopped (by whom and why), not broken
                 raise UsageError(f"{error_text(exc)}; `%gpu start` a new one") from None
             raise UsageError(
@@ -371,6 +375,11 @@ class GpuMagics(Magics):
         sub = rest.strip()
         func = PARSERS.get(sub) or transfers.help_parser(sub)
         print(func.parser.format_help() if func is not None else HELP)
+
+
+def _interrupted(record) -> bool:
+    """Did the session end because its capacity went away (gpusession.protocol.StopKind)?"""
+    return record.stop_reason is not None and record.stop_reason.kind.interruption
 
 
 def _print(line: str) -> None:
