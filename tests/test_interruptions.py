@@ -1,9 +1,9 @@
 """Sessions survive their capacity going away: a notice (a spot interruption, a rebalance
 recommendation: files in the agent's notice folder, as an instance's boot script writes them from
-instance metadata; a Slurm job's batch shell when --signal=B:USR1 reaches it) make the agent
-save the namespace at once; a spot
-notice then ends the session, recorded as interrupted with its state saved, and `--resume` picks
-the checkpoint up. The cell running at the notice is said to be cut, never re-run.
+instance metadata, and a Slurm job's batch shell when --signal=B:USR1 reaches it) makes the agent
+save the namespace at once; a spot notice then ends the session, recorded as interrupted with its
+state saved, and `--resume` picks the checkpoint up. The cell running at the notice is said to be
+cut, never re-run.
 
 Real kernels on the local backend, a real notebook kernel for the magic's words, the CLI as a
 subprocess. The AWS path (the boot script polling instance metadata) is in test_aws_e2e.py."""

@@ -29,7 +29,7 @@ from ...models import LaunchSpec, SessionRecord
 from ...options import StartOption
 from ...progress import Progress
 from ...protocol import StopDetails
-from ..base import Backend, Link, RemoteResource
+from ..base import Backend, Link, RemoteResource, stop_details_from_log
 from . import launch, volumes
 from .sdk import Aws, aws_errors, boto3_module, error_code, explain
 from .teardown import Teardown, console_details, ended_reason
@@ -124,6 +124,7 @@ class AwsBackend(Backend):
         self._aws: dict[str, Aws] = {}
         self._spot: dict[tuple[str, str], dict[str, float]] = {}
         self._state_cache: dict[str, tuple[float, dict | None]] = {}
+        self._last_words: dict[str, StopDetails] = {}  # id -> how it ended, read after a notice
 
     def aws(self, region: str | None) -> Aws:
         key = region or ""
@@ -282,6 +283,7 @@ class AwsBackend(Backend):
     ) -> None:
         from ...tunnel import CONTAINER_AGENT_PORT
         from ..cloudvm.cloudinit import (
+            CONTAINER_NOTICES,
             CONTAINER_STATE_DIR,
             BootPlan,
             instance_sockets,
@@ -322,6 +324,7 @@ class AwsBackend(Backend):
                 agent_port=CONTAINER_AGENT_PORT,
                 workspace=WORKSPACE_MOUNT,
                 cwd=WORKSPACE_MOUNT,
+                notice_dir=CONTAINER_NOTICES,
             ).argv()
             boot = BootPlan(
                 record.id,
@@ -439,11 +442,8 @@ class AwsBackend(Backend):
             or DEFAULT_BOOT_TIMEOUT_S,
             "boot_timeout",
         )
-        on_notice = (
-            (lambda notice: self._on_notice(record.id, notice))
-            if res.get("market") == "spot"
-            else None
-        )
+        spot = res.get("market") == "spot"
+        on_notice = (lambda notice: self._on_notice(record.id, notice)) if spot else None
         return open_link(
             res,
             deadline=time.monotonic() + timeout,
@@ -452,6 +452,7 @@ class AwsBackend(Backend):
             gone=lambda: self._gone(record),
             on_event=lambda text: self._note(record.id, text),
             on_notice=on_notice,
+            on_ended=lambda text: self._on_ended(record.id, text),
         )
 
     def _on_notice(self, session_id: str, notice: dict) -> None:
@@ -464,6 +465,13 @@ class AwsBackend(Backend):
         log.warning("gpusession: %s", text)
         # last: whoever sees the session marked interrupted finds the note and the log line too
         self.recorder.save(session_id, interrupted={"notice": notice, "noticed_at": noticed_at})
+
+    def _on_ended(self, session_id: str, text: str) -> None:
+        """The session's container ended after a notice (the link read its last markers): the
+        session is over while its instance still runs, and this is how it ended."""
+        details = stop_details_from_log(text)
+        if details is not None:
+            self._last_words[session_id] = details
 
     # -- life -------------------------------------------------------------------------------
 
@@ -501,6 +509,8 @@ class AwsBackend(Backend):
     def is_alive(self, record: SessionRecord) -> bool:
         if record.spec.backend != self.name or not record.resource.get("instance_id"):
             return False
+        if record.id in self._last_words:  # its container ended (a spot notice's stop)
+            return False
         try:
             inst = self._instance(record)
         except (*aws_errors(), GpuSessionError):
@@ -519,6 +529,9 @@ class AwsBackend(Backend):
             inst = self._instance(record)
         except (*aws_errors(), GpuSessionError):
             return None
+        # after a spot notice the link read the end from the instance itself (the console
+        # output shows it only minutes later)
+        logged = self._last_words.get(record.id) or logged
         reason = logged.reason or ended_reason(inst, bool(record.resource.get("interrupted")))
         details = StopDetails(reason=reason, summary=logged.summary)
         return None if details == StopDetails() else details

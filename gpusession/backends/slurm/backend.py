@@ -12,7 +12,9 @@ gc         our jobs carry `--comment=gpusession:<store>:<session>`; squeue finds
 
 Files on the cluster, under ~/.gpusession of the login user: runtime/<version>/gpusession (the
 runtime's sources), slurm/<session id>/job.out (the job's output: markers) and state/ (the
-runtime's kernel.json, runtime.json, stopped.json).
+runtime's kernel.json, runtime.json, stopped.json), workspaces/<name> (the session's working
+folder, kept: the agent saves the namespace there before an idle stop and when Slurm signals the
+job's end, `--resume NAME` restores it; `--workspace-dir` puts them elsewhere, on scratch).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import time
 from ...catalog import load_catalog
 from ...cost import BILLED_FROM
 from ...durations import format_duration
-from ...durations import QUEUE_TIMEOUT
+from ...agentargs import workspace_name
+from ...durations import QUEUE_TIMEOUT, SIGNAL_GRACE
 from ...errors import BackendUnavailable, BadInput, StageError
 from ...models import LaunchSpec, SessionRecord
 from ...options import StartOption
@@ -65,6 +68,7 @@ class SlurmBackend(Backend):
     name = "slurm"
     takes_host = True  # the cluster's login node
     takes_image = True  # run by apptainer, singularity or pyxis
+    keeps_workspaces = True  # a folder on the cluster's shared storage per workspace
     order = 40
     price_source = "--price-per-gpu-hour x GPUs, else GpuSessionConfig.price_per_hour, else none (GPU-hours only)"
     start_options = (  # gpusession/backends/slurm/jobs.py reads and checks them; docs/slurm.md
@@ -167,6 +171,26 @@ class SlurmBackend(Backend):
             "queue timeout",
             rule=QUEUE_TIMEOUT,
         ),
+        StartOption(
+            "signal_grace",
+            ("--signal-grace",),
+            "duration",
+            "Save before the job's end",
+            "slurm: Slurm signals the job this long before its time limit or a preemption, and "
+            "the agent saves the kernel's variables into the workspace (default 2m; off: no signal)",
+            "signal grace",
+            rule=SIGNAL_GRACE,
+        ),
+        StartOption(
+            "workspace_dir",
+            ("--workspace-dir",),
+            "text",
+            "Workspace folder",
+            "slurm: the cluster folder that holds the workspaces, e.g. /scratch/me/ws "
+            "(default: ~/.gpusession/workspaces of the login user)",
+            "workspace folder",
+            max_len=400,
+        ),
     )
 
     def __init__(self, config, recorder):
@@ -210,7 +234,11 @@ class SlurmBackend(Backend):
         if spec.image and settings.container == "auto":
             self._check_container_runtime(shell, spec)
         progress.step("bringing the session runtime to the cluster")
-        paths = JobPaths(session_dir=f"{base}/slurm/{record.id}", runtime_dir=ensure_runtime(shell))
+        paths = JobPaths(
+            session_dir=f"{base}/slurm/{record.id}",
+            runtime_dir=ensure_runtime(shell),
+            workspace=self._workspace(shell, record, settings, base),
+        )
         script = batch_script(record, settings, paths)
         command = sbatch_command(record, settings, paths, self.recorder.store_id)
         # billed from the job's start, as the agent counts: nothing while it waits in the queue
@@ -234,6 +262,28 @@ class SlurmBackend(Backend):
         self.recorder.save(record.id, job_id=job_id)
         node = self._wait_in_queue(shell, job_id, paths, settings.queue_timeout_s, progress)
         self.recorder.save(record.id, node=node, **{BILLED_FROM: time.time()})
+
+    def _workspace(self, shell: LoginShell, record: SessionRecord, settings, base: str) -> str:
+        """The session's workspace folder on the cluster, made (0700) unless --resume names one
+        that is not there."""
+        name = workspace_name(record)
+        folder = settings.workspace_dir or f"{base}/workspaces"
+        if folder.startswith("~/"):
+            folder = f"{shell.home()}/{folder[2:]}"
+        path = f"{folder.rstrip('/')}/{name}"
+        if record.spec.extra.get("resume"):
+            if not shell.run(f"test -d {q(path)}").ok:
+                raise StageError(
+                    "provision",
+                    f"no workspace {name} to resume in {folder} on {record.spec.host} "
+                    "(`--workspace-dir` names another folder)",
+                )
+        elif not shell.run(f"mkdir -p -m 700 {q(path)}").ok:
+            raise StageError(
+                "provision", f"cannot make the workspace folder {path} on {record.spec.host}"
+            )
+        self.recorder.save(record.id, workspace=name, workspace_dir=path)
+        return path
 
     @staticmethod
     def _check_container_runtime(shell: LoginShell, spec: LaunchSpec) -> None:
