@@ -261,6 +261,19 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         rule=SAVE_TIMEOUT,
     ),
     StartOption(
+        "recover",
+        ("--recover",),
+        "choice",
+        "Recover",
+        "when the capacity is taken back (a spot interruption, a cluster's time limit or "
+        "preemption) after the state was saved, the notebook starts a replacement that restores "
+        "it and runs the next cell there (auto: on for --spot sessions)",
+        "recover",
+        default="auto",
+        choices=("auto", "on", "off"),
+        capability="keeps_workspaces",
+    ),
+    StartOption(
         "save_cap",
         ("--save-cap",),
         "text",

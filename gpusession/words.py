@@ -200,6 +200,26 @@ def cell_cut_line(record: SessionRecord) -> str:
     )
 
 
+def recovering_line(record: SessionRecord) -> str:
+    return f"recovering session {record.name}: a replacement restores its saved state (--recover)"
+
+
+def recovered_line(old: SessionRecord, new: SessionRecord) -> str:
+    """'session sp1 is back: 1 x T4 on aws (spot, $0.53/h), down 1m05s; the next cell runs there'."""
+    down = max(0.0, time.time() - max((e.at for e in old.events), default=old.created_at))
+    market = "spot, " if new.spec.spot else ""
+    return (
+        f"session {new.name} is back: {new.spec.gpu_count} x {new.spec.gpu_type.upper()} on "
+        f"{new.backend} ({market}{format_money(new.price_per_hour)}/h), down "
+        f"{format_duration(down)}; the next cell runs there"
+    )
+
+
+def recovery_failed_line(record: SessionRecord, error: str, workspace: str | None) -> str:
+    again = f"`%gpu start --resume {workspace}`" if workspace else "`%gpu start`"
+    return f"could not recover session {record.name}: {error}; its state is saved: {again}"
+
+
 def usage_error(message: str) -> str:
     """An argument parser's complaint, with what to write when a value starts with '-' (which
     argparse takes for a flag): 'argument --idle: expected one argument' -> ... --idle=-5m."""

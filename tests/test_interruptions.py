@@ -132,3 +132,37 @@ def test_a_rebalance_notice_and_slurms_signal_save_and_the_session_goes_on(manag
         ("scheduler-signal", True),
     ], marks
     manager.stop("rb")
+
+
+def test_with_recover_the_notebook_continues_on_a_replacement(notebook, nb_env):
+    """--recover on (auto: on for --spot): the cell cut by the notice says so, a replacement of
+    the same name restores the saved state, becomes the notebook's session, and the next cell
+    runs there."""
+    start = notebook.run("%gpu start --type t4 --backend local --idle off --name rc --recover on")
+    assert start.status == "ok", start.text
+    assert notebook.run("%%gpu\nkept = {'k': 41}\nimport os; print(os.getpid())").status == "ok"
+    store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
+    first = store.get("rc")
+    state_dir = Path(first.resource["state_dir"])
+
+    def notice_while_busy():
+        _wait(lambda: _busy(state_dir), 30)
+        _notify(state_dir, "spot-instance-action.json", NOTICE)
+
+    threading.Thread(target=notice_while_busy, daemon=True).start()
+    cut = notebook.run("%%gpu\nimport time\nfor i in range(600):\n    time.sleep(0.1)")
+    said = cut.text
+    assert cut.status == "error", said
+    assert "this cell was interrupted when session rc ended: it is not re-run" in said, said
+    assert "recovering session rc: a replacement restores its saved state" in said, said
+    assert "workspace rc: restored" in said and "kept" in said, said
+    assert "session rc is back: 1 x T4 on local" in said and "the next cell runs there" in said, (
+        said
+    )
+
+    nxt = notebook.run("%%gpu\nprint(kept['k'] + 1)")
+    assert nxt.status == "ok" and nxt.text.strip().endswith("42"), nxt.text
+    second = store.get("rc")
+    assert second.id != first.id and second.state == State.RUNNING
+    assert store.get(first.id).stop_reason.kind is StopKind.SPOT_INTERRUPTION
+    notebook.run("%gpu stop")
