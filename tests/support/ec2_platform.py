@@ -166,10 +166,6 @@ class FakePlatform:
         self._rebalance = {"noticeTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         return self._rebalance
 
-    def calm(self) -> None:
-        """Instance metadata carries no notice any more (the next instance is another machine)."""
-        self._notice = self._rebalance = None
-
     def wait_for(self, what, timeout: float = 60.0, step: float = 0.25):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
