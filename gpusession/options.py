@@ -399,7 +399,11 @@ class BadOptions(BadInput):
                 )
                 + more
             )
-            allowed = ", ".join(t.names if face == REST else (o.flag for o in t.options))
+            every = list(t.names if face == REST else (o.flag for o in t.options))
+            # one short line: the first ones, and where the rest are listed
+            allowed = ", ".join(every[:24]) + (
+                f" and {len(every) - 24} more (`%gpu help start`)" if len(every) > 24 else ""
+            )
             parts.append(f"unknown field(s) {names}; allowed: {allowed}")
         parts += [
             f"{t.by_name[n].field(face)}: {p}" for n, p in self.problems.items() if n in t.by_name
