@@ -22,18 +22,9 @@ from gpusession.agent.checkpoint_read import read_manifest
 from gpusession.models import State
 from gpusession.protocol import Marker, StopKind, find_markers
 from gpusession.store import Store
+from support.slurm import wait_until
 
 NOTICE = {"action": "terminate", "time": "2026-12-01T20:00:00Z"}
-
-
-def _wait(what, timeout: float, step: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = what()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"not within {timeout}s")
 
 
 def _busy(state_dir: Path) -> bool:
@@ -59,7 +50,7 @@ def test_a_spot_notice_during_a_cell_saves_ends_and_resumes_without_rerunning_it
     state_dir = Path(store.get("sp").resource["state_dir"])
 
     def notice_while_busy():
-        _wait(lambda: _busy(state_dir), 30)
+        wait_until(lambda: _busy(state_dir), 30, "the cell to run", 0.1)
         _notify(state_dir, "spot-instance-action.json", NOTICE)
 
     threading.Thread(target=notice_while_busy, daemon=True).start()
@@ -112,21 +103,32 @@ def test_a_rebalance_notice_and_slurms_signal_save_and_the_session_goes_on(manag
     workspace = manager.backend("local").workspace_dir("rb")
 
     _notify(state_dir, "rebalance-recommendation.json", {"noticeTime": "2026-12-01T19:59:00Z"})
-    manifest = _wait(lambda: read_manifest(str(workspace)), 20)
+    manifest = wait_until(lambda: read_manifest(str(workspace)), 20, "the rebalance save", 0.1)
     assert manifest["for"] == "rebalance" and [v["name"] for v in manifest["variables"]] == ["x"]
 
     assert session.run("y = 2")["status"] == "ok"
     # what a Slurm job's batch shell writes when sbatch --signal=B:USR1@GRACE signals it
     _notify(state_dir, "scheduler-signal.json", {"signal": "USR1"})
-    manifest = _wait(
+    manifest = wait_until(
         lambda: (m := read_manifest(str(workspace))) and m.get("for") == "scheduler-signal" and m,
         20,
+        "the save on the scheduler's signal",
+        0.1,
     )
     assert [v["name"] for v in manifest["variables"]] == ["x", "y"]
     # neither ends the session: the capacity is still there
     assert session.run("print(len(x) + y)")["status"] == "ok"
     assert manager.refresh_state("rb").state == State.RUNNING
-    marks = find_markers((state_dir / "runtime.log").read_text(), Marker.CHECKPOINT)
+    marks = wait_until(  # the marker comes once the agent has the kernel's answer
+        lambda: (
+            (m := find_markers((state_dir / "runtime.log").read_text(), Marker.CHECKPOINT))
+            and len(m) == 2
+            and m
+        ),
+        10,
+        "both saves' markers",
+        0.1,
+    )
     assert [(m["for"], m["committed"]) for m in marks] == [
         ("rebalance", True),
         ("scheduler-signal", True),
@@ -146,7 +148,7 @@ def test_with_recover_the_notebook_continues_on_a_replacement(notebook, nb_env):
     state_dir = Path(first.resource["state_dir"])
 
     def notice_while_busy():
-        _wait(lambda: _busy(state_dir), 30)
+        wait_until(lambda: _busy(state_dir), 30, "the cell to run", 0.1)
         _notify(state_dir, "spot-instance-action.json", NOTICE)
 
     threading.Thread(target=notice_while_busy, daemon=True).start()
