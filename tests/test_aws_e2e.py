@@ -5,22 +5,16 @@ product image (scripts/ci-host-setup.sh); skipped otherwise."""
 
 from __future__ import annotations
 
-import logging
 import os
+import threading
 import time
 
 import pytest
 
-from gpusession.core.errors import StageError
+from gpusession.core.errors import SessionEnded, StageError
 from gpusession.core.models import State
-from gpusession.core.protocol import (
-    Marker,
-    StopKind,
-    StopReason,
-    Warning,
-    WarningKind,
-    find_markers,
-)
+from gpusession.core.protocol import Marker, StopKind, StopReason, find_markers
+from gpusession.faces.words import ended_message
 from support.ec2 import leftovers
 from support.sinks import Collect
 from support.hosts import product_image
@@ -195,35 +189,75 @@ def test_stop_terminates_and_removes_key_pair_and_group(manager, platform, look)
     platform.wait_for(lambda: not platform.machines, timeout=30)
 
 
-def test_spot_interruption_notice_warns_and_marks_the_session(manager, platform, look, caplog):
-    caplog.set_level(logging.WARNING, logger="gpusession")
-    session = manager.start(spec_for(manager, spot=True))
+def test_a_spot_notice_saves_ends_the_session_and_resume_picks_it_up(manager, platform, look):
+    """The boot script polls instance metadata (the platform's IMDS stand-in) and writes what it
+    says into the agent's notice folder: a rebalance recommendation saves the namespace and the
+    session goes on; the interruption notice, during a running cell, saves it again, ends the
+    session (the instance powers off and terminates) and the cell is said to be cut; `list` says
+    "interrupted, state saved", the stop line says how to resume."""
+    session = manager.start(spec_for(manager, name="sp1", spot=True))
     record = session.record
     assert record.resource["market"] == "spot"
-    notice = platform.interrupt()
-    platform.wait_for(lambda: manager.get(record.id).resource.get("interrupted"), timeout=30)
-    record = manager.get(record.id)
-    assert record.resource["interrupted"]["notice"] == notice
-    assert any("spot interruption notice" in e.detail for e in record.events)
-    assert any("spot interruption notice" in r.getMessage() for r in caplog.records)
-    # the notice reaches the notebook's warning poller and the panels through the stats
-    warnings = manager.stats(record.id, limit=0)["warnings"]
-    spot = [
-        Warning.from_dict(w)
-        for w in warnings
-        if Warning.from_dict(w).kind == WarningKind.SPOT_INTERRUPTION
-    ]
-    assert [(w.action, w.time) for w in spot] == [(notice["action"], notice["time"])], warnings
-    look.terminate_instances(InstanceIds=[record.resource["instance_id"]])  # AWS reclaims it
-    platform.wait_for(
-        lambda: not manager.backend("aws").is_alive(manager.get(record.id)), timeout=30
+    assert session.run("kept = {'k': 41}", sink=Collect())["status"] == "ok"
+
+    platform.recommend_rebalance()
+    # the agent's save, seen from a cell: the workspace's manifest says what it was for
+    wait_saved = (
+        "import json, os, time\n"
+        "path = '/workspace/.gpusession/checkpoint.json'\n"
+        "for _ in range(150):\n"
+        "    if os.path.exists(path) and 'for' in json.load(open(path)): break\n"
+        "    time.sleep(0.2)\n"
+        "print(json.load(open(path)).get('for') if os.path.exists(path) else 'no checkpoint')"
     )
-    manager.gc()
+    out = Collect()
+    reply = session.run(wait_saved, sink=out)
+    assert reply["status"] == "ok" and out.text.strip() == "rebalance", out.text
+
+    cut: list = []
+
+    def long_cell():
+        try:
+            session.run("open('ran.txt', 'a').write('x')\nfor i in range(1200): time.sleep(0.1)")
+        except Exception as exc:  # noqa: BLE001 - what the notebook would be told
+            cut.append(exc)
+
+    cell = threading.Thread(target=long_cell)
+    cell.start()
+    time.sleep(1)
+    t0 = time.monotonic()
+    notice = platform.interrupt()
+    cell.join(90)
+    assert not cell.is_alive(), "the running cell went on after the notice"
+    downtime = time.monotonic() - t0
+    (ended,) = cut
+    assert isinstance(ended, SessionEnded), repr(ended)
+    said = ended_message(ended.record)
+    assert "session sp1 ended: AWS took the spot instance back" in said, said
+    assert "resume with `%gpu start --resume sp1`" in said, said
+    platform.wait_for(lambda: instance_state(look, record) == "terminated", timeout=60)
+    console = platform.console_text(record.resource["instance_id"])
+    marks = find_markers(console, Marker.CHECKPOINT)
+    assert [(m["for"], m["committed"]) for m in marks] == [
+        ("rebalance", True),
+        ("spot-interruption", True),
+    ], console
+    assert marks[1]["notice"] == notice
     record = manager.get(record.id)
     assert record.state == State.STOPPED
     assert record.stop_reason.kind == StopKind.SPOT_INTERRUPTION
-    assert leftovers(look) == NOTHING
+    assert record.resource["agent_summary"]["checkpoint"]["for"] == "spot-interruption"
+    listed = _cli("list", "--all")
+    (row,) = [line for line in listed.stdout.splitlines() if line.split()[:1] == ["sp1"]]
+    assert "interrupted, state saved" in row, listed.stdout
     let_go(session)
+    platform.wait_for(lambda: not platform.machines, timeout=30)
+
+    assert leftovers(look) == NOTHING
+    # `--resume sp1` on a new instance restores from the volume as any resume does
+    # (test_a_workspace_volume_outlives_the_instance_and_resumes); the cut cell is never re-run
+    # (tests/test_interruptions.py): a second instance here would double this test's time
+    print(f"notice to the session ended: {downtime:.1f}s")
 
 
 def test_wrong_host_key_is_refused_and_everything_removed(manager, platform, look):

@@ -316,31 +316,70 @@ def _saved_job(manager, name: str) -> str | None:
         return None
 
 
-def test_a_job_ended_by_its_time_limit_is_recorded_as_such(cluster, home, manager):
+def test_slurm_signals_before_the_time_limit_the_agent_saves_and_resume_brings_it_back(
+    cluster, home, manager, tmp_path
+):
     """--max-runtime 3m asks Slurm for --time=4 (a minute more: the agent stops first when it
-    can). When Slurm ends the job at its time limit, the session is recorded as ended by it."""
-    from gpusession.faces.words import describe_stop
+    can) and --signal=B:USR1@120 (--signal-grace). The job's time limit moved to within the grace:
+    Slurm signals the batch shell, which leaves a notice, and the agent saves the namespace into
+    the workspace (a folder in --workspace-dir on the shared storage) while the job runs on. When Slurm ends the
+    job at its time limit, the session is recorded as ended by it, with its state saved, and
+    `--resume` on a new job brings the variables back."""
+    from gpusession.agent.checkpoint_read import read_manifest
+    from gpusession.faces.words import describe_stop, session_table
 
-    session = manager.start(slurm_spec(manager, cluster, "t4", name="limited", max_runtime="3m"))
+    folder = str(tmp_path / "ws")  # the nodes share this machine's filesystem
+    spec = slurm_spec(
+        manager, cluster, "t4", name="limited", max_runtime="3m", workspace_dir=folder
+    )
+    session = manager.start(spec)
     job_id = session.record.resource["job_id"]
-    assert "TimeLimit=00:04:00" in slurm(cluster, "scontrol", "-o", "show", "job", job_id)
+    shown = slurm(cluster, "scontrol", "-o", "show", "job", job_id)
+    assert "TimeLimit=00:04:00" in shown
+    workspace = session.record.resource["workspace_dir"]
+    assert workspace == f"{folder}/limited", workspace
+    assert cell(session, "import os; kept = {'k': 41}; print(os.getcwd())").strip() == workspace
+
+    # the end within the grace: Slurm's time-limit check (every 30 s) signals the batch shell
+    slurm(cluster, "scontrol", "update", f"jobid={job_id}", "TimeLimit=2")
+    manifest = wait_until(
+        lambda: (m := read_manifest(workspace)) and m.get("for") == "scheduler-signal" and m,
+        60,
+        "the agent's save on Slurm's signal",
+        0.5,
+    )
+    assert [v["name"] for v in manifest["variables"]] == ["kept"], manifest
+    assert cell(session, "print(kept['k'])").strip() == "41"  # the job runs on
+
     # the time limit, reached now: Slurm's own time-limit check ends the job (within ~30 s)
     slurm(cluster, "scontrol", "update", f"jobid={job_id}", "EndTime=now")
     wait_until(lambda: squeue(cluster, job_id) == [], 60, "Slurm to end the job at its time limit")
     ended = slurm(cluster, "scontrol", "-o", "show", "job", job_id)
     assert "JobState=TIMEOUT Reason=TimeLimit" in ended
-    assert (
-        "TimeLimit=00:01:00" in ended
-    )  # Slurm moved the limit to the end it set (rounded up to minutes)
+    # Slurm moved the limit to the end it set (rounded up to minutes)
+    minutes = int(ended.split("TimeLimit=")[1].split()[0].split(":")[1])
 
     record = manager.refresh_state(session.id)
     assert record.state == State.STOPPED
     assert record.stop_reason.kind is StopKind.TIME_LIMIT, record.stop_reason
-    assert record.stop_reason.max_runtime_s == 60
+    assert record.stop_reason.max_runtime_s == 60 * minutes
     assert describe_stop("limited", record.stop_reason) == (
-        "session limited ended: the cluster ended its job at the job's time limit (1m00s)"
+        f"session limited ended: the cluster ended its job at the job's time limit ({minutes}m00s)"
     )
     assert_summary(record)
+    (row,) = [
+        line
+        for line in session_table([manager.view(record)]).splitlines()
+        if line.split()[:1] == ["limited"]
+    ]
+    assert "interrupted, state saved" in row, row
+
+    again = manager.start(
+        slurm_spec(manager, cluster, "t4", name="back", resume="limited", workspace_dir=folder)
+    )
+    assert again.record.resource["restored"]["restored"] == ["kept"], again.record.resource
+    assert cell(again, "print(kept['k'] + 1)").strip() == "42"
+    manager.stop(again.id)
 
 
 def test_a_python_without_ipykernel_fails_the_start_saying_what_to_install(cluster, home, manager):

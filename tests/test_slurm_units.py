@@ -125,6 +125,7 @@ def test_the_sbatch_line():
         f"--output={PATHS.output}",
         "--gres=gpu:a100_40g:2",
         "--time=61",
+        "--signal=B:USR1@120",
         "--partition=gpu",
         "--account=proj",
         "--mem=32G",
@@ -132,6 +133,13 @@ def test_the_sbatch_line():
     ]
     assert "--gres=gpu:1" in jobs.sbatch_command(
         record("t4", 1), settings(gres_type="none"), PATHS, "s"
+    )
+    assert "--signal=B:USR1@45" in jobs.sbatch_command(
+        record("t4", 1), settings(signal_grace="45s"), PATHS, "s"
+    )
+    assert not any(
+        c.startswith("--signal")
+        for c in jobs.sbatch_command(record("t4", 1), settings(signal_grace="off"), PATHS, "s")
     )
     assert jobs.time_limit_minutes(None) is None and jobs.time_limit_minutes(90) == 3
     assert jobs.comment_session(f"gpusession:store1:{rec.id}", "store1") == rec.id
@@ -167,7 +175,7 @@ def test_the_batch_script_is_valid_shell(image, container, tmp_path):
         in text
     )
     if image is None:
-        assert "exec python3 -m gpusession.agent run" in text
+        assert "supervise python3 -m gpusession.agent run" in text
     if container == "pyxis":
         assert "srun --overlap --ntasks=1 --container-image=img:1" in text
     if image and container == "auto":

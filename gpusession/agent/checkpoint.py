@@ -139,8 +139,17 @@ def _skip_why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:200]
 
 
-def save(namespace: dict, workspace: str, *, deadline: float, cap_bytes: int | None) -> dict:
+def save(
+    namespace: dict,
+    workspace: str,
+    *,
+    deadline: float,
+    cap_bytes: int | None,
+    cause: str | None = None,
+) -> dict:
     """Save `namespace` into `workspace`; returns the result (data: counts, bytes, skipped).
+    `cause`: what the save was taken for (a protocol.Notice value: an interruption notice), kept
+    in the manifest and the result; None for a plain save.
     Commits (replaces the manifest) only before `deadline`; else the previous checkpoint stays.
     Saves of several kernels into one workspace are independent: each writes its own folder, the
     commit is under a lock, and `committed` is said only once the manifest names our folder."""
@@ -155,12 +164,19 @@ def save(namespace: dict, workspace: str, *, deadline: float, cap_bytes: int | N
         fcntl.flock(
             writing, fcntl.LOCK_EX
         )  # held until committed: no other save's cleanup takes this folder
-        return _save_into(namespace, root, folder, path, started, kind, module, deadline, cap_bytes)
+        result = _save_into(
+            namespace, root, folder, path, started, kind, module, deadline, cap_bytes, cause
+        )
+        if cause:
+            result["for"] = cause
+        return result
     finally:
         os.close(writing)
 
 
-def _save_into(namespace, root, folder, path, started, kind, module, deadline, cap_bytes) -> dict:
+def _save_into(
+    namespace, root, folder, path, started, kind, module, deadline, cap_bytes, cause
+) -> dict:
     saved, imports, skipped, total = [], {}, [], 0
     names = sorted(namespace)
     for i, name in enumerate(names):
@@ -224,6 +240,8 @@ def _save_into(namespace, root, folder, path, started, kind, module, deadline, c
         "imports": imports,
         "skipped": skipped,
     }
+    if cause:
+        manifest["for"] = cause
     result = {
         "saved": len(saved),
         "bytes": total,
@@ -334,6 +352,7 @@ def _answer_request(ip) -> None:
             os.environ[ENV_WORKSPACE],
             deadline=float(request["deadline"]),
             cap_bytes=request.get("cap_bytes"),
+            cause=request.get("for"),
         )
     except BaseException as exc:  # noqa: BLE001 - said to the agent, which says it in the summary (never 60 s of silence)
         result = {"error": f"{type(exc).__name__}: {exc}"[:300], "committed": False}

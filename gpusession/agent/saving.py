@@ -36,11 +36,13 @@ def save_kernel(
     *,
     timeout_s: float,
     cap_bytes: int | None,
+    cause: str | None = None,
     clock=time.time,
     sleep=time.sleep,
 ) -> dict:
     """Ask the kernel to save; its result (`saved`, `bytes`, `imports`, `skipped`, `committed`),
-    or {"committed": False, "error": why} when there is no kernel or the bound passed."""
+    or {"committed": False, "error": why} when there is no kernel or the bound passed. `cause`:
+    what the save is for (a protocol.Notice value), kept in the checkpoint's manifest."""
     started = clock()
     if not kernel_pid:
         return {"committed": False, "error": "no kernel"}
@@ -51,7 +53,9 @@ def save_kernel(
     if not _one_at_a_time.acquire(timeout=timeout_s):
         return {"committed": False, "error": "another save was under way", "timeout_s": timeout_s}
     try:
-        return _save(state_dir, kernel_pid, started + timeout_s, timeout_s, cap_bytes, clock, sleep)
+        return _save(
+            state_dir, kernel_pid, started + timeout_s, timeout_s, cap_bytes, cause, clock, sleep
+        )
     finally:
         _one_at_a_time.release()
 
@@ -71,6 +75,7 @@ def _save(
     deadline: float,
     timeout_s: float,
     cap_bytes: int | None,
+    cause: str | None,
     clock,
     sleep,
 ) -> dict:
@@ -78,7 +83,7 @@ def _save(
     path = os.path.join(state_dir, SAVE_REQUEST)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"id": request_id, "deadline": deadline, "cap_bytes": cap_bytes}, f)
+        json.dump({"id": request_id, "deadline": deadline, "cap_bytes": cap_bytes, "for": cause}, f)
     os.replace(tmp, path)
     try:
         os.kill(kernel_pid, signal.SIGUSR1)

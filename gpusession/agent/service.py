@@ -22,8 +22,9 @@ from typing import Any
 
 from ..configuration.agentargs import DEFAULT_SAVE_TIMEOUT_S, RECORDING, WATCHDOG, positive
 from ..configuration.agentargs import add_arguments as add_agent_arguments
-from ..core.protocol import Marker, StopReason, marker_line
+from ..core.protocol import NOTICE_SAVE_S, Marker, Notice, StopReason, marker_line
 from .idle import ActivityTracker, StopPolicy
+from .notices import NoticeWatcher, save_for_notice
 from .nvml import NvmlReader, RecordedNvml, record_raw
 from .sampler import Sampler
 from .saving import restore_report, save_kernel
@@ -47,16 +48,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def save_namespace(rt, args: argparse.Namespace, *, asked: bool = False) -> dict:
+def save_namespace(
+    rt, args: argparse.Namespace, *, asked: bool = False, cause: Notice | None = None
+) -> dict:
     """The kernel's namespace into the workspace, within --save-timeout (the watchdog before its
     stops; `asked`: POST /save, `stop --save`, which saves even with --save-timeout off, within
-    the default bound); the result is kept for the stop summary."""
-    timeout = args.save_timeout or (DEFAULT_SAVE_TIMEOUT_S if asked else None)
+    the default bound; `cause`: a notice, which saves whatever --save-timeout says, within
+    NOTICE_SAVE_S at most); the result is kept for the stop summary."""
+    timeout = args.save_timeout or (DEFAULT_SAVE_TIMEOUT_S if asked or cause else None)
+    if cause is not None:
+        timeout = min(timeout, NOTICE_SAVE_S)
     if not getattr(args, "workspace", "") or not timeout:
-        return {"committed": False, "error": "no workspace" if timeout else "saving is off"}
-    kernel = rt.kernel
-    pid = kernel.pid if kernel is not None and kernel.poll() is None else None
-    result = save_kernel(rt.state_dir, pid, timeout_s=timeout, cap_bytes=args.save_cap or None)
+        result = {"committed": False, "error": "no workspace" if timeout else "saving is off"}
+    else:
+        kernel = rt.kernel
+        pid = kernel.pid if kernel is not None and kernel.poll() is None else None
+        result = save_kernel(
+            rt.state_dir,
+            pid,
+            timeout_s=timeout,
+            cap_bytes=args.save_cap or None,
+            cause=cause.value if cause else None,
+        )
+    if cause is not None:
+        result = dict(result)
+        result["for"] = cause.value
     rt.checkpoint = result
     return result
 
@@ -128,6 +144,13 @@ def start(rt, args: argparse.Namespace) -> Watchdog | None:
             rt.agent_port = None
     rt.stop_hooks.append(lambda reason: _on_stop(rt, watchdog, args, reason))
     threading.Thread(target=watchdog.run, name="gpusession-watchdog", daemon=True).start()
+    notices = NoticeWatcher(
+        args.notice_dir or os.path.join(rt.state_dir, "notices"),
+        lambda kind, notice: save_for_notice(
+            kind, notice, save=lambda k: save_namespace(rt, args, cause=k), stop=rt.stop
+        ),
+    )
+    threading.Thread(target=notices.run, name="gpusession-notices", daemon=True).start()
     return watchdog
 
 

@@ -113,6 +113,14 @@ class AgentArgs:
     restore: bool = _option(
         False, FLAG, "the first kernel restores the workspace's checkpoint", group=PLACEMENT
     )
+    notice_dir: str = _option(
+        "",
+        TEXT,
+        "where the machine's notices appear (gpusession.core.protocol.NOTICE_FILES: a spot "
+        "interruption, a rebalance recommendation); the agent saves the namespace at once "
+        "(default: STATE_DIR/notices)",
+        group=PLACEMENT,
+    )
     # -- the watchdog and the stats: the session record's
     idle: float | None = _option(
         DEFAULT_IDLE_S,

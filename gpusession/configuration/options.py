@@ -275,6 +275,19 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         rule=SAVE_TIMEOUT,
     ),
     StartOption(
+        "recover",
+        ("--recover",),
+        "choice",
+        "Recover",
+        "when the capacity is taken back (a spot interruption, a cluster's time limit or "
+        "preemption) after the state was saved, the notebook starts a replacement that restores "
+        "it and runs the next cell there (auto: on for --spot sessions)",
+        "recover",
+        default="auto",
+        choices=("auto", "on", "off"),
+        capability="keeps_workspaces",
+    ),
+    StartOption(
         "save_cap",
         ("--save-cap",),
         "text",
@@ -400,7 +413,11 @@ class BadOptions(BadInput):
                 )
                 + more
             )
-            allowed = ", ".join(t.names if face == REST else (o.flag for o in t.options))
+            every = list(t.names if face == REST else (o.flag for o in t.options))
+            # one short line: the first ones, and where the rest are listed
+            allowed = ", ".join(every[:24]) + (
+                f" and {len(every) - 24} more (`%gpu help start`)" if len(every) > 24 else ""
+            )
             parts.append(f"unknown field(s) {names}; allowed: {allowed}")
         parts += [
             f"{t.by_name[n].field(face)}: {p}" for n, p in self.problems.items() if n in t.by_name

@@ -180,6 +180,9 @@ SAVE_TIMEOUT = DurationRule("save time bound", 1 * HOUR)  # a save in under a se
 WATCH = DurationRule("watch duration", 1 * DAY, allow_off=False)
 # Slurm: how long a job may wait in the queue (its state is asked every few seconds)
 QUEUE_TIMEOUT = DurationRule("queue timeout", 30 * DAY, min_s=10.0)
+# Slurm: how long before the job's end (its time limit, a preemption's grace) the agent saves
+# (sbatch --signal=B:USR1@GRACE: Slurm's timer may send it up to a minute early)
+SIGNAL_GRACE = DurationRule("signal grace", 1 * HOUR, min_s=10.0)
 # GPUSESSION_RECONNECT_TIMEOUT: how long a dropped tunnel may stay down (settings.reconnect_give_up)
 RECONNECT = DurationRule("reconnect timeout", 1 * DAY)
 # the spend report's period (`gpusession report --since 30d`): up to ten years back

@@ -113,6 +113,7 @@ class Marker(str, enum.Enum):
     POWEROFF = "GPUSESSION_POWEROFF"  # an instance's boot script powers off
     SPOT_NOTICE = "GPUSESSION_SPOT_NOTICE"  # an instance saw a spot interruption notice (JSON)
     PYTHON = "GPUSESSION_PYTHON"  # the runtime bundle's probe of an image: its Python (JSON, gpusession.transport.bundle)
+    CHECKPOINT = "GPUSESSION_CHECKPOINT"  # the agent saved for a notice; payload: the save's result + "notice"
 
 
 def marker_line(marker: Marker, payload: dict[str, Any] | None = None) -> str:
@@ -201,6 +202,12 @@ class StopKind(str, enum.Enum):
         """Did the session's own agent decide to stop it (no failure, it saved money)?"""
         return self in (StopKind.IDLE, StopKind.MAX_RUNTIME, StopKind.MAX_COST)
 
+    @property
+    def interruption(self) -> bool:
+        """Did the capacity go away under the session (the cloud or the scheduler took it back),
+        with a notice the agent saves on: the work goes on elsewhere (--resume, --recover)?"""
+        return self in (StopKind.SPOT_INTERRUPTION, StopKind.TIME_LIMIT, StopKind.PREEMPTED)
+
 
 @dataclasses.dataclass(frozen=True)
 class StopReason:
@@ -258,6 +265,35 @@ class StopDetails:
             "at": self.at,
             "summary": self.summary,
         }
+
+
+# -- notices: the machine goes away soon -----------------------------------------------------
+
+
+class Notice(str, enum.Enum):
+    """What the agent saves the namespace for at once, before the capacity goes (the checkpoint's
+    `for`): a file of NOTICE_FILES appearing in its --notice-dir."""
+
+    SPOT_INTERRUPTION = "spot-interruption"  # the cloud takes the machine back (AWS: in 2 min)
+    REBALANCE = "rebalance"  # the cloud recommends moving (AWS): nothing ends yet
+    SCHEDULER_SIGNAL = "scheduler-signal"  # the job's time limit or a preemption comes (Slurm)
+
+    @property
+    def ends_session(self) -> bool:
+        """The agent stops the session once saved: anything run later would be lost anyway."""
+        return self is Notice.SPOT_INTERRUPTION
+
+
+# the files written into the agent's --notice-dir: by an instance's boot script (what instance
+# metadata said, as JSON; another cloud's watcher, GCP's preempted flag, writes the same names),
+# by a Slurm job's batch shell when Slurm sends it --signal=B:USR1@GRACE
+NOTICE_FILES = {
+    "spot-instance-action.json": Notice.SPOT_INTERRUPTION,
+    "rebalance-recommendation.json": Notice.REBALANCE,
+    "scheduler-signal.json": Notice.SCHEDULER_SIGNAL,
+}
+# the bound of a notice's save: well inside the shortest notice (GCP gives 30 s, AWS 2 min)
+NOTICE_SAVE_S = 20.0
 
 
 # -- warnings -------------------------------------------------------------------------------

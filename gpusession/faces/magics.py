@@ -50,16 +50,18 @@ from ..core.models import State
 from ..session.store import owner_id
 from ..session import Session, SessionManager
 from .notify import WarningNotifier, watch
+from ..session.recovery import wants_recovery
 from .words import (
-    advice_line,
-    advice_lines,
+    cell_cut_line,
     ended_message,
     report_lines,
     error_text,
     idle_setting,
     interrupt_line,
     keepalive_line,
-    renumber_cells,
+    recovered_line,
+    recovering_line,
+    recovery_failed_line,
     session_table,
     status_heading,
     status_lines,
@@ -83,6 +85,9 @@ from .magicargs import (
 from .words import live_price_lines
 from .words import start_notes
 from .words import rate_text
+from .words import advice_line
+from .words import advice_lines
+from .words import renumber_cells
 
 
 @magics_class
@@ -187,6 +192,14 @@ class GpuMagics(Magics):
         except GpuSessionError as exc:
             if session is self.current and not session.record.state.active:
                 self._forget(session.id)
+            if isinstance(exc, SessionEnded) and _interrupted(exc.record):
+                # its capacity went away mid-cell: the cell is said to be cut, never re-run;
+                # with --recover a replacement takes over before the next cell
+                _print(error_text(exc))
+                back = self._recover(exc.record)
+                raise UsageError(
+                    cell_cut_line(exc.record) + (f"\n{back}" if back else "")
+                ) from None
             if isinstance(exc, SessionEnded):  # stopped (by whom and why), not broken
                 raise UsageError(f"{error_text(exc)}; `%gpu start` a new one") from None
             raise UsageError(
@@ -293,6 +306,23 @@ class GpuMagics(Magics):
         self._notify(session)
         _print(switch_line(report.to_dict()))
 
+    def _recover(self, record) -> str | None:
+        """A replacement for a session whose capacity went away after a save, when it asks
+        for one (--recover): made current, restored. The line to say; None when not wanted."""
+        if not wants_recovery(record):
+            return None
+        _print(recovering_line(record))
+        try:
+            session = self.manager.recover(record.id, report=_print)
+        except (GpuSessionError, OSError) as exc:
+            return recovery_failed_line(record, str(exc), record.resource.get("workspace"))
+        if session is None:
+            return None
+        self.current, self._ended_note = session, None
+        print_restored(session.record, _print)
+        self._notify(session)
+        return recovered_line(record, session.record)
+
     def _notify(self, session: Session) -> None:
         """Warnings (idle stop soon, cost cap near) and the session's end reach this notebook
         even while no cell runs."""
@@ -304,6 +334,12 @@ class GpuMagics(Magics):
             _print(f"[gpusession] {text}")
             self._forget(sid)
             self._ended_note = text  # for the next %%gpu, which has no session now
+            record = self.manager.get(sid)
+            if _interrupted(record):  # --recover: a replacement before the next cell
+                with self._in_use:
+                    back = self._recover(record)
+                if back:
+                    _print(f"[gpusession] {back}")
 
         self._notifier = WarningNotifier.for_session(
             self.manager, sid, self._in_use, _print, ended
@@ -495,6 +531,11 @@ class GpuMagics(Magics):
         sub = rest.strip()
         func = PARSERS.get(sub) or transfers.help_parser(sub)
         print(func.parser.format_help() if func is not None else HELP)
+
+
+def _interrupted(record) -> bool:
+    """Did the session end because its capacity went away (gpusession.core.protocol.StopKind)?"""
+    return record.stop_reason is not None and record.stop_reason.kind.interruption
 
 
 def _print(line: str) -> None:

@@ -258,6 +258,35 @@ def ended_message(record: SessionRecord) -> str:
     return f"{text} ({summary_line(record)})" + (f"; {saved}" if saved else "")
 
 
+def cell_cut_line(record: SessionRecord) -> str:
+    """What the notebook says of the cell that was running when its session's capacity went away
+    (a spot notice, a time limit, a preemption): it is never run again by itself."""
+    return (
+        f"this cell was interrupted when session {record.name} ended: it is not re-run; "
+        "run it again once the session is back"
+    )
+
+
+def recovering_line(record: SessionRecord) -> str:
+    return f"recovering session {record.name}: a replacement restores its saved state (--recover)"
+
+
+def recovered_line(old: SessionRecord, new: SessionRecord) -> str:
+    """'session sp1 is back: 1 x T4 on aws (spot, $0.53/h), down 1m05s; the next cell runs there'."""
+    down = max(0.0, time.time() - max((e.at for e in old.events), default=old.created_at))
+    market = "spot, " if new.spec.spot else ""
+    return (
+        f"session {new.name} is back: {new.spec.gpu_count} x {new.spec.gpu_type.upper()} on "
+        f"{new.backend} ({market}{format_money(new.price_per_hour)}/h), down "
+        f"{format_duration(down)}; the next cell runs there"
+    )
+
+
+def recovery_failed_line(record: SessionRecord, error: str, workspace: str | None) -> str:
+    again = f"`%gpu start --resume {workspace}`" if workspace else "`%gpu start`"
+    return f"could not recover session {record.name}: {error}; its state is saved: {again}"
+
+
 def usage_error(message: str) -> str:
     """An argument parser's complaint, with what to write when a value starts with '-' (which
     argparse takes for a flag): 'argument --idle: expected one argument' -> ... --idle=-5m."""
@@ -656,7 +685,7 @@ def session_table(views: list[dict], current: str | None = None) -> str:
                 v["name"],
                 f"{v['gpu_count']}x{v['gpu_type']}",
                 v["backend"],
-                v["state"] + ("" if v.get("verified", True) else "?"),
+                state_word(v) + ("" if v.get("verified", True) else "?"),
                 NEVER_RAN if v.get("never_ran") else format_duration(v["uptime_s"]),
                 f"{v['price_per_hour']:.3f}"
                 + (f" ({note})" if (note := price_note(v.get("price_basis"))) else ""),
@@ -667,6 +696,16 @@ def session_table(views: list[dict], current: str | None = None) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines += [f"? {v['name']}: {unverified_text(v)}" for v in views if not v.get("verified", True)]
     return "\n".join(lines)
+
+
+def state_word(view: dict) -> str:
+    """A view's state for a table: 'interrupted, state saved' for a session whose capacity went
+    away (a spot interruption, a time limit, a preemption) after its agent saved the namespace
+    (`--resume` picks it up), 'interrupted' when nothing was saved, else the state itself."""
+    reason = StopReason.from_dict(view.get("stop_reason"))
+    if reason is None or not reason.kind.interruption:
+        return view["state"]
+    return "interrupted, state saved" if view.get("resume") else "interrupted"
 
 
 def unverified_text(view: dict) -> str:
@@ -733,6 +772,8 @@ def ended_line(state: str | None, reason: StopReason | None, error: str | None) 
         return _STOPPED_BY[reason.kind].removeprefix("was ") + joiner + text
     if reason.kind in (StopKind.USER, StopKind.GC):
         return stop_reason_text(reason)
+    if reason.kind.interruption:  # the table's word ("interrupted, state saved") goes first
+        return f"interrupted: {stop_reason_text(reason)}"
     return f"{state}: {stop_reason_text(reason)}"
 
 

@@ -293,6 +293,15 @@ class SessionManager:
 
         return switch_session(self, old if isinstance(old, str) else old.id, spec, report, by=by)
 
+    def recover(self, key: str, report: Reporter | None = None) -> Session | None:
+        """A replacement for a session whose capacity was taken back after its state was saved,
+        when it asks for one (`--recover`; session/recovery.py): started like the first, on the
+        same workspace, restoring it. None when no recovery is wanted; raises as `start` does."""
+        from .recovery import replacement_values
+
+        values = replacement_values(self.store.get(key))
+        return None if values is None else self.start(self.spec_from(values), report)
+
     # -- attach / look up ----------------------------------------------------------------
 
     def get(self, key: str) -> SessionRecord:

@@ -11,7 +11,8 @@ plays the rest, one machine at a time at 10.201.0.2 inside the gpus-ec2 network 
 - the hypervisor: `poweroff` on the machine is a shim that tells the platform, which then applies
   the instance's InstanceInitiatedShutdownBehavior attribute (set by the backend) in EC2; and an
   instance that EC2 says is no longer running loses its machine (processes, containers, files);
-- instance metadata (IMDSv2) with the spot `instance-action` notice, after `interrupt()`;
+- instance metadata (IMDSv2) with the spot `instance-action` notice, after `interrupt()`, and the
+  rebalance recommendation (`events/recommendations/rebalance`), after `recommend_rebalance()`;
 - EBS: a volume EC2 says is attached to the machine's instance is a loop device backed by one
   sparse file per volume id (kept across instances, as the volume is), shown to the boot script
   where a Nitro instance shows it, as `nvme-Amazon_Elastic_Block_Store_vol...` in the machine's
@@ -143,6 +144,7 @@ class FakePlatform:
         self.tamper_host_key = False  # boot with a host key other than the user data's
         self.events: list[str] = []
         self._notice: dict | None = None
+        self._rebalance: dict | None = None
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._imds = self._start_imds()
@@ -158,6 +160,11 @@ class FakePlatform:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
         self._notice = {"action": action, "time": when}
         return self._notice
+
+    def recommend_rebalance(self) -> dict:
+        """From now on, instance metadata carries a rebalance recommendation (nothing ends)."""
+        self._rebalance = {"noticeTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        return self._rebalance
 
     def wait_for(self, what, timeout: float = 60.0, step: float = 0.25):
         deadline = time.monotonic() + timeout
@@ -481,6 +488,12 @@ class FakePlatform:
                 notice = platform._notice
                 if self.path == "/latest/meta-data/spot/instance-action" and notice is not None:
                     return self._reply(200, json.dumps(notice).encode())
+                rebalance = platform._rebalance
+                if (
+                    self.path == "/latest/meta-data/events/recommendations/rebalance"
+                    and rebalance is not None
+                ):
+                    return self._reply(200, json.dumps(rebalance).encode())
                 self._reply(404)
 
         server = http.server.ThreadingHTTPServer((HOST_IP, 0), Handler)

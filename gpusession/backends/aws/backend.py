@@ -23,17 +23,18 @@ from typing import Any
 
 from ...configuration.agentargs import WORKSPACE_MOUNT, AgentArgs, workspace_name
 from ...configuration.catalog import Catalog, load_catalog
-from ...configuration.cost import BILLED_FROM, CLOUD
 from ...core import textvalues
 from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ...core.models import LaunchSpec, SessionRecord
 from ...configuration.options import StartOption
 from ...core.progress import Progress
 from ...core.protocol import StopDetails
-from ..base import Backend, Link, RemoteResource
+from ..base import Backend, Link, RemoteResource, stop_details_from_log
 from . import launch, volumes
 from .sdk import Aws, aws_errors, boto3_module, error_code, explain
 from .teardown import Teardown, console_details, ended_reason
+from ...configuration.cost import BILLED_FROM
+from ...configuration.cost import CLOUD
 
 SPOT_PRICE_TTL_S = 300.0  # spot prices move hourly at most: asked again after five minutes
 
@@ -129,6 +130,7 @@ class AwsBackend(Backend):
         # (region, instance type) -> (when asked, zone -> latest spot price)
         self._spot: dict[tuple[str, str], tuple[float, dict[str, float]]] = {}
         self._state_cache: dict[str, tuple[float, dict | None]] = {}
+        self._last_words: dict[str, StopDetails] = {}  # id -> how it ended, read after a notice
 
     def aws(self, region: str | None) -> Aws:
         key = region or ""
@@ -312,6 +314,7 @@ class AwsBackend(Backend):
     ) -> None:
         from ...transport.tunnel import CONTAINER_AGENT_PORT
         from ..cloudvm.cloudinit import (
+            CONTAINER_NOTICES,
             CONTAINER_STATE_DIR,
             BootPlan,
             instance_sockets,
@@ -352,6 +355,7 @@ class AwsBackend(Backend):
                 agent_port=CONTAINER_AGENT_PORT,
                 workspace=WORKSPACE_MOUNT,
                 cwd=WORKSPACE_MOUNT,
+                notice_dir=CONTAINER_NOTICES,
             ).argv()
             boot = BootPlan(
                 record.id,
@@ -469,11 +473,8 @@ class AwsBackend(Backend):
             or DEFAULT_BOOT_TIMEOUT_S,
             "boot_timeout",
         )
-        on_notice = (
-            (lambda notice: self._on_notice(record.id, notice))
-            if res.get("market") == "spot"
-            else None
-        )
+        spot = res.get("market") == "spot"
+        on_notice = (lambda notice: self._on_notice(record.id, notice)) if spot else None
         return open_link(
             res,
             deadline=time.monotonic() + timeout,
@@ -482,6 +483,7 @@ class AwsBackend(Backend):
             gone=lambda: self._gone(record),
             on_event=lambda text: self._note(record.id, text),
             on_notice=on_notice,
+            on_ended=lambda text: self._on_ended(record.id, text),
         )
 
     def _on_notice(self, session_id: str, notice: dict) -> None:
@@ -494,6 +496,13 @@ class AwsBackend(Backend):
         log.warning("gpusession: %s", text)
         # last: whoever sees the session marked interrupted finds the note and the log line too
         self.recorder.save(session_id, interrupted={"notice": notice, "noticed_at": noticed_at})
+
+    def _on_ended(self, session_id: str, text: str) -> None:
+        """The session's container ended after a notice (the link read its last markers): the
+        session is over while its instance still runs, and this is how it ended."""
+        details = stop_details_from_log(text)
+        if details is not None:
+            self._last_words[session_id] = details
 
     # -- life -------------------------------------------------------------------------------
 
@@ -531,6 +540,8 @@ class AwsBackend(Backend):
     def is_alive(self, record: SessionRecord) -> bool:
         if record.spec.backend != self.name or not record.resource.get("instance_id"):
             return False
+        if record.id in self._last_words:  # its container ended (a spot notice's stop)
+            return False
         try:
             inst = self._instance(record)
         except (*aws_errors(), GpuSessionError):
@@ -549,6 +560,9 @@ class AwsBackend(Backend):
             inst = self._instance(record)
         except (*aws_errors(), GpuSessionError):
             return None
+        # after a spot notice the link read the end from the instance itself (the console
+        # output shows it only minutes later)
+        logged = self._last_words.get(record.id) or logged
         reason = logged.reason or ended_reason(inst, bool(record.resource.get("interrupted")))
         details = StopDetails(reason=reason, summary=logged.summary)
         return None if details == StopDetails() else details

@@ -31,7 +31,14 @@ from ...transport.tunnel import CONTAINER_AGENT_PORT
 
 SSH_USER = "gpusession"  # the tunnel's login on the instance (created by cloud-init)
 INSTANCE_ROOT = "/var/lib/gpusession"  # one folder per session below it
-SPOT_NOTICE_FILE = "spot-instance-action.json"
+(
+    SPOT_NOTICE_FILE,
+    REBALANCE_FILE,
+) = (  # what instance metadata said, for the agent (its NOTICE_FILES)
+    "spot-instance-action.json",
+    "rebalance-recommendation.json",
+)
+CONTAINER_NOTICES = "/run/gpusession-notices"  # the instance's notices folder in the container
 USER_DATA_LIMIT = 16 * 1024  # EC2 refuses more (before base64)
 VOLUME_WAIT_S = 300  # the workspace's volume is attached once the instance runs
 RUNTIME_WAIT_S = 600  # the instance powers off when no runtime bundle came by then
@@ -119,6 +126,7 @@ def boot_script(plan: BootPlan) -> str:
         f"M_{m.name}={m.value}"
         for m in (
             Marker.BOOT,
+            Marker.CHECKPOINT,
             Marker.FAILED,
             Marker.POWEROFF,
             Marker.PYTHON,
@@ -143,6 +151,9 @@ RUNTIME_WAIT_S={RUNTIME_WAIT_S}
 STATE_DIR={q(CONTAINER_STATE_DIR)}
 SOCKETS={q(plan.sockets)}
 LOGIN={q(SSH_USER)}
+NOTICES={q(CONTAINER_NOTICES)}
+SPOT_FILE={q(SPOT_NOTICE_FILE)}
+REBALANCE_FILE={q(REBALANCE_FILE)}
 GPUSESSION_KERNEL_KEY={q(plan.kernel_key)}
 export GPUSESSION_KERNEL_KEY
 {markers}

@@ -25,7 +25,7 @@ from typing import Callable
 from ...transport.bundle import BundleError, ImagePython, cache_dir, code_archive, site_archive
 from ...core.errors import StageError
 from ...core.models import KernelEndpoint
-from ...core.protocol import KERNEL_PORT_NAMES, Marker, agent_token, parse_marker
+from ...core.protocol import KERNEL_PORT_NAMES, NOTICE_SAVE_S, Marker, agent_token, parse_marker
 from ...transport.pulls import PullProgress, format_bytes
 from ...transport.sshlogin import exec_command
 from ..base import TunnelLink, failure_detail
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 ADDRESS_MAP_ENV = "GPUSESSION_AWS_ADDRESS_MAP"
 NOTICE_POLL_S = 5.0
+ENDED_WAIT_S = 60.0  # after a notice's save, how long the container's end is looked for
 BOOT_POLL_S = 1.0
 
 
@@ -295,14 +296,20 @@ class AwsLink(TunnelLink):
     """The tunnel to one instance's session; closing it leaves the instance running. For spot
     sessions a thread reads the interruption notice the instance's boot script saves."""
 
-    def __init__(self, tunnel, kernel_info: dict, on_notice: Callable[[dict], None] | None = None):
+    def __init__(
+        self,
+        tunnel,
+        kernel_info: dict,
+        on_notice: Callable[[dict], None] | None = None,
+        on_ended: Callable[[str], None] | None = None,
+    ):
         super().__init__(tunnel, kernel_info)
         self.notice: dict | None = None
         self._closed = threading.Event()
         if on_notice is not None:
             threading.Thread(
                 target=self._watch_notice,
-                args=(on_notice,),
+                args=(on_notice, on_ended),
                 name="gpusession-spot-notice",
                 daemon=True,
             ).start()
@@ -328,7 +335,9 @@ class AwsLink(TunnelLink):
                     self.notice = {"raw": text.strip()}
         return self.notice
 
-    def _watch_notice(self, on_notice: Callable[[dict], None]) -> None:
+    def _watch_notice(
+        self, on_notice: Callable[[dict], None], on_ended: Callable[[str], None] | None
+    ) -> None:
         while not self._closed.wait(NOTICE_POLL_S):
             notice = self.check_notice()
             if notice is not None:
@@ -336,6 +345,35 @@ class AwsLink(TunnelLink):
                     on_notice(notice)
                 except Exception:  # noqa: BLE001 - must not kill the watcher silently
                     log.warning("handling the spot notice failed", exc_info=True)
+                if on_ended is not None:
+                    self._follow_end(on_ended)
+                return
+
+    def _follow_end(self, on_ended: Callable[[str], None]) -> None:
+        """After a notice the agent saves and ends the session; the boot script then says the
+        container's last markers (CHECKPOINT, STOPPED, SUMMARY) in its status and keeps the
+        instance up until they were read (cloudinit's session.sh): read them here, at once,
+        where the console output shows them minutes later. `on_ended(status text)`."""
+        import paramiko
+
+        deadline = time.monotonic() + NOTICE_SAVE_S + ENDED_WAIT_S
+        while not self._closed.wait(1.0) and time.monotonic() < deadline:
+            transport = self.tunnel.transport
+            if transport is None:
+                continue
+            try:
+                status, out = run_access(transport, "status", timeout=10)
+            except (OSError, EOFError, paramiko.SSHException):
+                continue
+            text = out.decode(errors="replace") if status == 0 else ""
+            if any(
+                p is not None and p[0] is Marker.STOPPED
+                for p in map(parse_marker, text.splitlines())
+            ):
+                try:
+                    on_ended(text)
+                except Exception:  # noqa: BLE001 - must not kill the watcher silently
+                    log.warning("handling the session's end failed", exc_info=True)
                 return
 
 
@@ -348,6 +386,7 @@ def open_link(
     gone: Callable[[], str | None],
     on_event: Callable[[str], None],
     on_notice: Callable[[dict], None] | None,
+    on_ended: Callable[[str], None] | None = None,
 ) -> AwsLink:
     from ...transport.tunnel import Tunnel
 
@@ -366,7 +405,7 @@ def open_link(
         target, [], connect_timeout=max(10.0, deadline - time.monotonic()), on_event=on_event
     ).start()
     try:
-        link = AwsLink(tunnel, kernel_info(resource), on_notice)
+        link = AwsLink(tunnel, kernel_info(resource), on_notice, on_ended)
         say("waiting for the kernel")
         wait_for_kernel(tunnel, link.endpoint, max(time.monotonic() + 30, deadline), gone, watch)
     except BaseException:

@@ -1,5 +1,6 @@
 # The body of an instance's session script (gpusession/backends/cloudvm/cloudinit.py writes the
-# header: DIR, NAME, IMAGE, SESSION_ID, SPOT, VOLUME_ID, WORKSPACE, VOLUME_WAIT_S, RUNTIME_WAIT_S, STATE_DIR, SOCKETS, LOGIN, the marker
+# header: DIR, NAME, IMAGE, SESSION_ID, SPOT, VOLUME_ID, WORKSPACE, VOLUME_WAIT_S, RUNTIME_WAIT_S, STATE_DIR, SOCKETS, LOGIN,
+# NOTICES, SPOT_FILE, REBALANCE_FILE, the marker
 # words M_*, the agent's options as "$@", and GPUSESSION_KERNEL_KEY in the environment).
 # Run once by cloud-init as root: get the image, look for its Python, wait for the runtime bundle
 # that the client sends over SSH (access.sh put), run the session container with it on the
@@ -29,16 +30,23 @@ fail() {  # fail STAGE TEXT: the one line the client shows, then the end of this
     exit 1
 }
 
-watch_spot() {  # an interruption notice from instance metadata (IMDSv2) goes to $DIR/notices
+watch_spot() {  # interruption notices from instance metadata (IMDSv2) go to $DIR/notices, which
+    # the agent watches (its --notice-dir): a rebalance recommendation (the agent saves), then the
+    # interruption itself (the agent saves and ends the session), polled every 2 s (AWS: 5 s or less)
     imds=${GPUSESSION_IMDS_URL:-http://169.254.169.254}
     while :; do
         token=$(curl -fsS -m 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 300' "$imds/latest/api/token" 2>/dev/null) \
-          && curl -fsS -m 2 -H "X-aws-ec2-metadata-token: $token" -o "$DIR/notices/.spot" \
+          || { sleep 2; continue; }
+        if [ ! -e "$DIR/notices/$REBALANCE_FILE" ] \
+          && curl -fsS -m 2 -H "X-aws-ec2-metadata-token: $token" -o "$DIR/notices/.rebalance" \
+               "$imds/latest/meta-data/events/recommendations/rebalance" 2>/dev/null; then
+            chmod 644 "$DIR/notices/.rebalance" && mv "$DIR/notices/.rebalance" "$DIR/notices/$REBALANCE_FILE"
+        fi
+        curl -fsS -m 2 -H "X-aws-ec2-metadata-token: $token" -o "$DIR/notices/.spot" \
                "$imds/latest/meta-data/spot/instance-action" 2>/dev/null \
-          && mv "$DIR/notices/.spot" "$DIR/notices/spot-instance-action.json" \
-          && chmod 644 "$DIR/notices/spot-instance-action.json" \
-          && { say "$M_SPOT_NOTICE $(cat "$DIR/notices/spot-instance-action.json")"; return; }
-        sleep 5
+          && chmod 644 "$DIR/notices/.spot" && mv "$DIR/notices/.spot" "$DIR/notices/$SPOT_FILE" \
+          && { say "$M_SPOT_NOTICE $(cat "$DIR/notices/$SPOT_FILE")"; return; }
+        sleep 2
     done
 }
 
@@ -135,14 +143,20 @@ gid=$(id -g "$LOGIN") || fail container "no user $LOGIN on this instance"
 # $mounts is split on purpose: paths under $DIR hold no spaces
 # shellcheck disable=SC2086
 if docker run -d --name "$NAME" --init --gpus all --network host --label "gpusession.session=$SESSION_ID" \
-        $mounts -v "$DIR/state:$STATE_DIR" -v "$DIR/notices:/run/gpusession-notices:ro" \
+        $mounts -v "$DIR/state:$STATE_DIR" -v "$DIR/notices:$NOTICES:ro" \
         -v "$SOCKETS:$SOCKETS" --group-add "$gid" \
         -e "GPUSESSION_SESSION_ID=$SESSION_ID" -e GPUSESSION_KERNEL_KEY -e "GPUSESSION_RUNTIME_PYTHON=$command" \
         --entrypoint /bin/sh "$IMAGE" "$ROOT/code/boot.sh" run "$@" >/dev/null; then
     say "$M_BOOT container started"
     docker wait "$NAME" >/dev/null
+    rm -f "$DIR/upload/.status-read"
     # the container's last words, copied to the console for `stop_details`
-    docker logs "$NAME" 2>&1 | grep -E "^($M_STOPPED|$M_SUMMARY|$M_FAILED)( |\$)" | while read -r line; do say "$line"; done
+    docker logs "$NAME" 2>&1 | grep -E "^($M_CHECKPOINT|$M_STOPPED|$M_SUMMARY|$M_FAILED)( |\$)" | while read -r line; do say "$line"; done
+    # after a spot notice the session's client asks for them as soon as it sees the kernel gone
+    # (last_words): until it has read them, within the notice's two minutes, the instance stays
+    if [ -e "$DIR/notices/$SPOT_FILE" ]; then
+        for _ in $(seq 100); do [ -e "$DIR/upload/.status-read" ] && break; sleep 1; done
+    fi
 else
     say "$M_FAILED {\"stage\":\"container\",\"error\":\"docker run $IMAGE failed\"}"
 fi

@@ -12,7 +12,9 @@ gc         our jobs carry `--comment=gpusession:<store>:<session>`; squeue finds
 
 Files on the cluster, under ~/.gpusession of the login user: runtime/<version>/gpusession (the
 runtime's sources), slurm/<session id>/job.out (the job's output: markers) and state/ (the
-runtime's kernel.json, runtime.json, stopped.json).
+runtime's kernel.json, runtime.json, stopped.json), workspaces/<name> (the session's working
+folder, kept: the agent saves the namespace there before an idle stop and when Slurm signals the
+job's end, `--resume NAME` restores it; `--workspace-dir` puts them elsewhere, on scratch).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import threading
 import time
 
 from ...configuration.catalog import load_catalog
-from ...configuration.cost import BILLED_FROM, CONFIGURED
+from ...configuration.cost import BILLED_FROM
 from ...core.durations import format_duration
+from ...configuration.agentargs import workspace_name
 from ...core.errors import BackendUnavailable, BadInput, StageError
 from ...core.models import LaunchSpec, SessionRecord
 from ...core.progress import Progress
@@ -51,6 +54,7 @@ from .jobs import (
     sbatch_command,
 )
 from .login import LoginShell, ensure_runtime
+from ...configuration.cost import CONFIGURED
 
 START_TIMEOUT = 300.0  # from the job running to the runtime's READY (module loads, a shared FS)
 STOP_WAIT_S = (
@@ -64,6 +68,7 @@ class SlurmBackend(Backend):
     name = "slurm"
     takes_host = True  # the cluster's login node
     takes_image = True  # run by apptainer, singularity or pyxis
+    keeps_workspaces = True  # a folder on the cluster's shared storage per workspace
     order = 40
     price_source = "--price-per-gpu-hour x GPUs, else GpuSessionConfig.price_per_hour, else none (GPU-hours only)"
     start_options = START_OPTIONS  # declared and read in jobs.py; docs/slurm.md
@@ -116,7 +121,11 @@ class SlurmBackend(Backend):
         if spec.image and settings.container == "auto":
             self._check_container_runtime(shell, spec)
         progress.step("bringing the session runtime to the cluster")
-        paths = JobPaths(session_dir=f"{base}/slurm/{record.id}", runtime_dir=ensure_runtime(shell))
+        paths = JobPaths(
+            session_dir=f"{base}/slurm/{record.id}",
+            runtime_dir=ensure_runtime(shell),
+            workspace=self._workspace(shell, record, settings, base),
+        )
         script = batch_script(record, settings, paths)
         command = sbatch_command(record, settings, paths, self.recorder.store_id)
         # billed from the job's start, as the agent counts: nothing while it waits in the queue
@@ -140,6 +149,28 @@ class SlurmBackend(Backend):
         self.recorder.save(record.id, job_id=job_id)
         node = self._wait_in_queue(shell, job_id, paths, settings.queue_timeout_s, progress)
         self.recorder.save(record.id, node=node, **{BILLED_FROM: time.time()})
+
+    def _workspace(self, shell: LoginShell, record: SessionRecord, settings, base: str) -> str:
+        """The session's workspace folder on the cluster, made (0700) unless --resume names one
+        that is not there."""
+        name = workspace_name(record)
+        folder = settings.workspace_dir or f"{base}/workspaces"
+        if folder.startswith("~/"):
+            folder = f"{shell.home()}/{folder[2:]}"
+        path = f"{folder.rstrip('/')}/{name}"
+        if record.spec.extra.get("resume"):
+            if not shell.run(f"test -d {q(path)}").ok:
+                raise StageError(
+                    "provision",
+                    f"no workspace {name} to resume in {folder} on {record.spec.host} "
+                    "(`--workspace-dir` names another folder)",
+                )
+        elif not shell.run(f"mkdir -p -m 700 {q(path)}").ok:
+            raise StageError(
+                "provision", f"cannot make the workspace folder {path} on {record.spec.host}"
+            )
+        self.recorder.save(record.id, workspace=name, workspace_dir=path)
+        return path
 
     @staticmethod
     def _check_container_runtime(shell: LoginShell, spec: LaunchSpec) -> None:

@@ -3,10 +3,12 @@ cluster's defaults from `slurm.json`), and the batch script and `sbatch` command
 them. Pure functions of data, so they are tested without a cluster.
 
 The batch script prints the node's ssh host keys (`GPUSESSION_HOSTKEY <key>`, read from the
-node's /etc/ssh, to pin them), loads the environment (modules, a conda environment), and execs
+node's /etc/ssh, to pin them), loads the environment (modules, a conda environment), and runs
 the session runtime (`python -m gpusession.agent run`) with gpusession's runtime on PYTHONPATH,
-in a container when --image is given. When the runtime ends, so does the job: an idle stop
-frees the allocation.
+in a container when --image is given, in the workspace folder. When the runtime ends, so does
+the job: an idle stop frees the allocation. The batch shell stays, as the runtime's parent: Slurm's
+`--signal=B:USR1@GRACE` (before the time limit or a preemption) reaches only it, and it leaves a
+notice for the agent, which saves the namespace into the workspace (gpusession.agent.notices).
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from ...configuration.agentargs import AgentArgs
-from ...configuration.options import StartOption
-from ...core.durations import QUEUE_TIMEOUT
 from ...core.errors import BadInput
-from ...core.protocol import ENV_SESSION_ID, Marker, marker_line
+from ...core.protocol import ENV_SESSION_ID, NOTICE_FILES, Marker, Notice, marker_line
+from ...configuration.options import StartOption
+from ...core.durations import QUEUE_TIMEOUT, SIGNAL_GRACE
 
 COMMENT_PREFIX = "gpusession"  # job comment: gpusession:<store id>:<session id>
 HOST_KEYS_GLOB = "/etc/ssh/ssh_host_*_key.pub"
 CONTAINERS = ("auto", "apptainer", "singularity", "pyxis")
+DEFAULT_SIGNAL_GRACE_S = 120.0  # the agent saves this long before the job's end (--signal-grace)
+SIGNAL_NOTICE = next(name for name, kind in NOTICE_FILES.items() if kind is Notice.SCHEDULER_SIGNAL)
 #: sbatch flags the backend sets itself (it reads the job's output and finds it by its comment)
 RESERVED_FLAGS = (
     "--output",
@@ -149,6 +153,26 @@ START_OPTIONS = (  # the slurm backend's start options (SlurmBackend.start_optio
         "queue timeout",
         rule=QUEUE_TIMEOUT,
     ),
+    StartOption(
+        "signal_grace",
+        ("--signal-grace",),
+        "duration",
+        "Save before the job's end",
+        "slurm: Slurm signals the job this long before its time limit or a preemption, and "
+        "the agent saves the kernel's variables into the workspace (default 2m; off: no signal)",
+        "signal grace",
+        rule=SIGNAL_GRACE,
+    ),
+    StartOption(
+        "workspace_dir",
+        ("--workspace-dir",),
+        "text",
+        "Workspace folder",
+        "slurm: the cluster folder that holds the workspaces, e.g. /scratch/me/ws "
+        "(default: ~/.gpusession/workspaces of the login user)",
+        "workspace folder",
+        max_len=400,
+    ),
 )
 OPTION_NAMES = tuple(option.name for option in START_OPTIONS)
 
@@ -173,6 +197,8 @@ class JobSettings:
     )
     price_per_gpu_hour: float | None = None  # dollars (or service units) per GPU-hour
     queue_timeout_s: float | None = None  # give up (and cancel) when still queued after this long
+    signal_grace_s: float | None = DEFAULT_SIGNAL_GRACE_S  # --signal=B:USR1@this; None: none
+    workspace_dir: str | None = None  # the workspaces' folder (default: ~/.gpusession/workspaces)
 
     def gres_type(self, gpu_type: str) -> str:
         """The cluster's GRES type name for a catalog type; '' for an untyped request."""
@@ -186,7 +212,7 @@ def read_settings(
 ) -> JobSettings:
     """JobSettings from a spec's extra options, a cluster's defaults filling what is not given.
     Raises BadInput naming the option."""
-    from ...core.durations import QUEUE_TIMEOUT, parse_money
+    from ...core.durations import QUEUE_TIMEOUT, SIGNAL_GRACE, parse_money
 
     given = {k: v for k, v in (cluster or {}).items() if k in OPTION_NAMES}
     given.update({k: v for k, v in extra.items() if k in OPTION_NAMES and v is not None})
@@ -211,6 +237,14 @@ def read_settings(
         raise BadInput(f"container {container!r}: use one of {', '.join(CONTAINERS)}")
     price = given.get("price_per_gpu_hour")
     queue_timeout = given.get("queue_timeout")
+    grace = given.get("signal_grace", DEFAULT_SIGNAL_GRACE_S)
+    folder = str(given.get("workspace_dir") or "").strip() or None
+    if folder is not None and (
+        not folder.startswith(("/", "~/")) or any(c in folder for c in "\n\r\0")
+    ):
+        raise BadInput(
+            f"workspace dir {folder!r}: give an absolute path on the cluster (or ~/...), e.g. /scratch/$USER/ws"
+        )
     return JobSettings(
         sbatch_args=parse_sbatch_args(given.get("sbatch_args")),
         python=python,
@@ -224,6 +258,8 @@ def read_settings(
         queue_timeout_s=(
             QUEUE_TIMEOUT.parse(queue_timeout) if isinstance(queue_timeout, str) else queue_timeout
         ),
+        signal_grace_s=SIGNAL_GRACE.parse(grace) if isinstance(grace, str) else grace,
+        workspace_dir=folder,
         **words,
     )
 
@@ -324,6 +360,7 @@ class JobPaths:
 
     session_dir: str  # <home>/.gpusession/slurm/<session id>
     runtime_dir: str  # the uploaded runtime: <runtime_dir>/gpusession
+    workspace: str = ""  # the session's workspace folder (kept after it ends); "" for none
 
     @property
     def output(self) -> str:
@@ -371,6 +408,8 @@ def sbatch_command(record, settings: JobSettings, paths: JobPaths, store_id: str
     minutes = time_limit_minutes(spec.max_runtime_s)
     if minutes:
         cmd.append(f"--time={minutes}")
+    if settings.signal_grace_s:  # to the batch shell only (B:): it tells the agent, who saves
+        cmd.append(f"--signal=B:USR1@{math.ceil(settings.signal_grace_s)}")
     for name in ("partition", "account", "qos"):
         value = getattr(settings, name)
         if value:
@@ -412,14 +451,17 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
     sockets = f"{paths.state_dir}/k"
     kernel_ip = sockets if sockets.startswith("/") and len(sockets) + 2 <= 100 else "127.0.0.1"
     # billing starts when the job does, not when it was queued: the agent counts from its own start
+    workspace = {"workspace": paths.workspace, "cwd": paths.workspace} if paths.workspace else {}
     agent = AgentArgs.for_record(
         record,
         session_id=record.id,
         state_dir=paths.state_dir,
         kernel_ip=kernel_ip,
         billed_since=None,
+        **workspace,
     )
     runtime = [settings.python, "-m", "gpusession.agent", "run", *agent.argv()]
+    lines.append(_supervise(f"{paths.state_dir}/notices"))
     image = record.spec.image
     if not image:
         missing = f"{settings.python} cannot import ipykernel: install it in that environment (pip install ipykernel)"
@@ -427,18 +469,21 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
             f"{q(settings.python)} -c 'import ipykernel' 2>/dev/null "
             f"|| {{ echo {failed('environment', missing)}; exit 1; }}"
         )
-        lines.append("exec " + shlex.join(runtime))
+        lines.append("supervise " + shlex.join(runtime))
         return "\n".join(lines) + "\n"
-    binds = f"{paths.runtime_dir},{paths.session_dir}"
+    mounted = [paths.runtime_dir, paths.session_dir] + (
+        [paths.workspace] if paths.workspace else []
+    )
+    binds = ",".join(mounted)
     apptainer = f"--nv --bind {q(binds)} {q(apptainer_image(image))} " + shlex.join(runtime)
     pyxis = (
         f"srun --overlap --ntasks=1 --container-image={q(pyxis_image(image))} "
-        f"--container-mounts={q(paths.runtime_dir)},{q(paths.session_dir)} " + shlex.join(runtime)
+        f"--container-mounts={q(binds)} " + shlex.join(runtime)
     )
     choice = {
-        "apptainer": f"exec apptainer exec {apptainer}",
-        "singularity": f"exec singularity exec {apptainer}",
-        "pyxis": f"exec {pyxis}",
+        "apptainer": f"supervise apptainer exec {apptainer}",
+        "singularity": f"supervise singularity exec {apptainer}",
+        "pyxis": f"supervise {pyxis}",
     }
     if settings.container != "auto":
         lines.append(choice[settings.container])
@@ -454,6 +499,25 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
             f"else echo {none}; exit 1; fi",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _supervise(notices: str) -> str:
+    """Shell functions that run the runtime as this shell's child and wait for it: Slurm's
+    --signal=B:USR1 reaches only the batch shell, which then leaves a notice in the agent's notice
+    folder (the agent saves the namespace); a TERM is passed on. Its status is the runtime's."""
+    q = shlex.quote
+    notice = f"{notices}/{SIGNAL_NOTICE}"
+    return f"""notice() {{
+    mkdir -p -m 700 {q(notices)} && date +'{{"signal":"USR1","at":%s}}' >{q(notice + ".tmp")} && mv {q(notice + ".tmp")} {q(notice)}
+}}
+supervise() {{
+    "$@" &
+    child=$!
+    trap notice USR1
+    trap 'kill -TERM "$child" 2>/dev/null' TERM
+    while kill -0 "$child" 2>/dev/null; do wait "$child"; done
+    wait "$child"
+}}"""
 
 
 CONTAINER_CHECKS = {
