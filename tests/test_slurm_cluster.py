@@ -19,9 +19,13 @@ from pathlib import Path
 import pytest
 from support.procs import wait_dead
 from support.slurm import (
+    STATE,
     cancel_all,
     ensure_cluster,
     filler_job,
+    image_without_python,
+    registry_image,
+    registry_login,
     slurm,
     slurm_home,
     squeue,
@@ -359,28 +363,60 @@ def test_a_python_without_ipykernel_fails_the_start_saying_what_to_install(clust
     assert squeue(cluster, record.resource["job_id"]) == []
 
 
-def test_an_image_on_a_cluster_without_a_container_runtime_fails_before_submitting(
-    cluster, home, manager
+def test_an_image_runs_in_charliecloud_from_the_registry_and_from_a_path(
+    cluster, home, manager, tmp_path
 ):
-    """The test cluster has no apptainer, singularity or pyxis (Debian packages none): --image
-    fails in one line naming what is missing, and nothing reaches the queue."""
+    """--image on a cluster with Charliecloud (and none of apptainer, singularity, pyxis): a
+    reference to the cluster's registry (htpasswd auth) is pulled with ch-image on the cluster,
+    as the user's `docker login` for it, into the user's storage; the kernel runs in the image's
+    own Python (Debian 13's 3.13, not this machine's), with the job's GPUs. The directory the
+    pull unpacked is then started again as a path image. The start says which runtime and why."""
+    ref = registry_image("gpusession-ci/py-trixie", "ci/py-trixie:latest", tmp_path / "pusher")
+    registry_login(home)  # the user's docker login for the cluster's registry
+    steps: list[str] = []
+    session = manager.start(
+        slurm_spec(manager, cluster, "t4", name="ch-pulled", image=ref), report=steps.append
+    )
+    said = "\n".join(steps)
+    assert (
+        "container runtime: charliecloud (--container auto: the first of apptainer, singularity, "
+        "pyxis, charliecloud on the login node)" in said
+    ), said
+    assert (
+        f"pulling {ref} on the cluster with ch-image" in said
+        and "(as ci, your docker login for 10.210.0.1:5443)" in said
+    ), said
+    shown = cell(
+        session,
+        "import sys, os; print(sys.version_info[:2], os.environ.get('CUDA_VISIBLE_DEVICES'))",
+    )
+    assert shown.split("\n")[0] == "(3, 13) 0", shown
+    manager.stop(session.id)
+    record = manager.get("ch-pulled")
+    assert squeue(cluster, record.resource["job_id"]) == []
+
+    unpacked = f"{STATE}/home/.gpusession/charliecloud/img/10.210.0.1+5443%ci%py-trixie+latest"
+    session = manager.start(
+        slurm_spec(manager, cluster, "t4", name="ch-path", image=unpacked, container="charliecloud")
+    )
+    assert cell(session, "import sys; print(sys.executable)").strip() == "/usr/bin/python3"
+    assert cell(session, "import sys; print(sys.version_info[:2])").strip() == "(3, 13)"
+    manager.stop(session.id)
+
+
+def test_an_image_without_python_fails_in_one_line_and_nothing_is_left_queued(
+    cluster, home, manager, tmp_path
+):
     from gpusession.errors import StageError
 
+    folder = image_without_python(tmp_path / "nopython")
     before = slurm(cluster, "squeue", "-h", "-o", "%i", "--states=all")
     with pytest.raises(StageError) as failed:
-        manager.start(
-            slurm_spec(
-                manager, cluster, "t4", name="boxed", image="nvcr.io/nvidia/pytorch:24.01-py3"
-            )
-        )
+        manager.start(slurm_spec(manager, cluster, "t4", name="nopy", image=folder))
     (line,) = str(failed.value).splitlines()
-    assert (
-        "--image nvcr.io/nvidia/pytorch:24.01-py3: the cluster ssh://root@10.210.0.10 has no container runtime"
-        in line
-    )
-    assert "start without --image" in line
-    record = manager.get("boxed")
-    assert record.state == State.FAILED and "job_id" not in record.resource
+    assert f"image {folder} has no Python to run the session kernel in" in line, line
+    assert "use an image with python3 3.9 or newer" in line
+    assert manager.get("nopy").state == State.FAILED
     assert slurm(cluster, "squeue", "-h", "-o", "%i", "--states=all") == before
 
 

@@ -7,7 +7,7 @@
 #                           code on PYTHONPATH; the kernel runs with the image's Python and packages
 # Without a python3 (3.9 or newer) it prints one GPUSESSION_FAILED line and exits 3.
 # POSIX sh only: most images have dash or busybox, not bash.
-ROOT=/opt/gpusession-runtime
+ROOT=${GPUSESSION_RUNTIME_ROOT:-/opt/gpusession-runtime}  # where a runtime mounts it elsewhere (ch-run: /mnt/0)
 GPUSESSION_RUNTIME_ROOT=$ROOT
 export GPUSESSION_RUNTIME_ROOT
 

@@ -23,6 +23,7 @@ from typing import Any
 from ...bundle import (
     BOOT_SCRIPT,
     CODE_DIR,
+    NO_PYTHON,
     SITE_DIR,
     Archive,
     BundleError,
@@ -53,11 +54,6 @@ log = logging.getLogger(__name__)
 PROBE_VERSION = 2  # bump when boot.sh's probe says more
 PROBE_TIMEOUT_S = 60.0
 COMPILE_TIMEOUT_S = 300.0
-NO_PYTHON = (
-    "image {image} has no Python to run the session kernel in ({why}); use an image with python3 3.9 or "
-    "newer (pytorch/pytorch, nvcr.io/nvidia/pytorch, jupyter/*, python:3.x, ...) or add one to it "
-    "(Dockerfile.cuda is a recipe: nvidia/cuda + Python)"
-)
 
 
 @dataclasses.dataclass

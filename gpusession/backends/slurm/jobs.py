@@ -21,11 +21,19 @@ from typing import Any
 
 from ...agentargs import AgentArgs
 from ...errors import BadInput
-from ...protocol import ENV_SESSION_ID, Marker, marker_line
+from ...protocol import (
+    ENV_RUNTIME_BRINGS,
+    ENV_RUNTIME_PYTHON,
+    ENV_RUNTIME_ROOT,
+    ENV_SESSION_ID,
+    Marker,
+    marker_line,
+)
+from .charliecloud import RUNTIME_MOUNT, SESSION_MOUNT
 
 COMMENT_PREFIX = "gpusession"  # job comment: gpusession:<store id>:<session id>
 HOST_KEYS_GLOB = "/etc/ssh/ssh_host_*_key.pub"
-CONTAINERS = ("auto", "apptainer", "singularity", "pyxis")
+CONTAINERS = ("auto", "apptainer", "singularity", "pyxis", "charliecloud")
 #: sbatch flags the backend sets itself (it reads the job's output and finds it by its comment)
 RESERVED_FLAGS = (
     "--output",
@@ -78,9 +86,7 @@ class JobSettings:
         default_factory=dict
     )  # catalog type -> cluster type ("" untyped)
     gres_default: str | None = None  # the cluster type for any catalog type not in gres_types
-    container: str = (
-        "auto"  # with an image: apptainer, singularity or pyxis (auto: what the node has)
-    )
+    container: str = "auto"  # with an image: one of CONTAINERS (auto: the first the cluster has)
     price_per_gpu_hour: float | None = None  # dollars (or service units) per GPU-hour
     queue_timeout_s: float | None = None  # give up (and cancel) when still queued after this long
 
@@ -234,6 +240,7 @@ class JobPaths:
 
     session_dir: str  # <home>/.gpusession/slurm/<session id>
     runtime_dir: str  # the uploaded runtime: <runtime_dir>/gpusession
+    charliecloud: Any = None  # with --container charliecloud: charliecloud.Prepared
 
     @property
     def output(self) -> str:
@@ -321,6 +328,9 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
     # too long for a unix socket's (107 bytes) keeps loopback ports
     sockets = f"{paths.state_dir}/k"
     kernel_ip = sockets if sockets.startswith("/") and len(sockets) + 2 <= 100 else "127.0.0.1"
+    image = record.spec.image
+    if image and settings.container == "charliecloud":
+        return "\n".join(lines + charliecloud_lines(record, paths)) + "\n"
     # billing starts when the job does, not when it was queued: the agent counts from its own start
     agent = AgentArgs.for_record(
         record,
@@ -330,7 +340,6 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
         billed_since=None,
     )
     runtime = [settings.python, "-m", "gpusession.agent", "run", *agent.argv()]
-    image = record.spec.image
     if not image:
         missing = f"{settings.python} cannot import ipykernel: install it in that environment (pip install ipykernel)"
         lines.append(
@@ -366,10 +375,34 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
     return "\n".join(lines) + "\n"
 
 
+def charliecloud_lines(record, paths: JobPaths) -> list[str]:
+    """The runtime in the image with ch-run: the bundle at /mnt/0, the session's folder at /mnt/1
+    (the agent writes its state and the kernel's sockets there); the host's /dev, so the job's
+    GPUs (Slurm's cgroup and CUDA_VISIBLE_DEVICES limit them) and nothing else; NVIDIA's
+    libraries injected with ch-fromhost --nvidia, as Charliecloud documents, into an image the
+    user owns (a pulled one) when the node has them."""
+    q = shlex.quote
+    ch = paths.charliecloud
+    inside = f"{SESSION_MOUNT}/state"
+    agent = AgentArgs.for_record(
+        record, session_id=record.id, state_dir=inside, kernel_ip=f"{inside}/k", billed_since=None
+    )
+    return [
+        'export USER="${USER:-$(id -un)}"',  # ch-run refuses to start without it
+        f"export {ENV_RUNTIME_ROOT}={RUNTIME_MOUNT} {ENV_RUNTIME_BRINGS}={q(ch.brings)} "
+        f"{ENV_RUNTIME_PYTHON}={q(ch.python)}",
+        f"if [ -d {q(ch.image)} ] && [ -w {q(ch.image)} ] && command -v nvidia-container-cli >/dev/null; then "
+        f"ch-fromhost --nvidia {q(ch.image)} >/dev/null 2>&1 || echo 'gpusession: ch-fromhost --nvidia failed' >&2; fi",
+        f"exec ch-run -b {q(ch.bundle)}:{RUNTIME_MOUNT} -b {q(paths.session_dir)}:{SESSION_MOUNT} "
+        f"{q(ch.image)} -- sh {RUNTIME_MOUNT}/code/boot.sh run " + shlex.join(agent.argv()),
+    ]
+
+
 CONTAINER_CHECKS = {
     "apptainer": "command -v apptainer",
     "singularity": "command -v singularity",
     "pyxis": "srun --help 2>/dev/null | grep -q -- --container-image",
+    "charliecloud": "command -v ch-run && command -v ch-image",
 }
 
 
