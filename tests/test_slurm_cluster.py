@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +24,7 @@ from support.slurm import (
     STATE,
     cancel_all,
     ensure_cluster,
+    REGISTRY,
     filler_job,
     image_without_python,
     registry_image,
@@ -364,7 +367,7 @@ def test_a_python_without_ipykernel_fails_the_start_saying_what_to_install(clust
 
 
 def test_an_image_runs_in_charliecloud_from_the_registry_and_from_a_path(
-    cluster, home, manager, tmp_path
+    cluster, home, manager, tmp_path, monkeypatch
 ):
     """--image on a cluster with Charliecloud (and none of apptainer, singularity, pyxis): a
     reference to the cluster's registry (htpasswd auth) is pulled with ch-image on the cluster,
@@ -373,6 +376,10 @@ def test_an_image_runs_in_charliecloud_from_the_registry_and_from_a_path(
     pull unpacked is then started again as a path image. The start says which runtime and why."""
     ref = registry_image("gpusession-ci/py-trixie", "ci/py-trixie:latest", tmp_path / "pusher")
     registry_login(home)  # the user's docker login for the cluster's registry
+    # ipykernel for the image's Python 3.13: downloaded once per machine, not per test
+    monkeypatch.setenv("GPUSESSION_CACHE", str(STATE / "runtime-cache"))
+    unpacked = STATE / "home/.gpusession/charliecloud/img/10.210.0.1+5443%ci%py-trixie+latest"
+    shutil.rmtree(unpacked, ignore_errors=True)  # pulled by this start, not by an earlier run
     steps: list[str] = []
     session = manager.start(
         slurm_spec(manager, cluster, "t4", name="ch-pulled", image=ref), report=steps.append
@@ -381,6 +388,9 @@ def test_an_image_runs_in_charliecloud_from_the_registry_and_from_a_path(
     assert (
         "container runtime: charliecloud (--container auto: the first of apptainer, singularity, "
         "pyxis, charliecloud on the login node)" in said
+    ), said
+    assert re.search(
+        f"pulled {re.escape(ref)}: 1 layer\\(s\\) (downloaded|from ch-image's download cache)", said
     ), said
     assert (
         f"pulling {ref} on the cluster with ch-image" in said
@@ -395,22 +405,43 @@ def test_an_image_runs_in_charliecloud_from_the_registry_and_from_a_path(
     record = manager.get("ch-pulled")
     assert squeue(cluster, record.resource["job_id"]) == []
 
-    unpacked = f"{STATE}/home/.gpusession/charliecloud/img/10.210.0.1+5443%ci%py-trixie+latest"
     session = manager.start(
-        slurm_spec(manager, cluster, "t4", name="ch-path", image=unpacked, container="charliecloud")
+        slurm_spec(
+            manager, cluster, "t4", name="ch-path", image=str(unpacked), container="charliecloud"
+        ),
+        report=steps.append,
     )
     assert cell(session, "import sys; print(sys.executable)").strip() == "/usr/bin/python3"
     assert cell(session, "import sys; print(sys.version_info[:2])").strip() == "(3, 13)"
     manager.stop(session.id)
 
 
-def test_an_image_without_python_fails_in_one_line_and_nothing_is_left_queued(
+def test_an_image_without_python_or_a_wrong_login_fails_in_one_line_with_nothing_queued(
     cluster, home, manager, tmp_path
 ):
+    """An image directory with a shell and no Python; a registry image with a wrong password in
+    the user's Docker config: each fails the start in one line saying what to do, before sbatch."""
+    import base64
+    import json
+
     from gpusession.errors import StageError
 
-    folder = image_without_python(tmp_path / "nopython")
     before = slurm(cluster, "squeue", "-h", "-o", "%i", "--states=all")
+    docker = Path(home) / ".docker"
+    docker.mkdir(exist_ok=True)
+    wrong = base64.b64encode(b"ci:wrong-password").decode()
+    (docker / "config.json").write_text(json.dumps({"auths": {REGISTRY: {"auth": wrong}}}))
+    with pytest.raises(StageError) as failed:
+        manager.start(
+            slurm_spec(manager, cluster, "t4", name="badlogin", image=f"{REGISTRY}/ci/other:1")
+        )
+    (line,) = str(failed.value).splitlines()
+    assert (
+        f"cannot pull {REGISTRY}/ci/other:1 on the cluster: {REGISTRY} refused the login of ci "
+        f"from your Docker config: run `docker login {REGISTRY}` again" in line
+    ), line
+
+    folder = image_without_python(tmp_path / "nopython")
     with pytest.raises(StageError) as failed:
         manager.start(slurm_spec(manager, cluster, "t4", name="nopy", image=folder))
     (line,) = str(failed.value).splitlines()

@@ -15,6 +15,7 @@ bundle   gpusession's runtime (and ipykernel when the image lacks it) unpacked o
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 
 from ...bundle import (
@@ -37,6 +38,9 @@ STORAGE = "charliecloud"  # under ~/.gpusession: the user's ch-image storage
 RUNTIME_MOUNT = "/mnt/0"  # the runtime bundle, in the container
 SESSION_MOUNT = "/mnt/1"  # the session's folder (state, kernel sockets), in the container
 q = shlex.quote
+_LAYER = re.compile(r"layer (\d+)/\d+: \w+: downloading: [\d.]+/([\d.]+ [KMGT]?i?B)")
+_CACHED = re.compile(r"layer (\d+)/\d+: \w+: using existing file")
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +88,15 @@ def _image(shell: LoginShell, image: str, base: str, progress: Progress) -> str:
             )
         return found.out.split("@@")[1]
     storage = f"{base}/{STORAGE}"
+    folder = f"{storage}/img/{storage_name(image)}"
+    if shell.run(
+        f"test -d {q(folder)}/bin || test -d {q(folder)}/usr"
+    ).ok:  # as docker run: pulled once
+        progress.step(
+            f"{image} is in your ch-image storage on the cluster ({storage}); "
+            f"`ch-image pull` it there for a newer one"
+        )
+        return folder
     registry = registry_of(image)
     login = docker_login(registry)
     progress.step(
@@ -115,13 +128,24 @@ def _image(shell: LoginShell, image: str, base: str, progress: Progress) -> str:
         else:
             why = (text.strip().splitlines() or [f"ch-image exited {result.rc}"])[-1]
         raise StageError("image", f"cannot pull {image} on the cluster: {why}")
-    sizes = [
-        line
-        for line in text.splitlines()
-        if "downloading:" in line and "(100%)" in line and "layer" in line
-    ]
-    progress.step(f"pulled {image}" + (f" ({len(sizes)} layer(s))" if sizes else " (up to date)"))
-    return f"{storage}/img/{storage_name(image)}"
+    progress.step(f"pulled {image}: {pull_summary(text)}")
+    return folder
+
+
+def pull_summary(text: str) -> str:
+    """What ch-image's output says of the layers: '1 layer(s) downloaded (64 MB)', or found in
+    its download cache."""
+    layers: dict[str, str] = {}
+    for found in _LAYER.finditer(text):
+        layers[found.group(1)] = found.group(2)
+    cached = len(set(_CACHED.findall(text)) - set(layers))
+    said = []
+    if layers:
+        sizes = [float(v.split()[0]) * _UNITS.get(v.split()[1], 1) for v in layers.values()]
+        said.append(f"{len(layers)} layer(s) downloaded ({format_bytes(sum(sizes))})")
+    if cached:
+        said.append(f"{cached} layer(s) from ch-image's download cache")
+    return ", ".join(said) or "nothing downloaded"
 
 
 def _probe(shell: LoginShell, image: str, folder: str, progress: Progress) -> ImagePython:
