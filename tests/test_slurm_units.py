@@ -391,3 +391,20 @@ def test_the_users_docker_login_for_a_registry(tmp_path, monkeypatch):
     assert docker_login("nvcr.io") == ("$oauthtoken", "s3cret:with:colons")
     assert docker_login("docker.io") == ("me", "hubpass")
     assert docker_login("other.example.com") is None
+
+
+def test_a_charliecloud_pull_is_said_while_it_runs():
+    from gpusession.backends.slurm.charliecloud import PullWatch
+
+    said: list[str] = []
+    watch = PullWatch("reg/img:1", said.append, every_s=0)
+    watch(
+        b"manifest: downloading: 100%\nlayer 1/2: 8db3709: downloading: 0.0/60.9 MiB (0%)\nlayer 1/2: 8db"
+    )
+    watch(
+        b"3709: downloading: 60.9/60.9 MiB (100%)\nlayer 2/2: 1a2b3c4: downloading: 0.0/1.2 GiB (0%)\n"
+    )
+    assert said == [
+        "pulling reg/img:1: layer 1/2, 0.0/60.9 MiB",
+        "pulling reg/img:1: layer 2/2, 0.0/1.2 GiB",
+    ]

@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+import time
+from typing import Callable
 
 from ...bundle import (
     NO_PYTHON,
@@ -39,6 +41,7 @@ RUNTIME_MOUNT = "/mnt/0"  # the runtime bundle, in the container
 SESSION_MOUNT = "/mnt/1"  # the session's folder (state, kernel sockets), in the container
 q = shlex.quote
 _LAYER = re.compile(r"layer (\d+)/\d+: \w+: downloading: [\d.]+/([\d.]+ [KMGT]?i?B)")
+_PROGRESS = re.compile(r"layer (\d+/\d+): \w+: downloading: ([\d.]+/[\d.]+ [KMGT]?i?B)")
 _CACHED = re.compile(r"layer (\d+)/\d+: \w+: using existing file")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
@@ -114,7 +117,7 @@ def _image(shell: LoginShell, image: str, base: str, progress: Progress) -> str:
         + f"CH_IMAGE_STORAGE={q(storage)} ch-image --no-cache{' --auth' if login else ''} pull {q(image)} 2>&1"
     )
     stdin = f"{login[0]}\n{login[1]}\n".encode() if login else None
-    result = shell.run(command, stdin=stdin, timeout=3600)
+    result = shell.run(command, stdin=stdin, timeout=3600, on_out=PullWatch(image, progress.step))
     text = result.out
     if not result.ok:
         if "no further authentication possible" in text:
@@ -130,6 +133,27 @@ def _image(shell: LoginShell, image: str, base: str, progress: Progress) -> str:
         raise StageError("image", f"cannot pull {image} on the cluster: {why}")
     progress.step(f"pulled {image}: {pull_summary(text)}")
     return folder
+
+
+class PullWatch:
+    """ch-image's output as it comes: its latest layer's download said every few seconds
+    ('pulling REF: layer 2/5, 310.4/812.0 MiB')."""
+
+    def __init__(self, image: str, say: Callable[[str], None], every_s: float = 5.0):
+        self.image, self.say, self.every_s = image, say, every_s
+        self.said_at = time.monotonic()
+        self.pending = b""
+
+    def __call__(self, data: bytes) -> None:
+        self.pending += data
+        *lines, self.pending = self.pending.split(b"\n")
+        found = None
+        for line in lines:
+            found = _PROGRESS.search(line.decode(errors="replace")) or found
+        now = time.monotonic()
+        if found is not None and now - self.said_at >= self.every_s:
+            self.said_at = now
+            self.say(f"pulling {self.image}: layer {found.group(1)}, {found.group(2)}")
 
 
 def pull_summary(text: str) -> str:
