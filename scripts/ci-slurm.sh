@@ -8,6 +8,10 @@
 # GPUs without GPUs: GRES from plain files (gres.conf AutoDetect=off): n1 has gpu:t4:2, n2 has
 # gpu:a100_40g:1 (a cluster's own type name, mapped from the catalog's a100 by --gres-type).
 # Every node shares this machine's filesystem, as cluster nodes share home and software.
+# Containers: Charliecloud (ch-run, ch-image) on every node, and the site's registry at
+# https://10.210.0.1:5443 (Debian's docker-registry, TLS from the cluster's own CA, htpasswd
+# user ci with the password in $STATE/registry/password); the cluster's logins trust that CA
+# (REQUESTS_CA_BUNDLE, which ch-image reads), as a site's machines trust its registry.
 #   scripts/ci-slurm.sh up      start it (idempotent, ~2 s when up; as root); prints the setup time
 #   scripts/ci-slurm.sh down    stop every daemon, remove the namespaces and the bridge
 #   scripts/ci-slurm.sh status  exit 0 when it is up
@@ -26,7 +30,7 @@ NODES=(n1 n2)
 declare -A NODE_IP=([n1]=10.210.0.11 [n2]=10.210.0.12)
 declare -A NODE_GRES=([n1]=gpu:t4:2 [n2]=gpu:a100_40g:1)
 declare -A NODE_GPUS=([n1]="t4 2" [n2]="a100_40g 1")
-CTL_PORT=6917 SLURMD_PORT=6918   # not the defaults: a system Slurm on this machine keeps its own
+CTL_PORT=6917 SLURMD_PORT=6918 REGISTRY_PORT=5443   # not the defaults: a system Slurm on this machine keeps its own
 NAME=ci-slurm
 export SLURM_CONF=$STATE/slurm.conf
 export DEBIAN_FRONTEND=noninteractive
@@ -37,7 +41,8 @@ source "$(dirname "$0")/lib/netns.sh"   # alive, wait_for, stop_pidfile, netns_l
 
 packages() {
     local missing=() p
-    for p in slurm-wlm munge openssh-server openssh-client iproute2; do
+    for p in slurm-wlm munge openssh-server openssh-client iproute2 charliecloud-runtime \
+        charliecloud-builders docker-registry apache2-utils openssl curl; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return
@@ -114,7 +119,7 @@ UsePAM no
 StrictModes no
 AllowTcpForwarding yes
 PrintMotd no
-SetEnv SLURM_CONF=$STATE/slurm.conf HOME=$STATE/home
+SetEnv SLURM_CONF=$STATE/slurm.conf HOME=$STATE/home REQUESTS_CA_BUNDLE=$STATE/registry/ca-bundle.crt
 EOF
         install_config "$STATE/etc-ssh-$ns/sshd_config" "$RUN/sshd-$ns.pid"
     done
@@ -128,6 +133,40 @@ Host $LOGIN_IP
     StrictHostKeyChecking yes
     IdentitiesOnly yes
 EOF
+}
+
+# The site's registry: a CA of the cluster's own signs its certificate (for 10.210.0.1); the
+# cluster's CA bundle is the machine's plus that CA.
+registry_up() {
+    local dir=$STATE/registry
+    mkdir -p "$dir/data" "$STATE/log"
+    if [ ! -s "$dir/server.crt" ]; then
+        openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=$NAME registry CA" \
+            -keyout "$dir/ca.key" -out "$dir/ca.crt" 2>/dev/null
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=$CTL_IP" -keyout "$dir/server.key" \
+            -out "$dir/server.csr" 2>/dev/null
+        printf 'subjectAltName=IP:%s\n' "$CTL_IP" >"$dir/san.ext"
+        openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
+            -CAcreateserial -days 3650 -extfile "$dir/san.ext" -out "$dir/server.crt" 2>/dev/null
+    fi
+    cat /etc/ssl/certs/ca-certificates.crt "$dir/ca.crt" >"$dir/ca-bundle.crt"
+    [ -s "$dir/password" ] || head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$dir/password"
+    [ -s "$dir/htpasswd" ] || htpasswd -Bbn ci "$(cat "$dir/password")" >"$dir/htpasswd" 2>/dev/null
+    cat >"$dir/config.yml" <<EOF
+version: 0.1
+log: {level: warn}
+storage: {filesystem: {rootdirectory: $dir/data}, delete: {enabled: true}}
+http: {addr: "$CTL_IP:$REGISTRY_PORT", tls: {certificate: $dir/server.crt, key: $dir/server.key}}
+auth: {htpasswd: {realm: $NAME, path: $dir/htpasswd}}
+EOF
+    # docker (here) pushes the tests' images to it: it trusts the CA for that registry only
+    mkdir -p "/etc/docker/certs.d/$CTL_IP:$REGISTRY_PORT"
+    cp "$dir/ca.crt" "/etc/docker/certs.d/$CTL_IP:$REGISTRY_PORT/ca.crt"
+    alive "$RUN/registry.pid" && return
+    setsid docker-registry serve "$dir/config.yml" </dev/null >>"$STATE/log/registry.log" 2>&1 &
+    echo $! >"$RUN/registry.pid"
+    wait_for registry "$STATE/log/registry.log" sh -c \
+        "curl -s -o /dev/null -w '%{http_code}' --cacert '$dir/ca.crt' https://$CTL_IP:$REGISTRY_PORT/v2/ | grep -q 401"
 }
 
 slurm_conf() {
@@ -258,6 +297,7 @@ is_up() {
     local ns
     for ns in login "${NODES[@]}"; do alive "$RUN/sshd-$ns.pid" || return 1; done
     for ns in "${NODES[@]}"; do alive "$RUN/slurmd-$ns.pid" || return 1; done
+    alive "$RUN/registry.pid"
 }
 
 up() {
@@ -269,6 +309,7 @@ up() {
     munge_up
     keys_up
     slurm_conf
+    registry_up
     slurmctld_up
     nodes_up
     log "up in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f s", b - a }'):" \
@@ -281,6 +322,7 @@ down() {
     slurm_down
     for ns in login "${NODES[@]}"; do stop_pidfile "$RUN/sshd-$ns.pid"; done
     stop_pidfile "$RUN/munge/munged.pid"
+    stop_pidfile "$RUN/registry.pid"
     network_down
     log "down"
 }

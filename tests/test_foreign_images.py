@@ -310,3 +310,76 @@ def test_an_image_without_python_on_a_remote_engine(remote, manager):
         and f"image {NO_PYTHON}" in err.value.message
         and "has no Python" in err.value.message
     )
+
+
+def test_a_private_registry_image_on_a_remote_engine(remote, manager, tmp_path, monkeypatch):
+    """The Slurm cluster's registry (TLS, htpasswd; scripts/ci-slurm.sh) reached from the
+    namespace host's engine: without a login, and with a wrong password, the start fails in one
+    line naming the registry and `docker login`; with the user's login the remote engine pulls
+    it (the login goes with the pull request, the remote host keeps no copy) and the kernel runs
+    in the image's Python."""
+    import base64
+    import json
+
+    from support.slurm import REGISTRY, ensure_cluster, registry_image, registry_login
+
+    if ensure_cluster() is None:
+        pytest.skip("the cluster's registry needs root (scripts/ci-slurm.sh)")
+    # the namespace host reaches the cluster's network through this machine
+    subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            "gpus-remote",
+            "ip",
+            "route",
+            "replace",
+            "10.210.0.0/24",
+            "via",
+            "10.200.0.1",
+        ],
+        check=True,
+    )
+    ref = registry_image("gpusession-ci/py-trixie", "ci/py-trixie:latest", tmp_path / "pusher")
+    subprocess.run(
+        ["docker", "-H", remote["docker_host_env"], "rmi", "-f", ref], capture_output=True
+    )
+    home = Path(os.environ["HOME"])
+    monkeypatch.setenv("GPUSESSION_CACHE", "/var/lib/gpusession-ci/slurm/runtime-cache")
+
+    def failure(name: str) -> str:
+        with pytest.raises(StageError) as err:
+            manager.start(
+                manager.make_spec("t4", backend="docker", image=ref, host=remote["url"], name=name)
+            )
+        (line,) = str(err.value).splitlines()
+        return line
+
+    line = failure("nologin")
+    assert (
+        f"{REGISTRY} wants a login to pull {ref}" in line
+        and f"run `docker login {REGISTRY}` here" in line
+    ), line
+    (home / ".docker").mkdir(exist_ok=True)
+    wrong = base64.b64encode(b"ci:wrong-password").decode()
+    (home / ".docker" / "config.json").write_text(
+        json.dumps({"auths": {REGISTRY: {"auth": wrong}}})
+    )
+    line = failure("badlogin")
+    assert f"{REGISTRY} refused the pull of {ref} with your docker login as ci" in line, line
+    assert f"run `docker login {REGISTRY}` again" in line
+
+    registry_login(home)
+    steps: list[str] = []
+    session = manager.start(
+        manager.make_spec("t4", backend="docker", image=ref, host=remote["url"], name="private"),
+        report=steps.append,
+    )
+    assert any(f"pulling {ref}" in s for s in steps), steps
+    from support.sinks import Collect
+
+    sink = Collect()
+    session.run("import sys; print(sys.version_info[:2])", sink=sink)
+    assert sink.text.strip() == "(3, 13)"
+    manager.stop(session.id)

@@ -227,7 +227,7 @@ def test_the_runtime_boot_script_speaks_the_protocol():
 
     text = (PKG / "agent" / "boot.sh").read_text()
     for name in (
-        f"ROOT={RUNTIME_ROOT}\n",
+        f"ROOT=${{{ENV_RUNTIME_ROOT}:-{RUNTIME_ROOT}}}\n",
         f"{ENV_RUNTIME_ROOT}=$ROOT",
         f"{Marker.FAILED.value} ",
         f'"{Marker.PYTHON.value} "',

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,9 +21,14 @@ from pathlib import Path
 import pytest
 from support.procs import wait_dead
 from support.slurm import (
+    STATE,
     cancel_all,
     ensure_cluster,
+    REGISTRY,
     filler_job,
+    image_without_python,
+    registry_image,
+    registry_login,
     slurm,
     slurm_home,
     squeue,
@@ -398,28 +405,88 @@ def test_a_python_without_ipykernel_fails_the_start_saying_what_to_install(clust
     assert squeue(cluster, record.resource["job_id"]) == []
 
 
-def test_an_image_on_a_cluster_without_a_container_runtime_fails_before_submitting(
-    cluster, home, manager
+def test_an_image_runs_in_charliecloud_from_the_registry_and_from_a_path(
+    cluster, home, manager, tmp_path, monkeypatch
 ):
-    """The test cluster has no apptainer, singularity or pyxis (Debian packages none): --image
-    fails in one line naming what is missing, and nothing reaches the queue."""
+    """--image on a cluster with Charliecloud (and none of apptainer, singularity, pyxis): a
+    reference to the cluster's registry (htpasswd auth) is pulled with ch-image on the cluster,
+    as the user's `docker login` for it, into the user's storage; the kernel runs in the image's
+    own Python (Debian 13's 3.13, not this machine's), with the job's GPUs. The directory the
+    pull unpacked is then started again as a path image. The start says which runtime and why."""
+    ref = registry_image("gpusession-ci/py-trixie", "ci/py-trixie:latest", tmp_path / "pusher")
+    registry_login(home)  # the user's docker login for the cluster's registry
+    # ipykernel for the image's Python 3.13: downloaded once per machine, not per test
+    monkeypatch.setenv("GPUSESSION_CACHE", str(STATE / "runtime-cache"))
+    unpacked = STATE / "home/.gpusession/charliecloud/img/10.210.0.1+5443%ci%py-trixie+latest"
+    shutil.rmtree(unpacked, ignore_errors=True)  # pulled by this start, not by an earlier run
+    steps: list[str] = []
+    session = manager.start(
+        slurm_spec(manager, cluster, "t4", name="ch-pulled", image=ref), report=steps.append
+    )
+    said = "\n".join(steps)
+    assert (
+        "container runtime: charliecloud (--container auto: the first of apptainer, singularity, "
+        "pyxis, charliecloud on the login node)" in said
+    ), said
+    assert re.search(
+        f"pulled {re.escape(ref)}: 1 layer\\(s\\) (downloaded|from ch-image's download cache)", said
+    ), said
+    assert (
+        f"pulling {ref} on the cluster with ch-image" in said
+        and "(as ci, your docker login for 10.210.0.1:5443)" in said
+    ), said
+    shown = cell(
+        session,
+        "import sys, os; print(sys.version_info[:2], os.environ.get('CUDA_VISIBLE_DEVICES'))",
+    )
+    assert shown.split("\n")[0] == "(3, 13) 0", shown
+    manager.stop(session.id)
+    record = manager.get("ch-pulled")
+    assert squeue(cluster, record.resource["job_id"]) == []
+
+    session = manager.start(
+        slurm_spec(
+            manager, cluster, "t4", name="ch-path", image=str(unpacked), container="charliecloud"
+        ),
+        report=steps.append,
+    )
+    assert cell(session, "import sys; print(sys.executable)").strip() == "/usr/bin/python3"
+    assert cell(session, "import sys; print(sys.version_info[:2])").strip() == "(3, 13)"
+    manager.stop(session.id)
+
+
+def test_an_image_without_python_or_a_wrong_login_fails_in_one_line_with_nothing_queued(
+    cluster, home, manager, tmp_path
+):
+    """An image directory with a shell and no Python; a registry image with a wrong password in
+    the user's Docker config: each fails the start in one line saying what to do, before sbatch."""
+    import base64
+    import json
+
     from gpusession.core.errors import StageError
 
     before = slurm(cluster, "squeue", "-h", "-o", "%i", "--states=all")
+    docker = Path(home) / ".docker"
+    docker.mkdir(exist_ok=True)
+    wrong = base64.b64encode(b"ci:wrong-password").decode()
+    (docker / "config.json").write_text(json.dumps({"auths": {REGISTRY: {"auth": wrong}}}))
     with pytest.raises(StageError) as failed:
         manager.start(
-            slurm_spec(
-                manager, cluster, "t4", name="boxed", image="nvcr.io/nvidia/pytorch:24.01-py3"
-            )
+            slurm_spec(manager, cluster, "t4", name="badlogin", image=f"{REGISTRY}/ci/other:1")
         )
     (line,) = str(failed.value).splitlines()
     assert (
-        "--image nvcr.io/nvidia/pytorch:24.01-py3: the cluster ssh://root@10.210.0.10 has no container runtime"
-        in line
-    )
-    assert "start without --image" in line
-    record = manager.get("boxed")
-    assert record.state == State.FAILED and "job_id" not in record.resource
+        f"cannot pull {REGISTRY}/ci/other:1 on the cluster: {REGISTRY} refused the login of ci "
+        f"from your Docker config: run `docker login {REGISTRY}` again" in line
+    ), line
+
+    folder = image_without_python(tmp_path / "nopython")
+    with pytest.raises(StageError) as failed:
+        manager.start(slurm_spec(manager, cluster, "t4", name="nopy", image=folder))
+    (line,) = str(failed.value).splitlines()
+    assert f"image {folder} has no Python to run the session kernel in" in line, line
+    assert "use an image with python3 3.9 or newer" in line
+    assert manager.get("nopy").state == State.FAILED
     assert slurm(cluster, "squeue", "-h", "-o", "%i", "--states=all") == before
 
 

@@ -335,3 +335,84 @@ def test_check_refuses_what_cannot_be_submitted(gs_home):
     )
     assert rec.price_per_hour == 10.0
     assert m.create(m.make_spec("t4", backend="slurm", host="ssh://me@login")).price_per_hour == 0.0
+
+
+def test_the_charliecloud_job_runs_the_bundle_in_the_image_with_ch_run(tmp_path):
+    """--container charliecloud: the job binds the runtime bundle at /mnt/0 and the session's
+    folder at /mnt/1, and runs the bundle's boot.sh with the image's Python (found at start)."""
+    import dataclasses
+
+    from gpusession.backends.slurm.charliecloud import Prepared
+
+    prepared = Prepared(
+        "/shared/img/py", "/home/me/.gpusession/bundle/abc", "/usr/bin/python3", "ipykernel"
+    )
+    paths = dataclasses.replace(PATHS, charliecloud=prepared)
+    text = jobs.batch_script(
+        record(image="/shared/img/py"), settings(container="charliecloud"), paths
+    )
+    (tmp_path / "job.sh").write_text(text)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "job.sh")]).returncode == 0, text
+    assert (
+        "supervise ch-run -b /home/me/.gpusession/bundle/abc:/mnt/0 -b /home/me/.gpusession/slurm/abc123:/mnt/1 "
+        "/shared/img/py -- sh /mnt/0/code/boot.sh run " in text
+    ), text
+    assert "--state-dir /mnt/1/state --kernel-ip /mnt/1/state/k" in text
+    assert "GPUSESSION_RUNTIME_ROOT=/mnt/0 GPUSESSION_RUNTIME_BRINGS=ipykernel" in text
+    assert 'export USER="${USER:-$(id -un)}"' in text and "apptainer" not in text
+
+
+def test_charliecloud_names_and_what_a_pull_downloaded():
+    from gpusession.backends.slurm.charliecloud import pull_summary, storage_name
+
+    assert storage_name("10.210.0.1:5443/ci/py") == "10.210.0.1+5443%ci%py+latest"
+    assert storage_name("nvcr.io/nvidia/pytorch:24.01-py3") == "nvcr.io%nvidia%pytorch+24.01-py3"
+    out = (
+        "layer 1/2: 8db3709: downloading: 0.0/60.9 MiB (0%)\n"
+        "layer 1/2: 8db3709: downloading: 60.9/60.9 MiB (100%)\n"
+        "layer 2/2: 1a2b3c4: using existing file\n"
+    )
+    assert (
+        pull_summary(out)
+        == "1 layer(s) downloaded (64 MB), 1 layer(s) from ch-image's download cache"
+    )
+
+
+def test_the_users_docker_login_for_a_registry(tmp_path, monkeypatch):
+    import base64
+    import json
+
+    from gpusession.transport.pulls import docker_login, registry_of
+
+    assert registry_of("nvcr.io/nvidia/pytorch:24.01-py3") == "nvcr.io"
+    assert registry_of("pytorch/pytorch:2.7.1") == "docker.io" == registry_of("ubuntu")
+    assert registry_of("localhost:5000/x") == "localhost:5000"
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    assert docker_login("nvcr.io") is None  # no config at all
+    auth = base64.b64encode(b"$oauthtoken:s3cret:with:colons").decode()
+    hub = base64.b64encode(b"me:hubpass").decode()
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {"auths": {"nvcr.io": {"auth": auth}, "https://index.docker.io/v1/": {"auth": hub}}}
+        )
+    )
+    assert docker_login("nvcr.io") == ("$oauthtoken", "s3cret:with:colons")
+    assert docker_login("docker.io") == ("me", "hubpass")
+    assert docker_login("other.example.com") is None
+
+
+def test_a_charliecloud_pull_is_said_while_it_runs():
+    from gpusession.backends.slurm.charliecloud import PullWatch
+
+    said: list[str] = []
+    watch = PullWatch("reg/img:1", said.append, every_s=0)
+    watch(
+        b"manifest: downloading: 100%\nlayer 1/2: 8db3709: downloading: 0.0/60.9 MiB (0%)\nlayer 1/2: 8db"
+    )
+    watch(
+        b"3709: downloading: 60.9/60.9 MiB (100%)\nlayer 2/2: 1a2b3c4: downloading: 0.0/1.2 GiB (0%)\n"
+    )
+    assert said == [
+        "pulling reg/img:1: layer 1/2, 0.0/60.9 MiB",
+        "pulling reg/img:1: layer 2/2, 0.0/1.2 GiB",
+    ]

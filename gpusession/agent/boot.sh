@@ -7,7 +7,8 @@
 #                           code on PYTHONPATH; the kernel runs with the image's Python and packages
 # Without a python3 (3.9 or newer) it prints one GPUSESSION_FAILED line and exits 3.
 # POSIX sh only: most images have dash or busybox, not bash.
-ROOT=/opt/gpusession-runtime
+# where a container runtime that cannot add mount points mounts it elsewhere (ch-run: /mnt/0)
+ROOT=${GPUSESSION_RUNTIME_ROOT:-/opt/gpusession-runtime}
 GPUSESSION_RUNTIME_ROOT=$ROOT
 export GPUSESSION_RUNTIME_ROOT
 

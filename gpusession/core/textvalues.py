@@ -163,11 +163,13 @@ def image_ref(text: str) -> str:
     """A container image reference: nvidia/cuda:12.4.1-runtime-ubuntu22.04, registry:5000/me/img,
     img@sha256:..."""
     value = text.strip()
+    if value.startswith(("/", "~/")) and value.isprintable() and " " not in value:
+        return value  # an image file or folder on a Slurm cluster's shared filesystem (.sif, Charliecloud)
     path = _IMAGE_REGISTRY.sub("", value, count=1) if _IMAGE_REGISTRY.match(value) else value
     if not _IMAGE.fullmatch(path) or "//" in path or path.endswith("/"):
         raise BadInput(
             f"image {shown(text)} is no image reference: write e.g. nvidia/cuda:12.4.1-runtime-ubuntu22.04 "
-            "or registry.example.com:5000/me/image:tag"
+            "or registry.example.com:5000/me/image:tag (or, on a Slurm cluster, the path of an image there)"
         )
     return value
 

@@ -52,6 +52,12 @@ MAX_MANYLINUX = (
 PACKAGE = Path(__file__).resolve().parent.parent  # the gpusession package
 
 
+NO_PYTHON = (  # an image boot.sh found no python3 in: what to do
+    "image {image} has no Python to run the session kernel in ({why}); use an image with python3 3.9 or "
+    "newer (pytorch/pytorch, nvcr.io/nvidia/pytorch, jupyter/*, python:3.x, ...) or add one to it "
+    "(Dockerfile.cuda is a recipe: nvidia/cuda + Python)"
+)
+
 CACHE_ENV = "GPUSESSION_CACHE"  # where the bundle's archives and image probes are kept
 
 

@@ -11,8 +11,13 @@ saves them): bytes and layers done, said as one line every few seconds.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
+import os
+import subprocess
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 DONE = ("Pull complete", "Already exists")
@@ -113,3 +118,56 @@ def format_bytes(n: int | float) -> str:
         if n >= size:
             return f"{n / size:.2f} {unit}" if unit == "GB" else f"{n / size:.0f} {unit}"
     return f"{int(n)} B"
+
+
+# -- the user's registry logins (docker login), for pulls that docker itself does not make -------
+
+DOCKER_HUB = "docker.io"
+_HUB_KEYS = ("https://index.docker.io/v1/", "index.docker.io", "docker.io", "registry-1.docker.io")
+
+
+def registry_of(image: str) -> str:
+    """The registry host of an image reference: 'nvcr.io' for nvcr.io/nvidia/pytorch:24.01-py3,
+    'docker.io' for a Docker Hub name (ubuntu:22.04, pytorch/pytorch:2.7.1-...)."""
+    first, sep, _ = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return DOCKER_HUB
+
+
+def docker_login(registry: str) -> tuple[str, str] | None:
+    """(user, password) that `docker login REGISTRY` saved for this user (DOCKER_CONFIG, else
+    ~/.docker/config.json: its `auths`, or the credential helper it names), else None."""
+    folder = os.environ.get("DOCKER_CONFIG") or str(Path.home() / ".docker")
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    keys = _HUB_KEYS if registry == DOCKER_HUB else (registry, f"https://{registry}")
+    helper = next(
+        (config.get("credHelpers", {}).get(k) for k in keys if k in config.get("credHelpers", {})),
+        config.get("credsStore"),
+    )
+    if helper:
+        for key in keys:
+            try:
+                found = subprocess.run(
+                    [f"docker-credential-{helper}", "get"],
+                    input=key.encode(),
+                    capture_output=True,
+                    timeout=30,
+                )
+                if found.returncode == 0:
+                    data = json.loads(found.stdout)
+                    return str(data["Username"]), str(data["Secret"])
+            except (OSError, ValueError, KeyError, subprocess.TimeoutExpired):
+                continue
+    for key in keys:
+        entry = config.get("auths", {}).get(key) or {}
+        try:
+            user, _, password = base64.b64decode(entry.get("auth", "")).decode().partition(":")
+        except ValueError:
+            continue
+        if user and password:
+            return user, password
+    return None

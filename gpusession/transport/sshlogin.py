@@ -12,6 +12,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Callable
 
 import paramiko
 
@@ -247,9 +248,15 @@ def exec_command(
 
 
 def run_on_channel(
-    chan: paramiko.Channel, command: str, *, stdin: bytes | None = None, timeout: float = 60.0
+    chan: paramiko.Channel,
+    command: str,
+    *,
+    stdin: bytes | None = None,
+    timeout: float = 60.0,
+    on_out: Callable[[bytes], None] | None = None,
 ) -> tuple[int, bytes, bytes]:
-    """`exec_command` on a session channel already open (closed when done)."""
+    """`exec_command` on a session channel already open (closed when done); `on_out` sees its
+    standard output as it comes (a long command's progress)."""
     deadline = time.monotonic() + timeout
     try:
         chan.settimeout(timeout)
@@ -260,7 +267,10 @@ def run_on_channel(
         out, err = bytearray(), bytearray()
         while True:
             if chan.recv_ready():
-                out += chan.recv(65536)
+                data = chan.recv(65536)
+                out += data
+                if on_out is not None:
+                    on_out(data)
             elif chan.recv_stderr_ready():
                 err += chan.recv_stderr(65536)
             elif chan.exit_status_ready():

@@ -117,3 +117,74 @@ def filler_job(cluster: dict, gres: str) -> str:
         f"filler job {job} to run",
     )
     return job
+
+
+REGISTRY = "10.210.0.1:5443"  # the cluster's own registry (TLS from its CA, htpasswd user ci)
+
+
+def registry_login(home: str | os.PathLike) -> tuple[str, str]:
+    """`docker login` to the cluster's registry as the user whose HOME this is (the auths entry
+    docker writes in ~/.docker/config.json); (user, password)."""
+    import base64
+    import json
+
+    password = (STATE / "registry" / "password").read_text().strip()
+    folder = Path(home) / ".docker"
+    folder.mkdir(parents=True, exist_ok=True)
+    auth = base64.b64encode(f"ci:{password}".encode()).decode()
+    (folder / "config.json").write_text(json.dumps({"auths": {REGISTRY: {"auth": auth}}}))
+    return "ci", password
+
+
+def registry_image(source: str, name: str, tmp: str | os.PathLike) -> str:
+    """`source` (an image of this machine's engine) pushed to the cluster's registry as `name`
+    (once: it is kept there); its reference."""
+    import urllib.error
+    import urllib.request
+    import ssl
+
+    ref = f"{REGISTRY}/{name}"
+    repository, _, tag = name.partition(":")
+    user, password = registry_login(tmp)
+    request = urllib.request.Request(
+        f"https://{REGISTRY}/v2/{repository}/manifests/{tag or 'latest'}",
+        method="HEAD",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+    )
+    import base64
+
+    request.add_header(
+        "Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+    )
+    context = ssl.create_default_context(cafile=str(STATE / "registry" / "ca.crt"))
+    try:
+        urllib.request.urlopen(request, context=context, timeout=10).close()
+        return ref
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise
+    env = dict(os.environ, DOCKER_CONFIG=str(Path(tmp) / ".docker"))
+    subprocess.run(["docker", "tag", source, ref], check=True, env=env, timeout=60)
+    subprocess.run(
+        ["docker", "push", "-q", ref], check=True, env=env, capture_output=True, timeout=600
+    )
+    return ref
+
+
+def image_without_python(folder: str | os.PathLike) -> str:
+    """An unpacked Charliecloud image directory with a shell and no Python: dash and its libraries,
+    and the mount points ch-run needs."""
+    root = Path(folder)
+    for d in ("bin", "dev", "proc", "sys", "tmp", "home", "etc", "mnt/0", "mnt/1", "root"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for f in ("etc/passwd", "etc/group", "etc/hosts", "etc/resolv.conf"):
+        (root / f).touch()
+    shutil.copy2("/bin/dash", root / "bin" / "sh")
+    libs = subprocess.run(["ldd", "/bin/dash"], capture_output=True, text=True, check=True).stdout
+    for line in libs.splitlines():
+        path = line.split("=>")[-1].split("(")[0].strip()
+        if path.startswith("/"):
+            target = root / path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+    return str(root)

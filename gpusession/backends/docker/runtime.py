@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import threading
 import uuid
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 from ...transport.bundle import (
     BOOT_SCRIPT,
     CODE_DIR,
+    NO_PYTHON,
     SITE_DIR,
     Archive,
     BundleError,
@@ -36,7 +38,7 @@ from ...transport.bundle import (
 from ...core.errors import StageError
 from ...core.protocol import ENV_KERNEL_KEY
 from ...core.progress import Progress
-from ...transport.pulls import PullProgress, format_bytes
+from ...transport.pulls import PullProgress, docker_login, format_bytes, registry_of
 from .engine import (
     HELPER_LABEL,
     LABEL,
@@ -53,17 +55,19 @@ log = logging.getLogger(__name__)
 PROBE_VERSION = 2  # bump when boot.sh's probe says more
 PROBE_TIMEOUT_S = 60.0
 COMPILE_TIMEOUT_S = 300.0
-NO_PYTHON = (
-    "image {image} has no Python to run the session kernel in ({why}); use an image with python3 3.9 or "
-    "newer (pytorch/pytorch, nvcr.io/nvidia/pytorch, jupyter/*, python:3.x, ...) or add one to it "
-    "(Dockerfile.cuda is a recipe: nvidia/cuda + Python)"
-)
 
 
 @dataclasses.dataclass
 class PreparedRuntime:
     python: ImagePython  # what the kernel runs with
     volumes: dict[str, dict[str, str]]  # for containers.create(volumes=...): the bundle, read-only
+
+
+# a registry's answers to a pull without a (valid) login, as the engine relays them
+_AUTH_REFUSED = re.compile(
+    r"unauthorized|authentication required|no basic auth credentials|incorrect username or password",
+    re.I,
+)
 
 
 def find_or_pull_image(client, image: str, progress: Progress):
@@ -80,7 +84,13 @@ def find_or_pull_image(client, image: str, progress: Progress):
     progress.step(f"pulling {image}: it is not on the engine yet")
     with engine_errors(f"while pulling {image}"):  # the engine unreachable: BackendUnavailable
         try:
-            for event in client.api.pull(repo, tag=tag or "latest", stream=True, decode=True):
+            # the user's login read now (a `docker login` after a refused start counts), sent
+            # with the pull request: the engine's host never stores it
+            login = docker_login(registry_of(image))
+            auth = {"username": login[0], "password": login[1]} if login else None
+            for event in client.api.pull(
+                repo, tag=tag or "latest", stream=True, decode=True, auth_config=auth
+            ):
                 pull.feed(event)
                 if pull.error:
                     break
@@ -92,6 +102,17 @@ def find_or_pull_image(client, image: str, progress: Progress):
             found = None if pull.error else client.images.get(image)
         except docker.errors.ImageNotFound as exc:
             pull.error = short_error(exc)
+    if pull.error and _AUTH_REFUSED.search(pull.error):
+        registry = registry_of(image)
+        login = docker_login(registry)
+        raise StageError(
+            "image",
+            f"{registry} refused the pull of {image} with your docker login as {login[0]} "
+            f"({pull.error}): run `docker login {registry}` again"
+            if login
+            else f"{registry} wants a login to pull {image} ({pull.error}): run `docker login "
+            f"{registry}` here (gpusession sends it with the pull, never writes it on the engine's host)",
+        )
     if pull.error or found is None:
         raise StageError(
             "image",

@@ -19,6 +19,7 @@ job's end, `--resume NAME` restores it; `--workspace-dir` puts them elsewhere, o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import threading
@@ -42,9 +43,9 @@ from ..base import (
     marker_lines,
     stop_details_from_log,
 )
-from . import states
+from . import charliecloud, states
 from .jobs import (
-    START_OPTIONS,
+    CONTAINER_CHECKS,
     JobPaths,
     batch_script,
     comment_session,
@@ -55,6 +56,7 @@ from .jobs import (
 )
 from .login import LoginShell, ensure_runtime
 from ...configuration.cost import CONFIGURED
+from .jobs import START_OPTIONS
 
 START_TIMEOUT = 300.0  # from the job running to the runtime's READY (module loads, a shared FS)
 STOP_WAIT_S = (
@@ -67,7 +69,7 @@ q = shlex.quote
 class SlurmBackend(Backend):
     name = "slurm"
     takes_host = True  # the cluster's login node
-    takes_image = True  # run by apptainer, singularity or pyxis
+    takes_image = True  # run by apptainer, singularity, pyxis or charliecloud
     keeps_workspaces = True  # a folder on the cluster's shared storage per workspace
     order = 40
     price_source = "--price-per-gpu-hour x GPUs, else GpuSessionConfig.price_per_hour, else none (GPU-hours only)"
@@ -118,13 +120,20 @@ class SlurmBackend(Backend):
         shell = self.shell(spec.host)
         progress.step(f"logging in to {spec.host}")
         base = shell.base_dir()
-        if spec.image and settings.container == "auto":
-            self._check_container_runtime(shell, spec)
+        prepared = None
+        if spec.image:
+            settings = dataclasses.replace(
+                settings, container=self._container_runtime(shell, spec, settings, progress)
+            )
+            self.recorder.save(record.id, container=settings.container)
+            if settings.container == "charliecloud":
+                prepared = charliecloud.prepare(shell, spec.image, base, progress)
         progress.step("bringing the session runtime to the cluster")
         paths = JobPaths(
             session_dir=f"{base}/slurm/{record.id}",
             runtime_dir=ensure_runtime(shell),
             workspace=self._workspace(shell, record, settings, base),
+            charliecloud=prepared,
         )
         script = batch_script(record, settings, paths)
         command = sbatch_command(record, settings, paths, self.recorder.store_id)
@@ -173,18 +182,33 @@ class SlurmBackend(Backend):
         return path
 
     @staticmethod
-    def _check_container_runtime(shell: LoginShell, spec: LaunchSpec) -> None:
-        """--image with --container auto: the login node must have apptainer, singularity or
-        pyxis (a cluster's nodes have what its login node has), else nothing is submitted.
-        A --container named by the user is trusted: the job says so if the node lacks it."""
+    def _container_runtime(
+        shell: LoginShell, spec: LaunchSpec, settings, progress: Progress
+    ) -> str:
+        """The runtime that runs --image, said in one line with why: the one named by
+        --container (trusted: the job says so if the node lacks it), else the first of
+        apptainer, singularity, pyxis and charliecloud the login node has (a cluster's nodes
+        have what its login node has); none: nothing is submitted."""
+        if settings.container != "auto":
+            progress.step(
+                f"container runtime: {settings.container} (--container {settings.container})"
+            )
+            return settings.container
         found = shell.run(container_probe()).out.split()
-        if not found:
+        names = [name for name in CONTAINER_CHECKS if name in found]
+        if not names:
             raise StageError(
                 "provision",
                 f"--image {spec.image}: the cluster {spec.host} has no container runtime "
-                "(apptainer, singularity or pyxis's srun --container-image) on its login node; "
+                f"({', '.join(CONTAINER_CHECKS)}) on its login node; "
                 "start without --image (--python, --modules, --conda-env), or name one with --container",
             )
+        others = f"; it also has {', '.join(names[1:])}" if names[1:] else ""
+        progress.step(
+            f"container runtime: {names[0]} (--container auto: the first of "
+            f"{', '.join(CONTAINER_CHECKS)} on the login node{others})"
+        )
+        return names[0]
 
     def _wait_in_queue(
         self,
@@ -252,6 +276,10 @@ class SlurmBackend(Backend):
                 "connect",
                 f"cannot read the runtime's kernel.json in {paths.state_dir}: {files.text()}",
             ) from None
+        if res.get("container") == "charliecloud" and str(info.get("ip", "")).startswith(
+            charliecloud.SESSION_MOUNT + "/"
+        ):  # the kernel's sockets as the node sees them: the session folder is bound at /mnt/1
+            info["ip"] = paths.session_dir + info["ip"][len(charliecloud.SESSION_MOUNT) :]
         node = res.get("node") or states.first_node(
             (
                 states.parse_queue(

@@ -22,16 +22,27 @@ from pathlib import Path
 from typing import Any
 
 from ...configuration.agentargs import AgentArgs
-from ...core.errors import BadInput
-from ...core.protocol import ENV_SESSION_ID, NOTICE_FILES, Marker, Notice, marker_line
 from ...configuration.options import StartOption
 from ...core.durations import QUEUE_TIMEOUT, SIGNAL_GRACE
+from ...core.errors import BadInput
+from ...core.protocol import (
+    ENV_RUNTIME_BRINGS,
+    ENV_RUNTIME_PYTHON,
+    ENV_RUNTIME_ROOT,
+    ENV_SESSION_ID,
+    NOTICE_FILES,
+    Marker,
+    Notice,
+    marker_line,
+)
+from .charliecloud import RUNTIME_MOUNT, SESSION_MOUNT
 
 COMMENT_PREFIX = "gpusession"  # job comment: gpusession:<store id>:<session id>
 HOST_KEYS_GLOB = "/etc/ssh/ssh_host_*_key.pub"
-CONTAINERS = ("auto", "apptainer", "singularity", "pyxis")
+CONTAINERS = ("auto", "apptainer", "singularity", "pyxis", "charliecloud")
 DEFAULT_SIGNAL_GRACE_S = 120.0  # the agent saves this long before the job's end (--signal-grace)
 SIGNAL_NOTICE = next(name for name, kind in NOTICE_FILES.items() if kind is Notice.SCHEDULER_SIGNAL)
+WORKSPACE_MOUNT = "/mnt/2"  # the session's workspace in a Charliecloud image
 #: sbatch flags the backend sets itself (it reads the job's output and finds it by its comment)
 RESERVED_FLAGS = (
     "--output",
@@ -129,10 +140,10 @@ START_OPTIONS = (  # the slurm backend's start options (SlurmBackend.start_optio
         "choice",
         "Container runtime",
         "slurm: what runs --image (default "
-        "auto: apptainer, singularity or pyxis, the first the node has)",
+        "auto: apptainer, singularity, pyxis or charliecloud, the first the login node has)",
         "container runtime",
         default="auto",
-        choices=("auto", "apptainer", "singularity", "pyxis"),
+        choices=CONTAINERS,
     ),
     StartOption(
         "price_per_gpu_hour",
@@ -192,9 +203,7 @@ class JobSettings:
         default_factory=dict
     )  # catalog type -> cluster type ("" untyped)
     gres_default: str | None = None  # the cluster type for any catalog type not in gres_types
-    container: str = (
-        "auto"  # with an image: apptainer, singularity or pyxis (auto: what the node has)
-    )
+    container: str = "auto"  # with an image: one of CONTAINERS (auto: the first the cluster has)
     price_per_gpu_hour: float | None = None  # dollars (or service units) per GPU-hour
     queue_timeout_s: float | None = None  # give up (and cancel) when still queued after this long
     signal_grace_s: float | None = DEFAULT_SIGNAL_GRACE_S  # --signal=B:USR1@this; None: none
@@ -361,6 +370,7 @@ class JobPaths:
     session_dir: str  # <home>/.gpusession/slurm/<session id>
     runtime_dir: str  # the uploaded runtime: <runtime_dir>/gpusession
     workspace: str = ""  # the session's workspace folder (kept after it ends); "" for none
+    charliecloud: Any = None  # with --container charliecloud: charliecloud.Prepared
 
     @property
     def output(self) -> str:
@@ -450,6 +460,10 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
     # too long for a unix socket's (107 bytes) keeps loopback ports
     sockets = f"{paths.state_dir}/k"
     kernel_ip = sockets if sockets.startswith("/") and len(sockets) + 2 <= 100 else "127.0.0.1"
+    lines.append(_supervise(f"{paths.state_dir}/notices"))
+    image = record.spec.image
+    if image and settings.container == "charliecloud":
+        return "\n".join(lines + charliecloud_lines(record, paths)) + "\n"
     # billing starts when the job does, not when it was queued: the agent counts from its own start
     workspace = {"workspace": paths.workspace, "cwd": paths.workspace} if paths.workspace else {}
     agent = AgentArgs.for_record(
@@ -461,8 +475,6 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
         **workspace,
     )
     runtime = [settings.python, "-m", "gpusession.agent", "run", *agent.argv()]
-    lines.append(_supervise(f"{paths.state_dir}/notices"))
-    image = record.spec.image
     if not image:
         missing = f"{settings.python} cannot import ipykernel: install it in that environment (pip install ipykernel)"
         lines.append(
@@ -520,10 +532,45 @@ supervise() {{
 }}"""
 
 
+def charliecloud_lines(record, paths: JobPaths) -> list[str]:
+    """The runtime in the image with ch-run: the bundle at /mnt/0, the session's folder at /mnt/1
+    (the agent writes its state and the kernel's sockets there); the host's /dev, so the job's
+    GPUs (Slurm's cgroup and CUDA_VISIBLE_DEVICES limit them) and nothing else; NVIDIA's
+    libraries injected with ch-fromhost --nvidia, as Charliecloud documents, into an image the
+    user owns (a pulled one) when the node has them; the workspace, when the session has one, at
+    /mnt/2."""
+    q = shlex.quote
+    ch = paths.charliecloud
+    inside = f"{SESSION_MOUNT}/state"
+    workspace = {"workspace": WORKSPACE_MOUNT, "cwd": WORKSPACE_MOUNT} if paths.workspace else {}
+    agent = AgentArgs.for_record(
+        record,
+        session_id=record.id,
+        state_dir=inside,
+        kernel_ip=f"{inside}/k",
+        billed_since=None,
+        **workspace,
+    )
+    binds = f"-b {q(ch.bundle)}:{RUNTIME_MOUNT} -b {q(paths.session_dir)}:{SESSION_MOUNT}"
+    if paths.workspace:
+        binds += f" -b {q(paths.workspace)}:{WORKSPACE_MOUNT}"
+    return [
+        'export USER="${USER:-$(id -un)}"',  # ch-run refuses to start without it
+        f"export {ENV_RUNTIME_ROOT}={RUNTIME_MOUNT} {ENV_RUNTIME_BRINGS}={q(ch.brings)} "
+        f"{ENV_RUNTIME_PYTHON}={q(ch.python)}",
+        f"if [ -d {q(ch.image)} ] && [ -w {q(ch.image)} ] && command -v nvidia-container-cli >/dev/null; then "
+        f"ch-fromhost --nvidia {q(ch.image)} >/dev/null 2>&1 || echo 'gpusession: ch-fromhost --nvidia failed' >&2; fi",
+        # supervised as the other runtimes are: Slurm's USR1 before the time limit becomes a notice
+        f"supervise ch-run {binds} {q(ch.image)} -- sh {RUNTIME_MOUNT}/code/boot.sh run "
+        + shlex.join(agent.argv()),
+    ]
+
+
 CONTAINER_CHECKS = {
     "apptainer": "command -v apptainer",
     "singularity": "command -v singularity",
     "pyxis": "srun --help 2>/dev/null | grep -q -- --container-image",
+    "charliecloud": "command -v ch-run && command -v ch-image",
 }
 
 

@@ -14,6 +14,7 @@ import shlex
 import socket
 import tarfile
 import threading
+from typing import Callable
 from pathlib import Path
 
 from ...core.errors import BackendUnavailable
@@ -74,9 +75,16 @@ class LoginShell:
         t = self._transport
         return t is not None and t.is_active()
 
-    def run(self, command: str, *, stdin: bytes | None = None, timeout: float = 60.0) -> Result:
+    def run(
+        self,
+        command: str,
+        *,
+        stdin: bytes | None = None,
+        timeout: float = 60.0,
+        on_out: Callable[[bytes], None] | None = None,
+    ) -> Result:
         """Run `command` in the login user's shell; BackendUnavailable when the node cannot be
-        reached or does not answer within `timeout` seconds."""
+        reached or does not answer within `timeout` seconds. `on_out` sees its output as it comes."""
         import paramiko
 
         from ...transport.sshlogin import run_on_channel
@@ -93,7 +101,9 @@ class LoginShell:
                         f"Slurm login node {self.url}: {type(exc).__name__}: {exc}"
                     ) from None
         try:
-            rc, out, err = run_on_channel(chan, command, stdin=stdin, timeout=timeout)
+            rc, out, err = run_on_channel(
+                chan, command, stdin=stdin, timeout=timeout, on_out=on_out
+            )
         except (socket.timeout, TimeoutError):
             raise BackendUnavailable(
                 f"Slurm login node {self.url}: no answer within {timeout:.0f}s to {command[:60]!r}"

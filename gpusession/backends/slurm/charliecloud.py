@@ -1,0 +1,217 @@
+"""--image in Charliecloud on a Slurm cluster (--container charliecloud, or auto where the cluster
+has no apptainer, singularity or pyxis): prepared from the login node before the job is submitted.
+
+image    a path on the shared filesystem: an unpacked image directory (`ch-convert`, `ch-image`),
+         or a SquashFS file (ch-run mounts it); else a registry reference, pulled with
+         `ch-image pull` into the user's own storage ~/.gpusession/charliecloud (shared by the
+         nodes), with the user's `docker login` for that registry sent over SSH (never written)
+python   the image's own, found by the runtime bundle's boot.sh (`probe`); an image without a
+         python3 fails the start in one line and nothing is submitted
+bundle   gpusession's runtime (and ipykernel when the image lacks it) unpacked once per version
+         under ~/.gpusession/bundle/, bound into the container at /mnt/0 (Charliecloud's images
+         keep /mnt/0-9 as bind points); the session's folder at /mnt/1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import time
+from typing import Callable
+
+from ...transport.bundle import (
+    NO_PYTHON,
+    BundleError,
+    ImagePython,
+    boot_script,
+    cache_dir,
+    code_archive,
+    complete_marker,
+    parse_probe,
+    site_archive,
+)
+from ...core.errors import StageError
+from ...core.progress import Progress
+from ...transport.pulls import docker_login, format_bytes, registry_of
+from .login import LoginShell
+
+STORAGE = "charliecloud"  # under ~/.gpusession: the user's ch-image storage
+RUNTIME_MOUNT = "/mnt/0"  # the runtime bundle, in the container
+SESSION_MOUNT = "/mnt/1"  # the session's folder (state, kernel sockets), in the container
+q = shlex.quote
+_LAYER = re.compile(r"layer (\d+)/\d+: \w+: downloading: [\d.]+/([\d.]+ [KMGT]?i?B)")
+_PROGRESS = re.compile(r"layer (\d+/\d+): \w+: downloading: ([\d.]+/[\d.]+ [KMGT]?i?B)")
+_CACHED = re.compile(r"layer (\d+)/\d+: \w+: using existing file")
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What the job's ch-run needs: all on the cluster's shared filesystem."""
+
+    image: str  # the unpacked image directory (or SquashFS file)
+    bundle: str  # the runtime bundle's folder (code/, site/)
+    python: str  # the image's Python, as boot.sh found it
+    brings: str  # what the bundle gives the kernel: "ipykernel,pip", a part, or ""
+
+
+def is_path(image: str) -> bool:
+    return image.startswith(("/", "~/"))
+
+
+def storage_name(ref: str) -> str:
+    """ch-image's folder name for a reference: 10.210.0.1:5443/ci/py:1 -> 10.210.0.1+5443%ci%py+1."""
+    last = ref.rsplit("/", 1)[-1]
+    if ":" not in last and "@" not in last:
+        ref += ":latest"
+    return ref.replace("/", "%").replace(":", "+")
+
+
+def prepare(shell: LoginShell, image: str, base: str, progress: Progress) -> Prepared:
+    folder = _image(shell, image, base, progress)
+    python = _probe(shell, image, folder, progress)
+    return Prepared(
+        folder, _bundle(shell, base, python, progress), python.start_with, ",".join(python.brings)
+    )
+
+
+def _image(shell: LoginShell, image: str, base: str, progress: Progress) -> str:
+    if is_path(image):
+        found = shell.run(
+            f"p={q(image[2:]) if image.startswith('~/') else q(image)}; "
+            + ('p="$HOME/$p"; ' if image.startswith("~/") else "")
+            + 'test -e "$p" && printf "@@%s@@" "$p"'
+        )
+        if not found.ok or "@@" not in found.out:
+            raise StageError(
+                "image",
+                f"--image {image}: no such image directory or SquashFS file on the cluster "
+                "(give an unpacked Charliecloud image or a .sqfs on its shared filesystem, or a registry reference)",
+            )
+        return found.out.split("@@")[1]
+    storage = f"{base}/{STORAGE}"
+    folder = f"{storage}/img/{storage_name(image)}"
+    if shell.run(
+        f"test -d {q(folder)}/bin || test -d {q(folder)}/usr"
+    ).ok:  # as docker run: pulled once
+        progress.step(
+            f"{image} is in your ch-image storage on the cluster ({storage}); "
+            f"`ch-image pull` it there for a newer one"
+        )
+        return folder
+    registry = registry_of(image)
+    login = docker_login(registry)
+    progress.step(
+        f"pulling {image} on the cluster with ch-image into {storage}"
+        + (f" (as {login[0]}, your docker login for {registry})" if login else "")
+    )
+    # the login's password goes on stdin, into ch-image's environment only
+    command = (
+        (
+            "IFS= read -r CH_IMAGE_USERNAME; IFS= read -r CH_IMAGE_PASSWORD; "
+            "export CH_IMAGE_USERNAME CH_IMAGE_PASSWORD; "
+            if login
+            else ""
+        )
+        + f"CH_IMAGE_STORAGE={q(storage)} ch-image --no-cache{' --auth' if login else ''} pull {q(image)} 2>&1"
+    )
+    stdin = f"{login[0]}\n{login[1]}\n".encode() if login else None
+    result = shell.run(command, stdin=stdin, timeout=3600, on_out=PullWatch(image, progress.step))
+    text = result.out
+    if not result.ok:
+        if "no further authentication possible" in text:
+            why = f"{registry} refused the login of {login[0] if login else '?'} from your Docker config: run `docker login {registry}` again"
+        elif "unauthorized or not in registry" in text:
+            why = (
+                f"{registry} has no such image or wants a login: check the name, and run `docker login {registry}` here"
+                if not login
+                else f"{registry} has no such image (check the name)"
+            )
+        else:
+            why = (text.strip().splitlines() or [f"ch-image exited {result.rc}"])[-1]
+        raise StageError("image", f"cannot pull {image} on the cluster: {why}")
+    progress.step(f"pulled {image}: {pull_summary(text)}")
+    return folder
+
+
+class PullWatch:
+    """ch-image's output as it comes: its latest layer's download said every few seconds
+    ('pulling REF: layer 2/5, 310.4/812.0 MiB')."""
+
+    def __init__(self, image: str, say: Callable[[str], None], every_s: float = 5.0):
+        self.image, self.say, self.every_s = image, say, every_s
+        self.said_at = time.monotonic()
+        self.pending = b""
+
+    def __call__(self, data: bytes) -> None:
+        self.pending += data
+        *lines, self.pending = self.pending.split(b"\n")
+        found = None
+        for line in lines:
+            found = _PROGRESS.search(line.decode(errors="replace")) or found
+        now = time.monotonic()
+        if found is not None and now - self.said_at >= self.every_s:
+            self.said_at = now
+            self.say(f"pulling {self.image}: layer {found.group(1)}, {found.group(2)}")
+
+
+def pull_summary(text: str) -> str:
+    """What ch-image's output says of the layers: '1 layer(s) downloaded (64 MB)', or found in
+    its download cache."""
+    layers: dict[str, str] = {}
+    for found in _LAYER.finditer(text):
+        layers[found.group(1)] = found.group(2)
+    cached = len(set(_CACHED.findall(text)) - set(layers))
+    said = []
+    if layers:
+        sizes = [float(v.split()[0]) * _UNITS.get(v.split()[1], 1) for v in layers.values()]
+        said.append(f"{len(layers)} layer(s) downloaded ({format_bytes(sum(sizes))})")
+    if cached:
+        said.append(f"{cached} layer(s) from ch-image's download cache")
+    return ", ".join(said) or "nothing downloaded"
+
+
+def _probe(shell: LoginShell, image: str, folder: str, progress: Progress) -> ImagePython:
+    progress.step(f"looking for Python in {image}")
+    result = shell.run(
+        f'USER="${{USER:-$(id -un)}}" ch-run {q(folder)} -- sh -c {q(boot_script().decode())} boot.sh probe 2>&1',
+        timeout=120,
+    )
+    found = parse_probe(result.out)
+    if isinstance(found, str):
+        raise StageError("image", NO_PYTHON.format(image=image, why=found))
+    return found
+
+
+def _bundle(shell: LoginShell, base: str, python: ImagePython, progress: Progress) -> str:
+    """The runtime bundle for this image's Python, unpacked once under ~/.gpusession/bundle."""
+    parts = [("code", code_archive())]
+    try:
+        if python.needs_site:
+            parts.append(("site", site_archive(python, cache_dir(), progress.step)))
+    except BundleError as exc:
+        raise StageError("runtime", str(exc)) from None
+    folder = f"{base}/bundle/" + "-".join(archive.digest[:12] for _, archive in parts)
+    if shell.run(f"test -f {q(folder)}/code/.complete").ok:
+        return folder
+    for name, archive in parts:
+        progress.step(
+            f"sending the runtime's {name} to the cluster ({format_bytes(len(archive.data))})"
+        )
+        target = f"{folder}/{name}"
+        result = shell.run(
+            f"set -e; umask 022; rm -rf {q(target)}.tmp; mkdir -p {q(target)}.tmp; "
+            f"tar -xzf - -C {q(target)}.tmp; rm -rf {q(target)}; mv -T {q(target)}.tmp {q(target)}",
+            stdin=archive.data,
+            timeout=600,
+        )
+        if not result.ok:
+            raise StageError(
+                "runtime", f"cannot put the runtime's {name} in {folder}: {result.text()}"
+            )
+    # written last: boot.sh refuses a bundle without it
+    done = shell.run(f"tar -xf - -C {q(folder)}/code", stdin=complete_marker())
+    if not done.ok:
+        raise StageError("runtime", f"cannot complete the runtime in {folder}: {done.text()}")
+    return folder
