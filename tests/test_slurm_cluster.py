@@ -150,7 +150,9 @@ def test_magic_runs_a_cell_on_a_compute_node(cluster, home, gs_home, tmp_path):
             timeout=180,
         )
         assert start.status == "ok", start.text
-        assert "submitting: sbatch --gres=gpu:t4:2 --partition=gpu" in start.text
+        assert (
+            "submitting: sbatch --gres=gpu:t4:2 --signal=B:USR1@120 --partition=gpu" in start.text
+        )
         assert "running: session onnode is ready" in start.text
         record = Store(gs_home / "sessions.sqlite3").get("onnode")
         job_id = record.resource["job_id"]
