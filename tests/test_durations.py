@@ -214,7 +214,11 @@ def record(price: float = 0.526, **spec) -> SessionRecord:
         updated_at=T0,
         owner="me@here:1",
         price_per_hour=price,
-        events=[Event("abc", State.REQUESTED, T0), Event("abc", State.PROVISIONING, T0 + 1.25)],
+        events=[  # billed from when provisioning returned (the resource exists): T0 + 1.25
+            Event("abc", State.REQUESTED, T0),
+            Event("abc", State.PROVISIONING, T0 + 0.5),
+            Event("abc", State.STARTING, T0 + 1.25),
+        ],
     )
 
 

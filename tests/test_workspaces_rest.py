@@ -114,9 +114,7 @@ async def test_list_resume_and_delete_workspaces(jp_fetch, manager):
     assert "allowed: confirm, backend" in await _error(
         jp_fetch, 400, "workspaces", "rw1", method="DELETE", force="1"
     )
-    assert "workspaces are kept by local, docker, aws" in await _error(
-        jp_fetch, 400, "workspaces", "rw1", method="DELETE", confirm="rw1", backend="slurm"
-    )
+    # (every built-in backend keeps workspaces now that slurm does: issue 22 section 3)
     assert "no workspace ghost" in await _error(
         jp_fetch, 404, "workspaces", "ghost", method="DELETE", confirm="ghost"
     )

@@ -194,7 +194,7 @@ class SessionCard:
         self.kind = classed(widgets.Label(), "kind")
         self.uptime, self.price = (
             classed(widgets.Label(), "uptime"),
-            classed(widgets.Label(), "price"),
+            classed(widgets.HTML(), "price"),  # HTML wraps: "$0.5260/h (cloud rate, own hardware)"
         )
         self.cost, self.idle = classed(widgets.Label(), "cost"), classed(widgets.Label(), "idle")
         facts = [
@@ -296,7 +296,7 @@ class SessionCard:
         self.uptime.value = (
             NEVER_RAN if view.get("never_ran") else format_duration(view["uptime_s"])
         )
-        self.price.value = rate_text(view)
+        self.price.value = html.escape(rate_text(view))
         cost = format_money(view["cost_so_far"])
         self.cost.value = (
             cost if not view.get("max_cost") else f"{cost} of {format_money(view['max_cost'])}"
