@@ -50,11 +50,11 @@ from .checkpoint_read import (
     load_manifest,
     meta_dir,
     pickler,
+    read_manifest,  # noqa: F401 - the checkpoint's API, with save and restore
     reserved,
     restore,
     write_json,
 )
-from .checkpoint_read import read_manifest  # noqa: F401 - the checkpoint's API, with save and restore
 
 SAVE_REQUEST = "save-request.json"
 SAVE_RESULT = "save-result.json"

@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable
 
 from ..core.protocol import TRANSFER_REPLY, TRANSFER_REQUEST
-from .transfer_kinds import TransferError, open_download, open_pull, Push, Upload
+from .transfer_kinds import Push, TransferError, Upload, open_download, open_pull
 
 MAX_OPEN = 8  # transfers open at once; older ones are dropped
 KEEP_FINISHED = 16  # the last answers of finished transfers, for requests sent again after a cut

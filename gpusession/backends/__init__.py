@@ -8,8 +8,8 @@ found, like jupyter_client's provisioner factory.
 from __future__ import annotations
 
 from ..configuration import registry
-from ..core.errors import BadInput
 from ..configuration.registry import GROUP
+from ..core.errors import BadInput
 from .base import Backend, Link, Recorder, RemoteResource, TunnelLink
 
 

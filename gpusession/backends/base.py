@@ -36,8 +36,8 @@ from ..core.protocol import Marker, StopDetails, StopKind, StopReason, parse_mar
 
 if TYPE_CHECKING:
     from ..configuration.catalog import Catalog
-    from ..configuration.options import StartOption
     from ..configuration.config import GpuSessionConfig
+    from ..configuration.options import StartOption
     from ..core.models import KernelEndpoint, LaunchSpec, SessionRecord
     from ..core.progress import Progress
 

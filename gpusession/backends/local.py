@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 
 from ..configuration.agentargs import AgentArgs, flag_of, workspace_name
+from ..configuration.cost import BILLED_FROM
+from ..configuration.settings import private_socket_dir
 from ..core import procs
 from ..core.errors import StageError
-from ..configuration.settings import private_socket_dir
 from ..core.models import KernelEndpoint, SessionRecord
 from ..core.progress import Progress
 from ..core.protocol import ENV_SESSION_ID, StopDetails
 from .base import Backend, Link, RemoteResource, Workspace, WorkspaceExport, log_tail
-from ..configuration.cost import BILLED_FROM
 
 
 class LocalLink(Link):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .catalog import Catalog, GpuType
 from ..core.errors import BadInput
+from .catalog import Catalog, GpuType
 
 MIN_SAMPLES = 10  # fewer samples than this (seconds at the agent's 1 Hz): too little to judge
 GB = 1e9  # the catalog's memory_gb is in decimal gigabytes, as the data sheets give it

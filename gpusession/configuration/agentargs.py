@@ -14,7 +14,6 @@ import dataclasses
 import math
 from typing import Any, Callable, Sequence
 
-from .cost import billing_started_at
 from ..core.durations import (
     IDLE,
     MAX_RUNTIME,
@@ -26,6 +25,7 @@ from ..core.durations import (
 )
 from ..core.errors import BadInput
 from ..core.protocol import DEFAULT_IDLE_S
+from .cost import billing_started_at
 
 # the agent's defaults (the idle one is the session's too: gpusession.core.protocol.DEFAULT_IDLE_S)
 DEFAULT_GPU_THRESHOLD = 5.0  # percent; a GPU at or above it counts as busy

@@ -21,7 +21,6 @@ import logging
 import sys
 from typing import Any, Callable, Iterable, Mapping
 
-from . import metrics, registry
 from ..core import textvalues
 from ..core.durations import (
     IDLE,
@@ -33,10 +32,11 @@ from ..core.durations import (
     parse_money,
     shown,
 )
-from .agentargs import DEFAULT_SAVE_CAP, DEFAULT_SAVE_TIMEOUT_S
 from ..core.errors import BadInput
 from ..core.models import LaunchSpec
 from ..core.protocol import DEFAULT_IDLE_S
+from . import metrics, registry
+from .agentargs import DEFAULT_SAVE_CAP, DEFAULT_SAVE_TIMEOUT_S
 
 # How a face names a field in messages.
 REST = "rest"  # 'idle'        (REST bodies; also the keyword of SessionManager.make_spec)

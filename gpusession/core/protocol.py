@@ -16,7 +16,6 @@ import math
 from typing import Any
 
 # -- environment variables ------------------------------------------------------------------
-
 # defined apart: the runtime's first step (gpusession.agent.firststep) reads them alone
 from .envnames import ENV_KERNEL_KEY as ENV_KERNEL_KEY
 from .envnames import ENV_RESTORE as ENV_RESTORE

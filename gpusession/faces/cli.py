@@ -7,18 +7,18 @@ import os
 import sys
 from typing import Callable
 
-from ..core.errors import GpuSessionError
 from ..configuration import options
-from ..configuration.options import add_arguments as add_start_options
-from .transfers import add_commands as add_transfer_commands
 from ..configuration.cost import add_report_arguments
+from ..configuration.options import add_arguments as add_start_options
+from ..core.errors import GpuSessionError
+from .transfers import add_commands as add_transfer_commands
 
 
 def _manager():
     """The CLI is no Jupyter app: its settings are the GPUSESSION_* env vars (a bad one is a
     one-line error), not ipython_config.py or jupyter_server_config.py, which may disagree."""
-    from ..session import SessionManager
     from ..configuration.settings import EnvConfig
+    from ..session import SessionManager
 
     return SessionManager(EnvConfig())
 
@@ -51,8 +51,7 @@ def cmd_types(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from .words import advice_line, summary_line
-    from .words import print_checkpoint
+    from .words import advice_line, print_checkpoint, summary_line
 
     m = _manager()
     if args.all:
@@ -98,8 +97,7 @@ def cmd_advice(args: argparse.Namespace) -> int:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from ..configuration import options
-    from .words import idle_setting, start_notes
-    from .words import print_restored
+    from .words import idle_setting, print_restored, start_notes
 
     m = _manager()
     spec = m.spec_from(options.given_values(args), options.FLAGS)

@@ -35,9 +35,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..configuration import options
-from . import transfers
-from ..core.durations import WATCH, format_duration, format_money
 from ..configuration.config import GpuSessionConfig
+from ..core.durations import WATCH, format_duration, format_money
 from ..core.errors import (
     CellLost,
     GpuSessionError,
@@ -47,47 +46,50 @@ from ..core.errors import (
     SessionEnded,
 )
 from ..core.models import State
-from ..session.store import owner_id
 from ..session import Session, SessionManager
-from .notify import WarningNotifier, watch
 from ..session.recovery import wants_recovery
-from .words import (
-    cell_cut_line,
-    ended_message,
-    report_lines,
-    error_text,
-    idle_setting,
-    interrupt_line,
-    keepalive_line,
-    recovered_line,
-    recovering_line,
-    recovery_failed_line,
-    session_table,
-    status_heading,
-    status_lines,
-    summary_line,
-    usage_error,
-)
-from .words import print_checkpoint, print_restored, switch_line
+from ..session.store import owner_id
+from . import transfers
 from .magicargs import (
     HELP,
     PARSERS,
     _advice_args,
-    _report_args,
-    _types_args,
     _keepalive_args,
+    _report_args,
     _start_args,
     _stop_args,
     _switch_args,
+    _types_args,
     _use_args,
     _watch_args,
 )
-from .words import live_price_lines
-from .words import start_notes
-from .words import rate_text
-from .words import advice_line
-from .words import advice_lines
-from .words import renumber_cells
+from .notify import WarningNotifier, watch
+from .words import (
+    advice_line,
+    advice_lines,
+    cell_cut_line,
+    ended_message,
+    error_text,
+    idle_setting,
+    interrupt_line,
+    keepalive_line,
+    live_price_lines,
+    print_checkpoint,
+    print_restored,
+    rate_text,
+    recovered_line,
+    recovering_line,
+    recovery_failed_line,
+    renumber_cells,
+    report_lines,
+    session_table,
+    start_notes,
+    status_heading,
+    status_lines,
+    summary_line,
+    switch_line,
+    usage_error,
+)
 
 
 @magics_class

@@ -11,16 +11,12 @@ import re
 import time
 from typing import Any, Iterable
 
-from ..configuration.cost import cost_of, uptime_seconds
-from ..core.durations import format_duration, format_money
-from ..core.errors import SessionEnded
+from ..configuration.cost import CONFIGURED, OWN_HARDWARE, cost_of, never_ran, uptime_seconds
 from ..configuration.metrics import METRICS, metric_of, metric_text, metrics, nvml_error_text
+from ..core.durations import format_bound, format_duration, format_money
+from ..core.errors import SessionEnded
 from ..core.models import SessionRecord, State
 from ..core.protocol import StopKind, StopReason, Warning, WarningKind
-from ..configuration.cost import CONFIGURED
-from ..configuration.cost import OWN_HARDWARE
-from ..configuration.cost import never_ran
-from ..core.durations import format_bound
 
 # a process's GPU memory reads as the GPU's memory does
 _PROCESS_MEMORY = next(m for m in METRICS if m.scope == "gpu" and m.name == "memory_used")

@@ -69,9 +69,8 @@ def default_name(values: Mapping[str, Any]) -> str:
 
 def kernel_json(values: Mapping[str, Any]) -> dict[str, Any]:
     """The kernel.json of a GPU kernelspec with these (checked) start options."""
-    from ..faces.words import kernel_display_name
-
     from ..configuration.catalog import load_catalog
+    from ..faces.words import kernel_display_name
 
     parsed = check_options(values)
     gpu_type, gpu_count = parsed["type"]

@@ -12,7 +12,7 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 
 from ..core.durations import shown
-from ..core.errors import BadInput, BackendUnavailable, GpuSessionError, NoSession, UnknownSession
+from ..core.errors import BackendUnavailable, BadInput, GpuSessionError, NoSession, UnknownSession
 from ..faces.words import error_text
 
 if TYPE_CHECKING:

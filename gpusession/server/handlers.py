@@ -16,21 +16,24 @@ import urllib.parse
 import tornado.web
 from jupyter_server.utils import url_path_join
 
-from ..configuration import options
 from ..backends import backend_names
+from ..configuration import options
+from ..configuration.settings import load_policy
 from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput, SessionBusy, StageError
+from ..faces.words import (
+    image_text,
+    report_lines,
+    rest_view,
+    switch_line,
+    warning_texts,
+    with_error_texts,
+)
 from ..session import SessionManager, default_backend_name
-from ..faces.words import rest_view, warning_texts
-from ..faces.words import switch_line
 from .api import Api
 from .base import BaseHandler
-from .workspaces import WorkspaceHandler, WorkspacesHandler
 from .panel import MAX_HISTORY, kernel_ids_by_pid, with_history
-from ..faces.words import report_lines
-from ..faces.words import image_text
-from ..configuration.settings import load_policy
-from ..faces.words import with_error_texts
+from .workspaces import WorkspaceHandler, WorkspacesHandler
 
 
 class SessionsHandler(BaseHandler):

@@ -11,9 +11,8 @@ from typing import Any
 
 from ..core.models import SessionRecord
 from ..core.progress import Reporter
+from ..faces.words import record_checkpoint_line, rest_view, restore_lines
 from ..session import SessionManager
-from ..faces.words import rest_view
-from ..faces.words import record_checkpoint_line, restore_lines
 
 #: how many progress lines of one start are kept, and of how many starts
 KEEP_LINES = 20

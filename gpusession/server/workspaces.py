@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import tornado.web
 
+from ..backends import workspace_backends
 from ..core.durations import shown
 from ..core.errors import BadInput
-from ..backends import workspace_backends
-from ..session.workspaces import NoWorkspace, WorkspaceInUse, list_all, remove
 from ..core.textvalues import workspace_name
 from ..faces.words import workspace_rest_view
+from ..session.workspaces import NoWorkspace, WorkspaceInUse, list_all, remove
 from .base import BaseHandler
 
 

@@ -8,11 +8,11 @@ from typing import Any, Protocol
 
 from ..backends import Backend, Link
 from ..core.errors import KernelDied, LinkLost, SessionEnded
+from ..core.models import SessionRecord
 from ..transport.kernel import KernelClient, OutputSink, files, transfer
 from ..transport.kernel.transfer import Progress
-from ..core.models import SessionRecord
-from .store import Store
 from .agentclient import AgentClient, AgentUnavailable
+from .store import Store
 
 
 class Owner(Protocol):

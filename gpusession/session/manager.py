@@ -11,27 +11,24 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ..backends import Backend, Link, default_order, load_backend_class, loaded_classes
 from ..configuration import options
 from ..configuration.advice import advice_document, could_save
-from ..configuration.cost import budget_status, month_start, spend_report
-from ..backends import Backend, Link, default_order, load_backend_class, loaded_classes
 from ..configuration.catalog import load_catalog
-from ..configuration.cost import PRICE_BASIS
-from ..core.durations import KEEPALIVE
-from ..core.errors import GpuSessionError, KernelDied, SessionEnded, StageError
-from ..transport.kernel import files
+from ..configuration.cost import PRICE_BASIS, budget_status, month_start, spend_report
+from ..configuration.settings import load_policy
+from ..core.durations import KEEPALIVE, REPORT_SINCE
+from ..core.errors import GpuSessionError, KernelDied, OverBudget, SessionEnded, StageError
 from ..core.models import LaunchSpec, SessionRecord, State
 from ..core.progress import Progress, Reporter
 from ..core.protocol import StopKind, StopReason, Warning, WarningKind
-from .store import Store
+from ..transport.kernel import files
 from .agentclient import AgentUnavailable
 from .liveness import Liveness, ended_state
 from .recorder import StoreRecorder
+from .store import Store
 from .views import session_view
 from .workspaces import fetch_restore_report, save_checkpoint, workspace_claim
-from ..core.durations import REPORT_SINCE
-from ..core.errors import OverBudget
-from ..configuration.settings import load_policy
 
 if TYPE_CHECKING:
     from ..configuration.config import GpuSessionConfig

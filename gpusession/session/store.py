@@ -16,10 +16,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from ..configuration.settings import data_folder, data_folder_error
 from ..core.errors import BadInput, UnknownSession, WorkspaceInUse
 from ..core.models import Event, LaunchSpec, SessionRecord, State, now
 from ..core.procs import start_ticks
-from ..configuration.settings import data_folder, data_folder_error
 from ..core.textvalues import MAX_NAME, session_name
 
 _HEX = set("0123456789abcdef")

@@ -14,6 +14,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
 
+from ..backends.base import Backend
 from ..configuration import options
 from ..configuration.agentargs import workspace_name
 from ..core.errors import BadInput, GpuSessionError, SessionBusy, SessionEnded, StageError
@@ -25,12 +26,10 @@ from .agentclient import AgentUnavailable
 from .views import restart_body
 from .workspaces import save_checkpoint, workspace_claim, workspace_place
 
-from ..backends.base import Backend
-
 if TYPE_CHECKING:
     from ..configuration.catalog import Catalog
-    from .store import Store
     from .handle import Session
+    from .store import Store
 
 
 class Owner(Protocol):

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..configuration.cost import cost_of, uptime_seconds
-from ..core.durations import exact_decimal
-from ..core.models import LaunchSpec, SessionRecord, State
 from ..configuration import options
-from .workspaces import workspace_claim
-from ..configuration.cost import PRICE_BASIS
-from ..configuration.cost import never_ran
 from ..configuration.advice import advice_document
 from ..configuration.catalog import load_catalog
+from ..configuration.cost import PRICE_BASIS, cost_of, never_ran, uptime_seconds
+from ..core.durations import exact_decimal
+from ..core.models import LaunchSpec, SessionRecord, State
+from .workspaces import workspace_claim
 
 
 def session_view(

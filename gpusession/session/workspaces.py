@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..core.errors import BackendUnavailable, BadInput, GpuSessionError, WorkspaceInUse
 from ..backends import workspace_backends
-from .store import Store
+from ..core.errors import BackendUnavailable, BadInput, GpuSessionError, WorkspaceInUse
 from .agentclient import AgentClient, AgentUnavailable
+from .store import Store
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, Workspace

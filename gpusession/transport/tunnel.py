@@ -24,18 +24,18 @@ from typing import Callable
 
 import paramiko
 
+from ..configuration.settings import RECONNECT_ENV, reconnect_give_up
 from ..core.durations import format_duration
 from ..core.models import KernelEndpoint
 from ..core.protocol import KERNEL_PORT_NAMES
-from ..configuration.settings import RECONNECT_ENV, reconnect_give_up
 from .sshlogin import (
     PACKET,
-    fast_reads,
     WINDOW,
     HostKeyCheck,
     LoginRefused,
     SshTarget,
     TunnelError,
+    fast_reads,
     fingerprint,
     hold_interactive,
     jump_target,

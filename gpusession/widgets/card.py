@@ -14,11 +14,16 @@ from typing import Callable
 import ipywidgets as widgets
 
 from ..configuration.metrics import Metric, metric_of, metrics, nvml_error_text
-from ..faces.words import RECORDED_WORDS, format_duration, format_money, warning_texts
 from ..core.models import State
-from ..faces.words import NEVER_RAN
-from ..faces.words import rate_text
-from ..faces.words import advice_line
+from ..faces.words import (
+    NEVER_RAN,
+    RECORDED_WORDS,
+    advice_line,
+    format_duration,
+    format_money,
+    rate_text,
+    warning_texts,
+)
 
 KEEPALIVE = "1h"  # what the keep-alive button asks for (the sidebar's button does the same)
 FINAL_STATES = {State.STOPPED.value, State.FAILED.value}

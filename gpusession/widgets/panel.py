@@ -12,8 +12,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from ..configuration import options
 from ..core.durations import format_money
 from ..core.errors import GpuSessionError, NoSession
-from ..faces.words import ended_message, error_text, image_text, keepalive_line, summary_line
 from ..core.models import State
+from ..faces.words import ended_message, error_text, image_text, keepalive_line, summary_line
 from ..session import Session, SessionManager, default_backend_name
 from .card import FINAL_STATES, KEEPALIVE, STYLE, WARN_STYLE, SessionCard, classed, html_text, show
 

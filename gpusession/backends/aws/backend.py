@@ -23,18 +23,17 @@ from typing import Any
 
 from ...configuration.agentargs import WORKSPACE_MOUNT, AgentArgs, workspace_name
 from ...configuration.catalog import Catalog, load_catalog
+from ...configuration.cost import BILLED_FROM, CLOUD
+from ...configuration.options import StartOption
 from ...core import textvalues
 from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ...core.models import LaunchSpec, SessionRecord
-from ...configuration.options import StartOption
 from ...core.progress import Progress
 from ...core.protocol import StopDetails
 from ..base import Backend, Link, RemoteResource, stop_details_from_log
 from . import launch, volumes
 from .sdk import Aws, aws_errors, boto3_module, error_code, explain
 from .teardown import Teardown, console_details, ended_reason
-from ...configuration.cost import BILLED_FROM
-from ...configuration.cost import CLOUD
 
 SPOT_PRICE_TTL_S = 300.0  # spot prices move hourly at most: asked again after five minutes
 

@@ -25,8 +25,8 @@ import shlex
 from pathlib import Path
 
 from ...configuration.agentargs import WORKSPACE_MOUNT
-from ...transport.bundle import boot_script as bundle_boot_script
 from ...core.protocol import Marker
+from ...transport.bundle import boot_script as bundle_boot_script
 from ...transport.tunnel import CONTAINER_AGENT_PORT
 
 SSH_USER = "gpusession"  # the tunnel's login on the instance (created by cloud-init)

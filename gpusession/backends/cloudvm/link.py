@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ...transport.bundle import BundleError, ImagePython, cache_dir, code_archive, site_archive
 from ...core.errors import StageError
 from ...core.models import KernelEndpoint
 from ...core.protocol import KERNEL_PORT_NAMES, NOTICE_SAVE_S, Marker, agent_token, parse_marker
+from ...transport.bundle import BundleError, ImagePython, cache_dir, code_archive, site_archive
 from ...transport.pulls import PullProgress, format_bytes
 from ...transport.sshlogin import exec_command
 from ..base import TunnelLink, failure_detail

@@ -26,11 +26,10 @@ from typing import Any
 
 from ...configuration.agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, AgentArgs
 from ...configuration.cost import BILLED_FROM
+from ...configuration.options import StartOption
 from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ...core.models import LaunchSpec, SessionRecord, State
-from ...configuration.options import StartOption
 from ...core.progress import Progress
-from ...core.textvalues import ssh_host
 from ...core.protocol import (
     ENV_KERNEL_KEY,
     ENV_RUNTIME_BRINGS,
@@ -38,8 +37,10 @@ from ...core.protocol import (
     ENV_SESSION_ID,
     Marker,
     StopDetails,
+    StopKind,
+    StopReason,
 )
-from ...core.protocol import StopKind, StopReason
+from ...core.textvalues import ssh_host
 from ..base import (
     Backend,
     DirectLink,

@@ -15,7 +15,6 @@ from typing import Any, Iterator
 
 from ...core.errors import BackendUnavailable, StageError
 from ...core.protocol import Marker, parse_marker
-
 from ..base import failure_detail, log_tail, marker_lines
 from .ssh import make_resilient
 

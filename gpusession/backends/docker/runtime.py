@@ -21,6 +21,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ...core.errors import StageError
+from ...core.progress import Progress
+from ...core.protocol import ENV_KERNEL_KEY
 from ...transport.bundle import (
     BOOT_SCRIPT,
     CODE_DIR,
@@ -35,9 +38,6 @@ from ...transport.bundle import (
     parse_probe,
     site_archive,
 )
-from ...core.errors import StageError
-from ...core.protocol import ENV_KERNEL_KEY
-from ...core.progress import Progress
 from ...transport.pulls import PullProgress, docker_login, format_bytes, registry_of
 from .engine import (
     HELPER_LABEL,

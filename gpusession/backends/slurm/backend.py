@@ -25,10 +25,10 @@ import shlex
 import threading
 import time
 
-from ...configuration.catalog import load_catalog
-from ...configuration.cost import BILLED_FROM
-from ...core.durations import format_duration
 from ...configuration.agentargs import workspace_name
+from ...configuration.catalog import load_catalog
+from ...configuration.cost import BILLED_FROM, CONFIGURED
+from ...core.durations import format_duration
 from ...core.errors import BackendUnavailable, BadInput, StageError
 from ...core.models import LaunchSpec, SessionRecord
 from ...core.progress import Progress
@@ -46,6 +46,7 @@ from ..base import (
 from . import charliecloud, states
 from .jobs import (
     CONTAINER_CHECKS,
+    START_OPTIONS,
     JobPaths,
     batch_script,
     comment_session,
@@ -55,8 +56,6 @@ from .jobs import (
     sbatch_command,
 )
 from .login import LoginShell, ensure_runtime
-from ...configuration.cost import CONFIGURED
-from .jobs import START_OPTIONS
 
 START_TIMEOUT = 300.0  # from the job running to the runtime's READY (module loads, a shared FS)
 STOP_WAIT_S = (

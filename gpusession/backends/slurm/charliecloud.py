@@ -20,6 +20,8 @@ import shlex
 import time
 from typing import Callable
 
+from ...core.errors import StageError
+from ...core.progress import Progress
 from ...transport.bundle import (
     NO_PYTHON,
     BundleError,
@@ -31,8 +33,6 @@ from ...transport.bundle import (
     parse_probe,
     site_archive,
 )
-from ...core.errors import StageError
-from ...core.progress import Progress
 from ...transport.pulls import docker_login, format_bytes, registry_of
 from .login import LoginShell
 

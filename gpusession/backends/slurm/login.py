@@ -14,8 +14,8 @@ import shlex
 import socket
 import tarfile
 import threading
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 from ...core.errors import BackendUnavailable
 

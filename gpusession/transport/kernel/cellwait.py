@@ -30,9 +30,8 @@ from ...core.protocol import (
     META_SEQ,
     OUTPUT_MSG_TYPES,
 )
-from .sink import OutputSink, show
 from .connection import Connection
-
+from .sink import OutputSink, show
 
 QUIET_S = 3.0  # nothing heard this long: ask the kernel about the cell (then 2x, up to QUIET_MAX_S)
 QUIET_MAX_S = 12.0

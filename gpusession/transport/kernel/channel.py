@@ -13,7 +13,6 @@ from ...core.errors import BadInput, KernelDied, TransferStopped
 from ...core.protocol import TRANSFER_REPLY, TRANSFER_REQUEST
 from .connection import Connection
 
-
 CHUNK = 4 << 20
 WINDOW = (
     8  # 32 MiB in flight: at 4 a single big download sometimes stalled to ~250 MB/s (bench_data.py)

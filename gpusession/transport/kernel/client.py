@@ -10,14 +10,12 @@ import weakref
 from typing import Any, Callable
 
 import zmq
-
 from jupyter_client.blocking.client import BlockingKernelClient
 
 from ...core.errors import KernelDied, RemoteError
 from ...core.protocol import META_CELL_LOG
 from .cellwait import CellWait
 from .sink import NullSink, OutputSink
-
 
 _OPEN_CLIENTS: "weakref.WeakSet[KernelClient]" = weakref.WeakSet()
 

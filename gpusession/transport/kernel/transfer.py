@@ -22,7 +22,6 @@ from ..tarsafe import Extraction
 from .channel import CHUNK, WINDOW, Channel, Progress
 from .connection import Connection
 
-
 TAR_BUFSIZE = 1 << 20
 # Ctrl-C, and what it becomes when it lands inside jupyter_client's event loop
 INTERRUPTS = (KeyboardInterrupt, asyncio.CancelledError, concurrent.futures.CancelledError)
