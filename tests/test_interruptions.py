@@ -76,15 +76,19 @@ def test_a_spot_notice_during_a_cell_saves_ends_and_resumes_without_rerunning_it
     assert (
         marker["committed"] and marker["notice"] == NOTICE and marker["for"] == "spot-interruption"
     )
-    listed = subprocess.run(
-        [sys.executable, "-m", "gpusession", "list", "--all"],
-        env=nb_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    (row,) = [line for line in listed.stdout.splitlines() if line.split()[:1] == ["sp"]]
-    assert "interrupted, state saved" in row, listed.stdout
+
+    def listed() -> str:  # without --all: what an interruption saved is still to be resumed
+        return subprocess.run(
+            [sys.executable, "-m", "gpusession", "list"],
+            env=nb_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+
+    table = listed()
+    (row,) = [line for line in table.splitlines() if line.split()[:1] == ["sp"]]
+    assert "interrupted, state saved" in row, table
 
     again = notebook.run("%gpu start --type t4 --backend local --idle off --name sp2 --resume sp")
     assert again.status == "ok", again.text
@@ -92,6 +96,8 @@ def test_a_spot_notice_during_a_cell_saves_ends_and_resumes_without_rerunning_it
     back = notebook.run("%%gpu\nprint(kept['k'] + 1, open('ran.txt').read(), 'after' in dir())")
     assert back.text.strip().endswith("42 x False"), back.text  # restored; the cut cell not re-run
     notebook.run("%gpu stop")
+    table = listed()  # resumed: its workspace went on in sp2, nothing is left to resume
+    assert not [line for line in table.splitlines() if line.split()[:1] == ["sp"]], table
 
 
 def test_a_rebalance_notice_and_slurms_signal_save_and_the_session_goes_on(manager):

@@ -30,6 +30,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     records = m.list(
         active_only=not args.all, check=True
     )  # a session gone is shown ended, not running
+    if not args.all:  # and what an interruption ended with its state saved: resumable
+        from ..session.views import interrupted_to_resume
+
+        records += interrupted_to_resume(m.list())
     if not records:
         print("no active sessions" if not args.all else "no sessions recorded")
         return 0
@@ -364,7 +368,11 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     p = _Parser(prog="gpusession", description="GPU sessions for notebooks")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("list", help="list active sessions")
-    s.add_argument("--all", action="store_true", help="include stopped and failed sessions")
+    s.add_argument(
+        "--all",
+        action="store_true",
+        help="include every stopped and failed session (without it: the active ones, and the interrupted ones whose state was saved)",
+    )
     s = sub.add_parser("types", help="GPU types and prices")
     s.add_argument(
         "--live",

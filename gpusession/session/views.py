@@ -105,6 +105,29 @@ def _saved_workspace(record: SessionRecord) -> str | None:
     )
 
 
+def interrupted_to_resume(records: list[SessionRecord]) -> list[SessionRecord]:
+    """The ended sessions whose capacity went away (a spot interruption, a time limit, a
+    preemption) after their agent saved the namespace, and whose workspace no later session has
+    used: what `gpusession list` shows beside the active ones, so "interrupted, state saved" is
+    seen without `--all`. `records`: the store's, newest first."""
+    used: set[str] = set()
+    out = []
+    for record in records:
+        workspace = record.resource.get("workspace") or _workspace(record)
+        reason = record.stop_reason
+        if (
+            not record.state.active
+            and reason is not None
+            and reason.kind.interruption
+            and _saved_workspace(record)
+            and workspace not in used
+        ):
+            out.append(record)
+        if workspace:
+            used.add(workspace)
+    return out
+
+
 def restart_body(
     spec: LaunchSpec, resume: str | None = None, workspace: str | None = None
 ) -> dict[str, Any]:
