@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every foreign image of scripts/ci-images.sh on every engine: this machine's, ssh:// (the namespace
 # host) and the EC2 test path (moto + the gpus-ec2 namespace host). CI runs all of it on the local
-# and ssh:// engines and a slice on EC2 (tests/test_aws_e2e.py EC2_SLICE); this runs the rest too.
+# engine and a slice on ssh:// and EC2 (tests/test_foreign_images.py, tests/test_aws_e2e.py
+# EC2_SLICE); this runs the rest too.
 # About 6-8 minutes on 2 cores. Needs what scripts/test.sh sets up (ci-host-setup.sh, ci-images.sh).
 #   scripts/foreign-matrix.sh [pytest args...]
 set -euo pipefail

@@ -269,23 +269,17 @@ def test_wrong_host_key_is_refused_and_everything_removed(manager, platform, loo
     assert leftovers(look) == NOTHING
 
 
-# Each foreign image costs an instance boot on the namespace host (~30-40 s on 2 cores): CI runs a
-# slice (Debian 13, and the non-root USER, whose folders on the instance differ); the whole matrix
-# runs with GPUSESSION_FOREIGN_MATRIX=full (scripts/foreign-matrix.sh).
-EC2_SLICE = ("gpusession-ci/py-trixie", "gpusession-ci/py-nonroot")
-FULL_MATRIX = os.environ.get("GPUSESSION_FOREIGN_MATRIX") == "full"
+# Each foreign image costs an instance boot on the namespace host (~25 s on 2 cores): CI runs a
+# slice (the non-root USER, whose folders on the instance differ; the local and ssh:// engines run
+# the Debian 13 and conda-layout images); the whole matrix runs with GPUSESSION_FOREIGN_MATRIX=full
+# (scripts/foreign-matrix.sh).
+EC2_SLICE = ("gpusession-ci/py-nonroot",)
 
 
 def _foreign_params():
-    from support.images import FOREIGN
+    from support.images import foreign_params
 
-    skip = pytest.mark.skip(reason="not in CI's slice: scripts/foreign-matrix.sh runs every image")
-    return [
-        pytest.param(
-            f, id=f.image.split("/")[-1], marks=() if FULL_MATRIX or f.image in EC2_SLICE else skip
-        )
-        for f in FOREIGN
-    ]
+    return foreign_params(EC2_SLICE)
 
 
 @pytest.mark.parametrize("foreign", _foreign_params())

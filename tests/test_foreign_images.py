@@ -21,7 +21,15 @@ from gpusession.core.models import State
 from gpusession.core.protocol import StopKind
 from gpusession.session.store import Store
 from support.hosts import docker_available
-from support.images import FOREIGN, NO_PYTHON, WHEEL_NAME, serve_folder, serve_registry, tiny_wheel
+from support.images import (
+    FOREIGN,
+    NO_PYTHON,
+    WHEEL_NAME,
+    foreign_params,
+    serve_folder,
+    serve_registry,
+    tiny_wheel,
+)
 
 LABEL = "gpusession.session"
 IDLE_S = 4
@@ -236,7 +244,12 @@ def remote_wheelhouse(tmp_path_factory):
     served.close()
 
 
-@pytest.mark.parametrize("foreign", FOREIGN, ids=[f.image.split("/")[-1] for f in FOREIGN])
+# On the ssh:// engine the path is the same for every image but for the user and the layout:
+# CI runs the non-root USER and the default image's shape (conda under /opt); this machine's
+# engine runs every image; GPUSESSION_FOREIGN_MATRIX=full (scripts/foreign-matrix.sh) runs all.
+@pytest.mark.parametrize(
+    "foreign", foreign_params(("gpusession-ci/py-nonroot", "gpusession-ci/pytorch-standin"))
+)
 def test_a_foreign_image_on_a_remote_engine(foreign, remote, manager, nb_env, remote_wheelhouse):
     """As on the local engine, through ssh://: the image's Python, `%pip install` importing in the
     next cell (root, the non-root USER's user site), the idle stop, gc leaving nothing."""

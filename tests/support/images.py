@@ -39,6 +39,23 @@ NO_PYTHON = "gpusession-ci/no-python"
 STANDIN = "gpusession-ci/pytorch-standin"  # the default image's shape
 
 
+def foreign_params(ci_slice: tuple[str, ...] | None = None) -> list:
+    """FOREIGN as pytest params; with `ci_slice`, the other images are skipped unless
+    GPUSESSION_FOREIGN_MATRIX=full (scripts/foreign-matrix.sh runs every image on every engine)."""
+    import os
+
+    import pytest
+
+    full = ci_slice is None or os.environ.get("GPUSESSION_FOREIGN_MATRIX") == "full"
+    skip = pytest.mark.skip(reason="not in CI's slice: scripts/foreign-matrix.sh runs every image")
+    return [
+        pytest.param(
+            f, id=f.image.split("/")[-1], marks=() if full or f.image in ci_slice else skip
+        )
+        for f in FOREIGN
+    ]
+
+
 def foreign_available(client) -> bool:
     """Are the images of scripts/ci-images.sh on this engine?"""
     import docker
