@@ -62,7 +62,9 @@ def fresh_python(tmp_path_factory) -> str:
     subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True, timeout=120)
     python = str(work / "venv" / "bin" / "python")
     installed = subprocess.run(
-        [python, "-m", "pip", "install", "-q", str(wheel)],
+        # --no-compile: pip would byte-compile all of jupyterlab's tree on 2 cores; the modules
+        # this test imports compile as they are imported instead
+        [python, "-m", "pip", "install", "-q", "--no-compile", str(wheel)],
         cwd=work,
         capture_output=True,
         text=True,
