@@ -92,7 +92,7 @@ def test_a_long_cell_keeps_the_container(docker_manager, engine):
     m = docker_manager
     session = m.start(m.make_spec("t4", backend="docker", idle="5s"))
     container_id = session.record.resource["container_id"]
-    assert session.run("import time\ntime.sleep(20)")["status"] == "ok"
+    assert session.run("import time\ntime.sleep(12)")["status"] == "ok"
     assert engine.containers.get(container_id).status == "running"
     _wait_exited(engine, container_id, IDLE_S + CHECK_S + 15)
     with pytest.raises(SessionEnded) as ended:

@@ -85,7 +85,7 @@ def test_idle_session_stops_itself_and_the_store_says_why(manager):
 def test_a_long_cell_is_not_idle(manager):
     session = manager.start(manager.make_spec("t4", backend="local", idle="5s"))
     pid = session.record.resource["pid"]
-    reply = session.run("import time\ntime.sleep(20)\nprint('done')")
+    reply = session.run("import time\ntime.sleep(12)\nprint('done')")
     assert reply["status"] == "ok"
     assert alive(pid), "the watchdog stopped a session whose kernel was running a cell"
     assert manager.get(session.id).state == State.RUNNING
