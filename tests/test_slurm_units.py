@@ -123,6 +123,7 @@ def test_the_sbatch_line():
         "--job-name=gpusession-t4-1-abc12300",
         f"--comment=gpusession:store1:{rec.id}",
         f"--output={PATHS.output}",
+        "--no-requeue",
         "--gres=gpu:a100_40g:2",
         "--time=61",
         "--signal=B:USR1@120",
