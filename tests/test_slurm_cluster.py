@@ -413,8 +413,12 @@ def test_an_image_runs_in_charliecloud_from_the_registry_and_from_a_path(
     """--image on a cluster with Charliecloud (and none of apptainer, singularity, pyxis): a
     reference to the cluster's registry (htpasswd auth) is pulled with ch-image on the cluster,
     as the user's `docker login` for it, into the user's storage; the kernel runs in the image's
-    own Python (Debian 13's 3.13, not this machine's), with the job's GPUs. The directory the
-    pull unpacked is then started again as a path image. The start says which runtime and why."""
+    own Python (Debian 13's 3.13, not this machine's), with the job's GPUs. Its idle stop saves
+    the namespace into the workspace (bound at /mnt/2). The directory the pull unpacked is then
+    started again as a path image, resuming that workspace: the variables come back. The start
+    says which runtime and why."""
+    from gpusession.agent.checkpoint_read import read_manifest
+
     ref = registry_image("gpusession-ci/py-trixie", "ci/py-trixie:latest", tmp_path / "pusher")
     registry_login(home)  # the user's docker login for the cluster's registry
     # ipykernel for the image's Python 3.13: downloaded once per machine, not per test
@@ -423,7 +427,8 @@ def test_an_image_runs_in_charliecloud_from_the_registry_and_from_a_path(
     shutil.rmtree(unpacked, ignore_errors=True)  # pulled by this start, not by an earlier run
     steps: list[str] = []
     session = manager.start(
-        slurm_spec(manager, cluster, "t4", name="ch-pulled", image=ref), report=steps.append
+        slurm_spec(manager, cluster, "t4", name="ch-pulled", image=ref, idle="10s"),
+        report=steps.append,
     )
     said = "\n".join(steps)
     assert (
@@ -442,18 +447,34 @@ def test_an_image_runs_in_charliecloud_from_the_registry_and_from_a_path(
         "import sys, os; print(sys.version_info[:2], os.environ.get('CUDA_VISIBLE_DEVICES'))",
     )
     assert shown.split("\n")[0] == "(3, 13) 0", shown
-    manager.stop(session.id)
-    record = manager.get("ch-pulled")
-    assert squeue(cluster, record.resource["job_id"]) == []
+    assert cell(session, "import os; kept = {'k': 41}; print(os.getcwd())").strip() == "/mnt/2"
+    # the idle stop saves the namespace into the workspace (mounted at /mnt/2) and ends the job
+    job_id = session.record.resource["job_id"]
+    wait_until(lambda: squeue(cluster, job_id) == [], 60, "the idle job to end")
+    record = manager.refresh_state(session.id)
+    assert record.stop_reason.kind is StopKind.IDLE, record.stop_reason
+    workspace = record.resource["workspace_dir"]
+    manifest = read_manifest(workspace)
+    assert [v["name"] for v in manifest["variables"]] == ["kept"], manifest
 
+    # the unpacked image as a path image, resuming that workspace: the variables come back
     session = manager.start(
         slurm_spec(
-            manager, cluster, "t4", name="ch-path", image=str(unpacked), container="charliecloud"
+            manager,
+            cluster,
+            "t4",
+            name="ch-path",
+            image=str(unpacked),
+            container="charliecloud",
+            resume="ch-pulled",
         ),
         report=steps.append,
     )
+    assert session.record.resource["restored"]["restored"] == ["kept"], session.record.resource
     assert cell(session, "import sys; print(sys.executable)").strip() == "/usr/bin/python3"
-    assert cell(session, "import sys; print(sys.version_info[:2])").strip() == "(3, 13)"
+    assert cell(session, "import sys; print(sys.version_info[:2], kept['k'] + 1)").strip() == (
+        "(3, 13) 42"
+    )
     manager.stop(session.id)
 
 
