@@ -30,7 +30,7 @@ NODES=(n1 n2)
 declare -A NODE_IP=([n1]=10.210.0.11 [n2]=10.210.0.12)
 declare -A NODE_GRES=([n1]=gpu:t4:2 [n2]=gpu:a100_40g:1)
 declare -A NODE_GPUS=([n1]="t4 2" [n2]="a100_40g 1")
-PREEMPT_GRACE_S=15   # GraceTime of the gpu partition's jobs when an urgent job preempts them
+PREEMPT_GRACE_S=10   # GraceTime of the gpu partition's jobs when an urgent job preempts them
 CTL_PORT=6917 SLURMD_PORT=6918 REGISTRY_PORT=5443   # not the defaults: a system Slurm on this machine keeps its own
 NAME=ci-slurm
 export SLURM_CONF=$STATE/slurm.conf

@@ -562,7 +562,7 @@ def test_a_preempted_session_saves_in_its_grace_and_recover_resubmits_it(
 ):
     """A job of the "urgent" partition (higher PriorityTier, scripts/ci-slurm.sh) preempts the
     session's job on n2: Slurm signals it at once (preempt_send_user_signal) and ends it after the
-    gpu partition's GraceTime (15 s). The agent saves the namespace within the grace, mid-cell;
+    gpu partition's GraceTime (10 s; Slurm ends the job at its next periodic check after it). The agent saves the namespace within the grace, mid-cell;
     the job ends PREEMPTED (submitted --no-requeue: never re-run under its id); the cell says it
     was cut and is not re-run; --recover (auto: on for a preemption) submits a new job that waits
     in the queue behind the urgent job, shown as a start shows it, restores, and the next cell
