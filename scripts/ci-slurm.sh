@@ -8,6 +8,8 @@
 # GPUs without GPUs: GRES from plain files (gres.conf AutoDetect=off): n1 has gpu:t4:2, n2 has
 # gpu:a100_40g:1 (a cluster's own type name, mapped from the catalog's a100 by --gres-type).
 # Every node shares this machine's filesystem, as cluster nodes share home and software.
+# Partitions: gpu (the default) and urgent, whose jobs preempt gpu's after a GraceTime in which
+# Slurm sends the preempted job its --signal (preempt_send_user_signal; docs/slurm.md).
 # Containers: Charliecloud (ch-run, ch-image) on every node, and the site's registry at
 # https://10.210.0.1:5443 (Debian's docker-registry, TLS from the cluster's own CA, htpasswd
 # user ci with the password in $STATE/registry/password); the cluster's logins trust that CA
