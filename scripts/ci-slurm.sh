@@ -8,6 +8,8 @@
 # GPUs without GPUs: GRES from plain files (gres.conf AutoDetect=off): n1 has gpu:t4:2, n2 has
 # gpu:a100_40g:1 (a cluster's own type name, mapped from the catalog's a100 by --gres-type).
 # Every node shares this machine's filesystem, as cluster nodes share home and software.
+# Partitions: gpu (the default) and urgent, whose jobs preempt gpu's after a GraceTime in which
+# Slurm sends the preempted job its --signal (preempt_send_user_signal; docs/slurm.md).
 # Containers: Charliecloud (ch-run, ch-image) on every node, and the site's registry at
 # https://10.210.0.1:5443 (Debian's docker-registry, TLS from the cluster's own CA, htpasswd
 # user ci with the password in $STATE/registry/password); the cluster's logins trust that CA
@@ -30,6 +32,7 @@ NODES=(n1 n2)
 declare -A NODE_IP=([n1]=10.210.0.11 [n2]=10.210.0.12)
 declare -A NODE_GRES=([n1]=gpu:t4:2 [n2]=gpu:a100_40g:1)
 declare -A NODE_GPUS=([n1]="t4 2" [n2]="a100_40g 1")
+PREEMPT_GRACE_S=10   # GraceTime of the gpu partition's jobs when an urgent job preempts them
 CTL_PORT=6917 SLURMD_PORT=6918 REGISTRY_PORT=5443   # not the defaults: a system Slurm on this machine keeps its own
 NAME=ci-slurm
 export SLURM_CONF=$STATE/slurm.conf
@@ -218,11 +221,18 @@ KillWait=5
 MinJobAge=600
 SlurmdTimeout=60
 InactiveLimit=0
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+SlurmctldParameters=preempt_send_user_signal
 EOF
         for node in "${NODES[@]}"; do
             echo "NodeName=$node NodeAddr=${NODE_IP[$node]} CPUs=2 RealMemory=1000 Gres=${NODE_GRES[$node]} State=UNKNOWN"
         done
-        echo "PartitionName=gpu Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP"
+        # preemption: a job in "urgent" (a higher PriorityTier) takes a "gpu" job's allocation;
+        # the "gpu" job has GraceTime to save (Slurm sends its --signal at once: send_user_signal)
+        # and is then requeued, or cancelled (PREEMPTED) when it may not be requeued (--no-requeue)
+        echo "PartitionName=gpu Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=$PREEMPT_GRACE_S"
+        echo "PartitionName=urgent Nodes=$(IFS=,; echo "${NODES[*]}") MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF"
     } >"$STATE/slurm.conf.new"
     {
         echo "AutoDetect=off"
@@ -231,12 +241,25 @@ EOF
             echo "NodeName=$node Name=gpu Type=$gpu_type File=$STATE/dev/$node-gpu[0-$((count - 1))]"
         done
     } >"$STATE/gres.conf.new"
-    local changed=0 f
+    # A changed layout (nodes, GPUs) starts the daemons over; any other change (partitions,
+    # preemption) is read by the running cluster (scontrol reconfigure): jobs run on meanwhile.
+    local layout=0 settings=0
+    if ! cmp -s "$STATE/gres.conf.new" "$STATE/gres.conf" \
+        || ! cmp -s <(grep '^NodeName=' "$STATE/slurm.conf.new") <(grep '^NodeName=' "$STATE/slurm.conf" 2>/dev/null); then
+        layout=1
+    elif ! cmp -s "$STATE/slurm.conf.new" "$STATE/slurm.conf"; then
+        settings=1
+    fi
+    local f
     for f in slurm.conf gres.conf; do
-        if ! cmp -s "$STATE/$f.new" "$STATE/$f"; then mv "$STATE/$f.new" "$STATE/$f"; changed=1; else rm "$STATE/$f.new"; fi
+        if ! cmp -s "$STATE/$f.new" "$STATE/$f"; then mv "$STATE/$f.new" "$STATE/$f"; else rm "$STATE/$f.new"; fi
     done
-    if [ "$changed" = 1 ] && alive "$RUN/slurmctld.pid"; then   # a changed layout: start over
+    alive "$RUN/slurmctld.pid" || return 0
+    if [ "$layout" = 1 ]; then
         slurm_down
+    elif [ "$settings" = 1 ]; then
+        scontrol reconfigure
+        log "reconfigured: $(scontrol show config | grep -E '^Preempt(Type|Mode) ' | tr -s ' ' | paste -sd' ')"
     fi
 }
 

@@ -413,8 +413,12 @@ def test_an_image_runs_in_charliecloud_from_the_registry_and_from_a_path(
     """--image on a cluster with Charliecloud (and none of apptainer, singularity, pyxis): a
     reference to the cluster's registry (htpasswd auth) is pulled with ch-image on the cluster,
     as the user's `docker login` for it, into the user's storage; the kernel runs in the image's
-    own Python (Debian 13's 3.13, not this machine's), with the job's GPUs. The directory the
-    pull unpacked is then started again as a path image. The start says which runtime and why."""
+    own Python (Debian 13's 3.13, not this machine's), with the job's GPUs. Its idle stop saves
+    the namespace into the workspace (bound at /mnt/2). The directory the pull unpacked is then
+    started again as a path image, resuming that workspace: the variables come back. The start
+    says which runtime and why."""
+    from gpusession.agent.checkpoint_read import read_manifest
+
     ref = registry_image("gpusession-ci/py-trixie", "ci/py-trixie:latest", tmp_path / "pusher")
     registry_login(home)  # the user's docker login for the cluster's registry
     # ipykernel for the image's Python 3.13: downloaded once per machine, not per test
@@ -423,7 +427,8 @@ def test_an_image_runs_in_charliecloud_from_the_registry_and_from_a_path(
     shutil.rmtree(unpacked, ignore_errors=True)  # pulled by this start, not by an earlier run
     steps: list[str] = []
     session = manager.start(
-        slurm_spec(manager, cluster, "t4", name="ch-pulled", image=ref), report=steps.append
+        slurm_spec(manager, cluster, "t4", name="ch-pulled", image=ref, idle="10s"),
+        report=steps.append,
     )
     said = "\n".join(steps)
     assert (
@@ -442,18 +447,34 @@ def test_an_image_runs_in_charliecloud_from_the_registry_and_from_a_path(
         "import sys, os; print(sys.version_info[:2], os.environ.get('CUDA_VISIBLE_DEVICES'))",
     )
     assert shown.split("\n")[0] == "(3, 13) 0", shown
-    manager.stop(session.id)
-    record = manager.get("ch-pulled")
-    assert squeue(cluster, record.resource["job_id"]) == []
+    assert cell(session, "import os; kept = {'k': 41}; print(os.getcwd())").strip() == "/mnt/2"
+    # the idle stop saves the namespace into the workspace (mounted at /mnt/2) and ends the job
+    job_id = session.record.resource["job_id"]
+    wait_until(lambda: squeue(cluster, job_id) == [], 60, "the idle job to end")
+    record = manager.refresh_state(session.id)
+    assert record.stop_reason.kind is StopKind.IDLE, record.stop_reason
+    workspace = record.resource["workspace_dir"]
+    manifest = read_manifest(workspace)
+    assert [v["name"] for v in manifest["variables"]] == ["kept"], manifest
 
+    # the unpacked image as a path image, resuming that workspace: the variables come back
     session = manager.start(
         slurm_spec(
-            manager, cluster, "t4", name="ch-path", image=str(unpacked), container="charliecloud"
+            manager,
+            cluster,
+            "t4",
+            name="ch-path",
+            image=str(unpacked),
+            container="charliecloud",
+            resume="ch-pulled",
         ),
         report=steps.append,
     )
+    assert session.record.resource["restored"]["restored"] == ["kept"], session.record.resource
     assert cell(session, "import sys; print(sys.executable)").strip() == "/usr/bin/python3"
-    assert cell(session, "import sys; print(sys.version_info[:2])").strip() == "(3, 13)"
+    assert cell(session, "import sys; print(sys.version_info[:2], kept['k'] + 1)").strip() == (
+        "(3, 13) 42"
+    )
     manager.stop(session.id)
 
 
@@ -534,3 +555,94 @@ def test_gc_cancels_a_job_whose_session_is_gone(cluster, home, manager):
     ] and f"Slurm job {job_id} (gpusession-leftover-" in actions[0].target
     assert squeue(cluster, job_id) == []
     assert [j["id"] for j in squeue(cluster)] == [foreign]
+
+
+def test_a_preempted_session_saves_in_its_grace_and_recover_resubmits_it(
+    cluster, home, gs_home, tmp_path
+):
+    """A job of the "urgent" partition (higher PriorityTier, scripts/ci-slurm.sh) preempts the
+    session's job on n2: Slurm signals it at once (preempt_send_user_signal) and ends it after the
+    gpu partition's GraceTime (10 s; Slurm ends the job at its next periodic check after it). The agent saves the namespace within the grace, mid-cell;
+    the job ends PREEMPTED (submitted --no-requeue: never re-run under its id); the cell says it
+    was cut and is not re-run; --recover (auto: on for a preemption) submits a new job that waits
+    in the queue behind the urgent job, shown as a start shows it, restores, and the next cell
+    runs there with the variables. `gpusession list` says the first job's session was
+    interrupted with its state saved."""
+    from support.notebook_kernel import NotebookKernel
+
+    from gpusession.agent.checkpoint_read import read_manifest
+    from gpusession.faces.words import describe_stop
+    from gpusession.session.store import Store
+
+    env = dict(os.environ, HOME=home, GPUSESSION_HOME=str(gs_home), PYTHONUNBUFFERED="1")
+    folder = tmp_path / "ws"
+    nk = NotebookKernel(env, cwd=str(tmp_path))
+    try:
+        assert nk.run("%load_ext gpusession").status == "ok"
+        start = nk.run(
+            f"%gpu start --backend slurm --host {cluster['url']} --type a100 "
+            f"--gres-type a100=a100_40g --python {sys.executable} --idle off --name pre "
+            f"--workspace-dir {folder}",
+            timeout=180,
+        )
+        assert start.status == "ok", start.text
+        assert nk.run("%%gpu\nkept = {'k': 41}").status == "ok"
+        store = Store(gs_home / "sessions.sqlite3")
+        first = store.get("pre")
+        job_id = first.resource["job_id"]
+        assert "Requeue=0 " in slurm(cluster, "scontrol", "-o", "show", "job", job_id)
+        state_dir = Path(first.resource["session_dir"], "state")
+        urgent: dict = {}
+
+        def preempt_while_busy() -> None:
+            def busy() -> bool:
+                try:
+                    return bool(json.loads((state_dir / "activity.json").read_text())["busy"])
+                except (OSError, ValueError, KeyError):
+                    return False
+
+            wait_until(busy, 60, "the cell to run", 0.2)
+            urgent["id"] = slurm(
+                cluster, "sbatch", "--parsable", "--partition=urgent", "--gres=gpu:a100_40g:1",
+                "-J", "urgent", "-o", "/dev/null", "--wrap", "sleep 10",
+            ).strip().split(";")[0]  # fmt: skip
+
+        threading.Thread(target=preempt_while_busy, daemon=True).start()
+        cut = nk.run("%%gpu\nimport time\nfor i in range(1800):\n    time.sleep(0.1)", timeout=240)
+        said = cut.text
+        assert cut.status == "error", said
+        assert "this cell was interrupted when session pre ended: it is not re-run" in said, said
+        assert "recovering session pre: a replacement restores its saved state" in said, said
+        # the replacement's queue wait, as a start shows it: the urgent job holds n2's A100
+        assert "waits: PENDING (Resources), position 1 in the queue" in said, said
+        assert "workspace pre: restored" in said and "kept" in said, said
+        assert "session pre is back: 1 x A100 on slurm" in said, said
+        assert "the next cell runs there" in said, said
+
+        # saved on Slurm's signal, within the grace: nothing could write it after the job ended
+        manifest = read_manifest(str(folder / "pre"))
+        assert manifest["for"] == "scheduler-signal", manifest
+        assert "kept" in [v["name"] for v in manifest["variables"]], manifest
+        ended = slurm(cluster, "scontrol", "-o", "show", "job", job_id)
+        assert "JobState=PREEMPTED " in ended, ended
+        old = store.get(first.id)
+        assert old.stop_reason.kind is StopKind.PREEMPTED, old.stop_reason
+        assert describe_stop("pre", old.stop_reason) == (
+            "session pre ended: the cluster preempted its job"
+        )
+        listed = subprocess.run(
+            [sys.executable, "-m", "gpusession", "list", "--all"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        rows = [line for line in listed.stdout.splitlines() if line.split()[:1] == ["pre"]]
+        assert any("interrupted, state saved" in row for row in rows), listed.stdout
+
+        nxt = nk.run("%%gpu\nimport os\nprint(kept['k'] + 1, os.environ['SLURM_JOB_ID'])")
+        assert nxt.status == "ok", nxt.text
+        second = store.get("pre")
+        assert second.id != first.id and second.state == State.RUNNING
+        assert nxt.text.split() == ["42", second.resource["job_id"]], nxt.text
+        assert second.resource["job_id"] not in (job_id, urgent["id"])
+        assert nk.run("%gpu stop").status == "ok"
+    finally:
+        nk.close()

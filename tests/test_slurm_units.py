@@ -123,6 +123,7 @@ def test_the_sbatch_line():
         "--job-name=gpusession-t4-1-abc12300",
         f"--comment=gpusession:store1:{rec.id}",
         f"--output={PATHS.output}",
+        "--no-requeue",
         "--gres=gpu:a100_40g:2",
         "--time=61",
         "--signal=B:USR1@120",
@@ -416,3 +417,38 @@ def test_a_charliecloud_pull_is_said_while_it_runs():
         "pulling reg/img:1: layer 1/2, 0.0/60.9 MiB",
         "pulling reg/img:1: layer 2/2, 0.0/1.2 GiB",
     ]
+
+
+@pytest.mark.parametrize(
+    "kind, recover, wanted",
+    [
+        (StopKind.PREEMPTED, None, True),  # auto: another job took the allocation
+        (StopKind.TIME_LIMIT, None, False),  # auto: a limit is not gone around unasked
+        (StopKind.TIME_LIMIT, "on", True),
+        (StopKind.PREEMPTED, "off", False),
+        (StopKind.IDLE, "on", False),  # not an interruption
+    ],
+)
+def test_which_ended_jobs_a_notebook_resubmits(kind, recover, wanted):
+    """--recover on a Slurm session: auto resubmits a preempted job, not one that reached its
+    time limit; only a session whose state was saved; the replacement resumes the workspace."""
+    import dataclasses
+
+    from gpusession.session.recovery import replacement_values
+
+    rec = record("a100", 1, extra={"recover": recover} if recover else {})
+    ended = dataclasses.replace(
+        rec,
+        state=State.STOPPED,
+        resource={
+            "workspace": "t4-1",
+            "checkpoint": {"committed": True},
+            "stop_reason": StopReason(kind).to_dict(),
+        },
+    )
+    body = replacement_values(ended)
+    assert (body is not None) is wanted, body
+    if wanted:
+        assert (body["name"], body["resume"], body["backend"]) == ("t4-1", "t4-1", "slurm")
+    unsaved = dataclasses.replace(ended, resource={**ended.resource, "checkpoint": None})
+    assert replacement_values(unsaved) is None

@@ -281,7 +281,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         "Recover",
         "when the capacity is taken back (a spot interruption, a cluster's time limit or "
         "preemption) after the state was saved, the notebook starts a replacement that restores "
-        "it and runs the next cell there (auto: on for --spot sessions)",
+        "it and runs the next cell there (auto: on for --spot sessions and for a Slurm job preempted by another)",
         "recover",
         default="auto",
         choices=("auto", "on", "off"),

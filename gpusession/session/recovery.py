@@ -14,17 +14,20 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.models import SessionRecord
+from ..core.protocol import StopKind
 from .views import restart_body, session_view
 
 
 def wants_recovery(record: SessionRecord) -> bool:
     """Did the session end by an interruption after a save, and does it ask to be recovered
-    (`--recover`: on, or auto for a spot session)?"""
+    (`--recover`: on; auto: a spot session, or a cluster job preempted for another job - not one
+    that reached its time limit, which a resubmission would only go around)?"""
     reason = record.stop_reason
     if reason is None or not reason.kind.interruption or record.state.active:
         return False
     choice = record.spec.extra.get("recover") or "auto"
-    wanted = choice == "on" or (choice == "auto" and bool(record.spec.spot))
+    taken = bool(record.spec.spot) or reason.kind is StopKind.PREEMPTED
+    wanted = choice == "on" or (choice == "auto" and taken)
     return wanted and session_view(record)["resume"] is not None
 
 

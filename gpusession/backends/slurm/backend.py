@@ -143,7 +143,9 @@ class SlurmBackend(Backend):
         shown = [
             c
             for c in command
-            if not c.startswith(("--parsable", "--job-name=", "--comment=", "--output="))
+            if not c.startswith(
+                ("--parsable", "--job-name=", "--comment=", "--output=", "--no-requeue")
+            )
         ]
         progress.step("submitting: " + shlex.join(shown))
         result = shell.run(

@@ -413,6 +413,9 @@ def sbatch_command(record, settings: JobSettings, paths: JobPaths, store_id: str
         f"--job-name={job_name(record)}",
         f"--comment={job_comment(store_id, record.id)}",
         f"--output={paths.output}",
+        # a preempted job is not run again under the same id (its batch script would start a
+        # fresh kernel nobody attached to): it ends, PREEMPTED, and --recover submits a new one
+        "--no-requeue",
         f"--gres={gres}",
     ]
     minutes = time_limit_minutes(spec.max_runtime_s)
