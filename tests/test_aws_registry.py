@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ import yaml
 from gpusession.core.errors import StageError
 from gpusession.transport.pulls import PullLogin
 from support.ec2 import leftovers
-from support.ec2_platform import INSTANCE_ROOT, _content
+from support.ec2_platform import INSTANCE_ROOT, _content, _processes
 from support.ec2_registry import (
     ECR_HOST,
     ECR_PASSWORD,
@@ -64,17 +66,40 @@ def _files_text(*folders: Path) -> str:
     return "\n".join(found)
 
 
+def _cut_our_ssh(platform) -> int:
+    """Kill the instance sshd's processes of our connection (its listener's children): the
+    connection drops, for this session only. How many were killed."""
+    (machine,) = platform.machines.values()
+    listener = int((machine.folder / "sshd.pid").read_text())
+    doomed = [pid for pid, (ppid, _) in _processes().items() if ppid == listener]
+    for pid in doomed:
+        os.kill(pid, signal.SIGKILL)
+    return len(doomed)
+
+
 def test_an_ecr_image_is_pulled_with_a_token_that_only_the_ssh_login_carries(
     manager, platform, look, registry, caplog, tmp_path, monkeypatch
 ):
+    """The token goes to the instance over its SSH login; while the instance pulls, our SSH
+    connection to it drops (its sshd's processes for it killed): the client logs in again and
+    follows the boot on."""
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-login"))
     caplog.set_level(logging.DEBUG, logger="gpusession")
     registry.forget_on_instance()
     dockerd_log_at = NS_DOCKERD_LOG.stat().st_size if NS_DOCKERD_LOG.exists() else 0
     image = f"{ECR_HOST}/{REPOSITORY}"
     lines: list[str] = []
-    session = manager.start(spec_for(manager, image=image), report=lines.append)
+    cut: list[int] = []
+
+    def report(line: str) -> None:
+        lines.append(line)
+        if "instance: pulling" in line and not cut:
+            cut.append(_cut_our_ssh(platform))
+
+    session = manager.start(spec_for(manager, image=image), report=report)
+    assert cut and cut[0] >= 1, cut
     for said in (
+        "the SSH connection to the instance dropped; logging in again (its boot goes on)",
         f"registry login for {ECR_HOST}: a token from ECR, sent to the instance over SSH",
         "instance: waiting for the registry login",
         f"instance: pulling {image}",

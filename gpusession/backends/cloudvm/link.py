@@ -165,11 +165,14 @@ class BootWatch:
             marker, payload = parsed
             if marker is Marker.FAILED:
                 stage = payload.get("stage", "boot") if isinstance(payload, dict) else "boot"
-                refused = stage == "image" and refused_pull(
-                    self.image, str(payload.get("error", "")), where="the instance"
-                )
-                if refused:
-                    raise StageError("image", refused)
+                if stage == "image":  # said as the docker backend says its pulls
+                    raise StageError(
+                        "image",
+                        refused_pull(
+                            self.image, str(payload.get("error", "")), where="the instance"
+                        )
+                        or f"the instance's start failed: {failure_detail(payload)}",
+                    )
                 raise StageError(
                     "connect",
                     f"the instance's start failed: {failure_detail(payload)}"
@@ -277,6 +280,25 @@ def send_runtime(transport, python: ImagePython, say: Callable[[str], None]) -> 
                 "runtime",
                 f"the instance did not take the runtime's {name} (access.sh exited {status})",
             )
+
+
+def _send_runtime_again_once(transport, python: ImagePython, say, reconnect) -> None:
+    """send_runtime; when the connection drops meanwhile, log in again and send it again (each
+    part lands whole or not at all: access.sh put checks its hash)."""
+    import paramiko
+
+    try:
+        send_runtime(transport, python, say)
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        log.debug("sending the runtime: %s", exc)
+        try:
+            send_runtime(reconnect(), python, say)
+        except (OSError, EOFError, paramiko.SSHException) as again:
+            raise StageError(
+                "runtime",
+                f"the SSH connection to the instance dropped twice while sending the runtime "
+                f"({type(again).__name__}: {again})",
+            ) from None
 
 
 def wait_for_kernel(
@@ -446,7 +468,7 @@ def open_link(
     try:
         follow_boot(transport, watch, deadline, gone, login=pull_login, reconnect=reconnect)
         if not watch.started:
-            send_runtime(held[0], watch.python, say)
+            _send_runtime_again_once(held[0], watch.python, say, reconnect)
     finally:
         held[0].close()
     say("opening the SSH tunnel")
