@@ -23,6 +23,20 @@ pytestmark = [
 SOURCE = FOREIGN[0].image  # Debian 12 + python3
 
 
+@pytest.fixture(scope="module")
+def registry():
+    """SOURCE and a 40 MB layer of random bytes (which no engine has) as ci/slow:v1."""
+    import docker
+
+    client = docker.from_env()
+    served = serve_registry(client, SOURCE, "ci/slow", "v1", extra_layers=(40_000_000,))
+    served.name = f"127.0.0.1:{served.port}/ci/slow:v1"
+    yield served
+    served.close()
+    _forget(client, served.name)
+    client.close()
+
+
 def _forget(engine, name: str) -> None:
     try:
         engine.images.remove(name, force=True)
@@ -36,13 +50,12 @@ def _ours(engine, store_id: str) -> list:
     )
 
 
-def test_a_pull_whose_link_breaks_mid_layer_resumes(manager, engine):
-    """The registry drops the connection 8 MB into a 20 MB layer: the engine asks again (from
+def test_a_pull_whose_link_breaks_mid_layer_resumes(manager, engine, registry):
+    """The registry drops the connection 8 MB into the 40 MB layer: the engine asks again (from
     where it was, a Range request) and the session starts."""
-    registry = serve_registry(
-        engine, SOURCE, "ci/cut", "v1", extra_layers=(20_000_000,), cut_once_after=8_000_000
-    )
-    name = f"127.0.0.1:{registry.port}/ci/cut:v1"
+    registry.state.update(rate=0, cut_once_after=8_000_000, cut=False, gets=[])
+    name = registry.name
+    _forget(engine, name)
     lines: list[str] = []
     try:
         session = manager.start(
@@ -51,7 +64,6 @@ def test_a_pull_whose_link_breaks_mid_layer_resumes(manager, engine):
         assert session.run("1 + 1")["status"] == "ok"
         manager.stop(session.id)
     finally:
-        registry.close()
         _forget(engine, name)
     state = registry.state
     assert state["cut"], state
@@ -61,41 +73,73 @@ def test_a_pull_whose_link_breaks_mid_layer_resumes(manager, engine):
     print(f"blob requests: {state['gets']}")
 
 
-def test_ctrl_c_during_a_pull_leaves_nothing(engine, gs_home, nb_env):
-    """SIGINT to `gpusession start` while the engine pulls a 40 MB layer at 4 MB/s: the CLI says
-    one line and exits 130; the session is recorded failed (interrupted), bills nothing, has no
-    container; the engine stops the pull (its connection closed) and keeps no image."""
-    from gpusession.session.store import Store
-
-    registry = serve_registry(
-        engine, SOURCE, "ci/slow", "v1", extra_layers=(40_000_000,), rate=4_000_000
-    )
-    name = f"127.0.0.1:{registry.port}/ci/slow:v1"
+def _cli_start(name: str, env: dict, interrupt) -> str:
+    """`gpusession start` in its own process, SIGINT when `interrupt()` says: its output."""
     out: list[str] = []
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpusession", "start", "--backend", "docker", "--image", name,
          "--idle", "off", "--name", "pulling"],
-        env=nb_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
     reader.start()
     try:
-        deadline = time.monotonic() + 60
-        while registry.state["sent"] < 4_000_000:  # the engine is mid-layer
-            assert time.monotonic() < deadline and proc.poll() is None, out
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
+        interrupt(lambda: proc.poll() is None, lambda: proc.send_signal(signal.SIGINT))
         assert proc.wait(timeout=60) == 130, out
         reader.join(10)
-        sent_at_stop = registry.state["sent"]
-        time.sleep(3)
-        sent_after = registry.state["sent"] - sent_at_stop
     finally:
         if proc.poll() is None:
             proc.kill()
-        registry.close()
     text = "".join(out)
     assert text.strip().splitlines()[-1] == "gpusession start: interrupted", text
+    return text
+
+
+def _magic_start(name: str, notebook, interrupt) -> str:
+    """`%gpu start` in a notebook's kernel, interrupted as the notebook's stop button does."""
+    ran: dict = {}
+    cell = f"%gpu start --backend docker --image {name} --idle off --name pulling"
+    worker = threading.Thread(target=lambda: ran.update(run=notebook.run(cell, timeout=300)))
+    worker.start()
+    interrupt(worker.is_alive, notebook.km.interrupt_kernel)
+    worker.join(120)
+    run = ran["run"]
+    assert run.error is not None and run.error["ename"] == "UsageError", run.text
+    assert "start of pulling interrupted" in run.error["evalue"], run.error
+    assert "nothing is left running" in run.error["evalue"], run.error
+    return run.text
+
+
+@pytest.mark.parametrize("face", ["cli", "magic"])
+def test_ctrl_c_during_a_pull_leaves_nothing(face, engine, registry, gs_home, nb_env, request):
+    """Ctrl-C while the engine pulls a 40 MB layer at 4 MB/s (SIGINT to `gpusession start`;
+    the notebook's stop button during `%gpu start`): one line, no traceback; the session is
+    recorded failed (interrupted), bills nothing, has no container; the engine stops the pull
+    (its connection closed) and keeps no image."""
+    from gpusession.session.store import Store
+
+    registry.state.update(rate=4_000_000, cut_once_after=0, sent=0)
+    name = registry.name
+    _forget(engine, name)
+    stopped: dict = {}
+
+    def interrupt(running, press) -> None:
+        deadline = time.monotonic() + 120
+        while registry.state["sent"] < 4_000_000:  # the engine is mid-layer
+            assert time.monotonic() < deadline and running(), "the pull did not start"
+            time.sleep(0.1)
+        press()
+        stopped["sent"] = registry.state["sent"]
+
+    try:
+        if face == "cli":
+            text = _cli_start(name, nb_env, interrupt)
+        else:
+            text = _magic_start(name, request.getfixturevalue("notebook"), interrupt)
+        time.sleep(3)
+        sent_after = registry.state["sent"] - stopped["sent"]
+    finally:
+        registry.state.update(rate=0)  # a pull still running ends at once
     assert "Traceback" not in text, text
     store = Store(gs_home / "sessions.sqlite3")
     (record,) = store.list()
@@ -105,5 +149,7 @@ def test_ctrl_c_during_a_pull_leaves_nothing(engine, gs_home, nb_env):
     assert sent_after < 1_000_000, sent_after
     with pytest.raises(Exception, match="No such image|not found"):
         engine.images.get(name)
-    print(f"sent before Ctrl-C {sent_at_stop / 1e6:.1f} MB, after {sent_after / 1e6:.1f} MB")
+    print(
+        f"{face}: sent before Ctrl-C {stopped['sent'] / 1e6:.1f} MB, after {sent_after / 1e6:.1f} MB"
+    )
     _forget(engine, name)

@@ -157,7 +157,8 @@ def serve_registry(
     no TLS. `rate`: bytes per second per blob (0: as fast as it goes); `cut_once_after`: the
     first download of the top layer drops its connection after that many bytes (a link that
     breaks mid-pull). `served.state`: "sent" (blob bytes sent), "gets" ((digest, Range header)
-    of each blob request), "cut" (the connection was dropped)."""
+    of each blob request), "cut" (the connection was dropped), and "rate" and "cut_once_after",
+    which a test may change between pulls."""
     saved = tarfile.open(fileobj=io.BytesIO(b"".join(client.images.get(image).save())))
     (entry,) = json.loads(saved.extractfile("manifest.json").read())
     blobs: dict[str, bytes] = {}
@@ -190,7 +191,7 @@ def serve_registry(
     ).encode()
     manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
     top = layers[-1]["digest"]  # the last of `extra_layers`: one the engine has not
-    state = {"sent": 0, "cut": False, "gets": []}
+    state = {"sent": 0, "cut": False, "gets": [], "rate": rate, "cut_once_after": cut_once_after}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -212,6 +213,7 @@ def serve_registry(
             self.end_headers()
             if head:
                 return
+            rate, cut_once_after = state["rate"], state["cut_once_after"]
             if digest not in blobs or not (rate or cut_once_after):
                 self.wfile.write(body[start:])
                 return
