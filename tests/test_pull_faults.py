@@ -14,7 +14,7 @@ import time
 import pytest
 
 from support.hosts import docker_available
-from support.images import FOREIGN, serve_registry
+from support.images import FOREIGN, serve_registry, start_pulled
 
 pytestmark = [
     pytest.mark.docker,
@@ -56,13 +56,8 @@ def test_a_pull_whose_link_breaks_mid_layer_resumes(manager, engine, registry):
     registry.state.update(rate=0, cut_once_after=8_000_000, cut=False, gets=[])
     name = registry.name
     _forget(engine, name)
-    lines: list[str] = []
     try:
-        session = manager.start(
-            manager.make_spec("t4", backend="docker", idle="off", image=name), report=lines.append
-        )
-        assert session.run("1 + 1")["status"] == "ok"
-        manager.stop(session.id)
+        lines = start_pulled(manager, name)
     finally:
         _forget(engine, name)
     state = registry.state

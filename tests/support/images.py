@@ -126,6 +126,19 @@ def serve_folder(folder: Path, address: str = "127.0.0.1") -> Served:
 
 # -- a registry to pull from ---------------------------------------------------------------------
 
+
+def start_pulled(manager, name: str) -> list[str]:
+    """A docker session on this machine's engine from image `name` (pulled by the start), a
+    cell run in it, stopped: the start's progress lines."""
+    lines: list[str] = []
+    session = manager.start(
+        manager.make_spec("t4", backend="docker", idle="off", image=name), report=lines.append
+    )
+    assert session.run("1 + 1")["status"] == "ok"
+    manager.stop(session.id)
+    return lines
+
+
 MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 
 
