@@ -28,6 +28,7 @@ from support.images import (
     foreign_params,
     serve_folder,
     serve_registry,
+    start_pulled,
     tiny_wheel,
 )
 
@@ -211,13 +212,8 @@ def test_a_pull_shows_bytes_and_layers_and_what_stays(manager, engine):
     image = FOREIGN[0].image
     registry = serve_registry(engine, image, "ci/pulled", "v1", extra_layers=(60_000_000,))
     name = f"127.0.0.1:{registry.port}/ci/pulled:v1"
-    lines: list[str] = []
     try:
-        session = manager.start(
-            manager.make_spec("t4", backend="docker", idle="off", image=name), report=lines.append
-        )
-        assert session.run("1 + 1")["status"] == "ok"
-        manager.stop(session.id)
+        lines = start_pulled(manager, name)
     finally:
         registry.close()
         try:

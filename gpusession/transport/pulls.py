@@ -15,6 +15,7 @@ import base64
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -171,3 +172,72 @@ def docker_login(registry: str) -> tuple[str, str] | None:
         if user and password:
             return user, password
     return None
+
+
+# -- a login that goes with a pull -------------------------------------------------------------
+
+# ACCOUNT.dkr.ecr[-fips].REGION.amazonaws.com[.cn]: an ECR registry, whose login is a token
+_ECR_HOST = re.compile(r"^(\d{12})\.dkr\.ecr(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$")
+# a registry's answers to a pull without a (valid) login, as an engine relays them
+_AUTH_REFUSED = re.compile(
+    r"unauthorized|authentication required|no basic auth credentials|incorrect username or password",
+    re.I,
+)
+
+
+def ecr_registry(image: str) -> tuple[str, str] | None:
+    """(account, region) when the image is in an ECR registry, else None."""
+    found = _ECR_HOST.match(registry_of(image))
+    return (found.group(1), found.group(2)) if found else None
+
+
+@dataclasses.dataclass(frozen=True)
+class PullLogin:
+    """A registry login to send with one pull (never written anywhere by us)."""
+
+    registry: str
+    username: str
+    password: str = dataclasses.field(repr=False)  # kept out of any repr a log might show
+    source: str = "docker login"  # where it came from: "docker login", "ECR"
+
+    def header(self) -> str:
+        """The Engine API's X-Registry-Auth value (base64url JSON, as docker-py makes it)."""
+        config = {
+            "username": self.username,
+            "password": self.password,
+            "serveraddress": self.registry,
+        }
+        return base64.urlsafe_b64encode(json.dumps(config).encode()).decode()
+
+
+def user_login(image: str) -> PullLogin | None:
+    """The user's `docker login` for the image's registry, read now, else None."""
+    registry = registry_of(image)
+    login = docker_login(registry)
+    return PullLogin(registry, login[0], login[1]) if login else None
+
+
+def refused_pull(image: str, error: str, *, where: str) -> str | None:
+    """One line for a pull the registry refused for want of a (valid) login, or None when
+    `error` is another failure. `where`: the host that pulled (the engine's host, the
+    instance), which never stores the login."""
+    if not _AUTH_REFUSED.search(error):
+        return None
+    registry = registry_of(image)
+    ecr = ecr_registry(image)
+    if ecr:
+        return (
+            f"ECR registry {registry} refused the pull of {image} with the token of your AWS "
+            f"identity ({error}): check that it may pull from that repository (ecr:BatchGetImage, "
+            f"ecr:GetDownloadUrlForLayer; `aws sts get-caller-identity` says who you are)"
+        )
+    login = docker_login(registry)
+    if login:
+        return (
+            f"{registry} refused the pull of {image} with your docker login as {login[0]} "
+            f"({error}): run `docker login {registry}` again"
+        )
+    return (
+        f"{registry} wants a login to pull {image} ({error}): run `docker login {registry}` "
+        f"here (gpusession sends it with the pull, never writes it on {where})"
+    )

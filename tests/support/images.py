@@ -143,6 +143,19 @@ def serve_folder(folder: Path, address: str = "127.0.0.1") -> Served:
 
 # -- a registry to pull from ---------------------------------------------------------------------
 
+
+def start_pulled(manager, name: str) -> list[str]:
+    """A docker session on this machine's engine from image `name` (pulled by the start), a
+    cell run in it, stopped: the start's progress lines."""
+    lines: list[str] = []
+    session = manager.start(
+        manager.make_spec("t4", backend="docker", idle="off", image=name), report=lines.append
+    )
+    assert session.run("1 + 1")["status"] == "ok"
+    manager.stop(session.id)
+    return lines
+
+
 MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 
 
@@ -159,12 +172,23 @@ def _random_layer(size: int) -> bytes:
 
 
 def serve_registry(
-    client, image: str, repository: str, tag: str, extra_layers: tuple[int, ...] = ()
+    client,
+    image: str,
+    repository: str,
+    tag: str,
+    extra_layers: tuple[int, ...] = (),
+    *,
+    rate: int = 0,
+    cut_once_after: int = 0,
 ) -> Served:
     """A read-only Docker registry (the v2 API a pull uses) on 127.0.0.1 holding `image` (from the
     engine, `docker save`) as repository:tag, its layers gzip'd, with layers of random bytes
     (`extra_layers`: their sizes) on top, which a pull must download. Loopback registries need
-    no TLS."""
+    no TLS. `rate`: bytes per second per blob (0: as fast as it goes); `cut_once_after`: the
+    first download of the top layer drops its connection after that many bytes (a link that
+    breaks mid-pull). `served.state`: "sent" (blob bytes sent), "gets" ((digest, Range header)
+    of each blob request), "cut" (the connection was dropped), and "rate" and "cut_once_after",
+    which a test may change between pulls."""
     saved = tarfile.open(fileobj=io.BytesIO(b"".join(client.images.get(image).save())))
     (entry,) = json.loads(saved.extractfile("manifest.json").read())
     blobs: dict[str, bytes] = {}
@@ -196,6 +220,8 @@ def serve_registry(
         }
     ).encode()
     manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    top = layers[-1]["digest"]  # the last of `extra_layers`: one the engine has not
+    state = {"sent": 0, "cut": False, "gets": [], "rate": rate, "cut_once_after": cut_once_after}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -204,13 +230,37 @@ def serve_registry(
             pass
 
         def _send(self, body: bytes, kind: str, digest: str, head: bool) -> None:
-            self.send_response(200)
+            start = 0
+            ranged = self.headers.get("Range", "")
+            if ranged.startswith("bytes=") and digest in blobs:
+                start = int(ranged[6:].split("-")[0] or 0)
+            self.send_response(206 if start else 200)
             self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(body) - start))
+            if start:
+                self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
             self.send_header("Docker-Content-Digest", digest)
             self.end_headers()
-            if not head:
-                self.wfile.write(body)
+            if head:
+                return
+            rate, cut_once_after = state["rate"], state["cut_once_after"]
+            if digest not in blobs or not (rate or cut_once_after):
+                self.wfile.write(body[start:])
+                return
+            import time
+
+            state["gets"].append((digest, ranged))
+            step = max(1, rate // 20) if rate else 1 << 20
+            for at in range(start, len(body), step):
+                if cut_once_after and digest == top and not state["cut"] and at >= cut_once_after:
+                    state["cut"] = True
+                    self.close_connection = True
+                    self.connection.shutdown(2)  # the link breaks: the engine sees a short body
+                    return
+                self.wfile.write(body[at : at + step])
+                state["sent"] += len(body[at : at + step])
+                if rate:
+                    time.sleep(step / rate)
 
         def _route(self, head: bool) -> None:
             path = self.path.split("?")[0]
@@ -236,6 +286,7 @@ def serve_registry(
             self._route(head=True)
 
     served = Served(Handler)
+    served.state = state  # type: ignore[attr-defined]
     served.layers = len(layers)  # type: ignore[attr-defined]
     served.bytes = sum(layer["size"] for layer in layers)  # type: ignore[attr-defined]
     return served

@@ -30,8 +30,9 @@ from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageE
 from ...core.models import LaunchSpec, SessionRecord
 from ...core.progress import Progress
 from ...core.protocol import StopDetails
+from ...transport.pulls import PullLogin
 from ..base import Backend, Link, RemoteResource, stop_details_from_log
-from . import launch, volumes
+from . import launch, registry, volumes
 from .sdk import Aws, aws_errors, boto3_module, error_code, explain
 from .teardown import Teardown, console_details, ended_reason
 
@@ -130,6 +131,8 @@ class AwsBackend(Backend):
         self._spot: dict[tuple[str, str], tuple[float, dict[str, float]]] = {}
         self._state_cache: dict[str, tuple[float, dict | None]] = {}
         self._last_words: dict[str, StopDetails] = {}  # id -> how it ended, read after a notice
+        # id -> the login its instance pulls the image with (registry.py): memory only
+        self._pull_logins: dict[str, PullLogin | None] = {}
 
     def aws(self, region: str | None) -> Aws:
         key = region or ""
@@ -243,6 +246,7 @@ class AwsBackend(Backend):
         save(key_path=str(key_path), kernel_key_path=str(kernel_key_path))
         tag_list = launch.tags(record.id, record.owner, f"gpusession-{record.name}")
         name = f"gpusession-{record.id}"
+        self._pull_login(record, progress)  # before anything bills: ECR may refuse the identity
         try:
             progress.step("looking up the GPU image")
             ami, source = launch.resolve_ami(aws, extra)
@@ -292,6 +296,24 @@ class AwsBackend(Backend):
                 progress.step(f"start failed: {kept}")
                 self.recorder.note(record.id, kept)
             raise
+
+    def _pull_login(self, record: SessionRecord, progress: Progress | None = None):
+        """The login the instance pulls the image with: obtained once per session in this
+        process (at start; again by a later process that connects while the boot waits)."""
+        if record.id not in self._pull_logins:
+            image = record.spec.image or self.default_image() or ""
+            login = registry.pull_login(image, self.aws)
+            self._pull_logins[record.id] = login
+            if login is not None and progress is not None:
+                how = (
+                    "a token from ECR"
+                    if login.source == "ECR"
+                    else f"your docker login as {login.username}"
+                )
+                progress.step(
+                    f"registry login for {login.registry}: {how}, sent to the instance over SSH"
+                )
+        return self._pull_logins[record.id]
 
     def _launch(
         self,
@@ -365,6 +387,7 @@ class AwsBackend(Backend):
                 agent_args,
                 spot=attempt.spot,
                 volume_id=volume_id,
+                pull_login=self._pull_logins.get(record.id) is not None,
             )
             save(sockets=boot.sockets)  # where the kernel listens (link.kernel_info)
             return {"UserData": user_data(boot)}
@@ -483,6 +506,7 @@ class AwsBackend(Backend):
             on_event=lambda text: self._note(record.id, text),
             on_notice=on_notice,
             on_ended=lambda text: self._on_ended(record.id, text),
+            pull_login=lambda: _header(self._pull_login(record)),
         )
 
     def _on_notice(self, session_id: str, notice: dict) -> None:
@@ -567,6 +591,7 @@ class AwsBackend(Backend):
         return None if details == StopDetails() else details
 
     def stop(self, record: SessionRecord) -> None:
+        self._pull_logins.pop(record.id, None)
         res = record.resource
         if record.spec.backend != self.name:
             return
@@ -621,6 +646,10 @@ class AwsBackend(Backend):
             group_ids=d.get("group_ids", []),
         )
         _forget_keys(self.config.data_path / "keys", resource.session_id)
+
+
+def _header(login: PullLogin | None) -> str | None:
+    return login.header() if login is not None else None
 
 
 def _forget_keys(folder, session_id: str) -> None:

@@ -45,7 +45,8 @@ RUNTIME_WAIT_S = 600  # the instance powers off when no runtime bundle came by t
 CONTAINER_STATE_DIR = (
     "/run/gpusession"  # the session container's --state-dir (a folder of the instance's DIR)
 )
-ACCESS_COMMANDS = ("status", "put", "notice")  # what access.sh does for the tunnel's login
+ACCESS_COMMANDS = ("status", "put", "login", "notice")
+LOGIN_PIPE = "login.pipe"  # in the session's folder: the registry login passes through, never stored  # what access.sh does for the tunnel's login
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +93,9 @@ class BootPlan:
     ]  # options of `python -m gpusession.agent run` (AgentArgs.argv(): placement too)
     spot: bool  # watch instance metadata for an interruption notice
     volume_id: str = ""  # the workspace's EBS volume, attached after launch: mounted at /workspace
+    # the image's registry wants a login: the boot waits for the client to send it over the SSH
+    # login (access.sh login) before it pulls; user data says only that, never the login
+    pull_login: bool = False
 
     @property
     def folder(self) -> str:
@@ -145,6 +149,7 @@ IMAGE={q(plan.image)}
 SESSION_ID={q(plan.session_id)}
 SPOT={1 if plan.spot else 0}
 VOLUME_ID={q(plan.volume_id)}
+PULL_LOGIN={1 if plan.pull_login else 0}
 WORKSPACE={q(WORKSPACE_MOUNT)}
 VOLUME_WAIT_S={VOLUME_WAIT_S}
 RUNTIME_WAIT_S={RUNTIME_WAIT_S}
@@ -166,7 +171,9 @@ def access_script(plan: BootPlan) -> str:
     """The tunnel login's only command (authorized_keys `command=`), run as user gpusession:
     `status` prints the boot's status (and the image pull's latest JSON line per layer), `put
     NAME SHA256` stores the bundle part NAME (code, site) from stdin when its hash matches,
-    `notice` prints the spot interruption notice, when there is one."""
+    `login` passes the registry login on stdin to the boot script through a FIFO (nothing is
+    stored; exit 3 when the boot waits for none), `notice` prints the spot interruption notice,
+    when there is one."""
     q = shlex.quote
     return f"""#!/bin/sh
 DIR={q(plan.folder)}
@@ -184,6 +191,9 @@ case "${{1:-}}" in
         cat >"$part" || {{ rm -f "$part"; exit 1; }}
         if [ "$(sha256sum "$part" | cut -d' ' -f1)" != "$3" ]; then rm -f "$part"; echo "bundle damaged" >&2; exit 1; fi
         mv "$part" "$DIR/upload/$2.tgz" ;;
+    login)
+        [ -p "$DIR/{LOGIN_PIPE}" ] || {{ echo "no registry login is wanted now" >&2; exit 3; }}
+        exec timeout 30 sh -c 'cat >"$1"' sh "$DIR/{LOGIN_PIPE}" ;;
     notice)
         exec cat "$DIR/notices/{SPOT_NOTICE_FILE}" ;;
     *)

@@ -26,7 +26,7 @@ from ...core.errors import StageError
 from ...core.models import KernelEndpoint
 from ...core.protocol import KERNEL_PORT_NAMES, NOTICE_SAVE_S, Marker, agent_token, parse_marker
 from ...transport.bundle import BundleError, ImagePython, cache_dir, code_archive, site_archive
-from ...transport.pulls import PullProgress, format_bytes
+from ...transport.pulls import PullProgress, format_bytes, refused_pull
 from ...transport.sshlogin import exec_command
 from ..base import TunnelLink, failure_detail
 from .cloudinit import SSH_USER
@@ -142,7 +142,9 @@ class BootWatch:
 
     def __init__(self, image: str, say: Callable[[str], None]):
         self.say = say
+        self.image = image
         self.pull = PullProgress(image)
+        self.wants_login = False  # the boot waits for the registry login (access.sh login)
         self.seen: set[str] = set()
         self.python: ImagePython | None = None
         self.waiting_for_runtime = False
@@ -163,6 +165,14 @@ class BootWatch:
             marker, payload = parsed
             if marker is Marker.FAILED:
                 stage = payload.get("stage", "boot") if isinstance(payload, dict) else "boot"
+                if stage == "image":  # said as the docker backend says its pulls
+                    raise StageError(
+                        "image",
+                        refused_pull(
+                            self.image, str(payload.get("error", "")), where="the instance"
+                        )
+                        or f"the instance's start failed: {failure_detail(payload)}",
+                    )
                 raise StageError(
                     "connect",
                     f"the instance's start failed: {failure_detail(payload)}"
@@ -178,6 +188,7 @@ class BootWatch:
             elif marker is Marker.BOOT:
                 text_ = str(payload or "")
                 self.waiting_for_runtime |= text_ == "waiting for the runtime"
+                self.wants_login |= text_ == "waiting for the registry login"
                 self.started |= text_ in ("runtime received", "container started")
                 self.say(f"instance: {text_}")
         if (
@@ -189,23 +200,38 @@ class BootWatch:
 
 
 def follow_boot(
-    transport, watch: BootWatch, deadline: float, gone: Callable[[], str | None]
-) -> None:
-    """Until the boot waits for the runtime (or has it already: another process started it)."""
+    transport,
+    watch: BootWatch,
+    deadline: float,
+    gone: Callable[[], str | None],
+    *,
+    login: Callable[[], str | None] = lambda: None,
+    reconnect: Callable[[], object] | None = None,
+):
+    """Until the boot waits for the runtime (or has it already: another process started it);
+    sends the registry login (`login()`: the X-Registry-Auth value) when the boot asks for it.
+    A dropped SSH connection is made again with `reconnect()` (the boot goes on meanwhile, its
+    pull included). Returns the transport it ended with."""
     import paramiko
 
+    login_sent = False
     while not (watch.started or (watch.python and watch.waiting_for_runtime)):
         try:
             status, out = run_access(transport, "status")
+            if status == 0:
+                watch.read(out.decode(errors="replace"))
+            if watch.wants_login and not login_sent:
+                send_login(transport, login(), watch.image)
+                login_sent = True
         except (
             OSError,
             EOFError,
             paramiko.SSHException,
-        ) as exc:  # the instance went away: gone() says why
-            status, out = 1, b""
+        ) as exc:  # the instance went away (gone() says why), or our connection to it did
             log.debug("no boot status: %s", exc)
-        if status == 0:
-            watch.read(out.decode(errors="replace"))
+            if reconnect is not None and not transport.is_active() and not gone():
+                transport = reconnect()  # closes the dropped one
+                continue
         why_gone = gone()
         if why_gone:
             raise StageError("connect", f"the instance stopped while starting ({why_gone})")
@@ -216,6 +242,23 @@ def follow_boot(
                 + (watch.pull.line() if watch.pull.layers else "no image pull seen"),
             )
         time.sleep(BOOT_POLL_S)
+    return transport
+
+
+def send_login(transport, header: str | None, image: str) -> None:
+    """The registry login to the boot script, on access.sh's standard input: never in a command
+    line, the user data or a log."""
+    if not header:
+        raise StageError(
+            "image",
+            f"the instance waits for a registry login to pull {image} and none was found here: "
+            "stop this session and start it again where your `docker login` (or AWS identity) is",
+        )
+    status, _ = run_access(transport, "login", header.encode() + b"\n", timeout=60)
+    if status not in (0, 3):  # 3: it waits for none (another process sent it already)
+        raise StageError(
+            "image", f"the instance did not take the registry login (access.sh exited {status})"
+        )
 
 
 def send_runtime(transport, python: ImagePython, say: Callable[[str], None]) -> None:
@@ -237,6 +280,25 @@ def send_runtime(transport, python: ImagePython, say: Callable[[str], None]) -> 
                 "runtime",
                 f"the instance did not take the runtime's {name} (access.sh exited {status})",
             )
+
+
+def _send_runtime_again_once(transport, python: ImagePython, say, reconnect) -> None:
+    """send_runtime; when the connection drops meanwhile, log in again and send it again (each
+    part lands whole or not at all: access.sh put checks its hash)."""
+    import paramiko
+
+    try:
+        send_runtime(transport, python, say)
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        log.debug("sending the runtime: %s", exc)
+        try:
+            send_runtime(reconnect(), python, say)
+        except (OSError, EOFError, paramiko.SSHException) as again:
+            raise StageError(
+                "runtime",
+                f"the SSH connection to the instance dropped twice while sending the runtime "
+                f"({type(again).__name__}: {again})",
+            ) from None
 
 
 def wait_for_kernel(
@@ -387,6 +449,7 @@ def open_link(
     on_event: Callable[[str], None],
     on_notice: Callable[[dict], None] | None,
     on_ended: Callable[[str], None] | None = None,
+    pull_login: Callable[[], str | None] = lambda: None,
 ) -> AwsLink:
     from ...transport.tunnel import Tunnel
 
@@ -394,12 +457,20 @@ def open_link(
     say(f"waiting for the instance's sshd at {target.host}:{target.port}")
     transport = wait_for_login(target, deadline, say=say, gone=gone)
     watch = BootWatch(resource.get("image", "the image"), say)
+    held = [transport]  # the login in use: a dropped one is made again
+
+    def reconnect():
+        held[0].close()
+        say("the SSH connection to the instance dropped; logging in again (its boot goes on)")
+        held[0] = wait_for_login(target, deadline, say=say, gone=gone)
+        return held[0]
+
     try:
-        follow_boot(transport, watch, deadline, gone)
+        follow_boot(transport, watch, deadline, gone, login=pull_login, reconnect=reconnect)
         if not watch.started:
-            send_runtime(transport, watch.python, say)
+            _send_runtime_again_once(held[0], watch.python, say, reconnect)
     finally:
-        transport.close()
+        held[0].close()
     say("opening the SSH tunnel")
     tunnel = Tunnel(
         target, [], connect_timeout=max(10.0, deadline - time.monotonic()), on_event=on_event

@@ -1,5 +1,5 @@
 # The body of an instance's session script (gpusession/backends/cloudvm/cloudinit.py writes the
-# header: DIR, NAME, IMAGE, SESSION_ID, SPOT, VOLUME_ID, WORKSPACE, VOLUME_WAIT_S, RUNTIME_WAIT_S, STATE_DIR, SOCKETS, LOGIN,
+# header: DIR, NAME, IMAGE, SESSION_ID, SPOT, VOLUME_ID, PULL_LOGIN, WORKSPACE, VOLUME_WAIT_S, RUNTIME_WAIT_S, STATE_DIR, SOCKETS, LOGIN,
 # NOTICES, SPOT_FILE, REBALANCE_FILE, the marker
 # words M_*, the agent's options as "$@", and GPUSESSION_KERNEL_KEY in the environment).
 # Run once by cloud-init as root: get the image, look for its Python, wait for the runtime bundle
@@ -50,9 +50,30 @@ watch_spot() {  # interruption notices from instance metadata (IMDSv2) go to $DI
     done
 }
 
+login_wait() {  # the registry login (the Engine API's X-Registry-Auth value), which the client
+    # sends over its SSH login (access.sh login) into a FIFO: read into this shell's memory, never
+    # written to a disk, a log, the environment or a command line here
+    AUTH=""
+    [ "$PULL_LOGIN" = 1 ] || return 0
+    pipe="$DIR/login.pipe"
+    rm -f "$pipe"
+    { mkfifo -m 0620 "$pipe" && chgrp "$(id -g "$LOGIN")" "$pipe"; } || fail login "cannot make $pipe"
+    say "$M_BOOT waiting for the registry login"
+    AUTH=$(timeout "$RUNTIME_WAIT_S" cat "$pipe")
+    rm -f "$pipe"
+    [ -n "$AUTH" ] || fail login "no registry login arrived within ${RUNTIME_WAIT_S}s"
+}
+
 pull() {  # through the Engine API, whose JSON lines (bytes and layers) access.sh passes on; the
-    # CLI as a fallback, for registries that need its credential helpers
+    # login goes on curl's standard input (printf is the shell's own: no process shows it); the
+    # CLI as a fallback, for registries that need its credential helpers, when no login came
     sock=${DOCKER_HOST:-unix:///var/run/docker.sock}
+    if [ -n "$AUTH" ]; then
+        printf 'X-Registry-Auth: %s\n' "$AUTH" | curl -sS -X POST -H @- --unix-socket "${sock#unix://}" \
+            -o "$DIR/pull.log" "http://localhost/images/create?fromImage=$IMAGE" 2>/dev/null
+        AUTH=""
+        return
+    fi
     curl -sS -X POST --unix-socket "${sock#unix://}" -o "$DIR/pull.log" \
         "http://localhost/images/create?fromImage=$IMAGE" 2>/dev/null
     docker image inspect "$IMAGE" >/dev/null 2>&1 || docker pull -q "$IMAGE" >>"$DIR/pull.log" 2>&1
@@ -91,6 +112,7 @@ docker rm -f "$NAME" >/dev/null 2>&1 || true
 [ "$SPOT" = 1 ] && watch_spot &
 say "$M_BOOT starting $IMAGE"
 if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
+    login_wait
     say "$M_BOOT pulling $IMAGE"
     pull
     detail=$(tail -c 300 "$DIR/pull.log" 2>/dev/null | tr -d '"\\\n')

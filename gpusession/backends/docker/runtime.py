@@ -15,7 +15,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import threading
 import uuid
 from pathlib import Path
@@ -38,7 +37,7 @@ from ...transport.bundle import (
     parse_probe,
     site_archive,
 )
-from ...transport.pulls import PullProgress, docker_login, format_bytes, registry_of
+from ...transport.pulls import PullProgress, format_bytes, refused_pull, user_login
 from .engine import (
     HELPER_LABEL,
     LABEL,
@@ -63,13 +62,6 @@ class PreparedRuntime:
     volumes: dict[str, dict[str, str]]  # for containers.create(volumes=...): the bundle, read-only
 
 
-# a registry's answers to a pull without a (valid) login, as the engine relays them
-_AUTH_REFUSED = re.compile(
-    r"unauthorized|authentication required|no basic auth credentials|incorrect username or password",
-    re.I,
-)
-
-
 def find_or_pull_image(client, image: str, progress: Progress):
     """The engine's image `image`; pulled when it has none, with a line about bytes and layers
     done every few seconds and one saying what stays cached."""
@@ -86,8 +78,8 @@ def find_or_pull_image(client, image: str, progress: Progress):
         try:
             # the user's login read now (a `docker login` after a refused start counts), sent
             # with the pull request: the engine's host never stores it
-            login = docker_login(registry_of(image))
-            auth = {"username": login[0], "password": login[1]} if login else None
+            login = user_login(image)
+            auth = {"username": login.username, "password": login.password} if login else None
             for event in client.api.pull(
                 repo, tag=tag or "latest", stream=True, decode=True, auth_config=auth
             ):
@@ -102,17 +94,9 @@ def find_or_pull_image(client, image: str, progress: Progress):
             found = None if pull.error else client.images.get(image)
         except docker.errors.ImageNotFound as exc:
             pull.error = short_error(exc)
-    if pull.error and _AUTH_REFUSED.search(pull.error):
-        registry = registry_of(image)
-        login = docker_login(registry)
-        raise StageError(
-            "image",
-            f"{registry} refused the pull of {image} with your docker login as {login[0]} "
-            f"({pull.error}): run `docker login {registry}` again"
-            if login
-            else f"{registry} wants a login to pull {image} ({pull.error}): run `docker login "
-            f"{registry}` here (gpusession sends it with the pull, never writes it on the engine's host)",
-        )
+    refused = pull.error and refused_pull(image, pull.error, where="the engine's host")
+    if refused:
+        raise StageError("image", refused)
     if pull.error or found is None:
         raise StageError(
             "image",
