@@ -49,6 +49,8 @@ __all__ = [
     "advice_lines",
     "report_lines",
     "budget_line",
+    "report_rest",
+    "price_sources_text",
     "budget_warning",
     "policy_bound_text",
     "start_notes",
@@ -455,6 +457,40 @@ _PRICE_WORDS = {
 }
 
 
+_PRICE_SHORT = {
+    "paid": "price paid",
+    "catalog": "catalog rate",
+    "configured": "configured price",
+    "free": "free",
+}
+
+
+def price_sources_text(prices: dict, catalog_date: str | None, *, short: bool = False) -> str:
+    """Which prices a report's (or a row's) sessions were costed at: '5 at the catalog's rate
+    (snapshot 2025-11-01); 1 at the price paid (...)'; short: '5 catalog rate, 1 price paid'."""
+    if short:
+        return ", ".join(f"{n} {_PRICE_SHORT[kind]}" for kind, n in sorted(prices.items()))
+    return "; ".join(
+        f"{n} {_PRICE_WORDS[kind].format(date=catalog_date)}" for kind, n in sorted(prices.items())
+    )
+
+
+def report_rest(doc: dict) -> dict:
+    """The spend report as REST sends it (the Spend view): the data, `lines` (what `gpusession
+    report` prints), the words of its price sources (whole and per row) and of the budget."""
+    date = doc.get("catalog_date")
+    rows = [
+        dict(r, prices_text=price_sources_text(r["prices"], date, short=True)) for r in doc["rows"]
+    ]
+    return dict(
+        doc,
+        rows=rows,
+        lines=report_lines(doc),
+        prices_text=price_sources_text(doc.get("prices", {}), date),
+        budget_line=budget_line(doc["budget"]) if doc.get("budget") else None,
+    )
+
+
 def _report_row(row: dict) -> tuple[str, ...]:
     mean = row.get("mean_utilization")
     return (
@@ -487,11 +523,7 @@ def report_lines(doc: dict) -> list[str]:
     ]
     lines.insert(len(lines) - 1, "  " + "-" * (sum(widths) + 2 * (len(widths) - 1)))
     total = doc["total"]
-    prices = "; ".join(
-        f"{n} {_PRICE_WORDS[kind].format(date=doc.get('catalog_date'))}"
-        for kind, n in sorted(doc.get("prices", {}).items())
-    )
-    lines.append(f"  prices: {prices}")
+    lines.append(f"  prices: {price_sources_text(doc.get('prices', {}), doc.get('catalog_date'))}")
     if total["running"] or total["failed"]:
         lines.append(
             f"  {total['running']} still running (counted up to now), "

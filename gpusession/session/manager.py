@@ -571,7 +571,9 @@ class SessionManager:
         )
         return dict(doc, name=record.name, state=record.state.value)
 
-    def report(self, since: str | float | None = "30d", by: str = "type") -> dict:
+    def report(
+        self, since: str | float | None = "30d", by: str = "type", split: str | None = None
+    ) -> dict:
         """The spend report as data (gpusession/configuration/cost.py `spend_report`): the sessions billed in
         the last `since` (the duration grammar), a row per `by`, running sessions counted up to
         now (checked first, so one that ended is counted until it ended)."""
@@ -582,6 +584,7 @@ class SessionManager:
             since=at - float(seconds or 0.0),
             by=by,
             at=at,
+            split=split,
             catalog_prices=self._catalog_prices,
             could_save=lambda r: could_save(
                 r.resource.get("agent_summary"),
