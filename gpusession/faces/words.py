@@ -152,10 +152,27 @@ def describe_warning(w: Warning, *, hint: bool = True) -> str:
     if w.kind is WarningKind.MAX_COST:
         eta = f" in about {left}" if w.remaining_s is not None else ""
         return f"spent ${w.spent or 0:.2f} of the ${w.max_cost or 0:.2f} cap: the session stops at the cap{eta}"
+    if w.kind is WarningKind.BUDGET:
+        return budget_running_text(w)
     return (
         f"spot interruption notice: AWS will {w.action or 'stop'} this instance at "
         f"{w.time or 'any moment'}; save your work"
     )
+
+
+def budget_running_text(w: Warning) -> str:
+    """A running session's budget warning: what the month spent against the budget, and what
+    happens to the session (it keeps running, unless a policy stops sessions at its cap)."""
+    spent, budget = w.spent or 0.0, w.budget or 0.0
+    share = f"{100 * spent / budget:.0f}%" if budget else "all"
+    figure = f"this month's GPU spend {format_money(spent)} is {share} of the {format_money(budget)} monthly budget"
+    if w.action == "stop":
+        return (
+            f"{figure}: your policy stops sessions at its cap ({w.source}); this one is stopped now"
+        )
+    if spent >= budget:
+        return f"{figure}: this session keeps running, new starts are refused; stop it when you can (`%gpu stop`)"
+    return f"{figure}: this session keeps running; at 100% new starts are refused"
 
 
 def warning_texts(warnings: Iterable[Any], *, hint: bool = True) -> list[str]:
@@ -782,7 +799,26 @@ def rest_view(view: dict) -> dict:
         out["advice"] = dict(out["advice"], text=advice_line(out["advice"]))
     out["policy"] = [policy_bound_text(b) for b in out.get("policy_bounds") or []]
     out["budget_warning"] = budget_warning(out.get("budget"))
+    running = next(
+        (
+            w
+            for w in map(Warning.from_dict, out.get("warnings") or [])
+            if w and w.kind is WarningKind.BUDGET
+        ),
+        None,
+    )  # the month ran out of budget while it runs: the sidebar notifies once per level
+    out["budget_alert"] = (
+        None
+        if running is None
+        else {"level": budget_level(running), "text": describe_warning(running)}
+    )
     return out
+
+
+def budget_level(w: Warning) -> str:
+    """'warn' (80% of the budget spent) or 'over' (all of it): a budget warning is said once
+    per level."""
+    return "over" if (w.spent or 0.0) >= (w.budget or 0.0) else "warn"
 
 
 def ended_line(state: str | None, reason: StopReason | None, error: str | None) -> str | None:

@@ -507,22 +507,60 @@ class SessionManager:
                 raise SessionEnded(record) from None
             raise
         doc = self._with_notices(session.id, doc)
+        if any(
+            w.get("kind") == WarningKind.BUDGET.value and w.get("action") == "stop"
+            for w in doc.get("warnings") or [] if isinstance(w, dict)
+        ):  # fmt: skip
+            self._stop_at_cap(session.id)
         with self._lock:
             self._stats_cache[session.id] = (time.time(), doc)
         self.liveness.saw(session.id)
         return doc
 
     def _with_notices(self, session_id: str, doc: dict) -> dict:
-        """Add what the backend learnt outside the agent (a spot interruption notice, seen by the
-        link and recorded in the store) to the warnings the notebook and the panels show."""
+        """Add what the agent cannot know to the warnings the notebook and the panels show: a
+        spot interruption notice (seen by the link and recorded in the store), and the month's
+        spend past 80% of the monthly budget while the session runs (docs/cost.md)."""
+        warnings = list(doc.get("warnings") or [])
         interrupted = self.store.get(session_id).resource.get("interrupted")
-        if not interrupted:
-            return doc
-        notice = interrupted.get("notice") or {}
-        warning = Warning(
-            WarningKind.SPOT_INTERRUPTION, action=notice.get("action"), time=notice.get("time")
-        )
-        return dict(doc, warnings=[*(doc.get("warnings") or []), warning.to_dict()])
+        if interrupted:
+            notice = interrupted.get("notice") or {}
+            warnings.append(
+                Warning(
+                    WarningKind.SPOT_INTERRUPTION,
+                    action=notice.get("action"),
+                    time=notice.get("time"),
+                ).to_dict()
+            )
+        budget = self.budget()
+        if budget is not None and budget["state"] != "ok":
+            stop = budget["state"] == "over" and self._stops_at_cap(budget)
+            warnings.append(
+                Warning(
+                    WarningKind.BUDGET,
+                    spent=budget["spent"],
+                    budget=budget["budget"],
+                    source=budget["source"],
+                    action="stop" if stop else None,
+                ).to_dict()
+            )
+        return dict(doc, warnings=warnings) if warnings else doc
+
+    def _stop_at_cap(self, session_id: str) -> None:
+        """The policy's monthly cap is spent and it says stop (`stop_at_monthly_cap`): stop the
+        session, its variables saved into its workspace first when it has one; SessionEnded
+        tells the caller (the notebook's poll says so in one line)."""
+        record = self.store.get(session_id)
+        by = f"your policy's monthly cap ({load_policy().path})"  # type: ignore[union-attr]
+        record = self.stop(session_id, by=by, save=bool(record.resource.get("workspace")))
+        raise SessionEnded(record)
+
+    @staticmethod
+    def _stops_at_cap(budget: dict) -> bool:
+        """Whether an administrator's policy stops running sessions once its monthly cap is
+        spent (`stop_at_monthly_cap`; else a running session is only warned)."""
+        policy = load_policy() if budget.get("policy") else None
+        return bool(policy is not None and policy.stop_at_monthly_cap)
 
     def keepalive(self, key: str, duration: str | float) -> dict:
         """Postpone the session's idle stop by `duration` (the duration grammar); the agent caps
