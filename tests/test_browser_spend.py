@@ -52,6 +52,12 @@ from test_spend import _session  # noqa: E402
 H, D = 3600.0, 86400.0
 BUDGET = "60"
 VIEW = "#gpusession-spend"
+# the text whose contrast is measured: one of each kind (each costs the browser round trips)
+READ = (
+    "th, tr[data-key='ws-a'] td, .gpusession-spend-total-row td, .gpusession-spend-total span, "
+    ".gpusession-spend-prices, .gpusession-spend-budget, .gpusession-spend-span, "
+    ".gpusession-spend-legend-item, .gpusession-spend-day:not(:empty)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -237,10 +243,10 @@ def test_spend_view_agrees_with_the_report_to_the_cent(lab, page):
         legend = view.locator(".gpusession-spend-legend-item").all_inner_texts()
         assert sorted(legend) == sorted(k for k in by_type if k != "total")
 
-        assert not low_contrast(page, VIEW, "td, th, span, div.gpusession-spend-budget", 4.5)
+        assert not low_contrast(page, VIEW, READ, 4.5)
         view.screenshot(path=str(ARTIFACTS / "spend-light.png"))
         set_theme(page, dark=True)
-        assert not low_contrast(page, VIEW, "td, th, span, div.gpusession-spend-budget", 4.5)
+        assert not low_contrast(page, VIEW, READ, 4.5)
         view.screenshot(path=str(ARTIFACTS / "spend-dark.png"))
         set_theme(page, dark=False)
 
@@ -256,3 +262,34 @@ def test_spend_view_agrees_with_the_report_to_the_cent(lab, page):
         sync_api.expect(view.locator('tr[data-key="ws-c"]')).to_have_count(0)
         assert view.locator(".gpusession-spend-bar").count() in (7, 8)
         assert not page.errors, page.errors
+
+
+def test_a_running_session_past_80_percent_of_the_budget(lab, page):
+    """The month's spend passes 80% of the budget while a session runs: its card says so and
+    JupyterLab notifies once; the session keeps running."""
+    manager = lab.manager
+    manager.config.monthly_budget = float(BUDGET)  # as the server reads it from its env
+    session = manager.start(manager.make_spec("t4", backend="local", idle="10m", name="b-live"))
+    spent = manager.budget()["spent"]
+    at = time.time()  # other spend of this month: a minute at 60x its price brings it to 90%
+    _session(manager.store, "b-other", "a100", at, price=(0.9 * 60 - spent) * 60,
+             billed=(70.0, 10.0))  # fmt: skip
+    with screenshot_on_failure(page, "spend-warning"):
+        open_lab(page, lab, "spend-warning")
+        open_sidebar(page)
+        panel = page.locator(PANEL)
+        card = panel.locator('.gpusession-card[data-session-name="b-live"]')
+        warning = card.locator(".gpusession-idle-warning")
+        sync_api.expect(warning).to_contain_text(
+            "of the $60.00 monthly budget: this session keeps running; at 100% new starts are "
+            "refused",
+            timeout=TIMEOUT_MS,
+        )
+        toast = page.locator(".Toastify__toast", has_text="GPU session b-live: this month's GPU")
+        sync_api.expect(toast).to_have_count(1)
+        page.wait_for_timeout(5000)  # more polls: still one notification
+        sync_api.expect(toast).to_have_count(1)
+        assert manager.refresh_state(session.id).state == State.RUNNING
+        panel.screenshot(path=str(ARTIFACTS / "spend-budget-warning.png"))
+        assert not page.errors, page.errors
+    manager.stop(session.id)

@@ -39,6 +39,8 @@ def spend_more(manager: SessionManager, name: str, dollars: float) -> None:
 
 def test_budget_runs_out_during_a_running_session(gs_home, tmp_path, monkeypatch):
     monkeypatch.delenv("GPUSESSION_POLICY", raising=False)
+    # the polls sum the month's spend at most every BUDGET_CHECK_S (10 s): 1 s keeps this quick
+    monkeypatch.setattr("gpusession.session.manager.BUDGET_CHECK_S", 1.0)
     manager = SessionManager(GpuSessionConfig(data_dir=str(gs_home)))
     spend_more(manager, "earlier", 8.5)
     manager.config.monthly_budget = 10.0  # 85%: the start warns, and goes ahead
@@ -67,7 +69,7 @@ def test_budget_runs_out_during_a_running_session(gs_home, tmp_path, monkeypatch
         over = wait_for(said, 2)[1]
         assert "% of the $10.00 monthly budget: this session keeps running, new starts are " in over
         assert over.endswith("refused; stop it when you can (`%gpu stop`)"), over
-        time.sleep(4)  # more polls: each level is said once
+        time.sleep(3.5)  # more polls: each level is said once
         assert len(said) == 2 and not ended, (said, ended)
         assert manager.refresh_state(session.id).state == State.RUNNING  # warned, never stopped
         assert session.run("x = 6 * 7")["status"] == "ok"

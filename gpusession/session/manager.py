@@ -38,6 +38,7 @@ POLICY_BOUNDS = (
     "policy_bounds"  # spec.extra: the bounds a policy put in ({"field", "limit", "policy"})
 )
 FRESH_S = 15.0  # how long a fetched stats document may fill in a view's idle countdown
+BUDGET_CHECK_S = 10.0  # how old the month's spend may be when a stats poll warns of the budget
 
 
 def default_backend_name(config: GpuSessionConfig) -> str:
@@ -71,6 +72,7 @@ class SessionManager:
         self._connected: dict[str, Session] = {}
         self._lock = threading.RLock()
         self._stats_cache: dict[str, tuple[float, dict]] = {}  # id -> (fetched at, stats)
+        self._budget_seen: tuple[float, dict | None] = (0.0, None)  # (when, budget()) for polls
         # which running sessions are still alive, asked cheaply
         self.liveness = Liveness(self.store, self.backend, self.reconcile)
 
@@ -532,7 +534,7 @@ class SessionManager:
                     time=notice.get("time"),
                 ).to_dict()
             )
-        budget = self.budget()
+        budget = self._recent_budget()
         if budget is not None and budget["state"] != "ok":
             stop = budget["state"] == "over" and self._stops_at_cap(budget)
             warnings.append(
@@ -545,6 +547,17 @@ class SessionManager:
                 ).to_dict()
             )
         return dict(doc, warnings=warnings) if warnings else doc
+
+    def _recent_budget(self) -> dict | None:
+        """`budget()` at most BUDGET_CHECK_S old: every stats poll of every session asks, and
+        summing the month's spend reads the whole store."""
+        with self._lock:
+            at, status = self._budget_seen
+        if time.time() - at > BUDGET_CHECK_S:
+            status = self.budget()
+            with self._lock:
+                self._budget_seen = (time.time(), status)
+        return status
 
     def _stop_at_cap(self, session_id: str) -> None:
         """The policy's monthly cap is spent and it says stop (`stop_at_monthly_cap`): stop the
