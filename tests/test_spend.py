@@ -43,15 +43,22 @@ def _session(store, name, gpu, at, *, backend="local", price, billed, end=State.
     return store.transition(record.id, State.STOPPED, "stopped", at=at - stop + 1)
 
 
-def fill(store: Store, at: float) -> dict:
-    """Sessions of every state and backend, all within the last 30 days but one."""
-    idle_a100 = {
+def idle_a100_summary() -> dict:
+    """The agent's summary of two hours on an A100, one of them idle (recorded samples)."""
+    return {
         "duration_s": 2 * H,
         "mean_gpu_utilization": 2.9,
         "idle_minutes": 60.0,
         "usage": replayed_usage("usage_idle_a100.json"),
     }
-    spot = StopReason(StopKind.SPOT_INTERRUPTION).to_dict()
+
+
+SPOT_STOP = StopReason(StopKind.SPOT_INTERRUPTION).to_dict()
+
+
+def fill(store: Store, at: float) -> dict:
+    """Sessions of every state and backend, all within the last 30 days but one."""
+    idle_a100, spot = idle_a100_summary(), SPOT_STOP
     return {
         "done": _session(store, "t4-done", "t4", at, price=0.526, billed=(5 * H, 4 * H),
                          agent_summary={"mean_gpu_utilization": 40.0, "idle_minutes": 30.0}),

@@ -78,6 +78,7 @@ export class SpendView extends Widget {
   constructor(client: GpuSessionClient) {
     super();
     this.id = SPEND_ID;
+    this.addClass('gpusession-charts'); // the main-area views' page, colours and notes
     this.addClass('gpusession-spend');
     this.node.dataset.testid = SPEND_ID;
     this.title.label = 'GPU spend';
@@ -86,7 +87,7 @@ export class SpendView extends Widget {
     this.title.closable = true;
     this._client = client;
 
-    const toolbar = element('div', 'gpusession-spend-toolbar');
+    const toolbar = element('div', 'gpusession-charts-toolbar gpusession-spend-toolbar');
     const heading = element('h2', 'gpusession-spend-heading');
     heading.textContent = 'GPU spend';
     const periodLabel = element('label', 'gpusession-charts-field');

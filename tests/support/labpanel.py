@@ -268,18 +268,15 @@ CONTRAST_JS = """
 
 
 def low_contrast(page, scope: str, selector: str, minimum: float) -> list[dict]:
-    """The visible elements under `scope` matching `selector` whose text has less contrast.
-    Measured in one call into the page (visible as Playwright means it: a box that is not empty
-    and not visibility: hidden)."""
-    measured = page.locator(f"{scope} {selector}").evaluate_all(
-        """els => els.filter(el => {
-            const box = el.getBoundingClientRect();
-            return box.width > 0 && box.height > 0 && getComputedStyle(el).visibility !== 'hidden'
-                && (el.innerText || '').trim();
-        }).map(%s)"""
-        % CONTRAST_JS.strip()
-    )
-    return [m for m in measured if m["ratio"] < minimum]
+    """The visible elements under `scope` matching `selector` whose text has less contrast."""
+    found = []
+    for element in page.locator(f"{scope} {selector}").all():
+        if not element.is_visible() or not (element.inner_text() or "").strip():
+            continue
+        measured = element.evaluate(CONTRAST_JS)
+        if measured["ratio"] < minimum:
+            found.append(measured)
+    return found
 
 
 # The words of an element that the browser broke across lines although they fit on one: a word
