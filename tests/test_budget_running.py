@@ -18,6 +18,7 @@ from gpusession.core.models import State
 from gpusession.faces.notify import WarningNotifier
 from gpusession.faces.words import rest_view
 from gpusession.session import SessionManager
+from test_cli import cli
 from test_spend import _session
 
 H = 3600.0
@@ -89,3 +90,14 @@ def test_budget_runs_out_during_a_running_session(gs_home, tmp_path, monkeypatch
         notifier.stop()
         if manager.get(session.id).state.active:
             manager.stop(session.id)
+
+
+def test_stop_at_monthly_cap_must_be_true_or_false(nb_env, tmp_path):
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"monthly_cap": 9, "stop_at_monthly_cap": "yes"}))
+    r = cli(dict(nb_env, GPUSESSION_POLICY=str(policy)), "report")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert (
+        f"the gpusession policy {policy} cannot be used (stop_at_monthly_cap must be " in r.stderr
+    )
+    assert "true or false" in r.stderr
