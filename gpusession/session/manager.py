@@ -167,7 +167,7 @@ class SessionManager:
         budget = float(self.config.monthly_budget or 0.0)
         policy = load_policy()
         cap = policy.monthly_cap if policy is not None else None
-        capped = cap is not None and (budget <= 0 or cap < budget)  # the policy's cap binds
+        capped = cap is not None and (budget <= 0 or cap <= budget)  # the policy's cap binds
         budget = cap if capped else budget
         if not budget or budget <= 0:
             return None
