@@ -43,15 +43,22 @@ def _session(store, name, gpu, at, *, backend="local", price, billed, end=State.
     return store.transition(record.id, State.STOPPED, "stopped", at=at - stop + 1)
 
 
-def fill(store: Store, at: float) -> dict:
-    """Sessions of every state and backend, all within the last 30 days but one."""
-    idle_a100 = {
+def idle_a100_summary() -> dict:
+    """The agent's summary of two hours on an A100, one of them idle (recorded samples)."""
+    return {
         "duration_s": 2 * H,
         "mean_gpu_utilization": 2.9,
         "idle_minutes": 60.0,
         "usage": replayed_usage("usage_idle_a100.json"),
     }
-    spot = StopReason(StopKind.SPOT_INTERRUPTION).to_dict()
+
+
+SPOT_STOP = StopReason(StopKind.SPOT_INTERRUPTION).to_dict()
+
+
+def fill(store: Store, at: float) -> dict:
+    """Sessions of every state and backend, all within the last 30 days but one."""
+    idle_a100, spot = idle_a100_summary(), SPOT_STOP
     return {
         "done": _session(store, "t4-done", "t4", at, price=0.526, billed=(5 * H, 4 * H),
                          agent_summary={"mean_gpu_utilization": 40.0, "idle_minutes": 30.0}),
@@ -74,7 +81,7 @@ def fill(store: Store, at: float) -> dict:
     }  # fmt: skip
 
 
-def report(store, at, by="type", since=30 * D):
+def report(store, at, by="type", since=30 * D, split=None):
     catalog = load_catalog()
     from gpusession.configuration.advice import could_save
 
@@ -83,6 +90,7 @@ def report(store, at, by="type", since=30 * D):
         since=at - since,
         by=by,
         at=at,
+        split=split,
         catalog_prices=lambda r: (catalog.price_per_hour(catalog.get(r.spec.gpu_type), 1),),
         could_save=lambda r: could_save(
             r.resource.get("agent_summary"), gpu_type=r.spec.gpu_type, gpu_count=1,
@@ -124,6 +132,17 @@ def test_report_agrees_with_the_store_for_every_state(tmp_path):
     assert by_ws == {"ws1": 2, "-": 5}
     days = [r["key"] for r in report(store, at, "day")["rows"]]
     assert days == sorted(days) and len(days) >= 2
+    # the Spend view's bars: each day's parts by type add up to the day, and to each type's row
+    split = report(store, at, "day", split="type")
+    per_type: dict[str, float] = {}
+    for day in split["rows"]:
+        assert sum(p["cost"] for p in day["split"]) == pytest.approx(day["cost"], abs=1e-5)
+        for part in day["split"]:
+            per_type[part["key"]] = per_type.get(part["key"], 0.0) + part["cost"]
+    assert per_type == pytest.approx({k: r["cost"] for k, r in rows.items()}, abs=1e-5)
+    # each row counts its own price sources; together they are the report's
+    assert rows["t4"]["prices"] == {"catalog": 3, "paid": 1, "configured": 1}
+    assert rows["a100"]["prices"] == {"catalog": 2}
     assert report(store, at, since=60 * D)["total"]["sessions"] == len(inside) + 2  # old too
 
 

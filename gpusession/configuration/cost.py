@@ -163,6 +163,7 @@ def _blank(key: str) -> dict:
         "mean_utilization": None,
         "running": 0,
         "failed": 0,
+        "prices": {},  # price source (price_source) -> sessions priced from it
         "_util_weight": 0.0,
         "_util_sum": 0.0,
     }
@@ -171,6 +172,7 @@ def _blank(key: str) -> dict:
 def _add(row: dict, item: dict) -> None:
     for name in ("sessions", "cost", "gpu_hours", "idle_cost", "could_save", "running", "failed"):
         row[name] += item[name]
+    row["prices"][item["price_source"]] = row["prices"].get(item["price_source"], 0) + 1
     if item["mean_utilization"] is not None and item["gpu_hours"] > 0:
         row["_util_weight"] += item["gpu_hours"]
         row["_util_sum"] += item["mean_utilization"] * item["gpu_hours"]
@@ -182,6 +184,8 @@ def _finish(row: dict) -> dict:
     for name in ("cost", "idle_cost", "could_save"):
         row[name] = round(row[name], 6)
     row["gpu_hours"] = round(row["gpu_hours"], 4)
+    if "split" in row:  # the second breakdown: its parts in the order of their keys
+        row["split"] = [_finish(part) for _, part in sorted(row["split"].items())]
     return row
 
 
@@ -227,18 +231,22 @@ def spend_report(
     at: float | None = None,
     catalog_prices=lambda record: (),
     could_save=lambda record: 0.0,
+    split: str | None = None,
 ) -> dict[str, Any]:
-    """Spend from `since` to `at` (default now), a row per `by` key (REPORT_BY) and a total.
+    """Spend from `since` to `at` (default now), a row per `by` key (REPORT_BY) and a total;
+    with `split` (another REPORT_BY key), each row's `split` lists its parts by that key (the
+    Spend view's bars: a day's cost per GPU type). Each row's `prices` counts its sessions per
+    price source (`price_source`).
     `catalog_prices(record)`: the catalog's rates for its GPUs (per GPU, whole instance);
     `could_save(record)`: the advice's saving for the whole session (gpusession/configuration/advice.py)."""
-    if by not in REPORT_BY:
-        raise BadInput(
-            f"cannot break a report down by {by!r}; choose one of {', '.join(REPORT_BY)}"
-        )
+    for key in (by, split or by):
+        if key not in REPORT_BY:
+            raise BadInput(
+                f"cannot break a report down by {key!r}; choose one of {', '.join(REPORT_BY)}"
+            )
     at = now() if at is None else at
     rows: dict[str, dict] = {}
     total = _blank("total")
-    prices: dict[str, int] = {}
     for record in records:
         item = session_spend(
             record,
@@ -249,10 +257,13 @@ def spend_report(
         )
         if item["billed_s"] <= 0:
             continue  # nothing billed in the period (never provisioned, or all before it)
-        prices[item["price_source"]] = prices.get(item["price_source"], 0) + 1
         key = _report_key(record, by, since)
-        _add(rows.setdefault(key, _blank(key)), item)
+        row = rows.setdefault(key, _blank(key))
+        _add(row, item)
         _add(total, item)
+        if split is not None:
+            part = _report_key(record, split, since)
+            _add(row.setdefault("split", {}).setdefault(part, _blank(part)), item)
     ordered = sorted(rows.values(), key=lambda r: r["key"] if by == "day" else -r["cost"])
     return {
         "since": since,
@@ -260,7 +271,7 @@ def spend_report(
         "by": by,
         "rows": [_finish(r) for r in ordered],
         "total": _finish(total),
-        "prices": prices,
+        "prices": total["prices"],  # the whole report's price sources (each row has its own)
     }
 
 

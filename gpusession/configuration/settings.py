@@ -230,6 +230,9 @@ class Policy:
     allowed_backends: tuple[str, ...] | None = None
     allowed_regions: tuple[str, ...] | None = None
     monthly_cap: float | None = None  # dollars a user may spend in a calendar month (UTC)
+    # stop running sessions (saving their workspace) once monthly_cap is spent; false: they are
+    # only warned, as a user's own budget does
+    stop_at_monthly_cap: bool = False
 
     # (field of the option table, spec attribute, policy attribute) of the upper bounds
     _LIMITS = (
@@ -321,6 +324,12 @@ def load_policy() -> Policy | None:
         def money(key: str) -> float | None:
             return None if raw.get(key) is None else parse_money(raw[key], what=key)
 
+        def flag(key: str) -> bool:
+            value = raw.get(key, False)
+            if not isinstance(value, bool):
+                raise BadInput(f"{key} must be true or false")
+            return value
+
         def duration(key: str, rule) -> float | None:
             try:
                 return None if raw.get(key) is None else rule.parse(raw[key])
@@ -336,6 +345,7 @@ def load_policy() -> Policy | None:
             allowed_backends=names("allowed_backends"),
             allowed_regions=names("allowed_regions"),
             monthly_cap=money("monthly_cap"),
+            stop_at_monthly_cap=flag("stop_at_monthly_cap"),
         )
     except (OSError, ValueError, BadInput) as exc:
         why = getattr(exc, "strerror", None) or str(exc)
@@ -353,4 +363,5 @@ _POLICY_KEYS = {
     "allowed_backends",
     "allowed_regions",
     "monthly_cap",
+    "stop_at_monthly_cap",
 }

@@ -303,6 +303,7 @@ class WarningKind(str, enum.Enum):
     MAX_RUNTIME = "max-runtime"  # the runtime limit comes soon
     MAX_COST = "max-cost"  # spending reached the warning share of the cap
     SPOT_INTERRUPTION = "spot-interruption"  # the cloud announced it takes the instance back
+    BUDGET = "budget"  # the month's spend passed 80% of the monthly budget, or all of it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,9 +314,11 @@ class Warning:  # noqa: A001 - the protocol's word; never imported as a bare nam
     remaining_s: float | None = None  # time left until the stop
     idle_for_s: float | None = None  # IDLE
     limit_s: float | None = None  # MAX_RUNTIME: the limit
-    spent: float | None = None  # MAX_COST
+    spent: float | None = None  # MAX_COST; BUDGET: the month's spend
     max_cost: float | None = None  # MAX_COST
     action: str | None = None  # SPOT_INTERRUPTION: what the cloud will do (stop, terminate)
+    budget: float | None = None  # BUDGET: the monthly budget (or a policy's monthly cap)
+    source: str | None = None  # BUDGET: where it is set (a policy file: only its admin raises it)
     time: str | None = None  # SPOT_INTERRUPTION: when, as the cloud wrote it
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,9 +8,9 @@ import time
 from typing import Any, Callable
 
 from ..core.errors import GpuSessionError, SessionEnded
-from ..core.protocol import Warning
+from ..core.protocol import Warning, WarningKind
 from ..session import AgentUnavailable
-from .words import describe_warning, error_text, status_lines
+from .words import budget_level, describe_warning, error_text, status_lines
 
 
 def watch(
@@ -111,8 +111,8 @@ class WarningNotifier:
             current = {}
             for item in doc.get("warnings") or []:
                 w = Warning.from_dict(item)
-                if w is not None:
-                    current[w.kind] = w
+                if w is not None:  # a budget's 80% and 100% are each said once
+                    current[(w.kind, budget_level(w) if w.kind is WarningKind.BUDGET else "")] = w
             for kind, warning in current.items():
                 if kind not in shown:  # once while it lasts; again if it comes back
                     self._say(f"[gpusession] WARNING: {describe_warning(warning)}")

@@ -49,6 +49,8 @@ __all__ = [
     "advice_lines",
     "report_lines",
     "budget_line",
+    "report_rest",
+    "price_sources_text",
     "budget_warning",
     "policy_bound_text",
     "start_notes",
@@ -150,10 +152,27 @@ def describe_warning(w: Warning, *, hint: bool = True) -> str:
     if w.kind is WarningKind.MAX_COST:
         eta = f" in about {left}" if w.remaining_s is not None else ""
         return f"spent ${w.spent or 0:.2f} of the ${w.max_cost or 0:.2f} cap: the session stops at the cap{eta}"
+    if w.kind is WarningKind.BUDGET:
+        return budget_running_text(w)
     return (
         f"spot interruption notice: AWS will {w.action or 'stop'} this instance at "
         f"{w.time or 'any moment'}; save your work"
     )
+
+
+def budget_running_text(w: Warning) -> str:
+    """A running session's budget warning: what the month spent against the budget, and what
+    happens to the session (it keeps running, unless a policy stops sessions at its cap)."""
+    spent, budget = w.spent or 0.0, w.budget or 0.0
+    share = f"{100 * spent / budget:.0f}%" if budget else "all"
+    figure = f"this month's GPU spend {format_money(spent)} is {share} of the {format_money(budget)} monthly budget"
+    if w.action == "stop":
+        return (
+            f"{figure}: your policy stops sessions at its cap ({w.source}); this one is stopped now"
+        )
+    if spent >= budget:
+        return f"{figure}: this session keeps running, new starts are refused; stop it when you can (`%gpu stop`)"
+    return f"{figure}: this session keeps running; at 100% new starts are refused"
 
 
 def warning_texts(warnings: Iterable[Any], *, hint: bool = True) -> list[str]:
@@ -455,6 +474,40 @@ _PRICE_WORDS = {
 }
 
 
+_PRICE_SHORT = {
+    "paid": "price paid",
+    "catalog": "catalog rate",
+    "configured": "configured price",
+    "free": "free",
+}
+
+
+def price_sources_text(prices: dict, catalog_date: str | None, *, short: bool = False) -> str:
+    """Which prices a report's (or a row's) sessions were costed at: '5 at the catalog's rate
+    (snapshot 2025-11-01); 1 at the price paid (...)'; short: '5 catalog rate, 1 price paid'."""
+    if short:
+        return ", ".join(f"{n} {_PRICE_SHORT[kind]}" for kind, n in sorted(prices.items()))
+    return "; ".join(
+        f"{n} {_PRICE_WORDS[kind].format(date=catalog_date)}" for kind, n in sorted(prices.items())
+    )
+
+
+def report_rest(doc: dict) -> dict:
+    """The spend report as REST sends it (the Spend view): the data, `lines` (what `gpusession
+    report` prints), the words of its price sources (whole and per row) and of the budget."""
+    date = doc.get("catalog_date")
+    rows = [
+        dict(r, prices_text=price_sources_text(r["prices"], date, short=True)) for r in doc["rows"]
+    ]
+    return dict(
+        doc,
+        rows=rows,
+        lines=report_lines(doc),
+        prices_text=price_sources_text(doc.get("prices", {}), date),
+        budget_line=budget_line(doc["budget"]) if doc.get("budget") else None,
+    )
+
+
 def _report_row(row: dict) -> tuple[str, ...]:
     mean = row.get("mean_utilization")
     return (
@@ -487,11 +540,7 @@ def report_lines(doc: dict) -> list[str]:
     ]
     lines.insert(len(lines) - 1, "  " + "-" * (sum(widths) + 2 * (len(widths) - 1)))
     total = doc["total"]
-    prices = "; ".join(
-        f"{n} {_PRICE_WORDS[kind].format(date=doc.get('catalog_date'))}"
-        for kind, n in sorted(doc.get("prices", {}).items())
-    )
-    lines.append(f"  prices: {prices}")
+    lines.append(f"  prices: {price_sources_text(doc.get('prices', {}), doc.get('catalog_date'))}")
     if total["running"] or total["failed"]:
         lines.append(
             f"  {total['running']} still running (counted up to now), "
@@ -750,7 +799,26 @@ def rest_view(view: dict) -> dict:
         out["advice"] = dict(out["advice"], text=advice_line(out["advice"]))
     out["policy"] = [policy_bound_text(b) for b in out.get("policy_bounds") or []]
     out["budget_warning"] = budget_warning(out.get("budget"))
+    running = next(
+        (
+            w
+            for w in map(Warning.from_dict, out.get("warnings") or [])
+            if w and w.kind is WarningKind.BUDGET
+        ),
+        None,
+    )  # the month ran out of budget while it runs: the sidebar notifies once per level
+    out["budget_alert"] = (
+        None
+        if running is None
+        else {"level": budget_level(running), "text": describe_warning(running)}
+    )
     return out
+
+
+def budget_level(w: Warning) -> str:
+    """'warn' (80% of the budget spent) or 'over' (all of it): a budget warning is said once
+    per level."""
+    return "over" if (w.spent or 0.0) >= (w.budget or 0.0) else "warn"
 
 
 def ended_line(state: str | None, reason: StopReason | None, error: str | None) -> str | None:

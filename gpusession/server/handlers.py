@@ -23,7 +23,7 @@ from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput, SessionBusy, StageError
 from ..faces.words import (
     image_text,
-    report_lines,
+    report_rest,
     rest_view,
     switch_line,
     warning_texts,
@@ -275,18 +275,19 @@ class CatalogHandler(BaseHandler):
 
 
 class ReportHandler(BaseHandler):
-    """GET report?since=30d&by=type: the spend report (gpusession/configuration/cost.py) with its words
-    (`lines`, what `gpusession report` prints), from the store."""
+    """GET report?since=30d&by=type[&split=type]: the spend report (gpusession/configuration/cost.py)
+    with its words (`lines`, what `gpusession report` prints), from the store; `split`: each
+    row's parts by a second key."""
 
     @tornado.web.authenticated
     async def get(self) -> None:
         since = self.get_query_argument("since", "30d")
         by = self.get_query_argument("by", "type")
+        split = self.get_query_argument("split", None)  # the Spend view's bars: day, then type
         m = self.api.manager
 
         def report() -> dict:
-            doc = m.report(since, by)
-            return dict(doc, lines=report_lines(doc))
+            return report_rest(m.report(since, by, split=split))
 
         await self.guarded(report)
 

@@ -38,6 +38,7 @@ POLICY_BOUNDS = (
     "policy_bounds"  # spec.extra: the bounds a policy put in ({"field", "limit", "policy"})
 )
 FRESH_S = 15.0  # how long a fetched stats document may fill in a view's idle countdown
+BUDGET_CHECK_S = 10.0  # how old the month's spend may be when a stats poll warns of the budget
 
 
 def default_backend_name(config: GpuSessionConfig) -> str:
@@ -71,6 +72,7 @@ class SessionManager:
         self._connected: dict[str, Session] = {}
         self._lock = threading.RLock()
         self._stats_cache: dict[str, tuple[float, dict]] = {}  # id -> (fetched at, stats)
+        self._budget_seen: tuple[float, dict | None] = (0.0, None)  # (when, budget()) for polls
         # which running sessions are still alive, asked cheaply
         self.liveness = Liveness(self.store, self.backend, self.reconcile)
 
@@ -165,7 +167,7 @@ class SessionManager:
         budget = float(self.config.monthly_budget or 0.0)
         policy = load_policy()
         cap = policy.monthly_cap if policy is not None else None
-        capped = cap is not None and (budget <= 0 or cap < budget)  # the policy's cap binds
+        capped = cap is not None and (budget <= 0 or cap <= budget)  # the policy's cap binds
         budget = cap if capped else budget
         if not budget or budget <= 0:
             return None
@@ -507,22 +509,71 @@ class SessionManager:
                 raise SessionEnded(record) from None
             raise
         doc = self._with_notices(session.id, doc)
+        if any(
+            w.get("kind") == WarningKind.BUDGET.value and w.get("action") == "stop"
+            for w in doc.get("warnings") or [] if isinstance(w, dict)
+        ):  # fmt: skip
+            self._stop_at_cap(session.id)
         with self._lock:
             self._stats_cache[session.id] = (time.time(), doc)
         self.liveness.saw(session.id)
         return doc
 
     def _with_notices(self, session_id: str, doc: dict) -> dict:
-        """Add what the backend learnt outside the agent (a spot interruption notice, seen by the
-        link and recorded in the store) to the warnings the notebook and the panels show."""
+        """Add what the agent cannot know to the warnings the notebook and the panels show: a
+        spot interruption notice (seen by the link and recorded in the store), and the month's
+        spend past 80% of the monthly budget while the session runs (docs/cost.md)."""
+        warnings = list(doc.get("warnings") or [])
         interrupted = self.store.get(session_id).resource.get("interrupted")
-        if not interrupted:
-            return doc
-        notice = interrupted.get("notice") or {}
-        warning = Warning(
-            WarningKind.SPOT_INTERRUPTION, action=notice.get("action"), time=notice.get("time")
-        )
-        return dict(doc, warnings=[*(doc.get("warnings") or []), warning.to_dict()])
+        if interrupted:
+            notice = interrupted.get("notice") or {}
+            warnings.append(
+                Warning(
+                    WarningKind.SPOT_INTERRUPTION,
+                    action=notice.get("action"),
+                    time=notice.get("time"),
+                ).to_dict()
+            )
+        budget = self._recent_budget()
+        if budget is not None and budget["state"] != "ok":
+            stop = budget["state"] == "over" and self._stops_at_cap(budget)
+            warnings.append(
+                Warning(
+                    WarningKind.BUDGET,
+                    spent=budget["spent"],
+                    budget=budget["budget"],
+                    source=budget["source"],
+                    action="stop" if stop else None,
+                ).to_dict()
+            )
+        return dict(doc, warnings=warnings) if warnings else doc
+
+    def _recent_budget(self) -> dict | None:
+        """`budget()` at most BUDGET_CHECK_S old: every stats poll of every session asks, and
+        summing the month's spend reads the whole store."""
+        with self._lock:
+            at, status = self._budget_seen
+        if time.time() - at > BUDGET_CHECK_S:
+            status = self.budget()
+            with self._lock:
+                self._budget_seen = (time.time(), status)
+        return status
+
+    def _stop_at_cap(self, session_id: str) -> None:
+        """The policy's monthly cap is spent and it says stop (`stop_at_monthly_cap`): stop the
+        session, its variables saved into its workspace first when it has one; SessionEnded
+        tells the caller (the notebook's poll says so in one line)."""
+        record = self.store.get(session_id)
+        by = f"your policy's monthly cap ({load_policy().path})"  # type: ignore[union-attr]
+        record = self.stop(session_id, by=by, save=bool(record.resource.get("workspace")))
+        raise SessionEnded(record)
+
+    @staticmethod
+    def _stops_at_cap(budget: dict) -> bool:
+        """Whether an administrator's policy stops running sessions once its monthly cap is
+        spent (`stop_at_monthly_cap`; else a running session is only warned)."""
+        policy = load_policy() if budget.get("policy") else None
+        return bool(policy is not None and policy.stop_at_monthly_cap)
 
     def keepalive(self, key: str, duration: str | float) -> dict:
         """Postpone the session's idle stop by `duration` (the duration grammar); the agent caps
@@ -571,7 +622,9 @@ class SessionManager:
         )
         return dict(doc, name=record.name, state=record.state.value)
 
-    def report(self, since: str | float | None = "30d", by: str = "type") -> dict:
+    def report(
+        self, since: str | float | None = "30d", by: str = "type", split: str | None = None
+    ) -> dict:
         """The spend report as data (gpusession/configuration/cost.py `spend_report`): the sessions billed in
         the last `since` (the duration grammar), a row per `by`, running sessions counted up to
         now (checked first, so one that ended is counted until it ended)."""
@@ -582,6 +635,7 @@ class SessionManager:
             since=at - float(seconds or 0.0),
             by=by,
             at=at,
+            split=split,
             catalog_prices=self._catalog_prices,
             could_save=lambda r: could_save(
                 r.resource.get("agent_summary"),

@@ -12,6 +12,7 @@ import type {
   MetricView,
   OptionCheckReply,
   OptionsReply,
+  ReportReply,
   SessionListReply,
   SessionView,
   StartRequest,
@@ -147,6 +148,14 @@ export class GpuSessionClient {
   async getCatalog(): Promise<CatalogReply> {
     const reply = await this._request<CatalogReply>('catalog');
     expectArray(reply.types, 'types', 'catalog');
+    return reply;
+  }
+
+  /** GET `report?since=...&by=...[&split=...]`: the spend report. */
+  async getReport(since: string, by: string, split?: string): Promise<ReportReply> {
+    const query = URLExt.objectToQueryString(split ? { since, by, split } : { since, by });
+    const reply = await this._request<ReportReply>('report' + query);
+    expectArray(reply.rows, 'rows', 'report');
     return reply;
   }
 

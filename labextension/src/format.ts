@@ -142,3 +142,27 @@ function fixedDigits(x: number, digits: number): [string, string] {
 function pad2(n: number): string {
   return n < 10 ? `0${n}` : String(n);
 }
+
+/**
+ * A spend report row's cells as `gpusession report` prints them (words.py
+ * `_report_row`): sessions, GPU-hours "12.50", cost, mean utilization "41%"
+ * or "n/a", idle cost, could save.
+ */
+export function reportCells(row: {
+  sessions: number;
+  gpu_hours: number;
+  cost: number;
+  mean_utilization: number | null;
+  idle_cost: number;
+  could_save: number;
+}): string[] {
+  const mean = row.mean_utilization;
+  return [
+    String(row.sessions),
+    formatFixed(row.gpu_hours, 2).replace(/,/g, ''),
+    formatMoney(row.cost),
+    mean === null ? 'n/a' : `${formatFixed(mean, 0).replace(/,/g, '')}%`,
+    formatMoney(row.idle_cost),
+    formatMoney(row.could_save)
+  ];
+}

@@ -23,6 +23,7 @@ import { CHARTS_ID, GpuChartsView } from './charts';
 import { SessionListModel } from './model';
 import { GpuSessionPanel, PANEL_ID } from './panel';
 import { isLive } from './sessions';
+import { BudgetAlerts, SPEND_ID, SpendSection, SpendView } from './spend';
 import { askStop } from './stopdialog';
 import { GpuStatusItem } from './statusbar';
 import type { SessionView } from './types';
@@ -35,6 +36,8 @@ export const START_COMMAND = 'gpusession:start';
 export const STOP_COMMAND = 'gpusession:stop';
 /** Opens the charts view: of `{id}`, else the current notebook's session. */
 export const CHARTS_COMMAND = 'gpusession:open-charts';
+/** Opens the Spend view (the spend report). */
+export const SPEND_COMMAND = 'gpusession:open-spend';
 const CATEGORY = 'GPU Sessions';
 
 const plugin: JupyterFrontEndPlugin<void> = {
@@ -67,6 +70,27 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.shell.add(panel, 'left', { rank: 900 });
     restorer?.add(panel, PANEL_ID);
     void model.start();
+
+    let spend: SpendView | null = null;
+    const openSpend = () => {
+      if (!spend || spend.isDisposed) {
+        spend = new SpendView(client);
+      }
+      if (!spend.isAttached) {
+        app.shell.add(spend, 'main');
+      }
+      app.shell.activateById(SPEND_ID);
+      void spend.load();
+    };
+    const spendLine = new SpendSection(client, () => void app.commands.execute(SPEND_COMMAND));
+    panel.node.querySelector('.gpusession-header')?.after(spendLine.node);
+    const alerts = new BudgetAlerts();
+    model.changed.connect(() => {
+      alerts.see(model.sessions);
+      if (panel.isVisible) {
+        spendLine.refresh();
+      }
+    });
 
     const status = new GpuStatusItem(model, () => {
       void app.commands.execute(OPEN_COMMAND);
@@ -109,7 +133,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
       caption: 'Large history charts of a GPU session',
       execute: args => openCharts(typeof args.id === 'string' ? args.id : (status.session?.id ?? null))
     });
-    for (const command of [OPEN_COMMAND, START_COMMAND, STOP_COMMAND, CHARTS_COMMAND]) {
+    app.commands.addCommand(SPEND_COMMAND, {
+      label: 'Open GPU Spend',
+      caption: 'Where the GPU money went: by day, GPU type and workspace, against the budget',
+      execute: openSpend
+    });
+    for (const command of [OPEN_COMMAND, START_COMMAND, STOP_COMMAND, CHARTS_COMMAND, SPEND_COMMAND]) {
       palette?.addItem({ command, category: CATEGORY });
     }
   }

@@ -143,6 +143,9 @@ export interface SessionView {
   /** Every kernel of this server that uses it (its starter, a GPU kernel's
    * notebook, one that ran `%gpu use`), with when it took it up (unix s). */
   kernels?: Record<string, number>;
+  /** While it runs and this month's spend passed 80% of the monthly budget
+   * (level "warn") or all of it ("over"): the warning in words; else null. */
+  budget_alert?: { level: string; text: string } | null;
 }
 
 /** Reply of GET `sessions` (live sessions) and GET `sessions?history=N`
@@ -376,6 +379,69 @@ export interface CatalogReply {
   snapshot_date: string;
   /** Region the prices are for, e.g. "us-east-1". */
   region: string;
+}
+
+/**
+ * One row of the spend report (gpusession/configuration/cost.py `spend_report`):
+ * the sessions billed in the period under one key.
+ *
+ * Sent by: items of `ReportReply.rows`, its `total`, items of a row's `split`.
+ */
+export interface ReportRow {
+  /** The GPU type, backend, UTC day ("2026-11-30") or workspace ("-": none). */
+  key: string;
+  sessions: number;
+  /** US dollars billed in the period. */
+  cost: number;
+  gpu_hours: number;
+  /** US dollars billed while the agent counted the GPU idle. */
+  idle_cost: number;
+  /** US dollars the right-sizing advice says a cheaper type would have saved. */
+  could_save: number;
+  /** Percent, weighted by GPU-hours; null when no session reported one. */
+  mean_utilization: number | null;
+  running: number;
+  failed: number;
+  /** Price source ("catalog", "paid", "configured", "free") -> sessions. */
+  prices: Record<string, number>;
+  /** The same in words: "2 catalog rate, 1 price paid" (rows only). */
+  prices_text?: string;
+  /** The row's parts by the second key (GET `report?split=type`). */
+  split?: ReportRow[];
+}
+
+/** The month's spend against the monthly budget (cost.py `budget_status`). */
+export interface BudgetView {
+  budget: number;
+  spent: number;
+  /** spent / budget. */
+  fraction: number;
+  /** Unix seconds: the first second of the month (UTC). */
+  month_start: number;
+  state: 'ok' | 'warn' | 'over';
+  /** Where the budget is set, in words. */
+  source: string;
+  /** The policy file when the budget is an administrator's monthly cap. */
+  policy?: string;
+}
+
+/** Reply of GET `report?since=30d&by=type|backend|day|workspace[&split=type]`. */
+export interface ReportReply {
+  /** Unix seconds: the period. */
+  since: number;
+  until: number;
+  by: string;
+  rows: ReportRow[];
+  total: ReportRow;
+  prices: Record<string, number>;
+  /** Which prices the numbers use, in words (what `gpusession report` prints). */
+  prices_text: string;
+  catalog_date: string;
+  budget: BudgetView | null;
+  /** "this month: $41.20 of the $50.00 monthly budget (82%)", or null. */
+  budget_line: string | null;
+  /** What `gpusession report` prints. */
+  lines: string[];
 }
 
 /** Error body jupyter_server's APIHandler writes for any non-2xx reply. */
