@@ -48,7 +48,7 @@ def spec_from(values: dict, face: str) -> LaunchSpec:
 
 def test_every_face_lists_the_same_options():
     names = list(options.NAMES)
-    assert len(names) == len(set(names)) == 37
+    assert len(names) == len(set(names)) == 38
     assert dests(_start_args.parser) == names
     assert dests(start_subparser()) == names
     assert options.body_problems({name: None for name in names}) == {}
@@ -100,6 +100,7 @@ def test_the_form_shows_the_options_marked_for_forms(manager):
         "workspace",
         "resume",
         "spot",
+        "cheapest",
     ]
     # a workspace and --resume apply where a workspace outlives the session: shown and sent only there
     form.backend_select.value = "local"

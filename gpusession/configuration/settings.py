@@ -144,6 +144,14 @@ def _recording(text: str) -> str:
     return str(path)
 
 
+def _regions(text: str) -> str:
+    """A comma-separated list of AWS regions (GpuSessionConfig.regions), checked and tidied."""
+    from ..core.textvalues import aws_region
+
+    names = [aws_region(part) for part in text.split(",") if part.strip()]
+    return ",".join(dict.fromkeys(names))
+
+
 ENV_SETTINGS: dict[str, tuple[str, Callable[[str], object], Callable[[], object]]] = {
     "data_dir": ("GPUSESSION_HOME", _data_dir, builtin_data_dir),
     "default_backend": ("GPUSESSION_BACKEND", lambda s: s.lower(), lambda: ""),
@@ -153,6 +161,7 @@ ENV_SETTINGS: dict[str, tuple[str, Callable[[str], object], Callable[[], object]
     "docker_image": ("GPUSESSION_IMAGE", str, lambda: BUILTIN_IMAGE),
     "monthly_budget": ("GPUSESSION_MONTHLY_BUDGET", _budget, lambda: 0.0),
     "nvml_replay": ("GPUSESSION_NVML_REPLAY", _recording, lambda: ""),
+    "regions": ("GPUSESSION_REGIONS", _regions, lambda: ""),
 }
 
 
@@ -354,3 +363,22 @@ _POLICY_KEYS = {
     "allowed_regions",
     "monthly_cap",
 }
+
+
+def price_regions(configured: str) -> list[str | None]:
+    """The regions whose prices are compared (`--cheapest`, `types --live`): the configured ones
+    (GpuSessionConfig.regions, comma-separated) that the policy in force allows, else the
+    policy's allowed regions, else [None] (the cloud's default region). ConfigError when every
+    configured region is one the policy does not allow."""
+    mine = [name for name in configured.split(",") if name]
+    policy = load_policy()
+    allowed = policy.allowed_regions if policy is not None else None
+    if allowed is None:
+        return list(mine) or [None]
+    kept = [name for name in mine if name in allowed]
+    if mine and not kept:
+        raise ConfigError(
+            f"GpuSessionConfig.regions ({', '.join(mine)}) holds none of the regions your policy "
+            f"({policy.path}) allows ({', '.join(allowed)}): set it to some of those, or empty"
+        )
+    return kept or list(allowed)

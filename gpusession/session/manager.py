@@ -16,7 +16,7 @@ from ..configuration import options
 from ..configuration.advice import advice_document, could_save
 from ..configuration.catalog import load_catalog
 from ..configuration.cost import PRICE_BASIS, budget_status, month_start, spend_report
-from ..configuration.settings import load_policy
+from ..configuration.settings import load_policy, price_regions
 from ..core.durations import KEEPALIVE, REPORT_SINCE
 from ..core.errors import GpuSessionError, KernelDied, OverBudget, SessionEnded, StageError
 from ..core.models import LaunchSpec, SessionRecord, State
@@ -607,12 +607,11 @@ class SessionManager:
             return ()
 
     def live_prices(self) -> list[dict[str, Any]]:
-        """The clouds' current prices (`Backend.live_prices`) for the regions a policy allows
-        (else each backend's default region), each row with its `backend`."""
+        """The clouds' current prices (`Backend.live_prices`) for the configured regions a
+        policy allows (settings.py `price_regions`), each row with its `backend`."""
         from ..backends import backend_names
 
-        policy = load_policy()
-        regions: list[str | None] = list(policy.allowed_regions or [None]) if policy else [None]
+        regions = price_regions(getattr(self.config, "regions", "") or "")
         rows: list[dict[str, Any]] = []
         for name in backend_names():
             if load_backend_class(name).live_prices is Backend.live_prices:

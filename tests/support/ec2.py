@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import http.server
+import json
 import os
 import socket
 import subprocess
@@ -37,15 +38,20 @@ def free_port() -> int:
 
 
 class MotoServer:
+    """moto's server with per-zone spot prices a test may set (`set_spot_prices`; moto alone
+    prices every zone the same: support/moto_prices.py)."""
+
     def __init__(self, env: dict[str, str] | None = None):
+        import tempfile
+
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        exe = Path(sys.executable).with_name("moto_server")
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
+        self.prices_file = Path(tempfile.mkdtemp(prefix="moto-prices-")) / "spot.json"
+        cmd = [sys.executable, str(Path(__file__).with_name("moto_prices.py"))]
         self.log = open(os.devnull, "wb")
         self.proc = subprocess.Popen(
             cmd + ["-H", "127.0.0.1", "-p", str(self.port)],
-            env=dict(os.environ, **(env or {})),
+            env=dict(os.environ, GPUSESSION_TEST_SPOT_PRICES=str(self.prices_file), **(env or {})),
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
@@ -60,7 +66,13 @@ class MotoServer:
                     raise RuntimeError("moto_server did not start")
                 time.sleep(0.1)
 
+    def set_spot_prices(self, prices: dict[str, float]) -> None:
+        """The current spot price of zones ("us-east-1c") or zone/instance types
+        ("us-east-1c/g4dn.xlarge") until the next reset."""
+        self.prices_file.write_text(json.dumps({k: f"{v}" for k, v in prices.items()}))
+
     def reset(self) -> None:
+        self.prices_file.unlink(missing_ok=True)
         urllib.request.urlopen(
             urllib.request.Request(f"{self.url}/moto-api/reset", method="POST"), timeout=10
         ).read()
@@ -72,6 +84,8 @@ class MotoServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+        self.prices_file.unlink(missing_ok=True)
+        self.prices_file.parent.rmdir()
 
 
 @dataclasses.dataclass
