@@ -44,7 +44,7 @@ def test_types_live_lists_each_zones_spot_price_cheapest_first(aws_env, look, gs
     for row in t4:
         assert row[1] == "g4dn.xlarge" and float(row[3]) == pytest.approx(expected[row[2]])
         assert row[4] == "0.5260" and row[5] == f"{100 * (1 - expected[row[2]] / 0.526):.0f}%"
-    assert "on-demand: the catalog, snapshot 2025-11-01" in r.stdout
+    assert "on-demand prices from the catalog of 2025-11-01" in r.stdout
     aws_calls = [a for a, _ in aws_env.calls if a == "DescribeSpotPriceHistory"]
     assert len(aws_calls) == len({line.split()[1] for line in r.stdout.splitlines()[1:-1]})
 

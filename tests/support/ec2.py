@@ -5,6 +5,9 @@
   points here; it forwards every call to moto, except calls that match a `Fault`, which get the
   error response AWS would send (InsufficientInstanceCapacity, VcpuLimitExceeded ...; moto
   cannot produce those). Our code parses them with botocore exactly as it would AWS's.
+- The AWS Price List API (`pricing` GetProducts), which moto does not have, is played by the
+  proxy itself when a test sets `FaultProxy.price_list` (instance type -> on-demand $/h):
+  `price_list_reply` answers as AWS does, a PriceList of product JSON documents.
 - `inspector(server)`: a boto3 client straight to moto, for tests to *look* (describe_*); no test
   creates with it what the backend is supposed to create.
 - `FakePlatform` (support/ec2_platform.py): plays the machine behind each instance;
@@ -116,6 +119,7 @@ class FaultProxy:
         self.upstream = urllib.parse.urlparse(upstream)
         self.faults: list[Fault] = []
         self.calls: list[tuple[str, dict[str, str]]] = []
+        self.price_list: dict[str, float] | None = None  # the Price List API's stand-in
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -133,6 +137,16 @@ class FaultProxy:
             def _handle(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 action, params = proxy._action(self.headers, body, self.path)
+                if action == "GetProducts" and proxy.price_list is not None:
+                    params = {f["Field"]: f["Value"] for f in json.loads(body)["Filters"]}
+                    proxy.calls.append((action, params))
+                    payload = json.dumps(price_list_reply(params, proxy.price_list)).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/x-amz-json-1.1")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
                 proxy.calls.append((action, params))
                 fault = proxy._match(action, params)
                 if fault is not None:
@@ -197,6 +211,44 @@ class FaultProxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def price_list_reply(filters: dict[str, str], prices: dict[str, float]) -> dict:
+    """A GetProducts answer as the AWS Price List API gives it: one product per matching
+    instance type (Linux, shared tenancy), its on-demand hourly price in terms.OnDemand."""
+    itype = filters.get("instanceType")
+    if itype not in prices or filters.get("operatingSystem") != "Linux":
+        return {"FormatVersion": "aws_v1", "PriceList": []}
+    sku = f"SKU{abs(hash(itype)) % 10**8:08d}"
+    product = {
+        "product": {
+            "productFamily": "Compute Instance",
+            "sku": sku,
+            "attributes": {
+                "instanceType": itype,
+                "regionCode": filters.get("regionCode"),
+                "operatingSystem": "Linux",
+                "tenancy": filters.get("tenancy"),
+            },
+        },
+        "serviceCode": "AmazonEC2",
+        "terms": {
+            "OnDemand": {
+                f"{sku}.JRTCKXETXF": {
+                    "offerTermCode": "JRTCKXETXF",
+                    "sku": sku,
+                    "priceDimensions": {
+                        f"{sku}.JRTCKXETXF.6YS6EN2CT7": {
+                            "unit": "Hrs",
+                            "description": f"${prices[itype]} per On Demand Linux {itype}",
+                            "pricePerUnit": {"USD": f"{prices[itype]:.10f}"},
+                        }
+                    },
+                }
+            }
+        },
+    }
+    return {"FormatVersion": "aws_v1", "PriceList": [json.dumps(product)]}
 
 
 def inspector(url: str, region: str = REGION):

@@ -32,7 +32,7 @@ from ...core.models import LaunchSpec, SessionRecord
 from ...core.progress import Progress
 from ...core.protocol import StopDetails
 from ..base import Backend, Link, RemoteResource, stop_details_from_log
-from . import launch, volumes
+from . import launch, pricing, volumes
 from .cheapest import Cheapest
 from .sdk import Aws, aws_errors, boto3_module, error_code, explain
 from .teardown import Teardown, console_details, ended_reason
@@ -233,6 +233,17 @@ class AwsBackend(Backend):
                 for zone, price in sorted(prices.items(), key=lambda zp: (zp[1], zp[0])):
                     rows.append(dict(base, zone=zone, spot=price))
         return rows
+
+    def list_prices(self, instance_types: list[str], region: str) -> dict[str, float]:
+        """The on-demand prices of the AWS Price List API (backends/aws/pricing.py)."""
+        aws = self.aws(pricing.PRICING_REGION)
+        aws.check_credentials()
+        try:
+            return pricing.on_demand_prices(aws, instance_types, region)
+        except aws_errors() as exc:
+            raise _unavailable(
+                explain(exc, "asking the AWS Price List API", pricing.PRICING_REGION)
+            ) from None
 
     # -- start ------------------------------------------------------------------------------
 
