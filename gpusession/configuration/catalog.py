@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..core.datahome import data_dir_from_env
 from ..core.durations import shown
 from ..core.errors import BadInput
 
@@ -212,9 +213,7 @@ USER_SNAPSHOT = "catalog.json"  # in the data folder: the user's refreshed on-de
 def user_snapshot_path() -> Path:
     """Where `gpusession catalog refresh` writes: catalog.json in the data folder
     (GPUSESSION_HOME, else the platform's user data folder)."""
-    from .settings import env_setting
-
-    return Path(env_setting("data_dir")) / USER_SNAPSHOT
+    return Path(data_dir_from_env()) / USER_SNAPSHOT
 
 
 def load_catalog() -> Catalog:

@@ -11,9 +11,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-import platformdirs
 from traitlets import TraitError
 
+from ..core.datahome import HOME_ENV, builtin_data_dir
+from ..core.datahome import data_dir_text as _data_dir
 from ..core.durations import MAX_DOLLARS, RECONNECT, format_bound, shown
 from ..core.errors import BadInput, GpuSessionError
 from ..core.protocol import DEFAULT_IDLE_S
@@ -33,10 +34,6 @@ class ConfigError(GpuSessionError, TraitError):
 
     A TraitError, so traitlets rolls back a `%config` line that carries it and IPython prints the
     message; a GpuSessionError, so the faces show it as one line."""
-
-
-def builtin_data_dir() -> str:
-    return platformdirs.user_data_dir("gpusession", appauthor=False)
 
 
 def _from_env(var: str, parse: Callable[[str], T], builtin: T) -> T:
@@ -128,10 +125,6 @@ def data_folder_error(path: Path, exc: OSError | Exception) -> ConfigError:
     )
 
 
-def _data_dir(text: str) -> str:
-    return os.path.abspath(os.path.expanduser(text.strip()))
-
-
 # name -> (env var, parse, built-in): each setting's default, as GpuSessionConfig's @default reads it
 def _recording(text: str) -> str:
     """A recording of raw NVML values for the agent's labelled replay (--nvml-replay): a file."""
@@ -153,7 +146,7 @@ def _regions(text: str) -> str:
 
 
 ENV_SETTINGS: dict[str, tuple[str, Callable[[str], object], Callable[[], object]]] = {
-    "data_dir": ("GPUSESSION_HOME", _data_dir, builtin_data_dir),
+    "data_dir": (HOME_ENV, _data_dir, builtin_data_dir),
     "default_backend": ("GPUSESSION_BACKEND", lambda s: s.lower(), lambda: ""),
     "default_type": ("GPUSESSION_TYPE", _gpu_type, lambda: BUILTIN_TYPE),
     "default_idle": ("GPUSESSION_IDLE", _idle, lambda: BUILTIN_IDLE),
