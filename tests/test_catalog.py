@@ -59,7 +59,7 @@ def test_table_lists_every_type():
     table = load_catalog().table()
     for name in REQUIRED:
         assert f"\n{name} " in table
-    assert "snapshot" in table
+    assert f"on-demand prices from the catalog of {load_catalog().snapshot_date}" in table
 
 
 @pytest.mark.parametrize(

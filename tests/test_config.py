@@ -39,6 +39,7 @@ ENV_VARS = {
     "docker_image": "GPUSESSION_IMAGE",
     "monthly_budget": "GPUSESSION_MONTHLY_BUDGET",
     "nvml_replay": "GPUSESSION_NVML_REPLAY",
+    "regions": "GPUSESSION_REGIONS",
 }
 DATA = ROOT / "tests" / "data"
 
@@ -53,6 +54,7 @@ def env_values(tmp_path: Path) -> dict:
         "docker_image": "env/image:1",
         "monthly_budget": "$300",
         "nvml_replay": str(DATA / "nvml_two_t4.json"),
+        "regions": "us-east-1,us-west-2",
     }
 
 
@@ -66,6 +68,7 @@ def config_values(tmp_path: Path) -> dict:
         "docker_image": "cfg/image:2",
         "monthly_budget": 150.0,
         "nvml_replay": str(DATA / "nvml_four_a100.json"),
+        "regions": "eu-west-1",
     }
 
 
@@ -80,6 +83,7 @@ def effective(values: dict) -> dict:
         "docker_image": values["docker_image"],
         "monthly_budget": float(str(values["monthly_budget"]).lstrip("$")),
         "nvml_replay": values["nvml_replay"],
+        "regions": values["regions"].split(","),
     }
 
 
@@ -97,6 +101,8 @@ def observe(manager) -> dict:
         "docker_image": manager.backend("docker").config.docker_image,
         "monthly_budget": (manager.budget() or {}).get("budget", 0.0),
         "nvml_replay": local.extra.get("nvml_replay", ""),
+        # where the next --cheapest start compares prices
+        "regions": manager.backend("aws").cheapest_regions(local),
     }
 
 

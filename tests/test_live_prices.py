@@ -3,10 +3,15 @@ serves DescribeSpotPriceHistory), beside the catalog's on-demand price."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
+from gpusession.configuration.settings import ConfigError
+from support.ec2 import Fault, inspector, leftovers
+from test_aws_provision import NOTHING, instance_of, provision
+from test_aws_provision import spec_for as aws_spec
 from test_cli import cli
 
 pytest_plugins = ["support.ec2_fixtures"]  # fixtures: moto_server, ec2_api, aws_env, look
@@ -24,8 +29,13 @@ def latest_prices(look, instance_type: str) -> dict[str, float]:
     return {zone: price for zone, (_, price) in latest.items()}
 
 
-def test_types_live_lists_each_zones_spot_price_cheapest_first(aws_env, look, gs_home):
+def test_types_live_lists_each_zones_spot_price_cheapest_first(aws_env, look, gs_home, moto_server):
+    zones = sorted(latest_prices(look, "g4dn.xlarge"))
+    moto_server.set_spot_prices({z: 0.3 - 0.01 * (i % 3) for i, z in enumerate(zones)})
     expected = latest_prices(look, "g4dn.xlarge")
+    assert len(set(expected.values())) == 3 and sorted(expected) != sorted(
+        expected, key=expected.get
+    )
     assert expected, "the local EC2 API serves a spot price history"
     r = cli(dict(os.environ), "types", "--live")
     assert r.returncode == 0, r.stderr
@@ -34,6 +44,98 @@ def test_types_live_lists_each_zones_spot_price_cheapest_first(aws_env, look, gs
     for row in t4:
         assert row[1] == "g4dn.xlarge" and float(row[3]) == pytest.approx(expected[row[2]])
         assert row[4] == "0.5260" and row[5] == f"{100 * (1 - expected[row[2]] / 0.526):.0f}%"
-    assert "on-demand: the catalog, snapshot 2025-11-01" in r.stdout
+    assert "on-demand prices from the catalog of 2025-11-01" in r.stdout
     aws_calls = [a for a, _ in aws_env.calls if a == "DescribeSpotPriceHistory"]
     assert len(aws_calls) == len({line.split()[1] for line in r.stdout.splitlines()[1:-1]})
+
+
+def spec_for(manager, gpu, **options):
+    """An aws spec with a machine image given: no SSM look-up (moto's is slow), none needed here"""
+    return aws_spec(manager, gpu, ami="ami-0123456789abcdef0", **options)
+
+
+def default_subnets(look) -> dict[str, str]:
+    """zone -> its default subnet's id"""
+    found = look.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])
+    return {s["AvailabilityZone"]: s["SubnetId"] for s in found["Subnets"]}
+
+
+def no_capacity_in(aws_env, subnet: str) -> None:
+    aws_env.faults.append(
+        Fault(
+            "RunInstances",
+            "InsufficientInstanceCapacity",
+            "We currently do not have sufficient g4dn.xlarge capacity in the zone you requested",
+            when={"NetworkInterface.1.SubnetId": subnet},
+        )
+    )
+
+
+def test_cheapest_starts_in_the_cheapest_zone_with_capacity(manager, aws_env, look, moto_server):
+    subnets = default_subnets(look)
+    zones = sorted(latest_prices(look, "g4dn.xlarge"))  # those of moto's us-east-1 offering it
+    prices = dict(zip(zones, (0.2210, 0.1930, 0.2490, 0.1578, 0.1702)))
+    moto_server.set_spot_prices(prices)
+    ranked = sorted(zones, key=prices.get)
+    no_capacity_in(aws_env, subnets[ranked[0]])  # the cheapest zone has none
+    spec = spec_for(manager, "t4", cheapest=True)  # no --spot: --cheapest is a spot start
+    record, lines = provision(manager, spec)
+    assert record.spec.spot and record.resource["market"] == "spot"
+    assert (
+        record.resource["zone"]
+        == ranked[1]
+        == instance_of(look, record)["Placement"]["AvailabilityZone"]
+    )
+    assert record.price_per_hour == pytest.approx(0.1702)
+    said = (
+        f"{ranked[1]} at $0.1702/h, the cheapest of {len(zones)} zones in us-east-1 with "
+        f"capacity ({ranked[0]}: none)"
+    )
+    assert any(line.endswith(f"] {said}") for line in lines) and any(
+        said == e.detail for e in record.events
+    ), lines
+    tried = [p["NetworkInterface.1.SubnetId"] for a, p in aws_env.calls if a == "RunInstances"]
+    assert tried == [subnets[ranked[0]], subnets[ranked[1]]]  # in price order, no more
+    manager.backend("aws").stop(record)
+    assert leftovers(look) == NOTHING
+
+
+def test_cheapest_moves_to_the_next_region_and_leaves_nothing_behind(
+    manager, aws_env, look, moto_server, tmp_path, monkeypatch
+):
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"allowed_regions": ["us-east-1", "us-west-2"]}))
+    monkeypatch.setenv("GPUSESSION_POLICY", str(policy))
+    west = inspector(moto_server.url, "us-west-2")
+    west_zones = sorted(latest_prices(west, "g4dn.xlarge"))
+    east_zones = sorted(latest_prices(look, "g4dn.xlarge"))
+    prices = {z: 0.12 + 0.001 * i for i, z in enumerate(west_zones)}
+    prices.update({z: 0.30 + 0.01 * i for i, z in enumerate(east_zones)})
+    moto_server.set_spot_prices(prices)
+    for subnet in default_subnets(west).values():  # the cheaper region has no capacity at all
+        no_capacity_in(aws_env, subnet)
+    zones = len(west_zones) + len(east_zones)
+    assert manager.backend("aws").price_per_hour(
+        spec_for(manager, "t4", cheapest=True), manager.catalog
+    ) == pytest.approx(0.12)  # the estimate: the cheapest of both regions
+    record, lines = provision(manager, spec_for(manager, "t4", cheapest=True))
+    first_east = east_zones[0]
+    assert (record.resource["region"], record.resource["zone"]) == ("us-east-1", first_east)
+    assert any(line.endswith("] no capacity in us-west-2: trying us-east-1 next") for line in lines)
+    assert any(
+        line.split("] ", 1)[-1].startswith(
+            f"{first_east} at $0.3000/h, the cheapest of {zones} zones in "
+            "us-east-1, us-west-2 with capacity ("
+        )
+        for line in lines
+    ), lines
+    assert leftovers(west) == NOTHING  # its key pair and security group went with the move
+    assert not west.describe_volumes()["Volumes"]  # and the empty workspace volume made there
+    manager.backend("aws").stop(record)
+    assert leftovers(look) == NOTHING
+
+    # the user's regions are narrowed by the policy; none of them allowed: one line
+    manager.config.regions = "eu-west-1"
+    with pytest.raises(ConfigError) as e:
+        manager.create(spec_for(manager, "t4", cheapest=True))
+    assert "holds none of the regions your policy" in str(e.value) and "\n" not in str(e.value)

@@ -48,12 +48,13 @@ def spec_from(values: dict, face: str) -> LaunchSpec:
 
 def test_every_face_lists_the_same_options():
     names = list(options.NAMES)
-    assert len(names) == len(set(names)) == 37
+    assert len(names) == len(set(names)) == 38
     assert dests(_start_args.parser) == names
     assert dests(start_subparser()) == names
     assert options.body_problems({name: None for name in names}) == {}
     unknown = options.check_body({"colour": "red"}, catalog=load_catalog())["colour"]
-    assert unknown == f"unknown field; allowed: {', '.join(names)}"
+    assert unknown == f"unknown field; allowed: {options.allowed_list(names)}"
+    assert unknown.startswith(f"unknown field; allowed: {', '.join(names[:24])} and ")
     doc = options.options_document(
         GpuSessionConfig(), catalog=load_catalog(), backends=BACKENDS, backend_default="local"
     )
@@ -100,6 +101,7 @@ def test_the_form_shows_the_options_marked_for_forms(manager):
         "workspace",
         "resume",
         "spot",
+        "cheapest",
     ]
     # a workspace and --resume apply where a workspace outlives the session: shown and sent only there
     form.backend_select.value = "local"
@@ -322,7 +324,7 @@ def test_rest_names_the_field_as_in_the_body():
         backends=BACKENDS,
     )
     assert problems == {
-        "colour": f"unknown field; allowed: {', '.join(options.NAMES)}",
+        "colour": f"unknown field; allowed: {options.allowed_list(list(options.NAMES))}",
         "spot": "wrong type (string): expected true or false",
         "idle": "bad idle timeout 'abc': write e.g. 90s, 15m, 1h30m (a bare number means minutes) or 'off'",
         "max_cost": "max cost must be a finite number, got inf",

@@ -296,6 +296,12 @@ class Backend(abc.ABC):
         hardware has none: []. Must not create anything; may be cached a few minutes."""
         return []
 
+    def list_prices(self, instance_types: list[str], region: str) -> dict[str, float] | None:
+        """Called by `gpusession catalog refresh`: the cloud's on-demand list price ($/h) of
+        each of these instance types in `region` that it prices; None: this backend has no
+        price list (own hardware). Raises BackendUnavailable (one line) without credentials."""
+        return None
+
     def price_basis(self, spec: "LaunchSpec") -> str | None:
         """Called with `price_per_hour`: where its price comes from, one of gpusession.configuration.cost's
         CLOUD (what a cloud bills), OWN_HARDWARE (the catalog's cloud rate applied to the user's

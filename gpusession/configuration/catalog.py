@@ -1,4 +1,6 @@
-"""GPU types and prices, read from the data file shipped in the package (`data/catalog.json`).
+"""GPU types and prices, read from the data file shipped in the package (`data/catalog.json`),
+with the user's own snapshot of on-demand prices over it when there is one (`catalog.json` in
+the data folder, written by `gpusession catalog refresh`) and it is no older than the package's.
 
 Names are case-insensitive and take a count, like SkyPilot's `--gpus A100:8`.
 """
@@ -8,9 +10,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
+from ..core.datahome import data_dir_from_env
 from ..core.durations import shown
 from ..core.errors import BadInput
 
@@ -76,6 +81,16 @@ class Catalog:
         mine = getattr(gpu, f"{precision}_tflops")
         return None if not floor or not mine else round(mine / floor, 2)
 
+    @property
+    def prices_line(self) -> str:
+        """What every face says of the prices' age: 'on-demand prices from the catalog of
+        2025-11-01'."""
+        return f"on-demand prices from the catalog of {self.snapshot_date}"
+
+    def instance_types(self) -> list[str]:
+        """Every instance type the catalog prices."""
+        return [i.name for t in self.types for i in t.instances]
+
     def names(self) -> list[str]:
         return [t.name for t in self.types]
 
@@ -123,6 +138,7 @@ class Catalog:
     def to_dict(self) -> dict[str, Any]:
         return {
             "snapshot_date": self.snapshot_date,
+            "prices_line": self.prices_line,
             "region": self.region,
             "currency": self.currency,
             "throughput_source": self.throughput_source,
@@ -180,7 +196,10 @@ class Catalog:
             )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
-        lines.append(f"Prices: {self.region}, snapshot {self.snapshot_date} ({self.currency}).")
+        lines.append(
+            f"Prices per hour in {self.currency} ({self.region}): {self.prices_line}; "
+            "spot: typical, `types --live` for now."
+        )
         if self.throughput_source:
             lines.append(
                 f"FP16/FP32: per GPU, relative to the slowest type; {self.throughput_source}."
@@ -188,9 +207,71 @@ class Catalog:
         return "\n".join(lines)
 
 
-@functools.lru_cache(maxsize=1)
+USER_SNAPSHOT = "catalog.json"  # in the data folder: the user's refreshed on-demand prices
+
+
+def user_snapshot_path() -> Path:
+    """Where `gpusession catalog refresh` writes: catalog.json in the data folder
+    (GPUSESSION_HOME, else the platform's user data folder)."""
+    return Path(data_dir_from_env()) / USER_SNAPSHOT
+
+
 def load_catalog() -> Catalog:
+    """The catalog: the package's, with the user's snapshot of on-demand prices over it (read
+    again when that file changes)."""
+    path = user_snapshot_path()
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        stamp = None
+    return _load(str(path) if stamp is not None else None, stamp)
+
+
+def packaged_catalog() -> Catalog:
+    """The catalog shipped in the package, without the user's snapshot."""
+    return _load(None, None)
+
+
+def write_user_snapshot(on_demand: dict[str, float], *, date: str, source: str) -> Path:
+    """The user's snapshot: instance type -> on-demand $/h, dated, over the package's prices."""
+    base = packaged_catalog()
+    path = user_snapshot_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    doc = {"snapshot_date": date, "region": base.region, "currency": base.currency}
+    doc.update(source=source, on_demand=dict(sorted(on_demand.items())))
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(partial, path)  # whole or not at all
+    return path
+
+
+def _user_prices(path: str | None, packaged_date: str) -> tuple[dict[str, float], dict]:
+    """The user's snapshot's prices and header; none when it is older than the package's."""
+    if path is None:
+        return {}, {}
+    try:
+        raw = json.loads(Path(path).read_text())
+        prices = {str(k): float(v) for k, v in raw["on_demand"].items()}
+        date = str(raw["snapshot_date"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        import logging
+
+        logging.getLogger("gpusession").warning(
+            "gpusession: the catalog snapshot %s cannot be read (%s): the package's prices are "
+            "used; `gpusession catalog refresh` writes it again",
+            path,
+            exc,
+        )
+        return {}, {}
+    if date < packaged_date:  # a newer package brings newer prices
+        return {}, {}
+    return prices, raw
+
+
+@functools.lru_cache(maxsize=4)
+def _load(user_path: str | None, stamp: int | None) -> Catalog:
     raw = json.loads(resources.files("gpusession").joinpath("data/catalog.json").read_text())
+    mine, header = _user_prices(user_path, raw["snapshot_date"])
     types = []
     for name, t in raw["types"].items():
         insts = tuple(
@@ -200,7 +281,7 @@ def load_catalog() -> Catalog:
                         name=i["name"],
                         gpu_count=int(i["gpu_count"]),
                         vcpus=int(i.get("vcpus", 0)),
-                        on_demand=float(i["on_demand"]),
+                        on_demand=mine.get(i["name"], float(i["on_demand"])),
                         spot=None if i.get("spot") is None else float(i["spot"]),
                     )
                     for i in t["instances"]
@@ -219,10 +300,10 @@ def load_catalog() -> Catalog:
             )
         )
     return Catalog(
-        snapshot_date=raw["snapshot_date"],
+        snapshot_date=header.get("snapshot_date", raw["snapshot_date"]),
         region=raw["region"],
         currency=raw.get("currency", "USD"),
-        source=raw.get("source", ""),
+        source=header.get("source", raw.get("source", "")),
         types=tuple(types),
         aliases={k.lower(): v for k, v in raw.get("aliases", {}).items()},
         throughput_source=raw.get("throughput_source", ""),

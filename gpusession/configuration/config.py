@@ -37,6 +37,7 @@ from .settings import (  # noqa: F401 - ConfigError, EnvConfig and the built-ins
     _idle,
     _price,
     _recording,
+    _regions,
     builtin_data_dir,
     check_env,
     data_folder,
@@ -112,6 +113,14 @@ class GpuSessionConfig(Configurable):
         "real GPUs).",
     ).tag(config=True)
 
+    regions = Unicode(
+        "",
+        help="AWS regions whose spot prices `--cheapest` and `%gpu types --live` compare, "
+        "comma-separated (us-east-1,us-west-2); an administrator's policy narrows them to its "
+        "allowed_regions. Default: env GPUSESSION_REGIONS; empty means the policy's allowed "
+        "regions, else the AWS default region.",
+    ).tag(config=True)
+
     # set by data_path: the folder this process's store lives in (None until first use)
     _data_dir_in_use: str | None = None
 
@@ -148,6 +157,14 @@ class GpuSessionConfig(Configurable):
     @default("docker_image")
     def _image_default(self) -> str:
         return env_setting("docker_image")
+
+    @default("regions")
+    def _regions_default(self) -> str:
+        return env_setting("regions")
+
+    @validate("regions")
+    def _check_regions(self, proposal) -> str:
+        return self._checked("regions", _regions, proposal.value, "")
 
     @default("nvml_replay")
     def _replay_default(self) -> str:

@@ -414,11 +414,7 @@ class BadOptions(BadInput):
                 + more
             )
             every = list(t.names if face == REST else (o.flag for o in t.options))
-            # one short line: the first ones, and where the rest are listed
-            allowed = ", ".join(every[:24]) + (
-                f" and {len(every) - 24} more (`%gpu help start`)" if len(every) > 24 else ""
-            )
-            parts.append(f"unknown field(s) {names}; allowed: {allowed}")
+            parts.append(f"unknown field(s) {names}; allowed: {allowed_list(every)}")
         parts += [
             f"{t.by_name[n].field(face)}: {p}" for n, p in self.problems.items() if n in t.by_name
         ]
@@ -454,6 +450,12 @@ def given_values(source: argparse.Namespace | Mapping[str, Any]) -> dict[str, An
     return {name: items[name] for name in table().names if items.get(name) is not None}
 
 
+def allowed_list(every: list[str]) -> str:
+    """The allowed fields in one short line: the first ones, and where the rest are listed."""
+    more = f" and {len(every) - 24} more (`%gpu help start`)" if len(every) > 24 else ""
+    return ", ".join(every[:24]) + more
+
+
 def body_problems(body: Mapping[str, Any]) -> dict[str, str]:
     """What is wrong with a REST body before its values are read: fields that are no option,
     and values of the wrong JSON type. Cheap; needs nothing but the body."""
@@ -462,7 +464,7 @@ def body_problems(body: Mapping[str, Any]) -> dict[str, str]:
     for key, value in body.items():
         option = t.by_name.get(key)
         if option is None:
-            problems[field_shown(key)] = f"unknown field; allowed: {', '.join(t.names)}"
+            problems[field_shown(key)] = f"unknown field; allowed: {allowed_list(list(t.names))}"
             continue
         types, expected = _JSON_TYPES[option.kind]
         if value is not None and (

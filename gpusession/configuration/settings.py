@@ -11,9 +11,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-import platformdirs
 from traitlets import TraitError
 
+from ..core.datahome import HOME_ENV, builtin_data_dir
+from ..core.datahome import data_dir_text as _data_dir
 from ..core.durations import MAX_DOLLARS, RECONNECT, format_bound, shown
 from ..core.errors import BadInput, GpuSessionError
 from ..core.protocol import DEFAULT_IDLE_S
@@ -33,10 +34,6 @@ class ConfigError(GpuSessionError, TraitError):
 
     A TraitError, so traitlets rolls back a `%config` line that carries it and IPython prints the
     message; a GpuSessionError, so the faces show it as one line."""
-
-
-def builtin_data_dir() -> str:
-    return platformdirs.user_data_dir("gpusession", appauthor=False)
 
 
 def _from_env(var: str, parse: Callable[[str], T], builtin: T) -> T:
@@ -128,10 +125,6 @@ def data_folder_error(path: Path, exc: OSError | Exception) -> ConfigError:
     )
 
 
-def _data_dir(text: str) -> str:
-    return os.path.abspath(os.path.expanduser(text.strip()))
-
-
 # name -> (env var, parse, built-in): each setting's default, as GpuSessionConfig's @default reads it
 def _recording(text: str) -> str:
     """A recording of raw NVML values for the agent's labelled replay (--nvml-replay): a file."""
@@ -144,8 +137,16 @@ def _recording(text: str) -> str:
     return str(path)
 
 
+def _regions(text: str) -> str:
+    """A comma-separated list of AWS regions (GpuSessionConfig.regions), checked and tidied."""
+    from ..core.textvalues import aws_region
+
+    names = [aws_region(part) for part in text.split(",") if part.strip()]
+    return ",".join(dict.fromkeys(names))
+
+
 ENV_SETTINGS: dict[str, tuple[str, Callable[[str], object], Callable[[], object]]] = {
-    "data_dir": ("GPUSESSION_HOME", _data_dir, builtin_data_dir),
+    "data_dir": (HOME_ENV, _data_dir, builtin_data_dir),
     "default_backend": ("GPUSESSION_BACKEND", lambda s: s.lower(), lambda: ""),
     "default_type": ("GPUSESSION_TYPE", _gpu_type, lambda: BUILTIN_TYPE),
     "default_idle": ("GPUSESSION_IDLE", _idle, lambda: BUILTIN_IDLE),
@@ -153,6 +154,7 @@ ENV_SETTINGS: dict[str, tuple[str, Callable[[str], object], Callable[[], object]
     "docker_image": ("GPUSESSION_IMAGE", str, lambda: BUILTIN_IMAGE),
     "monthly_budget": ("GPUSESSION_MONTHLY_BUDGET", _budget, lambda: 0.0),
     "nvml_replay": ("GPUSESSION_NVML_REPLAY", _recording, lambda: ""),
+    "regions": ("GPUSESSION_REGIONS", _regions, lambda: ""),
 }
 
 
@@ -365,3 +367,22 @@ _POLICY_KEYS = {
     "monthly_cap",
     "stop_at_monthly_cap",
 }
+
+
+def price_regions(configured: str) -> list[str | None]:
+    """The regions whose prices are compared (`--cheapest`, `types --live`): the configured ones
+    (GpuSessionConfig.regions, comma-separated) that the policy in force allows, else the
+    policy's allowed regions, else [None] (the cloud's default region). ConfigError when every
+    configured region is one the policy does not allow."""
+    mine = [name for name in configured.split(",") if name]
+    policy = load_policy()
+    allowed = policy.allowed_regions if policy is not None else None
+    if allowed is None:
+        return list(mine) or [None]
+    kept = [name for name in mine if name in allowed]
+    if mine and not kept:
+        raise ConfigError(
+            f"GpuSessionConfig.regions ({', '.join(mine)}) holds none of the regions your policy "
+            f"({policy.path}) allows ({', '.join(allowed)}): set it to some of those, or empty"
+        )
+    return kept or list(allowed)

@@ -48,9 +48,18 @@ def cmd_types(args: argparse.Namespace) -> int:
         from .words import live_price_lines
 
         m = _manager()
-        print("\n".join(live_price_lines(m.live_prices(), m.catalog.snapshot_date)))
+        print("\n".join(live_price_lines(m.live_prices(), m.catalog.prices_line)))
         return 0
     print(load_catalog().table())
+    return 0
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from .words import catalog_refresh_line
+
+    if args.action != "refresh":
+        raise GpuSessionError("say what to do: `gpusession catalog refresh`")
+    print(catalog_refresh_line(_manager().refresh_catalog()))
     return 0
 
 
@@ -306,6 +315,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "workspaces": cmd_workspaces,
     "stats": cmd_stats,
     "keepalive": cmd_keepalive,
+    "catalog": cmd_catalog,
     "advice": cmd_advice,
     "report": cmd_report,
     "demo": cmd_demo,
@@ -378,6 +388,12 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
         "--live",
         action="store_true",
         help="the current spot price per zone from the cloud (cached 5 minutes), beside the catalog's",
+    )
+    s = sub.add_parser("catalog", help="the GPU catalog's prices: refresh them from the cloud")
+    s.add_subparsers(dest="action").add_parser(
+        "refresh",
+        help="on-demand prices from the AWS Price List API (needs AWS credentials), written as "
+        "your dated snapshot (catalog.json in the data folder) that every face then uses",
     )
     s = sub.add_parser("stop", help="stop a session")
     s.add_argument("name", nargs="?")

@@ -477,7 +477,7 @@ class GpuMagics(Magics):
         args = self._parse(_types_args, rest)
         if args.live:
             rows = self.manager.live_prices()
-            print("\n".join(live_price_lines(rows, self.manager.catalog.snapshot_date)))
+            print("\n".join(live_price_lines(rows, self.manager.catalog.prices_line)))
             return
         print(self.manager.catalog.table())
 

@@ -586,7 +586,21 @@ def budget_warning(status: dict | None) -> str | None:
     )
 
 
-def live_price_lines(rows: list[dict], catalog_date: str) -> list[str]:
+def catalog_refresh_line(doc: dict) -> str:
+    """`gpusession catalog refresh`: what was written, in one line."""
+    changed = len(doc["changed"])
+    missing = (
+        f"; {len(doc['missing'])} unpriced kept the package's price ({', '.join(doc['missing'])})"
+        if doc["missing"]
+        else ""
+    )
+    return (
+        f"catalog refreshed: on-demand prices of {doc['priced']} of {doc['of']} instance types "
+        f"({changed} changed), dated {doc['date']} (was {doc['was']}), in {doc['path']}{missing}"
+    )
+
+
+def live_price_lines(rows: list[dict], prices_line: str) -> list[str]:
     """`%gpu types --live`: the current spot price per zone beside the catalog's on-demand."""
     if not rows:
         return ["no live prices: no cloud backend answered (own hardware has none)"]
@@ -607,8 +621,8 @@ def live_price_lines(rows: list[dict], catalog_date: str) -> list[str]:
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
     lines.append(
-        f"Spot: now, from AWS (DescribeSpotPriceHistory, asked at most every 5 minutes); "
-        f"on-demand: the catalog, snapshot {catalog_date}."
+        "Spot: now, from AWS (DescribeSpotPriceHistory, asked at most every 5 minutes); "
+        f"{prices_line} (`gpusession catalog refresh` renews them)."
     )
     return lines
 

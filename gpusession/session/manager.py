@@ -16,7 +16,7 @@ from ..configuration import options
 from ..configuration.advice import advice_document, could_save
 from ..configuration.catalog import load_catalog
 from ..configuration.cost import PRICE_BASIS, budget_status, month_start, spend_report
-from ..configuration.settings import load_policy
+from ..configuration.settings import load_policy, price_regions
 from ..core.durations import KEEPALIVE, REPORT_SINCE
 from ..core.errors import GpuSessionError, KernelDied, OverBudget, SessionEnded, StageError
 from ..core.models import LaunchSpec, SessionRecord, State
@@ -67,7 +67,6 @@ class SessionManager:
             config = GpuSessionConfig()
         self.config = config
         self.store = store or Store(self.config.data_path / "sessions.sqlite3")
-        self.catalog = load_catalog()
         self._backends: dict[str, Backend] = {}
         self._connected: dict[str, Session] = {}
         self._lock = threading.RLock()
@@ -77,6 +76,11 @@ class SessionManager:
         self.liveness = Liveness(self.store, self.backend, self.reconcile)
 
     # -- building blocks -----------------------------------------------------------------
+
+    @property
+    def catalog(self):
+        """The GPU catalog, with the user's refreshed prices as soon as they are written."""
+        return load_catalog()
 
     def backend(self, name: str) -> Backend:
         with self._lock:
@@ -661,12 +665,11 @@ class SessionManager:
             return ()
 
     def live_prices(self) -> list[dict[str, Any]]:
-        """The clouds' current prices (`Backend.live_prices`) for the regions a policy allows
-        (else each backend's default region), each row with its `backend`."""
+        """The clouds' current prices (`Backend.live_prices`) for the configured regions a
+        policy allows (settings.py `price_regions`), each row with its `backend`."""
         from ..backends import backend_names
 
-        policy = load_policy()
-        regions: list[str | None] = list(policy.allowed_regions or [None]) if policy else [None]
+        regions = price_regions(getattr(self.config, "regions", "") or "")
         rows: list[dict[str, Any]] = []
         for name in backend_names():
             if load_backend_class(name).live_prices is Backend.live_prices:
@@ -675,6 +678,54 @@ class SessionManager:
                 dict(r, backend=name) for r in self.backend(name).live_prices(self.catalog, regions)
             ]
         return rows
+
+    def refresh_catalog(self) -> dict[str, Any]:
+        """`gpusession catalog refresh`: the clouds' on-demand list prices (`Backend.list_prices`)
+        of the catalog's instance types, written as the user's dated snapshot (catalog.py) that
+        every face then uses. Data {"path", "date", "priced", "of", "changed", "missing", "was"}.
+        A failure (no credentials) writes nothing and says the date the prices stay at."""
+        import datetime
+
+        from ..backends import backend_names
+        from ..configuration.catalog import packaged_catalog, write_user_snapshot
+
+        was, base = self.catalog.snapshot_date, packaged_catalog()
+        wanted = base.instance_types()
+        prices: dict[str, float] = {}
+        sources = []
+        for name in backend_names():
+            if load_backend_class(name).list_prices is Backend.list_prices:
+                continue  # own hardware: no price list
+            try:
+                found = self.backend(name).list_prices(wanted, base.region)
+            except GpuSessionError as exc:
+                raise type(exc)(
+                    f"the catalog was not refreshed (its prices stay those of {was}): {exc}"
+                ) from None
+            prices.update(found or {})
+            sources.append(name)
+        if not prices:
+            raise GpuSessionError(
+                f"no price list priced any of the catalog's {len(wanted)} instance types: the "
+                f"catalog was not refreshed (its prices stay those of {was})"
+            )
+        date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+        path = write_user_snapshot(
+            prices,
+            date=date,
+            source=f"on-demand list prices of the {', '.join(sources)} price list ({base.region}) "
+            f"on {date}; spot and the rest from the package's catalog of {base.snapshot_date}",
+        )
+        old = {i.name: i.on_demand for t in base.types for i in t.instances}
+        return {
+            "path": str(path),
+            "date": date,
+            "was": was,
+            "priced": len(prices),
+            "of": len(wanted),
+            "changed": sorted(k for k, v in prices.items() if abs(v - old.get(k, v)) > 1e-9),
+            "missing": [k for k in wanted if k not in prices],
+        }
 
     def live_stats(self, record: SessionRecord) -> dict | None:
         """Recently fetched stats of a running session (for views), with the idle countdown

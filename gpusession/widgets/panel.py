@@ -55,9 +55,9 @@ class StartForm:
         )
         self.message = classed(widgets.HTML(), "form-message")
         show(self.message, False)
-        note = widgets.HTML(
-            f"<small>Prices: {html.escape(catalog.region)}, snapshot of {html.escape(catalog.snapshot_date)}"
-            " (per GPU-hour, on demand)</small>"
+        self.prices_note = note = widgets.HTML(
+            f"<small>Prices per GPU-hour ({html.escape(catalog.region)}): "
+            f"{html.escape(catalog.prices_line)}</small>"
         )
         self.start_button.on_click(lambda _: on_start(self.values()))
         self.backend_select.observe(lambda _: self._show_backend_options(), names="value")

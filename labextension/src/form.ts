@@ -185,7 +185,7 @@ export class StartForm {
       this._labelTypes();
       setText(
         this._catalogNote,
-        `Prices: ${this._catalog.region}, snapshot of ${this._catalog.snapshot_date}`
+        `Prices per GPU-hour (${this._catalog.region}): ${this._catalog.prices_line}`
       );
     } catch (error) {
       this._catalogProblem = `Could not load the GPU catalog: ${errorMessage(error)}`;

@@ -377,6 +377,8 @@ export interface CatalogReply {
   types: GpuTypeView[];
   /** Date of the price snapshot, e.g. "2024-05-01". */
   snapshot_date: string;
+  /** What every face says of it: "on-demand prices from the catalog of 2024-05-01". */
+  prices_line: string;
   /** Region the prices are for, e.g. "us-east-1". */
   region: string;
 }

@@ -5,6 +5,9 @@
   points here; it forwards every call to moto, except calls that match a `Fault`, which get the
   error response AWS would send (InsufficientInstanceCapacity, VcpuLimitExceeded ...; moto
   cannot produce those). Our code parses them with botocore exactly as it would AWS's.
+- The AWS Price List API (`pricing` GetProducts), which moto does not have, is played by the
+  proxy itself when a test sets `FaultProxy.price_list` (instance type -> on-demand $/h):
+  `price_list_reply` answers as AWS does, a PriceList of product JSON documents.
 - `inspector(server)`: a boto3 client straight to moto, for tests to *look* (describe_*); no test
   creates with it what the backend is supposed to create.
 - `FakePlatform` (support/ec2_platform.py): plays the machine behind each instance;
@@ -16,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import http.server
+import json
 import os
 import socket
 import subprocess
@@ -37,15 +41,20 @@ def free_port() -> int:
 
 
 class MotoServer:
+    """moto's server with per-zone spot prices a test may set (`set_spot_prices`; moto alone
+    prices every zone the same: support/moto_prices.py)."""
+
     def __init__(self, env: dict[str, str] | None = None):
+        import tempfile
+
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        exe = Path(sys.executable).with_name("moto_server")
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
+        self.prices_file = Path(tempfile.mkdtemp(prefix="moto-prices-")) / "spot.json"
+        cmd = [sys.executable, str(Path(__file__).with_name("moto_prices.py"))]
         self.log = open(os.devnull, "wb")
         self.proc = subprocess.Popen(
             cmd + ["-H", "127.0.0.1", "-p", str(self.port)],
-            env=dict(os.environ, **(env or {})),
+            env=dict(os.environ, GPUSESSION_TEST_SPOT_PRICES=str(self.prices_file), **(env or {})),
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
@@ -60,7 +69,13 @@ class MotoServer:
                     raise RuntimeError("moto_server did not start")
                 time.sleep(0.1)
 
+    def set_spot_prices(self, prices: dict[str, float]) -> None:
+        """The current spot price of zones ("us-east-1c") or zone/instance types
+        ("us-east-1c/g4dn.xlarge") until the next reset."""
+        self.prices_file.write_text(json.dumps({k: f"{v}" for k, v in prices.items()}))
+
     def reset(self) -> None:
+        self.prices_file.unlink(missing_ok=True)
         urllib.request.urlopen(
             urllib.request.Request(f"{self.url}/moto-api/reset", method="POST"), timeout=10
         ).read()
@@ -72,6 +87,8 @@ class MotoServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+        self.prices_file.unlink(missing_ok=True)
+        self.prices_file.parent.rmdir()
 
 
 @dataclasses.dataclass
@@ -102,6 +119,7 @@ class FaultProxy:
         self.upstream = urllib.parse.urlparse(upstream)
         self.faults: list[Fault] = []
         self.calls: list[tuple[str, dict[str, str]]] = []
+        self.price_list: dict[str, float] | None = None  # the Price List API's stand-in
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -119,6 +137,16 @@ class FaultProxy:
             def _handle(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 action, params = proxy._action(self.headers, body, self.path)
+                if action == "GetProducts" and proxy.price_list is not None:
+                    params = {f["Field"]: f["Value"] for f in json.loads(body)["Filters"]}
+                    proxy.calls.append((action, params))
+                    payload = json.dumps(price_list_reply(params, proxy.price_list)).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/x-amz-json-1.1")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
                 proxy.calls.append((action, params))
                 fault = proxy._match(action, params)
                 if fault is not None:
@@ -183,6 +211,44 @@ class FaultProxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def price_list_reply(filters: dict[str, str], prices: dict[str, float]) -> dict:
+    """A GetProducts answer as the AWS Price List API gives it: one product per matching
+    instance type (Linux, shared tenancy), its on-demand hourly price in terms.OnDemand."""
+    itype = filters.get("instanceType")
+    if itype not in prices or filters.get("operatingSystem") != "Linux":
+        return {"FormatVersion": "aws_v1", "PriceList": []}
+    sku = f"SKU{abs(hash(itype)) % 10**8:08d}"
+    product = {
+        "product": {
+            "productFamily": "Compute Instance",
+            "sku": sku,
+            "attributes": {
+                "instanceType": itype,
+                "regionCode": filters.get("regionCode"),
+                "operatingSystem": "Linux",
+                "tenancy": filters.get("tenancy"),
+            },
+        },
+        "serviceCode": "AmazonEC2",
+        "terms": {
+            "OnDemand": {
+                f"{sku}.JRTCKXETXF": {
+                    "offerTermCode": "JRTCKXETXF",
+                    "sku": sku,
+                    "priceDimensions": {
+                        f"{sku}.JRTCKXETXF.6YS6EN2CT7": {
+                            "unit": "Hrs",
+                            "description": f"${prices[itype]} per On Demand Linux {itype}",
+                            "pricePerUnit": {"USD": f"{prices[itype]:.10f}"},
+                        }
+                    },
+                }
+            }
+        },
+    }
+    return {"FormatVersion": "aws_v1", "PriceList": [json.dumps(product)]}
 
 
 def inspector(url: str, region: str = REGION):

@@ -25,6 +25,7 @@ from ...configuration.agentargs import WORKSPACE_MOUNT, AgentArgs, workspace_nam
 from ...configuration.catalog import Catalog, load_catalog
 from ...configuration.cost import BILLED_FROM, CLOUD
 from ...configuration.options import StartOption
+from ...configuration.settings import price_regions
 from ...core import textvalues
 from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ...core.models import LaunchSpec, SessionRecord
@@ -32,7 +33,8 @@ from ...core.progress import Progress
 from ...core.protocol import StopDetails
 from ...transport.pulls import PullLogin
 from ..base import Backend, Link, RemoteResource, stop_details_from_log
-from . import launch, registry, volumes
+from . import launch, pricing, registry, volumes
+from .cheapest import Cheapest
 from .sdk import Aws, aws_errors, boto3_module, error_code, explain
 from .teardown import Teardown, console_details, ended_reason
 
@@ -70,6 +72,18 @@ class AwsBackend(Backend):
             "spot",
             default=False,
             spec_field="spot",
+            form=True,
+        ),
+        StartOption(
+            "cheapest",
+            ("--cheapest",),
+            "bool",
+            "Cheapest zone",
+            "aws: spot, in the zone with the lowest current spot price of the allowed regions "
+            "(--region, else GpuSessionConfig.regions, your policy's, the AWS default); the next "
+            "cheapest when one has no capacity",
+            "cheapest",
+            default=False,
             form=True,
         ),
         StartOption(
@@ -155,6 +169,9 @@ class AwsBackend(Backend):
         _float(spec.extra.get("boot_timeout", 1), "boot_timeout")
         if spec.extra.get("ssh_cidr"):
             launch.caller_cidr(spec.extra)  # validates the range
+        if spec.extra.get("cheapest"):
+            spec.spot = True  # --cheapest compares spot prices: it is a spot start
+            self.cheapest_regions(spec)  # a configuration the policy excludes: said now
         aws = self.aws(spec.region)
         aws.check_region()
         aws.check_credentials()
@@ -169,11 +186,21 @@ class AwsBackend(Backend):
         """The whole instance: the current spot price (the cheapest zone, which is tried first)
         when AWS tells it, else the catalog's spot or on-demand price."""
         gpu = catalog.get(spec.gpu_type)
-        if spec.spot:
-            prices = self.spot_prices(self.aws(spec.region), gpu.instance_for(spec.gpu_count).name)
+        if spec.spot or spec.extra.get("cheapest"):
+            instance_type = gpu.instance_for(spec.gpu_count).name
+            regions = self.cheapest_regions(spec) if spec.extra.get("cheapest") else [spec.region]
+            prices = [
+                p for r in regions for p in self.spot_prices(self.aws(r), instance_type).values()
+            ]
             if prices:
-                return min(prices.values())
+                return min(prices)
         return catalog.price_per_hour(gpu, spec.gpu_count, spot=spec.spot, whole_instance=True)
+
+    def cheapest_regions(self, spec: LaunchSpec) -> list[str | None]:
+        """Where `--cheapest` looks: --region, else the configured regions the policy allows."""
+        if spec.region:
+            return [spec.region]
+        return price_regions(getattr(self.config, "regions", "") or "")
 
     def price_basis(self, spec: LaunchSpec) -> str | None:
         return CLOUD
@@ -210,16 +237,80 @@ class AwsBackend(Backend):
                     rows.append(dict(base, zone=zone, spot=price))
         return rows
 
+    def list_prices(self, instance_types: list[str], region: str) -> dict[str, float]:
+        """The on-demand prices of the AWS Price List API (backends/aws/pricing.py)."""
+        aws = self.aws(pricing.PRICING_REGION)
+        aws.check_credentials()
+        try:
+            return pricing.on_demand_prices(aws, instance_types, region)
+        except aws_errors() as exc:
+            raise _unavailable(
+                explain(exc, "asking the AWS Price List API", pricing.PRICING_REGION)
+            ) from None
+
     # -- start ------------------------------------------------------------------------------
 
     def provision(self, record: SessionRecord, progress: Progress) -> None:
+        if record.spec.extra.get("cheapest"):
+            return self._provision_cheapest(record, progress)
         aws = self.aws(record.spec.region)
         try:
             self._provision(aws, record, progress)
         except aws_errors() as exc:  # any call not explained closer to where it was made
             raise explain(exc, "provisioning", aws.region) from None
 
-    def _provision(self, aws: Aws, record: SessionRecord, progress: Progress) -> None:
+    def _provision_cheapest(self, record: SessionRecord, progress: Progress) -> None:
+        """--cheapest (backends/aws/cheapest.py): the allowed regions in the order of their
+        cheapest zone, each region's zones cheapest first, until one has capacity."""
+        spec = record.spec
+        instance_type = load_catalog().get(spec.gpu_type).instance_for(spec.gpu_count).name
+        regions = [self.aws(r) for r in self.cheapest_regions(spec)]
+        choice = Cheapest({aws.region: self.spot_prices(aws, instance_type) for aws in regions})
+        workspace = workspace_name(record)
+        for aws in regions:  # a kept workspace's volume decides the region (and the zone)
+            try:
+                kept = volumes.find(aws, self.recorder.store_id, workspace)
+            except aws_errors() as exc:
+                raise explain(exc, f"looking for workspace {workspace}", aws.region) from None
+            if kept is not None:
+                choice.pinned = workspace
+                order = [aws.region]
+                break
+        else:
+            order = choice.regions()
+        progress.step(
+            f"--cheapest: {choice.zones} zone(s) with a current spot price for {instance_type} "
+            f"in {', '.join(sorted(choice.prices))}"
+        )
+        for number, region in enumerate(order):
+            aws = self.aws(region)
+            last = number == len(order) - 1
+            try:
+                self._provision(aws, record, progress, cheapest=choice, last_region=last)
+                return
+            except _RegionFull as full:
+                progress.step(f"no capacity in {region}: trying {order[number + 1]} next")
+                self._leave_region(aws, record, full.fresh_volume)
+            except aws_errors() as exc:
+                raise explain(exc, "provisioning", aws.region) from None
+
+    def _leave_region(self, aws: Aws, record: SessionRecord, fresh_volume: str) -> None:
+        """What a --cheapest start made in a region without capacity (its key pair, security
+        group and new empty workspace volume), removed before it tries the next region."""
+        # found by the session's tag: the next region's handles replace the saved ones
+        Teardown(aws).session(record.id, instance_ids=[], key_names=[], group_ids=[])
+        if fresh_volume:
+            volumes.remove(aws, fresh_volume)
+
+    def _provision(
+        self,
+        aws: Aws,
+        record: SessionRecord,
+        progress: Progress,
+        *,
+        cheapest: Cheapest | None = None,
+        last_region: bool = True,
+    ) -> None:
         import secrets
 
         from ...transport.sshlogin import make_session_key
@@ -278,6 +369,8 @@ class AwsBackend(Backend):
                 aws,
                 record,
                 progress,
+                cheapest=cheapest,
+                last_region=last_region,
                 places=ws.places(places),
                 prices=prices,
                 ws=ws,
@@ -290,6 +383,9 @@ class AwsBackend(Backend):
                 name=name,
                 tag_list=tag_list,
             )
+        except _RegionFull as full:  # --cheapest goes on to the next region
+            full.fresh_volume = ws.volume_id if ws.fresh else ""
+            raise
         except BaseException:  # the volume is the user's workspace: kept, and said
             if ws.volume_id:
                 kept = f"workspace {workspace} (EBS volume {ws.volume_id}) is kept; `gpusession workspaces` lists it"
@@ -321,6 +417,8 @@ class AwsBackend(Backend):
         record: SessionRecord,
         progress: Progress,
         *,
+        cheapest: Cheapest | None,
+        last_region: bool,
         places,
         prices,
         ws,
@@ -349,7 +447,11 @@ class AwsBackend(Backend):
         def save(**values: Any) -> None:
             self.recorder.save(record.id, **values)
 
-        plan = launch.attempts(spec.spot, launch.fallback_mode(extra), places, prices)
+        mode = launch.fallback_mode(extra)
+        if cheapest is not None:
+            mode = cheapest.fallback(mode, last_region)
+        plan = launch.attempts(spec.spot, mode, places, prices)
+        tried: list[launch.Attempt] = []
         host_key = new_host_key(name)
         image = spec.image or self.default_image()
         save(instance_host_key=host_key.public, image=image, ami=ami)
@@ -362,6 +464,7 @@ class AwsBackend(Backend):
             )
 
         def prepare(attempt: launch.Attempt) -> dict[str, Any]:
+            tried.append(attempt)
             progress.step(f"launching {attempt.describe(instance_type)}")
             priced = dataclasses.replace(
                 record, price_per_hour=price_of(attempt)
@@ -416,6 +519,10 @@ class AwsBackend(Backend):
                 on_attempt=prepare,
             )
         except launch.NoCapacity as exc:
+            if cheapest is not None:
+                cheapest.full += [a.subnet.zone for a in tried if a.spot]
+                if not last_region:
+                    raise _RegionFull() from None
             raise StageError(
                 "provision", _no_capacity_message(exc, instance_type, aws.region, spec)
             ) from None
@@ -429,6 +536,12 @@ class AwsBackend(Backend):
         )
         if failures:
             self.recorder.note(record.id, "capacity fallback: " + "; ".join(failures))
+        if cheapest is not None:  # where and why, in one line (the fallback is part of it)
+            cheapest.full += [a.subnet.zone for a in tried[:-1] if a.spot]
+            where = cheapest.line(attempt.subnet.zone, price, attempt.spot)
+            progress.step(where)
+            self.recorder.note(record.id, where)
+        elif failures:
             progress.step(
                 f"fell back to {attempt.describe(instance_type)} after: {'; '.join(failures)}"
             )
@@ -650,6 +763,12 @@ class AwsBackend(Backend):
 
 def _header(login: PullLogin | None) -> str | None:
     return login.header() if login is not None else None
+
+
+class _RegionFull(Exception):
+    """A --cheapest start found no capacity in a region that is not its last (internal)."""
+
+    fresh_volume = ""  # the empty workspace volume this start made there, to remove
 
 
 def _forget_keys(folder, session_id: str) -> None:
