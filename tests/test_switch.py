@@ -252,3 +252,43 @@ async def test_the_rest_api_switches_a_session_and_says_what_is_wrong_with_a_bod
     assert doc["line"].startswith(f"switched r1 -> {new} in ") and "(z)" in doc["line"]
     assert doc["report"]["restored"]["restored"] == ["z"]
     assert manager.get("r1").state == State.STOPPED
+
+
+# -- a notebook follows a switch made elsewhere -----------------------------------------------------
+
+
+def test_a_notebook_follows_its_session_switched_by_the_cli_and_keeps_gpu_on(notebook, nb_env):
+    """Switched by another face (the CLI here; REST and the sidebar record the same): the
+    notebook's next cell, in `%gpu on` mode, runs on the new session with one line saying so,
+    not "stopped by ... switch"; `%gpu status` names the new one."""
+    try:
+        start = notebook.run("%gpu start --backend local --idle off --name fw")
+        assert start.status == "ok", start.text
+        assert notebook.run("%%gpu\nx = 41").status == "ok"
+        on = notebook.run("%gpu on")
+        assert "every cell now runs in fw" in on.text, on.text
+        done = subprocess.run(
+            [sys.executable, "-m", "gpusession", "switch", "fw", "--type", "l4", "--name", "fw-l4"],
+            env=nb_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        cell = notebook.run("print(x + 1)")
+        assert cell.status == "ok", cell.text
+        lines = cell.text.strip().splitlines()
+        assert lines[0] == (
+            "session fw was switched to fw-l4 (1 x L4 on local, $0.8048/h) by gpusession switch; "
+            "this notebook now uses fw-l4: the next cell runs there"
+        ), cell.text
+        assert lines[1:] == ["42"], cell.text
+        again = notebook.run("print(x)")  # said once
+        assert again.text.strip() == "41", again.text
+        status = notebook.run("%gpu status")
+        assert "fw-l4" in status.text and "%gpu on: every cell runs in this session" in (
+            status.text
+        ), status.text
+    finally:
+        notebook.run("%gpu off")
+        notebook.run("%gpu stop --all")

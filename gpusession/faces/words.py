@@ -267,6 +267,18 @@ def recovering_line(record: SessionRecord) -> str:
     return f"recovering session {record.name}: a replacement restores its saved state (--recover)"
 
 
+def followed_line(old: SessionRecord, new: SessionRecord) -> str:
+    """What a notebook says when it follows its session to the one a switch made elsewhere (the
+    sidebar, the CLI, REST): 'session r1 was switched to r1-2 (1 x A100 on docker, $2.75/h) by
+    gpusession switch; this notebook now uses r1-2: the next cell runs there'."""
+    by = old.resource.get("switched_by") or "a switch"
+    return (
+        f"session {old.name} was switched to {new.name} ({new.spec.gpu_count} x "
+        f"{new.spec.gpu_type.upper()} on {new.backend}, {format_money(new.price_per_hour)}/h) "
+        f"by {by}; this notebook now uses {new.name}: the next cell runs there"
+    )
+
+
 def recovered_line(old: SessionRecord, new: SessionRecord) -> str:
     """'session sp1 is back: 1 x T4 on aws (spot, $0.53/h), down 1m05s; the next cell runs there'."""
     down = max(0.0, time.time() - max((e.at for e in old.events), default=old.created_at))
