@@ -70,13 +70,15 @@ def kernel_display_name(
     backend: str | None = None,
     image: str | None = None,
     price_per_hour: float | None = None,
+    note: str | None = None,
 ) -> str:
     """A GPU kernelspec's name in JupyterLab's launcher and kernel picker: 'Python 3 (GPU · T4)',
     'Python 3 (GPU · 8 x A100 · docker · my/image:1)' (backend and image only when chosen), with
-    the price when known: 'Python 3 (GPU · T4 · $0.5260/h)'."""
+    the price when known and where it comes from (`price_note`) as the cards say it:
+    'Python 3 (GPU · T4 · $0.5260/h · cloud rate, own hardware)'."""
     gpus = gpu_type.upper() if gpu_count == 1 else f"{gpu_count} x {gpu_type.upper()}"
     price = f"{format_money(price_per_hour)}/h" if price_per_hour is not None else None
-    parts = ["GPU", gpus, *(part for part in (backend, image, price) if part)]
+    parts = ["GPU", gpus, *(part for part in (backend, image, price, price and note) if part)]
     return "Python 3 (" + " · ".join(parts) + ")"
 
 
