@@ -73,7 +73,9 @@ def test_kernelspec_install_list_remove(jupyter_dirs, capsys):
         "installed kernelspec gpusession-t4 (Python 3 (GPU · T4 · $0.0000/h · configured price)) in "
     )
     kernel = json.loads((jupyter_dirs / "kernels" / "gpusession-t4" / "kernel.json").read_text())
-    assert kernel["display_name"] == "Python 3 (GPU · T4 · $0.0000/h · configured price)"  # type and price
+    assert (
+        kernel["display_name"] == "Python 3 (GPU · T4 · $0.0000/h · configured price)"
+    )  # type and price
     assert kernel["interrupt_mode"] == "message"
     assert kernel["metadata"]["kernel_provisioner"] == {
         "provisioner_name": "gpusession-provisioner",
@@ -105,7 +107,10 @@ def test_kernelspec_install_list_remove(jupyter_dirs, capsys):
     from jupyter_client.kernelspec import KernelSpecManager
 
     found = KernelSpecManager().get_all_specs()
-    assert found["gpusession-t4"]["spec"]["display_name"] == "Python 3 (GPU · T4 · $0.0000/h · configured price)"
+    assert (
+        found["gpusession-t4"]["spec"]["display_name"]
+        == "Python 3 (GPU · T4 · $0.0000/h · configured price)"
+    )
 
     code, out, err = _gpusession("kernelspec", "list", capsys=capsys)
     assert code == 0, err
