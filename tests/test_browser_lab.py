@@ -405,6 +405,8 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
             "%load_ext gpusession",
             "%gpu start --backend local --idle 30m --name nb-session",
             "%%gpu\nprint('ran', 6 * 7)",
+            "%%gpu\nimport time\n\ndef train():\n    for step in range(600):\n"
+            "        time.sleep(0.1)\n\ntrain()",
         ],
     )
     with screenshot_on_failure(page, "status"):
@@ -414,6 +416,28 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
         sync_api.expect(page.locator(".jp-OutputArea-output", has_text="ran 42")).to_be_visible(
             timeout=60_000
         )
+
+        # the stop button on a running %%gpu cell: the remote traceback (the user's own lines,
+        # numbered as this notebook numbers them) and one line; no frame of gpusession's
+        training = page.locator(".jp-Notebook .jp-Cell").nth(3)
+        sync_api.expect(training.locator(".jp-InputPrompt")).to_have_text("[*]:")
+        time.sleep(1.0)
+        page.locator('.jp-NotebookPanel-toolbar [data-command="notebook:interrupt-kernel"]').click()
+        error = training.locator(".jp-OutputArea-output")
+        sync_api.expect(error).to_contain_text("KeyboardInterrupt", timeout=TIMEOUT_MS)
+        text = error.inner_text()
+        assert "Cell In[4], line 7" in text and "train()" in text, text
+        assert "time.sleep(0.1)" in text, text
+        assert text.rstrip().splitlines()[-1] == (
+            "[gpusession] interrupted the cell in session nb-session; its variables are kept"
+        ), text
+        for ours in ("gpusession", "magics.py", "handle.py", "client.py", "cellwait.py"):
+            assert ours not in text.replace("[gpusession]", ""), text
+        sync_api.expect(training.locator(".jp-InputPrompt")).to_have_text("[4]:")
+        training.screenshot(path=str(ARTIFACTS / "interrupt-light.png"))
+        set_theme(page, dark=True)
+        training.screenshot(path=str(ARTIFACTS / "interrupt-dark.png"))
+        set_theme(page, dark=False)
 
         # the status bar: this notebook's session, its cost and idle countdown, live
         status = page.locator(".gpusession-status")
