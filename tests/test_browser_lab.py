@@ -131,7 +131,13 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
             backend="local",
             idle="10m",
             name="broken-start",
-            nvml_replay=str(lab.root / "no-such-recording.json"),
+            # a long path in its stage line: at 250 px it wraps after a '/', never mid-word
+            nvml_replay=str(
+                lab.root
+                / "recordings"
+                / "gpu-node-17.cluster.example.org"
+                / "no-such-recording.json"
+            ),
         )
     )
     with pytest.raises(GpuSessionError):
