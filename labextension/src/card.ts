@@ -232,13 +232,7 @@ export class SessionCard {
     if (!body) {
       return;
     }
-    this._switching = true;
-    this._busy = true;
-    this._keepAlive.disabled = true;
-    setData(this.node, 'switching', 'true');
-    this._switch.textContent = 'Switching…';
-    this._switch.disabled = true;
-    this._stop.disabled = true;
+    this._setSwitching(true);
     this._showActionError(null);
     try {
       const reply = await this._host.client.switchSession(this.id, body);
@@ -251,15 +245,20 @@ export class SessionCard {
       this._showActionError(`Switch failed: ${reason}`);
       notifyFailed(`Switch of ${name} failed`, reason);
     } finally {
-      this._switching = false;
-      this._busy = false;
-      this._keepAlive.disabled = false;
-      setData(this.node, 'switching', 'false');
-      this._switch.textContent = 'Switch GPU…';
-      this._switch.disabled = false;
-      this._stop.disabled = this.view.state === 'stopping';
+      this._setSwitching(false);
       this.update(this.view);
     }
+  }
+
+  /** While a switch runs, its button says so and the card's other actions wait. */
+  private _setSwitching(on: boolean): void {
+    this._switching = on;
+    this._busy = on;
+    setData(this.node, 'switching', String(on));
+    this._switch.textContent = on ? 'Switching…' : 'Switch GPU…';
+    this._switch.disabled = on;
+    this._keepAlive.disabled = on;
+    this._stop.disabled = on || this.view.state === 'stopping';
   }
 
   private async _onKeepAlive(): Promise<void> {
