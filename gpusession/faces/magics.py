@@ -266,13 +266,13 @@ class GpuMagics(Magics):
         for _ in range(8):  # switched again and again while this notebook looked away
             if self.current is None:
                 return
-            old = self.manager.get(self.current.id)
-            new_id = old.resource.get("switched_to")
-            if not new_id:
-                return
             try:
+                old = self.manager.get(self.current.id)
+                new_id = old.resource.get("switched_to")
+                if not new_id:
+                    return
                 session = self.manager.connected(new_id) or self.manager.attach(new_id)
-            except GpuSessionError:
+            except GpuSessionError:  # forgotten, or its successor ended: the cell says how
                 return
             self.current, self._ended_note = session, None
             self.manager.store.note_user(session.id, owner_id(), time.time())  # the status bar
