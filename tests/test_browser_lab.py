@@ -10,9 +10,13 @@
 - the status-bar item of the notebook's session, the command-palette commands, and the
   notebook's next `%%gpu` after a Stop in the sidebar
 - the form's defaults come from the Jupyter config (`--GpuSessionConfig.*`)
+- a clean interrupt of a `%%gpu` cell (the remote traceback and one line, no frame of ours)
+- Switch GPU… on a card: the dialog, a refusal's notification, the stages, the new card's line
 
 Screenshots go to test-artifacts/: sidebar-light.png, sidebar-dark.png, charts-light.png,
-charts-dark.png, history-light.png, idle-warning-dark.png, status-bar.png (and failed-<name>.png
+charts-dark.png, history-light.png, idle-warning-dark.png, status-bar.png, interrupt-light.png,
+interrupt-dark.png, switch-dialog-{light,dark}.png, switch-refused-dark.png,
+switch-done-{light,dark}.png (and failed-<name>.png
 when a test fails); the server log to browser-lab-jupyterlab.log.
 """
 
