@@ -10,9 +10,13 @@
 - the status-bar item of the notebook's session, the command-palette commands, and the
   notebook's next `%%gpu` after a Stop in the sidebar
 - the form's defaults come from the Jupyter config (`--GpuSessionConfig.*`)
+- a clean interrupt of a `%%gpu` cell (the remote traceback and one line, no frame of ours)
+- Switch GPU… on a card: the dialog, a refusal's notification, the stages, the new card's line
 
 Screenshots go to test-artifacts/: sidebar-light.png, sidebar-dark.png, charts-light.png,
-charts-dark.png, history-light.png, idle-warning-dark.png, status-bar.png (and failed-<name>.png
+charts-dark.png, history-light.png, idle-warning-dark.png, status-bar.png, interrupt-light.png,
+interrupt-dark.png, switch-dialog-{light,dark}.png, switch-refused-dark.png,
+switch-done-{light,dark}.png (and failed-<name>.png
 when a test fails); the server log to browser-lab-jupyterlab.log.
 """
 
@@ -78,7 +82,8 @@ CLIPPED_JS = """(selector) => [...document.querySelectorAll(selector)]
 BOXES = (
     ".gpusession-idle-warning, .gpusession-api-error, .gpusession-error, .gpusession-action-error, "
     ".gpusession-stats-error, .gpusession-progress, .gpusession-recorded, .gpusession-history-reason, "
-    ".gpusession-state, .gpusession-form-error, .gpusession-history-error, .gpusession-charts-note"
+    ".gpusession-state, .gpusession-form-error, .gpusession-history-error, .gpusession-charts-note, "
+    ".gpusession-switched"
 )
 # Everything else that is text, muted captions included: at least 3:1.
 TEXT = (
@@ -130,7 +135,13 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
             backend="local",
             idle="10m",
             name="broken-start",
-            nvml_replay=str(lab.root / "no-such-recording.json"),
+            # a long path in its stage line: at 250 px it wraps after a '/', never mid-word
+            nvml_replay=str(
+                lab.root
+                / "recordings"
+                / "gpu-node-17.cluster.example.org"
+                / "no-such-recording.json"
+            ),
         )
     )
     with pytest.raises(GpuSessionError):
@@ -404,6 +415,8 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
             "%load_ext gpusession",
             "%gpu start --backend local --idle 30m --name nb-session",
             "%%gpu\nprint('ran', 6 * 7)",
+            "%%gpu\nimport time\n\ndef train():\n    for step in range(600):\n"
+            "        time.sleep(0.1)\n\ntrain()",
         ],
     )
     with screenshot_on_failure(page, "status"):
@@ -413,6 +426,28 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
         sync_api.expect(page.locator(".jp-OutputArea-output", has_text="ran 42")).to_be_visible(
             timeout=60_000
         )
+
+        # the stop button on a running %%gpu cell: the remote traceback (the user's own lines,
+        # numbered as this notebook numbers them) and one line; no frame of gpusession's
+        training = page.locator(".jp-Notebook .jp-Cell").nth(3)
+        sync_api.expect(training.locator(".jp-InputPrompt")).to_have_text("[*]:")
+        time.sleep(1.0)
+        page.locator('.jp-NotebookPanel-toolbar [data-command="notebook:interrupt-kernel"]').click()
+        error = training.locator(".jp-OutputArea-output")
+        sync_api.expect(error).to_contain_text("KeyboardInterrupt", timeout=TIMEOUT_MS)
+        text = error.inner_text()
+        assert "Cell In[4], line 7" in text and "train()" in text, text
+        assert "time.sleep(0.1)" in text, text
+        assert text.rstrip().splitlines()[-1] == (
+            "[gpusession] interrupted the cell in session nb-session; its variables are kept"
+        ), text
+        for ours in ("gpusession", "magics.py", "handle.py", "client.py", "cellwait.py"):
+            assert ours not in text.replace("[gpusession]", ""), text
+        sync_api.expect(training.locator(".jp-InputPrompt")).to_have_text("[4]:")
+        training.screenshot(path=str(ARTIFACTS / "interrupt-light.png"))
+        set_theme(page, dark=True)
+        training.screenshot(path=str(ARTIFACTS / "interrupt-dark.png"))
+        set_theme(page, dark=False)
 
         # the status bar: this notebook's session, its cost and idle countdown, live
         status = page.locator(".gpusession-status")
@@ -497,3 +532,134 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
         ).to_have_count(0, timeout=TIMEOUT_MS)
         assert lab.manager.get(other.id).state == State.STOPPED
         assert not page.errors, page.errors
+
+
+# -- "Switch GPU…" on a card -------------------------------------------------------------------
+
+
+def test_switch_gpu_from_a_card_refused_while_busy_then_moves_the_variables(lab, page):
+    """A running card's Switch GPU… opens the start form's served fields (with their help) set to
+    what the session runs now; a switch refused (a cell runs) says why in a notification and on
+    the card, the session keeps running; a switch to another type shows its stages on the card,
+    then the new card says the one line (what moved, the new rate) and the variables are there."""
+    import threading
+
+    manager = lab.manager
+    session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="sw-ui"))
+    assert session.run("z = 7")["status"] == "ok"
+    new_name = None
+    try:
+        with screenshot_on_failure(page, "switch"):
+            page.set_viewport_size({"width": 1400, "height": 1000})
+            open_lab(page, lab, "switch")
+            open_sidebar(page)
+            panel = page.locator(PANEL)
+            card = panel.locator('.gpusession-card[data-session-name="sw-ui"]')
+            sync_api.expect(card).to_have_attribute("data-state", "running")
+
+            def ask_switch(gpu_type: str):
+                card.locator(".gpusession-switch").click()
+                dialog = page.locator(".jp-Dialog", has_text="Switch sw-ui to another GPU")
+                fields = dialog.locator(".gpusession-switch-dialog")
+                sync_api.expect(fields.locator(".gpusession-type-select")).to_have_value("t4")
+                sync_api.expect(fields.locator(".gpusession-backend-select")).to_have_value("local")
+                confirm = dialog.locator(".jp-Dialog-button", has_text=re.compile("^Switch$"))
+                sync_api.expect(confirm).to_be_disabled()  # nothing changed yet
+                fields.locator(".gpusession-type-select").select_option(gpu_type)
+                sync_api.expect(confirm).to_be_enabled()
+                return dialog, fields, confirm
+
+            # the dialog: the served help, only the local backend's fields (no image, host, spot)
+            set_theme(page, dark=True)  # (the palette does not open over a dialog)
+            dialog, fields, confirm = ask_switch("l4")
+            shown = fields.locator(".gpusession-field:not([hidden])")
+            assert [shown.nth(i).get_attribute("data-option") for i in range(shown.count())] == [
+                "type",
+                "backend",
+            ]
+            sync_api.expect(
+                fields.locator('.gpusession-field[data-option="type"] .gpusession-field-help')
+            ).to_contain_text("GPU type")
+            fields.locator(".gpusession-backend-select").select_option("docker")
+            sync_api.expect(fields.locator('.gpusession-field[data-option="host"]')).to_be_visible()
+            sync_api.expect(
+                fields.locator('.gpusession-field[data-option="image"]')
+            ).to_be_visible()
+            dialog.locator(".jp-Dialog-content").screenshot(
+                path=str(ARTIFACTS / "switch-dialog-dark.png")
+            )
+            fields.locator(".gpusession-backend-select").select_option("local")
+
+            # refused while a cell runs: a notification with the whole message; nothing changed
+            busy = threading.Thread(target=session.run, args=("import time; time.sleep(6)",))
+            busy.start()
+            time.sleep(1.5)
+            confirm.click()
+            toast = page.locator(".Toastify__toast--error").filter(
+                has_text="Switch of sw-ui failed"
+            )
+            sync_api.expect(toast).to_be_visible(timeout=TIMEOUT_MS)
+            sync_api.expect(toast).to_contain_text("session sw-ui is running a cell")
+            sync_api.expect(card.locator(".gpusession-action-error")).to_contain_text(
+                "Switch failed: session sw-ui is running a cell; switch once it has finished, "
+                "or interrupt it first: nothing was changed"
+            )
+            page.screenshot(path=str(ARTIFACTS / "switch-refused-dark.png"))
+            busy.join()
+            assert manager.get("sw-ui").state == State.RUNNING
+            toast.locator("button").last.click()  # dismissed
+            sync_api.expect(toast).to_have_count(0)
+            panel.locator(".gpusession-title").click()  # the focus back on the page
+
+            # the switch: its stages on the card while it runs, then the new card's one line
+            set_theme(page, dark=False)
+            dialog, fields, confirm = ask_switch("a100")
+            dialog.locator(".jp-Dialog-content").screenshot(
+                path=str(ARTIFACTS / "switch-dialog-light.png")
+            )
+            confirm.click()
+            sync_api.expect(card).to_have_attribute("data-switching", "true")
+            page.wait_for_function(
+                """() => [...document.querySelectorAll('.gpusession-card[data-switching="true"] '
+                     + '.gpusession-progress')].some(n => !n.hidden && /: /.test(n.textContent))""",
+                timeout=TIMEOUT_MS,
+            )
+            stage = card.locator(".gpusession-progress").inner_text()
+            assert re.search(r"(switch|save|provision|connect|kernel|stop)\b", stage), stage
+            new = panel.locator(".gpusession-card").filter(
+                has=page.locator(".gpusession-switched:not([hidden])")
+            )
+            sync_api.expect(new).to_have_count(1, timeout=TIMEOUT_MS)
+            new_name = new.get_attribute("data-session-name")
+            line = new.locator(".gpusession-switched").inner_text()
+            assert line.startswith(f"switched sw-ui -> {new_name} in "), line
+            assert (
+                "moved 2 name(s) (z, time)" in line
+                and "now $" in line
+                and "(was $0.5260/h)" in line
+            )
+            sync_api.expect(
+                page.locator(".Toastify__toast--success").filter(has_text="switched sw-ui ->")
+            ).to_be_visible()
+            sync_api.expect(card).to_have_count(0, timeout=TIMEOUT_MS)  # into the history
+            sync_api.expect(
+                panel.locator(
+                    '.gpusession-history-item[data-session-name="sw-ui"] .gpusession-history-reason'
+                )
+            ).to_contain_text(f"switch to {new_name}")
+            assert not broken_words(page, PANEL, ".gpusession-switched"), broken_words(
+                page, PANEL, ".gpusession-switched"
+            )
+            assert_readable(page, PANEL)
+            new.screenshot(path=str(ARTIFACTS / "switch-done-light.png"))
+            set_theme(page, dark=True)
+            assert_readable(page, PANEL)
+            new.screenshot(path=str(ARTIFACTS / "switch-done-dark.png"))
+            record = manager.get(new_name)
+            assert record.spec.gpu_type == "a100" and record.state == State.RUNNING
+            assert manager.attach(new_name).run("assert z == 7")["status"] == "ok"
+            assert not page.errors, page.errors
+    finally:
+        for key in ("sw-ui", new_name):
+            if key:
+                manager.stop(key)

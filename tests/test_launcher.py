@@ -35,7 +35,7 @@ from gpusession.core.models import State  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
-CARD = "Python 3 (GPU · T4 · $0.5260/h)"  # type and the catalog's price
+CARD = "Python 3 (GPU · T4 · $0.5260/h · cloud rate, own hardware)"  # type, price as cards say it
 TIMEOUT_MS = 30_000
 
 

@@ -46,16 +46,36 @@ def _gpusession(*argv: str, capsys) -> tuple[int, str, str]:
 # -- the kernelspec command ----------------------------------------------------------------------
 
 
+def test_kernelspec_price_says_where_it_comes_from_as_the_cards_do(jupyter_dirs, monkeypatch):
+    """The launcher's name prices a kernel as its sessions' cards will (`Backend.price_basis`):
+    the catalog's cloud rate on own hardware says so, a configured price is that price, a
+    cloud's rate is said plainly."""
+    from gpusession.provisioner import kernelspecs
+
+    monkeypatch.delenv("GPUSESSION_PRICE_PER_HOUR")
+    own = kernelspecs.kernel_json({"type": "t4", "backend": "local"})["display_name"]
+    assert own == "Python 3 (GPU · T4 · local · $0.5260/h · cloud rate, own hardware)", own
+    docker = kernelspecs.kernel_json({"type": "a100:2", "backend": "docker"})["display_name"]
+    assert docker.endswith(" · cloud rate, own hardware)"), docker
+    cloud = kernelspecs.kernel_json({"type": "t4", "backend": "aws"})["display_name"]
+    assert cloud == "Python 3 (GPU · T4 · aws · $0.5260/h)", cloud
+    monkeypatch.setenv("GPUSESSION_PRICE_PER_HOUR", "0.25")
+    configured = kernelspecs.kernel_json({"type": "t4", "backend": "local"})["display_name"]
+    assert configured == "Python 3 (GPU · T4 · local · $0.2500/h · configured price)", configured
+
+
 def test_kernelspec_install_list_remove(jupyter_dirs, capsys):
     code, out, err = _gpusession(
         "kernelspec", "install", "--type", "t4", "--idle", "10m", capsys=capsys
     )
     assert code == 0, err
     assert out.startswith(
-        "installed kernelspec gpusession-t4 (Python 3 (GPU · T4 · $0.5260/h)) in "
+        "installed kernelspec gpusession-t4 (Python 3 (GPU · T4 · $0.0000/h · configured price)) in "
     )
     kernel = json.loads((jupyter_dirs / "kernels" / "gpusession-t4" / "kernel.json").read_text())
-    assert kernel["display_name"] == "Python 3 (GPU · T4 · $0.5260/h)"  # type and price
+    assert (
+        kernel["display_name"] == "Python 3 (GPU · T4 · $0.0000/h · configured price)"
+    )  # type and price
     assert kernel["interrupt_mode"] == "message"
     assert kernel["metadata"]["kernel_provisioner"] == {
         "provisioner_name": "gpusession-provisioner",
@@ -80,30 +100,33 @@ def test_kernelspec_install_list_remove(jupyter_dirs, capsys):
     )
     assert code == 0, err
     assert (
-        "gpusession-a100-8-docker-my-image-1 (Python 3 (GPU · 8 x A100 · docker · my/image:1 · $21.96/h))"
+        "gpusession-a100-8-docker-my-image-1 (Python 3 (GPU · 8 x A100 · docker · my/image:1 · $0.0000/h · configured price))"
         in out
     )
 
     from jupyter_client.kernelspec import KernelSpecManager
 
     found = KernelSpecManager().get_all_specs()
-    assert found["gpusession-t4"]["spec"]["display_name"] == "Python 3 (GPU · T4 · $0.5260/h)"
+    assert (
+        found["gpusession-t4"]["spec"]["display_name"]
+        == "Python 3 (GPU · T4 · $0.0000/h · configured price)"
+    )
 
     code, out, err = _gpusession("kernelspec", "list", capsys=capsys)
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith(
-        "gpusession-a100-8-docker-my-image-1  Python 3 (GPU · 8 x A100 · docker · my/image:1 · $21.96/h)  "
+        "gpusession-a100-8-docker-my-image-1  Python 3 (GPU · 8 x A100 · docker · my/image:1 · $0.0000/h · configured price)  "
         "[--type a100:8 --backend docker --image my/image:1 --gpu-only]"
     )
     assert lines[1].startswith(
-        "gpusession-t4  Python 3 (GPU · T4 · $0.5260/h)  [--type t4 --idle 10m]"
+        "gpusession-t4  Python 3 (GPU · T4 · $0.0000/h · configured price)  [--type t4 --idle 10m]"
     )
 
     code, out, err = _gpusession("kernelspec", "remove", "gpusession-t4", capsys=capsys)
     assert (code, out) == (
         0,
-        "removed kernelspec gpusession-t4 (Python 3 (GPU · T4 · $0.5260/h))\n",
+        "removed kernelspec gpusession-t4 (Python 3 (GPU · T4 · $0.0000/h · configured price))\n",
     ), err
     assert "gpusession-t4" not in KernelSpecManager().find_kernel_specs()
 

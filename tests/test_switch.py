@@ -188,17 +188,22 @@ def test_the_magic_refuses_while_a_cell_runs_keeps_the_old_session_on_a_failed_s
 # -- the CLI and the REST API (the local backend: seconds) --------------------------------------
 
 
-def test_the_cli_switches_a_session_another_process_started(gs_home, manager):
-    session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="c1"))
-    assert session.run("y = [1, 2, 3]")["status"] == "ok"
-    env = dict(os.environ, GPUSESSION_HOME=str(gs_home))
-    done = subprocess.run(
-        [sys.executable, "-m", "gpusession", "switch", "c1", "--type", "l4", "--name", "c2"],
+def _cli_switch(env: dict, *args: str) -> subprocess.CompletedProcess:
+    """`gpusession switch ARGS` in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpusession", "switch", *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_the_cli_switches_a_session_another_process_started(gs_home, manager):
+    session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="c1"))
+    assert session.run("y = [1, 2, 3]")["status"] == "ok"
+    env = dict(os.environ, GPUSESSION_HOME=str(gs_home))
+    done = _cli_switch(env, "c1", "--type", "l4", "--name", "c2")
     assert done.returncode == 0, done.stderr
     (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("switched c1 -> c2 in ")]
     assert "moved 1 name(s) (y) and the files of workspace c1, where they were" in line, line
@@ -207,13 +212,7 @@ def test_the_cli_switches_a_session_another_process_started(gs_home, manager):
     again = manager.attach("c2")
     assert again.run("assert y == [1, 2, 3]")["status"] == "ok"
 
-    ended = subprocess.run(
-        [sys.executable, "-m", "gpusession", "switch", "c1", "--resume", "c1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    ended = _cli_switch(env, "c1", "--resume", "c1")
     assert ended.returncode == 2, ended.stdout  # a switch keeps its workspace: no --resume
     assert "unrecognized arguments: --resume c1" in ended.stderr, ended.stderr
     assert "Traceback" not in ended.stderr
@@ -252,3 +251,37 @@ async def test_the_rest_api_switches_a_session_and_says_what_is_wrong_with_a_bod
     assert doc["line"].startswith(f"switched r1 -> {new} in ") and "(z)" in doc["line"]
     assert doc["report"]["restored"]["restored"] == ["z"]
     assert manager.get("r1").state == State.STOPPED
+
+
+# -- a notebook follows a switch made elsewhere -----------------------------------------------------
+
+
+def test_a_notebook_follows_its_session_switched_by_the_cli_and_keeps_gpu_on(notebook, nb_env):
+    """Switched by another face (the CLI here; REST and the sidebar record the same): the
+    notebook's next cell, in `%gpu on` mode, runs on the new session with one line saying so,
+    not "stopped by ... switch"; `%gpu status` names the new one."""
+    try:
+        start = notebook.run("%gpu start --backend local --idle off --name fw")
+        assert start.status == "ok", start.text
+        assert notebook.run("%%gpu\nx = 41").status == "ok"
+        on = notebook.run("%gpu on")
+        assert "every cell now runs in fw" in on.text, on.text
+        done = _cli_switch(nb_env, "fw", "--type", "l4", "--name", "fw-l4")
+        assert done.returncode == 0, done.stderr
+        cell = notebook.run("print(x + 1)")
+        assert cell.status == "ok", cell.text
+        lines = cell.text.strip().splitlines()
+        assert lines[0] == (
+            "session fw was switched to fw-l4 (1 x L4 on local, $0.8048/h) by gpusession switch; "
+            "this notebook now uses fw-l4: the next cell runs there"
+        ), cell.text
+        assert lines[1:] == ["42"], cell.text
+        again = notebook.run("print(x)")  # said once
+        assert again.text.strip() == "41", again.text
+        status = notebook.run("%gpu status")
+        assert "fw-l4" in status.text and "%gpu on: every cell runs in this session" in (
+            status.text
+        ), status.text
+    finally:
+        notebook.run("%gpu off")
+        notebook.run("%gpu stop --all")

@@ -70,6 +70,7 @@ from .words import (
     cell_cut_line,
     ended_message,
     error_text,
+    followed_line,
     idle_setting,
     interrupt_line,
     keepalive_line,
@@ -254,7 +255,29 @@ class GpuMagics(Magics):
             raise UsageError(
                 "no GPU session: run `%gpu start --type t4` first (or `%gpu use NAME`)"
             )
+        self._follow_switch()
         return self.current
+
+    def _follow_switch(self) -> None:
+        """A switch made elsewhere (the sidebar, the CLI, REST, another notebook) moved the
+        current session: follow it to its successor, with one line (`%gpu on` stays on). Asked
+        before each use, so the next cell runs there even before the notifier saw the stop; a
+        successor that does not run any more is left to the words of the old one's end."""
+        for _ in range(8):  # switched again and again while this notebook looked away
+            if self.current is None:
+                return
+            try:
+                old = self.manager.get(self.current.id)
+                new_id = old.resource.get("switched_to")
+                if not new_id:
+                    return
+                session = self.manager.connected(new_id) or self.manager.attach(new_id)
+            except GpuSessionError:  # forgotten, or its successor ended: the cell says how
+                return
+            self.current, self._ended_note = session, None
+            self.manager.store.note_user(session.id, owner_id(), time.time())  # the status bar
+            self._notify(session)
+            _print(followed_line(old, session.record))
 
     def _parse(self, spec_func, rest: str):
         """Shell quoting, as a user expects: `--name "my run"` is `my run`, without quotes."""
@@ -333,6 +356,11 @@ class GpuMagics(Magics):
         sid = session.id
 
         def ended(text: str) -> None:
+            with self._in_use:  # switched elsewhere: follow it, one line instead of its end
+                if self.current is not None and self.current.id == sid:
+                    self._follow_switch()
+                    if self.current.id != sid:
+                        return
             _print(f"[gpusession] {text}")
             self._forget(sid)
             self._ended_note = text  # for the next %%gpu, which has no session now

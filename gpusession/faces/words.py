@@ -72,13 +72,15 @@ def kernel_display_name(
     backend: str | None = None,
     image: str | None = None,
     price_per_hour: float | None = None,
+    note: str | None = None,
 ) -> str:
     """A GPU kernelspec's name in JupyterLab's launcher and kernel picker: 'Python 3 (GPU · T4)',
     'Python 3 (GPU · 8 x A100 · docker · my/image:1)' (backend and image only when chosen), with
-    the price when known: 'Python 3 (GPU · T4 · $0.5260/h)'."""
+    the price when known and where it comes from (`price_note`) as the cards say it:
+    'Python 3 (GPU · T4 · $0.5260/h · cloud rate, own hardware)'."""
     gpus = gpu_type.upper() if gpu_count == 1 else f"{gpu_count} x {gpu_type.upper()}"
     price = f"{format_money(price_per_hour)}/h" if price_per_hour is not None else None
-    parts = ["GPU", gpus, *(part for part in (backend, image, price) if part)]
+    parts = ["GPU", gpus, *(part for part in (backend, image, price, price and note) if part)]
     return "Python 3 (" + " · ".join(parts) + ")"
 
 
@@ -284,6 +286,18 @@ def cell_cut_line(record: SessionRecord) -> str:
 
 def recovering_line(record: SessionRecord) -> str:
     return f"recovering session {record.name}: a replacement restores its saved state (--recover)"
+
+
+def followed_line(old: SessionRecord, new: SessionRecord) -> str:
+    """What a notebook says when it follows its session to the one a switch made elsewhere (the
+    sidebar, the CLI, REST): 'session r1 was switched to r1-2 (1 x A100 on docker, $2.75/h) by
+    gpusession switch; this notebook now uses r1-2: the next cell runs there'."""
+    by = old.resource.get("switched_by") or "a switch"
+    return (
+        f"session {old.name} was switched to {new.name} ({new.spec.gpu_count} x "
+        f"{new.spec.gpu_type.upper()} on {new.backend}, {format_money(new.price_per_hour)}/h) "
+        f"by {by}; this notebook now uses {new.name}: the next cell runs there"
+    )
 
 
 def recovered_line(old: SessionRecord, new: SessionRecord) -> str:

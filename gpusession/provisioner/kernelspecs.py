@@ -68,18 +68,27 @@ def default_name(values: Mapping[str, Any]) -> str:
 
 
 def kernel_json(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The kernel.json of a GPU kernelspec with these (checked) start options."""
-    from ..configuration.catalog import load_catalog
-    from ..faces.words import kernel_display_name
+    """The kernel.json of a GPU kernelspec with these (checked) start options. Its price is the
+    one its sessions will be recorded with, said as the cards say it (`Backend.price_basis`:
+    "cloud rate, own hardware", "configured price"), with the settings of this process."""
+    from ..faces.words import kernel_display_name, price_note
+    from ..session import SessionManager
 
     parsed = check_options(values)
     gpu_type, gpu_count = parsed["type"]
-    catalog = load_catalog()
-    price = catalog.price_per_hour(catalog.get(gpu_type), gpu_count, spot=bool(parsed.get("spot")))
+    manager = SessionManager()
+    spec = manager.spec_from(values, options.FLAGS)
+    backend = manager.backend(spec.backend)
+    price = backend.price_per_hour(spec, manager.catalog)
     return {
         "argv": [sys.executable, "-m", "gpusession.provisioner", "{connection_file}"],
         "display_name": kernel_display_name(
-            gpu_type, gpu_count, parsed.get("backend"), parsed.get("image"), price
+            gpu_type,
+            gpu_count,
+            parsed.get("backend"),
+            parsed.get("image"),
+            price,
+            price_note(backend.price_basis(spec)),
         ),
         "language": "python",
         "interrupt_mode": "message",

@@ -192,7 +192,8 @@ class SwitchHandler(BaseHandler):
         def switch() -> dict:
             sid = m.get(key).id
             spec = m.switch_spec(sid, dict(body, on_demand=on_demand))
-            session, report = m.switch(sid, spec, by="the JupyterLab sidebar's switch")
+            stages = self.api.progress.reporter(sid)  # its card shows the stages while it runs
+            session, report = m.switch(sid, spec, stages, by="the JupyterLab sidebar's switch")
             session.close_connections()
             return {
                 "session": self.api.view(m.get(session.id)),

@@ -236,6 +236,8 @@ def switch_session(
     except BaseException as exc:
         raise _kept_running(exc, old.name) from None
     stop_error = None
+    # whoever used the old session (a notebook, a watcher) follows it to its successor
+    manager.store.update_resource(old.id, switched_to=session.id, switched_by=by)
     with progress.stage("stop", f"stopping {old.name} (its successor {session.name} answered)"):
         try:
             manager.stop(old.id, by=f"{by} to {session.name}", kind=StopKind.USER)

@@ -17,6 +17,8 @@ import type {
   SessionView,
   StartRequest,
   StatsReply,
+  SwitchReply,
+  SwitchRequest,
   WorkspaceDeleteReply,
   WorkspaceListReply
 } from './types';
@@ -92,6 +94,17 @@ export class GpuSessionClient {
   keepAlive(id: string, duration: string): Promise<SessionView> {
     const body: KeepAliveRequest = { duration };
     return this._request<SessionView>(`${sessionPath(id)}/keepalive`, {
+      method: 'POST',
+      body: JSON.stringify(body)
+    });
+  }
+
+  /**
+   * POST `sessions/<id>/switch`: answers once the new session runs and the
+   * old one stopped (the old card's progress shows the stages meanwhile).
+   */
+  switchSession(id: string, body: SwitchRequest): Promise<SwitchReply> {
+    return this._request<SwitchReply>(`${sessionPath(id)}/switch`, {
       method: 'POST',
       body: JSON.stringify(body)
     });

@@ -3,7 +3,9 @@
  * the stage of its start, its live charts, and the charts / keep-alive / stop
  * buttons.
  */
-import { errorMessage, GpuSessionClient } from './api';
+import { Notification } from '@jupyterlab/apputils';
+
+import { ApiError, errorMessage, GpuSessionClient } from './api';
 import {
   control,
   element,
@@ -24,7 +26,9 @@ import {
   kindText,
   progressText
 } from './sessions';
+import { notifyFailed } from './panel';
 import { askStop } from './stopdialog';
+import { askSwitch, keepSwitchLine, takeSwitchLine } from './switchdialog';
 import type { SessionView } from './types';
 
 /** How long the keep-alive button extends a session. */
@@ -74,8 +78,14 @@ export class SessionCard {
       `Postpone the idle stop by ${KEEPALIVE_DURATION}`,
       () => void this._onKeepAlive()
     );
+    button(
+      this._switch,
+      'Switch GPU…',
+      'Move this session to another GPU type, backend, image or host, keeping its variables and files',
+      () => void this._onSwitch()
+    );
     button(this._stop, 'Stop', 'Stop this session and its billing', () => void this._onStop());
-    actions.append(this._charts, this._keepAlive, this._stop);
+    actions.append(this._charts, this._keepAlive, this._switch, this._stop);
 
     this._view = view;
     this.node.append(
@@ -83,6 +93,7 @@ export class SessionCard {
       this._kind,
       this._progress,
       this._restored,
+      this._switched,
       facts,
       this._priceNote,
       this._idleWarning,
@@ -108,6 +119,10 @@ export class SessionCard {
       this._showActionError(null); // e.g. a keep-alive refused while it was starting
     }
     this._view = view;
+    const switched = takeSwitchLine(view.id); // the switch that made this session, from here
+    if (switched) {
+      showText(this._switched, switched);
+    }
     const final = isFinal(view);
     const running = view.state === 'running';
     this._countdown.see(view.idle.remaining_s, Date.now());
@@ -118,7 +133,7 @@ export class SessionCard {
     setText(this._state, view.state);
     setClass(this._state, `gpusession-state gpusession-state-${view.state}`);
     setText(this._kind, kindText(view));
-    const progress = progressText(view);
+    const progress = progressText(view, this._switching);
     showText(this._progress, progress);
     this._progress.title = view.progress?.join('\n') ?? '';
     showText(this._restored, running ? (view.restored ?? null) : null);
@@ -134,6 +149,8 @@ export class SessionCard {
     // Keep-alive talks to the session's agent: only a running session has one.
     this._keepAlive.hidden = !running || view.idle.timeout_s === null;
     this._charts.hidden = !running;
+    // a switch moves the variables through the workspace: only a backend that keeps one
+    this._switch.hidden = !running || !view.workspace;
     this._stop.hidden = final;
     if (!this._busy) {
       this._stop.disabled = view.state === 'stopping';
@@ -197,6 +214,53 @@ export class SessionCard {
     this._stop.textContent = 'Stop';
   }
 
+  /**
+   * Ask where to, then switch: the card says the stages meanwhile (its
+   * progress, from the list), the new card the one line of the result; a
+   * failure raises a notification with the whole message (this session
+   * keeps running).
+   */
+  private async _onSwitch(): Promise<void> {
+    const name = this.view.name;
+    let body;
+    try {
+      body = await askSwitch(this.view, (await this._host.client.getOptions()).options);
+    } catch (error) {
+      this._showActionError(`Cannot switch: ${errorMessage(error)}`);
+      return;
+    }
+    if (!body) {
+      return;
+    }
+    this._setSwitching(true);
+    this._showActionError(null);
+    try {
+      const reply = await this._host.client.switchSession(this.id, body);
+      keepSwitchLine(reply.session.id, reply.line);
+      Notification.success(reply.line, { autoClose: 10_000 });
+      this._host.sink(reply.session);
+    } catch (error) {
+      const reason =
+        error instanceof ApiError && error.serverMessage ? error.serverMessage : errorMessage(error);
+      this._showActionError(`Switch failed: ${reason}`);
+      notifyFailed(`Switch of ${name} failed`, reason);
+    } finally {
+      this._setSwitching(false);
+      this.update(this.view);
+    }
+  }
+
+  /** While a switch runs, its button says so and the card's other actions wait. */
+  private _setSwitching(on: boolean): void {
+    this._switching = on;
+    this._busy = on;
+    setData(this.node, 'switching', String(on));
+    this._switch.textContent = on ? 'Switching…' : 'Switch GPU…';
+    this._switch.disabled = on;
+    this._keepAlive.disabled = on;
+    this._stop.disabled = on || this.view.state === 'stopping';
+  }
+
   private async _onKeepAlive(): Promise<void> {
     await this._act(() => this._host.client.keepAlive(this.id, KEEPALIVE_DURATION));
   }
@@ -236,6 +300,7 @@ export class SessionCard {
   private _stats: SessionStatsModel | null = null;
   private _onScreen = false;
   private _busy = false;
+  private _switching = false;
   private _actionErrorTimer = 0;
   private readonly _countdown = new IdleCountdown();
   private readonly _name = element('span', 'gpusession-name');
@@ -244,6 +309,8 @@ export class SessionCard {
   private readonly _progress = message('gpusession-progress');
   /** What a resumed session's kernel brought back from its workspace. */
   private readonly _restored = message('gpusession-restored');
+  /** The switch that made this session, in one line (when this page made it). */
+  private readonly _switched = message('gpusession-switched');
   private readonly _uptime = control('span', 'gpusession-uptime');
   /** Where the rate comes from, when no cloud bills it: "cloud rate, own hardware". */
   private readonly _priceNote = message('gpusession-price-note');
@@ -255,6 +322,7 @@ export class SessionCard {
   private readonly _actionError = message('gpusession-action-error');
   private readonly _charts = control('button', 'gpusession-open-charts');
   private readonly _keepAlive = control('button', 'gpusession-keepalive');
+  private readonly _switch = control('button', 'gpusession-switch');
   private readonly _stop = control('button', 'gpusession-stop');
   private readonly _gpus = new GpuStatsView(STATS_WINDOW_S);
 }

@@ -37,11 +37,9 @@ export function message(className: string): HTMLDivElement {
 export function setText(node: HTMLElement, text: string): void {
   const parts = text.split('`');
   if (parts.length < 3) {
-    if (node.dataset.text !== undefined) {
+    if (node.dataset.text !== undefined || node.textContent !== text) {
       delete node.dataset.text;
-      node.textContent = text;
-    } else if (node.textContent !== text) {
-      node.textContent = text;
+      node.replaceChildren(...breakable(text));
     }
     return;
   }
@@ -50,12 +48,12 @@ export function setText(node: HTMLElement, text: string): void {
   }
   node.dataset.text = text;
   // an odd part is code; a last backtick without its pair stays as it is
-  const pieces = parts.map((part, i) => {
+  const pieces = parts.flatMap((part, i): (string | Node)[] => {
     if (i % 2 === 0) {
-      return part;
+      return breakable(part);
     }
     if (i === parts.length - 1) {
-      return `\`${part}`;
+      return breakable(`\`${part}`);
     }
     // a line may end between its words, never inside one ("--resume" stays whole)
     const code = document.createElement('code');
@@ -66,9 +64,41 @@ export function setText(node: HTMLElement, text: string): void {
       whole.textContent = word;
       code.append(...(j ? [' ', whole] : [whole]));
     });
-    return code;
+    return [code];
   });
   node.replaceChildren(...pieces);
+}
+
+/** How long a run without spaces is before it may end a line after a '/'. */
+const LONG_WORD = 16;
+
+/**
+ * Text whose long words may end a line after each '/': an image reference, a
+ * host or a path ("registry.example.com/team/image:tag", "ssh://user@host")
+ * wraps between its parts at the sidebar's 250 px rather than mid-word ("$0.5260/h"
+ * stays whole). A `<wbr>` is no character: the text copied is the text.
+ */
+function breakable(text: string): (string | Node)[] {
+  if (!text.includes('/')) {
+    return [text];
+  }
+  const pieces: (string | Node)[] = [];
+  let plain = '';
+  for (const word of text.split(/(\s+)/)) {
+    if (word.length < LONG_WORD || !word.includes('/')) {
+      plain += word;
+      continue;
+    }
+    word.split(/(?<=\/)(?!\/)/).forEach((part, i) => {
+      if (i) {
+        pieces.push(plain, document.createElement('wbr'));
+        plain = '';
+      }
+      plain += part;
+    });
+  }
+  pieces.push(plain);
+  return pieces.filter(piece => piece !== '');
 }
 
 export function setData(node: HTMLElement, key: string, value: string): void {

@@ -40,7 +40,7 @@ export const CHECK_DELAY_MS = 300;
 const SPOT_OPTION = 'spot';
 
 /** One option's field. */
-interface Field {
+export interface Field {
   readonly option: OptionView;
   /** The whole field, hidden while the option does not apply. */
   readonly node: HTMLDivElement;
@@ -459,7 +459,7 @@ export class StartForm {
 }
 
 /** A labelled control for one option, with its value's error below it. */
-function makeField(option: OptionView): Field {
+export function makeField(option: OptionView): Field {
   const kind = controlKind(option);
   const className = controlClass(option);
   const value = initialValue(option);

@@ -88,10 +88,11 @@ export function endedSessions(sessions: readonly SessionView[]): SessionView[] {
 /**
  * The start's current stage, from its latest progress line: "[   2.1s]
  * connect: waiting for the kernel" -> "connect: waiting for the kernel (2.1s)";
- * null when there is none (a session started elsewhere, or not starting).
+ * null when there is none (a session started elsewhere, or not starting;
+ * `always`: a running one's too, the stages of its switch).
  */
-export function progressText(view: SessionView): string | null {
-  if (!isStarting(view) || !view.progress?.length) {
+export function progressText(view: SessionView, always = false): string | null {
+  if (!(always || isStarting(view)) || !view.progress?.length) {
     return null;
   }
   const line = view.progress[view.progress.length - 1]!;

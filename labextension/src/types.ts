@@ -346,6 +346,20 @@ export interface OptionCheckReply {
 }
 
 /** Body of POST `sessions/<id>/keepalive` (reply: `SessionView`). */
+/** Body of POST `sessions/<id>/switch`: the start options that change, and
+ * `on_demand` (a spot session moves to on-demand capacity). */
+export type SwitchRequest = Record<string, string | boolean>;
+
+/** Reply of POST `sessions/<id>/switch`, once the new session runs. */
+export interface SwitchReply {
+  /** The new session. */
+  session: SessionView;
+  /** What moved and what did not (gpusession/session/switch.py `SwitchReport`). */
+  report: Record<string, unknown>;
+  /** The switch in one line: "switched t4-1 -> a100-1 in 14.2s: moved ...". */
+  line: string;
+}
+
 export interface KeepAliveRequest {
   /** How long to keep the session alive, e.g. "1h". */
   duration: string;

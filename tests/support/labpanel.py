@@ -284,7 +284,9 @@ def low_contrast(page, scope: str, selector: str, minimum: float) -> list[dict]:
 # than the element may break (nothing else can hold it).
 BROKEN_WORDS_JS = """
 (node) => {
-  const width = node.getBoundingClientRect().width;
+  const style = getComputedStyle(node);
+  const width = node.getBoundingClientRect().width - parseFloat(style.paddingLeft) -
+    parseFloat(style.paddingRight) - parseFloat(style.borderLeftWidth) - parseFloat(style.borderRightWidth);
   const broken = [];
   const walker = document.createTreeWalker(node, NodeFilter.SHOW_TEXT);
   for (let text = walker.nextNode(); text; text = walker.nextNode()) {
@@ -296,8 +298,11 @@ BROKEN_WORDS_JS = """
       const range = document.createRange();
       range.setStart(text, match.index);
       range.setEnd(text, match.index + match[0].length);
-      const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
-      if (lines.size > 1 && range.getBoundingClientRect().width < width) {
+      const rects = [...range.getClientRects()];
+      const lines = new Set(rects.map(r => Math.round(r.top)));
+      // its width on one line (a broken word's bounding box is as wide as the lines it spans)
+      const whole = rects.reduce((sum, r) => sum + r.width, 0);
+      if (lines.size > 1 && whole < width) {
         broken.push(match[0]);
       }
     }
