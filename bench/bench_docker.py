@@ -21,6 +21,7 @@ start; it is shown on its own.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -155,7 +156,10 @@ class NewBuild:
         return self.sites[python.site_tag]
 
     def volumes(self) -> list[str]:
-        names = [a.copy_name for a in (self.code, *self.sites.values())]
+        # the code's copy is one per Python version (its bytecode): named with the version's tag
+        tags = {f"-cp{t.split('-')[0][2:]}" for t in self.sites} | {"-cp311", "-cp313"}
+        names = [self.code.copy_name + tag for tag in tags]
+        names += [a.copy_name for a in self.sites.values()]
         return names + [n + "-ok" for n in names]
 
 
@@ -163,7 +167,7 @@ def _with_marker(archive: bundle.Archive) -> bundle.Archive:
     with tarfile.open(fileobj=io.BytesIO(archive.data), mode="r:gz") as tar:
         files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
     files[".bench-build"] = str(time.time()).encode()
-    return bundle._archive(archive.kind, files)
+    return dataclasses.replace(bundle._archive(archive.kind, files), bytecode=archive.bytecode)
 
 
 def round_trip(kernel: KernelClient, n: int = 200) -> list[float]:
