@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_docker import PORTS, connection_file  # noqa: E402
 from openssh import free_port  # noqa: E402
-from stats import Stats, write_section  # noqa: E402
+from stats import Stats, report  # noqa: E402
 
 from gpusession.backends.docker import runtime as docker_runtime  # noqa: E402
 from gpusession.core.progress import Progress  # noqa: E402
@@ -525,11 +525,6 @@ def main() -> int:
                     volume.remove(force=True)
         registry.close()
         shutil.rmtree(work, ignore_errors=True)
-    table = ["| measure | ours | floor | ratio | target | met |", "|---|---|---|---|---|---|"]
-    table += [
-        f"| {a} | {b} | {c} | {r:.2f}x | {t} | {'yes' if ok else ('NO' if t else '')} |"
-        for a, b, c, r, t, ok in rows
-    ]
     note = (
         f"{args.rounds} rounds per variant, scale {args.scale:g}, {time.perf_counter() - t0:.0f} s; "
         f"times are median / p99 / max (nearest rank: under 100 rounds p99 is the max); a ratio "
@@ -537,11 +532,7 @@ def main() -> int:
         f"{min(loads):.1f}-{max(loads):.1f} (median {statistics.median(loads):.1f}; "
         f"{os.cpu_count()} CPUs; {load0[0]:.1f} when the run began)."
     )
-    print("\n".join(table))
-    print(note)
-    if args.write:
-        write_section(Path(args.write), "bench_coldstart", "\n".join(table) + "\n\n" + note)
-    return 0 if all(r[-1] for r in rows) else 1
+    return report(rows, note, args.write, "bench_coldstart")
 
 
 if __name__ == "__main__":

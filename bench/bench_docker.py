@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from openssh import free_port, ssh_forward  # noqa: E402
-from stats import Stats, write_section as write_block  # noqa: E402
+from stats import Stats, report  # noqa: E402
 
 from gpusession.transport import bundle  # noqa: E402
 from gpusession.backends.docker import runtime as docker_runtime  # noqa: E402
@@ -394,11 +394,6 @@ def main() -> int:
             except GpuSessionError as exc:
                 print(f"remote attempt {attempt} failed: {exc}", flush=True)
 
-    table = ["| measure | ours | floor | ratio | target | met |", "|---|---|---|---|---|---|"]
-    table += [
-        f"| {a} | {b} | {c} | {r:.2f}x | {t} | {'yes' if ok else 'NO'} |"
-        for a, b, c, r, t, ok in rows
-    ]
     note = (
         f"Runs: {args.runs}; times are median / p99 / max (nearest rank: under 100 runs, "
         f"p99 is the max); a warm start's ratio is the median of each start against the floor measured just "
@@ -406,11 +401,7 @@ def main() -> int:
         f"cold start: downloading ipykernel and pip for Python 3.11 from PyPI and packing them, "
         f"{download_s:.1f} s ({format_bytes(len(download.data))})."
     )
-    print("\n".join(table))
-    print(note)
-    if args.write:
-        write_block(Path(args.write), "bench_docker", "\n".join(table) + "\n\n" + note)
-    return 0 if all(r[-1] for r in rows) else 1
+    return report(rows, note, args.write, "bench_docker")
 
 
 if __name__ == "__main__":
