@@ -21,6 +21,7 @@ start; it is shown on its own.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -40,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from openssh import free_port, ssh_forward  # noqa: E402
-from stats import Stats, write_section as write_block  # noqa: E402
+from stats import Stats, report  # noqa: E402
 
 from gpusession.transport import bundle  # noqa: E402
 from gpusession.backends.docker import runtime as docker_runtime  # noqa: E402
@@ -155,7 +156,10 @@ class NewBuild:
         return self.sites[python.site_tag]
 
     def volumes(self) -> list[str]:
-        names = [a.copy_name for a in (self.code, *self.sites.values())]
+        # the code's copy is one per Python version (its bytecode): named with the version's tag
+        tags = {f"-cp{t.split('-')[0][2:]}" for t in self.sites} | {"-cp311", "-cp313"}
+        names = [self.code.copy_name + tag for tag in tags]
+        names += [a.copy_name for a in self.sites.values()]
         return names + [n + "-ok" for n in names]
 
 
@@ -163,7 +167,7 @@ def _with_marker(archive: bundle.Archive) -> bundle.Archive:
     with tarfile.open(fileobj=io.BytesIO(archive.data), mode="r:gz") as tar:
         files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
     files[".bench-build"] = str(time.time()).encode()
-    return bundle._archive(archive.kind, files)
+    return dataclasses.replace(bundle._archive(archive.kind, files), bytecode=archive.bytecode)
 
 
 def round_trip(kernel: KernelClient, n: int = 200) -> list[float]:
@@ -390,11 +394,6 @@ def main() -> int:
             except GpuSessionError as exc:
                 print(f"remote attempt {attempt} failed: {exc}", flush=True)
 
-    table = ["| measure | ours | floor | ratio | target | met |", "|---|---|---|---|---|---|"]
-    table += [
-        f"| {a} | {b} | {c} | {r:.2f}x | {t} | {'yes' if ok else 'NO'} |"
-        for a, b, c, r, t, ok in rows
-    ]
     note = (
         f"Runs: {args.runs}; times are median / p99 / max (nearest rank: under 100 runs, "
         f"p99 is the max); a warm start's ratio is the median of each start against the floor measured just "
@@ -402,11 +401,7 @@ def main() -> int:
         f"cold start: downloading ipykernel and pip for Python 3.11 from PyPI and packing them, "
         f"{download_s:.1f} s ({format_bytes(len(download.data))})."
     )
-    print("\n".join(table))
-    print(note)
-    if args.write:
-        write_block(Path(args.write), "bench_docker", "\n".join(table) + "\n\n" + note)
-    return 0 if all(r[-1] for r in rows) else 1
+    return report(rows, note, args.write, "bench_docker")
 
 
 if __name__ == "__main__":

@@ -61,3 +61,19 @@ def write_section(path: Path, name: str, body: str) -> None:
     else:
         text += ("\n" if text else "") + block + "\n"
     path.write_text(text)
+
+
+def report(rows: list[tuple], note: str, write: str | None, name: str) -> int:
+    """Print rows (measure, ours, floor, ratio, target, met) as the benchmarks' table and `note`,
+    and write them into the `name` block of `write` when given; the exit status: 0 when every
+    row with a target met it. A row without a target is a figure, not a check."""
+    table = ["| measure | ours | floor | ratio | target | met |", "|---|---|---|---|---|---|"]
+    table += [
+        f"| {a} | {b} | {c} | {r:.2f}x | {t} | {'yes' if ok else ('NO' if t else '')} |"
+        for a, b, c, r, t, ok in rows
+    ]
+    print("\n".join(table))
+    print(note)
+    if write:
+        write_section(Path(write), name, "\n".join(table) + "\n\n" + note)
+    return 0 if all(r[-1] for r in rows) else 1

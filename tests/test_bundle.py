@@ -165,17 +165,68 @@ def test_a_site_is_made_once_and_then_read_from_the_cache(tmp_path, monkeypatch)
     said: list[str] = []
     first = bundle.site_archive(python, tmp_path, said.append)
     again = bundle.site_archive(python, tmp_path, said.append)
-    assert calls == ["cp311-manylinux_2_28_x86_64"] and len(said) == 1 and "once" in said[0]
-    assert (first.digest, first.size, first.files) == (
+    assert calls == ["cp311-manylinux_2_28_x86_64"] and "once" in said[0]
+    assert (first.digest, first.size, first.files, first.bytecode) == (
         again.digest,
         again.size,
         again.files,
+        again.bytecode,
     ) and again.data == first.data
-    assert sorted(n for n, m in _members(first).items() if m.isfile()) == [
+    assert sorted(
+        n for n, m in _members(first).items() if m.isfile() and "__pycache__" not in n
+    ) == [
+        ".bytecode",  # this machine's Python is 3.11: compiled ahead (the next test)
         "deps/ipykernel/__init__.py",
         "deps/ipykernel_launcher.py",
         "pip/pip/__init__.py",
     ]
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the site is made for Python 3.11")
+def test_a_site_comes_compiled_for_its_python_so_a_new_engine_only_unpacks_it(
+    tmp_path, monkeypatch
+):
+    """Made where a Python of the image's version runs (here: this one), the site carries its
+    bytecode: unchecked-hash .pyc (the copy is read-only and named by its digest), which that
+    Python imports as they are, without compiling anything and without reading the sources."""
+    python = ImagePython(
+        "/usr/bin/python3", (3, 11, 2), "x86_64", ("glibc", "2.36"), None, None, 0, False
+    )
+
+    def download(python_, into: Path) -> None:
+        import zipfile
+
+        with zipfile.ZipFile(into / "ipykernel-7.0-py3-none-any.whl", "w") as zf:
+            zf.writestr("ipykernel/__init__.py", "WHERE = 'compiled ahead'\n")
+
+    monkeypatch.setattr(bundle, "_download", download)
+    said: list[str] = []
+    site = bundle.site_archive(python, tmp_path / "cache", said.append)
+    assert site.bytecode == "cp311", said
+    assert any("compiling it for Python 3.11 here, once" in line for line in said), said
+    copy = tmp_path / "copy"
+    with tarfile.open(fileobj=io.BytesIO(site.data), mode="r:gz") as tar:
+        tar.extractall(copy)
+    pyc = copy / "deps/ipykernel/__pycache__/__init__.cpython-311.pyc"
+    assert int.from_bytes(pyc.read_bytes()[4:8], "little") == 1  # flags: unchecked hash
+    # what the image's Python would compile from the source now differs: the .pyc is what runs
+    (copy / "deps/ipykernel/__init__.py").write_text("WHERE = 'compiled from the source'\n")
+    for path in [copy, *copy.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)  # as the read-only volume
+    try:
+        ran = subprocess.run(
+            [sys.executable, "-c", "import ipykernel; print(ipykernel.WHERE)"],
+            env={"PYTHONPATH": str(copy / "deps")},
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        for path in [copy, *copy.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    assert ran.stdout.strip() == "compiled ahead", ran
+    # kept: the next start (any engine) reads it from the cache, compiled
+    again = bundle.site_archive(python, tmp_path / "cache", said.append)
+    assert (again.digest, again.bytecode) == (site.digest, "cp311")
 
 
 def test_runtime_cache_is_per_user_not_per_store(monkeypatch, tmp_path):

@@ -114,12 +114,20 @@ def test_a_foreign_image_is_a_session(foreign, nb_env, engine, tmp_path, wheelho
         assert start.status == "ok", start.text
         assert "running: session f is ready" in start.text
         cell = nk.run(
-            "%%gpu\nimport os, sys\nprint(sys.version)\nprint(sys.executable, os.getuid())"
+            "%%gpu\nimport os, sys, IPython\nprint(sys.version)\nprint(sys.executable, os.getuid())\n"
+            "print(IPython.__file__, open(IPython.__cached__, 'rb').read(8)[4])"
         )
         assert cell.status == "ok", cell.text
-        version, where = cell.text.strip().splitlines()[:2]
+        version, where, ipython = cell.text.strip().splitlines()[:3]
         assert version.startswith(foreign.version), cell.text
         assert where.split() == [foreign.executable, str(foreign.uid)]
+        # the runtime's IPython, compiled ahead here when this Python's version is the image's
+        # (unchecked-hash .pyc, flags 1), else by the image's Python on the engine (flags 0)
+        ahead = foreign.version == "%d.%d." % sys.version_info[:2]
+        assert ipython.split() == [
+            "/opt/gpusession-runtime/site/deps/IPython/__init__.py",
+            "1" if ahead else "0",
+        ], cell.text
 
         pip = nk.run(
             f"%%gpu\n%pip install --no-index --find-links {wheelhouse} {WHEEL_NAME}", timeout=120

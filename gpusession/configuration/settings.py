@@ -23,9 +23,10 @@ T = TypeVar("T")
 
 BUILTIN_TYPE = "t4"
 BUILTIN_IDLE = format_bound(DEFAULT_IDLE_S)  # "30m"
-# PyTorch's own image on nvidia/cuda 12.6 (devel, Ubuntu 22.04) with Python 3.11 in /opt/conda: its
-# cu126 build runs on every GPU of the catalog, V100 to H200 (docs/images.md says why this one)
-BUILTIN_IMAGE = "pytorch/pytorch:2.7.1-cuda12.6-cudnn9-devel"
+# PyTorch's own image (runtime: Ubuntu 22.04, CUDA from the wheels) with Python 3.11 in /opt/conda:
+# its cu126 build runs on every GPU of the catalog, V100 to H200; half the bytes of the -devel tag,
+# which is the one to ask for to build CUDA code (docs/images.md says why, with the figures)
+BUILTIN_IMAGE = "pytorch/pytorch:2.7.1-cuda12.6-cudnn9-runtime"
 CATALOG_PRICE = -1.0
 
 

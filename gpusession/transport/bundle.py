@@ -27,6 +27,7 @@ import importlib.util
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -43,6 +44,7 @@ CODE_DIR = f"{RUNTIME_ROOT}/code"
 SITE_DIR = f"{RUNTIME_ROOT}/site"
 BOOT_SCRIPT = f"{CODE_DIR}/boot.sh"
 COMPLETE = ".complete"  # written last into a filled copy: boot.sh refuses a copy without it
+BYTECODE = ".bytecode"  # in a site compiled ahead, here: the tag (cp311) its __pycache__ serves
 MIN_PYTHON = (3, 9)
 MIN_IPYKERNEL = 6
 SITE_REQUIREMENTS = ("ipykernel>=6", "pip")
@@ -192,6 +194,7 @@ class Archive:
     files: int
     content: bytes | None = None  # the tar itself, or:
     path: Path | None = None  # where it is kept (read only when a copy is made)
+    bytecode: str | None = None  # cp311: compiled ahead for that Python (no compile on the engine)
 
     @property
     def data(self) -> bytes:
@@ -289,43 +292,112 @@ def current_digests(cache: Path) -> set[str]:
 
 
 def site_archive(python: ImagePython, cache_dir: Path, say: Callable[[str], None]) -> Archive:
-    """ipykernel with its dependencies (deps/) and pip (pip/) as wheels for `python`, unpacked;
-    made once per site tag and kept in `cache_dir`."""
+    """ipykernel with its dependencies (deps/) and pip (pip/) as wheels for `python`, unpacked and,
+    where this machine has a Python of the same version, compiled to bytecode here (so that a new
+    engine or instance only unpacks it); made once per site tag and kept in `cache_dir`."""
     folder = cache_dir / "sites"
     cached, about = folder / f"{python.site_tag}.tar.gz", folder / f"{python.site_tag}.json"
+    files: dict[str, bytes] | None = None
     try:
         meta = json.loads(about.read_text())
         if cached.is_file():
-            return Archive(
-                python.site_tag, meta["digest"], meta["size"], meta["files"], path=cached
+            archive = Archive(
+                python.site_tag,
+                meta["digest"],
+                meta["size"],
+                meta["files"],
+                path=cached,
+                bytecode=meta.get("bytecode"),
             )
-    except (OSError, ValueError, KeyError):
+            if "bytecode" in meta or _interpreter(python) is None:  # compiled, or tried
+                return archive
+            files = _members_of(archive.data)  # made before bytecode came ahead: compile it now
+    except (OSError, ValueError, KeyError, tarfile.TarError):
         pass
-    say(
-        f"downloading ipykernel and pip for Python {python.short_version} ({python.platforms[0]}) from PyPI, "
-        f"once: kept in {folder}"
-    )
-    with tempfile.TemporaryDirectory(prefix="gpusession-wheels-") as tmp:
-        wheels = Path(tmp)
-        _download(python, wheels)
-        files: dict[str, bytes] = {}
-        for wheel in sorted(wheels.glob("*.whl")):
-            _unpack(wheel, "pip" if wheel.name.startswith("pip-") else "deps", files)
+    if files is None:
+        say(
+            f"downloading ipykernel and pip for Python {python.short_version} ({python.platforms[0]}) from PyPI, "
+            f"once: kept in {folder}"
+        )
+        files = {}
+        with tempfile.TemporaryDirectory(prefix="gpusession-wheels-") as tmp:
+            wheels = Path(tmp)
+            _download(python, wheels)
+            for wheel in sorted(wheels.glob("*.whl")):
+                _unpack(wheel, "pip" if wheel.name.startswith("pip-") else "deps", files)
+    interpreter = _interpreter(python)
+    if interpreter is not None:
+        say(
+            f"compiling it for Python {python.short_version} here, once: new engines only unpack it"
+        )
+        _compile_ahead(interpreter, python, files)
     archive = _archive(python.site_tag, files)
+    archive = dataclasses.replace(archive, bytecode=files.get(BYTECODE, b"").decode() or None)
     folder.mkdir(parents=True, exist_ok=True)
-    for path, data in (
-        (cached, archive.data),
-        (
-            about,
-            json.dumps(
-                {"digest": archive.digest, "size": archive.size, "files": archive.files}
-            ).encode(),
-        ),
-    ):
+    meta = {
+        "digest": archive.digest,
+        "size": archive.size,
+        "files": archive.files,
+        "bytecode": archive.bytecode,
+    }
+    for path, data in ((cached, archive.data), (about, json.dumps(meta).encode())):
         part = folder / f".{path.name}.{os.getpid()}.part"
         part.write_bytes(data)
         os.replace(part, path)
     return archive
+
+
+def _interpreter(python: ImagePython) -> str | None:
+    """A CPython of `python`'s version on this machine (this one, else python3.X on PATH): its
+    bytecode is what the image's Python reads (the .pyc format changes only between versions)."""
+    if sys.implementation.name == "cpython" and sys.version_info[:2] == tuple(python.version[:2]):
+        return sys.executable
+    found = shutil.which(f"python{python.short_version}")
+    if found is None:
+        return None
+    try:  # a pyenv shim of a version not selected is on PATH, and fails
+        said = subprocess.run(
+            [found, "-c", "import sys; print(sys.implementation.cache_tag)"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return found if said == f"cpython-{python.version[0]}{python.version[1]}" else None
+
+
+def _compile_ahead(interpreter: str, python: ImagePython, files: dict[str, bytes]) -> None:
+    """Add to `files` the bytecode of its .py files for `python`'s version, compiled here as
+    unchecked-hash .pyc (the copy never changes: its name is its digest, and sessions mount it
+    read-only), and BYTECODE naming that version. Without a working interpreter, nothing: the
+    engine compiles it as before."""
+    tag = f"cpython-{python.version[0]}{python.version[1]}"
+    with tempfile.TemporaryDirectory(prefix="gpusession-bytecode-") as tmp:
+        root = Path(tmp)
+        for name, data in files.items():
+            if name.endswith(".py"):
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
+                (root / name).write_bytes(data)
+        cmd = [interpreter, "-m", "compileall", "-q", "-j", "0"]
+        cmd += ["--invalidation-mode", "unchecked-hash", str(root)]
+        try:  # exits 1 when a file does not compile (a wheel's py2-only test data): others did
+            subprocess.run(cmd, capture_output=True, timeout=600)
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        compiled = {
+            pyc.relative_to(root).as_posix(): pyc.read_bytes()
+            for pyc in root.rglob(f"__pycache__/*.{tag}.pyc")
+        }
+    if compiled:
+        files.update(compiled)
+        files[BYTECODE] = python.tag.encode()
+
+
+def _members_of(data: bytes) -> dict[str, bytes]:
+    """The files of an archive made by _archive."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
 
 
 def _download(python: ImagePython, into: Path) -> None:

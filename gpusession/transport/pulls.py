@@ -2,7 +2,7 @@
 the SDK's `api.pull(..., stream=True, decode=True)` yields them, or as an instance's boot script
 saves them): bytes and layers done, said as one line every few seconds.
 
-    pull = PullProgress("pytorch/pytorch:2.7.1-cuda12.6-cudnn9-devel")
+    pull = PullProgress("pytorch/pytorch:2.7.1-cuda12.6-cudnn9-runtime")
     for event in events:
         pull.feed(event)
         if pull.due():

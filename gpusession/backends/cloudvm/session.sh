@@ -148,9 +148,13 @@ mounts="-v $DIR/runtime/code:$ROOT/code:ro"
 if [ -d "$DIR/runtime/site" ]; then
     mounts="$mounts -v $DIR/runtime/site:$ROOT/site:ro"
     executable=$(printf '%s\n' "$python" | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
-    # bytecode by the image's own Python: best effort, the session works without
-    docker run --rm --network none --user 0:0 -v "$DIR/runtime/site:$ROOT/site" --entrypoint "$executable" "$IMAGE" \
-        -m compileall -q -j 0 "$ROOT/site" >/dev/null 2>&1 || true
+    tag=$(printf '%s\n' "$python" | sed -n 's/.*"version": *[[] *\([0-9]*\), *\([0-9]*\).*/cp\1\2/p')
+    # bytecode by the image's own Python, unless the client compiled it ahead for this version:
+    # best effort, the session works without
+    if [ -z "$tag" ] || [ "$(cat "$DIR/runtime/site/.bytecode" 2>/dev/null)" != "$tag" ]; then
+        docker run --rm --network none --user 0:0 -v "$DIR/runtime/site:$ROOT/site" --entrypoint "$executable" "$IMAGE" \
+            -m compileall -q -j 0 "$ROOT/site" >/dev/null 2>&1 || true
+    fi
 fi
 
 workspace   # the workspace's volume, as the Docker volume $WSVOL (none without VOLUME_ID)

@@ -228,6 +228,8 @@ def _ensure_copy(
     what = (
         "gpusession's agent" if archive.kind == "code" else f"ipykernel and pip for {archive.kind}"
     )
+    if compile_with is not None and archive.bytecode == compile_with.tag:
+        compile_with = None  # compiled ahead, for this Python's version: unpacking is all
     if present.has(name) and present.has(name + "-ok"):
         progress.step(f"runtime: {what} cached on the engine (volume {name})")
         return name
