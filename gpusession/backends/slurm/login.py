@@ -5,6 +5,7 @@ runtime, brought to the cluster's shared storage once per version of gpusession.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -15,7 +16,7 @@ import socket
 import tarfile
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 from ...core.errors import BackendUnavailable
 
@@ -79,31 +80,72 @@ class LoginShell:
         self,
         command: str,
         *,
-        stdin: bytes | None = None,
+        stdin: bytes | Iterable[bytes] | None = None,
         timeout: float = 60.0,
         on_out: Callable[[bytes], None] | None = None,
     ) -> Result:
         """Run `command` in the login user's shell; BackendUnavailable when the node cannot be
-        reached or does not answer within `timeout` seconds. `on_out` sees its output as it comes."""
-        import paramiko
-
+        reached or does not answer within `timeout` seconds. `on_out` sees its output as it comes;
+        `stdin` may be chunks (a stream; an error of their source ends the command)."""
         from ...transport.sshlogin import run_on_channel
 
+        chan = self._channel()
+        with self._failures(command, timeout):
+            rc, out, err = run_on_channel(
+                chan, command, stdin=stdin, timeout=timeout, on_out=on_out
+            )
+        return Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def output_chunks(
+        self, command: str, done: Callable[[Result], None], *, timeout: float = 120.0
+    ) -> Iterator[bytes]:
+        """`command`'s standard output in chunks as it comes (a stream of any size, never held
+        whole); at its end `done` gets its exit status and stderr (and may raise). Closing the
+        iterator early closes the channel. `timeout`: the longest wait for the next chunk."""
+        chan = self._channel()
+        err = bytearray()
+        try:
+            with self._failures(command, timeout):
+                chan.settimeout(timeout)
+                chan.exec_command(command)
+                chan.shutdown_write()
+            while True:
+                with self._failures(command, timeout):
+                    data = chan.recv(1 << 20)
+                    while chan.recv_stderr_ready():
+                        err += chan.recv_stderr(65536)
+                if not data:
+                    break
+                yield data
+            with self._failures(command, timeout):
+                rc = chan.recv_exit_status()
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+        finally:
+            chan.close()
+        done(Result(rc, "", err.decode(errors="replace")))
+
+    def _channel(self):
+        """A new session channel on the login connection (logged in again once if it dropped)."""
         for attempt in (1, 2):
             transport = self._connect()
             try:
-                chan = transport.open_session(timeout=15)
-                break
+                return transport.open_session(timeout=15)
             except Exception as exc:  # noqa: BLE001 - the connection dropped since: once more
                 self.close()
                 if attempt == 2:
                     raise BackendUnavailable(
                         f"Slurm login node {self.url}: {type(exc).__name__}: {exc}"
                     ) from None
+        raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def _failures(self, command: str, timeout: float):
+        """A timeout or a dropped connection, as BackendUnavailable in one line."""
+        import paramiko
+
         try:
-            rc, out, err = run_on_channel(
-                chan, command, stdin=stdin, timeout=timeout, on_out=on_out
-            )
+            yield
         except (socket.timeout, TimeoutError):
             raise BackendUnavailable(
                 f"Slurm login node {self.url}: no answer within {timeout:.0f}s to {command[:60]!r}"
@@ -112,7 +154,6 @@ class LoginShell:
             raise BackendUnavailable(
                 f"Slurm login node {self.url}: {type(exc).__name__}: {exc}"
             ) from None
-        return Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def home(self) -> str:
         """The login user's home directory (the cluster shares it with the nodes)."""
