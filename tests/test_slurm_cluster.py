@@ -720,3 +720,51 @@ def test_a_switch_moves_a_session_from_docker_to_slurm_between_gpu_types_and_bac
     assert back.run(check)["status"] == "ok"
     assert squeue(cluster) == [] and manager.get(on_a100.id).state == State.STOPPED
     manager.stop(back.id)
+
+
+def test_a_workspace_stream_cut_short_lands_nowhere_and_a_whole_one_replaces_the_older_copy(
+    cluster, home, manager, tmp_path
+):
+    """What `%gpu switch` to or from Slurm asks of the backend, without a job: a tar stream
+    whose source fails midway raises the source's error (not the login node's), and nothing is
+    put in place or left beside it, the older copy there untouched; a whole stream replaces that
+    copy (said); a workspace folder that is gone is one line before anything moves."""
+    import io
+    import tarfile
+
+    from gpusession.core.errors import StageError
+    from gpusession.core.progress import Progress
+
+    folder = tmp_path / "ws"
+    (folder / "cut").mkdir(parents=True)
+    (folder / "cut" / "old.txt").write_text("older copy")
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w") as tar:
+        for name, data in (("workspace/new.txt", b"moved"), ("workspace/big", os.urandom(3 << 20))):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    stream = packed.getvalue()
+
+    def chunks(fail_at: int | None = None):
+        for i in range(0, len(stream), 1 << 20):
+            if i == fail_at:
+                raise OSError("cannot read big: Input/output error")
+            yield stream[i : i + (1 << 20)]
+
+    spec = slurm_spec(manager, cluster, name="cut-2", resume="cut", workspace_dir=str(folder))
+    record = manager.store.create(spec, price_per_hour=0.0)
+    backend, lines = manager.backend("slurm"), []
+    with pytest.raises(OSError, match="cannot read big: Input/output error"):
+        backend.import_workspace(record, chunks(fail_at=2 << 20), Progress(lines.append))
+    assert [p.name for p in folder.iterdir()] == ["cut"]
+    assert [p.name for p in (folder / "cut").iterdir()] == ["old.txt"]
+
+    backend.import_workspace(record, chunks(), Progress(lines.append))
+    assert sorted(p.name for p in (folder / "cut").iterdir()) == ["big", "new.txt"]
+    assert [p.name for p in folder.iterdir()] == ["cut"]
+    assert f"replaced the older copy of workspace cut at {folder}/cut" in "\n".join(lines), lines
+
+    gone = manager.store.update_resource(record.id, workspace_dir=str(tmp_path / "gone"))
+    with pytest.raises(StageError, match=f"cannot read workspace cut at {tmp_path}/gone on ssh://"):
+        backend.export_workspace(gone, Progress(lines.append))

@@ -86,11 +86,15 @@ class LoginShell:
     ) -> Result:
         """Run `command` in the login user's shell; BackendUnavailable when the node cannot be
         reached or does not answer within `timeout` seconds. `on_out` sees its output as it comes;
-        `stdin` may be chunks (a stream; an error of their source ends the command)."""
+        `stdin` may be chunks (a stream: an error of their source ends the command and is
+        raised as it is, never taken for the login node's)."""
         from ...transport.sshlogin import run_on_channel
 
+        source_failed: list[BaseException] = []
+        if stdin is not None and not isinstance(stdin, (bytes, bytearray)):
+            stdin = _watched(stdin, source_failed)
         chan = self._channel()
-        with self._failures(command, timeout):
+        with self._failures(command, timeout, source_failed):
             rc, out, err = run_on_channel(
                 chan, command, stdin=stdin, timeout=timeout, on_out=on_out
             )
@@ -140,17 +144,22 @@ class LoginShell:
         raise AssertionError("unreachable")
 
     @contextlib.contextmanager
-    def _failures(self, command: str, timeout: float):
-        """A timeout or a dropped connection, as BackendUnavailable in one line."""
+    def _failures(self, command: str, timeout: float, passed: Iterable[BaseException] = ()):
+        """A timeout or a dropped connection, as BackendUnavailable in one line (an exception in
+        `passed` goes on as it is)."""
         import paramiko
 
         try:
             yield
-        except (socket.timeout, TimeoutError):
-            raise BackendUnavailable(
-                f"Slurm login node {self.url}: no answer within {timeout:.0f}s to {command[:60]!r}"
-            ) from None
-        except (OSError, EOFError, paramiko.SSHException) as exc:
+        except BaseException as exc:
+            if any(exc is p for p in passed):
+                raise
+            if not isinstance(exc, (OSError, EOFError, paramiko.SSHException)):
+                raise
+            if isinstance(exc, (socket.timeout, TimeoutError)):
+                raise BackendUnavailable(
+                    f"Slurm login node {self.url}: no answer within {timeout:.0f}s to {command[:60]!r}"
+                ) from None
             raise BackendUnavailable(
                 f"Slurm login node {self.url}: {type(exc).__name__}: {exc}"
             ) from None
@@ -175,6 +184,15 @@ class LoginShell:
             t, self._transport = self._transport, None
         if t is not None:
             t.close()
+
+
+def _watched(pieces: Iterable[bytes], failed: list[BaseException]) -> Iterator[bytes]:
+    """`pieces`, passed on; an exception of theirs is noted in `failed` before it goes on."""
+    try:
+        yield from pieces
+    except BaseException as exc:
+        failed.append(exc)
+        raise
 
 
 # -- the runtime on the cluster ------------------------------------------------------------------
