@@ -649,14 +649,14 @@ def test_a_preempted_session_saves_in_its_grace_and_recover_resubmits_it(
 
 
 @pytest.mark.docker
-def test_a_switch_moves_a_session_from_docker_to_slurm_between_gpu_types_and_back(
+def test_a_switch_moves_a_slurm_session_to_another_gpu_type_then_to_docker(
     cluster, home, manager, engine, tmp_path
 ):
-    """`%gpu switch` with Slurm on either side, keeping a variable and a file: a docker session
-    switches to a Slurm job (the workspace streamed as tar through this machine into
-    --workspace-dir on the cluster, over the login's SSH), then to another GPU type (the same
-    folder: the new job starts, restores and answers, then the old job is cancelled), then back
-    to docker (read by tar on the login node; the older copy of the volume replaced)."""
+    """`%gpu switch` from a Slurm job, keeping a variable and a file: to another GPU type on the
+    cluster (the same --workspace-dir folder, no move: the new job starts, restores and answers,
+    then the old job is cancelled), then to docker on this machine (the folder read by tar on
+    the login node and streamed through this machine over the login's SSH, its size said first).
+    The other direction (tar written on the login node) is the next test's."""
     from support.images import image_ready
 
     image = "gpusession-ci/py-bookworm"
@@ -664,62 +664,51 @@ def test_a_switch_moves_a_session_from_docker_to_slurm_between_gpu_types_and_bac
         pytest.skip(f"no Docker engine with {image}")
     folder = str(tmp_path / "ws")  # the nodes share this machine's filesystem
     first = manager.start(
-        manager.make_spec("t4", backend="docker", image=image, idle="off", name="mv")
+        slurm_spec(
+            manager, cluster, "t4", name="mv", workspace_dir=folder, gres_type="a100=a100_40g"
+        )
     )
     made = (
         "kept = {'k': 41}\nimport os\nos.makedirs('out')\nopen('out/notes.txt', 'w').write('kept')"
     )
-    assert first.run(made)["status"] == "ok"
-    to_slurm = {"backend": "slurm", "host": cluster["url"], "image": "", "workspace_dir": folder}
-    lines: list[str] = []
-    on_t4, report = manager.switch(
-        first,
-        manager.switch_spec(
-            first.id, dict(to_slurm, python=sys.executable, gres_type="a100=a100_40g")
-        ),
-        lines.append,
-    )
-    said = "\n".join(lines)
-    assert f"move: workspace from docker (this machine's engine) to slurm {cluster['url']}" in said
-    assert " to move, through this machine" in said and report.moved_bytes > 0, said
-    assert "kept" in report.restored["restored"], report.restored
-    workspace = f"{folder}/mv"
-    assert oct(os.stat(workspace).st_mode & 0o777) == "0o700"
-    shown = cell(on_t4, "print(kept['k'], open('out/notes.txt').read(), os.getcwd())")
-    assert shown.strip() == f"41 kept {workspace}", shown
-    assert manager.get("mv").state == State.STOPPED
-    t4_job = on_t4.record.resource["job_id"]
+    assert cell(first, made) == ""
+    t4_job = first.record.resource["job_id"]
     assert node_of(cluster, t4_job) == "n1"
 
     # another GPU type on the cluster: the same folder, no move; the old job ends after
-    lines.clear()
+    lines: list[str] = []
     on_a100, report = manager.switch(
-        on_t4, manager.switch_spec(on_t4.id, {"type": "a100"}), lines.append
+        first, manager.switch_spec(first.id, {"type": "a100"}), lines.append
     )
     said = "\n".join(lines)
     assert report.moved_bytes is None and "move:" not in said, said
-    assert f"stop: stopping {on_t4.name} (its successor {on_a100.name} answered)" in said, said
+    assert f"stop: stopping mv (its successor {on_a100.name} answered)" in said, said
+    assert report.restored["restored"] == ["kept"], report.restored
     assert node_of(cluster, on_a100.record.resource["job_id"]) == "n2"
-    assert squeue(cluster, t4_job) == [] and manager.get(on_t4.id).state == State.STOPPED
+    assert squeue(cluster, t4_job) == [] and manager.get(first.id).state == State.STOPPED
+    workspace = f"{folder}/mv"
     assert on_a100.record.resource["workspace_dir"] == workspace
-    changed = "kept['k'] += 1\nopen('out/notes.txt', 'a').write(' there')\nprint(kept['k'])"
-    assert cell(on_a100, changed).strip() == "42"
+    changed = (
+        "kept['k'] += 1\nopen('out/notes.txt', 'a').write(' there')\n"
+        "print(kept['k'], open('out/notes.txt').read(), os.getcwd())"
+    )
+    assert cell(on_a100, changed).strip() == f"42 kept there {workspace}"
 
-    # back to docker: tar on the login node, the older copy of the volume replaced
+    # to docker: tar on the login node, through this machine, into a volume
     lines.clear()
-    back, report = manager.switch(
+    there, report = manager.switch(
         on_a100,
         manager.switch_spec(on_a100.id, {"backend": "docker", "host": "", "image": image}),
         lines.append,
     )
     said = "\n".join(lines)
     assert f"move: workspace from slurm {cluster['url']} to docker (this machine's engine)" in said
-    assert "replacing the older copy of workspace mv there" in said, said
-    assert report.moved_bytes > 0 and "kept" in report.restored["restored"], report.restored
+    assert re.search(r"move: [\d.]+ kB to move, through this machine", said), said
+    assert report.moved_bytes > 0 and report.restored["restored"] == ["kept"], report.restored
     check = "assert kept == {'k': 42} and open('out/notes.txt').read() == 'kept there'"
-    assert back.run(check)["status"] == "ok"
+    assert there.run(check)["status"] == "ok"
     assert squeue(cluster) == [] and manager.get(on_a100.id).state == State.STOPPED
-    manager.stop(back.id)
+    manager.stop(there.id)
 
 
 def test_a_workspace_stream_cut_short_lands_nowhere_and_a_whole_one_replaces_the_older_copy(

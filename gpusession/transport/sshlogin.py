@@ -291,13 +291,16 @@ def run_on_channel(
 
 def _send(chan: paramiko.Channel, pieces: Iterable[bytes]) -> bool:
     """Each piece to the command's stdin; False when the command closed it first (its status and
-    stderr say why). An error of the pieces' source is raised as it is."""
+    stderr say why). An error of the pieces' source, or a dropped connection, is raised."""
     for piece in pieces:
         try:
             chan.sendall(piece)
         except (socket.timeout, TimeoutError):
             raise
         except OSError:
+            transport = chan.get_transport()
+            if transport is None or not transport.is_active():
+                raise  # the connection dropped, not the command
             return False
     return True
 
