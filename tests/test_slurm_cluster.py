@@ -703,7 +703,7 @@ def test_a_switch_moves_a_slurm_session_to_another_gpu_type_then_to_docker(
     )
     said = "\n".join(lines)
     assert f"move: workspace from slurm {cluster['url']} to docker (this machine's engine)" in said
-    assert re.search(r"move: [\d.]+ kB to move, through this machine", said), said
+    assert re.search(r"move: [\d.]+ k?B to move, through this machine", said), said
     assert report.moved_bytes > 0 and report.restored["restored"] == ["kept"], report.restored
     check = "assert kept == {'k': 42} and open('out/notes.txt').read() == 'kept there'"
     assert there.run(check)["status"] == "ok"

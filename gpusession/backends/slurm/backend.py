@@ -377,20 +377,23 @@ class SlurmBackend(Backend):
 
     def export_workspace(self, record: SessionRecord, progress: Progress) -> WorkspaceExport:
         """The workspace folder read by `tar` on the login node, streamed over the login's SSH
-        connection (never copied on either side); its size (`du`) said first."""
+        connection (never copied on either side); its size (its files' bytes) said first."""
         shell = self.shell(record.spec.host)
         name = record.resource.get("workspace") or workspace_name(record)
         path = record.resource.get("workspace_dir") or (
             f"{_workspaces_folder(shell, self.settings(record.spec), shell.base_dir())}/{name}"
         )
-        sized = shell.run(f"du -sb {q(path)}")
+        # its files' bytes, as the local backend counts them
+        sized = shell.run(
+            f"cd {q(path)} && find . -type f -printf '%s\\n' | awk '{{s+=$1}} END {{print s+0}}'"
+        )
         if not sized.ok:
             raise StageError(
                 "move",
                 f"cannot read workspace {name} at {path} on {record.spec.host}: {sized.text()}",
             )
-        bytes_text = (sized.out.strip().splitlines() or [""])[-1].split("\t")[0]
-        size = int(bytes_text) if bytes_text.isdigit() else None  # the last line: startup files
+        bytes_text = (sized.out.strip().splitlines() or [""])[-1]  # the last: startup files print
+        size = int(bytes_text) if bytes_text.isdigit() else None
 
         def done(result) -> None:
             if result.rc == 1:  # GNU tar: a file changed while it was read (the kernel wrote)
