@@ -646,3 +646,114 @@ def test_a_preempted_session_saves_in_its_grace_and_recover_resubmits_it(
         assert nk.run("%gpu stop").status == "ok"
     finally:
         nk.close()
+
+
+@pytest.mark.docker
+def test_a_switch_moves_a_slurm_session_to_another_gpu_type_then_to_docker(
+    cluster, home, manager, engine, tmp_path
+):
+    """`%gpu switch` from a Slurm job, keeping a variable and a file: to another GPU type on the
+    cluster (the same --workspace-dir folder, no move: the new job starts, restores and answers,
+    then the old job is cancelled), then to docker on this machine (the folder read by tar on
+    the login node and streamed through this machine over the login's SSH, its size said first).
+    The other direction (tar written on the login node) is the next test's."""
+    from support.images import image_ready
+
+    image = "gpusession-ci/py-bookworm"
+    if not image_ready(image):
+        pytest.skip(f"no Docker engine with {image}")
+    folder = str(tmp_path / "ws")  # the nodes share this machine's filesystem
+    first = manager.start(
+        slurm_spec(
+            manager, cluster, "t4", name="mv", workspace_dir=folder, gres_type="a100=a100_40g"
+        )
+    )
+    made = (
+        "kept = {'k': 41}\nimport os\nos.makedirs('out')\nopen('out/notes.txt', 'w').write('kept')"
+    )
+    assert cell(first, made) == ""
+    t4_job = first.record.resource["job_id"]
+    assert node_of(cluster, t4_job) == "n1"
+
+    # another GPU type on the cluster: the same folder, no move; the old job ends after
+    lines: list[str] = []
+    on_a100, report = manager.switch(
+        first, manager.switch_spec(first.id, {"type": "a100"}), lines.append
+    )
+    said = "\n".join(lines)
+    assert report.moved_bytes is None and "move:" not in said, said
+    assert f"stop: stopping mv (its successor {on_a100.name} answered)" in said, said
+    assert report.restored["restored"] == ["kept"], report.restored
+    assert node_of(cluster, on_a100.record.resource["job_id"]) == "n2"
+    assert squeue(cluster, t4_job) == [] and manager.get(first.id).state == State.STOPPED
+    workspace = f"{folder}/mv"
+    assert on_a100.record.resource["workspace_dir"] == workspace
+    changed = (
+        "kept['k'] += 1\nopen('out/notes.txt', 'a').write(' there')\n"
+        "print(kept['k'], open('out/notes.txt').read(), os.getcwd())"
+    )
+    assert cell(on_a100, changed).strip() == f"42 kept there {workspace}"
+
+    # to docker: tar on the login node, through this machine, into a volume
+    lines.clear()
+    there, report = manager.switch(
+        on_a100,
+        manager.switch_spec(on_a100.id, {"backend": "docker", "host": "", "image": image}),
+        lines.append,
+    )
+    said = "\n".join(lines)
+    assert f"move: workspace from slurm {cluster['url']} to docker (this machine's engine)" in said
+    assert re.search(r"move: [\d.]+ k?B to move, through this machine", said), said
+    assert report.moved_bytes > 0 and report.restored["restored"] == ["kept"], report.restored
+    check = "assert kept == {'k': 42} and open('out/notes.txt').read() == 'kept there'"
+    assert there.run(check)["status"] == "ok"
+    assert squeue(cluster) == [] and manager.get(on_a100.id).state == State.STOPPED
+    manager.stop(there.id)
+
+
+def test_a_workspace_stream_cut_short_lands_nowhere_and_a_whole_one_replaces_the_older_copy(
+    cluster, home, manager, tmp_path
+):
+    """What `%gpu switch` to or from Slurm asks of the backend, without a job: a tar stream
+    whose source fails midway raises the source's error (not the login node's), and nothing is
+    put in place or left beside it, the older copy there untouched; a whole stream replaces that
+    copy (said); a workspace folder that is gone is one line before anything moves."""
+    import io
+    import tarfile
+
+    from gpusession.core.errors import StageError
+    from gpusession.core.progress import Progress
+
+    folder = tmp_path / "ws"
+    (folder / "cut").mkdir(parents=True)
+    (folder / "cut" / "old.txt").write_text("older copy")
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w") as tar:
+        for name, data in (("workspace/new.txt", b"moved"), ("workspace/big", os.urandom(3 << 20))):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    stream = packed.getvalue()
+
+    def chunks(fail_at: int | None = None):
+        for i in range(0, len(stream), 1 << 20):
+            if i == fail_at:
+                raise OSError("cannot read big: Input/output error")
+            yield stream[i : i + (1 << 20)]
+
+    spec = slurm_spec(manager, cluster, name="cut-2", resume="cut", workspace_dir=str(folder))
+    record = manager.store.create(spec, price_per_hour=0.0)
+    backend, lines = manager.backend("slurm"), []
+    with pytest.raises(OSError, match="cannot read big: Input/output error"):
+        backend.import_workspace(record, chunks(fail_at=2 << 20), Progress(lines.append))
+    assert [p.name for p in folder.iterdir()] == ["cut"]
+    assert [p.name for p in (folder / "cut").iterdir()] == ["old.txt"]
+
+    backend.import_workspace(record, chunks(), Progress(lines.append))
+    assert sorted(p.name for p in (folder / "cut").iterdir()) == ["big", "new.txt"]
+    assert [p.name for p in folder.iterdir()] == ["cut"]
+    assert f"replaced the older copy of workspace cut at {folder}/cut" in "\n".join(lines), lines
+
+    gone = manager.store.update_resource(record.id, workspace_dir=str(tmp_path / "gone"))
+    with pytest.raises(StageError, match=f"cannot read workspace cut at {tmp_path}/gone on ssh://"):
+        backend.export_workspace(gone, Progress(lines.append))

@@ -12,7 +12,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import paramiko
 
@@ -251,19 +251,20 @@ def run_on_channel(
     chan: paramiko.Channel,
     command: str,
     *,
-    stdin: bytes | None = None,
+    stdin: bytes | Iterable[bytes] | None = None,
     timeout: float = 60.0,
     on_out: Callable[[bytes], None] | None = None,
 ) -> tuple[int, bytes, bytes]:
     """`exec_command` on a session channel already open (closed when done); `on_out` sees its
-    standard output as it comes (a long command's progress)."""
-    deadline = time.monotonic() + timeout
+    standard output as it comes (a long command's progress). `stdin` may come in chunks (a
+    stream of any size, each chunk sent as it comes; `timeout` counts from the last one); a
+    command that ends before it read them all is answered by its status and stderr."""
     try:
         chan.settimeout(timeout)
         chan.exec_command(command)
-        if stdin is not None:
-            chan.sendall(stdin)
-        chan.shutdown_write()
+        if _send(chan, (stdin,) if isinstance(stdin, (bytes, bytearray)) else stdin or ()):
+            chan.shutdown_write()
+        deadline = time.monotonic() + timeout
         out, err = bytearray(), bytearray()
         while True:
             if chan.recv_ready():
@@ -286,6 +287,22 @@ def run_on_channel(
                 time.sleep(0.01)
     finally:
         chan.close()
+
+
+def _send(chan: paramiko.Channel, pieces: Iterable[bytes]) -> bool:
+    """Each piece to the command's stdin; False when the command closed it first (its status and
+    stderr say why). An error of the pieces' source, or a dropped connection, is raised."""
+    for piece in pieces:
+        try:
+            chan.sendall(piece)
+        except (socket.timeout, TimeoutError):
+            raise
+        except OSError:
+            transport = chan.get_transport()
+            if transport is None or not transport.is_active():
+                raise  # the connection dropped, not the command
+            return False
+    return True
 
 
 def tcp_socket(host: str, port: int, timeout: float) -> socket.socket:

@@ -38,6 +38,7 @@ from ..base import (
     Link,
     RemoteResource,
     TunnelLink,
+    WorkspaceExport,
     failure_detail,
     log_tail,
     marker_lines,
@@ -164,10 +165,8 @@ class SlurmBackend(Backend):
         """The session's workspace folder on the cluster, made (0700) unless --resume names one
         that is not there."""
         name = workspace_name(record)
-        folder = settings.workspace_dir or f"{base}/workspaces"
-        if folder.startswith("~/"):
-            folder = f"{shell.home()}/{folder[2:]}"
-        path = f"{folder.rstrip('/')}/{name}"
+        folder = _workspaces_folder(shell, settings, base)
+        path = f"{folder}/{name}"
         if record.spec.extra.get("resume"):
             if not shell.run(f"test -d {q(path)}").ok:
                 raise StageError(
@@ -374,6 +373,81 @@ class SlurmBackend(Backend):
             host=address, port=port, username=jump.username, keys=jump.keys, host_keys=check
         )
 
+    # -- moving a workspace (`%gpu switch` to or from another backend) ------------------------
+
+    def export_workspace(self, record: SessionRecord, progress: Progress) -> WorkspaceExport:
+        """The workspace folder read by `tar` on the login node, streamed over the login's SSH
+        connection (never copied on either side); its size (its files' bytes) said first."""
+        shell = self.shell(record.spec.host)
+        name = record.resource.get("workspace") or workspace_name(record)
+        path = record.resource.get("workspace_dir") or (
+            f"{_workspaces_folder(shell, self.settings(record.spec), shell.base_dir())}/{name}"
+        )
+        # its files' bytes, as the local backend counts them
+        sized = shell.run(
+            f"cd {q(path)} && find . -type f -printf '%s\\n' | awk '{{s+=$1}} END {{print s+0}}'"
+        )
+        if not sized.ok:
+            raise StageError(
+                "move",
+                f"cannot read workspace {name} at {path} on {record.spec.host}: {sized.text()}",
+            )
+        bytes_text = (sized.out.strip().splitlines() or [""])[-1]  # the last: startup files print
+        size = int(bytes_text) if bytes_text.isdigit() else None
+
+        def done(result) -> None:
+            if result.rc == 1:  # GNU tar: a file changed while it was read (the kernel wrote)
+                progress.step(f"changed while read, moved as read: {result.text()}")
+            elif not result.ok:
+                raise StageError(
+                    "move",
+                    f"reading workspace {name} on {record.spec.host} failed: {result.text()}",
+                )
+
+        # the folder's entries as `workspace/...` (symbolic links' targets left as they are)
+        command = f"tar -C {q(path)} -cf - --transform 's,^\\.,workspace,S' ."
+        chunks = shell.output_chunks(command, done)
+        return WorkspaceExport(size, chunks, chunks.close)
+
+    def import_workspace(self, record: SessionRecord, chunks, progress: Progress) -> None:
+        """Unpacked by `tar` on the login node into a folder beside the workspace's (private: the
+        login user owns every file, modes within 0700), then put in its place once the stream
+        arrived whole; an older copy of the workspace there is replaced."""
+        import uuid
+
+        shell = self.shell(record.spec.host)
+        name = workspace_name(record)
+        folder = _workspaces_folder(shell, self.settings(record.spec), shell.base_dir())
+        path, temp = f"{folder}/{name}", f"{folder}/.{name}.moving-{uuid.uuid4().hex[:8]}"
+        unpack = (
+            f"umask 077 && mkdir -p {q(folder)} && mkdir {q(temp)} && "
+            f"tar -xf - -C {q(temp)} --no-same-owner --no-same-permissions"
+        )
+        try:
+            result = shell.run(unpack, stdin=chunks, timeout=300)
+            if not result.ok:
+                raise StageError(
+                    "move",
+                    f"tar on {record.spec.host} could not write workspace {name} into {folder}: "
+                    f"{result.text()}",
+                )
+            placed = shell.run(
+                f"mkdir -p {q(temp)}/workspace && "
+                f"if [ -e {q(path)} ]; then echo replaced; rm -rf {q(path)}; fi && "
+                f"mv {q(temp)}/workspace {q(path)} && chmod 700 {q(path)}"
+            )
+            if not placed.ok:
+                raise StageError(
+                    "move", f"cannot put workspace {name} in place at {path}: {placed.text()}"
+                )
+            if "replaced" in placed.out.split():
+                progress.step(f"replaced the older copy of workspace {name} at {path}")
+        finally:
+            try:
+                shell.run(f"rm -rf {q(temp)}")
+            except BackendUnavailable as exc:
+                progress.step(f"left behind on the cluster: {temp} ({exc})")
+
     # -- life and teardown ----------------------------------------------------------------
 
     def is_alive(self, record: SessionRecord) -> bool:
@@ -570,6 +644,14 @@ class SlurmBackend(Backend):
             for j in self._our_jobs(shell)
         ):
             self._cancel(shell, [resource.resource_id])
+
+
+def _workspaces_folder(shell: LoginShell, settings, base: str) -> str:
+    """The cluster folder that holds the workspaces: --workspace-dir, else ~/.gpusession/workspaces."""
+    folder = settings.workspace_dir or f"{base}/workspaces"
+    if folder.startswith("~/"):
+        folder = f"{shell.home()}/{folder[2:]}"
+    return folder.rstrip("/")
 
 
 def _paths(res: dict) -> JobPaths | None:

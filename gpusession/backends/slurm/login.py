@@ -5,6 +5,7 @@ runtime, brought to the cluster's shared storage once per version of gpusession.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -15,7 +16,7 @@ import socket
 import tarfile
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 from ...core.errors import BackendUnavailable
 
@@ -79,40 +80,89 @@ class LoginShell:
         self,
         command: str,
         *,
-        stdin: bytes | None = None,
+        stdin: bytes | Iterable[bytes] | None = None,
         timeout: float = 60.0,
         on_out: Callable[[bytes], None] | None = None,
     ) -> Result:
         """Run `command` in the login user's shell; BackendUnavailable when the node cannot be
-        reached or does not answer within `timeout` seconds. `on_out` sees its output as it comes."""
-        import paramiko
-
+        reached or does not answer within `timeout` seconds. `on_out` sees its output as it comes;
+        `stdin` may be chunks (a stream: an error of their source ends the command and is
+        raised as it is, never taken for the login node's)."""
         from ...transport.sshlogin import run_on_channel
 
+        source_failed: list[BaseException] = []
+        if stdin is not None and not isinstance(stdin, (bytes, bytearray)):
+            stdin = _watched(stdin, source_failed)
+        chan = self._channel()
+        with self._failures(command, timeout, source_failed):
+            rc, out, err = run_on_channel(
+                chan, command, stdin=stdin, timeout=timeout, on_out=on_out
+            )
+        return Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def output_chunks(
+        self, command: str, done: Callable[[Result], None], *, timeout: float = 120.0
+    ) -> Iterator[bytes]:
+        """`command`'s standard output in chunks as it comes (a stream of any size, never held
+        whole); at its end `done` gets its exit status and stderr (and may raise). Closing the
+        iterator early closes the channel. `timeout`: the longest wait for the next chunk."""
+        chan = self._channel()
+        err = bytearray()
+        try:
+            with self._failures(command, timeout):
+                chan.settimeout(timeout)
+                chan.exec_command(command)
+                chan.shutdown_write()
+            while True:
+                with self._failures(command, timeout):
+                    data = chan.recv(1 << 20)
+                    while chan.recv_stderr_ready():
+                        err += chan.recv_stderr(65536)
+                if not data:
+                    break
+                yield data
+            with self._failures(command, timeout):
+                rc = chan.recv_exit_status()
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+        finally:
+            chan.close()
+        done(Result(rc, "", err.decode(errors="replace")))
+
+    def _channel(self):
+        """A new session channel on the login connection (logged in again once if it dropped)."""
         for attempt in (1, 2):
             transport = self._connect()
             try:
-                chan = transport.open_session(timeout=15)
-                break
+                return transport.open_session(timeout=15)
             except Exception as exc:  # noqa: BLE001 - the connection dropped since: once more
                 self.close()
                 if attempt == 2:
                     raise BackendUnavailable(
                         f"Slurm login node {self.url}: {type(exc).__name__}: {exc}"
                     ) from None
+        raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def _failures(self, command: str, timeout: float, passed: Iterable[BaseException] = ()):
+        """A timeout or a dropped connection, as BackendUnavailable in one line (an exception in
+        `passed` goes on as it is)."""
+        import paramiko
+
         try:
-            rc, out, err = run_on_channel(
-                chan, command, stdin=stdin, timeout=timeout, on_out=on_out
-            )
-        except (socket.timeout, TimeoutError):
-            raise BackendUnavailable(
-                f"Slurm login node {self.url}: no answer within {timeout:.0f}s to {command[:60]!r}"
-            ) from None
-        except (OSError, EOFError, paramiko.SSHException) as exc:
+            yield
+        except BaseException as exc:
+            if any(exc is p for p in passed):
+                raise
+            if not isinstance(exc, (OSError, EOFError, paramiko.SSHException)):
+                raise
+            if isinstance(exc, (socket.timeout, TimeoutError)):
+                raise BackendUnavailable(
+                    f"Slurm login node {self.url}: no answer within {timeout:.0f}s to {command[:60]!r}"
+                ) from None
             raise BackendUnavailable(
                 f"Slurm login node {self.url}: {type(exc).__name__}: {exc}"
             ) from None
-        return Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def home(self) -> str:
         """The login user's home directory (the cluster shares it with the nodes)."""
@@ -134,6 +184,15 @@ class LoginShell:
             t, self._transport = self._transport, None
         if t is not None:
             t.close()
+
+
+def _watched(pieces: Iterable[bytes], failed: list[BaseException]) -> Iterator[bytes]:
+    """`pieces`, passed on; an exception of theirs is noted in `failed` before it goes on."""
+    try:
+        yield from pieces
+    except BaseException as exc:
+        failed.append(exc)
+        raise
 
 
 # -- the runtime on the cluster ------------------------------------------------------------------
