@@ -285,3 +285,28 @@ def test_a_notebook_follows_its_session_switched_by_the_cli_and_keeps_gpu_on(not
     finally:
         notebook.run("%gpu off")
         notebook.run("%gpu stop --all")
+
+
+def test_the_old_place_stays_behind_when_the_backend_changes():
+    """A Slurm session's login node is no Docker engine: switching it to docker starts on this
+    machine's engine unless a --host is given; the image and the other options carry over."""
+    from gpusession.core.models import LaunchSpec, SessionRecord
+    from gpusession.session.switch import switch_values
+
+    old = SessionRecord(
+        id="x" * 32,
+        name="old",
+        spec=LaunchSpec(
+            "t4", backend="slurm", host="ssh://me@login", image="ghcr.io/me/img:1", max_cost=5.0
+        ),
+        state=State.RUNNING,
+        created_at=0.0,
+        updated_at=0.0,
+        owner="me",
+    )
+    values = switch_values(old, {"backend": "docker"})
+    assert "host" not in values and values["image"] == "ghcr.io/me/img:1", values
+    assert values["max_cost"] == "5", values  # as restart_body writes it
+    given = switch_values(old, {"backend": "docker", "host": "ssh://me@gpubox"})
+    assert given["host"] == "ssh://me@gpubox"
+    assert switch_values(old, {"type": "a100"})["host"] == "ssh://me@login"  # same backend

@@ -90,10 +90,15 @@ class SwitchReport:
         return dataclasses.asdict(self)
 
 
+# Where the old backend ran (a Slurm login node, a Docker engine's host, an AWS region): another
+# backend's place is another machine, so these are not carried across backends unless given.
+PLACE_OPTIONS = ("host", "region")
+
+
 def switch_values(old: SessionRecord, given: Mapping[str, Any]) -> dict[str, Any]:
     """The start options of the next session: the old session's (as `restart_body` writes them)
-    with the given ones over them. Options of the old backend that the new one does not take
-    (--host for another backend) are dropped; `on_demand` (given true) turns spot off."""
+    with the given ones over them. Options of the old backend that the new one does not take,
+    and the old place (--host, --region) on another backend, are dropped; `on_demand` (given true) turns spot off."""
     given = dict(given)
     values = {k: v for k, v in restart_body(old.spec).items() if k not in NOT_CARRIED}
     backend = given.get("backend") or old.spec.backend
@@ -102,7 +107,11 @@ def switch_values(old: SessionRecord, given: Mapping[str, Any]) -> dict[str, Any
         values = {
             k: v
             for k, v in values.items()
-            if k in given or by_name[k].backends is None or backend in by_name[k].backends
+            if k in given
+            or (
+                k not in PLACE_OPTIONS
+                and (by_name[k].backends is None or backend in by_name[k].backends)
+            )
         }
     if given.pop("on_demand", False):
         values.pop("spot", None)
