@@ -478,6 +478,76 @@ def test_an_image_runs_in_charliecloud_from_the_registry_and_from_a_path(
     manager.stop(session.id)
 
 
+def _ch_image_pulling(ref: str) -> list[str]:
+    """The login node's `ch-image pull` processes for `ref` (the nodes share this machine's pids)."""
+    found = subprocess.run(
+        ["pgrep", "-af", f"ch-image.* pull {ref}"], capture_output=True, text=True
+    )
+    return found.stdout.splitlines()
+
+
+def test_ctrl_c_during_a_charliecloud_pull_leaves_nothing_and_the_next_start_pulls_again(
+    cluster, home, gs_home, manager, tmp_path, monkeypatch
+):
+    """SIGINT to `gpusession start` while ch-image unpacks the registry image on the login node
+    (its folder half made): one line, no traceback, the session recorded failed, no job, the
+    remote ch-image gone, its half-made folder removed; the next start pulls again (a folder with
+    bin/ and usr/ but no mark of a finished pull is not taken as pulled) and runs a cell."""
+    from gpusession.session.store import Store
+
+    ref = registry_image("gpusession-ci/py-trixie", "ci/py-trixie-cut:latest", tmp_path / "pusher")
+    registry_login(home)
+    monkeypatch.setenv("GPUSESSION_CACHE", str(STATE / "runtime-cache"))
+    folder = STATE / "home/.gpusession/charliecloud/img/10.210.0.1+5443%ci%py-trixie-cut+latest"
+    shutil.rmtree(folder, ignore_errors=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpusession", "start", "--backend", "slurm", "--host",
+         cluster["url"], "--type", "t4", "--image", ref, "--idle", "off", "--name", "cut"],
+        env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:  # ch-image is unpacking: the image's folder is half made
+        wait_until(
+            lambda: (folder.is_dir() and any(folder.iterdir())) or proc.poll() is not None,
+            120,
+            "the unpack",
+        )
+        assert proc.poll() is None, "".join(out)
+        half = sum(1 for _ in folder.rglob("*"))
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, "".join(out)
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = "".join(out)
+    assert text.strip().splitlines()[-1] == "gpusession start: interrupted", text
+    assert "Traceback" not in text, text
+    (record,) = Store(gs_home / "sessions.sqlite3").list()
+    assert record.state.value == "failed" and "interrupted" in (record.error or ""), record
+    assert not record.resource.get("job_id"), record.resource
+    store_id = Store(gs_home / "sessions.sqlite3").store_id
+    jobs = slurm(cluster, "squeue", "-h", "-o", "%k", "--states=all")
+    assert f"gpusession:{store_id}:" not in jobs, jobs  # no job of this store, in any state
+    assert _ch_image_pulling(ref) == []
+    assert not folder.exists()
+    print(f"Ctrl-C with {half} files unpacked")
+
+    # a folder cut short the same way (here: left by a client killed mid-unpack) is pulled again
+    (folder / "usr").mkdir(parents=True)
+    (folder / "bin").mkdir()
+    steps: list[str] = []
+    session = manager.start(
+        slurm_spec(manager, cluster, "t4", name="after-cut", image=ref), report=steps.append
+    )
+    assert f"pulling {ref} on the cluster with ch-image" in "\n".join(steps), steps
+    assert cell(session, "import sys; print(sys.version_info[:2])").strip() == "(3, 13)"
+    manager.stop(session.id)
+
+
 def test_an_image_without_python_or_a_wrong_login_fails_in_one_line_with_nothing_queued(
     cluster, home, manager, tmp_path
 ):
