@@ -529,6 +529,7 @@ def test_ctrl_c_during_a_charliecloud_pull_leaves_nothing_and_the_next_start_pul
     (record,) = Store(gs_home / "sessions.sqlite3").list()
     assert record.state.value == "failed" and "interrupted" in (record.error or ""), record
     assert not record.resource.get("job_id"), record.resource
+    assert record_billed_seconds(record) == 0.0
     store_id = Store(gs_home / "sessions.sqlite3").store_id
     jobs = slurm(cluster, "squeue", "-h", "-o", "%k", "--states=all")
     assert f"gpusession:{store_id}:" not in jobs, jobs  # no job of this store, in any state
