@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.procs import wait_dead
+from support.procs import start_interrupted, wait_dead
 from support.slurm import (
     STATE,
     cancel_all,
@@ -500,31 +500,20 @@ def test_ctrl_c_during_a_charliecloud_pull_leaves_nothing_and_the_next_start_pul
     monkeypatch.setenv("GPUSESSION_CACHE", str(STATE / "runtime-cache"))
     folder = STATE / "home/.gpusession/charliecloud/img/10.210.0.1+5443%ci%py-trixie-cut+latest"
     shutil.rmtree(folder, ignore_errors=True)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpusession", "start", "--backend", "slurm", "--host",
-         cluster["url"], "--type", "t4", "--image", ref, "--idle", "off", "--name", "cut"],
-        env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    out: list[str] = []
-    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
-    reader.start()
-    try:  # ch-image is unpacking: the image's folder is half made
+    cut: dict = {}
+
+    def interrupt(running, press) -> None:  # once ch-image unpacks: its folder half made
         wait_until(
-            lambda: (folder.is_dir() and any(folder.iterdir())) or proc.poll() is not None,
-            120,
-            "the unpack",
+            lambda: (folder.is_dir() and any(folder.iterdir())) or not running(), 120, "the unpack"
         )
-        assert proc.poll() is None, "".join(out)
-        half = sum(1 for _ in folder.rglob("*"))
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130, "".join(out)
-        reader.join(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = "".join(out)
-    assert text.strip().splitlines()[-1] == "gpusession start: interrupted", text
+        assert running(), "the start ended before the unpack"
+        cut["files"] = sum(1 for _ in folder.rglob("*"))
+        press()
+
+    args = ["--backend", "slurm", "--host", cluster["url"], "--type", "t4", "--image", ref]
+    text = start_interrupted(
+        [*args, "--idle", "off", "--name", "cut"], dict(os.environ, PYTHONUNBUFFERED="1"), interrupt
+    )
     assert "Traceback" not in text, text
     (record,) = Store(gs_home / "sessions.sqlite3").list()
     assert record.state.value == "failed" and "interrupted" in (record.error or ""), record
@@ -535,7 +524,7 @@ def test_ctrl_c_during_a_charliecloud_pull_leaves_nothing_and_the_next_start_pul
     assert f"gpusession:{store_id}:" not in jobs, jobs  # no job of this store, in any state
     assert _ch_image_pulling(ref) == []
     assert not folder.exists()
-    print(f"Ctrl-C with {half} files unpacked")
+    print(f"Ctrl-C with {cut['files']} files unpacked")
 
     # a folder cut short the same way (here: left by a client killed mid-unpack) is pulled again
     (folder / "usr").mkdir(parents=True)
