@@ -5,9 +5,6 @@ session that bills, no container, no image). A real engine pulling from a regist
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -15,6 +12,7 @@ import pytest
 
 from support.hosts import docker_available
 from support.images import FOREIGN, serve_registry, start_pulled
+from support.procs import start_interrupted
 
 pytestmark = [
     pytest.mark.docker,
@@ -70,24 +68,11 @@ def test_a_pull_whose_link_breaks_mid_layer_resumes(manager, engine, registry):
 
 def _cli_start(name: str, env: dict, interrupt) -> str:
     """`gpusession start` in its own process, SIGINT when `interrupt()` says: its output."""
-    out: list[str] = []
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpusession", "start", "--backend", "docker", "--image", name,
-         "--idle", "off", "--name", "pulling"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
-    reader.start()
-    try:
-        interrupt(lambda: proc.poll() is None, lambda: proc.send_signal(signal.SIGINT))
-        assert proc.wait(timeout=60) == 130, out
-        reader.join(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = "".join(out)
-    assert text.strip().splitlines()[-1] == "gpusession start: interrupted", text
-    return text
+    return start_interrupted(
+        ["--backend", "docker", "--image", name, "--idle", "off", "--name", "pulling"],
+        env,
+        interrupt,
+    )
 
 
 def _magic_start(name: str, notebook, interrupt) -> str:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.procs import wait_dead
+from support.procs import start_interrupted, wait_dead
 from support.slurm import (
     STATE,
     cancel_all,
@@ -475,6 +475,66 @@ def test_an_image_runs_in_charliecloud_from_the_registry_and_from_a_path(
     assert cell(session, "import sys; print(sys.version_info[:2], kept['k'] + 1)").strip() == (
         "(3, 13) 42"
     )
+    manager.stop(session.id)
+
+
+def _ch_image_pulling(ref: str) -> list[str]:
+    """The login node's `ch-image pull` processes for `ref` (the nodes share this machine's pids)."""
+    found = subprocess.run(
+        ["pgrep", "-af", f"ch-image.* pull {ref}"], capture_output=True, text=True
+    )
+    return found.stdout.splitlines()
+
+
+def test_ctrl_c_during_a_charliecloud_pull_leaves_nothing_and_the_next_start_pulls_again(
+    cluster, home, gs_home, manager, tmp_path, monkeypatch
+):
+    """SIGINT to `gpusession start` while ch-image unpacks the registry image on the login node
+    (its folder half made): one line, no traceback, the session recorded failed, no job, the
+    remote ch-image gone, its half-made folder removed; the next start pulls again (a folder with
+    bin/ and usr/ but no mark of a finished pull is not taken as pulled) and runs a cell."""
+    from gpusession.session.store import Store
+
+    ref = registry_image("gpusession-ci/py-trixie", "ci/py-trixie-cut:latest", tmp_path / "pusher")
+    registry_login(home)
+    monkeypatch.setenv("GPUSESSION_CACHE", str(STATE / "runtime-cache"))
+    folder = STATE / "home/.gpusession/charliecloud/img/10.210.0.1+5443%ci%py-trixie-cut+latest"
+    shutil.rmtree(folder, ignore_errors=True)
+    cut: dict = {}
+
+    def interrupt(running, press) -> None:  # once ch-image unpacks: its folder half made
+        wait_until(
+            lambda: (folder.is_dir() and any(folder.iterdir())) or not running(), 120, "the unpack"
+        )
+        assert running(), "the start ended before the unpack"
+        cut["files"] = sum(1 for _ in folder.rglob("*"))
+        press()
+
+    args = ["--backend", "slurm", "--host", cluster["url"], "--type", "t4", "--image", ref]
+    text = start_interrupted(
+        [*args, "--idle", "off", "--name", "cut"], dict(os.environ, PYTHONUNBUFFERED="1"), interrupt
+    )
+    assert "Traceback" not in text, text
+    (record,) = Store(gs_home / "sessions.sqlite3").list()
+    assert record.state.value == "failed" and "interrupted" in (record.error or ""), record
+    assert not record.resource.get("job_id"), record.resource
+    assert record_billed_seconds(record) == 0.0
+    store_id = Store(gs_home / "sessions.sqlite3").store_id
+    jobs = slurm(cluster, "squeue", "-h", "-o", "%k", "--states=all")
+    assert f"gpusession:{store_id}:" not in jobs, jobs  # no job of this store, in any state
+    assert _ch_image_pulling(ref) == []
+    assert not folder.exists()
+    print(f"Ctrl-C with {cut['files']} files unpacked")
+
+    # a folder cut short the same way (here: left by a client killed mid-unpack) is pulled again
+    (folder / "usr").mkdir(parents=True)
+    (folder / "bin").mkdir()
+    steps: list[str] = []
+    session = manager.start(
+        slurm_spec(manager, cluster, "t4", name="after-cut", image=ref), report=steps.append
+    )
+    assert f"pulling {ref} on the cluster with ch-image" in "\n".join(steps), steps
+    assert cell(session, "import sys; print(sys.version_info[:2])").strip() == "(3, 13)"
     manager.stop(session.id)
 
 

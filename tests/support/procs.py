@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 
 
@@ -60,3 +64,25 @@ def start_runtime(state, session_id: str, *extra: str):
         )
         time.sleep(0.05)
     return json.loads((state / "kernel.json").read_text()), proc
+
+
+def start_interrupted(args: list[str], env: dict, interrupt) -> str:
+    """`gpusession start ARGS` in its own process, SIGINT when `interrupt(running, press)` presses:
+    it must exit 130 saying `gpusession start: interrupted` last. Returns all it printed."""
+    out: list[str] = []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpusession", "start", *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        interrupt(lambda: proc.poll() is None, lambda: proc.send_signal(signal.SIGINT))
+        assert proc.wait(timeout=60) == 130, out
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = "".join(out)
+    assert text.strip().splitlines()[-1] == "gpusession start: interrupted", text
+    return text

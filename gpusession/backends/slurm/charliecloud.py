@@ -20,7 +20,7 @@ import shlex
 import time
 from typing import Callable
 
-from ...core.errors import StageError
+from ...core.errors import BackendUnavailable, StageError
 from ...core.progress import Progress
 from ...transport.bundle import (
     NO_PYTHON,
@@ -36,13 +36,16 @@ from ...transport.bundle import (
 from ...transport.pulls import docker_login, format_bytes, registry_of
 from .login import LoginShell
 
-STORAGE = "charliecloud"  # under ~/.gpusession: the user's ch-image storage
+STORAGE = "charliecloud"  # under ~/.gpusession: the user's ch-image storage (and .pulls beside:
+# a stamp per pull running, left by one that did not end well; ch-image wants no file of ours in it)
 RUNTIME_MOUNT = "/mnt/0"  # the runtime bundle, in the container
 SESSION_MOUNT = "/mnt/1"  # the session's folder (state, kernel sockets), in the container
 q = shlex.quote
 _LAYER = re.compile(r"layer (\d+)/\d+: \w+: downloading: [\d.]+/([\d.]+ [KMGT]?i?B)")
 _PROGRESS = re.compile(r"layer (\d+/\d+): \w+: downloading: ([\d.]+/[\d.]+ [KMGT]?i?B)")
 _CACHED = re.compile(r"layer (\d+)/\d+: \w+: using existing file")
+_PGID = re.compile(r"@@pgid=(\d+)@@")
+PULLED = "ch/gpusession-pulled"  # in the unpacked image: written when its pull ended well
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
@@ -92,9 +95,7 @@ def _image(shell: LoginShell, image: str, base: str, progress: Progress) -> str:
         return found.out.split("@@")[1]
     storage = f"{base}/{STORAGE}"
     folder = f"{storage}/img/{storage_name(image)}"
-    if shell.run(
-        f"test -d {q(folder)}/bin || test -d {q(folder)}/usr"
-    ).ok:  # as docker run: pulled once
+    if shell.run(f"test -f {q(folder)}/{PULLED}").ok:  # as docker run: pulled once
         progress.step(
             f"{image} is in your ch-image storage on the cluster ({storage}); "
             f"`ch-image pull` it there for a newer one"
@@ -106,7 +107,10 @@ def _image(shell: LoginShell, image: str, base: str, progress: Progress) -> str:
         f"pulling {image} on the cluster with ch-image into {storage}"
         + (f" (as {login[0]}, your docker login for {registry})" if login else "")
     )
-    # the login's password goes on stdin, into ch-image's environment only
+    # the login's password goes on stdin, into ch-image's environment only. The pull says its
+    # process group first (a Ctrl-C here ends it on the login node), marks its start with a
+    # stamp (what it downloaded is dropped unless it ends well: a layer cut mid-download would be
+    # reused whole by ch-image's download cache) and the image whole with PULLED when it ends well
     command = (
         (
             "IFS= read -r CH_IMAGE_USERNAME; IFS= read -r CH_IMAGE_PASSWORD; "
@@ -114,11 +118,19 @@ def _image(shell: LoginShell, image: str, base: str, progress: Progress) -> str:
             if login
             else ""
         )
+        + f"printf '@@pgid=%s@@\\n' \"$$\"; mkdir -p {q(storage)}.pulls; {_forget_cut_pulls(storage)}; "
+        + f'stamp={q(storage)}.pulls/$$; touch "$stamp"; '
         + f"CH_IMAGE_STORAGE={q(storage)} ch-image --no-cache{' --auth' if login else ''} pull {q(image)} 2>&1"
+        + f' && touch {q(folder)}/{PULLED} && rm -f "$stamp"'
     )
     stdin = f"{login[0]}\n{login[1]}\n".encode() if login else None
-    result = shell.run(command, stdin=stdin, timeout=3600, on_out=PullWatch(image, progress.step))
-    text = result.out
+    watch = PullWatch(image, progress.step)
+    try:
+        result = shell.run(command, stdin=stdin, timeout=3600, on_out=watch)
+    except KeyboardInterrupt:
+        _end_cut_pull(shell, storage, folder, watch.pgid)
+        raise
+    text = _PGID.sub("", result.out)
     if not result.ok:
         if "no further authentication possible" in text:
             why = f"{registry} refused the login of {login[0] if login else '?'} from your Docker config: run `docker login {registry}` again"
@@ -135,6 +147,35 @@ def _image(shell: LoginShell, image: str, base: str, progress: Progress) -> str:
     return folder
 
 
+def _forget_cut_pulls(storage: str) -> str:
+    """Shell: what pulls that did not end well (their stamp left, their process gone: a client
+    killed, a connection lost) downloaded is dropped from ch-image's download cache."""
+    return (
+        f"for s in {q(storage)}.pulls/*; do "
+        '[ -e "$s" ] || continue; kill -0 -- -"${s##*/}" 2>/dev/null && continue; '
+        f'find {q(storage)}/dlcache -type f -newer "$s" -delete 2>/dev/null; rm -f "$s"; done'
+    )
+
+
+def _end_cut_pull(shell: LoginShell, storage: str, folder: str, pgid: int | None) -> None:
+    """After a Ctrl-C during the pull: its processes on the login node ended (TERM, then KILL after
+    5 s), what it unpacked and downloaded removed. Best effort: the pull is not reused anyway
+    (no PULLED mark; a stamp left is dropped by the next pull)."""
+    if pgid is None:
+        return
+    g = f"-{pgid}"
+    try:
+        shell.run(
+            f"kill -TERM -- {g} 2>/dev/null; i=0; while kill -0 -- {g} 2>/dev/null && [ $i -lt 50 ]; "
+            f"do sleep 0.1; i=$((i+1)); done; kill -KILL -- {g} 2>/dev/null; "
+            f"chmod -R u+rwX {q(folder)} 2>/dev/null; rm -rf {q(folder)}; "
+            + _forget_cut_pulls(storage),
+            timeout=30,
+        )
+    except BackendUnavailable:
+        pass
+
+
 class PullWatch:
     """ch-image's output as it comes: its latest layer's download said every few seconds
     ('pulling REF: layer 2/5, 310.4/812.0 MiB')."""
@@ -143,13 +184,17 @@ class PullWatch:
         self.image, self.say, self.every_s = image, say, every_s
         self.said_at = time.monotonic()
         self.pending = b""
+        self.pgid: int | None = None  # the pull's process group on the login node
 
     def __call__(self, data: bytes) -> None:
         self.pending += data
         *lines, self.pending = self.pending.split(b"\n")
         found = None
         for line in lines:
-            found = _PROGRESS.search(line.decode(errors="replace")) or found
+            text = line.decode(errors="replace")
+            if self.pgid is None and (group := _PGID.match(text)):
+                self.pgid = int(group.group(1))
+            found = _PROGRESS.search(text) or found
         now = time.monotonic()
         if found is not None and now - self.said_at >= self.every_s:
             self.said_at = now
