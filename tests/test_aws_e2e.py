@@ -337,3 +337,94 @@ def test_an_image_without_python_fails_in_one_line_and_leaves_nothing(manager, p
     assert f"image {NO_PYTHON} has no Python to run the session kernel in" in str(err.value)
     assert "use an image with python3 3.9 or newer" in str(err.value)
     assert leftovers(look) == NOTHING
+
+
+def _volumes(look, workspace: str) -> list[dict]:
+    return look.describe_volumes(
+        Filters=[{"Name": "tag:gpusession:workspace", "Values": [workspace]}]
+    )["Volumes"]
+
+
+def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefers_another_zone(
+    manager, platform, look, aws_env
+):
+    """One spot session, three instances. `%gpu switch --type a10g` where its zone has no
+    capacity: the new instance runs in another zone, the old session saves and stops, its
+    workspace volume moves there by snapshot (said before it does), the variables and files
+    come back. Then a spot notice ends the new one; the recovery tries another zone than the
+    interrupted one first (said on its start line) and the volume moves back by snapshot."""
+    from support.ec2 import Fault
+
+    from gpusession.faces.words import switch_line
+
+    first = manager.start(spec_for(manager, name="mv", spot=True, fallback="zone"))
+    zone_a, vol_a = first.record.resource["zone"], first.record.resource["volume_id"]
+    code = "kept = {'k': 41}\nopen('notes.txt', 'w').write('moved')"
+    assert first.run(code, sink=Collect())["status"] == "ok"
+    (subnet_a,) = look.describe_subnets(
+        Filters=[
+            {"Name": "default-for-az", "Values": ["true"]},
+            {"Name": "availability-zone", "Values": [zone_a]},
+        ]
+    )["Subnets"]
+    aws_env.faults.append(
+        Fault(
+            "RunInstances",
+            "InsufficientInstanceCapacity",
+            "no capacity in this zone",
+            when={"NetworkInterface.1.SubnetId": subnet_a["SubnetId"]},
+        )
+    )
+    lines: list[str] = []
+    second, report = manager.switch(
+        first, manager.switch_spec(first.id, {"type": "a10g"}), lines.append
+    )
+    aws_env.faults.clear()
+    zone_b = second.record.resource["zone"]
+    assert zone_b != zone_a and second.record.resource["instance_type"] == "g5.xlarge"
+    said = "\n".join(lines)
+    assert (
+        f"moving volume {vol_a} (1 GiB" in said and f"from {zone_a} to {zone_b} by snapshot" in said
+    ), said
+    assert said.index("saving the variables of mv") < said.index("moving volume"), said
+    line = switch_line(report.to_dict())
+    assert line.startswith(f"switched mv -> {second.name} in "), line
+    assert "moved 1 name(s) (kept)" in line and zone_b in line, line
+    old = manager.get(first.id)
+    assert old.state == State.STOPPED and f"switch to {second.name}" in str(old.events), old.events
+    (vol_b,) = _volumes(look, "mv")
+    assert vol_b["AvailabilityZone"] == zone_b and vol_b["VolumeId"] != vol_a
+    ours = [{"Name": "tag:gpusession:store", "Values": [manager.store.store_id]}]
+    assert not look.describe_snapshots(Filters=ours)["Snapshots"]  # deleted once the volume was made
+    out = Collect()
+    reply = second.run("print(kept['k'] + 1, open('notes.txt').read())", sink=out)
+    assert reply["status"] == "ok" and "42 moved" in out.text, out.text
+    let_go(first)
+
+    platform.interrupt()
+    platform.wait_for(
+        lambda: not manager.list(check=True) or manager.get(second.id).state != State.RUNNING,
+        timeout=90,
+    )
+    ended = manager.get(second.id)
+    assert ended.stop_reason.kind == StopKind.SPOT_INTERRUPTION, ended.stop_reason
+    platform.wait_for(lambda: not platform.machines, timeout=60)
+    platform.calm()
+    lines.clear()
+    third = manager.recover(second.id, lines.append)
+    said = "\n".join(lines)
+    assert third is not None and third.record.resource["zone"] != zone_b, said
+    assert (
+        f"spot in {third.record.resource['zone']} (another zone than {zone_b}, where the spot "
+        "instance was interrupted)" in said
+    ), said
+    assert f"from {zone_b} to {third.record.resource['zone']} by snapshot" in said, said
+    assert third.record.resource["restored"]["restored"] == ["kept"], third.record.resource
+    out = Collect()
+    assert third.run("print(kept['k'] + 1)", sink=out)["status"] == "ok" and "42" in out.text
+    manager.stop(third.id)
+    let_go(second)
+    let_go(third)
+    platform.wait_for(lambda: not platform.machines, timeout=30)
+    assert leftovers(look) == NOTHING
+    assert [v["AvailabilityZone"] for v in _volumes(look, "mv")] == [third.record.resource["zone"]]

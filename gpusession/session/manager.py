@@ -294,10 +294,16 @@ class SessionManager:
         """A replacement for a session whose capacity was taken back after its state was saved,
         when it asks for one (`--recover`; session/recovery.py): started like the first, on the
         same workspace, restoring it. None when no recovery is wanted; raises as `start` does."""
-        from .recovery import replacement_values
+        from .recovery import avoid_zone, replacement_values
 
-        values = replacement_values(self.store.get(key))
-        return None if values is None else self.start(self.spec_from(values), report)
+        record = self.store.get(key)
+        values = replacement_values(record)
+        if values is None:
+            return None
+        spec = self.spec_from(values)
+        if avoid_zone(record):
+            spec.extra["avoid_zone"] = avoid_zone(record)
+        return self.start(spec, report)
 
     # -- attach / look up ----------------------------------------------------------------
 

@@ -161,6 +161,10 @@ class FakePlatform:
         self._notice = {"action": action, "time": when}
         return self._notice
 
+    def calm(self) -> None:
+        """Instance metadata carries no notice any more (the next instance starts in peace)."""
+        self._notice = self._rebalance = None
+
     def recommend_rebalance(self) -> dict:
         """From now on, instance metadata carries a rebalance recommendation (nothing ends)."""
         self._rebalance = {"noticeTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -229,6 +233,18 @@ class FakePlatform:
                 continue  # the root volume is the machine's own disk
             backing = self.folder / "volumes" / f"{vid}.img"
             backing.parent.mkdir(parents=True, exist_ok=True)
+            moved_from = next(
+                (
+                    t["Value"]
+                    for t in volume.get("Tags") or []
+                    if t["Key"] == "gpusession:moved-from"
+                ),
+                "",
+            )
+            source = self.folder / "volumes" / f"{moved_from}.img"
+            if not backing.exists() and moved_from and source.exists():  # made from a snapshot
+                shutil.copyfile(source, backing)  # of that volume, deleted since: its content
+                self.events.append(f"volume {vid}: from the snapshot of {moved_from}")
             if not backing.exists():
                 with open(backing, "wb") as f:  # sparse: only what the filesystem writes takes room
                     f.truncate(volume["Size"] * 2**30)

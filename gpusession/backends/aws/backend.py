@@ -130,6 +130,17 @@ class AwsBackend(Backend):
         self._spot: dict[tuple[str, str], tuple[float, dict[str, float]]] = {}
         self._state_cache: dict[str, tuple[float, dict | None]] = {}
         self._last_words: dict[str, StopDetails] = {}  # id -> how it ended, read after a notice
+        self._handover: dict[str, Any] = {}  # new session id -> frees its workspace (a switch)
+
+    def take_workspace_over(self, session_id: str, release) -> None:
+        """`%gpu switch` from a running aws session (its workspace volume attached there): the
+        next start of `session_id` calls `release()` (the old session saves and stops, so the
+        volume is free) as late as it can: once its instance runs (same zone), or just before
+        launching where the volume must first move by snapshot (another zone)."""
+        if release is None:
+            self._handover.pop(session_id, None)
+        else:
+            self._handover[session_id] = release
 
     def aws(self, region: str | None) -> Aws:
         key = region or ""
@@ -265,6 +276,7 @@ class AwsBackend(Backend):
                 name=workspace,
                 extra=extra,
                 say=progress.step,
+                release=self._handover.pop(record.id, None),
             )
         except aws_errors() as exc:
             raise explain(exc, f"looking for workspace {workspace}", aws.region) from None
@@ -274,7 +286,7 @@ class AwsBackend(Backend):
                 aws,
                 record,
                 progress,
-                places=ws.places(places),
+                places=ws.places(places, zones_allowed=_zones_allowed(extra)),
                 prices=prices,
                 ws=ws,
                 gpu=gpu,
@@ -327,7 +339,14 @@ class AwsBackend(Backend):
         def save(**values: Any) -> None:
             self.recorder.save(record.id, **values)
 
-        plan = launch.attempts(spec.spot, launch.fallback_mode(extra), places, prices)
+        mode = launch.fallback_mode(extra)
+        avoid = extra.get("avoid_zone") or ""  # a recovery: the zone AWS took the spot one back in
+        if avoid:  # other zones first, that one last; on-demand only as --fallback allows
+            mode = {"off": "zone", "on-demand": "any"}.get(mode, mode)
+        plan = launch.attempts(spec.spot, mode, places, prices)
+        plan = launch.ordered(
+            plan, first=ws.volume["AvailabilityZone"] if ws.volume else "", last=avoid
+        )
         host_key = new_host_key(name)
         image = spec.image or self.default_image()
         save(instance_host_key=host_key.public, image=image, ami=ami)
@@ -340,7 +359,7 @@ class AwsBackend(Backend):
             )
 
         def prepare(attempt: launch.Attempt) -> dict[str, Any]:
-            progress.step(f"launching {attempt.describe(instance_type)}")
+            progress.step(f"launching {attempt.describe(instance_type)}{_why(attempt, avoid)}")
             priced = dataclasses.replace(
                 record, price_per_hour=price_of(attempt)
             )  # the agent's cost meter
@@ -421,6 +440,11 @@ class AwsBackend(Backend):
         )
         address = self._wait_running(aws, instance_id, private=bool(extra.get("private_ip")))
         save(address=address, **{BILLED_FROM: time.time()})  # EC2 bills a running instance
+        if ws.moved_from:  # what the switch's line says moved
+            save(moved_from=ws.moved_from, moved_bytes=ws.moved_bytes)
+        if ws.release is not None:
+            progress.step(f"instance {instance_id} runs at {address}; the old session hands over")
+            ws.released()
         progress.step(
             f"instance {instance_id} runs at {address}; attaching workspace volume {ws.volume_id}"
         )
@@ -621,6 +645,22 @@ class AwsBackend(Backend):
             group_ids=d.get("group_ids", []),
         )
         _forget_keys(self.config.data_path / "keys", resource.session_id)
+
+
+def _zones_allowed(extra: dict) -> bool:
+    """May a kept workspace volume move to another zone for this start (by snapshot)?"""
+    return bool(extra.get("avoid_zone")) or launch.fallback_mode(extra) in ("zone", "any")
+
+
+def _why(attempt: launch.Attempt, avoid: str) -> str:
+    """Why a recovery launches where it does, for its start line."""
+    if not avoid:
+        return ""
+    if not attempt.spot:
+        return " (on-demand: --fallback allows it after spot)"
+    if attempt.subnet.zone == avoid:
+        return " (the zone of the interruption, tried last)"
+    return f" (another zone than {avoid}, where the spot instance was interrupted)"
 
 
 def _forget_keys(folder, session_id: str) -> None:
