@@ -351,8 +351,11 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     """One spot session, three instances. `%gpu switch --type a10g` where its zone has no
     capacity: the new instance runs in another zone, the old session saves and stops, its
     workspace volume moves there by snapshot (said before it does), the variables and files
-    come back. Then a spot notice ends the new one; the recovery tries another zone than the
-    interrupted one first (said on its start line) and the volume moves back by snapshot."""
+    come back. Then a spot notice ends the new one with no watcher alive: its agent saves, AWS
+    takes the instance back, `gpusession list` (reading the instance's console as EC2 keeps
+    it) says "interrupted, state saved"; its replacement (the same start as `--resume`, as a
+    watcher or the sidebar's Resume asks it) tries another zone than the interrupted one first
+    (said on its start line), the volume moves back by snapshot, the variables come back."""
     from support.ec2 import Fault
 
     from gpusession.faces.words import switch_line
@@ -395,20 +398,28 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     (vol_b,) = _volumes(look, "mv")
     assert vol_b["AvailabilityZone"] == zone_b and vol_b["VolumeId"] != vol_a
     ours = [{"Name": "tag:gpusession:store", "Values": [manager.store.store_id]}]
-    assert not look.describe_snapshots(Filters=ours)["Snapshots"]  # deleted once the volume was made
+    assert not look.describe_snapshots(Filters=ours)[
+        "Snapshots"
+    ]  # deleted once the volume was made
     out = Collect()
     reply = second.run("print(kept['k'] + 1, open('notes.txt').read())", sink=out)
     assert reply["status"] == "ok" and "42 moved" in out.text, out.text
     let_go(first)
 
+    # no watcher alive (a laptop asleep): nothing of this process looks at the session
+    let_go(second)
+    manager._release(second.id)
+    iid = second.record.resource["instance_id"]
     platform.interrupt()
-    platform.wait_for(
-        lambda: not manager.list(check=True) or manager.get(second.id).state != State.RUNNING,
-        timeout=90,
-    )
+    platform.wait_for(lambda: "GPUSESSION_SUMMARY" in platform.console_text(iid), timeout=60)
+    platform.take_back(iid)  # AWS, at the notice's time
+    platform.wait_for(lambda: not platform.machines, timeout=60)
+    listed = _cli("list", "--all")
+    (row,) = [line for line in listed.stdout.splitlines() if line.split()[:1] == [second.name]]
+    assert "interrupted, state saved" in row, listed.stdout + listed.stderr
     ended = manager.get(second.id)
     assert ended.stop_reason.kind == StopKind.SPOT_INTERRUPTION, ended.stop_reason
-    platform.wait_for(lambda: not platform.machines, timeout=60)
+    assert ended.resource["agent_summary"]["checkpoint"]["for"] == "spot-interruption"
     platform.calm()
     lines.clear()
     third = manager.recover(second.id, lines.append)
@@ -423,7 +434,6 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     out = Collect()
     assert third.run("print(kept['k'] + 1)", sink=out)["status"] == "ok" and "42" in out.text
     manager.stop(third.id)
-    let_go(second)
     let_go(third)
     platform.wait_for(lambda: not platform.machines, timeout=30)
     assert leftovers(look) == NOTHING

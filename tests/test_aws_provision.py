@@ -314,13 +314,24 @@ def test_the_instance_goes_to_its_workspace_volumes_zone(manager, aws_env, look)
         record.id, State.STOPPED
     )  # the session ended: its workspace is free again
     assert look.describe_volumes(VolumeIds=[vid])["Volumes"][0]["State"] == "available"
-    elsewhere = spec_for(manager, "t4", workspace="wz", subnet=subnets[0]["SubnetId"])
-    with pytest.raises(
-        StageError,
-        match=f"workspace wz's volume {vid} is in {last}, and the instance cannot be "
-        f"launched there .*pass --subnet of a subnet in {last}",
-    ):
-        manager.start(elsewhere)
+    # asked into another zone: the volume moves there by snapshot, said before it does
+    first = subnets[0]["AvailabilityZone"]
+    elsewhere = spec_for(manager, "t4", resume="wz", subnet=subnets[0]["SubnetId"])
+    moved, lines = provision(manager, elsewhere)
+    said = "\n".join(lines)
+    assert f"its volume {vid} is in {last}, where the instance cannot be launched" in said, said
+    assert f"moving volume {vid} (8 GiB, $0.64/month) from {last} to {first} by snapshot" in said
+    assert moved.resource["zone"] == first and moved.resource["moved_from"] == last
+    (volume,) = look.describe_volumes(
+        Filters=[{"Name": "tag:gpusession:workspace", "Values": ["wz"]}]
+    )["Volumes"]
+    assert volume["AvailabilityZone"] == first and volume["VolumeId"] == moved.resource["volume_id"]
+    assert {"Key": "gpusession:moved-from", "Value": vid} in volume["Tags"]
+    assert volume["Size"] == 8 and volume["SnapshotId"]
+    ours = [{"Name": "tag:gpusession:store", "Values": [manager.store.store_id]}]
+    assert not look.describe_snapshots(Filters=ours)["Snapshots"]
+    manager.backend("aws").stop(moved)
+    manager.store.transition(moved.id, State.STOPPED)
     with pytest.raises(StageError, match="no workspace nope in us-east-1 to resume"):
         manager.start(spec_for(manager, "t4", resume="nope"))
     assert leftovers(look) == NOTHING

@@ -476,6 +476,26 @@ class FakePlatform:
     def console_text(self, instance_id: str) -> str:
         return (self.folder / instance_id / "console.log").read_text(errors="replace")
 
+    def console_output(self, params: dict[str, str]) -> bytes | None:
+        """EC2's GetConsoleOutput answer for a machine this platform ran (None: not one)."""
+        iid = params.get("InstanceId", "")
+        path = self.folder / iid / "console.log"
+        if not iid or not path.exists():
+            return None
+        text = base64.b64encode(path.read_bytes()).decode()
+        when = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>\n<GetConsoleOutputResponse '
+            'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>platform</requestId>'
+            f"<instanceId>{iid}</instanceId><timestamp>{when}</timestamp>"
+            f"<output>{text}</output></GetConsoleOutputResponse>"
+        ).encode()
+
+    def take_back(self, instance_id: str) -> None:
+        """What AWS does at a spot notice's time: the instance is terminated."""
+        self.events.append(f"{instance_id}: taken back (spot)")
+        self.ec2.terminate_instances(InstanceIds=[instance_id])
+
     # -- instance metadata --------------------------------------------------------------------
 
     def _start_imds(self) -> http.server.ThreadingHTTPServer:
