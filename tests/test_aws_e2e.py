@@ -414,15 +414,17 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     platform.wait_for(lambda: "GPUSESSION_SUMMARY" in platform.console_text(iid), timeout=60)
     platform.take_back(iid)  # AWS, at the notice's time
     platform.wait_for(lambda: not platform.machines, timeout=60)
+    platform.calm()
+    lines.clear()
+    # asked later (`gpusession watch`, the sidebar's Resume): the record still says running;
+    # EC2 says terminated, its console the agent's last markers: recorded, then replaced
+    third = manager.recover(second.id, lines.append)
     listed = _cli("list", "--all")
-    (row,) = [line for line in listed.stdout.splitlines() if line.split()[:1] == [second.name]]
-    assert "interrupted, state saved" in row, listed.stdout + listed.stderr
+    rows = [line for line in listed.stdout.splitlines() if line.split()[:1] == [second.name]]
+    assert len(rows) == 2 and any("interrupted, state saved" in r for r in rows), listed.stdout
     ended = manager.get(second.id)
     assert ended.stop_reason.kind == StopKind.SPOT_INTERRUPTION, ended.stop_reason
     assert ended.resource["agent_summary"]["checkpoint"]["for"] == "spot-interruption"
-    platform.calm()
-    lines.clear()
-    third = manager.recover(second.id, lines.append)
     said = "\n".join(lines)
     assert third is not None and third.record.resource["zone"] != zone_b, said
     assert (

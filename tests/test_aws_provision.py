@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from gpusession.core.errors import BackendUnavailable, BadInput, StageError
+from gpusession.core.errors import BackendUnavailable, BadInput, StageError, WorkspaceInUse
 from gpusession.core.models import State
+from gpusession.core.protocol import StopKind
 from gpusession.core.progress import Progress
 from support.ec2 import Fault, leftovers
 
@@ -460,3 +461,21 @@ def test_gc_removes_resources_of_a_stopped_session(manager, aws_env, look):
 def test_gc_asks_aws_nothing_without_aws_sessions(manager, aws_env):
     assert manager.backend("aws").list_resources() == []
     assert aws_env.calls == []
+
+
+def test_a_resume_finds_the_session_holding_its_workspace_ended_unseen(manager, aws_env, look):
+    """No watcher was alive when AWS took the instance back: the record still says running and
+    holds the workspace. `--resume` asks EC2 about the holder (instead of refusing the workspace
+    as in use), records it ended and goes on; a holder that still runs keeps it."""
+    record, _ = provision(manager, spec_for(manager, "t4", name="held", spot=True))
+    for state in (State.STARTING, State.RUNNING):
+        manager.store.transition(record.id, state)
+    with pytest.raises(WorkspaceInUse, match="workspace held is in use by session held"):
+        manager.create(spec_for(manager, "t4", resume="held"))  # it runs: refused
+    look.terminate_instances(InstanceIds=[record.resource["instance_id"]])
+    again = manager.create(spec_for(manager, "t4", resume="held"))
+    ended = manager.get(record.id)
+    assert ended.state == State.STOPPED and ended.stop_reason.kind == StopKind.INSTANCE_ENDED
+    assert again.spec.extra["resume"] == "held"
+    manager.store.transition(again.id, State.FAILED, "not started by this test")
+    assert leftovers(look) == NOTHING
