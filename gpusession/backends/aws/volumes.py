@@ -124,6 +124,15 @@ class WorkspaceVolume:
                 "kept from an earlier session"
             )
 
+    def _tags(self) -> list[dict[str, str]]:
+        """The tags of the workspace's volume (the snapshot that moves it: all but the first)."""
+        return [
+            {"Key": TAG_WORKSPACE, "Value": self.name},
+            {"Key": TAG_STORE, "Value": self.store_id},
+            {"Key": TAG_OWNER, "Value": self.owner[:255]},
+            {"Key": "Name", "Value": f"gpusession-ws-{self.name}"},
+        ]
+
     @property
     def volume_id(self) -> str:
         return self.volume["VolumeId"] if self.volume else ""
@@ -160,12 +169,7 @@ class WorkspaceVolume:
             f"workspace {self.name}: new {size} GiB gp3 volume in {zone} "
             f"(${monthly_cost(size):.2f}/month while kept)"
         )
-        tag_list = [
-            {"Key": TAG_WORKSPACE, "Value": self.name},
-            {"Key": TAG_STORE, "Value": self.store_id},
-            {"Key": TAG_OWNER, "Value": self.owner[:255]},
-            {"Key": "Name", "Value": f"gpusession-ws-{self.name}"},
-        ]
+        tag_list = self._tags()
         self.volume = self.aws.ec2.create_volume(
             AvailabilityZone=zone,
             Size=size,
@@ -197,12 +201,7 @@ class WorkspaceVolume:
             f"${monthly_cost(size):.2f}/month) from {source} to {zone} by snapshot "
             f"(up to {size} GiB to copy; the snapshot is billed while it exists, minutes)"
         )
-        tag_list = [
-            {"Key": TAG_WORKSPACE, "Value": self.name},
-            {"Key": TAG_STORE, "Value": self.store_id},
-            {"Key": TAG_OWNER, "Value": self.owner[:255]},
-            {"Key": "Name", "Value": f"gpusession-ws-{self.name}"},
-        ]
+        tag_list = self._tags()
         snap = self.aws.ec2.create_snapshot(
             VolumeId=old_id,
             Description=f"gpusession: workspace {self.name} moving to {zone}",
