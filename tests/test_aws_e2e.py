@@ -440,3 +440,33 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     platform.wait_for(lambda: not platform.machines, timeout=30)
     assert leftovers(look) == NOTHING
     assert [v["AvailabilityZone"] for v in _volumes(look, "mv")] == [third.record.resource["zone"]]
+
+
+def test_a_switch_in_the_same_zone_hands_the_volume_over_once_the_new_instance_runs(
+    manager, platform, look
+):
+    """`%gpu switch --on-demand` of a spot session: the new instance is launched while the old
+    session runs; once it runs, the old session saves and stops and the same volume is attached
+    to the new one (no snapshot), which restores the variables."""
+    first = manager.start(spec_for(manager, name="sz", spot=True))
+    vid = first.record.resource["volume_id"]
+    assert first.run("kept = {'k': 41}", sink=Collect())["status"] == "ok"
+    lines: list[str] = []
+    second, report = manager.switch(
+        first, manager.switch_spec(first.id, {"on_demand": True}), lines.append
+    )
+    said = "\n".join(lines)
+    assert said.index("runs at") < said.index("saving the variables of sz"), said
+    assert "the old session hands over" in said and "by snapshot" not in said, said
+    assert second.record.resource["volume_id"] == vid and second.record.resource["market"] == (
+        "on-demand"
+    )
+    assert report.moved_bytes is None and report.restored["restored"] == ["kept"], report
+    out = Collect()
+    assert second.run("print(kept['k'] + 1)", sink=out)["status"] == "ok" and "42" in out.text
+    assert manager.get(first.id).state == State.STOPPED
+    manager.stop(second.id)
+    let_go(first)
+    let_go(second)
+    platform.wait_for(lambda: not platform.machines, timeout=30)
+    assert leftovers(look) == NOTHING
