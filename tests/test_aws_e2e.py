@@ -348,8 +348,9 @@ def _volumes(look, workspace: str) -> list[dict]:
 def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefers_another_zone(
     manager, platform, look, aws_env
 ):
-    """One spot session, three instances. `%gpu switch --type a10g` where its zone has no
-    capacity: the new instance runs in another zone, the old session saves and stops, its
+    """One session, four instances. `%gpu switch --spot`: in its zone, the new instance runs
+    first, then the old session saves and stops and the same volume is attached to the new one.
+    `%gpu switch --type a10g` where its zone has no capacity: the new instance runs in another zone, the old session saves and stops, its
     workspace volume moves there by snapshot (said before it does), the variables and files
     come back. Then a spot notice ends the new one with no watcher alive: its agent saves, AWS
     takes the instance back, `gpusession list` (reading the instance's console as EC2 keeps
@@ -360,10 +361,23 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
 
     from gpusession.faces.words import switch_line
 
-    first = manager.start(spec_for(manager, name="mv", spot=True, fallback="zone"))
-    zone_a, vol_a = first.record.resource["zone"], first.record.resource["volume_id"]
+    start = manager.start(spec_for(manager, name="mv0", workspace="mv", fallback="zone"))
+    zone_a, vol_a = start.record.resource["zone"], start.record.resource["volume_id"]
     code = "kept = {'k': 41}\nopen('notes.txt', 'w').write('moved')"
-    assert first.run(code, sink=Collect())["status"] == "ok"
+    assert start.run(code, sink=Collect())["status"] == "ok"
+    # to spot in its zone: the new instance runs first, then the old session saves and stops
+    # and the same volume is attached to it (no snapshot)
+    lines: list[str] = []
+    first, report = manager.switch(
+        start, manager.switch_spec(start.id, {"spot": True, "name": "mv"}), lines.append
+    )
+    said = "\n".join(lines)
+    assert said.index("runs at") < said.index("saving the variables of mv0"), said
+    assert "the old session hands over" in said and "by snapshot" not in said, said
+    assert first.record.resource["volume_id"] == vol_a and first.record.resource["market"] == "spot"
+    assert report.moved_bytes is None and report.restored["restored"] == ["kept"], report
+    assert manager.get(start.id).state == State.STOPPED
+    let_go(start)
     (subnet_a,) = look.describe_subnets(
         Filters=[
             {"Name": "default-for-az", "Values": ["true"]},
@@ -378,7 +392,7 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
             when={"NetworkInterface.1.SubnetId": subnet_a["SubnetId"]},
         )
     )
-    lines: list[str] = []
+    lines.clear()
     second, report = manager.switch(
         first, manager.switch_spec(first.id, {"type": "a10g"}), lines.append
     )
@@ -440,33 +454,3 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     platform.wait_for(lambda: not platform.machines, timeout=30)
     assert leftovers(look) == NOTHING
     assert [v["AvailabilityZone"] for v in _volumes(look, "mv")] == [third.record.resource["zone"]]
-
-
-def test_a_switch_in_the_same_zone_hands_the_volume_over_once_the_new_instance_runs(
-    manager, platform, look
-):
-    """`%gpu switch --on-demand` of a spot session: the new instance is launched while the old
-    session runs; once it runs, the old session saves and stops and the same volume is attached
-    to the new one (no snapshot), which restores the variables."""
-    first = manager.start(spec_for(manager, name="sz", spot=True))
-    vid = first.record.resource["volume_id"]
-    assert first.run("kept = {'k': 41}", sink=Collect())["status"] == "ok"
-    lines: list[str] = []
-    second, report = manager.switch(
-        first, manager.switch_spec(first.id, {"on_demand": True}), lines.append
-    )
-    said = "\n".join(lines)
-    assert said.index("runs at") < said.index("saving the variables of sz"), said
-    assert "the old session hands over" in said and "by snapshot" not in said, said
-    assert second.record.resource["volume_id"] == vid and second.record.resource["market"] == (
-        "on-demand"
-    )
-    assert report.moved_bytes is None and report.restored["restored"] == ["kept"], report
-    out = Collect()
-    assert second.run("print(kept['k'] + 1)", sink=out)["status"] == "ok" and "42" in out.text
-    assert manager.get(first.id).state == State.STOPPED
-    manager.stop(second.id)
-    let_go(first)
-    let_go(second)
-    platform.wait_for(lambda: not platform.machines, timeout=30)
-    assert leftovers(look) == NOTHING
