@@ -316,8 +316,8 @@ def _hand_over(
         saved=done.get("saved") or {},
         restored=session.record.resource.get("restored"),
         moved_bytes=session.record.resource.get("moved_bytes") if moved_from else None,
-        moved_from=f"{_where(old.spec)} {moved_from}".strip(),
-        moved_to=f"{_where(record.spec)} {zone}".strip(),
+        moved_from=f"{old.backend} {moved_from or old.resource.get('zone') or ''}".strip(),
+        moved_to=f"{record.backend} {zone}".strip(),  # zones: the backend's place is its region
         old_price_per_hour=old.price_per_hour,
         price_per_hour=session.record.price_per_hour,
         seconds=round(progress.elapsed(), 1),
