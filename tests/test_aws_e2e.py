@@ -331,3 +331,120 @@ def test_an_image_without_python_fails_in_one_line_and_leaves_nothing(manager, p
     assert f"image {NO_PYTHON} has no Python to run the session kernel in" in str(err.value)
     assert "use an image with python3 3.9 or newer" in str(err.value)
     assert leftovers(look) == NOTHING
+
+
+def _volumes(look, workspace: str) -> list[dict]:
+    return look.describe_volumes(
+        Filters=[{"Name": "tag:gpusession:workspace", "Values": [workspace]}]
+    )["Volumes"]
+
+
+def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefers_another_zone(
+    manager, platform, look, aws_env
+):
+    """One session, four instances. `%gpu switch --spot`: in its zone, the new instance runs
+    first, then the old session saves and stops and the same volume is attached to the new one.
+    `%gpu switch --type a10g` where its zone has no capacity: the new instance runs in another zone, the old session saves and stops, its
+    workspace volume moves there by snapshot (said before it does), the variables and files
+    come back. Then a spot notice ends the new one with no watcher alive: its agent saves, AWS
+    takes the instance back, `gpusession list` (reading the instance's console as EC2 keeps
+    it) says "interrupted, state saved"; its replacement (the same start as `--resume`, as a
+    watcher or the sidebar's Resume asks it) tries another zone than the interrupted one first
+    (said on its start line), the volume moves back by snapshot, the variables come back."""
+    from support.ec2 import Fault
+
+    from gpusession.faces.words import switch_line
+
+    start = manager.start(spec_for(manager, name="mv0", workspace="mv", fallback="zone"))
+    zone_a, vol_a = start.record.resource["zone"], start.record.resource["volume_id"]
+    code = "kept = {'k': 41}\nopen('notes.txt', 'w').write('moved')"
+    assert start.run(code, sink=Collect())["status"] == "ok"
+    # to spot in its zone: the new instance runs first, then the old session saves and stops
+    # and the same volume is attached to it (no snapshot)
+    lines: list[str] = []
+    first, report = manager.switch(
+        start, manager.switch_spec(start.id, {"spot": True, "name": "mv"}), lines.append
+    )
+    said = "\n".join(lines)
+    assert said.index("runs at") < said.index("saving the variables of mv0"), said
+    assert "the old session hands over" in said and "by snapshot" not in said, said
+    assert first.record.resource["volume_id"] == vol_a and first.record.resource["market"] == "spot"
+    assert report.moved_bytes is None and report.restored["restored"] == ["kept"], report
+    assert manager.get(start.id).state == State.STOPPED
+    let_go(start)
+    (subnet_a,) = look.describe_subnets(
+        Filters=[
+            {"Name": "default-for-az", "Values": ["true"]},
+            {"Name": "availability-zone", "Values": [zone_a]},
+        ]
+    )["Subnets"]
+    aws_env.faults.append(
+        Fault(
+            "RunInstances",
+            "InsufficientInstanceCapacity",
+            "no capacity in this zone",
+            when={"NetworkInterface.1.SubnetId": subnet_a["SubnetId"]},
+        )
+    )
+    lines.clear()
+    second, report = manager.switch(
+        first, manager.switch_spec(first.id, {"type": "a10g"}), lines.append
+    )
+    aws_env.faults.clear()
+    zone_b = second.record.resource["zone"]
+    assert zone_b != zone_a and second.record.resource["instance_type"] == "g5.xlarge"
+    said = "\n".join(lines)
+    assert (
+        f"moving volume {vol_a} (1 GiB" in said and f"from {zone_a} to {zone_b} by snapshot" in said
+    ), said
+    assert said.index("saving the variables of mv") < said.index("moving volume"), said
+    line = switch_line(report.to_dict())
+    assert line.startswith(f"switched mv -> {second.name} in "), line
+    assert "moved 1 name(s) (kept)" in line and f"from aws {zone_a} to aws {zone_b})" in line, line
+    old = manager.get(first.id)
+    assert old.state == State.STOPPED and f"switch to {second.name}" in str(old.events), old.events
+    (vol_b,) = _volumes(look, "mv")
+    assert vol_b["AvailabilityZone"] == zone_b and vol_b["VolumeId"] != vol_a
+    ours = [{"Name": "tag:gpusession:store", "Values": [manager.store.store_id]}]
+    assert not look.describe_snapshots(Filters=ours)[
+        "Snapshots"
+    ]  # deleted once the volume was made
+    out = Collect()
+    reply = second.run("print(kept['k'] + 1, open('notes.txt').read())", sink=out)
+    assert reply["status"] == "ok" and "42 moved" in out.text, out.text
+    let_go(first)
+
+    # no watcher alive (a laptop asleep): nothing of this process looks at the session
+    let_go(second)
+    manager._release(second.id)
+    iid = second.record.resource["instance_id"]
+    platform.interrupt()
+    platform.wait_for(lambda: "GPUSESSION_SUMMARY" in platform.console_text(iid), timeout=60)
+    platform.take_back(iid)  # AWS, at the notice's time
+    platform.wait_for(lambda: not platform.machines, timeout=60)
+    platform.calm()
+    lines.clear()
+    # asked later (`gpusession watch`, the sidebar's Resume): the record still says running;
+    # EC2 says terminated, its console the agent's last markers: recorded, then replaced
+    third = manager.recover(second.id, lines.append)
+    listed = _cli("list", "--all")
+    rows = [line for line in listed.stdout.splitlines() if line.split()[:1] == [second.name]]
+    assert len(rows) == 2 and any("interrupted, state saved" in r for r in rows), listed.stdout
+    ended = manager.get(second.id)
+    assert ended.stop_reason.kind == StopKind.SPOT_INTERRUPTION, ended.stop_reason
+    assert ended.resource["agent_summary"]["checkpoint"]["for"] == "spot-interruption"
+    said = "\n".join(lines)
+    assert third is not None and third.record.resource["zone"] != zone_b, said
+    assert (
+        f"spot in {third.record.resource['zone']} (another zone than {zone_b}, where the spot "
+        "instance was interrupted)" in said
+    ), said
+    assert f"from {zone_b} to {third.record.resource['zone']} by snapshot" in said, said
+    assert third.record.resource["restored"]["restored"] == ["kept"], third.record.resource
+    out = Collect()
+    assert third.run("print(kept['k'] + 1)", sink=out)["status"] == "ok" and "42" in out.text
+    manager.stop(third.id)
+    let_go(third)
+    platform.wait_for(lambda: not platform.machines, timeout=30)
+    assert leftovers(look) == NOTHING
+    assert [v["AvailabilityZone"] for v in _volumes(look, "mv")] == [third.record.resource["zone"]]

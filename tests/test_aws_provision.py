@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from gpusession.core.errors import BackendUnavailable, BadInput, StageError
+from gpusession.core.errors import BackendUnavailable, BadInput, StageError, WorkspaceInUse
 from gpusession.core.models import State
+from gpusession.core.protocol import StopKind
 from gpusession.core.progress import Progress
 from support.ec2 import Fault, leftovers
 
@@ -314,13 +315,24 @@ def test_the_instance_goes_to_its_workspace_volumes_zone(manager, aws_env, look)
         record.id, State.STOPPED
     )  # the session ended: its workspace is free again
     assert look.describe_volumes(VolumeIds=[vid])["Volumes"][0]["State"] == "available"
-    elsewhere = spec_for(manager, "t4", workspace="wz", subnet=subnets[0]["SubnetId"])
-    with pytest.raises(
-        StageError,
-        match=f"workspace wz's volume {vid} is in {last}, and the instance cannot be "
-        f"launched there .*pass --subnet of a subnet in {last}",
-    ):
-        manager.start(elsewhere)
+    # asked into another zone: the volume moves there by snapshot, said before it does
+    first = subnets[0]["AvailabilityZone"]
+    elsewhere = spec_for(manager, "t4", resume="wz", subnet=subnets[0]["SubnetId"])
+    moved, lines = provision(manager, elsewhere)
+    said = "\n".join(lines)
+    assert f"its volume {vid} is in {last}, where the instance cannot be launched" in said, said
+    assert f"moving volume {vid} (8 GiB, $0.64/month) from {last} to {first} by snapshot" in said
+    assert moved.resource["zone"] == first and moved.resource["moved_from"] == last
+    (volume,) = look.describe_volumes(
+        Filters=[{"Name": "tag:gpusession:workspace", "Values": ["wz"]}]
+    )["Volumes"]
+    assert volume["AvailabilityZone"] == first and volume["VolumeId"] == moved.resource["volume_id"]
+    assert {"Key": "gpusession:moved-from", "Value": vid} in volume["Tags"]
+    assert volume["Size"] == 8 and volume["SnapshotId"]
+    ours = [{"Name": "tag:gpusession:store", "Values": [manager.store.store_id]}]
+    assert not look.describe_snapshots(Filters=ours)["Snapshots"]
+    manager.backend("aws").stop(moved)
+    manager.store.transition(moved.id, State.STOPPED)
     with pytest.raises(StageError, match="no workspace nope in us-east-1 to resume"):
         manager.start(spec_for(manager, "t4", resume="nope"))
     assert leftovers(look) == NOTHING
@@ -449,3 +461,21 @@ def test_gc_removes_resources_of_a_stopped_session(manager, aws_env, look):
 def test_gc_asks_aws_nothing_without_aws_sessions(manager, aws_env):
     assert manager.backend("aws").list_resources() == []
     assert aws_env.calls == []
+
+
+def test_a_resume_finds_the_session_holding_its_workspace_ended_unseen(manager, aws_env, look):
+    """No watcher was alive when AWS took the instance back: the record still says running and
+    holds the workspace. `--resume` asks EC2 about the holder (instead of refusing the workspace
+    as in use), records it ended and goes on; a holder that still runs keeps it."""
+    record, _ = provision(manager, spec_for(manager, "t4", name="held", spot=True))
+    for state in (State.STARTING, State.RUNNING):
+        manager.store.transition(record.id, state)
+    with pytest.raises(WorkspaceInUse, match="workspace held is in use by session held"):
+        manager.create(spec_for(manager, "t4", resume="held"))  # it runs: refused
+    look.terminate_instances(InstanceIds=[record.resource["instance_id"]])
+    again = manager.create(spec_for(manager, "t4", resume="held"))
+    ended = manager.get(record.id)
+    assert ended.state == State.STOPPED and ended.stop_reason.kind == StopKind.INSTANCE_ENDED
+    assert again.spec.extra["resume"] == "held"
+    manager.store.transition(again.id, State.FAILED, "not started by this test")
+    assert leftovers(look) == NOTHING

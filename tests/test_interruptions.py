@@ -174,3 +174,34 @@ def test_with_recover_the_notebook_continues_on_a_replacement(notebook, nb_env):
     assert second.id != first.id and second.state == State.RUNNING
     assert store.get(first.id).stop_reason.kind is StopKind.SPOT_INTERRUPTION
     notebook.run("%gpu stop")
+
+
+def test_a_spot_notice_during_an_upload_says_what_did_not_land(notebook, nb_env, tmp_path):
+    """`%gpu upload` of a big file is running when the notice comes: the agent saves and ends
+    the session; the cell says the session ended and that the upload did not complete, never
+    'uploaded'; no partial file is left in the workspace under the file's name."""
+    start = notebook.run("%gpu start --type t4 --backend local --idle off --name tr")
+    assert start.status == "ok", start.text
+    assert notebook.run("%%gpu\nkept = 1").status == "ok"
+    store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
+    record = store.get("tr")
+    state_dir = Path(record.resource["state_dir"])
+    with open(tmp_path / "big.bin", "wb") as f:
+        for _ in range(64):
+            f.write(os.urandom(2**20) * 8)  # 512 MB
+
+    def notice_soon():
+        time.sleep(1.0)
+        _notify(state_dir, "spot-instance-action.json", NOTICE)
+
+    threading.Thread(target=notice_soon, daemon=True).start()
+    cut = notebook.run("%gpu upload big.bin")
+    said = cut.text
+    assert cut.status == "error", said
+    assert "uploaded big.bin" not in said, said
+    assert "the upload stopped at" in said and "nothing of it was written in the session" in said
+    assert "session tr ended: AWS took the spot instance back" in said, said
+    assert "resume with `%gpu start --resume tr`" in said, said
+    workspace = Path(nb_env["GPUSESSION_HOME"]) / "workspaces" / "tr"
+    assert workspace.is_dir()
+    assert not (workspace / "big.bin").exists(), sorted(p.name for p in workspace.iterdir())

@@ -236,7 +236,8 @@ class Backend(abc.ABC):
     shares_workspaces: ClassVar[bool] = True
     """Two sessions may mount one of its workspaces at once (a Docker volume, a folder); False
     where one session at a time can (an EBS volume attaches to one instance): a switch then
-    cannot start the new session on the workspace while the old one still runs."""
+    needs the backend's `take_workspace_over(session_id, release)` (aws), which calls
+    `release()` (the old session saves and stops) once the new session's machine is there."""
 
     takes_host: ClassVar[bool] = False
     """It runs on a machine the user names with --host (an engine, a login node)."""

@@ -39,8 +39,9 @@ class SessionEnded(NoSession):
     """The session is no longer running. `record` (a SessionRecord) says how it ended: its
     state, its recorded stop reason; the faces put that into words (gpusession.faces.words)."""
 
-    def __init__(self, record):
+    def __init__(self, record, during: str = ""):
         self.record = record
+        self.during = during  # what it cut, in words (a transfer: where it stopped)
         super().__init__(f"session {record.name} is {record.state.value}")
 
 

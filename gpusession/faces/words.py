@@ -348,7 +348,8 @@ def keepalive_line(name: str, granted: dict, asked_s: float) -> str:
 def error_text(exc: BaseException) -> str:
     """What a face shows for one of our errors (a session that ended says how)."""
     if isinstance(exc, SessionEnded):
-        return ended_message(exc.record)
+        cut = getattr(exc, "during", "")
+        return f"{cut}\n{ended_message(exc.record)}" if cut else ended_message(exc.record)
     return str(exc)
 
 

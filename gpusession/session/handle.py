@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 from ..backends import Backend, Link
 from ..core.errors import KernelDied, LinkLost, SessionEnded
@@ -126,13 +127,27 @@ class Session:
                 raise SessionEnded(ended) from None
             raise
 
+    @contextlib.contextmanager
+    def _ended_during(self, what: str) -> Iterator[None]:
+        """A transfer the session's end cut (a spot notice, its watchdog): SessionEnded, saying
+        how it ended, with the transfer's own words on what did not land."""
+        try:
+            yield
+        except KernelDied as exc:
+            ended = self.manager.mark_gone(self, f"kernel died during {what}")
+            if ended is not None:
+                raise SessionEnded(ended, during=str(exc)) from None
+            raise
+
     def push(self, namespace: dict[str, Any], progress: Progress | None = None) -> None:
         self._after_reconnect()
-        self.kernel.push(namespace, progress)
+        with self._ended_during("a push"):
+            self.kernel.push(namespace, progress)
 
     def pull(self, names: list[str], progress: Progress | None = None) -> dict[str, Any]:
         self._after_reconnect()
-        return self.kernel.pull(names, progress)
+        with self._ended_during("a pull"):
+            return self.kernel.pull(names, progress)
 
     def upload(
         self,
@@ -147,13 +162,15 @@ class Session:
         Returns {"files", "bytes", "dest"}."""
         tree = files.collect(paths, everything=everything)
         self._after_reconnect()
-        return transfer.upload(self.kernel, tree.files, tree.size, to, progress)
+        with self._ended_during("an upload"):
+            return transfer.upload(self.kernel, tree.files, tree.size, to, progress)
 
     def download(self, paths: list[str], to: str = ".", progress: Progress | None = None) -> dict:
         """Files or folders of the session (relative to its kernel's working directory) into
         local folder `to`. Returns {"files", "bytes", "dest"}."""
         self._after_reconnect()
-        return transfer.download(self.kernel, paths, to, progress)
+        with self._ended_during("a download"):
+            return transfer.download(self.kernel, paths, to, progress)
 
     def stop(self) -> SessionRecord:
         return self.manager.stop(self.id)

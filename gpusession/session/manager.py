@@ -18,7 +18,14 @@ from ..configuration.catalog import load_catalog
 from ..configuration.cost import PRICE_BASIS, budget_status, month_start, spend_report
 from ..configuration.settings import load_policy, price_regions
 from ..core.durations import KEEPALIVE, REPORT_SINCE
-from ..core.errors import GpuSessionError, KernelDied, OverBudget, SessionEnded, StageError
+from ..core.errors import (
+    GpuSessionError,
+    KernelDied,
+    OverBudget,
+    SessionEnded,
+    StageError,
+    WorkspaceInUse,
+)
 from ..core.models import LaunchSpec, SessionRecord, State
 from ..core.progress import Progress, Reporter
 from ..core.protocol import StopKind, StopReason, Warning, WarningKind
@@ -155,9 +162,13 @@ class SessionManager:
                 "`%config GpuSessionConfig.monthly_budget = 500`, or GPUSESSION_MONTHLY_BUDGET=500 "
                 "for the CLI), or wait for the next month; `gpusession report` shows the spend"
             )
-        record = self.store.create(
-            spec, price_per_hour=backend.price_per_hour(spec, self.catalog), claim=workspace_claim
-        )
+        price = backend.price_per_hour(spec, self.catalog)
+        try:
+            record = self.store.create(spec, price_per_hour=price, claim=workspace_claim)
+        except WorkspaceInUse:  # its holder may have ended unseen (a spot notice, no watcher)
+            if not self._found_ended(workspace_claim(spec, spec.name or "")):
+                raise
+            record = self.store.create(spec, price_per_hour=price, claim=workspace_claim)
         basis = backend.price_basis(spec)  # the faces say "cloud rate, own hardware" from it
         if basis:
             record = self.store.update_resource(record.id, **{PRICE_BASIS: basis})
@@ -251,6 +262,19 @@ class SessionManager:
             self._connected[record.id] = session
         return session
 
+    def _found_ended(self, claim: Any) -> bool:
+        """Ask the backend of each running session holding `claim` (a workspace) whether it is
+        still alive; record those gone as ended (reconcile). True when one was."""
+        found = False
+        for held in self.store.list(active_only=True):
+            if held.state != State.RUNNING or workspace_claim(held.spec, held.name) != claim:
+                continue
+            backend = self.backend(held.backend)
+            if not backend.is_alive(held):
+                self.reconcile(held, backend)
+                found = True
+        return found
+
     def _abort(
         self, record: SessionRecord, link: Link | None, backend: Backend | None, message: str
     ) -> None:
@@ -300,10 +324,20 @@ class SessionManager:
         """A replacement for a session whose capacity was taken back after its state was saved,
         when it asks for one (`--recover`; session/recovery.py): started like the first, on the
         same workspace, restoring it. None when no recovery is wanted; raises as `start` does."""
-        from .recovery import replacement_values
+        from .recovery import avoid_zone, replacement_values
 
-        values = replacement_values(self.store.get(key))
-        return None if values is None else self.start(self.spec_from(values), report)
+        record = self.store.get(key)
+        if record.state == State.RUNNING:  # ended unseen (no watcher alive): asked now
+            backend = self.backend(record.backend)
+            if not backend.is_alive(record):
+                record = self.reconcile(record, backend)
+        values = replacement_values(record)
+        if values is None:
+            return None
+        spec = self.spec_from(values)
+        if avoid_zone(record):
+            spec.extra["avoid_zone"] = avoid_zone(record)
+        return self.start(spec, report)
 
     # -- attach / look up ----------------------------------------------------------------
 

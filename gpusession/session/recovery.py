@@ -40,3 +40,10 @@ def replacement_values(record: SessionRecord) -> dict[str, Any] | None:
     body = restart_body(record.spec, resume=record.resource.get("workspace"))
     body["name"] = record.name  # names are unique among active sessions: the old one ended
     return body
+
+
+def avoid_zone(record: SessionRecord) -> str:
+    """The zone a spot session was interrupted in ("" for none): its replacement tries the other
+    zones first and that one last (the capacity just went there)."""
+    kind = record.stop_reason.kind if record.stop_reason else None
+    return (record.resource.get("zone") or "") if kind == StopKind.SPOT_INTERRUPTION else ""

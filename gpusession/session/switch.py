@@ -194,7 +194,8 @@ def switch_session(
         spec.backend,
         workspace_place(spec),
     )
-    if same_place and not new_backend.shares_workspaces:
+    handover = same_place and not new_backend.shares_workspaces
+    if handover and not hasattr(new_backend, "take_workspace_over"):
         raise BadInput(
             f"the {new_backend.name} backend's workspace attaches to one session at a time and "
             f"cannot be copied yet, so session {old.name} cannot switch while it runs; "
@@ -220,6 +221,8 @@ def switch_session(
     progress.say(
         f"switch {old.name} -> {record.name}: {spec.gpu_count} x {spec.gpu_type} on {spec.backend}"
     )
+    if handover:
+        return _hand_over(manager, old, record, new_backend, workspace, progress, by)
     moved = [0]
     try:
         old_session = manager.connected(old.id) or manager.attach(old.id)
@@ -266,6 +269,70 @@ def switch_session(
         seconds=round(progress.elapsed(), 1),
         old_stopped=stop_error is None,
         stop_error=stop_error,
+    )
+
+
+def _hand_over(
+    manager: "Owner",
+    old: SessionRecord,
+    record: SessionRecord,
+    backend: Backend,
+    workspace: str,
+    progress: Progress,
+    by: str,
+) -> tuple["Session", SwitchReport]:
+    """A switch where the workspace attaches to one machine at a time (an EBS volume): the new
+    session starts, and once its machine is there (the capacity found) the old session saves and
+    stops and its workspace moves over (attached, or by snapshot to another zone), then the new
+    one restores. A failure before that hand-over leaves the old session running untouched; one
+    after it leaves the variables saved in the workspace, for `--resume`."""
+    old_session = manager.connected(old.id) or manager.attach(old.id)
+    done: dict[str, Any] = {}
+
+    def release() -> None:
+        progress.step(f"saving the variables of {old.name} into workspace {workspace}")
+        saved = save_checkpoint(manager.store, old, old_session)
+        if not saved.get("committed"):
+            raise StageError("save", f"variables not saved ({saved.get('error') or 'unknown'})")
+        done["saved"] = saved
+        progress.step(
+            f"saved {saved.get('saved', 0)} variable(s), {format_bytes(saved.get('bytes') or 0)}; "
+            f"stopping {old.name} so that its workspace can move to {record.name}"
+        )
+        manager.stop(old.id, by=f"{by} to {record.name}", kind=StopKind.USER)
+        done["stopped"] = True
+
+    backend.take_workspace_over(record.id, release)  # type: ignore[attr-defined]
+    try:
+        session = manager.launch(manager.store.get(record.id), within=progress)
+    except BaseException as exc:
+        backend.take_workspace_over(record.id, None)  # type: ignore[attr-defined]
+        if not done.get("stopped"):
+            raise _kept_running(exc, old.name) from None
+        tail = (
+            f"; session {old.name} was stopped after saving its variables into workspace "
+            f"{workspace}: `%gpu start --resume {workspace}` brings them back"
+        )
+        if isinstance(exc, StageError):
+            raise StageError(exc.stage, exc.message + tail) from None
+        raise StageError("switch", f"{exc}{tail}") from None
+    if not done.get("stopped"):  # the backend never needed the volume free (it cannot happen
+        manager.stop(old.id, by=f"{by} to {session.name}", kind=StopKind.USER)  # on aws)
+    moved_from = session.record.resource.get("moved_from") or ""
+    zone = session.record.resource.get("zone") or ""
+    return session, SwitchReport(
+        old=old.name,
+        new=session.name,
+        workspace=workspace,
+        saved=done.get("saved") or {},
+        restored=session.record.resource.get("restored"),
+        moved_bytes=session.record.resource.get("moved_bytes") if moved_from else None,
+        moved_from=f"{old.backend} {moved_from or old.resource.get('zone') or ''}".strip(),
+        moved_to=f"{record.backend} {zone}".strip(),  # zones: the backend's place is its region
+        old_price_per_hour=old.price_per_hour,
+        price_per_hour=session.record.price_per_hour,
+        seconds=round(progress.elapsed(), 1),
+        old_stopped=True,
     )
 
 

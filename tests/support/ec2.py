@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 import http.client
 import http.server
 import json
@@ -120,6 +121,9 @@ class FaultProxy:
         self.faults: list[Fault] = []
         self.calls: list[tuple[str, dict[str, str]]] = []
         self.price_list: dict[str, float] | None = None  # the Price List API's stand-in
+        # action -> its answer (an EC2 XML body, None: moto's), for what moto cannot play
+        # (GetConsoleOutput: the console of the machine the test platform runs)
+        self.answers: dict[str, Callable[[dict[str, str]], bytes | None]] = {}
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -148,6 +152,15 @@ class FaultProxy:
                     self.wfile.write(payload)
                     return
                 proxy.calls.append((action, params))
+                answer = proxy.answers.get(action)
+                payload = answer(params) if answer else None
+                if payload is not None:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
                 fault = proxy._match(action, params)
                 if fault is not None:
                     payload = ec2_error(fault.code, fault.message)

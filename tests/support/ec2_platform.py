@@ -161,6 +161,10 @@ class FakePlatform:
         self._notice = {"action": action, "time": when}
         return self._notice
 
+    def calm(self) -> None:
+        """Instance metadata carries no notice any more (the next instance starts in peace)."""
+        self._notice = self._rebalance = None
+
     def recommend_rebalance(self) -> dict:
         """From now on, instance metadata carries a rebalance recommendation (nothing ends)."""
         self._rebalance = {"noticeTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -229,6 +233,18 @@ class FakePlatform:
                 continue  # the root volume is the machine's own disk
             backing = self.folder / "volumes" / f"{vid}.img"
             backing.parent.mkdir(parents=True, exist_ok=True)
+            moved_from = next(
+                (
+                    t["Value"]
+                    for t in volume.get("Tags") or []
+                    if t["Key"] == "gpusession:moved-from"
+                ),
+                "",
+            )
+            source = self.folder / "volumes" / f"{moved_from}.img"
+            if not backing.exists() and moved_from and source.exists():  # made from a snapshot
+                shutil.copyfile(source, backing)  # of that volume, deleted since: its content
+                self.events.append(f"volume {vid}: from the snapshot of {moved_from}")
             if not backing.exists():
                 with open(backing, "wb") as f:  # sparse: only what the filesystem writes takes room
                     f.truncate(volume["Size"] * 2**30)
@@ -459,6 +475,26 @@ class FakePlatform:
 
     def console_text(self, instance_id: str) -> str:
         return (self.folder / instance_id / "console.log").read_text(errors="replace")
+
+    def console_output(self, params: dict[str, str]) -> bytes | None:
+        """EC2's GetConsoleOutput answer for a machine this platform ran (None: not one)."""
+        iid = params.get("InstanceId", "")
+        path = self.folder / iid / "console.log"
+        if not iid or not path.exists():
+            return None
+        text = base64.b64encode(path.read_bytes()).decode()
+        when = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>\n<GetConsoleOutputResponse '
+            'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>platform</requestId>'
+            f"<instanceId>{iid}</instanceId><timestamp>{when}</timestamp>"
+            f"<output>{text}</output></GetConsoleOutputResponse>"
+        ).encode()
+
+    def take_back(self, instance_id: str) -> None:
+        """What AWS does at a spot notice's time: the instance is terminated."""
+        self.events.append(f"{instance_id}: taken back (spot)")
+        self.ec2.terminate_instances(InstanceIds=[instance_id])
 
     # -- instance metadata --------------------------------------------------------------------
 

@@ -147,6 +147,17 @@ class AwsBackend(Backend):
         self._last_words: dict[str, StopDetails] = {}  # id -> how it ended, read after a notice
         # id -> the login its instance pulls the image with (registry.py): memory only
         self._pull_logins: dict[str, PullLogin | None] = {}
+        self._handover: dict[str, Any] = {}  # new session id -> frees its workspace (a switch)
+
+    def take_workspace_over(self, session_id: str, release) -> None:
+        """`%gpu switch` from a running aws session (its workspace volume attached there): the
+        next start of `session_id` calls `release()` (the old session saves and stops, so the
+        volume is free) as late as it can: once its instance runs (same zone), or just before
+        launching where the volume must first move by snapshot (another zone)."""
+        if release is None:
+            self._handover.pop(session_id, None)
+        else:
+            self._handover[session_id] = release
 
     def aws(self, region: str | None) -> Aws:
         key = region or ""
@@ -360,6 +371,7 @@ class AwsBackend(Backend):
                 name=workspace,
                 extra=extra,
                 say=progress.step,
+                release=self._handover.pop(record.id, None),
             )
         except aws_errors() as exc:
             raise explain(exc, f"looking for workspace {workspace}", aws.region) from None
@@ -371,7 +383,7 @@ class AwsBackend(Backend):
                 progress,
                 cheapest=cheapest,
                 last_region=last_region,
-                places=ws.places(places),
+                places=ws.places(places, zones_allowed=_zones_allowed(extra)),
                 prices=prices,
                 ws=ws,
                 gpu=gpu,
@@ -450,7 +462,13 @@ class AwsBackend(Backend):
         mode = launch.fallback_mode(extra)
         if cheapest is not None:
             mode = cheapest.fallback(mode, last_region)
+        avoid = extra.get("avoid_zone") or ""  # a recovery: the zone AWS took the spot one back in
+        if avoid:  # other zones first, that one last; on-demand only as --fallback allows
+            mode = {"off": "zone", "on-demand": "any"}.get(mode, mode)
         plan = launch.attempts(spec.spot, mode, places, prices)
+        plan = launch.ordered(
+            plan, first=ws.volume["AvailabilityZone"] if ws.volume else "", last=avoid
+        )
         tried: list[launch.Attempt] = []
         host_key = new_host_key(name)
         image = spec.image or self.default_image()
@@ -465,7 +483,7 @@ class AwsBackend(Backend):
 
         def prepare(attempt: launch.Attempt) -> dict[str, Any]:
             tried.append(attempt)
-            progress.step(f"launching {attempt.describe(instance_type)}")
+            progress.step(f"launching {attempt.describe(instance_type)}{_why(attempt, avoid)}")
             priced = dataclasses.replace(
                 record, price_per_hour=price_of(attempt)
             )  # the agent's cost meter
@@ -557,6 +575,11 @@ class AwsBackend(Backend):
         )
         address = self._wait_running(aws, instance_id, private=bool(extra.get("private_ip")))
         save(address=address, **{BILLED_FROM: time.time()})  # EC2 bills a running instance
+        if ws.moved_from:  # what the switch's line says moved
+            save(moved_from=ws.moved_from, moved_bytes=ws.moved_bytes)
+        if ws.release is not None:
+            progress.step(f"instance {instance_id} runs at {address}; the old session hands over")
+            ws.released()
         progress.step(
             f"instance {instance_id} runs at {address}; attaching workspace volume {ws.volume_id}"
         )
@@ -769,6 +792,22 @@ class _RegionFull(Exception):
     """A --cheapest start found no capacity in a region that is not its last (internal)."""
 
     fresh_volume = ""  # the empty workspace volume this start made there, to remove
+
+
+def _zones_allowed(extra: dict) -> bool:
+    """May a kept workspace volume move to another zone for this start (by snapshot)?"""
+    return bool(extra.get("avoid_zone")) or launch.fallback_mode(extra) in ("zone", "any")
+
+
+def _why(attempt: launch.Attempt, avoid: str) -> str:
+    """Why a recovery launches where it does, for its start line."""
+    if not avoid:
+        return ""
+    if not attempt.spot:
+        return " (on-demand: --fallback allows it after spot)"
+    if attempt.subnet.zone == avoid:
+        return " (the zone of the interruption, tried last)"
+    return f" (another zone than {avoid}, where the spot instance was interrupted)"
 
 
 def _forget_keys(folder, session_id: str) -> None:

@@ -259,6 +259,20 @@ def attempts(
     return zones + on_demand
 
 
+def ordered(plan: list[Attempt], *, first: str = "", last: str = "") -> list[Attempt]:
+    """The plan with spot before on-demand as it was, and within each market the zone `first`
+    (a kept workspace volume's: no move) first and the zone `last` (a recovery's interrupted
+    zone) last; otherwise in the plan's order (cheapest first)."""
+    return sorted(
+        plan,
+        key=lambda a: (
+            not a.spot,
+            a.subnet.zone == last,
+            a.subnet.zone != first if first else False,
+        ),
+    )
+
+
 class NoCapacity(GpuSessionError):
     """Every allowed attempt failed for lack of capacity (or of spot quota)."""
 

@@ -21,12 +21,14 @@ from .sdk import Aws, aws_errors, error_code, explain
 
 TAG_WORKSPACE = "gpusession:workspace"
 TAG_STORE = "gpusession:store"
+TAG_MOVED_FROM = "gpusession:moved-from"  # the volume a snapshot moved the workspace from
 DEFAULT_SIZE_GIB = 50
 DEVICE = "/dev/sdf"  # the name it is attached as (a Nitro instance shows it as an NVMe disk: by-id has its id)
 # gp3 storage, us-east-1, per GiB-month (https://aws.amazon.com/ebs/pricing/, 2024); other regions
 # cost up to ~30% more: the listing's figure is an estimate, like the catalog's instance prices
 GP3_USD_PER_GIB_MONTH = 0.08
 ATTACH_WAIT_S = 120.0
+SNAPSHOT_WAIT_S = 3600.0  # a first snapshot of a big volume takes minutes to tens of minutes
 
 
 def size_gib(extra: dict) -> int:
@@ -77,7 +79,17 @@ class WorkspaceVolume:
     launch attempt, in that attempt's zone; when an attempt fails for capacity and the next one
     is in another zone, the fresh (never attached, empty) volume moves with it."""
 
-    def __init__(self, aws: Aws, *, store_id: str, owner: str, name: str, extra: dict, say):
+    def __init__(
+        self,
+        aws: Aws,
+        *,
+        store_id: str,
+        owner: str,
+        name: str,
+        extra: dict,
+        say,
+        release=None,
+    ):
         self.aws, self.store_id, self.owner, self.name, self.extra, self.say = (
             aws,
             store_id,
@@ -94,9 +106,12 @@ class WorkspaceVolume:
                 f"no workspace {name} in {aws.region} to resume "
                 "(`gpusession workspaces` lists them)",
             )
+        self.release = release  # a switch's: frees the volume (the old session saves and stops)
+        self.moved_from = ""  # the zone a snapshot moved the volume from
+        self.moved_bytes = 0  # the size of the volume it moved (a snapshot copies what is used)
         if self.volume is not None:
             v = self.volume
-            if v["State"] != "available":
+            if v["State"] != "available" and release is None:
                 users = ", ".join(a.get("InstanceId", "?") for a in v.get("Attachments") or [])
                 raise StageError(
                     "provision",
@@ -109,31 +124,44 @@ class WorkspaceVolume:
                 "kept from an earlier session"
             )
 
+    def _tags(self) -> list[dict[str, str]]:
+        """The tags of the workspace's volume (the snapshot that moves it: all but the first)."""
+        return [
+            {"Key": TAG_WORKSPACE, "Value": self.name},
+            {"Key": TAG_STORE, "Value": self.store_id},
+            {"Key": TAG_OWNER, "Value": self.owner[:255]},
+            {"Key": "Name", "Value": f"gpusession-ws-{self.name}"},
+        ]
+
     @property
     def volume_id(self) -> str:
         return self.volume["VolumeId"] if self.volume else ""
 
-    def places(self, places: list[Subnet]) -> list[Subnet]:
-        """The subnets an instance may use: those in a kept volume's zone (all, for a new one)."""
+    def places(self, places: list[Subnet], *, zones_allowed: bool) -> list[Subnet]:
+        """The subnets an instance may use. A kept volume's zone comes first (the volume attaches
+        there as it is); the other zones follow when the start allows them (`zones_allowed`:
+        --fallback zone/any, a recovery) or when its zone cannot have the instance at all: an
+        instance there gets the volume moved by snapshot (`in_zone`)."""
         if self.volume is None:
             return places
         zone = self.volume["AvailabilityZone"]
         here = [s for s in places if s.zone == zone]
+        if here and not zones_allowed:
+            return here
         if not here:
             offered = ", ".join(sorted({s.zone for s in places})) or "none"
-            raise StageError(
-                "provision",
-                f"workspace {self.name}'s volume {self.volume_id} is in {zone}, and the "
-                f"instance cannot be launched there (the zones allowed: {offered}); an EBS "
-                f"volume attaches only in its own zone: pass --subnet of a subnet in {zone}, "
-                "or use another --workspace",
+            self.say(
+                f"workspace {self.name}: its volume {self.volume_id} is in {zone}, where the "
+                f"instance cannot be launched (the zones allowed: {offered}); it moves by snapshot"
             )
-        return here
+        return here + [s for s in places if s.zone != zone]
 
     def in_zone(self, zone: str) -> str:
         """The volume id for an instance launched in `zone` (made there when new)."""
         if self.volume is not None and self.volume["AvailabilityZone"] == zone:
             return self.volume_id
+        if self.volume is not None and not self.fresh:  # kept: its files move by snapshot
+            return self._move(zone)
         if self.volume is not None:  # fresh, never attached: it moves to the next attempt's zone
             remove(self.aws, self.volume_id)
         size = size_gib(self.extra)
@@ -141,12 +169,7 @@ class WorkspaceVolume:
             f"workspace {self.name}: new {size} GiB gp3 volume in {zone} "
             f"(${monthly_cost(size):.2f}/month while kept)"
         )
-        tag_list = [
-            {"Key": TAG_WORKSPACE, "Value": self.name},
-            {"Key": TAG_STORE, "Value": self.store_id},
-            {"Key": TAG_OWNER, "Value": self.owner[:255]},
-            {"Key": "Name", "Value": f"gpusession-ws-{self.name}"},
-        ]
+        tag_list = self._tags()
         self.volume = self.aws.ec2.create_volume(
             AvailabilityZone=zone,
             Size=size,
@@ -155,6 +178,54 @@ class WorkspaceVolume:
         )
         self.fresh = True
         _wait(self.aws, self.volume_id, "available")
+        return self.volume_id
+
+    def released(self) -> None:
+        """The volume free to attach: a switch's old session saved and stopped first (once)."""
+        release, self.release = self.release, None
+        if release is None:
+            return
+        release()
+        _wait(self.aws, self.volume_id, "available")
+        self.volume = self.aws.ec2.describe_volumes(VolumeIds=[self.volume_id])["Volumes"][0]
+
+    def _move(self, zone: str) -> str:
+        """The kept volume's files into a new volume in `zone`: a snapshot of it, a volume from
+        the snapshot, then the old volume and the snapshot deleted (the new one is the workspace)."""
+        self.released()
+        old = self.volume
+        assert old is not None
+        old_id, size, source = old["VolumeId"], old["Size"], old["AvailabilityZone"]
+        self.say(
+            f"workspace {self.name}: moving volume {old_id} ({size} GiB, "
+            f"${monthly_cost(size):.2f}/month) from {source} to {zone} by snapshot "
+            f"(up to {size} GiB to copy; the snapshot is billed while it exists, minutes)"
+        )
+        tag_list = self._tags()
+        snap = self.aws.ec2.create_snapshot(
+            VolumeId=old_id,
+            Description=f"gpusession: workspace {self.name} moving to {zone}",
+            TagSpecifications=[{"ResourceType": "snapshot", "Tags": tag_list[1:]}],
+        )["SnapshotId"]
+        try:
+            _wait_snapshot(self.aws, snap, self.say)
+            self.volume = self.aws.ec2.create_volume(
+                AvailabilityZone=zone,
+                SnapshotId=snap,
+                VolumeType=old.get("VolumeType") or "gp3",
+                TagSpecifications=[
+                    {
+                        "ResourceType": "volume",
+                        "Tags": [*tag_list, {"Key": TAG_MOVED_FROM, "Value": old_id}],
+                    }
+                ],
+            )
+            _wait(self.aws, self.volume_id, "available")
+        finally:
+            self.aws.ec2.delete_snapshot(SnapshotId=snap)
+        remove(self.aws, old_id)
+        self.moved_from, self.moved_bytes = source, size * 2**30
+        self.say(f"workspace {self.name}: now volume {self.volume_id} in {zone}")
         return self.volume_id
 
 
@@ -223,6 +294,32 @@ def remove(aws: Aws, volume_id: str) -> None:
                 f"volume {volume_id} is attached to an instance; stop its session first"
             ) from None
         raise explain(exc, f"deleting volume {volume_id}", aws.region) from None
+
+
+def _wait_snapshot(aws: Aws, snapshot_id: str, say) -> None:
+    """Until the snapshot is completed, saying its progress every few seconds."""
+    deadline = time.monotonic() + SNAPSHOT_WAIT_S
+    last = ""
+    while True:
+        found = aws.ec2.describe_snapshots(SnapshotIds=[snapshot_id])["Snapshots"][0]
+        if found["State"] == "completed":
+            say(f"snapshot {snapshot_id}: completed")
+            return
+        if found["State"] == "error":
+            raise StageError(
+                "provision",
+                f"snapshot {snapshot_id} failed: {found.get('StateMessage', 'no reason given')}",
+            )
+        progress = found.get("Progress") or "0%"
+        if progress != last:
+            say(f"snapshot {snapshot_id}: {progress}")
+            last = progress
+        if time.monotonic() > deadline:
+            raise StageError(
+                "provision",
+                f"snapshot {snapshot_id} is {found['State']} ({progress}) after {SNAPSHOT_WAIT_S:.0f}s",
+            )
+        time.sleep(2)
 
 
 def _wait(aws: Aws, volume_id: str, state: str) -> None:
