@@ -53,15 +53,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_docker import PORTS, connection_file  # noqa: E402
-from openssh import free_port  # noqa: E402
-from stats import Stats, report  # noqa: E402
-
 from gpusession.backends.docker import runtime as docker_runtime  # noqa: E402
 from gpusession.core.progress import Progress  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
 from gpusession.transport import bundle  # noqa: E402
 from gpusession.transport.kernel import KernelClient  # noqa: E402
 from gpusession.transport.pulls import format_bytes  # noqa: E402
+from openssh import free_port  # noqa: E402
+from stats import Stats, report  # noqa: E402
 
 BASE = "gpusession-ci/py-bookworm"  # python3 3.11 from Debian, no ipykernel (scripts/ci-images.sh)
 MB = 1_000_000

@@ -40,16 +40,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from openssh import free_port, ssh_forward  # noqa: E402
-from stats import Stats, report  # noqa: E402
-
-from gpusession.transport import bundle  # noqa: E402
 from gpusession.backends.docker import runtime as docker_runtime  # noqa: E402
 from gpusession.core.errors import GpuSessionError  # noqa: E402
-from gpusession.transport.kernel import KernelClient  # noqa: E402
 from gpusession.core.progress import Progress  # noqa: E402
-from gpusession.transport.pulls import format_bytes  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
+from gpusession.transport import bundle  # noqa: E402
+from gpusession.transport.kernel import KernelClient  # noqa: E402
+from gpusession.transport.pulls import format_bytes  # noqa: E402
+from openssh import free_port, ssh_forward  # noqa: E402
+from stats import Stats, report  # noqa: E402
 
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 IMAGES = ("gpusession/cuda:ci", "gpusession-ci/py-bookworm")

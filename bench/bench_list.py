@@ -32,12 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from openssh import free_port  # noqa: E402
-from stats import Stats, write_section  # noqa: E402
-
 from gpusession.configuration.config import GpuSessionConfig  # noqa: E402
 from gpusession.core.models import State  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
+from openssh import free_port  # noqa: E402
+from stats import Stats, write_section  # noqa: E402
 
 IMAGE = os.environ.get("GPUSESSION_TEST_IMAGE", "gpusession/cuda:ci")
 LABEL = "gpusession.session"

@@ -29,11 +29,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from gpusession.session import SessionManager  # noqa: E402
+from gpusession.transport.kernel import KernelClient  # noqa: E402
 from openssh import ssh_forward  # noqa: E402
 from stats import Stats, write_section  # noqa: E402
-
-from gpusession.transport.kernel import KernelClient  # noqa: E402
-from gpusession.session import SessionManager  # noqa: E402
 
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 NAMESPACE = "gpus-remote"

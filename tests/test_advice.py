@@ -11,17 +11,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from test_cli import cli  # the command line as a user runs it
 
-from gpusession.configuration.advice import MIN_SAMPLES, advice_document
 from gpusession.agent.nvml import NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
 from gpusession.agent.usage import UsageTracker
+from gpusession.configuration.advice import MIN_SAMPLES, advice_document
 from gpusession.configuration.catalog import load_catalog
 from gpusession.core.errors import RemoteError
 from gpusession.core.protocol import is_out_of_memory
 from gpusession.faces.words import advice_line, advice_lines
-
-from test_cli import cli  # the command line as a user runs it
 
 DATA = Path(__file__).parent / "data"
 

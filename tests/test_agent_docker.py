@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from gpusession.faces import words
 from gpusession.core.errors import SessionEnded
 from gpusession.core.models import State
 from gpusession.core.protocol import Marker, StopKind, StopReason, find_markers
+from gpusession.faces import words
 from support.hosts import docker_available, product_image
 
 pytestmark = [

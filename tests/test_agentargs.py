@@ -23,9 +23,9 @@ from gpusession.configuration.agentargs import (
     TEXT,
     AgentArgs,
 )
+from gpusession.configuration.settings import BUILTIN_IDLE
 from gpusession.core.durations import IDLE, DurationRule
 from gpusession.core.models import Event, LaunchSpec, SessionRecord, State
-from gpusession.configuration.settings import BUILTIN_IDLE
 
 DATA = Path(__file__).parent / "data"
 RECORDED = str(DATA / "nvml_two_t4.json")

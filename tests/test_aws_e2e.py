@@ -16,8 +16,8 @@ from gpusession.core.models import State
 from gpusession.core.protocol import Marker, StopKind, StopReason, find_markers
 from gpusession.faces.words import ended_message
 from support.ec2 import leftovers
-from support.sinks import Collect
 from support.hosts import product_image
+from support.sinks import Collect
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 pytest_plugins = ["support.ec2_fixtures"]  # fixtures: moto_server, ec2_api, aws_env, look, platform
@@ -351,9 +351,8 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     it) says "interrupted, state saved"; its replacement (the same start as `--resume`, as a
     watcher or the sidebar's Resume asks it) tries another zone than the interrupted one first
     (said on its start line), the volume moves back by snapshot, the variables come back."""
-    from support.ec2 import Fault
-
     from gpusession.faces.words import switch_line
+    from support.ec2 import Fault
 
     start = manager.start(spec_for(manager, name="mv0", workspace="mv", fallback="zone"))
     zone_a, vol_a = start.record.resource["zone"], start.record.resource["volume_id"]

@@ -16,8 +16,8 @@ import pytest
 
 from gpusession.core.errors import BackendUnavailable, BadInput, StageError, WorkspaceInUse
 from gpusession.core.models import State
-from gpusession.core.protocol import StopKind
 from gpusession.core.progress import Progress
+from gpusession.core.protocol import StopKind
 from support.ec2 import Fault, leftovers
 
 CIDR = "10.201.0.1/32"

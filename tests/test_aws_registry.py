@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_aws_e2e import NOTHING, spec_for
 
 from gpusession.core.errors import StageError
 from gpusession.transport.pulls import PullLogin
@@ -29,7 +30,6 @@ from support.ec2_registry import (
     ensure_registry_tools,
 )
 from support.sinks import Collect
-from test_aws_e2e import NOTHING, spec_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 pytest_plugins = ["support.ec2_fixtures"]

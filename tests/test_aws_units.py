@@ -6,6 +6,9 @@ import subprocess
 
 import pytest
 
+from gpusession.backends.aws.launch import Attempt, Subnet, attempts, fallback_mode
+from gpusession.backends.aws.teardown import console_details, ended_reason
+from gpusession.backends.base import stop_details_from_log
 from gpusession.backends.cloudvm.cloudinit import (
     BootPlan,
     access_script,
@@ -14,12 +17,8 @@ from gpusession.backends.cloudvm.cloudinit import (
     new_host_key,
     user_data,
 )
-from gpusession.backends.aws.launch import Attempt, Subnet, attempts, fallback_mode
 from gpusession.backends.cloudvm.link import map_address
-from gpusession.backends.aws.teardown import console_details, ended_reason
-from gpusession.backends.base import stop_details_from_log
 from gpusession.core.errors import BadInput
-from gpusession.transport.bundle import boot_script as bundle_boot_script
 from gpusession.core.protocol import (
     ENV_KERNEL_KEY,
     ENV_SESSION_ID,
@@ -30,6 +29,7 @@ from gpusession.core.protocol import (
     find_markers,
     marker_line,
 )
+from gpusession.transport.bundle import boot_script as bundle_boot_script
 
 A, B, C = (Subnet(f"subnet-{z}", f"us-east-1{z}", "vpc-1") for z in "abc")
 

@@ -36,6 +36,7 @@ from support.labpanel import (
     PANEL,
     TIMEOUT_MS,
     Lab,
+    answer_stop,
     broken_words,
     low_contrast,
     open_lab,
@@ -46,9 +47,8 @@ from support.labpanel import (
     run_command,
     running_lab,
     screenshot_on_failure,
-    answer_stop,
-    stop_card,
     set_theme,
+    stop_card,
     wait_for_change,
     wait_kernel_idle,
 )

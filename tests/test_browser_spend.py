@@ -23,9 +23,9 @@ import pytest
 from support.lab import playwright_or_skip
 from support.labpanel import (
     ARTIFACTS,
+    CONTRAST_JS,
     PANEL,
     TIMEOUT_MS,
-    CONTRAST_JS,
     Lab,
     open_lab,
     open_sidebar,
@@ -44,11 +44,12 @@ browser, page = _shared.browser, _shared.page
 jp_asyncio_loop, jp_server_cleanup = _shared.jp_asyncio_loop, _shared.jp_server_cleanup
 sync_api = playwright_or_skip()
 
+from test_cli import cli  # noqa: E402
+from test_spend import SPOT_STOP, _session, idle_a100_summary  # noqa: E402
+
 from gpusession.configuration.cost import BILLED_FROM  # noqa: E402
 from gpusession.core.durations import format_money  # noqa: E402
 from gpusession.core.models import State  # noqa: E402
-from test_cli import cli  # noqa: E402
-from test_spend import SPOT_STOP, _session, idle_a100_summary  # noqa: E402
 
 H, D = 3600.0, 86400.0
 BUDGET = "60"

@@ -13,13 +13,14 @@ import json
 import threading
 import time
 
+from test_cli import cli
+from test_spend import _session
+
 from gpusession.configuration.config import GpuSessionConfig
 from gpusession.core.models import State
 from gpusession.faces.notify import WarningNotifier
 from gpusession.faces.words import rest_view
 from gpusession.session import SessionManager
-from test_cli import cli
-from test_spend import _session
 
 H = 3600.0
 

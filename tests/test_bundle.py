@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.transport import bundle
 from gpusession.agent import kernelenv
-from gpusession.transport.bundle import ImagePython, parse_probe
 from gpusession.core.protocol import ENV_RUNTIME_ROOT
+from gpusession.transport import bundle
+from gpusession.transport.bundle import ImagePython, parse_probe
 from gpusession.transport.pulls import PullProgress, format_bytes
 
 PKG = bundle.PACKAGE

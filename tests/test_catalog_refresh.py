@@ -8,11 +8,12 @@ import datetime
 import json
 import os
 
+from test_cli import cli
+
 from gpusession.configuration.catalog import packaged_catalog
 from gpusession.faces.magics import GpuMagics
 from gpusession.session import SessionManager
 from gpusession.widgets.panel import StartForm
-from test_cli import cli
 
 pytest_plugins = ["support.ec2_fixtures"]  # fixtures: moto_server, ec2_api, aws_env, look
 PACKAGED = "2025-11-01"

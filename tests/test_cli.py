@@ -11,8 +11,8 @@ import pytest
 
 from gpusession.core.models import State
 from gpusession.core.protocol import StopKind, StopReason
-from support.procs import alive, wait_dead
 from gpusession.session.store import Store
+from support.procs import alive, wait_dead
 
 
 def cli(env, *args, timeout=120):

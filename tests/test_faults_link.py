@@ -19,17 +19,16 @@ import time
 import types
 
 import pytest
-
-from support.procs import start_runtime
+from test_tunnel import PORTS, SSHD, Sshd, _through
 
 from gpusession.backends.base import Link
 from gpusession.core.errors import CellLost, LinkLost
-from gpusession.transport.kernel import KernelClient, OutputSink
 from gpusession.core.models import KernelEndpoint
 from gpusession.session.handle import Session
+from gpusession.transport.kernel import KernelClient, OutputSink
 from gpusession.transport.sshlogin import make_session_key
 from gpusession.transport.tunnel import Tunnel
-from test_tunnel import PORTS, SSHD, Sshd, _through
+from support.procs import start_runtime
 
 needs_sshd = pytest.mark.skipif(not os.path.exists(SSHD), reason="needs OpenSSH's sshd")
 

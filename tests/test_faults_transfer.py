@@ -10,10 +10,10 @@ import os
 import threading
 
 import pytest
-
-from gpusession.transport.tunnel import Tunnel
 from test_faults_link import _session, _within, needs_sshd, own_sshd, runtime  # noqa: F401 - fixtures
 from test_tunnel import PORTS
+
+from gpusession.transport.tunnel import Tunnel
 
 SIZE = 50_000_000
 

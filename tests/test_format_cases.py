@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.core.durations import format_duration, format_money
 from gpusession.configuration.metrics import METRICS, metric_rows, metric_text
+from gpusession.core.durations import format_duration, format_money
 from gpusession.core.protocol import StopKind
 
 CASES = Path(__file__).resolve().parent / "data" / "format_cases.json"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-
 PKG = Path(__file__).resolve().parent.parent / "gpusession"
 
 # lowest first; a module may import its own layer and the ones below. Each layer is folders (or
@@ -222,8 +221,8 @@ def test_backends_never_import_the_session_layer_or_each_other():
 def test_the_runtime_boot_script_speaks_the_protocol():
     """boot.sh (the runtime bundle's way into an image) is shell: it cannot import protocol.py or
     bundle.py, so this test keeps its names and paths equal to theirs."""
-    from gpusession.transport.bundle import COMPLETE, RUNTIME_ROOT
     from gpusession.core.protocol import ENV_RUNTIME_ROOT, Marker
+    from gpusession.transport.bundle import COMPLETE, RUNTIME_ROOT
 
     text = (PKG / "agent" / "boot.sh").read_text()
     for name in (

@@ -7,12 +7,12 @@ import json
 import os
 
 import pytest
-
-from gpusession.configuration.settings import ConfigError
-from support.ec2 import Fault, inspector, leftovers
 from test_aws_provision import NOTHING, instance_of, provision
 from test_aws_provision import spec_for as aws_spec
 from test_cli import cli
+
+from gpusession.configuration.settings import ConfigError
+from support.ec2 import Fault, inspector, leftovers
 
 pytest_plugins = ["support.ec2_fixtures"]  # fixtures: moto_server, ec2_api, aws_env, look
 

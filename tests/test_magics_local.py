@@ -7,8 +7,8 @@ import time
 import pytest
 
 from gpusession.core.models import State
-from support.procs import alive
 from gpusession.session.store import Store
+from support.procs import alive
 
 
 def _store(nb_env) -> Store:

@@ -12,12 +12,12 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
-from gpusession.faces import cli
 from gpusession.configuration import options
 from gpusession.configuration.catalog import load_catalog
 from gpusession.configuration.config import GpuSessionConfig
-from gpusession.faces.magics import GpuMagics, _start_args
 from gpusession.core.models import LaunchSpec
+from gpusession.faces import cli
+from gpusession.faces.magics import GpuMagics, _start_args
 
 BACKENDS = ["aws", "docker", "local"]
 

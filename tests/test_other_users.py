@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching to uid nobody needs root")
 pytest_plugins = ["support.ec2_fixtures"]  # the aws case: moto_server, aws_env, platform
 
@@ -254,11 +253,11 @@ def test_another_user_cannot_subscribe_through_the_tunnel_either(open_parent, tm
     """The runtime on the far side of an SSH tunnel (slurm's compute node, an ssh:// host): its
     kernel on unix sockets in a 0700 folder there, the tunnel's ends unix sockets in a 0700
     folder here; another uid reaches neither."""
-    from support.procs import start_runtime
     from test_tunnel import Sshd
 
     from gpusession.transport.kernel import KernelClient
     from gpusession.transport.tunnel import Tunnel, tunneled_endpoint
+    from support.procs import start_runtime
 
     path = pyzmq_for_nobody(open_parent)
     remote_sockets = open_parent / "remote"
@@ -303,9 +302,8 @@ def _docker_kernel_info(client, session_id: str) -> dict:
 def test_another_user_cannot_subscribe_to_a_docker_session_kernel(open_parent, engine, monkeypatch):
     """A container of the local engine on the host's network, its kernel as the image's USER: its
     sockets are reached by the session's owner directly, by no other uid of the host."""
-    from support.hosts import product_image
-
     from gpusession.session import SessionManager
+    from support.hosts import product_image
 
     monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
     path = pyzmq_for_nobody(open_parent)
@@ -334,9 +332,9 @@ def test_another_user_cannot_subscribe_to_a_remote_engines_kernel(open_parent, r
     """An ssh:// engine: neither on that host (its own loopback: another uid there, in its
     network namespace) nor here (the tunnel's local ends) does another uid read the kernel."""
     import docker
-    from support.hosts import product_image
 
     from gpusession.session import SessionManager
+    from support.hosts import product_image
 
     monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
     path = pyzmq_for_nobody(open_parent)

@@ -15,19 +15,19 @@ from pathlib import Path
 import pytest
 import tornado.httpclient
 
-from gpusession.configuration import options
 from gpusession.agent import service
 from gpusession.agent.nvml import NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
+from gpusession.configuration import options
 from gpusession.configuration.agentargs import AgentArgs
 from gpusession.configuration.catalog import load_catalog
 from gpusession.configuration.config import GpuSessionConfig
 from gpusession.core.errors import SessionEnded
 from gpusession.core.models import LaunchSpec, State
 from gpusession.core.protocol import StopKind, StopReason
+from gpusession.faces.words import ended_line, error_text
 from gpusession.server.panel import StartProgress, owner_pid, with_history
 from gpusession.session.views import restart_body
-from gpusession.faces.words import ended_line, error_text
 
 DATA = Path(__file__).resolve().parent / "data"
 

@@ -10,15 +10,15 @@ import time
 
 import pytest
 import tornado.httpclient
+from test_cli import cli
+from test_spend import fill, report
 
 from gpusession.configuration.config import ConfigError, GpuSessionConfig
+from gpusession.configuration.cost import month_start
 from gpusession.core.errors import BadInput
 from gpusession.core.models import State
 from gpusession.session import SessionManager
 from gpusession.session.store import Store
-from test_cli import cli
-from gpusession.configuration.cost import month_start
-from test_spend import fill, report
 
 POLICY = {
     "max_idle": "15m",

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.faces import cli
 from gpusession.core.models import State
 from gpusession.core.protocol import StopKind
+from gpusession.faces import cli
 from gpusession.server.panel import StartProgress, kernel_ids_by_pid, panel_view
 from support.procs import alive
 

@@ -19,12 +19,18 @@ import time
 from pathlib import Path
 
 import pytest
+
+from gpusession.configuration.cost import BILLED_FROM, record_billed_seconds
+from gpusession.core.models import State
+from gpusession.core.protocol import StopKind
+from gpusession.session.views import session_view
+from gpusession.transport.kernel import OutputSink
 from support.procs import start_interrupted, wait_dead
 from support.slurm import (
+    REGISTRY,
     STATE,
     cancel_all,
     ensure_cluster,
-    REGISTRY,
     filler_job,
     image_without_python,
     registry_image,
@@ -34,12 +40,6 @@ from support.slurm import (
     squeue,
     wait_until,
 )
-
-from gpusession.configuration.cost import BILLED_FROM, record_billed_seconds
-from gpusession.transport.kernel import OutputSink
-from gpusession.session.views import session_view
-from gpusession.core.models import State
-from gpusession.core.protocol import StopKind
 
 pytestmark = pytest.mark.slow
 
@@ -120,9 +120,8 @@ def test_magic_runs_a_cell_on_a_compute_node(cluster, home, gs_home, tmp_path):
     """`%gpu start --backend slurm --host ssh://... --type t4:2`: a batch job asking
     --gres=gpu:t4:2, placed by Slurm on n1; the cell runs there; `%gpu stop` cancels the job.
     Before that, a start that waits in the queue is cancelled with the stop button (Ctrl-C)."""
-    from support.notebook_kernel import NotebookKernel
-
     from gpusession.session.store import Store
+    from support.notebook_kernel import NotebookKernel
 
     env = dict(os.environ, HOME=home, GPUSESSION_HOME=str(gs_home), PYTHONUNBUFFERED="1")
     nk = NotebookKernel(env, cwd=str(tmp_path))
@@ -628,11 +627,10 @@ def test_a_preempted_session_saves_in_its_grace_and_recover_resubmits_it(
     in the queue behind the urgent job, shown as a start shows it, restores, and the next cell
     runs there with the variables. `gpusession list` says the first job's session was
     interrupted with its state saved."""
-    from support.notebook_kernel import NotebookKernel
-
     from gpusession.agent.checkpoint_read import read_manifest
     from gpusession.faces.words import describe_stop
     from gpusession.session.store import Store
+    from support.notebook_kernel import NotebookKernel
 
     env = dict(os.environ, HOME=home, GPUSESSION_HOME=str(gs_home), PYTHONUNBUFFERED="1")
     folder = tmp_path / "ws"

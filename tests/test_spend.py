@@ -11,14 +11,14 @@ import time
 
 import pytest
 import tornado.httpclient
+from test_advice import replayed_usage
+from test_cli import cli
 
 from gpusession.configuration.catalog import load_catalog
 from gpusession.configuration.cost import BILLED_FROM, cost_of, month_start, spend_report
 from gpusession.core.models import LaunchSpec, State
 from gpusession.core.protocol import StopKind, StopReason
 from gpusession.session.store import Store
-from test_cli import cli
-from test_advice import replayed_usage
 
 H, D = 3600.0, 86400.0
 

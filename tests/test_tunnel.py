@@ -13,11 +13,10 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from support.procs import start_runtime
-
-from gpusession.transport.sshlogin import fast_reads, make_session_key
 from gpusession.transport.kernel import KernelClient
+from gpusession.transport.sshlogin import fast_reads, make_session_key
 from gpusession.transport.tunnel import HostKeyCheck, SshTarget, Tunnel, TunnelError
+from support.procs import start_runtime
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 pytestmark = pytest.mark.skipif(

@@ -12,10 +12,10 @@ import pytest
 
 from gpusession.agent.nvml import NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
-from gpusession.core.durations import format_money
-from gpusession.core.models import State
 from gpusession.backends import backend_names
 from gpusession.configuration.options import options_document
+from gpusession.core.durations import format_money
+from gpusession.core.models import State
 from gpusession.session import default_backend_name
 from gpusession.widgets import SessionPanel, StatsView
 from gpusession.widgets.card import SessionCard

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 import http.client
 import http.server
 import json
@@ -31,6 +30,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Callable
 
 REGION = "us-east-1"
 

@@ -139,9 +139,9 @@ def registry_login(home: str | os.PathLike) -> tuple[str, str]:
 def registry_image(source: str, name: str, tmp: str | os.PathLike) -> str:
     """`source` (an image of this machine's engine) pushed to the cluster's registry as `name`
     (once: it is kept there); its reference."""
+    import ssl
     import urllib.error
     import urllib.request
-    import ssl
 
     ref = f"{REGISTRY}/{name}"
     repository, _, tag = name.partition(":")
