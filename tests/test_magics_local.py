@@ -203,7 +203,14 @@ def test_a_quoted_name_loses_its_quotes(notebook):
     notebook.run("%gpu stop")
 
 
-def test_ctrl_c_during_start_is_one_line_and_leaves_nothing(notebook, nb_env):
+def test_ctrl_c_during_start_is_one_line_and_leaves_nothing(notebook, nb_env, manager):
+    try:
+        _ctrl_c_during_start(notebook, nb_env)
+    finally:  # a run whose Ctrl-C came too late (a loaded machine) leaves no session behind
+        manager.stop_all(by="the test's cleanup")
+
+
+def _ctrl_c_during_start(notebook, nb_env) -> None:
     r = notebook.run("%gpu start --idle off --name cut-short", interrupt_after=0.15, timeout=60)
     assert r.status == "error", r.text
     assert r.error["ename"] == "UsageError", r.error
