@@ -139,3 +139,50 @@ def test_cheapest_moves_to_the_next_region_and_leaves_nothing_behind(
     with pytest.raises(ConfigError) as e:
         manager.create(spec_for(manager, "t4", cheapest=True))
     assert "holds none of the regions your policy" in str(e.value) and "\n" not in str(e.value)
+
+
+async def test_the_forms_spot_line_comes_from_rest(aws_env, look, moto_server, jp_fetch):
+    """GET prices?type=t4: the rows of `types --live` for that type and the start forms' line
+    (the cheapest zone's current spot price beside the on-demand one); a type not in the
+    catalog is a 400 that says where the types are."""
+    import tornado.httpclient
+
+    zones = sorted(latest_prices(look, "g4dn.xlarge"))
+    prices = dict(zip(zones, (0.2210, 0.1930, 0.2490, 0.1578, 0.1702)))
+    moto_server.set_spot_prices(prices)
+    r = await jp_fetch("gpusession", "api", "prices", params={"type": "T4"})
+    doc = json.loads(r.body)
+    cheapest = min(prices, key=prices.get)
+    assert [row["zone"] for row in doc["rows"]] == sorted(prices, key=prices.get), doc
+    assert doc["line"] == (
+        f"spot now $0.1578/h for g4dn.xlarge in {cheapest}, the cheapest of {len(prices)} zones "
+        "(on demand $0.5260/h)"
+    ), doc
+    assert "on-demand prices from the catalog of" in doc["prices_line"]
+    with pytest.raises(tornado.httpclient.HTTPClientError) as e:
+        await jp_fetch("gpusession", "api", "prices", params={"type": "t5000"})
+    assert e.value.code == 400
+    assert "unknown GPU type 't5000'" in json.loads(e.value.response.body)["message"]
+
+
+def test_the_panel_forms_spot_line_shows_for_a_spot_start_on_aws(
+    manager, aws_env, look, moto_server
+):
+    """`%gpu panel`'s start form: with aws and spot ticked, the type's current spot price in the
+    cheapest zone shows under the type, in the same words as the sidebar's form; none for
+    on-demand."""
+    from gpusession.widgets.panel import StartForm
+    from support.slurm import wait_until
+
+    zones = sorted(latest_prices(look, "g4dn.xlarge"))
+    prices = dict(zip(zones, (0.2210, 0.1930, 0.2490, 0.1578, 0.1702)))
+    moto_server.set_spot_prices(prices)
+    form = StartForm(manager, lambda values: None)
+    form.backend_select.value = "aws"
+    form.type_select.value = "t4"
+    assert form.spot_note.value == ""  # on demand: the type's catalog price says it
+    form.fields["spot"].value = True
+    shown = wait_until(lambda: form.spot_note.value, 20, "the spot line", 0.1)
+    assert f"spot now $0.1578/h for g4dn.xlarge in {min(prices, key=prices.get)}" in shown, shown
+    form.fields["spot"].value = False
+    assert form.spot_note.value == ""

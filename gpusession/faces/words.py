@@ -642,6 +642,22 @@ def live_price_lines(rows: list[dict], prices_line: str) -> list[str]:
     return lines
 
 
+def live_spot_line(rows: list[dict], gpu_type: str) -> str:
+    """The start forms' line under the GPU type when spot is asked for: the current spot price
+    of its instance in the cheapest zone of the allowed regions (`live_prices` rows), beside the
+    catalog's on-demand price: 'spot now $0.1578/h for g4dn.xlarge in us-east-1c, the cheapest
+    of 5 zones (on demand $0.5260/h)'."""
+    mine = [r for r in rows if r["type"] == gpu_type and r.get("spot") is not None]
+    if not mine:
+        return f"no current spot price for {gpu_type} in the allowed regions"
+    best = min(mine, key=lambda r: (r["spot"], r["zone"]))
+    zones = f"the cheapest of {len(mine)} zones" if len(mine) > 1 else "the one zone with a price"
+    return (
+        f"spot now {format_money(best['spot'])}/h for {best['instance']} in {best['zone']}, "
+        f"{zones} (on demand {format_money(best['on_demand'])}/h)"
+    )
+
+
 # -- live stats -------------------------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput, SessionBusy, StageError
 from ..faces.words import (
     image_text,
+    live_spot_line,
     report_rest,
     rest_view,
     switch_line,
@@ -275,6 +276,33 @@ class CatalogHandler(BaseHandler):
         self.finish(json.dumps(self.api.manager.catalog.to_dict()))
 
 
+class PricesHandler(BaseHandler):
+    """GET prices?type=t4: the current spot prices of the type's instance per zone of the allowed
+    regions (what `%gpu types --live` shows), and the forms' line for it (`line`); `rows` is
+    empty where no cloud backend answers (own hardware)."""
+
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        gpu_type = self.get_query_argument("type", "").strip().lower()
+        m = self.api.manager
+
+        def prices() -> dict:
+            if gpu_type not in {t.name for t in m.catalog.types}:
+                raise BadInput(
+                    f"unknown GPU type {gpu_type!r}: pass type= one of the catalog's "
+                    "(GET catalog lists them)"
+                )
+            rows = [r for r in m.live_prices() if r["type"] == gpu_type]
+            return {
+                "type": gpu_type,
+                "rows": rows,
+                "line": live_spot_line(rows, gpu_type),
+                "prices_line": m.catalog.prices_line,
+            }
+
+        await self.guarded(prices)
+
+
 class ReportHandler(BaseHandler):
     """GET report?since=30d&by=type[&split=type]: the spend report (gpusession/configuration/cost.py)
     with its words (`lines`, what `gpusession report` prints), from the store; `split`: each
@@ -319,6 +347,7 @@ def setup_handlers(
             (url_path_join(base, "sessions", sid, "keepalive"), KeepaliveHandler),
             (url_path_join(base, "sessions", sid, "switch"), SwitchHandler),
             (url_path_join(base, "catalog"), CatalogHandler),
+            (url_path_join(base, "prices"), PricesHandler),
             (url_path_join(base, "report"), ReportHandler),
             (url_path_join(base, "options"), OptionsHandler),
             (url_path_join(base, "options", "check"), OptionsCheckHandler),

@@ -13,7 +13,14 @@ from ..configuration import options
 from ..core.durations import format_money
 from ..core.errors import GpuSessionError, NoSession
 from ..core.models import State
-from ..faces.words import ended_message, error_text, image_text, keepalive_line, summary_line
+from ..faces.words import (
+    ended_message,
+    error_text,
+    image_text,
+    keepalive_line,
+    live_spot_line,
+    summary_line,
+)
 from ..session import Session, SessionManager, default_backend_name
 from .card import FINAL_STATES, KEEPALIVE, STYLE, WARN_STYLE, SessionCard, classed, html_text, show
 
@@ -32,6 +39,8 @@ class StartForm:
         self.fields: dict[str, widgets.Widget] = {}
         self.rows: dict[str, widgets.Widget] = {}  # each field with its help under it
         self.image_note = classed(widgets.HTML(), "image-note")  # on the engine, or pulled
+        self.spot_note = classed(widgets.HTML(), "spot-note")  # a spot start: the price now
+        self._spot_type: str | None = None  # the type whose current spot price was asked
         defaults = options.form_defaults(manager.config, default_backend_name(manager.config))
         for option in options.OPTIONS:
             if option.form:
@@ -43,6 +52,8 @@ class StartForm:
                     widgets.HTML(f"<small>{html.escape(option.help)}</small>"), "field-help"
                 )
                 notes = [self.image_note] if option.name == IMAGE else []
+                if option.kind == "gpu_type":
+                    notes = [self.spot_note]
                 self.rows[option.name] = widgets.VBox([widget, help_line, *notes])
         self.type_select = self.fields["type"]
         self.backend_select = self.fields["backend"]
@@ -65,6 +76,9 @@ class StartForm:
             self.image_input.observe(lambda _: self._show_image_note(), names="value")
         if HOST in self.fields:
             self.fields[HOST].observe(lambda _: self._show_backend_options(), names="value")
+        for name in ("type", "spot", "cheapest"):
+            if name in self.fields:
+                self.fields[name].observe(lambda _: self._show_spot_price(), names="value")
         self._show_backend_options()
         self.widget = classed(
             widgets.VBox(
@@ -125,6 +139,35 @@ class StartForm:
             applies = options.BY_NAME[name].backends
             show(row, applies is None or backend in applies)
         self._load_images()
+        self._show_spot_price()
+
+    def _show_spot_price(self) -> None:
+        """Under the GPU type, for a spot start (or --cheapest) where a cloud prices it now:
+        the current spot price in the cheapest zone (words.live_spot_line, as the sidebar's
+        form says it), asked on a thread (AWS answers from a 5-minute cache)."""
+        spot = "spot" in self.rows and self.rows["spot"].layout.display != "none"
+        ticked = any(
+            bool(self.fields[name].value) for name in ("spot", "cheapest") if name in self.fields
+        )
+        gpu_type = self.type_select.value if spot and ticked else None
+        if gpu_type == self._spot_type:
+            return
+        self._spot_type = gpu_type
+        self.spot_note.value = ""
+        if gpu_type is None:
+            return
+
+        def ask() -> None:
+            try:
+                rows = [r for r in self.manager.live_prices() if r["type"] == gpu_type]
+            except GpuSessionError:
+                return  # no cloud answers (no credentials): the catalog's price stays alone
+            if rows and self._spot_type == gpu_type:
+                self.spot_note.value = (
+                    f"<small>{html.escape(live_spot_line(rows, gpu_type))}</small>"
+                )
+
+        threading.Thread(target=ask, name="gpusession-spot-price", daemon=True).start()
 
     def _load_images(self) -> None:
         """The images the chosen backend has (on the typed host), offered by the image field."""

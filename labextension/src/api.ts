@@ -12,6 +12,7 @@ import type {
   MetricView,
   OptionCheckReply,
   OptionsReply,
+  PricesReply,
   ReportReply,
   SessionListReply,
   SessionView,
@@ -161,6 +162,13 @@ export class GpuSessionClient {
   async getCatalog(): Promise<CatalogReply> {
     const reply = await this._request<CatalogReply>('catalog');
     expectArray(reply.types, 'types', 'catalog');
+    return reply;
+  }
+
+  /** GET `prices?type=...`: the current spot prices of a GPU type (where a cloud answers). */
+  async getPrices(type: string): Promise<PricesReply> {
+    const reply = await this._request<PricesReply>('prices' + URLExt.objectToQueryString({ type }));
+    expectArray(reply.rows, 'rows', 'prices');
     return reply;
   }
 

@@ -38,6 +38,8 @@ export const CHECK_DELAY_MS = 300;
 
 /** The bool option whose checkbox makes the price shown the spot price. */
 const SPOT_OPTION = 'spot';
+/** aws's `--cheapest`: a spot start in the cheapest zone, so its current price shows too. */
+const CHEAPEST_OPTION = 'cheapest';
 
 /** One option's field. */
 export interface Field {
@@ -204,7 +206,7 @@ export class StartForm {
       }
       nodes.push(field.node);
       if (option === typeOption) {
-        nodes.push(this._typePrice);
+        nodes.push(this._typePrice, this._livePrice);
       }
     }
     this._imagesList.id = IMAGES_LIST_ID;
@@ -349,6 +351,34 @@ export class StartForm {
       }
     }
     showText(this._typePrice, text);
+    const live =
+      typeof name === 'string' &&
+      shown.has(SPOT_OPTION) &&
+      (values.get(SPOT_OPTION) === true || values.get(CHEAPEST_OPTION) === true);
+    this._showLivePrice(live ? name : null);
+  }
+
+  /** Under the type's price, for a spot start where a cloud prices it now: the current spot
+   * price in the cheapest zone (GET `prices`, which AWS answers from a 5-minute cache). */
+  private _showLivePrice(type: string | null): void {
+    if (type === null) {
+      this._liveType = null;
+      showText(this._livePrice, null);
+      return;
+    }
+    if (type === this._liveType) {
+      return; // asked already; the line stays until the type changes
+    }
+    this._liveType = type;
+    showText(this._livePrice, null);
+    this._client.getPrices(type).then(
+      reply => {
+        if (this._liveType === type && reply.rows.length > 0) {
+          showText(this._livePrice, reply.line);
+        }
+      },
+      () => undefined // no cloud answers (no credentials): the catalog's price stays alone
+    );
   }
 
   private _onEdit(): void {
@@ -451,6 +481,8 @@ export class StartForm {
   private _workspaces: readonly WorkspaceView[] = [];
   private readonly _fieldsNode = element('div', 'gpusession-fields');
   private readonly _typePrice = message('gpusession-type-price');
+  private readonly _livePrice = message('gpusession-live-price');
+  private _liveType: string | null = null;
   private readonly _submit = control('button', 'gpusession-start-button');
   private readonly _formError = message('gpusession-form-error');
   private readonly _optionsError = message('gpusession-options-error');
