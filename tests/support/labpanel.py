@@ -133,20 +133,30 @@ def wait_for_change(read, timeout: float = 10.0) -> tuple[str, str]:
     raise AssertionError(f"value stayed {first!r} for {timeout:.0f} s")
 
 
-def run_command(page, label: str) -> None:
-    """Run a command by its label from the command palette (Ctrl+Shift+C), as a user does."""
+def run_command(page, label: str, attempts: int = 3) -> None:
+    """Run a command by its label from the command palette (Ctrl+Shift+C), as a user does.
+    A JupyterLab page that has just loaded moves the focus to its launcher once it settles,
+    which closes a palette opened before (its input hides, its items detach): opened again."""
     palette_input = page.locator(".lm-CommandPalette-input")
-    if not palette_input.is_visible():
-        page.keyboard.press("Control+Shift+C")
-    palette_input.wait_for(state="visible")
-    palette_input.fill(label)
     item = page.locator(
         ".lm-CommandPalette-item",
         has=page.locator(
             ".lm-CommandPalette-itemLabel", has_text=re.compile(f"^{re.escape(label)}$")
         ),
     )
-    item.first.click()
+    for attempt in range(attempts):
+        last = attempt == attempts - 1
+        wait = TIMEOUT_MS if last else 5000
+        try:
+            if not palette_input.is_visible():
+                page.keyboard.press("Control+Shift+C")
+            palette_input.wait_for(state="visible", timeout=wait)
+            palette_input.fill(label, timeout=wait)
+            item.first.click(timeout=wait)
+            return
+        except Exception as exc:  # noqa: BLE001 - playwright's TimeoutError: the palette closed
+            if last or type(exc).__name__ != "TimeoutError":
+                raise
 
 
 def palette_labels(page, text: str) -> list[str]:
