@@ -447,3 +447,47 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     platform.wait_for(lambda: not platform.machines, timeout=30)
     assert leftovers(look) == NOTHING
     assert [v["AvailabilityZone"] for v in _volumes(look, "mv")] == [third.record.resource["zone"]]
+
+
+def test_a_switch_from_aws_to_docker_reads_the_workspace_over_the_instances_login(
+    manager, platform, look, engine
+):
+    """`%gpu switch --backend docker` from an aws session: its variables are saved into its EBS
+    workspace, whose files are read on the instance (the boot script reads the running
+    container's /workspace, the session login passes it on) and stream over the session's own
+    SSH login through this machine into a fresh volume on this engine, the size said first; the
+    docker session restores the variable and finds the file; the aws instance is terminated."""
+    from gpusession.faces.words import switch_line
+    from gpusession.transport.pulls import format_bytes
+
+    start = manager.start(spec_for(manager, name="ad0", workspace="adw"))
+    code = "kept = {'k': 41}\nopen('notes.txt', 'w').write('from aws')"
+    assert start.run(code, sink=Collect())["status"] == "ok"
+    lines: list[str] = []
+    try:
+        there, report = manager.switch(
+            start, manager.switch_spec(start.id, {"backend": "docker", "idle": "off"}), lines.append
+        )
+        said = "\n".join(lines)
+        assert "move: workspace from aws" in said and "to docker (this machine's engine)" in said
+        assert f"reading workspace adw on {start.record.resource['instance_id']}" in said, said
+        assert " to move, through this machine" in said and "move: moved " in said, said
+        assert said.index("to move, through this machine") < said.index("move: moved "), said
+        assert report.moved_bytes and report.moved_bytes > 4096, report  # the file, the save
+        # the size said before it moved is what moved (the stream's bytes, counted there first)
+        assert f"move: {format_bytes(report.moved_bytes)} to move" in said, said
+        assert report.restored["restored"] == ["kept"], report.restored
+        line = switch_line(report.to_dict())
+        assert "moved 1 name(s) (kept)" in line and "to docker (this machine's engine)" in line
+        out = Collect()
+        reply = there.run("print(kept['k'] + 1, open('notes.txt').read())", sink=out)
+        assert reply["status"] == "ok" and "42 from aws" in out.text, out.text
+        assert there.record.spec.backend == "docker"
+        platform.wait_for(lambda: instance_state(look, start.record) == "terminated", timeout=60)
+        assert manager.get(start.id).state == State.STOPPED
+        manager.stop(there.id)
+    finally:
+        manager.stop_all()
+        let_go(start)
+        for volume in engine.volumes.list(filters={"label": "gpusession.workspace=adw"}):
+            volume.remove(force=True)

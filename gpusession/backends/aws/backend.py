@@ -749,6 +749,12 @@ class AwsBackend(Backend):
     def remove_workspace(self, workspace) -> None:
         volumes.remove(self.aws(workspace.details["region"]), workspace.details["volume_id"])
 
+    def export_workspace(self, record: SessionRecord, progress: Progress):
+        """Read over the running instance's SSH login (backends/aws/workspace_stream.py)."""
+        from .workspace_stream import export_workspace
+
+        return export_workspace(record, progress)
+
     # -- gc -----------------------------------------------------------------------------------
 
     def _regions(self) -> list[str]:

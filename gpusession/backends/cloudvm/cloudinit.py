@@ -45,7 +45,7 @@ RUNTIME_WAIT_S = 600  # the instance powers off when no runtime bundle came by t
 CONTAINER_STATE_DIR = (
     "/run/gpusession"  # the session container's --state-dir (a folder of the instance's DIR)
 )
-ACCESS_COMMANDS = ("status", "put", "login", "notice")
+ACCESS_COMMANDS = ("status", "put", "login", "notice", "export")
 LOGIN_PIPE = "login.pipe"  # in the session's folder: the registry login passes through, never stored  # what access.sh does for the tunnel's login
 
 
@@ -173,7 +173,8 @@ def access_script(plan: BootPlan) -> str:
     NAME SHA256` stores the bundle part NAME (code, site) from stdin when its hash matches,
     `login` passes the registry login on stdin to the boot script through a FIFO (nothing is
     stored; exit 3 when the boot waits for none), `notice` prints the spot interruption notice,
-    when there is one."""
+    when there is one, `export` prints the workspace's size (one line) and then its files as a
+    tar stream, read by the boot script out of the running container (session.sh export_one)."""
     q = shlex.quote
     return f"""#!/bin/sh
 DIR={q(plan.folder)}
@@ -196,6 +197,15 @@ case "${{1:-}}" in
         exec timeout 30 sh -c 'cat >"$1"' sh "$DIR/{LOGIN_PIPE}" ;;
     notice)
         exec cat "$DIR/notices/{SPOT_NOTICE_FILE}" ;;
+    export)
+        out="$DIR/export-$$"
+        : >"$DIR/upload/export-$$" || exit 1
+        for _ in $(seq 1200); do [ -p "$out.pipe" ] && [ -s "$out.size" ] && break; [ -e "$out.rc" ] && break; sleep 0.1; done
+        [ -p "$out.pipe" ] || {{ echo "the instance did not read its workspace out (its session container is not running)" >&2; exit 3; }}
+        cat "$out.size" "$out.pipe" || exit 1
+        for _ in $(seq 100); do [ -e "$out.rc" ] && break; sleep 0.1; done
+        rc=$(cat "$out.rc" 2>/dev/null)
+        [ "$rc" = 0 ] || {{ echo "docker cp exited ${{rc:-?}}: $(tail -c 300 "$out.err" 2>/dev/null)" >&2; exit 1; }} ;;
     *)
         echo "gpusession: this key runs only {" | ".join(ACCESS_COMMANDS)}" >&2
         exit 2 ;;

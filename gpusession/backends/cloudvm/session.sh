@@ -107,6 +107,32 @@ workspace() {  # the attached EBS volume (NVMe on Nitro: by-id has its id), ext4
     say "$M_BOOT workspace volume $VOLUME_ID ready"
 }
 
+export_one() {  # export_one ID: the workspace of the running container read out through the
+    # engine's archive API (entries workspace/..., owners and modes kept): first its size (the
+    # stream's bytes) in $DIR/export-ID.size, then the stream into the FIFO $DIR/export-ID.pipe,
+    # which only the login's group reads (access.sh export passes it on), then docker's exit
+    # status in $DIR/export-ID.rc; nothing is written to a disk on the way
+    out="$DIR/export-$1"
+    size=$(docker cp "$NAME:$WORKSPACE" - 2>/dev/null | wc -c)
+    { mkfifo -m 0640 "$out.pipe" && chgrp "$gid" "$out.pipe"; } || { echo 1 >"$out.rc"; return; }
+    printf '%s\n' "$size" >"$out.size"
+    docker cp "$NAME:$WORKSPACE" - 2>"$out.err" >"$out.pipe"
+    echo "$?" >"$out.rc"
+    rm -f "$out.pipe" "$out.size"
+}
+
+serve_exports() {  # while the container runs: each request access.sh export drops (upload/export-ID)
+    while sleep 0.5; do
+        for request in "$DIR"/upload/export-*; do
+            [ -f "$request" ] || continue
+            id=${request##*/export-}
+            rm -f "$request"
+            case "$id" in ""|*[!0-9]*) continue ;; esac
+            export_one "$id" &
+        done
+    done
+}
+
 for _ in $(seq 90); do docker info >/dev/null 2>&1 && break; sleep 2; done  # dockerd may start after us
 docker rm -f "$NAME" >/dev/null 2>&1 || true
 [ "$SPOT" = 1 ] && watch_spot &
@@ -174,7 +200,10 @@ if docker run -d --name "$NAME" --init --gpus all --network host --label "gpuses
         -e "GPUSESSION_SESSION_ID=$SESSION_ID" -e GPUSESSION_KERNEL_KEY -e "GPUSESSION_RUNTIME_PYTHON=$command" \
         --entrypoint /bin/sh "$IMAGE" "$ROOT/code/boot.sh" run "$@" >/dev/null; then
     say "$M_BOOT container started"
+    serve_exports &
+    exports=$!
     docker wait "$NAME" >/dev/null
+    kill "$exports" 2>/dev/null
     rm -f "$DIR/upload/.status-read"
     # the container's last words, copied to the console for `stop_details`
     docker logs "$NAME" 2>&1 | grep -E "^($M_CHECKPOINT|$M_STOPPED|$M_SUMMARY|$M_FAILED)( |\$)" | while read -r line; do say "$line"; done
