@@ -449,7 +449,7 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     assert [v["AvailabilityZone"] for v in _volumes(look, "mv")] == [third.record.resource["zone"]]
 
 
-def test_a_switch_from_aws_to_docker_reads_the_workspace_over_the_instances_login(
+def test_a_switch_from_aws_to_docker_and_back_streams_the_workspace_over_the_instances_logins(
     manager, platform, look, engine
 ):
     """`%gpu switch --backend docker` from an aws session: its variables are saved into its EBS
@@ -485,9 +485,75 @@ def test_a_switch_from_aws_to_docker_reads_the_workspace_over_the_instances_logi
         assert there.record.spec.backend == "docker"
         platform.wait_for(lambda: instance_state(look, start.record) == "terminated", timeout=60)
         assert manager.get(start.id).state == State.STOPPED
-        manager.stop(there.id)
+
+        # and back to aws: the new instance's volume (the workspace's, kept in the region) takes
+        # the files over its login while it boots, before its kernel restores, replacing them
+        code = "kept['k'] = 1\nopen('notes.txt', 'w').write('from docker')"
+        assert there.run(code, sink=Collect())["status"] == "ok"
+        lines.clear()
+        back, report = manager.switch(
+            there,
+            manager.switch_spec(there.id, {"backend": "aws", "ssh_cidr": "10.201.0.1/32"}),
+            lines.append,
+        )
+        said = "\n".join(lines)
+        assert "move: workspace from docker (this machine's engine) to aws" in said, said
+        assert said.index("instance: waiting for the workspace's files") < said.index(
+            " to move, through this machine"
+        ), said
+        assert "workspace adw's files are in place on the new instance" in said, said
+        assert said.index("move: moved ") < said.index("waiting for the kernel"), said
+        assert report.restored["restored"] == ["kept"] and report.moved_bytes, report
+        out = Collect()
+        reply = back.run("print(kept['k'] + 1, open('notes.txt').read())", sink=out)
+        assert reply["status"] == "ok" and "2 from docker" in out.text, out.text
+        assert back.record.resource["volume_id"] == start.record.resource["volume_id"]
+        assert manager.get(there.id).state == State.STOPPED
+        manager.stop(back.id)
+        let_go(back)
+
+        # a stream cut halfway (its source fails) into a new instance lands nowhere: the start
+        # fails with the source's error, the boot drops what came, the volume keeps what it held
+        record = manager.create(spec_for(manager, name="ad4", resume="adw"))
+        manager.backend("aws").import_while_starting(record.id, _cut_move(record))
+        with pytest.raises(StageError, match="the source broke off"):
+            manager.launch(record)
+        iid = manager.get(record.id).resource["instance_id"]
+        assert "the client stopped sending the workspace's files; nothing of them was kept" in (
+            platform.console_text(iid)
+        )
+        again = manager.start(spec_for(manager, name="ad5", resume="adw"))
+        out = Collect()
+        code = "import os; print(kept['k'] + 1, open('notes.txt').read(), sorted(os.listdir()))"
+        assert again.run(code, sink=out)["status"] == "ok", out.text
+        assert "2 from docker" in out.text and "half" not in out.text, out.text
+        assert ".gpusession-import" not in out.text, out.text
+        manager.stop(again.id)
+        let_go(again)
     finally:
         manager.stop_all()
         let_go(start)
         for volume in engine.volumes.list(filters={"label": "gpusession.workspace=adw"}):
             volume.remove(force=True)
+
+
+def _cut_move(record):
+    """A switch's move whose source breaks off halfway through a real tar stream."""
+    import io
+    import tarfile
+
+    from gpusession.core.progress import Progress
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in (("workspace/half.bin", os.urandom(64 << 10)), ("workspace/b", b"x")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    whole = buffer.getvalue()
+
+    def chunks():
+        yield whole[: len(whole) // 2]
+        raise StageError("move", "the source broke off")
+
+    return lambda into: into(record, chunks(), Progress(None))

@@ -16,6 +16,7 @@ import socket
 import time
 from typing import Iterator
 
+from ...configuration.agentargs import workspace_name
 from ...core.errors import StageError
 from ...core.models import SessionRecord
 from ...core.progress import Progress
@@ -48,7 +49,7 @@ def export_workspace(record: SessionRecord, progress: Progress) -> WorkspaceExpo
     """The workspace of running aws session `record`, as a tar stream read over its SSH login."""
     import paramiko
 
-    name = record.resource.get("workspace") or record.name
+    name = record.resource.get("workspace") or workspace_name(record)
     transport = _login(record)
     chan = transport.open_session(timeout=15)
 
@@ -124,3 +125,69 @@ def _stderr(chan) -> str:
         else:
             time.sleep(0.02)
     return err.decode(errors="replace").strip()[-300:]
+
+
+def import_over(transport, record: SessionRecord, chunks, progress: Progress) -> None:
+    """The tar stream `chunks` into the fresh workspace volume of the instance starting for
+    `record`, whose boot waits for it (BootPlan.import_files) before its kernel restores: sent on
+    access.sh import's standard input, then its hash on import-end, which answers once the boot
+    put the files in place (or says why not; a cut stream leaves nothing there)."""
+    import hashlib
+
+    import paramiko
+
+    from ...transport.sshlogin import run_on_channel
+
+    name = workspace_name(record)
+    digest = hashlib.sha256()
+
+    def hashed():
+        for chunk in chunks:
+            digest.update(chunk)
+            yield chunk
+
+    try:
+        try:
+            status, _, err = run_on_channel(
+                transport.open_session(timeout=15), "import", stdin=hashed(), timeout=CHUNK_WAIT_S
+            )
+        except BaseException:  # the source failed (or this side): the boot drops what came
+            _abandon(transport)
+            raise
+        if status != 0:
+            raise StageError(
+                "move",
+                f"the new instance did not take workspace {name}'s files: "
+                f"{err.decode(errors='replace').strip()[-300:] or f'access.sh exited {status}'}",
+            )
+        status, _, err = run_on_channel(
+            transport.open_session(timeout=15),
+            f"import-end {digest.hexdigest()}",
+            timeout=FIRST_BYTES_S,
+        )
+    except (OSError, EOFError, TimeoutError, paramiko.SSHException) as exc:
+        raise StageError(
+            "move",
+            f"sending workspace {name}'s files to the new instance failed "
+            f"({type(exc).__name__}: {exc}); nothing of them was kept there",
+        ) from None
+    if status != 0:
+        raise StageError(
+            "move",
+            f"the new instance did not keep workspace {name}'s files: "
+            f"{err.decode(errors='replace').strip()[-300:] or f'access.sh exited {status}'}",
+        )
+    progress.step(f"workspace {name}'s files are in place on the new instance")
+
+
+def _abandon(transport) -> None:
+    """Tell the boot that the stream it got is not whole (a hash no stream has), so that it
+    drops what came at once; best effort: without it the boot waits a minute, then drops it."""
+    import paramiko
+
+    from ...transport.sshlogin import run_on_channel
+
+    try:
+        run_on_channel(transport.open_session(timeout=5), "import-end 0", timeout=30)
+    except (OSError, EOFError, TimeoutError, paramiko.SSHException):
+        pass
