@@ -204,9 +204,14 @@ def switch_session(
             f"`%gpu stop --save`, then `%gpu start --resume {workspace}` "
             "with the new options"
         )
-    # aws: the files go into the new instance's fresh volume while it starts, before its kernel
-    # restores (`import_while_starting`); elsewhere into the workspace before the start
-    at_boot = not same_place and hasattr(new_backend, "import_while_starting")
+    # into aws from another backend: the files go into the new instance's volume while it
+    # starts, before its kernel restores (`import_while_starting`); elsewhere into the workspace
+    # before the start (aws <-> aws moves its volume itself: `take_workspace_over`)
+    at_boot = (
+        not same_place
+        and old_backend is not new_backend
+        and hasattr(new_backend, "import_while_starting")
+    )
     if not same_place:
         for backend, can in ((old_backend, "export_workspace"), (new_backend, "import_workspace")):
             if getattr(type(backend), can) is getattr(Backend, can) and not (
