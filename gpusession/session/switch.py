@@ -194,7 +194,10 @@ def switch_session(
         spec.backend,
         workspace_place(spec),
     )
-    handover = same_place and not new_backend.shares_workspaces
+    moves_itself = old.spec.backend == spec.backend and getattr(
+        new_backend, "moves_workspaces_across_places", False
+    )  # aws: another region's volume by snapshot copy
+    handover = (same_place or moves_itself) and not new_backend.shares_workspaces
     if handover and not hasattr(new_backend, "take_workspace_over"):
         raise BadInput(
             f"the {new_backend.name} backend's workspace attaches to one session at a time and "
@@ -202,7 +205,7 @@ def switch_session(
             f"`%gpu stop --save`, then `%gpu start --resume {workspace}` "
             "with the new options"
         )
-    if not same_place:
+    if not same_place and not handover:
         for backend, can in ((old_backend, "export_workspace"), (new_backend, "import_workspace")):
             if getattr(type(backend), can) is getattr(Backend, can):
                 raise BadInput(
