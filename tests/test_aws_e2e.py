@@ -339,6 +339,14 @@ def _volumes(look, workspace: str) -> list[dict]:
     )["Volumes"]
 
 
+def _started_with_work(manager, **options):
+    """A session with a variable (kept) and a file (notes.txt) to move: (it, zone, volume id)."""
+    start = manager.start(spec_for(manager, **options))
+    code = "kept = {'k': 41}\nopen('notes.txt', 'w').write('moved')"
+    assert start.run(code, sink=Collect())["status"] == "ok"
+    return start, start.record.resource["zone"], start.record.resource["volume_id"]
+
+
 def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefers_another_zone(
     manager, platform, look, aws_env
 ):
@@ -354,10 +362,7 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     from gpusession.faces.words import switch_line
     from support.ec2 import Fault
 
-    start = manager.start(spec_for(manager, name="mv0", workspace="mv", fallback="zone"))
-    zone_a, vol_a = start.record.resource["zone"], start.record.resource["volume_id"]
-    code = "kept = {'k': 41}\nopen('notes.txt', 'w').write('moved')"
-    assert start.run(code, sink=Collect())["status"] == "ok"
+    start, zone_a, vol_a = _started_with_work(manager, name="mv0", workspace="mv", fallback="zone")
     # to spot in its zone: the new instance runs first, then the old session saves and stops
     # and the same volume is attached to it (no snapshot)
     lines: list[str] = []
@@ -464,10 +469,7 @@ def test_a_switch_to_another_region_moves_the_workspace_by_snapshot_copy(
     west = "us-west-2"
     platform.play_region(west)  # one machine at a time, whichever region
     look_west = inspector(moto_server.url, west)
-    start = manager.start(spec_for(manager, name="rg0", workspace="rg"))
-    zone_a, vol_a = start.record.resource["zone"], start.record.resource["volume_id"]
-    code = "kept = {'k': 41}\nopen('notes.txt', 'w').write('moved')"
-    assert start.run(code, sink=Collect())["status"] == "ok"
+    start, zone_a, vol_a = _started_with_work(manager, name="rg0", workspace="rg")
     lines: list[str] = []
     moved, report = manager.switch(
         start, manager.switch_spec(start.id, {"region": west, "name": "rg"}), lines.append

@@ -381,7 +381,7 @@ class AwsBackend(Backend):
                 look_in=[self.aws(r) for r in self._regions() if r != aws.region]
                 if extra.get("resume")
                 else (),
-                may_move=bool(spec.region) and not extra.get("cheapest"),
+                may_move=bool(spec.region),
             )
         except aws_errors() as exc:
             raise explain(exc, f"looking for workspace {workspace}", aws.region) from None

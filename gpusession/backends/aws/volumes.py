@@ -223,13 +223,36 @@ class WorkspaceVolume:
         _wait(self.home, self.volume_id, "available")
         self.volume = self.home.ec2.describe_volumes(VolumeIds=[self.volume_id])["Volumes"][0]
 
-    def _move(self, zone: str) -> str:
-        """The kept volume's files into a new volume in `zone`: a snapshot of it, a volume from
-        the snapshot, then the old volume and the snapshot deleted (the new one is the workspace)."""
+    def _freed(self) -> tuple[dict, str, int, str]:
+        """The kept volume once free to move (a switch's old session stopped): it, its id, size
+        (GiB) and zone."""
         self.released()
         old = self.volume
         assert old is not None
-        old_id, size, source = old["VolumeId"], old["Size"], old["AvailabilityZone"]
+        return old, old["VolumeId"], old["Size"], old["AvailabilityZone"]
+
+    def _from_snapshot(self, aws: Aws, zone: str, snapshot: str) -> dict:
+        """A volume like the workspace's, in `zone`, from its snapshot (tagged with the old id)."""
+        old = self.volume or {}
+        return aws.ec2.create_volume(
+            AvailabilityZone=zone,
+            SnapshotId=snapshot,
+            VolumeType=old.get("VolumeType") or "gp3",
+            TagSpecifications=[
+                {
+                    "ResourceType": "volume",
+                    "Tags": [
+                        *self._tags(),
+                        {"Key": TAG_MOVED_FROM, "Value": old.get("VolumeId", "")},
+                    ],
+                }
+            ],
+        )
+
+    def _move(self, zone: str) -> str:
+        """The kept volume's files into a new volume in `zone`: a snapshot of it, a volume from
+        the snapshot, then the old volume and the snapshot deleted (the new one is the workspace)."""
+        old, old_id, size, source = self._freed()
         self.say(
             f"workspace {self.name}: moving volume {old_id} ({size} GiB, "
             f"${monthly_cost(size):.2f}/month) from {source} to {zone} by snapshot "
@@ -243,17 +266,7 @@ class WorkspaceVolume:
         )["SnapshotId"]
         try:
             _wait_snapshot(self.aws, snap, self.say)
-            self.volume = self.aws.ec2.create_volume(
-                AvailabilityZone=zone,
-                SnapshotId=snap,
-                VolumeType=old.get("VolumeType") or "gp3",
-                TagSpecifications=[
-                    {
-                        "ResourceType": "volume",
-                        "Tags": [*tag_list, {"Key": TAG_MOVED_FROM, "Value": old_id}],
-                    }
-                ],
-            )
+            self.volume = self._from_snapshot(self.aws, zone, snap)
             _wait(self.aws, self.volume_id, "available")
         finally:
             self.aws.ec2.delete_snapshot(SnapshotId=snap)
@@ -267,10 +280,8 @@ class WorkspaceVolume:
         region: a snapshot there, copied here (CopySnapshot), a volume from the copy; then both
         snapshots and the old volume deleted. A failure on the way deletes what the move made
         and leaves the old volume as it was (the workspace stays there, and says so)."""
-        self.released()
-        old, src, dst = self.volume, self.home, self.aws
-        assert old is not None
-        old_id, size, source = old["VolumeId"], old["Size"], old["AvailabilityZone"]
+        old, old_id, size, source = self._freed()
+        src, dst = self.home, self.aws
         self.say(
             f"workspace {self.name}: moving volume {old_id} ({size} GiB) from {source} to {zone} "
             f"({src.region} -> {dst.region}): a snapshot, copied across regions, then a volume "
@@ -297,17 +308,7 @@ class WorkspaceVolume:
             )["SnapshotId"]
             made.append((dst, copy))
             _wait_snapshot(dst, copy, self.say)
-            volume = dst.ec2.create_volume(
-                AvailabilityZone=zone,
-                SnapshotId=copy,
-                VolumeType=old.get("VolumeType") or "gp3",
-                TagSpecifications=[
-                    {
-                        "ResourceType": "volume",
-                        "Tags": [*tag_list, {"Key": TAG_MOVED_FROM, "Value": old_id}],
-                    }
-                ],
-            )
+            volume = self._from_snapshot(dst, zone, copy)
             made.append((dst, volume["VolumeId"]))
             _wait(dst, volume["VolumeId"], "available")
         except BaseException as exc:
