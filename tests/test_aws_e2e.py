@@ -339,6 +339,14 @@ def _volumes(look, workspace: str) -> list[dict]:
     )["Volumes"]
 
 
+def _started_with_work(manager, **options):
+    """A session with a variable (kept) and a file (notes.txt) to move: (it, zone, volume id)."""
+    start = manager.start(spec_for(manager, **options))
+    code = "kept = {'k': 41}\nopen('notes.txt', 'w').write('moved')"
+    assert start.run(code, sink=Collect())["status"] == "ok"
+    return start, start.record.resource["zone"], start.record.resource["volume_id"]
+
+
 def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefers_another_zone(
     manager, platform, look, aws_env
 ):
@@ -354,10 +362,7 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     from gpusession.faces.words import switch_line
     from support.ec2 import Fault
 
-    start = manager.start(spec_for(manager, name="mv0", workspace="mv", fallback="zone"))
-    zone_a, vol_a = start.record.resource["zone"], start.record.resource["volume_id"]
-    code = "kept = {'k': 41}\nopen('notes.txt', 'w').write('moved')"
-    assert start.run(code, sink=Collect())["status"] == "ok"
+    start, zone_a, vol_a = _started_with_work(manager, name="mv0", workspace="mv", fallback="zone")
     # to spot in its zone: the new instance runs first, then the old session saves and stops
     # and the same volume is attached to it (no snapshot)
     lines: list[str] = []
@@ -557,3 +562,70 @@ def _cut_move(record):
         raise StageError("move", "the source broke off")
 
     return lambda into: into(record, chunks(), Progress(None))
+
+
+def test_a_switch_to_another_region_moves_the_workspace_by_snapshot_copy(
+    manager, platform, look, aws_env, moto_server
+):
+    """`%gpu switch --region us-west-2`: the old session saves and stops, its volume moves by a
+    snapshot copied across regions (how much and at what rate said before; the snapshot and
+    the copy's progress shown), the variables and files come back there, and nothing is left
+    in the old region. Then a `--resume` into the old region: without --region it says where
+    the workspace is; with it, a copy that fails leaves the volume untouched and says so."""
+    from gpusession.core.errors import GpuSessionError
+    from gpusession.faces.words import switch_line
+    from support.ec2 import Fault, inspector
+
+    west = "us-west-2"
+    platform.play_region(west)  # one machine at a time, whichever region
+    look_west = inspector(moto_server.url, west)
+    start, zone_a, vol_a = _started_with_work(manager, name="rg0", workspace="rg")
+    lines: list[str] = []
+    moved, report = manager.switch(
+        start, manager.switch_spec(start.id, {"region": west, "name": "rg"}), lines.append
+    )
+    said = "\n".join(lines)
+    zone_b = moved.record.resource["zone"]
+    assert zone_b.startswith(west) and moved.record.resource["region"] == west, said
+    assert (
+        f"moving volume {vol_a} (1 GiB) from {zone_a} to {zone_b} (us-east-1 -> {west})" in said
+    ), said
+    assert "up to 1 GiB to copy" in said and "$0.02/GB: up to $0.02" in said, said
+    assert said.index("saving the variables of rg0") < said.index("moving volume"), said
+    assert f"copying to {west}" in said and said.count(": completed") == 2, said
+    line = switch_line(report.to_dict())
+    assert "moved 1 name(s) (kept)" in line and f"from aws {zone_a} to aws {zone_b})" in line, line
+    assert manager.get(start.id).state == State.STOPPED
+    assert _volumes(look, "rg") == []
+    (vol_b,) = _volumes(look_west, "rg")
+    assert vol_b["AvailabilityZone"] == zone_b
+    ours = [{"Name": "tag:gpusession:store", "Values": [manager.store.store_id]}]
+    for ec2 in (look, look_west):
+        assert not ec2.describe_snapshots(Filters=ours)["Snapshots"]
+    out = Collect()
+    reply = moved.run("print(kept['k'] + 1, open('notes.txt').read())", sink=out)
+    assert reply["status"] == "ok" and "42 moved" in out.text, out.text
+    manager.stop(moved.id, save=True)
+    let_go(start)
+    let_go(moved)
+    platform.wait_for(lambda: not platform.machines, timeout=30)
+
+    # --resume without --region: the workspace is elsewhere, said before anything moves
+    with pytest.raises(GpuSessionError) as failed:
+        manager.start(spec_for(manager, name="rg2", resume="rg"))
+    assert f"workspace rg is in {west}, not us-east-1: add --region {west}" in str(failed.value)
+    # --region us-east-1 --resume: the copy fails; the volume stays as it was, nothing is left
+    aws_env.faults.append(Fault("CopySnapshot", "InternalError", "copy broke"))
+    with pytest.raises(GpuSessionError) as failed:
+        manager.start(spec_for(manager, name="rg3", resume="rg", region="us-east-1"))
+    aws_env.faults.clear()
+    text = str(failed.value)
+    assert "workspace rg could not move to us-east-1" in text and "copy broke" in text, text
+    assert f"its volume {vol_b['VolumeId']} in {zone_b} is untouched" in text, text
+    assert "nothing else is left" in text, text
+    (kept,) = _volumes(look_west, "rg")
+    assert kept["VolumeId"] == vol_b["VolumeId"] and kept["State"] == "available"
+    assert _volumes(look, "rg") == []
+    for ec2 in (look, look_west):
+        assert not ec2.describe_snapshots(Filters=ours)["Snapshots"]
+        assert leftovers(ec2) == NOTHING

@@ -196,7 +196,10 @@ def switch_session(
         spec.backend,
         workspace_place(spec),
     )
-    handover = same_place and not new_backend.shares_workspaces
+    moves_itself = old.spec.backend == spec.backend and getattr(
+        new_backend, "moves_workspaces_across_places", False
+    )  # aws: another region's volume by snapshot copy
+    handover = (same_place or moves_itself) and not new_backend.shares_workspaces
     if handover and not hasattr(new_backend, "take_workspace_over"):
         raise BadInput(
             f"the {new_backend.name} backend's workspace attaches to one session at a time and "
@@ -212,7 +215,7 @@ def switch_session(
         and old_backend is not new_backend
         and hasattr(new_backend, "import_while_starting")
     )
-    if not same_place:
+    if not same_place and not handover:
         for backend, can in ((old_backend, "export_workspace"), (new_backend, "import_workspace")):
             if getattr(type(backend), can) is getattr(Backend, can) and not (
                 at_boot and backend is new_backend

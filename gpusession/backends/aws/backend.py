@@ -150,6 +150,10 @@ class AwsBackend(Backend):
         self._handover: dict[str, Any] = {}  # new session id -> frees its workspace (a switch)
         self._imports: dict[str, Any] = {}  # new session id -> moves its workspace in (a switch)
 
+    # a switch to another region moves the workspace volume itself (a snapshot copied across
+    # regions, volumes.py), handed over as within a region: not a tar stream through this machine
+    moves_workspaces_across_places = True
+
     def take_workspace_over(self, session_id: str, release) -> None:
         """`%gpu switch` from a running aws session (its workspace volume attached there): the
         next start of `session_id` calls `release()` (the old session saves and stops, so the
@@ -383,6 +387,12 @@ class AwsBackend(Backend):
                 extra=extra,
                 say=progress.step,
                 release=self._handover.pop(record.id, None),
+                # a resume finds its volume in another region the store used; it moves here
+                # (by snapshot copy) when the start named this region (a switch's --region)
+                look_in=[self.aws(r) for r in self._regions() if r != aws.region]
+                if extra.get("resume")
+                else (),
+                may_move=bool(spec.region),
             )
         except aws_errors() as exc:
             raise explain(exc, f"looking for workspace {workspace}", aws.region) from None
