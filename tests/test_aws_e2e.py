@@ -339,6 +339,14 @@ def _volumes(look, workspace: str) -> list[dict]:
     )["Volumes"]
 
 
+def _started_with_work(manager, **options):
+    """A session with a variable (kept) and a file (notes.txt) to move: (it, zone, volume id)."""
+    start = manager.start(spec_for(manager, **options))
+    code = "kept = {'k': 41}\nopen('notes.txt', 'w').write('moved')"
+    assert start.run(code, sink=Collect())["status"] == "ok"
+    return start, start.record.resource["zone"], start.record.resource["volume_id"]
+
+
 def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefers_another_zone(
     manager, platform, look, aws_env
 ):
@@ -354,10 +362,7 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     from gpusession.faces.words import switch_line
     from support.ec2 import Fault
 
-    start = manager.start(spec_for(manager, name="mv0", workspace="mv", fallback="zone"))
-    zone_a, vol_a = start.record.resource["zone"], start.record.resource["volume_id"]
-    code = "kept = {'k': 41}\nopen('notes.txt', 'w').write('moved')"
-    assert start.run(code, sink=Collect())["status"] == "ok"
+    start, zone_a, vol_a = _started_with_work(manager, name="mv0", workspace="mv", fallback="zone")
     # to spot in its zone: the new instance runs first, then the old session saves and stops
     # and the same volume is attached to it (no snapshot)
     lines: list[str] = []
@@ -447,3 +452,180 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     platform.wait_for(lambda: not platform.machines, timeout=30)
     assert leftovers(look) == NOTHING
     assert [v["AvailabilityZone"] for v in _volumes(look, "mv")] == [third.record.resource["zone"]]
+
+
+def test_a_switch_from_aws_to_docker_and_back_streams_the_workspace_over_the_instances_logins(
+    manager, platform, look, engine
+):
+    """`%gpu switch --backend docker` from an aws session: its variables are saved into its EBS
+    workspace, whose files are read on the instance (the boot script reads the running
+    container's /workspace, the session login passes it on) and stream over the session's own
+    SSH login through this machine into a fresh volume on this engine, the size said first; the
+    docker session restores the variable and finds the file; the aws instance is terminated."""
+    from gpusession.faces.words import switch_line
+    from gpusession.transport.pulls import format_bytes
+
+    start = manager.start(spec_for(manager, name="ad0", workspace="adw"))
+    code = "kept = {'k': 41}\nopen('notes.txt', 'w').write('from aws')"
+    assert start.run(code, sink=Collect())["status"] == "ok"
+    lines: list[str] = []
+    try:
+        there, report = manager.switch(
+            start, manager.switch_spec(start.id, {"backend": "docker", "idle": "off"}), lines.append
+        )
+        said = "\n".join(lines)
+        assert "move: workspace from aws" in said and "to docker (this machine's engine)" in said
+        assert f"reading workspace adw on {start.record.resource['instance_id']}" in said, said
+        assert " to move, through this machine" in said and "move: moved " in said, said
+        assert said.index("to move, through this machine") < said.index("move: moved "), said
+        assert report.moved_bytes and report.moved_bytes > 4096, report  # the file, the save
+        # the size said before it moved is what moved (the stream's bytes, counted there first)
+        assert f"move: {format_bytes(report.moved_bytes)} to move" in said, said
+        assert report.restored["restored"] == ["kept"], report.restored
+        line = switch_line(report.to_dict())
+        assert "moved 1 name(s) (kept)" in line and "to docker (this machine's engine)" in line
+        out = Collect()
+        reply = there.run("print(kept['k'] + 1, open('notes.txt').read())", sink=out)
+        assert reply["status"] == "ok" and "42 from aws" in out.text, out.text
+        assert there.record.spec.backend == "docker"
+        platform.wait_for(lambda: instance_state(look, start.record) == "terminated", timeout=60)
+        assert manager.get(start.id).state == State.STOPPED
+
+        # and back to aws: the new instance's volume (the workspace's, kept in the region) takes
+        # the files over its login while it boots, before its kernel restores, replacing them
+        code = "kept['k'] = 1\nopen('notes.txt', 'w').write('from docker')"
+        assert there.run(code, sink=Collect())["status"] == "ok"
+        lines.clear()
+        back, report = manager.switch(
+            there,
+            manager.switch_spec(there.id, {"backend": "aws", "ssh_cidr": "10.201.0.1/32"}),
+            lines.append,
+        )
+        said = "\n".join(lines)
+        assert "move: workspace from docker (this machine's engine) to aws" in said, said
+        assert said.index("instance: waiting for the workspace's files") < said.index(
+            " to move, through this machine"
+        ), said
+        assert "workspace adw's files are in place on the new instance" in said, said
+        assert said.index("move: moved ") < said.index("waiting for the kernel"), said
+        assert report.restored["restored"] == ["kept"] and report.moved_bytes, report
+        out = Collect()
+        reply = back.run("print(kept['k'] + 1, open('notes.txt').read())", sink=out)
+        assert reply["status"] == "ok" and "2 from docker" in out.text, out.text
+        assert back.record.resource["volume_id"] == start.record.resource["volume_id"]
+        assert manager.get(there.id).state == State.STOPPED
+        manager.stop(back.id)
+        let_go(back)
+
+        # a stream cut halfway (its source fails) into a new instance lands nowhere: the start
+        # fails with the source's error, the boot drops what came, the volume keeps what it held
+        record = manager.create(spec_for(manager, name="ad4", resume="adw"))
+        manager.backend("aws").import_while_starting(record.id, _cut_move(record))
+        with pytest.raises(StageError, match="the source broke off"):
+            manager.launch(record)
+        iid = manager.get(record.id).resource["instance_id"]
+        assert "the client stopped sending the workspace's files; nothing of them was kept" in (
+            platform.console_text(iid)
+        )
+        again = manager.start(spec_for(manager, name="ad5", resume="adw"))
+        out = Collect()
+        code = "import os; print(kept['k'] + 1, open('notes.txt').read(), sorted(os.listdir()))"
+        assert again.run(code, sink=out)["status"] == "ok", out.text
+        assert "2 from docker" in out.text and "half" not in out.text, out.text
+        assert ".gpusession-import" not in out.text, out.text
+        manager.stop(again.id)
+        let_go(again)
+    finally:
+        manager.stop_all()
+        let_go(start)
+        for volume in engine.volumes.list(filters={"label": "gpusession.workspace=adw"}):
+            volume.remove(force=True)
+
+
+def _cut_move(record):
+    """A switch's move whose source breaks off halfway through a real tar stream."""
+    import io
+    import tarfile
+
+    from gpusession.core.progress import Progress
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in (("workspace/half.bin", os.urandom(64 << 10)), ("workspace/b", b"x")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    whole = buffer.getvalue()
+
+    def chunks():
+        yield whole[: len(whole) // 2]
+        raise StageError("move", "the source broke off")
+
+    return lambda into: into(record, chunks(), Progress(None))
+
+
+def test_a_switch_to_another_region_moves_the_workspace_by_snapshot_copy(
+    manager, platform, look, aws_env, moto_server
+):
+    """`%gpu switch --region us-west-2`: the old session saves and stops, its volume moves by a
+    snapshot copied across regions (how much and at what rate said before; the snapshot and
+    the copy's progress shown), the variables and files come back there, and nothing is left
+    in the old region. Then a `--resume` into the old region: without --region it says where
+    the workspace is; with it, a copy that fails leaves the volume untouched and says so."""
+    from gpusession.core.errors import GpuSessionError
+    from gpusession.faces.words import switch_line
+    from support.ec2 import Fault, inspector
+
+    west = "us-west-2"
+    platform.play_region(west)  # one machine at a time, whichever region
+    look_west = inspector(moto_server.url, west)
+    start, zone_a, vol_a = _started_with_work(manager, name="rg0", workspace="rg")
+    lines: list[str] = []
+    moved, report = manager.switch(
+        start, manager.switch_spec(start.id, {"region": west, "name": "rg"}), lines.append
+    )
+    said = "\n".join(lines)
+    zone_b = moved.record.resource["zone"]
+    assert zone_b.startswith(west) and moved.record.resource["region"] == west, said
+    assert (
+        f"moving volume {vol_a} (1 GiB) from {zone_a} to {zone_b} (us-east-1 -> {west})" in said
+    ), said
+    assert "up to 1 GiB to copy" in said and "$0.02/GB: up to $0.02" in said, said
+    assert said.index("saving the variables of rg0") < said.index("moving volume"), said
+    assert f"copying to {west}" in said and said.count(": completed") == 2, said
+    line = switch_line(report.to_dict())
+    assert "moved 1 name(s) (kept)" in line and f"from aws {zone_a} to aws {zone_b})" in line, line
+    assert manager.get(start.id).state == State.STOPPED
+    assert _volumes(look, "rg") == []
+    (vol_b,) = _volumes(look_west, "rg")
+    assert vol_b["AvailabilityZone"] == zone_b
+    ours = [{"Name": "tag:gpusession:store", "Values": [manager.store.store_id]}]
+    for ec2 in (look, look_west):
+        assert not ec2.describe_snapshots(Filters=ours)["Snapshots"]
+    out = Collect()
+    reply = moved.run("print(kept['k'] + 1, open('notes.txt').read())", sink=out)
+    assert reply["status"] == "ok" and "42 moved" in out.text, out.text
+    manager.stop(moved.id, save=True)
+    let_go(start)
+    let_go(moved)
+    platform.wait_for(lambda: not platform.machines, timeout=30)
+
+    # --resume without --region: the workspace is elsewhere, said before anything moves
+    with pytest.raises(GpuSessionError) as failed:
+        manager.start(spec_for(manager, name="rg2", resume="rg"))
+    assert f"workspace rg is in {west}, not us-east-1: add --region {west}" in str(failed.value)
+    # --region us-east-1 --resume: the copy fails; the volume stays as it was, nothing is left
+    aws_env.faults.append(Fault("CopySnapshot", "InternalError", "copy broke"))
+    with pytest.raises(GpuSessionError) as failed:
+        manager.start(spec_for(manager, name="rg3", resume="rg", region="us-east-1"))
+    aws_env.faults.clear()
+    text = str(failed.value)
+    assert "workspace rg could not move to us-east-1" in text and "copy broke" in text, text
+    assert f"its volume {vol_b['VolumeId']} in {zone_b} is untouched" in text, text
+    assert "nothing else is left" in text, text
+    (kept,) = _volumes(look_west, "rg")
+    assert kept["VolumeId"] == vol_b["VolumeId"] and kept["State"] == "available"
+    assert _volumes(look, "rg") == []
+    for ec2 in (look, look_west):
+        assert not ec2.describe_snapshots(Filters=ours)["Snapshots"]
+        assert leftovers(ec2) == NOTHING

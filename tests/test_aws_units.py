@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -366,3 +368,56 @@ def test_the_client_follows_the_boot_from_access_sh_status():
         StageError, match="the instance's start failed: image: cannot pull pytorch/pytorch:x"
     ):
         watch.read('GPUSESSION_FAILED {"stage":"image","error":"cannot pull pytorch/pytorch:x"}')
+
+
+def test_access_sh_export_passes_the_boots_stream_on_and_fails_when_the_read_failed(tmp_path):
+    """`export` asks the boot script (played here by a thread, as root would: size, FIFO, the
+    stream, docker's status) and passes the stream on; a read that failed on the instance makes
+    it exit non-zero with docker's words, so the client never takes a shorter stream as whole.
+    `import` without a waiting boot and a malformed `import-end` are refused in one line."""
+    import os
+    import threading
+
+    script = access_script(plan()).replace(
+        "DIR=/var/lib/gpusession/0123456789abcdef0123456789abcdef", f"DIR={tmp_path}"
+    )
+    (tmp_path / "upload").mkdir()
+
+    def access(command):
+        return subprocess.run(
+            ["sh", "-c", script],
+            env={"SSH_ORIGINAL_COMMAND": command, "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            timeout=30,
+        )
+
+    def boot(rc: int) -> None:  # session.sh export_one, for one request
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            requests = list((tmp_path / "upload").glob("export-*"))
+            if requests:
+                out = tmp_path / requests[0].name
+                requests[0].unlink()
+                os.mkfifo(f"{out}.pipe")
+                Path(f"{out}.size").write_text("10\n")
+                with open(f"{out}.pipe", "wb") as pipe:
+                    pipe.write(b"0123456789"[: 10 if rc == 0 else 4])
+                Path(f"{out}.err").write_text("Error: No such container path\n")
+                Path(f"{out}.rc").write_text(f"{rc}\n")
+                return
+            time.sleep(0.05)
+
+    for rc in (0, 1):
+        t = threading.Thread(target=boot, args=(rc,))
+        t.start()
+        done = access("export")
+        t.join()
+        assert done.stdout == b"10\n" + b"0123456789"[: 10 if rc == 0 else 4]
+        if rc == 0:
+            assert done.returncode == 0, done.stderr
+        else:
+            assert done.returncode == 1
+            assert b"docker cp exited 1: Error: No such container path" in done.stderr
+    refused = access("import")
+    assert refused.returncode == 3 and b"waits for no workspace files" in refused.stderr
+    assert access("import-end not-a-hash").returncode == 2

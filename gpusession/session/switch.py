@@ -125,6 +125,8 @@ def _where(spec: LaunchSpec) -> str:
     if spec.backend == "local":
         return "this machine's folder"
     place = workspace_place(spec)
+    if spec.backend == "aws":  # a volume in a region, never on this machine
+        return f"aws {place or '(the default region)'}"
     return f"{spec.backend} {place}" if place else f"{spec.backend} (this machine's engine)"
 
 
@@ -194,7 +196,10 @@ def switch_session(
         spec.backend,
         workspace_place(spec),
     )
-    handover = same_place and not new_backend.shares_workspaces
+    moves_itself = old.spec.backend == spec.backend and getattr(
+        new_backend, "moves_workspaces_across_places", False
+    )  # aws: another region's volume by snapshot copy
+    handover = (same_place or moves_itself) and not new_backend.shares_workspaces
     if handover and not hasattr(new_backend, "take_workspace_over"):
         raise BadInput(
             f"the {new_backend.name} backend's workspace attaches to one session at a time and "
@@ -202,9 +207,19 @@ def switch_session(
             f"`%gpu stop --save`, then `%gpu start --resume {workspace}` "
             "with the new options"
         )
-    if not same_place:
+    # into aws from another backend: the files go into the new instance's volume while it
+    # starts, before its kernel restores (`import_while_starting`); elsewhere into the workspace
+    # before the start (aws <-> aws moves its volume itself: `take_workspace_over`)
+    at_boot = (
+        not same_place
+        and old_backend is not new_backend
+        and hasattr(new_backend, "import_while_starting")
+    )
+    if not same_place and not handover:
         for backend, can in ((old_backend, "export_workspace"), (new_backend, "import_workspace")):
-            if getattr(type(backend), can) is getattr(Backend, can):
+            if getattr(type(backend), can) is getattr(Backend, can) and not (
+                at_boot and backend is new_backend
+            ):
                 raise BadInput(
                     f"the {backend.name} backend cannot move its workspaces yet, so session "
                     f"{old.name} cannot switch from {_where(old.spec)} to {_where(spec)}; "
@@ -235,7 +250,12 @@ def switch_session(
             progress.step(
                 f"saved {saved.get('saved', 0)} variable(s), {format_bytes(saved.get('bytes') or 0)}"
             )
-        if not same_place:
+        if at_boot:
+            new_backend.import_while_starting(  # type: ignore[attr-defined]
+                record.id,
+                lambda into: _move(old_backend, new_backend, old, record, progress, moved, into),
+            )
+        elif not same_place:
             _move(old_backend, new_backend, old, record, progress, moved)
     except BaseException as exc:
         why = (
@@ -247,6 +267,9 @@ def switch_session(
         session = manager.launch(manager.store.get(record.id), within=progress)
     except BaseException as exc:
         raise _kept_running(exc, old.name) from None
+    finally:
+        if at_boot:
+            new_backend.import_while_starting(record.id, None)  # type: ignore[attr-defined]
     stop_error = None
     # whoever used the old session (a notebook, a watcher) follows it to its successor
     manager.store.update_resource(old.id, switched_to=session.id, switched_by=by)
@@ -357,8 +380,10 @@ def _move(
     record: SessionRecord,
     progress: Progress,
     moved: list[int],
+    into=None,
 ) -> None:
-    """The workspace from where `old` mounts it to where `record` will, through this machine."""
+    """The workspace from where `old` mounts it to where `record` will, through this machine
+    (`into`: how the new backend takes it in, when not `dest.import_workspace`)."""
     with progress.stage("move", f"workspace from {_where(old.spec)} to {_where(record.spec)}"):
         export = source.export_workspace(old, progress)
         try:
@@ -368,7 +393,7 @@ def _move(
                 else "an unknown size"
             )
             progress.step(f"{size} to move, through this machine")
-            dest.import_workspace(
+            (into or dest.import_workspace)(
                 record, _counted(export.chunks, export.size_bytes, progress, moved), progress
             )
         finally:

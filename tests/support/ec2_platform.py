@@ -111,6 +111,7 @@ class Machine:
         self.console = folder / "console.log"
         self.disks = folder / "disks"  # the machine's /dev/disk/by-id
         self.loops: dict[str, str] = {}  # volume id -> loop device
+        self.ec2 = None  # its region's EC2 client
 
     @property
     def passwd(self) -> Path:
@@ -136,7 +137,9 @@ def _content(item: dict) -> bytes:
 
 class FakePlatform:
     def __init__(self, moto_url: str, folder: Path, *, poll_s: float = 0.25):
+        self.moto_url = moto_url
         self.ec2 = inspector(moto_url)
+        self.regions = {self.ec2.meta.region_name: self.ec2}  # where it plays instances
         self.folder = folder
         self.poll_s = poll_s
         self.machines: dict[str, Machine] = {}
@@ -154,6 +157,10 @@ class FakePlatform:
         self._thread.start()
 
     # -- what tests do ---------------------------------------------------------------------
+
+    def play_region(self, region: str) -> None:
+        """Play the instances of this region too (one machine at a time, whichever region)."""
+        self.regions.setdefault(region, inspector(self.moto_url, region))
 
     def interrupt(self, action: str = "terminate") -> dict:
         """From now on, instance metadata carries a spot interruption notice."""
@@ -197,31 +204,31 @@ class FakePlatform:
                 self.events.append(f"error: {type(exc).__name__}: {exc}")
 
     def _tick(self) -> None:
-        found = self.ec2.describe_instances(
-            Filters=[{"Name": "tag-key", "Values": ["gpusession:session"]}]
-        )
-        states = {
-            i["InstanceId"]: (i, i["State"]["Name"])
-            for r in found["Reservations"]
-            for i in r["Instances"]
-        }
+        states = {}
+        for ec2 in list(self.regions.values()):
+            found = ec2.describe_instances(
+                Filters=[{"Name": "tag-key", "Values": ["gpusession:session"]}]
+            )
+            for r in found["Reservations"]:
+                for i in r["Instances"]:
+                    states[i["InstanceId"]] = (i, i["State"]["Name"], ec2)
         for iid, machine in list(self.machines.items()):
             if machine.poweroff_requested and not machine.powered_off:
                 machine.powered_off = True
-                self._power_off(iid)
-            state = states.get(iid, (None, "gone"))[1]
+                self._power_off(machine)
+            state = states.get(iid, (None, "gone", None))[1]
             if state not in ("pending", "running"):
                 self.events.append(f"{iid}: {state}: machine removed")
                 self._shut_down(machine)
             else:
                 self._attach_volumes(machine)
-        for iid, (inst, state) in states.items():
+        for iid, (inst, state, ec2) in states.items():
             if iid not in self.seen and state in ("pending", "running") and not self.machines:
                 self.seen.add(iid)
-                self._boot(inst)
+                self._boot(inst, ec2)
 
     def _attach_volumes(self, machine: Machine) -> None:
-        found = self.ec2.describe_volumes(
+        found = machine.ec2.describe_volumes(
             Filters=[{"Name": "attachment.instance-id", "Values": [machine.instance_id]}]
         )
         for volume in found["Volumes"]:
@@ -261,33 +268,35 @@ class FakePlatform:
             )
             self.events.append(f"{machine.instance_id}: volume {vid} attached as {loop}")
 
-    def _power_off(self, iid: str) -> None:
+    def _power_off(self, machine: Machine) -> None:
         """What EC2 does when the OS powers off: the shutdown behavior the instance was given."""
-        attr = self.ec2.describe_instance_attribute(
+        iid, ec2 = machine.instance_id, machine.ec2
+        attr = ec2.describe_instance_attribute(
             InstanceId=iid, Attribute="instanceInitiatedShutdownBehavior"
         )
         behavior = attr["InstanceInitiatedShutdownBehavior"]["Value"]
         self.events.append(f"{iid}: powered off; shutdown behavior {behavior}")
         if behavior == "terminate":
-            self.ec2.terminate_instances(InstanceIds=[iid])
+            ec2.terminate_instances(InstanceIds=[iid])
         else:
-            self.ec2.stop_instances(InstanceIds=[iid])
+            ec2.stop_instances(InstanceIds=[iid])
 
     # -- cloud-init ----------------------------------------------------------------------
 
-    def _boot(self, inst: dict) -> None:
+    def _boot(self, inst: dict, ec2) -> None:
         import yaml
 
         iid = inst["InstanceId"]
         session_id = next(t["Value"] for t in inst["Tags"] if t["Key"] == "gpusession:session")
-        raw = self.ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")[
-            "UserData"
-        ]["Value"]
+        raw = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"][
+            "Value"
+        ]
         text = base64.b64decode(raw).decode()
         if not text.startswith("#cloud-config\n"):
             raise ValueError(f"{iid}: user data is not #cloud-config")
         config = yaml.safe_load(text)
         machine = Machine(iid, self.folder / iid, session_id)
+        machine.ec2 = ec2
         (machine.folder / "log").mkdir(parents=True)
         self._keys_folder(iid)
         machine.console.touch()
@@ -494,7 +503,8 @@ class FakePlatform:
     def take_back(self, instance_id: str) -> None:
         """What AWS does at a spot notice's time: the instance is terminated."""
         self.events.append(f"{instance_id}: taken back (spot)")
-        self.ec2.terminate_instances(InstanceIds=[instance_id])
+        machine = self.machines.get(instance_id)
+        (machine.ec2 if machine else self.ec2).terminate_instances(InstanceIds=[instance_id])
 
     # -- instance metadata --------------------------------------------------------------------
 

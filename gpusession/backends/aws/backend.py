@@ -148,6 +148,11 @@ class AwsBackend(Backend):
         # id -> the login its instance pulls the image with (registry.py): memory only
         self._pull_logins: dict[str, PullLogin | None] = {}
         self._handover: dict[str, Any] = {}  # new session id -> frees its workspace (a switch)
+        self._imports: dict[str, Any] = {}  # new session id -> moves its workspace in (a switch)
+
+    # a switch to another region moves the workspace volume itself (a snapshot copied across
+    # regions, volumes.py), handed over as within a region: not a tar stream through this machine
+    moves_workspaces_across_places = True
 
     def take_workspace_over(self, session_id: str, release) -> None:
         """`%gpu switch` from a running aws session (its workspace volume attached there): the
@@ -158,6 +163,16 @@ class AwsBackend(Backend):
             self._handover.pop(session_id, None)
         else:
             self._handover[session_id] = release
+
+    def import_while_starting(self, session_id: str, move) -> None:
+        """`%gpu switch` to aws from where its volume cannot be (docker, local, slurm): the next
+        start of `session_id` boots with a fresh workspace volume and waits, before its kernel
+        restores, for the files that `move(into)` sends (`into(record, chunks, progress)`: over
+        the new instance's SSH login, backends/aws/workspace_stream.py). None forgets it."""
+        if move is None:
+            self._imports.pop(session_id, None)
+        else:
+            self._imports[session_id] = move
 
     def aws(self, region: str | None) -> Aws:
         key = region or ""
@@ -372,6 +387,12 @@ class AwsBackend(Backend):
                 extra=extra,
                 say=progress.step,
                 release=self._handover.pop(record.id, None),
+                # a resume finds its volume in another region the store used; it moves here
+                # (by snapshot copy) when the start named this region (a switch's --region)
+                look_in=[self.aws(r) for r in self._regions() if r != aws.region]
+                if extra.get("resume")
+                else (),
+                may_move=bool(spec.region),
             )
         except aws_errors() as exc:
             raise explain(exc, f"looking for workspace {workspace}", aws.region) from None
@@ -509,6 +530,7 @@ class AwsBackend(Backend):
                 spot=attempt.spot,
                 volume_id=volume_id,
                 pull_login=self._pull_logins.get(record.id) is not None,
+                import_files=record.id in self._imports,
             )
             save(sockets=boot.sockets)  # where the kernel listens (link.kernel_info)
             return {"UserData": user_data(boot)}
@@ -643,6 +665,18 @@ class AwsBackend(Backend):
             on_notice=on_notice,
             on_ended=lambda text: self._on_ended(record.id, text),
             pull_login=lambda: _header(self._pull_login(record)),
+            workspace_in=self._import_over(record, progress),
+        )
+
+    def _import_over(self, record: SessionRecord, progress: Progress):
+        """The switch's move into this start's instance, over its login (None: nothing moves)."""
+        move = self._imports.pop(record.id, None)
+        if move is None:
+            return None
+        from .workspace_stream import import_over
+
+        return lambda transport: move(
+            lambda rec, chunks, prog: import_over(transport, rec, chunks, prog)
         )
 
     def _on_notice(self, session_id: str, notice: dict) -> None:
@@ -748,6 +782,12 @@ class AwsBackend(Backend):
 
     def remove_workspace(self, workspace) -> None:
         volumes.remove(self.aws(workspace.details["region"]), workspace.details["volume_id"])
+
+    def export_workspace(self, record: SessionRecord, progress: Progress):
+        """Read over the running instance's SSH login (backends/aws/workspace_stream.py)."""
+        from .workspace_stream import export_workspace
+
+        return export_workspace(record, progress)
 
     # -- gc -----------------------------------------------------------------------------------
 

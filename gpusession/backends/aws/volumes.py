@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ...core.errors import BackendUnavailable, BadInput, StageError
+from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from .launch import TAG_OWNER, Subnet
 from .sdk import Aws, aws_errors, error_code, explain
 
@@ -27,6 +27,12 @@ DEVICE = "/dev/sdf"  # the name it is attached as (a Nitro instance shows it as 
 # gp3 storage, us-east-1, per GiB-month (https://aws.amazon.com/ebs/pricing/, 2024); other regions
 # cost up to ~30% more: the listing's figure is an estimate, like the catalog's instance prices
 GP3_USD_PER_GIB_MONTH = 0.08
+# A snapshot copied to another region is billed as data transferred out of the source region:
+# $0.02/GB from us-east-1 and the other US and most EU regions ("Data Transfer OUT From Amazon EC2
+# To Another AWS Region", https://aws.amazon.com/ec2/pricing/on-demand/#Data_Transfer, which
+# https://aws.amazon.com/ebs/pricing/ names for snapshot copies; 2024); some Asia Pacific, South
+# America, Middle East and Africa regions charge more: an estimate, said as one
+CROSS_REGION_USD_PER_GB = 0.02
 ATTACH_WAIT_S = 120.0
 SNAPSHOT_WAIT_S = 3600.0  # a first snapshot of a big volume takes minutes to tens of minutes
 
@@ -89,6 +95,8 @@ class WorkspaceVolume:
         extra: dict,
         say,
         release=None,
+        look_in=(),
+        may_move=False,
     ):
         self.aws, self.store_id, self.owner, self.name, self.extra, self.say = (
             aws,
@@ -99,7 +107,10 @@ class WorkspaceVolume:
             say,
         )
         self.volume = find(aws, store_id, name)
+        self.home = aws  # the region the volume is in
         self.fresh = False  # made by this start
+        if self.volume is None and extra.get("resume"):
+            self._look_elsewhere(look_in, may_move)
         if self.volume is None and extra.get("resume"):
             raise StageError(
                 "provision",
@@ -122,7 +133,26 @@ class WorkspaceVolume:
             say(
                 f"workspace {name}: volume {v['VolumeId']} ({v['Size']} GiB) in {v['AvailabilityZone']}, "
                 "kept from an earlier session"
+                + (f"; it moves to {aws.region}" if self.home is not aws else "")
             )
+
+    def _look_elsewhere(self, look_in, may_move: bool) -> None:
+        """A resumed workspace that is not in this start's region: found in another region the
+        store's sessions used, it moves here when the start named this region (`may_move`: a
+        switch's or resume's --region); otherwise the start stops and says where it is."""
+        for other in look_in:
+            found = find(other, self.store_id, self.name)
+            if found is None:
+                continue
+            if not may_move:
+                raise BadInput(
+                    f"workspace {self.name} is in {other.region}, not {self.aws.region}: add "
+                    f"--region {other.region} to resume it there, or --region {self.aws.region} "
+                    f"to move it here (a snapshot copied across regions, "
+                    f"${CROSS_REGION_USD_PER_GB:.2f}/GB)"
+                )
+            self.volume, self.home = found, other
+            return
 
     def _tags(self) -> list[dict[str, str]]:
         """The tags of the workspace's volume (the snapshot that moves it: all but the first)."""
@@ -144,6 +174,8 @@ class WorkspaceVolume:
         instance there gets the volume moved by snapshot (`in_zone`)."""
         if self.volume is None:
             return places
+        if self.home is not self.aws:
+            return places  # it moves to the region by snapshot copy: any zone there
         zone = self.volume["AvailabilityZone"]
         here = [s for s in places if s.zone == zone]
         if here and not zones_allowed:
@@ -158,6 +190,8 @@ class WorkspaceVolume:
 
     def in_zone(self, zone: str) -> str:
         """The volume id for an instance launched in `zone` (made there when new)."""
+        if self.volume is not None and self.home is not self.aws:
+            return self._move_region(zone)
         if self.volume is not None and self.volume["AvailabilityZone"] == zone:
             return self.volume_id
         if self.volume is not None and not self.fresh:  # kept: its files move by snapshot
@@ -186,16 +220,39 @@ class WorkspaceVolume:
         if release is None:
             return
         release()
-        _wait(self.aws, self.volume_id, "available")
-        self.volume = self.aws.ec2.describe_volumes(VolumeIds=[self.volume_id])["Volumes"][0]
+        _wait(self.home, self.volume_id, "available")
+        self.volume = self.home.ec2.describe_volumes(VolumeIds=[self.volume_id])["Volumes"][0]
+
+    def _freed(self) -> tuple[dict, str, int, str]:
+        """The kept volume once free to move (a switch's old session stopped): it, its id, size
+        (GiB) and zone."""
+        self.released()
+        old = self.volume
+        assert old is not None
+        return old, old["VolumeId"], old["Size"], old["AvailabilityZone"]
+
+    def _from_snapshot(self, aws: Aws, zone: str, snapshot: str) -> dict:
+        """A volume like the workspace's, in `zone`, from its snapshot (tagged with the old id)."""
+        old = self.volume or {}
+        return aws.ec2.create_volume(
+            AvailabilityZone=zone,
+            SnapshotId=snapshot,
+            VolumeType=old.get("VolumeType") or "gp3",
+            TagSpecifications=[
+                {
+                    "ResourceType": "volume",
+                    "Tags": [
+                        *self._tags(),
+                        {"Key": TAG_MOVED_FROM, "Value": old.get("VolumeId", "")},
+                    ],
+                }
+            ],
+        )
 
     def _move(self, zone: str) -> str:
         """The kept volume's files into a new volume in `zone`: a snapshot of it, a volume from
         the snapshot, then the old volume and the snapshot deleted (the new one is the workspace)."""
-        self.released()
-        old = self.volume
-        assert old is not None
-        old_id, size, source = old["VolumeId"], old["Size"], old["AvailabilityZone"]
+        old, old_id, size, source = self._freed()
         self.say(
             f"workspace {self.name}: moving volume {old_id} ({size} GiB, "
             f"${monthly_cost(size):.2f}/month) from {source} to {zone} by snapshot "
@@ -209,17 +266,7 @@ class WorkspaceVolume:
         )["SnapshotId"]
         try:
             _wait_snapshot(self.aws, snap, self.say)
-            self.volume = self.aws.ec2.create_volume(
-                AvailabilityZone=zone,
-                SnapshotId=snap,
-                VolumeType=old.get("VolumeType") or "gp3",
-                TagSpecifications=[
-                    {
-                        "ResourceType": "volume",
-                        "Tags": [*tag_list, {"Key": TAG_MOVED_FROM, "Value": old_id}],
-                    }
-                ],
-            )
+            self.volume = self._from_snapshot(self.aws, zone, snap)
             _wait(self.aws, self.volume_id, "available")
         finally:
             self.aws.ec2.delete_snapshot(SnapshotId=snap)
@@ -227,6 +274,90 @@ class WorkspaceVolume:
         self.moved_from, self.moved_bytes = source, size * 2**30
         self.say(f"workspace {self.name}: now volume {self.volume_id} in {zone}")
         return self.volume_id
+
+    def _move_region(self, zone: str) -> str:
+        """The kept volume, in another region, into a new volume in `zone` of this start's
+        region: a snapshot there, copied here (CopySnapshot), a volume from the copy; then both
+        snapshots and the old volume deleted. A failure on the way deletes what the move made
+        and leaves the old volume as it was (the workspace stays there, and says so)."""
+        old, old_id, size, source = self._freed()
+        src, dst = self.home, self.aws
+        self.say(
+            f"workspace {self.name}: moving volume {old_id} ({size} GiB) from {source} to {zone} "
+            f"({src.region} -> {dst.region}): a snapshot, copied across regions, then a volume "
+            f"from the copy; up to {size} GiB to copy (the blocks its files use), billed as "
+            f"inter-region data transfer at about ${CROSS_REGION_USD_PER_GB:.2f}/GB: up to "
+            f"${size * CROSS_REGION_USD_PER_GB:.2f}, plus the snapshots while they exist (minutes)"
+        )
+        tag_list = self._tags()
+        made: list[tuple[Aws, str]] = []  # (region, snapshot or volume id) to delete after
+        try:
+            snap = src.ec2.create_snapshot(
+                VolumeId=old_id,
+                Description=f"gpusession: workspace {self.name} moving to {dst.region}",
+                TagSpecifications=[{"ResourceType": "snapshot", "Tags": tag_list[1:]}],
+            )["SnapshotId"]
+            made.append((src, snap))
+            _wait_snapshot(src, snap, self.say)
+            self.say(f"snapshot {snap}: copying to {dst.region}")
+            copy = dst.ec2.copy_snapshot(
+                SourceRegion=src.region,
+                SourceSnapshotId=snap,
+                Description=f"gpusession: workspace {self.name} from {src.region}",
+                TagSpecifications=[{"ResourceType": "snapshot", "Tags": tag_list[1:]}],
+            )["SnapshotId"]
+            made.append((dst, copy))
+            _wait_snapshot(dst, copy, self.say)
+            volume = self._from_snapshot(dst, zone, copy)
+            made.append((dst, volume["VolumeId"]))
+            _wait(dst, volume["VolumeId"], "available")
+        except BaseException as exc:
+            left = _delete(made)
+            why = _why(exc, dst.region)
+            raise StageError(
+                "provision",
+                f"workspace {self.name} could not move to {dst.region} ({why}); its volume "
+                f"{old_id} in {source} is untouched (`--region {src.region} --resume {self.name}` "
+                f"uses it there); {'left behind: ' + ', '.join(left) if left else 'nothing else is left'}",
+            ) from None
+        left = _delete(made[:2])
+        try:
+            remove(src, old_id)
+        except Exception as exc:  # noqa: BLE001 - said: the move itself landed
+            left.append(f"volume {old_id} in {src.region} ({exc})")
+        if left:
+            self.say(
+                f"workspace {self.name}: moved, but could not delete {', '.join(left)}: "
+                "delete it in the EC2 console (it is billed while it exists)"
+            )
+        self.volume, self.home = volume, dst
+        self.moved_from, self.moved_bytes = source, size * 2**30
+        self.say(f"workspace {self.name}: now volume {self.volume_id} in {zone}")
+        return self.volume_id
+
+
+def _why(exc: BaseException, region: str) -> str:
+    if isinstance(exc, StageError):
+        return exc.message
+    if isinstance(exc, GpuSessionError):
+        return str(exc)
+    if isinstance(exc, Exception):
+        return str(explain(exc, "copying the snapshot", region))
+    return "interrupted"
+
+
+def _delete(made: list[tuple[Aws, str]]) -> list[str]:
+    """Delete these snapshots and volumes (newest first); what could not be deleted, in words."""
+    left = []
+    for aws, item in reversed(made):
+        try:
+            if item.startswith("snap-"):
+                aws.ec2.delete_snapshot(SnapshotId=item)
+            else:
+                remove(aws, item)
+        except Exception as exc:  # noqa: BLE001 - said by the caller
+            left.append(f"{item} in {aws.region} ({error_code(exc) or exc})")
+    return left
 
 
 def attach(aws: Aws, volume_id: str, instance_id: str) -> None:

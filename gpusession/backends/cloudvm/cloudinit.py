@@ -45,7 +45,7 @@ RUNTIME_WAIT_S = 600  # the instance powers off when no runtime bundle came by t
 CONTAINER_STATE_DIR = (
     "/run/gpusession"  # the session container's --state-dir (a folder of the instance's DIR)
 )
-ACCESS_COMMANDS = ("status", "put", "login", "notice")
+ACCESS_COMMANDS = ("status", "put", "login", "notice", "export", "import", "import-end")
 LOGIN_PIPE = "login.pipe"  # in the session's folder: the registry login passes through, never stored  # what access.sh does for the tunnel's login
 
 
@@ -96,6 +96,9 @@ class BootPlan:
     # the image's registry wants a login: the boot waits for the client to send it over the SSH
     # login (access.sh login) before it pulls; user data says only that, never the login
     pull_login: bool = False
+    # a switch to this instance: the boot waits for the workspace's files, which the client sends
+    # over the SSH login (access.sh import, then import-end) once the fresh volume is ready
+    import_files: bool = False
 
     @property
     def folder(self) -> str:
@@ -150,6 +153,7 @@ SESSION_ID={q(plan.session_id)}
 SPOT={1 if plan.spot else 0}
 VOLUME_ID={q(plan.volume_id)}
 PULL_LOGIN={1 if plan.pull_login else 0}
+IMPORT={1 if plan.import_files else 0}
 WORKSPACE={q(WORKSPACE_MOUNT)}
 VOLUME_WAIT_S={VOLUME_WAIT_S}
 RUNTIME_WAIT_S={RUNTIME_WAIT_S}
@@ -173,7 +177,11 @@ def access_script(plan: BootPlan) -> str:
     NAME SHA256` stores the bundle part NAME (code, site) from stdin when its hash matches,
     `login` passes the registry login on stdin to the boot script through a FIFO (nothing is
     stored; exit 3 when the boot waits for none), `notice` prints the spot interruption notice,
-    when there is one."""
+    when there is one, `import` passes a tar stream of the workspace's files on stdin to the boot
+    script (a FIFO; IMPORT=1 only) and `import-end SHA256` says what was sent (the stream's
+    hash) and waits for the boot's answer: "placed", or why not (session.sh import_files),
+    `export` prints the workspace's size (one line) and then its files as a
+    tar stream, read by the boot script out of the running container (session.sh export_one)."""
     q = shlex.quote
     return f"""#!/bin/sh
 DIR={q(plan.folder)}
@@ -196,6 +204,24 @@ case "${{1:-}}" in
         exec timeout 30 sh -c 'cat >"$1"' sh "$DIR/{LOGIN_PIPE}" ;;
     notice)
         exec cat "$DIR/notices/{SPOT_NOTICE_FILE}" ;;
+    import)
+        [ -p "$DIR/import.pipe" ] || {{ echo "the instance waits for no workspace files now" >&2; exit 3; }}
+        exec cat >"$DIR/import.pipe" ;;
+    import-end)
+        case "${{2:-}}" in ""|*[!0-9a-f]*) echo "import-end SHA256" >&2; exit 2 ;; esac
+        printf '%s\n' "$2" >"$DIR/upload/.import-end.$$" && mv -f "$DIR/upload/.import-end.$$" "$DIR/upload/import-end" || exit 1
+        for _ in $(seq 1200); do [ -e "$DIR/import.result" ] && break; sleep 0.1; done
+        result=$(cat "$DIR/import.result" 2>/dev/null)
+        [ "$result" = placed ] || {{ echo "${{result:-the instance did not say whether the files were placed}}" >&2; exit 1; }} ;;
+    export)
+        out="$DIR/export-$$"
+        : >"$DIR/upload/export-$$" || exit 1
+        for _ in $(seq 1200); do [ -p "$out.pipe" ] && [ -s "$out.size" ] && break; [ -e "$out.rc" ] && break; sleep 0.1; done
+        [ -p "$out.pipe" ] || {{ echo "the instance did not read its workspace out (its session container is not running)" >&2; exit 3; }}
+        cat "$out.size" "$out.pipe" || exit 1
+        for _ in $(seq 100); do [ -e "$out.rc" ] && break; sleep 0.1; done
+        rc=$(cat "$out.rc" 2>/dev/null)
+        [ "$rc" = 0 ] || {{ echo "docker cp exited ${{rc:-?}}: $(tail -c 300 "$out.err" 2>/dev/null)" >&2; exit 1; }} ;;
     *)
         echo "gpusession: this key runs only {" | ".join(ACCESS_COMMANDS)}" >&2
         exit 2 ;;
@@ -242,7 +268,8 @@ def user_data(plan: BootPlan) -> str:
             {
                 "path": f"{plan.folder}/access.sh",
                 "permissions": "0755",
-                "content": access_script(plan),
+                "encoding": "gz+b64",
+                "content": packed(access_script(plan)),
             },
             {
                 "path": f"{plan.folder}/boot.sh",

@@ -149,6 +149,7 @@ class BootWatch:
         self.python: ImagePython | None = None
         self.waiting_for_runtime = False
         self.started = False
+        self.waiting_for_files = False  # a switch's import (BootPlan.import_files)
 
     def read(self, text: str) -> None:
         for line in text.splitlines():
@@ -190,6 +191,7 @@ class BootWatch:
                 self.waiting_for_runtime |= text_ == "waiting for the runtime"
                 self.wants_login |= text_ == "waiting for the registry login"
                 self.started |= text_ in ("runtime received", "container started")
+                self.waiting_for_files |= text_ == "waiting for the workspace's files"
                 self.say(f"instance: {text_}")
         if (
             self.pull.layers
@@ -243,6 +245,22 @@ def follow_boot(
             )
         time.sleep(BOOT_POLL_S)
     return transport
+
+
+def _wait_for_files_wanted(transport, watch: BootWatch, deadline: float, gone) -> None:
+    """Until the boot says it waits for the workspace's files (its volume is ready)."""
+    while not watch.waiting_for_files:
+        status, out = run_access(transport, "status")
+        if status == 0:
+            watch.read(out.decode(errors="replace"))
+        if watch.waiting_for_files:
+            return
+        why_gone = gone()
+        if why_gone:
+            raise StageError("connect", f"the instance stopped while starting ({why_gone})")
+        if time.monotonic() > deadline:
+            raise StageError("connect", "timed out waiting for the instance's workspace volume")
+        time.sleep(BOOT_POLL_S)
 
 
 def send_login(transport, header: str | None, image: str) -> None:
@@ -450,7 +468,10 @@ def open_link(
     on_notice: Callable[[dict], None] | None,
     on_ended: Callable[[str], None] | None = None,
     pull_login: Callable[[], str | None] = lambda: None,
+    workspace_in: Callable[[object], None] | None = None,
 ) -> AwsLink:
+    """`workspace_in(transport)`: a switch's import, called over the login once the boot waits
+    for the workspace's files (after the runtime, before the container)."""
     from ...transport.tunnel import Tunnel
 
     target = instance_target(resource, forget_hint)
@@ -469,6 +490,9 @@ def open_link(
         follow_boot(transport, watch, deadline, gone, login=pull_login, reconnect=reconnect)
         if not watch.started:
             _send_runtime_again_once(held[0], watch.python, say, reconnect)
+        if workspace_in is not None:
+            _wait_for_files_wanted(held[0], watch, deadline, gone)
+            workspace_in(held[0])
     finally:
         held[0].close()
     say("opening the SSH tunnel")

@@ -107,6 +107,82 @@ workspace() {  # the attached EBS volume (NVMe on Nitro: by-id has its id), ext4
     say "$M_BOOT workspace volume $VOLUME_ID ready"
 }
 
+export_one() {  # export_one ID: the workspace of the running container read out through the
+    # engine's archive API (entries workspace/..., owners and modes kept): first its size (the
+    # stream's bytes) in $DIR/export-ID.size, then the stream into the FIFO $DIR/export-ID.pipe,
+    # which only the login's group reads (access.sh export passes it on), then docker's exit
+    # status in $DIR/export-ID.rc; nothing is written to a disk on the way
+    out="$DIR/export-$1"
+    size=$(docker cp "$NAME:$WORKSPACE" - 2>/dev/null | wc -c)
+    { mkfifo -m 0640 "$out.pipe" && chgrp "$gid" "$out.pipe"; } || { echo 1 >"$out.rc"; return; }
+    printf '%s\n' "$size" >"$out.size"
+    docker cp "$NAME:$WORKSPACE" - 2>"$out.err" >"$out.pipe"
+    echo "$?" >"$out.rc"
+    rm -f "$out.pipe" "$out.size"
+}
+
+serve_exports() {  # while the container runs: each request access.sh export drops (upload/export-ID)
+    while sleep 0.5; do
+        for request in "$DIR"/upload/export-*; do
+            [ -f "$request" ] || continue
+            id=${request##*/export-}
+            rm -f "$request"
+            case "$id" in ""|*[!0-9]*) continue ;; esac
+            export_one "$id" &
+        done
+    done
+}
+
+import_files() {  # IMPORT=1 (a switch to this instance): the workspace's files from the client, a
+    # tar stream of entries workspace/... through the FIFO $DIR/import.pipe (access.sh import),
+    # unpacked by the engine's archive API into the volume's $STAGE folder (nothing else on a
+    # disk) and put in place, replacing what the volume held, only when the stream's hash is what
+    # the client says it sent (access.sh import-end): a cut stream leaves the volume as it was
+    [ "$IMPORT" = 1 ] && [ -n "$WSVOL" ] || return 0
+    pipe="$DIR/import.pipe" sum="$DIR/import.sum" stage=/ws/.gpusession-import
+    rm -f "$pipe" "$sum" "$sum.pipe" "$DIR/import.result" "$DIR/upload/import-end"
+    docker run --rm --network none --user 0:0 -v "$WSVOL:/ws" --entrypoint /bin/sh "$IMAGE" \
+        -c "rm -rf $stage && mkdir $stage" >/dev/null 2>&1 || fail workspace "cannot prepare the workspace volume for its files"
+    { mkfifo -m 0620 "$pipe" && chgrp "$gid" "$pipe" && mkfifo -m 0600 "$sum.pipe"; } || fail workspace "cannot make $pipe"
+    owner=""
+    case "${u:-}" in ""|0|root) ;; *) owner="chown -R \$(id -u $u):\$(id -g $u) /ws" ;; esac
+    place="cd /ws && for f in * .[!.]* ..?*; do if [ \"\$f\" != .gpusession-import ] && { [ -e \"\$f\" ] || [ -L \"\$f\" ]; }; then rm -rf \"\$f\" || exit 1; fi; done
+        cd $stage/workspace && for f in * .[!.]* ..?*; do if [ -e \"\$f\" ] || [ -L \"\$f\" ]; then mv \"\$f\" /ws/ || exit 1; fi; done
+        cd / && rm -rf $stage ${owner:+&& $owner}"
+    helper=$(docker create --network none --user 0:0 -v "$WSVOL:/ws" --label "gpusession.session=$SESSION_ID" \
+        --entrypoint /bin/sh "$IMAGE" -c "$place") || fail workspace "cannot make a helper container for the workspace's files"
+    say "$M_BOOT waiting for the workspace's files"
+    sha256sum <"$sum.pipe" >"$sum" &
+    hasher=$!
+    timeout "$RUNTIME_WAIT_S" cat "$pipe" | tee "$sum.pipe" | docker cp - "$helper:$stage" 2>"$DIR/import.err"
+    copied=$?
+    wait "$hasher"
+    got=$(cut -d' ' -f1 "$sum" 2>/dev/null)
+    for _ in $(seq 300); do [ -f "$DIR/upload/import-end" ] && break; sleep 0.2; done
+    want=$(cat "$DIR/upload/import-end" 2>/dev/null)
+    if [ "$copied" = 0 ] && [ -n "$want" ] && [ "$want" = "$got" ]; then
+        if docker start -a "$helper" >>"$DIR/import.err" 2>&1; then
+            docker rm -f "$helper" >/dev/null 2>&1
+            echo placed >"$DIR/import.result"
+            say "$M_BOOT workspace files in place"
+            return 0
+        fi
+        why="the workspace's files could not be put in place: $(tail -c 200 "$DIR/import.err" | tr -d '"\\\n')"
+    elif [ -z "$want" ]; then
+        why="the workspace's files arrived cut (their end was never said); nothing of them was kept"
+    elif [ "$want" = 0 ]; then
+        why="the client stopped sending the workspace's files; nothing of them was kept"
+    elif [ "$copied" != 0 ]; then
+        why="the workspace's files could not be unpacked: $(tail -c 200 "$DIR/import.err" | tr -d '"\\\n')"
+    else
+        why="the workspace's files arrived cut (not what was sent); nothing of them was kept"
+    fi
+    docker rm -f "$helper" >/dev/null 2>&1
+    docker run --rm --network none --user 0:0 -v "$WSVOL:/ws" --entrypoint /bin/sh "$IMAGE" -c "rm -rf $stage" >/dev/null 2>&1
+    printf '%s\n' "$why" >"$DIR/import.result"
+    fail workspace "$why"
+}
+
 for _ in $(seq 90); do docker info >/dev/null 2>&1 && break; sleep 2; done  # dockerd may start after us
 docker rm -f "$NAME" >/dev/null 2>&1 || true
 [ "$SPOT" = 1 ] && watch_spot &
@@ -158,6 +234,8 @@ if [ -d "$DIR/runtime/site" ]; then
 fi
 
 workspace   # the workspace's volume, as the Docker volume $WSVOL (none without VOLUME_ID)
+gid=$(id -g "$LOGIN") || fail container "no user $LOGIN on this instance"
+import_files   # a switch to this instance: the workspace's files from the client
 [ -n "$WSVOL" ] && mounts="$mounts -v $WSVOL:$WORKSPACE"
 
 command=$(printf '%s\n' "$python" | sed -n 's/.*"command":"\([^"]*\)".*/\1/p')
@@ -174,7 +252,10 @@ if docker run -d --name "$NAME" --init --gpus all --network host --label "gpuses
         -e "GPUSESSION_SESSION_ID=$SESSION_ID" -e GPUSESSION_KERNEL_KEY -e "GPUSESSION_RUNTIME_PYTHON=$command" \
         --entrypoint /bin/sh "$IMAGE" "$ROOT/code/boot.sh" run "$@" >/dev/null; then
     say "$M_BOOT container started"
+    serve_exports &
+    exports=$!
     docker wait "$NAME" >/dev/null
+    kill "$exports" 2>/dev/null
     rm -f "$DIR/upload/.status-read"
     # the container's last words, copied to the console for `stop_details`
     docker logs "$NAME" 2>&1 | grep -E "^($M_CHECKPOINT|$M_STOPPED|$M_SUMMARY|$M_FAILED)( |\$)" | while read -r line; do say "$line"; done
