@@ -67,6 +67,18 @@ from gpusession.core.errors import GpuSessionError  # noqa: E402
 from gpusession.core.models import State  # noqa: E402
 
 CHARTS = "#gpusession-charts"
+# records into window.__stagesSeen each stage line ("switch: ...") a switching card shows
+STAGES_SEEN_JS = """() => {
+  window.__stagesSeen = [];
+  const look = () => document
+    .querySelectorAll('.gpusession-card[data-switching="true"] .gpusession-progress')
+    .forEach(n => {
+      if (!n.hidden && /: /.test(n.textContent)) window.__stagesSeen.push(n.textContent);
+    });
+  new MutationObserver(look).observe(document.body, {
+    subtree: true, childList: true, characterData: true, attributes: true
+  });
+}"""
 # the scale labels of the large charts matching a selector that overlap their plot
 OVER_PLOT_JS = """(selector) => [...document.querySelectorAll(selector)].filter(chart => {
     const top = chart.querySelector('.gpusession-bigchart-top').getBoundingClientRect();
@@ -619,14 +631,13 @@ def test_switch_gpu_from_a_card_refused_while_busy_then_moves_the_variables(lab,
             dialog.locator(".jp-Dialog-content").screenshot(
                 path=str(ARTIFACTS / "switch-dialog-light.png")
             )
+            # every stage line a switching card shows, however briefly (a quick switch on an idle
+            # machine may show one for less than a poll of this test)
+            page.evaluate(STAGES_SEEN_JS)
             confirm.click()
             sync_api.expect(card).to_have_attribute("data-switching", "true")
-            page.wait_for_function(
-                """() => [...document.querySelectorAll('.gpusession-card[data-switching="true"] '
-                     + '.gpusession-progress')].some(n => !n.hidden && /: /.test(n.textContent))""",
-                timeout=TIMEOUT_MS,
-            )
-            stage = card.locator(".gpusession-progress").inner_text()
+            page.wait_for_function("() => window.__stagesSeen.length > 0", timeout=TIMEOUT_MS)
+            stage = page.evaluate("() => window.__stagesSeen[0]")
             assert re.search(r"(switch|save|provision|connect|kernel|stop)\b", stage), stage
             new = panel.locator(".gpusession-card").filter(
                 has=page.locator(".gpusession-switched:not([hidden])")
