@@ -42,12 +42,20 @@ def _notify(state_dir: Path, name: str, doc: dict) -> None:
     os.replace(folder / (name + ".tmp"), folder / name)
 
 
-def test_a_spot_notice_during_a_cell_saves_ends_and_resumes_without_rerunning_it(notebook, nb_env):
-    start = notebook.run("%gpu start --type t4 --backend local --idle off --name sp")
+def _started(notebook, nb_env, name_and_options: str, cell: str) -> tuple[Store, Path]:
+    """A local session started from the notebook (`--name NAME [options]`) that ran `cell`:
+    the store the notebook writes, and the session's state folder (its agent's notices)."""
+    start = notebook.run(
+        f"%gpu start --type t4 --backend local --idle off --name {name_and_options}"
+    )
     assert start.status == "ok", start.text
-    assert notebook.run("%%gpu\nkept = {'k': 41}").status == "ok"
+    assert notebook.run(f"%%gpu\n{cell}").status == "ok"
     store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
-    state_dir = Path(store.get("sp").resource["state_dir"])
+    return store, Path(store.get(name_and_options.split()[0]).resource["state_dir"])
+
+
+def test_a_spot_notice_during_a_cell_saves_ends_and_resumes_without_rerunning_it(notebook, nb_env):
+    store, state_dir = _started(notebook, nb_env, "sp", "kept = {'k': 41}")
 
     def notice_while_busy():
         wait_until(lambda: _busy(state_dir), 30, "the cell to run", 0.1)
@@ -146,12 +154,10 @@ def test_with_recover_the_notebook_continues_on_a_replacement(notebook, nb_env):
     """--recover on (auto: on for --spot): the cell cut by the notice says so, a replacement of
     the same name restores the saved state, becomes the notebook's session, and the next cell
     runs there."""
-    start = notebook.run("%gpu start --type t4 --backend local --idle off --name rc --recover on")
-    assert start.status == "ok", start.text
-    assert notebook.run("%%gpu\nkept = {'k': 41}\nimport os; print(os.getpid())").status == "ok"
-    store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
+    store, state_dir = _started(
+        notebook, nb_env, "rc --recover on", "kept = {'k': 41}\nimport os; print(os.getpid())"
+    )
     first = store.get("rc")
-    state_dir = Path(first.resource["state_dir"])
 
     def notice_while_busy():
         wait_until(lambda: _busy(state_dir), 30, "the cell to run", 0.1)
@@ -180,12 +186,7 @@ def test_a_spot_notice_during_an_upload_says_what_did_not_land(notebook, nb_env,
     """`%gpu upload` of a big file is running when the notice comes: the agent saves and ends
     the session; the cell says the session ended and that the upload did not complete, never
     'uploaded'; no partial file is left in the workspace under the file's name."""
-    start = notebook.run("%gpu start --type t4 --backend local --idle off --name tr")
-    assert start.status == "ok", start.text
-    assert notebook.run("%%gpu\nkept = 1").status == "ok"
-    store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
-    record = store.get("tr")
-    state_dir = Path(record.resource["state_dir"])
+    store, state_dir = _started(notebook, nb_env, "tr", "kept = 1")
     with open(tmp_path / "big.bin", "wb") as f:
         for _ in range(64):
             f.write(os.urandom(2**20) * 8)  # 512 MB
