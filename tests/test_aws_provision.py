@@ -405,6 +405,42 @@ def test_credentials_rejected_midway_clean_up_what_was_made(manager, aws_env, lo
     assert leftovers(look) == NOTHING
 
 
+def test_a_stop_racing_the_instances_own_shutdown_still_removes_everything(manager, aws_env, look):
+    """The instance ends on its own (its boot script shuts it down after a failed pull) while the
+    stop terminates it, and EC2 answers that terminate with an error (moto answers the loser of
+    two terminates so): the stop goes on, and the key pair and group go too."""
+    record, _ = provision(manager, spec_for(manager, "t4"))
+    iid = record.resource["instance_id"]
+
+    def ended_first(params):
+        look.terminate_instances(InstanceIds=[iid])  # the instance's own shutdown, just before
+        return None  # then the fault below answers
+
+    aws_env.answers["TerminateInstances"] = ended_first
+    aws_env.faults.append(
+        Fault(
+            "TerminateInstances",
+            "InvalidNetworkInterfaceID.NotFound",
+            "The networkInterface ID 'eni-9b0d83ff16c1fa7f3' does not exist",
+            times=1,
+        )
+    )
+    manager.backend("aws").stop(manager.store.get(record.id))
+    assert leftovers(look) == NOTHING
+
+    # one still running after a refused terminate: the stop says so (nothing is hidden)
+    record, _ = provision(manager, spec_for(manager, "t4"))
+    aws_env.answers.clear()
+    aws_env.faults.append(
+        Fault("TerminateInstances", "UnauthorizedOperation", "You are not authorized.", times=1)
+    )
+    with pytest.raises(Exception, match="UnauthorizedOperation|not authorized|credentials"):
+        manager.backend("aws").stop(manager.store.get(record.id))
+    assert leftovers(look)["instances"]
+    manager.backend("aws").stop(manager.store.get(record.id))
+    assert leftovers(look) == NOTHING
+
+
 def test_no_credentials_at_all(manager, aws_env, monkeypatch):
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")

@@ -12,6 +12,7 @@ from .launch import TAG_SESSION
 from .sdk import Aws, aws_errors, error_code, explain
 
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+ENDING = ("shutting-down", "terminated")
 GROUP_DELETE_WAIT_S = 120.0  # the group stays "in use" for a while after the instance is gone
 
 
@@ -40,19 +41,17 @@ class Teardown:
             ) from None
 
     def _terminate(self, ids: set[str]) -> None:
-        live = []
-        for iid in sorted(ids):
-            try:
-                found = self.aws.ec2.describe_instances(InstanceIds=[iid])["Reservations"]
-            except aws_errors() as exc:
-                if error_code(exc) == "InvalidInstanceID.NotFound":
-                    continue
-                raise
-            if found and found[0]["Instances"][0]["State"]["Name"] != "terminated":
-                live.append(iid)
+        live = [iid for iid, state in self._states(ids).items() if state != "terminated"]
         if not live:
             return
-        self.aws.ec2.terminate_instances(InstanceIds=live)
+        try:
+            self.aws.ec2.terminate_instances(InstanceIds=live)
+        except aws_errors():
+            # the instance may be ending on its own meanwhile (its boot script shuts it down when
+            # a pull fails; a spot reclaim): EC2 can answer that terminate with an error, and the
+            # key pair and group must still go. Only one that is not ending is a real failure.
+            if any(s not in ENDING for s in self._states(set(live)).values()):
+                raise
         self.aws.ec2.get_waiter("instance_terminated").wait(
             InstanceIds=live,
             WaiterConfig={
@@ -60,6 +59,20 @@ class Teardown:
                 "MaxAttempts": max(1, int(self.terminate_wait_s / self.poll_s)),
             },
         )
+
+    def _states(self, ids: set[str]) -> dict[str, str]:
+        """The state of each of `ids` that EC2 knows."""
+        states = {}
+        for iid in sorted(ids):
+            try:
+                found = self.aws.ec2.describe_instances(InstanceIds=[iid])["Reservations"]
+            except aws_errors() as exc:
+                if error_code(exc) == "InvalidInstanceID.NotFound":
+                    continue
+                raise
+            if found:
+                states[iid] = found[0]["Instances"][0]["State"]["Name"]
+        return states
 
     def _delete_group(self, group: str) -> None:
         deadline = time.monotonic() + GROUP_DELETE_WAIT_S
