@@ -634,11 +634,25 @@ def test_switch_gpu_from_a_card_refused_while_busy_then_moves_the_variables(lab,
             # every stage line a switching card shows, however briefly (a quick switch on an idle
             # machine may show one for less than a poll of this test)
             page.evaluate(STAGES_SEEN_JS)
+            # the agent has sampled the kernel idle since the busy cell ended (a switch asked
+            # while its latest sample still says busy waits a few samples for a newer one)
+            sid = manager.get("sw-ui").id
+            deadline = time.monotonic() + 30
+            while (manager.stats(sid, limit=1).get("samples") or [{}])[-1].get("kernel_busy"):
+                assert time.monotonic() < deadline, "the agent still samples sw-ui busy"
+                time.sleep(0.25)
             confirm.click()
             sync_api.expect(card).to_have_attribute("data-switching", "true")
-            page.wait_for_function("() => window.__stagesSeen.length > 0", timeout=TIMEOUT_MS)
-            stage = page.evaluate("() => window.__stagesSeen[0]")
-            assert re.search(r"(switch|save|provision|connect|kernel|stop)\b", stage), stage
+            try:
+                page.wait_for_function("() => window.__stagesSeen.length > 0", timeout=TIMEOUT_MS)
+            except sync_api.TimeoutError:
+                raise AssertionError(
+                    "no stage line on the switching card; the panel says "
+                    f"{page.locator(PANEL).inner_text()!r}"
+                ) from None
+            # at once what was asked, then the server's stages as they come
+            stages = page.evaluate("() => window.__stagesSeen")
+            assert stages[0] == "switch: asking for a100 on local", stages
             new = panel.locator(".gpusession-card").filter(
                 has=page.locator(".gpusession-switched:not([hidden])")
             )
@@ -646,6 +660,15 @@ def test_switch_gpu_from_a_card_refused_while_busy_then_moves_the_variables(lab,
             new_name = new.get_attribute("data-session-name")
             line = new.locator(".gpusession-switched").inner_text()
             assert line.startswith(f"switched sw-ui -> {new_name} in "), line
+            took = float(re.search(r" in ([\d.]+)s", line).group(1))
+            stages = page.evaluate("() => window.__stagesSeen")
+            server = [t for t in stages if re.search(r"\(\d+(\.\d+)?s\)$", t)]
+            if took >= 2:  # the list comes every 0.5 s while a switch runs
+                assert server, (took, stages)
+            for text in server:
+                assert re.search(r"^(switch|save|provision|connect|kernel|stop|running)\b", text), (
+                    stages
+                )
             assert (
                 "moved 2 name(s) (z, time)" in line
                 and "now $" in line

@@ -28,6 +28,7 @@ import {
 } from './sessions';
 import { notifyFailed } from './panel';
 import { askStop } from './stopdialog';
+import { switchWhere } from './switchbody';
 import { askSwitch, keepSwitchLine, takeSwitchLine } from './switchdialog';
 import type { SessionView } from './types';
 
@@ -43,6 +44,8 @@ export interface CardHost {
   sink(view: SessionView): void;
   /** Open the large charts of a session (the main-area view). */
   openCharts(id: string): void;
+  /** Refresh the list at the starting pace until the returned function is called. */
+  hurry(): () => void;
 }
 
 /** What "cloud rate, own hardware" means, on hover. */
@@ -133,7 +136,13 @@ export class SessionCard {
     setText(this._state, view.state);
     setClass(this._state, `gpusession-state gpusession-state-${view.state}`);
     setText(this._kind, kindText(view));
-    const progress = progressText(view, this._switching);
+    // while a switch runs: its stages as the server says them; until the first comes, what
+    // was asked (the lines before are the session's own start)
+    const lines = (view.progress ?? []).join('\n');
+    const progress =
+      this._switching && lines === this._linesBefore
+        ? this._switchAsked
+        : progressText(view, this._switching);
     showText(this._progress, progress);
     this._progress.title = view.progress?.join('\n') ?? '';
     showText(this._restored, running ? (view.restored ?? null) : null);
@@ -232,8 +241,12 @@ export class SessionCard {
     if (!body) {
       return;
     }
+    this._linesBefore = (this.view.progress ?? []).join('\n');
+    this._switchAsked = `switch: asking for ${switchWhere(this.view, body)}`;
     this._setSwitching(true);
     this._showActionError(null);
+    this.update(this.view);
+    const unhurry = this._host.hurry();
     try {
       const reply = await this._host.client.switchSession(this.id, body);
       keepSwitchLine(reply.session.id, reply.line);
@@ -245,6 +258,7 @@ export class SessionCard {
       this._showActionError(`Switch failed: ${reason}`);
       notifyFailed(`Switch of ${name} failed`, reason);
     } finally {
+      unhurry();
       this._setSwitching(false);
       this.update(this.view);
     }
@@ -301,6 +315,8 @@ export class SessionCard {
   private _onScreen = false;
   private _busy = false;
   private _switching = false;
+  private _linesBefore = '';
+  private _switchAsked: string | null = null;
   private _actionErrorTimer = 0;
   private readonly _countdown = new IdleCountdown();
   private readonly _name = element('span', 'gpusession-name');

@@ -86,6 +86,24 @@ export class SessionListModel {
     };
   }
 
+  /**
+   * Poll at the starting pace until the returned function is called (a
+   * switch: its stages come with the list, and a quick one lasts a second).
+   */
+  hurry(): () => void {
+    this._hurried += 1;
+    this._pace();
+    void this.refresh();
+    let done = false;
+    return () => {
+      if (!done) {
+        done = true;
+        this._hurried -= 1;
+        this._pace();
+      }
+    };
+  }
+
   /** Start polling (after the first view is attached). */
   start(): Promise<void> {
     return this._poll.start();
@@ -123,7 +141,8 @@ export class SessionListModel {
       return;
     }
     const eager = Array.from(this._watchers.values()).some(Boolean);
-    const interval = this._sessions.some(isStarting)
+    const interval =
+      this._hurried > 0 || this._sessions.some(isStarting)
       ? STARTING_INTERVAL_MS
       : eager
         ? LIST_INTERVAL_MS
@@ -151,6 +170,7 @@ export class SessionListModel {
   private readonly _poll: Poll<void, unknown, 'standby'>;
   private readonly _changed = new Signal<this, void>(this);
   private readonly _watchers = new Map<symbol, boolean>();
+  private _hurried = 0;
   private _sessions: SessionView[] = [];
   private _loaded = false;
   private _error: string | null = null;

@@ -47,7 +47,8 @@ export class GpuSessionPanel extends Widget {
     this._cardHost = {
       client,
       sink: view => this.model.upsert(view),
-      openCharts
+      openCharts,
+      hurry: () => this.model.hurry()
     };
     this._history = new HistorySection({ client, started: view => this._onStarted(view) });
     this._workspaces = new WorkspacesSection(client);

@@ -63,3 +63,15 @@ export function switchBody(
   }
   return body;
 }
+
+/**
+ * Where a switch asks to go, in words, for its card until the server's first
+ * stage: "a100 on local", "a10g:2 on aws (on demand)".
+ */
+export function switchWhere(view: SessionView, body: SwitchRequest): string {
+  const now = currentValues(view);
+  const type = String(body.type ?? now.get('type'));
+  const backend = String(body.backend ?? view.backend);
+  const how = body.on_demand === true ? ' (on demand)' : body.spot === true ? ' (spot)' : '';
+  return `${type} on ${backend}${how}`;
+}

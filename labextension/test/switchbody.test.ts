@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 
-import { currentValues, switchBody } from '../src/switchbody';
+import { currentValues, switchBody, switchWhere } from '../src/switchbody';
 import type { OptionView } from '../src/types';
 import { session } from './helpers';
 
@@ -49,5 +49,11 @@ describe('switchBody', () => {
     assert.deepEqual(switchBody(OPTIONS, values, view), { on_demand: true });
     values.set('backend', 'docker');
     assert.deepEqual(switchBody(OPTIONS, values, view), { backend: 'docker' });
+  });
+
+  test('where a switch goes, in words, for its card until the first stage', () => {
+    const view = session({ backend: 'aws', spot: true, gpu_type: 'a10g', gpu_count: 2 });
+    assert.equal(switchWhere(view, { on_demand: true }), 'a10g:2 on aws (on demand)');
+    assert.equal(switchWhere(view, { type: 'a100', backend: 'local' }), 'a100 on local');
   });
 });
