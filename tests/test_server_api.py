@@ -224,3 +224,41 @@ async def test_images_lists_what_the_engine_has_with_size_and_runtime(jp_fetch):
     assert "host" in message
     code, reply = await fetch_json(jp_fetch, "images", backend="local")
     assert code == 200 and reply["images"] == [] and reply["default"] is None
+
+
+async def test_slow_calls_in_progress_do_not_hold_up_the_list(
+    jp_base_url, http_server_client, jp_serverapp, monkeypatch
+):
+    """Forty slow calls at once (live prices from a slow cloud API here; stops that save,
+    switches) do not queue the sidebar's list behind them: the default thread pool (six threads
+    on a two-core machine, twenty on this one) would."""
+    import threading
+
+    from gpusession.session import SessionManager
+
+    release = threading.Event()
+
+    def slow_prices(self, *args, **kwargs):
+        release.wait(60)
+        return []
+
+    monkeypatch.setattr(SessionManager, "live_prices", slow_prices)
+    client = tornado.httpclient.AsyncHTTPClient(force_instance=True, max_clients=100)
+    base = http_server_client.get_url(f"{jp_base_url}gpusession/api/".replace("//", "/"))
+    headers = {"Authorization": f"token {jp_serverapp.identity_provider.token}"}
+
+    def get(path: str):
+        return client.fetch(base + path, headers=headers, request_timeout=90)
+
+    slow = [asyncio.ensure_future(get("prices?type=t4")) for _ in range(40)]
+    try:
+        await asyncio.sleep(1.0)
+        assert not any(call.done() for call in slow)
+        started = time.monotonic()
+        listing = await asyncio.wait_for(get("sessions"), timeout=15)
+        assert listing.code == 200 and time.monotonic() - started < 5
+    finally:
+        release.set()
+        replies = await asyncio.gather(*slow)
+        client.close()
+    assert {r.code for r in replies} == {200}

@@ -4,11 +4,15 @@ sessions it starts in the background. Apart from the handlers, so that `base` ne
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..configuration import options
 from ..session import SessionManager
 from .panel import StartProgress, panel_view
+
+#: how many of the handlers' blocking calls run at once
+THREADS = 64
 
 
 class Api:
@@ -21,6 +25,10 @@ class Api:
         self.manager = manager or (SessionManager() if unavailable is None else None)
         self.starting: dict[str, threading.Thread] = {}
         self.progress = StartProgress()  # the starts' latest lines, shown on their cards
+        # the handlers' blocking calls: their own threads, more than the default pool's (six on
+        # a two-core machine), so that stops, switches and slow cloud answers in progress do not
+        # queue the sidebar's quick reads (the list, stats) behind them
+        self.threads = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="gpusession-rest")
 
     def view(self, record, kernels: dict[int | str, str] | None = None) -> dict:
         """A session as the sidebar shows it: the REST view, its start progress and kernel."""

@@ -32,7 +32,7 @@ class BaseHandler(APIHandler):
             self.fail(503, self.api.unavailable)
 
     async def blocking(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.api.threads, fn, *args)
 
     def body(self) -> dict[str, Any]:
         raw = self.request.body or b"{}"
