@@ -229,6 +229,29 @@ def test_a_site_comes_compiled_for_its_python_so_a_new_engine_only_unpacks_it(
     assert (again.digest, again.bytecode) == (site.digest, "cp311")
 
 
+def test_the_code_comes_compiled_for_the_images_python_where_this_machine_has_it(monkeypatch):
+    """The agent's code, compiled here for the image's Python version (unchecked-hash .pyc): its
+    copy is named as the one an engine compiles (the source's digest), its digest is its data's
+    (the instance checks it); for a version this machine has no Python of, it is the code as is."""
+    monkeypatch.setattr(bundle, "_CODE_FOR", {})
+    here = ImagePython(
+        "/usr/bin/python3", sys.version_info[:3], "x86_64", ("glibc", "2.36"), None, None, 0, False
+    )
+    base = bundle.code_archive()
+    ahead = bundle.code_archive_for(here)
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    assert (ahead.bytecode, ahead.source, ahead.copy_name) == (tag, base.digest, base.copy_name)
+    assert ahead.digest == __import__("hashlib").sha256(ahead.data).hexdigest() != base.digest
+    with tarfile.open(fileobj=io.BytesIO(ahead.data), mode="r:gz") as tar:
+        pyc = tar.extractfile(f"lib/gpusession/agent/__pycache__/service.cpython-{tag[2:]}.pyc")
+        assert pyc.read(8)[4] == 1  # unchecked hash: the read-only copy is never rewritten
+    assert bundle.code_archive_for(here) is ahead  # once per version
+    nowhere = ImagePython(
+        "/usr/bin/python3", (3, 99, 0), "x86_64", ("glibc", "2.36"), None, None, 0, False
+    )
+    assert bundle.code_archive_for(nowhere) is base
+
+
 def test_runtime_cache_is_per_user_not_per_store(monkeypatch, tmp_path):
     monkeypatch.setenv(bundle.CACHE_ENV, str(tmp_path / "cache"))
     assert bundle.cache_dir() == tmp_path / "cache" / "runtime"

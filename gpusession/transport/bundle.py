@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import zipfile
 from pathlib import Path
 from typing import Any, Callable
@@ -195,6 +196,9 @@ class Archive:
     content: bytes | None = None  # the tar itself, or:
     path: Path | None = None  # where it is kept (read only when a copy is made)
     bytecode: str | None = None  # cp311: compiled ahead for that Python (no compile on the engine)
+    source: str | None = (
+        None  # compiled ahead: the digest of the archive it compiles (names copies)
+    )
 
     @property
     def data(self) -> bytes:
@@ -203,7 +207,7 @@ class Archive:
     @property
     def copy_name(self) -> str:
         """The name of an unpacked copy (a Docker volume, a folder on an instance)."""
-        return f"gpusession-runtime-{self.kind}-{self.digest[:12]}"
+        return f"gpusession-runtime-{self.kind}-{(self.source or self.digest)[:12]}"
 
 
 def boot_script() -> bytes:
@@ -232,6 +236,32 @@ def code_archive() -> Archive:
         for source in sorted(package.glob("*.py")):
             files[f"fallback/cloudpickle/{source.name}"] = source.read_bytes()
     return _archive("code", files)
+
+
+_CODE_FOR: dict[str, Archive] = {}
+_CODE_FOR_LOCK = threading.Lock()
+
+
+def code_archive_for(python: ImagePython) -> Archive:
+    """code_archive() with its bytecode for `python`'s version compiled here, where this machine
+    has a Python of that version (else code_archive() itself: the engine compiles it). A copy of
+    it is named as one the engine compiled (the source's digest and the version), so gc keeps it
+    with this build."""
+    with _CODE_FOR_LOCK:
+        found = _CODE_FOR.get(python.tag)
+        if found is None:
+            found = base = code_archive()
+            interpreter = _interpreter(python)
+            if interpreter is not None:
+                files = _members_of(base.data)
+                _compile_ahead(interpreter, python, files)
+                if BYTECODE in files:
+                    compiled = _archive("code", files)
+                    found = dataclasses.replace(
+                        compiled, source=base.digest, bytecode=files[BYTECODE].decode()
+                    )
+            _CODE_FOR[python.tag] = found
+        return found
 
 
 def agent_modules() -> list[str]:

@@ -25,7 +25,13 @@ from typing import Callable
 from ...core.errors import StageError
 from ...core.models import KernelEndpoint
 from ...core.protocol import KERNEL_PORT_NAMES, NOTICE_SAVE_S, Marker, agent_token, parse_marker
-from ...transport.bundle import BundleError, ImagePython, cache_dir, code_archive, site_archive
+from ...transport.bundle import (
+    BundleError,
+    ImagePython,
+    cache_dir,
+    code_archive_for,
+    site_archive,
+)
 from ...transport.pulls import PullProgress, format_bytes, refused_pull
 from ...transport.sshlogin import exec_command
 from ..base import TunnelLink, failure_detail
@@ -288,7 +294,7 @@ def send_runtime(transport, python: ImagePython, say: Callable[[str], None]) -> 
             parts.append(("site", site_archive(python, cache_dir(), say)))
     except BundleError as exc:
         raise StageError("runtime", str(exc)) from None
-    parts.append(("code", code_archive()))
+    parts.append(("code", code_archive_for(python)))  # compiled ahead where this machine can
     for name, archive in parts:
         data = archive.data
         say(f"sending the runtime's {name} to the instance ({format_bytes(len(data))})")

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from ...transport.bundle import (
     BundleError,
     ImagePython,
     boot_script,
-    code_archive,
+    code_archive_for,
     complete_marker,
     parse_probe,
     site_archive,
@@ -117,16 +118,22 @@ class KnownVolumes:
         self.client = client
         self.names: set[str] = set()
         self.listed = False
+        self.lock = threading.Lock()  # the code's and the site's copies ask at once
 
     def has(self, name: str) -> bool:
-        if name not in self.names and not self.listed:  # asked once per start at most
-            with engine_errors("while looking for the runtime's volumes"):
-                self.names |= {
-                    v.name
-                    for v in self.client.volumes.list(filters={"name": "gpusession-runtime-"})
-                }
-            self.listed = True
-        return name in self.names
+        with self.lock:
+            if name not in self.names and not self.listed:  # asked once per start at most
+                with engine_errors("while looking for the runtime's volumes"):
+                    self.names |= {
+                        v.name
+                        for v in self.client.volumes.list(filters={"name": "gpusession-runtime-"})
+                    }
+                self.listed = True
+            return name in self.names
+
+    def add(self, *names: str) -> None:
+        with self.lock:
+            self.names |= set(names)
 
 
 def prepare_runtime(
@@ -156,20 +163,35 @@ def prepare_runtime(
         client,
         False,
     )  # one listing per start at most, when something is new
-    # compiled by the image's Python, as every copy: the volumes are read-only to the sessions
-    code = _ensure_copy(
-        client, image.id, code_archive(), CODE_DIR, labels, progress, present, compile_with=python
-    )
-    volumes = {code: {"bind": CODE_DIR, "mode": "ro"}}
-    if python.needs_site:
+
+    def site_copy() -> str:
         try:
             site = site_archive(python, cache_dir, progress.step)
         except BundleError as exc:
             raise StageError("runtime", str(exc)) from None
-        volume = _ensure_copy(
+        return _ensure_copy(
             client, image.id, site, SITE_DIR, labels, progress, present, compile_with=python
         )
-        volumes[volume] = {"bind": SITE_DIR, "mode": "ro"}
+
+    # compiled by the image's Python (ahead, here, where this machine has its version), as every
+    # copy: the volumes are read-only to the sessions. The site (ipykernel, 8,000 files) is
+    # copied while the agent's code is
+    with ThreadPoolExecutor(1, thread_name_prefix="gpusession-site") as pool:
+        site = pool.submit(site_copy) if python.needs_site else None  # waited for on any exit
+        code = _ensure_copy(
+            client,
+            image.id,
+            code_archive_for(python),
+            CODE_DIR,
+            labels,
+            progress,
+            present,
+            compile_with=python,
+        )
+        site_volume = site.result() if site is not None else None
+    volumes = {code: {"bind": CODE_DIR, "mode": "ro"}}
+    if site_volume is not None:
+        volumes[site_volume] = {"bind": SITE_DIR, "mode": "ro"}
     return PreparedRuntime(python, volumes)
 
 
@@ -267,7 +289,7 @@ def _ensure_copy(
             _remove_volume(volume)
             raise
         client.volumes.create(name + "-ok", labels={VOLUME_LABEL: "ok"})
-    present.names |= {name, name + "-ok"}
+    present.add(name, name + "-ok")
     return name
 
 
