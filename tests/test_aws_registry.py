@@ -84,7 +84,7 @@ def test_an_ecr_image_is_pulled_with_a_token_that_only_the_ssh_login_carries(
     connection to it drops (its sshd's processes for it killed): the client logs in again and
     follows the boot on."""
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-login"))
-    caplog.set_level(logging.DEBUG, logger="gpusession")
+    caplog.set_level(logging.DEBUG)  # every logger: botocore's logs each response body
     registry.forget_on_instance()
     dockerd_log_at = NS_DOCKERD_LOG.stat().st_size if NS_DOCKERD_LOG.exists() else 0
     image = f"{ECR_HOST}/{REPOSITORY}"
@@ -128,7 +128,7 @@ def test_an_ecr_image_is_pulled_with_a_token_that_only_the_ssh_login_carries(
             ("user data", user_data),
             ("the instance's logs and files", instance_files),
             ("the instance's dockerd log", dockerd_log),
-            ("our progress, log, store and keys", ours),
+            ("our progress, the DEBUG log (botocore's too), store and keys", ours),
         ):
             assert secret not in text, f"the ECR token is in {where}"
     manager.stop(session.id)

@@ -421,3 +421,18 @@ def test_access_sh_export_passes_the_boots_stream_on_and_fails_when_the_read_fai
     refused = access("import")
     assert refused.returncode == 3 and b"waits for no workspace files" in refused.stderr
     assert access("import-end not-a-hash").returncode == 2
+
+
+def test_botocore_debug_log_never_shows_an_ecr_login_token(caplog):
+    """botocore logs each response body at DEBUG (as it logs GetAuthorizationToken's); the token
+    is blanked out (test_aws_registry.py checks a real start's DEBUG log)."""
+    import logging
+
+    import gpusession.backends.aws.sdk  # noqa: F401 - installs the filter
+
+    caplog.set_level(logging.DEBUG)
+    body = b'{"authorizationData":[{"authorizationToken":"QVdTOnNlY3JldA==","expiresAt":1.7E9}]}'
+    logging.getLogger("botocore.parsers").debug("Response body:\n%r", body)
+    assert "QVdTOnNlY3JldA==" not in caplog.text and '"authorizationToken":"(redacted)"' in (
+        caplog.text
+    )

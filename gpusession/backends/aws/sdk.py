@@ -8,7 +8,9 @@ as moto's server), which every client of this backend gets as `endpoint_url`.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import threading
 from typing import Any
 
@@ -66,6 +68,36 @@ def boto3_module():
 
 def endpoint_url() -> str | None:
     return os.environ.get(ENDPOINT_ENV) or None
+
+
+class _NoLoginTokens(logging.Filter):
+    """botocore logs every response body at DEBUG: an ECR login token (`GetAuthorizationToken`)
+    would be in the log of whoever turns DEBUG on. This filter blanks it out of the record."""
+
+    TOKEN = re.compile(r'("authorizationToken"\s*:\s*")[^"]*')
+    TOKEN_BYTES = re.compile(rb'("authorizationToken"\s*:\s*")[^"]*')
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(self._blank(a) for a in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {k: self._blank(v) for k, v in record.args.items()}
+        if isinstance(record.msg, (str, bytes)):
+            record.msg = self._blank(record.msg)
+        return True
+
+    def _blank(self, value):
+        if isinstance(value, bytes):
+            return self.TOKEN_BYTES.sub(rb"\1(redacted)", value)
+        if isinstance(value, str):
+            return self.TOKEN.sub(r"\1(redacted)", value)
+        return value
+
+
+_FILTER = _NoLoginTokens()
+for _name in ("botocore.parsers", "botocore.endpoint"):
+    if _FILTER not in logging.getLogger(_name).filters:
+        logging.getLogger(_name).addFilter(_FILTER)
 
 
 class Aws:
