@@ -310,3 +310,73 @@ def test_the_old_place_stays_behind_when_the_backend_changes():
     given = switch_values(old, {"backend": "docker", "host": "ssh://me@gpubox"})
     assert given["host"] == "ssh://me@gpubox"
     assert switch_values(old, {"type": "a100"})["host"] == "ssh://me@login"  # same backend
+
+
+def test_a_docker_workspace_stream_cut_short_lands_nowhere_and_a_whole_one_replaces_the_copy(
+    manager, engine
+):
+    """What a switch into the docker backend asks of it, without a container: a stream whose
+    source fails midway raises the source's error, and the older copy of the workspace on the
+    engine stays as it was, with no staging volume left beside it; a whole stream replaces the
+    copy (said), owned by the image's USER."""
+    import io
+    import tarfile
+
+    from gpusession.configuration.agentargs import workspace_volume
+    from gpusession.core.progress import Progress
+
+    if not image_ready(NONROOT):
+        pytest.skip(f"no Docker engine with {NONROOT}")
+    backend = manager.backend("docker")
+    store_id = manager.store.store_id
+    volume = workspace_volume("cut", store_id)
+    spec = manager.make_spec("t4", backend="docker", image=NONROOT, name="cut-2", workspace="cut")
+    record = manager.store.create(spec, price_per_hour=0.0)
+
+    def listing() -> str:  # what is in the volume, and who owns it
+        return engine.containers.run(
+            NONROOT,
+            ["sh", "-c", "cd /w && ls -n | awk 'NR > 1 {print $3, $9}'"],
+            volumes={volume: {"bind": "/w", "mode": "ro"}},
+            remove=True,
+        ).decode()
+
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w") as tar:
+        for name, data in (("workspace/new.txt", b"moved"), ("workspace/big", os.urandom(3 << 20))):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    stream = packed.getvalue()
+
+    def chunks(fail_at: int | None = None):
+        for i in range(0, len(stream), 1 << 20):
+            if i == fail_at:
+                raise OSError("cannot read big: Input/output error")
+            yield stream[i : i + (1 << 20)]
+
+    try:
+        older = io.BytesIO()
+        with tarfile.open(fileobj=older, mode="w") as tar:
+            info = tarfile.TarInfo("workspace/old.txt")
+            info.size = 10
+            tar.addfile(info, io.BytesIO(b"older copy"))
+        lines: list[str] = []
+        backend.import_workspace(record, iter([older.getvalue()]), Progress(lines.append))
+        assert listing() == "1000 old.txt\n"
+        with pytest.raises(OSError, match="cannot read big: Input/output error"):
+            backend.import_workspace(record, chunks(fail_at=2 << 20), Progress(lines.append))
+        assert listing() == "1000 old.txt\n"  # the older copy, as it was
+        ours = {v.name for v in engine.volumes.list(filters={"label": f"{STORE}={store_id}"})}
+        assert ours == {volume}, ours  # no staging volume left
+
+        backend.import_workspace(record, chunks(), Progress(lines.append))
+        assert listing() == "1000 big\n1000 new.txt\n"
+        assert "replacing the older copy of workspace cut there" in "\n".join(lines), lines
+        ours = {v.name for v in engine.volumes.list(filters={"label": f"{STORE}={store_id}"})}
+        assert ours == {volume}, ours
+    finally:
+        _remove_volumes(engine, "cut")
+
+
+STORE = "gpusession.session.store"

@@ -23,6 +23,21 @@ from .engine import LABEL, STORE_LABEL, docker_sdk, engine_errors, short_error
 
 log = logging.getLogger(__name__)
 OWNER_TIMEOUT_S = 60.0
+COPY_TIMEOUT_S = 3600.0  # a moved workspace's copy from its staging volume, inside the engine
+INCOMING_SUFFIX = "-incoming"  # a workspace's staging volume while it moves in
+INCOMING_LABEL = "gpusession.incoming"  # on it: the workspace's name (not listed as a workspace)
+
+
+def _remove_volume_if(client, name: str, labels: dict[str, str]) -> None:
+    """Remove volume `name` when it exists and carries `labels` (ours); gone is fine."""
+    docker = docker_sdk()
+    try:
+        found = client.volumes.get(name)
+    except docker.errors.NotFound:
+        return
+    have = found.attrs.get("Labels") or {}
+    if all(have.get(k) == v for k, v in labels.items()):
+        found.remove(force=True)
 
 
 def ensure_volume(
@@ -247,12 +262,55 @@ class EngineWorkspaces:
         return WorkspaceExport(size, stream, close)
 
     def import_workspace(self, record, chunks, progress: Progress) -> None:
-        """A fresh volume (an older copy of this workspace on the engine is replaced), filled by
-        a helper container (made, never started) through the engine's archive API."""
-        docker = docker_sdk()
+        """The stream is put into a staging volume first (by a helper container, made, never
+        started, through the engine's archive API); only once it is whole does it replace an older
+        copy of this workspace on the engine (copied over inside the engine). A stream cut short
+        (its source failed, the connection dropped) lands nowhere: the older copy stays as it
+        was, and no half-filled volume is left for a later `--resume` to take for the whole."""
         client = self.client(record.spec.host)
         name = workspace_name(record)
         volume = workspace_volume(name, self.recorder.store_id)
+        staging = f"{volume}{INCOMING_SUFFIX}"
+        store = {STORE_LABEL: self.recorder.store_id}
+        with engine_errors("while making the workspace's staging volume"):
+            _remove_volume_if(client, staging, store)  # one an earlier cut import left
+            client.volumes.create(staging, labels={INCOMING_LABEL: name, **store})
+        source_failed: list[BaseException] = []
+
+        def source():
+            try:
+                yield from chunks
+            except BaseException as exc:
+                source_failed.append(exc)
+                raise
+
+        try:
+            helper = self._archive_helper(client, record, staging, "rw", progress)
+            try:
+                with engine_errors("while writing the workspace"):
+                    if not helper.put_archive("/", source()):
+                        raise StageError(
+                            "move", f"the engine refused the workspace's files ({volume})"
+                        )
+            except Exception:
+                if source_failed:  # the source's error (the engine only saw the stream end)
+                    raise source_failed[0] from None
+                raise
+            finally:
+                with engine_errors("while removing a helper container"):
+                    helper.remove(force=True)
+            self._replace_with(client, record, staging, volume, name, progress)
+        finally:
+            with engine_errors("while removing the workspace's staging volume"):
+                _remove_volume_if(client, staging, store)
+
+    def _replace_with(self, client, record, staging: str, volume: str, name: str, progress) -> None:
+        """The workspace's volume made anew from the whole staging volume (an older copy removed
+        first: refused when another store's, or in use); a copy that fails is removed."""
+        from .runtime import _helper_labels
+
+        docker = docker_sdk()
+        store = {STORE_LABEL: self.recorder.store_id}
         with engine_errors("while making the workspace's volume"):
             try:
                 old = client.volumes.get(volume)
@@ -269,29 +327,50 @@ class EngineWorkspaces:
                     ) from None
             except docker.errors.NotFound:
                 pass
-            client.volumes.create(
-                volume, labels={WORKSPACE_LABEL: name, STORE_LABEL: self.recorder.store_id}
-            )
-        helper = self._archive_helper(client, record, volume, "rw", progress)
+            made = client.volumes.create(volume, labels={WORKSPACE_LABEL: name, **store})
+        labels = _helper_labels({LABEL: record.id, **store})
+        image = self._helper_image(client, record, progress)
         try:
-            with engine_errors("while writing the workspace"):
-                if not helper.put_archive("/", chunks):
-                    raise StageError("move", f"the engine refused the workspace's files ({volume})")
-        finally:
-            with engine_errors("while removing a helper container"):
-                helper.remove(force=True)
+            with engine_errors("while copying the workspace into its volume"):
+                copier = client.containers.create(
+                    image.id,
+                    entrypoint=["/bin/sh"],
+                    command=["-c", f"cp -a /incoming/. {WORKSPACE_MOUNT}/"],
+                    user="0:0",
+                    network_mode="none",
+                    labels=labels,
+                    volumes={
+                        staging: {"bind": "/incoming", "mode": "ro"},
+                        volume: {"bind": WORKSPACE_MOUNT, "mode": "rw"},
+                    },
+                    detach=True,
+                )
+                try:
+                    copier.start()
+                    code = copier.wait(timeout=COPY_TIMEOUT_S).get("StatusCode")
+                    if code:
+                        said = copier.logs().decode(errors="replace").strip()[-300:]
+                        raise StageError("move", f"cannot copy the workspace into {volume}: {said}")
+                finally:
+                    copier.remove(force=True)
+        except BaseException:
+            with engine_errors("while removing a half-made workspace volume"):
+                made.remove(force=True)
+            raise
         # the files keep their owners from where they were; the image's USER must own them here
-        user = (helper.image.attrs.get("Config") or {}).get("User") or ""
+        user = (image.attrs.get("Config") or {}).get("User") or ""
         if user and user.split(":")[0] not in ("0", "root"):
-            from .runtime import _helper_labels
+            _give_to(client, image.id, volume, user, labels, everything=True)
 
-            labels = _helper_labels({LABEL: record.id, STORE_LABEL: self.recorder.store_id})
-            _give_to(client, helper.image.id, volume, user, labels, everything=True)
+    def _helper_image(self, client, record, progress: Progress):
+        from .runtime import find_or_pull_image
+
+        return find_or_pull_image(client, record.spec.image or self.default_image(), progress)
 
     def _archive_helper(self, client, record, volume: str, mode: str, progress: Progress):
-        from .runtime import _helper_labels, find_or_pull_image
+        from .runtime import _helper_labels
 
-        image = find_or_pull_image(client, record.spec.image or self.default_image(), progress)
+        image = self._helper_image(client, record, progress)
         with engine_errors("while making a helper container for the workspace"):
             return client.containers.create(
                 image.id,
