@@ -159,6 +159,8 @@ async def test_the_forms_spot_line_comes_from_rest(aws_env, look, moto_server, j
         "(on demand $0.5260/h)"
     ), doc
     assert "on-demand prices from the catalog of" in doc["prices_line"]
+    asked = [p.get("InstanceType.1") for a, p in aws_env.calls if a == "DescribeSpotPriceHistory"]
+    assert asked == ["g4dn.xlarge"], asked  # the type asked for, not the whole catalog's
     with pytest.raises(tornado.httpclient.HTTPClientError) as e:
         await jp_fetch("gpusession", "api", "prices", params={"type": "t5000"})
     assert e.value.code == 400

@@ -290,11 +290,14 @@ class Backend(abc.ABC):
         gpu = catalog.get(spec.gpu_type)
         return catalog.price_per_hour(gpu, spec.gpu_count)
 
-    def live_prices(self, catalog: "Catalog", regions: list[str | None]) -> list[dict[str, Any]]:
+    def live_prices(
+        self, catalog: "Catalog", regions: list[str | None], types: list[str] | None = None
+    ) -> list[dict[str, Any]]:
         """Called by `%gpu types --live` / `gpusession types --live`: the current prices this
-        backend can ask its cloud for, per GPU type and zone of each region (None: its default
-        region), as rows {"type", "instance", "region", "zone", "spot", "on_demand"}. Own
-        hardware has none: []. Must not create anything; may be cached a few minutes."""
+        backend can ask its cloud for, per GPU type (of `types` only, when given: the forms'
+        line asks for one) and zone of each region (None: its default region), as rows
+        {"type", "instance", "region", "zone", "spot", "on_demand"}. Own hardware has none: [].
+        Must not create anything; may be cached a few minutes."""
         return []
 
     def list_prices(self, instance_types: list[str], region: str) -> dict[str, float] | None:

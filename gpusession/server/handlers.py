@@ -292,7 +292,7 @@ class PricesHandler(BaseHandler):
                     f"unknown GPU type {gpu_type!r}: pass type= one of the catalog's "
                     "(GET catalog lists them)"
                 )
-            rows = [r for r in m.live_prices() if r["type"] == gpu_type]
+            rows = m.live_prices([gpu_type])
             return {
                 "type": gpu_type,
                 "rows": rows,

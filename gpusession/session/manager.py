@@ -698,9 +698,10 @@ class SessionManager:
         except GpuSessionError:  # a type the catalog no longer has
             return ()
 
-    def live_prices(self) -> list[dict[str, Any]]:
+    def live_prices(self, types: list[str] | None = None) -> list[dict[str, Any]]:
         """The clouds' current prices (`Backend.live_prices`) for the configured regions a
-        policy allows (settings.py `price_regions`), each row with its `backend`."""
+        policy allows (settings.py `price_regions`), of `types` only when given, each row with
+        its `backend`."""
         from ..backends import backend_names
 
         regions = price_regions(getattr(self.config, "regions", "") or "")
@@ -709,7 +710,8 @@ class SessionManager:
             if load_backend_class(name).live_prices is Backend.live_prices:
                 continue  # own hardware: no live prices to ask for
             rows += [
-                dict(r, backend=name) for r in self.backend(name).live_prices(self.catalog, regions)
+                dict(r, backend=name)
+                for r in self.backend(name).live_prices(self.catalog, regions, types)
             ]
         return rows
 

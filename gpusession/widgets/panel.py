@@ -159,7 +159,7 @@ class StartForm:
 
         def ask() -> None:
             try:
-                rows = [r for r in self.manager.live_prices() if r["type"] == gpu_type]
+                rows = self.manager.live_prices([gpu_type])
             except GpuSessionError:
                 return  # no cloud answers (no credentials): the catalog's price stays alone
             if rows and self._spot_type == gpu_type:

@@ -244,7 +244,9 @@ class AwsBackend(Backend):
             self._spot[key] = (time.monotonic(), prices)
         return prices
 
-    def live_prices(self, catalog: Catalog, regions: list[str | None]) -> list[dict[str, Any]]:
+    def live_prices(
+        self, catalog: Catalog, regions: list[str | None], types: list[str] | None = None
+    ) -> list[dict[str, Any]]:
         """Called by `%gpu types --live`: per GPU type (its one-GPU, else smallest, instance)
         and zone of each region, the current spot price beside the catalog's on-demand one.
         Rows {"type", "instance", "region", "zone", "spot", "on_demand"}, cheapest first per
@@ -253,6 +255,8 @@ class AwsBackend(Backend):
         for region in regions:
             aws = self.aws(region)
             for gpu in catalog.types:
+                if types is not None and gpu.name not in types:
+                    continue
                 inst = gpu.instances[0]
                 prices = self.spot_prices(aws, inst.name)
                 base = {"type": gpu.name, "instance": inst.name, "region": aws.region}
