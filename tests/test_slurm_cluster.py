@@ -769,6 +769,45 @@ def test_a_switch_moves_a_slurm_session_to_another_gpu_type_then_to_docker(
     manager.stop(there.id)
 
 
+def test_gpusession_workspaces_lists_and_removes_the_workspace_folders_on_the_cluster(
+    cluster, home, manager, tmp_path
+):
+    """`gpusession workspaces` lists the folders of workspaces on the clusters this store's
+    sessions used (size, where, which live session uses one); `rm` removes an unused one and
+    refuses one in use."""
+    from gpusession.core.errors import WorkspaceInUse
+    from gpusession.session import workspaces
+
+    folder = tmp_path / "wss"
+    (folder / "kept" / "sub").mkdir(parents=True)
+    (folder / "kept" / "sub" / "a.bin").write_bytes(b"x" * 1000)
+    (folder / "kept" / "b.txt").write_bytes(b"yy")
+    (folder / "live").mkdir()
+    records = {}
+    for name in ("kept", "live"):
+        spec = slurm_spec(manager, cluster, name=f"{name}-1", workspace_dir=str(folder))
+        record = manager.store.create(spec, price_per_hour=0.0)
+        manager.store.transition(record.id, State.PROVISIONING)
+        manager.store.update_resource(record.id, workspace=name, workspace_dir=f"{folder}/{name}")
+        records[name] = record
+    manager.store.transition(records["kept"].id, State.STOPPED, "ended")
+
+    views = {
+        v.workspace.name: v
+        for v in workspaces.list_all(manager.store, manager.backend)
+        if v.workspace.backend == "slurm"
+    }
+    assert sorted(views) == ["kept", "live"], views
+    kept, live = views["kept"].workspace, views["live"].workspace
+    assert kept.size_bytes == 1002 and kept.where == f"{folder}/kept on {cluster['url']}", kept
+    assert kept.in_use_by == [] and live.in_use_by == [records["live"].id], (kept, live)
+
+    with pytest.raises(WorkspaceInUse, match="workspace live is in use by session live-1"):
+        workspaces.remove(manager.store, manager.backend, "live")
+    workspaces.remove(manager.store, manager.backend, "kept")
+    assert sorted(p.name for p in folder.iterdir()) == ["live"]
+
+
 def test_a_workspace_stream_cut_short_lands_nowhere_and_a_whole_one_replaces_the_older_copy(
     cluster, home, manager, tmp_path
 ):

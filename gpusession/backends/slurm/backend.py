@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shlex
 import threading
 import time
@@ -38,6 +39,7 @@ from ..base import (
     Link,
     RemoteResource,
     TunnelLink,
+    Workspace,
     WorkspaceExport,
     failure_detail,
     log_tail,
@@ -64,6 +66,7 @@ STOP_WAIT_S = (
 )
 SEP = "@@gpusession@@"
 q = shlex.quote
+log = logging.getLogger(__name__)
 
 
 class SlurmBackend(Backend):
@@ -372,6 +375,65 @@ class SlurmBackend(Backend):
         return jump, SshTarget(
             host=address, port=port, username=jump.username, keys=jump.keys, host_keys=check
         )
+
+    # -- workspaces: listed and removed (`gpusession workspaces`) ------------------------------
+
+    def list_workspaces(self) -> list[Workspace]:
+        """The workspace folders in the folders of workspaces this store's sessions used, on
+        their login nodes (one command per cluster), with their files' bytes; in use: a live
+        session of this store mounts it."""
+        places: dict[str, set[str]] = {}
+        users: dict[tuple[str, str], list[str]] = {}
+        for r in self.recorder.sessions(self.name):
+            path = r.resource.get("workspace_dir")
+            if r.spec.host and path:
+                places.setdefault(r.spec.host, set()).add(path.rsplit("/", 1)[0])
+                if r.state.active:
+                    users.setdefault((r.spec.host, path), []).append(r.id)
+        found: list[Workspace] = []
+        reached = 0
+        for host, folders in sorted(places.items()):
+            # per workspace folder: its path and its files' bytes, each line marked (a login's
+            # startup files may print)
+            script = " ".join(
+                f'for d in {q(folder)}/*/; do [ -d "$d" ] || continue; '
+                f"printf '{SEP}\\t%s\\t' \"${{d%/}}\"; "
+                f"find \"$d\" -type f -printf '%s\\n' | awk '{{s+=$1}} END {{print s+0}}'; done;"
+                for folder in sorted(folders)
+            )
+            try:
+                listed = self.shell(host).run(script)
+            except BackendUnavailable as exc:
+                log.info("workspaces: skipping %s: %s", host, exc)
+                continue
+            reached += 1
+            for line in listed.out.splitlines():
+                mark, _, rest = line.partition("\t")
+                path, _, size = rest.partition("\t")
+                if mark != SEP or not path:
+                    continue
+                found.append(
+                    Workspace(
+                        self.name,
+                        path.rsplit("/", 1)[-1],
+                        f"{path} on {host}",
+                        int(size) if size.strip().isdigit() else None,
+                        in_use_by=users.get((host, path), []),
+                        details={"host": host, "path": path},
+                    )
+                )
+        if places and not reached:
+            raise BackendUnavailable(f"no Slurm login node answers ({', '.join(sorted(places))})")
+        return found
+
+    def remove_workspace(self, workspace: Workspace) -> None:
+        path = workspace.details["path"]
+        removed = self.shell(workspace.details["host"]).run(f"rm -rf -- {q(path)}")
+        if not removed.ok:
+            raise StageError(
+                "workspace",
+                f"cannot remove workspace {workspace.name} at {path}: {removed.text()}",
+            )
 
     # -- moving a workspace (`%gpu switch` to or from another backend) ------------------------
 
