@@ -310,7 +310,10 @@ class FreshRuntime:
         self.client = client
         self.code = _marked(bundle.code_archive())
         self.site = _marked(site)
-        docker_runtime.code_archive = lambda: self.code
+        # the start compiles this code ahead for the image's Python itself (on the clock), as
+        # a new build's first start does
+        bundle.code_archive = lambda: self.code
+        bundle._CODE_FOR.clear()
         docker_runtime.site_archive = lambda python, cache_dir, say: self.site
         shutil.rmtree(cache / "probes", ignore_errors=True)
 

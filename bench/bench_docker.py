@@ -146,7 +146,8 @@ class NewBuild:
         self.code = _with_marker(bundle.code_archive())
         self.sites: dict[str, bundle.Archive] = {}
         self._site_archive = bundle.site_archive
-        docker_runtime.code_archive = lambda: self.code
+        bundle.code_archive = lambda: self.code  # compiled ahead by the start, as a new build's
+        bundle._CODE_FOR.clear()
         docker_runtime.site_archive = self.site
 
     def site(self, python, cache, say):
