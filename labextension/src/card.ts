@@ -139,10 +139,9 @@ export class SessionCard {
     // while a switch runs: its stages as the server says them; until the first comes, what
     // was asked (the lines before are the session's own start)
     const lines = (view.progress ?? []).join('\n');
-    const progress =
-      this._switching && lines === this._linesBefore
-        ? this._switchAsked
-        : progressText(view, this._switching);
+    const progress = this._switching
+      ? ((lines !== this._linesBefore ? progressText(view, true) : null) ?? this._switchAsked)
+      : progressText(view);
     showText(this._progress, progress);
     this._progress.title = view.progress?.join('\n') ?? '';
     showText(this._restored, running ? (view.restored ?? null) : null);
