@@ -19,7 +19,7 @@ Each round, on this machine's engine, with the image removed from it before each
   runtime cache: no probe of the image kept, and runtime volumes the engine has never seen (a
   gpusession build and ipykernel site named anew each round, made before the clock starts).
 Which goes first alternates. Ratios: our start over the floor's, paired per round (median); our
-pull rate (the start's pull, `runtime._pull`) over the `docker pull` of the floor.
+pull rate (the start's pull stage, `find_or_pull_image`) over the `docker pull` of the floor.
 Targets: cold start <= 1.1x, pull rate >= 0.95x. `--scale` shrinks the random part of every layer
 (not the python3 base: ~290 MB) for a bounded slice. The load average is printed per round.
 """
@@ -344,18 +344,17 @@ def ours_round(manager: SessionManager, ref: str) -> tuple[float, list[str]]:
 
 
 def timed_pulls(pulls: list[float]) -> None:
-    """Time every pull of the start (the docker backend's pull itself: not the runtime's copy
-    that runs beside it, waited for after)."""
-    real = docker_runtime._pull
+    """Time every pull of the start (the docker backend's pull stage)."""
+    real = docker_runtime.find_or_pull_image
 
-    def pull(*args, **kwargs):
+    def find_or_pull_image(client, image, progress):
         t = time.perf_counter()
         try:
-            return real(*args, **kwargs)
+            return real(client, image, progress)
         finally:
             pulls.append(time.perf_counter() - t)
 
-    docker_runtime._pull = pull
+    docker_runtime.find_or_pull_image = find_or_pull_image
 
 
 def run_variant(client, manager, registry, variant, args, work, cache, site, site_volume):
@@ -469,14 +468,7 @@ def main() -> int:
     ap.add_argument(
         "--runtime-only", action="store_true", help="only the runtime cache's cold cost (no pulls)"
     )
-    ap.add_argument(
-        "--no-copy-ahead",
-        action="store_true",
-        help="our start copies the runtime after the pull, as before (what the copy costs the pull)",
-    )
     args = ap.parse_args()
-    if args.no_copy_ahead:
-        docker_runtime.copy_ahead = lambda *a, **k: None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still cleans up
     work = Path(tempfile.mkdtemp(prefix="gs-coldstart-"))
     os.environ["GPUSESSION_HOME"] = str(work / "home")
