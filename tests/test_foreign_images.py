@@ -6,7 +6,6 @@ tests/test_aws_e2e.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import subprocess
@@ -249,83 +248,6 @@ def test_a_pull_shows_bytes_and_layers_and_what_stays(manager, engine):
     (done,) = [line for line in lines if f"pulled {name} (" in line]
     assert f"{registry.layers} layers" in done and " MB downloaded" in done, done
     assert "it stays on the host for the next session" in done
-
-
-def test_the_runtime_is_copied_while_the_image_is_pulled(manager, engine, monkeypatch):
-    """A cold start (a build and site no engine has, no image probed here) of an image the
-    engine pulls: the runtime, compiled ahead for this machine's Python, goes into its volumes
-    while the pull runs; once the image is probed (its Python is 3.11, this machine's), both
-    copies are found whole, and nothing is copied after the pull."""
-    from gpusession.backends.docker import runtime as docker_runtime
-    from gpusession.transport import bundle
-
-    if sys.version_info[:2] != (3, 11):
-        pytest.skip("the image's Python is 3.11: copies ahead need this machine's to match")
-    members = bundle._members_of(bundle.code_archive().data)
-    code = bundle._archive("code", {**members, "lib/gpusession-test-build": os.urandom(8)})
-    site_of = bundle.site_archive
-
-    def site(python, cache, say):  # this machine's site, under a name no engine has seen
-        real = site_of(python, cache, say)
-        files = {**bundle._members_of(real.data), ".test-build": os.urandom(8)}
-        return dataclasses.replace(bundle._archive(real.kind, files), bytecode=real.bytecode)
-
-    # no image probed here yet, as on a new machine: this machine's Python is the guess
-    likely = docker_runtime._likely_python
-    monkeypatch.setattr(
-        docker_runtime, "_likely_python", lambda cache_dir: likely(cache_dir / "none-probed")
-    )
-    own = likely(bundle.cache_dir() / "none-probed")
-    sites = {own.site_tag: site(own, bundle.cache_dir(), print)}  # made before, as a build's is
-
-    def site_archive(python, cache, say):
-        if python.site_tag not in sites:
-            sites[python.site_tag] = site(python, cache, say)
-        return sites[python.site_tag]
-
-    monkeypatch.setattr(bundle, "code_archive", lambda: code)
-    monkeypatch.setattr(bundle, "_CODE_FOR", {})
-    monkeypatch.setattr(docker_runtime, "site_archive", site_archive)
-    monkeypatch.setattr(
-        docker_runtime, "probe_path", lambda cache_dir, image_id: _nowhere(image_id)
-    )
-    image = FOREIGN[0].image
-    registry = serve_registry(engine, image, "ci/ahead", "v1", extra_layers=(40_000_000,))
-    name = f"127.0.0.1:{registry.port}/ci/ahead:v1"
-    try:
-        lines = start_pulled(manager, name)
-    finally:
-        registry.close()
-        for ref in (name,):
-            try:
-                engine.images.remove(ref, force=True)
-            except Exception:  # noqa: BLE001 - the pull may have failed
-                pass
-        for archive, suffix in ((code, "-cp311"), *((a, "") for a in sites.values())):
-            for volume in (archive.copy_name + suffix, archive.copy_name + suffix + "-ok"):
-                try:
-                    engine.volumes.get(volume).remove(force=True)
-                except Exception:  # noqa: BLE001 - not made
-                    pass
-    said = "\n".join(lines)
-    pulled = next(i for i, line in enumerate(lines) if f"pulled {name} (" in line)
-    ahead = next(
-        i for i, line in enumerate(lines) if "copying it while the image is pulled" in line
-    )
-    assert ahead < pulled and "for Python 3.11" in lines[ahead], said
-    probed = next(i for i, line in enumerate(lines) if "looking for Python in" in line)
-    copies = [i for i, line in enumerate(lines) if "runtime: copying " in line and "once" in line]
-    assert len(copies) == 2 and max(copies) < probed, said  # the code and the site, each once
-    after = lines[probed:]  # the image's Python is the one guessed: both copies are whole
-    assert sum("cached on the engine" in line for line in after) == 2, said
-    assert not any("copying" in line or "compiling" in line for line in after), said
-
-
-def _nowhere(image_id: str) -> Path:
-    """Where no probe of the image is kept: the start probes it anew."""
-    import tempfile
-
-    return Path(tempfile.mkdtemp(prefix="gs-probe-")) / f"{image_id.split(':')[-1]}.json"
 
 
 # -- the same through ssh:// ----------------------------------------------------------------------

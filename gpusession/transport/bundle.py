@@ -377,11 +377,6 @@ def site_archive(python: ImagePython, cache_dir: Path, say: Callable[[str], None
     return archive
 
 
-def compiles_here(python: ImagePython) -> bool:
-    """Whether this machine has a Python of `python`'s version, to compile the runtime ahead."""
-    return _interpreter(python) is not None
-
-
 def _interpreter(python: ImagePython) -> str | None:
     """A CPython of `python`'s version on this machine (this one, else python3.X on PATH): its
     bytecode is what the image's Python reads (the .pyc format changes only between versions)."""

@@ -175,7 +175,6 @@ class DockerBackend(EngineWorkspaces, Backend):
         from .runtime import (
             KnownVolumes,
             bundle_command,
-            copy_ahead,
             find_or_pull_image,
             gpu_request,
             kernel_socket_dir,
@@ -190,15 +189,9 @@ class DockerBackend(EngineWorkspaces, Backend):
         )  # from here its engine may hold something (stop, gc)
         name = spec.image or self.default_image()
         labels = {LABEL: record.id, STORE_LABEL: self.recorder.store_id}
-        known = self._known.setdefault(spec.host or "", KnownVolumes(client))
-        image = find_or_pull_image(
-            client,
-            name,
-            progress,
-            # the runtime's copies go in while the image comes, where they need nothing of it
-            while_pulling=lambda: copy_ahead(client, cache_dir(), labels, known, progress),
-        )
+        image = find_or_pull_image(client, name, progress)
         # the image's own Python runs the kernel; the runtime bundle brings what it lacks
+        known = self._known.setdefault(spec.host or "", KnownVolumes(client))
         runtime = prepare_runtime(
             client, image, cache_dir=cache_dir(), labels=labels, progress=progress, known=known
         )

@@ -15,8 +15,6 @@ import dataclasses
 import json
 import logging
 import os
-import platform
-import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +34,6 @@ from ...transport.bundle import (
     ImagePython,
     boot_script,
     code_archive_for,
-    compiles_here,
     complete_marker,
     parse_probe,
     site_archive,
@@ -66,11 +63,9 @@ class PreparedRuntime:
     volumes: dict[str, dict[str, str]]  # for containers.create(volumes=...): the bundle, read-only
 
 
-def find_or_pull_image(client, image: str, progress: Progress, while_pulling=None):
+def find_or_pull_image(client, image: str, progress: Progress):
     """The engine's image `image`; pulled when it has none, with a line about bytes and layers
-    done every few seconds and one saying what stays cached. `while_pulling()`, called when a
-    pull begins, starts work that runs meanwhile and returns what waits for it (after the pull,
-    whatever its end)."""
+    done every few seconds and one saying what stays cached."""
     docker = docker_sdk()
     with engine_errors("while looking for the image"):
         try:
@@ -80,16 +75,6 @@ def find_or_pull_image(client, image: str, progress: Progress, while_pulling=Non
     repo, tag = docker.utils.parse_repository_tag(image)
     pull = PullProgress(image)
     progress.step(f"pulling {image}: it is not on the engine yet")
-    meanwhile = while_pulling() if while_pulling is not None else None
-    try:
-        return _pull(client, image, repo, tag, pull, progress)
-    finally:
-        if meanwhile is not None:
-            meanwhile()
-
-
-def _pull(client, image: str, repo: str, tag: str | None, pull: PullProgress, progress: Progress):
-    docker = docker_sdk()
     with engine_errors(f"while pulling {image}"):  # the engine unreachable: BackendUnavailable
         try:
             # the user's login read now (a `docker login` after a refused start counts), sent
@@ -208,85 +193,6 @@ def prepare_runtime(
     if site_volume is not None:
         volumes[site_volume] = {"bind": SITE_DIR, "mode": "ro"}
     return PreparedRuntime(python, volumes)
-
-
-def copy_ahead(
-    client, cache_dir: Path, labels: dict[str, str], present: KnownVolumes, progress: Progress
-):
-    """While an image is pulled: the runtime's copies for the Python it most likely has (that
-    of the image probed last here, else this machine's own), when this machine compiled them
-    ahead for that version: nothing of the image is needed then, a helper made from any image
-    the engine has (never started) unpacks them. Returns what waits for it (None: nothing to do).
-    Best effort: what it could not do, or guessed wrong, prepare_runtime does after the probe."""
-    guess = _likely_python(cache_dir)
-    if not compiles_here(guess):
-        return None  # no Python of that version here: the image's compiles it, once pulled
-    with engine_errors("while looking for an image to unpack the runtime with"):
-        images = client.images.list()
-    if not images:
-        return None
-    helper_image = min(images, key=lambda i: i.attrs.get("Size") or 0).id
-
-    def copy() -> None:
-        code = code_archive_for(guess)
-        present.has("")  # listed once, before the two copies ask
-        try:
-            site = site_archive(guess, cache_dir, lambda line: None) if guess.needs_site else None
-        except BundleError as exc:
-            log.info("no runtime copied ahead: %s", exc)
-            site = None
-        for archive, folder in ((code, CODE_DIR), (site, SITE_DIR)):
-            if archive is None or archive.bytecode != guess.tag:
-                continue
-            _ensure_copy(client, helper_image, archive, folder, labels, progress, present, guess)
-
-    progress.step(
-        f"runtime: copying it while the image is pulled, for Python {guess.short_version} "
-        "(the Python of the image probed last here, else this machine's)"
-    )
-    done = threading.Event()
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            copy()
-        except Exception as exc:  # noqa: BLE001 - best effort: prepare_runtime does it after
-            failed.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="gpusession-runtime-ahead", daemon=True).start()
-
-    def wait() -> None:
-        done.wait()
-        if failed:
-            log.info("the runtime's copy ahead failed (done after the pull): %s", failed[0])
-
-    return wait
-
-
-def _likely_python(cache_dir: Path) -> ImagePython:
-    """The Python an image about to be pulled most likely has: that of the image probed last
-    here (users start from one family of images), else this machine's own."""
-    probes = sorted(
-        (cache_dir / "probes").glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True
-    )
-    for path in probes:
-        try:
-            return ImagePython.from_payload(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    libc = platform.libc_ver()
-    return ImagePython(
-        executable=sys.executable,
-        version=tuple(sys.version_info[:3]),
-        machine=platform.machine(),
-        libc=(libc[0] or "", libc[1] or ""),
-        ipykernel=None,
-        pip=None,
-        uid=0,
-        venv=False,
-    )
 
 
 def probe_path(cache_dir: Path, image_id: str) -> Path:
