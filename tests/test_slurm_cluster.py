@@ -815,28 +815,15 @@ def test_a_workspace_stream_cut_short_lands_nowhere_and_a_whole_one_replaces_the
     whose source fails midway raises the source's error (not the login node's), and nothing is
     put in place or left beside it, the older copy there untouched; a whole stream replaces that
     copy (said); a workspace folder that is gone is one line before anything moves."""
-    import io
-    import tarfile
 
     from gpusession.core.errors import StageError
     from gpusession.core.progress import Progress
+    from support.streams import workspace_chunks
 
     folder = tmp_path / "ws"
     (folder / "cut").mkdir(parents=True)
     (folder / "cut" / "old.txt").write_text("older copy")
-    packed = io.BytesIO()
-    with tarfile.open(fileobj=packed, mode="w") as tar:
-        for name, data in (("workspace/new.txt", b"moved"), ("workspace/big", os.urandom(3 << 20))):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    stream = packed.getvalue()
-
-    def chunks(fail_at: int | None = None):
-        for i in range(0, len(stream), 1 << 20):
-            if i == fail_at:
-                raise OSError("cannot read big: Input/output error")
-            yield stream[i : i + (1 << 20)]
+    chunks = workspace_chunks()
 
     spec = slurm_spec(manager, cluster, name="cut-2", resume="cut", workspace_dir=str(folder))
     record = manager.store.create(spec, price_per_hour=0.0)

@@ -324,6 +324,7 @@ def test_a_docker_workspace_stream_cut_short_lands_nowhere_and_a_whole_one_repla
 
     from gpusession.configuration.agentargs import workspace_volume
     from gpusession.core.progress import Progress
+    from support.streams import workspace_chunks
 
     if not image_ready(NONROOT):
         pytest.skip(f"no Docker engine with {NONROOT}")
@@ -341,19 +342,7 @@ def test_a_docker_workspace_stream_cut_short_lands_nowhere_and_a_whole_one_repla
             remove=True,
         ).decode()
 
-    packed = io.BytesIO()
-    with tarfile.open(fileobj=packed, mode="w") as tar:
-        for name, data in (("workspace/new.txt", b"moved"), ("workspace/big", os.urandom(3 << 20))):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    stream = packed.getvalue()
-
-    def chunks(fail_at: int | None = None):
-        for i in range(0, len(stream), 1 << 20):
-            if i == fail_at:
-                raise OSError("cannot read big: Input/output error")
-            yield stream[i : i + (1 << 20)]
+    chunks = workspace_chunks()
 
     try:
         older = io.BytesIO()
