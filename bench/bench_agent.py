@@ -205,6 +205,7 @@ def main() -> int:
     text = json.dumps(results, indent=1)
     print(text)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(text + "\n")
     return 0
 

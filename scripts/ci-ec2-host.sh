@@ -6,14 +6,21 @@
 # and logins the user data gives, and runs the user data's commands against this dockerd.
 #   scripts/ci-ec2-host.sh up     start it (idempotent); needs scripts/ci-host-setup.sh first
 #   scripts/ci-ec2-host.sh down   stop dockerd, remove the namespace
+# GPUSESSION_TEST_SLOT=N (N > 0; a pytest-xdist worker's number, tests/support/slots.py) makes
+# host N of its own: gpus-ec2-N at 10.201.N.2, its own state and engine.
 set -euo pipefail
 
-NS=gpus-ec2
-HOST_IF=gpus-ec2-h NS_IF=gpus-ec2-n
-HOST_IP=10.201.0.1 NS_IP=10.201.0.2
+SLOT=${GPUSESSION_TEST_SLOT:-0}
 CI_STATE=${GPUSESSION_CI_STATE:-/var/lib/gpusession-ci}
-STATE=$CI_STATE/ec2               # kept by `down`: the image store
-RUN=/run/gpus-ec2                 # socket and pid file
+if [ "$SLOT" = 0 ]; then
+    NS=gpus-ec2 HOST_IF=gpus-ec2-h NS_IF=gpus-ec2-n
+    STATE=$CI_STATE/ec2           # kept by `down`: the image store
+    RUN=/run/gpus-ec2             # socket and pid file
+else
+    NS=gpus-ec2-$SLOT HOST_IF=gpus-e$SLOT-h NS_IF=gpus-e$SLOT-n
+    STATE=$CI_STATE/ec2-$SLOT RUN=/run/gpus-ec2-$SLOT
+fi
+HOST_IP=10.201.$SLOT.1 NS_IP=10.201.$SLOT.2
 SOCK=unix://$RUN/docker.sock
 IMAGE=${GPUSESSION_TEST_IMAGE:-gpusession/cuda:ci}
 

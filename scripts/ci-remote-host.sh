@@ -6,14 +6,21 @@
 #   scripts/ci-remote-host.sh down   stop both daemons, remove the namespace
 # Client files, in $STATE (default /var/lib/gpusession-ci/remote):
 #   id_ed25519 (key for root@10.200.0.2), known_hosts, ssh_config
+# GPUSESSION_TEST_SLOT=N (N > 0; a pytest-xdist worker's number, tests/support/slots.py) makes
+# host N of its own: gpus-remote-N at 10.200.N.2, its own state, keys and engine.
 set -euo pipefail
 
-NS=gpus-remote
-HOST_IF=gpus-veth0 NS_IF=gpus-veth1
-HOST_IP=10.200.0.1 NS_IP=10.200.0.2
+SLOT=${GPUSESSION_TEST_SLOT:-0}
 CI_STATE=${GPUSESSION_CI_STATE:-/var/lib/gpusession-ci}
-STATE=$CI_STATE/remote            # kept by `down`: keys, image store
-RUN=/run/gpus-remote              # sockets and pid files
+if [ "$SLOT" = 0 ]; then
+    NS=gpus-remote HOST_IF=gpus-veth0 NS_IF=gpus-veth1
+    STATE=$CI_STATE/remote        # kept by `down`: keys, image store
+    RUN=/run/gpus-remote          # sockets and pid files
+else
+    NS=gpus-remote-$SLOT HOST_IF=gpus-r$SLOT-h NS_IF=gpus-r$SLOT-n
+    STATE=$CI_STATE/remote-$SLOT RUN=/run/gpus-remote-$SLOT
+fi
+HOST_IP=10.200.$SLOT.1 NS_IP=10.200.$SLOT.2
 SOCK=unix://$RUN/docker.sock
 IMAGE=${GPUSESSION_TEST_IMAGE:-gpusession/cuda:ci}
 

@@ -1,42 +1,69 @@
 #!/usr/bin/env bash
 # One command: set up everything the tests need on a fresh Debian machine, then run them.
 #   as root: Debian packages (docker.io, openssh-server, chromium, ...), a Docker engine with the
-#            GPU-request stub, the base and product images (scripts/ci-host-setup.sh)
+#            GPU-request stub, the base and product images (scripts/ci-host-setup.sh), Slurm
 #   always:  a virtualenv in .venv with gpusession[test] (this builds the JupyterLab extension)
+# The suite runs in parallel workers (pytest-xdist; GPUSESSION_TEST_WORKERS, default 4: most of a
+# test is waiting on kernels, containers and timers, so more workers than cores pay off), each
+# with hosts of its own (tests/support/slots.py). docs/testing.md has the tiers and the figures.
+#
+#   scripts/test.sh [PYTEST ARGS]          everything: setup, lint, the JS tests, every test
+#   scripts/test.sh --fast [PYTEST ARGS]   the fast tier only (no root, no services, no setup
+#                                          beyond the virtualenv): the inner loop, under a minute
 # Extra arguments go to pytest, e.g. scripts/test.sh -k docker
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
 stage() { printf '[%5ss] %s\n' "$((SECONDS - start))" "$*"; }
 
-if [ "$(id -u)" = 0 ]; then
-  stage "host setup (Docker engine, sshd, chromium, images)"
-  bash scripts/ci-host-setup.sh
-  bash scripts/ci-slurm.sh up   # a real Slurm: controller, login node, two compute nodes (docs/slurm.md)
-else
-  stage "not root: skipping host setup; Docker and browser tests skip unless already set up"
+fast=
+if [ "${1:-}" = --fast ]; then
+    fast=1
+    shift
+fi
+workers=${GPUSESSION_TEST_WORKERS:-4}
+
+venv() {
+    stage "python environment (.venv)"
+    [ -x .venv/bin/python ] || python3 -m venv .venv
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e '.[test]'
+}
+
+if [ -n "$fast" ]; then
+    # the installed environment is reused as it is (pip install -e '.[test]' makes it)
+    [ -x .venv/bin/pytest ] && .venv/bin/python -c 'import gpusession, xdist' 2>/dev/null || venv
+    # no waiting in this tier: as many workers as cores (GPUSESSION_TEST_WORKERS to change it)
+    workers=${GPUSESSION_TEST_WORKERS:-auto}
+    stage "fast tier: pytest -m 'not integration' ($workers workers)"
+    exec .venv/bin/python -m pytest -m "not integration" -n "$workers" -p no:cacheprovider "$@"
 fi
 
-stage "python environment (.venv)"
-[ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+if [ "$(id -u)" = 0 ]; then
+    stage "host setup (Docker engine, sshd, chromium, images)"
+    bash scripts/ci-host-setup.sh
+    bash scripts/ci-slurm.sh up # a real Slurm: controller, login node, two compute nodes (docs/slurm.md)
+else
+    stage "not root: skipping host setup; Docker and browser tests skip unless already set up"
+fi
+
+venv
 
 stage "lint and format (ruff)"
 .venv/bin/ruff check gpusession tests bench scripts/gen_docs.py
-.venv/bin/ruff format --check gpusession tests bench scripts/gen_docs.py  # `ruff format` owns line breaks
+.venv/bin/ruff format --check gpusession tests bench scripts/gen_docs.py # `ruff format` owns line breaks
 
 stage "labextension: typecheck and JS unit tests"
 # the editable install above ran `jlpm install` there, unless its build was up to date
 [ -x labextension/node_modules/.bin/tsc ] && [ -d labextension/node_modules/@types/node ] \
-  || (cd labextension && ../.venv/bin/jlpm install >/dev/null)
+    || (cd labextension && ../.venv/bin/jlpm install >/dev/null)
 if ! js_log=$(cd labextension && ../.venv/bin/jlpm typecheck 2>&1 && ../.venv/bin/jlpm test 2>&1); then
-  printf '%s\n' "$js_log" | tail -n 80
-  echo "labextension: typecheck or JS tests failed (cd labextension && jlpm typecheck && jlpm test)" >&2
-  exit 1
+    printf '%s\n' "$js_log" | tail -n 80
+    echo "labextension: typecheck or JS tests failed (cd labextension && jlpm typecheck && jlpm test)" >&2
+    exit 1
 fi
 printf '%s\n' "$js_log" | grep -E '^ℹ (tests|fail) ' | tr '\n' ' ' || true
 echo
 
-stage "tests"
-exec .venv/bin/python -m pytest "$@"
+stage "tests ($workers workers; tests that share one machine-wide thing run in one xdist group)"
+exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"

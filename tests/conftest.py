@@ -1,4 +1,11 @@
-"""Shared fixtures. Every test gets its own session store (GPUSESSION_HOME in a tmp dir)."""
+"""Shared fixtures. Every test gets its own session store (GPUSESSION_HOME in a tmp dir).
+
+Tiers (docs/testing.md): a test is `integration` when it needs root, a Docker engine, a network
+namespace host, the Slurm cluster, Chromium, moto's EC2 API or processes of ours (kernels, the
+agent, the CLI, servers): by its markers (docker, browser, slurm, root, slow, or integration
+itself) or by the fixtures it takes (INTEGRATION_FIXTURES). The rest is the fast tier,
+`pytest -m "not integration"` (scripts/test.sh --fast): no root, no services, no processes of
+ours, which the fast tier itself holds to (`_fast_tier_starts_no_interpreter`)."""
 
 from __future__ import annotations
 
@@ -10,6 +17,86 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+
+
+#: markers that make a test an integration test (pyproject.toml declares them)
+INTEGRATION_MARKS = ("docker", "browser", "slurm", "root", "slow")
+#: fixtures that bring a real service along: a test taking one is an integration test
+INTEGRATION_FIXTURES = frozenset(
+    {
+        *("engine", "remote", "platform", "ec2_host", "cluster", "registry", "browser", "page"),
+        *("moto_server", "ec2_api", "aws_env", "look"),  # the local EC2 API (moto's server)
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(m) for m in INTEGRATION_MARKS) or (
+            INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ()))
+        ):
+            item.add_marker(pytest.mark.integration)
+
+
+def pytest_runtest_setup(item):
+    """With --dist loadgroup, a test of an xdist group must carry the group in its id (that is how
+    xdist sends the group to one worker). pytest 9.2 stopped reading the id xdist 3.8 sets, and the
+    Slurm tests then ran on two workers at once and cancelled each other's jobs: said here."""
+    if (
+        getattr(item.config.option, "loadgroup", False)
+        and item.get_closest_marker("xdist_group")
+        and "@" not in item.nodeid
+    ):
+        pytest.fail(
+            f"pytest-xdist does not group this test with this pytest ({pytest.__version__}): "
+            "pin pytest as pyproject.toml does",
+            pytrace=False,
+        )
+
+
+def fast_tier(config) -> bool:
+    """Is this run the fast tier (`-m "not integration"`, scripts/test.sh --fast)?"""
+    return "not integration" in (config.getoption("markexpr", "") or "")
+
+
+#: what a fast-tier test may not start: an interpreter (a kernel, the agent, the CLI: a second or
+#: more each) or a service; short tools (git, bash -n, ssh-keygen) are fine
+SLOW_PROGRAMS = ("python", "sshd", "ssh", "docker", "dockerd", "chromium", "moto_server", "jupyter")
+_running: list[str] = []  # the node id of the test being run, for the fast tier's refusal
+
+
+def pytest_configure(config):
+    """The fast tier's rules, held for the whole run (fixtures of any scope included): no
+    Docker engine in sight (a test that needs one skips, as on a machine without, and says so),
+    and no Python process or service started (a kernel, the agent, the CLI, sshd, a server,
+    moto): a test that starts one fails, saying to mark it integration."""
+    if not fast_tier(config):
+        return
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        return  # xdist's controller: it starts the workers, which hold the rules
+    import subprocess
+
+    os.environ["DOCKER_HOST"] = "unix:///nonexistent/gpusession-fast-tier.sock"
+    execute = subprocess.Popen._execute_child
+
+    def checked(self, args, executable, *rest):
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        program = os.path.basename(os.fsdecode(executable or argv[0])).split()[0]
+        if program.startswith(SLOW_PROGRAMS) or os.fsdecode(argv[0]) == sys.executable:
+            raise AssertionError(
+                f"{_running[-1] if _running else 'a fixture'} starts {program} in the fast "
+                "tier: mark it `pytest.mark.integration` (tests/conftest.py, docs/testing.md)"
+            )
+        return execute(self, args, executable, *rest)
+
+    subprocess.Popen._execute_child = checked
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running.append(item.nodeid)
+    yield
+    _running.pop()
 
 
 @pytest.fixture

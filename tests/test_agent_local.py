@@ -21,6 +21,9 @@ from gpusession.core.protocol import StopKind, StopReason
 from gpusession.faces.words import ended_message, error_text, keepalive_line, summary_line
 from support.procs import alive
 
+# integration: starts kernels, the agent or servers (tests/conftest.py: the fast tier starts none)
+pytestmark = pytest.mark.integration
+
 IDLE_S = 5.0
 CHECK_S = 1.0  # the agent's default check interval
 TEARDOWN_SLACK_S = 1.5  # SIGTERM to the kernel, process exit, and this test's 50 ms polling

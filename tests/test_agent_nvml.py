@@ -135,12 +135,14 @@ def test_real_pynvml_on_this_machine_without_a_driver():
     assert message.startswith(NO_GPU_MESSAGE), message
 
 
+@pytest.mark.integration
 def test_importing_the_agent_does_not_touch_nvml():
     code = "import sys, gpusession.agent.service, gpusession.agent.runtime; print('pynvml' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.integration
 def test_sample_command_prints_json(tmp_path):
     out = subprocess.run(
         [
@@ -178,6 +180,7 @@ def test_sample_command_prints_json(tmp_path):
         assert doc["samples"][0]["memory_used"] > 0
 
 
+@pytest.mark.integration
 def test_nvml_record_writes_the_replay_format():
     out = subprocess.run(
         [sys.executable, "-m", "gpusession.agent", "nvml-record"],

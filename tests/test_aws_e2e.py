@@ -16,6 +16,7 @@ from gpusession.core.models import State
 from gpusession.core.protocol import Marker, StopKind, StopReason, find_markers
 from gpusession.faces.words import ended_message
 from support.ec2 import leftovers
+from support.ec2_platform import SSH_CIDR
 from support.hosts import product_image
 from support.sinks import Collect
 
@@ -30,9 +31,7 @@ def spec_for(manager, **options):
     options.setdefault(
         "workspace_size", "1"
     )  # GiB: the platform backs each volume with a sparse file
-    return manager.make_spec(
-        "t4", backend="aws", ssh_cidr="10.201.0.1/32", boot_timeout=120, **options
-    )
+    return manager.make_spec("t4", backend="aws", ssh_cidr=SSH_CIDR, boot_timeout=120, **options)
 
 
 def let_go(session) -> None:
@@ -498,7 +497,7 @@ def test_a_switch_from_aws_to_docker_and_back_streams_the_workspace_over_the_ins
         lines.clear()
         back, report = manager.switch(
             there,
-            manager.switch_spec(there.id, {"backend": "aws", "ssh_cidr": "10.201.0.1/32"}),
+            manager.switch_spec(there.id, {"backend": "aws", "ssh_cidr": SSH_CIDR}),
             lines.append,
         )
         said = "\n".join(lines)

@@ -19,8 +19,9 @@ from gpusession.core.models import State
 from gpusession.core.progress import Progress
 from gpusession.core.protocol import StopKind
 from support.ec2 import Fault, leftovers
+from support.ec2_platform import SSH_CIDR
 
-CIDR = "10.201.0.1/32"
+CIDR = SSH_CIDR
 pytest_plugins = ["support.ec2_fixtures"]  # fixtures: moto_server, ec2_api, aws_env, look
 NOTHING = {"instances": [], "key_pairs": [], "security_groups": []}
 
@@ -67,6 +68,7 @@ def user_data_of(look, record) -> dict:
     return yaml.safe_load(text)
 
 
+@pytest.mark.integration
 def test_import_needs_no_boto3():
     code = (
         "import sys; sys.modules['boto3'] = None; sys.modules['botocore'] = None\n"
@@ -374,6 +376,7 @@ def test_unknown_region_is_refused_before_anything_is_asked(manager, aws_env):
     assert aws_env.calls == [] and manager.list() == []
 
 
+@pytest.mark.integration
 def test_bad_credentials_are_refused_before_anything_is_recorded(
     manager, aws_env, look, monkeypatch
 ):

@@ -30,10 +30,12 @@ from support.ec2_registry import (
     ensure_registry_tools,
 )
 from support.sinks import Collect
+from support.slots import suffix
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# the ECR name is mapped in this machine's /etc/hosts, one address at a time
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("etc-hosts")]
 pytest_plugins = ["support.ec2_fixtures"]
-NS_DOCKERD_LOG = STATE.parent / "ec2" / "dockerd.log"
+NS_DOCKERD_LOG = STATE.parent / f"ec2{suffix()}" / "dockerd.log"
 
 
 @pytest.fixture(scope="module")

@@ -184,6 +184,7 @@ async def clear_rest(jp_fetch, body: str, status: int) -> str | None:
     return doc["message"] if len(doc["message"]) <= MAX_MESSAGE else None
 
 
+@pytest.mark.integration
 async def test_bad_input_is_one_clear_error_on_every_face(gs_home, nb_env, jp_fetch, capsys):
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -295,6 +296,7 @@ def test_bad_hosts_are_refused_naming_the_field(host, needle):
     assert str(e.value).startswith("--host: ")
 
 
+@pytest.mark.integration
 def test_a_bad_host_from_the_cli_is_refused_before_anything_is_recorded(nb_env, gs_home):
     r = subprocess.run(
         [sys.executable, "-m", "gpusession", "start", "--backend", "docker", "--host", HOST64],
@@ -391,6 +393,7 @@ def shell(gs_home, capsys):
     InteractiveShell.clear_instance()
 
 
+@pytest.mark.integration
 async def test_a_start_failure_never_shows_protocol_lines(
     gs_home, nb_env, shell, jp_fetch, capsys, monkeypatch
 ):
@@ -447,6 +450,7 @@ async def test_a_start_failure_never_shows_protocol_lines(
     nothing_running(gs_home)
 
 
+@pytest.mark.integration
 async def test_an_unknown_session_is_one_line_on_every_face(
     gs_home, nb_env, shell, jp_fetch, capsys
 ):
@@ -468,6 +472,7 @@ async def test_an_unknown_session_is_one_line_on_every_face(
     )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("where", ["file", "under a file", "read-only"])
 async def test_an_unusable_gpusession_home_is_one_line_on_every_face(
     where, tmp_path, gs_home, nb_env, capsys, monkeypatch
@@ -521,6 +526,7 @@ async def test_the_server_says_why_when_its_home_is_unusable(file_home, jp_fetch
     assert r.code == 503
 
 
+@pytest.mark.integration
 async def test_a_bad_reconnect_timeout_starts_nothing(
     gs_home, nb_env, shell, jp_fetch, capsys, monkeypatch
 ):

@@ -150,14 +150,19 @@ def seed(store, at: float) -> None:
 def low_contrast_text(page, minimum: float = 4.5) -> list[dict]:
     """The view's text (READ) with less contrast than `minimum`, measured in one call into the
     page (support.labpanel.low_contrast asks three times per element: minutes here)."""
-    measured = (
-        page.locator(VIEW)
-        .locator(READ)
-        .evaluate_all(
-            "els => els.filter(e => e.offsetParent !== null && (e.innerText || '').trim())"
-            f".map({CONTRAST_JS.strip()})"
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while True:  # a theme change redraws the view: measured once it is whole again
+        measured = (
+            page.locator(VIEW)
+            .locator(READ)
+            .evaluate_all(
+                "els => els.filter(e => e.offsetParent !== null && (e.innerText || '').trim())"
+                f".map({CONTRAST_JS.strip()})"
+            )
         )
-    )
+        if len(measured) > 30 or time.monotonic() > deadline:
+            break
+        page.wait_for_timeout(100)
     assert len(measured) > 30  # every kind of text was measured
     return [m for m in measured if m["ratio"] < minimum]
 

@@ -13,6 +13,7 @@ import json
 import threading
 import time
 
+import pytest
 from test_cli import cli
 from test_spend import _session
 
@@ -21,6 +22,9 @@ from gpusession.core.models import State
 from gpusession.faces.notify import WarningNotifier
 from gpusession.faces.words import rest_view
 from gpusession.session import SessionManager
+
+# integration: starts kernels, the agent or servers (tests/conftest.py: the fast tier starts none)
+pytestmark = pytest.mark.integration
 
 H = 3600.0
 

@@ -73,6 +73,7 @@ def test_archives_are_reproducible_and_named_by_their_digest():
     )
 
 
+@pytest.mark.integration
 def test_the_code_runs_the_agent_from_the_bundle_alone(tmp_path):
     """Unpacked, with nothing else of gpusession on the path: `python -m gpusession.agent --help`."""
     with tarfile.open(fileobj=io.BytesIO(bundle.code_archive().data), mode="r:gz") as tar:
@@ -144,6 +145,7 @@ def test_the_probe_says_what_the_image_lacks():
     )
 
 
+@pytest.mark.integration
 def test_a_site_is_made_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
     python = ImagePython(
         "/usr/bin/python3", (3, 11, 2), "x86_64", ("glibc", "2.36"), None, None, 0, False
@@ -182,6 +184,7 @@ def test_a_site_is_made_once_and_then_read_from_the_cache(tmp_path, monkeypatch)
     ]
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the site is made for Python 3.11")
 def test_a_site_comes_compiled_for_its_python_so_a_new_engine_only_unpacks_it(
     tmp_path, monkeypatch
@@ -229,6 +232,7 @@ def test_a_site_comes_compiled_for_its_python_so_a_new_engine_only_unpacks_it(
     assert (again.digest, again.bytecode) == (site.digest, "cp311")
 
 
+@pytest.mark.integration
 def test_the_code_comes_compiled_for_the_images_python_where_this_machine_has_it(monkeypatch):
     """The agent's code, compiled here for the image's Python version (unchecked-hash .pyc): its
     copy is named as the one an engine compiles (the source's digest), its digest is its data's

@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 
+import pytest
 from test_cli import cli
 
 from gpusession.configuration.catalog import packaged_catalog
@@ -16,6 +17,9 @@ from gpusession.session import SessionManager
 from gpusession.widgets.panel import StartForm
 
 pytest_plugins = ["support.ec2_fixtures"]  # fixtures: moto_server, ec2_api, aws_env, look
+# integration: starts kernels, the agent or servers (tests/conftest.py: the fast tier starts none)
+pytestmark = pytest.mark.integration
+
 PACKAGED = "2025-11-01"
 
 

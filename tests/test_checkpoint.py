@@ -247,6 +247,7 @@ def test_a_damaged_variable_file_is_said_and_the_others_restored(tmp_path, how):
     )
 
 
+@pytest.mark.integration
 def test_two_saves_into_one_workspace_at_once_never_lose_what_they_said_they_saved(tmp_path):
     """A bounded slice of bench/bench_concurrent_saves.py (the loop): 6 rounds."""
     figures = concurrent_saves(tmp_path, 6)
@@ -282,6 +283,7 @@ def test_a_save_never_removes_a_folder_another_save_is_writing(tmp_path):
     assert ns == {"a": 1, "w": "waited"} and not report["failed"], report
 
 
+@pytest.mark.integration
 def test_a_second_live_session_on_a_workspace_is_refused(gs_home, manager):
     first = manager.start(
         manager.make_spec("t4", backend="local", idle="off", name="s1", workspace="shared")
@@ -327,6 +329,7 @@ except Exception as exc:
 """
 
 
+@pytest.mark.integration
 def test_two_starts_at_once_on_one_workspace_one_gets_it(gs_home, nb_env):
     for round_ in range(3):
         at = time.time() + 1.5

@@ -14,6 +14,9 @@ from gpusession.core.protocol import StopKind, StopReason
 from gpusession.session.store import Store
 from support.procs import alive, wait_dead
 
+# integration: starts kernels, the agent or servers (tests/conftest.py: the fast tier starts none)
+pytestmark = pytest.mark.integration
+
 
 def cli(env, *args, timeout=120):
     return subprocess.run(

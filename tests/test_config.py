@@ -267,6 +267,7 @@ def test_a_bad_env_var_is_an_error_naming_it_when_read(var, value, name, no_env)
     )
 
 
+@pytest.mark.integration
 def test_the_replay_switch_charts_a_local_session_labelled_recorded(tmp_path, no_env):
     """GPUSESSION_NVML_REPLAY (scripts/demo.sh sets it): a local session's GPU values are the
     recording's, and the words say "recorded"; a docker session keeps its real GPUs."""
@@ -293,6 +294,7 @@ def test_the_replay_switch_charts_a_local_session_labelled_recorded(tmp_path, no
         manager.close()
 
 
+@pytest.mark.integration
 def test_bad_env_vars_do_not_break_imports(tmp_path):
     env = clean_env(tmp_path)
     env.update(GPUSESSION_IDLE="abc", GPUSESSION_PRICE_PER_HOUR="abc", GPUSESSION_TYPE="t5")
@@ -343,6 +345,7 @@ def test_cli_reads_env_vars_and_names_a_bad_one(tmp_path, no_env, capsys):
 # --- IPython --------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_ipython_config_file_sets_every_setting_over_the_env(tmp_path, kernel_factory):
     env = clean_env(tmp_path, **env_values(tmp_path))
     write_ipython_config(env, config_values(tmp_path))
@@ -352,6 +355,7 @@ def test_ipython_config_file_sets_every_setting_over_the_env(tmp_path, kernel_fa
     assert observed(nk.run(PROBE).text) == effective(config_values(tmp_path))
 
 
+@pytest.mark.integration
 def test_percent_config_after_loading_applies_to_the_next_start(tmp_path, kernel_factory):
     env = clean_env(tmp_path, **env_values(tmp_path))
     cfg = config_values(tmp_path)
@@ -373,6 +377,7 @@ def test_percent_config_after_loading_applies_to_the_next_start(tmp_path, kernel
     assert observed(nk.run(PROBE).text) == effective(cfg)
 
 
+@pytest.mark.integration
 def test_a_bad_env_var_in_a_notebook_is_one_message_and_config_can_override_it(
     tmp_path, kernel_factory
 ):
@@ -471,6 +476,7 @@ async def _fetch(jp_fetch, *path, **kwargs):
     return r.code, json.loads(r.body)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("server_case", ["config", "file"])
 async def test_server_config_sets_every_setting_over_the_env(jp_serverapp, jp_fetch, tmp_path):
     cfg = config_values(tmp_path)

@@ -24,6 +24,9 @@ from gpusession.core.protocol import StopKind, StopReason
 from gpusession.session.store import Store
 from support.hosts import docker_available, ensure_remote_host, product_image, ssh_home
 
+# integration: starts kernels, the agent or servers (tests/conftest.py: the fast tier starts none)
+pytestmark = pytest.mark.integration
+
 LABEL = "gpusession.session"
 ENGINE = docker_available()
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from gpusession.backends.docker.engine import engine_client
+from support.hosts import REMOTE_NETNS as NS
 from support.hosts import docker_available
 
-NS = "gpus-remote"
 no_engine = pytest.mark.skipif(not docker_available(), reason="no Docker engine answers")
 
 

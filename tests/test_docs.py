@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.integration
 def test_generated_references_match_their_tables():
     done = subprocess.run(
         [sys.executable, "scripts/gen_docs.py", "--check"], cwd=ROOT, capture_output=True, text=True
@@ -18,6 +21,7 @@ def test_generated_references_match_their_tables():
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.integration
 def test_the_docs_site_builds_without_a_warning(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html", "docs", str(tmp_path / "html")],

@@ -3,7 +3,7 @@ cells, kills at every start stage, a killed kernel and a killed container, then 
 the notebook face, a tunnel that cannot come back and a 10 Hz cell across cuts.
 
 A session on this machine's engine is reached without a tunnel, so the cuts are made on a session
-on the remote engine of scripts/ci-remote-host.sh (ssh://root@10.200.0.2), reached through our
+on the remote engine of scripts/ci-remote-host.sh (ssh://root@10.200.N.2, this worker's own), reached through our
 tunnel to that host's sshd, as a GPU box over SSH is.
 
 CI runs FAULT_CUTS cuts (`GPUSESSION_FAULT_CUTS` to change it); `bench/bench_faults.py` runs the
@@ -22,7 +22,7 @@ import pytest
 from gpusession.core.errors import CellLost
 from gpusession.core.models import State
 from gpusession.session.store import Store
-from support.hosts import docker_available, product_image
+from support.hosts import REMOTE_ADDRESS, docker_available, product_image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench_faults  # noqa: E402
@@ -153,8 +153,9 @@ NO_LOGIN = (
     "fault, words",
     [
         (NEW_HOST_KEY, "changed: refusing to connect"),
-        (NO_LOGIN, "authentication failed for root@10.200.0.2:22"),
+        (NO_LOGIN, f"authentication failed for root@{REMOTE_ADDRESS}:22"),
     ],
+    ids=["changed-host-key", "no-login"],  # the same on every worker (its address is its own)
 )
 def test_cell_ends_with_one_line_when_the_tunnel_cannot_come_back(
     docker_env, remote, tmp_path, fault, words

@@ -128,6 +128,7 @@ def _lines(text: str) -> list[str]:
 # -- the kernel's cell log -----------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_kernel_numbers_outputs_and_answers_for_a_cell_on_control(kernel):
     raw: list[dict] = []
     original = kernel.client.get_iopub_msg
@@ -169,6 +170,7 @@ def test_kernel_numbers_outputs_and_answers_for_a_cell_on_control(kernel):
 # -- lost messages: item 3 (hangs) and item 4 (silent loss) ----------------------------------------
 
 
+@pytest.mark.integration
 def test_lost_request_without_any_reconnect_ends_saying_it_did_not_run(kernel):
     _drop_next_request(kernel)
     box, took = _within(20, kernel.execute, "lost_cell_ran = True", sink=Recorder())
@@ -178,6 +180,7 @@ def test_lost_request_without_any_reconnect_ends_saying_it_did_not_run(kernel):
     assert kernel.evaluate("'lost_cell_ran' in globals()") == "False"
 
 
+@pytest.mark.integration
 def test_lost_reply_and_idle_end_with_the_reply_the_kernel_kept(kernel):
     dropped_shell = _drop(kernel, "shell", lambda m: m["msg_type"] == "execute_reply")
     dropped_iopub = _drop(kernel, "iopub", lambda m: m["msg_type"] == "status")
@@ -190,6 +193,7 @@ def test_lost_reply_and_idle_end_with_the_reply_the_kernel_kept(kernel):
     assert took < 10
 
 
+@pytest.mark.integration
 def test_lost_error_reply_still_raises_the_remote_error(kernel):
     from gpusession.core.errors import RemoteError
 
@@ -199,6 +203,7 @@ def test_lost_error_reply_still_raises_the_remote_error(kernel):
     assert isinstance(box.get("error"), RemoteError) and box["error"].ename == "ZeroDivisionError"
 
 
+@pytest.mark.integration
 def test_outputs_lost_mid_cell_are_fetched_and_shown_in_order_exactly_once(kernel):
     lost = {3, 4, 5, 9}
     _drop(kernel, "iopub", lambda m: m["metadata"].get("gpusession_seq") in lost)
@@ -208,6 +213,7 @@ def test_outputs_lost_mid_cell_are_fetched_and_shown_in_order_exactly_once(kerne
     assert sink.text("stderr") == ""
 
 
+@pytest.mark.integration
 def test_outputs_lost_at_the_end_are_fetched(kernel):
     _drop(kernel, "iopub", lambda m: m["metadata"].get("gpusession_seq") in (5, 6))
     sink = Recorder()
@@ -215,6 +221,7 @@ def test_outputs_lost_at_the_end_are_fetched(kernel):
     assert _lines(sink.text()) == [str(i) for i in range(6)]
 
 
+@pytest.mark.integration
 def test_outputs_arriving_out_of_order_are_shown_in_order(kernel):
     held: list[dict] = []
     getter = kernel.client.get_iopub_msg
@@ -237,6 +244,7 @@ def test_outputs_arriving_out_of_order_are_shown_in_order(kernel):
     assert _lines(sink.text()) == ["0", "1", "2", "3"]
 
 
+@pytest.mark.integration
 def test_output_the_kernel_no_longer_keeps_is_named_exactly(kernel):
     kernel.execute(
         "get_ipython().kernel.gpusession_cell_log.max_bytes = 40", silent=True
@@ -261,6 +269,7 @@ def _interrupt_main_after(seconds: float) -> None:
     threading.Timer(seconds, _thread.interrupt_main).start()
 
 
+@pytest.mark.integration
 def test_interrupting_a_lost_cell_says_it_never_started(kernel):
     _drop_next_request(kernel)
     _interrupt_main_after(0.5)
@@ -272,6 +281,7 @@ def test_interrupting_a_lost_cell_says_it_never_started(kernel):
     assert "may still be running" not in str(err.value)
 
 
+@pytest.mark.integration
 def test_interrupting_a_running_cell_stops_it(kernel):
     _interrupt_main_after(1.0)
     t0 = time.monotonic()
@@ -281,6 +291,7 @@ def test_interrupting_a_running_cell_stops_it(kernel):
     assert kernel.evaluate("1 + 1") == "2"
 
 
+@pytest.mark.integration
 def test_a_cell_that_ignores_the_interrupt_is_said_to_be_still_running(kernel):
     _interrupt_main_after(1.0)
     stubborn = (
@@ -343,6 +354,7 @@ def _new_host_key(sshd: Sshd) -> None:
     time.sleep(0.5)
 
 
+@pytest.mark.integration
 @needs_sshd
 @pytest.mark.parametrize("fault", ["host key changed", "login refused"])
 def test_cell_ends_with_one_line_when_the_tunnel_is_refused_after_a_cut(
@@ -393,6 +405,7 @@ def test_cell_ends_with_one_line_when_the_tunnel_is_refused_after_a_cut(
         session.close_connections()
 
 
+@pytest.mark.integration
 @needs_sshd
 def test_cell_ends_within_the_give_up_time_when_the_host_is_unreachable(
     own_sshd, runtime, monkeypatch
@@ -440,6 +453,7 @@ def test_reconnect_timeout_setting_is_checked(monkeypatch):
 # -- real tunnel cuts: item 4 at 10 Hz ---------------------------------------------------------------
 
 
+@pytest.mark.integration
 @needs_sshd
 def test_a_cell_printing_at_10hz_across_tunnel_cuts_loses_no_line(own_sshd, runtime):
     info, _ = runtime

@@ -15,6 +15,9 @@ from test_tunnel import PORTS
 
 from gpusession.transport.tunnel import Tunnel
 
+# integration: starts kernels, the agent or servers (tests/conftest.py: the fast tier starts none)
+pytestmark = pytest.mark.integration
+
 SIZE = 50_000_000
 
 

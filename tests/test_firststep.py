@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from jupyter_client import BlockingKernelClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +24,7 @@ def _env() -> dict:
     return {**env, "PYTHONPATH": str(ROOT), "GPUSESSION_KERNEL_KEY": "ab" * 32}
 
 
+@pytest.mark.integration
 def test_the_kernel_is_spawned_before_the_runtime_loads_and_from_cheap_modules(tmp_path):
     state = tmp_path / "state"
     probe = (
@@ -58,6 +60,7 @@ def test_the_kernel_is_spawned_before_the_runtime_loads_and_from_cheap_modules(t
     assert oct((state / "kernel.json").stat().st_mode & 0o777) == "0o600"
 
 
+@pytest.mark.integration
 def test_run_takes_the_early_kernel_over(tmp_path):
     """`python -m gpusession.agent.firststep run ...` ends as the runtime does: a kernel that
     answers, runtime.json naming it, a restart (the kernel asked for it, then exited) that starts
@@ -179,6 +182,7 @@ def _post_save(port: int, token: str) -> tuple[float, dict]:
         return time.monotonic() - started, json.loads(resp.read())
 
 
+@pytest.mark.integration
 def test_a_save_asked_while_the_kernel_boots_neither_ends_it_nor_waits(tmp_path):
     """The agent's save signals the kernel (SIGUSR1); before the kernel's checkpoint extension
     has installed its handler (a loaded machine, a watchdog stop or `stop --save` early) that

@@ -20,7 +20,7 @@ from gpusession.core.errors import StageError
 from gpusession.core.models import State
 from gpusession.core.protocol import StopKind
 from gpusession.session.store import Store
-from support.hosts import docker_available
+from support.hosts import REMOTE_HOST_SIDE, REMOTE_NETNS, docker_available
 from support.images import (
     FOREIGN,
     NO_PYTHON,
@@ -34,9 +34,7 @@ from support.images import (
 
 LABEL = "gpusession.session"
 IDLE_S = 4
-REMOTE_LINK = (
-    "10.200.0.1"  # this machine's address on the namespace host's link (scripts/ci-remote-host.sh)
-)
+REMOTE_LINK = REMOTE_HOST_SIDE  # this machine's address on the namespace host's link
 
 
 def _engine_ready() -> bool:
@@ -345,6 +343,7 @@ def test_an_image_without_python_on_a_remote_engine(remote, manager):
     )
 
 
+@pytest.mark.xdist_group("slurm")  # the Slurm cluster's registry: one cluster per machine
 def test_a_private_registry_image_on_a_remote_engine(remote, manager, tmp_path, monkeypatch):
     """The Slurm cluster's registry (TLS, htpasswd; scripts/ci-slurm.sh) reached from the
     namespace host's engine: without a login, and with a wrong password, the start fails in one
@@ -364,13 +363,13 @@ def test_a_private_registry_image_on_a_remote_engine(remote, manager, tmp_path, 
             "ip",
             "netns",
             "exec",
-            "gpus-remote",
+            REMOTE_NETNS,
             "ip",
             "route",
             "replace",
             "10.210.0.0/24",
             "via",
-            "10.200.0.1",
+            REMOTE_HOST_SIDE,
         ],
         check=True,
     )

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gpusession.core.models import LaunchSpec, State
 from gpusession.session.gc import owner_is_dead
 from gpusession.session.store import Store, owner_id
@@ -25,6 +27,7 @@ def cli(env, *args, timeout=120):
     )
 
 
+@pytest.mark.integration
 def test_gc_survives_a_record_whose_host_cannot_even_be_encoded(nb_env):
     """A record left by an old version with a 64-letter host label (IDNA refuses it) must not
     stop gc from removing a real leftover in the same run."""
@@ -54,6 +57,7 @@ def test_gc_survives_a_record_whose_host_cannot_even_be_encoded(nb_env):
     )
 
 
+@pytest.mark.integration
 def test_owner_liveness_tells_zombies_and_reused_pids_from_live_owners():
     me = owner_id()
     assert me.count(":") == 2, me  # user@host:pid:start

@@ -18,11 +18,16 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from gpusession.agent.checkpoint_read import read_manifest
 from gpusession.core.models import State
 from gpusession.core.protocol import Marker, StopKind, find_markers
 from gpusession.session.store import Store
-from support.slurm import wait_until
+from support.waits import wait_until
+
+# integration: starts kernels, the agent or servers (tests/conftest.py: the fast tier starts none)
+pytestmark = pytest.mark.integration
 
 NOTICE = {"action": "terminate", "time": "2026-12-01T20:00:00Z"}
 

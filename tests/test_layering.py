@@ -1,4 +1,4 @@
-"""The layering of ../shared/DESIGN.md, checked on the source: imports point down the layers
+"""The layering of docs/architecture.md ("The rules"), checked on the source: imports point down the layers
 (lazy imports inside functions count too), no import cycles between modules, and the faces never import a
 concrete backend. Modules are split by job, never to meet a line count (no cap here)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "gpusession"
 
 # lowest first; a module may import its own layer and the ones below. Each layer is folders (or
-# modules) of the package, named as ../shared/DESIGN.md names them; the longest prefix decides.
+# modules) of the package, named as docs/architecture.md names them; the longest prefix decides.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core data", ("core",)),
     ("options", ("configuration",)),

@@ -12,10 +12,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gpusession.core.models import LaunchSpec, State
 from gpusession.core.protocol import StopKind
 from gpusession.session.store import Store
 from support.procs import wait_dead
+
+# integration: starts kernels, the agent or servers (tests/conftest.py: the fast tier starts none)
+pytestmark = pytest.mark.integration
 
 
 def cli(env, *args, timeout=120):

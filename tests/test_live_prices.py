@@ -29,6 +29,7 @@ def latest_prices(look, instance_type: str) -> dict[str, float]:
     return {zone: price for zone, (_, price) in latest.items()}
 
 
+@pytest.mark.integration
 def test_types_live_lists_each_zones_spot_price_cheapest_first(aws_env, look, gs_home, moto_server):
     zones = sorted(latest_prices(look, "g4dn.xlarge"))
     moto_server.set_spot_prices({z: 0.3 - 0.01 * (i % 3) for i, z in enumerate(zones)})
@@ -174,7 +175,7 @@ def test_the_panel_forms_spot_line_shows_for_a_spot_start_on_aws(
     cheapest zone shows under the type, in the same words as the sidebar's form; none for
     on-demand."""
     from gpusession.widgets.panel import StartForm
-    from support.slurm import wait_until
+    from support.waits import wait_until
 
     zones = sorted(latest_prices(look, "g4dn.xlarge"))
     prices = dict(zip(zones, (0.2210, 0.1930, 0.2490, 0.1578, 0.1702)))

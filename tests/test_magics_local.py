@@ -15,6 +15,7 @@ def _store(nb_env) -> Store:
     return Store(os.path.join(nb_env["GPUSESSION_HOME"], "sessions.sqlite3"))
 
 
+@pytest.mark.integration
 def test_cells_run_in_another_process_with_live_output(notebook, nb_env):
     r = notebook.run("%gpu start --type t4 --idle off --name demo")
     assert r.status == "ok", r.text
@@ -65,6 +66,7 @@ def _plain(traceback: list[str]) -> str:
     return re.sub(r"\x1b\[[\d;]*m", "", "\n".join(traceback))
 
 
+@pytest.mark.integration
 def test_remote_exception_shows_the_remote_traceback(notebook):
     notebook.run("%gpu start --idle off")
     notebook.run("x = 1")  # the notebook's numbers run ahead of the session kernel's
@@ -84,6 +86,7 @@ def test_remote_exception_shows_the_remote_traceback(notebook):
     assert "ok" in notebook.run("%%gpu\nprint('ok')").text
 
 
+@pytest.mark.integration
 def test_push_and_pull_round_trip(notebook):
     notebook.run("%gpu start --idle off")
     r = notebook.run("import numbers\ndata = {'a': [1, 2, 3], 'b': 'text'}\n%gpu push data")
@@ -107,6 +110,7 @@ def test_push_and_pull_round_trip(notebook):
     assert r.error["ename"] == "UsageError" and "lock: cannot be pickled" in r.error["evalue"]
 
 
+@pytest.mark.integration
 def test_stop_button_interrupts_the_remote_cell(notebook):
     notebook.run("%gpu start --idle off")
     notebook.run("%%gpu\nkept = 'still here'")
@@ -129,6 +133,7 @@ def test_stop_button_interrupts_the_remote_cell(notebook):
     assert "still here" in notebook.run("%%gpu\nprint(kept)").text
 
 
+@pytest.mark.integration
 def test_gpu_on_sends_every_cell_until_off(notebook):
     notebook.run("%gpu start --idle off")
     local_pid = notebook.run("import os; print(os.getpid())").text.strip()
@@ -154,6 +159,7 @@ def test_gpu_on_sends_every_cell_until_off(notebook):
         ("%gpu start --bogus", "unrecognized arguments: --bogus"),
     ],
 )
+@pytest.mark.integration
 def test_bad_input_is_one_clear_message(notebook, nb_env, line, needle):
     r = notebook.run(line)
     assert r.status == "error"
@@ -163,6 +169,7 @@ def test_bad_input_is_one_clear_message(notebook, nb_env, line, needle):
     assert _store(nb_env).list(active_only=True) == []
 
 
+@pytest.mark.integration
 def test_kernel_dying_mid_cell_is_a_clear_error_and_the_store_stays_consistent(notebook, nb_env):
     notebook.run("%gpu start --idle off --name doomed")
     pid = int(notebook.run("%%gpu\nimport os; print(os.getpid())").text)
@@ -195,6 +202,7 @@ def test_a_trailing_comment_is_no_argument():
     assert _without_comment("start --name 'unclosed # x") == "start --name 'unclosed # x"
 
 
+@pytest.mark.integration
 def test_a_quoted_name_loses_its_quotes(notebook):
     r = notebook.run('%gpu start --idle off --name "quoted-name"')
     assert r.status == "ok", r.text
@@ -203,6 +211,7 @@ def test_a_quoted_name_loses_its_quotes(notebook):
     notebook.run("%gpu stop")
 
 
+@pytest.mark.integration
 def test_ctrl_c_during_start_is_one_line_and_leaves_nothing(notebook, nb_env, manager):
     try:
         _ctrl_c_during_start(notebook, nb_env)
@@ -229,6 +238,7 @@ def _ctrl_c_during_start(notebook, nb_env) -> None:
     notebook.run("%gpu stop")
 
 
+@pytest.mark.integration
 def test_gpu_use_makes_the_sidebar_name_this_notebooks_kernel(notebook, manager):
     """A notebook that took up a session with `%gpu use` has it in its status bar: the
     sidebar's view lists that notebook's kernel among the session's (with when it took it)."""

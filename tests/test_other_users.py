@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching to uid nobody needs root")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="switching to uid nobody needs root"),
+]
 pytest_plugins = ["support.ec2_fixtures"]  # the aws case: moto_server, aws_env, platform
 
 # run as nobody: which of the given paths it could list (folders) or read (files)
@@ -334,7 +337,7 @@ def test_another_user_cannot_subscribe_to_a_remote_engines_kernel(open_parent, r
     import docker
 
     from gpusession.session import SessionManager
-    from support.hosts import product_image
+    from support.hosts import REMOTE_NETNS, product_image
 
     monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
     path = pyzmq_for_nobody(open_parent)
@@ -346,7 +349,7 @@ def test_another_user_cannot_subscribe_to_a_remote_engines_kernel(open_parent, r
         )
         here = zmq_endpoints(session.link.endpoint.connection_info)
         there = zmq_endpoints(_docker_kernel_info(direct, session.id))
-        for endpoints, netns in ((here, ""), (there, "gpus-remote")):
+        for endpoints, netns in ((here, ""), (there, REMOTE_NETNS)):
             mine = subscribers_while_printing(
                 session.kernel, endpoints, user=None, path=path, netns=netns
             )
@@ -369,7 +372,7 @@ def test_another_user_cannot_subscribe_to_an_aws_session_kernel(open_parent, man
     on the instance (its own loopback, in its namespace) only the tunnel's login (`gpusession`,
     its own group, as on a real AMI) reaches the kernel, not another uid there; here, the tunnel's
     local ends are this user's alone."""
-    from support.ec2_platform import INSTANCE_ROOT, NS
+    from support.ec2_platform import INSTANCE_ROOT, NS, SSH_CIDR
     from support.hosts import product_image
 
     path = pyzmq_for_nobody(open_parent)
@@ -380,7 +383,7 @@ def test_another_user_cannot_subscribe_to_an_aws_session_kernel(open_parent, man
             idle="5m",
             name="za1",
             image=product_image(),
-            ssh_cidr="10.201.0.1/32",
+            ssh_cidr=SSH_CIDR,
             boot_timeout=120,
             workspace_size="1",
         )

@@ -45,6 +45,7 @@ async def fetch_json(jp_fetch, *path, method="GET", body=None, **params):
 # -- the sidebar's history and the start's stages, through a real server ----------------------
 
 
+@pytest.mark.integration
 async def test_history_listing_says_how_sessions_ended(jp_fetch, manager):
     code, view = await fetch_json(
         jp_fetch,
@@ -255,6 +256,7 @@ def test_replay_loops_and_says_it_is_recorded():
 # -- a notebook session stopped from the sidebar ------------------------------------------------
 
 
+@pytest.mark.integration
 def test_cell_after_a_stop_elsewhere_says_who_stopped_it(manager):
     notebook = manager
     sidebar = type(manager)(manager.config)  # another process's manager: the server's

@@ -55,6 +55,7 @@ def test_the_table_gathers_the_plugins_option(plugin_path):
     assert row.backends == ("demo",) and row.flag == "--demo-zone"
 
 
+@pytest.mark.integration
 def test_cli_and_magic_help_show_it(plugin_path, tmp_path):
     cli = run_python(
         "from gpusession.faces.cli import main; main(['start', '--help'])", plugin_path, tmp_path

@@ -70,6 +70,7 @@ def test_policy_bounds_what_the_config_leaves_open_and_refuses_the_rest(policy, 
         m.make_spec("t4", backend="local")
 
 
+@pytest.mark.integration
 def test_cli_start_says_each_bound_and_refuses_beyond_them(policy, nb_env, gs_home):
     store, at = Store(gs_home / "sessions.sqlite3"), time.time()
     fill(store, at)  # this month's spend, 85% of the user's budget: the start warns too

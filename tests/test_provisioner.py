@@ -199,6 +199,7 @@ class _OneKernel:
         return self.km
 
 
+@pytest.mark.integration
 async def test_a_kernel_is_a_session_restart_keeps_it_shutdown_stops_it(
     jupyter_dirs, manager, capsys
 ):
@@ -300,6 +301,7 @@ async def _reply(kc, msg_id: str, timeout: float) -> dict:
     raise AssertionError(f"no reply within {timeout}s")
 
 
+@pytest.mark.integration
 async def test_a_session_stopped_elsewhere_is_a_dead_kernel_that_does_not_come_back(
     jupyter_dirs, manager, capsys
 ):
@@ -325,6 +327,7 @@ async def test_a_session_stopped_elsewhere_is_a_dead_kernel_that_does_not_come_b
     assert manager.get(record.id).resource["stop_reason"]["by"] == "the sidebar"
 
 
+@pytest.mark.integration
 def test_a_kernel_that_does_not_go_is_ended_by_the_agent(manager, monkeypatch):
     """Session.restart_kernel(force=True): POST /restart ends the kernel; the runtime starts the
     next on the same ports and key."""
@@ -340,6 +343,7 @@ def test_a_kernel_that_does_not_go_is_ended_by_the_agent(manager, monkeypatch):
     assert manager.get(session.id).state == State.RUNNING
 
 
+@pytest.mark.integration
 async def test_an_idle_stop_leaves_the_kernel_dead_and_starts_nothing(
     jupyter_dirs, manager, capsys
 ):
@@ -369,6 +373,7 @@ async def test_an_idle_stop_leaves_the_kernel_dead_and_starts_nothing(
     assert [r.id for r in manager.list()] == [record.id]
 
 
+@pytest.mark.integration
 async def test_a_restart_asked_for_after_the_session_ended_starts_a_new_one(
     jupyter_dirs, manager, capsys
 ):

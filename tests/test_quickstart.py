@@ -3,7 +3,12 @@
 import re
 from pathlib import Path
 
+import pytest
+
 from gpusession.faces.demo import execute_notebook, output_text
+
+# integration: starts kernels, the agent or servers (tests/conftest.py: the fast tier starts none)
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 

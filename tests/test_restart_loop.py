@@ -12,7 +12,7 @@ import pytest
 
 from gpusession.core.models import State
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 def test_a_restart_asked_while_the_fresh_kernel_boots_keeps_the_session(manager, monkeypatch):

@@ -23,6 +23,9 @@ from support.sinks import Collect
 pytest.importorskip("numpy")
 pytest_plugins = ["support.ec2_fixtures"]  # fixtures: moto_server, ec2_api, aws_env, look
 
+# integration: starts kernels, the agent or servers (tests/conftest.py: the fast tier starts none)
+pytestmark = pytest.mark.integration
+
 NUMPY_IMAGE = "gpusession-ci/py-numpy"
 
 MAKE = """
@@ -130,7 +133,7 @@ def test_arrays_round_trip_on_the_docker_engine(manager):
 @pytest.mark.docker
 @pytest.mark.slow
 def test_arrays_round_trip_on_aws(manager, aws_env, moto_server, tmp_path, monkeypatch):
-    from support.ec2_platform import MACHINE_IP, FakePlatform, ensure_ec2_host
+    from support.ec2_platform import MACHINE_IP, SSH_CIDR, FakePlatform, ensure_ec2_host
 
     if not image_ready(NUMPY_IMAGE):
         pytest.skip(f"no Docker engine with {NUMPY_IMAGE} (scripts/ci-images.sh build)")
@@ -148,7 +151,7 @@ def test_arrays_round_trip_on_aws(manager, aws_env, moto_server, tmp_path, monke
                 idle="5m",
                 image=NUMPY_IMAGE,
                 workspace_size="5" if BIG else "1",
-                ssh_cidr="10.201.0.1/32",
+                ssh_cidr=SSH_CIDR,
                 boot_timeout=120,
                 **o,
             ),

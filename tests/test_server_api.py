@@ -44,6 +44,7 @@ async def test_catalog(jp_fetch):
     assert t4["on_demand_per_hour"] > 0 and t4["instance_types"][0]["name"] == "g4dn.xlarge"
 
 
+@pytest.mark.integration
 async def test_start_list_get_stop(jp_fetch):
     code, view = await fetch_json(
         jp_fetch,
@@ -67,6 +68,7 @@ async def test_start_list_get_stop(jp_fetch):
     assert [s["state"] for s in everything["sessions"]] == ["stopped"]
 
 
+@pytest.mark.integration
 async def test_sessions_started_elsewhere_show_up(jp_fetch, manager):
     session = manager.start(
         manager.make_spec("l4", backend="local", idle="off", name="from-notebook")
@@ -208,6 +210,7 @@ async def test_no_token_is_403(jp_fetch, jp_base_url, http_server_client, jp_ser
         assert r.code == 403, (path, r.code)
 
 
+@pytest.mark.docker
 async def test_images_lists_what_the_engine_has_with_size_and_runtime(jp_fetch):
     """The start forms' image field offers what the chosen backend's engine has; a bad host is
     a 400 naming the field, a backend without images lists none."""

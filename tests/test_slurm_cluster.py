@@ -41,7 +41,9 @@ from support.slurm import (
     wait_until,
 )
 
-pytestmark = pytest.mark.slow
+# one cluster per machine (scripts/ci-slurm.sh), whose GPUs and queue the tests count: its tests
+# run one after another, on one xdist worker
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 
 
 @pytest.fixture

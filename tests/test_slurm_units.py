@@ -213,6 +213,7 @@ def test_the_batch_script_reports_a_python_without_ipykernel(tmp_path):
     assert "GPUSESSION_FAILED" in result.stdout and "cannot import ipykernel" in result.stdout
 
 
+@pytest.mark.integration
 def test_the_runtime_bundle_runs_on_its_own(tmp_path):
     """What is uploaded to the cluster is enough for `python -m gpusession.agent` there."""
     version, tarball = runtime_bundle()

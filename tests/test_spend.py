@@ -146,6 +146,7 @@ def test_report_agrees_with_the_store_for_every_state(tmp_path):
     assert report(store, at, since=60 * D)["total"]["sessions"] == len(inside) + 2  # old too
 
 
+@pytest.mark.integration
 def test_report_and_budget_on_the_cli(nb_env, gs_home):
     store, at = Store(gs_home / "sessions.sqlite3"), time.time()
     fill(store, at)
@@ -185,6 +186,7 @@ async def fetch_json(jp_fetch, *path, **params):
     return r.code, json.loads(r.body)
 
 
+@pytest.mark.integration
 async def test_rest_report_agrees_with_the_cli_to_the_cent(jp_fetch, gs_home):
     store, at = Store(gs_home / "sessions.sqlite3"), time.time()
     fill(store, at)

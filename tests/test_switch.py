@@ -199,6 +199,7 @@ def _cli_switch(env: dict, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.integration
 def test_the_cli_switches_a_session_another_process_started(gs_home, manager):
     session = manager.start(manager.make_spec("t4", backend="local", idle="off", name="c1"))
     assert session.run("y = [1, 2, 3]")["status"] == "ok"
@@ -226,6 +227,7 @@ async def _post_switch(jp_fetch, key: str, body: dict):
     )
 
 
+@pytest.mark.integration
 async def test_the_rest_api_switches_a_session_and_says_what_is_wrong_with_a_body(
     jp_fetch, manager
 ):
@@ -256,6 +258,7 @@ async def test_the_rest_api_switches_a_session_and_says_what_is_wrong_with_a_bod
 # -- a notebook follows a switch made elsewhere -----------------------------------------------------
 
 
+@pytest.mark.integration
 def test_a_notebook_follows_its_session_switched_by_the_cli_and_keeps_gpu_on(notebook, nb_env):
     """Switched by another face (the CLI here; REST and the sidebar record the same): the
     notebook's next cell, in `%gpu on` mode, runs on the new session with one line saying so,

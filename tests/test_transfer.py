@@ -43,6 +43,7 @@ def _what_is_there() -> str:
     )
 
 
+@pytest.mark.integration
 def test_notebook_upload_import_download_progress_and_bad_input(notebook, tmp_path):
     proj = _project(tmp_path)
     over = notebook.run(f"%gpu start --backend local --idle off --upload {proj} --upload-max 10B")
@@ -115,6 +116,7 @@ def local_session(manager, gs_home):
     )  # the local kernel works in its workspace folder
 
 
+@pytest.mark.integration
 def test_push_counts_as_activity_for_the_idle_watchdog(local_session):
     session, _ = local_session
     time.sleep(3.0)
@@ -130,6 +132,7 @@ def test_push_counts_as_activity_for_the_idle_watchdog(local_session):
     assert session.kernel.evaluate("len(x)") == "5000000"
 
 
+@pytest.mark.integration
 def test_a_kernel_without_transfers_is_named_not_waited_on(local_session):
     """A session whose runtime predates transfers ignores the request: one line, no hang."""
     from gpusession.core.errors import BadInput
@@ -143,6 +146,7 @@ def test_a_kernel_without_transfers_is_named_not_waited_on(local_session):
     assert session.kernel.evaluate("1 + 1") == "2"
 
 
+@pytest.mark.integration
 def test_a_transfer_given_up_leaves_no_thread_in_the_kernel(local_session):
     """Ctrl-C (or a crash) mid-transfer: the abort ends the session kernel's tar threads."""
     from gpusession.transport.kernel.channel import Channel
@@ -165,6 +169,7 @@ def test_a_transfer_given_up_leaves_no_thread_in_the_kernel(local_session):
     )  # and the next one works
 
 
+@pytest.mark.integration
 def test_cli_upload_download_and_bad_input(local_session, tmp_path):
     session, work = local_session
     proj = _project(tmp_path)
@@ -335,6 +340,7 @@ def test_a_long_transfer_keeps_writing_its_activity(tmp_path, monkeypatch):
     assert len(seen) >= 3 and max(seen) > started + 1.5, sorted(seen)
 
 
+@pytest.mark.integration
 def test_upload_never_writes_through_a_link_leading_outside(local_session, tmp_path):
     """Issue 19 item 6: `w/sub` in the session is a link to a folder outside; uploading a folder
     `sub` into `w` must not write into that outside folder (on every Python: this one is 3.11,
@@ -357,6 +363,7 @@ def test_upload_never_writes_through_a_link_leading_outside(local_session, tmp_p
     ], done
 
 
+@pytest.mark.integration
 def test_download_keeps_links_inside_and_refuses_those_leading_outside_by_name(
     local_session, tmp_path
 ):

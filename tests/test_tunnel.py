@@ -19,9 +19,12 @@ from gpusession.transport.tunnel import HostKeyCheck, SshTarget, Tunnel, TunnelE
 from support.procs import start_runtime
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(SSHD), reason="needs OpenSSH's sshd (apt-get install openssh-server)"
-)
+pytestmark = [
+    pytest.mark.integration,  # a real sshd
+    pytest.mark.skipif(
+        not os.path.exists(SSHD), reason="needs OpenSSH's sshd (apt-get install openssh-server)"
+    ),
+]
 USER = "root" if os.geteuid() == 0 else os.environ.get("USER", "")
 
 

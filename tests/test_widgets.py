@@ -45,6 +45,7 @@ def _seconds(text: str) -> int:
     return total
 
 
+@pytest.mark.integration
 def test_card_shows_the_session_view_and_stop_button_stops_it(manager):
     session = manager.start(manager.make_spec("t4:2", backend="local", idle="10m", max_cost="5"))
     panel = SessionPanel(manager, [session.id])
@@ -91,6 +92,7 @@ def test_card_shows_the_session_view_and_stop_button_stops_it(manager):
     panel.close()
 
 
+@pytest.mark.integration
 def test_keepalive_button(manager):
     session = manager.start(manager.make_spec("t4", backend="local", idle="2m"))
     panel = SessionPanel(manager, [session.id])
@@ -102,6 +104,7 @@ def test_keepalive_button(manager):
     panel.close()
 
 
+@pytest.mark.integration
 def test_live_updates_from_a_thread_end_with_the_session(manager):
     session = manager.start(manager.make_spec("t4", backend="local", idle="off"))
     panel = SessionPanel(manager, [session.id], interval=0.3).start_polling()
@@ -123,6 +126,7 @@ def test_live_updates_from_a_thread_end_with_the_session(manager):
     assert manager.get(other.id).state == State.RUNNING  # closing the panel stops no session
 
 
+@pytest.mark.integration
 def test_watchdog_stop_shows_on_the_card(manager):
     session = manager.start(manager.make_spec("t4", backend="local", idle="2s"))
     panel = SessionPanel(manager, [session.id], interval=0.3).start_polling()
@@ -134,6 +138,7 @@ def test_watchdog_stop_shows_on_the_card(manager):
     panel.close()
 
 
+@pytest.mark.integration
 def test_a_watchdog_stop_that_saved_offers_resume_on_the_card(manager):
     """The `%gpu panel` card of a session whose idle stop saved its variables says so and has
     Resume, which starts a new session on that workspace with them restored."""
@@ -164,6 +169,7 @@ def test_a_watchdog_stop_that_saved_offers_resume_on_the_card(manager):
             manager.stop(record.id)
 
 
+@pytest.mark.integration
 def test_start_form(manager):
     started = []
     panel = SessionPanel(manager, None, interval=0.3, on_started=started.append)
@@ -263,6 +269,7 @@ def test_gpu_gauges_from_recorded_nvml():
     assert view.recorded.layout.display == "none"  # the driver's own values: no badge
 
 
+@pytest.mark.integration
 def test_panel_magic_in_a_notebook_kernel(notebook):
     r = notebook.run("%gpu help")
     assert "panel [NAME | --all]" in r.text

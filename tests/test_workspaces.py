@@ -256,6 +256,7 @@ def test_killing_our_process_during_a_save_still_stops_and_keeps_the_checkpoint(
 # -- the local backend: a folder ---------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_the_local_workspace_is_a_folder_listed_and_reported_by_gc(gs_home, nb_env, manager):
     # --save-timeout off: no save before a watchdog stop, but `stop --save` asks for one all the same
     session = manager.start(
@@ -348,6 +349,7 @@ def test_a_workspace_on_a_remote_engine_survives_and_resumes(
         far.close()
 
 
+@pytest.mark.integration
 def test_a_max_runtime_stop_saves_too(gs_home, manager):
     """Every watchdog stop saves (idle above; here the hard runtime limit, with a cell still running)."""
     session = manager.start(

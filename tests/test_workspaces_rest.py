@@ -44,6 +44,7 @@ def _listed(listing, name):
     return next((w for w in listing["workspaces"] if w["name"] == name), None)
 
 
+@pytest.mark.integration
 async def test_list_resume_and_delete_workspaces(jp_fetch, manager):
     first = await _running(
         jp_fetch,

@@ -1,7 +1,8 @@
 """The machine behind each test EC2 instance (scripts/ci-ec2-host.sh makes its network).
 
 moto keeps the EC2 *records*; nothing listens at the addresses it hands out. `FakePlatform`
-plays the rest, one machine at a time at 10.201.0.2 inside the gpus-ec2 network namespace:
+plays the rest, one machine at a time at 10.201.N.2 inside the gpus-ec2(-N) network namespace
+of this test worker's own (tests/support/slots.py):
 
 - cloud-init: reads the instance's user data back from the EC2 API (DescribeInstanceAttribute),
   installs its `ssh_keys` host key and its `users` logins (each with a group of its own, as on an
@@ -18,7 +19,7 @@ plays the rest, one machine at a time at 10.201.0.2 inside the gpus-ec2 network 
   where a Nitro instance shows it, as `nvme-Amazon_Elastic_Block_Store_vol...` in the machine's
   own by-id folder (GPUSESSION_DISKS_DIR); detached (loop device freed) when the machine goes.
 
-The backend reaches the machine through its address-map seam (GPUSESSION_AWS_ADDRESS_MAP=*=10.201.0.2).
+The backend reaches the machine through its address-map seam (GPUSESSION_AWS_ADDRESS_MAP=*=10.201.N.2).
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ import time
 from pathlib import Path
 
 from .ec2 import inspector
+from .slots import script_env, slot, suffix
 
-NS = "gpus-ec2"
-HOST_IP, MACHINE_IP = "10.201.0.1", "10.201.0.2"
-NS_DOCKER = "unix:///run/gpus-ec2/docker.sock"
+NS = f"gpus-ec2{suffix()}"
+HOST_IP, MACHINE_IP = f"10.201.{slot()}.1", f"10.201.{slot()}.2"
+SSH_CIDR = f"{HOST_IP}/32"  # where this machine's SSH comes from, as the instances see it
+NS_DOCKER = f"unix:///run/gpus-ec2{suffix()}/docker.sock"
 KEYS_ROOT = Path(
-    "/run/gpus-ec2/authorized-keys"
+    f"/run/gpus-ec2{suffix()}/authorized-keys"
 )  # sshd reads these as the user, so not below tmp_path
 INSTANCE_ROOT = Path(
     "/var/lib/gpusession"
@@ -63,7 +66,7 @@ def ensure_ec2_host() -> str | None:
     ):
         return "needs a Docker engine (scripts/ci-host-setup.sh)"
     result = subprocess.run(
-        ["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=300
+        ["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=300, env=script_env()
     )
     if result.returncode:
         return f"{SCRIPT.name} up failed: {result.stdout[-500:]}{result.stderr[-1500:]}"

@@ -1,15 +1,16 @@
 """A private registry for the aws tests' instances: Debian's docker-registry (the reference
 registry) with htpasswd auth and TLS from a CA of its own, on this machine's side of the
-gpus-ec2 link (10.201.0.1:443), holding one small image with python3 (gpusession-ci/py-bookworm)
+gpus-ec2(-N) link (10.201.N.1:443), holding one small image with python3 (gpusession-ci/py-bookworm)
 as ci/py:1.
 
 It answers to two names, as the tests' images name it:
 - `ECR_HOST` (moto's account 123456789012 in us-east-1): an ECR registry. This machine's
-  /etc/hosts maps that name to 10.201.0.1 while the fixture runs (the instance's Docker is the
+  /etc/hosts maps that name to 10.201.N.1 while the fixture runs (one machine-wide name: the
+  tests that use it share the xdist group "etc-hosts", so one runs at a time) (the instance's Docker is the
   namespace's dockerd, which shares this machine's files), as a VPC interface endpoint's private
   DNS maps it to an address in the VPC. Its htpasswd user is `AWS` with the password moto's
   GetAuthorizationToken hands out (`ACCOUNT-auth-token`): the pull works only with that token.
-- `10.201.0.1` (port 443): any other private registry, user `ci` with a password of its own,
+- `10.201.N.1` (port 443): any other private registry, user `ci` with a password of its own,
   which a test writes into a `docker login` config (DOCKER_CONFIG).
 
 Both Docker engines here trust the CA through /etc/docker/certs.d/<name>/ca.crt.
@@ -29,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from .ec2_platform import HOST_IP, NS_DOCKER
+from .slots import suffix
 
 ACCOUNT = "123456789012"  # moto's
 ECR_HOST = f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com"
@@ -36,7 +38,10 @@ ECR_PASSWORD = f"{ACCOUNT}-auth-token"  # what moto's GetAuthorizationToken give
 PLAIN_HOST = HOST_IP  # the same registry by address: not ECR, a docker login
 REPOSITORY = "ci/py:1"
 SOURCE = "gpusession-ci/py-bookworm"  # Debian 12 + python3: its layers are small
-STATE = Path(os.environ.get("GPUSESSION_CI_STATE", "/var/lib/gpusession-ci")) / "ec2-registry"
+STATE = (
+    Path(os.environ.get("GPUSESSION_CI_STATE", "/var/lib/gpusession-ci"))
+    / f"ec2-registry{suffix()}"
+)
 HOSTS_LINE = f"{HOST_IP} {ECR_HOST}  # gpusession tests (tests/support/ec2_registry.py)"
 
 

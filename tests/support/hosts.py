@@ -1,6 +1,7 @@
 """The real Docker engines the tests can use, made by scripts/ci-host-setup.sh
 (this machine's engine, the product image) and scripts/ci-remote-host.sh (a
-second engine behind sshd at 10.200.0.2, in a network namespace).
+second engine behind sshd at 10.200.N.2, in a network namespace of this test
+worker's own: tests/support/slots.py).
 
     from support.hosts import docker_available, product_image, ensure_remote_host, ssh_home
 
@@ -23,12 +24,16 @@ import socket
 import subprocess
 from pathlib import Path
 
+from .slots import script_env, slot, suffix
+
 ROOT = Path(__file__).resolve().parents[2]
 REMOTE_SCRIPT = ROOT / "scripts" / "ci-remote-host.sh"
 CI_STATE = Path(os.environ.get("GPUSESSION_CI_STATE", "/var/lib/gpusession-ci"))
-REMOTE_STATE = CI_STATE / "remote"
-REMOTE_ADDRESS = "10.200.0.2"
-REMOTE_RUN = Path("/run/gpus-remote")
+REMOTE_STATE = CI_STATE / f"remote{suffix()}"
+REMOTE_ADDRESS = f"10.200.{slot()}.2"
+REMOTE_HOST_SIDE = f"10.200.{slot()}.1"  # this machine's address on the link
+REMOTE_NETNS = f"gpus-remote{suffix()}"
+REMOTE_RUN = Path(f"/run/gpus-remote{suffix()}")
 
 
 def docker_available() -> bool:
@@ -71,7 +76,7 @@ def _port_open(address: str, port: int) -> bool:
 def remote_host() -> dict | None:
     """The namespace Docker host if it is up, else None.
 
-    Keys: url (for docker-py, ssh://root@10.200.0.2), address, user, port,
+    Keys: url (for docker-py, ssh://root@10.200.N.2), address, user, port,
     key_path (client private key), known_hosts (one line for the address),
     ssh_config (an OpenSSH config naming both, usable with `ssh -F`), and
     docker_host_env (a DOCKER_HOST value reaching the same engine directly over
@@ -104,7 +109,11 @@ def ensure_remote_host() -> dict | None:
         return remote_host()
     # Up to ~20 s the first time (the image is copied into the second engine).
     result = subprocess.run(
-        ["bash", str(REMOTE_SCRIPT), "up"], capture_output=True, text=True, timeout=300
+        ["bash", str(REMOTE_SCRIPT), "up"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=script_env(),
     )
     if result.returncode != 0:
         raise RuntimeError(f"{REMOTE_SCRIPT} up failed:\n{result.stdout}{result.stderr}")

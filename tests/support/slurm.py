@@ -17,8 +17,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
+
+from .waits import wait_until  # noqa: F401 - the slurm tests import it from here
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "ci-slurm.sh"
@@ -77,17 +78,6 @@ def squeue(cluster: dict, job_id: str | None = None) -> list[dict]:
     ]
     jobs = [dict(zip(("id", "state", "reason", "nodes", "name", "comment"), row)) for row in rows]
     return [j for j in jobs if j["state"] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")]
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f}s")
-        time.sleep(interval)
 
 
 def cancel_all(cluster: dict) -> None:
