@@ -628,3 +628,30 @@ def test_a_switch_to_another_region_moves_the_workspace_by_snapshot_copy(
     for ec2 in (look, look_west):
         assert not ec2.describe_snapshots(Filters=ours)["Snapshots"]
         assert leftovers(ec2) == NOTHING
+
+
+def test_a_switch_cut_at_every_step_on_aws_leaves_one_truth(manager, platform, aws_env, engine):
+    """Issue 30 on aws (moto, the namespace host playing the instances): a switch in the region
+    hands the workspace volume over (the new instance launches first, then the old session saves
+    and stops); its driver is killed before the save, while the new instance launches, during
+    the save, during a move to docker, and before the old session stops. The next `gpusession
+    list` settles what it left: nothing stuck, nothing billing without a word (instances
+    included), no variable lost - in a running session or saved in the workspace, said so."""
+    from support.switchcut import assert_figures, cut_every_step
+
+    same = ["--type", "a10g"]
+    cases = cut_every_step(
+        manager,
+        lambda: manager.start(spec_for(manager, name="cuta", workspace="cuta")),
+        same,
+        None,
+        "aws",
+        plan=[
+            ("before-save", same),
+            ("launch", same),
+            ("save", same),
+            ("move", ["--backend", "docker", "--image", product_image()]),
+            ("stop-old", same),
+        ],
+    )
+    assert_figures(cases)

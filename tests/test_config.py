@@ -40,6 +40,7 @@ ENV_VARS = {
     "monthly_budget": "GPUSESSION_MONTHLY_BUDGET",
     "nvml_replay": "GPUSESSION_NVML_REPLAY",
     "regions": "GPUSESSION_REGIONS",
+    "cut_switch": "GPUSESSION_CUT_SWITCH",
 }
 DATA = ROOT / "tests" / "data"
 
@@ -55,6 +56,7 @@ def env_values(tmp_path: Path) -> dict:
         "monthly_budget": "$300",
         "nvml_replay": str(DATA / "nvml_two_t4.json"),
         "regions": "us-east-1,us-west-2",
+        "cut_switch": "keep-old",
     }
 
 
@@ -69,6 +71,7 @@ def config_values(tmp_path: Path) -> dict:
         "monthly_budget": 150.0,
         "nvml_replay": str(DATA / "nvml_four_a100.json"),
         "regions": "eu-west-1",
+        "cut_switch": "ask",
     }
 
 
@@ -84,6 +87,7 @@ def effective(values: dict) -> dict:
         "monthly_budget": float(str(values["monthly_budget"]).lstrip("$")),
         "nvml_replay": values["nvml_replay"],
         "regions": values["regions"].split(","),
+        "cut_switch": values["cut_switch"],
     }
 
 
@@ -103,6 +107,8 @@ def observe(manager) -> dict:
         "nvml_replay": local.extra.get("nvml_replay", ""),
         # where the next --cheapest start compares prices
         "regions": manager.backend("aws").cheapest_regions(local),
+        # what a switch cut by its driver's death becomes (session/orphans.py reads it so)
+        "cut_switch": manager.config.cut_switch,
     }
 
 

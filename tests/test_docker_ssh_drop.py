@@ -95,3 +95,28 @@ def test_calls_after_a_dropped_channel_and_a_cut_ssh_connection_succeed(remote):
         assert _our_sshd(client) != sshd
     finally:
         client.close()
+
+
+@pytest.mark.docker
+@no_engine
+def test_more_calls_at_once_than_sshd_allows_sessions_all_succeed(remote):
+    """Each call at once on an ssh:// engine is a session channel on one SSH connection, and
+    sshd refuses an 11th by default (MaxSessions 10: ChannelException 'Connect failed', seen
+    under load when a start's helpers, a pull and the pool's idle channels met). A refused
+    channel open sent nothing, so it is retried once channels are free; every call succeeds."""
+    import concurrent.futures
+
+    client = engine_client(remote["url"])
+    try:
+        with concurrent.futures.ThreadPoolExecutor(24) as pool:
+            results = list(
+                pool.map(
+                    lambda _: client.containers.list(
+                        all=True, filters={"label": "gpusession.none"}
+                    ),
+                    range(48),
+                )
+            )
+        assert results == [[]] * 48
+    finally:
+        client.close()

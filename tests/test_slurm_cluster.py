@@ -843,3 +843,32 @@ def test_a_workspace_stream_cut_short_lands_nowhere_and_a_whole_one_replaces_the
     gone = manager.store.update_resource(record.id, workspace_dir=str(tmp_path / "gone"))
     with pytest.raises(StageError, match=f"cannot read workspace cut at {tmp_path}/gone on ssh://"):
         backend.export_workspace(gone, Progress(lines.append))
+
+
+@pytest.mark.docker
+def test_a_switch_cut_at_every_step_on_the_cluster_leaves_one_truth(
+    cluster, home, manager, engine, tmp_path
+):
+    """Issue 30 on Slurm: the driver of a switch killed before the save, during it, during the
+    move to docker, while the new job starts and before the old job is cancelled; the next
+    `gpusession list` settles what it left (tests/support/switchcut.py): nothing stuck, nothing
+    billing without a word, no variable lost."""
+    from support.images import image_ready
+    from support.switchcut import assert_figures, cut_every_step
+
+    image = "gpusession-ci/py-bookworm"
+    if not image_ready(image):
+        pytest.skip(f"no Docker engine with {image}")
+    folder = str(tmp_path / "ws")  # the nodes share this machine's filesystem
+    cases = cut_every_step(
+        manager,
+        lambda: manager.start(
+            slurm_spec(
+                manager, cluster, "t4", name="cuts", workspace_dir=folder, gres_type="a100=a100_40g"
+            )
+        ),
+        ["--type", "a100"],
+        ["--backend", "docker", "--image", image],
+        "slurm",
+    )
+    assert_figures(cases)

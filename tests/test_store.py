@@ -4,7 +4,7 @@ import pytest
 
 from gpusession.core.errors import BadInput, UnknownSession
 from gpusession.core.models import LaunchSpec, State
-from gpusession.session.store import Store
+from gpusession.session.store import Store, owner_id
 
 
 def test_transitions_are_recorded_with_times(tmp_path):
@@ -104,6 +104,8 @@ def test_two_processes_share_one_store_without_losing_records(tmp_path):
         if i % 2:
             expected += [State.STOPPING, State.STOPPED]
         assert [e.state for e in r.events] == expected, r.name
+        # and its driver: the process that moved it last into a driven state (orphans.py)
+        assert r.resource.pop("driver", "").startswith(owner_id().rsplit(":", 2)[0])
         assert r.resource == {"pid": i, "tag": r.name.split("-")[0]}
     auto = sorted(r.name for r in records if r.spec.gpu_type == "l4")
     assert auto == sorted(f"l4-{i}" for i in range(1, 41)), (

@@ -182,9 +182,14 @@ class LocalBackend(Backend):
         return StopDetails.from_dict(saved) if saved else None
 
     def stop(self, record: SessionRecord) -> None:
+        """By its saved pid, and by label: a starter that died after spawning the runtime and
+        before saving its pid left a process only the label finds."""
         pid = record.resource.get("pid")
         if pid and _process_label(pid) == record.id:
             _terminate(pid)
+        for found in self.list_resources():
+            if found.session_id == record.id:
+                self.remove_resource(found)
         if record.resource.get("sockets") and not _pid_alive(pid):
             import shutil
 

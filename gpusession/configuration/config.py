@@ -32,6 +32,7 @@ from .settings import (  # noqa: F401 - ConfigError, EnvConfig and the built-ins
     EnvConfig,
     T,
     _budget,
+    _cut_switch,
     _data_dir,
     _gpu_type,
     _idle,
@@ -121,6 +122,16 @@ class GpuSessionConfig(Configurable):
         "regions, else the AWS default region.",
     ).tag(config=True)
 
+    cut_switch = Unicode(
+        "ask",
+        help="What becomes of a switch whose driving process (a notebook, the CLI) died while "
+        "both sessions run: 'ask' keeps both running and every face says so in one line, with "
+        "which one holds the variables and what to stop; 'keep-old' stops the new session "
+        "automatically (the old one keeps the variables). A cut switch whose new session never "
+        "answered is always cleaned up (docs/switch.md). Default: env GPUSESSION_CUT_SWITCH, "
+        "else 'ask'; empty means 'ask'.",
+    ).tag(config=True)
+
     # set by data_path: the folder this process's store lives in (None until first use)
     _data_dir_in_use: str | None = None
 
@@ -169,6 +180,14 @@ class GpuSessionConfig(Configurable):
     @default("nvml_replay")
     def _replay_default(self) -> str:
         return env_setting("nvml_replay")
+
+    @default("cut_switch")
+    def _cut_switch_default(self) -> str:
+        return env_setting("cut_switch")
+
+    @validate("cut_switch")
+    def _check_cut_switch(self, proposal) -> str:
+        return self._checked("cut_switch", _cut_switch, proposal.value, "ask")
 
     # -- values set through traitlets (files, command line, %config) --------------------------
 

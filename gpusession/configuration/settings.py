@@ -146,6 +146,20 @@ def _regions(text: str) -> str:
     return ",".join(dict.fromkeys(names))
 
 
+CUT_SWITCH_CHOICES = ("ask", "keep-old")
+
+
+def _cut_switch(text: str) -> str:
+    """What becomes of a switch whose driving process died while both sessions run."""
+    value = text.strip().lower()
+    if value not in CUT_SWITCH_CHOICES:
+        raise BadInput(
+            f"must be 'ask' (both keep running, every face says so) or 'keep-old' (the new "
+            f"session is stopped, the old one keeps the variables), got {shown(text)}"
+        )
+    return value
+
+
 ENV_SETTINGS: dict[str, tuple[str, Callable[[str], object], Callable[[], object]]] = {
     "data_dir": (HOME_ENV, _data_dir, builtin_data_dir),
     "default_backend": ("GPUSESSION_BACKEND", lambda s: s.lower(), lambda: ""),
@@ -156,6 +170,7 @@ ENV_SETTINGS: dict[str, tuple[str, Callable[[str], object], Callable[[], object]
     "monthly_budget": ("GPUSESSION_MONTHLY_BUDGET", _budget, lambda: 0.0),
     "nvml_replay": ("GPUSESSION_NVML_REPLAY", _recording, lambda: ""),
     "regions": ("GPUSESSION_REGIONS", _regions, lambda: ""),
+    "cut_switch": ("GPUSESSION_CUT_SWITCH", _cut_switch, lambda: "ask"),
 }
 
 

@@ -499,7 +499,9 @@ class GpuMagics(Magics):
             print("no sessions yet. `%gpu start --type t4` starts one.")
             return
         views = [self.manager.view(r) for r in records]
-        print(session_table(views, current=self.current.id if self.current else None))
+        print(
+            session_table(views, current=self.current.id if self.current else None, command="%gpu")
+        )
 
     def _types(self, rest: str) -> None:
         args = self._parse(_types_args, rest)

@@ -383,6 +383,8 @@ _GC_VERBS = {  # verb -> (done, dry run)
     "remove": ("removed", "would remove"),
     "stop": ("stopped", "would stop"),
     "record-stopped": ("recorded {} as stopped", "would record {} as stopped"),
+    "record-running": ("recorded {} as running", "would record {} as running"),
+    "settle": ("settled {}", "would stop {} unless it answers"),
     "stop-orphan": ("stopped", "would stop"),
 }
 
@@ -765,8 +767,11 @@ def status_lines(stats: dict, *, history: bool = False) -> list[str]:
 # -- tables -----------------------------------------------------------------------------------
 
 
-def session_table(views: list[dict], current: str | None = None) -> str:
-    """`%gpu list` / `gpusession list`: one row per session view (SessionManager.view)."""
+def session_table(
+    views: list[dict], current: str | None = None, *, command: str = "gpusession"
+) -> str:
+    """`%gpu list` / `gpusession list`: one row per session view (SessionManager.view), then a
+    line per cut switch among them (`command`: how the lines name the face's commands)."""
     rows = [("", "NAME", "TYPE", "BACKEND", "STATE", "UPTIME", "$/H", "COST")]
     for v in views:
         rows.append(
@@ -785,7 +790,66 @@ def session_table(views: list[dict], current: str | None = None) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines += [f"? {v['name']}: {unverified_text(v)}" for v in views if not v.get("verified", True)]
+    cuts = [cut_switch_line(v["cut_switch"], command) for v in views if v.get("cut_switch")]
+    lines += [f"! {line}" for line in dict.fromkeys(cuts)]  # the old and the new say the same
     return "\n".join(lines)
+
+
+_CUT_AT = {
+    "save": "while {old} saved its variables",
+    "move": "while the workspace moved",
+    "start": "while {new} started",
+    "stop-old": "as {old} was to stop",
+}
+
+
+def cut_switch_line(cut: dict, command: str = "gpusession") -> str:
+    """What a switch cut by its driver's death left, and what to do, in one line
+    (session/orphans.py `cut_switch`: the data; `command`: "gpusession" or "%gpu").
+
+    'switch t4-1 -> a100-1 was cut while a100-1 started (the process running it died): both run
+    (t4-1 at $0.5260/h, a100-1 at $2.75/h); your variables are in t4-1: `%gpu stop a100-1`, or
+    `%gpu switch` again'"""
+    old, new = cut["old"], cut["new"]
+    at = _CUT_AT.get(cut.get("step") or "", "at {step}").format(
+        old=old, new=new, step=cut.get("step")
+    )
+    head = f"switch {old} -> {new} was cut {at} (the process running it died)"
+    again = "`%gpu switch` again" if command == "%gpu" else f"`{command} switch {old}` again"
+    if cut.get("saved"):
+        resume = "`%gpu start --resume" if command == "%gpu" else f"`{command} start --resume"
+        return (
+            f"{head}: neither runs; your variables are saved in workspace {cut['saved']}: "
+            f"{resume} {cut['saved']}` brings them back"
+        )
+    if cut.get("kept") == "old":
+        return (
+            f"{head}: {new} was stopped (GpuSessionConfig.cut_switch = keep-old); {old} runs on "
+            "with your variables"
+        )
+    old_state, new_state = cut.get("old_state"), cut.get("new_state")
+    if old_state == "running" and new_state == "running":
+        rates = (
+            f"{old} at {format_money(cut.get('old_price') or 0.0)}/h, "
+            f"{new} at {format_money(cut.get('new_price') or 0.0)}/h"
+        )
+        if cut.get("step") == "stop-old":
+            return (
+                f"{head}: both run ({rates}); {new} has your variables (restored from what {old} "
+                f"saved): `{command} stop {old}` finishes the switch"
+            )
+        return (
+            f"{head}: both run ({rates}); your variables are in {old}: `{command} stop {new}`, "
+            f"or {again}"
+        )
+    if old_state == "running":
+        ended = (
+            f"{new} did not answer and was removed"
+            if cut.get("new_ran")
+            else f"{new} never started (billed nothing)"
+        )
+        return f"{head}: {ended}; {old} runs on with your variables: {again}"
+    return f"{head}: {old} is {old_state}, {new} is {new_state}"
 
 
 def state_word(view: dict) -> str:
@@ -844,6 +908,10 @@ def rest_view(view: dict) -> dict:
         out["advice"] = dict(out["advice"], text=advice_line(out["advice"]))
     out["policy"] = [policy_bound_text(b) for b in out.get("policy_bounds") or []]
     out["budget_warning"] = budget_warning(out.get("budget"))
+    # a switch it took part in was cut: the same line on the old card and the new one
+    out["cut_switch_text"] = (
+        cut_switch_line(out["cut_switch"], "%gpu") if out.get("cut_switch") else None
+    )
     running = next(
         (
             w

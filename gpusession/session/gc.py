@@ -4,8 +4,9 @@
   start's helper container counts as the session it serves; the store is read after the
   listing, so a session being started is known: tests/test_gc_race.py)
 - an active record whose remote side is gone: recorded as stopped
-- a record stuck starting (requested/provisioning/starting/stopping) whose owner process is
-  dead: stopped and recorded as failed
+- a record left requested, provisioning, starting or stopping by a process that died: settled
+  as every face settles it (session/orphans.py): a cut stop finished, a cut start stopped and
+  recorded failed, a cut switch's session that answers recorded running
 - with orphans=True, also running sessions whose owner process is dead
 
 Returns one `GcAction` (data) per thing done; the faces put them into words.
@@ -14,20 +15,20 @@ Returns one `GcAction` (data) per thing done; the faces put them into words.
 from __future__ import annotations
 
 import dataclasses
-import socket
 from typing import TYPE_CHECKING, Callable
 
-from ..core import procs
 from ..core.errors import GpuSessionError
 from ..core.models import SessionRecord, State
 from ..core.protocol import StopKind
-from .store import Store
+from .orphans import orphaned, switch_of
+from .store import Store, owner_is_dead
 
 if TYPE_CHECKING:
     from ..backends import Backend
 
 BackendOf = Callable[[str], "Backend"]  # a backend by name (SessionManager.backend)
 Reconcile = Callable[[SessionRecord, "Backend"], SessionRecord]  # record a gone session's end
+Settle = Callable[[SessionRecord], "SessionRecord | None"]  # a dead driver's record (orphans.py)
 Stop = Callable[..., SessionRecord]  # stop a running session: (key, by=..., kind=...)
 
 
@@ -35,7 +36,7 @@ Stop = Callable[..., SessionRecord]  # stop a running session: (key, by=..., kin
 class GcAction:
     """One thing gc did (or would do, on a dry run)."""
 
-    verb: str  # "remove" | "stop" | "record-stopped" | "stop-orphan"
+    verb: str  # "remove" | "stop" | "record-stopped" | "record-running" | "settle" | "stop-orphan"
     target: str  # what: a resource's description or a session name
     why: str  # "unknown to the store", "session x is stopped", "left starting by a dead process"...
     done: bool  # False on a dry run
@@ -46,6 +47,7 @@ def collect(
     backend_of: BackendOf,
     *,
     reconcile: Reconcile,
+    settle: Settle,
     stop: Stop,
     dry_run: bool = False,
     backends: list[str] | None = None,
@@ -63,7 +65,7 @@ def collect(
     for rec in store.list(active_only=True):
         try:
             actions += _check_record(
-                store, backend_of, reconcile, stop, rec, dry_run=dry_run, orphans=orphans
+                backend_of, reconcile, settle, stop, rec, dry_run=dry_run, orphans=orphans
             )
         except Exception as exc:  # noqa: BLE001 - one bad record or host must never stop gc
             if skipped is not None:
@@ -130,9 +132,9 @@ def _remove(backend, res, why: str, *, dry_run: bool, notes: list[str] | None) -
 
 
 def _check_record(
-    store: Store,
     backend_of: BackendOf,
     reconcile: Reconcile,
+    settle: Settle,
     stop: Stop,
     rec: SessionRecord,
     *,
@@ -144,44 +146,28 @@ def _check_record(
         backend = backend_of(rec.backend)
     except GpuSessionError:
         return actions
-    stuck = rec.state in (State.REQUESTED, State.PROVISIONING, State.STARTING, State.STOPPING)
-    owner_dead = owner_is_dead(rec.owner)
-    if stuck and owner_dead:
-        actions.append(
-            GcAction("stop", rec.name, f"left {rec.state.value} by a dead process", not dry_run)
+    if orphaned(rec):  # left starting or stopping by a dead process: settled (orphans.py)
+        left = (
+            "a switch to it was cut: its driver died"
+            if rec.state == State.RUNNING
+            else f"left {rec.state.value} by a dead process"
         )
-        if not dry_run:
-            backend.stop(rec)
-            store.transition(
-                rec.id,
-                State.FAILED,
-                "cleaned up by gc: its starter died",
-                error="starter process died",
-            )
+        if dry_run:  # a cut switch's session is kept when it answers: which, settling finds
+            verb = "settle" if switch_of(rec) else "stop"
+            return [GcAction(verb, rec.name, left, False)]
+        done = settle(rec)
+        if done is not None and done.state == State.RUNNING:  # a cut switch's session answered
+            actions.append(GcAction("record-running", rec.name, left, True))
+        elif done is not None:
+            actions.append(GcAction("stop", rec.name, left, True))
     elif rec.state == State.RUNNING and not backend.is_alive(rec):
         actions.append(GcAction("record-stopped", rec.name, "remote side gone", not dry_run))
         if not dry_run:
             reconcile(rec, backend)
-    elif rec.state == State.RUNNING and orphans and owner_dead:
+    elif rec.state == State.RUNNING and orphans and owner_is_dead(rec.owner):
         actions.append(
             GcAction("stop-orphan", rec.name, "its notebook process is gone", not dry_run)
         )
         if not dry_run:
             stop(rec.id, by="gc (owner process gone)", kind=StopKind.GC)
     return actions
-
-
-def owner_is_dead(owner: str) -> bool:
-    """True when the owner ran on this host and is gone: its pid no longer runs, is a zombie,
-    or belongs to a later process (owner ids carry the start time: user@host:pid:start)."""
-    try:
-        who, _, rest = owner.partition(":")
-        host = who.split("@", 1)[1]
-        pid_text, _, start_text = rest.partition(":")
-        pid = int(pid_text)
-        started = int(start_text) if start_text else None
-    except (ValueError, IndexError):
-        return False
-    if host != socket.gethostname():
-        return False
-    return not procs.alive(pid, started)

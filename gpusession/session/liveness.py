@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..core.models import SessionRecord, State
 from ..core.protocol import StopKind, StopReason
+from .orphans import orphaned
 from .store import Store
 
 if TYPE_CHECKING:
@@ -48,14 +49,19 @@ class Liveness:
         store: Store,
         backend: Callable[[str], "Backend"],
         reconcile: Callable[[SessionRecord, "Backend"], SessionRecord],
+        settle: Callable[[SessionRecord], SessionRecord | None] | None = None,
     ):
         self.store, self.backend, self.reconcile = store, backend, reconcile
+        self.settle = settle  # a record its dead driver left in a driven state (orphans.py)
         self._seen: dict[str, tuple[float, float]] = {}  # id -> (seen alive at, last_seen saved at)
 
     def check(self, records: list[SessionRecord]) -> list[SessionRecord]:
         """`records` with their running sessions checked: the gone ones reconciled (their
-        records as now stored), the alive ones marked seen, the rest as they were. Never raises
-        for one backend or record: what cannot be checked stays unverified."""
+        records as now stored), the alive ones marked seen, those a dead process left starting
+        or stopping settled, the rest as they were. Never raises for one backend or record: what
+        cannot be checked stays unverified."""
+        if self.settle is not None:
+            records = [self._settled(r) if orphaned(r) else r for r in records]
         by_backend: dict[str, list[SessionRecord]] = {}
         for record in records:
             if record.state == State.RUNNING:
@@ -75,6 +81,13 @@ class Liveness:
                 record = self._reconciled(record)
             out.append(record)
         return out
+
+    def _settled(self, record: SessionRecord) -> SessionRecord:
+        try:
+            self.settle(record)  # type: ignore[misc]
+        except Exception as exc:  # noqa: BLE001 - the listing goes on; the next reader retries
+            log.warning("session %s was left %s: not settled: %s", record.name, record.state, exc)
+        return self.store.get(record.id)
 
     def _reconciled(self, record: SessionRecord) -> SessionRecord:
         fresh = self.store.get(record.id)

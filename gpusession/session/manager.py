@@ -7,6 +7,7 @@ words with `gpusession.faces.words`.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Mapping
@@ -41,11 +42,14 @@ if TYPE_CHECKING:
     from ..configuration.config import GpuSessionConfig
     from .handle import Session
 
+log = logging.getLogger(__name__)
+
 POLICY_BOUNDS = (
     "policy_bounds"  # spec.extra: the bounds a policy put in ({"field", "limit", "policy"})
 )
 FRESH_S = 15.0  # how long a fetched stats document may fill in a view's idle countdown
 BUDGET_CHECK_S = 10.0  # how old the month's spend may be when a stats poll warns of the budget
+ORPHAN_READY_S = 20.0  # how long a record left starting by a dead process may take to answer
 
 
 def default_backend_name(config: GpuSessionConfig) -> str:
@@ -79,8 +83,9 @@ class SessionManager:
         self._lock = threading.RLock()
         self._stats_cache: dict[str, tuple[float, dict]] = {}  # id -> (fetched at, stats)
         self._budget_seen: tuple[float, dict | None] = (0.0, None)  # (when, budget()) for polls
-        # which running sessions are still alive, asked cheaply
-        self.liveness = Liveness(self.store, self.backend, self.reconcile)
+        # which running sessions are still alive, asked cheaply; those a dead process left
+        # starting or stopping settled (orphans.py)
+        self.liveness = Liveness(self.store, self.backend, self.reconcile, self.settle)
 
     # -- building blocks -----------------------------------------------------------------
 
@@ -502,6 +507,50 @@ class SessionManager:
             record.id, state, f"found {state.value}: {reason.kind.value}", at=at, error=error
         )
 
+    def settle(self, record: SessionRecord) -> SessionRecord | None:
+        """A record its dead driver left in a driven state (session/orphans.py): settled with its
+        backend, once. Returns it as now stored; None when another process settles it."""
+        from .orphans import settle
+
+        done = settle(
+            self.store,
+            self.backend,
+            record,
+            answers=self._answers,
+            stop=self.stop,
+            choice=getattr(self.config, "cut_switch", "ask") or "ask",
+        )
+        return None if done is None else done.record
+
+    def _answers(self, record: SessionRecord) -> bool:
+        """Does a started session's kernel answer (a record left starting, found by `settle`)?
+        Asked by connecting as any process attaching would, within ORPHAN_READY_S: a connect
+        still waiting then (a machine still booting) counts as no, and the caller's teardown
+        ends it."""
+        backend = self.backend(record.backend)
+        answered: list[bool] = []
+
+        def ask() -> None:
+            try:
+                if not backend.is_alive(record):
+                    return
+                from .handle import Session
+
+                link = backend.connect(record, Progress(None))
+                session = Session(self, record, backend, link)
+                try:
+                    session.kernel.wait_ready(timeout=ORPHAN_READY_S)
+                    answered.append(True)
+                finally:
+                    session.close_connections()
+            except (GpuSessionError, OSError, TimeoutError, RuntimeError) as exc:
+                log.debug("%s left starting does not answer: %s", record.name, exc)
+
+        asking = threading.Thread(target=ask, name=f"gpusession-answers-{record.name}", daemon=True)
+        asking.start()
+        asking.join(ORPHAN_READY_S + 10.0)
+        return bool(answered)
+
     def refresh_state(self, key: str) -> SessionRecord:
         """The record, after checking that a running session's remote side still exists; when
         it is gone (its watchdog stopped it, say) the store records why."""
@@ -779,7 +828,14 @@ class SessionManager:
 
     def view(self, record: SessionRecord) -> dict[str, Any]:
         """The JSON shape every face shows (REST SessionView): data, no words."""
-        return session_view(record, self.live_stats(record), **self.liveness.seen(record))
+        from .orphans import cut_switch
+
+        return session_view(
+            record,
+            self.live_stats(record),
+            cut_switch=cut_switch(self.store, record),
+            **self.liveness.seen(record),
+        )
 
     def gc(
         self,
@@ -797,6 +853,7 @@ class SessionManager:
             self.store,
             self.backend,
             reconcile=self.reconcile,
+            settle=self.settle,
             stop=self.stop,
             dry_run=dry_run,
             backends=backends,

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 from ..configuration.settings import data_folder, data_folder_error
 from ..core.errors import BadInput, UnknownSession, WorkspaceInUse
 from ..core.models import Event, LaunchSpec, SessionRecord, State, now
-from ..core.procs import start_ticks
+from ..core.procs import alive, start_ticks
 from ..core.textvalues import MAX_NAME, session_name
 
 _HEX = set("0123456789abcdef")
@@ -60,6 +60,34 @@ def owner_id() -> str:
     pid = os.getpid()
     started = start_ticks(pid)
     return f"{user}@{socket.gethostname()}:{pid}" + (f":{started}" if started is not None else "")
+
+
+def owner_is_dead(owner: str) -> bool:
+    """True when the owner ran on this host and is gone: its pid no longer runs, is a zombie,
+    or belongs to a later process (owner ids carry the start time: user@host:pid:start). An
+    owner on another host is never taken for dead: nothing here can tell."""
+    try:
+        who, _, rest = owner.partition(":")
+        host = who.split("@", 1)[1]
+        pid_text, _, start_text = rest.partition(":")
+        pid = int(pid_text)
+        started = int(start_text) if start_text else None
+    except (ValueError, IndexError):
+        return False
+    if host != socket.gethostname():
+        return False
+    return not alive(pid, started)
+
+
+#: states a session passes through while one process drives it (its `driver`): left in one by a
+#: process that died, a session is settled by the next one that reads it (session/orphans.py)
+DRIVEN_STATES = (State.REQUESTED, State.PROVISIONING, State.STARTING, State.STOPPING)
+
+
+def driver_of(record: SessionRecord) -> str:
+    """The process moving a session through its current (driven) state: who made it move last
+    (`resource["driver"]`, written with each transition into a driven state), else its owner."""
+    return record.resource.get("driver") or record.owner
 
 
 def _free_name(spec: LaunchSpec, taken: set[str]) -> str:
@@ -163,10 +191,12 @@ class Store:
         price_per_hour: float,
         owner: str | None = None,
         claim: Callable[[LaunchSpec, str], Any] | None = None,
+        resource: dict[str, Any] | None = None,
     ) -> SessionRecord:
         """Record a new session in state `requested`; picks a free name when spec.name is None.
         `claim(spec, name)`: what the session holds while active (its workspace); refused in the
-        same transaction when an active session holds it (two starts at once: one gets it)."""
+        same transaction when an active session holds it (two starts at once: one gets it).
+        `resource`: what the record holds from its first moment (a switch's intent)."""
         import uuid  # (with `platform`: not for a process that only lists)
 
         sid = uuid.uuid4().hex
@@ -194,8 +224,8 @@ class Store:
             if claim is not None:
                 _check_claim(db, claim, spec, name)
             db.execute(
-                "INSERT INTO sessions (id, name, state, spec, created_at, updated_at, owner, price_per_hour)"
-                " VALUES (?,?,?,?,?,?,?,?)",
+                "INSERT INTO sessions (id, name, state, spec, created_at, updated_at, owner,"
+                " price_per_hour, resource) VALUES (?,?,?,?,?,?,?,?,?)",
                 (
                     sid,
                     name,
@@ -205,6 +235,7 @@ class Store:
                     t,
                     owner or owner_id(),
                     price_per_hour,
+                    json.dumps(resource or {}),
                 ),
             )
             db.execute(
@@ -241,7 +272,34 @@ class Store:
                     "INSERT INTO events (session_id, state, at, detail) VALUES (?,?,?,?)",
                     (session_id, state.value, t, detail),
                 )
+                if state in DRIVEN_STATES and state != current:  # this process drives it now
+                    self._merge(db, session_id, driver=owner_id())
         return self.get(session_id)
+
+    def take_over(self, session_id: str, driver: str, state: State) -> SessionRecord | None:
+        """Become the driver of a session still in `state` under `driver` (a process found
+        dead): the record, now driven by this process, or None when it moved on or another
+        process took it over first (two faces reading at once settle it once)."""
+        with self._write() as db:
+            row = db.execute(
+                "SELECT state, owner, resource FROM sessions WHERE id=?", (session_id,)
+            ).fetchone()
+            if row is None:
+                raise UnknownSession(f"no session with id {session_id}")
+            resource = json.loads(row["resource"])
+            if State(row["state"]) != state:
+                return None
+            if (resource.get("driver") or row["owner"]) != driver:
+                return None
+            self._merge(db, session_id, driver=owner_id())
+        return self.get(session_id)
+
+    @staticmethod
+    def _merge(db: sqlite3.Connection, session_id: str, **values: Any) -> None:
+        row = db.execute("SELECT resource FROM sessions WHERE id=?", (session_id,)).fetchone()
+        resource = json.loads(row["resource"])
+        resource.update(values)
+        db.execute("UPDATE sessions SET resource=? WHERE id=?", (json.dumps(resource), session_id))
 
     def update_resource(self, session_id: str, **values: Any) -> SessionRecord:
         """Merge backend state (container id, ports, instance id...) into the record."""

@@ -23,6 +23,7 @@ from ..core.progress import Progress, Reporter
 from ..core.protocol import StopKind
 from ..transport.pulls import format_bytes
 from .agentclient import AgentUnavailable
+from .orphans import SwitchStep, forget_cut
 from .views import restart_body
 from .workspaces import save_checkpoint, workspace_claim, workspace_place
 
@@ -232,7 +233,9 @@ def switch_session(
         )
     spec.extra.pop("workspace", None)
     spec.extra["resume"] = workspace
-    record = _create(manager, new_backend, spec, old.name)
+    first = SwitchStep.START if handover else SwitchStep.SAVE
+    record = _create(manager, new_backend, spec, old, first)
+    forget_cut(manager.store, old.id)  # an earlier cut of this session is moot now
     progress.say(
         f"switch {old.name} -> {record.name}: {spec.gpu_count} x {spec.gpu_type} on {spec.backend}"
     )
@@ -256,21 +259,26 @@ def switch_session(
                 lambda into: _move(old_backend, new_backend, old, record, progress, moved, into),
             )
         elif not same_place:
+            _step(manager, record, SwitchStep.MOVE)
             _move(old_backend, new_backend, old, record, progress, moved)
     except BaseException as exc:
         why = (
             f"switch stopped at {exc}" if isinstance(exc, StageError) else f"switch stopped: {exc}"
         )
+        _step(manager, record, SwitchStep.FAILED)
         manager.store.transition(record.id, State.FAILED, why, error=why)
         raise _kept_running(exc, old.name) from None
+    _step(manager, record, SwitchStep.START)
     try:
         session = manager.launch(manager.store.get(record.id), within=progress)
     except BaseException as exc:
+        _step(manager, record, SwitchStep.FAILED)
         raise _kept_running(exc, old.name) from None
     finally:
         if at_boot:
             new_backend.import_while_starting(record.id, None)  # type: ignore[attr-defined]
     stop_error = None
+    _step(manager, record, SwitchStep.STOP_OLD)
     # whoever used the old session (a notebook, a watcher) follows it to its successor
     manager.store.update_resource(old.id, switched_to=session.id, switched_by=by)
     with progress.stage("stop", f"stopping {old.name} (its successor {session.name} answered)"):
@@ -278,6 +286,7 @@ def switch_session(
             manager.stop(old.id, by=f"{by} to {session.name}", kind=StopKind.USER)
         except GpuSessionError as exc:
             stop_error = str(exc)
+    session.record = _step(manager, record, SwitchStep.DONE)
     return session, SwitchReport(
         old=old.name,
         new=session.name,
@@ -313,6 +322,7 @@ def _hand_over(
     done: dict[str, Any] = {}
 
     def release() -> None:
+        _step(manager, record, SwitchStep.SAVE)
         progress.step(f"saving the variables of {old.name} into workspace {workspace}")
         saved = save_checkpoint(manager.store, old, old_session)
         if not saved.get("committed"):
@@ -322,13 +332,16 @@ def _hand_over(
             f"saved {saved.get('saved', 0)} variable(s), {format_bytes(saved.get('bytes') or 0)}; "
             f"stopping {old.name} so that its workspace can move to {record.name}"
         )
+        _step(manager, record, SwitchStep.STOP_OLD)
         manager.stop(old.id, by=f"{by} to {record.name}", kind=StopKind.USER)
         done["stopped"] = True
+        _step(manager, record, SwitchStep.START)  # the volume moves over, the kernel restores
 
     backend.take_workspace_over(record.id, release)  # type: ignore[attr-defined]
     try:
         session = manager.launch(manager.store.get(record.id), within=progress)
     except BaseException as exc:
+        _step(manager, record, SwitchStep.FAILED)
         backend.take_workspace_over(record.id, None)  # type: ignore[attr-defined]
         if not done.get("stopped"):
             raise _kept_running(exc, old.name) from None
@@ -341,6 +354,7 @@ def _hand_over(
         raise StageError("switch", f"{exc}{tail}") from None
     if not done.get("stopped"):  # the backend never needed the volume free (it cannot happen
         manager.stop(old.id, by=f"{by} to {session.name}", kind=StopKind.USER)  # on aws)
+    session.record = _step(manager, record, SwitchStep.DONE)
     moved_from = session.record.resource.get("moved_from") or ""
     zone = session.record.resource.get("zone") or ""
     return session, SwitchReport(
@@ -359,18 +373,30 @@ def _hand_over(
     )
 
 
-def _create(manager: "Owner", backend: "Backend", spec: LaunchSpec, old_name: str) -> SessionRecord:
+def _create(
+    manager: "Owner", backend: "Backend", spec: LaunchSpec, old: SessionRecord, step: SwitchStep
+) -> SessionRecord:
     """The new record, as `SessionManager.create` makes it, but the old session's hold on the
-    workspace does not count: the two share it until the old one stops."""
+    workspace does not count: the two share it until the old one stops. It carries the switch's
+    intent from its first moment (session/orphans.py settles a switch whose driver died)."""
 
     def claim(s: LaunchSpec, name: str):
-        return None if name == old_name else workspace_claim(s, name)
+        return None if name == old.name else workspace_claim(s, name)
 
     manager.config.check()
     backend.check(spec)
     return manager.store.create(
-        spec, price_per_hour=backend.price_per_hour(spec, manager.catalog), claim=claim
+        spec,
+        price_per_hour=backend.price_per_hour(spec, manager.catalog),
+        claim=claim,
+        resource={"switch": {"old": old.id, "old_name": old.name, "step": step.value}},
     )
+
+
+def _step(manager: "Owner", record: SessionRecord, step: SwitchStep) -> SessionRecord:
+    """The switch reached `step` (kept on the new record, for whoever finds it cut)."""
+    switch = dict(manager.store.get(record.id).resource.get("switch") or {}, step=step.value)
+    return manager.store.update_resource(record.id, switch=switch)
 
 
 def _move(

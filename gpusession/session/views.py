@@ -19,10 +19,12 @@ def session_view(
     *,
     verified: bool = True,
     last_seen: float | None = None,
+    cut_switch: dict | None = None,
 ) -> dict[str, Any]:
     """`live`: a recent stats document of the running session (its idle countdown and warnings).
     verified: False for a running session nobody could check just now; last_seen: when it was
-    last known alive (session/liveness.py)."""
+    last known alive (session/liveness.py); cut_switch: the cut switch it took part in, as data
+    (session/orphans.py `cut_switch`)."""
     started = next((e.at for e in record.events if e.state == State.RUNNING), None)
     stopped = next((e.at for e in reversed(record.events) if not e.state.active), None)
     idle = {"timeout_s": record.spec.idle_timeout_s, "remaining_s": None}
@@ -67,6 +69,8 @@ def session_view(
         "policy_bounds": list(record.spec.extra.get("policy_bounds") or []),
         # the month's spend against the budget when it was past 80% at the start (cost.py)
         "budget": record.resource.get("budget"),
+        # a switch it took part in was cut by its driver's death (session/orphans.py)
+        "cut_switch": cut_switch,
     }
 
 

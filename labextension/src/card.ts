@@ -100,6 +100,7 @@ export class SessionCard {
       facts,
       this._priceNote,
       this._idleWarning,
+      this._cutSwitch,
       this._error,
       this._actionError,
       actions,
@@ -152,6 +153,7 @@ export class SessionCard {
     setText(this._cost, costText(view));
     this._showIdle();
     showText(this._idleWarning, final ? null : view.idle.warning);
+    showText(this._cutSwitch, view.cut_switch_text ?? null);
     showText(this._error, view.error);
 
     // Keep-alive talks to the session's agent: only a running session has one.
@@ -333,6 +335,8 @@ export class SessionCard {
   private readonly _cost = control('span', 'gpusession-cost');
   private readonly _idle = control('span', 'gpusession-idle');
   private readonly _idleWarning = message('gpusession-idle-warning');
+  /** A switch it took part in was cut: what was left, what to do. */
+  private readonly _cutSwitch = message('gpusession-cut-switch');
   private readonly _error = message('gpusession-error');
   private readonly _actionError = message('gpusession-action-error');
   private readonly _charts = control('button', 'gpusession-open-charts');

@@ -112,6 +112,10 @@ export interface SessionView {
   price_note: string | null;
   /** Why the session failed; null otherwise. */
   error: string | null;
+  /** A switch it took part in (as the old session or the new one) was cut by the
+   * death of the process running it: what was left and what to do, one line;
+   * the same on both cards. Null otherwise. */
+  cut_switch_text: string | null;
   idle: IdleView;
   /** Cost in US dollars at which the session stops itself; null: no cap. */
   max_cost: number | null;

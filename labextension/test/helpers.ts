@@ -53,6 +53,7 @@ export function session(fields: Partial<SessionView> = {}): SessionView {
     ran: 'ran 30s',
     price_note: null,
     error: null,
+    cut_switch_text: null,
     idle: { timeout_s: 1800, remaining_s: 1799.6, warning: null },
     max_cost: null,
     stop_reason: null,

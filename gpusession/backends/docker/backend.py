@@ -51,6 +51,7 @@ from ..base import (
     stop_details_from_log,
 )
 from .engine import (
+    HELPER_LABEL,
     LABEL,
     STATE_DIR,
     STORE_LABEL,
@@ -403,6 +404,8 @@ class DockerBackend(EngineWorkspaces, Backend):
                 if record.state in (State.REQUESTED, State.PROVISIONING, State.STARTING):
                     self._keep_start_log(record.id, container)
                 remove_container(container)
+            for helper in self._labelled(record):  # a helper a cut start left
+                remove_container(helper)
             if res.get("sockets"):
                 from .runtime import remove_socket_dir
 
@@ -419,6 +422,15 @@ class DockerBackend(EngineWorkspaces, Backend):
             return
         data = text.encode()[-START_LOG_BYTES:]
         self.recorder.save(session_id, start_log=data.decode(errors="ignore"))
+
+    def _labelled(self, record: SessionRecord) -> list:
+        """The helper containers serving the session (a workspace's import or export, the
+        runtime's copy): one a cut start left, its own container gone or never made."""
+        client = self.client(record.spec.host)
+        with engine_errors(record.spec.host or "(local engine)"):
+            return client.containers.list(
+                all=True, ignore_removed=True, filters={"label": f"{HELPER_LABEL}={record.id}"}
+            )
 
     def _find(self, record: SessionRecord):
         """The session's container (by saved id, else by label), None when there is none."""

@@ -12,18 +12,29 @@ Why `ssh://` engines failed now and then with `RemoteDisconnected` (docker 7.x,
   channel fails ("SSH session not active") for the life of the client.
 - requests' adapters never retry (max_retries 0).
 
-`make_resilient(client)` fixes the three on a DockerClient made for an `ssh://` URL: a pooled
+And a fourth: sshd allows 10 session channels per connection by default (MaxSessions), and
+the pool keeps up to 10 idle ones, so a few calls at once beside them (a start's helpers, a
+pull, a stream) were refused: "Unable to open channel" / ChannelException 'Connect failed'.
+
+`make_resilient(client)` fixes the four on a DockerClient made for an `ssh://` URL: a pooled
 channel that is closed or at EOF is dropped before use; a dead transport is reconnected (host
-key checked again, as docker-py does) and the pools made anew; and idempotent requests (GET,
-HEAD, PUT, DELETE) are retried once when the connection drops under them. POSTs (create, start,
-exec) are not retried: the engine may have done them.
+key checked again, as docker-py does) and the pools made anew; idempotent requests (GET, HEAD,
+PUT, DELETE) are retried once when the connection drops under them (POSTs - create, start, exec
+- are not: the engine may have done them); the pool keeps at most KEPT_CHANNELS idle channels,
+and a channel the server refuses to open is asked for again once idle ones are closed (nothing
+was sent on it, so any request, POSTs included, goes out once).
 """
 
 from __future__ import annotations
 
+import queue
+import time
 from typing import Any
 
 RETRIED_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+KEPT_CHANNELS = 4  # idle session channels a pool keeps open (sshd's MaxSessions is 10)
+OPEN_TRIES = 40  # a refused channel open is asked again for about this many times ...
+OPEN_WAIT_S = 0.25  # ... this far apart at most (about 10 s in all)
 
 
 def _dropped(sock: Any) -> bool:
@@ -44,15 +55,47 @@ def _dropped(sock: Any) -> bool:
 def make_resilient(client) -> None:
     """Make the `ssh://` transport of `client` (a docker.DockerClient) survive dropped channels
     and a cut SSH connection; no-op for other transports."""
-    from docker.transport.sshconn import SSHConnectionPool, SSHHTTPAdapter
+    import paramiko
+    from docker.transport.sshconn import SSHConnection, SSHConnectionPool, SSHHTTPAdapter
     from urllib3.util.retry import Retry
 
+    class Connection(SSHConnection):
+        pool: "Pool | None" = None
+
+        def connect(self):
+            for attempt in range(OPEN_TRIES):
+                try:
+                    return super().connect()
+                except paramiko.SSHException:  # refused (MaxSessions) or the connection is gone
+                    transport = self.ssh_transport
+                    if transport is None or not transport.is_active() or attempt == OPEN_TRIES - 1:
+                        raise
+                    if self.pool is not None:
+                        self.pool.close_idle()
+                    time.sleep(min(0.02 * 2**attempt, OPEN_WAIT_S))
+
     class Pool(SSHConnectionPool):
+        def _new_conn(self):
+            conn = Connection(self.ssh_transport, self.timeout, self.ssh_host)
+            conn.pool = self
+            return conn
+
         def _get_conn(self, timeout=None):
             conn = super()._get_conn(timeout)
             if getattr(conn, "sock", None) is not None and _dropped(conn.sock):
                 conn.close()  # urllib3 opens a new channel for this request
             return conn
+
+        def close_idle(self) -> None:
+            """Close the idle channels this pool keeps (their slots stay, empty)."""
+            for _ in range(self.pool.maxsize if self.pool is not None else 0):
+                try:
+                    conn = self.pool.get(block=False)
+                except (queue.Empty, AttributeError):
+                    return
+                if conn is not None:
+                    conn.close()
+                self.pool.put(None, block=False)
 
     class Adapter(SSHHTTPAdapter):
         def get_connection(self, url, proxies=None):
@@ -71,6 +114,7 @@ def make_resilient(client) -> None:
     if not isinstance(adapter, SSHHTTPAdapter) or adapter.ssh_client is None:
         return
     adapter.__class__ = Adapter
+    adapter.max_pool_size = KEPT_CHANNELS  # the pools made from now on
     with adapter.pools.lock:
         for key in list(adapter.pools.keys()):
             pool = adapter.pools[key]

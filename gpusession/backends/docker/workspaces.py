@@ -371,6 +371,10 @@ class EngineWorkspaces:
         from .runtime import _helper_labels
 
         image = self._helper_image(client, record, progress)
+        # the engine a helper labelled with this session lands on: a stop (or whoever settles a
+        # switch whose driver died mid-move) asks it, even before the session's own container
+        if "engine" not in record.resource:
+            self.recorder.save(record.id, engine=record.spec.host or "")
         with engine_errors("while making a helper container for the workspace"):
             return client.containers.create(
                 image.id,
