@@ -461,6 +461,7 @@ def test_gc_removes_what_a_dead_process_left(manager, aws_env, look):
         owner="someone@" + __import__("socket").gethostname() + ":999999999",
     )
     manager.store.transition(record.id, State.PROVISIONING)
+    manager.store.update_resource(record.id, driver=record.owner)  # the dead one drove it
     backend.provision(manager.store.get(record.id), Progress())
     assert leftovers(look)["instances"]
     resources = backend.list_resources()

@@ -153,6 +153,7 @@ def test_a_failed_start_keeps_the_containers_log(docker_env, manager, engine):
         manager.store.update_resource(record.id, engine="", container_id=container.id)
         manager.store.transition(record.id, State.PROVISIONING)
         manager.store.transition(record.id, State.STARTING)
+        manager.store.update_resource(record.id, driver=owner)  # it was the dead one moving it
         gc = cli(docker_env, "gc")
         assert "stopped broke (left starting by a dead process)" in gc.stdout, gc.stdout + gc.stderr
         record = manager.get("broke")

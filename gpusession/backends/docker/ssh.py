@@ -33,8 +33,8 @@ from typing import Any
 
 RETRIED_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 KEPT_CHANNELS = 4  # idle session channels a pool keeps open (sshd's MaxSessions is 10)
-OPEN_TRIES = 40  # a refused channel open is asked again for about this many times ...
-OPEN_WAIT_S = 0.25  # ... this far apart at most (about 10 s in all)
+OPEN_TRIES = 120  # a refused channel open is asked again for about this many times ...
+OPEN_WAIT_S = 0.25  # ... this far apart at most (about 30 s in all)
 
 
 def _dropped(sock: Any) -> bool:
@@ -95,7 +95,10 @@ def make_resilient(client) -> None:
                     return
                 if conn is not None:
                     conn.close()
-                self.pool.put(None, block=False)
+                try:
+                    self.pool.put(None, block=False)
+                except queue.Full:  # another thread gave a connection back meanwhile
+                    return
 
     class Adapter(SSHHTTPAdapter):
         def get_connection(self, url, proxies=None):
