@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from gpusession.agent.endpoint import AgentServer, agent_token
-from gpusession.agent.idle import ActivityTracker, StopPolicy
+from gpusession.agent.idle import ActivityTracker
 from gpusession.agent.nvml import NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
 from gpusession.agent.watchdog import Watchdog
+from gpusession.configuration.agentargs import AgentArgs
 from gpusession.core.models import KernelEndpoint
 from gpusession.core.protocol import StopKind, StopReason
 from gpusession.faces.words import describe_stop, format_summary, status_lines, warning_texts
@@ -40,9 +41,7 @@ def agent(tmp_path):
         session_id="sess1",
         state_dir=str(tmp_path),
         tracker=ActivityTracker(
-            StopPolicy(
-                idle_timeout_s=600, price_per_hour=3.6, max_cost=5.0, keepalive_limit_s=7200
-            ),
+            AgentArgs(idle=600, price_per_hour=3.6, max_cost=5.0, keepalive_limit=7200),
             billed_since=T0,
         ),
         sampler=Sampler(NvmlReader(RecordedNvml.from_file(DATA / "nvml_two_t4.json"))),

@@ -179,7 +179,7 @@ def test_the_contract_drives_a_minimal_backend(only_fake, gs_home):
 def test_the_session_layer_records_what_the_backend_returns(only_fake, manager):
     """The manager builds the backend with its recorder: what the backend saves lands in the
     store, and the typed stop details it returns are recorded when the session is found gone."""
-    record = manager.create(LaunchSpec("t4", backend="fake", idle_timeout_s=None))
+    record = manager.create(LaunchSpec("t4", backend="fake", idle=None))
     backend = manager.backend("fake")
     assert isinstance(backend, FakeBackend) and backend.recorder.store_id == manager.store.store_id
     backend.provision(manager.get(record.id), Progress())

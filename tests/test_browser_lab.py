@@ -219,7 +219,7 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
             and record.spec.gpu_type == "t4"
             and record.spec.backend == "local"
         ), record.spec
-        assert record.spec.idle_timeout_s == 600 and "nvml_replay" not in record.spec.extra
+        assert record.spec.idle == 600 and "nvml_replay" not in record.spec.extra
         stop_card(page, again)
         sync_api.expect(again).to_have_count(0, timeout=TIMEOUT_MS)
         assert not page.errors, page.errors

@@ -197,7 +197,7 @@ def test_sidebar_start_live_values_and_stop(lab, page):
             assert not clipped(fact), fact.inner_text()
 
         record = lab.manager.get("from-sidebar")
-        assert record.state == State.RUNNING and record.spec.idle_timeout_s == 3600
+        assert record.state == State.RUNNING and record.spec.idle == 3600
         panel.screenshot(path=str(ARTIFACTS / "sidebar-panel.png"))
 
         stop_card(page, card)

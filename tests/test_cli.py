@@ -78,7 +78,7 @@ def test_types_list_start_status_stop(nb_env):
     assert "bg" in r.stdout and r.stdout.strip().endswith("HEAVY []"), r.stdout + r.stderr
     record = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3").get("bg")
     spec = record.spec
-    assert (spec.idle_timeout_s, spec.gpu_only, spec.max_runtime_s, spec.max_cost) == (
+    assert (spec.idle, spec.gpu_only, spec.max_runtime, spec.max_cost) == (
         None,
         True,
         8 * 3600.0,

@@ -100,7 +100,7 @@ def observe(manager) -> dict:
         "data_dir": str(manager.store.path.parent),
         "default_backend": spec.backend,
         "default_type": f"{spec.gpu_type}:{spec.gpu_count}",
-        "default_idle": spec.idle_timeout_s,
+        "default_idle": spec.idle,
         "price_per_hour": manager.backend("local").price_per_hour(local, manager.catalog),
         "docker_image": manager.backend("docker").config.docker_image,
         "monthly_budget": (manager.budget() or {}).get("budget", 0.0),
@@ -426,7 +426,7 @@ def test_command_line_flags_start_an_a10g_with_a_7m_idle_timeout(tmp_path):
     assert re.search(r"idle \S+ of 7m00s: stops in", out), out
     assert "stopped a10g-1" in out
     (record,) = Store(tmp_path / "home" / "sessions.sqlite3").list()
-    assert (record.spec.gpu_type, record.spec.idle_timeout_s, record.state) == (
+    assert (record.spec.gpu_type, record.spec.idle, record.state) == (
         "a10g",
         420,
         State.STOPPED,

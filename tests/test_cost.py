@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpusession.agent.idle import ActivityTracker, StopPolicy
+from gpusession.agent.idle import ActivityTracker
 from gpusession.agent.runtime import build_parser
 from gpusession.configuration.agentargs import AgentArgs
 from gpusession.configuration.cost import (
@@ -163,7 +163,7 @@ def test_a_queued_job_is_billed_from_its_start_not_from_its_submit():
 
 
 def test_live_meter_counts_from_billing_start():
-    tr = ActivityTracker(StopPolicy(price_per_hour=3.6, idle_timeout_s=None), billed_since=T0)
+    tr = ActivityTracker(AgentArgs(price_per_hour=3.6, idle=None), billed_since=T0)
     assert tr.evaluate(T0 + 10).cost["so_far"] == pytest.approx(0.06)  # minimum minute
     c = tr.evaluate(T0 + 1800).cost
     assert (
@@ -172,9 +172,7 @@ def test_live_meter_counts_from_billing_start():
 
 
 def test_max_cost_warns_at_80_percent_and_stops_at_the_cap():
-    tr = ActivityTracker(
-        StopPolicy(price_per_hour=3.6, max_cost=5.0, idle_timeout_s=None), billed_since=T0
-    )
+    tr = ActivityTracker(AgentArgs(price_per_hour=3.6, max_cost=5.0, idle=None), billed_since=T0)
     # $5 at $3.60/h is 5000 s; 80% ($4) at 4000 s
     assert tr.evaluate(T0 + 3999).warnings == []
     v = tr.evaluate(T0 + 4000)
@@ -195,7 +193,7 @@ def test_max_cost_warns_at_80_percent_and_stops_at_the_cap():
 
 def test_the_cap_wins_over_idle_and_runtime_when_several_fire():
     tr = ActivityTracker(
-        StopPolicy(price_per_hour=36.0, max_cost=1.0, max_runtime_s=60, idle_timeout_s=60),
+        AgentArgs(price_per_hour=36.0, max_cost=1.0, max_runtime=60, idle=60),
         billed_since=T0,
     )
     assert tr.evaluate(T0 + 100).stop_reason.kind is StopKind.MAX_COST
@@ -205,9 +203,9 @@ def test_args_for_carries_price_billing_start_and_limits():
     r = record(
         [(State.REQUESTED, T0), (State.PROVISIONING, T0 + 2.5)],
         price=0.526,
-        idle_timeout_s=300.0,
+        idle=300.0,
         max_cost=5.0,
-        max_runtime_s=8 * 3600.0,
+        max_runtime=8 * 3600.0,
         gpu_only=True,
         gpu_count=2,
     )
@@ -218,6 +216,6 @@ def test_args_for_carries_price_billing_start_and_limits():
         ns.idle == 300 and ns.price_per_hour == 0.526 and ns.billed_since is None
     )  # from its start
     assert ns.max_cost == 5.0 and ns.max_runtime == 8 * 3600 and ns.gpu_only and ns.gpu_count == 2
-    off = args_for(record([(State.REQUESTED, T0)], idle_timeout_s=None))
+    off = args_for(record([(State.REQUESTED, T0)], idle=None))
     ns = build_policy_args(off)
     assert ns.idle is None and ns.max_cost is None and ns.billed_since is None and not ns.gpu_only

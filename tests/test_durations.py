@@ -248,9 +248,7 @@ def agent_reads(args: list[str]):
 )
 def test_args_for_round_trips_exactly_through_the_agent_parser(idle, runtime, cost, price):
     args = args_for(
-        record(
-            price=price, idle_timeout_s=idle, max_runtime_s=runtime, max_cost=cost, gpu_only=True
-        )
+        record(price=price, idle=idle, max_runtime=runtime, max_cost=cost, gpu_only=True)
     )
     assert all(" " not in a and not re.search(r"\d[eE][-+]?\d", a) for a in args), args
     assert args[args.index("--idle") + 1].endswith("s") and args[

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.agent.idle import ActivityTracker, StopPolicy, warning_lead
+from gpusession.agent.idle import ActivityTracker, warning_lead
 from gpusession.agent.nvml import NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
 from gpusession.agent.watchdog import Watchdog
+from gpusession.configuration.agentargs import AgentArgs
 from gpusession.core.protocol import Marker, StopKind, StopReason, WarningKind, parse_marker
 from gpusession.faces.words import describe_warning
 
@@ -39,7 +40,7 @@ def run(
 
 
 def test_idle_kernel_and_gpu_stop_after_the_timeout():
-    tr = ActivityTracker(StopPolicy(idle_timeout_s=600), billed_since=T0)
+    tr = ActivityTracker(AgentArgs(idle=600), billed_since=T0)
     at, verdict = run(tr, 3600, start=T0, last=T0 + 100, gpu=[0.0, 1.0])
     assert at == T0 + 700  # last activity + timeout
     assert verdict.stop_reason == StopReason(StopKind.IDLE, idle_for_s=600.0, idle_timeout_s=600)
@@ -47,22 +48,20 @@ def test_idle_kernel_and_gpu_stop_after_the_timeout():
 
 
 def test_busy_cell_with_an_idle_gpu_is_not_idle_by_default():
-    tr = ActivityTracker(StopPolicy(idle_timeout_s=600), billed_since=T0)
+    tr = ActivityTracker(AgentArgs(idle=600), billed_since=T0)
     at, verdict = run(tr, 3600, start=T0, busy=True, last=T0, gpu=[0.0])
     assert verdict.stop_reason is None and at == T0 + 3600
     assert verdict.idle["idle_for_s"] == 0
 
 
 def test_busy_cell_with_an_idle_gpu_is_idle_under_gpu_only():
-    tr = ActivityTracker(StopPolicy(idle_timeout_s=600, gpu_only=True), billed_since=T0)
+    tr = ActivityTracker(AgentArgs(idle=600, gpu_only=True), billed_since=T0)
     at, verdict = run(tr, 3600, start=T0, busy=True, last=T0, gpu=[0.0])
     assert at == T0 + 600 and verdict.stop_reason.kind is StopKind.IDLE
 
 
 def test_gpu_over_the_threshold_keeps_it_alive_even_with_gpu_only():
-    tr = ActivityTracker(
-        StopPolicy(idle_timeout_s=600, gpu_only=True, gpu_threshold=5), billed_since=T0
-    )
+    tr = ActivityTracker(AgentArgs(idle=600, gpu_only=True, gpu_threshold=5), billed_since=T0)
     _, verdict = run(tr, 3600, start=T0, gpu=[0.0, 5.0])  # one of two GPUs at the threshold
     assert verdict.stop_reason is None
     # then the GPU drops under the threshold: the timeout counts from the last busy reading
@@ -71,14 +70,14 @@ def test_gpu_over_the_threshold_keeps_it_alive_even_with_gpu_only():
 
 
 def test_no_gpu_visible_counts_as_zero_utilization():
-    tr = ActivityTracker(StopPolicy(idle_timeout_s=60), billed_since=T0)
+    tr = ActivityTracker(AgentArgs(idle=60), billed_since=T0)
     at, verdict = run(tr, 600, start=T0, last=T0, gpu=[])
     assert at == T0 + 60 and verdict.stop_reason
 
 
 def test_the_idle_clock_starts_with_the_agent_not_with_billing():
     # provisioning took 10 minutes; a 5-minute idle timeout must not fire at once
-    tr = ActivityTracker(StopPolicy(idle_timeout_s=300), billed_since=T0, active_since=T0 + 600)
+    tr = ActivityTracker(AgentArgs(idle=300), billed_since=T0, active_since=T0 + 600)
     tr.observe(T0 + 601, kernel_busy=False, kernel_last_activity=None, gpu_utils=[])
     assert tr.evaluate(T0 + 601).stop_reason is None
     assert tr.evaluate(T0 + 900).stop_reason is not None
@@ -90,7 +89,7 @@ def test_a_starting_kernel_is_not_idle_for_the_start_grace():
     from gpusession.agent.idle import START_GRACE_S
 
     for gpu_only in (False, True):
-        tr = ActivityTracker(StopPolicy(idle_timeout_s=2, gpu_only=gpu_only), billed_since=T0)
+        tr = ActivityTracker(AgentArgs(idle=2, gpu_only=gpu_only), billed_since=T0)
         for t in range(0, 60):  # a minute of boot and connect: never a stop
             tr.observe(
                 T0 + t,
@@ -103,7 +102,7 @@ def test_a_starting_kernel_is_not_idle_for_the_start_grace():
         at, verdict = run(tr, 10, start=T0 + 60, last=T0 + 59.5, gpu=[])  # reached at 59.5 s
         # 2 s from the kernel_info (the last starting check under --gpu-only: a kernel_info is no GPU use)
         assert verdict.stop_reason.kind == StopKind.IDLE and at == T0 + (61 if gpu_only else 62), at
-        tr = ActivityTracker(StopPolicy(idle_timeout_s=2, gpu_only=gpu_only), billed_since=T0)
+        tr = ActivityTracker(AgentArgs(idle=2, gpu_only=gpu_only), billed_since=T0)
         t = T0
         while not tr.evaluate(t).stop_reason:  # never reached: the clock runs after the grace
             t += 1
@@ -115,7 +114,7 @@ def test_a_starting_kernel_is_not_idle_for_the_start_grace():
 
 def test_warning_shows_before_the_stop():
     assert warning_lead(1800) == 300 and warning_lead(60) == 12
-    tr = ActivityTracker(StopPolicy(idle_timeout_s=1800), billed_since=T0)
+    tr = ActivityTracker(AgentArgs(idle=1800), billed_since=T0)
     tr.observe(T0, kernel_busy=False, kernel_last_activity=T0, gpu_utils=[0.0])
     assert tr.evaluate(T0 + 1499).warnings == []
     v = tr.evaluate(T0 + 1500)
@@ -125,9 +124,7 @@ def test_warning_shows_before_the_stop():
 
 
 def test_keepalive_postpones_and_is_capped():
-    tr = ActivityTracker(
-        StopPolicy(idle_timeout_s=600, keepalive_limit_s=4 * 3600), billed_since=T0
-    )
+    tr = ActivityTracker(AgentArgs(idle=600, keepalive_limit=4 * 3600), billed_since=T0)
     tr.observe(T0, kernel_busy=False, kernel_last_activity=T0, gpu_utils=[])
     granted = tr.keepalive(T0 + 550, 3600)
     assert granted["granted_s"] == 3600 and not granted["capped"]
@@ -136,9 +133,7 @@ def test_keepalive_postpones_and_is_capped():
     assert v.idle["remaining_s"] == 60 and v.warnings  # the warning still comes
     assert tr.evaluate(T0 + 550 + 3600).stop_reason.kind is StopKind.IDLE
     # asking for more than the limit grants the limit
-    tr2 = ActivityTracker(
-        StopPolicy(idle_timeout_s=600, keepalive_limit_s=4 * 3600), billed_since=T0
-    )
+    tr2 = ActivityTracker(AgentArgs(idle=600, keepalive_limit=4 * 3600), billed_since=T0)
     granted = tr2.keepalive(T0, 24 * 3600)
     assert granted["capped"] and granted["granted_s"] == 4 * 3600
     assert tr2.evaluate(T0 + 4 * 3600 - 1).stop_reason is None
@@ -151,7 +146,7 @@ def test_keepalive_postpones_and_is_capped():
 
 
 def test_activity_after_a_keepalive_still_counts():
-    tr = ActivityTracker(StopPolicy(idle_timeout_s=600), billed_since=T0)
+    tr = ActivityTracker(AgentArgs(idle=600), billed_since=T0)
     tr.keepalive(T0, 60)
     tr.observe(T0 + 500, kernel_busy=False, kernel_last_activity=T0 + 500, gpu_utils=[])
     assert tr.evaluate(T0 + 1099).stop_reason is None
@@ -159,13 +154,13 @@ def test_activity_after_a_keepalive_still_counts():
 
 
 def test_idle_off_never_stops_for_idleness():
-    tr = ActivityTracker(StopPolicy(idle_timeout_s=None), billed_since=T0)
+    tr = ActivityTracker(AgentArgs(idle=None), billed_since=T0)
     _, verdict = run(tr, 48 * 3600, start=T0, gpu=[0.0], step=600)
     assert verdict.stop_reason is None and verdict.idle["remaining_s"] is None
 
 
 def test_max_runtime_is_hard():
-    tr = ActivityTracker(StopPolicy(idle_timeout_s=None, max_runtime_s=3600), billed_since=T0)
+    tr = ActivityTracker(AgentArgs(idle=None, max_runtime=3600), billed_since=T0)
     tr.keepalive(T0, 10_000)  # a keepalive postpones only the idle stop
     at, verdict = run(tr, 7200, start=T0, busy=True, gpu=[100.0], step=10)
     assert at == T0 + 3600
@@ -179,7 +174,7 @@ def test_max_runtime_is_hard():
 
 
 def test_idle_minutes_and_mean_utilization_in_the_summary():
-    tr = ActivityTracker(StopPolicy(idle_timeout_s=None, price_per_hour=3.6), billed_since=T0)
+    tr = ActivityTracker(AgentArgs(idle=None, price_per_hour=3.6), billed_since=T0)
     for i in range(60):  # a busy minute, GPUs at 90% and 10% (mean 50)
         tr.observe(T0 + i, kernel_busy=True, kernel_last_activity=T0, gpu_utils=[90.0, 10.0])
     for i in range(60, 180):  # two idle minutes, GPUs at 0
@@ -190,7 +185,7 @@ def test_idle_minutes_and_mean_utilization_in_the_summary():
     assert s["mean_gpu_utilization"] == pytest.approx(50 * 60 / 180, abs=0.1)
     assert s["idle_minutes"] == pytest.approx(2.0, abs=0.05)
     assert (
-        ActivityTracker(StopPolicy(), T0).summary(T0 + 5, gpu_count=1)["mean_gpu_utilization"]
+        ActivityTracker(AgentArgs(), T0).summary(T0 + 5, gpu_count=1)["mean_gpu_utilization"]
         is None
     )
 
@@ -213,7 +208,7 @@ def test_watchdog_replays_recorded_samples_and_stops_once(tmp_path):
     wd = Watchdog(
         session_id="s1",
         state_dir=str(tmp_path),
-        tracker=ActivityTracker(StopPolicy(idle_timeout_s=10, gpu_only=True), billed_since=T0),
+        tracker=ActivityTracker(AgentArgs(idle=10, gpu_only=True), billed_since=T0),
         sampler=Sampler(NvmlReader(RecordedNvml.from_file(DATA / "nvml_two_t4.json"))),
         stop=stops.append,
         clock=clock,

@@ -178,7 +178,7 @@ def _drive(
     )  # the session is provisioned while it says Starting
     timings["card_click_to_idle_s"] = round(time.monotonic() - t, 2)
     [record] = manager.list()
-    assert (record.state, record.backend, record.spec.gpu_type, record.spec.idle_timeout_s) == (
+    assert (record.state, record.backend, record.spec.gpu_type, record.spec.idle) == (
         State.RUNNING,
         backend,
         "t4",

@@ -119,10 +119,10 @@ def test_the_form_shows_the_options_marked_for_forms(manager):
 
 CASES = [
     # (magic/CLI words, REST body, what the spec holds)
-    (["--idle", "1h30m"], {"idle": "1h30m"}, {"idle_timeout_s": 5400.0}),
-    (["--idle", "90"], {"idle": 90}, {"idle_timeout_s": 5400.0}),  # a bare number means minutes
-    (["--idle", "off"], {"idle": "off"}, {"idle_timeout_s": None}),
-    (["--max-runtime", "278h"], {"max_runtime": "278h"}, {"max_runtime_s": 278 * 3600.0}),
+    (["--idle", "1h30m"], {"idle": "1h30m"}, {"idle": 5400.0}),
+    (["--idle", "90"], {"idle": 90}, {"idle": 5400.0}),  # a bare number means minutes
+    (["--idle", "off"], {"idle": "off"}, {"idle": None}),
+    (["--max-runtime", "278h"], {"max_runtime": "278h"}, {"max_runtime": 278 * 3600.0}),
     (["--max-cost", "$5"], {"max_cost": 5}, {"max_cost": 5.0}),
     (["--gpu-only"], {"gpu_only": True}, {"gpu_only": True}),
     (
@@ -180,12 +180,12 @@ def test_the_faces_hand_the_values_over_as_given(manager):
         options.FORM: f"Idle stop: {why[0]}; Max cost ($): {why[1]}",
     }
     plain = manager.spec_from({"backend": "local"}, options.FORM)
-    assert (plain.gpu_type, plain.idle_timeout_s) == (
+    assert (plain.gpu_type, plain.idle) == (
         "t4",
         1800.0,
     )  # left out: the config's defaults
     assert (
-        manager.spec_from({"backend": "local", "idle": None}, options.REST).idle_timeout_s is None
+        manager.spec_from({"backend": "local", "idle": None}, options.REST).idle is None
     )  # none: no idle stop
     assert manager.make_spec("l4", backend="local", idle="1h30m") == manager.spec_from(
         {"type": "l4", "backend": "local", "idle": "1h30m"}, options.FLAGS
@@ -243,14 +243,14 @@ def test_defaults_come_from_the_config_and_none_means_none():
         )
 
     spec = build({})
-    assert (spec.gpu_type, spec.gpu_count, spec.backend, spec.idle_timeout_s) == (
+    assert (spec.gpu_type, spec.gpu_count, spec.backend, spec.idle) == (
         "l4",
         2,
         "local",
         600.0,
     )
     assert build({"idle": "default", "type": "default", "backend": ""}) == spec
-    assert build({"idle": None}).idle_timeout_s is None  # make_spec(idle=None): no idle stop
+    assert build({"idle": None}).idle is None  # make_spec(idle=None): no idle stop
     assert build({"type": None, "backend": None}) == spec
     # what make_spec's Python callers pass besides the table goes to extra, as it always did
     assert build({"boot_timeout": 3, "subnet": None}).extra == {"boot_timeout": 3}
@@ -390,7 +390,7 @@ def test_the_form_names_the_field_by_its_label(manager):
 def test_launch_spec_reads_the_legacy_gpu_only_idle_key_of_old_store_rows():
     old = {"gpu_type": "t4", "backend": "docker", "gpu_only_idle": True, "idle_timeout_s": 600.0}
     spec = LaunchSpec.from_dict(old)
-    assert spec.gpu_only is True and spec.idle_timeout_s == 600.0
+    assert spec.gpu_only is True and spec.idle == 600.0
     assert "gpu_only_idle" not in spec.to_dict() and spec.to_dict()["gpu_only"] is True
     assert LaunchSpec.from_dict(spec.to_dict()) == spec
     assert old["gpu_only_idle"] is True, "the row itself is left as it was"

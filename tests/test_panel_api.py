@@ -238,7 +238,7 @@ def test_replay_loops_and_says_it_is_recorded():
     parser = argparse.ArgumentParser()
     service.add_arguments(parser)
     args = parser.parse_args(["--nvml-replay", str(DATA / "nvml_two_t4.json")])
-    reader = NvmlReader(args.nvml_replay)
+    reader = NvmlReader(service.replayed(args.nvml_replay))
     assert reader.source == "recorded" and NvmlReader().source == "nvml"
     sampler = Sampler(reader)
     utils = [

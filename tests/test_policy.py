@@ -47,10 +47,10 @@ def policy(tmp_path, monkeypatch):
 def test_policy_bounds_what_the_config_leaves_open_and_refuses_the_rest(policy, gs_home):
     m = SessionManager(GpuSessionConfig(default_idle="1h"))  # the user's config: looser
     spec = m.make_spec("t4", backend="local")
-    assert (spec.idle_timeout_s, spec.max_runtime_s, spec.max_cost) == (900.0, 7200.0, 5.0)
+    assert (spec.idle, spec.max_runtime, spec.max_cost) == (900.0, 7200.0, 5.0)
     path = policy()
     assert [b["field"] for b in spec.extra["policy_bounds"]] == ["idle", "max_runtime", "max_cost"]
-    assert m.make_spec("t4", backend="local", idle="10m").idle_timeout_s == 600.0  # within: kept
+    assert m.make_spec("t4", backend="local", idle="10m").idle == 600.0  # within: kept
     refusals = {
         "idle": ({"idle": "2h"}, f"'idle': your policy ({path}) allows at most 15m"),
         "off": ({"idle": "off"}, f"'idle': your policy ({path}) allows at most 15m (off is not"),
@@ -92,7 +92,7 @@ def test_cli_start_says_each_bound_and_refuses_beyond_them(policy, nb_env, gs_ho
         assert f"max cost $5.00: the most your policy allows ({path})" in started.stdout
         assert "p1 is running (idle stop after 15m00s" in started.stdout
         assert "WARNING: this month: $" in started.stdout and "monthly budget (8" in started.stdout
-        assert Store(gs_home / "sessions.sqlite3").get("p1").spec.idle_timeout_s == 900.0
+        assert Store(gs_home / "sessions.sqlite3").get("p1").spec.idle == 900.0
     finally:
         cli(env, "stop", "p1")
     # the policy's monthly cap binds though the user's own budget is larger

@@ -218,7 +218,7 @@ async def test_a_kernel_is_a_session_restart_keeps_it_shutdown_stops_it(
         started_s = time.monotonic() - t0
         [record] = manager.list()
         assert record.state == State.RUNNING and record.backend == "local"
-        assert (record.spec.gpu_type, record.spec.idle_timeout_s) == ("t4", 600.0)
+        assert (record.spec.gpu_type, record.spec.idle) == ("t4", 600.0)
         assert any("kernel of JupyterLab" in e.detail for e in record.events)
         first = _runtime(manager, record.id)
         # the sidebar's view names this kernel as the session's (the status bar follows it)

@@ -105,7 +105,7 @@ def test_a_clusters_defaults_fill_what_is_not_given(tmp_path):
 
 
 def test_the_sbatch_line():
-    rec = record("a100", 2, max_runtime_s=3600.0)
+    rec = record("a100", 2, max_runtime=3600.0)
     cmd = jobs.sbatch_command(
         rec,
         settings(

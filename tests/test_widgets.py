@@ -225,7 +225,7 @@ def test_start_form(manager):
     assert started[0].id == card.id and started[0].record.spec.gpu_type == "l4"
     assert _wait(lambda: _text(card.state.value) == "running", timeout=5)
     assert _text(form.message.value).endswith("is running")
-    assert manager.get(card.id).spec.idle_timeout_s is None
+    assert manager.get(card.id).spec.idle is None
 
     # following every session: one started elsewhere shows up on the next refresh
     other = manager.start(manager.make_spec("t4", backend="local", idle="off", name="elsewhere"))

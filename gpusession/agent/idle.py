@@ -4,7 +4,7 @@ Nothing here reads a clock or a file: the watchdog passes the time and what it o
 tests drive it with an injected clock and recorded samples.
 
 Idle means: the kernel runs no cell AND every GPU stays under `gpu_threshold` percent, for
-the whole `idle_timeout_s`. With `gpu_only`, the kernel is ignored (a cell stuck in a loop
+the whole `idle` (AgentArgs: the session's --idle, in seconds). With `gpu_only`, the kernel is ignored (a cell stuck in a loop
 while its GPU sits at 0% is idle). With no GPU visible, GPU utilization counts as 0.
 """
 
@@ -13,10 +13,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..configuration.agentargs import DEFAULT_GPU_THRESHOLD, DEFAULT_KEEPALIVE_LIMIT_S
+from ..configuration.agentargs import AgentArgs
 from ..configuration.cost import cost_for_seconds, seconds_until_cost
 from ..core.protocol import (
-    DEFAULT_IDLE_S,
     StopKind,
     StopReason,
     Warning,
@@ -34,21 +33,6 @@ START_GRACE_S = 120.0
 def warning_lead(limit_s: float) -> float:
     """How long before a stop the warning shows: min(5 min, limit / 5)."""
     return min(WARNING_MAX_S, limit_s * WARNING_FRACTION)
-
-
-@dataclasses.dataclass(frozen=True)
-class StopPolicy:
-    """The agent's limits, from its command line (gpusession.configuration.agentargs.AgentArgs, made from the record)."""
-
-    idle_timeout_s: float | None = DEFAULT_IDLE_S  # None: never stop for idleness
-    gpu_threshold: float = DEFAULT_GPU_THRESHOLD  # percent; a GPU at or above it counts as busy
-    gpu_only: bool = False  # only GPU utilization counts as activity
-    max_runtime_s: float | None = None  # hard stop this long after billing started
-    max_cost: float | None = None  # dollars; stop once spending reaches it
-    price_per_hour: float = 0.0  # dollars for the whole session
-    keepalive_limit_s: float = (
-        DEFAULT_KEEPALIVE_LIMIT_S  # a keepalive reaches at most this far ahead
-    )
 
 
 @dataclasses.dataclass
@@ -69,8 +53,8 @@ class ActivityTracker:
     Not thread-safe by itself: the watchdog holds its lock around every call.
     """
 
-    def __init__(self, policy: StopPolicy, billed_since: float, active_since: float | None = None):
-        self.policy = policy
+    def __init__(self, limits: AgentArgs, billed_since: float, active_since: float | None = None):
+        self.limits = limits  # the agent's options: idle, gpu_threshold, gpu_only, max_runtime...
         self.billed_since = (
             billed_since  # billing started (the cost meter and max runtime count from it)
         )
@@ -100,7 +84,7 @@ class ActivityTracker:
         gpu_utils=None means "no new GPU reading this time" (the previous one still holds);
         [] means no GPU is visible (utilization 0). kernel_starting: the kernel has not loaded,
         or no client reached it yet (its first kernel_info): not idleness, for START_GRACE_S."""
-        p = self.policy
+        p = self.limits
         if gpu_utils is not None:
             self._gpu_busy = any(u is not None and u >= p.gpu_threshold for u in gpu_utils)
             known = [u for u in gpu_utils if u is not None]
@@ -137,40 +121,40 @@ class ActivityTracker:
         """Postpone the idle stop to now + seconds, at most keepalive_limit_s ahead."""
         if seconds < 0:
             raise ValueError("seconds must not be negative")
-        granted = min(float(seconds), self.policy.keepalive_limit_s)
+        granted = min(float(seconds), self.limits.keepalive_limit)
         until = now + granted
         self.keepalive_until = max(self.keepalive_until or 0.0, until)
         return {
             "requested_s": float(seconds),
             "granted_s": granted,
             "capped": granted < seconds,
-            "limit_s": self.policy.keepalive_limit_s,
+            "limit_s": self.limits.keepalive_limit,
             "keepalive_until": self.keepalive_until,
         }
 
     def evaluate(self, now: float) -> Verdict:
-        p = self.policy
+        p = self.limits
         billed = max(0.0, now - self.billed_since)
         idle = self._idle_status(now)
         runtime = {
             "elapsed_s": round(billed, 1),
-            "max_runtime_s": p.max_runtime_s,
+            "max_runtime_s": p.max_runtime,
             "remaining_s": None,
         }
         cost, cost_warning = self._cost_status(billed)
         warnings = [cost_warning] if cost_warning else []
         reason = None
-        if p.max_runtime_s is not None:
-            left = p.max_runtime_s - billed
+        if p.max_runtime is not None:
+            left = p.max_runtime - billed
             runtime["remaining_s"] = round(max(0.0, left), 1)
             if left <= 0:
                 reason = StopReason(
-                    StopKind.MAX_RUNTIME, elapsed_s=round(billed, 1), max_runtime_s=p.max_runtime_s
+                    StopKind.MAX_RUNTIME, elapsed_s=round(billed, 1), max_runtime_s=p.max_runtime
                 )
-            elif left <= warning_lead(p.max_runtime_s):
+            elif left <= warning_lead(p.max_runtime):
                 warnings.append(
                     Warning(
-                        WarningKind.MAX_RUNTIME, remaining_s=round(left, 1), limit_s=p.max_runtime_s
+                        WarningKind.MAX_RUNTIME, remaining_s=round(left, 1), limit_s=p.max_runtime
                     )
                 )
         if p.max_cost is not None and cost["so_far"] >= p.max_cost:
@@ -183,39 +167,39 @@ class ActivityTracker:
             reason = StopReason(
                 StopKind.IDLE,
                 idle_for_s=float(int(idle["idle_for_s"])),
-                idle_timeout_s=p.idle_timeout_s,
+                idle_timeout_s=p.idle,
             )
         return Verdict(stop_reason=reason, idle=idle, runtime=runtime, cost=cost, warnings=warnings)
 
     def _idle_status(self, now: float) -> dict[str, Any]:
-        p = self.policy
+        p = self.limits
         idle_for = max(0.0, now - self.last_active)
         out: dict[str, Any] = {
-            "timeout_s": p.idle_timeout_s,
+            "timeout_s": p.idle,
             "idle_for_s": round(idle_for, 1),
             "remaining_s": None,
             "keepalive_until": self.keepalive_until if (self.keepalive_until or 0) > now else None,
             "gpu_only": p.gpu_only,
             "gpu_threshold": p.gpu_threshold,
         }
-        if p.idle_timeout_s is None:
+        if p.idle is None:
             return out
-        deadline = max(self.last_active + p.idle_timeout_s, self.keepalive_until or 0.0)
+        deadline = max(self.last_active + p.idle, self.keepalive_until or 0.0)
         remaining = deadline - now
         out["remaining_s"] = round(max(0.0, remaining), 1)
         return out
 
     def _idle_warning(self, now: float, idle: dict[str, Any]) -> Warning | None:
-        p = self.policy
+        p = self.limits
         remaining = idle["remaining_s"]
-        if p.idle_timeout_s is None or remaining is None:
+        if p.idle is None or remaining is None:
             return None
-        if 0 < remaining <= warning_lead(p.idle_timeout_s):
+        if 0 < remaining <= warning_lead(p.idle):
             return Warning(WarningKind.IDLE, remaining_s=remaining, idle_for_s=idle["idle_for_s"])
         return None
 
     def _cost_status(self, billed: float) -> tuple[dict[str, Any], Warning | None]:
-        p = self.policy
+        p = self.limits
         so_far = cost_for_seconds(p.price_per_hour, billed)
         out: dict[str, Any] = {
             "price_per_hour": p.price_per_hour,
@@ -245,8 +229,8 @@ class ActivityTracker:
             "duration_s": round(billed, 1),
             "gpu_count": gpu_count,
             "gpu_hours": round(gpu_count * billed / 3600.0, 4),
-            "cost": round(cost_for_seconds(self.policy.price_per_hour, billed), 6),
-            "price_per_hour": self.policy.price_per_hour,
+            "cost": round(cost_for_seconds(self.limits.price_per_hour, billed), 6),
+            "price_per_hour": self.limits.price_per_hour,
             "mean_gpu_utilization": None if mean is None else round(mean, 1),
             "idle_minutes": round(self.idle_total_s / 60.0, 2),
             "cells": cells,

@@ -24,7 +24,7 @@ import subprocess
 import threading
 import time
 
-from ..configuration.agentargs import PLACEMENT, add_arguments
+from ..configuration.agentargs import PLACEMENT, AgentArgs, add_arguments
 from ..core.envnames import RESTART_FILE
 from ..core.protocol import KERNEL_PORT_NAMES, Marker, StopKind, StopReason, marker_line
 from . import service
@@ -76,7 +76,7 @@ def _share_sockets(info: dict) -> None:
 class Runtime:
     """Owns the kernel process. `stop(reason)` ends it; the agent's watchdog calls it too."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: AgentArgs):
         self.args = args
         self.state_dir = os.path.abspath(args.state_dir)
         private_state_dir(self.state_dir)
@@ -296,12 +296,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def run_args(argv: list[str]) -> AgentArgs:
+    """The options of `run` (its ARGS, without the command word), as the agent reads them."""
+    return AgentArgs.from_namespace(build_parser().parse_args(["run", *argv]))
+
+
 def main(argv: list[str] | None = None, early: tuple[Spawned, dict] | None = None) -> int:
     """`early`: the session's first kernel, started already by gpusession.agent.firststep from
     the same ARGS (the bundle's way in: the kernel boots while this module loads)."""
-    args = build_parser().parse_args(argv)
-    if args.command != "run":
-        return service.run_command(args)
+    parsed = build_parser().parse_args(argv)
+    if parsed.command != "run":
+        return service.run_command(parsed)
+    args = AgentArgs.from_namespace(parsed)
     rt = Runtime(args)
 
     def on_signal(signum, frame):

@@ -20,10 +20,16 @@ import threading
 import time
 from typing import Any
 
-from ..configuration.agentargs import DEFAULT_SAVE_TIMEOUT_S, RECORDING, WATCHDOG, positive
+from ..configuration.agentargs import (
+    DEFAULT_SAVE_TIMEOUT_S,
+    RECORDING,
+    WATCHDOG,
+    AgentArgs,
+    positive,
+)
 from ..configuration.agentargs import add_arguments as add_agent_arguments
 from ..core.protocol import NOTICE_SAVE_S, Marker, Notice, StopReason, marker_line
-from .idle import ActivityTracker, StopPolicy
+from .idle import ActivityTracker
 from .notices import NoticeWatcher, save_for_notice
 from .nvml import NvmlReader, RecordedNvml, record_raw
 from .sampler import Sampler
@@ -31,14 +37,21 @@ from .saving import restore_report, save_kernel
 from .watchdog import Watchdog
 
 
-def _recording(path: str) -> RecordedNvml:
-    """--nvml-replay: a recording of raw NVML values (`nvml-record`'s format), replayed in a loop."""
+def _recording(path: str) -> str:
+    """--nvml-replay: a recording of raw NVML values (`nvml-record`'s format), checked readable
+    as the command line is read (a bad one is the command's error); replayed in a loop."""
     try:
-        return RecordedNvml.from_file(path, loop=True)
+        RecordedNvml.from_file(path, loop=True)
     except (OSError, ValueError) as exc:
         raise argparse.ArgumentTypeError(
             f"cannot read the NVML recording {path!r}: {exc}"
         ) from None
+    return path
+
+
+def replayed(path: str | None) -> RecordedNvml | None:
+    """--nvml-replay's recording, loaded to replay in a loop (None: the real GPUs)."""
+    return RecordedNvml.from_file(path, loop=True) if path else None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def save_namespace(
-    rt, args: argparse.Namespace, *, asked: bool = False, cause: Notice | None = None
+    rt, args: AgentArgs, *, asked: bool = False, cause: Notice | None = None
 ) -> dict:
     """The kernel's namespace into the workspace, within --save-timeout (the watchdog before its
     stops; `asked`: POST /save, `stop --save`, which saves even with --save-timeout off, within
@@ -58,7 +71,7 @@ def save_namespace(
     timeout = args.save_timeout or (DEFAULT_SAVE_TIMEOUT_S if asked or cause else None)
     if cause is not None:
         timeout = min(timeout, NOTICE_SAVE_S)
-    if not getattr(args, "workspace", "") or not timeout:
+    if not args.workspace or not timeout:
         result = {"committed": False, "error": "no workspace" if timeout else "saving is off"}
     else:
         kernel = rt.kernel
@@ -77,9 +90,9 @@ def save_namespace(
     return result
 
 
-def _save_then_stop(rt, args: argparse.Namespace, reason: StopReason) -> None:
+def _save_then_stop(rt, args: AgentArgs, reason: StopReason) -> None:
     """The watchdog's stop: save first (bounded), then stop, whatever the save did."""
-    if reason.kind.by_watchdog and getattr(args, "workspace", "") and args.save_timeout:
+    if reason.kind.by_watchdog and args.workspace and args.save_timeout:
         try:
             save_namespace(rt, args)
         except Exception as exc:  # noqa: BLE001 - the stop must happen: it is what saves money
@@ -87,26 +100,12 @@ def _save_then_stop(rt, args: argparse.Namespace, reason: StopReason) -> None:
     rt.stop(reason)
 
 
-def policy_from_args(args: argparse.Namespace) -> StopPolicy:
-    return StopPolicy(
-        idle_timeout_s=args.idle,
-        gpu_threshold=args.gpu_threshold,
-        gpu_only=args.gpu_only,
-        max_runtime_s=args.max_runtime,
-        max_cost=args.max_cost,
-        price_per_hour=args.price_per_hour,
-        keepalive_limit_s=args.keepalive_limit,
-    )
-
-
-def start(rt, args: argparse.Namespace) -> Watchdog | None:
+def start(rt, args: AgentArgs) -> Watchdog | None:
     """Start the endpoint and the watchdog for runtime `rt` (called before its kernel starts)."""
-    if getattr(args, "no_agent", False):
+    if args.no_agent:
         return None
-    tracker = ActivityTracker(
-        policy_from_args(args), args.billed_since or rt.started_at, active_since=time.time()
-    )
-    replay = getattr(args, "nvml_replay", None)
+    tracker = ActivityTracker(args, args.billed_since or rt.started_at, active_since=time.time())
+    replay = replayed(args.nvml_replay)
     sampler = Sampler(
         NvmlReader(replay) if replay is not None else None,
         interval_s=args.sample_interval or 1.0,
@@ -154,7 +153,7 @@ def start(rt, args: argparse.Namespace) -> Watchdog | None:
     return watchdog
 
 
-def _on_stop(rt, watchdog: Watchdog, args: argparse.Namespace, reason: StopReason) -> None:
+def _on_stop(rt, watchdog: Watchdog, args: AgentArgs, reason: StopReason) -> None:
     """At any stop: leave the summary next to stopped.json and in the log, then run the
     shutdown command (the instance powers off; the container has already lost its kernel)."""
     summary = watchdog.summary()

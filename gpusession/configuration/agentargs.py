@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from ..core.durations import (
     IDLE,
@@ -24,6 +24,7 @@ from ..core.durations import (
     parse_money,
 )
 from ..core.errors import BadInput
+from ..core.models import LaunchSpec
 from ..core.protocol import DEFAULT_IDLE_S
 from .cost import billing_started_at
 
@@ -59,18 +60,22 @@ def _option(
     metavar: str | None = None,
     always: bool = False,
     required: bool = False,
+    from_spec: bool = False,
 ):
     """A field of AgentArgs with its flag's make-up. `kind`: one of the kinds above or a
-    DurationRule; `always`: written even at its default (what every backend says explicitly)."""
+    DurationRule; `always`: written even at its default (what every backend says explicitly);
+    `required`: the command line must give it; `from_spec`: the session's start option of the
+    same name gives it (a LaunchSpec field, else `spec.extra[name]`: `for_record`), so a value
+    has one name from the face to the agent."""
     meta = {
         "kind": kind,
         "help": help,
         "group": group,
         "metavar": metavar,
         "always": always or required,
+        "required": required,
+        "from_spec": from_spec,
     }
-    if required:
-        return dataclasses.field(metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -84,8 +89,8 @@ class AgentArgs:
     """The options of `python -m gpusession.agent run`; the field's name is its flag's dest."""
 
     # -- placement: the backend's (where the runtime runs and listens)
-    session_id: str = _option(None, TEXT, "", group=PLACEMENT, required=True)
-    state_dir: str = _option(None, TEXT, "", group=PLACEMENT, required=True)
+    session_id: str = _option("", TEXT, "", group=PLACEMENT, required=True)
+    state_dir: str = _option("", TEXT, "", group=PLACEMENT, required=True)
     kernel_ip: str = _option(
         "127.0.0.1",
         TEXT,
@@ -130,11 +135,13 @@ class AgentArgs:
         f"{format_bound(DEFAULT_IDLE_S)}",
         metavar="DURATION|off",
         always=True,
+        from_spec=True,
     )
     gpu_only: bool = _option(
         False,
         FLAG,
         "only GPU utilization counts as activity (a busy kernel whose GPU idles is idle)",
+        from_spec=True,
     )
     gpu_threshold: float = _option(
         DEFAULT_GPU_THRESHOLD,
@@ -142,15 +149,21 @@ class AgentArgs:
         "a GPU at or above this utilization is busy "
         f"(default {exact_decimal(DEFAULT_GPU_THRESHOLD)})",
         metavar="PERCENT",
+        from_spec=True,
     )
     max_runtime: float | None = _option(
         None,
         MAX_RUNTIME,
         "hard stop this long after billing started (8h, 90m; a bare number means minutes)",
         metavar="DURATION",
+        from_spec=True,
     )
     max_cost: float | None = _option(
-        None, MONEY, "stop once the session has cost this much (warning at 80%%)", metavar="DOLLARS"
+        None,
+        MONEY,
+        "stop once the session has cost this much (warning at 80%%)",
+        metavar="DOLLARS",
+        from_spec=True,
     )
     price_per_hour: float = _option(
         0.0,
@@ -169,12 +182,14 @@ class AgentArgs:
         "a keepalive postpones the idle stop at most "
         f"this far ahead (default {format_bound(DEFAULT_KEEPALIVE_LIMIT_S)})",
         metavar="SECONDS",
+        from_spec=True,
     )
     check_interval: float = _option(
         DEFAULT_INTERVAL_S,
         NUMBER,
         f"how often the watchdog decides (default {exact_decimal(DEFAULT_INTERVAL_S)})",
         metavar="SECONDS",
+        from_spec=True,
     )
     sample_interval: float = _option(
         DEFAULT_INTERVAL_S,
@@ -201,6 +216,7 @@ class AgentArgs:
         "kernel's variables into --workspace for at most this long (default "
         f"{exact_decimal(DEFAULT_SAVE_TIMEOUT_S)}s; off: do not save)",
         metavar="DURATION|off",
+        from_spec=True,
     )
     save_cap: int = _option(
         DEFAULT_SAVE_CAP,
@@ -208,6 +224,7 @@ class AgentArgs:
         "a variable whose pickle is larger is skipped (default "
         f"{DEFAULT_SAVE_CAP // 1024**3} GiB; 0: no cap)",
         metavar="BYTES",
+        from_spec=True,
     )
     no_agent: bool = _option(False, FLAG, "no stats, no watchdog (a baseline for benchmarks)")
     nvml_replay: str | None = _option(
@@ -218,38 +235,34 @@ class AgentArgs:
         'machine\'s GPUs; the stats say "source": "recorded". For demos and tests '
         "without a GPU; never on by default",
         metavar="FILE",
+        from_spec=True,
     )
 
     @classmethod
     def for_record(cls, record, **placement: Any) -> "AgentArgs":
         """The agent's options for a session record, with the backend's `placement` (session_id
-        and state_dir at least; billed_since=None where billing starts with the runtime)."""
+        and state_dir at least; billed_since=None where billing starts with the runtime). Each
+        `from_spec` field is the start option of its name: the LaunchSpec field, else
+        `spec.extra[name]` when given (a duration's None there: off); the rest, its default."""
         spec, extra = record.spec, record.spec.extra
-        limits: dict[str, Any] = {
-            "idle": spec.idle_timeout_s or None,
-            "price_per_hour": float(record.price_per_hour or 0.0),
-            "gpu_count": int(spec.gpu_count or 1),
-            "billed_since": billing_started_at(record),
-            "gpu_only": bool(spec.gpu_only),
-            "max_runtime": spec.max_runtime_s or None,
-            "max_cost": spec.max_cost or None,
-            "restore": bool(extra.get("resume")),
-            "nvml_replay": str(extra["nvml_replay"])
-            if extra.get("nvml_replay")
-            else None,  # only when asked
-        }
-        for key, name in (
-            ("gpu_threshold", "gpu_threshold"),
-            ("keepalive_limit_s", "keepalive_limit"),
-            ("check_interval_s", "check_interval"),
-        ):
-            if extra.get(key) is not None:
-                limits[name] = float(extra[key])
-        if "save_timeout" in extra:  # None: off, no save before a watchdog stop
-            limits["save_timeout"] = extra["save_timeout"] or None
-        if extra.get("save_cap") is not None:
-            limits["save_cap"] = int(extra["save_cap"])
-        return cls(**{**limits, **placement})
+        taken: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            if not field.metadata["from_spec"]:
+                continue
+            if field.name in _SPEC_FIELDS:
+                value = getattr(spec, field.name)
+            elif field.name in extra:
+                value = extra[field.name]
+            else:
+                continue
+            taken[field.name] = _typed(field.metadata["kind"], value)
+        taken.update(
+            price_per_hour=float(record.price_per_hour or 0.0),
+            gpu_count=int(spec.gpu_count or 1),
+            billed_since=billing_started_at(record),
+            restore=bool(extra.get("resume")),
+        )
+        return cls(**{**taken, **placement})
 
     def argv(self) -> list[str]:
         """The options as words (a shell script passes them on: an instance's boot script, a batch
@@ -269,15 +282,8 @@ class AgentArgs:
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> "AgentArgs":
+        """The `run` command's parsed options (the agent's parser: `add_arguments`)."""
         return cls(**{field.name: getattr(ns, field.name) for field in dataclasses.fields(cls)})
-
-    @classmethod
-    def from_argv(cls, argv: Sequence[str]) -> "AgentArgs":
-        """What argv() wrote, read back as the agent reads it (a recording stays its path)."""
-        parser = argparse.ArgumentParser(prog="gpusession.agent run")
-        add_arguments(parser, PLACEMENT)
-        add_arguments(parser, WATCHDOG)
-        return cls.from_namespace(parser.parse_args(list(argv)))
 
 
 def add_arguments(parser, group: str, types: dict[str, Callable[[str], Any]] | None = None) -> None:
@@ -292,7 +298,7 @@ def add_arguments(parser, group: str, types: dict[str, Callable[[str], Any]] | N
             extra["help"] = meta["help"]
         if meta["metavar"]:
             extra["metavar"] = meta["metavar"]
-        if field.default is dataclasses.MISSING:
+        if meta["required"]:
             extra["required"] = True
         else:
             extra["default"] = field.default
@@ -305,6 +311,23 @@ def add_arguments(parser, group: str, types: dict[str, Callable[[str], Any]] | N
             continue
         reader = (types or {}).get(kind) if isinstance(kind, str) else None
         parser.add_argument(flag_of(field.name), type=reader or _reader(kind), **extra)
+
+
+_SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(LaunchSpec)) - {"extra"}
+
+
+def _typed(kind: Any, value: Any) -> Any:
+    """A start option's value as the field of `kind` holds it (None, 0 and "" of a duration or an
+    amount: off)."""
+    if isinstance(kind, DurationRule) or kind == MONEY:
+        return value or None
+    if kind == FLAG:
+        return bool(value)
+    if kind == INT:
+        return int(value)
+    if kind in (FLOAT, NUMBER):
+        return float(value)
+    return None if value in (None, "") else str(value)
 
 
 def _word(kind: Any, value: Any) -> str:

@@ -196,7 +196,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         "GpuSessionConfig.default_idle)",
         "idle timeout",
         config_default="default_idle",
-        spec_field="idle_timeout_s",
+        spec_field="idle",
         form=True,
         hint="90s, 15m, 1h30m, off",
         rule=IDLE,
@@ -219,7 +219,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         "hard stop after this long, e.g. 8h "
         "(a bare number means minutes); 2s to 30 days (default: off)",
         "max runtime",
-        spec_field="max_runtime_s",
+        spec_field="max_runtime",
         rule=MAX_RUNTIME,
     ),
     StartOption(
@@ -622,7 +622,7 @@ def build_spec(
         gpu_type=gpu_name,
         gpu_count=count,
         backend=parsed.pop("backend"),
-        idle_timeout_s=parsed.pop("idle"),
+        idle=parsed.pop("idle"),
     )
     for name, value in parsed.items():
         option = by_name[name]

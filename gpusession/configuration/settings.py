@@ -254,8 +254,8 @@ class Policy:
 
     # (field of the option table, spec attribute, policy attribute) of the upper bounds
     _LIMITS = (
-        ("idle", "idle_timeout_s", "max_idle_s"),
-        ("max_runtime", "max_runtime_s", "max_runtime_s"),
+        ("idle", "idle", "max_idle_s"),
+        ("max_runtime", "max_runtime", "max_runtime_s"),
         ("max_cost", "max_cost", "max_cost"),
     )
 

@@ -30,6 +30,14 @@ class State(str, enum.Enum):
 BILLED_STATES = (State.PROVISIONING, State.STARTING, State.RUNNING, State.STOPPING)
 
 
+#: LaunchSpec fields under the names earlier versions stored them
+_EARLIER_NAMES = {
+    "gpu_only_idle": "gpu_only",
+    "idle_timeout_s": "idle",
+    "max_runtime_s": "max_runtime",
+}
+
+
 @dataclasses.dataclass
 class LaunchSpec:
     """What the user asked for. Options a backend does not use are still recorded."""
@@ -40,9 +48,9 @@ class LaunchSpec:
     name: str | None = None  # user-facing name; generated when None
     image: str | None = None  # container image (docker/aws); None means the default
     host: str | None = None  # docker host URL (ssh://user@host) or None for local engine
-    idle_timeout_s: float | None = DEFAULT_IDLE_S  # None means never stop for idleness
+    idle: float | None = DEFAULT_IDLE_S  # seconds idle before it stops; None: never
     max_cost: float | None = None  # dollars; stop when reached
-    max_runtime_s: float | None = None  # hard stop after this long
+    max_runtime: float | None = None  # seconds: hard stop after this long; None: none
     spot: bool = False  # ask for spot capacity (aws)
     region: str | None = None  # cloud region (aws)
     gpu_only: bool = False  # count only GPU utilization as activity (--gpu-only)
@@ -54,8 +62,9 @@ class LaunchSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "LaunchSpec":
         data = dict(data)
-        if "gpu_only_idle" in data:  # its name in store rows written by earlier versions
-            data.setdefault("gpu_only", data.pop("gpu_only_idle"))
+        for old, new in _EARLIER_NAMES.items():  # names in store rows written by earlier versions
+            if old in data:
+                data.setdefault(new, data.pop(old))
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in fields})
 

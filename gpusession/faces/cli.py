@@ -120,7 +120,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     session = m.launch(record, report=lambda line: print(line, flush=True))
     print_restored(session.record, print)
     print(
-        f"{session.name} is running ({idle_setting(spec.idle_timeout_s)}); "
+        f"{session.name} is running ({idle_setting(spec.idle)}); "
         f"`gpusession stop {session.name}` stops it"
     )
     session.kernel.close()

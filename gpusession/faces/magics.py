@@ -310,7 +310,7 @@ class GpuMagics(Magics):
                 f"(`%gpu list` shows it as {ended.state.value})"
             ) from None
         self.current = session
-        _print(idle_setting(spec.idle_timeout_s))  # `--idle 0` means off: say so
+        _print(idle_setting(spec.idle))  # `--idle 0` means off: say so
         print_restored(session.record, _print)  # --resume: what came back, what did not
         self._notify(session)
         return None

@@ -27,7 +27,7 @@ def session_view(
     (session/orphans.py `cut_switch`)."""
     started = next((e.at for e in record.events if e.state == State.RUNNING), None)
     stopped = next((e.at for e in reversed(record.events) if not e.state.active), None)
-    idle = {"timeout_s": record.spec.idle_timeout_s, "remaining_s": None}
+    idle = {"timeout_s": record.spec.idle, "remaining_s": None}
     if live is not None:
         idle = {k: v for k, v in (live.get("idle") or {}).items() if k != "warning"}
     reason = record.stop_reason
@@ -144,10 +144,10 @@ def restart_body(
     body: dict[str, Any] = {
         "type": spec.gpu_type if spec.gpu_count == 1 else f"{spec.gpu_type}:{spec.gpu_count}",
         "backend": spec.backend,
-        "idle": f"{exact_decimal(spec.idle_timeout_s)}s" if spec.idle_timeout_s else "off",
+        "idle": f"{exact_decimal(spec.idle)}s" if spec.idle else "off",
     }
-    if spec.max_runtime_s:
-        body["max_runtime"] = f"{exact_decimal(spec.max_runtime_s)}s"
+    if spec.max_runtime:
+        body["max_runtime"] = f"{exact_decimal(spec.max_runtime)}s"
     if spec.max_cost:
         body["max_cost"] = exact_decimal(spec.max_cost)
     for name in ("host", "image", "region"):

@@ -418,7 +418,7 @@ def sbatch_command(record, settings: JobSettings, paths: JobPaths, store_id: str
         "--no-requeue",
         f"--gres={gres}",
     ]
-    minutes = time_limit_minutes(spec.max_runtime_s)
+    minutes = time_limit_minutes(spec.max_runtime)
     if minutes:
         cmd.append(f"--time={minutes}")
     if settings.signal_grace_s:  # to the batch shell only (B:): it tells the agent, who saves
