@@ -3,8 +3,9 @@ real engine: plain gc only says how many there are; `gc --volumes` removes a cop
 build that no container uses, with its `-ok` twin; one a container still mounts, one of this
 build, and one made moments ago stay; a dry run only says.
 
-The engine is shared (other test runs, other builds): the test treats every runtime volume that
-was there before it as "of this build", so that gc touches only the volumes it made."""
+The engine is shared (other test workers, other builds): the test treats every runtime volume on
+the engine as "of this build" but the ones it made as another build's, each time gc asks, so that
+gc touches only the volumes it made, whatever another worker makes meanwhile."""
 
 from __future__ import annotations
 
@@ -31,22 +32,26 @@ def _names(engine) -> set[str]:
 
 
 def test_gc_removes_unused_copies_of_other_builds_only(engine, manager, monkeypatch, gs_home):
-    before = {
-        m.group(1)
-        for n in _names(engine)
-        if (m := re.search(r"-([0-9a-f]{12})(?:-cp\d+)?(?:-ok)?$", n))
-    }
-    monkeypatch.setattr(
-        "gpusession.transport.bundle.current_digests",
-        lambda cache: before | {code_archive().digest[:12]},
-    )
-    monkeypatch.setattr(docker_volumes, "STALE_AFTER_S", 2.0)
     stamp = f"{time.time_ns() % 16**8:08x}"
     old, used, site = (
         f"gpusession-runtime-code-0dd0{stamp}-cp311",
         f"gpusession-runtime-code-05ed{stamp}-cp311",
         f"gpusession-runtime-cp311-manylinux_2_28_x86_64-0dc0{stamp}",
     )
+    other_builds = {f"{prefix}{stamp}" for prefix in ("0dd0", "05ed", "0dc0", "0e00")}
+
+    def current(cache) -> set[str]:
+        """Every copy on the engine counts as this build's but the test's own "other builds":
+        another test worker's copies, made at any moment, are never taken for leftovers."""
+        on_engine = {
+            m.group(1)
+            for n in _names(engine)
+            if (m := re.search(r"-([0-9a-f]{12})(?:-cp\d+)?(?:-ok)?$", n))
+        }
+        return (on_engine - other_builds) | {code_archive().digest[:12]}
+
+    monkeypatch.setattr("gpusession.transport.bundle.current_digests", current)
+    monkeypatch.setattr(docker_volumes, "STALE_AFTER_S", 2.0)
     ours = f"gpusession-runtime-code-{code_archive().digest[:12]}-cp399"  # this build's (for a Python of its own)
     made = [old, old + "-ok", used, used + "-ok", site, ours]
     for name in made:

@@ -24,6 +24,7 @@ from gpusession.agent.checkpoint_read import read_manifest
 from gpusession.core.models import State
 from gpusession.core.protocol import Marker, StopKind, find_markers
 from gpusession.session.store import Store
+from gpusession.transport.tarsafe import PART
 from support.waits import wait_until
 
 # integration: starts kernels, the agent or servers (tests/conftest.py: the fast tier starts none)
@@ -196,11 +197,17 @@ def test_a_spot_notice_during_an_upload_says_what_did_not_land(notebook, nb_env,
         for _ in range(64):
             f.write(os.urandom(2**20) * 8)  # 512 MB
 
-    def notice_soon():
-        time.sleep(1.0)
+    workspace = Path(nb_env["GPUSESSION_HOME"]) / "workspaces" / "tr"
+
+    def notice_while_writing():  # once the session writes the file (its temporary name shows)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(PART in p.name for p in workspace.iterdir()):
+                break
+            time.sleep(0.005)
         _notify(state_dir, "spot-instance-action.json", NOTICE)
 
-    threading.Thread(target=notice_soon, daemon=True).start()
+    threading.Thread(target=notice_while_writing, daemon=True).start()
     cut = notebook.run("%gpu upload big.bin")
     said = cut.text
     assert cut.status == "error", said
@@ -208,6 +215,5 @@ def test_a_spot_notice_during_an_upload_says_what_did_not_land(notebook, nb_env,
     assert "the upload stopped at" in said and "nothing of it was written in the session" in said
     assert "session tr ended: AWS took the spot instance back" in said, said
     assert "resume with `%gpu start --resume tr`" in said, said
-    workspace = Path(nb_env["GPUSESSION_HOME"]) / "workspaces" / "tr"
     assert workspace.is_dir()
     assert not (workspace / "big.bin").exists(), sorted(p.name for p in workspace.iterdir())

@@ -231,7 +231,7 @@ async def test_a_kernel_is_a_session_restart_keeps_it_shutdown_stops_it(
         assert int(printed) == first["kernel_pid"]
 
         # interrupt: JupyterLab's stop button
-        msg_id = kc.execute("import time; time.sleep(60)")
+        msg_id = kc.execute("import time; print('sleeping', flush=True); time.sleep(60)")
         await _wait_busy(kc, msg_id)
         t1 = time.monotonic()
         await km.interrupt_kernel()
@@ -283,8 +283,11 @@ async def _wait_busy(kc, msg_id: str, timeout: float = 15) -> None:
             msg = await kc.get_iopub_msg(timeout=1)
         except queue.Empty:
             continue
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
-            await asyncio.sleep(0.3)  # into time.sleep
+        if (
+            msg["parent_header"].get("msg_id") == msg_id
+            and msg["msg_type"] == "stream"
+            and "sleeping" in msg["content"]["text"]
+        ):  # the cell's own line: the interrupt lands in its code, however slow the machine
             return
     raise AssertionError("the cell never started")
 

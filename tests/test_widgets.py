@@ -111,18 +111,18 @@ def test_live_updates_from_a_thread_end_with_the_session(manager):
     card = panel.cards[session.id]
     assert card.idle.value == "off" and card.keepalive_button.layout.display == "none"
     first = card.uptime.value
-    assert _wait(lambda: card.uptime.value != first, timeout=5), "uptime did not move"
+    assert _wait(lambda: card.uptime.value != first, timeout=30), "uptime did not move"
     assert panel.polling
     manager.stop(session.id)  # stopped elsewhere (another notebook, the sidebar, the CLI)
-    assert _wait(lambda: _text(card.state.value) == "stopped", timeout=5)
+    assert _wait(lambda: _text(card.state.value) == "stopped", timeout=30)
     assert _text(card.message.value).startswith(f"session {session.name} was stopped by user (ran ")
-    assert _wait(lambda: not panel.polling, timeout=3), "the thread must end with the session"
+    assert _wait(lambda: not panel.polling, timeout=30), "the thread must end with the session"
 
     other = manager.start(manager.make_spec("t4", backend="local", idle="off"))
     panel2 = SessionPanel(manager, [other.id], interval=0.3).start_polling()
     assert panel2.polling
     panel2.close()
-    assert _wait(lambda: not panel2.polling, timeout=3), "closing the widget ends the thread"
+    assert _wait(lambda: not panel2.polling, timeout=30), "closing the widget ends the thread"
     assert manager.get(other.id).state == State.RUNNING  # closing the panel stops no session
 
 
@@ -131,10 +131,11 @@ def test_watchdog_stop_shows_on_the_card(manager):
     session = manager.start(manager.make_spec("t4", backend="local", idle="2s"))
     panel = SessionPanel(manager, [session.id], interval=0.3).start_polling()
     card = panel.cards[session.id]
-    assert _wait(lambda: _text(card.state.value) == "stopped", timeout=15)
+    # deadlines, not guesses: on a loaded machine the 2 s idle stop comes late, never wrongly
+    assert _wait(lambda: _text(card.state.value) == "stopped", timeout=90)
     assert manager.get(session.id).state == State.STOPPED
     assert "was stopped by its idle watchdog after" in _text(card.message.value)
-    assert _wait(lambda: not panel.polling, timeout=3)
+    assert _wait(lambda: not panel.polling, timeout=30)
     panel.close()
 
 
@@ -147,8 +148,8 @@ def test_a_watchdog_stop_that_saved_offers_resume_on_the_card(manager):
     panel = SessionPanel(manager, [session.id], interval=0.3).start_polling()
     try:
         card = panel.cards[session.id]
-        assert _wait(lambda: _text(card.state.value) == "stopped", timeout=20)
-        assert _wait(lambda: "saved 1 variable" in _text(card.message.value), timeout=5), (
+        assert _wait(lambda: _text(card.state.value) == "stopped", timeout=90)
+        assert _wait(lambda: "saved 1 variable" in _text(card.message.value), timeout=30), (
             card.message.value
         )
         assert (
