@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("agent", ("agent",)),
     ("store", ("session.store",)),
     ("session", ("session",)),
+    ("words", ("words",)),
     ("ui", ("faces", "widgets", "server", "provisioner", "__init__", "__main__", "labextension")),
 ]
 FACES = ("faces", "widgets", "server", "provisioner")
