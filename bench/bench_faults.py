@@ -532,7 +532,7 @@ def _ours(engine, session_id: str | None) -> list:
 
 def runtime_kills(manager, engine, fig: Figures) -> None:
     """The kernel process, then the whole container, killed while a cell runs."""
-    from gpusession.faces.words import error_text
+    from gpusession.words.stops import error_text
 
     for what in ("kernel", "container"):
         session = manager.start(

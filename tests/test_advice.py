@@ -18,7 +18,7 @@ from gpusession.configuration.advice import MIN_SAMPLES, advice_document
 from gpusession.configuration.catalog import load_catalog
 from gpusession.core.errors import RemoteError
 from gpusession.core.protocol import is_out_of_memory
-from gpusession.faces.words import advice_line, advice_lines
+from gpusession.words.spend import advice_line, advice_lines
 from support.waits import wait_until
 
 DATA = Path(__file__).parent / "data"

@@ -16,7 +16,7 @@ import pytest
 from gpusession.core.errors import SessionEnded
 from gpusession.core.models import State
 from gpusession.core.protocol import Marker, StopKind, StopReason, find_markers
-from gpusession.faces import words
+from gpusession.words.stops import ended_message
 from support.hosts import docker_available, product_image
 
 pytestmark = [
@@ -82,7 +82,7 @@ def test_stats_and_idle_stop(docker_manager, engine):
 
     record = m.refresh_state(session.id)
     assert record.state == State.STOPPED
-    assert words.ended_message(record).startswith(
+    assert ended_message(record).startswith(
         "session dock1 was stopped by its idle watchdog after 5s idle"
     )
 

@@ -18,8 +18,9 @@ from gpusession.agent.watchdog import Watchdog
 from gpusession.configuration.agentargs import AgentArgs
 from gpusession.core.models import KernelEndpoint
 from gpusession.core.protocol import StopKind, StopReason
-from gpusession.faces.words import describe_stop, format_summary, status_lines, warning_texts
 from gpusession.session import AgentClient, AgentUnavailable
+from gpusession.words.status import status_lines
+from gpusession.words.stops import describe_stop, format_summary, warning_texts
 
 DATA = Path(__file__).parent / "data"
 T0 = 1_700_000_000.0

@@ -18,7 +18,7 @@ import pytest
 from gpusession.core.errors import SessionEnded
 from gpusession.core.models import State
 from gpusession.core.protocol import StopKind, StopReason
-from gpusession.faces.words import ended_message, error_text, keepalive_line, summary_line
+from gpusession.words.stops import ended_message, error_text, keepalive_line, summary_line
 from support.procs import alive
 
 # integration: starts kernels, the agent or servers (tests/conftest.py: the fast tier starts none)

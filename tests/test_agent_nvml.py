@@ -66,8 +66,8 @@ LOST = "the GPU is lost: the driver no longer sees it"
 
 def test_a_lost_gpu_is_said_in_the_same_words_by_every_face():
     """The notebook's words, the ipywidgets card and the REST stats the sidebar shows."""
-    from gpusession.faces.words import status_lines, with_error_texts
     from gpusession.widgets.card import GpuGauges
+    from gpusession.words.status import status_lines, with_error_texts
 
     r = reader("nvml_two_t4.json")
     for _ in range(2):

@@ -14,7 +14,7 @@ import pytest
 from gpusession.core.errors import SessionEnded, StageError
 from gpusession.core.models import State
 from gpusession.core.protocol import Marker, StopKind, StopReason, find_markers
-from gpusession.faces.words import ended_message
+from gpusession.words.stops import ended_message
 from support.ec2 import leftovers
 from support.ec2_platform import SSH_CIDR
 from support.hosts import product_image
@@ -358,7 +358,7 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     it) says "interrupted, state saved"; its replacement (the same start as `--resume`, as a
     watcher or the sidebar's Resume asks it) tries another zone than the interrupted one first
     (said on its start line), the volume moves back by snapshot, the variables come back."""
-    from gpusession.faces.words import switch_line
+    from gpusession.words.switches import switch_line
     from support.ec2 import Fault
 
     start, zone_a, vol_a = _started_with_work(manager, name="mv0", workspace="mv", fallback="zone")
@@ -461,8 +461,8 @@ def test_a_switch_from_aws_to_docker_and_back_streams_the_workspace_over_the_ins
     container's /workspace, the session login passes it on) and stream over the session's own
     SSH login through this machine into a fresh volume on this engine, the size said first; the
     docker session restores the variable and finds the file; the aws instance is terminated."""
-    from gpusession.faces.words import switch_line
     from gpusession.transport.pulls import format_bytes
+    from gpusession.words.switches import switch_line
 
     start = manager.start(spec_for(manager, name="ad0", workspace="adw"))
     code = "kept = {'k': 41}\nopen('notes.txt', 'w').write('from aws')"
@@ -572,7 +572,7 @@ def test_a_switch_to_another_region_moves_the_workspace_by_snapshot_copy(
     in the old region. Then a `--resume` into the old region: without --region it says where
     the workspace is; with it, a copy that fails leaves the volume untouched and says so."""
     from gpusession.core.errors import GpuSessionError
-    from gpusession.faces.words import switch_line
+    from gpusession.words.switches import switch_line
     from support.ec2 import Fault, inspector
 
     west = "us-west-2"

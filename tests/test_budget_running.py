@@ -20,8 +20,8 @@ from test_spend import _session
 from gpusession.configuration.config import GpuSessionConfig
 from gpusession.core.models import State
 from gpusession.faces.notify import WarningNotifier
-from gpusession.faces.words import rest_view
 from gpusession.session import SessionManager
+from gpusession.words.status import rest_view
 
 # integration: starts kernels, the agent or servers (tests/conftest.py: the fast tier starts none)
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from gpusession.agent import checkpoint
-from gpusession.faces.words import checkpoint_line, restore_lines
+from gpusession.words.workspaces import checkpoint_line, restore_lines
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from bench_concurrent_saves import concurrent_saves  # noqa: E402

@@ -277,7 +277,7 @@ def test_a_bad_env_var_is_an_error_naming_it_when_read(var, value, name, no_env)
 def test_the_replay_switch_charts_a_local_session_labelled_recorded(tmp_path, no_env):
     """GPUSESSION_NVML_REPLAY (scripts/demo.sh sets it): a local session's GPU values are the
     recording's, and the words say "recorded"; a docker session keeps its real GPUs."""
-    from gpusession.faces.words import RECORDED_WORDS, status_lines
+    from gpusession.words.status import RECORDED_WORDS, status_lines
 
     no_env.setenv("GPUSESSION_HOME", str(tmp_path / "home"))
     no_env.setenv("GPUSESSION_NVML_REPLAY", str(DATA / "nvml_two_t4.json"))

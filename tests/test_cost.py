@@ -18,7 +18,7 @@ from gpusession.configuration.cost import (
 )
 from gpusession.core.models import Event, LaunchSpec, SessionRecord, State
 from gpusession.core.protocol import StopKind, StopReason, WarningKind
-from gpusession.faces.words import describe_stop, describe_warning
+from gpusession.words.stops import describe_stop, describe_warning
 
 T0 = 1_700_000_000.0
 
@@ -74,8 +74,9 @@ def test_store_numbers_use_the_same_formula():
 def test_what_never_ran_costs_nothing_and_says_so():
     """A start that failed in 0.07 s (before any container, instance or job existed) costs $0,
     not the minute minimum, and every face says "never ran"; a session that ran does not."""
-    from gpusession.faces.words import ended_message, rest_view, session_table
     from gpusession.session.views import session_view
+    from gpusession.words.status import rest_view, session_table
+    from gpusession.words.stops import ended_message
 
     failed = record(
         [(State.REQUESTED, T0), (State.PROVISIONING, T0 + 0.01), (State.FAILED, T0 + 0.08)]
@@ -107,9 +108,9 @@ def test_every_face_says_when_a_price_is_the_cloud_rate_on_own_hardware():
     from gpusession.backends.local import LocalBackend
     from gpusession.configuration.config import GpuSessionConfig
     from gpusession.configuration.cost import PRICE_BASIS
-    from gpusession.faces.words import rate_text, rest_view, session_table
     from gpusession.session.views import session_view
     from gpusession.widgets.card import SessionCard
+    from gpusession.words.status import rate_text, rest_view, session_table
 
     spec = LaunchSpec(gpu_type="t4", host="ssh://me@gpu-box")
     catalog_rate, configured = GpuSessionConfig(), GpuSessionConfig(price_per_hour=0.25)

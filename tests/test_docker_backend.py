@@ -510,7 +510,8 @@ def test_missing_image_is_an_actionable_error(docker_env, manager, engine):
 def _never_ran(manager) -> None:
     """A start that failed before its container ran cost $0 and says "never ran" in the sidebar's
     view, `gpusession list` and `%gpu status` (not "ran 0s", the minute minimum)."""
-    from gpusession.faces.words import ended_message, rest_view, session_table, status_heading
+    from gpusession.words.status import rest_view, session_table, status_heading
+    from gpusession.words.stops import ended_message
 
     (record,) = manager.list()
     view = rest_view(manager.view(record))

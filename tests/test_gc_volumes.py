@@ -15,8 +15,8 @@ import time
 import pytest
 
 from gpusession.backends.docker import volumes as docker_volumes
-from gpusession.faces.words import gc_line
 from gpusession.transport.bundle import code_archive
+from gpusession.words.stops import gc_line
 from support.hosts import docker_available
 from support.images import FOREIGN
 

@@ -13,7 +13,7 @@ from gpusession.agent.sampler import Sampler
 from gpusession.agent.watchdog import Watchdog
 from gpusession.configuration.agentargs import AgentArgs
 from gpusession.core.protocol import Marker, StopKind, StopReason, WarningKind, parse_marker
-from gpusession.faces.words import describe_warning
+from gpusession.words.stops import describe_warning
 
 
 def texts(verdict) -> list[str]:

@@ -1,6 +1,6 @@
 """The layering of docs/architecture.md ("The rules"), checked on the source: imports point down the layers
-(lazy imports inside functions count too), no import cycles between modules, and the faces never import a
-concrete backend. Modules are split by job, never to meet a line count (no cap here)."""
+(lazy imports inside functions count too), no import cycles between modules nor between folders, and the
+faces never import a concrete backend. Modules are split by job, never to meet a line count (no cap here)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("agent", ("agent",)),
     ("store", ("session.store",)),
     ("session", ("session",)),
+    ("words", ("words",)),
     ("ui", ("faces", "widgets", "server", "provisioner", "__init__", "__main__", "labextension")),
 ]
 FACES = ("faces", "widgets", "server", "provisioner")
@@ -106,6 +107,89 @@ def test_no_import_cycles():
     named by its modules (a strongly connected part of the import graph)."""
     circles = [" <-> ".join(sorted(part)) for part in _strongly_connected(GRAPH) if len(part) > 1]
     assert not circles, "import circles:\n" + "\n".join(sorted(circles))
+
+
+def folder_of(module: str) -> str:
+    """The folder node of a module: its first-level folder of the package (gpusession.faces.cli ->
+    'gpusession/faces'), a module that LAYERS puts in a layer of its own inside a folder as its own
+    node (gpusession.session.store -> 'gpusession/session/store'), the package root's own modules
+    (__init__, __main__) as 'gpusession'."""
+    rest = module.split(".")[1:]
+    for _, names in LAYERS:
+        for prefix in names:
+            if "." in prefix and rest[: prefix.count(".") + 1] == prefix.split("."):
+                return "gpusession/" + prefix.replace(".", "/")
+    if not rest or not (PKG / rest[0]).is_dir():
+        return "gpusession"
+    return f"gpusession/{rest[0]}"
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, dict[str, list[str]]]:
+    """The module graph seen from the folders: folder -> the folders its modules import -> the
+    module edges that make that folder edge ('a imports b')."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for name, targets in graph.items():
+        mine = folder_of(name)
+        edges = out.setdefault(mine, {})
+        for target in sorted(targets):
+            theirs = folder_of(target)
+            out.setdefault(theirs, {})
+            if theirs != mine:
+                edges.setdefault(theirs, []).append(f"{name} imports {target}")
+    return out
+
+
+def folder_loops(graph: dict[str, set[str]]) -> list[str]:
+    """Each loop between folders (a strongly connected part of the folder graph, more than one
+    folder), named by its folders, with the module imports that close it."""
+    folders = folder_graph(graph)
+    loops = []
+    for part in _strongly_connected({f: set(edges) for f, edges in folders.items()}):
+        if len(part) < 2:
+            continue
+        why = [
+            f"    {edge}"
+            for a in sorted(part)
+            for b, edges in sorted(folders[a].items())
+            if b in part
+            for edge in edges
+        ]
+        loops.append(" <-> ".join(sorted(part)) + ":\n" + "\n".join(why))
+    return loops
+
+
+def test_no_import_cycles_between_folders():
+    """A folder is one node (gpusession/<folder>/, and the store apart as LAYERS keeps it): no
+    loop between folders, even when no two modules import each other. Issue 31: the faces
+    imported widgets/ and provisioner/, which imported faces/words.py back; the words are now
+    their own layer below every face (gpusession/words/)."""
+    loops = folder_loops(GRAPH)
+    assert not loops, "import loops between folders:\n" + "\n".join(sorted(loops))
+
+
+def test_a_folder_loop_without_a_module_cycle_is_found():
+    """faces.cli -> widgets.card -> faces.words is no cycle of modules, but one of folders."""
+    graph = {
+        "gpusession.faces.cli": {
+            "gpusession.widgets.card",
+            "gpusession.faces.words",
+            "gpusession.session.store",
+        },
+        "gpusession.widgets.card": {"gpusession.faces.words", "gpusession.session"},
+        "gpusession.faces.words": {"gpusession.core.models"},
+        "gpusession.session": {"gpusession.session.store"},
+        "gpusession.session.store": {"gpusession.core.models"},
+        "gpusession.core.models": set(),
+        "gpusession.__main__": {"gpusession.faces.cli"},
+    }
+    assert not [p for p in _strongly_connected(graph) if len(p) > 1]
+    assert folder_of("gpusession.session.store") == "gpusession/session/store"
+    assert folder_of("gpusession.__main__") == folder_of("gpusession") == "gpusession"
+    assert folder_loops(graph) == [
+        "gpusession/faces <-> gpusession/widgets:\n"
+        "    gpusession.faces.cli imports gpusession.widgets.card\n"
+        "    gpusession.widgets.card imports gpusession.faces.words"
+    ]
 
 
 def test_lazy_and_typing_only_imports_count(tmp_path):

@@ -11,8 +11,8 @@ import pytest
 
 from gpusession.configuration import metrics
 from gpusession.configuration.metrics import Metric
-from gpusession.faces.words import status_lines
 from gpusession.widgets.card import GpuGauges
+from gpusession.words.status import status_lines
 
 # What a contributor would add for the fans (NVML nvmlDeviceGetFanSpeed, percent of the maximum).
 FAN = Metric("fan_speed", "gpu", "fan", "Fan", "Fan", "%", 1, 0, top=100)

@@ -25,9 +25,9 @@ from gpusession.configuration.config import GpuSessionConfig
 from gpusession.core.errors import SessionEnded
 from gpusession.core.models import LaunchSpec, State
 from gpusession.core.protocol import StopKind, StopReason
-from gpusession.faces.words import ended_line, error_text
 from gpusession.server.panel import StartProgress, owner_pid, with_history
 from gpusession.session.views import restart_body
+from gpusession.words.stops import ended_line, error_text
 
 DATA = Path(__file__).resolve().parent / "data"
 

@@ -336,7 +336,8 @@ def test_slurm_signals_before_the_time_limit_the_agent_saves_and_resume_brings_i
     job at its time limit, the session is recorded as ended by it, with its state saved, and
     `--resume` on a new job brings the variables back."""
     from gpusession.agent.checkpoint_read import read_manifest
-    from gpusession.faces.words import describe_stop, session_table
+    from gpusession.words.status import session_table
+    from gpusession.words.stops import describe_stop
 
     folder = str(tmp_path / "ws")  # the nodes share this machine's filesystem
     spec = slurm_spec(
@@ -630,8 +631,8 @@ def test_a_preempted_session_saves_in_its_grace_and_recover_resubmits_it(
     runs there with the variables. `gpusession list` says the first job's session was
     interrupted with its state saved."""
     from gpusession.agent.checkpoint_read import read_manifest
-    from gpusession.faces.words import describe_stop
     from gpusession.session.store import Store
+    from gpusession.words.stops import describe_stop
     from support.notebook_kernel import NotebookKernel
 
     env = dict(os.environ, HOME=home, GPUSESSION_HOME=str(gs_home), PYTHONUNBUFFERED="1")

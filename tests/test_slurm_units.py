@@ -311,7 +311,7 @@ def test_the_scheduler_s_reason_wins_over_the_signal_the_runtime_saw():
 
 
 def test_the_words_for_the_scheduler_s_reasons():
-    from gpusession.faces.words import stop_reason_text
+    from gpusession.words.stops import stop_reason_text
 
     assert stop_reason_text(StopReason(StopKind.TIME_LIMIT, max_runtime_s=3600)) == (
         "the cluster ended its job at the job's time limit (1h00m)"

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from gpusession.core.models import State
-from gpusession.faces.words import switch_line
 from gpusession.session.store import Store
+from gpusession.words.switches import switch_line
 from support.images import image_ready
 
 NUMPY = "gpusession-ci/py-numpy"  # USER 1000, with numpy

@@ -21,8 +21,8 @@ import pytest
 
 from gpusession.agent import checkpoint
 from gpusession.core.models import State
-from gpusession.faces.words import ended_message
 from gpusession.session.store import Store
+from gpusession.words.stops import ended_message
 from support.images import image_ready
 
 NONROOT = "gpusession-ci/py-nonroot"  # USER 1000: the workspace must be writable by it

@@ -1,6 +1,6 @@
 """Right-sizing advice: every rule that turns what a session's GPUs held and did (the `usage` the
 agent keeps in its summary, gpusession/agent/usage.py) into "a smaller / bigger / faster type
-would have done", with the money difference. Data only: `gpusession.faces.words` makes the sentence.
+would have done", with the money difference. Data only: `gpusession.words.spend` makes the sentence.
 
 Only advice: nothing here changes a session. Prices are the catalog's (per GPU x count, spot
 when the session asked for spot), for the current type and the suggestion alike, so the

@@ -2,7 +2,7 @@
 
 A row names a field of the agent's stats document (docs/gpu-agent.md "The stats document"): of a
 GPU (`scope="gpu"`, an item of `sample["gpus"]`) or of the sample itself (`scope="host"`: the
-session's processes). The CLI and magic words (words.py) and the ipywidgets card read the rows
+session's processes). The CLI and magic words (gpusession/words) and the ipywidgets card read the rows
 here; the JupyterLab sidebar and charts get them with `GET options` (`options_document`'s
 "metrics") and format with labextension/src/format.ts `formatMetric`, held to `metric_text` by
 tests/data/format_cases.json. Adding a metric is a row here plus the sampler that fills its field.

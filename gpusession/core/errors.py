@@ -37,7 +37,7 @@ class NoSession(GpuSessionError):
 
 class SessionEnded(NoSession):
     """The session is no longer running. `record` (a SessionRecord) says how it ended: its
-    state, its recorded stop reason; the faces put that into words (gpusession.faces.words)."""
+    state, its recorded stop reason; the faces put that into words (gpusession.words.stops)."""
 
     def __init__(self, record, during: str = ""):
         self.record = record

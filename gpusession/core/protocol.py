@@ -1,5 +1,5 @@
 """What the agent and the local side tell each other, as data: stop kinds, warnings, log markers,
-environment variable names. Defined here once; words are made only by `gpusession.faces.words`.
+environment variable names. Defined here once; words are made only by `gpusession.words`.
 
 Standard library only: the agent runtime that goes into a user's image imports this module.
 

@@ -24,7 +24,7 @@ def _manager():
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .words import session_table
+    from ..words.status import session_table
 
     m = _manager()
     records = m.list(
@@ -45,7 +45,7 @@ def cmd_types(args: argparse.Namespace) -> int:
     from ..configuration.catalog import load_catalog
 
     if args.live:
-        from .words import live_price_lines
+        from ..words.spend import live_price_lines
 
         m = _manager()
         print("\n".join(live_price_lines(m.live_prices(), m.catalog.prices_line)))
@@ -55,7 +55,7 @@ def cmd_types(args: argparse.Namespace) -> int:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    from .words import catalog_refresh_line
+    from ..words.spend import catalog_refresh_line
 
     if args.action != "refresh":
         raise GpuSessionError("say what to do: `gpusession catalog refresh`")
@@ -64,7 +64,9 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from .words import advice_line, print_checkpoint, summary_line
+    from ..words.spend import advice_line
+    from ..words.stops import summary_line
+    from ..words.workspaces import print_checkpoint
 
     m = _manager()
     if args.all:
@@ -85,7 +87,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .words import report_lines
+    from ..words.spend import report_lines
 
     m = _manager()
     try:
@@ -97,7 +99,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_advice(args: argparse.Namespace) -> int:
-    from .words import advice_lines
+    from ..words.spend import advice_lines
 
     m = _manager()
     try:
@@ -110,7 +112,9 @@ def cmd_advice(args: argparse.Namespace) -> int:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from ..configuration import options
-    from .words import idle_setting, print_restored, start_notes
+    from ..words.spend import start_notes
+    from ..words.stops import idle_setting
+    from ..words.workspaces import print_restored
 
     m = _manager()
     spec = m.spec_from(options.given_values(args), options.FLAGS)
@@ -130,7 +134,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 def cmd_switch(args: argparse.Namespace) -> int:
     from ..configuration import options
-    from .words import switch_line
+    from ..words.switches import switch_line
 
     m = _manager()
     given = options.given_values(args)
@@ -146,14 +150,8 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .words import (
-        ended_message,
-        rate_text,
-        start_log_lines,
-        status_heading,
-        timeline,
-        unverified_text,
-    )
+    from ..words.status import rate_text, start_log_lines, status_heading, timeline, unverified_text
+    from ..words.stops import ended_message
 
     m = _manager()
     r = m.liveness.check([m.get(args.name)])[0]
@@ -174,7 +172,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from .words import status_lines
+    from ..words.status import status_lines
 
     m = _manager()
     try:
@@ -186,7 +184,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_keepalive(args: argparse.Namespace) -> int:
-    from .words import keepalive_line
+    from ..words.stops import keepalive_line
 
     m = _manager()
     try:
@@ -198,7 +196,7 @@ def cmd_keepalive(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from .words import gc_line
+    from ..words.stops import gc_line
 
     m = _manager()
     skipped: list[str] = []
@@ -218,7 +216,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def _report_orphaned_workspaces(m) -> None:
     """gc keeps every workspace: it says which no session uses any more."""
     from ..session.workspaces import list_all
-    from .words import orphaned_line
+    from ..words.workspaces import orphaned_line
 
     for view in list_all(m.store, m.backend):
         if view.orphaned:
@@ -228,7 +226,8 @@ def _report_orphaned_workspaces(m) -> None:
 def cmd_workspaces(args: argparse.Namespace) -> int:
     """List the workspaces, or delete one (only with --yes)."""
     from ..session.workspaces import list_all, remove
-    from .words import size_text, workspace_table
+    from ..words.common import size_text
+    from ..words.workspaces import workspace_table
 
     m = _manager()
     if args.action == "rm":
@@ -330,7 +329,7 @@ class _Parser(argparse.ArgumentParser):
     exit 2 as for any argparse usage error, without the usage block."""
 
     def error(self, message: str):  # type: ignore[override]
-        from .words import usage_error
+        from ..words.stops import usage_error
 
         self.exit(2, f"{self.prog}: {usage_error(message)}\n")
 
@@ -501,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except GpuSessionError as exc:
-        from .words import error_text
+        from ..words.stops import error_text
 
         print(f"gpusession {args.command}: {error_text(exc)}", file=sys.stderr)
         return 1

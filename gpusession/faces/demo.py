@@ -75,7 +75,8 @@ def output_text(cell) -> str:
 
 def run_demo(notebook: str | None = None, backend: str = "local", out: str | None = None) -> int:
     from ..session import SessionManager
-    from .words import summary_line, timeline
+    from ..words.status import timeline
+    from ..words.stops import summary_line
 
     path = Path(notebook) if notebook else find_quickstart()
     os.environ["GPUSESSION_BACKEND"] = backend

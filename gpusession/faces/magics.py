@@ -49,6 +49,27 @@ from ..core.models import State
 from ..session import Session, SessionManager
 from ..session.recovery import wants_recovery
 from ..session.store import owner_id
+from ..words.spend import advice_line, advice_lines, live_price_lines, report_lines, start_notes
+from ..words.status import rate_text, session_table, status_heading, status_lines
+from ..words.stops import (
+    ended_message,
+    error_text,
+    idle_setting,
+    interrupt_line,
+    keepalive_line,
+    renumber_cells,
+    summary_line,
+    usage_error,
+)
+from ..words.switches import (
+    cell_cut_line,
+    followed_line,
+    recovered_line,
+    recovering_line,
+    recovery_failed_line,
+    switch_line,
+)
+from ..words.workspaces import print_checkpoint, print_restored
 from . import transfers
 from .magicargs import (
     HELP,
@@ -64,33 +85,6 @@ from .magicargs import (
     _watch_args,
 )
 from .notify import WarningNotifier, watch
-from .words import (
-    advice_line,
-    advice_lines,
-    cell_cut_line,
-    ended_message,
-    error_text,
-    followed_line,
-    idle_setting,
-    interrupt_line,
-    keepalive_line,
-    live_price_lines,
-    print_checkpoint,
-    print_restored,
-    rate_text,
-    recovered_line,
-    recovering_line,
-    recovery_failed_line,
-    renumber_cells,
-    report_lines,
-    session_table,
-    start_notes,
-    status_heading,
-    status_lines,
-    summary_line,
-    switch_line,
-    usage_error,
-)
 
 
 @magics_class

@@ -10,7 +10,8 @@ from typing import Any, Callable
 from ..core.errors import GpuSessionError, SessionEnded
 from ..core.protocol import Warning, WarningKind
 from ..session import AgentUnavailable
-from .words import budget_level, describe_warning, error_text, status_lines
+from ..words.status import status_lines
+from ..words.stops import budget_level, describe_warning, error_text
 
 
 def watch(

@@ -41,7 +41,7 @@ class Bar:
         self._show(done, total)
 
     def _show(self, done: int, total: int | None) -> None:
-        from .words import transfer_line
+        from ..words.workspaces import transfer_line
 
         line = transfer_line(self.verb, done, total, time.monotonic() - self.started)
         self.stream.write(("\r" + line) if self.overwrite else line + "\n")
@@ -119,7 +119,7 @@ def register(magics) -> None:
     """Add push, pull, upload and download to a GpuMagics."""
     from IPython.core.error import UsageError
 
-    from .words import transfer_done
+    from ..words.workspaces import transfer_done
 
     def push(rest: str) -> None:
         args = magics._parse(_parsers()["push"], rest)
@@ -216,7 +216,7 @@ def add_commands(sub) -> None:
 
 
 def cmd_upload(args: argparse.Namespace, manager) -> int:
-    from .words import transfer_done
+    from ..words.workspaces import transfer_done
 
     missing = [p for p in args.paths if not os.path.exists(p)]
     if missing:  # said before connecting to the session
@@ -239,7 +239,7 @@ def cmd_upload(args: argparse.Namespace, manager) -> int:
 
 
 def cmd_download(args: argparse.Namespace, manager) -> int:
-    from .words import transfer_done
+    from ..words.workspaces import transfer_done
 
     if os.path.isfile(args.to):
         raise BadInput(f"--to {args.to!r} is a file here, not a folder")

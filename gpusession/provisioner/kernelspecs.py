@@ -71,8 +71,8 @@ def kernel_json(values: Mapping[str, Any]) -> dict[str, Any]:
     """The kernel.json of a GPU kernelspec with these (checked) start options. Its price is the
     one its sessions will be recorded with, said as the cards say it (`Backend.price_basis`:
     "cloud rate, own hardware", "configured price"), with the settings of this process."""
-    from ..faces.words import kernel_display_name, price_note
     from ..session import SessionManager
+    from ..words.common import kernel_display_name, price_note
 
     parsed = check_options(values)
     gpu_type, gpu_count = parsed["type"]

@@ -37,8 +37,8 @@ from ..configuration import options
 from ..configuration.config import GpuSessionConfig
 from ..core.errors import GpuSessionError
 from ..core.models import State
-from ..faces.words import error_text
 from ..session import AgentUnavailable, Session, SessionManager
+from ..words.stops import error_text
 
 SHUTDOWN_BY = "JupyterLab kernel shutdown"
 T = TypeVar("T")

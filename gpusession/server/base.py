@@ -13,7 +13,7 @@ from jupyter_server.base.handlers import APIHandler
 
 from ..core.durations import shown
 from ..core.errors import BackendUnavailable, BadInput, GpuSessionError, NoSession, UnknownSession
-from ..faces.words import error_text
+from ..words.stops import error_text
 
 if TYPE_CHECKING:
     from .api import Api

@@ -21,16 +21,11 @@ from ..configuration import options
 from ..configuration.settings import load_policy
 from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput, SessionBusy, StageError
-from ..faces.words import (
-    image_text,
-    live_spot_line,
-    report_rest,
-    rest_view,
-    switch_line,
-    warning_texts,
-    with_error_texts,
-)
 from ..session import SessionManager, default_backend_name
+from ..words.spend import live_spot_line, report_rest
+from ..words.status import image_text, rest_view, with_error_texts
+from ..words.stops import warning_texts
+from ..words.switches import switch_line
 from .api import Api
 from .base import BaseHandler
 from .panel import MAX_HISTORY, kernel_ids_by_pid, with_history

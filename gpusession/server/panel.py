@@ -11,8 +11,9 @@ from typing import Any
 
 from ..core.models import SessionRecord
 from ..core.progress import Reporter
-from ..faces.words import record_checkpoint_line, rest_view, restore_lines
 from ..session import SessionManager
+from ..words.status import rest_view
+from ..words.workspaces import record_checkpoint_line, restore_lines
 
 #: how many progress lines of one start are kept, and of how many starts
 KEEP_LINES = 20

@@ -10,8 +10,8 @@ from ..backends import workspace_backends
 from ..core.durations import shown
 from ..core.errors import BadInput
 from ..core.textvalues import workspace_name
-from ..faces.words import workspace_rest_view
 from ..session.workspaces import NoWorkspace, WorkspaceInUse, list_all, remove
+from ..words.workspaces import workspace_rest_view
 from .base import BaseHandler
 
 

@@ -2,7 +2,7 @@
 
 The faces (magics, CLI, server, widgets) talk to `SessionManager` only; they never import a
 concrete backend. It returns data (records, views, stats documents); the faces put them into
-words with `gpusession.faces.words`.
+words with `gpusession.words`.
 """
 
 from __future__ import annotations

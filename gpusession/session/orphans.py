@@ -11,7 +11,7 @@ process: `Store.take_over`):
 - a start that was cut is cleaned up and recorded failed (billed nothing when it never ran) -
   unless a switch made it and it answers: a switch's new session that runs becomes running, and
   the switch is recorded as cut (`resource["switch"]["cut"]`), so every face can say in one line
-  what happened and what to do (gpusession.faces.words `cut_switch_line`);
+  what happened and what to do (gpusession.words.switches `cut_switch_line`);
 - an administrator's `GpuSessionConfig.cut_switch = "keep-old"` makes that automatic: the new
   session is stopped and the old one, which still holds the variables, keeps running.
 

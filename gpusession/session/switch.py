@@ -4,7 +4,7 @@ it) and restore it there, then stop the old one, only once the new one answered.
 
 When anything before that last step fails, the old session keeps running untouched and the new
 record is recorded as failed with why. Returns data (`SwitchReport`); the faces put it into words
-(`gpusession.faces.words.switch_line`). Recovery after a spot notice or a Slurm time limit reuses
+(`gpusession.words.switches.switch_line`). Recovery after a spot notice or a Slurm time limit reuses
 `switch_session` with a spec of its own choosing.
 """
 

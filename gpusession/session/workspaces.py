@@ -2,7 +2,7 @@
 `stop --save`, and the listing `gpusession workspaces` and gc's report show.
 
 gc never deletes a workspace: deleting one is `remove(...)`, which the faces call only when the
-user confirmed. Returns data; the faces put it into words (gpusession/faces/words.py).
+user confirmed. Returns data; the faces put it into words (gpusession/words/workspaces.py).
 """
 
 from __future__ import annotations

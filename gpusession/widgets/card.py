@@ -14,16 +14,12 @@ from typing import Callable
 import ipywidgets as widgets
 
 from ..configuration.metrics import Metric, metric_of, metrics, nvml_error_text
+from ..core.durations import format_duration, format_money
 from ..core.models import State
-from ..faces.words import (
-    NEVER_RAN,
-    RECORDED_WORDS,
-    advice_line,
-    format_duration,
-    format_money,
-    rate_text,
-    warning_texts,
-)
+from ..words.common import NEVER_RAN
+from ..words.spend import advice_line
+from ..words.status import RECORDED_WORDS, rate_text
+from ..words.stops import warning_texts
 
 KEEPALIVE = "1h"  # what the keep-alive button asks for (the sidebar's button does the same)
 FINAL_STATES = {State.STOPPED.value, State.FAILED.value}

@@ -13,15 +13,10 @@ from ..configuration import options
 from ..core.durations import format_money
 from ..core.errors import GpuSessionError, NoSession
 from ..core.models import State
-from ..faces.words import (
-    ended_message,
-    error_text,
-    image_text,
-    keepalive_line,
-    live_spot_line,
-    summary_line,
-)
 from ..session import Session, SessionManager, default_backend_name
+from ..words.spend import live_spot_line
+from ..words.status import image_text
+from ..words.stops import ended_message, error_text, keepalive_line, summary_line
 from .card import FINAL_STATES, KEEPALIVE, STYLE, WARN_STYLE, SessionCard, classed, html_text, show
 
 REFRESH_S = 1.5  # seconds between two refreshes of the cards
@@ -143,7 +138,7 @@ class StartForm:
 
     def _show_spot_price(self) -> None:
         """Under the GPU type, for a spot start (or --cheapest) where a cloud prices it now:
-        the current spot price in the cheapest zone (words.live_spot_line, as the sidebar's
+        the current spot price in the cheapest zone (words.spend.live_spot_line, as the sidebar's
         form says it), asked on a thread (AWS answers from a 5-minute cache)."""
         spot = "spot" in self.rows and self.rows["spot"].layout.display != "none"
         ticked = any(

@@ -144,9 +144,9 @@ function pad2(n: number): string {
 }
 
 /**
- * A spend report row's cells as `gpusession report` prints them (words.py
- * `_report_row`): sessions, GPU-hours "12.50", cost, mean utilization "41%"
- * or "n/a", idle cost, could save.
+ * A spend report row's cells as `gpusession report` prints them
+ * (gpusession/words/spend.py `_report_row`): sessions, GPU-hours "12.50",
+ * cost, mean utilization "41%" or "n/a", idle cost, could save.
  */
 export function reportCells(row: {
   sessions: number;

@@ -3,7 +3,8 @@
  * per UTC day stacked by GPU type, a table by workspace, the totals (cost,
  * GPU-hours, idle cost, could save), the month's spend against the monthly
  * budget when one is set, and which prices the numbers use. The numbers read
- * as `gpusession report` prints them (format.ts mirrors words.py).
+ * as `gpusession report` prints them (format.ts mirrors
+ * gpusession/words/spend.py).
  *
  * Also here: the sidebar's budget line with the button that opens the view,
  * and the one-time notification when a running session's month runs out of

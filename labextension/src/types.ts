@@ -392,7 +392,7 @@ export interface GpuTypeView {
 
 /** Reply of GET `catalog`. */
 /** GET `prices?type=...`: the current spot prices of a type per zone (aws), and the line the
- * start forms show for them (gpusession/faces/words.py `live_spot_line`). */
+ * start forms show for them (gpusession/words/spend.py `live_spot_line`). */
 export interface PricesReply {
   type: string;
   rows: { zone: string | null; spot: number | null; on_demand: number; instance: string }[];

@@ -30,8 +30,8 @@ from typing import Callable
 
 from gpusession.core.errors import GpuSessionError
 from gpusession.core.models import State
-from gpusession.faces.words import rest_view
 from gpusession.session.store import DRIVEN_STATES, Store
+from gpusession.words.status import rest_view
 
 STEPS = ("before-save", "save", "move", "start", "stop-old")
 VARIABLE = (
