@@ -156,7 +156,7 @@ def test_advice_from_the_cli_the_stop_and_the_card(manager, nb_env):
     # the replay climbs to its peak of 3.1 GiB in 13 samples (one a second, fewer on a busy
     # machine): the advice below is read once the agent has sampled that far
     def peak_gib() -> float:
-        figures = manager.advice("idle-a100").get("figures") or {}
+        figures = manager.spend.advice("idle-a100").get("figures") or {}
         return (figures.get("memory_peak") or 0) / 2**30
 
     wait_until(lambda: peak_gib() >= 3.05, 90, "the replay to reach its 3.1 GiB peak", 0.5)
@@ -166,7 +166,9 @@ def test_advice_from_the_cli_the_stop_and_the_card(manager, nb_env):
     assert "idle-a100: peak 3.1 GiB (95th percentile" in r.stdout, r.stdout
     assert "1 x t4 ($0.5260/h) would have held it" in r.stdout
     assert "only advice: nothing changes by itself" in r.stdout
-    assert "1 cell(s) ran out of GPU memory on 1 x t4" in advice_line(manager.advice("oom-t4"))
+    assert "1 cell(s) ran out of GPU memory on 1 x t4" in advice_line(
+        manager.spend.advice("oom-t4")
+    )
 
     names = ("idle-a100", "oom-t4", "no-gpu")
     with ThreadPoolExecutor(3) as pool:

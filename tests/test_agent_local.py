@@ -151,7 +151,7 @@ def test_max_runtime_stops_a_busy_session(manager):
 def test_keepalive_postpones_the_stop(manager):
     session = manager.start(manager.make_spec("t4", backend="local", idle="5s"))
     pid = session.record.resource["pid"]
-    granted = manager.keepalive(session.id, "12s")
+    granted = manager.stats.keepalive(session.id, "12s")
     record = manager.get(session.id)
     assert record.state == State.RUNNING and record.events[-1].detail == "keepalive 12s"
     assert "idle stop postponed by 12s" in keepalive_line(session.name, granted, granted["asked_s"])

@@ -638,7 +638,7 @@ def test_switch_gpu_from_a_card_refused_while_busy_then_moves_the_variables(lab,
             # while its latest sample still says busy waits a few samples for a newer one)
             sid = manager.get("sw-ui").id
             deadline = time.monotonic() + 30
-            while (manager.stats(sid, limit=1).get("samples") or [{}])[-1].get("kernel_busy"):
+            while (manager.stats.fetch(sid, limit=1).get("samples") or [{}])[-1].get("kernel_busy"):
                 assert time.monotonic() < deadline, "the agent still samples sw-ui busy"
                 time.sleep(0.25)
             confirm.click()

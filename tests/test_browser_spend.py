@@ -284,7 +284,7 @@ def test_spend_view_agrees_with_the_report_to_the_cent(lab, page):
         manager = lab.manager
         manager.config.monthly_budget = float(BUDGET)  # as the server reads it from its env
         session = manager.start(manager.make_spec("t4", backend="local", idle="10m", name="b-live"))
-        spent = manager.budget()["spent"]
+        spent = manager.spend.budget()["spent"]
         at = time.time()  # other spend of this month: a minute at 60x its price brings it to 90%
         _session(manager.store, "b-other", "a100", at, price=(0.9 * 60 - spent) * 60,
                  billed=(70.0, 10.0))  # fmt: skip

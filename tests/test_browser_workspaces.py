@@ -119,7 +119,8 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
         sync_api.expect(card).to_have_count(1)
         sync_api.expect(card).to_have_attribute("data-state", "running", timeout=TIMEOUT_MS)
         name = card.get_attribute("data-session-name")
-        manager.keepalive(name, "10m")  # it has ws-idle's 3 s idle stop: not while it is looked at
+        # it has ws-idle's 3 s idle stop: not while it is looked at
+        manager.stats.keepalive(name, "10m")
         restored = card.locator(".gpusession-restored")  # kept just after the state says running
         sync_api.expect(restored).to_have_text(
             re.compile(r"^workspace ws-idle: restored 1 name\(s\) from \S+ ago: kept$")

@@ -46,11 +46,11 @@ def spend_more(manager: SessionManager, name: str, dollars: float) -> None:
 def test_budget_runs_out_during_a_running_session(gs_home, tmp_path, monkeypatch):
     monkeypatch.delenv("GPUSESSION_POLICY", raising=False)
     # the polls sum the month's spend at most every BUDGET_CHECK_S (10 s): 1 s keeps this quick
-    monkeypatch.setattr("gpusession.session.manager.BUDGET_CHECK_S", 1.0)
+    monkeypatch.setattr("gpusession.session.stats.BUDGET_CHECK_S", 1.0)
     manager = SessionManager(GpuSessionConfig(data_dir=str(gs_home)))
     spend_more(manager, "earlier", 8.5)
     manager.config.monthly_budget = 10.0  # 85%: the start warns, and goes ahead
-    spent = manager.budget()["spent"]
+    spent = manager.spend.budget()["spent"]
     assert 8.4 < spent < 8.6
     session = manager.start(manager.make_spec("t4", backend="local", idle="30s", name="b-run"))
     said: list[str] = []

@@ -103,7 +103,7 @@ def observe(manager) -> dict:
         "default_idle": spec.idle,
         "price_per_hour": manager.backend("local").price_per_hour(local, manager.catalog),
         "docker_image": manager.backend("docker").config.docker_image,
-        "monthly_budget": (manager.budget() or {}).get("budget", 0.0),
+        "monthly_budget": (manager.spend.budget() or {}).get("budget", 0.0),
         "nvml_replay": local.extra.get("nvml_replay", ""),
         # where the next --cheapest start compares prices
         "regions": manager.backend("aws").cheapest_regions(local),
@@ -287,7 +287,7 @@ def test_the_replay_switch_charts_a_local_session_labelled_recorded(tmp_path, no
         session = manager.start(manager.make_spec("t4", backend="local", idle="off"))
         try:
             deadline = time.monotonic() + 20
-            while not (stats := manager.stats(session.id))["samples"]:
+            while not (stats := manager.stats.fetch(session.id))["samples"]:
                 assert time.monotonic() < deadline, stats
                 time.sleep(0.2)
             assert stats["source"] == "recorded"

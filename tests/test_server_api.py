@@ -237,7 +237,7 @@ async def test_slow_calls_in_progress_do_not_hold_up_the_list(
     on a two-core machine, twenty on this one) would."""
     import threading
 
-    from gpusession.session import SessionManager
+    from gpusession.session.spend import Spend
 
     release = threading.Event()
 
@@ -245,7 +245,7 @@ async def test_slow_calls_in_progress_do_not_hold_up_the_list(
         release.wait(60)
         return []
 
-    monkeypatch.setattr(SessionManager, "live_prices", slow_prices)
+    monkeypatch.setattr(Spend, "live_prices", slow_prices)
     client = tornado.httpclient.AsyncHTTPClient(force_instance=True, max_clients=100)
     base = http_server_client.get_url(f"{jp_base_url}gpusession/api/".replace("//", "/"))
     headers = {"Authorization": f"token {jp_serverapp.identity_provider.token}"}

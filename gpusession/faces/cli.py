@@ -48,7 +48,7 @@ def cmd_types(args: argparse.Namespace) -> int:
         from ..words.spend import live_price_lines
 
         m = _manager()
-        print("\n".join(live_price_lines(m.live_prices(), m.catalog.prices_line)))
+        print("\n".join(live_price_lines(m.spend.live_prices(), m.catalog.prices_line)))
         return 0
     print(load_catalog().table())
     return 0
@@ -59,7 +59,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
     if args.action != "refresh":
         raise GpuSessionError("say what to do: `gpusession catalog refresh`")
-    print(catalog_refresh_line(_manager().refresh_catalog()))
+    print(catalog_refresh_line(_manager().spend.refresh_catalog()))
     return 0
 
 
@@ -79,7 +79,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         raise GpuSessionError("name a session to stop (`gpusession list`), or pass --all")
     r = m.stop(args.name, by="gpusession stop", save=args.save)
     print(f"stopped {r.name}: {summary_line(r)}")
-    advice = advice_line(m.advice(r.id, live=False))
+    advice = advice_line(m.spend.advice(r.id, live=False))
     if advice:
         print(advice)
     print_checkpoint(r, print)
@@ -91,7 +91,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     m = _manager()
     try:
-        doc = m.report(args.since, args.by)
+        doc = m.spend.report(args.since, args.by)
     finally:
         m.close()
     print("\n".join(report_lines(doc)))
@@ -103,7 +103,7 @@ def cmd_advice(args: argparse.Namespace) -> int:
 
     m = _manager()
     try:
-        doc = m.advice(args.name)
+        doc = m.spend.advice(args.name)
     finally:
         m.close()
     print("\n".join(advice_lines(doc["name"], doc)))
@@ -176,7 +176,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
     m = _manager()
     try:
-        stats = m.stats(args.name, limit=60)
+        stats = m.stats.fetch(args.name, limit=60)
         print("\n".join(status_lines(stats, history=True)))
     finally:
         m.close()
@@ -188,7 +188,7 @@ def cmd_keepalive(args: argparse.Namespace) -> int:
 
     m = _manager()
     try:
-        granted = m.keepalive(args.name, args.duration)
+        granted = m.stats.keepalive(args.name, args.duration)
     finally:
         m.close()
     print(keepalive_line(granted["name"], granted, granted["asked_s"]))

@@ -393,20 +393,20 @@ class GpuMagics(Magics):
             if was_auto:
                 print("cells run locally again")
         print(f"stopped {record.name}: {summary_line(record)}")
-        advice = advice_line(self.manager.advice(record.id, live=False))
+        advice = advice_line(self.manager.spend.advice(record.id, live=False))
         if advice:
             print(advice)
         print_checkpoint(record, _print)
 
     def _report(self, rest: str) -> None:
         args = self._parse(_report_args, rest)
-        print("\n".join(report_lines(self.manager.report(args.since, args.by))))
+        print("\n".join(report_lines(self.manager.spend.report(args.since, args.by))))
 
     def _advice(self, rest: str) -> None:
         args = self._parse(_advice_args, rest)
         if args.name is None and self.current is None:
             raise UsageError("no current session: name one (`%gpu list`) or `%gpu start` one")
-        doc = self.manager.advice(args.name or self.current.id)  # type: ignore[union-attr]
+        doc = self.manager.spend.advice(args.name or self.current.id)  # type: ignore[union-attr]
         print("\n".join(advice_lines(doc["name"], doc)))
 
     def _status(self, rest: str) -> None:
@@ -429,7 +429,7 @@ class GpuMagics(Magics):
         live, problem = None, None
         if record.state == State.RUNNING:
             try:
-                live = self.manager.stats(record.id, limit=1)
+                live = self.manager.stats.fetch(record.id, limit=1)
             except GpuSessionError as exc:
                 problem = f"  live stats unavailable: {exc}"
         v = self.manager.view(record)
@@ -473,7 +473,7 @@ class GpuMagics(Magics):
             return f"{session.name} ({session.record.spec.gpu_count} x {session.record.spec.gpu_type}) {time.strftime('%H:%M:%S')}"
 
         watch(
-            lambda: manager.stats(sid, limit=60),
+            lambda: manager.stats.fetch(sid, limit=60),
             header,
             duration=duration,
             interval=max(0.2, args.interval),
@@ -484,7 +484,7 @@ class GpuMagics(Magics):
     def _keepalive(self, rest: str) -> None:
         args = self._parse(_keepalive_args, rest)
         session = self._session()
-        granted = self.manager.keepalive(session.id, args.duration)
+        granted = self.manager.stats.keepalive(session.id, args.duration)
         _print(keepalive_line(session.name, granted, granted["asked_s"]))
 
     def _list(self, rest: str) -> None:
@@ -500,7 +500,7 @@ class GpuMagics(Magics):
     def _types(self, rest: str) -> None:
         args = self._parse(_types_args, rest)
         if args.live:
-            rows = self.manager.live_prices()
+            rows = self.manager.spend.live_prices()
             print("\n".join(live_price_lines(rows, self.manager.catalog.prices_line)))
             return
         print(self.manager.catalog.table())

@@ -77,14 +77,14 @@ class WarningNotifier:
         say: Callable[[str], None],
         on_end: Callable[[str], None],
     ) -> "WarningNotifier":
-        """Poll `manager.stats`. While `in_use` (a lock the magics hold around cells) is taken,
-        only ask the agent: never tear down connections a running cell reads from."""
+        """Poll `manager.stats.fetch`. While `in_use` (a lock the magics hold around cells) is
+        taken, only ask the agent: never tear down connections a running cell reads from."""
 
         def fetch() -> dict:
             if not in_use.acquire(blocking=False):
-                return manager.stats(session_id, limit=0, check_alive=False)
+                return manager.stats.fetch(session_id, limit=0, check_alive=False)
             try:
-                return manager.stats(session_id, limit=0)
+                return manager.stats.fetch(session_id, limit=0)
             finally:
                 in_use.release()
 

@@ -218,7 +218,7 @@ class StatsHandler(BaseHandler):
         m = self.api.manager
 
         def stats() -> dict:
-            doc = m.stats(m.get(key).id, since=since)
+            doc = m.stats.fetch(m.get(key).id, since=since)
             warnings = [w for w in doc.get("warnings") or [] if warning_texts([w])]
             return dict(
                 doc,
@@ -259,7 +259,7 @@ class KeepaliveHandler(BaseHandler):
 
         def keepalive() -> dict:
             sid = m.get(key).id
-            m.keepalive(sid, duration)
+            m.stats.keepalive(sid, duration)
             return rest_view(m.view(m.get(sid)))
 
         await self.guarded(keepalive)
@@ -287,7 +287,7 @@ class PricesHandler(BaseHandler):
                     f"unknown GPU type {gpu_type!r}: pass type= one of the catalog's "
                     "(GET catalog lists them)"
                 )
-            rows = m.live_prices([gpu_type])
+            rows = m.spend.live_prices([gpu_type])
             return {
                 "type": gpu_type,
                 "rows": rows,
@@ -311,7 +311,7 @@ class ReportHandler(BaseHandler):
         m = self.api.manager
 
         def report() -> dict:
-            return report_rest(m.report(since, by, split=split))
+            return report_rest(m.spend.report(since, by, split=split))
 
         await self.guarded(report)
 

@@ -1,5 +1,6 @@
-"""The session core: orchestration (manager), the connected-session handle, the agent client,
-the view shape, gc, and the recorder the backends report through. Data in, data out: the faces
+"""The session core: orchestration (manager: the lifecycle), what sessions cost (spend:
+`manager.spend`), what their agents say (stats: `manager.stats`), the connected-session handle,
+the agent client, the view shape, gc, and the recorder the backends report through. Data in, data out: the faces
 make the words (gpusession/words/).
 
 Imported on first use (PEP 562): `gpusession list` needs the manager, not the kernel client

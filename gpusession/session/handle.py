@@ -16,21 +16,29 @@ from .agentclient import AgentClient, AgentUnavailable
 from .store import Store
 
 
+class AgentAsker(Protocol):
+    """What a Session asks of its manager's `stats` (session/stats.py `Stats`): the agent's
+    stats document and a keepalive, for any running session by key."""
+
+    def fetch(self, key: str, since: float | None = None, limit: int | None = None) -> dict: ...
+
+    def keepalive(self, key: str, duration: str | float) -> dict: ...
+
+
 class Owner(Protocol):
-    """What a Session asks of the SessionManager that made it (and nothing more): the store, and
-    the operations that record what happened to the session."""
+    """What a Session asks of the SessionManager that made it (and nothing more): the store, the
+    operations that record what happened to the session, and its agent's stats (`stats`)."""
 
     store: Store
+
+    @property
+    def stats(self) -> AgentAsker: ...
 
     def mark_gone(self, session: "Session", why: str) -> SessionRecord | None: ...
 
     def stop(self, key: str) -> SessionRecord: ...
 
     def refresh_state(self, key: str) -> SessionRecord: ...
-
-    def stats(self, key: str, since: float | None = None, limit: int | None = None) -> dict: ...
-
-    def keepalive(self, key: str, duration: str | float) -> dict: ...
 
 
 class Session:
@@ -230,9 +238,9 @@ class Session:
     def stats(self, since: float | None = None, limit: int | None = None) -> dict:
         """Live stats from the session's agent: samples newer than `since` (unix s), the newest
         `limit` of them, plus the idle countdown and cost (docs/gpu-agent.md)."""
-        return self.manager.stats(self.id, since=since, limit=limit)
+        return self.manager.stats.fetch(self.id, since=since, limit=limit)
 
     def keepalive(self, duration: str | float = "1h") -> dict:
         """Postpone the idle stop ("1h"); capped by the agent (default 4 h). Returns what the
         agent granted."""
-        return self.manager.keepalive(self.id, duration)
+        return self.manager.stats.keepalive(self.id, duration)

@@ -1,8 +1,19 @@
 """Orchestration: start -> provision -> connect -> (cells) -> stop, with every transition recorded.
 
 The faces (magics, CLI, server, widgets) talk to `SessionManager` only; they never import a
-concrete backend. It returns data (records, views, stats documents); the faces put them into
-words with `gpusession.words`.
+concrete backend. It holds the sessions' lifecycle (create, launch/start, attach, switch,
+recover, stop, reconcile, settle, list, view, gc) and composes the other jobs, each in a module
+of its own that takes the narrow things it uses, never the manager:
+
+- `manager.spend` (session/spend.py `Spend`): budget, spend report, advice, live prices, the
+  catalog's refresh;
+- `manager.stats` (session/stats.py `Stats`): the agent's stats documents with the notices
+  added to them (spot interruption, budget, the policy's stop at its monthly cap), keepalive,
+  the latest document for views;
+- `manager.liveness` (session/liveness.py `Liveness`): which running sessions are still alive.
+
+It returns data (records, views, stats documents); the faces put them into words with
+`gpusession.words`.
 """
 
 from __future__ import annotations
@@ -14,11 +25,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ..backends import Backend, Link, default_order, load_backend_class, loaded_classes
 from ..configuration import options
-from ..configuration.advice import advice_document, could_save
 from ..configuration.catalog import load_catalog
-from ..configuration.cost import PRICE_BASIS, budget_status, month_start, spend_report
-from ..configuration.settings import load_policy, price_regions
-from ..core.durations import KEEPALIVE, REPORT_SINCE
+from ..configuration.cost import PRICE_BASIS
+from ..configuration.settings import load_policy
 from ..core.errors import (
     GpuSessionError,
     KernelDied,
@@ -29,11 +38,12 @@ from ..core.errors import (
 )
 from ..core.models import LaunchSpec, SessionRecord, State
 from ..core.progress import Progress, Reporter
-from ..core.protocol import StopKind, StopReason, Warning, WarningKind
+from ..core.protocol import StopKind, StopReason
 from ..transport.kernel import files
-from .agentclient import AgentUnavailable
 from .liveness import Liveness, ended_state
 from .recorder import StoreRecorder
+from .spend import Spend
+from .stats import Stats, save_summary
 from .store import Store
 from .views import session_view
 from .workspaces import fetch_restore_report, save_checkpoint, workspace_claim
@@ -47,8 +57,6 @@ log = logging.getLogger(__name__)
 POLICY_BOUNDS = (
     "policy_bounds"  # spec.extra: the bounds a policy put in ({"field", "limit", "policy"})
 )
-FRESH_S = 15.0  # how long a fetched stats document may fill in a view's idle countdown
-BUDGET_CHECK_S = 10.0  # how old the month's spend may be when a stats poll warns of the budget
 ORPHAN_READY_S = 20.0  # how long a record left starting by a dead process may take to answer
 
 
@@ -69,7 +77,9 @@ def default_backend_name(config: GpuSessionConfig) -> str:
 
 
 class SessionManager:
-    """The one entry point of the faces. Cheap; one per process is typical but not required."""
+    """The one entry point of the faces: the sessions' lifecycle here, what they cost in
+    `.spend`, what their agents say in `.stats`. Cheap; one per process is typical but not
+    required."""
 
     def __init__(self, config: GpuSessionConfig | None = None, store: Store | None = None):
         if config is None:  # the CLI gives an EnvConfig (settings.py): no traitlets.config
@@ -81,11 +91,28 @@ class SessionManager:
         self._backends: dict[str, Backend] = {}
         self._connected: dict[str, Session] = {}
         self._lock = threading.RLock()
-        self._stats_cache: dict[str, tuple[float, dict]] = {}  # id -> (fetched at, stats)
-        self._budget_seen: tuple[float, dict | None] = (0.0, None)  # (when, budget()) for polls
         # which running sessions are still alive, asked cheaply; those a dead process left
         # starting or stopping settled (orphans.py)
         self.liveness = Liveness(self.store, self.backend, self.reconcile, self.settle)
+        # what sessions cost: budget, spend report, advice, live prices, catalog refresh
+        self.spend = Spend(
+            self.store,
+            self.config,
+            catalog=lambda: self.catalog,
+            backend=self.backend,
+            checked=lambda: self.list(check=True),
+            summary=lambda key: self._running_session(key).agent.summary(),
+        )
+        # what a running session's agent says: stats with their notices, keepalive, for views
+        self.stats = Stats(
+            self.store,
+            running=self._running_session,
+            connected=self.connected,
+            refresh_state=self.refresh_state,
+            budget=self.spend.budget,
+            stop=self.stop,
+            saw=self.liveness.saw,
+        )
 
     # -- building blocks -----------------------------------------------------------------
 
@@ -153,7 +180,7 @@ class SessionManager:
         self.config.check()
         backend = self.backend(spec.backend)
         backend.check(spec)
-        budget = self.budget()
+        budget = self.spend.budget()
         if budget is not None and budget["state"] == "over" and budget.get("policy"):
             raise OverBudget(
                 f"this month's spend ${budget['spent']:,.2f} has reached the monthly cap of "
@@ -180,31 +207,6 @@ class SessionManager:
         if budget is not None and budget["state"] == "warn":  # the faces say it at the start
             record = self.store.update_resource(record.id, budget=budget)
         return record
-
-    def budget(self, at: float | None = None) -> dict | None:
-        """This calendar month's spend (UTC, as the report counts it) against the monthly budget
-        (gpusession/configuration/cost.py budget_status); None when no budget is set."""
-        budget = float(self.config.monthly_budget or 0.0)
-        policy = load_policy()
-        cap = policy.monthly_cap if policy is not None else None
-        capped = cap is not None and (budget <= 0 or cap <= budget)  # the policy's cap binds
-        budget = cap if capped else budget
-        if not budget or budget <= 0:
-            return None
-        at = time.time() if at is None else at
-        since = month_start(at)
-        spent = spend_report(self.store.list(), since=since, by="type", at=at)["total"]["cost"]
-        status = budget_status(
-            spent,
-            budget,
-            month=since,
-            source=f"the monthly cap of your policy {policy.path}"  # type: ignore[union-attr]
-            if capped
-            else "GpuSessionConfig.monthly_budget / GPUSESSION_MONTHLY_BUDGET",
-        )
-        if status is not None and capped:
-            status["policy"] = policy.path  # type: ignore[union-attr]
-        return status
 
     def start(self, spec: LaunchSpec, report: Reporter | None = None) -> Session:
         """Provision, connect and wait for the kernel. On any failure (Ctrl-C included) the
@@ -428,7 +430,7 @@ class SessionManager:
         if save:
             save_checkpoint(self.store, record, session)
         if session is not None:
-            self._save_summary(record, session=session)
+            save_summary(self.store, record, session=session)
             try:  # a kernel told already (by JupyterLab) is going: no waiting for its second reply
                 session.kernel.shutdown(timeout=0 if kernel_told else 3)
             except Exception:  # noqa: BLE001 - the kernel may be gone already; teardown follows
@@ -444,7 +446,7 @@ class SessionManager:
             ) from exc
         record = self.store.get(record.id)
         if "agent_summary" not in record.resource:
-            self._save_summary(record, backend=backend)
+            save_summary(self.store, record, backend=backend)
         return self.store.transition(record.id, State.STOPPED, f"stopped: {kind.value}")
 
     def _attach_for_summary(self, record: SessionRecord) -> Session | None:
@@ -560,7 +562,7 @@ class SessionManager:
             return record
         return self.reconcile(record, backend)
 
-    # -- the agent: stats, keepalive, summaries --------------------------------------------
+    # -- a running session's handle (for `stats` and `spend`) -----------------------------
 
     def _running_session(self, key: str) -> Session:
         """A running session's handle, attaching when this process is not connected: the server
@@ -570,260 +572,6 @@ class SessionManager:
             raise SessionEnded(record)
         return self.connected(record.id) or self.attach(record.id)
 
-    def stats(
-        self,
-        key: str,
-        since: float | None = None,
-        limit: int | None = None,
-        *,
-        check_alive: bool = True,
-    ) -> dict:
-        """The agent's stats document for a running session (docs/gpu-agent.md). Raises
-        SessionEnded when the session turns out to have stopped. check_alive=False only asks the
-        agent of a session this process is connected to, and never tears down connections (for a
-        background poll while a cell runs)."""
-        if not check_alive:
-            session = self.connected(key)
-            if session is None:
-                raise AgentUnavailable("not connected to this session")
-            return self._with_notices(session.id, session.agent.stats(since, limit))
-        session = self._running_session(key)
-        try:
-            doc = session.agent.stats(since, limit)
-        except AgentUnavailable:
-            record = self.refresh_state(session.id)
-            if record.state != State.RUNNING:
-                raise SessionEnded(record) from None
-            raise
-        doc = self._with_notices(session.id, doc)
-        if any(
-            w.get("kind") == WarningKind.BUDGET.value and w.get("action") == "stop"
-            for w in doc.get("warnings") or [] if isinstance(w, dict)
-        ):  # fmt: skip
-            self._stop_at_cap(session.id)
-        with self._lock:
-            self._stats_cache[session.id] = (time.time(), doc)
-        self.liveness.saw(session.id)
-        return doc
-
-    def _with_notices(self, session_id: str, doc: dict) -> dict:
-        """Add what the agent cannot know to the warnings the notebook and the panels show: a
-        spot interruption notice (seen by the link and recorded in the store), and the month's
-        spend past 80% of the monthly budget while the session runs (docs/cost.md)."""
-        warnings = list(doc.get("warnings") or [])
-        interrupted = self.store.get(session_id).resource.get("interrupted")
-        if interrupted:
-            notice = interrupted.get("notice") or {}
-            warnings.append(
-                Warning(
-                    WarningKind.SPOT_INTERRUPTION,
-                    action=notice.get("action"),
-                    time=notice.get("time"),
-                ).to_dict()
-            )
-        budget = self._recent_budget()
-        if budget is not None and budget["state"] != "ok":
-            stop = budget["state"] == "over" and self._stops_at_cap(budget)
-            warnings.append(
-                Warning(
-                    WarningKind.BUDGET,
-                    spent=budget["spent"],
-                    budget=budget["budget"],
-                    source=budget["source"],
-                    action="stop" if stop else None,
-                ).to_dict()
-            )
-        return dict(doc, warnings=warnings) if warnings else doc
-
-    def _recent_budget(self) -> dict | None:
-        """`budget()` at most BUDGET_CHECK_S old: every stats poll of every session asks, and
-        summing the month's spend reads the whole store."""
-        with self._lock:
-            at, status = self._budget_seen
-        if time.time() - at > BUDGET_CHECK_S:
-            status = self.budget()
-            with self._lock:
-                self._budget_seen = (time.time(), status)
-        return status
-
-    def _stop_at_cap(self, session_id: str) -> None:
-        """The policy's monthly cap is spent and it says stop (`stop_at_monthly_cap`): stop the
-        session, its variables saved into its workspace first when it has one; SessionEnded
-        tells the caller (the notebook's poll says so in one line)."""
-        record = self.store.get(session_id)
-        by = f"your policy's monthly cap ({load_policy().path})"  # type: ignore[union-attr]
-        record = self.stop(session_id, by=by, save=bool(record.resource.get("workspace")))
-        raise SessionEnded(record)
-
-    @staticmethod
-    def _stops_at_cap(budget: dict) -> bool:
-        """Whether an administrator's policy stops running sessions once its monthly cap is
-        spent (`stop_at_monthly_cap`; else a running session is only warned)."""
-        policy = load_policy() if budget.get("policy") else None
-        return bool(policy is not None and policy.stop_at_monthly_cap)
-
-    def keepalive(self, key: str, duration: str | float) -> dict:
-        """Postpone the session's idle stop by `duration` (the duration grammar); the agent caps
-        it (default 4 h ahead). Returns what the agent granted, plus `asked_s` and `name`."""
-        seconds = KEEPALIVE.parse(duration)
-        session = self._running_session(key)
-        granted = session.agent.keepalive(seconds)
-        self.store.note(session.id, f"keepalive {granted['granted_s']:.0f}s")
-        return dict(granted, asked_s=seconds, name=session.name)
-
-    def _save_summary(
-        self, record: SessionRecord, session: Session | None = None, backend: Backend | None = None
-    ) -> None:
-        """Keep the agent's summary in the record: asked of the agent while it still runs, or
-        what it left behind (the backend's `stop_details`)."""
-        summary = None
-        if session is not None:
-            try:
-                summary = session.agent.summary()
-            except AgentUnavailable:
-                summary = None
-        if summary is None and backend is not None:
-            details = backend.stop_details(record)
-            summary = details.summary if details is not None else None
-        if summary:
-            self.store.update_resource(record.id, agent_summary=summary)
-
-    def advice(self, key: str, *, live: bool = True) -> dict:
-        """Right-sizing advice (gpusession/configuration/advice.py) as data, from the agent's summary: asked of
-        the agent while the session runs (`live`), else the one kept when it stopped. Adds
-        `name` and `state`."""
-        record = self.store.get(key)
-        summary = None
-        if live and record.state == State.RUNNING:
-            try:
-                summary = self._running_session(record.id).agent.summary()
-            except GpuSessionError:  # ended meanwhile, or the agent does not answer
-                record = self.store.get(record.id)
-        summary = summary or record.resource.get("agent_summary")
-        doc = advice_document(
-            summary,
-            gpu_type=record.spec.gpu_type,
-            gpu_count=record.spec.gpu_count,
-            spot=record.spec.spot,
-            catalog=self.catalog,
-        )
-        return dict(doc, name=record.name, state=record.state.value)
-
-    def report(
-        self, since: str | float | None = "30d", by: str = "type", split: str | None = None
-    ) -> dict:
-        """The spend report as data (gpusession/configuration/cost.py `spend_report`): the sessions billed in
-        the last `since` (the duration grammar), a row per `by`, running sessions counted up to
-        now (checked first, so one that ended is counted until it ended)."""
-        seconds = REPORT_SINCE.parse("30d" if since is None else since)
-        at = time.time()
-        doc = spend_report(
-            self.list(check=True),
-            since=at - float(seconds or 0.0),
-            by=by,
-            at=at,
-            split=split,
-            catalog_prices=self._catalog_prices,
-            could_save=lambda r: could_save(
-                r.resource.get("agent_summary"),
-                gpu_type=r.spec.gpu_type,
-                gpu_count=r.spec.gpu_count,
-                catalog=self.catalog,
-                spot=r.spec.spot,
-            ),
-        )
-        return dict(doc, catalog_date=self.catalog.snapshot_date, budget=self.budget(at))
-
-    def _catalog_prices(self, record: SessionRecord) -> tuple[float, ...]:
-        """The catalog's rates for a session's GPUs: per GPU x count, and the whole instance."""
-        try:
-            gpu = self.catalog.get(record.spec.gpu_type)
-            return tuple(
-                self.catalog.price_per_hour(
-                    gpu, record.spec.gpu_count, spot=record.spec.spot, whole_instance=whole
-                )
-                for whole in (False, True)
-            )
-        except GpuSessionError:  # a type the catalog no longer has
-            return ()
-
-    def live_prices(self, types: list[str] | None = None) -> list[dict[str, Any]]:
-        """The clouds' current prices (`Backend.live_prices`) for the configured regions a
-        policy allows (settings.py `price_regions`), of `types` only when given, each row with
-        its `backend`."""
-        from ..backends import backend_names
-
-        regions = price_regions(getattr(self.config, "regions", "") or "")
-        rows: list[dict[str, Any]] = []
-        for name in backend_names():
-            if load_backend_class(name).live_prices is Backend.live_prices:
-                continue  # own hardware: no live prices to ask for
-            rows += [
-                dict(r, backend=name)
-                for r in self.backend(name).live_prices(self.catalog, regions, types)
-            ]
-        return rows
-
-    def refresh_catalog(self) -> dict[str, Any]:
-        """`gpusession catalog refresh`: the clouds' on-demand list prices (`Backend.list_prices`)
-        of the catalog's instance types, written as the user's dated snapshot (catalog.py) that
-        every face then uses. Data {"path", "date", "priced", "of", "changed", "missing", "was"}.
-        A failure (no credentials) writes nothing and says the date the prices stay at."""
-        import datetime
-
-        from ..backends import backend_names
-        from ..configuration.catalog import packaged_catalog, write_user_snapshot
-
-        was, base = self.catalog.snapshot_date, packaged_catalog()
-        wanted = base.instance_types()
-        prices: dict[str, float] = {}
-        sources = []
-        for name in backend_names():
-            if load_backend_class(name).list_prices is Backend.list_prices:
-                continue  # own hardware: no price list
-            try:
-                found = self.backend(name).list_prices(wanted, base.region)
-            except GpuSessionError as exc:
-                raise type(exc)(
-                    f"the catalog was not refreshed (its prices stay those of {was}): {exc}"
-                ) from None
-            prices.update(found or {})
-            sources.append(name)
-        if not prices:
-            raise GpuSessionError(
-                f"no price list priced any of the catalog's {len(wanted)} instance types: the "
-                f"catalog was not refreshed (its prices stay those of {was})"
-            )
-        date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-        path = write_user_snapshot(
-            prices,
-            date=date,
-            source=f"on-demand list prices of the {', '.join(sources)} price list ({base.region}) "
-            f"on {date}; spot and the rest from the package's catalog of {base.snapshot_date}",
-        )
-        old = {i.name: i.on_demand for t in base.types for i in t.instances}
-        return {
-            "path": str(path),
-            "date": date,
-            "was": was,
-            "priced": len(prices),
-            "of": len(wanted),
-            "changed": sorted(k for k, v in prices.items() if abs(v - old.get(k, v)) > 1e-9),
-            "missing": [k for k in wanted if k not in prices],
-        }
-
-    def live_stats(self, record: SessionRecord) -> dict | None:
-        """Recently fetched stats of a running session (for views), with the idle countdown
-        moved on to now; None when there are none fresh enough."""
-        with self._lock:
-            at, doc = self._stats_cache.get(record.id, (0.0, None))
-        if doc is None or time.time() - at > FRESH_S or record.state != State.RUNNING:
-            return None
-        idle = dict(doc.get("idle") or {})
-        if idle.get("remaining_s") is not None:  # it has been counting down since
-            idle["remaining_s"] = round(max(0.0, idle["remaining_s"] - (time.time() - at)), 1)
-        return dict(doc, idle=idle)
-
     # -- reporting -----------------------------------------------------------------------
 
     def view(self, record: SessionRecord) -> dict[str, Any]:
@@ -832,7 +580,7 @@ class SessionManager:
 
         return session_view(
             record,
-            self.live_stats(record),
+            self.stats.fresh(record),
             cut_switch=cut_switch(self.store, record),
             **self.liveness.seen(record),
         )

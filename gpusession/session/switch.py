@@ -29,7 +29,7 @@ from .workspaces import save_checkpoint, workspace_claim, workspace_place
 
 if TYPE_CHECKING:
     from ..configuration.catalog import Catalog
-    from .handle import Session
+    from .handle import AgentAsker, Session
     from .store import Store
 
 
@@ -42,9 +42,10 @@ class Owner(Protocol):
 
     def backend(self, name: str) -> Backend: ...
 
-    def refresh_state(self, key: str) -> SessionRecord: ...
+    @property
+    def stats(self) -> "AgentAsker": ...  # the agent's stats documents (session/stats.py)
 
-    def stats(self, key: str, since: float | None = None, limit: int | None = None) -> dict: ...
+    def refresh_state(self, key: str) -> SessionRecord: ...
 
     def connected(self, key: str | None = None) -> "Session | None": ...
 
@@ -137,14 +138,14 @@ def _kernel_busy(manager: "Owner", session_id: str) -> bool:
     the usual case of a switch typed right after a cell). An agent that does not answer, or
     samples nothing, counts as idle: the save then says what it could do."""
     try:
-        doc = manager.stats(session_id, limit=1)
+        doc = manager.stats.fetch(session_id, limit=1)
         samples = doc.get("samples") or []
         if not (samples and samples[-1].get("kernel_busy")):
             return False
         asked_at, interval = doc.get("t") or 0.0, doc.get("interval_s") or 0.0
         deadline = time.monotonic() + 3 * interval + 1.0
         while time.monotonic() < deadline:
-            samples = manager.stats(session_id, since=asked_at, limit=1).get("samples") or []
+            samples = manager.stats.fetch(session_id, since=asked_at, limit=1).get("samples") or []
             if samples:
                 return bool(samples[-1].get("kernel_busy"))
             time.sleep(min(interval / 4, 0.25))

@@ -154,7 +154,7 @@ class StartForm:
 
         def ask() -> None:
             try:
-                rows = self.manager.live_prices([gpu_type])
+                rows = self.manager.spend.live_prices([gpu_type])
             except GpuSessionError:
                 return  # no cloud answers (no credentials): the catalog's price stays alone
             if rows and self._spot_type == gpu_type:
@@ -391,10 +391,10 @@ class SessionPanel:
     def _stats(self, sid: str) -> dict:
         if self._in_use.acquire(blocking=False):
             try:
-                return self.manager.stats(sid, limit=1)
+                return self.manager.stats.fetch(sid, limit=1)
             finally:
                 self._in_use.release()
-        return self.manager.stats(
+        return self.manager.stats.fetch(
             sid, limit=1, check_alive=False
         )  # a cell runs: only ask the agent
 
@@ -433,7 +433,7 @@ class SessionPanel:
         card.keepalive_button.disabled = True
         try:
             with self._in_use:
-                granted = self.manager.keepalive(card.id, KEEPALIVE)
+                granted = self.manager.stats.keepalive(card.id, KEEPALIVE)
             card.say(keepalive_line(granted["name"], granted, granted["asked_s"]))
         except GpuSessionError as exc:
             card.say(f"keep-alive failed: {error_text(exc)}", warn=True)

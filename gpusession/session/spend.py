@@ -1,0 +1,199 @@
+"""What sessions cost, as data: this month's spend against the monthly budget, the spend report,
+right-sizing advice, the clouds' live prices and the catalog's refresh (docs/cost.md).
+
+`SessionManager` makes one `Spend` (`manager.spend`) and hands it the narrow things it uses;
+the faces put what it returns into words (gpusession/words/).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..backends import Backend, load_backend_class
+from ..configuration.advice import advice_document, could_save
+from ..configuration.cost import budget_status, month_start, spend_report
+from ..configuration.settings import load_policy, price_regions
+from ..core.durations import REPORT_SINCE
+from ..core.errors import GpuSessionError
+from ..core.models import SessionRecord, State
+from .store import Store
+
+if TYPE_CHECKING:
+    from ..configuration.catalog import Catalog
+    from ..configuration.config import GpuSessionConfig
+
+
+class Spend:
+    """Budget, report, advice and prices. One per SessionManager (`.spend`).
+
+    store: the records the spend is summed from;
+    config: `monthly_budget` and `regions` (GpuSessionConfig, or the CLI's EnvConfig);
+    catalog: the GPU catalog, read when asked (the user's refreshed prices as soon as written);
+    backend: a backend by name (SessionManager.backend), for its live prices and price list;
+    checked: the records, running ones checked alive first (SessionManager.list(check=True));
+    summary: a running session's agent summary by key (raises GpuSessionError when it has
+      ended meanwhile or its agent does not answer)."""
+
+    def __init__(
+        self,
+        store: Store,
+        config: "GpuSessionConfig",
+        *,
+        catalog: Callable[[], "Catalog"],
+        backend: Callable[[str], Backend],
+        checked: Callable[[], list[SessionRecord]],
+        summary: Callable[[str], "dict | None"],
+    ):
+        self.store, self.config = store, config
+        self._catalog, self._backend = catalog, backend
+        self._checked, self._summary = checked, summary
+
+    def budget(self, at: float | None = None) -> dict | None:
+        """This calendar month's spend (UTC, as the report counts it) against the monthly budget
+        (gpusession/configuration/cost.py budget_status); None when no budget is set."""
+        budget = float(self.config.monthly_budget or 0.0)
+        policy = load_policy()
+        cap = policy.monthly_cap if policy is not None else None
+        capped = cap is not None and (budget <= 0 or cap <= budget)  # the policy's cap binds
+        budget = cap if capped else budget
+        if not budget or budget <= 0:
+            return None
+        at = time.time() if at is None else at
+        since = month_start(at)
+        spent = spend_report(self.store.list(), since=since, by="type", at=at)["total"]["cost"]
+        status = budget_status(
+            spent,
+            budget,
+            month=since,
+            source=f"the monthly cap of your policy {policy.path}"  # type: ignore[union-attr]
+            if capped
+            else "GpuSessionConfig.monthly_budget / GPUSESSION_MONTHLY_BUDGET",
+        )
+        if status is not None and capped:
+            status["policy"] = policy.path  # type: ignore[union-attr]
+        return status
+
+    def advice(self, key: str, *, live: bool = True) -> dict:
+        """Right-sizing advice (gpusession/configuration/advice.py) as data, from the agent's summary: asked of
+        the agent while the session runs (`live`), else the one kept when it stopped. Adds
+        `name` and `state`."""
+        record = self.store.get(key)
+        summary = None
+        if live and record.state == State.RUNNING:
+            try:
+                summary = self._summary(record.id)
+            except GpuSessionError:  # ended meanwhile, or the agent does not answer
+                record = self.store.get(record.id)
+        summary = summary or record.resource.get("agent_summary")
+        doc = advice_document(
+            summary,
+            gpu_type=record.spec.gpu_type,
+            gpu_count=record.spec.gpu_count,
+            spot=record.spec.spot,
+            catalog=self._catalog(),
+        )
+        return dict(doc, name=record.name, state=record.state.value)
+
+    def report(
+        self, since: str | float | None = "30d", by: str = "type", split: str | None = None
+    ) -> dict:
+        """The spend report as data (gpusession/configuration/cost.py `spend_report`): the sessions billed in
+        the last `since` (the duration grammar), a row per `by`, running sessions counted up to
+        now (checked first, so one that ended is counted until it ended)."""
+        seconds = REPORT_SINCE.parse("30d" if since is None else since)
+        at = time.time()
+        doc = spend_report(
+            self._checked(),
+            since=at - float(seconds or 0.0),
+            by=by,
+            at=at,
+            split=split,
+            catalog_prices=self._catalog_prices,
+            could_save=lambda r: could_save(
+                r.resource.get("agent_summary"),
+                gpu_type=r.spec.gpu_type,
+                gpu_count=r.spec.gpu_count,
+                catalog=self._catalog(),
+                spot=r.spec.spot,
+            ),
+        )
+        return dict(doc, catalog_date=self._catalog().snapshot_date, budget=self.budget(at))
+
+    def _catalog_prices(self, record: SessionRecord) -> tuple[float, ...]:
+        """The catalog's rates for a session's GPUs: per GPU x count, and the whole instance."""
+        try:
+            gpu = self._catalog().get(record.spec.gpu_type)
+            return tuple(
+                self._catalog().price_per_hour(
+                    gpu, record.spec.gpu_count, spot=record.spec.spot, whole_instance=whole
+                )
+                for whole in (False, True)
+            )
+        except GpuSessionError:  # a type the catalog no longer has
+            return ()
+
+    def live_prices(self, types: list[str] | None = None) -> list[dict[str, Any]]:
+        """The clouds' current prices (`Backend.live_prices`) for the configured regions a
+        policy allows (settings.py `price_regions`), of `types` only when given, each row with
+        its `backend`."""
+        from ..backends import backend_names
+
+        regions = price_regions(getattr(self.config, "regions", "") or "")
+        rows: list[dict[str, Any]] = []
+        for name in backend_names():
+            if load_backend_class(name).live_prices is Backend.live_prices:
+                continue  # own hardware: no live prices to ask for
+            rows += [
+                dict(r, backend=name)
+                for r in self._backend(name).live_prices(self._catalog(), regions, types)
+            ]
+        return rows
+
+    def refresh_catalog(self) -> dict[str, Any]:
+        """`gpusession catalog refresh`: the clouds' on-demand list prices (`Backend.list_prices`)
+        of the catalog's instance types, written as the user's dated snapshot (catalog.py) that
+        every face then uses. Data {"path", "date", "priced", "of", "changed", "missing", "was"}.
+        A failure (no credentials) writes nothing and says the date the prices stay at."""
+        import datetime
+
+        from ..backends import backend_names
+        from ..configuration.catalog import packaged_catalog, write_user_snapshot
+
+        was, base = self._catalog().snapshot_date, packaged_catalog()
+        wanted = base.instance_types()
+        prices: dict[str, float] = {}
+        sources = []
+        for name in backend_names():
+            if load_backend_class(name).list_prices is Backend.list_prices:
+                continue  # own hardware: no price list
+            try:
+                found = self._backend(name).list_prices(wanted, base.region)
+            except GpuSessionError as exc:
+                raise type(exc)(
+                    f"the catalog was not refreshed (its prices stay those of {was}): {exc}"
+                ) from None
+            prices.update(found or {})
+            sources.append(name)
+        if not prices:
+            raise GpuSessionError(
+                f"no price list priced any of the catalog's {len(wanted)} instance types: the "
+                f"catalog was not refreshed (its prices stay those of {was})"
+            )
+        date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+        path = write_user_snapshot(
+            prices,
+            date=date,
+            source=f"on-demand list prices of the {', '.join(sources)} price list ({base.region}) "
+            f"on {date}; spot and the rest from the package's catalog of {base.snapshot_date}",
+        )
+        old = {i.name: i.on_demand for t in base.types for i in t.instances}
+        return {
+            "path": str(path),
+            "date": date,
+            "was": was,
+            "priced": len(prices),
+            "of": len(wanted),
+            "changed": sorted(k for k, v in prices.items() if abs(v - old.get(k, v)) > 1e-9),
+            "missing": [k for k in wanted if k not in prices],
+        }
