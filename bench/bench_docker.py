@@ -45,7 +45,7 @@ from gpusession.core.errors import GpuSessionError  # noqa: E402
 from gpusession.core.progress import Progress  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
 from gpusession.transport import bundle  # noqa: E402
-from gpusession.transport.kernel import KernelClient  # noqa: E402
+from gpusession.transport.kernel.client import KernelClient  # noqa: E402
 from gpusession.transport.pulls import format_bytes  # noqa: E402
 from openssh import free_port, ssh_forward  # noqa: E402
 from stats import Stats, report  # noqa: E402

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from gpusession.core.errors import CellLost, GpuSessionError  # noqa: E402
-from gpusession.transport.kernel import OutputSink  # noqa: E402
+from gpusession.transport.kernel.sink import OutputSink  # noqa: E402
 
 LABEL = "gpusession.session"
 CELL_LIMIT_S = 60.0  # a cell still waiting after this is hung

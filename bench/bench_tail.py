@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpusession.session import SessionManager  # noqa: E402
-from gpusession.transport.kernel import KernelClient  # noqa: E402
+from gpusession.transport.kernel.client import KernelClient  # noqa: E402
 from openssh import ssh_forward  # noqa: E402
 from stats import Stats, write_section  # noqa: E402
 
@@ -40,7 +40,7 @@ IMAGE = os.environ.get("GPUSESSION_TEST_IMAGE", "gpusession/cuda:ci")
 # a client in the engine host's network namespace: round trips on the kernel's own loopback ports
 DIRECT = """
 import json, sys, time
-from gpusession.transport.kernel import KernelClient
+from gpusession.transport.kernel.client import KernelClient
 info, calls = json.loads(sys.argv[1]), int(sys.argv[2])
 k = KernelClient(info); k.wait_ready(30)
 for _ in range(20): k.evaluate("1+1")

@@ -47,7 +47,7 @@ def options_page() -> str:
         "| flag | REST field | value | backends | in the forms | what it does |\n",
         "| --- | --- | --- | --- | --- | --- |\n",
     ]
-    for o in options.OPTIONS:
+    for o in options.table().options:
         flags = ", ".join(f"`{f}`" for f in o.flags)
         value = (
             "true/false"

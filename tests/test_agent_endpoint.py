@@ -18,7 +18,7 @@ from gpusession.agent.watchdog import Watchdog
 from gpusession.configuration.agentargs import AgentArgs
 from gpusession.core.models import KernelEndpoint
 from gpusession.core.protocol import StopKind, StopReason
-from gpusession.session import AgentClient, AgentUnavailable
+from gpusession.session.agentclient import AgentClient, AgentUnavailable
 from gpusession.words.status import status_lines
 from gpusession.words.stops import describe_stop, format_summary, warning_texts
 

@@ -73,7 +73,7 @@ def test_import_needs_no_boto3():
     code = (
         "import sys; sys.modules['boto3'] = None; sys.modules['botocore'] = None\n"
         "import gpusession, gpusession.session\n"
-        "from gpusession.backends import load_backend_class\n"
+        "from gpusession.configuration.registry import load_backend_class\n"
         "from gpusession.configuration.config import GpuSessionConfig\n"
         "from gpusession.session import StoreRecorder\n"
         "from gpusession.session.store import Store\n"

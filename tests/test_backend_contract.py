@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import gpusession.backends as backends
+import gpusession.configuration.registry as backends
 from gpusession.backends.base import Backend, Link, Recorder, RemoteResource, stop_details_from_log
 from gpusession.core.errors import BadInput
 from gpusession.core.models import KernelEndpoint, LaunchSpec, SessionRecord, State

@@ -88,7 +88,7 @@ REST_ONLY: list[tuple[str, str, int]] = [
     ("huge body", json.dumps({"name": "x" * 200_000}), 413),
 ]
 
-FLAGS = {o.flag: o.name for o in options.OPTIONS}
+FLAGS = {o.flag: o.name for o in options.table().options}
 
 
 def rest_body(words: list[str]) -> dict:
@@ -101,7 +101,7 @@ def rest_body(words: list[str]) -> dict:
 
 
 def field_in(face: str, field: str, message: str) -> bool:
-    option = options.BY_NAME[field]
+    option = options.table().by_name[field]
     return option.field(face) in message
 
 

@@ -25,7 +25,8 @@ from gpusession.backends.base import Link
 from gpusession.core.errors import CellLost, LinkLost
 from gpusession.core.models import KernelEndpoint
 from gpusession.session.handle import Session
-from gpusession.transport.kernel import KernelClient, OutputSink
+from gpusession.transport.kernel.client import KernelClient
+from gpusession.transport.kernel.sink import OutputSink
 from gpusession.transport.sshlogin import make_session_key
 from gpusession.transport.tunnel import Tunnel
 from support.procs import start_runtime

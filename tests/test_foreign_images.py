@@ -273,7 +273,7 @@ def test_a_foreign_image_on_a_remote_engine(foreign, remote, manager, nb_env, re
     next cell (root, the non-root USER's user site), the idle stop, gc leaving nothing."""
     import docker
 
-    from gpusession.transport.kernel import OutputSink
+    from gpusession.transport.kernel.sink import OutputSink
 
     class Collect(OutputSink):
         text = ""

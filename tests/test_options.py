@@ -47,7 +47,7 @@ def spec_from(values: dict, face: str) -> LaunchSpec:
 
 
 def test_every_face_lists_the_same_options():
-    names = list(options.NAMES)
+    names = list(options.table().names)
     assert len(names) == len(set(names)) == 38
     assert dests(_start_args.parser) == names
     assert dests(start_subparser()) == names
@@ -62,7 +62,7 @@ def test_every_face_lists_the_same_options():
 
 
 def test_flags_are_the_names_and_short_flags_stay():
-    for o in options.OPTIONS:
+    for o in options.table().options:
         assert o.flag == "--" + o.name.replace("_", "-")
     parsed = parse_argstring(_start_args, "-t a100:8 -n big -b local")
     assert (parsed.type, parsed.name, parsed.backend) == ("a100:8", "big", "local")
@@ -73,7 +73,7 @@ def test_flags_are_the_names_and_short_flags_stay():
 def test_the_magic_help_lists_every_flag(capsys):
     GpuMagics(None)._help("start")
     out = " ".join(capsys.readouterr().out.split())
-    for o in options.OPTIONS:
+    for o in options.table().options:
         assert o.flag in out
     assert "a bare number of minutes" in out and "2s to 7 days" in out
 
@@ -89,7 +89,7 @@ def test_the_form_shows_the_options_marked_for_forms(manager):
     from gpusession.widgets.panel import StartForm
 
     form = StartForm(manager, lambda values: None)
-    assert list(form.fields) == [o.name for o in options.OPTIONS if o.form]
+    assert list(form.fields) == [o.name for o in options.table().options if o.form]
     assert list(form.fields) == [
         "type",
         "backend",
@@ -324,7 +324,7 @@ def test_rest_names_the_field_as_in_the_body():
         backends=BACKENDS,
     )
     assert problems == {
-        "colour": f"unknown field; allowed: {options.allowed_list(list(options.NAMES))}",
+        "colour": f"unknown field; allowed: {options.allowed_list(list(options.table().names))}",
         "spot": "wrong type (string): expected true or false",
         "idle": "bad idle timeout 'abc': write e.g. 90s, 15m, 1h30m (a bare number means minutes) or 'off'",
         "max_cost": "max cost must be a finite number, got inf",

@@ -258,7 +258,7 @@ def test_another_user_cannot_subscribe_through_the_tunnel_either(open_parent, tm
     folder here; another uid reaches neither."""
     from test_tunnel import Sshd
 
-    from gpusession.transport.kernel import KernelClient
+    from gpusession.transport.kernel.client import KernelClient
     from gpusession.transport.tunnel import Tunnel, tunneled_endpoint
     from support.procs import start_runtime
 

@@ -51,7 +51,7 @@ def run_python(code: str, path: Path, home: Path) -> str:
 
 
 def test_the_table_gathers_the_plugins_option(plugin_path):
-    row = options.BY_NAME["demo_zone"]
+    row = options.table().by_name["demo_zone"]
     assert row.backends == ("demo",) and row.flag == "--demo-zone"
 
 

@@ -118,7 +118,9 @@ CONFIGURED = {
 
 @pytest.mark.parametrize("jp_server_config", [CONFIGURED])
 async def test_options_are_the_table_with_the_server_config_applied(gs_home, jp_fetch):
-    from gpusession.configuration.options import NAMES
+    from gpusession.configuration.options import table
+
+    NAMES = table().names
 
     code, doc = await fetch_json(jp_fetch, "options")
     assert code == 200 and set(doc) == {"options", "metrics"}

@@ -24,7 +24,7 @@ from gpusession.configuration.cost import BILLED_FROM, record_billed_seconds
 from gpusession.core.models import State
 from gpusession.core.protocol import StopKind
 from gpusession.session.views import session_view
-from gpusession.transport.kernel import OutputSink
+from gpusession.transport.kernel.sink import OutputSink
 from support.procs import start_interrupted, wait_dead
 from support.slurm import (
     REGISTRY,

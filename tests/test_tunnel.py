@@ -13,7 +13,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpusession.transport.kernel import KernelClient
+from gpusession.transport.kernel.client import KernelClient
 from gpusession.transport.sshlogin import fast_reads, make_session_key
 from gpusession.transport.tunnel import HostKeyCheck, SshTarget, Tunnel, TunnelError
 from support.procs import start_runtime

@@ -12,8 +12,8 @@ import pytest
 
 from gpusession.agent.nvml import NvmlReader, RecordedNvml
 from gpusession.agent.sampler import Sampler
-from gpusession.backends import backend_names
 from gpusession.configuration.options import options_document
+from gpusession.configuration.registry import backend_names
 from gpusession.core.durations import format_money
 from gpusession.core.models import State
 from gpusession.session import default_backend_name

@@ -214,7 +214,7 @@ class TunnelLink(Link):
 
 class Backend(abc.ABC):
     """One place GPUs come from, registered under the `gpusession.backends` entry-point group
-    (`gpusession.backends.backend_classes`). One instance per backend name and process, built by
+    (`gpusession.configuration.registry.backend_classes`). One instance per backend name and process, built by
     the session layer; it may be called from several threads."""
 
     name: ClassVar[str]  # the --backend word, also in every record's spec.backend

@@ -375,18 +375,6 @@ def table() -> OptionTable:
     return _gathered(tuple(sys.path))
 
 
-def __getattr__(name: str) -> Any:
-    """`OPTIONS`, `BY_NAME` and `NAMES`: the table's, gathered on first use (it imports every
-    backend, which a `gpusession list` does not need)."""
-    if name == "OPTIONS":
-        return table().options
-    if name == "BY_NAME":
-        return table().by_name
-    if name == "NAMES":
-        return table().names
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 _LEGACY = {"gpu_only_idle": "gpu_only"}  # keywords earlier callers of make_spec used
 
 

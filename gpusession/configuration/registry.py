@@ -1,4 +1,5 @@
-"""The registry of backends: the `gpusession.backends` entry-point group, and nothing else.
+"""The registry of backends, the only one: the `gpusession.backends` entry-point group, and the
+seam a test replaces (`backend_classes`).
 
 A backend is found by its entry point (pyproject.toml's `[project.entry-points."gpusession.backends"]`
 for the built-ins; a plugin package's own for others), never by a list here. This module knows
@@ -19,6 +20,8 @@ import importlib
 import logging
 import sys
 from typing import Any
+
+from ..core.errors import BadInput
 
 GROUP = "gpusession.backends"
 DISTRIBUTION = "gpusession"
@@ -65,9 +68,43 @@ def import_target(target: str) -> Any:
     return getattr(importlib.import_module(module_name), attr)
 
 
+def backend_classes() -> dict[str, str]:
+    """name -> 'module:Class' for every installed backend: THE seam a test (or a plugin host)
+    replaces to change what is found, like jupyter_client's provisioner factory."""
+    return registered()
+
+
+_SHIPPED = backend_classes  # the seam as shipped (a test may replace backend_classes)
+
+
+def backend_names() -> list[str]:
+    return sorted(backend_classes())
+
+
+def load_backend_class(name: str) -> type:
+    """The backend class called `name` (BadInput naming the valid ones when none is)."""
+    key = name.strip().lower()
+    # a built-in name needs no scan of every installed package (target_of reads gpusession's own
+    # entry points first); once the seam is replaced, only the seam counts
+    classes = backend_classes() if backend_classes is not _SHIPPED else None
+    target = classes.get(key) if classes is not None else target_of(key)
+    if target is None:
+        raise BadInput(
+            f"unknown backend {name!r}; valid backends: "
+            f"{', '.join(sorted(classes or backend_classes()))}"
+        )
+    try:
+        return import_target(target)
+    except ModuleNotFoundError as exc:
+        raise BadInput(f"backend {name!r} is not available here: {exc}") from None
+
+
 def loaded_classes() -> dict[str, type]:
-    """name -> class of every installed backend that imports here, by name; one that does not
-    (a plugin whose package is broken) is left out and logged: it is not offered anywhere."""
+    """name -> class of every installed backend that imports here (the seam's, when a test
+    replaced it); one that does not (a plugin whose package is broken) is left out and logged:
+    it is not offered anywhere."""
+    if backend_classes is not _SHIPPED:
+        return {name: load_backend_class(name) for name in backend_classes()}
     classes = {}
     for name, target in sorted(registered().items()):
         try:
@@ -75,3 +112,31 @@ def loaded_classes() -> dict[str, type]:
         except Exception as exc:  # noqa: BLE001 - one broken plugin must not take every face down
             log.warning("backend %r (%s) is left out: it does not import: %s", name, target, exc)
     return classes
+
+
+def default_order(classes: dict[str, type]) -> list[str]:
+    """The backends that may be the default (no --backend given, none configured), in the order
+    they are tried: by their class's `default_rank`, then name. The first whose `available()`
+    answers yes is the default (docker when an engine answers, else local)."""
+    ranked = [
+        (cls.default_rank, name)
+        for name, cls in classes.items()
+        if getattr(cls, "default_rank", None) is not None
+    ]
+    return [name for _, name in sorted(ranked)]
+
+
+def listing_order(classes: dict[str, type]) -> list[str]:
+    """The backends in the order every listing shows them (workspaces, an option's backends):
+    by their class's `order`, then name."""
+    return [
+        name
+        for _, name in sorted((getattr(cls, "order", 100), name) for name, cls in classes.items())
+    ]
+
+
+def workspace_backends() -> list[str]:
+    """The backends whose workspaces outlive their sessions (`keeps_workspaces`), in listing
+    order."""
+    classes = loaded_classes()
+    return [name for name in listing_order(classes) if classes[name].keeps_workspaces]

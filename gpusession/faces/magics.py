@@ -46,7 +46,8 @@ from ..core.errors import (
     SessionEnded,
 )
 from ..core.models import State
-from ..session import Session, SessionManager
+from ..session import SessionManager
+from ..session.handle import Session
 from ..session.recovery import wants_recovery
 from ..session.store import owner_id
 from ..words.spend import advice_line, advice_lines, live_price_lines, report_lines, start_notes

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from ..core.errors import GpuSessionError, SessionEnded
 from ..core.protocol import Warning, WarningKind
-from ..session import AgentUnavailable
+from ..session.agentclient import AgentUnavailable
 from ..words.status import status_lines
 from ..words.stops import budget_level, describe_warning, error_text
 

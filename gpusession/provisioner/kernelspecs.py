@@ -45,8 +45,8 @@ class GpuKernelSpec:
 def check_options(values: Mapping[str, Any], face: str = options.FLAGS) -> dict[str, Any]:
     """The start options as the table reads them (BadOptions names each bad one); the values
     themselves are what the kernelspec keeps."""
-    from ..backends import backend_names
     from ..configuration.catalog import load_catalog
+    from ..configuration.registry import backend_names
 
     bad = [name for name in values if name in NOT_IN_A_KERNELSPEC]
     if bad:

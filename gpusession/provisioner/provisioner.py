@@ -37,7 +37,9 @@ from ..configuration import options
 from ..configuration.config import GpuSessionConfig
 from ..core.errors import GpuSessionError
 from ..core.models import State
-from ..session import AgentUnavailable, Session, SessionManager
+from ..session import SessionManager
+from ..session.agentclient import AgentUnavailable
+from ..session.handle import Session
 from ..words.stops import error_text
 
 SHUTDOWN_BY = "JupyterLab kernel shutdown"
@@ -56,7 +58,7 @@ class GpuSessionProvisioner(KernelProvisionerBase):
 
     def __init__(self, **kwargs: Any):
         # the kernelspec's config arrives as keyword arguments: the start options are ours
-        start = {name: kwargs.pop(name) for name in list(kwargs) if name in options.NAMES}
+        start = {name: kwargs.pop(name) for name in list(kwargs) if name in options.table().names}
         super().__init__(**kwargs)
         self.start_options: dict[str, Any] = start
         self.manager: SessionManager | None = None

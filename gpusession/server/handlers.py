@@ -16,8 +16,8 @@ import urllib.parse
 import tornado.web
 from jupyter_server.utils import url_path_join
 
-from ..backends import backend_names
 from ..configuration import options
+from ..configuration.registry import backend_names
 from ..configuration.settings import load_policy
 from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput, SessionBusy, StageError

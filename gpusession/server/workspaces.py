@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tornado.web
 
-from ..backends import workspace_backends
+from ..configuration.registry import workspace_backends
 from ..core.durations import shown
 from ..core.errors import BadInput
 from ..core.textvalues import workspace_name

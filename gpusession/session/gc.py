@@ -56,7 +56,7 @@ def collect(
     volumes: bool = False,
 ) -> list[GcAction]:
     """What gc does (SessionManager.gc passes its store, backends, reconcile and stop)."""
-    from ..backends import backend_names
+    from ..configuration.registry import backend_names
 
     actions: list[GcAction] = []
     names = backends or backend_names()

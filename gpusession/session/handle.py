@@ -10,7 +10,9 @@ from typing import Any, Iterator, Protocol
 from ..backends import Backend, Link
 from ..core.errors import KernelDied, LinkLost, SessionEnded
 from ..core.models import SessionRecord
-from ..transport.kernel import KernelClient, OutputSink, files, transfer
+from ..transport.kernel import files, transfer
+from ..transport.kernel.client import KernelClient
+from ..transport.kernel.sink import OutputSink
 from ..transport.kernel.transfer import Progress
 from .agentclient import AgentClient, AgentUnavailable
 from .store import Store

@@ -23,10 +23,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..backends import Backend, Link, default_order, load_backend_class, loaded_classes
+from ..backends import Backend, Link
 from ..configuration import options
 from ..configuration.catalog import load_catalog
 from ..configuration.cost import PRICE_BASIS
+from ..configuration.registry import default_order, load_backend_class, loaded_classes
 from ..configuration.settings import load_policy
 from ..core.errors import (
     GpuSessionError,
@@ -143,7 +144,7 @@ class SessionManager:
         each field in the words of `face`: options.REST, FLAGS or FORM): the option table's rules
         (gpusession/configuration/options.py), with this manager's config for defaults. An option left out
         takes its default."""
-        from ..backends import backend_names
+        from ..configuration.registry import backend_names
 
         spec = options.build_spec(
             values,

@@ -10,9 +10,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..backends import Backend, load_backend_class
+from ..backends import Backend
 from ..configuration.advice import advice_document, could_save
 from ..configuration.cost import budget_status, month_start, spend_report
+from ..configuration.registry import load_backend_class
 from ..configuration.settings import load_policy, price_regions
 from ..core.durations import REPORT_SINCE
 from ..core.errors import GpuSessionError
@@ -137,7 +138,7 @@ class Spend:
         """The clouds' current prices (`Backend.live_prices`) for the configured regions a
         policy allows (settings.py `price_regions`), of `types` only when given, each row with
         its `backend`."""
-        from ..backends import backend_names
+        from ..configuration.registry import backend_names
 
         regions = price_regions(getattr(self.config, "regions", "") or "")
         rows: list[dict[str, Any]] = []
@@ -157,8 +158,8 @@ class Spend:
         A failure (no credentials) writes nothing and says the date the prices stay at."""
         import datetime
 
-        from ..backends import backend_names
         from ..configuration.catalog import packaged_catalog, write_user_snapshot
+        from ..configuration.registry import backend_names
 
         was, base = self._catalog().snapshot_date, packaged_catalog()
         wanted = base.instance_types()

@@ -157,7 +157,7 @@ def restart_body(
         if getattr(spec, name):
             body[name] = True
     for option in (
-        options.OPTIONS if spec.extra else ()
+        options.table().options if spec.extra else ()
     ):  # the options kept in spec.extra (docker's --gpus, aws's --fallback...)
         value = spec.extra.get(option.name) if option.spec_field is None else None
         if option.kind == "duration" and option.name in spec.extra and option.spec_field is None:

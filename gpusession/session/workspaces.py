@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..backends import workspace_backends
+from ..configuration.registry import workspace_backends
 from ..core.errors import BackendUnavailable, BadInput, GpuSessionError, WorkspaceInUse
 from .agentclient import AgentClient, AgentUnavailable
 from .store import Store

@@ -13,7 +13,8 @@ from ..configuration import options
 from ..core.durations import format_money
 from ..core.errors import GpuSessionError, NoSession
 from ..core.models import State
-from ..session import Session, SessionManager, default_backend_name
+from ..session import SessionManager, default_backend_name
+from ..session.handle import Session
 from ..words.spend import live_spot_line
 from ..words.status import image_text
 from ..words.stops import ended_message, error_text, keepalive_line, summary_line
@@ -37,7 +38,7 @@ class StartForm:
         self.spot_note = classed(widgets.HTML(), "spot-note")  # a spot start: the price now
         self._spot_type: str | None = None  # the type whose current spot price was asked
         defaults = options.form_defaults(manager.config, default_backend_name(manager.config))
-        for option in options.OPTIONS:
+        for option in options.table().options:
             if option.form:
                 widget, role = self._input(option, manager, defaults)
                 self.fields[option.name] = classed(
@@ -109,7 +110,7 @@ class StartForm:
                 options=choices, value=catalog.parse(manager.config.default_type)[0].name, **common
             ), "select"
         if option.kind == "backend":
-            from ..backends import backend_names
+            from ..configuration.registry import backend_names
 
             return widgets.Dropdown(
                 options=backend_names(), value=default_backend_name(manager.config), **common
@@ -131,7 +132,7 @@ class StartForm:
     def _show_backend_options(self) -> None:
         backend = self.backend_select.value
         for name, row in self.rows.items():
-            applies = options.BY_NAME[name].backends
+            applies = options.table().by_name[name].backends
             show(row, applies is None or backend in applies)
         self._load_images()
         self._show_spot_price()
@@ -169,7 +170,7 @@ class StartForm:
         if self.image_input is None:
             return
         backend = self.backend_select.value
-        applies = options.BY_NAME[IMAGE].backends
+        applies = options.table().by_name[IMAGE].backends
         if applies is not None and backend not in applies:
             return
         host = ""
@@ -224,7 +225,7 @@ class StartForm:
         backend = self.backend_select.value
         out: dict[str, Any] = {}
         for name, widget in self.fields.items():
-            applies = options.BY_NAME[name].backends
+            applies = options.table().by_name[name].backends
             value = widget.value.strip() if isinstance(widget.value, str) else widget.value
             if value != "" and (applies is None or backend in applies):
                 out[name] = value

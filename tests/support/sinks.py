@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpusession.transport.kernel import OutputSink
+from gpusession.transport.kernel.sink import OutputSink
 
 
 class Collect(OutputSink):

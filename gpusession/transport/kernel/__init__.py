@@ -5,27 +5,7 @@ Output is re-published into the notebook as it arrives (stream text is written a
 by piece, display data goes through IPython's display publisher), so a loop's prints show before
 the loop ends; through a tunnel that drops, every output still arrives exactly once and in order,
 or one line names exactly which did not (`cellwait`).
+
+The kernel client (`client.KernelClient`: jupyter_client, zmq) and the output sinks (`sink`) are
+imported from their modules; this package imports nothing, so `files`, say, needs neither.
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .client import KernelClient
-    from .sink import NullSink, OutputSink
-
-__all__ = ["KernelClient", "OutputSink", "NullSink"]
-
-
-def __getattr__(name: str):
-    """KernelClient (jupyter_client, zmq) loads on first use: `files`, say, needs neither."""
-    if name == "KernelClient":
-        from .client import KernelClient
-
-        return KernelClient
-    if name in ("NullSink", "OutputSink"):
-        from . import sink
-
-        return getattr(sink, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

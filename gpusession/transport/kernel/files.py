@@ -117,7 +117,9 @@ def check_start_tree(extra: dict, face: str = options.FLAGS) -> None:
     if extra.get("upload"):
         try:
             start_tree(
-                extra["upload"], extra.get("upload_max"), options.BY_NAME["upload_max"].field(face)
+                extra["upload"],
+                extra.get("upload_max"),
+                options.table().by_name["upload_max"].field(face),
             )
         except BadInput as exc:
             raise options.BadOptions({"upload": str(exc)}, face) from None
