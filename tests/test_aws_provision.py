@@ -75,7 +75,7 @@ def test_import_needs_no_boto3():
         "import gpusession, gpusession.session\n"
         "from gpusession.configuration.registry import load_backend_class\n"
         "from gpusession.configuration.config import GpuSessionConfig\n"
-        "from gpusession.session import StoreRecorder\n"
+        "from gpusession.session.recorder import StoreRecorder\n"
         "from gpusession.session.store import Store\n"
         "import tempfile, pathlib\n"
         "cls = load_backend_class('aws')\n"

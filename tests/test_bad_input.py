@@ -262,7 +262,7 @@ def read(values: dict, face: str = options.REST):
     ],
 )
 def test_good_hosts_are_kept_as_written(host):
-    assert read({"backend": "docker", "host": host}).host == host.rstrip("/")
+    assert read({"backend": "docker", "host": host}).extra["host"] == host.rstrip("/")
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,7 @@ def test_every_face_says_when_a_price_is_the_cloud_rate_on_own_hardware():
     from gpusession.widgets.card import SessionCard
     from gpusession.words.status import rate_text, rest_view, session_table
 
-    spec = LaunchSpec(gpu_type="t4", host="ssh://me@gpu-box")
+    spec = LaunchSpec(gpu_type="t4", extra={"host": "ssh://me@gpu-box"})
     catalog_rate, configured = GpuSessionConfig(), GpuSessionConfig(price_per_hour=0.25)
     assert DockerBackend(catalog_rate, None).price_basis(spec) == "own_hardware"
     assert LocalBackend(catalog_rate, None).price_basis(spec) == "own_hardware"

@@ -519,8 +519,9 @@ def _never_ran(manager) -> None:
     row = session_table([view]).splitlines()[1]
     assert "never ran" in row and row.endswith("$0.0000"), row
     assert ended_message(record).endswith("(never ran, cost $0.0000)"), ended_message(record)
-    assert f"on docker (image {record.spec.image or view['image']}) - failed" in status_heading(
-        view
+    assert (
+        f"on docker (image {record.spec.extra.get('image') or view['image']}) - failed"
+        in status_heading(view)
     )
 
 

@@ -51,7 +51,8 @@ def _ours(client, session_id: str) -> list:
 def test_a_record_with_a_bad_host_does_not_stop_gc_removing_containers(docker_env, engine, manager):
     """A record of an old version whose host IDNA cannot encode sits beside a real leftover."""
     bad = manager.store.create(
-        LaunchSpec(gpu_type="t4", backend="docker", host="ssh://" + "a" * 64), price_per_hour=1
+        LaunchSpec(gpu_type="t4", backend="docker", extra={"host": "ssh://" + "a" * 64}),
+        price_per_hour=1,
     )
     for state in (State.PROVISIONING, State.STARTING, State.RUNNING):
         manager.store.transition(bad.id, state)

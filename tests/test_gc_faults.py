@@ -33,7 +33,8 @@ def test_gc_survives_a_record_whose_host_cannot_even_be_encoded(nb_env):
     stop gc from removing a real leftover in the same run."""
     store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
     bad = store.create(
-        LaunchSpec(gpu_type="t4", backend="docker", host="ssh://" + "a" * 64), price_per_hour=0.5
+        LaunchSpec(gpu_type="t4", backend="docker", extra={"host": "ssh://" + "a" * 64}),
+        price_per_hour=0.5,
     )
     for state in (State.PROVISIONING, State.STARTING, State.RUNNING):
         store.transition(bad.id, state)
@@ -84,7 +85,9 @@ def test_gc_asks_only_the_engines_that_may_still_hold_a_container(manager, monke
     store = manager.store
 
     def record(host: str, state: State, **resource):
-        r = store.create(LaunchSpec(gpu_type="t4", backend="docker", host=host), price_per_hour=0.5)
+        r = store.create(
+            LaunchSpec(gpu_type="t4", backend="docker", extra={"host": host}), price_per_hour=0.5
+        )
         if resource:
             store.update_resource(r.id, **resource)
         return store.transition(r.id, state)
@@ -133,7 +136,8 @@ def test_a_start_that_never_reached_its_engine_is_cleaned_up_without_asking_it(
 
     monkeypatch.setattr(DockerBackend, "client", client)
     rec = manager.store.create(
-        LaunchSpec(gpu_type="t4", backend="docker", host="ssh://gone.example"), price_per_hour=1
+        LaunchSpec(gpu_type="t4", backend="docker", extra={"host": "ssh://gone.example"}),
+        price_per_hour=1,
     )
     manager.backend("docker").stop(rec)
     assert manager.get(rec.id).resource.get("removed_at")

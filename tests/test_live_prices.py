@@ -81,7 +81,7 @@ def test_cheapest_starts_in_the_cheapest_zone_with_capacity(manager, aws_env, lo
     no_capacity_in(aws_env, subnets[ranked[0]])  # the cheapest zone has none
     spec = spec_for(manager, "t4", cheapest=True)  # no --spot: --cheapest is a spot start
     record, lines = provision(manager, spec)
-    assert record.spec.spot and record.resource["market"] == "spot"
+    assert record.spec.extra.get("spot") and record.resource["market"] == "spot"
     assert (
         record.resource["zone"]
         == ranked[1]

@@ -128,7 +128,7 @@ CASES = [
     (
         ["--spot", "--region", "us-west-2"],
         {"spot": True, "region": "us-west-2"},
-        {"spot": True, "region": "us-west-2"},
+        {"extra": {"spot": True, "region": "us-west-2"}},  # aws's own options
     ),
     (["-t", "a100:4"], {"type": "a100:4"}, {"gpu_type": "a100", "gpu_count": 4}),
     (["--gpus", "2"], {"gpus": 2}, {"extra": {"gpus": 2}}),
@@ -140,7 +140,7 @@ CASES = [
     (
         ["--name", "big", "--host", "ssh://me@box", "--image", "my/img"],
         {"name": "big", "host": "ssh://me@box", "image": "my/img"},
-        {"name": "big", "host": "ssh://me@box", "image": "my/img"},
+        {"name": "big", "extra": {"host": "ssh://me@box", "image": "my/img"}},
     ),
 ]
 

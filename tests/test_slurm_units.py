@@ -23,10 +23,9 @@ PATHS = jobs.JobPaths(
 )
 
 
-def record(gpu="t4", count=2, **spec_values) -> SessionRecord:
-    spec = LaunchSpec(
-        gpu_type=gpu, gpu_count=count, backend="slurm", host="ssh://me@login", **spec_values
-    )
+def record(gpu="t4", count=2, image=None, extra=None, **spec_values) -> SessionRecord:
+    extra = {"host": "ssh://me@login", **(extra or {}), **({"image": image} if image else {})}
+    spec = LaunchSpec(gpu_type=gpu, gpu_count=count, backend="slurm", extra=extra, **spec_values)
     return SessionRecord(
         id="abc123" + "0" * 26,
         name="t4-1",

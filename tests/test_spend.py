@@ -26,7 +26,9 @@ H, D = 3600.0, 86400.0
 def _session(store, name, gpu, at, *, backend="local", price, billed, end=State.STOPPED, **kw):
     """A recorded session billed over `billed` (start, end) seconds before `at`; end=None: still
     running. kw: resource values, spot, workspace."""
-    spec = LaunchSpec(gpu_type=gpu, backend=backend, name=name, spot=kw.pop("spot", False))
+    spec = LaunchSpec(
+        gpu_type=gpu, backend=backend, name=name, extra={"spot": kw.pop("spot", False)}
+    )
     record = store.create(spec, price_per_hour=price)
     if kw:
         store.update_resource(record.id, **kw)
@@ -94,7 +96,7 @@ def report(store, at, by="type", since=30 * D, split=None):
         catalog_prices=lambda r: (catalog.price_per_hour(catalog.get(r.spec.gpu_type), 1),),
         could_save=lambda r: could_save(
             r.resource.get("agent_summary"), gpu_type=r.spec.gpu_type, gpu_count=1,
-            catalog=catalog, spot=r.spec.spot,
+            catalog=catalog, spot=r.spec.extra.get("spot"),
         ),
     )  # fmt: skip
 

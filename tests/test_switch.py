@@ -79,7 +79,10 @@ def test_a_switch_between_this_engine_and_an_ssh_engine_keeps_arrays_and_files(
         assert "save: saved 4 variable(s)" in said, said
         assert "move: workspace from docker (this machine's engine) to docker ssh://" in said, said
         assert " to move, through this machine" in said and "move: moved " in said, said
-        assert there.record.spec.host == remote["url"] and there.record.spec.gpu_type == "a100"
+        assert (
+            there.record.spec.extra.get("host") == remote["url"]
+            and there.record.spec.gpu_type == "a100"
+        )
         line = switch_line(report.to_dict())
         assert line.startswith(f"switched sw1 -> {there.name} in "), line
         for name in ("a", "m", "blob", "digest", "np", "os", "hashlib"):
@@ -103,7 +106,7 @@ def test_a_switch_between_this_engine_and_an_ssh_engine_keeps_arrays_and_files(
         back, report = manager.switch(
             there, manager.switch_spec(there.id, {"host": ""}), lines.append
         )
-        assert back.record.spec.host in (None, "") and report.moved_bytes > 3 << 20
+        assert back.record.spec.extra.get("host") in (None, "") and report.moved_bytes > 3 << 20
         assert "replacing the older copy of workspace sw1 there" in "\n".join(lines)
         assert (
             back.run(
@@ -300,7 +303,10 @@ def test_the_old_place_stays_behind_when_the_backend_changes():
         id="x" * 32,
         name="old",
         spec=LaunchSpec(
-            "t4", backend="slurm", host="ssh://me@login", image="ghcr.io/me/img:1", max_cost=5.0
+            "t4",
+            backend="slurm",
+            max_cost=5.0,
+            extra={"host": "ssh://me@login", "image": "ghcr.io/me/img:1"},
         ),
         state=State.RUNNING,
         created_at=0.0,

@@ -307,7 +307,7 @@ def test_card_shows_the_image_and_a_start_that_never_ran():
     record = SessionRecord(
         id="abc",
         name="img",
-        spec=LaunchSpec(gpu_type="t4", backend="docker", image="python:3.12-slim"),
+        spec=LaunchSpec(gpu_type="t4", backend="docker", extra={"image": "python:3.12-slim"}),
         state=State.FAILED,
         created_at=1.0,
         updated_at=1.1,

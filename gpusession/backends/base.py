@@ -240,11 +240,18 @@ class Backend(abc.ABC):
     `release()` (the old session saves and stops) once the new session's machine is there."""
 
     takes_host: ClassVar[bool] = False
-    """It runs on a machine the user names with --host (an engine, a login node)."""
+    """It runs on a machine the user names with --host (an engine, a login node); the value is
+    `spec.extra["host"]`."""
+
+    host_help: ClassVar[str] = ""
+    """What --host means for it, in --help and the forms ("the cluster's login node, ...")."""
 
     takes_image: ClassVar[bool] = False
-    """It runs the session in a container image the user may name with --image (see
-    `default_image` for the one it takes when none is named)."""
+    """It runs the session in a container image the user may name with --image
+    (`spec.extra["image"]`; see `default_image` for the one it takes when none is named)."""
+
+    image_help: ClassVar[str] = ""
+    """What --image means for it, and its default, in --help and the forms."""
 
     agent_beside_us: ClassVar[bool] = False
     """Its agent runs on this machine and reads this machine's files: GPUSESSION_NVML_REPLAY

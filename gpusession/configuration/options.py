@@ -136,8 +136,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         ("--backend", "-b"),
         "backend",
         "Backend",
-        "where the session runs: local, docker, aws or slurm "
-        "(default: docker when an engine answers, else local)",
+        "where the session runs",  # + the registered backends and the default rule (_gathered)
         "backend",
         config_default="default_backend",
         spec_field="backend",
@@ -161,11 +160,9 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         ("--host",),
         "text",
         "Host",
-        "docker: a remote engine, ssh://user@host[:port] "
-        "(default: this machine's engine); slurm: the cluster's login node",
+        "the machine it runs on",  # + each capable backend's `host_help` (_gathered)
         "host",
         capability="takes_host",
-        spec_field="host",
         form=True,
         hint="ssh://user@host[:port]",
         max_len=400,
@@ -176,11 +173,9 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         ("--image",),
         "text",
         "Image",
-        "container image with a python3 (docker, aws; slurm: run by "
-        "apptainer, singularity or pyxis); default: pytorch/pytorch, CUDA 12.6 (slurm: none, the node's Python)",
+        "container image with a python3",  # + each capable backend's `image_help` (_gathered)
         "image",
         capability="takes_image",
-        spec_field="image",
         form=True,
         hint="repo:tag, e.g. python:3.12-slim",
         max_len=512,
@@ -345,9 +340,13 @@ def _gathered(path: tuple[str, ...]) -> OptionTable:
     rows = {o.name: o for o in CORE_OPTIONS}
     for o in CORE_OPTIONS:
         if o.capability is not None:
+            capable = tuple(n for n in ordered if getattr(classes[n], o.capability, False))
             rows[o.name] = dataclasses.replace(
-                o, backends=tuple(n for n in ordered if getattr(classes[n], o.capability, False))
+                o, backends=capable, help=_with_backends_help(o, capable, classes)
             )
+    rows["backend"] = dataclasses.replace(
+        rows["backend"], help=_backend_help(rows["backend"].help, ordered, classes)
+    )
     for name in ordered:
         for o in getattr(classes[name], "start_options", ()):
             known = rows.get(o.name)
@@ -368,6 +367,28 @@ def _gathered(path: tuple[str, ...]) -> OptionTable:
 
 
 _CORE_NAMES = frozenset(o.name for o in CORE_OPTIONS)
+
+
+def _with_backends_help(option: StartOption, capable: tuple[str, ...], classes) -> str:
+    """A capability row's help with what each backend that has it says of it (its class's
+    `<option>_help`, e.g. `host_help`): 'the machine it runs on: docker: a remote engine, ...'."""
+    said = [
+        f"{name}: {text}"
+        for name in capable
+        if (text := getattr(classes[name], f"{option.name}_help", ""))
+    ]
+    return f"{option.help} ({'; '.join(said)})" if said else option.help
+
+
+def _backend_help(text: str, ordered: list[str], classes) -> str:
+    """The backend row's help: the backends installed here, and how the default is chosen."""
+    tried = registry.default_order(classes)
+    rule = (
+        f"the first of {', '.join(tried[:-1])} that answers, else {tried[-1]}"
+        if len(tried) > 1
+        else (tried[0] if tried else "none")
+    )
+    return f"{text}: {', '.join(ordered)} (default: {rule}, or GpuSessionConfig.default_backend)"
 
 
 def table() -> OptionTable:

@@ -282,7 +282,7 @@ class Policy:
         for name, value, allowed in (
             ("type", spec.gpu_type, self.allowed_types),
             ("backend", spec.backend, self.allowed_backends),
-            ("region", spec.region, self.allowed_regions),
+            ("region", spec.extra.get("region"), self.allowed_regions),
         ):
             if allowed is not None and value is not None and value not in allowed:
                 problems[name] = (

@@ -30,6 +30,8 @@ class State(str, enum.Enum):
 BILLED_STATES = (State.PROVISIONING, State.STARTING, State.RUNNING, State.STOPPING)
 
 
+#: LaunchSpec fields earlier versions had, which are their backends' options now (spec.extra)
+_NOW_BACKENDS = ("image", "host", "spot", "region")
 #: LaunchSpec fields under the names earlier versions stored them
 _EARLIER_NAMES = {
     "gpu_only_idle": "gpu_only",
@@ -46,15 +48,14 @@ class LaunchSpec:
     gpu_count: int = 1  # GPUs requested (from "a100:8")
     backend: str = "local"  # entry-point name of the backend
     name: str | None = None  # user-facing name; generated when None
-    image: str | None = None  # container image (docker/aws); None means the default
-    host: str | None = None  # docker host URL (ssh://user@host) or None for local engine
     idle: float | None = DEFAULT_IDLE_S  # seconds idle before it stops; None: never
     max_cost: float | None = None  # dollars; stop when reached
     max_runtime: float | None = None  # seconds: hard stop after this long; None: none
-    spot: bool = False  # ask for spot capacity (aws)
-    region: str | None = None  # cloud region (aws)
     gpu_only: bool = False  # count only GPU utilization as activity (--gpu-only)
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # backend-specific options
+    # the backend's own options, by the names its start options give them: where it runs (a
+    # Docker engine's --host, an aws --region), what (--image), how (--spot)... and what a Python
+    # caller passes on (boot_timeout)
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -65,6 +66,12 @@ class LaunchSpec:
         for old, new in _EARLIER_NAMES.items():  # names in store rows written by earlier versions
             if old in data:
                 data.setdefault(new, data.pop(old))
+        extra = dict(data.get("extra") or {})
+        for name in _NOW_BACKENDS:  # fields earlier versions had: a backend's options now
+            value = data.pop(name, None)
+            if value not in (None, False, ""):
+                extra.setdefault(name, value)
+        data["extra"] = extra
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in fields})
 

@@ -26,7 +26,7 @@ def wants_recovery(record: SessionRecord) -> bool:
     if reason is None or not reason.kind.interruption or record.state.active:
         return False
     choice = record.spec.extra.get("recover") or "auto"
-    taken = bool(record.spec.spot) or reason.kind is StopKind.PREEMPTED
+    taken = bool(record.spec.extra.get("spot")) or reason.kind is StopKind.PREEMPTED
     wanted = choice == "on" or (choice == "auto" and taken)
     return wanted and session_view(record)["resume"] is not None
 

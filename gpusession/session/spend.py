@@ -91,7 +91,7 @@ class Spend:
             summary,
             gpu_type=record.spec.gpu_type,
             gpu_count=record.spec.gpu_count,
-            spot=record.spec.spot,
+            spot=record.spec.extra.get("spot"),
             catalog=self._catalog(),
         )
         return dict(doc, name=record.name, state=record.state.value)
@@ -116,7 +116,7 @@ class Spend:
                 gpu_type=r.spec.gpu_type,
                 gpu_count=r.spec.gpu_count,
                 catalog=self._catalog(),
-                spot=r.spec.spot,
+                spot=r.spec.extra.get("spot"),
             ),
         )
         return dict(doc, catalog_date=self._catalog().snapshot_date, budget=self.budget(at))
@@ -127,7 +127,10 @@ class Spend:
             gpu = self._catalog().get(record.spec.gpu_type)
             return tuple(
                 self._catalog().price_per_hour(
-                    gpu, record.spec.gpu_count, spot=record.spec.spot, whole_instance=whole
+                    gpu,
+                    record.spec.gpu_count,
+                    spot=record.spec.extra.get("spot"),
+                    whole_instance=whole,
                 )
                 for whole in (False, True)
             )

@@ -48,9 +48,10 @@ def session_view(
         "price_basis": record.resource.get(
             PRICE_BASIS
         ),  # gpusession.configuration.cost's CLOUD, OWN_HARDWARE...
-        "spot": bool(record.spec.spot),
-        "host": record.spec.host,
-        "image": record.resource.get("image") or record.spec.image,  # what it runs (or asked)
+        "spot": bool(record.spec.extra.get("spot")),
+        "host": record.spec.extra.get("host"),
+        "image": record.resource.get("image")
+        or record.spec.extra.get("image"),  # what it runs (or asked)
         "error": record.error,
         "idle": idle,
         "warnings": list((live or {}).get("warnings") or []),  # protocol.Warning dicts
@@ -84,7 +85,7 @@ def _advice(record: SessionRecord) -> dict[str, Any] | None:
         summary,
         gpu_type=record.spec.gpu_type,
         gpu_count=record.spec.gpu_count,
-        spot=record.spec.spot,
+        spot=record.spec.extra.get("spot"),
         catalog=load_catalog(),
     )
     return doc if doc["advice"] else None
@@ -150,12 +151,8 @@ def restart_body(
         body["max_runtime"] = f"{exact_decimal(spec.max_runtime)}s"
     if spec.max_cost:
         body["max_cost"] = exact_decimal(spec.max_cost)
-    for name in ("host", "image", "region"):
-        if getattr(spec, name):
-            body[name] = getattr(spec, name)
-    for name in ("gpu_only", "spot"):
-        if getattr(spec, name):
-            body[name] = True
+    if spec.gpu_only:
+        body["gpu_only"] = True
     for option in (
         options.table().options if spec.extra else ()
     ):  # the options kept in spec.extra (docker's --gpus, aws's --fallback...)

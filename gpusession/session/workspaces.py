@@ -65,7 +65,13 @@ def workspace_place(spec: "LaunchSpec") -> str:
     """The engine or region a session's workspace lives on ("": this machine's engine, folder
     or default region): two specs of one backend and place mount the same workspaces."""
     extra = spec.extra
-    return str(spec.host or spec.region or extra.get("host") or extra.get("region") or "")
+    return str(
+        spec.extra.get("host")
+        or spec.extra.get("region")
+        or extra.get("host")
+        or extra.get("region")
+        or ""
+    )
 
 
 def fetch_restore_report(store: Store, session: "Session") -> None:

@@ -130,7 +130,7 @@ def recovering_line(record: SessionRecord) -> str:
 def recovered_line(old: SessionRecord, new: SessionRecord) -> str:
     """'session sp1 is back: 1 x T4 on aws (spot, $0.53/h), down 1m05s; the next cell runs there'."""
     down = max(0.0, time.time() - max((e.at for e in old.events), default=old.created_at))
-    market = "spot, " if new.spec.spot else ""
+    market = "spot, " if new.spec.extra.get("spot") else ""
     return (
         f"session {new.name} is back: {new.spec.gpu_count} x {new.spec.gpu_type.upper()} on "
         f"{new.backend} ({market}{format_money(new.price_per_hour)}/h), down "

@@ -51,6 +51,7 @@ class AwsBackend(Backend):
     keeps_workspaces = True  # an EBS volume per workspace
     shares_workspaces = False  # it attaches to one instance at a time
     takes_image = True
+    image_help = "run on the instance's Docker (default: the docker backend's)"
     order = 30
     price_source = "the instance's spot price when AWS tells it (--spot), else the catalog's spot or on-demand price"
     start_options = (  # (docs/aws.md)
@@ -71,7 +72,6 @@ class AwsBackend(Backend):
             "aws: use spot capacity",
             "spot",
             default=False,
-            spec_field="spot",
             form=True,
         ),
         StartOption(
@@ -93,7 +93,6 @@ class AwsBackend(Backend):
             "Region",
             "aws: region, e.g. us-east-1",
             "region",
-            spec_field="region",
             reader=textvalues.aws_region,
         ),
         StartOption(
@@ -196,9 +195,9 @@ class AwsBackend(Backend):
         if spec.extra.get("ssh_cidr"):
             launch.caller_cidr(spec.extra)  # validates the range
         if spec.extra.get("cheapest"):
-            spec.spot = True  # --cheapest compares spot prices: it is a spot start
+            spec.extra["spot"] = True  # --cheapest compares spot prices: it is a spot start
             self.cheapest_regions(spec)  # a configuration the policy excludes: said now
-        aws = self.aws(spec.region)
+        aws = self.aws(spec.extra.get("region"))
         aws.check_region()
         aws.check_credentials()
         try:  # credentials accepted, region enabled: before the session is recorded
@@ -212,20 +211,26 @@ class AwsBackend(Backend):
         """The whole instance: the current spot price (the cheapest zone, which is tried first)
         when AWS tells it, else the catalog's spot or on-demand price."""
         gpu = catalog.get(spec.gpu_type)
-        if spec.spot or spec.extra.get("cheapest"):
+        if spec.extra.get("spot") or spec.extra.get("cheapest"):
             instance_type = gpu.instance_for(spec.gpu_count).name
-            regions = self.cheapest_regions(spec) if spec.extra.get("cheapest") else [spec.region]
+            regions = (
+                self.cheapest_regions(spec)
+                if spec.extra.get("cheapest")
+                else [spec.extra.get("region")]
+            )
             prices = [
                 p for r in regions for p in self.spot_prices(self.aws(r), instance_type).values()
             ]
             if prices:
                 return min(prices)
-        return catalog.price_per_hour(gpu, spec.gpu_count, spot=spec.spot, whole_instance=True)
+        return catalog.price_per_hour(
+            gpu, spec.gpu_count, spot=spec.extra.get("spot"), whole_instance=True
+        )
 
     def cheapest_regions(self, spec: LaunchSpec) -> list[str | None]:
         """Where `--cheapest` looks: --region, else the configured regions the policy allows."""
-        if spec.region:
-            return [spec.region]
+        if spec.extra.get("region"):
+            return [spec.extra.get("region")]
         return price_regions(getattr(self.config, "regions", "") or "")
 
     def price_basis(self, spec: LaunchSpec) -> str | None:
@@ -283,7 +288,7 @@ class AwsBackend(Backend):
     def provision(self, record: SessionRecord, progress: Progress) -> None:
         if record.spec.extra.get("cheapest"):
             return self._provision_cheapest(record, progress)
-        aws = self.aws(record.spec.region)
+        aws = self.aws(record.spec.extra.get("region"))
         try:
             self._provision(aws, record, progress)
         except aws_errors() as exc:  # any call not explained closer to where it was made
@@ -380,7 +385,7 @@ class AwsBackend(Backend):
             save(security_group=group)
         except aws_errors() as exc:
             raise explain(exc, "preparing the instance", aws.region) from None
-        prices = self.spot_prices(aws, instance_type) if spec.spot else {}
+        prices = self.spot_prices(aws, instance_type) if spec.extra.get("spot") else {}
         workspace = workspace_name(record)
         try:
             ws = volumes.WorkspaceVolume(
@@ -396,7 +401,7 @@ class AwsBackend(Backend):
                 look_in=[self.aws(r) for r in self._regions() if r != aws.region]
                 if extra.get("resume")
                 else (),
-                may_move=bool(spec.region),
+                may_move=bool(spec.extra.get("region")),
             )
         except aws_errors() as exc:
             raise explain(exc, f"looking for workspace {workspace}", aws.region) from None
@@ -434,7 +439,7 @@ class AwsBackend(Backend):
         """The login the instance pulls the image with: obtained once per session in this
         process (at start; again by a later process that connects while the boot waits)."""
         if record.id not in self._pull_logins:
-            image = record.spec.image or self.default_image() or ""
+            image = record.spec.extra.get("image") or self.default_image() or ""
             login = registry.pull_login(image, self.aws)
             self._pull_logins[record.id] = login
             if login is not None and progress is not None:
@@ -490,13 +495,13 @@ class AwsBackend(Backend):
         avoid = extra.get("avoid_zone") or ""  # a recovery: the zone AWS took the spot one back in
         if avoid:  # other zones first, that one last; on-demand only as --fallback allows
             mode = {"off": "zone", "on-demand": "any"}.get(mode, mode)
-        plan = launch.attempts(spec.spot, mode, places, prices)
+        plan = launch.attempts(spec.extra.get("spot"), mode, places, prices)
         plan = launch.ordered(
             plan, first=ws.volume["AvailabilityZone"] if ws.volume else "", last=avoid
         )
         tried: list[launch.Attempt] = []
         host_key = new_host_key(name)
-        image = spec.image or self.default_image()
+        image = spec.extra.get("image") or self.default_image()
         save(instance_host_key=host_key.public, image=image, ami=ami)
 
         def price_of(attempt: launch.Attempt) -> float:
@@ -799,7 +804,7 @@ class AwsBackend(Backend):
         """The regions the store's aws sessions used (gc never asks AWS when there were none)."""
         return sorted(
             {
-                r.resource.get("region") or r.spec.region or self.aws(None).region
+                r.resource.get("region") or r.spec.extra.get("region") or self.aws(None).region
                 for r in self.recorder.sessions(self.name)
             }
         )

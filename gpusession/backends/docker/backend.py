@@ -91,7 +91,9 @@ class DockerBackend(EngineWorkspaces, Backend):
     name = "docker"
     keeps_workspaces = True  # a volume per workspace
     takes_host = True  # a remote engine: ssh://user@host[:port]
+    host_help = "a remote engine, ssh://user@host[:port] (default: this machine's engine)"
     takes_image = True
+    image_help = "default: pytorch/pytorch, CUDA 12.6 (GpuSessionConfig.docker_image)"
     default_rank = 10  # the default when an engine answers
     order = 20
     start_options = (
@@ -158,9 +160,11 @@ class DockerBackend(EngineWorkspaces, Backend):
 
     def check(self, spec: LaunchSpec) -> None:
         docker_sdk()
-        if spec.host:  # the option table has read it; a LaunchSpec made by hand has not
+        if spec.extra.get(
+            "host"
+        ):  # the option table has read it; a LaunchSpec made by hand has not
             try:
-                ssh_host(spec.host)
+                ssh_host(spec.extra.get("host"))
             except BadInput as exc:
                 raise BadInput(f"Docker host: {exc}") from None
         gpus = spec.extra.get("gpus")
@@ -183,16 +187,16 @@ class DockerBackend(EngineWorkspaces, Backend):
         )
 
         spec = record.spec
-        progress.step(f"connecting to the Docker engine {spec.host or '(local)'}")
-        client = self.client(spec.host)
+        progress.step(f"connecting to the Docker engine {spec.extra.get('host') or '(local)'}")
+        client = self.client(spec.extra.get("host"))
         self.recorder.save(
-            record.id, engine=spec.host or ""
+            record.id, engine=spec.extra.get("host") or ""
         )  # from here its engine may hold something (stop, gc)
-        name = spec.image or self.default_image()
+        name = spec.extra.get("image") or self.default_image()
         labels = {LABEL: record.id, STORE_LABEL: self.recorder.store_id}
         image = find_or_pull_image(client, name, progress)
         # the image's own Python runs the kernel; the runtime bundle brings what it lacks
-        known = self._known.setdefault(spec.host or "", KnownVolumes(client))
+        known = self._known.setdefault(spec.extra.get("host") or "", KnownVolumes(client))
         runtime = prepare_runtime(
             client, image, cache_dir=cache_dir(), labels=labels, progress=progress, known=known
         )
@@ -201,7 +205,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         )  # kept after the container
         self.recorder.save(
             record.id,
-            engine=spec.host or "",
+            engine=spec.extra.get("host") or "",
             image=name,
             python=runtime.python.executable,
             workspace=workspace,
@@ -209,7 +213,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         # the kernel on unix sockets in a folder of the host bind-mounted at the same path: only
         # the session's owner (and the kernel's user) may connect, not every user of the host as
         # to a loopback port
-        sockets, group = kernel_socket_dir(client, spec.host)
+        sockets, group = kernel_socket_dir(client, spec.extra.get("host"))
         self.recorder.save(record.id, sockets=sockets)
         entrypoint, command = bundle_command(
             AgentArgs.for_record(
@@ -273,15 +277,19 @@ class DockerBackend(EngineWorkspaces, Backend):
         from .runtime import InThread, connection_info
 
         res = record.resource
-        client = self.client(record.spec.host)
+        client = self.client(record.spec.extra.get("host"))
         container = get_container(client, res.get("container_id"))
         if container is None:
             raise StageError("connect", f"container {res.get('container_id', '?')[:12]} is gone")
         tunnel = opening = None
-        if record.spec.host:  # the kernel's ports are on that host's loopback: log in to its sshd
+        if record.spec.extra.get(
+            "host"
+        ):  # the kernel's ports are on that host's loopback: log in to its sshd
             from ...transport.tunnel import Tunnel, jump_target
 
-            target = jump_target(record.spec.host)  # known_hosts pins its key, as for the engine
+            target = jump_target(
+                record.spec.extra.get("host")
+            )  # known_hosts pins its key, as for the engine
             progress.step(f"opening the SSH tunnel to {target.label}")
             tunnel = Tunnel(
                 target,
@@ -311,7 +319,7 @@ class DockerBackend(EngineWorkspaces, Backend):
             if tunnel is not None:
                 tunnel.close()
             self._known.pop(
-                record.spec.host or "", None
+                record.spec.extra.get("host") or "", None
             )  # a runtime volume gone (a prune)? asked again next time
             raise
 
@@ -331,13 +339,18 @@ class DockerBackend(EngineWorkspaces, Backend):
         process holds a connection to it already (a new SSH login is no cheap question). A
         paused or restarting container is left out: not running, but not gone either."""
         found: dict[str, bool] = {}
-        for host in {r.spec.host or "" for r in records}:
+        for host in {r.spec.extra.get("host") or "" for r in records}:
             states = self._container_states(host)
             if states is None:
                 continue
             for r in records:
                 state = states.get(r.id, "gone")
-                if (r.spec.host or "") == host and state in ("running", "exited", "dead", "gone"):
+                if (r.spec.extra.get("host") or "") == host and state in (
+                    "running",
+                    "exited",
+                    "dead",
+                    "gone",
+                ):
                     found[r.id] = state == "running"
         return found
 
@@ -409,7 +422,11 @@ class DockerBackend(EngineWorkspaces, Backend):
             if res.get("sockets"):
                 from .runtime import remove_socket_dir
 
-                remove_socket_dir(self.client(record.spec.host), record.spec.host, res["sockets"])
+                remove_socket_dir(
+                    self.client(record.spec.extra.get("host")),
+                    record.spec.extra.get("host"),
+                    res["sockets"],
+                )
         (self.config.data_path / "keys" / record.id).unlink(missing_ok=True)
         self.recorder.save(record.id, removed_at=time.time())
 
@@ -426,8 +443,8 @@ class DockerBackend(EngineWorkspaces, Backend):
     def _labelled(self, record: SessionRecord) -> list:
         """The helper containers serving the session (a workspace's import or export, the
         runtime's copy): one a cut start left, its own container gone or never made."""
-        client = self.client(record.spec.host)
-        with engine_errors(record.spec.host or "(local engine)"):
+        client = self.client(record.spec.extra.get("host"))
+        with engine_errors(record.spec.extra.get("host") or "(local engine)"):
             return client.containers.list(
                 all=True, ignore_removed=True, filters={"label": f"{HELPER_LABEL}={record.id}"}
             )
@@ -436,10 +453,10 @@ class DockerBackend(EngineWorkspaces, Backend):
         """The session's container (by saved id, else by label), None when there is none."""
         if record.spec.backend != self.name:
             return None
-        client = self.client(record.spec.host)
+        client = self.client(record.spec.extra.get("host"))
         container = get_container(client, record.resource.get("container_id"))
         if container is None:
-            with engine_errors(record.spec.host or "(local engine)"):
+            with engine_errors(record.spec.extra.get("host") or "(local engine)"):
                 found = client.containers.list(
                     all=True, ignore_removed=True, filters={"label": f"{LABEL}={record.id}"}
                 )
@@ -454,8 +471,8 @@ class DockerBackend(EngineWorkspaces, Backend):
         confirmed. An engine that answers without an ended session's container confirms it
         (`removed_at`), so a failed record's host is not asked again on every run."""
         records = self.recorder.sessions(self.name)
-        unsure = [r for r in records if r.spec.host and _may_hold(r)]
-        hosts = [""] + sorted({r.spec.host for r in unsure})
+        unsure = [r for r in records if r.spec.extra.get("host") and _may_hold(r)]
+        hosts = [""] + sorted({r.spec.extra.get("host") for r in unsure})
         found: list[RemoteResource] = []
         reached = 0
         for host in hosts:
@@ -471,7 +488,7 @@ class DockerBackend(EngineWorkspaces, Backend):
             reached += 1
             present = {owning_session(c.labels) for c in containers}
             for r in unsure:
-                if r.spec.host == host and not r.state.active and r.id not in present:
+                if r.spec.extra.get("host") == host and not r.state.active and r.id not in present:
                     self.recorder.save(r.id, removed_at=time.time())
             for c in containers:
                 found.append(
@@ -492,7 +509,13 @@ class DockerBackend(EngineWorkspaces, Backend):
         """Runtime volumes of other gpusession builds that no container uses, on the local engine
         and (remote) every engine this store's sessions used (volumes)."""
         hosts = [""] + (
-            sorted({r.spec.host for r in self.recorder.sessions(self.name) if r.spec.host})
+            sorted(
+                {
+                    r.spec.extra.get("host")
+                    for r in self.recorder.sessions(self.name)
+                    if r.spec.extra.get("host")
+                }
+            )
             if remote
             else []
         )

@@ -158,7 +158,11 @@ def list_on_engines(backend, session_label: str, store_label: str) -> list:
     from ..base import Workspace
 
     hosts = [""] + sorted(
-        {r.spec.host for r in backend.recorder.sessions(backend.name) if r.spec.host}
+        {
+            r.spec.extra.get("host")
+            for r in backend.recorder.sessions(backend.name)
+            if r.spec.extra.get("host")
+        }
     )
     found, reached = [], 0
     for host in hosts:
@@ -244,7 +248,7 @@ class EngineWorkspaces:
         through the engine's archive API: the same over an ssh:// engine."""
         from ..base import WorkspaceExport
 
-        client = self.client(record.spec.host)
+        client = self.client(record.spec.extra.get("host"))
         volume = workspace_volume(
             record.resource.get("workspace") or workspace_name(record), self.recorder.store_id
         )
@@ -267,7 +271,7 @@ class EngineWorkspaces:
         copy of this workspace on the engine (copied over inside the engine). A stream cut short
         (its source failed, the connection dropped) lands nowhere: the older copy stays as it
         was, and no half-filled volume is left for a later `--resume` to take for the whole."""
-        client = self.client(record.spec.host)
+        client = self.client(record.spec.extra.get("host"))
         name = workspace_name(record)
         volume = workspace_volume(name, self.recorder.store_id)
         staging = f"{volume}{INCOMING_SUFFIX}"
@@ -365,7 +369,9 @@ class EngineWorkspaces:
     def _helper_image(self, client, record, progress: Progress):
         from .runtime import find_or_pull_image
 
-        return find_or_pull_image(client, record.spec.image or self.default_image(), progress)
+        return find_or_pull_image(
+            client, record.spec.extra.get("image") or self.default_image(), progress
+        )
 
     def _archive_helper(self, client, record, volume: str, mode: str, progress: Progress):
         from .runtime import _helper_labels
@@ -374,7 +380,7 @@ class EngineWorkspaces:
         # the engine a helper labelled with this session lands on: a stop (or whoever settles a
         # switch whose driver died mid-move) asks it, even before the session's own container
         if "engine" not in record.resource:
-            self.recorder.save(record.id, engine=record.spec.host or "")
+            self.recorder.save(record.id, engine=record.spec.extra.get("host") or "")
         with engine_errors("while making a helper container for the workspace"):
             return client.containers.create(
                 image.id,

@@ -72,7 +72,11 @@ log = logging.getLogger(__name__)
 class SlurmBackend(Backend):
     name = "slurm"
     takes_host = True  # the cluster's login node
+    host_help = "the cluster's login node, ssh://user@login[:port]"
     takes_image = True  # run by apptainer, singularity, pyxis or charliecloud
+    image_help = (
+        "run by apptainer, singularity, pyxis or charliecloud (default: none, the node's Python)"
+    )
     keeps_workspaces = True  # a folder on the cluster's shared storage per workspace
     order = 40
     price_source = "--price-per-gpu-hour x GPUs, else GpuSessionConfig.price_per_hour, else none (GPU-hours only)"
@@ -90,11 +94,13 @@ class SlurmBackend(Backend):
             return self._shells[host]
 
     def settings(self, spec: LaunchSpec):
-        cluster = load_cluster_defaults(self.config.data_path / "slurm.json", spec.host)
+        cluster = load_cluster_defaults(
+            self.config.data_path / "slurm.json", spec.extra.get("host")
+        )
         return read_settings(spec.extra, cluster, catalog=load_catalog())
 
     def check(self, spec: LaunchSpec) -> None:
-        if not spec.host or not spec.host.startswith("ssh://"):
+        if not spec.extra.get("host") or not spec.extra.get("host").startswith("ssh://"):
             raise BadInput(
                 "--host: give the cluster's login node as ssh://[user@]login.cluster[:port]"
             )
@@ -120,17 +126,17 @@ class SlurmBackend(Backend):
     def provision(self, record: SessionRecord, progress: Progress) -> None:
         spec = record.spec
         settings = self.settings(spec)
-        shell = self.shell(spec.host)
-        progress.step(f"logging in to {spec.host}")
+        shell = self.shell(spec.extra.get("host"))
+        progress.step(f"logging in to {spec.extra.get('host')}")
         base = shell.base_dir()
         prepared = None
-        if spec.image:
+        if spec.extra.get("image"):
             settings = dataclasses.replace(
                 settings, container=self._container_runtime(shell, spec, settings, progress)
             )
             self.recorder.save(record.id, container=settings.container)
             if settings.container == "charliecloud":
-                prepared = charliecloud.prepare(shell, spec.image, base, progress)
+                prepared = charliecloud.prepare(shell, spec.extra.get("image"), base, progress)
         progress.step("bringing the session runtime to the cluster")
         paths = JobPaths(
             session_dir=f"{base}/slurm/{record.id}",
@@ -174,12 +180,13 @@ class SlurmBackend(Backend):
             if not shell.run(f"test -d {q(path)}").ok:
                 raise StageError(
                     "provision",
-                    f"no workspace {name} to resume in {folder} on {record.spec.host} "
+                    f"no workspace {name} to resume in {folder} on {record.spec.extra.get('host')} "
                     "(`--workspace-dir` names another folder)",
                 )
         elif not shell.run(f"mkdir -p -m 700 {q(path)}").ok:
             raise StageError(
-                "provision", f"cannot make the workspace folder {path} on {record.spec.host}"
+                "provision",
+                f"cannot make the workspace folder {path} on {record.spec.extra.get('host')}",
             )
         self.recorder.save(record.id, workspace=name, workspace_dir=path)
         return path
@@ -202,7 +209,7 @@ class SlurmBackend(Backend):
         if not names:
             raise StageError(
                 "provision",
-                f"--image {spec.image}: the cluster {spec.host} has no container runtime "
+                f"--image {spec.extra.get('image')}: the cluster {spec.extra.get('host')} has no container runtime "
                 f"({', '.join(CONTAINER_CHECKS)}) on its login node; "
                 "start without --image (--python, --modules, --conda-env), or name one with --container",
             )
@@ -263,7 +270,7 @@ class SlurmBackend(Backend):
         job_id, paths = res.get("job_id"), _paths(res)
         if not job_id or paths is None:
             raise StageError("connect", "no Slurm job was recorded for this session")
-        shell = self.shell(record.spec.host)
+        shell = self.shell(record.spec.extra.get("host"))
         progress.step(f"waiting for the session runtime in job {job_id}")
         host_keys = self._wait_ready(
             shell, job_id, paths, float(record.spec.extra.get("start_timeout", START_TIMEOUT))
@@ -363,7 +370,7 @@ class SlurmBackend(Backend):
             parse_public_key,
         )
 
-        jump = jump_target(record.spec.host)
+        jump = jump_target(record.spec.extra.get("host"))
         port = int(record.spec.extra.get("node_ssh_port", 22))
         pinned = paramiko.HostKeys()
         for line in host_keys:
@@ -386,10 +393,10 @@ class SlurmBackend(Backend):
         users: dict[tuple[str, str], list[str]] = {}
         for r in self.recorder.sessions(self.name):
             path = r.resource.get("workspace_dir")
-            if r.spec.host and path:
-                places.setdefault(r.spec.host, set()).add(path.rsplit("/", 1)[0])
+            if r.spec.extra.get("host") and path:
+                places.setdefault(r.spec.extra.get("host"), set()).add(path.rsplit("/", 1)[0])
                 if r.state.active:
-                    users.setdefault((r.spec.host, path), []).append(r.id)
+                    users.setdefault((r.spec.extra.get("host"), path), []).append(r.id)
         found: list[Workspace] = []
         reached = 0
         for host, folders in sorted(places.items()):
@@ -440,7 +447,7 @@ class SlurmBackend(Backend):
     def export_workspace(self, record: SessionRecord, progress: Progress) -> WorkspaceExport:
         """The workspace folder read by `tar` on the login node, streamed over the login's SSH
         connection (never copied on either side); its size (its files' bytes) said first."""
-        shell = self.shell(record.spec.host)
+        shell = self.shell(record.spec.extra.get("host"))
         name = record.resource.get("workspace") or workspace_name(record)
         path = record.resource.get("workspace_dir") or (
             f"{_workspaces_folder(shell, self.settings(record.spec), shell.base_dir())}/{name}"
@@ -452,7 +459,7 @@ class SlurmBackend(Backend):
         if not sized.ok:
             raise StageError(
                 "move",
-                f"cannot read workspace {name} at {path} on {record.spec.host}: {sized.text()}",
+                f"cannot read workspace {name} at {path} on {record.spec.extra.get('host')}: {sized.text()}",
             )
         bytes_text = (sized.out.strip().splitlines() or [""])[-1]  # the last: startup files print
         size = int(bytes_text) if bytes_text.isdigit() else None
@@ -463,7 +470,7 @@ class SlurmBackend(Backend):
             elif not result.ok:
                 raise StageError(
                     "move",
-                    f"reading workspace {name} on {record.spec.host} failed: {result.text()}",
+                    f"reading workspace {name} on {record.spec.extra.get('host')} failed: {result.text()}",
                 )
 
         # the folder's entries as `workspace/...` (symbolic links' targets left as they are)
@@ -477,7 +484,7 @@ class SlurmBackend(Backend):
         arrived whole; an older copy of the workspace there is replaced."""
         import uuid
 
-        shell = self.shell(record.spec.host)
+        shell = self.shell(record.spec.extra.get("host"))
         name = workspace_name(record)
         folder = _workspaces_folder(shell, self.settings(record.spec), shell.base_dir())
         path, temp = f"{folder}/{name}", f"{folder}/.{name}.moving-{uuid.uuid4().hex[:8]}"
@@ -490,7 +497,7 @@ class SlurmBackend(Backend):
             if not result.ok:
                 raise StageError(
                     "move",
-                    f"tar on {record.spec.host} could not write workspace {name} into {folder}: "
+                    f"tar on {record.spec.extra.get('host')} could not write workspace {name} into {folder}: "
                     f"{result.text()}",
                 )
             placed = shell.run(
@@ -514,10 +521,10 @@ class SlurmBackend(Backend):
 
     def is_alive(self, record: SessionRecord) -> bool:
         job_id = record.resource.get("job_id")
-        if not job_id or not record.spec.host:
+        if not job_id or not record.spec.extra.get("host"):
             return False
         try:
-            result = self.shell(record.spec.host).run(
+            result = self.shell(record.spec.extra.get("host")).run(
                 f"squeue -h --states=all -j {job_id} -o {q(states.QUEUE_FORMAT)}"
             )
         except BackendUnavailable:
@@ -534,8 +541,8 @@ class SlurmBackend(Backend):
         """One squeue per login node this process is logged in to already (no new login)."""
         by_host: dict[str, list[SessionRecord]] = {}
         for r in records:
-            if r.spec.host and r.resource.get("job_id"):
-                by_host.setdefault(r.spec.host, []).append(r)
+            if r.spec.extra.get("host") and r.resource.get("job_id"):
+                by_host.setdefault(r.spec.extra.get("host"), []).append(r)
         found: dict[str, bool] = {}
         for host, group in by_host.items():
             shell = self._shells.get(host)
@@ -566,7 +573,7 @@ class SlurmBackend(Backend):
         combined with what the runtime left (stopped.json, else the markers in the output)."""
         res = record.resource
         job_id, paths = res.get("job_id"), _paths(res)
-        if not job_id or paths is None or not record.spec.host:
+        if not job_id or paths is None or not record.spec.extra.get("host"):
             return None
         command = (
             f"scontrol -o show job {job_id} 2>/dev/null; echo {SEP}; "
@@ -574,7 +581,7 @@ class SlurmBackend(Backend):
             f"cat {q(paths.state_dir)}/stopped.json 2>/dev/null; echo {SEP}; tail -c 200000 {q(paths.output)} 2>/dev/null"
         )
         try:
-            parts = self.shell(record.spec.host).run(command).out.split(SEP)
+            parts = self.shell(record.spec.extra.get("host")).run(command).out.split(SEP)
         except BackendUnavailable:
             return None
         parts += [""] * (4 - len(parts))
@@ -613,9 +620,9 @@ class SlurmBackend(Backend):
 
     def stop(self, record: SessionRecord) -> None:
         res = record.resource
-        if not record.spec.host or not (res.get("job_id") or res.get("submitting")):
+        if not record.spec.extra.get("host") or not (res.get("job_id") or res.get("submitting")):
             return  # nothing was submitted
-        shell = self.shell(record.spec.host)
+        shell = self.shell(record.spec.extra.get("host"))
         jobs = (
             [res["job_id"]]
             if res.get("job_id")
@@ -674,7 +681,13 @@ class SlurmBackend(Backend):
 
     def list_resources(self) -> list[RemoteResource]:
         """Our jobs on every login node this store's sessions used."""
-        hosts = sorted({r.spec.host for r in self.recorder.sessions(self.name) if r.spec.host})
+        hosts = sorted(
+            {
+                r.spec.extra.get("host")
+                for r in self.recorder.sessions(self.name)
+                if r.spec.extra.get("host")
+            }
+        )
         found: list[RemoteResource] = []
         reached = 0
         for host in hosts:

@@ -464,7 +464,7 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
     sockets = f"{paths.state_dir}/k"
     kernel_ip = sockets if sockets.startswith("/") and len(sockets) + 2 <= 100 else "127.0.0.1"
     lines.append(_supervise(f"{paths.state_dir}/notices"))
-    image = record.spec.image
+    image = record.spec.extra.get("image")
     if image and settings.container == "charliecloud":
         return "\n".join(lines + charliecloud_lines(record, paths)) + "\n"
     # billing starts when the job does, not when it was queued: the agent counts from its own start
