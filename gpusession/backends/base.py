@@ -253,6 +253,20 @@ class Backend(abc.ABC):
     image_help: ClassVar[str] = ""
     """What --image means for it, and its default, in --help and the forms."""
 
+    place_option: ClassVar[str | None] = None
+    """The start option that says where its workspaces live (docker and slurm: "host", aws:
+    "region"; None: one place): two sessions of it on the same place mount the same workspaces,
+    and a switch to another backend leaves it behind (that backend's place is another machine)."""
+
+    place_here: ClassVar[str] = "this machine"
+    """Where its workspaces live when that option is not given, in words."""
+
+    @classmethod
+    def workspace_where(cls, place: str) -> str:
+        """Where a workspace of it on `place` lives, in words for a switch's lines ("docker
+        ssh://gpu1", "aws (the default region)")."""
+        return f"{cls.name} {place}" if place else f"{cls.name} ({cls.place_here})"
+
     agent_beside_us: ClassVar[bool] = False
     """Its agent runs on this machine and reads this machine's files: GPUSESSION_NVML_REPLAY
     (GpuSessionConfig.nvml_replay) replays a recording in its sessions."""

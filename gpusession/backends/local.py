@@ -74,6 +74,10 @@ class LocalBackend(Backend):
         """Always: it needs nothing but this Python."""
         return True
 
+    @classmethod
+    def workspace_where(cls, place: str) -> str:
+        return "this machine's folder"
+
     def state_dir(self, record: SessionRecord) -> Path:
         return self.config.data_path / "sessions" / record.id
 

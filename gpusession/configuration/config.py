@@ -65,8 +65,9 @@ class GpuSessionConfig(Configurable):
     default_backend = Unicode(
         "",
         help="Backend used when none is named (%gpu start --backend, POST sessions 'backend'): "
-        "'local', 'docker', 'aws' or another registered backend. Default: env GPUSESSION_BACKEND; "
-        "empty means 'docker' when a Docker engine answers, else 'local'.",
+        "the name of a registered backend (`%gpu help start` lists them). Default: env "
+        "GPUSESSION_BACKEND; empty means the first registered backend, in their default rank, "
+        "that answers (a Docker engine, else this machine).",
     ).tag(config=True)
 
     default_type = Unicode(

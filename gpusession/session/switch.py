@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
 from ..backends.base import Backend
 from ..configuration import options
 from ..configuration.agentargs import workspace_name
+from ..configuration.registry import load_backend_class, loaded_classes
 from ..core.errors import BadInput, GpuSessionError, SessionBusy, SessionEnded, StageError
 from ..core.models import LaunchSpec, SessionRecord, State
 from ..core.progress import Progress, Reporter
@@ -92,9 +93,11 @@ class SwitchReport:
         return dataclasses.asdict(self)
 
 
-# Where the old backend ran (a Slurm login node, a Docker engine's host, an AWS region): another
-# backend's place is another machine, so these are not carried across backends unless given.
-PLACE_OPTIONS = ("host", "region")
+def _place_options() -> set[str]:
+    """Where a backend runs (a Slurm login node, a Docker engine's host, an AWS region: each
+    class's `place_option`): another backend's place is another machine, so these are not
+    carried across backends unless given."""
+    return {c.place_option for c in loaded_classes().values() if c.place_option}
 
 
 def switch_values(old: SessionRecord, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -105,15 +108,12 @@ def switch_values(old: SessionRecord, given: Mapping[str, Any]) -> dict[str, Any
     values = {k: v for k, v in restart_body(old.spec).items() if k not in NOT_CARRIED}
     backend = given.get("backend") or old.spec.backend
     if backend != old.spec.backend:
-        by_name = options.table().by_name
+        by_name, places = options.table().by_name, _place_options()
         values = {
             k: v
             for k, v in values.items()
             if k in given
-            or (
-                k not in PLACE_OPTIONS
-                and (by_name[k].backends is None or backend in by_name[k].backends)
-            )
+            or (k not in places and (by_name[k].backends is None or backend in by_name[k].backends))
         }
     if given.pop("on_demand", False):
         values.pop("spot", None)
@@ -123,13 +123,8 @@ def switch_values(old: SessionRecord, given: Mapping[str, Any]) -> dict[str, Any
 
 
 def _where(spec: LaunchSpec) -> str:
-    """Where a workspace of this spec lives, in words for the progress lines."""
-    if spec.backend == "local":
-        return "this machine's folder"
-    place = workspace_place(spec)
-    if spec.backend == "aws":  # a volume in a region, never on this machine
-        return f"aws {place or '(the default region)'}"
-    return f"{spec.backend} {place}" if place else f"{spec.backend} (this machine's engine)"
+    """Where a workspace of this spec lives, in words for the progress lines (its backend's)."""
+    return load_backend_class(spec.backend).workspace_where(workspace_place(spec))
 
 
 def _kernel_busy(manager: "Owner", session_id: str) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..configuration.registry import workspace_backends
+from ..configuration.registry import load_backend_class, workspace_backends
 from ..core.errors import BackendUnavailable, BadInput, GpuSessionError, WorkspaceInUse
 from .agentclient import AgentClient, AgentUnavailable
 from .store import Store
@@ -62,16 +62,11 @@ def workspace_claim(spec: "LaunchSpec", name: str) -> tuple[str, str, str] | Non
 
 
 def workspace_place(spec: "LaunchSpec") -> str:
-    """The engine or region a session's workspace lives on ("": this machine's engine, folder
-    or default region): two specs of one backend and place mount the same workspaces."""
-    extra = spec.extra
-    return str(
-        spec.extra.get("host")
-        or spec.extra.get("region")
-        or extra.get("host")
-        or extra.get("region")
-        or ""
-    )
+    """Where a session's workspace lives, as its backend's `place_option` says (an engine, a
+    login node, a region; "": its place when none is given): two specs of one backend and place
+    mount the same workspaces."""
+    option = load_backend_class(spec.backend).place_option
+    return str(spec.extra.get(option) or "") if option else ""
 
 
 def fetch_restore_report(store: Store, session: "Session") -> None:

@@ -50,6 +50,8 @@ class AwsBackend(Backend):
     name = "aws"
     keeps_workspaces = True  # an EBS volume per workspace
     shares_workspaces = False  # it attaches to one instance at a time
+    place_option = "region"  # a volume in a region, never on this machine
+    place_here = "the default region"
     takes_image = True
     image_help = "run on the instance's Docker (default: the docker backend's)"
     order = 30

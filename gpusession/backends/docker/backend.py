@@ -92,6 +92,8 @@ class DockerBackend(EngineWorkspaces, Backend):
     keeps_workspaces = True  # a volume per workspace
     takes_host = True  # a remote engine: ssh://user@host[:port]
     host_help = "a remote engine, ssh://user@host[:port] (default: this machine's engine)"
+    place_option = "host"  # each engine keeps its own volumes
+    place_here = "this machine's engine"
     takes_image = True
     image_help = "default: pytorch/pytorch, CUDA 12.6 (GpuSessionConfig.docker_image)"
     default_rank = 10  # the default when an engine answers

@@ -73,6 +73,7 @@ class SlurmBackend(Backend):
     name = "slurm"
     takes_host = True  # the cluster's login node
     host_help = "the cluster's login node, ssh://user@login[:port]"
+    place_option = "host"  # each cluster keeps its own folders
     takes_image = True  # run by apptainer, singularity, pyxis or charliecloud
     image_help = (
         "run by apptainer, singularity, pyxis or charliecloud (default: none, the node's Python)"
