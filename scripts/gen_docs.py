@@ -85,6 +85,17 @@ def configuration_page() -> str:
             f"| `c.GpuSessionConfig.{name}` | `{_env_var(trait.help)}` | `{_cell(default)}` | "
             f"{_cell(trait.help)} |\n"
         )
+    from gpusession.configuration.registry import listing_order, loaded_classes
+
+    classes = loaded_classes()
+    for name in listing_order(classes):
+        cls = classes[name]
+        for s in getattr(cls, "settings", ()):
+            default = "" if s.default in ("", None) else str(s.default)
+            lines.append(
+                f"| `c.{cls.__name__}.{s.name}` | `{s.env}` | `{_cell(default)}` | "
+                f"{_cell(s.full_help)} ({name} backend) |\n"
+            )
     doc = GpuSessionConfig.__module__ and sys.modules[GpuSessionConfig.__module__].__doc__ or ""
     precedence = doc.split("\n\n", 1)[1] if "\n\n" in doc else ""
     lines += [

@@ -35,7 +35,7 @@ TEARDOWN_SLACK_S = 3.0
 @pytest.fixture
 def docker_manager(manager, monkeypatch):
     monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
-    manager.config.docker_image = product_image()
+    manager.backend("docker").settings_section().image = product_image()
     return manager
 
 

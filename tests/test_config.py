@@ -43,6 +43,24 @@ ENV_VARS = {
     "cut_switch": "GPUSESSION_CUT_SWITCH",
 }
 DATA = ROOT / "tests" / "data"
+#: the settings that are a backend's own: their section and trait (c.DockerBackend.image)
+SECTIONS = {"docker_image": ("DockerBackend", "image"), "regions": ("AwsBackend", "regions")}
+CORE = [name for name in ENV_VARS if name not in SECTIONS]  # GpuSessionConfig's traits
+
+
+def qualified(name: str) -> str:
+    """A setting as config files and %config name it: GpuSessionConfig.default_idle, DockerBackend.image."""
+    section, trait = SECTIONS.get(name, ("GpuSessionConfig", name))
+    return f"{section}.{trait}"
+
+
+def as_config(values: dict) -> dict:
+    """{setting: value} as a traitlets Config's sections."""
+    out: dict = {}
+    for name, value in values.items():
+        section, trait = SECTIONS.get(name, ("GpuSessionConfig", name))
+        out.setdefault(section, {})[trait] = value
+    return out
 
 
 def env_values(tmp_path: Path) -> dict:
@@ -102,7 +120,7 @@ def observe(manager) -> dict:
         "default_type": f"{spec.gpu_type}:{spec.gpu_count}",
         "default_idle": spec.idle,
         "price_per_hour": manager.backend("local").price_per_hour(local, manager.catalog),
-        "docker_image": manager.backend("docker").config.docker_image,
+        "docker_image": manager.backend("docker").setting("image"),
         "monthly_budget": (manager.spend.budget() or {}).get("budget", 0.0),
         "nvml_replay": local.extra.get("nvml_replay", ""),
         # where the next --cheapest start compares prices
@@ -138,9 +156,7 @@ def clean_env(tmp_path: Path, **env_settings) -> dict[str, str]:
 def write_ipython_config(env: dict[str, str], values: dict) -> None:
     profile = Path(env["IPYTHONDIR"]) / "profile_default"
     profile.mkdir(parents=True, exist_ok=True)
-    lines = ["c = get_config()  # noqa"] + [
-        f"c.GpuSessionConfig.{k} = {v!r}" for k, v in values.items()
-    ]
+    lines = ["c = get_config()  # noqa"] + [f"c.{qualified(k)} = {v!r}" for k, v in values.items()]
     (profile / "ipython_config.py").write_text("\n".join(lines) + "\n")
 
 
@@ -177,10 +193,12 @@ def kernel_factory(tmp_path):
 
 def test_configuration_reference_lists_every_setting_with_its_env_var():
     table = (ROOT / "docs" / "reference" / "configuration.md").read_text()
-    rows = dict(re.findall(r"^\| `c\.GpuSessionConfig\.(\w+)` \| `(\w+)` \|", table, re.M))
-    assert rows == ENV_VARS
-    assert set(GpuSessionConfig.class_trait_names(config=True)) == set(ENV_VARS)
-    for name, var in ENV_VARS.items():
+    rows = dict(re.findall(r"^\| `c\.(\w+\.\w+)` \| `(\w+)` \|", table, re.M))
+    # the core's, and each backend's own (AwsBackend.image too, which the tables here leave out)
+    assert {qualified(name): var for name, var in ENV_VARS.items()}.items() <= rows.items()
+    assert set(GpuSessionConfig.class_trait_names(config=True)) == set(CORE)
+    for name in CORE:
+        var = ENV_VARS[name]
         help_text = GpuSessionConfig.class_traits()[name].help
         assert var in help_text, f"{name}'s help must name {var}"
         assert "empty" in help_text or " 0 " in help_text or "0 makes" in help_text, (
@@ -199,7 +217,7 @@ def no_env(monkeypatch):
 
 
 def _observe_with(config: dict) -> dict:
-    manager = SessionManager(GpuSessionConfig(config=Config({"GpuSessionConfig": config})))
+    manager = SessionManager(GpuSessionConfig(config=Config(as_config(config))))
     try:
         return observe(manager)
     finally:
@@ -232,10 +250,13 @@ def test_built_in_defaults(tmp_path, no_env):
 def test_empty_means_the_built_in_value(tmp_path, no_env):
     for name in ("default_type", "default_idle", "docker_image", "data_dir"):
         no_env.setenv(ENV_VARS[name], "")
-    config = GpuSessionConfig(
-        config=Config({"GpuSessionConfig": {"default_type": "", "docker_image": ""}})
-    )
-    assert (config.default_type, config.default_idle, config.docker_image) == (
+    config = GpuSessionConfig(config=Config(as_config({"default_type": "", "docker_image": ""})))
+    manager = SessionManager(config)
+    assert (
+        config.default_type,
+        config.default_idle,
+        manager.backend("docker").setting("image"),
+    ) == (
         "t4",
         "30m",
         BUILTIN_IMAGE,
@@ -371,7 +392,7 @@ def test_percent_config_after_loading_applies_to_the_next_start(tmp_path, kernel
     assert "no sessions yet" in nk.run("%gpu list").text  # the manager and its store exist now
     for name, value in cfg.items():
         if name != "data_dir":
-            r = nk.run(f"%config GpuSessionConfig.{name} = {value!r}")
+            r = nk.run(f"%config {qualified(name)} = {value!r}")
             assert r.status == "ok" and not r.text, r.text
     assert nk.run("%config GpuSessionConfig.default_idle").text.strip() == "'7m'"
     assert observed(nk.run(PROBE).text) == effective(cfg)
@@ -460,13 +481,10 @@ def jp_server_config(gs_home, server_case, tmp_path, jp_config_dir, monkeypatch)
     settings = config_values(tmp_path) if server_case == "config" else {}
     if server_case == "file":  # JUPYTER_CONFIG_DIR is jp_config_dir while the server starts
         lines = ["c = get_config()  # noqa"] + [
-            f"c.GpuSessionConfig.{k} = {v!r}" for k, v in config_values(tmp_path).items()
+            f"c.{qualified(k)} = {v!r}" for k, v in config_values(tmp_path).items()
         ]
         (jp_config_dir / "jupyter_server_config.py").write_text("\n".join(lines) + "\n")
-    return {
-        "ServerApp": {"jpserver_extensions": {"gpusession": True}},
-        "GpuSessionConfig": settings,
-    }
+    return {"ServerApp": {"jpserver_extensions": {"gpusession": True}}, **as_config(settings)}
 
 
 def _server_manager(jp_serverapp):
@@ -547,7 +565,9 @@ def test_the_cli_env_config_reads_every_setting_as_the_traitlets_one_does(tmp_pa
     # settings, from the same env vars, with the same values
     from gpusession.configuration.settings import ENV_SETTINGS, EnvConfig
 
-    assert {name: var for name, (var, _, _) in ENV_SETTINGS.items()} == ENV_VARS
+    assert {name: var for name, (var, _, _) in ENV_SETTINGS.items()} == {
+        name: ENV_VARS[name] for name in CORE
+    }
     assert set(ENV_SETTINGS) == set(GpuSessionConfig().trait_names(config=True))
     for name, value in env_values(tmp_path).items():
         monkeypatch.setenv(ENV_VARS[name], str(value))
@@ -555,4 +575,24 @@ def test_the_cli_env_config_reads_every_setting_as_the_traitlets_one_does(tmp_pa
     assert {n: getattr(ours, n) for n in ENV_SETTINGS} == {
         n: getattr(traits, n) for n in ENV_SETTINGS
     }
+    # and each backend's own settings, read from the env vars alike
+    on_env, on_traits = SessionManager(ours), SessionManager(traits)
+    for name, (backend, trait) in SECTIONS.items():
+        backend = {"DockerBackend": "docker", "AwsBackend": "aws"}[backend]
+        assert on_env.backend(backend).setting(trait) == on_traits.backend(backend).setting(trait)
     assert ours.data_path == Path(tmp_path / "env-home") and ours.data_path.is_dir()
+
+
+def test_a_backends_setting_under_its_earlier_name_still_applies(tmp_path, no_env):
+    """c.GpuSessionConfig.docker_image and .regions were the core's before the docker and aws
+    backends owned them (issue 31): a config file that still says so is read, with a line to
+    rename it; the backend's own section wins over it."""
+    no_env.setenv("GPUSESSION_HOME", str(tmp_path / "home"))
+    old = {"GpuSessionConfig": {"docker_image": "old/img:1", "regions": "eu-west-1"}}
+    manager = SessionManager(GpuSessionConfig(config=Config(old)))
+    assert manager.backend("docker").setting("image") == "old/img:1"
+    assert manager.backend("aws").setting("regions") == "eu-west-1"
+    both = Config({**old, "DockerBackend": {"image": "new/img:2"}})
+    assert SessionManager(GpuSessionConfig(config=both)).backend("docker").setting("image") == (
+        "new/img:2"
+    )

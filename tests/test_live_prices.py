@@ -136,7 +136,7 @@ def test_cheapest_moves_to_the_next_region_and_leaves_nothing_behind(
     assert leftovers(look) == NOTHING
 
     # the user's regions are narrowed by the policy; none of them allowed: one line
-    manager.config.regions = "eu-west-1"
+    manager.backend("aws").settings_section().regions = "eu-west-1"
     with pytest.raises(ConfigError) as e:
         manager.create(spec_for(manager, "t4", cheapest=True))
     assert "holds none of the regions your policy" in str(e.value) and "\n" not in str(e.value)

@@ -31,6 +31,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Protocol
 
+from ..configuration.settings import Setting, section_for, setting_value
 from ..core.errors import BadInput
 from ..core.protocol import Marker, StopDetails, StopKind, StopReason, parse_marker
 
@@ -253,6 +254,11 @@ class Backend(abc.ABC):
     image_help: ClassVar[str] = ""
     """What --image means for it, and its default, in --help and the forms."""
 
+    settings: ClassVar[tuple[Setting, ...]] = ()
+    """Its own settings: `c.<its class name>.<name>` (config files, `%config`), else the
+    setting's env var, else its built-in value (configuration/settings.py `Setting`); read with
+    `self.setting(name)`. docs/reference/configuration.md lists every backend's."""
+
     place_option: ClassVar[str | None] = None
     """The start option that says where its workspaces live (docker and slurm: "host", aws:
     "region"; None: one place): two sessions of it on the same place mount the same workspaces,
@@ -260,6 +266,18 @@ class Backend(abc.ABC):
 
     place_here: ClassVar[str] = "this machine"
     """Where its workspaces live when that option is not given, in words."""
+
+    def setting(self, name: str) -> Any:
+        """Its setting `name` (`settings`), as this process's faces give it."""
+        return setting_value(type(self).__name__, type(self).settings, name, self.config)
+
+    def settings_section(self):
+        """The traitlets section of its settings under this process's config (`%config
+        DockerBackend.image = ...` reaches it; a Python caller may set its traits), None where
+        the config is no traitlets one (the CLI: env vars only) or it declares none."""
+        if not type(self).settings or not hasattr(self.config, "parent"):
+            return None
+        return section_for(type(self).__name__, type(self).settings, self.config)
 
     @classmethod
     def workspace_where(cls, place: str) -> str:
@@ -312,11 +330,11 @@ class Backend(abc.ABC):
         return catalog.price_per_hour(gpu, spec.gpu_count)
 
     def live_prices(
-        self, catalog: "Catalog", regions: list[str | None], types: list[str] | None = None
+        self, catalog: "Catalog", types: list[str] | None = None
     ) -> list[dict[str, Any]]:
         """Called by `%gpu types --live` / `gpusession types --live`: the current prices this
         backend can ask its cloud for, per GPU type (of `types` only, when given: the forms'
-        line asks for one) and zone of each region (None: its default region), as rows
+        line asks for one) and zone of each region it compares (its own settings), as rows
         {"type", "instance", "region", "zone", "spot", "on_demand"}. Own hardware has none: [].
         Must not create anything; may be cached a few minutes."""
         return []

@@ -98,13 +98,6 @@ class GpuSessionConfig(Configurable):
         "Default: env GPUSESSION_MONTHLY_BUDGET, else 0.",
     ).tag(config=True)
 
-    docker_image = Unicode(
-        BUILTIN_IMAGE,
-        help="Image for docker and aws sessions when --image names none: any image with a python3 "
-        "(3.9 or newer). Default: env GPUSESSION_IMAGE, else "
-        f"'{BUILTIN_IMAGE}' (pulled on first use); empty means that image.",
-    ).tag(config=True)
-
     nvml_replay = Unicode(
         "",
         help="Charts without a GPU, on purpose (demos, screenshots): every session this process "
@@ -113,14 +106,6 @@ class GpuSessionConfig(Configurable):
         "its machine's GPUs, and every face labels them 'recorded'. A path this machine's agent "
         "can read: the local backend. Default: env GPUSESSION_NVML_REPLAY; empty means off (the "
         "real GPUs).",
-    ).tag(config=True)
-
-    regions = Unicode(
-        "",
-        help="AWS regions whose spot prices `--cheapest` and `%gpu types --live` compare, "
-        "comma-separated (us-east-1,us-west-2); an administrator's policy narrows them to its "
-        "allowed_regions. Default: env GPUSESSION_REGIONS; empty means the policy's allowed "
-        "regions, else the AWS default region.",
     ).tag(config=True)
 
     cut_switch = Unicode(
@@ -166,18 +151,6 @@ class GpuSessionConfig(Configurable):
     def _price_default(self) -> float:
         return env_setting("price_per_hour")
 
-    @default("docker_image")
-    def _image_default(self) -> str:
-        return env_setting("docker_image")
-
-    @default("regions")
-    def _regions_default(self) -> str:
-        return env_setting("regions")
-
-    @validate("regions")
-    def _check_regions(self, proposal) -> str:
-        return self._checked("regions", _regions, proposal.value, "")
-
     @default("nvml_replay")
     def _replay_default(self) -> str:
         return env_setting("nvml_replay")
@@ -218,10 +191,6 @@ class GpuSessionConfig(Configurable):
     @validate("price_per_hour")
     def _check_price(self, proposal) -> float:
         return self._checked("price_per_hour", _price, proposal.value, CATALOG_PRICE)
-
-    @validate("docker_image")
-    def _check_image(self, proposal) -> str:
-        return proposal.value.strip() or BUILTIN_IMAGE
 
     @validate("nvml_replay")
     def _check_replay(self, proposal) -> str:

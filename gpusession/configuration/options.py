@@ -383,11 +383,12 @@ def _with_backends_help(option: StartOption, capable: tuple[str, ...], classes) 
 def _backend_help(text: str, ordered: list[str], classes) -> str:
     """The backend row's help: the backends installed here, and how the default is chosen."""
     tried = registry.default_order(classes)
-    rule = (
-        f"the first of {', '.join(tried[:-1])} that answers, else {tried[-1]}"
-        if len(tried) > 1
-        else (tried[0] if tried else "none")
-    )
+    if len(tried) > 2:
+        rule = f"the first that answers of {', '.join(tried[:-1])}, else {tried[-1]}"
+    elif len(tried) == 2:
+        rule = f"{tried[0]} when it answers, else {tried[1]}"
+    else:
+        rule = tried[0] if tried else "none"
     return f"{text}: {', '.join(ordered)} (default: {rule}, or GpuSessionConfig.default_backend)"
 
 

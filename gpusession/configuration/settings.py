@@ -139,7 +139,7 @@ def _recording(text: str) -> str:
 
 
 def _regions(text: str) -> str:
-    """A comma-separated list of AWS regions (GpuSessionConfig.regions), checked and tidied."""
+    """A comma-separated list of AWS regions (AwsBackend.regions), checked and tidied."""
     from ..core.textvalues import aws_region
 
     names = [aws_region(part) for part in text.split(",") if part.strip()]
@@ -166,10 +166,8 @@ ENV_SETTINGS: dict[str, tuple[str, Callable[[str], object], Callable[[], object]
     "default_type": ("GPUSESSION_TYPE", _gpu_type, lambda: BUILTIN_TYPE),
     "default_idle": ("GPUSESSION_IDLE", _idle, lambda: BUILTIN_IDLE),
     "price_per_hour": ("GPUSESSION_PRICE_PER_HOUR", _price, lambda: CATALOG_PRICE),
-    "docker_image": ("GPUSESSION_IMAGE", str, lambda: BUILTIN_IMAGE),
     "monthly_budget": ("GPUSESSION_MONTHLY_BUDGET", _budget, lambda: 0.0),
     "nvml_replay": ("GPUSESSION_NVML_REPLAY", _recording, lambda: ""),
-    "regions": ("GPUSESSION_REGIONS", _regions, lambda: ""),
     "cut_switch": ("GPUSESSION_CUT_SWITCH", _cut_switch, lambda: "ask"),
 }
 
@@ -387,7 +385,7 @@ _POLICY_KEYS = {
 
 def price_regions(configured: str) -> list[str | None]:
     """The regions whose prices are compared (`--cheapest`, `types --live`): the configured ones
-    (GpuSessionConfig.regions, comma-separated) that the policy in force allows, else the
+    (AwsBackend.regions, comma-separated) that the policy in force allows, else the
     policy's allowed regions, else [None] (the cloud's default region). ConfigError when every
     configured region is one the policy does not allow."""
     mine = [name for name in configured.split(",") if name]
@@ -398,7 +396,125 @@ def price_regions(configured: str) -> list[str | None]:
     kept = [name for name in mine if name in allowed]
     if mine and not kept:
         raise ConfigError(
-            f"GpuSessionConfig.regions ({', '.join(mine)}) holds none of the regions your policy "
+            f"AwsBackend.regions ({', '.join(mine)}) holds none of the regions your policy "
             f"({policy.path}) allows ({', '.join(allowed)}): set it to some of those, or empty"
         )
     return kept or list(allowed)
+
+
+# -- a backend's own settings (a section of its own: c.DockerBackend.image) ---------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One setting a backend declares (`Backend.settings`), as GpuSessionConfig's traits are
+    written: `c.<its class name>.<name>` in a config file or `%config`, else its env var (the one
+    source the CLI reads), else the built-in value. `parse` reads and checks a value (BadInput
+    says what is wrong); `legacy`: the GpuSessionConfig trait that held it before it was the
+    backend's, still read (below this section) from a config file that sets it."""
+
+    name: str
+    env: str
+    default: Any
+    help: str  # units, what empty means; the env var and the default are added
+    parse: Callable[[str], Any] = str
+    legacy: str | None = None
+
+    @property
+    def full_help(self) -> str:
+        shown_default = repr(self.default) if self.default not in ("", None) else "empty"
+        return f"{self.help} Default: env {self.env}, else {shown_default}."
+
+
+def _checked_setting(owner: str, setting: Setting, value: Any) -> Any:
+    if isinstance(value, str) and not value.strip():
+        return setting.default
+    try:
+        return setting.parse(value)
+    except (BadInput, ValueError) as exc:
+        raise ConfigError(f"{owner}.{setting.name}: {exc}") from None
+
+
+_SECTIONS: dict[tuple[str, tuple[Setting, ...]], type] = {}
+
+
+def section_class(owner: str, settings: tuple[Setting, ...]) -> type:
+    """The traitlets Configurable of a backend's settings, named as its class (`owner`), so that
+    `c.<owner>.<name>` (config files, the command line, `%config`) reaches it: one Unicode trait
+    per setting, its default read from the env var when first asked (as GpuSessionConfig's)."""
+    key = (owner, settings)
+    if key in _SECTIONS:
+        return _SECTIONS[key]
+    from traitlets import Unicode, default, validate
+    from traitlets.config import Configurable
+
+    body: dict[str, Any] = {"__doc__": f"`c.{owner}.<name> = ...`: the {owner}'s own settings."}
+    for s in settings:
+        body[s.name] = Unicode(str(s.default), help=s.full_help).tag(config=True)
+
+        def env_or_legacy(self, s=s):
+            legacy = _legacy_value(self, s)
+            return legacy if legacy is not None else _from_env(s.env, s.parse, s.default)
+
+        body[f"_default_{s.name}"] = default(s.name)(env_or_legacy)
+        body[f"_check_{s.name}"] = validate(s.name)(
+            lambda self, proposal, s=s: _checked_setting(owner, s, proposal.value)
+        )
+    cls = type(owner, (Configurable,), body)
+    _SECTIONS[key] = cls
+    return cls
+
+
+def _legacy_value(section, setting: Setting) -> Any:
+    """A value a config file gives under the setting's earlier name (GpuSessionConfig.x)."""
+    if not setting.legacy:
+        return None
+    old_section, _, old_name = setting.legacy.partition(".")
+    found = section.config.get(old_section, {})
+    if old_name not in found:
+        return None
+    import logging
+
+    logging.getLogger("gpusession").warning(
+        "c.%s is now c.%s.%s (the setting belongs to its backend): please rename it",
+        setting.legacy,
+        type(section).__name__,
+        setting.name,
+    )
+    return _checked_setting(type(section).__name__, setting, found[old_name])
+
+
+def setting_value(owner: str, settings: tuple[Setting, ...], name: str, config: Any) -> Any:
+    """A backend's setting `name`: from its section where `config` is a traitlets Configurable
+    (the section takes `config` as its parent, so the app's config files and command line apply),
+    else (the CLI's EnvConfig) from its env var or the built-in value."""
+    setting = next(s for s in settings if s.name == name)
+    if hasattr(config, "config") and hasattr(config, "parent"):
+        return getattr(section_for(owner, settings, config), name)
+    return _from_env(setting.env, setting.parse, setting.default)
+
+
+_INSTANCES: dict[tuple[str, int], Any] = {}
+
+
+def section_for(owner: str, settings: tuple[Setting, ...], config: Any):
+    """The section instance of `owner` under `config` (one per config object, so `%config`'s
+    updates to it are what every backend of that config reads)."""
+    key = (owner, id(config))
+    found = _INSTANCES.get(key)
+    if found is None or found.parent is not config:
+        found = section_class(owner, settings)(parent=config)
+        _INSTANCES[key] = found
+    return found
+
+
+def backend_sections(config: Any) -> list:
+    """The settings sections of every registered backend that declares some, under `config` (a
+    GpuSessionConfig with its app as parent): what a face registers so `%config` reaches them."""
+    from .registry import loaded_classes
+
+    return [
+        section_for(cls.__name__, cls.settings, config)
+        for cls in loaded_classes().values()
+        if getattr(cls, "settings", ())
+    ]

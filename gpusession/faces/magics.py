@@ -36,6 +36,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..configuration import options
 from ..configuration.config import GpuSessionConfig
+from ..configuration.settings import backend_sections
 from ..core.durations import WATCH, format_duration, format_money
 from ..core.errors import (
     CellLost,
@@ -583,10 +584,15 @@ def load_ipython_extension(ip) -> None:
         print(f"gpusession: {exc}", file=sys.stderr)
     magics = GpuMagics(ip, gpu_config=gpu_config)
     ip.register_magics(magics)
-    # what makes `%config GpuSessionConfig.default_idle = "10m"` apply (jupysql's habit)
-    ip.configurables[:] = [c for c in ip.configurables if not isinstance(c, GpuSessionConfig)] + [
-        gpu_config
-    ]
+    # what makes `%config GpuSessionConfig.default_idle = "10m"` apply (jupysql's habit), and
+    # `%config DockerBackend.image = "..."`: each backend's own section (its `settings`)
+    sections = backend_sections(gpu_config)
+    ip.configurables[:] = [
+        c
+        for c in ip.configurables
+        if not isinstance(c, GpuSessionConfig)
+        and type(c).__name__ not in {type(s).__name__ for s in sections}
+    ] + [gpu_config, *sections]
     ip._gpusession_magics = magics  # for later layers (widgets) and unload
     transfers.register(magics)  # push, pull, upload, download (with progress bars)
     from ..widgets import register_panel  # the ipywidgets face adds `%gpu panel`

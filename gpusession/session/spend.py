@@ -14,7 +14,7 @@ from ..backends import Backend
 from ..configuration.advice import advice_document, could_save
 from ..configuration.cost import budget_status, month_start, spend_report
 from ..configuration.registry import load_backend_class
-from ..configuration.settings import load_policy, price_regions
+from ..configuration.settings import load_policy
 from ..core.durations import REPORT_SINCE
 from ..core.errors import GpuSessionError
 from ..core.models import SessionRecord, State
@@ -138,19 +138,18 @@ class Spend:
             return ()
 
     def live_prices(self, types: list[str] | None = None) -> list[dict[str, Any]]:
-        """The clouds' current prices (`Backend.live_prices`) for the configured regions a
-        policy allows (settings.py `price_regions`), of `types` only when given, each row with
-        its `backend`."""
+        """The clouds' current prices (`Backend.live_prices`: each compares the regions of its
+        own settings that a policy allows), of `types` only when given, each row with its
+        `backend`."""
         from ..configuration.registry import backend_names
 
-        regions = price_regions(getattr(self.config, "regions", "") or "")
         rows: list[dict[str, Any]] = []
         for name in backend_names():
             if load_backend_class(name).live_prices is Backend.live_prices:
                 continue  # own hardware: no live prices to ask for
             rows += [
                 dict(r, backend=name)
-                for r in self._backend(name).live_prices(self._catalog(), regions, types)
+                for r in self._backend(name).live_prices(self._catalog(), types)
             ]
         return rows
 

@@ -25,7 +25,8 @@ from ...configuration.agentargs import WORKSPACE_MOUNT, AgentArgs, workspace_nam
 from ...configuration.catalog import Catalog, load_catalog
 from ...configuration.cost import BILLED_FROM, CLOUD
 from ...configuration.options import StartOption
-from ...configuration.settings import price_regions
+from ...configuration.registry import load_backend_class
+from ...configuration.settings import Setting, _regions, price_regions, setting_value
 from ...core import textvalues
 from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ...core.models import LaunchSpec, SessionRecord
@@ -50,10 +51,29 @@ class AwsBackend(Backend):
     name = "aws"
     keeps_workspaces = True  # an EBS volume per workspace
     shares_workspaces = False  # it attaches to one instance at a time
+    settings = (
+        Setting(
+            "regions",
+            "GPUSESSION_REGIONS",
+            "",
+            "AWS regions whose spot prices `--cheapest` and `%gpu types --live` compare, "
+            "comma-separated (us-east-1,us-west-2); an administrator's policy narrows them to its "
+            "allowed_regions. Empty means the policy's allowed regions, else the AWS default region.",
+            parse=_regions,
+            legacy="GpuSessionConfig.regions",
+        ),
+        Setting(
+            "image",
+            "GPUSESSION_AWS_IMAGE",
+            "",
+            "Image an aws session runs on its instance's Docker when --image names none. Empty "
+            "means the docker backend's (c.DockerBackend.image).",
+        ),
+    )
     place_option = "region"  # a volume in a region, never on this machine
     place_here = "the default region"
     takes_image = True
-    image_help = "run on the instance's Docker (default: the docker backend's)"
+    image_help = "run on the instance's Docker; the docker backend's by default"
     order = 30
     price_source = "the instance's spot price when AWS tells it (--spot), else the catalog's spot or on-demand price"
     start_options = (  # (docs/aws.md)
@@ -82,7 +102,7 @@ class AwsBackend(Backend):
             "bool",
             "Cheapest zone",
             "aws: spot, in the zone with the lowest current spot price of the allowed regions "
-            "(--region, else GpuSessionConfig.regions, your policy's, the AWS default); the next "
+            "(--region, else AwsBackend.regions, your policy's, the AWS default); the next "
             "cheapest when one has no capacity",
             "cheapest",
             default=False,
@@ -137,7 +157,11 @@ class AwsBackend(Backend):
     )
 
     def default_image(self) -> str | None:
-        return os.environ.get("GPUSESSION_AWS_IMAGE") or self.config.docker_image
+        own = self.setting("image")
+        if own:
+            return own
+        docker = load_backend_class("docker")  # the image a docker session runs, as it always was
+        return setting_value(docker.__name__, docker.settings, "image", self.config)
 
     def __init__(self, config, recorder):
         super().__init__(config, recorder)
@@ -233,7 +257,7 @@ class AwsBackend(Backend):
         """Where `--cheapest` looks: --region, else the configured regions the policy allows."""
         if spec.extra.get("region"):
             return [spec.extra.get("region")]
-        return price_regions(getattr(self.config, "regions", "") or "")
+        return price_regions(self.setting("regions"))
 
     def price_basis(self, spec: LaunchSpec) -> str | None:
         return CLOUD
@@ -251,15 +275,14 @@ class AwsBackend(Backend):
             self._spot[key] = (time.monotonic(), prices)
         return prices
 
-    def live_prices(
-        self, catalog: Catalog, regions: list[str | None], types: list[str] | None = None
-    ) -> list[dict[str, Any]]:
+    def live_prices(self, catalog: Catalog, types: list[str] | None = None) -> list[dict[str, Any]]:
         """Called by `%gpu types --live`: per GPU type (its one-GPU, else smallest, instance)
-        and zone of each region, the current spot price beside the catalog's on-demand one.
-        Rows {"type", "instance", "region", "zone", "spot", "on_demand"}, cheapest first per
-        type; a type AWS says nothing about has a row with zone and spot None."""
+        and zone of each region it compares (its `regions` setting the policy allows), the
+        current spot price beside the catalog's on-demand one. Rows {"type", "instance",
+        "region", "zone", "spot", "on_demand"}, cheapest first per type; a type AWS says nothing
+        about has a row with zone and spot None."""
         rows: list[dict[str, Any]] = []
-        for region in regions:
+        for region in price_regions(self.setting("regions")):
             aws = self.aws(region)
             for gpu in catalog.types:
                 if types is not None and gpu.name not in types:

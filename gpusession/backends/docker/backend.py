@@ -27,6 +27,7 @@ from typing import Any
 from ...configuration.agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, AgentArgs
 from ...configuration.cost import BILLED_FROM
 from ...configuration.options import StartOption
+from ...configuration.settings import BUILTIN_IMAGE, Setting
 from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
 from ...core.models import LaunchSpec, SessionRecord, State
 from ...core.progress import Progress
@@ -91,11 +92,22 @@ class DockerBackend(EngineWorkspaces, Backend):
     name = "docker"
     keeps_workspaces = True  # a volume per workspace
     takes_host = True  # a remote engine: ssh://user@host[:port]
-    host_help = "a remote engine, ssh://user@host[:port] (default: this machine's engine)"
+    host_help = "a remote engine, ssh://user@host[:port]; this machine's engine by default"
     place_option = "host"  # each engine keeps its own volumes
     place_here = "this machine's engine"
     takes_image = True
-    image_help = "default: pytorch/pytorch, CUDA 12.6 (GpuSessionConfig.docker_image)"
+    image_help = "pytorch/pytorch, CUDA 12.6 by default (DockerBackend.image)"
+    settings = (
+        Setting(
+            "image",
+            "GPUSESSION_IMAGE",
+            BUILTIN_IMAGE,
+            "Image for docker sessions (and aws ones, unless AwsBackend.image) when --image names "
+            "none: any image with a python3 (3.9 or newer), pulled on first use. Empty means the "
+            "built-in.",
+            legacy="GpuSessionConfig.docker_image",
+        ),
+    )
     default_rank = 10  # the default when an engine answers
     order = 20
     start_options = (
@@ -110,7 +122,7 @@ class DockerBackend(EngineWorkspaces, Backend):
     )
 
     def default_image(self) -> str | None:
-        return self.config.docker_image
+        return self.setting("image")
 
     def __init__(self, config, recorder):
         super().__init__(config, recorder)

@@ -94,7 +94,7 @@ class SlurmBackend(Backend):
                 self._shells[host] = LoginShell(host)
             return self._shells[host]
 
-    def settings(self, spec: LaunchSpec):
+    def job_settings(self, spec: LaunchSpec):
         cluster = load_cluster_defaults(
             self.config.data_path / "slurm.json", spec.extra.get("host")
         )
@@ -105,12 +105,12 @@ class SlurmBackend(Backend):
             raise BadInput(
                 "--host: give the cluster's login node as ssh://[user@]login.cluster[:port]"
             )
-        self.settings(spec)
+        self.job_settings(spec)
 
     def price_per_hour(self, spec: LaunchSpec, catalog) -> float:
         """--price-per-gpu-hour (dollars or service units) x GPUs; else GPUSESSION_PRICE_PER_HOUR;
         else free: a cluster's GPU-hours are counted, not priced, unless you say so."""
-        price = self.settings(spec).price_per_gpu_hour
+        price = self.job_settings(spec).price_per_gpu_hour
         if price is not None:
             return price * spec.gpu_count
         return self.config.price_per_hour if self.config.price_per_hour >= 0 else 0.0
@@ -118,7 +118,8 @@ class SlurmBackend(Backend):
     def price_basis(self, spec: LaunchSpec) -> str | None:
         """A configured price, or none (GPU-hours only): never the catalog's rate."""
         priced = (
-            self.settings(spec).price_per_gpu_hour is not None or self.config.price_per_hour >= 0
+            self.job_settings(spec).price_per_gpu_hour is not None
+            or self.config.price_per_hour >= 0
         )
         return CONFIGURED if priced else None
 
@@ -126,7 +127,7 @@ class SlurmBackend(Backend):
 
     def provision(self, record: SessionRecord, progress: Progress) -> None:
         spec = record.spec
-        settings = self.settings(spec)
+        settings = self.job_settings(spec)
         shell = self.shell(spec.extra.get("host"))
         progress.step(f"logging in to {spec.extra.get('host')}")
         base = shell.base_dir()
@@ -451,7 +452,7 @@ class SlurmBackend(Backend):
         shell = self.shell(record.spec.extra.get("host"))
         name = record.resource.get("workspace") or workspace_name(record)
         path = record.resource.get("workspace_dir") or (
-            f"{_workspaces_folder(shell, self.settings(record.spec), shell.base_dir())}/{name}"
+            f"{_workspaces_folder(shell, self.job_settings(record.spec), shell.base_dir())}/{name}"
         )
         # its files' bytes, as the local backend counts them
         sized = shell.run(
@@ -487,7 +488,7 @@ class SlurmBackend(Backend):
 
         shell = self.shell(record.spec.extra.get("host"))
         name = workspace_name(record)
-        folder = _workspaces_folder(shell, self.settings(record.spec), shell.base_dir())
+        folder = _workspaces_folder(shell, self.job_settings(record.spec), shell.base_dir())
         path, temp = f"{folder}/{name}", f"{folder}/.{name}.moving-{uuid.uuid4().hex[:8]}"
         unpack = (
             f"umask 077 && mkdir -p {q(folder)} && mkdir {q(temp)} && "
