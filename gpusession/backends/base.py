@@ -300,7 +300,13 @@ class Backend(abc.ABC):
     price_source: ClassVar[str] = (
         "GpuSessionConfig.price_per_hour, else the catalog's on-demand rate"
     )
-    """Where `price_per_hour` takes its price from, in words (the docs' backend table)."""
+    """Where `price_per_hour` takes its price from, in words (the docs' backend table, and
+    every face that shows its `price_list`)."""
+
+    price_list: ClassVar[dict[str, float]] = {}
+    """Its own price, dollars per GPU-hour, of the GPU types it prices (a site's internal rates,
+    a provider's list): the default `price_per_hour` takes it over the catalog's, and every face
+    shows it beside the catalog (GET catalog's `backend_prices`, `%gpu types`, the start form)."""
 
     def __init__(self, config: "GpuSessionConfig", recorder: Recorder):
         self.config = config
@@ -326,6 +332,8 @@ class Backend(abc.ABC):
         configured."""
         if self.config.price_per_hour >= 0:
             return self.config.price_per_hour
+        if spec.gpu_type in type(self).price_list:
+            return type(self).price_list[spec.gpu_type] * spec.gpu_count
         gpu = catalog.get(spec.gpu_type)
         return catalog.price_per_hour(gpu, spec.gpu_count)
 
@@ -350,9 +358,11 @@ class Backend(abc.ABC):
         CLOUD (what a cloud bills), OWN_HARDWARE (the catalog's cloud rate applied to the user's
         own machine: every face says so), CONFIGURED (a price the user set); None: unsaid.
         The default matches the default `price_per_hour`."""
-        from ..configuration.cost import CONFIGURED, OWN_HARDWARE
+        from ..configuration.cost import CONFIGURED, OWN_HARDWARE, PRICE_LIST
 
-        return CONFIGURED if self.config.price_per_hour >= 0 else OWN_HARDWARE
+        if self.config.price_per_hour >= 0:
+            return CONFIGURED
+        return PRICE_LIST if spec.gpu_type in type(self).price_list else OWN_HARDWARE
 
     def default_image(self) -> str | None:
         """Called by `provision` (and the docs): the image a session runs when --image names

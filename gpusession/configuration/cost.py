@@ -29,6 +29,7 @@ PRICE_BASIS = "price_basis"
 CLOUD = "cloud"  # what the cloud bills for the resource (aws)
 OWN_HARDWARE = "own_hardware"  # the catalog's cloud rate, applied to the user's own machine
 CONFIGURED = "configured"  # the price the user configured (GpuSessionConfig.price_per_hour...)
+PRICE_LIST = "price_list"  # the backend's own price list (Backend.price_list: a site's rates)
 
 
 def billed_seconds(

@@ -36,6 +36,7 @@ from ..core.errors import BadInput
 from ..core.models import LaunchSpec
 from ..core.protocol import DEFAULT_IDLE_S
 from . import metrics, registry
+from .settings import setting_value
 from .agentargs import DEFAULT_SAVE_CAP, DEFAULT_SAVE_TIMEOUT_S
 
 # How a face names a field in messages.
@@ -92,6 +93,7 @@ class StartOption:
     what: str  # the value in messages: "bad idle timeout 'abc'"
     default: str | bool | None = None  # as a user would type it; None: not set
     config_default: str | None = None  # the GpuSessionConfig trait that supplies the default
+    setting: str | None = None  # a backend's row: its own setting (`settings`) that supplies it
     backends: tuple[str, ...] | None = None  # the backends it applies to; None: all
     choices: tuple[str, ...] | None = None  # the values of a 'choice'
     spec_field: str | None = None  # the LaunchSpec field it fills; None: spec.extra[name]
@@ -626,6 +628,8 @@ def build_spec(
         raw["backend"] = backend_default() if callable(backend_default) else backend_default
     if "idle" not in raw:  # None stays: no idle stop
         raw["idle"] = config.default_idle
+    for name, value in _setting_defaults(config, raw["backend"]).items():
+        raw.setdefault(name, value)  # a backend's own settings, where it was not given
     parsed = parse_values(raw, catalog=catalog, backends=backends, face=face)
     gpu_name, count = parsed.pop("type")
     spec = LaunchSpec(
@@ -675,8 +679,34 @@ def placeholder(option: StartOption, default: Any = None) -> str:
 
 
 def form_defaults(config, backend_default: str) -> dict[str, Any]:
-    """The defaults a form shows, as a user would type them (the config applied)."""
-    return {"type": config.default_type, "backend": backend_default, "idle": config.default_idle}
+    """The defaults a form shows, as a user would type them (the config applied): the rows'
+    GpuSessionConfig traits, and each backend's own settings for its rows."""
+    found: dict[str, Any] = {
+        o.name: getattr(config, o.config_default)
+        for o in table().options
+        if o.config_default and o.name != "backend"
+    }
+    found["backend"] = backend_default
+    for o in table().options:
+        if o.setting and o.backends:
+            found.update(_setting_defaults(config, o.backends[0], only=o.name))
+    return found
+
+
+def _setting_defaults(config, backend: Any, only: str | None = None) -> dict[str, Any]:
+    """The values `backend`'s own settings give its rows that name one (StartOption.setting), as
+    written; empty ones left out."""
+    out: dict[str, Any] = {}
+    for o in table().options:
+        if not o.setting or (only and o.name != only):
+            continue
+        if not isinstance(backend, str) or o.backends is None or backend not in o.backends:
+            continue
+        cls = registry.load_backend_class(backend)
+        value = setting_value(cls.__name__, cls.settings, o.setting, config)
+        if value not in (None, ""):
+            out[o.name] = value
+    return out
 
 
 def options_document(

@@ -140,3 +140,18 @@ def workspace_backends() -> list[str]:
     order."""
     classes = loaded_classes()
     return [name for name in listing_order(classes) if classes[name].keeps_workspaces]
+
+
+def price_lists() -> list[dict[str, Any]]:
+    """The backends that price GPUs themselves (their class's `price_list`), in listing order, as
+    data: [{"backend", "source", "prices": {type: dollars per GPU-hour}}]."""
+    classes = loaded_classes()
+    return [
+        {
+            "backend": name,
+            "source": getattr(classes[name], "price_source", ""),
+            "prices": dict(classes[name].price_list),
+        }
+        for name in listing_order(classes)
+        if getattr(classes[name], "price_list", None)
+    ]

@@ -50,7 +50,10 @@ def cmd_types(args: argparse.Namespace) -> int:
         m = _manager()
         print("\n".join(live_price_lines(m.spend.live_prices(), m.catalog.prices_line)))
         return 0
-    print(load_catalog().table())
+    from ..configuration.registry import price_lists
+    from ..words.common import price_list_lines
+
+    print("\n".join([load_catalog().table(), *price_list_lines(price_lists())]))
     return 0
 
 

@@ -36,6 +36,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..configuration import options
 from ..configuration.config import GpuSessionConfig
+from ..configuration.registry import price_lists
 from ..configuration.settings import backend_sections
 from ..core.durations import WATCH, format_duration, format_money
 from ..core.errors import (
@@ -51,6 +52,7 @@ from ..session import SessionManager
 from ..session.handle import Session
 from ..session.recovery import wants_recovery
 from ..session.store import owner_id
+from ..words.common import price_list_lines
 from ..words.spend import advice_line, advice_lines, live_price_lines, report_lines, start_notes
 from ..words.status import rate_text, session_table, status_heading, status_lines
 from ..words.stops import (
@@ -505,7 +507,7 @@ class GpuMagics(Magics):
             rows = self.manager.spend.live_prices()
             print("\n".join(live_price_lines(rows, self.manager.catalog.prices_line)))
             return
-        print(self.manager.catalog.table())
+        print("\n".join([self.manager.catalog.table(), *price_list_lines(price_lists())]))
 
     def _on(self, rest: str) -> None:
         self._session()  # must have one

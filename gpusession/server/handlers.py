@@ -17,7 +17,7 @@ import tornado.web
 from jupyter_server.utils import url_path_join
 
 from ..configuration import options
-from ..configuration.registry import backend_names
+from ..configuration.registry import backend_names, price_lists
 from ..configuration.settings import load_policy
 from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput, SessionBusy, StageError
@@ -268,7 +268,10 @@ class KeepaliveHandler(BaseHandler):
 class CatalogHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
-        self.finish(json.dumps(self.api.manager.catalog.to_dict()))
+        # the catalog, and the backends that price GPUs themselves (the forms show theirs)
+        self.finish(
+            json.dumps(dict(self.api.manager.catalog.to_dict(), backend_prices=price_lists()))
+        )
 
 
 class PricesHandler(BaseHandler):

@@ -10,6 +10,7 @@ import ipywidgets as widgets
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..configuration import options
+from ..configuration.registry import price_lists
 from ..core.durations import format_money
 from ..core.errors import GpuSessionError, NoSession
 from ..core.models import State
@@ -36,6 +37,8 @@ class StartForm:
         self.rows: dict[str, widgets.Widget] = {}  # each field with its help under it
         self.image_note = classed(widgets.HTML(), "image-note")  # on the engine, or pulled
         self.spot_note = classed(widgets.HTML(), "spot-note")  # a spot start: the price now
+        # the chosen backend's own price of the chosen type, where it prices GPUs itself
+        self.own_price_note = classed(widgets.HTML(), "own-price-note")
         self._spot_type: str | None = None  # the type whose current spot price was asked
         defaults = options.form_defaults(manager.config, default_backend_name(manager.config))
         for option in options.table().options:
@@ -49,7 +52,7 @@ class StartForm:
                 )
                 notes = [self.image_note] if option.name == IMAGE else []
                 if option.kind == "gpu_type":
-                    notes = [self.spot_note]
+                    notes = [self.own_price_note, self.spot_note]
                 self.rows[option.name] = widgets.VBox([widget, help_line, *notes])
         self.type_select = self.fields["type"]
         self.backend_select = self.fields["backend"]
@@ -75,6 +78,7 @@ class StartForm:
         for name in ("type", "spot", "cheapest"):
             if name in self.fields:
                 self.fields[name].observe(lambda _: self._show_spot_price(), names="value")
+        self.type_select.observe(lambda _: self._show_own_price(), names="value")
         self._show_backend_options()
         self.widget = classed(
             widgets.VBox(
@@ -136,6 +140,18 @@ class StartForm:
             show(row, applies is None or backend in applies)
         self._load_images()
         self._show_spot_price()
+        self._show_own_price()
+
+    def _show_own_price(self) -> None:
+        """The backend's own price of the type (its `price_list`), as the sidebar's form says it."""
+        listed = next((r for r in price_lists() if r["backend"] == self.backend_select.value), None)
+        own = (listed or {}).get("prices", {}).get(self.type_select.value)
+        self.own_price_note.value = (
+            ""
+            if own is None
+            else f"<small>{html.escape(format_money(own))}/h per GPU "
+            f"({html.escape(listed['source'])})</small>"
+        )
 
     def _show_spot_price(self) -> None:
         """Under the GPU type, for a spot start (or --cheapest) where a cloud prices it now:

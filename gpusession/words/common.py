@@ -5,7 +5,7 @@ modules of gpusession/words import this one."""
 
 from __future__ import annotations
 
-from ..configuration.cost import CONFIGURED, OWN_HARDWARE
+from ..configuration.cost import CONFIGURED, OWN_HARDWARE, PRICE_LIST
 from ..configuration.metrics import METRICS, metric_text
 from ..core.durations import format_money
 
@@ -41,7 +41,11 @@ NEVER_RAN = "never ran"
 
 
 # what a price is, where it is not what a cloud bills (gpusession.configuration.cost's price bases)
-_PRICE_NOTES = {OWN_HARDWARE: "cloud rate, own hardware", CONFIGURED: "configured price"}
+_PRICE_NOTES = {
+    OWN_HARDWARE: "cloud rate, own hardware",
+    CONFIGURED: "configured price",
+    PRICE_LIST: "its backend's price list",
+}
 
 
 def price_note(basis: str | None) -> str | None:
@@ -63,3 +67,14 @@ def size_text(n: int | None) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}" if n < 10 * size else f"{n / size:.0f} {unit}"
     return f"{n} bytes"
+
+
+def price_list_lines(lists: list[dict]) -> list[str]:
+    """`%gpu types` / `gpusession types` under the catalog: each backend's own prices
+    (registry.price_lists): 'demo (the demo price list): t4 $0.1100, a100 $1.2000 per GPU-hour'."""
+    return [
+        f"{row['backend']} ({row['source']}): "
+        + ", ".join(f"{t} {format_money(p)}" for t, p in row["prices"].items())
+        + " per GPU-hour"
+        for row in lists
+    ]

@@ -340,7 +340,12 @@ export class StartForm {
       type => type.name === name
     );
     let text: string | null = null;
-    if (gpu) {
+    const backend = values.get('backend');
+    const listed = this._catalog?.backend_prices?.find(row => row.backend === backend);
+    const own = typeof name === 'string' ? listed?.prices[name] : undefined;
+    if (listed && own !== undefined) {
+      text = `${formatRate(own)} per GPU (${listed.source})`;
+    } else if (gpu) {
       if (shown.has(SPOT_OPTION) && values.get(SPOT_OPTION) === true) {
         text =
           gpu.spot_per_hour === null

@@ -408,6 +408,18 @@ export interface CatalogReply {
   prices_line: string;
   /** Region the prices are for, e.g. "us-east-1". */
   region: string;
+  /** The backends that price GPUs themselves (a backend class's `price_list`): the
+   * form shows the chosen backend's price of the chosen type over the catalog's. */
+  backend_prices?: BackendPriceList[];
+}
+
+/** One backend's own prices (gpusession/configuration/registry.py `price_lists`). */
+export interface BackendPriceList {
+  backend: string;
+  /** Where its prices come from, in words: "the demo price list". */
+  source: string;
+  /** US dollars per GPU-hour, by GPU type. */
+  prices: Record<string, number>;
 }
 
 /**
