@@ -76,7 +76,9 @@ def test_a_spot_notice_during_a_cell_saves_ends_and_resumes_without_rerunning_it
     assert time.monotonic() - t0 < 30, "the cell ran on after the notice"
     assert cut.status == "error", cut.text
     said = cut.text
-    assert "session sp ended: AWS took the spot instance back (notice: terminate at" in said, said
+    assert (
+        "session sp ended: its cloud took the spot capacity back (notice: terminate at" in said
+    ), said
     # the namespace as the notice found it, mid-cell: `i` of the running loop too
     assert "saved 2 variables and 1 import" in said, said
     assert "resume with `%gpu start --resume sp`" in said, said
@@ -213,7 +215,7 @@ def test_a_spot_notice_during_an_upload_says_what_did_not_land(notebook, nb_env,
     assert cut.status == "error", said
     assert "uploaded big.bin" not in said, said
     assert "the upload stopped at" in said and "nothing of it was written in the session" in said
-    assert "session tr ended: AWS took the spot instance back" in said, said
+    assert "session tr ended: its cloud took the spot capacity back" in said, said
     assert "resume with `%gpu start --resume tr`" in said, said
     assert workspace.is_dir()
     assert not (workspace / "big.bin").exists(), sorted(p.name for p in workspace.iterdir())

@@ -259,6 +259,12 @@ class Backend(abc.ABC):
     setting's env var, else its built-in value (configuration/settings.py `Setting`); read with
     `self.setting(name)`. docs/reference/configuration.md lists every backend's."""
 
+    stop_words: ClassVar[dict[str, str]] = {}
+    """Its own phrases for how its capacity ends and is warned of (gpusession.core.protocol
+    StopKind values, "warning:" + WarningKind values; `{action}` and `{time}` filled in for a
+    notice): a cloud names itself ("AWS took the spot instance back"); the core's words are
+    neutral ("its cloud took the spot capacity back")."""
+
     place_option: ClassVar[str | None] = None
     """The start option that says where its workspaces live (docker and slurm: "host", aws:
     "region"; None: one place): two sessions of it on the same place mount the same workspaces,

@@ -36,8 +36,8 @@ from ..core.errors import BadInput
 from ..core.models import LaunchSpec
 from ..core.protocol import DEFAULT_IDLE_S
 from . import metrics, registry
-from .settings import setting_value
 from .agentargs import DEFAULT_SAVE_CAP, DEFAULT_SAVE_TIMEOUT_S
+from .settings import setting_value
 
 # How a face names a field in messages.
 REST = "rest"  # 'idle'        (REST bodies; also the keyword of SessionManager.make_spec)

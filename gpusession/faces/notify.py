@@ -60,9 +60,14 @@ class WarningNotifier:
     while nobody runs a cell. Polls every 20 s, faster when the idle warning lead is short."""
 
     def __init__(
-        self, fetch: Callable[[], dict], say: Callable[[str], None], on_end: Callable[[str], None]
+        self,
+        fetch: Callable[[], dict],
+        say: Callable[[str], None],
+        on_end: Callable[[str], None],
+        backend: str | None = None,
     ):
         self._fetch = fetch
+        self._backend = backend  # the session's: its own words for a notice of its capacity
         self._say = say
         self._on_end = on_end
         self._stopped = threading.Event()
@@ -88,7 +93,7 @@ class WarningNotifier:
             finally:
                 in_use.release()
 
-        return cls(fetch, say, on_end)
+        return cls(fetch, say, on_end, backend=manager.get(session_id).backend)
 
     def start(self) -> "WarningNotifier":
         self._thread.start()
@@ -116,7 +121,8 @@ class WarningNotifier:
                     current[(w.kind, budget_level(w) if w.kind is WarningKind.BUDGET else "")] = w
             for kind, warning in current.items():
                 if kind not in shown:  # once while it lasts; again if it comes back
-                    self._say(f"[gpusession] WARNING: {describe_warning(warning)}")
+                    text = describe_warning(warning, backend=self._backend)
+                    self._say(f"[gpusession] WARNING: {text}")
             shown = set(current)
             timeout = (doc.get("idle") or {}).get("timeout_s")
             interval = 20.0 if not timeout else max(1.0, min(20.0, min(300.0, timeout * 0.2) / 2))

@@ -221,8 +221,10 @@ def rest_view(view: dict) -> dict:
     out["idle"] = idle
     reason = StopReason.from_dict(out.get("stop_reason"))
     if reason is not None:
-        out["stop_reason"] = dict(reason.to_dict(), text=stop_reason_text(reason))
-    out["ended"] = ended_line(out.get("state"), reason, out.get("error"))
+        out["stop_reason"] = dict(
+            reason.to_dict(), text=stop_reason_text(reason, out.get("backend"))
+        )
+    out["ended"] = ended_line(out.get("state"), reason, out.get("error"), out.get("backend"))
     out["ran"] = ran_text(out)
     out["price_note"] = price_note(out.get("price_basis"))
     out["unverified"] = None if out.get("verified", True) else unverified_text(out)
@@ -245,6 +247,9 @@ def rest_view(view: dict) -> dict:
     out["budget_alert"] = (
         None
         if running is None
-        else {"level": budget_level(running), "text": describe_warning(running)}
+        else {
+            "level": budget_level(running),
+            "text": describe_warning(running, backend=out.get("backend")),
+        }
     )
     return out

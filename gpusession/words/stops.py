@@ -9,8 +9,9 @@ import re
 from typing import Any, Iterable
 
 from ..configuration.cost import cost_of, never_ran, uptime_seconds
+from ..configuration.registry import load_backend_class
 from ..core.durations import format_duration, format_money
-from ..core.errors import SessionEnded
+from ..core.errors import GpuSessionError, SessionEnded
 from ..core.models import SessionRecord, State
 from ..core.protocol import StopKind, StopReason, Warning, WarningKind
 from .common import NEVER_RAN
@@ -23,11 +24,28 @@ _STOPPED_BY = {
 }
 
 
-def stop_reason_text(reason: StopReason | None) -> str:
-    """The reason alone: 'after 5s idle', 'spent $5.00 of the $5.00 cap', 'stopped by user'."""
+def _own_words(backend: str | None, key: str) -> str | None:
+    """A backend's own phrase for a stop kind or warning of its capacity (`Backend.stop_words`):
+    a cloud says who took a spot instance back; None when it has none (the core's words)."""
+    if not backend:
+        return None
+    try:
+        return getattr(load_backend_class(backend), "stop_words", {}).get(key)
+    except GpuSessionError:  # a backend not installed here any more
+        return None
+
+
+def stop_reason_text(reason: StopReason | None, backend: str | None = None) -> str:
+    """The reason alone: 'after 5s idle', 'spent $5.00 of the $5.00 cap', 'stopped by user'.
+    `backend`: the session's, whose own words (if any) say how its capacity ended."""
     if reason is None:
         return "its remote side is gone"
     k = reason.kind
+    own = _own_words(backend, k.value)
+    if own is not None and "{detail}" in own:
+        return own.format(detail=reason.detail or "no reason given")
+    if own is not None:
+        return own + (f" ({reason.detail})" if reason.detail else "")
     if k is StopKind.IDLE:
         return f"after {format_duration(reason.idle_for_s or 0)} idle"
     if k is StopKind.MAX_RUNTIME:
@@ -45,9 +63,10 @@ def stop_reason_text(reason: StopReason | None) -> str:
     if k is StopKind.START_FAILED:
         return f"its start failed: {reason.detail or 'no detail'}"
     if k is StopKind.SPOT_INTERRUPTION:
-        return "AWS took the spot instance back" + (f" ({reason.detail})" if reason.detail else "")
+        detail = f" ({reason.detail})" if reason.detail else ""
+        return "its cloud took the spot capacity back" + detail
     if k is StopKind.INSTANCE_ENDED:
-        return f"its instance ended: {reason.detail or 'no reason given'}"
+        return f"its machine ended: {reason.detail or 'no reason given'}"
     if k is StopKind.TIME_LIMIT:
         limit = f" ({format_duration(reason.max_runtime_s)})" if reason.max_runtime_s else ""
         return f"the cluster ended its job at the job's time limit{limit}"
@@ -58,18 +77,20 @@ def stop_reason_text(reason: StopReason | None) -> str:
     return reason.detail or "its remote side is gone"
 
 
-def describe_stop(name: str, reason: StopReason | None) -> str:
+def describe_stop(name: str, reason: StopReason | None, backend: str | None = None) -> str:
     """'session t4-1 was stopped by its idle watchdog after 5s idle'."""
     if reason is None:
         return f"session {name} ended (its remote side is gone)"
     if reason.kind in _STOPPED_BY:
-        text = stop_reason_text(reason)
+        text = stop_reason_text(reason, backend)
         joiner = " " if text.startswith("after") else ": "
         return f"session {name} {_STOPPED_BY[reason.kind]}{joiner}{text}"
-    return f"session {name} ended: {stop_reason_text(reason)}"
+    return f"session {name} ended: {stop_reason_text(reason, backend)}"
 
 
-def ended_line(state: str | None, reason: StopReason | None, error: str | None) -> str | None:
+def ended_line(
+    state: str | None, reason: StopReason | None, error: str | None, backend: str | None = None
+) -> str | None:
     """How an ended session ended, for a history list: 'stopped by its idle watchdog after 5s
     idle', 'stopped by the JupyterLab sidebar', 'failed: connect: ...'. None while it is active."""
     if state not in (State.STOPPED.value, State.FAILED.value):
@@ -79,19 +100,20 @@ def ended_line(state: str | None, reason: StopReason | None, error: str | None) 
     if reason is None:
         return state
     if reason.kind in _STOPPED_BY:
-        text = stop_reason_text(reason)
+        text = stop_reason_text(reason, backend)
         joiner = " " if text.startswith("after") else ": "
         return _STOPPED_BY[reason.kind].removeprefix("was ") + joiner + text
     if reason.kind in (StopKind.USER, StopKind.GC):
-        return stop_reason_text(reason)
+        return stop_reason_text(reason, backend)
     if reason.kind.interruption:  # the table's word ("interrupted, state saved") goes first
-        return f"interrupted: {stop_reason_text(reason)}"
-    return f"{state}: {stop_reason_text(reason)}"
+        return f"interrupted: {stop_reason_text(reason, backend)}"
+    return f"{state}: {stop_reason_text(reason, backend)}"
 
 
-def describe_warning(w: Warning, *, hint: bool = True) -> str:
+def describe_warning(w: Warning, *, hint: bool = True, backend: str | None = None) -> str:
     """One warning as the notebook prints it. hint=False leaves out the `%gpu keepalive` hint
-    (for a panel that has a Keep alive button next to it)."""
+    (for a panel that has a Keep alive button next to it); `backend`: the session's, whose own
+    words (if any) say a notice of its capacity."""
     left = format_duration(w.remaining_s) if w.remaining_s is not None else "soon"
     if w.kind is WarningKind.IDLE:
         text = f"idle for {format_duration(w.idle_for_s or 0)}: the session stops in {left} unless it is used"
@@ -103,10 +125,10 @@ def describe_warning(w: Warning, *, hint: bool = True) -> str:
         return f"spent ${w.spent or 0:.2f} of the ${w.max_cost or 0:.2f} cap: the session stops at the cap{eta}"
     if w.kind is WarningKind.BUDGET:
         return budget_running_text(w)
+    own = _own_words(backend, f"warning:{w.kind.value}")
     return (
-        f"spot interruption notice: AWS will {w.action or 'stop'} this instance at "
-        f"{w.time or 'any moment'}; save your work"
-    )
+        own or "spot interruption notice: its cloud will {action} this machine at {time}"
+    ).format(action=w.action or "stop", time=w.time or "any moment") + "; save your work"
 
 
 def budget_running_text(w: Warning) -> str:
@@ -167,7 +189,7 @@ def ended_message(record: SessionRecord) -> str:
     """'session t4-1 was stopped by its idle watchdog after 5s idle (ran 1m05s, cost ...)'."""
     reason = record.stop_reason
     if reason is not None and reason.kind not in (StopKind.USER, StopKind.GC):
-        text = describe_stop(record.name, reason)
+        text = describe_stop(record.name, reason, record.backend)
     elif record.state == State.FAILED:
         text = f"session {record.name} failed: {record.error}"
     elif reason is not None:

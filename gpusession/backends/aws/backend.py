@@ -70,6 +70,12 @@ class AwsBackend(Backend):
             "means the docker backend's (c.DockerBackend.image).",
         ),
     )
+    # its own words for how its capacity ends (words/stops.py takes them over its own)
+    stop_words = {
+        "spot-interruption": "AWS took the spot instance back",
+        "instance-ended": "its instance ended: {detail}",
+        "warning:spot-interruption": "spot interruption notice: AWS will {action} this instance at {time}",
+    }
     place_option = "region"  # a volume in a region, never on this machine
     place_here = "the default region"
     takes_image = True
