@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # noqa: BLE001 - the runtime starts it the usual way and reports what fails, with the stage
             early = None
     try:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from .runtime import main as run
 
         return run(argv, early=early)

@@ -122,10 +122,8 @@ def start(rt, args: AgentArgs) -> Watchdog | None:
         sample_interval_s=args.sample_interval,
     )
     if args.agent_port >= 0:
-        from .endpoint import (
-            AgentServer,
-            token_from_connection_file,
-        )  # here: the kernel boots meanwhile
+        # lazy: docs/architecture.md#imports-kept-inside-functions (the kernel boots meanwhile)
+        from .endpoint import AgentServer, token_from_connection_file
 
         try:
             server = AgentServer(

@@ -11,12 +11,13 @@ from ..configuration import options
 from ..configuration.cost import add_report_arguments
 from ..configuration.options import add_arguments as add_start_options
 from ..core.errors import GpuSessionError
-from .transfers import add_commands as add_transfer_commands
+from . import transfers
 
 
 def _manager():
     """The CLI is no Jupyter app: its settings are the GPUSESSION_* env vars (a bad one is a
     one-line error), not ipython_config.py or jupyter_server_config.py, which may disagree."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..configuration.settings import EnvConfig
     from ..session import SessionManager
 
@@ -24,6 +25,7 @@ def _manager():
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.status import session_table
 
     m = _manager()
@@ -31,6 +33,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         active_only=not args.all, check=True
     )  # a session gone is shown ended, not running
     if not args.all:  # and what an interruption ended with its state saved: resumable
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..session.views import interrupted_to_resume
 
         records += interrupted_to_resume(m.list())
@@ -42,9 +45,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_types(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..configuration.catalog import load_catalog
 
     if args.live:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..words.spend import live_price_lines
 
         m = _manager()
@@ -55,6 +60,7 @@ def cmd_types(args: argparse.Namespace) -> int:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.spend import catalog_refresh_line
 
     if args.action != "refresh":
@@ -64,6 +70,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.spend import advice_line
     from ..words.stops import summary_line
     from ..words.workspaces import print_checkpoint
@@ -87,6 +94,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.spend import report_lines
 
     m = _manager()
@@ -99,6 +107,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_advice(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.spend import advice_lines
 
     m = _manager()
@@ -111,7 +120,7 @@ def cmd_advice(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from ..configuration import options
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.spend import start_notes
     from ..words.stops import idle_setting
     from ..words.workspaces import print_restored
@@ -133,7 +142,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_switch(args: argparse.Namespace) -> int:
-    from ..configuration import options
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.switches import switch_line
 
     m = _manager()
@@ -150,6 +159,7 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.status import rate_text, start_log_lines, status_heading, timeline, unverified_text
     from ..words.stops import ended_message
 
@@ -172,6 +182,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.status import status_lines
 
     m = _manager()
@@ -184,6 +195,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_keepalive(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.stops import keepalive_line
 
     m = _manager()
@@ -196,6 +208,7 @@ def cmd_keepalive(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.stops import gc_line
 
     m = _manager()
@@ -215,6 +228,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def _report_orphaned_workspaces(m) -> None:
     """gc keeps every workspace: it says which no session uses any more."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..session.workspaces import list_all
     from ..words.workspaces import orphaned_line
 
@@ -225,6 +239,7 @@ def _report_orphaned_workspaces(m) -> None:
 
 def cmd_workspaces(args: argparse.Namespace) -> int:
     """List the workspaces, or delete one (only with --yes)."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..session.workspaces import list_all, remove
     from ..words.common import size_text
     from ..words.workspaces import workspace_table
@@ -247,25 +262,22 @@ def cmd_workspaces(args: argparse.Namespace) -> int:
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
-    from .transfers import cmd_upload as upload
-
-    return upload(args, _manager())
+    return transfers.cmd_upload(args, _manager())
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    from .transfers import cmd_download as download
-
-    return download(args, _manager())
+    return transfers.cmd_download(args, _manager())
 
 
 def cmd_kernelspec(args: argparse.Namespace) -> int:
     """GPU kernelspecs for JupyterLab's launcher (gpusession/provisioner, docs/kernels.md)."""
-    from ..configuration import options
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..provisioner import kernelspecs
 
     if args.action == "install":
         values = options.given_values(args)
         if "type" not in values:
+            # lazy: docs/architecture.md#imports-kept-inside-functions
             from ..configuration.config import GpuSessionConfig
 
             values["type"] = GpuSessionConfig().default_type
@@ -298,6 +310,7 @@ def cmd_kernelspec(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from .demo import run_demo
 
     return run_demo(notebook=args.notebook, backend=args.backend, out=args.out)
@@ -329,6 +342,7 @@ class _Parser(argparse.ArgumentParser):
     exit 2 as for any argparse usage error, without the usage block."""
 
     def error(self, message: str):  # type: ignore[override]
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..words.stops import usage_error
 
         self.exit(2, f"{self.prog}: {usage_error(message)}\n")
@@ -487,7 +501,7 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     k = ks.add_parser("remove", help="remove a GPU kernelspec")
     k.add_argument("kernel_name", metavar="NAME")
     ks.add_parser("list", help="the GPU kernelspecs Jupyter finds")
-    add_transfer_commands(sub)  # upload, download (gpusession/faces/transfers.py)
+    transfers.add_commands(sub)  # upload, download (gpusession/faces/transfers.py)
     s = sub.add_parser("demo", help="run notebooks/quickstart.ipynb headless and show what it did")
     s.add_argument("--notebook", default=None, help="another notebook to run")
     s.add_argument("--backend", default="local", help="backend for the demo (default: local)")
@@ -500,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except GpuSessionError as exc:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..words.stops import error_text
 
         print(f"gpusession {args.command}: {error_text(exc)}", file=sys.stderr)

@@ -49,6 +49,7 @@ from ..core.models import State
 from ..session import Session, SessionManager
 from ..session.recovery import wants_recovery
 from ..session.store import owner_id
+from ..widgets import register_panel
 from ..words.spend import advice_line, advice_lines, live_price_lines, report_lines, start_notes
 from ..words.status import rate_text, session_table, status_heading, status_lines
 from ..words.stops import (
@@ -588,9 +589,7 @@ def load_ipython_extension(ip) -> None:
     ]
     ip._gpusession_magics = magics  # for later layers (widgets) and unload
     transfers.register(magics)  # push, pull, upload, download (with progress bars)
-    from ..widgets import register_panel  # the ipywidgets face adds `%gpu panel`
-
-    register_panel(magics)
+    register_panel(magics)  # the ipywidgets face adds `%gpu panel`
 
 
 def unload_ipython_extension(ip) -> None:

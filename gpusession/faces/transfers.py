@@ -41,6 +41,7 @@ class Bar:
         self._show(done, total)
 
     def _show(self, done: int, total: int | None) -> None:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..words.workspaces import transfer_line
 
         line = transfer_line(self.verb, done, total, time.monotonic() - self.started)
@@ -119,6 +120,7 @@ def register(magics) -> None:
     """Add push, pull, upload and download to a GpuMagics."""
     from IPython.core.error import UsageError
 
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.workspaces import transfer_done
 
     def push(rest: str) -> None:
@@ -216,6 +218,7 @@ def add_commands(sub) -> None:
 
 
 def cmd_upload(args: argparse.Namespace, manager) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.workspaces import transfer_done
 
     missing = [p for p in args.paths if not os.path.exists(p)]
@@ -239,6 +242,7 @@ def cmd_upload(args: argparse.Namespace, manager) -> int:
 
 
 def cmd_download(args: argparse.Namespace, manager) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.workspaces import transfer_done
 
     if os.path.isfile(args.to):

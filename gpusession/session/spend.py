@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..backends import Backend, load_backend_class
+from ..backends import Backend, backend_names, load_backend_class
 from ..configuration.advice import advice_document, could_save
+from ..configuration.catalog import packaged_catalog, write_user_snapshot
 from ..configuration.cost import budget_status, month_start, spend_report
 from ..configuration.settings import load_policy, price_regions
 from ..core.durations import REPORT_SINCE
@@ -137,8 +138,6 @@ class Spend:
         """The clouds' current prices (`Backend.live_prices`) for the configured regions a
         policy allows (settings.py `price_regions`), of `types` only when given, each row with
         its `backend`."""
-        from ..backends import backend_names
-
         regions = price_regions(getattr(self.config, "regions", "") or "")
         rows: list[dict[str, Any]] = []
         for name in backend_names():
@@ -156,9 +155,6 @@ class Spend:
         every face then uses. Data {"path", "date", "priced", "of", "changed", "missing", "was"}.
         A failure (no credentials) writes nothing and says the date the prices stay at."""
         import datetime
-
-        from ..backends import backend_names
-        from ..configuration.catalog import packaged_catalog, write_user_snapshot
 
         was, base = self._catalog().snapshot_date, packaged_catalog()
         wanted = base.instance_types()

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable
 import ipywidgets as widgets
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ..backends import backend_names
 from ..configuration import options
 from ..core.durations import format_money
 from ..core.errors import GpuSessionError, NoSession
@@ -109,8 +110,6 @@ class StartForm:
                 options=choices, value=catalog.parse(manager.config.default_type)[0].name, **common
             ), "select"
         if option.kind == "backend":
-            from ..backends import backend_names
-
             return widgets.Dropdown(
                 options=backend_names(), value=default_backend_name(manager.config), **common
             ), "select"

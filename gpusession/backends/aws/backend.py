@@ -33,9 +33,9 @@ from ...core.progress import Progress
 from ...core.protocol import StopDetails
 from ...transport.pulls import PullLogin
 from ..base import Backend, Link, RemoteResource, stop_details_from_log
-from . import launch, pricing, registry, volumes
+from . import launch, pricing, registry, volumes, workspace_stream
 from .cheapest import Cheapest
-from .sdk import Aws, aws_errors, boto3_module, error_code, explain
+from .sdk import QUOTA_HINT, Aws, aws_errors, boto3_module, error_code, explain
 from .teardown import Teardown, console_details, ended_reason
 
 SPOT_PRICE_TTL_S = 300.0  # spot prices move hourly at most: asked again after five minutes
@@ -343,6 +343,7 @@ class AwsBackend(Backend):
     ) -> None:
         import secrets
 
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ...transport.sshlogin import make_session_key
 
         spec, extra = record.spec, record.spec.extra
@@ -468,6 +469,7 @@ class AwsBackend(Backend):
         name: str,
         tag_list,
     ) -> None:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ...transport.tunnel import CONTAINER_AGENT_PORT
         from ..cloudvm.cloudinit import (
             CONTAINER_NOTICES,
@@ -642,6 +644,7 @@ class AwsBackend(Backend):
         return address
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..cloudvm.link import open_link
 
         res = record.resource
@@ -677,10 +680,8 @@ class AwsBackend(Backend):
         move = self._imports.pop(record.id, None)
         if move is None:
             return None
-        from .workspace_stream import import_over
-
         return lambda transport: move(
-            lambda rec, chunks, prog: import_over(transport, rec, chunks, prog)
+            lambda rec, chunks, prog: workspace_stream.import_over(transport, rec, chunks, prog)
         )
 
     def _on_notice(self, session_id: str, notice: dict) -> None:
@@ -789,9 +790,7 @@ class AwsBackend(Backend):
 
     def export_workspace(self, record: SessionRecord, progress: Progress):
         """Read over the running instance's SSH login (backends/aws/workspace_stream.py)."""
-        from .workspace_stream import export_workspace
-
-        return export_workspace(record, progress)
+        return workspace_stream.export_workspace(record, progress)
 
     # -- gc -----------------------------------------------------------------------------------
 
@@ -874,8 +873,6 @@ def _unavailable(exc: GpuSessionError) -> GpuSessionError:
 def _no_capacity_message(
     exc: launch.NoCapacity, instance_type: str, region: str, spec: LaunchSpec
 ) -> str:
-    from .sdk import QUOTA_HINT
-
     text = f"no {instance_type} could be launched in {region}: {exc}"
     if exc.quota:
         text += f"; for the quota: {QUOTA_HINT}"

@@ -31,6 +31,7 @@ def _login(record: SessionRecord):
     """A logged-in transport to the session's instance (its sshd, the pinned host key)."""
     import paramiko
 
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ...transport.tunnel import TunnelError, open_transport
     from ..cloudvm.link import instance_target
 
@@ -136,6 +137,7 @@ def import_over(transport, record: SessionRecord, chunks, progress: Progress) ->
 
     import paramiko
 
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ...transport.sshlogin import run_on_channel
 
     name = workspace_name(record)
@@ -185,6 +187,7 @@ def _abandon(transport) -> None:
     drops what came at once; best effort: without it the boot waits a minute, then drops it."""
     import paramiko
 
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ...transport.sshlogin import run_on_channel
 
     try:

@@ -68,10 +68,12 @@ from .engine import (
     short_error,
     wait_for_marker,
 )
+from .volumes import remove_copy, stale_resources
 from .workspaces import EngineWorkspaces
 
 # What starts and connects a session (runtime.py's helpers, the bundle, the SDK) is imported
-# where it is used: `gpusession list` loads this backend only to ask the local engine one question.
+# where it is used: `gpusession list` loads this backend only to ask the local engine one question
+# (docs/architecture.md#imports-kept-inside-functions).
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +134,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         """The engine for a session's --host ('' or None: the local engine), cached; a remote
         engine's again when its SSH connection died (a network blip, a laptop that slept)."""
         key = host or ""
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from .runtime import ssh_alive
 
         if key in self._clients and host and not ssh_alive(self._clients[key]):
@@ -143,6 +146,7 @@ class DockerBackend(EngineWorkspaces, Backend):
     def local_images(self, host: str | None) -> list[LocalImage]:
         """The engine's tagged images, by reference, with their size and whether a session
         started from them here before (what the probe found of their Python is cached)."""
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ...transport.bundle import cache_dir
         from .runtime import probe_path
 
@@ -172,6 +176,7 @@ class DockerBackend(EngineWorkspaces, Backend):
     def provision(self, record: SessionRecord, progress: Progress) -> None:
         import secrets
 
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ...transport.bundle import cache_dir
         from .runtime import (
             KnownVolumes,
@@ -270,6 +275,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         self.recorder.save(record.id, **{BILLED_FROM: time.time()})  # billed from its start
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from .runtime import InThread, connection_info
 
         res = record.resource
@@ -279,6 +285,7 @@ class DockerBackend(EngineWorkspaces, Backend):
             raise StageError("connect", f"container {res.get('container_id', '?')[:12]} is gone")
         tunnel = opening = None
         if record.spec.host:  # the kernel's ports are on that host's loopback: log in to its sshd
+            # lazy: docs/architecture.md#imports-kept-inside-functions
             from ...transport.tunnel import Tunnel, jump_target
 
             target = jump_target(record.spec.host)  # known_hosts pins its key, as for the engine
@@ -407,6 +414,7 @@ class DockerBackend(EngineWorkspaces, Backend):
             for helper in self._labelled(record):  # a helper a cut start left
                 remove_container(helper)
             if res.get("sockets"):
+                # lazy: docs/architecture.md#imports-kept-inside-functions
                 from .runtime import remove_socket_dir
 
                 remove_socket_dir(self.client(record.spec.host), record.spec.host, res["sockets"])
@@ -496,22 +504,21 @@ class DockerBackend(EngineWorkspaces, Backend):
             if remote
             else []
         )
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ...transport.bundle import cache_dir, current_digests
-        from .volumes import stale_resources
 
         return stale_resources(self.name, self.client, hosts, current_digests(cache_dir()))
 
     def remove_resource(self, resource: RemoteResource) -> None:
         if "volumes" in resource.details:
             with engine_errors(resource.details.get("host") or "(local engine)"):
-                from .volumes import remove_copy
-
                 remove_copy(self.client(resource.details.get("host")), resource.details["volumes"])
             return
         host = resource.details.get("host")
         container = get_container(self.client(host), resource.resource_id)
         if container is not None and owning_session(container.labels) == resource.session_id:
             remove_container(container)
+            # lazy: docs/architecture.md#imports-kept-inside-functions
             from .runtime import SOCKETS_PREFIX, remove_socket_dir
 
             for mount in (

@@ -399,6 +399,7 @@ def kernel_socket_dir(client, host: str | None) -> tuple[str, int]:
         )
         os.chmod(path, 0o2770)
         return path, os.getgid()
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ...transport.sshlogin import exec_command
 
     ssh = getattr(getattr(client.api, "_custom_adapter", None), "ssh_client", None)
@@ -428,6 +429,7 @@ def remove_socket_dir(client, host: str | None, path: str) -> None:
 
         shutil.rmtree(path, ignore_errors=True)
         return
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ...transport.sshlogin import exec_command
 
     ssh = getattr(getattr(client.api, "_custom_adapter", None), "ssh_client", None)

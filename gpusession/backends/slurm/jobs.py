@@ -23,7 +23,7 @@ from typing import Any
 
 from ...configuration.agentargs import AgentArgs
 from ...configuration.options import StartOption
-from ...core.durations import QUEUE_TIMEOUT, SIGNAL_GRACE
+from ...core.durations import QUEUE_TIMEOUT, SIGNAL_GRACE, parse_money
 from ...core.errors import BadInput
 from ...core.protocol import (
     ENV_RUNTIME_BRINGS,
@@ -221,8 +221,6 @@ def read_settings(
 ) -> JobSettings:
     """JobSettings from a spec's extra options, a cluster's defaults filling what is not given.
     Raises BadInput naming the option."""
-    from ...core.durations import QUEUE_TIMEOUT, SIGNAL_GRACE, parse_money
-
     given = {k: v for k, v in (cluster or {}).items() if k in OPTION_NAMES}
     given.update({k: v for k, v in extra.items() if k in OPTION_NAMES and v is not None})
     words: dict[str, Any] = {}

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .sink import NullSink, OutputSink
+
 if TYPE_CHECKING:
     from .client import KernelClient
-    from .sink import NullSink, OutputSink
 
 __all__ = ["KernelClient", "OutputSink", "NullSink"]
 
@@ -21,11 +22,8 @@ __all__ = ["KernelClient", "OutputSink", "NullSink"]
 def __getattr__(name: str):
     """KernelClient (jupyter_client, zmq) loads on first use: `files`, say, needs neither."""
     if name == "KernelClient":
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from .client import KernelClient
 
         return KernelClient
-    if name in ("NullSink", "OutputSink"):
-        from . import sink
-
-        return getattr(sink, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -82,6 +82,7 @@ def start_tree(folder: str, cap: int | None, cap_field: str = "--upload-max") ->
     tree = collect([folder], contents=True)
     cap = DEFAULT_CAP if cap is None else cap
     if tree.size > cap:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..pulls import format_bytes
 
         raise BadInput(
@@ -95,6 +96,7 @@ def start_tree(folder: str, cap: int | None, cap_field: str = "--upload-max") ->
 def upload_start_tree(kc, extra: dict, progress) -> None:
     """--upload: the folder's files (its .git and what .gitignore ignores left out) into the
     session kernel's working directory, so that `import utils` works in the first cell."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..pulls import format_bytes
     from . import transfer
 

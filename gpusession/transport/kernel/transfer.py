@@ -18,6 +18,7 @@ import zlib
 from typing import Any, Callable, Iterable, Iterator
 
 from ...core.errors import BadInput, KernelDied, LinkLost, TransferStopped
+from ..pulls import format_bytes
 from ..tarsafe import Extraction
 from .channel import CHUNK, WINDOW, Channel, Progress
 from .connection import Connection
@@ -125,8 +126,6 @@ def _stopped_said(
     except BaseException as exc:
         channel.abort()
         cleanup()
-        from ..pulls import format_bytes
-
         done, total = channel.at
         at = (
             f"at {format_bytes(done)} of {format_bytes(total)}"
