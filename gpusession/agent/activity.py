@@ -122,7 +122,7 @@ def load_ipython_extension(ip) -> None:
         # every output numbered and kept a while: a tunnel cut loses none
         install_cell_log(ip.kernel)
         # lazy: docs/architecture.md#imports-kept-inside-functions
-        from .transfer import install as install_transfers
+        from .transfer_handler import install as install_transfers
 
         install_transfers(
             ip.kernel, touch

@@ -11,7 +11,7 @@ from ..configuration import options
 from ..configuration.cost import add_report_arguments
 from ..configuration.options import add_arguments as add_start_options
 from ..core.errors import GpuSessionError
-from . import transfers
+from . import transfer_commands
 
 
 def _manager():
@@ -262,11 +262,11 @@ def cmd_workspaces(args: argparse.Namespace) -> int:
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
-    return transfers.cmd_upload(args, _manager())
+    return transfer_commands.cmd_upload(args, _manager())
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    return transfers.cmd_download(args, _manager())
+    return transfer_commands.cmd_download(args, _manager())
 
 
 def cmd_kernelspec(args: argparse.Namespace) -> int:
@@ -501,7 +501,7 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     k = ks.add_parser("remove", help="remove a GPU kernelspec")
     k.add_argument("kernel_name", metavar="NAME")
     ks.add_parser("list", help="the GPU kernelspecs Jupyter finds")
-    transfers.add_commands(sub)  # upload, download (gpusession/faces/transfers.py)
+    transfer_commands.add_commands(sub)  # upload, download (gpusession/faces/transfer_commands.py)
     s = sub.add_parser("demo", help="run notebooks/quickstart.ipynb headless and show what it did")
     s.add_argument("--notebook", default=None, help="another notebook to run")
     s.add_argument("--backend", default="local", help="backend for the demo (default: local)")

@@ -71,7 +71,7 @@ from ..words.switches import (
     switch_line,
 )
 from ..words.workspaces import print_checkpoint, print_restored
-from . import transfers
+from . import transfer_commands
 from .magicargs import (
     HELP,
     PARSERS,
@@ -556,7 +556,7 @@ class GpuMagics(Magics):
 
     def _help(self, rest: str) -> None:
         sub = rest.strip()
-        func = PARSERS.get(sub) or transfers.help_parser(sub)
+        func = PARSERS.get(sub) or transfer_commands.help_parser(sub)
         print(func.parser.format_help() if func is not None else HELP)
 
 
@@ -588,7 +588,7 @@ def load_ipython_extension(ip) -> None:
         gpu_config
     ]
     ip._gpusession_magics = magics  # for later layers (widgets) and unload
-    transfers.register(magics)  # push, pull, upload, download (with progress bars)
+    transfer_commands.register(magics)  # push, pull, upload, download (with progress bars)
     register_panel(magics)  # the ipywidgets face adds `%gpu panel`
 
 

@@ -69,9 +69,9 @@ from .engine import (
     wait_for_marker,
 )
 from .volumes import remove_copy, stale_resources
-from .workspaces import EngineWorkspaces
+from .workspace_volumes import EngineWorkspaces
 
-# What starts and connects a session (runtime.py's helpers, the bundle, the SDK) is imported
+# What starts and connects a session (container_setup.py's helpers, the bundle, the SDK) is imported
 # where it is used: `gpusession list` loads this backend only to ask the local engine one question
 # (docs/architecture.md#imports-kept-inside-functions).
 
@@ -135,7 +135,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         engine's again when its SSH connection died (a network blip, a laptop that slept)."""
         key = host or ""
         # lazy: docs/architecture.md#imports-kept-inside-functions
-        from .runtime import ssh_alive
+        from .container_setup import ssh_alive
 
         if key in self._clients and host and not ssh_alive(self._clients[key]):
             self._clients.pop(key).close()
@@ -148,7 +148,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         started from them here before (what the probe found of their Python is cached)."""
         # lazy: docs/architecture.md#imports-kept-inside-functions
         from ...transport.bundle import cache_dir
-        from .runtime import probe_path
+        from .container_setup import probe_path
 
         client = self.client(host)
         with engine_errors("while listing its images"):
@@ -178,7 +178,7 @@ class DockerBackend(EngineWorkspaces, Backend):
 
         # lazy: docs/architecture.md#imports-kept-inside-functions
         from ...transport.bundle import cache_dir
-        from .runtime import (
+        from .container_setup import (
             KnownVolumes,
             bundle_command,
             find_or_pull_image,
@@ -276,7 +276,7 @@ class DockerBackend(EngineWorkspaces, Backend):
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
         # lazy: docs/architecture.md#imports-kept-inside-functions
-        from .runtime import InThread, connection_info
+        from .container_setup import InThread, connection_info
 
         res = record.resource
         client = self.client(record.spec.host)
@@ -415,7 +415,7 @@ class DockerBackend(EngineWorkspaces, Backend):
                 remove_container(helper)
             if res.get("sockets"):
                 # lazy: docs/architecture.md#imports-kept-inside-functions
-                from .runtime import remove_socket_dir
+                from .container_setup import remove_socket_dir
 
                 remove_socket_dir(self.client(record.spec.host), record.spec.host, res["sockets"])
         (self.config.data_path / "keys" / record.id).unlink(missing_ok=True)
@@ -519,7 +519,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         if container is not None and owning_session(container.labels) == resource.session_id:
             remove_container(container)
             # lazy: docs/architecture.md#imports-kept-inside-functions
-            from .runtime import SOCKETS_PREFIX, remove_socket_dir
+            from .container_setup import SOCKETS_PREFIX, remove_socket_dir
 
             for mount in (
                 container.attrs.get("Mounts") or []

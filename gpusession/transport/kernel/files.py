@@ -98,7 +98,7 @@ def upload_start_tree(kc, extra: dict, progress) -> None:
     session kernel's working directory, so that `import utils` works in the first cell."""
     # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..pulls import format_bytes
-    from . import transfer
+    from . import transfer_client
 
     if not extra.get("upload"):
         return
@@ -106,7 +106,7 @@ def upload_start_tree(kc, extra: dict, progress) -> None:
         tree = start_tree(extra["upload"], extra.get("upload_max"))
         progress.step(f"{len(tree.files)} files, {format_bytes(tree.size)}")
         took = progress.elapsed()
-        done = transfer.upload(kc, tree.files, tree.size, ".", None)
+        done = transfer_client.upload(kc, tree.files, tree.size, ".", None)
         took = max(progress.elapsed() - took, 1e-6)
         progress.step(
             f"{done['files']} files in {done['dest']} ({format_bytes(tree.size / took)}/s)"

@@ -218,7 +218,7 @@ class EngineWorkspaces:
         """(the session's workspace name, its volume as containers.create mounts it); the caller
         records the name (with what else it knows then: one write less)."""
         # lazy: docs/architecture.md#imports-kept-inside-functions
-        from .runtime import _helper_labels
+        from .container_setup import _helper_labels
 
         name = workspace_name(record)
         volumes = ensure_volume(
@@ -302,7 +302,7 @@ class EngineWorkspaces:
         """The workspace's volume made anew from the whole staging volume (an older copy removed
         first: refused when another store's, or in use); a copy that fails is removed."""
         # lazy: docs/architecture.md#imports-kept-inside-functions
-        from .runtime import _helper_labels
+        from .container_setup import _helper_labels
 
         docker = docker_sdk()
         store = {STORE_LABEL: self.recorder.store_id}
@@ -359,13 +359,13 @@ class EngineWorkspaces:
 
     def _helper_image(self, client, record, progress: Progress):
         # lazy: docs/architecture.md#imports-kept-inside-functions
-        from .runtime import find_or_pull_image
+        from .container_setup import find_or_pull_image
 
         return find_or_pull_image(client, record.spec.image or self.default_image(), progress)
 
     def _archive_helper(self, client, record, volume: str, mode: str, progress: Progress):
         # lazy: docs/architecture.md#imports-kept-inside-functions
-        from .runtime import _helper_labels
+        from .container_setup import _helper_labels
 
         image = self._helper_image(client, record, progress)
         # the engine a helper labelled with this session lands on: a stop (or whoever settles a

@@ -1,7 +1,8 @@
 """Data between here and a session, on the notebook and command-line faces: `%gpu push|pull NAME...`,
 `%gpu upload|download PATH... [--to DIR]`, `gpusession upload|download NAME PATH... [--to DIR]`,
 each with a progress bar (bytes, rate, ETA) once a transfer is over a megabyte. The bytes move as
-binary frames on the session kernel's own connection (gpusession/transport/kernel/transfer.py)."""
+binary frames on the session kernel's own connection
+(gpusession/transport/kernel/transfer_client.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Bulk bytes to and from a session kernel as binary ZMQ frames on its shell channel (the kernel
-side and the message format: `gpusession.agent.transfer`). Chunks of CHUNK bytes, WINDOW of them
-in flight, so the link stays full while each side works; no base64, no JSON of the payload.
+side and the message format: `gpusession.agent.transfer_handler`). Chunks of CHUNK bytes, WINDOW of
+them in flight, so the link stays full while each side works; no base64, no JSON of the payload.
 
 `progress(done, total)` is called as bytes move (total None when not known ahead)."""
 
