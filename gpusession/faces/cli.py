@@ -390,6 +390,21 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     parsed (what `main` does: the table imports every backend); else at once."""
     p = _Parser(prog="gpusession", description="GPU sessions for notebooks")
     sub = p.add_subparsers(dest="command", required=True)
+    _add_listings(sub)
+    _add_lifecycle(sub, lazy)
+    _add_session_views(sub)
+    _add_cleanup(sub)
+    _add_kernelspec(sub, lazy)
+    transfer_commands.add_commands(sub)  # upload, download (gpusession/faces/transfer_commands.py)
+    s = sub.add_parser("demo", help="run notebooks/quickstart.ipynb headless and show what it did")
+    s.add_argument("--notebook", default=None, help="another notebook to run")
+    s.add_argument("--backend", default="local", help="backend for the demo (default: local)")
+    s.add_argument("--out", default=None, help="save the executed notebook here")
+    return p
+
+
+def _add_listings(sub) -> None:
+    """list, types, catalog: what sessions there are, and the GPU types with their prices."""
     s = sub.add_parser("list", help="list active sessions")
     s.add_argument(
         "--all",
@@ -408,6 +423,10 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
         help="on-demand prices from the AWS Price List API (needs AWS credentials), written as "
         "your dated snapshot (catalog.json in the data folder) that every face then uses",
     )
+
+
+def _add_lifecycle(sub, lazy: bool) -> None:
+    """stop, start, switch: a session's life."""
     s = sub.add_parser("stop", help="stop a session")
     s.add_argument("name", nargs="?")
     s.add_argument("--all", action="store_true", help="stop every active session")
@@ -427,6 +446,11 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     s.add_argument("session", metavar="NAME", help="the running session to move")
     s.add_argument("--on-demand", action="store_true", help=options.ON_DEMAND_HELP)
     s.add_start_options(skip=options.SWITCH_SKIP, lazy=lazy)  # the new session's: --type, --host...
+
+
+def _add_session_views(sub) -> None:
+    """status, stats, advice, report, keepalive: what one session (or all of them) did and
+    costs, and its idle stop postponed."""
     s = sub.add_parser("status", help="one session's state, cost and timeline")
     s.add_argument("name")
     s = sub.add_parser(
@@ -447,6 +471,10 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
         default="1h",
         help="e.g. 30m, 1h; a bare number means minutes (default 1h; at most 4h ahead)",
     )
+
+
+def _add_cleanup(sub) -> None:
+    """workspaces, gc: what outlives sessions, and what crashed processes left."""
     s = sub.add_parser(
         "workspaces", help="the workspaces that outlive sessions: list them, or delete one"
     )
@@ -474,6 +502,10 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
         help="also remove the runtime volumes of other gpusession builds "
         "that no container uses (Docker engines)",
     )
+
+
+def _add_kernelspec(sub, lazy: bool) -> None:
+    """kernelspec install|remove|list: GPU kernels for JupyterLab's launcher."""
     s = sub.add_parser(
         "kernelspec", help="install, list or remove GPU kernels for JupyterLab's launcher"
     )
@@ -501,12 +533,6 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     k = ks.add_parser("remove", help="remove a GPU kernelspec")
     k.add_argument("kernel_name", metavar="NAME")
     ks.add_parser("list", help="the GPU kernelspecs Jupyter finds")
-    transfer_commands.add_commands(sub)  # upload, download (gpusession/faces/transfer_commands.py)
-    s = sub.add_parser("demo", help="run notebooks/quickstart.ipynb headless and show what it did")
-    s.add_argument("--notebook", default=None, help="another notebook to run")
-    s.add_argument("--backend", default="local", help="backend for the demo (default: local)")
-    s.add_argument("--out", default=None, help="save the executed notebook here")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
