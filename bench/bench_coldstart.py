@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_docker import PORTS, connection_file  # noqa: E402
-from gpusession.backends.docker import runtime as docker_runtime  # noqa: E402
+from gpusession.backends.docker import container_setup  # noqa: E402
 from gpusession.core.progress import Progress  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
 from gpusession.transport import bundle  # noqa: E402
@@ -314,7 +314,7 @@ class FreshRuntime:
         # a new build's first start does
         bundle.code_archive = lambda: self.code
         bundle._CODE_FOR.clear()
-        docker_runtime.site_archive = lambda python, cache_dir, say: self.site
+        container_setup.site_archive = lambda python, cache_dir, say: self.site
         shutil.rmtree(cache / "probes", ignore_errors=True)
 
     def remove(self) -> None:
@@ -345,7 +345,7 @@ def ours_round(manager: SessionManager, ref: str) -> tuple[float, list[str]]:
 
 def timed_pulls(pulls: list[float]) -> None:
     """Time every pull of the start (the docker backend's pull stage)."""
-    real = docker_runtime.find_or_pull_image
+    real = container_setup.find_or_pull_image
 
     def find_or_pull_image(client, image, progress):
         t = time.perf_counter()
@@ -354,7 +354,7 @@ def timed_pulls(pulls: list[float]) -> None:
         finally:
             pulls.append(time.perf_counter() - t)
 
-    docker_runtime.find_or_pull_image = find_or_pull_image
+    container_setup.find_or_pull_image = find_or_pull_image
 
 
 def run_variant(client, manager, registry, variant, args, work, cache, site, site_volume):
@@ -434,7 +434,7 @@ def runtime_rows(client, cache: Path, site: bundle.Archive, rounds: int) -> list
             fresh = FreshRuntime(client, cache, site if kind == "ahead" else plain)
             t = time.perf_counter()
             try:
-                docker_runtime.prepare_runtime(
+                container_setup.prepare_runtime(
                     client,
                     image,
                     cache_dir=cache,
@@ -485,7 +485,7 @@ def main() -> int:
     rows, loads = [], []
     try:
         # the floor's ipykernel: the site volume of the base's Python, made (warm) before the rounds
-        prepared = docker_runtime.prepare_runtime(
+        prepared = container_setup.prepare_runtime(
             client,
             client.images.get(BASE),
             cache_dir=bundle.cache_dir(),

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpusession.backends.docker import runtime as docker_runtime  # noqa: E402
+from gpusession.backends.docker import container_setup  # noqa: E402
 from gpusession.core.errors import GpuSessionError  # noqa: E402
 from gpusession.core.progress import Progress  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
@@ -148,7 +148,7 @@ class NewBuild:
         self._site_archive = bundle.site_archive
         bundle.code_archive = lambda: self.code  # compiled ahead by the start, as a new build's
         bundle._CODE_FOR.clear()
-        docker_runtime.site_archive = self.site
+        container_setup.site_archive = self.site
 
     def site(self, python, cache, say):
         if python.site_tag not in self.sites:
@@ -218,7 +218,7 @@ def starts(client, manager: SessionManager, runs: int) -> list[tuple]:
         cold, session = ours_start(manager, image)
         python = session.record.resource.get("python")
         session.stop()
-        prepared = docker_runtime.prepare_runtime(
+        prepared = container_setup.prepare_runtime(
             client,
             client.images.get(image),
             cache_dir=bundle.cache_dir(),

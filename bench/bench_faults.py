@@ -545,7 +545,7 @@ def runtime_kills(manager, engine, fig: Figures) -> None:
             if what == "container":
                 container.kill()
                 return
-            from gpusession.backends.docker.runtime import (
+            from gpusession.backends.docker.container_setup import (
                 STATE_DIR,
             )  # the runtime's state folder there
 

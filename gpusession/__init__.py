@@ -10,12 +10,14 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(ip) -> None:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from .faces.magics import load_ipython_extension as _load
 
     _load(ip)
 
 
 def unload_ipython_extension(ip) -> None:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from .faces.magics import unload_ipython_extension as _unload
 
     _unload(ip)

@@ -108,7 +108,7 @@ def configuration_page() -> str:
 
 
 def magics_page() -> str:
-    from gpusession.faces import transfers
+    from gpusession.faces import transfer_commands
     from gpusession.faces.magicargs import HELP, PARSERS
 
     lines = [
@@ -120,7 +120,7 @@ def magics_page() -> str:
     ]
     subs = {
         **PARSERS,
-        **{name: transfers.help_parser(name) for name in ("push", "upload", "download")},
+        **{name: transfer_commands.help_parser(name) for name in ("push", "upload", "download")},
     }
     for name, func in subs.items():
         text = func.parser.format_help().replace("::\n\n", "", 1)

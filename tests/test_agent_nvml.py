@@ -137,7 +137,7 @@ def test_real_pynvml_on_this_machine_without_a_driver():
 
 @pytest.mark.integration
 def test_importing_the_agent_does_not_touch_nvml():
-    code = "import sys, gpusession.agent.service, gpusession.agent.runtime; print('pynvml' in sys.modules)"
+    code = "import sys, gpusession.agent.service, gpusession.agent.kernel_runtime; print('pynvml' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.agent.runtime import build_parser, run_args
+from gpusession.agent.kernel_runtime import build_parser, run_args
 from gpusession.configuration.agentargs import (
     FLAG,
     FLOAT,

@@ -30,7 +30,7 @@ def _members(archive: bundle.Archive) -> dict[str, tarfile.TarInfo]:
 def test_the_code_is_the_agent_and_what_it_imports_and_nothing_of_the_faces():
     modules = bundle.agent_modules()
     for needed in (
-        "agent/runtime.py",
+        "agent/kernel_runtime.py",
         "agent/kernelboot.py",
         "core/__init__.py",
         "core/protocol.py",
@@ -50,7 +50,7 @@ def test_the_code_is_the_agent_and_what_it_imports_and_nothing_of_the_faces():
     members = _members(bundle.code_archive())
     assert (
         members["boot.sh"].mode == 0o755
-        and members["lib/gpusession/agent/runtime.py"].mode == 0o644
+        and members["lib/gpusession/agent/kernel_runtime.py"].mode == 0o644
     )
     assert "lib/pynvml.py" in members  # nvidia-ml-py: the agent's one dependency
     assert {m.uid for m in members.values()} == {0}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpusession.agent.idle import ActivityTracker
-from gpusession.agent.runtime import build_parser
+from gpusession.agent.kernel_runtime import build_parser
 from gpusession.configuration.agentargs import AgentArgs
 from gpusession.configuration.cost import (
     BILLED_FROM,

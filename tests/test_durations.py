@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from gpusession.agent.runtime import build_parser
+from gpusession.agent.kernel_runtime import build_parser
 from gpusession.configuration.agentargs import AgentArgs
 from gpusession.core.durations import (
     IDLE,

@@ -31,7 +31,7 @@ def test_the_kernel_is_spawned_before_the_runtime_loads_and_from_cheap_modules(t
         "import sys, os\n"
         "from gpusession.agent import kernelspawn\n"
         f"proc, info = kernelspawn.early_kernel(['--session-id', 's1', '--state-dir', {str(state)!r}, '--cwd', {str(tmp_path)!r}])\n"
-        "heavy = sorted(m for m in ('gpusession.agent.runtime', 'gpusession.core.protocol', 'json', 're', 'enum', 'subprocess', 'argparse') if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('gpusession.agent.kernel_runtime', 'gpusession.core.protocol', 'json', 're', 'enum', 'subprocess', 'argparse') if m in sys.modules)\n"
         "print(heavy, proc.pid, flush=True)\n"
         "os.killpg(proc.pid, 9); print(proc.wait(5))\n"
     )

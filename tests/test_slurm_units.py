@@ -220,7 +220,9 @@ def test_the_runtime_bundle_runs_on_its_own(tmp_path):
     with tarfile.open(fileobj=io.BytesIO(tarball)) as tar:
         names = tar.getnames()
         tar.extractall(tmp_path)
-    assert "gpusession/agent/runtime.py" in names and not any("labextension" in n for n in names)
+    assert "gpusession/agent/kernel_runtime.py" in names and not any(
+        "labextension" in n for n in names
+    )
     env = {"PYTHONPATH": str(tmp_path), "PATH": os.environ["PATH"]}
     result = subprocess.run(
         [
@@ -228,7 +230,7 @@ def test_the_runtime_bundle_runs_on_its_own(tmp_path):
             "-I",
             "-c",
             "import sys; sys.path.insert(0, sys.argv[1]); "
-            "from gpusession.agent.runtime import build_parser; build_parser()",
+            "from gpusession.agent.kernel_runtime import build_parser; build_parser()",
             str(tmp_path),
         ],
         capture_output=True,

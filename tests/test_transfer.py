@@ -1,6 +1,6 @@
-"""Data between the notebook and a session (gpusession/transport/kernel/transfer.py, agent/transfer.py):
-%gpu push/pull as binary frames, %gpu upload/download and `gpusession upload|download`, the
-`--upload` start option (.git and .gitignore'd files stay here, a cap), progress bars, bad input
+"""Data between the notebook and a session (gpusession/transport/kernel/transfer_client.py,
+agent/transfer_handler.py): %gpu push/pull as binary frames, %gpu upload/download and
+`gpusession upload|download`, the `--upload` start option (.git and .gitignore'd files stay here, a cap), progress bars, bad input
 on every face, and the idle clock. Real parts: the local backend's processes, a notebook kernel,
 the CLI as a subprocess, the local Docker engine and the ssh:// namespace engine."""
 
@@ -150,7 +150,7 @@ def test_a_kernel_without_transfers_is_named_not_waited_on(local_session):
 def test_a_transfer_given_up_leaves_no_thread_in_the_kernel(local_session):
     """Ctrl-C (or a crash) mid-transfer: the abort ends the session kernel's tar threads."""
     from gpusession.transport.kernel.channel import Channel
-    from gpusession.transport.kernel.transfer import _open
+    from gpusession.transport.kernel.transfer_client import _open
 
     session, work = local_session
     (work / "big.bin").write_bytes(b"\0" * 40_000_000)  # more than the kernel's queue holds

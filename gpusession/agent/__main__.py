@@ -1,4 +1,4 @@
-from .runtime import main
+from .kernel_runtime import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -17,6 +17,7 @@ import time
 
 from ..core.envnames import ENV_STATE_DIR, RESTART_FILE
 from ..core.protocol import is_out_of_memory
+from .cellog import install as install_cell_log
 
 # reached: a client's first kernel_info came (the start reached this kernel); till then the
 # agent's idle clock waits (gpusession.agent.idle: a slow boot or connect is not idleness)
@@ -118,10 +119,10 @@ def load_ipython_extension(ip) -> None:
     if getattr(ip, "kernel", None) is not None:
         _hook_restart(ip.kernel)
         _hook_kernel_info(ip.kernel)
-        from .cellog import install
-
-        install(ip.kernel)  # every output numbered and kept a while: a tunnel cut loses none
-        from .transfer import install as install_transfers
+        # every output numbered and kept a while: a tunnel cut loses none
+        install_cell_log(ip.kernel)
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from .transfer_handler import install as install_transfers
 
         install_transfers(
             ip.kernel, touch

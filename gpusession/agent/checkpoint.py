@@ -177,59 +177,8 @@ def save(
 def _save_into(
     namespace, root, folder, path, started, kind, module, deadline, cap_bytes, cause
 ) -> dict:
-    saved, imports, skipped, total = [], {}, [], 0
-    names = sorted(namespace)
-    for i, name in enumerate(names):
-        value = namespace[name]
-        if time.time() >= deadline:
-            skipped += [{"name": n, "why": "time bound"} for n in names[i:]]
-            break
-        if reserved(name):
-            skipped.append({"name": name, "why": "reserved"})
-            continue
-        if isinstance(value, types.ModuleType):
-            imports[name] = value.__name__
-            continue
-        why = _why_not(value)
-        if why is not None:
-            skipped.append({"name": name, "why": why, "type": type(value).__name__})
-            continue
-        file = os.path.join(path, f"{len(saved)}.pkl")
-        try:
-            size = _dump(module, value, file, cap_bytes)
-        except _OverCap:
-            os.remove(file)
-            skipped.append(
-                {
-                    "name": name,
-                    "why": "over cap",
-                    "type": type(value).__name__,
-                    "cap_bytes": cap_bytes,
-                }
-            )
-            continue
-        except BaseException as exc:  # noqa: BLE001 - whatever a value's pickling raises (KeyboardInterrupt,
-            # SystemExit too): skip that one, say why, keep the rest
-            if os.path.exists(file):
-                os.remove(file)
-            skipped.append(
-                {
-                    "name": name,
-                    "why": "does not pickle",
-                    "type": type(value).__name__,
-                    "error": _skip_why(exc),
-                }
-            )
-            continue
-        saved.append(
-            {
-                "name": name,
-                "file": os.path.basename(file),
-                "bytes": size,
-                "type": type(value).__name__,
-            }
-        )
-        total += size
+    saved, imports, skipped = _write_variables(namespace, path, module, deadline, cap_bytes)
+    total = sum(entry["bytes"] for entry in saved)
     manifest = {
         "format": FORMAT,
         "folder": folder,
@@ -256,6 +205,76 @@ def _save_into(
         shutil.rmtree(path, ignore_errors=True)
         result["error"] = "time bound"
         return result
+    return _commit(root, folder, path, manifest, result)
+
+
+def _write_variables(
+    namespace: dict, path: str, module, deadline: float, cap_bytes: int | None
+) -> tuple[list[dict], dict[str, str], list[dict]]:
+    """Each variable pickled into its own file in `path`, in name order, until `deadline`:
+    (the saved ones, the imported modules by alias, what was left out and why)."""
+    saved, imports, skipped = [], {}, []
+    names = sorted(namespace)
+    for i, name in enumerate(names):
+        value = namespace[name]
+        if time.time() >= deadline:
+            skipped += [{"name": n, "why": "time bound"} for n in names[i:]]
+            break
+        if reserved(name):
+            skipped.append({"name": name, "why": "reserved"})
+            continue
+        if isinstance(value, types.ModuleType):
+            imports[name] = value.__name__
+            continue
+        why = _why_not(value)
+        if why is not None:
+            skipped.append({"name": name, "why": why, "type": type(value).__name__})
+            continue
+        file = os.path.join(path, f"{len(saved)}.pkl")
+        entry, skip = _write_variable(module, name, value, file, cap_bytes)
+        if skip is not None:
+            skipped.append(skip)
+        else:
+            saved.append(entry)
+    return saved, imports, skipped
+
+
+def _write_variable(
+    module, name: str, value, file: str, cap_bytes: int | None
+) -> tuple[dict | None, dict | None]:
+    """One variable into `file`: (its manifest entry, None), or (None, why it was left out),
+    without a file left behind."""
+    try:
+        size = _dump(module, value, file, cap_bytes)
+    except _OverCap:
+        os.remove(file)
+        return None, {
+            "name": name,
+            "why": "over cap",
+            "type": type(value).__name__,
+            "cap_bytes": cap_bytes,
+        }
+    except BaseException as exc:  # noqa: BLE001 - whatever a value's pickling raises (KeyboardInterrupt,
+        # SystemExit too): skip that one, say why, keep the rest
+        if os.path.exists(file):
+            os.remove(file)
+        return None, {
+            "name": name,
+            "why": "does not pickle",
+            "type": type(value).__name__,
+            "error": _skip_why(exc),
+        }
+    return {
+        "name": name,
+        "file": os.path.basename(file),
+        "bytes": size,
+        "type": type(value).__name__,
+    }, None
+
+
+def _commit(root: str, folder: str, path: str, manifest: dict, result: dict) -> dict:
+    """The checkpoint's index written in its folder, then the workspace's manifest replaced by it
+    under the lock, read back, and the other checkpoints removed; `result` says how it went."""
     write_json(os.path.join(path, INDEX), manifest)
     _sync_dir(path)
     lock = os.open(os.path.join(root, LOCK), os.O_WRONLY | os.O_CREAT, 0o600)

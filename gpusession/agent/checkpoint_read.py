@@ -180,12 +180,7 @@ def restore(namespace: dict, workspace: str) -> dict:
     root = meta_dir(workspace)
     damaged: list[str] = []
     kept: list[str] = []
-    try:
-        manifest = load_manifest(os.path.join(root, MANIFEST))
-    except Damaged as exc:
-        damaged.append(f"its manifest: {exc}")
-        kept.append(_aside(os.path.join(root, MANIFEST)))
-        manifest = _newest_index(workspace)
+    manifest = _manifest_or_newest(root, workspace, damaged, kept)
     if manifest is None:
         return {
             "found": False,
@@ -197,32 +192,9 @@ def restore(namespace: dict, workspace: str) -> dict:
         }
     _, module = pickler()
     folder = os.path.join(root, "checkpoints", manifest["folder"])
-    restored, failed, imported = [], [], []
-    for alias, name in (manifest.get("imports") or {}).items():
-        if reserved(str(alias)):
-            failed.append({"name": str(alias), "error": RESERVED})
-            continue
-        try:
-            namespace[alias] = __import__("importlib").import_module(name)
-            imported.append(alias)
-        except Exception as exc:  # noqa: BLE001 - a module this image lacks: say so
-            failed.append(
-                {"name": alias, "error": f"import {name}: {type(exc).__name__}: {exc}"[:200]}
-            )
-    bad_files = 0
-    for entry in manifest.get("variables") or []:
-        name = entry.get("name", "?") if isinstance(entry, dict) else "?"
-        if isinstance(name, str) and reserved(name):
-            failed.append({"name": name, "error": RESERVED})
-            continue
-        try:
-            namespace[name] = _read_variable(module, folder, entry)
-            restored.append(name)
-        except Damaged as exc:
-            bad_files += 1
-            failed.append({"name": str(name), "error": f"damaged: {exc}"})
-        except Exception as exc:  # noqa: BLE001 - another Python or package version: one line for it
-            failed.append({"name": str(name), "error": f"{type(exc).__name__}: {exc}"[:200]})
+    failed: list[dict] = []
+    imported = _restore_imports(namespace, manifest, failed)
+    restored, bad_files = _restore_variables(namespace, module, folder, manifest, failed)
     if bad_files:  # the whole checkpoint aside: the next save writes a new one, a next resume says there is none
         damaged.append(f"{bad_files} of its variable file(s)")
         if not kept and os.path.isfile(
@@ -241,6 +213,57 @@ def restore(namespace: dict, workspace: str) -> dict:
         "skipped": manifest.get("skipped") or [],
         **_damage(damaged, kept, workspace),
     }
+
+
+def _manifest_or_newest(root: str, workspace: str, damaged: list, kept: list) -> dict | None:
+    """The committed manifest; when it is damaged (said in `damaged`, set aside in `kept`), the
+    newest checkpoint's own index; None: no checkpoint."""
+    try:
+        return load_manifest(os.path.join(root, MANIFEST))
+    except Damaged as exc:
+        damaged.append(f"its manifest: {exc}")
+        kept.append(_aside(os.path.join(root, MANIFEST)))
+        return _newest_index(workspace)
+
+
+def _restore_imports(namespace: dict, manifest: dict, failed: list) -> list[str]:
+    """The modules the saved namespace had imported, imported again under their aliases; those
+    that do not import go into `failed`. Returns the aliases restored."""
+    imported = []
+    for alias, name in (manifest.get("imports") or {}).items():
+        if reserved(str(alias)):
+            failed.append({"name": str(alias), "error": RESERVED})
+            continue
+        try:
+            namespace[alias] = __import__("importlib").import_module(name)
+            imported.append(alias)
+        except Exception as exc:  # noqa: BLE001 - a module this image lacks: say so
+            failed.append(
+                {"name": alias, "error": f"import {name}: {type(exc).__name__}: {exc}"[:200]}
+            )
+    return imported
+
+
+def _restore_variables(
+    namespace: dict, module, folder: str, manifest: dict, failed: list
+) -> tuple[list[str], int]:
+    """Each saved variable read back into `namespace`; those that do not go into `failed`.
+    Returns (the names restored, how many files were damaged)."""
+    restored, bad_files = [], 0
+    for entry in manifest.get("variables") or []:
+        name = entry.get("name", "?") if isinstance(entry, dict) else "?"
+        if isinstance(name, str) and reserved(name):
+            failed.append({"name": name, "error": RESERVED})
+            continue
+        try:
+            namespace[name] = _read_variable(module, folder, entry)
+            restored.append(name)
+        except Damaged as exc:
+            bad_files += 1
+            failed.append({"name": str(name), "error": f"damaged: {exc}"})
+        except Exception as exc:  # noqa: BLE001 - another Python or package version: one line for it
+            failed.append({"name": str(name), "error": f"{type(exc).__name__}: {exc}"[:200]})
+    return restored, bad_files
 
 
 def _damage(damaged: list, kept: list, workspace: str) -> dict:

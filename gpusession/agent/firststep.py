@@ -1,7 +1,7 @@
 """`python -m gpusession.agent.firststep run ARGS...` (what the runtime bundle's boot.sh runs):
 the session kernel's process first (gpusession.agent.kernelspawn.early_kernel), then the runtime
-(`gpusession.agent.runtime`: argparse, the protocol's types, the agent's HTTP side) loads while
-the kernel boots, and takes that kernel over. A bare `docker run` of a kernel has the kernel as
+(`gpusession.agent.kernel_runtime`: argparse, the protocol's types, the agent's HTTP side) loads
+while the kernel boots, and takes that kernel over. A bare `docker run` of a kernel has the kernel as
 its first process; before ours come only Python's start and a few cheap modules.
 Python 3.9 syntax.
 """
@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # noqa: BLE001 - the runtime starts it the usual way and reports what fails, with the stage
             early = None
     try:
-        from .runtime import main as run
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from .kernel_runtime import main as run
 
         return run(argv, early=early)
     except BaseException:

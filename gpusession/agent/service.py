@@ -1,10 +1,10 @@
 """The agent as the runtime uses it: command-line options, wiring, and the `sample` /
 `nvml-record` commands.
 
-    runtime.build_parser -> add_arguments(run_parser), add_commands(subparsers)
-    runtime.main         -> start(rt, args) while the kernel starts (binds the endpoint and
-                            sets rt.agent_port, which runtime.json and READY then carry)
-    backends             -> AgentArgs.for_record(record, ...).argv(): the options (gpusession.configuration.agentargs)
+    kernel_runtime.build_parser -> add_arguments(run_parser), add_commands(subparsers)
+    kernel_runtime.main         -> start(rt, args) while the kernel starts (binds the endpoint
+                                   and sets rt.agent_port, which runtime.json and READY carry)
+    backends                    -> AgentArgs.for_record(record, ...).argv(): the options (gpusession.configuration.agentargs)
 
 Standard library only (and nvidia-ml-py, lazily), like the rest of gpusession.agent.
 """
@@ -122,10 +122,8 @@ def start(rt, args: AgentArgs) -> Watchdog | None:
         sample_interval_s=args.sample_interval,
     )
     if args.agent_port >= 0:
-        from .endpoint import (
-            AgentServer,
-            token_from_connection_file,
-        )  # here: the kernel boots meanwhile
+        # lazy: docs/architecture.md#imports-kept-inside-functions (the kernel boots meanwhile)
+        from .endpoint import AgentServer, token_from_connection_file
 
         try:
             server = AgentServer(

@@ -1,7 +1,8 @@
 """In the session kernel: what each kind of transfer does with its bytes (the requests and
-their numbering: `gpusession.agent.transfer`). push/pull: variables, pickled one by one; upload:
-a tar stream extracted as it arrives (`gpusession.transport.tarsafe`: temporary names, renamed once the
-whole stream arrived and its size and CRC-32 match); download: a tar stream made by a thread.
+their numbering: `gpusession.agent.transfer_handler`). push/pull: variables, pickled one by one;
+upload: a tar stream extracted as it arrives (`gpusession.transport.tarsafe`: temporary names,
+renamed once the whole stream arrived and its size and CRC-32 match); download: a tar stream made
+by a thread.
 Standard library only; Python 3.9 syntax.
 """
 

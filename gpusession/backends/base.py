@@ -31,15 +31,17 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Protocol
 
+from ..configuration.cost import CONFIGURED, OWN_HARDWARE, PRICE_LIST
 from ..configuration.settings import Setting, section_for, setting_value
 from ..core.errors import BadInput
+from ..core.models import KernelEndpoint
 from ..core.protocol import Marker, StopDetails, StopKind, StopReason, parse_marker
 
 if TYPE_CHECKING:
     from ..configuration.catalog import Catalog
     from ..configuration.config import GpuSessionConfig
     from ..configuration.options import StartOption
-    from ..core.models import KernelEndpoint, LaunchSpec, SessionRecord
+    from ..core.models import LaunchSpec, SessionRecord
     from ..core.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -157,8 +159,6 @@ class DirectLink(Link):
         """`kernel_info`: the runtime's kernel.json (ports on 127.0.0.1); `agent_port`: the
         agent's (runtime.json), None when it has none; `alive`: is the remote side still there
         (asked at most once a second; a kernel that dies while it starts is noticed by it)."""
-        from ..core.models import KernelEndpoint
-
         agent_url = f"http://127.0.0.1:{int(agent_port)}" if agent_port else None
         ip = (
             kernel_info["ip"] if kernel_info.get("transport") == "ipc" else "127.0.0.1"
@@ -191,6 +191,7 @@ class TunnelLink(Link):
         """`tunnel`: started; `kernel_info`: the remote kernel.json, whose ports (and
         `agent_port`: -1 for the fixed `tunnel.CONTAINER_AGENT_PORT`, None for no agent) the
         tunnel forwards to local ones."""
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..transport.tunnel import CONTAINER_AGENT_PORT, tunneled_endpoint
 
         self.tunnel = tunnel
@@ -364,8 +365,6 @@ class Backend(abc.ABC):
         CLOUD (what a cloud bills), OWN_HARDWARE (the catalog's cloud rate applied to the user's
         own machine: every face says so), CONFIGURED (a price the user set); None: unsaid.
         The default matches the default `price_per_hour`."""
-        from ..configuration.cost import CONFIGURED, OWN_HARDWARE, PRICE_LIST
-
         if self.config.price_per_hour >= 0:
             return CONFIGURED
         return PRICE_LIST if spec.gpu_type in type(self).price_list else OWN_HARDWARE

@@ -251,6 +251,7 @@ class LocalBackend(Backend):
         shutil.rmtree(self.workspace_dir(workspace.name))
 
     def export_workspace(self, record: SessionRecord, progress: Progress) -> WorkspaceExport:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..transport.tarsafe import folder_chunks
 
         folder = self.workspace_dir(record.resource.get("workspace") or workspace_name(record))
@@ -262,6 +263,7 @@ class LocalBackend(Backend):
         import tarfile
         import uuid
 
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..transport.tarsafe import ChunkReader, Extraction
 
         folder = self.workspace_dir(workspace_name(record))

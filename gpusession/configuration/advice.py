@@ -120,18 +120,48 @@ def advise(
         current = catalog.get(gpu_type)
     except BadInput:  # a type the catalog no longer has
         return None
+    choice = _Choice(catalog, current, gpu_count, spot, billed_s, f)
+    # memory ran out, or nearly
+    if f.oom_errors or f.memory_peak >= FULL * f.memory_total:
+        return _bigger(choice)
+    # every GPU used, and the bottleneck
+    count = min(f.busy_gpus, gpu_count)
+    if count == gpu_count and f.utilization_p50 is not None and f.utilization_p50 >= SATURATED:
+        return _faster(choice)
+    # room to spare (or GPUs nobody used)
+    return _smaller(choice, count)
 
-    def price(gpu: GpuType, count: int) -> float | None:
+
+@dataclasses.dataclass
+class _Choice:
+    """What a suggestion is weighed against: the session's type and count, its usage figures and
+    the catalog's prices (spot when the session was)."""
+
+    catalog: Catalog
+    current: GpuType
+    gpu_count: int
+    spot: bool
+    billed_s: float
+    figures: UsageFigures
+
+    def __post_init__(self) -> None:
+        self.now_price = self.price(self.current, self.gpu_count) or 0.0
+
+    def price(self, gpu: GpuType, count: int) -> float | None:
         try:
             gpu.instance_for(count)
         except BadInput:
             return None
-        return catalog.price_per_hour(gpu, count, spot=spot)
+        return self.catalog.price_per_hour(gpu, count, spot=self.spot)
 
-    now_price = price(current, gpu_count) or 0.0
+    def cheapest(self, count: int, fits) -> tuple[GpuType, float] | None:
+        priced = [(g, self.price(g, count)) for g in self.catalog.types if fits(g)]
+        found = [(g, p) for g, p in priced if p is not None]
+        return min(found, key=lambda gp: (gp[1], gp[0].memory_gb)) if found else None
 
-    def make(kind: str, gpu: GpuType, count: int, cost: float) -> Advice:
-        hourly = round(cost - now_price, 6)
+    def advice(self, kind: str, gpu: GpuType, count: int, cost: float) -> Advice:
+        current, gpu_count = self.current, self.gpu_count
+        hourly = round(cost - self.now_price, 6)
         speed = None
         if current.fp16_tflops and gpu.fp16_tflops:
             speed = round(gpu.fp16_tflops * count / (current.fp16_tflops * gpu_count), 2)
@@ -139,54 +169,54 @@ def advise(
             kind=kind,
             gpu_type=current.name,
             gpu_count=gpu_count,
-            price_per_hour=now_price,
+            price_per_hour=self.now_price,
             suggested_type=gpu.name,
             suggested_count=count,
             suggested_price=cost,
             hourly_difference=hourly,
-            session_difference=round(hourly * billed_s / 3600.0, 6),
+            session_difference=round(hourly * self.billed_s / 3600.0, 6),
             speedup=speed,
-            figures=f,
+            figures=self.figures,
         )
 
-    def cheapest(count: int, fits) -> tuple[GpuType, float] | None:
-        priced = [(g, price(g, count)) for g in catalog.types if fits(g)]
-        found = [(g, p) for g, p in priced if p is not None]
-        return min(found, key=lambda gp: (gp[1], gp[0].memory_gb)) if found else None
 
-    # memory ran out, or nearly: the cheapest type with more memory per GPU
-    if f.oom_errors or f.memory_peak >= FULL * f.memory_total:
-        found = cheapest(gpu_count, lambda g: g.memory_gb * GB > f.memory_total * 1.05)
-        return make("bigger", found[0], gpu_count, found[1]) if found else None
+def _bigger(choice: _Choice) -> Advice | None:
+    """Memory ran out, or nearly: the cheapest type with more memory per GPU."""
+    f = choice.figures
+    found = choice.cheapest(choice.gpu_count, lambda g: g.memory_gb * GB > f.memory_total * 1.05)
+    return choice.advice("bigger", found[0], choice.gpu_count, found[1]) if found else None
 
-    # every GPU used, and the bottleneck: the cheapest type that is clearly faster and holds it
-    count = min(f.busy_gpus, gpu_count)
-    if count == gpu_count and f.utilization_p50 is not None and f.utilization_p50 >= SATURATED:
-        floor = (current.fp16_tflops or 0) * FASTER
-        found = cheapest(
-            gpu_count,
-            lambda g: (
-                (g.fp16_tflops or 0) >= floor and g.memory_gb * GB >= f.memory_peak * HEADROOM
-            ),
-        )
-        return make("faster", found[0], gpu_count, found[1]) if found else None
 
-    # room to spare (or GPUs nobody used): the cheapest type, on the GPUs that were used, that
-    # holds the peak with headroom, as fast as this one where the compute mattered
+def _faster(choice: _Choice) -> Advice | None:
+    """Every GPU used, and the bottleneck: the cheapest type that is clearly faster and holds it."""
+    f = choice.figures
+    floor = (choice.current.fp16_tflops or 0) * FASTER
+    found = choice.cheapest(
+        choice.gpu_count,
+        lambda g: (g.fp16_tflops or 0) >= floor and g.memory_gb * GB >= f.memory_peak * HEADROOM,
+    )
+    return choice.advice("faster", found[0], choice.gpu_count, found[1]) if found else None
+
+
+def _smaller(choice: _Choice, count: int) -> Advice | None:
+    """Room to spare (or GPUs nobody used): the cheapest type, on the `count` GPUs that were
+    used, that holds the peak with headroom, as fast as this one where the compute mattered;
+    None when it saves too little."""
+    f, current = choice.figures, choice.current
     need_speed = (
         f.utilization_p95 is not None and f.utilization_p95 >= COMPUTE_MATTERED
     ) and current.fp16_tflops
-    found = cheapest(
+    found = choice.cheapest(
         count,
         lambda g: (
             g.memory_gb * GB >= f.memory_peak * HEADROOM
             and (not need_speed or (g.fp16_tflops or 0) >= (current.fp16_tflops or 0))
         ),
     )
-    if found is None or found[1] > now_price - MIN_SAVING:
+    if found is None or found[1] > choice.now_price - MIN_SAVING:
         return None
     gpu, cost = found
-    return make("fewer" if gpu.name == current.name else "smaller", gpu, count, cost)
+    return choice.advice("fewer" if gpu.name == current.name else "smaller", gpu, count, cost)
 
 
 def could_save(

@@ -2,8 +2,8 @@
 takes. The local side makes it (`AgentArgs.for_record(record, **placement)`: the record's limits,
 and the placement a backend fills in: session id, state dir, kernel ip/sockets, ports, workspace,
 billed-since or not) and writes it (`argv()`); the agent reads it with the parser made from the
-same fields (`add_arguments`, gpusession/agent/runtime.py and service.py), so a flag, its type and
-its default are written once, here. Below the backends and the agent (standard library, Python
+same fields (`add_arguments`, gpusession/agent/kernel_runtime.py and service.py), so a flag, its
+type and its default are written once, here. Below the backends and the agent (standard library, Python
 3.9), so both use it without importing each other; it ships in the runtime bundle.
 """
 

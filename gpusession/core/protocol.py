@@ -85,7 +85,7 @@ META_CELL_LOG = (
 #: control-channel request {"msg_id", "since"} -> reply {"state": "unknown"|"started"|"done",
 #: "outputs_total", "first_kept", "outputs": [{"seq", "msg_type", "content"}], "reply"}
 CELL_LOG_REQUEST = "gpusession_cell_request"
-# bulk bytes on the shell channel, binary frames in `buffers` (gpusession.agent.transfer)
+# bulk bytes on the shell channel, binary frames in `buffers` (gpusession.agent.transfer_handler)
 TRANSFER_REQUEST = "gpusession_transfer_request"
 TRANSFER_REPLY = "gpusession_transfer_reply"
 CELL_LOG_REPLY = "gpusession_cell_reply"

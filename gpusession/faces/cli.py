@@ -11,12 +11,13 @@ from ..configuration import options
 from ..configuration.cost import add_report_arguments
 from ..configuration.options import add_arguments as add_start_options
 from ..core.errors import GpuSessionError
-from .transfers import add_commands as add_transfer_commands
+from . import transfer_commands
 
 
 def _manager():
     """The CLI is no Jupyter app: its settings are the GPUSESSION_* env vars (a bad one is a
     one-line error), not ipython_config.py or jupyter_server_config.py, which may disagree."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..configuration.settings import EnvConfig
     from ..session import SessionManager
 
@@ -24,6 +25,7 @@ def _manager():
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.status import session_table
 
     m = _manager()
@@ -31,6 +33,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         active_only=not args.all, check=True
     )  # a session gone is shown ended, not running
     if not args.all:  # and what an interruption ended with its state saved: resumable
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..session.views import interrupted_to_resume
 
         records += interrupted_to_resume(m.list())
@@ -42,9 +45,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_types(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..configuration.catalog import load_catalog
 
     if args.live:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..words.spend import live_price_lines
 
         m = _manager()
@@ -58,6 +63,7 @@ def cmd_types(args: argparse.Namespace) -> int:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.spend import catalog_refresh_line
 
     if args.action != "refresh":
@@ -67,6 +73,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.spend import advice_line
     from ..words.stops import summary_line
     from ..words.workspaces import print_checkpoint
@@ -90,6 +97,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.spend import report_lines
 
     m = _manager()
@@ -102,6 +110,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_advice(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.spend import advice_lines
 
     m = _manager()
@@ -114,7 +123,7 @@ def cmd_advice(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from ..configuration import options
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.spend import start_notes
     from ..words.stops import idle_setting
     from ..words.workspaces import print_restored
@@ -136,7 +145,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_switch(args: argparse.Namespace) -> int:
-    from ..configuration import options
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.switches import switch_line
 
     m = _manager()
@@ -153,6 +162,7 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.status import rate_text, start_log_lines, status_heading, timeline, unverified_text
     from ..words.stops import ended_message
 
@@ -175,6 +185,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.status import status_lines
 
     m = _manager()
@@ -187,6 +198,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_keepalive(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.stops import keepalive_line
 
     m = _manager()
@@ -199,6 +211,7 @@ def cmd_keepalive(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.stops import gc_line
 
     m = _manager()
@@ -218,6 +231,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def _report_orphaned_workspaces(m) -> None:
     """gc keeps every workspace: it says which no session uses any more."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..session.workspaces import list_all
     from ..words.workspaces import orphaned_line
 
@@ -228,6 +242,7 @@ def _report_orphaned_workspaces(m) -> None:
 
 def cmd_workspaces(args: argparse.Namespace) -> int:
     """List the workspaces, or delete one (only with --yes)."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..session.workspaces import list_all, remove
     from ..words.common import size_text
     from ..words.workspaces import workspace_table
@@ -250,25 +265,22 @@ def cmd_workspaces(args: argparse.Namespace) -> int:
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
-    from .transfers import cmd_upload as upload
-
-    return upload(args, _manager())
+    return transfer_commands.cmd_upload(args, _manager())
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    from .transfers import cmd_download as download
-
-    return download(args, _manager())
+    return transfer_commands.cmd_download(args, _manager())
 
 
 def cmd_kernelspec(args: argparse.Namespace) -> int:
     """GPU kernelspecs for JupyterLab's launcher (gpusession/provisioner, docs/kernels.md)."""
-    from ..configuration import options
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..provisioner import kernelspecs
 
     if args.action == "install":
         values = options.given_values(args)
         if "type" not in values:
+            # lazy: docs/architecture.md#imports-kept-inside-functions
             from ..configuration.config import GpuSessionConfig
 
             values["type"] = GpuSessionConfig().default_type
@@ -301,6 +313,7 @@ def cmd_kernelspec(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from .demo import run_demo
 
     return run_demo(notebook=args.notebook, backend=args.backend, out=args.out)
@@ -332,6 +345,7 @@ class _Parser(argparse.ArgumentParser):
     exit 2 as for any argparse usage error, without the usage block."""
 
     def error(self, message: str):  # type: ignore[override]
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..words.stops import usage_error
 
         self.exit(2, f"{self.prog}: {usage_error(message)}\n")
@@ -379,6 +393,21 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     parsed (what `main` does: the table imports every backend); else at once."""
     p = _Parser(prog="gpusession", description="GPU sessions for notebooks")
     sub = p.add_subparsers(dest="command", required=True)
+    _add_listings(sub)
+    _add_lifecycle(sub, lazy)
+    _add_session_views(sub)
+    _add_cleanup(sub)
+    _add_kernelspec(sub, lazy)
+    transfer_commands.add_commands(sub)  # upload, download (gpusession/faces/transfer_commands.py)
+    s = sub.add_parser("demo", help="run notebooks/quickstart.ipynb headless and show what it did")
+    s.add_argument("--notebook", default=None, help="another notebook to run")
+    s.add_argument("--backend", default="local", help="backend for the demo (default: local)")
+    s.add_argument("--out", default=None, help="save the executed notebook here")
+    return p
+
+
+def _add_listings(sub) -> None:
+    """list, types, catalog: what sessions there are, and the GPU types with their prices."""
     s = sub.add_parser("list", help="list active sessions")
     s.add_argument(
         "--all",
@@ -397,6 +426,10 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
         help="on-demand prices from the AWS Price List API (needs AWS credentials), written as "
         "your dated snapshot (catalog.json in the data folder) that every face then uses",
     )
+
+
+def _add_lifecycle(sub, lazy: bool) -> None:
+    """stop, start, switch: a session's life."""
     s = sub.add_parser("stop", help="stop a session")
     s.add_argument("name", nargs="?")
     s.add_argument("--all", action="store_true", help="stop every active session")
@@ -416,6 +449,11 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     s.add_argument("session", metavar="NAME", help="the running session to move")
     s.add_argument("--on-demand", action="store_true", help=options.ON_DEMAND_HELP)
     s.add_start_options(skip=options.SWITCH_SKIP, lazy=lazy)  # the new session's: --type, --host...
+
+
+def _add_session_views(sub) -> None:
+    """status, stats, advice, report, keepalive: what one session (or all of them) did and
+    costs, and its idle stop postponed."""
     s = sub.add_parser("status", help="one session's state, cost and timeline")
     s.add_argument("name")
     s = sub.add_parser(
@@ -436,6 +474,10 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
         default="1h",
         help="e.g. 30m, 1h; a bare number means minutes (default 1h; at most 4h ahead)",
     )
+
+
+def _add_cleanup(sub) -> None:
+    """workspaces, gc: what outlives sessions, and what crashed processes left."""
     s = sub.add_parser(
         "workspaces", help="the workspaces that outlive sessions: list them, or delete one"
     )
@@ -463,6 +505,10 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
         help="also remove the runtime volumes of other gpusession builds "
         "that no container uses (Docker engines)",
     )
+
+
+def _add_kernelspec(sub, lazy: bool) -> None:
+    """kernelspec install|remove|list: GPU kernels for JupyterLab's launcher."""
     s = sub.add_parser(
         "kernelspec", help="install, list or remove GPU kernels for JupyterLab's launcher"
     )
@@ -490,12 +536,6 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     k = ks.add_parser("remove", help="remove a GPU kernelspec")
     k.add_argument("kernel_name", metavar="NAME")
     ks.add_parser("list", help="the GPU kernelspecs Jupyter finds")
-    add_transfer_commands(sub)  # upload, download (gpusession/faces/transfers.py)
-    s = sub.add_parser("demo", help="run notebooks/quickstart.ipynb headless and show what it did")
-    s.add_argument("--notebook", default=None, help="another notebook to run")
-    s.add_argument("--backend", default="local", help="backend for the demo (default: local)")
-    s.add_argument("--out", default=None, help="save the executed notebook here")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -503,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except GpuSessionError as exc:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..words.stops import error_text
 
         print(f"gpusession {args.command}: {error_text(exc)}", file=sys.stderr)

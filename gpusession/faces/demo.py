@@ -6,6 +6,10 @@ import os
 import time
 from pathlib import Path
 
+from ..session import SessionManager
+from ..words.status import timeline
+from ..words.stops import summary_line
+
 NOTEBOOK_NAME = "quickstart.ipynb"
 
 
@@ -74,10 +78,6 @@ def output_text(cell) -> str:
 
 
 def run_demo(notebook: str | None = None, backend: str = "local", out: str | None = None) -> int:
-    from ..session import SessionManager
-    from ..words.status import timeline
-    from ..words.stops import summary_line
-
     path = Path(notebook) if notebook else find_quickstart()
     os.environ["GPUSESSION_BACKEND"] = backend
     started = time.time()

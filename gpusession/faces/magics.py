@@ -52,6 +52,7 @@ from ..session import SessionManager
 from ..session.handle import Session
 from ..session.recovery import wants_recovery
 from ..session.store import owner_id
+from ..widgets import register_panel
 from ..words.common import price_list_lines
 from ..words.spend import advice_line, advice_lines, live_price_lines, report_lines, start_notes
 from ..words.status import rate_text, session_table, status_heading, status_lines
@@ -74,7 +75,7 @@ from ..words.switches import (
     switch_line,
 )
 from ..words.workspaces import print_checkpoint, print_restored
-from . import transfers
+from . import transfer_commands
 from .magicargs import (
     HELP,
     PARSERS,
@@ -559,7 +560,7 @@ class GpuMagics(Magics):
 
     def _help(self, rest: str) -> None:
         sub = rest.strip()
-        func = PARSERS.get(sub) or transfers.help_parser(sub)
+        func = PARSERS.get(sub) or transfer_commands.help_parser(sub)
         print(func.parser.format_help() if func is not None else HELP)
 
 
@@ -596,10 +597,8 @@ def load_ipython_extension(ip) -> None:
         and type(c).__name__ not in {type(s).__name__ for s in sections}
     ] + [gpu_config, *sections]
     ip._gpusession_magics = magics  # for later layers (widgets) and unload
-    transfers.register(magics)  # push, pull, upload, download (with progress bars)
-    from ..widgets import register_panel  # the ipywidgets face adds `%gpu panel`
-
-    register_panel(magics)
+    transfer_commands.register(magics)  # push, pull, upload, download (with progress bars)
+    register_panel(magics)  # the ipywidgets face adds `%gpu panel`
 
 
 def unload_ipython_extension(ip) -> None:

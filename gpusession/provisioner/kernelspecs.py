@@ -23,7 +23,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..configuration import options
+from ..configuration.catalog import load_catalog
+from ..configuration.registry import backend_names
 from ..core.errors import BadInput
+from ..session import SessionManager
+from ..words.common import kernel_display_name, price_note
 
 PROVISIONER_NAME = "gpusession-provisioner"  # the entry point in jupyter_client.kernel_provisioners
 _VALID_NAME = re.compile(
@@ -45,9 +49,6 @@ class GpuKernelSpec:
 def check_options(values: Mapping[str, Any], face: str = options.FLAGS) -> dict[str, Any]:
     """The start options as the table reads them (BadOptions names each bad one); the values
     themselves are what the kernelspec keeps."""
-    from ..configuration.catalog import load_catalog
-    from ..configuration.registry import backend_names
-
     bad = [name for name in values if name in NOT_IN_A_KERNELSPEC]
     if bad:
         raise BadInput(
@@ -71,9 +72,6 @@ def kernel_json(values: Mapping[str, Any]) -> dict[str, Any]:
     """The kernel.json of a GPU kernelspec with these (checked) start options. Its price is the
     one its sessions will be recorded with, said as the cards say it (`Backend.price_basis`:
     "cloud rate, own hardware", "configured price"), with the settings of this process."""
-    from ..session import SessionManager
-    from ..words.common import kernel_display_name, price_note
-
     parsed = check_options(values)
     gpu_type, gpu_count = parsed["type"]
     manager = SessionManager()

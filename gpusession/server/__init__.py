@@ -8,13 +8,15 @@ on the `jupyter lab` / `jupyter server` command line, over the GPUSESSION_* env 
 
 from __future__ import annotations
 
+from ..core.errors import GpuSessionError
+from ..session import SessionManager
+
 
 def _load_jupyter_server_extension(server_app) -> None:
     from traitlets import TraitError
 
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..configuration.config import GpuSessionConfig
-    from ..core.errors import GpuSessionError
-    from ..session import SessionManager
     from .handlers import setup_handlers
 
     try:  # jupyter-resource-usage's habit: the server app is the parent, so its config applies

@@ -29,7 +29,7 @@ from ..words.switches import switch_line
 from .api import Api
 from .base import BaseHandler
 from .panel import MAX_HISTORY, kernel_ids_by_pid, with_history
-from .workspaces import WorkspaceHandler, WorkspacesHandler
+from .workspace_handlers import WorkspaceHandler, WorkspacesHandler
 
 
 class SessionsHandler(BaseHandler):

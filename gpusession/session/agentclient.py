@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import GpuSessionError
 from ..core.models import KernelEndpoint
+from ..core.protocol import agent_token
 
 if TYPE_CHECKING:  # http.client (with ssl, email) loads when a client is made: not for `list`
     import http.client
@@ -43,8 +44,6 @@ class AgentClient:
     def for_endpoint(cls, endpoint: KernelEndpoint, **kw: Any) -> "AgentClient":
         if not endpoint.agent_url:
             raise AgentUnavailable("this session has no stats agent (it was started without one)")
-        from ..agent.endpoint import agent_token
-
         key = (endpoint.connection_info or {}).get("key")
         return cls(endpoint.agent_url, agent_token(key) if key else None, **kw)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Callable
 
+from ..configuration.registry import backend_names
 from ..core.errors import GpuSessionError
 from ..core.models import SessionRecord, State
 from ..core.protocol import StopKind
@@ -56,8 +57,6 @@ def collect(
     volumes: bool = False,
 ) -> list[GcAction]:
     """What gc does (SessionManager.gc passes its store, backends, reconcile and stop)."""
-    from ..configuration.registry import backend_names
-
     actions: list[GcAction] = []
     names = backends or backend_names()
     # records first: a start its dead starter left is recorded failed, so what else it made (a

@@ -10,10 +10,10 @@ from typing import Any, Iterator, Protocol
 from ..backends import Backend, Link
 from ..core.errors import KernelDied, LinkLost, SessionEnded
 from ..core.models import SessionRecord
-from ..transport.kernel import files, transfer
+from ..transport.kernel import files, transfer_client
 from ..transport.kernel.client import KernelClient
 from ..transport.kernel.sink import OutputSink
-from ..transport.kernel.transfer import Progress
+from ..transport.kernel.transfer_client import Progress
 from .agentclient import AgentClient, AgentUnavailable
 from .store import Store
 
@@ -173,14 +173,14 @@ class Session:
         tree = files.collect(paths, everything=everything)
         self._after_reconnect()
         with self._ended_during("an upload"):
-            return transfer.upload(self.kernel, tree.files, tree.size, to, progress)
+            return transfer_client.upload(self.kernel, tree.files, tree.size, to, progress)
 
     def download(self, paths: list[str], to: str = ".", progress: Progress | None = None) -> dict:
         """Files or folders of the session (relative to its kernel's working directory) into
         local folder `to`. Returns {"files", "bytes", "dest"}."""
         self._after_reconnect()
         with self._ended_during("a download"):
-            return transfer.download(self.kernel, paths, to, progress)
+            return transfer_client.download(self.kernel, paths, to, progress)
 
     def stop(self) -> SessionRecord:
         return self.manager.stop(self.id)

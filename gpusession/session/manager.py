@@ -27,7 +27,12 @@ from ..backends import Backend, Link
 from ..configuration import options
 from ..configuration.catalog import load_catalog
 from ..configuration.cost import PRICE_BASIS
-from ..configuration.registry import default_order, load_backend_class, loaded_classes
+from ..configuration.registry import (
+    backend_names,
+    default_order,
+    load_backend_class,
+    loaded_classes,
+)
 from ..configuration.settings import load_policy
 from ..core.errors import (
     GpuSessionError,
@@ -41,8 +46,12 @@ from ..core.models import LaunchSpec, SessionRecord, State
 from ..core.progress import Progress, Reporter
 from ..core.protocol import StopKind, StopReason
 from ..transport.kernel import files
+from .gc import collect
 from .liveness import Liveness, ended_state
+from .orphans import cut_switch
+from .orphans import settle as settle_orphaned
 from .recorder import StoreRecorder
+from .recovery import avoid_zone, replacement_values
 from .spend import Spend
 from .stats import Stats, save_summary
 from .store import Store
@@ -84,6 +93,7 @@ class SessionManager:
 
     def __init__(self, config: GpuSessionConfig | None = None, store: Store | None = None):
         if config is None:  # the CLI gives an EnvConfig (settings.py): no traitlets.config
+            # lazy: docs/architecture.md#imports-kept-inside-functions
             from ..configuration.config import GpuSessionConfig
 
             config = GpuSessionConfig()
@@ -144,8 +154,6 @@ class SessionManager:
         each field in the words of `face`: options.REST, FLAGS or FORM): the option table's rules
         (gpusession/configuration/options.py), with this manager's config for defaults. An option left out
         takes its default."""
-        from ..configuration.registry import backend_names
-
         spec = options.build_spec(
             values,
             config=self.config,
@@ -238,7 +246,8 @@ class SessionManager:
             record = self.store.transition(record.id, State.STARTING)
             with progress.stage("connect"):
                 link = backend.connect(record, progress)
-            from .handle import Session  # the kernel client (jupyter_client, zmq): not for `list`
+            # lazy: docs/architecture.md#imports-kept-inside-functions (jupyter_client, zmq)
+            from .handle import Session
 
             session = Session(self, record, backend, link)
             try:
@@ -309,6 +318,7 @@ class SessionManager:
     ) -> LaunchSpec:
         """The spec of the session that replaces running session `key`: its start options with
         the `given` ones over them (`on_demand`: true turns spot off); BadInput as `spec_from`."""
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from .switch import switch_values
 
         return self.spec_from(switch_values(self.store.get(key), given), face)
@@ -324,6 +334,7 @@ class SessionManager:
         """Move running session `old` (a key or its handle) to a new session started from `spec`,
         keeping its variables and files through its workspace (session/switch.py). Returns the
         new session and a `SwitchReport`; on any failure the old session keeps running."""
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from .switch import switch_session
 
         return switch_session(self, old if isinstance(old, str) else old.id, spec, report, by=by)
@@ -332,8 +343,6 @@ class SessionManager:
         """A replacement for a session whose capacity was taken back after its state was saved,
         when it asks for one (`--recover`; session/recovery.py): started like the first, on the
         same workspace, restoring it. None when no recovery is wanted; raises as `start` does."""
-        from .recovery import avoid_zone, replacement_values
-
         record = self.store.get(key)
         if record.state == State.RUNNING:  # ended unseen (no watcher alive): asked now
             backend = self.backend(record.backend)
@@ -375,6 +384,7 @@ class SessionManager:
         with progress.stage("connect", f"attaching to {record.name}"):
             if not backend.is_alive(record):
                 raise SessionEnded(self.reconcile(record, backend))
+            # lazy: docs/architecture.md#imports-kept-inside-functions
             from .handle import Session
 
             session = Session(self, record, backend, backend.connect(record, progress))
@@ -513,9 +523,7 @@ class SessionManager:
     def settle(self, record: SessionRecord) -> SessionRecord | None:
         """A record its dead driver left in a driven state (session/orphans.py): settled with its
         backend, once. Returns it as now stored; None when another process settles it."""
-        from .orphans import settle
-
-        done = settle(
+        done = settle_orphaned(
             self.store,
             self.backend,
             record,
@@ -537,6 +545,7 @@ class SessionManager:
             try:
                 if not backend.is_alive(record):
                     return
+                # lazy: docs/architecture.md#imports-kept-inside-functions
                 from .handle import Session
 
                 link = backend.connect(record, Progress(None))
@@ -577,8 +586,6 @@ class SessionManager:
 
     def view(self, record: SessionRecord) -> dict[str, Any]:
         """The JSON shape every face shows (REST SessionView): data, no words."""
-        from .orphans import cut_switch
-
         return session_view(
             record,
             self.stats.fresh(record),
@@ -596,8 +603,6 @@ class SessionManager:
         volumes: bool = False,
     ) -> list[dict]:
         """Find and stop what crashed processes left behind (gpusession/session/gc.py)."""
-        from .gc import collect
-
         return collect(
             self.store,
             self.backend,

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..backends import Backend
 from ..configuration.advice import advice_document, could_save
+from ..configuration.catalog import packaged_catalog, write_user_snapshot
 from ..configuration.cost import budget_status, month_start, spend_report
-from ..configuration.registry import load_backend_class
+from ..configuration.registry import backend_names, load_backend_class
 from ..configuration.settings import load_policy
 from ..core.durations import REPORT_SINCE
 from ..core.errors import GpuSessionError
@@ -141,8 +142,6 @@ class Spend:
         """The clouds' current prices (`Backend.live_prices`: each compares the regions of its
         own settings that a policy allows), of `types` only when given, each row with its
         `backend`."""
-        from ..configuration.registry import backend_names
-
         rows: list[dict[str, Any]] = []
         for name in backend_names():
             if load_backend_class(name).live_prices is Backend.live_prices:
@@ -159,9 +158,6 @@ class Spend:
         every face then uses. Data {"path", "date", "priced", "of", "changed", "missing", "was"}.
         A failure (no credentials) writes nothing and says the date the prices stay at."""
         import datetime
-
-        from ..configuration.catalog import packaged_catalog, write_user_snapshot
-        from ..configuration.registry import backend_names
 
         was, base = self._catalog().snapshot_date, packaged_catalog()
         wanted = base.instance_types()

@@ -24,7 +24,7 @@ from typing import Callable
 
 import paramiko
 
-from ..configuration.settings import RECONNECT_ENV, reconnect_give_up
+from ..configuration.settings import RECONNECT_ENV, private_socket_dir, reconnect_give_up
 from ..core.durations import format_duration
 from ..core.models import KernelEndpoint
 from ..core.protocol import KERNEL_PORT_NAMES
@@ -205,8 +205,6 @@ class Tunnel:
         the remote unix socket `remote_path` (OpenSSH's direct-streamlocal channel); returns the
         local socket's path.
         Unlike a loopback port, no other user of this machine can connect to it."""
-        from ..configuration.settings import private_socket_dir
-
         with self._lock:
             if self._closed.is_set():
                 raise TunnelError("the tunnel is closed")

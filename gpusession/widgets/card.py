@@ -190,6 +190,17 @@ class SessionCard:
     ):
         self.id = view["id"]
         self.view = view
+        facts = self._make_fields()
+        self._make_buttons(on_stop, on_keepalive, on_resume)
+        self.stats = StatsView()
+        self.widget = self._lay_out(facts)
+        self._state_class = ""
+        self.say(None)
+        self.show(view)
+
+    def _make_fields(self) -> list[tuple[str, widgets.Widget]]:
+        """The card's texts (name, state, kind, the facts, warnings, messages); returns the
+        facts with their captions."""
         self.name = classed(widgets.HTML(), "name")
         self.state = classed(widgets.HTML(), "state")
         self.kind = classed(widgets.Label(), "kind")
@@ -208,6 +219,15 @@ class SessionCard:
         self.error = classed(widgets.HTML(), "error")
         self.message = classed(widgets.HTML(), "action-message")
         self.advice = classed(widgets.HTML(), "advice")
+        return facts
+
+    def _make_buttons(
+        self,
+        on_stop: Callable[["SessionCard"], None],
+        on_keepalive: Callable[["SessionCard"], None],
+        on_resume: Callable[["SessionCard"], None] | None,
+    ) -> None:
+        """Keep alive, Stop and Resume, each calling back into the panel with this card."""
         self.keepalive_button = classed(
             widgets.Button(
                 description=f"Keep alive {KEEPALIVE}",
@@ -237,8 +257,11 @@ class SessionCard:
         self.keepalive_button.on_click(lambda _: on_keepalive(self))
         self.resume_button.on_click(lambda _: on_resume(self) if on_resume else None)
         self.stop_button.on_click(lambda _: on_stop(self))
-        self.stats = StatsView()
-        self.widget = classed(
+
+    def _lay_out(self, facts: list[tuple[str, widgets.Widget]]) -> widgets.VBox:
+        """The card: name and state, kind, the facts in a grid, the texts, the buttons, the
+        stats."""
+        return classed(
             widgets.VBox(
                 [
                     widgets.HBox(
@@ -268,9 +291,6 @@ class SessionCard:
             ),
             "card",
         )
-        self._state_class = ""
-        self.say(None)
-        self.show(view)
 
     @property
     def final(self) -> bool:

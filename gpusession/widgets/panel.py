@@ -10,7 +10,7 @@ import ipywidgets as widgets
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..configuration import options
-from ..configuration.registry import price_lists
+from ..configuration.registry import backend_names, price_lists
 from ..core.durations import format_money
 from ..core.errors import GpuSessionError, NoSession
 from ..core.models import State
@@ -114,8 +114,6 @@ class StartForm:
                 options=choices, value=catalog.parse(manager.config.default_type)[0].name, **common
             ), "select"
         if option.kind == "backend":
-            from ..configuration.registry import backend_names
-
             return widgets.Dropdown(
                 options=backend_names(), value=default_backend_name(manager.config), **common
             ), "select"

@@ -42,6 +42,7 @@ def ran_text(view: dict) -> str:
 def image_text(image: Any) -> str:
     """An image a start form offers (backends.base.LocalImage): its size, and whether a session
     started from it here before: 'pytorch/pytorch:2.5 · 3.2 GB · runtime cached'."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..transport.pulls import format_bytes
 
     size = format_bytes(image.size_bytes) if image.size_bytes is not None else "size unknown"

@@ -13,6 +13,7 @@ from .common import size_text
 def transfer_line(verb: str, done: int, total: int | None, elapsed: float) -> str:
     """`upload  45% |#########-----------| 45 MB / 100 MB  210 MB/s  ETA 0.3s` (a bar while bytes
     move; without a known total: bytes and rate)."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..transport.pulls import format_bytes
 
     rate = done / elapsed if elapsed > 0 else 0.0
@@ -31,6 +32,7 @@ def transfer_line(verb: str, done: int, total: int | None, elapsed: float) -> st
 
 def transfer_done(verb: str, what: str, result: dict, where: str) -> str:
     """`uploaded 12 files (3 MB) to /workspace in session t4-1`."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..transport.pulls import format_bytes
 
     refused = result.get("refused") or []  # each by name: the rest was written

@@ -34,9 +34,9 @@ from ...core.progress import Progress
 from ...core.protocol import StopDetails
 from ...transport.pulls import PullLogin
 from ..base import Backend, Link, RemoteResource, stop_details_from_log
-from . import launch, pricing, registry, volumes
+from . import launch, pricing, registry, volumes, workspace_stream
 from .cheapest import Cheapest
-from .sdk import Aws, aws_errors, boto3_module, error_code, explain
+from .sdk import QUOTA_HINT, Aws, aws_errors, boto3_module, error_code, explain
 from .teardown import Teardown, console_details, ended_reason
 
 SPOT_PRICE_TTL_S = 300.0  # spot prices move hourly at most: asked again after five minutes
@@ -377,33 +377,78 @@ class AwsBackend(Backend):
         cheapest: Cheapest | None = None,
         last_region: bool = True,
     ) -> None:
-        import secrets
-
-        from ...transport.sshlogin import make_session_key
-
         spec, extra = record.spec, record.spec.extra
         catalog = load_catalog()
         gpu = catalog.get(spec.gpu_type)
         instance_type = gpu.instance_for(spec.gpu_count).name
+        # every handle is saved as soon as it exists: a crash leaves it findable
+        self.recorder.save(record.id, region=aws.region, instance_type=instance_type)
+        public_key, kernel_key = self._session_keys(record)
+        tag_list = launch.tags(record.id, record.owner, f"gpusession-{record.name}")
+        name = f"gpusession-{record.id}"
+        self._pull_login(record, progress)  # before anything bills: ECR may refuse the identity
+        ami, places, group = self._prepare_instance(
+            aws, record, progress, instance_type, name, public_key, tag_list
+        )
+        prices = self.spot_prices(aws, instance_type) if spec.extra.get("spot") else {}
+        ws = self._workspace_volume(aws, record, progress)
+        self.recorder.save(record.id, workspace=ws.name)
+        try:
+            start = _Start(
+                gpu=gpu,
+                instance_type=instance_type,
+                ami=ami,
+                group=group,
+                places=ws.places(places, zones_allowed=_zones_allowed(extra)),
+                prices=prices,
+                ws=ws,
+                public_key=public_key,
+                kernel_key=kernel_key,
+                name=name,
+                tag_list=tag_list,
+            )
+            self._launch(aws, record, progress, start, cheapest=cheapest, last_region=last_region)
+        except _RegionFull as full:  # --cheapest goes on to the next region
+            full.fresh_volume = ws.volume_id if ws.fresh else ""
+            raise
+        except BaseException:  # the volume is the user's workspace: kept, and said
+            if ws.volume_id:
+                kept = f"workspace {ws.name} (EBS volume {ws.volume_id}) is kept; `gpusession workspaces` lists it"
+                progress.step(f"start failed: {kept}")
+                self.recorder.note(record.id, kept)
+            raise
 
-        def save(
-            **values: Any,
-        ) -> None:  # every handle as soon as it exists: a crash leaves it findable
-            self.recorder.save(record.id, **values)
+    def _session_keys(self, record: SessionRecord) -> tuple[str, str]:
+        """The session's SSH key (its public half) and the kernel's connection key, both kept in
+        files of the data folder's keys/ and recorded: (public key, kernel key)."""
+        import secrets
 
-        save(region=aws.region, instance_type=instance_type)
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from ...transport.sshlogin import make_session_key
+
         key_path, public_key = make_session_key(self.config.data_path / "keys", record.id)
-        kernel_key = secrets.token_hex(
-            32
-        )  # the client cannot read the kernel's connection file: it makes the key
+        # the client cannot read the kernel's connection file: it makes the key
+        kernel_key = secrets.token_hex(32)
         kernel_key_path = key_path.with_name(f"{record.id}.kernel")
         fd = os.open(kernel_key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(kernel_key + "\n")
-        save(key_path=str(key_path), kernel_key_path=str(kernel_key_path))
-        tag_list = launch.tags(record.id, record.owner, f"gpusession-{record.name}")
-        name = f"gpusession-{record.id}"
-        self._pull_login(record, progress)  # before anything bills: ECR may refuse the identity
+        self.recorder.save(record.id, key_path=str(key_path), kernel_key_path=str(kernel_key_path))
+        return public_key, kernel_key
+
+    def _prepare_instance(
+        self,
+        aws: Aws,
+        record: SessionRecord,
+        progress: Progress,
+        instance_type: str,
+        name: str,
+        public_key: str,
+        tag_list,
+    ) -> tuple[str, list, str]:
+        """The machine image, the subnets the instance type may launch in, the key pair and the
+        security group (ssh from the caller only): (ami, places, security group id)."""
+        extra = record.spec.extra
         try:
             progress.step("looking up the GPU image")
             ami, source = launch.resolve_ami(aws, extra)
@@ -411,15 +456,22 @@ class AwsBackend(Backend):
             places = launch.subnets(aws, extra, instance_type)
             cidr = launch.caller_cidr(extra)
             progress.step(f"key pair {name}, security group allowing ssh from {cidr} only")
-            save(key_name=launch.import_key_pair(aws, name, public_key, tag_list))
+            key_name = launch.import_key_pair(aws, name, public_key, tag_list)
+            self.recorder.save(record.id, key_name=key_name)
             group = launch.create_security_group(aws, name, places[0].vpc, cidr, tag_list)
-            save(security_group=group)
+            self.recorder.save(record.id, security_group=group)
         except aws_errors() as exc:
             raise explain(exc, "preparing the instance", aws.region) from None
-        prices = self.spot_prices(aws, instance_type) if spec.extra.get("spot") else {}
+        return ami, places, group
+
+    def _workspace_volume(
+        self, aws: Aws, record: SessionRecord, progress: Progress
+    ) -> volumes.WorkspaceVolume:
+        """The session's workspace volume as the start finds it (kept, or to make per attempt)."""
+        spec, extra = record.spec, record.spec.extra
         workspace = workspace_name(record)
         try:
-            ws = volumes.WorkspaceVolume(
+            return volumes.WorkspaceVolume(
                 aws,
                 store_id=self.recorder.store_id,
                 owner=record.owner,
@@ -436,35 +488,6 @@ class AwsBackend(Backend):
             )
         except aws_errors() as exc:
             raise explain(exc, f"looking for workspace {workspace}", aws.region) from None
-        save(workspace=workspace)
-        try:
-            self._launch(
-                aws,
-                record,
-                progress,
-                cheapest=cheapest,
-                last_region=last_region,
-                places=ws.places(places, zones_allowed=_zones_allowed(extra)),
-                prices=prices,
-                ws=ws,
-                gpu=gpu,
-                instance_type=instance_type,
-                ami=ami,
-                group=group,
-                public_key=public_key,
-                kernel_key=kernel_key,
-                name=name,
-                tag_list=tag_list,
-            )
-        except _RegionFull as full:  # --cheapest goes on to the next region
-            full.fresh_volume = ws.volume_id if ws.fresh else ""
-            raise
-        except BaseException:  # the volume is the user's workspace: kept, and said
-            if ws.volume_id:
-                kept = f"workspace {workspace} (EBS volume {ws.volume_id}) is kept; `gpusession workspaces` lists it"
-                progress.step(f"start failed: {kept}")
-                self.recorder.note(record.id, kept)
-            raise
 
     def _pull_login(self, record: SessionRecord, progress: Progress | None = None):
         """The login the instance pulls the image with: obtained once per session in this
@@ -489,111 +512,142 @@ class AwsBackend(Backend):
         aws: Aws,
         record: SessionRecord,
         progress: Progress,
+        start: _Start,
         *,
         cheapest: Cheapest | None,
         last_region: bool,
-        places,
-        prices,
-        ws,
-        gpu,
-        instance_type: str,
-        ami: str,
-        group: str,
-        public_key: str,
-        kernel_key: str,
-        name: str,
-        tag_list,
     ) -> None:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from ..cloudvm.cloudinit import new_host_key
+
+        spec, extra = record.spec, record.spec.extra
+        catalog = load_catalog()
+        avoid = extra.get("avoid_zone") or ""  # a recovery: the zone AWS took the spot one back in
+        plan = _attempt_plan(record, start, cheapest, last_region, avoid)
+        tried: list[launch.Attempt] = []
+        host_key = new_host_key(start.name)
+        image = spec.extra.get("image") or self.default_image()
+        self.recorder.save(record.id, instance_host_key=host_key.public, image=image, ami=start.ami)
+
+        def price_of(attempt: launch.Attempt) -> float:
+            if attempt.spot and attempt.subnet.zone in start.prices:
+                return start.prices[attempt.subnet.zone]
+            return catalog.price_per_hour(
+                start.gpu, spec.gpu_count, spot=attempt.spot, whole_instance=True
+            )
+
+        def prepare(attempt: launch.Attempt) -> dict[str, Any]:
+            tried.append(attempt)
+            progress.step(
+                f"launching {attempt.describe(start.instance_type)}{_why(attempt, avoid)}"
+            )
+            priced = dataclasses.replace(
+                record, price_per_hour=price_of(attempt)
+            )  # the agent's cost meter
+            volume_id = start.ws.in_zone(attempt.subnet.zone)
+            self.recorder.save(record.id, volume_id=volume_id)
+            return {"UserData": self._user_data(priced, start, attempt, volume_id, image, host_key)}
+
+        instance, attempt, failures = self._run_instance(
+            aws,
+            record,
+            start,
+            catalog,
+            plan,
+            prepare,
+            tried,
+            cheapest=cheapest,
+            last_region=last_region,
+        )
+        price = price_of(attempt)
+        self._record_placement(
+            record, progress, start, instance, attempt, failures, price, cheapest, tried
+        )
+        self._attach_when_running(aws, record, progress, start.ws, instance)
+
+    def _user_data(
+        self,
+        priced: SessionRecord,
+        start: _Start,
+        attempt: launch.Attempt,
+        volume_id: str,
+        image: str | None,
+        host_key,
+    ) -> str:
+        """The instance's boot plan for one launch attempt, as cloud-init user data: the agent's
+        options (with this attempt's price), the keys, the image, the workspace volume."""
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ...transport.tunnel import CONTAINER_AGENT_PORT
         from ..cloudvm.cloudinit import (
             CONTAINER_NOTICES,
             CONTAINER_STATE_DIR,
             BootPlan,
             instance_sockets,
-            new_host_key,
             user_data,
         )
 
-        spec, extra = record.spec, record.spec.extra
-        catalog = load_catalog()
-
-        def save(**values: Any) -> None:
-            self.recorder.save(record.id, **values)
-
-        mode = launch.fallback_mode(extra)
-        if cheapest is not None:
-            mode = cheapest.fallback(mode, last_region)
-        avoid = extra.get("avoid_zone") or ""  # a recovery: the zone AWS took the spot one back in
-        if avoid:  # other zones first, that one last; on-demand only as --fallback allows
-            mode = {"off": "zone", "on-demand": "any"}.get(mode, mode)
-        plan = launch.attempts(spec.extra.get("spot"), mode, places, prices)
-        plan = launch.ordered(
-            plan, first=ws.volume["AvailabilityZone"] if ws.volume else "", last=avoid
+        agent_args = AgentArgs.for_record(
+            priced,
+            session_id=priced.id,
+            state_dir=CONTAINER_STATE_DIR,
+            kernel_ip=f"{instance_sockets(priced.id)}/k",
+            agent_port=CONTAINER_AGENT_PORT,
+            workspace=WORKSPACE_MOUNT,
+            cwd=WORKSPACE_MOUNT,
+            notice_dir=CONTAINER_NOTICES,
+        ).argv()
+        boot = BootPlan(
+            priced.id,
+            image,
+            start.public_key,
+            host_key,
+            start.kernel_key,
+            agent_args,
+            spot=attempt.spot,
+            volume_id=volume_id,
+            pull_login=self._pull_logins.get(priced.id) is not None,
+            import_files=priced.id in self._imports,
         )
-        tried: list[launch.Attempt] = []
-        host_key = new_host_key(name)
-        image = spec.extra.get("image") or self.default_image()
-        save(instance_host_key=host_key.public, image=image, ami=ami)
+        self.recorder.save(
+            priced.id, sockets=boot.sockets
+        )  # where the kernel listens (link.kernel_info)
+        return user_data(boot)
 
-        def price_of(attempt: launch.Attempt) -> float:
-            if attempt.spot and attempt.subnet.zone in prices:
-                return prices[attempt.subnet.zone]
-            return catalog.price_per_hour(
-                gpu, spec.gpu_count, spot=attempt.spot, whole_instance=True
-            )
-
-        def prepare(attempt: launch.Attempt) -> dict[str, Any]:
-            tried.append(attempt)
-            progress.step(f"launching {attempt.describe(instance_type)}{_why(attempt, avoid)}")
-            priced = dataclasses.replace(
-                record, price_per_hour=price_of(attempt)
-            )  # the agent's cost meter
-            volume_id = ws.in_zone(attempt.subnet.zone)
-            save(volume_id=volume_id)
-            agent_args = AgentArgs.for_record(
-                priced,
-                session_id=record.id,
-                state_dir=CONTAINER_STATE_DIR,
-                kernel_ip=f"{instance_sockets(record.id)}/k",
-                agent_port=CONTAINER_AGENT_PORT,
-                workspace=WORKSPACE_MOUNT,
-                cwd=WORKSPACE_MOUNT,
-                notice_dir=CONTAINER_NOTICES,
-            ).argv()
-            boot = BootPlan(
-                record.id,
-                image,
-                public_key,
-                host_key,
-                kernel_key,
-                agent_args,
-                spot=attempt.spot,
-                volume_id=volume_id,
-                pull_login=self._pull_logins.get(record.id) is not None,
-                import_files=record.id in self._imports,
-            )
-            save(sockets=boot.sockets)  # where the kernel listens (link.kernel_info)
-            return {"UserData": user_data(boot)}
-
+    def _run_instance(
+        self,
+        aws: Aws,
+        record: SessionRecord,
+        start: _Start,
+        catalog: Catalog,
+        plan: list[launch.Attempt],
+        prepare,
+        tried: list[launch.Attempt],
+        *,
+        cheapest: Cheapest | None,
+        last_region: bool,
+    ) -> tuple[dict, launch.Attempt, list[str]]:
+        """RunInstances for the plan's attempts in turn until one has capacity: (the instance,
+        the attempt that launched it, why the ones before it did not)."""
+        spec, extra = record.spec, record.spec.extra
         base = launch.instance_params(
-            ami=ami,
-            instance_type=instance_type,
-            key_name=name,
-            group=group,
+            ami=start.ami,
+            instance_type=start.instance_type,
+            key_name=start.name,
+            group=start.group,
             public_ip=not extra.get("private_ip"),
-            tag_list=tag_list,
+            tag_list=start.tag_list,
         )
         max_price = (
             _float(extra["max_price"], "--max-price")
             if extra.get("max_price")
-            else catalog.price_per_hour(gpu, spec.gpu_count, whole_instance=True)
+            else catalog.price_per_hour(start.gpu, spec.gpu_count, whole_instance=True)
         )
         try:
-            instance, attempt, failures = launch.run_first_that_fits(
+            return launch.run_first_that_fits(
                 aws,
                 base,
                 plan,
-                instance_type=instance_type,
+                instance_type=start.instance_type,
                 client_token=record.id[:24],
                 max_price=max_price,
                 on_attempt=prepare,
@@ -604,12 +658,26 @@ class AwsBackend(Backend):
                 if not last_region:
                     raise _RegionFull() from None
             raise StageError(
-                "provision", _no_capacity_message(exc, instance_type, aws.region, spec)
+                "provision", _no_capacity_message(exc, start.instance_type, aws.region, spec)
             ) from None
-        price = price_of(attempt)
-        instance_id = instance["InstanceId"]
-        save(
-            instance_id=instance_id,
+
+    def _record_placement(
+        self,
+        record: SessionRecord,
+        progress: Progress,
+        start: _Start,
+        instance: dict,
+        attempt: launch.Attempt,
+        failures: list[str],
+        price: float,
+        cheapest: Cheapest | None,
+        tried: list[launch.Attempt],
+    ) -> None:
+        """Where the instance launched, on what market and at what price: recorded, and said
+        (with the capacity fallback that led there)."""
+        self.recorder.save(
+            record.id,
+            instance_id=instance["InstanceId"],
             zone=attempt.subnet.zone,
             market="spot" if attempt.spot else "on-demand",
             price_per_hour=price,
@@ -623,22 +691,37 @@ class AwsBackend(Backend):
             self.recorder.note(record.id, where)
         elif failures:
             progress.step(
-                f"fell back to {attempt.describe(instance_type)} after: {'; '.join(failures)}"
+                f"fell back to {attempt.describe(start.instance_type)} after: {'; '.join(failures)}"
             )
         if abs(price - record.price_per_hour) > 1e-9:
             self.recorder.set_price(
                 record.id,
                 price,
-                f"price ${price:.4f}/h ({attempt.describe(instance_type)}); "
+                f"price ${price:.4f}/h ({attempt.describe(start.instance_type)}); "
                 f"estimated ${record.price_per_hour:.4f}/h at start",
             )
+
+    def _attach_when_running(
+        self,
+        aws: Aws,
+        record: SessionRecord,
+        progress: Progress,
+        ws: volumes.WorkspaceVolume,
+        instance: dict,
+    ) -> None:
+        """Wait until the instance runs (billed from then), hand a switch's volume over, and
+        attach the workspace volume."""
+        instance_id = instance["InstanceId"]
         progress.step(
             f"instance {instance_id} is {instance['State']['Name']}; waiting until it runs"
         )
-        address = self._wait_running(aws, instance_id, private=bool(extra.get("private_ip")))
-        save(address=address, **{BILLED_FROM: time.time()})  # EC2 bills a running instance
+        address = self._wait_running(
+            aws, instance_id, private=bool(record.spec.extra.get("private_ip"))
+        )
+        # EC2 bills a running instance
+        self.recorder.save(record.id, address=address, **{BILLED_FROM: time.time()})
         if ws.moved_from:  # what the switch's line says moved
-            save(moved_from=ws.moved_from, moved_bytes=ws.moved_bytes)
+            self.recorder.save(record.id, moved_from=ws.moved_from, moved_bytes=ws.moved_bytes)
         if ws.release is not None:
             progress.step(f"instance {instance_id} runs at {address}; the old session hands over")
             ws.released()
@@ -678,6 +761,7 @@ class AwsBackend(Backend):
         return address
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..cloudvm.link import open_link
 
         res = record.resource
@@ -713,10 +797,8 @@ class AwsBackend(Backend):
         move = self._imports.pop(record.id, None)
         if move is None:
             return None
-        from .workspace_stream import import_over
-
         return lambda transport: move(
-            lambda rec, chunks, prog: import_over(transport, rec, chunks, prog)
+            lambda rec, chunks, prog: workspace_stream.import_over(transport, rec, chunks, prog)
         )
 
     def _on_notice(self, session_id: str, notice: dict) -> None:
@@ -825,9 +907,7 @@ class AwsBackend(Backend):
 
     def export_workspace(self, record: SessionRecord, progress: Progress):
         """Read over the running instance's SSH login (backends/aws/workspace_stream.py)."""
-        from .workspace_stream import export_workspace
-
-        return export_workspace(record, progress)
+        return workspace_stream.export_workspace(record, progress)
 
     # -- gc -----------------------------------------------------------------------------------
 
@@ -866,6 +946,45 @@ class AwsBackend(Backend):
 
 def _header(login: PullLogin | None) -> str | None:
     return login.header() if login is not None else None
+
+
+@dataclasses.dataclass
+class _Start:
+    """What `_provision` prepared in a region for `_launch`."""
+
+    gpu: Any  # the catalog's GPU type
+    instance_type: str
+    ami: str
+    group: str  # the security group's id
+    places: list  # the subnets to try, in order (launch.Subnet)
+    prices: dict[str, float]  # spot prices by zone (spot starts)
+    ws: volumes.WorkspaceVolume
+    public_key: str  # the session's SSH key
+    kernel_key: str  # the kernel's connection key
+    name: str  # of the key pair and the security group
+    tag_list: list
+
+
+def _attempt_plan(
+    record: SessionRecord,
+    start: _Start,
+    cheapest: Cheapest | None,
+    last_region: bool,
+    avoid: str,
+) -> list[launch.Attempt]:
+    """The launch attempts in order (zone, market), as --fallback (and --cheapest's region, a
+    recovery's zone to avoid, a kept workspace volume's zone) allow."""
+    spec, extra = record.spec, record.spec.extra
+    mode = launch.fallback_mode(extra)
+    if cheapest is not None:
+        mode = cheapest.fallback(mode, last_region)
+    if avoid:  # other zones first, that one last; on-demand only as --fallback allows
+        mode = {"off": "zone", "on-demand": "any"}.get(mode, mode)
+    plan = launch.attempts(spec.extra.get("spot"), mode, start.places, start.prices)
+    ws = start.ws
+    return launch.ordered(
+        plan, first=ws.volume["AvailabilityZone"] if ws.volume else "", last=avoid
+    )
 
 
 class _RegionFull(Exception):
@@ -910,8 +1029,6 @@ def _unavailable(exc: GpuSessionError) -> GpuSessionError:
 def _no_capacity_message(
     exc: launch.NoCapacity, instance_type: str, region: str, spec: LaunchSpec
 ) -> str:
-    from .sdk import QUOTA_HINT
-
     text = f"no {instance_type} could be launched in {region}: {exc}"
     if exc.quota:
         text += f"; for the quota: {QUOTA_HINT}"

@@ -16,6 +16,8 @@ import time
 from typing import Any
 
 from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
+from ...core.textvalues import gib_size
+from ..base import Workspace
 from .launch import TAG_OWNER, Subnet
 from .sdk import Aws, aws_errors, error_code, explain
 
@@ -39,8 +41,6 @@ SNAPSHOT_WAIT_S = 3600.0  # a first snapshot of a big volume takes minutes to te
 
 def size_gib(extra: dict) -> int:
     """--workspace-size (whole GiB) of a new workspace's volume; DEFAULT_SIZE_GIB when not given."""
-    from ...core.textvalues import gib_size
-
     value = extra.get("workspace_size")
     return DEFAULT_SIZE_GIB if value in (None, "") else gib_size(str(value))
 
@@ -385,8 +385,6 @@ def verify_kept(aws: Aws, volume_id: str, instance_id: str) -> None:
 
 def workspaces(backend, regions: list[str]) -> list:
     """`gpusession workspaces` on aws: one Workspace per volume of this store in these regions."""
-    from ..base import Workspace
-
     found = []
     for region in regions:
         try:

@@ -31,6 +31,7 @@ def _login(record: SessionRecord):
     """A logged-in transport to the session's instance (its sshd, the pinned host key)."""
     import paramiko
 
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ...transport.tunnel import TunnelError, open_transport
     from ..cloudvm.link import instance_target
 
@@ -53,64 +54,80 @@ def export_workspace(record: SessionRecord, progress: Progress) -> WorkspaceExpo
     transport = _login(record)
     chan = transport.open_session(timeout=15)
 
-    def failed(why: str) -> StageError:
-        return StageError("move", f"reading workspace {name} on its instance failed: {why}")
-
     def close() -> None:
         chan.close()
         transport.close()
 
     try:
-        chan.settimeout(FIRST_BYTES_S)
-        chan.exec_command("export")
-        chan.shutdown_write()
-        progress.step(f"reading workspace {name} on {record.resource.get('instance_id')}")
-        head = bytearray()
-        while b"\n" not in head:
-            data = chan.recv(65536)
-            if not data:
-                break
-            head += data
-        line, sep, rest = bytes(head).partition(b"\n")
-        if not sep or not line.strip().isdigit():
-            err = _stderr(chan)
-            status = chan.recv_exit_status()
-            if status == 2:  # an instance whose access.sh has no `export` (an older gpusession)
-                raise StageError(
-                    "move",
-                    f"the instance of {record.name} was started by an older gpusession that "
-                    "cannot hand its workspace out; `%gpu stop --save`, then start where you "
-                    f"want with `--resume {name}` (aws)",
-                )
-            raise failed(err or f"access.sh exited {status}")
+        line, rest = _start_export(chan, record, name, progress)
     except (OSError, EOFError, paramiko.SSHException) as exc:
         close()
-        raise failed(f"{type(exc).__name__}: {exc}") from None
+        raise _export_failed(name, f"{type(exc).__name__}: {exc}") from None
     except BaseException:
         close()
         raise
     size = int(line)
+    return WorkspaceExport(size, _export_chunks(chan, name, rest, close), close)
 
-    def chunks() -> Iterator[bytes]:
-        try:
-            if rest:
-                yield rest
-            chan.settimeout(CHUNK_WAIT_S)
-            while True:
-                try:
-                    data = chan.recv(1 << 20)
-                except (OSError, EOFError, paramiko.SSHException) as exc:
-                    raise failed(f"the connection dropped ({type(exc).__name__}: {exc})") from None
-                if not data:
-                    break
-                yield data
-            status = chan.recv_exit_status()
-            if status != 0:  # the tar is cut: the reader must not take it as whole
-                raise failed(_stderr(chan) or f"access.sh exited {status}")
-        finally:
-            close()
 
-    return WorkspaceExport(size, chunks(), close)
+def _export_failed(name: str, why: str) -> StageError:
+    return StageError("move", f"reading workspace {name} on its instance failed: {why}")
+
+
+def _start_export(
+    chan, record: SessionRecord, name: str, progress: Progress
+) -> tuple[bytes, bytes]:
+    """access.sh export on the instance, up to its first line (the stream's size): (that line,
+    the bytes of the stream that came with it)."""
+    chan.settimeout(FIRST_BYTES_S)
+    chan.exec_command("export")
+    chan.shutdown_write()
+    progress.step(f"reading workspace {name} on {record.resource.get('instance_id')}")
+    head = bytearray()
+    while b"\n" not in head:
+        data = chan.recv(65536)
+        if not data:
+            break
+        head += data
+    line, sep, rest = bytes(head).partition(b"\n")
+    if not sep or not line.strip().isdigit():
+        err = _stderr(chan)
+        status = chan.recv_exit_status()
+        if status == 2:  # an instance whose access.sh has no `export` (an older gpusession)
+            raise StageError(
+                "move",
+                f"the instance of {record.name} was started by an older gpusession that "
+                "cannot hand its workspace out; `%gpu stop --save`, then start where you "
+                f"want with `--resume {name}` (aws)",
+            )
+        raise _export_failed(name, err or f"access.sh exited {status}")
+    return line, rest
+
+
+def _export_chunks(chan, name: str, rest: bytes, close) -> Iterator[bytes]:
+    """The rest of the stream as it comes; an error when it is cut (the reader must not take a
+    cut tar as whole). `close` ends the login once it is read or abandoned."""
+    import paramiko
+
+    try:
+        if rest:
+            yield rest
+        chan.settimeout(CHUNK_WAIT_S)
+        while True:
+            try:
+                data = chan.recv(1 << 20)
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                raise _export_failed(
+                    name, f"the connection dropped ({type(exc).__name__}: {exc})"
+                ) from None
+            if not data:
+                break
+            yield data
+        status = chan.recv_exit_status()
+        if status != 0:  # the tar is cut: the reader must not take it as whole
+            raise _export_failed(name, _stderr(chan) or f"access.sh exited {status}")
+    finally:
+        close()
 
 
 def _stderr(chan) -> str:
@@ -136,6 +153,7 @@ def import_over(transport, record: SessionRecord, chunks, progress: Progress) ->
 
     import paramiko
 
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ...transport.sshlogin import run_on_channel
 
     name = workspace_name(record)
@@ -185,6 +203,7 @@ def _abandon(transport) -> None:
     drops what came at once; best effort: without it the boot waits a minute, then drops it."""
     import paramiko
 
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ...transport.sshlogin import run_on_channel
 
     try:

@@ -34,6 +34,14 @@ from ...transport.bundle import (
 )
 from ...transport.pulls import PullProgress, format_bytes, refused_pull
 from ...transport.sshlogin import exec_command
+from ...transport.tunnel import (
+    CONTAINER_KERNEL_PORTS,
+    HostKeyCheck,
+    SshTarget,
+    Tunnel,
+    TunnelError,
+    open_transport,
+)
 from ..base import TunnelLink, failure_detail
 from .cloudinit import SSH_USER
 
@@ -58,8 +66,6 @@ def instance_target(resource: dict, forget_hint: str):
     """The instance's sshd as the session's SshTarget (user gpusession, pinned host key)."""
     import paramiko
 
-    from ...transport.tunnel import HostKeyCheck, SshTarget
-
     key = paramiko.Ed25519Key.from_private_key_file(resource["key_path"])
     host, port = map_address(resource["address"])
     return SshTarget(
@@ -76,8 +82,6 @@ def kernel_info(resource: dict) -> dict:
     (ZMQ ipc, `<folder>/k-1` .. `k-5`) and the key made locally (the instance's user data hands it
     to the runtime). A session started by an earlier gpusession has no `sockets`: the fixed
     loopback ports."""
-    from ...transport.tunnel import CONTAINER_KERNEL_PORTS
-
     key = Path(resource["kernel_key_path"]).read_text().strip()
     if resource.get("sockets"):
         where = {
@@ -101,8 +105,6 @@ def wait_for_login(
     accepted). A wrong host key fails at once; anything else is retried until `deadline`, and
     `gone()` (the instance's state when it is not coming up any more) ends it."""
     import paramiko
-
-    from ...transport.tunnel import TunnelError, open_transport
 
     last, said, started = "no answer yet", 0.0, time.monotonic()
     while True:
@@ -478,8 +480,6 @@ def open_link(
 ) -> AwsLink:
     """`workspace_in(transport)`: a switch's import, called over the login once the boot waits
     for the workspace's files (after the runtime, before the container)."""
-    from ...transport.tunnel import Tunnel
-
     target = instance_target(resource, forget_hint)
     say(f"waiting for the instance's sshd at {target.host}:{target.port}")
     transport = wait_for_login(target, deadline, say=say, gone=gone)

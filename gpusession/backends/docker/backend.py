@@ -69,10 +69,12 @@ from .engine import (
     short_error,
     wait_for_marker,
 )
-from .workspaces import EngineWorkspaces
+from .volumes import remove_copy, stale_resources
+from .workspace_volumes import EngineWorkspaces
 
-# What starts and connects a session (runtime.py's helpers, the bundle, the SDK) is imported
-# where it is used: `gpusession list` loads this backend only to ask the local engine one question.
+# What starts and connects a session (container_setup.py's helpers, the bundle, the SDK) is imported
+# where it is used: `gpusession list` loads this backend only to ask the local engine one question
+# (docs/architecture.md#imports-kept-inside-functions).
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +150,8 @@ class DockerBackend(EngineWorkspaces, Backend):
         """The engine for a session's --host ('' or None: the local engine), cached; a remote
         engine's again when its SSH connection died (a network blip, a laptop that slept)."""
         key = host or ""
-        from .runtime import ssh_alive
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from .container_setup import ssh_alive
 
         if key in self._clients and host and not ssh_alive(self._clients[key]):
             self._clients.pop(key).close()
@@ -159,8 +162,9 @@ class DockerBackend(EngineWorkspaces, Backend):
     def local_images(self, host: str | None) -> list[LocalImage]:
         """The engine's tagged images, by reference, with their size and whether a session
         started from them here before (what the probe found of their Python is cached)."""
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ...transport.bundle import cache_dir
-        from .runtime import probe_path
+        from .container_setup import probe_path
 
         client = self.client(host)
         with engine_errors("while listing its images"):
@@ -188,17 +192,8 @@ class DockerBackend(EngineWorkspaces, Backend):
     # -- start --------------------------------------------------------------------------
 
     def provision(self, record: SessionRecord, progress: Progress) -> None:
-        import secrets
-
-        from ...transport.bundle import cache_dir
-        from .runtime import (
-            KnownVolumes,
-            bundle_command,
-            find_or_pull_image,
-            gpu_request,
-            kernel_socket_dir,
-            prepare_runtime,
-        )
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from .container_setup import find_or_pull_image, kernel_socket_dir
 
         spec = record.spec
         progress.step(f"connecting to the Docker engine {spec.extra.get('host') or '(local)'}")
@@ -209,11 +204,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         name = spec.extra.get("image") or self.default_image()
         labels = {LABEL: record.id, STORE_LABEL: self.recorder.store_id}
         image = find_or_pull_image(client, name, progress)
-        # the image's own Python runs the kernel; the runtime bundle brings what it lacks
-        known = self._known.setdefault(spec.extra.get("host") or "", KnownVolumes(client))
-        runtime = prepare_runtime(
-            client, image, cache_dir=cache_dir(), labels=labels, progress=progress, known=known
-        )
+        runtime = self._prepare_runtime(client, spec.extra.get("host"), image, labels, progress)
         workspace, volumes = self.workspace_volume(
             client, record, image, labels, progress
         )  # kept after the container
@@ -229,16 +220,54 @@ class DockerBackend(EngineWorkspaces, Backend):
         # to a loopback port
         sockets, group = kernel_socket_dir(client, spec.extra.get("host"))
         self.recorder.save(record.id, sockets=sockets)
-        entrypoint, command = bundle_command(
-            AgentArgs.for_record(
-                record,
-                session_id=record.id,
-                state_dir=STATE_DIR,
-                kernel_ip=f"{sockets}/k",
-                workspace=WORKSPACE_MOUNT,
-                cwd=WORKSPACE_MOUNT,
-            ).argv()
+        container = self._create_container(
+            client,
+            record,
+            progress,
+            image,
+            runtime,
+            labels=labels,
+            workspace=workspace,
+            mounts={**runtime.volumes, **volumes, sockets: {"bind": sockets, "mode": "rw"}},
+            sockets=sockets,
+            group=group,
         )
+        self._start_container(record, progress, container)
+
+    def _prepare_runtime(self, client, host: str | None, image, labels: dict, progress: Progress):
+        """The image's own Python runs the kernel; the runtime bundle brings what it lacks, in
+        volumes on the engine (container_setup.prepare_runtime)."""
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from ...transport.bundle import cache_dir
+        from .container_setup import KnownVolumes, prepare_runtime
+
+        known = self._known.setdefault(host or "", KnownVolumes(client))
+        return prepare_runtime(
+            client, image, cache_dir=cache_dir(), labels=labels, progress=progress, known=known
+        )
+
+    def _create_container(
+        self,
+        client,
+        record: SessionRecord,
+        progress: Progress,
+        image,
+        runtime,
+        *,
+        labels: dict[str, str],
+        workspace: str,
+        mounts: dict,
+        sockets: str,
+        group: int,
+    ):
+        """The session's container, created (not started) and recorded: the runtime bundle's
+        boot with the agent's options as its command, the kernel's key, the GPUs, the volumes."""
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from .container_setup import gpu_request
+
+        spec = record.spec
+        name = spec.extra.get("image") or self.default_image()
+        entrypoint, command = _boot_command(record, sockets)
         docker = docker_sdk()
         progress.step(f"creating container from {name}")
         try:
@@ -257,18 +286,12 @@ class DockerBackend(EngineWorkspaces, Backend):
                     "gpusession.started": str(int(time.time())),
                     WORKSPACE_LABEL: workspace,
                 },
-                environment={
-                    ENV_SESSION_ID: record.id,
-                    # made here: the log (READY) says where the kernel listens, never its key
-                    ENV_KERNEL_KEY: secrets.token_hex(32),
-                    ENV_RUNTIME_PYTHON: runtime.python.start_with,
-                    ENV_RUNTIME_BRINGS: ",".join(runtime.python.brings),
-                },
+                environment=_container_environment(record, runtime),
                 device_requests=[gpu_request(docker, spec)],
                 # no sshd, nothing published: the kernel and agent listen on the host's loopback,
                 # reached directly here or through the SSH login to the engine's host
                 network_mode="host",
-                volumes={**runtime.volumes, **volumes, sockets: {"bind": sockets, "mode": "rw"}},
+                volumes=mounts,
                 group_add=[str(group)],  # the socket folder's group, whoever the image's USER is
             )
         except docker.errors.APIError as exc:
@@ -276,6 +299,11 @@ class DockerBackend(EngineWorkspaces, Backend):
                 "provision", f"cannot create the container: {short_error(exc)}"
             ) from None
         self.recorder.save(record.id, container_id=container.id)
+        return container
+
+    def _start_container(self, record: SessionRecord, progress: Progress, container) -> None:
+        """Start it (billed from then); a container that does not start is removed."""
+        docker = docker_sdk()
         progress.step(f"starting container {container.short_id}")
         try:
             container.start()
@@ -288,7 +316,8 @@ class DockerBackend(EngineWorkspaces, Backend):
         self.recorder.save(record.id, **{BILLED_FROM: time.time()})  # billed from its start
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
-        from .runtime import InThread, connection_info
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from .container_setup import InThread, connection_info
 
         res = record.resource
         client = self.client(record.spec.extra.get("host"))
@@ -299,6 +328,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         if record.spec.extra.get(
             "host"
         ):  # the kernel's ports are on that host's loopback: log in to its sshd
+            # lazy: docs/architecture.md#imports-kept-inside-functions
             from ...transport.tunnel import Tunnel, jump_target
 
             target = jump_target(
@@ -434,7 +464,8 @@ class DockerBackend(EngineWorkspaces, Backend):
             for helper in self._labelled(record):  # a helper a cut start left
                 remove_container(helper)
             if res.get("sockets"):
-                from .runtime import remove_socket_dir
+                # lazy: docs/architecture.md#imports-kept-inside-functions
+                from .container_setup import remove_socket_dir
 
                 remove_socket_dir(
                     self.client(record.spec.extra.get("host")),
@@ -533,23 +564,22 @@ class DockerBackend(EngineWorkspaces, Backend):
             if remote
             else []
         )
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ...transport.bundle import cache_dir, current_digests
-        from .volumes import stale_resources
 
         return stale_resources(self.name, self.client, hosts, current_digests(cache_dir()))
 
     def remove_resource(self, resource: RemoteResource) -> None:
         if "volumes" in resource.details:
             with engine_errors(resource.details.get("host") or "(local engine)"):
-                from .volumes import remove_copy
-
                 remove_copy(self.client(resource.details.get("host")), resource.details["volumes"])
             return
         host = resource.details.get("host")
         container = get_container(self.client(host), resource.resource_id)
         if container is not None and owning_session(container.labels) == resource.session_id:
             remove_container(container)
-            from .runtime import SOCKETS_PREFIX, remove_socket_dir
+            # lazy: docs/architecture.md#imports-kept-inside-functions
+            from .container_setup import SOCKETS_PREFIX, remove_socket_dir
 
             for mount in (
                 container.attrs.get("Mounts") or []
@@ -571,3 +601,34 @@ def _may_hold(record: SessionRecord) -> bool:
     return record.state.active or (
         ("engine" in res or bool(res.get("container_id"))) and "removed_at" not in res
     )
+
+
+def _boot_command(record: SessionRecord, sockets: str) -> tuple[list[str], list[str]]:
+    """The container's entrypoint and command: the runtime bundle's boot, with the agent's
+    options (the kernel on unix sockets in `sockets`, the workspace as its working folder)."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
+    from .container_setup import bundle_command
+
+    return bundle_command(
+        AgentArgs.for_record(
+            record,
+            session_id=record.id,
+            state_dir=STATE_DIR,
+            kernel_ip=f"{sockets}/k",
+            workspace=WORKSPACE_MOUNT,
+            cwd=WORKSPACE_MOUNT,
+        ).argv()
+    )
+
+
+def _container_environment(record: SessionRecord, runtime) -> dict[str, str]:
+    """The session's id, the kernel's key (made here: the log, READY, says where the kernel
+    listens, never its key) and how the image's Python runs with the runtime bundle."""
+    import secrets
+
+    return {
+        ENV_SESSION_ID: record.id,
+        ENV_KERNEL_KEY: secrets.token_hex(32),
+        ENV_RUNTIME_PYTHON: runtime.python.start_with,
+        ENV_RUNTIME_BRINGS: ",".join(runtime.python.brings),
+    }

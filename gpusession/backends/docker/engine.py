@@ -123,6 +123,7 @@ def _check_reachable(url: str, timeout: float = 10.0) -> None:
     own SSH connect has no timeout)."""
     import socket
 
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ...transport.tunnel import TunnelError, jump_target
 
     try:

@@ -55,12 +55,31 @@ def _dropped(sock: Any) -> bool:
 def make_resilient(client) -> None:
     """Make the `ssh://` transport of `client` (a docker.DockerClient) survive dropped channels
     and a cut SSH connection; no-op for other transports."""
+    from docker.transport.sshconn import SSHConnectionPool, SSHHTTPAdapter
+
+    pool_class = _pool_class(_connection_class())
+    adapter_class = _adapter_class(pool_class)
+    adapter = getattr(client.api, "_custom_adapter", None)
+    if not isinstance(adapter, SSHHTTPAdapter) or adapter.ssh_client is None:
+        return
+    adapter.__class__ = adapter_class
+    adapter.max_pool_size = KEPT_CHANNELS  # the pools made from now on
+    with adapter.pools.lock:
+        for key in list(adapter.pools.keys()):
+            pool = adapter.pools[key]
+            if type(pool) is SSHConnectionPool:
+                pool.__class__ = pool_class
+    adapter.max_retries = _retry()
+
+
+def _connection_class():
+    """A channel whose open the server refused (MaxSessions) asks again, once the pool's idle
+    channels are closed, while the SSH connection lives."""
     import paramiko
-    from docker.transport.sshconn import SSHConnection, SSHConnectionPool, SSHHTTPAdapter
-    from urllib3.util.retry import Retry
+    from docker.transport.sshconn import SSHConnection
 
     class Connection(SSHConnection):
-        pool: "Pool | None" = None
+        pool: Any = None  # the pool that made it (its idle channels are closed for a retry)
 
         def connect(self):
             for attempt in range(OPEN_TRIES):
@@ -74,9 +93,17 @@ def make_resilient(client) -> None:
                         self.pool.close_idle()
                     time.sleep(min(0.02 * 2**attempt, OPEN_WAIT_S))
 
+    return Connection
+
+
+def _pool_class(connection_class):
+    """A pool that makes `connection_class` channels, drops a pooled channel that can carry no
+    more requests before use, and can close its idle channels."""
+    from docker.transport.sshconn import SSHConnectionPool
+
     class Pool(SSHConnectionPool):
         def _new_conn(self):
-            conn = Connection(self.ssh_transport, self.timeout, self.ssh_host)
+            conn = connection_class(self.ssh_transport, self.timeout, self.ssh_host)
             conn.pool = self
             return conn
 
@@ -100,6 +127,14 @@ def make_resilient(client) -> None:
                 except queue.Full:  # another thread gave a connection back meanwhile
                     return
 
+    return Pool
+
+
+def _adapter_class(pool_class):
+    """An adapter that logs in again when its SSH connection is dead (the pools made anew) and
+    hands out `pool_class` pools."""
+    from docker.transport.sshconn import SSHConnectionPool, SSHHTTPAdapter
+
     class Adapter(SSHHTTPAdapter):
         def get_connection(self, url, proxies=None):
             transport = self.ssh_client.get_transport() if self.ssh_client else None
@@ -110,20 +145,17 @@ def make_resilient(client) -> None:
                 self._connect()
             pool = super().get_connection(url, proxies)
             if type(pool) is SSHConnectionPool:
-                pool.__class__ = Pool
+                pool.__class__ = pool_class
             return pool
 
-    adapter = getattr(client.api, "_custom_adapter", None)
-    if not isinstance(adapter, SSHHTTPAdapter) or adapter.ssh_client is None:
-        return
-    adapter.__class__ = Adapter
-    adapter.max_pool_size = KEPT_CHANNELS  # the pools made from now on
-    with adapter.pools.lock:
-        for key in list(adapter.pools.keys()):
-            pool = adapter.pools[key]
-            if type(pool) is SSHConnectionPool:
-                pool.__class__ = Pool
-    adapter.max_retries = Retry(
+    return Adapter
+
+
+def _retry():
+    """Idempotent requests retried once when the connection drops under them."""
+    from urllib3.util.retry import Retry
+
+    return Retry(
         total=1,
         connect=1,
         read=1,

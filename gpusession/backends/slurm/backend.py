@@ -266,6 +266,7 @@ class SlurmBackend(Backend):
             delay = min(delay * 1.5, 3.0)
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ...transport.tunnel import Tunnel
 
         res = record.resource
@@ -364,6 +365,7 @@ class SlurmBackend(Backend):
         """(the login node as jump host, the job's node with the host keys its job printed)."""
         import paramiko
 
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ...transport.sshlogin import (
             HostKeyCheck,
             SshTarget,

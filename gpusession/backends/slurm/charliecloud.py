@@ -81,18 +81,7 @@ def prepare(shell: LoginShell, image: str, base: str, progress: Progress) -> Pre
 
 def _image(shell: LoginShell, image: str, base: str, progress: Progress) -> str:
     if is_path(image):
-        found = shell.run(
-            f"p={q(image[2:]) if image.startswith('~/') else q(image)}; "
-            + ('p="$HOME/$p"; ' if image.startswith("~/") else "")
-            + 'test -e "$p" && printf "@@%s@@" "$p"'
-        )
-        if not found.ok or "@@" not in found.out:
-            raise StageError(
-                "image",
-                f"--image {image}: no such image directory or SquashFS file on the cluster "
-                "(give an unpacked Charliecloud image or a .sqfs on its shared filesystem, or a registry reference)",
-            )
-        return found.out.split("@@")[1]
+        return _image_on_path(shell, image)
     storage = f"{base}/{STORAGE}"
     folder = f"{storage}/img/{storage_name(image)}"
     if shell.run(f"test -f {q(folder)}/{PULLED}").ok:  # as docker run: pulled once
@@ -101,17 +90,62 @@ def _image(shell: LoginShell, image: str, base: str, progress: Progress) -> str:
             f"`ch-image pull` it there for a newer one"
         )
         return folder
+    _pull(shell, image, storage, folder, progress)
+    return folder
+
+
+def _image_on_path(shell: LoginShell, image: str) -> str:
+    """An image the user named by its path on the cluster (`~/` is the login user's home): its
+    full path, once it is there."""
+    found = shell.run(
+        f"p={q(image[2:]) if image.startswith('~/') else q(image)}; "
+        + ('p="$HOME/$p"; ' if image.startswith("~/") else "")
+        + 'test -e "$p" && printf "@@%s@@" "$p"'
+    )
+    if not found.ok or "@@" not in found.out:
+        raise StageError(
+            "image",
+            f"--image {image}: no such image directory or SquashFS file on the cluster "
+            "(give an unpacked Charliecloud image or a .sqfs on its shared filesystem, or a registry reference)",
+        )
+    return found.out.split("@@")[1]
+
+
+def _pull(shell: LoginShell, image: str, storage: str, folder: str, progress: Progress) -> None:
+    """`ch-image pull` of a registry reference into the user's storage on the cluster, with the
+    user's docker login for that registry; StageError in one line when it fails."""
     registry = registry_of(image)
     login = docker_login(registry)
     progress.step(
         f"pulling {image} on the cluster with ch-image into {storage}"
         + (f" (as {login[0]}, your docker login for {registry})" if login else "")
     )
-    # the login's password goes on stdin, into ch-image's environment only. The pull says its
-    # process group first (a Ctrl-C here ends it on the login node), marks its start with a
-    # stamp (what it downloaded is dropped unless it ends well: a layer cut mid-download would be
-    # reused whole by ch-image's download cache) and the image whole with PULLED when it ends well
-    command = (
+    stdin = f"{login[0]}\n{login[1]}\n".encode() if login else None
+    watch = PullWatch(image, progress.step)
+    try:
+        result = shell.run(
+            _pull_command(image, storage, folder, login),
+            stdin=stdin,
+            timeout=3600,
+            on_out=watch,
+        )
+    except KeyboardInterrupt:
+        _end_cut_pull(shell, storage, folder, watch.pgid)
+        raise
+    text = _PGID.sub("", result.out)
+    if not result.ok:
+        why = _pull_refused(text, registry, login, result.rc)
+        raise StageError("image", f"cannot pull {image} on the cluster: {why}")
+    progress.step(f"pulled {image}: {pull_summary(text)}")
+
+
+def _pull_command(image: str, storage: str, folder: str, login) -> str:
+    """The pull's shell command. The login's password goes on stdin, into ch-image's environment
+    only. The pull says its process group first (a Ctrl-C here ends it on the login node), marks
+    its start with a stamp (what it downloaded is dropped unless it ends well: a layer cut
+    mid-download would be reused whole by ch-image's download cache) and the image whole with
+    PULLED when it ends well."""
+    return (
         (
             "IFS= read -r CH_IMAGE_USERNAME; IFS= read -r CH_IMAGE_PASSWORD; "
             "export CH_IMAGE_USERNAME CH_IMAGE_PASSWORD; "
@@ -123,28 +157,19 @@ def _image(shell: LoginShell, image: str, base: str, progress: Progress) -> str:
         + f"CH_IMAGE_STORAGE={q(storage)} ch-image --no-cache{' --auth' if login else ''} pull {q(image)} 2>&1"
         + f' && touch {q(folder)}/{PULLED} && rm -f "$stamp"'
     )
-    stdin = f"{login[0]}\n{login[1]}\n".encode() if login else None
-    watch = PullWatch(image, progress.step)
-    try:
-        result = shell.run(command, stdin=stdin, timeout=3600, on_out=watch)
-    except KeyboardInterrupt:
-        _end_cut_pull(shell, storage, folder, watch.pgid)
-        raise
-    text = _PGID.sub("", result.out)
-    if not result.ok:
-        if "no further authentication possible" in text:
-            why = f"{registry} refused the login of {login[0] if login else '?'} from your Docker config: run `docker login {registry}` again"
-        elif "unauthorized or not in registry" in text:
-            why = (
-                f"{registry} has no such image or wants a login: check the name, and run `docker login {registry}` here"
-                if not login
-                else f"{registry} has no such image (check the name)"
-            )
-        else:
-            why = (text.strip().splitlines() or [f"ch-image exited {result.rc}"])[-1]
-        raise StageError("image", f"cannot pull {image} on the cluster: {why}")
-    progress.step(f"pulled {image}: {pull_summary(text)}")
-    return folder
+
+
+def _pull_refused(text: str, registry: str, login, rc: int) -> str:
+    """Why a pull failed, in the words a user acts on (a login refused, no such image)."""
+    if "no further authentication possible" in text:
+        return f"{registry} refused the login of {login[0] if login else '?'} from your Docker config: run `docker login {registry}` again"
+    if "unauthorized or not in registry" in text:
+        return (
+            f"{registry} has no such image or wants a login: check the name, and run `docker login {registry}` here"
+            if not login
+            else f"{registry} has no such image (check the name)"
+        )
+    return (text.strip().splitlines() or [f"ch-image exited {rc}"])[-1]
 
 
 def _forget_cut_pulls(storage: str) -> str:

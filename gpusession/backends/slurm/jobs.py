@@ -23,7 +23,7 @@ from typing import Any
 
 from ...configuration.agentargs import AgentArgs
 from ...configuration.options import StartOption
-from ...core.durations import QUEUE_TIMEOUT, SIGNAL_GRACE
+from ...core.durations import QUEUE_TIMEOUT, SIGNAL_GRACE, parse_money
 from ...core.errors import BadInput
 from ...core.protocol import (
     ENV_RUNTIME_BRINGS,
@@ -221,8 +221,6 @@ def read_settings(
 ) -> JobSettings:
     """JobSettings from a spec's extra options, a cluster's defaults filling what is not given.
     Raises BadInput naming the option."""
-    from ...core.durations import QUEUE_TIMEOUT, SIGNAL_GRACE, parse_money
-
     given = {k: v for k, v in (cluster or {}).items() if k in OPTION_NAMES}
     given.update({k: v for k, v in extra.items() if k in OPTION_NAMES and v is not None})
     words: dict[str, Any] = {}
@@ -432,11 +430,28 @@ def sbatch_command(record, settings: JobSettings, paths: JobPaths, store_id: str
 
 def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
     """The job: host keys, environment, then the runtime in the foreground (exec)."""
+    lines = _environment_lines(record, settings, paths)
+    lines.append(_supervise(f"{paths.state_dir}/notices"))
+    image = record.spec.extra.get("image")
+    if image and settings.container == "charliecloud":
+        return "\n".join(lines + charliecloud_lines(record, paths)) + "\n"
+    runtime = _runtime_command(record, settings, paths)
+    if not image:
+        lines += _host_python_lines(settings, runtime)
+    else:
+        lines += _container_lines(settings, paths, image, runtime)
+    return "\n".join(lines) + "\n"
+
+
+def _failed(stage: str, error: str) -> str:
+    """A FAILED marker line, quoted for the shell's echo."""
+    return shlex.quote(marker_line(Marker.FAILED, {"stage": stage, "error": error}))
+
+
+def _environment_lines(record, settings: JobSettings, paths: JobPaths) -> list[str]:
+    """The script's start: the node's host keys said, modules loaded, a conda environment
+    activated, the runtime's environment, the session's state folder."""
     q = shlex.quote
-
-    def failed(stage: str, error: str) -> str:
-        return q(marker_line(Marker.FAILED, {"stage": stage, "error": error}))
-
     lines = [
         "#!/bin/bash",
         f"# gpusession session {record.name} ({record.id}): the session runtime on this job's node",
@@ -445,12 +460,12 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
     if settings.modules:
         lines.append(
             f"module load {' '.join(q(m) for m in settings.modules)} "
-            f"|| {{ echo {failed('environment', 'module load failed')}; exit 1; }}"
+            f"|| {{ echo {_failed('environment', 'module load failed')}; exit 1; }}"
         )
     if settings.conda_env:
         lines.append(
             f'eval "$(conda shell.bash hook)" && conda activate {q(settings.conda_env)} '
-            f"|| {{ echo {failed('environment', 'conda activate failed')}; exit 1; }}"
+            f"|| {{ echo {_failed('environment', 'conda activate failed')}; exit 1; }}"
         )
     lines += [
         f"export {ENV_SESSION_ID}={q(record.id)}",
@@ -458,15 +473,17 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
         "export PYTHONUNBUFFERED=1",
         f"mkdir -p -m 700 {q(paths.state_dir)}",
     ]
+    return lines
+
+
+def _runtime_command(record, settings: JobSettings, paths: JobPaths) -> list[str]:
+    """`python -m gpusession.agent run` with the session's options (the node's python, or the
+    image's)."""
     # the kernel on unix sockets in the 0700 state folder (the tunnel forwards to them): a login
     # node's or compute node's other users cannot reach it, as they could a loopback port; a path
     # too long for a unix socket's (107 bytes) keeps loopback ports
     sockets = f"{paths.state_dir}/k"
     kernel_ip = sockets if sockets.startswith("/") and len(sockets) + 2 <= 100 else "127.0.0.1"
-    lines.append(_supervise(f"{paths.state_dir}/notices"))
-    image = record.spec.extra.get("image")
-    if image and settings.container == "charliecloud":
-        return "\n".join(lines + charliecloud_lines(record, paths)) + "\n"
     # billing starts when the job does, not when it was queued: the agent counts from its own start
     workspace = {"workspace": paths.workspace, "cwd": paths.workspace} if paths.workspace else {}
     agent = AgentArgs.for_record(
@@ -477,15 +494,25 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
         billed_since=None,
         **workspace,
     )
-    runtime = [settings.python, "-m", "gpusession.agent", "run", *agent.argv()]
-    if not image:
-        missing = f"{settings.python} cannot import ipykernel: install it in that environment (pip install ipykernel)"
-        lines.append(
-            f"{q(settings.python)} -c 'import ipykernel' 2>/dev/null "
-            f"|| {{ echo {failed('environment', missing)}; exit 1; }}"
-        )
-        lines.append("supervise " + shlex.join(runtime))
-        return "\n".join(lines) + "\n"
+    return [settings.python, "-m", "gpusession.agent", "run", *agent.argv()]
+
+
+def _host_python_lines(settings: JobSettings, runtime: list[str]) -> list[str]:
+    """No --image: the runtime in the node's Python, which must have ipykernel."""
+    missing = f"{settings.python} cannot import ipykernel: install it in that environment (pip install ipykernel)"
+    return [
+        f"{shlex.quote(settings.python)} -c 'import ipykernel' 2>/dev/null "
+        f"|| {{ echo {_failed('environment', missing)}; exit 1; }}",
+        "supervise " + shlex.join(runtime),
+    ]
+
+
+def _container_lines(
+    settings: JobSettings, paths: JobPaths, image: str, runtime: list[str]
+) -> list[str]:
+    """--image: the runtime in a container of it, by --container, or the first of apptainer,
+    singularity and pyxis the node has."""
+    q = shlex.quote
     mounted = [paths.runtime_dir, paths.session_dir] + (
         [paths.workspace] if paths.workspace else []
     )
@@ -501,19 +528,17 @@ def batch_script(record, settings: JobSettings, paths: JobPaths) -> str:
         "pyxis": f"supervise {pyxis}",
     }
     if settings.container != "auto":
-        lines.append(choice[settings.container])
-    else:
-        none = failed(
-            "environment",
-            "--image needs apptainer, singularity or pyxis (srun --container-image) on the node",
-        )
-        lines += [
-            f"if command -v apptainer >/dev/null; then {choice['apptainer']}",
-            f"elif command -v singularity >/dev/null; then {choice['singularity']}",
-            f"elif srun --help 2>/dev/null | grep -q -- --container-image; then {choice['pyxis']}",
-            f"else echo {none}; exit 1; fi",
-        ]
-    return "\n".join(lines) + "\n"
+        return [choice[settings.container]]
+    none = _failed(
+        "environment",
+        "--image needs apptainer, singularity or pyxis (srun --container-image) on the node",
+    )
+    return [
+        f"if command -v apptainer >/dev/null; then {choice['apptainer']}",
+        f"elif command -v singularity >/dev/null; then {choice['singularity']}",
+        f"elif srun --help 2>/dev/null | grep -q -- --container-image; then {choice['pyxis']}",
+        f"else echo {none}; exit 1; fi",
+    ]
 
 
 def _supervise(notices: str) -> str:

@@ -51,6 +51,7 @@ class LoginShell:
         self.target = None  # the SshTarget, once connected (the tunnel jumps through it too)
 
     def _connect(self):
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ...transport.sshlogin import TunnelError, jump_target, open_transport, tcp_socket
 
         with self._lock:
@@ -88,6 +89,7 @@ class LoginShell:
         reached or does not answer within `timeout` seconds. `on_out` sees its output as it comes;
         `stdin` may be chunks (a stream: an error of their source ends the command and is
         raised as it is, never taken for the login node's)."""
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ...transport.sshlogin import run_on_channel
 
         source_failed: list[BaseException] = []

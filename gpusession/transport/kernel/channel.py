@@ -1,5 +1,5 @@
 """One transfer's requests and replies on a session kernel's shell channel, numbered so that
-those a tunnel cut lost are sent again (the kernel side: `gpusession.agent.transfer`)."""
+those a tunnel cut lost are sent again (the kernel side: `gpusession.agent.transfer_handler`)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class Channel:
     """One transfer's requests and their in-order replies on the kernel's shell channel. Each
     request carries its number (`seq`); a tunnel cut can lose requests or replies, and those
     not answered are sent again once the link is back (the kernel answers a request sent again
-    the same way, and holds back none: gpusession.agent.transfer). The wait ends with the
+    the same way, and holds back none: gpusession.agent.transfer_handler). The wait ends with the
     reply, with one line why (the link gave up, the kernel died, no answer for STALL_S), never
     in a hang."""
 

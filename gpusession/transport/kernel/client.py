@@ -14,6 +14,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 
 from ...core.errors import KernelDied, RemoteError
 from ...core.protocol import META_CELL_LOG
+from . import transfer_client
 from .cellwait import CellWait
 from .sink import NullSink, OutputSink
 
@@ -188,13 +189,9 @@ class KernelClient:
 
     def push(self, namespace: dict[str, Any], progress=None) -> None:
         """Send local variables (pickled) into the session kernel's namespace, as binary frames
-        (gpusession.transport.kernel.transfer)."""
-        from . import transfer
-
-        transfer.push(self, namespace, progress)
+        (gpusession.transport.kernel.transfer_client)."""
+        transfer_client.push(self, namespace, progress)
 
     def pull(self, names: list[str], progress=None) -> dict[str, Any]:
         """Fetch variables (pickled) from the session kernel's namespace."""
-        from . import transfer
-
-        return transfer.pull(self, names, progress)
+        return transfer_client.pull(self, names, progress)

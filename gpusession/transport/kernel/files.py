@@ -82,6 +82,7 @@ def start_tree(folder: str, cap: int | None, cap_field: str = "--upload-max") ->
     tree = collect([folder], contents=True)
     cap = DEFAULT_CAP if cap is None else cap
     if tree.size > cap:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..pulls import format_bytes
 
         raise BadInput(
@@ -95,8 +96,9 @@ def start_tree(folder: str, cap: int | None, cap_field: str = "--upload-max") ->
 def upload_start_tree(kc, extra: dict, progress) -> None:
     """--upload: the folder's files (its .git and what .gitignore ignores left out) into the
     session kernel's working directory, so that `import utils` works in the first cell."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..pulls import format_bytes
-    from . import transfer
+    from . import transfer_client
 
     if not extra.get("upload"):
         return
@@ -104,7 +106,7 @@ def upload_start_tree(kc, extra: dict, progress) -> None:
         tree = start_tree(extra["upload"], extra.get("upload_max"))
         progress.step(f"{len(tree.files)} files, {format_bytes(tree.size)}")
         took = progress.elapsed()
-        done = transfer.upload(kc, tree.files, tree.size, ".", None)
+        done = transfer_client.upload(kc, tree.files, tree.size, ".", None)
         took = max(progress.elapsed() - took, 1e-6)
         progress.step(
             f"{done['files']} files in {done['dest']} ({format_bytes(tree.size / took)}/s)"

@@ -1,7 +1,8 @@
 """Data between here and a session, on the notebook and command-line faces: `%gpu push|pull NAME...`,
 `%gpu upload|download PATH... [--to DIR]`, `gpusession upload|download NAME PATH... [--to DIR]`,
 each with a progress bar (bytes, rate, ETA) once a transfer is over a megabyte. The bytes move as
-binary frames on the session kernel's own connection (gpusession/transport/kernel/transfer.py)."""
+binary frames on the session kernel's own connection
+(gpusession/transport/kernel/transfer_client.py)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class Bar:
         self._show(done, total)
 
     def _show(self, done: int, total: int | None) -> None:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
         from ..words.workspaces import transfer_line
 
         line = transfer_line(self.verb, done, total, time.monotonic() - self.started)
@@ -119,6 +121,7 @@ def register(magics) -> None:
     """Add push, pull, upload and download to a GpuMagics."""
     from IPython.core.error import UsageError
 
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.workspaces import transfer_done
 
     def push(rest: str) -> None:
@@ -216,6 +219,7 @@ def add_commands(sub) -> None:
 
 
 def cmd_upload(args: argparse.Namespace, manager) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.workspaces import transfer_done
 
     missing = [p for p in args.paths if not os.path.exists(p)]
@@ -239,6 +243,7 @@ def cmd_upload(args: argparse.Namespace, manager) -> int:
 
 
 def cmd_download(args: argparse.Namespace, manager) -> int:
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..words.workspaces import transfer_done
 
     if os.path.isfile(args.to):

@@ -1,8 +1,8 @@
 """In the session kernel: bulk bytes between the notebook and the session as ZMQ binary frames on
 the kernel's own shell channel (no new port, no base64, no JSON of the payload).
 
-The client (`gpusession.transport.kernel.transfer`) sends TRANSFER_REQUEST messages; each gets one
-TRANSFER_REPLY, in order, so the client keeps a few requests in flight (its window):
+The client (`gpusession.transport.kernel.transfer_client`) sends TRANSFER_REQUEST messages; each
+gets one TRANSFER_REPLY, in order, so the client keeps a few requests in flight (its window):
 
 - {"op": "open", "id", "kind": "push"|"upload", ...}, then {"op": "data", "id", "last"} with the
   bytes in the message's `buffers`; the reply to the last one says what was done;

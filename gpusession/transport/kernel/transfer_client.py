@@ -1,6 +1,6 @@
 """Bulk bytes to and from a session kernel as binary ZMQ frames on its shell channel (the kernel
-side and the message format: `gpusession.agent.transfer`). Chunks of CHUNK bytes, WINDOW of them
-in flight, so the link stays full while each side works; no base64, no JSON of the payload.
+side and the message format: `gpusession.agent.transfer_handler`). Chunks of CHUNK bytes, WINDOW of
+them in flight, so the link stays full while each side works; no base64, no JSON of the payload.
 
 `progress(done, total)` is called as bytes move (total None when not known ahead)."""
 
@@ -18,6 +18,7 @@ import zlib
 from typing import Any, Callable, Iterable, Iterator
 
 from ...core.errors import BadInput, KernelDied, LinkLost, TransferStopped
+from ..pulls import format_bytes
 from ..tarsafe import Extraction
 from .channel import CHUNK, WINDOW, Channel, Progress
 from .connection import Connection
@@ -125,8 +126,6 @@ def _stopped_said(
     except BaseException as exc:
         channel.abort()
         cleanup()
-        from ..pulls import format_bytes
-
         done, total = channel.at
         at = (
             f"at {format_bytes(done)} of {format_bytes(total)}"
@@ -221,8 +220,6 @@ def download(
     `to`. Returns {"files", "bytes", "dest", "refused"}. The tar stream is kept in memory only
     chunk by chunk: extraction runs as it arrives, into temporary names renamed once the whole
     stream arrived and its size and checksum match the session's (gpusession.transport.tarsafe)."""
-    import threading
-
     dest = os.path.abspath(os.path.expanduser(to))
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise BadInput(f"--to {to!r} is a file here, not a folder")
@@ -232,40 +229,7 @@ def download(
     with _stopped_said(channel, "here"):
         info = _open(channel, kind="download", paths=paths)
     extraction = Extraction(dest, links=True)
-
-    class _Feed:
-        """What tarfile's stream reads: the received chunks, whole when they fit (no copy)."""
-
-        rest = memoryview(b"")
-
-        def read(self, n: int = -1) -> "bytes | memoryview":
-            if not self.rest:
-                part = feed.get()
-                if part is None:
-                    feed.put(None)
-                    return b""
-                self.rest = memoryview(part)
-            if n < 0 or len(self.rest) <= n:
-                out, self.rest = self.rest, memoryview(b"")
-                return out
-            out, self.rest = (
-                self.rest[:n],
-                self.rest[n:],
-            )  # views: tarfile joins what it reads anyway
-            return out
-
-    def extract() -> None:
-        try:
-            with tarfile.open(fileobj=_Feed(), mode="r|", bufsize=TAR_BUFSIZE) as tar:
-                tar.copybufsize = TAR_BUFSIZE  # tarfile's 16 kB re-joins its whole buffer per read
-                extraction.run(tar)
-        except (OSError, tarfile.TarError) as exc:
-            outcome["error"] = f"cannot write the files here: {exc}"
-            while feed.get() is not None:  # let the receiver finish
-                pass
-
-    worker = threading.Thread(target=extract, daemon=True, name="gpusession-download")
-    worker.start()
+    worker = _extract_as_it_arrives(feed, extraction, outcome)
 
     def stop_worker() -> None:
         feed.put(None)
@@ -286,3 +250,48 @@ def download(
         "dest": dest,
         "refused": extraction.refused,
     }
+
+
+class _Feed:
+    """What tarfile's stream reads: the received chunks, whole when they fit (no copy); None in
+    `feed` ends it."""
+
+    def __init__(self, feed: queue.Queue):
+        self.feed = feed
+        self.rest = memoryview(b"")
+
+    def read(self, n: int = -1) -> "bytes | memoryview":
+        if not self.rest:
+            part = self.feed.get()
+            if part is None:
+                self.feed.put(None)
+                return b""
+            self.rest = memoryview(part)
+        if n < 0 or len(self.rest) <= n:
+            out, self.rest = self.rest, memoryview(b"")
+            return out
+        out, self.rest = (
+            self.rest[:n],
+            self.rest[n:],
+        )  # views: tarfile joins what it reads anyway
+        return out
+
+
+def _extract_as_it_arrives(feed: queue.Queue, extraction: Extraction, outcome: dict):
+    """A started thread that extracts the tar stream the chunks in `feed` make; a failure to
+    write here goes into `outcome["error"]` (the chunks are then read to the end, unused)."""
+    import threading
+
+    def extract() -> None:
+        try:
+            with tarfile.open(fileobj=_Feed(feed), mode="r|", bufsize=TAR_BUFSIZE) as tar:
+                tar.copybufsize = TAR_BUFSIZE  # tarfile's 16 kB re-joins its whole buffer per read
+                extraction.run(tar)
+        except (OSError, tarfile.TarError) as exc:
+            outcome["error"] = f"cannot write the files here: {exc}"
+            while feed.get() is not None:  # let the receiver finish
+                pass
+
+    worker = threading.Thread(target=extract, daemon=True, name="gpusession-download")
+    worker.start()
+    return worker

@@ -17,8 +17,9 @@ from ...configuration.agentargs import (
     workspace_name,
     workspace_volume,
 )
-from ...core.errors import StageError
+from ...core.errors import BackendUnavailable, BadInput, StageError
 from ...core.progress import Progress
+from ..base import Workspace, WorkspaceExport
 from .engine import LABEL, STORE_LABEL, docker_sdk, engine_errors, short_error
 
 log = logging.getLogger(__name__)
@@ -155,8 +156,6 @@ def engine_volumes(client, store_id_label: tuple[str, str]) -> list[tuple[str, s
 def list_on_engines(backend, session_label: str, store_label: str) -> list:
     """The docker backend's workspaces: on the local engine and on every remote engine a recorded
     session used; `in_use_by`: the running containers that mount each."""
-    from ..base import Workspace
-
     hosts = [""] + sorted(
         {
             r.spec.extra.get("host")
@@ -194,16 +193,12 @@ def list_on_engines(backend, session_label: str, store_label: str) -> list:
                 )
             )
     if not reached:
-        from ...core.errors import BackendUnavailable
-
         raise BackendUnavailable("no Docker engine answers")
     return found
 
 
 def remove_on_engine(backend, workspace) -> None:
     """Remove the workspace's volume (the engine refuses while a container uses it: said as BadInput)."""
-    from ...core.errors import BadInput
-
     docker = docker_sdk()
     client = backend.client(workspace.details.get("host") or None)
     with engine_errors("while removing the workspace"):
@@ -226,7 +221,8 @@ class EngineWorkspaces:
     def workspace_volume(self, client, record, image, labels: dict[str, str], progress: Progress):
         """(the session's workspace name, its volume as containers.create mounts it); the caller
         records the name (with what else it knows then: one write less)."""
-        from .runtime import _helper_labels
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from .container_setup import _helper_labels
 
         name = workspace_name(record)
         volumes = ensure_volume(
@@ -246,8 +242,6 @@ class EngineWorkspaces:
     def export_workspace(self, record, progress: Progress):
         """The volume read by a helper container (made, never started) that mounts it read-only,
         through the engine's archive API: the same over an ssh:// engine."""
-        from ..base import WorkspaceExport
-
         client = self.client(record.spec.extra.get("host"))
         volume = workspace_volume(
             record.resource.get("workspace") or workspace_name(record), self.recorder.store_id
@@ -311,7 +305,8 @@ class EngineWorkspaces:
     def _replace_with(self, client, record, staging: str, volume: str, name: str, progress) -> None:
         """The workspace's volume made anew from the whole staging volume (an older copy removed
         first: refused when another store's, or in use); a copy that fails is removed."""
-        from .runtime import _helper_labels
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from .container_setup import _helper_labels
 
         docker = docker_sdk()
         store = {STORE_LABEL: self.recorder.store_id}
@@ -367,14 +362,16 @@ class EngineWorkspaces:
             _give_to(client, image.id, volume, user, labels, everything=True)
 
     def _helper_image(self, client, record, progress: Progress):
-        from .runtime import find_or_pull_image
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from .container_setup import find_or_pull_image
 
         return find_or_pull_image(
             client, record.spec.extra.get("image") or self.default_image(), progress
         )
 
     def _archive_helper(self, client, record, volume: str, mode: str, progress: Progress):
-        from .runtime import _helper_labels
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from .container_setup import _helper_labels
 
         image = self._helper_image(client, record, progress)
         # the engine a helper labelled with this session lands on: a stop (or whoever settles a

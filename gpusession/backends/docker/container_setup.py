@@ -259,6 +259,24 @@ def _ensure_copy(
         f"runtime: copying {what} ({format_bytes(archive.size)}, {archive.files} files) into volume "
         f"{name}, once: it stays on the engine for the next sessions"
     )
+    _fill_volume(client, image_id, archive, folder, name, labels, progress, compile_with)
+    present.add(name, name + "-ok")
+    return name
+
+
+def _fill_volume(
+    client,
+    image_id: str,
+    archive: Archive,
+    folder: str,
+    name: str,
+    labels: dict[str, str],
+    progress: Progress,
+    compile_with: ImagePython | None,
+) -> None:
+    """Volume `name` made and filled with `archive` through a helper container that mounts it
+    at `folder` (compiled there when `compile_with`), then its `-ok` twin; a volume a failure
+    left half-filled is removed."""
     # the helper is never started to copy; to compile, it runs the image's python on the copy
     entrypoint, command = (
         (["/bin/sh"], [])
@@ -289,8 +307,6 @@ def _ensure_copy(
             _remove_volume(volume)
             raise
         client.volumes.create(name + "-ok", labels={VOLUME_LABEL: "ok"})
-    present.add(name, name + "-ok")
-    return name
 
 
 def _compile(helper, python: ImagePython, progress: Progress) -> None:
@@ -399,6 +415,7 @@ def kernel_socket_dir(client, host: str | None) -> tuple[str, int]:
         )
         os.chmod(path, 0o2770)
         return path, os.getgid()
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ...transport.sshlogin import exec_command
 
     ssh = getattr(getattr(client.api, "_custom_adapter", None), "ssh_client", None)
@@ -428,6 +445,7 @@ def remove_socket_dir(client, host: str | None, path: str) -> None:
 
         shutil.rmtree(path, ignore_errors=True)
         return
+    # lazy: docs/architecture.md#imports-kept-inside-functions
     from ...transport.sshlogin import exec_command
 
     ssh = getattr(getattr(client.api, "_custom_adapter", None), "ssh_client", None)
