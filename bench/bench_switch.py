@@ -69,7 +69,7 @@ def _places(mode: str, remote_url: str | None) -> list[dict]:
 def _by_hand(manager, session, values: dict, progress_lines: list[str]):
     """stop --save, the workspace moved when it must, start --resume: a user's own switch."""
     from gpusession.core.progress import Progress
-    from gpusession.session.workspaces import workspace_place
+    from gpusession.session.workspace_ops import workspace_place
 
     old = manager.get(session.id)
     workspace = old.resource["workspace"]
@@ -89,7 +89,7 @@ def _by_hand(manager, session, values: dict, progress_lines: list[str]):
 
 def _remove_workspaces(manager) -> None:
     """The bench's workspaces (volumes on each engine, folders), so runs do not pile them up."""
-    from gpusession.session.workspaces import list_all
+    from gpusession.session.workspace_ops import list_all
 
     for view in list_all(manager.store, manager.backend):
         manager.backend(view.workspace.backend).remove_workspace(view.workspace)

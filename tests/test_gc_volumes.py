@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from gpusession.backends.docker import volumes as docker_volumes
+from gpusession.backends.docker import runtime_volumes as docker_volumes
 from gpusession.transport.bundle import code_archive
 from gpusession.words.stops import gc_line
 from support.hosts import docker_available

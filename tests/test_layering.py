@@ -45,6 +45,24 @@ def test_the_package_root_holds_only_folders():
     assert not loose, f"modules at the package root (put them in a layer's folder): {loose}"
 
 
+def test_module_names_say_their_job_once():
+    """Issue 31: `runtime.py` x2, `registry.py` x2, `transfer*.py` x4, `workspaces.py` x3 made
+    "which one?" the first question. A module's name is the package's only one of that name,
+    except a package's `__init__`/`__main__`, each backend package's `backend.py` (the plugin's
+    entry, named the same in every backend on purpose) and words/, whose modules are named for
+    the job they word (words/spend.py says what session/spend.py computes)."""
+    seen: dict[str, list[str]] = {}
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG)
+        if path.name in ("__init__.py", "__main__.py") or rel.parts[0] == "words":
+            continue
+        if path.name == "backend.py" and rel.parts[0] == "backends":
+            continue
+        seen.setdefault(path.name, []).append(str(rel))
+    twice = {name: sorted(paths) for name, paths in seen.items() if len(paths) > 1}
+    assert not twice, f"module names used more than once (name them for their job): {twice}"
+
+
 def modules() -> dict[str, Path]:
     out = {}
     for path in sorted(PKG.rglob("*.py")):

@@ -242,7 +242,7 @@ def _ctrl_c_during_start(notebook, nb_env) -> None:
 def test_gpu_use_makes_the_sidebar_name_this_notebooks_kernel(notebook, manager):
     """A notebook that took up a session with `%gpu use` has it in its status bar: the
     sidebar's view lists that notebook's kernel among the session's (with when it took it)."""
-    from gpusession.server.panel import StartProgress, panel_view
+    from gpusession.server.sidebar_state import StartProgress, panel_view
 
     other = manager.start(manager.make_spec("t4", backend="local", idle="off", name="shared-one"))
     pid = int(notebook.run("import os; print(os.getpid())").text.split()[-1])

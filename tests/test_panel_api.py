@@ -25,7 +25,7 @@ from gpusession.configuration.config import GpuSessionConfig
 from gpusession.core.errors import SessionEnded
 from gpusession.core.models import LaunchSpec, State
 from gpusession.core.protocol import StopKind, StopReason
-from gpusession.server.panel import StartProgress, owner_pid, with_history
+from gpusession.server.sidebar_state import StartProgress, owner_pid, with_history
 from gpusession.session.views import restart_body
 from gpusession.words.stops import ended_line, error_text
 

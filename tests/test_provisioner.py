@@ -17,7 +17,7 @@ import pytest
 from gpusession.core.models import State
 from gpusession.core.protocol import StopKind
 from gpusession.faces import cli
-from gpusession.server.panel import StartProgress, kernel_ids_by_pid, panel_view
+from gpusession.server.sidebar_state import StartProgress, kernel_ids_by_pid, panel_view
 from support.procs import alive
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))

@@ -779,7 +779,7 @@ def test_gpusession_workspaces_lists_and_removes_the_workspace_folders_on_the_cl
     sessions used (size, where, which live session uses one); `rm` removes an unused one and
     refuses one in use."""
     from gpusession.core.errors import WorkspaceInUse
-    from gpusession.session import workspaces
+    from gpusession.session import workspace_ops as workspaces
 
     folder = tmp_path / "wss"
     (folder / "kept" / "sub").mkdir(parents=True)

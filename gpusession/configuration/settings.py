@@ -6,8 +6,11 @@ vars only, which is all the `gpusession` CLI reads."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -15,9 +18,20 @@ from traitlets import TraitError
 
 from ..core.datahome import HOME_ENV, builtin_data_dir
 from ..core.datahome import data_dir_text as _data_dir
-from ..core.durations import MAX_DOLLARS, RECONNECT, format_bound, shown
+from ..core.durations import (
+    IDLE,
+    MAX_DOLLARS,
+    MAX_RUNTIME,
+    RECONNECT,
+    format_bound,
+    parse_money,
+    shown,
+)
 from ..core.errors import BadInput, GpuSessionError
 from ..core.protocol import DEFAULT_IDLE_S
+from ..core.textvalues import aws_region
+from .catalog import load_catalog
+from .registry import loaded_classes
 
 T = TypeVar("T")
 
@@ -49,15 +63,11 @@ def _from_env(var: str, parse: Callable[[str], T], builtin: T) -> T:
 
 
 def _gpu_type(text: str) -> str:
-    from .catalog import load_catalog
-
     load_catalog().parse(text)  # BadInput names the valid types
     return text.strip().lower()
 
 
 def _idle(text: str) -> str:
-    from ..core.durations import IDLE
-
     IDLE.parse(text)
     return text.strip()
 
@@ -80,8 +90,6 @@ def _price(text: str | float) -> float:
 
 def _budget(text: str | float) -> float:
     """A monthly budget in dollars ("200", "$200"); 0 or "off": none."""
-    from ..core.durations import parse_money
-
     return parse_money(text, what="monthly budget") or 0.0
 
 
@@ -102,8 +110,6 @@ def data_folder(path: str | os.PathLike[str]) -> Path:
         mode & 0o077 and str(p) not in _SAID_OPEN
     ):  # left as it is (its owner may have meant it), said once
         _SAID_OPEN.add(str(p))
-        import logging
-
         logging.getLogger("gpusession").warning(
             "gpusession: your data folder %s is open to other users on this machine (mode %03o): they may "
             "read your sessions' keys and tokens there. Close it with: chmod 700 %s",
@@ -140,8 +146,6 @@ def _recording(text: str) -> str:
 
 def _regions(text: str) -> str:
     """A comma-separated list of AWS regions (AwsBackend.regions), checked and tidied."""
-    from ..core.textvalues import aws_region
-
     names = [aws_region(part) for part in text.split(",") if part.strip()]
     return ",".join(dict.fromkeys(names))
 
@@ -220,8 +224,6 @@ def private_socket_dir(prefix: str = "gpusession-") -> str:
     """A new 0700 folder for a session's unix sockets, in the user's runtime folder
     ($XDG_RUNTIME_DIR) or the temp folder: short paths (a socket's path has at most 107 bytes),
     and only this user may connect to what listens there. The caller removes it."""
-    import tempfile
-
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     return tempfile.mkdtemp(
         prefix=prefix, dir=runtime if runtime and os.path.isdir(runtime) else None
@@ -311,10 +313,6 @@ def _policy_path() -> str | None:
 def load_policy() -> Policy | None:
     """The policy in force, read now (an administrator may change it at any time); None when
     there is none. ConfigError, one line naming the file, when it cannot be used."""
-    import json
-
-    from ..core.durations import IDLE, MAX_RUNTIME, parse_money
-
     path = _policy_path()
     if path is None:
         return None
@@ -328,40 +326,17 @@ def load_policy() -> Policy | None:
             raise BadInput(
                 f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_POLICY_KEYS))}"
             )
-
-        def names(key: str) -> tuple[str, ...] | None:
-            value = raw.get(key)
-            if value is None:
-                return None
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise BadInput(f"{key} must be a list of names")
-            return tuple(v.strip().lower() for v in value)
-
-        def money(key: str) -> float | None:
-            return None if raw.get(key) is None else parse_money(raw[key], what=key)
-
-        def flag(key: str) -> bool:
-            value = raw.get(key, False)
-            if not isinstance(value, bool):
-                raise BadInput(f"{key} must be true or false")
-            return value
-
-        def duration(key: str, rule) -> float | None:
-            try:
-                return None if raw.get(key) is None else rule.parse(raw[key])
-            except BadInput as exc:
-                raise BadInput(f"{key}: {exc}") from None
-
+        values = _PolicyValues(raw)
         return Policy(
             path=path,
-            max_idle_s=duration("max_idle", IDLE),
-            max_runtime_s=duration("max_runtime", MAX_RUNTIME),
-            max_cost=money("max_cost"),
-            allowed_types=names("allowed_types"),
-            allowed_backends=names("allowed_backends"),
-            allowed_regions=names("allowed_regions"),
-            monthly_cap=money("monthly_cap"),
-            stop_at_monthly_cap=flag("stop_at_monthly_cap"),
+            max_idle_s=values.duration("max_idle", IDLE),
+            max_runtime_s=values.duration("max_runtime", MAX_RUNTIME),
+            max_cost=values.money("max_cost"),
+            allowed_types=values.names("allowed_types"),
+            allowed_backends=values.names("allowed_backends"),
+            allowed_regions=values.names("allowed_regions"),
+            monthly_cap=values.money("monthly_cap"),
+            stop_at_monthly_cap=values.flag("stop_at_monthly_cap"),
         )
     except (OSError, ValueError, BadInput) as exc:
         why = getattr(exc, "strerror", None) or str(exc)
@@ -369,6 +344,36 @@ def load_policy() -> Policy | None:
             f"the gpusession policy {path} cannot be used ({why}); ask your administrator "
             f"(it is named by {POLICY_ENV} or found in Jupyter's system config folder)"
         ) from None
+
+
+class _PolicyValues:
+    """A policy file's values read by kind; BadInput naming the key when one is not of its kind."""
+
+    def __init__(self, raw: dict[str, Any]):
+        self.raw = raw
+
+    def names(self, key: str) -> tuple[str, ...] | None:
+        value = self.raw.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise BadInput(f"{key} must be a list of names")
+        return tuple(v.strip().lower() for v in value)
+
+    def money(self, key: str) -> float | None:
+        return None if self.raw.get(key) is None else parse_money(self.raw[key], what=key)
+
+    def flag(self, key: str) -> bool:
+        value = self.raw.get(key, False)
+        if not isinstance(value, bool):
+            raise BadInput(f"{key} must be true or false")
+        return value
+
+    def duration(self, key: str, rule) -> float | None:
+        try:
+            return None if self.raw.get(key) is None else rule.parse(self.raw[key])
+        except BadInput as exc:
+            raise BadInput(f"{key}: {exc}") from None
 
 
 _POLICY_KEYS = {
@@ -473,8 +478,6 @@ def _legacy_value(section, setting: Setting) -> Any:
     found = section.config.get(old_section, {})
     if old_name not in found:
         return None
-    import logging
-
     logging.getLogger("gpusession").warning(
         "c.%s is now c.%s.%s (the setting belongs to its backend): please rename it",
         setting.legacy,
@@ -511,8 +514,6 @@ def section_for(owner: str, settings: tuple[Setting, ...], config: Any):
 def backend_sections(config: Any) -> list:
     """The settings sections of every registered backend that declares some, under `config` (a
     GpuSessionConfig with its app as parent): what a face registers so `%config` reaches them."""
-    from .registry import loaded_classes
-
     return [
         section_for(cls.__name__, cls.settings, config)
         for cls in loaded_classes().values()

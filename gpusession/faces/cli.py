@@ -232,7 +232,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def _report_orphaned_workspaces(m) -> None:
     """gc keeps every workspace: it says which no session uses any more."""
     # lazy: docs/architecture.md#imports-kept-inside-functions
-    from ..session.workspaces import list_all
+    from ..session.workspace_ops import list_all
     from ..words.workspaces import orphaned_line
 
     for view in list_all(m.store, m.backend):
@@ -243,7 +243,7 @@ def _report_orphaned_workspaces(m) -> None:
 def cmd_workspaces(args: argparse.Namespace) -> int:
     """List the workspaces, or delete one (only with --yes)."""
     # lazy: docs/architecture.md#imports-kept-inside-functions
-    from ..session.workspaces import list_all, remove
+    from ..session.workspace_ops import list_all, remove
     from ..words.common import size_text
     from ..words.workspaces import workspace_table
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..configuration import options
 from ..session import SessionManager
-from .panel import StartProgress, panel_view
+from .sidebar_state import StartProgress, panel_view
 
 #: how many of the handlers' blocking calls run at once
 THREADS = 64

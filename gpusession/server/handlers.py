@@ -27,8 +27,8 @@ from ..words.status import image_text, rest_view, with_error_texts
 from ..words.stops import warning_texts
 from ..words.switches import switch_line
 from .api import Api
-from .base import BaseHandler
-from .panel import MAX_HISTORY, kernel_ids_by_pid, with_history
+from .handler_base import BaseHandler
+from .sidebar_state import MAX_HISTORY, kernel_ids_by_pid, with_history
 from .workspace_handlers import WorkspaceHandler, WorkspacesHandler
 
 

@@ -10,9 +10,9 @@ from ..configuration.registry import workspace_backends
 from ..core.durations import shown
 from ..core.errors import BadInput
 from ..core.textvalues import workspace_name
-from ..session.workspaces import NoWorkspace, WorkspaceInUse, list_all, remove
+from ..session.workspace_ops import NoWorkspace, WorkspaceInUse, list_all, remove
 from ..words.workspaces import workspace_rest_view
-from .base import BaseHandler
+from .handler_base import BaseHandler
 
 
 class WorkspacesHandler(BaseHandler):

@@ -56,7 +56,7 @@ from .spend import Spend
 from .stats import Stats, save_summary
 from .store import Store
 from .views import session_view
-from .workspaces import fetch_restore_report, save_checkpoint, workspace_claim
+from .workspace_ops import fetch_restore_report, save_checkpoint, workspace_claim
 
 if TYPE_CHECKING:
     from ..configuration.config import GpuSessionConfig

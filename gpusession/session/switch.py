@@ -26,7 +26,7 @@ from ..transport.pulls import format_bytes
 from .agentclient import AgentUnavailable
 from .orphans import SwitchStep, forget_cut
 from .views import restart_body
-from .workspaces import save_checkpoint, workspace_claim, workspace_place
+from .workspace_ops import save_checkpoint, workspace_claim, workspace_place
 
 if TYPE_CHECKING:
     from ..configuration.catalog import Catalog

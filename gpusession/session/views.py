@@ -10,7 +10,7 @@ from ..configuration.catalog import load_catalog
 from ..configuration.cost import PRICE_BASIS, cost_of, never_ran, uptime_seconds
 from ..core.durations import exact_decimal
 from ..core.models import LaunchSpec, SessionRecord, State
-from .workspaces import workspace_claim
+from .workspace_ops import workspace_claim
 
 
 def session_view(

@@ -40,20 +40,7 @@ class StartForm:
         # the chosen backend's own price of the chosen type, where it prices GPUs itself
         self.own_price_note = classed(widgets.HTML(), "own-price-note")
         self._spot_type: str | None = None  # the type whose current spot price was asked
-        defaults = options.form_defaults(manager.config, default_backend_name(manager.config))
-        for option in options.table().options:
-            if option.form:
-                widget, role = self._input(option, manager, defaults)
-                self.fields[option.name] = classed(
-                    widget, f"{option.name.replace('_', '-')}-{role}"
-                )
-                help_line = classed(
-                    widgets.HTML(f"<small>{html.escape(option.help)}</small>"), "field-help"
-                )
-                notes = [self.image_note] if option.name == IMAGE else []
-                if option.kind == "gpu_type":
-                    notes = [self.own_price_note, self.spot_note]
-                self.rows[option.name] = widgets.VBox([widget, help_line, *notes])
+        self._make_rows(manager)
         self.type_select = self.fields["type"]
         self.backend_select = self.fields["backend"]
         self.idle_input = self.fields["idle"]
@@ -70,15 +57,7 @@ class StartForm:
             f"{html.escape(catalog.prices_line)}</small>"
         )
         self.start_button.on_click(lambda _: on_start(self.values()))
-        self.backend_select.observe(lambda _: self._show_backend_options(), names="value")
-        if self.image_input is not None:
-            self.image_input.observe(lambda _: self._show_image_note(), names="value")
-        if HOST in self.fields:
-            self.fields[HOST].observe(lambda _: self._show_backend_options(), names="value")
-        for name in ("type", "spot", "cheapest"):
-            if name in self.fields:
-                self.fields[name].observe(lambda _: self._show_spot_price(), names="value")
-        self.type_select.observe(lambda _: self._show_own_price(), names="value")
+        self._watch_fields()
         self._show_backend_options()
         self.widget = classed(
             widgets.VBox(
@@ -92,6 +71,36 @@ class StartForm:
             ),
             "start-form",
         )
+
+    def _make_rows(self, manager: SessionManager) -> None:
+        """A field for each option the forms show (the option table's `form` rows), with its help
+        under it and the notes that belong to it (the image's, the type's prices)."""
+        defaults = options.form_defaults(manager.config, default_backend_name(manager.config))
+        for option in options.table().options:
+            if option.form:
+                widget, role = self._input(option, manager, defaults)
+                self.fields[option.name] = classed(
+                    widget, f"{option.name.replace('_', '-')}-{role}"
+                )
+                help_line = classed(
+                    widgets.HTML(f"<small>{html.escape(option.help)}</small>"), "field-help"
+                )
+                notes = [self.image_note] if option.name == IMAGE else []
+                if option.kind == "gpu_type":
+                    notes = [self.own_price_note, self.spot_note]
+                self.rows[option.name] = widgets.VBox([widget, help_line, *notes])
+
+    def _watch_fields(self) -> None:
+        """What changes when a field does: the backend's own rows, the image note, the prices."""
+        self.backend_select.observe(lambda _: self._show_backend_options(), names="value")
+        if self.image_input is not None:
+            self.image_input.observe(lambda _: self._show_image_note(), names="value")
+        if HOST in self.fields:
+            self.fields[HOST].observe(lambda _: self._show_backend_options(), names="value")
+        for name in ("type", "spot", "cheapest"):
+            if name in self.fields:
+                self.fields[name].observe(lambda _: self._show_spot_price(), names="value")
+        self.type_select.observe(lambda _: self._show_own_price(), names="value")
 
     @staticmethod
     def _input(
@@ -282,12 +291,25 @@ class SessionPanel:
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self.cards: dict[str, SessionCard] = {}
+        self.widget = self._lay_out(manager)
+        ids = (
+            [r.id for r in manager.list(active_only=True)]
+            if session_ids is None
+            else [manager.get(k).id for k in session_ids]
+        )
+        for sid in ids:
+            self._card(manager.view(manager.get(sid)))
+        self.refresh()
+
+    def _lay_out(self, manager: SessionManager) -> widgets.VBox:
+        """The panel's parts, top to bottom: title, status line, the empty note, the cards, the
+        start form."""
         self.empty = classed(widgets.HTML("<i>No GPU sessions</i>"), "empty")
         self.status = classed(widgets.HTML(), "panel-status")
         show(self.status, False)
         self.card_box = widgets.VBox([])
         self.form = StartForm(manager, self._start)
-        self.widget = classed(
+        return classed(
             widgets.VBox(
                 [
                     widgets.HTML(STYLE + "<h3 style='margin: 4px 0'>GPU sessions</h3>"),
@@ -299,14 +321,6 @@ class SessionPanel:
             ),
             "panel",
         )
-        ids = (
-            [r.id for r in manager.list(active_only=True)]
-            if session_ids is None
-            else [manager.get(k).id for k in session_ids]
-        )
-        for sid in ids:
-            self._card(manager.view(manager.get(sid)))
-        self.refresh()
 
     # -- life cycle --------------------------------------------------------------------------
 

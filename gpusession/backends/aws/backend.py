@@ -34,7 +34,7 @@ from ...core.progress import Progress
 from ...core.protocol import StopDetails
 from ...transport.pulls import PullLogin
 from ..base import Backend, Link, RemoteResource, stop_details_from_log
-from . import launch, pricing, registry, volumes, workspace_stream
+from . import ebs_volumes, launch, pricing, pull_logins, workspace_stream
 from .cheapest import Cheapest
 from .sdk import QUOTA_HINT, Aws, aws_errors, boto3_module, error_code, explain
 from .teardown import Teardown, console_details, ended_reason
@@ -176,13 +176,13 @@ class AwsBackend(Backend):
         self._spot: dict[tuple[str, str], tuple[float, dict[str, float]]] = {}
         self._state_cache: dict[str, tuple[float, dict | None]] = {}
         self._last_words: dict[str, StopDetails] = {}  # id -> how it ended, read after a notice
-        # id -> the login its instance pulls the image with (registry.py): memory only
+        # id -> the login its instance pulls the image with (pull_logins.py): memory only
         self._pull_logins: dict[str, PullLogin | None] = {}
         self._handover: dict[str, Any] = {}  # new session id -> frees its workspace (a switch)
         self._imports: dict[str, Any] = {}  # new session id -> moves its workspace in (a switch)
 
     # a switch to another region moves the workspace volume itself (a snapshot copied across
-    # regions, volumes.py), handed over as within a region: not a tar stream through this machine
+    # regions, ebs_volumes.py), handed over as within a region: not a tar stream through this machine
     moves_workspaces_across_places = True
 
     def take_workspace_over(self, session_id: str, release) -> None:
@@ -217,7 +217,7 @@ class AwsBackend(Backend):
         boto3_module()
         load_catalog().get(spec.gpu_type).instance_for(spec.gpu_count)
         launch.fallback_mode(spec.extra)
-        volumes.size_gib(spec.extra)
+        ebs_volumes.size_gib(spec.extra)
         if (
             spec.extra.get("max_price") is not None
             and _float(spec.extra["max_price"], "--max-price") <= 0
@@ -335,7 +335,7 @@ class AwsBackend(Backend):
         workspace = workspace_name(record)
         for aws in regions:  # a kept workspace's volume decides the region (and the zone)
             try:
-                kept = volumes.find(aws, self.recorder.store_id, workspace)
+                kept = ebs_volumes.find(aws, self.recorder.store_id, workspace)
             except aws_errors() as exc:
                 raise explain(exc, f"looking for workspace {workspace}", aws.region) from None
             if kept is not None:
@@ -366,7 +366,7 @@ class AwsBackend(Backend):
         # found by the session's tag: the next region's handles replace the saved ones
         Teardown(aws).session(record.id, instance_ids=[], key_names=[], group_ids=[])
         if fresh_volume:
-            volumes.remove(aws, fresh_volume)
+            ebs_volumes.remove(aws, fresh_volume)
 
     def _provision(
         self,
@@ -466,12 +466,12 @@ class AwsBackend(Backend):
 
     def _workspace_volume(
         self, aws: Aws, record: SessionRecord, progress: Progress
-    ) -> volumes.WorkspaceVolume:
+    ) -> ebs_volumes.WorkspaceVolume:
         """The session's workspace volume as the start finds it (kept, or to make per attempt)."""
         spec, extra = record.spec, record.spec.extra
         workspace = workspace_name(record)
         try:
-            return volumes.WorkspaceVolume(
+            return ebs_volumes.WorkspaceVolume(
                 aws,
                 store_id=self.recorder.store_id,
                 owner=record.owner,
@@ -494,7 +494,7 @@ class AwsBackend(Backend):
         process (at start; again by a later process that connects while the boot waits)."""
         if record.id not in self._pull_logins:
             image = record.spec.extra.get("image") or self.default_image() or ""
-            login = registry.pull_login(image, self.aws)
+            login = pull_logins.pull_login(image, self.aws)
             self._pull_logins[record.id] = login
             if login is not None and progress is not None:
                 how = (
@@ -706,7 +706,7 @@ class AwsBackend(Backend):
         aws: Aws,
         record: SessionRecord,
         progress: Progress,
-        ws: volumes.WorkspaceVolume,
+        ws: ebs_volumes.WorkspaceVolume,
         instance: dict,
     ) -> None:
         """Wait until the instance runs (billed from then), hand a switch's volume over, and
@@ -728,7 +728,7 @@ class AwsBackend(Backend):
         progress.step(
             f"instance {instance_id} runs at {address}; attaching workspace volume {ws.volume_id}"
         )
-        volumes.attach(aws, ws.volume_id, instance_id)
+        ebs_volumes.attach(aws, ws.volume_id, instance_id)
 
     def _wait_running(self, aws: Aws, instance_id: str, *, private: bool) -> str:
         import botocore.exceptions
@@ -900,10 +900,10 @@ class AwsBackend(Backend):
 
     def list_workspaces(self) -> list:
         """This store's workspace volumes in the regions its sessions used, with their monthly cost."""
-        return volumes.workspaces(self, self._regions())
+        return ebs_volumes.workspaces(self, self._regions())
 
     def remove_workspace(self, workspace) -> None:
-        volumes.remove(self.aws(workspace.details["region"]), workspace.details["volume_id"])
+        ebs_volumes.remove(self.aws(workspace.details["region"]), workspace.details["volume_id"])
 
     def export_workspace(self, record: SessionRecord, progress: Progress):
         """Read over the running instance's SSH login (backends/aws/workspace_stream.py)."""
@@ -958,7 +958,7 @@ class _Start:
     group: str  # the security group's id
     places: list  # the subnets to try, in order (launch.Subnet)
     prices: dict[str, float]  # spot prices by zone (spot starts)
-    ws: volumes.WorkspaceVolume
+    ws: ebs_volumes.WorkspaceVolume
     public_key: str  # the session's SSH key
     kernel_key: str  # the kernel's connection key
     name: str  # of the key pair and the security group

@@ -69,7 +69,7 @@ from .engine import (
     short_error,
     wait_for_marker,
 )
-from .volumes import remove_copy, stale_resources
+from .runtime_volumes import remove_copy, stale_resources
 from .workspace_volumes import EngineWorkspaces
 
 # What starts and connects a session (container_setup.py's helpers, the bundle, the SDK) is imported

@@ -48,7 +48,7 @@ from .engine import (
     read_json_from,
     short_error,
 )
-from .volumes import VOLUME_LABEL  # on the bundle's volumes: "code", the site tag or "ok"
+from .runtime_volumes import VOLUME_LABEL  # on the bundle's volumes: "code", the site tag or "ok"
 
 log = logging.getLogger(__name__)
 

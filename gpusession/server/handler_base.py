@@ -1,5 +1,5 @@
 """What every REST handler shares: the login check's error shape, bodies read with limits, and
-our errors mapped to HTTP statuses (see handlers.py)."""
+our errors mapped to HTTP statuses (see handlers.py and workspace_handlers.py)."""
 
 from __future__ import annotations
 
