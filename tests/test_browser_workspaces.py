@@ -103,8 +103,10 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
         workspaces = panel.locator(".gpusession-workspaces")
         workspaces.locator(".gpusession-history-summary").click()
         row = workspaces.locator('.gpusession-workspace[data-workspace="ws-idle"]')
+        # the list is asked for when the section opens (GET workspaces asks every backend)
         sync_api.expect(row.locator(".gpusession-workspace-line")).to_have_text(
-            re.compile(r"^local · \d+(\.\d)? (bytes|kB) · used by: none left$")
+            re.compile(r"^local · \d+(\.\d)? (bytes|kB) · used by: none left$"),
+            timeout=TIMEOUT_MS,
         )
         assert_readable(page)
         panel.screenshot(path=str(ARTIFACTS / "workspaces-light.png"))

@@ -220,7 +220,15 @@ def test_ctrl_c_during_start_is_one_line_and_leaves_nothing(notebook, nb_env, ma
 
 
 def _ctrl_c_during_start(notebook, nb_env) -> None:
-    r = notebook.run("%gpu start --idle off --name cut-short", interrupt_after=0.15, timeout=60)
+    store = _store(nb_env)
+
+    def starting() -> bool:  # the start is under way: its record is there, not yet running
+        return any(
+            r.name == "cut-short" and r.state.value in ("provisioning", "starting")
+            for r in store.list()
+        )
+
+    r = notebook.run("%gpu start --idle off --name cut-short", interrupt_when=starting, timeout=60)
     assert r.status == "error", r.text
     assert r.error["ename"] == "UsageError", r.error
     assert (

@@ -22,6 +22,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 from .slots import script_env, slot, suffix
@@ -41,15 +42,29 @@ def docker_available() -> bool:
     try:
         import docker
 
-        client = docker.from_env(timeout=5)
+        client = docker.from_env(timeout=30)
     except Exception:  # noqa: BLE001 - SDK missing, or no DOCKER_HOST/socket
         return False
+    # an engine whose socket is there but that answers slowly (a loaded machine: dockerd busy
+    # with other workers' containers) is there: asked again for up to a minute, never skipped
+    deadline = time.monotonic() + (60 if _engine_socket_present() else 0)
     try:
-        return bool(client.ping())
-    except Exception:  # noqa: BLE001 - engine down or refusing
-        return False
+        while True:
+            try:
+                return bool(client.ping())
+            except Exception:  # noqa: BLE001 - engine down or refusing
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(1)
     finally:
         client.close()
+
+
+def _engine_socket_present() -> bool:
+    host = os.environ.get("DOCKER_HOST", "")
+    if host and not host.startswith("unix://"):
+        return True  # a tcp:// or ssh:// engine: its socket cannot be looked at from here
+    return Path(host[len("unix://") :] if host else "/var/run/docker.sock").exists()
 
 
 def product_image() -> str:

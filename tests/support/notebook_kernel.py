@@ -7,6 +7,7 @@ import dataclasses
 import os
 import queue
 import time
+from typing import Callable
 
 from jupyter_client.manager import KernelManager
 
@@ -70,18 +71,25 @@ class NotebookKernel:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
 
-    def run(self, code: str, timeout: float = 120, interrupt_after: float | None = None) -> CellRun:
+    def run(
+        self,
+        code: str,
+        timeout: float = 120,
+        interrupt_after: float | None = None,
+        interrupt_when: Callable[[], bool] | None = None,
+    ) -> CellRun:
+        """Run a cell; interrupt it (as the stop button does) `interrupt_after` seconds after it
+        was sent, or as soon as `interrupt_when()` says so (asked every 0.1 s while it runs)."""
         msg_id = self.kc.execute(code)
         sent = time.monotonic()
         outputs: list[tuple[float, str, dict]] = []
         interrupted = False
         deadline = sent + timeout
         while True:
-            if (
-                interrupt_after is not None
-                and not interrupted
-                and time.monotonic() - sent > interrupt_after
-            ):
+            due = (interrupt_after is not None and time.monotonic() - sent > interrupt_after) or (
+                interrupt_when is not None and interrupt_when()
+            )
+            if due and not interrupted:
                 self.km.interrupt_kernel()  # what the notebook's stop button does
                 interrupted = True
             try:
