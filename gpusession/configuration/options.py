@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import functools
 import logging
+import re
 import sys
 from typing import Any, Callable, Iterable, Mapping
 
@@ -71,9 +72,11 @@ _METAVARS = {
     "backend": "NAME",
     "duration": "DURATION",
     "money": "DOLLARS",
-    "gpus": "all|N",
+    "gpus": "N|shared|all|device=IDS",
 }
 MAX_GPUS = 1024
+# one device of --gpus device=...: an index, or a GPU-/MIG- UUID
+_DEVICE_ID = re.compile(r"\d{1,4}|(?:GPU|MIG)-[0-9A-Za-z-]{1,80}")
 #: start options `switch` does not take: its new session resumes the old one's workspace
 SWITCH_SKIP = ("workspace", "resume")
 #: `switch --on-demand`: the one switch flag that is no start option
@@ -589,14 +592,20 @@ def field_shown(name: str) -> str:
 
 
 def _gpus(value: Any) -> str | int:
-    if isinstance(value, str) and value.strip().lower() == "all":
-        return "all"
+    """'all', 'shared', a count, or device=IDS (indices, GPU-/MIG- UUIDs)."""
+    if isinstance(value, str) and value.strip().lower() in ("all", "shared"):
+        return value.strip().lower()
     text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_GPUS:
-        raise BadInput(
-            f"GPU request {shown(value)}: write 'all' or a whole number from 1 to {MAX_GPUS}"
-        )
-    return int(text)
+    if isinstance(value, str) and text.lower().startswith("device="):
+        ids = [d.strip() for d in text[len("device=") :].split(",")]
+        if ids and all(_DEVICE_ID.fullmatch(d) for d in ids):
+            return "device=" + ",".join(ids)
+    elif not isinstance(value, bool) and text.isdigit() and 1 <= int(text) <= MAX_GPUS:
+        return int(text)
+    raise BadInput(
+        f"GPU request {shown(value)}: write a whole number from 1 to {MAX_GPUS}, 'shared', "
+        "'all', or device= with indices or UUIDs (device=0,1 or device=MIG-...)"
+    )
 
 
 # -- what the faces make of them ---------------------------------------------------------------
@@ -653,7 +662,7 @@ def build_spec(
 _HINTS = {
     "duration": "15m, 2h, off",
     "money": "dollars, e.g. 5",
-    "gpus": "all or a number",
+    "gpus": "a number, shared, all",
     "text": "optional",
 }
 #: what an empty field means, for the rows whose default is no value (both forms show it)

@@ -19,6 +19,7 @@ gpusession.image, gpusession.started (unix seconds).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -28,7 +29,7 @@ from ...configuration.agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, AgentAr
 from ...configuration.cost import BILLED_FROM
 from ...configuration.options import StartOption
 from ...configuration.settings import BUILTIN_IMAGE, Setting
-from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
+from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, NoCapacity, StageError
 from ...core.models import LaunchSpec, SessionRecord, State
 from ...core.progress import Progress
 from ...core.protocol import (
@@ -69,6 +70,7 @@ from .engine import (
     short_error,
     wait_for_marker,
 )
+from .gpus import GPUS_LABEL, NAME_LABEL, holders, pick, read_box, refusal
 from .volumes import remove_copy, stale_resources
 from .workspace_volumes import EngineWorkspaces
 
@@ -81,6 +83,7 @@ log = logging.getLogger(__name__)
 START_TIMEOUT = 120.0
 START_LOG_BYTES = 4096  # the end of a failed start's container log kept in its record
 START_LOG_LINES = 200
+PLACE_TRIES = 3  # picks after losing a race for a GPU to another start on the same box
 QUICK_TIMEOUT = 3.0  # seconds a listing waits for a remote engine's answer
 NO_NVIDIA = (
     "this Docker engine has no NVIDIA runtime, so the container cannot get a GPU ({detail}). "
@@ -118,7 +121,9 @@ class DockerBackend(EngineWorkspaces, Backend):
             ("--gpus",),
             "gpus",
             "GPUs",
-            "docker: GPUs to request, 'all' or a number (default: all, or the count in --type)",
+            "docker: GPUs to request: a number (default: the count in --type) of free GPUs no "
+            "other session on the box holds, the least busy; 'shared' (the engine's first, "
+            "whoever holds them); 'all'; or device=IDS (indices or GPU-/MIG- UUIDs)",
             "GPU request",
         ),
     )
@@ -186,8 +191,13 @@ class DockerBackend(EngineWorkspaces, Backend):
             except BadInput as exc:
                 raise BadInput(f"Docker host: {exc}") from None
         gpus = spec.extra.get("gpus")
-        if gpus is not None and str(gpus) != "all" and not str(gpus).isdigit():
-            raise BadInput(f"gpus={gpus!r}: use 'all' or a number of GPUs")
+        if not (
+            gpus is None
+            or str(gpus) in ("all", "shared")
+            or str(gpus).isdigit()
+            or str(gpus).startswith("device=")
+        ):
+            raise BadInput(f"gpus={gpus!r}: use a number of GPUs, 'shared', 'all' or device=IDS")
 
     # -- start --------------------------------------------------------------------------
 
@@ -201,6 +211,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         self.recorder.save(
             record.id, engine=spec.extra.get("host") or ""
         )  # from here its engine may hold something (stop, gc)
+        devices = self._place(client, record, progress)  # before anything is made there
         name = spec.extra.get("image") or self.default_image()
         labels = {LABEL: record.id, STORE_LABEL: self.recorder.store_id}
         image = find_or_pull_image(client, name, progress)
@@ -220,7 +231,8 @@ class DockerBackend(EngineWorkspaces, Backend):
         # to a loopback port
         sockets, group = kernel_socket_dir(client, spec.extra.get("host"))
         self.recorder.save(record.id, sockets=sockets)
-        container = self._create_container(
+        create = functools.partial(
+            self._create_container,
             client,
             record,
             progress,
@@ -232,7 +244,64 @@ class DockerBackend(EngineWorkspaces, Backend):
             sockets=sockets,
             group=group,
         )
+        container = self._settle(client, record, progress, create, devices)
         self._start_container(record, progress, container)
+
+    def _settle(self, client, record: SessionRecord, progress: Progress, create, devices):
+        """The container, created with the GPUs picked for it; when another start on the box
+        picked one of them at the same time and created its container first, this one gives them
+        up and picks again (PLACE_TRIES times), so two sessions never share a GPU by a race."""
+        container = create(devices=devices)
+        picked = not str(record.spec.extra.get("gpus") or "").startswith("device=")
+        for _ in range(PLACE_TRIES):
+            if not (
+                devices
+                and picked
+                and _lost_race(
+                    client, record.spec.extra.get("host") or "(local engine)", container.id, devices
+                )
+            ):
+                return container
+            remove_container(container)
+            progress.step("another start took the same GPU first: picking again")
+            devices = self._place(client, record, progress)
+            container = create(devices=devices)
+        return container
+
+    def _place(self, client, record: SessionRecord, progress: Progress) -> list[str] | None:
+        """The GPUs the session's container is pinned to (their UUIDs), chosen on its box: free
+        ones, least busy first (backends/docker/gpus.py), recorded (`gpus`, `gpu_indices`);
+        None where the engine picks (--gpus all or shared, or a box without a reading)."""
+        spec = record.spec
+        wanted = spec.extra.get("gpus")
+        if isinstance(wanted, str) and wanted.startswith("device="):
+            named = [d.strip() for d in wanted[len("device=") :].split(",") if d.strip()]
+            self.recorder.save(record.id, gpus=named)
+            return named
+        if wanted in ("all", "shared"):
+            return None
+        count = int(wanted) if wanted is not None else spec.gpu_count
+        host = spec.extra.get("host")
+        where = host or "this machine"
+        progress.step(f"looking for {count} free GPU{'s' if count > 1 else ''} on {where}")
+        reading = read_box(client, host)
+        if reading is None:
+            return None
+        box, source = reading
+        with engine_errors(host or "(local engine)"):
+            held = holders([c.attrs for c in client.containers.list(all=True)])
+        chosen = pick(box, held, count)
+        if chosen is None:
+            raise NoCapacity(refusal(where, box, held, count), where=where)
+        line = ", ".join(
+            f"GPU {g.index} ({g.utilization or 0:.0f}% busy, {(g.memory_used or 0) >> 20} MiB used)"
+            for g in chosen
+        )
+        progress.step(f"on {where}: {line}, free and the least busy ({source})")
+        self.recorder.save(
+            record.id, gpus=[g.uuid for g in chosen], gpu_indices=[g.index for g in chosen]
+        )
+        return [g.uuid for g in chosen]
 
     def _prepare_runtime(self, client, host: str | None, image, labels: dict, progress: Progress):
         """The image's own Python runs the kernel; the runtime bundle brings what it lacks, in
@@ -259,6 +328,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         mounts: dict,
         sockets: str,
         group: int,
+        devices: list[str] | None,
     ):
         """The session's container, created (not started) and recorded: the runtime bundle's
         boot with the agent's options as its command, the kernel's key, the GPUs, the volumes."""
@@ -285,9 +355,11 @@ class DockerBackend(EngineWorkspaces, Backend):
                     "gpusession.image": name,
                     "gpusession.started": str(int(time.time())),
                     WORKSPACE_LABEL: workspace,
+                    NAME_LABEL: record.name,
+                    **({GPUS_LABEL: ",".join(devices)} if devices else {}),
                 },
                 environment=_container_environment(record, runtime),
-                device_requests=[gpu_request(docker, spec)],
+                device_requests=[gpu_request(docker, spec, devices)],
                 # no sshd, nothing published: the kernel and agent listen on the host's loopback,
                 # reached directly here or through the SSH login to the engine's host
                 network_mode="host",
@@ -591,6 +663,24 @@ class DockerBackend(EngineWorkspaces, Backend):
             self.recorder.save(resource.session_id, removed_at=time.time())
         except GpuSessionError:
             pass
+
+
+def _lost_race(client, where: str, mine: str, devices: list[str]) -> bool:
+    """Whether another live container holding one of `devices` was created before container
+    `mine` (by creation second, then id: every start on the box orders them alike)."""
+    with engine_errors(where):
+        listed = client.containers.list(all=True, sparse=True, filters={"label": GPUS_LABEL})
+    order = {c.id: (c.attrs.get("Created", 0), c.id) for c in listed}
+    if mine not in order:
+        return False
+    wanted = set(devices)
+    return any(
+        order[c.id] < order[mine]
+        and c.attrs.get("State") not in ("exited", "dead")
+        and wanted & set((c.attrs.get("Labels") or {}).get(GPUS_LABEL, "").split(","))
+        for c in listed
+        if c.id != mine
+    )
 
 
 def _may_hold(record: SessionRecord) -> bool:
