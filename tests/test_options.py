@@ -48,7 +48,7 @@ def spec_from(values: dict, face: str) -> LaunchSpec:
 
 def test_every_face_lists_the_same_options():
     names = list(options.table().names)
-    assert len(names) == len(set(names)) == 38
+    assert len(names) == len(set(names)) == 39
     assert dests(_start_args.parser) == names
     assert dests(start_subparser()) == names
     assert options.body_problems({name: None for name in names}) == {}
@@ -100,6 +100,7 @@ def test_the_form_shows_the_options_marked_for_forms(manager):
         "max_cost",
         "workspace",
         "resume",
+        "gpu_mem",
         "spot",
         "cheapest",
     ]

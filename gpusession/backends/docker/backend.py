@@ -29,6 +29,7 @@ from ...configuration.agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, AgentAr
 from ...configuration.cost import BILLED_FROM
 from ...configuration.options import StartOption
 from ...configuration.settings import BUILTIN_IMAGE, Setting
+from ...core import textvalues
 from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, NoCapacity, StageError
 from ...core.models import LaunchSpec, SessionRecord, State
 from ...core.progress import Progress
@@ -42,7 +43,7 @@ from ...core.protocol import (
     StopKind,
     StopReason,
 )
-from ...core.textvalues import ssh_host
+from ...core.textvalues import POOL_PREFIX, host_or_pool
 from ..base import (
     Backend,
     DirectLink,
@@ -71,6 +72,7 @@ from .engine import (
     wait_for_marker,
 )
 from .gpus import GPUS_LABEL, NAME_LABEL, holders, pick, read_box, refusal
+from .pools import ask_pool, best_box, chosen_line, full_line, type_matches
 from .volumes import remove_copy, stale_resources
 from .workspace_volumes import EngineWorkspaces
 
@@ -97,7 +99,10 @@ class DockerBackend(EngineWorkspaces, Backend):
     name = "docker"
     keeps_workspaces = True  # a volume per workspace
     takes_host = True  # a remote engine: ssh://user@host[:port]
-    host_help = "a remote engine, ssh://user@host[:port]; this machine's engine by default"
+    host_help = (
+        "a remote engine, ssh://user@host[:port], or pool:NAME (the box of a configured pool "
+        "with the most free GPUs of the type); this machine's engine by default"
+    )
     place_option = "host"  # each engine keeps its own volumes
     place_here = "this machine's engine"
     takes_image = True
@@ -111,6 +116,15 @@ class DockerBackend(EngineWorkspaces, Backend):
             "none: any image with a python3 (3.9 or newer), pulled on first use. Empty means the "
             "built-in.",
             legacy="GpuSessionConfig.docker_image",
+        ),
+        Setting(
+            "pools",
+            "GPUSESSION_DOCKER_POOLS",
+            "",
+            "Pools of boxes for --host pool:NAME, as a JSON object: pool name -> the boxes' "
+            'ssh:// addresses, e.g. {"lab": ["ssh://gpu1", "ssh://gpu2"]}; a start on a pool '
+            "goes to the box with the most free GPUs of its type. Empty means none.",
+            parse=textvalues.pools_text,
         ),
     )
     default_rank = 10  # the default when an engine answers
@@ -187,9 +201,11 @@ class DockerBackend(EngineWorkspaces, Backend):
             "host"
         ):  # the option table has read it; a LaunchSpec made by hand has not
             try:
-                ssh_host(spec.extra.get("host"))
+                host = host_or_pool(spec.extra.get("host"))
             except BadInput as exc:
                 raise BadInput(f"Docker host: {exc}") from None
+            if host.startswith(POOL_PREFIX):
+                self.pool_boxes(host[len(POOL_PREFIX) :])
         gpus = spec.extra.get("gpus")
         if not (
             gpus is None
@@ -198,6 +214,44 @@ class DockerBackend(EngineWorkspaces, Backend):
             or str(gpus).startswith("device=")
         ):
             raise BadInput(f"gpus={gpus!r}: use a number of GPUs, 'shared', 'all' or device=IDS")
+
+    # -- pools --------------------------------------------------------------------------
+
+    def pool_boxes(self, pool: str) -> list[str]:
+        """The boxes of a configured pool (DockerBackend.pools); BadInput naming the pools."""
+        pools = textvalues.pools(self.setting("pools") or "")
+        if pool not in pools:
+            known = ", ".join(sorted(pools)) or "none is configured"
+            raise BadInput(
+                f"no pool {pool!r} (pools: {known}); name them in DockerBackend.pools "
+                '(env GPUSESSION_DOCKER_POOLS), e.g. {"lab": ["ssh://gpu1", "ssh://gpu2"]}'
+            )
+        return list(pools[pool])
+
+    def place(self, record: SessionRecord, progress: Progress) -> dict[str, Any] | None:
+        """--host pool:NAME (again for each type of a fallback list: `pool` keeps the name):
+        the box with the most free GPUs of the type (backends/docker/pools.py) becomes the
+        session's host; NoCapacity when none has enough."""
+        spec = record.spec
+        host = spec.extra.get("pool") or spec.extra.get("host") or ""
+        if not host.startswith(POOL_PREFIX):
+            return None
+        pool = host[len(POOL_PREFIX) :]
+        boxes = self.pool_boxes(pool)
+        wanted = spec.extra.get("gpus")
+        count = int(wanted) if str(wanted or "").isdigit() else spec.gpu_count
+        progress.step(
+            f"asking the {len(boxes)} boxes of pool {pool} for {count} free {spec.gpu_type}"
+        )
+        answers = ask_pool(self.client, boxes, spec.gpu_type)
+        for skipped in (a for a in answers if a.skipped):
+            progress.step(f"pool {pool}: {skipped.host} skipped: {skipped.skipped}")
+        chosen = best_box(answers, count)
+        if chosen is None:
+            raise NoCapacity(full_line(pool, answers, spec.gpu_type, count), where=host)
+        why = chosen_line(pool, chosen, answers, spec.gpu_type)
+        progress.step(why)
+        return {"host": chosen.host, "pool": host, "pool_choice": why}
 
     # -- start --------------------------------------------------------------------------
 
@@ -288,6 +342,8 @@ class DockerBackend(EngineWorkspaces, Backend):
         if reading is None:
             return None
         box, source = reading
+        of_type = [g for g in box if type_matches(g.name, spec.gpu_type)]
+        box = of_type or box  # a box that names no GPU of the type: any of its GPUs
         with engine_errors(host or "(local engine)"):
             held = holders([c.attrs for c in client.containers.list(all=True)])
         chosen = pick(box, held, count)
