@@ -557,8 +557,7 @@ def test_a_fallback_list_launches_the_next_type_when_the_first_has_no_capacity(
         (passed,) = record.spec.extra["passed_over"]
         assert passed["type"] == "l4:1" and "InsufficientInstanceCapacity" in passed["why"]
         assert any(
-            "no capacity for l4:1 (" in line and "trying a10g:1 next" in line
-            for line in lines
+            "no capacity for l4:1 (" in line and "trying a10g:1 next" in line for line in lines
         )
         assert any(
             "fallback: l4:1 passed over (no capacity); trying a10g:1" in e.detail

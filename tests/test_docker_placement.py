@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,81 @@ def test_two_starts_at_the_same_moment_get_two_gpus(eight_gpu_box, manager, monk
 
 def manager_records(manager, sessions):
     return [manager.store.get(s.record.id) for s in sessions]
+
+
+SECOND_SLOT = 12  # the pool's second box: another namespace host (scripts/ci-remote-host.sh)
+SILENT = "ssh://root@10.200.15.2"  # an address no host answers on (no slot 15 host is made)
+
+
+@pytest.fixture
+def pool_of_two(eight_gpu_box, monkeypatch):
+    """Pool `lab`: this worker's namespace host (6 of its 8 GPUs running others' processes), a
+    second one (8 free), and a box that does not answer."""
+    second = _second_host()
+    busy = json.loads(json.dumps(EIGHT))
+    for dev in busy["frames"][0]["devices"][:6]:
+        dev["compute_processes"] = [{"pid": 4242, "usedGpuMemory": 1 << 30}]
+    (REMOTE_STATE / "home" / RECORDING).write_text(json.dumps(busy))
+    recording = second["state"] / "home" / RECORDING
+    recording.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(DATA / "nvml_eight_a100.json", recording)
+    ssh = Path(os.environ["HOME"]) / ".ssh"
+    with open(ssh / "config", "a") as f:
+        f.write("\n" + (second["state"] / "ssh_config").read_text())
+    with open(ssh / "known_hosts", "a") as f:
+        f.write((second["state"] / "known_hosts").read_text())
+    boxes = [eight_gpu_box["url"], second["url"], SILENT]
+    monkeypatch.setenv("GPUSESSION_DOCKER_POOLS", json.dumps({"lab": boxes}))
+    yield eight_gpu_box, second
+    recording.unlink(missing_ok=True)
+    _remove_remote_volumes({"docker_host_env": second["docker_host_env"]})
+
+
+def _second_host() -> dict:
+    env = dict(os.environ, GPUSESSION_TEST_SLOT=str(SECOND_SLOT))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "ci-remote-host.sh"
+    done = subprocess.run(
+        ["bash", str(script), "up"], capture_output=True, text=True, timeout=300, env=env
+    )
+    if done.returncode != 0:
+        pytest.skip(f"the second namespace host did not come up: {done.stderr[-300:]}")
+    state = REMOTE_STATE.parent / f"remote-{SECOND_SLOT}"
+    return {
+        "url": f"ssh://root@10.200.{SECOND_SLOT}.2",
+        "state": state,
+        "docker_host_env": f"unix:///run/gpus-remote-{SECOND_SLOT}/docker.sock",
+    }
+
+
+def test_a_pool_start_takes_the_box_with_free_gpus_after_its_list_passes_a_type_none_has(
+    pool_of_two, manager, monkeypatch
+):
+    """--host pool:lab --type h100,a100: no box of the pool has an h100, so the list moves on to
+    a100; the box with the most free a100 is taken, the silent one skipped in one line."""
+    first, second = pool_of_two
+    monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
+    lines: list[str] = []
+    began = time.monotonic()
+    spec = manager.make_spec("h100,a100", backend="docker", host="pool:lab", idle="off", name="p")
+    session = manager.start(spec, report=lines.append)
+    record = manager.store.get(session.record.id)
+    assert record.spec.extra["host"] == second["url"] and record.spec.gpu_type == "a100"
+    assert record.spec.extra["pool"] == "pool:lab"
+    (passed,) = record.spec.extra["passed_over"]
+    assert passed["type"] == "h100:1"
+    assert passed["why"].startswith(
+        f"no box of pool lab has 1 free h100 ({first['url']}: skipped, no h100 there"
+    )
+    text = "\n".join(lines)
+    assert f"pool lab: {SILENT} skipped:" in text
+    assert (
+        f"pool lab: {second['url']}, the most free a100 (8 of 8) ({first['url']}: 2 free; "
+        f"{SILENT}: skipped," in text
+    )
+    assert "took a100:1 of h100:1, a100:1 (passed over h100:1: no box of pool lab" in text
+    assert time.monotonic() - began < 200  # the silent box held nothing up past its deadline
+    from gpusession.words.status import placement_line
+
+    said = placement_line(manager.view(record))
+    assert f"pool lab: {second['url']}" in said and f"holds GPU 0 of {second['url']}" in said
+    manager.stop(record.id)
