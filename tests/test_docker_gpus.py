@@ -67,7 +67,7 @@ def test_a_gpu_running_another_process_is_not_free():
     doc["frames"][0]["devices"][0]["compute_processes"] = [{"pid": 7, "usedGpuMemory": 1}]
     box = gpus.from_recording(doc)
     assert gpus.pick(box, {}, 1)[0].index == 1
-    assert (0, "another process") in gpus.who_holds(box, {})
+    assert ("GPU 0", "another process") in gpus.who_holds(box, {})
 
 
 def test_no_free_gpu_is_one_line_naming_the_box_its_gpus_and_who_holds_them():

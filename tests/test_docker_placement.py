@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpusession.backends.docker.gpus import GPUS_LABEL, RECORDING
+from gpusession.core.errors import NoCapacity
 from support.hosts import REMOTE_STATE, product_image
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
@@ -223,3 +224,39 @@ def test_a_pool_start_takes_the_box_with_free_gpus_after_its_list_passes_a_type_
     said = placement_line(manager.view(record))
     assert f"pool lab: {second['url']}" in said and f"holds GPU 0 of {second['url']}" in said
     manager.stop(record.id)
+
+
+def test_a_mig_type_starts_on_a_free_slice_of_a_split_a100(remote, manager, monkeypatch):
+    """The namespace host stands for a box with one A100 split into 7 1g.10gb slices, two of
+    them running others' processes: an a100-1g.10gb session is pinned to the third, by its MIG
+    UUID; a whole-card type finds no card there."""
+    import docker
+
+    recording = REMOTE_STATE / "home" / RECORDING
+    recording.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(DATA / "nvml_a100_mig.json", recording)
+    monkeypatch.setenv("GPUSESSION_IMAGE", product_image())
+    slices = json.loads((DATA / "nvml_a100_mig.json").read_text())["frames"][0]["devices"][0]
+    third = slices["mig_devices"][2]["uuid"]
+    lines: list[str] = []
+    try:
+        spec = manager.make_spec("a100-1g.10gb", backend="docker", host=remote["url"], idle="off")
+        session = manager.start(spec, report=lines.append)
+        record = manager.store.get(session.record.id)
+        assert record.resource["gpus"] == [third]
+        assert any("GPU 0 slice 2 (13 MiB used, utilization n/a: MIG)" in line for line in lines)
+        far = docker.DockerClient(base_url=remote["docker_host_env"])
+        try:
+            attrs = far.containers.get(record.resource["container_id"]).attrs
+            assert attrs["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == [third]
+        finally:
+            far.close()
+        price = manager.catalog.get("a100-80gb").per_gpu_on_demand / 7
+        assert record.price_per_hour == pytest.approx(price, abs=1e-4)
+        manager.stop(record.id)
+        with pytest.raises(NoCapacity) as err:
+            manager.start(manager.make_spec("a100-2g.20gb", backend="docker", host=remote["url"]))
+        assert "no a100-2g.20gb MIG slice on" in str(err.value)
+    finally:
+        recording.unlink(missing_ok=True)
+        _remove_remote_volumes(remote)

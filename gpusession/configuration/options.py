@@ -624,7 +624,7 @@ def type_choices(
     chosen = list(value) if isinstance(value, list) else [value]
     if gpu_mem is not None:
         if not given:
-            chosen = [(t.name, chosen[0][1]) for t in catalog.types]
+            chosen = [(t.name, chosen[0][1]) for t in catalog.whole_types()]
             by_price = True
         chosen = [(n, c) for n, c in chosen if catalog.get(n).memory_gb >= gpu_mem]
         if not chosen:

@@ -132,14 +132,25 @@ def sparkline(values: list[float | None], width: int = 40) -> str:
     )
 
 
+MIG_UTILIZATION = "n/a (MIG)"  # NVML reports no utilization for a MIG slice: never 0
+
+
+def gpu_metric_text(metric, gpu: dict) -> str:
+    """A GPU's metric in words; a MIG slice's utilization is 'n/a (MIG)', not 0 or '-'."""
+    if gpu.get("mig") and metric.name == "utilization" and gpu.get("utilization") is None:
+        return MIG_UTILIZATION
+    return metric_of(metric, gpu)
+
+
 def gpu_lines(sample: dict) -> list[str]:
     lines = []
     for g in sample.get("gpus", []):
         if g.get("error"):
             values = nvml_error_text(g["error"])
         else:
-            values = ", ".join(f"{m.short} {metric_of(m, g)}" for m in metrics("gpu"))
-        lines.append(f"  GPU {g['index']} {g.get('name') or '?'}: {values}")
+            values = ", ".join(f"{m.short} {gpu_metric_text(m, g)}" for m in metrics("gpu"))
+        where = f"GPU {g['index']}" + (f" slice {g['slot']}" if g.get("mig") else "")
+        lines.append(f"  {where} {g.get('name') or '?'}: {values}")
         for p in g.get("processes", []):
             lines.append(
                 f"      pid {p['pid']} {p.get('name') or '?'}: {memory_text(p.get('memory_used'))}"

@@ -290,7 +290,7 @@ class AwsBackend(Backend):
         rows: list[dict[str, Any]] = []
         for region in price_regions(self.setting("regions")):
             aws = self.aws(region)
-            for gpu in catalog.types:
+            for gpu in catalog.whole_types():
                 if types is not None and gpu.name not in types:
                     continue
                 inst = gpu.instances[0]

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from ...configuration.agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, AgentArgs
+from ...configuration.catalog import load_catalog
 from ...configuration.cost import BILLED_FROM
 from ...configuration.options import StartOption
 from ...configuration.settings import BUILTIN_IMAGE, Setting
@@ -341,23 +342,37 @@ class DockerBackend(EngineWorkspaces, Backend):
         reading = read_box(client, host)
         if reading is None:
             return None
-        box, source = reading
-        of_type = [g for g in box if type_matches(g.name, spec.gpu_type)]
-        box = of_type or box  # a box that names no GPU of the type: any of its GPUs
-        with engine_errors(host or "(local engine)"):
-            held = holders([c.attrs for c in client.containers.list(all=True)])
-        chosen = pick(box, held, count)
-        if chosen is None:
-            raise NoCapacity(refusal(where, box, held, count), where=where)
+        chosen = self._pick(client, spec, where, reading[0], count)
         line = ", ".join(
-            f"GPU {g.index} ({g.utilization or 0:.0f}% busy, {(g.memory_used or 0) >> 20} MiB used)"
+            f"{g.label} ({(g.memory_used or 0) >> 20} MiB used, utilization n/a: MIG)"
+            if g.slot is not None
+            else f"{g.label} ({g.utilization or 0:.0f}% busy, {(g.memory_used or 0) >> 20} MiB used)"
             for g in chosen
         )
-        progress.step(f"on {where}: {line}, free and the least busy ({source})")
+        progress.step(f"on {where}: {line}, free and the least busy ({reading[1]})")
         self.recorder.save(
             record.id, gpus=[g.uuid for g in chosen], gpu_indices=[g.index for g in chosen]
         )
         return [g.uuid for g in chosen]
+
+    def _pick(self, client, spec: LaunchSpec, where: str, box: list, count: int) -> list:
+        """`count` free GPUs of the box (backends/docker/gpus.py): of the type where the box names
+        it (else any of its GPUs), a MIG type's slices only; NoCapacity in one line if too few."""
+        of_type = [g for g in box if not g.split and type_matches(g.name, spec.gpu_type)]
+        if not of_type and load_catalog().get(spec.gpu_type).is_mig:
+            cards = sorted({g.name or "?" for g in box if g.slot is None})
+            raise NoCapacity(
+                f"no {spec.gpu_type} MIG slice on {where} (its GPUs: {', '.join(cards)}); "
+                "name a box whose cards are split so, or another --type",
+                where=where,
+            )
+        box = of_type or box
+        with engine_errors(spec.extra.get("host") or "(local engine)"):
+            held = holders([c.attrs for c in client.containers.list(all=True)])
+        chosen = pick(box, held, count)
+        if chosen is None:
+            raise NoCapacity(refusal(where, box, held, count), where=where)
+        return chosen
 
     def _prepare_runtime(self, client, host: str | None, image, labels: dict, progress: Progress):
         """The image's own Python runs the kernel; the runtime bundle brings what it lacks, in

@@ -55,6 +55,14 @@ class BoxGpu:
     memory_total: int | None  # bytes
     utilization: float | None  # percent
     processes: int  # compute processes running on it now
+    parent: str | None = None  # a MIG slice: its card's UUID
+    slot: int | None = None  # a MIG slice: its place on the card
+    split: bool = False  # a card in MIG mode: its slices are handed out, never the whole card
+
+    @property
+    def label(self) -> str:
+        """How the lines name it: 'GPU 3', or 'GPU 0 slice 2' for a MIG slice."""
+        return f"GPU {self.index}" + (f" slice {self.slot}" if self.slot is not None else "")
 
     def busy_key(self) -> tuple:
         """Least busy first: fewest processes, lowest utilization, least memory used."""
@@ -75,19 +83,27 @@ def from_recording(doc: dict) -> list[BoxGpu]:
     frames = doc.get("frames") or [{}]
     found = []
     for index, dev in enumerate(frames[0].get("devices") or []):
-        util, memory = _reported(dev.get("utilization")), _reported(dev.get("memory"))
-        found.append(
-            BoxGpu(
-                index=index,
-                uuid=str(dev.get("uuid") or index),
-                name=dev.get("name") if isinstance(dev.get("name"), str) else None,
-                memory_used=memory.get("used"),
-                memory_total=memory.get("total"),
-                utilization=util.get("gpu"),
-                processes=len(_reported(dev.get("compute_processes"), [])),
-            )
-        )
+        slices = dev.get("mig_devices") or []
+        card = _recorded(dev, index, split=bool(slices))
+        found.append(card)
+        for slot, part in enumerate(slices):
+            if part is not None:
+                found.append(_recorded(part, index, parent=card.uuid, slot=slot))
     return found
+
+
+def _recorded(dev: dict, index: int, **placement: Any) -> BoxGpu:
+    util, memory = _reported(dev.get("utilization")), _reported(dev.get("memory"))
+    return BoxGpu(
+        index=index,
+        uuid=str(dev.get("uuid") or index),
+        name=dev.get("name") if isinstance(dev.get("name"), str) else None,
+        memory_used=memory.get("used"),
+        memory_total=memory.get("total"),
+        utilization=util.get("gpu"),
+        processes=len(_reported(dev.get("compute_processes"), [])),
+        **placement,
+    )
 
 
 def _reported(value: Any, empty: Any = None) -> Any:
@@ -204,13 +220,18 @@ def holders(containers: list[dict]) -> dict[str, Holder]:
 
 
 def holder_of(gpu: BoxGpu, held: dict[str, Holder]) -> Holder | None:
-    """Who holds `gpu` (by its UUID or its index), None when no container does."""
-    return held.get(gpu.uuid) or held.get(str(gpu.index))
+    """Who holds `gpu` (by its UUID or its index; a slice also by its card's), None when no
+    container does."""
+    found = held.get(gpu.uuid)
+    if gpu.slot is None:
+        return found or held.get(str(gpu.index))
+    return found or held.get(gpu.parent or "") or held.get(str(gpu.index))
 
 
 def free_gpus(gpus: list[BoxGpu], held: dict[str, Holder]) -> list[BoxGpu]:
-    """The GPUs no container holds and no process runs on, least busy first."""
-    free = [g for g in gpus if holder_of(g, held) is None and g.processes == 0]
+    """The GPUs (and MIG slices) no container holds and no process runs on, least busy first;
+    a card split into slices is never free as a whole."""
+    free = [g for g in gpus if not g.split and holder_of(g, held) is None and g.processes == 0]
     return sorted(free, key=BoxGpu.busy_key)
 
 
@@ -220,11 +241,13 @@ def pick(gpus: list[BoxGpu], held: dict[str, Holder], count: int) -> list[BoxGpu
     return free[:count] if len(free) >= count else None
 
 
-def who_holds(gpus: list[BoxGpu], held: dict[str, Holder]) -> list[tuple[int, str]]:
+def who_holds(gpus: list[BoxGpu], held: dict[str, Holder]) -> list[tuple[str, str]]:
     """(index, who) for each GPU that is not free: "alice's t4-1", "container x", "another
     process"."""
     out = []
     for g in gpus:
+        if g.split:
+            continue  # its slices say who holds what
         holder = holder_of(g, held)
         if holder is not None:
             who = (
@@ -232,19 +255,20 @@ def who_holds(gpus: list[BoxGpu], held: dict[str, Holder]) -> list[tuple[int, st
                 if holder.owner
                 else f"container {holder.name}"
             )
-            out.append((g.index, who))
+            out.append((g.label, who))
         elif g.processes:
-            out.append((g.index, "another process"))
+            out.append((g.label, "another process"))
     return out
 
 
 def refusal(where: str, gpus: list[BoxGpu], held: dict[str, Holder], count: int) -> str:
     """The one line said when `where` has fewer than `count` free GPUs."""
     taken = who_holds(gpus, held)
-    free = len(gpus) - len(taken)
-    listed = ", ".join(f"GPU {i}: {who}" for i, who in taken)
+    whole = [g for g in gpus if not g.split]
+    free = len(whole) - len(taken)
+    listed = ", ".join(f"{label}: {who}" for label, who in taken)
     return (
-        f"no {count} free GPU{'s' if count > 1 else ''} on {where}: {free} of its {len(gpus)} "
+        f"no {count} free GPU{'s' if count > 1 else ''} on {where}: {free} of its {len(whole)} "
         f"free ({listed}); start later, ask for fewer, share one with --gpus shared, "
         "or name another --host (or a pool: --host pool:NAME)"
     )

@@ -8,13 +8,17 @@ or has no GPU reading is skipped, said in one line, and never holds up the start
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 from typing import Any, Callable
 
 from .gpus import BoxGpu, free_gpus, holders, read_box
 
-POOL_TIMEOUT = 20.0  # seconds for every box of a pool to answer, together
+POOL_TIMEOUT = 20.0
+_PROFILE = re.compile(
+    r"\d+g\.\d+gb"
+)  # a MIG profile: 1g.10gb  # seconds for every box of a pool to answer, together
 
 
 @dataclasses.dataclass
@@ -33,7 +37,11 @@ def type_matches(gpu_name: str | None, gpu_type: str) -> bool:
     if not gpu_name:
         return False
     words = set(gpu_name.lower().replace("-", " ").replace("_", " ").split())
-    return all(part in words for part in gpu_type.lower().split("-"))
+    parts = gpu_type.lower().split("-")
+    slice_type = any(_PROFILE.fullmatch(p) for p in parts)
+    if ("mig" in words) != slice_type:  # a slice is of a slice type only, a card of a card type
+        return False
+    return all(part in words for part in parts)
 
 
 def ask_box(client_for: Callable[[str], Any], host: str, gpu_type: str) -> BoxAnswer:
@@ -46,7 +54,7 @@ def ask_box(client_for: Callable[[str], Any], host: str, gpu_type: str) -> BoxAn
         held = holders([c.attrs for c in client.containers.list(all=True)])
     except Exception as exc:  # noqa: BLE001 - any failure skips the box; the line says which
         return BoxAnswer(host, skipped=_short(exc))
-    mine = [g for g in reading[0] if type_matches(g.name, gpu_type)]
+    mine = [g for g in reading[0] if not g.split and type_matches(g.name, gpu_type)]
     if not mine:
         names = sorted({g.name or "?" for g in reading[0]})
         return BoxAnswer(host, skipped=f"no {gpu_type} there ({', '.join(names)})")
