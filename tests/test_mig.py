@@ -122,3 +122,15 @@ def test_idle_counts_a_slices_memory_activity_under_gpu_only():
     assert seen(t0 + 50, base + MIG_MEMORY_STEP + 1024).stop_reason is None  # a tensor came
     assert seen(t0 + 100, base + MIG_MEMORY_STEP + 1024).stop_reason is None  # 50 s since
     assert seen(t0 + 111, base + MIG_MEMORY_STEP + 1024).stop_reason.kind.name == "IDLE"
+
+
+def test_the_widget_card_says_n_a_mig_for_a_slices_utilization():
+    from gpusession.widgets.card import MetricGauges
+
+    visible, _, (mine,) = NvmlReader(
+        RecordedNvml(MIG), env={"NVIDIA_VISIBLE_DEVICES": SLICES[4]["uuid"]}
+    ).read()
+    gauges = MetricGauges("gpu")
+    gauges.show(mine)
+    assert gauges.gauges["util"].text.value == MIG_UTILIZATION
+    assert gauges.gauges["memory"].text.value == "13 MiB/9.8 GiB"

@@ -13,12 +13,12 @@ from typing import Callable
 
 import ipywidgets as widgets
 
-from ..configuration.metrics import Metric, metric_of, metrics, nvml_error_text
+from ..configuration.metrics import Metric, metrics, nvml_error_text
 from ..core.durations import format_duration, format_money
 from ..core.models import State
 from ..words.common import NEVER_RAN
 from ..words.spend import advice_line
-from ..words.status import RECORDED_WORDS, rate_text
+from ..words.status import RECORDED_WORDS, gpu_metric_text, rate_text
 from ..words.stops import warning_texts
 
 KEEPALIVE = "1h"  # what the keep-alive button asks for (the sidebar's button does the same)
@@ -107,7 +107,7 @@ class MetricGauges:
         """Show the values of a GPU dict or a sample dict of the stats document."""
         for m in self.rows:
             top = _scaled(m, item, m.limit) if m.limit else m.top
-            self.gauges[m.key].set(_scaled(m, item, m.name), top, metric_of(m, item))
+            self.gauges[m.key].set(_scaled(m, item, m.name), top, gpu_metric_text(m, item))
 
 
 class GpuGauges(MetricGauges):

@@ -190,6 +190,8 @@ export interface GpuSample {
   /** MHz. */
   sm_clock: number | null;
   processes: GpuProcess[];
+  /** A MIG slice the session was given: its profile ("1g.10gb"); NVML gives it no utilization. */
+  mig?: string | null;
   /** Why NVML could not read this GPU at all: its kind, e.g. "GpuIsLost". */
   error?: string;
   /** The same in words (the server's): "the GPU is lost: the driver no longer sees it". */
