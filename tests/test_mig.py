@@ -134,3 +134,53 @@ def test_the_widget_card_says_n_a_mig_for_a_slices_utilization():
     gauges.show(mine)
     assert gauges.gauges["util"].text.value == MIG_UTILIZATION
     assert gauges.gauges["memory"].text.value == "13 MiB/9.8 GiB"
+
+
+def test_a_real_box_lists_its_slices_with_nvidia_smi():
+    output = (
+        "nvidia-smi\n"
+        "0, GPU-aaa, NVIDIA A100-SXM4-80GB, 12000, 81920, [N/A]\n"
+        "1, GPU-bbb, NVIDIA A100-SXM4-80GB, 3, 81920, 0\n"
+        "----\n"
+        "----\n"
+        "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-aaa)\n"
+        "  MIG 1g.10gb     Device  0: (UUID: MIG-111)\n"
+        "  MIG 1g.10gb     Device  1: (UUID: MIG-222)\n"
+        "GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-bbb)\n"
+    )
+    box, source = gpus.parse_reading(output)
+    assert source == "nvidia-smi"
+    assert [(g.uuid, g.split, g.slot) for g in box] == [
+        ("GPU-aaa", True, None),
+        ("MIG-111", False, 0),
+        ("MIG-222", False, 1),
+        ("GPU-bbb", False, None),
+    ]
+    slices = [g for g in box if type_matches(g.name, "a100-1g.10gb")]
+    assert [g.uuid for g in gpus.pick(slices, {}, 2)] == ["MIG-111", "MIG-222"]
+    whole = [g for g in box if not g.split and type_matches(g.name, "a100-80gb")]
+    assert [g.uuid for g in whole] == ["GPU-bbb"]
+
+
+def test_the_box_script_runs_nvidia_smi_where_there_is_no_recording(tmp_path, monkeypatch):
+    """A stand-in nvidia-smi on PATH (what the driver's would print for these queries)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        "  --query-gpu=*) echo '0, GPU-aaa, NVIDIA A100-SXM4-80GB, 3, 81920, [N/A]' ;;\n"
+        "  --query-compute-apps=*) ;;\n"
+        "  -L) echo 'GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-aaa)';"
+        " echo '  MIG 3g.40gb     Device  0: (UUID: MIG-333)' ;;\n"
+        "esac\n"
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no recording there
+    box, source = gpus.read_box(None, None)
+    assert source == "nvidia-smi"
+    assert [(g.uuid, g.name) for g in box if not g.split] == [
+        ("MIG-333", "NVIDIA A100-SXM4-80GB MIG 3g.40gb")
+    ]

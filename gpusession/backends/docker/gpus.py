@@ -24,6 +24,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import subprocess
 from typing import Any
 
@@ -36,11 +37,14 @@ _QUERY_GPUS = (
     "--format=csv,noheader,nounits"
 )
 _QUERY_APPS = "nvidia-smi --query-compute-apps=gpu_uuid,pid --format=csv,noheader,nounits"
+_LIST = "nvidia-smi -L"  # the MIG slices of split cards, with their UUIDs
+_LISTED_GPU = re.compile(r"GPU (\d+): .*\(UUID: (GPU-[^)]+)\)")
+_LISTED_SLICE = re.compile(r"\s+MIG (\S+)\s+Device\s+(\d+): \(UUID: (MIG-[^)]+)\)")
 # one round trip: the recording when the box has one, else nvidia-smi, else nothing
 READ_SCRIPT = (
     f'if [ -r "$HOME/{RECORDING}" ]; then echo recorded; cat "$HOME/{RECORDING}"; '
     f"elif command -v nvidia-smi >/dev/null 2>&1; then echo nvidia-smi; {_QUERY_GPUS} && "
-    f"echo ---- && {_QUERY_APPS}; else echo none; fi"
+    f"echo ----; {_QUERY_APPS}; echo ----; {_LIST}; true; else echo none; fi"
 )
 
 
@@ -138,6 +142,30 @@ def from_smi(gpus_csv: str, apps_csv: str) -> list[BoxGpu]:
     return found
 
 
+def with_listed_slices(gpus: list[BoxGpu], listing: str) -> list[BoxGpu]:
+    """`nvidia-smi -L`'s MIG slices added under their cards (which become split): each slice
+    named '<card> MIG <profile>', its memory and processes not known from there."""
+    slices: dict[str, list[tuple[int, str, str]]] = {}
+    card = None
+    for line in listing.splitlines():
+        found = _LISTED_GPU.match(line)
+        if found:
+            card = found.group(2)
+            continue
+        part = _LISTED_SLICE.match(line)
+        if part and card:
+            slices.setdefault(card, []).append((int(part.group(2)), part.group(1), part.group(3)))
+    out = []
+    for g in gpus:
+        mine = slices.get(g.uuid, [])
+        out.append(dataclasses.replace(g, split=True) if mine else g)
+        out += [
+            BoxGpu(g.index, uuid, f"{g.name} MIG {profile}", None, None, None, 0, g.uuid, slot)
+            for slot, profile, uuid in mine
+        ]
+    return out
+
+
 def _number(text: str) -> float | None:
     try:
         return float(text)
@@ -159,8 +187,9 @@ def parse_reading(output: str) -> tuple[list[BoxGpu], str] | None:
         gpus = from_recording(json.loads(rest))
         return (gpus, kind) if gpus else None
     if kind == "nvidia-smi":
-        gpus_csv, _, apps_csv = rest.partition("----")
-        gpus = from_smi(gpus_csv, apps_csv)
+        gpus_csv, _, rest = rest.partition("----")
+        apps_csv, _, listing = rest.partition("----")
+        gpus = with_listed_slices(from_smi(gpus_csv, apps_csv), listing)
         return (gpus, kind) if gpus else None
     return None
 
