@@ -116,6 +116,10 @@ export interface SessionView {
    * death of the process running it: what was left and what to do, one line;
    * the same on both cards. Null otherwise. */
   cut_switch_text: string | null;
+  /** How it was placed, one line: the type a fallback list took and why the earlier
+   * were passed over, the box of a pool and why, the GPUs of its box it holds
+   * (words/status.py placement_line). Null when there is nothing to say. */
+  placement?: string | null;
   idle: IdleView;
   /** Cost in US dollars at which the session stops itself; null: no cap. */
   max_cost: number | null;
