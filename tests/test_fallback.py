@@ -87,3 +87,39 @@ def test_every_face_says_the_type_taken_and_the_gpus_held():
         "holds GPU 4 of ssh://gpu2"
     )
     assert placement_line({"gpu_type": "t4", "gpu_count": 1}) is None
+
+
+def test_the_widget_card_says_how_a_session_was_placed():
+    from gpusession.core.models import Event, LaunchSpec, SessionRecord, State
+    from gpusession.session.views import session_view
+    from gpusession.widgets.card import SessionCard
+
+    spec = LaunchSpec(
+        gpu_type="a100",
+        backend="docker",
+        extra={
+            "host": "ssh://gpu2",
+            "types": ["h100:1", "a100:1"],
+            "passed_over": [{"type": "h100:1", "why": "no box of pool lab has 1 free h100"}],
+            "pool_choice": "pool lab: ssh://gpu2, the most free a100 (8 of 8)",
+        },
+    )
+    record = SessionRecord(
+        id="abc",
+        name="p",
+        spec=spec,
+        state=State.RUNNING,
+        created_at=1.0,
+        updated_at=1.1,
+        owner="me",
+        price_per_hour=2.7,
+        events=[Event("abc", State.RUNNING, 1.0)],
+        resource={"gpu_indices": [3]},
+    )
+    card = SessionCard(session_view(record), on_stop=print, on_keepalive=print)
+    assert (
+        "took a100:1 of h100:1, a100:1 (passed over h100:1: no box of pool lab"
+        in card.placement.value
+    )
+    assert "pool lab: ssh://gpu2, the most free a100" in card.placement.value
+    assert "holds GPU 3 of ssh://gpu2" in card.placement.value
