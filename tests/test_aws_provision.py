@@ -519,3 +519,57 @@ def test_a_resume_finds_the_session_holding_its_workspace_ended_unseen(manager, 
     assert again.spec.extra["resume"] == "held"
     manager.store.transition(again.id, State.FAILED, "not started by this test")
     assert leftovers(look) == NOTHING
+
+
+def test_a_fallback_list_launches_the_next_type_when_the_first_has_no_capacity(
+    manager, aws_env, look
+):
+    """--type l4,a10g (issue 34 §3): EC2 has no g6.xlarge (l4) anywhere, so the same session
+    moves on to a10g; what the l4 attempt made is gone, the record says which type was taken
+    and why l4 was passed over, and its price is a10g's."""
+    from gpusession.session.fallback import provision_placed
+    from gpusession.words.status import placement_line
+
+    aws_env.faults.append(
+        Fault(
+            "RunInstances",
+            "InsufficientInstanceCapacity",
+            "We currently do not have sufficient g6.xlarge capacity",
+            when={"InstanceType": "g6.xlarge"},
+        )
+    )
+    spec = spec_for(manager, "l4,a10g,t4")
+    assert spec.gpu_type == "l4" and spec.extra["types"] == ["l4:1", "a10g:1", "t4:1"]
+    record = manager.create(spec)
+    manager.store.transition(record.id, State.PROVISIONING)
+    backend = manager.backend("aws")
+    lines: list[str] = []
+    record = provision_placed(
+        manager.store,
+        backend,
+        record,
+        Progress(lines.append),
+        lambda s: backend.price_per_hour(s, manager.catalog),
+    )
+    try:
+        assert record.spec.gpu_type == "a10g"
+        assert instance_of(look, record)["InstanceType"] == "g5.xlarge"
+        (passed,) = record.spec.extra["passed_over"]
+        assert passed["type"] == "l4:1" and "InsufficientInstanceCapacity" in passed["why"]
+        assert any(
+            "no capacity for l4:1 (" in line and "trying a10g:1 next" in line for line in lines
+        )
+        assert any(
+            "fallback: l4:1 passed over (no capacity); trying a10g:1" in e.detail
+            for e in record.events
+        )
+        assert record.price_per_hour == backend.price_per_hour(record.spec, manager.catalog)
+        line = placement_line(manager.view(record))
+        assert line.startswith("took a10g:1 of l4:1, a10g:1, t4:1 (passed over l4:1: no g6.xlarge")
+        # the l4 attempt's key pair and security group went with it: one of each, the a10g's
+        left = leftovers(look)
+        assert len(left["instances"]) == 1 and len(left["key_pairs"]) == 1
+        assert len(left["security_groups"]) == 1
+    finally:
+        backend.stop(manager.store.get(record.id))
+    assert leftovers(look) == NOTHING

@@ -48,7 +48,7 @@ def spec_from(values: dict, face: str) -> LaunchSpec:
 
 def test_every_face_lists_the_same_options():
     names = list(options.table().names)
-    assert len(names) == len(set(names)) == 38
+    assert len(names) == len(set(names)) == 39
     assert dests(_start_args.parser) == names
     assert dests(start_subparser()) == names
     assert options.body_problems({name: None for name in names}) == {}
@@ -100,6 +100,7 @@ def test_the_form_shows_the_options_marked_for_forms(manager):
         "max_cost",
         "workspace",
         "resume",
+        "gpu_mem",
         "spot",
         "cheapest",
     ]
@@ -328,7 +329,8 @@ def test_rest_names_the_field_as_in_the_body():
         "spot": "wrong type (string): expected true or false",
         "idle": "bad idle timeout 'abc': write e.g. 90s, 15m, 1h30m (a bare number means minutes) or 'off'",
         "max_cost": "max cost must be a finite number, got inf",
-        "gpus": "GPU request 0: write 'all' or a whole number from 1 to 1024",
+        "gpus": "GPU request 0: write a whole number from 1 to 1024, 'shared', 'all', or device= "
+        "with indices or UUIDs (device=0,1 or device=MIG-...)",
     }
     message = str(options.BadOptions(problems, options.REST))
     assert message.startswith("unknown field(s) colour; allowed: type, backend,")

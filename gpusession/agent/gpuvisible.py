@@ -10,6 +10,11 @@ and the cost must be about that subset only.
   selects none.
 - else `SLURM_JOB_GPUS` / `SLURM_STEP_GPUS`: the job's GPUs by index on the node, used only when
   NVML sees more GPUs than the job has (else cgroups already show the job's alone).
+- else `NVIDIA_VISIBLE_DEVICES` when it names GPUs by UUID (`GPU-...`, `MIG-...`): a docker
+  session pinned to GPUs of a shared box (issue 34). In a real container NVML sees those alone
+  and the UUIDs match them; where NVML sees the whole box (a replayed recording, a runtime that
+  does not hide the others) they select the session's own. Indices there are not used: in the
+  container NVML numbers its GPUs from 0.
 - else every GPU.
 """
 
@@ -32,6 +37,10 @@ def visible_indices(
             if count <= len(wanted):
                 return list(range(count)), None  # constrained: NVML sees the job's GPUs alone
             return sorted({i for i in wanted if i < count}), name
+    pinned = env.get("NVIDIA_VISIBLE_DEVICES", "")
+    tokens = [t.strip() for t in pinned.split(",") if t.strip()]
+    if tokens and all(t.upper().startswith(("GPU-", "MIG-")) for t in tokens):
+        return _cuda(pinned, count, uuid_of), "NVIDIA_VISIBLE_DEVICES"
     return list(range(count)), None
 
 
@@ -41,7 +50,7 @@ def _cuda(value: str, count: int, uuid_of: Callable[[int], str | None]) -> list[
     for token in (t.strip() for t in value.split(",")):
         if token.isdigit():
             index = int(token)
-        elif token.upper().startswith("GPU-"):
+        elif token.upper().startswith(("GPU-", "MIG-")):
             if uuids is None:
                 uuids = [uuid_of(i) for i in range(count)]
             matches = [i for i, u in enumerate(uuids) if u and u.lower().startswith(token.lower())]

@@ -25,6 +25,9 @@ from ..core.protocol import (
 WARNING_MAX_S = 300.0  # warn at most this long before a stop ...
 WARNING_FRACTION = 0.2  # ... and at most this fraction of the limit before it
 COST_WARNING_FRACTION = 0.8  # warn once spending reaches this share of --max-cost
+MIG_MEMORY_STEP = (
+    64 * 1024 * 1024
+)  # bytes a MIG slice's memory must move between readings to count as busy
 # the idle clock waits while a kernel starts (boots, then waits for the starting client's first
 # kernel_info), at most this long: a client that has not come by then is not coming
 START_GRACE_S = 120.0
@@ -67,6 +70,7 @@ class ActivityTracker:
         self.gpu_util_sum = 0.0
         self.gpu_util_samples = 0
         self._gpu_busy = False  # the latest GPU reading had a GPU at or above the threshold
+        self._slice_memory: list[int | None] | None = None  # MIG slices' memory, last reading
         self._last_seen: float | None = None
         self._starting_since: float | None = None  # a kernel starts, not reached yet, since then
 
@@ -78,15 +82,20 @@ class ActivityTracker:
         kernel_last_activity: float | None,
         gpu_utils: list[float | None] | None = None,
         kernel_starting: bool = False,
+        slice_memory: list[int | None] | None = None,
     ) -> bool:
         """Take one observation; returns whether the session counts as active at `now`.
 
         gpu_utils=None means "no new GPU reading this time" (the previous one still holds);
         [] means no GPU is visible (utilization 0). kernel_starting: the kernel has not loaded,
-        or no client reached it yet (its first kernel_info): not idleness, for START_GRACE_S."""
+        or no client reached it yet (its first kernel_info): not idleness, for START_GRACE_S.
+        slice_memory: the memory used of each MIG slice in this reading (NVML gives a slice no
+        utilization): a slice whose memory moved by MIG_MEMORY_STEP or more since the last reading
+        counts as a busy GPU."""
         p = self.limits
         if gpu_utils is not None:
             self._gpu_busy = any(u is not None and u >= p.gpu_threshold for u in gpu_utils)
+            self._gpu_busy = self._slices_moved(slice_memory) or self._gpu_busy
             known = [u for u in gpu_utils if u is not None]
             if known:
                 self.gpu_util_sum += sum(known) / len(known)
@@ -116,6 +125,16 @@ class ActivityTracker:
             self.idle_total_s += now - self._last_seen
         self._last_seen = now
         return active
+
+    def _slices_moved(self, memory: list[int | None] | None) -> bool:
+        """Whether a MIG slice's memory moved since the last reading (allocations, frees)."""
+        before, self._slice_memory = self._slice_memory, memory
+        if not memory or before is None or len(before) != len(memory):
+            return False
+        return any(
+            a is not None and b is not None and abs(a - b) >= MIG_MEMORY_STEP
+            for a, b in zip(memory, before)
+        )
 
     def keepalive(self, now: float, seconds: float) -> dict[str, Any]:
         """Postpone the idle stop to now + seconds, at most keepalive_limit_s ahead."""

@@ -41,6 +41,9 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list: ...  # .pid, .usedGpuMemory
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list: ...
     def nvmlSystemGetProcessName(self, pid: int) -> str: ...
+    def nvmlDeviceGetMigMode(self, handle: Any) -> Any: ...  # (current, pending): 1 = MIG on
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int: ...
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> Any: ...
 
 
 # pynvml's constants, repeated so that a recorded source needs no driver
@@ -104,6 +107,12 @@ class NvmlReader:
             return False, f"{NO_GPU_MESSAGE} ({nvml_error_text(_error_name(exc))})", []
         if count == 0:
             return False, f"{NO_GPU_MESSAGE} (the driver sees 0 devices)", []
+        slices = mig_visible(self._env)
+        if slices:  # the session was given MIG slices: read those (their memory; no utilization)
+            mine = [s for i in range(count) for s in self._slices(api, i) if _named(s, slices)]
+            if not mine:
+                return False, f"{NO_GPU_MESSAGE} (no MIG slice of {', '.join(slices)} here)", []
+            return True, None, mine
         indices, chosen_by = visible_indices(self._env, count, lambda i: _uuid(api, i))
         if not indices:
             return (
@@ -112,6 +121,28 @@ class NvmlReader:
                 [],
             )
         return True, None, [self._device(api, i) for i in indices]
+
+    def _slices(self, api: NvmlApi, index: int) -> list[dict]:
+        """The MIG slices of GPU `index` (none when MIG is off or not supported there), each
+        read as a GPU with `mig` (its profile, "1g.10gb") and `parent` (the card's index)."""
+        try:
+            handle = api.nvmlDeviceGetHandleByIndex(index)
+            if not api.nvmlDeviceGetMigMode(handle)[0]:
+                return []
+            most = api.nvmlDeviceGetMaxMigDeviceCount(handle)
+        except Exception:  # noqa: BLE001 - NotSupported (no MIG on this board), a lost GPU
+            return []
+        found = []
+        for k in range(most):
+            try:
+                part = api.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
+            except Exception:  # noqa: BLE001 - NotFound: no slice in that place
+                continue
+            gpu = self._read_handle(api, part, {"index": index})
+            name = gpu.get("name") or ""
+            gpu.update(mig=name.rpartition(" MIG ")[2] or "?", parent=index, slot=k)
+            found.append(gpu)
+        return found
 
     def _device(self, api: NvmlApi, index: int) -> dict:
         gpu: dict[str, Any] = {"index": index}
@@ -123,6 +154,10 @@ class NvmlReader:
                 {k: None for k in _GPU_FIELDS}, processes=[], error=nvml_kind(_error_name(exc))
             )
             return gpu
+        return self._read_handle(api, handle, gpu)
+
+    def _read_handle(self, api: NvmlApi, handle: Any, gpu: dict) -> dict:
+        """A GPU's (or a MIG slice's) fields read from its handle; None where not reported."""
 
         def field(call: Callable[[], Any]) -> Any:
             try:
@@ -206,6 +241,20 @@ def _process_name(api: NvmlApi, pid: int) -> str | None:
         return None
 
 
+def mig_visible(env: Mapping[str, str]) -> list[str]:
+    """The MIG slices (MIG-... UUIDs) the session was given: CUDA_VISIBLE_DEVICES, else
+    NVIDIA_VISIBLE_DEVICES (a docker session pinned to slices of a shared box)."""
+    for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
+        tokens = [t.strip() for t in env.get(name, "").split(",") if t.strip()]
+        if tokens:
+            return [t for t in tokens if t.upper().startswith("MIG-")]
+    return []
+
+
+def _named(gpu: dict, uuids: list[str]) -> bool:
+    return any((gpu.get("uuid") or "").lower().startswith(u.lower()) for u in uuids)
+
+
 def _uuid(api: NvmlApi, index: int) -> str | None:
     try:
         return _text(api.nvmlDeviceGetUUID(api.nvmlDeviceGetHandleByIndex(index)))
@@ -240,7 +289,12 @@ class RecordedNvml:
                                   "memory": {"used": B, "total": B}, "temperature": C,
                                   "power_usage": mW, "power_limit": mW, "sm_clock": MHz,
                                   "compute_processes": [{"pid": 1, "usedGpuMemory": B}],
-                                  "graphics_processes": [], "process_names": {"1": "python"}}]}]}
+                                  "graphics_processes": [], "process_names": {"1": "python"},
+                                  "mig_devices": [{...a slice, the same keys...}, null, ...]}]}]}
+
+    A device with `mig_devices` is in MIG mode: its slices (null: an empty place) answer the
+    same calls through their handles (a slice's utilization: {"error": "NVMLError_NotSupported"},
+    as a real one's).
 
     A value may be {"error": "NVMLError_NotSupported"} to replay that error. Each
     nvmlDeviceGetCount() moves to the next frame; the last frame repeats, or with loop=True
@@ -336,6 +390,20 @@ class RecordedNvml:
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, h: dict) -> list:
         return [_Obj(p) for p in self._value(h, "graphics_processes")]
+
+    def nvmlDeviceGetMigMode(self, h: dict) -> tuple[int, int]:
+        if "mig_devices" not in h:
+            self._raise("NVMLError_NotSupported")
+        return (1, 1)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: dict) -> int:
+        return 7 if "mig_devices" in h else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: dict, index: int) -> dict:
+        parts = h.get("mig_devices") or []
+        if index >= len(parts) or parts[index] is None:
+            self._raise("NVMLError_NotFound")
+        return parts[index]
 
     def nvmlSystemGetProcessName(self, pid: int) -> str:
         for dev in self._devices():

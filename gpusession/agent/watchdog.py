@@ -60,10 +60,11 @@ class Watchdog:
         now = self.clock()
         act = self._read_activity(self.state_dir)
         busy = bool(act.get("busy"))
-        gpu_utils = None
+        gpu_utils = slice_memory = None
         if self.sample_interval_s > 0 and now >= self._next_sample:
             sample = self.sampler.sample(now, kernel_busy=busy)
-            gpu_utils = [g.get("utilization") for g in sample["gpus"]]
+            gpu_utils = [g.get("utilization") for g in sample["gpus"] if not g.get("mig")]
+            slice_memory = [g.get("memory_used") for g in sample["gpus"] if g.get("mig")]
             with self._lock:  # summary() reads it from the endpoint's thread
                 self.usage.add(sample)
             # keep the 1 Hz grid; after a long stall, restart it rather than catch up
@@ -79,6 +80,7 @@ class Watchdog:
                 kernel_last_activity=act.get("last_activity"),
                 gpu_utils=gpu_utils,
                 kernel_starting=not act.get("reached", True),
+                slice_memory=slice_memory,
             )
             verdict = self.tracker.evaluate(now)
         for warning in verdict.warnings:

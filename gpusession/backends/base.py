@@ -374,6 +374,14 @@ class Backend(abc.ABC):
         none; None when the backend runs no image of its own choosing (the node's Python)."""
         return None
 
+    def place(self, record: "SessionRecord", progress: "Progress") -> dict[str, Any] | None:
+        """Called before `provision` (and again before each type of a fallback list: the
+        record's type is the one tried): where, within what the user allowed, the session goes;
+        the spec.extra fields to record before provisioning (docker: the box of a pool it chose
+        as `host`), or None. Raise NoCapacity when nowhere allowed has room for the type. Must not
+        create anything. Default: nothing to choose."""
+        return None
+
     @abc.abstractmethod
     def provision(self, record: "SessionRecord", progress: "Progress") -> None:
         """Called after the record exists (state provisioning). Create the remote side, labelled

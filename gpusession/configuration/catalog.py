@@ -41,9 +41,22 @@ class GpuType:
     instances: tuple[InstanceType, ...]  # ascending by gpu_count
     fp16_tflops: float | None = None  # dense FP16 Tensor Core TFLOPS of one GPU (data sheet)
     fp32_tflops: float | None = None  # FP32 TFLOPS of one GPU (data sheet)
+    mig_of: str | None = None  # a MIG slice: the card it is a slice of ("a100-80gb")
+    share: float | None = None  # a MIG slice: its share of the card (compute slices of 7)
+    card_on_demand: float | None = None  # a MIG slice: its card's on-demand $/GPU-hour
+    card_spot: float | None = None  # ... and typical spot
+
+    @property
+    def is_mig(self) -> bool:
+        return self.mig_of is not None
 
     def instance_for(self, count: int) -> InstanceType:
         """Smallest instance with at least `count` GPUs."""
+        if self.is_mig:
+            raise BadInput(
+                f"{self.name} is a MIG slice of {self.mig_of}: no cloud instance carries one; "
+                "start it with --backend docker (a box whose cards are split) or slurm"
+            )
         for inst in self.instances:
             if inst.gpu_count >= count:
                 return inst
@@ -55,11 +68,15 @@ class GpuType:
 
     @property
     def per_gpu_on_demand(self) -> float:
+        if self.is_mig:  # its share of its card's price
+            return (self.card_on_demand or 0.0) * (self.share or 0.0)
         inst = self.instances[0]
         return inst.on_demand / inst.gpu_count
 
     @property
     def per_gpu_spot(self) -> float | None:
+        if self.is_mig:
+            return None if self.card_spot is None else self.card_spot * (self.share or 0.0)
         inst = self.instances[0]
         return None if inst.spot is None else inst.spot / inst.gpu_count
 
@@ -75,8 +92,8 @@ class Catalog:
     throughput_source: str = ""  # where fp16_tflops / fp32_tflops come from
 
     def relative_throughput(self, gpu: GpuType, precision: str = "fp16") -> float | None:
-        """One GPU's throughput relative to the slowest type in the catalog (1.0)."""
-        values = [getattr(t, f"{precision}_tflops") for t in self.types]
+        """One GPU's throughput relative to the slowest whole card in the catalog (1.0)."""
+        values = [getattr(t, f"{precision}_tflops") for t in self.whole_types()]
         floor = min((v for v in values if v), default=None)
         mine = getattr(gpu, f"{precision}_tflops")
         return None if not floor or not mine else round(mine / floor, 2)
@@ -93,6 +110,10 @@ class Catalog:
 
     def names(self) -> list[str]:
         return [t.name for t in self.types]
+
+    def whole_types(self) -> list[GpuType]:
+        """The whole cards (no MIG slices): what clouds sell and --gpu-mem lists offer."""
+        return [t for t in self.types if not t.is_mig]
 
     def get(self, name: str) -> GpuType:
         key = name.strip().lower()
@@ -118,6 +139,12 @@ class Catalog:
                 ) from None
             if count < 1:
                 raise BadInput(f"GPU count must be at least 1, got {count}")
+        if gpu.is_mig:
+            if count > MAX_SLICES:
+                raise BadInput(
+                    f"at most {MAX_SLICES} x {gpu.name} (use --type {gpu.name}:{MAX_SLICES} or fewer)"
+                )
+            return gpu, count
         gpu.instance_for(count)  # validates the count
         return gpu, count
 
@@ -153,6 +180,8 @@ class Catalog:
                     "relative_fp32": self.relative_throughput(t, "fp32"),
                     "on_demand_per_hour": round(t.per_gpu_on_demand, 4),
                     "spot_per_hour": None if t.per_gpu_spot is None else round(t.per_gpu_spot, 4),
+                    "mig_of": t.mig_of,
+                    "share": t.share,
                     "instance_types": [
                         {
                             "name": i.name,
@@ -183,6 +212,8 @@ class Catalog:
         for t in self.types:
             spot = "-" if t.per_gpu_spot is None else f"{t.per_gpu_spot:.3f}"
             inst = ", ".join(f"{i.name} ({i.gpu_count}, {i.on_demand:.2f})" for i in t.instances)
+            if t.is_mig:
+                inst = f"MIG slice: {round((t.share or 0) * 7)}/7 of {t.mig_of} (docker, slurm)"
             speed = [self.relative_throughput(t, p) for p in ("fp16", "fp32")]
             rows.append(
                 (
@@ -205,6 +236,36 @@ class Catalog:
                 f"FP16/FP32: per GPU, relative to the slowest type; {self.throughput_source}."
             )
         return "\n".join(lines)
+
+
+MAX_SLICES = 7  # MIG: compute slices of a card
+
+
+def _mig_types(raw: dict[str, Any], cards: dict[str, GpuType]) -> list[GpuType]:
+    """The MIG profiles of the catalog's cards, each priced at its share of its card."""
+    found = []
+    for name, m in raw.items():
+        card = cards[m["of"]]
+        share = int(m["slices"]) / MAX_SLICES
+        found.append(
+            GpuType(
+                name=name,
+                description=f"MIG {name.partition('-')[2]} slice of an {card.description}",
+                memory_gb=int(m["memory_gb"]),
+                instances=(),
+                fp16_tflops=None
+                if card.fp16_tflops is None
+                else round(card.fp16_tflops * share, 1),
+                fp32_tflops=None
+                if card.fp32_tflops is None
+                else round(card.fp32_tflops * share, 1),
+                mig_of=card.name,
+                share=share,
+                card_on_demand=card.per_gpu_on_demand,
+                card_spot=card.per_gpu_spot,
+            )
+        )
+    return found
 
 
 USER_SNAPSHOT = "catalog.json"  # in the data folder: the user's refreshed on-demand prices
@@ -299,6 +360,7 @@ def _load(user_path: str | None, stamp: int | None) -> Catalog:
                 fp32_tflops=None if t.get("fp32_tflops") is None else float(t["fp32_tflops"]),
             )
         )
+    types += _mig_types(raw.get("mig", {}), {t.name: t for t in types})
     return Catalog(
         snapshot_date=header.get("snapshot_date", raw["snapshot_date"]),
         region=raw["region"],

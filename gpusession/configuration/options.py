@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import functools
 import logging
+import re
 import sys
 from typing import Any, Callable, Iterable, Mapping
 
@@ -71,9 +72,12 @@ _METAVARS = {
     "backend": "NAME",
     "duration": "DURATION",
     "money": "DOLLARS",
-    "gpus": "all|N",
+    "gpus": "N|shared|all|device=IDS",
 }
 MAX_GPUS = 1024
+TYPES = "types"  # spec.extra: a fallback list's types in the order tried, "l4:1"
+# one device of --gpus device=...: an index, or a GPU-/MIG- UUID
+_DEVICE_ID = re.compile(r"\d{1,4}|(?:GPU|MIG)-[0-9A-Za-z-]{1,80}")
 #: start options `switch` does not take: its new session resumes the old one's workspace
 SWITCH_SKIP = ("workspace", "resume")
 #: `switch --on-demand`: the one switch flag that is no start option
@@ -126,7 +130,8 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         ("--type", "-t"),
         "gpu_type",
         "GPU type",
-        "GPU type, optionally with a count: t4, a100:8 "
+        "GPU type, optionally with a count: t4, a100:8; or a fallback list tried in order "
+        "until one has capacity: l4,a10g,t4 (by price with --cheapest) "
         "(see %gpu types; default t4, or GpuSessionConfig.default_type)",
         "GPU type",
         config_default="default_type",
@@ -168,7 +173,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         form=True,
         hint="ssh://user@host[:port]",
         max_len=400,
-        reader=textvalues.ssh_host,
+        reader=textvalues.host_or_pool,
     ),
     StartOption(
         "image",
@@ -316,6 +321,20 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         "upload cap",
         max_len=20,
         reader=textvalues.byte_size,
+    ),
+    StartOption(
+        "gpu_mem",
+        ("--gpu-mem",),
+        "text",
+        "GPU memory",
+        "at least this much memory per GPU, e.g. 24G: every catalog type with that much, "
+        "cheapest first, tried in turn until one has capacity (with a --type list: the ones "
+        "of it with that much, in its order)",
+        "GPU memory",
+        hint="24G",
+        form=True,
+        max_len=16,
+        reader=textvalues.gpu_memory,
     ),
 )
 
@@ -566,8 +585,9 @@ def _parse_one(option: StartOption, value: Any, catalog, backends: list[str] | N
         raise BadInput(f"{what} must be text, got {shown(value)}")
     text = value.strip()
     if kind == "gpu_type":
-        gpu, count = catalog.parse(text)  # BadInput names the valid types
-        return gpu.name, count
+        if "," in text:  # a fallback list: l4,a10g:2,t4
+            return [_one_type(catalog, part) for part in text.split(",")]
+        return _one_type(catalog, text)
     if not text:
         return None
     if kind == "backend":
@@ -583,20 +603,60 @@ def _parse_one(option: StartOption, value: Any, catalog, backends: list[str] | N
     return option.reader(text) if option.reader is not None else text
 
 
+def _one_type(catalog, text: str) -> tuple[str, int]:
+    gpu, count = catalog.parse(text.strip())  # BadInput names the valid types
+    return gpu.name, count
+
+
+def type_choices(
+    value: tuple[str, int] | list[tuple[str, int]],
+    *,
+    catalog,
+    gpu_mem: int | None = None,
+    given: bool = True,
+    by_price: bool = False,
+    spot: bool = False,
+) -> list[tuple[str, int]]:
+    """The types a start tries, in order: --type's one or its list (`given`: written by the
+    user, not the default), kept to those with `gpu_mem` GiB or more; with --gpu-mem and no
+    --type, every catalog type with that much, cheapest first; `by_price` (--cheapest): the
+    cheapest first (`spot`: by the typical spot price). BadInput when none is left."""
+    chosen = list(value) if isinstance(value, list) else [value]
+    if gpu_mem is not None:
+        if not given:
+            chosen = [(t.name, chosen[0][1]) for t in catalog.whole_types()]
+            by_price = True
+        chosen = [(n, c) for n, c in chosen if catalog.get(n).memory_gb >= gpu_mem]
+        if not chosen:
+            raise BadInput(
+                f"no GPU type {'of --type ' if given else ''}has {gpu_mem} GiB or more; "
+                "see %gpu types (or gpusession types) for each type's memory"
+            )
+    if by_price:
+        chosen.sort(key=lambda nc: catalog.price_per_hour(catalog.get(nc[0]), nc[1], spot=spot))
+    return list(dict.fromkeys(chosen))
+
+
 def field_shown(name: str) -> str:
     """A field name from a body, cut short: a megabyte key is not echoed back."""
     return name if len(name) <= 40 else name[:37] + "..."
 
 
 def _gpus(value: Any) -> str | int:
-    if isinstance(value, str) and value.strip().lower() == "all":
-        return "all"
+    """'all', 'shared', a count, or device=IDS (indices, GPU-/MIG- UUIDs)."""
+    if isinstance(value, str) and value.strip().lower() in ("all", "shared"):
+        return value.strip().lower()
     text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_GPUS:
-        raise BadInput(
-            f"GPU request {shown(value)}: write 'all' or a whole number from 1 to {MAX_GPUS}"
-        )
-    return int(text)
+    if isinstance(value, str) and text.lower().startswith("device="):
+        ids = [d.strip() for d in text[len("device=") :].split(",")]
+        if ids and all(_DEVICE_ID.fullmatch(d) for d in ids):
+            return "device=" + ",".join(ids)
+    elif not isinstance(value, bool) and text.isdigit() and 1 <= int(text) <= MAX_GPUS:
+        return int(text)
+    raise BadInput(
+        f"GPU request {shown(value)}: write a whole number from 1 to {MAX_GPUS}, 'shared', "
+        "'all', or device= with indices or UUIDs (device=0,1 or device=MIG-...)"
+    )
 
 
 # -- what the faces make of them ---------------------------------------------------------------
@@ -622,7 +682,8 @@ def build_spec(
     by_name = table().by_name
     values = {_LEGACY.get(k, k): v for k, v in values.items()}
     raw = {k: v for k, v in values.items() if not (k in by_name and _not_given(by_name[k], v))}
-    if raw.get("type") is None:
+    type_given = raw.get("type") is not None
+    if not type_given:
         raw["type"] = config.default_type
     if raw.get("backend") is None:
         raw["backend"] = backend_default() if callable(backend_default) else backend_default
@@ -631,7 +692,18 @@ def build_spec(
     for name, value in _setting_defaults(config, raw["backend"]).items():
         raw.setdefault(name, value)  # a backend's own settings, where it was not given
     parsed = parse_values(raw, catalog=catalog, backends=backends, face=face)
-    gpu_name, count = parsed.pop("type")
+    try:
+        choices = type_choices(
+            parsed.pop("type"),
+            catalog=catalog,
+            gpu_mem=parsed.get("gpu_mem"),
+            given=type_given,
+            by_price=bool(parsed.get("cheapest")),
+            spot=bool(parsed.get("cheapest") or parsed.get("spot")),
+        )
+    except BadInput as exc:
+        raise BadOptions({"gpu_mem" if "gpu_mem" in parsed else "type": str(exc)}, face) from None
+    gpu_name, count = choices[0]
     spec = LaunchSpec(
         gpu_type=gpu_name,
         gpu_count=count,
@@ -646,6 +718,8 @@ def build_spec(
         elif value is not None or option.kind == "duration":  # a duration's None: off, as given
             spec.extra[name] = value
     spec.extra.update({k: v for k, v in values.items() if k not in by_name and v is not None})
+    if len(choices) > 1:  # the fallback list (session/fallback.py tries it)
+        spec.extra[TYPES] = [f"{n}:{c}" for n, c in choices]
     return spec
 
 
@@ -653,7 +727,7 @@ def build_spec(
 _HINTS = {
     "duration": "15m, 2h, off",
     "money": "dollars, e.g. 5",
-    "gpus": "all or a number",
+    "gpus": "a number, shared, all",
     "text": "optional",
 }
 #: what an empty field means, for the rows whose default is no value (both forms show it)

@@ -58,6 +58,16 @@ class StageError(GpuSessionError):
         super().__init__(f"{stage}: {message}")
 
 
+class NoCapacity(StageError):
+    """A start found no capacity for its type where it looked (a box whose GPUs are all held, a
+    cloud's insufficient capacity); a fallback list (`--type l4,a10g,t4`) tries its next type.
+    `where`: the box, pool or region it looked in."""
+
+    def __init__(self, message: str, where: str = ""):
+        super().__init__("provision", message)
+        self.where = where
+
+
 class RemoteInterrupt(KeyboardInterrupt):
     """A local interrupt, forwarded to the session kernel. `stopped`: the remote cell ended
     (`traceback` is where it was then); otherwise the message says why it did not, or never

@@ -11,6 +11,7 @@ anything is recorded. Standard library only.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 
 from .durations import shown
@@ -28,6 +29,57 @@ _IMAGE = re.compile(
 _IMAGE_REGISTRY = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*:[0-9]{1,5}/")
 _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
 _AMI = re.compile(r"ami-[0-9a-f]{8,17}")
+
+
+POOL_PREFIX = "pool:"  # --host pool:NAME: the box of a configured pool with free GPUs
+_POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def host_or_pool(text: str) -> str:
+    """--host: an ssh:// address (ssh_host), or pool:NAME, a pool of them the configuration
+    names (the docker backend picks its box)."""
+    value = text.strip()
+    if value.lower().startswith(POOL_PREFIX):
+        name = value[len(POOL_PREFIX) :].strip()
+        if not _POOL_NAME.fullmatch(name):
+            raise BadInput(
+                f"pool name {shown(name)}: letters, digits, '.', '_' or '-' (up to 64); "
+                "write --host pool:NAME"
+            )
+        return POOL_PREFIX + name
+    return ssh_host(text)
+
+
+def pools(text: str) -> dict[str, list[str]]:
+    """DockerBackend.pools: a JSON object, pool name -> its boxes' ssh:// addresses:
+    {"lab": ["ssh://gpu1", "ssh://gpu2"]}. Empty: none."""
+    if not text.strip():
+        return {}
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise BadInput(
+            f'pools must be a JSON object, e.g. {{"lab": ["ssh://gpu1"]}} ({exc})'
+        ) from None
+    if not isinstance(raw, dict) or not all(
+        isinstance(boxes, list) and boxes and all(isinstance(b, str) for b in boxes)
+        for boxes in raw.values()
+    ):
+        raise BadInput(
+            'pools: each pool names a list of ssh:// addresses, e.g. {"lab": ["ssh://gpu1"]}'
+        )
+    out = {}
+    for name, boxes in raw.items():
+        if not _POOL_NAME.fullmatch(str(name)):
+            raise BadInput(f"pool name {shown(name)}: letters, digits, '.', '_' or '-' (up to 64)")
+        out[str(name)] = [ssh_host(b) for b in boxes]
+    return out
+
+
+def pools_text(text: str) -> str:
+    """DockerBackend.pools checked (`pools`), kept as text: a setting's value is a string."""
+    found = pools(text)
+    return json.dumps(found) if found else ""
 
 
 def ssh_host(text: str) -> str:
@@ -156,6 +208,17 @@ def gib_size(text: str) -> int:
     value = text.strip().upper().removesuffix("IB").removesuffix("I").removesuffix("G").strip()
     if not value.isdigit() or not 1 <= int(value) <= 16384:
         raise BadInput(f"bad workspace size {shown(text)}: give whole GiB from 1 to 16384, e.g. 50")
+    return int(value)
+
+
+def gpu_memory(text: str) -> int:
+    """Whole GiB of one GPU's memory: 24, 24G, 24GB, 24GiB (1 to 1024)."""
+    value = text.strip().upper()
+    for unit in ("GIB", "GB", "G"):
+        value = value.removesuffix(unit)
+    value = value.strip()
+    if not value.isdigit() or not 1 <= int(value) <= 1024:
+        raise BadInput(f"bad GPU memory {shown(text)}: give whole GiB from 1 to 1024, e.g. 24G")
     return int(value)
 
 

@@ -163,7 +163,14 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     # lazy: docs/architecture.md#imports-kept-inside-functions
-    from ..words.status import rate_text, start_log_lines, status_heading, timeline, unverified_text
+    from ..words.status import (
+        placement_line,
+        rate_text,
+        start_log_lines,
+        status_heading,
+        timeline,
+        unverified_text,
+    )
     from ..words.stops import ended_message
 
     m = _manager()
@@ -171,6 +178,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     v = m.view(r)
     print(status_heading(v))
     print(f"  id {r.id}, owner {r.owner}, {rate_text(v)}, cost so far ${v['cost_so_far']:.4f}")
+    if placement_line(v):
+        print(f"  {placement_line(v)}")
     if not v["verified"]:
         print(f"  {unverified_text(v)}; `gpusession stats {v['name']}` asks the session")
     if r.error:

@@ -55,7 +55,7 @@ from ..session.store import owner_id
 from ..widgets import register_panel
 from ..words.common import price_list_lines
 from ..words.spend import advice_line, advice_lines, live_price_lines, report_lines, start_notes
-from ..words.status import rate_text, session_table, status_heading, status_lines
+from ..words.status import placement_line, rate_text, session_table, status_heading, status_lines
 from ..words.stops import (
     ended_message,
     error_text,
@@ -443,6 +443,8 @@ class GpuMagics(Magics):
             f"  up {format_duration(v['uptime_s'])}, {rate_text(v)}"
             + ("" if live else f", cost so far {format_money(v['cost_so_far'])}"),
         ]
+        if placement_line(v):
+            lines.append(f"  {placement_line(v)}")
         if problem:
             lines.append(problem)
         if live is not None:

@@ -73,7 +73,9 @@ def kernel_json(values: Mapping[str, Any]) -> dict[str, Any]:
     one its sessions will be recorded with, said as the cards say it (`Backend.price_basis`:
     "cloud rate, own hardware", "configured price"), with the settings of this process."""
     parsed = check_options(values)
-    gpu_type, gpu_count = parsed["type"]
+    gpu_type, gpu_count = (
+        parsed["type"][0] if isinstance(parsed["type"], list) else parsed["type"]
+    )  # a fallback list is named by its first type
     manager = SessionManager()
     spec = manager.spec_from(values, options.FLAGS)
     backend = manager.backend(spec.backend)

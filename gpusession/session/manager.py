@@ -46,6 +46,7 @@ from ..core.models import LaunchSpec, SessionRecord, State
 from ..core.progress import Progress, Reporter
 from ..core.protocol import StopKind, StopReason
 from ..transport.kernel import files
+from .fallback import PASSED_OVER, provision_placed, taken_line
 from .gc import collect
 from .liveness import Liveness, ended_state
 from .orphans import cut_switch
@@ -242,7 +243,15 @@ class SessionManager:
             )
             self.store.transition(record.id, State.PROVISIONING)
             with progress.stage("provision"):
-                backend.provision(self.store.get(record.id), progress)
+                record = provision_placed(
+                    self.store,
+                    backend,
+                    record,
+                    progress,
+                    lambda s: backend.price_per_hour(s, self.catalog),
+                )
+                if record.spec.extra.get(PASSED_OVER):
+                    progress.step(taken_line(record.spec))
             record = self.store.transition(record.id, State.STARTING)
             with progress.stage("connect"):
                 link = backend.connect(record, progress)

@@ -343,6 +343,36 @@ class Store:
             )
         return self.get(session_id)
 
+    def retype(
+        self, session_id: str, spec: LaunchSpec, price_per_hour: float, detail: str
+    ) -> SessionRecord:
+        """A fallback list's start moves on to its next type (session/fallback.py): the record's
+        spec and price become that type's, and the event says why."""
+        with self._write() as db:
+            if db.execute("SELECT 1 FROM sessions WHERE id=?", (session_id,)).fetchone() is None:
+                raise UnknownSession(f"no session with id {session_id}")
+            db.execute(
+                "UPDATE sessions SET spec=?, price_per_hour=?, updated_at=? WHERE id=?",
+                (json.dumps(spec.to_dict()), price_per_hour, now(), session_id),
+            )
+            db.execute(
+                "INSERT INTO events (session_id, state, at, detail) SELECT id, state, ?, ? FROM sessions WHERE id=?",
+                (now(), detail, session_id),
+            )
+        return self.get(session_id)
+
+    def respec(self, session_id: str, spec: LaunchSpec) -> SessionRecord:
+        """Its backend chose where, within what the user asked (`Backend.place`: a pool's box):
+        the record's spec says it."""
+        with self._write() as db:
+            if db.execute("SELECT 1 FROM sessions WHERE id=?", (session_id,)).fetchone() is None:
+                raise UnknownSession(f"no session with id {session_id}")
+            db.execute(
+                "UPDATE sessions SET spec=?, updated_at=? WHERE id=?",
+                (json.dumps(spec.to_dict()), now(), session_id),
+            )
+        return self.get(session_id)
+
     def note(self, session_id: str, detail: str) -> None:
         """Record an event without changing state (a warning, a keepalive, a reconnect)."""
         with self._write() as db:

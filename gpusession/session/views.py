@@ -72,6 +72,12 @@ def session_view(
         "budget": record.resource.get("budget"),
         # a switch it took part in was cut by its driver's death (session/orphans.py)
         "cut_switch": cut_switch,
+        # how it was placed (issue 34): a fallback list's types and those passed over, with why
+        # (session/fallback.py); the GPUs of a shared box it holds (backends/docker/gpus.py)
+        "types": list(record.spec.extra.get("types") or []),
+        "passed_over": list(record.spec.extra.get("passed_over") or []),
+        "gpu_indices": record.resource.get("gpu_indices"),
+        "pool_choice": record.spec.extra.get("pool_choice"),  # which box of a pool, and why
     }
 
 

@@ -13,12 +13,12 @@ from typing import Callable
 
 import ipywidgets as widgets
 
-from ..configuration.metrics import Metric, metric_of, metrics, nvml_error_text
+from ..configuration.metrics import Metric, metrics, nvml_error_text
 from ..core.durations import format_duration, format_money
 from ..core.models import State
 from ..words.common import NEVER_RAN
 from ..words.spend import advice_line
-from ..words.status import RECORDED_WORDS, rate_text
+from ..words.status import RECORDED_WORDS, gpu_metric_text, placement_line, rate_text
 from ..words.stops import warning_texts
 
 KEEPALIVE = "1h"  # what the keep-alive button asks for (the sidebar's button does the same)
@@ -107,7 +107,7 @@ class MetricGauges:
         """Show the values of a GPU dict or a sample dict of the stats document."""
         for m in self.rows:
             top = _scaled(m, item, m.limit) if m.limit else m.top
-            self.gauges[m.key].set(_scaled(m, item, m.name), top, metric_of(m, item))
+            self.gauges[m.key].set(_scaled(m, item, m.name), top, gpu_metric_text(m, item))
 
 
 class GpuGauges(MetricGauges):
@@ -219,6 +219,7 @@ class SessionCard:
         self.error = classed(widgets.HTML(), "error")
         self.message = classed(widgets.HTML(), "action-message")
         self.advice = classed(widgets.HTML(), "advice")
+        self.placement = classed(widgets.HTML(), "placement")  # a fallback's type, a pool's box
         return facts
 
     def _make_buttons(
@@ -275,6 +276,7 @@ class SessionCard:
                             grid_template_columns="70px 110px 70px auto", grid_gap="0 8px"
                         ),
                     ),
+                    self.placement,
                     self.idle_warning,
                     self.error,
                     self.advice,
@@ -349,6 +351,7 @@ class SessionCard:
         html_text(self.idle_warning, None if final else warning, WARN_STYLE)
         html_text(self.error, view.get("error"), "color: #c62828")
         html_text(self.advice, advice_line(view["advice"]) if view.get("advice") else None)
+        html_text(self.placement, placement_line(view))
         show(self.keepalive_button, not final and idle.get("timeout_s") is not None)
         show(self.stop_button, not final)
         show(self.resume_button, final and bool(view.get("resume")))  # its stop saved the variables

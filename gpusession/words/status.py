@@ -27,6 +27,29 @@ def status_heading(view: dict) -> str:
     )
 
 
+def placement_line(view: dict) -> str | None:
+    """How a session was placed, for `status` (both faces) and the REST view: the type a
+    fallback list took and why the earlier ones were passed over; the GPUs of its box it holds.
+    None when there is nothing to say."""
+    parts = []
+    if view.get("passed_over"):
+        passed = "; ".join(f"{p['type']}: {p['why']}" for p in view["passed_over"])
+        parts.append(
+            f"took {view['gpu_type']}:{view['gpu_count']} of {', '.join(view.get('types') or [])} "
+            f"(passed over {passed})"
+        )
+    elif view.get("types"):
+        parts.append(
+            f"{view['gpu_type']}:{view['gpu_count']}, the first of {', '.join(view['types'])}"
+        )
+    if view.get("pool_choice"):
+        parts.append(view["pool_choice"])
+    if view.get("gpu_indices"):
+        held = ", ".join(str(i) for i in view["gpu_indices"])
+        parts.append(f"holds GPU {held} of {view.get('host') or 'this machine'}")
+    return "; ".join(parts) or None
+
+
 def rate_text(view: dict) -> str:
     """A session view's price: '$0.5260/h (cloud rate, own hardware)', '$3.0600/h'."""
     note = price_note(view.get("price_basis"))
@@ -109,14 +132,25 @@ def sparkline(values: list[float | None], width: int = 40) -> str:
     )
 
 
+MIG_UTILIZATION = "n/a (MIG)"  # NVML reports no utilization for a MIG slice: never 0
+
+
+def gpu_metric_text(metric, gpu: dict) -> str:
+    """A GPU's metric in words; a MIG slice's utilization is 'n/a (MIG)', not 0 or '-'."""
+    if gpu.get("mig") and metric.name == "utilization" and gpu.get("utilization") is None:
+        return MIG_UTILIZATION
+    return metric_of(metric, gpu)
+
+
 def gpu_lines(sample: dict) -> list[str]:
     lines = []
     for g in sample.get("gpus", []):
         if g.get("error"):
             values = nvml_error_text(g["error"])
         else:
-            values = ", ".join(f"{m.short} {metric_of(m, g)}" for m in metrics("gpu"))
-        lines.append(f"  GPU {g['index']} {g.get('name') or '?'}: {values}")
+            values = ", ".join(f"{m.short} {gpu_metric_text(m, g)}" for m in metrics("gpu"))
+        where = f"GPU {g['index']}" + (f" slice {g['slot']}" if g.get("mig") else "")
+        lines.append(f"  {where} {g.get('name') or '?'}: {values}")
         for p in g.get("processes", []):
             lines.append(
                 f"      pid {p['pid']} {p.get('name') or '?'}: {memory_text(p.get('memory_used'))}"
@@ -227,6 +261,7 @@ def rest_view(view: dict) -> dict:
         )
     out["ended"] = ended_line(out.get("state"), reason, out.get("error"), out.get("backend"))
     out["ran"] = ran_text(out)
+    out["placement"] = placement_line(out)
     out["price_note"] = price_note(out.get("price_basis"))
     out["unverified"] = None if out.get("verified", True) else unverified_text(out)
     if out.get("advice"):

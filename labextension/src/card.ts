@@ -99,6 +99,7 @@ export class SessionCard {
       this._switched,
       facts,
       this._priceNote,
+      this._placement,
       this._idleWarning,
       this._cutSwitch,
       this._error,
@@ -154,6 +155,7 @@ export class SessionCard {
     this._showIdle();
     showText(this._idleWarning, final ? null : view.idle.warning);
     showText(this._cutSwitch, view.cut_switch_text ?? null);
+    showText(this._placement, view.placement ?? null);
     showText(this._error, view.error);
 
     // Keep-alive talks to the session's agent: only a running session has one.
@@ -335,6 +337,8 @@ export class SessionCard {
   private readonly _cost = control('span', 'gpusession-cost');
   private readonly _idle = control('span', 'gpusession-idle');
   private readonly _idleWarning = message('gpusession-idle-warning');
+  /** How it was placed: the type a fallback list took, a pool's box, the GPUs it holds. */
+  private readonly _placement = message('gpusession-placement');
   /** A switch it took part in was cut: what was left, what to do. */
   private readonly _cutSwitch = message('gpusession-cut-switch');
   private readonly _error = message('gpusession-error');

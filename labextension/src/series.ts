@@ -220,13 +220,19 @@ export function metricCharts(
           tEnd: latest.t,
           windowS,
           max,
-          valueText: formatMetric(metric, value, limit),
+          valueText:
+            value === null && metric.name === 'utilization' && 'mig' in latest.item && latest.item.mig
+              ? MIG_UTILIZATION
+              : formatMetric(metric, value, limit),
           value
         },
         topText: formatMetric(metric, top)
       };
     });
 }
+
+/** A MIG slice's utilization: NVML reports none for a slice (never shown as 0). */
+export const MIG_UTILIZATION = 'n/a (MIG)';
 
 /** The drawn rows of a scope, in the table's order. */
 export function chartedMetrics(metrics: readonly MetricView[], scope: MetricView['scope']): MetricView[] {

@@ -116,6 +116,10 @@ export interface SessionView {
    * death of the process running it: what was left and what to do, one line;
    * the same on both cards. Null otherwise. */
   cut_switch_text: string | null;
+  /** How it was placed, one line: the type a fallback list took and why the earlier
+   * were passed over, the box of a pool and why, the GPUs of its box it holds
+   * (words/status.py placement_line). Null when there is nothing to say. */
+  placement?: string | null;
   idle: IdleView;
   /** Cost in US dollars at which the session stops itself; null: no cap. */
   max_cost: number | null;
@@ -190,6 +194,8 @@ export interface GpuSample {
   /** MHz. */
   sm_clock: number | null;
   processes: GpuProcess[];
+  /** A MIG slice the session was given: its profile ("1g.10gb"); NVML gives it no utilization. */
+  mig?: string | null;
   /** Why NVML could not read this GPU at all: its kind, e.g. "GpuIsLost". */
   error?: string;
   /** The same in words (the server's): "the GPU is lost: the driver no longer sees it". */

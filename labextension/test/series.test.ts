@@ -14,6 +14,7 @@ import {
   hostSeries,
   lastKnown,
   metricCharts,
+  MIG_UTILIZATION,
   polylinePoints,
   scaleTop,
   STATS_WINDOW_S
@@ -191,6 +192,16 @@ describe('gpuFrame and metricCharts', () => {
       { t: 2, v: 60 }
     ]);
     assert.equal(charts[0]!.data.tEnd, 2);
+  });
+
+  test("a MIG slice's utilization says n/a (MIG), its memory as any GPU's", () => {
+    const slice = { ...gpu(0, 0), utilization: null, mig: '1g.10gb', memory_total: 10 * 2 ** 30 };
+    const charts = metricCharts(gpuFrame([sample(1, [slice])], 0)!.series, chartedMetrics(METRICS, 'gpu'), 300);
+    assert.equal(charts[0]!.data.valueText, MIG_UTILIZATION);
+    assert.equal(charts[1]!.data.valueText, '1.0/10.0 GiB');
+    // a whole GPU that reports none is plain n/a
+    const none = { ...gpu(0, 0), utilization: null };
+    assert.equal(metricCharts(gpuFrame([sample(1, [none])], 0)!.series, METRICS, 300)[0]!.data.valueText, 'n/a');
   });
 
   test("the session's processes: CPU grows by cores, memory against its total", () => {

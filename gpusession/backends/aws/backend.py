@@ -28,7 +28,7 @@ from ...configuration.options import StartOption
 from ...configuration.registry import load_backend_class
 from ...configuration.settings import Setting, _regions, price_regions, setting_value
 from ...core import textvalues
-from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
+from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, NoCapacity, StageError
 from ...core.models import LaunchSpec, SessionRecord
 from ...core.progress import Progress
 from ...core.protocol import StopDetails
@@ -290,7 +290,7 @@ class AwsBackend(Backend):
         rows: list[dict[str, Any]] = []
         for region in price_regions(self.setting("regions")):
             aws = self.aws(region)
-            for gpu in catalog.types:
+            for gpu in catalog.whole_types():
                 if types is not None and gpu.name not in types:
                     continue
                 inst = gpu.instances[0]
@@ -657,8 +657,8 @@ class AwsBackend(Backend):
                 cheapest.full += [a.subnet.zone for a in tried if a.spot]
                 if not last_region:
                     raise _RegionFull() from None
-            raise StageError(
-                "provision", _no_capacity_message(exc, start.instance_type, aws.region, spec)
+            raise NoCapacity(
+                _no_capacity_message(exc, start.instance_type, aws.region, spec), where=aws.region
             ) from None
 
     def _record_placement(

@@ -19,16 +19,19 @@ gpusession.image, gpusession.started (unix seconds).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from typing import Any
 
 from ...configuration.agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, AgentArgs
+from ...configuration.catalog import load_catalog
 from ...configuration.cost import BILLED_FROM
 from ...configuration.options import StartOption
 from ...configuration.settings import BUILTIN_IMAGE, Setting
-from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, StageError
+from ...core import textvalues
+from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, NoCapacity, StageError
 from ...core.models import LaunchSpec, SessionRecord, State
 from ...core.progress import Progress
 from ...core.protocol import (
@@ -41,7 +44,7 @@ from ...core.protocol import (
     StopKind,
     StopReason,
 )
-from ...core.textvalues import ssh_host
+from ...core.textvalues import POOL_PREFIX, host_or_pool
 from ..base import (
     Backend,
     DirectLink,
@@ -69,6 +72,8 @@ from .engine import (
     short_error,
     wait_for_marker,
 )
+from .gpus import GPUS_LABEL, NAME_LABEL, holders, pick, read_box, refusal
+from .pools import ask_pool, best_box, chosen_line, full_line, type_matches
 from .runtime_volumes import remove_copy, stale_resources
 from .workspace_volumes import EngineWorkspaces
 
@@ -81,6 +86,7 @@ log = logging.getLogger(__name__)
 START_TIMEOUT = 120.0
 START_LOG_BYTES = 4096  # the end of a failed start's container log kept in its record
 START_LOG_LINES = 200
+PLACE_TRIES = 3  # picks after losing a race for a GPU to another start on the same box
 QUICK_TIMEOUT = 3.0  # seconds a listing waits for a remote engine's answer
 NO_NVIDIA = (
     "this Docker engine has no NVIDIA runtime, so the container cannot get a GPU ({detail}). "
@@ -94,7 +100,10 @@ class DockerBackend(EngineWorkspaces, Backend):
     name = "docker"
     keeps_workspaces = True  # a volume per workspace
     takes_host = True  # a remote engine: ssh://user@host[:port]
-    host_help = "a remote engine, ssh://user@host[:port]; this machine's engine by default"
+    host_help = (
+        "a remote engine, ssh://user@host[:port], or pool:NAME (the box of a configured pool "
+        "with the most free GPUs of the type); this machine's engine by default"
+    )
     place_option = "host"  # each engine keeps its own volumes
     place_here = "this machine's engine"
     takes_image = True
@@ -109,6 +118,15 @@ class DockerBackend(EngineWorkspaces, Backend):
             "built-in.",
             legacy="GpuSessionConfig.docker_image",
         ),
+        Setting(
+            "pools",
+            "GPUSESSION_DOCKER_POOLS",
+            "",
+            "Pools of boxes for --host pool:NAME, as a JSON object: pool name -> the boxes' "
+            'ssh:// addresses, e.g. {"lab": ["ssh://gpu1", "ssh://gpu2"]}; a start on a pool '
+            "goes to the box with the most free GPUs of its type. Empty means none.",
+            parse=textvalues.pools_text,
+        ),
     )
     default_rank = 10  # the default when an engine answers
     order = 20
@@ -118,7 +136,9 @@ class DockerBackend(EngineWorkspaces, Backend):
             ("--gpus",),
             "gpus",
             "GPUs",
-            "docker: GPUs to request, 'all' or a number (default: all, or the count in --type)",
+            "docker: GPUs to request: a number (default: the count in --type) of free GPUs no "
+            "other session on the box holds, the least busy; 'shared' (the engine's first, "
+            "whoever holds them); 'all'; or device=IDS (indices or GPU-/MIG- UUIDs)",
             "GPU request",
         ),
     )
@@ -182,12 +202,57 @@ class DockerBackend(EngineWorkspaces, Backend):
             "host"
         ):  # the option table has read it; a LaunchSpec made by hand has not
             try:
-                ssh_host(spec.extra.get("host"))
+                host = host_or_pool(spec.extra.get("host"))
             except BadInput as exc:
                 raise BadInput(f"Docker host: {exc}") from None
+            if host.startswith(POOL_PREFIX):
+                self.pool_boxes(host[len(POOL_PREFIX) :])
         gpus = spec.extra.get("gpus")
-        if gpus is not None and str(gpus) != "all" and not str(gpus).isdigit():
-            raise BadInput(f"gpus={gpus!r}: use 'all' or a number of GPUs")
+        if not (
+            gpus is None
+            or str(gpus) in ("all", "shared")
+            or str(gpus).isdigit()
+            or str(gpus).startswith("device=")
+        ):
+            raise BadInput(f"gpus={gpus!r}: use a number of GPUs, 'shared', 'all' or device=IDS")
+
+    # -- pools --------------------------------------------------------------------------
+
+    def pool_boxes(self, pool: str) -> list[str]:
+        """The boxes of a configured pool (DockerBackend.pools); BadInput naming the pools."""
+        pools = textvalues.pools(self.setting("pools") or "")
+        if pool not in pools:
+            known = ", ".join(sorted(pools)) or "none is configured"
+            raise BadInput(
+                f"no pool {pool!r} (pools: {known}); name them in DockerBackend.pools "
+                '(env GPUSESSION_DOCKER_POOLS), e.g. {"lab": ["ssh://gpu1", "ssh://gpu2"]}'
+            )
+        return list(pools[pool])
+
+    def place(self, record: SessionRecord, progress: Progress) -> dict[str, Any] | None:
+        """--host pool:NAME (again for each type of a fallback list: `pool` keeps the name):
+        the box with the most free GPUs of the type (backends/docker/pools.py) becomes the
+        session's host; NoCapacity when none has enough."""
+        spec = record.spec
+        host = spec.extra.get("pool") or spec.extra.get("host") or ""
+        if not host.startswith(POOL_PREFIX):
+            return None
+        pool = host[len(POOL_PREFIX) :]
+        boxes = self.pool_boxes(pool)
+        wanted = spec.extra.get("gpus")
+        count = int(wanted) if str(wanted or "").isdigit() else spec.gpu_count
+        progress.step(
+            f"asking the {len(boxes)} boxes of pool {pool} for {count} free {spec.gpu_type}"
+        )
+        answers = ask_pool(self.client, boxes, spec.gpu_type)
+        for skipped in (a for a in answers if a.skipped):
+            progress.step(f"pool {pool}: {skipped.host} skipped: {skipped.skipped}")
+        chosen = best_box(answers, count)
+        if chosen is None:
+            raise NoCapacity(full_line(pool, answers, spec.gpu_type, count), where=host)
+        why = chosen_line(pool, chosen, answers, spec.gpu_type)
+        progress.step(why)
+        return {"host": chosen.host, "pool": host, "pool_choice": why}
 
     # -- start --------------------------------------------------------------------------
 
@@ -201,6 +266,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         self.recorder.save(
             record.id, engine=spec.extra.get("host") or ""
         )  # from here its engine may hold something (stop, gc)
+        devices = self._place(client, record, progress)  # before anything is made there
         name = spec.extra.get("image") or self.default_image()
         labels = {LABEL: record.id, STORE_LABEL: self.recorder.store_id}
         image = find_or_pull_image(client, name, progress)
@@ -220,7 +286,8 @@ class DockerBackend(EngineWorkspaces, Backend):
         # to a loopback port
         sockets, group = kernel_socket_dir(client, spec.extra.get("host"))
         self.recorder.save(record.id, sockets=sockets)
-        container = self._create_container(
+        create = functools.partial(
+            self._create_container,
             client,
             record,
             progress,
@@ -232,7 +299,80 @@ class DockerBackend(EngineWorkspaces, Backend):
             sockets=sockets,
             group=group,
         )
+        container = self._settle(client, record, progress, create, devices)
         self._start_container(record, progress, container)
+
+    def _settle(self, client, record: SessionRecord, progress: Progress, create, devices):
+        """The container, created with the GPUs picked for it; when another start on the box
+        picked one of them at the same time and created its container first, this one gives them
+        up and picks again (PLACE_TRIES times), so two sessions never share a GPU by a race."""
+        container = create(devices=devices)
+        picked = not str(record.spec.extra.get("gpus") or "").startswith("device=")
+        for _ in range(PLACE_TRIES):
+            if not (
+                devices
+                and picked
+                and _lost_race(
+                    client, record.spec.extra.get("host") or "(local engine)", container.id, devices
+                )
+            ):
+                return container
+            remove_container(container)
+            progress.step("another start took the same GPU first: picking again")
+            devices = self._place(client, record, progress)
+            container = create(devices=devices)
+        return container
+
+    def _place(self, client, record: SessionRecord, progress: Progress) -> list[str] | None:
+        """The GPUs the session's container is pinned to (their UUIDs), chosen on its box: free
+        ones, least busy first (backends/docker/gpus.py), recorded (`gpus`, `gpu_indices`);
+        None where the engine picks (--gpus all or shared, or a box without a reading)."""
+        spec = record.spec
+        wanted = spec.extra.get("gpus")
+        if isinstance(wanted, str) and wanted.startswith("device="):
+            named = [d.strip() for d in wanted[len("device=") :].split(",") if d.strip()]
+            self.recorder.save(record.id, gpus=named)
+            return named
+        if wanted in ("all", "shared"):
+            return None
+        count = int(wanted) if wanted is not None else spec.gpu_count
+        host = spec.extra.get("host")
+        where = host or "this machine"
+        progress.step(f"looking for {count} free GPU{'s' if count > 1 else ''} on {where}")
+        reading = read_box(client, host)
+        if reading is None:
+            return None
+        chosen = self._pick(client, spec, where, reading[0], count)
+        line = ", ".join(
+            f"{g.label} ({(g.memory_used or 0) >> 20} MiB used, utilization n/a: MIG)"
+            if g.slot is not None
+            else f"{g.label} ({g.utilization or 0:.0f}% busy, {(g.memory_used or 0) >> 20} MiB used)"
+            for g in chosen
+        )
+        progress.step(f"on {where}: {line}, free and the least busy ({reading[1]})")
+        self.recorder.save(
+            record.id, gpus=[g.uuid for g in chosen], gpu_indices=[g.index for g in chosen]
+        )
+        return [g.uuid for g in chosen]
+
+    def _pick(self, client, spec: LaunchSpec, where: str, box: list, count: int) -> list:
+        """`count` free GPUs of the box (backends/docker/gpus.py): of the type where the box names
+        it (else any of its GPUs), a MIG type's slices only; NoCapacity in one line if too few."""
+        of_type = [g for g in box if not g.split and type_matches(g.name, spec.gpu_type)]
+        if not of_type and load_catalog().get(spec.gpu_type).is_mig:
+            cards = sorted({g.name or "?" for g in box if g.slot is None})
+            raise NoCapacity(
+                f"no {spec.gpu_type} MIG slice on {where} (its GPUs: {', '.join(cards)}); "
+                "name a box whose cards are split so, or another --type",
+                where=where,
+            )
+        box = of_type or box
+        with engine_errors(spec.extra.get("host") or "(local engine)"):
+            held = holders([c.attrs for c in client.containers.list(all=True)])
+        chosen = pick(box, held, count)
+        if chosen is None:
+            raise NoCapacity(refusal(where, box, held, count), where=where)
+        return chosen
 
     def _prepare_runtime(self, client, host: str | None, image, labels: dict, progress: Progress):
         """The image's own Python runs the kernel; the runtime bundle brings what it lacks, in
@@ -259,6 +399,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         mounts: dict,
         sockets: str,
         group: int,
+        devices: list[str] | None,
     ):
         """The session's container, created (not started) and recorded: the runtime bundle's
         boot with the agent's options as its command, the kernel's key, the GPUs, the volumes."""
@@ -285,9 +426,11 @@ class DockerBackend(EngineWorkspaces, Backend):
                     "gpusession.image": name,
                     "gpusession.started": str(int(time.time())),
                     WORKSPACE_LABEL: workspace,
+                    NAME_LABEL: record.name,
+                    **({GPUS_LABEL: ",".join(devices)} if devices else {}),
                 },
                 environment=_container_environment(record, runtime),
-                device_requests=[gpu_request(docker, spec)],
+                device_requests=[gpu_request(docker, spec, devices)],
                 # no sshd, nothing published: the kernel and agent listen on the host's loopback,
                 # reached directly here or through the SSH login to the engine's host
                 network_mode="host",
@@ -591,6 +734,24 @@ class DockerBackend(EngineWorkspaces, Backend):
             self.recorder.save(resource.session_id, removed_at=time.time())
         except GpuSessionError:
             pass
+
+
+def _lost_race(client, where: str, mine: str, devices: list[str]) -> bool:
+    """Whether another live container holding one of `devices` was created before container
+    `mine` (by creation second, then id: every start on the box orders them alike)."""
+    with engine_errors(where):
+        listed = client.containers.list(all=True, sparse=True, filters={"label": GPUS_LABEL})
+    order = {c.id: (c.attrs.get("Created", 0), c.id) for c in listed}
+    if mine not in order:
+        return False
+    wanted = set(devices)
+    return any(
+        order[c.id] < order[mine]
+        and c.attrs.get("State") not in ("exited", "dead")
+        and wanted & set((c.attrs.get("Labels") or {}).get(GPUS_LABEL, "").split(","))
+        for c in listed
+        if c.id != mine
+    )
 
 
 def _may_hold(record: SessionRecord) -> bool:

@@ -464,17 +464,21 @@ def ssh_alive(client) -> bool:
     return ssh is None or (transport is not None and transport.is_active())
 
 
-def gpu_request(docker, spec):
-    """All of the host's GPUs, or the type's count when it names more than one (a100:4);
-    spec.extra: gpus ('all' or N) overrides, gpu_driver picks the device driver."""
+def gpu_request(docker, spec, devices: list[str] | None = None):
+    """The GPUs chosen for the session (`devices`: UUIDs or indices, pinned); else all of the
+    host's GPUs, or the type's count when it names more than one (a100:4); spec.extra: gpus
+    ('all', 'shared' or N) overrides, gpu_driver picks the device driver."""
+    driver = spec.extra.get("gpu_driver", "")
+    if devices:
+        return docker.types.DeviceRequest(
+            driver=driver, device_ids=list(devices), capabilities=[["gpu"]]
+        )
     gpus = spec.extra.get("gpus")
-    if gpus is None:
+    if gpus is None or str(gpus) == "shared":
         count = spec.gpu_count if spec.gpu_count > 1 else -1
     else:
         count = -1 if str(gpus) == "all" else int(gpus)
-    return docker.types.DeviceRequest(
-        driver=spec.extra.get("gpu_driver", ""), count=count, capabilities=[["gpu"]]
-    )
+    return docker.types.DeviceRequest(driver=driver, count=count, capabilities=[["gpu"]])
 
 
 def connection_info(container, ready: Any) -> tuple[dict, int | None]:
