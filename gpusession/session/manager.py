@@ -189,7 +189,7 @@ class SessionManager:
         self.config.check()
         backend = self.backend(spec.backend)
         backend.check(spec)
-        budget = self.spend.budget()
+        budget = self.spend.budget(fresh=True)  # money at the gate: the store as it is now
         if budget is not None and budget["state"] == "over" and budget.get("policy"):
             raise OverBudget(
                 f"this month's spend ${budget['spent']:,.2f} has reached the monthly cap of "
@@ -197,11 +197,10 @@ class SessionManager:
                 "administrator can raise it; `gpusession report` shows the spend"
             )
         if budget is not None and budget["state"] == "over":
-            raise OverBudget(
+            raise OverBudget(  # says where the budget that refused lives, and how to raise it
                 f"this month's spend ${budget['spent']:,.2f} has reached the monthly budget of "
-                f"${budget['budget']:,.2f} ({budget['source']}); raise it (e.g. "
-                "`%config GpuSessionConfig.monthly_budget = 500`, or GPUSESSION_MONTHLY_BUDGET=500 "
-                "for the CLI), or wait for the next month; `gpusession report` shows the spend"
+                f"${budget['budget']:,.2f} set by {budget['source']}: {budget['change']}, or "
+                "wait for the next month; `gpusession report` shows the spend"
             )
         price = backend.price_per_hour(spec, self.catalog)
         try:

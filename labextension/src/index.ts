@@ -82,14 +82,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
       app.shell.activateById(SPEND_ID);
       void spend.load();
     };
-    const spendLine = new SpendSection(client, () => void app.commands.execute(SPEND_COMMAND));
+    const spendLine = new SpendSection(() => void app.commands.execute(SPEND_COMMAND));
     panel.node.querySelector('.gpusession-header')?.after(spendLine.node);
     const alerts = new BudgetAlerts();
     model.changed.connect(() => {
       alerts.see(model.sessions);
-      if (panel.isVisible) {
-        spendLine.refresh();
-      }
+      spendLine.show(model.budget, model.budgetLine);
     });
 
     const status = new GpuStatusItem(model, () => {

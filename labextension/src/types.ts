@@ -156,6 +156,11 @@ export interface SessionView {
  * (live sessions and the N that ended last). */
 export interface SessionListReply {
   sessions: SessionView[];
+  /** The month's spend against the budget, from the one reading of the store
+   * the cards' budget warnings use (null: no budget set). */
+  budget?: BudgetView | null;
+  /** "this month: $41.20 of the $50.00 monthly budget (82%)", or null. */
+  budget_line?: string | null;
 }
 
 /** A process using a GPU, item of `GpuSample.processes`. */
