@@ -6,11 +6,9 @@
  * as `gpusession report` prints them (format.ts mirrors
  * gpusession/words/spend.py).
  *
- * Also here: the sidebar's budget line with the button that opens the view,
- * and the one-time notification when a running session's month runs out of
- * budget (the server adds the warning to the session's view).
+ * Also here: the sidebar's budget line with the button that opens the view
+ * (its notifications are in alerts.ts).
  */
-import { Notification } from '@jupyterlab/apputils';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
@@ -18,7 +16,7 @@ import { errorMessage, GpuSessionClient } from './api';
 import { control, element, message, setText, showText } from './dom';
 import { formatMoney, reportCells } from './format';
 import { gpuIcon } from './icon';
-import type { BudgetView, ReportReply, ReportRow, SessionView } from './types';
+import type { BudgetView, ReportReply, ReportRow } from './types';
 
 export const SPEND_ID = 'gpusession-spend';
 /** The periods to choose from, as `--since` takes them. */
@@ -348,28 +346,4 @@ export class SpendSection {
   }
 
   private readonly _line = control('div', 'gpusession-budget-line');
-}
-
-/**
- * One JupyterLab notification per session and budget level (80%, then all
- * of it) while the session runs: the server puts the warning's words in the
- * session's view (`budget_alert`).
- */
-export class BudgetAlerts {
-  see(sessions: readonly SessionView[]): void {
-    for (const view of sessions) {
-      const alert = view.budget_alert;
-      if (!alert || view.state !== 'running') {
-        continue;
-      }
-      const key = `${view.id}:${alert.level}`;
-      if (this._shown.has(key)) {
-        continue;
-      }
-      this._shown.add(key);
-      Notification.warning(`GPU session ${view.name}: ${alert.text}`, { autoClose: false });
-    }
-  }
-
-  private readonly _shown = new Set<string>();
 }
