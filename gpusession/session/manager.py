@@ -273,6 +273,8 @@ class SessionManager:
             record.id, State.RUNNING, f"ready in {time.monotonic() - started:.1f}s"
         )
         fetch_restore_report(self.store, session)  # --resume: what came back, for the faces to say
+        if spec.extra.get("host"):  # it answers again: workspace listings ask it again too
+            self.store.forget_hosts(record.backend, str(spec.extra["host"]))
         progress.say(f"running: session {record.name} is ready")
         with self._lock:
             self._connected[record.id] = session
