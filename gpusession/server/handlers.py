@@ -23,7 +23,7 @@ from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput, SessionBusy, StageError
 from ..session import SessionManager, default_backend_name
 from ..words.spend import budget_line, live_spot_line, report_rest
-from ..words.status import image_text, rest_view, with_error_texts
+from ..words.status import image_text, recorded_words, rest_view, with_error_texts
 from ..words.stops import warning_texts
 from ..words.switches import switch_line
 from .api import Api
@@ -231,6 +231,7 @@ class StatsHandler(BaseHandler):
                 doc,
                 warnings=[dict(w, text=warning_texts([w], hint=False)[0]) for w in warnings],
                 samples=[with_error_texts(s) for s in doc.get("samples") or []],
+                source_text=recorded_words(doc),  # a recording of another machine says so
             )
 
         await self.guarded(stats)

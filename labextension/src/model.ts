@@ -231,6 +231,16 @@ export class SessionStatsModel {
     return this._source;
   }
 
+  /** A replay's recording (its GPU name, count, whether of the session's type). */
+  get recording(): StatsReply['recording'] {
+    return this._recording;
+  }
+
+  /** Where replayed values come from, in words (null when live). */
+  get source_text(): string | null {
+    return this._sourceText;
+  }
+
   /** The agent's idle watchdog as last fetched, with when (browser ms). */
   get idle(): { idle: StatsIdle; at: number } | null {
     return this._idle;
@@ -298,6 +308,8 @@ export class SessionStatsModel {
       this._gpusVisible = reply.gpus_visible;
       this._message = reply.message;
       this._source = reply.source;
+      this._recording = reply.recording ?? null;
+      this._sourceText = reply.source_text ?? null;
       this._idle = reply.idle ? { idle: reply.idle, at: Date.now() } : null;
       this._samples = appendSamples(this._samples, reply.samples, this.windowS);
       this._loaded = true;
@@ -316,6 +328,8 @@ export class SessionStatsModel {
   private _samples: readonly Sample[] = [];
   private _metrics: readonly MetricView[] | null = null;
   private _source: StatsReply['source'] = undefined;
+  private _recording: StatsReply['recording'] = null;
+  private _sourceText: string | null = null;
   private _idle: { idle: StatsIdle; at: number } | null = null;
   private _gpusVisible = true;
   private _message: string | null = null;

@@ -238,6 +238,15 @@ export interface StatsReply {
   /** Where the GPU values come from: "nvml" (the driver) or "recorded" (a
    * replay of values recorded from a driver, `--nvml-replay`). */
   source?: 'nvml' | 'recorded';
+  /** A replay's recording: its GPU name and count, and whether it is of the
+   * session's GPU type (false: recorded on another machine). */
+  recording?: {
+    gpu_name: string | null;
+    gpu_count: number;
+    of_this_type: boolean | null;
+  } | null;
+  /** Where replayed values come from, in words (null when live). */
+  source_text?: string | null;
   /** Seconds between samples. */
   interval_s?: number;
   idle?: StatsIdle;
