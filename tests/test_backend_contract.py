@@ -103,6 +103,7 @@ class MemoryRecorder:
         self.saved: dict[str, dict[str, Any]] = {}
         self.notes: list[tuple[str, str]] = []
         self.records: list[SessionRecord] = []
+        self.failed: dict[tuple[str, str], str] = {}  # (backend, host) -> why
 
     def save(self, session_id: str, **values: Any) -> None:
         self.saved.setdefault(session_id, {}).update(values)
@@ -115,6 +116,12 @@ class MemoryRecorder:
 
     def sessions(self, backend_name: str) -> list[SessionRecord]:
         return [r for r in self.records if r.spec.backend == backend_name]
+
+    def failed_hosts(self, backend_name: str) -> set[str]:
+        return {h for b, h in self.failed if b == backend_name}
+
+    def host_failed(self, backend_name: str, host: str, error: str) -> None:
+        self.failed[(backend_name, host)] = error
 
 
 @pytest.fixture

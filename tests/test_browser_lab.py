@@ -232,7 +232,7 @@ def test_recorded_gpu_charts_draw_update_and_read_in_both_themes(lab, page):
     manager = lab.manager
     replay = manager.start(
         manager.make_spec(
-            "t4",
+            "t4:2",  # the recording's two T4s replay as this session's own (issue 32 §5)
             backend="local",
             idle="off",
             name="recorded-t4",
@@ -240,6 +240,15 @@ def test_recorded_gpu_charts_draw_update_and_read_in_both_themes(lab, page):
         )
     )
     plain = manager.start(manager.make_spec("t4", backend="local", idle="off", name="no-gpu"))
+    elsewhere = manager.start(  # an a100 session replaying the T4s: one GPU, said as elsewhere
+        manager.make_spec(
+            "a100",
+            backend="local",
+            idle="off",
+            name="recorded-a100",
+            nvml_replay=str(DATA / "nvml_two_t4.json"),
+        )
+    )
     try:
         with screenshot_on_failure(page, "recorded"):
             page.set_viewport_size(
@@ -275,6 +284,12 @@ def test_recorded_gpu_charts_draw_update_and_read_in_both_themes(lab, page):
                 "no NVIDIA GPU visible"
             )
             assert not other.locator(".gpusession-recorded").is_visible()
+            a100 = panel.locator('.gpusession-card[data-session-name="recorded-a100"]')
+            sync_api.expect(a100.locator(".gpusession-gpu")).to_have_count(1)
+            sync_api.expect(a100.locator(".gpusession-recorded")).to_have_text("recorded elsewhere")
+            assert "recorded on another machine (2 x Tesla T4)" in a100.locator(
+                ".gpusession-recorded"
+            ).get_attribute("title")
 
             # at the sidebar's 250 px no caption is clipped ("RAM 79 MiB/23.5 GiB" whole)
             clipped = page.evaluate(CLIPPED_JS, f"{PANEL} .gpusession-chart-caption > span")
@@ -331,7 +346,7 @@ def test_recorded_gpu_charts_draw_update_and_read_in_both_themes(lab, page):
             assert int(big.get_attribute("data-points")) > 0
             assert not page.errors, page.errors
     finally:
-        for session in (replay, plain):
+        for session in (replay, plain, elsewhere):
             manager.stop(session.id)
 
 

@@ -18,9 +18,11 @@ from test_cli import cli
 from test_spend import _session
 
 from gpusession.configuration.config import GpuSessionConfig
+from gpusession.core.durations import format_money
 from gpusession.core.models import State
 from gpusession.faces.notify import WarningNotifier
 from gpusession.session import SessionManager
+from gpusession.words.spend import budget_line, report_rest
 from gpusession.words.status import rest_view
 
 # integration: starts kernels, the agent or servers (tests/conftest.py: the fast tier starts none)
@@ -45,8 +47,8 @@ def spend_more(manager: SessionManager, name: str, dollars: float) -> None:
 
 def test_budget_runs_out_during_a_running_session(gs_home, tmp_path, monkeypatch):
     monkeypatch.delenv("GPUSESSION_POLICY", raising=False)
-    # the polls sum the month's spend at most every BUDGET_CHECK_S (10 s): 1 s keeps this quick
-    monkeypatch.setattr("gpusession.session.stats.BUDGET_CHECK_S", 1.0)
+    # the polls share one reading of the store for READING_S (10 s): 1 s keeps this quick
+    monkeypatch.setattr("gpusession.session.spend.READING_S", 1.0)
     manager = SessionManager(GpuSessionConfig(data_dir=str(gs_home)))
     spend_more(manager, "earlier", 8.5)
     manager.config.monthly_budget = 10.0  # 85%: the start warns, and goes ahead
@@ -106,3 +108,30 @@ def test_stop_at_monthly_cap_must_be_true_or_false(nb_env, tmp_path):
         f"the gpusession policy {policy} cannot be used (stop_at_monthly_cap must be " in r.stderr
     )
     assert "true or false" in r.stderr
+
+
+def test_the_months_spend_is_one_figure_on_every_face_at_one_moment(gs_home, monkeypatch):
+    """Issue 32 §5: one screen showed $0.1651 in the header, $0.1611 on the card and $0.1751 in
+    the Spend view. The header (GET sessions' `budget_line`, which is `spend.budget()`), the
+    card's warning (the view's idle warning) and the Spend view (GET report) read the store once
+    and say the same dollars to the cent, while the month's spend moves under them (another
+    session of the month ends between the card's stats poll and the Spend view's report)."""
+    monkeypatch.delenv("GPUSESSION_POLICY", raising=False)
+    manager = SessionManager(GpuSessionConfig(data_dir=str(gs_home)))
+    spend_more(manager, "earlier", 0.085)
+    manager.config.monthly_budget = 0.12  # small: four decimals; past 80% from the start
+    session = manager.start(manager.make_spec("t4", backend="local", idle="5m", name="one-fig"))
+    try:
+        for n in range(3):
+            manager.stats.fetch(session.id, limit=0)  # the card's stats, as the sidebar polls
+            spend_more(manager, f"meanwhile-{n}", 0.0123)
+            report = report_rest(manager.spend.report("1d", "type"))  # the Spend view
+            header = budget_line(manager.spend.budget())  # GET sessions' budget_line
+            card = rest_view(manager.view(manager.get(session.id)))["idle"]["warning"]
+            money = format_money(report["budget"]["spent"])
+            assert report["budget_line"] == header, (report["budget_line"], header)
+            assert money in header and f"spend {money} is " in card, (money, header, card)
+            # and the month's spend the report sums is that figure (the session's own month)
+            assert format_money(report["total"]["cost"]) == money, report["total"]
+    finally:
+        manager.stop(session.id)

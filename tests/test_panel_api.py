@@ -27,6 +27,7 @@ from gpusession.core.models import LaunchSpec, State
 from gpusession.core.protocol import StopKind, StopReason
 from gpusession.server.sidebar_state import StartProgress, owner_pid, with_history
 from gpusession.session.views import restart_body
+from gpusession.words.status import RECORDED_WORDS, status_lines
 from gpusession.words.stops import ended_line, error_text
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -251,6 +252,43 @@ def test_replay_loops_and_says_it_is_recorded():
     assert [Sampler(once).sample(0.0, kernel_busy=False)] and once.source == "recorded"
     with pytest.raises(SystemExit):
         parser.parse_args(["--nvml-replay", "/no/such/file.json"])
+
+
+@pytest.mark.parametrize(
+    "gpu_type, count, of_this_type",
+    [("t4", 1, True), ("t4", 4, True), ("a100", 1, False), ("l4", 2, False)],
+)
+def test_a_replay_is_the_sessions_count_and_says_a_recording_of_another_type(
+    gpu_type, count, of_this_type
+):
+    """Issue 32 §5: with the two-T4 recording, a t4 x 1 session showed two GPUs and an a100
+    session "Tesla T4". The replay has the session's count (the recorded GPUs in turn, each
+    under a UUID of its own), and the stats say what was recorded and whether it is of the
+    session's type; every face says a recording of another machine as such."""
+    parser = argparse.ArgumentParser()
+    service.add_arguments(parser)
+    line = ["--nvml-replay", str(DATA / "nvml_two_t4.json"), "--gpu-count", str(count)]
+    args = parser.parse_args([*line, "--gpu-type", gpu_type])
+    reader = NvmlReader(service.replayed(args.nvml_replay, args.gpu_count, args.gpu_type))
+    gpus = Sampler(reader).sample(0.0, kernel_busy=False)["gpus"]
+    assert len(gpus) == count
+    assert len({g["uuid"] for g in gpus}) == count
+    assert reader.recording == {
+        "gpu_name": "Tesla T4",
+        "gpu_count": 2,
+        "of_this_type": of_this_type,
+    }
+    said = status_lines({"source": "recorded", "recording": reader.recording, "gpus_visible": True})
+    if of_this_type:
+        assert said[0].strip() == RECORDED_WORDS
+    else:
+        assert (
+            said[0]
+            .strip()
+            .startswith(
+                "GPU values: recorded on another machine (2 x Tesla T4), replayed as this session's"
+            )
+        ), said
 
 
 # -- a notebook session stopped from the sidebar ------------------------------------------------

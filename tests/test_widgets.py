@@ -265,6 +265,10 @@ def test_gpu_gauges_from_recorded_nvml():
     assert (
         g.temp.text.value == "70 °C" and g.power.text.value == "67/70 W" and g.power.bar.max == 70.0
     )
+    # an a100 session replaying the T4s: a recording of another machine, said so (issue 32 §5)
+    view.show(dict(doc, recording={"gpu_name": "Tesla T4", "gpu_count": 2, "of_this_type": False}))
+    assert ">recorded elsewhere</span>" in view.recorded.value
+    assert "recorded on another machine (2 x Tesla T4)" in view.recorded.value
     view.show({"gpus_visible": False, "message": "no NVIDIA GPU visible (test)", "samples": []})
     assert view.gpus == [] and _text(view.note.value) == "no NVIDIA GPU visible (test)"
     assert view.recorded.layout.display == "none"  # the driver's own values: no badge

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Callable, Mapping, Protocol
 
 from ..configuration.metrics import nvml_error_text, nvml_kind
@@ -71,6 +72,8 @@ class NvmlReader:
         self._env = os.environ if env is None else env  # CUDA_VISIBLE_DEVICES, SLURM_JOB_GPUS
         # where the values come from, as the stats say it: the driver, or a replayed recording
         self.source = "recorded" if isinstance(api, RecordedNvml) else "nvml"
+        # a replay's recording (its GPU name and count, whether of the session's type); None live
+        self.recording = api.recording if isinstance(api, RecordedNvml) else None
         self._started = False
         self._unavailable: str | None = None  # set once NVML said there is no GPU
         self.driver_version: str | None = None
@@ -281,6 +284,21 @@ class _Obj:
         self.__dict__.update(data)
 
 
+def of_type(name: str, gpu_type: str) -> bool:
+    """Whether an NVML device name is of a GPU type: 'Tesla T4' of t4, 'NVIDIA A100-SXM4-40GB'
+    of a100; 'NVIDIA L4' is not of t4."""
+    return bool(re.search(rf"(?<![A-Za-z0-9]){re.escape(gpu_type)}(?![A-Za-z0-9])", name, re.I))
+
+
+def _copy(device: dict, round_: int) -> dict:
+    """A recorded device replayed again as a further GPU (a 4-GPU session from a 2-GPU
+    recording): the same values under a UUID of its own."""
+    if not round_:
+        return device
+    uuid = device.get("uuid")
+    return dict(device, uuid=f"{uuid}-{round_}") if isinstance(uuid, str) else device
+
+
 class RecordedNvml:
     """Replays raw NVML values from a JSON file (format: what `nvml-record` writes).
 
@@ -301,16 +319,34 @@ class RecordedNvml:
     the frames start over (the agent's `--nvml-replay`, so that a replay keeps moving).
     """
 
-    def __init__(self, data: dict, *, loop: bool = False):
+    def __init__(
+        self, data: dict, *, loop: bool = False, gpus: int | None = None, gpu_type: str = ""
+    ):
         self.data = data
         self.loop = loop
         self._frame = -1
         self.init_calls = 0
+        self._gpus = gpus  # replayed as this many GPUs (the session's): the recorded ones in turn
+        first = next((f.get("devices") for f in data.get("frames") or [] if f.get("devices")), [])
+        name = str(first[0].get("name", "")) if first and isinstance(first[0], dict) else ""
+        # what was recorded, for the stats: a replay of another machine says so
+        self.recording = {
+            "gpu_name": name or None,
+            "gpu_count": len(first),
+            "of_this_type": of_type(name, gpu_type) if gpu_type else None,
+        }
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str], *, loop: bool = False) -> "RecordedNvml":
+    def from_file(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        loop: bool = False,
+        gpus: int | None = None,
+        gpu_type: str = "",
+    ) -> "RecordedNvml":
         with open(path) as f:
-            return cls(json.load(f), loop=loop)
+            return cls(json.load(f), loop=loop, gpus=gpus, gpu_type=gpu_type)
 
     def _frame_index(self, count: int) -> int:
         if self.loop and count:
@@ -334,7 +370,10 @@ class RecordedNvml:
 
     def _devices(self) -> list[dict]:
         frames = self.data.get("frames") or [{"devices": []}]
-        return frames[self._frame_index(len(frames))]["devices"]
+        recorded = frames[self._frame_index(len(frames))]["devices"]
+        if self._gpus is None or not recorded or self._gpus == len(recorded):
+            return recorded
+        return [_copy(recorded[i % len(recorded)], i // len(recorded)) for i in range(self._gpus)]
 
     def nvmlInit(self) -> None:
         self.init_calls += 1

@@ -49,9 +49,12 @@ def _recording(path: str) -> str:
     return path
 
 
-def replayed(path: str | None) -> RecordedNvml | None:
-    """--nvml-replay's recording, loaded to replay in a loop (None: the real GPUs)."""
-    return RecordedNvml.from_file(path, loop=True) if path else None
+def replayed(path: str | None, gpus: int | None = None, gpu_type: str = "") -> RecordedNvml | None:
+    """--nvml-replay's recording, loaded to replay in a loop as the session's `gpus` GPUs (None:
+    the real GPUs); `gpu_type`, the session's, for the stats to say whether it is of that type."""
+    if not path:
+        return None
+    return RecordedNvml.from_file(path, loop=True, gpus=gpus, gpu_type=gpu_type)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,7 +108,7 @@ def start(rt, args: AgentArgs) -> Watchdog | None:
     if args.no_agent:
         return None
     tracker = ActivityTracker(args, args.billed_since or rt.started_at, active_since=time.time())
-    replay = replayed(args.nvml_replay)
+    replay = replayed(args.nvml_replay, args.gpu_count, args.gpu_type)
     sampler = Sampler(
         NvmlReader(replay) if replay is not None else None,
         interval_s=args.sample_interval or 1.0,

@@ -130,6 +130,8 @@ class Watchdog:
             "message": self.sampler.message,
             "driver_version": self.sampler.nvml.driver_version,
             "source": self.sampler.nvml.source,  # "nvml", or "recorded" (--nvml-replay)
+            # a replay's recording: {gpu_name, gpu_count, of_this_type}; None for live values
+            "recording": getattr(self.sampler.nvml, "recording", None),
             "interval_s": self.sample_interval_s,
             "samples": self.sampler.samples(since, limit),
             "idle": verdict.idle,

@@ -71,6 +71,13 @@ class Recorder(Protocol):
         """Every recorded session of that backend, any state (which remote engines or regions
         gc must look at)."""
 
+    def failed_hosts(self, backend_name: str) -> set[str]:
+        """The hosts of that backend a workspace listing could not reach before: a listing
+        skips them (`gpusession workspaces --retry-hosts` asks them again)."""
+
+    def host_failed(self, backend_name: str, host: str, error: str) -> None:
+        """A host did not answer a workspace listing: remembered, said once by the face."""
+
 
 @dataclasses.dataclass
 class RemoteResource:

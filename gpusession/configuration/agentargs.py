@@ -176,6 +176,9 @@ class AgentArgs:
         None, NUMBER, "when billing started (default: when the runtime started)", metavar="UNIX"
     )
     gpu_count: int = _option(1, INT, "GPUs billed, for GPU-hours in the summary", always=True)
+    gpu_type: str = _option(
+        "", TEXT, "the session's GPU type (a replay says when its recording is of another)"
+    )
     keepalive_limit: float = _option(
         DEFAULT_KEEPALIVE_LIMIT_S,
         NUMBER,
@@ -259,6 +262,7 @@ class AgentArgs:
         taken.update(
             price_per_hour=float(record.price_per_hour or 0.0),
             gpu_count=int(spec.gpu_count or 1),
+            gpu_type=str(spec.gpu_type or ""),
             billed_since=billing_started_at(record),
             restore=bool(extra.get("resume")),
         )

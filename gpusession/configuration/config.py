@@ -42,6 +42,7 @@ from .settings import (  # noqa: F401 - ConfigError, EnvConfig and the built-ins
     builtin_data_dir,
     check_env,
     data_folder,
+    env_origin,
     env_setting,
 )
 
@@ -213,6 +214,30 @@ class GpuSessionConfig(Configurable):
         for name in sorted(self.trait_names(config=True)):
             getattr(self, name)
         check_env()
+
+    def origin(self, name: str) -> str:
+        """Where a setting's value comes from: 'config' (a config file, the command line,
+        `%config`, code), 'env' (its GPUSESSION_ variable) or 'default'."""
+        if name in self.config.get(type(self).__name__, {}):
+            return "config"
+        if env_origin(name) == "env":
+            return "env" if getattr(self, name) == env_setting(name) else "config"
+        return "config" if getattr(self, name) != self.trait_defaults(name) else "default"
+
+    @property
+    def read_by(self) -> str:
+        """Which process reads these settings, by what made this object: 'server' (the Jupyter
+        server's extension: REST and the sidebar), 'notebook' (a kernel's magics), 'launcher' (a
+        GPU kernelspec's provisioner), else 'process'."""
+        names = {c.__name__ for c in type(self.parent).__mro__} if self.parent else set()
+        for marker, reader in (
+            ("ServerApp", "server"),
+            ("InteractiveShell", "notebook"),
+            ("KernelProvisionerBase", "launcher"),
+        ):
+            if marker in names:
+                return reader
+        return "process"
 
     @property
     def data_path(self) -> Path:

@@ -199,9 +199,25 @@ def env_setting(name: str):
     return _from_env(var, parse, builtin())
 
 
+def env_origin(name: str) -> str:
+    """'env' when the setting's GPUSESSION_ variable is set (not empty), else 'default'."""
+    return "env" if os.environ.get(ENV_SETTINGS[name][0], "").strip() else "default"
+
+
+def env_var(name: str) -> str:
+    """The environment variable a setting is read from (monthly_budget: GPUSESSION_MONTHLY_BUDGET)."""
+    return ENV_SETTINGS[name][0]
+
+
 class EnvConfig:
     """GpuSessionConfig's settings from the env vars alone (no config files, no traitlets), each
     read when first asked, as a trait default is: what the CLI gives a SessionManager."""
+
+    read_by = "cli"  # which process reads these settings (GpuSessionConfig.read_by)
+
+    def origin(self, name: str) -> str:
+        """Where a setting's value comes from: 'env' or 'default' (GpuSessionConfig.origin)."""
+        return env_origin(name)
 
     def __getattr__(self, name: str):
         if name not in ENV_SETTINGS:

@@ -254,7 +254,7 @@ def cmd_workspaces(args: argparse.Namespace) -> int:
     # lazy: docs/architecture.md#imports-kept-inside-functions
     from ..session.workspace_ops import list_all, remove
     from ..words.common import size_text
-    from ..words.workspaces import workspace_table
+    from ..words.workspaces import host_failed_line, workspace_table
 
     m = _manager()
     if args.action == "rm":
@@ -267,9 +267,13 @@ def cmd_workspaces(args: argparse.Namespace) -> int:
         print(f"deleted workspace {ws.name} ({ws.where}, {size_text(ws.size_bytes)})")
         return 0
     skipped: list[str] = []
-    print(workspace_table(list_all(m.store, m.backend, skipped)))
+    failed: list[dict] = []  # hosts that did not answer this time: said once, then remembered
+    views = list_all(m.store, m.backend, skipped, failed=failed, retry_hosts=args.retry_hosts)
+    print(workspace_table(views))
     for line in skipped:
         print(f"skipped {line}")
+    for item in failed:
+        print(host_failed_line(item))
     return 0
 
 
@@ -489,6 +493,12 @@ def _add_cleanup(sub) -> None:
     """workspaces, gc: what outlives sessions, and what crashed processes left."""
     s = sub.add_parser(
         "workspaces", help="the workspaces that outlive sessions: list them, or delete one"
+    )
+    s.add_argument(
+        "--retry-hosts",
+        action="store_true",
+        help="ask again the hosts a listing could not reach before (they are remembered and "
+        "skipped, so that no listing waits on them twice)",
     )
     ws = s.add_subparsers(dest="action")
     k = ws.add_parser("rm", help="delete a workspace, its files and its saved variables")

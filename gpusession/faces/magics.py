@@ -62,6 +62,7 @@ from ..words.stops import (
     idle_setting,
     interrupt_line,
     keepalive_line,
+    no_session_after_end,
     renumber_cells,
     summary_line,
     usage_error,
@@ -89,7 +90,7 @@ from .magicargs import (
     _use_args,
     _watch_args,
 )
-from .notify import WarningNotifier, watch
+from .notify import CellNotices, WarningNotifier, watch
 
 
 @magics_class
@@ -116,6 +117,8 @@ class GpuMagics(Magics):
         # held while a magic or cell uses the session; the notifier only looks when it is free,
         # so it never tears down connections a running cell is reading from
         self._in_use = threading.RLock()
+        # what a background thread says goes to the running cell, or waits for the next one
+        self._notices = CellNotices(shell, _print)
         self._subcommands: dict[str, Callable[[str], Any]] = {
             "start": self._start,
             "stop": self._stop,
@@ -168,7 +171,13 @@ class GpuMagics(Magics):
     @cell_magic("gpu")
     def gpu_cell(self, line: str, cell: str) -> None:
         """%%gpu [NAME]: run the cell in the session kernel, output streamed back live."""
-        name = _without_comment(line).strip() or None
+        # the session is picked, used and, when it ended, forgotten under the lock: the notifier
+        # never lets go of its connections between the pick and the send (a laptop waking finds
+        # both the cell and the notifier's look due at once)
+        with self._in_use:
+            self._run_cell(_without_comment(line).strip() or None, cell)
+
+    def _run_cell(self, name: str | None, cell: str) -> None:
         try:
             session = self._session(name)
         except GpuSessionError as exc:  # no such session, it ended, its store cannot be opened
@@ -176,8 +185,7 @@ class GpuMagics(Magics):
         # this notebook's number of the cell (IPython counts it up before the cell runs)
         here = self.shell.execution_count - 1
         try:
-            with self._in_use:
-                reply = session.run(cell)
+            reply = session.run(cell)
             self._number(session, reply.get("execution_count"), here)
         except RemoteError as exc:  # its traceback is the remote one, cells numbered as here
             self._number(session, exc.execution_count, here)
@@ -249,7 +257,8 @@ class GpuMagics(Magics):
             session = self.manager.connected(name)
             return session or self.manager.attach(name, report=_print)
         if self.current is None and self._ended_note:  # it ended while no cell ran: say how
-            raise UsageError(f"no GPU session: {self._ended_note}; `%gpu start` a new one")
+            said = self._notices.said_in_this_cell(f"[gpusession] {self._ended_note}")
+            raise UsageError(no_session_after_end(self._ended_note, said_above=said))
         if self.current is None:
             raise UsageError(
                 "no GPU session: run `%gpu start --type t4` first (or `%gpu use NAME`)"
@@ -276,7 +285,7 @@ class GpuMagics(Magics):
             self.current, self._ended_note = session, None
             self.manager.store.note_user(session.id, owner_id(), time.time())  # the status bar
             self._notify(session)
-            _print(followed_line(old, session.record))
+            self._notices.say(followed_line(old, session.record))
 
     def _parse(self, spec_func, rest: str):
         """Shell quoting, as a user expects: `--name "my run"` is `my run`, without quotes."""
@@ -335,15 +344,15 @@ class GpuMagics(Magics):
         for one (--recover): made current, restored. The line to say; None when not wanted."""
         if not wants_recovery(record):
             return None
-        _print(recovering_line(record))
+        self._notices.say(recovering_line(record))
         try:
-            session = self.manager.recover(record.id, report=_print)
+            session = self.manager.recover(record.id, report=self._notices.say)
         except (GpuSessionError, OSError) as exc:
             return recovery_failed_line(record, str(exc), record.resource.get("workspace"))
         if session is None:
             return None
         self.current, self._ended_note = session, None
-        print_restored(session.record, _print)
+        print_restored(session.record, self._notices.say)
         self._notify(session)
         return recovered_line(record, session.record)
 
@@ -355,23 +364,23 @@ class GpuMagics(Magics):
         sid = session.id
 
         def ended(text: str) -> None:
+            # the notifier's look holds `_in_use` around this: said and forgotten at once
             with self._in_use:  # switched elsewhere: follow it, one line instead of its end
                 if self.current is not None and self.current.id == sid:
                     self._follow_switch()
                     if self.current.id != sid:
                         return
-            _print(f"[gpusession] {text}")
-            self._forget(sid)
-            self._ended_note = text  # for the next %%gpu, which has no session now
-            record = self.manager.get(sid)
-            if _interrupted(record):  # --recover: a replacement before the next cell
-                with self._in_use:
+                self._notices.say(f"[gpusession] {text}")
+                self._forget(sid)
+                self._ended_note = text  # for the next %%gpu, which has no session now
+                record = self.manager.get(sid)
+                if _interrupted(record):  # --recover: a replacement before the next cell
                     back = self._recover(record)
-                if back:
-                    _print(f"[gpusession] {back}")
+                    if back:
+                        self._notices.say(f"[gpusession] {back}")
 
         self._notifier = WarningNotifier.for_session(
-            self.manager, sid, self._in_use, _print, ended
+            self.manager, sid, self._in_use, self._notices.say, ended
         ).start()
 
     def _stop(self, rest: str) -> None:
@@ -611,6 +620,7 @@ def unload_ipython_extension(ip) -> None:
         magics._off("quiet")
         if magics._notifier is not None:
             magics._notifier.stop()
+        magics._notices.close()
 
 
 def _without_comment(line: str) -> str:

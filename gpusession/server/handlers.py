@@ -22,8 +22,8 @@ from ..configuration.settings import load_policy
 from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput, SessionBusy, StageError
 from ..session import SessionManager, default_backend_name
-from ..words.spend import live_spot_line, report_rest
-from ..words.status import image_text, rest_view, with_error_texts
+from ..words.spend import budget_line, live_spot_line, report_rest
+from ..words.status import image_text, recorded_words, rest_view, with_error_texts
 from ..words.stops import warning_texts
 from ..words.switches import switch_line
 from .api import Api
@@ -52,7 +52,14 @@ class SessionsHandler(BaseHandler):
             )  # gone ones shown ended
             if history and not show_all:
                 records = with_history(records, history)
-            return {"sessions": [self.api.view(r, kernels) for r in records]}
+            # the month's spend from the reading the cards' budget warnings use (the sidebar's
+            # header shows it): one figure at one moment, to the cent (issue 32 §5)
+            budget = m.spend.budget()
+            return {
+                "sessions": [self.api.view(r, kernels) for r in records],
+                "budget": budget,
+                "budget_line": budget_line(budget) if budget else None,
+            }
 
         await self.guarded(listing)
 
@@ -224,6 +231,7 @@ class StatsHandler(BaseHandler):
                 doc,
                 warnings=[dict(w, text=warning_texts([w], hint=False)[0]) for w in warnings],
                 samples=[with_error_texts(s) for s in doc.get("samples") or []],
+                source_text=recorded_words(doc),  # a recording of another machine says so
             )
 
         await self.guarded(stats)

@@ -11,7 +11,7 @@ from ..core.durations import shown
 from ..core.errors import BadInput
 from ..core.textvalues import workspace_name
 from ..session.workspace_ops import NoWorkspace, WorkspaceInUse, list_all, remove
-from ..words.workspaces import workspace_rest_view
+from ..words.workspaces import host_failed_line, workspace_rest_view
 from .handler_base import BaseHandler
 
 
@@ -22,7 +22,13 @@ class WorkspacesHandler(BaseHandler):
 
         def listing() -> dict:
             skipped: list[str] = []
-            views = [workspace_rest_view(v) for v in list_all(m.store, m.backend, skipped)]
+            failed: list[dict] = []  # said once, in `skipped`, then remembered
+            retry = self.get_query_argument("retry_hosts", "0") in ("1", "true", "yes")
+            views = [
+                workspace_rest_view(v)
+                for v in list_all(m.store, m.backend, skipped, failed=failed, retry_hosts=retry)
+            ]
+            skipped += [host_failed_line(item) for item in failed]
             return {"workspaces": views, "skipped": skipped}
 
         await self.guarded(listing)

@@ -122,7 +122,19 @@ class Session:
                     self._reconnects_seen = seen
                     return
 
+    def _still_held(self) -> None:
+        """Before sending: this process let go of the session's connections (it was found
+        stopped, say by a poll after the laptop woke): say how it ended, send nothing."""
+        if not self.kernel.closed:
+            return
+        record = self.manager.refresh_state(self.id)
+        if not record.state.active:
+            self.record = record
+            raise SessionEnded(record)
+        raise LinkLost(f"not connected to session {self.name} any more; `%gpu use {self.name}`")
+
     def run(self, code: str, sink: OutputSink | None = None) -> dict:
+        self._still_held()
         if not self.link.healthy():  # gave up already: say so now, send nothing
             try:
                 self.healthy()
@@ -150,11 +162,13 @@ class Session:
             raise
 
     def push(self, namespace: dict[str, Any], progress: Progress | None = None) -> None:
+        self._still_held()
         self._after_reconnect()
         with self._ended_during("a push"):
             self.kernel.push(namespace, progress)
 
     def pull(self, names: list[str], progress: Progress | None = None) -> dict[str, Any]:
+        self._still_held()
         self._after_reconnect()
         with self._ended_during("a pull"):
             return self.kernel.pull(names, progress)
@@ -171,6 +185,7 @@ class Session:
         (a folder without .git and what its .gitignore files ignore, unless `everything`).
         Returns {"files", "bytes", "dest"}."""
         tree = files.collect(paths, everything=everything)
+        self._still_held()
         self._after_reconnect()
         with self._ended_during("an upload"):
             return transfer_client.upload(self.kernel, tree.files, tree.size, to, progress)
@@ -178,6 +193,7 @@ class Session:
     def download(self, paths: list[str], to: str = ".", progress: Progress | None = None) -> dict:
         """Files or folders of the session (relative to its kernel's working directory) into
         local folder `to`. Returns {"files", "bytes", "dest"}."""
+        self._still_held()
         self._after_reconnect()
         with self._ended_during("a download"):
             return transfer_client.download(self.kernel, paths, to, progress)

@@ -190,7 +190,7 @@ class SessionManager:
         self.config.check()
         backend = self.backend(spec.backend)
         backend.check(spec)
-        budget = self.spend.budget()
+        budget = self.spend.budget(fresh=True)  # money at the gate: the store as it is now
         if budget is not None and budget["state"] == "over" and budget.get("policy"):
             raise OverBudget(
                 f"this month's spend ${budget['spent']:,.2f} has reached the monthly cap of "
@@ -198,11 +198,10 @@ class SessionManager:
                 "administrator can raise it; `gpusession report` shows the spend"
             )
         if budget is not None and budget["state"] == "over":
-            raise OverBudget(
+            raise OverBudget(  # says where the budget that refused lives, and how to raise it
                 f"this month's spend ${budget['spent']:,.2f} has reached the monthly budget of "
-                f"${budget['budget']:,.2f} ({budget['source']}); raise it (e.g. "
-                "`%config GpuSessionConfig.monthly_budget = 500`, or GPUSESSION_MONTHLY_BUDGET=500 "
-                "for the CLI), or wait for the next month; `gpusession report` shows the spend"
+                f"${budget['budget']:,.2f} set by {budget['source']}: {budget['change']}, or "
+                "wait for the next month; `gpusession report` shows the spend"
             )
         price = backend.price_per_hour(spec, self.catalog)
         try:
@@ -283,6 +282,8 @@ class SessionManager:
             record.id, State.RUNNING, f"ready in {time.monotonic() - started:.1f}s"
         )
         fetch_restore_report(self.store, session)  # --resume: what came back, for the faces to say
+        if spec.extra.get("host"):  # it answers again: workspace listings ask it again too
+            self.store.forget_hosts(record.backend, str(spec.extra["host"]))
         progress.say(f"running: session {record.name} is ready")
         with self._lock:
             self._connected[record.id] = session

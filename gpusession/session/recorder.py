@@ -27,3 +27,9 @@ class StoreRecorder:
 
     def sessions(self, backend: str) -> list[SessionRecord]:
         return [r for r in self._store.list() if r.spec.backend == backend]
+
+    def failed_hosts(self, backend: str) -> set[str]:
+        return {host for _, host in self._store.failed_hosts(backend)}
+
+    def host_failed(self, backend: str, host: str, error: str) -> None:
+        self._store.host_failed(backend, host, error)

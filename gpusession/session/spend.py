@@ -7,6 +7,8 @@ the faces put what it returns into words (gpusession/words/).
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -15,7 +17,7 @@ from ..configuration.advice import advice_document, could_save
 from ..configuration.catalog import packaged_catalog, write_user_snapshot
 from ..configuration.cost import budget_status, month_start, spend_report
 from ..configuration.registry import backend_names, load_backend_class
-from ..configuration.settings import load_policy
+from ..configuration.settings import env_var, load_policy
 from ..core.durations import REPORT_SINCE
 from ..core.errors import GpuSessionError
 from ..core.models import SessionRecord, State
@@ -24,6 +26,51 @@ from .store import Store
 if TYPE_CHECKING:
     from ..configuration.catalog import Catalog
     from ..configuration.config import GpuSessionConfig
+
+
+# How long one reading of the store stands for "now" in every figure of money (issue 32 §5):
+# the sidebar's header, each card's budget warning, the Spend view and `GET report` asked within
+# it show the same dollars to the cent. A start's budget check always reads afresh.
+READING_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """The store as read once: every sum of money shown at one moment is made from it."""
+
+    at: float  # when it was read (unix s): running sessions are counted up to then
+    records: tuple[SessionRecord, ...]  # every session record, as the store had them
+
+
+def budget_where(config: Any) -> tuple[str, str]:
+    """Where the monthly budget this process reads is set, and how to change it there (the
+    sidebar's budget is the Jupyter server's, which a notebook's `%config` does not change)."""
+    var, origin = env_var("monthly_budget"), config.origin("monthly_budget")
+    reader = getattr(config, "read_by", "process")
+    if reader == "server":
+        if origin == "env":
+            return (
+                f"{var} in the Jupyter server's environment",
+                "change it there and restart JupyterLab (a notebook's %config does not change it)",
+            )
+        return (
+            "the Jupyter server's c.GpuSessionConfig.monthly_budget (jupyter_server_config.py "
+            "or its command line)",
+            "change it there and restart JupyterLab (a notebook's %config does not change it)",
+        )
+    if reader == "notebook":
+        where = (
+            f"{var} in this kernel's environment"
+            if origin == "env"
+            else ("this notebook's GpuSessionConfig.monthly_budget")
+        )
+        return where, "`%config GpuSessionConfig.monthly_budget = 500` changes it for this notebook"
+    if reader == "cli":
+        return f"{var} in your environment", f"set {var}=500 for the CLI"
+    return (
+        "GpuSessionConfig.monthly_budget / " + var,
+        f"raise it in the config that sets it, or {var}",
+    )
 
 
 class Spend:
@@ -50,10 +97,24 @@ class Spend:
         self.store, self.config = store, config
         self._catalog, self._backend = catalog, backend
         self._checked, self._summary = checked, summary
+        self._lock = threading.Lock()
+        self._reading: Reading | None = None
 
-    def budget(self, at: float | None = None) -> dict | None:
+    def reading(self, *, fresh: bool = False) -> Reading:
+        """The store as read at most READING_S ago (`fresh`: read now), shared by every figure."""
+        with self._lock:
+            kept = self._reading
+        if not fresh and kept is not None and 0 <= time.time() - kept.at <= READING_S:
+            return kept
+        now = Reading(time.time(), tuple(self.store.list()))
+        with self._lock:
+            self._reading = now
+        return now
+
+    def budget(self, reading: Reading | None = None, *, fresh: bool = False) -> dict | None:
         """This calendar month's spend (UTC, as the report counts it) against the monthly budget
-        (gpusession/configuration/cost.py budget_status); None when no budget is set."""
+        (gpusession/configuration/cost.py budget_status), from `reading` (default: the shared
+        one; `fresh`: the store read now); None when no budget is set."""
         budget = float(self.config.monthly_budget or 0.0)
         policy = load_policy()
         cap = policy.monthly_cap if policy is not None else None
@@ -61,17 +122,18 @@ class Spend:
         budget = cap if capped else budget
         if not budget or budget <= 0:
             return None
-        at = time.time() if at is None else at
-        since = month_start(at)
-        spent = spend_report(self.store.list(), since=since, by="type", at=at)["total"]["cost"]
-        status = budget_status(
-            spent,
-            budget,
-            month=since,
-            source=f"the monthly cap of your policy {policy.path}"  # type: ignore[union-attr]
-            if capped
-            else "GpuSessionConfig.monthly_budget / GPUSESSION_MONTHLY_BUDGET",
-        )
+        reading = reading or self.reading(fresh=fresh)
+        since = month_start(reading.at)
+        spent = spend_report(list(reading.records), since=since, by="type", at=reading.at)
+        spent = spent["total"]["cost"]
+        if capped:
+            source = f"the monthly cap of your policy {policy.path}"  # type: ignore[union-attr]
+            change = "only its administrator can raise it"
+        else:
+            source, change = budget_where(self.config)
+        status = budget_status(spent, budget, month=since, source=source)
+        if status is not None:
+            status["change"] = change  # how to raise it, where it is set
         if status is not None and capped:
             status["policy"] = policy.path  # type: ignore[union-attr]
         return status
@@ -102,11 +164,14 @@ class Spend:
     ) -> dict:
         """The spend report as data (gpusession/configuration/cost.py `spend_report`): the sessions billed in
         the last `since` (the duration grammar), a row per `by`, running sessions counted up to
-        now (checked first, so one that ended is counted until it ended)."""
+        now (checked first, so one that ended is counted until it ended). The store is read
+        once for it, and that reading is the one the other faces share for READING_S."""
         seconds = REPORT_SINCE.parse("30d" if since is None else since)
-        at = time.time()
+        self._checked()  # running ones checked: what ended meanwhile is recorded ended
+        reading = self.reading(fresh=True)
+        at = reading.at
         doc = spend_report(
-            self._checked(),
+            list(reading.records),
             since=at - float(seconds or 0.0),
             by=by,
             at=at,
@@ -120,7 +185,7 @@ class Spend:
                 spot=r.spec.extra.get("spot"),
             ),
         )
-        return dict(doc, catalog_date=self._catalog().snapshot_date, budget=self.budget(at))
+        return dict(doc, catalog_date=self._catalog().snapshot_date, budget=self.budget(reading))
 
     def _catalog_prices(self, record: SessionRecord) -> tuple[float, ...]:
         """The catalog's rates for a session's GPUs: per GPU x count, and the whole instance."""

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from .handle import Session
 
 FRESH_S = 15.0  # how long a fetched stats document may fill in a view's idle countdown
-BUDGET_CHECK_S = 10.0  # how old the month's spend may be when a stats poll warns of the budget
 
 Stop = Callable[..., SessionRecord]  # stop a session: (key, by=..., save=...) (SessionManager.stop)
 
@@ -41,7 +40,8 @@ class Stats:
       (raises SessionEnded when it has stopped);
     connected: the handle of a session this process is connected to, else None (no attaching);
     refresh_state: a record, checked against its backend (SessionManager.refresh_state);
-    budget: this month's spend against the budget, or None (`Spend.budget`);
+    budget: this month's spend against the budget, or None (`Spend.budget`: from the one
+      reading of the store every face shares, at most spend.READING_S old);
     stop: stops a session (SessionManager.stop), for a policy that stops at its monthly cap;
     saw: tells liveness a session answered (`Liveness.saw`)."""
 
@@ -62,7 +62,6 @@ class Stats:
         self._stop, self._saw = stop, saw
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, dict]] = {}  # id -> (fetched at, stats)
-        self._budget_seen: tuple[float, dict | None] = (0.0, None)  # (when, budget()) for polls
 
     def fetch(
         self,
@@ -119,7 +118,13 @@ class Stats:
         idle = dict(doc.get("idle") or {})
         if idle.get("remaining_s") is not None:  # it has been counting down since
             idle["remaining_s"] = round(max(0.0, idle["remaining_s"] - (time.time() - at)), 1)
-        return dict(doc, idle=idle)
+        # the month's spend as every face shows it now, not as it was when these stats came
+        kept = [
+            w for w in doc.get("warnings") or []
+            if not (isinstance(w, dict) and w.get("kind") == WarningKind.BUDGET.value)
+        ]  # fmt: skip
+        budget = self._budget_warning()
+        return dict(doc, idle=idle, warnings=kept + ([budget] if budget else []))
 
     def _with_notices(self, session_id: str, doc: dict) -> dict:
         """Add what the agent cannot know to the warnings the notebook and the panels show: a
@@ -136,30 +141,26 @@ class Stats:
                     time=notice.get("time"),
                 ).to_dict()
             )
-        budget = self._recent_budget()
-        if budget is not None and budget["state"] != "ok":
-            stop = budget["state"] == "over" and _stops_at_cap(budget)
-            warnings.append(
-                Warning(
-                    WarningKind.BUDGET,
-                    spent=budget["spent"],
-                    budget=budget["budget"],
-                    source=budget["source"],
-                    action="stop" if stop else None,
-                ).to_dict()
-            )
+        budget = self._budget_warning()
+        if budget is not None:
+            warnings.append(budget)
         return dict(doc, warnings=warnings) if warnings else doc
 
-    def _recent_budget(self) -> dict | None:
-        """`budget()` at most BUDGET_CHECK_S old: every stats poll of every session asks, and
-        summing the month's spend reads the whole store."""
-        with self._lock:
-            at, status = self._budget_seen
-        if time.time() - at > BUDGET_CHECK_S:
-            status = self._budget()
-            with self._lock:
-                self._budget_seen = (time.time(), status)
-        return status
+    def _budget_warning(self) -> dict | None:
+        """The month's spend past 80% of the budget, as a warning (data), from the shared
+        reading (`budget()`: every stats poll of every session asks, and summing the month's
+        spend reads the whole store); None below 80% or without a budget."""
+        budget = self._budget()
+        if budget is None or budget["state"] == "ok":
+            return None
+        stop = budget["state"] == "over" and _stops_at_cap(budget)
+        return Warning(
+            WarningKind.BUDGET,
+            spent=budget["spent"],
+            budget=budget["budget"],
+            source=budget["source"],
+            action="stop" if stop else None,
+        ).to_dict()
 
     def _stop_at_cap(self, session_id: str) -> None:
         """The policy's monthly cap is spent and it says stop (`stop_at_monthly_cap`): stop the

@@ -47,6 +47,13 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS events_session ON events(session_id, seq);
+CREATE TABLE IF NOT EXISTS failed_hosts (
+    backend TEXT NOT NULL,
+    host TEXT NOT NULL,
+    at REAL NOT NULL,
+    error TEXT NOT NULL,
+    PRIMARY KEY (backend, host)
+);
 """
 
 
@@ -314,6 +321,40 @@ class Store:
                 (json.dumps(resource), now(), session_id),
             )
         return self.get(session_id)
+
+    # -- hosts a listing could not reach (remembered, so later listings do not wait on them) --
+
+    def host_failed(self, backend: str, host: str, error: str, at: float | None = None) -> None:
+        """A backend's host did not answer a listing (`gpusession workspaces`)."""
+        with self._write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO failed_hosts (backend, host, at, error) VALUES (?,?,?,?)",
+                (backend, host, now() if at is None else at, error),
+            )
+
+    def failed_hosts(self, backend: str | None = None) -> dict[tuple[str, str], tuple[float, str]]:
+        """(backend, host) -> (when it failed, why), of one backend or all."""
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT backend, host, at, error FROM failed_hosts"
+                + (" WHERE backend=?" if backend is not None else ""),
+                (backend,) if backend is not None else (),
+            ).fetchall()
+        return {(r["backend"], r["host"]): (r["at"], r["error"]) for r in rows}
+
+    def forget_hosts(self, backend: str | None = None, host: str | None = None) -> int:
+        """Ask those hosts again (all, a backend's, or one); returns how many were forgotten."""
+        where, args = [], []
+        for column, value in (("backend", backend), ("host", host)):
+            if value is not None:
+                where.append(f"{column}=?")
+                args.append(value)
+        with self._write() as db:
+            done = db.execute(
+                "DELETE FROM failed_hosts" + (" WHERE " + " AND ".join(where) if where else ""),
+                args,
+            )
+            return done.rowcount
 
     def note_user(self, session_id: str, owner: str, at: float) -> None:
         """Process `owner` (see owner_id) took up the session at `at` (`%gpu use`): kept in

@@ -101,10 +101,20 @@ def save_checkpoint(store: Store, record: "SessionRecord", session: "Session | N
 
 
 def list_all(
-    store: Store, backend_of: Callable[[str], "Backend"], skipped: list[str] | None = None
+    store: Store,
+    backend_of: Callable[[str], "Backend"],
+    skipped: list[str] | None = None,
+    *,
+    failed: list[dict] | None = None,
+    retry_hosts: bool = False,
 ) -> list[WorkspaceView]:
     """Every workspace the workspace backends keep, with the sessions that used each (`store`:
-    the records; `backend_of`: a backend by name, e.g. SessionManager.backend)."""
+    the records; `backend_of`: a backend by name, e.g. SessionManager.backend). `failed` gets
+    the hosts that did not answer this time ({backend, host, error}): remembered, they are not
+    asked again until `retry_hosts` forgets them all first."""
+    if retry_hosts:
+        store.forget_hosts()
+    before = store.failed_hosts()
     records = store.list()
     views = []
     for name in workspace_backends():
@@ -123,6 +133,12 @@ def list_all(
                     ws, [r.name for r in users], [r.name for r in users if r.state.active]
                 )
             )
+    if failed is not None:
+        failed.extend(
+            {"backend": backend, "host": host, "error": error}
+            for (backend, host), (_, error) in sorted(store.failed_hosts().items())
+            if (backend, host) not in before
+        )
     return views
 
 

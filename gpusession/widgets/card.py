@@ -18,7 +18,13 @@ from ..core.durations import format_duration, format_money
 from ..core.models import State
 from ..words.common import NEVER_RAN
 from ..words.spend import advice_line
-from ..words.status import RECORDED_WORDS, gpu_metric_text, placement_line, rate_text
+from ..words.status import (
+    RECORDED_WORDS,
+    gpu_metric_text,
+    placement_line,
+    rate_text,
+    recorded_words,
+)
 from ..words.stops import warning_texts
 
 KEEPALIVE = "1h"  # what the keep-alive button asks for (the sidebar's button does the same)
@@ -30,12 +36,19 @@ _STATE_COLORS = {
     "stopping": "#ef6c00",
 }
 WARN_STYLE = "color: #b45309; font-weight: bold"
+
+
 # the sidebar's "recorded" badge (labextension .gpusession-recorded): replayed GPU values
-RECORDED_BADGE = (
-    f'<span title="{html.escape(RECORDED_WORDS)}" style="padding: 0 6px; border: 1px dashed '
-    "var(--jp-warn-color1, #b45309); border-radius: 8px; font-size: 11px; text-transform: "
-    'uppercase; color: var(--jp-ui-font-color1, #333)">recorded</span>'
-)
+def recorded_badge(words: str = RECORDED_WORDS, label: str = "recorded") -> str:
+    """The badge, its title the words of where the values come from."""
+    return (
+        f'<span title="{html.escape(words)}" style="padding: 0 6px; border: 1px dashed '
+        "var(--jp-warn-color1, #b45309); border-radius: 8px; font-size: 11px; text-transform: "
+        f'uppercase; color: var(--jp-ui-font-color1, #333)">{html.escape(label)}</span>'
+    )
+
+
+RECORDED_BADGE = recorded_badge()
 
 # rows of text at 20 px instead of ipywidgets' 28 px input height: a card about as tall as the sidebar's;
 # the form's labels wide enough for "Max cost ($)" (ipywidgets cuts a label at 80 px)
@@ -157,6 +170,11 @@ class StatsView:
         samples = doc.get("samples") or []
         latest = samples[-1] if samples else None
         show(self.recorded, doc.get("source") == "recorded")
+        elsewhere = (doc.get("recording") or {}).get("of_this_type") is False  # another's GPUs
+        badge = (
+            recorded_badge(recorded_words(doc) or "", "recorded elsewhere") if elsewhere else None
+        )
+        self.recorded.value = badge or RECORDED_BADGE
         if not doc.get("gpus_visible"):
             html_text(
                 self.note,

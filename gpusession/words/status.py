@@ -164,6 +164,21 @@ RECORDED_WORDS = (
 )
 
 
+def recorded_words(stats: dict) -> str | None:
+    """Where replayed GPU values come from, for a stats document: None when they are live; a
+    recording of another type of GPU than the session's says so (issue 32 §5)."""
+    if stats.get("source") != "recorded":
+        return None
+    recording = stats.get("recording") or {}
+    if recording.get("of_this_type") is False:
+        return (
+            f"GPU values: recorded on another machine ({recording.get('gpu_count')} x "
+            f"{recording.get('gpu_name')}), replayed as this session's GPUs; not this session's "
+            "GPUs nor their type"
+        )
+    return RECORDED_WORDS
+
+
 def with_error_texts(sample: dict) -> dict:
     """A stats sample as the REST API serves it: each lost GPU's `error` (an NVML kind) said in
     words too, as `error_text`, so that the JupyterLab faces say what the others do."""
@@ -183,8 +198,9 @@ def status_lines(stats: dict, *, history: bool = False) -> list[str]:
     samples = stats.get("samples") or []
     latest = samples[-1] if samples else None
     lines: list[str] = []
-    if stats.get("source") == "recorded":
-        lines.append(f"  {RECORDED_WORDS}")
+    recorded = recorded_words(stats)
+    if recorded:
+        lines.append(f"  {recorded}")
     if not stats.get("gpus_visible"):
         lines.append(f"  {stats.get('message') or 'no NVIDIA GPU visible'}")
     if latest is not None:

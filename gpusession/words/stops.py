@@ -210,6 +210,14 @@ def error_text(exc: BaseException) -> str:
     return str(exc)
 
 
+def no_session_after_end(ended: str, *, said_above: bool = False) -> str:
+    """A cell that finds the current session ended: how it ended (its ended line, which says how
+    to resume when it saved), unless that line was just said in this same cell."""
+    if said_above:
+        return "no GPU session: it ended (said above); `%gpu start` a new one"
+    return f"no GPU session: {ended}; `%gpu start` a new one"
+
+
 def usage_error(message: str) -> str:
     """An argument parser's complaint, with what to write when a value starts with '-' (which
     argparse takes for a flag): 'argument --idle: expected one argument' -> ... --idle=-5m."""

@@ -159,6 +159,15 @@ def workspace_table(views: Iterable[Any]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
 
+def host_failed_line(item: dict, command: str = "gpusession workspaces") -> str:
+    """A host a workspace listing could not reach, said once: it is remembered and not asked
+    again (so no later listing waits on it) until forgotten with --retry-hosts."""
+    return (
+        f"skipped {item['backend']} host {item['host']}: {item['error']}; its workspaces are not "
+        f"listed, and later listings do not ask it again until `{command} --retry-hosts`"
+    )
+
+
 def orphaned_line(view: Any) -> str:
     """gc's report of a workspace whose sessions are all gone (it never deletes one)."""
     ws = view.workspace

@@ -57,10 +57,15 @@ export class GpuSessionClient {
 
   /** GET `sessions?history=N`: the live sessions and the N that ended last. */
   async listSessions(history = 0): Promise<SessionView[]> {
+    return (await this.listing(history)).sessions;
+  }
+
+  /** GET `sessions`: the sessions and the month's budget, read at one moment. */
+  async listing(history = 0): Promise<SessionListReply> {
     const query = history > 0 ? URLExt.objectToQueryString({ history: String(history) }) : '';
     const reply = await this._request<SessionListReply>('sessions' + query);
     expectArray(reply.sessions, 'sessions', 'sessions');
-    return reply.sessions;
+    return reply;
   }
 
   /** GET `sessions/<id>` */

@@ -114,6 +114,9 @@ export class GpuStatsView {
     }
     this._setNote(note, noteClass, detail);
     this._source.hidden = stats.source !== 'recorded';
+    const elsewhere = stats.recording?.of_this_type === false;
+    this._source.textContent = elsewhere ? 'recorded elsewhere' : 'recorded';
+    this._source.title = elsewhere && stats.source_text ? stats.source_text : RECORDED_TITLE;
 
     const metrics = stats.metrics;
     if (!metrics) {

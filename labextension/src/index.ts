@@ -18,12 +18,13 @@ import {
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
 
+import { SessionAlerts } from './alerts';
 import { errorMessage, GpuSessionClient } from './api';
 import { CHARTS_ID, GpuChartsView } from './charts';
 import { SessionListModel } from './model';
 import { GpuSessionPanel, PANEL_ID } from './panel';
 import { isLive } from './sessions';
-import { BudgetAlerts, SPEND_ID, SpendSection, SpendView } from './spend';
+import { SPEND_ID, SpendSection, SpendView } from './spend';
 import { askStop } from './stopdialog';
 import { GpuStatusItem } from './statusbar';
 import type { SessionView } from './types';
@@ -82,14 +83,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
       app.shell.activateById(SPEND_ID);
       void spend.load();
     };
-    const spendLine = new SpendSection(client, () => void app.commands.execute(SPEND_COMMAND));
+    const spendLine = new SpendSection(() => void app.commands.execute(SPEND_COMMAND));
     panel.node.querySelector('.gpusession-header')?.after(spendLine.node);
-    const alerts = new BudgetAlerts();
+    const alerts = new SessionAlerts((kind, text) =>
+      kind === 'warning'
+        ? Notification.warning(text, { autoClose: false })
+        : Notification.info(text, { autoClose: 10_000 })
+    );
     model.changed.connect(() => {
       alerts.see(model.sessions);
-      if (panel.isVisible) {
-        spendLine.refresh();
-      }
+      spendLine.show(model.budget, model.budgetLine);
     });
 
     const status = new GpuStatusItem(model, () => {

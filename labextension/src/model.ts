@@ -10,7 +10,14 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { errorMessage, GpuSessionClient } from './api';
 import { appendSamples, STATS_WINDOW_S } from './series';
 import { isStarting } from './sessions';
-import type { MetricView, Sample, SessionView, StatsIdle, StatsReply } from './types';
+import type {
+  BudgetView,
+  MetricView,
+  Sample,
+  SessionView,
+  StatsIdle,
+  StatsReply
+} from './types';
 
 /** How often the session list is fetched while the sidebar is shown, in ms. */
 export const LIST_INTERVAL_MS = 2000;
@@ -53,6 +60,16 @@ export class SessionListModel {
   /** Sessions as last fetched, in the server's order (live and ended). */
   get sessions(): readonly SessionView[] {
     return this._sessions;
+  }
+
+  /** The month's budget as last fetched with the sessions (null: none set). */
+  get budget(): BudgetView | null {
+    return this._budget;
+  }
+
+  /** The budget's line ("this month: $41.20 of the $50.00 ..."), or null. */
+  get budgetLine(): string | null {
+    return this._budgetLine;
   }
 
   /** Whether a fetch has ever succeeded. */
@@ -154,7 +171,10 @@ export class SessionListModel {
 
   private async _fetch(): Promise<void> {
     try {
-      this._sessions = await this.client.listSessions(this._history);
+      const reply = await this.client.listing(this._history);
+      this._sessions = reply.sessions;
+      this._budget = reply.budget ?? null;
+      this._budgetLine = reply.budget_line ?? null;
       this._loaded = true;
       this._error = null;
     } catch (error) {
@@ -172,6 +192,8 @@ export class SessionListModel {
   private readonly _watchers = new Map<symbol, boolean>();
   private _hurried = 0;
   private _sessions: SessionView[] = [];
+  private _budget: BudgetView | null = null;
+  private _budgetLine: string | null = null;
   private _loaded = false;
   private _error: string | null = null;
 }
@@ -207,6 +229,16 @@ export class SessionStatsModel {
   /** Where the GPU values come from: the driver, or a replayed recording. */
   get source(): StatsReply['source'] {
     return this._source;
+  }
+
+  /** A replay's recording (its GPU name, count, whether of the session's type). */
+  get recording(): StatsReply['recording'] {
+    return this._recording;
+  }
+
+  /** Where replayed values come from, in words (null when live). */
+  get source_text(): string | null {
+    return this._sourceText;
   }
 
   /** The agent's idle watchdog as last fetched, with when (browser ms). */
@@ -276,6 +308,8 @@ export class SessionStatsModel {
       this._gpusVisible = reply.gpus_visible;
       this._message = reply.message;
       this._source = reply.source;
+      this._recording = reply.recording ?? null;
+      this._sourceText = reply.source_text ?? null;
       this._idle = reply.idle ? { idle: reply.idle, at: Date.now() } : null;
       this._samples = appendSamples(this._samples, reply.samples, this.windowS);
       this._loaded = true;
@@ -294,6 +328,8 @@ export class SessionStatsModel {
   private _samples: readonly Sample[] = [];
   private _metrics: readonly MetricView[] | null = null;
   private _source: StatsReply['source'] = undefined;
+  private _recording: StatsReply['recording'] = null;
+  private _sourceText: string | null = null;
   private _idle: { idle: StatsIdle; at: number } | null = null;
   private _gpusVisible = true;
   private _message: string | null = null;

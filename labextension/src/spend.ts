@@ -6,11 +6,9 @@
  * as `gpusession report` prints them (format.ts mirrors
  * gpusession/words/spend.py).
  *
- * Also here: the sidebar's budget line with the button that opens the view,
- * and the one-time notification when a running session's month runs out of
- * budget (the server adds the warning to the session's view).
+ * Also here: the sidebar's budget line with the button that opens the view
+ * (its notifications are in alerts.ts).
  */
-import { Notification } from '@jupyterlab/apputils';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
@@ -18,14 +16,12 @@ import { errorMessage, GpuSessionClient } from './api';
 import { control, element, message, setText, showText } from './dom';
 import { formatMoney, reportCells } from './format';
 import { gpuIcon } from './icon';
-import type { BudgetView, ReportReply, ReportRow, SessionView } from './types';
+import type { BudgetView, ReportReply, ReportRow } from './types';
 
 export const SPEND_ID = 'gpusession-spend';
 /** The periods to choose from, as `--since` takes them. */
 export const SPEND_PERIODS: readonly string[] = ['7d', '30d', '90d'];
 const DAY_S = 86_400;
-/** How often the sidebar's budget line is fetched again while it is shown, in ms. */
-const BUDGET_REFRESH_MS = 30_000;
 /** The columns of the workspace table, as `gpusession report --by workspace` heads them. */
 const TABLE_HEADS = [
   'WORKSPACE',
@@ -323,12 +319,12 @@ export class SpendView extends Widget {
 
 /**
  * The sidebar's spend line: the month's spend against the budget when one
- * is set, and the button that opens the Spend view. Fetched when the sidebar
- * shows the session list, at most every `BUDGET_REFRESH_MS`.
+ * is set, and the button that opens the Spend view. It shows the budget that
+ * came with the session list (`SessionListModel.budget`), the same reading of
+ * the store as the cards' budget warnings: one figure, to the cent.
  */
 export class SpendSection {
-  constructor(client: GpuSessionClient, open: () => void) {
-    this._client = client;
+  constructor(open: () => void) {
     this.node = element('div', 'gpusession-spend-section');
     this.node.dataset.testid = 'gpusession-spend-section';
     const button = control('button', 'gpusession-open-spend');
@@ -342,51 +338,12 @@ export class SpendSection {
 
   readonly node: HTMLElement;
 
-  /** Fetch the month's budget again, unless it was fetched a moment ago. */
-  refresh(force = false): void {
-    const now = Date.now();
-    if (!force && now < this._next) {
-      return;
-    }
-    this._next = now + BUDGET_REFRESH_MS;
-    this._client
-      .getReport('1d', 'type')
-      .then(reply => {
-        const budget = reply.budget;
-        showText(this._line, reply.budget_line);
-        this._line.dataset.state = budget?.state ?? '';
-        this._line.title = budget ? `Set by ${budget.source}` : '';
-      })
-      .catch(() => {
-        // the session list shows the API's errors; this line just keeps its last value
-      });
+  /** Show the month's budget as the session list brought it. */
+  show(budget: BudgetView | null, line: string | null): void {
+    showText(this._line, line);
+    this._line.dataset.state = budget?.state ?? '';
+    this._line.title = budget ? `Set by ${budget.source}` : '';
   }
 
-  private readonly _client: GpuSessionClient;
-  private _next = 0;
   private readonly _line = control('div', 'gpusession-budget-line');
-}
-
-/**
- * One JupyterLab notification per session and budget level (80%, then all
- * of it) while the session runs: the server puts the warning's words in the
- * session's view (`budget_alert`).
- */
-export class BudgetAlerts {
-  see(sessions: readonly SessionView[]): void {
-    for (const view of sessions) {
-      const alert = view.budget_alert;
-      if (!alert || view.state !== 'running') {
-        continue;
-      }
-      const key = `${view.id}:${alert.level}`;
-      if (this._shown.has(key)) {
-        continue;
-      }
-      this._shown.add(key);
-      Notification.warning(`GPU session ${view.name}: ${alert.text}`, { autoClose: false });
-    }
-  }
-
-  private readonly _shown = new Set<string>();
 }

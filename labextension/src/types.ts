@@ -160,6 +160,11 @@ export interface SessionView {
  * (live sessions and the N that ended last). */
 export interface SessionListReply {
   sessions: SessionView[];
+  /** The month's spend against the budget, from the one reading of the store
+   * the cards' budget warnings use (null: no budget set). */
+  budget?: BudgetView | null;
+  /** "this month: $41.20 of the $50.00 monthly budget (82%)", or null. */
+  budget_line?: string | null;
 }
 
 /** A process using a GPU, item of `GpuSample.processes`. */
@@ -239,6 +244,15 @@ export interface StatsReply {
   /** Where the GPU values come from: "nvml" (the driver) or "recorded" (a
    * replay of values recorded from a driver, `--nvml-replay`). */
   source?: 'nvml' | 'recorded';
+  /** A replay's recording: its GPU name and count, and whether it is of the
+   * session's GPU type (false: recorded on another machine). */
+  recording?: {
+    gpu_name: string | null;
+    gpu_count: number;
+    of_this_type: boolean | null;
+  } | null;
+  /** Where replayed values come from, in words (null when live). */
+  source_text?: string | null;
   /** Seconds between samples. */
   interval_s?: number;
   idle?: StatsIdle;

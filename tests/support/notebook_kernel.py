@@ -70,6 +70,12 @@ class NotebookKernel:
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
+        self.elsewhere: list[tuple[str | None, dict]] = []  # (its cell's msg_id, content)
+
+    @property
+    def pid(self) -> int:
+        """The kernel's process (SIGSTOP freezes the notebook as a sleeping laptop does)."""
+        return self.km.provisioner.pid  # type: ignore[union-attr]
 
     def run(
         self,
@@ -80,8 +86,22 @@ class NotebookKernel:
     ) -> CellRun:
         """Run a cell; interrupt it (as the stop button does) `interrupt_after` seconds after it
         was sent, or as soon as `interrupt_when()` says so (asked every 0.1 s while it runs)."""
-        msg_id = self.kc.execute(code)
-        sent = time.monotonic()
+        return self.wait(self.send(code), timeout, interrupt_after, interrupt_when)
+
+    def send(self, code: str) -> tuple[str, float]:
+        """Send a cell (a frozen kernel finds it queued when it wakes); `wait` for its end."""
+        return self.kc.execute(code), time.monotonic()
+
+    def wait(
+        self,
+        sent_cell: tuple[str, float],
+        timeout: float = 120,
+        interrupt_after: float | None = None,
+        interrupt_when: Callable[[], bool] | None = None,
+    ) -> CellRun:
+        """The outputs and reply of a cell `send` sent. Outputs of other cells (a notice printed
+        under an older cell) are kept in `elsewhere`."""
+        msg_id, sent = sent_cell
         outputs: list[tuple[float, str, dict]] = []
         interrupted = False
         deadline = sent + timeout
@@ -96,9 +116,11 @@ class NotebookKernel:
                 msg = self.kc.get_iopub_msg(timeout=0.1)
             except queue.Empty:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"cell did not finish within {timeout}s: {code[:60]!r}")
+                    raise TimeoutError(f"cell did not finish within {timeout}s: {msg_id}")
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
+                if msg["msg_type"] in ("stream", "display_data", "error"):
+                    self.elsewhere.append((msg["parent_header"].get("msg_id"), msg["content"]))
                 continue
             kind = msg["msg_type"]
             if kind == "execute_input":

@@ -155,12 +155,15 @@ def engine_volumes(client, store_id_label: tuple[str, str]) -> list[tuple[str, s
 
 def list_on_engines(backend, session_label: str, store_label: str) -> list:
     """The docker backend's workspaces: on the local engine and on every remote engine a recorded
-    session used; `in_use_by`: the running containers that mount each."""
+    session used; `in_use_by`: the running containers that mount each. A remote engine that did
+    not answer once is remembered (`Recorder.host_failed`) and not asked again until forgotten
+    (`gpusession workspaces --retry-hosts`): a listing never waits on it twice."""
+    failed = backend.recorder.failed_hosts(backend.name)
     hosts = [""] + sorted(
         {
             r.spec.extra.get("host")
             for r in backend.recorder.sessions(backend.name)
-            if r.spec.extra.get("host")
+            if r.spec.extra.get("host") and r.spec.extra.get("host") not in failed
         }
     )
     found, reached = [], 0
@@ -173,7 +176,10 @@ def list_on_engines(backend, session_label: str, store_label: str) -> list:
                     filters={"label": [WORKSPACE_LABEL, session_label]}
                 )
         except Exception as exc:  # noqa: BLE001 - one engine never hides the others' workspaces
-            log.warning("workspaces: skipping Docker engine %s: %s", host or "(local)", exc)
+            if host:  # the face says it once, with how to ask it again
+                backend.recorder.host_failed(backend.name, host, str(exc) or type(exc).__name__)
+            else:
+                log.warning("workspaces: skipping the local Docker engine: %s", exc)
             continue
         reached += 1
         using: dict[str, list[str]] = {}

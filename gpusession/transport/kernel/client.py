@@ -115,6 +115,11 @@ class KernelClient:
             if msg["parent_header"].get("msg_id") == msg_id:
                 return msg
 
+    @property
+    def closed(self) -> bool:
+        """close() was called: its channels are gone, nothing can be sent on them."""
+        return self._closed
+
     def close(self) -> None:
         if self._closed:
             return
