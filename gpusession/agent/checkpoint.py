@@ -24,6 +24,7 @@ Python 3.9 syntax.
 
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
 import io
 import json
@@ -62,6 +63,7 @@ SAVE_READY = (
     "save-ready"  # the kernel's pid: its SIGUSR1 handler is installed (no mark: still starting)
 )
 RESTORE_RESULT = "restored.json"
+SYNC_THREADS = 16  # fsyncs waiting together at most (a save of many variables)
 
 
 class _OverCap(Exception):
@@ -127,11 +129,10 @@ def _unhide_restored(ip) -> None:
 
 
 def _dump(module, value, file: str, cap_bytes: int | None) -> int:
+    """One variable's pickle into `file`; its fsync comes with the commit's (_sync_all)."""
     with open(file, "wb") as f:
         capped = _CappedFile(f, cap_bytes)
         module.dump(value, capped, protocol=pickle.HIGHEST_PROTOCOL)
-        f.flush()
-        os.fsync(f.fileno())
     return capped.size
 
 
@@ -273,15 +274,27 @@ def _write_variable(
 
 
 def _commit(root: str, folder: str, path: str, manifest: dict, result: dict) -> dict:
-    """The checkpoint's index written in its folder, then the workspace's manifest replaced by it
-    under the lock, read back, and the other checkpoints removed; `result` says how it went."""
-    write_json(os.path.join(path, INDEX), manifest)
-    _sync_dir(path)
-    lock = os.open(os.path.join(root, LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
+    """The checkpoint's index written in its folder and the new manifest under a temporary name;
+    every file of the checkpoint, the index, that manifest and the folders naming them fsync'ed
+    at once (_sync_all: one journal commit for them all, not one each); then, under the lock, the
+    manifest replaced by it, the workspace's folder fsync'ed, the manifest read back, and the
+    other checkpoints removed; `result` says how it went. Nothing names the new folder before
+    all it holds is on disk; `committed` is said only once the replace is."""
+    index = os.path.join(path, INDEX)
+    write_json(index, manifest, sync=False)
+    staged = os.path.join(root, f"{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp")
+    write_json(staged, manifest, sync=False, replace=False)
+    files = [os.path.join(path, entry["file"]) for entry in manifest["variables"]]
+    try:
+        _sync_all([*files, index, staged, path, os.path.dirname(path)])
+        lock = os.open(os.path.join(root, LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
+    except BaseException:
+        _unlink(staged)
+        raise
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        write_json(os.path.join(root, MANIFEST), manifest)
-        _sync_dir(root)
+        os.replace(staged, os.path.join(root, MANIFEST))
+        _sync_all([root])
         missing = _not_landed(root, manifest)
         if missing:
             result["error"] = f"the checkpoint did not land ({missing})"
@@ -290,7 +303,15 @@ def _commit(root: str, folder: str, path: str, manifest: dict, result: dict) -> 
         _remove_others(root, folder)
     finally:
         os.close(lock)
+        _unlink(staged)  # gone already, unless the replace failed
     return result
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _not_landed(root: str, manifest: dict) -> str | None:
@@ -336,13 +357,25 @@ def _remove_others(root: str, keep: str) -> None:
                 os.close(fd)
 
 
-def _sync_dir(path: str) -> None:
-    """The folder's entries (their names) on disk: files are fsync'ed as they are written."""
+def _fsync(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _sync_all(paths: list) -> None:
+    """Every file's bytes and every folder's entries (their names) on disk, fsync'ed at once
+    from threads: the file system commits its journal once for those that wait together, where
+    one after another paid a commit (a disk flush, ~5 ms) each. Returns when all are; the first
+    error is raised."""
+    if len(paths) == 1:
+        _fsync(paths[0])
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(SYNC_THREADS, len(paths))) as pool:
+        for done in [pool.submit(_fsync, p) for p in paths]:
+            done.result()
 
 
 def _state_file(name: str) -> str | None:
