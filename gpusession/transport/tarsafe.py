@@ -116,10 +116,16 @@ class Extraction:
             temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
         )
         self.pending.append((temp, final))
-        with os.fdopen(fd, "wb") as out:
-            source = tar.extractfile(member)
-            if source is not None:
-                shutil.copyfileobj(source, out, COPY_BUFSIZE)
+        with os.fdopen(fd, "wb", buffering=0) as out:
+            if isinstance(tar.fileobj, ForwardReader) and member.isreg() and not member.sparse:
+                tar.fileobj.seek(member.offset_data)  # the bytes as they came: no copy here
+                for part in tar.fileobj.views(member.size):
+                    while part:  # a write to a file writes it all, or says why (ENOSPC)
+                        part = part[out.write(part) :]
+            else:
+                source = tar.extractfile(member)
+                if source is not None:
+                    shutil.copyfileobj(source, out, COPY_BUFSIZE)
             os.fchmod(out.fileno(), (member.mode & 0o755) | 0o600)
         os.utime(temp, (member.mtime, member.mtime))
         self.files += 1
@@ -200,6 +206,16 @@ class ForwardReader:
             parts.append(part)
             n -= len(part)
         return b"".join(parts)
+
+    def views(self, n: int):
+        """The next `n` bytes as views of the chunks they came in (valid until the next read);
+        OSError when the stream ends before them."""
+        while n and self._fill():
+            part = self._take(n)
+            n -= len(part)
+            yield part
+        if n:
+            raise OSError(f"the stream ended {n} bytes short of a file's end")
 
     def tell(self) -> int:
         return self._at
