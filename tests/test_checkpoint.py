@@ -325,6 +325,29 @@ def test_the_commit_names_the_new_checkpoint_only_once_all_it_holds_is_on_disk(
     assert ns == {"b": list(range(1000)), "c": "x" * 5000, "d": {"k": 2}}, report
 
 
+def _tidied() -> None:
+    """The old checkpoints go after a save answers (a thread of its own): wait for it."""
+    for thread in threading.enumerate():
+        if thread.name == "gpusession-tidy":
+            thread.join(30)
+
+
+def test_old_checkpoints_go_after_the_answer_but_never_a_folder_a_save_just_made(tmp_path):
+    """The race the removal after the answer opened (issue 35): a save's folder exists a moment
+    before its WRITING file is locked; a removal then must leave it. One left long ago goes."""
+    _save({"a": 1}, tmp_path)
+    base = tmp_path / ".gpusession" / "checkpoints"
+    just_made, long_ago = base / "20990101-000000-aaaaaaaa", base / "20000101-000000-bbbbbbbb"
+    just_made.mkdir()
+    long_ago.mkdir()
+    os.utime(long_ago, (time.time() - 3600, time.time() - 3600))
+    result = _save({"b": 2}, tmp_path)
+    _tidied()
+    assert sorted(p.name for p in base.iterdir()) == sorted([result["folder"], just_made.name])
+    ns, _ = _restore(tmp_path)
+    assert ns == {"b": 2}
+
+
 @pytest.mark.integration
 def test_a_second_live_session_on_a_workspace_is_refused(gs_home, manager):
     first = manager.start(

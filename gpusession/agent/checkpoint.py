@@ -24,7 +24,6 @@ Python 3.9 syntax.
 
 from __future__ import annotations
 
-import concurrent.futures
 import fcntl
 import io
 import json
@@ -63,6 +62,7 @@ SAVE_READY = (
     "save-ready"  # the kernel's pid: its SIGUSR1 handler is installed (no mark: still starting)
 )
 RESTORE_RESULT = "restored.json"
+YOUNG_S = 60.0  # a folder without its WRITING file this young may be a save's, just made
 SYNC_THREADS = 16  # fsyncs waiting together at most (a save of many variables)
 
 
@@ -278,7 +278,7 @@ def _commit(root: str, folder: str, path: str, manifest: dict, result: dict) -> 
     every file of the checkpoint, the index, that manifest and the folders naming them fsync'ed
     at once (_sync_all: one journal commit for them all, not one each); then, under the lock, the
     manifest replaced by it, the workspace's folder fsync'ed, the manifest read back, and the
-    other checkpoints removed; `result` says how it went. Nothing names the new folder before
+    other checkpoints removed after the answer (_tidy); `result` says how it went. Nothing names the new folder before
     all it holds is on disk; `committed` is said only once the replace is."""
     index = os.path.join(path, INDEX)
     write_json(index, manifest, sync=False)
@@ -300,11 +300,32 @@ def _commit(root: str, folder: str, path: str, manifest: dict, result: dict) -> 
             result["error"] = f"the checkpoint did not land ({missing})"
             return result
         result["committed"] = True
-        _remove_others(root, folder)
     finally:
         os.close(lock)
         _unlink(staged)  # gone already, unless the replace failed
+    # after the answer: the save says committed without waiting on the old folders' removal
+    # (not a daemon: a process that ends right after still finishes it)
+    threading.Thread(target=_tidy, args=(root,), name="gpusession-tidy").start()
     return result
+
+
+def _tidy(root: str) -> None:
+    """Under the lock: every checkpoint but the one the manifest names now goes (_remove_others);
+    a save committing meanwhile waits, so none removes a folder named after it."""
+    try:
+        lock = os.open(os.path.join(root, LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
+    except OSError:
+        return  # the workspace went: nothing to tidy
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            doc = load_manifest(os.path.join(root, MANIFEST))
+        except Damaged:
+            return  # a restore keeps it aside and says so; nothing is removed meanwhile
+        if doc is not None:
+            _remove_others(root, doc["folder"])
+    finally:
+        os.close(lock)
 
 
 def _unlink(path: str) -> None:
@@ -344,7 +365,9 @@ def _remove_others(root: str, keep: str) -> None:
         try:
             fd = os.open(os.path.join(folder, WRITING), os.O_RDONLY)
         except OSError:
-            fd = None  # an older layout, or a folder cut short before its first file
+            fd = None  # an older layout, a folder cut short before its first file, or one
+            if _young(folder):  # a save made a moment ago and is about to lock: left to it
+                continue
         try:
             if fd is not None:
                 try:
@@ -357,6 +380,13 @@ def _remove_others(root: str, keep: str) -> None:
                 os.close(fd)
 
 
+def _young(folder: str) -> bool:
+    try:
+        return time.time() - os.stat(folder).st_mtime < YOUNG_S
+    except OSError:
+        return False
+
+
 def _fsync(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -367,15 +397,27 @@ def _fsync(path: str) -> None:
 
 def _sync_all(paths: list) -> None:
     """Every file's bytes and every folder's entries (their names) on disk, fsync'ed at once
-    from threads: the file system commits its journal once for those that wait together, where
-    one after another paid a commit (a disk flush, ~5 ms) each. Returns when all are; the first
-    error is raised."""
-    if len(paths) == 1:
-        _fsync(paths[0])
-        return
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(SYNC_THREADS, len(paths))) as pool:
-        for done in [pool.submit(_fsync, p) for p in paths]:
-            done.result()
+    (the first here, the others from threads): the file system commits its journal once for
+    those that wait together, where one after another paid a commit (a disk flush) each.
+    Returns when all are; the first error is raised."""
+    errors: list = []
+
+    def sync(batch: list) -> None:
+        try:
+            for path in batch:
+                _fsync(path)
+        except BaseException as exc:  # noqa: BLE001 - raised by the caller
+            errors.append(exc)
+
+    batches = [paths[i::SYNC_THREADS] for i in range(min(SYNC_THREADS, len(paths)))]
+    threads = [threading.Thread(target=sync, args=(b,), daemon=True) for b in batches[1:]]
+    for thread in threads:
+        thread.start()
+    sync(batches[0])
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 
 def _state_file(name: str) -> str | None:
