@@ -17,7 +17,9 @@ says saved), then restored and compared. The floor is `numpy.save` of the same a
 file in DIR followed by `fsync` (we fsync: that is the honest floor); plain `numpy.save` (the
 page cache, no fsync) is printed beside it. Each figure: median / p99 / max seconds over the
 runs, MB/s of the medians, and ratios of throughputs (>= 0.8x against numpy.save + fsync is the
-target for the rate, from 100 MB up: below that the atomic commit's fixed cost, a few fsyncs, shows).
+target for the rate from 100 MB up, issue 35; from 1 KB to 1 MB, where the atomic commit's fixed cost
+shows, within 3x the floor's time). The machine's 1-minute load after each run is in the table;
+--busy runs one `yes > /dev/null` beside.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpusession.agent import checkpoint  # noqa: E402
-from stats import Stats, write_section  # noqa: E402
+from stats import Stats, busy_beside, load, load_span, write_section  # noqa: E402
 
 UNITS = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}  # 1024-based: 2GB is 2 GiB
 
@@ -72,15 +74,17 @@ def measure(size: int, runs: int, where: Path) -> dict:
     arr = np.resize(arr, size)  # random bytes (no file system compresses them away), cheaply
     ws = where / "ws"
     times: dict[str, list[float]] = {"ours": [], "numpy_fsync": [], "numpy": []}
+    loads = []
     for _ in range(runs):  # interleaved: the machine's load falls on all three alike
         times["numpy_fsync"].append(_numpy_save(arr, where / "floor.npy", sync=True))
         times["ours"].append(_ours(arr, ws))
         times["numpy"].append(_numpy_save(arr, where / "plain.npy", sync=False))
+        loads.append(load())
     ns: dict = {}
     report = checkpoint.restore(ns, str(ws))
     assert report["restored"] == ["a"] and np.array_equal(ns["a"], arr), report
     shutil.rmtree(ws)
-    return {k: Stats.of(v) for k, v in times.items()}
+    return dict({k: Stats.of(v) for k, v in times.items()}, loads=loads)
 
 
 def table(rows: list[tuple[str, int, dict]], runs: int, where: str) -> str:
@@ -89,16 +93,30 @@ def table(rows: list[tuple[str, int, dict]], runs: int, where: str) -> str:
         "medians; ratio: our throughput over the other's).",
         "",
         "| size | checkpoint.save | numpy.save + fsync (floor) | numpy.save (no fsync) | ours MB/s "
-        "| vs floor | vs plain numpy.save |",
-        "|---|---|---|---|---|---|---|",
+        "| vs floor | target | met | vs plain numpy.save | load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, size, s in rows:
         o, f, p = s["ours"], s["numpy_fsync"], s["numpy"]
+        aim, met = _target(size, f.median / o.median)
         lines.append(
             f"| {label} | {o.cell()} | {f.cell()} | {p.cell()} | "
-            f"{size / o.median / 1e6:.0f} | {f.median / o.median:.2f}x | {p.median / o.median:.2f}x |"
+            f"{size / o.median / 1e6:.0f} | {f.median / o.median:.2f}x | {aim} | {met} "
+            f"| {p.median / o.median:.2f}x | {load_span(s['loads'])} |"
         )
     return "\n".join(lines)
+
+
+def _target(size: int, ratio: float) -> tuple[str, str]:
+    """Issue 35: a save of 1 KB-1 MB within 3x numpy.save + fsync (a ratio >= 0.33x), from
+    100 MB up >= 0.9x; between them, no target."""
+    if size <= 1 << 20:
+        aim, floor = "<= 3x its time (>= 0.33x)", 1 / 3
+    elif size >= 100 << 20:
+        aim, floor = ">= 0.9x", 0.9
+    else:
+        return "", ""
+    return aim, "yes" if ratio >= floor else "**no**"
 
 
 SESSION_TESTS = {"local": "local_backend and not 2gb", "docker": "docker_engine", "aws": "on_aws"}
@@ -147,6 +165,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1KB,1MB,100MB,1GB,2GB")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary folder)")
+    ap.add_argument("--busy", action="store_true", help="one `yes > /dev/null` beside the runs")
     ap.add_argument(
         "--write", default=None, help="write the table into this markdown file (docs/benchmarks.md)"
     )
@@ -156,12 +175,21 @@ def main() -> None:
     where = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir))
     try:
         rows = []
-        for label in args.sizes.split(","):
-            size = parse_size(label)
-            rows.append((label, size, measure(size, args.runs, where)))
-            print(table(rows[-1:], args.runs, str(where)).splitlines()[-1], flush=True)
+        with busy_beside(args.busy):
+            _measure_all(args, rows, where)
     finally:
         shutil.rmtree(where, ignore_errors=True)
+    _say(args, rows)
+
+
+def _measure_all(args, rows: list, where: Path) -> None:
+    for label in args.sizes.split(","):
+        size = parse_size(label)
+        rows.append((label, size, measure(size, args.runs, where)))
+        print(table(rows[-1:], args.runs, str(where)).splitlines()[-1], flush=True)
+
+
+def _say(args, rows: list) -> None:
     text = table(
         rows,
         args.runs,
@@ -169,13 +197,12 @@ def main() -> None:
     )
     print(text)
     ok = all(
-        s["numpy_fsync"].median / s["ours"].median >= 0.8
+        _target(size, s["numpy_fsync"].median / s["ours"].median)[1] != "**no**"
         for _, size, s in rows
-        if size >= 100 << 20
     )
     print(
-        f"target >= 0.8x the rate of numpy.save + fsync from 100 MB up: {'met' if ok else 'NOT met'} (below, "
-        "the commit's fixed cost shows: fsyncs of the file, its folder, the manifest and the workspace's folder)"
+        "targets (1 KB-1 MB within 3x numpy.save + fsync, >= 0.9x from 100 MB up): "
+        + ("met" if ok else "NOT met")
     )
     if args.write:
         write_section(Path(args.write), "bench_checkpoint", text)

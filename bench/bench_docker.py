@@ -13,7 +13,9 @@
 3. with --remote (the namespace host of scripts/ci-remote-host.sh): the same round trip, a cell
    printing 50 MB and a raw 50 MB stream through our tunnel to the engine host's sshd, against
    OpenSSH `ssh -L` to the same sshd with the same key.
-Targets: warm start <= 1.15x the floor, round trip p99 <= 1.3x, throughput >= 0.5x OpenSSH.
+Targets: warm start <= 1.15x the floor on a quiet machine, <= 1.2x at load 3 and over (issue 35;
+the 1-minute load after each start is printed and said in the row; --busy: one `yes > /dev/null`
+beside), round trip p99 <= 1.3x, throughput >= 0.5x OpenSSH.
 The PyPI download of a site's wheels (once per Python version, per user) is not in the cold
 start; it is shown on its own.
 """
@@ -48,10 +50,11 @@ from gpusession.transport import bundle  # noqa: E402
 from gpusession.transport.kernel.client import KernelClient  # noqa: E402
 from gpusession.transport.pulls import format_bytes  # noqa: E402
 from openssh import free_port, ssh_forward  # noqa: E402
-from stats import Stats, report  # noqa: E402
+from stats import Stats, busy_beside, load, load_span, report  # noqa: E402
 
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 IMAGES = ("gpusession/cuda:ci", "gpusession-ci/py-bookworm")
+BUSY_LOAD = 3.0  # a median 1-minute load from here on is a loaded machine (issue 35: at load 4)
 MB50 = 50_000_000
 SERVE_50MB = (
     """
@@ -226,7 +229,7 @@ def starts(client, manager: SessionManager, runs: int) -> list[tuple]:
             progress=Progress(),
         )
         site = next((v for v, m in prepared.volumes.items() if m["bind"] == bundle.SITE_DIR), None)
-        floors, warms = [], []
+        floors, warms, loads = [], [], []
         for _ in range(runs):  # alternate, so both see the same machine state
             t, c, k = floor_start(client, image, site)
             floors.append(t)
@@ -235,6 +238,8 @@ def starts(client, manager: SessionManager, runs: int) -> list[tuple]:
             t, s = ours_start(manager, image)
             warms.append(t)
             s.stop()
+            loads.append(load())
+            print(f"  {image}: floor {floors[-1]:.2f} s, ours {t:.2f} s, load {loads[-1]:.2f}")
         for name in build.volumes():
             try:
                 client.volumes.get(name).remove(force=True)
@@ -249,14 +254,15 @@ def starts(client, manager: SessionManager, runs: int) -> list[tuple]:
             flush=True,
         )
         what = f"{image} ({python}{', no ipykernel' if site else ''})"
+        busy = statistics.median(loads) >= BUSY_LOAD  # issue 35: <= 1.2x at load 4, 1.15x quiet
         rows.append(
             (
-                f"start to first `1+1`, warm runtime cache: {what}",
+                f"start to first `1+1`, warm runtime cache: {what}; {load_span(loads)}",
                 warm.cell("s", 1),
                 f"{floor.cell('s', 1)} (bare docker run)",
                 paired,
-                "<= 1.15x",
-                paired <= 1.15,
+                "<= 1.2x (loaded)" if busy else "<= 1.15x (quiet)",
+                paired <= (1.2 if busy else 1.15),
             )
         )
         rows.append(
@@ -346,7 +352,13 @@ def main() -> int:
         "--remote", action="store_true", help="also the tunnel to the namespace host's engine"
     )
     ap.add_argument("--write", default=None, help="update the docker section of this markdown file")
+    ap.add_argument("--busy", action="store_true", help="one `yes > /dev/null` beside the runs")
     args = ap.parse_args()
+    with busy_beside(args.busy):
+        return _run(args)
+
+
+def _run(args) -> int:
     work = Path(tempfile.mkdtemp(prefix="gs-bench-"))
     os.environ["GPUSESSION_HOME"] = str(work)
     client = docker.from_env()

@@ -6,10 +6,13 @@ s.cell()  -> "8.51 / 60.2 / 71.0 ms, 33% > 2x direct"
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import re
 import statistics
+import subprocess
 from pathlib import Path
 
 
@@ -49,6 +52,34 @@ class Stats:
         if self.slow_share is not None:
             text += f", {self.slow_share:.0%} > 2x {base}"
         return text
+
+
+def load() -> float:
+    """The machine's 1-minute load average now (printed beside each run: a ratio measured on a
+    busy machine says so)."""
+    return os.getloadavg()[0]
+
+
+def load_span(values: list[float]) -> str:
+    """'load 2.1-4.3 on 2 cores' for the loads seen over some runs."""
+    low, high = min(values), max(values)
+    span = f"{low:.1f}" if round(low, 1) == round(high, 1) else f"{low:.1f}-{high:.1f}"
+    return f"load {span} on {os.cpu_count()} cores"
+
+
+@contextlib.contextmanager
+def busy_beside(on: bool):
+    """One busy CPU process (`yes > /dev/null`) beside the runs while `on`, as issue 35 measures;
+    killed on the way out."""
+    if not on:
+        yield
+        return
+    busy = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 def write_section(path: Path, name: str, body: str) -> None:

@@ -62,6 +62,8 @@ SAVE_READY = (
     "save-ready"  # the kernel's pid: its SIGUSR1 handler is installed (no mark: still starting)
 )
 RESTORE_RESULT = "restored.json"
+YOUNG_S = 60.0  # a folder without its WRITING file this young may be a save's, just made
+SYNC_THREADS = 16  # fsyncs waiting together at most (a save of many variables)
 
 
 class _OverCap(Exception):
@@ -127,11 +129,10 @@ def _unhide_restored(ip) -> None:
 
 
 def _dump(module, value, file: str, cap_bytes: int | None) -> int:
+    """One variable's pickle into `file`; its fsync comes with the commit's (_sync_all)."""
     with open(file, "wb") as f:
         capped = _CappedFile(f, cap_bytes)
         module.dump(value, capped, protocol=pickle.HIGHEST_PROTOCOL)
-        f.flush()
-        os.fsync(f.fileno())
     return capped.size
 
 
@@ -273,24 +274,65 @@ def _write_variable(
 
 
 def _commit(root: str, folder: str, path: str, manifest: dict, result: dict) -> dict:
-    """The checkpoint's index written in its folder, then the workspace's manifest replaced by it
-    under the lock, read back, and the other checkpoints removed; `result` says how it went."""
-    write_json(os.path.join(path, INDEX), manifest)
-    _sync_dir(path)
-    lock = os.open(os.path.join(root, LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
+    """The checkpoint's index written in its folder and the new manifest under a temporary name;
+    every file of the checkpoint, the index, that manifest and the folders naming them fsync'ed
+    at once (_sync_all: one journal commit for them all, not one each); then, under the lock, the
+    manifest replaced by it, the workspace's folder fsync'ed, the manifest read back, and the
+    other checkpoints removed after the answer (_tidy); `result` says how it went. Nothing names the new folder before
+    all it holds is on disk; `committed` is said only once the replace is."""
+    index = os.path.join(path, INDEX)
+    write_json(index, manifest, sync=False)
+    staged = os.path.join(root, f"{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp")
+    write_json(staged, manifest, sync=False, replace=False)
+    files = [os.path.join(path, entry["file"]) for entry in manifest["variables"]]
+    try:
+        _sync_all([*files, index, staged, path, os.path.dirname(path)])
+        lock = os.open(os.path.join(root, LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
+    except BaseException:
+        _unlink(staged)
+        raise
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        write_json(os.path.join(root, MANIFEST), manifest)
-        _sync_dir(root)
+        os.replace(staged, os.path.join(root, MANIFEST))
+        _sync_all([root])
         missing = _not_landed(root, manifest)
         if missing:
             result["error"] = f"the checkpoint did not land ({missing})"
             return result
         result["committed"] = True
-        _remove_others(root, folder)
     finally:
         os.close(lock)
+        _unlink(staged)  # gone already, unless the replace failed
+    # after the answer: the save says committed without waiting on the old folders' removal
+    # (not a daemon: a process that ends right after still finishes it)
+    threading.Thread(target=_tidy, args=(root,), name="gpusession-tidy").start()
     return result
+
+
+def _tidy(root: str) -> None:
+    """Under the lock: every checkpoint but the one the manifest names now goes (_remove_others);
+    a save committing meanwhile waits, so none removes a folder named after it."""
+    try:
+        lock = os.open(os.path.join(root, LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
+    except OSError:
+        return  # the workspace went: nothing to tidy
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            doc = load_manifest(os.path.join(root, MANIFEST))
+        except Damaged:
+            return  # a restore keeps it aside and says so; nothing is removed meanwhile
+        if doc is not None:
+            _remove_others(root, doc["folder"])
+    finally:
+        os.close(lock)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _not_landed(root: str, manifest: dict) -> str | None:
@@ -323,7 +365,9 @@ def _remove_others(root: str, keep: str) -> None:
         try:
             fd = os.open(os.path.join(folder, WRITING), os.O_RDONLY)
         except OSError:
-            fd = None  # an older layout, or a folder cut short before its first file
+            fd = None  # an older layout, a folder cut short before its first file, or one
+            if _young(folder):  # a save made a moment ago and is about to lock: left to it
+                continue
         try:
             if fd is not None:
                 try:
@@ -336,13 +380,44 @@ def _remove_others(root: str, keep: str) -> None:
                 os.close(fd)
 
 
-def _sync_dir(path: str) -> None:
-    """The folder's entries (their names) on disk: files are fsync'ed as they are written."""
+def _young(folder: str) -> bool:
+    try:
+        return time.time() - os.stat(folder).st_mtime < YOUNG_S
+    except OSError:
+        return False
+
+
+def _fsync(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _sync_all(paths: list) -> None:
+    """Every file's bytes and every folder's entries (their names) on disk, fsync'ed at once
+    (the first here, the others from threads): the file system commits its journal once for
+    those that wait together, where one after another paid a commit (a disk flush) each.
+    Returns when all are; the first error is raised."""
+    errors: list = []
+
+    def sync(batch: list) -> None:
+        try:
+            for path in batch:
+                _fsync(path)
+        except BaseException as exc:  # noqa: BLE001 - raised by the caller
+            errors.append(exc)
+
+    batches = [paths[i::SYNC_THREADS] for i in range(min(SYNC_THREADS, len(paths)))]
+    threads = [threading.Thread(target=sync, args=(b,), daemon=True) for b in batches[1:]]
+    for thread in threads:
+        thread.start()
+    sync(batches[0])
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 
 def _state_file(name: str) -> str | None:

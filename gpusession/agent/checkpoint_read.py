@@ -112,13 +112,18 @@ def read_manifest(workspace: str) -> dict | None:
         return None
 
 
-def write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+def write_json(path: str, data: dict, *, sync: bool = True, replace: bool = True) -> None:
+    """`data` into `path` under a temporary name, then renamed onto it; `sync`: fsync'ed before
+    the rename; `replace` False: written at `path` itself (a name nothing reads, the caller's
+    own temporary one)."""
+    tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp" if replace else path
     with open(tmp, "w") as f:
         json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+    if replace:
+        os.replace(tmp, path)
 
 
 def _aside(path: str) -> str:

@@ -16,7 +16,7 @@ import threading
 import zlib
 from typing import Any, Callable, Optional
 
-from ..transport.tarsafe import Extraction
+from ..transport.tarsafe import Extraction, ForwardReader, whole_seconds
 
 TAR_BUFSIZE = 1 << 20
 _DONE = object()
@@ -36,33 +36,18 @@ def inside(cwd: str, path: str, what: str) -> str:
 
 
 class _Pipe:
-    """A file object fed chunk by chunk from another thread (tarfile reads it as a stream)."""
+    """Chunks fed from another thread, read by tarfile as a file (`reader`: forward only)."""
 
     def __init__(self) -> None:
         self.chunks: "queue.Queue[Any]" = queue.Queue(maxsize=8)
-        self._buf = memoryview(b"")
+        self.reader = ForwardReader(self._next)
 
-    def read(self, n: int = -1) -> bytes:
-        if not self._buf:
-            chunk = self.chunks.get()
-            if chunk is _DONE:
-                self.chunks.put(_DONE)
-                return b""
-            if n < 0 or len(chunk) <= n:
-                return chunk  # a whole chunk: no copy
-            self._buf = memoryview(chunk)
-        out = bytearray()
-        while n < 0 or len(out) < n:
-            if not self._buf:
-                chunk = self.chunks.get()
-                if chunk is _DONE:
-                    self.chunks.put(_DONE)
-                    break
-                self._buf = memoryview(chunk)
-            take = len(self._buf) if n < 0 else min(n - len(out), len(self._buf))
-            out += self._buf[:take]
-            self._buf = self._buf[take:]
-        return bytes(out)
+    def _next(self) -> Any:
+        chunk = self.chunks.get()
+        if chunk is _DONE:
+            self.chunks.put(_DONE)
+            return None
+        return chunk
 
 
 class _Chunks:
@@ -112,8 +97,8 @@ class Upload:
 
     def _run(self) -> None:
         try:
-            with tarfile.open(fileobj=self.pipe, mode="r|", bufsize=TAR_BUFSIZE) as tar:
-                tar.copybufsize = TAR_BUFSIZE  # tarfile's 16 kB re-joins its whole buffer per read
+            with tarfile.open(fileobj=self.pipe.reader, mode="r:") as tar:
+                tar.copybufsize = TAR_BUFSIZE
                 self.extraction.run(tar)
         except Exception as exc:  # noqa: BLE001 - disk full, permissions, a cut stream: said, not raised
             self.error = f"cannot write the files in the session: {type(exc).__name__}: {exc}"
@@ -335,6 +320,7 @@ def open_download(cwd: str, paths: list, chunk: int) -> tuple[_Source, dict]:
         with tarfile.open(fileobj=sink, mode="w") as tar:
             tar.copybufsize = TAR_BUFSIZE
             for full in found:
-                tar.add(full, arcname=os.path.basename(full.rstrip(os.sep)) or ".")
+                name = os.path.basename(full.rstrip(os.sep)) or "."
+                tar.add(full, arcname=name, filter=whole_seconds)
 
     return _Source(chunk, make=make), {"size": total}

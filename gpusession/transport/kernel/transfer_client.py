@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from ...core.errors import BadInput, KernelDied, LinkLost, TransferStopped
 from ..pulls import format_bytes
-from ..tarsafe import Extraction
+from ..tarsafe import Extraction, ForwardReader, whole_seconds
 from .channel import CHUNK, WINDOW, Channel, Progress
 from .connection import Connection
 
@@ -203,7 +203,7 @@ def upload(
         with tarfile.open(fileobj=sender, mode="w") as tar:
             tar.copybufsize = TAR_BUFSIZE
             for full, name in files:
-                tar.add(full, arcname=name, recursive=False)
+                tar.add(full, arcname=name, recursive=False, filter=whole_seconds)
         result = sender.finish()
     return {
         "files": result.get("files", 0),
@@ -252,45 +252,20 @@ def download(
     }
 
 
-class _Feed:
-    """What tarfile's stream reads: the received chunks, whole when they fit (no copy); None in
-    `feed` ends it."""
-
-    def __init__(self, feed: queue.Queue):
-        self.feed = feed
-        self.rest = memoryview(b"")
-
-    def read(self, n: int = -1) -> "bytes | memoryview":
-        if not self.rest:
-            part = self.feed.get()
-            if part is None:
-                self.feed.put(None)
-                return b""
-            self.rest = memoryview(part)
-        if n < 0 or len(self.rest) <= n:
-            out, self.rest = self.rest, memoryview(b"")
-            return out
-        out, self.rest = (
-            self.rest[:n],
-            self.rest[n:],
-        )  # views: tarfile joins what it reads anyway
-        return out
-
-
 def _extract_as_it_arrives(feed: queue.Queue, extraction: Extraction, outcome: dict):
     """A started thread that extracts the tar stream the chunks in `feed` make; a failure to
     write here goes into `outcome["error"]` (the chunks are then read to the end, unused)."""
     import threading
 
     def extract() -> None:
+        reader = ForwardReader(feed.get)  # the chunks as they came; None in `feed` ends them
         try:
-            with tarfile.open(fileobj=_Feed(feed), mode="r|", bufsize=TAR_BUFSIZE) as tar:
-                tar.copybufsize = TAR_BUFSIZE  # tarfile's 16 kB re-joins its whole buffer per read
+            with tarfile.open(fileobj=reader, mode="r:") as tar:
+                tar.copybufsize = TAR_BUFSIZE
                 extraction.run(tar)
         except (OSError, tarfile.TarError) as exc:
             outcome["error"] = f"cannot write the files here: {exc}"
-            while feed.get() is not None:  # let the receiver finish
-                pass
+        reader.drain()  # the receiver never waits on a full queue (the end, or after a failure)
 
     worker = threading.Thread(target=extract, daemon=True, name="gpusession-download")
     worker.start()
