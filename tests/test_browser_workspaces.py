@@ -25,6 +25,7 @@ from support.labpanel import (
     Lab,
     low_contrast,
     open_lab,
+    open_more,
     open_sidebar,
     running_lab,
     screenshot_on_failure,
@@ -75,7 +76,8 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
         open_lab(page, lab, "workspaces")
         open_sidebar(page)
         panel = page.locator(PANEL)
-        # the form: Workspace and Resume with the local backend
+        # the form: Workspace and Resume with the local backend, under "More"
+        open_more(panel)
         sync_api.expect(panel.locator(".gpusession-workspace-input")).to_be_visible()
         # Resume is a pick list of the workspaces, not a text box
         pick = panel.locator(".gpusession-resume-select")

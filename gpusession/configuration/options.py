@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import functools
 import logging
+import re
 import sys
 from typing import Any, Callable, Iterable, Mapping
 
@@ -105,6 +106,7 @@ class StartOption:
         None  # a core row for the backends whose class has this flag (Backend.takes_host...)
     )
     hint: str | None = None  # an empty form field's text: the value's shape and unit (placeholder)
+    first: bool = False  # a first start needs it: shown at once in a form (the rest under "More")
 
     def __post_init__(self) -> None:
         assert self.kind in KINDS, self.kind
@@ -132,6 +134,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         config_default="default_type",
         spec_field="gpu_type",
         form=True,
+        first=True,
     ),
     StartOption(
         "backend",
@@ -143,6 +146,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         config_default="default_backend",
         spec_field="backend",
         form=True,
+        first=True,
     ),
     StartOption(
         "name",
@@ -257,7 +261,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         max_len=textvalues.MAX_NAME,
         reader=textvalues.workspace_name,
         form=True,
-        hint="a workspace its last session saved",
+        hint="a saved workspace",
     ),
     StartOption(
         "save_timeout",
@@ -666,8 +670,9 @@ _EMPTY_MEANS = {
 
 
 def placeholder(option: StartOption, default: Any = None) -> str:
-    """An empty field's text in both start forms (the sidebar's and `%gpu panel`'s): the value's
-    shape and unit, and its default: '90s, 15m, 1h30m, off · default 30m'."""
+    """An empty field's text in both start forms (the sidebar's and `%gpu panel`'s), short enough
+    for a 250 px sidebar: its default ('default 30m', 'default this machine'), else the value's
+    shape ('dollars, e.g. 5'); the shape is in the help under the field too (`form_help`)."""
     hint = option.hint or _HINTS.get(option.kind, "")
     if default not in (None, "", False):
         empty = str(default)
@@ -675,7 +680,18 @@ def placeholder(option: StartOption, default: Any = None) -> str:
         empty = _EMPTY_MEANS[option.name]
     else:
         empty = "off" if option.kind in ("duration", "money") else None
-    return " · ".join(part for part in (hint, empty and f"default {empty}") if part)
+    return f"default {empty}" if empty else hint
+
+
+_CONFIG_WORDS = re.compile(r",? or GpuSessionConfig\.\w+")
+
+
+def form_help(option: StartOption) -> str:
+    """The help a form shows under a field, in the user's words: what the value is and its shape,
+    without the config's trait names (the field's default already says the configured one)."""
+    text = _CONFIG_WORDS.sub("", option.help)
+    hint = option.hint or _HINTS.get(option.kind, "")
+    return text if hint in ("", "optional") or hint in text else f"{text} ({hint})"
 
 
 def form_defaults(config, backend_default: str) -> dict[str, Any]:
@@ -732,6 +748,8 @@ def options_document(
                 "choices": choices.get(o.kind, list(o.choices) if o.choices is not None else None),
                 "form": o.form,
                 "placeholder": placeholder(o, defaults.get(o.name, o.default)),
+                "form_help": form_help(o),
+                "first": o.first,
             }
             for o in table().options
         ],

@@ -59,7 +59,8 @@ export function rateText(view: SessionView): string {
 
 /** "$0.1234", or "$0.1234 of $5.00" with a cost cap. */
 export function costText(view: SessionView): string {
-  const cost = formatMoney(view.cost_so_far);
+  const note = view.cost_note ? ` (${view.cost_note})` : '';
+  const cost = formatMoney(view.cost_so_far) + note;
   return view.max_cost ? `${cost} of ${formatMoney(view.max_cost)}` : cost;
 }
 
