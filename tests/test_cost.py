@@ -232,4 +232,6 @@ def test_the_minimum_charge_is_said_while_it_applies():
     assert cost_text(dict(view, billed_s=0.0, cost_so_far=0.0)) == "$0.0000"  # not billed yet
     assert cost_text(dict(view, price_per_hour=0.0, cost_so_far=0.0)) == "$0.0000"  # free
     assert cost_text(dict(view, max_cost=5.0)) == "$0.0088 (60-second minimum) of $5.00"
-    assert rest_view(dict(view, idle={}))["cost_note"] == "60-second minimum"
+    assert rest_view(dict(view, idle={}))["cost_note"] == (
+        "the first minute is billed in full (60-second minimum)"
+    )

@@ -213,20 +213,23 @@ def timeline(record: SessionRecord) -> str:
     )
 
 
+MINIMUM_CHARGE = f"{MINIMUM_BILLED_S:.0f}-second minimum"
+
+
 def minimum_charge_note(view: dict) -> str | None:
-    """Said beside the cost while less than a minute is billed: the first minute costs in full
-    ('$0.0088, 1-minute minimum' at uptime 0s), else None."""
+    """Said with the cost while less than a minute is billed: the first minute costs in full
+    ('the first minute is billed in full (60-second minimum)' at uptime 0s), else None."""
     billed = view.get("billed_s")
     if billed is None or not 0 < billed < MINIMUM_BILLED_S or not view.get("price_per_hour"):
         return None
-    return f"{MINIMUM_BILLED_S:.0f}-second minimum"
+    return f"the first minute is billed in full ({MINIMUM_CHARGE})"
 
 
 def cost_text(view: dict) -> str:
-    """The cost so far, with the minimum charge while it applies, and the --max-cost bound."""
+    """The cost so far, with the minimum charge while it applies, and the --max-cost bound:
+    '$0.0088 (60-second minimum) of $5.00'."""
     cost = format_money(view["cost_so_far"])
-    note = minimum_charge_note(view)
-    cost += f" ({note})" if note else ""
+    cost += f" ({MINIMUM_CHARGE})" if minimum_charge_note(view) else ""
     return cost if not view.get("max_cost") else f"{cost} of {format_money(view['max_cost'])}"
 
 

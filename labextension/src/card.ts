@@ -99,6 +99,7 @@ export class SessionCard {
       this._switched,
       facts,
       this._priceNote,
+      this._costNote,
       this._idleWarning,
       this._cutSwitch,
       this._error,
@@ -150,6 +151,7 @@ export class SessionCard {
     setText(this._price, formatRate(view.price_per_hour));
     showText(this._priceNote, view.price_note);
     this._priceNote.title = view.price_note ? PRICE_NOTE_TITLE : '';
+    showText(this._costNote, view.cost_note ?? null);
     setText(this._cost, costText(view));
     this._showIdle();
     showText(this._idleWarning, final ? null : view.idle.warning);
@@ -331,6 +333,7 @@ export class SessionCard {
   private readonly _uptime = control('span', 'gpusession-uptime');
   /** Where the rate comes from, when no cloud bills it: "cloud rate, own hardware". */
   private readonly _priceNote = message('gpusession-price-note');
+  private readonly _costNote = message('gpusession-cost-note');
   private readonly _price = control('span', 'gpusession-price');
   private readonly _cost = control('span', 'gpusession-cost');
   private readonly _idle = control('span', 'gpusession-idle');

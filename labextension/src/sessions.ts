@@ -59,8 +59,7 @@ export function rateText(view: SessionView): string {
 
 /** "$0.1234", or "$0.1234 of $5.00" with a cost cap. */
 export function costText(view: SessionView): string {
-  const note = view.cost_note ? ` (${view.cost_note})` : '';
-  const cost = formatMoney(view.cost_so_far) + note;
+  const cost = formatMoney(view.cost_so_far);
   return view.max_cost ? `${cost} of ${formatMoney(view.max_cost)}` : cost;
 }
 

@@ -76,11 +76,6 @@ describe('facts of a card', () => {
     assert.equal(costText(session()), '$0.0158');
     assert.equal(costText(session({ cost_so_far: 1.5, max_cost: 5 })), '$1.50 of $5.00');
     assert.equal(costText(session({ max_cost: 0 })), '$0.0158'); // 0: no cap, as in Python
-    // the first minute costs in full: said while it applies (the server's words)
-    assert.equal(
-      costText(session({ cost_so_far: 0.0088, cost_note: '60-second minimum' })),
-      '$0.0088 (60-second minimum)'
-    );
   });
 
   test('idle stop: countdown, off, or a dash once ended', () => {
