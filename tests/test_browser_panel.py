@@ -116,7 +116,12 @@ def test_sidebar_start_live_values_and_stop(lab, page):
         open_lab(page, lab, "sidebar")
         open_sidebar(page)
         panel = page.locator(PANEL)
-        panel.locator(".gpusession-empty").wait_for(state="visible")
+        empty = panel.locator(".gpusession-empty")
+        empty.wait_for(state="visible")
+        # while there is none, two lines say what a session is, and point to setup
+        assert empty.locator("p").count() == 2
+        sync_api.expect(empty).to_contain_text("A session is a Python kernel on a GPU machine")
+        sync_api.expect(empty).to_contain_text("`gpusession setup`")
         # the form is built from GET options: the server's defaults (GPUSESSION_BACKEND=local)
         panel.locator(".gpusession-type-select option[value='t4']").wait_for(state="attached")
         sync_api.expect(panel.locator(".gpusession-backend-select")).to_have_value("local")

@@ -38,7 +38,7 @@ from ..core.models import LaunchSpec
 from ..core.protocol import DEFAULT_IDLE_S
 from . import metrics, registry
 from .agentargs import DEFAULT_SAVE_CAP, DEFAULT_SAVE_TIMEOUT_S
-from .settings import setting_value
+from .settings import default_host_for, setting_value
 
 # How a face names a field in messages.
 REST = "rest"  # 'idle'        (REST bodies; also the keyword of SessionManager.make_spec)
@@ -630,6 +630,7 @@ def build_spec(
         raw["type"] = config.default_type
     if raw.get("backend") is None:
         raw["backend"] = backend_default() if callable(backend_default) else backend_default
+        _default_place(raw, by_name)
     if "idle" not in raw:  # None stays: no idle stop
         raw["idle"] = config.default_idle
     for name, value in _setting_defaults(config, raw["backend"]).items():
@@ -651,6 +652,17 @@ def build_spec(
             spec.extra[name] = value
     spec.extra.update({k: v for k, v in values.items() if k not in by_name and v is not None})
     return spec
+
+
+def _default_place(raw: dict[str, Any], by_name: Mapping[str, StartOption]) -> None:
+    """The backend was not named: the default place's --host goes with it (`gpusession setup`'s
+    choice, or GPUSESSION_HOST), unless a --host was given."""
+    host = by_name.get("host")
+    if raw.get("host") or host is None or raw["backend"] not in (host.backends or ()):
+        return
+    found = default_host_for(str(raw["backend"]))
+    if found:
+        raw["host"] = found
 
 
 #: what an empty field of a kind shows when its row has no hint of its own
@@ -703,6 +715,8 @@ def form_defaults(config, backend_default: str) -> dict[str, Any]:
         if o.config_default and o.name != "backend"
     }
     found["backend"] = backend_default
+    if default_host_for(backend_default):
+        found["host"] = default_host_for(backend_default)
     for o in table().options:
         if o.setting and o.backends:
             found.update(_setting_defaults(config, o.backends[0], only=o.name))
