@@ -431,8 +431,10 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     # EC2 says terminated, its console the agent's last markers: recorded, then replaced
     third = manager.recover(second.id, lines.append)
     listed = _cli("list", "--all")
+    assert third.name == second.name, "the recovered session keeps its name"
     rows = [line for line in listed.stdout.splitlines() if line.split()[:1] == [second.name]]
-    assert len(rows) == 2 and any("interrupted, state saved" in r for r in rows), listed.stdout
+    (retired,) = [ln for ln in listed.stdout.splitlines() if ln.startswith(f"{second.name}~")]
+    assert len(rows) == 1 and "interrupted, state saved" in retired, listed.stdout
     ended = manager.get(second.id)
     assert ended.stop_reason.kind == StopKind.SPOT_INTERRUPTION, ended.stop_reason
     assert ended.resource["agent_summary"]["checkpoint"]["for"] == "spot-interruption"

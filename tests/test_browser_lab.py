@@ -206,7 +206,7 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
         sync_api.expect(failed).to_be_visible()
 
         # start again: the same kind of session (type, backend, idle) on the same workspace,
-        # named after it (broken-start ended, so the name is free)
+        # named after it (broken-start stays with the failed record: a name, one record)
         failed.locator(".gpusession-restart").click()
         again = panel.locator(".gpusession-list .gpusession-card")
         sync_api.expect(again).to_have_count(1)
@@ -214,7 +214,7 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
         name = again.get_attribute("data-session-name")
         record = manager.get(name)
         assert (
-            name == "broken-start"
+            name == "broken-start-2"
             and record.spec.extra.get("workspace") == "broken-start"
             and record.spec.gpu_type == "t4"
             and record.spec.backend == "local"

@@ -701,9 +701,7 @@ _CONFIG_WORDS = re.compile(r",? or GpuSessionConfig\.\w+")
 def form_help(option: StartOption) -> str:
     """The help a form shows under a field, in the user's words: what the value is and its shape,
     without the config's trait names (the field's default already says the configured one)."""
-    text = _CONFIG_WORDS.sub("", option.help)
-    hint = option.hint or _HINTS.get(option.kind, "")
-    return text if hint in ("", "optional") or hint in text else f"{text} ({hint})"
+    return _CONFIG_WORDS.sub("", option.help)
 
 
 def form_defaults(config, backend_default: str) -> dict[str, Any]:

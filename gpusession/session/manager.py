@@ -377,7 +377,10 @@ class SessionManager:
         spec = self.spec_from(values)
         if avoid_zone(record):
             spec.extra["avoid_zone"] = avoid_zone(record)
-        return self.start(spec, report)
+        session = self.start(spec, report)
+        # the user's session, back on new capacity: it keeps its name (the ended record retired)
+        session.record = self.store.hand_name_over(record.id, session.id)
+        return session
 
     # -- attach / look up ----------------------------------------------------------------
 
