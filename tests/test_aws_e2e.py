@@ -433,8 +433,11 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     listed = _cli("list", "--all")
     assert third.name == second.name, "the recovered session keeps its name"
     rows = [line for line in listed.stdout.splitlines() if line.split()[:1] == [second.name]]
-    (retired,) = [ln for ln in listed.stdout.splitlines() if ln.startswith(f"{second.name}~")]
-    assert len(rows) == 1 and "interrupted, state saved" in retired, listed.stdout
+    retired = [  # the switched-from record (mv~1) and the interrupted one (mv~2)
+        ln for ln in listed.stdout.splitlines() if ln.split()[:1] == [f"{second.name}~2"]
+    ]
+    assert len(rows) == 1 and len(retired) == 1, listed.stdout
+    assert "interrupted, state saved" in retired[0], listed.stdout
     ended = manager.get(second.id)
     assert ended.stop_reason.kind == StopKind.SPOT_INTERRUPTION, ended.stop_reason
     assert ended.resource["agent_summary"]["checkpoint"]["for"] == "spot-interruption"
