@@ -179,6 +179,15 @@ def test_setup_finds_the_engine_the_ssh_hosts_and_the_cloud(tmp_path):
         blocks.append(f"Host stranger\n    HostName {SLURM_LOGIN}\n    User root\n")
     _ssh_config(home, *blocks)
     (home / ".ssh" / "known_hosts").write_text(Path(remote["known_hosts"]).read_text())
+    # a docker context, as `docker context create far --docker host=...` keeps it: the slot's
+    # second engine by its socket; and a kubeconfig, with no backend installed for it
+    meta = home / ".docker" / "contexts" / "meta" / "0f1e"
+    meta.mkdir(parents=True)
+    (meta / "meta.json").write_text(
+        json.dumps({"Name": "far", "Endpoints": {"docker": {"Host": remote["docker_host_env"]}}})
+    )
+    (home / ".kube").mkdir()
+    (home / ".kube" / "config").write_text("apiVersion: v1\nkind: Config\n")
     env = dict(
         os.environ,
         HOME=str(home),
@@ -199,6 +208,10 @@ def test_setup_finds_the_engine_the_ssh_hosts_and_the_cloud(tmp_path):
     assert "no nvidia-smi" in box and " docker " in box and "has docker" in box, box
     assert box.startswith("("), "no GPU there: listed, not offered"
     assert "credentials: env" in rows["us-east-1"], done.stdout
+    far = rows[remote["docker_host_env"]]
+    assert far.startswith("(") and "docker context far" in far and "no nvidia runtime" in far, far
+    kube = rows[str(home / ".kube" / "config")]
+    assert "no gpusession backend for Kubernetes is installed" in kube, kube
     if slurm:
         assert "gpu:t4:2" in rows["ssh://login"] and " slurm " in rows["ssh://login"], done.stdout
         assert "not probed: host 10.210.0.10 is not in known_hosts" in rows["ssh://stranger"]
