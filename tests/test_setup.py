@@ -252,7 +252,7 @@ def test_a_first_start_on_an_engine_without_a_gpu_says_so_before_pulling(gs_home
     assert done.returncode == 1, done
     (line,) = done.stderr.strip().splitlines()
     assert line == (
-        "gpusession start: no backend was named, and the default (docker) cannot give a T4: "
+        "gpusession start: no backend was named, and the default (docker) cannot give 1 x T4: "
         "this machine's Docker engine gives containers no GPU (no nvidia runtime); nothing was "
         "pulled or started. Run `gpusession setup` to find where your GPUs are and make that "
         "the default, or name one with --backend (--backend local runs on this machine without "
@@ -266,3 +266,27 @@ def test_a_first_start_on_an_engine_without_a_gpu_says_so_before_pulling(gs_home
         timeout=60,
     )
     assert listed.returncode == 0 and "t4-1" not in listed.stdout, listed.stdout
+
+
+@pytest.mark.integration
+async def test_the_rest_api_refuses_the_same_default_before_anything_is_recorded(
+    jp_fetch, manager, monkeypatch
+):
+    """The sidebar's and a GPU kernel's face: POST sessions with no backend is a 400 with the
+    same line, and nothing is recorded."""
+    from tornado.httpclient import HTTPClientError
+
+    from support.hosts import docker_available
+
+    if not docker_available():
+        pytest.skip("no Docker engine")
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    with pytest.raises(HTTPClientError) as err:
+        await jp_fetch(
+            "gpusession", "api", "sessions", method="POST", body=json.dumps({"type": "a100"})
+        )
+    assert err.value.code == 400
+    message = json.loads(err.value.response.body)["message"]
+    assert "the default (docker) cannot give 1 x A100" in message, message
+    assert "nothing was pulled or started. Run `gpusession setup`" in message, message
+    assert manager.list() == []

@@ -198,8 +198,9 @@ class SessionManager:
         why = self.backend(spec.backend).cannot_give(spec)
         if why:
             raise BadInput(
-                f"no backend was named, and the default ({spec.backend}) cannot give a "
-                f"{spec.gpu_type.upper()}: {why}; nothing was pulled or started. Run `gpusession "
+                f"no backend was named, and the default ({spec.backend}) cannot give "
+                f"{spec.gpu_count} x {spec.gpu_type.upper()}: {why}; nothing was pulled or "
+                "started. Run `gpusession "
                 "setup` to find where your GPUs are and make that the default, or name one with "
                 "--backend (--backend local runs on this machine without a GPU)"
             )
