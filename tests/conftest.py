@@ -99,12 +99,21 @@ def pytest_runtest_protocol(item, nextitem):
     _running.pop()
 
 
+@pytest.fixture(autouse=True)
+def _no_user_settings(tmp_path_factory, monkeypatch) -> None:
+    """No test reads the machine's user settings file (`gpusession setup` writes it)."""
+    unset = tmp_path_factory.getbasetemp() / "no-user-settings.json"
+    monkeypatch.setenv("GPUSESSION_SETTINGS", str(unset))
+
+
 @pytest.fixture
 def gs_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "gshome"
     home.mkdir(mode=0o700)  # as gpusession makes it: an open one is warned about
     monkeypatch.setenv("GPUSESSION_HOME", str(home))
     monkeypatch.delenv("GPUSESSION_BACKEND", raising=False)
+    # the user's settings file (`gpusession setup`) is the test's own, never the machine's
+    monkeypatch.setenv("GPUSESSION_SETTINGS", str(tmp_path / "user-settings.json"))
     yield home
     _remove_workspace_volumes(home)
 

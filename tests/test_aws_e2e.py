@@ -402,10 +402,10 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     ), said
     assert said.index("saving the variables of mv") < said.index("moving volume"), said
     line = switch_line(report.to_dict())
-    assert line.startswith(f"switched mv -> {second.name} in "), line
+    assert second.name == "mv" and line.startswith("switched mv in "), line
     assert "moved 1 name(s) (kept)" in line and f"from aws {zone_a} to aws {zone_b})" in line, line
     old = manager.get(first.id)
-    assert old.state == State.STOPPED and f"switch to {second.name}" in str(old.events), old.events
+    assert old.state == State.STOPPED and "switch to 1 x a10g on aws" in str(old.events), old.events
     (vol_b,) = _volumes(look, "mv")
     assert vol_b["AvailabilityZone"] == zone_b and vol_b["VolumeId"] != vol_a
     ours = [{"Name": "tag:gpusession:store", "Values": [manager.store.store_id]}]
@@ -431,8 +431,13 @@ def test_a_switch_moves_the_workspace_to_another_zone_and_a_spot_recovery_prefer
     # EC2 says terminated, its console the agent's last markers: recorded, then replaced
     third = manager.recover(second.id, lines.append)
     listed = _cli("list", "--all")
+    assert third.name == second.name, "the recovered session keeps its name"
     rows = [line for line in listed.stdout.splitlines() if line.split()[:1] == [second.name]]
-    assert len(rows) == 2 and any("interrupted, state saved" in r for r in rows), listed.stdout
+    retired = [  # the switched-from record (mv~1) and the interrupted one (mv~2)
+        ln for ln in listed.stdout.splitlines() if ln.split()[:1] == [f"{second.name}~2"]
+    ]
+    assert len(rows) == 1 and len(retired) == 1, listed.stdout
+    assert "interrupted, state saved" in retired[0], listed.stdout
     ended = manager.get(second.id)
     assert ended.stop_reason.kind == StopKind.SPOT_INTERRUPTION, ended.stop_reason
     assert ended.resource["agent_summary"]["checkpoint"]["for"] == "spot-interruption"

@@ -32,6 +32,7 @@ from support.labpanel import (
     TIMEOUT_MS,
     Lab,
     open_lab,
+    open_more,
     open_sidebar,
     put_notebook,
     run_all_cells,
@@ -115,22 +116,35 @@ def test_sidebar_start_live_values_and_stop(lab, page):
         open_lab(page, lab, "sidebar")
         open_sidebar(page)
         panel = page.locator(PANEL)
-        panel.locator(".gpusession-empty").wait_for(state="visible")
+        empty = panel.locator(".gpusession-empty")
+        empty.wait_for(state="visible")
+        # while there is none, two lines say what a session is, and point to setup
+        assert empty.locator("p").count() == 2
+        sync_api.expect(empty).to_contain_text("A session is a Python kernel on a GPU machine")
+        sync_api.expect(empty).to_contain_text("`gpusession setup`")
         # the form is built from GET options: the server's defaults (GPUSESSION_BACKEND=local)
         panel.locator(".gpusession-type-select option[value='t4']").wait_for(state="attached")
         sync_api.expect(panel.locator(".gpusession-backend-select")).to_have_value("local")
         idle = panel.locator(".gpusession-idle-input")
         sync_api.expect(idle).to_have_value("30m")
+        # a first start's fields at once, the rest under "More"
+        assert not idle.is_visible()
+        open_more(panel)
+        sync_api.expect(idle).to_be_visible()
         assert not panel.locator(".gpusession-host-input").is_visible()  # docker only
         panel.locator(".gpusession-backend-select").select_option("docker")
         panel.locator(".gpusession-host-input").wait_for(state="visible")
         # each field says what it takes: its help under it, the served placeholder in it
         host = panel.locator(".gpusession-host-input")
-        assert host.get_attribute("placeholder") == "ssh://user@host[:port] · default this machine"
+        assert host.get_attribute("placeholder") == "default this machine"
+        assert not clipped(host), "its placeholder fits the sidebar"
         sync_api.expect(
             panel.locator('.gpusession-field[data-option="host"] .gpusession-field-help')
         ).to_contain_text("docker: a remote engine, ssh://user@host[:port]")
-        assert idle.get_attribute("placeholder") == "90s, 15m, 1h30m, off · default 30m"
+        assert idle.get_attribute("placeholder") == "default 30m"
+        sync_api.expect(
+            panel.locator('.gpusession-field[data-option="type"] .gpusession-field-help')
+        ).not_to_contain_text("GpuSessionConfig")
         if docker_available():
             check_image_field_and_a_failed_start(page, panel)
         panel.locator(".gpusession-type-select").select_option("t4")
@@ -139,6 +153,12 @@ def test_sidebar_start_live_values_and_stop(lab, page):
         idle.fill("soon")
         idle_error = panel.locator('.gpusession-field-error[data-option="idle"]')
         sync_api.expect(idle_error).to_contain_text("bad idle timeout 'soon'")
+        # Start with that field folded away under "More": the field is shown and focused
+        panel.locator(".gpusession-more-summary").click()
+        sync_api.expect(idle).to_be_hidden()
+        panel.locator(".gpusession-start-button").click()
+        sync_api.expect(idle).to_be_visible()
+        sync_api.expect(idle).to_be_focused()
         idle.fill("off")  # the notebook's "never"
         sync_api.expect(idle_error).to_be_hidden()
         idle.fill("1h")  # a countdown as wide as it gets ("59m55s"), and Keep alive applies
@@ -168,6 +188,12 @@ def test_sidebar_start_live_values_and_stop(lab, page):
         # the catalog's cloud rate, applied to this machine: the card says so
         assert card.locator(".gpusession-price-note").inner_text() == "cloud rate, own hardware"
         assert re.fullmatch(r"\$0\.\d{4}", card.locator(".gpusession-cost").inner_text())
+        # its first minute is billed in full: the card says so while it applies
+        cost_note = card.locator(".gpusession-cost-note")
+        sync_api.expect(cost_note).to_have_text(
+            "the first minute is billed in full (60-second minimum)"
+        )
+        assert not clipped(cost_note)
         idle_value = card.locator(".gpusession-idle")
         sync_api.expect(idle_value).to_have_text(re.compile(r"^(59m\d\ds|1h00m)$"))
         sync_api.expect(card.locator(".gpusession-keepalive")).to_be_visible()
@@ -218,7 +244,7 @@ def check_image_field_and_a_failed_start(page, panel) -> None:
     ran and cost $0. Screenshots in light and dark."""
     image = panel.locator(".gpusession-image-input")
     image.wait_for(state="visible")
-    assert image.get_attribute("placeholder").startswith("repo:tag")
+    assert image.get_attribute("placeholder").startswith("default ")
     offered = panel.locator(f'#gpusession-images-list option[value="{product_image()}"]')
     offered.wait_for(state="attached")
     assert offered.get_attribute("label").startswith(f"{product_image()} · ")

@@ -25,6 +25,7 @@ from support.labpanel import (
     Lab,
     low_contrast,
     open_lab,
+    open_more,
     open_sidebar,
     running_lab,
     screenshot_on_failure,
@@ -75,13 +76,18 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
         open_lab(page, lab, "workspaces")
         open_sidebar(page)
         panel = page.locator(PANEL)
-        # the form: Workspace and Resume with the local backend
+        # the form: Workspace and Resume with the local backend, under "More"
+        open_more(panel)
         sync_api.expect(panel.locator(".gpusession-workspace-input")).to_be_visible()
         # Resume is a pick list of the workspaces, not a text box
         pick = panel.locator(".gpusession-resume-select")
         sync_api.expect(pick).to_be_visible()
         sync_api.expect(pick.locator('option[value="ws-idle"]')).to_have_count(
             1, timeout=TIMEOUT_MS
+        )
+        # each says what it was, where, when it was saved and how big (issue 32)
+        sync_api.expect(pick.locator('option[value="ws-idle"]')).to_have_text(
+            re.compile(r"^ws-idle · T4 on local · saved \d+s ago · \d+ (bytes|kB)$")
         )
 
         item = panel.locator('.gpusession-history-item[data-session-name="ws-idle"]')
@@ -128,8 +134,8 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
             re.compile(r"^workspace ws-idle: restored 1 name\(s\) from \S+ ago: kept$")
         )
         record = manager.get(name)
-        # it keeps its workspace's name (ws-idle is free again: its session ended)
-        assert name == "ws-idle" and record.spec.extra.get("resume") == "ws-idle", record.spec
+        # named after its workspace; ws-idle stays with the ended session's record (issue 32)
+        assert name == "ws-idle-2" and record.spec.extra.get("resume") == "ws-idle", record.spec
         assert record.resource["restored"]["restored"] == ["kept"], record.resource.get("restored")
         assert manager.attach(name).run("assert kept == {'answer': 41}")["status"] == "ok"
         assert_readable(page)

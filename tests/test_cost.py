@@ -220,3 +220,18 @@ def test_args_for_carries_price_billing_start_and_limits():
     off = args_for(record([(State.REQUESTED, T0)], idle=None))
     ns = build_policy_args(off)
     assert ns.idle is None and ns.max_cost is None and ns.billed_since is None and not ns.gpu_only
+
+
+def test_the_minimum_charge_is_said_while_it_applies():
+    """At uptime 0 the cost is already a minute's: the card says why (issue 32)."""
+    from gpusession.words.status import cost_text, rest_view
+
+    view = {"cost_so_far": 0.0088, "billed_s": 3.0, "price_per_hour": 0.526, "max_cost": None}
+    assert cost_text(view) == "$0.0088 (60-second minimum)"
+    assert cost_text(dict(view, billed_s=61.0, cost_so_far=0.009)) == "$0.0090"
+    assert cost_text(dict(view, billed_s=0.0, cost_so_far=0.0)) == "$0.0000"  # not billed yet
+    assert cost_text(dict(view, price_per_hour=0.0, cost_so_far=0.0)) == "$0.0000"  # free
+    assert cost_text(dict(view, max_cost=5.0)) == "$0.0088 (60-second minimum) of $5.00"
+    assert rest_view(dict(view, idle={}))["cost_note"] == (
+        "the first minute is billed in full (60-second minimum)"
+    )

@@ -240,9 +240,10 @@ def _ctrl_c_during_start(notebook, nb_env) -> None:
     ]  # one line, not a traceback
     rec = _store(nb_env).get("cut-short")
     assert rec.state.value == "failed" and "interrupted" in (rec.error or "")
-    assert notebook.run("%gpu start --idle off --name cut-short").status == "ok", (
-        "the name must be free again"
-    )
+    # a name stays with its record, a failed one's too: the retry is told a free one
+    again = notebook.run("%gpu start --idle off --name cut-short")
+    assert again.status == "error" and "such as cut-short-2" in again.error["evalue"], again.text
+    assert notebook.run("%gpu start --idle off --name cut-short-2").status == "ok"
     notebook.run("%gpu stop")
 
 

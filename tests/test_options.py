@@ -290,6 +290,8 @@ def test_options_document():
             "choices",
             "form",
             "placeholder",
+            "form_help",
+            "first",
         }
     assert by_name["type"]["default"] == "a10g" and "h200" in by_name["type"]["choices"]
     assert by_name["backend"] == dict(
@@ -305,8 +307,18 @@ def test_options_document():
         "backends": None,
         "choices": None,
         "form": True,
-        "placeholder": by_name["idle"]["placeholder"],
+        "placeholder": "default 45m",
+        "form_help": by_name["idle"]["form_help"],
+        "first": False,
     }
+    # a form's words are the user's: no config names, and placeholders that fit 250 px
+    assert [o["name"] for o in doc["options"] if o["first"]] == ["type", "backend"]
+    for o in doc["options"]:
+        assert "GpuSessionConfig" not in o["form_help"], o
+        assert len(o["placeholder"]) <= 28, o
+    assert "GpuSessionConfig.default_type" in by_name["type"]["help"]  # --help keeps it
+    assert by_name["host"]["placeholder"] == "default this machine"
+    assert by_name["max_cost"]["placeholder"] == "default off"
     assert by_name["spot"]["default"] is False and by_name["spot"]["backends"] == ["aws"]
     assert (
         by_name["fallback"]["choices"] == ["off", "zone", "on-demand", "any"]

@@ -743,7 +743,8 @@ def test_a_switch_moves_a_slurm_session_to_another_gpu_type_then_to_docker(
     )
     said = "\n".join(lines)
     assert report.moved_bytes is None and "move:" not in said, said
-    assert f"stop: stopping mv (its successor {on_a100.name} answered)" in said, said
+    assert "stop: stopping mv's former capacity (the new one answered)" in said, said
+    assert on_a100.name == "mv", "a switched session keeps its name"
     assert report.restored["restored"] == ["kept"], report.restored
     assert node_of(cluster, on_a100.record.resource["job_id"]) == "n2"
     assert squeue(cluster, t4_job) == [] and manager.get(first.id).state == State.STOPPED

@@ -28,18 +28,68 @@ def test_transitions_are_recorded_with_times(tmp_path):
     assert store.get(rec.id).state == State.STOPPED
 
 
-def test_names_unique_among_active_sessions(tmp_path):
+def test_a_name_stays_with_its_record(tmp_path):
+    """A name is never reused while its record exists (a failed or stopped session's too), so
+    every command that takes a name finds exactly one record."""
     store = Store(tmp_path / "s.sqlite3")
     a = store.create(LaunchSpec(gpu_type="t4", name="exp"), price_per_hour=0)
-    with pytest.raises(BadInput, match="already active"):
+    with pytest.raises(
+        BadInput, match="already active; stop it or pick another name .exp-2 is free"
+    ):
         store.create(LaunchSpec(gpu_type="t4", name="exp"), price_per_hour=0)
     store.transition(a.id, State.STOPPED)
-    b = store.create(LaunchSpec(gpu_type="t4", name="exp"), price_per_hour=0)
-    assert store.get("exp").id == b.id
+    with pytest.raises(BadInput) as refused:
+        store.create(LaunchSpec(gpu_type="t4", name="exp"), price_per_hour=0)
+    assert str(refused.value) == (
+        "a session named 'exp' exists already (stopped; a name stays with its session so that "
+        "every command finds one): pick another name, such as exp-2"
+    )
+    assert store.get("exp").id == a.id
     with pytest.raises(UnknownSession):
         store.get("nope")
     with pytest.raises(BadInput, match="bad session name"):
         store.create(LaunchSpec(gpu_type="t4", name="has space"), price_per_hour=0)
+
+
+def test_names_are_unique_after_ten_failed_starts(tmp_path):
+    store = Store(tmp_path / "s.sqlite3")
+    for _ in range(10):
+        rec = store.create(LaunchSpec(gpu_type="t4"), price_per_hour=0)
+        store.transition(rec.id, State.FAILED, "no capacity", error="no capacity")
+    names = [r.name for r in store.list()]
+    assert sorted(names) == sorted(f"t4-{n}" for n in range(1, 11)), names
+    assert all(store.get(name).name == name for name in names)
+
+
+def test_a_name_that_older_records_share_is_refused_with_their_ids(tmp_path):
+    """A store written before names were kept unique may hold several ended records of one name:
+    a command taking that name is told their ids, never handed one of them at random."""
+    store = Store(tmp_path / "s.sqlite3")
+    first = store.create(LaunchSpec(gpu_type="t4", name="old"), price_per_hour=0)
+    store.transition(first.id, State.FAILED, "x", error="x")
+    second = store.create(LaunchSpec(gpu_type="t4", name="old-2"), price_per_hour=0)
+    store.transition(second.id, State.FAILED, "x", error="x")
+    with store._write() as db:  # as an earlier version left it
+        db.execute("UPDATE sessions SET name='old' WHERE id=?", (second.id,))
+    with pytest.raises(UnknownSession) as said:
+        store.get("old")
+    assert "2 ended sessions are named 'old'" in str(said.value)
+    assert first.id[:8] in str(said.value) and second.id[:8] in str(said.value)
+    assert store.get(second.id[:8]).id == second.id
+
+
+def test_a_switch_hands_the_name_over(tmp_path):
+    store = Store(tmp_path / "s.sqlite3")
+    old = store.create(LaunchSpec(gpu_type="t4", name="mine"), price_per_hour=0)
+    new = store.create(LaunchSpec(gpu_type="a100", extra={"resume": "mine"}), price_per_hour=0)
+    assert new.name == "mine-2"
+    store.transition(old.id, State.STOPPED)
+    taken = store.hand_name_over(old.id, new.id)
+    assert taken.name == "mine" and taken.spec.name == "mine" and taken.id == new.id
+    assert store.get(old.id).name == "mine~1" and store.get("mine").id == new.id
+    again = store.create(LaunchSpec(gpu_type="l4", extra={"resume": "mine"}), price_per_hour=0)
+    assert store.hand_name_over(new.id, again.id).name == "mine"
+    assert store.get(new.id).name == "mine~2"
 
 
 def test_a_session_on_a_workspace_is_named_after_it(tmp_path):
@@ -59,7 +109,7 @@ def test_a_session_on_a_workspace_is_named_after_it(tmp_path):
     )
     store.transition(resumed.id, State.STOPPED)
     again = store.create(LaunchSpec(gpu_type="t4", extra={"resume": "ux-nb"}), price_per_hour=0)
-    assert again.name == "ux-nb", "free again once it stopped"
+    assert again.name == "ux-nb-3", "a name stays with its record, a stopped one's too"
     assert store.create(LaunchSpec(gpu_type="t4"), price_per_hour=0).name == "t4-1"
 
 

@@ -84,7 +84,8 @@ def test_a_switch_between_this_engine_and_an_ssh_engine_keeps_arrays_and_files(
             and there.record.spec.gpu_type == "a100"
         )
         line = switch_line(report.to_dict())
-        assert line.startswith(f"switched sw1 -> {there.name} in "), line
+        assert there.name == "sw1", "a switched session keeps its name"
+        assert line.startswith("switched sw1 in "), line
         for name in ("a", "m", "blob", "digest", "np", "os", "hashlib"):
             assert name in report.restored["restored"] + report.restored["imports"], report.restored
         assert "the files of workspace sw1 (" in line and "to docker ssh://root@" in line, line
@@ -92,8 +93,9 @@ def test_a_switch_between_this_engine_and_an_ssh_engine_keeps_arrays_and_files(
         assert "now $2.7" in line and "(was $0.5" in line, line  # a100's rate, t4's before
         assert report.moved_bytes > 3 << 20  # the file, the checkpoint
         assert there.run(CHECK)["status"] == "ok"
-        ended = manager.get("sw1")
-        assert ended.state == State.STOPPED and f"switch to {there.name}" in str(
+        ended = manager.get(first.id)
+        assert ended.name == "sw1~1" and manager.get("sw1").id == there.id
+        assert ended.state == State.STOPPED and "switch to 1 x a100 on docker" in str(
             [e.detail for e in ended.events]
         ), ended.events
         assert not engine.containers.list(filters={"label": f"gpusession.session={first.id}"})
@@ -169,7 +171,7 @@ def test_the_magic_refuses_while_a_cell_runs_keeps_the_old_session_on_a_failed_s
         assert (
             "move: workspace from this machine's folder to docker (this machine's engine)" in text
         )
-        (line,) = [ln for ln in text.splitlines() if ln.startswith("switched lw -> ")]
+        (line,) = [ln for ln in text.splitlines() if ln.startswith("switched lw in ")]
         assert "moved 2 name(s) (x, time) and the files of workspace lw (" in line, line
         assert "now $2.7" in line and "(was $0.5" in line, line
         after = notebook.run("%%gpu\nimport os\nprint(x, open('notes.txt').read(), os.getuid())")
@@ -178,11 +180,13 @@ def test_the_magic_refuses_while_a_cell_runs_keeps_the_old_session_on_a_failed_s
         assert "1 x a100 on docker (image " in status.text and " - running" in status.text, (
             status.text
         )
-        ended = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3").get("lw")
+        store = Store(Path(nb_env["GPUSESSION_HOME"]) / "sessions.sqlite3")
+        ended = store.get("lw~1")  # the former capacity's record, under a retired name
         assert ended.state == State.STOPPED, ended.events
-        assert "stop requested by %gpu switch to lw-2" in [
+        assert store.get("lw").state == State.RUNNING, "the switched session keeps its name"
+        assert "stop requested by %gpu switch to 1 x a100 on docker" in [
             e.detail for e in ended.events
-        ]  # named after its workspace
+        ]
     finally:
         notebook.run("%gpu stop --all")
         _remove_volumes(engine, "lw")
@@ -251,11 +255,11 @@ async def test_the_rest_api_switches_a_session_and_says_what_is_wrong_with_a_bod
         assert err.value.code == status
         assert words in json.loads(err.value.response.body)["message"]
     doc = json.loads((await _post_switch(jp_fetch, "r1", {"type": "a100"})).body)
-    new = doc["session"]["name"]
+    assert doc["session"]["name"] == "r1", "a switched session keeps its name"
     assert doc["session"]["gpu_type"] == "a100" and doc["session"]["state"] == "running"
-    assert doc["line"].startswith(f"switched r1 -> {new} in ") and "(z)" in doc["line"]
+    assert doc["line"].startswith("switched r1 in ") and "(z)" in doc["line"]
     assert doc["report"]["restored"]["restored"] == ["z"]
-    assert manager.get("r1").state == State.STOPPED
+    assert manager.get("r1~1").state == State.STOPPED and manager.get("r1").id != session.id
 
 
 # -- a notebook follows a switch made elsewhere -----------------------------------------------------

@@ -92,6 +92,48 @@ class RemoteResource:
 
 
 @dataclasses.dataclass
+class Place:
+    """A place a session could run, as `Backend.discover` (or gpusession setup's SSH and
+    kubeconfig probes) found it: data, put into words by gpusession/words/setup.py."""
+
+    kind: str  # what was looked at: "this machine", "docker engine", "ssh host", "aws", ...
+    where: str  # the place in the user's words: "unix:///var/run/docker.sock", "ssh://gpu1"
+    gpus: str  # what GPUs it has, as found: "2 x Tesla T4", "none", "unknown"
+    backend: str | None  # the backend that would use it; None: none installed for it
+    usable: bool  # a GPU session can start there as it is
+    note: str = ""  # why not, or what else to know (one line)
+    host: str | None = None  # the --host a start there takes (a remote engine, a login node)
+
+
+PROBE_TIMEOUT_S = 4.0  # each probe's bound: a place that does not answer is listed as such
+
+
+def run_probe(cmd: list[str], timeout: float = PROBE_TIMEOUT_S) -> tuple[int, str]:
+    """Run a local command for a probe: (exit status, its output; the first line of what it
+    said when it failed). 127 when it cannot run or does not finish within `timeout`."""
+    import subprocess  # noqa: PLC0415 - only the probes of gpusession setup run commands here
+
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, str(exc)
+    text = (done.stdout or done.stderr).strip()
+    return done.returncode, text if done.returncode == 0 else (text.splitlines() or [""])[0]
+
+
+def gpu_words(listing: str) -> str:
+    """`nvidia-smi -L` lines ('GPU 0: Tesla T4 (UUID: ...)') as '2 x Tesla T4'; 'none'."""
+    names = [
+        line.split(":", 1)[1].split("(")[0].strip()
+        for line in listing.splitlines()
+        if line.startswith("GPU ") and ":" in line
+    ]
+    if not names:
+        return "none"
+    return ", ".join(f"{names.count(n)} x {n}" for n in dict.fromkeys(names))
+
+
+@dataclasses.dataclass
 class LocalImage:
     """An image a backend's machine already has: what the start forms offer for --image."""
 
@@ -327,12 +369,28 @@ class Backend(abc.ABC):
         self.recorder = recorder
 
     @classmethod
+    def discover(cls, timeout: float = PROBE_TIMEOUT_S) -> list[Place]:
+        """Called by `gpusession setup`: the places this backend finds where GPUs could be (this
+        machine's GPU, its engines, credentials, a cluster), each probed within about `timeout`
+        seconds. Creates nothing, costs nothing, never raises (a place that does not answer is a
+        Place that says so). The default: none."""
+        return []
+
+    @classmethod
     def available(cls, timeout: float = 2.0) -> bool:
         """Called by the session layer when no backend was named, to pick the default: can this
         backend serve here without more setup (an engine answers, nothing to install)? Answers
         within about `timeout` seconds, creates nothing, costs nothing, never raises.
         The default is False: such a backend is used only when named."""
         return False
+
+    def cannot_give(self, spec: "LaunchSpec") -> str | None:
+        """Called by the session layer before a start on a backend nobody named (the default
+        picked by `default_rank`): None when it can give `spec`'s GPUs, else why not, in a few
+        words ("this machine's Docker engine gives containers no GPU (no nvidia runtime)"), so
+        the start is refused before anything is pulled or paid for. Asks quickly, creates
+        nothing. The default: None (it says nothing it does not know)."""
+        return None
 
     def check(self, spec: "LaunchSpec") -> None:
         """Called before the session is recorded: raise BadInput / BackendUnavailable with an

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,7 +27,17 @@ from ..core.errors import StageError
 from ..core.models import KernelEndpoint, SessionRecord
 from ..core.progress import Progress
 from ..core.protocol import ENV_SESSION_ID, StopDetails
-from .base import Backend, Link, RemoteResource, Workspace, WorkspaceExport, log_tail
+from .base import (
+    Backend,
+    Link,
+    Place,
+    RemoteResource,
+    Workspace,
+    WorkspaceExport,
+    gpu_words,
+    log_tail,
+    run_probe,
+)
 
 
 class LocalLink(Link):
@@ -73,6 +84,16 @@ class LocalBackend(Backend):
     def available(cls, timeout: float = 2.0) -> bool:
         """Always: it needs nothing but this Python."""
         return True
+
+    @classmethod
+    def discover(cls, timeout: float = 4.0) -> list[Place]:
+        """This machine's NVIDIA GPUs, as nvidia-smi lists them."""
+        if shutil.which("nvidia-smi") is None:
+            return [Place("this machine", "this machine", "none", cls.name, False, "no nvidia-smi")]
+        rc, out = run_probe(["nvidia-smi", "-L"], timeout)
+        gpus = gpu_words(out) if rc == 0 else "none"
+        note = "" if rc == 0 else f"nvidia-smi failed: {out[:100]}"
+        return [Place("this machine", "this machine", gpus, cls.name, gpus != "none", note)]
 
     @classmethod
     def workspace_where(cls, place: str) -> str:

@@ -38,7 +38,7 @@ from ..core.models import LaunchSpec
 from ..core.protocol import DEFAULT_IDLE_S
 from . import metrics, registry
 from .agentargs import DEFAULT_SAVE_CAP, DEFAULT_SAVE_TIMEOUT_S
-from .settings import setting_value
+from .settings import default_host_for, setting_value
 
 # How a face names a field in messages.
 REST = "rest"  # 'idle'        (REST bodies; also the keyword of SessionManager.make_spec)
@@ -109,6 +109,7 @@ class StartOption:
         None  # a core row for the backends whose class has this flag (Backend.takes_host...)
     )
     hint: str | None = None  # an empty form field's text: the value's shape and unit (placeholder)
+    first: bool = False  # a first start needs it: shown at once in a form (the rest under "More")
 
     def __post_init__(self) -> None:
         assert self.kind in KINDS, self.kind
@@ -137,6 +138,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         config_default="default_type",
         spec_field="gpu_type",
         form=True,
+        first=True,
     ),
     StartOption(
         "backend",
@@ -148,6 +150,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         config_default="default_backend",
         spec_field="backend",
         form=True,
+        first=True,
     ),
     StartOption(
         "name",
@@ -262,7 +265,7 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         max_len=textvalues.MAX_NAME,
         reader=textvalues.workspace_name,
         form=True,
-        hint="a workspace its last session saved",
+        hint="a saved workspace",
     ),
     StartOption(
         "save_timeout",
@@ -687,6 +690,7 @@ def build_spec(
         raw["type"] = config.default_type
     if raw.get("backend") is None:
         raw["backend"] = backend_default() if callable(backend_default) else backend_default
+        _default_place(raw, by_name)
     if "idle" not in raw:  # None stays: no idle stop
         raw["idle"] = config.default_idle
     for name, value in _setting_defaults(config, raw["backend"]).items():
@@ -723,6 +727,17 @@ def build_spec(
     return spec
 
 
+def _default_place(raw: dict[str, Any], by_name: Mapping[str, StartOption]) -> None:
+    """The backend was not named: the default place's --host goes with it (`gpusession setup`'s
+    choice, or GPUSESSION_HOST), unless a --host was given."""
+    host = by_name.get("host")
+    if raw.get("host") or host is None or raw["backend"] not in (host.backends or ()):
+        return
+    found = default_host_for(str(raw["backend"]))
+    if found:
+        raw["host"] = found
+
+
 #: what an empty field of a kind shows when its row has no hint of its own
 _HINTS = {
     "duration": "15m, 2h, off",
@@ -740,8 +755,9 @@ _EMPTY_MEANS = {
 
 
 def placeholder(option: StartOption, default: Any = None) -> str:
-    """An empty field's text in both start forms (the sidebar's and `%gpu panel`'s): the value's
-    shape and unit, and its default: '90s, 15m, 1h30m, off · default 30m'."""
+    """An empty field's text in both start forms (the sidebar's and `%gpu panel`'s), short enough
+    for a 250 px sidebar: its default ('default 30m', 'default this machine'), else the value's
+    shape ('dollars, e.g. 5'); the shape is in the help under the field too (`form_help`)."""
     hint = option.hint or _HINTS.get(option.kind, "")
     if default not in (None, "", False):
         empty = str(default)
@@ -749,7 +765,16 @@ def placeholder(option: StartOption, default: Any = None) -> str:
         empty = _EMPTY_MEANS[option.name]
     else:
         empty = "off" if option.kind in ("duration", "money") else None
-    return " · ".join(part for part in (hint, empty and f"default {empty}") if part)
+    return f"default {empty}" if empty else hint
+
+
+_CONFIG_WORDS = re.compile(r",? or GpuSessionConfig\.\w+")
+
+
+def form_help(option: StartOption) -> str:
+    """The help a form shows under a field, in the user's words: what the value is and its shape,
+    without the config's trait names (the field's default already says the configured one)."""
+    return _CONFIG_WORDS.sub("", option.help)
 
 
 def form_defaults(config, backend_default: str) -> dict[str, Any]:
@@ -761,6 +786,8 @@ def form_defaults(config, backend_default: str) -> dict[str, Any]:
         if o.config_default and o.name != "backend"
     }
     found["backend"] = backend_default
+    if default_host_for(backend_default):
+        found["host"] = default_host_for(backend_default)
     for o in table().options:
         if o.setting and o.backends:
             found.update(_setting_defaults(config, o.backends[0], only=o.name))
@@ -806,6 +833,8 @@ def options_document(
                 "choices": choices.get(o.kind, list(o.choices) if o.choices is not None else None),
                 "form": o.form,
                 "placeholder": placeholder(o, defaults.get(o.name, o.default)),
+                "form_help": form_help(o),
+                "first": o.first,
             }
             for o in table().options
         ],

@@ -193,9 +193,94 @@ def check_env() -> None:
     reconnect_give_up()
 
 
+#: the user's own settings, written by `gpusession setup`: one JSON object, read by every face
+#: (the CLI, the magics, the server) under the env vars and over the built-in values
+USER_SETTINGS_ENV = "GPUSESSION_SETTINGS"
+USER_SETTINGS_KEYS = ("default_backend", "default_host")  # what setup writes
+
+
+def user_settings_path() -> Path:
+    """GPUSESSION_SETTINGS, else $XDG_CONFIG_HOME/gpusession/settings.json (~/.config/...)."""
+    named = os.environ.get(USER_SETTINGS_ENV, "").strip()
+    if named:
+        return Path(named).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME", "").strip() or str(Path.home() / ".config")
+    return Path(base) / "gpusession" / "settings.json"
+
+
+def user_settings() -> dict[str, str]:
+    """The user's settings file, {} when there is none; ConfigError naming it when unreadable."""
+    import json
+
+    path = user_settings_path()
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError(
+            f"your gpusession settings {path} cannot be read ({why}): fix or remove it, or run "
+            "`gpusession setup` again"
+        ) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"your gpusession settings {path} must hold a JSON object: remove it")
+    return {k: str(v) for k, v in raw.items() if k in USER_SETTINGS_KEYS}
+
+
+def write_user_settings(values: dict[str, str]) -> Path:
+    """Merge `values` into the user's settings file (made 0600); returns its path."""
+    import json
+
+    path = user_settings_path()
+    merged = dict(user_settings(), **values)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(merged, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+HOST_ENV = "GPUSESSION_HOST"
+
+
+def default_host_for(backend: str) -> str:
+    """The --host a start on `backend` takes when the backend was not named (the default place
+    `gpusession setup` chose: a remote engine, a login node): GPUSESSION_HOST, else the settings
+    file's default_host when its default_backend is that backend; '' for none. No trait: it goes
+    with the default backend, which a face's own setting may change."""
+    named = os.environ.get(HOST_ENV, "").strip()
+    if named:
+        return _checked_host(named, HOST_ENV)
+    mine = user_settings()
+    if mine.get("default_backend", "").strip().lower() != backend or not mine.get("default_host"):
+        return ""
+    return _checked_host(mine["default_host"], str(user_settings_path()))
+
+
+def _checked_host(text: str, where: str) -> str:
+    from ..core.textvalues import ssh_host
+
+    try:
+        return ssh_host(text)
+    except BadInput as exc:
+        raise ConfigError(f"{where}: default_host: {exc}") from None
+
+
 def env_setting(name: str):
-    """Setting `name` from its env var, else its built-in value; ConfigError names a bad var."""
+    """Setting `name` from its env var, else the user's settings file (`gpusession setup`), else
+    its built-in value; ConfigError names a bad var or file."""
     var, parse, builtin = ENV_SETTINGS[name]
+    if not os.environ.get(var, "").strip() and name in USER_SETTINGS_KEYS:
+        mine = user_settings().get(name, "").strip()
+        if mine:
+            try:
+                return parse(mine)
+            except (BadInput, ValueError) as exc:
+                raise ConfigError(f"{user_settings_path()}: {name}: {exc}") from None
     return _from_env(var, parse, builtin())
 
 

@@ -332,7 +332,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(notebook=args.notebook, backend=args.backend, out=args.out)
 
 
+def cmd_setup(args: argparse.Namespace) -> int:
+    """Look for where GPUs are, say it in one table, and write the chosen place as the default."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
+    from ..configuration.settings import write_user_settings
+    from ..core.errors import BadInput
+    from ..session.discovery import discover
+    from ..words.setup import chosen_line, places_table, setup_summary
+
+    print("looking for GPUs: this machine, Docker engines, ~/.ssh/config, AWS, Slurm, kubeconfig")
+    places = discover()
+    print(places_table(places))
+    if args.choose is None:
+        print(setup_summary(places))
+        return 0
+    if not 1 <= args.choose <= len(places):
+        raise BadInput(f"--choose takes a number from 1 to {len(places)} (the table's #)")
+    place = places[args.choose - 1]
+    if place.backend is None:
+        raise BadInput(f"no installed backend runs sessions on {place.where}: choose another")
+    if not args.yes:
+        answer = input(f"make {place.backend} ({place.where}) your default? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing written")
+            return 1
+    path = write_user_settings({"default_backend": place.backend, "default_host": place.host or ""})
+    print(chosen_line(place, str(path)))
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "setup": cmd_setup,
     "list": cmd_list,
     "types": cmd_types,
     "stop": cmd_stop,
@@ -406,6 +436,13 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     parsed (what `main` does: the table imports every backend); else at once."""
     p = _Parser(prog="gpusession", description="GPU sessions for notebooks")
     sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser(
+        "setup",
+        help="find where GPUs are (this machine, Docker engines, SSH hosts, AWS, Slurm, "
+        "kubeconfig) and make one the default",
+    )
+    s.add_argument("--choose", type=int, metavar="N", help="make place N of the table the default")
+    s.add_argument("--yes", action="store_true", help="do not ask before writing the choice")
     _add_listings(sub)
     _add_lifecycle(sub, lazy)
     _add_session_views(sub)

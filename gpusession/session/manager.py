@@ -35,6 +35,7 @@ from ..configuration.registry import (
 )
 from ..configuration.settings import load_policy
 from ..core.errors import (
+    BadInput,
     GpuSessionError,
     KernelDied,
     OverBudget,
@@ -155,12 +156,20 @@ class SessionManager:
         each field in the words of `face`: options.REST, FLAGS or FORM): the option table's rules
         (gpusession/configuration/options.py), with this manager's config for defaults. An option left out
         takes its default."""
+        picked: list[str] = []  # the backend nobody named, picked by `default_rank`
+
+        def backend_default() -> str:
+            name = default_backend_name(self.config)
+            if not self.config.default_backend:
+                picked.append(name)
+            return name
+
         spec = options.build_spec(
             values,
             config=self.config,
             catalog=self.catalog,
             backends=backend_names(),
-            backend_default=lambda: default_backend_name(self.config),
+            backend_default=backend_default,
             face=face,
         )
         files.check_start_tree(
@@ -180,7 +189,22 @@ class SessionManager:
             and load_backend_class(spec.backend).agent_beside_us
         ):
             spec.extra["nvml_replay"] = replay
+        if picked:
+            self._check_picked(spec)
         return spec
+
+    def _check_picked(self, spec: LaunchSpec) -> None:
+        """A backend nobody chose must be able to give the type asked, said before anything is
+        pulled (a first run on a machine with a Docker engine and no GPU)."""
+        why = self.backend(spec.backend).cannot_give(spec)
+        if why:
+            raise BadInput(
+                f"no backend was named, and the default ({spec.backend}) cannot give "
+                f"{spec.gpu_count} x {spec.gpu_type.upper()}: {why}; nothing was pulled or "
+                "started. Run `gpusession "
+                "setup` to find where your GPUs are and make that the default, or name one with "
+                "--backend (--backend local runs on this machine without a GPU)"
+            )
 
     # -- start ---------------------------------------------------------------------------
 
@@ -364,7 +388,10 @@ class SessionManager:
         spec = self.spec_from(values)
         if avoid_zone(record):
             spec.extra["avoid_zone"] = avoid_zone(record)
-        return self.start(spec, report)
+        session = self.start(spec, report)
+        # the user's session, back on new capacity: it keeps its name (the ended record retired)
+        session.record = self.store.hand_name_over(record.id, session.id)
+        return session
 
     # -- attach / look up ----------------------------------------------------------------
 

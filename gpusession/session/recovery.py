@@ -33,13 +33,12 @@ def wants_recovery(record: SessionRecord) -> bool:
 
 def replacement_values(record: SessionRecord) -> dict[str, Any] | None:
     """The start options (a REST body, as the history card's Resume sends) of the replacement:
-    the same name, backend, type, limits and options (aws's --fallback among them: spot first,
-    on-demand when it allows), resuming the workspace. None when no recovery is wanted."""
+    the same backend, type, limits and options (aws's --fallback among them: spot first,
+    on-demand when it allows), resuming the workspace. The name is handed over once it runs
+    (`Store.hand_name_over`: a name stays with one record). None when no recovery is wanted."""
     if not wants_recovery(record):
         return None
-    body = restart_body(record.spec, resume=record.resource.get("workspace"))
-    body["name"] = record.name  # names are unique among active sessions: the old one ended
-    return body
+    return restart_body(record.spec, resume=record.resource.get("workspace"))
 
 
 def avoid_zone(record: SessionRecord) -> str:

@@ -124,6 +124,35 @@ def validate_name(name: str) -> str:
     return session_name(name)  # the option table's rule (gpusession/core/textvalues.py)
 
 
+def _name_taken(db: sqlite3.Connection, name: str, taken: set[str]) -> BadInput:
+    """A name stays with its record while the record exists (a failed or stopped session's too),
+    so every command that takes a name finds one session: the refusal, with a free name."""
+    row = db.execute(
+        "SELECT state FROM sessions WHERE name=? ORDER BY created_at DESC LIMIT 1", (name,)
+    ).fetchone()
+    n = 2
+    while (free := _numbered(name, n)) in taken:
+        n += 1
+    if row["state"] not in ("stopped", "failed"):
+        return BadInput(
+            f"a session named {name!r} is already active; stop it or pick another name ({free} is free)"
+        )
+    return BadInput(
+        f"a session named {name!r} exists already ({row['state']}; a name stays with its session "
+        f"so that every command finds one): pick another name, such as {free}"
+    )
+
+
+RETIRED_MARK = "~"  # a retired name: `t4-3~1`, never a name a user can give (session_name)
+
+
+def _retired_name(name: str, taken: set[str]) -> str:
+    n = 1
+    while (retired := f"{name}{RETIRED_MARK}{n}") in taken:
+        n += 1
+    return retired
+
+
 def _check_claim(
     db: sqlite3.Connection, claim: Callable[[LaunchSpec, str], Any], spec: LaunchSpec, name: str
 ) -> None:
@@ -209,23 +238,12 @@ class Store:
         sid = uuid.uuid4().hex
         t = now()
         with self._write() as db:
+            taken = {r[0] for r in db.execute("SELECT name FROM sessions")}
             if spec.name:
                 name = validate_name(spec.name)
-                row = db.execute(
-                    "SELECT id FROM sessions WHERE name=? AND state NOT IN ('stopped','failed')",
-                    (name,),
-                ).fetchone()
-                if row:
-                    raise BadInput(
-                        f"a session named {name!r} is already active; stop it or pick another name"
-                    )
+                if name in taken:
+                    raise _name_taken(db, name, taken)
             else:
-                taken = {
-                    r[0]
-                    for r in db.execute(
-                        "SELECT name FROM sessions WHERE state NOT IN ('stopped','failed')"
-                    )
-                }
                 name = _free_name(spec, taken)
             spec.name = name
             if claim is not None:
@@ -449,14 +467,12 @@ class Store:
         )
 
     def get(self, key: str) -> SessionRecord:
-        """By id, id prefix (8+ chars) or name (the active one first, else the newest)."""
+        """By id, name or id prefix (8+ chars): exactly one record, else UnknownSession (several
+        ended records of one name, from a store older than unique names: their ids are named)."""
         with self._connect() as db:
             row = db.execute("SELECT * FROM sessions WHERE id=?", (key,)).fetchone()
             if row is None:
-                row = db.execute(
-                    "SELECT * FROM sessions WHERE name=? ORDER BY (state IN ('stopped','failed')), created_at DESC LIMIT 1",
-                    (key,),
-                ).fetchone()
+                row = self._by_name(db, key)
             if (
                 row is None and len(key) >= 8 and set(key) <= _HEX
             ):  # an id's start; never a LIKE pattern (% or _)
@@ -465,6 +481,39 @@ class Store:
             if row is None:
                 raise UnknownSession(f"no session named {key!r}; `%gpu list` shows the sessions")
             return self._record(db, row)
+
+    @staticmethod
+    def _by_name(db: sqlite3.Connection, name: str) -> sqlite3.Row | None:
+        rows = db.execute(
+            "SELECT * FROM sessions WHERE name=? ORDER BY (state IN ('stopped','failed')), "
+            "created_at DESC",
+            (name,),
+        ).fetchall()
+        if len(rows) <= 1 or rows[0]["state"] not in ("stopped", "failed"):
+            return rows[0] if rows else None  # the active one holds the name
+        ids = ", ".join(f"{r['id'][:8]} ({r['state']})" for r in rows)
+        raise UnknownSession(
+            f"{len(rows)} ended sessions are named {name!r} (from before names were kept unique): "
+            f"name one by its id: {ids}"
+        )
+
+    def hand_name_over(self, old_id: str, new_id: str) -> SessionRecord:
+        """A switch's successor takes its session's name (the user's session, on other capacity):
+        the old record keeps its history under a retired name (`t4-3~1`). The new record back."""
+        with self._write() as db:
+            taken = {r[0] for r in db.execute("SELECT name FROM sessions")}
+            name = db.execute("SELECT name FROM sessions WHERE id=?", (old_id,)).fetchone()[0]
+            row = db.execute("SELECT spec FROM sessions WHERE id=?", (new_id,)).fetchone()
+            spec = json.loads(row["spec"])
+            spec["name"] = name
+            db.execute(
+                "UPDATE sessions SET name=? WHERE id=?", (_retired_name(name, taken), old_id)
+            )
+            db.execute(
+                "UPDATE sessions SET name=?, spec=?, updated_at=? WHERE id=?",
+                (name, json.dumps(spec), now(), new_id),
+            )
+        return self.get(new_id)
 
     def list(self, *, active_only: bool = False, limit: int | None = None) -> list[SessionRecord]:
         q = "SELECT * FROM sessions"

@@ -73,8 +73,8 @@ NOT_CARRIED = ("name", "upload", "upload_max", *options.SWITCH_SKIP)  # its file
 class SwitchReport:
     """What a switch did, as data (REST: `to_dict()`)."""
 
-    old: str  # the old session's name
-    new: str  # the new session's name
+    old: str  # the session's name before the switch
+    new: str  # its name after it: the same (the successor takes it over, `Store.hand_name_over`)
     workspace: str  # the workspace that carried the state
     saved: dict  # the old session's save (the agent's checkpoint result)
     restored: dict | None  # the new session's restore report (`GET /restored` of its agent)
@@ -88,6 +88,7 @@ class SwitchReport:
     seconds: float  # from the switch's start to the old session's stop
     old_stopped: bool  # False: the stop of the old session failed (`stop_error` says why)
     stop_error: str | None = None
+    former: str = ""  # the record of the former capacity, under its retired name (`t4-3~1`)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -229,14 +230,13 @@ def switch_session(
         )
     spec.extra.pop("workspace", None)
     spec.extra["resume"] = workspace
+    keeps_name = not spec.name  # no name given: the session keeps its own (`_keep_name`)
     first = SwitchStep.START if handover else SwitchStep.SAVE
     record = _create(manager, new_backend, spec, old, first)
     forget_cut(manager.store, old.id)  # an earlier cut of this session is moot now
-    progress.say(
-        f"switch {old.name} -> {record.name}: {spec.gpu_count} x {spec.gpu_type} on {spec.backend}"
-    )
+    progress.say(f"switch {old.name} to {spec.gpu_count} x {spec.gpu_type} on {spec.backend}")
     if handover:
-        return _hand_over(manager, old, record, new_backend, workspace, progress, by)
+        return _hand_over(manager, old, record, new_backend, workspace, progress, by, keeps_name)
     moved = [0]
     try:
         old_session = manager.connected(old.id) or manager.attach(old.id)
@@ -277,15 +277,16 @@ def switch_session(
     _step(manager, record, SwitchStep.STOP_OLD)
     # whoever used the old session (a notebook, a watcher) follows it to its successor
     manager.store.update_resource(old.id, switched_to=session.id, switched_by=by)
-    with progress.stage("stop", f"stopping {old.name} (its successor {session.name} answered)"):
+    with progress.stage("stop", f"stopping {old.name}'s former capacity (the new one answered)"):
         try:
-            manager.stop(old.id, by=f"{by} to {session.name}", kind=StopKind.USER)
+            manager.stop(old.id, by=f"{by} to {_capacity(spec)}", kind=StopKind.USER)
         except GpuSessionError as exc:
             stop_error = str(exc)
-    session.record = _step(manager, record, SwitchStep.DONE)
+    session.record = _keep_name(manager, old, record, keeps_name)
     return session, SwitchReport(
         old=old.name,
         new=session.name,
+        former=manager.store.get(old.id).name,
         workspace=workspace,
         saved=saved,
         restored=session.record.resource.get("restored"),
@@ -308,6 +309,7 @@ def _hand_over(
     workspace: str,
     progress: Progress,
     by: str,
+    keeps_name: bool,
 ) -> tuple["Session", SwitchReport]:
     """A switch where the workspace attaches to one machine at a time (an EBS volume): the new
     session starts, and once its machine is there (the capacity found) the old session saves and
@@ -326,10 +328,10 @@ def _hand_over(
         done["saved"] = saved
         progress.step(
             f"saved {saved.get('saved', 0)} variable(s), {format_bytes(saved.get('bytes') or 0)}; "
-            f"stopping {old.name} so that its workspace can move to {record.name}"
+            f"stopping {old.name} so that its workspace can move to {_capacity(record.spec)}"
         )
         _step(manager, record, SwitchStep.STOP_OLD)
-        manager.stop(old.id, by=f"{by} to {record.name}", kind=StopKind.USER)
+        manager.stop(old.id, by=f"{by} to {_capacity(record.spec)}", kind=StopKind.USER)
         done["stopped"] = True
         _step(manager, record, SwitchStep.START)  # the volume moves over, the kernel restores
 
@@ -349,13 +351,14 @@ def _hand_over(
             raise StageError(exc.stage, exc.message + tail) from None
         raise StageError("switch", f"{exc}{tail}") from None
     if not done.get("stopped"):  # the backend never needed the volume free (it cannot happen
-        manager.stop(old.id, by=f"{by} to {session.name}", kind=StopKind.USER)  # on aws)
-    session.record = _step(manager, record, SwitchStep.DONE)
+        manager.stop(old.id, by=f"{by} to {_capacity(record.spec)}", kind=StopKind.USER)  # on aws)
+    session.record = _keep_name(manager, old, record, keeps_name)
     moved_from = session.record.resource.get("moved_from") or ""
     zone = session.record.resource.get("zone") or ""
     return session, SwitchReport(
         old=old.name,
         new=session.name,
+        former=manager.store.get(old.id).name,
         workspace=workspace,
         saved=done.get("saved") or {},
         restored=session.record.resource.get("restored"),
@@ -387,6 +390,19 @@ def _create(
         claim=claim,
         resource={"switch": {"old": old.id, "old_name": old.name, "step": step.value}},
     )
+
+
+def _keep_name(
+    manager: "Owner", old: SessionRecord, record: SessionRecord, keeps_name: bool
+) -> SessionRecord:
+    """The switch is done: the new record takes the session's name (it is the user's session,
+    now on other capacity) unless the switch named it; the old one keeps a retired name."""
+    done = _step(manager, record, SwitchStep.DONE)
+    return manager.store.hand_name_over(old.id, record.id) if keeps_name else done
+
+
+def _capacity(spec: LaunchSpec) -> str:
+    return f"{spec.gpu_count} x {spec.gpu_type} on {spec.backend}"
 
 
 def _step(manager: "Owner", record: SessionRecord, step: SwitchStep) -> SessionRecord:

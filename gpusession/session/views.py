@@ -7,7 +7,13 @@ from typing import Any
 from ..configuration import options
 from ..configuration.advice import advice_document
 from ..configuration.catalog import load_catalog
-from ..configuration.cost import PRICE_BASIS, cost_of, never_ran, uptime_seconds
+from ..configuration.cost import (
+    PRICE_BASIS,
+    cost_of,
+    never_ran,
+    record_billed_seconds,
+    uptime_seconds,
+)
 from ..core.durations import exact_decimal
 from ..core.models import LaunchSpec, SessionRecord, State
 from .workspace_ops import workspace_claim
@@ -44,6 +50,7 @@ def session_view(
         "uptime_s": round(uptime_seconds(record), 1),
         "price_per_hour": record.price_per_hour,
         "cost_so_far": round(cost_of(record), 6),
+        "billed_s": round(record_billed_seconds(record), 1),  # under a minute: a minute's cost
         "never_ran": never_ran(record),  # ended without a billed resource: cost nothing
         "price_basis": record.resource.get(
             PRICE_BASIS

@@ -30,6 +30,8 @@ class WorkspaceView:
     workspace: "Workspace"
     sessions: list[str]  # names of the recorded sessions that used it, newest first
     active: list[str]  # names of those still active (running, starting, stopping)
+    last_type: str | None = None  # the GPU type of the newest session that used it
+    saved_at: float | None = None  # when that session last saved into it (else ended); unix time
 
     @property
     def orphaned(self) -> bool:
@@ -128,9 +130,14 @@ def list_all(
             users = [
                 r for r in records if r.backend == name and r.resource.get("workspace") == ws.name
             ]
+            newest = users[0] if users else None
             views.append(
                 WorkspaceView(
-                    ws, [r.name for r in users], [r.name for r in users if r.state.active]
+                    ws,
+                    [r.name for r in users],
+                    [r.name for r in users if r.state.active],
+                    last_type=newest.spec.gpu_type if newest else None,
+                    saved_at=_saved_at(newest),
                 )
             )
     if failed is not None:
@@ -140,6 +147,18 @@ def list_all(
             if (backend, host) not in before
         )
     return views
+
+
+def _saved_at(record: "SessionRecord | None") -> float | None:
+    """When `record` last saved into its workspace: its checkpoint's time, else its end."""
+    if record is None:
+        return None
+    saved = record.resource.get("checkpoint") or (record.resource.get("agent_summary") or {}).get(
+        "checkpoint"
+    )
+    if isinstance(saved, dict) and saved.get("at"):
+        return float(saved["at"])
+    return None if record.state.active else record.updated_at
 
 
 class NoWorkspace(BadInput):

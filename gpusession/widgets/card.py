@@ -14,12 +14,13 @@ from typing import Callable
 import ipywidgets as widgets
 
 from ..configuration.metrics import Metric, metrics, nvml_error_text
-from ..core.durations import format_duration, format_money
+from ..core.durations import format_duration
 from ..core.models import State
 from ..words.common import NEVER_RAN
 from ..words.spend import advice_line
 from ..words.status import (
     RECORDED_WORDS,
+    cost_text,
     gpu_metric_text,
     placement_line,
     rate_text,
@@ -338,10 +339,7 @@ class SessionCard:
             NEVER_RAN if view.get("never_ran") else format_duration(view["uptime_s"])
         )
         self.price.value = html.escape(rate_text(view))
-        cost = format_money(view["cost_so_far"])
-        self.cost.value = (
-            cost if not view.get("max_cost") else f"{cost} of {format_money(view['max_cost'])}"
-        )
+        self.cost.value = cost_text(view)
         idle = dict(view.get("idle") or {})
         warnings = view.get("warnings") or []
         if stats is not None:  # the agent's countdown is fresher than the view's

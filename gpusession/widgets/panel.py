@@ -83,7 +83,8 @@ class StartForm:
                     widget, f"{option.name.replace('_', '-')}-{role}"
                 )
                 help_line = classed(
-                    widgets.HTML(f"<small>{html.escape(option.help)}</small>"), "field-help"
+                    widgets.HTML(f"<small>{html.escape(options.form_help(option))}</small>"),
+                    "field-help",
                 )
                 notes = [self.image_note] if option.name == IMAGE else []
                 if option.kind == "gpu_type":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..configuration.cost import MINIMUM_BILLED_S
 from ..configuration.metrics import metric_of, metrics, nvml_error_text
 from ..core.durations import format_duration, format_money
 from ..core.models import SessionRecord
@@ -262,6 +263,26 @@ def timeline(record: SessionRecord) -> str:
     )
 
 
+MINIMUM_CHARGE = f"{MINIMUM_BILLED_S:.0f}-second minimum"
+
+
+def minimum_charge_note(view: dict) -> str | None:
+    """Said with the cost while less than a minute is billed: the first minute costs in full
+    ('the first minute is billed in full (60-second minimum)' at uptime 0s), else None."""
+    billed = view.get("billed_s")
+    if billed is None or not 0 < billed < MINIMUM_BILLED_S or not view.get("price_per_hour"):
+        return None
+    return f"the first minute is billed in full ({MINIMUM_CHARGE})"
+
+
+def cost_text(view: dict) -> str:
+    """The cost so far, with the minimum charge while it applies, and the --max-cost bound:
+    '$0.0088 (60-second minimum) of $5.00'."""
+    cost = format_money(view["cost_so_far"])
+    cost += f" ({MINIMUM_CHARGE})" if minimum_charge_note(view) else ""
+    return cost if not view.get("max_cost") else f"{cost} of {format_money(view['max_cost'])}"
+
+
 def rest_view(view: dict) -> dict:
     """A session view with its words added (what the sidebar shows): `idle.warning` (the joined
     warnings, without the keepalive hint: the card has a button), `stop_reason.text`."""
@@ -279,6 +300,7 @@ def rest_view(view: dict) -> dict:
     out["ran"] = ran_text(out)
     out["placement"] = placement_line(out)
     out["price_note"] = price_note(out.get("price_basis"))
+    out["cost_note"] = minimum_charge_note(out)
     out["unverified"] = None if out.get("verified", True) else unverified_text(out)
     if out.get("advice"):
         out["advice"] = dict(out["advice"], text=advice_line(out["advice"]))

@@ -17,7 +17,7 @@ def switch_line(report: dict) -> str:
     """The one line a switch ends with (`SwitchReport.to_dict()`): what moved (variables, files),
     what did not and why (as a resume says), the new rate, the time taken.
 
-    'switched t4-1 -> a100-1 in 14.2s: moved 3 name(s) (x, df, np) and the files of workspace
+    'switched t4-1 in 14.2s: moved 3 name(s) (x, df, np) and the files of workspace
     t4-1 (210 MB, from docker (this machine's engine) to docker ssh://gpu1); not moved: g (a
     generator); now $2.75/h (was $0.5260/h)'"""
     restored = report.get("restored") or {}
@@ -42,14 +42,16 @@ def switch_line(report: dict) -> str:
         f"now {format_money(report.get('price_per_hour') or 0.0)}/h "
         f"(was {format_money(report.get('old_price_per_hour') or 0.0)}/h)"
     )
+    old, new = report.get("old"), report.get("new")
     line = (
-        f"switched {report.get('old')} -> {report.get('new')} in "
+        f"switched {old if old == new else f'{old} -> {new}'} in "
         f"{format_duration(report.get('seconds') or 0.0)}: {moved} and {files}{not_moved}; {rate}"
     )
     if not report.get("old_stopped", True):
+        former = report.get("former") or old
         line += (
-            f"; {report.get('old')} did not stop ({report.get('stop_error')}): "
-            f"`gpusession stop {report.get('old')}`"
+            f"; its former capacity ({former}) did not stop ({report.get('stop_error')}): "
+            f"`gpusession stop {former}`"
         )
     return line
 
@@ -113,12 +115,21 @@ def cut_switch_line(cut: dict, command: str = "gpusession") -> str:
 
 def followed_line(old: SessionRecord, new: SessionRecord) -> str:
     """What a notebook says when it follows its session to the one a switch made elsewhere (the
-    sidebar, the CLI, REST): 'session r1 was switched to r1-2 (1 x A100 on docker, $2.75/h) by
-    gpusession switch; this notebook now uses r1-2: the next cell runs there'."""
+    sidebar, the CLI, REST): 'session r1 was switched to 1 x A100 on docker ($2.75/h) by
+    gpusession switch; this notebook follows it: the next cell runs there' (a switch named the
+    new session: 'session r1 was switched to r2 (...); this notebook now uses r2: ...')."""
     by = old.resource.get("switched_by") or "a switch"
+    what = (
+        f"{new.spec.gpu_count} x {new.spec.gpu_type.upper()} on {new.backend}, "
+        f"{format_money(new.price_per_hour)}/h"
+    )
+    if old.name.startswith(f"{new.name}~"):  # the successor took the name over (a retired one)
+        return (
+            f"session {new.name} was switched to {what.replace(', ', ' (', 1)}) by {by}; "
+            "this notebook follows it: the next cell runs there"
+        )
     return (
-        f"session {old.name} was switched to {new.name} ({new.spec.gpu_count} x "
-        f"{new.spec.gpu_type.upper()} on {new.backend}, {format_money(new.price_per_hour)}/h) "
+        f"session {old.name} was switched to {new.name} ({what}) "
         f"by {by}; this notebook now uses {new.name}: the next cell runs there"
     )
 

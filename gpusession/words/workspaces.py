@@ -210,4 +210,19 @@ def workspace_rest_view(view: Any) -> dict[str, Any]:
         "active": list(view.active),
         "in_use": not view.orphaned,
         "used_by": used_by,
+        "last_type": view.last_type,
+        "saved_at": view.saved_at,
+        "pick_text": pick_text(view),
     }
+
+
+def pick_text(view: Any) -> str:
+    """A workspace in the start form's Resume pick list: what it was, where, when, how big.
+    't4-3 · T4 on local · saved 5m ago · 1.0 kB'."""
+    ws = view.workspace
+    what = f"{view.last_type.upper()} on {ws.backend}" if view.last_type else ws.backend
+    parts = [ws.name, what]
+    if view.saved_at:
+        parts.append(f"saved {format_duration(max(0.0, _now() - view.saved_at))} ago")
+    parts.append(size_text(ws.size_bytes))
+    return " · ".join(parts)

@@ -100,6 +100,7 @@ export class SessionCard {
       facts,
       this._priceNote,
       this._placement,
+      this._costNote,
       this._idleWarning,
       this._cutSwitch,
       this._error,
@@ -151,6 +152,7 @@ export class SessionCard {
     setText(this._price, formatRate(view.price_per_hour));
     showText(this._priceNote, view.price_note);
     this._priceNote.title = view.price_note ? PRICE_NOTE_TITLE : '';
+    showText(this._costNote, view.cost_note ?? null);
     setText(this._cost, costText(view));
     this._showIdle();
     showText(this._idleWarning, final ? null : view.idle.warning);
@@ -333,6 +335,7 @@ export class SessionCard {
   private readonly _uptime = control('span', 'gpusession-uptime');
   /** Where the rate comes from, when no cloud bills it: "cloud rate, own hardware". */
   private readonly _priceNote = message('gpusession-price-note');
+  private readonly _costNote = message('gpusession-cost-note');
   private readonly _price = control('span', 'gpusession-price');
   private readonly _cost = control('span', 'gpusession-cost');
   private readonly _idle = control('span', 'gpusession-idle');

@@ -210,8 +210,35 @@ export class StartForm {
       }
     }
     this._imagesList.id = IMAGES_LIST_ID;
-    this._fieldsNode.replaceChildren(...nodes, this._imagesList);
+    // what a first start does not need folds under "More" (the sidebar is 250 px wide)
+    const first = nodes.filter(node => this._isFirst(node));
+    const more = nodes.filter(node => !this._isFirst(node));
+    const summary = element('summary', 'gpusession-more-summary');
+    summary.textContent = 'More';
+    this._more.replaceChildren(summary, ...more);
+    this._fieldsNode.replaceChildren(...first, ...(more.length ? [this._more] : []), this._imagesList);
     this._labelTypes();
+  }
+
+  /** Whether a form node is shown at once: a first start's field, or the type's price lines. */
+  private _isFirst(node: HTMLElement): boolean {
+    const name = node.dataset.option;
+    return name === undefined || this._fields.get(name)?.option.first === true;
+  }
+
+  /** Show the first field the server found wrong (opening "More" for it) and focus it. */
+  private _focusInvalid(errors: Record<string, string>): void {
+    const field = Array.from(this._fields.values()).find(
+      candidate => !candidate.node.hidden && candidate.option.name in errors
+    );
+    if (!field) {
+      return;
+    }
+    if (this._more.contains(field.node)) {
+      this._more.open = true;
+    }
+    field.node.scrollIntoView({ block: 'nearest' });
+    field.input.focus();
   }
 
   /** Ask for the images of the chosen backend and host when those changed. */
@@ -440,6 +467,7 @@ export class StartForm {
     try {
       const errors = await this._check(body);
       if (errors && Object.keys(errors).length) {
+        this._focusInvalid(errors);
         return;
       }
       const view = await this._client.startSession(body);
@@ -485,6 +513,7 @@ export class StartForm {
   private readonly _fields = new Map<string, Field>();
   private _workspaces: readonly WorkspaceView[] = [];
   private readonly _fieldsNode = element('div', 'gpusession-fields');
+  private readonly _more = element('details', 'gpusession-more');
   private readonly _typePrice = message('gpusession-type-price');
   private readonly _livePrice = message('gpusession-live-price');
   private _liveType: string | null = null;
@@ -546,7 +575,7 @@ export function makeField(option: OptionView): Field {
     label.append(caption, input);
   }
   const help = element('div', 'gpusession-field-help');
-  help.textContent = option.help;
+  help.textContent = option.form_help ?? option.help;
   const error = message('gpusession-field-error');
   error.dataset.option = option.name;
   const note = message('gpusession-field-note');
@@ -578,7 +607,7 @@ function fillResume(select: HTMLSelectElement, list: readonly WorkspaceView[], b
     }
     const entry = document.createElement('option');
     entry.value = ws.name;
-    entry.textContent = `${ws.name} · ${ws.size}`;
+    entry.textContent = ws.pick_text ?? `${ws.name} · ${ws.size}`;
     entries.push(entry);
   }
   select.replaceChildren(...entries);

@@ -59,7 +59,15 @@ export class GpuSessionPanel extends Widget {
     this._rate.title = 'What the live sessions cost per hour, together';
     header.append(title, this._count, this._rate);
     this._loading.textContent = 'Loading sessions…';
-    this._empty.textContent = 'No running GPU sessions';
+    // what a session is, in two lines, and where a first run starts
+    const what = element('p', 'gpusession-empty-what');
+    what.textContent =
+      'No GPU session running. A session is a Python kernel on a GPU machine (this one, a ' +
+      'Docker engine, a cloud, a cluster), billed while it runs and stopped when idle.';
+    const start = element('p', 'gpusession-empty-start');
+    start.textContent =
+      'Start one below, or run `gpusession setup` in a terminal to find where your GPUs are.';
+    this._empty.append(what, start);
     this._empty.hidden = true;
     this.node.append(
       header,

@@ -98,6 +98,10 @@ export interface SessionView {
   price_per_hour: number;
   /** US dollars spent so far. */
   cost_so_far: number;
+  /** billed seconds so far (under 60: a minute's cost) */
+  billed_s?: number;
+  /** the minimum charge while it applies ('60-second minimum'), else null */
+  cost_note?: string | null;
   spot: boolean;
   /** Docker host or instance address; null for local sessions. */
   host: string | null;
@@ -303,6 +307,10 @@ export interface OptionView {
   /** What its empty field shows (both start forms): the value's shape,
    * unit and default, e.g. "90s, 15m, 1h30m, off · default 30m". */
   placeholder: string;
+  /** The help under the field, in the user's words (no config names). */
+  form_help?: string;
+  /** A first start needs it: shown at once (the other fields fold under "More"). */
+  first?: boolean;
 }
 
 /** An image a backend's machine already has, item of GET `images`. */
@@ -537,6 +545,12 @@ export interface WorkspaceView {
   in_use: boolean;
   /** Who uses it, in words: "w2 (active)", "none left", "in use". */
   used_by: string;
+  /** The GPU type of the newest session that used it, or null. */
+  last_type?: string | null;
+  /** When that session last saved into it (unix seconds), or null. */
+  saved_at?: number | null;
+  /** Its line in the Resume pick list: "t4-3 · T4 on local · saved 5m ago · 1.0 kB". */
+  pick_text?: string;
 }
 
 /** Reply of GET `workspaces`. */

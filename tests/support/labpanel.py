@@ -329,3 +329,11 @@ def broken_words(page, scope: str, selector: str) -> list[str]:
         if element.is_visible():
             found += element.evaluate(BROKEN_WORDS_JS)
     return found
+
+
+def open_more(panel) -> None:
+    """Unfold the start form's "More" (the fields a first start does not need)."""
+    more = panel.locator("details.gpusession-more")
+    more.wait_for(state="attached")
+    if more.get_attribute("open") is None:
+        panel.locator(".gpusession-more-summary").click()

@@ -33,10 +33,10 @@ from ...core.models import LaunchSpec, SessionRecord
 from ...core.progress import Progress
 from ...core.protocol import StopDetails
 from ...transport.pulls import PullLogin
-from ..base import Backend, Link, RemoteResource, stop_details_from_log
+from ..base import Backend, Link, Place, RemoteResource, stop_details_from_log
 from . import ebs_volumes, launch, pricing, pull_logins, workspace_stream
 from .cheapest import Cheapest
-from .sdk import QUOTA_HINT, Aws, aws_errors, boto3_module, error_code, explain
+from .sdk import QUOTA_HINT, Aws, aws_errors, boto3_module, endpoint_url, error_code, explain
 from .teardown import Teardown, console_details, ended_reason
 
 SPOT_PRICE_TTL_S = 300.0  # spot prices move hourly at most: asked again after five minutes
@@ -168,6 +168,22 @@ class AwsBackend(Backend):
             return own
         docker = load_backend_class("docker")  # the image a docker session runs, as it always was
         return setting_value(docker.__name__, docker.settings, "image", self.config)
+
+    @classmethod
+    def discover(cls, timeout: float = 4.0) -> list[Place]:
+        """AWS credentials as boto3's chain finds them (env, profile, SSO, instance role): read,
+        never used here (no call to AWS)."""
+        try:
+            session = boto3_module().Session()
+            creds = session.get_credentials()
+        except Exception:  # noqa: BLE001 - no SDK, a broken profile: no credentials, to setup
+            return []
+        if creds is None:
+            return []
+        region = session.region_name or "us-east-1"
+        how = getattr(creds, "method", "") or "found"
+        where = f"{region} ({endpoint_url()})" if endpoint_url() else region
+        return [Place("aws", where, "on demand", cls.name, True, f"credentials: {how}")]
 
     def __init__(self, config, recorder):
         super().__init__(config, recorder)

@@ -50,10 +50,12 @@ from ..base import (
     DirectLink,
     Link,
     LocalImage,
+    Place,
     RemoteResource,
     TunnelLink,
     stop_details_from_log,
 )
+from .engine_probe import endpoints, engine_place, gives_gpus
 from .engine import (
     HELPER_LABEL,
     LABEL,
@@ -195,6 +197,25 @@ class DockerBackend(EngineWorkspaces, Backend):
             for tag in image.tags
         ]
         return sorted(found, key=lambda i: i.reference)
+
+    @classmethod
+    def discover(cls, timeout: float = 4.0) -> list[Place]:
+        """DOCKER_HOST or the local socket, and each docker context: answers? gives GPUs?"""
+        return [engine_place(what, address, timeout) for what, address in endpoints()]
+
+    def cannot_give(self, spec: LaunchSpec) -> str | None:
+        """A GPU session needs an engine that gives containers GPUs: the nvidia runtime, or
+        NVIDIA devices by CDI. A recording of NVML values (--nvml-replay) stands for a GPU."""
+        if spec.extra.get("nvml_replay"):
+            return None
+        try:
+            info = self.client(spec.extra.get("host")).info()
+        except Exception:  # noqa: BLE001 - an engine that does not answer says so at the start
+            return None
+        if gives_gpus(info):
+            return None
+        where = spec.extra.get("host") or "this machine's Docker engine"
+        return f"{where} gives containers no GPU (no nvidia runtime)"
 
     def check(self, spec: LaunchSpec) -> None:
         docker_sdk()

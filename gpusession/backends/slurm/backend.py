@@ -22,7 +22,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shlex
+import shutil
 import threading
 import time
 
@@ -37,6 +39,7 @@ from ...core.protocol import Marker, StopDetails, parse_marker
 from ..base import (
     Backend,
     Link,
+    Place,
     RemoteResource,
     TunnelLink,
     Workspace,
@@ -44,6 +47,7 @@ from ..base import (
     failure_detail,
     log_tail,
     marker_lines,
+    run_probe,
     stop_details_from_log,
 )
 from . import charliecloud, states
@@ -82,6 +86,22 @@ class SlurmBackend(Backend):
     order = 40
     price_source = "--price-per-gpu-hour x GPUs, else GpuSessionConfig.price_per_hour, else none (GPU-hours only)"
     start_options = START_OPTIONS  # declared and read in jobs.py; docs/slurm.md
+
+    @classmethod
+    def discover(cls, timeout: float = 4.0) -> list[Place]:
+        """This machine as a Slurm login (sinfo answers: the cluster's GPUs as its gres). Login
+        nodes elsewhere are found among the SSH hosts (gpusession setup's SSH probe)."""
+        conf = os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+        if shutil.which("sinfo") is None:
+            if not os.path.isfile(conf):
+                return []
+            return [Place("slurm", conf, "unknown", cls.name, False, "a slurm.conf, no sinfo")]
+        rc, out = run_probe(["sinfo", "-h", "-o", "%G"], timeout)
+        if rc != 0:
+            return [Place("slurm", "this machine (sinfo)", "unknown", cls.name, False, out[:100])]
+        gres = ", ".join(sorted({g for g in out.replace(",", " ").split() if g.startswith("gpu")}))
+        note = "reached over SSH: --host ssh://USER@this machine's name"
+        return [Place("slurm", "this machine (sinfo)", gres or "none", cls.name, bool(gres), note)]
 
     def __init__(self, config, recorder):
         super().__init__(config, recorder)
