@@ -216,8 +216,29 @@ network_up() {
     done
 }
 
+# The kubelets' own chains (KUBE-FIREWALL drops non-loopback packets to 127.0.0.0/8 in INPUT
+# and OUTPUT; the others are markers): gone with the last kubelet.
+kubelet_chains_down() {
+    local cmd table chain rule
+    for cmd in iptables ip6tables; do
+        command -v "$cmd" >/dev/null || continue
+        for table in filter nat mangle; do
+            for chain in INPUT OUTPUT; do
+                while rule=$("$cmd" -t "$table" -S "$chain" 2>/dev/null | grep -m1 -- '-j KUBE-FIREWALL$'); do
+                    read -ra rule <<<"${rule/-A /-D }"
+                    "$cmd" -t "$table" "${rule[@]}"
+                done
+            done
+            for chain in KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT; do
+                "$cmd" -t "$table" -F "$chain" 2>/dev/null && "$cmd" -t "$table" -X "$chain" 2>/dev/null || true
+            done
+        done
+    done
+}
+
 network_down() {
     local link dir
+    kubelet_chains_down
     for link in "$BRIDGE" "${NODES[@]/#/gk-}"; do ! ip link show "$link" >/dev/null 2>&1 || ip link del "$link"; done
     for dir in -s -d; do
         while iptables -C FORWARD "$dir" 10.221.0.0/16 -j ACCEPT 2>/dev/null; do iptables -D FORWARD "$dir" 10.221.0.0/16 -j ACCEPT; done
