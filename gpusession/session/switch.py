@@ -181,6 +181,70 @@ def switch_session(
     old = manager.refresh_state(key)
     if old.state != State.RUNNING:
         raise SessionEnded(old)
+    move = _plan(manager, old, spec)
+    if _kernel_busy(manager, old.id):
+        raise SessionBusy(
+            f"session {old.name} is running a cell; switch once it has finished, or interrupt "
+            "it first: nothing was changed"
+        )
+    spec.extra.pop("workspace", None)
+    spec.extra["resume"] = move.workspace
+    keeps_name = not spec.name  # no name given: the session keeps its own (`_keep_name`)
+    first = SwitchStep.START if move.handover else SwitchStep.SAVE
+    record = _create(manager, move.new_backend, spec, old, first)
+    forget_cut(manager.store, old.id)  # an earlier cut of this session is moot now
+    progress.say(f"switch {old.name} to {spec.gpu_count} x {spec.gpu_type} on {spec.backend}")
+    if move.handover:
+        return _hand_over(
+            manager, old, record, move.new_backend, move.workspace, progress, by, keeps_name
+        )
+    moved = [0]
+    saved = _save_and_move(manager, old, record, move, progress, moved)
+    session = _start_new(manager, old, record, move, progress)
+    stop_error = None
+    _step(manager, record, SwitchStep.STOP_OLD)
+    # whoever used the old session (a notebook, a watcher) follows it to its successor
+    manager.store.update_resource(old.id, switched_to=session.id, switched_by=by)
+    with progress.stage("stop", f"stopping {old.name}'s former capacity (the new one answered)"):
+        try:
+            manager.stop(old.id, by=f"{by} to {_capacity(spec)}", kind=StopKind.USER)
+        except GpuSessionError as exc:
+            stop_error = str(exc)
+    session.record = _keep_name(manager, old, record, keeps_name)
+    return session, SwitchReport(
+        old=old.name,
+        new=session.name,
+        former=manager.store.get(old.id).name,
+        workspace=move.workspace,
+        saved=saved,
+        restored=session.record.resource.get("restored"),
+        moved_bytes=None if move.same_place else moved[0],
+        moved_from=_where(old.spec),
+        moved_to=_where(spec),
+        old_price_per_hour=old.price_per_hour,
+        price_per_hour=session.record.price_per_hour,
+        seconds=round(progress.elapsed(), 1),
+        old_stopped=stop_error is None,
+        stop_error=stop_error,
+    )
+
+
+@dataclasses.dataclass
+class _Move:
+    """How a switch moves the workspace: `same_place` (nothing to copy), `handover` (the new
+    session takes the workspace over: one machine at a time, an EBS volume), `at_boot` (the files
+    go into the new machine while it starts: into aws from another backend)."""
+
+    old_backend: Backend
+    new_backend: Backend
+    workspace: str
+    same_place: bool
+    handover: bool
+    at_boot: bool
+
+
+def _plan(manager: "Owner", old: SessionRecord, spec: LaunchSpec) -> _Move:
+    """How the workspace will move; BadInput, before anything is made, when it cannot."""
     old_backend = manager.backend(old.backend)
     new_backend = manager.backend(spec.backend)
     for backend in (old_backend, new_backend):
@@ -223,25 +287,25 @@ def switch_session(
                     f"{old.name} cannot switch from {_where(old.spec)} to {_where(spec)}; "
                     "a switch that keeps the place (another type, image, spot) works"
                 )
-    if _kernel_busy(manager, old.id):
-        raise SessionBusy(
-            f"session {old.name} is running a cell; switch once it has finished, or interrupt "
-            "it first: nothing was changed"
-        )
-    spec.extra.pop("workspace", None)
-    spec.extra["resume"] = workspace
-    keeps_name = not spec.name  # no name given: the session keeps its own (`_keep_name`)
-    first = SwitchStep.START if handover else SwitchStep.SAVE
-    record = _create(manager, new_backend, spec, old, first)
-    forget_cut(manager.store, old.id)  # an earlier cut of this session is moot now
-    progress.say(f"switch {old.name} to {spec.gpu_count} x {spec.gpu_type} on {spec.backend}")
-    if handover:
-        return _hand_over(manager, old, record, new_backend, workspace, progress, by, keeps_name)
-    moved = [0]
+    return _Move(old_backend, new_backend, workspace, same_place, handover, at_boot)
+
+
+def _save_and_move(
+    manager: "Owner",
+    old: SessionRecord,
+    record: SessionRecord,
+    move: _Move,
+    progress: Progress,
+    moved: list[int],
+) -> dict[str, Any]:
+    """Save the old session's variables into its workspace and move the workspace where the new
+    session will run (or arrange that it goes in while the new one boots): the save's result. A
+    failure ends the new record as failed and leaves the old session running."""
+    old_backend, new_backend = move.old_backend, move.new_backend
     try:
         old_session = manager.connected(old.id) or manager.attach(old.id)
         with progress.stage(
-            "save", f"saving the variables of {old.name} into workspace {workspace}"
+            "save", f"saving the variables of {old.name} into workspace {move.workspace}"
         ):
             saved = save_checkpoint(manager.store, old, old_session)
             if not saved.get("committed"):
@@ -249,12 +313,12 @@ def switch_session(
             progress.step(
                 f"saved {saved.get('saved', 0)} variable(s), {format_bytes(saved.get('bytes') or 0)}"
             )
-        if at_boot:
+        if move.at_boot:
             new_backend.import_while_starting(  # type: ignore[attr-defined]
                 record.id,
                 lambda into: _move(old_backend, new_backend, old, record, progress, moved, into),
             )
-        elif not same_place:
+        elif not move.same_place:
             _step(manager, record, SwitchStep.MOVE)
             _move(old_backend, new_backend, old, record, progress, moved)
     except BaseException as exc:
@@ -264,41 +328,23 @@ def switch_session(
         _step(manager, record, SwitchStep.FAILED)
         manager.store.transition(record.id, State.FAILED, why, error=why)
         raise _kept_running(exc, old.name) from None
+    return saved
+
+
+def _start_new(
+    manager: "Owner", old: SessionRecord, record: SessionRecord, move: _Move, progress: Progress
+) -> "Session":
+    """Start the new session on the workspace (its kernel restores the variables); a failure
+    leaves the old session running."""
     _step(manager, record, SwitchStep.START)
     try:
-        session = manager.launch(manager.store.get(record.id), within=progress)
+        return manager.launch(manager.store.get(record.id), within=progress)
     except BaseException as exc:
         _step(manager, record, SwitchStep.FAILED)
         raise _kept_running(exc, old.name) from None
     finally:
-        if at_boot:
-            new_backend.import_while_starting(record.id, None)  # type: ignore[attr-defined]
-    stop_error = None
-    _step(manager, record, SwitchStep.STOP_OLD)
-    # whoever used the old session (a notebook, a watcher) follows it to its successor
-    manager.store.update_resource(old.id, switched_to=session.id, switched_by=by)
-    with progress.stage("stop", f"stopping {old.name}'s former capacity (the new one answered)"):
-        try:
-            manager.stop(old.id, by=f"{by} to {_capacity(spec)}", kind=StopKind.USER)
-        except GpuSessionError as exc:
-            stop_error = str(exc)
-    session.record = _keep_name(manager, old, record, keeps_name)
-    return session, SwitchReport(
-        old=old.name,
-        new=session.name,
-        former=manager.store.get(old.id).name,
-        workspace=workspace,
-        saved=saved,
-        restored=session.record.resource.get("restored"),
-        moved_bytes=None if same_place else moved[0],
-        moved_from=_where(old.spec),
-        moved_to=_where(spec),
-        old_price_per_hour=old.price_per_hour,
-        price_per_hour=session.record.price_per_hour,
-        seconds=round(progress.elapsed(), 1),
-        old_stopped=stop_error is None,
-        stop_error=stop_error,
-    )
+        if move.at_boot:
+            move.new_backend.import_while_starting(record.id, None)  # type: ignore[attr-defined]
 
 
 def _hand_over(
@@ -341,21 +387,41 @@ def _hand_over(
     except BaseException as exc:
         _step(manager, record, SwitchStep.FAILED)
         backend.take_workspace_over(record.id, None)  # type: ignore[attr-defined]
-        if not done.get("stopped"):
-            raise _kept_running(exc, old.name) from None
-        tail = (
-            f"; session {old.name} was stopped after saving its variables into workspace "
-            f"{workspace}: `%gpu start --resume {workspace}` brings them back"
-        )
-        if isinstance(exc, StageError):
-            raise StageError(exc.stage, exc.message + tail) from None
-        raise StageError("switch", f"{exc}{tail}") from None
+        raise _handover_failed(exc, old, workspace, stopped=bool(done.get("stopped"))) from None
     if not done.get("stopped"):  # the backend never needed the volume free (it cannot happen
         manager.stop(old.id, by=f"{by} to {_capacity(record.spec)}", kind=StopKind.USER)  # on aws)
     session.record = _keep_name(manager, old, record, keeps_name)
+    return session, _handover_report(manager, old, record, session, workspace, done, progress)
+
+
+def _handover_failed(
+    exc: BaseException, old: SessionRecord, workspace: str, *, stopped: bool
+) -> BaseException:
+    """What a failed hand-over raises: the old session still runs (before it was stopped), or
+    where its saved variables are (after)."""
+    if not stopped:
+        return _kept_running(exc, old.name)
+    tail = (
+        f"; session {old.name} was stopped after saving its variables into workspace "
+        f"{workspace}: `%gpu start --resume {workspace}` brings them back"
+    )
+    if isinstance(exc, StageError):
+        return StageError(exc.stage, exc.message + tail)
+    return StageError("switch", f"{exc}{tail}")
+
+
+def _handover_report(
+    manager: "Owner",
+    old: SessionRecord,
+    record: SessionRecord,
+    session: "Session",
+    workspace: str,
+    done: dict[str, Any],
+    progress: Progress,
+) -> SwitchReport:
     moved_from = session.record.resource.get("moved_from") or ""
     zone = session.record.resource.get("zone") or ""
-    return session, SwitchReport(
+    return SwitchReport(
         old=old.name,
         new=session.name,
         former=manager.store.get(old.id).name,
