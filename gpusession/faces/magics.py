@@ -55,13 +55,20 @@ from ..session.store import owner_id
 from ..widgets import register_panel
 from ..words.common import price_list_lines
 from ..words.spend import advice_line, advice_lines, live_price_lines, report_lines, start_notes
-from ..words.status import rate_text, session_table, status_heading, status_lines
+from ..words.status import (
+    rate_text,
+    session_table,
+    status_heading,
+    status_lines,
+    still_billing_line,
+)
 from ..words.stops import (
     ended_message,
     error_text,
     idle_setting,
     interrupt_line,
     keepalive_line,
+    no_session_text,
     renumber_cells,
     summary_line,
     usage_error,
@@ -249,13 +256,16 @@ class GpuMagics(Magics):
             session = self.manager.connected(name)
             return session or self.manager.attach(name, report=_print)
         if self.current is None and self._ended_note:  # it ended while no cell ran: say how
-            raise UsageError(f"no GPU session: {self._ended_note}; `%gpu start` a new one")
+            raise UsageError(self._no_session(f"no GPU session: {self._ended_note}"))
         if self.current is None:
-            raise UsageError(
-                "no GPU session: run `%gpu start --type t4` first (or `%gpu use NAME`)"
-            )
+            raise UsageError(self._no_session("no GPU session in this notebook"))
         self._follow_switch()
         return self.current
+
+    def _no_session(self, head: str) -> str:
+        """`head`, the sessions that exist and `%gpu use NAME` (or how to start one)."""
+        active = self.manager.list(active_only=True)
+        return no_session_text(head, [(r.name, r.state.value) for r in active])
 
     def _follow_switch(self) -> None:
         """A switch made elsewhere (the sidebar, the CLI, REST, another notebook) moved the
@@ -298,6 +308,7 @@ class GpuMagics(Magics):
             options.given_values(self._parse(_start_args, rest)), options.FLAGS
         )
         record = self.manager.create(spec)
+        self._say_still_billing()
         for note in start_notes(record):  # a policy's bounds, a budget near its end
             _print(note)
         try:
@@ -313,6 +324,18 @@ class GpuMagics(Magics):
         print_restored(session.record, _print)  # --resume: what came back, what did not
         self._notify(session)
         return None
+
+    def _say_still_billing(self) -> None:
+        """A second start in this notebook leaves the first session billing: say so, with its
+        rate and how to stop it."""
+        if self.current is None:
+            return
+        try:
+            record = self.manager.get(self.current.id)
+        except GpuSessionError:
+            return
+        if record.state.active:
+            _print(still_billing_line(self.manager.view(record)))
 
     def _switch(self, rest: str) -> None:
         """Move the current session to other capacity; it stays current, under its new name."""
@@ -390,7 +413,7 @@ class GpuMagics(Magics):
         elif self.current is not None:
             record = self.current.record
         else:
-            raise UsageError("no current session to stop; name one (`%gpu list`) or use --all")
+            raise UsageError(self._no_session("no session in this notebook to stop"))
         record = self.manager.stop(record.id, by="%gpu stop", save=args.save)
         if self.current is not None and self.current.id == record.id:
             was_auto = self.auto
@@ -410,16 +433,14 @@ class GpuMagics(Magics):
     def _advice(self, rest: str) -> None:
         args = self._parse(_advice_args, rest)
         if args.name is None and self.current is None:
-            raise UsageError("no current session: name one (`%gpu list`) or `%gpu start` one")
+            raise UsageError(self._no_session("no session in this notebook to advise on"))
         doc = self.manager.spend.advice(args.name or self.current.id)  # type: ignore[union-attr]
         print("\n".join(advice_lines(doc["name"], doc)))
 
     def _status(self, rest: str) -> None:
         name = rest.strip() or None
         if name is None and self.current is None:
-            print(
-                "no current GPU session. `%gpu start --type t4` starts one; `%gpu list` shows all."
-            )
+            print(self._no_session("no GPU session in this notebook"))
             return
         key = name or self.current.id  # type: ignore[union-attr]
         was_running = self.manager.get(key).state == State.RUNNING

@@ -392,7 +392,15 @@ class Store:
                 rows = db.execute("SELECT * FROM sessions WHERE id LIKE ?", (key + "%",)).fetchall()
                 row = rows[0] if len(rows) == 1 else None
             if row is None:
-                raise UnknownSession(f"no session named {key!r}; `%gpu list` shows the sessions")
+                active = db.execute(
+                    "SELECT name, state FROM sessions WHERE state NOT IN ('stopped','failed')"
+                    " ORDER BY created_at DESC"
+                ).fetchall()
+                raise UnknownSession(
+                    f"no session named {key!r}",
+                    key=key,
+                    active=[(r["name"], r["state"]) for r in active],
+                )
             return self._record(db, row)
 
     def list(self, *, active_only: bool = False, limit: int | None = None) -> list[SessionRecord]:

@@ -34,6 +34,17 @@ def rate_text(view: dict) -> str:
     return f"{rate} ({note})" if note else rate
 
 
+def still_billing_line(view: dict) -> str:
+    """A second `%gpu start` in a notebook whose session still runs: the first one keeps
+    billing, at what rate, and how to stop it (or move it instead of starting another)."""
+    return (
+        f"note: {view['name']} ({view['gpu_count']} x {view['gpu_type']} on {view['backend']}), "
+        f"this notebook's session until now, is still {view['state']} and billing "
+        f"{rate_text(view)}: `%gpu stop {view['name']}` stops it; this notebook moves to the "
+        "new session (`%gpu switch` moves a session to another GPU instead of starting a second)"
+    )
+
+
 def ran_text(view: dict) -> str:
     """How long a session view ran: 'ran 1m05s', or 'never ran' (it cost nothing)."""
     return NEVER_RAN if view.get("never_ran") else f"ran {format_duration(view.get('uptime_s'))}"
