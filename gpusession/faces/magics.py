@@ -56,11 +56,13 @@ from ..widgets import register_panel
 from ..words.common import price_list_lines
 from ..words.spend import advice_line, advice_lines, live_price_lines, report_lines, start_notes
 from ..words.status import (
+    connected_line,
     rate_text,
     session_table,
     status_heading,
     status_lines,
     still_billing_line,
+    waiting_connected_line,
 )
 from ..words.stops import (
     ended_message,
@@ -114,7 +116,10 @@ class GpuMagics(Magics):
             manager.config if manager else GpuSessionConfig(parent=shell)
         )
         self._manager = manager
-        self.current: Session | None = None
+        self._current: Session | None = None
+        # when this notebook last took up a session (started, used, followed): a connection
+        # made from the sidebar after it wins (GpuMagics._follow_connection)
+        self._taken_at = 0.0
         self.auto = False
         self._notifier: WarningNotifier | None = None
         self._ended_note: str | None = None  # how the current session ended, seen by the notifier
@@ -148,6 +153,17 @@ class GpuMagics(Magics):
         if self._manager is None:
             self._manager = SessionManager(self.gpu_config)
         return self._manager
+
+    @property
+    def current(self) -> Session | None:
+        """The session this notebook's `%%gpu` cells run in."""
+        return self._current
+
+    @current.setter
+    def current(self, session: Session | None) -> None:
+        if session is not None:
+            self._taken_at = time.time()
+        self._current = session
 
     def add_subcommand(self, name: str, handler: Callable[[str], Any]) -> None:
         """Later layers (stats, panel) register their subcommands here."""
@@ -255,12 +271,47 @@ class GpuMagics(Magics):
         if name:
             session = self.manager.connected(name)
             return session or self.manager.attach(name, report=_print)
+        self._follow_connection()
         if self.current is None and self._ended_note:  # it ended while no cell ran: say how
             raise UsageError(self._no_session(f"no GPU session: {self._ended_note}"))
         if self.current is None:
             raise UsageError(self._no_session("no GPU session in this notebook"))
         self._follow_switch()
         return self.current
+
+    def _follow_connection(self) -> None:
+        """The sidebar connected this notebook (its kernel: this process) to a session after
+        the notebook last took one up (REST `PUT kernels/ID/session`, recorded as a use of the
+        session by this process): its cells run there from now on, with one line. A session
+        still starting is waited for."""
+        try:
+            taken = self.manager.store.taken_by(owner_id())
+        except GpuSessionError:
+            return
+        if taken is None or taken[1] <= self._taken_at:
+            return
+        record = taken[0]
+        if self.current is not None and self.current.id == record.id:
+            self._taken_at = taken[1]
+            return
+        if record.state != State.RUNNING:
+            _print(waiting_connected_line(record))
+            record = self._wait_running(record.id)
+        session = self.manager.connected(record.id) or self.manager.attach(record.id, report=_print)
+        self.current, self._ended_note = session, None
+        self._notify(session)
+        _print(connected_line(session.record))
+
+    def _wait_running(self, session_id: str, timeout: float = 900.0):
+        """The record of a session once it left its start (running, or how it ended)."""
+        deadline = time.monotonic() + timeout
+        record = self.manager.get(session_id)
+        while record.state.active and record.state != State.RUNNING:
+            if time.monotonic() > deadline:
+                raise UsageError(waiting_connected_line(record) + ": still not running")
+            time.sleep(0.5)
+            record = self.manager.get(session_id)
+        return record
 
     def _no_session(self, head: str) -> str:
         """`head`, the sessions that exist and `%gpu use NAME` (or how to start one)."""
@@ -408,6 +459,8 @@ class GpuMagics(Magics):
                 + "".join(f"\n  {r.name}: {summary_line(r)}" for r in stopped)
             )
             return
+        if not args.name:
+            self._follow_connection()
         if args.name:
             record = self.manager.get(args.name)
         elif self.current is not None:
@@ -439,6 +492,8 @@ class GpuMagics(Magics):
 
     def _status(self, rest: str) -> None:
         name = rest.strip() or None
+        if name is None:
+            self._follow_connection()
         if name is None and self.current is None:
             print(self._no_session("no GPU session in this notebook"))
             return

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 import urllib.parse
 
 import tornado.web
@@ -22,13 +23,14 @@ from ..configuration.settings import load_policy
 from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput, SessionBusy, StageError
 from ..session import SessionManager, default_backend_name
+from ..session.store import owner_id
 from ..words.spend import live_spot_line, report_rest
 from ..words.status import image_text, rest_view, with_error_texts
 from ..words.stops import warning_texts
 from ..words.switches import switch_line
 from .api import Api
 from .base import BaseHandler
-from .panel import MAX_HISTORY, kernel_ids_by_pid, with_history
+from .panel import MAX_HISTORY, kernel_ids_by_pid, kernel_pid, with_history
 from .workspace_handlers import WorkspaceHandler, WorkspacesHandler
 
 
@@ -200,6 +202,45 @@ class SwitchHandler(BaseHandler):
         await self.guarded(switch, statuses={SessionBusy: 409, StageError: 502})
 
 
+class KernelSessionHandler(BaseHandler):
+    """PUT kernels/KERNEL_ID/session `{"session": NAME}`: connect a notebook (its kernel, one of
+    this server's) to a session: recorded in the store as a use of the session by the kernel's
+    process (`resource["users"]`, as `%gpu use` records one), so the notebook's next `%%gpu`
+    cell runs there (the magic follows it), and its toolbar, the status bar and the session's
+    card say so. Answers the session's view; 404 for a kernel this server does not run or an
+    unknown session, 400 for an ended one."""
+
+    @tornado.web.authenticated
+    async def put(self, key: str) -> None:
+        kernel_id = key
+        body = self.body()
+        unknown = [options.field_shown(k) for k in body if k != "session"]
+        if unknown:
+            return self.fail(400, f"unknown field(s) {', '.join(unknown[:5])}; allowed: session")
+        name = body.get("session")
+        if not isinstance(name, str) or not name.strip():
+            return self.fail(400, "'session': the name of the session to connect, as text")
+        kernel_manager = self.settings.get("kernel_manager")
+        pid = kernel_pid(kernel_manager, kernel_id)
+        if pid is None:
+            return self.fail(
+                404, f"no kernel {shown(kernel_id, 40)} runs on this server (was it shut down?)"
+            )
+        m = self.api.manager
+
+        def connect() -> dict:
+            record = m.get(name.strip())
+            if not record.state.active:
+                raise BadInput(
+                    f"session {record.name} is {record.state.value}: connect a running one, "
+                    "or start or resume one first"
+                )
+            m.store.note_user(record.id, owner_id(pid), time.time())
+            return self.api.view(m.get(record.id), kernel_ids_by_pid(kernel_manager))
+
+        await self.guarded(connect)
+
+
 class StatsHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self, key: str) -> None:
@@ -344,6 +385,7 @@ def setup_handlers(
             (url_path_join(base, "sessions", sid, "stats"), StatsHandler),
             (url_path_join(base, "sessions", sid, "keepalive"), KeepaliveHandler),
             (url_path_join(base, "sessions", sid, "switch"), SwitchHandler),
+            (url_path_join(base, "kernels", sid, "session"), KernelSessionHandler),
             (url_path_join(base, "catalog"), CatalogHandler),
             (url_path_join(base, "prices"), PricesHandler),
             (url_path_join(base, "report"), ReportHandler),
