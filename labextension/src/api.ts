@@ -6,6 +6,7 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import type {
   CatalogReply,
+  ConnectRequest,
   ErrorReply,
   ImagesReply,
   KeepAliveRequest,
@@ -81,6 +82,18 @@ export class GpuSessionClient {
   startSession(body: StartRequest): Promise<SessionView> {
     return this._request<SessionView>('sessions', {
       method: 'POST',
+      body: JSON.stringify(body)
+    });
+  }
+
+  /**
+   * PUT `kernels/<kernel_id>/session`: connect a notebook's kernel to a
+   * session; its next `%%gpu` cell runs there.
+   */
+  connectKernel(kernelId: string, session: string): Promise<SessionView> {
+    const body: ConnectRequest = { session };
+    return this._request<SessionView>(`kernels/${encodeURIComponent(kernelId)}/session`, {
+      method: 'PUT',
       body: JSON.stringify(body)
     });
   }

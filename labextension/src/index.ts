@@ -16,11 +16,13 @@ import {
   showErrorMessage
 } from '@jupyterlab/apputils';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { Toolbar } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { errorMessage, GpuSessionClient } from './api';
 import { CHARTS_ID, GpuChartsView } from './charts';
 import { SessionListModel } from './model';
+import { NotebookLinks, NotebookSessionBadge } from './notebooks';
 import { GpuSessionPanel, PANEL_ID } from './panel';
 import { isLive } from './sessions';
 import { BudgetAlerts, SPEND_ID, SpendSection, SpendView } from './spend';
@@ -66,7 +68,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
       app.shell.activateById(CHARTS_ID);
       charts.showSession(id);
     };
-    const panel = new GpuSessionPanel(model, id => openCharts(id));
+    const links = new NotebookLinks(model, app.serviceManager.sessions, () =>
+      void app.commands.execute(START_COMMAND)
+    );
+    const panel = new GpuSessionPanel(model, id => openCharts(id), links);
     app.shell.add(panel, 'left', { rank: 900 });
     restorer?.add(panel, PANEL_ID);
     void model.start();
@@ -103,8 +108,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
         isActive: () => status.isActive,
         activeStateChanged: status.activeChanged
       });
-      followKernel(app, labShell, id => (status.kernelId = id));
     }
+    followKernel(app, labShell, context => {
+      status.kernelId = context?.session?.kernel?.id ?? null;
+      links.current = context;
+    });
+    // each notebook's toolbar: the session it uses (type, $/h, state), a click to change it
+    app.docRegistry.addWidgetExtension('Notebook', {
+      createNew: widget => {
+        const context = sessionContextOf(widget);
+        const toolbar = (widget as { toolbar?: Toolbar }).toolbar;
+        if (!context || !toolbar) {
+          return;
+        }
+        const badge = new NotebookSessionBadge(model, links, context);
+        toolbar.insertItem(10, 'gpusession-session', badge);
+        return badge;
+      }
+    });
 
     app.commands.addCommand(OPEN_COMMAND, {
       label: 'Show GPU Sessions',
@@ -145,13 +166,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
 };
 
 /**
- * Tell `setKernel` the kernel of the notebook or console last in focus (it
- * stays while the focus is on another kind of widget, the charts say).
+ * Tell `setContext` the notebook or console last in focus, whenever it or
+ * its kernel changes (it stays while the focus is on another kind of widget,
+ * the charts say).
  */
 function followKernel(
   app: JupyterFrontEnd,
   labShell: ILabShell | null,
-  setKernel: (id: string | null) => void
+  setContext: (context: ISessionContext | null) => void
 ): void {
   let context: ISessionContext | null = null;
   const watched = new WeakSet<ISessionContext>();
@@ -159,7 +181,7 @@ function followKernel(
     if (context?.isDisposed) {
       context = null;
     }
-    setKernel(context?.session?.kernel?.id ?? null);
+    setContext(context);
   };
   const follow = () => {
     const found = sessionContextOf(app.shell.currentWidget);
