@@ -6,9 +6,11 @@ Chromium (through Playwright), against a real local session:
   that session, with no magic typed (not even `%load_ext`)
 - the session's card says which notebooks use it; the notebook's toolbar shows its session
   (name, type, $/h, state), and a click on it offers the live sessions to connect
+- "Run this Notebook on a GPU…" (the palette; the badge's dialog too): the start form's fields
+  in a dialog, and the notebook's kernel becomes a GPU kernel with those options
 
 Screenshots go to test-artifacts/: notebook-connect-offer.png, notebook-badge.png,
-notebook-connect-dialog.png (and failed-<name>.png when a test fails); the server log to
+notebook-connect-dialog.png, notebook-gpu-kernel-form.png, notebook-gpu-kernel.png (and failed-<name>.png when a test fails); the server log to
 browser-notebook-jupyterlab.log.
 """
 
@@ -29,6 +31,7 @@ from support.labpanel import (
     open_sidebar,
     put_notebook,
     run_all_cells,
+    run_command,
     running_lab,
     screenshot_on_failure,
     wait_kernel_idle,
@@ -48,8 +51,11 @@ BADGE = ".jp-NotebookPanel-toolbar .gpusession-notebook-badge"
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> Iterator[Lab]:
+    data = tmp_path_factory.mktemp("jupyter-data")  # the GPU kernelspecs it installs
     with running_lab(
-        tmp_path_factory, "browser-notebook-jupyterlab.log", env={"GPUSESSION_BACKEND": "local"}
+        tmp_path_factory,
+        "browser-notebook-jupyterlab.log",
+        env={"GPUSESSION_BACKEND": "local", "JUPYTER_DATA_DIR": str(data)},
     ) as found:
         yield found
 
@@ -106,3 +112,36 @@ def test_a_sidebar_start_connects_the_open_notebook_and_its_next_cell_runs_there
         dialog.screenshot(path=str(ARTIFACTS / "notebook-connect-dialog.png"))
         dialog.get_by_role("button", name="Cancel").click()
         dialog.wait_for(state="detached")
+
+
+def test_run_this_notebook_on_a_gpu_turns_its_kernel_into_a_gpu_kernel(lab, page):
+    put_notebook(lab, "whole.ipynb", ["print('answer', 6 * 7)"])
+    with screenshot_on_failure(page, "notebook-gpu-kernel"):
+        open_lab(page, lab, "gpu-kernel", "tree/whole.ipynb")
+        wait_kernel_idle(page)
+        before = {r.id for r in lab.manager.list(active_only=True)}
+        run_command(page, "Run this Notebook on a GPU…")
+        dialog = page.locator(".jp-Dialog", has_text="Run whole.ipynb on a GPU")
+        form = dialog.locator(".gpusession-start-form")
+        form.locator(".gpusession-type-select option[value='t4']").wait_for(state="attached")
+        form.locator(".gpusession-backend-select").select_option("local")
+        form.locator(".gpusession-idle-input").fill("off")
+        dialog.screenshot(path=str(ARTIFACTS / "notebook-gpu-kernel-form.png"))
+        form.locator(".gpusession-start-button").click()
+        dialog.wait_for(state="detached", timeout=TIMEOUT_MS)
+        # the notebook's kernel is the GPU kernelspec of those options, a session of its own
+        page.locator(
+            ".jp-StatusBar-TextItem", has_text=re.compile(r"GPU · T4.*\|\s*Idle")
+        ).wait_for(timeout=TIMEOUT_MS)
+        (started,) = [r for r in lab.manager.list(active_only=True) if r.id not in before]
+        assert (started.backend, started.spec.gpu_type, started.spec.idle) == ("local", "t4", None)
+        badge = page.locator(BADGE)
+        sync_api.expect(badge).to_have_text(
+            re.compile(rf"^GPU{re.escape(started.name)} · t4 × 1 · .* · running$"),
+            timeout=TIMEOUT_MS,
+        )
+        page.locator(".jp-Notebook .jp-Cell").first.click()
+        run_all_cells(page)
+        output = page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-OutputArea-output")
+        sync_api.expect(output).to_have_text("answer 42", timeout=TIMEOUT_MS)
+        page.screenshot(path=str(ARTIFACTS / "notebook-gpu-kernel.png"))

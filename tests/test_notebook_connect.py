@@ -81,3 +81,30 @@ def test_a_notebook_connected_elsewhere_runs_its_next_cell_there(notebook, manag
     assert "linked2" in notebook.run("%gpu status").text
     manager.stop(linked.id)
     notebook.run("%gpu stop its-own")
+
+
+async def test_a_start_body_installs_the_gpu_kernelspec_a_notebook_changes_to(
+    jp_fetch, manager, tmp_path, monkeypatch
+):
+    """POST kernelspecs ("Run this notebook on a GPU…"): the start form's body becomes a GPU
+    kernelspec for this server's user (here a data folder of the test's own)."""
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path))
+    body = {"type": "t4", "backend": "local", "idle": "off"}
+    r = await jp_fetch("gpusession", "api", "kernelspecs", method="POST", body=json.dumps(body))
+    reply = json.loads(r.body)
+    assert r.code == 200 and reply["name"] == "gpusession-t4-local", reply
+    assert reply["display_name"].startswith("Python 3 (GPU · T4"), reply
+    spec = json.loads((tmp_path / "kernels" / reply["name"] / "kernel.json").read_text())
+    assert spec["metadata"]["kernel_provisioner"]["config"] == body
+    for bad, needle in (
+        ({"type": "t4", "name": "x"}, "a kernelspec cannot set name"),
+        ({"type": "t5"}, "unknown GPU type 't5'"),
+        ({"colour": "red"}, "unknown field(s) colour"),
+    ):
+        try:
+            await jp_fetch("gpusession", "api", "kernelspecs", method="POST", body=json.dumps(bad))
+        except tornado.httpclient.HTTPClientError as exc:
+            assert exc.code == 400 and needle in json.loads(exc.response.body)["message"]
+        else:
+            raise AssertionError(f"{bad} was accepted")
+    assert manager.list() == [], "nothing started"

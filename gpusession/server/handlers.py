@@ -22,6 +22,7 @@ from ..configuration.registry import backend_names, price_lists
 from ..configuration.settings import load_policy
 from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput, SessionBusy, StageError
+from ..provisioner import kernelspecs
 from ..session import SessionManager, default_backend_name
 from ..session.store import owner_id
 from ..words.spend import live_spot_line, report_rest
@@ -241,6 +242,29 @@ class KernelSessionHandler(BaseHandler):
         await self.guarded(connect)
 
 
+class KernelspecsHandler(BaseHandler):
+    """POST kernelspecs: install (or replace) the GPU kernelspec of a start body (the fields of
+    POST sessions, no `name`: each of its kernels is a new session) for this server's user,
+    as `gpusession kernelspec install` does; answers `{"name", "display_name"}`, the kernel a
+    notebook then changes to ("Run this notebook on a GPU…")."""
+
+    @tornado.web.authenticated
+    async def post(self) -> None:
+        body = self.body()
+        problems = options.body_problems(body)
+        if problems:
+            return self.fail(400, str(options.BadOptions(problems, options.REST)))
+        if "type" not in body:
+            body = dict(body, type=self.api.manager.config.default_type)
+
+        def install() -> dict:
+            values = {k: v for k, v in body.items() if v not in (None, "")}
+            installed = kernelspecs.install(values, name=None, user=True)
+            return {"name": installed.name, "display_name": installed.display_name}
+
+        await self.guarded(install)
+
+
 class StatsHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self, key: str) -> None:
@@ -386,6 +410,7 @@ def setup_handlers(
             (url_path_join(base, "sessions", sid, "keepalive"), KeepaliveHandler),
             (url_path_join(base, "sessions", sid, "switch"), SwitchHandler),
             (url_path_join(base, "kernels", sid, "session"), KernelSessionHandler),
+            (url_path_join(base, "kernelspecs"), KernelspecsHandler),
             (url_path_join(base, "catalog"), CatalogHandler),
             (url_path_join(base, "prices"), PricesHandler),
             (url_path_join(base, "report"), ReportHandler),

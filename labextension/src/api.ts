@@ -9,6 +9,7 @@ import type {
   ConnectRequest,
   ErrorReply,
   ImagesReply,
+  KernelspecReply,
   KeepAliveRequest,
   MetricView,
   OptionCheckReply,
@@ -94,6 +95,14 @@ export class GpuSessionClient {
     const body: ConnectRequest = { session };
     return this._request<SessionView>(`kernels/${encodeURIComponent(kernelId)}/session`, {
       method: 'PUT',
+      body: JSON.stringify(body)
+    });
+  }
+
+  /** POST `kernelspecs`: install the GPU kernelspec of these start options. */
+  installKernelspec(body: StartRequest): Promise<KernelspecReply> {
+    return this._request<KernelspecReply>('kernelspecs', {
+      method: 'POST',
       body: JSON.stringify(body)
     });
   }

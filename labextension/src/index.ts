@@ -40,6 +40,8 @@ export const STOP_COMMAND = 'gpusession:stop';
 export const CHARTS_COMMAND = 'gpusession:open-charts';
 /** Opens the Spend view (the spend report). */
 export const SPEND_COMMAND = 'gpusession:open-spend';
+/** Changes the current notebook's kernel to a GPU kernel (the start form's options). */
+export const GPU_KERNEL_COMMAND = 'gpusession:run-notebook-on-gpu';
 const CATEGORY = 'GPU Sessions';
 
 const plugin: JupyterFrontEndPlugin<void> = {
@@ -68,8 +70,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
       app.shell.activateById(CHARTS_ID);
       charts.showSession(id);
     };
-    const links = new NotebookLinks(model, app.serviceManager.sessions, () =>
-      void app.commands.execute(START_COMMAND)
+    const links = new NotebookLinks(
+      model,
+      app.serviceManager.sessions,
+      app.serviceManager.kernelspecs,
+      () => void app.commands.execute(START_COMMAND)
     );
     const panel = new GpuSessionPanel(model, id => openCharts(id), links);
     app.shell.add(panel, 'left', { rank: 900 });
@@ -159,7 +164,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
       caption: 'Where the GPU money went: by day, GPU type and workspace, against the budget',
       execute: openSpend
     });
-    for (const command of [OPEN_COMMAND, START_COMMAND, STOP_COMMAND, CHARTS_COMMAND, SPEND_COMMAND]) {
+    app.commands.addCommand(GPU_KERNEL_COMMAND, {
+      label: 'Run this Notebook on a GPU…',
+      caption: "Change this notebook's kernel to a GPU session, with the start form's options",
+      isEnabled: () => links.current?.type === 'notebook' && !links.current.isDisposed,
+      execute: async () => {
+        if (links.current?.type === 'notebook') {
+          await links.runOnGpu(links.current);
+        }
+      }
+    });
+    for (const command of [
+      OPEN_COMMAND,
+      START_COMMAND,
+      STOP_COMMAND,
+      CHARTS_COMMAND,
+      SPEND_COMMAND,
+      GPU_KERNEL_COMMAND
+    ]) {
       palette?.addItem({ command, category: CATEGORY });
     }
   }

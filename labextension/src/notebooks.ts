@@ -7,15 +7,19 @@
  * change it.
  */
 import { Dialog, ISessionContext, Notification, showDialog, showErrorMessage } from '@jupyterlab/apputils';
-import { Session } from '@jupyterlab/services';
+import { KernelSpec, Session } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
 import { errorMessage } from './api';
 import { element, setData, setText } from './dom';
 import { formatRate } from './format';
+import { StartForm } from './form';
 import { SessionListModel } from './model';
 import { isLive, kindText, liveSessions, rateText, sessionOfKernel } from './sessions';
 import type { SessionView } from './types';
+
+/** The notebook-level action: its whole kernel on a GPU session. */
+export const RUN_ON_GPU = 'Run on a GPU kernel…';
 
 /** What loads the magics into a notebook's kernel, so `%%gpu` works there. */
 const LOAD_EXTENSION = '%load_ext gpusession';
@@ -31,9 +35,15 @@ export function notebookName(path: string): string {
  * sidebar's start form up.
  */
 export class NotebookLinks {
-  constructor(model: SessionListModel, sessions: Session.IManager, openForm: () => void) {
+  constructor(
+    model: SessionListModel,
+    sessions: Session.IManager,
+    kernelspecs: KernelSpec.IManager,
+    openForm: () => void
+  ) {
     this._model = model;
     this._sessions = sessions;
+    this._kernelspecs = kernelspecs;
     this._openForm = openForm;
   }
 
@@ -130,21 +140,59 @@ export class NotebookLinks {
       body.node.append(select);
     }
     const start = Dialog.createButton({ label: 'Start one…', className: 'gpusession-connect-start' });
+    const gpuKernel = Dialog.createButton({ label: RUN_ON_GPU, className: 'gpusession-connect-kernel' });
     const connect = Dialog.okButton({ label: 'Connect', className: 'gpusession-connect-ok' });
     const answer = await showDialog({
       title: `GPU session of ${name}`,
       body,
-      buttons: live.length ? [Dialog.cancelButton(), start, connect] : [Dialog.cancelButton(), start]
+      buttons: live.length
+        ? [Dialog.cancelButton(), gpuKernel, start, connect]
+        : [Dialog.cancelButton(), gpuKernel, start]
     });
-    if (answer.button.label === 'Start one…') {
+    if (answer.button.label === RUN_ON_GPU) {
+      await this.runOnGpu(context);
+    } else if (answer.button.label === 'Start one…') {
       this._openForm();
     } else if (answer.button.accept && select.value) {
       await this.connect(context, select.value);
     }
   }
 
+  /**
+   * "Run this notebook on a GPU…": the start form's fields in a dialog; its
+   * button installs the GPU kernelspec of those options (POST `kernelspecs`)
+   * and changes the notebook's kernel to it, as Colab's "Change runtime type".
+   */
+  async runOnGpu(context: ISessionContext): Promise<void> {
+    const name = notebookName(context.path);
+    const body = new Widget();
+    body.addClass('gpusession-gpu-kernel-dialog');
+    const dialog = new Dialog({ title: `Run ${name} on a GPU`, body, buttons: [Dialog.cancelButton()] });
+    const client = this._model.client;
+    const form = new StartForm(client, () => undefined, () => undefined, {
+      title: `The kernel of ${name} becomes a GPU session with these options`,
+      button: 'Run on a GPU',
+      busy: 'Starting the GPU kernel…',
+      skip: ['name'], // each of its kernels is a new session: a kernelspec names none
+      submit: async request => {
+        const spec = await client.installKernelspec(request);
+        await this._kernelspecs.refreshSpecs();
+        dialog.resolve(0);
+        await context.changeKernel({ name: spec.name });
+        Notification.success(`${name} runs on ${spec.display_name}.`, { autoClose: 5000 });
+        void this._model.refresh();
+        return null;
+      }
+    });
+    body.node.append(form.node);
+    void form.load();
+    await dialog.launch();
+    form.dispose();
+  }
+
   private readonly _model: SessionListModel;
   private readonly _sessions: Session.IManager;
+  private readonly _kernelspecs: KernelSpec.IManager;
   private readonly _openForm: () => void;
 }
 

@@ -160,6 +160,13 @@ export interface ConnectRequest {
   session: string;
 }
 
+/** Reply of POST `kernelspecs` (a `StartRequest` without `name`): the GPU
+ * kernelspec installed for those options, the kernel a notebook changes to. */
+export interface KernelspecReply {
+  name: string;
+  display_name: string;
+}
+
 /** Reply of GET `sessions` (live sessions) and GET `sessions?history=N`
  * (live sessions and the N that ended last). */
 export interface SessionListReply {
