@@ -455,14 +455,24 @@ async def test_an_unknown_session_is_one_line_on_every_face(
     gs_home, nb_env, shell, jp_fetch, capsys
 ):
     assert magic_error(shell, "%%gpu relnope\nprint(1)", capsys) == (
-        "UsageError: no session named 'relnope'; `%gpu list` shows the sessions"
+        "UsageError: no session named 'relnope'; no session is active: `%gpu start` starts one"
     )
     assert "no session named 'relnope'" in (cli_error(nb_env, "status", "relnope") or "")
     # a pattern is no id: with one session recorded, '%%%%%%%%' (a LIKE pattern) must not find it
     Store(gs_home / "sessions.sqlite3").create(
         read({"backend": "local", "name": "only"}), price_per_hour=0.0
     )
-    assert "no session named '%%%%%%%%'" in (cli_error(nb_env, "status", "%" * 8) or "")
+    # every "no session" names the sessions that exist and `%gpu use NAME` (issue 32 §1)
+    use = "active now: only (requested): `%gpu use NAME` connects this notebook to one"
+    assert "no session named '%%%%%%%%'; " + use in (cli_error(nb_env, "status", "%" * 8) or "")
+    assert magic_error(shell, "%%gpu relnope\nprint(1)", capsys) == (
+        f"UsageError: no session named 'relnope'; {use} (`%gpu list` shows them)"
+    )
+    assert magic_error(shell, "%%gpu\nprint(1)", capsys) == (
+        f"UsageError: no GPU session in this notebook; {use} (`%gpu list` shows them)"
+    )
+    r = await jp_fetch("gpusession", "api", "sessions", "ghost", raise_error=False)
+    assert r.code == 404 and use in json.loads(r.body)["message"]
     # a REST 404 says the name as the client wrote it: one %, not tornado's doubled %% nor the
     # wire's %25 (jp_fetch quotes each part: the name 50%off travels as 50%25off)
     r = await jp_fetch("gpusession", "api", "sessions", "50%off", raise_error=False)

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from gpusession.core.durations import format_money
 from gpusession.core.models import State
 from gpusession.session.store import Store
 from support.procs import alive
@@ -154,7 +155,7 @@ def test_gpu_on_sends_every_cell_until_off(notebook):
         ("%gpu start --backend nope", "unknown backend 'nope'; valid backends:"),
         ("%gpu start --max-cost five", "--max-cost: bad max cost 'five'"),
         ("%gpu stop nosuch", "no session named 'nosuch'"),
-        ("%%gpu\nprint(1)", "no GPU session: run `%gpu start"),
+        ("%%gpu\nprint(1)", "no GPU session in this notebook; no session is active: `%gpu start"),
         ("%gpu frobnicate", "unknown subcommand 'frobnicate'"),
         ("%gpu start --bogus", "unrecognized arguments: --bogus"),
     ],
@@ -261,3 +262,21 @@ def test_gpu_use_makes_the_sidebar_name_this_notebooks_kernel(notebook, manager)
     view = panel_view(manager, manager.get(other.id), StartProgress(), {pid: "k-notebook"})
     assert view["kernel_id"] is None  # it did not start it
     assert set(view["kernels"]) == {"k-notebook"} and view["kernels"]["k-notebook"] >= before
+
+
+@pytest.mark.integration
+def test_a_second_start_says_the_first_session_still_bills_and_how_to_stop_it(notebook, nb_env):
+    """Issue 32 §1: a second `%gpu start` in a notebook leaves the first session running: it
+    says so, with its rate and the stop command, and that command stops it."""
+    assert notebook.run("%gpu start --idle off --name first-one").status == "ok"
+    second = notebook.run("%gpu start --idle off --name second-one")
+    assert second.status == "ok", second.text
+    (line,) = [x for x in second.text.splitlines() if x.startswith("note: first-one")]
+    price = _store(nb_env).get("first-one").price_per_hour
+    assert f"is still running and billing {format_money(price)}/h" in line, line
+    assert "`%gpu stop first-one` stops it" in line, line
+    assert "stopped first-one" in notebook.run("%gpu stop first-one").text
+    third = notebook.run("%gpu status")
+    assert "second-one" in third.text, "the notebook moved to the new session"
+    notebook.run("%gpu stop")
+    assert _store(nb_env).list(active_only=True) == []

@@ -330,17 +330,10 @@ def test_a_workspace_on_a_remote_engine_survives_and_resumes(
         listed = _cli({**nb_env, "HOME": os.environ["HOME"]}, "workspaces")
         (row,) = [line for line in listed.stdout.splitlines() if line.startswith("r1 ")]
         assert f"volume {_volume(nb_env, 'r1')} on {host['url']}" in row, listed.stdout
-        again = manager.start(
-            manager.make_spec(
-                "t4",
-                backend="docker",
-                idle="off",
-                image=NONROOT,
-                host=host["url"],
-                name="r2",
-                resume="r1",
-            )
-        )
+        # no --backend, --host nor --image: the resume goes where r1 lives, with r1's image
+        again = manager.start(manager.make_spec("t4", idle="off", name="r2", resume="r1"))
+        assert (again.record.backend, again.record.spec.extra["host"]) == ("docker", host["url"])
+        assert again.record.spec.extra["image"] == NONROOT
         assert again.record.resource["restored"]["restored"] == ["n"]
         assert again.run("assert n == 7 and open('x.txt').read() == 'far'")["status"] == "ok"
         manager.stop(again.id)
@@ -368,3 +361,8 @@ def test_a_max_runtime_stop_saves_too(gs_home, manager):
     assert (
         "saved 1 variable and 1 import" in said and "resume with `%gpu start --resume mr`" in said
     ), said
+    # following that advice, with docker the default backend here: it starts on local, where mr lives
+    again = manager.start(manager.make_spec("t4", idle="off", resume="mr"))
+    assert again.record.backend == "local"
+    assert again.run("assert kept == {'k': 1}")["status"] == "ok"
+    manager.stop(again.id)

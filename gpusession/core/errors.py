@@ -24,7 +24,14 @@ class SessionBusy(BadInput):
 
 
 class UnknownSession(GpuSessionError, LookupError):
-    """No session by that id or name in the store."""
+    """No session by that id or name in the store. `key`: the name asked for; `active`: the
+    (name, state) of the sessions that do exist, active ones (the faces name them, and how to
+    use one: gpusession.words.stops.error_text)."""
+
+    def __init__(self, message: str, key: str | None = None, active: tuple = ()):
+        super().__init__(message)
+        self.key = key
+        self.active = tuple(active)
 
 
 class OverBudget(BadInput):

@@ -55,7 +55,16 @@ from ..session.store import owner_id
 from ..widgets import register_panel
 from ..words.common import price_list_lines
 from ..words.spend import advice_line, advice_lines, live_price_lines, report_lines, start_notes
-from ..words.status import placement_line, rate_text, session_table, status_heading, status_lines
+from ..words.status import (
+    connected_line,
+    placement_line,
+    rate_text,
+    session_table,
+    status_heading,
+    status_lines,
+    still_billing_line,
+    waiting_connected_line,
+)
 from ..words.stops import (
     ended_message,
     error_text,
@@ -63,6 +72,7 @@ from ..words.stops import (
     interrupt_line,
     keepalive_line,
     no_session_after_end,
+    no_session_text,
     renumber_cells,
     summary_line,
     usage_error,
@@ -108,7 +118,10 @@ class GpuMagics(Magics):
             manager.config if manager else GpuSessionConfig(parent=shell)
         )
         self._manager = manager
-        self.current: Session | None = None
+        self._current: Session | None = None
+        # when this notebook last took up a session (started, used, followed): a connection
+        # made from the sidebar after it wins (GpuMagics._follow_connection)
+        self._taken_at = 0.0
         self.auto = False
         self._notifier: WarningNotifier | None = None
         self._ended_note: str | None = None  # how the current session ended, seen by the notifier
@@ -144,6 +157,17 @@ class GpuMagics(Magics):
         if self._manager is None:
             self._manager = SessionManager(self.gpu_config)
         return self._manager
+
+    @property
+    def current(self) -> Session | None:
+        """The session this notebook's `%%gpu` cells run in."""
+        return self._current
+
+    @current.setter
+    def current(self, session: Session | None) -> None:
+        if session is not None:
+            self._taken_at = time.time()
+        self._current = session
 
     def add_subcommand(self, name: str, handler: Callable[[str], Any]) -> None:
         """Later layers (stats, panel) register their subcommands here."""
@@ -256,15 +280,54 @@ class GpuMagics(Magics):
         if name:
             session = self.manager.connected(name)
             return session or self.manager.attach(name, report=_print)
+        self._follow_connection()
         if self.current is None and self._ended_note:  # it ended while no cell ran: say how
             said = self._notices.said_in_this_cell(f"[gpusession] {self._ended_note}")
-            raise UsageError(no_session_after_end(self._ended_note, said_above=said))
+            active = [(r.name, r.state.value) for r in self.manager.list(active_only=True)]
+            raise UsageError(no_session_after_end(self._ended_note, said_above=said, active=active))
         if self.current is None:
-            raise UsageError(
-                "no GPU session: run `%gpu start --type t4` first (or `%gpu use NAME`)"
-            )
+            raise UsageError(self._no_session("no GPU session in this notebook"))
         self._follow_switch()
         return self.current
+
+    def _follow_connection(self) -> None:
+        """The sidebar connected this notebook (its kernel: this process) to a session after
+        the notebook last took one up (REST `PUT kernels/ID/session`, recorded as a use of the
+        session by this process): its cells run there from now on, with one line. A session
+        still starting is waited for."""
+        try:
+            taken = self.manager.store.taken_by(owner_id())
+        except GpuSessionError:
+            return
+        if taken is None or taken[1] <= self._taken_at:
+            return
+        record = taken[0]
+        if self.current is not None and self.current.id == record.id:
+            self._taken_at = taken[1]
+            return
+        if record.state != State.RUNNING:
+            _print(waiting_connected_line(record))
+            record = self._wait_running(record.id)
+        session = self.manager.connected(record.id) or self.manager.attach(record.id, report=_print)
+        self.current, self._ended_note = session, None
+        self._notify(session)
+        _print(connected_line(session.record))
+
+    def _wait_running(self, session_id: str, timeout: float = 900.0):
+        """The record of a session once it left its start (running, or how it ended)."""
+        deadline = time.monotonic() + timeout
+        record = self.manager.get(session_id)
+        while record.state.active and record.state != State.RUNNING:
+            if time.monotonic() > deadline:
+                raise UsageError(waiting_connected_line(record) + ": still not running")
+            time.sleep(0.5)
+            record = self.manager.get(session_id)
+        return record
+
+    def _no_session(self, head: str) -> str:
+        """`head`, the sessions that exist and `%gpu use NAME` (or how to start one)."""
+        active = self.manager.list(active_only=True)
+        return no_session_text(head, [(r.name, r.state.value) for r in active])
 
     def _follow_switch(self) -> None:
         """A switch made elsewhere (the sidebar, the CLI, REST, another notebook) moved the
@@ -307,6 +370,7 @@ class GpuMagics(Magics):
             options.given_values(self._parse(_start_args, rest)), options.FLAGS
         )
         record = self.manager.create(spec)
+        self._say_still_billing()
         for note in start_notes(record):  # a policy's bounds, a budget near its end
             _print(note)
         try:
@@ -322,6 +386,18 @@ class GpuMagics(Magics):
         print_restored(session.record, _print)  # --resume: what came back, what did not
         self._notify(session)
         return None
+
+    def _say_still_billing(self) -> None:
+        """A second start in this notebook leaves the first session billing: say so, with its
+        rate and how to stop it."""
+        if self.current is None:
+            return
+        try:
+            record = self.manager.get(self.current.id)
+        except GpuSessionError:
+            return
+        if record.state.active:
+            _print(still_billing_line(self.manager.view(record)))
 
     def _switch(self, rest: str) -> None:
         """Move the current session to other capacity; it stays current, under its new name."""
@@ -394,12 +470,14 @@ class GpuMagics(Magics):
                 + "".join(f"\n  {r.name}: {summary_line(r)}" for r in stopped)
             )
             return
+        if not args.name:
+            self._follow_connection()
         if args.name:
             record = self.manager.get(args.name)
         elif self.current is not None:
             record = self.current.record
         else:
-            raise UsageError("no current session to stop; name one (`%gpu list`) or use --all")
+            raise UsageError(self._no_session("no session in this notebook to stop"))
         record = self.manager.stop(record.id, by="%gpu stop", save=args.save)
         if self.current is not None and self.current.id == record.id:
             was_auto = self.auto
@@ -419,16 +497,16 @@ class GpuMagics(Magics):
     def _advice(self, rest: str) -> None:
         args = self._parse(_advice_args, rest)
         if args.name is None and self.current is None:
-            raise UsageError("no current session: name one (`%gpu list`) or `%gpu start` one")
+            raise UsageError(self._no_session("no session in this notebook to advise on"))
         doc = self.manager.spend.advice(args.name or self.current.id)  # type: ignore[union-attr]
         print("\n".join(advice_lines(doc["name"], doc)))
 
     def _status(self, rest: str) -> None:
         name = rest.strip() or None
+        if name is None:
+            self._follow_connection()
         if name is None and self.current is None:
-            print(
-                "no current GPU session. `%gpu start --type t4` starts one; `%gpu list` shows all."
-            )
+            print(self._no_session("no GPU session in this notebook"))
             return
         key = name or self.current.id  # type: ignore[union-attr]
         was_running = self.manager.get(key).state == State.RUNNING

@@ -80,8 +80,8 @@ class BaseHandler(APIHandler):
         except tuple(statuses or ()) as exc:
             status = next(code for cls, code in statuses.items() if isinstance(exc, cls))
             return self.fail(status, str(exc))
-        except UnknownSession as exc:
-            return self.fail(404, str(exc))
+        except UnknownSession as exc:  # names the sessions that exist
+            return self.fail(404, error_text(exc))
         except BadInput as exc:
             return self.fail(400, str(exc))
         except NoSession as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 import urllib.parse
 
 import tornado.web
@@ -21,14 +22,16 @@ from ..configuration.registry import backend_names, price_lists
 from ..configuration.settings import load_policy
 from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput, SessionBusy, StageError
+from ..provisioner import kernelspecs
 from ..session import SessionManager, default_backend_name
+from ..session.store import owner_id
 from ..words.spend import budget_line, live_spot_line, report_rest
 from ..words.status import image_text, recorded_words, rest_view, with_error_texts
 from ..words.stops import warning_texts
 from ..words.switches import switch_line
 from .api import Api
 from .handler_base import BaseHandler
-from .sidebar_state import MAX_HISTORY, kernel_ids_by_pid, with_history
+from .sidebar_state import MAX_HISTORY, kernel_ids_by_pid, kernel_pid, with_history
 from .workspace_handlers import WorkspaceHandler, WorkspacesHandler
 
 
@@ -207,6 +210,68 @@ class SwitchHandler(BaseHandler):
         await self.guarded(switch, statuses={SessionBusy: 409, StageError: 502})
 
 
+class KernelSessionHandler(BaseHandler):
+    """PUT kernels/KERNEL_ID/session `{"session": NAME}`: connect a notebook (its kernel, one of
+    this server's) to a session: recorded in the store as a use of the session by the kernel's
+    process (`resource["users"]`, as `%gpu use` records one), so the notebook's next `%%gpu`
+    cell runs there (the magic follows it), and its toolbar, the status bar and the session's
+    card say so. Answers the session's view; 404 for a kernel this server does not run or an
+    unknown session, 400 for an ended one."""
+
+    @tornado.web.authenticated
+    async def put(self, key: str) -> None:
+        kernel_id = key
+        body = self.body()
+        unknown = [options.field_shown(k) for k in body if k != "session"]
+        if unknown:
+            return self.fail(400, f"unknown field(s) {', '.join(unknown[:5])}; allowed: session")
+        name = body.get("session")
+        if not isinstance(name, str) or not name.strip():
+            return self.fail(400, "'session': the name of the session to connect, as text")
+        kernel_manager = self.settings.get("kernel_manager")
+        pid = kernel_pid(kernel_manager, kernel_id)
+        if pid is None:
+            return self.fail(
+                404, f"no kernel {shown(kernel_id, 40)} runs on this server (was it shut down?)"
+            )
+        m = self.api.manager
+
+        def connect() -> dict:
+            record = m.get(name.strip())
+            if not record.state.active:
+                raise BadInput(
+                    f"session {record.name} is {record.state.value}: connect a running one, "
+                    "or start or resume one first"
+                )
+            m.store.note_user(record.id, owner_id(pid), time.time())
+            return self.api.view(m.get(record.id), kernel_ids_by_pid(kernel_manager))
+
+        await self.guarded(connect)
+
+
+class KernelspecsHandler(BaseHandler):
+    """POST kernelspecs: install (or replace) the GPU kernelspec of a start body (the fields of
+    POST sessions, no `name`: each of its kernels is a new session) for this server's user,
+    as `gpusession kernelspec install` does; answers `{"name", "display_name"}`, the kernel a
+    notebook then changes to ("Run this notebook on a GPU…")."""
+
+    @tornado.web.authenticated
+    async def post(self) -> None:
+        body = self.body()
+        problems = options.body_problems(body)
+        if problems:
+            return self.fail(400, str(options.BadOptions(problems, options.REST)))
+        if "type" not in body:
+            body = dict(body, type=self.api.manager.config.default_type)
+
+        def install() -> dict:
+            values = {k: v for k, v in body.items() if v not in (None, "")}
+            installed = kernelspecs.install(values, name=None, user=True)
+            return {"name": installed.name, "display_name": installed.display_name}
+
+        await self.guarded(install)
+
+
 class StatsHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self, key: str) -> None:
@@ -352,6 +417,8 @@ def setup_handlers(
             (url_path_join(base, "sessions", sid, "stats"), StatsHandler),
             (url_path_join(base, "sessions", sid, "keepalive"), KeepaliveHandler),
             (url_path_join(base, "sessions", sid, "switch"), SwitchHandler),
+            (url_path_join(base, "kernels", sid, "session"), KernelSessionHandler),
+            (url_path_join(base, "kernelspecs"), KernelspecsHandler),
             (url_path_join(base, "catalog"), CatalogHandler),
             (url_path_join(base, "prices"), PricesHandler),
             (url_path_join(base, "report"), ReportHandler),

@@ -85,6 +85,17 @@ def kernel_ids_by_pid(kernel_manager: Any) -> dict[int | str, str]:
     return found
 
 
+def kernel_pid(kernel_manager: Any, kernel_id: str) -> int | None:
+    """The process of a kernel this Jupyter server runs locally (a notebook's), or None."""
+    if kernel_manager is None or kernel_id not in list(kernel_manager.list_kernel_ids()):
+        return None
+    try:
+        pid = kernel_manager.get_kernel(kernel_id).provisioner.pid
+    except (KeyError, AttributeError):  # shut down meanwhile, or no provisioner
+        return None
+    return pid if isinstance(pid, int) else None
+
+
 def panel_view(
     manager: SessionManager,
     record: SessionRecord,

@@ -58,7 +58,7 @@ from .spend import Spend
 from .stats import Stats, save_summary
 from .store import Store
 from .views import session_view
-from .workspace_ops import fetch_restore_report, save_checkpoint, workspace_claim
+from .workspace_ops import fetch_restore_report, resume_values, save_checkpoint, workspace_claim
 
 if TYPE_CHECKING:
     from ..configuration.config import GpuSessionConfig
@@ -155,7 +155,9 @@ class SessionManager:
         """Validate start options as a face was given them (BadInput says what was wrong, naming
         each field in the words of `face`: options.REST, FLAGS or FORM): the option table's rules
         (gpusession/configuration/options.py), with this manager's config for defaults. An option left out
-        takes its default."""
+        takes its default; a `resume` without a backend goes where its workspace lives
+        (session/workspace_ops.py `resume_values`)."""
+        values = resume_values(self.store, dict(values))  # --resume: where its workspace lives
         picked: list[str] = []  # the backend nobody named, picked by `default_rank`
 
         def backend_default() -> str:

@@ -57,14 +57,16 @@ CREATE TABLE IF NOT EXISTS failed_hosts (
 """
 
 
-def owner_id() -> str:
+def owner_id(pid: int | None = None) -> str:
     """Who started a session: user@host:pid:start (start: the process's start time in clock
-    ticks, so gc tells a dead owner from a later process that got the same pid)."""
+    ticks, so gc tells a dead owner from a later process that got the same pid). `pid`: another
+    process of this user on this host (the Jupyter server names a notebook's kernel so, to
+    connect it to a session); this process by default."""
     try:
         user = getpass.getuser()
     except Exception:  # noqa: BLE001 - no passwd entry in some containers
         user = str(os.getuid())
-    pid = os.getpid()
+    pid = os.getpid() if pid is None else pid
     started = start_ticks(pid)
     return f"{user}@{socket.gethostname()}:{pid}" + (f":{started}" if started is not None else "")
 
@@ -445,6 +447,17 @@ class Store:
 
     # -- reads --------------------------------------------------------------------------
 
+    def taken_by(self, owner: str) -> tuple[SessionRecord, float] | None:
+        """The active session process `owner` took up last (started it, `%gpu use`, or was
+        connected to it from the sidebar: `note_user`), with when; None when it took none."""
+        best: tuple[SessionRecord, float] | None = None
+        for record in self.list(active_only=True):
+            users = record.resource.get("users") or {}
+            at = users.get(owner, record.created_at if record.owner == owner else None)
+            if at is not None and (best is None or at > best[1]):
+                best = (record, at)
+        return best
+
     def _record(self, db: sqlite3.Connection, row: sqlite3.Row) -> SessionRecord:
         events = [
             Event(session_id=row["id"], state=State(e["state"]), at=e["at"], detail=e["detail"])
@@ -479,7 +492,15 @@ class Store:
                 rows = db.execute("SELECT * FROM sessions WHERE id LIKE ?", (key + "%",)).fetchall()
                 row = rows[0] if len(rows) == 1 else None
             if row is None:
-                raise UnknownSession(f"no session named {key!r}; `%gpu list` shows the sessions")
+                active = db.execute(
+                    "SELECT name, state FROM sessions WHERE state NOT IN ('stopped','failed')"
+                    " ORDER BY created_at DESC"
+                ).fetchall()
+                raise UnknownSession(
+                    f"no session named {key!r}",
+                    key=key,
+                    active=[(r["name"], r["state"]) for r in active],
+                )
             return self._record(db, row)
 
     @staticmethod

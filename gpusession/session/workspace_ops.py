@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..configuration.registry import load_backend_class, workspace_backends
 from ..core.errors import BackendUnavailable, BadInput, GpuSessionError, WorkspaceInUse
+from ..core.models import State
 from .agentclient import AgentClient, AgentUnavailable
 from .store import Store
 
@@ -189,3 +190,48 @@ def remove(
         )
     backend_of(view.workspace.backend).remove_workspace(view.workspace)
     return view.workspace
+
+
+#: spec.extra: where a --resume was sent because its workspace lives there ({"session",
+#: "backend", "place", "image"}: the options taken from that session's record)
+RESUMED_WHERE = "resumed_where"
+
+
+def resume_values(store: Store, values: dict[str, Any]) -> dict[str, Any]:
+    """Start options with a `resume` (as a face gave them) sent where the workspace lives: the
+    backend, place (its `place_option`: an engine, a region) and image of the newest session
+    that ran on it, each where the user gave none (a different backend takes none of them).
+    Unchanged without a resume, or when no session of this store ran on that workspace."""
+    name = values.get("resume")
+    if not isinstance(name, str) or not name.strip():
+        return values
+    record = _last_ran_on(store, name.strip())
+    if record is None:
+        return values
+    given_backend = values.get("backend")
+    if isinstance(given_backend, str) and given_backend.strip() not in ("", record.backend):
+        return values  # the user said otherwise
+    out, taken = dict(values), {"session": record.name, "backend": record.backend}
+    out["backend"] = record.backend
+    backend_class = load_backend_class(record.backend)
+    place = backend_class.place_option
+    if place and not values.get(place) and record.spec.extra.get(place):
+        out[place] = taken["place"] = record.spec.extra[place]
+    image = record.resource.get("image") or record.spec.extra.get("image")
+    if backend_class.takes_image and not values.get("image") and image:
+        out["image"] = taken["image"] = image
+    out[RESUMED_WHERE] = taken
+    return out
+
+
+def _last_ran_on(store: Store, workspace: str) -> "SessionRecord | None":
+    """The newest session that reached running on the workspace `workspace` (a start that
+    failed, on another backend say, is not where the workspace lives)."""
+    for record in store.list():  # newest first
+        used = (
+            record.resource.get("workspace")
+            or (workspace_claim(record.spec, record.name) or ("",))[-1]
+        )
+        if used == workspace and any(e.state == State.RUNNING for e in record.events):
+            return record
+    return None

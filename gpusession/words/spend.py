@@ -9,6 +9,7 @@ import time
 from ..core.durations import format_bound, format_money
 from ..core.models import SessionRecord
 from .common import gpu_label, memory_text
+from .workspaces import resumed_where_line
 
 
 def _on(gpu_type: str, gpu_count: int, price: float) -> str:
@@ -196,8 +197,11 @@ def policy_bound_text(bound: dict) -> str:
 
 
 def start_notes(record: SessionRecord) -> list[str]:
-    """What a start says before it begins: the bounds a policy put in, a budget near its end."""
-    notes = [policy_bound_text(b) for b in record.spec.extra.get("policy_bounds") or []]
+    """What a start says before it begins: where a resume goes, the bounds a policy put in, a
+    budget near its end."""
+    resumed = resumed_where_line(record)
+    notes = [resumed] if resumed else []
+    notes += [policy_bound_text(b) for b in record.spec.extra.get("policy_bounds") or []]
     warning = budget_warning(record.resource.get("budget"))
     return notes + ([warning] if warning else [])
 

@@ -58,6 +58,33 @@ def rate_text(view: dict) -> str:
     return f"{rate} ({note})" if note else rate
 
 
+def still_billing_line(view: dict) -> str:
+    """A second `%gpu start` in a notebook whose session still runs: the first one keeps
+    billing, at what rate, and how to stop it (or move it instead of starting another)."""
+    return (
+        f"note: {view['name']} ({view['gpu_count']} x {view['gpu_type']} on {view['backend']}), "
+        f"this notebook's session until now, is still {view['state']} and billing "
+        f"{rate_text(view)}: `%gpu stop {view['name']}` stops it; this notebook moves to the "
+        "new session (`%gpu switch` moves a session to another GPU instead of starting a second)"
+    )
+
+
+def connected_line(record: SessionRecord) -> str:
+    """A notebook connected to a session from the sidebar, at its next `%%gpu` cell."""
+    return (
+        f"[gpusession] this notebook now uses {record.name} ({record.spec.gpu_count} x "
+        f"{record.spec.gpu_type} on {record.backend}): connected from the sidebar"
+    )
+
+
+def waiting_connected_line(record: SessionRecord) -> str:
+    """The session a notebook was connected to is still starting: the cell waits for it."""
+    return (
+        f"[gpusession] waiting for {record.name}, which this notebook was connected to, "
+        f"to start ({record.state.value})"
+    )
+
+
 def ran_text(view: dict) -> str:
     """How long a session view ran: 'ran 1m05s', or 'never ran' (it cost nothing)."""
     return NEVER_RAN if view.get("never_ran") else f"ran {format_duration(view.get('uptime_s'))}"

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 from ..configuration.cost import cost_of, never_ran, uptime_seconds
 from ..configuration.registry import load_backend_class
 from ..core.durations import format_duration, format_money
-from ..core.errors import GpuSessionError, SessionEnded
+from ..core.errors import GpuSessionError, SessionEnded, UnknownSession
 from ..core.models import SessionRecord, State
 from ..core.protocol import StopKind, StopReason, Warning, WarningKind
 from .common import NEVER_RAN
@@ -207,15 +207,39 @@ def error_text(exc: BaseException) -> str:
     if isinstance(exc, SessionEnded):
         cut = getattr(exc, "during", "")
         return f"{cut}\n{ended_message(exc.record)}" if cut else ended_message(exc.record)
+    if isinstance(exc, UnknownSession) and exc.key is not None:
+        return no_session_text(f"no session named {exc.key!r}", exc.active)
     return str(exc)
 
 
-def no_session_after_end(ended: str, *, said_above: bool = False) -> str:
+def no_session_after_end(
+    ended: str, *, said_above: bool = False, active: Iterable[tuple[str, str]] = ()
+) -> str:
     """A cell that finds the current session ended: how it ended (its ended line, which says how
-    to resume when it saved), unless that line was just said in this same cell."""
-    if said_above:
-        return "no GPU session: it ended (said above); `%gpu start` a new one"
-    return f"no GPU session: {ended}; `%gpu start` a new one"
+    to resume when it saved), unless that line was just said in this same cell; and the sessions
+    that are active (`active`: (name, state)), which `%gpu use NAME` connects to."""
+    head = "no GPU session: it ended (said above)" if said_above else f"no GPU session: {ended}"
+    if not list(active):
+        return f"{head}; `%gpu start` a new one"
+    return no_session_text(head, active)
+
+
+#: how many sessions a "no session" message names
+NAMED_AT_MOST = 6
+
+
+def no_session_text(head: str, active: Iterable[tuple[str, str]]) -> str:
+    """Every "no session" message (the magic, the CLI, REST): `head`, the sessions that exist
+    (`active`: (name, state), newest first) and `%gpu use NAME`, or how to start one."""
+    active = list(active)
+    if not active:
+        return f"{head}; no session is active: `%gpu start` starts one"
+    named = ", ".join(f"{name} ({state})" for name, state in active[:NAMED_AT_MOST])
+    more = f" and {len(active) - NAMED_AT_MOST} more" if len(active) > NAMED_AT_MOST else ""
+    return (
+        f"{head}; active now: {named}{more}: `%gpu use NAME` connects this notebook to one "
+        "(`%gpu list` shows them)"
+    )
 
 
 def usage_error(message: str) -> str:

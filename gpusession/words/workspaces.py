@@ -226,3 +226,17 @@ def pick_text(view: Any) -> str:
         parts.append(f"saved {format_duration(max(0.0, _now() - view.saved_at))} ago")
     parts.append(size_text(ws.size_bytes))
     return " · ".join(parts)
+
+
+def resumed_where_line(record) -> str | None:
+    """A --resume start sent where its workspace lives (spec.extra["resumed_where"]): where,
+    and how to choose otherwise; None for any other start."""
+    taken = record.spec.extra.get("resumed_where")
+    if not taken:
+        return None
+    where = taken["backend"] + (f" on {taken['place']}" if taken.get("place") else "")
+    image = f", image {taken['image']}" if taken.get("image") else ""
+    return (
+        f"resuming workspace {record.spec.extra.get('resume')} where it lives: {where}{image} "
+        f"(as session {taken['session']} ran; name --backend, its place or --image to choose otherwise)"
+    )

@@ -6,8 +6,10 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import type {
   CatalogReply,
+  ConnectRequest,
   ErrorReply,
   ImagesReply,
+  KernelspecReply,
   KeepAliveRequest,
   MetricView,
   OptionCheckReply,
@@ -85,6 +87,26 @@ export class GpuSessionClient {
   /** POST `sessions`: the reply comes before the session is running. */
   startSession(body: StartRequest): Promise<SessionView> {
     return this._request<SessionView>('sessions', {
+      method: 'POST',
+      body: JSON.stringify(body)
+    });
+  }
+
+  /**
+   * PUT `kernels/<kernel_id>/session`: connect a notebook's kernel to a
+   * session; its next `%%gpu` cell runs there.
+   */
+  connectKernel(kernelId: string, session: string): Promise<SessionView> {
+    const body: ConnectRequest = { session };
+    return this._request<SessionView>(`kernels/${encodeURIComponent(kernelId)}/session`, {
+      method: 'PUT',
+      body: JSON.stringify(body)
+    });
+  }
+
+  /** POST `kernelspecs`: install the GPU kernelspec of these start options. */
+  installKernelspec(body: StartRequest): Promise<KernelspecReply> {
+    return this._request<KernelspecReply>('kernelspecs', {
       method: 'POST',
       body: JSON.stringify(body)
     });

@@ -46,6 +46,8 @@ export interface CardHost {
   openCharts(id: string): void;
   /** Refresh the list at the starting pace until the returned function is called. */
   hurry(): () => void;
+  /** The notebooks that use a session now (their file names). */
+  usersOf(view: SessionView): string[];
 }
 
 /** What "cloud rate, own hardware" means, on hover. */
@@ -94,6 +96,7 @@ export class SessionCard {
     this.node.append(
       header,
       this._kind,
+      this._usedBy,
       this._progress,
       this._restored,
       this._switched,
@@ -139,6 +142,8 @@ export class SessionCard {
     setText(this._state, view.state);
     setClass(this._state, `gpusession-state gpusession-state-${view.state}`);
     setText(this._kind, kindText(view));
+    const users = this._host.usersOf(view);
+    showText(this._usedBy, users.length ? `Used by ${users.join(', ')}` : null);
     // while a switch runs: its stages as the server says them; until the first comes, what
     // was asked (the lines before are the session's own start)
     const lines = (view.progress ?? []).join('\n');
@@ -327,6 +332,7 @@ export class SessionCard {
   private readonly _name = element('span', 'gpusession-name');
   private readonly _state = control('span', 'gpusession-state');
   private readonly _kind = element('div', 'gpusession-kind');
+  private readonly _usedBy = message('gpusession-used-by');
   private readonly _progress = message('gpusession-progress');
   /** What a resumed session's kernel brought back from its workspace. */
   private readonly _restored = message('gpusession-restored');

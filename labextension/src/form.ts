@@ -58,15 +58,36 @@ const IMAGE_OPTION = 'image';
 /** The option naming the machine whose images are offered. */
 const HOST_OPTION = 'host';
 
+/**
+ * What the form's button does with the body: start a session (the sidebar),
+ * or something else with the same fields ("Run this notebook on a GPU…").
+ */
+export interface FormMode {
+  readonly title: string;
+  readonly button: string;
+  readonly busy: string;
+  /** Options this mode does not take (their fields stay hidden, out of the body). */
+  readonly skip?: readonly string[];
+  /** Act on a body the server's check accepted; a view when a session started. */
+  submit(body: StartRequest): Promise<SessionView | null>;
+}
+
 export class StartForm {
   constructor(
     client: GpuSessionClient,
     onStarted: (view: SessionView) => void,
-    onFailed: (text: string) => void = () => undefined
+    onFailed: (text: string) => void = () => undefined,
+    mode?: FormMode
   ) {
     this._client = client;
     this._onStarted = onStarted;
     this._onFailed = onFailed;
+    this._mode = mode ?? {
+      title: 'Start a GPU session',
+      button: 'Start',
+      busy: 'Starting…',
+      submit: body => client.startSession(body)
+    };
 
     this.node = document.createElement('form');
     this.node.className = 'gpusession-start-form';
@@ -75,10 +96,10 @@ export class StartForm {
 
     const title = document.createElement('h3');
     title.className = 'gpusession-section-title';
-    title.textContent = 'Start a GPU session';
+    title.textContent = this._mode.title;
 
     this._submit.type = 'submit';
-    this._submit.textContent = 'Start';
+    this._submit.textContent = this._mode.button;
 
     this.node.append(
       title,
@@ -340,14 +361,23 @@ export class StartForm {
   }
 
   private _body(): StartRequest {
-    return requestBody(this._options ?? [], this._values());
+    const skip = new Set(this._mode.skip ?? []);
+    return requestBody(
+      (this._options ?? []).filter(option => !skip.has(option.name)),
+      this._values()
+    );
   }
 
   /** Show the fields that apply, the price, the load errors, the button. */
   private _refresh(): void {
     const options = this._options ?? [];
     const values = this._values();
-    const shown = new Set(visibleOptions(options, values).map(option => option.name));
+    const skip = new Set(this._mode.skip ?? []);
+    const shown = new Set(
+      visibleOptions(options, values)
+        .map(option => option.name)
+        .filter(name => !skip.has(name))
+    );
     for (const [name, field] of this._fields) {
       field.node.hidden = !shown.has(name);
     }
@@ -462,7 +492,7 @@ export class StartForm {
     window.clearTimeout(this._checkTimer);
     const body = this._body();
     this._starting = true;
-    this._submit.textContent = 'Starting…';
+    this._submit.textContent = this._mode.busy;
     this._refresh();
     try {
       const errors = await this._check(body);
@@ -470,7 +500,7 @@ export class StartForm {
         this._focusInvalid(errors);
         return;
       }
-      const view = await this._client.startSession(body);
+      const view = await this._mode.submit(body);
       showText(this._formError, null);
       for (const name of RESET_AFTER_START) {
         const field = this._fields.get(name);
@@ -478,7 +508,9 @@ export class StartForm {
           field.input.value = String(initialValue(field.option));
         }
       }
-      this._onStarted(view);
+      if (view) {
+        this._onStarted(view);
+      }
       void this._loadWorkspaces(); // the one it resumed is in use now
     } catch (error) {
       const reason =
@@ -489,13 +521,14 @@ export class StartForm {
       this._onFailed(`Start failed: ${reason}`);
     } finally {
       this._starting = false;
-      this._submit.textContent = 'Start';
+      this._submit.textContent = this._mode.button;
       this._refresh();
     }
   }
 
   private readonly _client: GpuSessionClient;
   private readonly _onStarted: (view: SessionView) => void;
+  private readonly _mode: FormMode;
   private readonly _onFailed: (text: string) => void;
   private _images: ImagesReply | null = null;
   private _imagesProblem: string | null = null;

@@ -16,12 +16,14 @@ import {
   showErrorMessage
 } from '@jupyterlab/apputils';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { Toolbar } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { SessionAlerts } from './alerts';
 import { errorMessage, GpuSessionClient } from './api';
 import { CHARTS_ID, GpuChartsView } from './charts';
 import { SessionListModel } from './model';
+import { NotebookLinks, NotebookSessionBadge } from './notebooks';
 import { GpuSessionPanel, PANEL_ID } from './panel';
 import { isLive } from './sessions';
 import { SPEND_ID, SpendSection, SpendView } from './spend';
@@ -39,6 +41,8 @@ export const STOP_COMMAND = 'gpusession:stop';
 export const CHARTS_COMMAND = 'gpusession:open-charts';
 /** Opens the Spend view (the spend report). */
 export const SPEND_COMMAND = 'gpusession:open-spend';
+/** Changes the current notebook's kernel to a GPU kernel (the start form's options). */
+export const GPU_KERNEL_COMMAND = 'gpusession:run-notebook-on-gpu';
 const CATEGORY = 'GPU Sessions';
 
 const plugin: JupyterFrontEndPlugin<void> = {
@@ -67,7 +71,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
       app.shell.activateById(CHARTS_ID);
       charts.showSession(id);
     };
-    const panel = new GpuSessionPanel(model, id => openCharts(id));
+    const links = new NotebookLinks(
+      model,
+      app.serviceManager.sessions,
+      app.serviceManager.kernelspecs,
+      () => void app.commands.execute(START_COMMAND)
+    );
+    const panel = new GpuSessionPanel(model, id => openCharts(id), links);
     app.shell.add(panel, 'left', { rank: 900 });
     restorer?.add(panel, PANEL_ID);
     void model.start();
@@ -106,8 +116,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
         isActive: () => status.isActive,
         activeStateChanged: status.activeChanged
       });
-      followKernel(app, labShell, id => (status.kernelId = id));
     }
+    followKernel(app, labShell, context => {
+      status.kernelId = context?.session?.kernel?.id ?? null;
+      links.current = context;
+    });
+    // each notebook's toolbar: the session it uses (type, $/h, state), a click to change it
+    app.docRegistry.addWidgetExtension('Notebook', {
+      createNew: widget => {
+        const context = sessionContextOf(widget);
+        const toolbar = (widget as { toolbar?: Toolbar }).toolbar;
+        if (!context || !toolbar) {
+          return;
+        }
+        const badge = new NotebookSessionBadge(model, links, context);
+        toolbar.insertItem(10, 'gpusession-session', badge);
+        return badge;
+      }
+    });
 
     app.commands.addCommand(OPEN_COMMAND, {
       label: 'Show GPU Sessions',
@@ -141,20 +167,38 @@ const plugin: JupyterFrontEndPlugin<void> = {
       caption: 'Where the GPU money went: by day, GPU type and workspace, against the budget',
       execute: openSpend
     });
-    for (const command of [OPEN_COMMAND, START_COMMAND, STOP_COMMAND, CHARTS_COMMAND, SPEND_COMMAND]) {
+    app.commands.addCommand(GPU_KERNEL_COMMAND, {
+      label: 'Run this Notebook on a GPU…',
+      caption: "Change this notebook's kernel to a GPU session, with the start form's options",
+      isEnabled: () => links.current?.type === 'notebook' && !links.current.isDisposed,
+      execute: async () => {
+        if (links.current?.type === 'notebook') {
+          await links.runOnGpu(links.current);
+        }
+      }
+    });
+    for (const command of [
+      OPEN_COMMAND,
+      START_COMMAND,
+      STOP_COMMAND,
+      CHARTS_COMMAND,
+      SPEND_COMMAND,
+      GPU_KERNEL_COMMAND
+    ]) {
       palette?.addItem({ command, category: CATEGORY });
     }
   }
 };
 
 /**
- * Tell `setKernel` the kernel of the notebook or console last in focus (it
- * stays while the focus is on another kind of widget, the charts say).
+ * Tell `setContext` the notebook or console last in focus, whenever it or
+ * its kernel changes (it stays while the focus is on another kind of widget,
+ * the charts say).
  */
 function followKernel(
   app: JupyterFrontEnd,
   labShell: ILabShell | null,
-  setKernel: (id: string | null) => void
+  setContext: (context: ISessionContext | null) => void
 ): void {
   let context: ISessionContext | null = null;
   const watched = new WeakSet<ISessionContext>();
@@ -162,7 +206,7 @@ function followKernel(
     if (context?.isDisposed) {
       context = null;
     }
-    setKernel(context?.session?.kernel?.id ?? null);
+    setContext(context);
   };
   const follow = () => {
     const found = sessionContextOf(app.shell.currentWidget);

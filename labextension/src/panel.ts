@@ -15,6 +15,7 @@ import { HistorySection } from './history';
 import { WorkspacesSection } from './workspacelist';
 import { gpuIcon } from './icon';
 import { SessionListModel } from './model';
+import { NotebookLinks } from './notebooks';
 import { endedSessions, liveCount, liveRateText, liveSessions } from './sessions';
 import type { SessionView } from './types';
 
@@ -27,8 +28,9 @@ export class GpuSessionPanel extends Widget {
   /**
    * @param model - the session list, shared with the status bar and charts.
    * @param openCharts - opens the large charts of a session.
+   * @param links - the notebooks and the sessions they use.
    */
-  constructor(model: SessionListModel, openCharts: (id: string) => void) {
+  constructor(model: SessionListModel, openCharts: (id: string) => void, links: NotebookLinks) {
     super();
     this.id = PANEL_ID;
     this.addClass('gpusession-panel');
@@ -48,8 +50,10 @@ export class GpuSessionPanel extends Widget {
       client,
       sink: view => this.model.upsert(view),
       openCharts,
-      hurry: () => this.model.hurry()
+      hurry: () => this.model.hurry(),
+      usersOf: view => links.usersOf(view)
     };
+    this._links = links;
     this._history = new HistorySection({ client, started: view => this._onStarted(view) });
     this._workspaces = new WorkspacesSection(client);
 
@@ -146,6 +150,7 @@ export class GpuSessionPanel extends Widget {
   private _onStarted(view: SessionView): void {
     this._startedHere.add(view.id);
     this.model.upsert(view);
+    this._links.offer(view); // the open notebook: connect it to this session?
     // The form sits below the list: bring the new card into view.
     this._cards.get(view.id)?.node.scrollIntoView({ block: 'nearest' });
     void this.model.refresh();
@@ -224,6 +229,7 @@ export class GpuSessionPanel extends Widget {
     });
   }
 
+  private readonly _links: NotebookLinks;
   private readonly _form: StartForm;
   private readonly _cardHost: CardHost;
   private readonly _history: HistorySection;

@@ -16,6 +16,8 @@ import type { SessionView } from './types';
 const TICK_MS = 1000;
 /** How often the agent's own countdown is fetched (the list's may be stale), in ms. */
 const IDLE_POLL_MS = 10_000;
+/** How often while no countdown is known yet (a session just up, or busy until now), in ms. */
+const IDLE_UNKNOWN_POLL_MS = 2_000;
 
 export class GpuStatusItem extends Widget {
   constructor(model: SessionListModel, onClick: () => void) {
@@ -88,6 +90,16 @@ export class GpuStatusItem extends Widget {
       this._countdown.see(reply.idle.remaining_s, Date.now());
       this._show();
     }
+    this._idlePace();
+  }
+
+  /** Ask the agent often until a countdown is known, then now and then. */
+  private _idlePace(): void {
+    const known = this._countdown.remaining(Date.now()) !== null;
+    const interval = known ? IDLE_POLL_MS : IDLE_UNKNOWN_POLL_MS;
+    if (this._idlePoll.frequency.interval !== interval) {
+      this._idlePoll.frequency = { interval, backoff: true, max: 60_000 };
+    }
   }
 
   private _render(): void {
@@ -110,6 +122,7 @@ export class GpuStatusItem extends Widget {
       this._activeChanged.emit();
     }
     if (changed && this._wantsIdle()) {
+      this._idlePace();
       void this._idlePoll.refresh();
     }
   }

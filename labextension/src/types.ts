@@ -160,6 +160,21 @@ export interface SessionView {
   budget_alert?: { level: string; text: string } | null;
 }
 
+/** Body of PUT `kernels/<kernel_id>/session`: connect a notebook (its
+ * kernel) to a session; the reply is the session's `SessionView`, whose
+ * `kernels` then holds the kernel. */
+export interface ConnectRequest {
+  /** The session's name (or id). */
+  session: string;
+}
+
+/** Reply of POST `kernelspecs` (a `StartRequest` without `name`): the GPU
+ * kernelspec installed for those options, the kernel a notebook changes to. */
+export interface KernelspecReply {
+  name: string;
+  display_name: string;
+}
+
 /** Reply of GET `sessions` (live sessions) and GET `sessions?history=N`
  * (live sessions and the N that ended last). */
 export interface SessionListReply {

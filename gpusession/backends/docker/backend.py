@@ -55,7 +55,6 @@ from ..base import (
     TunnelLink,
     stop_details_from_log,
 )
-from .engine_probe import endpoints, engine_place, gives_gpus
 from .engine import (
     HELPER_LABEL,
     LABEL,
@@ -74,6 +73,7 @@ from .engine import (
     short_error,
     wait_for_marker,
 )
+from .engine_probe import endpoints, engine_place, gives_gpus
 from .gpus import GPUS_LABEL, NAME_LABEL, holders, pick, read_box, refusal
 from .pools import ask_pool, best_box, chosen_line, full_line, type_matches
 from .runtime_volumes import remove_copy, stale_resources
