@@ -336,3 +336,16 @@ def test_the_runtime_boot_script_speaks_the_protocol():
         "-m gpusession.agent.firststep run",
     ):
         assert name in text, name
+
+
+def test_no_function_over_sixty_lines():
+    """Issue 31: functions over 60 lines (16, up to 162) are split by step where the steps have
+    names; this keeps them so."""
+    long = []
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 60:
+                    long.append(f"{path.relative_to(PKG)}:{node.lineno} {node.name} ({lines})")
+    assert not long, f"functions over 60 lines (split them by step): {sorted(long)}"

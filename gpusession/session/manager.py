@@ -280,29 +280,9 @@ class SessionManager:
             record = self.store.transition(record.id, State.STARTING)
             with progress.stage("connect"):
                 link = backend.connect(record, progress)
-            # lazy: docs/architecture.md#imports-kept-inside-functions (jupyter_client, zmq)
-            from .handle import Session
-
-            session = Session(self, record, backend, link)
-            try:
-                with progress.stage("kernel", "waiting for the kernel to answer"):
-                    session.kernel.wait_ready(
-                        timeout=600 if spec.extra.get("resume") else 120
-                    )  # a restore loads first
-                files.upload_start_tree(
-                    session.kernel, spec.extra, progress
-                )  # --upload: a stage of its own
-            except BaseException:
-                session.kernel.close()
-                raise
+            session = self._kernel_answers(record, backend, link, progress)
         except BaseException as exc:
-            stage = exc.stage if isinstance(exc, StageError) else (progress.current or "start")
-            message = (
-                str(exc) if isinstance(exc, StageError) else f"{stage}: {type(exc).__name__}: {exc}"
-            )
-            if isinstance(exc, KeyboardInterrupt):
-                message = f"{stage}: interrupted"
-            self._abort(record, link, backend, message)
+            self._abort(record, link, backend, _failure_message(exc, progress))
             raise
         session.record = self.store.transition(
             record.id, State.RUNNING, f"ready in {time.monotonic() - started:.1f}s"
@@ -313,6 +293,27 @@ class SessionManager:
         progress.say(f"running: session {record.name} is ready")
         with self._lock:
             self._connected[record.id] = session
+        return session
+
+    def _kernel_answers(
+        self, record: SessionRecord, backend: Backend, link: Link, progress: Progress
+    ) -> Session:
+        """The connected session once its kernel answers (and --upload's files are there)."""
+        # lazy: docs/architecture.md#imports-kept-inside-functions (jupyter_client, zmq)
+        from .handle import Session
+
+        session = Session(self, record, backend, link)
+        try:
+            with progress.stage("kernel", "waiting for the kernel to answer"):
+                session.kernel.wait_ready(
+                    timeout=600 if record.spec.extra.get("resume") else 120
+                )  # a restore loads first
+            files.upload_start_tree(
+                session.kernel, record.spec.extra, progress
+            )  # --upload: a stage of its own
+        except BaseException:
+            session.kernel.close()
+            raise
         return session
 
     def _found_ended(self, claim: Any) -> bool:
@@ -654,6 +655,14 @@ class SessionManager:
             skipped=skipped,
             volumes=volumes,
         )
+
+
+def _failure_message(exc: BaseException, progress: Progress) -> str:
+    """What a failed start's record says: the stage it failed in, and why."""
+    stage = exc.stage if isinstance(exc, StageError) else (progress.current or "start")
+    if isinstance(exc, KeyboardInterrupt):
+        return f"{stage}: interrupted"
+    return str(exc) if isinstance(exc, StageError) else f"{stage}: {type(exc).__name__}: {exc}"
 
 
 __all__ = ["SessionManager", "Session", "default_backend_name", "KernelDied"]

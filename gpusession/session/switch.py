@@ -201,15 +201,7 @@ def switch_session(
     moved = [0]
     saved = _save_and_move(manager, old, record, move, progress, moved)
     session = _start_new(manager, old, record, move, progress)
-    stop_error = None
-    _step(manager, record, SwitchStep.STOP_OLD)
-    # whoever used the old session (a notebook, a watcher) follows it to its successor
-    manager.store.update_resource(old.id, switched_to=session.id, switched_by=by)
-    with progress.stage("stop", f"stopping {old.name}'s former capacity (the new one answered)"):
-        try:
-            manager.stop(old.id, by=f"{by} to {_capacity(spec)}", kind=StopKind.USER)
-        except GpuSessionError as exc:
-            stop_error = str(exc)
+    stop_error = _stop_old(manager, old, record, session, progress, by)
     session.record = _keep_name(manager, old, record, keeps_name)
     return session, SwitchReport(
         old=old.name,
@@ -288,6 +280,26 @@ def _plan(manager: "Owner", old: SessionRecord, spec: LaunchSpec) -> _Move:
                     "a switch that keeps the place (another type, image, spot) works"
                 )
     return _Move(old_backend, new_backend, workspace, same_place, handover, at_boot)
+
+
+def _stop_old(
+    manager: "Owner",
+    old: SessionRecord,
+    record: SessionRecord,
+    session: "Session",
+    progress: Progress,
+    by: str,
+) -> str | None:
+    """Stop the old session once its successor answers; why it could not, or None."""
+    _step(manager, record, SwitchStep.STOP_OLD)
+    # whoever used the old session (a notebook, a watcher) follows it to its successor
+    manager.store.update_resource(old.id, switched_to=session.id, switched_by=by)
+    with progress.stage("stop", f"stopping {old.name}'s former capacity (the new one answered)"):
+        try:
+            manager.stop(old.id, by=f"{by} to {_capacity(record.spec)}", kind=StopKind.USER)
+        except GpuSessionError as exc:
+            return str(exc)
+    return None
 
 
 def _save_and_move(

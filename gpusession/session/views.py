@@ -52,9 +52,7 @@ def session_view(
         "cost_so_far": round(cost_of(record), 6),
         "billed_s": round(record_billed_seconds(record), 1),  # under a minute: a minute's cost
         "never_ran": never_ran(record),  # ended without a billed resource: cost nothing
-        "price_basis": record.resource.get(
-            PRICE_BASIS
-        ),  # gpusession.configuration.cost's CLOUD, OWN_HARDWARE...
+        "price_basis": record.resource.get(PRICE_BASIS),  # configuration/cost.py's CLOUD...
         "spot": bool(record.spec.extra.get("spot")),
         "host": record.spec.extra.get("host"),
         "image": record.resource.get("image")
@@ -79,12 +77,19 @@ def session_view(
         "budget": record.resource.get("budget"),
         # a switch it took part in was cut by its driver's death (session/orphans.py)
         "cut_switch": cut_switch,
-        # how it was placed (issue 34): a fallback list's types and those passed over, with why
-        # (session/fallback.py); the GPUs of a shared box it holds (backends/docker/gpus.py)
+        **_placement(record),
+    }
+
+
+def _placement(record: SessionRecord) -> dict[str, Any]:
+    """How it was placed (issue 34): a fallback list's types and those passed over, with why
+    (session/fallback.py); the GPUs of a shared box it holds (backends/docker/gpus.py); which box
+    of a pool, and why."""
+    return {
         "types": list(record.spec.extra.get("types") or []),
         "passed_over": list(record.spec.extra.get("passed_over") or []),
         "gpu_indices": record.resource.get("gpu_indices"),
-        "pool_choice": record.spec.extra.get("pool_choice"),  # which box of a pool, and why
+        "pool_choice": record.spec.extra.get("pool_choice"),
     }
 
 
