@@ -10,6 +10,7 @@ ours, which the fast tier itself holds to (`_fast_tier_starts_no_interpreter`)."
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -63,6 +64,19 @@ def fast_tier(config) -> bool:
 #: more each) or a service; short tools (git, bash -n, ssh-keygen) are fine
 SLOW_PROGRAMS = ("python", "sshd", "ssh", "docker", "dockerd", "chromium", "moto_server", "jupyter")
 _running: list[str] = []  # the node id of the test being run, for the fast tier's refusal
+
+
+def _hear_ctrl_c() -> None:
+    """A suite started in the background of a shell without job control (`nohup ... &`, some CI
+    runners) inherits SIGINT ignored, and so does every process it starts: Python then installs
+    no KeyboardInterrupt for it, so Ctrl-C tests (a CLI start's SIGINT, `interrupt_main`) saw
+    nothing and failed. A handler instead of "ignored" is reset to the default by exec, so the
+    CLIs and kernels the tests start hear Ctrl-C again."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_hear_ctrl_c()
 
 
 def pytest_configure(config):

@@ -28,6 +28,7 @@ from support.labpanel import (
     TIMEOUT_MS,
     Lab,
     open_lab,
+    open_more,
     open_sidebar,
     put_notebook,
     run_all_cells,
@@ -72,6 +73,7 @@ def test_a_sidebar_start_connects_the_open_notebook_and_its_next_cell_runs_there
         panel = page.locator(PANEL)
         panel.locator(".gpusession-type-select option[value='t4']").wait_for(state="attached")
         panel.locator(".gpusession-backend-select").select_option("local")
+        open_more(panel)  # idle and name fold under "More"
         panel.locator(".gpusession-idle-input").fill("off")
         panel.locator(".gpusession-name-input").fill("nb-linked")
         panel.locator(".gpusession-start-button").click()
@@ -125,6 +127,7 @@ def test_run_this_notebook_on_a_gpu_turns_its_kernel_into_a_gpu_kernel(lab, page
         form = dialog.locator(".gpusession-start-form")
         form.locator(".gpusession-type-select option[value='t4']").wait_for(state="attached")
         form.locator(".gpusession-backend-select").select_option("local")
+        open_more(form)
         form.locator(".gpusession-idle-input").fill("off")
         dialog.screenshot(path=str(ARTIFACTS / "notebook-gpu-kernel-form.png"))
         form.locator(".gpusession-start-button").click()

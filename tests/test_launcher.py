@@ -127,6 +127,8 @@ def test_a_gpu_kernel_from_the_launcher(tmp_path):
         capture_output=True,
         text=True,
         timeout=60,
+        # the server's backend: a default nobody chose that cannot give a T4 is refused at install
+        env=dict(os.environ, GPUSESSION_BACKEND=backend),
     )
     assert installed.returncode == 0, installed.stderr
     assert f"({CARD})" in installed.stdout

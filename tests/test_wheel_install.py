@@ -6,6 +6,7 @@ module, no ipykernel, no sshd, no gpusession). Needs PyPI for the wheel's depend
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -95,12 +96,17 @@ def test_the_readme_quickstart_works_from_a_wheel(fresh_python, gs_home, tmp_pat
         for key, value in os.environ.items()
         if not key.startswith(("GPUSESSION_", "VIRTUAL_ENV", "PYTHON"))
     }
+    # `gpusession setup`'s choice, as the README says to make it on first use: this machine's
+    # engine (its GPU request is CI's stand-in hook, which `docker info` cannot show)
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"default_backend": "docker"}))
     env.update(
         GPUSESSION_HOME=str(gs_home),
         GPUSESSION_IMAGE=STANDIN,
+        GPUSESSION_SETTINGS=str(settings),
         PATH=f"{venv_bin}:/usr/bin:/bin",
         PYTHONUNBUFFERED="1",
-    )  # no GPUSESSION_BACKEND: docker, as this machine's engine answers
+    )  # no GPUSESSION_BACKEND: the default the user chose
     nk = NotebookKernel(env, cwd=str(tmp_path), python=fresh_python)
     try:
         start = nk.run(cells[0], timeout=600)

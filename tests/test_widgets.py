@@ -195,7 +195,7 @@ def test_start_form(manager):
     for name, widget in form.fields.items():
         if hasattr(widget, "placeholder"):
             assert widget.placeholder == served[name]["placeholder"], name
-        assert html.escape(served[name]["help"]) in form.rows[name].children[1].value
+        assert html.escape(served[name]["form_help"]) in form.rows[name].children[1].value
     assert form.idle_input.placeholder == "default 30m"
     # the image field offers what the engine has; any other reference is pulled, and says so
     if docker_available():

@@ -210,8 +210,6 @@ def user_settings_path() -> Path:
 
 def user_settings() -> dict[str, str]:
     """The user's settings file, {} when there is none; ConfigError naming it when unreadable."""
-    import json
-
     path = user_settings_path()
     try:
         raw = json.loads(path.read_text())
@@ -230,8 +228,6 @@ def user_settings() -> dict[str, str]:
 
 def write_user_settings(values: dict[str, str]) -> Path:
     """Merge `values` into the user's settings file (made 0600); returns its path."""
-    import json
-
     path = user_settings_path()
     merged = dict(user_settings(), **values)
     path.parent.mkdir(parents=True, exist_ok=True)

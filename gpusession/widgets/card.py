@@ -227,7 +227,8 @@ class SessionCard:
             classed(widgets.Label(), "uptime"),
             classed(widgets.HTML(), "price"),  # HTML wraps: "$0.5260/h (cloud rate, own hardware)"
         )
-        self.cost, self.idle = classed(widgets.Label(), "cost"), classed(widgets.Label(), "idle")
+        # HTML wraps: "$0.0088 (60-second minimum) of $5.00"
+        self.cost, self.idle = classed(widgets.HTML(), "cost"), classed(widgets.Label(), "idle")
         facts = [
             ("Uptime", self.uptime),
             ("Rate", self.price),
@@ -339,7 +340,7 @@ class SessionCard:
             NEVER_RAN if view.get("never_ran") else format_duration(view["uptime_s"])
         )
         self.price.value = html.escape(rate_text(view))
-        self.cost.value = cost_text(view)
+        self.cost.value = html.escape(cost_text(view))
         idle = dict(view.get("idle") or {})
         warnings = view.get("warnings") or []
         if stats is not None:  # the agent's countdown is fresher than the view's
