@@ -10,6 +10,7 @@ ours, which the fast tier itself holds to (`_fast_tier_starts_no_interpreter`)."
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -65,11 +66,23 @@ SLOW_PROGRAMS = ("python", "sshd", "ssh", "docker", "dockerd", "chromium", "moto
 _running: list[str] = []  # the node id of the test being run, for the fast tier's refusal
 
 
+def _ctrl_c_works() -> None:
+    """Ctrl-C reaches every process the tests start, however the run was started. A run put in
+    the background by a shell without job control (`pytest ... &` in a script, `bash -c`) begins
+    with SIGINT ignored, Python keeps it so, and every child inherits it: each test that presses
+    Ctrl-C (a `gpusession start` cut mid-pull, an interrupted cell) then sees it ignored and
+    fails far from the cause. Python's own handler again, here and so in the children."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_configure(config):
     """The fast tier's rules, held for the whole run (fixtures of any scope included): no
     Docker engine in sight (a test that needs one skips, as on a machine without, and says so),
     and no Python process or service started (a kernel, the agent, the CLI, sshd, a server,
-    moto): a test that starts one fails, saying to mark it integration."""
+    moto): a test that starts one fails, saying to mark it integration. And Ctrl-C works
+    (_ctrl_c_works), in the controller and in each xdist worker."""
+    _ctrl_c_works()
     if not fast_tier(config):
         return
     if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
