@@ -66,24 +66,23 @@ SLOW_PROGRAMS = ("python", "sshd", "ssh", "docker", "dockerd", "chromium", "moto
 _running: list[str] = []  # the node id of the test being run, for the fast tier's refusal
 
 
-def _hear_ctrl_c() -> None:
-    """A suite started in the background of a shell without job control (`nohup ... &`, some CI
-    runners) inherits SIGINT ignored, and so does every process it starts: Python then installs
-    no KeyboardInterrupt for it, so Ctrl-C tests (a CLI start's SIGINT, `interrupt_main`) saw
-    nothing and failed. A handler instead of "ignored" is reset to the default by exec, so the
-    CLIs and kernels the tests start hear Ctrl-C again."""
-    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+def _ctrl_c_works() -> None:
+    """Ctrl-C reaches every process the tests start, however the run was started. A run put in
+    the background by a shell without job control (`pytest ... &` in a script, `bash -c`) begins
+    with SIGINT ignored, Python keeps it so, and every child inherits it: each test that presses
+    Ctrl-C (a `gpusession start` cut mid-pull, an interrupted cell) then sees it ignored and
+    fails far from the cause. Python's own handler again, here and so in the children."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-_hear_ctrl_c()
 
 
 def pytest_configure(config):
     """The fast tier's rules, held for the whole run (fixtures of any scope included): no
     Docker engine in sight (a test that needs one skips, as on a machine without, and says so),
     and no Python process or service started (a kernel, the agent, the CLI, sshd, a server,
-    moto): a test that starts one fails, saying to mark it integration."""
+    moto): a test that starts one fails, saying to mark it integration. And Ctrl-C works
+    (_ctrl_c_works), in the controller and in each xdist worker."""
+    _ctrl_c_works()
     if not fast_tier(config):
         return
     if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):

@@ -574,10 +574,12 @@ def test_a_switch_to_another_region_moves_the_workspace_by_snapshot_copy(
     """`%gpu switch --region us-west-2`: the old session saves and stops, its volume moves by a
     snapshot copied across regions (how much and at what rate said before; the snapshot and
     the copy's progress shown), the variables and files come back there, and nothing is left
-    in the old region. Then a `--resume` into the old region: without --region it says where
-    the workspace is; with it, a copy that fails leaves the volume untouched and says so."""
+    in the old region. Then a `--resume` without --region goes where the workspace lives and
+    says so (nothing moves); one with --region of the old region copies the volume there, and a
+    copy that fails leaves it untouched and says so."""
     from gpusession.core.errors import GpuSessionError
     from gpusession.words.switches import switch_line
+    from gpusession.words.workspaces import resumed_where_line
     from support.ec2 import Fault, inspector
 
     west = "us-west-2"
@@ -614,10 +616,23 @@ def test_a_switch_to_another_region_moves_the_workspace_by_snapshot_copy(
     let_go(moved)
     platform.wait_for(lambda: not platform.machines, timeout=30)
 
-    # --resume without --region: the workspace is elsewhere, said before anything moves
-    with pytest.raises(GpuSessionError) as failed:
-        manager.start(spec_for(manager, name="rg2", resume="rg"))
-    assert f"workspace rg is in {west}, not us-east-1: add --region {west}" in str(failed.value)
+    # --resume without --region goes where the workspace lives (issue 32 §1), said at the start:
+    # the volume is used where it is (nothing moves) and the variables come back there
+    lines.clear()
+    back = manager.start(spec_for(manager, name="rg2", resume="rg"), report=lines.append)
+    note = resumed_where_line(back.record) or ""
+    assert note.startswith(f"resuming workspace rg where it lives: aws on {west}"), note
+    assert "(as session rg ran" in note, note
+    assert back.record.resource["region"] == west, back.record.resource
+    assert "moving volume" not in "\n".join(lines), lines
+    (same,) = _volumes(look_west, "rg")
+    assert same["VolumeId"] == vol_b["VolumeId"] and _volumes(look, "rg") == []
+    out = Collect()
+    reply = back.run("print(kept['k'] + 2)", sink=out)
+    assert reply["status"] == "ok" and "43" in out.text, out.text
+    manager.stop(back.id, save=True)
+    let_go(back)
+    platform.wait_for(lambda: not platform.machines, timeout=30)
     # --region us-east-1 --resume: the copy fails; the volume stays as it was, nothing is left
     aws_env.faults.append(Fault("CopySnapshot", "InternalError", "copy broke"))
     with pytest.raises(GpuSessionError) as failed:

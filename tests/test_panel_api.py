@@ -269,7 +269,8 @@ def test_a_replay_is_the_sessions_count_and_says_a_recording_of_another_type(
     service.add_arguments(parser)
     line = ["--nvml-replay", str(DATA / "nvml_two_t4.json"), "--gpu-count", str(count)]
     args = parser.parse_args([*line, "--gpu-type", gpu_type])
-    reader = NvmlReader(service.replayed(args.nvml_replay, args.gpu_count, args.gpu_type))
+    replay = service.replayed(args.nvml_replay, args.gpu_count, args.gpu_type, env={})
+    reader = NvmlReader(replay, env={})
     gpus = Sampler(reader).sample(0.0, kernel_busy=False)["gpus"]
     assert len(gpus) == count
     assert len({g["uuid"] for g in gpus}) == count
@@ -289,6 +290,25 @@ def test_a_replay_is_the_sessions_count_and_says_a_recording_of_another_type(
                 "GPU values: recorded on another machine (2 x Tesla T4), replayed as this session's"
             )
         ), said
+
+
+@pytest.mark.parametrize(
+    "env, indices",
+    [
+        ({"CUDA_VISIBLE_DEVICES": "1", "SLURM_JOB_GPUS": "1"}, [1]),
+        ({"SLURM_JOB_GPUS": "2"}, [2]),
+        ({"NVIDIA_VISIBLE_DEVICES": "all"}, [0]),
+    ],
+)
+def test_a_replay_where_the_environment_names_the_sessions_gpus_is_the_whole_machine(env, indices):
+    """A Slurm job given GPU 1 of a node replaying a recorded 4-GPU node (test_slurm_cluster): the
+    recording stands for the node, as recorded, and the job's CUDA_VISIBLE_DEVICES picks its GPU
+    from it; replayed as the session's one GPU it would pick none. With nothing naming GPUs the
+    replay is the session's count (above)."""
+    recording = str(DATA / "nvml_four_a100.json")
+    reader = NvmlReader(service.replayed(recording, 1, "a100", env=env), env=env)
+    gpus = Sampler(reader).sample(0.0, kernel_busy=False)["gpus"]
+    assert [g["index"] for g in gpus] == indices, gpus
 
 
 # -- a notebook session stopped from the sidebar ------------------------------------------------

@@ -628,8 +628,8 @@ def test_a_preempted_session_saves_in_its_grace_and_recover_resubmits_it(
     the job ends PREEMPTED (submitted --no-requeue: never re-run under its id); the cell says it
     was cut and is not re-run; --recover (auto: on for a preemption) submits a new job that waits
     in the queue behind the urgent job, shown as a start shows it, restores, and the next cell
-    runs there with the variables. `gpusession list` says the first job's session was
-    interrupted with its state saved."""
+    runs there with the variables. The replacement keeps the name; `gpusession list` says the first
+    job's session, retired as pre~1, was interrupted with its state saved."""
     from gpusession.agent.checkpoint_read import read_manifest
     from gpusession.session.store import Store
     from gpusession.words.stops import describe_stop
@@ -695,8 +695,11 @@ def test_a_preempted_session_saves_in_its_grace_and_recover_resubmits_it(
             [sys.executable, "-m", "gpusession", "list", "--all"],
             env=env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-        rows = [line for line in listed.stdout.splitlines() if line.split()[:1] == ["pre"]]
-        assert any("interrupted, state saved" in row for row in rows), listed.stdout
+        # the replacement took the name over; the interrupted record is retired as pre~1 (issue 32 §3)
+        rows = {row.split()[0]: row for row in listed.stdout.splitlines() if row.split()}
+        assert "interrupted, state saved" in rows.get("pre~1", ""), listed.stdout
+        assert "interrupted" not in rows.get("pre", "interrupted"), listed.stdout
+        assert old.name == "pre~1", old.name
 
         nxt = nk.run("%%gpu\nimport os\nprint(kept['k'] + 1, os.environ['SLURM_JOB_ID'])")
         assert nxt.status == "ok", nxt.text

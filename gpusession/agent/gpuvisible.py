@@ -37,11 +37,21 @@ def visible_indices(
             if count <= len(wanted):
                 return list(range(count)), None  # constrained: NVML sees the job's GPUs alone
             return sorted({i for i in wanted if i < count}), name
-    pinned = env.get("NVIDIA_VISIBLE_DEVICES", "")
-    tokens = [t.strip() for t in pinned.split(",") if t.strip()]
-    if tokens and all(t.upper().startswith(("GPU-", "MIG-")) for t in tokens):
-        return _cuda(pinned, count, uuid_of), "NVIDIA_VISIBLE_DEVICES"
+    if names_gpus(env):  # NVIDIA_VISIBLE_DEVICES by UUID: the ones above are not set
+        return _cuda(env["NVIDIA_VISIBLE_DEVICES"], count, uuid_of), "NVIDIA_VISIBLE_DEVICES"
     return list(range(count)), None
+
+
+def names_gpus(env: Mapping[str, str]) -> bool:
+    """Whether the environment names the session's GPUs among the machine's (CUDA_VISIBLE_DEVICES,
+    SLURM_JOB_GPUS / SLURM_STEP_GPUS, NVIDIA_VISIBLE_DEVICES by UUID): a replayed recording then
+    stands for the whole machine, as recorded, and that choice picks the session's among them."""
+    if env.get("CUDA_VISIBLE_DEVICES") is not None:
+        return True
+    if env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS"):
+        return True
+    tokens = [t.strip() for t in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if t.strip()]
+    return bool(tokens) and all(t.upper().startswith(("GPU-", "MIG-")) for t in tokens)
 
 
 def _cuda(value: str, count: int, uuid_of: Callable[[int], str | None]) -> list[int]:

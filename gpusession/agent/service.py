@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from ..configuration.agentargs import (
     DEFAULT_SAVE_TIMEOUT_S,
@@ -29,6 +29,7 @@ from ..configuration.agentargs import (
 )
 from ..configuration.agentargs import add_arguments as add_agent_arguments
 from ..core.protocol import NOTICE_SAVE_S, Marker, Notice, StopReason, marker_line
+from .gpuvisible import names_gpus
 from .idle import ActivityTracker
 from .notices import NoticeWatcher, save_for_notice
 from .nvml import NvmlReader, RecordedNvml, record_raw
@@ -49,11 +50,21 @@ def _recording(path: str) -> str:
     return path
 
 
-def replayed(path: str | None, gpus: int | None = None, gpu_type: str = "") -> RecordedNvml | None:
+def replayed(
+    path: str | None,
+    gpus: int | None = None,
+    gpu_type: str = "",
+    env: Mapping[str, str] | None = None,
+) -> RecordedNvml | None:
     """--nvml-replay's recording, loaded to replay in a loop as the session's `gpus` GPUs (None:
-    the real GPUs); `gpu_type`, the session's, for the stats to say whether it is of that type."""
+    the real GPUs); `gpu_type`, the session's, for the stats to say whether it is of that type.
+    Where the environment names the session's GPUs among the machine's (a Slurm job's
+    CUDA_VISIBLE_DEVICES, a docker session's NVIDIA_VISIBLE_DEVICES by UUID) the recording is
+    the machine, replayed as recorded, and that choice picks the session's GPUs from it."""
     if not path:
         return None
+    if names_gpus(os.environ if env is None else env):
+        gpus = None
     return RecordedNvml.from_file(path, loop=True, gpus=gpus, gpu_type=gpu_type)
 
 
