@@ -486,7 +486,7 @@ def start_kills(manager, engine, env: dict, fig: Figures) -> None:
         "connecting": lambda name: starting_for(name, 0.3),
     }
     for stage, reached in stages.items():
-        name = f"kill-{stage}"
+        name = f"start-kill-{stage}"  # names stay with their sessions: not runtime_kills' kill-*
         proc = subprocess.Popen(
             [sys.executable, "-c", STARTER, name],
             env=env,

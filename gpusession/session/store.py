@@ -448,12 +448,14 @@ class Store:
     # -- reads --------------------------------------------------------------------------
 
     def taken_by(self, owner: str) -> tuple[SessionRecord, float] | None:
-        """The active session process `owner` took up last (started it, `%gpu use`, or was
-        connected to it from the sidebar: `note_user`), with when; None when it took none."""
+        """The active session process `owner` was last connected to (`%gpu use`, a switch it
+        followed, or the sidebar: `note_user`), with when; None when it has none. A session the
+        process merely created (its record's owner) is no connection: a start the magics made
+        is theirs already, and one made another way (a record written directly, a start cut
+        short) is never waited for by the next `%%gpu` cell."""
         best: tuple[SessionRecord, float] | None = None
         for record in self.list(active_only=True):
-            users = record.resource.get("users") or {}
-            at = users.get(owner, record.created_at if record.owner == owner else None)
+            at = (record.resource.get("users") or {}).get(owner)
             if at is not None and (best is None or at > best[1]):
                 best = (record, at)
         return best
