@@ -68,7 +68,9 @@ EOF
 }
 
 sshd_up() {
-    alive "$RUN/sshd.pid" && return
+    # its pid alive is not enough: a pid file can outlive its sshd and name another process
+    alive "$RUN/sshd.pid" && nsenter --net="/run/netns/$NS" ss -Hltn 'sport = :22' | grep -q . && return
+    stop_pidfile "$RUN/sshd.pid"
     mkdir -p /run/sshd
     setsid -f nsenter --net="/run/netns/$NS" /usr/sbin/sshd -D -e -f "$STATE/sshd_config" \
         >>"$STATE/sshd.log" 2>&1 </dev/null

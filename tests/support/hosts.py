@@ -132,7 +132,10 @@ def ensure_remote_host() -> dict | None:
     )
     if result.returncode != 0:
         raise RuntimeError(f"{REMOTE_SCRIPT} up failed:\n{result.stdout}{result.stderr}")
-    return remote_host()
+    host = remote_host()
+    if host is None:  # root and an engine: it must run here; a skip would hide the cause
+        raise RuntimeError(f"{REMOTE_SCRIPT} up said up, but its sshd does not answer on port 22")
+    return host
 
 
 def ssh_home(host: dict, directory: str | os.PathLike) -> str:
