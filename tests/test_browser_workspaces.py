@@ -141,10 +141,19 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
         assert_readable(page)
 
         # in use: Delete refused; after the stop, Delete asks, then deletes
-        workspaces.locator(".gpusession-workspaces-refresh").click()
-        sync_api.expect(row.locator(".gpusession-workspace-line")).to_contain_text(
-            f"used by: {name} (active)"
-        )
+        # Refresh until the listing made after the resume answers: one asked while an older
+        # listing was still on its way showed that one's "none left" (seen on loaded runs)
+        deadline = time.monotonic() + TIMEOUT_MS / 1000
+        while True:
+            workspaces.locator(".gpusession-workspaces-refresh").click()
+            try:
+                sync_api.expect(row.locator(".gpusession-workspace-line")).to_contain_text(
+                    f"used by: {name} (active)", timeout=5000
+                )
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
         sync_api.expect(row.locator(".gpusession-workspace-delete")).to_be_disabled()
         # Stop is no trap: Save and stop / Stop / Cancel, saying what Save keeps
         card.locator(".gpusession-stop").click()
