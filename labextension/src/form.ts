@@ -9,6 +9,7 @@
 import { ApiError, errorMessage, GpuSessionClient } from './api';
 import { control, element, message, setText, showText } from './dom';
 import { formatRate } from './format';
+import { Latest } from './latest';
 import {
   backendOption,
   controlClass,
@@ -182,8 +183,13 @@ export class StartForm {
     if (!field) {
       return;
     }
+    const ticket = this._workspaceLoads.next();
     try {
-      this._workspaces = (await this._client.listWorkspaces()).workspaces;
+      const workspaces = (await this._client.listWorkspaces()).workspaces;
+      if (!this._workspaceLoads.isLatest(ticket)) {
+        return; // a later listing is on its way
+      }
+      this._workspaces = workspaces;
     } catch {
       return; // the Workspaces section says why it cannot list them
     }
@@ -545,6 +551,7 @@ export class StartForm {
   private _checkSeq = 0;
   private readonly _fields = new Map<string, Field>();
   private _workspaces: readonly WorkspaceView[] = [];
+  private readonly _workspaceLoads = new Latest();
   private readonly _fieldsNode = element('div', 'gpusession-fields');
   private readonly _more = element('details', 'gpusession-more');
   private readonly _typePrice = message('gpusession-type-price');

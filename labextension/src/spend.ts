@@ -16,6 +16,7 @@ import { errorMessage, GpuSessionClient } from './api';
 import { control, element, message, setText, showText } from './dom';
 import { formatMoney, reportCells } from './format';
 import { gpuIcon } from './icon';
+import { Latest } from './latest';
 import type { BudgetView, ReportReply, ReportRow } from './types';
 
 export const SPEND_ID = 'gpusession-spend';
@@ -137,7 +138,7 @@ export class SpendView extends Widget {
   /** Fetch the report (by day split by type, and by workspace) and show it. */
   async load(): Promise<void> {
     const since = this._period.value;
-    const ticket = ++this._ticket;
+    const ticket = this._loads.next();
     showText(this._note, this._days ? null : 'Loading the spend report…');
     this._refresh.disabled = true;
     try {
@@ -145,20 +146,20 @@ export class SpendView extends Widget {
         this._client.getReport(since, 'day', 'type'),
         this._client.getReport(since, 'workspace')
       ]);
-      if (ticket !== this._ticket) {
+      if (!this._loads.isLatest(ticket)) {
         return; // a later load (another period) is on its way
       }
       this._days = days;
       this._show(days, workspaces);
       showText(this._note, days.rows.length ? null : 'No session was billed in this period.');
     } catch (error) {
-      if (ticket === this._ticket) {
+      if (this._loads.isLatest(ticket)) {
         showText(this._note, `Cannot load the spend report: ${errorMessage(error)}`);
       }
     } finally {
-      if (ticket === this._ticket) {
+      if (this._loads.isLatest(ticket)) {
         this._refresh.disabled = false;
-        this.node.dataset.loaded = String(this._ticket);
+        this.node.dataset.loaded = String(this._loads.count);
       }
     }
   }
@@ -299,7 +300,7 @@ export class SpendView extends Widget {
 
   private readonly _client: GpuSessionClient;
   private _days: ReportReply | null = null;
-  private _ticket = 0;
+  private readonly _loads = new Latest();
   private readonly _period = control('select', 'gpusession-spend-period');
   private readonly _refresh = control('button', 'gpusession-spend-refresh');
   private readonly _span = control('span', 'gpusession-spend-span');

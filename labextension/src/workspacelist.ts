@@ -9,6 +9,7 @@ import { Dialog, showDialog } from '@jupyterlab/apputils';
 
 import { ApiError, errorMessage, GpuSessionClient } from './api';
 import { control, element, message, setText, showText } from './dom';
+import { Latest } from './latest';
 import type { WorkspaceView } from './types';
 import { deleteBlocked, deleteQuestion, workspaceLine, workspacesTitle } from './workspaces';
 
@@ -48,15 +49,24 @@ export class WorkspacesSection {
 
   /** Ask the server for the workspaces and show them. */
   async load(): Promise<void> {
+    const ticket = this._loads.next();
     this._refresh.disabled = true;
     try {
       const reply = await this._client.listWorkspaces();
+      if (!this._loads.isLatest(ticket)) {
+        return; // a later listing is on its way: an older reply must not overwrite it
+      }
       this._show(reply.workspaces);
       showText(this._error, reply.skipped.length ? `Not listed: ${reply.skipped.join('; ')}` : null);
     } catch (error) {
-      showText(this._error, `Could not list the workspaces: ${errorMessage(error)}`);
+      if (this._loads.isLatest(ticket)) {
+        showText(this._error, `Could not list the workspaces: ${errorMessage(error)}`);
+      }
     } finally {
-      this._refresh.disabled = false;
+      if (this._loads.isLatest(ticket)) {
+        this._refresh.disabled = false;
+        this.node.dataset.loaded = String(this._loads.count);
+      }
     }
   }
 
@@ -112,4 +122,5 @@ export class WorkspacesSection {
   private readonly _empty = message('gpusession-workspaces-empty');
   private readonly _error = message('gpusession-workspaces-error');
   private readonly _refresh = control('button', 'gpusession-workspaces-refresh');
+  private readonly _loads = new Latest();
 }
