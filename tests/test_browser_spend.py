@@ -167,10 +167,10 @@ def low_contrast_text(page, minimum: float = 4.5) -> list[dict]:
     return [m for m in measured if m["ratio"] < minimum]
 
 
-def printed(env, by: str) -> tuple[dict[str, list[str]], list[str]]:
-    """`gpusession report --by BY`: its rows (key -> the other cells, the total's key "total")
-    and all its lines."""
-    r = cli(env, "report", "--by", by)
+def printed(env, by: str, since: str = "30d") -> tuple[dict[str, list[str]], list[str]]:
+    """`gpusession report --by BY --since SINCE`: its rows (key -> the other cells, the total's
+    key "total") and all its lines."""
+    r = cli(env, "report", "--by", by, "--since", since)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     rows = {}
@@ -197,6 +197,7 @@ def test_spend_view_agrees_with_the_report_to_the_cent(lab, page):
     assert len(by_day) >= 4 and set(by_type) == {"t4", "a100", "l4", "v100", "total"}
     prices = next(line.strip() for line in lines if line.strip().startswith("prices: "))
     budget = next(line.strip() for line in lines if line.strip().startswith("this month: "))
+    this_month, _ = printed(env, "workspace", "month")
 
     with screenshot_on_failure(page, "spend"):
         page.set_viewport_size({"width": 1400, "height": 1100})
@@ -210,6 +211,15 @@ def test_spend_view_agrees_with_the_report_to_the_cent(lab, page):
         run_command(page, "Open GPU Spend")
         view = page.locator(VIEW)
         table = view.locator(".gpusession-spend-table")
+        # it opens on this calendar month, the budget's period: the header's figure, the CLI's
+        sync_api.expect(view.locator(".gpusession-spend-period")).to_have_value("month")
+        sync_api.expect(
+            view.locator('[data-total="cost"] .gpusession-spend-total-value')
+        ).to_have_text(this_month["total"][2], timeout=TIMEOUT_MS)
+        assert f"{this_month['total'][2]} of the" in budget, (budget, this_month["total"])
+        # the last 30 days, to compare every row with the CLI's default report
+        view.locator(".gpusession-spend-period").select_option("30d")
+        sync_api.expect(view.locator('tr[data-key="ws-c"]')).to_have_count(1, timeout=TIMEOUT_MS)
         sync_api.expect(table.locator("tr.gpusession-spend-total-row")).to_have_count(
             1, timeout=TIMEOUT_MS
         )
@@ -271,9 +281,9 @@ def test_spend_view_agrees_with_the_report_to_the_cent(lab, page):
         page.locator('.lm-TabBar-tab[data-id="gpusession-spend"] .lm-TabBar-tabCloseIcon').click()
         sync_api.expect(view).to_have_count(0)
         panel.locator(".gpusession-open-spend").click()
-        sync_api.expect(view.locator("tr.gpusession-spend-total-row td").nth(3)).to_have_text(
-            total[2]
-        )
+        sync_api.expect(
+            view.locator('[data-total="cost"] .gpusession-spend-total-value')
+        ).to_have_text(total[2], timeout=TIMEOUT_MS)  # the period the user chose is kept
         # another period: the view asks again (7 days: the 12-day-old session drops out)
         view.locator(".gpusession-spend-period").select_option("7d")
         sync_api.expect(view.locator('tr[data-key="ws-c"]')).to_have_count(0)

@@ -169,6 +169,12 @@ def test_report_and_budget_on_the_cli(nb_env, gs_home):
     assert store.get("a100-run").state == State.FAILED
     bad = cli(nb_env, "report", "--since", "soon")
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "report period" in bad.stderr
+    assert "or month: this calendar month" in bad.stderr
+    # --since month: the calendar month so far, the budget's period (the Spend view opens on it)
+    month = cli(nb_env, "report", "--since", "month")
+    assert month.returncode == 0, month.stderr
+    first = time.strftime("%Y-%m-%d 00:00", time.gmtime(month_start(time.time())))
+    assert month.stdout.startswith(f"spend {first} .. "), month.stdout
 
     # the month's spend against a budget (a start's warning at 80%: tests/test_policy.py);
     # at 100% a start is refused, with the figure and how to raise it

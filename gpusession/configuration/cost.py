@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.durations import REPORT_SINCE
 from ..core.errors import BadInput
 from ..core.models import BILLED_STATES, Event, SessionRecord, State, now
 
@@ -116,7 +117,8 @@ def add_report_arguments(parser) -> None:
     parser.add_argument(
         "--since",
         default="30d",
-        help="the period, back from now: 7d, 30d, 12h (default 30d; a bare number means minutes)",
+        help="the period, back from now: 7d, 30d, 12h (a bare number means minutes), or month: "
+        "this calendar month (UTC), as the monthly budget counts it (default 30d)",
     )
     parser.add_argument(
         "--by",
@@ -279,6 +281,22 @@ def spend_report(
 # -- the monthly budget (GpuSessionConfig.monthly_budget) -------------------------------------
 
 BUDGET_WARN = 0.8  # from this fraction of the budget on, every start warns
+
+
+#: `--since month`: the calendar month so far (UTC), the period the budget and the header count
+SINCE_MONTH = "month"
+
+
+def report_start(since: str | float | None, at: float) -> float:
+    """When a report of period `since` begins, read at `at`: "month" is the first second of the
+    calendar month (UTC); anything else the duration grammar (BadInput when it is none)."""
+    if isinstance(since, str) and since.strip().lower() == SINCE_MONTH:
+        return month_start(at)
+    try:
+        seconds = REPORT_SINCE.parse("30d" if since is None else since)
+    except BadInput as exc:
+        raise BadInput(f"{exc}; or month: this calendar month") from None
+    return at - float(seconds or 0.0)
 
 
 def month_start(at: float) -> float:

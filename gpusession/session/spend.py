@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..backends import Backend
 from ..configuration.advice import advice_document, could_save
 from ..configuration.catalog import packaged_catalog, write_user_snapshot
-from ..configuration.cost import budget_status, month_start, spend_report
+from ..configuration.cost import budget_status, month_start, report_start, spend_report
 from ..configuration.registry import backend_names, load_backend_class
 from ..configuration.settings import env_var, load_policy
-from ..core.durations import REPORT_SINCE
 from ..core.errors import GpuSessionError
 from ..core.models import SessionRecord, State
 from .store import Store
@@ -166,13 +165,13 @@ class Spend:
         the last `since` (the duration grammar), a row per `by`, running sessions counted up to
         now (checked first, so one that ended is counted until it ended). The store is read
         once for it, and that reading is the one the other faces share for READING_S."""
-        seconds = REPORT_SINCE.parse("30d" if since is None else since)
+        report_start(since, time.time())  # bad input is said before anything is read
         self._checked()  # running ones checked: what ended meanwhile is recorded ended
         reading = self.reading(fresh=True)
         at = reading.at
         doc = spend_report(
             list(reading.records),
-            since=at - float(seconds or 0.0),
+            since=report_start(since, at),
             by=by,
             at=at,
             split=split,

@@ -21,7 +21,12 @@ import type { BudgetView, ReportReply, ReportRow } from './types';
 
 export const SPEND_ID = 'gpusession-spend';
 /** The periods to choose from, as `--since` takes them. */
-export const SPEND_PERIODS: readonly string[] = ['7d', '30d', '90d'];
+export const SPEND_PERIODS: readonly string[] = ['month', '7d', '30d', '90d'];
+
+/** A period in words: "This month" (the calendar month, UTC: the budget's), "Last 7 days". */
+export function periodText(period: string): string {
+  return period === 'month' ? 'This month' : `Last ${period.slice(0, -1)} days`;
+}
 const DAY_S = 86_400;
 /** The columns of the workspace table, as `gpusession report --by workspace` heads them. */
 const TABLE_HEADS = [
@@ -89,14 +94,14 @@ export class SpendView extends Widget {
     const heading = element('h2', 'gpusession-spend-heading');
     heading.textContent = 'GPU spend';
     const periodLabel = element('label', 'gpusession-charts-field');
-    periodLabel.append('Last ', this._period);
+    periodLabel.append('Period ', this._period);
     for (const period of SPEND_PERIODS) {
       const entry = document.createElement('option');
       entry.value = period;
-      entry.textContent = `${period.slice(0, -1)} days`;
+      entry.textContent = periodText(period);
       this._period.appendChild(entry);
     }
-    this._period.value = '30d';
+    this._period.value = 'month'; // the header's and the budget's period: one figure on every face
     this._period.addEventListener('change', () => void this.load());
     this._refresh.type = 'button';
     this._refresh.textContent = 'Refresh';
