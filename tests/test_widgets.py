@@ -213,9 +213,16 @@ def test_start_form(manager):
         form.backend_select.value = "local"
         assert form.rows["image"].layout.display == "none" and "image" not in form.values()
 
+    # a first start's fields at once (type, backend), the rest folded under "More"
+    assert (
+        form.rows["type"] in form.widget.children and form.rows["idle"] not in form.widget.children
+    )
+    assert form.more.titles == ("More",) and form.more.selected_index is None
+    assert form.rows["idle"] in form.more.children[0].children
     form.idle_input.value = "abc"
     form.start_button.click()
     assert "Idle stop: bad idle timeout 'abc'" in _text(form.message.value).replace("&#x27;", "'")
+    assert form.more.selected_index == 0  # the wrong field is folded there: "More" opens
     assert manager.list() == []  # nothing recorded for bad input
 
     form.type_select.value = "l4"

@@ -59,11 +59,22 @@ class StartForm:
         self.start_button.on_click(lambda _: on_start(self.values()))
         self._watch_fields()
         self._show_backend_options()
+        by_name = options.table().by_name
+        # what a first start does not need folds under "More", as in the sidebar's form
+        self.more = classed(
+            widgets.Accordion(
+                children=[widgets.VBox([r for n, r in self.rows.items() if not by_name[n].first])],
+                titles=("More",),
+                selected_index=None,
+            ),
+            "more",
+        )
         self.widget = classed(
             widgets.VBox(
                 [
                     widgets.HTML("<b>Start a GPU session</b>"),
-                    *self.rows.values(),
+                    *(r for n, r in self.rows.items() if by_name[n].first),
+                    self.more,
                     self.start_button,
                     self.message,
                     note,
@@ -257,6 +268,13 @@ class StartForm:
 
     def say(self, text: str | None, warn: bool = False) -> None:
         html_text(self.message, text, "color: #c62828" if warn else "")
+
+    def show_problems(self, problems: dict[str, str]) -> None:
+        """Open "More" when a field the start found wrong is folded there (the message says
+        which field and what was wrong)."""
+        by_name = options.table().by_name
+        if any(name in self.rows and not by_name[name].first for name in problems):
+            self.more.selected_index = 0
 
 
 IMAGE, HOST = "image", "host"  # the field offering images, and the machine it asks
@@ -483,6 +501,7 @@ class SessionPanel:
             record = self.manager.create(spec)
         except GpuSessionError as exc:
             self.form.say(str(exc), warn=True)
+            self.form.show_problems(getattr(exc, "problems", {}))
             return
         self.form.say(f"starting {record.name}…")
         with self._lock:
