@@ -290,3 +290,37 @@ async def test_the_rest_api_refuses_the_same_default_before_anything_is_recorded
     assert "the default (docker) cannot give 1 x A100" in message, message
     assert "nothing was pulled or started. Run `gpusession setup`" in message, message
     assert manager.list() == []
+
+
+@pytest.mark.integration
+def test_gpu_setup_in_a_notebook(gs_home, tmp_path, monkeypatch, capsys):
+    """`%gpu setup` says the same table in a notebook; `--choose N` (the line is the choice: no
+    question) writes the default, and a number out of the table is one UsageError line."""
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GPUSESSION_SETTINGS", str(tmp_path / "s.json"))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # nothing answers
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_line_magic("load_ext", "gpusession")
+        shell.run_line_magic("gpu", "setup")
+        said = capsys.readouterr().out.splitlines()
+        assert said[0].startswith("looking for GPUs: this machine, Docker engines")
+        assert said[1].split()[:3] == ["#", "found", "where"]
+        assert "`%gpu setup --choose N`" in said[-1], said
+        engine = next(line for line in said if f"unix://{tmp_path}/no-engine.sock" in line)
+        number = engine.split()[0].strip("()")
+        with pytest.raises(UsageError, match="--choose takes a number from 1 to "):
+            shell.run_line_magic("gpu", "setup --choose 99")
+        assert not (tmp_path / "s.json").exists()
+        shell.run_line_magic("gpu", f"setup --choose {number}")
+        assert capsys.readouterr().out.splitlines()[-1] == (
+            "your default is now docker (a start with no --backend goes there), written to "
+            f"{tmp_path}/s.json"
+        )
+        assert json.loads((tmp_path / "s.json").read_text())["default_backend"] == "docker"
+    finally:
+        shell.run_line_magic("unload_ext", "gpusession")
+        InteractiveShell.clear_instance()

@@ -335,29 +335,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_setup(args: argparse.Namespace) -> int:
     """Look for where GPUs are, say it in one table, and write the chosen place as the default."""
     # lazy: docs/architecture.md#imports-kept-inside-functions
-    from ..configuration.settings import write_user_settings
-    from ..core.errors import BadInput
-    from ..session.discovery import discover
-    from ..words.setup import chosen_line, places_table, setup_summary
+    from ..session.discovery import chosen_place, discover, make_default
+    from ..words.setup import LOOKING, chosen_line, places_table, setup_summary
 
-    print("looking for GPUs: this machine, Docker engines, ~/.ssh/config, AWS, Slurm, kubeconfig")
+    print(LOOKING)
     places = discover()
     print(places_table(places))
     if args.choose is None:
         print(setup_summary(places))
         return 0
-    if not 1 <= args.choose <= len(places):
-        raise BadInput(f"--choose takes a number from 1 to {len(places)} (the table's #)")
-    place = places[args.choose - 1]
-    if place.backend is None:
-        raise BadInput(f"no installed backend runs sessions on {place.where}: choose another")
+    place = chosen_place(places, args.choose)
     if not args.yes:
         answer = input(f"make {place.backend} ({place.where}) your default? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing written")
             return 1
-    path = write_user_settings({"default_backend": place.backend, "default_host": place.host or ""})
-    print(chosen_line(place, str(path)))
+    print(chosen_line(place, str(make_default(place))))
     return 0
 
 

@@ -111,6 +111,12 @@ def _types_args(line: str) -> None:
 
 
 @magic_arguments()
+@argument("--choose", type=int, metavar="N", help="make place N of the table your default")
+def _setup_args(line: str) -> None:
+    """%gpu setup [--choose N]: find where GPUs are and make one the default"""
+
+
+@magic_arguments()
 def _report_args(line: str) -> None:
     """%gpu report [--since 30d] [--by type|backend|day|workspace]: spend from the session store"""
 
@@ -128,6 +134,7 @@ PARSERS = {
     "advice": _advice_args,
     "report": _report_args,
     "types": _types_args,
+    "setup": _setup_args,
 }
 for (
     _sub,
@@ -138,6 +145,7 @@ for (
 
 HELP = """%gpu SUBCOMMAND ...
   start [--type T4] [--backend local|docker|aws] [--idle 15m] [--max-cost 5] [--name N] ...
+  setup [--choose N]      find where GPUs are (this machine, engines, SSH hosts, clouds) and pick the default
   stop [NAME | --all]     status     list     types [--live]
   switch [--type A100] [--backend B] [--host H] [--image I] [--spot | --on-demand] ...
                           move to other capacity keeping variables and files (saved, restored)

@@ -40,6 +40,7 @@ from ..configuration.registry import price_lists
 from ..configuration.settings import backend_sections
 from ..core.durations import WATCH, format_duration, format_money
 from ..core.errors import (
+    BadInput,
     CellLost,
     GpuSessionError,
     LinkLost,
@@ -49,11 +50,13 @@ from ..core.errors import (
 )
 from ..core.models import State
 from ..session import SessionManager
+from ..session.discovery import chosen_place, discover, make_default
 from ..session.handle import Session
 from ..session.recovery import wants_recovery
 from ..session.store import owner_id
 from ..widgets import register_panel
 from ..words.common import price_list_lines
+from ..words.setup import LOOKING, chosen_line, places_table, setup_summary
 from ..words.spend import advice_line, advice_lines, live_price_lines, report_lines, start_notes
 from ..words.status import (
     connected_line,
@@ -93,6 +96,7 @@ from .magicargs import (
     _advice_args,
     _keepalive_args,
     _report_args,
+    _setup_args,
     _start_args,
     _stop_args,
     _switch_args,
@@ -139,6 +143,7 @@ class GpuMagics(Magics):
             "status": self._status,
             "list": self._list,
             "types": self._types,
+            "setup": self._setup,
             "on": self._on,
             "off": self._off,
             "use": self._use,
@@ -598,6 +603,22 @@ class GpuMagics(Magics):
             print("\n".join(live_price_lines(rows, self.manager.catalog.prices_line)))
             return
         print("\n".join([self.manager.catalog.table(), *price_list_lines(price_lists())]))
+
+    def _setup(self, rest: str) -> None:
+        """`%gpu setup [--choose N]`: gpusession setup in the notebook; the choice is the line
+        itself (no question asked)."""
+        args = self._parse(_setup_args, rest)
+        print(LOOKING)
+        places = discover()
+        print(places_table(places))
+        if args.choose is None:
+            print(setup_summary(places, command="%gpu setup --choose N"))
+            return
+        try:
+            place = chosen_place(places, args.choose)
+        except BadInput as exc:
+            raise UsageError(str(exc)) from None
+        print(chosen_line(place, str(make_default(place))))
 
     def _on(self, rest: str) -> None:
         self._session()  # must have one

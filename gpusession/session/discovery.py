@@ -14,6 +14,8 @@ from typing import Callable
 
 from ..backends.base import PROBE_TIMEOUT_S, Place, gpu_words
 from ..configuration.registry import loaded_classes
+from ..configuration.settings import write_user_settings
+from ..core.errors import BadInput
 
 # in a login shell (a cluster's PATH is set up there): the GPUs, then docker's path, then the
 # cluster's GPUs and "sinfo" when sinfo answers (a login node; a sinfo with no cluster is none)
@@ -111,3 +113,19 @@ def _safely(probe: Callable[[], list[Place]]) -> list[Place]:
         return probe()
     except Exception:  # noqa: BLE001 - a backend's probe that broke its promise: nothing found
         return []
+
+
+def chosen_place(places: list[Place], number: int) -> Place:
+    """Place `number` of the setup table (1-based), as a default can be made of it; BadInput
+    (one line, what to do) when there is no such row or no installed backend runs there."""
+    if not 1 <= number <= len(places):
+        raise BadInput(f"--choose takes a number from 1 to {len(places)} (the table's #)")
+    place = places[number - 1]
+    if place.backend is None:
+        raise BadInput(f"no installed backend runs sessions on {place.where}: choose another")
+    return place
+
+
+def make_default(place: Place) -> Path:
+    """Write `place` as the user's default (backend and its --host): the settings file path."""
+    return write_user_settings({"default_backend": place.backend, "default_host": place.host or ""})

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+LOOKING = "looking for GPUs: this machine, Docker engines, ~/.ssh/config, AWS, Slurm, kubeconfig"
+
 
 def places_table(places: list[Any]) -> str:
     """One row a place: its number (for --choose), what, where, GPUs, backend, and a note.
@@ -20,17 +22,15 @@ def places_table(places: list[Any]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def setup_summary(places: list[Any]) -> str:
+def setup_summary(places: list[Any], command: str = "gpusession setup --choose N --yes") -> str:
+    """What the table means and how to choose (`command`: the CLI's, or `%gpu setup --choose N`)."""
     usable = [n for n, p in enumerate(places, 1) if p.usable]
     if not usable:
         return (
             "no place here can give a GPU session yet (numbers in brackets: found, but no GPU or "
-            "no answer); name one with `gpusession setup --choose N --yes` to use it anyway"
+            f"no answer); name one with `{command}` to use it anyway"
         )
-    return (
-        f"{len(usable)} place(s) can give a GPU session: `gpusession setup --choose N --yes` "
-        "makes one your default"
-    )
+    return f"{len(usable)} place(s) can give a GPU session: `{command}` makes one your default"
 
 
 def chosen_line(place: Any, path: str) -> str:
