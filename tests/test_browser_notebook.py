@@ -116,11 +116,30 @@ def test_a_sidebar_start_connects_the_open_notebook_and_its_next_cell_runs_there
         dialog.wait_for(state="detached")
 
 
+def run_cell(page, n: int) -> None:
+    """Run cell `n` alone (its own Shift+Enter), as a user does."""
+    page.locator(".jp-Notebook .jp-Cell").nth(n).locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+
+
 def test_run_this_notebook_on_a_gpu_turns_its_kernel_into_a_gpu_kernel(lab, page):
-    put_notebook(lab, "whole.ipynb", ["print('answer', 6 * 7)"])
+    """The notebook's kernel becomes a GPU kernel, and what its first kernel computed moves over
+    (values, arrays, imports; a generator cannot and is named)."""
+    put_notebook(
+        lab,
+        "whole.ipynb",
+        [
+            "import numpy as np\nanswer = 6 * 7\ntable = np.arange(12.0)\ngen = (i for i in 'ab')",
+            "print('answer', answer, table.sum(), np.__name__)",
+        ],
+    )
     with screenshot_on_failure(page, "notebook-gpu-kernel"):
         open_lab(page, lab, "gpu-kernel", "tree/whole.ipynb")
         wait_kernel_idle(page)
+        run_cell(page, 0)  # computed on this machine's kernel first
+        page.locator(".jp-Notebook .jp-Cell").first.locator(
+            ".jp-InputPrompt", has_text="[1]"
+        ).wait_for()
         before = {r.id for r in lab.manager.list(active_only=True)}
         run_command(page, "Run this Notebook on a GPU…")
         dialog = page.locator(".jp-Dialog", has_text="Run whole.ipynb on a GPU")
@@ -143,8 +162,13 @@ def test_run_this_notebook_on_a_gpu_turns_its_kernel_into_a_gpu_kernel(lab, page
             re.compile(rf"^GPU{re.escape(started.name)} · t4 × 1 · .* · running$"),
             timeout=TIMEOUT_MS,
         )
-        page.locator(".jp-Notebook .jp-Cell").first.click()
-        run_all_cells(page)
-        output = page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-OutputArea-output")
-        sync_api.expect(output).to_have_text("answer 42", timeout=TIMEOUT_MS)
+        moved = page.locator(".Toastify__toast", has_text="Variables moved into")
+        sync_api.expect(moved).to_contain_text(
+            f"Variables moved into {started.name}: answer, table (imports: np); not moved: gen "
+            "(generator).",
+            timeout=TIMEOUT_MS,
+        )
+        run_cell(page, 1)  # only the second cell: what the first computed came over
+        output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
+        sync_api.expect(output).to_have_text("answer 42 66.0 numpy", timeout=TIMEOUT_MS)
         page.screenshot(path=str(ARTIFACTS / "notebook-gpu-kernel.png"))

@@ -21,9 +21,9 @@ from ..configuration import options
 from ..configuration.registry import backend_names, price_lists
 from ..configuration.settings import load_policy
 from ..core.durations import KEEPALIVE, shown
-from ..core.errors import BadInput, SessionBusy, StageError
+from ..core.errors import BadInput, SessionBusy, SessionEnded, StageError
 from ..provisioner import kernelspecs
-from ..session import SessionManager, default_backend_name
+from ..session import SessionManager, carry, default_backend_name
 from ..session.store import owner_id
 from ..words.spend import budget_line, live_spot_line, report_rest
 from ..words.status import image_text, recorded_words, rest_view, with_error_texts
@@ -272,6 +272,41 @@ class KernelspecsHandler(BaseHandler):
         await self.guarded(install)
 
 
+class CarryHandler(BaseHandler):
+    """POST carry: a private staging folder for a notebook's variables and the code its current
+    kernel runs to save them there (session/carry.py), before "Run this notebook on a GPU…"
+    changes its kernel. Answers `{"folder", "code"}`."""
+
+    @tornado.web.authenticated
+    async def post(self) -> None:
+        body = self.body()
+        if body:
+            unknown = ", ".join(options.field_shown(k) for k in list(body)[:5])
+            return self.fail(400, f"unknown field(s) {unknown}; POST carry takes no fields")
+        await self.guarded(lambda: carry.stage(self.api.manager.config.data_path))
+
+
+class SessionCarryHandler(BaseHandler):
+    """POST sessions/NAME/carry `{"folder"}`: move the variables saved into that staging folder
+    (POST carry) into the running session's kernel, restored as a --resume restores them; the
+    folder is removed. Answers `{"restored", "imports", "failed", "skipped"}`; 400 for a folder
+    that is not one of ours, 404 for an unknown session, 409 for one that does not run."""
+
+    @tornado.web.authenticated
+    async def post(self, key: str) -> None:
+        body = self.body()
+        unknown = [options.field_shown(k) for k in body if k != "folder"]
+        if unknown:
+            return self.fail(400, f"unknown field(s) {', '.join(unknown[:5])}; allowed: folder")
+        m = self.api.manager
+
+        def move() -> dict:
+            folder = carry.staged_folder(m.config.data_path, body.get("folder"))
+            return carry.carry_into(m.attach(m.get(key).id), folder)
+
+        await self.guarded(move, statuses={SessionEnded: 409})
+
+
 class StatsHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self, key: str) -> None:
@@ -417,6 +452,8 @@ def setup_handlers(
             (url_path_join(base, "sessions", sid, "stats"), StatsHandler),
             (url_path_join(base, "sessions", sid, "keepalive"), KeepaliveHandler),
             (url_path_join(base, "sessions", sid, "switch"), SwitchHandler),
+            (url_path_join(base, "sessions", sid, "carry"), SessionCarryHandler),
+            (url_path_join(base, "carry"), CarryHandler),
             (url_path_join(base, "kernels", sid, "session"), KernelSessionHandler),
             (url_path_join(base, "kernelspecs"), KernelspecsHandler),
             (url_path_join(base, "catalog"), CatalogHandler),

@@ -5,6 +5,8 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import type {
+  CarryReply,
+  CarryStage,
   CatalogReply,
   ConnectRequest,
   ErrorReply,
@@ -109,6 +111,19 @@ export class GpuSessionClient {
     return this._request<KernelspecReply>('kernelspecs', {
       method: 'POST',
       body: JSON.stringify(body)
+    });
+  }
+
+  /** POST `carry`: a staging folder for a notebook's variables, and the code that saves them. */
+  stageCarry(): Promise<CarryStage> {
+    return this._request<CarryStage>('carry', { method: 'POST', body: '{}' });
+  }
+
+  /** POST `sessions/<id>/carry`: the staged variables into the session's kernel. */
+  carryInto(id: string, folder: string): Promise<CarryReply> {
+    return this._request<CarryReply>(`${sessionPath(id)}/carry`, {
+      method: 'POST',
+      body: JSON.stringify({ folder })
     });
   }
 

@@ -11,6 +11,7 @@ import { KernelSpec, Session } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
 import { errorMessage } from './api';
+import { carryLine, notSavedLine, savedFrom } from './carry';
 import { element, setData, setText } from './dom';
 import { formatRate } from './format';
 import { StartForm } from './form';
@@ -175,12 +176,17 @@ export class NotebookLinks {
       busy: 'Starting the GPU kernel…',
       skip: ['name'], // each of its kernels is a new session: a kernelspec names none
       submit: async request => {
+        const saved = await this._saveVariables(context); // while its kernel still runs
         const spec = await client.installKernelspec(request);
         await this._kernelspecs.refreshSpecs();
         dialog.resolve(0);
         await context.changeKernel({ name: spec.name });
         Notification.success(`${name} runs on ${spec.display_name}.`, { autoClose: 5000 });
         void this._model.refresh();
+        const moved = await this._moveVariables(context, saved);
+        if (moved) {
+          Notification.info(moved, { autoClose: 15000 });
+        }
         return null;
       }
     });
@@ -190,10 +196,68 @@ export class NotebookLinks {
     form.dispose();
   }
 
+  /**
+   * The notebook's variables saved by its current (Python) kernel into a
+   * staging folder of the server: the folder, or why nothing was saved; null
+   * when there is nothing to move (no kernel, another language, a GPU kernel
+   * already: `%gpu switch` moves those).
+   */
+  private async _saveVariables(context: ISessionContext): Promise<Saved | null> {
+    const kernel = context.session?.kernel;
+    if (!kernel || isGpuKernel(context)) {
+      return null;
+    }
+    const info = await kernel.info;
+    if (info.language_info.name !== 'python') {
+      return null;
+    }
+    const stage = await this._model.client.stageCarry();
+    let text = '';
+    const future = kernel.requestExecute({ code: stage.code, store_history: false });
+    future.onIOPub = msg => {
+      if (msg.header.msg_type === 'stream') {
+        const content = msg.content as { name: string; text: string };
+        text += content.name === 'stdout' ? content.text : '';
+      }
+    };
+    await future.done;
+    const why = notSavedLine(savedFrom(text));
+    return why ? { note: why } : { folder: stage.folder };
+  }
+
+  /** The saved variables into the GPU kernel's session: the notice's words. */
+  private async _moveVariables(context: ISessionContext, saved: Saved | null): Promise<string | null> {
+    if (!saved || saved.note) {
+      return saved?.note ?? null;
+    }
+    const kernelId = context.session?.kernel?.id;
+    let session: SessionView | undefined;
+    for (let tries = 0; !session && tries < 60; tries++) {
+      session = sessionOfKernel((await this._model.client.listing()).sessions, kernelId);
+      if (!session) {
+        await new Promise(resolve => setTimeout(resolve, 1000));
+      }
+    }
+    if (!session) {
+      return 'Variables not moved: the GPU kernel’s session was not found within a minute.';
+    }
+    try {
+      return carryLine(session.name, await this._model.client.carryInto(session.id, saved.folder!));
+    } catch (error) {
+      return `Variables not moved: ${errorMessage(error)}`;
+    }
+  }
+
   private readonly _model: SessionListModel;
   private readonly _sessions: Session.IManager;
   private readonly _kernelspecs: KernelSpec.IManager;
   private readonly _openForm: () => void;
+}
+
+/** What the notebook's kernel saved before its change: the staging folder, or why not. */
+interface Saved {
+  folder?: string;
+  note?: string;
 }
 
 /** A notebook on a GPU kernel (a kernelspec of `gpusession kernelspec`) is its session already. */

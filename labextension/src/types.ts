@@ -175,6 +175,30 @@ export interface KernelspecReply {
   display_name: string;
 }
 
+/** Reply of POST `carry`: a private staging folder and the code the notebook's
+ * current kernel runs to save its variables there (session/carry.py). */
+export interface CarryStage {
+  folder: string;
+  code: string;
+}
+
+/** What the notebook's kernel printed after saving (its `GPUSESSION_CARRY` line). */
+export interface CarrySaved {
+  saved?: number;
+  bytes?: number;
+  skipped?: { name: string; why: string; type?: string }[];
+  committed?: boolean;
+  error?: string | null;
+}
+
+/** Reply of POST `sessions/<id>/carry`: what the GPU kernel restored. */
+export interface CarryReply {
+  restored: string[];
+  imports: string[];
+  failed: { name: string; why?: string; error?: string }[];
+  skipped: { name: string; why: string; type?: string }[];
+}
+
 /** Reply of GET `sessions` (live sessions) and GET `sessions?history=N`
  * (live sessions and the N that ended last). */
 export interface SessionListReply {
