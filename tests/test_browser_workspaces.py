@@ -182,7 +182,8 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
         assert record.state == State.STOPPED and record.resource["checkpoint"]["committed"], record
         workspaces.locator(".gpusession-workspaces-refresh").click()
         delete = row.locator(".gpusession-workspace-delete")
-        sync_api.expect(delete).to_be_enabled()
+        # the listing asks every backend: seconds under load (5 s was too short at load 16)
+        sync_api.expect(delete).to_be_enabled(timeout=TIMEOUT_MS)
         delete.click()
         dialog = page.locator(".jp-Dialog")
         sync_api.expect(dialog).to_contain_text("Delete workspace ws-idle")

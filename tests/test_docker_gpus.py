@@ -138,3 +138,16 @@ def test_the_agent_of_a_pinned_session_reads_only_its_own_gpus():
     assert (
         len(NvmlReader(RecordedNvml(EIGHT), env={"NVIDIA_VISIBLE_DEVICES": "all"}).read()[2]) == 8
     )
+
+
+def test_containers_are_ordered_by_creation_to_the_nanosecond():
+    """Two starts on one box that picked the same GPU: the one created first keeps it. Docker's
+    listing gives whole seconds, so two containers of one second were ordered by id, and a later
+    one with a smaller id kept a GPU the earlier one had kept already (both held it)."""
+    from gpusession.backends.docker.backend import created_ns
+
+    earlier, later = "2026-12-03T14:20:01.1Z", "2026-12-03T14:20:01.12Z"  # trailing zeros dropped
+    assert created_ns(earlier) < created_ns(later) < created_ns("2026-12-03T14:20:02Z")
+    assert created_ns("2026-12-03T14:20:01.000000001Z") - created_ns("2026-12-03T14:20:01Z") == 1
+    assert created_ns(1796307601) == created_ns("2026-12-03T14:20:01Z")  # a listing's seconds
+    assert created_ns(None) == 0

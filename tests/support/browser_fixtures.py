@@ -43,6 +43,11 @@ def page(browser):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
+    # an assertion waits as long as an action: its own default (5 s) was too short for a listing
+    # that asks every backend at load 16 (a loaded run's failure)
+    from playwright import sync_api  # as in `browser`: present once a browser test runs
+
+    sync_api.expect.set_options(timeout=TIMEOUT_MS)
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.errors = errors

@@ -19,8 +19,10 @@ gpusession.image, gpusession.started (unix seconds).
 
 from __future__ import annotations
 
+import calendar
 import functools
 import logging
+import re
 import threading
 import time
 from typing import Any
@@ -759,20 +761,37 @@ class DockerBackend(EngineWorkspaces, Backend):
 
 def _lost_race(client, where: str, mine: str, devices: list[str]) -> bool:
     """Whether another live container holding one of `devices` was created before container
-    `mine` (by creation second, then id: every start on the box orders them alike)."""
+    `mine`, by the engine's creation time to the nanosecond (then id): every start on the box
+    orders them alike, and one that checked before the other existed stays the earlier one (by
+    the second alone, two containers of the same second were ordered by id, and a later one
+    with a smaller id kept the GPU that an earlier one had already kept)."""
     with engine_errors(where):
-        listed = client.containers.list(all=True, sparse=True, filters={"label": GPUS_LABEL})
-    order = {c.id: (c.attrs.get("Created", 0), c.id) for c in listed}
+        listed = client.containers.list(all=True, filters={"label": GPUS_LABEL})
+    order = {c.id: (created_ns(c.attrs.get("Created")), c.id) for c in listed}
     if mine not in order:
         return False
     wanted = set(devices)
     return any(
         order[c.id] < order[mine]
-        and c.attrs.get("State") not in ("exited", "dead")
-        and wanted & set((c.attrs.get("Labels") or {}).get(GPUS_LABEL, "").split(","))
+        and (c.attrs.get("State") or {}).get("Status") not in ("exited", "dead")
+        and wanted & set((c.labels or {}).get(GPUS_LABEL, "").split(","))
         for c in listed
         if c.id != mine
     )
+
+
+def created_ns(created: Any) -> int:
+    """A container's creation time in nanoseconds: inspect's RFC 3339 text
+    ("2026-12-03T14:20:01.12345Z": Docker drops the fraction's trailing zeros), or the listing's
+    whole seconds."""
+    if isinstance(created, (int, float)):
+        return int(created) * 1_000_000_000
+    text = str(created or "")
+    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?", text)
+    if not match:
+        return 0
+    whole = calendar.timegm(time.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S"))
+    return whole * 1_000_000_000 + int((match.group(2) or "0")[:9].ljust(9, "0"))
 
 
 def _may_hold(record: SessionRecord) -> bool:
