@@ -186,6 +186,18 @@ def test_setup_finds_the_engine_the_ssh_hosts_and_the_cloud(tmp_path):
     (meta / "meta.json").write_text(
         json.dumps({"Name": "far", "Endpoints": {"docker": {"Host": remote["docker_host_env"]}}})
     )
+    # a context of an engine over TCP with TLS, as `docker context create tls --docker
+    # host=tcp://...,ca=...` keeps it: listed, never probed nor offered
+    tls = home / ".docker" / "contexts" / "meta" / "7a2b"
+    tls.mkdir(parents=True)
+    (tls / "meta.json").write_text(
+        json.dumps(
+            {
+                "Name": "tls",
+                "Endpoints": {"docker": {"Host": "tcp://10.0.0.9:2376", "SkipTLSVerify": False}},
+            }
+        )
+    )
     (home / ".kube").mkdir()
     (home / ".kube" / "config").write_text("apiVersion: v1\nkind: Config\n")
     env = dict(
@@ -210,6 +222,9 @@ def test_setup_finds_the_engine_the_ssh_hosts_and_the_cloud(tmp_path):
     assert "credentials: env" in rows["us-east-1"], done.stdout
     far = rows[remote["docker_host_env"]]
     assert far.startswith("(") and "docker context far" in far and "no nvidia runtime" in far, far
+    over_tcp = rows["tcp://10.0.0.9:2376"]
+    assert over_tcp.startswith("(") and "docker context tls" in over_tcp, over_tcp
+    assert "not used: gpusession reaches a remote engine over ssh://" in over_tcp, over_tcp
     kube = rows[str(home / ".kube" / "config")]
     assert "no gpusession backend for Kubernetes is installed" in kube, kube
     if slurm:

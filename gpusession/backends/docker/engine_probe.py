@@ -40,8 +40,18 @@ def gives_gpus(info: dict[str, Any]) -> bool:
     )
 
 
+#: why an engine reached over TCP (a `tcp://` DOCKER_HOST or context, with TLS or not) is listed
+#: but not used: the kernel's ports are reached through the engine host's SSH login
+NOT_OVER_TCP = (
+    "not used: gpusession reaches a remote engine over ssh:// (the kernel's ports go through that "
+    "SSH login, never an open port); `docker context create NAME --docker host=ssh://USER@HOST`"
+)
+
+
 def engine_place(what: str, address: str, timeout: float) -> Place:
-    """One engine, probed: it answers or not, gives GPUs or not."""
+    """One engine, probed: it answers or not, gives GPUs or not. A tcp:// one is not probed."""
+    if address.startswith(("tcp://", "http://", "https://")):
+        return Place(what, address, "unknown", None, False, NOT_OVER_TCP)
     host = address if address.startswith("ssh://") else None
     try:
         docker = docker_sdk()
