@@ -223,6 +223,16 @@ def test_a_pool_start_takes_the_box_with_free_gpus_after_its_list_passes_a_type_
 
     said = placement_line(manager.view(record))
     assert f"pool lab: {second['url']}" in said and f"holds GPU 0 of {second['url']}" in said
+    # `gpusession types` ends with what each box of the pool has free now (issue 34 §2)
+    from test_cli import cli
+
+    listed = cli(dict(os.environ), "types")
+    assert listed.returncode == 0, listed.stderr
+    tail = listed.stdout.splitlines()[-4:]
+    assert tail[0] == "free now on shared boxes:", listed.stdout
+    assert tail[1] == f"  pool lab  {first['url']}  2 of 8 free (2 x NVIDIA A100-SXM4-80GB)"
+    assert tail[2] == f"  pool lab  {second['url']}  7 of 8 free (7 x NVIDIA A100-SXM4-80GB)"
+    assert tail[3].startswith(f"  pool lab  {SILENT}  skipped: "), tail
     manager.stop(record.id)
 
 

@@ -419,6 +419,14 @@ class Backend(abc.ABC):
         Must not create anything; may be cached a few minutes."""
         return []
 
+    def free_now(self) -> list[dict[str, Any]]:
+        """Called by `%gpu types` / `gpusession types`: what each place it shares among people
+        has free now (docker: every box of each configured pool), as rows {"place": "pool lab",
+        "host": "ssh://gpu1", "free": {"NVIDIA A100-SXM4-40GB": 2}, "gpus": 8, "skipped": None
+        or why the box was not asked}. Quick (bounded by a deadline), creates nothing, never
+        raises. Default: nothing to say."""
+        return []
+
     def list_prices(self, instance_types: list[str], region: str) -> dict[str, float] | None:
         """Called by `gpusession catalog refresh`: the cloud's on-demand list price ($/h) of
         each of these instance types in `region` that it prices; None: this backend has no

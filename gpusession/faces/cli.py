@@ -56,9 +56,13 @@ def cmd_types(args: argparse.Namespace) -> int:
         print("\n".join(live_price_lines(m.spend.live_prices(), m.catalog.prices_line)))
         return 0
     from ..configuration.registry import price_lists
-    from ..words.common import price_list_lines
+    from ..session.discovery import free_now
+    from ..words.common import free_now_lines, price_list_lines
 
     print("\n".join([load_catalog().table(), *price_list_lines(price_lists())]))
+    free = free_now_lines(free_now(_manager().backend))
+    if free:
+        print("\n".join(free))
     return 0
 
 

@@ -50,12 +50,12 @@ from ..core.errors import (
 )
 from ..core.models import State
 from ..session import SessionManager
-from ..session.discovery import chosen_place, discover, make_default
+from ..session.discovery import chosen_place, discover, free_now, make_default
 from ..session.handle import Session
 from ..session.recovery import wants_recovery
 from ..session.store import owner_id
 from ..widgets import register_panel
-from ..words.common import price_list_lines
+from ..words.common import free_now_lines, price_list_lines
 from ..words.setup import LOOKING, chosen_line, places_table, setup_summary
 from ..words.spend import advice_line, advice_lines, live_price_lines, report_lines, start_notes
 from ..words.status import (
@@ -603,6 +603,9 @@ class GpuMagics(Magics):
             print("\n".join(live_price_lines(rows, self.manager.catalog.prices_line)))
             return
         print("\n".join([self.manager.catalog.table(), *price_list_lines(price_lists())]))
+        free = free_now_lines(free_now(self.manager.backend))
+        if free:
+            print("\n".join(free))
 
     def _setup(self, rest: str) -> None:
         """`%gpu setup [--choose N]`: gpusession setup in the notebook; the choice is the line

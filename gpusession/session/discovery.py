@@ -8,14 +8,17 @@ it runs docker or Slurm) and a kubeconfig. Nothing is created or paid for; what 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 from pathlib import Path
 from typing import Callable
 
-from ..backends.base import PROBE_TIMEOUT_S, Place, gpu_words
+from ..backends.base import PROBE_TIMEOUT_S, Backend, Place, gpu_words
 from ..configuration.registry import loaded_classes
 from ..configuration.settings import write_user_settings
 from ..core.errors import BadInput
+
+log = logging.getLogger(__name__)
 
 # in a login shell (a cluster's PATH is set up there): the GPUs, then docker's path, then the
 # cluster's GPUs and "sinfo" when sinfo answers (a login node; a sinfo with no cluster is none)
@@ -129,3 +132,17 @@ def chosen_place(places: list[Place], number: int) -> Place:
 def make_default(place: Place) -> Path:
     """Write `place` as the user's default (backend and its --host): the settings file path."""
     return write_user_settings({"default_backend": place.backend, "default_host": place.host or ""})
+
+
+def free_now(backend: Callable[[str], Backend]) -> list[dict]:
+    """What the backends' shared places (docker pools) have free now, each row with its
+    `backend`: the backends that say (`Backend.free_now`), built by `backend(name)`."""
+    rows: list[dict] = []
+    for name, cls in loaded_classes().items():
+        if getattr(cls, "free_now", Backend.free_now) is Backend.free_now:
+            continue
+        try:
+            rows += [dict(row, backend=name) for row in backend(name).free_now()]
+        except Exception:  # noqa: BLE001 - one backend's listing never takes `types` down
+            log.warning("the %s backend could not say what is free now", name, exc_info=True)
+    return rows

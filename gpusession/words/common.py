@@ -78,3 +78,24 @@ def price_list_lines(lists: list[dict]) -> list[str]:
         + " per GPU-hour"
         for row in lists
     ]
+
+
+def free_now_lines(rows: list[dict]) -> list[str]:
+    """`%gpu types` / `gpusession types` last: what each pool's boxes have free now
+    (session.discovery.free_now), a line a box:
+    'pool lab  ssh://gpu1  2 of 8 free (2 x NVIDIA A100-SXM4-40GB)'."""
+    if not rows:
+        return []
+    lines = ["free now on shared boxes:"]
+    for row in rows:
+        where = f"  {row['place']}  {row['host']}  "
+        if row.get("skipped"):
+            lines.append(f"{where}skipped: {row['skipped']}")
+            continue
+        free = row.get("free") or {}
+        kinds = ", ".join(f"{n} x {name}" for name, n in sorted(free.items()))
+        count = sum(free.values())
+        lines.append(
+            f"{where}{count} of {row.get('gpus', 0)} free" + (f" ({kinds})" if kinds else "")
+        )
+    return lines

@@ -77,7 +77,7 @@ from .engine import (
 )
 from .engine_probe import endpoints, engine_place, gives_gpus
 from .gpus import GPUS_LABEL, NAME_LABEL, holders, pick, read_box, refusal
-from .pools import ask_pool, best_box, chosen_line, full_line, type_matches
+from .pools import ask_pool, best_box, chosen_line, free_by_name, full_line, type_matches
 from .runtime_volumes import remove_copy, stale_resources
 from .workspace_volumes import EngineWorkspaces
 
@@ -251,6 +251,27 @@ class DockerBackend(EngineWorkspaces, Backend):
                 '(env GPUSESSION_DOCKER_POOLS), e.g. {"lab": ["ssh://gpu1", "ssh://gpu2"]}'
             )
         return list(pools[pool])
+
+    def free_now(self) -> list[dict[str, Any]]:
+        """Every box of each configured pool, asked at once (each pool's deadline): its free
+        GPUs by name, or why it was skipped."""
+        try:
+            pools = textvalues.pools(self.setting("pools") or "")
+        except BadInput:
+            return []  # a start says what is wrong with the setting
+        rows = []
+        for name, boxes in sorted(pools.items()):
+            for answer in ask_pool(self.client, list(boxes), None):
+                rows.append(
+                    {
+                        "place": f"pool {name}",
+                        "host": answer.host,
+                        "free": free_by_name(answer) if answer.skipped is None else {},
+                        "gpus": answer.gpus,
+                        "skipped": answer.skipped,
+                    }
+                )
+        return rows
 
     def place(self, record: SessionRecord, progress: Progress) -> dict[str, Any] | None:
         """--host pool:NAME (again for each type of a fallback list: `pool` keeps the name):

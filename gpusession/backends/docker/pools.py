@@ -61,14 +61,43 @@ def ask_box(client_for: Callable[[str], Any], host: str, gpu_type: str) -> BoxAn
     return BoxAnswer(host, free=free_gpus(mine, held), gpus=len(mine))
 
 
+def box_free(client_for: Callable[[str], Any], host: str) -> BoxAnswer:
+    """One box, every GPU of it (no type asked): its free ones and how many it has, for the
+    listing of what each pool has free now (`%gpu types`)."""
+    try:
+        client = client_for(host)
+        reading = read_box(client, host)
+        if reading is None:
+            return BoxAnswer(host, skipped="no GPU reading (no nvidia-smi there)")
+        held = holders([c.attrs for c in client.containers.list(all=True)])
+    except Exception as exc:  # noqa: BLE001 - any failure skips the box; the line says which
+        return BoxAnswer(host, skipped=_short(exc))
+    cards = [g for g in reading[0] if not g.split]
+    return BoxAnswer(host, free=free_gpus(cards, held), gpus=len(cards))
+
+
+def free_by_name(answer: BoxAnswer, gpus: list[BoxGpu] | None = None) -> dict[str, int]:
+    """How many GPUs of each name are free on a box that answered."""
+    counts: dict[str, int] = {}
+    for g in answer.free if gpus is None else gpus:
+        counts[g.name or "GPU"] = counts.get(g.name or "GPU", 0) + 1
+    return counts
+
+
 def ask_pool(
-    client_for: Callable[[str], Any], boxes: list[str], gpu_type: str, timeout: float = POOL_TIMEOUT
+    client_for: Callable[[str], Any],
+    boxes: list[str],
+    gpu_type: str | None,
+    timeout: float = POOL_TIMEOUT,
 ) -> list[BoxAnswer]:
-    """Every box of the pool, asked at once; those with no answer by the deadline are skipped."""
+    """Every box of the pool, asked at once (for `gpu_type`, or None: every GPU of each box);
+    those with no answer by the deadline are skipped."""
     answers: dict[str, BoxAnswer] = {}
 
     def ask(host: str) -> None:
-        answers[host] = ask_box(client_for, host, gpu_type)
+        answers[host] = (
+            box_free(client_for, host) if gpu_type is None else ask_box(client_for, host, gpu_type)
+        )
 
     threads = [
         threading.Thread(target=ask, args=(h,), name="gpusession-pool", daemon=True) for h in boxes
