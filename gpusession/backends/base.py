@@ -14,6 +14,12 @@ A backend creates, connects to, and removes the remote side of a session. It nev
 
 and `gpusession gc` calls list_resources() and remove_resource(resource).
 
+What it declares about GPUs and money, read without an instance: `gpu_types` (types the catalog
+lacks, merged into it while it is installed), `price_list` (its own dollars per GPU-hour),
+`gpu_rate` / `catalog_prices` / `catalog_columns` (a table of its own, as aws's EC2 instances:
+what advice and --cheapest weigh, what the spend report calls a catalog rate, what `%gpu types`
+and GET catalog show beside the catalog); `list_prices` renews its table (`catalog refresh`).
+
 Backends return what must be recorded and the session layer records it: a backend writes only
 through its `Recorder` (its handles, timeline notes, a corrected price), never the store. Every
 paid resource carries the session id remotely (container labels, instance tags, a process
