@@ -11,6 +11,7 @@ import os
 import pytest
 from test_cli import cli
 
+from gpusession.backends.aws.instances import instance_table, packaged_table
 from gpusession.configuration.catalog import packaged_catalog
 from gpusession.faces.magics import GpuMagics
 from gpusession.session import SessionManager
@@ -39,8 +40,8 @@ def test_refresh_without_credentials_says_so_in_one_line_and_writes_nothing(aws_
 async def test_refresh_writes_the_users_dated_snapshot_that_every_face_dates(
     aws_env, gs_home, jp_fetch, capsys
 ):
-    base = packaged_catalog()
-    wanted = base.instance_types()
+    base = packaged_table()  # the aws backend's own table: its instance types and prices
+    wanted = base.names()
     prices = {name: round(base_price * 0.9, 4) for name, base_price in _on_demand(base).items()}
     prices["g4dn.xlarge"] = 0.5  # t4's one-GPU instance
     del prices[wanted[-1]]  # one the price list does not know: it keeps the package's price
@@ -60,10 +61,16 @@ async def test_refresh_writes_the_users_dated_snapshot_that_every_face_dates(
         ("us-east-1", "Linux", "Shared")
     }
     snapshot = json.loads(path.read_text())
-    assert snapshot["snapshot_date"] == today and snapshot["on_demand"] == dict(
+    # the aws backend's prices under its name, the catalog's reference rates they give
+    assert snapshot["snapshot_date"] == today and snapshot["backends"]["aws"]["on_demand"] == dict(
         sorted(prices.items())
     )
-    assert packaged_catalog().snapshot_date == PACKAGED  # the package's file is untouched
+    assert snapshot["rates"]["t4"] == 0.5 and snapshot["rates"]["a100"] == round(
+        prices["p4d.24xlarge"] / 8, 6
+    )
+    assert packaged_catalog().snapshot_date == PACKAGED  # the package's files are untouched
+    assert packaged_table().instances(packaged_catalog().get("t4"))[0].on_demand == 0.526
+    assert instance_table().price(packaged_catalog().get("t4"), 1) == 0.5  # aws's table reads it
 
     dated = f"on-demand prices from the catalog of {today}"
     # the CLI's table, with the new price
@@ -89,5 +96,5 @@ async def test_refresh_writes_the_users_dated_snapshot_that_every_face_dates(
     manager.close()
 
 
-def _on_demand(catalog) -> dict[str, float]:
-    return {i.name: i.on_demand for t in catalog.types for i in t.instances}
+def _on_demand(table) -> dict[str, float]:
+    return {i.name: i.on_demand for rows in table.by_type.values() for i in rows}

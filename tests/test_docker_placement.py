@@ -261,7 +261,7 @@ def test_a_mig_type_starts_on_a_free_slice_of_a_split_a100(remote, manager, monk
             assert attrs["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == [third]
         finally:
             far.close()
-        price = manager.catalog.get("a100-80gb").per_gpu_on_demand / 7
+        price = manager.catalog.get("a100-80gb").rate / 7
         assert record.price_per_hour == pytest.approx(price, abs=1e-4)
         manager.stop(record.id)
         with pytest.raises(NoCapacity) as err:

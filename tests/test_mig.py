@@ -12,6 +12,7 @@ import pytest
 
 from gpusession.agent.idle import MIG_MEMORY_STEP, ActivityTracker
 from gpusession.agent.nvml import NvmlReader, RecordedNvml
+from gpusession.backends.aws.instances import instance_table
 from gpusession.backends.docker import gpus
 from gpusession.backends.docker.pools import type_matches
 from gpusession.configuration.agentargs import AgentArgs
@@ -30,14 +31,12 @@ def test_slice_types_have_their_share_of_the_card_and_of_its_price():
     card = cat.get("a100-80gb")
     assert one.is_mig and one.mig_of == "a100-80gb" and one.share == pytest.approx(1 / 7)
     assert one.memory_gb == 10
-    assert cat.price_per_hour(one, 1) == pytest.approx(card.per_gpu_on_demand / 7, abs=1e-6)
-    assert cat.get("h100-3g.40gb").per_gpu_on_demand == pytest.approx(
-        cat.get("h100").per_gpu_on_demand * 3 / 7, abs=1e-6
-    )
+    assert cat.price_per_hour(one, 1) == pytest.approx(card.rate / 7, abs=1e-6)
+    assert cat.get("h100-3g.40gb").rate == pytest.approx(cat.get("h100").rate * 3 / 7, abs=1e-6)
     assert "MIG slice: 1/7 of a100-80gb" in cat.table()
     # no cloud sells a slice: aws refuses it by name, --gpu-mem lists never offer one
     with pytest.raises(BadInput, match="MIG slice of a100-80gb: no cloud instance"):
-        one.instance_for(1)
+        instance_table().instance_for(one, 1)
     assert all(not t.is_mig for t in cat.whole_types())
     # the whole cards' relative speeds are as before (the slowest whole card is 1.0)
     assert cat.relative_throughput(cat.get("t4")) == 1.0

@@ -5,6 +5,6 @@ list here."""
 
 from __future__ import annotations
 
-from .base import Backend, Link, Recorder, RemoteResource, TunnelLink
+from .base import Backend, Link, ListedPrices, Recorder, RemoteResource, TunnelLink
 
-__all__ = ["Backend", "Link", "Recorder", "RemoteResource", "TunnelLink"]
+__all__ = ["Backend", "Link", "ListedPrices", "Recorder", "RemoteResource", "TunnelLink"]

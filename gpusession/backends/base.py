@@ -14,6 +14,12 @@ A backend creates, connects to, and removes the remote side of a session. It nev
 
 and `gpusession gc` calls list_resources() and remove_resource(resource).
 
+What it declares about GPUs and money, read without an instance: `gpu_types` (types the catalog
+lacks, merged into it while it is installed), `price_list` (its own dollars per GPU-hour),
+`gpu_rate` / `catalog_prices` / `catalog_columns` (a table of its own, as aws's EC2 instances:
+what advice and --cheapest weigh, what the spend report calls a catalog rate, what `%gpu types`
+and GET catalog show beside the catalog); `list_prices` renews its table (`catalog refresh`).
+
 Backends return what must be recorded and the session layer records it: a backend writes only
 through its `Recorder` (its handles, timeline notes, a corrected price), never the store. Every
 paid resource carries the session id remotely (container labels, instance tags, a process
@@ -38,7 +44,7 @@ from ..core.models import KernelEndpoint
 from ..core.protocol import Marker, StopDetails, StopKind, StopReason, parse_marker
 
 if TYPE_CHECKING:
-    from ..configuration.catalog import Catalog
+    from ..configuration.catalog import Catalog, CatalogColumn, GpuType
     from ..configuration.config import GpuSessionConfig
     from ..configuration.options import StartOption
     from ..core.models import LaunchSpec, SessionRecord
@@ -168,6 +174,19 @@ class WorkspaceExport:
     size_bytes: int | None  # what moves, as the backend knows it before reading; None: unknown
     chunks: Iterator[bytes]  # the tar stream
     close: Callable[[], None] = lambda: None  # lets go of what the reading holds (a helper)
+
+
+@dataclasses.dataclass(frozen=True)
+class ListedPrices:
+    """What `Backend.list_prices` found (`gpusession catalog refresh`)."""
+
+    rates: dict[str, float]  # GPU type -> on-demand dollars per GPU-hour: the catalog's rates
+    kept: dict[str, Any]  # what it keeps in the user's snapshot, read back by its own table
+    asked: list[str]  # the rows of its table it asked for, in its own terms ("g4dn.xlarge")
+    priced: list[str]  # ... those the price list priced
+    changed: list[str]  # ... those whose price is not the package's
+    rows: str = "prices"  # what a row is, in words: "instance types"
+    region: str = ""  # where the prices are for
 
 
 class Link(abc.ABC):
@@ -364,6 +383,14 @@ class Backend(abc.ABC):
     a provider's list): the default `price_per_hour` takes it over the catalog's, and every face
     shows it beside the catalog (GET catalog's `backend_prices`, `%gpu types`, the start form)."""
 
+    gpu_types: ClassVar[dict[str, dict[str, Any]]] = {}
+    """GPU types it gives that the package's catalog lacks, as the catalog's data file writes
+    one (gpusession/data/catalog.json): name -> {"description", "memory_gb", "rate" (the
+    reference dollars per GPU-hour), "fp16_tflops", "fp32_tflops"}. The catalog merges them
+    while this backend is installed: every face lists them (`%gpu types`, GET catalog, the
+    forms' type choices) and --type takes them. A name the package has stays the package's;
+    what it charges for a package's type goes in `price_list`."""
+
     def __init__(self, config: "GpuSessionConfig", recorder: Recorder):
         self.config = config
         self.recorder = recorder
@@ -427,11 +454,39 @@ class Backend(abc.ABC):
         raises. Default: nothing to say."""
         return []
 
-    def list_prices(self, instance_types: list[str], region: str) -> dict[str, float] | None:
-        """Called by `gpusession catalog refresh`: the cloud's on-demand list price ($/h) of
-        each of these instance types in `region` that it prices; None: this backend has no
-        price list (own hardware). Raises BackendUnavailable (one line) without credentials."""
+    def list_prices(self, catalog: "Catalog") -> "ListedPrices | None":
+        """Called by `gpusession catalog refresh`: its cloud's current on-demand list prices of
+        its own table's rows (a cloud's machines), and the reference rate per GPU they give
+        the catalog's types; None: this backend has no price list (own hardware). What it
+        returns in `ListedPrices.kept` is written in the user's snapshot, for its table to read
+        back (`configuration.catalog.backend_snapshot`). Raises BackendUnavailable (one line)
+        without credentials."""
         return None
+
+    @classmethod
+    def gpu_rate(
+        cls, catalog: "Catalog", gpu: "GpuType", count: int, *, spot: bool = False
+    ) -> float | None:
+        """Called by advice and --cheapest to weigh types against each other: dollars per hour
+        of `count` x `gpu` here (`spot`: a spot start's typical price, where it has one); None
+        when it cannot give them. The default: its `price_list`, else the catalog's rate."""
+        return round(cls.price_list.get(gpu.name, gpu.rate) * count, 6)
+
+    @classmethod
+    def catalog_prices(
+        cls, catalog: "Catalog", gpu: "GpuType", count: int, *, spot: bool = False
+    ) -> tuple[float, ...]:
+        """Called by the spend report: the prices that a session of `count` x `gpu` priced from
+        a table (not told by its cloud, not configured) has, so the report says "catalog rate"
+        of it. The default: the catalog's rate."""
+        return (catalog.price_per_hour(gpu, count),)
+
+    @classmethod
+    def catalog_columns(cls, catalog: "Catalog") -> list["CatalogColumn"]:
+        """Called by `%gpu types` and GET catalog: its own columns beside the catalog's rate (a
+        cloud's machines and spot prices per type, configuration.catalog.CatalogColumn). The
+        default: none."""
+        return []
 
     def price_basis(self, spec: "LaunchSpec") -> str | None:
         """Called with `price_per_hour`: where its price comes from, one of gpusession.configuration.cost's

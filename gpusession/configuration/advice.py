@@ -2,17 +2,20 @@
 agent keeps in its summary, gpusession/agent/usage.py) into "a smaller / bigger / faster type
 would have done", with the money difference. Data only: `gpusession.words.spend` makes the sentence.
 
-Only advice: nothing here changes a session. Prices are the catalog's (per GPU x count, spot
-when the session asked for spot), for the current type and the suggestion alike, so the
-difference compares like with like whatever the backend charged (docs/cost.md).
+Only advice: nothing here changes a session. Prices are the session's backend's rates
+(`Backend.gpu_rate`: its own price list, or the catalog's reference rate per GPU x count; a
+cloud's typical spot rate when the session asked for spot), for the current type and the
+suggestion alike, so the difference compares like with like whatever the backend charged at
+the time (docs/cost.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from ..core.errors import BadInput
+from . import registry
 from .catalog import Catalog, GpuType
 
 MIN_SAMPLES = 10  # fewer samples than this (seconds at the agent's 1 Hz): too little to judge
@@ -111,8 +114,10 @@ def advise(
     billed_s: float,
     catalog: Catalog,
     spot: bool = False,
+    backend: str | None = None,
 ) -> Advice | None:
-    """The one suggestion the usage supports, or None (it fitted; or too little was sampled)."""
+    """The one suggestion the usage supports, or None (it fitted; or too little was sampled).
+    Priced by `backend`'s rates (the catalog's when None or not installed)."""
     f = figures(usage)
     if f is None:
         return None
@@ -120,7 +125,7 @@ def advise(
         current = catalog.get(gpu_type)
     except BadInput:  # a type the catalog no longer has
         return None
-    choice = _Choice(catalog, current, gpu_count, spot, billed_s, f)
+    choice = _Choice(catalog, current, gpu_count, billed_s, f, rater(catalog, backend, spot))
     # memory ran out, or nearly
     if f.oom_errors or f.memory_peak >= FULL * f.memory_total:
         return _bigger(choice)
@@ -135,27 +140,22 @@ def advise(
 @dataclasses.dataclass
 class _Choice:
     """What a suggestion is weighed against: the session's type and count, its usage figures and
-    the catalog's prices (spot when the session was)."""
+    the session's backend's rates (spot when the session was)."""
 
     catalog: Catalog
     current: GpuType
     gpu_count: int
-    spot: bool
     billed_s: float
     figures: UsageFigures
+    price: Callable[[GpuType, int], float | None]  # None: the backend cannot give them
 
     def __post_init__(self) -> None:
         self.now_price = self.price(self.current, self.gpu_count) or 0.0
 
-    def price(self, gpu: GpuType, count: int) -> float | None:
-        try:
-            gpu.instance_for(count)
-        except BadInput:
-            return None
-        return self.catalog.price_per_hour(gpu, count, spot=self.spot)
-
     def cheapest(self, count: int, fits) -> tuple[GpuType, float] | None:
-        priced = [(g, self.price(g, count)) for g in self.catalog.types if fits(g)]
+        """The cheapest whole card that fits, on `count` GPUs (a MIG slice is never suggested:
+        what a box is split into is its owner's)."""
+        priced = [(g, self.price(g, count)) for g in self.catalog.whole_types() if fits(g)]
         found = [(g, p) for g, p in priced if p is not None]
         return min(found, key=lambda gp: (gp[1], gp[0].memory_gb)) if found else None
 
@@ -219,8 +219,30 @@ def _smaller(choice: _Choice, count: int) -> Advice | None:
     return choice.advice("fewer" if gpu.name == current.name else "smaller", gpu, count, cost)
 
 
+def rater(
+    catalog: Catalog, backend: str | None, spot: bool = False
+) -> Callable[[GpuType, int], float | None]:
+    """How `backend` prices `count` x `gpu` for a comparison (`Backend.gpu_rate`), the
+    catalog's reference rate when it is None or not installed here."""
+    cls = None
+    if backend:
+        try:
+            cls = registry.load_backend_class(backend)
+        except BadInput:  # a backend no longer installed: the catalog's rate
+            cls = None
+    if cls is None or not hasattr(cls, "gpu_rate"):
+        return catalog.price_per_hour
+    return lambda gpu, count: cls.gpu_rate(catalog, gpu, count, spot=bool(spot))
+
+
 def could_save(
-    summary: dict | None, *, gpu_type: str, gpu_count: int, catalog: Catalog, spot: bool
+    summary: dict | None,
+    *,
+    gpu_type: str,
+    gpu_count: int,
+    catalog: Catalog,
+    spot: bool,
+    backend: str | None = None,
 ) -> float:
     """Dollars a smaller or fewer-GPU suggestion would have saved over the session (0 without one),
     from a stored agent summary: what the spend report adds up."""
@@ -233,6 +255,7 @@ def could_save(
         billed_s=float(summary.get("duration_s") or 0.0),
         catalog=catalog,
         spot=spot,
+        backend=backend,
     )
     if advice is None or advice.kind not in ("smaller", "fewer"):
         return 0.0
@@ -240,7 +263,13 @@ def could_save(
 
 
 def advice_document(
-    summary: dict | None, *, gpu_type: str, gpu_count: int, spot: bool, catalog: Catalog
+    summary: dict | None,
+    *,
+    gpu_type: str,
+    gpu_count: int,
+    spot: bool,
+    catalog: Catalog,
+    backend: str | None = None,
 ) -> dict[str, Any]:
     """What `%gpu advice`, the stop line, the card and REST show, from an agent summary (live or
     stored): {"figures": UsageFigures or None, "advice": Advice or None, "samples": n}."""
@@ -253,6 +282,7 @@ def advice_document(
         billed_s=float((summary or {}).get("duration_s") or 0.0),
         catalog=catalog,
         spot=spot,
+        backend=backend,
     )
     return {
         "samples": int((usage or {}).get("samples") or 0),

@@ -1,6 +1,14 @@
-"""GPU types and prices, read from the data file shipped in the package (`data/catalog.json`),
-with the user's own snapshot of on-demand prices over it when there is one (`catalog.json` in
-the data folder, written by `gpusession catalog refresh`) and it is no older than the package's.
+"""What a GPU type IS, and one reference rate per GPU-hour for each: read from the data file
+shipped in the package (`data/catalog.json`), with the types the installed backends declare
+(`Backend.gpu_types`) merged in, and the user's own dated snapshot of the rates over it when
+there is one (`catalog.json` in the data folder, written by `gpusession catalog refresh`) and it
+is no older than the package's.
+
+The reference rate is a cloud's on-demand price of one such GPU (the data file says which, and
+of what date): what a backend without prices of its own charges for the user's own hardware
+(cost.OWN_HARDWARE, said so on every face). How a cloud sells the GPUs (its machines, their
+prices, spot) is its backend's: its own table, shown beside the catalog through
+`Backend.catalog_columns`.
 
 Names are case-insensitive and take a count, like SkyPilot's `--gpus A100:8`.
 """
@@ -10,25 +18,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import os
+import sys
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..core.datahome import data_dir_from_env
 from ..core.durations import shown
 from ..core.errors import BadInput
+from . import registry
 
-
-@dataclasses.dataclass(frozen=True)
-class InstanceType:
-    """A cloud machine that carries `gpu_count` GPUs of one type."""
-
-    name: str  # EC2 instance type, e.g. "g4dn.xlarge"
-    gpu_count: int  # GPUs in one instance
-    vcpus: int  # virtual CPUs
-    on_demand: float  # dollars per hour, whole instance
-    spot: float | None  # typical spot dollars per hour, None when not offered
+log = logging.getLogger("gpusession")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,58 +40,61 @@ class GpuType:
     name: str  # canonical lower-case name, e.g. "a100-80gb"
     description: str  # human description
     memory_gb: int  # memory of one GPU
-    instances: tuple[InstanceType, ...]  # ascending by gpu_count
+    rate: float  # the reference rate: dollars per hour of one such GPU (the catalog's source)
     fp16_tflops: float | None = None  # dense FP16 Tensor Core TFLOPS of one GPU (data sheet)
     fp32_tflops: float | None = None  # FP32 TFLOPS of one GPU (data sheet)
     mig_of: str | None = None  # a MIG slice: the card it is a slice of ("a100-80gb")
     share: float | None = None  # a MIG slice: its share of the card (compute slices of 7)
-    card_on_demand: float | None = None  # a MIG slice: its card's on-demand $/GPU-hour
-    card_spot: float | None = None  # ... and typical spot
+    declared_by: str | None = (
+        None  # the backend that declared it (Backend.gpu_types); None: the package's
+    )
 
     @property
     def is_mig(self) -> bool:
         return self.mig_of is not None
 
-    def instance_for(self, count: int) -> InstanceType:
-        """Smallest instance with at least `count` GPUs."""
-        if self.is_mig:
-            raise BadInput(
-                f"{self.name} is a MIG slice of {self.mig_of}: no cloud instance carries one; "
-                "start it with --backend docker (a box whose cards are split) or slurm"
-            )
-        for inst in self.instances:
-            if inst.gpu_count >= count:
-                return inst
-        biggest = self.instances[-1].gpu_count
-        raise BadInput(
-            f"no instance carries {count} x {self.name}; the most is {biggest} "
-            f"(use --type {self.name}:{biggest} or fewer)"
-        )
 
-    @property
-    def per_gpu_on_demand(self) -> float:
-        if self.is_mig:  # its share of its card's price
-            return (self.card_on_demand or 0.0) * (self.share or 0.0)
-        inst = self.instances[0]
-        return inst.on_demand / inst.gpu_count
+@dataclasses.dataclass(frozen=True)
+class CatalogColumn:
+    """A backend's own column beside the catalog (`Backend.catalog_columns`): `%gpu types`
+    shows `header` with `texts[type]` ('-' where it has none); GET catalog gives each type
+    `key`: `values[type]` (`missing` where it has none)."""
 
-    @property
-    def per_gpu_spot(self) -> float | None:
-        if self.is_mig:
-            return None if self.card_spot is None else self.card_spot * (self.share or 0.0)
-        inst = self.instances[0]
-        return None if inst.spot is None else inst.spot / inst.gpu_count
+    header: str  # "SPOT $/GPU-H"
+    key: str  # "spot_per_hour"
+    values: dict[str, Any]  # type -> the value GET catalog gives
+    texts: dict[str, str]  # type -> what the table shows
+    missing: Any = None  # the value of a type it has none for
+    note: str = ""  # words after the table's prices line ("spot: typical, ...")
 
 
 @dataclasses.dataclass(frozen=True)
 class Catalog:
-    snapshot_date: str  # date of the price snapshot
-    region: str  # region the prices are for
+    snapshot_date: str  # date of the rates
+    region: str  # where the reference rates are from
     currency: str
-    source: str
-    types: tuple[GpuType, ...]
+    source: str  # where the reference rates are from, in words
+    own_types: tuple[GpuType, ...]  # the package's (MIG slices included)
     aliases: dict[str, str]
     throughput_source: str = ""  # where fp16_tflops / fp32_tflops come from
+    declared: Callable[[], dict[str, tuple[str, dict]]] = dict  # the backends' gpu_types
+
+    @functools.cached_property
+    def types(self) -> tuple[GpuType, ...]:
+        """Every type: the package's, then those the installed backends declare (a name the
+        package has stays the package's). Asking for them loads every backend class."""
+        mine = {t.name for t in self.own_types}
+        extra = []
+        for name, (backend, raw) in self.declared().items():
+            if name in mine:
+                continue
+            try:
+                extra.append(_gpu_type(name, raw, declared_by=backend))
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning(
+                    "backend %r declares GPU type %r badly (%s): left out", backend, name, exc
+                )
+        return self.own_types + tuple(extra)
 
     def relative_throughput(self, gpu: GpuType, precision: str = "fp16") -> float | None:
         """One GPU's throughput relative to the slowest whole card in the catalog (1.0)."""
@@ -104,10 +109,6 @@ class Catalog:
         2025-11-01'."""
         return f"on-demand prices from the catalog of {self.snapshot_date}"
 
-    def instance_types(self) -> list[str]:
-        """Every instance type the catalog prices."""
-        return [i.name for t in self.types for i in t.instances]
-
     def names(self) -> list[str]:
         return [t.name for t in self.types]
 
@@ -118,13 +119,17 @@ class Catalog:
     def get(self, name: str) -> GpuType:
         key = name.strip().lower()
         key = self.aliases.get(key, key)
+        for t in self.own_types:  # the package's names need no backend loaded
+            if t.name == key:
+                return t
         for t in self.types:
             if t.name == key:
                 return t
         raise BadInput(f"unknown GPU type {shown(name)}; valid types: {', '.join(self.names())}")
 
     def parse(self, text: str) -> tuple[GpuType, int]:
-        """'A100:8' -> (a100, 8). Raises BadInput naming the valid types."""
+        """'A100:8' -> (a100, 8). Raises BadInput naming the valid types. How many GPUs one
+        machine carries is the backend's to say (`Backend.check`)."""
         if not text or not text.strip():
             raise BadInput(f"no GPU type given; valid types: {', '.join(self.names())}")
         name, _, count_text = text.strip().partition(":")
@@ -139,35 +144,30 @@ class Catalog:
                 ) from None
             if count < 1:
                 raise BadInput(f"GPU count must be at least 1, got {count}")
-        if gpu.is_mig:
-            if count > MAX_SLICES:
-                raise BadInput(
-                    f"at most {MAX_SLICES} x {gpu.name} (use --type {gpu.name}:{MAX_SLICES} or fewer)"
-                )
-            return gpu, count
-        gpu.instance_for(count)  # validates the count
+        if gpu.is_mig and count > MAX_SLICES:
+            raise BadInput(
+                f"at most {MAX_SLICES} x {gpu.name} (use --type {gpu.name}:{MAX_SLICES} or fewer)"
+            )
         return gpu, count
 
-    def price_per_hour(
-        self, gpu: GpuType, count: int, *, spot: bool = False, whole_instance: bool = False
-    ) -> float:
-        """Dollars per hour: the whole instance for cloud backends, per-GPU times count otherwise."""
-        if whole_instance:
-            inst = gpu.instance_for(count)
-            if spot and inst.spot is not None:
-                return inst.spot
-            return inst.on_demand
-        per_gpu = (
-            gpu.per_gpu_spot if spot and gpu.per_gpu_spot is not None else gpu.per_gpu_on_demand
-        )
-        return round(per_gpu * count, 6)
+    def price_per_hour(self, gpu: GpuType, count: int) -> float:
+        """Dollars per hour of `count` such GPUs at the reference rate."""
+        return round(gpu.rate * count, 6)
 
-    def to_dict(self) -> dict[str, Any]:
+    def columns(self) -> list[CatalogColumn]:
+        """The installed backends' columns beside the catalog (`Backend.catalog_columns`)."""
+        return registry.catalog_columns(self)
+
+    def to_dict(self, columns: list[CatalogColumn] | None = None) -> dict[str, Any]:
+        """GET catalog: every type, with the backends' `columns` (None: the installed
+        backends') beside the reference rate."""
+        columns = self.columns() if columns is None else columns
         return {
             "snapshot_date": self.snapshot_date,
             "prices_line": self.prices_line,
             "region": self.region,
             "currency": self.currency,
+            "source": self.source,
             "throughput_source": self.throughput_source,
             "types": [
                 {
@@ -178,58 +178,47 @@ class Catalog:
                     "fp32_tflops": t.fp32_tflops,
                     "relative_fp16": self.relative_throughput(t, "fp16"),
                     "relative_fp32": self.relative_throughput(t, "fp32"),
-                    "on_demand_per_hour": round(t.per_gpu_on_demand, 4),
-                    "spot_per_hour": None if t.per_gpu_spot is None else round(t.per_gpu_spot, 4),
+                    "on_demand_per_hour": round(t.rate, 4),
                     "mig_of": t.mig_of,
                     "share": t.share,
-                    "instance_types": [
-                        {
-                            "name": i.name,
-                            "gpu_count": i.gpu_count,
-                            "on_demand_per_hour": i.on_demand,
-                            "spot_per_hour": i.spot,
-                        }
-                        for i in t.instances
-                    ],
+                    "declared_by": t.declared_by,
+                    **{c.key: c.values.get(t.name, c.missing) for c in columns},
                 }
                 for t in self.types
             ],
         }
 
-    def table(self) -> str:
-        """The catalog as a plain-text table (what `%gpu types` and `gpusession types` print)."""
-        rows = [
-            (
-                "TYPE",
-                "MEMORY",
-                "FP16",
-                "FP32",
-                "$/GPU-HOUR",
-                "SPOT $/GPU-H",
-                "AWS INSTANCES (GPUs, $/h)",
-            )
-        ]
+    def table(self, columns: list[CatalogColumn] | None = None) -> str:
+        """The catalog as a plain-text table (what `%gpu types` and `gpusession types` print),
+        the backends' `columns` (None: the installed backends') after the reference rate; a
+        MIG slice says what it is in the last column."""
+        columns = self.columns() if columns is None else columns
+        heads = ("TYPE", "MEMORY", "FP16", "FP32", "$/GPU-HOUR", *(c.header for c in columns))
+        rows = [heads if columns else (*heads, "")]
         for t in self.types:
-            spot = "-" if t.per_gpu_spot is None else f"{t.per_gpu_spot:.3f}"
-            inst = ", ".join(f"{i.name} ({i.gpu_count}, {i.on_demand:.2f})" for i in t.instances)
-            if t.is_mig:
-                inst = f"MIG slice: {round((t.share or 0) * 7)}/7 of {t.mig_of} (docker, slurm)"
             speed = [self.relative_throughput(t, p) for p in ("fp16", "fp32")]
+            cells = [c.texts.get(t.name, "-") for c in columns] or [""]
+            if t.is_mig and cells[-1] in ("-", ""):
+                cells[-1] = (
+                    f"MIG slice: {round((t.share or 0) * 7)}/7 of {t.mig_of} (docker, slurm)"
+                )
             rows.append(
                 (
                     t.name,
                     f"{t.memory_gb} GB",
                     *("-" if x is None else f"{x:g}x" for x in speed),
-                    f"{t.per_gpu_on_demand:.3f}",
-                    spot,
-                    inst,
+                    f"{t.rate:.3f}",
+                    *cells,
                 )
             )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
+        lines = [
+            ("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1]).rstrip()
+            for r in rows
+        ]
+        notes = "".join(f"; {c.note}" for c in columns if c.note)
         lines.append(
-            f"Prices per hour in {self.currency} ({self.region}): {self.prices_line}; "
-            "spot: typical, `types --live` for now."
+            f"Prices per hour in {self.currency} ({self.region}): {self.prices_line}{notes}."
         )
         if self.throughput_source:
             lines.append(
@@ -239,6 +228,19 @@ class Catalog:
 
 
 MAX_SLICES = 7  # MIG: compute slices of a card
+
+
+def _gpu_type(name: str, raw: dict[str, Any], *, rate: float | None = None, declared_by=None):
+    """A type from its data-file entry (or a backend's `gpu_types` entry, the same fields)."""
+    return GpuType(
+        name=name,
+        description=str(raw.get("description", "")),
+        memory_gb=int(raw["memory_gb"]),
+        rate=float(raw["rate"]) if rate is None else rate,
+        fp16_tflops=None if raw.get("fp16_tflops") is None else float(raw["fp16_tflops"]),
+        fp32_tflops=None if raw.get("fp32_tflops") is None else float(raw["fp32_tflops"]),
+        declared_by=declared_by,
+    )
 
 
 def _mig_types(raw: dict[str, Any], cards: dict[str, GpuType]) -> list[GpuType]:
@@ -252,7 +254,7 @@ def _mig_types(raw: dict[str, Any], cards: dict[str, GpuType]) -> list[GpuType]:
                 name=name,
                 description=f"MIG {name.partition('-')[2]} slice of an {card.description}",
                 memory_gb=int(m["memory_gb"]),
-                instances=(),
+                rate=card.rate * share,
                 fp16_tflops=None
                 if card.fp16_tflops is None
                 else round(card.fp16_tflops * share, 1),
@@ -261,14 +263,12 @@ def _mig_types(raw: dict[str, Any], cards: dict[str, GpuType]) -> list[GpuType]:
                 else round(card.fp32_tflops * share, 1),
                 mig_of=card.name,
                 share=share,
-                card_on_demand=card.per_gpu_on_demand,
-                card_spot=card.per_gpu_spot,
             )
         )
     return found
 
 
-USER_SNAPSHOT = "catalog.json"  # in the data folder: the user's refreshed on-demand prices
+USER_SNAPSHOT = "catalog.json"  # in the data folder: the user's refreshed rates
 
 
 def user_snapshot_path() -> Path:
@@ -277,96 +277,95 @@ def user_snapshot_path() -> Path:
     return Path(data_dir_from_env()) / USER_SNAPSHOT
 
 
-def load_catalog() -> Catalog:
-    """The catalog: the package's, with the user's snapshot of on-demand prices over it (read
-    again when that file changes)."""
+def _stamp() -> tuple[str | None, int | None]:
     path = user_snapshot_path()
     try:
-        stamp = os.stat(path).st_mtime_ns
+        return str(path), os.stat(path).st_mtime_ns
     except OSError:
-        stamp = None
-    return _load(str(path) if stamp is not None else None, stamp)
+        return None, None
+
+
+def load_catalog() -> Catalog:
+    """The catalog: the package's and the installed backends' types, with the user's snapshot
+    of the rates over it (read again when that file changes)."""
+    return _load(*_stamp(), registry.backend_classes, tuple(sys.path))
 
 
 def packaged_catalog() -> Catalog:
     """The catalog shipped in the package, without the user's snapshot."""
-    return _load(None, None)
+    return _load(None, None, registry.backend_classes, tuple(sys.path))
 
 
-def write_user_snapshot(on_demand: dict[str, float], *, date: str, source: str) -> Path:
-    """The user's snapshot: instance type -> on-demand $/h, dated, over the package's prices."""
+def user_snapshot() -> dict[str, Any]:
+    """The user's snapshot, as written by `write_user_snapshot`: {"snapshot_date", "source",
+    "rates": {type: $/GPU-hour}, "backends": {backend: what it keeps}}; {} when there is none,
+    it cannot be read, or it is older than the package's catalog."""
+    return _user_snapshot(*_stamp())
+
+
+def backend_snapshot(backend: str) -> dict[str, Any]:
+    """What `backend`'s `list_prices` kept in the user's snapshot ({} when none)."""
+    section = user_snapshot().get("backends", {}).get(backend, {})
+    return section if isinstance(section, dict) else {}
+
+
+def write_user_snapshot(
+    rates: dict[str, float], *, date: str, source: str, backends: dict[str, Any]
+) -> Path:
+    """The user's snapshot: GPU type -> reference $/GPU-hour, dated, over the package's rates,
+    and what each backend keeps of its own price list (`backends`)."""
     base = packaged_catalog()
     path = user_snapshot_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     doc = {"snapshot_date": date, "region": base.region, "currency": base.currency}
-    doc.update(source=source, on_demand=dict(sorted(on_demand.items())))
+    doc.update(source=source, rates=dict(sorted(rates.items())), backends=backends)
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(partial, path)  # whole or not at all
     return path
 
 
-def _user_prices(path: str | None, packaged_date: str) -> tuple[dict[str, float], dict]:
-    """The user's snapshot's prices and header; none when it is older than the package's."""
+@functools.lru_cache(maxsize=1)
+def _packaged() -> dict[str, Any]:
+    return json.loads(resources.files("gpusession").joinpath("data/catalog.json").read_text())
+
+
+@functools.lru_cache(maxsize=4)
+def _user_snapshot(path: str | None, stamp: int | None) -> dict[str, Any]:
     if path is None:
-        return {}, {}
+        return {}
     try:
         raw = json.loads(Path(path).read_text())
-        prices = {str(k): float(v) for k, v in raw["on_demand"].items()}
         date = str(raw["snapshot_date"])
+        rates = {str(k): float(v) for k, v in raw.get("rates", {}).items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        import logging
-
-        logging.getLogger("gpusession").warning(
+        log.warning(
             "gpusession: the catalog snapshot %s cannot be read (%s): the package's prices are "
             "used; `gpusession catalog refresh` writes it again",
             path,
             exc,
         )
-        return {}, {}
-    if date < packaged_date:  # a newer package brings newer prices
-        return {}, {}
-    return prices, raw
+        return {}
+    if date < _packaged()["snapshot_date"]:  # a newer package brings newer prices
+        return {}
+    backends = raw.get("backends") if isinstance(raw.get("backends"), dict) else {}
+    return dict(raw, rates=rates, backends=backends)
 
 
-@functools.lru_cache(maxsize=4)
-def _load(user_path: str | None, stamp: int | None) -> Catalog:
-    raw = json.loads(resources.files("gpusession").joinpath("data/catalog.json").read_text())
-    mine, header = _user_prices(user_path, raw["snapshot_date"])
-    types = []
-    for name, t in raw["types"].items():
-        insts = tuple(
-            sorted(
-                (
-                    InstanceType(
-                        name=i["name"],
-                        gpu_count=int(i["gpu_count"]),
-                        vcpus=int(i.get("vcpus", 0)),
-                        on_demand=mine.get(i["name"], float(i["on_demand"])),
-                        spot=None if i.get("spot") is None else float(i["spot"]),
-                    )
-                    for i in t["instances"]
-                ),
-                key=lambda i: i.gpu_count,
-            )
-        )
-        types.append(
-            GpuType(
-                name=name,
-                description=t.get("description", ""),
-                memory_gb=int(t["memory_gb"]),
-                instances=insts,
-                fp16_tflops=None if t.get("fp16_tflops") is None else float(t["fp16_tflops"]),
-                fp32_tflops=None if t.get("fp32_tflops") is None else float(t["fp32_tflops"]),
-            )
-        )
+@functools.lru_cache(maxsize=8)
+def _load(user_path: str | None, stamp: int | None, seam: Any, path: tuple[str, ...]) -> Catalog:
+    raw = _packaged()
+    header = _user_snapshot(user_path, stamp)
+    mine = header.get("rates", {})
+    types = [_gpu_type(name, t, rate=mine.get(name)) for name, t in raw["types"].items()]
     types += _mig_types(raw.get("mig", {}), {t.name: t for t in types})
     return Catalog(
         snapshot_date=header.get("snapshot_date", raw["snapshot_date"]),
         region=raw["region"],
         currency=raw.get("currency", "USD"),
         source=header.get("source", raw.get("source", "")),
-        types=tuple(types),
+        own_types=tuple(types),
         aliases={k.lower(): v for k, v in raw.get("aliases", {}).items()},
         throughput_source=raw.get("throughput_source", ""),
+        declared=registry.declared_gpu_types,
     )

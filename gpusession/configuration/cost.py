@@ -240,7 +240,7 @@ def spend_report(
     with `split` (another REPORT_BY key), each row's `split` lists its parts by that key (the
     Spend view's bars: a day's cost per GPU type). Each row's `prices` counts its sessions per
     price source (`price_source`).
-    `catalog_prices(record)`: the catalog's rates for its GPUs (per GPU, whole instance);
+    `catalog_prices(record)`: the table prices of its GPUs (Backend.catalog_prices);
     `could_save(record)`: the advice's saving for the whole session (gpusession/configuration/advice.py)."""
     for key in (by, split or by):
         if key not in REPORT_BY:

@@ -36,7 +36,7 @@ from ..core.durations import (
 from ..core.errors import BadInput
 from ..core.models import LaunchSpec
 from ..core.protocol import DEFAULT_IDLE_S
-from . import metrics, registry
+from . import advice, metrics, registry
 from .agentargs import DEFAULT_SAVE_CAP, DEFAULT_SAVE_TIMEOUT_S
 from .settings import default_host_for, setting_value
 
@@ -619,11 +619,13 @@ def type_choices(
     given: bool = True,
     by_price: bool = False,
     spot: bool = False,
+    backend: str | None = None,
 ) -> list[tuple[str, int]]:
     """The types a start tries, in order: --type's one or its list (`given`: written by the
     user, not the default), kept to those with `gpu_mem` GiB or more; with --gpu-mem and no
     --type, every catalog type with that much, cheapest first; `by_price` (--cheapest): the
-    cheapest first (`spot`: by the typical spot price). BadInput when none is left."""
+    cheapest first by `backend`'s rates (`Backend.gpu_rate`; `spot`: its typical spot rate),
+    those it cannot give last. BadInput when none is left."""
     chosen = list(value) if isinstance(value, list) else [value]
     if gpu_mem is not None:
         if not given:
@@ -636,7 +638,13 @@ def type_choices(
                 "see %gpu types (or gpusession types) for each type's memory"
             )
     if by_price:
-        chosen.sort(key=lambda nc: catalog.price_per_hour(catalog.get(nc[0]), nc[1], spot=spot))
+        rate = advice.rater(catalog, backend, spot)
+
+        def price(choice: tuple[str, int]) -> tuple[bool, float]:
+            found = rate(catalog.get(choice[0]), choice[1])
+            return found is None, found or 0.0
+
+        chosen.sort(key=price)
     return list(dict.fromkeys(chosen))
 
 
@@ -704,16 +712,13 @@ def build_spec(
             given=type_given,
             by_price=bool(parsed.get("cheapest")),
             spot=bool(parsed.get("cheapest") or parsed.get("spot")),
+            backend=parsed.get("backend"),
         )
     except BadInput as exc:
         raise BadOptions({"gpu_mem" if "gpu_mem" in parsed else "type": str(exc)}, face) from None
     gpu_name, count = choices[0]
-    spec = LaunchSpec(
-        gpu_type=gpu_name,
-        gpu_count=count,
-        backend=parsed.pop("backend"),
-        idle=parsed.pop("idle"),
-    )
+    backend, idle = parsed.pop("backend"), parsed.pop("idle")
+    spec = LaunchSpec(gpu_type=gpu_name, gpu_count=count, backend=backend, idle=idle)
     for name, value in parsed.items():
         option = by_name[name]
         if option.spec_field is not None:

@@ -155,3 +155,27 @@ def price_lists() -> list[dict[str, Any]]:
         for name in listing_order(classes)
         if getattr(classes[name], "price_list", None)
     ]
+
+
+def declared_gpu_types() -> dict[str, tuple[str, dict[str, Any]]]:
+    """The GPU types the installed backends declare (their class's `gpu_types`), for the
+    catalog to merge: type name (lower case) -> (backend, its entry). The first backend in
+    listing order that declares a name has it."""
+    classes = loaded_classes()
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    for name in listing_order(classes):
+        for type_name, raw in dict(getattr(classes[name], "gpu_types", None) or {}).items():
+            found.setdefault(str(type_name).strip().lower(), (name, dict(raw)))
+    return found
+
+
+def catalog_columns(catalog: Any) -> list[Any]:
+    """The columns the installed backends show beside the catalog (their class's
+    `catalog_columns`: a cloud's machines and spot prices), in listing order."""
+    classes = loaded_classes()
+    columns: list[Any] = []
+    for name in listing_order(classes):
+        made = getattr(classes[name], "catalog_columns", None)
+        if made is not None:
+            columns += made(catalog)
+    return columns

@@ -8,11 +8,12 @@ the faces put what it returns into words (gpusession/words/).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..backends import Backend
+from ..backends import Backend, ListedPrices
 from ..configuration.advice import advice_document, could_save
 from ..configuration.catalog import packaged_catalog, write_user_snapshot
 from ..configuration.cost import budget_status, month_start, report_start, spend_report
@@ -155,6 +156,7 @@ class Spend:
             gpu_count=record.spec.gpu_count,
             spot=record.spec.extra.get("spot"),
             catalog=self._catalog(),
+            backend=record.spec.backend,
         )
         return dict(doc, name=record.name, state=record.state.value)
 
@@ -182,25 +184,25 @@ class Spend:
                 gpu_count=r.spec.gpu_count,
                 catalog=self._catalog(),
                 spot=r.spec.extra.get("spot"),
+                backend=r.spec.backend,
             ),
         )
         return dict(doc, catalog_date=self._catalog().snapshot_date, budget=self.budget(reading))
 
     def _catalog_prices(self, record: SessionRecord) -> tuple[float, ...]:
-        """The catalog's rates for a session's GPUs: per GPU x count, and the whole instance."""
+        """The table prices of a session's GPUs (`Backend.catalog_prices`: the catalog's rate,
+        or its backend's own table), the catalog's rate when its backend is not installed."""
+        catalog = self._catalog()
         try:
-            gpu = self._catalog().get(record.spec.gpu_type)
-            return tuple(
-                self._catalog().price_per_hour(
-                    gpu,
-                    record.spec.gpu_count,
-                    spot=record.spec.extra.get("spot"),
-                    whole_instance=whole,
-                )
-                for whole in (False, True)
-            )
+            gpu = catalog.get(record.spec.gpu_type)
         except GpuSessionError:  # a type the catalog no longer has
             return ()
+        try:
+            cls = load_backend_class(record.spec.backend)
+        except GpuSessionError:  # a backend no longer installed
+            return (catalog.price_per_hour(gpu, record.spec.gpu_count),)
+        spot = bool(record.spec.extra.get("spot"))
+        return cls.catalog_prices(catalog, gpu, record.spec.gpu_count, spot=spot)
 
     def live_prices(self, types: list[str] | None = None) -> list[dict[str, Any]]:
         """The clouds' current prices (`Backend.live_prices`: each compares the regions of its
@@ -217,46 +219,49 @@ class Spend:
         return rows
 
     def refresh_catalog(self) -> dict[str, Any]:
-        """`gpusession catalog refresh`: the clouds' on-demand list prices (`Backend.list_prices`)
-        of the catalog's instance types, written as the user's dated snapshot (catalog.py) that
-        every face then uses. Data {"path", "date", "priced", "of", "changed", "missing", "was"}.
-        A failure (no credentials) writes nothing and says the date the prices stay at."""
-        import datetime
-
+        """`gpusession catalog refresh`: the clouds' on-demand list prices (`Backend.list_prices`
+        of each backend with a price list: its own table's rows), written as the user's dated
+        snapshot (catalog.py) that every face then uses: the catalog's reference rates they give,
+        and what each backend keeps for its table. Data {"path", "date", "priced", "of",
+        "changed", "missing", "was", "rows"}. A failure (no credentials) writes nothing and says
+        the date the prices stay at."""
         was, base = self._catalog().snapshot_date, packaged_catalog()
-        wanted = base.instance_types()
-        prices: dict[str, float] = {}
-        sources = []
+        listed: dict[str, ListedPrices] = {}
         for name in backend_names():
             if load_backend_class(name).list_prices is Backend.list_prices:
                 continue  # own hardware: no price list
             try:
-                found = self._backend(name).list_prices(wanted, base.region)
+                found = self._backend(name).list_prices(base)
             except GpuSessionError as exc:
                 raise type(exc)(
                     f"the catalog was not refreshed (its prices stay those of {was}): {exc}"
                 ) from None
-            prices.update(found or {})
-            sources.append(name)
-        if not prices:
+            if found is not None:
+                listed[name] = found
+        asked = [row for found in listed.values() for row in found.asked]
+        priced = [row for found in listed.values() for row in found.priced]
+        rows = ", ".join(dict.fromkeys(found.rows for found in listed.values())) or "prices"
+        if not priced:
             raise GpuSessionError(
-                f"no price list priced any of the catalog's {len(wanted)} instance types: the "
+                f"no price list priced any of the catalog's {len(asked)} {rows}: the "
                 f"catalog was not refreshed (its prices stay those of {was})"
             )
         date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+        regions = ", ".join(dict.fromkeys(f.region for f in listed.values() if f.region))
         path = write_user_snapshot(
-            prices,
+            {k: v for found in listed.values() for k, v in found.rates.items()},
             date=date,
-            source=f"on-demand list prices of the {', '.join(sources)} price list ({base.region}) "
+            source=f"on-demand list prices of the {', '.join(listed)} price list ({regions}) "
             f"on {date}; spot and the rest from the package's catalog of {base.snapshot_date}",
+            backends={name: found.kept for name, found in listed.items()},
         )
-        old = {i.name: i.on_demand for t in base.types for i in t.instances}
         return {
             "path": str(path),
             "date": date,
             "was": was,
-            "priced": len(prices),
-            "of": len(wanted),
-            "changed": sorted(k for k, v in prices.items() if abs(v - old.get(k, v)) > 1e-9),
-            "missing": [k for k in wanted if k not in prices],
+            "priced": len(priced),
+            "of": len(asked),
+            "rows": rows,
+            "changed": [row for found in listed.values() for row in found.changed],
+            "missing": [row for row in asked if row not in priced],
         }

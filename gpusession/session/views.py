@@ -105,6 +105,7 @@ def _advice(record: SessionRecord) -> dict[str, Any] | None:
         gpu_count=record.spec.gpu_count,
         spot=record.spec.extra.get("spot"),
         catalog=load_catalog(),
+        backend=record.spec.backend,
     )
     return doc if doc["advice"] else None
 

@@ -128,7 +128,7 @@ class StartForm:
         if option.kind == "gpu_type":
             catalog = manager.catalog
             choices = [
-                (f"{t.name} · {t.memory_gb} GB · {format_money(t.per_gpu_on_demand)}/h", t.name)
+                (f"{t.name} · {t.memory_gb} GB · {format_money(t.rate)}/h", t.name)
                 for t in catalog.types
             ]
             return widgets.Dropdown(

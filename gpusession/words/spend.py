@@ -224,7 +224,7 @@ def catalog_refresh_line(doc: dict) -> str:
         else ""
     )
     return (
-        f"catalog refreshed: on-demand prices of {doc['priced']} of {doc['of']} instance types "
+        f"catalog refreshed: on-demand prices of {doc['priced']} of {doc['of']} {doc['rows']} "
         f"({changed} changed), dated {doc['date']} (was {doc['was']}), in {doc['path']}{missing}"
     )
 

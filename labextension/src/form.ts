@@ -411,7 +411,7 @@ export class StartForm {
     } else if (gpu) {
       if (shown.has(SPOT_OPTION) && values.get(SPOT_OPTION) === true) {
         text =
-          gpu.spot_per_hour === null
+          gpu.spot_per_hour === null || gpu.spot_per_hour === undefined
             ? 'No spot price for this type'
             : `${formatRate(gpu.spot_per_hour)} spot per GPU`;
       } else {

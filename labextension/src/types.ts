@@ -436,7 +436,8 @@ export interface KeepAliveRequest {
   duration: string;
 }
 
-/** An instance type offering a GPU type, item of `GpuTypeView.instance_types`. */
+/** An EC2 instance type offering a GPU type, item of `GpuTypeView.instance_types` (the aws
+ * backend's column, gpusession/backends/aws/instances.py). */
 export interface InstanceTypeView {
   name: string;
   gpu_count: number;
@@ -450,11 +451,13 @@ export interface InstanceTypeView {
 export interface GpuTypeView {
   name: string;
   memory_gb: number;
-  /** US dollars per hour for the cheapest instance with one such GPU. */
+  /** The catalog's reference rate: US dollars per hour of one such GPU. */
   on_demand_per_hour: number;
-  /** US dollars per hour, or null where spot is not offered. */
-  spot_per_hour: number | null;
-  instance_types: InstanceTypeView[];
+  /** US dollars per GPU-hour, or null where spot is not offered; absent without the aws
+   * backend (a backend's columns, `Backend.catalog_columns`). */
+  spot_per_hour?: number | null;
+  /** The aws backend's instances with the type; absent without it. */
+  instance_types?: InstanceTypeView[];
 }
 
 /** Reply of GET `catalog`. */

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from ...configuration.agentargs import WORKSPACE_MOUNT, AgentArgs, workspace_name
-from ...configuration.catalog import Catalog, load_catalog
+from ...configuration.catalog import Catalog, CatalogColumn, GpuType, load_catalog
 from ...configuration.cost import BILLED_FROM, CLOUD
 from ...configuration.options import StartOption
 from ...configuration.registry import load_backend_class
@@ -33,9 +33,10 @@ from ...core.models import LaunchSpec, SessionRecord
 from ...core.progress import Progress
 from ...core.protocol import StopDetails
 from ...transport.pulls import PullLogin
-from ..base import Backend, Link, Place, RemoteResource, stop_details_from_log
+from ..base import Backend, Link, ListedPrices, Place, RemoteResource, stop_details_from_log
 from . import ebs_volumes, launch, pricing, pull_logins, workspace_stream
 from .cheapest import Cheapest
+from .instances import InstanceTable, instance_table, packaged_table
 from .sdk import QUOTA_HINT, Aws, aws_errors, boto3_module, endpoint_url, error_code, explain
 from .teardown import Teardown, console_details, ended_reason
 
@@ -81,7 +82,7 @@ class AwsBackend(Backend):
     takes_image = True
     image_help = "run on the instance's Docker; the docker backend's by default"
     order = 30
-    price_source = "the instance's spot price when AWS tells it (--spot), else the catalog's spot or on-demand price"
+    price_source = "the instance's spot price when AWS tells it (--spot), else its table's spot or on-demand price (backends/aws/instances.json)"
     start_options = (  # (docs/aws.md)
         StartOption(
             "workspace_size",
@@ -231,7 +232,7 @@ class AwsBackend(Backend):
 
     def check(self, spec: LaunchSpec) -> None:
         boto3_module()
-        load_catalog().get(spec.gpu_type).instance_for(spec.gpu_count)
+        instance_table().instance_for(load_catalog().get(spec.gpu_type), spec.gpu_count)
         launch.fallback_mode(spec.extra)
         ebs_volumes.size_gib(spec.extra)
         if (
@@ -257,10 +258,10 @@ class AwsBackend(Backend):
 
     def price_per_hour(self, spec: LaunchSpec, catalog: Catalog) -> float:
         """The whole instance: the current spot price (the cheapest zone, which is tried first)
-        when AWS tells it, else the catalog's spot or on-demand price."""
-        gpu = catalog.get(spec.gpu_type)
+        when AWS tells it, else its table's spot or on-demand price (instances.py)."""
+        gpu, table = catalog.get(spec.gpu_type), instance_table()
         if spec.extra.get("spot") or spec.extra.get("cheapest"):
-            instance_type = gpu.instance_for(spec.gpu_count).name
+            instance_type = table.instance_for(gpu, spec.gpu_count).name
             regions = (
                 self.cheapest_regions(spec)
                 if spec.extra.get("cheapest")
@@ -271,9 +272,38 @@ class AwsBackend(Backend):
             ]
             if prices:
                 return min(prices)
-        return catalog.price_per_hour(
-            gpu, spec.gpu_count, spot=spec.extra.get("spot"), whole_instance=True
-        )
+        return table.price(gpu, spec.gpu_count, spot=bool(spec.extra.get("spot")))
+
+    @classmethod
+    def gpu_rate(
+        cls, catalog: Catalog, gpu: GpuType, count: int, *, spot: bool = False
+    ) -> float | None:
+        """Per GPU of its smallest instance (spot: typical), times `count`; None when no
+        instance carries them (a MIG slice, more than the biggest carries)."""
+        table = instance_table()
+        try:
+            table.instance_for(gpu, count)
+        except BadInput:
+            return None
+        per_gpu = (spot and table.per_gpu(gpu, spot=True)) or table.per_gpu(gpu)
+        return None if per_gpu is None else round(per_gpu * count, 6)
+
+    @classmethod
+    def catalog_prices(
+        cls, catalog: Catalog, gpu: GpuType, count: int, *, spot: bool = False
+    ) -> tuple[float, ...]:
+        """Its table's price of the whole instance, and its per-GPU rate times `count`."""
+        table = instance_table()
+        try:
+            whole = table.price(gpu, count, spot=spot)
+        except BadInput:
+            return ()
+        rate = cls.gpu_rate(catalog, gpu, count, spot=spot)
+        return (whole,) if rate is None else (rate, whole)
+
+    @classmethod
+    def catalog_columns(cls, catalog: Catalog) -> list[CatalogColumn]:
+        return instance_table().columns(list(catalog.types))
 
     def cheapest_regions(self, spec: LaunchSpec) -> list[str | None]:
         """Where `--cheapest` looks: --region, else the configured regions the policy allows."""
@@ -304,12 +334,13 @@ class AwsBackend(Backend):
         "region", "zone", "spot", "on_demand"}, cheapest first per type; a type AWS says nothing
         about has a row with zone and spot None."""
         rows: list[dict[str, Any]] = []
+        table = instance_table()
         for region in price_regions(self.setting("regions")):
             aws = self.aws(region)
             for gpu in catalog.whole_types():
-                if types is not None and gpu.name not in types:
+                if (types is not None and gpu.name not in types) or not table.instances(gpu):
                     continue
-                inst = gpu.instances[0]
+                inst = table.instances(gpu)[0]
                 prices = self.spot_prices(aws, inst.name)
                 base = {"type": gpu.name, "instance": inst.name, "region": aws.region}
                 base["on_demand"] = inst.on_demand
@@ -319,16 +350,35 @@ class AwsBackend(Backend):
                     rows.append(dict(base, zone=zone, spot=price))
         return rows
 
-    def list_prices(self, instance_types: list[str], region: str) -> dict[str, float]:
-        """The on-demand prices of the AWS Price List API (backends/aws/pricing.py)."""
+    def list_prices(self, catalog: Catalog) -> ListedPrices:
+        """The on-demand prices of its table's instance types from the AWS Price List API
+        (backends/aws/pricing.py), kept in the user's snapshot for its table; the catalog's
+        rate of a type is one GPU's share of its smallest instance."""
+        base = packaged_table()
+        asked = base.names()
         aws = self.aws(pricing.PRICING_REGION)
         aws.check_credentials()
         try:
-            return pricing.on_demand_prices(aws, instance_types, region)
+            found = pricing.on_demand_prices(aws, asked, base.region)
         except aws_errors() as exc:
             raise _unavailable(
                 explain(exc, "asking the AWS Price List API", pricing.PRICING_REGION)
             ) from None
+        old = {i.name: i.on_demand for rows in base.by_type.values() for i in rows}
+        rates = {}
+        for gpu in catalog.whole_types():
+            rows = base.instances(gpu)
+            if rows and rows[0].name in found:
+                rates[gpu.name] = round(found[rows[0].name] / rows[0].gpu_count, 6)
+        return ListedPrices(
+            rates=rates,
+            kept={"on_demand": dict(sorted(found.items()))},
+            asked=asked,
+            priced=[n for n in asked if n in found],
+            changed=sorted(k for k, v in found.items() if abs(v - old.get(k, v)) > 1e-9),
+            rows="instance types",
+            region=base.region,
+        )
 
     # -- start ------------------------------------------------------------------------------
 
@@ -345,7 +395,8 @@ class AwsBackend(Backend):
         """--cheapest (backends/aws/cheapest.py): the allowed regions in the order of their
         cheapest zone, each region's zones cheapest first, until one has capacity."""
         spec = record.spec
-        instance_type = load_catalog().get(spec.gpu_type).instance_for(spec.gpu_count).name
+        gpu = load_catalog().get(spec.gpu_type)
+        instance_type = instance_table().instance_for(gpu, spec.gpu_count).name
         regions = [self.aws(r) for r in self.cheapest_regions(spec)]
         choice = Cheapest({aws.region: self.spot_prices(aws, instance_type) for aws in regions})
         workspace = workspace_name(record)
@@ -396,7 +447,7 @@ class AwsBackend(Backend):
         spec, extra = record.spec, record.spec.extra
         catalog = load_catalog()
         gpu = catalog.get(spec.gpu_type)
-        instance_type = gpu.instance_for(spec.gpu_count).name
+        instance_type = instance_table().instance_for(gpu, spec.gpu_count).name
         # every handle is saved as soon as it exists: a crash leaves it findable
         self.recorder.save(record.id, region=aws.region, instance_type=instance_type)
         public_key, kernel_key = self._session_keys(record)
@@ -537,7 +588,7 @@ class AwsBackend(Backend):
         from ..cloudvm.cloudinit import new_host_key
 
         spec, extra = record.spec, record.spec.extra
-        catalog = load_catalog()
+        table = instance_table()
         avoid = extra.get("avoid_zone") or ""  # a recovery: the zone AWS took the spot one back in
         plan = _attempt_plan(record, start, cheapest, last_region, avoid)
         tried: list[launch.Attempt] = []
@@ -548,9 +599,7 @@ class AwsBackend(Backend):
         def price_of(attempt: launch.Attempt) -> float:
             if attempt.spot and attempt.subnet.zone in start.prices:
                 return start.prices[attempt.subnet.zone]
-            return catalog.price_per_hour(
-                start.gpu, spec.gpu_count, spot=attempt.spot, whole_instance=True
-            )
+            return table.price(start.gpu, spec.gpu_count, spot=attempt.spot)
 
         def prepare(attempt: launch.Attempt) -> dict[str, Any]:
             tried.append(attempt)
@@ -568,7 +617,7 @@ class AwsBackend(Backend):
             aws,
             record,
             start,
-            catalog,
+            table,
             plan,
             prepare,
             tried,
@@ -634,7 +683,7 @@ class AwsBackend(Backend):
         aws: Aws,
         record: SessionRecord,
         start: _Start,
-        catalog: Catalog,
+        table: InstanceTable,
         plan: list[launch.Attempt],
         prepare,
         tried: list[launch.Attempt],
@@ -656,7 +705,7 @@ class AwsBackend(Backend):
         max_price = (
             _float(extra["max_price"], "--max-price")
             if extra.get("max_price")
-            else catalog.price_per_hour(start.gpu, spec.gpu_count, whole_instance=True)
+            else table.price(start.gpu, spec.gpu_count)
         )
         try:
             return launch.run_first_that_fits(
