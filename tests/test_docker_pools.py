@@ -98,3 +98,18 @@ def test_an_unknown_pool_is_refused_naming_the_configured_ones(monkeypatch, gs_h
         assert m.list() == []
     finally:
         m.close()
+
+
+async def test_the_forms_offer_the_configured_pools_for_the_host(gs_home, jp_fetch, monkeypatch):
+    """GET options' `places`: per backend, what its --host field offers (the sidebar's datalist,
+    the widget form's combobox); the docker pools as `pool:NAME`, nothing for a bad setting."""
+    import json
+
+    from gpusession.configuration.config import EnvConfig
+    from gpusession.configuration.registry import backend_places
+
+    monkeypatch.setenv("GPUSESSION_DOCKER_POOLS", '{"lab": ["ssh://gpu1"], "big": ["ssh://gpu2"]}')
+    r = await jp_fetch("gpusession", "api", "options")
+    assert json.loads(r.body)["places"] == {"docker": ["pool:big", "pool:lab"]}
+    monkeypatch.setenv("GPUSESSION_DOCKER_POOLS", "{not json")
+    assert backend_places(EnvConfig()) == {}

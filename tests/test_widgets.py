@@ -173,7 +173,8 @@ def test_a_watchdog_stop_that_saved_offers_resume_on_the_card(manager):
 
 
 @pytest.mark.integration
-def test_start_form(manager):
+def test_start_form(manager, monkeypatch):
+    monkeypatch.setenv("GPUSESSION_DOCKER_POOLS", '{"lab": ["ssh://gpu1"]}')  # offered for --host
     started = []
     panel = SessionPanel(manager, None, interval=0.3, on_started=started.append)
     assert panel.cards == {} and panel.empty.layout.display is None
@@ -200,6 +201,7 @@ def test_start_form(manager):
     # the image field offers what the engine has; any other reference is pulled, and says so
     if docker_available():
         form.backend_select.value = "docker"
+        assert form.fields["host"].options == ("pool:lab",)  # the configured pool, any host typed
         assert product_image() in form.image_input.options
         form.image_input.value = product_image()
         assert _text(form.image_note.value).startswith(f"{product_image()} · ")

@@ -446,6 +446,13 @@ class Backend(abc.ABC):
         Must not create anything; may be cached a few minutes."""
         return []
 
+    @classmethod
+    def places(cls, config: "GpuSessionConfig") -> list[str]:
+        """Called by the start forms (GET options' `places`): the named places a start of it may
+        give as --host, offered beside the field (docker: `pool:NAME` of each configured pool).
+        Reads settings only: quick, never raises. Default: none."""
+        return []
+
     def free_now(self) -> list[dict[str, Any]]:
         """Called by `%gpu types` / `gpusession types`: what each place it shares among people
         has free now (docker: every box of each configured pool), as rows {"place": "pool lab",

@@ -179,3 +179,18 @@ def catalog_columns(catalog: Any) -> list[Any]:
         if made is not None:
             columns += made(catalog)
     return columns
+
+
+def backend_places(config) -> dict[str, list[str]]:
+    """The named places each backend offers for --host in the forms (`Backend.places`):
+    {"docker": ["pool:lab"]}; backends with none left out."""
+    places = {}
+    for name, cls in loaded_classes().items():
+        try:
+            found = list(cls.places(config))
+        except Exception:  # noqa: BLE001 - a plugin's broken hook never takes the form down
+            log.warning("backend %r: its places could not be read", name, exc_info=True)
+            continue
+        if found:
+            places[name] = found
+    return places

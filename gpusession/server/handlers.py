@@ -18,7 +18,7 @@ import tornado.web
 from jupyter_server.utils import url_path_join
 
 from ..configuration import options
-from ..configuration.registry import backend_names, price_lists
+from ..configuration.registry import backend_names, backend_places, price_lists
 from ..configuration.settings import load_policy
 from ..core.durations import KEEPALIVE, shown
 from ..core.errors import BadInput, SessionBusy, SessionEnded, StageError
@@ -83,12 +83,13 @@ class OptionsHandler(BaseHandler):
         m = self.api.manager
 
         def document() -> dict:  # the default backend may ask the Docker engine: not on the loop
-            return options.options_document(
+            doc = options.options_document(
                 m.config,
                 catalog=m.catalog,
                 backends=backend_names(),
                 backend_default=default_backend_name(m.config),
             )
+            return dict(doc, places=backend_places(m.config))  # pools offered for --host
 
         await self.guarded(document)
 

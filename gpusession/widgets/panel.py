@@ -10,7 +10,7 @@ import ipywidgets as widgets
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..configuration import options
-from ..configuration.registry import backend_names, price_lists
+from ..configuration.registry import backend_names, backend_places, price_lists
 from ..core.durations import format_money
 from ..core.errors import GpuSessionError, NoSession
 from ..core.models import State
@@ -40,6 +40,7 @@ class StartForm:
         # the chosen backend's own price of the chosen type, where it prices GPUs itself
         self.own_price_note = classed(widgets.HTML(), "own-price-note")
         self._spot_type: str | None = None  # the type whose current spot price was asked
+        self._places = backend_places(manager.config)  # per backend, what --host offers
         self._make_rows(manager)
         self.type_select = self.fields["type"]
         self.backend_select = self.fields["backend"]
@@ -125,6 +126,14 @@ class StartForm:
             return widgets.Combobox(
                 options=[], ensure_option=False, placeholder=placeholder, **common
             ), "input"
+        if option.name == HOST:  # offers the backend's pools (_show_backend_options); any host
+            return widgets.Combobox(
+                options=[],
+                ensure_option=False,
+                placeholder=placeholder,
+                continuous_update=False,  # its images are asked of it when it is whole
+                **common,
+            ), "input"
         if option.kind == "gpu_type":
             catalog = manager.catalog
             choices = [
@@ -148,7 +157,6 @@ class StartForm:
         return widgets.Text(
             value=value,
             placeholder=placeholder,
-            continuous_update=option.name != HOST,  # its images are asked of it when it is whole
             **common,
         ), "input"
 
@@ -157,6 +165,8 @@ class StartForm:
         for name, row in self.rows.items():
             applies = options.table().by_name[name].backends
             show(row, applies is None or backend in applies)
+        if HOST in self.fields:  # a docker pool: pool:lab
+            self.fields[HOST].options = tuple(self._places.get(backend, []))
         self._load_images()
         self._show_spot_price()
         self._show_own_price()

@@ -170,6 +170,7 @@ export class StartForm {
     }
     try {
       const reply = await this._client.getOptions();
+      this._places = reply.places ?? {};
       this._setOptions(reply.options);
       this._optionsProblem = null;
     } catch (error) {
@@ -237,13 +238,19 @@ export class StartForm {
       }
     }
     this._imagesList.id = IMAGES_LIST_ID;
+    this._placesList.id = PLACES_LIST_ID;
     // what a first start does not need folds under "More" (the sidebar is 250 px wide)
     const first = nodes.filter(node => this._isFirst(node));
     const more = nodes.filter(node => !this._isFirst(node));
     const summary = element('summary', 'gpusession-more-summary');
     summary.textContent = 'More';
     this._more.replaceChildren(summary, ...more);
-    this._fieldsNode.replaceChildren(...first, ...(more.length ? [this._more] : []), this._imagesList);
+    this._fieldsNode.replaceChildren(
+      ...first,
+      ...(more.length ? [this._more] : []),
+      this._imagesList,
+      this._placesList
+    );
     this._labelTypes();
   }
 
@@ -266,6 +273,22 @@ export class StartForm {
     }
     field.node.scrollIntoView({ block: 'nearest' });
     field.input.focus();
+  }
+
+  /** The host field offers the chosen backend's named places (a docker pool: `pool:lab`). */
+  private _fillPlaces(values: Map<string, FieldValue>): void {
+    const places = this._places[String(values.get('backend') ?? '')] ?? [];
+    if (places.join('\n') === this._placesShown) {
+      return;
+    }
+    this._placesShown = places.join('\n');
+    this._placesList.replaceChildren(
+      ...places.map(place => {
+        const entry = document.createElement('option');
+        entry.value = place;
+        return entry;
+      })
+    );
   }
 
   /** Ask for the images of the chosen backend and host when those changed. */
@@ -388,6 +411,7 @@ export class StartForm {
       field.node.hidden = !shown.has(name);
     }
     this._showPrice(values, shown);
+    this._fillPlaces(values);
     this._loadImages(values, shown);
     this._showImageNote();
     showText(this._optionsError, this._apiDown ? null : this._optionsProblem);
@@ -540,6 +564,9 @@ export class StartForm {
   private _imagesProblem: string | null = null;
   private _imagesKey: string | null = null;
   private readonly _imagesList = document.createElement('datalist');
+  private readonly _placesList = document.createElement('datalist');
+  private _places: Record<string, string[]> = {};
+  private _placesShown: string | null = null;
   private _options: readonly OptionView[] | null = null;
   private _catalog: CatalogReply | null = null;
   private _optionsProblem: string | null = null;
@@ -595,6 +622,8 @@ export function makeField(option: OptionView): Field {
       box.spellcheck = false;
       if (option.name === IMAGE_OPTION) {
         box.setAttribute('list', IMAGES_LIST_ID); // offers the engine's images; any text goes
+      } else if (option.name === HOST_OPTION) {
+        box.setAttribute('list', PLACES_LIST_ID); // offers the backend's pools; any host goes
       }
     }
     input = box;
@@ -626,6 +655,8 @@ export function makeField(option: OptionView): Field {
 
 /** The id of the list of images the image field offers. */
 const IMAGES_LIST_ID = 'gpusession-images-list';
+/** The id of the list of named places (pools) the host field offers. */
+const PLACES_LIST_ID = 'gpusession-places-list';
 
 /** The option whose field is a pick list of the workspaces (GET `workspaces`). */
 const RESUME_OPTION = 'resume';

@@ -377,6 +377,8 @@ export interface OptionsReply {
   options: OptionView[];
   /** The metrics the charts draw (gpusession/configuration/metrics.py), in the order shown. */
   metrics: MetricView[];
+  /** Per backend, the named places its --host field offers (a docker pool: `pool:lab`). */
+  places?: Record<string, string[]>;
 }
 
 /**

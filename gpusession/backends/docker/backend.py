@@ -31,7 +31,7 @@ from ...configuration.agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, AgentAr
 from ...configuration.catalog import load_catalog
 from ...configuration.cost import BILLED_FROM
 from ...configuration.options import StartOption
-from ...configuration.settings import BUILTIN_IMAGE, Setting
+from ...configuration.settings import BUILTIN_IMAGE, Setting, setting_value
 from ...core import textvalues
 from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, NoCapacity, StageError
 from ...core.models import LaunchSpec, SessionRecord, State
@@ -251,6 +251,17 @@ class DockerBackend(EngineWorkspaces, Backend):
                 '(env GPUSESSION_DOCKER_POOLS), e.g. {"lab": ["ssh://gpu1", "ssh://gpu2"]}'
             )
         return list(pools[pool])
+
+    @classmethod
+    def places(cls, config) -> list[str]:
+        """`pool:NAME` of each configured pool, for the forms' host field."""
+        try:
+            pools = textvalues.pools(
+                setting_value(cls.__name__, cls.settings, "pools", config) or ""
+            )
+        except BadInput:
+            return []
+        return [f"{POOL_PREFIX}{name}" for name in sorted(pools)]
 
     def free_now(self) -> list[dict[str, Any]]:
         """Every box of each configured pool, asked at once (each pool's deadline): its free
