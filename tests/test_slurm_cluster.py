@@ -239,6 +239,30 @@ def test_a_request_for_more_gpus_than_are_free_waits_then_starts(cluster, home, 
     assert squeue(cluster) == []
 
 
+def test_a_fallback_list_passes_a_type_no_node_has_free_now(cluster, home, manager):
+    """`--type a100,t4` on the cluster, one type after another (issue 34 §3): with n2's A100 held
+    by another job, the a100 is passed over at once (no node has it free now, said with each
+    node's count) and the session runs on a t4 of n1; the list's last type would queue."""
+    filler = filler_job(cluster, "gpu:a100_40g:1")
+    running = lambda: [j["state"] for j in squeue(cluster, filler)] == ["RUNNING"]  # noqa: E731
+    wait_until(running, 30, "the filler job to run")
+    lines: list[str] = []
+    session = manager.start(
+        slurm_spec(manager, cluster, "a100,t4", name="fb", gres_type="a100=a100_40g"),
+        report=lines.append,
+    )
+    record = manager.store.get(session.record.id)
+    assert record.spec.gpu_type == "t4" and node_of(cluster, record.resource["job_id"]) == "n1"
+    (passed,) = record.spec.extra["passed_over"]
+    assert passed == {
+        "type": "a100:1",
+        "why": "no node of the cluster has 1 free gpu:a100_40g now (n2: 0 of 1 free)",
+    }, passed
+    assert running() and len(squeue(cluster)) == 2  # the filler and the t4: no a100 job queued
+    manager.stop(record.id)
+    slurm(cluster, "scancel", filler)
+
+
 def test_ctrl_c_while_queued_cancels_the_job(cluster, home, manager):
     """Interrupting a start that waits in the queue cancels its job; the record says so."""
     filler_job(cluster, "gpu:t4:2")

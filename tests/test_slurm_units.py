@@ -455,3 +455,22 @@ def test_which_ended_jobs_a_notebook_resubmits(kind, recover, wanted):
         assert "name" not in body  # handed over once the replacement runs (a name, one record)
     unsaved = dataclasses.replace(ended, resource={**ended.resource, "checkpoint": None})
     assert replacement_values(unsaved) is None
+
+
+def test_what_is_free_now_per_node_from_sinfo():
+    """A fallback list's turn on Slurm (SlurmBackend.place): each node's GPUs free now, per gres
+    type; a node listed under two partitions counts once; one drained or down offers nothing."""
+    from gpusession.backends.slurm import states
+
+    sinfo = (
+        "n1   gpu:t4:2(S:0-1)          gpu:t4:1(IDX:0)            mix\n"
+        "n1   gpu:t4:2(S:0-1)          gpu:t4:1(IDX:0)            mix\n"
+        "n2   gpu:a100_40g:1,shard:4   gpu:a100_40g:1(IDX:0)      alloc\n"
+        "n3   gpu:a100_40g:4           gpu:a100_40g:0(IDX:N/A)    drain\n"
+        "n4   gpu:2                    gpu:0                      idle*\n"
+        "n5   gpu:2                    gpu:0                      idle\n"
+    )
+    nodes = states.free_gpus(sinfo)
+    assert nodes == {"n1": {"t4": (1, 2)}, "n2": {"a100_40g": (0, 1)}, "n5": {"": (2, 2)}}
+    assert states.free_words(nodes, "a100_40g") == "n2: 0 of 1 free"
+    assert states.free_words(nodes, "h100") == "no node has it"

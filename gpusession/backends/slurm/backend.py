@@ -27,12 +27,13 @@ import shlex
 import shutil
 import threading
 import time
+from typing import Any
 
 from ...configuration.agentargs import workspace_name
 from ...configuration.catalog import load_catalog
 from ...configuration.cost import BILLED_FROM, CONFIGURED
 from ...core.durations import format_duration
-from ...core.errors import BackendUnavailable, BadInput, StageError
+from ...core.errors import BackendUnavailable, BadInput, NoCapacity, StageError
 from ...core.models import LaunchSpec, SessionRecord
 from ...core.progress import Progress
 from ...core.protocol import Marker, StopDetails, parse_marker
@@ -144,6 +145,31 @@ class SlurmBackend(Backend):
         return CONFIGURED if priced else None
 
     # -- start ----------------------------------------------------------------------------
+
+    def place(self, record: SessionRecord, progress: Progress) -> dict[str, Any] | None:
+        """A fallback list (`--type a100,t4`) is tried one type after another: a type that is not
+        the list's last is taken only when a node has its GPUs free now (sinfo: configured
+        GRES less those in use), else NoCapacity moves the list on; the last type queues as any
+        start does (--queue-timeout bounds its wait)."""
+        spec = record.spec
+        listed = [t.partition(":") for t in spec.extra.get("types") or []]
+        order = [(name, int(count or 1)) for name, _, count in listed]
+        if len(order) < 2 or order[-1] == (spec.gpu_type, spec.gpu_count):
+            return None
+        settings = self.job_settings(spec)
+        gres = settings.gres_type(spec.gpu_type)
+        where = f" -p {q(settings.partition)}" if settings.partition else ""
+        shell = self.shell(spec.extra["host"])
+        progress.step(f"asking the cluster for {spec.gpu_count} free gpu:{gres} now")
+        nodes = states.free_gpus(shell.run(f"sinfo -N -h{where} -O {states.FREE_FORMAT}").out)
+        best = max((kinds.get(gres, (0, 0))[0] for kinds in nodes.values()), default=0)
+        if best >= spec.gpu_count:
+            return None
+        raise NoCapacity(
+            f"no node of the cluster has {spec.gpu_count} free gpu:{gres} now "
+            f"({states.free_words(nodes, gres)})",
+            where=spec.extra["host"],
+        )
 
     def provision(self, record: SessionRecord, progress: Progress) -> None:
         spec = record.spec

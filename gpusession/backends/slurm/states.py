@@ -227,3 +227,50 @@ def combine(job: JobEnd | None, runtime: StopDetails | None) -> StopDetails | No
     at = runtime.at if runtime.at is not None else (job.ended_at if job is not None else None)
     details = StopDetails(reason=reason, at=at, summary=runtime.summary)
     return None if details == StopDetails() else details
+
+
+# -- what is free now (a fallback list's turn: `SlurmBackend.place`) ---------------------------
+
+#: sinfo, one line per node and partition: its name, configured GRES, GRES in use, state
+FREE_FORMAT = "NodeHost:60,Gres:200,GresUsed:200,StateCompact:20"
+#: node states in which nothing new starts (drained, down, failing, powered off...)
+_UNUSABLE = ("down", "drain", "drng", "fail", "maint", "boot", "powered", "inval", "futr", "reboot")
+_GPU_GRES = re.compile(r"gpu(?::([^:(,\s]+))?:(\d+)")
+
+
+def gpu_counts(text: str) -> dict[str, int]:
+    """'gpu:t4:2(S:0-1),shard:4' -> {'t4': 2}; an untyped 'gpu:2' -> {'': 2}."""
+    counts: dict[str, int] = {}
+    for part in text.split(","):
+        match = _GPU_GRES.match(part.strip())
+        if match:
+            kind = match.group(1) or ""
+            counts[kind] = counts.get(kind, 0) + int(match.group(2))
+    return counts
+
+
+def free_gpus(sinfo: str) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per node that can start jobs now, per GPU gres type: (free, configured), from
+    `sinfo -N -h -O FREE_FORMAT` (a node listed once per partition counts once)."""
+    nodes: dict[str, dict[str, tuple[int, int]]] = {}
+    for line in sinfo.splitlines():
+        fields = line.split()
+        if len(fields) < 4 or fields[0] in nodes:
+            continue
+        name, configured, used, state = fields[0], fields[1], fields[2], fields[3].lower()
+        if state.startswith(_UNUSABLE) or state.endswith(("*", "~", "#", "!", "%")):
+            continue
+        held = gpu_counts(used)
+        nodes[name] = {
+            kind: (max(0, total - held.get(kind, 0)), total)
+            for kind, total in gpu_counts(configured).items()
+        }
+    return nodes
+
+
+def free_words(nodes: dict[str, dict[str, tuple[int, int]]], gres_type: str) -> str:
+    """'n1: 0 of 2 free; n2: 1 of 1 free' for one gres type (nodes without it left out)."""
+    have = [(n, kinds[gres_type]) for n, kinds in sorted(nodes.items()) if gres_type in kinds]
+    return (
+        "; ".join(f"{n}: {free} of {total} free" for n, (free, total) in have) or "no node has it"
+    )
