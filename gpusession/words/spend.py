@@ -249,9 +249,9 @@ def live_price_lines(rows: list[dict], prices_line: str) -> list[str]:
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+    sources = ", ".join(dict.fromkeys(r.get("source") or "its cloud" for r in rows))
     lines.append(
-        "Spot: now, from AWS (DescribeSpotPriceHistory, asked at most every 5 minutes); "
-        f"{prices_line} (`gpusession catalog refresh` renews them)."
+        f"Spot: now, from {sources}; {prices_line} (`gpusession catalog refresh` renews them)."
     )
     return lines
 

@@ -42,6 +42,8 @@ from .teardown import Teardown, console_details, ended_reason
 
 SPOT_PRICE_TTL_S = 300.0  # spot prices move hourly at most: asked again after five minutes
 
+#: where `live_prices` takes its spot prices from, in the words of `%gpu types --live`
+LIVE_SOURCE = "AWS (DescribeSpotPriceHistory, asked at most every 5 minutes)"
 log = logging.getLogger(__name__)
 
 DEFAULT_BOOT_TIMEOUT_S = 900.0  # boot + image pull + container start
@@ -343,6 +345,7 @@ class AwsBackend(Backend):
                 inst = table.instances(gpu)[0]
                 prices = self.spot_prices(aws, inst.name)
                 base = {"type": gpu.name, "instance": inst.name, "region": aws.region}
+                base["source"] = LIVE_SOURCE
                 base["on_demand"] = inst.on_demand
                 if not prices:
                     rows.append(dict(base, zone=None, spot=None))
