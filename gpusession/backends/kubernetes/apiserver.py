@@ -54,14 +54,14 @@ class Cluster:
         return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(self.configuration))
 
 
-_CLUSTERS: dict[tuple[str, str], Cluster] = {}
+_CLUSTERS: dict[tuple[str, str, str], Cluster] = {}  # (kubeconfig, context, namespace)
 _LOCK = threading.Lock()
 
 
 def cluster(context: str | None, namespace: str | None) -> Cluster:
     """The cluster of `context` (None: the kubeconfig's current one, or the in-cluster account
     where there is no kubeconfig and this runs in a pod), cached per process."""
-    key = (context or "", namespace or "")
+    key = (kubeconfig_paths(), context or "", namespace or "")
     with _LOCK:
         if key not in _CLUSTERS:
             _CLUSTERS[key] = _load(context, namespace)
@@ -71,12 +71,17 @@ def cluster(context: str | None, namespace: str | None) -> Cluster:
 def forget(context: str | None, namespace: str | None) -> None:
     """Load the kubeconfig again next time (its credentials may have changed)."""
     with _LOCK:
-        _CLUSTERS.pop((context or "", namespace or ""), None)
+        _CLUSTERS.pop((kubeconfig_paths(), context or "", namespace or ""), None)
+
+
+def kubeconfig_paths() -> str:
+    """KUBECONFIG (a list, as kubectl reads it), else ~/.kube/config: read now, not when the
+    client was imported (a notebook may set KUBECONFIG after)."""
+    return os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
 
 
 def _kubeconfig_present() -> bool:
-    paths = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    return any(os.path.isfile(p) for p in paths.split(os.pathsep) if p)
+    return any(os.path.isfile(p) for p in kubeconfig_paths().split(os.pathsep) if p)
 
 
 def _load(context: str | None, namespace: str | None) -> Cluster:
@@ -93,7 +98,9 @@ def _load(context: str | None, namespace: str | None) -> Cluster:
     else:
         name, own = _context(config, context)
         try:
-            config.load_kube_config(context=name, client_configuration=configuration)
+            config.load_kube_config(
+                config_file=kubeconfig_paths(), context=name, client_configuration=configuration
+            )
         except (config.ConfigException, OSError, ValueError) as exc:
             raise BackendUnavailable(f"kubeconfig context {name!r} cannot be used: {exc}") from None
     api = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(configuration))
@@ -104,7 +111,7 @@ def _context(config, context: str | None) -> tuple[str, str]:
     """(the context's name, its namespace) from the kubeconfig; one line when there is none."""
     where = os.environ.get("KUBECONFIG") or "~/.kube/config"
     try:
-        contexts, current = config.list_kube_config_contexts()
+        contexts, current = config.list_kube_config_contexts(config_file=kubeconfig_paths())
     except (config.ConfigException, OSError, ValueError) as exc:
         raise BackendUnavailable(
             f"no kubeconfig to reach a cluster ({where}: {exc}); set KUBECONFIG, or run where "
@@ -184,4 +191,4 @@ def loaded(context: str | None, namespace: str | None) -> Cluster | None:
     if context == IN_CLUSTER:
         context = None
     with _LOCK:
-        return _CLUSTERS.get((context or "", namespace or ""))
+        return _CLUSTERS.get((kubeconfig_paths(), context or "", namespace or ""))

@@ -11,6 +11,8 @@ GPUSESSION_RECONNECT_TIMEOUT, and `failure()` says why."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 import selectors
 import socket
@@ -47,6 +49,7 @@ class PortForwardLink(Link):
         self._lock = threading.Lock()
         self._listeners: list[socket.socket] = []
         self._open: set[socket.socket] = set()
+        self.streams: set = set()  # the open port-forward streams (a test cuts them)
         self._kernel_ports = {int(kernel_info[name]) for name in KERNEL_PORT_NAMES}
         self._reconnects = 0
         self._down_since: float | None = None
@@ -129,6 +132,7 @@ class PortForwardLink(Link):
                 return
             remote = stream.socket(remote_port)
             remote.setblocking(True)
+            self.streams.add(stream)
             ended = _pump(conn, remote, self._closed)
             if (
                 ended == "remote"
@@ -144,15 +148,19 @@ class PortForwardLink(Link):
                 self._open.discard(conn)
             _close(conn)
             if stream is not None:
+                self.streams.discard(stream)
                 stream.close()
             if api is not None:
                 api.api_client.close()
 
     def _open_stream(self, remote_port: int):
-        kubernetes = sdk()
         api = self.cluster.stream_api()
         try:
-            stream = kubernetes.stream.portforward(
+            # the module, which its package's `stream` function hides
+            opener = importlib.import_module("kubernetes.stream.stream")._websocket_request
+            stream = opener(
+                _quiet_portforward_call,
+                {"_preload_content": False},
                 api.connect_get_namespaced_pod_portforward,
                 self.pod,
                 self.cluster.namespace,
@@ -175,6 +183,40 @@ class PortForwardLink(Link):
         if self._down_since is not None:
             self._down_since = None
             self.on_event("port-forward: streams open again")
+
+
+def _quiet_portforward_call(configuration, _method, url, **kwargs):
+    """The client's `portforward_call` for one port, with a proxy thread that ends quietly when
+    the API server drops the stream (the client's own prints an SSLEOFError's traceback into the
+    notebook): the same websocket, opened the same way, through the same auth headers."""
+    ws_client = sdk().stream.ws_client
+    port = int(dict(kwargs.get("query_params") or [])["ports"])
+    url = ws_client.get_websocket_url(url, kwargs.get("query_params"))
+    try:
+        websocket = ws_client.create_websocket(configuration, url, kwargs.get("headers"))
+    except Exception as exc:  # noqa: BLE001 - as the client says it: an ApiException without status
+        raise sdk().client.ApiException(status=0, reason=str(exc)) from None
+    return _quiet_class()(websocket, [port])
+
+
+@functools.lru_cache(maxsize=1)
+def _quiet_class():
+    base = sdk().stream.ws_client.PortForward
+
+    class QuietPortForward(base):
+        def _proxy(self) -> None:
+            try:
+                super()._proxy()
+            except Exception as exc:  # noqa: BLE001 - a dropped stream: its local side closes
+                log.debug("port-forward stream ended: %s: %s", type(exc).__name__, exc)
+                for port in self.local_ports.values():
+                    _close(port.python)
+                try:
+                    self.websocket.close()
+                except Exception:  # noqa: BLE001, S110 - it is gone already
+                    pass
+
+    return QuietPortForward
 
 
 def _pump(local: socket.socket, remote, closed: threading.Event) -> str:
