@@ -275,3 +275,101 @@ def test_cut_port_forward_streams_reconnect_and_a_streaming_cell_loses_no_line(k
     assert link.reconnects >= 3 and link.healthy()
     notes = " ".join(e.detail for e in m.get("kcut").events)
     assert "port-forward: the stream to port" in notes, notes
+
+
+KUBECTL = STATE / "bin" / "kubectl"
+
+
+def _kubectl(*args: str, stdin: str | None = None) -> str:
+    done = subprocess.run(
+        [str(KUBECTL), "--kubeconfig", str(KUBECONFIG), *args],
+        input=stdin, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def documented_role(namespace: str) -> str:
+    """The Role docs/kubernetes.md gives ("The least Role"), for `namespace`."""
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    block = text.split("## The least Role", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert "namespace: ml" in block
+    return block.replace("namespace: ml", f"namespace: {namespace}")
+
+
+def _account(namespace: str, tmp_path: Path) -> Path:
+    """A service account of `namespace` bound to the documented Role there, and a kubeconfig
+    that logs in as it (a token, as in a cluster whose users are accounts)."""
+    _kubectl("create", "namespace", namespace)
+    _kubectl("-n", namespace, "create", "serviceaccount", "gs")
+    binding = (
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n"
+        f"metadata: {{name: gpusession, namespace: {namespace}}}\n"
+        "roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: gpusession}\n"
+        f"subjects: [{{kind: ServiceAccount, name: gs, namespace: {namespace}}}]\n"
+    )
+    _kubectl("apply", "-f", "-", stdin=documented_role(namespace) + "---\n" + binding)
+    token = _kubectl("-n", namespace, "create", "token", "gs", "--duration=1h").strip()
+    path = tmp_path / f"{namespace}.kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: ci, cluster: {{server: 'https://10.220.0.1:16443', "
+        f"certificate-authority: '{STATE / 'pki' / 'ca.crt'}'}}}}]\n"
+        f"users: [{{name: gs, user: {{token: '{token}'}}}}]\n"
+        f"contexts: [{{name: gs, context: {{cluster: ci, user: gs, namespace: {namespace}}}}}]\n"
+        "current-context: gs\n"
+    )
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def accounts(kube, tmp_path):
+    """Two namespaces, each with its own account bound to the documented Role in it only."""
+    names = [f"gs-rbac-{os.getpid()}", f"gs-other-{os.getpid()}"]
+    try:
+        yield [_account(n, tmp_path) for n in names]
+    finally:
+        for n in names:
+            subprocess.run(
+                [str(KUBECTL), "--kubeconfig", str(KUBECONFIG), "delete", "namespace", n,
+                 "--wait=false"], capture_output=True, timeout=60, check=False,
+            )  # fmt: skip
+
+
+def test_the_documented_role_is_enough_and_another_namespaces_account_reaches_nothing(
+    kube, kube_env, accounts, monkeypatch
+):
+    import kubernetes
+
+    from gpusession.session import SessionManager
+
+    own, other = accounts
+    monkeypatch.setenv("KUBECONFIG", str(own))
+    m = SessionManager()
+    try:
+        session = m.start(_spec(m, "t4", "krbac", idle="off"))
+        assert session.run("w = 6\nprint(w * 7)")["status"] == "ok"
+        record = m.get("krbac")
+        namespace, pod = record.resource["namespace"], record.resource["pod"]
+        assert namespace.startswith("gs-rbac-")
+
+        stranger = kubernetes.client.CoreV1Api(
+            kubernetes.config.new_client_from_config(config_file=str(other))
+        )
+        with pytest.raises(kubernetes.client.ApiException) as listed:
+            stranger.list_namespaced_pod(namespace)
+        assert listed.value.status == 403
+        for connect, extra in (
+            (stranger.connect_get_namespaced_pod_exec, {"command": ["true"], "stdout": True}),
+            (stranger.connect_get_namespaced_pod_portforward, {"ports": "1"}),
+        ):
+            with pytest.raises(kubernetes.client.ApiException) as refused:
+                kubernetes.stream.stream(connect, pod, namespace, **extra)
+            assert "forbidden" in str(refused.value), refused.value
+        stranger.api_client.close()
+
+        m.stop("krbac")
+        assert m.get("krbac").state == State.STOPPED
+    finally:
+        m.close()

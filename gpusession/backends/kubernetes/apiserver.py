@@ -137,20 +137,20 @@ def _read(path: str) -> str:
 
 def api_words(exc: BaseException) -> str:
     """An API refusal in the cluster's words: its Status message ('pods "x" is forbidden: User
-    "u" cannot create resource "pods" ...', 'exceeded quota: gpus, requested: ...'), else the
+    "u" cannot create resource "pods" ...', 'exceeded quota: gpus, requested: ...'), also when a
+    stream's handshake was refused (the client then puts the status in its reason), else the
     connection's error."""
-    body = getattr(exc, "body", None)
-    if body:
+    for text in (getattr(exc, "body", None), *str(getattr(exc, "reason", "")).split("-+-+-")[::-1]):
         try:
-            message = json.loads(body).get("message")
-        except (ValueError, AttributeError):
+            message = json.loads(text).get("message") if text else None
+        except (ValueError, AttributeError, TypeError):
             message = None
         if message:
             return str(message)
-    reason = getattr(exc, "reason", None)
+    reason = str(getattr(exc, "reason", "") or "").split("-+-+-")[0].strip()
     status = getattr(exc, "status", None)
     if reason:
-        return f"{reason} (HTTP {status})" if status else str(reason)
+        return f"{reason} (HTTP {status})" if status else reason
     return f"{type(exc).__name__}: {exc}"
 
 
