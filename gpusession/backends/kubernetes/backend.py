@@ -399,7 +399,7 @@ class KubernetesBackend(Backend):
         for (context, namespace), mine in groups.items():
             try:
                 phases = self._phases(apiserver.loaded(context, namespace))
-            except (BackendUnavailable, Exception):  # noqa: BLE001 - a listing tells nothing then
+            except Exception:  # noqa: BLE001 - a listing that fails tells nothing
                 continue
             for r in mine:
                 phase = phases.get(r.id)
