@@ -166,6 +166,16 @@ def test_an_a100_lands_on_n2_and_the_next_one_waits_with_the_scheduler_reason(ku
     try:
         assert first.run("y = 7\ny * 6")["status"] == "ok"
         assert m.get("ka1").resource["node"] == "n2"
+        # another process attaches from the record alone (its log's READY is not needed)
+        from gpusession.session import SessionManager
+        from support.sinks import Collect
+
+        other, sink = SessionManager(), Collect()
+        try:
+            assert other.attach("ka1").run("print(y)", sink)["status"] == "ok"
+            assert sink.text.strip() == "7"
+        finally:
+            other.close()
         (pod,) = _ours(kube, first.id)
         assert pod.spec.node_selector == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
 

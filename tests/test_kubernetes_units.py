@@ -174,3 +174,32 @@ def test_its_surface_declares_its_options_settings_and_words():
     }
     assert KubernetesBackend.takes_image and KubernetesBackend.default_rank is None
     assert "{detail}" in KubernetesBackend.stop_words["instance-ended"]
+
+
+def test_without_a_kubeconfig_or_with_an_unknown_context_a_start_says_what_to_do(
+    tmp_path, monkeypatch
+):
+    pytest.importorskip("kubernetes")
+    from gpusession.backends.kubernetes import apiserver
+    from gpusession.core.errors import BackendUnavailable
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    with pytest.raises(
+        BackendUnavailable, match="no kubeconfig to reach a cluster .*set KUBECONFIG"
+    ):
+        apiserver.cluster(None, None)
+    config = tmp_path / "config"
+    config.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: lab, context: {cluster: c, user: u, namespace: ml}}]\n"
+        "current-context: lab\n"
+    )
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    with pytest.raises(BackendUnavailable, match=r"no context 'prod' in .*its contexts: lab"):
+        apiserver.cluster("prod", None)
+    found = apiserver.cluster(None, None)
+    assert (found.context, found.namespace, found.server) == ("lab", "ml", "https://127.0.0.1:1")
+    assert apiserver.cluster(None, "other").namespace == "other"

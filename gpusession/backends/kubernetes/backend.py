@@ -308,8 +308,10 @@ class KubernetesBackend(Backend):
         if not name:
             raise StageError("connect", "no pod was recorded for this session")
         cluster = self.cluster_of(record)
-        progress.step(f"waiting for the kernel in pod {name}")
-        ready = self._wait_ready(cluster, name, START_TIMEOUT)
+        ready: Any = {}
+        if record.state != State.RUNNING:  # a start; an attach finds the kernel listening
+            progress.step(f"waiting for the kernel in pod {name}")
+            ready = self._wait_ready(cluster, name, START_TIMEOUT)
         kernel, runtime = podexec.read_files(
             cluster,
             name,
