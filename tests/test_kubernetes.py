@@ -383,3 +383,35 @@ def test_the_documented_role_is_enough_and_another_namespaces_account_reaches_no
         assert m.get("krbac").state == State.STOPPED
     finally:
         m.close()
+
+
+def test_a_quota_refusal_and_an_image_no_node_can_pull_are_said_in_the_clusters_words(
+    kube, kube_manager, tmp_path, monkeypatch
+):
+    m = kube_manager
+    namespace = f"gs-quota-{os.getpid()}"
+    _kubectl("create", "namespace", namespace)
+    try:
+        _kubectl("-n", namespace, "create", "quota", "gpus", "--hard=requests.nvidia.com/gpu=0")
+        with pytest.raises(StageError) as refused:
+            m.start(_spec(m, "t4", "kquota", idle="off", namespace=namespace))
+        assert "the cluster refused the pod" in str(refused.value)
+        assert "exceeded quota: gpus" in str(refused.value), refused.value
+        assert m.get("kquota").state == State.FAILED
+    finally:
+        _kubectl("delete", "namespace", namespace, "--wait=false")
+
+    lines: list[str] = []
+    with pytest.raises(StageError) as unpulled:
+        m.start(
+            m.make_spec(
+                "t4", backend="kubernetes", image="gpusession-ci/not-built:1", name="kpull",
+                idle="off", queue_timeout="10s",
+            ),
+            report=lines.append,
+        )  # fmt: skip
+    said = "\n".join(lines) + str(unpulled.value)
+    assert "gpusession-ci/not-built:1" in said and ("ErrImagePull" in said or "BackOff" in said), (
+        said
+    )
+    assert not _ours(kube, m.get("kpull").id), "the pod that could not pull is deleted"

@@ -105,10 +105,13 @@ def test_a_pending_pod_is_said_in_the_schedulers_words():
         type="PodScheduled",
         status="False",
         reason="Unschedulable",
-        message="0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 ...",
+        message="0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match "
+        "Pod's node affinity/selector. no new claims to deallocate, preemption: 0/2 nodes are "
+        "available: 1 No preemption victims found for incoming pod.",
     )
     assert pods.waiting_reason(_pod(conditions=[unscheduled])) == (
-        "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+        "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match Pod's "
+        "node affinity/selector.",
         True,
     )
     never = NS(state=NS(waiting=NS(reason="ErrImageNeverPull", message="image not present")))

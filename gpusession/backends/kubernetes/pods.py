@@ -175,8 +175,9 @@ def waiting_reason(pod) -> tuple[str, bool]:
     status = pod.status
     for condition in status.conditions or []:
         if condition.type == "PodScheduled" and condition.status == "False":
-            message = condition.message or condition.reason or "not scheduled yet"
-            return message.split(" preemption:")[0].strip(), True
+            return _scheduler_words(
+                condition.message or condition.reason or "not scheduled yet"
+            ), True
     for container in status.container_statuses or []:
         waiting = container.state.waiting if container.state else None
         if waiting is not None and waiting.reason not in (None, "ContainerCreating"):
@@ -185,6 +186,16 @@ def waiting_reason(pod) -> tuple[str, bool]:
     if pod.spec.node_name:
         return f"scheduled on {pod.spec.node_name}, its container is being created", True
     return status.reason or status.phase or "Pending", True
+
+
+def _scheduler_words(message: str) -> str:
+    """The scheduler's first sentence, which says why ('0/2 nodes are available: 1 Insufficient
+    nvidia.com/gpu, 1 node(s) didn't match Pod's node affinity/selector.'), without what it
+    adds of claims and preemption."""
+    text = message.split(" preemption:")[0].strip()
+    if re.match(r"\d+/\d+ nodes are available:", text):
+        text = text.split(". ")[0].rstrip(".") + "."
+    return text.rstrip(", ")
 
 
 def termination(pod) -> tuple[str | None, int | None]:
