@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.core.errors import StageError
+from gpusession.core.errors import BadInput, StageError
 from gpusession.core.models import State
 from gpusession.core.protocol import StopKind
 from gpusession.session.store import Store
@@ -389,6 +389,9 @@ def test_a_quota_refusal_and_an_image_no_node_can_pull_are_said_in_the_clusters_
     kube, kube_manager, tmp_path, monkeypatch
 ):
     m = kube_manager
+    with pytest.raises(BadInput, match="no namespace gs-none in context gpusession-ci"):
+        m.start(_spec(m, "t4", "knone", namespace="gs-none"))
+    assert m.list() == [], "a refused start records nothing"
     namespace = f"gs-quota-{os.getpid()}"
     _kubectl("create", "namespace", namespace)
     try:

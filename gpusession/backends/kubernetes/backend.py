@@ -23,6 +23,7 @@ import logging
 import time
 from typing import Any
 
+from ...configuration.agentargs import AgentArgs
 from ...configuration.catalog import load_catalog
 from ...configuration.cost import BILLED_FROM
 from ...configuration.options import StartOption
@@ -166,6 +167,14 @@ class KubernetesBackend(Backend):
                     f"{cluster.context}: {api_words(exc)} (docs/kubernetes.md gives the Role a "
                     "session needs)"
                 ) from None
+            try:  # a namespace that does not exist lists no pods: asked (where allowed)
+                cluster.api.read_namespace(cluster.namespace, _request_timeout=10)
+            except kubernetes.client.ApiException as exc:
+                if is_missing(exc):
+                    raise BadInput(
+                        f"no namespace {cluster.namespace} in context {cluster.context}; name "
+                        "one with --namespace (kubectl get namespaces lists them)"
+                    ) from None
 
     def placement(self, spec: LaunchSpec) -> dict[str, Any]:
         """What places the pod: the GPU resource and count, the node labels, tolerations..."""
@@ -197,7 +206,6 @@ class KubernetesBackend(Backend):
 
     def provision(self, record: SessionRecord, progress: Progress) -> None:
         # lazy: docs/architecture.md#imports-kept-inside-functions
-        from ...configuration.agentargs import AgentArgs
         from .runtime_copy import bring_runtime
 
         spec, placement = record.spec, self.placement(record.spec)
