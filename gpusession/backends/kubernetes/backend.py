@@ -512,12 +512,14 @@ class KubernetesBackend(Backend):
 
     def list_resources(self) -> list[RemoteResource]:
         """This store's pods in every context and namespace its sessions used, and the
-        kubeconfig's current one."""
+        kubeconfig's current one; none asked when no session of this store used a cluster."""
         places = {
             (r.resource.get("context"), r.resource.get("namespace"))
             for r in self.recorder.sessions(self.name)
             if "context" in r.resource
         }
+        if not places:  # no session of this store was ever in a cluster: no pod is its own
+            return []
         found: list[RemoteResource] = []
         reached = 0
         for context, namespace in sorted(places | {(None, None)}, key=str):
