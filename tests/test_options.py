@@ -48,7 +48,9 @@ def spec_from(values: dict, face: str) -> LaunchSpec:
 
 def test_every_face_lists_the_same_options():
     names = list(options.table().names)
-    assert len(names) == len(set(names)) == 39
+    assert (
+        len(names) == len(set(names)) == 41
+    )  # the built-in backends' rows: kubernetes adds --context and --namespace
     assert dests(_start_args.parser) == names
     assert dests(start_subparser()) == names
     assert options.body_problems({name: None for name in names}) == {}
@@ -358,7 +360,10 @@ def test_rest_names_the_field_as_in_the_body():
         ("--max-cost five", "--max-cost: bad max cost 'five'"),
         ("--max-price 1e999", "--max-price: max price must be a finite number"),
         ("--type t5", "--type: unknown GPU type 't5'"),
-        ("-b nope", "--backend: unknown backend 'nope'; valid backends: aws, docker, local"),
+        (
+            "-b nope",
+            "--backend: unknown backend 'nope'; valid backends: aws, docker, kubernetes, local",
+        ),
         ("--fallback never", "--fallback: fallback 'never': use one of off, zone, on-demand, any"),
         ("--gpus some", "--gpus: GPU request 'some'"),
     ],

@@ -1,0 +1,573 @@
+"""`kubernetes`: the session kernel runs in a pod of a Kubernetes cluster, from any image with a
+python3, reached through the API server; nothing of gpusession runs in the cluster before.
+
+provision  a pod labelled with the session and the store, requesting the type's GPUs as the
+           extended resource nvidia.com/gpu (a MIG slice: nvidia.com/mig-<profile>), placed on
+           the GPU model by NVIDIA GPU feature discovery's label nvidia.com/gpu.product; while it
+           waits, the scheduler's reason is shown ("0/2 nodes are available: 2 Insufficient
+           nvidia.com/gpu"), and --queue-timeout gives up. Once it runs, the runtime bundle is
+           copied into its emptyDir over exec (runtime_copy.py) and the container boots it
+connect    the runtime's READY in the pod's log, kernel.json read over exec, and the kernel's
+           loopback ports forwarded here through the API server's port-forward (portforward.py)
+stop       delete the pod and wait until it is gone; an idle stop ends the pod from inside
+gc         pods carry gpusession.session (the session id) and gpusession.session.store labels
+
+The cluster is the kubeconfig's, as kubectl finds it (KUBECONFIG, ~/.kube/config; --context,
+--namespace), or the pod's own service account when gpusession runs in a pod. docs/kubernetes.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from ...configuration.agentargs import AgentArgs
+from ...configuration.catalog import load_catalog
+from ...configuration.cost import BILLED_FROM
+from ...configuration.options import StartOption
+from ...configuration.settings import BUILTIN_IMAGE, Setting
+from ...core.durations import QUEUE_TIMEOUT, format_duration
+from ...core.errors import BackendUnavailable, BadInput, StageError
+from ...core.models import LaunchSpec, SessionRecord, State
+from ...core.progress import Progress
+from ...core.protocol import Marker, StopDetails, StopKind, StopReason, parse_marker
+from ..base import Backend, Link, RemoteResource, log_tail, marker_lines, stop_details_from_log
+from . import apiserver, pods
+from .apiserver import Cluster, answering, api_words, is_missing
+
+log = logging.getLogger(__name__)
+
+STATE_DIR = "/tmp/gpusession"  # the runtime's state folder in the pod's container
+START_TIMEOUT = 120.0  # from the runtime's copy to its READY
+STOP_WAIT_S = 60.0  # after the delete, until the pod is gone
+STOP_GRACE_S = 10  # the runtime's time to end the kernel after SIGTERM
+START_LOG_BYTES = 4096
+POLL_MAX_S = 2.0
+
+
+class KubernetesBackend(Backend):
+    name = "kubernetes"
+    takes_image = True
+    image_help = "any image with a python3 the nodes can pull; pytorch/pytorch, CUDA 12.6 by default (KubernetesBackend.image)"
+    order = 35
+    stop_words = {
+        "instance-ended": "its pod ended: {detail}",
+        "gone": "its pod is gone",
+    }
+    settings = (
+        Setting(
+            "image",
+            "GPUSESSION_KUBERNETES_IMAGE",
+            BUILTIN_IMAGE,
+            "Image for kubernetes sessions when --image names none: any image with a python3 "
+            "(3.9 or newer) the cluster's nodes can pull.",
+        ),
+        Setting(
+            "gpu_products",
+            "GPUSESSION_KUBERNETES_GPU_PRODUCTS",
+            "",
+            "The nvidia.com/gpu.product label value of each GPU type, where the cluster's "
+            'nodes are labelled otherwise than GPU feature discovery does: a JSON object, e.g. {"a100": '
+            '"NVIDIA-A100-PCIE-40GB"}, over the built-in names (docs/kubernetes.md). Empty means those.',
+            parse=pods.products_setting,
+        ),
+        Setting(
+            "node_selector",
+            "GPUSESSION_KUBERNETES_NODE_SELECTOR",
+            "",
+            "More node labels a session's pod must match, key=value pairs, comma-separated "
+            "(e.g. pool=gpu). Empty means the GPU model's label only.",
+            parse=pods.selector_setting,
+        ),
+        Setting(
+            "tolerations",
+            "GPUSESSION_KUBERNETES_TOLERATIONS",
+            "nvidia.com/gpu:NoSchedule",
+            "Taints a session's pod tolerates, KEY[=VALUE][:EFFECT], comma-separated, as the "
+            "GPU nodes' taints are written.",
+            parse=pods.tolerations_setting,
+        ),
+        Setting(
+            "priority_class",
+            "GPUSESSION_KUBERNETES_PRIORITY_CLASS",
+            "",
+            "The PriorityClass of a session's pod. Empty means the cluster's default.",
+        ),
+        Setting(
+            "service_account",
+            "GPUSESSION_KUBERNETES_SERVICE_ACCOUNT",
+            "",
+            "The service account a session's pod runs as (its token is mounted then). Empty "
+            "means the namespace's default, with no token mounted.",
+        ),
+    )
+    start_options = (
+        StartOption(
+            "context",
+            ("--context",),
+            "text",
+            "Context",
+            "kubernetes: the kubeconfig context (default: its current one, as kubectl; in a pod, "
+            "the pod's own service account)",
+            "context",
+            max_len=253,
+        ),
+        StartOption(
+            "namespace",
+            ("--namespace",),
+            "text",
+            "Namespace",
+            "kubernetes: the namespace of the session's pod (default: the context's, else default)",
+            "namespace",
+            max_len=63,
+        ),
+        StartOption(
+            "queue_timeout",
+            ("--queue-timeout",),
+            "duration",
+            "Queue timeout",
+            "slurm, kubernetes: give up (cancel the job, delete the pod) when it still waits "
+            "for its GPUs after this long (default: off, it waits until it runs or Ctrl-C)",
+            "queue timeout",
+            rule=QUEUE_TIMEOUT,
+        ),
+    )
+
+    def default_image(self) -> str | None:
+        return self.setting("image")
+
+    # -- the cluster ----------------------------------------------------------------------
+
+    def cluster(self, spec: LaunchSpec) -> Cluster:
+        return apiserver.cluster(spec.extra.get("context") or None, spec.extra.get("namespace"))
+
+    def cluster_of(self, record: SessionRecord) -> Cluster:
+        """The cluster a session's pod was made in (as recorded: another process asks it)."""
+        res = record.resource
+        context = res.get("context", record.spec.extra.get("context"))
+        namespace = res.get("namespace", record.spec.extra.get("namespace"))
+        return apiserver.cluster(None if context == apiserver.IN_CLUSTER else context, namespace)
+
+    def check(self, spec: LaunchSpec) -> None:
+        """The client, the kubeconfig, the namespace and the GPU type's node label: each
+        missing one is one line saying what to do; nothing is made."""
+        self.placement(spec)
+        cluster = self.cluster(spec)
+        kubernetes = apiserver.sdk()
+        with answering(cluster, "to a check"):
+            try:
+                cluster.api.list_namespaced_pod(
+                    cluster.namespace, limit=1, label_selector=pods.LABEL, _request_timeout=10
+                )
+            except kubernetes.client.ApiException as exc:
+                raise BackendUnavailable(
+                    f"cannot list pods in namespace {cluster.namespace} of context "
+                    f"{cluster.context}: {api_words(exc)} (docs/kubernetes.md gives the Role a "
+                    "session needs)"
+                ) from None
+            try:  # a namespace that does not exist lists no pods: asked (where allowed)
+                cluster.api.read_namespace(cluster.namespace, _request_timeout=10)
+            except kubernetes.client.ApiException as exc:
+                if is_missing(exc):
+                    raise BadInput(
+                        f"no namespace {cluster.namespace} in context {cluster.context}; name "
+                        "one with --namespace (kubectl get namespaces lists them)"
+                    ) from None
+
+    def placement(self, spec: LaunchSpec) -> dict[str, Any]:
+        """What places the pod: the GPU resource and count, the node labels, tolerations..."""
+        gpu = load_catalog().get(spec.gpu_type)
+        resource, model = pods.gpu_request(gpu.name, spec.gpu_count, gpu.mig_of)
+        products = {**pods.PRODUCTS, **self._parsed("gpu_products", pods.products_setting)}
+        if model not in products:
+            raise BadInput(
+                f"no nvidia.com/gpu.product value is known for {model}; name the one its nodes "
+                f'carry in KubernetesBackend.gpu_products, e.g. {{"{model}": "..."}}'
+            )
+        return {
+            "resource": (resource, spec.gpu_count),
+            "node_selector": {
+                **self._parsed("node_selector", pods.selector_setting),
+                pods.PRODUCT_LABEL: products[model],
+            },
+            "tolerations": self._parsed("tolerations", pods.tolerations_setting),
+            "priority_class": self.setting("priority_class") or "",
+            "service_account": self.setting("service_account") or "",
+        }
+
+    def _parsed(self, name: str, parse) -> Any:
+        """A setting read (its built-in value comes as written)."""
+        value = self.setting(name)
+        return parse(value) if isinstance(value, str) else value
+
+    # -- start ----------------------------------------------------------------------------
+
+    def provision(self, record: SessionRecord, progress: Progress) -> None:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from .runtime_copy import bring_runtime
+
+        spec, placement = record.spec, self.placement(record.spec)
+        cluster = self.cluster(spec)
+        name = pods.pod_name(record.name, record.id)
+        image = spec.extra.get("image") or self.default_image()
+        self.recorder.save(
+            record.id, context=cluster.context, namespace=cluster.namespace, pod=name, image=image
+        )  # from here the cluster may hold a pod of it (stop, gc)
+        argv = AgentArgs.for_record(
+            record, session_id=record.id, state_dir=STATE_DIR, kernel_ip="127.0.0.1"
+        ).argv()
+        body = pods.manifest(
+            name=name,
+            labels=self._labels(record),
+            annotations={"gpusession.owner": record.owner, "gpusession.image": image},
+            image=image,
+            agent_argv=argv,
+            session_id=record.id,
+            resource=placement["resource"],
+            placement=placement,
+        )
+        resource, count = placement["resource"]
+        where = placement["node_selector"][pods.PRODUCT_LABEL]
+        progress.step(
+            f"creating pod {name} in {cluster.context}/{cluster.namespace} "
+            f"({count} x {resource}, nodes labelled {where})"
+        )
+        self._create(cluster, body)
+        node, image_id = self._wait_running(cluster, name, _queue_timeout(spec), progress)
+        self.recorder.save(record.id, node=node, **{BILLED_FROM: time.time()})
+        bring_runtime(cluster, name, image, image_id, progress)
+
+    def _labels(self, record: SessionRecord) -> dict[str, str]:
+        spec = record.spec
+        return {
+            pods.LABEL: record.id,
+            pods.STORE_LABEL: self.recorder.store_id,
+            "gpusession.type": pods.label_value(f"{spec.gpu_type}-{spec.gpu_count}"),
+            "gpusession.name": pods.label_value(record.name),
+        }
+
+    def _create(self, cluster: Cluster, body: dict) -> None:
+        kubernetes = apiserver.sdk()
+        with answering(cluster, "while creating the pod"):
+            try:
+                cluster.api.create_namespaced_pod(cluster.namespace, body, _request_timeout=30)
+            except kubernetes.client.ApiException as exc:
+                raise StageError(
+                    "provision", f"the cluster refused the pod: {api_words(exc)}"
+                ) from None
+
+    def _wait_running(
+        self, cluster: Cluster, name: str, timeout_s: float | None, progress: Progress
+    ) -> tuple[str, str]:
+        """Until the pod runs: (its node, its image's id). While it waits, why (the scheduler's
+        words, an image being pulled) is shown when it changes and every 30 s with the wait."""
+        started = time.monotonic()
+        said, said_at, delay = "", 0.0, 0.3
+        while True:
+            pod = self._read(cluster, name)
+            if pod is None:
+                raise StageError("provision", f"pod {name} was deleted while it waited")
+            if pod.status.phase == "Running":
+                progress.step(f"pod {name} runs on {pod.spec.node_name}")
+                statuses = pod.status.container_statuses or []
+                return pod.spec.node_name, (statuses[0].image_id if statuses else "") or ""
+            if pod.status.phase in ("Failed", "Succeeded"):
+                reason, _ = pods.termination(pod)
+                raise StageError("provision", f"pod {name} ended before it ran: {reason}")
+            reason, hopeful = pods.waiting_reason(pod)
+            waited = time.monotonic() - started
+            if not hopeful:
+                raise StageError("provision", f"pod {name} cannot start: {reason}")
+            if reason != said or time.monotonic() - said_at > 30:
+                progress.step(f"pod {name} waits ({format_duration(waited)}): {reason}")
+                said, said_at = reason, time.monotonic()
+            if timeout_s and waited > timeout_s:
+                raise StageError(
+                    "provision",
+                    f"pod {name} still waits after {format_duration(timeout_s)} "
+                    f"(--queue-timeout): {reason}",
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, POLL_MAX_S)
+
+    def _read(self, cluster: Cluster, name: str):
+        """The pod, None when it is gone."""
+        kubernetes = apiserver.sdk()
+        with answering(cluster, f"about pod {name}"):
+            try:
+                return cluster.api.read_namespaced_pod(
+                    name, cluster.namespace, _request_timeout=apiserver.REQUEST_TIMEOUT
+                )
+            except kubernetes.client.ApiException as exc:
+                if is_missing(exc):
+                    return None
+                raise StageError("provision", f"cannot read pod {name}: {api_words(exc)}") from None
+
+    # -- connect --------------------------------------------------------------------------
+
+    def connect(self, record: SessionRecord, progress: Progress) -> Link:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from . import podexec
+        from .portforward import PortForwardLink
+
+        name = record.resource.get("pod")
+        if not name:
+            raise StageError("connect", "no pod was recorded for this session")
+        cluster = self.cluster_of(record)
+        ready: Any = {}
+        if record.state != State.RUNNING:  # a start; an attach finds the kernel listening
+            progress.step(f"waiting for the kernel in pod {name}")
+            ready = self._wait_ready(cluster, name, START_TIMEOUT)
+        kernel, runtime = podexec.read_files(
+            cluster,
+            name,
+            [f"{STATE_DIR}/kernel.json", f"{STATE_DIR}/runtime.json"],
+            "reading the kernel's connection file",
+        )
+        if kernel is None:
+            raise StageError("connect", f"pod {name} has no kernel connection file")
+        agent_port = ready.get("agent_port") if isinstance(ready, dict) else None
+        if agent_port is None and runtime:
+            agent_port = json.loads(runtime).get("agent_port")
+        progress.step(f"forwarding the kernel's ports through the API server {cluster.server}")
+        return PortForwardLink(
+            cluster,
+            name,
+            json.loads(kernel),
+            agent_port,
+            on_event=lambda text: self._note(record.id, text),
+        )
+
+    def _wait_ready(self, cluster: Cluster, name: str, timeout: float) -> Any:
+        """READY's payload from the pod's log; StageError with the log's end when the runtime
+        failed, the pod ended, or `timeout` passed."""
+        deadline, delay, asked = time.monotonic() + timeout, 0.2, 0
+        while True:
+            text = self._log(cluster, name) or ""
+            for line in marker_lines(text):
+                parsed = parse_marker(line)
+                if parsed is not None and parsed[0] is Marker.READY:
+                    return parsed[1]
+                if parsed is not None and parsed[0] is Marker.FAILED:
+                    raise StageError("connect", f"the runtime failed: {log_tail(text, 3)}")
+            asked += 1
+            if asked % 5 == 0:
+                pod = self._read(cluster, name)
+                ended, _ = (None, None) if pod is None else pods.termination(pod)
+                if pod is None or ended:
+                    raise StageError(
+                        "connect", f"pod {name} ended ({ended or 'deleted'}): {log_tail(text, 3)}"
+                    )
+            if time.monotonic() > deadline:
+                raise StageError(
+                    "connect", f"no kernel within {timeout:.0f}s in pod {name}: {log_tail(text, 3)}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.3, 1.0)
+
+    def _log(self, cluster: Cluster, name: str, tail: int | None = None) -> str | None:
+        """The pod's container log; None when it has none (yet) or is gone."""
+        kubernetes = apiserver.sdk()
+        with answering(cluster, f"for pod {name}'s log"):
+            try:
+                return cluster.api.read_namespaced_pod_log(
+                    name,
+                    cluster.namespace,
+                    container=pods.CONTAINER,
+                    tail_lines=tail,
+                    _request_timeout=apiserver.REQUEST_TIMEOUT,
+                )
+            except kubernetes.client.ApiException as exc:
+                if exc.status in (400, 404):  # not started yet, or gone
+                    return None
+                raise StageError(
+                    "connect", f"cannot read pod {name}'s log: {api_words(exc)}"
+                ) from None
+
+    # -- life and teardown ----------------------------------------------------------------
+
+    def is_alive(self, record: SessionRecord) -> bool:
+        if not record.resource.get("pod"):
+            return False
+        try:
+            pod = self._read(self.cluster_of(record), record.resource["pod"])
+        except (BackendUnavailable, StageError):
+            return True  # the API cannot be asked now: unknown is not gone
+        return pod is not None and pod.status.phase in ("Pending", "Running")
+
+    def check_alive(self, records: list[SessionRecord]) -> dict[str, bool]:
+        """One pod listing per cluster this process has loaded already (a first kubeconfig load
+        and the client's import are no cheap question)."""
+        found: dict[str, bool] = {}
+        groups: dict[tuple[Any, Any], list[SessionRecord]] = {}
+        for r in records:
+            key = (r.resource.get("context"), r.resource.get("namespace"))
+            if r.resource.get("pod") and apiserver.loaded(*key):
+                groups.setdefault(key, []).append(r)
+        for (context, namespace), mine in groups.items():
+            try:
+                phases = self._phases(apiserver.loaded(context, namespace))
+            except Exception:  # noqa: BLE001 - a listing that fails tells nothing
+                continue
+            for r in mine:
+                phase = phases.get(r.id)
+                if phase in (None, "Running", "Failed", "Succeeded"):
+                    found[r.id] = phase == "Running"
+        return found
+
+    def _phases(self, cluster: Cluster) -> dict[str, str]:
+        """session id -> its pod's phase, for this store's pods in the cluster's namespace."""
+        with answering(cluster, "to a pod listing"):
+            listed = cluster.api.list_namespaced_pod(
+                cluster.namespace, label_selector=self._selector(), _request_timeout=3
+            )
+        return {pods.owning_session(p.metadata.labels): p.status.phase for p in listed.items}
+
+    def _selector(self) -> str:
+        return f"{pods.LABEL},{pods.STORE_LABEL}={self.recorder.store_id}"
+
+    def stop_details(self, record: SessionRecord) -> StopDetails | None:
+        """The runtime's STOPPED and SUMMARY markers in the pod's log; else the pod's own end
+        (OOMKilled, Evicted: ...). None for a pod never made or gone."""
+        name = record.resource.get("pod")
+        if not name or record.spec.backend != self.name:
+            return None
+        try:
+            cluster = self.cluster_of(record)
+            pod = self._read(cluster, name)
+            if pod is None:
+                return None
+            logged = stop_details_from_log(self._log(cluster, name) or "") or StopDetails()
+        except (BackendUnavailable, StageError, ValueError):
+            return None
+        if logged.reason is not None:
+            return logged
+        ended, code = pods.termination(pod)
+        if ended is None:
+            return logged if logged.summary else None
+        detail = f"{ended} (exit {code})" if code is not None else ended
+        return StopDetails(
+            reason=StopReason(StopKind.INSTANCE_ENDED, exit_code=code, detail=detail),
+            summary=logged.summary,
+        )
+
+    def stop(self, record: SessionRecord) -> None:
+        """Delete the pod (by its recorded name, and any of the session's label), wait until it
+        is gone, and record `removed_at`. A start that never reached the cluster holds nothing."""
+        res = record.resource
+        if record.spec.backend != self.name or "context" not in res:
+            return
+        cluster = self.cluster_of(record)
+        names = {res["pod"]} if res.get("pod") else set()
+        with answering(cluster, "while deleting the pod"):
+            listed = cluster.api.list_namespaced_pod(
+                cluster.namespace,
+                label_selector=f"{pods.LABEL}={record.id}",
+                _request_timeout=apiserver.REQUEST_TIMEOUT,
+            )
+        names |= {p.metadata.name for p in listed.items}
+        if record.state in (State.REQUESTED, State.PROVISIONING, State.STARTING) and res.get("pod"):
+            self._keep_start_log(cluster, record.id, res["pod"])
+        for name in sorted(names):
+            self._delete(cluster, name)
+        self.recorder.save(record.id, removed_at=time.time())
+
+    def _delete(self, cluster: Cluster, name: str) -> None:
+        """Delete the pod and wait until it is gone (its GPUs free); StageError when it stays."""
+        kubernetes = apiserver.sdk()
+        with answering(cluster, f"while deleting pod {name}"):
+            try:
+                cluster.api.delete_namespaced_pod(
+                    name,
+                    cluster.namespace,
+                    grace_period_seconds=STOP_GRACE_S,
+                    _request_timeout=apiserver.REQUEST_TIMEOUT,
+                )
+            except kubernetes.client.ApiException as exc:
+                if is_missing(exc):
+                    return
+                raise StageError("stop", f"cannot delete pod {name}: {api_words(exc)}") from None
+        deadline, delay = time.monotonic() + STOP_WAIT_S, 0.2
+        while time.monotonic() < deadline:
+            if self._read(cluster, name) is None:
+                return
+            time.sleep(delay)
+            delay = min(delay * 1.5, POLL_MAX_S)
+        raise StageError("stop", f"pod {name} is still there {STOP_WAIT_S:.0f}s after its delete")
+
+    def _keep_start_log(self, cluster: Cluster, session_id: str, name: str) -> None:
+        """The end of a failed start's pod log, in the record (`start_log`), bounded."""
+        try:
+            text = self._log(cluster, name, tail=200) or ""
+        except (BackendUnavailable, StageError) as exc:
+            log.debug("no start log for %s: %s", session_id, exc)
+            return
+        if text:
+            data = text.encode()[-START_LOG_BYTES:]
+            self.recorder.save(session_id, start_log=data.decode(errors="ignore"))
+
+    # -- gc -------------------------------------------------------------------------------
+
+    def list_resources(self) -> list[RemoteResource]:
+        """This store's pods in every context and namespace its sessions used, and the
+        kubeconfig's current one; none asked when no session of this store used a cluster."""
+        places = {
+            (r.resource.get("context"), r.resource.get("namespace"))
+            for r in self.recorder.sessions(self.name)
+            if "context" in r.resource
+        }
+        if not places:  # no session of this store was ever in a cluster: no pod is its own
+            return []
+        found: list[RemoteResource] = []
+        reached = 0
+        for context, namespace in sorted(places | {(None, None)}, key=str):
+            try:
+                cluster = apiserver.cluster(
+                    None if context == apiserver.IN_CLUSTER else context, namespace
+                )
+                with answering(cluster, "to gc's pod listing"):
+                    listed = cluster.api.list_namespaced_pod(
+                        cluster.namespace,
+                        label_selector=self._selector(),
+                        _request_timeout=apiserver.REQUEST_TIMEOUT,
+                    )
+            except Exception as exc:  # noqa: BLE001 - one cluster never stops the rest
+                log.warning("gc: skipping Kubernetes context %s: %s", context or "(current)", exc)
+                continue
+            reached += 1
+            found += [_resource(self.name, cluster, pod) for pod in listed.items]
+        if not reached:
+            raise BackendUnavailable("no Kubernetes cluster answers")
+        unique = {(r.details["context"], r.details["namespace"], r.resource_id): r for r in found}
+        return list(unique.values())
+
+    def remove_resource(self, resource: RemoteResource) -> None:
+        context = resource.details.get("context")
+        cluster = apiserver.cluster(
+            None if context == apiserver.IN_CLUSTER else context, resource.details.get("namespace")
+        )
+        pod = self._read(cluster, resource.resource_id)
+        if pod is not None and pods.owning_session(pod.metadata.labels) == resource.session_id:
+            self._delete(cluster, resource.resource_id)
+
+
+def _resource(backend: str, cluster: Cluster, pod) -> RemoteResource:
+    phase = pod.status.phase
+    return RemoteResource(
+        backend=backend,
+        session_id=pods.owning_session(pod.metadata.labels),
+        resource_id=pod.metadata.name,
+        description=(
+            f"pod {pod.metadata.name} ({phase}{', on ' + pod.spec.node_name if pod.spec.node_name else ''}) "
+            f"in {cluster.context}/{cluster.namespace}"
+        ),
+        running=phase in ("Pending", "Running"),
+        details={"context": cluster.context, "namespace": cluster.namespace},
+    )
+
+
+def _queue_timeout(spec: LaunchSpec) -> float | None:
+    value = spec.extra.get("queue_timeout")
+    return QUEUE_TIMEOUT.parse(value) if isinstance(value, str) else value

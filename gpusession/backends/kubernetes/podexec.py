@@ -1,0 +1,130 @@
+"""Commands in a session's pod over the API server's exec stream (`pods/exec`): the probe of the
+image's Python, the runtime bundle's copy (a tar on stdin, unpacked by the image's own python3),
+and reading the runtime's files (kernel.json, stopped.json).
+
+The exec stream (channel protocol v4) cannot say "end of input", so what goes to stdin is
+preceded by its length on the command line and the reader takes exactly that many bytes. The
+bytes go as binary websocket frames (the client's `binary=True`, checked with kubernetes 34.1.0):
+no base64."""
+
+from __future__ import annotations
+
+import time
+
+from ...core.errors import StageError
+from .apiserver import Cluster, answering, api_words, sdk
+from .pods import CONTAINER
+
+CHUNK = 256 * 1024  # bytes per stdin frame
+EXEC_TIMEOUT = 120.0
+
+# Unpack exactly N bytes of a tar (gzip'd or not) from stdin into a folder; Python 3.9 syntax
+UNPACK = """
+import io, os, sys, tarfile
+dest, size = sys.argv[1], int(sys.argv[2])
+data = bytearray()
+while len(data) < size:
+    chunk = sys.stdin.buffer.read(min(size - len(data), 1 << 20))
+    if not chunk:
+        sys.exit("the archive arrived short: %d of %d bytes" % (len(data), size))
+    data += chunk
+os.makedirs(dest, exist_ok=True)
+with tarfile.open(fileobj=io.BytesIO(bytes(data))) as archive:
+    safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+    archive.extractall(dest, **safe)
+print("unpacked %d bytes" % size)
+"""
+
+
+def run(
+    cluster: Cluster,
+    pod: str,
+    command: list[str],
+    *,
+    stdin: bytes | None = None,
+    timeout: float = EXEC_TIMEOUT,
+    what: str,
+) -> tuple[int | None, str]:
+    """Run `command` in the pod's container: (its exit status, None when it did not end within
+    `timeout`; its stdout and stderr). BackendUnavailable when the API does not answer;
+    StageError when the exec is refused (RBAC: pods/exec)."""
+    kubernetes = sdk()
+    api = cluster.stream_api()
+    try:
+        with answering(cluster, f"while {what}"):
+            try:
+                ws = kubernetes.stream.stream(
+                    api.connect_get_namespaced_pod_exec,
+                    pod,
+                    cluster.namespace,
+                    container=CONTAINER,
+                    command=command,
+                    stdin=stdin is not None,
+                    stdout=True,
+                    stderr=True,
+                    tty=False,
+                    binary=True,
+                    _preload_content=False,
+                )
+            except kubernetes.client.ApiException as exc:
+                raise StageError("provision", f"{what}: {api_words(exc)}") from None
+        try:
+            return _pump(ws, stdin, timeout)
+        finally:
+            ws.close()
+    finally:
+        api.api_client.close()
+
+
+def _pump(ws, stdin: bytes | None, timeout: float) -> tuple[int | None, str]:
+    for at in range(0, len(stdin or b""), CHUNK):
+        ws.write_stdin(stdin[at : at + CHUNK])
+    deadline = time.monotonic() + timeout
+    while ws.is_open() and time.monotonic() < deadline:
+        ws.update(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+    if ws.is_open():
+        return None, _output(ws)
+    try:
+        status = ws.returncode  # read first: read_all() empties every channel
+    except (TypeError, ValueError, KeyError, IndexError):  # an error channel without an exit code
+        status = 1
+    return status, _output(ws)
+
+
+def _output(ws) -> str:
+    text = ws.read_all()
+    return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
+
+
+def send_archive(
+    cluster: Cluster, pod: str, python: str, data: bytes, folder: str, what: str
+) -> None:
+    """Unpack the tar `data` into `folder` of the pod, by the image's own `python`."""
+    status, output = run(
+        cluster,
+        pod,
+        [python, "-c", UNPACK, folder, str(len(data))],
+        stdin=data,
+        what=f"copying {what}",
+    )
+    if status != 0:
+        said = " | ".join(output.strip().splitlines()[-3:]) or "no output"
+        raise StageError("runtime", f"copying {what} into pod {pod} failed (exit {status}): {said}")
+
+
+def read_files(cluster: Cluster, pod: str, paths: list[str], what: str) -> list[str | None]:
+    """The text of each file in the pod's container (None for one that is not there), by one
+    exec of `sh`."""
+    separator = "@@gpusession-file@@"
+    script = "; ".join(
+        f'if [ -f "{p}" ]; then cat "{p}"; else printf %s @@missing@@; fi; echo "{separator}"'
+        for p in paths
+    )
+    status, output = run(cluster, pod, ["/bin/sh", "-c", script], timeout=30.0, what=what)
+    if status is None:
+        raise StageError("connect", f"{what}: the pod did not answer within 30s")
+    parts = output.split(separator + "\n")
+    return [
+        None if i >= len(parts) - 1 or parts[i] == "@@missing@@" else parts[i]
+        for i in range(len(paths))
+    ]

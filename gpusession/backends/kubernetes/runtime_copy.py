@@ -1,0 +1,137 @@
+"""The runtime bundle (`gpusession.transport.bundle`) brought into a running pod, for any image
+with a python3: the pod's container waits (pods.wait_then_boot) while its image's Python is
+probed (`sh boot.sh probe`, over exec; kept by image id, as the docker backend keeps it), the
+site (ipykernel, pip) copied when the image lacks them, then the agent's code, and last what the
+probe found and the `.complete` mark, which lets the container go on to `boot.sh run`.
+
+Everything lands in the pod's emptyDir at RUNTIME_ROOT, gone with the pod: nothing is installed
+in the image or left on the node."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import tarfile
+import uuid
+from pathlib import Path
+
+from ...core.errors import StageError
+from ...core.progress import Progress
+from ...core.protocol import ENV_RUNTIME_BRINGS, ENV_RUNTIME_PYTHON
+from ...transport.bundle import (
+    CODE_DIR,
+    COMPLETE,
+    NO_PYTHON,
+    RUNTIME_ROOT,
+    SITE_DIR,
+    BundleError,
+    ImagePython,
+    boot_script,
+    cache_dir,
+    code_archive_for,
+    parse_probe,
+    site_archive,
+)
+from ...transport.pulls import format_bytes
+from . import podexec
+from .apiserver import Cluster
+from .pods import LAUNCH_ENV
+
+PROBE_VERSION = 2  # as the docker backend's: bump when boot.sh's probe says more
+PROBE_TIMEOUT_S = 60.0
+
+
+def bring_runtime(
+    cluster: Cluster, pod: str, image: str, image_id: str, progress: Progress
+) -> ImagePython:
+    """Copy the runtime into the waiting pod; the image's Python it found."""
+    python = image_python(cluster, pod, image, image_id, progress)
+    progress.step(
+        f"{image}: Python {python.short_version} at {python.executable}, "
+        + (
+            f"ipykernel {python.ipykernel}"
+            if python.has_ipykernel
+            else "no ipykernel: the runtime brings it"
+        )
+    )
+    if python.needs_site:
+        try:
+            site = site_archive(python, cache_dir(), progress.step)
+        except BundleError as exc:
+            raise StageError("runtime", str(exc)) from None
+        _send(cluster, pod, python, site.data, SITE_DIR, "ipykernel and pip", progress)
+    code = code_archive_for(python)
+    _send(cluster, pod, python, code.data, CODE_DIR, "gpusession's agent", progress)
+    podexec.send_archive(
+        cluster, pod, python.start_with, launch_archive(python), RUNTIME_ROOT, "the launch mark"
+    )
+    return python
+
+
+def _send(
+    cluster: Cluster,
+    pod: str,
+    python: ImagePython,
+    data: bytes,
+    folder: str,
+    what: str,
+    progress: Progress,
+) -> None:
+    progress.step(f"runtime: copying {what} ({format_bytes(len(data))}) into the pod")
+    podexec.send_archive(cluster, pod, python.start_with, data, folder, what)
+
+
+def launch_archive(python: ImagePython) -> bytes:
+    """A tar for RUNTIME_ROOT: LAUNCH_ENV (the image's Python and what the bundle brings it,
+    for boot.sh and the agent: one Python start less), then code/.complete, last."""
+    env = (
+        f"export {ENV_RUNTIME_PYTHON}={shlex.quote(python.start_with)}\n"
+        f"export {ENV_RUNTIME_BRINGS}={shlex.quote(','.join(python.brings))}\n"
+    )
+    complete = f"{CODE_DIR}/{COMPLETE}"[len(RUNTIME_ROOT) + 1 :]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, content in ((LAUNCH_ENV, env.encode()), (complete, b"gpusession runtime\n")):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(content), 0o644
+            tar.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+def probe_path(image_id: str) -> Path:
+    """Where what the probe found of an image's Python is kept, by the image's digest."""
+    digest = image_id.rpartition("sha256:")[2] or image_id.replace("/", "_")
+    return cache_dir() / "probes" / f"k8s-{digest[:64]}-v{PROBE_VERSION}.json"
+
+
+def image_python(
+    cluster: Cluster, pod: str, image: str, image_id: str, progress: Progress
+) -> ImagePython:
+    """The image's Python: known from an earlier probe of the same image id, else probed in the
+    pod (`sh -c BOOT_SCRIPT boot.sh probe`)."""
+    cached = probe_path(image_id) if image_id else None
+    if cached is not None:
+        try:
+            return ImagePython.from_payload(json.loads(cached.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    progress.step(f"looking for Python in {image} (once per image)")
+    status, output = podexec.run(
+        cluster,
+        pod,
+        ["/bin/sh", "-c", boot_script().decode(), "boot.sh", "probe"],
+        timeout=PROBE_TIMEOUT_S,
+        what=f"looking for Python in {image}",
+    )
+    found = parse_probe(output)
+    if isinstance(found, str):
+        if status is None:
+            found = f"the probe took over {PROBE_TIMEOUT_S:.0f}s"
+        raise StageError("image", NO_PYTHON.format(image=image, why=found))
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        part = cached.with_suffix(f".{uuid.uuid4().hex[:8]}.part")
+        part.write_text(json.dumps(found.to_payload()))
+        part.replace(cached)
+    return found

@@ -1,0 +1,420 @@
+"""The kubernetes backend on a real cluster (scripts/ci-kubernetes.sh: etcd, the API server, the
+scheduler and two kubelets over containerd, built from Go modules): n1 has 2 x Tesla-T4, n2 one
+NVIDIA-A100-SXM4-40GB, advertised as the extended resource nvidia.com/gpu, so placement and
+queueing by GPU count and model are the scheduler's own. The kernels are real, in pods of an
+image without ipykernel (the runtime brings it over exec), reached through the API server's
+port-forward. One cluster for all: every test is in the xdist group "kubernetes", and each test's
+store labels its pods, so a test cleans only its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpusession.core.errors import BadInput, StageError
+from gpusession.core.models import State
+from gpusession.core.protocol import StopKind
+from gpusession.session.store import Store
+
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("kubernetes")]
+
+REPO = Path(__file__).resolve().parent.parent
+STATE = Path(os.environ.get("GPUSESSION_CI_STATE", "/var/lib/gpusession-ci")) / "kubernetes"
+KUBECONFIG = STATE / "admin.kubeconfig"
+IMAGE = "gpusession-ci/py-bookworm:latest"  # python3 3.11, no ipykernel, no pip
+SCRIPT = REPO / "scripts" / "ci-kubernetes.sh"
+LABEL = "gpusession.session"
+STORE_LABEL = "gpusession.session.store"
+
+
+@pytest.fixture(scope="session")
+def kube():
+    """The test cluster, up, with IMAGE in both nodes; the admin's CoreV1Api. Skipped only where
+    the cluster's binary was never built (46 minutes fresh: docs/testing.md)."""
+    if not (STATE / "bin" / "kube").exists():
+        pytest.skip(
+            f"the Kubernetes test cluster is not built ({STATE}/bin/kube): "
+            "scripts/ci-kubernetes.sh build (docs/testing.md, 'Kubernetes test cluster')"
+        )
+    for args in (["up"], ["load", IMAGE]):
+        done = subprocess.run(
+            [str(SCRIPT), *args], capture_output=True, text=True, timeout=600, check=False
+        )
+        assert done.returncode == 0, f"ci-kubernetes.sh {args[0]}: {done.stderr[-2000:]}"
+    import kubernetes
+
+    api = kubernetes.client.CoreV1Api(
+        kubernetes.config.new_client_from_config(config_file=str(KUBECONFIG))
+    )
+    yield api
+    api.api_client.close()
+
+
+@pytest.fixture
+def kube_env(kube, nb_env, monkeypatch) -> dict[str, str]:
+    """This test's store and the cluster's kubeconfig; its pods (by its store's label) go at
+    the end, whatever the test left."""
+    monkeypatch.setenv("KUBECONFIG", str(KUBECONFIG))
+    nb_env["KUBECONFIG"] = str(KUBECONFIG)
+    yield nb_env
+    for pod in _ours(kube, store_id=_store(nb_env).store_id):
+        kube.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
+
+
+@pytest.fixture
+def kube_manager(kube_env):
+    from gpusession.session import SessionManager
+
+    m = SessionManager()
+    yield m
+    for r in m.list(active_only=True):
+        try:
+            m.stop(r.id)
+        except Exception:  # noqa: BLE001 - teardown must reach every session
+            pass
+    m.close()
+
+
+def _store(env) -> Store:
+    return Store(Path(env["GPUSESSION_HOME"]) / "sessions.sqlite3")
+
+
+def _ours(kube, session_id: str | None = None, store_id: str | None = None) -> list:
+    selector = f"{LABEL}={session_id}" if session_id else LABEL
+    if store_id:
+        selector += f",{STORE_LABEL}={store_id}"
+    return kube.list_namespaced_pod("default", label_selector=selector).items
+
+
+def _gpus_held(kube, node: str) -> int:
+    """nvidia.com/gpu requested by the pods on `node` that still hold it (what the scheduler
+    counts: every pod not ended)."""
+    pods = kube.list_namespaced_pod("default", field_selector=f"spec.nodeName={node}").items
+    return sum(
+        int((c.resources.limits or {}).get("nvidia.com/gpu", 0))
+        for p in pods
+        if p.status.phase not in ("Succeeded", "Failed")
+        for c in p.spec.containers
+    )
+
+
+def _wait_gone(kube, session_id: str, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _ours(kube, session_id):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _spec(manager, gpu: str, name: str, **extra):
+    return manager.make_spec(gpu, backend="kubernetes", image=IMAGE, name=name, **extra)
+
+
+def test_a_notebook_runs_cells_in_a_t4_pod_on_n1_and_stop_frees_its_gpu(kube, kube_env, tmp_path):
+    from support.notebook_kernel import NotebookKernel
+
+    nk = NotebookKernel(kube_env, cwd=str(tmp_path))
+    try:
+        assert nk.run("%load_ext gpusession").status == "ok"
+        start = nk.run(
+            f"%gpu start --backend kubernetes --type t4 --image {IMAGE} --idle off --name kt4"
+        )
+        assert start.status == "ok", start.text
+        assert "running: session kt4 is ready" in start.text, start.text
+        assert "runs on n1" in start.text and "copying ipykernel and pip" in start.text
+        record = _store(kube_env).get("kt4")
+        (pod,) = _ours(kube, record.id)
+        assert pod.spec.node_name == "n1" and record.resource["node"] == "n1"
+        (container,) = pod.spec.containers
+        assert container.resources.limits == {"nvidia.com/gpu": "1"}
+        assert pod.spec.node_selector == {"nvidia.com/gpu.product": "Tesla-T4"}
+        assert pod.metadata.labels[STORE_LABEL] == _store(kube_env).store_id
+        assert _gpus_held(kube, "n1") >= 1
+
+        cell = nk.run("%%gpu\nx = 20\nx * 2 + 1 + 1")
+        assert cell.status == "ok" and "42" in cell.text, cell.text
+        again = nk.run(
+            "%%gpu\nimport os, sys\nprint(x, os.environ['GPUSESSION_SESSION_ID'], sys.executable)"
+        )
+        assert again.text.split() == ["20", record.id, "/usr/bin/python3"], again.text
+        # the kernel listens on the pod's loopback only; nothing exposes it in the cluster
+        services = kube.list_namespaced_service("default").items
+        assert [s.metadata.name for s in services] == ["kubernetes"]
+        assert not pod.spec.containers[0].ports
+
+        stop = nk.run("%gpu stop")
+        assert stop.status == "ok", stop.text
+        assert not _ours(kube, record.id), "stop returns once the pod is gone"
+        assert _gpus_held(kube, "n1") == 0
+        assert _store(kube_env).get("kt4").state == State.STOPPED
+    finally:
+        nk.close()
+
+
+def test_an_a100_lands_on_n2_and_the_next_one_waits_with_the_scheduler_reason(kube, kube_manager):
+    m = kube_manager
+    first = m.start(_spec(m, "a100", "ka1", idle="off"))
+    try:
+        assert first.run("y = 7\ny * 6")["status"] == "ok"
+        assert m.get("ka1").resource["node"] == "n2"
+        # another process attaches from the record alone (its log's READY is not needed)
+        from gpusession.session import SessionManager
+        from support.sinks import Collect
+
+        other, sink = SessionManager(), Collect()
+        try:
+            assert other.attach("ka1").run("print(y)", sink)["status"] == "ok"
+            assert sink.text.strip() == "7"
+        finally:
+            other.close()
+        (pod,) = _ours(kube, first.id)
+        assert pod.spec.node_selector == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
+
+        lines: list[str] = []
+        started = time.monotonic()
+        with pytest.raises(StageError) as refused:
+            m.start(_spec(m, "a100", "ka2", idle="off", queue_timeout="10s"), report=lines.append)
+        waited = time.monotonic() - started
+        said = "\n".join(lines)
+        assert "0/2 nodes are available" in said and "Insufficient nvidia.com/gpu" in said, said
+        assert "waits (" in said, said
+        assert "still waits after 10s (--queue-timeout)" in str(refused.value)
+        assert 10 <= waited < 45, waited
+        second = m.get("ka2")
+        assert second.state == State.FAILED
+        assert not _ours(kube, second.id), "the queued pod is deleted when the start gives up"
+    finally:
+        m.stop("ka1")
+    assert _wait_gone(kube, first.id, timeout=1) and _gpus_held(kube, "n2") == 0
+
+
+def test_three_gpus_stay_pending_and_the_cli_gives_up_at_the_queue_timeout(kube, kube_env):
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "gpusession", "start", "--backend", "kubernetes", "--type", "t4:3",
+         "--image", IMAGE, "--name", "k3", "--queue-timeout", "10s"],
+        env=kube_env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0
+    err = done.stderr.strip().splitlines()
+    assert err and "Insufficient nvidia.com/gpu" in err[-1] and "--queue-timeout" in err[-1], err
+    assert "Traceback" not in done.stderr
+    assert time.monotonic() - started < 60
+    record = _store(kube_env).get("k3")
+    assert record.state == State.FAILED and not _ours(kube, record.id)
+
+
+def test_gc_removes_the_pod_of_a_start_whose_process_was_killed(kube, kube_env):
+    start = subprocess.Popen(
+        [sys.executable, "-m", "gpusession", "start", "--backend", "kubernetes", "--type", "t4",
+         "--image", IMAGE, "--name", "kgc", "--idle", "off"],
+        env=kube_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        store = _store(kube_env)
+        while time.monotonic() < deadline and not _ours(kube, store_id=store.store_id):
+            time.sleep(0.3)
+        assert _ours(kube, store_id=store.store_id), "the start made no pod"
+    finally:
+        start.send_signal(signal.SIGKILL)
+        start.wait(10)
+    record = store.get("kgc")
+    assert record.state.active and _ours(kube, record.id), "the pod outlives its starter"
+    gc = subprocess.run(
+        [sys.executable, "-m", "gpusession", "gc"],
+        env=kube_env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert gc.returncode == 0, gc.stderr
+    assert "kgc" in gc.stdout, gc.stdout
+    assert _wait_gone(kube, record.id, timeout=5), "gc left the pod"
+    assert not store.get("kgc").state.active
+
+
+def test_an_idle_pod_ends_by_its_agents_decision_and_the_record_says_why(kube, kube_manager):
+    m = kube_manager
+    session = m.start(_spec(m, "t4", "kidle", idle="20s"))
+    assert session.run("z = 1")["status"] == "ok"
+    deadline = time.monotonic() + 90
+    record = m.get("kidle")
+    while time.monotonic() < deadline and record.state == State.RUNNING:
+        time.sleep(2)
+        record = m.refresh_state("kidle")
+    assert record.state == State.STOPPED, record.state
+    assert record.stop_reason is not None and record.stop_reason.kind is StopKind.IDLE
+    pods = _ours(kube, record.id)
+    assert all(p.status.phase in ("Succeeded", "Failed") for p in pods), "an ended pod holds no GPU"
+    assert _gpus_held(kube, "n1") == 0
+
+
+CUT_CELL = (
+    "import time\nfor i in range({n}):\n    print(f'line {{i}}', flush=True)\n    time.sleep(0.1)"
+)
+
+
+def test_cut_port_forward_streams_reconnect_and_a_streaming_cell_loses_no_line(kube, kube_manager):
+    """The streams' connections to the API server cut during cells that print at 10 Hz (as a
+    proxy or a restarted API server cuts them): each local connection closes, ZMQ connects again
+    through a new stream, and every line arrives once, in order."""
+    from support.sinks import Collect
+
+    m = kube_manager
+    session = m.start(_spec(m, "t4", "kcut", idle="off"))
+    link = session.link
+    for run in range(3):
+
+        def cut(delay=0.7 + 0.3 * run):
+            time.sleep(delay)
+            for stream in list(link.streams):
+                stream.websocket.sock.shutdown(socket.SHUT_RDWR)
+
+        threading.Thread(target=cut, daemon=True).start()
+        sink = Collect()
+        reply = session.run(CUT_CELL.format(n=30), sink)
+        assert reply["status"] == "ok", reply
+        assert sink.text.splitlines() == [f"line {i}" for i in range(30)], sink.text
+    assert link.reconnects >= 3 and link.healthy()
+    notes = " ".join(e.detail for e in m.get("kcut").events)
+    assert "port-forward: the stream to port" in notes, notes
+
+
+KUBECTL = STATE / "bin" / "kubectl"
+
+
+def _kubectl(*args: str, stdin: str | None = None) -> str:
+    done = subprocess.run(
+        [str(KUBECTL), "--kubeconfig", str(KUBECONFIG), *args],
+        input=stdin, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def documented_role(namespace: str) -> str:
+    """The Role docs/kubernetes.md gives ("The least Role"), for `namespace`."""
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    block = text.split("## The least Role", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert "namespace: ml" in block
+    return block.replace("namespace: ml", f"namespace: {namespace}")
+
+
+def _account(namespace: str, tmp_path: Path) -> Path:
+    """A service account of `namespace` bound to the documented Role there, and a kubeconfig
+    that logs in as it (a token, as in a cluster whose users are accounts)."""
+    _kubectl("create", "namespace", namespace)
+    _kubectl("-n", namespace, "create", "serviceaccount", "gs")
+    binding = (
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n"
+        f"metadata: {{name: gpusession, namespace: {namespace}}}\n"
+        "roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: gpusession}\n"
+        f"subjects: [{{kind: ServiceAccount, name: gs, namespace: {namespace}}}]\n"
+    )
+    _kubectl("apply", "-f", "-", stdin=documented_role(namespace) + "---\n" + binding)
+    token = _kubectl("-n", namespace, "create", "token", "gs", "--duration=1h").strip()
+    path = tmp_path / f"{namespace}.kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: ci, cluster: {{server: 'https://10.220.0.1:16443', "
+        f"certificate-authority: '{STATE / 'pki' / 'ca.crt'}'}}}}]\n"
+        f"users: [{{name: gs, user: {{token: '{token}'}}}}]\n"
+        f"contexts: [{{name: gs, context: {{cluster: ci, user: gs, namespace: {namespace}}}}}]\n"
+        "current-context: gs\n"
+    )
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def accounts(kube, tmp_path):
+    """Two namespaces, each with its own account bound to the documented Role in it only."""
+    names = [f"gs-rbac-{os.getpid()}", f"gs-other-{os.getpid()}"]
+    try:
+        yield [_account(n, tmp_path) for n in names]
+    finally:
+        for n in names:
+            subprocess.run(
+                [str(KUBECTL), "--kubeconfig", str(KUBECONFIG), "delete", "namespace", n,
+                 "--wait=false"], capture_output=True, timeout=60, check=False,
+            )  # fmt: skip
+
+
+def test_the_documented_role_is_enough_and_another_namespaces_account_reaches_nothing(
+    kube, kube_env, accounts, monkeypatch
+):
+    import kubernetes
+
+    from gpusession.session import SessionManager
+
+    own, other = accounts
+    monkeypatch.setenv("KUBECONFIG", str(own))
+    m = SessionManager()
+    try:
+        session = m.start(_spec(m, "t4", "krbac", idle="off"))
+        assert session.run("w = 6\nprint(w * 7)")["status"] == "ok"
+        record = m.get("krbac")
+        namespace, pod = record.resource["namespace"], record.resource["pod"]
+        assert namespace.startswith("gs-rbac-")
+
+        stranger = kubernetes.client.CoreV1Api(
+            kubernetes.config.new_client_from_config(config_file=str(other))
+        )
+        with pytest.raises(kubernetes.client.ApiException) as listed:
+            stranger.list_namespaced_pod(namespace)
+        assert listed.value.status == 403
+        for connect, extra in (
+            (stranger.connect_get_namespaced_pod_exec, {"command": ["true"], "stdout": True}),
+            (stranger.connect_get_namespaced_pod_portforward, {"ports": "1"}),
+        ):
+            with pytest.raises(kubernetes.client.ApiException) as refused:
+                kubernetes.stream.stream(connect, pod, namespace, **extra)
+            assert "forbidden" in str(refused.value), refused.value
+        stranger.api_client.close()
+
+        m.stop("krbac")
+        assert m.get("krbac").state == State.STOPPED
+    finally:
+        m.close()
+
+
+def test_a_quota_refusal_and_an_image_no_node_can_pull_are_said_in_the_clusters_words(
+    kube, kube_manager, tmp_path, monkeypatch
+):
+    m = kube_manager
+    with pytest.raises(BadInput, match="no namespace gs-none in context gpusession-ci"):
+        m.start(_spec(m, "t4", "knone", namespace="gs-none"))
+    assert m.list() == [], "a refused start records nothing"
+    namespace = f"gs-quota-{os.getpid()}"
+    _kubectl("create", "namespace", namespace)
+    try:
+        _kubectl("-n", namespace, "create", "quota", "gpus", "--hard=requests.nvidia.com/gpu=0")
+        with pytest.raises(StageError) as refused:
+            m.start(_spec(m, "t4", "kquota", idle="off", namespace=namespace))
+        assert "the cluster refused the pod" in str(refused.value)
+        assert "exceeded quota: gpus" in str(refused.value), refused.value
+        assert m.get("kquota").state == State.FAILED
+    finally:
+        _kubectl("delete", "namespace", namespace, "--wait=false")
+
+    lines: list[str] = []
+    with pytest.raises(StageError) as unpulled:
+        m.start(
+            m.make_spec(
+                "t4", backend="kubernetes", image="gpusession-ci/not-built:1", name="kpull",
+                idle="off", queue_timeout="10s",
+            ),
+            report=lines.append,
+        )  # fmt: skip
+    said = "\n".join(lines) + str(unpulled.value)
+    assert "gpusession-ci/not-built:1" in said and ("ErrImagePull" in said or "BackOff" in said), (
+        said
+    )
+    assert not _ours(kube, m.get("kpull").id), "the pod that could not pull is deleted"
