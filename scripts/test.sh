@@ -65,5 +65,36 @@ fi
 printf '%s\n' "$js_log" | grep -E '^ℹ (tests|fail) ' | tr '\n' ' ' || true
 echo
 
+selected=
+for arg in "$@"; do  # a selection of its own (-m, -k, a path): one run, as asked
+    case $arg in -m | -k | -m* | -k* | tests/*) selected=1 ;; esac
+done
+kube_build=
+kube_log=${GPUSESSION_CI_STATE:-/var/lib/gpusession-ci}/kubernetes-build.log
+if [ -z "$selected" ] && [ "$(id -u)" = 0 ] && command -v go >/dev/null 2>&1; then
+    # The Kubernetes test cluster is built from Go modules (scripts/ci-kubernetes.sh): nothing to do
+    # when the CI state folder kept the build, ~30-45 min on a fresh machine. It builds at the
+    # lowest priority beside the rest of the suite, and the kubernetes tests run last.
+    stage "kubernetes test cluster: build in the background (nice 19; log $kube_log)"
+    mkdir -p "$(dirname "$kube_log")"
+    bash scripts/ci-kubernetes.sh build >"$kube_log" 2>&1 &
+    kube_build=$!
+fi
+
 stage "tests ($workers workers; tests that share one machine-wide thing run in one xdist group)"
-exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"
+if [ -z "$kube_build" ]; then  # kubernetes tests skip, saying so, when its cluster is not built
+    exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"
+fi
+rc=0
+.venv/bin/python -m pytest -n "$workers" --dist loadgroup -m "not kubernetes" "$@" || rc=$?
+
+stage "kubernetes test cluster: waiting for its build"
+if ! wait "$kube_build"; then
+    tail -n 40 "$kube_log"
+    echo "scripts/ci-kubernetes.sh build failed (log: $kube_log)" >&2
+    exit 1
+fi
+tail -n 2 "$kube_log"
+stage "tests on the kubernetes cluster (one worker: one cluster)"
+.venv/bin/python -m pytest -p no:xdist -m kubernetes "$@" || { r=$?; [ "$r" = 5 ] || rc=$r; }
+exit "$rc"

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 #: markers that make a test an integration test (pyproject.toml declares them)
-INTEGRATION_MARKS = ("docker", "browser", "slurm", "root", "slow")
+INTEGRATION_MARKS = ("docker", "browser", "slurm", "kubernetes", "root", "slow")
 #: fixtures that bring a real service along: a test taking one is an integration test
 INTEGRATION_FIXTURES = frozenset(
     {

@@ -24,7 +24,11 @@ from gpusession.core.models import State
 from gpusession.core.protocol import StopKind
 from gpusession.session.store import Store
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("kubernetes")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kubernetes,
+    pytest.mark.xdist_group("kubernetes"),
+]
 
 REPO = Path(__file__).resolve().parent.parent
 STATE = Path(os.environ.get("GPUSESSION_CI_STATE", "/var/lib/gpusession-ci")) / "kubernetes"

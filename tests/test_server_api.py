@@ -123,7 +123,7 @@ async def test_options_are_the_table_with_the_server_config_applied(gs_home, jp_
     NAMES = table().names
 
     code, doc = await fetch_json(jp_fetch, "options")
-    assert code == 200 and set(doc) == {"options", "metrics"}
+    assert code == 200 and set(doc) == {"options", "metrics", "places"}
     assert [o["name"] for o in doc["options"]] == list(NAMES)
     by_name = {o["name"]: o for o in doc["options"]}
     assert by_name["idle"] == {
