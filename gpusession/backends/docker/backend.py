@@ -798,18 +798,33 @@ def _lost_race(client, where: str, mine: str, devices: list[str]) -> bool:
     the second alone, two containers of the same second were ordered by id, and a later one
     with a smaller id kept the GPU that an earlier one had already kept)."""
     with engine_errors(where):
-        listed = client.containers.list(all=True, filters={"label": GPUS_LABEL})
-    order = {c.id: (created_ns(c.attrs.get("Created")), c.id) for c in listed}
+        listed = [_inspected(client, c.id) for c in _gpu_holders(client)]
+    found = [c for c in listed if c is not None]  # one removed meanwhile (a lost race) is gone
+    order = {c["Id"]: (created_ns(c.get("Created")), c["Id"]) for c in found}
     if mine not in order:
         return False
     wanted = set(devices)
     return any(
-        order[c.id] < order[mine]
-        and (c.attrs.get("State") or {}).get("Status") not in ("exited", "dead")
-        and wanted & set((c.labels or {}).get(GPUS_LABEL, "").split(","))
-        for c in listed
-        if c.id != mine
+        order[c["Id"]] < order[mine]
+        and (c.get("State") or {}).get("Status") not in ("exited", "dead")
+        and wanted
+        & set(((c.get("Config") or {}).get("Labels") or {}).get(GPUS_LABEL, "").split(","))
+        for c in found
+        if c["Id"] != mine
     )
+
+
+def _gpu_holders(client) -> list:
+    """The containers of the engine that name the GPUs they hold (their label)."""
+    return client.containers.list(all=True, sparse=True, filters={"label": GPUS_LABEL})
+
+
+def _inspected(client, container_id: str) -> dict | None:
+    """A container's inspect (its creation time to the nanosecond), None when it is gone."""
+    try:
+        return client.api.inspect_container(container_id)
+    except docker_sdk().errors.NotFound:
+        return None
 
 
 def created_ns(created: Any) -> int:
