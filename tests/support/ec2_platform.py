@@ -138,6 +138,23 @@ def _content(item: dict) -> bytes:
     return gzip.decompress(raw) if encoding.startswith("gz") else raw
 
 
+def _end_stale_machines() -> None:
+    """End the instance sshds a killed run left in this slot's EC2 namespace: one still listening
+    on the machine's address would answer the next run's instance with its own host key (the
+    pinned key then "changed": three aws tests failed so after a run was killed)."""
+    listed = subprocess.run(["ip", "netns", "pids", NS], capture_output=True, text=True)
+    for pid in listed.stdout.split():
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()  # sshd retitles it: one string
+        except OSError:
+            continue
+        if b"/usr/sbin/sshd" in command and b"/platform/i-" in command:
+            try:
+                os.kill(int(pid), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
 class FakePlatform:
     def __init__(self, moto_url: str, folder: Path, *, poll_s: float = 0.25):
         self.moto_url = moto_url
@@ -153,6 +170,7 @@ class FakePlatform:
         self._rebalance: dict | None = None
         self._closed = threading.Event()
         self._lock = threading.Lock()
+        _end_stale_machines()
         self._imds = self._start_imds()
         self.imds_url = f"http://{HOST_IP}:{self._imds.server_address[1]}"
         self._shim = self._make_shims()
