@@ -86,8 +86,8 @@ class GpuSessionConfig(Configurable):
 
     price_per_hour = Float(
         CATALOG_PRICE,
-        help="Dollars per hour charged for sessions on your own hardware (local and docker "
-        "backends). -1 uses the catalog's on-demand price of the same GPUs; 0 makes them free. "
+        help="Dollars per hour charged for sessions on your own hardware (every backend that "
+        "prices no cloud). -1 uses the catalog's rate of the same GPUs; 0 makes them free. "
         "Default: env GPUSESSION_PRICE_PER_HOUR, else -1.",
     ).tag(config=True)
 

@@ -244,8 +244,8 @@ CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own ar
         ("--workspace",),
         "text",
         "Workspace",
-        "the session's working folder, kept after it stops: a "
-        "Docker volume, an EBS volume on aws, a folder for local (default: one named after the session)",
+        "the session's working folder, kept after it stops where its backend keeps workspaces "
+        "(`gpusession workspaces` lists them; default: one named after the session)",
         "workspace",
         capability="keeps_workspaces",
         max_len=textvalues.MAX_NAME,
