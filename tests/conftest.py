@@ -156,16 +156,9 @@ def _remove_workspace_volumes(home: Path) -> None:
 
 @pytest.fixture
 def manager(gs_home):
-    from gpusession.session import SessionManager
+    from support.managed import managed
 
-    m = SessionManager()
-    yield m
-    for r in m.list(active_only=True):
-        try:
-            m.stop(r.id)
-        except Exception:  # noqa: BLE001 - teardown must reach every session
-            pass
-    m.close()
+    yield from managed()
 
 
 @pytest.fixture

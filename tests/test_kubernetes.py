@@ -75,16 +75,9 @@ def kube_env(kube, nb_env, monkeypatch) -> dict[str, str]:
 
 @pytest.fixture
 def kube_manager(kube_env):
-    from gpusession.session import SessionManager
+    from support.managed import managed
 
-    m = SessionManager()
-    yield m
-    for r in m.list(active_only=True):
-        try:
-            m.stop(r.id)
-        except Exception:  # noqa: BLE001 - teardown must reach every session
-            pass
-    m.close()
+    yield from managed()
 
 
 def _store(env) -> Store:

@@ -44,8 +44,8 @@ def type_matches(gpu_name: str | None, gpu_type: str) -> bool:
     return all(part in words for part in parts)
 
 
-def ask_box(client_for: Callable[[str], Any], host: str, gpu_type: str) -> BoxAnswer:
-    """One box: its GPUs of `gpu_type` that no container holds and no process runs on."""
+def _read(client_for: Callable[[str], Any], host: str) -> tuple[list[BoxGpu], dict] | BoxAnswer:
+    """One box's GPU reading and who holds what there, or the skipped answer saying why not."""
     try:
         client = client_for(host)
         reading = read_box(client, host)
@@ -54,9 +54,18 @@ def ask_box(client_for: Callable[[str], Any], host: str, gpu_type: str) -> BoxAn
         held = holders([c.attrs for c in client.containers.list(all=True)])
     except Exception as exc:  # noqa: BLE001 - any failure skips the box; the line says which
         return BoxAnswer(host, skipped=_short(exc))
-    mine = [g for g in reading[0] if not g.split and type_matches(g.name, gpu_type)]
+    return reading[0], held
+
+
+def ask_box(client_for: Callable[[str], Any], host: str, gpu_type: str) -> BoxAnswer:
+    """One box: its GPUs of `gpu_type` that no container holds and no process runs on."""
+    read = _read(client_for, host)
+    if isinstance(read, BoxAnswer):
+        return read
+    gpus, held = read
+    mine = [g for g in gpus if not g.split and type_matches(g.name, gpu_type)]
     if not mine:
-        names = sorted({g.name or "?" for g in reading[0]})
+        names = sorted({g.name or "?" for g in gpus})
         return BoxAnswer(host, skipped=f"no {gpu_type} there ({', '.join(names)})")
     return BoxAnswer(host, free=free_gpus(mine, held), gpus=len(mine))
 
@@ -64,16 +73,11 @@ def ask_box(client_for: Callable[[str], Any], host: str, gpu_type: str) -> BoxAn
 def box_free(client_for: Callable[[str], Any], host: str) -> BoxAnswer:
     """One box, every GPU of it (no type asked): its free ones and how many it has, for the
     listing of what each pool has free now (`%gpu types`)."""
-    try:
-        client = client_for(host)
-        reading = read_box(client, host)
-        if reading is None:
-            return BoxAnswer(host, skipped="no GPU reading (no nvidia-smi there)")
-        held = holders([c.attrs for c in client.containers.list(all=True)])
-    except Exception as exc:  # noqa: BLE001 - any failure skips the box; the line says which
-        return BoxAnswer(host, skipped=_short(exc))
-    cards = [g for g in reading[0] if not g.split]
-    return BoxAnswer(host, free=free_gpus(cards, held), gpus=len(cards))
+    read = _read(client_for, host)
+    if isinstance(read, BoxAnswer):
+        return read
+    cards = [g for g in read[0] if not g.split]
+    return BoxAnswer(host, free=free_gpus(cards, read[1]), gpus=len(cards))
 
 
 def free_by_name(answer: BoxAnswer, gpus: list[BoxGpu] | None = None) -> dict[str, int]:
