@@ -38,7 +38,6 @@ from .settings import (  # noqa: F401 - ConfigError, EnvConfig and the built-ins
     _idle,
     _price,
     _recording,
-    _regions,
     builtin_data_dir,
     check_env,
     data_folder,

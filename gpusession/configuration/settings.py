@@ -29,7 +29,6 @@ from ..core.durations import (
 )
 from ..core.errors import BadInput, GpuSessionError
 from ..core.protocol import DEFAULT_IDLE_S
-from ..core.textvalues import aws_region
 from .catalog import load_catalog
 from .registry import loaded_classes
 
@@ -142,12 +141,6 @@ def _recording(text: str) -> str:
             "nvml-record` wrote (tests/data/nvml_two_t4.json in a source checkout), or unset it"
         )
     return str(path)
-
-
-def _regions(text: str) -> str:
-    """A comma-separated list of AWS regions (AwsBackend.regions), checked and tidied."""
-    names = [aws_region(part) for part in text.split(",") if part.strip()]
-    return ",".join(dict.fromkeys(names))
 
 
 CUT_SWITCH_CHOICES = ("ask", "keep-old")
@@ -483,25 +476,6 @@ _POLICY_KEYS = {
     "monthly_cap",
     "stop_at_monthly_cap",
 }
-
-
-def price_regions(configured: str) -> list[str | None]:
-    """The regions whose prices are compared (`--cheapest`, `types --live`): the configured ones
-    (AwsBackend.regions, comma-separated) that the policy in force allows, else the
-    policy's allowed regions, else [None] (the cloud's default region). ConfigError when every
-    configured region is one the policy does not allow."""
-    mine = [name for name in configured.split(",") if name]
-    policy = load_policy()
-    allowed = policy.allowed_regions if policy is not None else None
-    if allowed is None:
-        return list(mine) or [None]
-    kept = [name for name in mine if name in allowed]
-    if mine and not kept:
-        raise ConfigError(
-            f"AwsBackend.regions ({', '.join(mine)}) holds none of the regions your policy "
-            f"({policy.path}) allows ({', '.join(allowed)}): set it to some of those, or empty"
-        )
-    return kept or list(allowed)
 
 
 # -- a backend's own settings (a section of its own: c.DockerBackend.image) ---------------------

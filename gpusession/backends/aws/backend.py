@@ -26,7 +26,7 @@ from ...configuration.catalog import Catalog, CatalogColumn, GpuType, load_catal
 from ...configuration.cost import BILLED_FROM, CLOUD
 from ...configuration.options import StartOption
 from ...configuration.registry import load_backend_class
-from ...configuration.settings import Setting, _regions, price_regions, setting_value
+from ...configuration.settings import Setting, setting_value
 from ...core import textvalues
 from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, NoCapacity, StageError
 from ...core.models import LaunchSpec, SessionRecord
@@ -37,6 +37,7 @@ from ..base import Backend, Link, ListedPrices, Place, RemoteResource, stop_deta
 from . import ebs_volumes, launch, pricing, pull_logins, workspace_stream
 from .cheapest import Cheapest
 from .instances import InstanceTable, instance_table, packaged_table
+from .regions import price_regions, regions_setting
 from .sdk import QUOTA_HINT, Aws, aws_errors, boto3_module, endpoint_url, error_code, explain
 from .teardown import Teardown, console_details, ended_reason
 
@@ -62,7 +63,7 @@ class AwsBackend(Backend):
             "AWS regions whose spot prices `--cheapest` and `%gpu types --live` compare, "
             "comma-separated (us-east-1,us-west-2); an administrator's policy narrows them to its "
             "allowed_regions. Empty means the policy's allowed regions, else the AWS default region.",
-            parse=_regions,
+            parse=regions_setting,
             legacy="GpuSessionConfig.regions",
         ),
         Setting(
