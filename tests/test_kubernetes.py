@@ -415,3 +415,14 @@ def test_a_quota_refusal_and_an_image_no_node_can_pull_are_said_in_the_clusters_
         said
     )
     assert not _ours(kube, m.get("kpull").id), "the pod that could not pull is deleted"
+
+
+def test_setup_finds_the_clusters_gpus(kube, kube_env, monkeypatch):
+    """`gpusession setup` asks each kubeconfig context's cluster for its nodes: the test cluster's
+    GPUs by product, offered as a place for the kubernetes backend."""
+    from gpusession.backends.kubernetes import KubernetesBackend
+
+    monkeypatch.setenv("KUBECONFIG", kube_env["KUBECONFIG"])
+    (place,) = KubernetesBackend.discover()
+    assert (place.kind, place.backend, place.usable) == ("kubernetes", "kubernetes", True), place
+    assert place.gpus == "2 x Tesla-T4, 1 x NVIDIA-A100-SXM4-40GB", place

@@ -225,8 +225,8 @@ def test_setup_finds_the_engine_the_ssh_hosts_and_the_cloud(tmp_path):
     over_tcp = rows["tcp://10.0.0.9:2376"]
     assert over_tcp.startswith("(") and "docker context tls" in over_tcp, over_tcp
     assert "not used: gpusession reaches a remote engine over ssh://" in over_tcp, over_tcp
-    kube = rows[str(home / ".kube" / "config")]
-    assert "no gpusession backend for Kubernetes is installed" in kube, kube
+    kube = rows[str(home / ".kube" / "config")]  # a kubeconfig without a context
+    assert kube.startswith("(") and " kubernetes " in kube, kube
     if slurm:
         assert "gpu:t4:2" in rows["ssh://login"] and " slurm " in rows["ssh://login"], done.stdout
         assert "not probed: host 10.210.0.10 is not in known_hosts" in rows["ssh://stranger"]
@@ -339,3 +339,31 @@ def test_gpu_setup_in_a_notebook(gs_home, tmp_path, monkeypatch, capsys):
     finally:
         shell.run_line_magic("unload_ext", "gpusession")
         InteractiveShell.clear_instance()
+
+
+def test_the_toolkits_hook_on_this_machine_gives_gpus(tmp_path, monkeypatch):
+    """`--gpus` works without a registered nvidia runtime where dockerd finds the toolkit's hook
+    (the most common setup), which `docker info` does not show: on this machine the hook and a
+    GPU that nvidia-smi lists count; neither alone does, nor a remote engine's info."""
+    from gpusession.backends.docker.engine_probe import gives_gpus, on_this_machine
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    info = {"Runtimes": {"runc": {}}, "DiscoveredDevices": []}
+    assert not gives_gpus(info, here=True)  # no hook
+    hook = bin_dir / "nvidia-container-cli"
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'No devices were found'\nexit 6\n")
+    smi.chmod(0o755)
+    assert not gives_gpus(info, here=True)  # a hook, no GPU
+    smi.write_text("#!/bin/sh\necho 'GPU 0: Tesla T4 (UUID: GPU-1234)'\n")
+    assert gives_gpus(info, here=True)
+    assert not gives_gpus(info, here=False)  # another machine's engine: its info alone
+    assert gives_gpus({"Runtimes": {"nvidia": {}}})
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    assert on_this_machine(None) and not on_this_machine("ssh://gpu1")
+    monkeypatch.setenv("DOCKER_HOST", "tcp://10.0.0.9:2376")
+    assert not on_this_machine(None)

@@ -86,15 +86,16 @@ def _ssh_place(where: str, said: str) -> Place:
 
 
 def kubeconfig() -> list[Place]:
-    """A kubeconfig (KUBECONFIG, else ~/.kube/config): listed, with the backend that would use
-    it when one is installed."""
+    """A kubeconfig (KUBECONFIG, else ~/.kube/config) that no installed backend asks: listed,
+    saying so (the kubernetes backend's own `discover` asks each context's cluster)."""
     paths = [p for p in (os.environ.get("KUBECONFIG") or "").split(os.pathsep) if p]
     found = [p for p in paths or [str(Path.home() / ".kube" / "config")] if Path(p).is_file()]
     if not found:
         return []
-    backend = next((n for n in loaded_classes() if n in ("kubernetes", "kube", "k8s")), None)
-    note = "" if backend else "no gpusession backend for Kubernetes is installed"
-    return [Place("kubeconfig", found[0], "unknown", backend, False, note)]
+    if any(n in ("kubernetes", "kube", "k8s") for n in loaded_classes()):
+        return []  # that backend's own discover() asks the cluster
+    note = "no gpusession backend for Kubernetes is installed"
+    return [Place("kubeconfig", found[0], "unknown", None, False, note)]
 
 
 def discover(timeout: float = PROBE_TIMEOUT_S) -> list[Place]:

@@ -75,7 +75,7 @@ from .engine import (
     short_error,
     wait_for_marker,
 )
-from .engine_probe import endpoints, engine_place, gives_gpus
+from .engine_probe import endpoints, engine_place, gives_gpus, on_this_machine
 from .gpus import GPUS_LABEL, NAME_LABEL, holders, pick, read_box, refusal
 from .pools import ask_pool, best_box, chosen_line, free_by_name, full_line, type_matches
 from .runtime_volumes import remove_copy, stale_resources
@@ -206,15 +206,15 @@ class DockerBackend(EngineWorkspaces, Backend):
         return [engine_place(what, address, timeout) for what, address in endpoints()]
 
     def cannot_give(self, spec: LaunchSpec) -> str | None:
-        """A GPU session needs an engine that gives containers GPUs: the nvidia runtime, or
-        NVIDIA devices by CDI. A recording of NVML values (--nvml-replay) stands for a GPU."""
+        """A GPU session needs an engine that gives containers GPUs: the nvidia runtime, NVIDIA
+        devices by CDI, or (this machine's engine) the toolkit's hook with a GPU here. A recording of NVML values (--nvml-replay) stands for a GPU."""
         if spec.extra.get("nvml_replay"):
             return None
         try:
             info = self.client(spec.extra.get("host")).info()
         except Exception:  # noqa: BLE001 - an engine that does not answer says so at the start
             return None
-        if gives_gpus(info):
+        if gives_gpus(info, here=on_this_machine(spec.extra.get("host"))):
             return None
         where = spec.extra.get("host") or "this machine's Docker engine"
         return f"{where} gives containers no GPU (no nvidia runtime)"

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from ...core.errors import BackendUnavailable
-from ..base import Place
+from ..base import Place, gpu_words, run_probe
 from .engine import docker_sdk
 
 LOCAL_SOCKET = "unix:///var/run/docker.sock"
@@ -32,12 +33,29 @@ def endpoints() -> list[tuple[str, str]]:
     return found
 
 
-def gives_gpus(info: dict[str, Any]) -> bool:
-    """Whether an engine (its `docker info`) gives containers NVIDIA GPUs: the nvidia runtime,
-    or NVIDIA devices by CDI."""
-    return "nvidia" in (info.get("Runtimes") or {}) or any(
+#: what dockerd runs for `--gpus` when no nvidia runtime is registered (nvidia-container-toolkit's
+#: hook, found on dockerd's PATH): `docker info` does not show it
+GPU_HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-cli")
+
+
+def on_this_machine(host: str | None) -> bool:
+    """Whether the engine of `host` (None: DOCKER_HOST, else the local socket) runs here."""
+    return not host and (os.environ.get("DOCKER_HOST") or LOCAL_SOCKET).startswith("unix://")
+
+
+def gives_gpus(info: dict[str, Any], *, here: bool = False) -> bool:
+    """Whether an engine (its `docker info`) gives containers NVIDIA GPUs: the nvidia runtime, or
+    NVIDIA devices by CDI; for this machine's engine (`here`) also the toolkit's hook, which
+    `--gpus` runs without a registered runtime (the most common setup), when this machine's
+    `nvidia-smi` lists a GPU."""
+    if "nvidia" in (info.get("Runtimes") or {}) or any(
         "nvidia" in str(d).lower() for d in info.get("DiscoveredDevices") or []
-    )
+    ):
+        return True
+    if not here or not any(shutil.which(hook) for hook in GPU_HOOKS):
+        return False
+    status, listing = run_probe(["nvidia-smi", "-L"])
+    return status == 0 and gpu_words(listing) != "none"
 
 
 #: why an engine reached over TCP (a `tcp://` DOCKER_HOST or context, with TLS or not) is listed
@@ -66,7 +84,7 @@ def engine_place(what: str, address: str, timeout: float) -> Place:
     except Exception as exc:  # noqa: BLE001 - any failure: it does not answer, said as such
         why = (str(exc).splitlines() or [type(exc).__name__])[0][:100]
         return Place(what, address, "unknown", "docker", False, f"does not answer: {why}", host)
-    if gives_gpus(info):
+    if gives_gpus(info, here=address.startswith("unix://")):
         return Place(what, address, "GPU runtime (nvidia)", "docker", True, "", host)
     note = "answers, but gives containers no GPU (no nvidia runtime)"
     return Place(what, address, "none", "docker", False, note, host)

@@ -33,7 +33,15 @@ from ...core.errors import BackendUnavailable, BadInput, StageError
 from ...core.models import LaunchSpec, SessionRecord, State
 from ...core.progress import Progress
 from ...core.protocol import Marker, StopDetails, StopKind, StopReason, parse_marker
-from ..base import Backend, Link, RemoteResource, log_tail, marker_lines, stop_details_from_log
+from ..base import (
+    Backend,
+    Link,
+    Place,
+    RemoteResource,
+    log_tail,
+    marker_lines,
+    stop_details_from_log,
+)
 from . import apiserver, pods
 from .apiserver import Cluster, answering, api_words, is_missing
 
@@ -134,6 +142,17 @@ class KubernetesBackend(Backend):
             rule=QUEUE_TIMEOUT,
         ),
     )
+
+    @classmethod
+    def discover(cls, timeout: float = 4.0) -> list[Place]:
+        """Each context of the kubeconfig, asked for its nodes' GPUs (`gpusession setup`)."""
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from .discovery import places
+
+        try:
+            return places(timeout)
+        except BackendUnavailable as exc:  # no kubernetes client installed
+            return [Place("kubeconfig", "kubeconfig", "unknown", cls.name, False, str(exc))]
 
     def default_image(self) -> str | None:
         return self.setting("image")
