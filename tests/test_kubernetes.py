@@ -189,6 +189,19 @@ def test_an_a100_lands_on_n2_and_the_next_one_waits_with_the_scheduler_reason(ku
         second = m.get("ka2")
         assert second.state == State.FAILED
         assert not _ours(kube, second.id), "the queued pod is deleted when the start gives up"
+
+        # a fallback list, one type after another (issue 34 §3): n2's A100 is held, so the a100
+        # is passed over at once, saying each node's count, and the t4 runs on n1
+        third = m.start(_spec(m, "a100,t4", "kfb", idle="off"))
+        record = m.get(third.id)
+        assert record.spec.gpu_type == "t4" and record.resource["node"] == "n1"
+        (passed,) = record.spec.extra["passed_over"]
+        assert passed == {
+            "type": "a100:1",
+            "why": "no node of context gpusession-ci has 1 free nvidia.com/gpu of a100 now "
+            "(n2: 0 of 1 free)",
+        }, passed
+        m.stop("kfb")
     finally:
         m.stop("ka1")
     assert _wait_gone(kube, first.id, timeout=1) and _gpus_held(kube, "n2") == 0

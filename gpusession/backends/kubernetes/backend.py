@@ -29,7 +29,7 @@ from ...configuration.cost import BILLED_FROM
 from ...configuration.options import StartOption
 from ...configuration.settings import BUILTIN_IMAGE, Setting
 from ...core.durations import QUEUE_TIMEOUT, format_duration
-from ...core.errors import BackendUnavailable, BadInput, StageError
+from ...core.errors import BackendUnavailable, BadInput, NoCapacity, StageError
 from ...core.models import LaunchSpec, SessionRecord, State
 from ...core.progress import Progress
 from ...core.protocol import Marker, StopDetails, StopKind, StopReason, parse_marker
@@ -215,6 +215,42 @@ class KubernetesBackend(Backend):
             "priority_class": self.setting("priority_class") or "",
             "service_account": self.setting("service_account") or "",
         }
+
+    def place(self, record: SessionRecord, progress: Progress) -> dict[str, Any] | None:
+        """A fallback list (`--type a100,t4`) goes one type after another, as on Slurm: a type
+        before the list's last is taken only when a node of its model has its GPUs free now
+        (allocatable less what the pods placed there request), else NoCapacity moves the list
+        on; the last type's pod waits in the queue as any start does (--queue-timeout)."""
+        spec = record.spec
+        listed = [t.partition(":") for t in spec.extra.get("types") or []]
+        order = [(name, int(count or 1)) for name, _, count in listed]
+        if len(order) < 2 or order[-1] == (spec.gpu_type, spec.gpu_count):
+            return None
+        placed = self.placement(spec)
+        resource, count = placed["resource"]
+        cluster = self.cluster(spec)
+        progress.step(f"asking the cluster for {count} free {resource} of {spec.gpu_type} now")
+        try:
+            with answering(cluster, "a question for its free GPUs"):
+                nodes = cluster.api.list_node(_request_timeout=20).items
+                running = cluster.api.list_pod_for_all_namespaces(
+                    field_selector="status.phase!=Succeeded,status.phase!=Failed",
+                    _request_timeout=20,
+                ).items
+        except (
+            apiserver.sdk().client.ApiException
+        ) as exc:  # an account without the cluster-wide reads
+            progress.step(f"cannot see the nodes' free GPUs ({api_words(exc)}): trying it")
+            return None
+        free = pods.free_on_nodes(nodes, running, resource, placed["node_selector"])
+        if any(f >= count for f, _ in free.values()):
+            return None
+        each = "; ".join(f"{n}: {f} of {t} free" for n, (f, t) in sorted(free.items()))
+        raise NoCapacity(
+            f"no node of context {cluster.context} has {count} free {resource} of "
+            f"{spec.gpu_type} now ({each or 'no node of that model'})",
+            where=cluster.context,
+        )
 
     def _parsed(self, name: str, parse) -> Any:
         """A setting read (its built-in value comes as written)."""

@@ -213,3 +213,26 @@ def termination(pod) -> tuple[str | None, int | None]:
 
 def owning_session(labels: dict[str, str] | None) -> str:
     return (labels or {}).get(LABEL, "")
+
+
+def free_on_nodes(nodes: list, running: list, resource: str, labels: dict[str, str]) -> dict:
+    """{node name: (free, allocatable)} of `resource` on the nodes whose labels hold `labels`:
+    their allocatable less what the pods placed there request (pods that ended hold nothing)."""
+    held: dict[str, int] = {}
+    for pod in running:
+        node = pod.spec.node_name
+        if not node or pod.status.phase in ("Succeeded", "Failed"):
+            continue
+        for container in pod.spec.containers or []:
+            requests = (container.resources and container.resources.requests) or {}
+            limits = (container.resources and container.resources.limits) or {}
+            held[node] = held.get(node, 0) + int(
+                str(requests.get(resource) or limits.get(resource) or 0)
+            )
+    free = {}
+    for node in nodes:
+        have = node.metadata.labels or {}
+        if all(have.get(k) == v for k, v in labels.items()):
+            total = int(str((node.status.allocatable or {}).get(resource, "0")) or 0)
+            free[node.metadata.name] = (max(0, total - held.get(node.metadata.name, 0)), total)
+    return free
