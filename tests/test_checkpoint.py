@@ -341,9 +341,16 @@ def test_old_checkpoints_go_after_the_answer_but_never_a_folder_a_save_just_made
     just_made.mkdir()
     long_ago.mkdir()
     os.utime(long_ago, (time.time() - 3600, time.time() - 3600))
+    # one whose save made its WRITING file and has not locked it yet (a loaded run caught a
+    # removal in between: the save's variables and index then had no folder to go to)
+    about_to_lock = base / "20990101-000000-cccccccc"
+    about_to_lock.mkdir()
+    (about_to_lock / checkpoint.WRITING).touch()
     result = _save({"b": 2}, tmp_path)
     _tidied()
-    assert sorted(p.name for p in base.iterdir()) == sorted([result["folder"], just_made.name])
+    assert sorted(p.name for p in base.iterdir()) == sorted(
+        [result["folder"], just_made.name, about_to_lock.name]
+    )
     ns, _ = _restore(tmp_path)
     assert ns == {"b": 2}
 

@@ -374,6 +374,10 @@ def _remove_others(root: str, keep: str) -> None:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:
                     continue  # another save is writing it
+                if _young(folder) and not os.path.exists(os.path.join(folder, INDEX)):
+                    continue  # a save that made its WRITING file and is about to lock it (taken
+                    # here in between, its folder went under it: seen under load); committed
+                    # ones hold their index
             shutil.rmtree(folder, ignore_errors=True)
         finally:
             if fd is not None:

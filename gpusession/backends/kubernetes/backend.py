@@ -147,7 +147,7 @@ class KubernetesBackend(Backend):
     def discover(cls, timeout: float = 4.0) -> list[Place]:
         """Each context of the kubeconfig, asked for its nodes' GPUs (`gpusession setup`)."""
         # lazy: docs/architecture.md#imports-kept-inside-functions
-        from .discovery import places
+        from .cluster_gpus import places
 
         try:
             return places(timeout)
