@@ -144,6 +144,11 @@ class Catalog:
                 ) from None
             if count < 1:
                 raise BadInput(f"GPU count must be at least 1, got {count}")
+            if count > MAX_GPUS:
+                raise BadInput(
+                    f"GPU count {shown(count_text, 20)} is more than one machine carries (a "
+                    f"session runs on one machine: at most {MAX_GPUS}); e.g. {gpu.name}:8"
+                )
         if gpu.is_mig and count > MAX_SLICES:
             raise BadInput(
                 f"at most {MAX_SLICES} x {gpu.name} (use --type {gpu.name}:{MAX_SLICES} or fewer)"
@@ -228,6 +233,7 @@ class Catalog:
 
 
 MAX_SLICES = 7  # MIG: compute slices of a card
+MAX_GPUS = 64  # GPUs of one session: one machine's (each backend may say fewer: aws's 8)
 
 
 def _gpu_type(name: str, raw: dict[str, Any], *, rate: float | None = None, declared_by=None):
