@@ -624,6 +624,15 @@ class Backend(abc.ABC):
             log.debug("could not record %r", text, exc_info=True)
 
 
+def before_the_last(spec: "LaunchSpec") -> bool:
+    """Whether the spec's type is one of a fallback list (`--type a100,t4`) that is not its last:
+    a queueing backend (Slurm, Kubernetes) takes such a type only when it has capacity now, and
+    queues only for the last (their `place`)."""
+    listed = [t.partition(":") for t in spec.extra.get("types") or []]
+    order = [(name, int(count or 1)) for name, _, count in listed]
+    return len(order) > 1 and order[-1] != (spec.gpu_type, spec.gpu_count)
+
+
 def failure_detail(payload: Any) -> str:
     """The text of a FAILED marker's payload ({"stage", "error"}, or plain text)."""
     if isinstance(payload, dict):

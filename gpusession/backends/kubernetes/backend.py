@@ -38,6 +38,7 @@ from ..base import (
     Link,
     Place,
     RemoteResource,
+    before_the_last,
     log_tail,
     marker_lines,
     stop_details_from_log,
@@ -222,9 +223,7 @@ class KubernetesBackend(Backend):
         (allocatable less what the pods placed there request), else NoCapacity moves the list
         on; the last type's pod waits in the queue as any start does (--queue-timeout)."""
         spec = record.spec
-        listed = [t.partition(":") for t in spec.extra.get("types") or []]
-        order = [(name, int(count or 1)) for name, _, count in listed]
-        if len(order) < 2 or order[-1] == (spec.gpu_type, spec.gpu_count):
+        if not before_the_last(spec):
             return None
         placed = self.placement(spec)
         resource, count = placed["resource"]

@@ -45,6 +45,7 @@ from ..base import (
     TunnelLink,
     Workspace,
     WorkspaceExport,
+    before_the_last,
     failure_detail,
     log_tail,
     marker_lines,
@@ -152,9 +153,7 @@ class SlurmBackend(Backend):
         GRES less those in use), else NoCapacity moves the list on; the last type queues as any
         start does (--queue-timeout bounds its wait)."""
         spec = record.spec
-        listed = [t.partition(":") for t in spec.extra.get("types") or []]
-        order = [(name, int(count or 1)) for name, _, count in listed]
-        if len(order) < 2 or order[-1] == (spec.gpu_type, spec.gpu_count):
+        if not before_the_last(spec):
             return None
         settings = self.job_settings(spec)
         gres = settings.gres_type(spec.gpu_type)
