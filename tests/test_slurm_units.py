@@ -474,3 +474,16 @@ def test_what_is_free_now_per_node_from_sinfo():
     assert nodes == {"n1": {"t4": (1, 2)}, "n2": {"a100_40g": (0, 1)}, "n5": {"": (2, 2)}}
     assert states.free_words(nodes, "a100_40g") == "n2: 0 of 1 free"
     assert states.free_words(nodes, "h100") == "no node has it"
+
+
+def test_a_type_before_the_last_of_a_fallback_list_is_taken_only_when_free():
+    """Which types a queueing backend (Slurm, Kubernetes) asks for free capacity first: those of
+    a fallback list before its last; the last one, and a single type, queue."""
+    from gpusession.backends.base import before_the_last
+    from gpusession.core.models import LaunchSpec
+
+    listed = {"types": ["a100:1", "t4:2"]}
+    assert before_the_last(LaunchSpec("a100", 1, extra=listed))
+    assert not before_the_last(LaunchSpec("t4", 2, extra=listed))
+    assert not before_the_last(LaunchSpec("t4", 1))
+    assert not before_the_last(LaunchSpec("t4", 1, extra={"types": ["t4:1"]}))
