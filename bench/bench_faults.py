@@ -76,7 +76,8 @@ class Figures:
     transfers_partial_left: int = 0  # failed, and a partial file stayed under its final name
     records_left: int = 0
     containers_left: int = 0
-    notes: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)  # what went wrong: failures
+    said: list[str] = dataclasses.field(default_factory=list)  # what happened, as it may
     seconds: float = 0.0
 
     def rows(self) -> list[tuple[str, str, str]]:
@@ -453,7 +454,7 @@ def _transfer_cut(
         )
     elif isinstance(result, GpuSessionError) and "\n" not in str(result):
         fig.transfers_failed_clean += 1
-        fig.notes.append(f"transfer {i} ({kind}) failed cleanly: {result}")
+        fig.said.append(f"transfer {i} ({kind}) failed cleanly: {result}")  # an allowed end
     else:
         fig.notes.append(f"transfer {i} ({kind}) ended with {type(result).__name__}: {result}")
 
@@ -698,8 +699,10 @@ def main() -> int:
     table = fig.table()
     print(table)
     print(f"\n{fig.seconds:.0f} s; seed {args.seed}")
-    for note in fig.notes:
+    for note in fig.said:
         print("note:", note)
+    for note in fig.notes:
+        print("failure:", note)
     if args.write:
         path = Path(args.write)
         text = path.read_text()

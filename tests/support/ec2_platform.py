@@ -155,6 +155,25 @@ def _end_stale_machines() -> None:
                 pass
 
 
+def _end_stale_containers(session_id: str) -> None:
+    """A new machine starts with no container of an earlier one: a removal at an earlier
+    machine's end that did not finish under load (errors ignored, 60 s bound) left its agent on
+    the agent's port, and the new session's tunnel reached it (401: wrong agent token)."""
+    env = dict(os.environ, DOCKER_HOST=NS_DOCKER)
+    listed = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", "label=gpusession.session",
+         "--format", '{{.ID}} {{.Label "gpusession.session"}}'],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    stale = [
+        line.split()[0]
+        for line in listed.stdout.splitlines()
+        if line.split()[1:] and line.split()[1] != session_id
+    ]
+    if stale:
+        subprocess.run(["docker", "rm", "-f", *stale], env=env, capture_output=True, timeout=120)
+
+
 class FakePlatform:
     def __init__(self, moto_url: str, folder: Path, *, poll_s: float = 0.25):
         self.moto_url = moto_url
@@ -316,6 +335,7 @@ class FakePlatform:
         if not text.startswith("#cloud-config\n"):
             raise ValueError(f"{iid}: user data is not #cloud-config")
         config = yaml.safe_load(text)
+        _end_stale_containers(session_id)
         machine = Machine(iid, self.folder / iid, session_id)
         machine.ec2 = ec2
         (machine.folder / "log").mkdir(parents=True)
