@@ -113,3 +113,29 @@ async def test_the_forms_offer_the_configured_pools_for_the_host(gs_home, jp_fet
     assert json.loads(r.body)["places"] == {"docker": ["pool:big", "pool:lab"]}
     monkeypatch.setenv("GPUSESSION_DOCKER_POOLS", "{not json")
     assert backend_places(EnvConfig()) == {}
+
+
+def test_an_administrators_policy_names_pools_every_user_gets(gs_home, tmp_path, monkeypatch):
+    """A policy's `pools` (issue 34 §2) come with the user's own (DockerBackend.pools), its
+    pool of a name the user also has wins; the forms offer them; a bad one is one line naming
+    the file."""
+    import json
+
+    from gpusession.backends.docker import DockerBackend
+    from gpusession.configuration.config import EnvConfig
+    from gpusession.configuration.registry import backend_places
+    from gpusession.configuration.settings import ConfigError, load_policy
+
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"pools": {"lab": ["ssh://gpu1", "ssh://gpu2"]}}))
+    monkeypatch.setenv("GPUSESSION_POLICY", str(policy))
+    monkeypatch.setenv("GPUSESSION_DOCKER_POOLS", '{"lab": ["ssh://mine"], "own": ["ssh://x"]}')
+    assert DockerBackend.all_pools(EnvConfig()) == {
+        "lab": ["ssh://gpu1", "ssh://gpu2"],
+        "own": ["ssh://x"],
+    }
+    assert backend_places(EnvConfig()) == {"docker": ["pool:lab", "pool:own"]}
+    policy.write_text(json.dumps({"pools": {"lab": ["http://gpu1"]}}))
+    with pytest.raises(ConfigError, match=f"the gpusession policy {policy} cannot be used"):
+        load_policy()
+    assert backend_places(EnvConfig()) == {}  # the forms offer nothing; a start says why

@@ -29,6 +29,7 @@ from ..core.durations import (
 )
 from ..core.errors import BadInput, GpuSessionError
 from ..core.protocol import DEFAULT_IDLE_S
+from ..core.textvalues import pools as pools_of
 from .catalog import load_catalog
 from .registry import loaded_classes
 
@@ -337,6 +338,9 @@ class Policy:
     allowed_types: tuple[str, ...] | None = None  # catalog names
     allowed_backends: tuple[str, ...] | None = None
     allowed_regions: tuple[str, ...] | None = None
+    # pools of boxes every user of the policy gets (`--host pool:NAME`), over a user's own of the
+    # same name: {"lab": ("ssh://gpu1", "ssh://gpu2")}
+    pools: dict[str, tuple[str, ...]] | None = None
     monthly_cap: float | None = None  # dollars a user may spend in a calendar month (UTC)
     # stop running sessions (saving their workspace) once monthly_cap is spent; false: they are
     # only warned, as a user's own budget does
@@ -425,6 +429,7 @@ def load_policy() -> Policy | None:
             allowed_types=values.names("allowed_types"),
             allowed_backends=values.names("allowed_backends"),
             allowed_regions=values.names("allowed_regions"),
+            pools=values.pools("pools"),
             monthly_cap=values.money("monthly_cap"),
             stop_at_monthly_cap=values.flag("stop_at_monthly_cap"),
         )
@@ -450,6 +455,15 @@ class _PolicyValues:
             raise BadInput(f"{key} must be a list of names")
         return tuple(v.strip().lower() for v in value)
 
+    def pools(self, key: str) -> dict[str, tuple[str, ...]] | None:
+        value = self.raw.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise BadInput(f'{key} must be an object, e.g. {{"lab": ["ssh://gpu1"]}}')
+        read = pools_of(json.dumps(value))
+        return {name: tuple(boxes) for name, boxes in read.items()}
+
     def money(self, key: str) -> float | None:
         return None if self.raw.get(key) is None else parse_money(self.raw[key], what=key)
 
@@ -473,6 +487,7 @@ _POLICY_KEYS = {
     "allowed_types",
     "allowed_backends",
     "allowed_regions",
+    "pools",
     "monthly_cap",
     "stop_at_monthly_cap",
 }

@@ -31,7 +31,13 @@ from ...configuration.agentargs import WORKSPACE_LABEL, WORKSPACE_MOUNT, AgentAr
 from ...configuration.catalog import load_catalog
 from ...configuration.cost import BILLED_FROM
 from ...configuration.options import StartOption
-from ...configuration.settings import BUILTIN_IMAGE, Setting, setting_value
+from ...configuration.settings import (
+    BUILTIN_IMAGE,
+    ConfigError,
+    Setting,
+    load_policy,
+    setting_value,
+)
 from ...core import textvalues
 from ...core.errors import BackendUnavailable, BadInput, GpuSessionError, NoCapacity, StageError
 from ...core.models import LaunchSpec, SessionRecord, State
@@ -241,9 +247,17 @@ class DockerBackend(EngineWorkspaces, Backend):
 
     # -- pools --------------------------------------------------------------------------
 
+    @classmethod
+    def all_pools(cls, config) -> dict[str, list[str]]:
+        """The pools of DockerBackend.pools, and over them those of an administrator's policy
+        (`pools`); BadInput when the setting cannot be read."""
+        pools = textvalues.pools(setting_value(cls.__name__, cls.settings, "pools", config) or "")
+        policy = load_policy()
+        return {**pools, **{k: list(v) for k, v in ((policy and policy.pools) or {}).items()}}
+
     def pool_boxes(self, pool: str) -> list[str]:
-        """The boxes of a configured pool (DockerBackend.pools); BadInput naming the pools."""
-        pools = textvalues.pools(self.setting("pools") or "")
+        """The boxes of a configured pool (DockerBackend.pools, a policy's); BadInput naming them."""
+        pools = self.all_pools(self.config)
         if pool not in pools:
             known = ", ".join(sorted(pools)) or "none is configured"
             raise BadInput(
@@ -256,10 +270,8 @@ class DockerBackend(EngineWorkspaces, Backend):
     def places(cls, config) -> list[str]:
         """`pool:NAME` of each configured pool, for the forms' host field."""
         try:
-            pools = textvalues.pools(
-                setting_value(cls.__name__, cls.settings, "pools", config) or ""
-            )
-        except BadInput:
+            pools = cls.all_pools(config)
+        except (BadInput, ConfigError):
             return []
         return [f"{POOL_PREFIX}{name}" for name in sorted(pools)]
 
@@ -267,9 +279,9 @@ class DockerBackend(EngineWorkspaces, Backend):
         """Every box of each configured pool, asked at once (each pool's deadline): its free
         GPUs by name, or why it was skipped."""
         try:
-            pools = textvalues.pools(self.setting("pools") or "")
-        except BadInput:
-            return []  # a start says what is wrong with the setting
+            pools = self.all_pools(self.config)
+        except (BadInput, ConfigError):
+            return []  # a start says what is wrong with the setting or the policy
         rows = []
         for name, boxes in sorted(pools.items()):
             for answer in ask_pool(self.client, list(boxes), None):
