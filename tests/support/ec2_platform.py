@@ -161,7 +161,7 @@ def _end_stale_containers(session_id: str) -> None:
     the agent's port, and the new session's tunnel reached it (401: wrong agent token)."""
     env = dict(os.environ, DOCKER_HOST=NS_DOCKER)
     listed = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", "label=gpusession.session",
+        ["docker", "ps", "-a", "--filter", "label=gpusession.session",  # -q would drop --format
          "--format", '{{.ID}} {{.Label "gpusession.session"}}'],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
