@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command: set up everything the tests need on a fresh Debian machine, then run them.
 #   as root: Debian packages (docker.io, openssh-server, chromium, ...), a Docker engine with the
-#            GPU-request stub, the base and product images (scripts/ci-host-setup.sh), Slurm
+#            GPU-request stub, the base and product images (scripts/ci-host-setup.sh), Slurm, and
+#            (with Go) the Kubernetes test cluster, built beside the suite; its tests run last
 #   always:  a virtualenv in .venv with gpusession[test] (this builds the JupyterLab extension)
 # The suite runs in parallel workers (pytest-xdist; GPUSESSION_TEST_WORKERS, default 4: most of a
 # test is waiting on kernels, containers and timers, so more workers than cores pay off), each
