@@ -80,10 +80,10 @@ def box_free(client_for: Callable[[str], Any], host: str) -> BoxAnswer:
     return BoxAnswer(host, free=free_gpus(cards, read[1]), gpus=len(cards))
 
 
-def free_by_name(answer: BoxAnswer, gpus: list[BoxGpu] | None = None) -> dict[str, int]:
+def free_by_name(answer: BoxAnswer) -> dict[str, int]:
     """How many GPUs of each name are free on a box that answered."""
     counts: dict[str, int] = {}
-    for g in answer.free if gpus is None else gpus:
+    for g in answer.free:
         counts[g.name or "GPU"] = counts.get(g.name or "GPU", 0) + 1
     return counts
 
