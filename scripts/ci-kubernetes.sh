@@ -7,6 +7,7 @@
 #                  (Debian's containerd and runc; its own socket, root and state, so dockerd's
 #                  is untouched), its own cgroup root (/gpus-kube-NODE) and pod bridge (gk-NODE,
 #                  pods in 10.221.N.0/24 through Debian's CNI plugins)
+# Storage: the controller manager's hostPath provisioner and a default StorageClass (storage_up).
 # GPUs without GPUs: each node advertises nvidia.com/gpu as an extended resource through its
 # status (a PATCH of status.capacity, as the Kubernetes docs do it for resources without a
 # device plugin) and carries NVIDIA GPU feature discovery's labels: n1 has 2 x Tesla-T4, n2 has
@@ -16,7 +17,8 @@
 #   scripts/ci-kubernetes.sh build    build the binaries (fresh: see docs/testing.md) unless built
 #   scripts/ci-kubernetes.sh up       build, then start it all (idempotent; as root); prints times
 #   scripts/ci-kubernetes.sh load IMAGE...  copy Docker images into every node (docker save)
-#   scripts/ci-kubernetes.sh check    a pod of 1 A100 runs on n2; one of 3 GPUs stays Pending (and both go)
+#   scripts/ci-kubernetes.sh check    a pod of 1 A100 runs on n2; one of 3 GPUs stays Pending; a claim
+#                                      binds and a pod mounts it (and all go)
 #   scripts/ci-kubernetes.sh down     delete the pods, stop every daemon, remove bridges, cgroups
 #   scripts/ci-kubernetes.sh status   exit 0 when it is up
 # Client files, in $STATE (default /var/lib/gpusession-ci/kubernetes): admin.kubeconfig (cluster
@@ -290,13 +292,31 @@ controllers_up() {
         --authorization-kubeconfig "$STATE/controller-manager.kubeconfig" \
         --bind-address 127.0.0.1 --secure-port "$CM_PORT" --leader-elect=false \
         --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
-        --use-service-account-credentials --cluster-name gpusession-ci --v 1
+        --use-service-account-credentials --cluster-name gpusession-ci \
+        --enable-hostpath-provisioner --v 1
     start kube-scheduler "$BIN/kube" kube-scheduler --kubeconfig "$STATE/scheduler.kubeconfig" \
         --authentication-kubeconfig "$STATE/scheduler.kubeconfig" \
         --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
         --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" --leader-elect=false --v 1
     # pods of the default namespace are admitted once its service account exists
     wait_for "kube-controller-manager" "$STATE/log/kube-controller-manager.log" kubectl get serviceaccount default
+}
+
+# A test stand-in for a cluster's dynamic provisioning: kube-controller-manager's built-in
+# hostPath provisioner (--enable-hostpath-provisioner above) makes each claim's volume a folder
+# /tmp/hostpath_pv/UID on this machine, the same folder from either node; the default
+# StorageClass names it, so a claim without a class binds at once. A claim deleted deletes it.
+storage_up() {
+    kubectl apply -f - >/dev/null <<EOF
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: hostpath
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: kubernetes.io/host-path
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+EOF
 }
 
 # --- nodes ------------------------------------------------------------------------------------
@@ -466,9 +486,28 @@ spec:
 EOF
 }
 
+check_claim() {  # a claim of the default StorageClass and a pod that mounts it
+    cat <<EOF
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: check-claim, labels: {app: ci-kubernetes-check}}
+spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Mi}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: check-claim, labels: {app: ci-kubernetes-check}}
+spec:
+  terminationGracePeriodSeconds: 0
+  volumes: [{name: data, persistentVolumeClaim: {claimName: check-claim}}]
+  containers:
+  - {name: main, image: $PAUSE_IMAGE, imagePullPolicy: Never, volumeMounts: [{name: data, mountPath: /data}]}
+---
+EOF
+}
+
 check() {
-    kubectl delete pod -l app=ci-kubernetes-check --grace-period=0 --force >/dev/null 2>&1 || true
-    { check_pod check-a100 1 NVIDIA-A100-SXM4-40GB; check_pod check-too-many 3; } | kubectl apply -f - >/dev/null
+    kubectl delete pod,pvc -l app=ci-kubernetes-check --grace-period=0 --force >/dev/null 2>&1 || true
+    { check_pod check-a100 1 NVIDIA-A100-SXM4-40GB; check_pod check-too-many 3; check_claim; } | kubectl apply -f - >/dev/null
     kubectl wait --for=jsonpath='{.status.phase}'=Running pod/check-a100 --timeout=60s >/dev/null
     local node reason
     node=$(kubectl get pod check-a100 -o jsonpath='{.spec.nodeName}')
@@ -477,7 +516,18 @@ check() {
     reason=$(kubectl get pod check-too-many -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}')
     case "$reason" in *"Insufficient nvidia.com/gpu"*) ;; *) log "check-too-many: unexpected reason: $reason" >&2; return 1 ;; esac
     log "1 x A100 runs on $node; 3 GPUs pending: $reason"
-    kubectl delete pod -l app=ci-kubernetes-check --grace-period=0 --force >/dev/null 2>&1
+    # the default StorageClass binds a claim to a folder of this machine, which its pod mounts
+    kubectl wait --for=jsonpath='{.status.phase}'=Bound pvc/check-claim --timeout=60s >/dev/null
+    kubectl wait --for=jsonpath='{.status.phase}'=Running pod/check-claim --timeout=60s >/dev/null
+    local volume folder
+    volume=$(kubectl get pvc check-claim -o jsonpath='{.spec.volumeName}')
+    folder=$(kubectl get pv "$volume" -o jsonpath='{.spec.hostPath.path}')
+    [ -d "$folder" ] || { log "claim check-claim: its volume's folder $folder is missing" >&2; return 1; }
+    kubectl delete pod,pvc -l app=ci-kubernetes-check --grace-period=0 --force >/dev/null 2>&1
+    # reclaimPolicy Delete: the volume and its folder go with the claim
+    for _ in $(seq 100); do [ -d "$folder" ] || break; sleep 0.3; done
+    [ ! -d "$folder" ] || { log "claim check-claim: $folder outlived the claim" >&2; return 1; }
+    log "a claim of the default StorageClass binds to $folder, mounted by a pod, deleted with it"
 }
 
 is_up() {
@@ -499,6 +549,7 @@ up() {
     stage etcd etcd_up
     stage kube-apiserver apiserver_up
     stage controllers controllers_up
+    stage storage storage_up
     stage nodes nodes_up
     stage gpus gpus_up
     log "up in $(since "$t0"): KUBECONFIG=$KUBECONFIG $BIN/kubectl get nodes"
