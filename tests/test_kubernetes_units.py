@@ -11,7 +11,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from gpusession.backends.kubernetes import KubernetesBackend, pods
+from gpusession.backends.kubernetes import KubernetesBackend, claims, pods
 from gpusession.backends.kubernetes.apiserver import api_words
 from gpusession.backends.kubernetes.runtime_copy import launch_archive
 from gpusession.core.errors import BadInput
@@ -85,6 +85,7 @@ def test_the_pod_asks_for_its_gpus_by_model_and_waits_for_its_runtime():
     assert command[:2] == ["/bin/sh", "-c"] and command[-2:] == ["--session-id", "s1"]
     assert "/opt/gpusession-runtime/code/.complete" in command[2] and "boot.sh run" in command[2]
     assert "ports" not in container  # nothing exposed: the kernel is reached by port-forward
+    assert "initContainers" not in spec and "securityContext" not in spec  # no claim, no owner
 
 
 def _pod(phase="Pending", conditions=(), containers=(), node=None, reason=None, message=None):
@@ -166,7 +167,8 @@ def test_a_refusal_is_the_apis_message():
 
 def test_its_surface_declares_its_options_settings_and_words():
     names = {o.name for o in KubernetesBackend.start_options}
-    assert names == {"context", "namespace", "queue_timeout"}
+    assert names == {"context", "namespace", "queue_timeout", "workspace_size", "storage_class"}
+    assert KubernetesBackend.keeps_workspaces and not KubernetesBackend.shares_workspaces
     assert {s.name for s in KubernetesBackend.settings} >= {
         "image",
         "gpu_products",
@@ -206,3 +208,98 @@ def test_without_a_kubeconfig_or_with_an_unknown_context_a_start_says_what_to_do
     found = apiserver.cluster(None, None)
     assert (found.context, found.namespace, found.server) == ("lab", "ml", "https://127.0.0.1:1")
     assert apiserver.cluster(None, "other").namespace == "other"
+
+
+def test_a_workspaces_claim_is_named_after_it_and_its_store_as_kubernetes_takes_names():
+    store = "0123456789abcdef"
+    assert claims.claim_name("w1", store) == "gpusession-ws-01234567-w1"
+    names = {claims.claim_name(n, store) for n in ("W1", "w1", "my_ws", "my-ws", "x" * 63)}
+    assert len(names) == 5, "a name changed to fit gets its own hash: no two share a claim"
+    for name in names:
+        assert len(name) <= 63 and claims._DNS.fullmatch(name) and pods.label_value(name) == name
+    assert claims.storage_class(" fast-ssd ") == "fast-ssd"
+    with pytest.raises(BadInput, match="bad storage class 'Fast_SSD'.*kubectl get storageclass"):
+        claims.storage_class("Fast_SSD")
+
+
+def test_the_claim_asks_read_write_once_of_its_size_and_class_and_keeps_the_name():
+    body = claims.manifest("gpusession-ws-01234567-w1", "W_1", "0123456789abcdef", 10, None)
+    assert body["kind"] == "PersistentVolumeClaim"
+    assert body["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "10Gi"}},
+    }, "no class named: the cluster's default"
+    meta = body["metadata"]
+    assert meta["labels"] == {
+        "gpusession.workspace": "W_1",
+        pods.STORE_LABEL: "0123456789abcdef",
+    }
+    assert meta["annotations"] == {"gpusession.workspace": "W_1"}
+    fast = claims.manifest("c", "w", "s", 50, "fast")
+    assert fast["spec"]["storageClassName"] == "fast"
+    assert fast["spec"]["resources"]["requests"]["storage"] == "50Gi"
+
+
+def test_the_pod_mounts_the_workspaces_claim_where_the_runtime_keeps_the_workspace():
+    body = pods.manifest(
+        name="p",
+        labels={},
+        annotations={},
+        image="img",
+        agent_argv=[],
+        session_id="s1",
+        resource=("nvidia.com/gpu", 1),
+        placement={"node_selector": {}, "tolerations": []},
+        claim="gpusession-ws-01234567-w1",
+    )
+    spec = body["spec"]
+    assert {
+        "name": "workspace",
+        "persistentVolumeClaim": {"claimName": "gpusession-ws-01234567-w1"},
+    } in spec["volumes"]
+    assert {"name": "workspace", "mountPath": "/workspace"} in spec["containers"][0]["volumeMounts"]
+    # an image whose USER is not root writes there too: the folder's group is the pod's fsGroup
+    assert spec["securityContext"]["fsGroup"] == pods.WORKSPACE_GID
+    (owner,) = spec["initContainers"]
+    assert owner["image"] == "img" and owner["securityContext"]["runAsUser"] == 0
+    assert f"chgrp {pods.WORKSPACE_GID} /workspace" in owner["command"][2]
+
+
+def _claimed(session, phase, claim):
+    volume = NS(persistent_volume_claim=NS(claim_name=claim))
+    return NS(
+        metadata=NS(name=f"pod-{session}", labels={pods.LABEL: session}),
+        status=NS(phase=phase),
+        spec=NS(volumes=[NS(persistent_volume_claim=None), volume]),
+    )
+
+
+def test_a_claim_is_in_use_by_the_pods_not_ended_that_mount_it():
+    listed = [
+        _claimed("a", "Running", "c1"),
+        _claimed("b", "Succeeded", "c1"),
+        _claimed("c", "Pending", "c2"),
+        _claimed("d", "Pending", "c1"),
+    ]
+    assert [p.metadata.name for p in claims.mounted_by(listed, "c1")] == ["pod-a", "pod-d"]
+    assert claims.mounted_by(listed, "c3") == []
+
+
+def test_a_listed_claim_says_its_size_class_and_state():
+    pytest.importorskip("kubernetes")
+    claim = NS(
+        metadata=NS(
+            name="gpusession-ws-01234567-w1",
+            labels={"gpusession.workspace": "w1"},
+            annotations={"gpusession.workspace": "w1"},
+        ),
+        spec=NS(resources=NS(requests={"storage": "10Gi"}), storage_class_name="hostpath"),
+        status=NS(phase="Bound", capacity={"storage": "10Gi"}),
+    )
+    cluster = NS(context="ci", namespace="default")
+    ws = claims._workspace(
+        "kubernetes", cluster, claim, [_claimed("s1", "Running", claim.metadata.name)]
+    )
+    assert ws.name == "w1" and ws.size_bytes == 10 * 2**30 and ws.in_use_by == ["s1"]
+    assert ws.where == "claim gpusession-ws-01234567-w1 (10Gi, hostpath, Bound) in ci/default"
+    assert ws.details == {"context": "ci", "namespace": "default", "claim": claim.metadata.name}

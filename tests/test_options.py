@@ -49,8 +49,8 @@ def spec_from(values: dict, face: str) -> LaunchSpec:
 def test_every_face_lists_the_same_options():
     names = list(options.table().names)
     assert (
-        len(names) == len(set(names)) == 41
-    )  # the built-in backends' rows: kubernetes adds --context and --namespace
+        len(names) == len(set(names)) == 42
+    )  # the built-in backends' rows: kubernetes adds --context, --namespace and --storage-class
     assert dests(_start_args.parser) == names
     assert dests(start_subparser()) == names
     assert options.body_problems({name: None for name in names}) == {}

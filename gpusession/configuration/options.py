@@ -125,6 +125,18 @@ class StartOption:
         return {REST: f"'{self.name}'", FLAGS: self.flag, FORM: self.label}[face]
 
 
+#: --workspace-size: a row two backends declare (aws: a gp3 volume, kubernetes: a claim)
+WORKSPACE_SIZE = StartOption(
+    "workspace_size",
+    ("--workspace-size",),
+    "text",
+    "Workspace size (GiB)",
+    "aws, kubernetes: a new workspace's size in GiB (aws: its gp3 volume, default 50; "
+    "kubernetes: what its claim requests, default 10)",
+    "workspace size",
+    reader=textvalues.gib_size,
+)
+
 CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own are on its class
     StartOption(
         "type",

@@ -5,12 +5,16 @@ provision  a pod labelled with the session and the store, requesting the type's 
            extended resource nvidia.com/gpu (a MIG slice: nvidia.com/mig-<profile>), placed on
            the GPU model by NVIDIA GPU feature discovery's label nvidia.com/gpu.product; while it
            waits, the scheduler's reason is shown ("0/2 nodes are available: 2 Insufficient
-           nvidia.com/gpu"), and --queue-timeout gives up. Once it runs, the runtime bundle is
-           copied into its emptyDir over exec (runtime_copy.py) and the container boots it
+           nvidia.com/gpu"), and --queue-timeout gives up. It mounts the workspace's
+           PersistentVolumeClaim at /workspace, made when new and kept after the pod
+           (claims.py). Once it runs, the runtime bundle is copied into its emptyDir over exec
+           (runtime_copy.py) and the container boots it
 connect    the runtime's READY in the pod's log, kernel.json read over exec, and the kernel's
            loopback ports forwarded here through the API server's port-forward (portforward.py)
-stop       delete the pod and wait until it is gone; an idle stop ends the pod from inside
-gc         pods carry gpusession.session (the session id) and gpusession.session.store labels
+stop       delete the pod and wait until it is gone (the claim stays, unless a failed start
+           made it); an idle stop ends the pod from inside, its agent saving into the claim first
+gc         pods carry gpusession.session (the session id) and gpusession.session.store labels;
+           claims gpusession.workspace and the store's (`gpusession workspaces`; never gc's)
 
 The cluster is the kubeconfig's, as kubectl finds it (KUBECONFIG, ~/.kube/config; --context,
 --namespace), or the pod's own service account when gpusession runs in a pod. docs/kubernetes.md.
@@ -23,10 +27,10 @@ import logging
 import time
 from typing import Any
 
-from ...configuration.agentargs import AgentArgs
+from ...configuration.agentargs import WORKSPACE_MOUNT, AgentArgs
 from ...configuration.catalog import load_catalog
 from ...configuration.cost import BILLED_FROM
-from ...configuration.options import StartOption
+from ...configuration.options import WORKSPACE_SIZE, StartOption
 from ...configuration.settings import BUILTIN_IMAGE, Setting
 from ...core.durations import QUEUE_TIMEOUT, format_duration
 from ...core.errors import BackendUnavailable, BadInput, NoCapacity, StageError
@@ -45,6 +49,7 @@ from ..base import (
 )
 from . import apiserver, pods
 from .apiserver import Cluster, answering, api_words, is_missing
+from .claims import ClaimWorkspaces, place_cluster, storage_class
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +61,13 @@ START_LOG_BYTES = 4096
 POLL_MAX_S = 2.0
 
 
-class KubernetesBackend(Backend):
+class KubernetesBackend(ClaimWorkspaces, Backend):
     name = "kubernetes"
     takes_image = True
+    keeps_workspaces = True  # a PersistentVolumeClaim per workspace (claims.py)
+    shares_workspaces = False  # ReadWriteOnce: one session's pod at a time
+    place_option = "context"  # a claim lives in its cluster (and namespace)
+    place_here = "the kubeconfig's current context"
     image_help = "any image with a python3 the nodes can pull; pytorch/pytorch, CUDA 12.6 by default (KubernetesBackend.image)"
     order = 35
     stop_words = {
@@ -141,6 +150,18 @@ class KubernetesBackend(Backend):
             "for its GPUs after this long (default: off, it waits until it runs or Ctrl-C)",
             "queue timeout",
             rule=QUEUE_TIMEOUT,
+        ),
+        WORKSPACE_SIZE,
+        StartOption(
+            "storage_class",
+            ("--storage-class",),
+            "text",
+            "Storage class",
+            "kubernetes: the StorageClass of a new workspace's claim (default: the cluster's "
+            "default class)",
+            "storage class",
+            max_len=253,
+            reader=storage_class,
         ),
     )
 
@@ -269,8 +290,14 @@ class KubernetesBackend(Backend):
         self.recorder.save(
             record.id, context=cluster.context, namespace=cluster.namespace, pod=name, image=image
         )  # from here the cluster may hold a pod of it (stop, gc)
+        claim = self.workspace_claim(cluster, record, progress)  # kept after the pod
         argv = AgentArgs.for_record(
-            record, session_id=record.id, state_dir=STATE_DIR, kernel_ip="127.0.0.1"
+            record,
+            session_id=record.id,
+            state_dir=STATE_DIR,
+            kernel_ip="127.0.0.1",
+            workspace=WORKSPACE_MOUNT,
+            cwd=WORKSPACE_MOUNT,
         ).argv()
         body = pods.manifest(
             name=name,
@@ -281,6 +308,7 @@ class KubernetesBackend(Backend):
             session_id=record.id,
             resource=placement["resource"],
             placement=placement,
+            claim=claim,
         )
         resource, count = placement["resource"]
         where = placement["node_selector"][pods.PRODUCT_LABEL]
@@ -289,7 +317,7 @@ class KubernetesBackend(Backend):
             f"({count} x {resource}, nodes labelled {where})"
         )
         self._create(cluster, body)
-        node, image_id = self._wait_running(cluster, name, _queue_timeout(spec), progress)
+        node, image_id = self._wait_running(cluster, name, claim, _queue_timeout(spec), progress)
         self.recorder.save(record.id, node=node, **{BILLED_FROM: time.time()})
         bring_runtime(cluster, name, image, image_id, progress)
 
@@ -313,10 +341,16 @@ class KubernetesBackend(Backend):
                 ) from None
 
     def _wait_running(
-        self, cluster: Cluster, name: str, timeout_s: float | None, progress: Progress
+        self,
+        cluster: Cluster,
+        name: str,
+        claim: str,
+        timeout_s: float | None,
+        progress: Progress,
     ) -> tuple[str, str]:
         """Until the pod runs: (its node, its image's id). While it waits, why (the scheduler's
-        words, an image being pulled) is shown when it changes and every 30 s with the wait."""
+        words, an image being pulled, a claim not bound yet: its newest event) is shown when it
+        changes and every 30 s with the wait."""
         started = time.monotonic()
         said, said_at, delay = "", 0.0, 0.3
         while True:
@@ -331,6 +365,8 @@ class KubernetesBackend(Backend):
                 reason, _ = pods.termination(pod)
                 raise StageError("provision", f"pod {name} ended before it ran: {reason}")
             reason, hopeful = pods.waiting_reason(pod)
+            if "PersistentVolumeClaim" in reason:  # 'pod has unbound immediate ...': say why
+                reason = self.claim_waits(cluster, claim) or reason
             waited = time.monotonic() - started
             if not hopeful:
                 raise StageError("provision", f"pod {name} cannot start: {reason}")
@@ -526,6 +562,7 @@ class KubernetesBackend(Backend):
             self._keep_start_log(cluster, record.id, res["pod"])
         for name in sorted(names):
             self._delete(cluster, name)
+        self.drop_claim_of_start(cluster, record)  # the workspace's claim stays, unless new
         self.recorder.save(record.id, removed_at=time.time())
 
     def _delete(self, cluster: Cluster, name: str) -> None:
@@ -564,23 +601,24 @@ class KubernetesBackend(Backend):
 
     # -- gc -------------------------------------------------------------------------------
 
-    def list_resources(self) -> list[RemoteResource]:
-        """This store's pods in every context and namespace its sessions used, and the
-        kubeconfig's current one; none asked when no session of this store used a cluster."""
+    def places_used(self) -> list[tuple[str | None, str | None]]:
+        """(context, namespace) of every place this store's sessions used, and the kubeconfig's
+        current one; none when no session of this store was ever in a cluster (nothing of it
+        can be there, and nothing is loaded to ask)."""
         places = {
             (r.resource.get("context"), r.resource.get("namespace"))
             for r in self.recorder.sessions(self.name)
             if "context" in r.resource
         }
-        if not places:  # no session of this store was ever in a cluster: no pod is its own
-            return []
+        return sorted(places | {(None, None)}, key=str) if places else []
+
+    def list_resources(self) -> list[RemoteResource]:
+        """This store's pods in every place its sessions used (`places_used`)."""
         found: list[RemoteResource] = []
-        reached = 0
-        for context, namespace in sorted(places | {(None, None)}, key=str):
+        places, reached = self.places_used(), 0
+        for context, namespace in places:
             try:
-                cluster = apiserver.cluster(
-                    None if context == apiserver.IN_CLUSTER else context, namespace
-                )
+                cluster = place_cluster(context, namespace)
                 with answering(cluster, "to gc's pod listing"):
                     listed = cluster.api.list_namespaced_pod(
                         cluster.namespace,
@@ -592,16 +630,13 @@ class KubernetesBackend(Backend):
                 continue
             reached += 1
             found += [_resource(self.name, cluster, pod) for pod in listed.items]
-        if not reached:
+        if places and not reached:
             raise BackendUnavailable("no Kubernetes cluster answers")
         unique = {(r.details["context"], r.details["namespace"], r.resource_id): r for r in found}
         return list(unique.values())
 
     def remove_resource(self, resource: RemoteResource) -> None:
-        context = resource.details.get("context")
-        cluster = apiserver.cluster(
-            None if context == apiserver.IN_CLUSTER else context, resource.details.get("namespace")
-        )
+        cluster = place_cluster(resource.details.get("context"), resource.details.get("namespace"))
         pod = self._read(cluster, resource.resource_id)
         if pod is not None and pods.owning_session(pod.metadata.labels) == resource.session_id:
             self._delete(cluster, resource.resource_id)

@@ -11,6 +11,7 @@ import json
 import re
 from typing import Any
 
+from ...configuration.agentargs import WORKSPACE_MOUNT
 from ...core.errors import BadInput
 from ...core.protocol import ENV_SESSION_ID
 
@@ -18,6 +19,11 @@ LABEL = "gpusession.session"  # on every pod of a session: its id
 STORE_LABEL = "gpusession.session.store"  # which session store made it: gc takes only its own
 CONTAINER = "session"  # the pod's one container
 RUNTIME_VOLUME = "gpusession-runtime"  # the emptyDir at RUNTIME_ROOT the runtime is copied into
+WORKSPACE_VOLUME = "workspace"  # the workspace's claim, at WORKSPACE_MOUNT
+# the group that may write the workspace whatever the image's USER ("users", jupyter's jovyan's):
+# the pod's fsGroup (a managed volume is given to it by the kubelet), and an init container
+# gives it the volume's root folder where the kubelet does not (hostPath, some drivers)
+WORKSPACE_GID = 100
 LAUNCH_ENV = "launch.env"  # in RUNTIME_ROOT: what the probe found, sourced before boot.sh
 PRODUCT_LABEL = "nvidia.com/gpu.product"  # NVIDIA GPU feature discovery's label of the model
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -131,11 +137,18 @@ def manifest(
     session_id: str,
     resource: tuple[str, int],
     placement: dict[str, Any],
+    claim: str | None = None,
 ) -> dict[str, Any]:
     """The session's pod. `placement`: node_selector, tolerations, priority_class,
-    service_account (the settings, read)."""
+    service_account (the settings, read); `claim`: the workspace's, mounted at WORKSPACE_MOUNT."""
     # lazy: docs/architecture.md#imports-kept-inside-functions
     from ...transport.bundle import RUNTIME_ROOT as runtime_root
+
+    volumes: list[dict[str, Any]] = [{"name": RUNTIME_VOLUME, "emptyDir": {}}]  # the runtime
+    mounts = [{"name": RUNTIME_VOLUME, "mountPath": runtime_root}]
+    if claim:
+        volumes.append({"name": WORKSPACE_VOLUME, "persistentVolumeClaim": {"claimName": claim}})
+        mounts.append({"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT})
 
     spec: dict[str, Any] = {
         "restartPolicy": "Never",  # a kernel that ended is not started again by the kubelet
@@ -143,7 +156,7 @@ def manifest(
         "automountServiceAccountToken": bool(placement.get("service_account")),
         "nodeSelector": placement["node_selector"],
         "tolerations": placement["tolerations"],
-        "volumes": [{"name": RUNTIME_VOLUME, "emptyDir": {}}],  # the runtime, copied in
+        "volumes": volumes,
         "containers": [
             {
                 "name": CONTAINER,
@@ -152,10 +165,16 @@ def manifest(
                 "command": ["/bin/sh", "-c", wait_then_boot(), "gpusession-boot", *agent_argv],
                 "env": [{"name": ENV_SESSION_ID, "value": session_id}],
                 "resources": {"limits": {resource[0]: str(resource[1])}},
-                "volumeMounts": [{"name": RUNTIME_VOLUME, "mountPath": runtime_root}],
+                "volumeMounts": mounts,
             }
         ],
     }
+    if claim:
+        spec["securityContext"] = {
+            "fsGroup": WORKSPACE_GID,
+            "fsGroupChangePolicy": "OnRootMismatch",
+        }
+        spec["initContainers"] = [workspace_owner(image)]
     if placement.get("priority_class"):
         spec["priorityClassName"] = placement["priority_class"]
     if placement.get("service_account"):
@@ -165,6 +184,21 @@ def manifest(
         "kind": "Pod",
         "metadata": {"name": name, "labels": labels, "annotations": annotations},
         "spec": spec,
+    }
+
+
+def workspace_owner(image: str) -> dict[str, Any]:
+    """An init container (the session's image, as root, as the docker backend's helper) that
+    gives the workspace's root folder to WORKSPACE_GID, group-writable and setgid, so that an
+    image whose USER is not root writes there too; an image without chgrp goes on as it is."""
+    script = f"chgrp {WORKSPACE_GID} {WORKSPACE_MOUNT} && chmod g+rwxs {WORKSPACE_MOUNT} || true"
+    return {
+        "name": "workspace-owner",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["/bin/sh", "-c", script],
+        "securityContext": {"runAsUser": 0, "runAsGroup": 0},
+        "volumeMounts": [{"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT}],
     }
 
 
