@@ -34,6 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 STATE = Path(os.environ.get("GPUSESSION_CI_STATE", "/var/lib/gpusession-ci")) / "kubernetes"
 KUBECONFIG = STATE / "admin.kubeconfig"
 IMAGE = "gpusession-ci/py-bookworm:latest"  # python3 3.11, no ipykernel, no pip
+NUMPY = "gpusession-ci/py-numpy:latest"  # USER 1000 (jovyan), Debian's numpy: saved arrays
+SLOT = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # in names the cluster keeps (claims)
 SCRIPT = REPO / "scripts" / "ci-kubernetes.sh"
 LABEL = "gpusession.session"
 STORE_LABEL = "gpusession.session.store"
@@ -69,8 +71,11 @@ def kube_env(kube, nb_env, monkeypatch) -> dict[str, str]:
     monkeypatch.setenv("KUBECONFIG", str(KUBECONFIG))
     nb_env["KUBECONFIG"] = str(KUBECONFIG)
     yield nb_env
-    for pod in _ours(kube, store_id=_store(nb_env).store_id):
+    store_id = _store(nb_env).store_id
+    for pod in _ours(kube, store_id=store_id):
         kube.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
+    for claim in _claims(kube, store_id):  # every session has a workspace: its claim
+        kube.delete_namespaced_persistent_volume_claim(claim.metadata.name, "default")
 
 
 @pytest.fixture
@@ -89,6 +94,11 @@ def _ours(kube, session_id: str | None = None, store_id: str | None = None) -> l
     if store_id:
         selector += f",{STORE_LABEL}={store_id}"
     return kube.list_namespaced_pod("default", label_selector=selector).items
+
+
+def _claims(kube, store_id: str) -> list:
+    selector = f"gpusession.workspace,{STORE_LABEL}={store_id}"
+    return kube.list_namespaced_persistent_volume_claim("default", label_selector=selector).items
 
 
 def _gpus_held(kube, node: str) -> int:
@@ -439,3 +449,185 @@ def test_setup_finds_the_clusters_gpus(kube, kube_env, monkeypatch):
     (place,) = KubernetesBackend.discover()
     assert (place.kind, place.backend, place.usable) == ("kubernetes", "kubernetes", True), place
     assert place.gpus == "2 x Tesla-T4, 1 x NVIDIA-A100-SXM4-40GB", place
+
+
+# -- workspaces: a PersistentVolumeClaim each ------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def numpy_image(kube):
+    done = subprocess.run(
+        [str(SCRIPT), "load", NUMPY], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, f"ci-kubernetes.sh load: {done.stderr[-2000:]}"
+    return NUMPY
+
+
+def _cli(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpusession", *args],
+        env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+
+
+def test_the_default_storage_class_binds_a_claim_that_a_pod_writes_into(kube):
+    """The test cluster's storage (ci-kubernetes.sh: the controller manager's hostPath
+    provisioner, a default StorageClass): a claim without a class binds, a pod writes into it,
+    and its folder goes with it."""
+    name = f"gs-storage-{SLOT}"
+    kube.create_namespaced_persistent_volume_claim(
+        "default",
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Mi"}},
+            },
+        },
+    )
+    try:
+        pod = {
+            "metadata": {"name": name},
+            "spec": {
+                "restartPolicy": "Never",
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": name}}],
+                "containers": [
+                    {
+                        "name": "main", "image": IMAGE, "imagePullPolicy": "Never",
+                        "command": ["/bin/sh", "-c", "echo written by a pod > /data/f"],
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    }
+                ],
+            },
+        }  # fmt: skip
+        kube.create_namespaced_pod("default", pod)
+        deadline = time.monotonic() + 60
+        while kube.read_namespaced_pod(name, "default").status.phase != "Succeeded":
+            assert time.monotonic() < deadline, kube.read_namespaced_pod(name, "default").status
+            time.sleep(0.5)
+        claim = kube.read_namespaced_persistent_volume_claim(name, "default")
+        assert claim.status.phase == "Bound" and claim.spec.storage_class_name == "hostpath"
+        volume = kube.read_persistent_volume(claim.spec.volume_name)
+        folder = Path(volume.spec.host_path.path)
+        assert (folder / "f").read_text() == "written by a pod\n"
+    finally:
+        kube.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        kube.delete_namespaced_persistent_volume_claim(name, "default")
+    deadline = time.monotonic() + 60
+    while folder.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not folder.exists(), "reclaimPolicy Delete: the folder goes with the claim"
+
+
+def test_a_workspace_claim_keeps_files_an_array_and_variables_across_stop_and_resume(
+    kube, kube_env, kube_manager, numpy_image
+):
+    m, ws = kube_manager, f"w1-{SLOT}"
+    lines: list[str] = []
+    first = m.start(
+        m.make_spec("t4", backend="kubernetes", image=numpy_image, name="kws1", idle="off",
+                    workspace=ws),
+        report=lines.append,
+    )  # fmt: skip
+    record = m.get("kws1")
+    claim = record.resource["claim"]
+    assert f"workspace {ws}: new claim {claim} (10Gi, the default storage class)" in "\n".join(
+        lines
+    ), lines
+    cell = (
+        "import os, numpy as np\narr = np.arange(12).reshape(3, 4) * 1.5\nv = 'kept'\n"
+        "open('notes.txt', 'w').write('written in the workspace')\nprint(os.getcwd(), os.getuid())"
+    )
+    from support.sinks import Collect
+
+    sink = Collect()
+    assert first.run(cell, sink)["status"] == "ok", sink.text
+    assert sink.text.split() == ["/workspace", "1000"], "a USER 1000 image writes there"
+    (pod,) = _ours(kube, record.id)
+    assert {
+        v.persistent_volume_claim.claim_name for v in pod.spec.volumes if v.persistent_volume_claim
+    } == {claim}
+    stopped = m.stop("kws1", save=True)
+    assert stopped.resource["checkpoint"]["committed"], stopped.resource["checkpoint"]
+    assert _wait_gone(kube, record.id, timeout=1), "stop returns once the pod is gone"
+    kept = kube.read_namespaced_persistent_volume_claim(claim, "default")
+    assert kept.status.phase == "Bound" and kept.metadata.labels["gpusession.workspace"] == ws
+
+    listed = _cli(kube_env, "workspaces")
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith(f"{ws} ")]
+    assert "kubernetes" in row and f"claim {claim} (10Gi, hostpath, Bound)" in row, row
+
+    lines.clear()
+    again = m.start(
+        m.make_spec("a100", backend="kubernetes", image=numpy_image, name="kws2", idle="off",
+                    resume=ws),
+        report=lines.append,
+    )  # fmt: skip
+    assert f"workspace {ws}: claim {claim} (10Gi, hostpath, Bound)" in "\n".join(lines), lines
+    assert m.get("kws2").resource["node"] == "n2", "another node mounts the same claim"
+    sink = Collect()
+    reply = again.run("print(v, arr.sum(), arr.dtype, arr.shape, open('notes.txt').read())", sink)
+    assert reply["status"] == "ok", sink.text
+    assert sink.text.strip() == "kept 99.0 float64 (3, 4) written in the workspace", sink.text
+    with pytest.raises((BadInput, StageError), match=ws):  # one session at a time on a claim
+        m.start(m.make_spec("t4", backend="kubernetes", image=numpy_image, name="kws3", resume=ws))
+    busy = _cli(kube_env, "workspaces", "rm", ws, "--yes")
+    assert busy.returncode == 1 and "in use by session kws2" in busy.stderr, busy.stderr
+    m.stop("kws2")
+
+    removed = _cli(kube_env, "workspaces", "rm", ws, "--yes")
+    assert removed.returncode == 0 and f"deleted workspace {ws}" in removed.stdout, removed.stderr
+    assert claim not in {c.metadata.name for c in _claims(kube, _store(kube_env).store_id)}
+    assert f"{ws} " not in _cli(kube_env, "workspaces").stdout
+
+
+def test_an_idle_stop_saves_into_the_claim_and_resume_brings_the_variables_back(
+    kube, kube_env, kube_manager
+):
+    from gpusession.words.stops import ended_message
+
+    m, ws = kube_manager, f"w2-{SLOT}"
+    session = m.start(_spec(m, "t4", "kwi1", idle="20s", workspace=ws))
+    assert session.run("q = 41\nnames = ['a', 'b']")["status"] == "ok"
+    deadline = time.monotonic() + 120
+    record = m.get("kwi1")
+    while time.monotonic() < deadline and record.state == State.RUNNING:
+        time.sleep(2)
+        record = m.refresh_state("kwi1")
+    assert record.state == State.STOPPED and record.stop_reason.kind is StopKind.IDLE
+    said = ended_message(record)
+    assert "stopped by its idle watchdog" in said and f"--resume {ws}" in said, said
+    assert record.resource["agent_summary"]["checkpoint"]["committed"]
+    assert _claims(kube, _store(kube_env).store_id), "the claim outlives the idle pod"
+
+    from support.sinks import Collect
+
+    again, sink = m.start(_spec(m, "t4", "kwi2", idle="off", resume=ws)), Collect()
+    assert again.run("print(q + 1, names)", sink)["status"] == "ok"
+    assert sink.text.strip() == "42 ['a', 'b']", sink.text
+    m.stop("kwi2")
+
+
+def test_a_claim_of_a_class_that_does_not_exist_gives_up_at_the_queue_timeout_leaving_nothing(
+    kube, kube_env, kube_manager
+):
+    m, ws = kube_manager, f"w3-{SLOT}"
+    lines: list[str] = []
+    started = time.monotonic()
+    with pytest.raises(StageError) as refused:
+        m.start(
+            _spec(m, "t4", "kwp", workspace=ws, storage_class=f"gs-none-{SLOT}",
+                  queue_timeout="8s"),
+            report=lines.append,
+        )  # fmt: skip
+    said = "\n".join(lines) + "\n" + str(refused.value)
+    assert "still waits after 8s (--queue-timeout)" in str(refused.value), said
+    assert f'storageclass.storage.k8s.io "gs-none-{SLOT}" not found' in said, said
+    assert time.monotonic() - started < 60
+    record = m.get("kwp")
+    assert record.state == State.FAILED
+    assert not _ours(kube, record.id), "the pod is deleted"
+    assert not _claims(kube, _store(kube_env).store_id), "the claim this start made is deleted"
+    with pytest.raises(StageError, match=f"no workspace {ws} in gpusession-ci/default to resume"):
+        m.start(_spec(m, "t4", "kwr", resume=ws))

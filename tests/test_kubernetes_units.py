@@ -88,11 +88,14 @@ def test_the_pod_asks_for_its_gpus_by_model_and_waits_for_its_runtime():
     assert "initContainers" not in spec and "securityContext" not in spec  # no claim, no owner
 
 
-def _pod(phase="Pending", conditions=(), containers=(), node=None, reason=None, message=None):
+def _pod(
+    phase="Pending", conditions=(), containers=(), node=None, reason=None, message=None, init=()
+):
     return NS(
         status=NS(
             phase=phase,
             conditions=list(conditions),
+            init_container_statuses=list(init),
             container_statuses=list(containers),
             reason=reason,
             message=message,
@@ -122,6 +125,12 @@ def test_a_pending_pod_is_said_in_the_schedulers_words():
     )
     creating = NS(state=NS(waiting=NS(reason="ContainerCreating", message=None)))
     assert pods.waiting_reason(_pod(containers=[creating], node="n1"))[1] is True
+    # the workspace's init container cannot pull: said, not the session's PodInitializing
+    initializing = NS(state=NS(waiting=NS(reason="PodInitializing", message=None)))
+    assert pods.waiting_reason(_pod(containers=[initializing], init=[never], node="n1")) == (
+        "ErrImageNeverPull: image not present",
+        False,
+    )
 
 
 def test_an_ended_pod_says_how():

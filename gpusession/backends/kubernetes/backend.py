@@ -365,7 +365,9 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
                 reason, _ = pods.termination(pod)
                 raise StageError("provision", f"pod {name} ended before it ran: {reason}")
             reason, hopeful = pods.waiting_reason(pod)
-            if "PersistentVolumeClaim" in reason:  # 'pod has unbound immediate ...': say why
+            if (
+                "persistentvolumeclaim" in reason.lower()
+            ):  # 'pod has unbound immediate ...': say why
                 reason = self.claim_waits(cluster, claim) or reason
             waited = time.monotonic() - started
             if not hopeful:

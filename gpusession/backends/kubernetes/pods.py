@@ -212,9 +212,15 @@ def waiting_reason(pod) -> tuple[str, bool]:
             return _scheduler_words(
                 condition.message or condition.reason or "not scheduled yet"
             ), True
-    for container in status.container_statuses or []:
+    # the workspace's init container first: while it cannot start, the session's says only
+    # PodInitializing
+    for container in [*(status.init_container_statuses or []), *(status.container_statuses or [])]:
         waiting = container.state.waiting if container.state else None
-        if waiting is not None and waiting.reason not in (None, "ContainerCreating"):
+        if waiting is not None and waiting.reason not in (
+            None,
+            "ContainerCreating",
+            "PodInitializing",
+        ):
             text = f"{waiting.reason}: {waiting.message}" if waiting.message else waiting.reason
             return text, waiting.reason not in FATAL_WAITING
     if pod.spec.node_name:
