@@ -631,3 +631,53 @@ def test_a_claim_of_a_class_that_does_not_exist_gives_up_at_the_queue_timeout_le
     assert not _claims(kube, _store(kube_env).store_id), "the claim this start made is deleted"
     with pytest.raises(StageError, match=f"no workspace {ws} in gpusession-ci/default to resume"):
         m.start(_spec(m, "t4", "kwr", resume=ws))
+
+
+SWITCH_CELL = (
+    "import numpy as np, os\n"
+    "a = np.arange(100_000, dtype='float64')\n"
+    "os.makedirs('out', exist_ok=True); open('out/notes.txt', 'w').write('kept')\n"
+)
+
+
+def test_a_switch_moves_a_session_from_docker_to_kubernetes_and_back_keeping_arrays_and_files(
+    kube, kube_env, kube_manager, numpy_image
+):
+    import docker
+
+    m, ws = kube_manager, f"sw-{SLOT}"
+    engine = docker.from_env()
+    first = m.start(
+        m.make_spec("t4", backend="docker", image=NUMPY, idle="off", name="ksw", workspace=ws)
+    )
+    try:
+        assert first.run(SWITCH_CELL)["status"] == "ok"
+        lines: list[str] = []
+        there, report = m.switch(
+            first, m.switch_spec(first.id, {"backend": "kubernetes", "type": "a100"}), lines.append
+        )
+        said = "\n".join(lines)
+        assert "move: workspace from docker (this machine's engine) to kubernetes" in said, said
+        assert f"claim {there.record.resource['claim']}" in said and "move: moved " in said, said
+        assert there.record.spec.backend == "kubernetes" and there.record.resource["node"] == "n2"
+        assert there.name == "ksw" and m.get(first.id).state == State.STOPPED
+        check = "assert float(a.sum()) == 4999950000.0 and open('out/notes.txt').read() == 'kept'"
+        assert there.run(check)["status"] == "ok"
+        assert (
+            there.run("a[:3] = -1\nopen('out/notes.txt', 'w').write('changed in a pod')")["status"]
+            == "ok"
+        )
+
+        back, report = m.switch(there, m.switch_spec(there.id, {"backend": "docker"}), lines.append)
+        assert back.record.spec.backend == "docker" and report.moved_bytes > 800_000
+        assert "replacing the older copy of workspace" in "\n".join(lines)
+        changed = "assert a[:3].tolist() == [-1.0] * 3 and open('out/notes.txt').read() == 'changed in a pod'"
+        assert back.run(changed)["status"] == "ok"
+        assert m.get(there.id).state == State.STOPPED and not _ours(kube, there.id)
+        m.stop(back.id)
+    finally:
+        m.stop_all()
+        store_id = _store(kube_env).store_id
+        for volume in engine.volumes.list(filters={"label": f"{STORE_LABEL}={store_id}"}):
+            volume.remove(force=True)
+        engine.close()

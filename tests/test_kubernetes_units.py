@@ -312,3 +312,58 @@ def test_a_listed_claim_says_its_size_class_and_state():
     assert ws.name == "w1" and ws.size_bytes == 10 * 2**30 and ws.in_use_by == ["s1"]
     assert ws.where == "claim gpusession-ws-01234567-w1 (10Gi, hostpath, Bound) in ci/default"
     assert ws.details == {"context": "ci", "namespace": "default", "claim": claim.metadata.name}
+
+
+def _script(text: str, root) -> str:
+    return text.replace("'/workspace'", repr(str(root)))
+
+
+def test_a_workspace_read_out_of_a_pod_and_written_into_another_claim_replaces_it_whole(tmp_path):
+    """The scripts the pods run for a switch (claim_moves.py), here on folders: the tar has the
+    workspace under `workspace/`; writing it replaces what the claim held, but only once the
+    whole tar came: a short one leaves the older copy as it was."""
+    import subprocess
+    import sys
+
+    from gpusession.backends.kubernetes import claim_moves
+
+    source, dest = tmp_path / "source", tmp_path / "dest"
+    (source / "sub").mkdir(parents=True)
+    (source / "notes.txt").write_text("kept")
+    (source / "sub" / "a.bin").write_bytes(b"\0" * 1000)
+    data = subprocess.run(
+        [sys.executable, "-c", _script(claim_moves.EXPORT, source)], capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert tar.getnames()[0] == "workspace" and "workspace/sub/a.bin" in tar.getnames()
+    dest.mkdir()
+    (dest / "old.txt").write_text("an older copy")
+    fill = _script(claim_moves.IMPORT, dest)
+    short = subprocess.run(
+        [sys.executable, "-c", fill, str(len(data))], input=data[:-100], capture_output=True
+    )
+    assert short.returncode != 0 and b"arrived short" in short.stderr
+    assert [p.name for p in dest.iterdir()] == ["old.txt"], "nothing half-written is left"
+    assert (dest / "old.txt").read_text() == "an older copy"
+    whole = subprocess.run(
+        [sys.executable, "-c", fill, str(len(data))], input=data, capture_output=True, check=True
+    )
+    assert b"workspace in" in whole.stdout
+    assert sorted(p.name for p in dest.iterdir()) == ["notes.txt", "sub"]
+    assert (dest / "notes.txt").read_text() == "kept"
+    assert (dest / "sub" / "a.bin").read_bytes() == b"\0" * 1000
+
+
+def test_the_helper_that_fills_a_claim_mounts_it_as_root_without_a_gpu():
+    from gpusession.backends.kubernetes import claim_moves
+
+    body = claim_moves.helper_manifest(
+        "h", {pods.LABEL: "s1"}, "img", "c1", {"node_selector": {}, "tolerations": []}
+    )
+    spec = body["spec"]
+    (container,) = spec["containers"]
+    assert container["name"] == pods.CONTAINER and container["resources"] == {}
+    assert container["securityContext"]["runAsUser"] == 0
+    assert container["volumeMounts"] == [{"name": "workspace", "mountPath": "/workspace"}]
+    assert spec["volumes"] == [{"name": "workspace", "persistentVolumeClaim": {"claimName": "c1"}}]
+    assert body["metadata"]["labels"] == {pods.LABEL: "s1"}, "its session's stop removes it"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, Iterable
 
 from ...configuration.agentargs import WORKSPACE_MOUNT, AgentArgs
 from ...configuration.catalog import load_catalog
@@ -42,6 +42,7 @@ from ..base import (
     Link,
     Place,
     RemoteResource,
+    WorkspaceExport,
     before_the_last,
     log_tail,
     marker_lines,
@@ -600,6 +601,26 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         if text:
             data = text.encode()[-START_LOG_BYTES:]
             self.recorder.save(session_id, start_log=data.decode(errors="ignore"))
+
+    # -- a workspace moving (`%gpu switch` to or from another backend) ---------------------
+
+    def export_workspace(self, record: SessionRecord, progress: Progress) -> WorkspaceExport:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from . import claim_moves
+
+        return claim_moves.export(self.cluster_of(record), record, progress)
+
+    def import_workspace(
+        self, record: SessionRecord, chunks: Iterable[bytes], progress: Progress
+    ) -> None:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from . import claim_moves
+
+        cluster = self.cluster(record.spec)
+        self.recorder.save(
+            record.id, context=cluster.context, namespace=cluster.namespace
+        )  # from here the cluster may hold a helper pod of it (stop, gc)
+        claim_moves.fill(self, cluster, record, chunks, progress)
 
     # -- gc -------------------------------------------------------------------------------
 

@@ -115,9 +115,12 @@ class ClaimWorkspaces:
     """The kubernetes backend's workspace operations (mixed into KubernetesBackend, which has
     `recorder`, `name` and `places_used`)."""
 
-    def workspace_claim(self, cluster: Cluster, record: SessionRecord, progress: Progress) -> str:
-        """The session's claim, made when new (a --resume needs it to exist); refused when a live
-        pod of another session mounts it. Recorded: `workspace`, `claim`, `claim_made`."""
+    def workspace_claim(
+        self, cluster: Cluster, record: SessionRecord, progress: Progress, make: bool = False
+    ) -> str:
+        """The session's claim, made when new (a --resume needs it to exist, unless `make`: a
+        workspace moving in); refused when a live pod of another session mounts it. Recorded:
+        `workspace`, `claim`, `claim_made`."""
         spec = record.spec
         workspace = workspace_name(record)
         name = claim_name(workspace, self.recorder.store_id)
@@ -135,7 +138,7 @@ class ClaimWorkspaces:
             progress.step(f"workspace {workspace}: {describe(found, cluster)}, kept from before")
             self.recorder.save(record.id, workspace=workspace, claim=name)
             return name
-        if spec.extra.get("resume"):
+        if spec.extra.get("resume") and not make:
             raise StageError(
                 "provision",
                 f"no workspace {workspace} in {where} to resume (`gpusession workspaces` lists "

@@ -10,6 +10,7 @@ no base64."""
 from __future__ import annotations
 
 import time
+from typing import BinaryIO, Callable, Iterator
 
 from ...core.errors import StageError
 from .apiserver import Cluster, answering, api_words, sdk
@@ -36,38 +37,44 @@ print("unpacked %d bytes" % size)
 """
 
 
+def _open(cluster: Cluster, api, pod: str, command: list[str], stdin: bool, what: str, **more):
+    """The exec stream of `command` in the pod's container; StageError when it is refused."""
+    kubernetes = sdk()
+    with answering(cluster, f"while {what}"):
+        try:
+            return kubernetes.stream.stream(
+                api.connect_get_namespaced_pod_exec,
+                pod,
+                cluster.namespace,
+                container=CONTAINER,
+                command=command,
+                stdin=stdin,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                binary=True,
+                _preload_content=False,
+                **more,
+            )
+        except kubernetes.client.ApiException as exc:
+            raise StageError("provision", f"{what}: {api_words(exc)}") from None
+
+
 def run(
     cluster: Cluster,
     pod: str,
     command: list[str],
     *,
-    stdin: bytes | None = None,
+    stdin: bytes | BinaryIO | None = None,
     timeout: float = EXEC_TIMEOUT,
     what: str,
 ) -> tuple[int | None, str]:
     """Run `command` in the pod's container: (its exit status, None when it did not end within
-    `timeout`; its stdout and stderr). BackendUnavailable when the API does not answer;
-    StageError when the exec is refused (RBAC: pods/exec)."""
-    kubernetes = sdk()
+    `timeout`; its stdout and stderr). `stdin`: bytes, or a file read to its end. BackendUnavailable
+    when the API does not answer; StageError when the exec is refused (RBAC: pods/exec)."""
     api = cluster.stream_api()
     try:
-        with answering(cluster, f"while {what}"):
-            try:
-                ws = kubernetes.stream.stream(
-                    api.connect_get_namespaced_pod_exec,
-                    pod,
-                    cluster.namespace,
-                    container=CONTAINER,
-                    command=command,
-                    stdin=stdin is not None,
-                    stdout=True,
-                    stderr=True,
-                    tty=False,
-                    binary=True,
-                    _preload_content=False,
-                )
-            except kubernetes.client.ApiException as exc:
-                raise StageError("provision", f"{what}: {api_words(exc)}") from None
+        ws = _open(cluster, api, pod, command, stdin is not None, what)
         try:
             return _pump(ws, stdin, timeout)
         finally:
@@ -76,9 +83,50 @@ def run(
         api.api_client.close()
 
 
-def _pump(ws, stdin: bytes | None, timeout: float) -> tuple[int | None, str]:
-    for at in range(0, len(stdin or b""), CHUNK):
-        ws.write_stdin(stdin[at : at + CHUNK])
+def stream_out(
+    cluster: Cluster, pod: str, command: list[str], *, what: str
+) -> tuple[Iterator[bytes], Callable[[], None]]:
+    """`command`'s stdout as it comes, frame by frame (none kept here), and what closes the
+    stream; at its end, StageError when the command failed, with its stderr's end."""
+    api = cluster.stream_api()
+    ws = _open(cluster, api, pod, command, False, what, capture_all=False)
+
+    def close() -> None:
+        ws.close()
+        api.api_client.close()
+
+    def chunks() -> Iterator[bytes]:
+        said = b""
+        try:
+            while ws.is_open():
+                ws.update(timeout=1.0)
+                out = ws._channels.pop(1, None)  # stdout; the client keeps frames per channel
+                said = (said + (ws._channels.pop(2, None) or b""))[-2000:]  # stderr
+                if out:
+                    yield bytes(out)
+            out = ws._channels.pop(1, None)
+            if out:
+                yield bytes(out)
+            try:
+                status = ws.returncode
+            except (TypeError, ValueError, KeyError, IndexError):  # no exit code said
+                status = 1
+        finally:
+            close()
+        if status != 0:
+            text = " | ".join(said.decode(errors="replace").strip().splitlines()[-3:])
+            raise StageError("move", f"{what} failed in pod {pod} (exit {status}): {text}")
+
+    return chunks(), close
+
+
+def _pump(ws, stdin: bytes | BinaryIO | None, timeout: float) -> tuple[int | None, str]:
+    if isinstance(stdin, bytes):
+        for at in range(0, len(stdin), CHUNK):
+            ws.write_stdin(stdin[at : at + CHUNK])
+    elif stdin is not None:
+        while chunk := stdin.read(CHUNK):
+            ws.write_stdin(chunk)
     deadline = time.monotonic() + timeout
     while ws.is_open() and time.monotonic() < deadline:
         ws.update(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
