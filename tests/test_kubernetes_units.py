@@ -338,16 +338,12 @@ def test_a_workspace_read_out_of_a_pod_and_written_into_another_claim_replaces_i
         assert tar.getnames()[0] == "workspace" and "workspace/sub/a.bin" in tar.getnames()
     dest.mkdir()
     (dest / "old.txt").write_text("an older copy")
-    fill = _script(claim_moves.IMPORT, dest)
-    short = subprocess.run(
-        [sys.executable, "-c", fill, str(len(data))], input=data[:-100], capture_output=True
-    )
+    fill = ["/bin/sh", "-c", claim_moves._python(""), _script(claim_moves.IMPORT, dest)]
+    short = subprocess.run([*fill, str(len(data))], input=data[:-100], capture_output=True)
     assert short.returncode != 0 and b"arrived short" in short.stderr
     assert [p.name for p in dest.iterdir()] == ["old.txt"], "nothing half-written is left"
     assert (dest / "old.txt").read_text() == "an older copy"
-    whole = subprocess.run(
-        [sys.executable, "-c", fill, str(len(data))], input=data, capture_output=True, check=True
-    )
+    whole = subprocess.run([*fill, str(len(data))], input=data, capture_output=True, check=True)
     assert b"workspace in" in whole.stdout
     assert sorted(p.name for p in dest.iterdir()) == ["notes.txt", "sub"]
     assert (dest / "notes.txt").read_text() == "kept"

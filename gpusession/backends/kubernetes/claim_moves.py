@@ -10,7 +10,7 @@ what the workspace held, so a cut stream leaves the older copy as it was."""
 
 from __future__ import annotations
 
-import shlex
+import json
 import tempfile
 from typing import Any, Iterable
 
@@ -19,11 +19,11 @@ from ...core.envnames import ENV_RUNTIME_PYTHON
 from ...core.errors import StageError
 from ...core.models import SessionRecord
 from ...core.progress import Progress
-from ...transport.bundle import RUNTIME_ROOT
+from ...transport.bundle import RUNTIME_ROOT, ImagePython
 from ..base import WorkspaceExport
 from . import podexec, pods
 from .apiserver import Cluster
-from .runtime_copy import image_python
+from .runtime_copy import probe_path
 
 HELPER_WAIT_S = 120.0  # the helper pod, until it runs
 IMPORT_TIMEOUT_S = 3600.0
@@ -83,6 +83,26 @@ def export(cluster: Cluster, record: SessionRecord, progress: Progress) -> Works
     return WorkspaceExport(None, chunks, close)
 
 
+def _python(image_id: str) -> str:
+    """A shell line that runs the image's Python on the script "$0" with "$@": the one an earlier
+    session's probe found (not probed here: the helper runs as root, and a probe's answer is
+    kept for the image), else the first of the usual ones."""
+    found = []
+    try:
+        found.append(
+            ImagePython.from_payload(json.loads(probe_path(image_id).read_text())).start_with
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    tried = " ".join(
+        [*found, "python3", "/opt/conda/bin/python3", "/usr/local/bin/python3", "python"]
+    )
+    return (
+        f'for p in {tried}; do command -v "${{p%% *}}" >/dev/null 2>&1 && exec $p -c "$0" "$@"; '
+        'done; echo "no Python in the image" >&2; exit 127'
+    )
+
+
 def helper_manifest(
     name: str, labels: dict[str, str], image: str, claim: str, placement: dict[str, Any]
 ) -> dict[str, Any]:
@@ -132,7 +152,7 @@ def fill(
     backend._create(cluster, body)
     try:
         _, image_id = backend._wait_running(cluster, name, claim, HELPER_WAIT_S, progress)
-        python = image_python(cluster, name, image, image_id, progress)
+        python = _python(image_id)
         with tempfile.TemporaryFile() as spool:  # the stream's length goes first
             size = 0
             for chunk in chunks:
@@ -143,7 +163,7 @@ def fill(
             status, output = podexec.run(
                 cluster,
                 name,
-                [*shlex.split(python.start_with), "-c", IMPORT, str(size)],
+                ["/bin/sh", "-c", python, IMPORT, str(size)],
                 stdin=spool,
                 timeout=IMPORT_TIMEOUT_S,
                 what="writing the workspace",
