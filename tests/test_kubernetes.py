@@ -681,3 +681,23 @@ def test_a_switch_moves_a_session_from_docker_to_kubernetes_and_back_keeping_arr
         for volume in engine.volumes.list(filters={"label": f"{STORE_LABEL}={store_id}"}):
             volume.remove(force=True)
         engine.close()
+
+
+def test_a_switch_in_the_cluster_hands_the_claim_over_to_a_pod_on_another_node(kube, kube_manager):
+    """ReadWriteOnce: the old session saves and its pod goes before the new pod mounts the
+    claim (take_workspace_over), on another node, and the variables and files come back."""
+    from support.sinks import Collect
+
+    m, ws = kube_manager, f"sk-{SLOT}"
+    first = m.start(_spec(m, "t4", "kswk", idle="off", workspace=ws))
+    claim = m.get(first.id).resource["claim"]
+    assert first.run("u = 5\nopen('f.txt', 'w').write('here')")["status"] == "ok"
+    lines: list[str] = []
+    there, _ = m.switch(first, m.switch_spec(first.id, {"type": "a100"}), lines.append)
+    record = m.get(there.id)
+    assert record.resource["node"] == "n2" and record.resource["claim"] == claim, lines
+    sink = Collect()
+    assert there.run("print(u, open('f.txt').read())", sink)["status"] == "ok"
+    assert sink.text.strip() == "5 here", sink.text
+    assert m.get(first.id).state == State.STOPPED and not _ours(kube, first.id)
+    m.stop(there.id)

@@ -166,6 +166,19 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         ),
     )
 
+    def __init__(self, config, recorder) -> None:
+        super().__init__(config, recorder)
+        self._handover: dict[str, Any] = {}  # session id -> release (take_workspace_over)
+
+    def take_workspace_over(self, session_id: str, release) -> None:
+        """`%gpu switch` from a running session of this cluster and namespace (its claim mounted
+        there, ReadWriteOnce): the next start of `session_id` calls `release()` (the old session
+        saves and stops, its pod gone) just before it mounts the claim. None forgets it."""
+        if release is None:
+            self._handover.pop(session_id, None)
+        else:
+            self._handover[session_id] = release
+
     @classmethod
     def discover(cls, timeout: float = 4.0) -> list[Place]:
         """Each context of the kubeconfig, asked for its nodes' GPUs (`gpusession setup`)."""
@@ -291,6 +304,9 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         self.recorder.save(
             record.id, context=cluster.context, namespace=cluster.namespace, pod=name, image=image
         )  # from here the cluster may hold a pod of it (stop, gc)
+        release = self._handover.pop(record.id, None)
+        if release is not None:  # a switch in this cluster: the old pod lets go of the claim
+            release()
         claim = self.workspace_claim(cluster, record, progress)  # kept after the pod
         argv = AgentArgs.for_record(
             record,
