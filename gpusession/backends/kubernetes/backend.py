@@ -27,7 +27,7 @@ import logging
 import time
 from typing import Any, Iterable
 
-from ...configuration.agentargs import WORKSPACE_MOUNT, AgentArgs
+from ...configuration.agentargs import WORKSPACE_MOUNT, AgentArgs, workspace_name
 from ...configuration.catalog import load_catalog
 from ...configuration.cost import BILLED_FROM
 from ...configuration.options import WORKSPACE_SIZE, StartOption
@@ -50,7 +50,7 @@ from ..base import (
 )
 from . import apiserver, pods
 from .apiserver import Cluster, answering, api_words, is_missing
-from .claims import ClaimWorkspaces, place_cluster, storage_class
+from .claims import ClaimWorkspaces, claim_name, place_cluster, storage_class
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +306,7 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         )  # from here the cluster may hold a pod of it (stop, gc)
         release = self._handover.pop(record.id, None)
         if release is not None:  # a switch in this cluster: the old pod lets go of the claim
+            self._claim_is_here(cluster, record)
             release()
         claim = self.workspace_claim(cluster, record, progress)  # kept after the pod
         argv = AgentArgs.for_record(
@@ -337,6 +338,16 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         node, image_id = self._wait_running(cluster, name, claim, _queue_timeout(spec), progress)
         self.recorder.save(record.id, node=node, **{BILLED_FROM: time.time()})
         bring_runtime(cluster, name, image, image_id, progress)
+
+    def _claim_is_here(self, cluster: Cluster, record: SessionRecord) -> None:
+        """Before a switch's old session lets go: its claim is where the new pod will be."""
+        workspace = workspace_name(record)
+        if self._read_claim(cluster, claim_name(workspace, self.recorder.store_id)) is None:
+            raise StageError(
+                "provision",
+                f"workspace {workspace} has no claim in {cluster.context}/{cluster.namespace}: "
+                "a switch keeps its claim's namespace and context",
+            )
 
     def _labels(self, record: SessionRecord) -> dict[str, str]:
         spec = record.spec
