@@ -150,7 +150,7 @@ class ClaimWorkspaces:
             f"workspace {workspace}: new claim {name} ({size}Gi, "
             f"{f'storage class {storage}' if storage else 'the default storage class'})"
         )
-        self.recorder.save(record.id, workspace=workspace, claim=name, claim_made=True)
+        self.recorder.save(record.id, workspace=workspace, claim=name)
         body = manifest(name, workspace, self.recorder.store_id, size, storage)
         kubernetes = apiserver.sdk()
         with answering(cluster, "while creating the workspace's claim"):
@@ -162,6 +162,7 @@ class ClaimWorkspaces:
                 raise StageError(
                     "provision", f"the cluster refused the workspace's claim: {api_words(exc)}"
                 ) from None
+        self.recorder.save(record.id, claim_made=True)  # a failed start deletes it (stop)
         return name
 
     def _refuse_in_use(self, cluster: Cluster, claim: str, workspace: str, session_id: str) -> None:
