@@ -393,9 +393,8 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
                 reason, _ = pods.termination(pod)
                 raise StageError("provision", f"pod {name} ended before it ran: {reason}")
             reason, hopeful = pods.waiting_reason(pod)
-            if (
-                "persistentvolumeclaim" in reason.lower()
-            ):  # 'pod has unbound immediate ...': say why
+            # 'pod has unbound immediate PersistentVolumeClaims': the claim's own words say why
+            if "persistentvolumeclaim" in reason.lower():
                 reason = self.claim_waits(cluster, claim) or reason
             waited = time.monotonic() - started
             if not hopeful:
