@@ -5,6 +5,7 @@ value the same way, and name a bad field in their own words."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from IPython.core.magic_arguments import parse_argstring
 from gpusession.configuration import options
 from gpusession.configuration.catalog import load_catalog
 from gpusession.configuration.config import GpuSessionConfig
+from gpusession.core.durations import QUEUE_TIMEOUT
 from gpusession.core.models import LaunchSpec
 from gpusession.faces import cli
 from gpusession.faces.magics import GpuMagics, _start_args
@@ -61,6 +63,44 @@ def test_every_face_lists_the_same_options():
         GpuSessionConfig(), catalog=load_catalog(), backends=BACKENDS, backend_default="local"
     )
     assert [o["name"] for o in doc["options"]] == names
+
+
+def test_a_row_two_backends_declare_shows_each_ones_words_and_one_unlike_is_left_out(
+    monkeypatch, caplog
+):
+    """The contract of a shared row: two backends that declare one option alike (flags, kind,
+    default, reader) make one row whose help is each one's words; one that declares it otherwise
+    is left out with a warning, never a row that reads a value two ways."""
+    from gpusession.configuration import registry
+
+    real = registry.loaded_classes()
+    kube = real["kubernetes"].start_options
+    size = next(o for o in kube if o.name == "workspace_size")
+
+    class Alike:
+        order = 90
+        start_options = (dataclasses.replace(size, help="alike: its own words (default 7)"),)
+
+    class Unlike:
+        order = 91
+        start_options = (dataclasses.replace(size, kind="duration", rule=QUEUE_TIMEOUT),)
+
+    monkeypatch.setattr(
+        registry, "loaded_classes", lambda: {**real, "alike": Alike, "unlike": Unlike}
+    )
+    row = options._gathered(("a path of its own",)).by_name["workspace_size"]
+    assert row.backends == ("aws", "kubernetes", "alike")
+    assert row.help.split("; ") == [
+        "aws: a new workspace's gp3 volume in GiB (default 50)",
+        "kubernetes: what a new workspace's claim requests, in GiB (default 10)",
+        "alike: its own words (default 7)",
+    ]
+    assert "'unlike' declares the start option 'workspace_size' unlike" in caplog.text
+    # each backend's help speaks for itself: a shared row's words never name another backend
+    for name, cls in real.items():
+        for o in getattr(cls, "start_options", ()):
+            others = [n for n in real if n != name and re.search(rf"\b{n}\b", o.help)]
+            assert not others, (name, o.name, others)
 
 
 def test_flags_are_the_names_and_short_flags_stay():

@@ -125,18 +125,6 @@ class StartOption:
         return {REST: f"'{self.name}'", FLAGS: self.flag, FORM: self.label}[face]
 
 
-#: --workspace-size: a row two backends declare (aws: a gp3 volume, kubernetes: a claim)
-WORKSPACE_SIZE = StartOption(
-    "workspace_size",
-    ("--workspace-size",),
-    "text",
-    "Workspace size (GiB)",
-    "aws, kubernetes: a new workspace's size in GiB (aws: its gp3 volume, default 50; "
-    "kubernetes: what its claim requests, default 10)",
-    "workspace size",
-    reader=textvalues.gib_size,
-)
-
 CORE_OPTIONS: tuple[StartOption, ...] = (  # every backend's; a backend's own are on its class
     StartOption(
         "type",
@@ -388,10 +376,19 @@ def _gathered(path: tuple[str, ...]) -> OptionTable:
             known = rows.get(o.name)
             if known is None:
                 rows[o.name] = dataclasses.replace(o, backends=(name,))
-            elif (
-                known.backends is not None and o.name not in _CORE_NAMES
-            ):  # declared by two backends: both
-                rows[o.name] = dataclasses.replace(known, backends=(*known.backends, name))
+            elif known.backends is not None and o.name not in _CORE_NAMES:
+                if _same_meaning(known, o):  # declared by two backends: one row, both helps
+                    rows[o.name] = dataclasses.replace(
+                        known, backends=(*known.backends, name), help=f"{known.help}; {o.help}"
+                    )
+                else:
+                    log.warning(
+                        "backend %r declares the start option %r unlike %s does (its flags, kind, "
+                        "default or reader differ): left out",
+                        name,
+                        o.name,
+                        ", ".join(known.backends),
+                    )
             else:
                 log.warning(
                     "backend %r declares the start option %r, which the core has: left out",
@@ -403,6 +400,16 @@ def _gathered(path: tuple[str, ...]) -> OptionTable:
 
 
 _CORE_NAMES = frozenset(o.name for o in CORE_OPTIONS)
+#: what two backends declaring one start option must agree on (the contract of a shared row):
+#: everything a user types and reads alike on every face; `help` is each one's own, joined, and
+#: speaks only for its backend ("kubernetes: what a new workspace's claim requests, default 10")
+_SHARED_FIELDS = tuple(
+    f.name for f in dataclasses.fields(StartOption) if f.name not in ("help", "backends", "setting")
+)
+
+
+def _same_meaning(first: StartOption, second: StartOption) -> bool:
+    return all(getattr(first, f) == getattr(second, f) for f in _SHARED_FIELDS)
 
 
 def _with_backends_help(option: StartOption, capable: tuple[str, ...], classes) -> str:

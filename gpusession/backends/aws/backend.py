@@ -24,7 +24,7 @@ from typing import Any
 from ...configuration.agentargs import WORKSPACE_MOUNT, AgentArgs, workspace_name
 from ...configuration.catalog import Catalog, CatalogColumn, GpuType, load_catalog
 from ...configuration.cost import BILLED_FROM, CLOUD
-from ...configuration.options import WORKSPACE_SIZE, StartOption
+from ...configuration.options import StartOption
 from ...configuration.registry import load_backend_class
 from ...configuration.settings import Setting, setting_value
 from ...core import textvalues
@@ -87,7 +87,15 @@ class AwsBackend(Backend):
     order = 30
     price_source = "the instance's spot price when AWS tells it (--spot), else its table's spot or on-demand price (backends/aws/instances.json)"
     start_options = (  # (docs/aws.md)
-        WORKSPACE_SIZE,
+        StartOption(
+            "workspace_size",
+            ("--workspace-size",),
+            "text",
+            "Workspace size (GiB)",
+            "aws: a new workspace's gp3 volume in GiB (default 50)",
+            "workspace size",
+            reader=textvalues.gib_size,
+        ),
         StartOption(
             "spot",
             ("--spot",),

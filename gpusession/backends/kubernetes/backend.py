@@ -30,8 +30,9 @@ from typing import Any, Iterable
 from ...configuration.agentargs import WORKSPACE_MOUNT, AgentArgs, workspace_name
 from ...configuration.catalog import load_catalog
 from ...configuration.cost import BILLED_FROM
-from ...configuration.options import WORKSPACE_SIZE, StartOption
+from ...configuration.options import StartOption
 from ...configuration.settings import BUILTIN_IMAGE, Setting
+from ...core import textvalues
 from ...core.durations import QUEUE_TIMEOUT, format_duration
 from ...core.errors import BackendUnavailable, BadInput, NoCapacity, StageError
 from ...core.models import LaunchSpec, SessionRecord, State
@@ -147,12 +148,20 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
             ("--queue-timeout",),
             "duration",
             "Queue timeout",
-            "slurm, kubernetes: give up (cancel the job, delete the pod) when it still waits "
-            "for its GPUs after this long (default: off, it waits until it runs or Ctrl-C)",
+            "kubernetes: delete the pod when it still waits for its GPUs after this long "
+            "(default: off, it waits until it runs or Ctrl-C)",
             "queue timeout",
             rule=QUEUE_TIMEOUT,
         ),
-        WORKSPACE_SIZE,
+        StartOption(
+            "workspace_size",
+            ("--workspace-size",),
+            "text",
+            "Workspace size (GiB)",
+            "kubernetes: what a new workspace's claim requests, in GiB (default 10)",
+            "workspace size",
+            reader=textvalues.gib_size,
+        ),
         StartOption(
             "storage_class",
             ("--storage-class",),
