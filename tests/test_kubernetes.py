@@ -618,11 +618,11 @@ def test_a_claim_of_a_class_that_does_not_exist_gives_up_at_the_queue_timeout_le
     with pytest.raises(StageError) as refused:
         m.start(
             _spec(m, "t4", "kwp", workspace=ws, storage_class=f"gs-none-{SLOT}",
-                  queue_timeout="8s"),
+                  queue_timeout="10s"),
             report=lines.append,
         )  # fmt: skip
     said = "\n".join(lines) + "\n" + str(refused.value)
-    assert "still waits after 8s (--queue-timeout)" in str(refused.value), said
+    assert "still waits after 10s (--queue-timeout)" in str(refused.value), said
     assert f'storageclass.storage.k8s.io "gs-none-{SLOT}" not found' in said, said
     assert time.monotonic() - started < 60
     record = m.get("kwp")
