@@ -8,6 +8,7 @@ store labels its pods, so a test cleans only its own."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -701,3 +702,110 @@ def test_a_switch_in_the_cluster_hands_the_claim_over_to_a_pod_on_another_node(k
     assert sink.text.strip() == "5 here", sink.text
     assert m.get(first.id).state == State.STOPPED and not _ours(kube, first.id)
     m.stop(there.id)
+
+
+def test_an_evicted_pod_saves_in_its_grace_and_recover_brings_the_work_back(
+    kube, kube_env, numpy_image, tmp_path
+):
+    """The pod is evicted (the Eviction API, as `kubectl drain` does) while a cell runs: its
+    preStop hook has the agent save the namespace (an array too) into the claim within the
+    grace, then the kernel ends; the cell says it was cut and is not re-run; the record says
+    the cluster took the pod back (its DisruptionTarget condition), with the state saved, read
+    from the pod our finalizer kept; --recover (auto: on for a preemption) starts a new pod on
+    the claim, which restores, and the next cell runs there with the variables. Nothing is
+    left: the old pod goes once read, the new one at the stop."""
+    import kubernetes
+
+    from support.notebook_kernel import NotebookKernel
+
+    ws = f"wev-{SLOT}"
+    nk = NotebookKernel(kube_env, cwd=str(tmp_path))
+    store = _store(kube_env)
+    try:
+        assert nk.run("%load_ext gpusession").status == "ok"
+        start = nk.run(
+            f"%gpu start --backend kubernetes --type t4 --image {numpy_image} --idle off "
+            f"--name kev --workspace {ws}",
+            timeout=180,
+        )
+        assert start.status == "ok", start.text
+        made = "import numpy as np\nkept = np.arange(2_000_000, dtype='float64')\nkept.size"
+        assert nk.run(f"%%gpu\n{made}").status == "ok"
+        first = store.get("kev")
+        pod = first.resource["pod"]
+        assert _ours(kube, first.id)[0].metadata.finalizers == [
+            "gpusession.session/keep-until-read"
+        ]
+
+        def busy() -> bool:
+            done = subprocess.run(
+                [str(KUBECTL), "--kubeconfig", str(KUBECONFIG), "exec", pod, "--",
+                 "cat", "/tmp/gpusession/activity.json"],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+            try:
+                return bool(json.loads(done.stdout)["busy"])
+            except (ValueError, KeyError):
+                return False
+
+        def evict_while_busy() -> None:
+            deadline = time.monotonic() + 60
+            while not busy() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            kube.create_namespaced_pod_eviction(
+                pod,
+                "default",
+                kubernetes.client.V1Eviction(
+                    metadata=kubernetes.client.V1ObjectMeta(name=pod, namespace="default")
+                ),
+            )
+
+        threading.Thread(target=evict_while_busy, daemon=True).start()
+        cut = nk.run("%%gpu\nimport time\nfor i in range(1800):\n    time.sleep(0.1)", timeout=300)
+        said = cut.text
+        assert cut.status == "error", said
+        assert "this cell was interrupted when session kev ended: it is not re-run" in said, said
+        assert "recovering session kev: a replacement restores its saved state" in said, said
+        assert f"workspace {ws}: restored" in said and "kept" in said, said
+        assert "session kev is back: 1 x T4 on kubernetes" in said, said
+
+        old = store.get(first.id)
+        assert old.stop_reason.kind is StopKind.PREEMPTED, old.stop_reason
+        assert "the Eviction API" in (old.stop_reason.detail or ""), old.stop_reason
+        saved = old.resource["agent_summary"]["checkpoint"]
+        assert saved["committed"] and saved["for"] == "scheduler-signal", saved
+        assert not [p for p in _ours(kube, first.id)], "the old pod goes once its end is read"
+        listed = _cli(kube_env, "list", "--all")
+        rows = {row.split()[0]: row for row in listed.stdout.splitlines() if row.split()}
+        assert "interrupted, state saved" in rows.get("kev~1", ""), listed.stdout
+
+        nxt = nk.run("%%gpu\nprint(kept.sum() == 2_000_000 * 1_999_999 / 2, kept.dtype)")
+        assert nxt.status == "ok" and nxt.text.split() == ["True", "float64"], nxt.text
+        second = store.get("kev")
+        assert second.id != first.id and second.resource["pod"] != pod
+        assert nk.run("%gpu stop").status == "ok"
+        assert _wait_gone(kube, second.id), "the replacement's pod goes at the stop"
+    finally:
+        nk.close()
+
+
+def test_our_own_stop_saves_nothing_it_was_not_asked_to(kube, kube_env, kube_manager):
+    """`stop` without --save deletes the pod too, and its preStop hook runs: our stop marks the
+    pod first, so no notice is left and nothing is saved into the claim; the record says who
+    stopped it, not the cluster."""
+    m, ws = kube_manager, f"wns-{SLOT}"
+    session = m.start(_spec(m, "t4", "kns", idle="off", workspace=ws))
+    assert session.run("unsaved = 1")["status"] == "ok"
+    record = m.get("kns")
+    m.stop("kns")
+    record = m.get(record.id)
+    assert record.state == State.STOPPED and record.stop_reason.kind is StopKind.USER
+    assert not (record.resource.get("agent_summary") or {}).get("checkpoint"), record.resource
+    assert _wait_gone(kube, record.id)
+    again = m.start(_spec(m, "t4", "kns2", idle="off", resume=ws))
+    from support.sinks import Collect
+
+    sink = Collect()
+    assert again.run("print('unsaved' in globals())", sink)["status"] == "ok"
+    assert sink.text.strip() == "False", sink.text
+    m.stop("kns2")

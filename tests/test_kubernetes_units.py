@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from pathlib import Path
 from types import SimpleNamespace as NS
 
 import pytest
@@ -363,3 +364,166 @@ def test_the_helper_that_fills_a_claim_mounts_it_as_root_without_a_gpu():
     assert container["volumeMounts"] == [{"name": "workspace", "mountPath": "/workspace"}]
     assert spec["volumes"] == [{"name": "workspace", "persistentVolumeClaim": {"claimName": "c1"}}]
     assert body["metadata"]["labels"] == {pods.LABEL: "s1"}, "its session's stop removes it"
+
+
+# -- when the cluster takes the pod back ----------------------------------------------------
+
+
+def test_the_pod_is_kept_until_read_and_its_hook_has_the_agent_save_within_its_grace():
+    body = pods.manifest(
+        name="p",
+        labels={},
+        annotations={},
+        image="img",
+        agent_argv=["--session-id", "s1"],
+        session_id="s1",
+        resource=("nvidia.com/gpu", 1),
+        placement={"node_selector": {}, "tolerations": []},
+    )
+    assert body["metadata"]["finalizers"] == [pods.FINALIZER]
+    spec, container = body["spec"], body["spec"]["containers"][0]
+    assert spec["terminationGracePeriodSeconds"] == pods.GRACE_S > pods.PRESTOP_WAIT_S
+    hook = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[:2] == ["/bin/sh", "-c"] and "scheduler-signal.json" in hook[2]
+    assert container["terminationMessagePath"] == pods.TERMINATION_LOG
+    from gpusession.core.protocol import NOTICE_SAVE_S
+
+    assert pods.PRESTOP_WAIT_S > NOTICE_SAVE_S  # the hook outwaits the agent's bounded save
+
+
+def _hook(tmp_path, monkeypatch) -> tuple[str, Path]:
+    state = tmp_path / "state"
+    monkeypatch.setattr(pods, "STATE_DIR", str(state))
+    monkeypatch.setattr(pods, "NOTICES", str(state / "notices"))
+    monkeypatch.setattr(pods, "PRESTOP_WAIT_S", 3)
+    return pods.pre_stop(), state
+
+
+def test_the_hook_leaves_a_notice_and_waits_for_the_agents_answer(tmp_path, monkeypatch):
+    """The hook, run by sh as the kubelet runs it, against the agent's own NoticeWatcher: the
+    notice appears, the agent answers (NAME.done), the hook returns only after that."""
+    import subprocess
+    import threading
+    import time
+
+    from gpusession.agent.notices import NoticeWatcher
+    from gpusession.core.protocol import Notice
+
+    script, state = _hook(tmp_path, monkeypatch)
+    state.mkdir()
+    (state / "kernel.json").write_text("{}")
+    answered: list = []
+
+    def save(kind, notice):
+        time.sleep(1.0)  # a save that takes a while
+        answered.append((kind, notice, time.monotonic()))
+
+    watcher = NoticeWatcher(str(state / "notices"), save, interval_s=0.1)
+    threading.Thread(target=watcher.run, daemon=True).start()
+    try:
+        subprocess.run(["/bin/sh", "-c", script], check=True, timeout=10)
+        returned = time.monotonic()
+    finally:
+        watcher.close()
+    assert answered and answered[0][0] is Notice.SCHEDULER_SIGNAL
+    assert answered[0][1] == {"signal": "TERM", "by": "kubernetes"}
+    assert answered[0][2] <= returned  # the SIGTERM comes after the save
+
+
+def test_the_hook_leaves_nothing_at_our_own_stop_or_before_the_kernel(tmp_path, monkeypatch):
+    import subprocess
+
+    script, state = _hook(tmp_path, monkeypatch)
+    subprocess.run(["/bin/sh", "-c", script], check=True, timeout=5)  # no kernel yet
+    assert not (state / "notices").exists()
+    (state / "notices").mkdir(parents=True)
+    (state / "kernel.json").write_text("{}")
+    (state / "notices" / pods.STOPPING).write_text("")
+    subprocess.run(["/bin/sh", "-c", script], check=True, timeout=5)
+    assert sorted(p.name for p in (state / "notices").iterdir()) == [pods.STOPPING]
+
+
+def test_the_hook_gives_up_waiting_within_its_bound(tmp_path, monkeypatch):
+    import subprocess
+    import time
+
+    script, state = _hook(tmp_path, monkeypatch)
+    state.mkdir()
+    (state / "kernel.json").write_text("{}")
+    started = time.monotonic()
+    subprocess.run(["/bin/sh", "-c", script], check=True, timeout=15)  # no agent answers
+    assert 2.5 < time.monotonic() - started < 12
+    assert (state / "notices" / "scheduler-signal.json").exists()
+
+
+def _ended(conditions=(), message=None, phase="Failed", reason=None):
+    terminated = NS(reason="Error", exit_code=143, message=message)
+    return _pod(
+        phase=phase,
+        conditions=conditions,
+        containers=[NS(state=NS(terminated=terminated, waiting=None))],
+        reason=reason,
+    )
+
+
+def test_a_pod_the_cluster_took_back_is_recorded_as_preempted_with_the_agents_save():
+    from gpusession.core.protocol import StopDetails, StopKind, StopReason
+
+    evicted = NS(
+        type="DisruptionTarget",
+        status="True",
+        reason="EvictionByEvictionAPI",
+        message="Eviction API: evicting",
+    )
+    brief = json.dumps(
+        {
+            "reason": {"kind": "signal", "signal": 15},
+            "at": 1700000000.5,
+            "summary": {"checkpoint": {"committed": True, "for": "scheduler-signal"}},
+        }
+    )
+    pod = _ended([evicted], message=brief)
+    own = pods.termination_brief(pod)
+    assert own.reason.kind is StopKind.SIGNAL and own.summary["checkpoint"]["committed"]
+    told = pods.ended_by_cluster(pod, own)
+    assert told.reason.kind is StopKind.PREEMPTED
+    assert told.reason.detail == (
+        "evicted (the Eviction API: a drained node, kubectl drain): Eviction API: evicting"
+    )
+    assert told.summary["checkpoint"]["for"] == "scheduler-signal" and told.at == 1700000000.5
+    # a stop the agent decided stays its own; a pod nobody took back is left as it was
+    idle = StopDetails(reason=StopReason(StopKind.IDLE, idle_for_s=20))
+    assert pods.ended_by_cluster(pod, idle) is idle
+    assert pods.ended_by_cluster(_ended(), own) is own
+    # a kubelet's eviction (no condition, the pod's own reason) and a brief that is not JSON
+    kubelet = _ended(reason="Evicted", message="not json")
+    kubelet.status.message = "The node was low on resource: memory."
+    assert pods.disruption(kubelet) == (
+        "evicted by its node's kubelet: The node was low on resource: memory."
+    )
+    assert pods.termination_brief(kubelet).reason is None
+    said = KubernetesBackend.stop_words["preempted"].format(detail="x")
+    assert said == "the cluster took its pod back: x"
+
+
+def test_the_agents_brief_fits_the_termination_message(tmp_path):
+    from gpusession.agent.service import BRIEF_BYTES, _write_brief
+
+    path = tmp_path / "termination-log"
+    checkpoint = {
+        "committed": True,
+        "for": "scheduler-signal",
+        "saved": 3,
+        "skipped": [{"name": f"v{i}", "why": "x" * 50} for i in range(200)],
+    }
+    stopped = {"reason": {"kind": "signal", "signal": 15}, "at": 5.0}
+    _write_brief(str(path), stopped, {"checkpoint": checkpoint, "usage": {"x": "y" * 9000}})
+    text = path.read_text()
+    assert len(text.encode()) <= BRIEF_BYTES
+    brief = json.loads(text)
+    assert brief["reason"]["kind"] == "signal"
+    assert brief["summary"]["checkpoint"] == {
+        "committed": True,
+        "for": "scheduler-signal",
+        "saved": 3,
+    }

@@ -8,7 +8,10 @@ gpusession.agent.kernelspawn):
 - an instance's boot script polls instance metadata (spot/instance-action,
   events/recommendations/rebalance) and writes what it said there;
 - a Slurm job's batch shell writes one when Slurm sends it `--signal=B:USR1@GRACE`, before the
-  job's time limit or a preemption with a grace time (gpusession/backends/slurm/jobs.py).
+  job's time limit or a preemption with a grace time (gpusession/backends/slurm/jobs.py);
+- a Kubernetes pod's preStop hook writes one when the cluster ends the pod (an eviction, a
+  preemption, a drained node) and waits for NAME.done before the container gets its SIGTERM
+  (gpusession/backends/kubernetes/pods.py).
 
 After a spot interruption's save the agent stops the session itself (StopKind.SPOT_INTERRUPTION):
 whatever ran after the save would be lost with the machine, and the stop leaves the summary, with
@@ -27,6 +30,8 @@ import time
 from typing import Callable
 
 from ..core.protocol import NOTICE_FILES, Marker, Notice, StopKind, StopReason, marker_line
+
+DONE = ".done"  # NOTICE_FILE.done: written when the agent has answered that notice
 
 
 def read_notice(path: str) -> dict:
@@ -70,9 +75,21 @@ class NoticeWatcher:
         return found
 
     def answer(self, kind: Notice, notice: dict) -> threading.Thread:
-        thread = threading.Thread(
-            target=self.on_notice, args=(kind, notice), name=f"gpusession-notice-{kind.value}"
-        )
+        """`on_notice` on a thread of its own; then NAME.done beside the notice file: what waits
+        for the save says so (a Kubernetes pod's preStop hook holds its SIGTERM until then)."""
+
+        def answered() -> None:
+            try:
+                self.on_notice(kind, notice)
+            finally:
+                name = next(n for n, k in NOTICE_FILES.items() if k is kind)
+                try:
+                    with open(os.path.join(self.folder, name + DONE), "w") as f:
+                        f.write(str(time.time()))
+                except OSError:
+                    pass
+
+        thread = threading.Thread(target=answered, name=f"gpusession-notice-{kind.value}")
         thread.daemon = True
         thread.start()
         return thread

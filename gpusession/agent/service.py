@@ -184,6 +184,8 @@ def _on_stop(rt, watchdog: Watchdog, args: AgentArgs, reason: StopReason) -> Non
         json.dump(stopped, f)
     os.replace(tmp, path)
     print(marker_line(Marker.SUMMARY, summary), flush=True)
+    if args.termination_log:
+        _write_brief(args.termination_log, stopped, summary)
     if args.shutdown_command:
         print(marker_line(Marker.SHUTDOWN, {"command": args.shutdown_command}), flush=True)
         try:
@@ -193,6 +195,36 @@ def _on_stop(rt, watchdog: Watchdog, args: AgentArgs, reason: StopReason) -> Non
                 marker_line(Marker.AGENT_ERROR, {"error": f"shutdown command failed: {exc}"}),
                 flush=True,
             )
+
+
+BRIEF_BYTES = 4096  # what Kubernetes keeps of a container's termination message
+
+
+def _write_brief(path: str, stopped: dict, summary: dict) -> None:
+    """The end in brief (stopped.json's reason and time, the save), within BRIEF_BYTES: where
+    the session's log may be gone by the time the local side asks (a pod deleted by its
+    cluster), its status still holds this (pods.termination_brief reads it)."""
+    checkpoint = summary.get("checkpoint")
+    brief = {
+        "reason": stopped.get("reason"),
+        "at": stopped.get("at"),
+        "summary": {
+            k: v for k, v in summary.items() if k in ("reason", "at", "session_id", "checkpoint")
+        },
+    }
+    text = json.dumps(brief, separators=(",", ":"))
+    if len(text.encode()) > BRIEF_BYTES and isinstance(checkpoint, dict):
+        keep = ("committed", "for", "error", "saved", "bytes", "seconds", "folder", "noticed_at")
+        brief["summary"]["checkpoint"] = {k: checkpoint.get(k) for k in keep if k in checkpoint}
+        text = json.dumps(brief, separators=(",", ":"))
+    if len(text.encode()) > BRIEF_BYTES:
+        brief["summary"].pop("checkpoint", None)
+        text = json.dumps(brief, separators=(",", ":"))[:BRIEF_BYTES]
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        print(marker_line(Marker.AGENT_ERROR, {"error": f"no brief in {path}: {exc}"}), flush=True)
 
 
 # -- commands besides `run` --------------------------------------------------------------------

@@ -212,6 +212,14 @@ class AgentArgs:
         "shell command run when the session stops, e.g. 'shutdown -h now' on a cloud instance",
         metavar="CMD",
     )
+    termination_log: str = _option(
+        "",
+        TEXT,
+        "a file the agent writes its end's brief into when the session stops (why, when, the "
+        "save: JSON, at most 4 KB), e.g. a Kubernetes container's /dev/termination-log, which "
+        "the pod's status keeps after its log is gone",
+        metavar="PATH",
+    )
     save_timeout: float | None = _option(
         DEFAULT_SAVE_TIMEOUT_S,
         SAVE_TIMEOUT,

@@ -55,7 +55,7 @@ from .claims import ClaimWorkspaces, claim_name, place_cluster, storage_class
 
 log = logging.getLogger(__name__)
 
-STATE_DIR = "/tmp/gpusession"  # the runtime's state folder in the pod's container
+STATE_DIR = pods.STATE_DIR  # the runtime's state folder in the pod's container
 START_TIMEOUT = 120.0  # from the runtime's copy to its READY
 STOP_WAIT_S = 60.0  # after the delete, until the pod is gone
 STOP_GRACE_S = 10  # the runtime's time to end the kernel after SIGTERM
@@ -75,6 +75,7 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
     stop_words = {
         "instance-ended": "its pod ended: {detail}",
         "gone": "its pod is gone",
+        "preempted": "the cluster took its pod back: {detail}",
     }
     settings = (
         Setting(
@@ -325,6 +326,8 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
             kernel_ip="127.0.0.1",
             workspace=WORKSPACE_MOUNT,
             cwd=WORKSPACE_MOUNT,
+            notice_dir=pods.NOTICES,
+            termination_log=pods.TERMINATION_LOG,
         ).argv()
         body = pods.manifest(
             name=name,
@@ -557,19 +560,28 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         return f"{pods.LABEL},{pods.STORE_LABEL}={self.recorder.store_id}"
 
     def stop_details(self, record: SessionRecord) -> StopDetails | None:
-        """The runtime's STOPPED and SUMMARY markers in the pod's log; else the pod's own end
-        (OOMKilled, Evicted: ...). None for a pod never made or gone."""
+        """The runtime's STOPPED and SUMMARY markers in the pod's log, else the agent's brief
+        in the container's status (a pod kept by FINALIZER after its log went); told as the
+        cluster's taking it back when the cluster ended the pod (an eviction, a preemption:
+        `pods.ended_by_cluster`); else the pod's own end (OOMKilled, ...). None for a pod never
+        made or gone."""
         name = record.resource.get("pod")
         if not name or record.spec.backend != self.name:
             return None
         try:
             cluster = self.cluster_of(record)
-            pod = self._read(cluster, name)
+            pod = self._ended(cluster, name)
             if pod is None:
                 return None
             logged = stop_details_from_log(self._log(cluster, name) or "") or StopDetails()
         except (BackendUnavailable, StageError, ValueError):
             return None
+        if logged.reason is None:
+            brief = pods.termination_brief(pod)
+            logged = StopDetails(
+                reason=brief.reason, at=brief.at, summary=logged.summary or brief.summary
+            )
+        logged = pods.ended_by_cluster(pod, logged)
         if logged.reason is not None:
             return logged
         ended, code = pods.termination(pod)
@@ -580,6 +592,22 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
             reason=StopReason(StopKind.INSTANCE_ENDED, exit_code=code, detail=detail),
             summary=logged.summary,
         )
+
+    def _ended(self, cluster: Cluster, name: str) -> Any:
+        """The pod, once it has ended when the cluster is ending it (an eviction's grace: the
+        agent saves, then says how it ended), within its grace; None when it is gone."""
+        pod = self._read(cluster, name)
+        deadline, delay = time.monotonic() + pods.GRACE_S + 10, 0.3
+        while (
+            pod is not None
+            and pod.metadata.deletion_timestamp is not None
+            and pod.status.phase in ("Pending", "Running")
+            and time.monotonic() < deadline
+        ):
+            time.sleep(delay)
+            delay = min(delay * 1.5, POLL_MAX_S)
+            pod = self._read(cluster, name)
+        return pod
 
     def stop(self, record: SessionRecord) -> None:
         """Delete the pod (by its recorded name, and any of the session's label), wait until it
@@ -598,14 +626,68 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         names |= {p.metadata.name for p in listed.items}
         if record.state in (State.REQUESTED, State.PROVISIONING, State.STARTING) and res.get("pod"):
             self._keep_start_log(cluster, record.id, res["pod"])
+        for pod in listed.items:  # our own stop: no notice, no save the user did not ask for
+            if pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None:
+                self._mark_stopping(cluster, pod.metadata.name)
         for name in sorted(names):
             self._delete(cluster, name)
         self.drop_claim_of_start(cluster, record)  # the workspace's claim stays, unless new
         self.recorder.save(record.id, removed_at=time.time())
 
-    def _delete(self, cluster: Cluster, name: str) -> None:
-        """Delete the pod and wait until it is gone (its GPUs free); StageError when it stays."""
+    def _mark_stopping(self, cluster: Cluster, name: str) -> None:
+        """Tell the pod's preStop hook that this is our own stop (pods.STOPPING): the hook then
+        leaves no notice, so the agent saves only what `stop --save` asked. Best effort: a pod
+        that does not answer within seconds is deleted all the same."""
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from . import podexec
+
+        mark = f"mkdir -p -m 700 {pods.NOTICES} && : > {pods.NOTICES}/{pods.STOPPING}"
+        try:
+            podexec.run(
+                cluster,
+                name,
+                ["/bin/sh", "-c", mark],
+                timeout=5,
+                what="marking our own stop",
+            )
+        except (BackendUnavailable, StageError, OSError) as exc:
+            log.debug("pod %s: no stop mark: %s", name, exc)
+
+    def _let_go(self, cluster: Cluster, name: str) -> None:
+        """Take our FINALIZER off the pod (its end is read by now): removed alone, by its index
+        under a test, so another controller's finalizer stays (a list changed under us between
+        the read and the patch is read again)."""
         kubernetes = apiserver.sdk()
+        for _ in range(3):
+            pod = self._read(cluster, name)
+            held = list((pod.metadata.finalizers or []) if pod is not None else [])
+            if pods.FINALIZER not in held:
+                return
+            i = held.index(pods.FINALIZER)
+            patch = [
+                {"op": "test", "path": f"/metadata/finalizers/{i}", "value": pods.FINALIZER},
+                {"op": "remove", "path": f"/metadata/finalizers/{i}"},
+            ]
+            with answering(cluster, f"while letting go of pod {name}"):
+                try:
+                    cluster.api.patch_namespaced_pod(
+                        name, cluster.namespace, patch, _request_timeout=apiserver.REQUEST_TIMEOUT
+                    )
+                    return
+                except kubernetes.client.ApiException as exc:
+                    if is_missing(exc):
+                        return
+                    if exc.status != 422:
+                        raise StageError(
+                            "stop", f"cannot let go of pod {name}: {api_words(exc)}"
+                        ) from None
+        raise StageError("stop", f"cannot let go of pod {name}: its finalizers keep changing")
+
+    def _delete(self, cluster: Cluster, name: str) -> None:
+        """Delete the pod, letting go of it (FINALIZER), and wait until it is gone (its GPUs
+        free); StageError when it stays."""
+        kubernetes = apiserver.sdk()
+        self._let_go(cluster, name)
         with answering(cluster, f"while deleting pod {name}"):
             try:
                 cluster.api.delete_namespaced_pod(

@@ -13,7 +13,7 @@ from typing import Any
 
 from ...configuration.agentargs import WORKSPACE_MOUNT
 from ...core.errors import BadInput
-from ...core.protocol import ENV_SESSION_ID
+from ...core.protocol import ENV_SESSION_ID, NOTICE_FILES, Notice, StopDetails, StopKind, StopReason
 
 LABEL = "gpusession.session"  # on every pod of a session: its id
 STORE_LABEL = "gpusession.session.store"  # which session store made it: gc takes only its own
@@ -28,6 +28,26 @@ LAUNCH_ENV = "launch.env"  # in RUNTIME_ROOT: what the probe found, sourced befo
 PRODUCT_LABEL = "nvidia.com/gpu.product"  # NVIDIA GPU feature discovery's label of the model
 GPU_RESOURCE = "nvidia.com/gpu"
 RUNTIME_WAIT_S = 600  # a pod whose runtime never arrives (its starter died) ends itself
+STATE_DIR = "/tmp/gpusession"  # the runtime's state folder in the pod's container
+NOTICES = f"{STATE_DIR}/notices"  # the agent's notice folder (gpusession.agent.notices)
+STOPPING = ".stopping"  # in NOTICES: our own stop deletes the pod, no notice to write
+# the pod is kept, ended, until the session's record has read how it ended (the Job
+# controller's pod tracking finalizer does the same): a pod the cluster deletes (an eviction, a
+# preemption, a drained node) would otherwise take its status and log with it
+FINALIZER = "gpusession.session/keep-until-read"
+# a pod the cluster ends: its preStop hook has the agent save (at most NOTICE_SAVE_S), then the
+# kernel gets its SIGTERM; the grace covers both (a preemption's and an eviction's are the pod's)
+GRACE_S = 60
+PRESTOP_WAIT_S = 40  # the hook's wait for the save (NOTICE_SAVE_S 20 and the kernel's pause)
+TERMINATION_LOG = "/dev/termination-log"  # the agent's brief of its end (--termination-log)
+# the reasons of the DisruptionTarget condition (Kubernetes' PodDisruptionConditions)
+DISRUPTIONS = {
+    "PreemptionByScheduler": "preempted by the scheduler for a higher-priority pod",
+    "EvictionByEvictionAPI": "evicted (the Eviction API: a drained node, kubectl drain)",
+    "DeletionByTaintManager": "its node was tainted NoExecute",
+    "DeletionByPodGC": "its node is gone",
+    "TerminationByKubelet": "its node's kubelet ended it (node pressure or shutdown)",
+}
 
 # NVIDIA GPU feature discovery's product names for the catalog's types (a MIG slice is placed
 # by its card's); KubernetesBackend.gpu_products adds or overrides, for clusters that differ
@@ -166,8 +186,11 @@ def manifest(
                 "env": [{"name": ENV_SESSION_ID, "value": session_id}],
                 "resources": {"limits": {resource[0]: str(resource[1])}},
                 "volumeMounts": mounts,
+                "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", pre_stop()]}}},
+                "terminationMessagePath": TERMINATION_LOG,
             }
         ],
+        "terminationGracePeriodSeconds": GRACE_S,
     }
     if claim:
         spec["securityContext"] = {
@@ -182,9 +205,69 @@ def manifest(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": annotations,
+            "finalizers": [FINALIZER],
+        },
         "spec": spec,
     }
+
+
+def pre_stop() -> str:
+    """The container's preStop hook: when the cluster ends the pod (our own stop marks STOPPING
+    first; a kernel not up yet has nothing to save) it leaves the agent a scheduler-signal notice
+    and waits until the agent has answered it (NAME.done), so the kernel's SIGTERM comes after
+    the save."""
+    name = next(n for n, k in NOTICE_FILES.items() if k is Notice.SCHEDULER_SIGNAL)
+    notice, done = f"{NOTICES}/{name}", f"{NOTICES}/{name}.done"
+    return (
+        f"[ -f {STATE_DIR}/kernel.json ] && [ ! -f {NOTICES}/{STOPPING} ] || exit 0; "
+        f"mkdir -p -m 700 {NOTICES} && rm -f {done} && "
+        f"""echo '{{"signal":"TERM","by":"kubernetes"}}' > {notice}.tmp && """
+        f"mv {notice}.tmp {notice}; i=0; "
+        f"while [ ! -f {done} ] && [ $i -lt {PRESTOP_WAIT_S * 5} ]; do "
+        "sleep 0.2 2>/dev/null || sleep 1; i=$((i+1)); done; exit 0"
+    )
+
+
+def disruption(pod) -> str | None:
+    """Why the cluster ended the pod, in words, when it did: its DisruptionTarget condition (a
+    preemption, an eviction, a taint), else a kubelet's eviction (phase Failed, reason
+    Evicted); None for a pod the cluster did not take back."""
+    for condition in pod.status.conditions or []:
+        if condition.type == "DisruptionTarget" and condition.status == "True":
+            said = DISRUPTIONS.get(condition.reason or "", condition.reason or "disrupted")
+            return f"{said}: {condition.message}" if condition.message else said
+    if pod.status.phase == "Failed" and pod.status.reason == "Evicted":
+        return f"evicted by its node's kubelet: {pod.status.message or 'node pressure'}"
+    return None
+
+
+def termination_brief(pod) -> StopDetails:
+    """The agent's brief of its end (--termination-log), as the container's status keeps it
+    after its log is gone; empty when it left none."""
+    for container in pod.status.container_statuses or []:
+        ended = container.state.terminated if container.state else None
+        if ended is not None and ended.message:
+            try:
+                return StopDetails.from_dict(json.loads(ended.message))
+            except ValueError:
+                return StopDetails()
+    return StopDetails()
+
+
+def ended_by_cluster(pod, own: StopDetails) -> StopDetails:
+    """`own` (what the agent said of its end), told as the cluster's taking the pod back
+    (StopKind.PREEMPTED, the condition's words) when the cluster ended it: the agent only saw a
+    SIGTERM. A stop the agent decided (idle, a limit) stays its own."""
+    said = disruption(pod)
+    if said is None or (own.reason is not None and own.reason.kind is not StopKind.SIGNAL):
+        return own
+    return StopDetails(
+        reason=StopReason(StopKind.PREEMPTED, detail=said), at=own.at, summary=own.summary
+    )
 
 
 def workspace_owner(image: str) -> dict[str, Any]:
