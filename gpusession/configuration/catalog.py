@@ -205,7 +205,7 @@ class Catalog:
             cells = [c.texts.get(t.name, "-") for c in columns] or [""]
             if t.is_mig and cells[-1] in ("-", ""):
                 cells[-1] = (
-                    f"MIG slice: {round((t.share or 0) * 7)}/7 of {t.mig_of} (docker, slurm)"
+                    f"MIG slice: {round((t.share or 0) * 7)}/7 of {t.mig_of} (docker, slurm, kubernetes)"
                 )
             rows.append(
                 (

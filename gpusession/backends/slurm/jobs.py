@@ -63,6 +63,7 @@ RESERVED_FLAGS = (
 )
 _WORD = re.compile(r"^[A-Za-z0-9_.+/@:=,%-]+$")
 _GRES_TYPE = re.compile(r"^[A-Za-z0-9_.-]+$")
+MIG_PROFILE = re.compile(r"-(\d+g\.\d+gb)$")  # a MIG type's profile: a100-1g.10gb -> 1g.10gb
 
 #: the slurm options of the option table (gpusession/configuration/options.py), as spec.extra keys
 START_OPTIONS = (  # the slurm backend's start options (SlurmBackend.start_options); read and checked here
@@ -210,10 +211,15 @@ class JobSettings:
     workspace_dir: str | None = None  # the workspaces' folder (default: ~/.gpusession/workspaces)
 
     def gres_type(self, gpu_type: str) -> str:
-        """The cluster's GRES type name for a catalog type; '' for an untyped request."""
+        """The cluster's GRES type name for a catalog type; '' for an untyped request. A MIG
+        slice's is its profile ('a100-1g.10gb' -> '1g.10gb'), as Slurm's MIG types are named
+        (a substring of the profile NVML reports, e.g. nvidia_a100_1g.10gb)."""
         if gpu_type in self.gres_types:
             return self.gres_types[gpu_type]
-        return gpu_type if self.gres_default is None else self.gres_default
+        if self.gres_default is not None:
+            return self.gres_default
+        profile = MIG_PROFILE.search(gpu_type)
+        return profile.group(1) if profile else gpu_type
 
 
 def read_settings(
