@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...configuration.agentargs import AgentArgs
+from ...configuration.catalog import mig_profile
 from ...configuration.options import StartOption
 from ...core.durations import QUEUE_TIMEOUT, SIGNAL_GRACE, parse_money
 from ...core.errors import BadInput
@@ -63,7 +64,6 @@ RESERVED_FLAGS = (
 )
 _WORD = re.compile(r"^[A-Za-z0-9_.+/@:=,%-]+$")
 _GRES_TYPE = re.compile(r"^[A-Za-z0-9_.-]+$")
-MIG_PROFILE = re.compile(r"-(\d+g\.\d+gb)$")  # a MIG type's profile: a100-1g.10gb -> 1g.10gb
 
 #: the slurm options of the option table (gpusession/configuration/options.py), as spec.extra keys
 START_OPTIONS = (  # the slurm backend's start options (SlurmBackend.start_options); read and checked here
@@ -218,8 +218,7 @@ class JobSettings:
             return self.gres_types[gpu_type]
         if self.gres_default is not None:
             return self.gres_default
-        profile = MIG_PROFILE.search(gpu_type)
-        return profile.group(1) if profile else gpu_type
+        return mig_profile(gpu_type) or gpu_type
 
 
 def read_settings(
