@@ -6,7 +6,11 @@
 #               slurmd (NodeName n1 / n2) and sshd, in a mount namespace whose /etc/ssh is the
 #               node's own (so a job reads its node's host key where a real node keeps it)
 # GPUs without GPUs: GRES from plain files (gres.conf AutoDetect=off): n1 has gpu:t4:2, n2 has
-# gpu:a100_40g:1 (a cluster's own type name, mapped from the catalog's a100 by --gres-type).
+# gpu:a100_40g:1 (a cluster's own type name, mapped from the catalog's a100 by --gres-type) and
+# two MIG slices of an A100 80GB, gpu:1g.10gb:2 (Slurm names a MIG type by its profile). A real
+# node's slurmd finds slices with AutoDetect=nvml and gives a job its slice's MIG UUID in
+# CUDA_VISIBLE_DEVICES; here a TaskProlog stands in for that: it turns a slice's index into the
+# UUID of a slice of tests/data/nvml_a100_mig.json (the recording the MIG test's agent replays).
 # Every node shares this machine's filesystem, as cluster nodes share home and software.
 # Partitions: gpu (the default) and urgent, whose jobs preempt gpu's after a GraceTime in which
 # Slurm sends the preempted job its --signal (preempt_send_user_signal; docs/slurm.md).
@@ -30,8 +34,8 @@ CTL_IP=10.210.0.1
 LOGIN_IP=10.210.0.10
 NODES=(n1 n2)
 declare -A NODE_IP=([n1]=10.210.0.11 [n2]=10.210.0.12)
-declare -A NODE_GRES=([n1]=gpu:t4:2 [n2]=gpu:a100_40g:1)
-declare -A NODE_GPUS=([n1]="t4 2" [n2]="a100_40g 1")
+declare -A NODE_GPUS=([n1]="t4 2" [n2]="a100_40g 1 1g.10gb 2")   # GRES type and count, in index order
+declare -A NODE_MIG=([n2]="1=MIG-5f0e1d2c-3b4a-5968-7a8b-9c0d1e2f3a42 2=MIG-5f0e1d2c-3b4a-5968-7a8b-9c0d1e2f3a43")
 PREEMPT_GRACE_S=10   # GraceTime of the gpu partition's jobs when an urgent job preempts them
 CTL_PORT=6917 SLURMD_PORT=6918 REGISTRY_PORT=5443   # not the defaults: a system Slurm on this machine keeps its own
 NAME=ci-slurm
@@ -172,13 +176,52 @@ EOF
         "curl -s -o /dev/null -w '%{http_code}' --cacert '$dir/ca.crt' https://$CTL_IP:$REGISTRY_PORT/v2/ | grep -q 401"
 }
 
+# a node's GPU count (all its GRES types) and its slurm.conf Gres= value
+gpu_count() {
+    local n=0
+    set -- ${NODE_GPUS[$1]}
+    while [ $# -ge 2 ]; do n=$((n + $2)); shift 2; done
+    echo "$n"
+}
+node_gres() {
+    local out=()
+    set -- ${NODE_GPUS[$1]}
+    while [ $# -ge 2 ]; do out+=("gpu:$1:$2"); shift 2; done
+    (IFS=,; echo "${out[*]}")
+}
+
+# The stand-in for AutoDetect=nvml's MIG UUIDs (see the header): a job given a slice's index in
+# CUDA_VISIBLE_DEVICES gets the slice's UUID there instead, as on a node with real slices.
+task_prolog() {
+    local node pair
+    {
+        echo '#!/bin/sh'
+        echo '# written by scripts/ci-slurm.sh: a slice index in CUDA_VISIBLE_DEVICES -> its MIG UUID'
+        echo '[ -n "$CUDA_VISIBLE_DEVICES" ] || exit 0'
+        echo 'case "$SLURMD_NODENAME" in'
+        for node in "${!NODE_MIG[@]}"; do
+            printf '%s) map="%s" ;;\n' "$node" "${NODE_MIG[$node]}"
+        done
+        echo '*) exit 0 ;;'
+        echo 'esac'
+        echo 'out= ; changed='
+        echo 'for i in $(echo "$CUDA_VISIBLE_DEVICES" | tr , " "); do'
+        echo '    id=$i'
+        echo '    for pair in $map; do [ "${pair%%=*}" = "$i" ] && id=${pair#*=} && changed=1; done'
+        echo '    out="$out${out:+,}$id"'
+        echo 'done'
+        echo '[ -z "$changed" ] || echo "export CUDA_VISIBLE_DEVICES=$out"'
+    } >"$STATE/task-prolog.new"
+    chmod 0755 "$STATE/task-prolog.new"
+    if cmp -s "$STATE/task-prolog.new" "$STATE/task-prolog"; then rm "$STATE/task-prolog.new"; else mv "$STATE/task-prolog.new" "$STATE/task-prolog"; fi
+}
+
 slurm_conf() {
     mkdir -p "$STATE/ctld" "$STATE/dev" "$STATE/log"
-    local node gpu_type count
+    local node i
     for node in "${NODES[@]}"; do
         mkdir -p "$STATE/spool-$node"
-        read -r gpu_type count <<<"${NODE_GPUS[$node]}"
-        for i in $(seq 0 $((count - 1))); do
+        for i in $(seq 0 $(($(gpu_count "$node") - 1))); do
             # a character device (1,3: as /dev/null), so that slurmd takes it for a GPU and sets
             # CUDA_VISIBLE_DEVICES and SLURM_JOB_GPUS for the jobs given it (not for plain files)
             [ -c "$STATE/dev/$node-gpu$i" ] && continue
@@ -214,6 +257,7 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=2
 GresTypes=gpu
+TaskProlog=$STATE/task-prolog
 ReturnToService=2
 SlurmdParameters=config_overrides
 MpiDefault=none
@@ -226,7 +270,7 @@ PreemptMode=REQUEUE
 SlurmctldParameters=preempt_send_user_signal
 EOF
         for node in "${NODES[@]}"; do
-            echo "NodeName=$node NodeAddr=${NODE_IP[$node]} CPUs=2 RealMemory=1000 Gres=${NODE_GRES[$node]} State=UNKNOWN"
+            echo "NodeName=$node NodeAddr=${NODE_IP[$node]} CPUs=2 RealMemory=1000 Gres=$(node_gres "$node") State=UNKNOWN"
         done
         # preemption: a job in "urgent" (a higher PriorityTier) takes a "gpu" job's allocation;
         # the "gpu" job has GraceTime to save (Slurm sends its --signal at once: send_user_signal)
@@ -236,11 +280,19 @@ EOF
     } >"$STATE/slurm.conf.new"
     {
         echo "AutoDetect=off"
+        local node first gpu_type count
         for node in "${NODES[@]}"; do
-            read -r gpu_type count <<<"${NODE_GPUS[$node]}"
-            echo "NodeName=$node Name=gpu Type=$gpu_type File=$STATE/dev/$node-gpu[0-$((count - 1))]"
+            first=0
+            set -- ${NODE_GPUS[$node]}
+            while [ $# -ge 2 ]; do
+                gpu_type=$1 count=$2
+                shift 2
+                echo "NodeName=$node Name=gpu Type=$gpu_type File=$STATE/dev/$node-gpu[$first-$((first + count - 1))]"
+                first=$((first + count))
+            done
         done
     } >"$STATE/gres.conf.new"
+    task_prolog
     # A changed layout (nodes, GPUs) starts the daemons over; any other change (partitions,
     # preemption) is read by the running cluster (scontrol reconfigure): jobs run on meanwhile.
     local layout=0 settings=0

@@ -10,6 +10,12 @@
 #   sample-busy.json     the same while a small CUDA load runs (only when torch or cupy exists)
 #   nvml-record.json     raw NVML values (`nvml-record`): the replay format of tests/data/
 #   agent-stats.json     GET /stats from a real agent runtime (only when ipykernel exists)
+#   box-reading.txt      what a docker start reads of the box to pick free GPUs (READ_SCRIPT),
+#                        parsed as the picker parses it: every GPU, every MIG slice by UUID
+#   sample-slice.json    the sampler limited to the first MIG slice (only when a card is split):
+#                        one GPU, its profile, its memory, utilization null ("n/a (MIG)")
+# It only reads: it never changes a card's MIG mode or slices (an admin's job: nvidia-smi -mig 1,
+# nvidia-smi mig -cgi ... -C); on a card not in MIG mode the MIG checks say so and are skipped.
 #   summary.txt          what to paste into docs/gpu-agent.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,6 +86,40 @@ for s in doc["samples"]:
 EOF
 else
     echo "== no torch or cupy here: no CUDA load, utilization stays near 0" | tee -a "$OUT_DIR/summary.txt"
+fi
+
+echo "== what a docker start reads of this box (free-GPU pick), and MIG slices" | tee -a "$OUT_DIR/summary.txt"
+nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader 2>&1 | tee -a "$OUT_DIR/summary.txt" || true
+"$PY" - "$OUT_DIR/box-reading.txt" <<'EOF' | tee -a "$OUT_DIR/summary.txt"
+import subprocess, sys
+from gpusession.backends.docker import gpus
+out = subprocess.run(["sh", "-c", gpus.READ_SCRIPT], capture_output=True, text=True, timeout=60).stdout
+open(sys.argv[1], "w").write(out)
+parsed = gpus.parse_reading(out)
+if parsed is None:
+    print("the picker read no GPU here: " + out[:200])
+else:
+    found, kind = parsed
+    print(f"{len(found)} GPUs/slices read from {kind}; free now: {len(gpus.free_gpus(found, {}))}")
+    for g in found:
+        print(f"  {g.label}: {g.uuid} {g.name} used={g.memory_used} util={g.utilization} split={g.split}")
+EOF
+slice=$(nvidia-smi -L 2>/dev/null | sed -n 's/.*MIG .*(UUID: \(MIG-[^)]*\)).*/\1/p' | head -n 1)
+if [ -n "$slice" ]; then
+    echo "== the sampler on one MIG slice ($slice)" | tee -a "$OUT_DIR/summary.txt"
+    CUDA_VISIBLE_DEVICES=$slice timeout 60 "$PY" -m gpusession.agent sample --count 3 --interval 1 >"$OUT_DIR/sample-slice.json"
+    "$PY" - "$OUT_DIR/sample-slice.json" <<'EOF' | tee -a "$OUT_DIR/summary.txt"
+import json, sys
+from gpusession.words.status import gpu_lines
+doc = json.load(open(sys.argv[1]))
+last = doc["samples"][-1]
+gpus = last["gpus"]
+ok = len(gpus) == 1 and gpus[0].get("mig") and gpus[0]["utilization"] is None and gpus[0]["memory_total"]
+print(("OK" if ok else "UNEXPECTED") + f": {len(gpus)} GPU(s) seen: " + json.dumps(gpus)[:400])
+print("\n".join(gpu_lines(last)))
+EOF
+else
+    echo "== no MIG slice on this machine (no card in MIG mode): MIG checks skipped" | tee -a "$OUT_DIR/summary.txt"
 fi
 
 if "$PY" -c 'import ipykernel' 2>/dev/null; then

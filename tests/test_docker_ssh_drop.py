@@ -120,3 +120,35 @@ def test_more_calls_at_once_than_sshd_allows_sessions_all_succeed(remote):
         assert results == [[]] * 48
     finally:
         client.close()
+
+
+@pytest.mark.docker
+@no_engine
+def test_a_command_on_the_engines_login_waits_for_a_channel_sshd_refused(remote):
+    """What a start runs on the box itself over the engine's SSH connection (its GPU reading,
+    the kernel's socket folder) is one more session channel: with the connection's 10 taken
+    (here: held by the test; under load, the pool's and the streams'), sshd refuses it
+    ('Connect failed': a loaded run's MIG start failed on it with our stack). It is asked for
+    again, the pool's idle channels closed, until one is free; then it runs."""
+    import threading
+
+    from gpusession.backends.docker.ssh import host_exec
+
+    client = engine_client(remote["url"])
+    held = []
+    try:
+        assert client.ping()
+        transport = client.api._custom_adapter.ssh_client.get_transport()
+        while True:  # every channel sshd allows this connection, less the pool's
+            try:
+                held.append(transport.open_session(timeout=10))
+            except Exception:  # noqa: BLE001 - paramiko.ChannelException: the limit
+                break
+        assert len(held) >= 5, len(held)
+        threading.Timer(1.0, held.pop().close).start()  # one comes free a second later
+        status, out, _ = host_exec(client, "echo ran", timeout=30)
+        assert (status, out) == (0, b"ran\n")
+    finally:
+        for chan in held:
+            chan.close()
+        client.close()

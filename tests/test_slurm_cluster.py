@@ -1,6 +1,6 @@
 """The slurm backend against a real Slurm (scripts/ci-slurm.sh): slurmctld, a login node with
 sshd and two compute nodes, each in its own network namespace, GPUs as GRES without devices
-(n1: gpu:t4:2, n2: gpu:a100_40g:1). Sessions are submitted through the login node over SSH,
+(n1: gpu:t4:2, n2: gpu:a100_40g:1 and two MIG slices gpu:1g.10gb:2). Sessions are submitted through the login node over SSH,
 placed by Slurm, and reached through the login node as jump host to the node's loopback."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from gpusession.core.models import State
 from gpusession.core.protocol import StopKind
 from gpusession.session.views import session_view
 from gpusession.transport.kernel.sink import OutputSink
+from gpusession.words.status import MIG_UTILIZATION, gpu_lines
 from support.procs import start_interrupted, wait_dead
 from support.slurm import (
     REGISTRY,
@@ -636,6 +637,39 @@ def test_the_agent_reads_only_the_gpus_slurm_gave_the_job(cluster, home, manager
     gpus = samples[-1]["gpus"]
     assert [g["index"] for g in gpus] == [1] and gpus[0]["utilization"] == 0.0, gpus
     manager.stop(session.id)
+
+
+def test_a_mig_type_runs_on_its_slice_and_its_stats_say_n_a_mig(cluster, home, manager):
+    """`--type a100-1g.10gb` asks Slurm for gpu:1g.10gb:1 (a MIG type is named by its profile),
+    which only n2 has; the job's CUDA_VISIBLE_DEVICES names its slice by UUID (on the test
+    cluster a TaskProlog stands in for AutoDetect=nvml: scripts/ci-slurm.sh); the agent, replaying
+    an A100 80GB split into 7 slices, reads that slice alone: its memory, and 'n/a (MIG)' for its
+    utilization in the lines the faces print. A slice costs its share of the GPU-hour price."""
+    recording = Path(__file__).parent / "data" / "nvml_a100_mig.json"
+    lines: list[str] = []
+    spec = slurm_spec(
+        manager,
+        cluster,
+        "a100-1g.10gb",
+        name="slice",
+        nvml_replay=str(recording),
+        price_per_gpu_hour="$7",
+    )
+    session = manager.start(spec, report=lines.append)
+    record = manager.store.get(session.record.id)
+    assert any("submitting: sbatch --gres=gpu:1g.10gb:1 " in line for line in lines), lines
+    assert node_of(cluster, record.resource["job_id"]) == "n2"
+    assert record.price_per_hour == pytest.approx(1.0)  # $7 per GPU-hour, 1/7 of the card
+    shown = cell(session, "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])").strip()
+    assert shown == "MIG-5f0e1d2c-3b4a-5968-7a8b-9c0d1e2f3a42", shown
+    samples = wait_until(lambda: session.stats().get("samples"), 20, "the agent's samples")
+    (gpu,) = samples[-1]["gpus"]
+    assert gpu["mig"] == "1g.10gb" and gpu["utilization"] is None, gpu
+    assert gpu["memory_used"] == 13 * 1024 * 1024, gpu
+    (line,) = gpu_lines(samples[-1])
+    assert f"Util {MIG_UTILIZATION}" in line and "13 MiB" in line, line
+    manager.stop(session.id)
+    assert squeue(cluster) == []
 
 
 def test_gc_cancels_a_job_whose_session_is_gone(cluster, home, manager):

@@ -44,6 +44,15 @@ def settings(**extra) -> jobs.JobSettings:
 # -- settings ------------------------------------------------------------------------------------
 
 
+def test_a_mig_type_asks_for_the_gres_type_named_by_its_profile():
+    """Slurm names MIG types by their profile (its MIG docs: gpu:1g.10gb); a map still wins."""
+    assert settings().gres_type("a100-1g.10gb") == "1g.10gb"
+    assert settings().gres_type("h100-3g.40gb") == "3g.40gb"
+    mapped = settings(gres_type="a100-1g.10gb=nvidia_a100_1g.10gb")
+    assert mapped.gres_type("a100-1g.10gb") == "nvidia_a100_1g.10gb"
+    assert settings(gres_type="none").gres_type("a100-1g.10gb") == ""
+
+
 def test_gres_types_map_the_catalog_to_the_cluster():
     assert settings().gres_type("a100") == "a100"
     assert settings(gres_type="tesla_t4").gres_type("t4") == "tesla_t4"

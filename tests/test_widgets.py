@@ -129,6 +129,28 @@ def test_live_updates_from_a_thread_end_with_the_session(manager):
 
 
 @pytest.mark.integration
+def test_a_refresh_that_saw_the_end_says_nothing_over_the_stop_buttons_result(manager):
+    """The panel's refresh read the session's view (ended) while the card's own Stop finished and
+    said its result; the refresh then spoke to a card already showing the end and replaced
+    "stopped: ran ..." with how it ended ("... was stopped by the session panel"): a browser
+    test failed on it in a loaded run. A card its own Stop ended keeps that button's words."""
+    session = manager.start(manager.make_spec("t4", backend="local", idle="10m"))
+    panel = SessionPanel(manager, [session.id])
+    card = panel.cards[session.id]
+    real_read = panel._read
+
+    def read_while_the_button_stops(sid):
+        card.stop_button.click()  # the button's whole stop, between the refresh's look and read
+        return real_read(sid)
+
+    panel._read = read_while_the_button_stops
+    panel.refresh()
+    assert manager.get(session.id).state == State.STOPPED
+    assert _text(card.message.value).startswith("stopped: ran "), card.message.value
+    panel.close()
+
+
+@pytest.mark.integration
 def test_watchdog_stop_shows_on_the_card(manager):
     session = manager.start(manager.make_spec("t4", backend="local", idle="2s"))
     panel = SessionPanel(manager, [session.id], interval=0.3).start_polling()

@@ -20,6 +20,7 @@ import functools
 import json
 import logging
 import os
+import re
 import sys
 from importlib import resources
 from pathlib import Path
@@ -31,6 +32,15 @@ from ..core.errors import BadInput
 from . import registry
 
 log = logging.getLogger("gpusession")
+
+_MIG_PROFILE = re.compile(r"(?:^|-)(\d+g\.\d+gb)$")
+
+
+def mig_profile(type_name: str) -> str | None:
+    """A MIG type's profile, the words NVIDIA, Slurm and Kubernetes name a slice by
+    ('a100-1g.10gb' -> '1g.10gb'); None for a whole card's type."""
+    found = _MIG_PROFILE.search(type_name)
+    return found.group(1) if found else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +215,7 @@ class Catalog:
             cells = [c.texts.get(t.name, "-") for c in columns] or [""]
             if t.is_mig and cells[-1] in ("-", ""):
                 cells[-1] = (
-                    f"MIG slice: {round((t.share or 0) * 7)}/7 of {t.mig_of} (docker, slurm)"
+                    f"MIG slice: {round((t.share or 0) * 7)}/7 of {t.mig_of} (docker, slurm, kubernetes)"
                 )
             rows.append(
                 (

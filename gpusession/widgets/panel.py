@@ -421,8 +421,10 @@ class SessionPanel:
             view, stats, problem = self._read(card.id)
             final = view["state"] in FINAL_STATES
             with self._lock:
-                if final:  # how it ended (its watchdog, a stop elsewhere, a failure): said before
-                    card.say(ended_message(self.manager.get(card.id)))  # the card shows the end
+                if final and not card.final:  # how it ended (its watchdog, a stop elsewhere, a
+                    # failure), said before the card shows the end; a card its own Stop ended
+                    # says that button's result (_stop), not this over it
+                    card.say(ended_message(self.manager.get(card.id)))
                 card.show(view, stats)
                 if problem:
                     card.stats.problem(problem)
@@ -472,20 +474,24 @@ class SessionPanel:
     def _stop(self, card: SessionCard) -> None:
         card.stop_button.description = "Stopping…"
         card.stop_button.disabled = card.keepalive_button.disabled = True
+        stopped = False
         try:
             with self._in_use:
                 record = self.manager.stop(card.id, by="the session panel")
+            stopped = True
         except GpuSessionError as exc:
-            card.say(f"stop failed: {error_text(exc)}", warn=True)
+            said = (f"stop failed: {error_text(exc)}", True)
             record = self.manager.get(card.id)
         else:
-            card.say(f"stopped: {summary_line(record)}")
-            self._on_stopped(card.id)
+            said = (f"stopped: {summary_line(record)}", False)
         finally:
             card.stop_button.description = "Stop"
             card.keepalive_button.disabled = False
-        with self._lock:
+        with self._lock:  # said with the end shown, at once: a refresh that saw the end meanwhile
+            card.say(*said)  # says nothing more over it (it speaks only to a card not yet final)
             card.show(self.manager.view(record))
+        if stopped:
+            self._on_stopped(card.id)
 
     def _keepalive(self, card: SessionCard) -> None:
         card.keepalive_button.disabled = True

@@ -49,6 +49,7 @@ from .engine import (
     short_error,
 )
 from .runtime_volumes import VOLUME_LABEL  # on the bundle's volumes: "code", the site tag or "ok"
+from .ssh import host_exec
 
 log = logging.getLogger(__name__)
 
@@ -415,19 +416,18 @@ def kernel_socket_dir(client, host: str | None) -> tuple[str, int]:
         )
         os.chmod(path, 0o2770)
         return path, os.getgid()
-    # lazy: docs/architecture.md#imports-kept-inside-functions
-    from ...transport.sshlogin import exec_command
+    import paramiko
 
-    ssh = getattr(getattr(client.api, "_custom_adapter", None), "ssh_client", None)
     why = "no SSH login to it"
     try:
-        if ssh is not None and ssh.get_transport() is not None:
-            status, out, err = exec_command(ssh.get_transport(), MAKE_SOCKET_DIR, timeout=30)
+        done = host_exec(client, MAKE_SOCKET_DIR, timeout=30)
+        if done is not None:
+            status, out, err = done
             path, _, gid = out.decode(errors="replace").strip().rpartition(" ")
             if status == 0 and path.startswith(SOCKETS_PREFIX) and gid.isdigit():
                 return path, int(gid)
             why = err.decode(errors="replace").strip()[-200:] or f"exit status {status}"
-    except (OSError, EOFError, TimeoutError) as exc:
+    except (OSError, EOFError, TimeoutError, paramiko.SSHException) as exc:
         why = f"{type(exc).__name__}: {exc}"
     raise StageError(
         "provision",
@@ -445,13 +445,8 @@ def remove_socket_dir(client, host: str | None, path: str) -> None:
 
         shutil.rmtree(path, ignore_errors=True)
         return
-    # lazy: docs/architecture.md#imports-kept-inside-functions
-    from ...transport.sshlogin import exec_command
-
-    ssh = getattr(getattr(client.api, "_custom_adapter", None), "ssh_client", None)
     try:
-        if ssh is not None and ssh.get_transport() is not None:
-            exec_command(ssh.get_transport(), f"rm -rf -- {path}", timeout=30)
+        host_exec(client, f"rm -rf -- {path}", timeout=30)
     except Exception as exc:  # noqa: BLE001 - an empty folder in the host's /tmp is no loss
         log.info("could not remove %s on %s: %s", path, host, exc)
 

@@ -28,6 +28,8 @@ import re
 import subprocess
 from typing import Any
 
+from .ssh import host_exec
+
 GPUS_LABEL = "gpusession.gpus"  # the GPUs a session's container holds: UUIDs, comma-separated
 NAME_LABEL = "gpusession.name"  # its session's name, for the line that says who holds a GPU
 RECORDING = ".gpusession/box-nvml.json"  # under the box's $HOME: a stand-in reading
@@ -211,16 +213,15 @@ def read_box(client: Any, host: str | None) -> tuple[list[BoxGpu], str] | None:
             return None
         output = done.stdout if done.returncode == 0 else ""
     else:
-        # lazy: docs/architecture.md#imports-kept-inside-functions
-        from ...transport.sshlogin import exec_command
+        import paramiko
 
-        ssh = getattr(getattr(client.api, "_custom_adapter", None), "ssh_client", None)
-        if ssh is None or ssh.get_transport() is None:
-            return None
         try:
-            status, out, _ = exec_command(ssh.get_transport(), READ_SCRIPT, timeout=READ_TIMEOUT)
-        except (OSError, EOFError, TimeoutError):
+            done = host_exec(client, READ_SCRIPT, timeout=READ_TIMEOUT)
+        except (OSError, EOFError, TimeoutError, paramiko.SSHException):
             return None
+        if done is None:
+            return None
+        status, out, _ = done
         output = out.decode(errors="replace") if status == 0 else ""
     try:
         return parse_reading(output)

@@ -8,17 +8,14 @@ or has no GPU reading is skipped, said in one line, and never holds up the start
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 import time
 from typing import Any, Callable
 
+from ...configuration.catalog import mig_profile
 from .gpus import BoxGpu, free_gpus, holders, read_box
 
-POOL_TIMEOUT = 20.0
-_PROFILE = re.compile(
-    r"\d+g\.\d+gb"
-)  # a MIG profile: 1g.10gb  # seconds for every box of a pool to answer, together
+POOL_TIMEOUT = 20.0  # seconds for every box of a pool to answer, together
 
 
 @dataclasses.dataclass
@@ -38,7 +35,7 @@ def type_matches(gpu_name: str | None, gpu_type: str) -> bool:
         return False
     words = set(gpu_name.lower().replace("-", " ").replace("_", " ").split())
     parts = gpu_type.lower().split("-")
-    slice_type = any(_PROFILE.fullmatch(p) for p in parts)
+    slice_type = mig_profile(gpu_type.lower()) is not None
     if ("mig" in words) != slice_type:  # a slice is of a slice type only, a card of a card type
         return False
     return all(part in words for part in parts)

@@ -37,6 +37,46 @@ OPEN_TRIES = 120  # a refused channel open is asked again for about this many ti
 OPEN_WAIT_S = 0.25  # ... this far apart at most (about 30 s in all)
 
 
+def host_exec(client, command: str, timeout: float) -> tuple[int, bytes, bytes] | None:
+    """`command` on the SSH login under an ssh:// DockerClient, on a session channel of its own:
+    (exit status, stdout, stderr); None when `client` is no such client or has no connection. A
+    channel the server refuses to open (MaxSessions: the pool's channels and streams beside it)
+    is asked for again once the pools' idle channels are closed, as the pool's own are; the
+    errors of exec_command (OSError, EOFError, TimeoutError, paramiko.SSHException) when it
+    still cannot run."""
+    import paramiko
+
+    # lazy: docs/architecture.md#imports-kept-inside-functions
+    from ...transport.sshlogin import run_on_channel
+
+    adapter = getattr(client.api, "_custom_adapter", None)
+    ssh = getattr(adapter, "ssh_client", None)
+    transport = ssh.get_transport() if ssh is not None else None
+    if transport is None:
+        return None
+    for attempt in range(OPEN_TRIES):
+        try:
+            chan = transport.open_session(timeout=15.0)
+            break
+        except paramiko.ChannelException:  # refused: too many channels open on the connection
+            if attempt == OPEN_TRIES - 1 or not transport.is_active():
+                raise
+            _close_idle(adapter)
+            time.sleep(min(0.02 * 2**attempt, OPEN_WAIT_S))
+    return run_on_channel(chan, command, timeout=timeout)
+
+
+def _close_idle(adapter) -> None:
+    pools = getattr(adapter, "pools", None)
+    if pools is None:
+        return
+    with pools.lock:
+        found = [pools[key] for key in list(pools.keys())]
+    for pool in found:
+        if hasattr(pool, "close_idle"):
+            pool.close_idle()
+
+
 def _dropped(sock: Any) -> bool:
     """A paramiko Channel that can carry no more requests."""
     try:

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from ...configuration.agentargs import WORKSPACE_MOUNT
+from ...configuration.catalog import mig_profile
 from ...core.errors import BadInput
 from ...core.protocol import ENV_SESSION_ID, NOTICE_FILES, Notice, StopDetails, StopKind, StopReason
 
@@ -113,9 +114,9 @@ def tolerations_setting(text: str) -> list[dict[str, str]]:
 def gpu_request(gpu_type: str, count: int, mig_of: str | None) -> tuple[str, str]:
     """(the extended resource the pod requests, the GPU model whose product label places it):
     nvidia.com/gpu of the type, or a MIG slice's nvidia.com/mig-<profile> on its card."""
-    profile = re.search(r"\d+g\.\d+gb$", gpu_type)
+    profile = mig_profile(gpu_type)
     if mig_of and profile:
-        return f"nvidia.com/mig-{profile.group(0)}", mig_of
+        return f"nvidia.com/mig-{profile}", mig_of
     return GPU_RESOURCE, gpu_type
 
 

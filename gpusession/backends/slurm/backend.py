@@ -131,10 +131,11 @@ class SlurmBackend(Backend):
 
     def price_per_hour(self, spec: LaunchSpec, catalog) -> float:
         """--price-per-gpu-hour (dollars or service units) x GPUs; else GPUSESSION_PRICE_PER_HOUR;
-        else free: a cluster's GPU-hours are counted, not priced, unless you say so."""
+        else free: a cluster's GPU-hours are counted, not priced, unless you say so. A MIG
+        slice costs its share of a GPU-hour (1g.10gb: 1/7)."""
         price = self.job_settings(spec).price_per_gpu_hour
         if price is not None:
-            return price * spec.gpu_count
+            return price * spec.gpu_count * (catalog.get(spec.gpu_type).share or 1.0)
         return self.config.price_per_hour if self.config.price_per_hour >= 0 else 0.0
 
     def price_basis(self, spec: LaunchSpec) -> str | None:

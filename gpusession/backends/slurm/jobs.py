@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...configuration.agentargs import AgentArgs
+from ...configuration.catalog import mig_profile
 from ...configuration.options import StartOption
 from ...core.durations import QUEUE_TIMEOUT, SIGNAL_GRACE, parse_money
 from ...core.errors import BadInput
@@ -210,10 +211,14 @@ class JobSettings:
     workspace_dir: str | None = None  # the workspaces' folder (default: ~/.gpusession/workspaces)
 
     def gres_type(self, gpu_type: str) -> str:
-        """The cluster's GRES type name for a catalog type; '' for an untyped request."""
+        """The cluster's GRES type name for a catalog type; '' for an untyped request. A MIG
+        slice's is its profile ('a100-1g.10gb' -> '1g.10gb'), as Slurm's MIG types are named
+        (a substring of the profile NVML reports, e.g. nvidia_a100_1g.10gb)."""
         if gpu_type in self.gres_types:
             return self.gres_types[gpu_type]
-        return gpu_type if self.gres_default is None else self.gres_default
+        if self.gres_default is not None:
+            return self.gres_default
+        return mig_profile(gpu_type) or gpu_type
 
 
 def read_settings(
