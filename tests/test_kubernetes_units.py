@@ -319,6 +319,7 @@ def _script(text: str, root) -> str:
     return text.replace("'/workspace'", repr(str(root)))
 
 
+@pytest.mark.integration  # runs the scripts with python, as the pods do
 def test_a_workspace_read_out_of_a_pod_and_written_into_another_claim_replaces_it_whole(tmp_path):
     """The scripts the pods run for a switch (claim_moves.py), here on folders: the tar has the
     workspace under `workspace/`; writing it replaces what the claim held, but only once the

@@ -178,19 +178,7 @@ def manifest(
         "nodeSelector": placement["node_selector"],
         "tolerations": placement["tolerations"],
         "volumes": volumes,
-        "containers": [
-            {
-                "name": CONTAINER,
-                "image": image,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["/bin/sh", "-c", wait_then_boot(), "gpusession-boot", *agent_argv],
-                "env": [{"name": ENV_SESSION_ID, "value": session_id}],
-                "resources": {"limits": {resource[0]: str(resource[1])}},
-                "volumeMounts": mounts,
-                "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", pre_stop()]}}},
-                "terminationMessagePath": TERMINATION_LOG,
-            }
-        ],
+        "containers": [_session_container(image, agent_argv, session_id, resource, mounts)],
         "terminationGracePeriodSeconds": GRACE_S,
     }
     if claim:
@@ -213,6 +201,24 @@ def manifest(
             "finalizers": [FINALIZER],
         },
         "spec": spec,
+    }
+
+
+def _session_container(
+    image: str, agent_argv: list[str], session_id: str, resource: tuple[str, int], mounts: list
+) -> dict[str, Any]:
+    """The pod's one container: the runtime's boot once it is copied in, the GPUs asked as
+    limits, the preStop hook (a save when the cluster ends the pod), the agent's brief at its end."""
+    return {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["/bin/sh", "-c", wait_then_boot(), "gpusession-boot", *agent_argv],
+        "env": [{"name": ENV_SESSION_ID, "value": session_id}],
+        "resources": {"limits": {resource[0]: str(resource[1])}},
+        "volumeMounts": mounts,
+        "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", pre_stop()]}}},
+        "terminationMessagePath": TERMINATION_LOG,
     }
 
 
