@@ -12,6 +12,13 @@ streaming cell survives, and what hangs, is lost or is left behind.
   on under containerd; the port-forward goes through the kubelet, so every stream fails until it
   is back), started again by `up` a second later; --restarts times.
 
+- **pod evicted during a save**: a session holding 100 MB of variables is asked to save (as
+  `stop --save` does) and its pod is evicted (the Eviction API, as `kubectl drain`) a moment into
+  that save; --evictions times, each its own session and workspace. Survived: the record says
+  the cluster took the pod back with the state saved, and `--recover`'s new pod has the very
+  bytes (sha256); failed, said: the record says nothing was saved; lost: it says saved, but
+  the bytes did not come back.
+
 Each trial: **survived** (the cell ended ok with every line once, in order, and `1+1` answers
 after), **failed, said** (the cell ended with an error that says why), **lost** (it said ok but
 lines were missing or doubled: a silent loss), **hung** (no end within 120 s). After all: pods of
@@ -114,6 +121,87 @@ def kill_and_restart(daemon: str):
     return fault
 
 
+SAVED_CELL = (
+    "import hashlib, os\ndata = os.urandom(100 * 2**20)\nprint(hashlib.sha256(data).hexdigest())"
+)
+
+
+def evict(pod: str) -> None:
+    """The Eviction API on the pod, as `kubectl drain` asks it."""
+    import kubernetes
+
+    api = kubernetes.client.CoreV1Api(
+        kubernetes.config.new_client_from_config(config_file=str(KUBECONFIG))
+    )
+    try:
+        api.create_namespaced_pod_eviction(
+            pod,
+            "default",
+            kubernetes.client.V1Eviction(
+                metadata=kubernetes.client.V1ObjectMeta(name=pod, namespace="default")
+            ),
+        )
+    finally:
+        api.api_client.close()
+
+
+def eviction_trial(manager, i: int) -> tuple[str, str]:
+    """A session with 100 MB of variables, evicted a moment into an asked save; (outcome,
+    detail) once its replacement answers or says why not."""
+    # lazy: the bench's own module list stays short for the other trials
+    from gpusession.session.views import session_view
+    from gpusession.session.workspace_ops import save_checkpoint
+
+    name = f"ev{i}"
+    session = manager.start(
+        manager.make_spec(
+            "t4",
+            backend="kubernetes",
+            image=IMAGE,
+            idle="off",
+            name=name,
+            workspace=f"bench-ev-{i}",
+        )
+    )
+    sink = Lines()
+    assert session.run(SAVED_CELL, sink)["status"] == "ok"
+    digest = sink.text.strip()
+    record = session.record
+    saving = threading.Thread(
+        target=lambda: save_checkpoint(manager.store, record, session), daemon=True
+    )
+    saving.start()
+    time.sleep(random.uniform(0.2, 1.0))
+    evict(record.resource["pod"])
+    deadline = time.monotonic() + DEADLINE_S
+    while manager.get(record.id).state.active and time.monotonic() < deadline:
+        time.sleep(1.0)
+        try:
+            manager.refresh_state(record.id)
+        except Exception as exc:  # noqa: BLE001 - asked again until the deadline
+            print(f"    refresh: {exc}", flush=True)
+    ended = manager.get(record.id)
+    if ended.state.active:
+        return "hung", f"still {ended.state.value} {DEADLINE_S:.0f} s after the eviction"
+    kind = ended.stop_reason.kind.value if ended.stop_reason else "none"
+    if session_view(ended)["resume"] is None:
+        return "failed, said", f"ended {kind}, nothing saved"
+    again = manager.recover(record.id)
+    if again is None:
+        return "failed, said", f"ended {kind}, saved, but no recovery wanted"
+    try:
+        sink = Lines()
+        reply = again.run("import hashlib\nprint(hashlib.sha256(data).hexdigest())", sink)
+        came = sink.text.strip()
+    except Exception as exc:  # noqa: BLE001
+        return "failed, said", f"the replacement: {exc}"[:200]
+    finally:
+        again.stop()
+    if reply.get("status") != "ok" or came != digest:
+        return "lost", f"ended {kind}, said saved; came back {came[:12] or reply.get('ename')}"
+    return "survived", ""
+
+
 def left_behind(store_id: str) -> int:
     out = subprocess.run(
         [str(STATE / "bin" / "kubectl"), "--kubeconfig", str(KUBECONFIG), "get", "pods", "-A",
@@ -127,6 +215,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cuts", type=int, default=20)
     ap.add_argument("--restarts", type=int, default=3)
+    ap.add_argument("--evictions", type=int, default=3)
     ap.add_argument("--write", default=None)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gs-kfaults-"))
@@ -159,7 +248,24 @@ def main() -> int:
     finally:
         store_id = manager.store.store_id
         session.stop()
+    counts, notes = dict.fromkeys(OUTCOMES, 0), []
+    try:
+        for i in range(args.evictions):
+            outcome, detail = eviction_trial(manager, i)
+            counts[outcome] += 1
+            print(f"  pod evicted during a save {i + 1}/{args.evictions}: {outcome} {detail}")
+            if detail:
+                notes.append(detail)
+    finally:
+        for record in manager.store.list(active_only=True):
+            manager.stop(record.id)
+        subprocess.run(  # the trials' workspaces (claims are kept by design): the bench's own
+            [str(STATE / "bin" / "kubectl"), "--kubeconfig", str(KUBECONFIG), "delete", "pvc",
+             "-l", f"gpusession.session.store={store_id}", "--wait=false"],
+            capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
         shutil.rmtree(work, ignore_errors=True)
+    rows.append(("pod evicted during a save", args.evictions, counts, notes[:2]))
     left = left_behind(store_id)
     table = [
         "| fault | trials | " + " | ".join(OUTCOMES) + " | notes |",

@@ -464,6 +464,17 @@ def test_which_ended_jobs_a_notebook_resubmits(kind, recover, wanted):
         assert "name" not in body  # handed over once the replacement runs (a name, one record)
     unsaved = dataclasses.replace(ended, resource={**ended.resource, "checkpoint": None})
     assert replacement_values(unsaved) is None
+    # an asked save cut by the end (stop --save as the capacity went) does not hide the agent's
+    # own save on the notice, which committed: the workspace holds that one
+    cut = dataclasses.replace(
+        ended,
+        resource={
+            **ended.resource,
+            "checkpoint": {"committed": False, "error": "the agent stopped answering"},
+            "agent_summary": {"checkpoint": {"committed": True, "for": "scheduler-signal"}},
+        },
+    )
+    assert (replacement_values(cut) is not None) is wanted
 
 
 def test_what_is_free_now_per_node_from_sinfo():

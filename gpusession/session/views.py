@@ -119,14 +119,12 @@ def _workspace(record: SessionRecord) -> str | None:
 def _saved_workspace(record: SessionRecord) -> str | None:
     """The workspace an ended session saved its variables into (its stop --save, or its
     watchdog's save before an idle, cost or runtime stop), else None."""
-    saved = record.resource.get("checkpoint") or (record.resource.get("agent_summary") or {}).get(
-        "checkpoint"
+    saves = (  # an asked save (stop --save) and the agent's own (a watchdog's, a notice's)
+        record.resource.get("checkpoint"),
+        (record.resource.get("agent_summary") or {}).get("checkpoint"),
     )
-    return (
-        record.resource.get("workspace")
-        if saved and saved.get("committed") and not record.state.active
-        else None
-    )
+    saved = any(isinstance(s, dict) and s.get("committed") for s in saves)
+    return record.resource.get("workspace") if saved and not record.state.active else None
 
 
 def interrupted_to_resume(records: list[SessionRecord]) -> list[SessionRecord]:
