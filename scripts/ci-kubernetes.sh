@@ -560,6 +560,13 @@ up() {
 pods_down() {
     if alive "$RUN/kube-apiserver.pid" && kubectl get --raw /readyz >/dev/null 2>&1; then
         kubectl delete pods --all --all-namespaces --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
+        # a session's pod is kept by gpusession's finalizer until its record has read its end:
+        # the test cluster's teardown lets go of them all (else they stay Terminating in etcd)
+        local ns name
+        kubectl get pods -A -l gpusession.session -o jsonpath='{range .items[*]}{.metadata.namespace} {.metadata.name}{"\n"}{end}' 2>/dev/null |
+            while read -r ns name; do
+                [ -n "$name" ] && kubectl -n "$ns" patch pod "$name" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+            done
     fi
     local node sock task
     for node in "${NODES[@]}"; do

@@ -74,7 +74,7 @@ def kube_env(kube, nb_env, monkeypatch) -> dict[str, str]:
     yield nb_env
     store_id = _store(nb_env).store_id
     for pod in _ours(kube, store_id=store_id):
-        kube.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
+        _drop(kube, pod.metadata.name)
     for claim in _claims(kube, store_id):  # every session has a workspace: its claim
         kube.delete_namespaced_persistent_volume_claim(claim.metadata.name, "default")
 
@@ -84,6 +84,18 @@ def kube_manager(kube_env):
     from support.managed import managed
 
     yield from managed()
+
+
+def _drop(kube, name: str, namespace: str = "default") -> None:
+    """A test's pod gone whatever it left: our finalizer taken off, deleted at once."""
+    import kubernetes
+
+    try:
+        kube.patch_namespaced_pod(name, namespace, {"metadata": {"finalizers": None}})
+        kube.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 404:
+            raise
 
 
 def _store(env) -> Store:
@@ -809,3 +821,69 @@ def test_our_own_stop_saves_nothing_it_was_not_asked_to(kube, kube_env, kube_man
     assert again.run("print('unsaved' in globals())", sink)["status"] == "ok"
     assert sink.text.strip() == "False", sink.text
     m.stop("kns2")
+
+
+def test_in_a_pod_the_backend_uses_the_pods_own_account(kube, kube_env, accounts, tmp_path):
+    """gpusession run inside a pod (as a notebook server under JupyterHub is), with no
+    kubeconfig: the in-cluster config (the pod's service account, bound to the documented Role,
+    and its namespace) starts a session in that namespace, reaches its kernel through the API
+    server's streams, lists and stops it. Its code and packages come from this machine by
+    hostPath (the nodes are on it); the API server's address is given as a cluster's
+    kube-proxy would route it (the test cluster has none)."""
+    import sysconfig
+
+    namespace = f"gs-rbac-{os.getpid()}"
+    site = sysconfig.get_paths()["purelib"]
+    script = (
+        f"python3 -m gpusession start --backend kubernetes --type t4 --image {IMAGE} "
+        "--idle off --name kin && python3 -m gpusession list && "
+        "python3 -m gpusession stop kin && python3 -m gpusession list --all"
+    )
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "notebook-server", "namespace": namespace},
+        "spec": {
+            "serviceAccountName": "gs",
+            "restartPolicy": "Never",
+            "nodeSelector": {"kubernetes.io/hostname": "n2"},
+            "containers": [
+                {
+                    "name": "server",
+                    "image": IMAGE,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["/bin/sh", "-c", script],
+                    "env": [
+                        {"name": "PYTHONPATH", "value": f"/src:{site}"},
+                        {"name": "HOME", "value": "/tmp"},
+                        {"name": "GPUSESSION_HOME", "value": "/tmp/gs"},
+                        {"name": "KUBERNETES_SERVICE_HOST", "value": "10.220.0.1"},
+                        {"name": "KUBERNETES_SERVICE_PORT", "value": "16443"},
+                    ],
+                    "volumeMounts": [
+                        {"name": "src", "mountPath": "/src", "readOnly": True},
+                        {"name": "site", "mountPath": site, "readOnly": True},
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "src", "hostPath": {"path": str(REPO), "type": "Directory"}},
+                {"name": "site", "hostPath": {"path": site, "type": "Directory"}},
+            ],
+        },
+    }
+    kube.create_namespaced_pod(namespace, body)
+    deadline, pod = time.monotonic() + 300, None
+    while time.monotonic() < deadline:
+        pod = kube.read_namespaced_pod("notebook-server", namespace)
+        if pod.status.phase in ("Succeeded", "Failed"):
+            break
+        time.sleep(1)
+    said = kube.read_namespaced_pod_log("notebook-server", namespace)
+    assert pod is not None and pod.status.phase == "Succeeded", said[-3000:]
+    assert "running: session kin is ready" in said, said[-3000:]
+    assert f"(in-cluster)/{namespace}" in said or namespace in said, said[-3000:]
+    rows = [line for line in said.splitlines() if line.startswith("kin ")]
+    assert rows and "stopped" in rows[-1], said[-3000:]
+    sessions = kube.list_namespaced_pod(namespace, label_selector=LABEL).items
+    assert not sessions, "the session's pod went with its stop"
