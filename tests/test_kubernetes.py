@@ -369,7 +369,8 @@ def _account(namespace: str, tmp_path: Path) -> Path:
 @pytest.fixture
 def accounts(kube, tmp_path):
     """Two namespaces, each with its own account bound to the documented Role in it only."""
-    names = [f"gs-rbac-{os.getpid()}", f"gs-other-{os.getpid()}"]
+    tag = f"{os.getpid()}-{int(time.time() * 1000) % 100000}"  # each test's own namespaces
+    names = [f"gs-rbac-{tag}", f"gs-other-{tag}"]
     try:
         yield [_account(n, tmp_path) for n in names]
     finally:
@@ -832,7 +833,7 @@ def test_in_a_pod_the_backend_uses_the_pods_own_account(kube, kube_env, accounts
     kube-proxy would route it (the test cluster has none)."""
     import sysconfig
 
-    namespace = f"gs-rbac-{os.getpid()}"
+    namespace = accounts[0].stem  # the kubeconfig is NAMESPACE.kubeconfig
     site = sysconfig.get_paths()["purelib"]
     script = (
         f"python3 -m gpusession start --backend kubernetes --type t4 --image {IMAGE} "
