@@ -1,0 +1,113 @@
+"""A kubernetes session from the JupyterLab sidebar, in a real browser, on the test cluster
+(scripts/ci-kubernetes.sh): the form offers the backend and its options, the card follows the
+start's stages (the pod's, in the cluster's words) and runs, says where and what it costs, and
+its Stop deletes the pod. The cluster's other faces: tests/test_kubernetes.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from typing import Iterator
+
+import pytest
+
+from support.lab import playwright_or_skip
+from support.labpanel import (
+    ARTIFACTS,
+    PANEL,
+    TIMEOUT_MS,
+    Lab,
+    open_lab,
+    open_more,
+    open_sidebar,
+    running_lab,
+    screenshot_on_failure,
+    stop_card,
+)
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kubernetes,
+    pytest.mark.browser,
+    pytest.mark.xdist_group("kubernetes"),
+]
+
+from support import browser_fixtures as _shared  # noqa: E402
+
+browser, page = _shared.browser, _shared.page
+jp_asyncio_loop, jp_server_cleanup = _shared.jp_asyncio_loop, _shared.jp_server_cleanup
+sync_api = playwright_or_skip()
+
+from test_kubernetes import IMAGE, KUBECONFIG, LABEL, SCRIPT, STATE  # noqa: E402
+
+from gpusession.core.models import State  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def kube_lab(tmp_path_factory) -> Iterator[Lab]:
+    if not (STATE / "bin" / "kube").exists():
+        pytest.skip(f"the Kubernetes test cluster is not built ({STATE}/bin/kube)")
+    for args in (["up"], ["load", IMAGE]):
+        done = subprocess.run(
+            [str(SCRIPT), *args], capture_output=True, text=True, timeout=600, check=False
+        )
+        assert done.returncode == 0, f"ci-kubernetes.sh {args[0]}: {done.stderr[-2000:]}"
+    before = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(KUBECONFIG)  # the lab's manager here stops what is left
+    try:
+        with running_lab(
+            tmp_path_factory, "browser-kubernetes.log", env={"KUBECONFIG": str(KUBECONFIG)}
+        ) as found:
+            yield found
+    finally:
+        if before is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = before
+
+
+def _pods(session_id: str) -> list[str]:
+    out = subprocess.run(
+        [str(STATE / "bin" / "kubectl"), "--kubeconfig", str(KUBECONFIG), "get", "pods",
+         "-l", f"{LABEL}={session_id}", "-o", "name"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    return out.stdout.split()
+
+
+def test_a_kubernetes_session_from_the_sidebar(kube_lab, page):
+    with screenshot_on_failure(page, "sidebar-kubernetes"):
+        open_lab(page, kube_lab, "kube")
+        open_sidebar(page)
+        panel = page.locator(PANEL)
+        panel.locator(".gpusession-type-select option[value='t4']").wait_for(state="attached")
+        open_more(panel)
+        panel.locator(".gpusession-backend-select").select_option("kubernetes")
+        # its own options are offered with their help, the core's image among them
+        namespace = panel.locator('.gpusession-field[data-option="namespace"]')
+        namespace.wait_for(state="visible")
+        sync_api.expect(
+            panel.locator('.gpusession-field[data-option="storage_class"] .gpusession-field-help')
+        ).to_contain_text("kubernetes: the StorageClass of a new workspace's claim")
+        panel.locator(".gpusession-type-select").select_option("t4")
+        panel.locator(".gpusession-image-input").fill(IMAGE)
+        panel.locator(".gpusession-idle-input").fill("off")
+        panel.locator(".gpusession-name-input").fill("kube-sidebar")
+        panel.locator(".gpusession-start-button").click()
+
+        card = panel.locator('.gpusession-card[data-session-name="kube-sidebar"]')
+        card.wait_for()
+        sync_api.expect(card).to_have_attribute("data-state", "running", timeout=TIMEOUT_MS * 3)
+        assert card.locator(".gpusession-kind").inner_text() == "t4 × 1 · kubernetes"
+        assert re.fullmatch(r"\$\d+\.\d{4}/h", card.locator(".gpusession-price").inner_text())
+        record = kube_lab.manager.get("kube-sidebar")
+        assert record.resource["node"] == "n1" and _pods(record.id), record.resource
+        page.screenshot(path=str(ARTIFACTS / "sidebar-kubernetes.png"))
+
+        stop_card(page, card)
+        sync_api.expect(
+            panel.locator('.gpusession-list .gpusession-card[data-session-name="kube-sidebar"]')
+        ).to_have_count(0, timeout=TIMEOUT_MS)
+        assert kube_lab.manager.get(record.id).state == State.STOPPED
+        assert not _pods(record.id), "the stop deleted the pod"
