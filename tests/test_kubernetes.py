@@ -831,10 +831,23 @@ def test_in_a_pod_the_backend_uses_the_pods_own_account(kube, kube_env, accounts
     server's streams, lists and stops it. Its code and packages come from this machine by
     hostPath (the nodes are on it); the API server's address is given as a cluster's
     kube-proxy would route it (the test cluster has none)."""
+    import shutil
     import sysconfig
+
+    from gpusession.transport.bundle import ImagePython, cache_dir, site_archive
 
     namespace = accounts[0].stem  # the kubeconfig is NAMESPACE.kubeconfig
     site = sysconfig.get_paths()["purelib"]
+    # the runtime's ipykernel for the image's Python, as this machine has it (the pods have no
+    # PyPI): a copy, the pod's own cache (GPUSESSION_CACHE)
+    bookworm = ImagePython(
+        executable="/usr/bin/python3", version=(3, 11, 2), machine="x86_64",
+        libc=("glibc", "2.36"), ipykernel=None, pip=None, uid=0, venv=False,
+    )  # fmt: skip
+    site_archive(bookworm, cache_dir(), lambda line: None)
+    cache = tmp_path / "cache"
+    shutil.copytree(cache_dir() / "sites", cache / "runtime" / "sites")
+    cache.chmod(0o777)
     script = (
         f"python3 -m gpusession start --backend kubernetes --type t4 --image {IMAGE} "
         "--idle off --name kin && python3 -m gpusession list && "
@@ -858,18 +871,21 @@ def test_in_a_pod_the_backend_uses_the_pods_own_account(kube, kube_env, accounts
                         {"name": "PYTHONPATH", "value": f"/src:{site}"},
                         {"name": "HOME", "value": "/tmp"},
                         {"name": "GPUSESSION_HOME", "value": "/tmp/gs"},
+                        {"name": "GPUSESSION_CACHE", "value": "/cache"},
                         {"name": "KUBERNETES_SERVICE_HOST", "value": "10.220.0.1"},
                         {"name": "KUBERNETES_SERVICE_PORT", "value": "16443"},
                     ],
                     "volumeMounts": [
                         {"name": "src", "mountPath": "/src", "readOnly": True},
                         {"name": "site", "mountPath": site, "readOnly": True},
+                        {"name": "cache", "mountPath": "/cache"},
                     ],
                 }
             ],
             "volumes": [
                 {"name": "src", "hostPath": {"path": str(REPO), "type": "Directory"}},
                 {"name": "site", "hostPath": {"path": site, "type": "Directory"}},
+                {"name": "cache", "hostPath": {"path": str(cache), "type": "Directory"}},
             ],
         },
     }

@@ -238,7 +238,10 @@ class ClaimWorkspaces:
             return
         if record.state not in (State.REQUESTED, State.PROVISIONING, State.STARTING):
             return
-        self._delete_claim(cluster, res["claim"], wait=False)
+        try:  # waited for: a start again with the same workspace must not find it terminating
+            self._delete_claim(cluster, res["claim"], wait=True)
+        except StageError as exc:
+            log.warning("%s", exc)
 
     def _delete_claim(self, cluster: Cluster, name: str, wait: bool) -> None:
         kubernetes = apiserver.sdk()

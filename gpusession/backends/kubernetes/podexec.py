@@ -38,11 +38,22 @@ print("unpacked %d bytes" % size)
 
 
 def _open(cluster: Cluster, api, pod: str, command: list[str], stdin: bool, what: str, **more):
-    """The exec stream of `command` in the pod's container; StageError when it is refused."""
+    """The exec stream of `command` in the pod's container; StageError when it is refused.
+    `capture_all=False`: the client keeps no copy of everything read (a long stream's), a
+    websocket option the API method itself would refuse as an argument."""
     kubernetes = sdk()
+    streamer = kubernetes.stream.stream
+    if not more.pop("capture_all", True):
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        import functools
+
+        from kubernetes.stream import ws_client
+
+        call = functools.partial(ws_client.websocket_call, capture_all=False)
+        streamer = functools.partial(streamer.func, call, None)
     with answering(cluster, f"while {what}"):
         try:
-            return kubernetes.stream.stream(
+            return streamer(
                 api.connect_get_namespaced_pod_exec,
                 pod,
                 cluster.namespace,
