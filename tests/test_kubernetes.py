@@ -900,7 +900,11 @@ def test_in_a_pod_the_backend_uses_the_pods_own_account(kube, kube_env, accounts
     assert pod is not None and pod.status.phase == "Succeeded", said[-3000:]
     assert "running: session kin is ready" in said, said[-3000:]
     assert f"(in-cluster)/{namespace}" in said or namespace in said, said[-3000:]
-    rows = [line for line in said.splitlines() if line.startswith("kin ")]
-    assert rows and "stopped" in rows[-1], said[-3000:]
+    rows = [
+        r
+        for r in map(str.split, said.splitlines())
+        if r[:1] == ["kin"] and r[2:3] == ["kubernetes"]
+    ]
+    assert [r[3] for r in rows] == ["running?", "stopped"], said[-3000:]  # list, then list --all
     sessions = kube.list_namespaced_pod(namespace, label_selector=LABEL).items
     assert not sessions, "the session's pod went with its stop"

@@ -95,7 +95,8 @@ def test_a_kubernetes_session_from_the_sidebar(kube_lab, page):
         card = panel.locator('.gpusession-card[data-session-name="kube-sidebar"]')
         card.wait_for()
         sync_api.expect(card).to_have_attribute("data-state", "running", timeout=TIMEOUT_MS * 3)
-        assert card.locator(".gpusession-kind").inner_text() == "t4 × 1 · kubernetes"
+        kind = card.locator(".gpusession-kind").inner_text()
+        assert kind == f"t4 × 1 · kubernetes · {IMAGE}", kind
         assert re.fullmatch(r"\$\d+\.\d{4}/h", card.locator(".gpusession-price").inner_text())
         record = kube_lab.manager.get("kube-sidebar")
         assert record.resource["node"] == "n1" and _pods(record.id), record.resource
