@@ -2,7 +2,8 @@
 # One command: set up everything the tests need on a fresh Debian machine, then run them.
 #   as root: Debian packages (docker.io, openssh-server, chromium, ...), a Docker engine with the
 #            GPU-request stub, the base and product images (scripts/ci-host-setup.sh), Slurm, and
-#            (with Go) the Kubernetes test cluster, built beside the suite; its tests run last
+#            (with Go) the Kubernetes test cluster, built beside the suite; its tests run beside
+#            the others once it is built, their output shown last
 #   always:  a virtualenv in .venv with gpusession[test] (this builds the JupyterLab extension)
 # The suite runs in parallel workers (pytest-xdist; GPUSESSION_TEST_WORKERS, default 4: most of a
 # test is waiting on kernels, containers and timers, so more workers than cores pay off), each
@@ -70,32 +71,44 @@ selected=
 for arg in "$@"; do  # a selection of its own (-m, -k, a path): one run, as asked
     case $arg in -m | -k | -m* | -k* | tests/*) selected=1 ;; esac
 done
-kube_build=
+kube_job=
 kube_log=${GPUSESSION_CI_STATE:-/var/lib/gpusession-ci}/kubernetes-build.log
+kube_tests=$(mktemp -d)/kubernetes-tests.log
 if [ -z "$selected" ] && [ "$(id -u)" = 0 ] && command -v go >/dev/null 2>&1; then
     # The Kubernetes test cluster is built from Go modules (scripts/ci-kubernetes.sh): nothing to do
     # when the CI state folder kept the build, ~30-45 min on a fresh machine. It builds at the
-    # lowest priority beside the rest of the suite, and the kubernetes tests run last.
-    stage "kubernetes test cluster: build in the background (nice 19; log $kube_log)"
+    # lowest priority beside the rest of the suite; once built, its tests run beside the others,
+    # on one worker of their own (one cluster; the slot after the workers': tests/support/slots.py)
+    # with their output kept until the others are done.
+    stage "kubernetes test cluster: build, then its tests, in the background (build log $kube_log)"
     mkdir -p "$(dirname "$kube_log")"
-    bash scripts/ci-kubernetes.sh build >"$kube_log" 2>&1 &
-    kube_build=$!
+    (
+        bash scripts/ci-kubernetes.sh build >"$kube_log" 2>&1 || { echo "build failed" >"$kube_tests"; exit 90; }
+        r=0
+        PYTEST_XDIST_WORKER="gw$workers" .venv/bin/python -m pytest -p no:xdist -m kubernetes "$@" >"$kube_tests" 2>&1 || r=$?
+        [ "$r" = 5 ] && r=0  # none selected
+        exit "$r"
+    ) &
+    kube_job=$!
 fi
 
 stage "tests ($workers workers; tests that share one machine-wide thing run in one xdist group)"
-if [ -z "$kube_build" ]; then  # kubernetes tests skip, saying so, when its cluster is not built
+if [ -z "$kube_job" ]; then  # kubernetes tests skip, saying so, when its cluster is not built
     exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"
 fi
 rc=0
 .venv/bin/python -m pytest -n "$workers" --dist loadgroup -m "not kubernetes" "$@" || rc=$?
 
-stage "kubernetes test cluster: waiting for its build"
-if ! wait "$kube_build"; then
+stage "kubernetes test cluster: waiting for its build and tests"
+r=0
+wait "$kube_job" || r=$?
+if [ "$r" = 90 ]; then
     tail -n 40 "$kube_log"
     echo "scripts/ci-kubernetes.sh build failed (log: $kube_log)" >&2
     exit 1
 fi
 tail -n 2 "$kube_log"
-stage "tests on the kubernetes cluster (one worker: one cluster)"
-.venv/bin/python -m pytest -p no:xdist -m kubernetes "$@" || { r=$?; [ "$r" = 5 ] || rc=$r; }
+stage "tests on the kubernetes cluster (run beside the others, one worker: one cluster)"
+cat "$kube_tests"
+[ "$r" = 0 ] || rc=$r
 exit "$rc"
