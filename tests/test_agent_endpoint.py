@@ -248,3 +248,42 @@ def test_no_gpu_status_says_so():
     assert lines[0].strip().startswith("no NVIDIA GPU visible")
     assert "CPU 3%, RAM 2.0/16.0 GiB, kernel busy" in "\n".join(lines)
     assert "idle stop: off" in "\n".join(lines)
+
+
+def test_a_fixed_port_that_is_taken_is_tried_again_until_it_is_free(tmp_path, capsys):
+    """The agent's fixed port held at its start (a socket in TIME_WAIT, a refused connect that got
+    that port as its own): said, tried again every second, served once free; the client reaches
+    the agent only there. One that stays taken is said again when the agent gives up."""
+    import socket
+    import time
+    from types import SimpleNamespace as NS
+
+    from gpusession.agent import service
+    from gpusession.configuration.agentargs import AgentArgs
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    rt = NS(connection_file=str(tmp_path / "kernel.json"), state_dir=str(tmp_path), agent_port=-1)
+    args = AgentArgs(session_id="s", state_dir=str(tmp_path), agent_port=port)
+    service._serve_endpoint(rt, args, watchdog=None, retry_s=10)
+    assert rt.agent_port is None
+    assert f"port {port} is taken" in capsys.readouterr().out
+    holder.close()
+    deadline = time.monotonic() + 8
+    while rt.agent_port is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rt.agent_port == port
+    with socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass  # it listens there now
+
+    again = socket.socket()
+    again.bind(("127.0.0.1", 0))
+    again.listen()
+    rt.agent_port = -1
+    args = AgentArgs(session_id="s", state_dir=str(tmp_path), agent_port=again.getsockname()[1])
+    service._serve_endpoint(rt, args, watchdog=None, retry_s=1.5)
+    time.sleep(3)
+    assert "no stats endpoint on port" in capsys.readouterr().out
+    again.close()

@@ -205,6 +205,10 @@ def _boot(tmp_path, docker: str) -> str:
     script = script.replace("RUNTIME_WAIT_S=600", "RUNTIME_WAIT_S=2").replace(
         "/dev/console", f"{tmp_path}/console"
     )
+    script = script.replace(  # never this machine's own sysctl
+        "RESERVED_PORTS=/proc/sys/net/ipv4/ip_local_reserved_ports",
+        f"RESERVED_PORTS={tmp_path}/reserved_ports",
+    )
     (tmp_path / "console").touch()
     out = subprocess.run(
         ["sh", "-c", script],
@@ -233,6 +237,20 @@ def test_the_boot_script_speaks_the_protocol(tmp_path):
     (failed,) = find_markers(out, Marker.FAILED)
     assert failed == {"stage": "image", "error": "cannot pull registry.example/gpusession:1"}
     assert stop_details_from_log(out).reason.kind == StopKind.START_FAILED
+
+
+def test_the_boot_script_takes_the_agents_port_out_of_the_ephemeral_range(tmp_path):
+    """Before anything connects to it: a refused connect through the tunnel that got the agent's
+    port as its own ephemeral port connected to itself and held the port (the agent's bind then
+    failed, and the start timed out waiting for the kernel); ports reserved before are kept."""
+    (tmp_path / "reserved_ports").write_text("8080\n")
+    _boot(tmp_path, "exit 1")
+    assert (tmp_path / "reserved_ports").read_text() == "8080,50010\n"
+    again = tmp_path / "again"
+    again.mkdir()
+    (again / "reserved_ports").write_text("50010\n")
+    _boot(again, "exit 1")
+    assert (again / "reserved_ports").read_text() == "50010\n"  # said once
 
 
 def test_an_image_without_python_ends_the_instance_with_one_line(tmp_path):

@@ -136,23 +136,7 @@ def start(rt, args: AgentArgs) -> Watchdog | None:
         sample_interval_s=args.sample_interval,
     )
     if args.agent_port >= 0:
-        # lazy: docs/architecture.md#imports-kept-inside-functions (the kernel boots meanwhile)
-        from .endpoint import AgentServer, token_from_connection_file
-
-        try:
-            server = AgentServer(
-                watchdog,
-                token_from_connection_file(rt.connection_file),
-                port=args.agent_port,
-                kernel=rt,
-                save=lambda: save_namespace(rt, args, asked=True),
-                restored=lambda: restore_report(rt.state_dir),
-            ).start()
-            rt.agent_port = server.port
-        except OSError as exc:  # the port is taken: keep the watchdog, which is what saves money
-            error = f"no stats endpoint on port {args.agent_port}: {exc}"
-            print(marker_line(Marker.AGENT_ERROR, {"error": error}), flush=True)
-            rt.agent_port = None
+        _serve_endpoint(rt, args, watchdog)
     rt.stop_hooks.append(lambda reason: _on_stop(rt, watchdog, args, reason))
     threading.Thread(target=watchdog.run, name="gpusession-watchdog", daemon=True).start()
     notices = NoticeWatcher(
@@ -163,6 +147,55 @@ def start(rt, args: AgentArgs) -> Watchdog | None:
     )
     threading.Thread(target=notices.run, name="gpusession-notices", daemon=True).start()
     return watchdog
+
+
+BIND_RETRY_S = 90.0  # a fixed agent port held by a closing socket: TIME_WAIT lasts 60 s
+
+
+def _serve_endpoint(rt, args: AgentArgs, watchdog: Watchdog, retry_s: float = BIND_RETRY_S) -> None:
+    """The stats and control endpoint on --agent-port. A fixed port that is taken (a socket in
+    TIME_WAIT, a connect that got it as its own port) is tried again, on a thread of its own,
+    every second for `retry_s`: the client reaches the agent only there. Said in an AGENT_ERROR
+    marker when it is taken and when it stays so; the watchdog, what saves money, runs meanwhile."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions (the kernel boots meanwhile)
+    from .endpoint import AgentServer, token_from_connection_file
+
+    def serve() -> None:
+        server = AgentServer(
+            watchdog,
+            token_from_connection_file(rt.connection_file),
+            port=args.agent_port,
+            kernel=rt,
+            save=lambda: save_namespace(rt, args, asked=True),
+            restored=lambda: restore_report(rt.state_dir),
+        ).start()
+        rt.agent_port = server.port
+
+    def say(error: str) -> None:
+        print(marker_line(Marker.AGENT_ERROR, {"error": error}), flush=True)
+
+    try:
+        serve()
+        return
+    except OSError as exc:
+        rt.agent_port = None
+        if not args.agent_port:  # any free port was asked: nothing to wait for
+            say(f"no stats endpoint: {exc}")
+            return
+        say(f"port {args.agent_port} is taken ({exc}): trying again for {retry_s:.0f}s")
+
+    def again() -> None:
+        deadline, last = time.monotonic() + retry_s, None
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            try:
+                serve()
+                return
+            except OSError as exc:
+                last = exc
+        say(f"no stats endpoint on port {args.agent_port}: {last}")
+
+    threading.Thread(target=again, name="gpusession-agent-bind", daemon=True).start()
 
 
 def _on_stop(rt, watchdog: Watchdog, args: AgentArgs, reason: StopReason) -> None:

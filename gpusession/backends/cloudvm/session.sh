@@ -1,6 +1,6 @@
 # The body of an instance's session script (gpusession/backends/cloudvm/cloudinit.py writes the
 # header: DIR, NAME, IMAGE, SESSION_ID, SPOT, VOLUME_ID, PULL_LOGIN, WORKSPACE, VOLUME_WAIT_S, RUNTIME_WAIT_S, STATE_DIR, SOCKETS, LOGIN,
-# NOTICES, SPOT_FILE, REBALANCE_FILE, the marker
+# NOTICES, SPOT_FILE, REBALANCE_FILE, AGENT_PORT, RESERVED_PORTS, the marker
 # words M_*, the agent's options as "$@", and GPUSESSION_KERNEL_KEY in the environment).
 # Run once by cloud-init as root: get the image, look for its Python, wait for the runtime bundle
 # that the client sends over SSH (access.sh put), run the session container with it on the
@@ -11,6 +11,16 @@ mkdir -p "$DIR/notices" "$DIR/state" "$DIR/upload" "$DIR/runtime"
 chmod 1777 "$DIR/state"     # the runtime writes there as the image's USER, whoever that is
 chmod 1733 "$DIR/upload"    # access.sh (the tunnel's login) drops the bundle there
 touch "$DIR/status" && chmod 644 "$DIR/status"
+# the agent's fixed loopback port out of this machine's ephemeral range (32768-60999 on Linux):
+# until the agent listens, the tunnel's connects to it are refused, several a second, each from
+# the next ephemeral port; one that gets the agent's port itself connects to itself (TCP's
+# simultaneous open), and that socket, then its TIME_WAIT (60 s), holds the port: the agent's
+# one bind fails and the client waits out its deadline (a loaded CI run). Best effort.
+reserved=$(cat "$RESERVED_PORTS" 2>/dev/null) || reserved=""
+case ",$reserved," in
+    *",$AGENT_PORT,"*) ;;
+    *) printf '%s\n' "${reserved:+$reserved,}$AGENT_PORT" >"$RESERVED_PORTS" 2>/dev/null || true ;;
+esac
 ROOT=/opt/gpusession-runtime
 
 say() {  # printf, as sh's echo would turn a JSON payload's backslash escapes into characters
