@@ -40,7 +40,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpusession.session import SessionManager  # noqa: E402
-from gpusession.transport.bundle import CODE_DIR  # noqa: E402
 from gpusession.transport.kernel.client import KernelClient  # noqa: E402
 from openssh import free_port  # noqa: E402
 from stats import Stats, busy_beside, load, load_span, report  # noqa: E402
@@ -183,7 +182,11 @@ def starts(manager: SessionManager, runs: int) -> tuple:
 
 def round_trips(session, calls: int) -> list[tuple]:
     pod = session.record.resource["pod"]
-    script = INSIDE.format(code=CODE_DIR, calls=calls)
+    # the same client code: this checkout's package, copied into the pod (the runtime there is
+    # the agent's part only)
+    kubectl("exec", pod, "--", "mkdir", "-p", "/tmp/gsclient")
+    kubectl("cp", str(ROOT / "gpusession"), f"{pod}:/tmp/gsclient/gpusession")
+    script = INSIDE.format(code="/tmp/gsclient", calls=calls)
     inside = json.loads(
         kubectl("exec", pod, "--", "python3", "-c", script).strip().splitlines()[-1]
     )
