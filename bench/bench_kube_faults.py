@@ -116,7 +116,11 @@ def kill_and_restart(daemon: str):
         pid = int((RUN / f"{daemon}.pid").read_text())
         os.kill(pid, signal.SIGKILL)
         time.sleep(1.0)
-        subprocess.run([str(SCRIPT), "up"], check=True, capture_output=True, timeout=300)
+        for _ in range(2):  # `up` waits for the nodes' next Ready; once more if it gave up
+            done = subprocess.run([str(SCRIPT), "up"], capture_output=True, text=True, timeout=400)
+            if done.returncode == 0:
+                return
+            print(f"    up: {done.stderr.strip().splitlines()[-1:]}", flush=True)
 
     return fault
 

@@ -282,7 +282,7 @@ apiserver_up() {
         --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
         --kubelet-client-key "$PKI/apiserver-kubelet-client.key" --kubelet-preferred-address-types InternalIP \
         --allow-privileged=true --v 1
-    wait_for kube-apiserver "$STATE/log/kube-apiserver.log" kubectl get --raw /readyz
+    WAIT_FOR_S=120 wait_for kube-apiserver "$STATE/log/kube-apiserver.log" kubectl get --raw /readyz
 }
 
 controllers_up() {
@@ -443,7 +443,9 @@ node_has_gpus() { [ "$(node_gpus "$1")" = "$2" ]; }
 gpus_up() {
     local node product count
     for node in "${NODES[@]}"; do
-        wait_for "node $node" "$STATE/log/kubelet-$node.log" node_ready "$node"
+        # after an API server's restart a kubelet reports Ready again only at its next status
+        # round, past its backoff: up to a minute and more
+        WAIT_FOR_S=150 wait_for "node $node" "$STATE/log/kubelet-$node.log" node_ready "$node"
         read -r product count <<<"${NODE_GPUS[$node]}"
         node_has_gpus "$node" "$count" && continue
         kubectl patch node "$node" --subresource=status --type=json \

@@ -12,9 +12,9 @@ install_config() {  # install_config FILE PIDFILE: FILE.new replaces FILE if it 
     for _ in $(seq 50); do sleep 0.1; alive "$2" && return 0; done
 }
 
-wait_for() {  # wait_for WHAT LOG COMMAND...: retry COMMAND for 30 s
+wait_for() {  # wait_for WHAT LOG COMMAND...: retry COMMAND for 30 s (WAIT_FOR_S: another bound)
     local what=$1 logfile=$2; shift 2
-    for _ in $(seq 150); do "$@" >/dev/null 2>&1 && return; sleep 0.2; done
+    for _ in $(seq $((${WAIT_FOR_S:-30} * 5))); do "$@" >/dev/null 2>&1 && return; sleep 0.2; done
     tail -n 20 "$logfile" >&2 || true
     echo "$NAME: $what did not come up (log: $logfile)" >&2
     return 1
