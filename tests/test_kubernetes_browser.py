@@ -59,7 +59,9 @@ def kube_lab(tmp_path_factory) -> Iterator[Lab]:
             tmp_path_factory, "browser-kubernetes.log", env={"KUBECONFIG": str(KUBECONFIG)}
         ) as found:
             yield found
-            store = found.manager.store.store_id  # its sessions' claims, kept by design: the test's go
+            store = (
+                found.manager.store.store_id
+            )  # its sessions' claims, kept by design: the test's go
             subprocess.run(
                 [str(STATE / "bin" / "kubectl"), "--kubeconfig", str(KUBECONFIG), "delete", "pvc",
                  "-l", f"gpusession.session.store={store}", "--wait=false"],
