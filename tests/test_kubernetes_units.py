@@ -528,3 +528,93 @@ def test_the_agents_brief_fits_the_termination_message(tmp_path):
         "for": "scheduler-signal",
         "saved": 3,
     }
+
+
+# -- the port-forward relay ----------------------------------------------------------------
+
+
+class _FakeWebsocket:
+    """The API server's side of one port-forward stream: `frames` queued (each made readable by
+    one byte on a socket pair, as select sees a websocket), what the relay sends kept."""
+
+    def __init__(self, frames: list[bytes]):
+        import socket
+
+        self._ready, self._feed = socket.socketpair()
+        self.frames, self.connected, self.sent = list(frames), True, bytearray()
+        self._feed.sendall(b"x" * len(self.frames))
+        self.sock = NS(send=self._send)  # what the relay writes to the API server
+
+    def _send(self, data) -> int:
+        self.sent += data
+        return len(data)
+
+    def fileno(self) -> int:
+        return self._ready.fileno()
+
+    def recv_data_frame(self, _control: bool):
+        from websocket import WebSocketConnectionClosedException
+
+        if not self.frames:
+            self.connected = False
+            raise WebSocketConnectionClosedException("closed")
+        self._ready.recv(1)
+        if len(self.frames) == 1:
+            self._feed.sendall(b"x")  # the close comes next
+        return 0x2, NS(data=self.frames.pop(0))
+
+    def close(self) -> None:
+        self.connected = False
+
+
+def test_the_relay_hands_a_download_over_whole_and_in_order_holding_a_bounded_backlog():
+    """A stream that sends faster than the local side reads (a download into a busy kernel): the
+    relay delivers every byte once, in order, and while the local side lags it holds at most its
+    limit and one frame (the client's loop copied its whole backlog at every send)."""
+    import hashlib
+    import os
+    import threading
+
+    from gpusession.backends.kubernetes import relay
+
+    socket_pair = __import__("socket").socketpair
+    local, python = socket_pair()
+    port = NS(python=python, channel=b"\x00", port_number=5000, error=None)
+    opening = [b"\x00" + (5000).to_bytes(2, "little"), b"\x01" + (5000).to_bytes(2, "little")]
+    chunks = [os.urandom(256 * 1024) for _ in range(64)]  # 16 MB
+    ws = _FakeWebsocket(opening + [b"\x00" + c for c in chunks])
+    got = bytearray()
+
+    def read_slowly() -> None:
+        while True:
+            data = local.recv(64 * 1024)
+            if not data:
+                return
+            got.extend(data)
+
+    reader = threading.Thread(target=read_slowly, daemon=True)
+    reader.start()
+    result = relay.relay(ws, [port], limit=1024 * 1024)
+    reader.join(10)
+    assert hashlib.sha256(got).digest() == hashlib.sha256(b"".join(chunks)).digest()
+    assert result["most_waiting"] <= 1024 * 1024 + 256 * 1024 + 1
+    local.close()
+
+
+def test_the_relay_frames_what_the_local_side_sends_and_says_the_error_channel():
+    import socket
+
+    from gpusession.backends.kubernetes import relay
+
+    local, python = socket.socketpair()
+    port = NS(python=python, channel=b"\x00", port_number=7, error=None)
+    opening = [b"\x00\x07\x00", b"\x01\x07\x00"]
+    ws = _FakeWebsocket(opening + [b"\x01unable to forward: connection refused"])
+    local.sendall(b"hello")
+    relay.relay(ws, [port])
+    assert port.error == "unable to forward: connection refused"
+    frame = bytes(ws.sent)  # one masked binary frame, as a client sends: the data channel's
+    assert frame[0] == 0x82 and frame[1] == 0x80 | 6
+    mask, payload = frame[2:6], frame[6:12]
+    assert bytes(b ^ mask[i % 4] for i, b in enumerate(payload)) == b"\x00hello"
+    local.close()

@@ -186,9 +186,10 @@ class PortForwardLink(Link):
 
 
 def _quiet_portforward_call(configuration, _method, url, **kwargs):
-    """The client's `portforward_call` for one port, with a proxy thread that ends quietly when
-    the API server drops the stream (the client's own prints an SSLEOFError's traceback into the
-    notebook): the same websocket, opened the same way, through the same auth headers."""
+    """The client's `portforward_call` for one port, with a proxy thread of our own (relay.py:
+    buffers that a send does not copy, and one that ends quietly when the API server drops the
+    stream, where the client's prints an SSLEOFError's traceback into the notebook): the same
+    websocket, opened the same way, through the same auth headers."""
     ws_client = sdk().stream.ws_client
     port = int(dict(kwargs.get("query_params") or [])["ports"])
     url = ws_client.get_websocket_url(url, kwargs.get("query_params"))
@@ -205,8 +206,11 @@ def _quiet_class():
 
     class QuietPortForward(base):
         def _proxy(self) -> None:
+            # lazy: docs/architecture.md#imports-kept-inside-functions
+            from .relay import relay
+
             try:
-                super()._proxy()
+                relay(self.websocket, list(self.local_ports.values()))
             except Exception as exc:  # noqa: BLE001 - a dropped stream: its local side closes
                 log.debug("port-forward stream ended: %s: %s", type(exc).__name__, exc)
                 for port in self.local_ports.values():
