@@ -9,7 +9,9 @@ kernel's socket drains them costs time quadratic in the backlog (a 100 MB downlo
 protocol (per port a data and an error channel, each opened by a frame naming the port; every
 frame a channel byte and data) with `bytearray` buffers cut from the front (no copy), and stops
 reading the websocket while `LIMIT` bytes wait for the local side, so a slow reader slows the
-API server down through TCP instead of filling this process's memory.
+API server down through TCP instead of filling this process's memory. When the API server's side
+closes, what still waits goes out to the local side before it is closed (the client's loop
+dropped it).
 
 Plain data in: the websocket is the client's (`recv_data_frame`, `sock`, `connected`), the ports
 its `_Port`s (`python`: this end of the socket pair, `channel`, `port_number`, `error`)."""
@@ -38,12 +40,13 @@ def relay(websocket, ports: list, limit: int = LIMIT) -> dict[str, Any]:
     opened = [False] * len(channels)
     waiting = {port.python: bytearray() for port in ports}  # for the local side
     outgoing = bytearray()  # for the API server, as frames
-    most = 0
+    most, ended = 0, False  # ended: the API server's side closed (what waits still goes out)
     while True:
         held = sum(len(b) for b in waiting.values())
         most = max(most, held)
         reads, writes, open_ports = [], [], False
-        if websocket.connected:
+        connected = websocket.connected and not ended
+        if connected:
             if held < limit:
                 reads.append(websocket)
             if outgoing:
@@ -52,15 +55,15 @@ def relay(websocket, ports: list, limit: int = LIMIT) -> dict[str, Any]:
             local = port.python
             if local.fileno() == -1:
                 continue
-            if websocket.connected:
+            if connected:
                 reads.append(local)
                 open_ports = True
             if waiting[local]:
                 writes.append(local)
                 open_ports = True
-            elif not websocket.connected:
-                local.close()
-        if not open_ports and not (websocket.connected and outgoing):
+            elif not connected:
+                local.close()  # all it was sent went out first
+        if not open_ports and not (connected and outgoing):
             websocket.close()
             return {"most_waiting": most}
         readable, writable, _ = select.select(reads, writes, [])
@@ -69,9 +72,7 @@ def relay(websocket, ports: list, limit: int = LIMIT) -> dict[str, Any]:
                 try:
                     _read_frames(websocket, channels, opened, waiting)
                 except WebSocketConnectionClosedException:
-                    for port in ports:
-                        port.python.close()
-                    return {"most_waiting": most}
+                    ended = True  # the client's loop dropped what still waited here
                 continue
             port = next(p for p in ports if p.python is sock)
             data = sock.recv(READ)
