@@ -61,6 +61,18 @@ STOP_WAIT_S = 60.0  # after the delete, until the pod is gone
 STOP_GRACE_S = 10  # the runtime's time to end the kernel after SIGTERM
 START_LOG_BYTES = 4096
 POLL_MAX_S = 2.0
+# a start's waits (the pod to run, the kernel's READY) ask every POLL_FIRST_S while most starts
+# end (a pod runs within seconds): a growing pause from the first ask cost up to a second of
+# every start (bench_kubernetes); longer waits (a queue, a pull) back off to POLL_MAX_S
+POLL_FIRST_S, POLL_FLAT_FOR_S = 0.2, 10.0
+
+
+def _pause(started: float, delay: float, grow: float, cap: float) -> float:
+    """The next pause of a start's wait that began at `started`: POLL_FIRST_S for its first
+    POLL_FLAT_FOR_S, then growing by `grow` up to `cap`."""
+    if time.monotonic() - started < POLL_FLAT_FOR_S:
+        return POLL_FIRST_S
+    return min(max(delay, POLL_FIRST_S) * grow, cap)
 
 
 class KubernetesBackend(ClaimWorkspaces, Backend):
@@ -392,7 +404,7 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         words, an image being pulled, a claim not bound yet: its newest event) is shown when it
         changes and every 30 s with the wait."""
         started = time.monotonic()
-        said, said_at, delay = "", 0.0, 0.3
+        said, said_at, delay = "", 0.0, POLL_FIRST_S
         while True:
             pod = self._read(cluster, name)
             if pod is None:
@@ -421,7 +433,7 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
                     f"(--queue-timeout): {reason}",
                 )
             time.sleep(delay)
-            delay = min(delay * 1.5, POLL_MAX_S)
+            delay = _pause(started, delay, 1.5, POLL_MAX_S)
 
     def _read(self, cluster: Cluster, name: str):
         """The pod, None when it is gone."""
@@ -474,7 +486,8 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
     def _wait_ready(self, cluster: Cluster, name: str, timeout: float) -> Any:
         """READY's payload from the pod's log; StageError with the log's end when the runtime
         failed, the pod ended, or `timeout` passed."""
-        deadline, delay, asked = time.monotonic() + timeout, 0.2, 0
+        started = time.monotonic()
+        deadline, delay, asked = started + timeout, POLL_FIRST_S, 0
         while True:
             text = self._log(cluster, name) or ""
             for line in marker_lines(text):
@@ -496,7 +509,7 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
                     "connect", f"no kernel within {timeout:.0f}s in pod {name}: {log_tail(text, 3)}"
                 )
             time.sleep(delay)
-            delay = min(delay * 1.3, 1.0)
+            delay = _pause(started, delay, 1.3, 1.0)
 
     def _log(self, cluster: Cluster, name: str, tail: int | None = None) -> str | None:
         """The pod's container log; None when it has none (yet) or is gone."""
