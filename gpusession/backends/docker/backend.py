@@ -198,11 +198,14 @@ class DockerBackend(EngineWorkspaces, Backend):
 
         client = self.client(host)
         with engine_errors("while listing its images"):
-            images = client.images.list()
+            # one listing (GET /images/json): the SDK's images.list() then inspects each image,
+            # and one removed in between (a prune, another session's cleanup) failed it all
+            images = client.api.images()
         found = [
-            LocalImage(tag, image.attrs.get("Size"), probe_path(cache_dir(), image.id).exists())
+            LocalImage(tag, image.get("Size"), probe_path(cache_dir(), image["Id"]).exists())
             for image in images
-            for tag in image.tags
+            for tag in image.get("RepoTags") or []
+            if tag != "<none>:<none>"
         ]
         return sorted(found, key=lambda i: i.reference)
 
