@@ -2,7 +2,13 @@
 # the shared steps of a test host in a network namespace. Every step is idempotent: run on a setup
 # that is up, it changes nothing. The caller sets NAME (for messages).
 
-alive() { local pid; pid=$(cat "$1" 2>/dev/null) && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; }
+# a killed daemon whose parent has not reaped it yet is a zombie: kill -0 still answers, so it is
+# looked for in /proc too (the fault bench kills daemons and `up` must start them again)
+alive() {
+    local pid
+    pid=$(cat "$1" 2>/dev/null) && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&
+        ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null
+}
 
 install_config() {  # install_config FILE PIDFILE: FILE.new replaces FILE if it differs, and a running daemon rereads it
     if cmp -s "$1.new" "$1"; then rm -f "$1.new"; return 0; fi
