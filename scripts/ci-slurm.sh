@@ -98,6 +98,7 @@ munge_up() {
         chmod 0400 "$STATE/munge/munge.key"
     fi
     alive "$RUN/munge/munged.pid" && return
+    rm -f "$RUN/munge/munged.pid"   # a stale one: its pid may be another process's now
     runuser -u munge -- /usr/sbin/munged --key-file="$STATE/munge/munge.key" \
         --socket="$RUN/munge/munge.socket" --pid-file="$RUN/munge/munged.pid" \
         --log-file="$STATE/munge/munged.log" --seed-file="$STATE/munge/munged.seed"

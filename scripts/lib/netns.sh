@@ -2,12 +2,23 @@
 # the shared steps of a test host in a network namespace. Every step is idempotent: run on a setup
 # that is up, it changes nothing. The caller sets NAME (for messages).
 
-# a killed daemon whose parent has not reaped it yet is a zombie: kill -0 still answers, so it is
-# looked for in /proc too (the fault bench kills daemons and `up` must start them again)
+# A pid file names its daemon only while that daemon lives:
+# - a killed daemon whose parent has not reaped it yet is a zombie: kill -0 still answers, so its
+#   state is read too (the fault bench kills daemons and `up` must start them again);
+# - a daemon killed -9 leaves its pid file, and the pid is given to another process once the pids
+#   wrap (pid_max is 32768 on the CI machines, and a suite run goes through it): that process
+#   started after the file was written, so it is not ours (a CI run found gw0's ssh:// host
+#   "alive" with no engine answering, and every later test of that worker failed its setup).
+_BOOT=$(awk '/^btime/ {print $2}' /proc/stat)
+_HZ=$(getconf CLK_TCK)
 alive() {
-    local pid
-    pid=$(cat "$1" 2>/dev/null) && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&
-        ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null
+    local pid line fields written
+    pid=$(cat "$1" 2>/dev/null) && [[ $pid =~ ^[0-9]+$ ]] || return 1
+    line=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+    read -r -a fields <<<"${line##*) }"   # after the command name: state is [0], start time [19]
+    [ "${fields[0]}" != Z ] || return 1
+    written=$(stat -c %Y "$1" 2>/dev/null) || return 1
+    [ $((_BOOT + fields[19] / _HZ)) -le $((written + 2)) ]   # btime and the file's time: whole seconds
 }
 
 install_config() {  # install_config FILE PIDFILE: FILE.new replaces FILE if it differs, and a running daemon rereads it
@@ -19,8 +30,12 @@ install_config() {  # install_config FILE PIDFILE: FILE.new replaces FILE if it 
 }
 
 wait_for() {  # wait_for WHAT LOG COMMAND...: retry COMMAND for 30 s (WAIT_FOR_S: another bound)
-    local what=$1 logfile=$2; shift 2
-    for _ in $(seq $((${WAIT_FOR_S:-30} * 5))); do "$@" >/dev/null 2>&1 && return; sleep 0.2; done
+    local what=$1 logfile=$2 until=$((SECONDS + ${WAIT_FOR_S:-30})); shift 2
+    while :; do
+        "$@" >/dev/null 2>&1 && return
+        [ "$SECONDS" -lt "$until" ] || break
+        sleep 0.2
+    done
     tail -n 20 "$logfile" >&2 || true
     echo "$NAME: $what did not come up (log: $logfile)" >&2
     return 1
