@@ -326,10 +326,8 @@ def test_the_commit_names_the_new_checkpoint_only_once_all_it_holds_is_on_disk(
 
 
 def _tidied() -> None:
-    """The old checkpoints go after a save answers (a thread of its own): wait for it."""
-    for thread in threading.enumerate():
-        if thread.name == "gpusession-tidy":
-            thread.join(30)
+    """The old checkpoints go after a save answers (on a thread of their own): wait for that."""
+    checkpoint.tidied(timeout=30)
 
 
 def test_old_checkpoints_go_after_the_answer_but_never_a_folder_a_save_just_made(tmp_path):
