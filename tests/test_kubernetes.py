@@ -596,6 +596,37 @@ def test_a_workspace_claim_keeps_files_an_array_and_variables_across_stop_and_re
     assert f"{ws} " not in _cli(kube_env, "workspaces").stdout
 
 
+def test_an_image_remembered_as_root_that_is_not_any_more_ends_its_start_in_one_line(
+    kube, kube_env, kube_manager, numpy_image
+):
+    """A pod of an image last seen running as root has no init container: it prepares its
+    claim itself. A tag moved to a non-root image meanwhile finds a folder it cannot write: the
+    start ends before any kernel runs, saying what to do, and the next start (the image now
+    known) prepares the claim first and its kernel writes there."""
+    from gpusession.backends.kubernetes.runtime_copy import image_user, remember_user
+    from support.sinks import Collect
+
+    m, ws = kube_manager, f"wu-{SLOT}"
+    remember_user(numpy_image, 0)
+    spec = dict(backend="kubernetes", image=numpy_image, idle="off", workspace=ws)
+    with pytest.raises(StageError) as raised:
+        m.start(m.make_spec("t4", name="kwu1", **spec))
+    text = str(raised.value)
+    assert "the workspace folder /workspace is not writable by the image user (uid 1000)" in text
+    assert "start again" in text and "Traceback" not in text, text
+    assert image_user(numpy_image) == 1000
+    assert not _ours(kube, store_id=_store(kube_env).store_id), "the failed start left no pod"
+
+    session = m.start(m.make_spec("t4", name="kwu2", **spec))
+    (pod,) = _ours(kube, m.get("kwu2").id)
+    assert [c.name for c in pod.spec.init_containers or []] == ["workspace-owner"]
+    sink = Collect()
+    cell = "import os\nopen('mine.txt', 'w').write('x')\nprint(os.getuid(), os.getcwd())"
+    assert session.run(cell, sink)["status"] == "ok", sink.text
+    assert sink.text.strip() == "1000 /workspace", sink.text
+    m.stop("kwu2")
+
+
 def test_an_idle_stop_saves_into_the_claim_and_resume_brings_the_variables_back(
     kube, kube_env, kube_manager
 ):

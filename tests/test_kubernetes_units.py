@@ -275,6 +275,50 @@ def test_the_pod_mounts_the_workspaces_claim_where_the_runtime_keeps_the_workspa
     assert f"chgrp {pods.WORKSPACE_GID} /workspace" in owner["command"][2]
 
 
+def test_a_pod_of_an_image_known_to_run_as_root_has_no_init_container_and_prepares_its_claim():
+    """An init container costs a start of its own and the kubelet's notice of its end: an image
+    known to run as root gives the workspace to the group itself; any other user meets a folder
+    it cannot write with one line that says what to do, before a kernel runs."""
+    body = pods.manifest(
+        name="p",
+        labels={},
+        annotations={},
+        image="img",
+        agent_argv=[],
+        session_id="s1",
+        resource=("nvidia.com/gpu", 1),
+        placement={"node_selector": {}, "tolerations": []},
+        claim="gpusession-ws-01234567-w1",
+        owner_first=False,
+    )
+    spec = body["spec"]
+    assert "initContainers" not in spec and spec["securityContext"]["fsGroup"] == 100
+    script = spec["containers"][0]["command"][2]
+    assert f"chgrp {pods.WORKSPACE_GID} /workspace" in script
+    assert "[ ! -w /workspace ]" in script and '"stage":"workspace"' in script
+    assert script.index("/workspace") > script.index(".complete")  # after the runtime's copy
+    assert "/workspace" not in pods.wait_then_boot(False)  # no claim: nothing of it
+
+
+def test_the_user_an_image_ran_as_is_remembered_by_its_name(tmp_path, monkeypatch):
+    from gpusession.backends.kubernetes import runtime_copy
+    from gpusession.transport.bundle import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    assert runtime_copy.image_user("pytorch/pytorch:2.5") is None  # never seen: an init container
+    runtime_copy.remember_user("pytorch/pytorch:2.5", 0)
+    runtime_copy.remember_user("jupyter/scipy:lab", 1000)
+    assert runtime_copy.image_user("pytorch/pytorch:2.5") == 0
+    runtime_copy.remember_user("pytorch/pytorch:2.5", 1000)  # the tag moved to a non-root image
+    assert runtime_copy.image_user("pytorch/pytorch:2.5") == 1000
+    assert runtime_copy.image_user("jupyter/scipy:lab") == 1000
+    (path,) = (tmp_path / "runtime" / "probes").iterdir()
+    path.write_text("not json")
+    assert runtime_copy.image_user("jupyter/scipy:lab") is None  # a damaged file: unknown
+    runtime_copy.remember_user("jupyter/scipy:lab", 0)
+    assert runtime_copy.image_user("jupyter/scipy:lab") == 0
+
+
 def _claimed(session, phase, claim):
     volume = NS(persistent_volume_claim=NS(claim_name=claim))
     return NS(

@@ -317,7 +317,7 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
 
     def provision(self, record: SessionRecord, progress: Progress) -> None:
         # lazy: docs/architecture.md#imports-kept-inside-functions
-        from .runtime_copy import bring_runtime
+        from .runtime_copy import bring_runtime, image_user
 
         spec, placement = record.spec, self.placement(record.spec)
         cluster = self.cluster(spec)
@@ -351,6 +351,7 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
             resource=placement["resource"],
             placement=placement,
             claim=claim,
+            owner_first=image_user(image) != 0,  # a root image prepares the claim itself
         )
         resource, count = placement["resource"]
         where = placement["node_selector"][pods.PRODUCT_LABEL]

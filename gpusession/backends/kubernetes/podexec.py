@@ -22,18 +22,19 @@ EXEC_TIMEOUT = 120.0
 # Unpack exactly N bytes of a tar (gzip'd or not) from stdin into a folder; Python 3.9 syntax
 UNPACK = """
 import io, os, sys, tarfile
-dest, size = sys.argv[1], int(sys.argv[2])
-data = bytearray()
-while len(data) < size:
-    chunk = sys.stdin.buffer.read(min(size - len(data), 1 << 20))
-    if not chunk:
-        sys.exit("the archive arrived short: %d of %d bytes" % (len(data), size))
-    data += chunk
-os.makedirs(dest, exist_ok=True)
-with tarfile.open(fileobj=io.BytesIO(bytes(data))) as archive:
-    safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-    archive.extractall(dest, **safe)
-print("unpacked %d bytes" % size)
+args = sys.argv[1:]
+for dest, size in zip(args[::2], map(int, args[1::2])):
+    data = bytearray()
+    while len(data) < size:
+        chunk = sys.stdin.buffer.read(min(size - len(data), 1 << 20))
+        if not chunk:
+            sys.exit("the archive for %s arrived short: %d of %d bytes" % (dest, len(data), size))
+        data += chunk
+    os.makedirs(dest, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(bytes(data))) as archive:
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        archive.extractall(dest, **safe)
+    print("unpacked %d bytes into %s" % (size, dest))
 """
 
 
@@ -155,16 +156,16 @@ def _output(ws) -> str:
     return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
 
 
-def send_archive(
-    cluster: Cluster, pod: str, python: str, data: bytes, folder: str, what: str
+def send_archives(
+    cluster: Cluster, pod: str, python: str, archives: list[tuple[bytes, str]], what: str
 ) -> None:
-    """Unpack the tar `data` into `folder` of the pod, by the image's own `python`."""
+    """Unpack each tar of `archives` (data, folder) into its folder of the pod, in order, by
+    the image's own `python`: one exec for them all (each exec starts that Python again)."""
+    argv = [python, "-c", UNPACK]
+    for data, folder in archives:
+        argv += [folder, str(len(data))]
     status, output = run(
-        cluster,
-        pod,
-        [python, "-c", UNPACK, folder, str(len(data))],
-        stdin=data,
-        what=f"copying {what}",
+        cluster, pod, argv, stdin=b"".join(data for data, _ in archives), what=f"copying {what}"
     )
     if status != 0:
         said = " | ".join(output.strip().splitlines()[-3:]) or "no output"

@@ -131,18 +131,35 @@ def label_value(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63].strip("-_.")
 
 
-def wait_then_boot() -> str:
+def wait_then_boot(claim: bool = False) -> str:
     """The container's command: wait for the runtime's copy (its .complete mark is written
     last), take what the probe found (LAUNCH_ENV), then the bundle's boot with the agent's
-    options ("$@"). A pod whose runtime never arrives (its starter died) ends itself."""
+    options ("$@"). A pod whose runtime never arrives (its starter died) ends itself.
+    With a `claim`: run as root, the container gives the workspace's folder to WORKSPACE_GID
+    itself (workspace_owner's work, so that no init container is needed: see manifest); as
+    another user, a folder it cannot write ends the start, saying so, before any kernel runs."""
     # lazy: docs/architecture.md#imports-kept-inside-functions
     from ...transport.bundle import CODE_DIR, COMPLETE, RUNTIME_ROOT
 
     failed = '{"stage":"runtime","error":"the runtime was never copied into the pod"}'
+    workspace = ""
+    if claim:
+        # one JSON line in sh's single quotes, the user's id put in between
+        cannot = (
+            '{"stage":"workspace","error":"the workspace folder '
+            + WORKSPACE_MOUNT
+            + " is not writable by the image user (uid '\"$(id -u)\"'): start again: "
+            + 'the next start prepares it as root first"}'
+        )
+        workspace = (
+            f'if [ "$(id -u 2>/dev/null)" = 0 ]; then {_owner_script()}; '
+            f"elif [ ! -w {WORKSPACE_MOUNT} ]; then echo 'GPUSESSION_FAILED {cannot}'; exit 4; fi; "
+        )
     return (
         f"i=0; while [ ! -f {CODE_DIR}/{COMPLETE} ]; do i=$((i+1)); "
         f"if [ $i -gt {RUNTIME_WAIT_S * 5} ]; then echo 'GPUSESSION_FAILED {failed}'; exit 4; fi; "
         "sleep 0.2 2>/dev/null || sleep 1; done; "
+        f"{workspace}"
         f"[ ! -f {RUNTIME_ROOT}/{LAUNCH_ENV} ] || . {RUNTIME_ROOT}/{LAUNCH_ENV}; "
         f'exec sh {CODE_DIR}/boot.sh run "$@"'
     )
@@ -159,9 +176,13 @@ def manifest(
     resource: tuple[str, int],
     placement: dict[str, Any],
     claim: str | None = None,
+    owner_first: bool = True,
 ) -> dict[str, Any]:
     """The session's pod. `placement`: node_selector, tolerations, priority_class,
-    service_account (the settings, read); `claim`: the workspace's, mounted at WORKSPACE_MOUNT."""
+    service_account (the settings, read); `claim`: the workspace's, mounted at WORKSPACE_MOUNT.
+    `owner_first`: an init container gives the workspace to WORKSPACE_GID first, for an image
+    whose user may not be root; one known to run as root does it itself (wait_then_boot), and
+    its pod starts ~1 s sooner (an init container's own start, the kubelet's notice of its end)."""
     # lazy: docs/architecture.md#imports-kept-inside-functions
     from ...transport.bundle import RUNTIME_ROOT as runtime_root
 
@@ -178,7 +199,7 @@ def manifest(
         "nodeSelector": placement["node_selector"],
         "tolerations": placement["tolerations"],
         "volumes": volumes,
-        "containers": [_session_container(image, agent_argv, session_id, resource, mounts)],
+        "containers": [_session_container(image, agent_argv, session_id, resource, mounts, claim)],
         "terminationGracePeriodSeconds": GRACE_S,
     }
     if claim:
@@ -186,7 +207,8 @@ def manifest(
             "fsGroup": WORKSPACE_GID,
             "fsGroupChangePolicy": "OnRootMismatch",
         }
-        spec["initContainers"] = [workspace_owner(image)]
+        if owner_first:
+            spec["initContainers"] = [workspace_owner(image)]
     if placement.get("priority_class"):
         spec["priorityClassName"] = placement["priority_class"]
     if placement.get("service_account"):
@@ -205,7 +227,12 @@ def manifest(
 
 
 def _session_container(
-    image: str, agent_argv: list[str], session_id: str, resource: tuple[str, int], mounts: list
+    image: str,
+    agent_argv: list[str],
+    session_id: str,
+    resource: tuple[str, int],
+    mounts: list,
+    claim: str | None,
 ) -> dict[str, Any]:
     """The pod's one container: the runtime's boot once it is copied in, the GPUs asked as
     limits, the preStop hook (a save when the cluster ends the pod), the agent's brief at its end."""
@@ -213,7 +240,7 @@ def _session_container(
         "name": CONTAINER,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["/bin/sh", "-c", wait_then_boot(), "gpusession-boot", *agent_argv],
+        "command": ["/bin/sh", "-c", wait_then_boot(bool(claim)), "gpusession-boot", *agent_argv],
         "env": [{"name": ENV_SESSION_ID, "value": session_id}],
         "resources": {"limits": {resource[0]: str(resource[1])}},
         "volumeMounts": mounts,
@@ -281,15 +308,23 @@ def workspace_owner(image: str) -> dict[str, Any]:
     """An init container (the session's image, as root, as the docker backend's helper) that
     gives the workspace's root folder to WORKSPACE_GID, group-writable and setgid, so that an
     image whose USER is not root writes there too; an image without chgrp goes on as it is."""
-    script = f"chgrp {WORKSPACE_GID} {WORKSPACE_MOUNT} && chmod g+rwxs {WORKSPACE_MOUNT} || true"
     return {
         "name": "workspace-owner",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["/bin/sh", "-c", script],
+        "command": ["/bin/sh", "-c", _owner_script()],
         "securityContext": {"runAsUser": 0, "runAsGroup": 0},
         "volumeMounts": [{"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT}],
     }
+
+
+def _owner_script() -> str:
+    """As root: the workspace's folder to WORKSPACE_GID, group-writable and setgid (an image
+    without chgrp goes on as it is)."""
+    return (
+        f"{{ chgrp {WORKSPACE_GID} {WORKSPACE_MOUNT} && chmod g+rwxs {WORKSPACE_MOUNT}; }} "
+        "2>/dev/null || true"
+    )
 
 
 def waiting_reason(pod) -> tuple[str, bool]:

@@ -47,6 +47,7 @@ def bring_runtime(
 ) -> ImagePython:
     """Copy the runtime into the waiting pod; the image's Python it found."""
     python = image_python(cluster, pod, image, image_id, progress)
+    remember_user(image, python.uid)
     progress.step(
         f"{image}: Python {python.short_version} at {python.executable}, "
         + (
@@ -55,31 +56,22 @@ def bring_runtime(
             else "no ipykernel: the runtime brings it"
         )
     )
+    archives, parts = [], []
     if python.needs_site:
         try:
             site = site_archive(python, cache_dir(), progress.step)
         except BundleError as exc:
             raise StageError("runtime", str(exc)) from None
-        _send(cluster, pod, python, site.data, SITE_DIR, "ipykernel and pip", progress)
+        archives.append((site.data, SITE_DIR))
+        parts.append(f"ipykernel and pip ({format_bytes(len(site.data))})")
     code = code_archive_for(python)
-    _send(cluster, pod, python, code.data, CODE_DIR, "gpusession's agent", progress)
-    podexec.send_archive(
-        cluster, pod, python.start_with, launch_archive(python), RUNTIME_ROOT, "the launch mark"
-    )
+    archives.append((code.data, CODE_DIR))
+    parts.append(f"gpusession's agent ({format_bytes(len(code.data))})")
+    archives.append((launch_archive(python), RUNTIME_ROOT))  # its .complete mark last
+    what = " and ".join(parts)
+    progress.step(f"runtime: copying {what} into the pod")
+    podexec.send_archives(cluster, pod, python.start_with, archives, what)
     return python
-
-
-def _send(
-    cluster: Cluster,
-    pod: str,
-    python: ImagePython,
-    data: bytes,
-    folder: str,
-    what: str,
-    progress: Progress,
-) -> None:
-    progress.step(f"runtime: copying {what} ({format_bytes(len(data))}) into the pod")
-    podexec.send_archive(cluster, pod, python.start_with, data, folder, what)
 
 
 def launch_archive(python: ImagePython) -> bytes:
@@ -103,6 +95,38 @@ def probe_path(image_id: str) -> Path:
     """Where what the probe found of an image's Python is kept, by the image's digest."""
     digest = image_id.rpartition("sha256:")[2] or image_id.replace("/", "_")
     return cache_dir() / "probes" / f"k8s-{digest[:64]}-v{PROBE_VERSION}.json"
+
+
+def _users_path() -> Path:
+    return cache_dir() / "probes" / f"k8s-image-users-v{PROBE_VERSION}.json"
+
+
+def image_user(image: str) -> int | None:
+    """The user the last pod of `image` (as named: a tag may move) ran as; None when unknown.
+    Before its pod runs, an image is known by name only: its id (what the probe is kept by)
+    comes with the running pod."""
+    try:
+        uid = json.loads(_users_path().read_text()).get(image)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return uid if isinstance(uid, int) else None
+
+
+def remember_user(image: str, uid: int) -> None:
+    """What image_user answers next (two starts at once: the last write wins, each whole)."""
+    if image_user(image) == uid:
+        return
+    path = _users_path()
+    try:
+        known = json.loads(path.read_text())
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    known[image] = uid
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_suffix(f".{uuid.uuid4().hex[:8]}.part")
+    part.write_text(json.dumps(known))
+    part.replace(path)
 
 
 def image_python(
