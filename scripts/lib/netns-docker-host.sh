@@ -11,9 +11,11 @@ network_up() { netns_link_up "$NS" "$HOST_IF" "$NS_IF" "$NS_IP/24" "$HOST_IP/24"
 network_down() { netns_link_down "$NS" "$HOST_IF"; }
 
 dockerd_up() {
+    # a dockerd starts in ~1 s, but in a CI run's first minutes (every worker's hosts starting and
+    # loading images, the Kubernetes build beside) far slower: it is waited for, not started twice
     if alive "$RUN/dockerd.pid"; then  # running; answering, or soon (it may be starting)
-        WAIT_FOR_S=30 wait_for dockerd "$STATE/dockerd.log" answers 2>/dev/null && return
-        echo "$NAME: dockerd (pid $(cat "$RUN/dockerd.pid")) did not answer in 30 s: started again" >&2
+        WAIT_FOR_S=90 wait_for dockerd "$STATE/dockerd.log" answers 2>/dev/null && return
+        echo "$NAME: dockerd (pid $(cat "$RUN/dockerd.pid")) did not answer in 90 s: started again" >&2
         stop_pidfile "$RUN/dockerd.pid"
     fi
     rm -f "$RUN/dockerd.pid"   # dockerd refuses to start while its pid file names a live process
@@ -31,7 +33,7 @@ dockerd_up() {
         --data-root "$STATE/docker" --exec-root "$RUN/exec" --pidfile "$RUN/dockerd.pid" \
         -H "$SOCK" --containerd-namespace "$NS" --containerd-plugins-namespace "$NS-plugins" \
         --cgroup-parent "/$NS" >>"$STATE/dockerd.log" 2>&1 </dev/null
-    wait_for dockerd "$STATE/dockerd.log" ns_docker info
+    WAIT_FOR_S=90 wait_for dockerd "$STATE/dockerd.log" answers
 }
 
 image_up() {  # the product image and the foreign ones (ci-images.sh), reloaded when the main engine's copy changed
