@@ -8,6 +8,7 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { errorMessage, GpuSessionClient } from './api';
+import { keepNewer } from './latest';
 import { appendSamples, STATS_WINDOW_S } from './series';
 import { isStarting } from './sessions';
 import type {
@@ -139,6 +140,7 @@ export class SessionListModel {
     } else {
       this._sessions = [view, ...this._sessions];
     }
+    this._upserted.set(view.id, ++this._step);
     this._pace();
     this._changed.emit();
   }
@@ -170,9 +172,19 @@ export class SessionListModel {
   }
 
   private async _fetch(): Promise<void> {
+    const asked = ++this._step;
     try {
       const reply = await this.client.listing(this._history);
-      this._sessions = reply.sessions;
+      this._sessions = keepNewer(
+        reply.sessions,
+        this._sessions,
+        id => (this._upserted.get(id) ?? 0) > asked
+      );
+      for (const [id, step] of this._upserted) {
+        if (step < asked) {
+          this._upserted.delete(id); // this listing knew it
+        }
+      }
       this._budget = reply.budget ?? null;
       this._budgetLine = reply.budget_line ?? null;
       this._loaded = true;
@@ -191,6 +203,8 @@ export class SessionListModel {
   private readonly _changed = new Signal<this, void>(this);
   private readonly _watchers = new Map<symbol, boolean>();
   private _hurried = 0;
+  private _step = 0; // counts listings asked and upserts, in order
+  private readonly _upserted = new Map<string, number>(); // session id -> its upsert's step
   private _sessions: SessionView[] = [];
   private _budget: BudgetView | null = null;
   private _budgetLine: string | null = null;

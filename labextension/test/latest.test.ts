@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 
-import { Latest } from '../src/latest';
+import { keepNewer, Latest } from '../src/latest';
 
 describe('only the latest load is shown', () => {
   test('an older reply that arrives after a newer one is dropped', async () => {
@@ -17,5 +17,36 @@ describe('only the latest load is shown', () => {
     await Promise.all([load('before the resume', 30), load('after the resume', 1)]);
     assert.deepEqual(shown, ['after the resume']);
     assert.equal(latest.count, 2);
+  });
+});
+
+describe("a listing asked before an action's reply does not undo it", () => {
+  test("the switch's new session keeps its final name; others take the listing's", () => {
+    const shown = [
+      { id: 'new', name: 'sw-ui' }, // the switch's reply, after the listing was asked
+      { id: 'old', name: 'sw-ui' },
+      { id: 'other', name: 'b' }
+    ];
+    const listed = [
+      { id: 'new', name: 'sw-ui-2' }, // its passing name while the switch ran
+      { id: 'old', name: 'sw-ui~1' },
+      { id: 'other', name: 'b2' }
+    ];
+    const merged = keepNewer(listed, shown, id => id === 'new');
+    assert.deepEqual(merged, [
+      { id: 'new', name: 'sw-ui' },
+      { id: 'old', name: 'sw-ui~1' },
+      { id: 'other', name: 'b2' }
+    ]);
+  });
+
+  test('a session the listing does not have yet stays; nothing newer: the listing as it is', () => {
+    const started = { id: 's', name: 'just-started' };
+    assert.deepEqual(keepNewer([{ id: 'a', name: 'a' }], [started], id => id === 's'), [
+      started,
+      { id: 'a', name: 'a' }
+    ]);
+    const listed = [{ id: 'a', name: 'a' }];
+    assert.deepEqual(keepNewer(listed, [started], () => false), listed);
   });
 });
