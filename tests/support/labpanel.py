@@ -172,12 +172,20 @@ def palette_labels(page, text: str) -> list[str]:
 
 
 def set_theme(page, dark: bool) -> None:
-    """Switch JupyterLab's theme from the command palette and wait until it applies."""
+    """Switch JupyterLab's theme from the command palette and wait until it applies: its
+    stylesheet loaded, not only asked for. The next switch removes a stylesheet still loading,
+    and JupyterLab then says "Error Loading Theme" in a dialog over the page (a loaded run's
+    browser test met it where a 300 ms pause had guessed the load was done)."""
     run_command(page, "Use Theme: JupyterLab Dark" if dark else "Use Theme: JupyterLab Light")
     page.wait_for_function(
         f"document.body.dataset.jpThemeLight === '{'false' if dark else 'true'}'"
     )
-    page.wait_for_timeout(300)  # the theme's stylesheet settles
+    theme = "theme-dark-extension" if dark else "theme-light-extension"
+    page.wait_for_function(
+        "(theme) => { const links = [...document.querySelectorAll('link[rel=stylesheet]')]"
+        ".filter(l => l.href.includes(theme)); return links.length > 0 && links.every(l => l.sheet); }",
+        arg=theme,
+    )
 
 
 def put_notebook(lab: Lab, name: str, cells: list[str]) -> None:
