@@ -749,6 +749,8 @@ class DockerBackend(EngineWorkspaces, Backend):
                 if r.spec.extra.get("host") == host and not r.state.active and r.id not in present:
                     self.recorder.save(r.id, removed_at=time.time())
             for c in containers:
+                if c.status == "removing":  # its stop is removing it (one failing ends "dead")
+                    continue
                 found.append(
                     RemoteResource(
                         backend=self.name,
