@@ -250,8 +250,9 @@ def test_the_claim_asks_read_write_once_of_its_size_and_class_and_keeps_the_name
     assert fast["spec"]["resources"]["requests"]["storage"] == "50Gi"
 
 
-def test_the_pod_mounts_the_workspaces_claim_where_the_runtime_keeps_the_workspace():
-    body = pods.manifest(
+def _claimed_pod(**more):
+    """A pod of image "img" with the workspace's claim gpusession-ws-01234567-w1."""
+    return pods.manifest(
         name="p",
         labels={},
         annotations={},
@@ -261,7 +262,12 @@ def test_the_pod_mounts_the_workspaces_claim_where_the_runtime_keeps_the_workspa
         resource=("nvidia.com/gpu", 1),
         placement={"node_selector": {}, "tolerations": []},
         claim="gpusession-ws-01234567-w1",
+        **more,
     )
+
+
+def test_the_pod_mounts_the_workspaces_claim_where_the_runtime_keeps_the_workspace():
+    body = _claimed_pod()
     spec = body["spec"]
     assert {
         "name": "workspace",
@@ -279,18 +285,7 @@ def test_a_pod_of_an_image_known_to_run_as_root_has_no_init_container_and_prepar
     """An init container costs a start of its own and the kubelet's notice of its end: an image
     known to run as root gives the workspace to the group itself; any other user meets a folder
     it cannot write with one line that says what to do, before a kernel runs."""
-    body = pods.manifest(
-        name="p",
-        labels={},
-        annotations={},
-        image="img",
-        agent_argv=[],
-        session_id="s1",
-        resource=("nvidia.com/gpu", 1),
-        placement={"node_selector": {}, "tolerations": []},
-        claim="gpusession-ws-01234567-w1",
-        owner_first=False,
-    )
+    body = _claimed_pod(owner_first=False)
     spec = body["spec"]
     assert "initContainers" not in spec and spec["securityContext"]["fsGroup"] == 100
     script = spec["containers"][0]["command"][2]

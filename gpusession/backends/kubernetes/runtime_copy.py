@@ -101,27 +101,28 @@ def _users_path() -> Path:
     return cache_dir() / "probes" / f"k8s-image-users-v{PROBE_VERSION}.json"
 
 
+def _known_users() -> dict:
+    try:
+        known = json.loads(_users_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
 def image_user(image: str) -> int | None:
     """The user the last pod of `image` (as named: a tag may move) ran as; None when unknown.
     Before its pod runs, an image is known by name only: its id (what the probe is kept by)
     comes with the running pod."""
-    try:
-        uid = json.loads(_users_path().read_text()).get(image)
-    except (OSError, ValueError, AttributeError):
-        return None
+    uid = _known_users().get(image)
     return uid if isinstance(uid, int) else None
 
 
 def remember_user(image: str, uid: int) -> None:
     """What image_user answers next (two starts at once: the last write wins, each whole)."""
-    if image_user(image) == uid:
+    known = _known_users()
+    if known.get(image) == uid:
         return
     path = _users_path()
-    try:
-        known = json.loads(path.read_text())
-        known = known if isinstance(known, dict) else {}
-    except (OSError, ValueError):
-        known = {}
     known[image] = uid
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_suffix(f".{uuid.uuid4().hex[:8]}.part")
