@@ -286,12 +286,12 @@ def test_a_save_never_removes_a_folder_another_save_is_writing(tmp_path):
 def test_the_commit_names_the_new_checkpoint_only_once_all_it_holds_is_on_disk(
     tmp_path, monkeypatch
 ):
-    """The commit's order (fsyncs batched, issue 35): every variable file, the index, the staged
-    manifest, the new folder and the folder holding it are fsync'ed before the manifest is
-    replaced, and the workspace's folder after it, before the save says committed. Seen in the
-    real calls the save makes (their paths read back from /proc)."""
+    """The commit's order (one journal commit, issue 35): every variable file, the index, the
+    staged manifest, the new folder and the folder holding it are fsync'ed before the manifest is
+    replaced; the workspace's folder (the rename) after the answer, by the tidy, before any old
+    checkpoint goes. Seen in the real calls the save makes (their paths read back from /proc)."""
     events, lock = [], threading.Lock()
-    real_fsync, real_replace = os.fsync, os.replace
+    real_fsync, real_replace, real_rmtree = os.fsync, os.replace, checkpoint.shutil.rmtree
 
     def fsync(fd):
         real_fsync(fd)
@@ -303,11 +303,19 @@ def test_the_commit_names_the_new_checkpoint_only_once_all_it_holds_is_on_disk(
         with lock:
             events.append(("replace", os.fspath(src), os.fspath(dst)))
 
-    checkpoint.save({"a": 1}, str(tmp_path), deadline=time.time() + 60, cap_bytes=None)
+    def rmtree(path, **kw):
+        with lock:
+            events.append(("rmtree", os.fspath(path)))
+        real_rmtree(path, **kw)
+
+    first = _save({"a": 1}, tmp_path)
+    _tidied()
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", rmtree)
     result = _save({"b": list(range(1000)), "c": "x" * 5000, "d": {"k": 2}}, tmp_path)
     events.append(("returned",))
+    _tidied()
     assert result["committed"] and result["saved"] == 3, result
     root = os.path.realpath(tmp_path / ".gpusession")
     folder = os.path.join(root, "checkpoints", result["folder"])
@@ -318,11 +326,56 @@ def test_the_commit_names_the_new_checkpoint_only_once_all_it_holds_is_on_disk(
     needed = {os.path.join(folder, f) for f in ("0.pkl", "1.pkl", "2.pkl", "index.json")}
     needed |= {folder, os.path.dirname(folder), staged}
     assert needed <= before, sorted(needed - before)
-    after = [e for e in events[commit + 1 : events.index(("returned",))] if e[0] == "fsync"]
-    assert ("fsync", root) in after, events[commit:]
+    gone = events.index(("rmtree", os.path.join(root, "checkpoints", first["folder"])))
+    assert ("fsync", root) in events[commit + 1 : gone], events[commit:]
     assert sorted(os.listdir(root)) == ["checkpoint.json", "checkpoint.lock", "checkpoints"]
     ns, report = _restore(tmp_path)
     assert ns == {"b": list(range(1000)), "c": "x" * 5000, "d": {"k": 2}}, report
+
+
+def test_a_save_said_saved_comes_back_when_a_crash_lost_the_manifests_rename(tmp_path):
+    """The save's one journal commit holds its folder whole; the manifest's rename reaches the
+    disk after the answer. A crash in between leaves the manifest naming the checkpoint before
+    (here: put back as it was, that folder too): the restore still brings what was said saved,
+    and passes over a later folder of a save cut short (a file short, no index)."""
+    _save({"a": 1}, tmp_path)
+    _tidied()
+    meta = tmp_path / ".gpusession"
+    before = (meta / "checkpoint.json").read_bytes()
+    old = meta / "checkpoints" / json.loads(before)["folder"]
+    kept = {p.name: p.read_bytes() for p in old.iterdir()}
+    result = _save({"a": 2, "big": bytearray(50_000)}, tmp_path)
+    _tidied()
+    assert result["committed"] and not old.exists()
+    old.mkdir()  # the crash: neither the rename nor the old folder's removal reached the disk
+    for name, data in kept.items():
+        (old / name).write_bytes(data)
+    (meta / "checkpoint.json").write_bytes(before)
+    ns, report = _restore(tmp_path)
+    assert ns == {"a": 2, "big": bytearray(50_000)} and not report["failed"], report
+    # a save cut short after its index, before its files were whole: never taken over a whole one
+    cut = meta / "checkpoints" / "20991231-235959-deadbeef"
+    cut.mkdir()
+    (cut / "0.pkl").write_bytes(b"\x80\x05K\x03.")
+    doc = {**json.loads((meta / "checkpoints" / result["folder"] / "index.json").read_text())}
+    doc.update(folder=cut.name, seq=doc["seq"] + 10**12)
+    doc["variables"] = [{"name": "a", "file": "0.pkl", "bytes": 99, "type": "int"}]
+    (cut / "index.json").write_text(json.dumps(doc))
+    ns, report = _restore(tmp_path)
+    assert ns == {"a": 2, "big": bytearray(50_000)} and not report["failed"], report
+    # at its size but not readable (a crash during its fsyncs left zeros): kept aside, passed over
+    (cut / "0.pkl").write_bytes(bytes(99))
+    ns, report = _restore(tmp_path)
+    assert ns == {"a": 2, "big": bytearray(50_000)} and not report["failed"], report
+    assert "damaged" not in report and report["passed_over"][0].startswith(
+        ".gpusession/checkpoints/20991231-235959-deadbeef.damaged-"
+    ), report
+    assert (meta / "checkpoint.json").exists() and not cut.exists()
+    # and one that reads whole is taken over the manifest's
+    cut.mkdir()
+    (cut / "0.pkl").write_bytes(b"\x80\x05K\x03" + b"." * 95)
+    (cut / "index.json").write_text(json.dumps(doc))
+    assert _restore(tmp_path)[0] == {"a": 3}, "the newer whole one is taken"
 
 
 def _tidied() -> None:

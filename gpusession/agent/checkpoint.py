@@ -275,27 +275,26 @@ def _write_variable(
 
 
 def _commit(root: str, folder: str, path: str, manifest: dict, result: dict) -> dict:
-    """The checkpoint's index written in its folder and the new manifest under a temporary name;
-    every file of the checkpoint, the index, that manifest and the folders naming them fsync'ed
-    at once (_sync_all: one journal commit for them all, not one each); then, under the lock, the
-    manifest replaced by it, the workspace's folder fsync'ed, the manifest read back, and the
-    other checkpoints removed after the answer (_tidy); `result` says how it went. Nothing names the new folder before
-    all it holds is on disk; `committed` is said only once the replace is."""
-    index = os.path.join(path, INDEX)
-    write_json(index, manifest, sync=False)
+    """Under the lock: the checkpoint's index (the manifest with its `seq`, later than the
+    committed one's) written in its folder and the new manifest under a temporary name; every
+    file of the checkpoint, the index, that manifest and the folders naming them fsync'ed at once
+    (_sync_all: one journal commit for them all); then the manifest replaced by it and read back;
+    `result` says how it went. That one journal commit is the save's: from then on the folder is
+    on disk whole with the highest `seq`, which a restore takes even when a crash loses the
+    manifest's rename (checkpoint_read.newer_whole), so the workspace's folder is fsync'ed after
+    the answer, by the tidy, before it removes the other checkpoints. Nothing names the new folder
+    before all it holds is on disk; `committed` is said only once the replace is."""
+    lock = os.open(os.path.join(root, LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
     staged = os.path.join(root, f"{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp")
-    write_json(staged, manifest, sync=False, replace=False)
-    files = [os.path.join(path, entry["file"]) for entry in manifest["variables"]]
-    try:
-        _sync_all([*files, index, staged, path, os.path.dirname(path)])
-        lock = os.open(os.path.join(root, LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
-    except BaseException:
-        _unlink(staged)
-        raise
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        manifest["seq"] = _next_seq(root)
+        index = os.path.join(path, INDEX)
+        write_json(index, manifest, sync=False)
+        write_json(staged, manifest, sync=False, replace=False)
+        files = [os.path.join(path, entry["file"]) for entry in manifest["variables"]]
+        _sync_all([*files, index, staged, path, os.path.dirname(path)])
         os.replace(staged, os.path.join(root, MANIFEST))
-        _sync_all([root])
         missing = _not_landed(root, manifest)
         if missing:
             result["error"] = f"the checkpoint did not land ({missing})"
@@ -309,6 +308,18 @@ def _commit(root: str, folder: str, path: str, manifest: dict, result: dict) -> 
     return result
 
 
+def _next_seq(root: str) -> int:
+    """The new checkpoint's place in the order of commits (under the lock): the clock's
+    nanoseconds, and always past the committed manifest's (a workspace moved between machines
+    whose clocks differ)."""
+    try:
+        doc = load_manifest(os.path.join(root, MANIFEST))
+    except Damaged:
+        doc = None
+    before = doc.get("seq") if doc else None
+    return max(time.time_ns(), before + 1 if isinstance(before, int) else 0)
+
+
 def tidied(timeout: float) -> None:
     """Wait until the removals of the saves made so far are done (the tidy's one thread takes
     them in order)."""
@@ -316,14 +327,19 @@ def tidied(timeout: float) -> None:
 
 
 def _tidy(root: str) -> None:
-    """Under the lock: every checkpoint but the one the manifest names now goes (_remove_others);
-    a save committing meanwhile waits, so none removes a folder named after it."""
+    """Under the lock: the manifest's rename made durable (the workspace's folder fsync'ed),
+    then every checkpoint but the one the manifest names now goes (_remove_others); a save
+    committing meanwhile waits, so none removes a folder named after it."""
     try:
         lock = os.open(os.path.join(root, LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
     except OSError:
         return  # the workspace went: nothing to tidy
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            _fsync(root)
+        except OSError:
+            return
         try:
             doc = load_manifest(os.path.join(root, MANIFEST))
         except Damaged:

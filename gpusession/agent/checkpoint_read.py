@@ -118,7 +118,7 @@ def write_json(path: str, data: dict, *, sync: bool = True, replace: bool = True
     own temporary one)."""
     tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp" if replace else path
     with open(tmp, "w") as f:
-        json.dump(data, f)
+        f.write(json.dumps(data))  # one string (json's C encoder); json.dump writes piece by piece
         if sync:
             f.flush()
             os.fsync(f.fileno())
@@ -134,21 +134,47 @@ def _aside(path: str) -> str:
     return target
 
 
-def _newest_index(workspace: str) -> dict | None:
-    """When the manifest is damaged: the newest checkpoint folder whose own index reads."""
+def newer_whole(workspace: str, after: dict | None = None) -> list[dict]:
+    """The checkpoint folders whose own index reads and whose files are all there at their
+    sizes, highest `seq` (the order of commits) first, past `after`'s (the committed manifest)
+    when given. A save is on disk whole before it renames the manifest onto it, and that rename
+    is made durable after the save's answer: a crash between them leaves the manifest naming the
+    checkpoint before, and the first of these is the one said saved. Folders of saves cut short
+    (no index, a file missing or short) are not among them; checkpoints of an older layout (no
+    `seq`) count as the oldest, newest name first."""
     base = os.path.join(meta_dir(workspace), "checkpoints")
+    floor = after.get("seq") if after else None
     try:
-        folders = sorted((f for f in os.listdir(base) if DAMAGED not in f), reverse=True)
+        folders = [f for f in os.listdir(base) if DAMAGED not in f]
     except OSError:
-        return None
+        return []
+    found = []
     for folder in folders:
         try:
             doc = load_manifest(os.path.join(base, folder, INDEX))
         except Damaged:
             continue
-        if doc is not None and doc.get("folder") == folder:
-            return doc
-    return None
+        if doc is None or doc.get("folder") != folder:
+            continue
+        seq = doc.get("seq") if isinstance(doc.get("seq"), int) else -1
+        if after is not None and (not isinstance(floor, int) or seq <= floor):
+            continue
+        if _whole(os.path.join(base, folder), doc):
+            found.append(((seq, folder), doc))
+    return [doc for _, doc in sorted(found, key=lambda item: item[0], reverse=True)]
+
+
+def _whole(folder: str, doc: dict) -> bool:
+    """Every variable file of the index there, at the size the save wrote."""
+    for entry in doc.get("variables") or []:
+        if not isinstance(entry, dict) or not plain_name(entry.get("file")):
+            return False
+        try:
+            if os.stat(os.path.join(folder, entry["file"])).st_size != entry.get("bytes"):
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def _read_variable(module, folder: str, entry) -> object:
@@ -181,20 +207,48 @@ def _read_variable(module, folder: str, entry) -> object:
 def restore(namespace: dict, workspace: str) -> dict:
     """Load the workspace's checkpoint into `namespace`; what came back and what did not (one
     entry per variable that failed to load, with why). Never raises for a bad checkpoint: a
-    damaged one is said (`damaged`), kept aside under a name of its own, and what reads comes back."""
+    damaged one is said (`damaged`), kept aside under a name of its own, and what reads comes
+    back. A whole checkpoint committed after the manifest's (a crash lost the manifest's rename:
+    newer_whole) is the one restored, when all of it reads; else it is kept aside
+    (`passed_over`: a save cut short by a crash during its fsyncs) and the manifest's restored."""
     root = meta_dir(workspace)
     damaged: list[str] = []
     kept: list[str] = []
-    manifest = _manifest_or_newest(root, workspace, damaged, kept)
-    if manifest is None:
-        return {
-            "found": False,
-            "restored": [],
-            "failed": [],
-            "imports": [],
-            "skipped": [],
-            **_damage(damaged, kept, workspace),
-        }
+    committed = _committed(root, damaged, kept)
+    passed_over: list[str] = []
+    for newer in newer_whole(workspace, after=committed):
+        if committed is None:  # nothing committed reads: the newest whole one, as it reads
+            chosen = newer
+            break
+        trial: dict = {}
+        report = _restore_checkpoint(trial, root, newer, [], passed_over, workspace, False)
+        if "damaged" not in report:
+            namespace.update(trial)
+            return _passed_over(report, passed_over, workspace)
+    else:
+        chosen = committed
+    if chosen is None:
+        report = {"found": False, "restored": [], "failed": [], "imports": [], "skipped": []}
+        return {**report, **_damage(damaged, kept, workspace)}
+    report = _restore_checkpoint(
+        namespace, root, chosen, damaged, kept, workspace, chosen is committed
+    )
+    return _passed_over(report, passed_over, workspace)
+
+
+def _passed_over(report: dict, kept: list, workspace: str) -> dict:
+    """Later checkpoints that did not read whole (saves cut short by a crash during their
+    fsyncs, never said saved), kept aside: said in the report, not as damage."""
+    if kept:
+        report["passed_over"] = [os.path.relpath(k, workspace) for k in kept]
+    return report
+
+
+def _restore_checkpoint(
+    namespace: dict, root: str, manifest: dict, damaged: list, kept: list, workspace: str, named
+) -> dict:
+    """The checkpoint `manifest` describes loaded into `namespace`. When a variable file is
+    damaged, its folder is kept aside, and the manifest too when it names it (`named`)."""
     _, module = pickler()
     folder = os.path.join(root, "checkpoints", manifest["folder"])
     failed: list[dict] = []
@@ -202,10 +256,8 @@ def restore(namespace: dict, workspace: str) -> dict:
     restored, bad_files = _restore_variables(namespace, module, folder, manifest, failed)
     if bad_files:  # the whole checkpoint aside: the next save writes a new one, a next resume says there is none
         damaged.append(f"{bad_files} of its variable file(s)")
-        if not kept and os.path.isfile(
-            os.path.join(root, MANIFEST)
-        ):  # (unless it is aside already)
-            kept.append(_aside(os.path.join(root, MANIFEST)))
+        if named and not kept and os.path.isfile(os.path.join(root, MANIFEST)):
+            kept.append(_aside(os.path.join(root, MANIFEST)))  # (unless it is aside already)
         if os.path.isdir(folder):
             kept.append(_aside(folder))
     return {
@@ -220,15 +272,15 @@ def restore(namespace: dict, workspace: str) -> dict:
     }
 
 
-def _manifest_or_newest(root: str, workspace: str, damaged: list, kept: list) -> dict | None:
-    """The committed manifest; when it is damaged (said in `damaged`, set aside in `kept`), the
-    newest checkpoint's own index; None: no checkpoint."""
+def _committed(root: str, damaged: list, kept: list) -> dict | None:
+    """The committed manifest; None when there is none or it is damaged (said in `damaged`, set
+    aside in `kept`)."""
     try:
         return load_manifest(os.path.join(root, MANIFEST))
     except Damaged as exc:
         damaged.append(f"its manifest: {exc}")
         kept.append(_aside(os.path.join(root, MANIFEST)))
-        return _newest_index(workspace)
+        return None
 
 
 def _restore_imports(namespace: dict, manifest: dict, failed: list) -> list[str]:
