@@ -57,19 +57,31 @@ class CellRun:
 class NotebookKernel:
     def __init__(self, env: dict[str, str], cwd: str | None = None, python: str | None = None):
         """`python`: the kernel's interpreter (another environment's); default: this one's."""
-        self.km = KernelManager(kernel_name="python3")
-        if python is not None:
-            from jupyter_client.kernelspec import KernelSpec
+        for attempt in range(3):
+            self.km = KernelManager(kernel_name="python3")
+            if python is not None:
+                from jupyter_client.kernelspec import KernelSpec
 
-            self.km._kernel_spec = KernelSpec(
-                argv=[python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                display_name="python3",
-                language="python",
-            )
-        self.km.start_kernel(env=env, cwd=cwd or os.getcwd())
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
+                self.km._kernel_spec = KernelSpec(
+                    argv=[python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    display_name="python3",
+                    language="python",
+                )
+            self.km.start_kernel(env=env, cwd=cwd or os.getcwd())
+            self.kc = self.km.client()
+            self.kc.start_channels()
+            try:
+                self.kc.wait_for_ready(timeout=60)
+                break
+            except RuntimeError:
+                # jupyter_client picks free TCP ports, closes them and writes them down; another
+                # worker's process may take one before the kernel binds it ("Address already in
+                # use": a loaded run's kernel died so). Not what a test tests: a new kernel
+                # manager, new ports (its port cache keeps the taken ones out)
+                self.kc.stop_channels()
+                if attempt == 2 or self.km.is_alive():
+                    raise
+                self.km.cleanup_resources()
         self.elsewhere: list[tuple[str | None, dict]] = []  # (its cell's msg_id, content)
 
     @property
