@@ -39,7 +39,10 @@ SIZES = {"1KB": 1 << 10, "64KB": 1 << 16, "80KB": 80_000, "1MB": 1 << 20, "100MB
 
 
 def _save(ns: dict, ws: Path, bound: float = 60) -> dict:
-    return checkpoint.save(ns, str(ws), deadline=time.time() + bound, cap_bytes=None)
+    """A save, and what comes after its answer (the manifest written, the old folders gone)."""
+    result = checkpoint.save(ns, str(ws), deadline=time.time() + bound, cap_bytes=None)
+    checkpoint.tidied(timeout=30)
+    return result
 
 
 def _restore(ws: Path) -> tuple[dict, dict]:
@@ -287,9 +290,10 @@ def test_the_commit_names_the_new_checkpoint_only_once_all_it_holds_is_on_disk(
     tmp_path, monkeypatch
 ):
     """The commit's order (one journal commit, issue 35): every variable file, the index, the
-    staged manifest, the new folder and the folder holding it are fsync'ed before the manifest is
-    replaced; the workspace's folder (the rename) after the answer, by the tidy, before any old
-    checkpoint goes. Seen in the real calls the save makes (their paths read back from /proc)."""
+    new folder and the folder holding it are fsync'ed before the save answers; after the answer
+    the tidy writes the manifest naming it (fsync'ed, then replaced, then the workspace's folder
+    fsync'ed) before any old checkpoint goes. Seen in the real calls the save makes (their paths
+    read back from /proc)."""
     events, lock = [], threading.Lock()
     real_fsync, real_replace, real_rmtree = os.fsync, os.replace, checkpoint.shutil.rmtree
 
@@ -309,25 +313,33 @@ def test_the_commit_names_the_new_checkpoint_only_once_all_it_holds_is_on_disk(
         real_rmtree(path, **kw)
 
     first = _save({"a": 1}, tmp_path)
-    _tidied()
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     monkeypatch.setattr(checkpoint.shutil, "rmtree", rmtree)
-    result = _save({"b": list(range(1000)), "c": "x" * 5000, "d": {"k": 2}}, tmp_path)
-    events.append(("returned",))
-    _tidied()
+    result = checkpoint.save(
+        {"b": list(range(1000)), "c": "x" * 5000, "d": {"k": 2}},
+        str(tmp_path),
+        deadline=time.time() + 60,
+        cap_bytes=None,
+    )
+    with lock:
+        events.append(("returned",))
+    checkpoint.tidied(timeout=30)
     assert result["committed"] and result["saved"] == 3, result
     root = os.path.realpath(tmp_path / ".gpusession")
     folder = os.path.join(root, "checkpoints", result["folder"])
     manifest = os.path.join(root, "checkpoint.json")
-    commit = next(i for i, e in enumerate(events) if e[0] == "replace" and e[2] == manifest)
-    before = {e[1] for e in events[:commit] if e[0] == "fsync"}
-    staged = events[commit][1]
+    answer = events.index(("returned",))
+    before = {e[1] for e in events[:answer] if e[0] == "fsync"}
     needed = {os.path.join(folder, f) for f in ("0.pkl", "1.pkl", "2.pkl", "index.json")}
-    needed |= {folder, os.path.dirname(folder), staged}
+    needed |= {folder, os.path.dirname(folder)}
     assert needed <= before, sorted(needed - before)
+    commit = next(i for i, e in enumerate(events) if e[0] == "replace" and e[2] == manifest)
+    staged = events[commit][1]
     gone = events.index(("rmtree", os.path.join(root, "checkpoints", first["folder"])))
+    assert ("fsync", staged) in events[:commit] and commit < gone, events
     assert ("fsync", root) in events[commit + 1 : gone], events[commit:]
+    assert json.loads(Path(manifest).read_text())["folder"] == result["folder"]
     assert sorted(os.listdir(root)) == ["checkpoint.json", "checkpoint.lock", "checkpoints"]
     ns, report = _restore(tmp_path)
     assert ns == {"b": list(range(1000)), "c": "x" * 5000, "d": {"k": 2}}, report
@@ -378,6 +390,23 @@ def test_a_save_said_saved_comes_back_when_a_crash_lost_the_manifests_rename(tmp
     assert _restore(tmp_path)[0] == {"a": 3}, "the newer whole one is taken"
 
 
+def test_a_commit_whose_fsync_fails_is_no_checkpoint(tmp_path, monkeypatch):
+    """The disk refuses the save's fsyncs (EIO, a full disk): the save fails, its folder keeps
+    no index, and the checkpoint before is still the one a restore takes."""
+    _save({"a": 1}, tmp_path)
+
+    def refused(paths):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(checkpoint, "_sync_all", refused)
+    with pytest.raises(OSError):
+        checkpoint.save({"a": 2}, str(tmp_path), deadline=time.time() + 60, cap_bytes=None)
+    monkeypatch.undo()
+    folders = list((tmp_path / ".gpusession" / "checkpoints").iterdir())
+    assert sum((f / "index.json").exists() for f in folders) == 1, folders
+    assert _restore(tmp_path)[0] == {"a": 1}
+
+
 def _tidied() -> None:
     """The old checkpoints go after a save answers (on a thread of their own): wait for that."""
     checkpoint.tidied(timeout=30)
@@ -385,18 +414,17 @@ def _tidied() -> None:
 
 def test_old_checkpoints_go_after_the_answer_but_never_a_folder_a_save_just_made(tmp_path):
     """The race the removal after the answer opened (issue 35): a save's folder exists a moment
-    before its WRITING file is locked; a removal then must leave it. One left long ago goes."""
+    before its save locks it; a removal then must leave it. One left long ago goes."""
     _save({"a": 1}, tmp_path)
     base = tmp_path / ".gpusession" / "checkpoints"
     just_made, long_ago = base / "20990101-000000-aaaaaaaa", base / "20000101-000000-bbbbbbbb"
     just_made.mkdir()
     long_ago.mkdir()
     os.utime(long_ago, (time.time() - 3600, time.time() - 3600))
-    # one whose save made its WRITING file and has not locked it yet (a loaded run caught a
+    # one whose save made it and has not locked it yet (a loaded run caught a
     # removal in between: the save's variables and index then had no folder to go to)
     about_to_lock = base / "20990101-000000-cccccccc"
     about_to_lock.mkdir()
-    (about_to_lock / checkpoint.WRITING).touch()
     result = _save({"b": 2}, tmp_path)
     _tidied()
     assert sorted(p.name for p in base.iterdir()) == sorted(

@@ -13,11 +13,13 @@ Loaded into the session kernel as an IPython extension (next to gpusession.agent
   kernel answers, and leaves RESTORE_RESULT in the state folder for the agent to serve.
 
 Layout in the workspace (`.gpusession/`): `checkpoints/<id>/<n>.pkl`, one file per variable
-(an array's protocol-5 buffer written as is), `<id>/index.json` (a copy of the manifest), and
-`checkpoint.json`, the manifest naming the folder, replaced atomically under `checkpoint.lock`
-once every file is on disk, then read back before the save says it landed: a kill at any moment
-of a save leaves the previous checkpoint whole, and saves of several kernels into one workspace
-never remove each other's folders. Reading it back (restore, damage): checkpoint_read.py.
+(an array's protocol-5 buffer written as is), `<id>/index.json` (its manifest, with `seq`, its
+place in the order of commits, given under `checkpoint.lock`), fsync'ed at once and read back
+before the save says it landed: the whole checkpoint with the highest `seq` is the workspace's.
+After the answer, `checkpoint.json` (the manifest naming that folder, replaced atomically) is
+written and the older folders removed. A kill at any moment of a save leaves the previous
+checkpoint whole, and saves of several kernels into one workspace never remove each other's
+folders. Reading it back (restore, damage): checkpoint_read.py.
 Standard library only (cloudpickle: the image's when it has one, else the runtime bundle's);
 Python 3.9 syntax.
 """
@@ -46,10 +48,10 @@ from .checkpoint_read import (
     INDEX,
     LOCK,
     MANIFEST,
-    WRITING,
     Damaged,
     load_manifest,
     meta_dir,
+    newer_whole,
     pickler,
     read_manifest,  # noqa: F401 - the checkpoint's API, with save and restore
     reserved,
@@ -63,7 +65,7 @@ SAVE_READY = (
     "save-ready"  # the kernel's pid: its SIGUSR1 handler is installed (no mark: still starting)
 )
 RESTORE_RESULT = "restored.json"
-YOUNG_S = 60.0  # a folder without its WRITING file this young may be a save's, just made
+YOUNG_S = 60.0  # a folder without its index this young may be a save's, just made, not locked yet
 SYNC_THREADS = 16  # fsyncs waiting together at most (a save of many variables)
 
 
@@ -152,20 +154,19 @@ def save(
     """Save `namespace` into `workspace`; returns the result (data: counts, bytes, skipped).
     `cause`: what the save was taken for (a protocol.Notice value: an interruption notice), kept
     in the manifest and the result; None for a plain save.
-    Commits (replaces the manifest) only before `deadline`; else the previous checkpoint stays.
-    Saves of several kernels into one workspace are independent: each writes its own folder, the
-    commit is under a lock, and `committed` is said only once the manifest names our folder."""
+    Commits only before `deadline`; else the previous checkpoint stays. Saves of several kernels
+    into one workspace are independent: each writes its own folder, the commit is under a lock
+    (its `seq` orders them), and `committed` is said only once all our folder holds is on disk."""
     started = time.time()
     kind, module = pickler()
     root = meta_dir(workspace)
     folder = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
     path = os.path.join(root, "checkpoints", folder)
     os.makedirs(path, exist_ok=True)
-    writing = os.open(os.path.join(path, WRITING), os.O_WRONLY | os.O_CREAT, 0o600)
+    writing = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(
-            writing, fcntl.LOCK_EX
-        )  # held until committed: no other save's cleanup takes this folder
+        fcntl.flock(writing, fcntl.LOCK_EX)  # the folder's own flock, held until committed: no
+        # other save's tidy takes it
         result = _save_into(
             namespace, root, folder, path, started, kind, module, deadline, cap_bytes, cause
         )
@@ -275,49 +276,54 @@ def _write_variable(
 
 
 def _commit(root: str, folder: str, path: str, manifest: dict, result: dict) -> dict:
-    """Under the lock: the checkpoint's index (the manifest with its `seq`, later than the
-    committed one's) written in its folder and the new manifest under a temporary name; every
-    file of the checkpoint, the index, that manifest and the folders naming them fsync'ed at once
-    (_sync_all: one journal commit for them all); then the manifest replaced by it and read back;
-    `result` says how it went. That one journal commit is the save's: from then on the folder is
-    on disk whole with the highest `seq`, which a restore takes even when a crash loses the
-    manifest's rename (checkpoint_read.newer_whole), so the workspace's folder is fsync'ed after
-    the answer, by the tidy, before it removes the other checkpoints. Nothing names the new folder
-    before all it holds is on disk; `committed` is said only once the replace is."""
+    """Under the lock: the checkpoint's index (the manifest with its `seq`, past every earlier
+    commit's) written in its folder; every file of the checkpoint, the index and the folders
+    naming them fsync'ed at once (_sync_all: one journal commit for them all, the save's only
+    one); every file read back at its size; `result` says how it went. From then on the folder
+    is on disk whole with the highest `seq`: the workspace's checkpoint, as a restore finds it
+    (checkpoint_read.newer_whole). The manifest naming it, `checkpoint.json`, is written after the
+    answer, by the tidy, with the old checkpoints' removal; a crash before that loses nothing
+    said saved. A commit that fails takes its index away: its folder is no checkpoint then."""
     lock = os.open(os.path.join(root, LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
-    staged = os.path.join(root, f"{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp")
+    index = os.path.join(path, INDEX)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         manifest["seq"] = _next_seq(root)
-        index = os.path.join(path, INDEX)
-        write_json(index, manifest, sync=False)
-        write_json(staged, manifest, sync=False, replace=False)
-        files = [os.path.join(path, entry["file"]) for entry in manifest["variables"]]
-        _sync_all([*files, index, staged, path, os.path.dirname(path)])
-        os.replace(staged, os.path.join(root, MANIFEST))
-        missing = _not_landed(root, manifest)
+        write_json(index, manifest, sync=False, replace=False)  # a new folder's: nothing reads
+        files = [os.path.join(path, entry["file"]) for entry in manifest["variables"]]  # it half
+        _sync_all([*files, index, path, os.path.dirname(path)])  # written (no size, no index)
+        missing = _not_whole(path, manifest)
         if missing:
+            _unlink(index)
             result["error"] = f"the checkpoint did not land ({missing})"
             return result
         result["committed"] = True
+    except BaseException:
+        _unlink(index)
+        raise
     finally:
         os.close(lock)
-        _unlink(staged)  # gone already, unless the replace failed
-    # after the answer: the save says committed without waiting on the old folders' removal
+    # after the answer: the manifest written and the old folders removed
     _Pools.get().tidy.submit(_tidy, root)
     return result
 
 
+_last_seq = 0  # the last `seq` this process gave (a manifest the tidy has not written yet)
+
+
 def _next_seq(root: str) -> int:
     """The new checkpoint's place in the order of commits (under the lock): the clock's
-    nanoseconds, and always past the committed manifest's (a workspace moved between machines
-    whose clocks differ)."""
+    nanoseconds, and always past the manifest's and this process's last (a workspace moved
+    between machines whose clocks differ, a tidy still to come)."""
+    global _last_seq
     try:
         doc = load_manifest(os.path.join(root, MANIFEST))
     except Damaged:
         doc = None
     before = doc.get("seq") if doc else None
-    return max(time.time_ns(), before + 1 if isinstance(before, int) else 0)
+    seq = max(time.time_ns(), _last_seq + 1, before + 1 if isinstance(before, int) else 0)
+    _last_seq = seq
+    return seq
 
 
 def tidied(timeout: float) -> None:
@@ -327,27 +333,44 @@ def tidied(timeout: float) -> None:
 
 
 def _tidy(root: str) -> None:
-    """Under the lock: the manifest's rename made durable (the workspace's folder fsync'ed),
-    then every checkpoint but the one the manifest names now goes (_remove_others); a save
-    committing meanwhile waits, so none removes a folder named after it."""
+    """Under the lock: the manifest written naming the workspace's checkpoint (the whole one with
+    the highest `seq`) and made durable (its bytes, then the workspace's folder), then every
+    other checkpoint goes (_remove_others); a save committing meanwhile waits, so none removes a
+    folder named after it."""
     try:
         lock = os.open(os.path.join(root, LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
     except OSError:
         return  # the workspace went: nothing to tidy
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            _fsync(root)
-        except OSError:
+        newest = newer_whole(os.path.dirname(root))
+        if not newest:
             return
-        try:
-            doc = load_manifest(os.path.join(root, MANIFEST))
-        except Damaged:
-            return  # a restore keeps it aside and says so; nothing is removed meanwhile
-        if doc is not None:
-            _remove_others(root, doc["folder"])
+        _write_manifest(root, newest[0])
+        _remove_others(root, newest[0]["folder"])
+    except OSError:
+        return  # a full disk, a folder gone: the next save's tidy tries again
     finally:
         os.close(lock)
+
+
+def _write_manifest(root: str, doc: dict) -> None:
+    """`checkpoint.json` naming `doc`'s folder, replaced atomically and fsync'ed (unless it is
+    so already)."""
+    path = os.path.join(root, MANIFEST)
+    try:
+        current = load_manifest(path)
+    except Damaged:
+        current = None
+    if current is not None and current.get("folder") == doc["folder"]:
+        return
+    staged = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        write_json(staged, doc, sync=True, replace=False)
+        os.replace(staged, path)
+    finally:
+        _unlink(staged)
+    _fsync(root)
 
 
 def _unlink(path: str) -> None:
@@ -357,18 +380,12 @@ def _unlink(path: str) -> None:
         pass
 
 
-def _not_landed(root: str, manifest: dict) -> str | None:
-    """Why the committed manifest is not ours, whole (None: it is): read back after the commit."""
-    try:
-        doc = load_manifest(os.path.join(root, MANIFEST))
-    except Damaged as exc:
-        return f"its manifest reads back damaged: {exc}"
-    if doc is None or doc.get("folder") != manifest["folder"]:
-        return "another save replaced its manifest"
-    folder = os.path.join(root, "checkpoints", manifest["folder"])
+def _not_whole(path: str, manifest: dict) -> str | None:
+    """Why the checkpoint in `path` is not whole on disk (None: it is): read back after its
+    fsyncs, each variable file at the size the save wrote."""
     for entry in manifest["variables"]:
         try:
-            size = os.stat(os.path.join(folder, entry["file"])).st_size
+            size = os.stat(os.path.join(path, entry["file"])).st_size
         except OSError:
             size = None
         if size != entry["bytes"]:
@@ -377,33 +394,28 @@ def _not_landed(root: str, manifest: dict) -> str | None:
 
 
 def _remove_others(root: str, keep: str) -> None:
-    """Earlier checkpoints and saves cut short; never a folder a save is writing (its WRITING file is
-    flock'ed) nor one a restore kept aside as damaged."""
+    """Earlier checkpoints and saves cut short; never a folder a save is writing (it holds the
+    folder's flock) nor one a restore kept aside as damaged."""
     base = os.path.join(root, "checkpoints")
     for old in os.listdir(base):
         if old == keep or DAMAGED in old:
             continue
         folder = os.path.join(base, old)
         try:
-            fd = os.open(os.path.join(folder, WRITING), os.O_RDONLY)
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
-            fd = None  # an older layout, a folder cut short before its first file, or one
-            if _young(folder):  # a save made a moment ago and is about to lock: left to it
-                continue
+            continue  # gone meanwhile, or no folder
         try:
-            if fd is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    continue  # another save is writing it
-                if _young(folder) and not os.path.exists(os.path.join(folder, INDEX)):
-                    continue  # a save that made its WRITING file and is about to lock it (taken
-                    # here in between, its folder went under it: seen under load); committed
-                    # ones hold their index
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a save is writing it
+            if _young(folder) and not os.path.exists(os.path.join(folder, INDEX)):
+                continue  # a save that made it and is about to lock it (taken here in between,
+                # its folder went under it: seen under load); committed ones hold their index
             shutil.rmtree(folder, ignore_errors=True)
         finally:
-            if fd is not None:
-                os.close(fd)
+            os.close(fd)
 
 
 def _young(folder: str) -> bool:

@@ -20,7 +20,6 @@ META_DIR = ".gpusession"
 MANIFEST = "checkpoint.json"
 INDEX = "index.json"  # a copy of the manifest inside its folder: what restores when the manifest is damaged
 LOCK = "checkpoint.lock"  # flock'ed by a save's commit (sessions of several kernels may share a workspace)
-WRITING = ".writing"  # flock'ed by the save writing its folder: no other save's cleanup removes it
 DAMAGED = ".damaged-"  # in the name of what a restore found damaged and kept aside
 FORMAT = 1
 IPYTHON_NAMES = frozenset(
@@ -105,11 +104,15 @@ def load_manifest(path: str) -> dict | None:
 
 
 def read_manifest(workspace: str) -> dict | None:
-    """The workspace's manifest; None when there is none or it is damaged."""
+    """The manifest of the workspace's checkpoint, the one a restore takes first: the whole
+    checkpoint with the highest `seq` (newer_whole: a save's commit), else `checkpoint.json`'s
+    (the tidy writes it after the save's answer); None when there is none or it is damaged."""
     try:
-        return load_manifest(os.path.join(meta_dir(workspace), MANIFEST))
+        manifest = load_manifest(os.path.join(meta_dir(workspace), MANIFEST))
     except Damaged:
-        return None
+        manifest = None
+    newer = newer_whole(workspace, after=manifest)
+    return newer[0] if newer else manifest
 
 
 def write_json(path: str, data: dict, *, sync: bool = True, replace: bool = True) -> None:
