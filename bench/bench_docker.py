@@ -149,9 +149,24 @@ class NewBuild:
         self.code = _with_marker(bundle.code_archive())
         self.sites: dict[str, bundle.Archive] = {}
         self._site_archive = bundle.site_archive
+        self._code_archive = bundle.code_archive
         bundle.code_archive = lambda: self.code  # compiled ahead by the start, as a new build's
         bundle._CODE_FOR.clear()
         container_setup.site_archive = self.site
+
+    def end(self, client, manager: SessionManager) -> None:
+        """Its volumes removed and this process's own runtime back, with the engine's volumes
+        asked again: the next start (the round trip's) found the removed volume still known and
+        mounted it empty (`boot.sh: No such file`)."""
+        for name in self.volumes():
+            try:
+                client.volumes.get(name).remove(force=True)
+            except docker.errors.DockerException:
+                pass
+        bundle.code_archive = self._code_archive
+        bundle._CODE_FOR.clear()
+        container_setup.site_archive = self._site_archive
+        manager.backend("docker")._known.clear()
 
     def site(self, python, cache, say):
         if python.site_tag not in self.sites:
@@ -240,11 +255,7 @@ def starts(client, manager: SessionManager, runs: int) -> list[tuple]:
             s.stop()
             loads.append(load())
             print(f"  {image}: floor {floors[-1]:.2f} s, ours {t:.2f} s, load {loads[-1]:.2f}")
-        for name in build.volumes():
-            try:
-                client.volumes.get(name).remove(force=True)
-            except docker.errors.DockerException:
-                pass
+        build.end(client, manager)
         floor, warm = Stats.of(floors), Stats.of(warms)
         # each warm start against the floor measured just before it: the pair saw the same machine
         paired = statistics.median(w / f for w, f in zip(warms, floors))

@@ -13,6 +13,7 @@ import os
 import re
 import statistics
 import subprocess
+import time
 from pathlib import Path
 
 
@@ -76,6 +77,11 @@ def busy_beside(on: bool):
         return
     busy = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
     try:
+        # the 1-minute load average each row prints takes a minute to show it: the runs start
+        # once it does (else a quick bench on an idle machine printed "load 0.0" beside `yes`)
+        deadline = time.monotonic() + 90
+        while load() < 0.9 and time.monotonic() < deadline:
+            time.sleep(1)
         yield
     finally:
         busy.kill()
