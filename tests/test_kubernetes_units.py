@@ -657,3 +657,25 @@ def test_the_relay_frames_what_the_local_side_sends_and_says_the_error_channel()
     mask, payload = frame[2:6], frame[6:12]
     assert bytes(b ^ mask[i % 4] for i, b in enumerate(payload)) == b"\x00hello"
     local.close()
+
+
+def test_a_copy_whose_every_archive_unpacked_is_done_even_when_its_exit_code_was_lost(
+    monkeypatch,
+):
+    """The last archive lets the pod's container go on; one that ends at once (a workspace it
+    cannot write) cuts the exec stream before its exit code comes. Every archive said unpacked:
+    the copy is done, and the start's next stage says the pod's reason. One short of that is
+    the copy's failure, said with its last lines."""
+    from gpusession.backends.kubernetes import podexec
+    from gpusession.core.errors import StageError
+
+    archives = [(b"a", "/opt/r/site"), (b"b", "/opt/r/code"), (b"c", "/opt/r")]
+    said = "".join(f"unpacked 1 bytes into {folder}\n" for _, folder in archives)
+    monkeypatch.setattr(podexec, "run", lambda *a, **k: (1, said))
+    podexec.send_archives(None, "p", "python3", archives, "the runtime")  # no error
+    monkeypatch.setattr(podexec, "run", lambda *a, **k: (1, said.rsplit("unpacked", 1)[0]))
+    with pytest.raises(StageError) as raised:
+        podexec.send_archives(None, "p", "python3", archives, "the runtime")
+    assert "copying the runtime into pod p failed (exit 1): unpacked 1 bytes into" in str(
+        raised.value
+    )
