@@ -52,6 +52,7 @@ from .checkpoint_read import (
     load_manifest,
     meta_dir,
     newer_whole,
+    not_whole,
     pickler,
     read_manifest,  # noqa: F401 - the checkpoint's API, with save and restore
     reserved,
@@ -292,7 +293,7 @@ def _commit(root: str, folder: str, path: str, manifest: dict, result: dict) -> 
         write_json(index, manifest, sync=False, replace=False)  # a new folder's: nothing reads
         files = [os.path.join(path, entry["file"]) for entry in manifest["variables"]]  # it half
         _sync_all([*files, index, path, os.path.dirname(path)])  # written (no size, no index)
-        missing = _not_whole(path, manifest)
+        missing = not_whole(path, manifest)  # read back after the fsyncs
         if missing:
             _unlink(index)
             result["error"] = f"the checkpoint did not land ({missing})"
@@ -378,19 +379,6 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-def _not_whole(path: str, manifest: dict) -> str | None:
-    """Why the checkpoint in `path` is not whole on disk (None: it is): read back after its
-    fsyncs, each variable file at the size the save wrote."""
-    for entry in manifest["variables"]:
-        try:
-            size = os.stat(os.path.join(path, entry["file"])).st_size
-        except OSError:
-            size = None
-        if size != entry["bytes"]:
-            return f"{entry['name']}: its file is missing or not whole"
-    return None
 
 
 def _remove_others(root: str, keep: str) -> None:

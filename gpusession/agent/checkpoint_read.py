@@ -162,22 +162,24 @@ def newer_whole(workspace: str, after: dict | None = None) -> list[dict]:
         seq = doc.get("seq") if isinstance(doc.get("seq"), int) else -1
         if after is not None and (not isinstance(floor, int) or seq <= floor):
             continue
-        if _whole(os.path.join(base, folder), doc):
+        if not_whole(os.path.join(base, folder), doc) is None:
             found.append(((seq, folder), doc))
     return [doc for _, doc in sorted(found, key=lambda item: item[0], reverse=True)]
 
 
-def _whole(folder: str, doc: dict) -> bool:
-    """Every variable file of the index there, at the size the save wrote."""
+def not_whole(folder: str, doc: dict) -> str | None:
+    """Why the checkpoint `doc` describes is not whole in `folder` (None: it is): every variable
+    file of its manifest there, at the size the save wrote."""
     for entry in doc.get("variables") or []:
         if not isinstance(entry, dict) or not plain_name(entry.get("file")):
-            return False
+            return "not a manifest entry"
         try:
-            if os.stat(os.path.join(folder, entry["file"])).st_size != entry.get("bytes"):
-                return False
+            size = os.stat(os.path.join(folder, entry["file"])).st_size
         except OSError:
-            return False
-    return True
+            size = None
+        if size != entry.get("bytes"):
+            return f"{entry.get('name')}: its file is missing or not whole"
+    return None
 
 
 def _read_variable(module, folder: str, entry) -> object:
