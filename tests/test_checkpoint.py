@@ -10,6 +10,7 @@ concurrent saves, the local backend's real kernels for the sessions."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -250,6 +251,61 @@ def test_a_damaged_variable_file_is_said_and_the_others_restored(tmp_path, how):
     )
 
 
+@needs_numpy
+def test_small_variables_live_in_the_index_and_large_ones_in_files_of_their_own(tmp_path):
+    """A pickle of at most INLINE_BYTES goes into the index (one file to write and fsync for a
+    small save, issue 35); a larger one, or an array's buffer, into its own file; a cap below
+    INLINE_BYTES still leaves out what is over it."""
+    edge = "x" * (checkpoint.INLINE_BYTES - 20)  # its pickle: a few bytes under the bound
+    values = {"a": 1, "edge": edge, "big": bytearray(100_000), "arr": np.zeros(20_000)}
+    result = _save(values, tmp_path)
+    folder = tmp_path / ".gpusession" / "checkpoints" / result["folder"]
+    entries = {e["name"]: e for e in checkpoint.read_manifest(str(tmp_path))["variables"]}
+    assert {n for n, e in entries.items() if "inline" in e} == {"a", "edge"}, entries.keys()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["index.json", entries["arr"]["file"], entries["big"]["file"]]
+    )
+    ns, report = _restore(tmp_path)
+    assert ns.keys() == values.keys() and not report["failed"], report
+    assert ns["edge"] == edge and np.array_equal(ns["arr"], values["arr"])
+    capped = checkpoint.save(
+        {"small": "y" * 100, "over": "z" * 5000},
+        str(tmp_path / "c"),
+        deadline=time.time() + 60,
+        cap_bytes=1000,
+    )
+    assert [s["name"] for s in capped["skipped"] if s["why"] == "over cap"] == ["over"], capped
+    # the index stays small: what one save keeps in it is bounded (INLINE_TOTAL)
+    many = {f"v{i}": os.urandom(60_000) for i in range(6)}
+    result = _save(many, tmp_path / "m")
+    entries = checkpoint.read_manifest(str(tmp_path / "m"))["variables"]
+    assert ["inline" in e for e in entries] == [True] * 4 + [False] * 2, entries
+    assert _restore(tmp_path / "m")[0] == many
+
+
+@pytest.mark.parametrize("how", ["not base64", "short", "not a pickle"])
+def test_a_damaged_variable_in_the_index_is_said_and_the_others_restored(tmp_path, how):
+    result = _save({"a": 1, "b": bytearray(100_000), "c": "three"}, tmp_path)
+    meta = tmp_path / ".gpusession"
+    for doc_path in (
+        meta / "checkpoint.json",
+        meta / "checkpoints" / result["folder"] / "index.json",
+    ):
+        doc = json.loads(doc_path.read_text())
+        (entry,) = [e for e in doc["variables"] if e["name"] == "c"]
+        data = base64.b64decode(entry["inline"])
+        entry["inline"] = {
+            "not base64": "!!" + entry["inline"][2:],
+            "short": base64.b64encode(data[:-3]).decode(),
+            "not a pickle": base64.b64encode(b"G" * len(data)).decode(),
+        }[how]
+        doc_path.write_text(json.dumps(doc))
+    ns, report = _restore(tmp_path)
+    assert ns == {"a": 1, "b": bytearray(100_000)}, report
+    text = "\n".join(restore_lines(report, "w"))
+    assert "not restored: c: damaged: " in text and "its checkpoint is damaged" in text, text
+
+
 @pytest.mark.integration
 def test_two_saves_into_one_workspace_at_once_never_lose_what_they_said_they_saved(tmp_path):
     """A bounded slice of bench/bench_concurrent_saves.py (the loop): 6 rounds."""
@@ -317,7 +373,7 @@ def test_the_commit_names_the_new_checkpoint_only_once_all_it_holds_is_on_disk(
     monkeypatch.setattr(os, "replace", replace)
     monkeypatch.setattr(checkpoint.shutil, "rmtree", rmtree)
     result = checkpoint.save(
-        {"b": list(range(1000)), "c": "x" * 5000, "d": {"k": 2}},
+        {"b": list(range(1000)), "c": "x" * 100_000, "d": {"k": 2}},  # c: over INLINE_BYTES
         str(tmp_path),
         deadline=time.time() + 60,
         cap_bytes=None,
@@ -331,7 +387,9 @@ def test_the_commit_names_the_new_checkpoint_only_once_all_it_holds_is_on_disk(
     manifest = os.path.join(root, "checkpoint.json")
     answer = events.index(("returned",))
     before = {e[1] for e in events[:answer] if e[0] == "fsync"}
-    needed = {os.path.join(folder, f) for f in ("0.pkl", "1.pkl", "2.pkl", "index.json")}
+    entries = json.loads(Path(folder, "index.json").read_text())["variables"]
+    assert [("file" in e, "inline" in e) for e in entries] == [(0, 1), (1, 0), (0, 1)], entries
+    needed = {os.path.join(folder, f) for f in ("1.pkl", "index.json")}
     needed |= {folder, os.path.dirname(folder)}
     assert needed <= before, sorted(needed - before)
     commit = next(i for i, e in enumerate(events) if e[0] == "replace" and e[2] == manifest)
@@ -342,7 +400,7 @@ def test_the_commit_names_the_new_checkpoint_only_once_all_it_holds_is_on_disk(
     assert json.loads(Path(manifest).read_text())["folder"] == result["folder"]
     assert sorted(os.listdir(root)) == ["checkpoint.json", "checkpoint.lock", "checkpoints"]
     ns, report = _restore(tmp_path)
-    assert ns == {"b": list(range(1000)), "c": "x" * 5000, "d": {"k": 2}}, report
+    assert ns == {"b": list(range(1000)), "c": "x" * 100_000, "d": {"k": 2}}, report
 
 
 def test_a_save_said_saved_comes_back_when_a_crash_lost_the_manifests_rename(tmp_path):

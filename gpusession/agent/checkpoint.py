@@ -26,6 +26,7 @@ Python 3.9 syntax.
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import fcntl
 import io
@@ -68,6 +69,11 @@ SAVE_READY = (
 RESTORE_RESULT = "restored.json"
 YOUNG_S = 60.0  # a folder without its index this young may be a save's, just made, not locked yet
 SYNC_THREADS = 16  # fsyncs waiting together at most (a save of many variables)
+INLINE_BYTES = 64 * 1024  # a variable's pickle this small is kept in the index itself,
+INLINE_TOTAL = (
+    256 * 1024
+)  # while those of the save so far stay within this (the index is read whole)
+KEEP_OPEN = 64  # files a save keeps open from their writing to their fsync (more: opened again)
 
 
 class _OverCap(Exception):
@@ -132,11 +138,22 @@ def _unhide_restored(ip) -> None:
         pass
 
 
-def _dump(module, value, file: str, cap_bytes: int | None) -> int:
-    """One variable's pickle into `file`; its fsync comes with the commit's (_sync_all)."""
-    with open(file, "wb") as f:
-        capped = _CappedFile(f, cap_bytes)
-        module.dump(value, capped, protocol=pickle.HIGHEST_PROTOCOL)
+def _dump(module, value, file: str, cap_bytes: int | None, held: dict) -> int:
+    """One variable's pickle into `file`; its fsync comes with the commit's (_sync_all). The file
+    stays open until then (`held`: path -> descriptor, closed by the save) while `held` has
+    room: its fsync needs no second open."""
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        with open(fd, "wb", closefd=False) as f:
+            capped = _CappedFile(f, cap_bytes)
+            module.dump(value, capped, protocol=pickle.HIGHEST_PROTOCOL)
+    except BaseException:
+        os.close(fd)
+        raise
+    if len(held) < KEEP_OPEN:
+        held[file] = fd
+    else:
+        os.close(fd)
     return capped.size
 
 
@@ -165,23 +182,25 @@ def save(
     path = os.path.join(root, "checkpoints", folder)
     os.makedirs(path, exist_ok=True)
     writing = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    held: dict = {path: writing}  # open until the commit's fsyncs are done: path -> descriptor
     try:
         fcntl.flock(writing, fcntl.LOCK_EX)  # the folder's own flock, held until committed: no
         # other save's tidy takes it
         result = _save_into(
-            namespace, root, folder, path, started, kind, module, deadline, cap_bytes, cause
+            namespace, root, folder, path, started, kind, module, deadline, cap_bytes, cause, held
         )
         if cause:
             result["for"] = cause
         return result
     finally:
-        os.close(writing)
+        for fd in held.values():
+            os.close(fd)
 
 
 def _save_into(
-    namespace, root, folder, path, started, kind, module, deadline, cap_bytes, cause
+    namespace, root, folder, path, started, kind, module, deadline, cap_bytes, cause, held
 ) -> dict:
-    saved, imports, skipped = _write_variables(namespace, path, module, deadline, cap_bytes)
+    saved, imports, skipped = _write_variables(namespace, path, module, deadline, cap_bytes, held)
     total = sum(entry["bytes"] for entry in saved)
     manifest = {
         "format": FORMAT,
@@ -209,15 +228,16 @@ def _save_into(
         shutil.rmtree(path, ignore_errors=True)
         result["error"] = "time bound"
         return result
-    return _commit(root, folder, path, manifest, result)
+    return _commit(root, folder, path, manifest, result, held)
 
 
 def _write_variables(
-    namespace: dict, path: str, module, deadline: float, cap_bytes: int | None
+    namespace: dict, path: str, module, deadline: float, cap_bytes: int | None, held: dict
 ) -> tuple[list[dict], dict[str, str], list[dict]]:
     """Each variable pickled into its own file in `path`, in name order, until `deadline`:
     (the saved ones, the imported modules by alias, what was left out and why)."""
     saved, imports, skipped = [], {}, []
+    inlined = 0
     names = sorted(namespace)
     for i, name in enumerate(names):
         value = namespace[name]
@@ -235,48 +255,64 @@ def _write_variables(
             skipped.append({"name": name, "why": why, "type": type(value).__name__})
             continue
         file = os.path.join(path, f"{len(saved)}.pkl")
-        entry, skip = _write_variable(module, name, value, file, cap_bytes)
+        room = INLINE_TOTAL - inlined
+        entry, skip = _write_variable(module, name, value, file, cap_bytes, held, room)
         if skip is not None:
             skipped.append(skip)
         else:
             saved.append(entry)
+            inlined += entry["bytes"] if "inline" in entry else 0
     return saved, imports, skipped
 
 
 def _write_variable(
-    module, name: str, value, file: str, cap_bytes: int | None
+    module, name: str, value, file: str, cap_bytes: int | None, held: dict, room: int
 ) -> tuple[dict | None, dict | None]:
-    """One variable into `file`: (its manifest entry, None), or (None, why it was left out),
-    without a file left behind."""
+    """One variable: (its manifest entry, None), or (None, why it was left out), without a file
+    left behind. A pickle of at most INLINE_BYTES (and `room`, what the save's INLINE_TOTAL has
+    left) goes into the entry itself (`inline`, base64): a small save then writes one file, its
+    index (one file fewer to create and fsync); a larger one into `file`."""
+    entry = {"name": name, "type": type(value).__name__}
     try:
-        size = _dump(module, value, file, cap_bytes)
+        small = _inline(module, value, cap_bytes, min(INLINE_BYTES, room))
+        if small is not None:
+            return {
+                **entry,
+                "inline": base64.b64encode(small).decode("ascii"),
+                "bytes": len(small),
+            }, None
+        size = _dump(module, value, file, cap_bytes, held)
     except _OverCap:
-        os.remove(file)
-        return None, {
-            "name": name,
-            "why": "over cap",
-            "type": type(value).__name__,
-            "cap_bytes": cap_bytes,
-        }
+        _unlink(file)
+        return None, {**entry, "why": "over cap", "cap_bytes": cap_bytes}
     except BaseException as exc:  # noqa: BLE001 - whatever a value's pickling raises (KeyboardInterrupt,
         # SystemExit too): skip that one, say why, keep the rest
-        if os.path.exists(file):
-            os.remove(file)
-        return None, {
-            "name": name,
-            "why": "does not pickle",
-            "type": type(value).__name__,
-            "error": _skip_why(exc),
-        }
-    return {
-        "name": name,
-        "file": os.path.basename(file),
-        "bytes": size,
-        "type": type(value).__name__,
-    }, None
+        _unlink(file)
+        return None, {**entry, "why": "does not pickle", "error": _skip_why(exc)}
+    return {**entry, "file": os.path.basename(file), "bytes": size}, None
 
 
-def _commit(root: str, folder: str, path: str, manifest: dict, result: dict) -> dict:
+def _inline(module, value, cap_bytes: int | None, limit: int) -> bytes | None:
+    """`value`'s pickle when it is at most `limit` bytes (and within the cap); None when larger
+    (it stops there: an array's buffer is not copied); _OverCap when over a cap below `limit`."""
+    if limit <= 0:
+        return None
+    capped = cap_bytes is not None and cap_bytes < limit
+    buffer = io.BytesIO()
+    try:
+        module.dump(
+            value,
+            _CappedFile(buffer, cap_bytes if capped else limit),
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
+    except _OverCap:
+        if capped:
+            raise
+        return None
+    return buffer.getvalue()
+
+
+def _commit(root: str, folder: str, path: str, manifest: dict, result: dict, held: dict) -> dict:
     """Under the lock: the checkpoint's index (the manifest with its `seq`, past every earlier
     commit's) written in its folder; every file of the checkpoint, the index and the folders
     naming them fsync'ed at once (_sync_all: one journal commit for them all, the save's only
@@ -290,9 +326,9 @@ def _commit(root: str, folder: str, path: str, manifest: dict, result: dict) -> 
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         manifest["seq"] = _next_seq(root)
-        write_json(index, manifest, sync=False, replace=False)  # a new folder's: nothing reads
-        files = [os.path.join(path, entry["file"]) for entry in manifest["variables"]]  # it half
-        _sync_all([*files, index, path, os.path.dirname(path)])  # written (no size, no index)
+        _write_index(index, manifest, held)  # a new folder's: nothing reads it half written
+        files = [os.path.join(path, e["file"]) for e in manifest["variables"] if "file" in e]
+        _sync_all([held.get(f, f) for f in (*files, index, path)] + [os.path.dirname(path)])
         missing = not_whole(path, manifest)  # read back after the fsyncs
         if missing:
             _unlink(index)
@@ -307,6 +343,14 @@ def _commit(root: str, folder: str, path: str, manifest: dict, result: dict) -> 
     # after the answer: the manifest written and the old folders removed
     _Pools.get().tidy.submit(_tidy, root)
     return result
+
+
+def _write_index(index: str, manifest: dict, held: dict) -> None:
+    """The index into its new file, kept open (in `held`) for the commit's fsync."""
+    fd = os.open(index, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    held[index] = fd
+    with open(fd, "w", closefd=False) as f:
+        f.write(json.dumps(manifest))  # one string (json's C encoder)
 
 
 _last_seq = 0  # the last `seq` this process gave (a manifest the tidy has not written yet)
@@ -413,7 +457,11 @@ def _young(folder: str) -> bool:
         return False
 
 
-def _fsync(path: str) -> None:
+def _fsync(path: str | int) -> None:
+    """fsync a path, or a descriptor the save holds open already."""
+    if isinstance(path, int):
+        os.fsync(path)
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

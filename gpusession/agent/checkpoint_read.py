@@ -7,6 +7,7 @@ Python 3.9 syntax.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pickle
@@ -169,8 +170,11 @@ def newer_whole(workspace: str, after: dict | None = None) -> list[dict]:
 
 def not_whole(folder: str, doc: dict) -> str | None:
     """Why the checkpoint `doc` describes is not whole in `folder` (None: it is): every variable
-    file of its manifest there, at the size the save wrote."""
+    file of its manifest there, at the size the save wrote (a variable kept in the index itself,
+    `inline`, came whole with the index)."""
     for entry in doc.get("variables") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("inline"), str):
+            continue
         if not isinstance(entry, dict) or not plain_name(entry.get("file")):
             return "not a manifest entry"
         try:
@@ -183,9 +187,11 @@ def not_whole(folder: str, doc: dict) -> str | None:
 
 
 def _read_variable(module, folder: str, entry) -> object:
-    """One variable's value; Damaged when its file is not the one the save wrote."""
+    """One variable's value; Damaged when its bytes are not the ones the save wrote."""
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise Damaged("not a manifest entry")
+    if isinstance(entry.get("inline"), str):
+        return _read_inline(module, entry)
     if not plain_name(entry.get("file")):
         raise Damaged(
             f"its file name {str(entry.get('file'))[:80]!r} leaves the checkpoint folder; not opened"
@@ -198,8 +204,7 @@ def _read_variable(module, folder: str, entry) -> object:
                 raise Damaged(f"{size} bytes of the {entry['bytes']} saved")
             head = f.read(2)
             f.seek(max(size - 1, 0))
-            if head[:1] != b"\x80" or head[1:2] not in b"\x02\x03\x04\x05" or f.read(1) != b".":
-                raise Damaged("not a pickle (its first or last bytes)")  # PROTO 2-5 ... STOP
+            _check_ends(head, f.read(1))
             f.seek(0)
             try:
                 return module.load(f)
@@ -207,6 +212,27 @@ def _read_variable(module, folder: str, entry) -> object:
                 raise Damaged(f"{type(exc).__name__}: {exc}"[:200]) from None
     except OSError as exc:  # missing, a folder in its place
         raise Damaged(f"{type(exc).__name__}: {exc.strerror or exc}") from None
+
+
+def _read_inline(module, entry: dict) -> object:
+    """A small variable's pickle, kept in the index itself (base64)."""
+    try:
+        data = base64.b64decode(entry["inline"], validate=True)
+    except ValueError:
+        raise Damaged("its bytes in the index are not base64") from None
+    if isinstance(entry.get("bytes"), int) and len(data) != entry["bytes"]:
+        raise Damaged(f"{len(data)} bytes of the {entry['bytes']} saved")
+    _check_ends(data[:2], data[-1:])
+    try:
+        return module.loads(data)
+    except (EOFError, pickle.UnpicklingError) as exc:
+        raise Damaged(f"{type(exc).__name__}: {exc}"[:200]) from None
+
+
+def _check_ends(head: bytes, last: bytes) -> None:
+    """A pickle of protocol 2-5 starts with PROTO and ends with STOP."""
+    if head[:1] != b"\x80" or head[1:2] not in b"\x02\x03\x04\x05" or last != b".":
+        raise Damaged("not a pickle (its first or last bytes)")
 
 
 def restore(namespace: dict, workspace: str) -> dict:
