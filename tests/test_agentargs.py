@@ -144,8 +144,11 @@ def test_the_first_steps_quick_read_takes_the_same_placement():
         cwd="/w",
         workspace="/ws",
         restore=True,
+        agent_port=9,
+        ready_timeout=30.0,
     )
-    assert _options(args.argv()) == {
+    opts = _options(args.argv())
+    assert opts == {
         "--session-id": "abc",
         "--state-dir": "/tmp/x",
         "--kernel-ip": "/tmp/s/k",
@@ -153,4 +156,8 @@ def test_the_first_steps_quick_read_takes_the_same_placement():
         "--cwd": "/w",
         "--workspace": "/ws",
         "--restore": "",
+        "--agent-port": "9",  # the port it binds ahead, for KERNEL and READY to name
+        "--ready-timeout": opts["--ready-timeout"],
     }
+    assert float(opts["--ready-timeout"]) == 30.0
+    assert _options(AgentArgs(session_id="a", state_dir="/s").argv())["--agent-port"] == "0"

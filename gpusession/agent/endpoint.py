@@ -64,13 +64,25 @@ class AgentServer:
         kernel=None,
         save: Callable[[], dict] | None = None,
         restored: Callable[[], dict | None] | None = None,
+        sock=None,
     ):
+        """`sock`: a socket bound and listening already (the runtime's first step bound the
+        port the KERNEL and READY lines name), served instead of binding `host`:`port`."""
         self.watchdog = watchdog
         self.kernel = kernel
         self._save = save
         self._restored = restored
         self._token = token
-        self.httpd = ThreadingHTTPServer((host, port), self._handler_class())
+        if sock is None:
+            self.httpd = ThreadingHTTPServer((host, port), self._handler_class())
+        else:
+            self.httpd = ThreadingHTTPServer(
+                (host, port), self._handler_class(), bind_and_activate=False
+            )
+            self.httpd.socket.close()
+            self.httpd.socket = sock
+            self.httpd.server_address = sock.getsockname()
+            self.httpd.server_name, self.httpd.server_port = self.httpd.server_address[:2]
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self._thread: threading.Thread | None = None

@@ -1,8 +1,10 @@
 """`python -m gpusession.agent.firststep run ARGS...` (what the runtime bundle's boot.sh runs):
-the session kernel's process first (gpusession.agent.kernelspawn.early_kernel), then the runtime
-(`gpusession.agent.kernel_runtime`: argparse, the protocol's types, the agent's HTTP side) loads
-while the kernel boots, and takes that kernel over. A bare `docker run` of a kernel has the kernel as
-its first process; before ours come only Python's start and a few cheap modules.
+the session kernel's process first (gpusession.agent.kernelspawn.early_kernel); the KERNEL and
+READY lines said here as soon as it runs and listens (announce_early: the agent's port bound
+first); then the runtime (`gpusession.agent.kernel_runtime`: argparse, the protocol's types, the
+agent's HTTP side) loads, and takes that kernel over. A bare `docker run` of a kernel has the
+kernel as its first process; before ours come only Python's start and a few cheap modules, and
+the runtime's imports no longer take CPU from the kernel's boot.
 Python 3.9 syntax.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .kernelspawn import early_kernel
+from .kernelspawn import Early, announce_early, early_kernel
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,9 +21,14 @@ def main(argv: list[str] | None = None) -> int:
     early = None
     if argv[:1] == ["run"]:
         try:
-            early = early_kernel(argv[1:])
+            early = Early(*early_kernel(argv[1:]))
         except Exception:  # noqa: BLE001 - the runtime starts it the usual way and reports what fails, with the stage
             early = None
+    if early is not None:
+        try:
+            announce_early(early, argv[1:])
+        except Exception:  # noqa: BLE001 - the runtime says what was not said
+            pass
     try:
         # lazy: docs/architecture.md#imports-kept-inside-functions
         from .kernel_runtime import main as run
@@ -29,10 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         return run(argv, early=early)
     except BaseException:
         if (
-            early is not None and early[0].poll() is None
+            early is not None and early.kernel.poll() is None
         ):  # the runtime never took it: not left behind
             try:
-                os.killpg(early[0].pid, 9)
+                os.killpg(early.kernel.pid, 9)
             except ProcessLookupError:
                 pass
         raise

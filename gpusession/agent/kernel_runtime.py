@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -29,11 +28,15 @@ from ..core.envnames import RESTART_FILE
 from ..core.protocol import KERNEL_PORT_NAMES, Marker, StopKind, StopReason, marker_line
 from . import service
 from .kernelspawn import (
+    Early,
     Spawned,
     forget_restart,
+    kernel_listens,
     kernel_plan,
     private_state_dir,
+    share_sockets,
     write_connection_file,
+    write_runtime,
 )
 
 
@@ -42,35 +45,6 @@ def _write_json(path: str, data: dict) -> None:
     with open(tmp, "w") as f:
         json.dump(data, f)
     os.replace(tmp, path)
-
-
-def _port_open(info: dict, name: str) -> bool:
-    """The kernel listens on its `name` port (a unix socket `<ip>-<port>` with the ipc transport)."""
-    try:
-        if info.get("transport") == "ipc":
-            with socket.socket(socket.AF_UNIX) as s:
-                s.settimeout(0.2)
-                s.connect(f"{info['ip']}-{info[name]}")
-        else:
-            with socket.create_connection((info["ip"], info[name]), timeout=0.2):
-                pass
-        return True
-    except OSError:
-        return False
-
-
-def _share_sockets(info: dict) -> None:
-    """A kernel's unix sockets in a folder its group may use too (setgid, 2770: a container's,
-    whose owner outside is another uid than the kernel's) are made that group's too: connecting
-    to a unix socket needs write on it, and the runtime's umask made them the kernel's alone. The
-    folder stays the gate: in a 0700 one they stay 0700."""
-    if (
-        info.get("transport") != "ipc"
-        or os.stat(os.path.dirname(info["ip"])).st_mode & 0o070 != 0o070
-    ):
-        return
-    for name in KERNEL_PORT_NAMES:
-        os.chmod(f"{info['ip']}-{info[name]}", 0o660)
 
 
 class Runtime:
@@ -93,6 +67,8 @@ class Runtime:
         self._stopping = False
         self.generation = 0  # kernels started so far: a restart makes the next one
         self.kernel_ready = False
+        self.ready_said = False  # READY said by the first step (kernelspawn.announce_early)
+        self.agent_socket = None  # the agent's port, bound by the first step: the endpoint's
         self._restart = threading.Event()  # POST /restart asked for a fresh kernel
         self._kernel_lock = (
             threading.Lock()
@@ -134,22 +110,16 @@ class Runtime:
         while time.time() < deadline:
             if self.kernel.poll() is not None:
                 raise RuntimeError(f"kernel exited during start with code {self.kernel.returncode}")
-            # with unix sockets, all five: they are given their group's access below
-            waited = (
-                KERNEL_PORT_NAMES
-                if info.get("transport") == "ipc"
-                else ("shell_port", "control_port", "iopub_port")
-            )
-            if all(_port_open(info, p) for p in waited):
+            if kernel_listens(info):
                 break
             time.sleep(0.01)  # a session's start waits for this
         else:
             raise RuntimeError(f"kernel did not listen within {self.args.ready_timeout}s")
-        _share_sockets(info)
+        share_sockets(info)
         self.generation += 1
         self.kernel_ready = True
         self._write_runtime(ready=True)
-        if self.generation == 1:
+        if self.generation == 1 and not self.ready_said:
             print(marker_line(Marker.READY, self.where(info)), flush=True)
         return info
 
@@ -202,8 +172,8 @@ class Runtime:
         self.await_kernel(info)
 
     def _write_runtime(self, **extra) -> None:
-        _write_json(
-            os.path.join(self.state_dir, "runtime.json"),
+        write_runtime(
+            self.state_dir,
             {
                 "pid": os.getpid(),
                 "kernel_pid": self.kernel.pid if self.kernel else None,
@@ -301,7 +271,7 @@ def run_args(argv: list[str]) -> AgentArgs:
     return AgentArgs.from_namespace(build_parser().parse_args(["run", *argv]))
 
 
-def main(argv: list[str] | None = None, early: tuple[Spawned, dict] | None = None) -> int:
+def main(argv: list[str] | None = None, early: Early | None = None) -> int:
     """`early`: the session's first kernel, started already by gpusession.agent.firststep from
     the same ARGS (the bundle's way in: the kernel boots while this module loads)."""
     parsed = build_parser().parse_args(argv)
@@ -318,13 +288,15 @@ def main(argv: list[str] | None = None, early: tuple[Spawned, dict] | None = Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal must not kill the session
     try:
         if early is not None:
-            rt.kernel, info = early
+            rt.kernel, info = early.kernel, early.info
+            rt.agent_socket, rt.ready_said = early.agent_socket, early.ready_said
         else:
             info = rt.spawn_kernel()
-        # while the kernel boots; before it is ready: runtime.json and READY carry the agent's port
+        # before the kernel is ready: runtime.json and READY carry the agent's port
         service.start(rt, args)
-        # a client on this machine may connect now: ZMQ waits for the kernel's ports by itself
-        print(marker_line(Marker.KERNEL, rt.where(info)), flush=True)
+        if early is None or not early.kernel_said:
+            # a client on this machine may connect now: ZMQ waits for the kernel's ports by itself
+            print(marker_line(Marker.KERNEL, rt.where(info)), flush=True)
         rt.await_kernel(info)
     except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
         print(marker_line(Marker.FAILED, {"stage": "kernel", "error": str(exc)}), flush=True)

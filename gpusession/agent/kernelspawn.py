@@ -18,11 +18,22 @@ from ..core.envnames import (
     ENV_STATE_DIR,
     ENV_WORKSPACE,
     KERNEL_PORT_NAMES,
+    MARKER_KERNEL,
+    MARKER_READY,
     RESTART_FILE,
 )
 from .kernelenv import kernel_command, kernel_environment
 
-VALUED = ("--session-id", "--state-dir", "--kernel-ip", "--kernel-ports", "--cwd", "--workspace")
+VALUED = (
+    "--session-id",
+    "--state-dir",
+    "--kernel-ip",
+    "--kernel-ports",
+    "--cwd",
+    "--workspace",
+    "--agent-port",
+    "--ready-timeout",
+)
 
 
 def _ephemeral_low() -> int:
@@ -242,3 +253,141 @@ def early_kernel(argv: list[str]) -> tuple[Spawned, dict]:
         "--restore" in opts,
     )
     return Spawned(argv_, env, opts.get("--cwd") or None), info
+
+
+EARLY_WAIT_S = (
+    2.0  # the first step waits this long at most for the kernel to listen (announce_early)
+)
+
+
+class Early:
+    """The session's first kernel as the first step hands it to the runtime: its process, its
+    connection info, the agent's listening socket bound ahead (None: the runtime binds its own),
+    and which of KERNEL and READY were said already (the runtime says the others)."""
+
+    def __init__(self, kernel: Spawned, info: dict):
+        self.kernel, self.info = kernel, info
+        self.agent_socket = None
+        self.kernel_said = self.ready_said = False
+
+
+def announce_early(early: Early, argv: list[str]) -> None:
+    """KERNEL as soon as the kernel's process runs, READY once it listens, said by the first
+    step before the runtime loads: the runtime's imports (~0.1 s of CPU) then come after the
+    kernel's boot, not beside it, which a busy machine felt. The agent's port, which both name,
+    is bound here first and handed to the runtime's endpoint. Nothing is said where the runtime
+    must say it itself: no agent (--no-agent), or its fixed port taken (the runtime's retries);
+    READY is left to the runtime when the kernel ends (its FAILED) or boots longer than
+    EARLY_WAIT_S (the runtime then loads beside it: its agent answers while a kernel boots slowly)."""
+    opts = _options(argv)
+    if "--no-agent" in argv:
+        return
+    port = int(opts.get("--agent-port") or 0)
+    if port >= 0:  # -1: no endpoint
+        try:
+            early.agent_socket = _listening(port)
+        except OSError:
+            return
+    info = early.info
+    where = {
+        "ports": {name: info[name] for name in KERNEL_PORT_NAMES},
+        "agent_port": early.agent_socket.getsockname()[1] if early.agent_socket else None,
+        "transport": info.get("transport", "tcp"),
+        "ip": info["ip"],
+    }
+    _say(MARKER_KERNEL, where)
+    early.kernel_said = True
+    deadline = time.monotonic() + min(EARLY_WAIT_S, float(opts.get("--ready-timeout") or 60))
+    while not kernel_listens(info):
+        if early.kernel.poll() is not None or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+    share_sockets(info)
+    write_runtime(
+        os.path.abspath(opts["--state-dir"]),
+        {
+            "pid": os.getpid(),  # the runtime's own, once it loads in this process
+            "kernel_pid": early.kernel.pid,
+            "started_at": time.time(),
+            "agent_port": where["agent_port"],
+            "session_id": opts.get("--session-id"),
+            "kernel_generation": 1,
+            "ready": True,
+        },
+    )
+    _say(MARKER_READY, where)
+    early.ready_said = True
+
+
+def write_runtime(state_dir: str, doc: dict) -> None:
+    """`runtime.json` in the state folder (what it holds: gpusession.agent.kernel_runtime),
+    replaced whole."""
+    import json
+
+    path = os.path.join(state_dir, "runtime.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(doc, f)
+    os.replace(path + ".tmp", path)
+
+
+def _listening(port: int):
+    """The agent's socket on the loopback, listening (as its HTTP server would bind it)."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server does
+        sock.bind(("127.0.0.1", port))
+        sock.listen(16)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _say(word: str, payload: dict) -> None:
+    import json
+
+    print(f"{word} {json.dumps(payload, separators=(',', ':'))}", flush=True)
+
+
+def port_open(info: dict, name: str) -> bool:
+    """The kernel listens on its `name` port (a unix socket `<ip>-<port>` with the ipc transport)."""
+    import socket
+
+    try:
+        if info.get("transport") == "ipc":
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(0.2)
+                s.connect(f"{info['ip']}-{info[name]}")
+        else:
+            with socket.create_connection((info["ip"], info[name]), timeout=0.2):
+                pass
+        return True
+    except OSError:
+        return False
+
+
+def kernel_listens(info: dict) -> bool:
+    """The kernel listens: with unix sockets, on all five (they are given their group's access
+    next, share_sockets); on TCP, on shell, control and iopub."""
+    waited = (
+        KERNEL_PORT_NAMES
+        if info.get("transport") == "ipc"
+        else ("shell_port", "control_port", "iopub_port")
+    )
+    return all(port_open(info, p) for p in waited)
+
+
+def share_sockets(info: dict) -> None:
+    """A kernel's unix sockets in a folder its group may use too (setgid, 2770: a container's,
+    whose owner outside is another uid than the kernel's) are made that group's too: connecting
+    to a unix socket needs write on it, and the runtime's umask made them the kernel's alone. The
+    folder stays the gate: in a 0700 one they stay 0700."""
+    if (
+        info.get("transport") != "ipc"
+        or os.stat(os.path.dirname(info["ip"])).st_mode & 0o070 != 0o070
+    ):
+        return
+    for name in KERNEL_PORT_NAMES:
+        os.chmod(f"{info['ip']}-{info[name]}", 0o660)

@@ -165,6 +165,7 @@ def _serve_endpoint(rt, args: AgentArgs, watchdog: Watchdog, retry_s: float = BI
             watchdog,
             token_from_connection_file(rt.connection_file),
             port=args.agent_port,
+            sock=getattr(rt, "agent_socket", None),  # bound by the first step, when it was
             kernel=rt,
             save=lambda: save_namespace(rt, args, asked=True),
             restored=lambda: restore_report(rt.state_dir),

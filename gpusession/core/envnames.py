@@ -22,3 +22,8 @@ KERNEL_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "
 
 #: in the runtime's state folder: the kernel asks for a restart (gpusession.agent.activity writes it)
 RESTART_FILE = "restart-requested"
+
+#: the first words of the runtime's lines that say its kernel started, then listens
+#: (gpusession.core.protocol.Marker.KERNEL and .READY; the runtime's first step says them too)
+MARKER_KERNEL = "GPUSESSION_KERNEL"
+MARKER_READY = "GPUSESSION_READY"

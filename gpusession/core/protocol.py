@@ -26,6 +26,7 @@ from .envnames import ENV_SESSION_ID as ENV_SESSION_ID
 from .envnames import ENV_STATE_DIR as ENV_STATE_DIR
 from .envnames import ENV_WORKSPACE as ENV_WORKSPACE
 from .envnames import KERNEL_PORT_NAMES as KERNEL_PORT_NAMES
+from .envnames import MARKER_KERNEL, MARKER_READY
 
 # the idle stop when none is given: the session's (LaunchSpec), the settings' ("30m") and the
 # agent's default (gpusession.configuration.agentargs); written here alone
@@ -97,10 +98,8 @@ CELL_LOG_REPLY = "gpusession_cell_reply"
 class Marker(str, enum.Enum):
     """The first word of a line the runtime (or an instance's boot script) prints for the local side."""
 
-    KERNEL = (
-        "GPUSESSION_KERNEL"  # the kernel process started (not yet listening); payload as READY's
-    )
-    READY = "GPUSESSION_READY"  # the kernel listens; payload: {"ports": {KERNEL_PORT_NAMES: port}, "agent_port"}
+    KERNEL = MARKER_KERNEL  # the kernel process started (not yet listening); payload as READY's
+    READY = MARKER_READY  # the kernel listens; payload: {"ports": {KERNEL_PORT_NAMES: port}, "agent_port"}
     FAILED = "GPUSESSION_FAILED"  # the start failed; payload: {"stage", "error"}
     STOPPED = "GPUSESSION_STOPPED"  # the runtime is ending; payload: StopReason.to_dict()
     SUMMARY = "GPUSESSION_SUMMARY"  # the agent's summary at the end; payload: summary dict
