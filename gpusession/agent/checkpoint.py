@@ -49,8 +49,7 @@ from .checkpoint_read import (
     INDEX,
     LOCK,
     MANIFEST,
-    Damaged,
-    load_manifest,
+    manifest_or_none,
     meta_dir,
     newer_whole,
     not_whole,
@@ -361,10 +360,7 @@ def _next_seq(root: str) -> int:
     nanoseconds, and always past the manifest's and this process's last (a workspace moved
     between machines whose clocks differ, a tidy still to come)."""
     global _last_seq
-    try:
-        doc = load_manifest(os.path.join(root, MANIFEST))
-    except Damaged:
-        doc = None
+    doc = manifest_or_none(os.path.join(root, MANIFEST))
     before = doc.get("seq") if doc else None
     seq = max(time.time_ns(), _last_seq + 1, before + 1 if isinstance(before, int) else 0)
     _last_seq = seq
@@ -403,10 +399,7 @@ def _write_manifest(root: str, doc: dict) -> None:
     """`checkpoint.json` naming `doc`'s folder, replaced atomically and fsync'ed (unless it is
     so already)."""
     path = os.path.join(root, MANIFEST)
-    try:
-        current = load_manifest(path)
-    except Damaged:
-        current = None
+    current = manifest_or_none(path)
     if current is not None and current.get("folder") == doc["folder"]:
         return
     staged = f"{path}.{uuid.uuid4().hex[:8]}.tmp"

@@ -104,14 +104,19 @@ def load_manifest(path: str) -> dict | None:
     return doc
 
 
+def manifest_or_none(path: str) -> dict | None:
+    """The manifest at `path`, None when there is none or it does not read (load_manifest)."""
+    try:
+        return load_manifest(path)
+    except Damaged:
+        return None
+
+
 def read_manifest(workspace: str) -> dict | None:
     """The manifest of the workspace's checkpoint, the one a restore takes first: the whole
     checkpoint with the highest `seq` (newer_whole: a save's commit), else `checkpoint.json`'s
     (the tidy writes it after the save's answer); None when there is none or it is damaged."""
-    try:
-        manifest = load_manifest(os.path.join(meta_dir(workspace), MANIFEST))
-    except Damaged:
-        manifest = None
+    manifest = manifest_or_none(os.path.join(meta_dir(workspace), MANIFEST))
     newer = newer_whole(workspace, after=manifest)
     return newer[0] if newer else manifest
 
@@ -154,10 +159,7 @@ def newer_whole(workspace: str, after: dict | None = None) -> list[dict]:
         return []
     found = []
     for folder in folders:
-        try:
-            doc = load_manifest(os.path.join(base, folder, INDEX))
-        except Damaged:
-            continue
+        doc = manifest_or_none(os.path.join(base, folder, INDEX))
         if doc is None or doc.get("folder") != folder:
             continue
         seq = doc.get("seq") if isinstance(doc.get("seq"), int) else -1

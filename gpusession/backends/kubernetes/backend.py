@@ -63,8 +63,9 @@ START_LOG_BYTES = 4096
 POLL_MAX_S = 2.0
 # a start's waits (the pod to run, the kernel's READY) ask every POLL_FIRST_S while most starts
 # end (a pod runs within seconds): a growing pause from the first ask cost up to a second of
-# every start (bench_kubernetes); longer waits (a queue, a pull) back off to POLL_MAX_S
-POLL_FIRST_S, POLL_FLAT_FOR_S = 0.2, 10.0
+# every start, and a 0.2 s one ~0.1 s at each of the two waits (bench_kubernetes); longer waits
+# (a queue, a pull) back off to POLL_MAX_S
+POLL_FIRST_S, POLL_FLAT_FOR_S = 0.05, 5.0
 
 
 def _pause(started: float, delay: float, grow: float, cap: float) -> float:
