@@ -42,6 +42,7 @@ import time
 import types
 import uuid
 
+from ..core.envnames import RESTORE_RESULT, SAVE_READY, SAVE_REQUEST, SAVE_RESULT
 from ..core.protocol import ENV_RESTORE, ENV_STATE_DIR, ENV_WORKSPACE
 from .checkpoint_read import (
     DAMAGED,
@@ -60,12 +61,6 @@ from .checkpoint_read import (
     write_json,
 )
 
-SAVE_REQUEST = "save-request.json"
-SAVE_RESULT = "save-result.json"
-SAVE_READY = (
-    "save-ready"  # the kernel's pid: its SIGUSR1 handler is installed (no mark: still starting)
-)
-RESTORE_RESULT = "restored.json"
 YOUNG_S = 60.0  # a folder without its index this young may be a save's, just made, not locked yet
 SYNC_THREADS = 16  # fsyncs waiting together at most (a save of many variables)
 INLINE_BYTES = 64 * 1024  # a variable's pickle this small is kept in the index itself,

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 
-from .checkpoint import RESTORE_RESULT, SAVE_READY, SAVE_REQUEST, SAVE_RESULT
+from ..core.envnames import RESTORE_RESULT, SAVE_READY, SAVE_REQUEST, SAVE_RESULT
 
 GRACE_S = 2.0  # after the bound: the kernel's last write (it commits only before the bound)
 STARTING = "the kernel was still starting (nothing to save yet)"

@@ -1,4 +1,4 @@
-"""The environment variables (and the one state file name) between the local side, the runtime and the kernel (re-exported by
+"""The environment variables (and the state file names) between the local side, the runtime and the kernel (re-exported by
 gpusession.core.protocol). Apart, and free of imports, so that the runtime's first step in a container
 (gpusession.agent.firststep) reads them without loading the protocol's types."""
 
@@ -22,6 +22,16 @@ KERNEL_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "
 
 #: in the runtime's state folder: the kernel asks for a restart (gpusession.agent.activity writes it)
 RESTART_FILE = "restart-requested"
+
+#: in the runtime's state folder, between the agent (gpusession.agent.saving) and the kernel's
+#: checkpoint extension (gpusession.agent.checkpoint): here, so that the agent does not load the
+#: pickling side to name them
+SAVE_REQUEST = "save-request.json"
+SAVE_RESULT = "save-result.json"
+SAVE_READY = (
+    "save-ready"  # the kernel's pid: its SIGUSR1 handler is installed (no mark: still starting)
+)
+RESTORE_RESULT = "restored.json"
 
 #: the first words of the runtime's lines that say its kernel started, then listens
 #: (gpusession.core.protocol.Marker.KERNEL and .READY; the runtime's first step says them too)
