@@ -16,7 +16,6 @@ Files in --state-dir:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -25,7 +24,7 @@ import time
 
 from ..configuration.agentargs import PLACEMENT, AgentArgs, add_arguments
 from ..core.envnames import RESTART_FILE
-from ..core.protocol import KERNEL_PORT_NAMES, Marker, StopKind, StopReason, marker_line
+from ..core.protocol import Marker, StopKind, StopReason, marker_line
 from . import service
 from .kernelspawn import (
     Early,
@@ -34,17 +33,12 @@ from .kernelspawn import (
     kernel_listens,
     kernel_plan,
     private_state_dir,
+    replace_json,
     share_sockets,
+    where,
     write_connection_file,
     write_runtime,
 )
-
-
-def _write_json(path: str, data: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
 
 
 class Runtime:
@@ -126,12 +120,7 @@ class Runtime:
     def where(self, info: dict) -> dict:
         """Where to connect, as KERNEL and READY say it (never the key: logs are read by more
         than the client)."""
-        return {
-            "ports": {name: info[name] for name in KERNEL_PORT_NAMES},
-            "agent_port": self.agent_port,
-            "transport": info.get("transport", "tcp"),
-            "ip": info["ip"],
-        }
+        return where(info, self.agent_port)
 
     def kernel_state(self) -> dict:
         """What the agent's /health reports: which kernel runs (a restart counts up
@@ -174,15 +163,12 @@ class Runtime:
     def _write_runtime(self, **extra) -> None:
         write_runtime(
             self.state_dir,
-            {
-                "pid": os.getpid(),
-                "kernel_pid": self.kernel.pid if self.kernel else None,
-                "started_at": self.started_at,
-                "agent_port": self.agent_port,
-                "session_id": self.args.session_id,
-                "kernel_generation": self.generation,
-                **extra,
-            },
+            kernel=self.kernel,
+            started_at=self.started_at,
+            agent_port=self.agent_port,
+            session_id=self.args.session_id,
+            generation=self.generation,
+            **extra,
         )
 
     def stop(self, reason: StopReason) -> None:
@@ -192,7 +178,7 @@ class Runtime:
                 return
             self._stopping = True
         self.stop_reason = reason
-        _write_json(
+        replace_json(
             os.path.join(self.state_dir, "stopped.json"),
             {"reason": reason.to_dict(), "at": time.time()},
         )
@@ -231,7 +217,7 @@ class Runtime:
                     self.stop_reason = StopReason(
                         StopKind.KERNEL_EXIT, exit_code=self.kernel.returncode
                     )
-                    _write_json(
+                    replace_json(
                         os.path.join(self.state_dir, "stopped.json"),
                         {"reason": self.stop_reason.to_dict(), "at": time.time()},
                     )

@@ -289,13 +289,9 @@ def announce_early(early: Early, argv: list[str]) -> None:
         except OSError:
             return
     info = early.info
-    where = {
-        "ports": {name: info[name] for name in KERNEL_PORT_NAMES},
-        "agent_port": early.agent_socket.getsockname()[1] if early.agent_socket else None,
-        "transport": info.get("transport", "tcp"),
-        "ip": info["ip"],
-    }
-    _say(MARKER_KERNEL, where)
+    agent_port = early.agent_socket.getsockname()[1] if early.agent_socket else None
+    said = where(info, agent_port)
+    _say(MARKER_KERNEL, said)
     early.kernel_said = True
     deadline = time.monotonic() + min(EARLY_WAIT_S, float(opts.get("--ready-timeout") or 60))
     while not kernel_listens(info):
@@ -303,30 +299,54 @@ def announce_early(early: Early, argv: list[str]) -> None:
             return
         time.sleep(0.01)
     share_sockets(info)
-    write_runtime(
+    write_runtime(  # this process's pid: the runtime's own, once it loads here
         os.path.abspath(opts["--state-dir"]),
-        {
-            "pid": os.getpid(),  # the runtime's own, once it loads in this process
-            "kernel_pid": early.kernel.pid,
-            "started_at": time.time(),
-            "agent_port": where["agent_port"],
-            "session_id": opts.get("--session-id"),
-            "kernel_generation": 1,
-            "ready": True,
-        },
+        kernel=early.kernel,
+        started_at=time.time(),
+        agent_port=agent_port,
+        session_id=opts.get("--session-id"),
+        generation=1,
+        ready=True,
     )
-    _say(MARKER_READY, where)
+    _say(MARKER_READY, said)
     early.ready_said = True
 
 
-def write_runtime(state_dir: str, doc: dict) -> None:
-    """`runtime.json` in the state folder (what it holds: gpusession.agent.kernel_runtime),
-    replaced whole."""
+def where(info: dict, agent_port: int | None) -> dict:
+    """Where to connect, as KERNEL and READY say it (never the key: logs are read by more than
+    the client)."""
+    return {
+        "ports": {name: info[name] for name in KERNEL_PORT_NAMES},
+        "agent_port": agent_port,
+        "transport": info.get("transport", "tcp"),
+        "ip": info["ip"],
+    }
+
+
+def write_runtime(
+    state_dir: str, *, kernel, started_at, agent_port, session_id, generation, **extra
+) -> None:
+    """`runtime.json` in the state folder (what it holds: gpusession.agent.kernel_runtime)."""
+    replace_json(
+        os.path.join(state_dir, "runtime.json"),
+        {
+            "pid": os.getpid(),
+            "kernel_pid": kernel.pid if kernel else None,
+            "started_at": started_at,
+            "agent_port": agent_port,
+            "session_id": session_id,
+            "kernel_generation": generation,
+            **extra,
+        },
+    )
+
+
+def replace_json(path: str, data: dict) -> None:
+    """`data` as JSON into `path`, replaced whole (written beside it, then renamed)."""
     import json
 
-    path = os.path.join(state_dir, "runtime.json")
     with open(path + ".tmp", "w") as f:
-        json.dump(doc, f)
+        json.dump(data, f)
     os.replace(path + ".tmp", path)
 
 
