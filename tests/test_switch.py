@@ -78,6 +78,7 @@ def test_a_switch_between_this_engine_and_an_ssh_engine_keeps_arrays_and_files(
         said = "\n".join(lines)
         assert "save: saved 4 variable(s)" in said, said
         assert "move: workspace from docker (this machine's engine) to docker ssh://" in said, said
+        assert "sw1-2" not in said, said  # the new record's name until the hand-over is ours
         assert " to move, through this machine" in said and "move: moved " in said, said
         assert (
             there.record.spec.extra.get("host") == remote["url"]

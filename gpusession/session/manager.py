@@ -263,9 +263,11 @@ class SessionManager:
         try:  # from the first instruction: a Ctrl-C anywhere must not strand the record or its name
             backend = self.backend(record.backend)
             spec = record.spec
-            progress.say(
-                f"session {record.name}: {spec.gpu_count} x {spec.gpu_type} on {record.backend}"
-            )
+            if within is None:  # a switch has said what it starts (and its new record's name
+                # is a temporary one until the hand-over)
+                progress.say(
+                    f"session {record.name}: {spec.gpu_count} x {spec.gpu_type} on {record.backend}"
+                )
             self.store.transition(record.id, State.PROVISIONING)
             with progress.stage("provision"):
                 record = provision_placed(
@@ -290,7 +292,11 @@ class SessionManager:
         fetch_restore_report(self.store, session)  # --resume: what came back, for the faces to say
         if spec.extra.get("host"):  # it answers again: workspace listings ask it again too
             self.store.forget_hosts(record.backend, str(spec.extra["host"]))
-        progress.say(f"running: session {record.name} is ready")
+        progress.say(
+            "running: the new capacity is ready"
+            if within
+            else f"running: session {record.name} is ready"
+        )
         with self._lock:
             self._connected[record.id] = session
         return session
