@@ -50,6 +50,30 @@ def test_two_gpus_in_our_units():
     assert g1["processes"] == [{"pid": 424243, "name": "python3", "memory_used": None}]
 
 
+def test_a_real_h200s_recording_reads_in_our_units():
+    """tests/data/nvml_one_h200.json: `nvml-record --frames 2` on a real NVIDIA H200 (driver
+    580.159.04, idle), by scripts/device-check.sh: the hand-made recordings have its shape."""
+    r = reader("nvml_one_h200.json")
+    visible, message, (gpu,) = r.read()
+    assert visible and message is None and r.driver_version == "580.159.04"
+    assert gpu == {
+        "index": 0,
+        "name": "NVIDIA H200",
+        "uuid": "GPU-45322b5b-bd11-7249-5530-219780e74211",
+        "utilization": 0.0,
+        "memory_used": 644939776,
+        "memory_total": 150754820096,  # 143771 MiB, as nvidia-smi says
+        "temperature": 38.0,
+        "power_draw": 79.2,
+        "power_limit": 700.0,
+        "sm_clock": 345,
+        "processes": [],
+    }
+    hand_made = json.loads((DATA / "nvml_two_t4.json").read_text())["frames"][0]["devices"][0]
+    real = json.loads((DATA / "nvml_one_h200.json").read_text())["frames"][0]["devices"][0]
+    assert set(hand_made) == set(real)
+
+
 def test_a_lost_gpu_is_reported_and_the_others_kept():
     r = reader("nvml_two_t4.json")
     for _ in range(2):
@@ -196,6 +220,19 @@ def test_nvml_record_writes_the_replay_format():
     if doc["init_error"]:  # this machine has no driver: said in words, not NVML's names
         assert not visible and "NVMLError" not in message, message
         assert nvml_kind(doc["init_error"]) not in message, message
+
+
+@pytest.mark.integration
+def test_nvml_record_without_nvidia_ml_py_says_so_in_one_line():
+    code = (
+        "import sys, runpy; sys.modules['pynvml'] = None; sys.argv = ['x', 'nvml-record']; "
+        "runpy.run_module('gpusession.agent', run_name='__main__')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stdout == "", out
+    assert out.stderr.strip() == (
+        "nvml-record: nvidia-ml-py is not installed: pip install nvidia-ml-py"
+    ), out.stderr
 
 
 # -- the GPUs this session was given (a Slurm job, CUDA_VISIBLE_DEVICES) -----------------------

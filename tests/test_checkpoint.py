@@ -565,3 +565,76 @@ def test_two_starts_at_once_on_one_workspace_one_gets_it(gs_home, nb_env):
                     __import__("gpusession.core.models", fromlist=["State"]).State.FAILED,
                     "test",
                 )
+
+
+# torch as it behaves where no GPU is visible, reduced to what a checkpoint meets: a tensor's
+# storage pickles as torch.storage._load_from_bytes(bytes), and torch.load of bytes saved on a GPU
+# raises unless given map_location. (scripts/device_gpu_checks.py runs the same with real CUDA
+# tensors on a GPU machine, restored by a process that sees none.)
+_TORCH_WITHOUT_GPU = {
+    "torch/__init__.py": (
+        "from . import storage\n"
+        "def load(f, map_location=None, weights_only=None):\n"
+        "    data = f.read()\n"
+        "    if map_location is None:\n"
+        "        raise RuntimeError('Attempting to deserialize object on a CUDA device but '\n"
+        "                           'torch.cuda.is_available() is False.')\n"
+        "    return ('tensor', len(data), str(map_location))\n"
+    ),
+    "torch/storage.py": (
+        "import io\n"
+        "def _load_from_bytes(b):\n"
+        "    import torch\n"
+        "    return torch.load(io.BytesIO(b), weights_only=False)\n"
+    ),
+}
+
+
+@pytest.mark.integration
+def test_tensors_saved_on_a_gpu_come_back_on_the_cpu_where_none_is_visible(tmp_path):
+    for rel, text in _TORCH_WITHOUT_GPU.items():
+        (tmp_path / "lib" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "lib" / rel).write_text(text)
+    code = textwrap.dedent(
+        """
+        import json, sys, time
+        from gpusession.agent import checkpoint
+        from gpusession.words.workspaces import restore_lines
+        import torch.storage
+
+        class OnGpu:  # pickles as a CUDA tensor's storage does
+            def __init__(self, n):
+                self.n = n
+            def __reduce__(self):
+                return (torch.storage._load_from_bytes, (b"x" * self.n,))
+
+        ws = sys.argv[1]
+        done = checkpoint.save(
+            {"small": OnGpu(100), "big": OnGpu(200_000), "plain": [1, 2]}, ws,
+            deadline=time.time() + 60, cap_bytes=None,
+        )
+        checkpoint.tidied(timeout=30)
+        ns = {}
+        report = checkpoint.restore(ns, ws)
+        print(json.dumps({"ns": ns, "report": report, "lines": restore_lines(report, "w")}))
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "lib"), os.getcwd()]))
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "ws")],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["ns"] == {
+        "small": ["tensor", 100, "cpu"],
+        "big": ["tensor", 200_000, "cpu"],
+        "plain": [1, 2],
+    }, doc
+    assert (
+        sorted(doc["report"]["restored"]) == ["big", "plain", "small"]
+        and not doc["report"]["failed"]
+    ), doc["report"]
+    assert sorted(doc["report"]["on_cpu"]) == ["big", "small"], doc["report"]
+    (line,) = [ln for ln in doc["lines"] if "on the CPU" in ln]
+    assert "saved on a GPU, and no GPU is visible here" in line and ".to('cuda')" in line, line

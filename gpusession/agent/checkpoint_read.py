@@ -188,8 +188,28 @@ def not_whole(folder: str, doc: dict) -> str | None:
     return None
 
 
+# torch's words when a tensor saved on a GPU is read where none is visible
+CUDA_ABSENT = "torch.cuda.is_available() is False"
+
+
+class _OntoCpu(pickle.Unpickler):
+    """A pickle read with torch tensors and modules saved on a GPU put on the CPU (torch.load's
+    map_location): a session resumed or switched where no GPU is visible keeps its work. A
+    tensor's storage pickles as torch.storage._load_from_bytes(bytes of torch.save)."""
+
+    def find_class(self, module_name: str, name: str):
+        if (module_name, name) == ("torch.storage", "_load_from_bytes"):
+            import io
+
+            import torch
+
+            return lambda b: torch.load(io.BytesIO(b), map_location="cpu", weights_only=False)
+        return super().find_class(module_name, name)
+
+
 def _read_variable(module, folder: str, entry) -> object:
-    """One variable's value; Damaged when its bytes are not the ones the save wrote."""
+    """One variable's value; Damaged when its bytes are not the ones the save wrote. `module`:
+    the pickle module, or _OntoCpu."""
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise Damaged("not a manifest entry")
     if isinstance(entry.get("inline"), str):
@@ -209,7 +229,7 @@ def _read_variable(module, folder: str, entry) -> object:
             _check_ends(head, f.read(1))
             f.seek(0)
             try:
-                return module.load(f)
+                return module(f).load() if module is _OntoCpu else module.load(f)
             except (EOFError, pickle.UnpicklingError) as exc:
                 raise Damaged(f"{type(exc).__name__}: {exc}"[:200]) from None
     except OSError as exc:  # missing, a folder in its place
@@ -226,6 +246,10 @@ def _read_inline(module, entry: dict) -> object:
         raise Damaged(f"{len(data)} bytes of the {entry['bytes']} saved")
     _check_ends(data[:2], data[-1:])
     try:
+        if module is _OntoCpu:
+            import io
+
+            return module(io.BytesIO(data)).load()
         return module.loads(data)
     except (EOFError, pickle.UnpicklingError) as exc:
         raise Damaged(f"{type(exc).__name__}: {exc}"[:200]) from None
@@ -286,7 +310,8 @@ def _restore_checkpoint(
     folder = os.path.join(root, "checkpoints", manifest["folder"])
     failed: list[dict] = []
     imported = _restore_imports(namespace, manifest, failed)
-    restored, bad_files = _restore_variables(namespace, module, folder, manifest, failed)
+    on_cpu: list[str] = []
+    restored, bad_files = _restore_variables(namespace, module, folder, manifest, failed, on_cpu)
     if bad_files:  # the whole checkpoint aside: the next save writes a new one, a next resume says there is none
         damaged.append(f"{bad_files} of its variable file(s)")
         if named and not kept and os.path.isfile(os.path.join(root, MANIFEST)):
@@ -301,6 +326,7 @@ def _restore_checkpoint(
         "imports": imported,
         "failed": failed,
         "skipped": manifest.get("skipped") or [],
+        **({"on_cpu": on_cpu} if on_cpu else {}),
         **_damage(damaged, kept, workspace),
     }
 
@@ -335,9 +361,10 @@ def _restore_imports(namespace: dict, manifest: dict, failed: list) -> list[str]
 
 
 def _restore_variables(
-    namespace: dict, module, folder: str, manifest: dict, failed: list
+    namespace: dict, module, folder: str, manifest: dict, failed: list, on_cpu: list
 ) -> tuple[list[str], int]:
-    """Each saved variable read back into `namespace`; those that do not go into `failed`.
+    """Each saved variable read back into `namespace`; those that do not go into `failed`, those
+    saved on a GPU and read onto the CPU (no GPU visible) into `on_cpu` too.
     Returns (the names restored, how many files were damaged)."""
     restored, bad_files = [], 0
     for entry in manifest.get("variables") or []:
@@ -346,7 +373,13 @@ def _restore_variables(
             failed.append({"name": name, "error": RESERVED})
             continue
         try:
-            namespace[name] = _read_variable(module, folder, entry)
+            try:
+                namespace[name] = _read_variable(module, folder, entry)
+            except RuntimeError as exc:
+                if CUDA_ABSENT not in str(exc):
+                    raise
+                namespace[name] = _read_variable(_OntoCpu, folder, entry)
+                on_cpu.append(name)
             restored.append(name)
         except Damaged as exc:
             bad_files += 1

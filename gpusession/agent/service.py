@@ -287,7 +287,10 @@ def run_command(args: argparse.Namespace) -> int:
     if args.command == "nvml-record":
         doc: dict[str, Any] = {"frames": []}
         for i in range(max(1, args.frames)):
-            one = record_raw()
+            try:
+                one = record_raw()
+            except ImportError as exc:  # no nvidia-ml-py: one line, not our frames
+                raise SystemExit(f"nvml-record: {exc}") from None
             doc.update({k: v for k, v in one.items() if k != "frames"})
             doc["frames"] += one["frames"]
             if one.get("init_error"):

@@ -114,6 +114,11 @@ def restore_lines(report: dict | None, workspace: str | None) -> list[str]:
     lines = [
         f"workspace {workspace}: restored {len(names)} name(s){when}: {', '.join(names) or 'none'}"
     ]
+    if report.get("on_cpu"):
+        lines.append(
+            f"  on the CPU: {', '.join(report['on_cpu'])}: saved on a GPU, and no GPU is visible "
+            "here (move them back with .to('cuda') where one is)"
+        )
     for item in report.get("failed") or []:
         lines.append(f"  not restored: {item.get('name', '?')}: {item.get('error', '')}")
     for item in report.get("skipped") or []:
