@@ -16,6 +16,9 @@
 #                        one GPU, its profile, its memory, utilization null ("n/a (MIG)")
 # It only reads: it never changes a card's MIG mode or slices (an admin's job: nvidia-smi -mig 1,
 # nvidia-smi mig -cgi ... -C); on a card not in MIG mode the MIG checks say so and are skipped.
+#   device-gpu.json      scripts/device_gpu_checks.py's findings (only where torch sees CUDA and
+#                        ipykernel is there): GPU load as activity, the idle stop's save of CUDA
+#                        tensors and their --restore, CUDA checkpoints timed against torch.save
 #   summary.txt          what to paste into docs/gpu-agent.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -131,8 +134,8 @@ if "$PY" -c 'import ipykernel' 2>/dev/null; then
     sleep 3
     "$PY" - "$state" "$OUT_DIR/agent-stats.json" <<'EOF' | tee -a "$OUT_DIR/summary.txt"
 import json, sys
-from gpusession.agent.endpoint import agent_token
-from gpusession.stats import AgentClient
+from gpusession.core.protocol import agent_token
+from gpusession.session.agentclient import AgentClient
 state, out = sys.argv[1], sys.argv[2]
 rt = json.load(open(f"{state}/runtime.json"))
 key = json.load(open(f"{state}/kernel.json"))["key"]
@@ -143,4 +146,15 @@ EOF
     kill "$rt_pid" 2>/dev/null || true
     wait "$rt_pid" 2>/dev/null || true
 fi
+if "$PY" -c 'import torch, ipykernel, jupyter_client; assert torch.cuda.is_available()' 2>/dev/null; then
+    echo "== GPU activity, the idle stop's save, --restore, CUDA checkpoints (scripts/device_gpu_checks.py)" | tee -a "$OUT_DIR/summary.txt"
+    "$PY" scripts/device_gpu_checks.py "$OUT_DIR" 2>&1 | tee -a "$OUT_DIR/summary.txt" || gpu_checks_failed=1
+fi
+echo "== a Docker engine with the NVIDIA runtime here?" | tee -a "$OUT_DIR/summary.txt"
+if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+    docker info --format 'runtimes: {{json .Runtimes}}' 2>&1 | tee -a "$OUT_DIR/summary.txt"
+else
+    echo "no Docker engine answers here: the container-with-GPU start is not checked" | tee -a "$OUT_DIR/summary.txt"
+fi
 echo "== done: $OUT_DIR" | tee -a "$OUT_DIR/summary.txt"
+exit "${gpu_checks_failed:-0}"
