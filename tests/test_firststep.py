@@ -147,6 +147,9 @@ def test_run_takes_the_early_kernel_over(tmp_path):
         finally:
             client.stop_channels()
         assert printed.split() == [str(tmp_path), "True"]  # its --cwd, in a session of its own
+        # the runtime's imports ran at the lowest priority in a thread of their own; the runtime
+        # (its agent, watchdog) and its kernel run at the usual one
+        assert _nice(proc.pid) == {0} and _nice(runtime["kernel_pid"]) == {0}
         (state / "restart-requested").write_text("")  # as the kernel's activity hook leaves it
         os.killpg(runtime["kernel_pid"], signal.SIGTERM)
         deadline = time.time() + 60
@@ -192,6 +195,14 @@ def test_kernel_ports_are_free_distinct_and_below_the_ephemeral_range(tmp_path):
     if low > 11000:
         assert all(10000 <= p < low for p in ports), (ports, low)
     assert json.loads((tmp_path / "kernel.json").read_text())["shell_port"] == ports[0]
+
+
+def _nice(pid: int) -> set[int]:
+    """The nice values of the threads of `pid` (/proc's stat, field 19)."""
+    return {
+        int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+        for task in Path(f"/proc/{pid}/task").iterdir()
+    }
 
 
 def _children(pid: int) -> list[int]:
