@@ -76,6 +76,20 @@ def _ctrl_c_works() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _own_ipython_dir() -> None:
+    """Each test process's IPython shells and the kernels it starts keep their history in a folder
+    of its own, not the machine's ~/.ipython: parallel workers' shells wrote one history.sqlite at
+    once, and IPython, finding it locked or moved aside, printed 'attempt to write a readonly
+    database' at their exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="gpusession-tests-ipython-")
+    os.environ["IPYTHONDIR"] = folder
+    atexit.register(shutil.rmtree, folder, True)
+
+
 def pytest_configure(config):
     """The fast tier's rules, held for the whole run (fixtures of any scope included): no
     Docker engine in sight (a test that needs one skips, as on a machine without, and says so),
@@ -83,6 +97,7 @@ def pytest_configure(config):
     moto): a test that starts one fails, saying to mark it integration. And Ctrl-C works
     (_ctrl_c_works), in the controller and in each xdist worker."""
     _ctrl_c_works()
+    _own_ipython_dir()
     if not fast_tier(config):
         return
     if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
@@ -207,8 +222,8 @@ def notebook(nb_env, tmp_path):
     nk.close()
 
 
-# --- jupyter server (pytest-jupyter) ------------------------------------------------------
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
+# --- jupyter server (pytest-jupyter); the Kubernetes test cluster's fixtures and lanes -------
+pytest_plugins = ["pytest_jupyter.jupyter_server", "support.kube"]
 
 
 @pytest.fixture
