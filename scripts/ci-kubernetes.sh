@@ -16,13 +16,16 @@
 # the kubelet and kubectl; it and the Go caches live in $STATE, so a second build only links.
 #   scripts/ci-kubernetes.sh build    build the binaries (fresh: see docs/testing.md) unless built
 #   scripts/ci-kubernetes.sh up       build, then start it all (idempotent; as root); prints times
-#   scripts/ci-kubernetes.sh load IMAGE...  copy Docker images into every node (docker save)
+#   scripts/ci-kubernetes.sh load IMAGE...  copy Docker images into every node that lacks them as
+#                                      Docker has them now (docker save; nothing to do the second time)
 #   scripts/ci-kubernetes.sh check    a pod of 1 A100 runs on n2; one of 3 GPUs stays Pending; a claim
 #                                      binds and a pod mounts it (and all go)
 #   scripts/ci-kubernetes.sh down     delete the pods, stop every daemon, remove bridges, cgroups
 #   scripts/ci-kubernetes.sh status   exit 0 when it is up
 # Client files, in $STATE (default /var/lib/gpusession-ci/kubernetes): admin.kubeconfig (cluster
 # admin), bin/kubectl, pki/ca.crt.
+# One verb at a time (status aside): the test workers each run `up` and `load` as they begin
+# (tests/test_kubernetes.py), and two at once would start daemons or import an image twice.
 set -euo pipefail
 
 K8S_VERSION=v1.34.4   # kubelet 1.34 still runs on cgroup v1 (these machines) with failCgroupV1: false
@@ -33,6 +36,7 @@ STATE=$CI_STATE/kubernetes
 BIN=$STATE/bin
 PKI=$STATE/pki
 RUN=/run/gpus-kube
+LOCK=/run/gpus-kube.lock
 SRC=$(cd "$(dirname "$0")" && pwd)/kubernetes
 BRIDGE=gpus-kube
 CTL_IP=10.220.0.1
@@ -259,7 +263,7 @@ start() {  # start NAME COMMAND...: a daemon of ours, its pid in $RUN/NAME.pid, 
         stop_pidfile "$RUN/$name.pid"
     fi
     printf '%s' "$*" >"$RUN/$name.cmd"
-    setsid "$@" </dev/null >>"$STATE/log/$name.log" 2>&1 &
+    setsid "$@" </dev/null >>"$STATE/log/$name.log" 2>&1 9>&- &   # 9: the lock, not the daemon's
     echo $! >"$RUN/$name.pid"
 }
 
@@ -463,10 +467,43 @@ nodes_up() {
     done
 }
 
-load() {  # load IMAGE...: docker save | ctr import into every node (pods use imagePullPolicy: Never or IfNotPresent)
-    local node
-    for node in "${NODES[@]}"; do
-        docker save "$@" | ctr -a "$RUN/$node/containerd.sock" -n k8s.io images import - >/dev/null
+# The name containerd keeps a Docker reference by: gpusession-ci/py-bookworm:latest is
+# docker.io/gpusession-ci/py-bookworm:latest, ubuntu is docker.io/library/ubuntu:latest.
+ctr_name() {
+    local ref=$1 first=${1%%/*}
+    if [[ $ref != */* ]]; then
+        ref=docker.io/library/$ref
+    elif [[ $first != *.* && $first != *:* && $first != localhost ]]; then
+        ref=docker.io/$ref
+    fi
+    [[ ${ref##*/} == *[:@]* ]] || ref=$ref:latest
+    echo "$ref"
+}
+
+ctr_target() {  # ctr_target NODE NAME: the manifest digest NAME points at in NODE's containerd
+    ctr -a "$RUN/$1/containerd.sock" -n k8s.io images ls "name==$2" 2>/dev/null | awk 'NR == 2 { print $3 }'
+}
+
+# holds NODE IMAGE ID: NODE has IMAGE as Docker has it now, its name and its id (the CRI plugin
+# keeps every image by its config digest too, which is Docker's image id) at one manifest.
+holds() {
+    local named
+    named=$(ctr_target "$1" "$(ctr_name "$2")")
+    [ -n "$named" ] && [ "$named" = "$(ctr_target "$1" "$3")" ]
+}
+
+load() {  # load IMAGE...: docker save | ctr import into each node that lacks it (pods use imagePullPolicy: Never or IfNotPresent)
+    local image id node
+    for image in "$@"; do
+        id=$(docker image inspect -f '{{.Id}}' "$image")
+        for node in "${NODES[@]}"; do
+            if holds "$node" "$image" "$id"; then
+                log "load: $node has $image"
+                continue
+            fi
+            docker save "$image" | ctr -a "$RUN/$node/containerd.sock" -n k8s.io images import - >/dev/null
+            holds "$node" "$image" "$id" || { log "load: $image did not arrive in $node" >&2; return 1; }
+        done
     done
 }
 
@@ -609,6 +646,10 @@ down() {
     log "down"
 }
 
+if [ "${1:-}" != status ]; then
+    exec 9>"$LOCK"
+    flock 9
+fi
 case "${1:-}" in
     build) t0=$EPOCHREALTIME; stage build build; log "built in $(since "$t0"): $BIN/kube" ;;
     up) up ;;

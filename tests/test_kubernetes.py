@@ -3,8 +3,9 @@ scheduler and two kubelets over containerd, built from Go modules): n1 has 2 x T
 NVIDIA-A100-SXM4-40GB, advertised as the extended resource nvidia.com/gpu, so placement and
 queueing by GPU count and model are the scheduler's own. The kernels are real, in pods of an
 image without ipykernel (the runtime brings it over exec), reached through the API server's
-port-forward. One cluster for all: every test is in the xdist group "kubernetes", and each test's
-store labels its pods, so a test cleans only its own."""
+port-forward. One cluster for all, its tests in two lanes that run at once, each with a namespace
+of its own (tests/support/kube.py: which lane a test may be in); each test's store labels its pods,
+so a test cleans only its own."""
 
 from __future__ import annotations
 
@@ -24,59 +25,38 @@ from gpusession.core.errors import BadInput, StageError
 from gpusession.core.models import State
 from gpusession.core.protocol import StopKind
 from gpusession.session.store import Store
+from support.kube import (
+    IMAGE,
+    KUBECONFIG,
+    KUBECTL,
+    LANE_1,
+    LANE_2,
+    NAMESPACE,
+    REPO,
+    SLOT,
+    STATE,
+    ci_kubernetes,
+)
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.kubernetes,
-    pytest.mark.xdist_group("kubernetes"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.kubernetes]  # and a lane each: LANE_1, LANE_2
 
-REPO = Path(__file__).resolve().parent.parent
-STATE = Path(os.environ.get("GPUSESSION_CI_STATE", "/var/lib/gpusession-ci")) / "kubernetes"
-KUBECONFIG = STATE / "admin.kubeconfig"
-IMAGE = "gpusession-ci/py-bookworm:latest"  # python3 3.11, no ipykernel, no pip
 NUMPY = "gpusession-ci/py-numpy:latest"  # USER 1000 (jovyan), Debian's numpy: saved arrays
-SLOT = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # in names the cluster keeps (claims)
-SCRIPT = REPO / "scripts" / "ci-kubernetes.sh"
 LABEL = "gpusession.session"
 STORE_LABEL = "gpusession.session.store"
 
 
-@pytest.fixture(scope="session")
-def kube():
-    """The test cluster, up, with IMAGE in both nodes; the admin's CoreV1Api. Skipped only where
-    the cluster's binary was never built (46 minutes fresh: docs/testing.md)."""
-    if not (STATE / "bin" / "kube").exists():
-        pytest.skip(
-            f"the Kubernetes test cluster is not built ({STATE}/bin/kube): "
-            "scripts/ci-kubernetes.sh build (docs/testing.md, 'Kubernetes test cluster')"
-        )
-    for args in (["up"], ["load", IMAGE]):
-        done = subprocess.run(
-            [str(SCRIPT), *args], capture_output=True, text=True, timeout=600, check=False
-        )
-        assert done.returncode == 0, f"ci-kubernetes.sh {args[0]}: {done.stderr[-2000:]}"
-    import kubernetes
-
-    api = kubernetes.client.CoreV1Api(
-        kubernetes.config.new_client_from_config(config_file=str(KUBECONFIG))
-    )
-    yield api
-    api.api_client.close()
-
-
 @pytest.fixture
-def kube_env(kube, nb_env, monkeypatch) -> dict[str, str]:
-    """This test's store and the cluster's kubeconfig; its pods (by its store's label) go at
-    the end, whatever the test left."""
-    monkeypatch.setenv("KUBECONFIG", str(KUBECONFIG))
-    nb_env["KUBECONFIG"] = str(KUBECONFIG)
+def kube_env(kube, kube_config, nb_env, monkeypatch) -> dict[str, str]:
+    """This test's store and this worker's kubeconfig (its namespace, NAMESPACE); its pods (by
+    its store's label) go at the end, whatever the test left."""
+    monkeypatch.setenv("KUBECONFIG", str(kube_config))
+    nb_env["KUBECONFIG"] = str(kube_config)
     yield nb_env
     store_id = _store(nb_env).store_id
     for pod in _ours(kube, store_id=store_id):
         _drop(kube, pod.metadata.name)
     for claim in _claims(kube, store_id):  # every session has a workspace: its claim
-        kube.delete_namespaced_persistent_volume_claim(claim.metadata.name, "default")
+        kube.delete_namespaced_persistent_volume_claim(claim.metadata.name, NAMESPACE)
 
 
 @pytest.fixture
@@ -86,7 +66,7 @@ def kube_manager(kube_env):
     yield from managed()
 
 
-def _drop(kube, name: str, namespace: str = "default") -> None:
+def _drop(kube, name: str, namespace: str = NAMESPACE) -> None:
     """A test's pod gone whatever it left: our finalizer taken off, deleted at once."""
     import kubernetes
 
@@ -106,18 +86,18 @@ def _ours(kube, session_id: str | None = None, store_id: str | None = None) -> l
     selector = f"{LABEL}={session_id}" if session_id else LABEL
     if store_id:
         selector += f",{STORE_LABEL}={store_id}"
-    return kube.list_namespaced_pod("default", label_selector=selector).items
+    return kube.list_namespaced_pod(NAMESPACE, label_selector=selector).items
 
 
 def _claims(kube, store_id: str) -> list:
     selector = f"gpusession.workspace,{STORE_LABEL}={store_id}"
-    return kube.list_namespaced_persistent_volume_claim("default", label_selector=selector).items
+    return kube.list_namespaced_persistent_volume_claim(NAMESPACE, label_selector=selector).items
 
 
 def _gpus_held(kube, node: str) -> int:
-    """nvidia.com/gpu requested by the pods on `node` that still hold it (what the scheduler
-    counts: every pod not ended)."""
-    pods = kube.list_namespaced_pod("default", field_selector=f"spec.nodeName={node}").items
+    """nvidia.com/gpu requested by this worker's pods on `node` that still hold it (what the
+    scheduler counts: every pod not ended), in its namespace: the other lane's are its own."""
+    pods = kube.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={node}").items
     return sum(
         int((c.resources.limits or {}).get("nvidia.com/gpu", 0))
         for p in pods
@@ -139,6 +119,7 @@ def _spec(manager, gpu: str, name: str, **extra):
     return manager.make_spec(gpu, backend="kubernetes", image=IMAGE, name=name, **extra)
 
 
+@LANE_2
 def test_a_notebook_runs_cells_in_a_t4_pod_on_n1_and_stop_frees_its_gpu(kube, kube_env, tmp_path):
     from support.notebook_kernel import NotebookKernel
 
@@ -167,8 +148,8 @@ def test_a_notebook_runs_cells_in_a_t4_pod_on_n1_and_stop_frees_its_gpu(kube, ku
         )
         assert again.text.split() == ["20", record.id, "/usr/bin/python3"], again.text
         # the kernel listens on the pod's loopback only; nothing exposes it in the cluster
-        services = kube.list_namespaced_service("default").items
-        assert [s.metadata.name for s in services] == ["kubernetes"]
+        services = kube.list_namespaced_service(NAMESPACE).items
+        assert [s.metadata.name for s in services] == []
         assert not pod.spec.containers[0].ports
 
         stop = nk.run("%gpu stop")
@@ -180,6 +161,7 @@ def test_a_notebook_runs_cells_in_a_t4_pod_on_n1_and_stop_frees_its_gpu(kube, ku
         nk.close()
 
 
+@LANE_1
 def test_an_a100_lands_on_n2_and_the_next_one_waits_with_the_scheduler_reason(kube, kube_manager):
     m = kube_manager
     first = m.start(_spec(m, "a100", "ka1", idle="off"))
@@ -230,6 +212,7 @@ def test_an_a100_lands_on_n2_and_the_next_one_waits_with_the_scheduler_reason(ku
     assert _wait_gone(kube, first.id, timeout=1) and _gpus_held(kube, "n2") == 0
 
 
+@LANE_2
 def test_three_gpus_stay_pending_and_the_cli_gives_up_at_the_queue_timeout(kube, kube_env):
     started = time.monotonic()
     done = subprocess.run(
@@ -246,6 +229,7 @@ def test_three_gpus_stay_pending_and_the_cli_gives_up_at_the_queue_timeout(kube,
     assert record.state == State.FAILED and not _ours(kube, record.id)
 
 
+@LANE_2
 def test_gc_removes_the_pod_of_a_start_whose_process_was_killed(kube, kube_env):
     start = subprocess.Popen(
         [sys.executable, "-m", "gpusession", "start", "--backend", "kubernetes", "--type", "t4",
@@ -273,6 +257,7 @@ def test_gc_removes_the_pod_of_a_start_whose_process_was_killed(kube, kube_env):
     assert not store.get("kgc").state.active
 
 
+@LANE_1
 def test_an_idle_pod_ends_by_its_agents_decision_and_the_record_says_why(kube, kube_manager):
     m = kube_manager
     session = m.start(_spec(m, "t4", "kidle", idle="20s"))
@@ -294,6 +279,7 @@ CUT_CELL = (
 )
 
 
+@LANE_2
 def test_cut_port_forward_streams_reconnect_and_a_streaming_cell_loses_no_line(kube, kube_manager):
     """The streams' connections to the API server cut during cells that print at 10 Hz (as a
     proxy or a restarted API server cuts them): each local connection closes, ZMQ connects again
@@ -318,9 +304,6 @@ def test_cut_port_forward_streams_reconnect_and_a_streaming_cell_loses_no_line(k
     assert link.reconnects >= 3 and link.healthy()
     notes = " ".join(e.detail for e in m.get("kcut").events)
     assert "port-forward: the stream to port" in notes, notes
-
-
-KUBECTL = STATE / "bin" / "kubectl"
 
 
 def _kubectl(*args: str, stdin: str | None = None) -> str:
@@ -381,6 +364,7 @@ def accounts(kube, tmp_path):
             )  # fmt: skip
 
 
+@LANE_2
 def test_the_documented_role_is_enough_and_another_namespaces_account_reaches_nothing(
     kube, kube_env, accounts, monkeypatch
 ):
@@ -419,6 +403,7 @@ def test_the_documented_role_is_enough_and_another_namespaces_account_reaches_no
         m.close()
 
 
+@LANE_2
 def test_a_quota_refusal_and_an_image_no_node_can_pull_are_said_in_the_clusters_words(
     kube, kube_manager, tmp_path, monkeypatch
 ):
@@ -454,6 +439,7 @@ def test_a_quota_refusal_and_an_image_no_node_can_pull_are_said_in_the_clusters_
     assert not _ours(kube, m.get("kpull").id), "the pod that could not pull is deleted"
 
 
+@LANE_2
 def test_setup_finds_the_clusters_gpus(kube, kube_env, monkeypatch):
     """`gpusession setup` asks each kubeconfig context's cluster for its nodes: the test cluster's
     GPUs by product, offered as a place for the kubernetes backend."""
@@ -470,10 +456,7 @@ def test_setup_finds_the_clusters_gpus(kube, kube_env, monkeypatch):
 
 @pytest.fixture(scope="session")
 def numpy_image(kube):
-    done = subprocess.run(
-        [str(SCRIPT), "load", NUMPY], capture_output=True, text=True, timeout=600, check=False
-    )
-    assert done.returncode == 0, f"ci-kubernetes.sh load: {done.stderr[-2000:]}"
+    ci_kubernetes("load", NUMPY)
     return NUMPY
 
 
@@ -484,13 +467,14 @@ def _cli(env: dict, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@LANE_2
 def test_the_default_storage_class_binds_a_claim_that_a_pod_writes_into(kube):
     """The test cluster's storage (ci-kubernetes.sh: the controller manager's hostPath
     provisioner, a default StorageClass): a claim without a class binds, a pod writes into it,
     and its folder goes with it."""
     name = f"gs-storage-{SLOT}"
     kube.create_namespaced_persistent_volume_claim(
-        "default",
+        NAMESPACE,
         {
             "metadata": {"name": name},
             "spec": {
@@ -514,25 +498,26 @@ def test_the_default_storage_class_binds_a_claim_that_a_pod_writes_into(kube):
                 ],
             },
         }  # fmt: skip
-        kube.create_namespaced_pod("default", pod)
+        kube.create_namespaced_pod(NAMESPACE, pod)
         deadline = time.monotonic() + 60
-        while kube.read_namespaced_pod(name, "default").status.phase != "Succeeded":
-            assert time.monotonic() < deadline, kube.read_namespaced_pod(name, "default").status
+        while kube.read_namespaced_pod(name, NAMESPACE).status.phase != "Succeeded":
+            assert time.monotonic() < deadline, kube.read_namespaced_pod(name, NAMESPACE).status
             time.sleep(0.5)
-        claim = kube.read_namespaced_persistent_volume_claim(name, "default")
+        claim = kube.read_namespaced_persistent_volume_claim(name, NAMESPACE)
         assert claim.status.phase == "Bound" and claim.spec.storage_class_name == "hostpath"
         volume = kube.read_persistent_volume(claim.spec.volume_name)
         folder = Path(volume.spec.host_path.path)
         assert (folder / "f").read_text() == "written by a pod\n"
     finally:
-        kube.delete_namespaced_pod(name, "default", grace_period_seconds=0)
-        kube.delete_namespaced_persistent_volume_claim(name, "default")
+        kube.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+        kube.delete_namespaced_persistent_volume_claim(name, NAMESPACE)
     deadline = time.monotonic() + 60
     while folder.exists() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not folder.exists(), "reclaimPolicy Delete: the folder goes with the claim"
 
 
+@LANE_1
 def test_a_workspace_claim_keeps_files_an_array_and_variables_across_stop_and_resume(
     kube, kube_env, kube_manager, numpy_image
 ):
@@ -564,7 +549,7 @@ def test_a_workspace_claim_keeps_files_an_array_and_variables_across_stop_and_re
     stopped = m.stop("kws1", save=True)
     assert stopped.resource["checkpoint"]["committed"], stopped.resource["checkpoint"]
     assert _wait_gone(kube, record.id, timeout=1), "stop returns once the pod is gone"
-    kept = kube.read_namespaced_persistent_volume_claim(claim, "default")
+    kept = kube.read_namespaced_persistent_volume_claim(claim, NAMESPACE)
     assert kept.status.phase == "Bound" and kept.metadata.labels["gpusession.workspace"] == ws
 
     listed = _cli(kube_env, "workspaces")
@@ -596,6 +581,7 @@ def test_a_workspace_claim_keeps_files_an_array_and_variables_across_stop_and_re
     assert f"{ws} " not in _cli(kube_env, "workspaces").stdout
 
 
+@LANE_1
 def test_an_image_remembered_as_root_that_is_not_any_more_ends_its_start_in_one_line(
     kube, kube_env, kube_manager, numpy_image
 ):
@@ -627,6 +613,7 @@ def test_an_image_remembered_as_root_that_is_not_any_more_ends_its_start_in_one_
     m.stop("kwu2")
 
 
+@LANE_1
 def test_an_idle_stop_saves_into_the_claim_and_resume_brings_the_variables_back(
     kube, kube_env, kube_manager
 ):
@@ -654,6 +641,7 @@ def test_an_idle_stop_saves_into_the_claim_and_resume_brings_the_variables_back(
     m.stop("kwi2")
 
 
+@LANE_2
 def test_a_claim_of_a_class_that_does_not_exist_gives_up_at_the_queue_timeout_leaving_nothing(
     kube, kube_env, kube_manager
 ):
@@ -674,7 +662,9 @@ def test_a_claim_of_a_class_that_does_not_exist_gives_up_at_the_queue_timeout_le
     assert record.state == State.FAILED
     assert not _ours(kube, record.id), "the pod is deleted"
     assert not _claims(kube, _store(kube_env).store_id), "the claim this start made is deleted"
-    with pytest.raises(StageError, match=f"no workspace {ws} in gpusession-ci/default to resume"):
+    with pytest.raises(
+        StageError, match=f"no workspace {ws} in gpusession-ci/{NAMESPACE} to resume"
+    ):
         m.start(_spec(m, "t4", "kwr", resume=ws))
 
 
@@ -685,6 +675,7 @@ SWITCH_CELL = (
 )
 
 
+@LANE_1
 def test_a_switch_moves_a_session_from_docker_to_kubernetes_and_back_keeping_arrays_and_files(
     kube, kube_env, kube_manager, numpy_image
 ):
@@ -728,6 +719,7 @@ def test_a_switch_moves_a_session_from_docker_to_kubernetes_and_back_keeping_arr
         engine.close()
 
 
+@LANE_1
 def test_a_switch_in_the_cluster_hands_the_claim_over_to_a_pod_on_another_node(kube, kube_manager):
     """ReadWriteOnce: the old session saves and its pod goes before the new pod mounts the
     claim (take_workspace_over), on another node, and the variables and files come back."""
@@ -748,6 +740,7 @@ def test_a_switch_in_the_cluster_hands_the_claim_over_to_a_pod_on_another_node(k
     m.stop(there.id)
 
 
+@LANE_2
 def test_an_evicted_pod_saves_in_its_grace_and_recover_brings_the_work_back(
     kube, kube_env, numpy_image, tmp_path
 ):
@@ -783,7 +776,7 @@ def test_an_evicted_pod_saves_in_its_grace_and_recover_brings_the_work_back(
 
         def busy() -> bool:
             done = subprocess.run(
-                [str(KUBECTL), "--kubeconfig", str(KUBECONFIG), "exec", pod, "--",
+                [str(KUBECTL), "--kubeconfig", str(KUBECONFIG), "-n", NAMESPACE, "exec", pod, "--",
                  "cat", "/tmp/gpusession/activity.json"],
                 capture_output=True, text=True, timeout=30, check=False,
             )  # fmt: skip
@@ -798,9 +791,9 @@ def test_an_evicted_pod_saves_in_its_grace_and_recover_brings_the_work_back(
                 time.sleep(0.2)
             kube.create_namespaced_pod_eviction(
                 pod,
-                "default",
+                NAMESPACE,
                 kubernetes.client.V1Eviction(
-                    metadata=kubernetes.client.V1ObjectMeta(name=pod, namespace="default")
+                    metadata=kubernetes.client.V1ObjectMeta(name=pod, namespace=NAMESPACE)
                 ),
             )
 
@@ -833,6 +826,7 @@ def test_an_evicted_pod_saves_in_its_grace_and_recover_brings_the_work_back(
         nk.close()
 
 
+@LANE_2
 def test_our_own_stop_saves_nothing_it_was_not_asked_to(kube, kube_env, kube_manager):
     """`stop` without --save deletes the pod too, and its preStop hook runs: our stop marks the
     pod first, so no notice is left and nothing is saved into the claim; the record says who
@@ -855,6 +849,7 @@ def test_our_own_stop_saves_nothing_it_was_not_asked_to(kube, kube_env, kube_man
     m.stop("kns2")
 
 
+@LANE_2
 def test_in_a_pod_the_backend_uses_the_pods_own_account(kube, kube_env, accounts, tmp_path):
     """gpusession run inside a pod (as a notebook server under JupyterHub is), with no
     kubeconfig: the in-cluster config (the pod's service account, bound to the documented Role,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -25,12 +26,7 @@ from support.labpanel import (
     stop_card,
 )
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.kubernetes,
-    pytest.mark.browser,
-    pytest.mark.xdist_group("kubernetes"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.kubernetes, pytest.mark.browser]
 
 from support import browser_fixtures as _shared  # noqa: E402
 
@@ -38,32 +34,27 @@ browser, page = _shared.browser, _shared.page
 jp_asyncio_loop, jp_server_cleanup = _shared.jp_asyncio_loop, _shared.jp_server_cleanup
 sync_api = playwright_or_skip()
 
-from test_kubernetes import IMAGE, KUBECONFIG, LABEL, SCRIPT, STATE  # noqa: E402
+from test_kubernetes import LABEL  # noqa: E402
 
 from gpusession.core.models import State  # noqa: E402
+from support.kube import IMAGE, KUBECTL, LANE_2  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def kube_lab(tmp_path_factory) -> Iterator[Lab]:
-    if not (STATE / "bin" / "kube").exists():
-        pytest.skip(f"the Kubernetes test cluster is not built ({STATE}/bin/kube)")
-    for args in (["up"], ["load", IMAGE]):
-        done = subprocess.run(
-            [str(SCRIPT), *args], capture_output=True, text=True, timeout=600, check=False
-        )
-        assert done.returncode == 0, f"ci-kubernetes.sh {args[0]}: {done.stderr[-2000:]}"
+def kube_lab(kube, kube_config, tmp_path_factory) -> Iterator[Lab]:
+    """A lab whose sessions go to this worker's namespace (its kubeconfig's: support.kube)."""
     before = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = str(KUBECONFIG)  # the lab's manager here stops what is left
+    os.environ["KUBECONFIG"] = str(kube_config)  # the lab's manager here stops what is left
     try:
         with running_lab(
-            tmp_path_factory, "browser-kubernetes.log", env={"KUBECONFIG": str(KUBECONFIG)}
+            tmp_path_factory, "browser-kubernetes.log", env={"KUBECONFIG": str(kube_config)}
         ) as found:
             yield found
             store = (
                 found.manager.store.store_id
             )  # its sessions' claims, kept by design: the test's go
             subprocess.run(
-                [str(STATE / "bin" / "kubectl"), "--kubeconfig", str(KUBECONFIG), "delete", "pvc",
+                [str(KUBECTL), "--kubeconfig", str(kube_config), "delete", "pvc",
                  "-l", f"gpusession.session.store={store}", "--wait=false"],
                 capture_output=True, timeout=60, check=False,
             )  # fmt: skip
@@ -74,16 +65,17 @@ def kube_lab(tmp_path_factory) -> Iterator[Lab]:
             os.environ["KUBECONFIG"] = before
 
 
-def _pods(session_id: str) -> list[str]:
+def _pods(kubeconfig: Path, session_id: str) -> list[str]:
     out = subprocess.run(
-        [str(STATE / "bin" / "kubectl"), "--kubeconfig", str(KUBECONFIG), "get", "pods",
+        [str(KUBECTL), "--kubeconfig", str(kubeconfig), "get", "pods",
          "-l", f"{LABEL}={session_id}", "-o", "name"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     return out.stdout.split()
 
 
-def test_a_kubernetes_session_from_the_sidebar(kube_lab, page):
+@LANE_2
+def test_a_kubernetes_session_from_the_sidebar(kube_lab, kube_config, page):
     with screenshot_on_failure(page, "sidebar-kubernetes"):
         open_lab(page, kube_lab, "kube")
         open_sidebar(page)
@@ -107,7 +99,7 @@ def test_a_kubernetes_session_from_the_sidebar(kube_lab, page):
         assert kind == f"t4 × 1 · kubernetes · {IMAGE}", kind
         assert re.fullmatch(r"\$\d+\.\d{4}/h", card.locator(".gpusession-price").inner_text())
         record = kube_lab.manager.get("kube-sidebar")
-        assert record.resource["node"] == "n1" and _pods(record.id), record.resource
+        assert record.resource["node"] == "n1" and _pods(kube_config, record.id), record.resource
         page.screenshot(path=str(ARTIFACTS / "sidebar-kubernetes.png"))
 
         stop_card(page, card)
@@ -115,4 +107,4 @@ def test_a_kubernetes_session_from_the_sidebar(kube_lab, page):
             panel.locator('.gpusession-list .gpusession-card[data-session-name="kube-sidebar"]')
         ).to_have_count(0, timeout=TIMEOUT_MS)
         assert kube_lab.manager.get(record.id).state == State.STOPPED
-        assert not _pods(record.id), "the stop deleted the pod"
+        assert not _pods(kube_config, record.id), "the stop deleted the pod"
