@@ -253,7 +253,51 @@ def test_the_code_comes_compiled_for_the_images_python_where_this_machine_has_it
     nowhere = ImagePython(
         "/usr/bin/python3", (3, 99, 0), "x86_64", ("glibc", "2.36"), None, None, 0, False
     )
-    assert bundle.code_archive_for(nowhere) is base
+    assert (bundle.code_archive_for(nowhere).digest, bundle.code_archive_for(nowhere).bytecode) == (
+        base.digest,
+        None,
+    )
+
+
+@pytest.mark.integration
+def test_a_later_process_finds_the_code_packed_and_compiled_in_the_cache(monkeypatch, tmp_path):
+    """A notebook process's first start packed and compiled the agent's code (a Python started
+    to compile it: ~0.3 s quiet, over 1 s on a busy machine); the next process's first start
+    reads both from the cache, the same bytes; a damaged copy there is made again."""
+    monkeypatch.setenv(bundle.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(bundle, "_CODE_FOR", {})
+    bundle.code_archive.cache_clear()  # (once per process)
+    here = ImagePython(
+        "/usr/bin/python3", sys.version_info[:3], "x86_64", ("glibc", "2.36"), None, None, 0, False
+    )
+    first = bundle.code_archive_for(here)
+    kept = sorted(p.name for p in (tmp_path / "cache" / "runtime" / "archives").iterdir())
+    assert [k.rsplit(".", 1)[1] for k in kept] == ["json", "tgz", "json", "tgz", "json"], kept
+
+    def never(*args, **kwargs):
+        raise AssertionError("made again, not read from the cache")
+
+    monkeypatch.setattr(bundle, "_CODE_FOR", {})  # as in a new process
+    bundle.code_archive.cache_clear()
+    for name in ("_archive", "_compile_ahead", "_follow_imports"):
+        monkeypatch.setattr(bundle, name, never)
+    again = bundle.code_archive_for(here)
+    assert (again.data, again.digest, again.source, again.bytecode, again.copy_name) == (
+        first.data,
+        first.digest,
+        first.source,
+        first.bytecode,
+        first.copy_name,
+    )
+    monkeypatch.undo()
+    monkeypatch.setenv(bundle.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(bundle, "_CODE_FOR", {})
+    bundle.code_archive.cache_clear()
+    tgz = next((tmp_path / "cache" / "runtime" / "archives").glob(f"code-*-{first.bytecode}.tgz"))
+    tgz.write_bytes(tgz.read_bytes()[:1000])  # cut short
+    remade = bundle.code_archive_for(here)  # (compiling again makes other .pyc bytes: marshal)
+    assert (remade.copy_name, remade.bytecode) == (first.copy_name, first.bytecode)
+    assert tgz.read_bytes() == remade.data and len(remade.data) > 1000
 
 
 def test_runtime_cache_is_per_user_not_per_store(monkeypatch, tmp_path):

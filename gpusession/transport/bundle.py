@@ -223,7 +223,14 @@ def complete_marker() -> bytes:
 def code_archive() -> Archive:
     """boot.sh, lib/ with the agent, what it imports of gpusession, and pynvml; fallback/ with
     cloudpickle (pure Python), kept off the PYTHONPATH: the agent's checkpoint appends it to the
-    kernel's sys.path only where the image has no cloudpickle (gpusession.agent.kernelenv)."""
+    kernel's sys.path only where the image has no cloudpickle (gpusession.agent.kernelenv).
+    Kept in the cache by its files' digest (`_kept`): a notebook process's first start packs
+    nothing that an earlier process packed."""
+    files = _code_files()
+    return _kept(f"code-{_files_digest(files)}", lambda: _archive("code", files))
+
+
+def _code_files() -> dict[str, bytes]:
     files: dict[str, bytes] = {"boot.sh": boot_script()}
     for rel in agent_modules():
         files[f"lib/gpusession/{rel}"] = (PACKAGE / rel).read_bytes()
@@ -235,7 +242,51 @@ def code_archive() -> Archive:
         package = Path(spec.origin).parent
         for source in sorted(package.glob("*.py")):
             files[f"fallback/cloudpickle/{source.name}"] = source.read_bytes()
-    return _archive("code", files)
+    return files
+
+
+def _files_digest(files: dict[str, bytes]) -> str:
+    """sha256 over the names and contents, in name order (no tar, no gzip: ~1 ms a MB)."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(f"{name}\0{len(files[name])}\0".encode())
+        h.update(files[name])
+    return h.hexdigest()[:32]
+
+
+KEPT_DIR = "archives"  # in cache_dir(): archives made once, by what they were made from
+
+
+def _kept(
+    key: str, make: Callable[[], Archive], keep: Callable[[Archive], bool] = lambda a: True
+) -> Archive:
+    """The archive `key` names, made once and kept in the cache (its tar, then a JSON of the
+    rest, each written whole and renamed into place: the JSON is there only once the tar is);
+    made afresh where the cache cannot be read or written, or what was made is not to `keep`."""
+    folder = cache_dir() / KEPT_DIR
+    tar, meta = folder / f"{key}.tgz", folder / f"{key}.json"
+    try:
+        fields = json.loads(meta.read_text())
+        data = tar.read_bytes()
+        if hashlib.sha256(data).hexdigest() == fields["digest"]:
+            return Archive(**{**fields, "content": data, "path": None})
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    made = make()
+    if not keep(made):
+        return made
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        part = f".{os.getpid()}-{threading.get_ident()}.part"
+        tar.with_name(tar.name + part).write_bytes(made.data)
+        tar.with_name(tar.name + part).replace(tar)
+        fields = dataclasses.asdict(made)
+        fields.pop("content"), fields.pop("path")
+        meta.with_name(meta.name + part).write_text(json.dumps(fields))
+        meta.with_name(meta.name + part).replace(meta)
+    except OSError:  # a read-only cache: made again next time
+        pass
+    return made
 
 
 _CODE_FOR: dict[str, Archive] = {}
@@ -250,23 +301,55 @@ def code_archive_for(python: ImagePython) -> Archive:
     with _CODE_FOR_LOCK:
         found = _CODE_FOR.get(python.tag)
         if found is None:
-            found = base = code_archive()
-            interpreter = _interpreter(python)
-            if interpreter is not None:
-                files = _members_of(base.data)
-                _compile_ahead(interpreter, python, files)
-                if BYTECODE in files:
-                    compiled = _archive("code", files)
-                    found = dataclasses.replace(
-                        compiled, source=base.digest, bytecode=files[BYTECODE].decode()
-                    )
+            base = code_archive()
+            found = _kept(  # kept only once compiled: a later try may find the interpreter
+                f"code-{base.digest[:32]}-{python.tag}",
+                lambda: _compiled(base, python),
+                keep=lambda made: made.bytecode is not None,
+            )
             _CODE_FOR[python.tag] = found
         return found
 
 
+def _compiled(base: Archive, python: ImagePython) -> Archive:
+    interpreter = _interpreter(python)
+    if interpreter is None:
+        return base
+    files = _members_of(base.data)
+    _compile_ahead(interpreter, python, files)
+    if BYTECODE not in files:
+        return base
+    compiled = _archive("code", files)
+    return dataclasses.replace(compiled, source=base.digest, bytecode=files[BYTECODE].decode())
+
+
 def agent_modules() -> list[str]:
     """Files of gpusession (relative to the package) that `python -m gpusession.agent` needs:
-    the agent package and every gpusession module it imports, at any depth."""
+    the agent package and every gpusession module it imports, at any depth. Kept in the cache
+    by the package's files as they stand (names, sizes, times): read through once per build."""
+    stand = hashlib.sha256()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        st = path.stat()
+        stand.update(f"{path.relative_to(PACKAGE)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    kept = cache_dir() / KEPT_DIR / f"modules-{stand.hexdigest()[:32]}.json"
+    try:
+        found = json.loads(kept.read_text())
+        if isinstance(found, list) and all(isinstance(x, str) for x in found):
+            return found
+    except (OSError, ValueError):
+        pass
+    found = _follow_imports()
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        part = kept.with_name(f"{kept.name}.{os.getpid()}-{threading.get_ident()}.part")
+        part.write_text(json.dumps(found))
+        part.replace(kept)
+    except OSError:
+        pass
+    return found
+
+
+def _follow_imports() -> list[str]:
     agent = {f"agent/{p.name}" for p in (PACKAGE / "agent").glob("*.py")}
     wanted = {
         "__init__.py"
