@@ -156,9 +156,11 @@ def wait_then_boot(claim: bool = False) -> str:
             f"elif [ ! -w {WORKSPACE_MOUNT} ]; then echo 'GPUSESSION_FAILED {cannot}'; exit 4; fi; "
         )
     return (
+        # a look every 0.05 s (the copy's end is on the start's path); counted in 20ths of a
+        # second, a shell whose sleep takes whole seconds only counting 20 a turn
         f"i=0; while [ ! -f {CODE_DIR}/{COMPLETE} ]; do i=$((i+1)); "
-        f"if [ $i -gt {RUNTIME_WAIT_S * 5} ]; then echo 'GPUSESSION_FAILED {failed}'; exit 4; fi; "
-        "sleep 0.2 2>/dev/null || sleep 1; done; "
+        f"if [ $i -gt {RUNTIME_WAIT_S * 20} ]; then echo 'GPUSESSION_FAILED {failed}'; exit 4; fi; "
+        "sleep 0.05 2>/dev/null || { sleep 1; i=$((i+19)); }; done; "
         f"{workspace}"
         f"[ ! -f {RUNTIME_ROOT}/{LAUNCH_ENV} ] || . {RUNTIME_ROOT}/{LAUNCH_ENV}; "
         f'exec sh {CODE_DIR}/boot.sh run "$@"'
