@@ -159,6 +159,33 @@ def test_the_launch_mark_comes_last_with_what_the_probe_found():
     assert names == ["launch.env", "code/.complete"]
     assert "GPUSESSION_RUNTIME_PYTHON=/usr/bin/python3" in env
     assert "GPUSESSION_RUNTIME_BRINGS=ipykernel,pip" in env
+    assert "GPUSESSION_KERNEL_KEY" not in env
+    # a start makes the kernel's key and sends it with the runtime: for the container's user alone
+    with tarfile.open(fileobj=io.BytesIO(launch_archive(python, "ab" * 32))) as tar:
+        member = tar.getmember("launch.env")
+        env = tar.extractfile(member).read().decode()
+    assert f"export GPUSESSION_KERNEL_KEY={'ab' * 32}" in env and member.mode == 0o600
+
+
+def test_a_start_knows_its_kernels_connection_from_ready_and_its_own_key():
+    from gpusession.backends.kubernetes.backend import _connection
+
+    ports = dict(shell_port=10001, iopub_port=10002, stdin_port=10003, control_port=10004)
+    ready = {"ports": {**ports, "hb_port": 10005}, "agent_port": 1234, "ip": "127.0.0.1"}
+    info = _connection(ready, "k" * 64)
+    assert info == {
+        **ports,
+        "hb_port": 10005,
+        "ip": "127.0.0.1",
+        "transport": "tcp",
+        "key": "k" * 64,
+        "signature_scheme": "hmac-sha256",
+        "kernel_name": "python3",
+    }
+    # another process's start (no key here), or a READY that lacks a port: kernel.json is read
+    assert _connection(ready, None) is None
+    assert _connection({**ready, "ports": ports}, "k" * 64) is None
+    assert _connection({"ports": "x"}, "k" * 64) is None
 
 
 def test_a_refusal_is_the_apis_message():

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 from typing import Any, Iterable
 
@@ -34,6 +35,7 @@ from ...configuration.options import StartOption
 from ...configuration.settings import BUILTIN_IMAGE, Setting
 from ...core import textvalues
 from ...core.durations import QUEUE_TIMEOUT, format_duration
+from ...core.envnames import KERNEL_PORT_NAMES
 from ...core.errors import BackendUnavailable, BadInput, NoCapacity, StageError
 from ...core.models import LaunchSpec, SessionRecord, State
 from ...core.progress import Progress
@@ -192,6 +194,7 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
     def __init__(self, config, recorder) -> None:
         super().__init__(config, recorder)
         self._handover: dict[str, Any] = {}  # session id -> release (take_workspace_over)
+        self._keys: dict[str, str] = {}  # session id -> its kernel's key, from provision to connect
 
     def take_workspace_over(self, session_id: str, release) -> None:
         """`%gpu switch` from a running session of this cluster and namespace (its claim mounted
@@ -363,7 +366,8 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         self._create(cluster, body)
         node, image_id = self._wait_running(cluster, name, claim, _queue_timeout(spec), progress)
         self.recorder.save(record.id, node=node, **{BILLED_FROM: time.time()})
-        bring_runtime(cluster, name, image, image_id, progress)
+        self._keys[record.id] = secrets.token_hex(32)
+        bring_runtime(cluster, name, image, image_id, progress, self._keys[record.id])
 
     def _claim_is_here(self, cluster: Cluster, record: SessionRecord) -> None:
         """Before a switch's old session lets go: its claim is where the new pod will be."""
@@ -462,9 +466,22 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
             raise StageError("connect", "no pod was recorded for this session")
         cluster = self.cluster_of(record)
         ready: Any = {}
+        key = self._keys.pop(record.id, None)
         if record.state != State.RUNNING:  # a start; an attach finds the kernel listening
             progress.step(f"waiting for the kernel in pod {name}")
             ready = self._wait_ready(cluster, name, START_TIMEOUT)
+            known = _connection(ready, key)
+            if known is not None:  # this process made its key: READY says the rest
+                progress.step(
+                    f"forwarding the kernel's ports through the API server {cluster.server}"
+                )
+                return PortForwardLink(
+                    cluster,
+                    name,
+                    known,
+                    ready.get("agent_port"),
+                    on_event=lambda text: self._note(record.id, text),
+                )
         kernel, runtime = podexec.read_files(
             cluster,
             name,
@@ -487,7 +504,12 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
 
     def _wait_ready(self, cluster: Cluster, name: str, timeout: float) -> Any:
         """READY's payload from the pod's log; StageError with the log's end when the runtime
-        failed, the pod ended, or `timeout` passed."""
+        failed, the pod ended, or `timeout` passed. The log is followed as it is written (READY
+        seen the moment it is said); where that stream cannot be had or ends without READY,
+        it is read again every so often, which also says why."""
+        found = self._follow_for_ready(cluster, name, timeout)
+        if found is not None:
+            return found
         started = time.monotonic()
         deadline, delay, asked = started + timeout, POLL_FIRST_S, 0
         while True:
@@ -512,6 +534,34 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
                 )
             time.sleep(delay)
             delay = _pause(started, delay, 1.3, 1.0)
+
+    def _follow_for_ready(self, cluster: Cluster, name: str, timeout: float) -> Any:
+        """READY's payload as the followed log says it; None when it says anything else first
+        (FAILED), ends (the container ended), or the stream fails: _wait_ready reads again."""
+        try:
+            stream = cluster.api.read_namespaced_pod_log(
+                name,
+                cluster.namespace,
+                container=pods.CONTAINER,
+                follow=True,
+                _preload_content=False,
+                _request_timeout=(apiserver.REQUEST_TIMEOUT, timeout),
+            )
+        except Exception:  # noqa: BLE001 - not to be had: read by polling, which says why
+            return None
+        try:
+            for raw in stream:  # urllib3 yields the body as it comes, by lines or chunks
+                for line in marker_lines(raw.decode("utf-8", "replace")):
+                    parsed = parse_marker(line)
+                    if parsed is not None and parsed[0] is Marker.READY:
+                        return parsed[1]
+                    if parsed is not None and parsed[0] is Marker.FAILED:
+                        return None
+        except Exception:  # noqa: BLE001 - cut, timed out: read by polling
+            return None
+        finally:
+            stream.close()  # a follow never ends by itself: its connection is not reused
+        return None
 
     def _log(self, cluster: Cluster, name: str, tail: int | None = None) -> str | None:
         """The pod's container log; None when it has none (yet) or is gone."""
@@ -810,6 +860,24 @@ def _resource(backend: str, cluster: Cluster, pod) -> RemoteResource:
         running=phase in ("Pending", "Running"),
         details={"context": cluster.context, "namespace": cluster.namespace},
     )
+
+
+def _connection(ready: Any, key: str | None) -> dict | None:
+    """The kernel's connection info from READY's payload (where it listens) and the key this
+    process made for it; None when either lacks something (then kernel.json is read)."""
+    if not key or not isinstance(ready, dict) or not isinstance(ready.get("ports"), dict):
+        return None
+    ports = ready["ports"]
+    if not all(isinstance(ports.get(n), int) for n in KERNEL_PORT_NAMES) or not ready.get("ip"):
+        return None
+    return {
+        **{n: ports[n] for n in KERNEL_PORT_NAMES},
+        "ip": ready["ip"],
+        "transport": ready.get("transport") or "tcp",
+        "key": key,
+        "signature_scheme": "hmac-sha256",
+        "kernel_name": "python3",
+    }
 
 
 def _queue_timeout(spec: LaunchSpec) -> float | None:

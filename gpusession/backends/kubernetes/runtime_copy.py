@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ...core.errors import StageError
 from ...core.progress import Progress
-from ...core.protocol import ENV_RUNTIME_BRINGS, ENV_RUNTIME_PYTHON
+from ...core.protocol import ENV_KERNEL_KEY, ENV_RUNTIME_BRINGS, ENV_RUNTIME_PYTHON
 from ...transport.bundle import (
     CODE_DIR,
     COMPLETE,
@@ -43,9 +43,11 @@ PROBE_TIMEOUT_S = 60.0
 
 
 def bring_runtime(
-    cluster: Cluster, pod: str, image: str, image_id: str, progress: Progress
+    cluster: Cluster, pod: str, image: str, image_id: str, progress: Progress, kernel_key: str
 ) -> ImagePython:
-    """Copy the runtime into the waiting pod; the image's Python it found."""
+    """Copy the runtime into the waiting pod, with the kernel's key (made here: the start then
+    knows the kernel's connection from READY's ports, without reading kernel.json back); the
+    image's Python it found."""
     python = image_python(cluster, pod, image, image_id, progress)
     remember_user(image, python.uid)
     progress.step(
@@ -67,26 +69,29 @@ def bring_runtime(
     code = code_archive_for(python)
     archives.append((code.data, CODE_DIR))
     parts.append(f"gpusession's agent ({format_bytes(len(code.data))})")
-    archives.append((launch_archive(python), RUNTIME_ROOT))  # its .complete mark last
+    archives.append((launch_archive(python, kernel_key), RUNTIME_ROOT))  # .complete last
     what = " and ".join(parts)
     progress.step(f"runtime: copying {what} into the pod")
     podexec.send_archives(cluster, pod, python.start_with, archives, what)
     return python
 
 
-def launch_archive(python: ImagePython) -> bytes:
+def launch_archive(python: ImagePython, kernel_key: str | None = None) -> bytes:
     """A tar for RUNTIME_ROOT: LAUNCH_ENV (the image's Python and what the bundle brings it,
-    for boot.sh and the agent: one Python start less), then code/.complete, last."""
+    for boot.sh and the agent: one Python start less; the kernel's key, readable by the
+    container's user alone, as kernel.json is), then code/.complete, last."""
     env = (
         f"export {ENV_RUNTIME_PYTHON}={shlex.quote(python.start_with)}\n"
         f"export {ENV_RUNTIME_BRINGS}={shlex.quote(','.join(python.brings))}\n"
     )
+    if kernel_key:
+        env += f"export {ENV_KERNEL_KEY}={shlex.quote(kernel_key)}\n"
     complete = f"{CODE_DIR}/{COMPLETE}"[len(RUNTIME_ROOT) + 1 :]
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name, content in ((LAUNCH_ENV, env.encode()), (complete, b"gpusession runtime\n")):
             info = tarfile.TarInfo(name)
-            info.size, info.mode = len(content), 0o644
+            info.size, info.mode = len(content), 0o600 if name == LAUNCH_ENV else 0o644
             tar.addfile(info, io.BytesIO(content))
     return buffer.getvalue()
 
