@@ -3,7 +3,7 @@
 #   as root: Debian packages (docker.io, openssh-server, chromium, ...), a Docker engine with the
 #            GPU-request stub, the base and product images (scripts/ci-host-setup.sh), Slurm, and
 #            (with Go) the Kubernetes test cluster, built beside the suite; its tests run beside
-#            the others once it is built, their output shown last
+#            the others once it is built, on two workers of their own, their output shown last
 #   always:  a virtualenv in .venv with gpusession[test] (this builds the JupyterLab extension)
 # The suite runs in parallel workers (pytest-xdist; GPUSESSION_TEST_WORKERS, default 4: most of a
 # test is waiting on kernels, containers and timers, so more workers than cores pay off), each
@@ -78,14 +78,16 @@ if [ -z "$selected" ] && [ "$(id -u)" = 0 ] && command -v go >/dev/null 2>&1; th
     # The Kubernetes test cluster is built from Go modules (scripts/ci-kubernetes.sh): nothing to do
     # when the CI state folder kept the build, ~30-45 min on a fresh machine. It builds at the
     # lowest priority beside the rest of the suite; once built, its tests run beside the others,
-    # on one worker of their own (one cluster; the slot after the workers': tests/support/slots.py)
-    # with their output kept until the others are done.
+    # with their output kept until the others are done: on two workers of their own, the two slots
+    # after the others' (tests/support/slots.py), one lane of tests each (one cluster, its GPUs
+    # shared by a rule: tests/support/kube.py).
     stage "kubernetes test cluster: build, then its tests, in the background (build log $kube_log)"
     mkdir -p "$(dirname "$kube_log")"
     (
         bash scripts/ci-kubernetes.sh build >"$kube_log" 2>&1 || { echo "build failed" >"$kube_tests"; exit 90; }
         r=0
-        PYTEST_XDIST_WORKER="gw$workers" .venv/bin/python -m pytest -p no:xdist -m kubernetes "$@" >"$kube_tests" 2>&1 || r=$?
+        .venv/bin/python -m pytest --dist loadgroup -m kubernetes "$@" \
+            --tx "popen//id=gw$workers" --tx "popen//id=gw$((workers + 1))" >"$kube_tests" 2>&1 || r=$?
         [ "$r" = 5 ] && r=0  # none selected
         exit "$r"
     ) &
@@ -108,7 +110,7 @@ if [ "$r" = 90 ]; then
     exit 1
 fi
 tail -n 2 "$kube_log"
-stage "tests on the kubernetes cluster (run beside the others, one worker: one cluster)"
+stage "tests on the kubernetes cluster (run beside the others, two workers: its two lanes)"
 cat "$kube_tests"
 [ "$r" = 0 ] || rc=$r
 exit "$rc"

@@ -48,13 +48,17 @@ STORE_LABEL = "gpusession.session.store"
 @pytest.fixture
 def kube_env(kube, kube_config, nb_env, monkeypatch) -> dict[str, str]:
     """This test's store and this worker's kubeconfig (its namespace, NAMESPACE); its pods (by
-    its store's label) go at the end, whatever the test left."""
+    its store's label) go at the end, whatever the test left, and are gone before the lane's next
+    test starts one (a T4 still held would be the other lane's: support.kube)."""
     monkeypatch.setenv("KUBECONFIG", str(kube_config))
     nb_env["KUBECONFIG"] = str(kube_config)
     yield nb_env
     store_id = _store(nb_env).store_id
     for pod in _ours(kube, store_id=store_id):
         _drop(kube, pod.metadata.name)
+    deadline = time.monotonic() + 60
+    while _ours(kube, store_id=store_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
     for claim in _claims(kube, store_id):  # every session has a workspace: its claim
         kube.delete_namespaced_persistent_volume_claim(claim.metadata.name, NAMESPACE)
 
@@ -581,7 +585,7 @@ def test_a_workspace_claim_keeps_files_an_array_and_variables_across_stop_and_re
     assert f"{ws} " not in _cli(kube_env, "workspaces").stdout
 
 
-@LANE_1
+@LANE_2
 def test_an_image_remembered_as_root_that_is_not_any_more_ends_its_start_in_one_line(
     kube, kube_env, kube_manager, numpy_image
 ):
