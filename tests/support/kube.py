@@ -62,15 +62,27 @@ def ci_kubernetes(*args: str) -> None:
 
 
 def _namespace_up(api) -> None:
-    """NAMESPACE, made when missing (kept: a run's next worker of this slot uses it again), once
-    its default service account exists (a pod is refused before)."""
+    """NAMESPACE, made when missing (kept: a run's next worker of this slot uses it again; one
+    deleted by hand is waited for until it is gone, then made again), once its default service
+    account exists (a pod is refused before)."""
     import kubernetes
 
-    try:
-        api.create_namespace({"metadata": {"name": NAMESPACE}})
-    except kubernetes.client.ApiException as exc:
-        if exc.status != 409:
-            raise
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            api.create_namespace({"metadata": {"name": NAMESPACE}})
+            break
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 409:
+                raise
+        try:
+            if api.read_namespace(NAMESPACE).status.phase != "Terminating":
+                break
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+        assert time.monotonic() < deadline, f"namespace {NAMESPACE} is still being deleted"
+        time.sleep(0.5)
     deadline = time.monotonic() + 60
     while True:
         try:
