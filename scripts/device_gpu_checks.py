@@ -319,6 +319,77 @@ def check_checkpoint(work: Path, xp: str, runs: int) -> None:
             shutil.rmtree(ws, ignore_errors=True)
 
 
+KINDS = """
+big = torch.randn(1000, 1000, device="cuda")
+cases = {
+    "f32_cuda": torch.randn(1000, 100, device="cuda"),
+    "bf16_cuda": torch.randn(64, 64, device="cuda", dtype=torch.bfloat16),
+    "view_cuda": big[10:20, ::2],
+    "scalar_cuda": torch.tensor(3.5, device="cuda"),
+    "empty_cuda": torch.empty(0, 3, device="cuda"),
+    "grad_leaf_cuda": torch.randn(5, device="cuda", requires_grad=True),
+    "bool_cpu": torch.rand(100) > 0.5,
+    "int64_cpu": torch.arange(10),
+    "conj_cpu": torch.randn(10, dtype=torch.complex64).conj(),
+    "sparse_cpu": torch.randn(4, 4).to_sparse(),
+    "module_cuda": torch.nn.Linear(8, 4).cuda(),
+    "nested": {"a": [torch.ones(3, device="cuda"), torch.zeros(2)], "b": (torch.arange(4),)},
+}
+"""
+
+
+def _same(torch, a, b) -> bool:
+    if isinstance(a, dict):
+        return (
+            isinstance(b, dict)
+            and a.keys() == b.keys()
+            and all(_same(torch, a[k], b[k]) for k in a)
+        )
+    if isinstance(a, (list, tuple)):
+        return (
+            type(a) is type(b)
+            and len(a) == len(b)
+            and all(_same(torch, x, y) for x, y in zip(a, b))
+        )
+    if isinstance(a, torch.nn.Module):
+        sa, sb = a.state_dict(), b.state_dict()
+        return sa.keys() == sb.keys() and all(_same(torch, sa[k], sb[k]) for k in sa)
+    if a.is_sparse:
+        return b.is_sparse and torch.equal(a.to_dense(), b.to_dense())
+    return (
+        type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape
+        and a.device == b.device and a.requires_grad == b.requires_grad
+        and torch.equal(a.detach().resolve_conj(), b.detach().resolve_conj())
+    )  # fmt: skip
+
+
+def check_tensor_kinds(work: Path, xp: str) -> None:
+    """Check 3b: every kind of tensor a user holds comes back as it was (dtype, shape, device,
+    requires_grad, values): the plain ones as their bytes, the others by torch's pickling."""
+    if xp != "torch":
+        return
+    import torch
+
+    from gpusession.agent import checkpoint
+
+    scope: dict = {"torch": torch}
+    exec(KINDS, scope)
+    cases = scope["cases"]
+    ws = work / "ws-kinds"
+    result = checkpoint.save(dict(cases), str(ws), deadline=time.time() + 120, cap_bytes=None)
+    checkpoint.tidied(timeout=60)
+    back: dict = {}
+    report = checkpoint.restore(back, str(ws))
+    wrong = [k for k in cases if k not in back or not _same(torch, cases[k], back[k])]
+    say(
+        "tensor-kinds-round-trip",
+        result.get("committed") and not wrong and not report.get("failed"),
+        f"{len(cases)} kinds saved ({result.get('saved')}, skipped {result.get('skipped')}), "
+        f"restored {len(report.get('restored') or [])}; not as they were: {wrong or 'none'}; "
+        f"failed: {report.get('failed') or 'none'}",
+    )
+
+
 def check_restore_without_gpu(work: Path, xp: str) -> None:
     """Check 4: the 64 MB CUDA checkpoint, restored by a process that sees no GPU."""
     if xp != "torch":
@@ -387,6 +458,7 @@ def main() -> int:
     try:
         for step in (
             lambda: check_activity(work, args.xp, args.load, args.idle),
+            lambda: check_tensor_kinds(work, args.xp),
             lambda: check_checkpoint(work, args.xp, args.runs),
             lambda: check_restore_without_gpu(work, args.xp),
             lambda: check_agent_cost(work),

@@ -60,6 +60,7 @@ from .checkpoint_read import (
     restore,
     write_json,
 )
+from .tensors import reduce_tensor
 
 YOUNG_S = 60.0  # a folder without its index this young may be a save's, just made, not locked yet
 SYNC_THREADS = 16  # fsyncs waiting together at most (a save of many variables)
@@ -92,6 +93,27 @@ class _CappedFile(io.RawIOBase):
             raise _OverCap()
         self.f.write(data)
         return n
+
+
+class _TensorsAsBytes:
+    """`module.dump` (cloudpickle's or pickle's) with torch tensors reduced to their bytes
+    (gpusession.agent.tensors), the pickler's own reductions kept for everything else."""
+
+    def __init__(self, module) -> None:
+        base = getattr(module, "Pickler", pickle.Pickler)
+
+        class Pickler(base):  # type: ignore[misc, valid-type]
+            def reducer_override(self, obj):
+                reduced = reduce_tensor(obj)
+                if reduced is not None:
+                    return reduced
+                parent = getattr(super(), "reducer_override", None)
+                return NotImplemented if parent is None else parent(obj)
+
+        self._pickler = Pickler
+
+    def dump(self, value, file, protocol: int) -> None:
+        self._pickler(file, protocol=protocol).dump(value)
 
 
 def _why_not(value) -> str | None:
@@ -171,6 +193,8 @@ def save(
     (its `seq` orders them), and `committed` is said only once all our folder holds is on disk."""
     started = time.time()
     kind, module = pickler()
+    if "torch" in sys.modules:  # the kernel has imported torch: its tensors as their bytes
+        module = _TensorsAsBytes(module)
     root = meta_dir(workspace)
     folder = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
     path = os.path.join(root, "checkpoints", folder)

@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 
+from . import tensors
 from .kernelenv import bundled_fallback
 
 META_DIR = ".gpusession"
@@ -372,13 +373,16 @@ def _restore_variables(
         if isinstance(name, str) and reserved(name):
             failed.append({"name": name, "error": RESERVED})
             continue
+        moved = len(tensors.MOVED)
         try:
             try:
                 namespace[name] = _read_variable(module, folder, entry)
-            except RuntimeError as exc:
+            except RuntimeError as exc:  # a tensor pickled by torch itself, saved on a GPU
                 if CUDA_ABSENT not in str(exc):
                     raise
                 namespace[name] = _read_variable(_OntoCpu, folder, entry)
+                on_cpu.append(name)
+            if len(tensors.MOVED) > moved and name not in on_cpu:  # ours (tensors.rebuild)
                 on_cpu.append(name)
             restored.append(name)
         except Damaged as exc:
