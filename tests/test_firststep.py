@@ -147,9 +147,6 @@ def test_run_takes_the_early_kernel_over(tmp_path):
         finally:
             client.stop_channels()
         assert printed.split() == [str(tmp_path), "True"]  # its --cwd, in a session of its own
-        # the runtime's imports ran at the lowest priority in a thread of their own; the runtime
-        # (its agent, watchdog) and its kernel run at the usual one
-        assert _nice(proc.pid) == {0} and _nice(runtime["kernel_pid"]) == {0}
         (state / "restart-requested").write_text("")  # as the kernel's activity hook leaves it
         os.killpg(runtime["kernel_pid"], signal.SIGTERM)
         deadline = time.time() + 60
@@ -163,6 +160,9 @@ def test_run_takes_the_early_kernel_over(tmp_path):
             and not (state / "restart-requested").exists()
         )
         runtime = now
+        # the runtime (it started the next kernel: loaded) runs at the usual priority, and its
+        # kernels too: only its imports ran at the lowest, in a thread of their own, now gone
+        assert _nice(proc.pid) == {0} and _nice(runtime["kernel_pid"]) == {0}
         proc.terminate()
         assert proc.wait(30) == 0
         deadline = time.time() + 10
