@@ -198,14 +198,6 @@ def test_kernel_ports_are_free_distinct_and_below_the_ephemeral_range(tmp_path):
     assert json.loads((tmp_path / "kernel.json").read_text())["shell_port"] == ports[0]
 
 
-def _nice(pid: int) -> set[int]:
-    """The nice values of the threads of `pid` (/proc's stat, field 19)."""
-    return {
-        int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
-        for task in Path(f"/proc/{pid}/task").iterdir()
-    }
-
-
 def _children(pid: int) -> list[int]:
     found: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 
 from .kernelspawn import Early, announce_early, early_kernel
 
@@ -31,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # noqa: BLE001 - the runtime says what was not said
             pass
     try:
-        run = _load_runtime(gently=early is not None and early.ready_said)
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from .kernel_runtime import main as run
+
         return run(argv, early=early)
     except BaseException:
         if (
@@ -42,41 +43,6 @@ def main(argv: list[str] | None = None) -> int:
             except ProcessLookupError:
                 pass
         raise
-
-
-def _load_runtime(gently: bool):
-    """The runtime's main. Once READY is said the client's first cell comes at once, and on a busy
-    machine the runtime's imports (~0.1 s of CPU) took the kernel's CPU while it answered: they
-    run `gently` then, in a thread of their own at the lowest priority (Linux's nice is a
-    thread's: this one's ends with it, and the runtime runs on in this thread at its own)."""
-    if not gently:
-        # lazy: docs/architecture.md#imports-kept-inside-functions
-        from .kernel_runtime import main
-
-        return main
-    loaded: dict = {}
-
-    def load() -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOAD_NICE)
-        except (OSError, AttributeError):  # not Linux, or refused: at the usual priority
-            pass
-        try:
-            from .kernel_runtime import main
-
-            loaded["main"] = main
-        except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
-            loaded["error"] = exc
-
-    thread = threading.Thread(target=load, name="gpusession-runtime-load", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in loaded:
-        raise loaded["error"]
-    return loaded["main"]
-
-
-LOAD_NICE = 19  # the runtime's imports after READY: behind every other thread of the machine
 
 
 if __name__ == "__main__":
