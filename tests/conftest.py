@@ -123,8 +123,24 @@ def pytest_configure(config):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     _running.append(item.nodeid)
+    started = __import__("time").time()
     yield
     _running.pop()
+    _timeline(item, started)
+
+
+def _timeline(item, started: float) -> None:
+    """GPUSESSION_TEST_TIMELINE=FILE: each test's worker, start and end appended there (one JSON
+    line each), to see which tests hold the run's last minutes (docs/testing.md)."""
+    path = os.environ.get("GPUSESSION_TEST_TIMELINE")
+    if path:
+        import json
+        import time
+
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        row = {"test": item.nodeid, "worker": worker, "start": started, "end": time.time()}
+        with open(path, "a") as out:
+            out.write(json.dumps(row) + "\n")
 
 
 @pytest.fixture(autouse=True)
