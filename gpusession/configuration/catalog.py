@@ -29,6 +29,7 @@ from typing import Any, Callable
 from ..core.datahome import data_dir_from_env
 from ..core.durations import shown
 from ..core.errors import BadInput
+from ..core.wholefiles import write_whole
 from . import registry
 
 log = logging.getLogger("gpusession")
@@ -335,9 +336,7 @@ def write_user_snapshot(
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     doc = {"snapshot_date": date, "region": base.region, "currency": base.currency}
     doc.update(source=source, rates=dict(sorted(rates.items())), backends=backends)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(partial, path)  # whole or not at all
+    write_whole(path, json.dumps(doc, indent=1) + "\n")  # whole or not at all
     return path
 
 

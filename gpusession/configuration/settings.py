@@ -30,6 +30,7 @@ from ..core.durations import (
 from ..core.errors import BadInput, GpuSessionError
 from ..core.protocol import DEFAULT_IDLE_S
 from ..core.textvalues import pools as pools_of
+from ..core.wholefiles import write_whole
 from .catalog import load_catalog
 from .registry import loaded_classes
 
@@ -225,12 +226,7 @@ def write_user_settings(values: dict[str, str]) -> Path:
     path = user_settings_path()
     merged = dict(user_settings(), **values)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(merged, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_whole(path, json.dumps(merged, indent=2, sort_keys=True) + "\n")  # 0600
     return path
 
 

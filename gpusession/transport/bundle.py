@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from ..core.errors import GpuSessionError
 from ..core.protocol import Marker, parse_marker
+from ..core.wholefiles import write_whole
 
 RUNTIME_ROOT = "/opt/gpusession-runtime"  # in the container; boot.sh says the same
 CODE_DIR = f"{RUNTIME_ROOT}/code"
@@ -277,13 +278,10 @@ def _kept(
         return made
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        part = f".{os.getpid()}-{threading.get_ident()}.part"
-        tar.with_name(tar.name + part).write_bytes(made.data)
-        tar.with_name(tar.name + part).replace(tar)
+        write_whole(tar, made.data)
         fields = dataclasses.asdict(made)
         fields.pop("content"), fields.pop("path")
-        meta.with_name(meta.name + part).write_text(json.dumps(fields))
-        meta.with_name(meta.name + part).replace(meta)
+        write_whole(meta, json.dumps(fields))
     except OSError:  # a read-only cache: made again next time
         pass
     return made
@@ -341,9 +339,7 @@ def agent_modules() -> list[str]:
     found = _follow_imports()
     try:
         kept.parent.mkdir(parents=True, exist_ok=True)
-        part = kept.with_name(f"{kept.name}.{os.getpid()}-{threading.get_ident()}.part")
-        part.write_text(json.dumps(found))
-        part.replace(kept)
+        write_whole(kept, json.dumps(found))
     except OSError:
         pass
     return found
@@ -453,10 +449,8 @@ def site_archive(python: ImagePython, cache_dir: Path, say: Callable[[str], None
         "files": archive.files,
         "bytecode": archive.bytecode,
     }
-    for path, data in ((cached, archive.data), (about, json.dumps(meta).encode())):
-        part = folder / f".{path.name}.{os.getpid()}.part"
-        part.write_bytes(data)
-        os.replace(part, path)
+    write_whole(cached, archive.data)
+    write_whole(about, json.dumps(meta))
     return archive
 
 

@@ -458,7 +458,6 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
         # lazy: docs/architecture.md#imports-kept-inside-functions
-        from . import podexec
         from .portforward import PortForwardLink
 
         name = record.resource.get("pod")
@@ -470,18 +469,22 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         if record.state != State.RUNNING:  # a start; an attach finds the kernel listening
             progress.step(f"waiting for the kernel in pod {name}")
             ready = self._wait_ready(cluster, name, START_TIMEOUT)
-            known = _connection(ready, key)
-            if known is not None:  # this process made its key: READY says the rest
-                progress.step(
-                    f"forwarding the kernel's ports through the API server {cluster.server}"
-                )
-                return PortForwardLink(
-                    cluster,
-                    name,
-                    known,
-                    ready.get("agent_port"),
-                    on_event=lambda text: self._note(record.id, text),
-                )
+        kernel, agent_port = self._connection_info(cluster, name, ready, key)
+        progress.step(f"forwarding the kernel's ports through the API server {cluster.server}")
+        return PortForwardLink(
+            cluster, name, kernel, agent_port, on_event=lambda text: self._note(record.id, text)
+        )
+
+    @staticmethod
+    def _connection_info(cluster: Cluster, name: str, ready: Any, key: Any) -> tuple[dict, Any]:
+        """The kernel's connection info and the agent's port: from READY where this process
+        made the kernel's key (a start), else read from the pod's files (an attach)."""
+        from . import podexec
+
+        agent_port = ready.get("agent_port") if isinstance(ready, dict) else None
+        known = _connection(ready, key)
+        if known is not None:
+            return known, agent_port
         kernel, runtime = podexec.read_files(
             cluster,
             name,
@@ -490,17 +493,9 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         )
         if kernel is None:
             raise StageError("connect", f"pod {name} has no kernel connection file")
-        agent_port = ready.get("agent_port") if isinstance(ready, dict) else None
         if agent_port is None and runtime:
             agent_port = json.loads(runtime).get("agent_port")
-        progress.step(f"forwarding the kernel's ports through the API server {cluster.server}")
-        return PortForwardLink(
-            cluster,
-            name,
-            json.loads(kernel),
-            agent_port,
-            on_event=lambda text: self._note(record.id, text),
-        )
+        return json.loads(kernel), agent_port
 
     def _wait_ready(self, cluster: Cluster, name: str, timeout: float) -> Any:
         """READY's payload from the pod's log; StageError with the log's end when the runtime

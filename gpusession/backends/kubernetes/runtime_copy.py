@@ -13,12 +13,12 @@ import io
 import json
 import shlex
 import tarfile
-import uuid
 from pathlib import Path
 
 from ...core.errors import StageError
 from ...core.progress import Progress
 from ...core.protocol import ENV_KERNEL_KEY, ENV_RUNTIME_BRINGS, ENV_RUNTIME_PYTHON
+from ...core.wholefiles import write_whole
 from ...transport.bundle import (
     CODE_DIR,
     COMPLETE,
@@ -130,9 +130,7 @@ def remember_user(image: str, uid: int) -> None:
     path = _users_path()
     known[image] = uid
     path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_suffix(f".{uuid.uuid4().hex[:8]}.part")
-    part.write_text(json.dumps(known))
-    part.replace(path)
+    write_whole(path, json.dumps(known))
 
 
 def image_python(
@@ -161,7 +159,5 @@ def image_python(
         raise StageError("image", NO_PYTHON.format(image=image, why=found))
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        part = cached.with_suffix(f".{uuid.uuid4().hex[:8]}.part")
-        part.write_text(json.dumps(found.to_payload()))
-        part.replace(cached)
+        write_whole(cached, json.dumps(found.to_payload()))
     return found
