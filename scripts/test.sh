@@ -24,6 +24,11 @@ if [ "${1:-}" = --fast ]; then
     shift
 fi
 workers=${GPUSESSION_TEST_WORKERS:-4}
+# The tests start about a thousand Python processes (the CLI, kernels, runtimes, servers): each
+# reads gpusession's bytecode from __pycache__ (and each worker its rewritten test modules)
+# instead of compiling them again, which an environment with PYTHONDONTWRITEBYTECODE set made
+# every one of them do (docs/testing.md: what that cost).
+unset PYTHONDONTWRITEBYTECODE
 
 venv() {
     stage "python environment (.venv)"
@@ -72,6 +77,7 @@ for arg in "$@"; do  # a selection of its own (-m, -k, a path): one run, as aske
     case $arg in -m | -k | -m* | -k* | tests/*) selected=1 ;; esac
 done
 kube_job=
+KUBE_FILES=(tests/test_kubernetes.py tests/test_kubernetes_browser.py)  # support/kube.py: KUBE_FILES
 kube_log=${GPUSESSION_CI_STATE:-/var/lib/gpusession-ci}/kubernetes-build.log
 kube_tests=$(mktemp -d)/kubernetes-tests.log
 if [ -z "$selected" ] && [ "$(id -u)" = 0 ] && command -v go >/dev/null 2>&1; then
@@ -86,7 +92,9 @@ if [ -z "$selected" ] && [ "$(id -u)" = 0 ] && command -v go >/dev/null 2>&1; th
     (
         bash scripts/ci-kubernetes.sh build >"$kube_log" 2>&1 || { echo "build failed" >"$kube_tests"; exit 90; }
         r=0
-        .venv/bin/python -m pytest --dist loadgroup -m kubernetes "$@" \
+        # its two files only (tests/support/kube.py: every kubernetes test is in one of them):
+        # collecting the whole suite again costs these workers ~10 s of CPU each
+        .venv/bin/python -m pytest --dist loadgroup -m kubernetes "$@" "${KUBE_FILES[@]}" \
             --tx "popen//id=gw$workers" --tx "popen//id=gw$((workers + 1))" >"$kube_tests" 2>&1 || r=$?
         [ "$r" = 5 ] && r=0  # none selected
         exit "$r"

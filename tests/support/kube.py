@@ -34,9 +34,22 @@ IMAGE = "gpusession-ci/py-bookworm:latest"  # python3 3.11, no ipykernel, no pip
 SLOT = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # in names the cluster keeps (claims)
 NAMESPACE = f"gs-ci-{SLOT}"  # this worker's sessions, claims and test pods
 
+#: the files that hold every kubernetes test: scripts/test.sh's kubernetes workers collect only them
+KUBE_FILES = ("tests/test_kubernetes.py", "tests/test_kubernetes_browser.py")
 LANES = ("kubernetes-1", "kubernetes-2")
 LANE_1 = pytest.mark.xdist_group(LANES[0])  # the A100's lane (n2), and at most one T4 at a time
 LANE_2 = pytest.mark.xdist_group(LANES[1])  # at most one T4 at a time, no A100
+
+
+def pytest_itemcollected(item):
+    """A kubernetes test outside KUBE_FILES would run nowhere in scripts/test.sh (the others' run
+    leaves kubernetes tests out, the kubernetes workers collect those files only): said at once,
+    in every run that collects it."""
+    if item.get_closest_marker("kubernetes") and item.nodeid.split("::")[0] not in KUBE_FILES:
+        raise pytest.UsageError(
+            f"{item.nodeid}: a kubernetes test outside {', '.join(KUBE_FILES)}; move it, or name "
+            "its file in KUBE_FILES (tests/support/kube.py) and scripts/test.sh"
+        )
 
 
 def pytest_runtest_setup(item):
