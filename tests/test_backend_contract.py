@@ -249,3 +249,33 @@ def test_a_runtime_log_says_why_it_ended():
         stop_details_from_log(failed + "\n" + log).reason == stopped
     )  # its stop wins over a failed start
     assert stop_details_from_log("GPUSESSION_READY\nplain output\n") is None
+
+
+def test_a_gone_remote_side_found_while_a_stop_tears_it_down_is_the_stops_to_record(
+    only_fake, manager
+):
+    """gc (another process) saw the session running, then found its machine gone: gone because
+    the user's stop, begun meanwhile, removed it. The stop records how it ended (stopped, by the
+    user), not gc's "ended by itself" (a loaded CI run found it: the record said failed)."""
+    record = manager.create(LaunchSpec("t4", backend="fake", idle=None))
+    backend = manager.backend("fake")
+    backend.provision(manager.get(record.id), Progress())
+    manager.store.transition(record.id, State.RUNNING)
+    seen_by_gc = manager.get(record.id)  # RUNNING, as gc's listing read it
+
+    manager.store.transition(record.id, State.STOPPING, "stop requested by user")  # the stop
+    backend.stop(seen_by_gc)  # its teardown: the machine is gone
+    assert not backend.is_alive(seen_by_gc)
+    found = manager.reconcile(seen_by_gc, backend)  # gc's finding, late
+    assert found.state == State.STOPPING and found.error is None
+    assert manager.stop(record.id).state == State.STOPPED  # the stop ends as it began
+
+    # and where the stop begins only after reconcile re-read the record, the transition itself
+    # refuses to record a finding for a state the record has left
+    later = manager.create(LaunchSpec("t4", backend="fake", idle=None))
+    manager.store.transition(later.id, State.RUNNING)
+    manager.store.transition(later.id, State.STOPPING, "stop requested by user")
+    kept = manager.store.transition(
+        later.id, State.FAILED, "found failed: gone", expect=State.RUNNING
+    )
+    assert kept.state == State.STOPPING

@@ -547,7 +547,11 @@ class SessionManager:
         self._release(
             record.id
         )  # found by gc while this process held it (the tunnel retries forever)
+        seen = record.state
         details = backend.stop_details(record)
+        fresh = self.store.get(record.id)
+        if fresh.state != seen:  # another process stops it (its teardown is what was found):
+            return fresh  # its stop records how it ended, not a gone remote side
         reason = details.reason if details and details.reason else StopReason(StopKind.GONE)
         if details is not None and details.summary:
             self.store.update_resource(record.id, agent_summary=details.summary)
@@ -563,7 +567,12 @@ class SessionManager:
             else None
         )
         return self.store.transition(
-            record.id, state, f"found {state.value}: {reason.kind.value}", at=at, error=error
+            record.id,
+            state,
+            f"found {state.value}: {reason.kind.value}",
+            at=at,
+            error=error,
+            expect=seen,
         )
 
     def settle(self, record: SessionRecord) -> SessionRecord | None:

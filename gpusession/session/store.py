@@ -279,15 +279,19 @@ class Store:
         *,
         error: str | None = None,
         at: float | None = None,
+        expect: State | None = None,
     ) -> SessionRecord:
-        """Move a session to `state` and record the event. Terminal states stay terminal."""
+        """Move a session to `state` and record the event. Terminal states stay terminal.
+        `expect`: only from that state (what the caller saw); else nothing is recorded."""
         t = now() if at is None else at
         with self._write() as db:
             row = db.execute("SELECT state FROM sessions WHERE id=?", (session_id,)).fetchone()
             if row is None:
                 raise UnknownSession(f"no session with id {session_id}")
             current = State(row["state"])
-            if not current.active and state != current:
+            if expect is not None and current != expect:
+                pass  # it moved on meanwhile (another process stops it): theirs to record
+            elif not current.active and state != current:
                 # a stopped session cannot come back; record nothing (another process won the race)
                 pass
             elif current != state or detail:
