@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,7 @@ def pytest_configure(config):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     _running.append(item.nodeid)
-    started = __import__("time").time()
+    started = time.time()
     yield
     _running.pop()
     _timeline(item, started)
@@ -144,7 +145,6 @@ def _timeline(item, started: float) -> None:
     path = os.environ.get("GPUSESSION_TEST_TIMELINE")
     if path:
         import json
-        import time
 
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         row = {"test": item.nodeid, "worker": worker, "start": started, "end": time.time()}
