@@ -20,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from support.leftovers import remove_workspace_volumes  # noqa: E402
 
 #: markers that make a test an integration test (pyproject.toml declares them)
 INTEGRATION_MARKS = ("docker", "browser", "slurm", "kubernetes", "root", "slow")
@@ -168,30 +169,25 @@ def gs_home(tmp_path, monkeypatch) -> Path:
     # the user's settings file (`gpusession setup`) is the test's own, never the machine's
     monkeypatch.setenv("GPUSESSION_SETTINGS", str(tmp_path / "user-settings.json"))
     yield home
-    _remove_workspace_volumes(home)
+    remove_workspace_volumes(home)
 
 
-def _remove_workspace_volumes(home: Path) -> None:
-    """The workspace volumes this test's store left on the local engine (every docker session
-    makes one, and gc keeps them, as it should for a user; a test run should not pile them up)."""
-    if not (home / "sessions.sqlite3").exists():
+@pytest.fixture(autouse=True)
+def _workspace_volumes_go(request, monkeypatch, tmp_path, tmp_path_factory):
+    """After an integration test, the volumes its stores made go: the store of its
+    GPUSESSION_HOME (whichever fixture set it; torn down before monkeypatch restores the
+    environment) and any store one folder down in its tmp_path (a server or CLI it started with
+    its own; tmp_path is taken here so that it is removed after this looked). Only stores under
+    this run's temporary folder: never a user's own."""
+    yield
+    if request.node.get_closest_marker("integration") is None:
         return
-    try:
-        import docker
-
-        from gpusession.session.store import Store
-
-        client = docker.from_env(timeout=5)
-    except Exception:  # noqa: BLE001 - no SDK or no engine: nothing to clean
-        return
-    try:
-        label = f"gpusession.session.store={Store(home / 'sessions.sqlite3').store_id}"
-        for volume in client.volumes.list(filters={"label": ["gpusession.workspace", label]}):
-            volume.remove(force=True)
-    except Exception:  # noqa: BLE001 - a volume still in use (a test's session ends later) stays
-        pass
-    finally:
-        client.close()
+    homes = [Path(os.environ["GPUSESSION_HOME"])] if os.environ.get("GPUSESSION_HOME") else []
+    homes += [db.parent for db in tmp_path.glob("*/sessions.sqlite3")]
+    base = tmp_path_factory.getbasetemp().resolve()
+    for home in dict.fromkeys(h.resolve() for h in homes):
+        if home.is_relative_to(base):
+            remove_workspace_volumes(home)
 
 
 @pytest.fixture

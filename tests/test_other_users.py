@@ -90,6 +90,9 @@ def open_parent(monkeypatch):
     yield parent
     import shutil
 
+    from support.leftovers import remove_workspace_volumes
+
+    remove_workspace_volumes(parent / "gshome")
     shutil.rmtree(parent, ignore_errors=True)
 
 
