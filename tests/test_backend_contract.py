@@ -17,6 +17,7 @@ from gpusession.core.errors import BadInput
 from gpusession.core.models import KernelEndpoint, LaunchSpec, SessionRecord, State
 from gpusession.core.progress import Progress
 from gpusession.core.protocol import Marker, StopDetails, StopKind, StopReason, marker_line
+from gpusession.session.gc import collect
 
 
 class FakeLink(Link):
@@ -279,3 +280,43 @@ def test_a_gone_remote_side_found_while_a_stop_tears_it_down_is_the_stops_to_rec
         later.id, State.FAILED, "found failed: gone", expect=State.RUNNING
     )
     assert kept.state == State.STOPPING
+
+
+def test_gc_says_it_recorded_a_gone_session_only_when_it_did(only_fake, manager):
+    """gc's listing of what it did names a session "recorded as stopped" only when its finding
+    was recorded, not when it yielded to the user's stop begun meanwhile."""
+    record = manager.create(LaunchSpec("t4", backend="fake", idle=None))
+    backend = manager.backend("fake")
+    backend.provision(manager.get(record.id), Progress())
+    manager.store.transition(record.id, State.RUNNING)
+    backend.stop(manager.get(record.id))  # its machine is gone
+
+    def late_reconcile(rec, backend):  # the user's stop begins between gc's look and its finding
+        manager.store.transition(rec.id, State.STOPPING, "stop requested by user")
+        return manager.reconcile(rec, backend)
+
+    actions = collect(
+        manager.store,
+        manager.backend,
+        reconcile=late_reconcile,
+        settle=manager.settle,
+        stop=manager.stop,
+    )
+    assert [a for a in actions if a.verb == "record-stopped"] == []
+    assert manager.get(record.id).state == State.STOPPING
+
+    other = manager.create(LaunchSpec("t4", backend="fake", idle=None))
+    backend.provision(manager.get(other.id), Progress())
+    manager.store.transition(other.id, State.RUNNING)
+    backend.stop(manager.get(other.id))
+    actions = collect(
+        manager.store,
+        manager.backend,
+        reconcile=manager.reconcile,
+        settle=manager.settle,
+        stop=manager.stop,
+    )
+    assert [(a.verb, a.target) for a in actions if a.verb == "record-stopped"] == [
+        ("record-stopped", other.name)
+    ]
+    assert not manager.get(other.id).state.active

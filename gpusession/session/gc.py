@@ -160,9 +160,8 @@ def _check_record(
         elif done is not None:
             actions.append(GcAction("stop", rec.name, left, True))
     elif rec.state == State.RUNNING and not backend.is_alive(rec):
-        actions.append(GcAction("record-stopped", rec.name, "remote side gone", not dry_run))
-        if not dry_run:
-            reconcile(rec, backend)
+        if dry_run or _found(reconcile(rec, backend)):
+            actions.append(GcAction("record-stopped", rec.name, "remote side gone", not dry_run))
     elif rec.state == State.RUNNING and orphans and owner_is_dead(rec.owner):
         actions.append(
             GcAction("stop-orphan", rec.name, "its notebook process is gone", not dry_run)
@@ -170,3 +169,9 @@ def _check_record(
         if not dry_run:
             stop(rec.id, by="gc (owner process gone)", kind=StopKind.GC)
     return actions
+
+
+def _found(done: SessionRecord) -> bool:
+    """Did reconcile record the end it found ("found ...", SessionManager.reconcile), rather than
+    yield to a stop another process began meanwhile (whose end is that stop's to record and say)?"""
+    return bool(done.events) and done.events[-1].detail.startswith("found ")
