@@ -225,7 +225,7 @@ def test_setup_finds_the_engine_the_ssh_hosts_and_the_cloud(tmp_path):
     over_tcp = rows["tcp://10.0.0.9:2376"]
     assert over_tcp.startswith("(") and "docker context tls" in over_tcp, over_tcp
     assert "not used: gpusession reaches a remote engine over ssh://" in over_tcp, over_tcp
-    kube = rows[str(home / ".kube" / "config")]  # a kubeconfig without a context
+    kube = rows.get(str(home / ".kube" / "config"), done.stdout)  # a kubeconfig, no context
     assert kube.startswith("(") and " kubernetes " in kube, kube
     if slurm:
         assert "gpu:t4:2" in rows["ssh://login"] and " slurm " in rows["ssh://login"], done.stdout
