@@ -592,22 +592,39 @@ def test_an_image_remembered_as_root_that_is_not_any_more_ends_its_start_in_one_
     """A pod of an image last seen running as root has no init container: it prepares its
     claim itself. A tag moved to a non-root image meanwhile finds a folder it cannot write: the
     start ends before any kernel runs, saying what to do, and the next start (the image now
-    known) prepares the claim first and its kernel writes there."""
+    known) prepares the claim first and its kernel writes there.
+    The same moved tag for the runtime's early copy: the Python remembered for the image's name
+    is not the one its container has, so nothing is copied early (the copy's check refuses) and
+    the start probes the image after its status, as a new one's; the next start copies early."""
+    import json
+
+    from gpusession.backends.kubernetes import runtime_copy
     from gpusession.backends.kubernetes.runtime_copy import image_user, remember_user
     from support.sinks import Collect
 
     m, ws = kube_manager, f"wu-{SLOT}"
     remember_user(numpy_image, 0)
+    moved = "sha256:" + "7" * 64  # what the tag named before it moved: another Python, as root
+    probe = runtime_copy.probe_path(moved)
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    before = {"executable": "/usr/bin/python3", "version": [3, 9, 2], "uid": 0, "ipykernel": "6.29"}
+    probe.write_text(json.dumps(dict(before, pip="23.0")))
+    runtime_copy.remember_image_id(numpy_image, moved)
     spec = dict(backend="kubernetes", image=numpy_image, idle="off", workspace=ws)
+    lines: list[str] = []
     with pytest.raises(StageError) as raised:
-        m.start(m.make_spec("t4", name="kwu1", **spec))
+        m.start(m.make_spec("t4", name="kwu1", **spec), report=lines.append)
     text = str(raised.value)
     assert "the workspace folder /workspace is not writable by the image user (uid 1000)" in text
     assert "start again" in text and "Traceback" not in text, text
     assert image_user(numpy_image) == 1000
     assert not _ours(kube, store_id=_store(kube_env).store_id), "the failed start left no pod"
+    assert not any("as the container started" in line for line in lines), lines
+    assert runtime_copy.EarlyCopy.known(numpy_image, "k").image_id not in ("", moved)
 
-    session = m.start(m.make_spec("t4", name="kwu2", **spec))
+    lines.clear()
+    session = m.start(m.make_spec("t4", name="kwu2", **spec), report=lines.append)
+    assert any("as the container started" in line for line in lines), lines
     (pod,) = _ours(kube, m.get("kwu2").id)
     assert [c.name for c in pod.spec.init_containers or []] == ["workspace-owner"]
     sink = Collect()

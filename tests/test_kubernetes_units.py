@@ -341,6 +341,42 @@ def test_the_user_an_image_ran_as_is_remembered_by_its_name(tmp_path, monkeypatc
     assert runtime_copy.image_user("jupyter/scipy:lab") == 0
 
 
+def test_the_early_copy_knows_an_images_python_by_its_name_and_its_copy_checks_it_first(
+    tmp_path, monkeypatch, capsys
+):
+    """EarlyCopy: the Python of the last pod of an image's name (its id, then that id's probe);
+    the copy's Python (its check run here) refuses (exit 3, nothing read) where it is not that."""
+    import os
+    import sys
+
+    from gpusession.backends.kubernetes import podexec, runtime_copy
+    from gpusession.transport.bundle import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    assert runtime_copy.EarlyCopy.known("numpy:1", "key") is None  # never seen
+    runtime_copy.remember_image_id("numpy:1", "sha256:" + "a" * 64)
+    assert runtime_copy.EarlyCopy.known("numpy:1", "key") is None  # no probe of that id here
+    probe = runtime_copy.probe_path("sha256:" + "a" * 64)
+    payload = {"executable": sys.executable, "version": list(sys.version_info[:3]), "uid": 0}
+    probe.write_text(json.dumps(payload))
+    early = runtime_copy.EarlyCopy.known("numpy:1", "key")
+    assert early is not None and early.python.executable == sys.executable
+    assert early.image_id == "sha256:" + "a" * 64 and not early.done
+
+    import importlib.util
+
+    have = {"version": list(sys.version_info[:3]), "uid": os.getuid()}
+    have.update(
+        ipykernel=importlib.util.find_spec("ipykernel") is not None,
+        pip=importlib.util.find_spec("pip") is not None,
+    )
+    exec(podexec.GUARD.format(want=have), {})  # this Python is the one probed: it goes on
+    with pytest.raises(SystemExit) as refused:
+        exec(podexec.GUARD.format(want=dict(have, uid=have["uid"] + 1)), {})
+    assert refused.value.code == podexec.NOT_PROBED
+    assert "not the Python probed in this image's last pod" in capsys.readouterr().out
+
+
 def _claimed(session, phase, claim):
     volume = NS(persistent_volume_claim=NS(claim_name=claim))
     return NS(

@@ -321,7 +321,7 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
 
     def provision(self, record: SessionRecord, progress: Progress) -> None:
         # lazy: docs/architecture.md#imports-kept-inside-functions
-        from .runtime_copy import bring_runtime, image_user
+        from .runtime_copy import EarlyCopy, bring_runtime, image_user
 
         spec, placement = record.spec, self.placement(record.spec)
         cluster = self.cluster(spec)
@@ -363,11 +363,15 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
             f"creating pod {name} in {cluster.context}/{cluster.namespace} "
             f"({count} x {resource}, nodes labelled {where})"
         )
+        key = self._keys[record.id] = secrets.token_hex(32)
+        early = EarlyCopy.known(image, key)  # the runtime goes in as the container starts
         self._create(cluster, body)
-        node, image_id = self._wait_running(cluster, name, claim, _queue_timeout(spec), progress)
+        node, image_id = self._wait_running(
+            cluster, name, claim, _queue_timeout(spec), progress, early
+        )
         self.recorder.save(record.id, node=node, **{BILLED_FROM: time.time()})
-        self._keys[record.id] = secrets.token_hex(32)
-        bring_runtime(cluster, name, image, image_id, progress, self._keys[record.id])
+        if early is None or not early.done:
+            bring_runtime(cluster, name, image, image_id, progress, key)
 
     def _claim_is_here(self, cluster: Cluster, record: SessionRecord) -> None:
         """Before a switch's old session lets go: its claim is where the new pod will be."""
@@ -405,10 +409,13 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         claim: str,
         timeout_s: float | None,
         progress: Progress,
+        early: Any = None,
     ) -> tuple[str, str]:
         """Until the pod runs: (its node, its image's id). While it waits, why (the scheduler's
         words, an image being pulled, a claim not bound yet: its newest event) is shown when it
-        changes and every 30 s with the wait."""
+        changes and every 30 s with the wait. `early` (runtime_copy.EarlyCopy): tried once the
+        pod has a node, which ends the wait as soon as it copied the runtime (the image's id is
+        then the one its image had before, as its copy checked)."""
         started = time.monotonic()
         said, said_at, delay = "", 0.0, POLL_FIRST_S
         while True:
@@ -422,6 +429,9 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
             if pod.status.phase in ("Failed", "Succeeded"):
                 reason, _ = pods.termination(pod)
                 raise StageError("provision", f"pod {name} ended before it ran: {reason}")
+            if early is not None and pod.spec.node_name and early.attempt(cluster, name, progress):
+                progress.step(f"pod {name} runs on {pod.spec.node_name}")
+                return pod.spec.node_name, early.image_id
             reason, hopeful = pods.waiting_reason(pod)
             # 'pod has unbound immediate PersistentVolumeClaims': the claim's own words say why
             if "persistentvolumeclaim" in reason.lower():

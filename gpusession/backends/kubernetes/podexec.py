@@ -38,6 +38,20 @@ for dest, size in zip(args[::2], map(int, args[1::2])):
 """
 
 
+# Before UNPACK, where the Python is taken from an earlier pod of the image's name (a tag may
+# have moved since): exit 3, reading nothing, when this one is not what that probe found
+GUARD = """
+import importlib.util, os, sys
+have = {{"version": list(sys.version_info[:3]), "uid": os.getuid(),
+        "ipykernel": importlib.util.find_spec("ipykernel") is not None,
+        "pip": importlib.util.find_spec("pip") is not None}}
+if have != {want!r}:
+    print("not the Python probed in this image's last pod: %r" % (have,))
+    sys.exit(3)
+"""
+NOT_PROBED = 3  # GUARD's exit status
+
+
 def _open(cluster: Cluster, api, pod: str, command: list[str], stdin: bool, what: str, **more):
     """The exec stream of `command` in the pod's container; StageError when it is refused.
     `capture_all=False`: the client keeps no copy of everything read (a long stream's), a
@@ -157,11 +171,17 @@ def _output(ws) -> str:
 
 
 def send_archives(
-    cluster: Cluster, pod: str, python: str, archives: list[tuple[bytes, str]], what: str
+    cluster: Cluster,
+    pod: str,
+    python: str,
+    archives: list[tuple[bytes, str]],
+    what: str,
+    expect: dict | None = None,
 ) -> None:
     """Unpack each tar of `archives` (data, folder) into its folder of the pod, in order, by
-    the image's own `python`: one exec for them all (each exec starts that Python again)."""
-    argv = [python, "-c", UNPACK]
+    the image's own `python`: one exec for them all (each exec starts that Python again).
+    `expect`: what that Python must be (GUARD), else nothing is unpacked (StageError)."""
+    argv = [python, "-c", (GUARD.format(want=expect) if expect is not None else "") + UNPACK]
     for data, folder in archives:
         argv += [folder, str(len(data))]
     status, output = run(

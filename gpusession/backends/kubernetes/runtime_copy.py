@@ -13,6 +13,7 @@ import io
 import json
 import shlex
 import tarfile
+import time
 from pathlib import Path
 
 from ...core.errors import StageError
@@ -40,6 +41,7 @@ from .pods import LAUNCH_ENV
 
 PROBE_VERSION = 2  # as the docker backend's: bump when boot.sh's probe says more
 PROBE_TIMEOUT_S = 60.0
+EARLY_FOR_S = 5.0  # EarlyCopy's tries, from its first: a pull or a slow node is not waited here
 
 
 def bring_runtime(
@@ -50,6 +52,15 @@ def bring_runtime(
     image's Python it found."""
     python = image_python(cluster, pod, image, image_id, progress)
     remember_user(image, python.uid)
+    remember_image_id(image, image_id)
+    _say_python(image, python, progress)
+    archives, what = runtime_archives(python, kernel_key, progress)
+    progress.step(f"runtime: copying {what} into the pod")
+    podexec.send_archives(cluster, pod, python.start_with, archives, what)
+    return python
+
+
+def _say_python(image: str, python: ImagePython, progress: Progress) -> None:
     progress.step(
         f"{image}: Python {python.short_version} at {python.executable}, "
         + (
@@ -58,6 +69,13 @@ def bring_runtime(
             else "no ipykernel: the runtime brings it"
         )
     )
+
+
+def runtime_archives(
+    python: ImagePython, kernel_key: str, progress: Progress
+) -> tuple[list[tuple[bytes, str]], str]:
+    """The archives (data, folder) the pod's emptyDir gets for `python`, `.complete` last, and
+    what they are in words."""
     archives, parts = [], []
     if python.needs_site:
         try:
@@ -70,10 +88,70 @@ def bring_runtime(
     archives.append((code.data, CODE_DIR))
     parts.append(f"gpusession's agent ({format_bytes(len(code.data))})")
     archives.append((launch_archive(python, kernel_key), RUNTIME_ROOT))  # .complete last
-    what = " and ".join(parts)
-    progress.step(f"runtime: copying {what} into the pod")
-    podexec.send_archives(cluster, pod, python.start_with, archives, what)
-    return python
+    return archives, " and ".join(parts)
+
+
+class EarlyCopy:
+    """The runtime copied the moment the pod's container runs, before the pod's status says so:
+    the kubelet reports a started container at its next relist, up to a second later (measured
+    on the test cluster: exec answers 0.3 s after the pod is made, the status says Running at
+    1.0 s), and the floor's kernel (`kubectl run`) starts in that time too. Only for an image
+    whose Python is known from the last pod of the same name (a tag may have moved since: the
+    copy's Python checks first that it is the one probed, podexec.GUARD, and copies nothing
+    where it is not; the start then waits for the status and probes, as for a new image).
+    Tried while the pod is scheduled and not yet said to run, for EARLY_FOR_S at most (an image
+    being pulled is not waited for here)."""
+
+    def __init__(self, image: str, image_id: str, python: ImagePython, kernel_key: str):
+        self.image, self.image_id, self.python = image, image_id, python
+        self.kernel_key = kernel_key
+        self.archives: list[tuple[bytes, str]] | None = None
+        self.what = ""
+        self.first: float | None = None
+        self.given_up = False
+        self.done = False  # the runtime is in the pod
+
+    @classmethod
+    def known(cls, image: str, kernel_key: str) -> "EarlyCopy | None":
+        """One for `image` when its last pod's Python is known here, else None."""
+        image_id = _known_ids().get(image)
+        if not isinstance(image_id, str) or not image_id:
+            return None
+        try:
+            python = ImagePython.from_payload(json.loads(probe_path(image_id).read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return cls(image, image_id, python, kernel_key)
+
+    def attempt(self, cluster: Cluster, pod: str, progress: Progress) -> bool:
+        """True once the runtime is in the pod; False while its container does not run yet (or
+        when this gave up: the start copies it after the status, as without this)."""
+        now = time.monotonic()
+        self.first = now if self.first is None else self.first
+        if self.given_up or now - self.first > EARLY_FOR_S:
+            return False
+        if self.archives is None:
+            try:
+                self.archives, self.what = runtime_archives(self.python, self.kernel_key, progress)
+            except StageError:  # the site cannot be made now: the status path says why
+                self.given_up = True
+                return False
+        python = self.python
+        want = {"version": list(python.version), "uid": python.uid}
+        want.update(ipykernel=python.ipykernel is not None, pip=python.pip is not None)
+        try:
+            podexec.send_archives(
+                cluster, pod, python.start_with, self.archives, self.what, expect=want
+            )
+        except StageError as exc:
+            self.given_up = exc.stage == "runtime"  # it ran, and refused or failed: not again
+            return False
+        except Exception:  # noqa: BLE001 - the API's own errors: the status path says them
+            return False
+        self.done = True
+        _say_python(self.image, python, progress)
+        progress.step(f"runtime: copied {self.what} as the container started")
+        return True
 
 
 def launch_archive(python: ImagePython, kernel_key: str | None = None) -> bytes:
@@ -102,16 +180,44 @@ def probe_path(image_id: str) -> Path:
     return cache_dir() / "probes" / f"k8s-{digest[:64]}-v{PROBE_VERSION}.json"
 
 
+def _ids_path() -> Path:
+    return cache_dir() / "probes" / f"k8s-image-ids-v{PROBE_VERSION}.json"
+
+
+def _known_ids() -> dict:
+    return _read_map(_ids_path())
+
+
+def remember_image_id(image: str, image_id: str) -> None:
+    """The id the last pod of `image` (as named) ran, whose probe EarlyCopy.known reads."""
+    if image_id:
+        _remember(_ids_path(), image, image_id)
+
+
+def _read_map(path: Path) -> dict:
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _remember(path: Path, key: str, value) -> None:
+    """One entry of a small JSON map kept whole (two starts at once: the last write wins)."""
+    known = _read_map(path)
+    if known.get(key) == value:
+        return
+    known[key] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_whole(path, json.dumps(known))
+
+
 def _users_path() -> Path:
     return cache_dir() / "probes" / f"k8s-image-users-v{PROBE_VERSION}.json"
 
 
 def _known_users() -> dict:
-    try:
-        known = json.loads(_users_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return known if isinstance(known, dict) else {}
+    return _read_map(_users_path())
 
 
 def image_user(image: str) -> int | None:
@@ -124,13 +230,7 @@ def image_user(image: str) -> int | None:
 
 def remember_user(image: str, uid: int) -> None:
     """What image_user answers next (two starts at once: the last write wins, each whole)."""
-    known = _known_users()
-    if known.get(image) == uid:
-        return
-    path = _users_path()
-    known[image] = uid
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_whole(path, json.dumps(known))
+    _remember(_users_path(), image, uid)
 
 
 def image_python(
