@@ -143,10 +143,10 @@ class EarlyCopy:
             podexec.send_archives(
                 cluster, pod, python.start_with, self.archives, self.what, expect=want
             )
-        except StageError as exc:
-            self.given_up = exc.stage == "runtime"  # it ran, and refused or failed: not again
-            return False
-        except Exception:  # noqa: BLE001 - the API's own errors: the status path says them
+        except Exception as exc:  # noqa: BLE001 - the status path says what is wrong
+            # tried again only where the exec was refused (its container not running yet); one
+            # that ran and refused or failed, or an API that did not answer, is not tried again
+            self.given_up = not (isinstance(exc, StageError) and exc.stage == "provision")
             return False
         self.done = True
         _say_python(self.image, python, progress)
