@@ -80,6 +80,10 @@ sshd_up() {
 
 up() {
     mkdir -p "$STATE" "$RUN"
+    # a stand-in GPU reading (gpusession/backends/docker/gpus.py RECORDING) is a test's own, written
+    # after this `up` and removed at its end: one a killed run left would give every later test
+    # on this host an 8-GPU box (a notebook test read NVIDIA_VISIBLE_DEVICES=2, not "all")
+    rm -f "$STATE/home/.gpusession/box-nvml.json"
     docker image inspect "$IMAGE" >/dev/null 2>&1 \
         || { echo "ci-remote-host: no $IMAGE here; run scripts/ci-host-setup.sh first" >&2; exit 1; }
     network_up
