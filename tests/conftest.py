@@ -168,8 +168,8 @@ def gs_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.delenv("GPUSESSION_BACKEND", raising=False)
     # the user's settings file (`gpusession setup`) is the test's own, never the machine's
     monkeypatch.setenv("GPUSESSION_SETTINGS", str(tmp_path / "user-settings.json"))
-    yield home
-    remove_workspace_volumes(home)
+    # its volumes go after the test: _workspace_volumes_go finds its store in tmp_path
+    return home
 
 
 @pytest.fixture(autouse=True)
