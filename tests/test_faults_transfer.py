@@ -177,3 +177,114 @@ def test_a_link_that_does_not_come_back_ends_the_transfer_in_one_line(
         ).exists()  # a temporary name, dropped when stale
     finally:
         session.close_connections()
+
+
+# -- the raw stream: a kernel on unix sockets sends a download on a socket of its own -----------
+
+
+@pytest.fixture
+def raw_session(own_sshd, tmp_path, monkeypatch):  # noqa: F811
+    """A real runtime whose kernel listens on unix sockets (as in a Docker session), reached
+    through our tunnel's streamlocal channels (the product's TunnelLink); `streams` counts the
+    downloads that came on the raw stream."""
+    import types
+
+    from gpusession.backends.base import TunnelLink
+    from gpusession.session.handle import Session
+    from gpusession.transport.kernel import rawstream
+    from support.procs import start_runtime
+
+    info, proc = start_runtime(
+        tmp_path / "state", "rawfaults", "--agent-port", "-1", "--kernel-ip", str(tmp_path / "k/k")
+    )
+    streams = []
+    real = rawstream.receive
+    monkeypatch.setattr(
+        rawstream, "receive", lambda *a, **k: (streams.append(a[1]["raw"]), real(*a, **k))[1]
+    )
+    link = TunnelLink(Tunnel(own_sshd.target()).start(), info, agent_port=None)
+    record = types.SimpleNamespace(id="rawfaults", name="faulty")
+    session = Session(None, record, types.SimpleNamespace(is_alive=lambda r: True), link)
+    session.kernel.wait_ready(30)
+    work = tmp_path / "work"
+    work.mkdir()
+    session.run(f"import os; os.chdir({str(work)!r})")
+    session.streams = streams
+    yield session
+    session.close_connections()
+    proc.terminate()
+    proc.wait(15)
+
+
+def _big_file_in(session, blob: bytes) -> None:
+    session.push({"blob": blob})
+    session.run("open('big.bin', 'wb').write(blob); del blob")
+
+
+@needs_sshd
+def test_a_raw_download_resumes_after_two_cuts_with_every_byte(raw_session, own_sshd, tmp_path):  # noqa: F811
+    blob = os.urandom(SIZE)
+    _big_file_in(raw_session, blob)
+    cuts = {"at": []}
+
+    def progress(done, total):  # a cut at 30% and at 70% of the bytes
+        if total and len(cuts["at"]) < 2 and done >= (0.3, 0.7)[len(cuts["at"])] * total:
+            cuts["at"].append(done)
+            threading.Thread(target=own_sshd.cut_connections, daemon=True).start()
+
+    box, _ = _within(90, raw_session.download, ["big.bin"], str(tmp_path / "out"), progress)
+    assert "error" not in box, box
+    assert len(cuts["at"]) == 2 and len(raw_session.streams) == 1, (cuts, raw_session.streams)
+    got = (tmp_path / "out" / "big.bin").read_bytes()
+    assert hashlib.sha256(got).hexdigest() == hashlib.sha256(blob).hexdigest()
+    assert os.listdir(tmp_path / "out") == ["big.bin"]
+    # the kernel let go of the stream's socket once the download was whole
+    left = raw_session.kernel.evaluate(
+        f"[n for n in __import__('os').listdir({str(tmp_path / 'k')!r}) if '-r' in n]"
+    )
+    assert left == "[]", left
+
+
+@needs_sshd
+def test_ctrl_c_inside_a_raw_download_is_one_line_and_writes_nothing(raw_session, tmp_path):
+    from gpusession.core.errors import TransferStopped
+
+    def interrupt(done, total):
+        if total and done >= 0.4 * total:
+            raise KeyboardInterrupt
+
+    _big_file_in(raw_session, os.urandom(SIZE))
+    box, _ = _within(30, raw_session.download, ["big.bin"], str(tmp_path / "out"), interrupt)
+    err = box.get("error")
+    assert isinstance(err, TransferStopped) and raw_session.streams, box
+    assert str(err).startswith("interrupted: the download stopped at ") and "\n" not in str(err)
+    assert str(err).endswith("of 50 MB; nothing of it was written here"), str(err)
+    assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
+    assert raw_session.kernel.evaluate("1 + 1") == "2"
+
+
+@needs_sshd
+def test_a_raw_download_whose_link_does_not_come_back_ends_in_one_line(
+    raw_session,
+    own_sshd,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    from gpusession.core.errors import LinkLost
+
+    raw_session.link.tunnel.give_up_after = 2.0
+    _big_file_in(raw_session, os.urandom(SIZE))
+    state = {"gone": False}
+
+    def vanish(done, total):
+        if not state["gone"] and total and done >= 0.4 * total:
+            state["gone"] = True
+            own_sshd.close()
+            own_sshd.cut_connections()
+
+    box, took = _within(30, raw_session.download, ["big.bin"], str(tmp_path / "out"), vanish)
+    err = box.get("error")
+    assert isinstance(err, LinkLost) and raw_session.streams, box
+    assert "\n" not in str(err) and "; the download stopped at " in str(err), str(err)
+    assert took < 15
+    assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []

@@ -394,3 +394,32 @@ def test_download_keeps_links_inside_and_refuses_those_leading_outside_by_name(
         "in_link",
         "up_link",
     ]
+
+
+def test_a_link_opens_a_stream_only_beside_the_kernels_own_sockets(tmp_path):
+    """The raw stream's connection goes only to a socket in the kernel's folder, whatever path
+    a reply names; a kernel on TCP ports gets none (its download comes as ZMQ frames)."""
+    import socket
+
+    from gpusession.backends.base import DirectLink
+
+    folder = tmp_path / "k"
+    folder.mkdir()
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(folder / "k-rabc"))
+    listener.listen(1)
+    elsewhere = socket.socket(socket.AF_UNIX)
+    elsewhere.bind(str(tmp_path / "other"))
+    elsewhere.listen(1)
+    ipc = {"transport": "ipc", "ip": str(folder / "k"), "shell_port": 1}
+    link = DirectLink(ipc, None)
+    assert link.streams
+    conn = link.open_stream(str(folder / "k-rabc"))
+    assert conn is not None
+    conn.close()
+    assert link.open_stream(str(tmp_path / "other")) is None
+    assert link.open_stream(str(folder / "k-gone")) is None  # nothing listens: None, no raise
+    tcp = DirectLink({"transport": "tcp", "ip": "127.0.0.1", "shell_port": 5}, None)
+    assert not tcp.streams and tcp.open_stream(str(folder / "k-rabc")) is None
+    listener.close()
+    elsewhere.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 from ..core.envnames import ENV_STATE_DIR, RESTART_FILE
@@ -29,6 +30,7 @@ _state = {
     "oom_errors": 0,  # cells that failed for want of GPU memory (right-sizing advice)
 }
 _written = [0.0]  # when activity.json was last written
+_writing = threading.Lock()  # a download's raw stream touches from its own thread
 
 
 def _path() -> str | None:
@@ -42,9 +44,10 @@ def _write() -> None:
     if not path:
         return
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(_state, f)
-    os.replace(tmp, path)
+    with _writing:
+        with open(tmp, "w") as f:
+            json.dump(_state, f)
+        os.replace(tmp, path)
 
 
 def _pre_run_cell(info=None) -> None:

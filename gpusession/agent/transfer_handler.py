@@ -10,6 +10,10 @@ gets one TRANSFER_REPLY, in order, so the client keeps a few requests in flight 
   the next bytes in the reply's `buffers` and "eof" once all were sent;
 - {"op": "abort", "id"} drops a transfer a client gave up on.
 
+A download's open may say `raw`: a kernel on unix sockets then sends the bytes on a socket of
+their own (`gpusession.agent.transfer_raw`), and {"op": "end", "id", "size"} asks whether the
+client holds the whole stream (its size and CRC-32) or should connect again (`more`).
+
 push/pull: variables, pickled one by one (names with their sizes, so each failure names its
 variable). upload/download: a tar stream of files, paths relative to the kernel's working
 directory and never outside it. Every request counts as kernel activity for the idle watchdog.
@@ -26,6 +30,7 @@ from typing import Any, Callable
 
 from ..core.protocol import TRANSFER_REPLY, TRANSFER_REQUEST
 from .transfer_kinds import Push, TransferError, Upload, open_download, open_pull
+from .transfer_raw import RAW_PART, RawStream, stream_path
 
 MAX_OPEN = 8  # transfers open at once; older ones are dropped
 KEEP_FINISHED = 16  # the last answers of finished transfers, for requests sent again after a cut
@@ -114,6 +119,8 @@ class Transfers:
             if last:
                 self._finish(tid, dict(result or {}, status="ok"))
             return dict(result or {}, status="ok"), []
+        if op == "end":
+            return self._end(tid, transfer, int(request.get("size") or 0)), []
         if op == "read":
             part, eof = transfer.part(seq, int(request.get("acked") or 0))
             content = {"status": "ok", "eof": eof}
@@ -121,6 +128,19 @@ class Transfers:
                 content.update(crc=transfer.check.crc, size=transfer.check.size)
             return content, [part] if len(part) else []
         raise TransferError(f"unknown transfer request {op!r}")
+
+    def _end(self, tid: str, transfer: Any, size: int) -> dict:
+        raw = getattr(transfer, "raw", None)
+        if raw is None:
+            raise TransferError("this transfer has no raw stream")
+        content = raw.end(size)
+        if "error" in content:
+            raise TransferError(content["error"])
+        content["status"] = "ok"
+        if content.get("eof"):  # the client holds it all: the transfer ends here
+            self._drop(tid)
+            self._finish(tid, content)
+        return dict(content)
 
     def _open(self, tid: str, request: dict, chunk: int) -> dict:
         if tid in self.open:  # sent again: its reply was lost
@@ -141,7 +161,14 @@ class Transfers:
         elif kind == "pull":
             transfer, info = open_pull(self.ns(), list(request["names"]), chunk)
         elif kind == "download":
-            transfer, info = open_download(cwd, list(request["paths"]), chunk)
+            path = stream_path() if request.get("raw") else None
+            # on a socket of its own, each part the tar thread writes goes as it is (no join)
+            transfer, info = open_download(
+                cwd, list(request["paths"]), chunk if path is None else RAW_PART
+            )
+            if path is not None:  # the bytes on a socket of their own, beside the kernel's
+                transfer.raw = RawStream(transfer, path, self.touch)
+                info.update(transfer.raw.info())
         else:
             raise TransferError(f"unknown transfer kind {kind!r}")
         first = request.get("seq")  # the transfer's requests are numbered on from its open's

@@ -218,6 +218,7 @@ class _Source:
         self.kept: dict = {}  # seq -> (part, eof): sent, not yet known to have arrived
         self.next_seq = 0
         self.ended = False
+        self.raw: Any = None  # a RawStream sending these bytes (gpusession.agent.transfer_raw)
         if make is not None:
             self.sink = _Chunks(chunk)
             threading.Thread(
@@ -233,7 +234,9 @@ class _Source:
         self.sink.out.put(_DONE)
 
     def close(self) -> None:
-        """The client gave up: a tar thread blocked on a full queue goes."""
+        """The client gave up (or has it all): a tar thread blocked on a full queue goes."""
+        if self.raw is not None:
+            self.raw.close()
         self.blob = memoryview(b"") if self.blob is not None else None
         sink = getattr(self, "sink", None)
         if sink is not None:

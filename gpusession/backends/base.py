@@ -34,7 +34,9 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
+import os
 import re
+import socket
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Protocol
 
 from ..configuration.cost import CONFIGURED, OWN_HARDWARE, PRICE_LIST
@@ -215,6 +217,15 @@ class Link(abc.ABC):
         request sent before iopub is subscribed again would lose its output."""
         return 0
 
+    streams: bool = False
+    """It reaches a socket beside the kernel's unix sockets (`open_stream`): a download's bytes
+    then come on a stream of their own (gpusession.agent.transfer_raw), not as ZMQ frames."""
+
+    def open_stream(self, path: str) -> Any:
+        """A connection (recv, sendall, settimeout, close) to the kernel's unix socket `path`
+        (beside its own), or None when it cannot be made now (a tunnel that is down)."""
+        return None
+
 
 class DirectLink(Link):
     """A Link to a kernel whose ports are on this machine's loopback already, or its unix sockets
@@ -236,9 +247,22 @@ class DirectLink(Link):
         )
         self._alive = alive
         self._checked = (0.0, True)
+        self.streams = kernel_info.get("transport") == "ipc"
+        self._folder = os.path.dirname(ip)
 
     def close(self) -> None:
         pass
+
+    def open_stream(self, path: str) -> Any:
+        if not self.streams or os.path.dirname(path) != self._folder:
+            return None  # only a socket beside the kernel's own
+        conn = socket.socket(socket.AF_UNIX)
+        try:
+            conn.connect(path)
+        except OSError:
+            conn.close()
+            return None
+        return conn
 
     def healthy(self) -> bool:
         import time
@@ -266,6 +290,13 @@ class TunnelLink(Link):
         self.endpoint = tunneled_endpoint(
             tunnel, kernel_info, CONTAINER_AGENT_PORT if agent_port == -1 else agent_port
         )
+        self.streams = kernel_info.get("transport") == "ipc"  # its sockets by streamlocal
+        self._folder = os.path.dirname(str(kernel_info.get("ip", "")))
+
+    def open_stream(self, path: str) -> Any:
+        if not self.streams or os.path.dirname(path) != self._folder:
+            return None  # only a socket beside the kernel's own
+        return self.tunnel.open_stream(path)
 
     def close(self) -> None:
         self.tunnel.close()

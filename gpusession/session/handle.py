@@ -52,7 +52,10 @@ class Session:
         self.backend = backend
         self.link = link
         self.kernel = KernelClient(
-            link.endpoint.connection_info, healthy=self.healthy, reconnects=lambda: link.reconnects
+            link.endpoint.connection_info,
+            healthy=self.healthy,
+            reconnects=lambda: link.reconnects,
+            open_stream=link.open_stream if getattr(link, "streams", False) else None,
         )
         self._alive_checked = (0.0, True)
         self._reconnects_seen = 0  # link.reconnects when iopub was last known to deliver

@@ -225,6 +225,14 @@ class Tunnel:
         ).start()
         return local
 
+    def open_stream(self, remote_path: str) -> paramiko.Channel | None:
+        """A channel to the remote unix socket `remote_path`, read here directly (no local socket,
+        no forwarding thread); None when the tunnel is down (it may come back: ask again)."""
+        chan = self._open_channel(None, remote_path)
+        if chan is not None:
+            fast_reads(chan)
+        return chan
+
     # -- connecting ---------------------------------------------------------------------
 
     def _connect(self, deadline: float) -> None:

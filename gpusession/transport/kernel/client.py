@@ -46,6 +46,7 @@ class KernelClient:
         *,
         healthy: Callable[[], bool] | None = None,
         reconnects: Callable[[], int] | None = None,
+        open_stream: Callable[[str], Any] | None = None,
     ):
         self._context = zmq.Context()
         # never block on unsent messages when closing (or when the GC or interpreter exit
@@ -60,6 +61,8 @@ class KernelClient:
         self.reconnects: Callable[[], int] = reconnects or (
             lambda: 0
         )  # how often the link reconnected
+        # a socket beside the kernel's (its link's open_stream): downloads come on it
+        self.open_stream = open_stream
         self.cell_log = (
             False  # the kernel keeps a cell log (gpusession.agent.cellog): known at wait_ready
         )

@@ -4,13 +4,15 @@ so the client imports them and nothing imports it back."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 
 class Connection(Protocol):
     client: Any  # jupyter_client's BlockingKernelClient: its channels and message getters
     cell_log: bool  # the kernel keeps a cell log (gpusession.agent.cellog)
     counts: dict[str, int]  # what the waits met on this connection (the fault suite's figures)
+    # a connection to a socket beside the kernel's (None: none; downloads as ZMQ frames)
+    open_stream: Optional[Callable[[str], Any]]
 
     def healthy(self) -> bool:
         """The session still runs (may raise the session's LinkLost)."""

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Iterator
 from ...core.errors import BadInput, KernelDied, LinkLost, TransferStopped
 from ..pulls import format_bytes
 from ..tarsafe import Extraction, ForwardReader, whole_seconds
+from . import rawstream
 from .channel import CHUNK, WINDOW, Channel, Progress
 from .connection import Connection
 
@@ -226,8 +227,9 @@ def download(
     channel = Channel(kc, progress, "download")
     feed: queue.Queue = queue.Queue(maxsize=8)
     outcome: dict = {}
+    open_stream = getattr(kc, "open_stream", None)
     with _stopped_said(channel, "here"):
-        info = _open(channel, kind="download", paths=paths)
+        info = _open(channel, kind="download", paths=paths, raw=open_stream is not None)
     extraction = Extraction(dest, links=True)
     worker = _extract_as_it_arrives(feed, extraction, outcome)
 
@@ -237,7 +239,10 @@ def download(
         extraction.discard()
 
     with _stopped_said(channel, "here", stop_worker):
-        _receive(channel, info.get("size"), feed.put)
+        if info.get("raw") and open_stream is not None:
+            rawstream.receive(channel, info, open_stream, feed.put)
+        else:
+            _receive(channel, info.get("size"), feed.put)
         feed.put(None)
         worker.join()
     if "error" in outcome:

@@ -1,0 +1,198 @@
+"""In the session kernel: a download's bytes straight onto a unix socket beside the kernel's own
+(the *raw stream*), for a client that reaches those sockets (the local engine's folder, or the
+tunnel's streamlocal channel to it): no ZMQ frames, no request per chunk, nothing forwarded
+through a local socket on the client's side (docs/transfers.md, "The raw stream").
+
+The client says `raw` in its download's open request; a kernel on unix sockets answers with the
+socket's path and a token (on the shell channel, which is signed). On the socket, the client
+sends the token and the offset it holds (0 the first time), then an offset again every ACK_EVERY
+bytes it received; the kernel sends the tar stream from that offset and half-closes at its end.
+Whether that end was the stream's is asked on the shell channel (`end`, with the client's size
+and CRC-32): a stream a cut stopped is connected again from the client's offset, and the kernel
+sends again what it kept (every byte not yet acknowledged). Standard library only; Python 3.9
+syntax.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable, Optional
+
+ACK_EVERY = 8 << 20  # the client acknowledges what it holds this often (bytes)
+RAW_PART = 1 << 20  # the tar thread's parts: its reads of a file's bytes, sent without joining
+OFFSET_BYTES = 8
+TOKEN_BYTES = 16
+
+
+def stream_path() -> Optional[str]:
+    """A new socket path beside this kernel's own unix sockets (ZMQ's ipc `<ip>-<n>`, in the
+    owner's folder); None for a kernel on TCP ports (no folder the client reaches)."""
+    try:
+        from ipykernel.kernelapp import IPKernelApp
+    except ImportError:
+        return None
+    if not IPKernelApp.initialized():
+        return None
+    app = IPKernelApp.instance()
+    if getattr(app, "transport", "tcp") != "ipc" or not str(app.ip).startswith("/"):
+        return None
+    return f"{app.ip}-r{os.urandom(6).hex()}"
+
+
+def _exactly(conn: socket.socket, n: int) -> Optional[bytes]:
+    data = b""
+    while len(data) < n:
+        got = conn.recv(n - len(data))
+        if not got:
+            return None
+        data += got
+    return data
+
+
+def _shut(conn: socket.socket) -> None:
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+class RawStream:
+    """Serves one download's bytes (`source.read()`: (part, eof), TransferError on a failure)
+    on a unix socket at `path`, one connection at a time, until closed."""
+
+    def __init__(self, source: Any, path: str, touch: Callable[[], None]) -> None:
+        self.source, self.path, self.touch = source, path, touch
+        self.token = os.urandom(TOKEN_BYTES)
+        self.kept: "collections.deque[tuple[int, Any]]" = collections.deque()  # (offset, part)
+        self.at = 0  # bytes taken from the source
+        self.acked = 0  # bytes the client said it holds
+        self.done = False  # the source ended (and every byte of it was taken)
+        self.error: Optional[str] = None
+        self.closed = False
+        self.current: Optional[socket.socket] = None  # the connection being served
+        self._acks = b""
+        old = os.umask(0o077)
+        try:
+            self.listener = socket.socket(socket.AF_UNIX)
+            self.listener.bind(path)
+        finally:
+            os.umask(old)
+        self.listener.listen(4)
+        threading.Thread(target=self._serve, daemon=True, name="gpusession-raw").start()
+
+    def info(self) -> dict:
+        return {"raw": self.path, "token": self.token.hex()}
+
+    def end(self, size: int) -> dict:
+        """The shell channel's `end`: the whole stream's size and CRC-32 when it was all sent and
+        the client holds all of it; `more` when not (a cut: the client connects again)."""
+        if self.error:
+            return {"error": self.error}
+        if self.done and size == self.at:
+            check = self.source.check
+            return {"eof": True, "size": check.size, "crc": check.crc}
+        return {"more": True, "size": self.at}
+
+    def close(self) -> None:
+        self.closed = True
+        if self.current is not None:
+            _shut(self.current)
+        try:
+            self.listener.close()
+        finally:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+    def _serve(self) -> None:
+        """Accept the client's connections; a new one (after a cut the old one may not have
+        noticed: a send blocked on a dead peer) takes over from the one before."""
+        sender: Optional[threading.Thread] = None
+        while not self.closed:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            conn.settimeout(10.0)
+            try:
+                hello = _exactly(conn, TOKEN_BYTES + OFFSET_BYTES)
+            except OSError:
+                hello = None
+            if hello is None or hello[:TOKEN_BYTES] != self.token:
+                conn.close()  # not our client
+                continue
+            conn.settimeout(None)
+            if sender is not None:
+                _shut(self.current)  # wakes its send: it ends at once
+                sender.join()
+            self.current = conn
+            start = int.from_bytes(hello[TOKEN_BYTES:], "big")
+            sender = threading.Thread(
+                target=self._send_on, args=(conn, start), daemon=True, name="gpusession-raw-send"
+            )
+            sender.start()
+
+    def _send_on(self, conn: socket.socket, start: int) -> None:
+        try:
+            with conn:
+                self._send_from(conn, start)
+        except OSError:
+            pass  # the client went (a cut): it connects again from what it holds
+
+    def _send_from(self, conn: socket.socket, start: int) -> None:
+        if not self.acked <= start <= self.at:
+            self.error = (
+                f"the download cannot go on from byte {start} (the session kept bytes "
+                f"{self.acked}-{self.at})"
+            )
+            return
+        self._acks = b""
+        self._ack(start)
+        for offset, part in list(self.kept):  # what a cut lost, again
+            if offset + len(part) > start:
+                conn.sendall(memoryview(part)[max(0, start - offset) :])
+        while not self.done and not self.closed and conn is self.current:
+            self._read_acks(conn)
+            try:
+                part, eof = self._take()
+            except Exception as exc:  # noqa: BLE001 - the source's failure, said by `end`
+                self.error = str(exc) or type(exc).__name__
+                return
+            if len(part):
+                conn.sendall(part)
+            self.done = eof
+        conn.shutdown(socket.SHUT_WR)  # the end: what was sent is read before the EOF
+
+    def _take(self) -> tuple[Any, bool]:
+        part, eof = self.source.read()
+        if len(part):
+            self.source.check.add(part)
+            self.kept.append((self.at, part))
+            self.at += len(part)
+        self.source.touched = time.monotonic()  # a long download is not a stale transfer
+        self.touch()  # nor an idle kernel
+        return part, eof
+
+    def _read_acks(self, conn: socket.socket) -> None:
+        """Take the client's offsets that came, without waiting."""
+        try:
+            data = conn.recv(4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        if not data:
+            return
+        self._acks += data
+        whole = len(self._acks) - len(self._acks) % OFFSET_BYTES
+        if whole:
+            self._ack(int.from_bytes(self._acks[whole - OFFSET_BYTES : whole], "big"))
+            self._acks = self._acks[whole:]
+
+    def _ack(self, offset: int) -> None:
+        self.acked = max(self.acked, min(offset, self.at))
+        while self.kept and self.kept[0][0] + len(self.kept[0][1]) <= self.acked:
+            self.kept.popleft()
