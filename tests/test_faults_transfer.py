@@ -198,9 +198,9 @@ def raw_session(own_sshd, tmp_path, monkeypatch):  # noqa: F811
         tmp_path / "state", "rawfaults", "--agent-port", "-1", "--kernel-ip", str(tmp_path / "k/k")
     )
     streams = []
-    real = rawstream.receive
+    real = rawstream.chunks
     monkeypatch.setattr(
-        rawstream, "receive", lambda *a, **k: (streams.append(a[1]["raw"]), real(*a, **k))[1]
+        rawstream, "chunks", lambda *a, **k: (streams.append(a[1]["raw"]), real(*a, **k))[1]
     )
     link = TunnelLink(Tunnel(own_sshd.target()).start(), info, agent_port=None)
     record = types.SimpleNamespace(id="rawfaults", name="faulty")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ...core.errors import TransferStopped
 from .channel import STALL_S, Channel
@@ -27,10 +27,9 @@ class _Held:
         self.size, self.crc = 0, 0
 
 
-def receive(
-    channel: Channel, info: dict, open_stream: Callable[[str], Any], sink: Callable[[Any], None]
-) -> None:
-    """The stream, in order, into `sink`; TransferStopped when it did not arrive whole."""
+def chunks(channel: Channel, info: dict, open_stream: Callable[[str], Any]) -> Iterator[bytes]:
+    """The stream's bytes in order, as they arrive; at its end, TransferStopped when they are not
+    the whole stream the session sent (its size and CRC-32)."""
     total, token = info.get("size"), bytes.fromhex(info["token"])
     held, moved = _Held(), time.monotonic()
     while True:
@@ -38,7 +37,7 @@ def receive(
         try:
             stream.settimeout(QUIET_S)
             stream.sendall(token + held.size.to_bytes(8, "big"))
-            _read(channel, stream, total, held, sink)
+            yield from _read(channel, stream, total, held)
         except Exception as exc:  # noqa: BLE001 - a cut is said as the link's own kind
             if not _a_cut(exc):
                 raise
@@ -65,7 +64,7 @@ def receive(
     channel.progress(held.size, total)
 
 
-def _read(channel: Channel, stream: Any, total, held: _Held, sink) -> None:
+def _read(channel: Channel, stream: Any, total, held: _Held) -> Iterator[bytes]:
     """Read until the kernel's end (or a cut); the bytes held are acknowledged every ACK_EVERY
     (an acknowledgement the closing stream refuses is not needed: the kernel sent its end)."""
     acked = reported = held.size
@@ -74,8 +73,8 @@ def _read(channel: Channel, stream: Any, total, held: _Held, sink) -> None:
         if not data:
             return
         held.crc = zlib.crc32(data, held.crc)
-        sink(data)
         held.size += len(data)
+        yield data
         if held.size - acked >= ACK_EVERY:
             acked = held.size
             try:

@@ -15,7 +15,7 @@ import pickle
 import queue
 import tarfile
 import zlib
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Generator, Iterable, Iterator
 
 from ...core.errors import BadInput, KernelDied, LinkLost, TransferStopped
 from ..pulls import format_bytes
@@ -231,20 +231,21 @@ def download(
     with _stopped_said(channel, "here"):
         info = _open(channel, kind="download", paths=paths, raw=open_stream is not None)
     extraction = Extraction(dest, links=True)
-    worker = _extract_as_it_arrives(feed, extraction, outcome)
+    if info.get("raw") and open_stream is not None:
+        with _stopped_said(channel, "here", extraction.discard):
+            _extract_raw(rawstream.chunks(channel, info, open_stream), extraction)
+    else:
+        worker = _extract_as_it_arrives(feed, extraction, outcome)
 
-    def stop_worker() -> None:
-        feed.put(None)
-        worker.join(30)
-        extraction.discard()
+        def stop_worker() -> None:
+            feed.put(None)
+            worker.join(30)
+            extraction.discard()
 
-    with _stopped_said(channel, "here", stop_worker):
-        if info.get("raw") and open_stream is not None:
-            rawstream.receive(channel, info, open_stream, feed.put)
-        else:
+        with _stopped_said(channel, "here", stop_worker):
             _receive(channel, info.get("size"), feed.put)
-        feed.put(None)
-        worker.join()
+            feed.put(None)
+            worker.join()
     if "error" in outcome:
         extraction.discard()
         raise BadInput(outcome["error"])
@@ -255,6 +256,22 @@ def download(
         "dest": dest,
         "refused": extraction.refused,
     }
+
+
+def _extract_raw(stream: Generator[bytes, None, None], extraction: Extraction) -> None:
+    """The raw stream extracted as it is read, in this thread (no hand-off to another): read to
+    its end, where it is checked whole (`rawstream.chunks`), before anything is committed. A
+    failure to write here ends it at once (BadInput; the kernel is told to drop it)."""
+    reader = ForwardReader(lambda: next(stream, None))
+    try:
+        with tarfile.open(fileobj=reader, mode="r:") as tar:
+            tar.copybufsize = TAR_BUFSIZE
+            extraction.run(tar)
+        reader.drain()
+    except (OSError, tarfile.TarError) as exc:
+        raise BadInput(f"cannot write the files here: {exc}") from None
+    finally:
+        stream.close()  # its connection, when it did not end
 
 
 def _extract_as_it_arrives(feed: queue.Queue, extraction: Extraction, outcome: dict):
