@@ -423,3 +423,21 @@ def test_a_link_opens_a_stream_only_beside_the_kernels_own_sockets(tmp_path):
     assert not tcp.streams and tcp.open_stream(str(folder / "k-rabc")) is None
     listener.close()
     elsewhere.close()
+
+
+def test_a_raw_stream_socket_is_shared_as_the_kernels_own_are(tmp_path):
+    """In a 2770 folder (a container's kernel, reached by another uid's login) the stream's
+    socket is its group's too, as the kernel's sockets are; in a 0700 folder, the owner's alone."""
+    from gpusession.agent.transfer_kinds import _Source
+    from gpusession.agent.transfer_raw import RawStream
+
+    for mode, want in ((0o2770, 0o660), (0o700, 0o700)):
+        folder = tmp_path / oct(mode)
+        folder.mkdir()
+        folder.chmod(mode)
+        raw = RawStream(_Source(1 << 20, blob=b"x" * 10), str(folder / "k-rtest"), lambda: None)
+        try:
+            assert (folder / "k-rtest").stat().st_mode & 0o777 == want
+        finally:
+            raw.close()
+        assert not (folder / "k-rtest").exists()  # closed: the socket goes

@@ -81,6 +81,10 @@ class RawStream:
             self.listener.bind(path)
         finally:
             os.umask(old)
+        if os.stat(os.path.dirname(path)).st_mode & 0o070 == 0o070:
+            # as the kernel's own (kernelspawn.share_sockets): a 2770 folder's group connects
+            # (a container's kernel, another uid than the login that connects); the folder is the gate
+            os.chmod(path, 0o660)
         self.listener.listen(4)
         threading.Thread(target=self._serve, daemon=True, name="gpusession-raw").start()
 
