@@ -133,6 +133,7 @@ def test_provision_on_demand_makes_tagged_locked_down_instance(manager, aws_env,
     assert user["name"] == "gpusession"
     login = user["ssh_authorized_keys"][0]
     assert login.startswith(f'restrict,port-forwarding,permitopen="[{folder}/kernel/k-1]:*",')
+    assert f'permitopen="[{folder}/kernel/k-r]:*",' in login  # a download's raw stream
     assert res["sockets"] == f"{folder}/kernel"  # where the link finds the kernel
     assert f',command="sh {folder}/access.sh" ssh-ed25519 ' in login
     files = {f["path"]: f for f in cfg["write_files"]}

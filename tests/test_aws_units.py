@@ -67,7 +67,10 @@ def test_session_key_may_only_reach_the_kernel_sockets_the_agent_port_and_access
     folder = "/var/lib/gpusession/0123456789abcdef0123456789abcdef"
     opens = ",".join(
         f'permitopen="{where}"'
-        for where in (*(f"[{folder}/kernel/k-{i}]:*" for i in range(1, 6)), "127.0.0.1:50010")
+        for where in (
+            *(f"[{folder}/kernel/k-{i}]:*" for i in (1, 2, 3, 4, 5, "r")),  # r: the raw stream
+            "127.0.0.1:50010",
+        )
     )
     assert (
         line

@@ -238,11 +238,12 @@ def test_a_raw_download_resumes_after_two_cuts_with_every_byte(raw_session, own_
     got = (tmp_path / "out" / "big.bin").read_bytes()
     assert hashlib.sha256(got).hexdigest() == hashlib.sha256(blob).hexdigest()
     assert os.listdir(tmp_path / "out") == ["big.bin"]
-    # the kernel let go of the stream's socket once the download was whole
+    # the kernel let go of the stream once the download was whole (its socket stays for the next)
     left = raw_session.kernel.evaluate(
-        f"[n for n in __import__('os').listdir({str(tmp_path / 'k')!r}) if '-r' in n]"
+        "[len(x.streams) for x in __import__('gpusession.agent.transfer_raw', "
+        "fromlist=['_'])._LISTENERS.values()]"
     )
-    assert left == "[]", left
+    assert left == "[0]", left
 
 
 @needs_sshd
@@ -288,3 +289,17 @@ def test_a_raw_download_whose_link_does_not_come_back_ends_in_one_line(
     assert "\n" not in str(err) and "; the download stopped at " in str(err), str(err)
     assert took < 15
     assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
+
+
+@needs_sshd
+def test_a_raw_stream_the_login_may_not_reach_falls_back_to_frames(raw_session, tmp_path):
+    """An EC2 session key older than the raw stream may forward to the kernel's five sockets
+    only: sshd refuses the stream's path, and the same download comes as frames, whole."""
+    real = raw_session.kernel.open_stream
+    raw_session.kernel.open_stream = lambda path: real(path + "-refused")  # sshd: connect failed
+    blob = os.urandom(SIZE)
+    _big_file_in(raw_session, blob)
+    box, _ = _within(60, raw_session.download, ["big.bin"], str(tmp_path / "out"))
+    assert "error" not in box and raw_session.streams == [], box
+    got = (tmp_path / "out" / "big.bin").read_bytes()
+    assert hashlib.sha256(got).hexdigest() == hashlib.sha256(blob).hexdigest()

@@ -426,18 +426,29 @@ def test_a_link_opens_a_stream_only_beside_the_kernels_own_sockets(tmp_path):
 
 
 def test_a_raw_stream_socket_is_shared_as_the_kernels_own_are(tmp_path):
-    """In a 2770 folder (a container's kernel, reached by another uid's login) the stream's
-    socket is its group's too, as the kernel's sockets are; in a 0700 folder, the owner's alone."""
+    """In a 2770 folder (a container's kernel, reached by another uid's login) the kernel's socket
+    for raw streams is its group's too, as its own sockets are; in a 0700 folder, the owner's
+    alone. A connection without a stream's token gets nothing."""
+    import socket
+
     from gpusession.agent.transfer_kinds import _Source
-    from gpusession.agent.transfer_raw import RawStream
+    from gpusession.agent.transfer_raw import Listener, RawStream
 
     for mode, want in ((0o2770, 0o660), (0o700, 0o700)):
         folder = tmp_path / oct(mode)
         folder.mkdir()
         folder.chmod(mode)
-        raw = RawStream(_Source(1 << 20, blob=b"x" * 10), str(folder / "k-rtest"), lambda: None)
+        listener = Listener(str(folder / "k-r"))
+        raw = RawStream(_Source(1 << 20, blob=b"x" * 10), listener, lambda: None)
         try:
-            assert (folder / "k-rtest").stat().st_mode & 0o777 == want
+            assert (folder / "k-r").stat().st_mode & 0o777 == want
+            stranger = socket.socket(socket.AF_UNIX)
+            stranger.connect(str(folder / "k-r"))
+            stranger.sendall(bytes(24))  # a wrong token, offset 0
+            stranger.settimeout(10)
+            assert stranger.recv(100) == b""  # closed, nothing sent
+            stranger.close()
         finally:
             raw.close()
-        assert not (folder / "k-rtest").exists()  # closed: the socket goes
+            listener.close()
+        assert not (folder / "k-r").exists()

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from ..core.protocol import TRANSFER_REPLY, TRANSFER_REQUEST
 from .transfer_kinds import Push, TransferError, Upload, open_download, open_pull
-from .transfer_raw import RAW_PART, RawStream, stream_path
+from .transfer_raw import RAW_PART, RawStream, listener, stream_path
 
 MAX_OPEN = 8  # transfers open at once; older ones are dropped
 KEEP_FINISHED = 16  # the last answers of finished transfers, for requests sent again after a cut
@@ -167,7 +167,7 @@ class Transfers:
                 cwd, list(request["paths"]), chunk if path is None else RAW_PART
             )
             if path is not None:  # the bytes on a socket of their own, beside the kernel's
-                transfer.raw = RawStream(transfer, path, self.touch)
+                transfer.raw = RawStream(transfer, listener(path), self.touch)
                 info.update(transfer.raw.info())
         else:
             raise TransferError(f"unknown transfer kind {kind!r}")

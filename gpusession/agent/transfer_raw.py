@@ -4,13 +4,14 @@ tunnel's streamlocal channel to it): no ZMQ frames, no request per chunk, nothin
 through a local socket on the client's side (docs/transfers.md, "The raw stream").
 
 The client says `raw` in its download's open request; a kernel on unix sockets answers with the
-socket's path and a token (on the shell channel, which is signed). On the socket, the client
-sends the token and the offset it holds (0 the first time), then an offset again every ACK_EVERY
-bytes it received; the kernel sends the tar stream from that offset and half-closes at its end.
-Whether that end was the stream's is asked on the shell channel (`end`, with the client's size
-and CRC-32): a stream a cut stopped is connected again from the client's offset, and the kernel
-sends again what it kept (every byte not yet acknowledged). Standard library only; Python 3.9
-syntax.
+path of its socket for raw streams (`<ip>-r`, one per kernel) and the stream's token (on the
+shell channel, which is signed). On the socket, the client sends the token and the offset it
+holds (0 the first time), then an offset again every ACK_EVERY bytes it received; the kernel
+sends the tar stream from that offset and half-closes at its end. Whether that end was the
+stream's is asked on the shell channel (`end`, with the client's size; the answer has the
+stream's CRC-32): a stream a cut stopped is connected again from the client's offset, and the
+kernel sends again what it kept (every byte not yet acknowledged). Standard library only;
+Python 3.9 syntax.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ TOKEN_BYTES = 16
 
 
 def stream_path() -> Optional[str]:
-    """A new socket path beside this kernel's own unix sockets (ZMQ's ipc `<ip>-<n>`, in the
-    owner's folder); None for a kernel on TCP ports (no folder the client reaches)."""
+    """The kernel's socket for raw streams, beside its own unix sockets (ZMQ's ipc `<ip>-<n>`,
+    in the owner's folder): `<ip>-r`, one for every download (a connection's token names its
+    stream), so a login allowed to reach fixed paths only (an EC2 session key) reaches it too.
+    None for a kernel on TCP ports (no folder the client reaches)."""
     try:
         from ipykernel.kernelapp import IPKernelApp
     except ImportError:
@@ -40,7 +43,7 @@ def stream_path() -> Optional[str]:
     app = IPKernelApp.instance()
     if getattr(app, "transport", "tcp") != "ipc" or not str(app.ip).startswith("/"):
         return None
-    return f"{app.ip}-r{os.urandom(6).hex()}"
+    return f"{app.ip}-r"
 
 
 def _exactly(conn: socket.socket, n: int) -> Optional[bytes]:
@@ -60,12 +63,77 @@ def _shut(conn: socket.socket) -> None:
         pass
 
 
+class Listener:
+    """The kernel's socket for raw streams: each connection says which stream it wants (its
+    token) and from which byte; the stream takes it over."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.streams: "dict[bytes, RawStream]" = {}
+        old = os.umask(0o077)
+        try:
+            self.sock = socket.socket(socket.AF_UNIX)
+            try:
+                self.sock.bind(path)
+            except OSError:  # an earlier kernel's of this session (a restart): gone with it
+                os.unlink(path)
+                self.sock.bind(path)
+        finally:
+            os.umask(old)
+        if os.stat(os.path.dirname(path)).st_mode & 0o070 == 0o070:
+            # as the kernel's own (kernelspawn.share_sockets): a 2770 folder's group connects
+            # (a container's kernel, another uid than the login that connects); the folder is the gate
+            os.chmod(path, 0o660)
+        self.sock.listen(16)
+        threading.Thread(target=self._serve, daemon=True, name="gpusession-raw").start()
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._hello, args=(conn,), daemon=True).start()
+
+    def _hello(self, conn: socket.socket) -> None:
+        conn.settimeout(10.0)
+        try:
+            hello = _exactly(conn, TOKEN_BYTES + OFFSET_BYTES)
+        except OSError:
+            hello = None
+        stream = self.streams.get(hello[:TOKEN_BYTES]) if hello is not None else None
+        if stream is None or stream.closed:
+            conn.close()  # not a stream of ours (or one that ended)
+            return
+        conn.settimeout(None)
+        stream.take_over(conn, int.from_bytes(hello[TOKEN_BYTES:], "big"))
+
+
+_LISTENERS: "dict[str, Listener]" = {}
+_MAKING = threading.Lock()
+
+
+def listener(path: str) -> Listener:
+    """The kernel's Listener at `path`, made at the first raw stream."""
+    with _MAKING:
+        if path not in _LISTENERS:
+            _LISTENERS[path] = Listener(path)
+        return _LISTENERS[path]
+
+
 class RawStream:
     """Serves one download's bytes (`source.read()`: (part, eof), TransferError on a failure)
-    on a unix socket at `path`, one connection at a time, until closed."""
+    to the connections the listener hands it, one at a time, until closed."""
 
-    def __init__(self, source: Any, path: str, touch: Callable[[], None]) -> None:
-        self.source, self.path, self.touch = source, path, touch
+    def __init__(self, source: Any, listener: Listener, touch: Callable[[], None]) -> None:
+        self.source, self.listener, self.touch = source, listener, touch
         self.token = os.urandom(TOKEN_BYTES)
         self.kept: "collections.deque[tuple[int, Any]]" = collections.deque()  # (offset, part)
         self.at = 0  # bytes taken from the source
@@ -74,22 +142,13 @@ class RawStream:
         self.error: Optional[str] = None
         self.closed = False
         self.current: Optional[socket.socket] = None  # the connection being served
+        self._sender: Optional[threading.Thread] = None
+        self._switch = threading.Lock()
         self._acks = b""
-        old = os.umask(0o077)
-        try:
-            self.listener = socket.socket(socket.AF_UNIX)
-            self.listener.bind(path)
-        finally:
-            os.umask(old)
-        if os.stat(os.path.dirname(path)).st_mode & 0o070 == 0o070:
-            # as the kernel's own (kernelspawn.share_sockets): a 2770 folder's group connects
-            # (a container's kernel, another uid than the login that connects); the folder is the gate
-            os.chmod(path, 0o660)
-        self.listener.listen(4)
-        threading.Thread(target=self._serve, daemon=True, name="gpusession-raw").start()
+        listener.streams[self.token] = self
 
     def info(self) -> dict:
-        return {"raw": self.path, "token": self.token.hex()}
+        return {"raw": self.listener.path, "token": self.token.hex()}
 
     def end(self, size: int) -> dict:
         """The shell channel's `end`: the whole stream's size and CRC-32 when it was all sent and
@@ -103,43 +162,22 @@ class RawStream:
 
     def close(self) -> None:
         self.closed = True
+        self.listener.streams.pop(self.token, None)
         if self.current is not None:
             _shut(self.current)
-        try:
-            self.listener.close()
-        finally:
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
 
-    def _serve(self) -> None:
-        """Accept the client's connections; a new one (after a cut the old one may not have
-        noticed: a send blocked on a dead peer) takes over from the one before."""
-        sender: Optional[threading.Thread] = None
-        while not self.closed:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            conn.settimeout(10.0)
-            try:
-                hello = _exactly(conn, TOKEN_BYTES + OFFSET_BYTES)
-            except OSError:
-                hello = None
-            if hello is None or hello[:TOKEN_BYTES] != self.token:
-                conn.close()  # not our client
-                continue
-            conn.settimeout(None)
-            if sender is not None:
+    def take_over(self, conn: socket.socket, start: int) -> None:
+        """A new connection (after a cut the old one may not have noticed: a send blocked on a
+        dead peer) takes over from the one before."""
+        with self._switch:
+            if self._sender is not None:
                 _shut(self.current)  # wakes its send: it ends at once
-                sender.join()
+                self._sender.join()
             self.current = conn
-            start = int.from_bytes(hello[TOKEN_BYTES:], "big")
-            sender = threading.Thread(
+            self._sender = threading.Thread(
                 target=self._send_on, args=(conn, start), daemon=True, name="gpusession-raw-send"
             )
-            sender.start()
+            self._sender.start()
 
     def _send_on(self, conn: socket.socket, start: int) -> None:
         try:

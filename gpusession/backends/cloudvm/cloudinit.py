@@ -115,10 +115,11 @@ class BootPlan:
 
 
 def authorized_key_line(plan: BootPlan) -> str:
-    """The session key on the instance: the kernel's five unix sockets, the agent's loopback
-    port, and access.sh. OpenSSH's permitopen limits its streamlocal forwarding too, and names a
-    socket as a host in brackets with any port (`[/path]:*`)."""
-    sockets = [f"[{plan.sockets}/k-{i}]:*" for i in range(1, 6)]
+    """The session key on the instance: the kernel's five unix sockets and its raw stream's
+    (`k-r`, gpusession.agent.transfer_raw), the agent's loopback port, and access.sh. OpenSSH's
+    permitopen limits its streamlocal forwarding too, and names a socket as a host in brackets
+    with any port (`[/path]:*`)."""
+    sockets = [f"[{plan.sockets}/k-{i}]:*" for i in (1, 2, 3, 4, 5, "r")]
     opens = ",".join(
         f'permitopen="{where}"' for where in (*sockets, f"127.0.0.1:{CONTAINER_AGENT_PORT}")
     )

@@ -27,13 +27,17 @@ class _Held:
         self.size, self.crc = 0, 0
 
 
-def chunks(channel: Channel, info: dict, open_stream: Callable[[str], Any]) -> Iterator[bytes]:
-    """The stream's bytes in order, as they arrive; at its end, TransferStopped when they are not
-    the whole stream the session sent (its size and CRC-32)."""
+def chunks(
+    channel: Channel, info: dict, open_stream: Callable[[str], Any], first: Any
+) -> Iterator[bytes]:
+    """The stream's bytes in order, as they arrive, from connection `first` and, after a cut,
+    those `open_stream` makes; at its end, TransferStopped when they are not the whole stream
+    the session sent (its size and CRC-32)."""
     total, token = info.get("size"), bytes.fromhex(info["token"])
     held, moved = _Held(), time.monotonic()
     while True:
-        stream, before = _connect(channel, open_stream, info["raw"]), held.size
+        stream, before = first or _connect(channel, open_stream, info["raw"]), held.size
+        first = None
         try:
             stream.settimeout(QUIET_S)
             stream.sendall(token + held.size.to_bytes(8, "big"))

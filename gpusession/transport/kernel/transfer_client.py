@@ -231,9 +231,12 @@ def download(
     with _stopped_said(channel, "here"):
         info = _open(channel, kind="download", paths=paths, raw=open_stream is not None)
     extraction = Extraction(dest, links=True)
-    if info.get("raw") and open_stream is not None:
+    # None: not offered, or this login may not reach it (an EC2 session key older than the
+    # raw stream): the same transfer's bytes come as frames, the kernel sent none yet
+    first = open_stream(info["raw"]) if info.get("raw") and open_stream is not None else None
+    if first is not None:
         with _stopped_said(channel, "here", extraction.discard):
-            _extract_raw(rawstream.chunks(channel, info, open_stream), extraction)
+            _extract_raw(rawstream.chunks(channel, info, open_stream, first), extraction)
     else:
         worker = _extract_as_it_arrives(feed, extraction, outcome)
 
