@@ -124,6 +124,9 @@ class FaultProxy:
         # action -> its answer (an EC2 XML body, None: moto's), for what moto cannot play
         # (GetConsoleOutput: the console of the machine the test platform runs)
         self.answers: dict[str, Callable[[dict[str, str]], bytes | None]] = {}
+        # action -> what to do once moto took it, before the caller hears (the test platform
+        # ends a terminated instance's sshd there, as EC2's own machine would stop answering)
+        self.after: dict[str, Callable[[dict[str, str]], None]] = {}
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -179,6 +182,8 @@ class FaultProxy:
                 conn.request(self.command, self.path, body=body, headers=headers)
                 reply = conn.getresponse()
                 payload = reply.read()
+                if reply.status == 200 and action in proxy.after:
+                    proxy.after[action](params)
                 self.send_response(reply.status)
                 for k, v in reply.getheaders():
                     if k.lower() not in (

@@ -57,5 +57,7 @@ def platform(ec2_host, aws_env, moto_server, tmp_path, monkeypatch):
     monkeypatch.setenv("GPUSESSION_AWS_ADDRESS_MAP", f"*={MACHINE_IP}")
     p = FakePlatform(moto_server.url, tmp_path / "platform")
     aws_env.answers["GetConsoleOutput"] = p.console_output  # the machines' consoles, as EC2 keeps
+    for action in ("TerminateInstances", "StopInstances"):
+        aws_env.after[action] = p.instances_ending
     yield p
     p.close()

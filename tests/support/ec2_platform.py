@@ -109,6 +109,7 @@ class Machine:
         self.folder = folder
         self.session_id = session_id
         self.sessions: list[subprocess.Popen] = []  # sshd, runcmd: each its own process session
+        self.sshd: subprocess.Popen | None = None
         self.files: list[Path] = []
         self.powered_off = False
         self.console = folder / "console.log"
@@ -216,6 +217,18 @@ class FakePlatform:
         """From now on, instance metadata carries a rebalance recommendation (nothing ends)."""
         self._rebalance = {"noticeTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         return self._rebalance
+
+    def instances_ending(self, params: dict[str, str]) -> None:
+        """EC2 took a stop or terminate of these instances: their machines' sshd ends now, not at
+        the next tick. Every instance here answers at one address: a new instance's first login,
+        made right after the old one's stop (a switch's hand-over), met the old machine's sshd
+        and its host key under load (refused, as a changed key must be)."""
+        for iid in [v for k, v in params.items() if k.startswith("InstanceId")]:
+            machine = self.machines.get(iid)
+            if machine is not None and machine.sshd is not None:
+                _kill_machine_processes(machine.sshd.pid)
+                machine.sshd.wait(timeout=10)
+                self.events.append(f"{iid}: its sshd ended with the instance")
 
     def wait_for(self, what, timeout: float = 60.0, step: float = 0.25):
         deadline = time.monotonic() + timeout
@@ -415,6 +428,7 @@ class FakePlatform:
             [str(cfg)],
             dict(os.environ, FAKE_MACHINE_DIR=str(machine.folder)),
         )
+        machine.sshd = machine.sessions[-1]
 
     def _runcmd(self, machine: Machine, command) -> None:
         argv = ["sh", "-c", command] if isinstance(command, str) else [str(c) for c in command]
@@ -479,6 +493,8 @@ class FakePlatform:
             if self.machines.pop(machine.instance_id, None) is None:
                 return
         for proc in machine.sessions:
+            if proc is machine.sshd and proc.returncode is not None:
+                continue  # ended with its instance (instances_ending): its pid may be another's now
             _kill_machine_processes(proc.pid)
             proc.wait(timeout=10)
         ids = subprocess.run(

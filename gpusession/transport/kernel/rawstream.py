@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator
 
 from ...core.errors import TransferStopped
 from .channel import STALL_S, Channel
@@ -29,7 +29,7 @@ class _Held:
 
 def chunks(
     channel: Channel, info: dict, open_stream: Callable[[str], Any], first: Any
-) -> Iterator[bytes]:
+) -> Generator[bytes, None, None]:
     """The stream's bytes in order, as they arrive, from connection `first` and, after a cut,
     those `open_stream` makes; at its end, TransferStopped when they are not the whole stream
     the session sent (its size and CRC-32)."""
@@ -68,7 +68,7 @@ def chunks(
     channel.progress(held.size, total)
 
 
-def _read(channel: Channel, stream: Any, total, held: _Held) -> Iterator[bytes]:
+def _read(channel: Channel, stream: Any, total, held: _Held) -> Generator[bytes, None, None]:
     """Read until the kernel's end (or a cut); the bytes held are acknowledged every ACK_EVERY
     (an acknowledgement the closing stream refuses is not needed: the kernel sent its end)."""
     acked = reported = held.size
