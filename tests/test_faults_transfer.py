@@ -303,3 +303,16 @@ def test_a_raw_stream_the_login_may_not_reach_falls_back_to_frames(raw_session, 
     assert "error" not in box and raw_session.streams == [], box
     got = (tmp_path / "out" / "big.bin").read_bytes()
     assert hashlib.sha256(got).hexdigest() == hashlib.sha256(blob).hexdigest()
+
+
+@needs_sshd
+def test_a_kernel_that_cannot_make_its_stream_socket_sends_frames(raw_session, tmp_path):
+    """The stream's socket path taken by something else (here a folder): the kernel offers no
+    stream and the download comes as frames, whole, instead of failing."""
+    raw_session.run(f"import os; os.mkdir({str(tmp_path / 'k' / 'k-r')!r})")
+    blob = os.urandom(SIZE)
+    _big_file_in(raw_session, blob)
+    box, _ = _within(60, raw_session.download, ["big.bin"], str(tmp_path / "out"))
+    assert "error" not in box and raw_session.streams == [], box
+    got = (tmp_path / "out" / "big.bin").read_bytes()
+    assert hashlib.sha256(got).hexdigest() == hashlib.sha256(blob).hexdigest()

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from ..core.protocol import TRANSFER_REPLY, TRANSFER_REQUEST
 from .transfer_kinds import Push, TransferError, Upload, open_download, open_pull
-from .transfer_raw import RAW_PART, RawStream, listener, stream_path
+from .transfer_raw import RAW_PART, RawStream, raw_listener
 
 MAX_OPEN = 8  # transfers open at once; older ones are dropped
 KEEP_FINISHED = 16  # the last answers of finished transfers, for requests sent again after a cut
@@ -161,13 +161,13 @@ class Transfers:
         elif kind == "pull":
             transfer, info = open_pull(self.ns(), list(request["names"]), chunk)
         elif kind == "download":
-            path = stream_path() if request.get("raw") else None
+            raw = raw_listener() if request.get("raw") else None
             # on a socket of its own, each part the tar thread writes goes as it is (no join)
             transfer, info = open_download(
-                cwd, list(request["paths"]), chunk if path is None else RAW_PART
+                cwd, list(request["paths"]), chunk if raw is None else RAW_PART
             )
-            if path is not None:  # the bytes on a socket of their own, beside the kernel's
-                transfer.raw = RawStream(transfer, listener(path), self.touch)
+            if raw is not None:  # the bytes on a socket of their own, beside the kernel's
+                transfer.raw = RawStream(transfer, raw, self.touch)
                 info.update(transfer.raw.info())
         else:
             raise TransferError(f"unknown transfer kind {kind!r}")

@@ -120,11 +120,18 @@ _LISTENERS: "dict[str, Listener]" = {}
 _MAKING = threading.Lock()
 
 
-def listener(path: str) -> Listener:
-    """The kernel's Listener at `path`, made at the first raw stream."""
+def raw_listener() -> Optional[Listener]:
+    """The kernel's Listener (made at the first raw stream); None where it has none: a kernel on
+    TCP ports, or a socket that cannot be made there (the download then goes as frames)."""
+    path = stream_path()
+    if path is None:
+        return None
     with _MAKING:
         if path not in _LISTENERS:
-            _LISTENERS[path] = Listener(path)
+            try:
+                _LISTENERS[path] = Listener(path)
+            except OSError:
+                return None
         return _LISTENERS[path]
 
 
