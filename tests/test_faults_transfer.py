@@ -291,18 +291,23 @@ def test_a_raw_download_whose_link_does_not_come_back_ends_in_one_line(
     assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
 
 
-@needs_sshd
-def test_a_raw_stream_the_login_may_not_reach_falls_back_to_frames(raw_session, tmp_path):
-    """An EC2 session key older than the raw stream may forward to the kernel's five sockets
-    only: sshd refuses the stream's path, and the same download comes as frames, whole."""
-    real = raw_session.kernel.open_stream
-    raw_session.kernel.open_stream = lambda path: real(path + "-refused")  # sshd: connect failed
+def _comes_whole_as_frames(raw_session, tmp_path) -> None:
+    """A 50 MB download ends whole, and not on the raw stream."""
     blob = os.urandom(SIZE)
     _big_file_in(raw_session, blob)
     box, _ = _within(60, raw_session.download, ["big.bin"], str(tmp_path / "out"))
     assert "error" not in box and raw_session.streams == [], box
     got = (tmp_path / "out" / "big.bin").read_bytes()
     assert hashlib.sha256(got).hexdigest() == hashlib.sha256(blob).hexdigest()
+
+
+@needs_sshd
+def test_a_raw_stream_the_login_may_not_reach_falls_back_to_frames(raw_session, tmp_path):
+    """An EC2 session key older than the raw stream may forward to the kernel's five sockets
+    only: sshd refuses the stream's path, and the same download comes as frames, whole."""
+    real = raw_session.kernel.open_stream
+    raw_session.kernel.open_stream = lambda path: real(path + "-refused")  # sshd: connect failed
+    _comes_whole_as_frames(raw_session, tmp_path)
 
 
 @needs_sshd
@@ -310,9 +315,4 @@ def test_a_kernel_that_cannot_make_its_stream_socket_sends_frames(raw_session, t
     """The stream's socket path taken by something else (here a folder): the kernel offers no
     stream and the download comes as frames, whole, instead of failing."""
     raw_session.run(f"import os; os.mkdir({str(tmp_path / 'k' / 'k-r')!r})")
-    blob = os.urandom(SIZE)
-    _big_file_in(raw_session, blob)
-    box, _ = _within(60, raw_session.download, ["big.bin"], str(tmp_path / "out"))
-    assert "error" not in box and raw_session.streams == [], box
-    got = (tmp_path / "out" / "big.bin").read_bytes()
-    assert hashlib.sha256(got).hexdigest() == hashlib.sha256(blob).hexdigest()
+    _comes_whole_as_frames(raw_session, tmp_path)
