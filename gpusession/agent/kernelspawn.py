@@ -404,10 +404,13 @@ def share_sockets(info: dict) -> None:
     whose owner outside is another uid than the kernel's) are made that group's too: connecting
     to a unix socket needs write on it, and the runtime's umask made them the kernel's alone. The
     folder stays the gate: in a 0700 one they stay 0700."""
-    if (
-        info.get("transport") != "ipc"
-        or os.stat(os.path.dirname(info["ip"])).st_mode & 0o070 != 0o070
-    ):
+    if info.get("transport") != "ipc":
         return
     for name in KERNEL_PORT_NAMES:
-        os.chmod(f"{info['ip']}-{info[name]}", 0o660)
+        share_socket(f"{info['ip']}-{info[name]}")
+
+
+def share_socket(path: str) -> None:
+    """One unix socket, as share_sockets says: its group's too where its folder is (2770)."""
+    if os.stat(os.path.dirname(path)).st_mode & 0o070 == 0o070:
+        os.chmod(path, 0o660)

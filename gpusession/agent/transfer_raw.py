@@ -6,8 +6,8 @@ through a local socket on the client's side (docs/transfers.md, "The raw stream"
 The client says `raw` in its download's open request; a kernel on unix sockets answers with the
 path of its socket for raw streams (`<ip>-r`, one per kernel) and the stream's token (on the
 shell channel, which is signed). On the socket, the client sends the token and the offset it
-holds (0 the first time), then an offset again every ACK_EVERY bytes it received; the kernel
-sends the tar stream from that offset and half-closes at its end. Whether that end was the
+holds (0 the first time), then an offset again every few MB it received (its choice); the
+kernel sends the tar stream from that offset and half-closes at its end. Whether that end was the
 stream's is asked on the shell channel (`end`, with the client's size; the answer has the
 stream's CRC-32): a stream a cut stopped is connected again from the client's offset, and the
 kernel sends again what it kept (every byte not yet acknowledged). Standard library only;
@@ -23,7 +23,6 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-ACK_EVERY = 8 << 20  # the client acknowledges what it holds this often (bytes)
 RAW_PART = 1 << 20  # the tar thread's parts: its reads of a file's bytes, sent without joining
 OFFSET_BYTES = 8
 TOKEN_BYTES = 16
@@ -80,10 +79,10 @@ class Listener:
                 self.sock.bind(path)
         finally:
             os.umask(old)
-        if os.stat(os.path.dirname(path)).st_mode & 0o070 == 0o070:
-            # as the kernel's own (kernelspawn.share_sockets): a 2770 folder's group connects
-            # (a container's kernel, another uid than the login that connects); the folder is the gate
-            os.chmod(path, 0o660)
+        # lazy: made at the first raw stream, not at the kernel's start
+        from .kernelspawn import share_socket
+
+        share_socket(path)  # as the kernel's own sockets: a 2770 folder's group connects too
         self.sock.listen(16)
         threading.Thread(target=self._serve, daemon=True, name="gpusession-raw").start()
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Generator
 from ...core.errors import TransferStopped
 from .channel import STALL_S, Channel
 
-ACK_EVERY = 8 << 20  # as the kernel's gpusession.agent.transfer_raw
+ACK_EVERY = 8 << 20  # the kernel keeps what is not acknowledged: this, and what is in flight
 RECV = 4 << 20
 QUIET_S = 60.0  # nothing on the stream this long: it is connected again (a cut nobody saw)
 REPORT_EVERY = 1 << 20
