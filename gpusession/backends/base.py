@@ -226,6 +226,12 @@ class Link(abc.ABC):
         (beside its own), or None when it cannot be made now (a tunnel that is down)."""
         return None
 
+    _folder = ""  # the folder of the kernel's unix sockets, where it has them
+
+    def _beside(self, path: str) -> bool:
+        """`path` is in the kernel's socket folder: the only place a stream is opened to."""
+        return self.streams and os.path.dirname(path) == self._folder
+
 
 class DirectLink(Link):
     """A Link to a kernel whose ports are on this machine's loopback already, or its unix sockets
@@ -254,8 +260,8 @@ class DirectLink(Link):
         pass
 
     def open_stream(self, path: str) -> Any:
-        if not self.streams or os.path.dirname(path) != self._folder:
-            return None  # only a socket beside the kernel's own
+        if not self._beside(path):
+            return None
         conn = socket.socket(socket.AF_UNIX)
         try:
             conn.connect(path)
@@ -294,9 +300,7 @@ class TunnelLink(Link):
         self._folder = os.path.dirname(str(kernel_info.get("ip", "")))
 
     def open_stream(self, path: str) -> Any:
-        if not self.streams or os.path.dirname(path) != self._folder:
-            return None  # only a socket beside the kernel's own
-        return self.tunnel.open_stream(path)
+        return self.tunnel.open_stream(path) if self._beside(path) else None
 
     def close(self) -> None:
         self.tunnel.close()
