@@ -92,6 +92,51 @@ def test_kernel_and_ready_are_said_before_the_runtime_loads(tmp_path):
 
 
 @pytest.mark.integration
+def test_a_restart_before_the_runtime_has_loaded_is_a_restart_not_a_failed_start(tmp_path):
+    """The first step said READY; the kernel was asked to restart and ended before the runtime
+    (its imports: ~0.1 s, longer on a busy machine) took it over. The runtime starts the next
+    kernel, as for any later restart, instead of ending the session as a failed start."""
+    state = tmp_path / "state"
+    args = ["--session-id", "s6", "--state-dir", str(state), "--agent-port", "-1"]
+    args += ["--cwd", str(tmp_path)]
+    probe = (
+        "import os, signal, sys\n"
+        "from gpusession.agent import kernelspawn\n"
+        f"early = kernelspawn.Early(*kernelspawn.early_kernel({args!r}))\n"
+        f"kernelspawn.announce_early(early, {args!r})\n"
+        f"open(os.path.join({str(state)!r}, 'restart-requested'), 'w').close()\n"
+        "os.killpg(early.kernel.pid, signal.SIGTERM); early.kernel.wait(30)\n"
+        "from gpusession.agent.kernel_runtime import main\n"
+        f"sys.exit(main(['run', *{args!r}], early=early))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", probe],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                now = json.loads((state / "runtime.json").read_text())
+            except (OSError, ValueError):
+                now = {}
+            if now.get("kernel_generation") == 2 and now.get("ready"):
+                break
+            ended = proc.poll() is not None
+            assert time.time() < deadline and not ended, (now, proc.stdout.read() if ended else "")
+            time.sleep(0.1)
+        assert not (state / "stopped.json").exists()
+        proc.terminate()
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.integration
 def test_run_takes_the_early_kernel_over(tmp_path):
     """`python -m gpusession.agent.firststep run ...` ends as the runtime does: a kernel that
     answers, runtime.json naming it, a restart (the kernel asked for it, then exited) that starts

@@ -117,6 +117,15 @@ class Runtime:
             print(marker_line(Marker.READY, self.where(info)), flush=True)
         return info
 
+    def took_over(self) -> None:
+        """The first step's kernel, which listened before this loaded (READY said): this
+        runtime's from now on. One that has ended since (a restart asked while this loaded:
+        ~0.1 s of imports, longer on a busy machine) is wait()'s to restart or to end with, as
+        any later kernel's end; not a failed start (await_kernel's "exited during start")."""
+        self.generation += 1
+        self.kernel_ready = True
+        self._write_runtime(ready=True)
+
     def where(self, info: dict) -> dict:
         """Where to connect, as KERNEL and READY say it (never the key: logs are read by more
         than the client)."""
@@ -283,7 +292,10 @@ def main(argv: list[str] | None = None, early: Early | None = None) -> int:
         if early is None or not early.kernel_said:
             # a client on this machine may connect now: ZMQ waits for the kernel's ports by itself
             print(marker_line(Marker.KERNEL, rt.where(info)), flush=True)
-        rt.await_kernel(info)
+        if early is not None and early.ready_said:
+            rt.took_over()
+        else:
+            rt.await_kernel(info)
     except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
         print(marker_line(Marker.FAILED, {"stage": "kernel", "error": str(exc)}), flush=True)
         rt.stop(StopReason(StopKind.START_FAILED, detail=f"start kernel: {exc}"))
