@@ -71,11 +71,13 @@ def _timed(fn, reset, key: str) -> float:
 
 def _interleaved(steps: dict[str, dict], runs: int, rows: list[str]) -> dict[str, dict]:
     """Each row's steps ({"ours": (fn, reset), "scp": ...}) run by run in turn, so the machine's
-    load falls alike on both: {side: {row: [seconds]}}."""
+    load falls alike on both, the order turned each run (whichever goes first meets what the
+    row before left: the file system's writeback, a cold cache): {side: {row: [seconds]}}."""
     out: dict[str, dict] = {}
     for key in rows:
-        for _ in range(runs):
-            for side, (fn, reset) in steps[key].items():
+        for run in range(runs):
+            sides = list(steps[key].items())
+            for side, (fn, reset) in sides[run % 2 :] + sides[: run % 2]:
                 out.setdefault(side, {}).setdefault(key, []).append(
                     _timed(fn, reset, f"{side} {key}")
                 )
@@ -218,6 +220,9 @@ def main() -> None:
         cipher = _cipher(far)
         print(f"cipher: {cipher} (our tunnel; scp -c {cipher}); load {load():.2f}", flush=True)
         ours, scp = _our_steps(far, files, work), _scp_steps(remote, cipher, files, work)
+        # the setup wrote about 1.4 GB (the files here, their copies in the session and on the
+        # host): written back before the first timed step, which would otherwise pay for it
+        os.sync()
         with busy_beside(args.busy):
             both = _interleaved(
                 {k: {"ours": ours[k], "scp": scp[k]} for k in rows}, args.runs, rows
