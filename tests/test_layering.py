@@ -5,7 +5,11 @@ faces never import a concrete backend. Modules are split by job, never to meet a
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "gpusession"
 
@@ -349,3 +353,23 @@ def test_no_function_over_sixty_lines():
                 if lines > 60:
                     long.append(f"{path.relative_to(PKG)}:{node.lineno} {node.name} ({lines})")
     assert not long, f"functions over 60 lines (split them by step): {sorted(long)}"
+
+
+@pytest.mark.integration
+def test_the_kernels_extensions_load_without_the_protocol_or_the_transfer_handler():
+    """What the session kernel imports at its start, before its first answer (issue 35: a start
+    on a busy machine): the extensions take their names from gpusession.core.kernelwire and
+    envnames, not the protocol's types, and the transfer handler's modules come with the first
+    transfer request (gpusession.agent.activity._install_transfers)."""
+    probe = (
+        "import sys\n"
+        "import gpusession.agent.activity, gpusession.agent.cellog, gpusession.agent.checkpoint\n"
+        "heavy = ('gpusession.core.protocol', 'gpusession.agent.transfer_handler',"
+        " 'gpusession.agent.transfer_kinds', 'gpusession.agent.transfer_raw', 'tarfile')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=PKG.parent, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

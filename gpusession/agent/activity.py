@@ -17,7 +17,7 @@ import threading
 import time
 
 from ..core.envnames import ENV_STATE_DIR, RESTART_FILE
-from ..core.protocol import is_out_of_memory
+from ..core.kernelwire import TRANSFER_REQUEST, is_out_of_memory
 from .cellog import install as install_cell_log
 
 # reached: a client's first kernel_info came (the start reached this kernel); till then the
@@ -124,13 +124,26 @@ def load_ipython_extension(ip) -> None:
         _hook_kernel_info(ip.kernel)
         # every output numbered and kept a while: a tunnel cut loses none
         install_cell_log(ip.kernel)
-        # lazy: docs/architecture.md#imports-kept-inside-functions
-        from .transfer_handler import install as install_transfers
-
-        install_transfers(
-            ip.kernel, touch
-        )  # %gpu push/pull/upload/download: binary frames on shell
+        _install_transfers(ip.kernel)  # %gpu push/pull/upload/download on the shell channel
     _write()
+
+
+def _install_transfers(kernel) -> None:
+    """The transfer handler (gpusession.agent.transfer_handler) loaded at the first transfer
+    request, not at the kernel's start: its modules (tar, the raw stream, the kinds of transfer)
+    are ~8 ms of imports on the way to the kernel's first answer, which most sessions' kernels
+    never need."""
+    loaded: list = []
+
+    def handle(*args, **kwargs):
+        if not loaded:
+            # lazy: docs/architecture.md#imports-kept-inside-functions
+            from .transfer_handler import install
+
+            loaded.append(install(kernel, touch).handle)
+        return loaded[0](*args, **kwargs)
+
+    kernel.shell_handlers[TRANSFER_REQUEST] = handle
 
 
 def read_activity(state_dir: str) -> dict:

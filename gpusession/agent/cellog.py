@@ -25,7 +25,7 @@ import collections
 import threading
 from typing import Any
 
-from ..core.protocol import (
+from ..core.kernelwire import (
     CELL_LOG_REPLY,
     CELL_LOG_REQUEST,
     META_CELL_LOG,

@@ -42,8 +42,15 @@ import time
 import types
 import uuid
 
-from ..core.envnames import RESTORE_RESULT, SAVE_READY, SAVE_REQUEST, SAVE_RESULT
-from ..core.protocol import ENV_RESTORE, ENV_STATE_DIR, ENV_WORKSPACE
+from ..core.envnames import (
+    ENV_RESTORE,
+    ENV_STATE_DIR,
+    ENV_WORKSPACE,
+    RESTORE_RESULT,
+    SAVE_READY,
+    SAVE_REQUEST,
+    SAVE_RESULT,
+)
 from .checkpoint_read import (
     DAMAGED,
     FORMAT,

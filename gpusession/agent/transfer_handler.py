@@ -28,7 +28,7 @@ import os
 import time
 from typing import Any, Callable
 
-from ..core.protocol import TRANSFER_REPLY, TRANSFER_REQUEST
+from ..core.kernelwire import TRANSFER_REPLY, TRANSFER_REQUEST
 from .transfer_kinds import Push, TransferError, Upload, open_download, open_pull
 from .transfer_raw import RAW_PART, RawStream, raw_listener
 

@@ -28,30 +28,22 @@ from .envnames import ENV_WORKSPACE as ENV_WORKSPACE
 from .envnames import KERNEL_PORT_NAMES as KERNEL_PORT_NAMES
 from .envnames import MARKER_KERNEL, MARKER_READY
 
+# the session kernel's side (its cell log, transfers, out-of-memory cells): defined apart, what
+# the kernel's extensions import at its start (gpusession.core.kernelwire)
+from .kernelwire import CELL_LOG_REPLY as CELL_LOG_REPLY
+from .kernelwire import CELL_LOG_REQUEST as CELL_LOG_REQUEST
+from .kernelwire import META_CELL_LOG as META_CELL_LOG
+from .kernelwire import META_OUTPUTS as META_OUTPUTS
+from .kernelwire import META_SEQ as META_SEQ
+from .kernelwire import OOM_MARKERS as OOM_MARKERS
+from .kernelwire import OUTPUT_MSG_TYPES as OUTPUT_MSG_TYPES
+from .kernelwire import TRANSFER_REPLY as TRANSFER_REPLY
+from .kernelwire import TRANSFER_REQUEST as TRANSFER_REQUEST
+from .kernelwire import is_out_of_memory as is_out_of_memory
+
 # the idle stop when none is given: the session's (LaunchSpec), the settings' ("30m") and the
 # agent's default (gpusession.configuration.agentargs); written here alone
 DEFAULT_IDLE_S = 1800.0
-
-# -- a cell that failed for want of GPU memory (the kernel counts them; advice reads the count) --
-
-#: what the frameworks' out-of-memory errors say (PyTorch, TensorFlow/XLA, JAX, CuPy, CUDA)
-OOM_MARKERS = (
-    "outofmemoryerror",
-    "cuda out of memory",
-    "cuda error: out of memory",
-    "cuda_error_out_of_memory",
-    "resource_exhausted",
-    "resourceexhaustederror",
-    "out of memory allocating",
-    "cudaerrormemoryallocation",
-)
-
-
-def is_out_of_memory(text: str) -> bool:
-    """Does an error (its type name and message) say the GPU ran out of memory?"""
-    low = text.lower()
-    return any(marker in low for marker in OOM_MARKERS)
-
 
 # -- the agent's HTTP endpoint ----------------------------------------------------------------
 
@@ -63,33 +55,6 @@ def agent_token(connection_key: str) -> str:
     import hmac
 
     return hmac.new(connection_key.encode(), b"gpusession-agent-v1", hashlib.sha256).hexdigest()
-
-
-# -- the session kernel's cell log (gpusession.agent.cellog <-> gpusession.transport.kernel) ---------------
-
-#: the IOPub messages a cell shows; the session kernel numbers each of them per execute request
-OUTPUT_MSG_TYPES = (
-    "stream",
-    "display_data",
-    "execute_result",
-    "update_display_data",
-    "clear_output",
-    "error",
-)
-META_SEQ = "gpusession_seq"  # message metadata of an output: its number in its cell, from 1
-META_OUTPUTS = (
-    "gpusession_outputs"  # on a cell's execute_reply and final idle status: how many outputs
-)
-META_CELL_LOG = (
-    "gpusession_cell_log"  # on kernel_info_reply: this kernel keeps a cell log (version)
-)
-#: control-channel request {"msg_id", "since"} -> reply {"state": "unknown"|"started"|"done",
-#: "outputs_total", "first_kept", "outputs": [{"seq", "msg_type", "content"}], "reply"}
-CELL_LOG_REQUEST = "gpusession_cell_request"
-# bulk bytes on the shell channel, binary frames in `buffers` (gpusession.agent.transfer_handler)
-TRANSFER_REQUEST = "gpusession_transfer_request"
-TRANSFER_REPLY = "gpusession_transfer_reply"
-CELL_LOG_REPLY = "gpusession_cell_reply"
 
 
 # -- log markers ----------------------------------------------------------------------------
