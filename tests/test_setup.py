@@ -210,6 +210,7 @@ def test_setup_finds_the_engine_the_ssh_hosts_and_the_cloud(tmp_path):
     )
     env.pop("DOCKER_HOST", None)
     env.pop("GPUSESSION_BACKEND", None)
+    env.pop("KUBECONFIG", None)  # the home's kubeconfig above, not one the shell running this named
     done = setup_cli(env)
     assert done.returncode == 0, done.stderr
     cells = [re.split(r"\s{2,}", line) for line in done.stdout.splitlines()[2:-1]]
