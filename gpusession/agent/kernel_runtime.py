@@ -110,18 +110,18 @@ class Runtime:
         else:
             raise RuntimeError(f"kernel did not listen within {self.args.ready_timeout}s")
         share_sockets(info)
-        self.generation += 1
-        self.kernel_ready = True
-        self._write_runtime(ready=True)
+        self.mark_ready()
         if self.generation == 1 and not self.ready_said:
             print(marker_line(Marker.READY, self.where(info)), flush=True)
         return info
 
-    def took_over(self) -> None:
-        """The first step's kernel, which listened before this loaded (READY said): this
-        runtime's from now on. One that has ended since (a restart asked while this loaded:
-        ~0.1 s of imports, longer on a busy machine) is wait()'s to restart or to end with, as
-        any later kernel's end; not a failed start (await_kernel's "exited during start")."""
+    def mark_ready(self) -> None:
+        """A kernel that listens: counted (a restart makes the next generation) and said in
+        runtime.json. Called by await_kernel, and for the first step's kernel, which listened
+        before this loaded (READY said, its sockets shared): one of those that has ended since
+        (a restart asked while this loaded: ~0.1 s of imports, longer on a busy machine) is
+        wait()'s to restart or to end with, as any later kernel's end; not a failed start
+        (await_kernel's "exited during start")."""
         self.generation += 1
         self.kernel_ready = True
         self._write_runtime(ready=True)
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None, early: Early | None = None) -> int:
             # a client on this machine may connect now: ZMQ waits for the kernel's ports by itself
             print(marker_line(Marker.KERNEL, rt.where(info)), flush=True)
         if early is not None and early.ready_said:
-            rt.took_over()
+            rt.mark_ready()
         else:
             rt.await_kernel(info)
     except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
