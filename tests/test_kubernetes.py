@@ -41,6 +41,7 @@ from support.kube import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.kubernetes]  # and a lane each: LANE_1, LANE_2
 
+PRODUCT = "gpusession/cuda:ci"  # root, ipykernel and pip in a venv
 NUMPY = "gpusession-ci/py-numpy:latest"  # USER 1000 (jovyan), Debian's numpy: saved arrays
 LABEL = "gpusession.session"
 STORE_LABEL = "gpusession.session.store"
@@ -121,7 +122,7 @@ def _wait_gone(kube, session_id: str, timeout: float = 60.0) -> bool:
 
 
 def _spec(manager, gpu: str, name: str, **extra):
-    return manager.make_spec(gpu, backend="kubernetes", image=IMAGE, name=name, **extra)
+    return manager.make_spec(gpu, backend="kubernetes", **{"image": IMAGE, "name": name, **extra})
 
 
 @LANE_2
@@ -467,6 +468,13 @@ def numpy_image(kube):
     return NUMPY
 
 
+@pytest.fixture
+def product_image(kube):
+    """The image with ipykernel and pip (Dockerfile.cuda's recipe: scripts/ci-host-setup.sh)."""
+    ci_kubernetes("load", PRODUCT)
+    return PRODUCT
+
+
 def _cli(env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "gpusession", *args],
@@ -663,6 +671,37 @@ def test_an_idle_stop_saves_into_the_claim_and_resume_brings_the_variables_back(
     assert again.run("print(q + 1, names)", sink)["status"] == "ok"
     assert sink.text.strip() == "42 ['a', 'b']", sink.text
     m.stop("kwi2")
+
+
+@LANE_1
+def test_a_known_images_kernel_is_begun_before_the_runtime_and_is_the_kernel_a_restart_gives(
+    kube, kube_manager, product_image
+):
+    """Issue 33's start: the pod of an image whose Python is known from its last pod begins its
+    kernel as the container starts (gpusession.agent.kernelzygote), before the runtime is copied
+    in; that kernel is the one a plain spawn gives, as the runtime's own restart shows."""
+    from support import kernelstate
+    from support.sinks import Collect
+
+    m = kube_manager
+    m.start(_spec(m, "t4", "kz1", idle="off", image=product_image))  # its Python known from here
+    m.stop("kz1")
+    session = m.start(_spec(m, "t4", "kz2", idle="off", image=product_image))
+
+    def state() -> dict:
+        sink = Collect()
+        assert session.run(kernelstate.CELL, sink)["status"] == "ok", sink.text
+        return kernelstate.parse(sink.text)
+
+    begun = state()
+    assert begun["cmdline"][1] == "-c", "the kernel begun with the container"
+    generation = session.kernel_state()["generation"]
+    session.restart_kernel(generation, force=True)
+    spawned = state()
+    assert spawned["cmdline"][1:3] == ["-m", "ipykernel_launcher"], "a restart spawns"
+    assert spawned["pid"] != begun["pid"] and spawned["session_leader"] and begun["session_leader"]
+    assert kernelstate.comparable(begun, replace={}) == kernelstate.comparable(spawned, replace={})
+    m.stop("kz2")
 
 
 @LANE_2

@@ -322,6 +322,67 @@ def test_a_pod_of_an_image_known_to_run_as_root_has_no_init_container_and_prepar
     assert "/workspace" not in pods.wait_then_boot(False)  # no claim: nothing of it
 
 
+def test_a_known_images_pod_begins_its_kernel_as_boot_sh_would_start_the_first_step():
+    """The zygote (gpusession.agent.kernelzygote) starts before the runtime's wait, in the
+    background, with the environment boot.sh gives the first step (its PYTHONPATH, unbuffered,
+    the root), so that the first step's plan matches it; the pod names it to the first step.
+    Without a known Python, none. tests/test_kernelzygote.py runs it."""
+    from gpusession.core.protocol import ENV_ZYGOTE
+    from gpusession.transport.bundle import boot_script
+
+    plain = pods.wait_then_boot(True)
+    begun = pods.wait_then_boot(True, "/opt/venv/bin/python3")
+    assert "kernelzygote" not in plain and ENV_ZYGOTE not in plain
+    assert begun.endswith(plain)  # then the wait for the runtime, as without it
+    zygote = begun[: len(begun) - len(plain)]
+    assert zygote.startswith("( ") and zygote.endswith(
+        f" ) & {ENV_ZYGOTE}=$!; export {ENV_ZYGOTE}; "
+    )
+    boot = boot_script().decode()
+    assert 'PYTHONPATH="$ROOT/code/lib${PYTHONPATH:+:$PYTHONPATH}"' in boot
+    assert 'PYTHONPATH="/opt/gpusession-runtime/code/lib${PYTHONPATH:+:$PYTHONPATH}"' in zygote
+    assert "PYTHONUNBUFFERED=1" in boot and "PYTHONUNBUFFERED=1" in zygote
+    assert "GPUSESSION_RUNTIME_ROOT=/opt/gpusession-runtime" in zygote
+    assert "exec /opt/venv/bin/python3 -c " in zygote and "/tmp/gpusession 660 )" in zygote
+    assert "export LC_CTYPE=C.UTF-8" in zygote  # as Python's start sets it without a locale
+
+
+def test_the_zygote_is_for_an_image_whose_kernel_takes_nothing_from_the_bundle(
+    tmp_path, monkeypatch
+):
+    from gpusession.backends.kubernetes import runtime_copy
+    from gpusession.transport.bundle import ImagePython
+
+    own = {"executable": "/opt/venv/bin/python3", "version": [3, 11, 2], "uid": 0}
+    with_both = ImagePython.from_payload(dict(own, ipykernel="7.4.0", pip="24.0"))
+    without = ImagePython.from_payload(dict(own, ipykernel=None, pip="24.0"))
+    assert runtime_copy.EarlyCopy("i", "id", with_both, "k").zygote() == "/opt/venv/bin/python3"
+    assert runtime_copy.EarlyCopy("i", "id", without, "k").zygote() is None
+
+
+def test_the_copy_waits_for_ready_and_says_it_or_nothing(monkeypatch):
+    """The runtime's copy goes on waiting for its READY file (the start learns READY in that
+    exec, not from the log the kubelet serves a relist later): its text, or None without it."""
+    from gpusession.backends.kubernetes import backend, podexec
+
+    archives = [(b"c", "/opt/r")]
+    ready = '{"ports": {"shell_port": 1}, "ip": "127.0.0.1", "agent_port": 2}'
+    seen = {}
+
+    def run(cluster, pod, argv, **kw):
+        seen["script"] = argv[2]
+        return 0, f"unpacked 1 bytes into /opt/r\nready {ready}\n"
+
+    monkeypatch.setattr(podexec, "run", run)
+    said = podexec.send_archives(None, "p", "python3", archives, "it", ready=("/tmp/g/r.json", 5.0))
+    assert said == ready and "'/tmp/g/r.json'" in seen["script"]
+    assert backend._payload(said)["agent_port"] == 2
+    monkeypatch.setattr(podexec, "run", lambda *a, **k: (0, "unpacked 1 bytes into /opt/r\n"))
+    assert podexec.send_archives(None, "p", "python3", archives, "it", ready=("/x", 5.0)) is None
+    assert backend._payload(None) is None and backend._payload("not json") is None
+    assert backend._payload('{"ports": 3}') is None
+
+
 def test_the_user_an_image_ran_as_is_remembered_by_its_name(tmp_path, monkeypatch):
     from gpusession.backends.kubernetes import runtime_copy
     from gpusession.transport.bundle import CACHE_ENV

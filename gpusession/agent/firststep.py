@@ -13,17 +13,20 @@ from __future__ import annotations
 import os
 import sys
 
-from .kernelspawn import Early, announce_early, early_kernel
+from .kernelspawn import Early, announce_early, drop_zygote, early_kernel, take_zygote
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     early = None
+    zygote = take_zygote()  # a kernel begun before the runtime (the Kubernetes pod's command)
     if argv[:1] == ["run"]:
         try:
-            early = Early(*early_kernel(argv[1:]))
+            early = Early(*early_kernel(argv[1:], zygote))
         except Exception:  # noqa: BLE001 - the runtime starts it the usual way and reports what fails, with the stage
             early = None
+    if early is None or early.kernel.pid != zygote:
+        drop_zygote(zygote)
     if early is not None:
         try:
             announce_early(early, argv[1:])

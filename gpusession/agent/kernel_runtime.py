@@ -34,6 +34,7 @@ from .kernelspawn import (
     kernel_plan,
     private_state_dir,
     replace_json,
+    say_ready,
     share_sockets,
     where,
     write_connection_file,
@@ -112,7 +113,7 @@ class Runtime:
         share_sockets(info)
         self.mark_ready()
         if self.generation == 1 and not self.ready_said:
-            print(marker_line(Marker.READY, self.where(info)), flush=True)
+            say_ready(self.state_dir, self.where(info))
         return info
 
     def mark_ready(self) -> None:

@@ -17,10 +17,13 @@ from ..core.envnames import (
     ENV_SESSION_ID,
     ENV_STATE_DIR,
     ENV_WORKSPACE,
+    ENV_ZYGOTE,
     KERNEL_PORT_NAMES,
     MARKER_KERNEL,
     MARKER_READY,
+    READY_FILE,
     RESTART_FILE,
+    ZYGOTE_PLAN,
 )
 from .kernelenv import kernel_command, kernel_environment
 
@@ -191,6 +194,17 @@ class Spawned:
         finally:
             if here is not None:
                 os.chdir(here)
+        self._known(argv)
+
+    @classmethod
+    def adopt(cls, pid: int, argv: list[str]) -> "Spawned":
+        """A child of this process started otherwise (a kernel begun before the runtime)."""
+        kernel = cls.__new__(cls)
+        kernel.pid = pid
+        kernel._known(argv)
+        return kernel
+
+    def _known(self, argv: list[str]) -> None:
         self.args = argv
         self.returncode: int | None = None
         self._lock = (
@@ -233,8 +247,56 @@ def _options(argv: list[str]) -> dict[str, str]:
     return found
 
 
-def early_kernel(argv: list[str]) -> tuple[Spawned, dict]:
-    """The session's first kernel, started from `run`'s ARGS: (its process, its connection info)."""
+def take_zygote() -> int | None:
+    """The pid of a kernel begun before the runtime (gpusession.agent.kernelzygote), which the pod's
+    command names in GPUSESSION_ZYGOTE, where it is this process's child still running; the name
+    is taken out of the environment (no kernel's environment has it)."""
+    said = os.environ.pop(ENV_ZYGOTE, "")
+    try:
+        pid = int(said)
+        return pid if os.waitpid(pid, os.WNOHANG) == (0, 0) else None
+    except (ValueError, ChildProcessError):
+        return None
+
+
+def drop_zygote(pid: int | None) -> None:
+    """A kernel begun before the runtime, not taken: ended and reaped."""
+    if pid is None:
+        return
+    try:
+        os.kill(pid, _signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def hand_to_zygote(
+    pid: int, state_dir: str, argv: list[str], env: dict[str, str], cwd: str | None
+) -> Spawned | None:
+    """The kernel begun before the runtime, given the plan that posix_spawn would be given (it
+    runs it where a fresh start would end up the same, else execs it); None where it has ended,
+    or the kernel's folder is missing (the plain start says so)."""
+    if cwd and not os.path.isdir(cwd):
+        return None
+    kernel = Spawned.adopt(pid, argv)
+    if kernel.poll() is not None:
+        return None
+    mask = os.umask(0)
+    os.umask(mask)
+    plan = {
+        "argv": argv,
+        "env": env,
+        "cwd": cwd,
+        "umask": mask,
+        "usr1_ignored": ENV_WORKSPACE in env,  # as _save_signal_for_next_kernel set it
+    }
+    replace_json(os.path.join(state_dir, ZYGOTE_PLAN), plan)
+    return kernel
+
+
+def early_kernel(argv: list[str], zygote: int | None = None) -> tuple[Spawned, dict]:
+    """The session's first kernel, started from `run`'s ARGS: (its process, its connection info).
+    `zygote`: the pid of one begun before the runtime (take_zygote), given the plan."""
     opts = _options(argv)
     state_dir = os.path.abspath(opts["--state-dir"])
     private_state_dir(state_dir)
@@ -252,7 +314,12 @@ def early_kernel(argv: list[str]) -> tuple[Spawned, dict]:
         opts.get("--workspace", ""),
         "--restore" in opts,
     )
-    return Spawned(argv_, env, opts.get("--cwd") or None), info
+    cwd = opts.get("--cwd") or None
+    if zygote is not None:
+        kernel = hand_to_zygote(zygote, state_dir, argv_, env, cwd)
+        if kernel is not None:
+            return kernel, info
+    return Spawned(argv_, env, cwd), info
 
 
 EARLY_WAIT_S = (
@@ -308,8 +375,14 @@ def announce_early(early: Early, argv: list[str]) -> None:
         generation=1,
         ready=True,
     )
-    _say(MARKER_READY, said)
+    say_ready(os.path.abspath(opts["--state-dir"]), said)
     early.ready_said = True
+
+
+def say_ready(state_dir: str, payload: dict) -> None:
+    """READY: in the state folder's READY_FILE first, then said on stdout (the log)."""
+    replace_json(os.path.join(state_dir, READY_FILE), payload)
+    _say(MARKER_READY, payload)
 
 
 def where(info: dict, agent_port: int | None) -> dict:

@@ -15,7 +15,16 @@ ENV_RUNTIME_BRINGS = (
     "GPUSESSION_RUNTIME_BRINGS"  # what the bundle gives the kernel: "ipykernel,pip", a part, or ""
 )
 ENV_WORKSPACE = "GPUSESSION_WORKSPACE"  # the workspace's folder as the kernel sees it (its checkpoint goes there)
+ENV_ZYGOTE = "GPUSESSION_ZYGOTE"  # the pid of a kernel begun before the runtime (gpusession.agent.kernelzygote)
 ENV_RESTORE = "GPUSESSION_RESTORE"  # "1" for a session's first kernel when --resume asks to restore the checkpoint
+
+#: in the runtime's state folder: the first kernel's plan, for a kernel begun before the runtime
+#: (gpusession.agent.kernelzygote.PLAN, which cannot import this)
+ZYGOTE_PLAN = "zygote.json"
+
+#: in the runtime's state folder: READY's payload, written as READY is said (a Kubernetes start
+#: reads it over exec: the pod's log is served only once the kubelet has seen its container run)
+READY_FILE = "ready.json"
 
 #: a kernel's five ports, in the order the runtime allocates them (jupyter connection file keys)
 KERNEL_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")

@@ -25,8 +25,10 @@ from .envnames import ENV_RUNTIME_ROOT as ENV_RUNTIME_ROOT
 from .envnames import ENV_SESSION_ID as ENV_SESSION_ID
 from .envnames import ENV_STATE_DIR as ENV_STATE_DIR
 from .envnames import ENV_WORKSPACE as ENV_WORKSPACE
+from .envnames import ENV_ZYGOTE as ENV_ZYGOTE
 from .envnames import KERNEL_PORT_NAMES as KERNEL_PORT_NAMES
 from .envnames import MARKER_KERNEL, MARKER_READY
+from .envnames import READY_FILE as READY_FILE
 
 # the session kernel's side (its cell log, transfers, out-of-memory cells): defined apart, what
 # the kernel's extensions import at its start (gpusession.core.kernelwire)

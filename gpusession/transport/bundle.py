@@ -215,6 +215,12 @@ def boot_script() -> bytes:
     return (PACKAGE / "agent" / "boot.sh").read_bytes()
 
 
+def zygote_source() -> str:
+    """gpusession.agent.kernelzygote's text, for `python -c` where the package is not yet (a
+    Kubernetes pod begins its kernel before the runtime's copy: pods.wait_then_boot)."""
+    return (PACKAGE / "agent" / "kernelzygote.py").read_text()
+
+
 def complete_marker() -> bytes:
     """A tar with just COMPLETE, put last into a copy."""
     return _tar({COMPLETE: b"gpusession runtime bundle\n"}, compress=False)

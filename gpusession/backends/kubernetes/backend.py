@@ -195,6 +195,8 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         super().__init__(config, recorder)
         self._handover: dict[str, Any] = {}  # session id -> release (take_workspace_over)
         self._keys: dict[str, str] = {}  # session id -> its kernel's key, from provision to connect
+        # session id -> READY's payload (JSON) as the runtime's copy waited for it, to connect
+        self._ready: dict[str, str | None] = {}
 
     def take_workspace_over(self, session_id: str, release) -> None:
         """`%gpu switch` from a running session of this cluster and namespace (its claim mounted
@@ -335,6 +337,8 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
             self._claim_is_here(cluster, record)
             release()
         claim = self.workspace_claim(cluster, record, progress)  # kept after the pod
+        key = self._keys[record.id] = secrets.token_hex(32)
+        early = EarlyCopy.known(image, key)  # the runtime goes in as the container starts
         argv = AgentArgs.for_record(
             record,
             session_id=record.id,
@@ -356,6 +360,7 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
             placement=placement,
             claim=claim,
             owner_first=image_user(image) != 0,  # a root image prepares the claim itself
+            zygote=early.zygote() if early is not None else None,
         )
         resource, count = placement["resource"]
         where = placement["node_selector"][pods.PRODUCT_LABEL]
@@ -363,15 +368,18 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
             f"creating pod {name} in {cluster.context}/{cluster.namespace} "
             f"({count} x {resource}, nodes labelled {where})"
         )
-        key = self._keys[record.id] = secrets.token_hex(32)
-        early = EarlyCopy.known(image, key)  # the runtime goes in as the container starts
         self._create(cluster, body)
         node, image_id = self._wait_running(
             cluster, name, claim, _queue_timeout(spec), progress, early
         )
-        self.recorder.save(record.id, node=node, **{BILLED_FROM: time.time()})
-        if early is None or not early.done:
-            bring_runtime(cluster, name, image, image_id, progress, key)
+        copied_early = early is not None and early.done
+        billed_from = early.ran_at if copied_early else time.time()  # its container ran
+        self.recorder.save(record.id, node=node, **{BILLED_FROM: billed_from})
+        self._ready[record.id] = (
+            early.ready
+            if copied_early
+            else bring_runtime(cluster, name, image, image_id, progress, key)
+        )
 
     def _claim_is_here(self, cluster: Cluster, record: SessionRecord) -> None:
         """Before a switch's old session lets go: its claim is where the new pod will be."""
@@ -476,9 +484,10 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         cluster = self.cluster_of(record)
         ready: Any = {}
         key = self._keys.pop(record.id, None)
+        said = self._ready.pop(record.id, None)  # READY, as the runtime's copy waited for it
         if record.state != State.RUNNING:  # a start; an attach finds the kernel listening
             progress.step(f"waiting for the kernel in pod {name}")
-            ready = self._wait_ready(cluster, name, START_TIMEOUT)
+            ready = _payload(said) or self._wait_ready(cluster, name, START_TIMEOUT)
         kernel, agent_port = self._connection_info(cluster, name, ready, key)
         progress.step(f"forwarding the kernel's ports through the API server {cluster.server}")
         return PortForwardLink(
@@ -511,7 +520,8 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         """READY's payload from the pod's log; StageError with the log's end when the runtime
         failed, the pod ended, or `timeout` passed. The log is followed as it is written (READY
         seen the moment it is said); where that stream cannot be had or ends without READY,
-        it is read again every so often, which also says why."""
+        it is read again every so often, which also says why. (A start learns READY from the
+        runtime's copy first: runtime_copy.READY_WAIT.)"""
         found = self._follow_for_ready(cluster, name, timeout)
         if found is not None:
             return found
@@ -883,6 +893,15 @@ def _connection(ready: Any, key: str | None) -> dict | None:
         "signature_scheme": "hmac-sha256",
         "kernel_name": "python3",
     }
+
+
+def _payload(said: str | None) -> dict | None:
+    """READY's payload from the text of the runtime's READY file; None where it is not one."""
+    try:
+        payload = json.loads(said) if said else None
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) and isinstance(payload.get("ports"), dict) else None
 
 
 def _queue_timeout(spec: LaunchSpec) -> float | None:

@@ -34,7 +34,7 @@ for dest, size in zip(args[::2], map(int, args[1::2])):
     with tarfile.open(fileobj=io.BytesIO(bytes(data))) as archive:
         safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         archive.extractall(dest, **safe)
-    print("unpacked %d bytes into %s" % (size, dest))
+    print("unpacked %d bytes into %s" % (size, dest), flush=True)  # before a wait that may be cut
 """
 
 
@@ -50,6 +50,23 @@ if have != {want!r}:
     sys.exit(3)
 """
 NOT_PROBED = 3  # GUARD's exit status
+
+# After UNPACK, where the copy lets the pod go on to its runtime: wait for the runtime's READY
+# file (a look every 0.005 s by the Python that is running already) and say it, one line: a
+# start learns READY in this exec, which answers as soon as the container runs, where the pod's
+# log is served only once the kubelet has seen the container run (its next relist, each second)
+WAIT_READY = """
+import time
+ready, until = {path!r}, time.monotonic() + {wait_s!r}
+while not os.path.exists(ready) and time.monotonic() < until:
+    time.sleep(0.005)
+try:
+    with open(ready) as f:
+        print(READY_SAID + f.read().strip(), flush=True)
+except OSError:
+    pass
+"""
+READY_SAID = "ready "
 
 
 def _open(cluster: Cluster, api, pod: str, command: list[str], stdin: bool, what: str, **more):
@@ -177,11 +194,19 @@ def send_archives(
     archives: list[tuple[bytes, str]],
     what: str,
     expect: dict | None = None,
-) -> None:
+    ready: tuple[str, float] | None = None,
+) -> str | None:
     """Unpack each tar of `archives` (data, folder) into its folder of the pod, in order, by
     the image's own `python`: one exec for them all (each exec starts that Python again).
-    `expect`: what that Python must be (GUARD), else nothing is unpacked (StageError)."""
-    argv = [python, "-c", (GUARD.format(want=expect) if expect is not None else "") + UNPACK]
+    `expect`: what that Python must be (GUARD), else nothing is unpacked (StageError).
+    `ready`: (the runtime's READY file, seconds): then wait for it (WAIT_READY) and return its
+    text; None where it did not come in that time (the pod's log says why)."""
+    script = (GUARD.format(want=expect) if expect is not None else "") + UNPACK
+    if ready is not None:
+        script += "READY_SAID = %r\n" % READY_SAID + WAIT_READY.format(
+            path=ready[0], wait_s=ready[1]
+        )
+    argv = [python, "-c", script]
     for data, folder in archives:
         argv += [folder, str(len(data))]
     status, output = run(
@@ -196,6 +221,8 @@ def send_archives(
     # workspace it cannot write, cut the stream before its exit code came: a loaded run said
     # "copying failed" where the pod's own reason was the one to show, and the start's next
     # stage shows it)
+    said_ready = [x for x in output.splitlines() if x.startswith(READY_SAID)]
+    return said_ready[-1][len(READY_SAID) :] if said_ready else None
 
 
 def read_files(cluster: Cluster, pod: str, paths: list[str], what: str) -> list[str | None]:

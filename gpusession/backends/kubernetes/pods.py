@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from typing import Any
 
 from ...configuration.agentargs import WORKSPACE_MOUNT
 from ...configuration.catalog import mig_profile
 from ...core.errors import BadInput
-from ...core.protocol import ENV_SESSION_ID, NOTICE_FILES, Notice, StopDetails, StopKind, StopReason
+from ...core.protocol import (
+    ENV_RUNTIME_ROOT,
+    ENV_SESSION_ID,
+    ENV_ZYGOTE,
+    NOTICE_FILES,
+    Notice,
+    StopDetails,
+    StopKind,
+    StopReason,
+)
 
 LABEL = "gpusession.session"  # on every pod of a session: its id
 STORE_LABEL = "gpusession.session.store"  # which session store made it: gc takes only its own
@@ -131,15 +141,18 @@ def label_value(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63].strip("-_.")
 
 
-def wait_then_boot(claim: bool = False) -> str:
+def wait_then_boot(claim: bool = False, zygote: str | None = None) -> str:
     """The container's command: wait for the runtime's copy (its .complete mark is written
     last), take what the probe found (LAUNCH_ENV), then the bundle's boot with the agent's
     options ("$@"). A pod whose runtime never arrives (its starter died) ends itself.
+    With `zygote` (the image's Python, known with its ipykernel from the last pod), the kernel
+    is begun first (gpusession.agent.kernelzygote): its imports go on while the runtime is
+    copied in, and the first step hands it the kernel's plan instead of starting one.
     With a `claim`: run as root, the container gives the workspace's folder to WORKSPACE_GID
     itself (workspace_owner's work, so that no init container is needed: see manifest); as
     another user, a folder it cannot write ends the start, saying so, before any kernel runs."""
     # lazy: docs/architecture.md#imports-kept-inside-functions
-    from ...transport.bundle import CODE_DIR, COMPLETE, RUNTIME_ROOT
+    from ...transport.bundle import CODE_DIR, COMPLETE, RUNTIME_ROOT, zygote_source
 
     failed = '{"stage":"runtime","error":"the runtime was never copied into the pod"}'
     workspace = ""
@@ -155,7 +168,20 @@ def wait_then_boot(claim: bool = False) -> str:
             f'if [ "$(id -u 2>/dev/null)" = 0 ]; then {_owner_script()}; '
             f"elif [ ! -w {WORKSPACE_MOUNT} ]; then echo 'GPUSESSION_FAILED {cannot}'; exit 4; fi; "
         )
-    return (
+    begun = ""
+    if zygote:
+        # started as boot.sh starts the first step (PYTHONPATH, PYTHONUNBUFFERED, the root)
+        # without a locale, the LC_CTYPE that Python's start gives the first step (PEP 538), and
+        # so the kernel it would spawn, set before the zygote's Python starts (else it starts
+        # itself again: kernelzygote._as_pythons_child)
+        begun = (
+            '( [ -n "${LC_ALL:-}${LC_CTYPE:-}${LANG:-}" ] || export LC_CTYPE=C.UTF-8; '
+            f'export PYTHONPATH="{CODE_DIR}/lib${{PYTHONPATH:+:$PYTHONPATH}}" PYTHONUNBUFFERED=1 '
+            f"{ENV_RUNTIME_ROOT}={RUNTIME_ROOT}; exec {shlex.quote(zygote)} "
+            f"-c {shlex.quote(zygote_source())} {STATE_DIR} {RUNTIME_WAIT_S + 60} ) & "
+            f"{ENV_ZYGOTE}=$!; export {ENV_ZYGOTE}; "
+        )
+    return begun + (
         # a look every 0.05 s (the copy's end is on the start's path); counted in 20ths of a
         # second, a shell whose sleep takes whole seconds only counting 20 a turn
         f"i=0; while [ ! -f {CODE_DIR}/{COMPLETE} ]; do i=$((i+1)); "
@@ -179,21 +205,15 @@ def manifest(
     placement: dict[str, Any],
     claim: str | None = None,
     owner_first: bool = True,
+    zygote: str | None = None,
 ) -> dict[str, Any]:
     """The session's pod. `placement`: node_selector, tolerations, priority_class,
     service_account (the settings, read); `claim`: the workspace's, mounted at WORKSPACE_MOUNT.
     `owner_first`: an init container gives the workspace to WORKSPACE_GID first, for an image
     whose user may not be root; one known to run as root does it itself (wait_then_boot), and
-    its pod starts ~1 s sooner (an init container's own start, the kubelet's notice of its end)."""
-    # lazy: docs/architecture.md#imports-kept-inside-functions
-    from ...transport.bundle import RUNTIME_ROOT as runtime_root
-
-    volumes: list[dict[str, Any]] = [{"name": RUNTIME_VOLUME, "emptyDir": {}}]  # the runtime
-    mounts = [{"name": RUNTIME_VOLUME, "mountPath": runtime_root}]
-    if claim:
-        volumes.append({"name": WORKSPACE_VOLUME, "persistentVolumeClaim": {"claimName": claim}})
-        mounts.append({"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT})
-
+    its pod starts ~1 s sooner (an init container's own start, the kubelet's notice of its end).
+    `zygote`: the image's Python, where its kernel is begun before the runtime (wait_then_boot)."""
+    volumes, mounts = _volumes(claim)
     spec: dict[str, Any] = {
         "restartPolicy": "Never",  # a kernel that ended is not started again by the kubelet
         "enableServiceLinks": False,
@@ -201,7 +221,9 @@ def manifest(
         "nodeSelector": placement["node_selector"],
         "tolerations": placement["tolerations"],
         "volumes": volumes,
-        "containers": [_session_container(image, agent_argv, session_id, resource, mounts, claim)],
+        "containers": [
+            _session_container(image, agent_argv, session_id, resource, mounts, claim, zygote)
+        ],
         "terminationGracePeriodSeconds": GRACE_S,
     }
     if claim:
@@ -228,6 +250,19 @@ def manifest(
     }
 
 
+def _volumes(claim: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes and its container's mounts: the runtime's emptyDir, the claim's."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
+    from ...transport.bundle import RUNTIME_ROOT as runtime_root
+
+    volumes: list[dict[str, Any]] = [{"name": RUNTIME_VOLUME, "emptyDir": {}}]  # the runtime
+    mounts = [{"name": RUNTIME_VOLUME, "mountPath": runtime_root}]
+    if claim:
+        volumes.append({"name": WORKSPACE_VOLUME, "persistentVolumeClaim": {"claimName": claim}})
+        mounts.append({"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT})
+    return volumes, mounts
+
+
 def _session_container(
     image: str,
     agent_argv: list[str],
@@ -235,6 +270,7 @@ def _session_container(
     resource: tuple[str, int],
     mounts: list,
     claim: str | None,
+    zygote: str | None = None,
 ) -> dict[str, Any]:
     """The pod's one container: the runtime's boot once it is copied in, the GPUs asked as
     limits, the preStop hook (a save when the cluster ends the pod), the agent's brief at its end."""
@@ -242,7 +278,13 @@ def _session_container(
         "name": CONTAINER,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["/bin/sh", "-c", wait_then_boot(bool(claim)), "gpusession-boot", *agent_argv],
+        "command": [
+            "/bin/sh",
+            "-c",
+            wait_then_boot(bool(claim), zygote),
+            "gpusession-boot",
+            *agent_argv,
+        ],
         "env": [{"name": ENV_SESSION_ID, "value": session_id}],
         "resources": {"limits": {resource[0]: str(resource[1])}},
         "volumeMounts": mounts,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ...core.errors import StageError
 from ...core.progress import Progress
-from ...core.protocol import ENV_KERNEL_KEY, ENV_RUNTIME_BRINGS, ENV_RUNTIME_PYTHON
+from ...core.protocol import ENV_KERNEL_KEY, ENV_RUNTIME_BRINGS, ENV_RUNTIME_PYTHON, READY_FILE
 from ...core.wholefiles import write_whole
 from ...transport.bundle import (
     CODE_DIR,
@@ -37,27 +37,29 @@ from ...transport.bundle import (
 from ...transport.pulls import format_bytes
 from . import podexec
 from .apiserver import Cluster
-from .pods import LAUNCH_ENV
+from .pods import LAUNCH_ENV, STATE_DIR
 
 PROBE_VERSION = 2  # as the docker backend's: bump when boot.sh's probe says more
 PROBE_TIMEOUT_S = 60.0
 EARLY_FOR_S = 5.0  # EarlyCopy's tries, from its first: a pull or a slow node is not waited here
+# the copy's exec then waits for the runtime's READY file this long (podexec.WAIT_READY); a
+# kernel slower than that is waited for in the pod's log
+READY_WAIT = (f"{STATE_DIR}/{READY_FILE}", 20.0)
 
 
 def bring_runtime(
     cluster: Cluster, pod: str, image: str, image_id: str, progress: Progress, kernel_key: str
-) -> ImagePython:
+) -> str | None:
     """Copy the runtime into the waiting pod, with the kernel's key (made here: the start then
-    knows the kernel's connection from READY's ports, without reading kernel.json back); the
-    image's Python it found."""
+    knows the kernel's connection from READY's ports, without reading kernel.json back); READY's
+    payload (JSON), as the copy waited for it (READY_WAIT), or None."""
     python = image_python(cluster, pod, image, image_id, progress)
     remember_user(image, python.uid)
     remember_image_id(image, image_id)
     _say_python(image, python, progress)
     archives, what = runtime_archives(python, kernel_key, progress)
     progress.step(f"runtime: copying {what} into the pod")
-    podexec.send_archives(cluster, pod, python.start_with, archives, what)
-    return python
+    return podexec.send_archives(cluster, pod, python.start_with, archives, what, ready=READY_WAIT)
 
 
 def _say_python(image: str, python: ImagePython, progress: Progress) -> None:
@@ -110,6 +112,8 @@ class EarlyCopy:
         self.first: float | None = None
         self.given_up = False
         self.done = False  # the runtime is in the pod
+        self.ran_at: float | None = None  # when the copy found the container running (time.time)
+        self.ready: str | None = None  # READY's payload (JSON), as the copy waited for it
 
     @classmethod
     def known(cls, image: str, kernel_key: str) -> "EarlyCopy | None":
@@ -122,6 +126,12 @@ class EarlyCopy:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return cls(image, image_id, python, kernel_key)
+
+    def zygote(self) -> str | None:
+        """The image's Python, where the pod begins its kernel before the runtime is in
+        (gpusession.agent.kernelzygote): an image with its own ipykernel and pip, which the
+        kernel's start takes as they are (the bundle brings nothing to its sys.path)."""
+        return None if self.python.brings else self.python.start_with
 
     def attempt(self, cluster: Cluster, pod: str, progress: Progress) -> bool:
         """True once the runtime is in the pod; False while its container does not run yet (or
@@ -139,18 +149,20 @@ class EarlyCopy:
         python = self.python
         want = {"version": list(python.version), "uid": python.uid}
         want.update(ipykernel=python.ipykernel is not None, pip=python.pip is not None)
+        ran_at = time.time()
         try:
-            podexec.send_archives(
-                cluster, pod, python.start_with, self.archives, self.what, expect=want
+            self.ready = podexec.send_archives(
+                cluster, pod, python.start_with, self.archives, self.what, want, READY_WAIT
             )
         except Exception as exc:  # noqa: BLE001 - the status path says what is wrong
             # tried again only where the exec was refused (its container not running yet); one
             # that ran and refused or failed, or an API that did not answer, is not tried again
             self.given_up = not (isinstance(exc, StageError) and exc.stage == "provision")
             return False
-        self.done = True
+        self.done, self.ran_at = True, ran_at
         _say_python(self.image, python, progress)
-        progress.step(f"runtime: copied {self.what} as the container started")
+        kernel = ", and its kernel listens" if self.ready else ""
+        progress.step(f"runtime: copied {self.what} as the container started{kernel}")
         return True
 
 
