@@ -19,6 +19,7 @@ from .cellwait import CellWait
 from .sink import NullSink, OutputSink
 
 _OPEN_CLIENTS: "weakref.WeakSet[KernelClient]" = weakref.WeakSet()
+DRAIN_S = 0.05  # wait_ready's read of iopub after the kernel's first answer, at most
 
 
 @atexit.register
@@ -95,8 +96,7 @@ class KernelClient:
                     timeout=min(2.0, max(0.1, deadline - time.monotonic())),
                 )
                 self.cell_log = META_CELL_LOG in (reply.get("metadata") or {})
-                # drain iopub so later reads start clean
-                self._drain_iopub()
+                self._drain_iopub(msg_id)
                 return reply["content"]
             except queue.Empty:
                 if time.monotonic() > deadline:
@@ -104,12 +104,23 @@ class KernelClient:
                 if not self.healthy():
                     raise KernelDied("the session kernel exited while starting") from None
 
-    def _drain_iopub(self) -> None:
+    def _drain_iopub(self, msg_id: str) -> None:
+        """Read iopub up to the kernel_info request's idle status, which comes right after its
+        reply (then iopub is connected, and later reads start clean), DRAIN_S at most where it
+        does not come; then what is there already. Waiting out DRAIN_S of quiet cost every
+        start and restart that long."""
+        deadline = time.monotonic() + DRAIN_S
         while True:
             try:
-                self.client.get_iopub_msg(timeout=0.05)
+                msg = self.client.get_iopub_msg(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 return
+            if (
+                msg["parent_header"].get("msg_id") == msg_id
+                and msg["msg_type"] == "status"
+                and msg["content"].get("execution_state") == "idle"
+            ):
+                deadline = 0.0  # the rest without waiting
 
     def _reply(self, getter, msg_id: str, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
