@@ -53,6 +53,7 @@ PRODUCT = "Tesla-T4"  # n1's GPUs: the t4 type's node label
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 POD_PORTS = [50001, 50002, 50003, 50004, 50005]  # the floor kernel's, in its own pod
 LOADS: list[float] = []
+FLOOR_FORWARDS_AGAIN: list[str] = []  # floor starts whose kubectl port-forward was started again
 
 # run in the session's pod over exec: the same client code, on the pod's loopback
 INSIDE = """
@@ -124,23 +125,43 @@ def floor_start(name: str) -> tuple[float, subprocess.Popen, KernelClient]:
     )
     try:
         kubectl("wait", "--for=condition=Ready", f"pod/{name}", "--timeout=180s")
-        forward = subprocess.Popen(
-            [KUBECTL, "--kubeconfig", str(KUBECONFIG), "port-forward", f"pod/{name}"]
-            + [f"{lp}:{rp}" for lp, rp in zip(local, POD_PORTS)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        for _ in PORTS:  # "Forwarding from 127.0.0.1:L -> R" once per port (and [::1] lines)
-            while "127.0.0.1" not in (forward.stdout.readline() or "127.0.0.1"):
-                pass
+        forward = _port_forward(name, local)
         kernel = KernelClient(dict(inside, **dict(zip(PORTS, local))))
-        kernel.wait_ready(60)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                kernel.wait_ready(0.5)
+                break
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+                if forward.poll() is not None:
+                    # `kubectl port-forward` ends at a connection its pod refused ("lost
+                    # connection to pod"): Ready says the container started, and the client
+                    # connected before the kernel listened. As a user would, start it again
+                    # (its time counts); ZMQ connects to the same local ports by itself.
+                    FLOOR_FORWARDS_AGAIN.append(name)
+                    forward = _port_forward(name, local)
         kernel.evaluate("1+1")
     except BaseException:  # the floor's pod holds a GPU of the test cluster: never left behind
         kubectl("delete", "pod", name, "--grace-period=0", "--wait=false", check=False)
         raise
     return time.perf_counter() - t0, forward, kernel
+
+
+def _port_forward(name: str, local: list[int]) -> subprocess.Popen:
+    """`kubectl port-forward` of the floor kernel's five ports, once it says it forwards them."""
+    forward = subprocess.Popen(
+        [KUBECTL, "--kubeconfig", str(KUBECONFIG), "port-forward", f"pod/{name}"]
+        + [f"{lp}:{rp}" for lp, rp in zip(local, POD_PORTS)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    for _ in PORTS:  # "Forwarding from 127.0.0.1:L -> R" once per port (and [::1] lines)
+        while "127.0.0.1" not in (forward.stdout.readline() or "127.0.0.1"):
+            pass
+    return forward
 
 
 def floor_end(name: str, forward: subprocess.Popen, kernel: KernelClient) -> None:
@@ -187,11 +208,16 @@ def starts(manager: SessionManager, runs: int) -> tuple:
     return (
         "start to first `1+1`, warm (image on the node)",
         os_.cell("s", 1),
-        f"{fs.cell('s', 1)} (kubectl run + wait + port-forward)",
+        f"{fs.cell('s', 1)} (kubectl run + wait + port-forward{_again(runs + 1)})",
         median_ratio,
         "<= 1.15x",
         median_ratio <= 1.15,
     )
+
+
+def _again(starts: int) -> str:
+    again = len(FLOOR_FORWARDS_AGAIN)
+    return f"; port-forward started again in {again} of {starts}" if again else ""
 
 
 def round_trips(session, calls: int) -> list[tuple]:

@@ -679,14 +679,15 @@ def test_a_known_images_kernel_is_begun_before_the_runtime_and_is_the_kernel_a_r
 ):
     """Issue 33's start: the pod of an image whose Python is known from its last pod begins its
     kernel as the container starts (gpusession.agent.kernelzygote), before the runtime is copied
-    in; that kernel is the one a plain spawn gives, as the runtime's own restart shows."""
+    in; that kernel is the one a plain spawn gives, as the runtime's own restart shows, and a
+    resumed session's restores the workspace's variables."""
     from support import kernelstate
     from support.sinks import Collect
 
-    m = kube_manager
+    m, ws = kube_manager, f"wz-{SLOT}"
     m.start(_spec(m, "t4", "kz1", idle="off", image=product_image))  # its Python known from here
     m.stop("kz1")
-    session = m.start(_spec(m, "t4", "kz2", idle="off", image=product_image))
+    session = m.start(_spec(m, "t4", "kz2", idle="off", image=product_image, workspace=ws))
 
     def state() -> dict:
         sink = Collect()
@@ -701,7 +702,16 @@ def test_a_known_images_kernel_is_begun_before_the_runtime_and_is_the_kernel_a_r
     assert spawned["cmdline"][1:3] == ["-m", "ipykernel_launcher"], "a restart spawns"
     assert spawned["pid"] != begun["pid"] and spawned["session_leader"] and begun["session_leader"]
     assert kernelstate.comparable(begun, replace={}) == kernelstate.comparable(spawned, replace={})
-    m.stop("kz2")
+    assert session.run("kept = 'from the first pod'")["status"] == "ok"
+    m.stop("kz2", save=True)
+
+    # --resume: the kernel begun with the container restores the workspace's variables
+    again = m.start(_spec(m, "t4", "kz3", idle="off", image=product_image, resume=ws))
+    sink = Collect()
+    cell = "print(kept, open('/proc/self/cmdline', 'rb').read().split(b'\\0')[1])"
+    assert again.run(cell, sink)["status"] == "ok", sink.text
+    assert sink.text.strip() == "from the first pod b'-c'", sink.text
+    m.stop("kz3")
 
 
 @LANE_2
