@@ -5,6 +5,7 @@ stopping itself when idle, not while a cell runs, and with the notebook side kil
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,9 +83,10 @@ def test_stats_and_idle_stop(docker_manager, engine):
 
     record = m.refresh_state(session.id)
     assert record.state == State.STOPPED
-    assert ended_message(record).startswith(
-        "session dock1 was stopped by its idle watchdog after 5s idle"
-    )
+    # the idle it says is what the watchdog saw: its timeout, or a check later on a busy machine
+    said = ended_message(record)
+    idle = re.match(r"session dock1 was stopped by its idle watchdog after (\d+)s idle", said)
+    assert idle and IDLE_S <= int(idle.group(1)) <= IDLE_S + CHECK_S + TEARDOWN_SLACK_S, said
 
 
 @pytest.mark.slow

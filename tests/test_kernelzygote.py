@@ -37,10 +37,11 @@ def _env() -> dict:
     return {**env, "PYTHONPATH": str(ROOT), "GPUSESSION_KERNEL_KEY": "cd" * 32}
 
 
-def _start(tmp: Path, name: str, zygote: str | None) -> dict:
+def _start(tmp: Path, name: str, zygote: str | None, shell: str = "") -> dict:
     """A session's first step run as the pod's command runs it; `zygote`: None for a plain
     start, else what comes before the zygote's Python on its command line (variables of its
-    own). The kernel's state as a cell sees it, with the run's pids and folders."""
+    own); `shell`: the command's first words. The kernel's state as a cell sees it, with the
+    run's pids and folders."""
     state, work = tmp / name / "state", tmp / name / "work"
     work.mkdir(parents=True)
     py = shlex.quote(sys.executable)
@@ -55,7 +56,7 @@ def _start(tmp: Path, name: str, zygote: str | None) -> dict:
             "GPUSESSION_ZYGOTE=$!; export GPUSESSION_ZYGOTE; echo ZYGOTE $GPUSESSION_ZYGOTE; "
         )
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", begun + first],
+        ["/bin/sh", "-c", shell + begun + first],
         env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -117,9 +118,12 @@ def _comparable(run: dict) -> dict:
     return kernelstate.comparable(state, replace=run["folders"])
 
 
-def test_a_kernel_begun_before_the_runtime_is_the_kernel_a_plain_start_gives(tmp_path):
-    plain = _start(tmp_path, "plain", None)
-    begun = _start(tmp_path, "begun", "")
+@pytest.mark.parametrize("shell", ["", "trap '' QUIT; "], ids=["signals-default", "quit-ignored"])
+def test_a_kernel_begun_before_the_runtime_is_the_kernel_a_plain_start_gives(tmp_path, shell):
+    """Also where the pod's first process ignores a signal (its kernel inherits that; a shell's
+    `&` ignores SIGINT and SIGQUIT in the zygote whatever its parent had)."""
+    plain = _start(tmp_path, "plain", None, shell)
+    begun = _start(tmp_path, "begun", "", shell)
     assert plain["state"]["cmdline"][1:3] == ["-m", "ipykernel_launcher"]
     assert begun["state"]["cmdline"][1] == "-c", "the zygote's own process ran the kernel"
     assert begun["state"]["pid"] == begun["kernel_pid"] == begun["zygote"]

@@ -288,7 +288,13 @@ def hand_to_zygote(
         "env": env,
         "cwd": cwd,
         "umask": mask,
-        "usr1_ignored": ENV_WORKSPACE in env,  # as _save_signal_for_next_kernel set it
+        # what an exec keeps of this process's signals: the ignored ones (SIGUSR1 as
+        # _save_signal_for_next_kernel set it; SIGQUIT where this process's parent ignored it),
+        # and the blocked ones; any other starts at its default
+        "ignored": [
+            int(s) for s in _signal.valid_signals() if _signal.getsignal(s) == _signal.SIG_IGN
+        ],
+        "blocked": [int(s) for s in _signal.pthread_sigmask(_signal.SIG_BLOCK, [])],
     }
     replace_json(os.path.join(state_dir, ZYGOTE_PLAN), plan)
     return kernel

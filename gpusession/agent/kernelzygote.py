@@ -4,7 +4,7 @@ the container starts, for an image whose Python and ipykernel are known from its
 imports ipykernel and what its kernel loads at start (~0.2 s of a kernel's ~0.3 s boot) while
 the runtime is copied in and its first step starts, then waits for the first step's plan
 (STATE_DIR/PLAN, written by gpusession.agent.kernelspawn.hand_to_zygote): the kernel's argv,
-environment, folder, umask and SIGUSR1, the same that posix_spawn would be given. It runs that
+environment, folder, umask and signals, what a process it spawned would start with. It runs that
 plan here, as `python -m ipykernel_launcher` would, only where a fresh start would end up the
 same: the same Python, `-m ipykernel_launcher`, and an environment that differs from the one
 these imports saw in our own variables only (GPUSESSION_*, PIP_*, JPY_PARENT_PID: no library
@@ -92,10 +92,38 @@ def _same_start(plan: dict, started_with: dict) -> bool:
     return not (user_site and os.path.isdir(user_site) and user_site not in sys.path)
 
 
-def _take(plan: dict, started_with: dict) -> None:
+def _dispositions() -> dict:
+    return {number: signal.getsignal(number) for number in signal.valid_signals()}
+
+
+def _signals(plan: dict, at_start: dict) -> None:
+    """Each signal as a process the first step spawned would have it: ignored where the first
+    step ignores it, else at its default (an exec keeps only ignored signals), then as Python's
+    start sets them (SIGPIPE and SIGXFSZ ignored; SIGINT raising KeyboardInterrupt where it is
+    not ignored); the first step's blocked signals blocked. A handler the imports installed
+    (`at_start`: before them) stays: they install it in a plain start too."""
+    ignored, now = set(plan["ignored"]), _dispositions()
+    for number in now:
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        if now[number] is not at_start.get(number) and number != signal.SIGUSR1:
+            continue  # set by an import
+        try:
+            signal.signal(number, signal.SIG_IGN if number in ignored else signal.SIG_DFL)
+        except (OSError, ValueError, TypeError):  # one Python may not set (a real-time one)
+            pass
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    if signal.SIGINT not in ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, plan["blocked"])
+
+
+def _take(plan: dict, started_with: dict, signals_at_start: dict) -> None:
     """This process as the plan's: its environment (with what the imports set in theirs, as
     they set it over the plan's in a plain start: ipykernel's debugger sets
-    PYDEVD_USE_FRAME_EVAL), folder, umask and SIGUSR1."""
+    PYDEVD_USE_FRAME_EVAL), folder, umask and signals."""
     changed = {k: v for k, v in os.environ.items() if started_with.get(k) != v}
     removed = [k for k in started_with if k not in os.environ]
     os.environ.clear()
@@ -106,7 +134,7 @@ def _take(plan: dict, started_with: dict) -> None:
     if plan.get("cwd"):
         os.chdir(plan["cwd"])
     os.umask(plan["umask"])
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN if plan["usr1_ignored"] else signal.SIG_DFL)
+    _signals(plan, signals_at_start)
 
 
 def _as_pythons_child() -> None:
@@ -132,17 +160,16 @@ def main() -> None:
     # as ipykernel_launcher: this folder must not shadow the packages imported now
     if sys.path and sys.path[0] in ("", os.getcwd()):
         del sys.path[0]
-    # as the first step's posix_spawn(setsid=True) and a foreground start: a session of its own,
-    # the signals that sh's `&` ignores given back
+    # as the first step's posix_spawn(setsid=True): a session of its own (the plan's signals
+    # come with the plan: until then, sh's `&` ignores SIGINT and SIGQUIT)
     os.setsid()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # nothing asks a save before the plan
+    signals_at_start = _dispositions()
     loaded = _preload()
     plan = _plan(os.path.join(state_dir, PLAN), wait_s)
     if plan is None:
         sys.exit(0)
-    _take(plan, started_with)
+    _take(plan, started_with, signals_at_start)
     argv = plan["argv"]
     if not (loaded and _same_start(plan, started_with)):
         os.execve(argv[0], argv, plan["env"])

@@ -20,8 +20,8 @@ print(_j.dumps({
     "env": dict(_o.environ),
     "cwd": _o.getcwd(),
     "umask": _u,
-    "signals": {n: repr(_s.getsignal(getattr(_s, n)))
-                for n in ("SIGINT", "SIGQUIT", "SIGUSR1", "SIGPIPE", "SIGTERM", "SIGHUP", "SIGXFSZ")},
+    "signals": {str(n): repr(_s.getsignal(n)) for n in _s.valid_signals()},
+    "blocked": sorted(int(n) for n in _s.pthread_sigmask(_s.SIG_BLOCK, [])),
     "main": _y.modules["__main__"].__name__,
     "flags": repr(_y.flags),
     "stdio": [type(_y.stdout).__name__, type(_y.stderr).__name__, type(_y.stdin).__name__],
