@@ -11,7 +11,7 @@ from typing import Callable
 
 from ...core.errors import BadInput, KernelDied, TransferStopped
 from ...core.protocol import TRANSFER_REPLY, TRANSFER_REQUEST
-from .connection import Connection
+from .connection import Connection, went_idle
 
 CHUNK = 4 << 20
 WINDOW = (
@@ -166,11 +166,7 @@ class Channel:
                 msg = self.kc.client.get_iopub_msg(timeout=0)
             except queue.Empty:
                 break
-            if (
-                msg["msg_type"] == "status"
-                and msg["parent_header"].get("msg_id") in ids
-                and msg["content"].get("execution_state") == "idle"
-            ):
+            if went_idle(msg, ids):
                 self.idle_at = time.monotonic()
         return self.idle_at is not None and time.monotonic() - self.idle_at > 2.0
 

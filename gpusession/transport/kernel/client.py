@@ -16,6 +16,7 @@ from ...core.errors import KernelDied, RemoteError
 from ...core.protocol import META_CELL_LOG
 from . import transfer_client
 from .cellwait import CellWait
+from .connection import went_idle
 from .sink import NullSink, OutputSink
 
 _OPEN_CLIENTS: "weakref.WeakSet[KernelClient]" = weakref.WeakSet()
@@ -115,11 +116,7 @@ class KernelClient:
                 msg = self.client.get_iopub_msg(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 return
-            if (
-                msg["parent_header"].get("msg_id") == msg_id
-                and msg["msg_type"] == "status"
-                and msg["content"].get("execution_state") == "idle"
-            ):
+            if went_idle(msg, (msg_id,)):
                 deadline = 0.0  # the rest without waiting
 
     def _reply(self, getter, msg_id: str, timeout: float) -> dict:

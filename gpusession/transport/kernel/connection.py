@@ -4,7 +4,16 @@ so the client imports them and nothing imports it back."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Collection, Optional, Protocol
+
+
+def went_idle(msg: dict, requests: Collection[str]) -> bool:
+    """An iopub message saying the kernel is done with one of `requests` (their message ids)."""
+    return (
+        msg["msg_type"] == "status"
+        and msg["parent_header"].get("msg_id") in requests
+        and msg["content"].get("execution_state") == "idle"
+    )
 
 
 class Connection(Protocol):
