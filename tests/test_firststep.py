@@ -4,6 +4,7 @@ runtime takes that kernel over as its own. Real processes, a real ipykernel."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -298,7 +299,8 @@ def test_a_save_asked_while_the_kernel_boots_neither_ends_it_nor_waits(tmp_path)
             "--save-timeout",
             "20s",
         ],
-        env=dict(env, PYTHONPATH=f"{ROOT}{os.pathsep}{slow}"),
+        # spawned: its sitecustomize runs in the kernel's own start (a fork's ran in the first step)
+        env=dict(env, PYTHONPATH=f"{ROOT}{os.pathsep}{slow}", GPUSESSION_SPAWN_FIRST_KERNEL="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -330,3 +332,125 @@ def test_a_save_asked_while_the_kernel_boots_neither_ends_it_nor_waits(tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_first_steps_kernel_is_counted_before_the_agent_answers(tmp_path, monkeypatch):
+    """READY was said of the first step's kernel before the runtime loaded; the agent's /health
+    must not answer generation 0 for it once it serves (a restart asked at once then took that
+    kernel for one still booting, and the next cell ran on it: the CI failure of e04c5d6)."""
+    from gpusession.agent import kernel_runtime, service
+    from gpusession.agent.kernelspawn import Early, Spawned
+
+    seen = []
+
+    def serving(rt, args):
+        seen.append(rt.kernel_state())
+        raise RuntimeError("seen")
+
+    monkeypatch.setattr(service, "start", serving)
+    kernel = Spawned(["/bin/sleep", "60"], dict(os.environ), None)
+    early = Early(kernel, {"ip": "127.0.0.1"})
+    early.kernel_said = early.ready_said = True
+    argv = [
+        "run",
+        "--session-id",
+        "s9",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--agent-port",
+        "-1",
+    ]
+    (tmp_path / "state").mkdir(mode=0o700)
+    handlers = {n: signal.getsignal(n) for n in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with _umask_given_back():
+            assert kernel_runtime.main(argv, early=early) == 1  # ended where the endpoint serves
+    finally:
+        for number, handler in handlers.items():  # main's own, for its process: not pytest's
+            signal.signal(number, handler)
+    assert seen == [{"generation": 1, "running": True, "ready": True}]
+    assert kernel.wait(10) is not None, "the stop ended the kernel"
+
+
+@contextlib.contextmanager
+def _umask_given_back():
+    """The runtime's code run in this process sets the process's umask (077, for what it writes):
+    this worker's own is given back after (conftest's _umask_kept)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(mask)
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+@pytest.mark.integration
+def test_the_runtime_loads_once_the_kernel_has_booted(tmp_path):
+    """READY is said when the kernel listens; it boots on for 0.1-0.2 s after that, and the
+    runtime's imports (~0.1 s of CPU) wait for the end of that boot (kernelspawn.settled), not
+    beside it (issue 35): when settled says so, the kernel is asleep in its event loop, spends no
+    CPU, and answers at once."""
+    from gpusession.agent import kernelspawn
+
+    state = tmp_path / "state"
+    args = ["--session-id", "s7", "--state-dir", str(state), "--cwd", str(tmp_path)]
+    os.environ["GPUSESSION_KERNEL_KEY"] = "ab" * 32
+    try:
+        with _umask_given_back():
+            early = kernelspawn.Early(*kernelspawn.early_kernel(args))
+    finally:
+        del os.environ["GPUSESSION_KERNEL_KEY"]
+    try:
+        kernelspawn.announce_early(early, args)
+        assert early.ready_said
+        said_at = _cpu_ticks(early.kernel.pid)
+        assert kernelspawn.settled(early.kernel.pid, limit=30) is True
+        settled_at = _cpu_ticks(early.kernel.pid)
+        time.sleep(0.3)
+        assert _cpu_ticks(early.kernel.pid) == settled_at  # asleep: nothing left of its boot
+        assert settled_at > said_at  # it did boot on after READY, and settled waited for it
+        client = BlockingKernelClient()
+        client.load_connection_info(early.info)
+        client.start_channels()
+        try:
+            started = time.monotonic()
+            client.kernel_info(reply=True, timeout=10)
+            assert time.monotonic() - started < 1.0
+        finally:
+            client.stop_channels()
+    finally:
+        os.killpg(early.kernel.pid, signal.SIGKILL)
+        early.kernel.wait(10)
+
+
+@pytest.mark.integration
+def test_settled_waits_out_a_busy_process_and_gives_up_at_its_limit():
+    """A process that computes for 0.4 s, then sleeps, is settled after the 0.4 s; one that never
+    stops computing is not, and the wait ends at its limit; a process that is gone, at once."""
+    from gpusession.agent.kernelspawn import settled
+
+    spin = "import time\nend = time.monotonic() + {}\nwhile time.monotonic() < end: pass\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", spin.format(0.4)])
+    try:
+        time.sleep(0.05)
+        started = time.monotonic()
+        assert settled(proc.pid, limit=20) is True
+        assert time.monotonic() - started >= 0.3
+    finally:
+        proc.kill()
+        proc.wait()
+    busy = subprocess.Popen([sys.executable, "-c", spin.format(600)])
+    try:
+        started = time.monotonic()
+        assert settled(busy.pid, limit=0.5) is False
+        assert 0.5 <= time.monotonic() - started < 3
+    finally:
+        busy.kill()
+        busy.wait()
+    started = time.monotonic()
+    assert settled(busy.pid, limit=5) is False and time.monotonic() - started < 1

@@ -37,11 +37,20 @@ def _env() -> dict:
     return {**env, "PYTHONPATH": str(ROOT), "GPUSESSION_KERNEL_KEY": "cd" * 32}
 
 
-def _start(tmp: Path, name: str, zygote: str | None, shell: str = "") -> dict:
+def _start(
+    tmp: Path,
+    name: str,
+    zygote: str | None,
+    shell: str = "",
+    *,
+    spawn: bool = True,
+    env: dict[str, str] | None = None,
+) -> dict:
     """A session's first step run as the pod's command runs it; `zygote`: None for a plain
     start, else what comes before the zygote's Python on its command line (variables of its
-    own); `shell`: the command's first words. The kernel's state as a cell sees it, with the
-    run's pids and folders."""
+    own); `shell`: the command's first words; `spawn`: the first kernel a fresh process (else
+    the first step's fork); `env`: variables beside. The kernel's state as a cell sees it, with
+    the run's pids and folders."""
     state, work = tmp / name / "state", tmp / name / "work"
     work.mkdir(parents=True)
     py = shlex.quote(sys.executable)
@@ -57,7 +66,7 @@ def _start(tmp: Path, name: str, zygote: str | None, shell: str = "") -> dict:
         )
     proc = subprocess.Popen(
         ["/bin/sh", "-c", shell + begun + first],
-        env=_env(),
+        env={**_env(), **(env or {}), **({"GPUSESSION_SPAWN_FIRST_KERNEL": "1"} if spawn else {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -141,6 +150,68 @@ def test_a_zygote_begun_otherwise_than_the_plan_execs_the_plain_start(tmp_path):
     assert other["state"]["pid"] == other["kernel_pid"] == other["zygote"], "in its own process"
     assert "ONLY_THE_ZYGOTE_HAD_THIS" not in other["state"]["env"]
     assert _comparable(other) == _comparable(plain)
+
+
+# what the first step imported before its fork, which a kernel it spawns loads later or never
+FIRST_STEPS_OWN = {"__main__", "runpy"}
+# what boot.sh says where an image has no locale (as Python's start would, for its children)
+BOOT_LOCALE = {"LC_CTYPE": "C.UTF-8"}
+
+
+def _forked_comparable(run: dict) -> dict:
+    state = _comparable(run)
+    state["modules"] = sorted(
+        m
+        for m in state["modules"]
+        if not m.startswith("gpusession.agent.") and m not in FIRST_STEPS_OWN
+    )
+    return state
+
+
+@pytest.mark.parametrize("shell", ["", "trap '' QUIT; "], ids=["signals-default", "quit-ignored"])
+def test_the_first_kernel_forked_from_the_first_step_is_the_kernel_a_spawn_gives(tmp_path, shell):
+    """The first step's fork runs the first kernel (its Python's start spared: the docker warm
+    start of issue 35); it is the kernel a spawn of the same plan gives: sys.path, environment,
+    folder, umask, signals, argv, flags, standard streams, a session of its own, the first step
+    its parent. Only modules of the runtime it imported before the fork are more."""
+    spawned = _start(tmp_path, "spawned", None, shell, env=BOOT_LOCALE)
+    forked = _start(tmp_path, "forked", None, shell, spawn=False, env=BOOT_LOCALE)
+    assert spawned["state"]["cmdline"][1:3] == ["-m", "ipykernel_launcher"]
+    assert forked["state"]["cmdline"][2] == "gpusession.agent.firststep", "its fork ran it"
+    assert forked["state"]["pid"] == forked["kernel_pid"] != forked["first_step"]
+    assert forked["state"]["session_leader"]
+    assert "gpusession.agent.activity" in forked["state"]["modules"]
+    assert _forked_comparable(forked) == _forked_comparable(spawned), _diff(
+        _forked_comparable(forked), _forked_comparable(spawned)
+    )
+
+
+def test_a_forked_first_kernel_takes_the_folders_its_plan_adds_to_the_path(tmp_path):
+    """The bundle's pip for an image without one: the kernel's PYTHONPATH is the first step's
+    with a folder added, which the fork puts where a fresh start's sys.path has it."""
+    root = tmp_path / "runtime"
+    (root / "site" / "pip").mkdir(parents=True)
+    env = {"GPUSESSION_RUNTIME_ROOT": str(root), "GPUSESSION_RUNTIME_BRINGS": "pip", **BOOT_LOCALE}
+    spawned = _start(tmp_path, "spawned", None, env=env)
+    forked = _start(tmp_path, "forked", None, spawn=False, env=env)
+    assert forked["state"]["cmdline"][2] == "gpusession.agent.firststep", "not exec'd"
+    assert str(root / "site" / "pip") in forked["state"]["path"]
+    assert _forked_comparable(forked) == _forked_comparable(spawned), _diff(
+        _forked_comparable(forked), _forked_comparable(spawned)
+    )
+
+
+def test_a_first_step_whose_start_coerced_the_locale_execs_its_first_kernel(tmp_path):
+    """No locale and started otherwise than by boot.sh: the first step's Python made its locale
+    C.UTF-8 and runs in UTF-8 mode, which a kernel started with that locale does not: the fork
+    execs the plan, and the kernel is the one a spawn gives."""
+    spawned = _start(tmp_path, "spawned", None)
+    forked = _start(tmp_path, "forked", None, spawn=False)
+    assert forked["state"]["cmdline"][1:3] == ["-m", "ipykernel_launcher"], "exec'd"
+    assert forked["state"]["env"]["LC_CTYPE"] == "C.UTF-8"
+    assert _comparable(forked) == _comparable(spawned), _diff(
+        _comparable(forked), _comparable(spawned)
+    )
 
 
 def test_a_zygote_never_given_its_plan_ends_by_itself(tmp_path):

@@ -337,7 +337,7 @@ def test_the_runtime_boot_script_speaks_the_protocol():
         f"{Marker.FAILED.value} ",
         f'"{Marker.PYTHON.value} "',
         f"$ROOT/code/{COMPLETE}",
-        "-m gpusession.agent.firststep run",
+        "from gpusession.agent.firststep import main; raise SystemExit(main())' run",
     ):
         assert name in text, name
 

@@ -2,7 +2,7 @@
 # The gpusession runtime's way into any image (gpusession/transport/bundle.py puts it in the runtime
 # bundle, mounted read-only at $ROOT). It finds the image's own Python, then
 #   sh boot.sh probe        prints one GPUSESSION_PYTHON line: that Python and what it has (JSON)
-#   sh boot.sh run ARGS...  runs `python -m gpusession.agent.firststep run ARGS...` (the kernel's
+#   sh boot.sh run ARGS...  runs gpusession.agent.firststep's main with `run ARGS...` (the kernel's
 #                           process first, then `gpusession.agent run ARGS...`) with the bundle's
 #                           code on PYTHONPATH; the kernel runs with the image's Python and packages
 # Without a python3 (3.9 or newer) it prints one GPUSESSION_FAILED line and exits 3.
@@ -72,7 +72,15 @@ case "$mode" in
         PYTHONPATH="$ROOT/code/lib${PYTHONPATH:+:$PYTHONPATH}"
         PYTHONUNBUFFERED=1
         export PYTHONPATH PYTHONUNBUFFERED
-        exec "$PY" -m gpusession.agent.firststep run "$@"
+        # no locale (most images): Python's start would make it C.UTF-8 (PEP 538) in its own
+        # environment only, which its kernel then gets; said here, the first step starts as that
+        # kernel does, and its fork can be the kernel (gpusession.agent.kernelspawn.Spawned.forked)
+        if [ -z "${LC_ALL:-}${LC_CTYPE:-}${LANG:-}" ]; then
+            LC_CTYPE=C.UTF-8
+            export LC_CTYPE
+        fi
+        # `-c`, not `-m`: runpy and its imports (~3 ms of CPU) are not on the way to the kernel
+        exec "$PY" -c 'from gpusession.agent.firststep import main; raise SystemExit(main())' run "$@"
         ;;
     *)
         echo "usage: sh boot.sh probe | run ARGS..." >&2

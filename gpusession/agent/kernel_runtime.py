@@ -118,14 +118,18 @@ class Runtime:
 
     def mark_ready(self) -> None:
         """A kernel that listens: counted (a restart makes the next generation) and said in
-        runtime.json. Called by await_kernel, and for the first step's kernel, which listened
-        before this loaded (READY said, its sockets shared): one of those that has ended since
+        runtime.json. Called by await_kernel; the first step's kernel, which listened before
+        this loaded (READY said, its sockets shared), is counted (count_ready) before the agent's
+        endpoint answers and written after it binds. One of those that has ended since
         (a restart asked while this loaded: ~0.1 s of imports, longer on a busy machine) is
         wait()'s to restart or to end with, as any later kernel's end; not a failed start
         (await_kernel's "exited during start")."""
+        self.count_ready()
+        self._write_runtime(ready=True)
+
+    def count_ready(self) -> None:
         self.generation += 1
         self.kernel_ready = True
-        self._write_runtime(ready=True)
 
     def where(self, info: dict) -> dict:
         """Where to connect, as KERNEL and READY say it (never the key: logs are read by more
@@ -286,6 +290,8 @@ def main(argv: list[str] | None = None, early: Early | None = None) -> int:
         if early is not None:
             rt.kernel, info = early.kernel, early.info
             rt.agent_socket, rt.ready_said = early.agent_socket, early.ready_said
+            if early.ready_said:  # counted before /health answers: a restart asked as soon as
+                rt.count_ready()  # it does is this kernel's (it said generation 0 and was lost)
         else:
             info = rt.spawn_kernel()
         # before the kernel is ready: runtime.json and READY carry the agent's port
@@ -294,7 +300,7 @@ def main(argv: list[str] | None = None, early: Early | None = None) -> int:
             # a client on this machine may connect now: ZMQ waits for the kernel's ports by itself
             print(marker_line(Marker.KERNEL, rt.where(info)), flush=True)
         if early is not None and early.ready_said:
-            rt.mark_ready()
+            rt._write_runtime(ready=True)
         else:
             rt.await_kernel(info)
     except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero

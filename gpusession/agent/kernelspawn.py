@@ -1,7 +1,8 @@
 """How the runtime starts a session's kernel (kernel_plan, write_connection_file), its restarts
 too; and early_kernel, the first one, started by gpusession.agent.firststep before the runtime
-loads. Standard library only, and nothing costly on the way to the first spawn (no json, re,
-enum or subprocess); Python 3.9 syntax.
+loads, in a fork of the first step (Spawned.forked: the kernel's own Python start spared).
+Standard library only, and nothing costly on the way to the first spawn (no json, re, enum or
+subprocess); Python 3.9 syntax.
 """
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ from __future__ import annotations
 import _signal
 import _thread
 import os
+import sys
 import time
 
 from ..core.envnames import (
     ENV_KERNEL_KEY,
     ENV_RESTORE,
     ENV_SESSION_ID,
+    ENV_SPAWN_FIRST,
     ENV_STATE_DIR,
     ENV_WORKSPACE,
     ENV_ZYGOTE,
@@ -197,6 +200,27 @@ class Spawned:
         self._known(argv)
 
     @classmethod
+    def forked(cls, argv: list[str], env: dict[str, str], cwd: str | None) -> "Spawned":
+        """The session's first kernel as a fork of this process (the first step, whose Python
+        has started already: the kernel's own start is spared), which runs the plan here where
+        a fresh start would end up the same (gpusession.agent.kernelzygote's test) and execs it
+        otherwise, as posix_spawn would have. Before the runtime loads: no thread runs yet."""
+        for stream in (sys.stdout, sys.stderr):  # nothing of this process's said twice
+            if stream is not None:
+                stream.flush()
+        made, told = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # never returns
+            os.close(made)
+            _become_kernel(argv, env, cwd, told)
+        os.close(told)
+        try:
+            os.read(made, 1)  # end of file: its session is made (or it ended), as a spawn's is
+        finally:
+            os.close(made)
+        return cls.adopt(pid, argv)
+
+    @classmethod
     def adopt(cls, pid: int, argv: list[str]) -> "Spawned":
         """A child of this process started otherwise (a kernel begun before the runtime)."""
         kernel = cls.__new__(cls)
@@ -231,6 +255,176 @@ class Spawned:
                 raise subprocess.TimeoutExpired(self.args, timeout)
             time.sleep(0.01)
         return self.returncode
+
+
+def _one_thread() -> bool:
+    """Does this process run one thread (a fork keeps only the caller's: an image's
+    sitecustomize may have started more)? Unknown (no /proc) is no."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+IN_PROCESS_MODULES = ("ipykernel_launcher", "gpusession.agent.kernelboot")
+
+
+def _become_kernel(argv: list[str], env: dict[str, str], cwd: str | None, told: int) -> None:
+    """In the child of Spawned.forked: this process as the kernel a spawn of `argv` would be
+    (a session of its own, the plan's environment, folder, umask and signals, sys.path and
+    sys.argv as `python -m` sets them), or the plan exec'd where it would not be the same; then
+    it ends as Python ends (threads joined, atexit run), never returning to the first step.
+    `told`: the pipe's end closed once the session is made (the parent's killpg finds it)."""
+    code: object = 1
+    try:
+        os.setsid()
+        os.close(told)
+        from . import kernelzygote as zygote
+
+        plan, started_with = _plan(argv, env, cwd), dict(os.environ)
+        module = argv[2] if len(argv) > 2 and argv[1] == "-m" else ""
+        prepended = not getattr(sys.flags, "safe_path", False)
+        if prepended:  # what the first step's start put first ('' for `-c`, its folder for `-m`)
+            del sys.path[0]
+        where, extra = _appended_path(sys.path, started_with, env)
+        same = (
+            module in IN_PROCESS_MODULES
+            and where >= 0
+            and _started_plainly(started_with)
+            and _site_folders_made_since(sys.path)
+            and zygote._same_start(  # its argv test is for the launcher: both modules pass it
+                dict(plan, argv=[argv[0], "-m", "ipykernel_launcher"]),
+                dict(started_with, PYTHONPATH=env.get("PYTHONPATH", "")),
+            )
+        )
+        if not same:
+            if cwd:
+                os.chdir(cwd)
+            os.execve(argv[0], argv, env)
+        zygote._take(plan, started_with, zygote._dispositions())
+        import importlib
+        import runpy
+
+        importlib.invalidate_caches()  # folders made since this Python started (a site's)
+
+        sys.path[where:where] = extra  # the plan's PYTHONPATH adds these after this one's
+        if prepended:
+            sys.path.insert(0, os.getcwd())  # as `-m` puts it (ipykernel_launcher takes it out)
+        sys.argv = ["-m", *argv[3:]]
+        code = 0
+        runpy._run_module_as_main(module)
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:  # noqa: BLE001 - said as Python says it, then the exit below
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    finally:
+        _exit_as_python(code)
+
+
+def _plan(argv: list[str], env: dict[str, str], cwd: str | None) -> dict:
+    """What a process this one spawned would start with (gpusession.agent.kernelzygote's plan):
+    argv, environment, folder, umask, and of this process's signals what an exec keeps: the
+    ignored ones (SIGUSR1 as _save_signal_for_next_kernel set it; SIGQUIT where this process's
+    parent ignored it) and the blocked ones; any other starts at its default."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return {
+        "argv": argv,
+        "env": env,
+        "cwd": cwd,
+        "umask": mask,
+        "ignored": [
+            int(s) for s in _signal.valid_signals() if _signal.getsignal(s) == _signal.SIG_IGN
+        ],
+        "blocked": [int(s) for s in _signal.pthread_sigmask(_signal.SIG_BLOCK, [])],
+    }
+
+
+def _started_plainly(env_now: dict[str, str]) -> bool:
+    """Did this Python start as `python -c` or `-m` with no option before (-S, -I, -X...: a
+    plain start of the kernel has none), and is its environment the one it started with (but for
+    our own variables)? Python's start changes it where it coerces a C locale (PEP 538:
+    LC_CTYPE=C.UTF-8, and UTF-8 mode on), which a Python started with the changed one does not
+    do (boot.sh says the locale first, so that it is the same). Unknown (no /proc) is no."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            if f.read().split(b"\0")[1:2] not in ([b"-c"], [b"-m"]):
+                return False
+        with open("/proc/self/environ", "rb") as f:
+            given = f.read().split(b"\0")
+    except OSError:
+        return False
+    from .kernelzygote import OWN_PREFIXES
+
+    start = dict(x.decode("utf-8", "surrogateescape").split("=", 1) for x in given if b"=" in x)
+    for name in set(start) | set(env_now):
+        if not name.startswith(OWN_PREFIXES) and start.get(name) != env_now.get(name):
+            return False
+    return True
+
+
+def _site_folders_made_since(path: list[str]) -> bool:
+    """The site folders made since this Python started (kernel_environment makes the one pip
+    installs into, which a fresh start puts on sys.path as it exists then), put on `path` where
+    that start puts them: the user's first, then the system's, in site's order. False where one
+    holds .pth files (what site would run for them: a fresh start then)."""
+    import site
+
+    order = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    order += site.getsitepackages()
+    for i, folder in enumerate(order):
+        if folder in path or not os.path.isdir(folder):
+            continue
+        if any(name.endswith(".pth") for name in os.listdir(folder)):
+            return False
+        later = [p for p in order[i + 1 :] if p in path]
+        path.insert(path.index(later[0]) if later else len(path), folder)
+    return True
+
+
+def _appended_path(
+    path: list[str], env_now: dict[str, str], env: dict[str, str]
+) -> tuple[int, list[str]]:
+    """Where in sys.path (`path`, without what the start put first: PYTHONPATH's folders lead)
+    the folders go that the kernel's PYTHONPATH adds after this process's (the bundle's pip, a
+    session's pip target), and which; (-1, []) where it is not this one's with folders added."""
+    ours = [p for p in env_now.get("PYTHONPATH", "").split(os.pathsep) if p]
+    theirs = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if theirs == ours:
+        return 0, []
+    given = path[: len(ours)]
+    if theirs[: len(ours)] != ours or [os.path.abspath(p) for p in given] != [
+        os.path.abspath(p) for p in ours
+    ]:
+        return -1, []
+    return len(ours), theirs[len(ours) :]
+
+
+def _exit_as_python(code: object) -> None:
+    """End this forked process as Python's own exit would: non-daemon threads joined, atexit
+    handlers run, the standard streams flushed, SystemExit's code turned into a status."""
+    try:
+        if "threading" in sys.modules:
+            sys.modules["threading"]._shutdown()
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001 - the exit goes on
+        pass
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code & 0xFF
+    else:
+        print(code, file=sys.stderr)
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - a closed stream
+            pass
+    os._exit(status)
 
 
 def _options(argv: list[str]) -> dict[str, str]:
@@ -281,22 +475,7 @@ def hand_to_zygote(
     kernel = Spawned.adopt(pid, argv)
     if kernel.poll() is not None:
         return None
-    mask = os.umask(0)
-    os.umask(mask)
-    plan = {
-        "argv": argv,
-        "env": env,
-        "cwd": cwd,
-        "umask": mask,
-        # what an exec keeps of this process's signals: the ignored ones (SIGUSR1 as
-        # _save_signal_for_next_kernel set it; SIGQUIT where this process's parent ignored it),
-        # and the blocked ones; any other starts at its default
-        "ignored": [
-            int(s) for s in _signal.valid_signals() if _signal.getsignal(s) == _signal.SIG_IGN
-        ],
-        "blocked": [int(s) for s in _signal.pthread_sigmask(_signal.SIG_BLOCK, [])],
-    }
-    replace_json(os.path.join(state_dir, ZYGOTE_PLAN), plan)
+    replace_json(os.path.join(state_dir, ZYGOTE_PLAN), _plan(argv, env, cwd))
     return kernel
 
 
@@ -313,6 +492,7 @@ def early_kernel(argv: list[str], zygote: int | None = None) -> tuple[Spawned, d
         int(opts.get("--kernel-ports") or 0),
     )
     forget_restart(state_dir)
+    spawn = os.environ.pop(ENV_SPAWN_FIRST, "") == "1"  # (no kernel's environment has it)
     argv_, env = kernel_plan(
         connection_file,
         state_dir,
@@ -325,7 +505,9 @@ def early_kernel(argv: list[str], zygote: int | None = None) -> tuple[Spawned, d
         kernel = hand_to_zygote(zygote, state_dir, argv_, env, cwd)
         if kernel is not None:
             return kernel, info
-    return Spawned(argv_, env, cwd), info
+    if spawn or (cwd and not os.path.isdir(cwd)) or not _one_thread():
+        return Spawned(argv_, env, cwd), info  # a missing folder: posix_spawn says so
+    return Spawned.forked(argv_, env, cwd), info
 
 
 EARLY_WAIT_S = (
@@ -383,6 +565,33 @@ def announce_early(early: Early, argv: list[str]) -> None:
     )
     say_ready(os.path.abspath(opts["--state-dir"]), said)
     early.ready_said = True
+
+
+SETTLE_S = 1.0  # the first step waits this long at most for the kernel's boot to end (settled)
+
+
+def settled(pid: int, limit: float = SETTLE_S) -> bool:
+    """Until the kernel's process has ended its boot: asleep, and no CPU spent, in two looks 10 ms
+    apart (its event loop waits), `limit` seconds at most. The runtime's imports then come after
+    the kernel's, not beside them: a listening kernel still boots for 0.1-0.2 s before it
+    answers, and on a busy machine CPU the runtime takes is CPU the kernel waits for."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions (after READY, never in the kernel)
+    from ..core.procs import stat_fields
+
+    deadline = time.monotonic() + limit
+    last = None
+    quiet = 0
+    while time.monotonic() < deadline:
+        fields = stat_fields(pid)
+        if fields is None:
+            return False
+        now = (fields[0], int(fields[11]) + int(fields[12]))
+        quiet = quiet + 1 if now[0] == "S" and last is not None and now[1] == last[1] else 0
+        if quiet >= 2:
+            return True
+        last = now
+        time.sleep(0.01)
+    return False
 
 
 def say_ready(state_dir: str, payload: dict) -> None:

@@ -16,6 +16,7 @@ ENV_RUNTIME_BRINGS = (
 )
 ENV_WORKSPACE = "GPUSESSION_WORKSPACE"  # the workspace's folder as the kernel sees it (its checkpoint goes there)
 ENV_ZYGOTE = "GPUSESSION_ZYGOTE"  # the pid of a kernel begun before the runtime (gpusession.agent.kernelzygote)
+ENV_SPAWN_FIRST = "GPUSESSION_SPAWN_FIRST_KERNEL"  # "1": the first kernel a fresh process, not the first step's fork
 ENV_RESTORE = "GPUSESSION_RESTORE"  # "1" for a session's first kernel when --resume asks to restore the checkpoint
 
 #: in the runtime's state folder: the first kernel's plan, for a kernel begun before the runtime

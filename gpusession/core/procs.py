@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def stat_fields(pid: int) -> list[str] | None:
     """/proc/PID/stat after the command name (which may hold spaces and parentheses)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -17,7 +17,7 @@ def _stat_fields(pid: int) -> list[str] | None:
 def start_ticks(pid: int) -> int | None:
     """When the process started, in clock ticks since boot: with the pid, it names one process
     (a reused pid has another start time). None where /proc cannot tell."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     try:
         return int(fields[19]) if fields else None  # field 22 of stat; fields start at field 3
     except (ValueError, IndexError):
@@ -33,7 +33,7 @@ def alive(pid: int, started: int | None = None) -> bool:
         return False
     except PermissionError:
         pass  # another user's process: it exists
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if fields is None:
         return True  # no /proc (not Linux): the signal check is all we have
     if fields[0] == "Z":
