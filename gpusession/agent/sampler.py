@@ -106,6 +106,7 @@ class Sampler:
         )
         self.gpus_visible = False
         self.message: str | None = None
+        self.sampled = threading.Event()  # set by the first sample
         self._cpu_clock = cpu_clock
         self._last_cpu: tuple[float, float] | None = None
         self._lock = threading.Lock()
@@ -133,6 +134,7 @@ class Sampler:
         with self._lock:
             self.gpus_visible, self.message = visible, message
             self.history.append(sample)
+        self.sampled.set()
         return sample
 
     def samples(self, since: float | None = None, limit: int | None = None) -> list[dict]:

@@ -135,6 +135,7 @@ def start(rt, args: AgentArgs) -> Watchdog | None:
         check_interval_s=args.check_interval or 1.0,
         sample_interval_s=args.sample_interval,
     )
+    watchdog.running = True  # its thread starts below: /stats, served first, waits for a sample
     if args.agent_port >= 0:
         _serve_endpoint(rt, args, watchdog)
     rt.stop_hooks.append(lambda reason: _on_stop(rt, watchdog, args, reason))

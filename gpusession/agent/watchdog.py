@@ -14,6 +14,8 @@ from .idle import ActivityTracker, Verdict
 from .sampler import Sampler
 from .usage import UsageTracker
 
+FIRST_SAMPLE_WAIT_S = 5.0  # /stats asked before the first sample waits this long at most for it
+
 
 class Watchdog:
     """Ticks every `check_interval_s`; samples every `sample_interval_s`; calls `stop(reason)`
@@ -52,6 +54,7 @@ class Watchdog:
         self.usage = UsageTracker()  # the whole session's GPU use, for right-sizing advice
         self.stop_reason: StopReason | None = None
         self.done = threading.Event()
+        self.running = False  # its thread runs, or is about to (service.start): it samples
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -98,6 +101,7 @@ class Watchdog:
     def run(self, stop_event: threading.Event | None = None) -> None:
         """The thread body: tick until a stop was decided (or stop_event is set)."""
         stop_event = stop_event or threading.Event()
+        self.running = True
         while not self.done.is_set() and not stop_event.is_set():
             try:
                 self.tick()
@@ -119,7 +123,12 @@ class Watchdog:
         return granted
 
     def stats(self, since: float | None = None, limit: int | None = None) -> dict[str, Any]:
-        """The /stats document (docs/gpu-agent.md describes every field)."""
+        """The /stats document (docs/gpu-agent.md describes every field). Asked before the
+        first sample (right after the start: the endpoint serves before the watchdog's first
+        tick), it waits for it, FIRST_SAMPLE_WAIT_S at most: a document without a reading says
+        nothing."""
+        if self.running:  # (a watchdog driven by hand, a test's, samples when it is told)
+            self.sampler.sampled.wait(FIRST_SAMPLE_WAIT_S)
         now = self.clock()
         with self._lock:
             verdict = self.tracker.evaluate(now)
