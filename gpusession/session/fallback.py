@@ -56,12 +56,12 @@ def provision_placed(
     `price`: the backend's price of a spec (Backend.price_per_hour with the catalog)."""
     while True:
         try:
-            placed = backend.place(store.get(record.id), progress)
+            current = store.get(record.id)
+            placed = backend.place(current, progress)  # it writes nothing (Backend.place)
             if placed:
-                record = store.get(record.id)
-                spec = dataclasses.replace(record.spec, extra={**record.spec.extra, **placed})
-                record = store.respec(record.id, spec)
-            backend.provision(store.get(record.id), progress)
+                spec = dataclasses.replace(current.spec, extra={**current.spec.extra, **placed})
+                current = store.respec(record.id, spec)
+            backend.provision(current, progress)
             return store.get(record.id)
         except NoCapacity as exc:
             record = store.get(record.id)

@@ -199,9 +199,8 @@ class Store:
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)  # busy: wait 30 s
         try:
-            db.execute("PRAGMA busy_timeout=30000")
             db.execute("PRAGMA foreign_keys=ON")
             db.row_factory = sqlite3.Row
             yield db
@@ -269,7 +268,7 @@ class Store:
                 "INSERT INTO events (session_id, state, at, detail) VALUES (?,?,?,?)",
                 (sid, State.REQUESTED.value, t, f"{spec.backend} {spec.gpu_type}:{spec.gpu_count}"),
             )
-        return self.get(sid)
+            return self._by_id(db, sid)
 
     def transition(
         self,
@@ -305,7 +304,7 @@ class Store:
                 )
                 if state in DRIVEN_STATES and state != current:  # this process drives it now
                     self._merge(db, session_id, driver=owner_id())
-        return self.get(session_id)
+            return self._by_id(db, session_id)
 
     def take_over(self, session_id: str, driver: str, state: State) -> SessionRecord | None:
         """Become the driver of a session still in `state` under `driver` (a process found
@@ -323,7 +322,7 @@ class Store:
             if (resource.get("driver") or row["owner"]) != driver:
                 return None
             self._merge(db, session_id, driver=owner_id())
-        return self.get(session_id)
+            return self._by_id(db, session_id)
 
     @staticmethod
     def _merge(db: sqlite3.Connection, session_id: str, **values: Any) -> None:
@@ -344,7 +343,7 @@ class Store:
                 "UPDATE sessions SET resource=?, updated_at=? WHERE id=?",
                 (json.dumps(resource), now(), session_id),
             )
-        return self.get(session_id)
+            return self._by_id(db, session_id)
 
     # -- hosts a listing could not reach (remembered, so later listings do not wait on them) --
 
@@ -406,7 +405,7 @@ class Store:
                 "INSERT INTO events (session_id, state, at, detail) SELECT id, state, ?, ? FROM sessions WHERE id=?",
                 (now(), detail, session_id),
             )
-        return self.get(session_id)
+            return self._by_id(db, session_id)
 
     def retype(
         self, session_id: str, spec: LaunchSpec, price_per_hour: float, detail: str
@@ -424,7 +423,7 @@ class Store:
                 "INSERT INTO events (session_id, state, at, detail) SELECT id, state, ?, ? FROM sessions WHERE id=?",
                 (now(), detail, session_id),
             )
-        return self.get(session_id)
+            return self._by_id(db, session_id)
 
     def respec(self, session_id: str, spec: LaunchSpec) -> SessionRecord:
         """Its backend chose where, within what the user asked (`Backend.place`: a pool's box):
@@ -436,7 +435,7 @@ class Store:
                 "UPDATE sessions SET spec=?, updated_at=? WHERE id=?",
                 (json.dumps(spec.to_dict()), now(), session_id),
             )
-        return self.get(session_id)
+            return self._by_id(db, session_id)
 
     def note(self, session_id: str, detail: str) -> None:
         """Record an event without changing state (a warning, a keepalive, a reconnect)."""
@@ -484,6 +483,14 @@ class Store:
             error=row["error"],
             events=events,
         )
+
+    def _by_id(self, db: sqlite3.Connection, session_id: str) -> SessionRecord:
+        """The record as a write left it, read in that write's own transaction and connection
+        (a connection less than `get` after it: a start writes some twenty records)."""
+        row = db.execute("SELECT * FROM sessions WHERE id=?", (session_id,)).fetchone()
+        if row is None:
+            raise UnknownSession(f"no session with id {session_id}")
+        return self._record(db, row)
 
     def get(self, key: str) -> SessionRecord:
         """By id, name or id prefix (8+ chars): exactly one record, else UnknownSession (several
@@ -540,7 +547,7 @@ class Store:
                 "UPDATE sessions SET name=?, spec=?, updated_at=? WHERE id=?",
                 (name, json.dumps(spec), now(), new_id),
             )
-        return self.get(new_id)
+            return self._by_id(db, new_id)
 
     def list(self, *, active_only: bool = False, limit: int | None = None) -> list[SessionRecord]:
         q = "SELECT * FROM sessions"
