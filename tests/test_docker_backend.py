@@ -507,6 +507,101 @@ def test_missing_image_is_an_actionable_error(docker_env, manager, engine):
     _never_ran(manager)
 
 
+@engine_test
+def test_a_workspace_volume_of_another_store_is_refused_and_left_as_it_is(
+    docker_env, manager, engine
+):
+    """The engine's volume create hands over a volume it has already (with that one's labels): a
+    volume of this workspace's name that another session store made is refused in one line, and
+    stays as it was; one this store made is taken, "kept from an earlier session"."""
+    from gpusession.configuration.agentargs import workspace_volume
+
+    name = f"w{os.getpid()}"
+    volume = workspace_volume(name, manager.store.store_id)
+    other = {"gpusession.workspace": name, "gpusession.session.store": "another-store"}
+    engine.volumes.create(volume, labels=other)
+    try:
+        err = _start_fails(manager, workspace=name)
+        assert err.stage == "provision"
+        assert err.message == (
+            f"volume {volume} belongs to another session store; name another workspace "
+            "(--workspace)"
+        )
+        assert engine.volumes.get(volume).attrs["Labels"] == other
+        (record,) = manager.list()
+        assert _ours(engine, record.id) == [] and "container_id" not in record.resource
+    finally:
+        engine.volumes.get(volume).remove(force=True)
+    lines: list[str] = []
+    first = manager.start(
+        manager.make_spec("t4", backend="docker", idle="off", workspace=name), lines.append
+    )
+    first.stop()
+    again = manager.start(
+        manager.make_spec("t4", backend="docker", idle="off", workspace=name), lines.append
+    )
+    try:
+        said = [line.split("] ", 1)[-1] for line in lines if f"workspace {name}:" in line]
+        assert said == [
+            f"provision: workspace {name}: new volume {volume}",
+            f"provision: workspace {name}: volume {volume}, kept from an earlier session",
+        ], lines
+    finally:
+        again.stop()
+        engine.volumes.get(volume).remove(force=True)
+
+
+@engine_test
+def test_a_workspace_made_before_its_engine_restarted_is_kept_and_another_stores_still_refused(
+    docker_env, manager, remote
+):
+    """The engine's host restarted its sshd and dockerd (the CI failure of stop 48): the
+    manager's engine connection, made before, logs in again (its first request met a reset
+    connection, and urllib3 then read from no socket: AttributeError). Docker 20.10, restarted,
+    answers a create of a volume it had with no labels (its inspect has them): a workspace this
+    store made before is taken, "kept", with its file; another store's is still refused."""
+    from gpusession.backends.docker.engine import engine_client
+    from gpusession.configuration.agentargs import workspace_volume
+    from support.hosts import REMOTE_SCRIPT, ensure_remote_host
+    from support.slots import script_env
+
+    name, foreign = f"r{os.getpid()}", f"f{os.getpid()}"
+    ours, theirs = (workspace_volume(n, manager.store.store_id) for n in (name, foreign))
+    other = {"gpusession.workspace": foreign, "gpusession.session.store": "another-store"}
+    spec = dict(backend="docker", idle="off", host=remote["url"])
+    first = manager.start(manager.make_spec("t4", workspace=name, **spec))
+    first.kernel.execute("open('kept.txt', 'w').write('before the restart')", silent=True)
+    first.stop()
+    engine_client(remote["url"]).volumes.create(theirs, labels=other)
+    down = subprocess.run(
+        ["bash", str(REMOTE_SCRIPT), "down"], capture_output=True, text=True, env=script_env()
+    )
+    assert down.returncode == 0, down.stdout + down.stderr
+    ensure_remote_host()
+    client = engine_client(remote["url"])
+    try:
+        assert client.volumes.create(ours).attrs.get("Labels") is None, "the engine's bug is gone"
+        with pytest.raises(StageError) as err:
+            manager.start(manager.make_spec("t4", workspace=foreign, **spec))
+        assert err.value.stage == "provision" and err.value.message == (
+            f"volume {theirs} belongs to another session store; name another workspace "
+            "(--workspace)"
+        )
+        lines: list[str] = []
+        again = manager.start(manager.make_spec("t4", workspace=name, **spec), lines.append)
+        try:
+            said = [line.split("] ", 1)[-1] for line in lines if f"workspace {name}:" in line]
+            assert said == [
+                f"provision: workspace {name}: volume {ours}, kept from an earlier session"
+            ], lines
+            assert again.kernel.evaluate("open('kept.txt').read()") == "'before the restart'"
+        finally:
+            again.stop()
+    finally:
+        for volume in (ours, theirs):
+            client.volumes.get(volume).remove(force=True)
+
+
 def _never_ran(manager) -> None:
     """A start that failed before its container ran cost $0 and says "never ran" in the sidebar's
     view, `gpusession list` and `%gpu status` (not "ran 0s", the minute minimum)."""
@@ -527,10 +622,56 @@ def _never_ran(manager) -> None:
 
 BROKEN_PYTHON = """FROM {image}
 RUN mkdir /broken && printf '%s\\n' '#!/bin/sh' \\
-    'case "$1" in -m) echo "agent cannot start" >&2; exit 3 ;; esac' 'exec /opt/venv/bin/python3 "$@"' \\
+    'case "$*" in *gpusession.agent.firststep*) echo "agent cannot start" >&2; exit 3 ;; esac' \\
+    'exec /opt/venv/bin/python3 "$@"' \\
     >/broken/python3 && chmod 755 /broken/python3
 ENV PATH=/broken:/opt/venv/bin:/usr/local/bin:/usr/bin:/bin
 """
+
+
+@engine_test
+def test_the_lean_create_and_followed_log_are_the_sdks_own(tmp_path):
+    """engine.create_container and engine.followed_log skip a round trip each of docker-py's
+    (issue 35): the container they make is the one `containers.create` makes with the same
+    arguments, and the followed log says the same lines, to the container's end."""
+    import docker
+
+    from gpusession.backends.docker.engine import create_container, followed_log
+
+    client = docker.from_env()
+    options = dict(
+        entrypoint=["/bin/sh", "-c"],
+        command=["echo one; echo two >&2; sleep 0.3; echo three"],
+        detach=True,
+        init=True,
+        labels={"gpusession.test": "lean-create"},
+        network_mode="host",
+        volumes={str(tmp_path): {"bind": "/mnt/t", "mode": "ro"}},
+        group_add=["4321"],
+        device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])],
+    )
+    environment = {"A": "1", "GPUSESSION_X": "a=b"}
+    lean = create_container(client, product_image(), environment, **options)
+    containers = [lean]
+    try:
+        containers.append(
+            client.containers.create(product_image(), environment=environment, **options)
+        )
+        assert lean.attrs["Config"]["Env"] == ["A=1", "GPUSESSION_X=a=b"]
+        made = [client.api.inspect_container(c.id) for c in containers]
+        for key in ("Config", "HostConfig"):
+            assert {k: v for k, v in made[0][key].items() if k != "Hostname"} == {
+                k: v for k, v in made[1][key].items() if k != "Hostname"
+            }, key
+        lean.start()
+        lines = b"".join(followed_log(lean)).decode().split()
+        # both streams (each its own pipe: their order within 0.3 s is the engine's), to the end
+        assert sorted(lines[:2]) == ["one", "two"] and lines[2:] == ["three"]
+        lean.reload()
+        assert lean.status == "exited"
+    finally:
+        for container in containers:
+            container.remove(force=True)
 
 
 @engine_test

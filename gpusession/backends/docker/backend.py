@@ -70,6 +70,7 @@ from .engine import (
     STORE_LABEL,
     container_logs,
     container_states,
+    create_container,
     docker_sdk,
     engine_client,
     engine_errors,
@@ -82,7 +83,7 @@ from .engine import (
     wait_for_marker,
 )
 from .engine_probe import endpoints, engine_place, gives_gpus, on_this_machine
-from .gpus import GPUS_LABEL, NAME_LABEL, holders, pick, read_box, refusal
+from .gpus import GPUS_LABEL, NAME_LABEL, Reading, holders, pick, read_box, refusal
 from .pools import ask_pool, best_box, chosen_line, free_by_name, full_line, type_matches
 from .runtime_volumes import remove_copy, stale_resources
 from .workspace_volumes import EngineWorkspaces
@@ -160,6 +161,8 @@ class DockerBackend(EngineWorkspaces, Backend):
         super().__init__(config, recorder)
         self._clients: dict[str, Any] = {}
         self._known: dict[str, Any] = {}  # engine -> runtime.KnownVolumes
+        # session id -> its container as provision started it, taken by connect (one inspect less)
+        self._started: dict[str, Any] = {}
 
     @classmethod
     def available(cls, timeout: float = 2.0) -> bool:
@@ -328,7 +331,7 @@ class DockerBackend(EngineWorkspaces, Backend):
 
     def provision(self, record: SessionRecord, progress: Progress) -> None:
         # lazy: docs/architecture.md#imports-kept-inside-functions
-        from .container_setup import find_or_pull_image, kernel_socket_dir
+        from .container_setup import find_or_pull_image, kernel_socket_dir, local_image
 
         spec = record.spec
         progress.step(f"connecting to the Docker engine {spec.extra.get('host') or '(local)'}")
@@ -336,10 +339,12 @@ class DockerBackend(EngineWorkspaces, Backend):
         self.recorder.save(
             record.id, engine=spec.extra.get("host") or ""
         )  # from here its engine may hold something (stop, gc)
-        devices = self._place(client, record, progress)  # before anything is made there
+        reading = self._begin_reading(client, spec)  # while the image is looked up
         name = spec.extra.get("image") or self.default_image()
         labels = {LABEL: record.id, STORE_LABEL: self.recorder.store_id}
-        image = find_or_pull_image(client, name, progress)
+        image = local_image(client, name)  # None: pulled once a GPU is known to be free
+        devices = self._place(client, record, progress, reading)  # before anything is made there
+        image = image or find_or_pull_image(client, name, progress)
         runtime = self._prepare_runtime(client, spec.extra.get("host"), image, labels, progress)
         workspace, volumes = self.workspace_volume(
             client, record, image, labels, progress
@@ -393,10 +398,27 @@ class DockerBackend(EngineWorkspaces, Backend):
             container = create(devices=devices)
         return container
 
-    def _place(self, client, record: SessionRecord, progress: Progress) -> list[str] | None:
+    @staticmethod
+    def _begin_reading(client, spec: LaunchSpec) -> Reading | None:
+        """This machine's GPU reading (nvidia-smi's process), begun now where the start picks
+        GPUs itself (_place). A remote box is read when it is picked, as before: its reading
+        shares the engine's SSH connection with the image's lookup, whose pool it may trim."""
+        wanted = spec.extra.get("gpus")
+        if (
+            spec.extra.get("host")
+            or wanted in ("all", "shared")
+            or (isinstance(wanted, str) and wanted.startswith("device="))
+        ):
+            return None
+        return Reading(client, None)
+
+    def _place(
+        self, client, record: SessionRecord, progress: Progress, begun: Reading | None = None
+    ) -> list[str] | None:
         """The GPUs the session's container is pinned to (their UUIDs), chosen on its box: free
         ones, least busy first (backends/docker/gpus.py), recorded (`gpus`, `gpu_indices`);
-        None where the engine picks (--gpus all or shared, or a box without a reading)."""
+        None where the engine picks (--gpus all or shared, or a box without a reading).
+        `begun`: the box's reading, begun earlier (_begin_reading)."""
         spec = record.spec
         wanted = spec.extra.get("gpus")
         if isinstance(wanted, str) and wanted.startswith("device="):
@@ -409,7 +431,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         host = spec.extra.get("host")
         where = host or "this machine"
         progress.step(f"looking for {count} free GPU{'s' if count > 1 else ''} on {where}")
-        reading = read_box(client, host)
+        reading = begun.result() if begun is not None else read_box(client, host)
         if reading is None:
             return None
         chosen = self._pick(client, spec, where, reading[0], count)
@@ -482,7 +504,8 @@ class DockerBackend(EngineWorkspaces, Backend):
         docker = docker_sdk()
         progress.step(f"creating container from {name}")
         try:
-            container = client.containers.create(
+            container = create_container(
+                client,
                 image.id,
                 entrypoint=entrypoint,
                 command=command,
@@ -527,6 +550,7 @@ class DockerBackend(EngineWorkspaces, Backend):
                 raise BackendUnavailable(NO_NVIDIA.format(detail=text)) from None
             raise StageError("provision", f"cannot start the container: {text}") from None
         self.recorder.save(record.id, **{BILLED_FROM: time.time()})  # billed from its start
+        self._started[record.id] = container
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
         # lazy: docs/architecture.md#imports-kept-inside-functions
@@ -534,7 +558,9 @@ class DockerBackend(EngineWorkspaces, Backend):
 
         res = record.resource
         client = self.client(record.spec.extra.get("host"))
-        container = get_container(client, res.get("container_id"))
+        container = self._started.pop(record.id, None) or get_container(
+            client, res.get("container_id")
+        )
         if container is None:
             raise StageError("connect", f"container {res.get('container_id', '?')[:12]} is gone")
         tunnel = opening = None
@@ -667,6 +693,7 @@ class DockerBackend(EngineWorkspaces, Backend):
         """Remove the container (keeping the end of its log in the record when a start is being
         torn down) and record `removed_at`, so gc stops asking its engine about it. A start that
         never saved `engine` never reached its engine: there is nothing to ask it for."""
+        self._started.pop(record.id, None)
         res = record.resource
         if record.spec.backend == self.name and ("engine" in res or res.get("container_id")):
             container = self._find(record)

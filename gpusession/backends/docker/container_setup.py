@@ -64,15 +64,23 @@ class PreparedRuntime:
     volumes: dict[str, dict[str, str]]  # for containers.create(volumes=...): the bundle, read-only
 
 
-def find_or_pull_image(client, image: str, progress: Progress):
-    """The engine's image `image`; pulled when it has none, with a line about bytes and layers
-    done every few seconds and one saying what stays cached."""
+def local_image(client, image: str):
+    """The engine's image `image`, None where it has none (find_or_pull_image pulls it)."""
     docker = docker_sdk()
     with engine_errors("while looking for the image"):
         try:
             return client.images.get(image)
         except docker.errors.ImageNotFound:
-            pass
+            return None
+
+
+def find_or_pull_image(client, image: str, progress: Progress):
+    """The engine's image `image`; pulled when it has none, with a line about bytes and layers
+    done every few seconds and one saying what stays cached."""
+    found = local_image(client, image)
+    if found is not None:
+        return found
+    docker = docker_sdk()
     repo, tag = docker.utils.parse_repository_tag(image)
     pull = PullProgress(image)
     progress.step(f"pulling {image}: it is not on the engine yet")

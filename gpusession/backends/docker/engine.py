@@ -106,6 +106,7 @@ def engine_client(host: str | None):
                 )  # a dropped channel or SSH connection: reconnect, retry reads once
             else:
                 client = docker.from_env(timeout=60)
+            quiet_environment(client)
             client.ping()
         except docker.errors.DockerException as exc:
             if host:
@@ -116,6 +117,14 @@ def engine_client(host: str | None):
                 "or use --backend local"
             ) from None
     return client
+
+
+def quiet_environment(client) -> None:
+    """An engine on a unix socket or over SSH takes no HTTP proxy: its client stops asking the
+    environment for one (requests reads every variable of os.environ at each API call, and a
+    start makes seven). A tcp:// engine keeps HTTP(S)_PROXY and NO_PROXY."""
+    if not str(client.api.base_url).startswith(("http://", "https://")):
+        client.api.trust_env = False
 
 
 def _check_reachable(url: str, timeout: float = 10.0) -> None:
@@ -198,6 +207,45 @@ def get_container(client, container_id: str | None):
         return None
 
 
+def create_container(client, image: str, environment: dict[str, str], **kwargs):
+    """`client.containers.create(image, environment=..., **kwargs)` without the inspect docker-py
+    makes after it: a round trip between every session's create and its start. The model holds
+    the id and the environment (what a start reads of it: the kernel's key); `reload()` fills the
+    rest. docker 7.x's own conversion of the arguments; the SDK's call where that is not there."""
+    try:
+        from docker.models.containers import _create_container_args
+
+        version = client.api._version
+    except (ImportError, AttributeError):  # another docker-py: its own call, inspect and all
+        return client.containers.create(image, environment=environment, **kwargs)
+    made = client.api.create_container(
+        **_create_container_args(
+            {**kwargs, "image": image, "environment": environment, "version": version}
+        )
+    )
+    env = [f"{name}={value}" for name, value in environment.items()]
+    return client.containers.prepare_model({"Id": made["Id"], "Config": {"Env": env}})
+
+
+def followed_log(container):
+    """`container.logs(stdout, stderr, stream, follow)` without the inspect docker-py makes before
+    it reads (is the container a TTY? ours never are): that round trip came between a start's
+    request for the log and its first line. docker 7.x's own stream; the SDK's call where that
+    is not there."""
+    docker = docker_sdk()
+    api = container.client.api
+    try:
+        get, check = api._get, api._raise_for_status
+        helper = api._multiplexed_response_stream_helper
+        url = api._url("/containers/{0}/logs", container.id)
+    except AttributeError:  # another docker-py
+        return container.logs(stdout=True, stderr=True, stream=True, follow=True)
+    params = {"stdout": 1, "stderr": 1, "timestamps": 0, "follow": 1, "tail": "all"}
+    response = get(url, params=params, stream=True)
+    check(response)
+    return docker.types.CancellableStream(helper(response), response)
+
+
 def remove_container(container) -> None:
     docker = docker_sdk()
     try:
@@ -227,7 +275,7 @@ def wait_for_marker(container, marker: Marker, timeout: float, stage: str) -> An
     deadline = time.monotonic() + timeout
     while True:
         with engine_errors("while reading the container's log"):
-            stream = container.logs(stdout=True, stderr=True, stream=True, follow=True)
+            stream = followed_log(container)
         try:
             found = _follow(stream, marker, deadline, timeout, stage)
         finally:

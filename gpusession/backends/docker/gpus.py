@@ -229,6 +229,31 @@ def read_box(client: Any, host: str | None) -> tuple[list[BoxGpu], str] | None:
         return None  # a recording that is no recording: no reading
 
 
+class Reading:
+    """read_box begun in a thread now (a process here, an SSH exec for a remote box: seconds
+    where nvidia-smi is slow), its result taken when the GPUs are picked: the image's lookup
+    goes on meanwhile."""
+
+    def __init__(self, client: Any, host: str | None):
+        import threading
+
+        self._found: tuple[list[BoxGpu], str] | None = None
+        self._thread = threading.Thread(
+            target=self._read, args=(client, host), name="gpusession-gpu-reading", daemon=True
+        )
+        self._thread.start()
+
+    def _read(self, client: Any, host: str | None) -> None:
+        try:
+            self._found = read_box(client, host)
+        except Exception:  # noqa: BLE001 - no reading: the engine picks, as read_box's own failures
+            self._found = None
+
+    def result(self) -> tuple[list[BoxGpu], str] | None:
+        self._thread.join(READ_TIMEOUT + 5)
+        return self._found
+
+
 def holders(containers: list[dict]) -> dict[str, Holder]:
     """Device id (a UUID or an index, as the request wrote it) -> who holds it, from the
     engine's containers' attributes (every container that is not exited or dead)."""

@@ -16,7 +16,12 @@ And a fourth: sshd allows 10 session channels per connection by default (MaxSess
 the pool keeps up to 10 idle ones, so a few calls at once beside them (a start's helpers, a
 pull, a stream) were refused: "Unable to open channel" / ChannelException 'Connect failed'.
 
-`make_resilient(client)` fixes the four on a DockerClient made for an `ssh://` URL: a pooled
+A fifth: a channel that cannot open because the SSH connection died under the pool (a restarted
+sshd, a rebooted host; paramiko re-raises the reset, ECONNRESET) was passed over by urllib3 (a
+server may answer before it resets) and the response read from no socket: AttributeError. It is
+`TransportGone` now, and the request, of which nothing went out, goes once more on a new login.
+
+`make_resilient(client)` fixes the five on a DockerClient made for an `ssh://` URL: a pooled
 channel that is closed or at EOF is dropped before use; a dead transport is reconnected (host
 key checked again, as docker-py does) and the pools made anew; idempotent requests (GET, HEAD,
 PUT, DELETE) are retried once when the connection drops under them (POSTs - create, start, exec
@@ -125,9 +130,12 @@ def _connection_class():
             for attempt in range(OPEN_TRIES):
                 try:
                     return super().connect()
-                except paramiko.SSHException:  # refused (MaxSessions) or the connection is gone
+                except (paramiko.SSHException, OSError, EOFError) as exc:
+                    # refused (MaxSessions), or the connection is gone
                     transport = self.ssh_transport
-                    if transport is None or not transport.is_active() or attempt == OPEN_TRIES - 1:
+                    if transport is None or not transport.is_active():
+                        raise TransportGone(f"the SSH connection is gone: {exc}") from exc
+                    if attempt == OPEN_TRIES - 1 or not isinstance(exc, paramiko.SSHException):
                         raise
                     if self.pool is not None:
                         self.pool.close_idle()
@@ -176,6 +184,17 @@ def _adapter_class(pool_class):
     from docker.transport.sshconn import SSHConnectionPool, SSHHTTPAdapter
 
     class Adapter(SSHHTTPAdapter):
+        def send(self, request, *args, **kwargs):
+            import requests
+
+            try:
+                return super().send(request, *args, **kwargs)
+            except requests.exceptions.ConnectionError as exc:
+                if not _gone_before_sending(exc):
+                    raise
+            # nothing of it went out: get_connection logs in again, and it goes once more
+            return super().send(request, *args, **kwargs)
+
         def get_connection(self, url, proxies=None):
             transport = self.ssh_client.get_transport() if self.ssh_client else None
             if self.ssh_client and (transport is None or not transport.is_active()):
@@ -189,6 +208,28 @@ def _adapter_class(pool_class):
             return pool
 
     return Adapter
+
+
+class TransportGone(ConnectionError):
+    """A channel could not open: the SSH connection under the pool died (a restarted sshd, a
+    rebooted host). Nothing was sent. No errno: urllib3 passes over a request's ECONNRESET (a
+    server may have answered before it closed), and read a response from no socket then."""
+
+
+def _gone_before_sending(exc: BaseException) -> bool:
+    """Does TransportGone lie under `exc` (requests' error, urllib3's MaxRetryError, ...)?"""
+    todo, seen = [exc], set()
+    while todo and len(seen) < 32:
+        e = todo.pop()
+        if isinstance(e, TransportGone):
+            return True
+        seen.add(id(e))
+        todo.extend(
+            x
+            for x in (e.__cause__, e.__context__, getattr(e, "reason", None), *e.args)
+            if isinstance(x, BaseException) and id(x) not in seen
+        )
+    return False
 
 
 def _retry():

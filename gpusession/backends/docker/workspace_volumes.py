@@ -27,6 +27,7 @@ OWNER_TIMEOUT_S = 60.0
 COPY_TIMEOUT_S = 3600.0  # a moved workspace's copy from its staging volume, inside the engine
 INCOMING_SUFFIX = "-incoming"  # a workspace's staging volume while it moves in
 INCOMING_LABEL = "gpusession.incoming"  # on it: the workspace's name (not listed as a workspace)
+MADE_LABEL = "gpusession.made-by"  # on a workspace's volume: the token of the start that made it
 
 
 def _remove_volume_if(client, name: str, labels: dict[str, str]) -> None:
@@ -53,29 +54,47 @@ def ensure_volume(
 ) -> dict[str, dict[str, str]]:
     """The workspace's volume (made when new; a resume needs it to exist), writable by the image's
     USER; returned as containers.create(volumes=...) wants it."""
+    import uuid
+
     docker = docker_sdk()
     volume_name = workspace_volume(name, store_label[1])
+    token = uuid.uuid4().hex
     with engine_errors("while looking for the workspace's volume"):
         try:
-            found = client.volumes.get(volume_name)
-            if (found.attrs.get("Labels") or {}).get(store_label[0]) != store_label[1]:
-                raise StageError(
-                    "provision",
-                    f"volume {volume_name} belongs to another session store; "
-                    "name another workspace (--workspace)",
+            # one request: the engine makes it, or hands over the one it has (with that one's
+            # labels: this start's token there says it is new); a resume needs it to exist
+            found = (
+                client.volumes.get(volume_name)
+                if resume
+                else client.volumes.create(
+                    volume_name,
+                    labels={
+                        WORKSPACE_LABEL: name,
+                        store_label[0]: store_label[1],
+                        MADE_LABEL: token,
+                    },
                 )
-            progress.step(f"workspace {name}: volume {volume_name}, kept from an earlier session")
-        except docker.errors.NotFound:
-            if resume:
-                raise StageError(
-                    "provision",
-                    f"no workspace {name} on this engine to resume "
-                    "(`gpusession workspaces` lists them)",
-                ) from None
-            progress.step(f"workspace {name}: new volume {volume_name}")
-            client.volumes.create(
-                volume_name, labels={WORKSPACE_LABEL: name, store_label[0]: store_label[1]}
             )
+        except docker.errors.NotFound:
+            raise StageError(
+                "provision",
+                f"no workspace {name} on this engine to resume (`gpusession workspaces` lists them)",
+            ) from None
+        if found.attrs.get("Labels") is None and not resume:
+            # Docker 20.10 answers a create of a volume it had before it restarted with no labels
+            # (its inspect has them): asked again, a kept volume is not taken for another store's
+            found = client.volumes.get(volume_name)
+    labels = found.attrs.get("Labels") or {}
+    if labels.get(store_label[0]) != store_label[1]:
+        raise StageError(
+            "provision",
+            f"volume {volume_name} belongs to another session store; "
+            "name another workspace (--workspace)",
+        )
+    if labels.get(MADE_LABEL) == token:
+        progress.step(f"workspace {name}: new volume {volume_name}")
+    else:
+        progress.step(f"workspace {name}: volume {volume_name}, kept from an earlier session")
     user = (image.attrs.get("Config") or {}).get("User") or ""
     if user and user.split(":")[0] not in ("0", "root"):
         _give_to(client, image.id, volume_name, user, helper_labels)
