@@ -160,6 +160,19 @@ def _no_user_settings(tmp_path_factory, monkeypatch) -> None:
     monkeypatch.setenv("GPUSESSION_SETTINGS", str(unset))
 
 
+@pytest.fixture(autouse=True)
+def _umask_kept():
+    """A test leaves this worker's umask as it found it: the agent's code run in-process sets 077
+    for its own process, and a worker's later aws tests then made the fake instances' shared
+    /var/lib/gpusession 0700, so that no instance's login could read its boot's status (every
+    worker's aws starts timed out, "no image pull seen": CI stop 51)."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    after = os.umask(before)
+    assert after == before, f"the test left this process's umask {after:o} (was {before:o})"
+
+
 @pytest.fixture
 def gs_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "gshome"

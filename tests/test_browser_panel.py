@@ -453,6 +453,7 @@ def test_widget_panel_in_a_notebook(lab, page, timings):
         sync_api.expect(card.locator(".gpusession-widget-action-message")).to_contain_text(
             "stopped: ran "
         )
-        assert not card.locator(".gpusession-widget-stop").is_visible()
+        # hidden by a later message of the same update than the state's text: waited for
+        sync_api.expect(card.locator(".gpusession-widget-stop")).to_be_hidden()
         assert lab.manager.get(record.id).state == State.STOPPED
         assert not page.errors, page.errors

@@ -9,16 +9,20 @@
 #   wrap (pid_max is 32768 on the CI machines, and a suite run goes through it): that process
 #   started after the file was written, so it is not ours (a CI run found gw0's ssh:// host
 #   "alive" with no engine answering, and every later test of that worker failed its setup).
-_BOOT=$(awk '/^btime/ {print $2}' /proc/stat)
 _HZ=$(getconf CLK_TCK)
 alive() {
-    local pid line fields written
+    local pid line fields written up now
     pid=$(cat "$1" 2>/dev/null) && [[ $pid =~ ^[0-9]+$ ]] || return 1
     line=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
     read -r -a fields <<<"${line##*) }"   # after the command name: state is [0], start time [19]
     [ "${fields[0]}" != Z ] || return 1
-    written=$(stat -c %Y "$1" 2>/dev/null) || return 1
-    [ $((_BOOT + fields[19] / _HZ)) -le $((written + 2)) ]   # btime and the file's time: whole seconds
+    # In hundredths of a second (not /proc/stat's btime, whole seconds: with the file's time also
+    # cut to seconds a process started 3.5 s after the file passed as the daemon, CI stop 51).
+    written=$(stat -c %.2Y "$1" 2>/dev/null) || return 1
+    read -r up _ </proc/uptime || return 1
+    now=${EPOCHREALTIME//[!0-9]/}   # microseconds
+    # the boot's time (now less the time since), plus the process's start after it
+    [ $((now / 10000 - 10#${up//[!0-9]/} + fields[19] * 100 / _HZ)) -le $((10#${written//[!0-9]/} + 200)) ]
 }
 
 install_config() {  # install_config FILE PIDFILE: FILE.new replaces FILE if it differs, and a running daemon rereads it

@@ -31,6 +31,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -137,6 +138,22 @@ def _content(item: dict) -> bytes:
     data, encoding = item.get("content", ""), str(item.get("encoding", "text/plain")).lower()
     raw = base64.b64decode(data) if "b64" in encoding or "base64" in encoding else data.encode()
     return gzip.decompress(raw) if encoding.startswith("gz") else raw
+
+
+def _folders(folder: Path) -> None:
+    """A write_files path's folders, as cloud-init (root, umask 022) makes them: 0755, whatever
+    this test process's umask (a 0700 /var/lib/gpusession, shared by every worker's instances, let
+    no instance's login read its boot's status). Another worker's machine may remove an empty
+    INSTANCE_ROOT meanwhile (its end): made again then."""
+    for attempt in range(5):
+        try:
+            for made in reversed([f for f in (folder, *folder.parents) if not f.is_dir()]):
+                made.mkdir(exist_ok=True)
+                made.chmod(0o755)
+            return
+        except FileNotFoundError:
+            if attempt == 4:
+                raise
 
 
 def _end_stale_machines() -> None:
@@ -246,6 +263,19 @@ class FakePlatform:
             self._shut_down(machine)
         self._imds.shutdown()
         self._imds.server_close()
+        self._tell()
+
+    def _tell(self) -> None:
+        """What the machines went through, on stderr: pytest shows it under a failed test (a boot
+        that never got its image said only "no image pull seen")."""
+        print(f"fake EC2 platform ({NS}): events: {self.events}", file=sys.stderr)
+        for folder in sorted(self.folder.glob("i-*")):
+            for name in ("console.log", "log/runcmd.log", "log/sshd.log"):
+                try:
+                    lines = (folder / name).read_text(errors="replace").splitlines()[-25:]
+                except OSError:
+                    continue
+                print(f"--- {folder.name}/{name} (last lines)", *lines, sep="\n", file=sys.stderr)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -408,7 +438,7 @@ class FakePlatform:
             path = Path(item["path"])
             if INSTANCE_ROOT not in path.parents:
                 raise ValueError(f"{machine.instance_id}: refusing to write {path} on this machine")
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _folders(path.parent)
             path.write_bytes(_content(item))
             path.chmod(int(str(item.get("permissions", "0644")), 8))
             machine.files.append(path)
@@ -452,7 +482,8 @@ class FakePlatform:
     @staticmethod
     def _spawn(machine: Machine, log_name: str, script: str, args: list[str], env: dict) -> None:
         """A process of the machine: in its network namespace, with a private mount namespace
-        holding its own users (USERS_MOUNT), as its own session, logging to log/LOG_NAME."""
+        holding its own users (USERS_MOUNT), as its own session, logging to log/LOG_NAME, with
+        the umask a machine's init gives (022), not this test process's."""
         with open(machine.folder / "log" / log_name, "ab") as log:
             machine.sessions.append(
                 subprocess.Popen(
@@ -465,7 +496,7 @@ class FakePlatform:
                         "private",
                         "sh",
                         "-c",
-                        script,
+                        f"umask 022 && {script}",
                         "sh",
                         *args,
                     ],

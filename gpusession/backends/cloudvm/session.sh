@@ -7,6 +7,7 @@
 # host's network, and power the instance off when the container ends, for whatever reason.
 # Everything the client reads (access.sh status) goes to $DIR/status; the markers also go to the
 # serial console, which EC2's console output keeps after the instance is gone.
+umask 022   # cloud-init's own, said here: the login (access.sh) reads the status and the pull's log
 mkdir -p "$DIR/notices" "$DIR/state" "$DIR/upload" "$DIR/runtime"
 chmod 1777 "$DIR/state"     # the runtime writes there as the image's USER, whoever that is
 chmod 1733 "$DIR/upload"    # access.sh (the tunnel's login) drops the bundle there
