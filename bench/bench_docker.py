@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from gpusession.agent.kernelspawn import kernel_listens  # noqa: E402
 from gpusession.backends.docker import container_setup  # noqa: E402
 from gpusession.core.errors import GpuSessionError  # noqa: E402
 from gpusession.core.progress import Progress  # noqa: E402
@@ -124,10 +125,24 @@ def floor_start(client, image: str, site_volume: str | None) -> tuple[float, obj
         device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])],
         **options,
     )
+    listening(info, 60)
     kernel = KernelClient(info)
     kernel.wait_ready(60)
     kernel.evaluate("1+1")
     return time.perf_counter() - t0, c, kernel
+
+
+def listening(info: dict, timeout: float) -> None:
+    """Until the kernel listens, a look every 5 ms, by the runtime's own check before it says
+    READY (kernelspawn.kernel_listens): the floor's client connects then, as ours does. A ZMQ
+    socket connected sooner retries only every 100 ms (its reconnect interval), which cost the
+    floor 0-100 ms (median 60 ms on a quiet machine) and, 3 times in 20, a lost first
+    kernel_info (2 s more): a floor slower than a bare `docker run` is."""
+    deadline = time.monotonic() + timeout
+    while not kernel_listens(info):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the floor's kernel did not listen within {timeout:.0f}s")
+        time.sleep(0.005)
 
 
 def ours_start(
