@@ -293,6 +293,34 @@ def test_the_local_workspace_is_a_folder_listed_and_reported_by_gc(gs_home, nb_e
         manager.start(missing)
 
 
+@pytest.mark.docker
+def test_a_listing_sizes_volumes_only_where_it_has_some_and_a_delete_asks_only_its_backend(
+    gs_home, manager, monkeypatch
+):
+    """The engine's df sizes all it holds (seconds on a busy engine, one at a time on Docker
+    20.10): a listing with none of this store's volumes there does not ask it; deleting a local
+    workspace, as the sidebar does (naming its backend), asks no other backend."""
+    import docker
+
+    from gpusession.backends.docker.backend import DockerBackend
+    from gpusession.session.workspace_ops import list_all, remove
+
+    sized = []
+    real_df = docker.DockerClient.df
+    monkeypatch.setattr(docker.DockerClient, "df", lambda self: sized.append(1) or real_df(self))
+    assert manager.backend("docker").list_workspaces() == []
+    assert sized == []
+    (gs_home / "workspaces" / "w1").mkdir(parents=True)
+    assert [v.workspace.name for v in list_all(manager.store, manager.backend)] == ["w1"]
+
+    def asked(self):
+        raise AssertionError("the docker backend was asked for a local workspace's delete")
+
+    monkeypatch.setattr(DockerBackend, "list_workspaces", asked)
+    assert remove(manager.store, manager.backend, "w1", "local").name == "w1"
+    assert not (gs_home / "workspaces" / "w1").exists()
+
+
 # -- an ssh:// engine: the same volume, through the Docker API over SSH ---------------------------
 
 

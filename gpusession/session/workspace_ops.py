@@ -110,17 +110,21 @@ def list_all(
     *,
     failed: list[dict] | None = None,
     retry_hosts: bool = False,
+    only: str | None = None,
 ) -> list[WorkspaceView]:
-    """Every workspace the workspace backends keep, with the sessions that used each (`store`:
-    the records; `backend_of`: a backend by name, e.g. SessionManager.backend). `failed` gets
-    the hosts that did not answer this time ({backend, host, error}): remembered, they are not
-    asked again until `retry_hosts` forgets them all first."""
+    """Every workspace the workspace backends keep (`only`: that backend's), with the sessions
+    that used each (`store`: the records; `backend_of`: a backend by name, e.g.
+    SessionManager.backend). `failed` gets the hosts that did not answer this time ({backend,
+    host, error}): remembered, they are not asked again until `retry_hosts` forgets them all
+    first."""
     if retry_hosts:
         store.forget_hosts()
     before = store.failed_hosts()
     records = store.list()
     views = []
     for name in workspace_backends():
+        if only not in (None, name):
+            continue
         try:
             found = backend_of(name).list_workspaces()
         except (BackendUnavailable, GpuSessionError) as exc:
@@ -170,10 +174,8 @@ def remove(
     store: Store, backend_of: Callable[[str], "Backend"], name: str, backend: str | None = None
 ) -> "Workspace":
     """Delete the workspace `name` (of `backend`, when several backends have one of that name)."""
-    matches = [
-        v
-        for v in list_all(store, backend_of)
-        if v.workspace.name == name and backend in (None, v.workspace.backend)
+    matches = [  # the sidebar names the backend: the others are not asked
+        v for v in list_all(store, backend_of, only=backend) if v.workspace.name == name
     ]
     if not matches:
         raise NoWorkspace(f"no workspace {name} (`gpusession workspaces` lists them)")

@@ -155,7 +155,9 @@ def engine_volumes(client, store_id_label: tuple[str, str]) -> list[tuple[str, s
         )
         sizes: dict[str, int] = {}
         try:
-            for v in client.df().get("Volumes") or []:
+            # the engine's df sizes everything it holds (seconds on a busy engine, one at a time
+            # on Docker 20.10): asked only when this store has a volume there to size
+            for v in (client.df().get("Volumes") or []) if volumes else []:
                 size = (v.get("UsageData") or {}).get("Size")
                 if isinstance(size, int) and size >= 0:
                     sizes[v.get("Name")] = size
