@@ -161,7 +161,7 @@ def test_history_keeps_failed_starts_and_watchdog_stops(lab, page):
     assert manager.get(broken.id).state == State.FAILED
     # a session its own watchdog stops after 5 s idle
     idle = manager.start(manager.make_spec("t4", backend="local", idle="5s", name="idle-5s"))
-    with screenshot_on_failure(page, "history"):
+    with screenshot_on_failure(page, "history", lab):
         open_lab(page, lab, "history")
         open_sidebar(page)
         panel = page.locator(PANEL)
@@ -250,7 +250,7 @@ def test_recorded_gpu_charts_draw_update_and_read_in_both_themes(lab, page):
         )
     )
     try:
-        with screenshot_on_failure(page, "recorded"):
+        with screenshot_on_failure(page, "recorded", lab):
             page.set_viewport_size(
                 {"width": 1400, "height": 1900}
             )  # the whole sidebar in its screenshots
@@ -361,7 +361,7 @@ def test_idle_warning_readable_and_keep_alive(lab, page):
         lab.manager.make_spec("t4", backend="local", idle="40s", name="idle-40s")
     )
     try:
-        with screenshot_on_failure(page, "idle-warning"):
+        with screenshot_on_failure(page, "idle-warning", lab):
             open_lab(page, lab, "idle")
             open_sidebar(page)
             set_theme(page, dark=True)
@@ -407,7 +407,7 @@ def test_idle_countdown_keeps_counting_without_a_fresh_value(lab, page):
         route.fulfill(response=response, body=json.dumps(body))
 
     try:
-        with screenshot_on_failure(page, "countdown"):
+        with screenshot_on_failure(page, "countdown", lab):
             page.route(
                 re.compile(r".*/gpusession/api/sessions(\?.*|/[^/]+/stats\?.*)$"), without_countdown
             )
@@ -448,7 +448,7 @@ def test_status_bar_commands_and_the_next_cell_after_a_sidebar_stop(lab, page):
             "        time.sleep(0.1)\n\ntrain()",
         ],
     )
-    with screenshot_on_failure(page, "status"):
+    with screenshot_on_failure(page, "status", lab):
         open_lab(page, lab, "status", "tree/status.ipynb")
         wait_kernel_idle(page)
         run_all_cells(page)
@@ -578,7 +578,7 @@ def test_switch_gpu_from_a_card_refused_while_busy_then_moves_the_variables(lab,
     assert session.run("z = 7")["status"] == "ok"
     new_name = None
     try:
-        with screenshot_on_failure(page, "switch"):
+        with screenshot_on_failure(page, "switch", lab):
             page.set_viewport_size({"width": 1400, "height": 1000})
             open_lab(page, lab, "switch")
             open_sidebar(page)

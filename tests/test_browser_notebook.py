@@ -63,7 +63,7 @@ def lab(tmp_path_factory) -> Iterator[Lab]:
 
 def test_a_sidebar_start_connects_the_open_notebook_and_its_next_cell_runs_there(lab, page):
     put_notebook(lab, "owner.ipynb", ["%%gpu\nprint('ran in', where)"])
-    with screenshot_on_failure(page, "notebook-connect"):
+    with screenshot_on_failure(page, "notebook-connect", lab):
         open_lab(page, lab, "connect", "tree/owner.ipynb")
         wait_kernel_idle(page)
         badge = page.locator(BADGE)
@@ -133,7 +133,7 @@ def test_run_this_notebook_on_a_gpu_turns_its_kernel_into_a_gpu_kernel(lab, page
             "print('answer', answer, table.sum(), np.__name__)",
         ],
     )
-    with screenshot_on_failure(page, "notebook-gpu-kernel"):
+    with screenshot_on_failure(page, "notebook-gpu-kernel", lab):
         open_lab(page, lab, "gpu-kernel", "tree/whole.ipynb")
         wait_kernel_idle(page)
         run_cell(page, 0)  # computed on this machine's kernel first

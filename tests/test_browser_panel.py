@@ -112,7 +112,7 @@ def test_sidebar_start_live_values_and_stop(lab, page):
     """The form starts from the served defaults; the card follows the start's stages (no Keep
     alive before it runs), then runs with live values that fit the default sidebar width; Stop
     moves it to the history, saying who stopped it."""
-    with screenshot_on_failure(page, "sidebar"):
+    with screenshot_on_failure(page, "sidebar", lab):
         open_lab(page, lab, "sidebar")
         open_sidebar(page)
         panel = page.locator(PANEL)
@@ -296,7 +296,7 @@ def test_sidebar_with_twenty_sessions_stays_responsive(lab, page, timings):
     ]
     timings["start_20_local_sessions_s"] = round(time.monotonic() - started, 2)
     try:
-        with screenshot_on_failure(page, "twenty"):
+        with screenshot_on_failure(page, "twenty", lab):
             open_lab(page, lab, "twenty")
             page.evaluate("""() => {
                 window.__longTasks = [];
@@ -384,7 +384,7 @@ def test_widget_panel_in_a_notebook(lab, page, timings):
             RECORDED_GPUS_CELL,
         ],
     )
-    with screenshot_on_failure(page, "widget"):
+    with screenshot_on_failure(page, "widget", lab):
         opened = time.monotonic()
         open_lab(page, lab, "widget", "tree/panel.ipynb")
         wait_kernel_idle(page)

@@ -199,7 +199,7 @@ def test_spend_view_agrees_with_the_report_to_the_cent(lab, page):
     budget = next(line.strip() for line in lines if line.strip().startswith("this month: "))
     this_month, _ = printed(env, "workspace", "month")
 
-    with screenshot_on_failure(page, "spend"):
+    with screenshot_on_failure(page, "spend", lab):
         page.set_viewport_size({"width": 1400, "height": 1100})
         open_lab(page, lab, "spend")
         # the sidebar: the month's spend against the budget, as the CLI says it

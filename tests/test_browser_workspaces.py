@@ -71,7 +71,7 @@ def test_idle_stop_saves_and_the_history_card_resumes(lab, page):
     while manager.refresh_state(first.id).state.active:
         assert time.monotonic() < deadline, "the idle watchdog never stopped it"
         time.sleep(0.3)
-    with screenshot_on_failure(page, "workspaces"):
+    with screenshot_on_failure(page, "workspaces", lab):
         page.set_viewport_size({"width": 1400, "height": 1400})
         open_lab(page, lab, "workspaces")
         open_sidebar(page)

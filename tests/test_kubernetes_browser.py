@@ -76,7 +76,7 @@ def _pods(kubeconfig: Path, session_id: str) -> list[str]:
 
 @LANE_2
 def test_a_kubernetes_session_from_the_sidebar(kube_lab, kube_config, page):
-    with screenshot_on_failure(page, "sidebar-kubernetes"):
+    with screenshot_on_failure(page, "sidebar-kubernetes", kube_lab):
         open_lab(page, kube_lab, "kube")
         open_sidebar(page)
         panel = page.locator(PANEL)

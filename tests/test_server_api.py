@@ -270,3 +270,22 @@ async def test_slow_calls_in_progress_do_not_hold_up_the_list(
         replies = await asyncio.gather(*slow)
         client.close()
     assert {r.code for r in replies} == {200}
+
+
+async def test_a_slow_answer_is_said_in_the_server_log_without_its_query(
+    jp_fetch, monkeypatch, caplog
+):
+    """Jupyter logs only failed requests; one of ours slower than SLOW_S is said at INFO, by
+    its path (a query may carry a name typed as confirmation), status and time."""
+    from gpusession.server import handler_base
+
+    monkeypatch.setattr(handler_base, "SLOW_S", -1.0)  # every answer counts as slow here
+    caplog.set_level("INFO")
+    await fetch_json(jp_fetch, "catalog", probe="x1")
+    said = [r.getMessage() for r in caplog.records if "answered" in r.getMessage()]
+    assert said and said[-1].startswith("gpusession: GET /"), said
+    assert "/gpusession/api/catalog answered 200 after " in said[-1] and "x1" not in said[-1]
+    monkeypatch.setattr(handler_base, "SLOW_S", 60.0)
+    caplog.clear()
+    await fetch_json(jp_fetch, "catalog")
+    assert not [r for r in caplog.records if "answered" in r.getMessage()]

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .api import Api
 
 MAX_BODY = 64 * 1024  # bytes of a request body; a start body is well under 1 KiB
+SLOW_S = 2.0  # a request that took longer is said in the server's log (Jupyter logs only failures)
 
 
 class BaseHandler(APIHandler):
@@ -30,6 +31,19 @@ class BaseHandler(APIHandler):
         await super().prepare()
         if self.api.unavailable and self.current_user:  # logged in: say why nothing works (503)
             self.fail(503, self.api.unavailable)
+
+    def on_finish(self) -> None:
+        """A slow answer said at INFO: "why is the sidebar slow" has an answer in the log."""
+        super().on_finish()
+        took = self.request.request_time()
+        if took > SLOW_S:
+            self.log.info(
+                "gpusession: %s %s answered %d after %.1f s",
+                self.request.method,
+                self.request.path,
+                self.get_status(),
+                took,
+            )
 
     async def blocking(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.api.threads, fn, *args)

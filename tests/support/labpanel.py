@@ -36,6 +36,7 @@ class Lab(NamedTuple):
     token: str
     root: Path
     manager: SessionManager  # the same store as the server's (GPUSESSION_HOME)
+    log: Path | None = None  # the server's log (test-artifacts/)
 
 
 def fresh_extension_env(folder: Path) -> dict[str, str]:
@@ -78,7 +79,7 @@ def running_lab(
     )
     manager = SessionManager(GpuSessionConfig(data_dir=str(home)))
     try:
-        yield Lab(url, token, root, manager)
+        yield Lab(url, token, root, manager, ARTIFACTS / log_name)
     finally:
         for record in manager.list(active_only=True):
             with contextlib.suppress(Exception):
@@ -87,12 +88,24 @@ def running_lab(
 
 
 @contextlib.contextmanager
-def screenshot_on_failure(page, name: str):
+def screenshot_on_failure(page, name: str, lab: Lab | None = None):
+    """On a failure: a screenshot (test-artifacts/failed-NAME.png) and, in the test's output
+    (all a CI log keeps), the sidebar's text as the user saw it and the server's last requests
+    to the extension, with their status and time."""
     try:
         yield
     except BaseException:
         with contextlib.suppress(Exception):
             page.screenshot(path=str(ARTIFACTS / f"failed-{name}.png"))
+        with contextlib.suppress(Exception):
+            print(
+                f"--- the sidebar's text at the failure ---\n{page.locator(PANEL).inner_text(timeout=2000)}"
+            )
+        if lab is not None and lab.log is not None:
+            with contextlib.suppress(Exception):
+                lines = lab.log.read_text(errors="replace").splitlines()
+                asked = [line for line in lines if "/gpusession/" in line or "Traceback" in line]
+                print("--- the server's last requests to the extension ---", *asked[-30:], sep="\n")
         raise
 
 
