@@ -67,6 +67,11 @@ def running_lab(
     home = tmp_factory.mktemp("gshome")
     root = tmp_factory.mktemp("notebooks")
     ARTIFACTS.mkdir(exist_ok=True)
+    # a module's tests spread over the xdist workers, each with a lab of its own: one log each
+    # (one file for all had the servers overwrite each other's lines)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        log_name = log_name.replace(".log", f"-{worker}.log")
     url, token, process = start_lab(
         root,
         env={
@@ -104,8 +109,18 @@ def screenshot_on_failure(page, name: str, lab: Lab | None = None):
         if lab is not None and lab.log is not None:
             with contextlib.suppress(Exception):
                 lines = lab.log.read_text(errors="replace").splitlines()
-                asked = [line for line in lines if "/gpusession/" in line or "Traceback" in line]
-                print("--- the server's last requests to the extension ---", *asked[-30:], sep="\n")
+                asked = [
+                    line
+                    for line in lines
+                    if "/gpusession/" in line
+                    or "Traceback" in line
+                    or line[:2] in ("[W", "[E", "[C")
+                ]
+                print(
+                    f"--- {lab.log.name}: the last requests to the extension, warnings, errors ---",
+                    *asked[-30:],
+                    sep="\n",
+                )
         raise
 
 
