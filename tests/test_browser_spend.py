@@ -149,7 +149,7 @@ def seed(store, at: float) -> None:
 
 def low_contrast_text(page, minimum: float = 4.5) -> list[dict]:
     """The view's text (READ) with less contrast than `minimum`, measured in one call into the
-    page (support.labpanel.low_contrast asks three times per element: minutes here)."""
+    page, all of it counted (support.labpanel.low_contrast returns only the low ones)."""
     deadline = time.monotonic() + TIMEOUT_MS / 1000
     while True:  # a theme change redraws the view: measured once it is whole again
         measured = (

@@ -95,8 +95,8 @@ def running_lab(
 @contextlib.contextmanager
 def screenshot_on_failure(page, name: str, lab: Lab | None = None):
     """On a failure: a screenshot (test-artifacts/failed-NAME.png) and, in the test's output
-    (all a CI log keeps), the sidebar's text as the user saw it and the server's last requests
-    to the extension, with their status and time."""
+    (all a CI log keeps), the sidebar's text as the user saw it and, from this lab's own log,
+    its last requests to the extension (failed or slow), warnings and errors."""
     try:
         yield
     except BaseException:
