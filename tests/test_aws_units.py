@@ -395,6 +395,7 @@ def test_access_sh_export_passes_the_boots_stream_on_and_fails_when_the_read_fai
     """`export` asks the boot script (played here by a thread, as root would: size, FIFO, the
     stream, docker's status) and passes the stream on; a read that failed on the instance makes
     it exit non-zero with docker's words, so the client never takes a shorter stream as whole.
+    docker's status is read once its file has a line, not as soon as the file is there.
     `import` without a waiting boot and a malformed `import-end` are refused in one line."""
     import os
     import threading
@@ -424,6 +425,10 @@ def test_access_sh_export_passes_the_boots_stream_on_and_fails_when_the_read_fai
                 with open(f"{out}.pipe", "wb") as pipe:
                     pipe.write(b"0123456789"[: 10 if rc == 0 else 4])
                 Path(f"{out}.err").write_text("Error: No such container path\n")
+                # as the shell's `>` writes it: the file is there, empty, before its line (a CI
+                # run read it then: "docker cp exited ?")
+                Path(f"{out}.rc").touch()
+                time.sleep(0.5)
                 Path(f"{out}.rc").write_text(f"{rc}\n")
                 return
             time.sleep(0.05)

@@ -184,7 +184,9 @@ def access_script(plan: BootPlan) -> str:
     script (a FIFO; IMPORT=1 only) and `import-end SHA256` says what was sent (the stream's
     hash) and waits for the boot's answer: "placed", or why not (session.sh import_files),
     `export` prints the workspace's size (one line) and then its files as a
-    tar stream, read by the boot script out of the running container (session.sh export_one)."""
+    tar stream, read by the boot script out of the running container (session.sh export_one).
+    The boot's answer files (docker's status, the import's result) are read once they hold their
+    line: a shell's `>` makes the file before it writes it."""
     q = shlex.quote
     return f"""#!/bin/sh
 DIR={q(plan.folder)}
@@ -213,16 +215,16 @@ case "${{1:-}}" in
     import-end)
         case "${{2:-}}" in ""|*[!0-9a-f]*) echo "import-end SHA256" >&2; exit 2 ;; esac
         printf '%s\n' "$2" >"$DIR/upload/.import-end.$$" && mv -f "$DIR/upload/.import-end.$$" "$DIR/upload/import-end" || exit 1
-        for _ in $(seq 1200); do [ -e "$DIR/import.result" ] && break; sleep 0.1; done
+        for _ in $(seq 1200); do [ -s "$DIR/import.result" ] && break; sleep 0.1; done
         result=$(cat "$DIR/import.result" 2>/dev/null)
         [ "$result" = placed ] || {{ echo "${{result:-the instance did not say whether the files were placed}}" >&2; exit 1; }} ;;
     export)
         out="$DIR/export-$$"
         : >"$DIR/upload/export-$$" || exit 1
-        for _ in $(seq 1200); do [ -p "$out.pipe" ] && [ -s "$out.size" ] && break; [ -e "$out.rc" ] && break; sleep 0.1; done
+        for _ in $(seq 1200); do [ -p "$out.pipe" ] && [ -s "$out.size" ] && break; [ -s "$out.rc" ] && break; sleep 0.1; done
         [ -p "$out.pipe" ] || {{ echo "the instance did not read its workspace out (its session container is not running)" >&2; exit 3; }}
         cat "$out.size" "$out.pipe" || exit 1
-        for _ in $(seq 100); do [ -e "$out.rc" ] && break; sleep 0.1; done
+        for _ in $(seq 100); do [ -s "$out.rc" ] && break; sleep 0.1; done
         rc=$(cat "$out.rc" 2>/dev/null)
         [ "$rc" = 0 ] || {{ echo "docker cp exited ${{rc:-?}}: $(tail -c 300 "$out.err" 2>/dev/null)" >&2; exit 1; }} ;;
     *)
