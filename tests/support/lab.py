@@ -34,6 +34,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from . import browser_net
+
 #: Where Debian's chromium lives; GPUSESSION_CHROMIUM overrides it.
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 
@@ -135,8 +137,10 @@ def start_lab(
     process.log_path = log_path  # type: ignore[attr-defined]
     process.state_dir = state_dir  # type: ignore[attr-defined]
     url = f"http://127.0.0.1:{port}/"
+    process.port = port  # type: ignore[attr-defined]
     try:
         _wait_until_up(process, url, token, timeout)
+        browser_net.relay(port)  # the browser's own network reaches it (support/browser_net.py)
     except BaseException:
         stop_lab(process)
         raise
@@ -151,6 +155,9 @@ def lab_url(url: str, token: str, path: str = "lab") -> str:
 def stop_lab(process: subprocess.Popen, timeout: float = 10.0) -> None:
     """Stop the server (SIGTERM to its process group, SIGKILL if it lingers) and remove
     its workspace and settings folder. The log stays."""
+    port = getattr(process, "port", None)
+    if port is not None:
+        browser_net.unrelay(port)
     try:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
@@ -179,11 +186,19 @@ def chromium_launch_kwargs(headless: bool = True) -> dict:
 
     Never run ``playwright install`` here: it downloads browsers and fails offline.
     """
+    args = [a for a in CHROMIUM_ARGS if headless or a != "--headless"]
+    # in a network namespace of its own where this process can make one: this machine's
+    # address changes fail the requests a page is making (support/browser_net.py)
+    executable = browser_net.wrapper(chromium_executable())
+    return {"executable_path": executable, "headless": headless, "args": args}
+
+
+def chromium_executable() -> str:
+    """Debian's chromium (GPUSESSION_CHROMIUM, else /usr/bin/chromium, else on PATH)."""
     executable = os.environ.get("GPUSESSION_CHROMIUM") or DEFAULT_CHROMIUM
     if not Path(executable).exists():
         executable = shutil.which("chromium") or shutil.which("chromium-browser") or executable
-    args = [a for a in CHROMIUM_ARGS if headless or a != "--headless"]
-    return {"executable_path": executable, "headless": headless, "args": args}
+    return executable
 
 
 def _write_quiet_settings(settings_dir: Path) -> None:
@@ -224,7 +239,7 @@ def playwright_or_skip():
     """playwright.sync_api, or skip the calling module saying what is missing."""
     import pytest
 
-    chromium = chromium_launch_kwargs()["executable_path"]
+    chromium = chromium_executable()
     if not Path(chromium).exists():
         pytest.skip(
             f"no Chromium at {chromium} (apt-get install chromium; or set GPUSESSION_CHROMIUM)",
