@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from jupyter_client import BlockingKernelClient
 
+from gpusession.backends.base import marker_lines
 from support import kernelstate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,9 +75,9 @@ def _start(
     )
     try:
         lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith(("GPUSESSION_READY", "GPUSESSION_FAILED")):
+        for line in proc.stdout:  # the kernel's lines share it: a marker may start mid-line
+            lines += marker_lines(line)
+            if lines and lines[-1].startswith(("GPUSESSION_READY", "GPUSESSION_FAILED")):
                 break
         assert lines and lines[-1].startswith("GPUSESSION_READY"), "".join(lines)
         ready = json.loads(lines[-1].split(" ", 1)[1])

@@ -24,7 +24,7 @@ import time
 
 from ..configuration.agentargs import PLACEMENT, AgentArgs, add_arguments
 from ..core.envnames import RESTART_FILE
-from ..core.protocol import Marker, StopKind, StopReason, marker_line
+from ..core.protocol import Marker, StopKind, StopReason, marker_line, say_line
 from . import service
 from .kernelspawn import (
     Early,
@@ -196,7 +196,7 @@ class Runtime:
             os.path.join(self.state_dir, "stopped.json"),
             {"reason": reason.to_dict(), "at": time.time()},
         )
-        print(marker_line(Marker.STOPPED, reason.to_dict()), flush=True)
+        say_line(marker_line(Marker.STOPPED, reason.to_dict()))
         if self.kernel and self.kernel.poll() is None:
             _end_process_group(self.kernel)
         for hook in list(self.stop_hooks):
@@ -204,7 +204,7 @@ class Runtime:
                 hook(reason)
             except Exception as exc:  # noqa: BLE001 - a failing hook must not keep the session up
                 error = f"stop hook failed: {type(exc).__name__}: {exc}"
-                print(marker_line(Marker.AGENT_ERROR, {"error": error}), flush=True)
+                say_line(marker_line(Marker.AGENT_ERROR, {"error": error}))
         self._stopped.set()
 
     def wait(self) -> int:
@@ -214,11 +214,10 @@ class Runtime:
                     try:
                         self._restart_kernel()
                     except Exception as exc:  # noqa: BLE001 - reported; the session ends
-                        print(
+                        say_line(
                             marker_line(
                                 Marker.FAILED, {"stage": "kernel restart", "error": str(exc)}
-                            ),
-                            flush=True,
+                            )
                         )
                         self.stop(
                             StopReason(StopKind.START_FAILED, detail=f"restart kernel: {exc}")
@@ -298,13 +297,13 @@ def main(argv: list[str] | None = None, early: Early | None = None) -> int:
         service.start(rt, args)
         if early is None or not early.kernel_said:
             # a client on this machine may connect now: ZMQ waits for the kernel's ports by itself
-            print(marker_line(Marker.KERNEL, rt.where(info)), flush=True)
+            say_line(marker_line(Marker.KERNEL, rt.where(info)))
         if early is not None and early.ready_said:
             rt._write_runtime(ready=True)
         else:
             rt.await_kernel(info)
     except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
-        print(marker_line(Marker.FAILED, {"stage": "kernel", "error": str(exc)}), flush=True)
+        say_line(marker_line(Marker.FAILED, {"stage": "kernel", "error": str(exc)}))
         rt.stop(StopReason(StopKind.START_FAILED, detail=f"start kernel: {exc}"))
         return 1
     return rt.wait()

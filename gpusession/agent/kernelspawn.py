@@ -654,9 +654,11 @@ def _listening(port: int):
 
 
 def _say(word: str, payload: dict) -> None:
+    """The marker line in one write (protocol.say_line: the kernel writes to the same stdout)."""
     import json
 
-    print(f"{word} {json.dumps(payload, separators=(',', ':'))}", flush=True)
+    sys.stdout.write(f"{word} {json.dumps(payload, separators=(',', ':'))}\n")
+    sys.stdout.flush()
 
 
 def port_open(info: dict, name: str) -> bool:

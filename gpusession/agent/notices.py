@@ -29,7 +29,15 @@ import threading
 import time
 from typing import Callable
 
-from ..core.protocol import NOTICE_FILES, Marker, Notice, StopKind, StopReason, marker_line
+from ..core.protocol import (
+    NOTICE_FILES,
+    Marker,
+    Notice,
+    StopKind,
+    StopReason,
+    marker_line,
+    say_line,
+)
 
 DONE = ".done"  # NOTICE_FILE.done: written when the agent has answered that notice
 
@@ -108,7 +116,7 @@ def save_for_notice(
     *,
     save: Callable[[Notice], dict],
     stop: Callable[[StopReason], None],
-    log: Callable[[str], None] = lambda line: print(line, flush=True),
+    log: Callable[[str], None] = say_line,
     clock: Callable[[], float] = time.time,
 ) -> dict:
     """The agent's answer to a notice: save (the caller bounds it), say so in a CHECKPOINT

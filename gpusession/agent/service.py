@@ -28,7 +28,7 @@ from ..configuration.agentargs import (
     positive,
 )
 from ..configuration.agentargs import add_arguments as add_agent_arguments
-from ..core.protocol import NOTICE_SAVE_S, Marker, Notice, StopReason, marker_line
+from ..core.protocol import NOTICE_SAVE_S, Marker, Notice, StopReason, marker_line, say_line
 from .gpuvisible import names_gpus
 from .idle import ActivityTracker
 from .notices import NoticeWatcher, save_for_notice
@@ -174,7 +174,7 @@ def _serve_endpoint(rt, args: AgentArgs, watchdog: Watchdog, retry_s: float = BI
         rt.agent_port = server.port
 
     def say(error: str) -> None:
-        print(marker_line(Marker.AGENT_ERROR, {"error": error}), flush=True)
+        say_line(marker_line(Marker.AGENT_ERROR, {"error": error}))
 
     try:
         serve()
@@ -218,18 +218,15 @@ def _on_stop(rt, watchdog: Watchdog, args: AgentArgs, reason: StopReason) -> Non
     with open(tmp, "w") as f:
         json.dump(stopped, f)
     os.replace(tmp, path)
-    print(marker_line(Marker.SUMMARY, summary), flush=True)
+    say_line(marker_line(Marker.SUMMARY, summary))
     if args.termination_log:
         _write_brief(args.termination_log, stopped, summary)
     if args.shutdown_command:
-        print(marker_line(Marker.SHUTDOWN, {"command": args.shutdown_command}), flush=True)
+        say_line(marker_line(Marker.SHUTDOWN, {"command": args.shutdown_command}))
         try:
             subprocess.run(args.shutdown_command, shell=True, timeout=120, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            print(
-                marker_line(Marker.AGENT_ERROR, {"error": f"shutdown command failed: {exc}"}),
-                flush=True,
-            )
+            say_line(marker_line(Marker.AGENT_ERROR, {"error": f"shutdown command failed: {exc}"}))
 
 
 BRIEF_BYTES = 4096  # what Kubernetes keeps of a container's termination message
@@ -259,7 +256,7 @@ def _write_brief(path: str, stopped: dict, summary: dict) -> None:
         with open(path, "w") as f:
             f.write(text)
     except OSError as exc:
-        print(marker_line(Marker.AGENT_ERROR, {"error": f"no brief in {path}: {exc}"}), flush=True)
+        say_line(marker_line(Marker.AGENT_ERROR, {"error": f"no brief in {path}: {exc}"}))
 
 
 # -- commands besides `run` --------------------------------------------------------------------

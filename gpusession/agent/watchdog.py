@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..core.protocol import Marker, StopReason, marker_line
+from ..core.protocol import Marker, StopReason, marker_line, say_line
 from . import activity
 from .idle import ActivityTracker, Verdict
 from .sampler import Sampler
@@ -34,7 +34,7 @@ class Watchdog:
         sample_interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
         read_activity: Callable[[str], dict] = activity.read_activity,
-        log: Callable[[str], None] = lambda line: print(line, flush=True),
+        log: Callable[[str], None] = say_line,
     ):
         self.session_id = session_id
         self.state_dir = state_dir

@@ -88,6 +88,17 @@ def marker_line(marker: Marker, payload: dict[str, Any] | None = None) -> str:
     return f"{marker.value} {json.dumps(payload, separators=(',', ':'), allow_nan=False)}"
 
 
+def say_line(line: str) -> None:
+    """Print `line` to stdout in one write. The kernel and the runtime share a container's
+    stdout, and `print` writes the text and its newline apart when stdout is unbuffered (as
+    PYTHONUNBUFFERED makes it there): a kernel's line could land between the two, after the
+    marker's JSON (a CI run read `READY {...}NOTE: When using the ipython kernel...`)."""
+    import sys
+
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def parse_marker(line: str) -> tuple[Marker, Any] | None:
     """(marker, payload) for a marker line, else None. The payload is the parsed JSON, the raw
     text when it is not JSON (HOSTKEY, BOOT), or None when the line has no payload."""
