@@ -20,7 +20,7 @@ import time
 import pytest
 
 from support import browser_net
-from support.lab import CHROMIUM_ARGS, chromium_executable, playwright_or_skip
+from support.lab import chromium_executable, chromium_launch_kwargs, playwright_or_skip
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -56,8 +56,9 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
 
 
-def _churn(stop: threading.Event, worker: str) -> list[int]:
-    """An address that comes and goes on a veth pair of this test's own, until stopped."""
+def _churn(stop: threading.Event, worker: str) -> tuple[threading.Thread, list[int]]:
+    """An address that comes and goes on a veth pair of this test's own, until stopped (the
+    thread deletes the pair before it ends); the thread, and how many times it came and went."""
     n = int("".join(c for c in worker if c.isdigit()) or 0) % 200
     here, there = f"gbn{n}a", f"gbn{n}b"
     count = [0]
@@ -77,13 +78,13 @@ def _churn(stop: threading.Event, worker: str) -> list[int]:
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    return count
+    return thread, count
 
 
 def _fetch_through(executable: str, port: int) -> dict[str, int]:
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(
-            executable_path=executable, headless=True, args=list(CHROMIUM_ARGS)
+            **{**chromium_launch_kwargs(), "executable_path": executable}
         )
         try:
             page = browser.new_page()
@@ -113,13 +114,14 @@ def test_a_page_loses_no_request_while_the_machines_addresses_change(server):
     assert isolated != chromium_executable()  # the suite's Chromium runs through the wrapper
 
     stop = threading.Event()
-    changes = _churn(stop, worker)
+    churn, changes = _churn(stop, worker)
     try:
         exposed = _fetch_through(chromium_executable(), server)
         seen_exposed = changes[0]
         shielded = _fetch_through(isolated, server)
     finally:
         stop.set()
+        churn.join(timeout=60)
     assert seen_exposed >= 3, "the address came and went too few times to test anything"
     assert exposed["failed"] > 0, f"on this machine's network no request failed: {exposed}"
     assert shielded["ok"] > 200 and shielded["failed"] == 0, (
