@@ -280,3 +280,23 @@ def test_a_second_start_says_the_first_session_still_bills_and_how_to_stop_it(no
     assert "second-one" in third.text, "the notebook moved to the new session"
     notebook.run("%gpu stop")
     assert _store(nb_env).list(active_only=True) == []
+
+
+@pytest.mark.integration
+def test_a_cell_after_a_stop_elsewhere_names_the_sessions_still_active(notebook, manager):
+    """The next %%gpu after the sidebar stopped this notebook's session says who stopped it and,
+    while another session runs, names it and `%gpu use NAME` (as when the notifier found the end
+    first), not only "`%gpu start` a new one"."""
+    assert notebook.run("%gpu start --idle off --name keep-one").status == "ok"
+    assert notebook.run("%gpu start --idle off --name nb-gone").status == "ok"
+    manager.stop("nb-gone", by="the JupyterLab sidebar")
+    cell = notebook.run("%%gpu\n1 + 1")
+    said = cell.text + str(cell.error)
+    assert cell.status == "error", said
+    assert "session nb-gone was stopped by the JupyterLab sidebar" in said, said
+    assert "active now: keep-one (running): `%gpu use NAME`" in said, said
+    assert "`%gpu start` a new one" not in said, said
+    notebook.run("%gpu stop keep-one")
+    alone = notebook.run("%%gpu\n1 + 1")  # none active now: how to start one
+    said = alone.text + str(alone.error)
+    assert alone.status == "error" and "no session is active: `%gpu start` starts one" in said

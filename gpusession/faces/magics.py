@@ -69,6 +69,7 @@ from ..words.status import (
     waiting_connected_line,
 )
 from ..words.stops import (
+    after_end,
     ended_message,
     error_text,
     idle_setting,
@@ -240,7 +241,7 @@ class GpuMagics(Magics):
                     cell_cut_line(exc.record) + (f"\n{back}" if back else "")
                 ) from None
             if isinstance(exc, SessionEnded):  # stopped (by whom and why), not broken
-                raise UsageError(f"{error_text(exc)}; `%gpu start` a new one") from None
+                raise UsageError(after_end(error_text(exc), self._active())) from None
             raise UsageError(
                 f"{error_text(exc)}. Session {session.name} is no longer usable; `%gpu start` a new one."
             ) from None
@@ -288,8 +289,9 @@ class GpuMagics(Magics):
         self._follow_connection()
         if self.current is None and self._ended_note:  # it ended while no cell ran: say how
             said = self._notices.said_in_this_cell(f"[gpusession] {self._ended_note}")
-            active = [(r.name, r.state.value) for r in self.manager.list(active_only=True)]
-            raise UsageError(no_session_after_end(self._ended_note, said_above=said, active=active))
+            raise UsageError(
+                no_session_after_end(self._ended_note, said_above=said, active=self._active())
+            )
         if self.current is None:
             raise UsageError(self._no_session("no GPU session in this notebook"))
         self._follow_switch()
@@ -331,8 +333,11 @@ class GpuMagics(Magics):
 
     def _no_session(self, head: str) -> str:
         """`head`, the sessions that exist and `%gpu use NAME` (or how to start one)."""
-        active = self.manager.list(active_only=True)
-        return no_session_text(head, [(r.name, r.state.value) for r in active])
+        return no_session_text(head, self._active())
+
+    def _active(self) -> list[tuple[str, str]]:
+        """(name, state) of the active sessions, newest first."""
+        return [(r.name, r.state.value) for r in self.manager.list(active_only=True)]
 
     def _follow_switch(self) -> None:
         """A switch made elsewhere (the sidebar, the CLI, REST, another notebook) moved the

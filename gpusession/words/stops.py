@@ -219,7 +219,14 @@ def no_session_after_end(
     to resume when it saved), unless that line was just said in this same cell; and the sessions
     that are active (`active`: (name, state)), which `%gpu use NAME` connects to."""
     head = "no GPU session: it ended (said above)" if said_above else f"no GPU session: {ended}"
-    if not list(active):
+    return after_end(head, active)
+
+
+def after_end(head: str, active: Iterable[tuple[str, str]] = ()) -> str:
+    """A cell's words for a session that ended (`head`), however the notebook learnt of it: the
+    sessions active now and `%gpu use NAME`, or, with none, `%gpu start` a new one."""
+    active = list(active)
+    if not active:
         return f"{head}; `%gpu start` a new one"
     return no_session_text(head, active)
 
