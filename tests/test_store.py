@@ -161,3 +161,78 @@ def test_two_processes_share_one_store_without_losing_records(tmp_path):
     assert auto == sorted(f"l4-{i}" for i in range(1, 41)), (
         "auto names must be unique across processes"
     )
+
+
+def test_a_close_while_the_store_lives_leaves_the_wal_for_the_next_use(tmp_path):
+    """The Store's idle connection keeps every other close from being the last one, so none
+    checkpoints the WAL and deletes it (half the store's time in a start): the WAL stays between
+    uses, each read and write still sees the others, and the Store's own close checkpoints it."""
+    path = tmp_path / "s.sqlite3"
+    store = Store(path)
+    rec = store.create(LaunchSpec(gpu_type="t4", name="kept"), price_per_hour=1.0)
+    store.transition(rec.id, State.RUNNING)
+    wal = tmp_path / "s.sqlite3-wal"
+    assert wal.exists(), "a write's close checkpointed and deleted the WAL"
+    other = Store(path)  # another reader: sees the write from the WAL
+    assert other.get("kept").state == State.RUNNING
+    other.close()
+    assert wal.exists()
+    store.close()
+    assert not wal.exists(), "the last close checkpoints the WAL into the database"
+    assert Store(path).get("kept").state == State.RUNNING  # still there, from the database file
+
+
+_FORK_CHILD = """
+import os, sys
+from gpusession.core.models import LaunchSpec
+from gpusession.session.store import Store
+
+path = sys.argv[1]
+store = Store(path)
+for i in range(20):
+    store.create(LaunchSpec(gpu_type="t4", name=f"before-{i}"), price_per_hour=1.0)
+to_child, to_parent = os.pipe(), os.pipe()
+pid = os.fork()
+if pid == 0:  # a multiprocessing worker, say: a Store of its own, writes on after its parent's
+    mine = Store(path)
+    mine.create(LaunchSpec(gpu_type="t4", name="child-0"), price_per_hour=1.0)
+    os.write(to_parent[1], b"x")
+    os.read(to_child[0], 1)  # the parent has let go of its Store
+    for i in range(1, 20):
+        mine.create(LaunchSpec(gpu_type="t4", name=f"child-{i}"), price_per_hour=1.0)
+    del store, mine
+    raise SystemExit(0)  # Python's full shutdown: what the child inherited is freed here
+os.read(to_parent[0], 1)
+for i in range(20):
+    store.create(LaunchSpec(gpu_type="t4", name=f"during-{i}"), price_per_hour=1.0)
+store.close()  # the parent lets go first (a closed notebook, a finished test)
+os.write(to_child[1], b"x")
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0
+"""
+
+
+@pytest.mark.integration
+def test_a_forked_child_keeps_every_record_when_its_parent_lets_go_first(tmp_path):
+    """A process that forks without exec (a user's multiprocessing, a test harness) must not
+    hand its Store's idle connection, or SQLite's view of its locks, to the child: with them the
+    child's own connections lean on locks only the parent holds, and the parent's last close
+    checkpoints and deletes the WAL the child still writes (its records lost). Every record of
+    both stays, the database is whole, and a fresh process reads them all."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    path = tmp_path / "forked.sqlite3"
+    run = subprocess.run(
+        [sys.executable, "-c", _FORK_CHILD, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    fresh = Store(path)
+    names = {r.name for r in fresh.list()}
+    lost = {f"child-{i}" for i in range(20)} - names
+    assert not lost, sorted(lost)
+    assert len(names) == 60, sorted(names)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    fresh.close()
