@@ -27,6 +27,7 @@ import dataclasses
 import io
 import json
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -47,11 +48,19 @@ from gpusession.backends.docker import container_setup  # noqa: E402
 from gpusession.core.errors import GpuSessionError  # noqa: E402
 from gpusession.core.progress import Progress  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
+from gpusession.session.store import Store  # noqa: E402
 from gpusession.transport import bundle  # noqa: E402
 from gpusession.transport.kernel.client import KernelClient  # noqa: E402
 from gpusession.transport.pulls import format_bytes  # noqa: E402
 from openssh import free_port, ssh_forward  # noqa: E402
-from stats import Stats, busy_beside, load, load_span, report  # noqa: E402
+from stats import (  # noqa: E402
+    Stats,
+    busy_beside,
+    load,
+    load_span,
+    remove_store_volumes,
+    report,
+)
 
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 IMAGES = ("gpusession/cuda:ci", "gpusession-ci/py-bookworm")
@@ -380,13 +389,20 @@ def main() -> int:
     ap.add_argument("--write", default=None, help="update the docker section of this markdown file")
     ap.add_argument("--busy", action="store_true", help="one `yes > /dev/null` beside the runs")
     args = ap.parse_args()
-    with busy_beside(args.busy):
-        return _run(args)
-
-
-def _run(args) -> int:
     work = Path(tempfile.mkdtemp(prefix="gs-bench-"))
     os.environ["GPUSESSION_HOME"] = str(work)
+    try:
+        with busy_beside(args.busy):
+            return _run(args, work)
+    finally:  # its sessions' workspaces and its store: a bench run leaves nothing behind
+        if (work / "sessions.sqlite3").exists():
+            remote = Path("/run/gpus-remote/docker.sock")
+            engines = (None, f"unix://{remote}") if args.remote and remote.exists() else (None,)
+            remove_store_volumes(Store(work / "sessions.sqlite3").store_id, engines)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(args, work: Path) -> int:
     client = docker.from_env()
     manager = SessionManager()
 
