@@ -179,24 +179,25 @@ class _Holder:
     """One idle connection a Store keeps open while it lives, never used for a statement after
     its first read. SQLite's last connection to close checkpoints the WAL into the database and
     deletes it (fsyncs, two files removed and made again by the next open): with this one open no
-    other close is the last, which was half the store's time in a warm start (40-44 ms -> 22-23
-    ms, docs/benchmarks.md). Every read and write still opens a connection of its own, so none
-    sees an old snapshot.
+    other close is the last, which was half the store's time in a start (12 uses, 49-59 ms ->
+    27-30 ms). Every read and write still opens a connection of its own, so none sees an old
+    snapshot.
 
-    Fork-safe: a forked child never closes its parent's holder (closed there, it broke the
-    database: "file is not a database", tests/test_store.py): at the fork, the child keeps each
-    one referenced for good and its close does nothing there."""
+    Fork-safe: a forked child never closes its parent's holder (SQLite's close there may take
+    the parent's files for unused and checkpoint and delete a WAL the parent still writes): at
+    the fork, the child keeps each one referenced for good and its close does nothing there."""
 
     _live: weakref.WeakSet[_Holder] = weakref.WeakSet()
     _lock = threading.Lock()
 
     def __init__(self, path: Path):
         self.pid = os.getpid()
-        self.db: sqlite3.Connection | None = None
-        with self._lock:  # listed before it opens: a fork from then on knows it
-            self._live.add(self)
-        self.db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        self.db: sqlite3.Connection | None = sqlite3.connect(
+            path, timeout=30, isolation_level=None, check_same_thread=False
+        )
         self.db.execute("SELECT count(*) FROM sqlite_master").fetchall()  # maps the WAL's index
+        with self._lock:
+            self._live.add(self)
 
     def close(self) -> None:
         db, self.db = self.db, None
