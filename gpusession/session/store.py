@@ -13,8 +13,6 @@ import json
 import os
 import socket
 import sqlite3
-import threading
-import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -175,51 +173,6 @@ def _check_claim(
             )
 
 
-class _Holder:
-    """One idle connection a Store keeps open while it lives, never used for a statement after
-    its first read. SQLite's last connection to close checkpoints the WAL into the database and
-    deletes it (fsyncs, two files removed and made again by the next open): with this one open no
-    other close is the last, which was half the store's time in a start (12 uses, 49-59 ms ->
-    27-30 ms). Every read and write still opens a connection of its own, so none sees an old
-    snapshot.
-
-    Fork-safe: a forked child never closes its parent's holder (SQLite's close there may take
-    the parent's files for unused and checkpoint and delete a WAL the parent still writes): at
-    the fork, the child keeps each one referenced for good and its close does nothing there."""
-
-    _live: weakref.WeakSet[_Holder] = weakref.WeakSet()
-    _lock = threading.Lock()
-
-    def __init__(self, path: Path):
-        self.pid = os.getpid()
-        self.db: sqlite3.Connection | None = sqlite3.connect(
-            path, timeout=30, isolation_level=None, check_same_thread=False
-        )
-        self.db.execute("SELECT count(*) FROM sqlite_master").fetchall()  # maps the WAL's index
-        with self._lock:
-            self._live.add(self)
-
-    def close(self) -> None:
-        db, self.db = self.db, None
-        if db is not None and self.pid == os.getpid():
-            db.close()
-
-    @classmethod
-    def _forked(cls) -> None:
-        """In the child of a fork: the parent's holders are never closed nor freed here."""
-        import ctypes
-
-        for holder in list(cls._live):
-            if holder.db is not None:
-                ctypes.pythonapi.Py_IncRef(ctypes.py_object(holder.db))  # never freed here
-                holder.db = None
-        cls._live = weakref.WeakSet()
-        cls._lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_Holder._forked)
-
-
 class Store:
     """Durable session records. Cheap to create; safe to share between threads and processes."""
 
@@ -232,16 +185,8 @@ class Store:
             with self._connect() as db:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.executescript(_SCHEMA)
-            holder = _Holder(self.path)
         except (OSError, sqlite3.OperationalError) as exc:
             raise data_folder_error(self.path.parent, exc) from None
-        self._holder = holder
-        weakref.finalize(self, holder.close)
-
-    def close(self) -> None:
-        """Let go of the idle connection (also done when the Store is freed); reads and writes
-        still work after, each on a connection of its own."""
-        self._holder.close()
 
     @property
     def store_id(self) -> str:
