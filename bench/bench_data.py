@@ -34,15 +34,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpusession.session import SessionManager  # noqa: E402
 from gpusession.transport.sshlogin import CIPHERS  # noqa: E402
-from stats import (  # noqa: E402
-    Stats,
-    busy_beside,
-    load,
-    load_span,
-    remove_store_volumes,
-    write_section,
-)
+from stats import Stats, busy_beside, load, load_span, write_section  # noqa: E402
 from support.hosts import ensure_remote_host, product_image, ssh_home  # noqa: E402
+from support.leftovers import remove_workspace_volumes  # noqa: E402
 
 MB = 1_000_000
 TARGET = 0.8
@@ -246,8 +240,7 @@ def main() -> None:
         for r in manager.list(active_only=True):
             manager.stop(r.id)
         manager.close()
-        # its sessions' workspaces, here and on the namespace host's engine
-        remove_store_volumes(manager.store.store_id, (None, remote["docker_host_env"]))
+        remove_workspace_volumes(work / "home")  # its sessions' workspaces, here and on the host
         shutil.rmtree(work, ignore_errors=True)
     text = table(both["ours"], both["scp"], local, args.runs, cipher, args.busy)
     print(text)

@@ -48,19 +48,12 @@ from gpusession.backends.docker import container_setup  # noqa: E402
 from gpusession.core.errors import GpuSessionError  # noqa: E402
 from gpusession.core.progress import Progress  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
-from gpusession.session.store import Store  # noqa: E402
 from gpusession.transport import bundle  # noqa: E402
 from gpusession.transport.kernel.client import KernelClient  # noqa: E402
 from gpusession.transport.pulls import format_bytes  # noqa: E402
 from openssh import free_port, ssh_forward  # noqa: E402
-from stats import (  # noqa: E402
-    Stats,
-    busy_beside,
-    load,
-    load_span,
-    remove_store_volumes,
-    report,
-)
+from stats import Stats, busy_beside, load, load_span, report  # noqa: E402
+from support.leftovers import remove_workspace_volumes  # noqa: E402
 
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 IMAGES = ("gpusession/cuda:ci", "gpusession-ci/py-bookworm")
@@ -394,11 +387,8 @@ def main() -> int:
     try:
         with busy_beside(args.busy):
             return _run(args, work)
-    finally:  # its sessions' workspaces and its store: a bench run leaves nothing behind
-        if (work / "sessions.sqlite3").exists():
-            remote = Path("/run/gpus-remote/docker.sock")
-            engines = (None, f"unix://{remote}") if args.remote and remote.exists() else (None,)
-            remove_store_volumes(Store(work / "sessions.sqlite3").store_id, engines)
+    finally:  # its sessions' workspaces (gc keeps a user's) and its store: it leaves nothing
+        remove_workspace_volumes(work)
         shutil.rmtree(work, ignore_errors=True)
 
 

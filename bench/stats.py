@@ -88,29 +88,6 @@ def busy_beside(on: bool):
         busy.wait()
 
 
-def remove_store_volumes(store_id: str, engines: tuple[str | None, ...] = (None,)) -> int:
-    """The volumes a bench's own store made on these engines (None: the local one; else a
-    docker URL): its sessions' workspaces, which a user keeps and `gpusession gc` leaves, so a
-    bench run that did not remove them left ~17 volumes each time. Returns how many went."""
-    import docker
-
-    gone = 0
-    for url in engines:
-        try:
-            client = docker.from_env(timeout=10) if url is None else docker.DockerClient(url)
-            volumes = client.volumes.list(filters={"label": f"gpusession.session.store={store_id}"})
-        except Exception as exc:  # noqa: BLE001 - an engine gone: say it, clean the others
-            print(f"volumes on {url or 'the local engine'} not removed: {exc}", flush=True)
-            continue
-        for volume in volumes:
-            try:
-                volume.remove(force=True)
-                gone += 1
-            except docker.errors.APIError as exc:
-                print(f"volume {volume.name} not removed: {exc}", flush=True)
-    return gone
-
-
 def write_section(path: Path, name: str, body: str) -> None:
     """Replace the generated block `name` (between <!-- name:begin/end --> markers) in `path`."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
