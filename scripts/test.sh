@@ -96,12 +96,21 @@ if [ -z "$selected" ] && [ "$(id -u)" = 0 ] && command -v go >/dev/null 2>&1; th
     mkdir -p "$(dirname "$kube_log")"
     (
         bash scripts/ci-kubernetes.sh build >"$kube_log" 2>&1 || { echo "build failed" >"$kube_tests"; exit 90; }
+        # its tests bring the cluster up; once they are done it goes down again, unless it was
+        # up before this run: idle, its daemons (two kubelets, containerd, the API server, etcd)
+        # kept taking CPU from the other tests for their last ten minutes
+        was_up=$(bash scripts/ci-kubernetes.sh status >/dev/null 2>&1 && echo 1 || true)
         r=0
         # its two files only (tests/support/kube.py: every kubernetes test is in one of them):
         # collecting the whole suite again costs these workers ~10 s of CPU each
         .venv/bin/python -m pytest --dist loadgroup -m kubernetes "$@" "${KUBE_FILES[@]}" \
             --tx "popen//id=gw$workers" --tx "popen//id=gw$((workers + 1))" >"$kube_tests" 2>&1 || r=$?
         [ "$r" = 5 ] && r=0  # none selected
+        if [ -z "$was_up" ]; then
+            t0=$SECONDS
+            bash scripts/ci-kubernetes.sh down >>"$kube_log" 2>&1 || true
+            echo "ci-kubernetes: down after its tests in $((SECONDS - t0)) s" >>"$kube_log"
+        fi
         exit "$r"
     ) &
     kube_job=$!
