@@ -41,6 +41,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _taken(port: int) -> bool:
+    """Whether another process listens on 127.0.0.1:port (a bind there is refused)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+        return False
+
+
 class MotoServer:
     """moto's server with per-zone spot prices a test may set (`set_spot_prices`; moto alone
     prices every zone the same: support/moto_prices.py)."""
@@ -48,11 +58,25 @@ class MotoServer:
     def __init__(self, env: dict[str, str] | None = None):
         import tempfile
 
+        self.prices_file = Path(tempfile.mkdtemp(prefix="moto-prices-")) / "spot.json"
+        self.log = open(os.devnull, "wb")
+        # a free port is free only until someone binds it: another worker's kernel can take it in
+        # the seconds moto's imports take (support/lab.py: a loaded CI run's JupyterLab). A
+        # server that could not have its port, or a port that answers not as HTTP, is started
+        # again on another, twice at most.
+        for _ in range(3):
+            if self._start(env):
+                return
+        self.log.close()
+        raise RuntimeError(
+            "moto_server did not start: three free ports were taken before it bound them"
+        )
+
+    def _start(self, env: dict[str, str] | None) -> bool:
+        """Started and answering (True); False: its port was taken, the server is stopped."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.prices_file = Path(tempfile.mkdtemp(prefix="moto-prices-")) / "spot.json"
         cmd = [sys.executable, str(Path(__file__).with_name("moto_prices.py"))]
-        self.log = open(os.devnull, "wb")
         self.proc = subprocess.Popen(
             cmd + ["-H", "127.0.0.1", "-p", str(self.port)],
             env=dict(os.environ, GPUSESSION_TEST_SPOT_PRICES=str(self.prices_file), **(env or {})),
@@ -63,12 +87,17 @@ class MotoServer:
         while True:
             try:
                 urllib.request.urlopen(f"{self.url}/moto-api/", timeout=1).read()
-                return
+                return True
             except OSError:
+                if self.proc.poll() is not None and _taken(self.port):
+                    return False
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.close()
-                    raise RuntimeError("moto_server did not start")
+                    raise RuntimeError("moto_server did not start") from None
                 time.sleep(0.1)
+            except http.client.HTTPException:  # not HTTP: another process's socket there
+                self._stop_process()
+                return False
 
     def set_spot_prices(self, prices: dict[str, float]) -> None:
         """The current spot price of zones ("us-east-1c") or zone/instance types
@@ -81,12 +110,16 @@ class MotoServer:
             urllib.request.Request(f"{self.url}/moto-api/reset", method="POST"), timeout=10
         ).read()
 
-    def close(self) -> None:
+    def _stop_process(self) -> None:
         self.proc.terminate()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        self._stop_process()
         self.log.close()
         self.prices_file.unlink(missing_ok=True)
         self.prices_file.parent.rmdir()
