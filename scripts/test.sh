@@ -39,7 +39,9 @@ venv() {
     # what it imports, once, into __pycache__); pip stays in the environment for the tests that
     # build and install the wheel as a user would (tests/test_wheel_install.py)
     .venv/bin/python -m pip install -q --upgrade pip "uv==$UV_VERSION"
-    .venv/bin/uv pip install -q --python .venv/bin/python -e '.[test]'
+    # --system-certs: the system's CA store, as pip's (/etc/pip.conf here names it; uv's own
+    # roots refuse a TLS-inspecting proxy's certificate, and only SSL_CERT_FILE set saved it)
+    .venv/bin/uv pip install -q --system-certs --python .venv/bin/python -e '.[test]'
 }
 
 if [ -n "$fast" ]; then
