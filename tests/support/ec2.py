@@ -232,7 +232,8 @@ class FaultProxy:
                 self.wfile.write(payload)
                 conn.close()
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        # port 0: the system picks one as it binds (no free_port() window for another process)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
