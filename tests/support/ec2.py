@@ -67,7 +67,7 @@ class MotoServer:
         for _ in range(3):
             if self._start(env):
                 return
-        self.log.close()
+        self.close()  # its log and prices folder too
         raise RuntimeError(
             "moto_server did not start: three free ports were taken before it bound them"
         )
