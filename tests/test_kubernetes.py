@@ -605,11 +605,12 @@ def test_an_image_remembered_as_root_that_is_not_any_more_ends_its_start_in_one_
     start ends before any kernel runs, saying what to do, and the next start (the image now
     known) prepares the claim first and its kernel writes there.
     The same moved tag for the runtime's early copy: the Python remembered for the image's name
-    is not the one its container has, so nothing is copied early (the copy's check refuses) and
-    the start probes the image after its status, as a new one's; the next start copies early."""
+    is not the one its container has, so nothing is copied early (the copy's check refuses, its
+    exec ending at once) and the start probes the image after its status, as a new one's; the
+    next start copies early."""
     import json
 
-    from gpusession.backends.kubernetes import runtime_copy
+    from gpusession.backends.kubernetes import podexec, runtime_copy
     from gpusession.backends.kubernetes.runtime_copy import image_user, remember_user
     from support.sinks import Collect
 
@@ -623,8 +624,12 @@ def test_an_image_remembered_as_root_that_is_not_any_more_ends_its_start_in_one_
     runtime_copy.remember_image_id(numpy_image, moved)
     spec = dict(backend="kubernetes", image=numpy_image, idle="off", workspace=ws)
     lines: list[str] = []
+    began = time.monotonic()
     with pytest.raises(StageError) as raised:
         m.start(m.make_spec("t4", name="kwu1", **spec), report=lines.append)
+    # the copy's refusal read its input out: the exec ended, not held open until its timeout
+    # (the start stood two minutes at "its container is being created")
+    assert time.monotonic() - began < podexec.EXEC_TIMEOUT, lines
     text = str(raised.value)
     assert "the workspace folder /workspace is not writable by the image user (uid 1000)" in text
     assert "start again" in text and "Traceback" not in text, text

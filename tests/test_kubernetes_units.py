@@ -402,15 +402,12 @@ def test_the_user_an_image_ran_as_is_remembered_by_its_name(tmp_path, monkeypatc
     assert runtime_copy.image_user("jupyter/scipy:lab") == 0
 
 
-def test_the_early_copy_knows_an_images_python_by_its_name_and_its_copy_checks_it_first(
-    tmp_path, monkeypatch, capsys
-):
+def test_the_early_copy_knows_an_images_python_by_its_name(tmp_path, monkeypatch):
     """EarlyCopy: the Python of the last pod of an image's name (its id, then that id's probe);
-    the copy's Python (its check run here) refuses (exit 3, nothing read) where it is not that."""
-    import os
+    what the copy's script checks of that Python: the next test."""
     import sys
 
-    from gpusession.backends.kubernetes import podexec, runtime_copy
+    from gpusession.backends.kubernetes import runtime_copy
     from gpusession.transport.bundle import CACHE_ENV
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
@@ -424,18 +421,109 @@ def test_the_early_copy_knows_an_images_python_by_its_name_and_its_copy_checks_i
     assert early is not None and early.python.executable == sys.executable
     assert early.image_id == "sha256:" + "a" * 64 and not early.done
 
+
+def _this_python() -> dict:
     import importlib.util
+    import os
+    import sys
 
     have = {"version": list(sys.version_info[:3]), "uid": os.getuid()}
     have.update(
         ipykernel=importlib.util.find_spec("ipykernel") is not None,
         pip=importlib.util.find_spec("pip") is not None,
     )
-    exec(podexec.GUARD.format(want=have), {})  # this Python is the one probed: it goes on
-    with pytest.raises(SystemExit) as refused:
-        exec(podexec.GUARD.format(want=dict(have, uid=have["uid"] + 1)), {})
-    assert refused.value.code == podexec.NOT_PROBED
-    assert "not the Python probed in this image's last pod" in capsys.readouterr().out
+    return have
+
+
+def _small_files() -> None:
+    """In a test's child: files grow to 1 MB at most (a claim that is full: EFBIG, not a signal)."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+
+def _fed(argv: list[str], data: bytes, small_files: bool = False):
+    """`argv` run with `data` on its stdin, written whole before its end is read, as the exec
+    stream writes it: (exit status, stdout and stderr). A script that ends with its input unread
+    fails this (BrokenPipeError): in a pod the node then holds the exec open (two minutes)."""
+    import subprocess
+
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_small_files if small_files else None,
+    )
+    try:
+        proc.stdin.write(data)  # more than a pipe holds: written only as the script reads it
+        proc.stdin.close()
+        return proc.wait(60), proc.stdout.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _tar(name: str, content: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(content)
+        tar.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+@pytest.mark.integration  # runs the script with python, as the pod does
+def test_the_copys_check_refuses_another_python_and_reads_its_input_out(tmp_path):
+    """The copy's script checks first that the image's Python is the one probed in its last pod
+    (a tag may have moved): where it is not, exit 3 with nothing unpacked, its input read to the
+    end all the same (a loaded CI run: the exec then stayed open two minutes, past the test's
+    limit); where it is, the archives are unpacked, in order."""
+    import sys
+
+    from gpusession.backends.kubernetes import podexec
+
+    have = _this_python()
+    archives = [
+        (_tar("big.bin", b"\1" * (3 << 20)), tmp_path / "a"),
+        (_tar("x", b"x"), tmp_path / "b"),
+    ]
+    args = [a for data, folder in archives for a in (str(folder), str(len(data)))]
+    data = b"".join(d for d, _ in archives)
+    moved = podexec.copy_script(dict(have, version=[3, 9, 2]))
+    status, said = _fed([sys.executable, "-c", moved, *args], data)
+    assert status == podexec.NOT_PROBED, said
+    assert "not the Python probed in this image's last pod" in said
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    status, said = _fed([sys.executable, "-c", podexec.copy_script(have), *args], data)
+    assert status == 0 and said.count("unpacked ") == 2, said
+    assert (tmp_path / "a" / "big.bin").stat().st_size == 3 << 20
+    assert (tmp_path / "b" / "x").read_bytes() == b"x"
+
+
+@pytest.mark.integration  # runs the script with python, as the pod does
+def test_a_copy_the_pod_cannot_write_says_why_and_reads_its_input_out(tmp_path):
+    """A full disk in the pod (files held to 1 MB here): the first archive's unpacking fails, the
+    script says where and why, and reads the rest of its input before it ends."""
+    import sys
+
+    from gpusession.backends.kubernetes import podexec
+
+    archives = [
+        (_tar("big.bin", b"\1" * (2 << 20)), tmp_path / "a"),
+        (b"\0" * (4 << 20), tmp_path / "b"),
+    ]
+    args = [a for data, folder in archives for a in (str(folder), str(len(data)))]
+    data = b"".join(d for d, _ in archives)
+    status, said = _fed(
+        [sys.executable, "-c", podexec.copy_script(), *args], data, small_files=True
+    )
+    assert status == 1, said
+    assert f"unpacking into {tmp_path / 'a'} failed: [Errno 27] File too large" in said, said
+    assert "unpacked" not in said and not (tmp_path / "b").exists()
 
 
 def _claimed(session, phase, claim):
@@ -486,7 +574,9 @@ def _script(text: str, root) -> str:
 def test_a_workspace_read_out_of_a_pod_and_written_into_another_claim_replaces_it_whole(tmp_path):
     """The scripts the pods run for a switch (claim_moves.py), here on folders: the tar has the
     workspace under `workspace/`; writing it replaces what the claim held, but only once the
-    whole tar came: a short one leaves the older copy as it was."""
+    whole tar came: a short one leaves the older copy as it was, and so does a claim that takes
+    no more (files held to 1 MB here), which reads its input to the end all the same (an exec
+    that ends with its input unread is held open: the move would wait IMPORT_TIMEOUT_S)."""
     import subprocess
     import sys
 
@@ -508,6 +598,9 @@ def test_a_workspace_read_out_of_a_pod_and_written_into_another_claim_replaces_i
     assert short.returncode != 0 and b"arrived short" in short.stderr
     assert [p.name for p in dest.iterdir()] == ["old.txt"], "nothing half-written is left"
     assert (dest / "old.txt").read_text() == "an older copy"
+    full = _fed([*fill, str(len(data) + (4 << 20))], data + b"\0" * (4 << 20), small_files=True)
+    assert full[0] != 0 and "the claim did not take the workspace: [Errno 27]" in full[1], full
+    assert [p.name for p in dest.iterdir()] == ["old.txt"], "a full claim keeps the older copy"
     whole = subprocess.run([*fill, str(len(data))], input=data, capture_output=True, check=True)
     assert b"workspace in" in whole.stdout
     assert sorted(p.name for p in dest.iterdir()) == ["notes.txt", "sub"]

@@ -38,22 +38,39 @@ sys.stdout.buffer.flush()
 """
 
 # Exactly N bytes of a tar from stdin into the staging folder; only once whole, what the
-# workspace held goes and the tar's `workspace/` takes its place
+# workspace held goes and the tar's `workspace/` takes its place. Where the claim takes no more
+# (full, read-only), the rest of stdin is read and dropped before the exit: an exec that ends
+# with its input unread is held open by the node until the client gives up (IMPORT_TIMEOUT_S)
 IMPORT = f"""
 import os, shutil, sys, tarfile
 root, size = {WORKSPACE_MOUNT!r}, int(sys.argv[1])
 stage = os.path.join(root, {STAGE!r})
-shutil.rmtree(stage, ignore_errors=True)
-os.makedirs(stage)
-part, left = os.path.join(stage, "in.tar"), size
-with open(part, "wb") as out:
-    while left:
-        chunk = sys.stdin.buffer.read(min(left, 1 << 20))
-        if not chunk:
-            shutil.rmtree(stage)
-            sys.exit("the workspace arrived short: %d of %d bytes" % (size - left, size))
-        out.write(chunk)
-        left -= len(chunk)
+part, left, out, failed = os.path.join(stage, "in.tar"), size, None, None
+try:
+    shutil.rmtree(stage, ignore_errors=True)
+    os.makedirs(stage)
+    out = open(part, "wb")
+except OSError as exc:
+    failed = exc
+while left:
+    chunk = sys.stdin.buffer.read(min(left, 1 << 20))
+    if not chunk:
+        out is None or out.close()
+        shutil.rmtree(stage, ignore_errors=True)
+        sys.exit("the workspace arrived short: %d of %d bytes" % (size - left, size))
+    left -= len(chunk)
+    if failed is None:
+        try:
+            out.write(chunk)
+        except OSError as exc:
+            failed = exc
+try:
+    out is None or out.close()
+except OSError as exc:
+    failed = failed or exc
+if failed is not None:
+    shutil.rmtree(stage, ignore_errors=True)
+    sys.exit("the claim did not take the workspace: %s" % failed)
 tree = os.path.join(stage, "tree")
 with tarfile.open(part) as tar:
     safe = {{"filter": "tar"}} if hasattr(tarfile, "tar_filter") else {{}}

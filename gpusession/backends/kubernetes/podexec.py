@@ -19,35 +19,58 @@ from .pods import CONTAINER
 CHUNK = 256 * 1024  # bytes per stdin frame
 EXEC_TIMEOUT = 120.0
 
-# Unpack exactly N bytes of a tar (gzip'd or not) from stdin into a folder; Python 3.9 syntax
-UNPACK = """
+# The head of every copy's script: the archives' sizes, `take` (stdin, counted) and `leave`,
+# which ends the script with the rest of stdin read first. A command that ends with its input
+# unread is not an exec's end: the node holds the stream open until the client gives up
+# (EXEC_TIMEOUT): a start whose GUARD refused stood two minutes at "its container is being
+# created". Python 3.9 syntax.
+HEAD = """
 import io, os, sys, tarfile
 args = sys.argv[1:]
+left = sum(map(int, args[1::2]))
+def take(n):
+    global left
+    chunk = sys.stdin.buffer.read(n)
+    left -= len(chunk)
+    return chunk
+def leave(code):
+    while left > 0 and take(min(left, 1 << 20)):
+        pass
+    sys.exit(code)
+"""
+
+# Unpack exactly N bytes of a tar (gzip'd or not) from stdin into a folder, each in turn
+UNPACK = """
 for dest, size in zip(args[::2], map(int, args[1::2])):
     data = bytearray()
     while len(data) < size:
-        chunk = sys.stdin.buffer.read(min(size - len(data), 1 << 20))
+        chunk = take(min(size - len(data), 1 << 20))
         if not chunk:
             sys.exit("the archive for %s arrived short: %d of %d bytes" % (dest, len(data), size))
         data += chunk
-    os.makedirs(dest, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(bytes(data))) as archive:
-        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        archive.extractall(dest, **safe)
+    try:
+        os.makedirs(dest, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(bytes(data))) as archive:
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            archive.extractall(dest, **safe)
+    except Exception as exc:
+        print("unpacking into %s failed: %s" % (dest, exc), flush=True)
+        leave(1)
     print("unpacked %d bytes into %s" % (size, dest), flush=True)  # before a wait that may be cut
 """
 
 
 # Before UNPACK, where the Python is taken from an earlier pod of the image's name (a tag may
-# have moved since): exit 3, reading nothing, when this one is not what that probe found
+# have moved since): exit 3, unpacking nothing (its input read and dropped: HEAD's leave),
+# when this one is not what that probe found
 GUARD = """
-import importlib.util, os, sys
+import importlib.util
 have = {{"version": list(sys.version_info[:3]), "uid": os.getuid(),
         "ipykernel": importlib.util.find_spec("ipykernel") is not None,
         "pip": importlib.util.find_spec("pip") is not None}}
 if have != {want!r}:
-    print("not the Python probed in this image's last pod: %r" % (have,))
-    sys.exit(3)
+    print("not the Python probed in this image's last pod: %r" % (have,), flush=True)
+    leave(3)
 """
 NOT_PROBED = 3  # GUARD's exit status
 
@@ -201,12 +224,7 @@ def send_archives(
     `expect`: what that Python must be (GUARD), else nothing is unpacked (StageError).
     `ready`: (the runtime's READY file, seconds): then wait for it (WAIT_READY) and return its
     text; None where it did not come in that time (the pod's log says why)."""
-    script = (GUARD.format(want=expect) if expect is not None else "") + UNPACK
-    if ready is not None:
-        script += "READY_SAID = %r\n" % READY_SAID + WAIT_READY.format(
-            path=ready[0], wait_s=ready[1]
-        )
-    argv = [python, "-c", script]
+    argv = [python, "-c", copy_script(expect, ready)]
     for data, folder in archives:
         argv += [folder, str(len(data))]
     status, output = run(
@@ -223,6 +241,16 @@ def send_archives(
     # stage shows it)
     said_ready = [x for x in output.splitlines() if x.startswith(READY_SAID)]
     return said_ready[-1][len(READY_SAID) :] if said_ready else None
+
+
+def copy_script(expect: dict | None = None, ready: tuple[str, float] | None = None) -> str:
+    """What send_archives runs with the image's Python (its arguments: folder, size, ...)."""
+    script = HEAD + (GUARD.format(want=expect) if expect is not None else "") + UNPACK
+    if ready is not None:
+        script += "READY_SAID = %r\n" % READY_SAID + WAIT_READY.format(
+            path=ready[0], wait_s=ready[1]
+        )
+    return script
 
 
 def read_files(cluster: Cluster, pod: str, paths: list[str], what: str) -> list[str | None]:
