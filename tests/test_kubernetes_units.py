@@ -601,6 +601,16 @@ def test_a_workspace_read_out_of_a_pod_and_written_into_another_claim_replaces_i
     full = _fed([*fill, str(len(data) + (4 << 20))], data + b"\0" * (4 << 20), small_files=True)
     assert full[0] != 0 and "the claim did not take the workspace: [Errno 27]" in full[1], full
     assert [p.name for p in dest.iterdir()] == ["old.txt"], "a full claim keeps the older copy"
+    packed = io.BytesIO()  # small as it comes, 2 MB once unpacked: the claim fills as it unpacks
+    with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+        info = tarfile.TarInfo("workspace/big.bin")
+        info.size = 2 << 20
+        tar.addfile(info, io.BytesIO(b"\0" * info.size))
+    packed = packed.getvalue()
+    full = _fed([*fill, str(len(packed))], packed, small_files=True)
+    assert full[0] != 0 and "the claim did not take the workspace: [Errno 27]" in full[1], full
+    assert "Traceback" not in full[1], full
+    assert [p.name for p in dest.iterdir()] == ["old.txt"], "nothing half-unpacked is left"
     whole = subprocess.run([*fill, str(len(data))], input=data, capture_output=True, check=True)
     assert b"workspace in" in whole.stdout
     assert sorted(p.name for p in dest.iterdir()) == ["notes.txt", "sub"]

@@ -40,7 +40,8 @@ sys.stdout.buffer.flush()
 # Exactly N bytes of a tar from stdin into the staging folder; only once whole, what the
 # workspace held goes and the tar's `workspace/` takes its place. Where the claim takes no more
 # (full, read-only), the rest of stdin is read and dropped before the exit: an exec that ends
-# with its input unread is held open by the node until the client gives up (IMPORT_TIMEOUT_S)
+# with its input unread is held open by the node until the client gives up (IMPORT_TIMEOUT_S);
+# the staging folder goes, whichever step failed, and the claim keeps what it held
 IMPORT = f"""
 import os, shutil, sys, tarfile
 root, size = {WORKSPACE_MOUNT!r}, int(sys.argv[1])
@@ -72,9 +73,13 @@ if failed is not None:
     shutil.rmtree(stage, ignore_errors=True)
     sys.exit("the claim did not take the workspace: %s" % failed)
 tree = os.path.join(stage, "tree")
-with tarfile.open(part) as tar:
-    safe = {{"filter": "tar"}} if hasattr(tarfile, "tar_filter") else {{}}
-    tar.extractall(tree, **safe)
+try:
+    with tarfile.open(part) as tar:
+        safe = {{"filter": "tar"}} if hasattr(tarfile, "tar_filter") else {{}}
+        tar.extractall(tree, **safe)
+except (OSError, tarfile.TarError) as exc:
+    shutil.rmtree(stage, ignore_errors=True)
+    sys.exit("the claim did not take the workspace: %s" % exc)
 for name in os.listdir(root):
     if name != {STAGE!r}:
         path = os.path.join(root, name)
