@@ -467,9 +467,9 @@ def _fed(argv: list[str], data: bytes, small_files: bool = False):
             proc.wait()
 
 
-def _tar(name: str, content: bytes) -> bytes:
+def _tar(name: str, content: bytes, mode: str = "w") -> bytes:
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
+    with tarfile.open(fileobj=buffer, mode=mode) as tar:
         info = tarfile.TarInfo(name)
         info.size = len(content)
         tar.addfile(info, io.BytesIO(content))
@@ -593,7 +593,7 @@ def test_a_workspace_read_out_of_a_pod_and_written_into_another_claim_replaces_i
         assert tar.getnames()[0] == "workspace" and "workspace/sub/a.bin" in tar.getnames()
     dest.mkdir()
     (dest / "old.txt").write_text("an older copy")
-    fill = ["/bin/sh", "-c", claim_moves._python(""), _script(claim_moves.IMPORT, dest)]
+    fill = ["/bin/sh", "-c", claim_moves._python(""), claim_moves.IMPORT, str(dest)]
     short = subprocess.run([*fill, str(len(data))], input=data[:-100], capture_output=True)
     assert short.returncode != 0 and b"arrived short" in short.stderr
     assert [p.name for p in dest.iterdir()] == ["old.txt"], "nothing half-written is left"
@@ -601,12 +601,8 @@ def test_a_workspace_read_out_of_a_pod_and_written_into_another_claim_replaces_i
     full = _fed([*fill, str(len(data) + (4 << 20))], data + b"\0" * (4 << 20), small_files=True)
     assert full[0] != 0 and "the claim did not take the workspace: [Errno 27]" in full[1], full
     assert [p.name for p in dest.iterdir()] == ["old.txt"], "a full claim keeps the older copy"
-    packed = io.BytesIO()  # small as it comes, 2 MB once unpacked: the claim fills as it unpacks
-    with tarfile.open(fileobj=packed, mode="w:gz") as tar:
-        info = tarfile.TarInfo("workspace/big.bin")
-        info.size = 2 << 20
-        tar.addfile(info, io.BytesIO(b"\0" * info.size))
-    packed = packed.getvalue()
+    # small as it comes, 2 MB once unpacked: the claim fills as it unpacks
+    packed = _tar("workspace/big.bin", b"\0" * (2 << 20), mode="w:gz")
     full = _fed([*fill, str(len(packed))], packed, small_files=True)
     assert full[0] != 0 and "the claim did not take the workspace: [Errno 27]" in full[1], full
     assert "Traceback" not in full[1], full

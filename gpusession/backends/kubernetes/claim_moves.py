@@ -37,49 +37,41 @@ with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
 sys.stdout.buffer.flush()
 """
 
-# Exactly N bytes of a tar from stdin into the staging folder; only once whole, what the
-# workspace held goes and the tar's `workspace/` takes its place. Where the claim takes no more
-# (full, read-only), the rest of stdin is read and dropped before the exit: an exec that ends
-# with its input unread is held open by the node until the client gives up (IMPORT_TIMEOUT_S);
-# the staging folder goes, whichever step failed, and the claim keeps what it held
-IMPORT = f"""
-import os, shutil, sys, tarfile
-root, size = {WORKSPACE_MOUNT!r}, int(sys.argv[1])
+# Exactly N bytes of a tar from stdin into the staging folder of the claim at ROOT (its
+# arguments: ROOT N); only once whole, what the workspace held goes and the tar's `workspace/`
+# takes its place. Where the claim takes no more (full, read-only), the staging folder goes,
+# the claim keeps what it held, and the rest of stdin is read and dropped before the exit
+# (podexec.HEAD's `leave`: an exec that ends with its input unread is held open until
+# IMPORT_TIMEOUT_S)
+IMPORT = (
+    podexec.HEAD
+    + f"""
+import shutil
+root, size = args[0], int(args[1])
 stage = os.path.join(root, {STAGE!r})
-part, left, out, failed = os.path.join(stage, "in.tar"), size, None, None
+part = os.path.join(stage, "in.tar")
+def refused(exc):
+    shutil.rmtree(stage, ignore_errors=True)
+    leave("the claim did not take the workspace: %s" % exc)
 try:
     shutil.rmtree(stage, ignore_errors=True)
     os.makedirs(stage)
-    out = open(part, "wb")
-except OSError as exc:
-    failed = exc
-while left:
-    chunk = sys.stdin.buffer.read(min(left, 1 << 20))
-    if not chunk:
-        out is None or out.close()
-        shutil.rmtree(stage, ignore_errors=True)
-        sys.exit("the workspace arrived short: %d of %d bytes" % (size - left, size))
-    left -= len(chunk)
-    if failed is None:
-        try:
+    with open(part, "wb") as out:
+        while left:
+            chunk = take(min(left, 1 << 20))
+            if not chunk:
+                shutil.rmtree(stage)
+                sys.exit("the workspace arrived short: %d of %d bytes" % (size - left, size))
             out.write(chunk)
-        except OSError as exc:
-            failed = exc
-try:
-    out is None or out.close()
 except OSError as exc:
-    failed = failed or exc
-if failed is not None:
-    shutil.rmtree(stage, ignore_errors=True)
-    sys.exit("the claim did not take the workspace: %s" % failed)
+    refused(exc)
 tree = os.path.join(stage, "tree")
 try:
     with tarfile.open(part) as tar:
         safe = {{"filter": "tar"}} if hasattr(tarfile, "tar_filter") else {{}}
         tar.extractall(tree, **safe)
 except (OSError, tarfile.TarError) as exc:
-    shutil.rmtree(stage, ignore_errors=True)
-    sys.exit("the claim did not take the workspace: %s" % exc)
+    refused(exc)
 for name in os.listdir(root):
     if name != {STAGE!r}:
         path = os.path.join(root, name)
@@ -90,6 +82,7 @@ for name in os.listdir(came) if os.path.isdir(came) else []:
 shutil.rmtree(stage)
 print("workspace in: %d bytes" % size)
 """
+)
 
 
 def export(cluster: Cluster, record: SessionRecord, progress: Progress) -> WorkspaceExport:
@@ -185,7 +178,7 @@ def fill(
             status, output = podexec.run(
                 cluster,
                 name,
-                ["/bin/sh", "-c", python, IMPORT, str(size)],
+                ["/bin/sh", "-c", python, IMPORT, WORKSPACE_MOUNT, str(size)],
                 stdin=spool,
                 timeout=IMPORT_TIMEOUT_S,
                 what="writing the workspace",
