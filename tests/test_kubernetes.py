@@ -635,12 +635,12 @@ def test_an_image_remembered_as_root_that_is_not_any_more_ends_its_start_in_one_
     assert "start again" in text and "Traceback" not in text, text
     assert image_user(numpy_image) == 1000
     assert not _ours(kube, store_id=_store(kube_env).store_id), "the failed start left no pod"
-    assert not any("as the container started" in line for line in lines), lines
+    assert not any("as the container started" in line for line in lines), "\n".join(lines)
     assert runtime_copy.EarlyCopy.known(numpy_image, "k").image_id not in ("", moved)
 
     lines.clear()
     session = m.start(m.make_spec("t4", name="kwu2", **spec), report=lines.append)
-    assert any("as the container started" in line for line in lines), lines
+    assert any("as the container started" in line for line in lines), "\n".join(lines)
     (pod,) = _ours(kube, m.get("kwu2").id)
     assert [c.name for c in pod.spec.init_containers or []] == ["workspace-owner"]
     sink = Collect()

@@ -101,7 +101,7 @@ def _pod(
             reason=reason,
             message=message,
         ),
-        spec=NS(node_name=node),
+        spec=NS(node_name=node, init_containers=[NS(name="workspace-owner")] if init else None),
     )
 
 
@@ -132,6 +132,22 @@ def test_a_pending_pod_is_said_in_the_schedulers_words():
         "ErrImageNeverPull: image not present",
         False,
     )
+
+
+def test_the_early_copy_waits_for_the_init_container_to_end():
+    """pods.initialized: the session's container is made after the workspace's owner ended (the
+    runtime's early copy begins its tries, and their window, there)."""
+    assert pods.initialized(_pod(node="n1"))  # no init container
+    creating = NS(state=NS(waiting=NS(reason="PodInitializing", message=None), terminated=None))
+    assert not pods.initialized(_pod(node="n1", init=[creating]))
+    assert not pods.initialized(_pod(node="n1", init=[NS(state=None)]))
+    failed = NS(state=NS(waiting=None, terminated=NS(exit_code=1, reason="Error")))
+    assert not pods.initialized(_pod(node="n1", init=[failed]))
+    ended = NS(state=NS(waiting=None, terminated=NS(exit_code=0, reason="Completed")))
+    assert pods.initialized(_pod(node="n1", init=[ended]))
+    unreported = _pod(node="n1", init=[ended])
+    unreported.status.init_container_statuses = []  # the kubelet has not said yet
+    assert not pods.initialized(unreported)
 
 
 def test_an_ended_pod_says_how():

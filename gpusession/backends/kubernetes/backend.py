@@ -422,7 +422,7 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         """Until the pod runs: (its node, its image's id). While it waits, why (the scheduler's
         words, an image being pulled, a claim not bound yet: its newest event) is shown when it
         changes and every 30 s with the wait. `early` (runtime_copy.EarlyCopy): tried once the
-        pod has a node, which ends the wait as soon as it copied the runtime (the image's id is
+        pod has a node and its init containers have ended (pods.initialized), which ends the wait as soon as it copied the runtime (the image's id is
         then the one its image had before, as its copy checked)."""
         started = time.monotonic()
         said, said_at, delay = "", 0.0, POLL_FIRST_S
@@ -437,7 +437,14 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
             if pod.status.phase in ("Failed", "Succeeded"):
                 reason, _ = pods.termination(pod)
                 raise StageError("provision", f"pod {name} ended before it ran: {reason}")
-            if early is not None and pod.spec.node_name and early.attempt(cluster, name, progress):
+            # the early copy's tries (and their window) begin once the session's container is
+            # next: an init container's seconds (the workspace's owner) are not its to wait
+            if (
+                early is not None
+                and pod.spec.node_name
+                and pods.initialized(pod)
+                and early.attempt(cluster, name, progress)
+            ):
                 progress.step(f"pod {name} runs on {pod.spec.node_name}")
                 return pod.spec.node_name, early.image_id
             reason, hopeful = pods.waiting_reason(pod)

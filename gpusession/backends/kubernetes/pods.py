@@ -397,6 +397,20 @@ def waiting_reason(pod) -> tuple[str, bool]:
     return status.reason or status.phase or "Pending", True
 
 
+def initialized(pod) -> bool:
+    """Whether the pod's session container is what its node makes next: no init container (the
+    workspace's owner, pods.workspace_owner), or every one has ended well, as its status says."""
+    wanted = len(pod.spec.init_containers or [])
+    ended = [
+        status
+        for status in pod.status.init_container_statuses or []
+        if status.state is not None
+        and status.state.terminated is not None
+        and status.state.terminated.exit_code == 0
+    ]
+    return len(ended) >= wanted
+
+
 def _scheduler_words(message: str) -> str:
     """The scheduler's first sentence, which says why ('0/2 nodes are available: 1 Insufficient
     nvidia.com/gpu, 1 node(s) didn't match Pod's node affinity/selector.'), without what it

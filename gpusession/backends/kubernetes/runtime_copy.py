@@ -41,7 +41,11 @@ from .pods import LAUNCH_ENV, STATE_DIR
 
 PROBE_VERSION = 2  # as the docker backend's: bump when boot.sh's probe says more
 PROBE_TIMEOUT_S = 60.0
-EARLY_FOR_S = 5.0  # EarlyCopy's tries, from its first: a pull or a slow node is not waited here
+# EarlyCopy's tries, from its first (once the session's container is next, pods.initialized): a
+# pull is not waited here; a loaded node may take seconds to make the container (the project's
+# CI, two cores with the suite beside, once copied late), and the tries past the start's first
+# seconds are few (its wait's pauses grow)
+EARLY_FOR_S = 10.0
 # the copy's exec then waits for the runtime's READY file this long (podexec.WAIT_READY); a
 # kernel slower than that is waited for in the pod's log
 READY_WAIT = (f"{STATE_DIR}/{READY_FILE}", 20.0)
@@ -101,8 +105,8 @@ class EarlyCopy:
     whose Python is known from the last pod of the same name (a tag may have moved since: the
     copy's Python checks first that it is the one probed, podexec.GUARD, and copies nothing
     where it is not; the start then waits for the status and probes, as for a new image).
-    Tried while the pod is scheduled and not yet said to run, for EARLY_FOR_S at most (an image
-    being pulled is not waited for here)."""
+    Tried while the pod is scheduled, its init containers ended, and not yet said to run, for
+    EARLY_FOR_S at most (an image being pulled is not waited for here)."""
 
     def __init__(self, image: str, image_id: str, python: ImagePython, kernel_key: str):
         self.image, self.image_id, self.python = image, image_id, python
