@@ -161,3 +161,80 @@ def test_two_processes_share_one_store_without_losing_records(tmp_path):
     assert auto == sorted(f"l4-{i}" for i in range(1, 41)), (
         "auto names must be unique across processes"
     )
+
+
+def test_a_hold_keeps_the_wal_between_uses_and_its_end_checkpoints_it(tmp_path):
+    """Store.held (a start's run of uses): its idle connection keeps every other close from
+    being the last one, so none checkpoints the WAL and deletes it (half of each use's time);
+    each read and write still sees the others, and the hold's end checkpoints it once."""
+    path = tmp_path / "s.sqlite3"
+    store = Store(path)
+    wal = tmp_path / "s.sqlite3-wal"
+    with store.held():
+        rec = store.create(LaunchSpec(gpu_type="t4", name="kept"), price_per_hour=1.0)
+        with store.held():  # nested: one hold
+            store.transition(rec.id, State.PROVISIONING)
+        assert wal.exists(), "a write's close checkpointed and deleted the WAL"
+        assert Store(path).get("kept").state == State.PROVISIONING  # another Store reads it
+        store.transition(rec.id, State.RUNNING)
+        assert wal.exists()
+    assert not wal.exists(), "the hold's end checkpoints the WAL into the database"
+    assert Store(path).get("kept").state == State.RUNNING
+    store.create(LaunchSpec(gpu_type="t4", name="after"), price_per_hour=1.0)
+    assert not wal.exists(), "without a hold, each use's close is the last, as before"
+
+
+_FORK_IN_A_HOLD = """
+import os, sys
+from gpusession.core.models import LaunchSpec
+from gpusession.session.store import Store
+
+path, wal = sys.argv[1], sys.argv[1] + "-wal"
+store = Store(path)
+to_child, to_parent = os.pipe(), os.pipe()
+with store.held():  # a start in this process, and a fork meanwhile (a user's multiprocessing)
+    for i in range(10):
+        store.create(LaunchSpec(gpu_type="t4", name=f"before-{i}"), price_per_hour=1.0)
+    pid = os.fork()
+    if pid == 0:  # a Store of its own: writes on after its parent's hold has ended
+        mine = Store(path)
+        mine.create(LaunchSpec(gpu_type="t4", name="child-0"), price_per_hour=1.0)
+        os.write(to_parent[1], b"x")
+        os.read(to_child[0], 1)
+        for i in range(1, 20):
+            mine.create(LaunchSpec(gpu_type="t4", name=f"child-{i}"), price_per_hour=1.0)
+        raise SystemExit(0)  # Python's full shutdown: what the child inherited is freed here
+    os.read(to_parent[0], 1)
+    for i in range(20):
+        store.create(LaunchSpec(gpu_type="t4", name=f"during-{i}"), price_per_hour=1.0)
+    assert os.path.exists(wal), "the hold was not opened again in the parent after the fork"
+os.write(to_child[1], b"x")  # the parent's hold has ended (its close checkpointed the WAL)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0
+"""
+
+
+@pytest.mark.integration
+def test_a_fork_during_a_hold_loses_no_record_of_parent_or_child(tmp_path):
+    """A process that forks without exec while a start holds its store's idle connection must
+    not hand that connection to the child (SQLite: never across a fork): the hold is closed
+    before the fork and opened again in the parent only. Every record of both stays, the
+    database is whole, and a fresh process reads them all."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    path = tmp_path / "forked.sqlite3"
+    run = subprocess.run(
+        [sys.executable, "-c", _FORK_IN_A_HOLD, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    names = {r.name for r in Store(path).list()}
+    lost = {f"child-{i}" for i in range(20)} - names
+    assert not lost, sorted(lost)
+    assert len(names) == 50, sorted(names)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]

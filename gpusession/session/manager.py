@@ -246,7 +246,8 @@ class SessionManager:
     def start(self, spec: LaunchSpec, report: Reporter | None = None) -> Session:
         """Provision, connect and wait for the kernel. On any failure (Ctrl-C included) the
         half-started session is stopped and recorded as failed, naming the stage."""
-        return self.launch(self.create(spec), report)
+        with self.store.held():  # its 12-15 uses of the store: none checkpoints the WAL
+            return self.launch(self.create(spec), report)
 
     def launch(
         self,
