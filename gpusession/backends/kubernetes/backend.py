@@ -422,8 +422,9 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         """Until the pod runs: (its node, its image's id). While it waits, why (the scheduler's
         words, an image being pulled, a claim not bound yet: its newest event) is shown when it
         changes and every 30 s with the wait. `early` (runtime_copy.EarlyCopy): tried once the
-        pod has a node and its init containers have ended (pods.initialized), which ends the wait as soon as it copied the runtime (the image's id is
-        then the one its image had before, as its copy checked)."""
+        pod has a node and its init containers have ended (pods.initialized), which ends the
+        wait as soon as it copied the runtime (the image's id is then the one its image had
+        before, as its copy checked)."""
         started = time.monotonic()
         said, said_at, delay = "", 0.0, POLL_FIRST_S
         while True:
