@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from gpusession.core.errors import CellLost, GpuSessionError  # noqa: E402
 from gpusession.transport.kernel.sink import OutputSink  # noqa: E402
+from support.leftovers import remove_workspace_volumes  # noqa: E402
 
 LABEL = "gpusession.session"
 CELL_LIMIT_S = 60.0  # a cell still waiting after this is hung
@@ -690,14 +691,17 @@ def main() -> int:
                 file=sys.stderr,
             )
             return 2
-        fig = run_suite(
-            args.cuts,
-            seed=args.seed,
-            kills=not args.no_kills,
-            env=env,
-            remote=remote,
-            transfers=args.transfer_cuts,
-        )
+        try:
+            fig = run_suite(
+                args.cuts,
+                seed=args.seed,
+                kills=not args.no_kills,
+                env=env,
+                remote=remote,
+                transfers=args.transfer_cuts,
+            )
+        finally:  # its sessions' workspaces ("cuts", "xfercuts"), here and on the host
+            remove_workspace_volumes(Path(home))
     table = fig.table()
     print(table)
     print(f"\n{fig.seconds:.0f} s; seed {args.seed}")

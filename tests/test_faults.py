@@ -234,7 +234,20 @@ def test_cells_printing_at_10hz_across_cuts_lose_no_line_in_the_notebook(
 
 
 def test_bench_script_runs(docker_env, remote, tmp_path):
-    """bench/bench_faults.py as a person runs it (tiny), so it does not rot."""
+    """bench/bench_faults.py as a person runs it (tiny), so it does not rot, and leaves no
+    workspace volume behind on the host's engine (its store is a temporary folder of its own)."""
+    import docker
+
+    engine = docker.DockerClient(base_url=remote["docker_host_env"])
+
+    def workspaces() -> set[str]:
+        return {
+            v.name
+            for v in engine.volumes.list(filters={"label": ["gpusession.workspace"]})
+            if v.attrs["Labels"].get("gpusession.workspace") in ("cuts", "xfercuts")
+        }
+
+    before = workspaces()
     out = subprocess.run(
         [
             sys.executable,
@@ -253,3 +266,7 @@ def test_bench_script_runs(docker_env, remote, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "| tunnel cuts survived (variables and kernel kept) | 2 / 2 | all |" in out.stdout
     assert "| cells with output lost silently | 0 | 0 |" in out.stdout
+    try:
+        assert workspaces() - before == set(), "bench_faults.py left its workspaces on the host"
+    finally:
+        engine.close()
