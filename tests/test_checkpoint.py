@@ -345,8 +345,9 @@ def test_a_save_never_removes_a_folder_another_save_is_writing(tmp_path):
 def test_the_commit_names_the_new_checkpoint_only_once_all_it_holds_is_on_disk(
     tmp_path, monkeypatch
 ):
-    """The commit's order (one journal commit, issue 35): every variable file, the index, the
-    new folder and the folder holding it are fsync'ed before the save answers; after the answer
+    """The commit's order (one journal commit, issue 35): every variable file and the index,
+    then the new folder and the folder holding it (their entries came in the files' commit) are
+    fsync'ed before the save answers; after the answer
     the tidy writes the manifest naming it (fsync'ed, then replaced, then the workspace's folder
     fsync'ed) before any old checkpoint goes. Seen in the real calls the save makes (their paths
     read back from /proc)."""
@@ -392,6 +393,9 @@ def test_the_commit_names_the_new_checkpoint_only_once_all_it_holds_is_on_disk(
     needed = {os.path.join(folder, f) for f in ("1.pkl", "index.json")}
     needed |= {folder, os.path.dirname(folder)}
     assert needed <= before, sorted(needed - before)
+    synced = [e[1] for e in events[:answer] if e[0] == "fsync"]
+    files_last = max(synced.index(os.path.join(folder, f)) for f in ("1.pkl", "index.json"))
+    assert files_last < synced.index(folder) < synced.index(os.path.dirname(folder)), synced
     commit = next(i for i, e in enumerate(events) if e[0] == "replace" and e[2] == manifest)
     staged = events[commit][1]
     gone = events.index(("rmtree", os.path.join(root, "checkpoints", first["folder"])))
@@ -453,7 +457,7 @@ def test_a_commit_whose_fsync_fails_is_no_checkpoint(tmp_path, monkeypatch):
     no index, and the checkpoint before is still the one a restore takes."""
     _save({"a": 1}, tmp_path)
 
-    def refused(paths):
+    def refused(files, folders):
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(checkpoint, "_sync_all", refused)
