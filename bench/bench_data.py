@@ -162,6 +162,16 @@ def _cipher(session) -> str:
     return getattr(transport, "local_cipher", None) or CIPHERS[0]
 
 
+def _link(session) -> str:
+    """The round trip our tunnel measured after its login and the channels' window it chose."""
+    tunnel = getattr(session.link, "tunnel", None) or getattr(session.link, "_tunnel", None)
+    windows = getattr(tunnel, "_windows", None)
+    if windows is None or not windows.measured.wait(10):
+        return "round trip not measured"
+    rtt = f"{windows.rtt * 1000:.2f} ms" if windows.rtt is not None else "none"
+    return f"round trip {rtt}, window {windows.window / (1 << 20):.1f} MiB"
+
+
 def table(ours: dict, floor: dict, local: dict, runs: int, cipher: str, busy: bool) -> str:
     beside = "one busy CPU process (`yes > /dev/null`) beside, " if busy else ""
     lines = [
@@ -219,7 +229,10 @@ def main() -> None:
             manager.make_spec("t4", backend="docker", idle="off", host=remote["url"], name="far")
         )
         cipher = _cipher(far)
-        print(f"cipher: {cipher} (our tunnel; scp -c {cipher}); load {load():.2f}", flush=True)
+        print(
+            f"cipher: {cipher} (our tunnel; scp -c {cipher}); {_link(far)}; load {load():.2f}",
+            flush=True,
+        )
         ours, scp = _our_steps(far, files, work), _scp_steps(remote, cipher, files, work)
         # the setup wrote about 1.4 GB (the files here, their copies in the session and on the
         # host): written back before the first timed step, which would otherwise pay for it

@@ -14,7 +14,15 @@ import paramiko
 import pytest
 
 from gpusession.transport.kernel.client import KernelClient
-from gpusession.transport.sshlogin import fast_reads, make_session_key
+from gpusession.transport.sshlogin import (
+    LINK_RATE,
+    NEAR_WINDOW,
+    WINDOW,
+    fast_reads,
+    grow_window,
+    make_session_key,
+    window_for,
+)
 from gpusession.transport.tunnel import HostKeyCheck, SshTarget, Tunnel, TunnelError
 from support.procs import start_runtime
 
@@ -338,6 +346,59 @@ def test_a_stream_through_the_tunnel_arrives_whole_and_in_order(sshd):
                 c.sendall(b"g")
                 while chunk := c.recv(1 << 16):
                     got += chunk
+        assert len(got) == len(blob) and bytes(got) == blob
+    finally:
+        server.close()
+
+
+def _settled(chan: paramiko.Channel, timeout: float = 30) -> int:
+    """The bytes `chan` holds unread once sshd has stopped sending (its window is spent)."""
+    last, since = -1, time.monotonic()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        held = len(chan.in_buffer)
+        if held != last:
+            last, since = held, time.monotonic()
+        elif time.monotonic() - since > 0.5:
+            return held
+        time.sleep(0.05)
+    raise AssertionError(f"sshd kept sending past {last} bytes")
+
+
+def test_channels_open_at_opensshs_window_and_grow_to_what_a_far_link_needs(sshd):
+    """Issue 35: a tunnel's channels open at OpenSSH's window (2 MiB): sshd holds no more than
+    that unread by a busy client. The login's round trip is measured after it (here: a
+    loopback's, so the window stays); a far link's grows them (grow_window), and sshd then sends
+    that much before waiting: seen in the bytes that arrive while nothing reads. After it the
+    stream still arrives whole (paramiko's own adjusts keep the grown window)."""
+    assert window_for(None) == window_for(0.0002) == NEAR_WINDOW == 2 << 20
+    assert window_for(0.02) == int(0.02 * LINK_RATE) and window_for(0.5) == WINDOW
+    blob = os.urandom(24 << 20)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve():
+        conn, _ = server.accept()
+        conn.sendall(blob)
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        with Tunnel(sshd.target(), []) as tunnel:
+            windows = tunnel._windows
+            assert windows is not None and windows.measured.wait(10)
+            assert windows.rtt is not None and windows.rtt < 0.05, windows.rtt
+            assert windows.window == NEAR_WINDOW
+            chan = tunnel._open_channel(("127.0.0.1", 0), server.getsockname()[1])
+            assert chan is not None and chan.in_window_size == NEAR_WINDOW
+            assert _settled(chan) == NEAR_WINDOW
+            assert grow_window(chan, 8 << 20) and not grow_window(chan, 8 << 20)
+            assert _settled(chan) == 8 << 20
+            got = bytearray()
+            while chunk := chan.recv(1 << 20):
+                got += chunk
+            chan.close()
         assert len(got) == len(blob) and bytes(got) == blob
     finally:
         server.close()

@@ -29,9 +29,10 @@ from ..core.durations import format_duration
 from ..core.models import KernelEndpoint
 from ..core.protocol import KERNEL_PORT_NAMES
 from .sshlogin import (
+    NEAR_WINDOW,
     PACKET,
-    WINDOW,
     HostKeyCheck,
+    LinkWindows,
     LoginRefused,
     SshTarget,
     TunnelError,
@@ -94,6 +95,7 @@ class Tunnel:
         )
         self._transport: paramiko.Transport | None = None
         self._jump_transport: paramiko.Transport | None = None
+        self._windows: LinkWindows | None = None  # the target login's channels' windows
         self._up = threading.Event()
         self._closed = threading.Event()
         self._lock = threading.RLock()
@@ -241,9 +243,8 @@ class Tunnel:
         delay = 0.05
         while not self._closed.is_set():
             try:
-                transport = open_transport(
-                    self._target_socket(), self.target, keepalive=self.keepalive
-                )
+                sock = self._target_socket()
+                transport = open_transport(sock, self.target, keepalive=self.keepalive)
             except TunnelError:
                 raise
             except _RETRYABLE as exc:
@@ -262,6 +263,10 @@ class Tunnel:
                     transport.close()
                     return
                 old, self._transport = self._transport, transport
+                self._windows = windows = LinkWindows(transport)
+            if isinstance(sock, paramiko.Channel):  # through the jump host: it carries them all
+                windows.add(sock)
+            windows.measure_soon()
             if old is not None:
                 old.close()
             with self._lock:
@@ -298,7 +303,7 @@ class Tunnel:
             "direct-tcpip",
             (self.target.host, self.target.port),
             ("127.0.0.1", 0),
-            window_size=WINDOW,
+            window_size=NEAR_WINDOW,  # grows with the target login's (_connect)
             max_packet_size=PACKET,
             timeout=10,
         )
@@ -368,20 +373,23 @@ class Tunnel:
         tunnel is down): the local connection is closed, and its client (ZMQ) retries."""
         if not self._up.wait(5.0):
             return None
-        t = self._transport
-        if t is None:
+        with self._lock:
+            t, windows = self._transport, self._windows
+        if t is None or windows is None:
             return None
         try:
             if isinstance(remote_port, str):
-                return _open_streamlocal(t, remote_port, timeout=10)
-            return t.open_channel(
-                "direct-tcpip",
-                ("127.0.0.1", remote_port),
-                peer,
-                window_size=WINDOW,
-                max_packet_size=PACKET,
-                timeout=10,
-            )
+                chan = _open_streamlocal(t, remote_port, timeout=10, window=windows.window)
+            else:
+                chan = t.open_channel(
+                    "direct-tcpip",
+                    ("127.0.0.1", remote_port),
+                    peer,
+                    window_size=windows.window,
+                    max_packet_size=PACKET,
+                    timeout=10,
+                )
+            return windows.add(chan)
         except (paramiko.ChannelException, paramiko.SSHException, EOFError, OSError):
             return None
 
@@ -392,7 +400,9 @@ class Tunnel:
             _shut(conn)
 
 
-def _open_streamlocal(transport: paramiko.Transport, path: str, timeout: float) -> paramiko.Channel:
+def _open_streamlocal(
+    transport: paramiko.Transport, path: str, timeout: float, window: int = NEAR_WINDOW
+) -> paramiko.Channel:
     """A `direct-streamlocal@openssh.com` channel to the unix socket `path` on the server (sshd's
     AllowStreamLocalForwarding, on by default). paramiko's open_channel packs addresses only for
     the tcpip kinds; this is its open sequence with this kind's fields: the path, then a
@@ -403,7 +413,7 @@ def _open_streamlocal(transport: paramiko.Transport, path: str, timeout: float) 
     if not transport.active:
         raise paramiko.SSHException("SSH session not active")
     with transport.lock:
-        window = transport._sanitize_window_size(WINDOW)
+        window = transport._sanitize_window_size(window)
         packet = transport._sanitize_packet_size(PACKET)
         chanid = transport._next_channel()
         m = Message()
