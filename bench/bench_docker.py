@@ -320,10 +320,15 @@ def remote_rows(manager: SessionManager, runs: int, work: Path) -> list[tuple]:
         raw_ours = session.link.tunnel.add_forward(serve_port)
         info = dict(session.link.endpoint.connection_info)
         tunnel = session.link.tunnel
+        # the tunnel's forwards, by local port (a kernel on TCP ports) or local socket path (on
+        # unix sockets: ZMQ's ipc endpoints `<ip>-<n>`)
         remote_of = {
-            tunnel.local_port(r): r for r in list(tunnel._listeners)
-        }  # the tunnel's forwards, by local port
-        remote_ports = [remote_of[info[name]] for name in PORTS]
+            listener.getsockname() if isinstance(r, str) else tunnel.local_port(r): r
+            for r, listener in list(tunnel._listeners.items())
+        }
+        ipc = info.get("transport") == "ipc"
+        remote_ports = [remote_of[f"{info['ip']}-{info[n]}" if ipc else info[n]] for n in PORTS]
+        info = dict(info, transport="tcp", ip="127.0.0.1")  # ssh -L's side: loopback ports
         cipher = tunnel.transport.remote_cipher  # OpenSSH told the same cipher as ours negotiated
         ssh, local = ssh_forward(remote, [*remote_ports, serve_port], cipher)
         try:

@@ -15,8 +15,8 @@ def free_port() -> int:
 
 
 def ssh_forward(
-    remote: dict, ports: list[int], cipher: str
-) -> tuple[subprocess.Popen, dict[int, int]]:
+    remote: dict, ports: list[int | str], cipher: str
+) -> tuple[subprocess.Popen, dict[int | str, int]]:
     """`ssh -N -L` of each remote loopback port to a free local one: (the ssh process, {remote
     port: local port}), once every local port answers. The caller terminates the process."""
     local = {p: free_port() for p in ports}
@@ -32,8 +32,11 @@ def ssh_forward(
         "-o",
         "ExitOnForwardFailure=yes",
     ]
-    for there, here in local.items():
-        cmd += ["-L", f"127.0.0.1:{here}:127.0.0.1:{there}"]
+    for there, here in local.items():  # a remote unix socket's path, or a loopback port
+        cmd += [
+            "-L",
+            f"127.0.0.1:{here}:{there if isinstance(there, str) else f'127.0.0.1:{there}'}",
+        ]
     ssh = subprocess.Popen(cmd + [remote["address"]])
     deadline = time.monotonic() + 20
     for here in local.values():

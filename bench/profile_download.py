@@ -30,6 +30,7 @@ from bench_data import _cipher  # noqa: E402
 
 from gpusession.session import SessionManager  # noqa: E402
 from support.hosts import REMOTE_NETNS, ensure_remote_host, product_image, ssh_home  # noqa: E402
+from support.leftovers import remove_workspace_volumes  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -182,6 +183,7 @@ def main() -> None:
         for r in manager.list(active_only=True):
             manager.stop(r.id)
         manager.close()
+        remove_workspace_volumes(work / "home")  # its session's workspace, on the host's engine
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -27,7 +27,9 @@ from ..core.errors import GpuSessionError
 # swung 0.3-2.9 s and the download with it (0.44-0.86x scp; 2 MiB: 0.27-0.39 s and 1.05-1.09x).
 NEAR_WINDOW = 2 * 1024 * 1024
 WINDOW = 16 * 1024 * 1024  # the most a far link's channel grows to (100 ms: 160 MB/s)
-LINK_RATE = 256 * 1024 * 1024  # bytes/s a grown window keeps in flight (more than our client takes)
+LINK_RATE = (
+    512 * 1024 * 1024
+)  # bytes/s a grown window keeps in flight (twice what our client takes)
 PACKET = 128 * 1024  # we advertise it; sshd then sends 4x fewer packets than at 32 KiB (+40% MB/s)
 # paramiko logs every failed try (sshd not up yet) with a traceback; with no logging set up,
 # Python would print those into the notebook. Our errors say what failed instead.
