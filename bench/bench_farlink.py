@@ -10,7 +10,7 @@ where a 2 MiB window lets at most 2 MiB through per round trip.
 This machine's links are all near (the namespace hosts answer in well under a millisecond) and
 its kernel has no netem, so the round trip is added by a relay of our own between the client and
 the namespace host's sshd (scripts/ci-remote-host.sh, 10.200.N.2:22): it holds each piece it
-reads for half the added round trip in each direction. Both sides go through the same relay to
+reads for half the added round trip in each direction (a process of its own). Both sides go through the same relay to
 the same sshd, with the same cipher and key, and stream the same bytes from a server in the
 host's namespace (a 127.0.0.1 port there), read here until its end:
 
@@ -160,7 +160,7 @@ def stream_s(port: int, size: int) -> float:
 
 
 @contextlib.contextmanager
-def our_tunnel(remote: dict, relay: DelayRelay, serve_port: int, window: str):
+def our_tunnel(remote: dict, relay: RelayProcess, serve_port: int, window: str):
     """Our Tunnel through `relay`; `window`: "chosen" (ours), "2MiB" or "16MiB" (fixed)."""
     key_line = " ".join(Path(remote["known_hosts"]).read_text().split()[1:3])
     target = SshTarget(
@@ -186,7 +186,7 @@ def our_tunnel(remote: dict, relay: DelayRelay, serve_port: int, window: str):
 
 
 @contextlib.contextmanager
-def ssh_forward(remote: dict, relay: DelayRelay, serve_port: int, cipher: str):
+def ssh_forward(remote: dict, relay: RelayProcess, serve_port: int, cipher: str):
     local = free_port()
     ssh = subprocess.Popen(
         [
@@ -213,8 +213,33 @@ def ssh_forward(remote: dict, relay: DelayRelay, serve_port: int, cipher: str):
         ssh.wait(10)
 
 
+class RelayProcess:
+    """A DelayRelay in a process of its own (this script with --relay): its threads do not share
+    a GIL with our tunnel's, as a router on a real link shares nothing with either side."""
+
+    def __init__(self, target: tuple[str, int], rtt: float):
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--relay", f"{target[0]}:{target[1]}:{rtt}"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.port = int(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def relay_main(spec: str) -> int:
+    host, port, rtt = spec.rsplit(":", 2)
+    relay = DelayRelay((host, int(port)), float(rtt))
+    print(relay.port, flush=True)
+    threading.Event().wait()
+    return 0
+
+
 def measure(remote: dict, serve_port: int, rtt_ms: float, runs: int, size: int) -> dict:
-    relay = DelayRelay((remote["address"], remote["port"]), rtt_ms / 1000)
+    relay = RelayProcess((remote["address"], remote["port"]), rtt_ms / 1000)
     times: dict[str, list[float]] = {}
     seen: dict[str, str] = {}
     loads = []
@@ -277,7 +302,10 @@ def main() -> int:
     ap.add_argument("--mb", type=int, default=50)
     ap.add_argument("--busy", action="store_true", help="one `yes > /dev/null` beside the runs")
     ap.add_argument("--write", help="put the table into this markdown file between markers")
+    ap.add_argument("--relay", help=argparse.SUPPRESS)  # HOST:PORT:RTT_S: be the relay process
     args = ap.parse_args()
+    if args.relay:
+        return relay_main(args.relay)
     remote = ensure_remote_host()
     if remote is None:
         print("the namespace host is not up: bash scripts/ci-remote-host.sh up (as root)")
