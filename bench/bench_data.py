@@ -169,7 +169,7 @@ def _link(session) -> str:
     if windows is None or not windows.measured.wait(10):
         return "round trip not measured"
     rtt = f"{windows.rtt * 1000:.2f} ms" if windows.rtt is not None else "none"
-    return f"round trip {rtt}, window {windows.window / (1 << 20):.1f} MiB"
+    return f"round trip {rtt} ({windows.measured_by}), window {windows.window / (1 << 20):.1f} MiB"
 
 
 def table(ours: dict, floor: dict, local: dict, runs: int, cipher: str, busy: bool) -> str:

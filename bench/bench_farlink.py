@@ -10,7 +10,10 @@ where a 2 MiB window lets at most 2 MiB through per round trip.
 This machine's links are all near (the namespace hosts answer in well under a millisecond) and
 its kernel has no netem, so the round trip is added by a relay of our own between the client and
 the namespace host's sshd (scripts/ci-remote-host.sh, 10.200.N.2:22): it holds each piece it
-reads for half the added round trip in each direction (a process of its own). Both sides go through the same relay to
+reads for half the added round trip in each direction (a process of its own). The relay ends
+the TCP connection, so the kernel's round trip (what the tunnel takes on a direct connection)
+would be its first hop's: here the tunnel takes it as through a proxy, by the requests sshd
+answers (`sshlogin.round_trip`), which the relay holds like everything else. Both sides go through the same relay to
 the same sshd, with the same cipher and key, and stream the same bytes from a server in the
 host's namespace (a 127.0.0.1 port there), read here until its end:
 
@@ -171,9 +174,12 @@ def our_tunnel(remote: dict, relay: RelayProcess, serve_port: int, window: str):
         host_keys=HostKeyCheck.pinned("127.0.0.1", relay.port, key_line, "(bench)"),
     )
     fixed = {"2MiB": sshlogin.NEAR_WINDOW, "16MiB": sshlogin.WINDOW}.get(window)
-    chosen = sshlogin.window_for
+    chosen, tcp = sshlogin.window_for, sshlogin.tcp_round_trip
     if fixed is not None:
         sshlogin.window_for = lambda rtt: fixed
+    # the relay ends the TCP connection: the kernel's figure would be its first hop's, so the
+    # round trip is taken as for a login through a proxy, by the requests sshd answers
+    sshlogin.tcp_round_trip = lambda sock: None
     try:
         tunnel = Tunnel(target, [serve_port], keepalive=60).start()
         try:
@@ -182,7 +188,7 @@ def our_tunnel(remote: dict, relay: RelayProcess, serve_port: int, window: str):
         finally:
             tunnel.close()
     finally:
-        sshlogin.window_for = chosen
+        sshlogin.window_for, sshlogin.tcp_round_trip = chosen, tcp
 
 
 @contextlib.contextmanager

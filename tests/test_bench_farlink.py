@@ -39,5 +39,7 @@ def test_the_far_link_bench_measures_the_round_trip_and_grows_the_window():
         )
     )
     assert set(seen) == {0.0, 40.0}, out.stdout
-    assert seen[0.0][0] < 20 and seen[0.0][1] == 2, seen  # near: OpenSSH's 2 MiB
-    assert seen[40.0][0] >= 40 and seen[40.0][1] == 16, seen  # 40 ms x 512 MiB/s: the most
+    # 40 ms x 512 MiB/s: the most; the near one less (its figure depends on the machine's load:
+    # the relay's and sshd's answers wait to be scheduled, 22 ms once in a loaded CI run)
+    assert seen[40.0][0] >= 40 and seen[40.0][1] == 16, seen
+    assert seen[0.0][0] < seen[40.0][0], seen

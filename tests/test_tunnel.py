@@ -404,6 +404,49 @@ def test_channels_open_at_opensshs_window_and_grow_to_what_a_far_link_needs(sshd
         server.close()
 
 
+def test_the_round_trip_is_the_kernels_on_a_tcp_login_and_the_requests_elsewhere(sshd, monkeypatch):
+    """A busy machine makes sshd's answers late (a near link's requests took 22 ms in a loaded
+    test run, which would have grown its windows): on a direct TCP login the tunnel takes the
+    kernel's round trip (TCP_INFO), which it does not inflate. Without one (a proxy's socket, not
+    Linux) it takes the requests', and a far figure grows the channels already open."""
+    from gpusession.transport import sshlogin
+
+    monkeypatch.setattr(sshlogin, "round_trip", lambda transport, tries=3: 0.5)  # "a busy machine"
+    with Tunnel(sshd.target(), []) as tunnel:
+        windows = tunnel._windows
+        assert windows.measured.wait(10)
+        assert windows.measured_by == "tcp" and windows.rtt < 0.05, (
+            windows.rtt,
+            windows.measured_by,
+        )
+        assert windows.window == NEAR_WINDOW
+
+    gate = threading.Event()
+    real = sshlogin.round_trip
+
+    def late(transport, tries=3):
+        gate.wait(10)  # the channel below opens before the round trip is known
+        real(transport, tries)
+        return 0.5
+
+    monkeypatch.setattr(sshlogin, "tcp_round_trip", lambda sock: None)
+    monkeypatch.setattr(sshlogin, "round_trip", late)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    try:
+        with Tunnel(sshd.target(), []) as tunnel:
+            chan = tunnel._open_channel(("127.0.0.1", 0), server.getsockname()[1])
+            assert chan is not None and chan.in_window_size == NEAR_WINDOW
+            gate.set()
+            assert tunnel._windows.measured.wait(10)
+            assert tunnel._windows.measured_by == "ssh" and tunnel._windows.window == WINDOW
+            assert chan.in_window_size == WINDOW  # grown by a window adjust
+            chan.close()
+    finally:
+        server.close()
+
+
 def test_the_pieces_buffer_reads_as_paramikos_does():
     """Random feeds and reads through two BufferedPipes, one with the pieces buffer: the same bytes."""
     import random

@@ -263,7 +263,9 @@ class Tunnel:
                     transport.close()
                     return
                 old, self._transport = self._transport, transport
-                self._windows = windows = LinkWindows(transport)
+                jump = self._jump_transport
+                tcp = getattr(jump, "sock", None) if isinstance(sock, paramiko.Channel) else sock
+                self._windows = windows = LinkWindows(transport, tcp)
             if isinstance(sock, paramiko.Channel):  # through the jump host: it carries them all
                 windows.add(sock)
             windows.measure_soon()
