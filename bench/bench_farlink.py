@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import heapq
-import re
 import socket
 import statistics
 import subprocess
@@ -51,7 +50,7 @@ import paramiko  # noqa: E402
 from gpusession.transport import sshlogin  # noqa: E402
 from gpusession.transport.tunnel import HostKeyCheck, SshTarget, Tunnel  # noqa: E402
 from openssh import free_port  # noqa: E402
-from stats import Stats, busy_beside, load, load_span  # noqa: E402
+from stats import Stats, busy_beside, load, load_span, write_section  # noqa: E402
 from support.hosts import REMOTE_NETNS, ensure_remote_host  # noqa: E402
 
 PIECE = 256 * 1024
@@ -336,16 +335,7 @@ def main() -> int:
     text = table(results, args.runs, size, args.busy)
     print(text)
     if args.write:
-        path = Path(args.write)
-        doc = path.read_text()
-        block = f"<!-- bench_farlink:begin -->\n{text}\n<!-- bench_farlink:end -->"
-        if "<!-- bench_farlink:begin -->" in doc:
-            doc = re.sub(
-                r"<!-- bench_farlink:begin -->.*<!-- bench_farlink:end -->", block, doc, flags=re.S
-            )
-        else:
-            doc = doc.rstrip() + "\n\n" + block + "\n"
-        path.write_text(doc)
+        write_section(Path(args.write), "bench_farlink", text)
     return 0
 
 

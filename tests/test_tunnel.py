@@ -319,6 +319,24 @@ def test_local_port_in_use_is_a_clear_error(sshd):
                 tunnel.add_forward(5555, local_port=taken)
 
 
+def _serving(blob: bytes, asked: bool) -> socket.socket:
+    """A loopback server that sends `blob` to its first connection (once it has sent a byte, when
+    `asked`) and closes it; the caller closes the server."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve():
+        conn, _ = server.accept()
+        if asked:
+            conn.recv(1)
+        conn.sendall(blob)
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
 def test_a_stream_through_the_tunnel_arrives_whole_and_in_order(sshd):
     """Forwarded channels read through sshlogin.fast_reads' buffer (pieces, not paramiko's byte
     array): 8 MB of random bytes, read back exactly; the buffer still fits this paramiko."""
@@ -326,17 +344,7 @@ def test_a_stream_through_the_tunnel_arrives_whole_and_in_order(sshd):
         "paramiko's channel buffer changed: fast_reads no longer applies"
     )
     blob = os.urandom(8 << 20)
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-
-    def serve():
-        conn, _ = server.accept()
-        conn.recv(1)
-        conn.sendall(blob)
-        conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
+    server = _serving(blob, asked=True)
     try:
         with Tunnel(sshd.target(), [server.getsockname()[1]]) as tunnel:
             got = bytearray()
@@ -374,16 +382,7 @@ def test_channels_open_at_opensshs_window_and_grow_to_what_a_far_link_needs(sshd
     assert window_for(None) == window_for(0.0002) == NEAR_WINDOW == 2 << 20
     assert window_for(0.02) == int(0.02 * LINK_RATE) and window_for(0.5) == WINDOW
     blob = os.urandom(24 << 20)
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-
-    def serve():
-        conn, _ = server.accept()
-        conn.sendall(blob)
-        conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
+    server = _serving(blob, asked=False)
     try:
         with Tunnel(sshd.target(), []) as tunnel:
             windows = tunnel._windows
