@@ -21,16 +21,15 @@ import paramiko
 from ..core.errors import GpuSessionError
 
 # A channel's receive window: how much sshd may send that we have not read yet. It opens at
-# OpenSSH's own (what scp's channel gets) and grows, once the link's round trip is measured
-# (round_trip), to what a far link needs (window_for), up to WINDOW. Not 16 MiB from the start:
+# OpenSSH's own (what scp's channel gets) and grows, once the link's round trip is known
+# (LinkWindows), to what a far link needs (window_for), up to WINDOW. Not 16 MiB from the start:
 # sshd then holds megabytes our client has not read, and a busy client (a laptop's other work)
 # makes it hold them, in buffers it moves about: beside one `yes` its CPU for a 200 MB download
 # swung 0.3-2.9 s and the download with it (0.44-0.86x scp; 2 MiB: 0.27-0.39 s and 1.05-1.09x).
 NEAR_WINDOW = 2 * 1024 * 1024
 WINDOW = 16 * 1024 * 1024  # the most a far link's channel grows to (100 ms: 160 MB/s)
-LINK_RATE = (
-    512 * 1024 * 1024
-)  # bytes/s a grown window keeps in flight (twice what our client takes)
+# bytes/s a grown window keeps in flight (about twice what our client takes)
+LINK_RATE = 512 * 1024 * 1024
 PACKET = 128 * 1024  # we advertise it; sshd then sends 4x fewer packets than at 32 KiB (+40% MB/s)
 # paramiko logs every failed try (sshd not up yet) with a traceback; with no logging set up,
 # Python would print those into the notebook. Our errors say what failed instead.
