@@ -28,7 +28,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tarfile
@@ -51,7 +50,7 @@ from gpusession.session import SessionManager  # noqa: E402
 from gpusession.transport import bundle  # noqa: E402
 from gpusession.transport.kernel.client import KernelClient  # noqa: E402
 from gpusession.transport.pulls import format_bytes  # noqa: E402
-from openssh import free_port, ssh_forward  # noqa: E402
+from openssh import free_port, ssh_forward, stream_s  # noqa: E402
 from stats import Stats, busy_beside, load, load_span, report  # noqa: E402
 from support.leftovers import remove_workspace_volumes  # noqa: E402
 
@@ -223,18 +222,6 @@ def cell_s(kernel: KernelClient) -> float:
     return time.perf_counter() - t
 
 
-def raw_s(port: int) -> float:
-    """Seconds for 50 MB from a raw TCP stream."""
-    t = time.perf_counter()
-    n = 0
-    with socket.create_connection(("127.0.0.1", port)) as c:
-        c.sendall(b"g")
-        while chunk := c.recv(1 << 20):
-            n += len(chunk)
-    assert n == MB50, n
-    return time.perf_counter() - t
-
-
 def mb_s(times: list[float]) -> str:
     """MB/s at the median, then the seconds per 50 MB as median / p99 / max."""
     s = Stats.of(times)
@@ -344,7 +331,7 @@ def remote_rows(manager: SessionManager, runs: int, work: Path) -> list[tuple]:
             for i in range(max(runs, 15)):  # who goes first alternates too
                 pair = [(stream_ours, raw_ours), (stream_ssh, local[serve_port])]
                 for times, port in pair[:: 1 if i % 2 else -1]:
-                    times.append(raw_s(port))
+                    times.append(stream_s(port, MB50))
             via_ssh.close()
         finally:
             ssh.terminate()

@@ -47,9 +47,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import paramiko  # noqa: E402
 
+import openssh  # noqa: E402
 from gpusession.transport import sshlogin  # noqa: E402
 from gpusession.transport.tunnel import HostKeyCheck, SshTarget, Tunnel  # noqa: E402
-from openssh import free_port  # noqa: E402
+from openssh import stream_s  # noqa: E402
 from stats import Stats, busy_beside, load, load_span, write_section  # noqa: E402
 from support.hosts import REMOTE_NETNS, ensure_remote_host  # noqa: E402
 
@@ -150,17 +151,6 @@ class DelayRelay:
                 s.close()
 
 
-def stream_s(port: int, size: int) -> float:
-    t = time.perf_counter()
-    n = 0
-    with socket.create_connection(("127.0.0.1", port), timeout=120) as c:
-        c.sendall(b"g")
-        while chunk := c.recv(1 << 20):
-            n += len(chunk)
-    assert n == size, (n, size)
-    return time.perf_counter() - t
-
-
 @contextlib.contextmanager
 def our_tunnel(remote: dict, relay: RelayProcess, serve_port: int, window: str):
     """Our Tunnel through `relay`; `window`: "chosen" (ours), "2MiB" or "16MiB" (fixed)."""
@@ -192,27 +182,10 @@ def our_tunnel(remote: dict, relay: RelayProcess, serve_port: int, window: str):
 
 @contextlib.contextmanager
 def ssh_forward(remote: dict, relay: RelayProcess, serve_port: int, cipher: str):
-    local = free_port()
-    ssh = subprocess.Popen(
-        [
-            "ssh", "-N", "-p", str(relay.port), "-c", cipher,
-            "-i", remote["key_path"], "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-            "-o", f"UserKnownHostsFile={remote['known_hosts']}", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"HostKeyAlias={remote['address']}", "-o", "ExitOnForwardFailure=yes",
-            "-L", f"127.0.0.1:{local}:127.0.0.1:{serve_port}", f"{remote['user']}@127.0.0.1",
-        ]
-    )  # fmt: skip
+    """OpenSSH's `ssh -L` of the server's port, through `relay`: its local port."""
+    ssh, local = openssh.ssh_forward(remote, [serve_port], cipher, via=relay.port)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", local), timeout=1).close()
-                break
-            except OSError:
-                if ssh.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("ssh -L did not come up") from None
-                time.sleep(0.1)
-        yield local
+        yield local[serve_port]
     finally:
         ssh.terminate()
         ssh.wait(10)

@@ -528,7 +528,7 @@ def _sync_all(files: list, folders: list) -> None:
     futures = [pool.submit(sync, batch) for batch in batches[1:]]
     error: BaseException | None = None
     try:
-        sync(batches[0] if batches else [])
+        sync(batches[0])  # the index at least
     except BaseException as exc:  # noqa: BLE001 - raised below, once the others are done
         error = exc
     for future in futures:

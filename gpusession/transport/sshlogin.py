@@ -520,8 +520,7 @@ class LinkWindows:
         with self._lock:
             self._channels.add(chan)
             window = self.window
-        if chan.in_window_size < window:
-            grow_window(chan, window)
+        grow_window(chan, window)  # when measured since it opened
         return chan
 
     def _measure(self) -> None:

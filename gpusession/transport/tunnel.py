@@ -263,10 +263,10 @@ class Tunnel:
                     transport.close()
                     return
                 old, self._transport = self._transport, transport
-                jump = self._jump_transport
-                tcp = getattr(jump, "sock", None) if isinstance(sock, paramiko.Channel) else sock
+                via_jump = isinstance(sock, paramiko.Channel)
+                tcp = getattr(self._jump_transport, "sock", None) if via_jump else sock
                 self._windows = windows = LinkWindows(transport, tcp)
-            if isinstance(sock, paramiko.Channel):  # through the jump host: it carries them all
+            if via_jump:  # the jump host's channel carries them all: it grows with them
                 windows.add(sock)
             windows.measure_soon()
             if old is not None:
