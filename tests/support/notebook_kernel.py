@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
+import shutil
+import tempfile
 import time
 from typing import Callable
 
@@ -56,32 +58,37 @@ class CellRun:
 
 class NotebookKernel:
     def __init__(self, env: dict[str, str], cwd: str | None = None, python: str | None = None):
-        """`python`: the kernel's interpreter (another environment's); default: this one's."""
-        for attempt in range(3):
-            self.km = KernelManager(kernel_name="python3")
-            if python is not None:
-                from jupyter_client.kernelspec import KernelSpec
+        """`python`: the kernel's interpreter (another environment's); default: this one's.
 
-                self.km._kernel_spec = KernelSpec(
-                    argv=[python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                    display_name="python3",
-                    language="python",
-                )
-            self.km.start_kernel(env=env, cwd=cwd or os.getcwd())
-            self.kc = self.km.client()
-            self.kc.start_channels()
-            try:
-                self.kc.wait_for_ready(timeout=60)
-                break
-            except RuntimeError:
-                # jupyter_client picks free TCP ports, closes them and writes them down; another
-                # worker's process may take one before the kernel binds it ("Address already in
-                # use": a loaded run's kernel died so). Not what a test tests: a new kernel
-                # manager, new ports (its port cache keeps the taken ones out)
-                self.kc.stop_channels()
-                if attempt == 2 or self.km.is_alive():
-                    raise
-                self.km.cleanup_resources()
+        The kernel listens on unix sockets in a folder of its own, not on TCP ports: jupyter_client
+        picks free ports, closes them and writes them down, and on a loaded run another worker's
+        process took one before the kernel bound it, twice: the kernel died ("Address already in
+        use"), and once another kernel's socket answered on the port, so the client's first
+        message blocked (a ZMQ handshake refused leaves the shell socket with no peer) and the
+        test hung for its whole timeout. How a notebook reaches its own kernel is not what a
+        test here tests; the product's kernels are started by the product."""
+        self._sockets = tempfile.mkdtemp(prefix="gsnk-")  # 0700; short: a unix socket's path
+        self.km = KernelManager(
+            kernel_name="python3", transport="ipc", ip=os.path.join(self._sockets, "k")
+        )
+        if python is not None:
+            from jupyter_client.kernelspec import KernelSpec
+
+            self.km._kernel_spec = KernelSpec(
+                argv=[python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                display_name="python3",
+                language="python",
+            )
+        self.km.start_kernel(env=env, cwd=cwd or os.getcwd())
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        try:
+            self.kc.wait_for_ready(timeout=60)
+        except RuntimeError:
+            self.kc.stop_channels()
+            self.km.shutdown_kernel(now=True)
+            shutil.rmtree(self._sockets, ignore_errors=True)
+            raise
         self.elsewhere: list[tuple[str | None, dict]] = []  # (its cell's msg_id, content)
 
     @property
@@ -156,3 +163,4 @@ class NotebookKernel:
             pass
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
+        shutil.rmtree(self._sockets, ignore_errors=True)
