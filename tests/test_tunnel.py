@@ -24,6 +24,7 @@ from gpusession.transport.sshlogin import (
     window_for,
 )
 from gpusession.transport.tunnel import HostKeyCheck, SshTarget, Tunnel, TunnelError
+from support.ports import free_port
 from support.procs import start_runtime
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -34,12 +35,6 @@ pytestmark = [
     ),
 ]
 USER = "root" if os.geteuid() == 0 else os.environ.get("USER", "")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_port(port: int, timeout: float = 10) -> None:
@@ -61,7 +56,7 @@ class Sshd:
         self.host_key_path, self.host_key_line = make_session_key(folder, "host")
         self.client_key_path, client_line = make_session_key(folder, "client")
         (folder / "authorized_keys").write_text(client_line + "\n")
-        self.port = _free_port()
+        self.port = free_port()
         (folder / "sshd_config").write_text(
             f"ListenAddress 127.0.0.1\nPort {self.port}\nHostKey {self.host_key_path}\n"
             f"PidFile {folder / 'sshd.pid'}\nAuthorizedKeysFile {folder / 'authorized_keys'}\n"
@@ -252,7 +247,7 @@ def _ask(port: int, data: bytes) -> bytes:
 
 
 def test_remote_port_not_listening_yet_closes_the_local_connection_and_keeps_accepting(sshd):
-    port = _free_port()
+    port = free_port()
     with Tunnel(sshd.target(), [port]) as tunnel:
         with socket.create_connection(("127.0.0.1", tunnel.local_port(port)), timeout=10) as c:
             assert c.recv(10) == b"", "a forward to a closed remote port ends at once"
@@ -299,7 +294,7 @@ def test_wrong_key_is_refused(sshd, tmp_path):
 
 
 def test_unreachable_host_fails_within_the_timeout():
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     target = SshTarget("127.0.0.1", port, USER, [], HostKeyCheck(paramiko.HostKeys(), ""))
     t0 = time.monotonic()
     with pytest.raises(

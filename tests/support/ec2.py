@@ -32,13 +32,9 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from .ports import free_port
+
 REGION = "us-east-1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _taken(port: int) -> bool:

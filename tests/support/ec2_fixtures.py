@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from .ec2 import FaultProxy, MotoServer, aws_test_env, free_port, inspector
+from .ec2 import FaultProxy, MotoServer, aws_test_env, inspector
+from .ports import free_port
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import browser_net
+from .ports import free_port
 
 #: Where Debian's chromium lives; GPUSESSION_CHROMIUM overrides it.
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
@@ -60,13 +60,6 @@ class LabServer(NamedTuple):
     url: str  #: base URL with a trailing slash, e.g. "http://127.0.0.1:8123/"
     token: str  #: the auth token (also accepted as ``?token=`` in URLs)
     process: subprocess.Popen  #: the server process; stop it with stop_lab()
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now (on 127.0.0.1)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_lab(
