@@ -1,4 +1,5 @@
-"""The suite's own servers, JupyterLab (support/lab.py) and moto's EC2 API (support/ec2.py),
+"""The suite's own servers, JupyterLab (support/lab.py), moto's EC2 API (support/ec2.py) and the
+tunnel tests' sshd (test_tunnel.Sshd),
 start although the free port they were given is taken before they bind it: in a loaded CI run
 another worker's kernel bound that port (a ZMQ socket) in the seconds the server spent
 importing, and the wait for the server read the kernel's greeting (`BadStatusLine`), failing a
@@ -76,5 +77,22 @@ def test_moto_whose_free_port_was_taken_meanwhile_starts_on_another(monkeypatch,
         assert server.port != taken_port
         with urllib.request.urlopen(f"{server.url}/moto-api/", timeout=10) as reply:  # noqa: S310
             assert reply.status == 200
+    finally:
+        server.close()
+
+
+def test_a_test_sshd_whose_free_port_was_taken_meanwhile_starts_on_another(
+    tmp_path, monkeypatch, taken_port
+):
+    import test_tunnel
+
+    given = iter([taken_port])
+    free = test_tunnel.free_port
+    monkeypatch.setattr(test_tunnel, "free_port", lambda: next(given, None) or free())
+    server = test_tunnel.Sshd(tmp_path)
+    try:
+        assert server.port != taken_port
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
+            assert conn.recv(8) == b"SSH-2.0-"  # sshd's greeting, not the other socket's
     finally:
         server.close()

@@ -37,15 +37,21 @@ pytestmark = [
 USER = "root" if os.geteuid() == 0 else os.environ.get("USER", "")
 
 
-def _wait_port(port: int, timeout: float = 10) -> None:
+def _wait_sshd(port: int, sshd: subprocess.Popen, timeout: float = 10) -> bool:
+    """True once `sshd` answers on `port` (its greeting: another process's socket may hold the
+    port); False when it ended first (its port was taken)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if sshd.poll() is not None:
+            return False
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+                if conn.recv(8) == b"SSH-2.0-":
+                    return True
         except OSError:
-            time.sleep(0.02)
-    raise TimeoutError(f"nothing listens on {port}")
+            pass
+        time.sleep(0.02)
+    raise TimeoutError(f"sshd does not answer on {port}")
 
 
 class Sshd:
@@ -56,22 +62,28 @@ class Sshd:
         self.host_key_path, self.host_key_line = make_session_key(folder, "host")
         self.client_key_path, client_line = make_session_key(folder, "client")
         (folder / "authorized_keys").write_text(client_line + "\n")
-        self.port = free_port()
-        (folder / "sshd_config").write_text(
-            f"ListenAddress 127.0.0.1\nPort {self.port}\nHostKey {self.host_key_path}\n"
-            f"PidFile {folder / 'sshd.pid'}\nAuthorizedKeysFile {folder / 'authorized_keys'}\n"
-            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-            "AllowTcpForwarding yes\nPermitRootLogin prohibit-password\n"
-            # a home of its own: root's here runs pyenv (a stale rehash lock waits 2-60 s per login)
-            f"SetEnv HOME={folder}\n" + extra
-        )
         os.makedirs("/run/sshd", exist_ok=True)
-        self.proc = subprocess.Popen(
-            [SSHD, "-D", "-e", "-f", str(folder / "sshd_config")],
-            stdout=subprocess.DEVNULL,
-            stderr=open(folder / "sshd.log", "wb"),
-        )
-        _wait_port(self.port)
+        for _ in range(3):
+            # a free port, bound and closed: another process may take it before sshd binds it;
+            # sshd then exits ("Address already in use") and starts again on another
+            self.port = free_port()
+            (folder / "sshd_config").write_text(
+                f"ListenAddress 127.0.0.1\nPort {self.port}\nHostKey {self.host_key_path}\n"
+                f"PidFile {folder / 'sshd.pid'}\nAuthorizedKeysFile {folder / 'authorized_keys'}\n"
+                "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+                "StrictModes no\nAllowTcpForwarding yes\nPermitRootLogin prohibit-password\n"
+                # a home of its own: root's here runs pyenv (a stale rehash lock waits 2-60 s per login)
+                f"SetEnv HOME={folder}\n" + extra
+            )
+            self.proc = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(folder / "sshd_config")],
+                stdout=subprocess.DEVNULL,
+                stderr=open(folder / "sshd.log", "wb"),
+            )
+            if _wait_sshd(self.port, self.proc):
+                break
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"sshd did not start: {(folder / 'sshd.log').read_text()[-500:]}")
 
     def target(self, *, key_path: Path | None = None, host_key: str | None = None) -> SshTarget:
         return SshTarget(
