@@ -65,3 +65,42 @@ def test_the_reader_seeks_forward_only():
     assert reader.read(2) == b"ab" and reader.seek(4) == 4 and reader.read(10) == b"efg"
     with pytest.raises(OSError, match="forward only"):
         reader.seek(1)
+
+
+def test_a_hard_link_to_a_file_of_the_stream_lands_as_a_copy_and_any_other_is_refused(tmp_path):
+    data = os.urandom(70_000)
+    (tmp_path / "a.bin").write_bytes(data)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(tmp_path / "a.bin", arcname="a.bin", filter=whole_seconds)
+        for name, target in (("b.bin", "a.bin"), ("c.bin", "elsewhere.bin"), ("d.bin", "../a.bin")):
+            link = tarfile.TarInfo(name)
+            link.type, link.linkname = tarfile.LNKTYPE, target
+            tar.addfile(link)
+    dest = tmp_path / "dest"
+    extraction = _extract(buf.getvalue(), 4096, dest)
+    assert not (dest / "a.bin").exists() and not (dest / "b.bin").exists()  # not before commit()
+    extraction.commit()
+    assert sorted(os.listdir(dest)) == ["a.bin", "b.bin"]
+    assert (dest / "b.bin").read_bytes() == data and (dest / "a.bin").read_bytes() == data
+    assert [r.split(" ")[0] for r in extraction.refused] == ["c.bin", "d.bin"]
+    assert (extraction.files, extraction.bytes) == (2, 2 * len(data))
+
+
+def test_thousands_of_files_land_under_their_names_in_the_streams_order(tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for i in range(3000):
+            member = tarfile.TarInfo(f"many/f{i:05d}")
+            body = str(i).encode()
+            member.size = len(body)
+            tar.addfile(member, io.BytesIO(body))
+        again = tarfile.TarInfo("many/f00007")  # the same name again: the later one wins
+        again.size = 5
+        tar.addfile(again, io.BytesIO(b"later"))
+    extraction = _extract(buf.getvalue(), 1 << 16, tmp_path / "dest")
+    extraction.commit()
+    names = sorted(os.listdir(tmp_path / "dest" / "many"))
+    assert names == [f"f{i:05d}" for i in range(3000)]  # no temporary name left
+    assert (tmp_path / "dest" / "many" / "f02999").read_bytes() == b"2999"
+    assert (tmp_path / "dest" / "many" / "f00007").read_bytes() == b"later"
