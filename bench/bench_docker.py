@@ -393,7 +393,9 @@ def _run(args, work: Path) -> int:
         "/usr/bin/python3", (3, 11, 2), "x86_64", ("glibc", "2.36"), None, None, 0, False
     )
     download = bundle.site_archive(
-        python, Path(tempfile.mkdtemp(prefix="gs-wheels-")), lambda line: None
+        python,
+        work / "wheels",  # in the run's folder: removed with it
+        lambda line: None,
     )
     download_s = time.perf_counter() - t
 
