@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -128,8 +129,8 @@ def measure_latency(client, requests: int, poll_seconds: float) -> dict:
 
 
 def loopback_client():
-    from gpusession.agent.endpoint import agent_token
-    from gpusession.stats import AgentClient
+    from gpusession.core.protocol import agent_token
+    from gpusession.session.agentclient import AgentClient
 
     d = tempfile.mkdtemp()
     proc = start_runtime(d)
@@ -140,6 +141,7 @@ def loopback_client():
     def close():
         proc.terminate()
         proc.wait(15)
+        shutil.rmtree(d, ignore_errors=True)
 
     return client, close, "loopback (local runtime)"
 
@@ -147,23 +149,32 @@ def loopback_client():
 def docker_client():
     sys.path.insert(0, str(ROOT / "tests"))
     from support.hosts import docker_available, product_image
+    from support.leftovers import remove_workspace_volumes
 
     if not docker_available():
         return None
-    from gpusession.configuration.config import GpuSessionConfig
     from gpusession.session import SessionManager
-    from gpusession.stats import AgentClient
+    from gpusession.session.agentclient import AgentClient
 
-    home = tempfile.mkdtemp()
+    home = tempfile.mkdtemp(prefix="gs-agent-")
     os.environ["GPUSESSION_HOME"] = home
-    m = SessionManager(GpuSessionConfig(docker_image=product_image()))
-    session = m.start(m.make_spec("t4", backend="docker", idle="off", name="bench"))
+    os.environ["GPUSESSION_IMAGE"] = product_image()  # the test image, not the default's pull
+    m = SessionManager()
+
+    def close() -> None:
+        for view in m.list(active_only=True):
+            m.stop(view.id)
+        m.close()
+        remove_workspace_volumes(Path(home))  # its session's workspace (gc keeps a user's)
+        shutil.rmtree(home, ignore_errors=True)
+
+    try:
+        session = m.start(m.make_spec("t4", backend="docker", idle="off", name="bench"))
+    except BaseException:
+        close()
+        raise
     client = AgentClient.for_endpoint(session.link.endpoint)
-    return (
-        client,
-        lambda: m.stop(session.id),
-        f"SSH tunnel into a docker container ({product_image()})",
-    )
+    return client, close, f"SSH tunnel into a docker container ({product_image()})"
 
 
 def main() -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -28,6 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from stats import Stats, write_section  # noqa: E402
+from support.leftovers import remove_workspace_volumes  # noqa: E402
 from support.notebook_kernel import NotebookKernel  # noqa: E402
 
 IMAGE = os.environ.get("GPUSESSION_TEST_IMAGE", "gpusession/cuda:ci")
@@ -88,6 +90,8 @@ def measure(cells: int, remote_ok: bool) -> dict[str, list[float]]:
     finally:
         for nk in books.values():
             nk.close()
+        remove_workspace_volumes(work / "home")  # its sessions' workspaces (gc keeps a user's)
+        shutil.rmtree(work, ignore_errors=True)  # its store and session keys: it leaves nothing
 
 
 def table(times: dict[str, list[float]], cells: int) -> tuple[str, bool]:

@@ -20,6 +20,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -178,6 +179,7 @@ def one_run(args) -> tuple[str, bool]:
             server.wait(20)
         for c in containers:
             c.remove(force=True)
+        shutil.rmtree(work, ignore_errors=True)  # its store: it leaves nothing
     floor, api = Stats.of(times["types"]), Stats.of(rest["/api/status"])
     rows = [
         "| measure | ours: median / p99 / max | floor: median / p99 / max | ratio (median) | ratio (p99) | target | met |",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -160,6 +161,7 @@ def main() -> int:
         manager.stop_all()
         _remove_workspaces(manager)
         manager.close()
+        shutil.rmtree(home, ignore_errors=True)  # its store and session keys: it leaves nothing
     ours, floor = Stats.of(switch_s), Stats.of(hand_s)
     what = {
         "type": "docker on this engine, t4 <-> a100 (the workspace stays)",

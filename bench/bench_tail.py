@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,7 @@ def timed(kernel: KernelClient, n: int) -> list[float]:
 
 def measure(calls: int) -> tuple[dict[str, list[float]], str, str]:
     from support.hosts import ensure_remote_host, ssh_home
+    from support.leftovers import remove_workspace_volumes
 
     remote = ensure_remote_host()
     if remote is None:
@@ -80,10 +82,22 @@ def measure(calls: int) -> tuple[dict[str, list[float]], str, str]:
         tunnel = session.link.tunnel
         cipher = tunnel.transport.remote_cipher
         info = dict(session.link.endpoint.connection_info)
-        remote_of = {tunnel.local_port(r): r for r in list(tunnel._listeners)}
-        remote_info = dict(info, **{name: remote_of[info[name]] for name in PORTS})
-        ssh, local = ssh_forward(remote, [remote_info[name] for name in PORTS], cipher)
-        via_ssh = KernelClient(dict(info, **{name: local[remote_info[name]] for name in PORTS}))
+        # the tunnel's forwards, by local port (a kernel on TCP ports) or local socket path (on
+        # unix sockets: ZMQ's ipc endpoints `<ip>-<n>`), as in bench_docker
+        remote_of = {
+            listener.getsockname() if isinstance(r, str) else tunnel.local_port(r): r
+            for r, listener in list(tunnel._listeners.items())
+        }
+        ipc = info.get("transport") == "ipc"
+        there = {n: remote_of[f"{info['ip']}-{info[n]}" if ipc else info[n]] for n in PORTS}
+        if ipc:  # the kernel's own socket paths on the host, `<its ip>-<n>` with the same n
+            remote_info = dict(info, ip=there["shell_port"].rsplit("-", 1)[0])
+        else:
+            remote_info = dict(info, **there)
+        ssh, local = ssh_forward(remote, list(there.values()), cipher)
+        via_ssh = KernelClient(  # ssh -L's side: loopback ports
+            dict(info, transport="tcp", ip="127.0.0.1", **{n: local[there[n]] for n in PORTS})
+        )
         via_ssh.wait_ready(30)
         direct = subprocess.Popen(
             [
@@ -125,6 +139,8 @@ def measure(calls: int) -> tuple[dict[str, list[float]], str, str]:
         if ssh is not None:
             ssh.terminate()
         session.stop()
+        remove_workspace_volumes(work)  # its session's workspace, on the host's engine
+        shutil.rmtree(work, ignore_errors=True)  # its store and session keys: it leaves nothing
 
 
 def table(times: dict[str, list[float]], cipher: str, calls: int) -> str:
