@@ -110,6 +110,9 @@ def _our_steps(session, files: dict[str, Path], work: Path) -> dict[str, tuple]:
     }
 
 
+SCP_CLEAN = "rm -rf /tmp/gsbench"  # the floor's files on the host
+
+
 def _scp_steps(remote: dict, cipher: str, files: dict[str, Path], work: Path) -> dict[str, tuple]:
     """The same rows by `scp -O` with our tunnel's cipher, the same key, to the same host."""
     base = ["-F", remote["ssh_config"], "-o", "BatchMode=yes", "-c", cipher]
@@ -122,7 +125,7 @@ def _scp_steps(remote: dict, cipher: str, files: dict[str, Path], work: Path) ->
         # -O: the classic scp protocol (the namespace host's sshd has no sftp subsystem)
         subprocess.run(["scp", "-O", "-q", *base, *args], check=True, capture_output=True)
 
-    ssh("rm -rf /tmp/gsbench && mkdir -p /tmp/gsbench/one /tmp/gsbench/many /tmp/gsbench/up")
+    ssh(f"{SCP_CLEAN} && mkdir -p /tmp/gsbench/one /tmp/gsbench/many /tmp/gsbench/up")
     scp(str(files["var"]), f"{host}:/tmp/gsbench/var.bin")
     scp(str(files["one"]), f"{host}:/tmp/gsbench/one/")
     scp("-r", str(files["many"]), f"{host}:/tmp/gsbench/many/")
@@ -254,6 +257,19 @@ def main() -> None:
             manager.stop(r.id)
         manager.close()
         remove_workspace_volumes(work / "home")  # its sessions' workspaces, here and on the host
+        subprocess.run(  # scp's copies on the host (300 MB): best effort, the host may be down
+            [
+                "ssh",
+                "-F",
+                remote["ssh_config"],
+                "-o",
+                "BatchMode=yes",
+                remote["address"],
+                SCP_CLEAN,
+            ],
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(work, ignore_errors=True)
     text = table(both["ours"], both["scp"], local, args.runs, cipher, args.busy)
     print(text)
