@@ -113,13 +113,32 @@ def _our_steps(session, files: dict[str, Path], work: Path) -> dict[str, tuple]:
 SCP_CLEAN = "rm -rf /tmp/gsbench"  # the floor's files on the host
 
 
+def _on_host(remote: dict, command: str, *options: str, check: bool = True) -> None:
+    """`command` on the namespace host, through OpenSSH with its config (and `options`)."""
+    subprocess.run(
+        [
+            "ssh",
+            "-F",
+            remote["ssh_config"],
+            "-o",
+            "BatchMode=yes",
+            *options,
+            remote["address"],
+            command,
+        ],
+        check=check,
+        capture_output=True,
+        timeout=60,
+    )
+
+
 def _scp_steps(remote: dict, cipher: str, files: dict[str, Path], work: Path) -> dict[str, tuple]:
     """The same rows by `scp -O` with our tunnel's cipher, the same key, to the same host."""
     base = ["-F", remote["ssh_config"], "-o", "BatchMode=yes", "-c", cipher]
     host = remote["address"]
 
     def ssh(command: str) -> None:
-        subprocess.run(["ssh", *base, host, command], check=True, capture_output=True)
+        _on_host(remote, command, "-c", cipher)
 
     def scp(*args: str) -> None:
         # -O: the classic scp protocol (the namespace host's sshd has no sftp subsystem)
@@ -257,19 +276,8 @@ def main() -> None:
             manager.stop(r.id)
         manager.close()
         remove_workspace_volumes(work / "home")  # its sessions' workspaces, here and on the host
-        subprocess.run(  # scp's copies on the host (300 MB): best effort, the host may be down
-            [
-                "ssh",
-                "-F",
-                remote["ssh_config"],
-                "-o",
-                "BatchMode=yes",
-                remote["address"],
-                SCP_CLEAN,
-            ],
-            capture_output=True,
-            timeout=60,
-        )
+        # scp's copies on the host (300 MB): best effort, the host may be down
+        _on_host(remote, SCP_CLEAN, check=False)
         shutil.rmtree(work, ignore_errors=True)
     text = table(both["ours"], both["scp"], local, args.runs, cipher, args.busy)
     print(text)

@@ -50,11 +50,11 @@ from gpusession.session import SessionManager  # noqa: E402
 from gpusession.transport import bundle  # noqa: E402
 from gpusession.transport.kernel.client import KernelClient  # noqa: E402
 from gpusession.transport.pulls import format_bytes  # noqa: E402
-from openssh import free_port, ssh_forward, stream_s  # noqa: E402
+from openssh import KERNEL_PORTS as PORTS  # noqa: E402
+from openssh import free_port, kernel_sockets_there, ssh_forward, stream_s  # noqa: E402
 from stats import Stats, busy_beside, load, load_span, report  # noqa: E402
 from support.leftovers import remove_workspace_volumes  # noqa: E402
 
-PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 IMAGES = ("gpusession/cuda:ci", "gpusession-ci/py-bookworm")
 BUSY_LOAD = 3.0  # a median 1-minute load from here on is a loaded machine (issue 35: at load 4)
 MB50 = 50_000_000
@@ -307,14 +307,7 @@ def remote_rows(manager: SessionManager, runs: int, work: Path) -> list[tuple]:
         raw_ours = session.link.tunnel.add_forward(serve_port)
         info = dict(session.link.endpoint.connection_info)
         tunnel = session.link.tunnel
-        # the tunnel's forwards, by local port (a kernel on TCP ports) or local socket path (on
-        # unix sockets: ZMQ's ipc endpoints `<ip>-<n>`)
-        remote_of = {
-            listener.getsockname() if isinstance(r, str) else tunnel.local_port(r): r
-            for r, listener in list(tunnel._listeners.items())
-        }
-        ipc = info.get("transport") == "ipc"
-        remote_ports = [remote_of[f"{info['ip']}-{info[n]}" if ipc else info[n]] for n in PORTS]
+        remote_ports = list(kernel_sockets_there(tunnel, info).values())  # in PORTS' order
         info = dict(info, transport="tcp", ip="127.0.0.1")  # ssh -L's side: loopback ports
         cipher = tunnel.transport.remote_cipher  # OpenSSH told the same cipher as ours negotiated
         ssh, local = ssh_forward(remote, [*remote_ports, serve_port], cipher)

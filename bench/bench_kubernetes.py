@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpusession.session import SessionManager  # noqa: E402
 from gpusession.transport.kernel.client import KernelClient  # noqa: E402
+from openssh import KERNEL_PORTS as PORTS  # noqa: E402
 from openssh import free_port  # noqa: E402
 from stats import Stats, busy_beside, load, load_span, report  # noqa: E402
 
@@ -50,7 +51,6 @@ KUBECONFIG = STATE / "admin.kubeconfig"
 KUBECTL = str(STATE / "bin" / "kubectl")
 IMAGE = "gpusession/cuda:ci"
 PRODUCT = "Tesla-T4"  # n1's GPUs: the t4 type's node label
-PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 POD_PORTS = [50001, 50002, 50003, 50004, 50005]  # the floor kernel's, in its own pod
 LOADS: list[float] = []
 FLOOR_FORWARDS_AGAIN: list[str] = []  # floor starts whose kubectl port-forward was started again

@@ -32,10 +32,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpusession.session import SessionManager  # noqa: E402
 from gpusession.transport.kernel.client import KernelClient  # noqa: E402
-from openssh import ssh_forward  # noqa: E402
+from openssh import KERNEL_PORTS as PORTS  # noqa: E402
+from openssh import kernel_sockets_there, ssh_forward  # noqa: E402
 from stats import Stats, write_section  # noqa: E402
 
-PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 NAMESPACE = "gpus-remote"
 IMAGE = os.environ.get("GPUSESSION_TEST_IMAGE", "gpusession/cuda:ci")
 # a client in the engine host's network namespace: round trips on the kernel's own loopback ports
@@ -82,15 +82,10 @@ def measure(calls: int) -> tuple[dict[str, list[float]], str, str]:
         tunnel = session.link.tunnel
         cipher = tunnel.transport.remote_cipher
         info = dict(session.link.endpoint.connection_info)
-        # the tunnel's forwards, by local port (a kernel on TCP ports) or local socket path (on
-        # unix sockets: ZMQ's ipc endpoints `<ip>-<n>`), as in bench_docker
-        remote_of = {
-            listener.getsockname() if isinstance(r, str) else tunnel.local_port(r): r
-            for r, listener in list(tunnel._listeners.items())
-        }
-        ipc = info.get("transport") == "ipc"
-        there = {n: remote_of[f"{info['ip']}-{info[n]}" if ipc else info[n]] for n in PORTS}
-        if ipc:  # the kernel's own socket paths on the host, `<its ip>-<n>` with the same n
+        there = kernel_sockets_there(tunnel, info)
+        if (
+            info.get("transport") == "ipc"
+        ):  # the kernel's own socket paths on the host, `<its ip>-<n>` with the same n
             remote_info = dict(info, ip=there["shell_port"].rsplit("-", 1)[0])
         else:
             remote_info = dict(info, **there)

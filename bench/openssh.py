@@ -1,6 +1,7 @@
-"""What the benchmarks share to compare against OpenSSH: a free loopback port, `ssh -L`
-forwards to a namespace host with the cipher our tunnel negotiated (`-c`), up when it returns,
-and a timed read of a stream from a forwarded port."""
+"""What the benchmarks share to compare against OpenSSH: a free loopback port, the kernel's
+sockets on the host our tunnel forwards to, `ssh -L` forwards to a namespace host with the cipher
+our tunnel negotiated (`-c`), up when it returns, and a timed read of a stream from a forwarded
+port."""
 
 from __future__ import annotations
 
@@ -13,6 +14,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+KERNEL_PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+def kernel_sockets_there(tunnel, info: dict) -> dict[str, int | str]:
+    """Each of the kernel's sockets (`info`: the connection info our tunnel serves here) as the
+    host has it, by the tunnel's forwards: a remote loopback port (a kernel on TCP ports) or a
+    remote socket path (on unix sockets, where ZMQ's ipc endpoints are `<ip>-<n>`)."""
+    remote_of = {
+        listener.getsockname() if isinstance(r, str) else tunnel.local_port(r): r
+        for r, listener in list(tunnel._listeners.items())
+    }
+    ipc = info.get("transport") == "ipc"
+    return {n: remote_of[f"{info['ip']}-{info[n]}" if ipc else info[n]] for n in KERNEL_PORTS}
 
 
 def ssh_forward(
