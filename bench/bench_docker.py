@@ -105,44 +105,73 @@ def connection_file(ports: list[int]) -> dict:
 
 def floor_start(client, image: str, site_volume: str | None) -> tuple[float, object, KernelClient]:
     """A bare `docker run` of the image until a plain kernel in it answers `1+1`: host network,
-    a connection file we wrote, ipykernel_launcher (the image's, else the site volume's)."""
-    info = connection_file([free_port() for _ in PORTS])
-    t0 = time.perf_counter()
+    a connection file we wrote, ipykernel_launcher (the image's, else the site volume's). A
+    kernel that finds a port we picked taken (another process bound it between our pick and its
+    own bind) is started again on others, timed from its own start: the floor is a bare `docker
+    run`'s time, not our port picking's."""
     options = {}
     env = {}
     if site_volume:
         options["volumes"] = {site_volume: {"bind": bundle.SITE_DIR, "mode": "ro"}}
         env["PYTHONPATH"] = f"{bundle.SITE_DIR}/deps"
-    script = f"printf '%s' '{json.dumps(info)}' >/tmp/k.json && exec python3 -m ipykernel_launcher -f /tmp/k.json"
-    c = client.containers.run(
-        image,
-        ["-c", script],
-        entrypoint=["/bin/sh"],
-        detach=True,
-        init=True,
-        network_mode="host",
-        environment=env,
-        labels={"gpusession.bench": "floor"},
-        device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])],
-        **options,
-    )
-    listening(info, 60)
-    kernel = KernelClient(info)
-    kernel.wait_ready(60)
-    kernel.evaluate("1+1")
-    return time.perf_counter() - t0, c, kernel
+    for _ in range(3):
+        info = connection_file([free_port() for _ in PORTS])
+        script = f"printf '%s' '{json.dumps(info)}' >/tmp/k.json && exec python3 -m ipykernel_launcher -f /tmp/k.json"
+        t0 = time.perf_counter()
+        c = client.containers.run(
+            image,
+            ["-c", script],
+            entrypoint=["/bin/sh"],
+            detach=True,
+            init=True,
+            network_mode="host",
+            environment=env,
+            labels={"gpusession.bench": "floor"},
+            device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])],
+            **options,
+        )
+        try:
+            listening(info, 60, c)
+            kernel = KernelClient(info)
+            kernel.wait_ready(60)
+            kernel.evaluate("1+1")
+        except PortTaken:
+            c.remove(force=True)
+            continue
+        except BaseException:
+            c.remove(force=True)
+            raise
+        return time.perf_counter() - t0, c, kernel
+    raise RuntimeError("the floor's kernel found a port taken three times in a row")
 
 
-def listening(info: dict, timeout: float) -> None:
+class PortTaken(Exception):
+    """The floor's kernel exited because a port of its connection file was taken meanwhile."""
+
+
+def listening(info: dict, timeout: float, container=None) -> None:
     """Until the kernel listens, a look every 5 ms, by the runtime's own check before it says
     READY (kernelspawn.kernel_listens): the floor's client connects then, as ours does. A ZMQ
     socket connected sooner retries only every 100 ms (its reconnect interval), which cost the
     floor 0-100 ms (median 60 ms on a quiet machine) and, 3 times in 20, a lost first
-    kernel_info (2 s more): a floor slower than a bare `docker run` is."""
-    deadline = time.monotonic() + timeout
+    kernel_info (2 s more): a floor slower than a bare `docker run` is. `container`: the
+    kernel's, looked at after 3 s without an answer (never in a start that listens sooner, so
+    the look costs the floor nothing): PortTaken when it exited on a taken port, RuntimeError
+    with its last line when it exited otherwise."""
+    t0 = time.monotonic()
+    deadline, look = t0 + timeout, t0 + 3
     while not kernel_listens(info):
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise TimeoutError(f"the floor's kernel did not listen within {timeout:.0f}s")
+        if container is not None and now > look:
+            look = now + 0.5
+            container.reload()
+            if container.status in ("exited", "dead"):
+                said = container.logs(tail=3).decode(errors="replace").strip()
+                if "Address already in use" in said:
+                    raise PortTaken(said)
+                raise RuntimeError(f"the floor's kernel exited: {said.splitlines()[-1:]}")
         time.sleep(0.005)
 
 

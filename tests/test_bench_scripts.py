@@ -54,3 +54,35 @@ def test_the_agent_bench_measures_a_docker_session_and_a_local_runtime():
     assert len(latency) == 2, latency  # the docker session's tunnel and the local runtime
     for side in latency.values():
         assert side["requests"] == 10 and side["round_trip_ms"]["p50"] > 0, side
+
+
+def test_the_start_floor_whose_port_was_taken_meanwhile_starts_its_kernel_on_others(monkeypatch):
+    """bench_docker's floor (a bare `docker run` of a plain kernel on ports picked free) once
+    waited its 60 s and crashed the bench, leaving the dead container, when another process
+    took a picked port before the kernel bound it. Now that kernel starts again on others."""
+    import socket
+
+    import docker
+
+    from support.hosts import docker_available
+
+    if not docker_available():
+        pytest.skip("no Docker engine")
+    sys.path.insert(0, str(BENCH))
+    import bench_docker
+
+    client = docker.from_env()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        picks = iter([taken.getsockname()[1]])  # the first port picked: shell's
+        real = bench_docker.free_port
+        monkeypatch.setattr(bench_docker, "free_port", lambda: next(picks, None) or real())
+        seconds, container, kernel = bench_docker.floor_start(client, bench_docker.IMAGES[0], None)
+    try:
+        assert kernel.evaluate("1+1") == "2" and seconds < 60
+        floors = client.containers.list(all=True, filters={"label": "gpusession.bench=floor"})
+        assert [c.id for c in floors] == [container.id]  # the one that found its port taken: gone
+    finally:
+        kernel.close()
+        container.remove(force=True)
