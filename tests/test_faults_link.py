@@ -14,6 +14,7 @@ from __future__ import annotations
 import _thread
 import os
 import signal
+import sys
 import threading
 import time
 import types
@@ -289,6 +290,33 @@ def test_interrupting_a_running_cell_stops_it(kernel):
     with pytest.raises(KeyboardInterrupt, match="interrupted the remote cell"):
         kernel.execute("import time\nprint('go', flush=True)\ntime.sleep(30)", sink=Recorder())
     assert time.monotonic() - t0 < 25  # not the 30 s the cell would sleep
+    assert kernel.evaluate("1 + 1") == "2"
+
+
+@pytest.mark.integration
+def test_a_ctrl_c_that_python_dropped_in_a_finalizer_still_stops_the_cell(kernel, monkeypatch):
+    """Python drops a KeyboardInterrupt raised while a `__del__` runs (a garbage collection at
+    that moment): once, under load, a Ctrl-C in the test above did nothing and the cell ran its
+    30 s. The wait counts the Ctrl-C itself (cellwait.CtrlC) and stops the cell anyway."""
+
+    class Dropped:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)  # its KeyboardInterrupt ends in this __del__
+
+    class Sink(Recorder):
+        def stream(self, name, text):
+            super().stream(name, text)
+            if "go" in text:
+                Dropped()  # made and dropped at once, in the wait's own thread
+
+    dropped = []  # what Python dropped ("Exception ignored in ...")
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_type))
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt, match="interrupted the remote cell"):
+        kernel.execute("import time\nprint('go', flush=True)\ntime.sleep(30)", sink=Sink())
+    assert time.monotonic() - t0 < 25  # not the 30 s the cell would sleep
+    assert dropped == [KeyboardInterrupt]  # the Ctrl-C did end in the finalizer
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
     assert kernel.evaluate("1 + 1") == "2"
 
 

@@ -20,6 +20,8 @@ probe after quiet or a reconnect, and a warning that output may be missing after
 from __future__ import annotations
 
 import queue
+import signal
+import threading
 import time
 
 from ...core.errors import CellLost, KernelDied, LinkLost, RemoteError, RemoteInterrupt
@@ -129,6 +131,46 @@ class Outputs:
         )
 
 
+class CtrlC:
+    """While a cell is waited for in the main thread under Python's own Ctrl-C handler: that
+    handler, counting each Ctrl-C before it raises KeyboardInterrupt. Python drops a
+    KeyboardInterrupt raised while a `__del__` or a weakref callback runs (a garbage collection
+    at that moment: it prints "Exception ignored" and goes on), so a Ctrl-C could end nowhere and
+    the cell run on; `missed()` tells the wait that one came and did not reach it. Another
+    handler (an application's own) is left alone, and so is a wait in another thread."""
+
+    def __init__(self) -> None:
+        self.seen = self.taken = 0
+        self._installed = None  # the handler set (a bound method is a new object each time)
+
+    def __enter__(self) -> "CtrlC":
+        if threading.current_thread() is threading.main_thread():
+            try:
+                if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                    self._installed = self._handler
+                    signal.signal(signal.SIGINT, self._installed)
+            except (ValueError, OSError):  # not the main interpreter
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._installed is not None and signal.getsignal(signal.SIGINT) is self._installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        self._installed = None
+
+    def _handler(self, signum, frame) -> None:
+        self.seen += 1
+        signal.default_int_handler(signum, frame)
+
+    def missed(self) -> bool:
+        """A Ctrl-C came that no `except KeyboardInterrupt` of the wait took (then it counts as
+        taken)."""
+        if self.seen > self.taken:
+            self.taken = self.seen
+            return True
+        return False
+
+
 class CellWait:
     """One execute request, from sent to its reply. `KernelClient.execute` makes one per cell."""
 
@@ -160,12 +202,14 @@ class CellWait:
         self.probe_back = False
         self.lost = False  # confirmed: the request never reached the kernel
         self.cut_seen = False  # a reconnect happened while this cell ran
+        self.ctrl_c = CtrlC()  # Ctrl-Cs counted while wait() runs
 
     # -- the loop ---------------------------------------------------------------------------
 
     def wait(self) -> dict:
         try:
-            return self._wait()
+            with self.ctrl_c:
+                return self._wait()
         finally:
             counts = self.kc.counts
             counts["outputs_recovered"] += self.out.recovered
@@ -175,9 +219,12 @@ class CellWait:
     def _wait(self) -> dict:
         while True:
             try:
+                if self.ctrl_c.missed():
+                    raise KeyboardInterrupt  # one that Python dropped on its way here (CtrlC)
                 if self._step():
                     return self._result()
             except KeyboardInterrupt:
+                self.ctrl_c.taken = self.ctrl_c.seen
                 if self.interrupted_at is not None:
                     raise  # a second Ctrl-C: stop waiting at once
                 self.kc.interrupt()
