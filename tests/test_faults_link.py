@@ -20,6 +20,7 @@ import time
 import types
 
 import pytest
+from test_ctrl_c import Dropped
 from test_tunnel import PORTS, SSHD, Sshd, _through
 
 from gpusession.backends.base import Link
@@ -298,10 +299,6 @@ def test_a_ctrl_c_that_python_dropped_in_a_finalizer_still_stops_the_cell(kernel
     """Python drops a KeyboardInterrupt raised while a `__del__` runs (a garbage collection at
     that moment): once, under load, a Ctrl-C in the test above did nothing and the cell ran its
     30 s. The wait counts the Ctrl-C itself (cellwait.CtrlC) and stops the cell anyway."""
-
-    class Dropped:
-        def __del__(self):
-            signal.raise_signal(signal.SIGINT)  # its KeyboardInterrupt ends in this __del__
 
     class Sink(Recorder):
         def stream(self, name, text):
