@@ -52,12 +52,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_docker import PORTS, PortTaken, connection_file, listening  # noqa: E402
+from bench_docker import floor_kernel  # noqa: E402
 from gpusession.backends.docker import container_setup  # noqa: E402
 from gpusession.core.progress import Progress  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
 from gpusession.transport import bundle  # noqa: E402
-from gpusession.transport.kernel.client import KernelClient  # noqa: E402
 from gpusession.transport.pulls import format_bytes  # noqa: E402
 from openssh import free_port  # noqa: E402
 from stats import Stats, report  # noqa: E402
@@ -283,29 +282,22 @@ def floor_round(client, ref: str, site_volume: str) -> tuple[float, float]:
     t0 = time.perf_counter()
     subprocess.run(["docker", "pull", "-q", ref], check=True, capture_output=True)
     pulled = time.perf_counter() - t0
-    for _ in range(3):  # a kernel that found a port we picked taken meanwhile starts on others
-        info = connection_file([free_port() for _ in PORTS])
-        script = f"printf '%s' '{json.dumps(info)}' >/tmp/k.json && exec python3 -m ipykernel_launcher -f /tmp/k.json"
+
+    def run(script: str):
         name = f"bench-floor-{uuid.uuid4().hex[:8]}"
-        run = ["docker", "run", "-d", "--name", name, "--init", "--network", "host"]
-        run += ["--gpus", "all", "-v", f"{site_volume}:{bundle.SITE_DIR}:ro"]
-        run += ["-e", f"PYTHONPATH={bundle.SITE_DIR}/deps", "--label", "gpusession.bench=floor"]
-        run += ["--entrypoint", "/bin/sh", ref, "-c", script]
-        started = time.perf_counter()
-        subprocess.run(run, check=True, capture_output=True)
-        try:
-            listening(info, 120, client.containers.get(name))
-            kernel = KernelClient(info)
-            kernel.wait_ready(120)
-            kernel.evaluate("1+1")
-            total = pulled + time.perf_counter() - started
-            kernel.close()
-            return pulled, total
-        except PortTaken:
-            continue
-        finally:
-            subprocess.run(["docker", "rm", "-f", name], capture_output=True)
-    raise RuntimeError("the floor's kernel found a port taken three times in a row")
+        argv = ["docker", "run", "-d", "--name", name, "--init", "--network", "host"]
+        argv += ["--gpus", "all", "-v", f"{site_volume}:{bundle.SITE_DIR}:ro"]
+        argv += ["-e", f"PYTHONPATH={bundle.SITE_DIR}/deps", "--label", "gpusession.bench=floor"]
+        argv += ["--entrypoint", "/bin/sh", ref, "-c", script]
+        subprocess.run(argv, check=True, capture_output=True)
+        return client.containers.get(name)
+
+    started, container, kernel = floor_kernel(run, 120)
+    try:
+        kernel.close()
+    finally:
+        container.remove(force=True)
+    return pulled, pulled + started
 
 
 class FreshRuntime:

@@ -105,20 +105,14 @@ def connection_file(ports: list[int]) -> dict:
 
 def floor_start(client, image: str, site_volume: str | None) -> tuple[float, object, KernelClient]:
     """A bare `docker run` of the image until a plain kernel in it answers `1+1`: host network,
-    a connection file we wrote, ipykernel_launcher (the image's, else the site volume's). A
-    kernel that finds a port we picked taken (another process bound it between our pick and its
-    own bind) is started again on others, timed from its own start: the floor is a bare `docker
-    run`'s time, not our port picking's."""
+    a connection file we wrote, ipykernel_launcher (the image's, else the site volume's)."""
     options = {}
     env = {}
     if site_volume:
         options["volumes"] = {site_volume: {"bind": bundle.SITE_DIR, "mode": "ro"}}
         env["PYTHONPATH"] = f"{bundle.SITE_DIR}/deps"
-    for _ in range(3):
-        info = connection_file([free_port() for _ in PORTS])
-        script = f"printf '%s' '{json.dumps(info)}' >/tmp/k.json && exec python3 -m ipykernel_launcher -f /tmp/k.json"
-        t0 = time.perf_counter()
-        c = client.containers.run(
+    return floor_kernel(
+        lambda script: client.containers.run(
             image,
             ["-c", script],
             entrypoint=["/bin/sh"],
@@ -129,11 +123,27 @@ def floor_start(client, image: str, site_volume: str | None) -> tuple[float, obj
             labels={"gpusession.bench": "floor"},
             device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])],
             **options,
-        )
+        ),
+        60,
+    )
+
+
+def floor_kernel(run, timeout: float) -> tuple[float, object, KernelClient]:
+    """(seconds, container, kernel) of a floor: `run(script)` starts a container with host
+    network whose `/bin/sh -c script` writes a connection file and execs ipykernel_launcher on
+    it; timed until the kernel answers `1+1`. A kernel that finds a port we picked taken
+    (another process bound it between our pick and its own bind) is started again on others,
+    timed from its own start: the floor is a bare `docker run`'s time, not our port picking's.
+    A container that failed is removed."""
+    for _ in range(3):
+        info = connection_file([free_port() for _ in PORTS])
+        script = f"printf '%s' '{json.dumps(info)}' >/tmp/k.json && exec python3 -m ipykernel_launcher -f /tmp/k.json"
+        t0 = time.perf_counter()
+        c = run(script)
         try:
-            listening(info, 60, c)
+            listening(info, timeout, c)
             kernel = KernelClient(info)
-            kernel.wait_ready(60)
+            kernel.wait_ready(timeout)
             kernel.evaluate("1+1")
         except PortTaken:
             c.remove(force=True)
