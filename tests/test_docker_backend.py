@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -747,5 +749,45 @@ def test_unreachable_remote_engine(docker_env, manager, remote_home):
         manager, host="ssh://root@10.200.0.99"
     )  # in the namespace's subnet, nobody there
     assert err.stage == "provision"
+    # here nobody answers (no route to host after ARP's 3 s); in the CI of 6 December something
+    # took the connection and closed it (the SSH banner's EOF): both are "cannot reach"
     assert "cannot reach the Docker engine ssh://root@10.200.0.99" in err.message
     assert time.monotonic() - t0 < 90
+
+
+@pytest.mark.parametrize("answer", ["closes", "http", "silent"])
+@engine_test
+def test_a_port_that_takes_the_connection_but_is_no_ssh_server(docker_env, manager, answer):
+    """A wrong port, a firewall or proxy that accepts every connection: the user is told the
+    port answered but no SSH server did, not paramiko's words alone; the start is FAILED and
+    nothing left to stop."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            if answer == "http":
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n" * 3)
+            if answer == "silent":
+                held.append(conn)  # says nothing: paramiko's banner wait (15 s) ends it
+            else:
+                conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"ssh://root@127.0.0.1:{port}"
+    t0 = time.monotonic()
+    try:
+        err = _start_fails(manager, host=url)
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+    assert err.stage == "provision"
+    assert f"cannot reach the Docker engine {url}: its SSH port took the connection" in err.message
+    assert "check the host and port" in err.message
+    assert time.monotonic() - t0 < 60

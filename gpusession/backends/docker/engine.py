@@ -81,6 +81,14 @@ def engine_errors(where: str) -> Iterator[None]:
                 f"{where}: the host is not in ~/.ssh/known_hosts, so its identity cannot be checked; "
                 "connect once with `ssh` to check and accept its key"
             ) from None
+        if "protocol banner" in str(exc) or "protocol version" in str(exc):
+            # the port took the connection, then closed it or said no SSH: a wrong port, a
+            # firewall or proxy that accepts every connection, an sshd refusing us before it speaks
+            raise BackendUnavailable(
+                f"cannot reach the Docker engine {where}: its SSH port took the connection but no SSH "
+                f"server answered on it ({exc}); check the host and port (`ssh` to it must work) and "
+                "that sshd runs there"
+            ) from None
         raise BackendUnavailable(f"ssh to {where} failed: {exc}") from None
     except docker.errors.DockerException as exc:
         raise BackendUnavailable(f"the Docker engine {where} failed: {short_error(exc)}") from None
