@@ -230,18 +230,22 @@ class SessionManager:
                 "wait for the next month; `gpusession report` shows the spend"
             )
         price = backend.price_per_hour(spec, self.catalog)
+        held: dict = {}  # in the record from its first write (one write, not three)
+        basis = backend.price_basis(spec)  # the faces say "cloud rate, own hardware" from it
+        if basis:
+            held[PRICE_BASIS] = basis
+        if budget is not None and budget["state"] == "warn":  # the faces say it at the start
+            held["budget"] = budget
         try:
-            record = self.store.create(spec, price_per_hour=price, claim=workspace_claim)
+            return self.store.create(
+                spec, price_per_hour=price, claim=workspace_claim, resource=held
+            )
         except WorkspaceInUse:  # its holder may have ended unseen (a spot notice, no watcher)
             if not self._found_ended(workspace_claim(spec, spec.name or "")):
                 raise
-            record = self.store.create(spec, price_per_hour=price, claim=workspace_claim)
-        basis = backend.price_basis(spec)  # the faces say "cloud rate, own hardware" from it
-        if basis:
-            record = self.store.update_resource(record.id, **{PRICE_BASIS: basis})
-        if budget is not None and budget["state"] == "warn":  # the faces say it at the start
-            record = self.store.update_resource(record.id, budget=budget)
-        return record
+            return self.store.create(
+                spec, price_per_hour=price, claim=workspace_claim, resource=held
+            )
 
     def start(self, spec: LaunchSpec, report: Reporter | None = None) -> Session:
         """Provision, connect and wait for the kernel. On any failure (Ctrl-C included) the

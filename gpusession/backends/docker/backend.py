@@ -349,18 +349,18 @@ class DockerBackend(EngineWorkspaces, Backend):
         workspace, volumes = self.workspace_volume(
             client, record, image, labels, progress
         )  # kept after the container
+        # the kernel on unix sockets in a folder of the host bind-mounted at the same path: only
+        # the session's owner (and the kernel's user) may connect, not every user of the host as
+        # to a loopback port
+        sockets, group = kernel_socket_dir(client, spec.extra.get("host"))
         self.recorder.save(
             record.id,
             engine=spec.extra.get("host") or "",
             image=name,
             python=runtime.python.executable,
             workspace=workspace,
+            sockets=sockets,
         )
-        # the kernel on unix sockets in a folder of the host bind-mounted at the same path: only
-        # the session's owner (and the kernel's user) may connect, not every user of the host as
-        # to a loopback port
-        sockets, group = kernel_socket_dir(client, spec.extra.get("host"))
-        self.recorder.save(record.id, sockets=sockets)
         create = functools.partial(
             self._create_container,
             client,
