@@ -19,7 +19,7 @@ page cache, no fsync) is printed beside it. Each figure: median / p99 / max seco
 runs, MB/s of the medians, and ratios of throughputs (>= 0.8x against numpy.save + fsync is the
 target for the rate from 100 MB up, issue 35; from 1 KB to 1 MB, where the atomic commit's fixed cost
 shows, within 3x the floor's time). The machine's 1-minute load after each run is in the table;
---busy runs one `yes > /dev/null` beside.
+--busy [N] runs N `yes > /dev/null` beside (one without N).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpusession.agent import checkpoint  # noqa: E402
-from stats import Stats, busy_beside, load, load_span, write_section  # noqa: E402
+from stats import Stats, add_busy_argument, busy_beside, load, load_span, write_section  # noqa: E402
 
 UNITS = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}  # 1024-based: 2GB is 2 GiB
 
@@ -188,7 +188,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1KB,1MB,100MB,1GB,2GB")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary folder)")
-    ap.add_argument("--busy", action="store_true", help="one `yes > /dev/null` beside the runs")
+    add_busy_argument(ap)
     ap.add_argument(
         "--write", default=None, help="write the table into this markdown file (docs/benchmarks.md)"
     )

@@ -1,6 +1,6 @@
 """Data between the notebook and a session against OpenSSH `scp` to the same machine, in one run.
 
-    python bench/bench_data.py [--runs 5] [--rows download1,downloadN] [--busy] [--no-local]
+    python bench/bench_data.py [--runs 5] [--rows download1,downloadN] [--busy [N]] [--no-local]
                                [--write docs/benchmarks.md]
 
 On the ssh:// engine (the namespace host of scripts/ci-remote-host.sh, 10.200.0.2): `Session.push`
@@ -10,8 +10,8 @@ as one file and as 2,000 files of 100 kB; the floor is `scp` of the same bytes t
 host's disk with the cipher our tunnel negotiated (`-c`, printed), the same key, in the same run.
 Each figure: median / p99 / max seconds over the runs, MB/s, and ours/scp ratios of the medians
 and of the p99s (ratios of throughputs: >= 0.9x for downloads (issue 35), >= 0.8x for the rest),
-with the machine's 1-minute load seen after each run. --busy: one `yes > /dev/null` beside the
-whole run (issue 35: a user's machine is never idle). --rows: only those rows (scp's floor for
+with the machine's 1-minute load seen after each run. --busy [N]: N `yes > /dev/null` (one without N) beside
+the whole run, begun once the load shows them (issue 35: a user's machine is never idle). --rows: only those rows (scp's floor for
 them is measured all the same, in the same run). For reference, the same operations on the local
 engine (ports on this machine's loopback, no tunnel, no floor; --no-local leaves it out).
 """
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpusession.session import SessionManager  # noqa: E402
 from gpusession.transport.sshlogin import CIPHERS  # noqa: E402
-from stats import Stats, busy_beside, load, load_span, write_section  # noqa: E402
+from stats import Stats, add_busy_argument, beside, busy_beside, load, load_span, write_section  # noqa: E402
 from support.hosts import ensure_remote_host, product_image, ssh_home  # noqa: E402
 from support.leftovers import remove_workspace_volumes  # noqa: E402
 
@@ -194,10 +194,10 @@ def _link(session) -> str:
     return f"round trip {rtt} ({windows.measured_by}), window {windows.window / (1 << 20):.1f} MiB"
 
 
-def table(ours: dict, floor: dict, local: dict, runs: int, cipher: str, busy: bool) -> str:
-    beside = "one busy CPU process (`yes > /dev/null`) beside, " if busy else ""
+def table(ours: dict, floor: dict, local: dict, runs: int, cipher: str, busy: int) -> str:
+    loaded = f"{beside(busy)}, " if busy else ""
     lines = [
-        f"{runs} runs each, ours and scp's in turn, {beside}on {os.cpu_count()} cores; seconds as "
+        f"{runs} runs each, ours and scp's in turn, {loaded}on {os.cpu_count()} cores; seconds as "
         f"median / p99 / max; MB/s of the medians; ratios of throughput (scp's time over ours), of "
         f"the medians and of the p99s; cipher {cipher} on both; the 1-minute load after each run.",
         "",
@@ -228,7 +228,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--rows", default=",".join(k for k, _, _ in ROWS), help="which rows to run")
-    ap.add_argument("--busy", action="store_true", help="one `yes > /dev/null` beside the runs")
+    add_busy_argument(ap)
     ap.add_argument("--no-local", action="store_true", help="leave the local engine's out")
     ap.add_argument(
         "--write", default=None, help="write the table into this markdown file (docs/benchmarks.md)"

@@ -14,8 +14,8 @@
    printing 50 MB and a raw 50 MB stream through our tunnel to the engine host's sshd, against
    OpenSSH `ssh -L` to the same sshd with the same key.
 Targets: warm start <= 1.15x the floor on a quiet machine, <= 1.2x at load 3 and over (issue 35;
-the 1-minute load after each start is printed and said in the row; --busy: one `yes > /dev/null`
-beside), round trip p99 <= 1.3x, throughput >= 0.5x OpenSSH.
+the 1-minute load after each start is printed and said in the row; --busy [N]: N `yes > /dev/null`
+beside, one without N, begun once the load shows them; `--busy 4 --runs 15` for issue 35's load 4), round trip p99 <= 1.3x, throughput >= 0.5x OpenSSH.
 The PyPI download of a site's wheels (once per Python version, per user) is not in the cold
 start; it is shown on its own.
 """
@@ -52,7 +52,7 @@ from gpusession.transport.kernel.client import KernelClient  # noqa: E402
 from gpusession.transport.pulls import format_bytes  # noqa: E402
 from openssh import KERNEL_PORTS as PORTS  # noqa: E402
 from openssh import free_port, kernel_sockets_there, ssh_forward, stream_s  # noqa: E402
-from stats import Stats, busy_beside, load, load_span, report  # noqa: E402
+from stats import Stats, add_busy_argument, busy_beside, load, load_span, report  # noqa: E402
 from support.leftovers import remove_workspace_volumes  # noqa: E402
 
 IMAGES = ("gpusession/cuda:ci", "gpusession-ci/py-bookworm")
@@ -404,7 +404,7 @@ def main() -> int:
         "--remote", action="store_true", help="also the tunnel to the namespace host's engine"
     )
     ap.add_argument("--write", default=None, help="update the docker section of this markdown file")
-    ap.add_argument("--busy", action="store_true", help="one `yes > /dev/null` beside the runs")
+    add_busy_argument(ap)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gs-bench-"))
     os.environ["GPUSESSION_HOME"] = str(work)

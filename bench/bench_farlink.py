@@ -1,6 +1,6 @@
 """A far link: our tunnel's stream against OpenSSH's through the same added round trip.
 
-    python bench/bench_farlink.py [--rtts 0,20,60] [--runs 5] [--mb 50] [--busy] [--write F]
+    python bench/bench_farlink.py [--rtts 0,20,60] [--runs 5] [--mb 50] [--busy [N]] [--write F]
 
 Our channels open at OpenSSH's 2 MiB window and grow to what the link's round trip needs
 (`gpusession/transport/sshlogin.py`: window_for, measured by LinkWindows after the login).
@@ -51,7 +51,7 @@ import openssh  # noqa: E402
 from gpusession.transport import sshlogin  # noqa: E402
 from gpusession.transport.tunnel import HostKeyCheck, SshTarget, Tunnel  # noqa: E402
 from openssh import stream_s  # noqa: E402
-from stats import Stats, busy_beside, load, load_span, write_section  # noqa: E402
+from stats import Stats, add_busy_argument, beside, busy_beside, load, load_span, write_section  # noqa: E402
 from support.hosts import REMOTE_NETNS, ensure_remote_host  # noqa: E402
 
 PIECE = 256 * 1024
@@ -248,7 +248,7 @@ def mb_s(times: list[float], size: int) -> str:
     return f"{size / s.median / 1e6:.0f} MB/s ({s.cell('s', 1)})"
 
 
-def table(results: list[tuple[float, dict]], runs: int, size: int, busy: bool) -> str:
+def table(results: list[tuple[float, dict]], runs: int, size: int, busy: int) -> str:
     lines = [
         "| round trip added | ours (window by the round trip) | ours at 2 MiB | ours at 16 MiB "
         "| OpenSSH `ssh -L` (floor) | ours vs floor | target | met | load |",
@@ -268,7 +268,7 @@ def table(results: list[tuple[float, dict]], runs: int, size: int, busy: bool) -
         "",
         f"{size / 1e6:.0f} MB per stream, {runs} runs per side; MB/s at the median, seconds as "
         f"median / p99 / max (nearest rank: under 100 runs, p99 is the max); cipher {cipher} "
-        f"(ours negotiated; `ssh -L -c` the same); {'one `yes` beside' if busy else 'no load added'}.",
+        f"(ours negotiated; `ssh -L -c` the same); {beside(busy) or 'no load added'}.",
     ]
     return "\n".join(lines)
 
@@ -278,7 +278,7 @@ def main() -> int:
     ap.add_argument("--rtts", default="0,20,60", help="round trips to add, ms")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--mb", type=int, default=50)
-    ap.add_argument("--busy", action="store_true", help="one `yes > /dev/null` beside the runs")
+    add_busy_argument(ap)
     ap.add_argument("--write", help="put the table into this markdown file between markers")
     ap.add_argument("--relay", help=argparse.SUPPRESS)  # HOST:PORT:RTT_S: be the relay process
     args = ap.parse_args()

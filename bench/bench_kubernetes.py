@@ -1,7 +1,7 @@
 """The kubernetes backend on the test cluster (scripts/ci-kubernetes.sh) against kubectl, in one
 run (issue 33 §3).
 
-    python bench/bench_kubernetes.py [--runs 5] [--calls 200] [--mb 100] [--busy]
+    python bench/bench_kubernetes.py [--runs 5] [--calls 200] [--mb 100] [--busy [N]]
                                      [--write docs/benchmarks.md]
 
 - **start**: `gpusession start --backend kubernetes --type t4 --image IMAGE` until `1+1`
@@ -44,7 +44,7 @@ from gpusession.session import SessionManager  # noqa: E402
 from gpusession.transport.kernel.client import KernelClient  # noqa: E402
 from openssh import KERNEL_PORTS as PORTS  # noqa: E402
 from openssh import free_port  # noqa: E402
-from stats import Stats, busy_beside, load, load_span, report  # noqa: E402
+from stats import Stats, add_busy_argument, beside, busy_beside, load, load_span, report  # noqa: E402
 
 STATE = Path(os.environ.get("GPUSESSION_CI_STATE", "/var/lib/gpusession-ci")) / "kubernetes"
 KUBECONFIG = STATE / "admin.kubeconfig"
@@ -331,7 +331,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--mb", type=int, default=100)
     ap.add_argument("--write", default=None, help="update this markdown file's kubernetes section")
-    ap.add_argument("--busy", action="store_true", help="one `yes > /dev/null` beside the runs")
+    add_busy_argument(ap)
     args = ap.parse_args()
     if not KUBECONFIG.exists():
         print(f"no test cluster: {KUBECONFIG} (scripts/ci-kubernetes.sh up)", file=sys.stderr)
@@ -360,7 +360,7 @@ def _run(args) -> int:
     note = (
         f"Runs: {args.runs} (times median / p99 / max; nearest rank: under 100 runs p99 is the "
         f"max); image {IMAGE}; {load_span(LOADS)}"
-        + (", one `yes > /dev/null` beside" if args.busy else "")
+        + (f", {beside(args.busy)}" if args.busy else "")
         + f"; hostname {socket.gethostname()}. Ratio: our time over the floor's for the start and"
         " the round trips (lower is better); for transfers, throughput: the floor's time over ours."
     )

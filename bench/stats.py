@@ -68,24 +68,53 @@ def load_span(values: list[float]) -> str:
     return f"load {span} on {os.cpu_count()} cores"
 
 
+def add_busy_argument(ap) -> None:
+    """`--busy [N]`: N busy CPU processes (`yes > /dev/null`) beside the runs; `--busy` alone is
+    one (issue 35's loaded runs), `--busy 4` its load 4 for the warm start."""
+    ap.add_argument(
+        "--busy",
+        nargs="?",
+        type=int,
+        const=1,
+        default=0,
+        metavar="N",
+        help="N `yes > /dev/null` beside the runs (1 when no N is given); the runs begin once "
+        "the 1-minute load shows them",
+    )
+
+
+def beside(count: int) -> str:
+    """'one `yes > /dev/null` beside' / 'four ...' for a table's note; '' for none."""
+    if not count:
+        return ""
+    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+    return f"{words.get(count, str(count))} `yes > /dev/null` beside"
+
+
 @contextlib.contextmanager
-def busy_beside(on: bool):
-    """One busy CPU process (`yes > /dev/null`) beside the runs while `on`, as issue 35 measures;
-    killed on the way out."""
-    if not on:
+def busy_beside(count: int | bool, settle_s: float = 300.0):
+    """`count` busy CPU processes (`yes > /dev/null`) beside the runs (True: one), as issue 35
+    measures; killed on the way out. The 1-minute load average each row prints takes minutes to
+    show them: the runs begin once it is within 0.3 of `count` (at most `settle_s`), else a run
+    begun at once printed the idle machine's load beside `yes` (4 busy processes: ~3 minutes)."""
+    count = int(count)
+    if count <= 0:
         yield
         return
-    busy = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
+    busy = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(count)]
     try:
-        # the 1-minute load average each row prints takes a minute to show it: the runs start
-        # once it does (else a quick bench on an idle machine printed "load 0.0" beside `yes`)
-        deadline = time.monotonic() + 90
-        while load() < 0.9 and time.monotonic() < deadline:
+        deadline = time.monotonic() + settle_s
+        said = 0.0
+        while load() < count - 0.3 and time.monotonic() < deadline:
+            if time.monotonic() - said > 30:
+                print(f"  waiting for the load to show {count} busy: {load():.1f}", flush=True)
+                said = time.monotonic()
             time.sleep(1)
         yield
     finally:
-        busy.kill()
-        busy.wait()
+        for one in busy:
+            one.kill()
+            one.wait()
 
 
 def write_section(path: Path, name: str, body: str) -> None:
