@@ -87,7 +87,7 @@ def engine_errors(where: str) -> Iterator[None]:
             raise BackendUnavailable(
                 f"cannot reach the Docker engine {where}: its SSH port took the connection but no SSH "
                 f"server answered on it ({exc}); check the host and port (`ssh` to it must work) and "
-                "that sshd runs there"
+                "that sshd runs there, or try again if it was only busy (sshd's MaxStartups)"
             ) from None
         raise BackendUnavailable(f"ssh to {where} failed: {exc}") from None
     except docker.errors.DockerException as exc:
