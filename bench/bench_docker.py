@@ -15,7 +15,8 @@
    OpenSSH `ssh -L` to the same sshd with the same key.
 Targets: warm start <= 1.15x the floor on a quiet machine, <= 1.2x at load 3 and over (issue 35;
 the 1-minute load after each start is printed and said in the row; --busy [N]: N `yes > /dev/null`
-beside, one without N, begun once the load shows them; `--busy 4 --runs 15` for issue 35's load 4), round trip p99 <= 1.3x, throughput >= 0.5x OpenSSH.
+beside, one without N, begun once the load shows them, 15 starts of each kind; `--busy 4` for
+issue 35's load 4), round trip p99 <= 1.3x, throughput >= 0.5x OpenSSH.
 The PyPI download of a site's wheels (once per Python version, per user) is not in the cold
 start; it is shown on its own.
 """

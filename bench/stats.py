@@ -92,12 +92,11 @@ def beside(count: int) -> str:
 
 
 @contextlib.contextmanager
-def busy_beside(count: int | bool, settle_s: float = 300.0):
-    """`count` busy CPU processes (`yes > /dev/null`) beside the runs (True: one), as issue 35
-    measures; killed on the way out. The 1-minute load average each row prints takes minutes to
-    show them: the runs begin once it is within 0.3 of `count` (at most `settle_s`), else a run
-    begun at once printed the idle machine's load beside `yes` (4 busy processes: ~3 minutes)."""
-    count = int(count)
+def busy_beside(count: int, settle_s: float = 300.0):
+    """`count` busy CPU processes (`yes > /dev/null`) beside the runs, as issue 35 measures;
+    killed on the way out. The 1-minute load average each row prints takes minutes to show
+    them: the runs begin once it is within 0.3 of `count` (at most `settle_s`), else a run begun
+    at once printed the idle machine's load beside `yes` (4 busy processes: ~3 minutes)."""
     if count <= 0:
         yield
         return
