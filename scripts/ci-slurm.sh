@@ -403,9 +403,18 @@ down() {
     log "down"
 }
 
+# One at a time: each pytest worker brings the cluster up from its first slurm test, and two
+# `up`s at once wrote and moved the same slurm.conf.new (one failed, or restarted the cluster
+# under the other's jobs). flock -o: the daemons started do not hold the lock after we end.
+serialized() {
+    mkdir -p "$STATE"
+    exec flock -o "$STATE/.ci-slurm.lock" bash "$0" "$1-locked"
+}
+
 case "${1:-}" in
-    up) up ;;
-    down) down ;;
+    up | down) serialized "$1" ;;
+    up-locked) up ;;
+    down-locked) down ;;
     status) is_up ;;
     *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
 esac
