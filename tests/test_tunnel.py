@@ -18,6 +18,7 @@ from gpusession.transport.sshlogin import (
     LINK_RATE,
     NEAR_WINDOW,
     WINDOW,
+    ReadAhead,
     fast_reads,
     grow_window,
     make_session_key,
@@ -335,9 +336,12 @@ def _serving(blob: bytes, asked: bool) -> socket.socket:
 
     def serve():
         conn, _ = server.accept()
-        if asked:
-            conn.recv(1)
-        conn.sendall(blob)
+        try:
+            if asked:
+                conn.recv(1)
+            conn.sendall(blob)
+        except OSError:
+            pass  # the reader went away (a test's own doing)
         conn.close()
 
     threading.Thread(target=serve, daemon=True).start()
@@ -471,3 +475,93 @@ def test_the_pieces_buffer_reads_as_paramikos_does():
             n = rng.choice([1, 5, 1000, 65536, 1 << 24])
             assert ours.in_buffer.read(n, timeout=0) == theirs.read(n, timeout=0)
     assert ours.in_buffer.empty() == theirs.empty()
+
+
+@pytest.fixture
+def downstreams(monkeypatch):
+    """The tunnel's _Downstream of each forwarded connection, as they are made."""
+    from gpusession.transport import tunnel as tunnel_module
+
+    made, init = [], tunnel_module._Downstream.__init__
+
+    def record(self, *args):
+        init(self, *args)
+        made.append(self)
+
+    monkeypatch.setattr(tunnel_module._Downstream, "__init__", record)
+    return made
+
+
+def _read_all(port: int, size: int, pause_every: int = 0, timeout: float = 60) -> bytes:
+    """A stream's bytes read from the local port; with `pause_every`, a 0.1 s pause after each
+    that many bytes (a reader slower than the stream: the socket fills and bytes wait)."""
+    got, next_pause = bytearray(), pause_every
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as c:
+        c.sendall(b"g")
+        while chunk := c.recv(1 << 16):
+            got += chunk
+            if pause_every and len(got) >= next_pause:
+                time.sleep(0.1)
+                next_pause += pause_every
+    assert len(got) == size, f"{len(got)} of {size} bytes arrived"
+    return bytes(got)
+
+
+def test_a_slow_reader_gets_every_byte_in_order_from_both_senders(sshd, downstreams):
+    """paramiko's transport thread sends a packet on into the local socket where it takes it at
+    once, and the connection's own thread sends what had to wait: a reader that stops now and
+    then makes both happen in one stream, and its bytes arrive whole and in order."""
+    blob = os.urandom(32 << 20)
+    server = _serving(blob, asked=True)
+    try:
+        with Tunnel(sshd.target(), [server.getsockname()[1]]) as tunnel:
+            assert isinstance(tunnel.transport.sock, ReadAhead)  # the login's TCP socket
+            got = _read_all(tunnel.local_port(server.getsockname()[1]), len(blob), 4 << 20)
+        assert got == blob
+        (down,) = downstreams
+        assert 0 < down.direct < len(blob), down.direct  # some on each way
+    finally:
+        server.close()
+
+
+def test_a_key_exchange_in_the_middle_of_a_stream_loses_nothing(sshd, downstreams):
+    """While keys are exchanged the transport thread sends nothing on and gives no window back
+    itself (it runs the exchange: waiting would stall it): bytes wait, then go on in order."""
+    blob = os.urandom(48 << 20)
+    server = _serving(blob, asked=True)
+    try:
+        with Tunnel(sshd.target(), [server.getsockname()[1]]) as tunnel:
+            transport = tunnel.transport
+            renewed = threading.Event()
+
+            def renew():
+                while not downstreams or downstreams[0].direct < (4 << 20):
+                    time.sleep(0.002)
+                for _ in range(3):
+                    transport.renegotiate_keys()
+                renewed.set()
+
+            threading.Thread(target=renew, daemon=True).start()
+            got = _read_all(tunnel.local_port(server.getsockname()[1]), len(blob), 8 << 20)
+            assert renewed.wait(30) and tunnel.healthy
+        assert got == blob
+    finally:
+        server.close()
+
+
+def test_a_reader_that_goes_away_mid_stream_ends_its_channel_and_the_tunnel_goes_on(sshd):
+    blob = os.urandom(64 << 20)
+    server = _serving(blob, asked=True)
+    again = _serving(b"still here", asked=False)
+    try:
+        with Tunnel(sshd.target(), [server.getsockname()[1], again.getsockname()[1]]) as tunnel:
+            with socket.create_connection(
+                ("127.0.0.1", tunnel.local_port(server.getsockname()[1])), timeout=30
+            ) as c:
+                c.sendall(b"g")
+                assert c.recv(1 << 16)
+            _wait_for(lambda: not tunnel.transport._channels.values(), "the channel's close")
+            assert _ask(tunnel.local_port(again.getsockname()[1]), b"") == b"still here"
+    finally:
+        server.close()
+        again.close()

@@ -30,6 +30,7 @@ NEAR_WINDOW = 2 * 1024 * 1024
 WINDOW = 16 * 1024 * 1024  # the most a far link's channel grows to (100 ms: 160 MB/s)
 # bytes/s a grown window keeps in flight (about twice what our client takes)
 LINK_RATE = 512 * 1024 * 1024
+READ_AHEAD = 256 * 1024  # bytes a login's socket is read by at once (ReadAhead)
 PACKET = 128 * 1024  # we advertise it; sshd then sends 4x fewer packets than at 32 KiB (+40% MB/s)
 # paramiko logs every failed try (sshd not up yet) with a traceback; with no logging set up,
 # Python would print those into the notebook. Our errors say what failed instead.
@@ -163,7 +164,11 @@ def open_transport(
 ) -> paramiko.Transport:
     """SSH handshake over `sock`, host key check, public-key login. Raises TunnelError for a
     refused host key or login, paramiko.SSHException/OSError for what may pass by retrying."""
-    t = paramiko.Transport(sock, default_window_size=NEAR_WINDOW, default_max_packet_size=PACKET)
+    t = paramiko.Transport(
+        ReadAhead(sock) if isinstance(sock, socket.socket) else sock,
+        default_window_size=NEAR_WINDOW,
+        default_max_packet_size=PACKET,
+    )
     t.set_log_channel(LOG_CHANNEL)
     t.banner_timeout = timeout
     options = t.get_security_options()
@@ -188,6 +193,34 @@ def open_transport(
         raise
     t.set_keepalive(int(keepalive))
     return t
+
+
+class ReadAhead:
+    """A TCP socket as paramiko's transport reads it, with one `recv` of up to READ_AHEAD bytes
+    serving its many small reads: paramiko asks for each packet in two or more reads (the first
+    block, then the rest), a system call each, two for every 32 KiB of a stream. Reads return at
+    most what was asked, as a socket's do; everything else is the socket's own (__getattr__)."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+        self._buf = b""
+        self._pos = 0
+        self.send = sock.send  # paramiko's writes: straight to the socket
+
+    def recv(self, n: int) -> bytes:
+        buf, pos = self._buf, self._pos
+        if pos >= len(buf):
+            buf = self._sock.recv(max(n, READ_AHEAD))  # its timeout (paramiko's 0.1 s) raises here
+            if not buf:
+                return buf
+            self._buf, pos = buf, 0
+        self._pos = pos + n
+        if pos == 0 and n >= len(buf):
+            return buf  # all of one read: no copy
+        return buf[pos : pos + n]
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
 
 
 def _check_host_key(offered: paramiko.PKey, name: str, known: dict, check: HostKeyCheck) -> None:

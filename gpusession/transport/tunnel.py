@@ -23,6 +23,8 @@ import time
 from typing import Callable
 
 import paramiko
+from paramiko.buffered_pipe import BufferedPipe
+from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
 
 from ..configuration.settings import RECONNECT_ENV, private_socket_dir, reconnect_give_up
 from ..core.durations import format_duration
@@ -456,6 +458,7 @@ def _interactive_soon(transport: paramiko.Transport) -> None:
 def _pump(conn: socket.socket, chan: paramiko.Channel) -> None:
     """Copy both ways until the remote end closes; a local EOF is passed on as a half-close."""
     fast_reads(chan)
+    down = _Downstream(conn, chan)
 
     def upstream() -> None:
         try:
@@ -474,11 +477,7 @@ def _pump(conn: socket.socket, chan: paramiko.Channel) -> None:
     up = threading.Thread(target=upstream, daemon=True)
     up.start()
     try:
-        while True:
-            data = chan.recv(BUFSIZE)
-            if not data:
-                break
-            conn.sendall(data)
+        down.run()
     except (OSError, EOFError, paramiko.SSHException):
         pass
     finally:
@@ -488,6 +487,104 @@ def _pump(conn: socket.socket, chan: paramiko.Channel) -> None:
         except (OSError, EOFError, paramiko.SSHException):
             pass  # the transport is gone already
         up.join(timeout=5)
+
+
+class _Downstream:
+    """The remote end's bytes for one forwarded connection, into its local socket, in order.
+    paramiko's transport thread, which decrypts them, sends them on itself where the socket takes
+    them at once (nothing queued ahead of them, no key exchange under way) and gives the window
+    back; the rest waits in the channel's buffer for `run`, this connection's own thread. Handing
+    every packet from one thread to the other (a wake-up and two copies each) was what kept a
+    stream under OpenSSH's rate on a busy machine (docs/benchmarks.md, "The raw stream's rate")."""
+
+    def __init__(self, conn: socket.socket, chan: paramiko.Channel):
+        self.conn, self.chan, self.pipe = conn, chan, chan.in_buffer
+        self.sending = False  # a thread is in conn.send: the other one sends nothing meanwhile
+        self.owed = 0  # window the transport thread could not give back (a key exchange began)
+        self.direct = 0  # bytes sent on by the transport thread (tests/test_tunnel.py)
+        if _DONTWAIT and hasattr(self.pipe, "_cv"):  # else: all through run, as paramiko's recv
+            self.pipe.feed = self.feed  # what paramiko's Channel._feed calls, per channel
+
+    def feed(self, data: bytes) -> None:
+        """In the transport thread, for each packet's bytes."""
+        pipe = self.pipe
+        sent = 0
+        with pipe._lock:
+            go = (
+                not self.sending
+                and not len(pipe._buffer)
+                and not pipe._closed
+                and self.chan.transport.clear_to_send.is_set()
+            )
+            self.sending = go
+        if go:
+            try:
+                sent = self.conn.send(data, _DONTWAIT)
+            except OSError:  # full (BlockingIOError), or the local side gone: `run` finds out
+                sent = 0
+            with pipe._lock:
+                self.sending = False
+            if sent:
+                self.direct += sent
+                self._give_back_here(self.chan._check_add_window(sent))
+        if sent < len(data):
+            BufferedPipe.feed(pipe, data[sent:] if sent else data)
+
+    def _give_back_here(self, n: int) -> None:
+        """A WINDOW_ADJUST from the transport thread, which must not wait for a key exchange
+        (it is the one that runs it): where one began, `run` sends it instead."""
+        if n <= 0:
+            return
+        t = self.chan.transport
+        if t.clear_to_send_lock.acquire(blocking=False):
+            try:
+                if t.clear_to_send.is_set():
+                    t._send_message(_window_adjust(self.chan, n))
+                    return
+            finally:
+                t.clear_to_send_lock.release()
+        with self.pipe._lock:
+            self.owed += n
+            self.pipe._cv.notify_all()
+
+    def run(self) -> None:
+        """Until the channel closes: what waits in the buffer, sent in order; the windows."""
+        pipe, chan = self.pipe, self.chan
+        while True:
+            with pipe._lock:
+                while (
+                    not self.owed and (self.sending or not len(pipe._buffer)) and not pipe._closed
+                ):
+                    pipe._cv.wait()
+                owed, self.owed = self.owed, 0
+                data = b""
+                if not self.sending and len(pipe._buffer):
+                    size = len(pipe._buffer)
+                    data = pipe._buffer[:size].tobytes()
+                    del pipe._buffer[:size]
+                    self.sending = True
+                elif pipe._closed and not len(pipe._buffer):
+                    return  # the remote end closed, and everything it sent is sent on
+            if data:
+                try:
+                    self.conn.sendall(data)
+                finally:
+                    with pipe._lock:
+                        self.sending = False
+                owed += chan._check_add_window(len(data))
+            if owed > 0:
+                chan.transport._send_user_message(_window_adjust(chan, owed))
+
+
+def _window_adjust(chan: paramiko.Channel, n: int) -> paramiko.Message:
+    m = paramiko.Message()
+    m.add_byte(cMSG_CHANNEL_WINDOW_ADJUST)
+    m.add_int(chan.remote_chanid)
+    m.add_int(n)
+    return m
+
+
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)  # 0 (Windows): no sends from the transport thread
 
 
 def _shut(sock: socket.socket) -> None:
