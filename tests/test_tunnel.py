@@ -518,6 +518,7 @@ def test_a_slow_reader_gets_every_byte_in_order_from_both_senders(sshd, downstre
             assert isinstance(tunnel.transport.sock, ReadAhead)  # the login's TCP socket
             got = _read_all(tunnel.local_port(server.getsockname()[1]), len(blob), 4 << 20)
         assert got == blob
+        assert downstreams, "paramiko's channel changed: _Downstream.fits no longer (the old pump)"
         (down,) = downstreams
         assert 0 < down.direct < len(blob), down.direct  # some on each way
     finally:

@@ -205,11 +205,25 @@ class ReadAhead:
         self._sock = sock
         self._buf = b""
         self._pos = 0
+        self._waiting: dict = {}  # what to do before the next read that may wait (in order)
         self.send = sock.send  # paramiko's writes: straight to the socket
+
+    def has_more(self) -> bool:
+        """Whether bytes read already wait to be asked for (more packets, or part of one)."""
+        return self._pos < len(self._buf)
+
+    def before_waiting(self, do: Callable[[], None]) -> None:
+        """`do()` once, in the reading thread, before the socket is next read (that read may
+        wait): what the packets read ahead gave is finished together (tunnel._Downstream)."""
+        self._waiting[do] = None
 
     def recv(self, n: int) -> bytes:
         buf, pos = self._buf, self._pos
         if pos >= len(buf):
+            while self._waiting:
+                do = next(iter(self._waiting))
+                del self._waiting[do]
+                do()
             buf = self._sock.recv(max(n, READ_AHEAD))  # its timeout (paramiko's 0.1 s) raises here
             if not buf:
                 return buf

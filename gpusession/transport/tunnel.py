@@ -23,7 +23,6 @@ import time
 from typing import Callable
 
 import paramiko
-from paramiko.buffered_pipe import BufferedPipe
 from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
 
 from ..configuration.settings import RECONNECT_ENV, private_socket_dir, reconnect_give_up
@@ -36,6 +35,7 @@ from .sshlogin import (
     HostKeyCheck,
     LinkWindows,
     LoginRefused,
+    ReadAhead,
     SshTarget,
     TunnelError,
     fast_reads,
@@ -458,7 +458,7 @@ def _interactive_soon(transport: paramiko.Transport) -> None:
 def _pump(conn: socket.socket, chan: paramiko.Channel) -> None:
     """Copy both ways until the remote end closes; a local EOF is passed on as a half-close."""
     fast_reads(chan)
-    down = _Downstream(conn, chan)
+    down = _Downstream(conn, chan) if _Downstream.fits(chan) else None
 
     def upstream() -> None:
         try:
@@ -477,7 +477,11 @@ def _pump(conn: socket.socket, chan: paramiko.Channel) -> None:
     up = threading.Thread(target=upstream, daemon=True)
     up.start()
     try:
-        down.run()
+        if down is not None:
+            down.run()
+        else:  # a paramiko whose channel buffer is not the one _Downstream was written for
+            while data := chan.recv(BUFSIZE):
+                conn.sendall(data)
     except (OSError, EOFError, paramiko.SSHException):
         pass
     finally:
@@ -493,42 +497,88 @@ class _Downstream:
     """The remote end's bytes for one forwarded connection, into its local socket, in order.
     paramiko's transport thread, which decrypts them, sends them on itself where the socket takes
     them at once (nothing queued ahead of them, no key exchange under way) and gives the window
-    back; the rest waits in the channel's buffer for `run`, this connection's own thread. Handing
-    every packet from one thread to the other (a wake-up and two copies each) was what kept a
-    stream under OpenSSH's rate on a busy machine (docs/benchmarks.md, "The raw stream's rate")."""
+    back; the rest waits in the channel's buffer for `run`, this connection's own thread. Where
+    the login's socket has more bytes read already (sshlogin.ReadAhead), the packets they hold
+    are decrypted first and sent on together, once those are done: one send and one wake-up of
+    the reader for many packets, as OpenSSH's client writes what it has. Handing every packet
+    from one thread to the other (a wake-up and two copies each) was what kept a stream under
+    OpenSSH's rate (docs/benchmarks.md, "The raw stream's rate")."""
 
     def __init__(self, conn: socket.socket, chan: paramiko.Channel):
         self.conn, self.chan, self.pipe = conn, chan, chan.in_buffer
         self.sending = False  # a thread is in conn.send: the other one sends nothing meanwhile
         self.owed = 0  # window the transport thread could not give back (a key exchange began)
         self.direct = 0  # bytes sent on by the transport thread (tests/test_tunnel.py)
-        if _DONTWAIT and hasattr(self.pipe, "_cv"):  # else: all through run, as paramiko's recv
+        self.sends = 0  # its sends (tests/test_tunnel.py)
+        sock = chan.transport.sock
+        self.ahead = sock if isinstance(sock, ReadAhead) else None
+        if _DONTWAIT:  # else (Windows) all through `run`
             self.pipe.feed = self.feed  # what paramiko's Channel._feed calls, per channel
 
+    @staticmethod
+    def fits(chan: paramiko.Channel) -> bool:
+        """Whether this paramiko's channel and buffer have what _Downstream uses of them
+        (tests/test_tunnel.py notices when they do not; _pump then reads as before)."""
+        pipe, t = chan.in_buffer, chan.transport
+        return (
+            all(hasattr(pipe, a) for a in ("_lock", "_cv", "_buffer", "_closed", "_event", "feed"))
+            and hasattr(chan, "_check_add_window")
+            and all(hasattr(t, a) for a in ("clear_to_send", "clear_to_send_lock", "_send_message"))
+        )
+
     def feed(self, data: bytes) -> None:
-        """In the transport thread, for each packet's bytes."""
+        """In the transport thread, for each packet's bytes: into the buffer, then sent on now
+        or once the bytes read ahead are decrypted (`flush`). The buffer's reader (`run`) is woken
+        only for what the transport thread does not send; it may take them any time, in order."""
+        with self.pipe._lock:
+            self.pipe._buffer.frombytes(data)
+        if self.ahead is not None and self.ahead.has_more():
+            self.ahead.before_waiting(self.flush)
+        else:
+            self.flush()
+
+    def flush(self) -> None:
+        """In the transport thread: what the buffer holds, into the local socket as far as it
+        takes it at once; the rest for `run`."""
         pipe = self.pipe
-        sent = 0
         with pipe._lock:
-            go = (
-                not self.sending
-                and not len(pipe._buffer)
-                and not pipe._closed
-                and self.chan.transport.clear_to_send.is_set()
-            )
-            self.sending = go
-        if go:
-            try:
-                sent = self.conn.send(data, _DONTWAIT)
-            except OSError:  # full (BlockingIOError), or the local side gone: `run` finds out
-                sent = 0
-            with pipe._lock:
-                self.sending = False
-            if sent:
-                self.direct += sent
-                self._give_back_here(self.chan._check_add_window(sent))
-        if sent < len(data):
-            BufferedPipe.feed(pipe, data[sent:] if sent else data)
+            if (
+                self.sending
+                or not len(pipe._buffer)
+                or pipe._closed  # its end came in the same reads: `run` sends what is left
+                or not self.chan.transport.clear_to_send.is_set()
+            ):
+                self._wake()
+                return
+            parts = _pieces(pipe._buffer)
+            del pipe._buffer[:]
+            self.sending = True
+        try:  # the pieces as they are, in one system call
+            sent = self.conn.sendmsg(parts, (), _DONTWAIT)
+        except OSError:  # full (BlockingIOError), or the local side gone: `run` finds out
+            sent = 0
+        self.sends += 1
+        with pipe._lock:
+            self.sending = False
+            rest = sent
+            for part in parts:  # the buffer is empty: only this thread fills it
+                if rest >= len(part):
+                    rest -= len(part)
+                    continue
+                pipe._buffer.frombytes(part[rest:] if rest else part)
+                rest = 0
+            if len(pipe._buffer) or pipe._closed:
+                self._wake()
+        if sent:
+            self.direct += sent
+            self._give_back_here(self.chan._check_add_window(sent))
+
+    def _wake(self) -> None:
+        """`run`, for what waits in the buffer (called under its lock)."""
+        pipe = self.pipe
+        if pipe._event is not None:
+            pipe._event.set()
+        pipe._cv.notify_all()
 
     def _give_back_here(self, n: int) -> None:
         """A WINDOW_ADJUST from the transport thread, which must not wait for a key exchange
@@ -552,10 +602,10 @@ class _Downstream:
         pipe, chan = self.pipe, self.chan
         while True:
             with pipe._lock:
-                while (
-                    not self.owed and (self.sending or not len(pipe._buffer)) and not pipe._closed
+                while not self.owed and (
+                    self.sending or (not len(pipe._buffer) and not pipe._closed)
                 ):
-                    pipe._cv.wait()
+                    pipe._cv.wait()  # (a send of the transport thread ends in a wake-up)
                 owed, self.owed = self.owed, 0
                 data = b""
                 if not self.sending and len(pipe._buffer):
@@ -563,7 +613,7 @@ class _Downstream:
                     data = pipe._buffer[:size].tobytes()
                     del pipe._buffer[:size]
                     self.sending = True
-                elif pipe._closed and not len(pipe._buffer):
+                elif pipe._closed and not len(pipe._buffer) and not self.sending:
                     return  # the remote end closed, and everything it sent is sent on
             if data:
                 try:
@@ -574,6 +624,12 @@ class _Downstream:
                 owed += chan._check_add_window(len(data))
             if owed > 0:
                 chan.transport._send_user_message(_window_adjust(chan, owed))
+
+
+def _pieces(buffer) -> list[bytes]:
+    """A channel buffer's bytes: its pieces as they came (sshlogin._Pieces), else in one."""
+    parts = getattr(buffer, "parts", None)
+    return list(parts) if parts is not None else [buffer[: len(buffer)].tobytes()]
 
 
 def _window_adjust(chan: paramiko.Channel, n: int) -> paramiko.Message:
