@@ -306,13 +306,13 @@ def test_a_ctrl_c_that_python_dropped_in_a_finalizer_still_stops_the_cell(kernel
             if "go" in text:
                 Dropped()  # made and dropped at once, in the wait's own thread
 
-    dropped = []  # what Python dropped ("Exception ignored in ...")
-    monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_type))
+    reported = []  # what Python reports as dropped ("Exception ignored in ...")
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_type))
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt, match="interrupted the remote cell"):
         kernel.execute("import time\nprint('go', flush=True)\ntime.sleep(30)", sink=Sink())
     assert time.monotonic() - t0 < 25  # not the 30 s the cell would sleep
-    assert dropped == [KeyboardInterrupt]  # the Ctrl-C did end in the finalizer
+    assert reported == []  # dropped in the finalizer, taken by the wait, not in the output
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
     assert kernel.evaluate("1 + 1") == "2"
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import queue
 import signal
+import sys
 import threading
 import time
 
@@ -136,12 +137,15 @@ class CtrlC:
     handler, counting each Ctrl-C before it raises KeyboardInterrupt. Python drops a
     KeyboardInterrupt raised while a `__del__` or a weakref callback runs (a garbage collection
     at that moment: it prints "Exception ignored" and goes on), so a Ctrl-C could end nowhere and
-    the cell run on; `missed()` tells the wait that one came and did not reach it. Another
-    handler (an application's own) is left alone, and so is a wait in another thread."""
+    the cell run on; `missed()` tells the wait that one came and did not reach it. Python's
+    "Exception ignored ... KeyboardInterrupt" report of it (our frames, in the cell's output) is
+    left out meanwhile: the wait takes that Ctrl-C at its next turn. Another handler (an
+    application's own) is left alone, and so is a wait in another thread."""
 
     def __init__(self) -> None:
         self.seen = self.taken = 0
         self._installed = None  # the handler set (a bound method is a new object each time)
+        self._hooked = None  # sys.unraisablehook as it was, while ours is set
 
     def __enter__(self) -> "CtrlC":
         if threading.current_thread() is threading.main_thread():
@@ -149,6 +153,7 @@ class CtrlC:
                 if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
                     self._installed = self._handler
                     signal.signal(signal.SIGINT, self._installed)
+                    self._hooked, sys.unraisablehook = sys.unraisablehook, self._unraisable
             except (ValueError, OSError):  # not the main interpreter
                 pass
         return self
@@ -157,6 +162,16 @@ class CtrlC:
         if self._installed is not None and signal.getsignal(signal.SIGINT) is self._installed:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         self._installed = None
+        if self._hooked is not None:
+            if sys.unraisablehook == self._unraisable:
+                sys.unraisablehook = self._hooked
+            self._hooked = None
+
+    def _unraisable(self, unraisable) -> None:
+        """A KeyboardInterrupt Python could not raise, counted by our handler: not reported."""
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and self.seen > self.taken:
+            return
+        (self._hooked or sys.__unraisablehook__)(unraisable)
 
     def _handler(self, signum, frame) -> None:
         self.seen += 1
