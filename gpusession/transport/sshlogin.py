@@ -521,21 +521,25 @@ def grow_window(chan: paramiko.Channel, window: int) -> bool:
     """Let `chan`'s sender have `window` bytes unread from now on: a WINDOW_ADJUST of what it
     lacks, and paramiko's own count of it (its adjusts give back what is read, so the window
     stays this size). False when `chan` has it already or is closed."""
-    from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
-    from paramiko.message import Message
-
     with chan.lock:
         extra = window - chan.in_window_size
         if extra <= 0 or chan.closed or not chan.active:
             return False
         chan.in_window_size = window
         chan.in_window_threshold = window // 10  # as paramiko's own
-    m = Message()
+    chan.transport._send_user_message(window_adjust(chan, extra))
+    return True
+
+
+def window_adjust(chan: paramiko.Channel, n: int) -> paramiko.Message:
+    """The WINDOW_ADJUST that gives `chan`'s sender `n` bytes more."""
+    from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
+
+    m = paramiko.Message()
     m.add_byte(cMSG_CHANNEL_WINDOW_ADJUST)
     m.add_int(chan.remote_chanid)
-    m.add_int(extra)
-    chan.transport._send_user_message(m)
-    return True
+    m.add_int(n)
+    return m
 
 
 class LinkWindows:

@@ -23,7 +23,6 @@ import time
 from typing import Callable
 
 import paramiko
-from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
 
 from ..configuration.settings import RECONNECT_ENV, private_socket_dir, reconnect_give_up
 from ..core.durations import format_duration
@@ -45,6 +44,7 @@ from .sshlogin import (
     open_transport,
     parse_public_key,
     tcp_socket,
+    window_adjust,
 )
 
 __all__ = [
@@ -509,7 +509,6 @@ class _Downstream:
         self.sending = False  # a thread is in conn.send: the other one sends nothing meanwhile
         self.owed = 0  # window the transport thread could not give back (a key exchange began)
         self.direct = 0  # bytes sent on by the transport thread (tests/test_tunnel.py)
-        self.sends = 0  # its sends (tests/test_tunnel.py)
         sock = chan.transport.sock
         self.ahead = sock if isinstance(sock, ReadAhead) else None
         if _DONTWAIT:  # else (Windows) all through `run`
@@ -557,7 +556,6 @@ class _Downstream:
             sent = self.conn.sendmsg(parts, (), _DONTWAIT)
         except OSError:  # full (BlockingIOError), or the local side gone: `run` finds out
             sent = 0
-        self.sends += 1
         with pipe._lock:
             self.sending = False
             rest = sent
@@ -589,13 +587,13 @@ class _Downstream:
         if t.clear_to_send_lock.acquire(blocking=False):
             try:
                 if t.clear_to_send.is_set():
-                    t._send_message(_window_adjust(self.chan, n))
+                    t._send_message(window_adjust(self.chan, n))
                     return
             finally:
                 t.clear_to_send_lock.release()
         with self.pipe._lock:
             self.owed += n
-            self.pipe._cv.notify_all()
+            self._wake()
 
     def run(self) -> None:
         """Until the channel closes: what waits in the buffer, sent in order; the windows."""
@@ -623,21 +621,13 @@ class _Downstream:
                         self.sending = False
                 owed += chan._check_add_window(len(data))
             if owed > 0:
-                chan.transport._send_user_message(_window_adjust(chan, owed))
+                chan.transport._send_user_message(window_adjust(chan, owed))
 
 
 def _pieces(buffer) -> list[bytes]:
     """A channel buffer's bytes: its pieces as they came (sshlogin._Pieces), else in one."""
     parts = getattr(buffer, "parts", None)
     return list(parts) if parts is not None else [buffer[: len(buffer)].tobytes()]
-
-
-def _window_adjust(chan: paramiko.Channel, n: int) -> paramiko.Message:
-    m = paramiko.Message()
-    m.add_byte(cMSG_CHANNEL_WINDOW_ADJUST)
-    m.add_int(chan.remote_chanid)
-    m.add_int(n)
-    return m
 
 
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)  # 0 (Windows): no sends from the transport thread
