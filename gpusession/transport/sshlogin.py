@@ -31,7 +31,10 @@ WINDOW = 16 * 1024 * 1024  # the most a far link's channel grows to (100 ms: 160
 # bytes/s a grown window keeps in flight (about twice what our client takes)
 LINK_RATE = 512 * 1024 * 1024
 READ_AHEAD = 256 * 1024  # bytes a login's socket is read by at once (ReadAhead)
-PACKET = 128 * 1024  # we advertise it; sshd then sends 4x fewer packets than at 32 KiB (+40% MB/s)
+# the largest packet we take (advertised in each channel's open): a server may send fewer, larger
+# packets up to it; OpenSSH 9.2's sshd sends 32 KiB ones whatever we advertise, as it reads its side
+# 32 KiB at a time (docs/benchmarks.md, "The raw stream's rate")
+PACKET = 128 * 1024
 # paramiko logs every failed try (sshd not up yet) with a traceback; with no logging set up,
 # Python would print those into the notebook. Our errors say what failed instead.
 LOG_CHANNEL = "gpusession.ssh"
