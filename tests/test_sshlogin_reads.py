@@ -49,3 +49,130 @@ def test_the_sockets_timeout_is_raised_and_what_came_before_it_is_kept():
     assert reader.recv(16) == b""
     reader.close()
     assert b.fileno() == -1  # closing it closes the socket
+
+
+def _wire(messages, key: bytes, iv: bytes) -> bytes:
+    """`messages` as an sshd would send them, AES-GCM encrypted by paramiko's own packetizer."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from paramiko.packet import Packetizer
+
+    class Sink:
+        out = bytearray()
+
+        def send(self, b):
+            self.out += b
+            return len(b)
+
+    sink = Sink()
+    out = Packetizer(sink)
+    out.set_outbound_cipher(AESGCM(key), 16, None, 16, None, aead=True, iv_out=iv)
+    for m in messages:
+        out.send_message(m)
+    return bytes(sink.out)
+
+
+def _reader(wire: bytes, key: bytes, iv: bytes, rekey_packets: int | None = None):
+    """paramiko's packetizer on a ReadAhead socket that gets `wire`, its keys set (as after the
+    first key exchange), and the transport's parts ChannelData looks at."""
+    from types import SimpleNamespace
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from paramiko.packet import Packetizer
+
+    a, b = socket.socketpair()
+    threading.Thread(target=lambda: (a.sendall(wire), a.close()), daemon=True).start()
+    sock = ReadAhead(b)
+    pk = Packetizer(sock)
+    pk.set_inbound_cipher(AESGCM(key), 16, None, 16, None, aead=True, iv_in=iv)
+    pk._initial_kex_done = True
+    if rekey_packets:
+        pk.REKEY_PACKETS = rekey_packets
+    pk.rekey_asked_at = []  # the packets read when a rekey was asked for
+    ask = pk._trigger_rekey
+
+    def trigger():
+        pk.rekey_asked_at.append(pk._Packetizer__received_packets)
+        ask()
+
+    pk._trigger_rekey = trigger
+    chan = SimpleNamespace(chanid=7)
+    transport = SimpleNamespace(
+        packetizer=pk, sock=sock, lock=threading.Lock(), _expected_packet=(), _channels={7: chan}
+    )
+    return transport, chan, pk
+
+
+@pytest.mark.parametrize("rekey_packets", [None, 40])
+def test_channel_data_is_taken_as_paramikos_reader_reads_it_and_the_rest_is_left_to_it(
+    rekey_packets,
+):
+    """sshlogin.ChannelData against paramiko's own reader on the same encrypted bytes: channel
+    7's data reaches its receiver whole and in order, every other message (another channel's
+    data, an ignore, a window adjust, a short data packet) comes back from read_message as paramiko
+    gives it, and the packetizer's counts (sequence number, nonce, bytes and packets read, a
+    rekey asked for past its limit) end where paramiko's own end."""
+    from paramiko.common import (
+        cMSG_CHANNEL_DATA,
+        cMSG_CHANNEL_WINDOW_ADJUST,
+        cMSG_IGNORE,
+    )
+    from paramiko.message import Message
+
+    from gpusession.transport.sshlogin import ChannelData
+
+    rng = random.Random(5)
+    key, iv = os.urandom(16), os.urandom(12)
+    sent, messages = bytearray(), []
+    for i in range(120):
+        m = Message()
+        kind = rng.choice(["data"] * 6 + ["other", "ignore", "adjust"])
+        if kind == "data":
+            data = os.urandom(rng.choice([1, 100, 32768, 32768, 20000, 131072 - 64]))
+            m.add_byte(cMSG_CHANNEL_DATA), m.add_int(7), m.add_string(data)
+            sent += data
+        elif kind == "other":
+            m.add_byte(cMSG_CHANNEL_DATA), m.add_int(9), m.add_string(b"not ours %d" % i)
+        elif kind == "ignore":
+            m.add_byte(cMSG_IGNORE), m.add_string(b"x" * i)
+        else:
+            m.add_byte(cMSG_CHANNEL_WINDOW_ADJUST), m.add_int(7), m.add_int(i)
+        messages.append(m)
+    wire = _wire(messages, key, iv)
+
+    def read(packetizer, taken: bytearray) -> list:
+        """Until the end, as paramiko's transport loop: channel 7's data to `taken`."""
+        rest = []
+        while True:
+            try:
+                t, m = packetizer.read_message()
+            except EOFError:
+                return rest
+            if t == 94 and m.get_int() == 7:
+                taken += m.get_binary()
+            else:
+                rest.append((t, m.asbytes()))
+
+    transport, _, theirs = _reader(wire, key, iv, rekey_packets)
+    expected = read(theirs, bytearray())
+    transport.sock.close()
+
+    transport, chan, ours = _reader(wire, key, iv, rekey_packets)
+    data = ChannelData.of(transport)
+    assert data is not None and ChannelData.of(transport) is data  # one per transport
+    taken = bytearray()
+    data.add(chan, lambda view: taken.extend(view))
+    rest = read(ours, taken)
+    transport.sock.close()
+    assert bytes(taken) == bytes(sent)
+    assert rest == expected
+    assert data.packets > 0
+    for name in ("sequence_number_in", "iv_in", "received_bytes", "received_packets"):
+        assert getattr(ours, "_Packetizer__" + name) == getattr(theirs, "_Packetizer__" + name)
+    assert ours.need_rekey() == theirs.need_rekey() == bool(rekey_packets)
+    assert (
+        ours.rekey_asked_at == theirs.rekey_asked_at == ([rekey_packets] if rekey_packets else [])
+    )
+    if rekey_packets:  # past the limit everything went paramiko's way
+        assert data.packets < rekey_packets
+    data.remove(chan)
+    assert not data.receivers

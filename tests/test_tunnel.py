@@ -18,6 +18,7 @@ from gpusession.transport.sshlogin import (
     LINK_RATE,
     NEAR_WINDOW,
     WINDOW,
+    ChannelData,
     ReadAhead,
     fast_reads,
     grow_window,
@@ -365,7 +366,10 @@ def test_a_stream_through_the_tunnel_arrives_whole_and_in_order(sshd):
                 c.sendall(b"g")
                 while chunk := c.recv(1 << 16):
                     got += chunk
+            data = ChannelData.of(tunnel.transport)
         assert len(got) == len(blob) and bytes(got) == blob
+        assert data is not None, "paramiko's packetizer changed: ChannelData no longer applies"
+        assert data.packets > 0  # packets went the short way (most of them, where sshd's are whole)
     finally:
         server.close()
 
@@ -548,9 +552,22 @@ def test_a_key_exchange_in_the_middle_of_a_stream_loses_nothing(sshd, downstream
                 renewed.set()
 
             threading.Thread(target=renew, daemon=True).start()
-            got = _read_all(tunnel.local_port(server.getsockname()[1]), len(blob), 8 << 20)
+            data = ChannelData.of(transport)
+            got = []
+
+            def read():
+                got.append(
+                    _read_all(tunnel.local_port(server.getsockname()[1]), len(blob), 4 << 20)
+                )
+
+            reading = threading.Thread(target=read, daemon=True)
+            reading.start()
             assert renewed.wait(30) and tunnel.healthy
-        assert got == blob
+            at_renewal = data.packets
+            reading.join(60)
+        assert got == [blob]
+        # after the new keys, ChannelData took packets again (it reads the keys anew each time)
+        assert data.packets > at_renewal, (at_renewal, data.packets)
     finally:
         server.close()
 

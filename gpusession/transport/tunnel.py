@@ -31,6 +31,7 @@ from ..core.protocol import KERNEL_PORT_NAMES
 from .sshlogin import (
     NEAR_WINDOW,
     PACKET,
+    ChannelData,
     HostKeyCheck,
     LinkWindows,
     LoginRefused,
@@ -485,6 +486,8 @@ def _pump(conn: socket.socket, chan: paramiko.Channel) -> None:
     except (OSError, EOFError, paramiko.SSHException):
         pass
     finally:
+        if down is not None and down.data is not None:
+            down.data.remove(chan)
         _shut(conn)
         try:
             chan.close()
@@ -511,8 +514,12 @@ class _Downstream:
         self.direct = 0  # bytes sent on by the transport thread (tests/test_tunnel.py)
         sock = chan.transport.sock
         self.ahead = sock if isinstance(sock, ReadAhead) else None
+        self.data = None  # the login's ChannelData, where it hands this channel's bytes here
         if _DONTWAIT:  # else (Windows) all through `run`
             self.pipe.feed = self.feed  # what paramiko's Channel._feed calls, per channel
+            self.data = ChannelData.of(chan.transport)
+            if self.data is not None:
+                self.data.add(chan, self.take)
 
     @staticmethod
     def fits(chan: paramiko.Channel) -> bool:
@@ -531,6 +538,15 @@ class _Downstream:
         only for what the transport thread does not send; it may take them any time, in order."""
         with self.pipe._lock:
             self.pipe._buffer.frombytes(data)
+        self._then()
+
+    def take(self, view: memoryview) -> None:
+        """`feed` for a packet's bytes from ChannelData: kept as they are, not copied."""
+        with self.pipe._lock:
+            self.pipe._buffer.keep(view)
+        self._then()
+
+    def _then(self) -> None:
         if self.ahead is not None and self.ahead.has_more():
             self.ahead.before_waiting(self.flush)
         else:
