@@ -240,9 +240,13 @@ class ReadAhead:
         return getattr(self._sock, name)
 
 
-_IN = "_Packetizer__"  # paramiko's Packetizer keeps its inbound state in name-mangled attributes
-_IN_STATE = tuple(
-    _IN + a
+# paramiko's Packetizer keeps its inbound state in name-mangled attributes: their names, made once
+# (a name built per packet is a new string hashed each time)
+(
+    _AEAD_IN, _ENGINE_IN, _IV_IN, _MAC_SIZE_IN, _SEQUENCE_IN, _BYTES_IN, _PACKETS_IN,
+    _NEED_REKEY, _DUMP, _COMPRESS_IN, _REMAINDER,
+) = _IN_STATE = tuple(
+    "_Packetizer__" + a
     for a in (
         "aead_in", "block_engine_in", "iv_in", "mac_size_in", "sequence_number_in",
         "received_bytes", "received_packets", "need_rekey", "dump_packets",
@@ -313,11 +317,11 @@ class ChannelData:
         d, pk, ahead, t = self.state, self.packetizer, self.ahead, self.transport
         while True:
             if (
-                not d[_IN + "aead_in"]
-                or d[_IN + "need_rekey"]
-                or d[_IN + "dump_packets"]
-                or d[_IN + "compress_engine_in"] is not None
-                or d[_IN + "remainder"]
+                not d[_AEAD_IN]
+                or d[_NEED_REKEY]
+                or d[_DUMP]
+                or d[_COMPRESS_IN] is not None
+                or d[_REMAINDER]
                 or t._expected_packet
                 or not pk._initial_kex_done
             ):
@@ -326,25 +330,23 @@ class ChannelData:
             if len(buf) - pos < 4:
                 return self.slow()
             size = int.from_bytes(buf[pos : pos + 4], "big")
-            raw = 4 + size + d[_IN + "mac_size_in"]
+            raw = 4 + size + d[_MAC_SIZE_IN]
             end = pos + raw
             if (
                 end > len(buf)
-                or d[_IN + "received_packets"] + 1 >= pk.REKEY_PACKETS
-                or d[_IN + "received_bytes"] + raw >= pk.REKEY_BYTES
+                or d[_PACKETS_IN] + 1 >= pk.REKEY_PACKETS
+                or d[_BYTES_IN] + raw >= pk.REKEY_BYTES
             ):
                 return self.slow()  # it reads the rest, or asks for new keys
             whole = memoryview(buf)
-            iv = d[_IN + "iv_in"]
-            plain = d[_IN + "block_engine_in"].decrypt(
-                iv, whole[pos + 4 : end], whole[pos : pos + 4]
-            )
+            iv = d[_IV_IN]
+            plain = d[_ENGINE_IN].decrypt(iv, whole[pos + 4 : end], whole[pos : pos + 4])
             ahead._pos = end
-            d[_IN + "iv_in"] = pk._inc_iv_counter(iv)
-            seq = d[_IN + "sequence_number_in"]
-            d[_IN + "sequence_number_in"] = (seq + 1) & 0xFFFFFFFF
-            d[_IN + "received_bytes"] += raw
-            d[_IN + "received_packets"] += 1
+            d[_IV_IN] = pk._inc_iv_counter(iv)
+            seq = d[_SEQUENCE_IN]
+            d[_SEQUENCE_IN] = (seq + 1) & 0xFFFFFFFF
+            d[_BYTES_IN] += raw
+            d[_PACKETS_IN] += 1
             stop = size - plain[0]  # the payload is plain[1:stop]: its type, then its fields
             if plain[1] == MSG_CHANNEL_DATA and stop >= 10:
                 got = self.receivers.get(int.from_bytes(plain[2:6], "big"))
