@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import paramiko
+from paramiko.common import MSG_CHANNEL_DATA, cMSG_CHANNEL_WINDOW_ADJUST
 
 from ..core.errors import GpuSessionError
 
@@ -253,7 +254,6 @@ class ReadAhead:
         "compress_engine_in", "remainder",
     )
 )  # fmt: skip
-MSG_CHANNEL_DATA = 94
 
 
 class ChannelData:
@@ -663,8 +663,6 @@ def grow_window(chan: paramiko.Channel, window: int) -> bool:
 
 def window_adjust(chan: paramiko.Channel, n: int) -> paramiko.Message:
     """The WINDOW_ADJUST that gives `chan`'s sender `n` bytes more."""
-    from paramiko.common import cMSG_CHANNEL_WINDOW_ADJUST
-
     m = paramiko.Message()
     m.add_byte(cMSG_CHANNEL_WINDOW_ADJUST)
     m.add_int(chan.remote_chanid)
