@@ -90,7 +90,9 @@ def kill_at(env: dict, store: Store, old_id: str, args: list[str], step: str, ti
     reaches `step`; (the new record as stored after the kill or None, finished: True when the
     switch ended before `step` came)."""
     old = store.get(old_id)
-    began = time.time()
+    # the switches of `old` made before this one (an earlier kill_at's new session, maybe made
+    # less than a second ago) are not this one's: "before-save" would take any record at once
+    before = {r.id for r in store.list()}
     driver = subprocess.Popen(
         [sys.executable, "-m", "gpusession", "switch", old.name, *args],
         env=env,
@@ -101,8 +103,8 @@ def kill_at(env: dict, store: Store, old_id: str, args: list[str], step: str, ti
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if driver.poll() is not None:
-                return _new_of(store, old_id, began), True
-            new = _new_of(store, old_id, began)
+                return _new_of(store, old_id, before), True
+            new = _new_of(store, old_id, before)
             if new is not None and _reached(step, new):
                 time.sleep(DELAY_S.get(step, 0.0))
                 driver.kill()  # SIGKILL, the driver alone: what a dying notebook kernel gets
@@ -116,10 +118,10 @@ def kill_at(env: dict, store: Store, old_id: str, args: list[str], step: str, ti
             driver.wait()
 
 
-def _new_of(store: Store, old_id: str, since: float):
+def _new_of(store: Store, old_id: str, before: set[str]):
     for record in store.list():
-        if record.created_at < since - 1:
-            break
+        if record.id in before:
+            continue
         if (record.resource.get("switch") or {}).get("old") == old_id:
             return record
     return None
