@@ -501,7 +501,11 @@ load() {  # load IMAGE...: docker save | ctr import into each node that lacks it
                 log "load: $node has $image"
                 continue
             fi
-            docker save "$image" | ctr -a "$RUN/$node/containerd.sock" -n k8s.io images import - >/dev/null
+            if [ -n "$(ctr_target "$node" "$id")" ]; then  # the same image under another name: one name more
+                ctr -a "$RUN/$node/containerd.sock" -n k8s.io images tag --force "$id" "$(ctr_name "$image")" >/dev/null
+            else
+                docker save "$image" | ctr -a "$RUN/$node/containerd.sock" -n k8s.io images import - >/dev/null
+            fi
             holds "$node" "$image" "$id" || { log "load: $image did not arrive in $node" >&2; return 1; }
         done
     done

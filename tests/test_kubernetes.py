@@ -615,6 +615,12 @@ def test_an_image_remembered_as_root_that_is_not_any_more_ends_its_start_in_one_
     from support.sinks import Collect
 
     m, ws = kube_manager, f"wu-{SLOT}"
+    # a tag of this test's own: what is remembered of an image is remembered by its name, in the
+    # runtime cache every worker shares, and the other lane starts numpy_image meanwhile (it read
+    # "root" from here once, and its claim's start ended as this one's must)
+    numpy_image = f"{numpy_image.rsplit(':', 1)[0]}:moved-{SLOT}"
+    subprocess.run(["docker", "tag", NUMPY, numpy_image], check=True, timeout=60)
+    ci_kubernetes("load", numpy_image)
     remember_user(numpy_image, 0)
     moved = "sha256:" + "7" * 64  # what the tag named before it moved: another Python, as root
     probe = runtime_copy.probe_path(moved)
