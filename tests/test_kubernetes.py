@@ -655,6 +655,24 @@ def test_an_image_remembered_as_root_that_is_not_any_more_ends_its_start_in_one_
     assert sink.text.strip() == "1000 /workspace", sink.text
     m.stop("kwu2")
 
+    # root remembered where the image's id is right (two starts of a moving tag at once, their
+    # writes crossed): the runtime goes in early, unprobed, so the failure's own word on the
+    # user is what the next start goes by, as its message says (it failed each time before).
+    # A new claim: the one above is the image user's group's now
+    remember_user(numpy_image, 0)
+    spec["workspace"] = f"wv-{SLOT}"
+    lines.clear()
+    with pytest.raises(StageError) as raised:
+        m.start(m.make_spec("t4", name="kwu3", **spec), report=lines.append)
+    assert any("as the container started" in line for line in lines), "\n".join(lines)
+    assert "is not writable by the image user (uid 1000): start again" in str(raised.value)
+    assert image_user(numpy_image) == 1000
+    session = m.start(m.make_spec("t4", name="kwu4", **spec))
+    sink = Collect()
+    assert session.run(cell, sink)["status"] == "ok", sink.text
+    assert sink.text.strip() == "1000 /workspace", sink.text
+    m.stop("kwu4")
+
 
 @LANE_1
 def test_an_idle_stop_saves_into_the_claim_and_resume_brings_the_variables_back(

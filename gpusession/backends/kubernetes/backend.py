@@ -495,7 +495,9 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
         said = self._ready.pop(record.id, None)  # READY, as the runtime's copy waited for it
         if record.state != State.RUNNING:  # a start; an attach finds the kernel listening
             progress.step(f"waiting for the kernel in pod {name}")
-            ready = _payload(said) or self._wait_ready(cluster, name, START_TIMEOUT)
+            ready = _payload(said) or self._wait_ready(
+                cluster, name, START_TIMEOUT, image=record.resource.get("image")
+            )
         kernel, agent_port = self._connection_info(cluster, name, ready, key)
         progress.step(f"forwarding the kernel's ports through the API server {cluster.server}")
         return PortForwardLink(
@@ -524,12 +526,15 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
             agent_port = json.loads(runtime).get("agent_port")
         return json.loads(kernel), agent_port
 
-    def _wait_ready(self, cluster: Cluster, name: str, timeout: float) -> Any:
+    def _wait_ready(
+        self, cluster: Cluster, name: str, timeout: float, image: str | None = None
+    ) -> Any:
         """READY's payload from the pod's log; StageError with the log's end when the runtime
         failed, the pod ended, or `timeout` passed. The log is followed as it is written (READY
         seen the moment it is said); where that stream cannot be had or ends without READY,
         it is read again every so often, which also says why. (A start learns READY from the
-        runtime's copy first: runtime_copy.READY_WAIT.)"""
+        runtime's copy first: runtime_copy.READY_WAIT.) A workspace its `image`'s user could
+        not write says that user: remembered, so that the next start prepares it first."""
         found = self._follow_for_ready(cluster, name, timeout)
         if found is not None:
             return found
@@ -542,6 +547,7 @@ class KubernetesBackend(ClaimWorkspaces, Backend):
                 if parsed is not None and parsed[0] is Marker.READY:
                     return parsed[1]
                 if parsed is not None and parsed[0] is Marker.FAILED:
+                    _remember_user_of(image, parsed[1])
                     raise StageError("connect", f"the runtime failed: {log_tail(text, 3)}")
             asked += 1
             if asked % 5 == 0:
@@ -910,6 +916,21 @@ def _payload(said: str | None) -> dict | None:
     except ValueError:
         return None
     return payload if isinstance(payload, dict) and isinstance(payload.get("ports"), dict) else None
+
+
+def _remember_user_of(image: str | None, failed: Any) -> None:
+    """A FAILED start's workspace stage says its image's user (pods.wait_then_boot): the next
+    start of the image gives the claim to that user first, as the message says. The user was
+    remembered as root otherwise only where the runtime was probed (an image id not known), so
+    a start that copied early would have ended the same way each time."""
+    if not image or not isinstance(failed, dict) or failed.get("stage") != "workspace":
+        return
+    uid = failed.get("uid")
+    if isinstance(uid, int) and not isinstance(uid, bool) and uid != 0:
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from .runtime_copy import remember_user
+
+        remember_user(image, uid)
 
 
 def _queue_timeout(spec: LaunchSpec) -> float | None:

@@ -157,12 +157,13 @@ def wait_then_boot(claim: bool = False, zygote: str | None = None) -> str:
     failed = '{"stage":"runtime","error":"the runtime was never copied into the pod"}'
     workspace = ""
     if claim:
-        # one JSON line in sh's single quotes, the user's id put in between
+        # one JSON line in sh's single quotes, the user's id put in between; "uid" is what the
+        # start remembers of the image (its next start then prepares the claim first, as said)
         cannot = (
             '{"stage":"workspace","error":"the workspace folder '
             + WORKSPACE_MOUNT
             + " is not writable by the image user (uid '\"$(id -u)\"'): start again: "
-            + 'the next start prepares it as root first"}'
+            + 'the next start prepares it as root first","uid":\'"$(id -u 2>/dev/null || echo null)"\'}'
         )
         workspace = (
             f'if [ "$(id -u 2>/dev/null)" = 0 ]; then {_owner_script()}; '
