@@ -21,6 +21,7 @@ from gpusession.transport.sshlogin import (
     ChannelData,
     ReadAhead,
     fast_reads,
+    give_back_after,
     grow_window,
     make_session_key,
     window_for,
@@ -396,6 +397,10 @@ def test_channels_open_at_opensshs_window_and_grow_to_what_a_far_link_needs(sshd
     stream still arrives whole (paramiko's own adjusts keep the grown window)."""
     assert window_for(None) == window_for(0.0002) == NEAR_WINDOW == 2 << 20
     assert window_for(0.02) == int(0.02 * LINK_RATE) and window_for(0.5) == WINDOW
+    assert give_back_after(NEAR_WINDOW, 0.0002) == NEAR_WINDOW // 2
+    assert give_back_after(NEAR_WINDOW, None) == NEAR_WINDOW // 10  # not measured yet
+    assert give_back_after(NEAR_WINDOW, 0.003) == NEAR_WINDOW // 10  # 3 ms: half would be short
+    assert give_back_after(window_for(0.02), 0.02) == window_for(0.02) // 10
     blob = os.urandom(24 << 20)
     server = _serving(blob, asked=False)
     try:
@@ -406,6 +411,8 @@ def test_channels_open_at_opensshs_window_and_grow_to_what_a_far_link_needs(sshd
             assert windows.window == NEAR_WINDOW
             chan = tunnel._open_channel(("127.0.0.1", 0), server.getsockname()[1])
             assert chan is not None and chan.in_window_size == NEAR_WINDOW
+            # a near link's window goes back at half, as OpenSSH's (an adjust a MiB, not 200 kB)
+            assert chan.in_window_threshold == NEAR_WINDOW // 2
             assert _settled(chan) == NEAR_WINDOW
             assert grow_window(chan, 8 << 20) and not grow_window(chan, 8 << 20)
             assert _settled(chan) == 8 << 20
@@ -456,6 +463,8 @@ def test_the_round_trip_is_the_kernels_on_a_tcp_login_and_the_requests_elsewhere
             assert tunnel._windows.measured.wait(10)
             assert tunnel._windows.measured_by == "ssh" and tunnel._windows.window == WINDOW
             assert chan.in_window_size == WINDOW  # grown by a window adjust
+            # 0.5 s away: given back at a tenth, so that its sender never waits for an adjust
+            assert chan.in_window_threshold == WINDOW // 10
             chan.close()
     finally:
         server.close()
