@@ -8,6 +8,7 @@ import os
 import random
 import socket
 import threading
+import time
 
 import pytest
 
@@ -51,6 +52,41 @@ def test_the_sockets_timeout_is_raised_and_what_came_before_it_is_kept():
     assert b.fileno() == -1  # closing it closes the socket
 
 
+def test_more_joins_a_cut_packets_rest_and_keeps_the_read_after_it_next():
+    """ReadAhead.more, as ChannelData calls it where a read's end cuts a packet: the bytes
+    asked for are joined on, the rest of that read comes next without another read, and where
+    the read waits past the socket's timeout or finds the end nothing changes (False)."""
+    a, b = socket.socketpair()
+    reader = ReadAhead(b)
+    reader.settimeout(0.05)
+    done = []
+    a.sendall(b"0123456789")
+    assert reader.recv(4) == b"0123"
+    a.sendall(b"ABCDEFGH")
+    reader.before_waiting(lambda: done.append("flushed"))
+    assert reader.more(3)
+    assert done == ["flushed"]  # what waits for a read ran before it, as in recv
+    assert reader.has_more()
+    assert reader.recv(100) == b"456789ABC"  # the cut part and what completes it, together
+    assert reader.has_more()
+    assert reader.recv(2) == b"DE"  # the read's rest: no socket read (nothing more was sent)
+    assert reader.recv(100) == b"FGH"
+    assert not reader.has_more()
+    with pytest.raises(socket.timeout):
+        reader.recv(1)
+    a.sendall(b"xy")
+    assert reader.recv(1) == b"x"
+    assert not reader.more(4)  # the rest does not come within the timeout
+    a.sendall(b"z!")
+    assert reader.recv(100) == b"y"  # kept as it was
+    assert reader.more(1)  # nothing left before it: all the read gave, as it is
+    assert reader.recv(100) == b"z!"
+    a.close()
+    assert not reader.more(1)  # the end: paramiko's reader finds it
+    assert reader.recv(1) == b""
+    b.close()
+
+
 def _wire(messages, key: bytes, iv: bytes) -> bytes:
     """`messages` as an sshd would send them, AES-GCM encrypted by paramiko's own packetizer."""
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -71,17 +107,37 @@ def _wire(messages, key: bytes, iv: bytes) -> bytes:
     return bytes(sink.out)
 
 
-def _reader(wire: bytes, key: bytes, iv: bytes, rekey_packets: int | None = None):
+def _reader(
+    wire: bytes, key: bytes, iv: bytes, rekey_packets: int | None = None, trickle: bool = False
+):
     """paramiko's packetizer on a ReadAhead socket that gets `wire`, its keys set (as after the
-    first key exchange), and the transport's parts ChannelData looks at."""
+    first key exchange), and the transport's parts ChannelData looks at. `trickle`: the wire
+    comes in pieces of 1 byte to 70 KB with pauses past the socket's timeout (paramiko's 0.1 s)
+    between some, packets cut anywhere."""
     from types import SimpleNamespace
 
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     from paramiko.packet import Packetizer
 
     a, b = socket.socketpair()
-    threading.Thread(target=lambda: (a.sendall(wire), a.close()), daemon=True).start()
+
+    def send() -> None:
+        if not trickle:
+            a.sendall(wire)
+        else:
+            rng, at = random.Random(11), 0
+            while at < len(wire):
+                n = rng.choice([1, 3, 100, 5000, 33000, 70000])
+                a.sendall(wire[at : at + n])
+                at += n
+                if rng.random() < 0.05:
+                    time.sleep(0.15)
+        a.close()
+
+    threading.Thread(target=send, daemon=True).start()
     sock = ReadAhead(b)
+    if trickle:
+        sock.settimeout(0.1)
     pk = Packetizer(sock)
     pk.set_inbound_cipher(AESGCM(key), 16, None, 16, None, aead=True, iv_in=iv)
     pk._initial_kex_done = True
@@ -102,15 +158,17 @@ def _reader(wire: bytes, key: bytes, iv: bytes, rekey_packets: int | None = None
     return transport, chan, pk
 
 
-@pytest.mark.parametrize("rekey_packets", [None, 40])
+@pytest.mark.parametrize(("rekey_packets", "trickle"), [(None, False), (40, False), (None, True)])
 def test_channel_data_is_taken_as_paramikos_reader_reads_it_and_the_rest_is_left_to_it(
-    rekey_packets,
+    rekey_packets, trickle
 ):
     """sshlogin.ChannelData against paramiko's own reader on the same encrypted bytes: channel
     7's data reaches its receiver whole and in order, every other message (another channel's
     data, an ignore, a window adjust, a short data packet) comes back from read_message as paramiko
     gives it, and the packetizer's counts (sequence number, nonce, bytes and packets read, a
-    rekey asked for past its limit) end where paramiko's own end."""
+    rekey asked for past its limit) end where paramiko's own end. Every packet of channel 7
+    is taken, also those the reads' ends cut, unless a read waits past the socket's timeout
+    (`trickle`: then paramiko's reader waits) or the rekey limit is near."""
     from paramiko.common import (
         cMSG_CHANNEL_DATA,
         cMSG_CHANNEL_WINDOW_ADJUST,
@@ -122,7 +180,7 @@ def test_channel_data_is_taken_as_paramikos_reader_reads_it_and_the_rest_is_left
 
     rng = random.Random(5)
     key, iv = os.urandom(16), os.urandom(12)
-    sent, messages = bytearray(), []
+    sent, messages, ours = bytearray(), [], 0
     for i in range(120):
         m = Message()
         kind = rng.choice(["data"] * 6 + ["other", "ignore", "adjust"])
@@ -130,6 +188,7 @@ def test_channel_data_is_taken_as_paramikos_reader_reads_it_and_the_rest_is_left
             data = os.urandom(rng.choice([1, 100, 32768, 32768, 20000, 131072 - 64]))
             m.add_byte(cMSG_CHANNEL_DATA), m.add_int(7), m.add_string(data)
             sent += data
+            ours += 1
         elif kind == "other":
             m.add_byte(cMSG_CHANNEL_DATA), m.add_int(9), m.add_string(b"not ours %d" % i)
         elif kind == "ignore":
@@ -156,21 +215,24 @@ def test_channel_data_is_taken_as_paramikos_reader_reads_it_and_the_rest_is_left
     expected = read(theirs, bytearray())
     transport.sock.close()
 
-    transport, chan, ours = _reader(wire, key, iv, rekey_packets)
+    transport, chan, reader = _reader(wire, key, iv, rekey_packets, trickle)
     data = ChannelData.of(transport)
     assert data is not None and ChannelData.of(transport) is data  # one per transport
     taken = bytearray()
-    data.add(chan, lambda view: taken.extend(view))
-    rest = read(ours, taken)
+    data.add(chan, lambda views: [taken.extend(v) for v in views])
+    rest = read(reader, taken)
     transport.sock.close()
     assert bytes(taken) == bytes(sent)
     assert rest == expected
-    assert data.packets > 0
+    if rekey_packets is None and not trickle:
+        assert data.packets == ours  # none left to paramiko's reader, cut or not
+    else:
+        assert 0 < data.packets < ours
     for name in ("sequence_number_in", "iv_in", "received_bytes", "received_packets"):
-        assert getattr(ours, "_Packetizer__" + name) == getattr(theirs, "_Packetizer__" + name)
-    assert ours.need_rekey() == theirs.need_rekey() == bool(rekey_packets)
+        assert getattr(reader, "_Packetizer__" + name) == getattr(theirs, "_Packetizer__" + name)
+    assert reader.need_rekey() == theirs.need_rekey() == bool(rekey_packets)
     assert (
-        ours.rekey_asked_at == theirs.rekey_asked_at == ([rekey_packets] if rekey_packets else [])
+        reader.rekey_asked_at == theirs.rekey_asked_at == ([rekey_packets] if rekey_packets else [])
     )
     if rekey_packets:  # past the limit everything went paramiko's way
         assert data.packets < rekey_packets

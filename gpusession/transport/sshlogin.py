@@ -203,39 +203,71 @@ class ReadAhead:
     """A TCP socket as paramiko's transport reads it, with one `recv` of up to READ_AHEAD bytes
     serving its many small reads: paramiko asks for each packet in two or more reads (the first
     block, then the rest), a system call each, two for every 32 KiB of a stream. Reads return at
-    most what was asked, as a socket's do; everything else is the socket's own (__getattr__)."""
+    most what was asked, as a socket's do; everything else is the socket's own (__getattr__).
+    `more` reads on for ChannelData, whose packets a read's end cuts in two."""
 
     def __init__(self, sock: socket.socket):
         self._sock = sock
-        self._buf = b""
+        self._buf: bytes | memoryview = b""  # read, from _pos on not yet asked for
         self._pos = 0
+        self._next: bytes | memoryview = b""  # read too, after _buf (`more`)
         self._waiting: dict = {}  # what to do before the next read that may wait (in order)
         self.send = sock.send  # paramiko's writes: straight to the socket
 
     def has_more(self) -> bool:
         """Whether bytes read already wait to be asked for (more packets, or part of one)."""
-        return self._pos < len(self._buf)
+        return self._pos < len(self._buf) or len(self._next) > 0
 
     def before_waiting(self, do: Callable[[], None]) -> None:
         """`do()` once, in the reading thread, before the socket is next read (that read may
         wait): what the packets read ahead gave is finished together (tunnel._Downstream)."""
         self._waiting[do] = None
 
+    def _read(self, n: int) -> bytes:
+        while self._waiting:
+            do = next(iter(self._waiting))
+            del self._waiting[do]
+            do()
+        return self._sock.recv(max(n, READ_AHEAD))  # its timeout (paramiko's 0.1 s) raises here
+
     def recv(self, n: int) -> bytes:
         buf, pos = self._buf, self._pos
         if pos >= len(buf):
-            while self._waiting:
-                do = next(iter(self._waiting))
-                del self._waiting[do]
-                do()
-            buf = self._sock.recv(max(n, READ_AHEAD))  # its timeout (paramiko's 0.1 s) raises here
-            if not buf:
-                return buf
+            if len(self._next):
+                buf, self._next = bytes(self._next), b""
+            else:
+                buf = self._read(n)
+                if not buf:
+                    return buf
             self._buf, pos = buf, 0
         self._pos = pos + n
+        if type(buf) is not bytes:  # `more` left a view: paramiko gets bytes, as from a socket
+            return bytes(buf[pos : pos + n])
         if pos == 0 and n >= len(buf):
             return buf  # all of one read: no copy
         return buf[pos : pos + n]
+
+    def more(self, need: int) -> bool:
+        """Up to `need` bytes more after the ones not yet asked for (a packet's rest), or all of
+        the next read where none are left: the socket is read where nothing read is next, the
+        bytes that complete the packet are joined on (the copy is the packet's only) and the
+        rest stays next, not copied. False, nothing changed, where the read raised its timeout
+        or an error or found the end: paramiko's reader, asked next, meets it as it would."""
+        nxt = self._next
+        if not len(nxt):
+            try:
+                got = self._read(need)
+            except OSError:  # its timeout (socket.timeout is one), or a cut connection
+                return False
+            if not got:
+                return False
+            nxt = memoryview(got)
+        if self._pos >= len(self._buf):
+            self._buf, self._pos, self._next = nxt, 0, b""
+            return True
+        self._buf = b"".join((memoryview(self._buf)[self._pos :], nxt[:need]))
+        self._pos, self._next = 0, nxt[need:]
+        return True
 
     def __getattr__(self, name: str):
         return getattr(self._sock, name)
@@ -256,14 +288,20 @@ class ReadAhead:
 )  # fmt: skip
 
 
+_MOST = 256 * 1024  # the largest packet read on for here (OpenSSH's PACKET_MAX_SIZE)
+
+
 class ChannelData:
-    """A login's channel-data packets decrypted where the read-ahead holds them whole and handed
-    to their channel's receiver (tunnel._Downstream) without paramiko's message layer (a
-    `Message`, its parsing, the transport loop's dispatch): about half of what a packet cost our
-    process in Python, which a stream pays 1,550 times per 50 MB (sshd sends 32 KiB packets).
-    Everything else goes through paramiko's own reader, as does any packet when its state asks for
-    care: a cipher that is not AES-GCM, a key exchange under way or wanted, the rekey counts near
-    their limit, a packet not yet whole in what was read, a channel with no receiver here. The
+    """A login's channel-data packets decrypted from the read-ahead and handed to their channel's
+    receiver (tunnel._Downstream) without paramiko's message layer (a `Message`, its parsing, the
+    transport loop's dispatch): about half of what a packet cost our process in Python, which a
+    stream pays 1,550 times per 50 MB (sshd sends 32 KiB packets). A read's packets go together
+    (their counts kept in locals, one call a receiver); a packet the read's end cuts is read on
+    (ReadAhead.more) rather than left to paramiko's reader, which took one packet a read before
+    (a read holds 90 KB on average: a third of a stream's packets). Everything else goes through
+    paramiko's own reader, as does any packet when its state asks for care: a cipher that is not
+    AES-GCM, a key exchange under way or wanted, the rekey counts near their limit, a packet over
+    _MOST, a read that waits past the socket's timeout, a channel with no receiver here. The
     packetizer's counts (sequence number, nonce, bytes and packets for the rekey) move as its own
     reader moves them; `packets` counts what this path took (tests/test_sshlogin_reads.py)."""
 
@@ -303,7 +341,8 @@ class ChannelData:
         return made
 
     def add(self, chan: paramiko.Channel, take: Callable) -> None:
-        """`take(view)` gets `chan`'s data, in the transport thread, in order with the rest."""
+        """`take(views)` gets `chan`'s data, a view of each packet's, in the transport thread, in
+        order with the rest: a read's packets together."""
         self.receivers[chan.chanid] = (chan, take)
 
     def remove(self, chan: paramiko.Channel) -> None:
@@ -314,7 +353,8 @@ class ChannelData:
     def read_message(self):
         """paramiko's `Packetizer.read_message`: the next message that is not channel data taken
         here, as (type, Message)."""
-        d, pk, ahead, t = self.state, self.packetizer, self.ahead, self.transport
+        d, pk, ahead = self.state, self.packetizer, self.ahead
+        t = self.transport
         while True:
             if (
                 not d[_AEAD_IN]
@@ -326,38 +366,72 @@ class ChannelData:
                 or not pk._initial_kex_done
             ):
                 return self.slow()
-            buf, pos = ahead._buf, ahead._pos
-            if len(buf) - pos < 4:
-                return self.slow()
-            size = int.from_bytes(buf[pos : pos + 4], "big")
-            raw = 4 + size + d[_MAC_SIZE_IN]
-            end = pos + raw
-            if (
-                end > len(buf)
-                or d[_PACKETS_IN] + 1 >= pk.REKEY_PACKETS
-                or d[_BYTES_IN] + raw >= pk.REKEY_BYTES
-            ):
-                return self.slow()  # it reads the rest, or asks for new keys
-            whole = memoryview(buf)
-            iv = d[_IV_IN]
-            plain = d[_ENGINE_IN].decrypt(iv, whole[pos + 4 : end], whole[pos : pos + 4])
-            ahead._pos = end
-            d[_IV_IN] = pk._inc_iv_counter(iv)
-            seq = d[_SEQUENCE_IN]
-            d[_SEQUENCE_IN] = (seq + 1) & 0xFFFFFFFF
-            d[_BYTES_IN] += raw
-            d[_PACKETS_IN] += 1
-            stop = size - plain[0]  # the payload is plain[1:stop]: its type, then its fields
-            if plain[1] == MSG_CHANNEL_DATA and stop >= 10:
-                got = self.receivers.get(int.from_bytes(plain[2:6], "big"))
-                n = int.from_bytes(plain[6:10], "big")
-                if got is not None and 10 + n <= stop and t._channels.get(got[0].chanid) is got[0]:
-                    self.packets += 1
-                    got[1](memoryview(plain)[10 : 10 + n])
-                    continue
-            m = paramiko.Message(plain[2:stop])
-            m.seqno = seq
-            return plain[1], m
+            taken, message, need = self._read_packets()
+            for (chan, take), pieces in taken:
+                if t._channels.get(chan.chanid) is chan:
+                    self.packets += len(pieces)
+                    take(pieces)
+            if message is not None:
+                return message
+            if not (need and ahead.more(need)):
+                return self.slow()  # it reads the rest, waits, or asks for new keys
+
+    def _read_packets(self) -> tuple[list, tuple | None, int]:
+        """The whole packets the read holds, from where paramiko's reader stopped: channel data
+        for receivers here, each receiver's views in order ([((chan, take), views)]), up to
+        the first other message ((type, Message), or None) or a packet this read lacks bytes of
+        (`need` of them; 0 where its rest is not read on here). The packetizer's counts are
+        kept in locals and written back after."""
+        d, pk, ahead, receivers = self.state, self.packetizer, self.ahead, self.receivers
+        buf, pos = ahead._buf, ahead._pos
+        have, whole = len(buf), memoryview(buf)
+        engine, mac, iv = d[_ENGINE_IN], d[_MAC_SIZE_IN], d[_IV_IN]
+        seq, got, count = d[_SEQUENCE_IN], d[_BYTES_IN], d[_PACKETS_IN]
+        packets, bytes_ = pk.REKEY_PACKETS - 1, pk.REKEY_BYTES
+        fixed, counter = iv[:4], int.from_bytes(iv[4:], "big")
+        taken, views, to, message = [], [], None, None
+        need = 0  # bytes more this read lacks for the next packet (0: none, or not ours)
+        try:
+            while True:
+                if have - pos < 4:
+                    need = 4 - have + pos
+                    break
+                size = int.from_bytes(whole[pos : pos + 4], "big")
+                raw = 4 + size + mac
+                end = pos + raw
+                if count >= packets or got + raw >= bytes_:
+                    break  # paramiko's reader asks for new keys
+                if end > have:  # the packet's rest is in the next read
+                    need = end - have if size <= _MOST else 0
+                    break
+                plain = engine.decrypt(iv, whole[pos + 4 : end], whole[pos : pos + 4])
+                pos = end
+                counter += 1
+                iv = fixed + counter.to_bytes(8, "big")
+                s, seq = seq, (seq + 1) & 0xFFFFFFFF
+                got += raw
+                count += 1
+                stop = size - plain[0]  # the payload is plain[1:stop]: its type, its fields
+                if plain[1] == MSG_CHANNEL_DATA and stop >= 10:
+                    r = receivers.get(int.from_bytes(plain[2:6], "big"))
+                    n = int.from_bytes(plain[6:10], "big")
+                    if r is not None and 10 + n <= stop:
+                        if r is not to:
+                            if views:
+                                taken.append((to, views))
+                            to, views = r, []
+                        views.append(memoryview(plain)[10 : 10 + n])
+                        continue
+                message = paramiko.Message(plain[2:stop])
+                message.seqno = s
+                message = (plain[1], message)
+                break
+        finally:
+            ahead._pos = pos
+            d[_IV_IN], d[_SEQUENCE_IN], d[_BYTES_IN], d[_PACKETS_IN] = iv, seq, got, count
+        if views:
+            taken.append((to, views))
+        return taken, message, need
 
 
 def _check_host_key(offered: paramiko.PKey, name: str, known: dict, check: HostKeyCheck) -> None:
@@ -544,11 +618,12 @@ class _Pieces:
             self.parts.append(bytes(data))
             self.size += len(data)
 
-    def keep(self, view: memoryview) -> None:
-        """A piece as it is (ChannelData's view of a decrypted packet), not copied."""
-        if view:
-            self.parts.append(view)
-            self.size += len(view)
+    def keep(self, views: list[memoryview]) -> None:
+        """Pieces as they are (ChannelData's views of decrypted packets), not copied."""
+        for view in views:
+            if view:
+                self.parts.append(view)
+                self.size += len(view)
 
     def __getitem__(self, span: slice) -> "_Taken":
         limit = self.size if span.stop is None else min(span.stop, self.size)

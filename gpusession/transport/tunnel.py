@@ -540,10 +540,10 @@ class _Downstream:
             self.pipe._buffer.frombytes(data)
         self._then()
 
-    def take(self, view: memoryview) -> None:
-        """`feed` for a packet's bytes from ChannelData: kept as they are, not copied."""
+    def take(self, views: list[memoryview]) -> None:
+        """`feed` for packets' bytes from ChannelData (a read's): kept as they are, not copied."""
         with self.pipe._lock:
-            self.pipe._buffer.keep(view)
+            self.pipe._buffer.keep(views)
         self._then()
 
     def _then(self) -> None:
