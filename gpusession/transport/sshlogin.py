@@ -289,6 +289,10 @@ class ReadAhead:
 
 
 _MOST = 256 * 1024  # the largest packet read on for here (OpenSSH's PACKET_MAX_SIZE)
+_SIZE = struct.Struct(">I").unpack_from  # a packet's length
+# a packet's first 10 bytes, as a channel data packet has them: its padding's length, its type,
+# the channel, the data's length
+_HEAD = struct.Struct(">BBII").unpack_from
 
 
 class ChannelData:
@@ -396,11 +400,11 @@ class ChannelData:
                 if have - pos < 4:
                     need = 4 - have + pos
                     break
-                size = int.from_bytes(whole[pos : pos + 4], "big")
+                size = _SIZE(buf, pos)[0]
                 raw = 4 + size + mac
                 end = pos + raw
-                if count >= packets or got + raw >= bytes_:
-                    break  # paramiko's reader asks for new keys
+                if count >= packets or got + raw >= bytes_ or size < 16:
+                    break  # paramiko's reader asks for new keys (or refuses a short packet)
                 if end > have:  # the packet's rest is in the next read
                     need = end - have if size <= _MOST else 0
                     break
@@ -411,10 +415,10 @@ class ChannelData:
                 s, seq = seq, (seq + 1) & 0xFFFFFFFF
                 got += raw
                 count += 1
-                stop = size - plain[0]  # the payload is plain[1:stop]: its type, its fields
-                if plain[1] == MSG_CHANNEL_DATA and stop >= 10:
-                    r = receivers.get(int.from_bytes(plain[2:6], "big"))
-                    n = int.from_bytes(plain[6:10], "big")
+                pad, kind, chanid, n = _HEAD(plain)  # a data packet's; anything's first 10
+                stop = size - pad  # the payload is plain[1:stop]: its type, its fields
+                if kind == MSG_CHANNEL_DATA and stop >= 10:
+                    r = receivers.get(chanid)
                     if r is not None and 10 + n <= stop:
                         if r is not to:
                             if views:
@@ -424,7 +428,7 @@ class ChannelData:
                         continue
                 message = paramiko.Message(plain[2:stop])
                 message.seqno = s
-                message = (plain[1], message)
+                message = (kind, message)
                 break
         finally:
             ahead._pos = pos
