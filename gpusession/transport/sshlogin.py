@@ -647,6 +647,10 @@ class _Pieces:
 
     def __delitem__(self, span: slice) -> None:
         n = self.size if span.stop is None else min(span.stop, self.size)
+        if n == self.size:  # all of it
+            self.parts.clear()
+            self.size = 0
+            return
         self.size -= n
         while n:
             part = self.parts[0]

@@ -565,8 +565,9 @@ class _Downstream:
             ):
                 self._wake()
                 return
-            parts = _pieces(pipe._buffer)
-            del pipe._buffer[:]
+            buffer = pipe._buffer
+            size, parts = len(buffer), _pieces(buffer)
+            del buffer[:size]
             self.sending = True
         try:  # the pieces as they are, in one system call
             sent = self.conn.sendmsg(parts, (), _DONTWAIT)
@@ -574,14 +575,16 @@ class _Downstream:
             sent = 0
         with pipe._lock:
             self.sending = False
-            rest = sent
-            for part in parts:  # the buffer is empty: only this thread fills it
-                if rest >= len(part):
-                    rest -= len(part)
-                    continue
-                pipe._buffer.frombytes(part[rest:] if rest else part)
-                rest = 0
-            if len(pipe._buffer) or pipe._closed:
+            if sent < size:  # the rest back for `run` (the buffer is empty: only we fill it)
+                rest = sent
+                for part in parts:
+                    if rest >= len(part):
+                        rest -= len(part)
+                        continue
+                    buffer.frombytes(part[rest:] if rest else part)
+                    rest = 0
+                self._wake()
+            elif pipe._closed:
                 self._wake()
         if sent:
             self.direct += sent
