@@ -328,6 +328,8 @@ class ChannelData:
         pk, sock = getattr(transport, "packetizer", None), getattr(transport, "sock", None)
         if not isinstance(sock, ReadAhead) or pk is None:
             return None
+        # _inc_iv_counter: the nonce rule (RFC 5647: the last 8 bytes + 1) that _read_packets
+        # repeats inline on its hot path; its absence would say paramiko's AES-GCM changed
         fits = (
             all(a in pk.__dict__ for a in _IN_STATE)
             and all(hasattr(pk, a) for a in ("_inc_iv_counter", "REKEY_PACKETS", "REKEY_BYTES"))
@@ -357,8 +359,7 @@ class ChannelData:
     def read_message(self):
         """paramiko's `Packetizer.read_message`: the next message that is not channel data taken
         here, as (type, Message)."""
-        d, pk, ahead = self.state, self.packetizer, self.ahead
-        t = self.transport
+        d, pk, ahead, t = self.state, self.packetizer, self.ahead, self.transport
         while True:
             if (
                 not d[_AEAD_IN]
