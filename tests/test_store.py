@@ -178,6 +178,7 @@ def test_a_hold_keeps_the_wal_between_uses_and_its_end_checkpoints_it(tmp_path):
         assert Store(path).get("kept").state == State.PROVISIONING  # another Store reads it
         store.transition(rec.id, State.RUNNING)
         assert wal.exists()
+    store.checkpointed()  # the hold's close, in a thread of its own
     assert not wal.exists(), "the hold's end checkpoints the WAL into the database"
     assert Store(path).get("kept").state == State.RUNNING
     store.create(LaunchSpec(gpu_type="t4", name="after"), price_per_hour=1.0)
