@@ -6,6 +6,7 @@ and the namespace host: tests/test_docker_placement.py."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,31 @@ def test_the_box_script_prefers_its_recording(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     box, source = gpus.read_box(None, None)
     assert source == "recorded" and len(box) == 8
+
+
+def test_a_box_with_nothing_to_read_starts_no_process_and_one_with_nvidia_smi_runs_it(
+    tmp_path, monkeypatch
+):
+    """Neither a recording nor nvidia-smi here: no reading, and no process started for it (a
+    start waits for the reading); an nvidia-smi on PATH (a stand-in printing a T4) is read."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + "/usr/bin:/bin")
+    started = []
+    real_run = gpus.subprocess.run
+    monkeypatch.setattr(
+        gpus.subprocess, "run", lambda *a, **k: started.append(a) or real_run(*a, **k)
+    )
+    assert gpus.read_box(None, None) is None
+    assert started == []
+    (tmp_path / "bin").mkdir()
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\ncase \"$1\" in --query-gpu*) echo '0, GPU-aaa, Tesla T4, 3, 15360, 0';; esac\n"
+    )
+    smi.chmod(0o755)
+    box, source = gpus.read_box(None, None)
+    assert source == "nvidia-smi" and [g.uuid for g in box] == ["GPU-aaa"]
+    assert len(started) == 1
 
 
 @pytest.mark.parametrize(

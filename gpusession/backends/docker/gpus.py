@@ -196,11 +196,24 @@ def parse_reading(output: str) -> tuple[list[BoxGpu], str] | None:
     return None
 
 
+def _readable_here() -> bool:
+    """This machine has something for READ_SCRIPT to read: a recording, or nvidia-smi on PATH
+    (as the script looks for them, with this process's environment)."""
+    import shutil
+
+    home = os.environ.get("HOME") or os.path.expanduser("~")
+    return (
+        os.access(os.path.join(home, RECORDING), os.R_OK) or shutil.which("nvidia-smi") is not None
+    )
+
+
 def read_box(client: Any, host: str | None) -> tuple[list[BoxGpu], str] | None:
     """The engine's box's GPUs now (this machine for the local engine; over the engine's SSH
     login for an ssh:// one), or None when it cannot say (no nvidia-smi, no login, no answer
     within READ_TIMEOUT: the engine picks then, as without this)."""
     if not host:
+        if not _readable_here():
+            return None  # what READ_SCRIPT would say, without a process on the way to the start
         try:
             done = subprocess.run(
                 ["sh", "-c", READ_SCRIPT],
@@ -238,6 +251,9 @@ class Reading:
         import threading
 
         self._found: tuple[list[BoxGpu], str] | None = None
+        self._thread = None
+        if not host and not _readable_here():
+            return  # nothing here to read (read_box's None): no thread either
         self._thread = threading.Thread(
             target=self._read, args=(client, host), name="gpusession-gpu-reading", daemon=True
         )
@@ -250,7 +266,8 @@ class Reading:
             self._found = None
 
     def result(self) -> tuple[list[BoxGpu], str] | None:
-        self._thread.join(READ_TIMEOUT + 5)
+        if self._thread is not None:
+            self._thread.join(READ_TIMEOUT + 5)
         return self._found
 
 
