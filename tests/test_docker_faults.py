@@ -189,6 +189,63 @@ def test_the_ready_marker_is_found_when_another_write_shares_its_line(engine):
         container.remove(force=True)
 
 
+_SOCKETS_LATE = """
+import json, os, socket, sys, time
+d = sys.argv[1]
+ports = {n: 40000 + i for i, n in enumerate(("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"))}
+print("GPUSESSION_KERNEL " + json.dumps({"ports": ports, "agent_port": None, "transport": "ipc", "ip": d + "/k"}), flush=True)
+if sys.argv[2] == "fail":
+    time.sleep(0.5)
+    print('GPUSESSION_FAILED {"stage": "kernel", "error": "the kernel ended"}', flush=True)
+    time.sleep(60)
+time.sleep(1.0)  # the kernel boots
+held = []
+for port in ports.values():
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(f"{d}/k-{port}")
+    os.chmod(f"{d}/k-{port}", 0o666)
+    s.listen(8)
+    held.append(s)
+time.sleep(60)  # and READY never comes through the log
+"""
+
+
+@pytest.mark.parametrize("end", ["listens", "fail"])
+def test_a_kernel_whose_sockets_listen_is_reached_before_its_ready_line(engine, tmp_path, end):
+    """This machine's engine: once KERNEL named the kernel's unix sockets, they are looked at here
+    (container_setup.sockets_listen) while the log is followed, and a start goes on when all five
+    take a connection, not when READY has come through the engine's log copier; before that it
+    waits, and a FAILED line still ends the wait with its cause."""
+    from gpusession.backends.docker.container_setup import sockets_listen
+    from gpusession.core.errors import StageError
+
+    folder = tmp_path / "sockets"
+    folder.mkdir()
+    container = engine.containers.run(
+        product_image(),
+        entrypoint=["python3", "-c", _SOCKETS_LATE, str(folder), end],
+        volumes={str(folder): {"bind": str(folder), "mode": "rw"}},
+        detach=True,
+        labels={LABEL: "5" * 32},
+    )
+    try:
+        t0 = time.monotonic()
+        if end == "fail":
+            with pytest.raises(StageError) as err:
+                wait_for_marker(container, Marker.READY, 20, stage="connect", sooner=sockets_listen)
+            assert "the kernel ended" in str(err.value)
+            return
+        said = wait_for_marker(container, Marker.READY, 20, stage="connect", sooner=sockets_listen)
+        waited = time.monotonic() - t0
+        assert said["ip"] == f"{folder}/k" and said["ports"]["hb_port"] == 40004
+        assert 0.8 <= waited < 10, waited  # after the sockets listen (1 s), without the READY line
+        assert sockets_listen(said)
+        with pytest.raises(StageError):  # without the look here, READY is what is waited for
+            wait_for_marker(container, Marker.READY, 1, stage="connect")
+    finally:
+        container.remove(force=True)
+
+
 def test_a_start_that_never_says_ready_names_the_last_log_lines(engine):
     from gpusession.core.errors import StageError
 

@@ -506,23 +506,50 @@ def connection_info(container, ready: Any) -> tuple[dict, int | None]:
     return info, ready.get("agent_port")
 
 
-class InThread:
-    """Run `fn` in a thread now; `result()` waits for it and re-raises its error."""
+def sockets_listen(said: Any) -> bool:
+    """The kernel's unix sockets (KERNEL's payload names them: `<ip>-<port>`, the same path here
+    as in the container) all take a connection from this process: what its READY says, seen from
+    here (wait_for_marker's `sooner`). Where this user may not use them yet (the runtime gives
+    them their group's access before READY), no."""
+    import socket
 
-    def __init__(self, fn):
+    try:
+        if said.get("transport") != "ipc":
+            return False
+        paths = [f"{said['ip']}-{int(port)}" for port in said["ports"].values()]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return False
+    for path in paths:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(0.2)
+            try:
+                s.connect(path)
+            except OSError:
+                return False
+    return bool(paths)
+
+
+class InThread:
+    """Run `fn` in a thread now; `result()` waits for it, returns what it returned and re-raises
+    its error. `late`: what a wait past its timeout says (its {timeout})."""
+
+    def __init__(self, fn, late: str = "the SSH tunnel did not open within {timeout:.0f}s"):
         self._error: BaseException | None = None
+        self._value: Any = None
+        self._late = late
         self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
         self._thread.start()
 
     def _run(self, fn) -> None:
         try:
-            fn()
+            self._value = fn()
         except BaseException as exc:  # noqa: BLE001 - handed to result()
             self._error = exc
 
-    def result(self, timeout: float) -> None:
+    def result(self, timeout: float) -> Any:
         self._thread.join(timeout)
         if self._thread.is_alive():
-            raise StageError("connect", f"the SSH tunnel did not open within {timeout:.0f}s")
+            raise StageError("connect", self._late.format(timeout=timeout))
         if self._error is not None:
             raise self._error
+        return self._value

@@ -11,7 +11,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ...core.errors import BackendUnavailable, StageError
 from ...core.protocol import Marker, parse_marker
@@ -270,10 +270,21 @@ def container_logs(container, tail: int | str = "all") -> str:
         return container.logs(stdout=True, stderr=True, tail=tail).decode(errors="replace")
 
 
-def wait_for_marker(container, marker: Marker, timeout: float, stage: str) -> Any:
+def wait_for_marker(
+    container,
+    marker: Marker,
+    timeout: float,
+    stage: str,
+    sooner: Callable[[Any], bool] | None = None,
+) -> Any:
     """The payload of the first `marker` line in the container's log (`protocol.parse_marker`,
     also where the marker shares its line with another writer's half line); fails when the
     runtime says it failed (FAILED) or the container exits first.
+
+    `sooner` (a followed log only): once a KERNEL line came, it is asked every SOONER_S with that
+    line's payload, which stands for `marker`'s as soon as it says True (what READY would say is
+    seen here first: the kernel's unix sockets take connections; the log's line comes through
+    the engine's log copier, 10-20 ms later on a busy machine).
 
     The local engine's log is followed as a stream (one request; each line read as the engine
     passes it on): a start waits for this line, and polling would find it up to a poll interval
@@ -285,7 +296,7 @@ def wait_for_marker(container, marker: Marker, timeout: float, stage: str) -> An
         with engine_errors("while reading the container's log"):
             stream = followed_log(container)
         try:
-            found = _follow(stream, marker, deadline, timeout, stage)
+            found = _follow(stream, marker, deadline, timeout, stage, sooner)
         finally:
             stream.close()
         if found[0]:
@@ -300,11 +311,22 @@ def wait_for_marker(container, marker: Marker, timeout: float, stage: str) -> An
             )
 
 
+SOONER_S = (
+    0.005  # how often wait_for_marker's `sooner` is asked (the floor's client looks so often)
+)
+
+
 def _follow(
-    stream, marker: Marker, deadline: float, timeout: float, stage: str
+    stream,
+    marker: Marker,
+    deadline: float,
+    timeout: float,
+    stage: str,
+    sooner: Callable[[Any], bool] | None = None,
 ) -> tuple[bool, Any]:
-    """(True, payload) once `marker` is in the followed log; (False, the log so far) when the
-    stream ended without it. Raises for FAILED and at the deadline."""
+    """(True, payload) once `marker` is in the followed log (or `sooner` says yes to KERNEL's,
+    wait_for_marker); (False, the log so far) when the stream ended without it. Raises for FAILED
+    and at the deadline."""
     chunks: queue.Queue = queue.Queue()
 
     def pump() -> None:
@@ -317,10 +339,16 @@ def _follow(
 
     threading.Thread(target=pump, name="gpusession-log-follow", daemon=True).start()
     text = ""
+    kernel = None  # KERNEL's payload, once said (with `sooner`)
     while True:
+        left = max(0.0, deadline - time.monotonic())
         try:
-            chunk = chunks.get(timeout=max(0.0, deadline - time.monotonic()))
+            chunk = chunks.get(timeout=left if kernel is None else min(left, SOONER_S))
         except queue.Empty:
+            if kernel is not None and left > 0:
+                if sooner(kernel):
+                    return True, kernel
+                continue
             last = log_tail(text, 8)
             raise StageError(
                 stage,
@@ -340,6 +368,10 @@ def _follow(
                 return True, parsed[1]
             if parsed[0] is Marker.FAILED:
                 raise StageError(stage, f"the session runtime failed: {failure_detail(parsed[1])}")
+            if parsed[0] is Marker.KERNEL and sooner is not None:
+                kernel = parsed[1]
+        if kernel is not None and sooner(kernel):
+            return True, kernel
         if chunk is None:
             return False, text
 
