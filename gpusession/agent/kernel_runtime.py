@@ -29,6 +29,7 @@ from . import service
 from .kernelspawn import (
     Early,
     Spawned,
+    as_socket,
     forget_restart,
     kernel_listens,
     kernel_plan,
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None, early: Early | None = None) -> int:
     try:
         if early is not None:
             rt.kernel, info = early.kernel, early.info
-            rt.agent_socket, rt.ready_said = early.agent_socket, early.ready_said
+            rt.agent_socket, rt.ready_said = as_socket(early.agent_socket), early.ready_said
             if early.ready_said:  # counted before /health answers: a restart asked as soon as
                 rt.count_ready()  # it does is this kernel's (it said generation 0 and was lost)
         else:

@@ -631,20 +631,53 @@ def write_runtime(
 
 def replace_json(path: str, data: dict) -> None:
     """`data` as JSON into `path`, replaced whole (written beside it, then renamed)."""
-    import json
-
     with open(path + ".tmp", "w") as f:
-        json.dump(data, f)
+        f.write(_json(data))
     os.replace(path + ".tmp", path)
 
 
-def _listening(port: int):
-    """The agent's socket on the loopback, listening (as its HTTP server would bind it)."""
-    import socket
+def _json(value) -> str:
+    """`value` as compact JSON. What the first step says and writes before the runtime loads is
+    plain (_plain_json) and written without loading json, whose import (with re's) is 3-6 ms of a
+    fresh interpreter's CPU, which a busy machine's kernel boot waited for."""
+    text = _plain_json(value)
+    if text is not None:
+        return text
+    import json
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _plain_json(value) -> str | None:
+    """JSON for dicts of None, booleans, ints, finite floats and plain strings (_plain); None
+    for anything else (json writes that)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        return repr(value) if value - value == 0 else None  # not NaN nor infinite
+    if isinstance(value, str):
+        return f'"{value}"' if _plain(value) else None
+    if not isinstance(value, dict):
+        return None
+    parts = []
+    for key, item in value.items():
+        text = _plain_json(item)
+        if not isinstance(key, str) or not _plain(key) or text is None:
+            return None
+        parts.append(f'"{key}":{text}')
+    return "{" + ",".join(parts) + "}"
+
+
+def _listening(port: int):
+    """The agent's socket on the loopback, listening (as its HTTP server would bind it); a
+    `_socket.socket` (the socket module's imports wait for the runtime: as_socket)."""
+    import _socket
+
+    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server does
+        sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)  # as http.server does
         sock.bind(("127.0.0.1", port))
         sock.listen(16)
     except OSError:
@@ -655,24 +688,36 @@ def _listening(port: int):
 
 def _say(word: str, payload: dict) -> None:
     """The marker line in one write (protocol.say_line: the kernel writes to the same stdout)."""
-    import json
-
-    sys.stdout.write(f"{word} {json.dumps(payload, separators=(',', ':'))}\n")
+    sys.stdout.write(f"{word} {_json(payload)}\n")
     sys.stdout.flush()
+
+
+def as_socket(sock):
+    """The agent's socket the first step bound (_listening) as a `socket.socket`, which the HTTP
+    server accepts on; None stays None."""
+    import socket
+
+    if sock is None or isinstance(sock, socket.socket):
+        return sock
+    return socket.socket(sock.family, sock.type, sock.proto, fileno=sock.detach())
 
 
 def port_open(info: dict, name: str) -> bool:
     """The kernel listens on its `name` port (a unix socket `<ip>-<port>` with the ipc transport)."""
-    import socket
+    import _socket  # (the socket module's imports wait for the runtime)
 
+    if info.get("transport") == "ipc":
+        family, address = _socket.AF_UNIX, f"{info['ip']}-{info[name]}"
+    else:
+        family = _socket.AF_INET6 if ":" in str(info["ip"]) else _socket.AF_INET
+        address = (info["ip"], info[name])
     try:
-        if info.get("transport") == "ipc":
-            with socket.socket(socket.AF_UNIX) as s:
-                s.settimeout(0.2)
-                s.connect(f"{info['ip']}-{info[name]}")
-        else:
-            with socket.create_connection((info["ip"], info[name]), timeout=0.2):
-                pass
+        s = _socket.socket(family, _socket.SOCK_STREAM)
+        try:
+            s.settimeout(0.2)
+            s.connect(address)
+        finally:
+            s.close()
         return True
     except OSError:
         return False
