@@ -470,3 +470,41 @@ def test_settled_waits_out_a_busy_process_and_gives_up_at_its_limit():
         busy.wait()
     started = time.monotonic()
     assert settled(busy.pid, limit=5) is False and time.monotonic() - started < 1
+
+
+@pytest.mark.parametrize(
+    "value, by_hand",
+    [
+        (
+            {
+                "ports": {"shell_port": 40001, "hb_port": 5},
+                "agent_port": None,
+                "transport": "ipc",
+                "ip": "/tmp/gpusession-k.a_b/k",
+            },
+            True,
+        ),
+        (
+            {
+                "pid": 7,
+                "started_at": 1765100000.25,
+                "ready": True,
+                "restore": False,
+                "tiny": 1.5e-07,
+            },
+            True,
+        ),
+        ({"error": 'a "quoted" path\\ and a newline\n'}, False),  # json writes these
+        ({"café": 1}, False),
+        ({"nested": [1, 2]}, False),
+        ({"nan": float("inf")}, False),
+    ],
+)
+def test_the_first_steps_json_reads_back_as_json_wrote_it(value, by_hand):
+    """What the first step says and writes before the runtime loads (KERNEL, READY, runtime.json)
+    is written by hand where its values are plain, by json otherwise: either way json reads back
+    the same value."""
+    from gpusession.agent.kernelspawn import _json, _plain_json
+
+    assert json.loads(_json(value)) == value
+    assert (_plain_json(value) is not None) == by_hand

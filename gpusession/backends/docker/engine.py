@@ -311,9 +311,8 @@ def wait_for_marker(
             )
 
 
-SOONER_S = (
-    0.005  # how often wait_for_marker's `sooner` is asked (the floor's client looks so often)
-)
+# how often wait_for_marker's `sooner` is asked (the floor's client looks at its ports so often)
+SOONER_S = 0.005
 
 
 def _follow(
