@@ -24,6 +24,7 @@ import time
 
 from ..configuration.agentargs import PLACEMENT, AgentArgs, add_arguments
 from ..core.envnames import RESTART_FILE
+from ..core.listening import kernel_listens
 from ..core.protocol import Marker, StopKind, StopReason, marker_line, say_line
 from . import service
 from .kernelspawn import (
@@ -31,7 +32,6 @@ from .kernelspawn import (
     Spawned,
     as_socket,
     forget_restart,
-    kernel_listens,
     kernel_plan,
     private_state_dir,
     replace_json,

@@ -76,10 +76,9 @@ def _free_port(ip: str) -> int:
     raise OSError(f"no free port on {ip}")
 
 
-def _plain(value) -> bool:
-    return isinstance(value, int) or (
-        value.isascii() and value.isprintable() and not set(value) & set('"\\')
-    )
+def _plain(text: str) -> bool:
+    """A string JSON writes as it is between quotes."""
+    return text.isascii() and text.isprintable() and not set(text) & set('"\\')
 
 
 def write_connection_file(path: str, ip: str, base_port: int) -> dict:
@@ -111,18 +110,7 @@ def write_connection_file(path: str, ip: str, base_port: int) -> dict:
         signature_scheme="hmac-sha256",
         kernel_name="python3",
     )
-    if all(_plain(v) for v in info.values()):  # ints and plain words: JSON without loading json
-        text = (
-            "{\n"
-            + ",\n".join(
-                f' "{k}": {v}' if isinstance(v, int) else f' "{k}": "{v}"' for k, v in info.items()
-            )
-            + "\n}"
-        )
-    else:
-        import json
-
-        text = json.dumps(info, indent=1)
+    text = _json(info)  # ints and plain words: JSON without loading json
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
@@ -548,6 +536,9 @@ def announce_early(early: Early, argv: list[str]) -> None:
     said = where(info, agent_port)
     _say(MARKER_KERNEL, said)
     early.kernel_said = True
+    # lazy: docs/architecture.md#imports-kept-inside-functions (not in the kernel, forked before)
+    from ..core.listening import kernel_listens
+
     deadline = time.monotonic() + min(EARLY_WAIT_S, float(opts.get("--ready-timeout") or 60))
     while not kernel_listens(info):
         if early.kernel.poll() is not None or time.monotonic() > deadline:
@@ -700,38 +691,6 @@ def as_socket(sock):
     if sock is None or isinstance(sock, socket.socket):
         return sock
     return socket.socket(sock.family, sock.type, sock.proto, fileno=sock.detach())
-
-
-def port_open(info: dict, name: str) -> bool:
-    """The kernel listens on its `name` port (a unix socket `<ip>-<port>` with the ipc transport)."""
-    import _socket  # (the socket module's imports wait for the runtime)
-
-    if info.get("transport") == "ipc":
-        family, address = _socket.AF_UNIX, f"{info['ip']}-{info[name]}"
-    else:
-        family = _socket.AF_INET6 if ":" in str(info["ip"]) else _socket.AF_INET
-        address = (info["ip"], info[name])
-    try:
-        s = _socket.socket(family, _socket.SOCK_STREAM)
-        try:
-            s.settimeout(0.2)
-            s.connect(address)
-        finally:
-            s.close()
-        return True
-    except OSError:
-        return False
-
-
-def kernel_listens(info: dict) -> bool:
-    """The kernel listens: with unix sockets, on all five (they are given their group's access
-    next, share_sockets); on TCP, on shell, control and iopub."""
-    waited = (
-        KERNEL_PORT_NAMES
-        if info.get("transport") == "ipc"
-        else ("shell_port", "control_port", "iopub_port")
-    )
-    return all(port_open(info, p) for p in waited)
 
 
 def share_sockets(info: dict) -> None:

@@ -578,7 +578,7 @@ class DockerBackend(EngineWorkspaces, Backend):
 
     def connect(self, record: SessionRecord, progress: Progress) -> Link:
         # lazy: docs/architecture.md#imports-kept-inside-functions
-        from .container_setup import InThread, connection_info, sockets_listen
+        from .container_setup import InThread, connection_info
 
         res = record.resource
         client = self.client(record.spec.extra.get("host"))
@@ -609,19 +609,17 @@ class DockerBackend(EngineWorkspaces, Backend):
         try:
             progress.step("waiting for the kernel")
             # here the kernel's ports are known once its process started (KERNEL): connecting
-            # while it boots; through a tunnel, or to unix sockets (their owner's group may use
-            # them once the runtime says READY), once it listens
-            listening = tunnel or res.get("sockets")
+            # while it boots; through a tunnel once it listens (READY); unix sockets (their
+            # owner's group may use them once the runtime says READY) as _follow_early waits
+            early = early or self._follow_early(record, container, res.get("sockets"))
             ready = (
                 early.result(START_TIMEOUT + 5)
                 if early is not None
                 else wait_for_marker(
                     container,
-                    Marker.READY if listening else Marker.KERNEL,
+                    Marker.READY if tunnel else Marker.KERNEL,
                     START_TIMEOUT,
                     stage="connect",
-                    # this machine's engine: its sockets are looked at here (as READY would say)
-                    sooner=sockets_listen if tunnel is None and res.get("sockets") else None,
                 )
             )
             info, agent_port = connection_info(container, ready)

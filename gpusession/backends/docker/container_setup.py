@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import StageError
+from ...core.listening import kernel_listens
 from ...core.progress import Progress
 from ...core.protocol import ENV_KERNEL_KEY
 from ...transport.bundle import (
@@ -509,24 +510,14 @@ def connection_info(container, ready: Any) -> tuple[dict, int | None]:
 def sockets_listen(said: Any) -> bool:
     """The kernel's unix sockets (KERNEL's payload names them: `<ip>-<port>`, the same path here
     as in the container) all take a connection from this process: what its READY says, seen from
-    here (wait_for_marker's `sooner`). Where this user may not use them yet (the runtime gives
-    them their group's access before READY), no."""
-    import socket
-
+    here (wait_for_marker's `sooner`; the first step's own look, core.listening). Where this user
+    may not use them yet (the runtime gives them their group's access before READY), no."""
     try:
         if said.get("transport") != "ipc":
             return False
-        paths = [f"{said['ip']}-{int(port)}" for port in said["ports"].values()]
-    except (AttributeError, KeyError, TypeError, ValueError):
+        return kernel_listens({"transport": "ipc", "ip": said["ip"], **said["ports"]})
+    except (AttributeError, KeyError, TypeError):
         return False
-    for path in paths:
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(0.2)
-            try:
-                s.connect(path)
-            except OSError:
-                return False
-    return bool(paths)
 
 
 class InThread:
