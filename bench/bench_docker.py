@@ -43,9 +43,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpusession.agent.kernelspawn import kernel_listens  # noqa: E402
 from gpusession.backends.docker import container_setup  # noqa: E402
 from gpusession.core.errors import GpuSessionError  # noqa: E402
+from gpusession.core.listening import kernel_listens  # noqa: E402
 from gpusession.core.progress import Progress  # noqa: E402
 from gpusession.session import SessionManager  # noqa: E402
 from gpusession.transport import bundle  # noqa: E402
@@ -162,7 +162,7 @@ class PortTaken(Exception):
 
 def listening(info: dict, timeout: float, container=None) -> None:
     """Until the kernel listens, a look every 5 ms, by the runtime's own check before it says
-    READY (kernelspawn.kernel_listens): the floor's client connects then, as ours does. A ZMQ
+    READY (core.listening.kernel_listens): the floor's client connects then, as ours does. A ZMQ
     socket connected sooner retries only every 100 ms (its reconnect interval), which cost the
     floor 0-100 ms (median 60 ms on a quiet machine) and, 3 times in 20, a lost first
     kernel_info (2 s more): a floor slower than a bare `docker run` is. `container`: the
