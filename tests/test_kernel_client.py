@@ -1,11 +1,12 @@
 """KernelClient.wait_ready's end: the kernel's first answer, then iopub read up to that request's
 idle status (iopub is connected then), not a wait for iopub to go quiet (which cost every start
-and restart 50 ms). The client's channels are a stand-in here; every start in the suite runs the
-real thing."""
+and restart 50 ms). The client's channels are a stand-in there; every start in the suite runs the
+real thing. And close()'s bounded wait for its ZMQ context's end, with a real context."""
 
 from __future__ import annotations
 
 import queue
+import time
 
 from gpusession.transport.kernel import client as kc
 
@@ -56,3 +57,38 @@ def test_without_its_idle_status_iopub_is_read_for_drain_s_at_most():
     _client(channels).wait_ready(5)
     assert channels.iopub == [] and all(0 <= w <= kc.DRAIN_S for w in channels.waits)
     assert channels.waits[0] > 0, "it waited for the idle status that did not come"
+
+
+def _unconnected() -> kc.KernelClient:
+    """A real client whose ports nothing listens on (ZMQ connects lazily: nothing fails)."""
+    ports = dict(shell_port=1, iopub_port=2, stdin_port=3, control_port=4, hb_port=5)
+    return kc.KernelClient(dict(ports, ip="127.0.0.1", transport="tcp", key=""))
+
+
+def test_close_waits_for_its_zmq_context_to_end_at_most_end_wait_s(monkeypatch):
+    """A context whose term does not return (a socket nobody closes holds it here; once in CI,
+    libzmq itself on the kubernetes link) costs close() END_WAIT_S, not the stop that called it:
+    the context ends in the background when it can."""
+    import threading
+
+    import zmq
+
+    monkeypatch.setattr(kc, "END_WAIT_S", 0.3)
+    client = _unconnected()
+    context = client._context
+    held = zmq.Socket(context, zmq.DEALER)  # not the context's to close: its term waits for it
+    began = time.monotonic()
+    client.close()
+    assert 0.3 <= time.monotonic() - began < 3, "close waited END_WAIT_S, and no longer"
+    ending = [t for t in threading.enumerate() if t.name == "gpusession-zmq-end"]
+    assert ending and not context.closed, "its end goes on in the background"
+    held.close()
+    ending[0].join(5)
+    assert context.closed and not ending[0].is_alive(), "and ends once it can"
+
+
+def test_a_context_that_ends_at_once_is_not_waited_for():
+    client = _unconnected()
+    began = time.monotonic()
+    client.close()
+    assert time.monotonic() - began < 1 and client._context.closed

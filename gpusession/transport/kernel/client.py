@@ -4,7 +4,9 @@ is `cellwait.CellWait`), interrupt, move variables, shut down."""
 from __future__ import annotations
 
 import atexit
+import logging
 import queue
+import threading
 import time
 import weakref
 from typing import Any, Callable
@@ -21,6 +23,8 @@ from .sink import NullSink, OutputSink
 
 _OPEN_CLIENTS: "weakref.WeakSet[KernelClient]" = weakref.WeakSet()
 DRAIN_S = 0.05  # wait_ready's read of iopub after the kernel's first answer, at most
+END_WAIT_S = 5.0  # close()'s wait for its ZMQ context to end, at most (_end_context)
+log = logging.getLogger(__name__)
 
 
 @atexit.register
@@ -35,7 +39,29 @@ def _release(client: BlockingKernelClient, context: zmq.Context) -> None:
     try:
         client.stop_channels()
     finally:
+        _end_context(context)
+
+
+def _end_context(context: zmq.Context) -> None:
+    """The context's end (`destroy(linger=0)`: what is still open closes without waiting on
+    anything unsent, then libzmq's term), waited for END_WAIT_S at most, in a thread of its own.
+    Once, in CI, term did not return although every socket of ours had closed (the kubernetes
+    link, its kernel shut down a moment before; not seen again, cause not found): the stop
+    waited there until pytest's timeout. Past the wait the context ends in the background (its
+    I/O thread kept, at worst, until the process exits) and the caller goes on."""
+    ending = threading.Thread(
+        target=context.destroy, kwargs={"linger": 0}, name="gpusession-zmq-end", daemon=True
+    )
+    try:
+        ending.start()
+    except RuntimeError:  # the interpreter is shutting down: no new thread, end it here
         context.destroy(linger=0)
+        return
+    ending.join(END_WAIT_S)
+    if ending.is_alive():
+        log.debug(
+            "a kernel connection's ZMQ context did not end in %.1f s: left to end", END_WAIT_S
+        )
 
 
 class KernelClient:
