@@ -564,10 +564,13 @@ SETTLE_S = 1.0  # the first step waits this long at most for the kernel's boot t
 def settled(pid: int, limit: float = SETTLE_S) -> bool:
     """Until the kernel's process has ended its boot: asleep, and no CPU spent, in two looks 10 ms
     apart (its event loop waits), `limit` seconds at most. The runtime's imports then come after
-    the kernel's, not beside them: a listening kernel still boots for 0.1-0.2 s before it
-    answers, and on a busy machine CPU the runtime takes is CPU the kernel waits for."""
+    the kernel's, not beside them: a listening kernel still boots for 0.1-0.4 s before it
+    answers, and on a busy machine CPU the runtime takes is CPU the kernel waits for. Asleep is
+    every thread's state, looked at once the first thread's and the CPU say so: a main thread
+    waiting on another (ipykernel's flush waits for its IOPub thread) is asleep while that one
+    waits for a CPU, spending none, and the boot was taken for over (CI, at load)."""
     # lazy: docs/architecture.md#imports-kept-inside-functions (after READY, never in the kernel)
-    from ..core.procs import stat_fields
+    from ..core.procs import stat_fields, threads_asleep
 
     deadline = time.monotonic() + limit
     last = None
@@ -577,7 +580,8 @@ def settled(pid: int, limit: float = SETTLE_S) -> bool:
         if fields is None:
             return False
         now = (fields[0], int(fields[11]) + int(fields[12]))
-        quiet = quiet + 1 if now[0] == "S" and last is not None and now[1] == last[1] else 0
+        still = now[0] == "S" and last is not None and now[1] == last[1]
+        quiet = quiet + 1 if still and threads_asleep(pid) else 0
         if quiet >= 2:
             return True
         last = now

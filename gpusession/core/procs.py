@@ -5,13 +5,28 @@ from __future__ import annotations
 import os
 
 
-def stat_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat after the command name (which may hold spaces and parentheses)."""
+def stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat after the command name (which may hold spaces and parentheses); a thread's
+    with "PID/task/TID"."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def threads_asleep(pid: int) -> bool:
+    """Every thread of the process asleep (S): none running or waiting for a CPU (R), none in
+    I/O (D). /proc/PID/stat's state is its first thread's alone."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in threads:
+        fields = stat_fields(f"{pid}/task/{tid}")
+        if fields is not None and fields[0] != "S":  # None: that thread ended meanwhile
+            return False
+    return True
 
 
 def start_ticks(pid: int) -> int | None:
