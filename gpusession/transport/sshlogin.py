@@ -507,6 +507,22 @@ def exec_command(
     )
 
 
+def shutdown_write(chan: paramiko.Channel) -> None:
+    """`chan.shutdown_write()` (the command's stdin ends), its EOF sent while the channel's lock is
+    held. paramiko's own builds the EOF under the lock and sends it after: a command that ended
+    meanwhile had the server's CLOSE answered by the transport's thread first, and sshd, given an
+    EOF for a channel it had freed, dropped the whole login ("ieof packet referred to nonexistent
+    channel"; a CI run: an aws boot's status asked beside a workspace import). Held, that answer
+    waits for the EOF; a channel closed already is sent none. (A rekey at that very moment waits
+    paramiko's clear_to_send_timeout at most, then raises SSHException: its callers' drop.)"""
+    with chan.lock:
+        if chan.closed:
+            return
+        message = chan._send_eof()
+        if message is not None:
+            chan.transport._send_user_message(message)
+
+
 def run_on_channel(
     chan: paramiko.Channel,
     command: str,
@@ -523,7 +539,7 @@ def run_on_channel(
         chan.settimeout(timeout)
         chan.exec_command(command)
         if _send(chan, (stdin,) if isinstance(stdin, (bytes, bytearray)) else stdin or ()):
-            chan.shutdown_write()
+            shutdown_write(chan)
         deadline = time.monotonic() + timeout
         out, err = bytearray(), bytearray()
         while True:

@@ -44,6 +44,7 @@ from .sshlogin import (
     jump_target,
     open_transport,
     parse_public_key,
+    shutdown_write,
     tcp_socket,
     window_adjust,
 )
@@ -469,9 +470,9 @@ def _pump(conn: socket.socket, chan: paramiko.Channel) -> None:
                     break
                 chan.sendall(data)
             # the remote end may have closed already: an EOF after its CLOSE makes sshd drop
-            # the whole connection ("ieof packet referred to nonexistent channel")
-            if not (chan.eof_received or chan.closed):
-                chan.shutdown_write()
+            # the whole connection (sshlogin.shutdown_write sends none to a closed channel)
+            if not chan.eof_received:
+                shutdown_write(chan)
         except (OSError, EOFError, paramiko.SSHException):
             pass
 

@@ -79,9 +79,12 @@ def _start_export(
 ) -> tuple[bytes, bytes]:
     """access.sh export on the instance, up to its first line (the stream's size): (that line,
     the bytes of the stream that came with it)."""
+    # lazy: docs/architecture.md#imports-kept-inside-functions
+    from ...transport.sshlogin import shutdown_write
+
     chan.settimeout(FIRST_BYTES_S)
     chan.exec_command("export")
-    chan.shutdown_write()
+    shutdown_write(chan)
     progress.step(f"reading workspace {name} on {record.resource.get('instance_id')}")
     head = bytearray()
     while b"\n" not in head:

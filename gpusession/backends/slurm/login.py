@@ -108,13 +108,16 @@ class LoginShell:
         """`command`'s standard output in chunks as it comes (a stream of any size, never held
         whole); at its end `done` gets its exit status and stderr (and may raise). Closing the
         iterator early closes the channel. `timeout`: the longest wait for the next chunk."""
+        # lazy: docs/architecture.md#imports-kept-inside-functions
+        from ...transport.sshlogin import shutdown_write
+
         chan = self._channel()
         err = bytearray()
         try:
             with self._failures(command, timeout):
                 chan.settimeout(timeout)
                 chan.exec_command(command)
-                chan.shutdown_write()
+                shutdown_write(chan)
             while True:
                 with self._failures(command, timeout):
                     data = chan.recv(1 << 20)
