@@ -411,7 +411,8 @@ def test_the_user_an_image_ran_as_is_remembered_by_its_name(tmp_path, monkeypatc
     runtime_copy.remember_user("pytorch/pytorch:2.5", 1000)  # the tag moved to a non-root image
     assert runtime_copy.image_user("pytorch/pytorch:2.5") == 1000
     assert runtime_copy.image_user("jupyter/scipy:lab") == 1000
-    (path,) = (tmp_path / "runtime" / "probes").iterdir()
+    path = runtime_copy._users_path()  # beside it, its lock (runtime_copy._remember)
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.name + ".lock"]
     path.write_text("not json")
     assert runtime_copy.image_user("jupyter/scipy:lab") is None  # a damaged file: unknown
     runtime_copy.remember_user("jupyter/scipy:lab", 0)
@@ -918,3 +919,33 @@ def test_a_copy_whose_every_archive_unpacked_is_done_even_when_its_exit_code_was
     assert "copying the runtime into pod p failed (exit 1): unpacked 1 bytes into" in str(
         raised.value
     )
+
+
+_REMEMBER = """
+import sys
+from gpusession.backends.kubernetes.runtime_copy import remember_image_id
+for n in range(int(sys.argv[2])):
+    remember_image_id(f"{sys.argv[1]}-{n}", f"sha256:{n}")
+"""
+
+
+@pytest.mark.integration
+def test_two_processes_remembering_images_at_once_keep_every_one(tmp_path, monkeypatch):
+    """The map of image names to ids is shared by every process of the user (the two kubernetes
+    lanes of CI wrote it at once, and one's read-then-write dropped the other's image, which
+    its next start took for a new one): each keeps its own."""
+    import os
+    import subprocess
+    import sys
+
+    from gpusession.backends.kubernetes import runtime_copy
+
+    env = dict(os.environ, GPUSESSION_CACHE=str(tmp_path))
+    writers = [
+        subprocess.Popen([sys.executable, "-c", _REMEMBER, name, "150"], env=env)
+        for name in ("a", "b", "c")
+    ]
+    assert [w.wait(120) for w in writers] == [0, 0, 0]
+    monkeypatch.setenv("GPUSESSION_CACHE", str(tmp_path))
+    known = runtime_copy._known_ids()
+    assert len(known) == 450 and known["b-149"] == "sha256:149"

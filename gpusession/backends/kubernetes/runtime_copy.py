@@ -219,13 +219,20 @@ def _read_map(path: Path) -> dict:
 
 
 def _remember(path: Path, key: str, value) -> None:
-    """One entry of a small JSON map kept whole (two starts at once: the last write wins)."""
-    known = _read_map(path)
-    if known.get(key) == value:
+    """One entry of a small JSON map kept whole; read and written under the map's own flock, so
+    two processes remembering different images both keep theirs (without it one's read-then-
+    write put back the map as it was before the other's: a start then took a known image for a
+    new one, CI). Two starts of one image at once: the last write wins."""
+    import fcntl
+
+    if _read_map(path).get(key) == value:
         return
-    known[key] = value
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_whole(path, json.dumps(known))
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        known = _read_map(path)
+        known[key] = value
+        write_whole(path, json.dumps(known))
 
 
 def _users_path() -> Path:
